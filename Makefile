@@ -1,0 +1,58 @@
+# modelpool — developer entry points.  The target names are a contract (see README):
+#   test, demo, bench, testbin, cluster-up, cluster-down, e2e-kind, crds, lint, venv
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export KUBECONFIG_LOCAL := $(CURDIR)/.cluster/kubeconfig
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+.PHONY: venv
+venv: $(VENV)/.installed ## the Python environment (uv; torch, transformers, kopf, test clients)
+
+$(VENV)/.installed: pyproject.toml hack/venv.sh
+	bash hack/venv.sh $(VENV)
+	@touch $@
+
+.PHONY: testbin
+testbin: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, kwokctl, helm into bin/
+	bash hack/testbin.sh
+
+.PHONY: cluster-up
+cluster-up: testbin venv ## start the local control plane (kubeconfig: .cluster/kubeconfig)
+	bash hack/cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## stop the local control plane
+	bash hack/cluster.sh down
+
+.PHONY: crds
+crds: venv ## regenerate crds/*.yaml and the chart's CRD templates from the pydantic models
+	$(PY) -m modelpool_operator.crdgen --write
+
+.PHONY: lint
+lint: venv ## ruff + mypy --strict
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+.PHONY: test
+test: venv testbin lint ## lint, then every test (unit + integration on the local control plane)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+.PHONY: demo
+demo: venv testbin ## the operator serving MiniLM on the local control plane, end to end
+	bash hack/demo.sh
+
+.PHONY: bench
+bench: venv testbin ## server vs direct model, overload, health-during-load, control-plane scale
+	$(PY) -m bench.server
+	$(PY) -m bench.controlplane
+
+.PHONY: e2e-kind
+e2e-kind: venv testbin ## the e2e suite on a kind cluster (needs a Docker engine)
+	bash e2e/kind.sh

@@ -1,0 +1,81 @@
+"""Typed domain errors of the model server, and the one place they are mapped to HTTP status codes.
+
+Every layer raises these; only ``endpoints`` turns them into responses (via ``http_status``), so the
+same reason reaches the client, the logs and the metrics' ``reason`` label.
+"""
+
+from __future__ import annotations
+
+
+class ServerError(Exception):
+    """Base class: ``status`` is the HTTP code, ``reason`` the metrics label, str(exc) the message."""
+
+    status: int = 500
+    reason: str = "error"
+
+
+class InvalidInput(ServerError):
+    """The request is malformed or does not fit the model (wrong tensor, empty input, bad UTF-8...)."""
+
+    status = 400
+    reason = "invalid_input"
+
+
+class ModelNotFound(ServerError):
+    """The request names a model this server does not serve."""
+
+    status = 404
+    reason = "model_not_found"
+
+
+class UnsupportedOperation(ServerError):
+    """The route exists but not for this model's task (e.g. /v1/embeddings on a text-to-image model)."""
+
+    status = 400
+    reason = "unsupported"
+
+
+class PayloadTooLarge(ServerError):
+    """The body exceeds ``--max-request-bytes`` (or the item count exceeds the batch limit)."""
+
+    status = 413
+    reason = "too_large"
+
+
+class Overloaded(ServerError):
+    """The bounded queue is full: 429 with Retry-After."""
+
+    status = 429
+    reason = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, retry_after_s)
+
+
+class ModelNotReady(ServerError):
+    """Loading, Evicting (draining), Failed: 503."""
+
+    status = 503
+    reason = "not_ready"
+
+
+class DeadlineExceeded(ServerError):
+    """The request's deadline passed before (or while) it was computed: 504."""
+
+    status = 504
+    reason = "timeout"
+
+
+class InferenceError(ServerError):
+    """The forward pass raised: this unit of work fails with 500, the worker goes on serving."""
+
+    status = 500
+    reason = "inference_error"
+
+
+class FatalDeviceError(ServerError):
+    """An unrecoverable device error (illegal memory access, device-side assert): the worker is Failed."""
+
+    status = 500
+    reason = "device_error"
