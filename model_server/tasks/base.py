@@ -179,9 +179,7 @@ class Task(abc.ABC, Generic[ItemT, ResultT]):
         item."""
 
     @abc.abstractmethod
-    def decode_v2(
-        self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]
-    ) -> list[ItemT]:
+    def decode_v2(self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]) -> list[ItemT]:
         """v2 input tensors (already decoded to numpy; BYTES as object arrays of ``bytes``) -> items.
         Raise ``InvalidInput`` with a reason naming the tensor for a wrong name/shape/datatype."""
 
@@ -195,9 +193,7 @@ class Task(abc.ABC, Generic[ItemT, ResultT]):
         return None
 
 
-def require_tensor(
-    inputs: Mapping[str, npt.NDArray[Any]], spec: TensorSpec
-) -> npt.NDArray[Any]:
+def require_tensor(inputs: Mapping[str, npt.NDArray[Any]], spec: TensorSpec) -> npt.NDArray[Any]:
     """Fetch a required v2 input by name, with an actionable error when it is missing."""
     if spec.name not in inputs:
         names = ", ".join(sorted(inputs)) or "none"

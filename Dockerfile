@@ -1,0 +1,50 @@
+# syntax=docker/dockerfile:1.7
+# modelpool images, one Dockerfile, two targets:
+#   docker build --target operator -t ghcr.io/modelpool/modelpool-operator:0.1.0 .   (Kopf operator, no torch)
+#   docker build --target server   -t ghcr.io/modelpool/modelpool-server:0.1.0 .     (model server, torch)
+# Both run as the non-root user 10001 (the chart's and the worker pods' restricted securityContext).
+# `make e2e-kind` builds both and loads them into a kind cluster.
+
+ARG PYTHON_VERSION=3.11
+
+# ---- base: slim Python and the unprivileged user -------------------------------------------------------
+FROM python:${PYTHON_VERSION}-slim AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN groupadd --system --gid 10001 modelpool \
+ && useradd --system --uid 10001 --gid modelpool --home-dir /home/modelpool --create-home modelpool
+
+# ---- build: one wheel of the project (both packages, both console scripts) -----------------------------
+FROM base AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator ./operator
+COPY model_server ./model_server
+RUN pip wheel --no-deps --wheel-dir /wheels .
+
+# ---- server: modelpool-server with torch (the worker image) --------------------------------------------
+FROM base AS server
+# CUDA wheels by default; --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu for a CPU image.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu124
+RUN pip install --index-url "${TORCH_INDEX_URL}" "torch>=2.4"
+COPY --from=build /wheels /wheels
+RUN pip install "$(echo /wheels/modelpool-*.whl)[server]" && rm -rf /wheels
+# Downloads of hf:// sources land here (the worker pod mounts a writable volume over it).
+ENV HF_HOME=/home/modelpool/.cache/huggingface
+WORKDIR /home/modelpool
+USER 10001:10001
+EXPOSE 8000
+ENTRYPOINT ["modelpool-server"]
+
+# ---- operator: modelpool-operator, no torch (the last stage: a plain `docker build` gives the operator) -
+FROM base AS operator
+COPY --from=build /wheels /wheels
+RUN pip install "$(echo /wheels/modelpool-*.whl)[operator]" && rm -rf /wheels
+WORKDIR /home/modelpool
+USER 10001:10001
+# kopf's liveness endpoint (GET /healthz).
+EXPOSE 8080
+ENTRYPOINT ["modelpool-operator"]
+CMD ["--all-namespaces"]

@@ -1,0 +1,67 @@
+{{/* Names, labels and small derived values shared by every template. */}}
+
+{{- define "modelpool-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "modelpool-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "modelpool-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "modelpool-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "modelpool-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "modelpool-operator.labels" -}}
+helm.sh/chart: {{ include "modelpool-operator.chart" . }}
+{{ include "modelpool-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: modelpool
+{{- end }}
+
+{{- define "modelpool-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "modelpool-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "modelpool-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The namespaces a namespace-scoped operator watches: scope.namespaces, or the release namespace. */}}
+{{- define "modelpool-operator.watchNamespaces" -}}
+{{- if .Values.scope.namespaces }}
+{{- join "," .Values.scope.namespaces }}
+{{- else }}
+{{- .Release.Namespace }}
+{{- end }}
+{{- end }}
+
+{{/* config.<camelCase> -> MODELPOOL_OPERATOR_<SNAKE_CASE> env vars (empty strings are left out, so the
+operator's own default applies). */}}
+{{- define "modelpool-operator.configEnv" -}}
+{{- range $key, $value := .Values.config }}
+{{- if not (and (kindIs "string" $value) (eq $value "")) }}
+- name: MODELPOOL_OPERATOR_{{ $key | snakecase | upper }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end }}

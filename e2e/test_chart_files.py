@@ -1,0 +1,102 @@
+"""The chart's files agree with the code they describe, without helm: its CRD copy is the generated crds/,
+every operator setting has a documented value with the operator's own default, and every value is
+commented and covered by the strict schema."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from typing import Any
+
+import yaml
+
+from e2e.helpers import CHART, CHART_CRDS, CRDS, ROOT
+from modelpool_operator.settings import OperatorConfig
+
+VALUES_TEXT = (CHART / "values.yaml").read_text()
+VALUES: dict[str, Any] = yaml.safe_load(VALUES_TEXT)
+SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
+
+# Settings the chart sets through the command line (scope, peering, liveness), not through `config`.
+SET_BY_ARGS = {"namespaces", "peering_name", "standalone", "liveness_port"}
+# Values whose empty default means "the operator's built-in default".
+EMPTY_MEANS_DEFAULT = {"server_image"}
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def test_chart_crds_are_the_generated_crds() -> None:
+    generated = sorted(p.name for p in CRDS.glob("*.yaml"))
+    assert generated, "crds/ is empty: run `make crds`"
+    result = subprocess.run(
+        ["bash", str(ROOT / "hack" / "sync-chart-crds.sh"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in CHART_CRDS.glob("*.yaml")) == generated
+
+
+def test_every_operator_setting_is_a_chart_value_with_the_operator_default() -> None:
+    config = VALUES["config"]
+    fields = OperatorConfig.model_fields
+    for key, value in config.items():
+        name = _snake(key)
+        assert name in fields, f"config.{key}: OperatorConfig has no field {name}"
+        if name in EMPTY_MEANS_DEFAULT:
+            assert value == ""
+        else:
+            assert value == fields[name].default, f"config.{key}: {value!r} != {fields[name].default!r}"
+    covered = {_snake(k) for k in config} | SET_BY_ARGS
+    assert set(fields) == covered, f"settings without a chart value: {sorted(set(fields) - covered)}"
+
+
+def _schema_keys(schema: dict[str, Any]) -> set[str]:
+    return set(schema.get("properties", {}))
+
+
+def _check_strict(values: dict[str, Any], schema: dict[str, Any], path: str) -> None:
+    """Every object the values set is in the schema; closed objects reject unknown keys."""
+    for key, value in values.items():
+        assert key in _schema_keys(schema), f"{path}{key} is not in values.schema.json"
+        sub = schema["properties"][key]
+        if "$ref" in sub:
+            continue
+        if isinstance(value, dict) and sub.get("additionalProperties") is False:
+            _check_strict(value, sub, f"{path}{key}.")
+
+
+def test_schema_is_strict_and_covers_every_value() -> None:
+    assert SCHEMA["additionalProperties"] is False
+    assert _schema_keys(SCHEMA) == set(VALUES)
+    _check_strict(VALUES, SCHEMA, "")
+    closed = [k for k, v in SCHEMA["properties"].items() if v.get("additionalProperties") is False]
+    assert {"crds", "image", "scope", "peering", "config", "liveness", "budget"} <= set(closed)
+    assert _schema_keys(SCHEMA["properties"]["config"]) == set(VALUES["config"])
+
+
+# Maps whose content is a Kubernetes object (documented as a whole by the comment on the map).
+FREE_FORM = {"resources", "podSecurityContext", "securityContext", "probe"}
+
+
+def test_every_value_is_commented() -> None:
+    lines = VALUES_TEXT.splitlines()
+    parents: list[tuple[int, str]] = []
+    undocumented = []
+    for number, line in enumerate(lines):
+        match = re.match(r"^( *)([A-Za-z][A-Za-z0-9]*):", line)
+        if not match:
+            continue
+        indent, key = len(match.group(1)), match.group(2)
+        parents = [(i, k) for i, k in parents if i < indent]
+        inside_free_form = any(k in FREE_FORM for _, k in parents)
+        previous = lines[number - 1].strip() if number else ""
+        if not inside_free_form and not previous.startswith("#"):
+            undocumented.append(".".join([k for _, k in parents] + [key]))
+        parents.append((indent, key))
+    assert not undocumented, f"values without a comment: {undocumented}"

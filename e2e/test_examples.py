@@ -1,0 +1,53 @@
+"""The sample manifests in examples/ are valid against the API models (the same rules as the CRD schema),
+and together cover every task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.helpers import EXAMPLES
+from modelpool_operator.api import (
+    API_VERSION,
+    MODELBUDGET_KIND,
+    MODELPOOL_KIND,
+    TASK_NAMES,
+    parse_budget_spec,
+    parse_pool_spec,
+    source_is_supported,
+)
+
+EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
+
+
+def _documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def test_examples_exist() -> None:
+    assert EXAMPLE_FILES, "examples/*.yaml is empty"
+
+
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.name)
+def test_example_is_valid(path: Path) -> None:
+    for doc in _documents(path):
+        assert doc["apiVersion"] == API_VERSION
+        spec = doc["spec"]
+        if doc["kind"] == MODELPOOL_KIND:
+            pool = parse_pool_spec(spec)
+            assert source_is_supported(pool.model.source)
+            assert pool.min_replicas <= pool.replicas <= pool.max_replicas
+        else:
+            assert doc["kind"] == MODELBUDGET_KIND
+            assert parse_budget_spec(spec).memory_bytes > 0
+
+
+def test_examples_cover_every_task_with_unique_names() -> None:
+    pools = [d for p in EXAMPLE_FILES for d in _documents(p) if d["kind"] == MODELPOOL_KIND]
+    tasks = {parse_pool_spec(p["spec"]).model.task for p in pools}
+    assert tasks == set(TASK_NAMES)
+    names = [p["metadata"]["name"] for p in pools]
+    assert len(names) == len(set(names)), f"duplicate pool names: {names}"

@@ -1,0 +1,259 @@
+"""The chart installed by the real helm on a real API server (the local control plane, or kind through
+e2e/kind.sh), then used the way a user would: CRDs and `kubectl explain`, bad manifests refused with
+actionable messages, printer columns, and the chart's own operator reconciling a pool to Ready.
+
+Locally the operator Deployment is scheduled onto the process node, which runs `modelpool-operator` as a
+local process against the API server; the pool's workers land on the KWOK fake GPU nodes. The release is
+namespace-scoped to this module's namespace and uses its own ModelBudget, so it never acts on what other
+tests create in the same cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.helpers import CHART, eventually, require_binary, run
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+INSTALL_TIMEOUT_S = 240
+POOL_READY_TIMEOUT_S = 180
+
+
+@dataclass
+class Release:
+    """One helm release of the chart and the tools to look at it."""
+
+    name: str
+    namespace: str
+    budget: str
+    kubeconfig: Path
+    helm: Path
+    kubectl: Path
+    external: bool
+    helm_home: Path
+
+    def env(self) -> dict[str, str]:
+        # helm's config/cache/data in a temporary folder, never the user's.
+        homes = {
+            v: str(self.helm_home / v.lower())
+            for v in ("HELM_CONFIG_HOME", "HELM_CACHE_HOME", "HELM_DATA_HOME")
+        }
+        return {"KUBECONFIG": str(self.kubeconfig), **homes}
+
+    def k(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return run([self.kubectl, *args], env=self.env(), check=check, input_text=stdin, timeout=60)
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.k("get", *args, "-o", "json").stdout)
+
+    def h(self, *args: str, check: bool = True, timeout: float = INSTALL_TIMEOUT_S + 30) -> Any:
+        return run([self.helm, *args], env=self.env(), check=check, timeout=timeout)
+
+
+def pool_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": {"source": "hf://sentence-transformers/all-MiniLM-L6-v2", "task": "text-embedding"},
+        "replicas": 1,
+        "resources": {"memory": "1Gi"},
+    }
+    for key, value in spec.items():
+        if isinstance(value, dict) and isinstance(body.get(key), dict):
+            body[key] = {**body[key], **value}
+        else:
+            body[key] = value
+    return {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": body,
+    }
+
+
+@pytest.fixture(scope="module")
+def release(
+    e2e_kubeconfig: Path, e2e_external: bool, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release]:
+    helm = require_binary("helm")
+    kubectl = require_binary("kubectl")
+    suffix = secrets.token_hex(3)
+    rel = Release(
+        name=f"mpe2e-{suffix}",
+        namespace=f"mp-e2e-{suffix}",
+        budget=f"e2e-{suffix}",
+        kubeconfig=e2e_kubeconfig,
+        helm=helm,
+        kubectl=kubectl,
+        external=e2e_external,
+        helm_home=tmp_path_factory.mktemp("helm-home"),
+    )
+    rel.k("create", "namespace", rel.namespace)
+    values: dict[str, Any] = {
+        "scope": {"clusterWide": False, "namespaces": [rel.namespace]},
+        "peering": {"name": f"mp-{suffix}"},
+        "liveness": {"port": 18000 + secrets.randbelow(1000)},
+        "config": {
+            "budgetName": rel.budget,
+            "statsIntervalSeconds": 1,
+            "resyncIntervalSeconds": 2,
+            "backoffBaseSeconds": 1,
+            "logFormat": "plain",
+        },
+        "budget": {"create": True, "memory": "100Gi"},
+    }
+    if not rel.external:
+        # The process node runs the operator as a local process (its image is never pulled).
+        values["nodeSelector"] = {"modelpool.dev/process-node": "true"}
+        values["tolerations"] = [{"key": "modelpool.dev/process-node", "operator": "Exists"}]
+    values_file = tmp_path_factory.mktemp("values") / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    try:
+        rel.h(
+            "install", rel.name, str(CHART),
+            "--namespace", rel.namespace,
+            "--values", str(values_file),
+            # CRDs applied by other tests in this cluster become the release's (and stay: keep).
+            "--take-ownership",
+            "--wait", "--timeout", f"{INSTALL_TIMEOUT_S}s",
+        )  # fmt: skip
+        yield rel
+    finally:
+        rel.h("uninstall", rel.name, "--namespace", rel.namespace, "--wait", "--timeout", "60s", check=False)
+        rel.k("delete", "namespace", rel.namespace, "--wait=false", check=False)
+        rel.k("delete", "modelbudget", rel.budget, "--ignore-not-found", check=False)
+
+
+def test_operator_runs(release: Release) -> None:
+    deployment = release.get(
+        "deployment", "-n", release.namespace, "-l", f"app.kubernetes.io/instance={release.name}"
+    )
+    [item] = deployment["items"]
+    assert item["status"].get("readyReplicas") == 1
+    pods = release.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/component=operator")["items"]
+    assert len(pods) == 1
+    if not release.external:
+        assert pods[0]["spec"]["nodeName"].startswith("process-node")
+    budget = release.get("modelbudget", release.budget)
+    assert budget["spec"]["memory"] == "100Gi"
+
+
+def test_crds_installed_and_kept_on_uninstall_policy(release: Release) -> None:
+    for name in ("modelpools.modelpool.dev", "modelbudgets.modelpool.dev", "kopfpeerings.kopf.dev"):
+        crd = release.get("crd", name)
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        established = [c for c in crd["status"]["conditions"] if c["type"] == "Established"]
+        assert established and established[0]["status"] == "True"
+
+
+def test_kubectl_explain_documents_the_queue(release: Release) -> None:
+    def explained() -> str | None:
+        result = release.k("explain", "modelpool.spec.queue", check=False)
+        return result.stdout if result.returncode == 0 and "capacity" in result.stdout else None
+
+    text = eventually(explained, timeout=60, what="kubectl explain modelpool.spec.queue")
+    for field in ("capacity", "maxBatchSize", "maxBatchDelayMs", "requestTimeoutSeconds"):
+        assert field in text
+    assert "429" in text, "field descriptions (Retry-After on a full queue) reach kubectl explain"
+
+
+@pytest.mark.parametrize(
+    ("case", "spec", "expected"),
+    [
+        ("bad-task", {"model": {"task": "summarize"}}, ["spec.model.task", 'Unsupported value: "summarize"']),
+        (
+            "replicas-over-max",
+            {"replicas": 5, "maxReplicas": 2},
+            ["spec.replicas must be less than or equal to spec.maxReplicas"],
+        ),
+        ("bad-memory", {"resources": {"memory": "lots"}}, ["spec.resources.memory"]),
+        ("bad-source", {"model": {"source": "s3://bucket/model"}}, ["spec.model.source", "hf://"]),
+        ("unknown-field", {"replica": 2}, ['unknown field "spec.replica"']),
+    ],
+)
+def test_invalid_pools_are_refused_with_actionable_messages(
+    release: Release, case: str, spec: dict[str, Any], expected: list[str]
+) -> None:
+    manifest = pool_manifest(f"invalid-{case}", release.namespace, **spec)
+    result = release.k("create", "--dry-run=server", "-f", "-", stdin=json.dumps(manifest), check=False)
+    assert result.returncode != 0, f"{case} was accepted: {result.stdout}"
+    for text in expected:
+        assert text in result.stderr, f"{case}: {text!r} not in {result.stderr!r}"
+
+
+def test_schema_typo_fails_the_install_before_touching_the_cluster(release: Release) -> None:
+    result = release.h(
+        "install", f"{release.name}-typo", str(CHART), "--namespace", release.namespace,
+        "--set", "scope.clusterwide=false", check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "additional properties 'clusterwide' not allowed" in result.stderr.replace('"', "'")
+    assert release.h("status", f"{release.name}-typo", "-n", release.namespace, check=False).returncode != 0
+
+
+def test_operator_reconciles_a_kwok_pool_to_ready_with_budget_accounting(release: Release) -> None:
+    if release.external:
+        pytest.skip("KWOK fake GPU nodes exist only on the local control plane")
+    manifest = pool_manifest(
+        "kwok-pool",
+        release.namespace,
+        replicas=2,
+        maxReplicas=4,
+        resources={"gpus": 1, "memory": "10Gi"},
+        idleTimeoutSeconds=0,
+        podTemplate={
+            "nodeSelector": {"type": "kwok"},
+            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+        },
+    )
+    release.k("apply", "-f", "-", stdin=json.dumps(manifest))
+
+    def ready() -> dict[str, Any] | None:
+        pool = release.get("modelpool", "kwok-pool", "-n", release.namespace)
+        status = pool.get("status") or {}
+        return pool if status.get("readyReplicas") == 2 else None
+
+    pool = eventually(ready, timeout=POOL_READY_TIMEOUT_S, interval=1, what="kwok-pool readyReplicas=2")
+    status = pool["status"]
+    assert sorted(w["state"] for w in status["workers"]) == ["Ready", "Ready"]
+    assert all(w["node"].startswith("kwok-") for w in status["workers"])
+    assert status["observedGeneration"] == pool["metadata"]["generation"]
+
+    pods = release.get("pods", "-n", release.namespace, "-l", "modelpool.dev/pool=kwok-pool")["items"]
+    assert len(pods) == 2
+    for pod in pods:
+        [owner] = pod["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"]) == ("ModelPool", "kwok-pool")
+        assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+    def budget_used() -> dict[str, Any] | None:
+        budget = release.get("modelbudget", release.budget)
+        pools = (budget.get("status") or {}).get("pools") or []
+        mine = [p for p in pools if p["name"] == "kwok-pool" and p["namespace"] == release.namespace]
+        return budget if mine and mine[0].get("memoryBytes") == 20 * 2**30 else None
+
+    eventually(budget_used, timeout=60, interval=1, what=f"ModelBudget {release.budget} to charge 20Gi")
+
+    # Printer columns as a user sees them.
+    table = release.k("get", "modelpools", "-n", release.namespace).stdout.splitlines()
+    assert table[0].split() == ["NAME", "TASK", "READY", "STATE", "MEMORY", "AGE"]
+    row = next(line.split() for line in table[1:] if line.startswith("kwok-pool"))
+    assert row[1:4] == ["text-embedding", "2/2", "Ready"]
+    budgets = release.k("get", "modelbudget", release.budget).stdout.splitlines()
+    assert budgets[0].split() == ["NAME", "TOTAL", "USED", "RESERVED", "AGE"]
+    assert budgets[1].split()[1] == "100Gi"
+
+
+def test_uninstall_keeps_the_crds(release: Release) -> None:
+    release.h("uninstall", release.name, "--namespace", release.namespace, "--wait", "--timeout", "60s")
+    assert release.k("get", "crd", "modelpools.modelpool.dev").returncode == 0
+    left = release.k("get", "deployments", "-n", release.namespace, "-o", "name").stdout.strip()
+    assert not left, f"the operator Deployment outlived uninstall: {left}"

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# The local control plane: `hack/cluster.sh up | down | status`  (make cluster-up / cluster-down).
+#
+#   up     kwokctl (binary runtime) starts the upstream etcd, kube-apiserver, kube-controller-manager,
+#          kube-scheduler and the KWOK controller, every one from bin/ (never a download); the
+#          kubeconfig is written to $CLUSTER_DIR/kubeconfig; fake GPU nodes kwok-gpu-0..3 are created
+#          (hack/kwok/nodes.yaml) with KWOK's default stages plus modelpool's chaos stages
+#          (hack/kwok/stages); and one process node (python -m hack.processnode) runs in the background.
+#   down   stops the process node and deletes the cluster (logs under $CLUSTER_DIR/logs are kept).
+#   status prints what is running.
+#
+# Settings (environment): CLUSTER_DIR (default <repo>/.cluster), CLUSTER_NAME (default modelpool),
+# BIN_DIR (default <repo>/bin), VENV (default <repo>/.venv), PROCESSNODE_NAME (default process-node-0),
+# PROCESSNODE_IP_OCTET (pods on the process node get 127.<octet>.y.z; default 42),
+# PROCESSNODE_BACKOFF_INITIAL / PROCESSNODE_BACKOFF_MAX (crash-loop back-off seconds; default 1 / 30).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=${CLUSTER_DIR:-$root/.cluster}
+name=${CLUSTER_NAME:-modelpool}
+bin=${BIN_DIR:-$root/bin}
+venv=${VENV:-$root/.venv}
+node=${PROCESSNODE_NAME:-process-node-0}
+octet=${PROCESSNODE_IP_OCTET:-42}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+kubeconfig="$dir/kubeconfig"
+logs="$dir/logs"
+pidfile="$dir/processnode.pid"
+# kwokctl keeps each cluster's files (pki, component logs, pids) under $KWOK_WORKDIR/clusters/<name>.
+export KWOK_WORKDIR="$dir/kwok"
+# kwokctl has no flag for kubectl; this is its documented environment override.
+export KWOK_KUBECTL_BINARY="$bin/kubectl"
+
+need_binaries() {
+  local missing=()
+  for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl; do
+    [ -x "$bin/$b" ] || missing+=("$b")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "cluster: missing in $bin: ${missing[*]} (run: make testbin)" >&2
+    exit 1
+  fi
+  [ -x "$venv/bin/python" ] || { echo "cluster: no Python env at $venv (run: make venv)" >&2; exit 1; }
+}
+
+kwokctl() { "$bin/kwokctl" --name "$name" "$@"; }
+kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+
+processnode_running() {
+  [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+}
+
+stop_processnode() {
+  if processnode_running; then
+    local pid
+    pid=$(cat "$pidfile")
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -KILL "$pid" 2>/dev/null || true
+    echo "cluster: process node stopped (pid $pid)"
+  fi
+  rm -f "$pidfile"
+}
+
+up() {
+  need_binaries
+  mkdir -p "$logs"
+  local start=$SECONDS
+  if [ -d "$KWOK_WORKDIR/clusters/$name" ]; then
+    echo "cluster: $name already exists in $KWOK_WORKDIR; starting it"
+    kwokctl start cluster >"$logs/kwokctl.log" 2>&1 || { cat "$logs/kwokctl.log" >&2; exit 1; }
+  else
+    echo "cluster: creating $name (kwokctl binary runtime, binaries from $bin)"
+    # The binary runtime would let KWOK manage every node; it must leave the process node to its agent.
+    if ! kwokctl create cluster \
+      --runtime binary \
+      --kubeconfig "" \
+      --etcd-binary "$bin/etcd" \
+      --kube-apiserver-binary "$bin/kube-apiserver" \
+      --kube-controller-manager-binary "$bin/kube-controller-manager" \
+      --kube-scheduler-binary "$bin/kube-scheduler" \
+      --kwok-controller-binary "$bin/kwok" \
+      --config "$root/hack/kwok/stages/default.yaml" \
+      --config "$root/hack/kwok/stages/chaos.yaml" \
+      --extra-args "kwok-controller=manage-all-nodes=false" \
+      --extra-args "kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake" \
+      --quiet-pull \
+      --wait 120s \
+      >"$logs/kwokctl.log" 2>&1; then
+      cat "$logs/kwokctl.log" >&2
+      exit 1
+    fi
+  fi
+  kwokctl get kubeconfig >"$kubeconfig.tmp"
+  mv "$kubeconfig.tmp" "$kubeconfig"
+  kubectl apply -f "$root/hack/kwok/nodes.yaml" >/dev/null
+
+  if ! processnode_running; then
+    # setsid: the agent outlives this script and is stopped by `down` through its pid file.
+    (cd "$root" && HF_HUB_OFFLINE=1 setsid "$venv/bin/python" -m hack.processnode \
+      --kubeconfig "$kubeconfig" \
+      --node-name "$node" \
+      --extra-path "$venv/bin" \
+      --log-dir "$dir/processnode" \
+      --ip-octet "$octet" \
+      --backoff-initial "${PROCESSNODE_BACKOFF_INITIAL:-1}" \
+      --backoff-max "${PROCESSNODE_BACKOFF_MAX:-30}" \
+      >>"$logs/processnode.log" 2>&1 </dev/null &
+      echo $! >"$pidfile")
+  fi
+
+  # Ready means: every node Ready and the default ServiceAccount there (pods are refused without it).
+  local deadline=$((SECONDS + 120))
+  until kubectl wait --for=condition=Ready node --all --timeout=5s >/dev/null 2>&1 \
+    && [ "$(kubectl get nodes --no-headers 2>/dev/null | wc -l)" -ge 5 ] \
+    && kubectl get serviceaccount default -n default >/dev/null 2>&1; do
+    if [ $SECONDS -gt $deadline ]; then
+      echo "cluster: not ready after 120s; logs: $logs, $KWOK_WORKDIR/clusters/$name/logs" >&2
+      kubectl get nodes >&2 || true
+      exit 1
+    fi
+    processnode_running || { echo "cluster: process node died; see $logs/processnode.log" >&2; tail -20 "$logs/processnode.log" >&2; exit 1; }
+    sleep 1
+  done
+  echo "cluster: ready in $((SECONDS - start))s"
+  echo "  kubeconfig:     $kubeconfig"
+  echo "  process node:   $node (pid $(cat "$pidfile")), container logs in $dir/processnode/<namespace>/<pod>/"
+  echo "  logs:           $logs and $KWOK_WORKDIR/clusters/$name/logs"
+  kubectl get nodes -o custom-columns='NAME:.metadata.name,GPU:.status.capacity.nvidia\.com/gpu,CPU:.status.capacity.cpu,MEMORY:.status.capacity.memory,TYPE:.metadata.labels.type'
+}
+
+down() {
+  stop_processnode
+  if [ -d "$KWOK_WORKDIR/clusters/$name" ] && [ -x "$bin/kwokctl" ]; then
+    kwokctl delete cluster --kubeconfig "" >>"$logs/kwokctl.log" 2>&1 || kwokctl delete cluster >/dev/null 2>&1 || true
+    echo "cluster: $name deleted"
+  fi
+  rm -f "$kubeconfig"
+}
+
+status() {
+  if processnode_running; then echo "process node: running (pid $(cat "$pidfile"))"; else echo "process node: stopped"; fi
+  if [ -f "$kubeconfig" ]; then kubectl get nodes; else echo "cluster: no kubeconfig at $kubeconfig"; fi
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac

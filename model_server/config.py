@@ -1,0 +1,138 @@
+"""The server's configuration: every command-line flag, also as a ``MODELPOOL_*`` environment variable.
+
+Parsed and validated once, in ``load_config`` (never at import time).  A flag given on the command line
+wins over its environment variable, which wins over the default.  Anything invalid raises ``ConfigError``
+with a one-line reason; ``main`` turns that into exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from model_server.tasks.base import TASK_NAMES, TaskName
+
+_HANDLER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_SOURCE_SCHEMES = ("file://", "hf://", "pvc://")
+
+
+class ConfigError(Exception):
+    """Invalid configuration; ``str(exc)`` is the one-line reason printed before exit code 2."""
+
+
+class ServerConfig(BaseSettings):
+    """Validated server settings (field ``x_y`` = flag ``--x-y`` = env ``MODELPOOL_X_Y``)."""
+
+    model_config = SettingsConfigDict(env_prefix="MODELPOOL_", extra="forbid", frozen=True)
+
+    model: str = Field(
+        description="Model source: a local directory, file://PATH, hf://org/name[@rev], "
+        "or pvc://claim/sub/path"
+    )
+    task: TaskName = Field(description="One of: " + ", ".join(TASK_NAMES))
+    name: str | None = Field(default=None, description="Served model name (default: last path segment)")
+    host: str = Field(default="0.0.0.0", description="Listen address")
+    port: int = Field(default=8080, ge=1, le=65535, description="Listen port")
+    queue_capacity: int = Field(default=100, ge=1, le=1_000_000, description="Requests that may wait")
+    max_batch_size: int = Field(default=32, ge=1, le=65536, description="Items in one forward pass")
+    max_batch_delay_ms: float = Field(default=5.0, ge=0, le=10_000, description="Batch collection wait")
+    request_timeout: float = Field(default=30.0, gt=0, le=86_400, description="Default deadline (s)")
+    idle_after: float = Field(default=300.0, gt=0, description="Ready -> Idle after this many seconds")
+    drain_timeout: float = Field(default=30.0, ge=0, description="SIGTERM: wait this long for work")
+    device: Literal["auto", "cpu", "cuda"] | str = Field(default="auto", description="auto|cpu|cuda[:N]")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(default="auto", description="Weights")
+    max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Larger bodies -> 413")
+    max_request_items: int = Field(default=2048, ge=1, description="More items in one request -> 413")
+    termination_log: Path = Field(default=Path("/dev/termination-log"), description="Failure reason file")
+    handler: str | None = Field(default=None, description="module:Class implementing the Task interface")
+    trust_remote_code: bool = Field(default=False, description="Allow the model repo's own code")
+    hf_home: Path | None = Field(default=None, description="Download cache for hf:// (default: HF_HOME)")
+    pvc_root: Path = Field(default=Path("/mnt/pvc"), description="pvc://claim/p -> PVC_ROOT/claim/p")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
+            return value
+        raise ValueError("must be auto, cpu, cuda or cuda:N")
+
+    @field_validator("handler")
+    @classmethod
+    def _handler(cls, value: str | None) -> str | None:
+        if value is not None and not _HANDLER_RE.match(value):
+            raise ValueError("must look like 'package.module:ClassName'")
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        if "://" in value and not value.startswith(_SOURCE_SCHEMES):
+            raise ValueError("unsupported scheme; use a path, file://, hf:// or pvc://")
+        return value
+
+    @model_validator(mode="after")
+    def _name_default(self) -> ServerConfig:
+        if self.name is None:
+            tail = self.model.rstrip("/").split("/")[-1].split("@")[0] or "model"
+            object.__setattr__(self, "name", tail)
+        return self
+
+    @property
+    def served_name(self) -> str:
+        """The model name clients use (``--name`` or the source's last segment)."""
+        assert self.name is not None
+        return self.name
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="modelpool-server",
+        description="Serve one model behind a bounded queue (KServe v2 + OpenAI-compatible APIs). "
+        "Every flag can also be set as MODELPOOL_<FLAG> (e.g. MODELPOOL_QUEUE_CAPACITY).",
+    )
+    for name, info in ServerConfig.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if info.annotation is bool:
+            parser.add_argument(
+                flag, dest=name, action="store_const", const=True, default=None, help=info.description
+            )
+        else:
+            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=info.description)
+    return parser
+
+
+def _one_line(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        flag = "--" + loc.replace("_", "-")
+        msg = err["msg"]
+        if err["type"] == "missing":
+            msg = f"is required (or set MODELPOOL_{loc.upper()})"
+        parts.append(f"{flag} {msg}")
+    return "invalid configuration: " + "; ".join(parts)
+
+
+def load_config(argv: Sequence[str] | None = None) -> ServerConfig:
+    """Parse ``argv`` (flags) over the ``MODELPOOL_*`` environment; raise ``ConfigError`` if invalid."""
+    parser = _parser()
+
+    def _fail(message: str) -> Any:
+        raise ConfigError(f"invalid arguments: {message}")
+
+    parser.error = _fail  # type: ignore[method-assign]
+    namespace = parser.parse_args(list(argv) if argv is not None else None)
+    given = {k: v for k, v in vars(namespace).items() if v is not None}
+    try:
+        return ServerConfig(**given)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None

@@ -1,0 +1,177 @@
+"""The HTTP layer: every route registered in ``build_app``; typed errors -> HTTP in ``error_response``.
+
+Routes live in ``ops`` (health, metadata, /metrics, /stats), ``v2`` (KServe v2 infer) and ``openai``.
+``LimitsMiddleware`` (pure ASGI, no per-request overhead of BaseHTTPMiddleware) refuses bodies over
+``--max-request-bytes`` with 413 before any route reads them, and records request count and latency.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from model_server import __version__
+from model_server.dataplane import ClientGone
+from model_server.endpoints import openai, ops, v2
+from model_server.errors import InvalidInput, Overloaded, PayloadTooLarge, ServerError
+from model_server.runtime import Runtime
+
+log = logging.getLogger("modelpool.http")
+
+
+def route_label(path: str) -> str:
+    """Low-cardinality route label for metrics."""
+    if path.startswith("/v2/models/") and path.endswith("/infer"):
+        return "v2_infer"
+    if path.startswith("/v2/health"):
+        return "health"
+    if path.startswith("/v2"):
+        return "v2_meta"
+    if path.startswith("/v1/"):
+        return path[4:].replace("/", "_") if path in _OPENAI else "other"
+    return path.strip("/") if path in ("/metrics", "/stats") else "other"
+
+
+_OPENAI = {
+    "/v1/models",
+    "/v1/embeddings",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/images/generations",
+}
+
+
+def error_response(
+    path: str, status: int, reason: str, message: str, headers: dict[str, str] | None = None
+) -> Response:
+    """The one error body: OpenAI's shape on /v1, KServe's ``{"error": msg}`` elsewhere."""
+    if path.startswith("/v1/"):
+        doc: dict[str, Any] = {"error": {"message": message, "type": reason, "code": status}}
+    else:
+        doc = {"error": message}
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/json", headers=headers)
+
+
+def http_response(path: str, exc: ServerError) -> Response:
+    """Typed error -> HTTP (status and reason are on the class; Retry-After for 429)."""
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    return error_response(path, exc.status, exc.reason, str(exc), headers)
+
+
+class LimitsMiddleware:
+    """413 for bodies over the limit (declared or streamed); request count and latency per route."""
+
+    def __init__(self, app: ASGIApp, runtime: Runtime) -> None:
+        self.app = app
+        self.runtime = runtime
+        self.limit = runtime.config.max_request_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        path: str = scope["path"]
+        route = route_label(path)
+        status = [0]
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            declared = dict(scope["headers"]).get(b"content-length")
+            if declared is not None and declared.isdigit() and int(declared) > self.limit:
+                await self._too_large(scope, receive, send_wrapper, path, int(declared))
+                return
+            # Count streamed bytes too (chunked bodies have no Content-Length).
+            seen = 0
+            overflow = False
+
+            async def limited_receive() -> Message:
+                nonlocal seen, overflow
+                message = await receive()
+                if message["type"] == "http.request":
+                    seen += len(message.get("body", b""))
+                    if seen > self.limit:
+                        overflow = True
+                        raise _BodyTooLarge()
+                return message
+
+            try:
+                await self.app(scope, limited_receive, send_wrapper)
+            except _BodyTooLarge:
+                if status[0] == 0:
+                    await self._too_large(scope, receive, send_wrapper, path, seen)
+        finally:
+            code = status[0] or 499
+            metrics = self.runtime.metrics
+            metrics.requests.labels(route=route, code=str(code)).inc()
+            metrics.latency.labels(route=route).observe(time.perf_counter() - started)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send, path: str, size: int) -> None:
+        self.runtime.dataplane.reject(PayloadTooLarge.reason)
+        exc = PayloadTooLarge(f"request body of {size} bytes exceeds --max-request-bytes={self.limit}")
+        await http_response(path, exc)(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):  # noqa: N818 - internal control flow, never escapes
+    """Raised inside ``receive`` once the streamed body passes the limit."""
+
+
+def build_app(runtime: Runtime) -> FastAPI:
+    """The FastAPI app with every route, the error mapping and the limits middleware."""
+    app = FastAPI(
+        title="modelpool-server",
+        version=__version__,
+        description="One model behind a bounded queue: KServe v2 and OpenAI-compatible APIs.",
+        docs_url=None,
+        redoc_url=None,
+    )
+
+    @app.exception_handler(ServerError)
+    async def on_server_error(request: Request, exc: ServerError) -> Response:
+        if (
+            isinstance(exc, ClientGone)
+            or exc.status in (429, 503, 504, 413)
+            or isinstance(exc, InvalidInput)
+            or exc.status < 500
+        ):
+            runtime.dataplane.reject(exc.reason)
+        return http_response(request.url.path, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError) -> Response:
+        runtime.dataplane.reject(InvalidInput.reason)
+        parts = []
+        for err in exc.errors()[:5]:
+            loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+            parts.append(f"{loc}: {err.get('msg')}")
+        return error_response(
+            request.url.path, 400, InvalidInput.reason, "invalid request: " + "; ".join(parts)
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException) -> Response:
+        return error_response(request.url.path, exc.status_code, "http_error", str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s", request.url.path)
+        return error_response(request.url.path, 500, "internal", f"internal error: {type(exc).__name__}")
+
+    ops.register(app, runtime)
+    v2.register(app, runtime)
+    openai.register(app, runtime)
+    app.add_middleware(LimitsMiddleware, runtime=runtime)
+    return app

@@ -1,0 +1,70 @@
+"""Health, readiness, server/model metadata, /metrics and /stats: cheap, never touch the model."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import Response
+
+from model_server import __version__
+from model_server.endpoints.common import ORJSONResponse, check_model
+from model_server.errors import ModelNotReady
+from model_server.runtime import Runtime
+
+
+def register(app: FastAPI, runtime: Runtime) -> None:
+    @app.get("/v2/health/live", tags=["health"])
+    async def live() -> Response:
+        ok = runtime.lifecycle.live
+        return ORJSONResponse(
+            {"live": ok, "state": runtime.lifecycle.state.value}, status_code=200 if ok else 503
+        )
+
+    @app.get("/v2/health/ready", tags=["health"])
+    async def ready() -> Response:
+        ok = runtime.lifecycle.serving
+        return ORJSONResponse(
+            {"ready": ok, "state": runtime.lifecycle.state.value}, status_code=200 if ok else 503
+        )
+
+    @app.get("/v2", tags=["v2"])
+    async def server_metadata() -> Response:
+        return ORJSONResponse(
+            {"name": "modelpool-server", "version": __version__, "extensions": ["binary_tensor_data"]}
+        )
+
+    @app.get("/v2/models/{name}", tags=["v2"])
+    @app.get("/v2/models/{name}/versions/{version}", tags=["v2"], include_in_schema=False)
+    async def model_metadata(name: str, version: str | None = None) -> Response:
+        check_model(runtime, name)
+        cls = runtime.worker.task_cls
+        if cls is None:
+            raise ModelNotReady(f"model {name!r} is still loading; metadata is known once its task is")
+
+        def spec(t: object) -> dict[str, object]:
+            return {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}  # type: ignore[attr-defined]
+
+        return ORJSONResponse(
+            {
+                "name": runtime.config.served_name,
+                "versions": ["1"],
+                "platform": f"modelpool/{runtime.config.task}",
+                "inputs": [spec(t) for t in cls.v2_inputs],
+                "outputs": [spec(t) for t in cls.v2_outputs],
+            }
+        )
+
+    @app.get("/v2/models/{name}/ready", tags=["v2"])
+    @app.get("/v2/models/{name}/versions/{version}/ready", tags=["v2"], include_in_schema=False)
+    async def model_ready(name: str, version: str | None = None) -> Response:
+        check_model(runtime, name)
+        ok = runtime.lifecycle.serving
+        return ORJSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics() -> Response:
+        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/stats", tags=["ops"])
+    async def stats() -> Response:
+        return ORJSONResponse(runtime.stats())

@@ -1,0 +1,98 @@
+"""POST /v2/models/{name}/infer: KServe v2 JSON and binary tensor extension (tritonclient's dialect)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from model_server import v2 as codec
+from model_server.endpoints.common import check_model, disconnect_watch, header_timeout
+from model_server.errors import InvalidInput, ModelNotReady
+from model_server.runtime import Runtime
+
+HEADER_LENGTH = "inference-header-content-length"
+
+_TENSOR = {
+    "type": "object",
+    "required": ["name", "shape", "datatype"],
+    "properties": {
+        "name": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer"}},
+        "datatype": {"type": "string", "enum": sorted(codec.DTYPES)},
+        "parameters": {"type": "object"},
+        "data": {"type": "array"},
+    },
+}
+INFER_SCHEMA: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["inputs"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "parameters": {"type": "object"},
+                        "inputs": {"type": "array", "items": _TENSOR},
+                        "outputs": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}},
+                            },
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def register(app: FastAPI, runtime: Runtime) -> None:
+    async def infer(request: Request, name: str) -> Response:
+        check_model(runtime, name)
+        runtime.dataplane.check_ready()
+        task = runtime.worker.task
+        if task is None:
+            raise ModelNotReady(f"model {name!r} is not loaded")
+        body = await request.body()
+        parsed = codec.decode_request(body, request.headers.get(HEADER_LENGTH))
+        timeout = header_timeout(request)
+        param_timeout = parsed.timeout_s
+        if param_timeout is not None:
+            timeout = param_timeout if timeout is None else min(timeout, param_timeout)
+        # Decoding tensors into items is cheap (no tokenisation): it stays on the event loop.
+        items = task.decode_v2(parsed.inputs, parsed.parameters)
+        async with disconnect_watch(request) as gone:
+            results = await runtime.dataplane.infer(items, timeout=timeout, gone=gone)
+        outputs = task.encode_v2(results)
+        payload, header_len = codec.encode_response(runtime.config.served_name, parsed, outputs)
+        if header_len is None:
+            return Response(payload, media_type="application/json")
+        return Response(
+            payload,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(header_len)},
+        )
+
+    app.add_api_route(
+        "/v2/models/{name}/infer", infer, methods=["POST"], tags=["v2"], openapi_extra=INFER_SCHEMA
+    )
+
+    async def infer_version(request: Request, name: str, version: str) -> Response:
+        if version not in ("", "1"):
+            raise InvalidInput(f"model {name!r} has only version 1, not {version!r}")
+        return await infer(request, name)
+
+    app.add_api_route(
+        "/v2/models/{name}/versions/{version}/infer",
+        infer_version,
+        methods=["POST"],
+        include_in_schema=False,
+    )

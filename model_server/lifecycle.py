@@ -1,0 +1,116 @@
+"""The worker's lifecycle state machine: one transition table, illegal transitions impossible.
+
+Only the server decides its own state (the operator reads it from ``/stats``).  States and edges follow
+DESIGN.md's contract:
+
+    Pending -> Loading -> Ready <-> Processing        Ready/Idle -> Idle/Processing
+    Loading -> Failed                                 any running state -> Failed
+    Ready/Idle/Processing/Loading -> Evicting (SIGTERM: drain) -> Dead
+
+Processing/Loading -> Evicting is allowed here because SIGTERM can arrive at any time (pod deletion); the
+server then drains its in-flight work.  The *operator* never chooses to evict a Loading or Processing
+worker; that rule lives in its planner.  Failed and Dead are terminal.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+
+class State(enum.StrEnum):
+    """The eight worker states (contract names)."""
+
+    PENDING = "Pending"
+    LOADING = "Loading"
+    READY = "Ready"
+    PROCESSING = "Processing"
+    IDLE = "Idle"
+    EVICTING = "Evicting"
+    DEAD = "Dead"
+    FAILED = "Failed"
+
+
+S = State
+# The one transition table.  Anything not listed here cannot happen.
+TRANSITIONS: Mapping[State, frozenset[State]] = {
+    S.PENDING: frozenset({S.LOADING, S.FAILED, S.EVICTING}),
+    S.LOADING: frozenset({S.READY, S.FAILED, S.EVICTING}),
+    S.READY: frozenset({S.PROCESSING, S.IDLE, S.EVICTING, S.FAILED}),
+    S.PROCESSING: frozenset({S.READY, S.EVICTING, S.FAILED}),
+    S.IDLE: frozenset({S.PROCESSING, S.READY, S.EVICTING, S.FAILED}),
+    S.EVICTING: frozenset({S.DEAD, S.FAILED}),
+    S.DEAD: frozenset(),
+    S.FAILED: frozenset(),
+}
+
+# States in which the server accepts inference requests (readiness probe passes).
+SERVING: frozenset[State] = frozenset({S.READY, S.PROCESSING, S.IDLE})
+# States in which the process is healthy (liveness probe passes).
+LIVE: frozenset[State] = frozenset({S.PENDING, S.LOADING, S.READY, S.PROCESSING, S.IDLE, S.EVICTING})
+
+
+class IllegalTransition(RuntimeError):  # noqa: N818 - named like errors.py's classes
+    """A transition not in ``TRANSITIONS`` was requested (a programming error)."""
+
+
+def can_transition(src: State, dst: State) -> bool:
+    """Pure: is ``src -> dst`` an edge of the table?"""
+    return dst in TRANSITIONS[src]
+
+
+class Lifecycle:
+    """The current state, when it was entered and why; thread-safe (the inference thread reports too)."""
+
+    def __init__(self, on_change: Callable[[State, State], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._state = State.PENDING
+        self._since = time.time()
+        self._reason = ""
+        self._on_change = on_change
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def since(self) -> float:
+        """Unix time the current state was entered."""
+        return self._since
+
+    @property
+    def reason(self) -> str:
+        return self._reason
+
+    def to(self, dst: State, reason: str = "") -> None:
+        """Move to ``dst`` or raise ``IllegalTransition``; a move to the current state is a no-op."""
+        with self._lock:
+            src = self._state
+            if src == dst:
+                return
+            if not can_transition(src, dst):
+                raise IllegalTransition(f"illegal worker transition {src} -> {dst}")
+            self._state, self._since, self._reason = dst, time.time(), reason
+        if self._on_change is not None:
+            self._on_change(src, dst)
+
+    def try_to(self, dst: State, reason: str = "") -> bool:
+        """Move to ``dst`` if the table allows it from the current state; return whether it moved."""
+        with self._lock:
+            src = self._state
+            if src == dst or not can_transition(src, dst):
+                return False
+            self._state, self._since, self._reason = dst, time.time(), reason
+        if self._on_change is not None:
+            self._on_change(src, dst)
+        return True
+
+    @property
+    def serving(self) -> bool:
+        return self._state in SERVING
+
+    @property
+    def live(self) -> bool:
+        return self._state in LIVE

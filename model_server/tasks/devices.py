@@ -1,0 +1,21 @@
+"""Device and dtype resolution shared by the torch-backed tasks (torch is imported lazily)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DTYPE_NAMES = ("auto", "float32", "float16", "bfloat16")
+
+
+def torch_dtype(dtype: str, device: str, *, half_on_cuda: bool) -> Any:
+    """The ``torch.dtype`` for ``--dtype``: ``auto`` is float16 on CUDA for the tasks that run well in half
+    precision (generation, diffusion: ``half_on_cuda``) and float32 everywhere else, because many CPU
+    kernels are missing or slow in half precision."""
+    import torch  # noqa: PLC0415 - heavy imports stay lazy
+
+    if dtype == "auto":
+        return torch.float16 if half_on_cuda and device.startswith("cuda") else torch.float32
+    mapping = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if dtype not in mapping:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_NAMES)}")
+    return mapping[dtype]

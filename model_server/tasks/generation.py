@@ -1,0 +1,159 @@
+"""Autoregressive generation shared by text-generation and vision: sampling arguments, stop sequences and
+token streaming around ``model.generate``.
+
+Stop sequences and streaming are one mechanism.  A streamer receives each new token from ``generate`` on
+the inference thread, re-decodes the completion so far and hands it to a ``StopText`` accumulator, which
+decides what may be emitted now: text up to the first stop string (generation then stops), minus any tail
+that could still grow into a stop string or is an incomplete UTF-8 character.  The final text is exactly
+the concatenation of the emitted pieces, so a streaming client and a non-streaming client see the same
+text.  ``emit`` is called on the inference thread; the route's emitter must hand the piece to the event
+loop without blocking (``loop.call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from model_server.tasks.base import Emitter, GenerationParams, GenerationResult
+
+_REPLACEMENT = "\ufffd"  # what a tokenizer decodes half of a multi-byte character to
+
+
+def held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Pure: length of the longest suffix of ``text`` that is a proper prefix of some stop string (it may
+    become a stop once more tokens arrive, so it must not be emitted yet)."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
+
+
+@dataclass
+class StopText:
+    """Pure accumulator: the completion decoded so far in, the next safe-to-emit piece out."""
+
+    stops: tuple[str, ...] = ()
+    sent: str = ""
+    stopped: bool = False  # a stop string was found: the completion is final
+
+    def feed(self, text: str, final: bool = False) -> str:
+        """Given the whole completion decoded so far, return the new piece that may be emitted now."""
+        if self.stopped:
+            return ""
+        cuts = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
+        if cuts:
+            text, final, self.stopped = text[: min(cuts)], True, True
+        safe = len(text)
+        if not final:
+            while safe > 0 and text[safe - 1] == _REPLACEMENT:
+                safe -= 1
+            safe -= held_back(text[:safe], self.stops)
+        if safe <= len(self.sent):
+            return ""
+        piece = text[len(self.sent) : safe]
+        self.sent += piece
+        return piece
+
+
+class _Streamer:
+    """The ``streamer`` protocol of ``generate`` (``put``/``end``): collects the new token ids, feeds the
+    re-decoded completion to ``StopText`` and emits what it releases.  The first ``put`` carries the
+    prompt (or the decoder's start ids) and is skipped."""
+
+    def __init__(self, tokenizer: Any, text: StopText, emit: Emitter | None, incremental: bool) -> None:
+        self._tokenizer = tokenizer
+        self._text = text
+        self._emit = emit
+        self._incremental = incremental  # decode per token only when streaming or watching for stops
+        self._prompt_seen = False
+        self.ids: list[int] = []
+
+    def _decode(self) -> str:
+        return str(self._tokenizer.decode(self.ids, skip_special_tokens=True))
+
+    def _push(self, final: bool) -> None:
+        piece = self._text.feed(self._decode(), final=final)
+        if piece and self._emit is not None:
+            self._emit(piece)
+
+    def put(self, value: Any) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        if self._text.stopped:
+            return
+        self.ids.extend(int(i) for i in value.reshape(-1).tolist())
+        if self._incremental:
+            self._push(final=False)
+
+    def end(self) -> None:
+        self._push(final=True)
+
+
+def sampling_kwargs(params: GenerationParams) -> dict[str, Any]:
+    """OpenAI sampling parameters -> ``generate`` keyword arguments (temperature 0 means greedy)."""
+    if params.temperature == 0.0:
+        return {"do_sample": False}
+    # top_k=0 disables the model's default top-k so that only OpenAI's temperature/top_p apply.
+    return {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
+
+
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every id that ends generation: the generation config's eos (int or list) and the tokenizer's."""
+    found: set[int] = set()
+    for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            found.add(value)
+        elif isinstance(value, list | tuple):
+            found.update(int(v) for v in value)
+    return found
+
+
+def generate(
+    model: Any,
+    *,
+    tokenizer: Any,
+    inputs: Mapping[str, Any],
+    prompt_tokens: int,
+    params: GenerationParams,
+    emit: Emitter | None,
+) -> GenerationResult:
+    """Run ``model.generate`` on prepared ``inputs`` (tensors already on the model's device) with the
+    request's sampling parameters, stop strings and optional streaming; called on the inference thread."""
+    import torch  # noqa: PLC0415 - heavy imports stay lazy
+    from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: PLC0415 - heavy imports stay lazy
+
+    text = StopText(params.stop)
+    streamer = _Streamer(tokenizer, text, emit, incremental=bool(params.stop) or emit is not None)
+
+    class _StopOnText(StoppingCriteria):  # type: ignore[misc]
+        """Ends generation once ``StopText`` has seen a stop string."""
+
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            return torch.full((input_ids.shape[0],), text.stopped, dtype=torch.bool, device=input_ids.device)
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if params.seed is not None:
+        torch.manual_seed(params.seed)  # seeds every device; generation runs on this one thread
+    with torch.inference_mode():
+        model.generate(
+            **inputs,
+            max_new_tokens=params.max_tokens,
+            streamer=streamer,
+            stopping_criteria=StoppingCriteriaList([_StopOnText()]),
+            pad_token_id=pad,
+            **sampling_kwargs(params),
+        )
+    ended_on_eos = bool(streamer.ids) and streamer.ids[-1] in eos_ids(model, tokenizer)
+    length = len(streamer.ids) >= params.max_tokens and not text.stopped and not ended_on_eos
+    return GenerationResult(
+        text=text.sent,
+        finish_reason="length" if length else "stop",
+        prompt_tokens=prompt_tokens,
+        completion_tokens=len(streamer.ids),
+    )

@@ -1,0 +1,142 @@
+"""text-generation: a causal language model (``AutoModelForCausalLM``) behind ``generate``.
+
+Chat requests are rendered with the tokenizer's chat template when it has one (otherwise the route's plain
+rendering in ``GenerationItem.prompt`` is used).  Sampling, stop sequences and streaming live in
+``tasks.generation``.  Not batchable: one request's prompts run one after another.
+
+v2: input ``text_input`` BYTES [-1] (one prompt per element); sampling parameters come from the request's
+``parameters`` (``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed``); output ``text_output``
+BYTES [-1].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from model_server.errors import InvalidInput
+from model_server.tasks.base import (
+    Emitter,
+    GenerationItem,
+    GenerationResult,
+    LoadOptions,
+    Task,
+    TensorSpec,
+    bytes_items,
+    decode_text,
+    require_tensor,
+)
+from model_server.tasks.devices import torch_dtype
+from model_server.tasks.generation import generate
+from model_server.tasks.v2params import check_generation_params, generation_params
+
+TEXT_INPUT = TensorSpec("text_input", "BYTES", (-1,))
+TEXT_OUTPUT = TensorSpec("text_output", "BYTES", (-1,))
+
+# Tokenizers without a real limit report a huge sentinel as model_max_length.
+_NO_LIMIT = 1_000_000
+
+
+def context_length(config: Any, tokenizer: Any) -> int | None:
+    """The model's context window: from the config, else the tokenizer's ``model_max_length``."""
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < _NO_LIMIT else None
+
+
+def check_context(prompt_tokens: int, max_tokens: int, context: int | None) -> None:
+    """Pure: 400 (with OpenAI's wording) when prompt + completion cannot fit the context window."""
+    if prompt_tokens == 0:
+        raise InvalidInput("the prompt is empty")
+    if context is not None and prompt_tokens + max_tokens > context:
+        raise InvalidInput(
+            f"this model's maximum context length is {context} tokens, but {prompt_tokens + max_tokens} "
+            f"were requested ({prompt_tokens} in the prompt, {max_tokens} for the completion); "
+            "shorten the prompt or lower max_tokens"
+        )
+
+
+class TextGenerationTask(Task[GenerationItem, GenerationResult]):
+    """A causal LM: prompt (or chat messages) -> completion, optionally streamed."""
+
+    name: ClassVar = "text-generation"
+    batchable: ClassVar[bool] = False
+    streams: ClassVar[bool] = True
+    v2_inputs: ClassVar[tuple[TensorSpec, ...]] = (TEXT_INPUT,)
+    v2_outputs: ClassVar[tuple[TensorSpec, ...]] = (TEXT_OUTPUT,)
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._device = "cpu"
+        self._context: int | None = None
+
+    def load(self, options: LoadOptions) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - heavy imports stay lazy
+
+        dtype = torch_dtype(options.dtype, options.device, half_on_cuda=True)
+        self._tokenizer = AutoTokenizer.from_pretrained(
+            options.path, trust_remote_code=options.trust_remote_code
+        )
+        model = AutoModelForCausalLM.from_pretrained(
+            options.path, dtype=dtype, trust_remote_code=options.trust_remote_code
+        )
+        self._model = model.to(options.device).eval()
+        self._device = options.device
+        self._context = context_length(model.config, self._tokenizer)
+
+    def max_input_tokens(self) -> int | None:
+        return self._context
+
+    def render(self, item: GenerationItem) -> tuple[str, bool]:
+        """The text to tokenize and whether it already holds the special tokens (a chat template adds
+        them itself)."""
+        template = getattr(self._tokenizer, "chat_template", None)
+        if item.messages is not None and template:
+            try:
+                rendered = self._tokenizer.apply_chat_template(
+                    [dict(m) for m in item.messages], tokenize=False, add_generation_prompt=True
+                )
+            except Exception as exc:  # jinja raises for messages a template refuses (e.g. role order)
+                raise InvalidInput(f"the model's chat template rejected the messages: {exc}") from None
+            return str(rendered), True
+        return item.prompt, False
+
+    def run(self, items: Sequence[GenerationItem], emit: Emitter | None = None) -> list[GenerationResult]:
+        # Validate every item first, so a bad second prompt does not waste the first one's compute.
+        for item in items:
+            check_generation_params(item.params)
+        return [self._one(item, emit if len(items) == 1 else None) for item in items]
+
+    def _one(self, item: GenerationItem, emit: Emitter | None) -> GenerationResult:
+        text, templated = self.render(item)
+        if not text.strip():
+            raise InvalidInput("the prompt is empty")
+        encoded = self._tokenizer(text, return_tensors="pt", add_special_tokens=not templated)
+        prompt_tokens = int(encoded["input_ids"].shape[-1])
+        check_context(prompt_tokens, item.params.max_tokens, self._context)
+        inputs = {k: v.to(self._device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
+        return generate(
+            self._model,
+            tokenizer=self._tokenizer,
+            inputs=inputs,
+            prompt_tokens=prompt_tokens,
+            params=item.params,
+            emit=emit,
+        )
+
+    def decode_v2(
+        self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]
+    ) -> list[GenerationItem]:
+        params = generation_params(parameters)
+        prompts = bytes_items(require_tensor(inputs, TEXT_INPUT), TEXT_INPUT.name)
+        return [GenerationItem(prompt=decode_text(p, TEXT_INPUT.name), params=params) for p in prompts]
+
+    def encode_v2(self, results: Sequence[GenerationResult]) -> dict[str, npt.NDArray[Any]]:
+        return {TEXT_OUTPUT.name: np.array([r.text.encode("utf-8") for r in results], dtype=np.object_)}

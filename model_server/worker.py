@@ -1,0 +1,193 @@
+"""The worker: loads the model off the event loop and owns it on ONE inference thread.
+
+* ``load`` resolves the source, imports the task module (torch & co. are imported here, after the HTTP
+  server is listening) and calls ``Task.load`` on the inference thread; the event loop keeps answering
+  health and ``/stats`` meanwhile.  Failure -> Failed, reason to the termination log, exit code 3.
+* ``run`` executes one unit of work on the same thread.  No lock guards the model: only that thread ever
+  touches it, so nothing can be poisoned.  Crash handling (seed 002):
+    - ``InvalidInput`` passes through (4xx);
+    - a CUDA out-of-memory error splits the unit in halves and retries each before failing;
+    - an unrecoverable device error (illegal memory access, device-side assert, ...) -> ``FatalDeviceError``
+      (the data plane then marks the worker Failed and the process exits non-zero);
+    - any other exception -> ``InferenceError`` (500 for that unit; the worker goes on serving).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from model_server import sources
+from model_server.config import ServerConfig
+from model_server.errors import FatalDeviceError, InferenceError, InvalidInput, ServerError
+from model_server.lifecycle import Lifecycle, State
+from model_server.tasks import task_class
+from model_server.tasks.base import Emitter, LoadOptions, Task
+
+log = logging.getLogger("modelpool.worker")
+
+EXIT_LOAD_FAILED = 3
+EXIT_DEVICE_FAILED = 4
+
+# Substrings of CUDA errors after which the context is unusable (the process must be restarted).
+_FATAL_MARKERS = (
+    "illegal memory access",
+    "device-side assert",
+    "unspecified launch failure",
+    "cuda error: misaligned address",
+    "an illegal instruction was encountered",
+    "cublas_status_execution_failed",
+    "uncorrectable ecc error",
+    "cuda driver error",
+)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Pure: is this a (recoverable) device out-of-memory error?"""
+    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+
+
+def is_fatal_device_error(exc: BaseException) -> bool:
+    """Pure: does this error leave the device unusable?"""
+    if isinstance(exc, FatalDeviceError):
+        return True
+    text = str(exc).lower()
+    return any(marker in text for marker in _FATAL_MARKERS)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu`` (imports torch: call on the thread)."""
+    if device != "auto":
+        return device
+    import torch  # noqa: PLC0415 - heavy: only on the load path, after the server listens
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Worker:
+    """The model, its loading and the single inference thread."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        lifecycle: Lifecycle,
+        on_failed: Callable[[int, str], None],
+    ) -> None:
+        self.config = config
+        self.lifecycle = lifecycle
+        self._on_failed = on_failed
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self.task: Task[Any, Any] | None = None
+        self.task_cls: type[Task[Any, Any]] | None = None
+        self.load_error: str | None = None
+        self.load_progress = 0.0
+        self.load_seconds: float | None = None
+        self.device = config.device
+
+    # ---- loading ------------------------------------------------------------------------------------
+
+    async def load(self) -> bool:
+        """Load the model off the event loop; True when Ready, False when Failed (exit already requested)."""
+        self.lifecycle.to(State.LOADING)
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._load_sync)
+        except BaseException as exc:
+            reason = f"load failed: {type(exc).__name__}: {exc}"
+            self.load_error = reason
+            log.error("%s", reason, exc_info=not isinstance(exc, (ServerError, sources.SourceError)))
+            self.fail(EXIT_LOAD_FAILED, reason)
+            return False
+        self.load_seconds = time.monotonic() - started
+        self.load_progress = 1.0
+        if not self.lifecycle.try_to(State.READY):  # SIGTERM arrived while loading
+            return False
+        log.info("model %s ready in %.2fs on %s", self.config.served_name, self.load_seconds, self.device)
+        return True
+
+    def _load_sync(self) -> None:
+        path: Path = sources.resolve(
+            self.config.model, hf_home=self.config.hf_home, pvc_root=self.config.pvc_root
+        )
+        self.load_progress = 0.1
+        cls = task_class(self.config.task, self.config.handler)
+        self.task_cls = cls
+        self.load_progress = 0.2
+        self.device = resolve_device(self.config.device)
+        task = cls()
+        task.load(
+            LoadOptions(
+                path=path,
+                device=self.device,
+                dtype=self.config.dtype,
+                trust_remote_code=self.config.trust_remote_code,
+            )
+        )
+        self.task = task  # only now: nothing is half-registered on failure
+
+    # ---- failure ------------------------------------------------------------------------------------
+
+    def fail(self, exit_code: int, reason: str) -> None:
+        """Enter Failed, write the reason to the termination log, and ask the process to exit."""
+        self.lifecycle.try_to(State.FAILED, reason)
+        try:
+            self.config.termination_log.write_text(reason[:4000] + "\n")
+        except OSError as exc:  # the kubelet may not have mounted it (e.g. running locally)
+            log.warning("cannot write termination log %s: %s", self.config.termination_log, exc)
+        self._on_failed(exit_code, reason)
+
+    # ---- inference ----------------------------------------------------------------------------------
+
+    async def run(self, items: Sequence[Any], emit: Emitter | None = None) -> list[Any]:
+        """Run one unit on the inference thread (see the module docstring for error handling)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run_sync, items, emit)
+
+    def _run_sync(self, items: Sequence[Any], emit: Emitter | None) -> list[Any]:
+        task = self.task
+        if task is None:
+            raise InferenceError("model is not loaded")
+        try:
+            results = self._run_splitting(task, list(items), emit)
+        except (InvalidInput, FatalDeviceError):
+            raise
+        except Exception as exc:
+            if is_fatal_device_error(exc):
+                raise FatalDeviceError(f"fatal device error: {type(exc).__name__}: {exc}") from exc
+            log.exception("forward pass failed")
+            raise InferenceError(f"inference failed: {type(exc).__name__}: {exc}") from exc
+        if len(results) != len(items):
+            raise InferenceError(f"task returned {len(results)} results for {len(items)} items")
+        return results
+
+    def _run_splitting(self, task: Task[Any, Any], items: list[Any], emit: Emitter | None) -> list[Any]:
+        try:
+            return list(task.run(items, emit))
+        except Exception as exc:
+            if not is_oom(exc) or is_fatal_device_error(exc) or len(items) <= 1:
+                raise
+            log.warning("out of memory on a unit of %d items; retrying in halves", len(items))
+            _empty_cache()
+            half = len(items) // 2
+            return self._run_splitting(task, items[:half], emit) + self._run_splitting(
+                task, items[half:], emit
+            )
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _empty_cache() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.cuda.empty_cache()
+        except Exception:  # best effort before the retry
+            log.debug("empty_cache failed", exc_info=True)

@@ -1,0 +1,483 @@
+"""The ModelPool and ModelBudget API (group ``modelpool.dev``, version ``v1alpha1``) as pydantic models.
+
+This module is the one source of the resources' shape: ``crdgen`` turns these models into the CRD YAML
+(field descriptions become ``kubectl explain`` text), and the operator parses specs and writes status
+through them.  Python attributes are snake_case; the wire is camelCase (``by_alias``).
+
+Validation here mirrors the CRD schema (enum, quantity pattern, source schemes, min <= replicas <= max),
+so a spec that reaches the operator by another road (tests, an old CRD) is still refused with the same
+field-naming message.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from modelpool_operator.quantity import QUANTITY_PATTERN, QuantityError, parse_quantity
+
+GROUP = "modelpool.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+MODELPOOL_KIND = "ModelPool"
+MODELPOOL_PLURAL = "modelpools"
+MODELBUDGET_KIND = "ModelBudget"
+MODELBUDGET_PLURAL = "modelbudgets"
+# The operator reads and writes the one cluster-scoped budget of this name.
+DEFAULT_BUDGET_NAME = "default"
+
+TaskName = Literal["text-embedding", "text-generation", "image-embedding", "vision", "text-to-image"]
+TASK_NAMES: tuple[TaskName, ...] = (
+    "text-embedding",
+    "text-generation",
+    "image-embedding",
+    "vision",
+    "text-to-image",
+)
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+
+# The eight worker lifecycle states (DESIGN.md contract).
+WorkerState = Literal["Pending", "Loading", "Ready", "Processing", "Idle", "Evicting", "Dead", "Failed"]
+WORKER_STATES: tuple[WorkerState, ...] = (
+    "Pending",
+    "Loading",
+    "Ready",
+    "Processing",
+    "Idle",
+    "Evicting",
+    "Dead",
+    "Failed",
+)
+# A pool's summary phase.
+PoolPhase = Literal["Pending", "Loading", "Ready", "Degraded", "Failed", "Idle"]
+ConditionType = Literal["Ready", "Progressing", "Degraded", "BudgetExceeded"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+# Model sources the server can resolve: a local path, file://, hf://org/name[@rev], pvc://claim/path.
+SOURCE_PATTERN = r"^(/|file:///|hf://[^/@\s]+/[^@\s]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/|$))"
+_SOURCE_RE = re.compile(SOURCE_PATTERN)
+
+Quantity = int | str
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields ignored (the API server prunes them)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        validate_assignment=False,
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The camelCase JSON form, without unset optional fields (``None``)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _check_quantity(value: Quantity | None, field: str) -> Quantity | None:
+    if value is None:
+        return None
+    try:
+        parse_quantity(value)
+    except QuantityError as exc:
+        raise ValueError(f"{field}: {exc}") from None
+    return value
+
+
+# ---- ModelPool spec -----------------------------------------------------------------------------------
+
+
+class ModelSpec(_Model):
+    """Which model the workers serve, and how the server loads it."""
+
+    source: str = Field(
+        description=(
+            "Where the model is: a local path (/models/x or file:///models/x), a Hugging Face repository "
+            "(hf://org/name[@revision]) or a PersistentVolumeClaim (pvc://claim/sub/path)."
+        ),
+        min_length=1,
+        pattern=SOURCE_PATTERN,
+    )
+    task: TaskName = Field(
+        description=(
+            "What the model does: text-embedding, text-generation, image-embedding, vision or text-to-image."
+        )
+    )
+    revision: str | None = Field(
+        default=None,
+        description="A revision (branch, tag or commit) for hf:// sources; overrides an @revision suffix.",
+    )
+    dtype: Dtype = Field(
+        default="auto",
+        description="Weights dtype: auto (float16 on GPU, float32 on CPU), float32, float16 or bfloat16.",
+    )
+    trust_remote_code: bool = Field(
+        default=False,
+        description="Allow the model repository's own Python code to run (off unless you trust the source).",
+    )
+
+
+class ResourcesSpec(_Model):
+    """What one worker needs; memory is also what it is charged against the ModelBudget."""
+
+    gpus: int = Field(
+        default=0, ge=0, le=16, description="nvidia.com/gpu per worker (0 runs the model on CPU)."
+    )
+    memory: Quantity = Field(
+        description=(
+            "Memory per worker (a Kubernetes quantity such as 4Gi): the pod's memory request and limit, "
+            "and what the worker is charged against the ModelBudget while it exists and has not failed."
+        )
+    )
+    cpu: Quantity | None = Field(
+        default=None, description="CPU request per worker (a quantity such as 2 or 500m); unset: none."
+    )
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_is_quantity(cls, value: Quantity) -> Quantity:
+        _check_quantity(value, "resources.memory")
+        if parse_quantity(value) <= 0:
+            raise ValueError("resources.memory must be greater than 0")
+        return value
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu_is_quantity(cls, value: Quantity | None) -> Quantity | None:
+        return _check_quantity(value, "resources.cpu")
+
+    @property
+    def memory_bytes(self) -> int:
+        """``memory`` in bytes."""
+        return parse_quantity(self.memory)
+
+
+class QueueSpec(_Model):
+    """The server's bounded request queue and dynamic batching."""
+
+    capacity: int = Field(
+        default=100,
+        ge=1,
+        le=100_000,
+        description="Requests that may wait per worker; one more is answered 429 with Retry-After.",
+    )
+    max_batch_size: int = Field(
+        default=32, ge=1, le=4096, description="Most items merged into one forward pass (embedding tasks)."
+    )
+    max_batch_delay_ms: int = Field(
+        default=5,
+        ge=0,
+        le=10_000,
+        description="Longest a batch waits for more items before it runs, in milliseconds.",
+    )
+    request_timeout_seconds: float = Field(
+        default=30,
+        gt=0,
+        le=3600,
+        description="Deadline of a request in seconds (clients may shorten it); expired requests get 504.",
+    )
+
+
+class Toleration(_Model):
+    """A pod toleration (core/v1 Toleration)."""
+
+    key: str | None = Field(default=None, description="The taint key the toleration applies to.")
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (default Equal)."
+    )
+    value: str | None = Field(default=None, description="The taint value to match (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="The taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated before eviction."
+    )
+
+
+class EnvVar(_Model):
+    """An environment variable for the server container (plain value only)."""
+
+    name: str = Field(min_length=1, description="Variable name.")
+    value: str = Field(default="", description="Variable value.")
+
+
+class PodTemplate(_Model):
+    """Extra settings copied onto every worker pod."""
+
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels added to worker pods.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations added to worker pods.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels a worker's node must have."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Taints worker pods tolerate (e.g. nvidia.com/gpu)."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, description="Environment variables for the server container."
+    )
+    service_account_name: str | None = Field(
+        default=None, description="The service account worker pods run as."
+    )
+    priority_class_name: str | None = Field(
+        default=None, description="The PriorityClass of worker pods (scheduler priority, not budget)."
+    )
+    image_pull_secrets: list[str] = Field(
+        default_factory=list, description="Names of Secrets used to pull the server image."
+    )
+    runtime_class_name: str | None = Field(
+        default=None, description="The RuntimeClass of worker pods (e.g. nvidia)."
+    )
+
+
+class ModelPoolSpec(_Model):
+    """The desired pool: a model, a task, how many workers and what each one needs."""
+
+    model: ModelSpec = Field(description="The model the workers serve.")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description=(
+            "Workers wanted while the pool is in use; idle workers are scaled down towards minReplicas."
+        ),
+    )
+    min_replicas: int = Field(
+        default=0, ge=0, le=1000, description="Idle scale-down never goes below this many workers."
+    )
+    max_replicas: int = Field(
+        default=10, ge=1, le=1000, description="Upper bound for replicas (and for scale-up under load)."
+    )
+    resources: ResourcesSpec = Field(description="What one worker needs and is charged.")
+    queue: QueueSpec = Field(default_factory=QueueSpec, description="The bounded queue and batching.")
+    idle_timeout_seconds: int = Field(
+        default=300,
+        ge=0,
+        description=(
+            "A worker idle (no requests) longer than this is evicted, down to minReplicas; 0 disables "
+            "idle eviction."
+        ),
+    )
+    priority: int = Field(
+        default=0,
+        ge=-1000,
+        le=1000,
+        description=(
+            "Budget priority: when memory is short, idle workers of lower-priority pools are evicted first."
+        ),
+    )
+    image: str | None = Field(
+        default=None, description="The model server image; unset: the operator's default image."
+    )
+    pod_template: PodTemplate = Field(
+        default_factory=PodTemplate, description="Labels, scheduling and env copied onto worker pods."
+    )
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> ModelPoolSpec:
+        # Same rules and messages as the CRD's CEL validations.
+        if self.min_replicas > self.replicas:
+            raise ValueError(MSG_MIN_LE_REPLICAS)
+        if self.replicas > self.max_replicas:
+            raise ValueError(MSG_REPLICAS_LE_MAX)
+        return self
+
+
+MSG_MIN_LE_REPLICAS = "spec.minReplicas must be less than or equal to spec.replicas"
+MSG_REPLICAS_LE_MAX = "spec.replicas must be less than or equal to spec.maxReplicas"
+
+
+# ---- ModelPool status ---------------------------------------------------------------------------------
+
+
+class WorkerStatus(_Model):
+    """One worker as the operator last saw it."""
+
+    name: str = Field(description="The worker's pod name.")
+    state: WorkerState = Field(
+        description="Pending, Loading, Ready, Processing, Idle, Evicting, Dead or Failed."
+    )
+    since: str | None = Field(default=None, description="When the worker entered this state (RFC 3339).")
+    node: str | None = Field(default=None, description="The node the worker runs on.")
+    memory: str = Field(
+        default="0", description="Memory charged against the budget (a quantity; 0 once failed)."
+    )
+    queue_depth: int | None = Field(
+        default=None, description="Requests waiting in the worker's queue (unset: stats unknown)."
+    )
+    last_request_time: str | None = Field(
+        default=None, description="When the worker last received a request (RFC 3339)."
+    )
+    restarts: int = Field(default=0, description="Container restarts the kubelet reports.")
+    reason: str | None = Field(
+        default=None, description="Why the worker is in this state (e.g. LoadFailed, OOMKilled)."
+    )
+    message: str | None = Field(default=None, description="Details, e.g. the termination message.")
+    load_progress: float | None = Field(
+        default=None, description="Load progress between 0 and 1 while Loading, when the server reports it."
+    )
+    template_hash: str | None = Field(
+        default=None, description="The spec revision the worker was built from."
+    )
+
+
+class MemoryStatus(_Model):
+    """Memory the pool is charged."""
+
+    charged: str = Field(default="0", description="Total memory charged for this pool's workers.")
+    charged_bytes: int = Field(default=0, description="The same in bytes.")
+
+
+class Condition(_Model):
+    """A standard Kubernetes condition."""
+
+    type: str = Field(description="Ready, Progressing, Degraded or BudgetExceeded.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="A CamelCase reason.")
+    message: str = Field(default="", description="A human-readable explanation.")
+    last_transition_time: str | None = Field(default=None, description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation this condition was computed for."
+    )
+
+
+class BackoffStatus(_Model):
+    """Failure backoff: replacements of failed workers wait until nextAttemptAfter."""
+
+    failures: int = Field(default=0, description="Consecutive worker failures.")
+    next_attempt_after: str | None = Field(
+        default=None, description="No worker is created before this time (RFC 3339)."
+    )
+
+
+class ModelPoolStatus(_Model):
+    """What the operator observed and decided; written only by the operator."""
+
+    phase: PoolPhase | None = Field(
+        default=None, description="Pending, Loading, Ready, Degraded, Failed or Idle."
+    )
+    replicas: int = Field(default=0, description="Workers that exist and have not failed.")
+    ready_replicas: int = Field(default=0, description="Workers able to serve (Ready, Processing, Idle).")
+    target_replicas: int | None = Field(
+        default=None,
+        description="Workers the operator currently aims for (replicas, lowered by idle scale-down).",
+    )
+    spec_replicas: int | None = Field(
+        default=None, description="spec.replicas when targetReplicas was last reset to it."
+    )
+    ready_text: str | None = Field(default=None, description="ready/desired, for kubectl get.")
+    workers: list[WorkerStatus] = Field(default_factory=list, description="Every worker of the pool.")
+    memory: MemoryStatus = Field(default_factory=MemoryStatus, description="Memory charged.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Progressing, Degraded, BudgetExceeded."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation the status reflects."
+    )
+    backoff: BackoffStatus = Field(
+        default_factory=BackoffStatus, description="Replacement backoff after failures."
+    )
+    selector: str | None = Field(
+        default=None, description="Label selector of the pool's workers (for the scale subresource)."
+    )
+
+
+# ---- ModelBudget --------------------------------------------------------------------------------------
+
+
+class ModelBudgetSpec(_Model):
+    """The cluster's memory for model workers."""
+
+    memory: Quantity = Field(
+        description="Total memory all pools' workers may be charged together (a quantity such as 80Gi)."
+    )
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_is_quantity(cls, value: Quantity) -> Quantity:
+        _check_quantity(value, "spec.memory")
+        return value
+
+    @property
+    def memory_bytes(self) -> int:
+        """``memory`` in bytes."""
+        return parse_quantity(self.memory)
+
+
+class PoolShare(_Model):
+    """One pool's share of the budget."""
+
+    namespace: str = Field(description="The pool's namespace.")
+    name: str = Field(description="The pool's name.")
+    memory: str = Field(description="Memory charged for the pool's workers (a quantity).")
+    memory_bytes: int = Field(default=0, description="The same in bytes.")
+
+
+class ModelBudgetStatus(_Model):
+    """Memory in use, derived from the workers that exist at every pass."""
+
+    used: str = Field(default="0", description="Memory charged for existing, non-failed workers.")
+    used_bytes: int = Field(default=0, description="The same in bytes.")
+    reserved: str = Field(default="0", description="Memory reserved for workers being created.")
+    reserved_bytes: int = Field(default=0, description="The same in bytes.")
+    pools: list[PoolShare] = Field(default_factory=list, description="Each pool's share.")
+    conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
+
+
+# ---- helpers ------------------------------------------------------------------------------------------
+
+
+def parse_pool_spec(spec: dict[str, Any] | Any) -> ModelPoolSpec:
+    """A ModelPool ``spec`` mapping (camelCase) as a model; raises pydantic ``ValidationError``."""
+    return ModelPoolSpec.model_validate(dict(spec))
+
+
+def parse_pool_status(status: dict[str, Any] | Any | None) -> ModelPoolStatus:
+    """The stored status, tolerating anything unparseable (the operator rewrites it every pass)."""
+    try:
+        return ModelPoolStatus.model_validate(dict(status or {}))
+    except ValueError:
+        return ModelPoolStatus()
+
+
+def parse_budget_spec(spec: dict[str, Any] | Any) -> ModelBudgetSpec:
+    """A ModelBudget ``spec`` mapping as a model; raises pydantic ``ValidationError``."""
+    return ModelBudgetSpec.model_validate(dict(spec))
+
+
+def source_is_supported(source: str) -> bool:
+    """True for the source schemes the server resolves (see ``SOURCE_PATTERN``)."""
+    return _SOURCE_RE.match(source) is not None
+
+
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_BUDGET_NAME",
+    "GROUP",
+    "MODELBUDGET_KIND",
+    "MODELBUDGET_PLURAL",
+    "MODELPOOL_KIND",
+    "MODELPOOL_PLURAL",
+    "QUANTITY_PATTERN",
+    "TASK_NAMES",
+    "VERSION",
+    "WORKER_STATES",
+    "BackoffStatus",
+    "Condition",
+    "EnvVar",
+    "MemoryStatus",
+    "ModelBudgetSpec",
+    "ModelBudgetStatus",
+    "ModelPoolSpec",
+    "ModelPoolStatus",
+    "ModelSpec",
+    "PodTemplate",
+    "PoolShare",
+    "QueueSpec",
+    "ResourcesSpec",
+    "Toleration",
+    "WorkerStatus",
+]

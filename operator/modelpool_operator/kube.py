@@ -1,0 +1,164 @@
+"""Thin async Kubernetes API calls (kubernetes_asyncio): pods, services, pool and budget status.
+
+No decisions are made here: each function is one API request, with the few error codes that mean
+"already done" (404 on delete, 409 on create) turned into ordinary outcomes, because the operator is
+level-based and may well repeat an action that a previous pass (or a previous operator process)
+already took. Everything else raises ``ApiException`` for the caller's retry logic.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from modelpool_operator.api import GROUP, MODELBUDGET_PLURAL, MODELPOOL_PLURAL, VERSION
+
+logger = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def merge_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``: changed keys, and ``None`` for keys
+    that disappeared (a plain merge patch would otherwise keep a stale ``nextAttemptAfter`` forever).
+    Lists are replaced whole, as merge patch does."""
+    old = old or {}
+    patch: dict[str, Any] = {}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif value != before or key not in old:
+            patch[key] = value
+    return patch
+
+
+async def connect(request_timeout: float) -> Kube:
+    """An API connection from the in-cluster service account, or else ``$KUBECONFIG`` / ~/.kube/config."""
+    configuration = client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(client_configuration=configuration)
+    api_client = client.ApiClient(configuration)
+    return Kube(api_client, request_timeout)
+
+
+class Kube:
+    """The handful of API requests the operator makes besides Kopf's own watching."""
+
+    def __init__(self, api_client: client.ApiClient, request_timeout: float) -> None:
+        self._api = api_client
+        # Typed as Any: the generated client's stubs want model objects, while plain dicts (what the pure
+        # builders return) are what the API accepts and what we send.
+        self._core: Any = client.CoreV1Api(api_client)
+        self._custom: Any = client.CustomObjectsApi(api_client)
+        self._timeout = request_timeout
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    # ---- pods ------------------------------------------------------------------------------------
+
+    async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> bool:
+        """Create a pod; False when a pod of that name already exists (an earlier pass made it)."""
+        try:
+            await self._core.create_namespaced_pod(namespace, dict(body), _request_timeout=self._timeout)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        """Merge-patch a pod's metadata (``None`` values delete keys); False when the pod is gone."""
+        try:
+            await self._core.patch_namespaced_pod(
+                name, namespace, dict(patch), _content_type=MERGE_PATCH, _request_timeout=self._timeout
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def delete_pod(self, namespace: str, name: str, grace_period_seconds: int | None = None) -> bool:
+        """Delete a pod (with its own grace period unless given); False when it was already gone."""
+        options = client.V1DeleteOptions(grace_period_seconds=grace_period_seconds)
+        try:
+            await self._core.delete_namespaced_pod(
+                name, namespace, body=options, _request_timeout=self._timeout
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    # ---- services --------------------------------------------------------------------------------
+
+    async def ensure_service(self, namespace: str, body: Mapping[str, Any]) -> None:
+        """Create the pool's Service, or bring an existing one's selector and ports up to date."""
+        name = body["metadata"]["name"]
+        try:
+            await self._core.create_namespaced_service(namespace, dict(body), _request_timeout=self._timeout)
+            return
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        patch = {"metadata": {"labels": body["metadata"].get("labels", {})}, "spec": body.get("spec", {})}
+        await self._core.patch_namespaced_service(
+            name, namespace, patch, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+        )
+
+    # ---- custom resources ------------------------------------------------------------------------
+
+    async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
+        """Merge-patch a ModelPool's status subresource; False when the pool is gone."""
+        try:
+            await self._custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                MODELPOOL_PLURAL,
+                name,
+                {"status": dict(status)},
+                _content_type=MERGE_PATCH,
+                _request_timeout=self._timeout,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool:
+        """Merge-patch the (cluster-scoped) ModelBudget's status; False when it does not exist."""
+        try:
+            await self._custom.patch_cluster_custom_object_status(
+                GROUP,
+                VERSION,
+                MODELBUDGET_PLURAL,
+                name,
+                {"status": dict(status)},
+                _content_type=MERGE_PATCH,
+                _request_timeout=self._timeout,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+
+__all__ = ["ApiException", "Kube", "connect", "merge_patch"]

@@ -1,0 +1,315 @@
+"""One reconciliation pass of one ModelPool: observe, plan (pure), then apply the plan's effects.
+
+The order matters for the budget. Everything between reading the pod index and recording the planned
+creations as reservations is synchronous (no ``await``), so on the operator's single event loop no other
+pool can plan in between: two pools reconciling "at once" always see each other's reservations and can
+never over-admit. The API calls (evict, delete, create, status, events) come after, and a failed create
+releases its reservation at once.
+
+Everything read here is rebuilt from the cluster (Kopf's indices of pods, pools and budgets); the only
+in-memory state is the reservation book and the last status this process wrote (we are its one writer,
+so that copy is authoritative even before the watch delivers it back).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from modelpool_operator.api import ModelPoolStatus, parse_budget_spec, parse_pool_spec
+from modelpool_operator.budget import Ledger, PoolKey, budget_status, build_ledger
+from modelpool_operator.kube import merge_patch
+from modelpool_operator.lifecycle import LABEL_POOL, LifecycleSettings, ObservedWorker, observe_worker
+from modelpool_operator.planner import OtherPool, Plan, PlannerSettings, PoolView, plan
+from modelpool_operator.resources import PodSettings, build_service, build_worker_pod, eviction_patch
+from modelpool_operator.runtime import OperatorState
+
+logger = logging.getLogger(__name__)
+
+# Another pool's worker observed less than this long ago is reused from the cache (its state only
+# changes with a new resourceVersion or new stats; ``now`` only matters for the Unschedulable timeout).
+_OBSERVATION_TTL_S = 5.0
+
+
+def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a Pod the lifecycle and the scraper read (kept in the index: ~1 KiB per pod)."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    return copy.deepcopy(
+        {
+            "metadata": {
+                key: meta[key]
+                for key in (
+                    "name",
+                    "namespace",
+                    "uid",
+                    "resourceVersion",
+                    "labels",
+                    "annotations",
+                    "creationTimestamp",
+                    "deletionTimestamp",
+                )
+                if key in meta
+            },
+            "spec": {
+                "nodeName": spec.get("nodeName"),
+                "containers": [
+                    {key: c[key] for key in ("name", "ports", "resources") if key in c}
+                    for c in spec.get("containers") or []
+                ],
+            },
+            "status": dict(body.get("status") or {}),
+        }
+    )
+
+
+def slim_pool(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A ModelPool's identity, spec and status (kept in the pools index, for preemption decisions)."""
+    meta = body.get("metadata") or {}
+    return copy.deepcopy(
+        {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "generation") if k in meta},
+            "spec": dict(body.get("spec") or {}),
+        }
+    )
+
+
+@dataclass
+class Observer:
+    """``observe_worker`` over every indexed pod, cached for other pools' pods (O(pods) per pass)."""
+
+    settings: LifecycleSettings
+    _cache: dict[str, tuple[Any, int, float, ObservedWorker]] = field(default_factory=dict)
+
+    def observe(
+        self, pod: Mapping[str, Any], stats: Mapping[str, Any] | None, now: datetime, fresh: bool
+    ) -> ObservedWorker:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or meta.get("name"))
+        version = meta.get("resourceVersion")
+        mono = time.monotonic()
+        cached = self._cache.get(uid)
+        if (
+            not fresh
+            and cached is not None
+            and cached[0] == version
+            and cached[1] == id(stats)
+            and mono - cached[2] < _OBSERVATION_TTL_S
+        ):
+            return cached[3]
+        worker = observe_worker(pod, stats, now, self.settings)
+        self._cache[uid] = (version, id(stats), mono, worker)
+        return worker
+
+    def prune(self, alive: Iterable[str]) -> None:
+        keep = set(alive)
+        for uid in [uid for uid in self._cache if uid not in keep]:
+            del self._cache[uid]
+
+
+def budget_total(budgets: Mapping[str, Any], name: str) -> int | None:
+    """The budget's total bytes; None (unlimited) when the ModelBudget does not exist or is invalid."""
+    for spec in budgets.get(name, ()):
+        try:
+            return parse_budget_spec(spec).memory_bytes
+        except ValueError:
+            logger.warning("ModelBudget %s has an invalid spec; treating the budget as unlimited", name)
+    return None
+
+
+def observe_all(
+    state: OperatorState,
+    *,
+    observer: Observer,
+    pods_by_pool: Mapping[PoolKey, Iterable[Mapping[str, Any]]],
+    own: PoolKey | None,
+    own_stats: Mapping[str, Mapping[str, Any] | None],
+    now: datetime,
+) -> dict[PoolKey, list[ObservedWorker]]:
+    """Every indexed worker, by pool; the own pool's with fresh stats, the others' from the cache."""
+    scraper = state.require_scraper()
+    result: dict[PoolKey, list[ObservedWorker]] = {}
+    uids: list[str] = []
+    for key, store in pods_by_pool.items():
+        pods = list(store)
+        stats = own_stats if key == own else scraper.cached(pods)
+        result[key] = [
+            observer.observe(pod, stats.get(pod["metadata"]["name"]), now, fresh=key == own) for pod in pods
+        ]
+        uids.extend(str(p["metadata"].get("uid") or p["metadata"].get("name")) for p in pods)
+    observer.prune(uids)
+    return result
+
+
+def current_ledger(
+    state: OperatorState, workers: Mapping[PoolKey, list[ObservedWorker]], total: int | None, now: datetime
+) -> Ledger:
+    """The ledger over every observed worker plus the live reservations (pruning the rest)."""
+    everyone = [w for ws in workers.values() for w in ws]
+    live = state.reservations.prune((w.key for w in everyone), now, state.config.reservation_ttl_seconds)
+    return build_ledger(total, everyone, live)
+
+
+def lifecycle_settings(state: OperatorState) -> LifecycleSettings:
+    return LifecycleSettings(unschedulable_timeout_s=state.config.unschedulable_timeout_seconds)
+
+
+def planner_settings(state: OperatorState) -> PlannerSettings:
+    return PlannerSettings(
+        backoff_base_s=state.config.backoff_base_seconds, backoff_cap_s=state.config.backoff_cap_seconds
+    )
+
+
+def pod_settings(state: OperatorState) -> PodSettings:
+    return PodSettings(default_image=state.config.server_image, port=state.config.server_port)
+
+
+@dataclass
+class PoolRun:
+    """What one pool's daemon carries from pass to pass."""
+
+    key: PoolKey
+    last_status: ModelPoolStatus | None = None
+    last_status_wire: dict[str, Any] | None = None
+    service_ready: bool = False
+    charged: int = 0
+
+
+async def reconcile_pool(
+    state: OperatorState,
+    *,
+    observer: Observer,
+    run: PoolRun,
+    body: Mapping[str, Any],
+    pods_by_pool: Mapping[PoolKey, Iterable[Mapping[str, Any]]],
+    pools_by_key: Mapping[PoolKey, Iterable[Mapping[str, Any]]],
+    budgets: Mapping[str, Any],
+) -> Plan:
+    """One pass for the pool ``run.key``: returns the plan it applied."""
+    import kopf  # noqa: PLC0415 - Kopf's posting machinery is only needed inside the running operator
+
+    kube = state.require_kube()
+    namespace, name = run.key
+    view = PoolView.from_body(body)
+    if run.last_status is not None:
+        # We are the only writer of status; our last write is newer than what the watch may show yet.
+        view = replace(view, status=run.last_status)
+
+    own_pods = list(pods_by_pool.get(run.key, ()))
+    own_stats = await state.require_scraper().scrape(own_pods)
+
+    # ---- no await from here until the reservations are recorded -------------------------------------
+    now = datetime.now(UTC)
+    workers = observe_all(
+        state, observer=observer, pods_by_pool=pods_by_pool, own=run.key, own_stats=own_stats, now=now
+    )
+    ledger = current_ledger(state, workers, budget_total(budgets, state.config.budget_name), now)
+    others = [
+        other_pool(key, specs, workers.get(key, [])) for key, specs in pools_by_key.items() if key != run.key
+    ]
+    decided = plan(
+        view,
+        workers.get(run.key, []),
+        ledger,
+        now=now,
+        others=[o for o in others if o is not None],
+        settings=planner_settings(state),
+    )
+    for create in decided.create:
+        state.reservations.reserve(namespace, name, create.name, create.memory, now)
+    # ---- effects ----------------------------------------------------------------------------------------
+
+    if decided.create:
+        state.budget_wakeup.set()
+    for evict in decided.evict:
+        await kube.patch_pod(evict.namespace, evict.name, eviction_patch(evict.reason, now))
+        if (evict.namespace, evict.pool) != run.key:
+            state.poke((evict.namespace, evict.pool))  # its daemon deletes it after the drain grace
+    for delete in decided.delete:
+        await kube.delete_pod(namespace, delete.name)
+    if not run.service_ready:
+        await kube.ensure_service(namespace, build_service(body, pod_settings(state)))
+        run.service_ready = True
+    for create in decided.create:
+        pod = build_worker_pod(body, create.name, decided.template_hash, pod_settings(state), now)
+        try:
+            created = await kube.create_pod(namespace, pod)
+        except Exception as exc:
+            state.reservations.release(namespace, create.name)
+            state.budget_wakeup.set()
+            kopf.event(
+                cast(Any, body), type="Warning", reason="CreateFailed", message=f"worker {create.name}: {exc}"
+            )
+            raise
+        if not created:  # it already exists (an earlier pass or process): the watch shows its charge
+            state.reservations.release(namespace, create.name)
+
+    wire = decided.status.model_dump(mode="json", by_alias=True)
+    previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
+    patch = merge_patch(previous, wire)
+    if patch:
+        await kube.patch_pool_status(namespace, name, patch)
+    run.last_status, run.last_status_wire = decided.status, wire
+
+    for event in decided.events:
+        kopf.event(cast(Any, body), type=event.type, reason=event.reason, message=event.message)
+
+    budget = next((c for c in decided.status.conditions if c.type == "BudgetExceeded"), None)
+    if budget is not None and budget.status == "True":
+        state.waiting.add(run.key)
+    else:
+        state.waiting.discard(run.key)
+    charged = decided.status.memory.charged_bytes
+    if charged < run.charged:
+        state.poke_waiting()  # memory freed: pools waiting for budget may fit now
+    elif charged != run.charged:
+        state.budget_wakeup.set()
+    run.charged = charged
+    return decided
+
+
+def other_pool(
+    key: PoolKey, bodies: Iterable[Mapping[str, Any]], workers: list[ObservedWorker]
+) -> OtherPool | None:
+    """Another pool's priority and minimum (None when its spec does not parse: it is not preempted)."""
+    for body in bodies:
+        try:
+            spec = parse_pool_spec(body.get("spec") or {})
+        except ValueError:
+            return None
+        return OtherPool(
+            namespace=key[0],
+            name=key[1],
+            priority=spec.priority,
+            min_replicas=spec.min_replicas,
+            workers=tuple(workers),
+        )
+    return None
+
+
+def budget_status_wire(
+    state: OperatorState,
+    observer: Observer,
+    pods_by_pool: Mapping[PoolKey, Iterable[Mapping[str, Any]]],
+    budgets: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The ModelBudget status (wire form) as of now, derived from every indexed worker."""
+    now = datetime.now(UTC)
+    workers = observe_all(
+        state, observer=observer, pods_by_pool=pods_by_pool, own=None, own_stats={}, now=now
+    )
+    ledger = current_ledger(state, workers, budget_total(budgets, state.config.budget_name), now)
+    return budget_status(ledger).model_dump(mode="json", by_alias=True)
+
+
+def pool_of(labels: Mapping[str, str], namespace: str | None) -> PoolKey | None:
+    """The (namespace, pool) a worker pod belongs to, from its label."""
+    pool = labels.get(LABEL_POOL)
+    return (namespace or "", pool) if pool else None

@@ -1,0 +1,88 @@
+"""The operator process's shared in-memory state: connections, wake-up signals and budget reservations.
+
+Nothing here is a source of truth about the cluster: it is all rebuilt on restart (level-based). It
+holds only what must be shared between the per-pool daemons of one process:
+
+* ``wakeups``: one ``asyncio.Event`` per pool; pod and pool watch events set it, so a pool reconciles
+  promptly after a change instead of polling in a busy loop.
+* ``waiting``: pools that could not fit the budget; any pod going away wakes them (memory freed).
+* ``reservations``: memory promised to pods created but not yet seen in the watch (``budget``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from modelpool_operator.budget import PoolKey, ReservationBook
+from modelpool_operator.kube import Kube
+from modelpool_operator.settings import OperatorConfig
+from modelpool_operator.stats import StatsScraper
+
+if TYPE_CHECKING:
+    from modelpool_operator.reconcile import Observer
+
+
+@dataclass
+class OperatorState:
+    """Everything the handlers of one operator process share (kept in Kopf's memo)."""
+
+    config: OperatorConfig
+    kube: Kube | None = None
+    scraper: StatsScraper | None = None
+    observer: Observer | None = None
+    reservations: ReservationBook = field(default_factory=ReservationBook)
+    wakeups: dict[PoolKey, asyncio.Event] = field(default_factory=dict)
+    waiting: set[PoolKey] = field(default_factory=set)
+    budget_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def wakeup(self, key: PoolKey) -> asyncio.Event:
+        """The pool's wake-up event (created on first use)."""
+        event = self.wakeups.get(key)
+        if event is None:
+            event = self.wakeups[key] = asyncio.Event()
+        return event
+
+    def poke(self, key: PoolKey) -> None:
+        """Ask the pool's daemon for a pass now (a no-op for pools this process does not run)."""
+        event = self.wakeups.get(key)
+        if event is not None:
+            event.set()
+
+    def poke_waiting(self) -> None:
+        """Memory may have been freed: wake every pool waiting for budget, and the budget writer."""
+        for key in list(self.waiting):
+            self.poke(key)
+        self.budget_wakeup.set()
+
+    def forget(self, key: PoolKey) -> None:
+        """The pool's daemon stopped (pool deleted or operator stopping)."""
+        self.wakeups.pop(key, None)
+        self.waiting.discard(key)
+
+    def require_kube(self) -> Kube:
+        if self.kube is None:
+            raise RuntimeError("the API connection is not set up (the startup handler has not run)")
+        return self.kube
+
+    def require_observer(self) -> Observer:
+        if self.observer is None:
+            raise RuntimeError("the worker observer is not set up (the startup handler has not run)")
+        return self.observer
+
+    def require_scraper(self) -> StatsScraper:
+        if self.scraper is None:
+            raise RuntimeError("the stats scraper is not set up (the startup handler has not run)")
+        return self.scraper
+
+
+async def wait_for_wakeup(event: asyncio.Event, seconds: float) -> bool:
+    """Wait until ``event`` is set or ``seconds`` pass; clears it. True when woken by the event."""
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except TimeoutError:
+        return False
+    finally:
+        event.clear()
+    return True

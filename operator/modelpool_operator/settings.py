@@ -1,0 +1,178 @@
+"""The operator's one configuration object, read from ``MODELPOOL_OPERATOR_*`` environment variables.
+
+Everything the operator process can be tuned with lives here, documented field by field, so that the
+Helm chart, ``docs/operator.md`` and ``modelpool-operator --help`` all describe the same knobs. The
+command line (``main``) only overrides a few of these fields; ``apply_to_kopf`` copies the relevant
+ones onto Kopf's own ``OperatorSettings`` in the startup hook.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+#: The prefix of every label, annotation and finalizer the operator owns.
+PREFIX = "modelpool.dev"
+
+
+class OperatorConfig(BaseSettings):
+    """How the operator watches, scrapes, admits and replaces workers.
+
+    Every field maps to the environment variable ``MODELPOOL_OPERATOR_<FIELD NAME IN CAPITALS>``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="MODELPOOL_OPERATOR_", extra="ignore", frozen=True)
+
+    # --- scope -------------------------------------------------------------------------------------
+    namespaces: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="Namespaces to watch (comma-separated in the environment). Empty: all namespaces.",
+    )
+
+    # --- stats scraping ----------------------------------------------------------------------------
+    stats_interval_seconds: float = Field(
+        default=5.0, gt=0, description="How often each worker's GET /stats is scraped."
+    )
+    stats_timeout_seconds: float = Field(
+        default=2.0, gt=0, description="Timeout of one /stats request (connect + read)."
+    )
+    stats_concurrency: int = Field(
+        default=64, ge=1, description="At most this many /stats requests in flight at once, operator-wide."
+    )
+    stats_unreachable_backoff_cap_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "A worker whose /stats cannot be reached is retried with a doubling delay up to this cap "
+            "(its stats are unknown meanwhile; that never fails the worker by itself)."
+        ),
+    )
+    server_port: int = Field(
+        default=8000, ge=1, le=65535, description="Port of the worker's HTTP server when the pod names none."
+    )
+
+    # --- reconciliation ----------------------------------------------------------------------------
+    resync_interval_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Each pool is re-reconciled at least this often even without events (level-based safety net); "
+            "pod changes wake it at once."
+        ),
+    )
+    reservation_ttl_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="A reservation for a created pod that never shows up in the watch expires after this.",
+    )
+
+    # --- workers -----------------------------------------------------------------------------------
+    server_image: str = Field(
+        default="ghcr.io/modelpool/modelpool-server:0.1.0",
+        description="Worker image when a pool's spec.image is empty.",
+    )
+    budget_name: str = Field(
+        default="default", description="The ModelBudget (cluster-scoped) the operator uses."
+    )
+    backoff_base_seconds: float = Field(
+        default=5.0, gt=0, description="First delay before replacing a failed worker (doubles per failure)."
+    )
+    backoff_cap_seconds: float = Field(default=300.0, gt=0, description="Longest replacement delay.")
+    unschedulable_timeout_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="A Pending pod the scheduler could not place for this long is reported Unschedulable.",
+    )
+
+    # --- the process -------------------------------------------------------------------------------
+    peering_name: str | None = Field(
+        default=None,
+        description=(
+            "Kopf peering object name. Set: peering is mandatory (two replicas never act at once). "
+            "Unset: Kopf's default peering is used when it exists, standalone otherwise."
+        ),
+    )
+    standalone: bool = Field(default=False, description="Disable peering entirely.")
+    liveness_port: int = Field(
+        default=8080, ge=0, le=65535, description="Port of the /healthz liveness endpoint (0 disables it)."
+    )
+    watch_server_timeout_seconds: float = Field(
+        default=300.0, gt=0, description="Server-side timeout of each watch request (then it is renewed)."
+    )
+    watch_client_timeout_seconds: float = Field(
+        default=330.0, gt=0, description="Client-side timeout of each watch request."
+    )
+    request_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="Timeout of every other API request."
+    )
+    connect_timeout_seconds: float = Field(default=10.0, gt=0, description="TCP connect timeout to the API.")
+    posting_level: str = Field(
+        default="WARNING",
+        description=(
+            "Log records at or above this level are also posted as Kubernetes Events on the object. "
+            "Lifecycle transitions are always posted as Events, independently of this."
+        ),
+    )
+    log_format: str = Field(default="json", description="'json' (structured) or 'plain'.")
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split_namespaces(cls, value: Any) -> Any:
+        # The environment carries "a,b,c"; code and tests may pass a list or tuple directly.
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("posting_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.upper()
+        if not isinstance(logging.getLevelName(level), int):
+            raise ValueError(f"unknown log level {value!r}")
+        return level
+
+    @field_validator("log_format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        if value not in ("json", "plain"):
+            raise ValueError("log_format must be 'json' or 'plain'")
+        return value
+
+    @property
+    def clusterwide(self) -> bool:
+        """True when no namespace is named: the operator watches every namespace."""
+        return not self.namespaces
+
+    @property
+    def finalizer(self) -> str:
+        return f"{PREFIX}/finalizer"
+
+    @property
+    def liveness_endpoint(self) -> str | None:
+        return f"http://0.0.0.0:{self.liveness_port}/healthz" if self.liveness_port else None
+
+
+def apply_to_kopf(config: OperatorConfig, settings: Any) -> None:
+    """Copy the operator's configuration onto Kopf's ``OperatorSettings`` (called in the startup hook)."""
+    import kopf  # noqa: PLC0415 - keeps this module importable (and unit-testable) without Kopf's side effects
+
+    settings.persistence.finalizer = config.finalizer
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = config.watch_server_timeout_seconds
+    settings.watching.client_timeout = config.watch_client_timeout_seconds
+    settings.watching.connect_timeout = config.connect_timeout_seconds
+    settings.networking.request_timeout = config.request_timeout_seconds
+    settings.networking.connect_timeout = config.connect_timeout_seconds
+    settings.posting.level = logging.getLevelName(config.posting_level)
+    settings.posting.reporting_component = "modelpool-operator"
+    settings.peering.clusterwide = config.clusterwide
+    if config.peering_name:
+        settings.peering.name = config.peering_name
+        settings.peering.mandatory = True
+    settings.peering.standalone = config.standalone

@@ -1,0 +1,140 @@
+"""Scraping the workers' ``GET /stats`` JSON, concurrently, bounded, and never fatally.
+
+One ``StatsScraper`` is shared by the whole operator: a semaphore bounds the requests in flight across
+all pools, each request has a timeout, and a worker whose stats cannot be fetched simply has *unknown*
+stats (``None``). That is deliberate: whether a server process is alive is the kubelet's call (liveness
+probe), and pods on KWOK nodes have no server behind their IP at all. Unreachable workers are retried
+with a doubling delay (capped) so that a thousand silent pods do not cost a thousand timeouts per pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+#: Forget a pod's scrape state when nobody asked for it for this long (the pod is most likely gone).
+_FORGET_AFTER_SECONDS = 600.0
+
+
+@dataclass
+class _Entry:
+    """What the scraper remembers about one pod (keyed by uid, so a re-created name starts afresh)."""
+
+    stats: dict[str, Any] | None = None
+    fetched_at: float = 0.0
+    failures: int = 0
+    next_attempt: float = 0.0
+    last_asked: float = 0.0
+
+
+def stats_url(pod: Mapping[str, Any], default_port: int) -> str | None:
+    """The pod's ``/stats`` URL, or None when it has no IP yet or is not running.
+
+    The port is the container port named ``http`` when the pod declares one (the pod builder does),
+    the configured default otherwise.
+    """
+    status = pod.get("status") or {}
+    ip = status.get("podIP")
+    if not ip or status.get("phase") != "Running":
+        return None
+    port = default_port
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for declared in container.get("ports") or []:
+            if declared.get("name") == "http" and declared.get("containerPort"):
+                port = int(declared["containerPort"])
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}/stats"
+
+
+class StatsScraper:
+    """Fetch ``/stats`` of many pods at once; results are dicts, or None when unknown."""
+
+    def __init__(
+        self,
+        *,
+        interval: float,
+        timeout: float,
+        concurrency: int,
+        backoff_cap: float,
+        default_port: int,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._interval = interval
+        self._backoff_cap = backoff_cap
+        self._default_port = default_port
+        self._semaphore = asyncio.Semaphore(concurrency)
+        # No proxies from the environment: worker pod IPs are always reached directly.
+        self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False)
+        self._entries: dict[str, _Entry] = {}
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def scrape(self, pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None]:
+        """Latest stats of each pod, keyed by pod name; scrapes the ones whose last result is stale."""
+        now = time.monotonic()
+        wanted: list[tuple[str, _Entry]] = []
+        jobs: list[asyncio.Task[None]] = []
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            name = str(meta.get("name", ""))
+            entry = self._entries.setdefault(str(meta.get("uid") or name), _Entry())
+            entry.last_asked = now
+            wanted.append((name, entry))
+            url = stats_url(pod, self._default_port)
+            if url is None:
+                entry.stats = None
+                continue
+            fresh = entry.stats is not None and now - entry.fetched_at < self._interval
+            if not fresh and now >= entry.next_attempt:
+                jobs.append(asyncio.create_task(self._fetch(entry, url)))
+        if jobs:
+            await asyncio.gather(*jobs)
+        results = {name: entry.stats for name, entry in wanted}
+        self._forget_stale(now)
+        return results
+
+    def cached(self, pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None]:
+        """The last stats of each pod without fetching anything (another pool's daemon keeps them fresh)."""
+        results: dict[str, dict[str, Any] | None] = {}
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            name = str(meta.get("name", ""))
+            entry = self._entries.get(str(meta.get("uid") or name))
+            results[name] = entry.stats if entry is not None else None
+        return results
+
+    async def _fetch(self, entry: _Entry, url: str) -> None:
+        async with self._semaphore:
+            try:
+                response = await self._client.get(url)
+                response.raise_for_status()
+                body = response.json()
+                if not isinstance(body, dict):
+                    raise ValueError("the /stats body is not a JSON object")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # every failure means "unknown", never a failed worker
+                entry.stats = None
+                entry.failures += 1
+                delay = min(self._interval * 2 ** (entry.failures - 1), self._backoff_cap)
+                entry.next_attempt = time.monotonic() + delay
+                logger.debug("stats of %s unavailable (%s); next try in %.1fs", url, exc, delay)
+                return
+        entry.stats = body
+        entry.failures = 0
+        entry.fetched_at = time.monotonic()
+        entry.next_attempt = 0.0
+
+    def _forget_stale(self, now: float) -> None:
+        stale = [uid for uid, e in self._entries.items() if now - e.last_asked > _FORGET_AFTER_SECONDS]
+        for uid in stale:
+            del self._entries[uid]

@@ -1,0 +1,270 @@
+"""Smoke tests of the local control plane (issue 3, "How it is checked").
+
+Real: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl (built by `make testbin`).
+Simulated: the kwok-gpu-* nodes (KWOK writes their pods' status).  Real processes: pods on the process node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cluster
+from tests.kube import apply, container_status, get_json, is_ready, pod_log, wait_for
+
+pytestmark = pytest.mark.cluster
+KWOK_NODES = [f"kwok-gpu-{i}" for i in range(4)]
+
+
+def test_nodes_list_gpu_capacity_and_versions(cluster: Cluster) -> None:
+    nodes = {n["metadata"]["name"]: n for n in get_json(cluster, "nodes")["items"]}
+    for name in KWOK_NODES:
+        assert nodes[name]["status"]["capacity"]["nvidia.com/gpu"] == "8"
+        assert nodes[name]["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+    proc = nodes[cluster.process_node]
+    assert proc["metadata"]["labels"]["modelpool.dev/process-node"] == "true"
+    assert "kwok.x-k8s.io/node" not in (proc["metadata"].get("annotations") or {})
+    assert proc["status"]["capacity"]["nvidia.com/gpu"] == "8"
+    # What a user sees: `kubectl get nodes` with the GPU column.
+    table = cluster.kubectl(
+        "get", "nodes", "-o", "custom-columns=NAME:.metadata.name,GPU:.status.capacity.nvidia\\.com/gpu"
+    ).stdout
+    for name in [*KWOK_NODES, cluster.process_node]:
+        assert any(line.split() == [name, "8"] for line in table.splitlines()), table
+    version = json.loads(cluster.kubectl("version", "-o", "json").stdout)
+    assert version["serverVersion"]["gitVersion"] == "v1.34.4"
+    assert version["clientVersion"]["gitVersion"] == "v1.34.4"
+
+
+def test_deployment_lands_on_kwok_gpu_nodes_and_is_garbage_collected(
+    cluster: Cluster, namespace: str
+) -> None:
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "gpu-web"},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "gpu-web"}},
+            "template": {
+                "metadata": {"labels": {"app": "gpu-web"}},
+                "spec": {
+                    "nodeSelector": {"type": "kwok"},
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "example.invalid/gpu-web:1",
+                            # 5 GPUs each: no node fits two, so the scheduler must spread them.
+                            "resources": {"limits": {"nvidia.com/gpu": "5"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    apply(cluster, deployment, namespace)
+
+    def three_running() -> list[dict[str, Any]] | None:
+        pods = get_json(cluster, "pods", "-n", namespace, "-l", "app=gpu-web")["items"]
+        ok = [p for p in pods if p["status"].get("phase") == "Running" and is_ready(p)]
+        return ok if len(ok) == 3 else None
+
+    pods = wait_for(three_running, timeout=60, message="3 Running+Ready gpu-web pods")
+    nodes = {p["spec"]["nodeName"] for p in pods}
+    assert len(nodes) == 3 and nodes <= set(KWOK_NODES)
+    for p in pods:  # the ReplicaSet (controller-manager) owns them
+        assert p["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+    wait_for(
+        lambda: (
+            get_json(cluster, "deployment", "gpu-web", "-n", namespace)["status"].get("availableReplicas")
+            == 3
+        ),
+        timeout=30,
+        message="deployment available",
+    )
+    cluster.kubectl("delete", "deployment", "gpu-web", "-n", namespace, "--wait=false")
+    wait_for(
+        lambda: not get_json(cluster, "pods", "-n", namespace, "-l", "app=gpu-web")["items"],
+        timeout=60,
+        message="garbage collection removed the deployment's pods",
+    )
+
+
+def test_chaos_label_ends_oomkilled_137(cluster: Cluster, namespace: str) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "oom", "labels": {"modelpool.dev/chaos": "oom"}},
+        "spec": {
+            "nodeSelector": {"type": "kwok"},
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "example.invalid/x:1"}],
+        },
+    }
+    apply(cluster, pod, namespace)
+
+    def terminated() -> dict[str, Any] | None:
+        cs = container_status(get_json(cluster, "pod", "oom", "-n", namespace))
+        term: dict[str, Any] | None = (cs or {}).get("state", {}).get("terminated")
+        return term
+
+    term = wait_for(terminated, timeout=30, message="chaos pod terminated")
+    assert term["reason"] == "OOMKilled"
+    assert term["exitCode"] == 137
+    assert get_json(cluster, "pod", "oom", "-n", namespace)["status"]["phase"] == "Failed"
+
+
+def test_chaos_load_failed_carries_the_message(cluster: Cluster, namespace: str) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "lf",
+            "labels": {"modelpool.dev/chaos": "load-failed"},
+            "annotations": {"modelpool.dev/chaos-message": "no such model: /models/x"},
+        },
+        "spec": {
+            "nodeSelector": {"type": "kwok"},
+            "containers": [{"name": "main", "image": "example.invalid/x:1"}],
+        },
+    }
+    apply(cluster, pod, namespace)
+
+    def terminated() -> dict[str, Any] | None:
+        cs = container_status(get_json(cluster, "pod", "lf", "-n", namespace))
+        term: dict[str, Any] | None = (cs or {}).get("state", {}).get("terminated")
+        return term
+
+    term = wait_for(terminated, timeout=30, message="load-failed pod terminated")
+    assert (term["exitCode"], term["message"]) == (3, "no such model: /models/x")
+
+
+def _http_pod(name: str, node_selector: dict[str, str], **extra: Any) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "web",
+        "image": "python:3.11",
+        "command": ["python3", "-m", "http.server", "--bind", "$(MY_IP)", "8080"],
+        "env": [{"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "ports": [{"name": "http", "containerPort": 8080}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
+    }
+    container.update(extra)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": node_selector,
+            "terminationGracePeriodSeconds": 5,
+            "containers": [container],
+        },
+    }
+
+
+def test_process_node_runs_a_real_server_restarts_it_and_deletes_gracefully(
+    cluster: Cluster, namespace: str
+) -> None:
+    apply(cluster, _http_pod("web", {"modelpool.dev/process-node": "true"}), namespace)
+
+    def ready() -> dict[str, Any] | None:
+        p = get_json(cluster, "pod", "web", "-n", namespace)
+        return p if is_ready(p) else None
+
+    pod = wait_for(ready, timeout=30, message="web pod Ready on the process node")
+    assert pod["spec"]["nodeName"] == cluster.process_node
+    ip = pod["status"]["podIP"]
+    assert ip.startswith("127.") and ip != "127.0.0.1"
+    with urllib.request.urlopen(f"http://{ip}:8080/", timeout=5) as resp:
+        assert resp.status == 200
+    assert "GET / HTTP" in pod_log(cluster, namespace, "web", "web")  # http.server logs each request
+
+    # Kill the process from outside: the container terminates with 137 and is restarted.
+    cs = container_status(pod)
+    assert cs is not None and cs["containerID"].startswith("process://")
+    os.kill(int(cs["containerID"].removeprefix("process://")), signal.SIGKILL)
+
+    def restarted() -> dict[str, Any] | None:
+        p = get_json(cluster, "pod", "web", "-n", namespace)
+        s = container_status(p) or {}
+        return p if s.get("restartCount", 0) >= 1 and is_ready(p) else None
+
+    pod = wait_for(restarted, timeout=30, message="container restarted and Ready again")
+    last = (container_status(pod) or {})["lastState"]["terminated"]
+    assert (last["exitCode"], last["reason"]) == (137, "Error")
+    assert pod["status"]["podIP"] == ip  # the pod keeps its address across container restarts
+    with urllib.request.urlopen(f"http://{ip}:8080/", timeout=5) as resp:
+        assert resp.status == 200
+
+    # Deletion: SIGTERM ends http.server at once; the agent then removes the pod object.
+    cluster.kubectl("delete", "pod", "web", "-n", namespace, "--wait=false")
+    wait_for(
+        lambda: cluster.kubectl("get", "pod", "web", "-n", namespace, check=False).returncode != 0,
+        timeout=20,
+        message="pod removed after graceful termination",
+    )
+
+
+def test_process_node_termination_message_and_restart_policy(cluster: Cluster, namespace: str) -> None:
+    script = 'echo "model weights not found" > "$MODELPOOL_TERMINATION_LOG"; echo to-stdout; exit 3'
+    fallback = "echo last words from the log; exit 4"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "fails"},
+        "spec": {
+            "nodeSelector": {"modelpool.dev/process-node": "true"},
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "msg", "image": "busybox", "command": ["sh", "-c", script]},
+                {
+                    "name": "fallback",
+                    "image": "busybox",
+                    "command": ["sh", "-c", fallback],
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                },
+            ],
+        },
+    }
+    apply(cluster, pod, namespace)
+
+    def failed() -> dict[str, Any] | None:
+        p = get_json(cluster, "pod", "fails", "-n", namespace)
+        return p if p["status"].get("phase") == "Failed" else None
+
+    done = wait_for(failed, timeout=30, message="pod Failed")
+    msg = (container_status(done, "msg") or {})["state"]["terminated"]
+    assert (msg["exitCode"], msg["reason"], msg["message"]) == (3, "Error", "model weights not found")
+    fb = (container_status(done, "fallback") or {})["state"]["terminated"]
+    assert (fb["exitCode"], fb["message"].strip()) == (4, "last words from the log")
+    assert (container_status(done, "msg") or {})["restartCount"] == 0
+    assert pod_log(cluster, namespace, "fails", "msg").strip() == "to-stdout"
+
+
+def test_process_node_liveness_failure_restarts_with_crashloop_backoff(
+    cluster: Cluster, namespace: str
+) -> None:
+    # The liveness probe targets a port nothing listens on: the kubelet's answer is kill and restart.
+    pod = _http_pod(
+        "unhealthy",
+        {"modelpool.dev/process-node": "true"},
+        livenessProbe={"tcpSocket": {"port": 9}, "periodSeconds": 1, "failureThreshold": 2},
+    )
+    apply(cluster, pod, namespace)
+
+    def restarted() -> dict[str, Any] | None:
+        cs = container_status(get_json(cluster, "pod", "unhealthy", "-n", namespace)) or {}
+        return cs if cs.get("restartCount", 0) >= 1 else None
+
+    cs = wait_for(restarted, timeout=40, message="liveness failure restarted the container")
+    assert cs["lastState"]["terminated"]["exitCode"] == 143  # SIGTERM ended http.server
+
+    def crashloop() -> bool:
+        cs = container_status(get_json(cluster, "pod", "unhealthy", "-n", namespace)) or {}
+        return (cs.get("state", {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
+
+    wait_for(crashloop, timeout=40, interval=0.1, message="CrashLoopBackOff between restarts")

@@ -1,0 +1,82 @@
+"""Test helpers for the local control plane: deadline-bound waits and small kubectl conveniences.
+
+Every wait in the test suite goes through `wait_for`, so none can hang: it returns the predicate's first
+truthy value or raises with the message and the last value seen.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from tests.conftest import Cluster
+
+T = TypeVar("T")
+
+
+class WaitTimeoutError(AssertionError):
+    """A condition did not become true before its deadline."""
+
+
+def wait_for(
+    predicate: Callable[[], T | None],
+    timeout: float,
+    interval: float = 0.2,
+    message: str = "condition not met",
+) -> T:
+    """Call `predicate` until it returns something truthy (returned) or `timeout` seconds pass (raises
+    WaitTimeoutError naming `message` and the last value).  Exceptions from the predicate count as "not yet"
+    and are reported if the deadline passes."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = predicate()
+        except Exception as err:  # not yet: e.g. the object does not exist yet
+            last = err
+        else:
+            if value:
+                return value
+            last = value
+        if time.monotonic() >= deadline:
+            raise WaitTimeoutError(f"{message} (after {timeout:g}s; last value: {last!r})")
+        time.sleep(interval)
+
+
+def get_json(cluster: Cluster, *args: str) -> dict[str, Any]:
+    """`kubectl get ARGS -o json`, decoded."""
+    out = cluster.kubectl("get", *args, "-o", "json").stdout
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+def apply(cluster: Cluster, manifest: dict[str, Any] | str, namespace: str | None = None) -> None:
+    """`kubectl apply -f -` with a dict (as JSON) or YAML text."""
+    text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+    args = ["apply", "-f", "-"] + (["-n", namespace] if namespace else [])
+    cluster.kubectl(*args, input=text)
+
+
+def container_status(pod: dict[str, Any], container: str | None = None) -> dict[str, Any] | None:
+    """The status of one container (the first when no name is given), or None before the kubelet wrote it."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container is None or cs.get("name") == container:
+            return dict(cs)
+    return None
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def pod_log(cluster: Cluster, namespace: str, pod: str, container: str) -> str:
+    """A process-node container's output (stdout and stderr, every restart appended)."""
+    path = Path(cluster.processnode_log_dir) / namespace / pod / f"{container}.log"
+    return path.read_text(errors="replace") if path.exists() else ""

@@ -1,0 +1,270 @@
+"""Tiny random models for the server's non-embedding tasks, built offline from configs.
+
+Each ``build_*`` function is pure apart from writing one directory: it builds a model with random weights
+(hidden sizes ~32, two layers) and ``save_pretrained``s it, together with its tokenizer / processor, into
+``out``, exactly as a real model folder is laid out.  The task modules then load these folders through
+their real loading code.  Nothing is downloaded: the tokenizer is trained on a handful of sentences.
+
+CLI (for the demo and the benchmarks)::
+
+    python -m tests.server.tiny_models --task vision --out /tmp/tiny-vision
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# The sentences the tiny BPE tokenizer is trained on.  Byte-level BPE can encode any text anyway; the
+# corpus only decides which merges exist.
+_CORPUS = [
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "A man is eating food. A man is eating bread. A man is riding a horse.",
+    "Once upon a time there was a tiny model that served requests behind a bounded queue.",
+    "What is in this picture? A red square on a blue background.",
+    "system user assistant: answer briefly and politely.",
+]
+
+# A ChatML-style template: enough to prove the task renders chat messages with the tokenizer's template.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+EOS = "<|endoftext|>"
+SPECIAL_TOKENS = [EOS, "<pad>", "<|im_start|>", "<|im_end|>"]
+IMAGE_SIZE = 32
+HIDDEN = 32
+
+
+def build_tokenizer(model_max_length: int = 128, chat_template: str | None = CHAT_TEMPLATE) -> Any:
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``_CORPUS`` (about 300 tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415 - heavy imports stay lazy
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - heavy imports stay lazy
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=EOS,
+        eos_token=EOS,
+        unk_token=EOS,
+        pad_token="<pad>",
+        model_max_length=model_max_length,
+        clean_up_tokenization_spaces=False,
+    )
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    return fast
+
+
+def build_text_generation(out: Path) -> Path:
+    """A 2-layer GPT-2 (hidden 32, context 128) and its tokenizer with a chat template."""
+    import torch  # noqa: PLC0415 - heavy imports stay lazy
+    from transformers import GPT2Config, GPT2LMHeadModel  # noqa: PLC0415 - heavy imports stay lazy
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=128,
+        n_embd=HIDDEN,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = GPT2LMHeadModel(config).eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def build_image_embedding(out: Path, projection_dim: int = 16) -> Path:
+    """A tiny CLIP (text and vision towers of 2 layers, hidden 32, 32x32 images) + CLIPImageProcessor."""
+    import torch  # noqa: PLC0415 - heavy imports stay lazy
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel  # noqa: PLC0415 - heavy imports stay lazy
+
+    torch.manual_seed(0)
+    config = CLIPConfig(
+        text_config={
+            "vocab_size": 320,
+            "hidden_size": HIDDEN,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "max_position_embeddings": 32,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "pad_token_id": 1,
+        },
+        vision_config={
+            "hidden_size": HIDDEN,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": IMAGE_SIZE,
+            "patch_size": 8,
+        },
+        projection_dim=projection_dim,
+    )
+    CLIPModel(config).eval().save_pretrained(out)
+    size = {"shortest_edge": IMAGE_SIZE}
+    crop = {"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    CLIPImageProcessor(size=size, crop_size=crop).save_pretrained(out)
+    return out
+
+
+def build_vision(out: Path) -> Path:
+    """A tiny VisionEncoderDecoder: ViT encoder (32x32 images) + GPT-2 decoder with cross-attention."""
+    import torch  # noqa: PLC0415 - heavy imports stay lazy
+    from transformers import (  # noqa: PLC0415 - heavy imports stay lazy
+        GPT2Config,
+        VisionEncoderDecoderConfig,
+        VisionEncoderDecoderModel,
+        ViTConfig,
+        ViTImageProcessor,
+    )
+
+    tokenizer = build_tokenizer(chat_template=None)
+    torch.manual_seed(0)
+    encoder = ViTConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=IMAGE_SIZE,
+        patch_size=8,
+    )
+    decoder = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=128,
+        n_embd=HIDDEN,
+        n_layer=2,
+        n_head=2,
+        add_cross_attention=True,
+        is_decoder=True,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.decoder_start_token_id = tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    config.eos_token_id = tokenizer.eos_token_id
+    model = VisionEncoderDecoderModel(config=config).eval()
+    model.generation_config.decoder_start_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(out)
+    return out
+
+
+def build_text_to_image(out: Path) -> Path:
+    """A tiny Stable Diffusion pipeline (UNet, VAE and CLIP text encoder of hidden 32, DDIM scheduler),
+    shaped like diffusers' own ``get_dummy_components`` test fixtures."""
+    import torch  # noqa: PLC0415 - heavy imports stay lazy
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel  # noqa: PLC0415 - heavy imports stay lazy
+    from transformers import CLIPTextConfig, CLIPTextModel  # noqa: PLC0415 - heavy imports stay lazy
+
+    tokenizer = build_tokenizer(model_max_length=16, chat_template=None)
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        block_out_channels=(4, 8),
+        layers_per_block=1,
+        sample_size=IMAGE_SIZE // 2,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=HIDDEN,
+        norm_num_groups=2,
+        attention_head_dim=2,
+    )
+    vae = AutoencoderKL(
+        block_out_channels=[4, 8],
+        in_channels=3,
+        out_channels=3,
+        down_block_types=["DownEncoderBlock2D", "DownEncoderBlock2D"],
+        up_block_types=["UpDecoderBlock2D", "UpDecoderBlock2D"],
+        latent_channels=4,
+        norm_num_groups=2,
+        sample_size=IMAGE_SIZE,
+    )
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=HIDDEN,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=tokenizer.model_max_length,
+            bos_token_id=tokenizer.eos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    scheduler = DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
+    pipe = StableDiffusionPipeline(
+        unet=unet,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "text-generation": build_text_generation,
+    "image-embedding": build_image_embedding,
+    "vision": build_vision,
+    "text-to-image": build_text_to_image,
+}
+
+
+def build(task: str, out: Path) -> Path:
+    """Build the tiny model for ``task`` into ``out`` (created if missing)."""
+    if task not in BUILDERS:
+        raise ValueError(f"no tiny model for task {task!r}; choose one of {', '.join(sorted(BUILDERS))}")
+    out.mkdir(parents=True, exist_ok=True)
+    return BUILDERS[task](out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", required=True, choices=sorted(BUILDERS))
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args(argv)
+    print(build(args.task, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
