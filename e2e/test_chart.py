@@ -192,11 +192,11 @@ def test_switches(helm: list[str]) -> None:
         (["--set", "replicas=2"], "additional properties 'replicas' not allowed"),
         (["--set", "config.statsInterval=3"], "additional properties 'statsInterval' not allowed"),
         (["--set", "crds.enable=false"], "additional properties 'enable' not allowed"),
-        (["--set", "budget.memory=lots"], "budget.memory"),
-        (["--set", "config.logFormat=xml"], "config.logFormat"),
-        (["--set", "replicaCount=3"], "replicaCount"),
-        (["--set", "liveness.port=0"], "liveness.port"),
-        (["--set", "image.pullPolicy=Sometimes"], "image.pullPolicy"),
+        (["--set", "budget.memory=lots"], "at '/budget/memory'"),
+        (["--set", "config.logFormat=xml"], "at '/config/logFormat'"),
+        (["--set", "replicaCount=3"], "at '/replicaCount'"),
+        (["--set", "liveness.port=0"], "at '/liveness/port'"),
+        (["--set", "image.pullPolicy=Sometimes"], "at '/image/pullPolicy'"),
     ],
 )
 def test_schema_rejects_bad_values(helm: list[str], args: list[str], message: str) -> None:

@@ -56,7 +56,7 @@ class Unit:
     future: asyncio.Future[list[Any]]
     emit: Emitter | None = None
     enqueued: float = field(default_factory=time.monotonic)
-    abandoned: bool = False  # the waiter gave up (deadline or disconnect): never compute it
+    abandoned: str | None = None  # why the waiter gave up ("timeout", "disconnected"): never compute it
 
 
 def retry_after_seconds(queued_items: int, seconds_per_item: float) -> int:
@@ -162,9 +162,10 @@ class DataPlane:
                 gone_task.cancel()
         if unit.future.done() and not unit.future.cancelled():
             return unit.future.result()
-        unit.abandoned = True
         if gone is not None and gone.is_set():
+            unit.abandoned = "disconnected"
             raise ClientGone("client disconnected before the result was ready")
+        unit.abandoned = "timeout"
         raise DeadlineExceeded("request deadline passed before the result was ready")
 
     # ---- the queue owner ----------------------------------------------------------------------------
@@ -174,12 +175,13 @@ class DataPlane:
         now = time.monotonic()
         while self._queue:
             unit = self._queue.popleft()
+            # Dropped before compute (the waiter has already answered 504/499 and counted the rejection).
             if unit.abandoned or unit.future.done():
-                self.reject("disconnected" if not unit.future.done() else "timeout")
+                self.metrics.dropped.labels(reason=unit.abandoned or "cancelled").inc()
                 unit.future.cancel()
                 continue
             if unit.deadline <= now:
-                self.reject("timeout")
+                self.metrics.dropped.labels(reason="timeout").inc()
                 unit.future.cancel()
                 continue
             return unit

@@ -14,35 +14,35 @@ class ServerError(Exception):
     reason: str = "error"
 
 
-class InvalidInput(ServerError):
+class InvalidInput(ServerError):  # noqa: N818 - KServe-style names
     """The request is malformed or does not fit the model (wrong tensor, empty input, bad UTF-8...)."""
 
     status = 400
     reason = "invalid_input"
 
 
-class ModelNotFound(ServerError):
+class ModelNotFound(ServerError):  # noqa: N818 - KServe-style names
     """The request names a model this server does not serve."""
 
     status = 404
     reason = "model_not_found"
 
 
-class UnsupportedOperation(ServerError):
+class UnsupportedOperation(ServerError):  # noqa: N818 - KServe-style names
     """The route exists but not for this model's task (e.g. /v1/embeddings on a text-to-image model)."""
 
     status = 400
     reason = "unsupported"
 
 
-class PayloadTooLarge(ServerError):
+class PayloadTooLarge(ServerError):  # noqa: N818 - KServe-style names
     """The body exceeds ``--max-request-bytes`` (or the item count exceeds the batch limit)."""
 
     status = 413
     reason = "too_large"
 
 
-class Overloaded(ServerError):
+class Overloaded(ServerError):  # noqa: N818 - KServe-style names
     """The bounded queue is full: 429 with Retry-After."""
 
     status = 429
@@ -53,14 +53,14 @@ class Overloaded(ServerError):
         self.retry_after_s = max(1, retry_after_s)
 
 
-class ModelNotReady(ServerError):
+class ModelNotReady(ServerError):  # noqa: N818 - KServe-style names
     """Loading, Evicting (draining), Failed: 503."""
 
     status = 503
     reason = "not_ready"
 
 
-class DeadlineExceeded(ServerError):
+class DeadlineExceeded(ServerError):  # noqa: N818 - KServe-style names
     """The request's deadline passed before (or while) it was computed: 504."""
 
     status = 504

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -67,6 +68,15 @@ def _serve(config: ServerConfig) -> int:
     return runtime.exit_code
 
 
+def _exit(code: int) -> None:
+    """Exit now, even if the inference thread is still inside a load or a forward pass (it cannot be
+    interrupted, and the interpreter would otherwise join it at exit)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         config = load_config(argv)
@@ -77,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    sys.exit(_serve(config))
+    _exit(_serve(config))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Names (all prefixed ``modelpool_``): ``queue_depth``, ``queue_capacity``, ``in_f
 ``requests_total{route,code}``, ``rejected_total{reason}`` (overloaded, timeout, disconnected, not_ready,
 too_large, invalid_input...), ``request_latency_seconds{route}``, ``batch_size``, ``worker_state{state}``
 (1 for the current state), ``model_load_seconds``, ``gpu_memory_bytes{kind=allocated|reserved}``,
+``dropped_total{reason}`` (admitted, then dropped before compute: timeout, disconnected),
 ``process_resident_memory_bytes`` (from prometheus-client's process collector).
 """
 
@@ -61,6 +62,9 @@ class Metrics:
         )
         self.rejected = Counter(
             "modelpool_rejected", "Requests not computed, by reason", ["reason"], registry=r
+        )
+        self.dropped = Counter(
+            "modelpool_dropped", "Admitted requests dropped before compute, by reason", ["reason"], registry=r
         )
         self.latency = Histogram(
             "modelpool_request_latency_seconds",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -99,7 +100,9 @@ class Worker:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self._load_sync)
-        except BaseException as exc:
+        except asyncio.CancelledError:  # shutting down mid-load (SIGTERM): not a load failure
+            raise
+        except Exception as exc:  # every load failure is a reported Failed state
             reason = f"load failed: {type(exc).__name__}: {exc}"
             self.load_error = reason
             log.error("%s", reason, exc_info=not isinstance(exc, (ServerError, sources.SourceError)))
@@ -113,6 +116,9 @@ class Worker:
         return True
 
     def _load_sync(self) -> None:
+        if not self.config.model.startswith("hf://"):
+            # A local model needs no hub: never let transformers try the network (slow timeouts offline).
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
         path: Path = sources.resolve(
             self.config.model, hf_home=self.config.hf_home, pvc_root=self.config.pvc_root
         )

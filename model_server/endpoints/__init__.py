@@ -94,39 +94,49 @@ class LimitsMiddleware:
             if declared is not None and declared.isdigit() and int(declared) > self.limit:
                 await self._too_large(scope, receive, send_wrapper, path, int(declared))
                 return
-            # Count streamed bytes too (chunked bodies have no Content-Length).
-            seen = 0
-            overflow = False
+            if declared is None and scope["method"] in ("POST", "PUT", "PATCH"):
+                # A chunked body has no declared length: read it here (bounded), then replay it.
+                body, size = await self._read_bounded(receive)
+                if body is None:
+                    await self._too_large(scope, receive, send_wrapper, path, size)
+                    return
+                replayed = False
 
-            async def limited_receive() -> Message:
-                nonlocal seen, overflow
-                message = await receive()
-                if message["type"] == "http.request":
-                    seen += len(message.get("body", b""))
-                    if seen > self.limit:
-                        overflow = True
-                        raise _BodyTooLarge()
-                return message
+                async def replay() -> Message:
+                    nonlocal replayed
+                    if not replayed:
+                        replayed = True
+                        return {"type": "http.request", "body": body, "more_body": False}
+                    return await receive()
 
-            try:
-                await self.app(scope, limited_receive, send_wrapper)
-            except _BodyTooLarge:
-                if status[0] == 0:
-                    await self._too_large(scope, receive, send_wrapper, path, seen)
+                await self.app(scope, replay, send_wrapper)
+            else:
+                await self.app(scope, receive, send_wrapper)
         finally:
             code = status[0] or 499
             metrics = self.runtime.metrics
             metrics.requests.labels(route=route, code=str(code)).inc()
             metrics.latency.labels(route=route).observe(time.perf_counter() - started)
 
+    async def _read_bounded(self, receive: Receive) -> tuple[bytes | None, int]:
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return b"".join(parts), size
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                return None, size
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts), size
+
     async def _too_large(self, scope: Scope, receive: Receive, send: Send, path: str, size: int) -> None:
         self.runtime.dataplane.reject(PayloadTooLarge.reason)
         exc = PayloadTooLarge(f"request body of {size} bytes exceeds --max-request-bytes={self.limit}")
         await http_response(path, exc)(scope, receive, send)
-
-
-class _BodyTooLarge(Exception):  # noqa: N818 - internal control flow, never escapes
-    """Raised inside ``receive`` once the streamed body passes the limit."""
 
 
 def build_app(runtime: Runtime) -> FastAPI:

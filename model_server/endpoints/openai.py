@@ -301,7 +301,7 @@ def register(app: FastAPI, runtime: Runtime) -> None:
                 yield b"data: [DONE]\n\n"
             finally:
                 if not waiter.done():
-                    unit.abandoned = True
+                    unit.abandoned = "disconnected"
                     waiter.cancel()
 
         return StreamingResponse(

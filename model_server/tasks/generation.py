@@ -131,7 +131,7 @@ def generate(
     text = StopText(params.stop)
     streamer = _Streamer(tokenizer, text, emit, incremental=bool(params.stop) or emit is not None)
 
-    class _StopOnText(StoppingCriteria):  # type: ignore[misc]
+    class _StopOnText(StoppingCriteria):
         """Ends generation once ``StopText`` has seen a stop string."""
 
         def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:

@@ -78,13 +78,15 @@ class TextGenerationTask(Task[GenerationItem, GenerationResult]):
         self._context: int | None = None
 
     def load(self, options: LoadOptions) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - heavy imports stay lazy
+        import transformers  # noqa: PLC0415 - heavy imports stay lazy
+
+        lib: Any = transformers  # typed loosely: the Auto* factories are not statically typed
 
         dtype = torch_dtype(options.dtype, options.device, half_on_cuda=True)
-        self._tokenizer = AutoTokenizer.from_pretrained(
+        self._tokenizer = lib.AutoTokenizer.from_pretrained(
             options.path, trust_remote_code=options.trust_remote_code
         )
-        model = AutoModelForCausalLM.from_pretrained(
+        model = lib.AutoModelForCausalLM.from_pretrained(
             options.path, dtype=dtype, trust_remote_code=options.trust_remote_code
         )
         self._model = model.to(options.device).eval()

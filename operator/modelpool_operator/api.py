@@ -100,6 +100,8 @@ class ModelSpec(_Model):
             "(hf://org/name[@revision]) or a PersistentVolumeClaim (pvc://claim/sub/path)."
         ),
         min_length=1,
+        # Bounded so the CEL rule's cost estimate stays small (the API server refuses unbounded costs).
+        max_length=2048,
         pattern=SOURCE_PATTERN,
     )
     task: TaskName = Field(
@@ -248,9 +250,7 @@ class ModelPoolSpec(_Model):
     min_replicas: int = Field(
         default=0, ge=0, le=1000, description="Idle scale-down never goes below this many workers."
     )
-    max_replicas: int = Field(
-        default=10, ge=1, le=1000, description="Upper bound for replicas (and for scale-up under load)."
-    )
+    max_replicas: int = Field(default=10, ge=1, le=1000, description="Upper bound for replicas.")
     resources: ResourcesSpec = Field(description="What one worker needs and is charged.")
     queue: QueueSpec = Field(default_factory=QueueSpec, description="The bounded queue and batching.")
     idle_timeout_seconds: int = Field(

@@ -169,9 +169,11 @@ def _pool_spec_schema() -> dict[str, Any]:
         },
     ]
     source = spec["properties"]["model"]["properties"]["source"]
+    # CEL instead of ``pattern``: the same check, with a message that says what is accepted.
+    pattern = source.pop("pattern")
     source["x-kubernetes-validations"] = [
         {
-            "rule": f"self.matches({_cel_string(source['pattern'])})",
+            "rule": f"self.matches({_cel_string(pattern)})",
             "message": (
                 "spec.model.source must be a local path (/models/x or file:///models/x), "
                 "hf://org/name[@revision] or pvc://claim/sub/path"

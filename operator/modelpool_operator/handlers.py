@@ -159,7 +159,7 @@ async def pool_daemon(
                     pools_by_key=indices["pools_by_key"],
                     budgets=indices["budgets_by_name"],
                 )
-                if plan.requeue_after is not None:
+                if plan is not None and plan.requeue_after is not None:
                     delay = min(delay, max(plan.requeue_after, 0.2))
             except asyncio.CancelledError:
                 raise

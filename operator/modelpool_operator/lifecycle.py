@@ -129,8 +129,10 @@ class ObservedWorker:
         return self.state in ("Ready", "Idle") and not (self.in_flight or 0) and not (self.queue_depth or 0)
 
     def idle_since(self) -> datetime | None:
-        """Since when the worker has had no request (last request, else when it became idle/ready)."""
-        return self.last_request_time or self.since or self.created
+        """Since when the worker has had no request: its last request, else its creation (a worker that
+        never served has been unused since it was created; its state's ``since`` would restart the clock
+        when the server flips to Idle, doubling the idle timeout)."""
+        return self.last_request_time or self.created or self.since
 
     def to_status(self) -> WorkerStatus:
         """The ``status.workers[]`` entry."""

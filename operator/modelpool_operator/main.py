@@ -83,8 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import kopf  # noqa: PLC0415 - heavy import after argument parsing, so --help is instant
 
-    # Importing the module registers the handlers on Kopf's default registry.
-    from modelpool_operator import handlers  # noqa: PLC0415
+    # Importing the handlers module registers them on Kopf's default registry.
+    from modelpool_operator.handlers import make_memo  # noqa: PLC0415 - registers the handlers
 
     kopf.configure(
         verbose=args.verbose,
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         liveness_endpoint=config.liveness_endpoint,
         peering_name=config.peering_name,
         standalone=True if config.standalone else None,
-        memo=handlers.make_memo(config),
+        memo=make_memo(config),
     )
     return 0
 

@@ -568,7 +568,9 @@ def plan(
     progress_reason, progress_message = "Stable", "no changes in flight"
     if progressing:
         progress_reason = "RollingOver" if rolling else "Scaling"
-        progress_message = f"{len(creates)} creating, {len(evicts)} evicting, {loading} loading"
+        progress_message = (
+            f"{len(creates)} creating, {len(evicts)} evicting, {len(deletes)} deleting, {loading} loading"
+        )
 
     def cond(type_: str, ok: bool, reason: str, message: str) -> Condition:
         return condition(

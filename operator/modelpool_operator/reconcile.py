@@ -13,6 +13,7 @@ so that copy is authoritative even before the watch delivers it back).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import time
@@ -180,6 +181,7 @@ class PoolRun:
     last_status_wire: dict[str, Any] | None = None
     service_ready: bool = False
     charged: int = 0
+    invalid_generation: int | None = None
 
 
 async def reconcile_pool(
@@ -191,21 +193,25 @@ async def reconcile_pool(
     pods_by_pool: Mapping[PoolKey, Iterable[Mapping[str, Any]]],
     pools_by_key: Mapping[PoolKey, Iterable[Mapping[str, Any]]],
     budgets: Mapping[str, Any],
-) -> Plan:
-    """One pass for the pool ``run.key``: returns the plan it applied."""
+) -> Plan | None:
+    """One pass for the pool ``run.key``: returns the plan it applied (None: the spec is invalid)."""
     import kopf  # noqa: PLC0415 - Kopf's posting machinery is only needed inside the running operator
 
     kube = state.require_kube()
     namespace, name = run.key
-    view = PoolView.from_body(body)
+    try:
+        view = PoolView.from_body(body)
+    except ValueError as exc:  # the CRD schema should have refused it; say why once per generation
+        await report_invalid_spec(state, run, body, exc)
+        return None
     if run.last_status is not None:
         # We are the only writer of status; our last write is newer than what the watch may show yet.
         view = replace(view, status=run.last_status)
 
     own_pods = list(pods_by_pool.get(run.key, ()))
-    own_stats = await state.require_scraper().scrape(own_pods)
-
     # ---- no await from here until the reservations are recorded -------------------------------------
+    # Stats come from the scraper's cache; stale ones are refetched in the background and wake us.
+    own_stats = state.require_scraper().refresh(own_pods, on_change=lambda: state.poke(run.key))
     now = datetime.now(UTC)
     workers = observe_all(
         state, observer=observer, pods_by_pool=pods_by_pool, own=run.key, own_stats=own_stats, now=now
@@ -237,19 +243,18 @@ async def reconcile_pool(
     if not run.service_ready:
         await kube.ensure_service(namespace, build_service(body, pod_settings(state)))
         run.service_ready = True
-    for create in decided.create:
-        pod = build_worker_pod(body, create.name, decided.template_hash, pod_settings(state), now)
-        try:
-            created = await kube.create_pod(namespace, pod)
-        except Exception as exc:
-            state.reservations.release(namespace, create.name)
-            state.budget_wakeup.set()
-            kopf.event(
-                cast(Any, body), type="Warning", reason="CreateFailed", message=f"worker {create.name}: {exc}"
-            )
-            raise
-        if not created:  # it already exists (an earlier pass or process): the watch shows its charge
-            state.reservations.release(namespace, create.name)
+    # Creations run concurrently (a pool scaling to 10 should not take 10 round trips); each failed one
+    # releases its reservation at once, and the first error fails the pass (retried shortly).
+    outcomes = await asyncio.gather(
+        *(
+            create_worker(state, body, namespace=namespace, name=c.name, thash=decided.template_hash, now=now)
+            for c in decided.create
+        ),
+        return_exceptions=True,
+    )
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    if errors:
+        raise errors[0]
 
     wire = decided.status.model_dump(mode="json", by_alias=True)
     previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
@@ -273,6 +278,41 @@ async def reconcile_pool(
         state.budget_wakeup.set()
     run.charged = charged
     return decided
+
+
+async def report_invalid_spec(
+    state: OperatorState, run: PoolRun, body: Mapping[str, Any], exc: Exception
+) -> None:
+    """An unparseable spec: a Warning Event and phase Failed, once per generation; no workers are touched."""
+    import kopf  # noqa: PLC0415
+
+    generation = int((body.get("metadata") or {}).get("generation") or 0)
+    if run.invalid_generation == generation:
+        return
+    run.invalid_generation = generation
+    message = f"invalid spec: {exc}"[:1000]
+    kopf.event(cast(Any, body), type="Warning", reason="InvalidSpec", message=message)
+    status = {"phase": "Failed", "observedGeneration": generation}
+    await state.require_kube().patch_pool_status(run.key[0], run.key[1], status)
+    run.last_status = run.last_status_wire = None
+
+
+async def create_worker(
+    state: OperatorState, body: Mapping[str, Any], *, namespace: str, name: str, thash: str, now: datetime
+) -> None:
+    """Create one worker pod; its reservation ends at once when the call fails or the pod already exists."""
+    import kopf  # noqa: PLC0415
+
+    pod = build_worker_pod(body, name, thash, pod_settings(state), now)
+    try:
+        created = await state.require_kube().create_pod(namespace, pod)
+    except Exception as exc:
+        state.reservations.release(namespace, name)
+        state.budget_wakeup.set()
+        kopf.event(cast(Any, body), type="Warning", reason="CreateFailed", message=f"worker {name}: {exc}")
+        raise
+    if not created:  # it already exists (an earlier pass or process): the watch shows its charge
+        state.reservations.release(namespace, name)
 
 
 def other_pool(

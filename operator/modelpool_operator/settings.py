@@ -164,6 +164,8 @@ def apply_to_kopf(config: OperatorConfig, settings: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=PREFIX, key="last-handled-configuration"
     )
+    # Only worker pods are watched (server-side filter): the operator never holds the cluster's other pods.
+    settings.watching.label_selectors["pods"] = f"{PREFIX}/pool"
     settings.watching.server_timeout = config.watch_server_timeout_seconds
     settings.watching.client_timeout = config.watch_client_timeout_seconds
     settings.watching.connect_timeout = config.connect_timeout_seconds

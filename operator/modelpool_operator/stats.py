@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +29,24 @@ class _Entry:
     """What the scraper remembers about one pod (keyed by uid, so a re-created name starts afresh)."""
 
     stats: dict[str, Any] | None = None
+    task: asyncio.Task[None] | None = None
     fetched_at: float = 0.0
     failures: int = 0
     next_attempt: float = 0.0
     last_asked: float = 0.0
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("uid") or meta.get("name", ""))
+
+
+# The /stats fields whose change is worth a reconciliation pass (not counters such as requests_total).
+_NEWS_FIELDS = ("state", "queue_depth", "in_flight", "last_request_time", "load_error", "load_progress")
+
+
+def _news(stats: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
+    return None if stats is None else tuple(stats.get(key) for key in _NEWS_FIELDS)
 
 
 def stats_url(pod: Mapping[str, Any], default_port: int) -> str | None:
@@ -78,15 +92,20 @@ class StatsScraper:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def scrape(self, pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None]:
-        """Latest stats of each pod, keyed by pod name; scrapes the ones whose last result is stale."""
+    def refresh(
+        self, pods: Iterable[Mapping[str, Any]], on_change: Callable[[], None] | None = None
+    ) -> dict[str, dict[str, Any] | None]:
+        """The latest known stats of each pod (keyed by pod name), without waiting for the network.
+
+        Pods whose stats are stale get a fetch started in the background; when one brings news (a new
+        state, queue depth, last request...), ``on_change`` is called so the pool's loop runs again. A
+        reconciliation pass therefore never waits on a slow or silent worker.
+        """
         now = time.monotonic()
         wanted: list[tuple[str, _Entry]] = []
-        jobs: list[asyncio.Task[None]] = []
         for pod in pods:
-            meta = pod.get("metadata") or {}
-            name = str(meta.get("name", ""))
-            entry = self._entries.setdefault(str(meta.get("uid") or name), _Entry())
+            name = str((pod.get("metadata") or {}).get("name", ""))
+            entry = self._entries.setdefault(_uid(pod), _Entry())
             entry.last_asked = now
             wanted.append((name, entry))
             url = stats_url(pod, self._default_port)
@@ -94,25 +113,34 @@ class StatsScraper:
                 entry.stats = None
                 continue
             fresh = entry.stats is not None and now - entry.fetched_at < self._interval
-            if not fresh and now >= entry.next_attempt:
-                jobs.append(asyncio.create_task(self._fetch(entry, url)))
-        if jobs:
-            await asyncio.gather(*jobs)
-        results = {name: entry.stats for name, entry in wanted}
+            if not fresh and now >= entry.next_attempt and (entry.task is None or entry.task.done()):
+                entry.task = asyncio.create_task(self._fetch(entry, url, on_change))
         self._forget_stale(now)
-        return results
+        return {name: entry.stats for name, entry in wanted}
+
+    async def scrape(self, pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None]:
+        """Like ``refresh``, but waits for the fetches it started (or found running) to finish."""
+        pods = list(pods)
+        self.refresh(pods)
+        tasks = [
+            entry.task
+            for entry in (self._entries.get(_uid(pod)) for pod in pods)
+            if entry is not None and entry.task is not None and not entry.task.done()
+        ]
+        if tasks:
+            await asyncio.gather(*tasks)
+        return self.cached(pods)
 
     def cached(self, pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None]:
         """The last stats of each pod without fetching anything (another pool's daemon keeps them fresh)."""
         results: dict[str, dict[str, Any] | None] = {}
         for pod in pods:
-            meta = pod.get("metadata") or {}
-            name = str(meta.get("name", ""))
-            entry = self._entries.get(str(meta.get("uid") or name))
-            results[name] = entry.stats if entry is not None else None
+            entry = self._entries.get(_uid(pod))
+            results[str((pod.get("metadata") or {}).get("name", ""))] = entry.stats if entry else None
         return results
 
-    async def _fetch(self, entry: _Entry, url: str) -> None:
+    async def _fetch(self, entry: _Entry, url: str, on_change: Callable[[], None] | None) -> None:
+        before = _news(entry.stats)
         async with self._semaphore:
             try:
                 response = await self._client.get(url)
@@ -128,11 +156,14 @@ class StatsScraper:
                 delay = min(self._interval * 2 ** (entry.failures - 1), self._backoff_cap)
                 entry.next_attempt = time.monotonic() + delay
                 logger.debug("stats of %s unavailable (%s); next try in %.1fs", url, exc, delay)
-                return
-        entry.stats = body
-        entry.failures = 0
-        entry.fetched_at = time.monotonic()
-        entry.next_attempt = 0.0
+                body = None
+        if body is not None:
+            entry.stats = body
+            entry.failures = 0
+            entry.fetched_at = time.monotonic()
+            entry.next_attempt = 0.0
+        if on_change is not None and _news(entry.stats) != before:
+            on_change()
 
     def _forget_stale(self, now: float) -> None:
         stale = [uid for uid, e in self._entries.items() if now - e.last_asked > _FORGET_AFTER_SECONDS]

@@ -116,6 +116,8 @@ def start_server(
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.setdefault("TOKENIZERS_PARALLELISM", "false")
     full_env.setdefault("HF_HUB_OFFLINE", "1")
+    # Let the first server write bytecode caches so later ones import torch/transformers much faster.
+    full_env.pop("PYTHONDONTWRITEBYTECODE", None)
     if env:
         full_env.update(env)
     cmd = [sys.executable, "-m", "model_server", *args, "--host", host, "--port", str(port)]

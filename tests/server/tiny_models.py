@@ -18,14 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# The sentences the tiny BPE tokenizer is trained on.  Byte-level BPE can encode any text anyway; the
-# corpus only decides which merges exist.
+# The sentences the tiny BPE tokenizer is trained on.  Characters outside it map to the unknown token.
 _CORPUS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",
     "A man is eating food. A man is eating bread. A man is riding a horse.",
     "Once upon a time there was a tiny model that served requests behind a bounded queue.",
     "What is in this picture? A red square on a blue background.",
-    "system user assistant: answer briefly and politely.",
+    "system\nuser\nassistant: answer briefly and politely; numbers 0123456789 (ok?)",
 ]
 
 # A ChatML-style template: enough to prove the task renders chat messages with the tokenizer's template.
@@ -37,30 +36,29 @@ CHAT_TEMPLATE = (
 )
 
 EOS = "<|endoftext|>"
-SPECIAL_TOKENS = [EOS, "<pad>", "<|im_start|>", "<|im_end|>"]
+UNK = "<unk>"
+SPECIAL_TOKENS = [EOS, "<pad>", UNK, "<|im_start|>", "<|im_end|>"]
 IMAGE_SIZE = 32
 HIDDEN = 32
 
 
 def build_tokenizer(model_max_length: int = 128, chat_template: str | None = CHAT_TEMPLATE) -> Any:
-    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``_CORPUS`` (about 300 tokens)."""
+    """A BPE ``PreTrainedTokenizerFast`` trained on ``_CORPUS`` (a few hundred tokens)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415 - heavy imports stay lazy
     from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - heavy imports stay lazy
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
+    # Metaspace BPE over the corpus' characters (not byte-level): every token decodes to whole characters,
+    # so the random model's output is readable text, never half of a UTF-8 sequence.
+    tok = Tokenizer(models.BPE(unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIAL_TOKENS)
     tok.train_from_iterator(_CORPUS, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=EOS,
         eos_token=EOS,
-        unk_token=EOS,
+        unk_token=UNK,
         pad_token="<pad>",
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
@@ -166,6 +164,10 @@ def build_vision(out: Path) -> Path:
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
     model = VisionEncoderDecoderModel(config=config).eval()
+    with torch.no_grad():
+        # Zero the end-of-text logit: a random decoder otherwise often ends a caption at its first token,
+        # leaving the tests no text to check.  (The tied input embedding of the start token becomes zero.)
+        model.decoder.lm_head.weight[tokenizer.eos_token_id] = 0.0
     model.generation_config.decoder_start_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id

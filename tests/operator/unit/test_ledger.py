@@ -6,15 +6,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from op_pods import GI, at
 
+from modelpool_operator.api import WorkerState
 from modelpool_operator.budget import ReservationBook, admits, budget_status, build_ledger, live_reservations
 from modelpool_operator.lifecycle import ObservedWorker
 
 
-def worker(name: str, state: str = "Ready", pool: str = "p", memory: int = 2 * GI) -> ObservedWorker:
+def worker(name: str, state: WorkerState = "Ready", pool: str = "p", memory: int = 2 * GI) -> ObservedWorker:
     charged = 0 if state in ("Failed", "Dead") else memory
     return ObservedWorker(
         name=name, namespace="ns", pool=pool, state=state, memory=charged, requested_memory=memory
-    )  # type: ignore[arg-type]
+    )
 
 
 def test_used_is_the_sum_of_charged_workers_and_failed_are_free() -> None:
@@ -62,11 +63,14 @@ def test_budget_status_wire() -> None:
 
 @given(
     st.lists(
-        st.tuples(st.sampled_from(["Pending", "Ready", "Failed", "Dead", "Evicting"]), st.integers(1, 8)),
+        st.tuples(
+            st.sampled_from(list[WorkerState](["Pending", "Ready", "Failed", "Dead", "Evicting"])),
+            st.integers(1, 8),
+        ),
         max_size=20,
     )
 )
-def test_ledger_is_derived_never_counted(specs: list[tuple[str, int]]) -> None:
+def test_ledger_is_derived_never_counted(specs: list[tuple[WorkerState, int]]) -> None:
     workers = [worker(f"w{i}", state, memory=mem * GI) for i, (state, mem) in enumerate(specs)]
     ledger = build_ledger(None, workers)
     assert ledger.used == sum(mem * GI for state, mem in specs if state not in ("Failed", "Dead"))

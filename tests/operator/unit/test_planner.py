@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -426,7 +427,7 @@ _pool_workers = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     own=_pool_workers,
     other=_pool_workers,
@@ -513,3 +514,12 @@ def test_rollover_never_drops_below_the_ready_minimum(
     if not stuck:
         assert ready_after >= min(target, len(workers))
     assert all(e.reason in (EVICT_ROLLOVER, "ScaleDown") for e in out.evict)
+
+
+def test_a_worker_that_never_served_is_idle_since_its_creation() -> None:
+    # The server reports Idle after --idle-after (= idleTimeoutSeconds) without requests; the state's
+    # since must not restart the clock, or the worker would live two timeouts.
+    spec = make_spec(replicas=1, minReplicas=0, idleTimeoutSeconds=60)
+    never = replace(w("p-a", "Idle", since=995), last_request_time=None, created=at(900))
+    out = plan(view(spec), [never], ledger_for(None, [never]), now=NOW)
+    assert [(e.name, e.reason) for e in out.evict] == [("p-a", EVICT_IDLE)]

@@ -257,3 +257,48 @@ def test_unknown_stats_never_fail_a_running_worker(state: str, ready: bool) -> N
     del state
     w = observe_worker(pod(ready=ready), None, NOW)
     assert w.state in ("Loading", "Ready")
+
+
+def _kwok_chaos_pod(code: int, reason: str, message: str, phase: str) -> dict[str, Any]:
+    """Exactly what hack/kwok/stages/chaos.yaml writes into the pod status."""
+    p = pod(phase=phase, ready=False)
+    p["status"]["conditions"] = [
+        {
+            "lastTransitionTime": "2026-01-01T12:00:20Z",
+            "status": "False",
+            "reason": "ContainersNotReady",
+            "type": t,
+        }
+        for t in ("Ready", "ContainersReady")
+    ]
+    p["status"]["containerStatuses"] = [
+        {
+            "image": "img",
+            "name": "server",
+            "ready": False,
+            "restartCount": 0,
+            "started": False,
+            "state": {
+                "terminated": {
+                    "exitCode": code,
+                    "reason": reason,
+                    "message": message,
+                    "startedAt": "2026-01-01T12:00:10Z",
+                    "finishedAt": "2026-01-01T12:00:20Z",
+                }
+            },
+        }
+    ]
+    return p
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Running"])  # restartPolicy Never / Always
+@pytest.mark.parametrize(
+    ("code", "kubelet_reason", "reason"),
+    [(137, "OOMKilled", "OOMKilled"), (1, "Error", "Error"), (3, "Error", "LoadFailed")],
+)
+def test_kwok_chaos_shapes(phase: str, code: int, kubelet_reason: str, reason: str) -> None:
+    w = observe_worker(_kwok_chaos_pod(code, kubelet_reason, "simulated by KWOK", phase), None, NOW)
+    assert (w.state, w.reason, w.memory) == ("Failed", reason, 0)
+    assert "simulated by KWOK" in (w.message or "")
+    assert w.since == at(20)

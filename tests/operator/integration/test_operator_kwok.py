@@ -1,0 +1,306 @@
+"""The operator on the local real control plane, with worker pods on KWOK GPU nodes (issue 4).
+
+Real: kube-apiserver, scheduler, controller-manager (garbage collection), kubectl, the operator's console
+script. Simulated: the kubelet of the kwok-gpu-* nodes (pods become Running/Ready; the chaos labels make
+them die like OOMKilled or load-failed servers). No server answers /stats on KWOK pods, so their stats
+stay unknown: that must never fail them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.conftest import Cluster
+from tests.kube import apply, get_json, wait_for
+from tests.operator.integration.opharness import (
+    GI,
+    OperatorProcess,
+    PodWatcher,
+    condition,
+    events,
+    pool_manifest,
+    pool_status,
+    states,
+    wait_pods_gone,
+    wait_status,
+    worker_pods,
+)
+
+pytestmark = pytest.mark.cluster
+
+StartOperator = Callable[..., OperatorProcess]
+
+
+def _scale(cluster: Cluster, namespace: str, name: str, replicas: int) -> None:
+    cluster.kubectl(
+        "patch",
+        "modelpool",
+        name,
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        f'{{"spec":{{"replicas":{replicas}}}}}',
+    )
+
+
+def test_pool_gets_workers_states_service_and_scales(
+    cluster: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    start_operator(namespace)
+    apply(cluster, pool_manifest("emb", replicas=2, memory="2Gi"), namespace)
+
+    status = wait_status(
+        cluster,
+        namespace,
+        "emb",
+        lambda s: states(s) == ["Ready", "Ready"] and s.get("readyReplicas") == 2,
+        timeout=60,
+        message="two Ready workers in status",
+    )
+    assert status["phase"] == "Ready"
+    assert status["memory"]["chargedBytes"] == 4 * GI
+    assert condition(status, "Ready")["status"] == "True"
+    assert condition(status, "BudgetExceeded")["status"] == "False"
+    for worker in status["workers"]:
+        assert worker["node"].startswith("kwok-gpu-")
+        assert worker["memory"] == "2Gi"
+        assert worker["queueDepth"] is None  # stats unknown on KWOK: not a failure
+    pods = worker_pods(cluster, namespace, "emb")
+    assert {p["metadata"]["name"] for p in pods} == {w["name"] for w in status["workers"]}
+    owner = pods[0]["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("ModelPool", "emb", True)
+    service = get_json(cluster, "service", "emb", "-n", namespace)
+    assert service["spec"]["selector"] == {"modelpool.dev/pool": "emb", "modelpool.dev/serving": "true"}
+
+    _scale(cluster, namespace, "emb", 3)
+    wait_status(
+        cluster, namespace, "emb", lambda s: states(s) == ["Ready"] * 3, timeout=60, message="scaled up to 3"
+    )
+    _scale(cluster, namespace, "emb", 1)
+    wait_for(
+        lambda: len(worker_pods(cluster, namespace, "emb")) == 1,
+        timeout=60,
+        interval=0.5,
+        message="scaled down to one pod",
+    )
+    status = wait_status(
+        cluster,
+        namespace,
+        "emb",
+        lambda s: states(s) == ["Ready"],
+        timeout=30,
+        message="one worker in status",
+    )
+    assert status["memory"]["chargedBytes"] == 2 * GI
+    reasons = {e["reason"] for e in events(cluster, namespace, "emb")}
+    assert {"CreatingWorker", "WorkerReady"} <= reasons, reasons
+
+
+def test_load_failure_is_reported_released_and_replaced_with_backoff(
+    cluster: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    start_operator(namespace)
+    message = "model weights missing: /models/tiny/model.safetensors"
+    pool = pool_manifest(
+        "broken",
+        memory="3Gi",
+        labels={"modelpool.dev/chaos": "load-failed"},
+        annotations={"modelpool.dev/chaos-message": message},
+    )
+    apply(cluster, pool, namespace)
+
+    failed = wait_status(
+        cluster,
+        namespace,
+        "broken",
+        lambda s: any(w["state"] == "Failed" for w in s.get("workers") or []),
+        timeout=60,
+        message="a Failed worker in status",
+    )
+    worker = next(w for w in failed["workers"] if w["state"] == "Failed")
+    assert worker["reason"] == "LoadFailed"
+    assert message in (worker["message"] or "")
+    assert worker["memory"] == "0"  # a failed worker is charged nothing, from the moment it is seen failed
+    assert failed["memory"]["chargedBytes"] == 0
+    first_uid = {p["metadata"]["uid"] for p in worker_pods(cluster, namespace, "broken")}
+
+    # Replaced, again and again, with a growing delay surfaced in status.
+    backoff = wait_status(
+        cluster,
+        namespace,
+        "broken",
+        lambda s: (s.get("backoff") or {}).get("failures", 0) >= 2,
+        timeout=60,
+        message="a second failure counted",
+    )
+    assert backoff["backoff"]["nextAttemptAfter"]
+    assert condition(backoff, "Degraded")["status"] == "True"
+    later_uids = {p["metadata"]["uid"] for p in worker_pods(cluster, namespace, "broken")}
+    assert later_uids and not later_uids & first_uid, "the failed pod was replaced by a new one"
+    found = events(cluster, namespace, "broken")
+    assert any(e["reason"] == "LoadFailed" and message in e["message"] for e in found), found
+    assert any(e["reason"] == "BackOff" for e in found)
+    # The delay doubles: the gaps between creations grow.
+    creations = sorted(
+        e.get("eventTime") or e.get("firstTimestamp") or "" for e in found if e["reason"] == "CreatingWorker"
+    )
+    assert len(creations) >= 2
+
+
+def test_oom_killed_worker_is_failed_with_reason(
+    cluster: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    start_operator(namespace)
+    apply(cluster, pool_manifest("oom", memory="1Gi", labels={"modelpool.dev/chaos": "oom"}), namespace)
+    status = wait_status(
+        cluster,
+        namespace,
+        "oom",
+        lambda s: any(w["state"] == "Failed" and w["reason"] == "OOMKilled" for w in s.get("workers") or []),
+        timeout=60,
+        message="an OOMKilled worker",
+    )
+    assert status["memory"]["chargedBytes"] == 0
+    assert any(e["reason"] == "OOMKilled" for e in events(cluster, namespace, "oom"))
+
+
+def test_two_pools_contending_for_a_small_budget_never_over_admit(
+    cluster: Cluster, namespace: str, start_operator: StartOperator, budget: Callable[[str], None]
+) -> None:
+    budget("5Gi")
+    watcher = PodWatcher(cluster, [namespace]).start()
+    try:
+        start_operator(namespace)
+        apply(cluster, pool_manifest("a", replicas=3, memory="2Gi"), namespace)
+        apply(cluster, pool_manifest("b", replicas=3, memory="2Gi"), namespace)
+
+        # Two 2Gi workers fit into 5Gi, a third never does.
+        def settled() -> bool:
+            a, b = pool_status(cluster, namespace, "a"), pool_status(cluster, namespace, "b")
+            ready = (a.get("readyReplicas") or 0) + (b.get("readyReplicas") or 0)
+            blocked = [condition(s, "BudgetExceeded").get("status") for s in (a, b)]
+            return ready == 2 and blocked == ["True", "True"]
+
+        wait_for(settled, timeout=60, interval=0.5, message="two workers admitted, both pools blocked")
+        time.sleep(3)  # a few more passes of both pools: still nothing more admitted
+        assert (
+            sum(1 for p in worker_pods(cluster, namespace, "a") + worker_pods(cluster, namespace, "b")) == 2
+        )
+        blocked = condition(pool_status(cluster, namespace, "a"), "BudgetExceeded")
+        assert blocked["reason"] == "InsufficientMemory"
+        assert "2Gi" in blocked["message"] or "2.0 GiB" in blocked["message"], blocked["message"]
+        mb = get_json(cluster, "modelbudget", "default")
+        assert mb["status"]["usedBytes"] == 4 * GI
+        shares = {p["name"]: p["memoryBytes"] for p in mb["status"]["pools"]}
+        assert sum(shares.values()) == 4 * GI
+
+        # Memory freed (pool a deleted) -> pool b gets it, driven by the pod events.
+        cluster.kubectl("delete", "modelpool", "a", "-n", namespace, "--wait=false")
+        wait_status(
+            cluster,
+            namespace,
+            "b",
+            lambda s: s.get("readyReplicas") == 2 and condition(s, "BudgetExceeded").get("status") == "True",
+            timeout=60,
+            message="pool b takes the freed memory, up to the budget",
+        )
+    finally:
+        watcher.stop()
+    assert watcher.max_memory <= 5 * GI, f"over-admitted: {watcher.max_memory / GI:.1f} GiB at once"
+
+
+def test_spec_change_rolls_workers_over_keeping_them_ready(
+    cluster: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    start_operator(namespace)
+    apply(cluster, pool_manifest("roll", replicas=2, min_replicas=1), namespace)
+    wait_status(
+        cluster, namespace, "roll", lambda s: states(s) == ["Ready", "Ready"], timeout=60, message="2 ready"
+    )
+    old_hashes = {
+        p["metadata"]["labels"]["modelpool.dev/template-hash"]
+        for p in worker_pods(cluster, namespace, "roll")
+    }
+    watcher = PodWatcher(cluster, [namespace]).start()
+    try:
+        wait_for(lambda: len(watcher.pods) == 2, timeout=15, message="watcher synced")
+        watcher.arm_ready_floor("roll", 2)
+        cluster.kubectl(
+            "patch",
+            "modelpool",
+            "roll",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            '{"spec":{"queue":{"capacity":7}}}',
+        )
+
+        def rolled() -> bool:
+            pods = [
+                p
+                for p in worker_pods(cluster, namespace, "roll")
+                if not p["metadata"].get("deletionTimestamp")
+            ]
+            hashes = {p["metadata"]["labels"]["modelpool.dev/template-hash"] for p in pods}
+            return len(pods) == 2 and not hashes & old_hashes
+
+        wait_for(rolled, timeout=90, interval=0.5, message="both workers rolled over to the new spec")
+    finally:
+        watcher.stop()
+    assert watcher.min_ready_after["roll"] >= 2, "the roll-over dropped below the ready target"
+    pod = worker_pods(cluster, namespace, "roll")[0]
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[args.index("--queue-capacity") + 1] == "7"
+
+
+def test_pool_deletion_cascades_to_pods_and_service(
+    cluster: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    start_operator(namespace)
+    apply(cluster, pool_manifest("gone", replicas=2), namespace)
+    wait_status(
+        cluster, namespace, "gone", lambda s: states(s) == ["Ready", "Ready"], timeout=60, message="2 ready"
+    )
+    cluster.kubectl("delete", "modelpool", "gone", "-n", namespace, "--timeout=60s")
+    wait_pods_gone(cluster, namespace, "gone")
+    wait_for(
+        lambda: cluster.kubectl("get", "service", "gone", "-n", namespace, check=False).returncode != 0,
+        timeout=60,
+        interval=0.5,
+        message="service garbage-collected",
+    )
+
+
+def test_operator_killed_mid_scale_up_converges_without_duplicates(
+    cluster: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    watcher = PodWatcher(cluster, [namespace]).start()
+    try:
+        first = start_operator(namespace)
+        apply(cluster, pool_manifest("big", replicas=8, memory="1Gi"), namespace)
+        wait_for(
+            lambda: len(worker_pods(cluster, namespace, "big")) >= 1,
+            timeout=60,
+            interval=0.1,
+            message="the scale-up has begun",
+        )
+        first.kill()  # SIGKILL: no cleanup, reservations lost
+        start_operator(namespace)
+        wait_status(
+            cluster,
+            namespace,
+            "big",
+            lambda s: s.get("readyReplicas") == 8,
+            timeout=90,
+            message="converged to 8 ready workers after the restart",
+        )
+        time.sleep(2)
+        assert len(worker_pods(cluster, namespace, "big")) == 8
+    finally:
+        watcher.stop()
+    assert watcher.max_pods.get("big", 0) == 8, f"at most 8 workers at any time, saw {watcher.max_pods}"

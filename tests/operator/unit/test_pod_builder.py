@@ -1,0 +1,151 @@
+"""Pure builders: the worker Pod, the Service, the template hash."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from op_pods import at
+
+from modelpool_operator.api import parse_pool_spec
+from modelpool_operator.lifecycle import (
+    ANNOTATION_MEMORY,
+    LABEL_POOL,
+    LABEL_SERVING,
+    LABEL_TEMPLATE_HASH,
+    LABEL_WORKER,
+)
+from modelpool_operator.resources import (
+    PodSettings,
+    build_service,
+    build_worker_pod,
+    eviction_patch,
+    server_args,
+    template_hash,
+    worker_name,
+)
+
+
+def pool(**spec_overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"source": "/models/minilm", "task": "text-embedding", "dtype": "float32"},
+        "resources": {"memory": "2Gi", "gpus": 1, "cpu": "500m"},
+        "replicas": 2,
+        "queue": {"capacity": 7, "maxBatchSize": 4, "maxBatchDelayMs": 3, "requestTimeoutSeconds": 12.5},
+        "idleTimeoutSeconds": 90,
+        "podTemplate": {
+            "labels": {"team": "a"},
+            "annotations": {"note": "x"},
+            "nodeSelector": {"gpu": "yes"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "env": [{"name": "FOO", "value": "bar"}],
+            "serviceAccountName": "workers",
+        },
+    }
+    spec.update(spec_overrides)
+    return {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": "emb", "namespace": "team", "uid": "u-1", "generation": 3},
+        "spec": spec,
+    }
+
+
+def test_worker_pod_shape() -> None:
+    pod = build_worker_pod(pool(), "emb-abcde-0", "abcdef1234", PodSettings(default_image="img:1"))
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == "emb-abcde-0" and meta["namespace"] == "team"
+    assert meta["labels"][LABEL_POOL] == "emb" and meta["labels"][LABEL_WORKER] == "emb-abcde-0"
+    assert meta["labels"][LABEL_TEMPLATE_HASH] == "abcdef1234" and meta["labels"][LABEL_SERVING] == "true"
+    assert meta["labels"]["team"] == "a" and meta["annotations"]["note"] == "x"
+    assert meta["annotations"][ANNOTATION_MEMORY] == str(2 * 2**30)
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "modelpool.dev/v1alpha1",
+            "kind": "ModelPool",
+            "name": "emb",
+            "uid": "u-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["nodeSelector"] == {"gpu": "yes"} and spec["serviceAccountName"] == "workers"
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert spec["terminationGracePeriodSeconds"] == 40
+    (c,) = spec["containers"]
+    assert c["image"] == "img:1" and c["command"] == ["modelpool-server"]
+    assert c["resources"]["limits"] == {"memory": str(2 * 2**30), "nvidia.com/gpu": "1"}
+    assert c["resources"]["requests"]["cpu"] == "500m"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 1800
+    assert c["terminationMessagePath"] == "/dev/termination-log"
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"]
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert {"name": "FOO", "value": "bar"} in c["env"]
+
+
+def test_server_args_follow_the_spec() -> None:
+    args = server_args("emb", parse_pool_spec(pool()["spec"]), PodSettings())
+    pairs = dict(zip(args[::2], args[1::2], strict=False))
+    assert pairs["--model"] == "/models/minilm" and pairs["--task"] == "text-embedding"
+    assert pairs["--name"] == "emb" and pairs["--port"] == "8000"
+    assert pairs["--queue-capacity"] == "7" and pairs["--max-batch-size"] == "4"
+    assert pairs["--max-batch-delay-ms"] == "3" and pairs["--request-timeout"] == "12.5"
+    assert pairs["--idle-after"] == "90" and pairs["--dtype"] == "float32" and pairs["--device"] == "auto"
+    assert "--trust-remote-code" not in args
+
+
+def test_cpu_only_pool_has_no_gpu_and_hf_revision() -> None:
+    body = pool(
+        resources={"memory": "1Gi"},
+        model={
+            "source": "hf://org/m@main",
+            "task": "text-generation",
+            "revision": "v2",
+            "trustRemoteCode": True,
+        },
+    )
+    pod = build_worker_pod(body, "emb-x-0", "h")
+    (c,) = pod["spec"]["containers"]
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    assert c["args"][c["args"].index("--model") + 1] == "hf://org/m@v2"
+    assert "--trust-remote-code" in c["args"]
+
+
+def test_pvc_source_mounts_the_claim() -> None:
+    pod = build_worker_pod(pool(model={"source": "pvc://models/minilm", "task": "text-embedding"}), "w", "h")
+    claims = [v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v]
+    assert claims == [{"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}]
+
+
+def test_service_selects_serving_workers_only() -> None:
+    svc = build_service(pool())
+    assert svc["spec"]["selector"] == {LABEL_POOL: "emb", LABEL_SERVING: "true"}
+    assert svc["metadata"]["name"] == "emb" and svc["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert svc["spec"]["ports"][0]["targetPort"] == "http"
+
+
+def test_template_hash_ignores_scaling_fields() -> None:
+    base = template_hash(pool()["spec"])
+    assert base == template_hash(pool(replicas=1, maxReplicas=5, minReplicas=0, priority=9)["spec"])
+    assert base != template_hash(pool(image="other:2")["spec"])
+    assert base != template_hash(pool(queue={"capacity": 8})["spec"])
+    assert len(base) == 10
+
+
+@pytest.mark.parametrize("name", ["p", "a" * 80, "pool-with-dashes-"])
+def test_worker_names_fit_a_label_value(name: str) -> None:
+    out = worker_name(name, "abcdef", 123)
+    assert len(out) <= 63 and out.endswith("-abcde-123") and "--" not in out
+
+
+def test_eviction_patch_stops_routing() -> None:
+    patch = eviction_patch("IdleTimeout", at(5))
+    assert patch["metadata"]["labels"] == {LABEL_SERVING: None}
+    assert patch["metadata"]["annotations"]["modelpool.dev/evicting"] == "IdleTimeout"
+    assert patch["metadata"]["annotations"]["modelpool.dev/evicting-since"] == "2026-01-01T12:00:05Z"

@@ -1,0 +1,158 @@
+"""The reconciliation pass's wiring, with an in-memory API recorder in place of the API server.
+
+What is checked here is the ordering that the integration tests can only sample: pools planning
+concurrently on one event loop see each other's reservations (no over-admission), reservations end when
+the pod is observed or its creation fails, and status is only patched when it changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kopf
+import pytest
+
+from modelpool_operator.reconcile import Observer, PoolRun, lifecycle_settings, reconcile_pool, slim_pod
+from modelpool_operator.runtime import OperatorState
+from modelpool_operator.settings import OperatorConfig
+from modelpool_operator.stats import StatsScraper
+
+GI = 2**30
+
+
+class RecordingKube:
+    """Records the calls; ``create_pod`` yields to the loop first, like a real round trip."""
+
+    def __init__(self, fail_creates: bool = False) -> None:
+        self.created: list[dict[str, Any]] = []
+        self.status_patches: list[dict[str, Any]] = []
+        self.fail_creates = fail_creates
+
+    async def create_pod(self, namespace: str, body: dict[str, Any]) -> bool:
+        await asyncio.sleep(0.01)
+        if self.fail_creates:
+            raise RuntimeError("admission webhook refused the pod")
+        self.created.append(body)
+        return True
+
+    async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        return True
+
+    async def delete_pod(self, namespace: str, name: str, grace_period_seconds: int | None = None) -> bool:
+        return True
+
+    async def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+
+    async def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        self.status_patches.append(status)
+        return True
+
+
+def _pool(name: str, replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "generation": 1},
+        "spec": {
+            "model": {"source": "/models/m", "task": "text-embedding"},
+            "replicas": replicas,
+            "resources": {"memory": "1Gi"},
+        },
+    }
+
+
+def _running(pod: dict[str, Any]) -> dict[str, Any]:
+    pod = {**pod, "metadata": {**pod["metadata"], "uid": "u-" + pod["metadata"]["name"]}}
+    pod["status"] = {
+        "phase": "Running",
+        "containerStatuses": [{"name": "server", "ready": True, "state": {"running": {}}}],
+    }
+    return slim_pod(pod)
+
+
+@pytest.fixture
+async def state(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OperatorState]:
+    monkeypatch.setattr(kopf, "event", lambda *args, **kwargs: None)  # Kopf's poster runs only in kopf.run
+    st = OperatorState(config=OperatorConfig())
+    st.kube = RecordingKube()  # type: ignore[assignment]
+    st.scraper = StatsScraper(interval=1, timeout=0.2, concurrency=4, backoff_cap=1, default_port=8000)
+    st.observer = Observer(lifecycle_settings(st))
+    yield st
+    await st.scraper.aclose()
+
+
+async def test_concurrent_pools_never_over_admit(state: OperatorState) -> None:
+    pools = {("ns", n): _pool(n, 3) for n in ("a", "b", "c")}
+    index = {key: [body] for key, body in pools.items()}
+    budgets = {"default": [{"memory": "4Gi"}]}
+    runs = [PoolRun(key=key) for key in pools]
+    assert state.observer is not None
+    await asyncio.gather(
+        *(
+            reconcile_pool(
+                state,
+                observer=state.observer,
+                run=run,
+                body=pools[run.key],
+                pods_by_pool={},
+                pools_by_key=index,
+                budgets=budgets,
+            )
+            for run in runs
+        )
+    )
+    kube = state.kube
+    assert isinstance(kube, RecordingKube)
+    assert len(kube.created) == 4  # 4 x 1Gi fit into 4Gi; the other 5 wanted workers wait
+    assert sum(r.memory for r in state.reservations.all()) == 4 * GI
+
+    # The pods show up in the watch: their reservations end, the charge now comes from the pods.
+    pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for pod in kube.created:
+        pods.setdefault(("ns", pod["metadata"]["labels"]["modelpool.dev/pool"]), []).append(_running(pod))
+    patches_before = len(kube.status_patches)
+    for run in runs:
+        await reconcile_pool(
+            state,
+            observer=state.observer,
+            run=run,
+            body=pools[run.key],
+            pods_by_pool=pods,
+            pools_by_key=index,
+            budgets=budgets,
+        )
+    assert len(state.reservations) == 0
+    assert len(kube.created) == 4
+    assert len(kube.status_patches) == patches_before + 3
+    # Nothing changed since: no further status writes.
+    for run in runs:
+        await reconcile_pool(
+            state,
+            observer=state.observer,
+            run=run,
+            body=pools[run.key],
+            pods_by_pool=pods,
+            pools_by_key=index,
+            budgets=budgets,
+        )
+    assert len(kube.status_patches) == patches_before + 3
+
+
+async def test_failed_create_releases_its_reservation(state: OperatorState) -> None:
+    state.kube = RecordingKube(fail_creates=True)  # type: ignore[assignment]
+    body = _pool("a", 2)
+    assert state.observer is not None
+    with pytest.raises(RuntimeError, match="webhook"):
+        await reconcile_pool(
+            state,
+            observer=state.observer,
+            run=PoolRun(key=("ns", "a")),
+            body=body,
+            pods_by_pool={},
+            pools_by_key={("ns", "a"): [body]},
+            budgets={"default": [{"memory": "8Gi"}]},
+        )
+    assert len(state.reservations) == 0

@@ -1,0 +1,134 @@
+"""``--handler`` test classes: real ``Task`` implementations with controllable behaviour.
+
+The server process imports these as ``tests.server.handlers:Class`` (the repository root is on its
+PYTHONPATH).  Behaviour knobs come from the environment so one class serves many tests:
+
+* ``HANDLER_LOAD_SECONDS``: the load spins the CPU (pure Python, holding the GIL as a real load would)
+  for this long;
+* ``HANDLER_RUN_SECONDS``: each ``run`` sleeps this long (a slow forward pass);
+* ``HANDLER_RECORD``: a file each ``run`` appends its texts to (proves what was, or was not, computed).
+
+Texts that trigger failures: ``boom`` (the forward pass raises), ``fatal`` (a CUDA illegal-memory-access
+error), ``oom`` (CUDA out of memory whenever the unit holds more than one item), ``bad`` (InvalidInput).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from model_server.errors import InvalidInput
+from model_server.tasks.base import (
+    Embedding,
+    Emitter,
+    GenerationItem,
+    GenerationResult,
+    LoadOptions,
+    Task,
+    TensorSpec,
+    TextItem,
+    bytes_items,
+    decode_text,
+    require_tensor,
+)
+
+TEXT = TensorSpec("text", "BYTES", (-1,))
+EMBEDDING = TensorSpec("embedding", "FP32", (-1, 2))
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < end:
+        x = (x * 31 + 7) % 1_000_003  # pure-Python work: holds the GIL between switch intervals
+
+
+class EchoEmbedding(Task[TextItem, Embedding]):
+    """A batchable text-embedding stand-in: vector = [len(text), number of items in the unit]."""
+
+    name = "text-embedding"
+    batchable = True
+    v2_inputs = (TEXT,)
+    v2_outputs = (EMBEDDING,)
+
+    def load(self, options: LoadOptions) -> None:
+        _spin(float(os.environ.get("HANDLER_LOAD_SECONDS", "0")))
+        self.run_seconds = float(os.environ.get("HANDLER_RUN_SECONDS", "0"))
+        self.record = os.environ.get("HANDLER_RECORD")
+
+    def run(self, items: Sequence[TextItem], emit: Emitter | None = None) -> list[Embedding]:
+        texts = [i.text for i in items]
+        if self.record:
+            with open(self.record, "a") as f:
+                f.write("".join(t + "\n" for t in texts))
+        if self.run_seconds:
+            time.sleep(self.run_seconds)
+        if "bad" in texts:
+            raise InvalidInput("the text 'bad' is refused by this model")
+        if "boom" in texts:
+            raise RuntimeError("forward pass exploded")
+        if "fatal" in texts:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if "oom" in texts and len(texts) > 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return [Embedding(np.array([len(t), len(items)], dtype=np.float32), tokens=len(t)) for t in texts]
+
+    def decode_v2(
+        self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]
+    ) -> list[TextItem]:
+        array = require_tensor(inputs, TEXT)
+        if array.ndim != 1:
+            raise InvalidInput(f"input tensor 'text' must have shape [N], got {list(array.shape)}")
+        return [TextItem(decode_text(b, "text")) for b in bytes_items(array, "text")]
+
+    def encode_v2(self, results: Sequence[Embedding]) -> dict[str, npt.NDArray[Any]]:
+        return {"embedding": np.stack([r.vector for r in results])}
+
+
+class FailingLoad(EchoEmbedding):
+    """The load raises (bad weights): the server must end Failed with exit code 3."""
+
+    def load(self, options: LoadOptions) -> None:
+        raise OSError(f"weights file missing in {options.path}")
+
+
+class EchoGeneration(Task[GenerationItem, GenerationResult]):
+    """A streaming text-generation stand-in: 'generates' the prompt's words back, one per emit."""
+
+    name = "text-generation"
+    batchable = False
+    streams = True
+    v2_inputs = (TensorSpec("text_input", "BYTES", (-1,)),)
+    v2_outputs = (TensorSpec("text_output", "BYTES", (-1,)),)
+
+    def load(self, options: LoadOptions) -> None:
+        self.run_seconds = float(os.environ.get("HANDLER_RUN_SECONDS", "0"))
+
+    def run(self, items: Sequence[GenerationItem], emit: Emitter | None = None) -> list[GenerationResult]:
+        out = []
+        for item in items:
+            words = item.prompt.split()[: item.params.max_tokens]
+            for w in words:
+                if emit is not None:
+                    emit(w + " ")
+                if self.run_seconds:
+                    time.sleep(self.run_seconds)
+            finish = "length" if len(item.prompt.split()) > item.params.max_tokens else "stop"
+            out.append(GenerationResult(" ".join(words), finish, len(item.prompt.split()), len(words)))
+        return out
+
+    def decode_v2(
+        self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]
+    ) -> list[GenerationItem]:
+        array = require_tensor(inputs, self.v2_inputs[0])
+        return [GenerationItem(decode_text(b, "text_input")) for b in bytes_items(array, "text_input")]
+
+    def encode_v2(self, results: Sequence[GenerationResult]) -> dict[str, npt.NDArray[Any]]:
+        out = np.empty(len(results), dtype=object)
+        out[:] = [r.text.encode() for r in results]
+        return {"text_output": out}

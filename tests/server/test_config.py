@@ -1,0 +1,74 @@
+"""Configuration: flags, MODELPOOL_* environment, precedence, and exit code 2 with a one-line reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model_server.config import ConfigError, ServerConfig, _parser, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_flags_and_defaults() -> None:
+    cfg = load_config(["--model", "/models/minilm", "--task", "text-embedding", "--queue-capacity", "7"])
+    assert cfg.queue_capacity == 7
+    assert cfg.served_name == "minilm"
+    assert cfg.max_batch_size == 32 and cfg.max_batch_delay_ms == 5 and cfg.request_timeout == 30
+    assert cfg.device == "auto" and cfg.dtype == "auto" and not cfg.trust_remote_code
+
+
+def test_env_and_flag_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODELPOOL_MODEL", "hf://org/name@v1")
+    monkeypatch.setenv("MODELPOOL_TASK", "vision")
+    monkeypatch.setenv("MODELPOOL_MAX_BATCH_SIZE", "64")
+    monkeypatch.setenv("MODELPOOL_TRUST_REMOTE_CODE", "true")
+    cfg = load_config(["--max-batch-size", "8"])
+    assert cfg.task == "vision" and cfg.max_batch_size == 8 and cfg.trust_remote_code
+    assert cfg.served_name == "name"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--task", "text-embedding"], "--model"),
+        (["--model", "/m", "--task", "speech"], "--task"),
+        (["--model", "/m", "--task", "vision", "--queue-capacity", "0"], "--queue-capacity"),
+        (["--model", "/m", "--task", "vision", "--port", "http"], "--port"),
+        (["--model", "/m", "--task", "vision", "--device", "tpu"], "--device"),
+        (["--model", "/m", "--task", "vision", "--dtype", "int4"], "--dtype"),
+        (["--model", "/m", "--task", "vision", "--handler", "nocolon"], "--handler"),
+        (["--model", "s3://bucket/m", "--task", "vision"], "--model"),
+        (["--model", "/m", "--task", "vision", "--no-such-flag"], "no-such-flag"),
+    ],
+)
+def test_invalid(argv: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(argv)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_every_field_is_a_flag() -> None:
+    flags = {a.dest for a in _parser()._actions}
+    assert set(ServerConfig.model_fields) <= flags
+
+
+@pytest.mark.slow
+def test_console_script_exits_2_with_one_line() -> None:
+    script = Path(sys.executable).parent / "modelpool-server"
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "model_server"]
+    proc = subprocess.run(
+        [*cmd, "--model", "/m", "--task", "text-embedding", "--max-batch-delay-ms", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--max-batch-delay-ms" in lines[0], proc.stderr

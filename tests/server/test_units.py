@@ -1,0 +1,184 @@
+"""Pure parts of the server: the v2 codec, sources, Retry-After, error classification, pooling config."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from model_server import v2
+from model_server.dataplane import retry_after_seconds
+from model_server.errors import InvalidInput
+from model_server.sources import SourceError, parse_source, resolve
+from model_server.tasks.text_embedding import micro_batches, read_pooling
+from model_server.worker import is_fatal_device_error, is_oom
+
+
+def _bytes_blob(items: list[bytes]) -> bytes:
+    return b"".join(struct.pack("<I", len(x)) + x for x in items)
+
+
+def test_v2_json_request_roundtrip() -> None:
+    body = orjson.dumps(
+        {
+            "id": "r1",
+            "inputs": [
+                {"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a", "héllo"]},
+                {"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [[1, 2], [3, 4]]},
+            ],
+            "parameters": {"timeout": 2_500_000},
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    )
+    req = v2.decode_request(body, None)
+    assert req.id == "r1" and req.timeout_s == 2.5
+    assert req.inputs["text"].tolist() == [b"a", "héllo".encode()]
+    assert req.inputs["x"].dtype == np.float32 and req.inputs["x"].shape == (2, 2)
+    assert req.outputs == (v2.RequestedOutput("y", True),)
+
+
+def test_v2_binary_request() -> None:
+    floats = np.arange(6, dtype="<f4")
+    blob_text = _bytes_blob([b"one", b"\xff\xfe"])
+    head = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "t",
+                    "datatype": "BYTES",
+                    "shape": [2],
+                    "parameters": {"binary_data_size": len(blob_text)},
+                },
+                {"name": "f", "datatype": "FP32", "shape": [2, 3], "parameters": {"binary_data_size": 24}},
+            ]
+        }
+    )
+    req = v2.decode_request(head + blob_text + floats.tobytes(), str(len(head)))
+    assert req.inputs["t"].tolist() == [b"one", b"\xff\xfe"]
+    np.testing.assert_array_equal(req.inputs["f"], floats.reshape(2, 3))
+
+
+@pytest.mark.parametrize(
+    ("body", "header", "needle"),
+    [
+        (b"{not json", None, "not valid JSON"),
+        (b"[]", None, "JSON object"),
+        (b'{"inputs": []}', None, "non-empty"),
+        (b'{"inputs": [{"name": "t", "datatype": "STRING", "shape": [1], "data": ["a"]}]}', None, "datatype"),
+        (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [2], "data": ["a"]}]}', None, "needs 2"),
+        (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [-1], "data": ["a"]}]}', None, "negative"),
+        (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": "x", "data": ["a"]}]}', None, "shape"),
+        (b'{"inputs": [{"name": "t", "datatype": "FP32", "shape": [1], "data": ["a"]}]}', None, "numbers"),
+        (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": [1]}]}', None, "strings"),
+        (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1]}]}', None, "neither"),
+        (b'{"inputs": [{"name": "t", "datatype": "INT8", "shape": [1], "data": [999]}]}', None, "INT8"),
+        (b'{"inputs": [{"name": "t", "datatype": "FP32", "shape": [99999, 99999], "data": []}]}', None,
+         "large"),
+        (b'{"inputs": [{"name": "t", "datatype": "FP32", "shape": [1], '
+         b'"parameters": {"binary_data_size": 4}}]}',
+         None, "binary_data_size"),
+        (b'{"inputs":[]}', "999", "larger than the body"),
+        (b'{"inputs":[]}', "abc", "integer"),
+    ],
+)  # fmt: skip
+def test_v2_bad_requests(body: bytes, header: str | None, needle: str) -> None:
+    with pytest.raises(InvalidInput, match=needle):
+        v2.decode_request(body, header)
+
+
+def test_v2_timeout_parameter_validated() -> None:
+    req = v2.decode_request(
+        b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": ["a"]}], '
+        b'"parameters": {"timeout": -5}}',
+        None,
+    )
+    with pytest.raises(InvalidInput, match="timeout"):
+        _ = req.timeout_s
+
+
+def test_v2_response_json_and_binary() -> None:
+    req_json = v2.decode_request(
+        b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}', None
+    )
+    emb = np.array([[1.5, 2.0]], dtype=np.float32)
+    body, hlen = v2.encode_response("m", req_json, {"embedding": emb})
+    assert hlen is None
+    doc = json.loads(body)
+    assert doc["outputs"][0] == {"name": "embedding", "datatype": "FP32", "shape": [1, 2], "data": [1.5, 2.0]}
+
+    req_bin = v2.decode_request(
+        b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": ["a"]}],'
+        b' "outputs": [{"name": "embedding", "parameters": {"binary_data": true}}]}',
+        None,
+    )
+    body, hlen = v2.encode_response("m", req_bin, {"embedding": emb})
+    assert hlen is not None
+    head = json.loads(body[:hlen])
+    assert head["outputs"][0]["parameters"]["binary_data_size"] == 8
+    np.testing.assert_array_equal(np.frombuffer(body[hlen:], dtype="<f4"), emb.ravel())
+
+    with pytest.raises(InvalidInput, match="unknown output"):
+        bad = v2.decode_request(
+            b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": ["a"]}],'
+            b' "outputs": [{"name": "nope"}]}',
+            None,
+        )
+        v2.encode_response("m", bad, {"embedding": emb})
+
+
+def test_sources(tmp_path: Path) -> None:
+    assert parse_source("/models/x").path == "/models/x"
+    assert parse_source("file:///models/x%20y").path == "/models/x y"
+    hf = parse_source("hf://sentence-transformers/all-MiniLM-L6-v2@abc123")
+    assert (hf.kind, hf.path, hf.revision) == ("hf", "sentence-transformers/all-MiniLM-L6-v2", "abc123")
+    pvc = parse_source("pvc://models-claim/minilm/v1")
+    assert (pvc.kind, pvc.claim, pvc.path) == ("pvc", "models-claim", "minilm/v1")
+    for bad in ("hf://", "hf://a/b/c", "hf://org/name@", "pvc://", "s3://b/k", "file://host/x"):
+        with pytest.raises(SourceError):
+            parse_source(bad)
+    (tmp_path / "claim" / "m").mkdir(parents=True)
+    assert resolve("pvc://claim/m", pvc_root=tmp_path) == tmp_path / "claim" / "m"
+    assert resolve(f"file://{tmp_path}") == tmp_path
+    with pytest.raises(SourceError, match="does not exist"):
+        resolve(str(tmp_path / "missing"))
+
+
+def test_retry_after_and_error_classes() -> None:
+    assert retry_after_seconds(0, 0.5) == 1
+    assert retry_after_seconds(100, 0.05) == 5
+    assert is_oom(RuntimeError("CUDA out of memory. Tried to allocate 20 MiB"))
+    assert not is_oom(RuntimeError("shape mismatch"))
+    assert is_fatal_device_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert is_fatal_device_error(RuntimeError("CUDA error: device-side assert triggered"))
+    assert not is_fatal_device_error(ValueError("bad value"))
+
+
+def test_micro_batches_sort_and_bound() -> None:
+    lengths = [100, 3, 50, 3, 100, 7]
+    groups = micro_batches(lengths, budget=200)
+    flat = [i for g in groups for i in g]
+    assert sorted(flat) == list(range(6))
+    assert [lengths[i] for i in flat] == sorted(lengths)
+    for g in groups:
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= 200
+
+
+def test_read_pooling(tmp_path: Path) -> None:
+    assert read_pooling(tmp_path) == ("mean", False, None)
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    (tmp_path / "modules.json").write_text(
+        json.dumps(
+            [
+                {"path": "", "type": "sentence_transformers.models.Transformer"},
+                {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ]
+        )
+    )
+    (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 128}')
+    assert read_pooling(tmp_path) == ("cls", True, 128)
