@@ -566,6 +566,8 @@ def main() -> None:
     parser.add_argument("--server-batch", type=int, default=None, help="server --max-batch-size")
     parser.add_argument("--queue-capacity", type=int, default=64)
     parser.add_argument("--batch-delay-ms", type=float, default=2.0)
+    parser.add_argument("--duration", type=float, default=None, help="seconds per measurement")
+    parser.add_argument("--overload-seconds", type=float, default=None, help="seconds of 10x overload")
     parser.add_argument("--client-procs", type=int, default=None, help="client processes for c>1")
     args = parser.parse_args()
     if args.client:
@@ -574,8 +576,8 @@ def main() -> None:
     gpu = args.device.startswith("cuda")
     args.server_batch = args.server_batch or (512 if gpu else 32)
     args.client_procs = args.client_procs or (4 if gpu else 1)
-    duration = 3.0 if args.quick else 10.0
-    args.overload_seconds = 8.0 if args.quick else 30.0
+    duration = args.duration or (3.0 if args.quick else 10.0)
+    args.overload_seconds = args.overload_seconds or (8.0 if args.quick else 30.0)
 
     with tempfile.TemporaryDirectory(prefix="bench-minilm-") as tmp:
         model = args.model or packaged_minilm()

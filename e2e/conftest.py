@@ -52,15 +52,21 @@ def _own_cluster(request: pytest.FixtureRequest) -> Iterator[Path]:
         PROCESSNODE_IP_OCTET=str(20 + os.getpid() % 20),
     )
     script = ["bash", str(ROOT / "hack" / "cluster.sh")]
+    # Output to a file, not a pipe: the background processes `up` starts keep its stdout open.
+    log = workdir / "cluster.sh.log"
+
+    def cluster_sh(action: str, timeout: float) -> int:
+        with log.open("a") as out:
+            return subprocess.run(
+                [*script, action], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False
+            ).returncode
+
     try:
-        up = subprocess.run(
-            [*script, "up"], env=env, capture_output=True, text=True, timeout=300, check=False
-        )
-        if up.returncode != 0:
-            pytest.fail(f"hack/cluster.sh up failed (logs in {workdir}):\n{up.stdout}\n{up.stderr}")
+        if cluster_sh("up", 300) != 0:
+            pytest.fail(f"hack/cluster.sh up failed:\n{log.read_text()[-4000:]}")
         yield workdir / "kubeconfig"
     finally:
-        subprocess.run([*script, "down"], env=env, capture_output=True, text=True, timeout=120, check=False)
+        cluster_sh("down", 120)
         if request.session.testsfailed:
             print(f"\n[e2e] tests failed: cluster logs kept in {workdir}")
         else:

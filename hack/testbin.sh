@@ -30,7 +30,11 @@ has_version() {
   local exe="$bin/$1" expected="${*: -1}"
   shift
   set -- "${@:1:$(($# - 1))}"
-  [ -x "$exe" ] && "$exe" "$@" 2>/dev/null | grep -qF -- "$expected"
+  [ -x "$exe" ] || return 1
+  local out
+  # Captured first: with pipefail, `grep -q` closing the pipe early would fail a multi-line writer.
+  out=$("$exe" "$@" 2>/dev/null) || return 1
+  grep -qF -- "$expected" <<<"$out"
 }
 
 # build MODULE_DIR LDFLAGS PACKAGE...: one `go build` for several commands of one wrapper module.
@@ -40,7 +44,9 @@ build() {
   local start=$SECONDS
   echo "testbin: building $* (module hack/testbin/$dir)"
   (cd "$tb/$dir" && go build -trimpath -ldflags "$ldflags" -o "$bin/" "$@")
-  echo "testbin: built $(printf '%s ' "${@##*/}")in $((SECONDS - start))s"
+  local names="${*##*/}"
+  [ "$names" = "." ] && names=$dir
+  echo "testbin: built $names in $((SECONDS - start))s"
 }
 
 total=$SECONDS

@@ -20,7 +20,6 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from model_server import __version__
-from model_server.dataplane import ClientGone
 from model_server.endpoints import openai, ops, v2
 from model_server.errors import InvalidInput, Overloaded, PayloadTooLarge, ServerError
 from model_server.runtime import Runtime
@@ -151,12 +150,9 @@ def build_app(runtime: Runtime) -> FastAPI:
 
     @app.exception_handler(ServerError)
     async def on_server_error(request: Request, exc: ServerError) -> Response:
-        if (
-            isinstance(exc, ClientGone)
-            or exc.status in (429, 503, 504, 413)
-            or isinstance(exc, InvalidInput)
-            or exc.status < 500
-        ):
+        # Requests refused or given up on (4xx, 429, 499, 503, 504) count as rejections by reason;
+        # 500s were computed and failed: the data plane counts those in errors_total.
+        if exc.status != 500:
             runtime.dataplane.reject(exc.reason)
         return http_response(request.url.path, exc)
 

@@ -8,9 +8,9 @@ DTYPE_NAMES = ("auto", "float32", "float16", "bfloat16")
 
 
 def torch_dtype(dtype: str, device: str, *, half_on_cuda: bool) -> Any:
-    """The ``torch.dtype`` for ``--dtype``: ``auto`` is float16 on CUDA for the tasks that run well in half
-    precision (generation, diffusion: ``half_on_cuda``) and float32 everywhere else, because many CPU
-    kernels are missing or slow in half precision."""
+    """The ``torch.dtype`` for ``--dtype``: ``auto`` is float16 on CUDA for a task that runs well in half
+    precision (``half_on_cuda``: generation, vision, diffusion, image embeddings) and float32 everywhere
+    else, because many CPU kernels are missing or slow in half precision."""
     import torch  # noqa: PLC0415 - heavy imports stay lazy
 
     if dtype == "auto":

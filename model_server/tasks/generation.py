@@ -114,6 +114,16 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return found
 
 
+def ensure_pad_token(model: Any, tokenizer: Any) -> None:
+    """Give the generation config a pad token when it has none (the tokenizer's, else end-of-sequence), once
+    at load: ``generate`` warns on every call otherwise.  Set here rather than passed to ``generate``
+    because some models' own ``generate`` (BLIP) passes it themselves."""
+    config = model.generation_config
+    if config.pad_token_id is None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        config.pad_token_id = pad
+
+
 def generate(
     model: Any,
     *,
@@ -137,7 +147,6 @@ def generate(
         def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
             return torch.full((input_ids.shape[0],), text.stopped, dtype=torch.bool, device=input_ids.device)
 
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if params.seed is not None:
         torch.manual_seed(params.seed)  # seeds every device; generation runs on this one thread
     with torch.inference_mode():
@@ -146,7 +155,6 @@ def generate(
             max_new_tokens=params.max_tokens,
             streamer=streamer,
             stopping_criteria=StoppingCriteriaList([_StopOnText()]),
-            pad_token_id=pad,
             **sampling_kwargs(params),
         )
     ended_on_eos = bool(streamer.ids) and streamer.ids[-1] in eos_ids(model, tokenizer)

@@ -75,7 +75,7 @@ class ImageEmbeddingTask(Task[ImageItem, Embedding]):
         lib: Any = transformers  # typed loosely: the Auto* factories are not statically typed
 
         remote = options.trust_remote_code
-        self._dtype = torch_dtype(options.dtype, options.device, half_on_cuda=False)
+        self._dtype = torch_dtype(options.dtype, options.device, half_on_cuda=True)
         config = lib.AutoConfig.from_pretrained(options.path, trust_remote_code=remote)
         tower = image_tower_class(getattr(config, "architectures", None) or [])
         cls = getattr(lib, tower) if tower else lib.AutoModel

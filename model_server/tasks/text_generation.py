@@ -30,7 +30,7 @@ from model_server.tasks.base import (
     require_tensor,
 )
 from model_server.tasks.devices import torch_dtype
-from model_server.tasks.generation import generate
+from model_server.tasks.generation import ensure_pad_token, generate
 from model_server.tasks.v2params import check_generation_params, generation_params
 
 TEXT_INPUT = TensorSpec("text_input", "BYTES", (-1,))
@@ -90,6 +90,7 @@ class TextGenerationTask(Task[GenerationItem, GenerationResult]):
             options.path, dtype=dtype, trust_remote_code=options.trust_remote_code
         )
         self._model = model.to(options.device).eval()
+        ensure_pad_token(self._model, self._tokenizer)
         self._device = options.device
         self._context = context_length(model.config, self._tokenizer)
 

@@ -35,7 +35,7 @@ from model_server.tasks.base import (
     require_tensor,
 )
 from model_server.tasks.devices import torch_dtype
-from model_server.tasks.generation import generate
+from model_server.tasks.generation import ensure_pad_token, generate
 from model_server.tasks.media import decode_image
 from model_server.tasks.v2params import check_generation_params, generation_params
 
@@ -96,6 +96,7 @@ class VisionTask(Task[VisionItem, GenerationResult]):
             self._processor = lib.AutoProcessor.from_pretrained(options.path, trust_remote_code=remote)
             self._tokenizer = self._processor.tokenizer
         self._model = model.to(options.device).eval()
+        ensure_pad_token(self._model, self._tokenizer)
         self._device = options.device
 
     def run(self, items: Sequence[VisionItem], emit: Emitter | None = None) -> list[GenerationResult]:
@@ -128,7 +129,10 @@ class VisionTask(Task[VisionItem, GenerationResult]):
             text = self._processor.apply_chat_template(
                 [{"role": "user", "content": content}], add_generation_prompt=True
             )
-        encoded = self._processor(images=image, text=text, return_tensors="pt")
+        # No text at all (not an empty string) when there is no prompt: captioners such as BLIP then
+        # start from their own start token.
+        kwargs = {"text": text} if text else {}
+        encoded = self._processor(images=image, return_tensors="pt", **kwargs)
         inputs = {}
         for key, value in encoded.items():
             floating = hasattr(value, "is_floating_point") and value.is_floating_point()

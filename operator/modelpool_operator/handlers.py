@@ -167,7 +167,7 @@ async def pool_daemon(
                 logger.exception("reconciliation failed; retrying in %.0fs", _ERROR_DELAY_S)
                 kopf.event(body, type="Warning", reason="ReconcileError", message=str(exc)[:1000])
                 delay = _ERROR_DELAY_S
-            await wait_for_wakeup(wakeup, min(delay, state.config.resync_interval_seconds))
+            await wait_for_wakeup(wakeup, min(delay, state.config.resync_interval_seconds), stopped.wait())
     finally:
         state.forget(run.key)
 
@@ -202,6 +202,6 @@ async def budget_daemon(
             raise
         except Exception:
             logger.exception("writing the ModelBudget status failed; retrying")
-        await wait_for_wakeup(state.budget_wakeup, state.config.resync_interval_seconds)
+        await wait_for_wakeup(state.budget_wakeup, state.config.resync_interval_seconds, stopped.wait())
         # Coalesce bursts (a scale-up of many pods) into one write.
         await asyncio.sleep(0.5)

@@ -12,8 +12,9 @@ holds only what must be shared between the per-pool daemons of one process:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from modelpool_operator.budget import PoolKey, ReservationBook
 from modelpool_operator.kube import Kube
@@ -77,12 +78,19 @@ class OperatorState:
         return self.scraper
 
 
-async def wait_for_wakeup(event: asyncio.Event, seconds: float) -> bool:
-    """Wait until ``event`` is set or ``seconds`` pass; clears it. True when woken by the event."""
+async def wait_for_wakeup(event: asyncio.Event, seconds: float, stop: Awaitable[Any] | None = None) -> bool:
+    """Wait until ``event`` is set, ``stop`` completes (the daemon is asked to exit) or ``seconds`` pass.
+
+    Clears the event; True when woken by it.
+    """
+    waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(event.wait())]
+    if stop is not None:
+        waiters.append(asyncio.ensure_future(stop))
     try:
-        await asyncio.wait_for(event.wait(), seconds)
-    except TimeoutError:
-        return False
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        event.clear()
-    return True
+        for waiter in waiters:
+            waiter.cancel()
+    woken = event.is_set()
+    event.clear()
+    return woken

@@ -99,8 +99,9 @@ class OperatorConfig(BaseSettings):
     liveness_port: int = Field(
         default=8080, ge=0, le=65535, description="Port of the /healthz liveness endpoint (0 disables it)."
     )
-    watch_server_timeout_seconds: float = Field(
-        default=300.0, gt=0, description="Server-side timeout of each watch request (then it is renewed)."
+    # An integer: the API server parses ``timeoutSeconds`` as one ("300.0" is a 400 Bad Request).
+    watch_server_timeout_seconds: int = Field(
+        default=300, gt=0, description="Server-side timeout of each watch request (then it is renewed)."
     )
     watch_client_timeout_seconds: float = Field(
         default=330.0, gt=0, description="Client-side timeout of each watch request."

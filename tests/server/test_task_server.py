@@ -77,10 +77,10 @@ def v2_infer(
     client = triton.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=120)
     try:
         inputs = []
-        for name, array in tensors.items():
-            datatype = "BYTES" if array.dtype == np.object_ else "FP32"
-            tensor = triton.InferInput(name, list(array.shape), datatype)
-            tensor.set_data_from_numpy(array, binary_data=binary or datatype == "BYTES")
+        for name, values in tensors.items():
+            datatype = "BYTES" if values.dtype == np.object_ else "FP32"
+            tensor = triton.InferInput(name, list(values.shape), datatype)
+            tensor.set_data_from_numpy(values, binary_data=binary or datatype == "BYTES")
             inputs.append(tensor)
         result = client.infer(
             "tiny",
@@ -88,7 +88,7 @@ def v2_infer(
             outputs=[triton.InferRequestedOutput(output, binary_data=binary)],
             parameters=parameters,
         )
-        array = result.as_numpy(output)
+        array: np.ndarray | None = result.as_numpy(output)
         assert array is not None
         return array
     finally:
@@ -104,7 +104,7 @@ def data_url(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
-# ---- text-generation ------------------------------------------------------------------------------------
+# ---- text-generation ----
 
 
 def test_generation_metadata_lists_the_tensors(gen_server: ServerProcess) -> None:
@@ -188,7 +188,7 @@ def test_generation_bad_input_then_good(gen_server: ServerProcess) -> None:
     assert ok.usage is not None and ok.usage.completion_tokens == 3
 
 
-# ---- image-embedding -----------------------------------------------------------------------------------------
+# ---- image-embedding ----
 
 
 def test_image_embeddings_over_v2_and_openai(clip_server: ServerProcess) -> None:
@@ -212,7 +212,7 @@ def test_corrupt_image_is_a_400_naming_the_item(clip_server: ServerProcess) -> N
     assert v2_infer(clip_server, {"image": tensors["image"][:1]}, "embedding", binary=True).shape == (1, 16)
 
 
-# ---- vision ------------------------------------------------------------------------------------------------------
+# ---- vision ----
 
 
 def test_vision_chat_with_an_image_url(vision_server: ServerProcess) -> None:
@@ -258,7 +258,7 @@ def test_vision_needs_a_decodable_image(vision_server: ServerProcess) -> None:
         oai(vision_server).chat.completions.create(model="tiny", messages=messages, max_tokens=4)
 
 
-# ---- text-to-image -----------------------------------------------------------------------------------------------
+# ---- text-to-image ----
 
 
 def test_images_generate_and_v2_agree(sd_server: ServerProcess) -> None:

@@ -1,5 +1,6 @@
-"""vision through the real task class and a tiny ViT + GPT-2 VisionEncoderDecoder saved to disk:
-captions with and without a prompt, determinism, streaming, corrupt images, and the v2 codec."""
+"""vision through the real task class and tiny models saved to disk (a ViT + GPT-2 VisionEncoderDecoder,
+and a BLIP captioner for the image-text-to-text path): captions with and without a prompt, determinism,
+streaming, corrupt images, and the v2 codec."""
 
 from __future__ import annotations
 
@@ -12,9 +13,16 @@ import pytest
 from model_server.errors import InvalidInput
 from model_server.tasks.base import GenerationParams, VisionItem
 from model_server.tasks.vision import VisionTask, pair_prompts
-from tests.server.tiny_fixtures import gradient_png, image_bytes, load_task, tiny_vision, torch_threads
+from tests.server.tiny_fixtures import (
+    gradient_png,
+    image_bytes,
+    load_task,
+    tiny_vision,
+    tiny_vision_blip,
+    torch_threads,
+)
 
-__all__ = ["tiny_vision"]
+__all__ = ["tiny_vision", "tiny_vision_blip"]
 
 GREEDY = GenerationParams(max_tokens=12, temperature=0.0)
 
@@ -100,3 +108,24 @@ def test_v2_bad_input(task: VisionTask) -> None:
             },
             {},
         )
+
+
+# ---- the image-text-to-text path (BLIP through AutoModelForImageTextToText + AutoProcessor) ----
+
+
+@pytest.fixture(scope="module")
+def blip(tiny_vision_blip: Path) -> Iterator[VisionTask]:
+    with torch_threads(1):
+        yield load_task(VisionTask(), tiny_vision_blip)
+
+
+def test_image_text_to_text_model_captions_and_streams(blip: VisionTask) -> None:
+    pieces: list[str] = []
+    [caption] = blip.run([VisionItem(image=gradient_png(), params=GREEDY)], emit=pieces.append)
+    assert caption.text
+    assert caption.finish_reason == "length" and caption.completion_tokens == GREEDY.max_tokens
+    assert "".join(pieces) == caption.text
+    [prompted] = blip.run([VisionItem(image=gradient_png(), prompt="a picture of", params=GREEDY)])
+    assert prompted.prompt_tokens > 0
+    assert prompted.completion_tokens == GREEDY.max_tokens
+    assert blip.run([VisionItem(image=gradient_png(), params=GREEDY)]) == [caption]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,6 +45,12 @@ def tiny_vision(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vision_blip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BLIP captioner (the image-text-to-text path of the vision task)."""
+    return _build(tmp_path_factory, "vision-blip")
+
+
+@pytest.fixture(scope="session")
 def tiny_text_to_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Stable Diffusion pipeline."""
     return _build(tmp_path_factory, "text-to-image")
@@ -63,9 +70,16 @@ def torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+# The device the task tests load their models on: the CPU in CI; ``MODELPOOL_TEST_DEVICE=cuda`` runs the same
+# tests on a GPU (``--dtype auto`` then means float16).
+TEST_DEVICE = os.environ.get("MODELPOOL_TEST_DEVICE", "cpu")
+# Float tolerance for comparing two forward passes of different batch shapes (float16 on a GPU).
+ATOL = 1e-5 if TEST_DEVICE == "cpu" else 5e-3
+
+
 def load_task(task: TaskT, path: Path) -> TaskT:
-    """Load ``task`` from ``path`` on the CPU with the default dtype, through its real ``load``."""
-    task.load(LoadOptions(path=path, device="cpu", dtype="auto"))
+    """Load ``task`` from ``path`` on ``TEST_DEVICE`` with the default dtype, through its real ``load``."""
+    task.load(LoadOptions(path=path, device=TEST_DEVICE, dtype="auto"))
     return task
 
 

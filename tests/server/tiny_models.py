@@ -44,8 +44,10 @@ HIDDEN = 32
 
 def build_tokenizer(model_max_length: int = 128, chat_template: str | None = CHAT_TEMPLATE) -> Any:
     """A BPE ``PreTrainedTokenizerFast`` trained on ``_CORPUS`` (a few hundred tokens)."""
+    import transformers  # noqa: PLC0415 - heavy imports stay lazy
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415 - heavy imports stay lazy
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - heavy imports stay lazy
+
+    tf: Any = transformers  # the constructors are not statically typed
 
     # Metaspace BPE over the corpus' characters (not byte-level): every token decodes to whole characters,
     # so the random model's output is readable text, never half of a UTF-8 sequence.
@@ -54,7 +56,7 @@ def build_tokenizer(model_max_length: int = 128, chat_template: str | None = CHA
     tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
     trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIAL_TOKENS)
     tok.train_from_iterator(_CORPUS, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = tf.PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=EOS,
         eos_token=EOS,
@@ -85,7 +87,8 @@ def build_text_generation(out: Path) -> Path:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model = GPT2LMHeadModel(config).eval()
+    model: Any = GPT2LMHeadModel(config)
+    model.eval()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
@@ -119,7 +122,8 @@ def build_image_embedding(out: Path, projection_dim: int = 16) -> Path:
         },
         projection_dim=projection_dim,
     )
-    CLIPModel(config).eval().save_pretrained(out)
+    clip: Any = CLIPModel(config)
+    clip.eval().save_pretrained(out)
     size = {"shortest_edge": IMAGE_SIZE}
     crop = {"height": IMAGE_SIZE, "width": IMAGE_SIZE}
     CLIPImageProcessor(size=size, crop_size=crop).save_pretrained(out)
@@ -154,7 +158,6 @@ def build_vision(out: Path) -> Path:
         n_layer=2,
         n_head=2,
         add_cross_attention=True,
-        is_decoder=True,
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -163,7 +166,8 @@ def build_vision(out: Path) -> Path:
     config.decoder_start_token_id = tokenizer.eos_token_id
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
-    model = VisionEncoderDecoderModel(config=config).eval()
+    model: Any = VisionEncoderDecoderModel(config=config)
+    model.eval()
     with torch.no_grad():
         # Zero the end-of-text logit: a random decoder otherwise often ends a caption at its first token,
         # leaving the tests no text to check.  (The tied input embedding of the start token becomes zero.)
@@ -177,16 +181,62 @@ def build_vision(out: Path) -> Path:
     return out
 
 
+def build_vision_blip(out: Path) -> Path:
+    """A tiny BLIP captioner (``AutoModelForImageTextToText`` + ``BlipProcessor``): the vision task's
+    image-text-to-text path, as opposed to the encoder-decoder one."""
+    import torch  # noqa: PLC0415 - heavy imports stay lazy
+    import transformers  # noqa: PLC0415 - heavy imports stay lazy
+
+    tf: Any = transformers  # the constructors are not statically typed
+    tokenizer = build_tokenizer(chat_template=None)
+    torch.manual_seed(0)
+    config = tf.BlipConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": HIDDEN,
+            "encoder_hidden_size": HIDDEN,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "max_position_embeddings": 64,
+            "bos_token_id": tokenizer.eos_token_id,
+            "sep_token_id": tokenizer.eos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={
+            "hidden_size": HIDDEN,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": IMAGE_SIZE,
+            "patch_size": 8,
+        },
+        projection_dim=16,
+        image_text_hidden_size=HIDDEN,
+    )
+    model = tf.BlipForConditionalGeneration(config)
+    with torch.no_grad():  # as for the encoder-decoder: no end-of-text at the first step
+        model.text_decoder.cls.predictions.decoder.weight[tokenizer.eos_token_id] = 0.0
+        model.text_decoder.cls.predictions.bias[tokenizer.eos_token_id] = -1.0
+    model.eval().save_pretrained(out)
+    image_processor = tf.BlipImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    tf.BlipProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(out)
+    return out
+
+
 def build_text_to_image(out: Path) -> Path:
     """A tiny Stable Diffusion pipeline (UNet, VAE and CLIP text encoder of hidden 32, DDIM scheduler),
     shaped like diffusers' own ``get_dummy_components`` test fixtures."""
+    import diffusers  # noqa: PLC0415 - heavy imports stay lazy
     import torch  # noqa: PLC0415 - heavy imports stay lazy
-    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel  # noqa: PLC0415 - heavy imports stay lazy
+
+    dm: Any = diffusers  # the constructors are not statically typed
     from transformers import CLIPTextConfig, CLIPTextModel  # noqa: PLC0415 - heavy imports stay lazy
 
     tokenizer = build_tokenizer(model_max_length=16, chat_template=None)
     torch.manual_seed(0)
-    unet = UNet2DConditionModel(
+    unet = dm.UNet2DConditionModel(
         block_out_channels=(4, 8),
         layers_per_block=1,
         sample_size=IMAGE_SIZE // 2,
@@ -198,7 +248,7 @@ def build_text_to_image(out: Path) -> Path:
         norm_num_groups=2,
         attention_head_dim=2,
     )
-    vae = AutoencoderKL(
+    vae = dm.AutoencoderKL(
         block_out_channels=[4, 8],
         in_channels=3,
         out_channels=3,
@@ -221,7 +271,7 @@ def build_text_to_image(out: Path) -> Path:
             pad_token_id=tokenizer.pad_token_id,
         )
     )
-    scheduler = DDIMScheduler(
+    scheduler = dm.DDIMScheduler(
         beta_start=0.00085,
         beta_end=0.012,
         beta_schedule="scaled_linear",
@@ -229,7 +279,7 @@ def build_text_to_image(out: Path) -> Path:
         set_alpha_to_one=False,
         steps_offset=1,
     )
-    pipe = StableDiffusionPipeline(
+    pipe = dm.StableDiffusionPipeline(
         unet=unet,
         vae=vae,
         text_encoder=text_encoder,
@@ -247,6 +297,7 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
     "text-generation": build_text_generation,
     "image-embedding": build_image_embedding,
     "vision": build_vision,
+    "vision-blip": build_vision_blip,  # the vision task, image-text-to-text flavour
     "text-to-image": build_text_to_image,
 }
 
