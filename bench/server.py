@@ -254,7 +254,8 @@ async def _client_main(spec: dict[str, Any]) -> dict[str, Any]:
                     ok.append(dt)
                 elif code == 429:
                     rejected.append(dt)
-                    await asyncio.sleep(spec.get("backoff", 0.0))
+                    if spec.get("honor_retry_after"):  # as well-behaved clients (e.g. openai's) do
+                        await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
                 else:
                     other[str(code)] = other.get(str(code), 0) + 1
 
@@ -458,10 +459,13 @@ def bench_server(model: Path, args: argparse.Namespace, duration: float) -> dict
                         f"  p50 {res['p50_ms']:.2f} ms"
                         f"  batch {res['mean_batch'] or 0:.1f}  errors {res['errors']}", flush=True,
                     )  # fmt: skip
-        # (d) 10x overload: as many clients as 10x the queue capacity, each retrying at once on 429.
+        # (d) 10x overload: 10x the queue capacity in concurrent clients; a rejected client waits the
+        # Retry-After it was given (as real clients do) and comes back.
         rss0 = server.stats()["memory"]["rss_bytes"]
         conc = 10 * args.queue_capacity
-        res = run_clients(server.url, 1, False, conc, args.overload_seconds, args.client_procs)
+        res = run_clients(
+            server.url, 1, False, conc, args.overload_seconds, args.client_procs, honor_retry_after=True
+        )
         rss1 = server.stats()["memory"]["rss_bytes"]
         res.update(rss_before=rss0, rss_after=rss1, rss_growth_mib=(rss1 - rss0) / 2**20, concurrency=conc)
         out["overload"] = res

@@ -61,13 +61,15 @@ def _own_cluster(request: pytest.FixtureRequest) -> Iterator[Path]:
                 [*script, action], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False
             ).returncode
 
+    started = False
     try:
         if cluster_sh("up", 300) != 0:
-            pytest.fail(f"hack/cluster.sh up failed:\n{log.read_text()[-4000:]}")
+            pytest.fail(f"hack/cluster.sh up failed (logs in {workdir}):\n{log.read_text()[-4000:]}")
+        started = True
         yield workdir / "kubeconfig"
     finally:
         cluster_sh("down", 120)
-        if request.session.testsfailed:
+        if request.session.testsfailed or not started:
             print(f"\n[e2e] tests failed: cluster logs kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -127,9 +127,22 @@ def release(
         )  # fmt: skip
         yield rel
     finally:
-        rel.h("uninstall", rel.name, "--namespace", rel.namespace, "--wait", "--timeout", "60s", check=False)
-        rel.k("delete", "namespace", rel.namespace, "--wait=false", check=False)
-        rel.k("delete", "modelbudget", rel.budget, "--ignore-not-found", check=False)
+        remove_everything(rel)
+
+
+def remove_everything(rel: Release) -> None:
+    """Delete the pools and the budget while the operator still runs (it owns their finalizers), then the
+    release and the namespace; whatever still carries a finalizer after that has its finalizers removed."""
+    rel.k("delete", "modelpools", "--all", "-n", rel.namespace, "--timeout=30s", check=False)
+    rel.k("delete", "modelbudget", rel.budget, "--ignore-not-found", "--timeout=30s", check=False)
+    rel.h("uninstall", rel.name, "--namespace", rel.namespace, "--wait", "--timeout", "60s", check=False)
+    unfinalize = ["--type", "merge", "-p", '{"metadata": {"finalizers": null}}']
+    for pool in rel.k("get", "modelpools", "-n", rel.namespace, "-o", "name", check=False).stdout.split():
+        rel.k("patch", pool, "-n", rel.namespace, *unfinalize, check=False)
+    if rel.k("get", "modelbudget", rel.budget, "-o", "name", check=False).returncode == 0:
+        rel.k("patch", "modelbudget", rel.budget, *unfinalize, check=False)
+        rel.k("delete", "modelbudget", rel.budget, "--ignore-not-found", "--wait=false", check=False)
+    rel.k("delete", "namespace", rel.namespace, "--wait=false", check=False)
 
 
 def test_operator_runs(release: Release) -> None:
@@ -217,7 +230,7 @@ def test_operator_reconciles_a_kwok_pool_to_ready_with_budget_accounting(release
     release.k("apply", "-f", "-", stdin=json.dumps(manifest))
 
     def ready() -> dict[str, Any] | None:
-        pool = release.get("modelpool", "kwok-pool", "-n", release.namespace)
+        pool = release.get("modelpools", "kwok-pool", "-n", release.namespace)
         status = pool.get("status") or {}
         return pool if status.get("readyReplicas") == 2 else None
 
@@ -252,7 +265,24 @@ def test_operator_reconciles_a_kwok_pool_to_ready_with_budget_accounting(release
     assert budgets[1].split()[1] == "100Gi"
 
 
+def test_the_names_users_type_address_one_resource(release: Release) -> None:
+    """`kubectl get modelpool NAME` (singular), `mp`, `modelbudget`/`mb`: each names one resource type. A CRD
+    category spelled like a kind's singular name makes kubectl expand it to every member of the category
+    ("you must specify only one resource")."""
+    pool = pool_manifest("naming", release.namespace, replicas=0, minReplicas=0)
+    release.k("apply", "-f", "-", stdin=json.dumps(pool))
+    for kind in ("modelpool", "modelpools", "mp", "modelpools.modelpool.dev"):
+        result = release.k("get", kind, "naming", "-n", release.namespace, "-o", "name", check=False)
+        assert result.returncode == 0, f"kubectl get {kind} naming: {result.stderr.strip()}"
+        assert result.stdout.strip() == "modelpool.modelpool.dev/naming"
+    for kind in ("modelbudget", "mb"):
+        result = release.k("get", kind, release.budget, "-o", "name", check=False)
+        assert result.returncode == 0, f"kubectl get {kind} {release.budget}: {result.stderr.strip()}"
+
+
 def test_uninstall_keeps_the_crds(release: Release) -> None:
+    # As docs/install.md says: pools first, while the operator is there to finalize them.
+    release.k("delete", "modelpools", "--all", "-n", release.namespace, "--timeout=60s")
     release.h("uninstall", release.name, "--namespace", release.namespace, "--wait", "--timeout", "60s")
     assert release.k("get", "crd", "modelpools.modelpool.dev").returncode == 0
     left = release.k("get", "deployments", "-n", release.namespace, "-o", "name").stdout.strip()

@@ -96,8 +96,10 @@ up() {
   kubectl apply -f "$root/hack/kwok/nodes.yaml" >/dev/null
 
   if ! processnode_running; then
-    # setsid: the agent outlives this script and is stopped by `down` through its pid file.
-    (cd "$root" && HF_HUB_OFFLINE=1 setsid "$venv/bin/python" -m hack.processnode \
+    # A simple command sent to the background, so $! is the agent itself (setsid execs it without a fork:
+    # the new session keeps it out of this shell's process group and stdout is not held open).
+    cd "$root"
+    HF_HUB_OFFLINE=1 setsid "$venv/bin/python" -m hack.processnode \
       --kubeconfig "$kubeconfig" \
       --node-name "$node" \
       --extra-path "$venv/bin" \
@@ -106,7 +108,7 @@ up() {
       --backoff-initial "${PROCESSNODE_BACKOFF_INITIAL:-1}" \
       --backoff-max "${PROCESSNODE_BACKOFF_MAX:-30}" \
       >>"$logs/processnode.log" 2>&1 </dev/null &
-      echo $! >"$pidfile")
+    echo $! >"$pidfile"
   fi
 
   # Ready means: every node Ready and the default ServiceAccount there (pods are refused without it).

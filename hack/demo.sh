@@ -13,14 +13,16 @@
 #   7. teardown (helm uninstall, cluster down) unless KEEP=1.
 #
 # Environment: KEEP=1 keeps everything running at the end; DEMO_TIMEOUT (seconds, default 240) bounds each
-# wait. On any failure the script prints the cluster's state and the operator's and worker's logs, and
+# wait; CLUSTER_DIR / CLUSTER_NAME / PROCESSNODE_IP_OCTET are passed to hack/cluster.sh (default .cluster,
+# whose kubeconfig other tools expect). On any failure the script prints the cluster's state and the operator's and worker's logs, and
 # exits non-zero.
 set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 export PATH="$ROOT/bin:$ROOT/.venv/bin:$PATH"
-export KUBECONFIG="$ROOT/.cluster/kubeconfig"
+export CLUSTER_DIR=${CLUSTER_DIR:-$ROOT/.cluster}
+export KUBECONFIG="$CLUSTER_DIR/kubeconfig"
 PY="$ROOT/.venv/bin/python"
 RELEASE=modelpool
 OPERATOR_NS=modelpool-system
@@ -46,9 +48,9 @@ diagnostics() {
   kubectl get modelbudgets -o yaml 2>&1 || true
   kubectl -n "$NS" describe modelpools 2>&1 | tail -n 80 || true
   kubectl get events -A --sort-by=.lastTimestamp 2>&1 | tail -n 40 || true
-  # The process node keeps each container's output in .cluster/processnode/<ns>/<pod>/<container>.log.
+  # The process node keeps each container's output in $CLUSTER_DIR/processnode/<ns>/<pod>/<container>.log.
   local log
-  for log in "$ROOT"/.cluster/processnode/*/*/*.log; do
+  for log in "$CLUSTER_DIR"/processnode/*/*/*.log "$CLUSTER_DIR"/logs/processnode.log; do
     [[ -f "$log" ]] || continue
     printf -- '---- %s (last 60 lines)\n' "$log"
     tail -n 60 "$log" || true
@@ -74,8 +76,10 @@ teardown() {
   fi
   printf '\n%s==> teardown%s\n' "$CYAN" "$OFF"
   if [[ -f "$KUBECONFIG" ]]; then
-    kubectl delete namespace "$NS" --wait=true --timeout=60s >/dev/null 2>&1 || true
+    # Pools first, while the operator runs to finalize them (docs/install.md, Uninstall).
+    kubectl -n "$NS" delete modelpools --all --timeout=60s >/dev/null 2>&1 || true
     helm uninstall "$RELEASE" -n "$OPERATOR_NS" --wait --timeout 60s >/dev/null 2>&1 || true
+    kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
   fi
   bash hack/cluster.sh down || true
   exit "$rc"
@@ -95,7 +99,15 @@ wait_for() {
   done
 }
 
-pool_field() { kubectl -n "$NS" get modelpool "$1" -o "jsonpath=$2" 2>/dev/null; }
+# show_and_apply: print the manifest on stdin (what the user would write), then kubectl apply it.
+show_and_apply() {
+  local manifest
+  manifest=$(cat)
+  printf '%s\n' "$manifest" | sed 's/^/    | /'
+  printf '%s\n' "$manifest" | kubectl apply -f -
+}
+
+pool_field() { kubectl -n "$NS" get modelpools "$1" -o "jsonpath=$2" 2>/dev/null; }
 
 # watch_pool POOL READY: print each change of the pool's phase and worker states (the `kubectl get
 # modelpools -w` view, deduplicated) until readyReplicas >= READY, or fail at the deadline.
@@ -156,7 +168,7 @@ run kubectl get modelbudgets
 # ---- 3. a ModelPool serving real MiniLM weights -------------------------------------------------------------
 banner "ModelPool 'minilm': text-embedding with the packaged all-MiniLM-L6-v2, on the process node"
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-cat <<YAML | tee /dev/stderr | kubectl apply -f -
+show_and_apply <<YAML
 apiVersion: modelpool.dev/v1alpha1
 kind: ModelPool
 metadata:
@@ -199,7 +211,7 @@ printf '%s$ curl %s/v1/embeddings%s\n' "$BOLD" "$URL" "$OFF"
 curl -sS --fail-with-body --max-time 30 "$URL/v1/embeddings" \
   -H 'content-type: application/json' \
   -d '{"model": "minilm", "input": ["A man is eating food."]}' \
-  | "$PY" -c 'import json, sys; r = json.load(sys.stdin); v = r["data"][0]["embedding"]; print(f"    curl: {len(r[\"data\"])} embedding, dim {len(v)}, first values {[round(x, 4) for x in v[:4]]}")'
+  | "$PY" -c 'import json, sys; d = json.load(sys.stdin)["data"]; v = d[0]["embedding"]; print(f"    curl: {len(d)} embedding, dim {len(v)}, first values {[round(x, 4) for x in v[:4]]}")'
 "$PY" - "$URL" <<'PYTHON'
 """The same worker through the official clients a user would pick."""
 import sys
@@ -237,11 +249,11 @@ info "stats: $(curl -sS --max-time 5 "$URL/stats" | "$PY" -c 'import json, sys; 
 banner "kubectl get modelpools / modelbudgets, kubectl describe modelpool"
 run kubectl get modelpools -A
 run kubectl get modelbudgets
-run kubectl -n "$NS" describe modelpool minilm
+run kubectl -n "$NS" describe modelpools minilm
 
 # ---- 6. a pool on the KWOK GPU nodes: several workers and the budget ----------------------------------------
 banner "ModelPool 'llm' on KWOK fake GPU nodes: 3 workers x 20Gi against the 64Gi budget"
-cat <<YAML | tee /dev/stderr | kubectl apply -f -
+show_and_apply <<YAML
 apiVersion: modelpool.dev/v1alpha1
 kind: ModelPool
 metadata:
@@ -272,9 +284,9 @@ run kubectl get modelbudgets
 info "budget shares: $(kubectl get modelbudget default -o jsonpath='{range .status.pools[*]}{.namespace}/{.name}={.memory} {end}')"
 
 banner "scale 'llm' to 4: 1Gi + 4 x 20Gi > 64Gi, so the 4th worker is refused (BudgetExceeded)"
-run kubectl -n "$NS" patch modelpool llm --type merge -p '{"spec": {"replicas": 4}}'
+run kubectl -n "$NS" patch modelpools llm --type merge -p '{"spec": {"replicas": 4}}'
 wait_for "condition BudgetExceeded on pool llm" bash -c \
-  "kubectl -n $NS get modelpool llm -o jsonpath='{.status.conditions[?(@.type==\"BudgetExceeded\")].status}' | grep -qx True"
+  "kubectl -n $NS get modelpools llm -o jsonpath='{.status.conditions[?(@.type==\"BudgetExceeded\")].status}' | grep -qx True"
 info "BudgetExceeded: $(pool_field llm '{.status.conditions[?(@.type=="BudgetExceeded")].message}')"
 run kubectl get modelpools -A
 run kubectl get modelbudgets

@@ -106,6 +106,15 @@ class DataPlane:
             state = self.lifecycle.state
             raise ModelNotReady(f"model {self.config.served_name} is not ready (state {state})")
 
+    def check_capacity(self) -> None:
+        """Raise 429 (with the Retry-After estimate) when the queue is full."""
+        if len(self._queue) >= self.config.queue_capacity:
+            queued = sum(len(u.items) for u in self._queue) + self.in_flight
+            raise Overloaded(
+                f"queue full ({self.config.queue_capacity} requests waiting)",
+                retry_after_seconds(queued, self._seconds_per_item),
+            )
+
     def admit(self, items: Sequence[Any], timeout: float | None, emit: Emitter | None = None) -> Unit:
         """Admit a request or raise at once (503 not ready, 400 empty, 413 too many items, 429 full)."""
         self.check_ready()
@@ -115,12 +124,7 @@ class DataPlane:
             raise PayloadTooLarge(
                 f"{len(items)} items in one request exceed the limit of {self.config.max_request_items}"
             )
-        if len(self._queue) >= self.config.queue_capacity:
-            queued = sum(len(u.items) for u in self._queue) + self.in_flight
-            raise Overloaded(
-                f"queue full ({self.config.queue_capacity} requests waiting)",
-                retry_after_seconds(queued, self._seconds_per_item),
-            )
+        self.check_capacity()
         budget = self.config.request_timeout if timeout is None else min(timeout, self.config.request_timeout)
         loop = asyncio.get_running_loop()
         unit = Unit(list(items), time.monotonic() + budget, loop.create_future(), emit)

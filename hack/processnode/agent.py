@@ -237,6 +237,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ip-octet", type=int, default=42, help="pods get 127.<ip-octet>.y.z")
     p.add_argument("--backoff-initial", type=float, default=10.0, help="crash-loop back-off start (s)")
     p.add_argument("--backoff-max", type=float, default=300.0, help="crash-loop back-off cap (s)")
+    p.add_argument(
+        "--exit-after-api-loss", type=float, default=120.0, help="stop when the API is gone this long (s)"
+    )
     p.add_argument("--verbose", "-v", action="store_true")
     args = p.parse_args(argv)
     args.bind_env = args.bind_env or ["MODELPOOL_HOST"]
@@ -279,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             log.info("API server not ready (%s); retrying", err)
             time.sleep(1.0)
-    threading.Thread(target=node.heartbeat, args=(agent.stop,), name="heartbeat", daemon=True).start()
+    threading.Thread(
+        target=node.heartbeat, args=(agent.stop, args.exit_after_api_loss), name="heartbeat", daemon=True
+    ).start()
     syncer = threading.Thread(target=agent.sync_pods, name="pods", daemon=True)
     syncer.start()
     agent.stop.wait()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import platform
 import threading
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -141,9 +142,12 @@ class NodeAgent:
                 "POST", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", body=lease
             )
 
-    def heartbeat(self, stop: threading.Event) -> None:
-        """Renew the Lease every 10 s and post status every 30 s until `stop`; errors are retried."""
+    def heartbeat(self, stop: threading.Event, give_up_after: float = 120.0) -> None:
+        """Renew the Lease every 10 s and post status every 30 s until `stop`; errors are retried.  When the
+        API server has been unreachable for `give_up_after` seconds (its cluster was torn down), set `stop`
+        so an orphaned agent ends its processes and exits instead of lingering (0: never)."""
         since_status = 0.0
+        last_ok = time.monotonic()
         while not stop.wait(LEASE_RENEW):
             try:
                 self.renew_lease()
@@ -151,5 +155,9 @@ class NodeAgent:
                 if since_status >= STATUS_EVERY:
                     self.post_status()
                     since_status = 0.0
+                last_ok = time.monotonic()
             except (KubeError, OSError) as err:
                 log.warning("node heartbeat failed: %s", err)
+                if give_up_after and time.monotonic() - last_ok > give_up_after:
+                    log.error("API server unreachable for %.0fs: stopping", give_up_after)
+                    stop.set()

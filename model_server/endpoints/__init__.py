@@ -49,6 +49,9 @@ _OPENAI = {
 }
 
 
+_INFERENCE = {"v2_infer", "embeddings", "completions", "chat_completions", "images_generations"}
+
+
 def error_response(
     path: str, status: int, reason: str, message: str, headers: dict[str, str] | None = None
 ) -> Response:
@@ -89,6 +92,15 @@ class LimitsMiddleware:
             await send(message)
 
         try:
+            if route in _INFERENCE and scope["method"] == "POST" and self.runtime.lifecycle.serving:
+                # Fast path: a full queue is answered here, before routing and body parsing, so that
+                # refusing costs the event loop as little as possible under overload.
+                try:
+                    self.runtime.dataplane.check_capacity()
+                except Overloaded as exc:
+                    self.runtime.dataplane.reject(exc.reason)
+                    await http_response(path, exc)(scope, receive, send_wrapper)
+                    return
             declared = dict(scope["headers"]).get(b"content-length")
             if declared is not None and declared.isdigit() and int(declared) > self.limit:
                 await self._too_large(scope, receive, send_wrapper, path, int(declared))

@@ -1,5 +1,5 @@
-"""Autoregressive generation shared by text-generation and vision: sampling arguments, stop sequences and
-token streaming around ``model.generate``.
+"""Autoregressive generation shared by text-generation and vision: the context-window check, sampling
+arguments, stop sequences and token streaming around ``model.generate``.
 
 Stop sequences and streaming are one mechanism.  A streamer receives each new token from ``generate`` on
 the inference thread, re-decodes the completion so far and hands it to a ``StopText`` accumulator, which
@@ -16,9 +16,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from model_server.errors import InvalidInput
 from model_server.tasks.base import Emitter, GenerationParams, GenerationResult
 
 _REPLACEMENT = "\ufffd"  # what a tokenizer decodes half of a multi-byte character to
+
+# Tokenizers without a real limit report a huge sentinel as model_max_length.
+_NO_LIMIT = 1_000_000
+
+
+def context_length(config: Any, tokenizer: Any) -> int | None:
+    """The model's context window: from the config, else the tokenizer's ``model_max_length``."""
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < _NO_LIMIT else None
+
+
+def check_context(
+    prompt_tokens: int, max_tokens: int, context: int | None, *, allow_empty: bool = False
+) -> None:
+    """Pure: 400 (with OpenAI's wording) when prompt + completion cannot fit the context window."""
+    if prompt_tokens == 0 and not allow_empty:
+        raise InvalidInput("the prompt is empty")
+    if context is not None and prompt_tokens + max_tokens > context:
+        raise InvalidInput(
+            f"this model's maximum context length is {context} tokens, but {prompt_tokens + max_tokens} "
+            f"were requested ({prompt_tokens} in the prompt, {max_tokens} for the completion); "
+            "shorten the prompt or lower max_tokens"
+        )
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:

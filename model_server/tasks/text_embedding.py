@@ -150,6 +150,10 @@ class TextEmbeddingTask(Task[TextItem, Embedding]):
         with torch.inference_mode():
             for group in micro_batches(lengths, budget):
                 width = max(lengths[i] for i in group)
+                if self._device != "cpu":
+                    # Few distinct shapes on GPUs: tensor-core friendly, and the per-shape kernel caches
+                    # (host memory) stop growing under traffic of arbitrary lengths.
+                    width = min(-(-width // 8) * 8, max(width, self._max_len))
                 input_ids = np.full((len(group), width), pad_id, dtype=np.int64)
                 mask = np.zeros((len(group), width), dtype=np.int64)
                 type_ids = np.zeros((len(group), width), dtype=np.int64) if types is not None else None

@@ -30,36 +30,11 @@ from model_server.tasks.base import (
     require_tensor,
 )
 from model_server.tasks.devices import torch_dtype
-from model_server.tasks.generation import ensure_pad_token, generate
+from model_server.tasks.generation import check_context, context_length, ensure_pad_token, generate
 from model_server.tasks.v2params import check_generation_params, generation_params
 
 TEXT_INPUT = TensorSpec("text_input", "BYTES", (-1,))
 TEXT_OUTPUT = TensorSpec("text_output", "BYTES", (-1,))
-
-# Tokenizers without a real limit report a huge sentinel as model_max_length.
-_NO_LIMIT = 1_000_000
-
-
-def context_length(config: Any, tokenizer: Any) -> int | None:
-    """The model's context window: from the config, else the tokenizer's ``model_max_length``."""
-    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    limit = getattr(tokenizer, "model_max_length", None)
-    return limit if isinstance(limit, int) and 0 < limit < _NO_LIMIT else None
-
-
-def check_context(prompt_tokens: int, max_tokens: int, context: int | None) -> None:
-    """Pure: 400 (with OpenAI's wording) when prompt + completion cannot fit the context window."""
-    if prompt_tokens == 0:
-        raise InvalidInput("the prompt is empty")
-    if context is not None and prompt_tokens + max_tokens > context:
-        raise InvalidInput(
-            f"this model's maximum context length is {context} tokens, but {prompt_tokens + max_tokens} "
-            f"were requested ({prompt_tokens} in the prompt, {max_tokens} for the completion); "
-            "shorten the prompt or lower max_tokens"
-        )
 
 
 class TextGenerationTask(Task[GenerationItem, GenerationResult]):

@@ -35,7 +35,7 @@ from model_server.tasks.base import (
     require_tensor,
 )
 from model_server.tasks.devices import torch_dtype
-from model_server.tasks.generation import ensure_pad_token, generate
+from model_server.tasks.generation import check_context, context_length, ensure_pad_token, generate
 from model_server.tasks.media import decode_image
 from model_server.tasks.v2params import check_generation_params, generation_params
 
@@ -74,6 +74,7 @@ class VisionTask(Task[VisionItem, GenerationResult]):
         self._encoder_decoder = False
         self._device = "cpu"
         self._dtype: Any = None
+        self._context: int | None = None
 
     def load(self, options: LoadOptions) -> None:
         import transformers  # noqa: PLC0415 - heavy imports happen on the load path only
@@ -97,7 +98,13 @@ class VisionTask(Task[VisionItem, GenerationResult]):
             self._tokenizer = self._processor.tokenizer
         self._model = model.to(options.device).eval()
         ensure_pad_token(self._model, self._tokenizer)
+        # The text side's context window bounds prompt + answer (the decoder's, or the language model's).
+        text_config = config.decoder if self._encoder_decoder else getattr(config, "text_config", config)
+        self._context = context_length(text_config, self._tokenizer)
         self._device = options.device
+
+    def max_input_tokens(self) -> int | None:
+        return self._context
 
     def run(self, items: Sequence[VisionItem], emit: Emitter | None = None) -> list[GenerationResult]:
         for item in items:
@@ -142,6 +149,8 @@ class VisionTask(Task[VisionItem, GenerationResult]):
 
     def _one(self, image: Any, item: VisionItem, emit: Emitter | None) -> GenerationResult:
         inputs, prompt_tokens = self._inputs(image, item.prompt)
+        # Image-text-to-text models put the image's tokens into input_ids, so they count here too.
+        check_context(prompt_tokens + 1, item.params.max_tokens, self._context, allow_empty=True)
         return generate(
             self._model,
             tokenizer=self._tokenizer,

@@ -39,6 +39,9 @@ def test_nodes_list_gpu_capacity_and_versions(cluster: Cluster) -> None:
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)
     assert version["serverVersion"]["gitVersion"] == "v1.34.4"
     assert version["clientVersion"]["gitVersion"] == "v1.34.4"
+    # helm (upstream, built by make testbin) talks to the same API server (other tests may own releases).
+    assert isinstance(json.loads(cluster.helm("list", "--all-namespaces", "-o", "json").stdout), list)
+    assert "v3.21" in cluster.helm("version", "--short").stdout
 
 
 def test_deployment_lands_on_kwok_gpu_nodes_and_is_garbage_collected(
@@ -95,11 +98,14 @@ def test_deployment_lands_on_kwok_gpu_nodes_and_is_garbage_collected(
     )
 
 
-def test_chaos_label_ends_oomkilled_137(cluster: Cluster, namespace: str) -> None:
+@pytest.mark.parametrize(("chaos", "reason", "code"), [("oom", "OOMKilled", 137), ("crash", "Error", 1)])
+def test_chaos_label_ends_the_container(
+    cluster: Cluster, namespace: str, chaos: str, reason: str, code: int
+) -> None:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "oom", "labels": {"modelpool.dev/chaos": "oom"}},
+        "metadata": {"name": chaos, "labels": {"modelpool.dev/chaos": chaos}},
         "spec": {
             "nodeSelector": {"type": "kwok"},
             "restartPolicy": "Never",
@@ -109,14 +115,13 @@ def test_chaos_label_ends_oomkilled_137(cluster: Cluster, namespace: str) -> Non
     apply(cluster, pod, namespace)
 
     def terminated() -> dict[str, Any] | None:
-        cs = container_status(get_json(cluster, "pod", "oom", "-n", namespace))
+        cs = container_status(get_json(cluster, "pod", chaos, "-n", namespace))
         term: dict[str, Any] | None = (cs or {}).get("state", {}).get("terminated")
         return term
 
-    term = wait_for(terminated, timeout=30, message="chaos pod terminated")
-    assert term["reason"] == "OOMKilled"
-    assert term["exitCode"] == 137
-    assert get_json(cluster, "pod", "oom", "-n", namespace)["status"]["phase"] == "Failed"
+    term = wait_for(terminated, timeout=30, message=f"chaos={chaos} pod terminated")
+    assert (term["reason"], term["exitCode"]) == (reason, code)
+    assert get_json(cluster, "pod", chaos, "-n", namespace)["status"]["phase"] == "Failed"
 
 
 def test_chaos_load_failed_carries_the_message(cluster: Cluster, namespace: str) -> None:

@@ -74,6 +74,14 @@ def test_corrupt_image_and_bad_params(task: VisionTask) -> None:
     assert task.run([VisionItem(image=gradient_png(), params=GREEDY)])[0].text  # still serving
 
 
+def test_prompt_and_answer_must_fit_the_decoder(task: VisionTask) -> None:
+    assert task.max_input_tokens() == 128  # the tiny GPT-2 decoder's n_positions
+    with pytest.raises(InvalidInput, match="maximum context length is 128"):
+        task.run([VisionItem(image=gradient_png(), prompt="picture " * 100, params=GREEDY)])
+    with pytest.raises(InvalidInput, match="maximum context length is 128"):
+        task.run([VisionItem(image=gradient_png(), params=GenerationParams(max_tokens=200))])
+
+
 def test_pair_prompts() -> None:
     assert pair_prompts(2, None) == [None, None]
     assert pair_prompts(3, ["x"]) == ["x", "x", "x"]

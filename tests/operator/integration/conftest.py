@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ROOT, Cluster
 from tests.kube import apply
-from tests.operator.integration.opharness import OperatorProcess, budget_manifest
+from tests.operator.integration.opharness import POOLS, OperatorProcess, budget_manifest
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +47,7 @@ def start_operator(
     # can go (a pool left with a finalizer and no operator would keep its namespace Terminating).
     live = [p for p in started if p.alive()]
     for namespace in {ns for p in live for ns in p.namespaces}:
-        crds.kubectl("delete", "modelpools", "--all", "-n", namespace, "--timeout=30s", check=False)
+        crds.kubectl("delete", POOLS, "--all", "-n", namespace, "--timeout=30s", check=False)
     codes = []
     for process in started:
         was_alive = process.alive()

@@ -25,6 +25,8 @@ from tests.kube import get_json, wait_for
 
 GROUP_VERSION = "modelpool.dev/v1alpha1"
 GI = 2**30
+# Fully qualified: the CRD's category "modelpool" makes a bare `kubectl get modelpool NAME` ambiguous.
+POOLS = "modelpools.modelpool.dev"
 
 # Short intervals for tests; the defaults (docs/operator.md) are for real clusters.
 TEST_ENV = {
@@ -128,7 +130,7 @@ def budget_manifest(memory: str) -> dict[str, Any]:
 
 
 def get_pool(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
-    return get_json(cluster, "modelpool", name, "-n", namespace)
+    return get_json(cluster, POOLS, name, "-n", namespace)
 
 
 def pool_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from tests.conftest import Cluster
 from tests.kube import apply, get_json, wait_for
 from tests.operator.integration.opharness import (
     GI,
+    POOLS,
     OperatorProcess,
     PodWatcher,
     condition,
@@ -37,7 +38,7 @@ StartOperator = Callable[..., OperatorProcess]
 def _scale(cluster: Cluster, namespace: str, name: str, replicas: int) -> None:
     cluster.kubectl(
         "patch",
-        "modelpool",
+        POOLS,
         name,
         "-n",
         namespace,
@@ -199,7 +200,7 @@ def test_two_pools_contending_for_a_small_budget_never_over_admit(
         assert sum(shares.values()) == 4 * GI
 
         # Memory freed (pool a deleted) -> pool b gets it, driven by the pod events.
-        cluster.kubectl("delete", "modelpool", "a", "-n", namespace, "--wait=false")
+        cluster.kubectl("delete", POOLS, "a", "-n", namespace, "--wait=false")
         wait_status(
             cluster,
             namespace,
@@ -231,7 +232,7 @@ def test_spec_change_rolls_workers_over_keeping_them_ready(
         watcher.arm_ready_floor("roll", 2)
         cluster.kubectl(
             "patch",
-            "modelpool",
+            POOLS,
             "roll",
             "-n",
             namespace,
@@ -266,7 +267,7 @@ def test_pool_deletion_cascades_to_pods_and_service(
     wait_status(
         cluster, namespace, "gone", lambda s: states(s) == ["Ready", "Ready"], timeout=60, message="2 ready"
     )
-    cluster.kubectl("delete", "modelpool", "gone", "-n", namespace, "--timeout=60s")
+    cluster.kubectl("delete", POOLS, "gone", "-n", namespace, "--timeout=60s")
     wait_pods_gone(cluster, namespace, "gone")
     wait_for(
         lambda: cluster.kubectl("get", "service", "gone", "-n", namespace, check=False).returncode != 0,
