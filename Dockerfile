@@ -31,8 +31,10 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu124
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch>=2.4"
 COPY --from=build /wheels /wheels
 RUN pip install "$(echo /wheels/modelpool-*.whl)[server]" && rm -rf /wheels
-# Downloads of hf:// sources land here (the worker pod mounts a writable volume over it).
-ENV HF_HOME=/home/modelpool/.cache/huggingface
+# Downloads of hf:// sources land here: the operator's worker pods set the same HF_HOME and mount an
+# emptyDir on /cache; without a volume (plain `docker run`) any uid may still write it.
+ENV HF_HOME=/cache/huggingface
+RUN mkdir -p /cache/huggingface && chmod -R 1777 /cache
 WORKDIR /home/modelpool
 USER 10001:10001
 EXPOSE 8000

@@ -33,6 +33,7 @@ cluster-down: ## stop the local control plane
 .PHONY: crds
 crds: venv ## regenerate crds/*.yaml and the chart's CRD templates from the pydantic models
 	$(PY) -m modelpool_operator.crdgen --write
+	bash hack/sync-chart-crds.sh
 
 .PHONY: lint
 lint: venv ## ruff + mypy --strict

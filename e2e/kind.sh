@@ -6,10 +6,10 @@
 #
 #   1. kind create cluster (name: modelpool-e2e; reused when it exists);
 #   2. docker build --target operator / --target server, kind load docker-image;
-#   3. helm install charts/modelpool-operator with those images (--wait);
-#   4. pytest e2e/ with KUBECONFIG pointing at kind (MODELPOOL_E2E_CLUSTER=external: the tests use that
-#      cluster instead of starting the local one; process-node tests are skipped there, KWOK ones too);
-#   5. kind delete cluster, unless KEEP=1.
+#   3. pytest e2e/ with KUBECONFIG pointing at kind (MODELPOOL_E2E_CLUSTER=external: the tests use that
+#      cluster instead of starting the local one, and install the chart with the images just loaded
+#      (MODELPOOL_E2E_OPERATOR_IMAGE / MODELPOOL_E2E_SERVER_IMAGE); the KWOK pool test is skipped there);
+#   4. kind delete cluster, unless KEEP=1.
 #
 # Tools: docker (with a running engine), kind, and bin/helm + bin/kubectl (make testbin) or helm/kubectl on
 # PATH. Environment: KIND_CLUSTER (default modelpool-e2e), KIND_NODE_IMAGE (default kind's own),
@@ -23,8 +23,6 @@ CLUSTER=${KIND_CLUSTER:-modelpool-e2e}
 TAG=${IMAGE_TAG:-e2e}
 OPERATOR_IMAGE=ghcr.io/modelpool/modelpool-operator
 SERVER_IMAGE=ghcr.io/modelpool/modelpool-server
-RELEASE=modelpool
-NAMESPACE=modelpool-system
 KEEP=${KEEP:-0}
 
 die() { printf 'e2e-kind: %s\n' "$*" >&2; exit 1; }
@@ -68,17 +66,9 @@ docker build --target server --build-arg TORCH_INDEX_URL=https://download.pytorc
   -t "$SERVER_IMAGE:$TAG" .
 kind load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE:$TAG" "$SERVER_IMAGE:$TAG"
 
-# ---- 3. the chart -------------------------------------------------------------------------------------------
-banner "helm install charts/modelpool-operator"
-helm upgrade --install "$RELEASE" charts/modelpool-operator \
-  --namespace "$NAMESPACE" --create-namespace \
-  --set image.repository="$OPERATOR_IMAGE" --set image.tag="$TAG" --set image.pullPolicy=Never \
-  --set config.serverImage="$SERVER_IMAGE:$TAG" \
-  --set budget.create=true --set budget.memory=64Gi \
-  --wait --timeout 5m
-kubectl -n "$NAMESPACE" get pods -o wide
-
-# ---- 4. the e2e suite ---------------------------------------------------------------------------------------
+# ---- 3. the e2e suite (it installs the chart itself, with these images) ----------------------------------
 banner "pytest e2e/ against kind"
-MODELPOOL_E2E_CLUSTER=external MODELPOOL_E2E_RELEASE="$RELEASE" MODELPOOL_E2E_NAMESPACE="$NAMESPACE" \
+MODELPOOL_E2E_CLUSTER=external \
+MODELPOOL_E2E_OPERATOR_IMAGE="$OPERATOR_IMAGE:$TAG" \
+MODELPOOL_E2E_SERVER_IMAGE="$SERVER_IMAGE:$TAG" \
   .venv/bin/pytest e2e -v

@@ -10,6 +10,7 @@ import re
 import tomllib
 
 from e2e.helpers import ROOT
+from modelpool_operator.resources import PodSettings
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
@@ -85,3 +86,8 @@ def test_dockerignore_keeps_the_context_small() -> None:
     assert ignore[0] == "*", "everything is excluded unless named"
     for needed in ("!pyproject.toml", "!operator/", "!model_server/"):
         assert needed in ignore
+
+
+def test_server_hf_home_matches_the_worker_pods() -> None:
+    env = " ".join(rest for kw, rest in STAGES["server"] if kw == "ENV")
+    assert f"HF_HOME={PodSettings().hf_home}" in env

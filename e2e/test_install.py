@@ -11,6 +11,7 @@ tests create in the same cluster.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.helpers import CHART, eventually, require_binary, run
+from e2e.helpers import CHART, EXAMPLES, eventually, require_binary, run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -110,7 +111,12 @@ def release(
         },
         "budget": {"create": True, "memory": "100Gi"},
     }
-    if not rel.external:
+    if rel.external:
+        # kind (e2e/kind.sh): the images built from the Dockerfile and loaded into the nodes.
+        repository, _, tag = os.environ["MODELPOOL_E2E_OPERATOR_IMAGE"].rpartition(":")
+        values["image"] = {"repository": repository, "tag": tag, "pullPolicy": "Never"}
+        values["config"]["serverImage"] = os.environ["MODELPOOL_E2E_SERVER_IMAGE"]
+    else:
         # The process node runs the operator as a local process (its image is never pulled).
         values["nodeSelector"] = {"modelpool.dev/process-node": "true"}
         values["tolerations"] = [{"key": "modelpool.dev/process-node", "operator": "Exists"}]
@@ -200,6 +206,12 @@ def test_invalid_pools_are_refused_with_actionable_messages(
     assert result.returncode != 0, f"{case} was accepted: {result.stdout}"
     for text in expected:
         assert text in result.stderr, f"{case}: {text!r} not in {result.stderr!r}"
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_are_accepted_by_the_api_server(release: Release, example: Path) -> None:
+    result = release.k("create", "--dry-run=server", "-n", release.namespace, "-f", str(example), check=False)
+    assert result.returncode == 0, f"{example.name}: {result.stderr}"
 
 
 def test_schema_typo_fails_the_install_before_touching_the_cluster(release: Release) -> None:

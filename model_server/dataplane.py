@@ -4,7 +4,8 @@ One coroutine (``run``) owns the queue: it takes requests in arrival order, drop
 passed or whose client went away *before* any compute, merges requests of batchable tasks into one unit
 of up to ``--max-batch-size`` items (waiting at most ``--max-batch-delay-ms`` for more when the worker
 would otherwise start a small batch), hands the unit to the worker's inference thread, and splits the
-results back.  Admission happens at the door: a request that finds ``--queue-capacity`` requests waiting
+results back (the delay is only waited while traffic is concurrent, so a lone client never pays it).
+Admission happens at the door: a request that finds ``--queue-capacity`` requests waiting
 is refused at once with 429 and a Retry-After estimated from queue depth x recent service time, so memory
 under overload is bounded by capacity x max request size.
 """
@@ -83,6 +84,7 @@ class DataPlane:
         self.last_request_time: float | None = None  # unix time of the last admitted request
         self._last_activity = time.monotonic()
         self._seconds_per_item = 0.01  # EWMA of service time per item
+        self._concurrent = False  # did the last batch gather more than one request?
         self.metrics.queue_capacity.set(config.queue_capacity)
 
     # ---- admission ----------------------------------------------------------------------------------
@@ -203,15 +205,19 @@ class DataPlane:
                 continue
             batch = [unit]
             if self.batchable:
-                await self._fill(batch)
+                await self._fill(batch, wait=self._concurrent)
+                # Traffic is concurrent when batches gather several requests; only then is it worth
+                # waiting --max-batch-delay-ms for more (a lone client would just pay the delay).
+                self._concurrent = len(batch) > 1
             self.metrics.queue_depth.set(len(self._queue))
             await self._execute(batch)
 
-    async def _fill(self, batch: list[Unit]) -> None:
-        """Add queued units to ``batch`` up to max-batch-size items, waiting at most max-batch-delay."""
+    async def _fill(self, batch: list[Unit], wait: bool = True) -> None:
+        """Add queued units to ``batch`` up to max-batch-size items, waiting (if ``wait``) at most
+        max-batch-delay for more to arrive."""
         limit = self.config.max_batch_size
         n = sum(len(u.items) for u in batch)
-        until = time.monotonic() + self.config.max_batch_delay_ms / 1000.0
+        until = time.monotonic() + (self.config.max_batch_delay_ms / 1000.0 if wait else 0.0)
         while n < limit:
             if self._queue:
                 head = self._queue[0]

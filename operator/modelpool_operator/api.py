@@ -351,6 +351,11 @@ class BackoffStatus(_Model):
     next_attempt_after: str | None = Field(
         default=None, description="No worker is created before this time (RFC 3339)."
     )
+    last_worker: str | None = Field(default=None, description="The worker that failed last.")
+    last_reason: str | None = Field(
+        default=None, description="Why it failed (LoadFailed, OOMKilled, ...), kept after its pod is gone."
+    )
+    last_message: str | None = Field(default=None, description="Details of the last failure.")
 
 
 class ModelPoolStatus(_Model):

@@ -102,6 +102,8 @@ class ObservedWorker:
     created: datetime | None = None
     stats_known: bool = False
     uid: str | None = None
+    # When the pod's Ready condition last became True (None while not ready).
+    ready_since: datetime | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -129,10 +131,12 @@ class ObservedWorker:
         return self.state in ("Ready", "Idle") and not (self.in_flight or 0) and not (self.queue_depth or 0)
 
     def idle_since(self) -> datetime | None:
-        """Since when the worker has had no request: its last request, else its creation (a worker that
-        never served has been unused since it was created; its state's ``since`` would restart the clock
-        when the server flips to Idle, doubling the idle timeout)."""
-        return self.last_request_time or self.created or self.since
+        """Since when the worker has been able to serve but got no request: the later of its last request
+        and the moment its pod became ready (a worker that never served is idle from when it became
+        ready, not from its creation, which would count the model load as idle time).  Without either,
+        the state's ``since`` (conservative: the clock restarts, never an early eviction)."""
+        known = [t for t in (self.last_request_time, self.ready_since) if t is not None]
+        return max(known) if known else (self.since or self.created)
 
     def to_status(self) -> WorkerStatus:
         """The ``status.workers[]`` entry."""
@@ -316,6 +320,9 @@ def observe_worker(
         "stats_known": stats is not None,
         "uid": meta.get("uid"),
     }
+    ready_cond = _condition(pod, "Ready")
+    if ready_cond is not None and ready_cond.get("status") == "True":
+        base["ready_since"] = parse_time(ready_cond.get("lastTransitionTime"))
     if stats is not None:
         base["queue_depth"] = _int_or_none(stats.get("queue_depth"))
         base["in_flight"] = _int_or_none(stats.get("in_flight"))
@@ -371,7 +378,6 @@ def observe_worker(
         if pod_reason in _UNRESPONSIVE_REASONS:
             pod_reason = "Unresponsive"
         return result("Failed", pod_reason, status.get("message") or "the pod failed", now)
-    ready_cond = _condition(pod, "Ready")
     if (
         phase == "Running"
         and ready_cond is not None

@@ -332,15 +332,16 @@ def plan(
     # -- failures: delete, count once, back off ----------------------------------------------------------
     failed = [w for w in workers if w.state == "Failed"]
     new_failures = [w for w in failed if prev_states.get(w.name) != "Failed"]
-    for w in failed:
-        if not w.deleting:
-            deletes.append(Delete(w.name, w.reason or "Failed"))
     failures = prev.backoff.failures
     next_attempt = parse_time(prev.backoff.next_attempt_after)
+    last = prev.backoff
+    last_worker, last_reason, last_message = last.last_worker, last.last_reason, last.last_message
     if new_failures:
         failures += len(new_failures)
         delay = backoff_delay(failures, settings.backoff_base_s, settings.backoff_cap_s)
         next_attempt = now + timedelta(seconds=delay)
+        newest = new_failures[-1]
+        last_worker, last_reason, last_message = newest.name, newest.reason, newest.message
         events.append(
             Event(
                 "Warning",
@@ -349,6 +350,16 @@ def plan(
                 f"(failure {failures})",
             )
         )
+    # A failed pod charges nothing, so it is kept (kubectl logs/describe still work, status shows its
+    # reason) until its replacement is due, then deleted in the pass that creates the replacement.
+    replacement_due = next_attempt is None or next_attempt <= now
+    for w in failed:
+        if w.deleting:
+            continue
+        if replacement_due:
+            deletes.append(Delete(w.name, w.reason or "Failed"))
+        elif next_attempt is not None:
+            requeue.append((next_attempt - now).total_seconds())
 
     # -- workers on their way out: finish evictions, clean up exited pods -------------------------------
     for w in workers:
@@ -528,7 +539,8 @@ def plan(
     unschedulable = [w for w in workers if w.state == "Pending" and w.reason == "Unschedulable"]
 
     if failures and not failed and ready >= target:
-        failures, next_attempt = 0, None  # healthy again: the next failure starts from the base delay
+        # Healthy again: the next failure starts from the base delay (the last failure stays on record).
+        failures, next_attempt = 0, None
     phase: PoolPhase
     if ready and ready >= target:
         phase = (
@@ -557,6 +569,8 @@ def plan(
     elif backoff_wait:
         degraded_reason = "BackOff"
         degraded_message = f"replacing failed workers in {backoff_wait:.0f}s (failures: {failures})"
+        if last_worker:
+            degraded_message += f"; last: worker {last_worker}: {last_message or last_reason}"
     elif unschedulable:
         degraded_reason = "Unschedulable"
         degraded_message = (
@@ -612,7 +626,13 @@ def plan(
         memory=MemoryStatus(charged=format_quantity(charged), charged_bytes=charged),
         conditions=conditions,
         observed_generation=gen,
-        backoff=BackoffStatus(failures=failures, next_attempt_after=rfc3339(next_attempt)),
+        backoff=BackoffStatus(
+            failures=failures,
+            next_attempt_after=rfc3339(next_attempt),
+            last_worker=last_worker,
+            last_reason=last_reason,
+            last_message=last_message,
+        ),
         selector=f"{LABEL_POOL}={pool.name}",
     )
     positive = [r for r in requeue if r > 0]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -118,7 +118,9 @@ class EchoGeneration(Task[GenerationItem, GenerationResult]):
                     emit(w + " ")
                 if self.run_seconds:
                     time.sleep(self.run_seconds)
-            finish = "length" if len(item.prompt.split()) > item.params.max_tokens else "stop"
+            finish: Literal["stop", "length"] = (
+                "length" if len(item.prompt.split()) > item.params.max_tokens else "stop"
+            )
             out.append(GenerationResult(" ".join(words), finish, len(item.prompt.split()), len(words)))
         return out
 

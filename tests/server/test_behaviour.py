@@ -342,3 +342,21 @@ def test_sigterm_drains_in_flight_work_then_exits_0(server: ServerFactory) -> No
     assert first.status_code == 200 and queued.status_code == 200
     assert new.status_code == 503
     assert proc.wait_exit(30) == 0
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "0", "nan", "inf"])
+def test_bad_timeout_header_is_400(echo: ServerProcess, value: str) -> None:
+    r = _embed(echo.url, ["x"], **{"x-request-timeout": value})
+    assert r.status_code == 400 and "x-request-timeout" in r.json()["error"]["message"]
+
+
+def test_sigterm_while_loading_exits_0_promptly(server: ServerFactory) -> None:
+    proc = server(
+        "--model", "/", "--task", "text-embedding", "--handler", ECHO, "--device", "cpu",
+        env={"HANDLER_LOAD_SECONDS": "60"},
+    )  # fmt: skip
+    assert _stats(proc)["state"] == "Loading"
+    started = time.monotonic()
+    proc.terminate()
+    assert proc.wait_exit(30) == 0
+    assert time.monotonic() - started < 20  # not held hostage by the load still running on its thread

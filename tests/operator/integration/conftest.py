@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, Cluster
-from tests.kube import apply
+from tests.kube import apply, wait_for
 from tests.operator.integration.opharness import POOLS, OperatorProcess, budget_manifest
 
 
@@ -39,6 +39,15 @@ def start_operator(
     def start(*namespaces: str, **env: str) -> OperatorProcess:
         process = OperatorProcess(crds, namespaces, tmp_path / f"operator-{len(started)}.log", **env)
         started.append(process)
+        # Ready once its startup hook ran (imports done, API connected): timeouts then measure the operator,
+        # not the interpreter's start on a busy machine.
+        wait_for(
+            lambda: not process.alive() or "modelpool-operator started" in process.log_tail(10**7),
+            timeout=120,
+            interval=0.3,
+            message="the operator started",
+        )
+        assert process.alive(), f"the operator exited at start:\n{process.log_tail()}"
         return process
 
     yield start

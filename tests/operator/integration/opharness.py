@@ -302,3 +302,56 @@ def wait_pods_gone(cluster: Cluster, namespace: str, pool: str, timeout: float =
 
 def now() -> float:
     return time.monotonic()
+
+
+@dataclass
+class StatusRecorder:
+    """Watches the ModelPools of a namespace and keeps every status they ever had (brief states included)."""
+
+    cluster: Cluster
+    namespace: str
+    seen: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> StatusRecorder:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(15)
+
+    def statuses(self, name: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [status for pool, status in self.seen if pool == name]
+
+    def _run(self) -> None:
+        from kubernetes import client, config, watch  # noqa: PLC0415
+
+        api = client.CustomObjectsApi(config.new_client_from_config(str(self.cluster.kubeconfig)))
+        version = ""
+        while not self._stop.is_set():
+            try:
+                stream = watch.Watch().stream(
+                    api.list_namespaced_custom_object,
+                    "modelpool.dev",
+                    "v1alpha1",
+                    self.namespace,
+                    "modelpools",
+                    resource_version=version or None,
+                    timeout_seconds=2,
+                )
+                for event in stream:
+                    obj = event["object"]
+                    version = obj["metadata"]["resourceVersion"]
+                    with self._lock:
+                        self.seen.append((obj["metadata"]["name"], obj.get("status") or {}))
+                    if self._stop.is_set():
+                        break
+            except Exception:  # e.g. 410 Gone: start again from a fresh list
+                version = ""
+                time.sleep(0.2)

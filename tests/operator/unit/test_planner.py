@@ -179,34 +179,39 @@ def test_scale_up_under_load_one_at_a_time_up_to_replicas() -> None:
 # ---- failures and backoff ---------------------------------------------------------------------------------
 
 
-def test_failed_worker_is_free_deleted_and_replaced_after_backoff() -> None:
+def test_failed_worker_is_free_kept_during_backoff_then_deleted_and_replaced() -> None:
     workers = [w("p-a", "Ready"), w("p-b", "Failed", reason="LoadFailed")]
     ledger = ledger_for(100 * GI, workers)
     assert ledger.used == 2 * GI  # the failed worker is charged nothing
     first = plan(view(), workers, ledger, now=NOW)
-    assert [d.name for d in first.delete] == ["p-b"]
-    assert not first.create  # backoff: 5 s
+    assert not first.delete and not first.create  # kept for inspection; backoff: 5 s
     assert first.status.backoff.failures == 1
     assert first.status.backoff.next_attempt_after == "2026-01-01T12:16:45Z"
+    assert (first.status.backoff.last_worker, first.status.backoff.last_reason) == ("p-b", "LoadFailed")
     assert first.requeue_after == 5.0
     assert cond(first, "Degraded") == ("True", "LoadFailed")
     assert ("Warning", "LoadFailed") in [(e.type, e.reason) for e in first.events]
     failed_entry = next(x for x in first.status.workers if x.name == "p-b")
-    assert failed_entry.memory == "0"
+    assert (failed_entry.state, failed_entry.memory) == ("Failed", "0")
 
-    # The same failure seen again (deletion in progress) is not counted twice.
+    # The same failure seen again is not counted twice.
     again = plan(view(status=first.status), workers, ledger, now=at(1002))
-    assert again.status.backoff.failures == 1 and not again.create
+    assert again.status.backoff.failures == 1 and not again.create and not again.delete
 
-    # After the backoff, the replacement is created; the failure count is kept until the pool is healthy.
-    remaining = [w("p-a", "Ready")]
-    later = plan(view(status=again.status), remaining, ledger_for(100 * GI, remaining), now=at(1006))
-    assert len(later.create) == 1
+    # When the backoff is over, the failed pod is deleted and its replacement created in the same pass.
+    later = plan(view(status=again.status), workers, ledger, now=at(1006))
+    assert [d.name for d in later.delete] == ["p-b"] and len(later.create) == 1
     assert later.status.backoff.failures == 1
 
+    # Once gone, the failure stays on record (reason, message) while the pool recovers.
+    remaining = [w("p-a", "Ready"), w(later.create[0].name, "Loading")]
+    gone = plan(view(status=later.status), remaining, ledger_for(100 * GI, remaining), now=at(1007))
+    assert gone.status.backoff.last_reason == "LoadFailed" and not gone.create
+
     healthy = [w("p-a"), w(later.create[0].name)]
-    reset = plan(view(status=later.status), healthy, ledger_for(100 * GI, healthy), now=at(1100))
+    reset = plan(view(status=gone.status), healthy, ledger_for(100 * GI, healthy), now=at(1100))
     assert reset.status.backoff.failures == 0 and reset.status.backoff.next_attempt_after is None
+    assert reset.status.backoff.last_reason == "LoadFailed"
 
 
 def test_backoff_grows_and_is_capped() -> None:
@@ -516,10 +521,15 @@ def test_rollover_never_drops_below_the_ready_minimum(
     assert all(e.reason in (EVICT_ROLLOVER, "ScaleDown") for e in out.evict)
 
 
-def test_a_worker_that_never_served_is_idle_since_its_creation() -> None:
-    # The server reports Idle after --idle-after (= idleTimeoutSeconds) without requests; the state's
-    # since must not restart the clock, or the worker would live two timeouts.
+def test_a_worker_that_never_served_is_idle_since_it_became_ready() -> None:
+    # The model load is not idle time, and the Idle state's own since must not restart the clock.
     spec = make_spec(replicas=1, minReplicas=0, idleTimeoutSeconds=60)
-    never = replace(w("p-a", "Idle", since=995), last_request_time=None, created=at(900))
+    never = replace(w("p-a", "Idle", since=995), last_request_time=None, created=at(800), ready_since=at(930))
     out = plan(view(spec), [never], ledger_for(None, [never]), now=NOW)
     assert [(e.name, e.reason) for e in out.evict] == [("p-a", EVICT_IDLE)]
+    fresh = replace(never, ready_since=at(960))  # ready 40 s ago: not yet
+    out = plan(view(spec), [fresh], ledger_for(None, [fresh]), now=NOW)
+    assert not out.evict and out.requeue_after == 20.0
+    # A request after readiness counts from the request.
+    used = replace(never, last_request_time=at(990))
+    assert not plan(view(spec), [used], ledger_for(None, [used]), now=NOW).evict

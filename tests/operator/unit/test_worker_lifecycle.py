@@ -302,3 +302,8 @@ def test_kwok_chaos_shapes(phase: str, code: int, kubelet_reason: str, reason: s
     assert (w.state, w.reason, w.memory) == ("Failed", reason, 0)
     assert "simulated by KWOK" in (w.message or "")
     assert w.since == at(20)
+
+
+def test_ready_since_is_the_ready_condition_transition() -> None:
+    assert observe_worker(pod(ready=True), stats("Idle"), NOW).ready_since == at(30)
+    assert observe_worker(pod(ready=False), stats("Loading"), NOW).ready_since is None
