@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("MODELPOOL_TEST_BIN_DIR", ROOT / "bin"))
 START_MARK = "<!-- bench:controlplane:start -->"
 END_MARK = "<!-- bench:controlplane:end -->"
-NAMESPACE = "bench"
+NAMESPACE = f"bench-{uuid.uuid4().hex[:6]}"  # unique: an earlier run's namespace may still be terminating
 
 
 @dataclass
@@ -250,6 +250,13 @@ def run(pools: int, workers: int, steady_window: float, kubeconfig: Path, log: P
             window = time.monotonic() - t0
             rss = psutil.Process(operator.pid).memory_info().rss / 2**20
         finally:
+            # Delete the pools while the operator runs: it removes its finalizer from each, so the
+            # namespace can go afterwards.
+            subprocess.run(
+                [str(BIN / "kubectl"), "--kubeconfig", str(kubeconfig), "delete", "modelpools.modelpool.dev",
+                 "--all", "-n", NAMESPACE, "--timeout=120s"],
+                capture_output=True, timeout=180, check=False,
+            )  # fmt: skip
             operator.send_signal(signal.SIGTERM)
             try:
                 operator.wait(30)

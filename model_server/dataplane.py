@@ -305,7 +305,9 @@ class DataPlane:
         period = min(1.0, self.config.idle_after / 4)
         while True:
             await asyncio.sleep(period)
-            quiet = time.monotonic() - self._last_activity
+            # Idle time counts from the later of the last request and entering Ready, so a load longer
+            # than --idle-after does not turn a fresh worker Idle the moment it becomes Ready.
+            quiet = min(time.monotonic() - self._last_activity, time.time() - self.lifecycle.since)
             if (
                 self.lifecycle.state is State.READY
                 and not self._queue

@@ -329,6 +329,13 @@ class MemoryStatus(_Model):
 
     charged: str = Field(default="0", description="Total memory charged for this pool's workers.")
     charged_bytes: int = Field(default=0, description="The same in bytes.")
+    waiting_bytes: int = Field(
+        default=0,
+        description=(
+            "Memory the pool wants but the budget could not admit (0 when not blocked); lower-priority "
+            "pools leave freed memory to it."
+        ),
+    )
 
 
 class Condition(_Model):

@@ -237,7 +237,9 @@ def _crd(
                 "plural": plural,
                 "singular": kind.lower(),
                 "shortNames": [short],
-                "categories": ["modelpool"],
+                # Not "modelpool": kubectl expands a category before the singular name, which would make
+                # `kubectl get modelpool NAME` ambiguous between the two kinds.
+                "categories": ["modelserving"],
             },
             "versions": [
                 {

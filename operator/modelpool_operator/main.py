@@ -81,10 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"modelpool-operator: invalid configuration: {exc}", file=sys.stderr)
         return 2
 
-    import kopf  # noqa: PLC0415 - heavy import after argument parsing, so --help is instant
+    import kopf
 
     # Importing the handlers module registers them on Kopf's default registry.
-    from modelpool_operator.handlers import make_memo  # noqa: PLC0415 - registers the handlers
+    from modelpool_operator.handlers import make_memo
 
     kopf.configure(
         verbose=args.verbose,

@@ -113,10 +113,31 @@ class OtherPool:
     priority: int
     min_replicas: int
     workers: tuple[ObservedWorker, ...] = ()
+    # Memory this pool is blocked on (its status.memory.waitingBytes): a lower-priority pool leaves
+    # that much of any freed memory to it, so a preemption is not undone by the victim's own pool.
+    waiting_memory: int = 0
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
+
+    @classmethod
+    def from_body(cls, body: Any, workers: Sequence[ObservedWorker] = ()) -> OtherPool | None:
+        """From a ModelPool object (metadata, spec, status); None when its spec does not parse."""
+        meta = body.get("metadata") or {}
+        try:
+            spec = parse_pool_spec(body.get("spec") or {})
+        except ValueError:
+            return None
+        status = parse_pool_status(body.get("status"))
+        return cls(
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            priority=spec.priority,
+            min_replicas=spec.min_replicas,
+            workers=tuple(workers),
+            waiting_memory=status.memory.waiting_bytes,
+        )
 
 
 @dataclass(frozen=True)
@@ -461,16 +482,25 @@ def plan(
         backoff_wait = (next_attempt - now).total_seconds()
         requeue.append(backoff_wait)
         want = 0
+    # Memory that higher-priority pools are waiting for is not ours to take (they may have preempted
+    # for it); pools waiting for more than the whole budget are ignored (they can never fit).
+    yielded = sum(
+        o.waiting_memory
+        for o in others
+        if o.priority > spec.priority and (ledger.total is None or o.waiting_memory <= ledger.total)
+    )
     view = ledger
-    for _ in range(want):
-        if admits(view, memory):
+    waiting = 0
+    for index in range(want):
+        if admits(view.with_reserved(yielded), memory):
             name = _next_name(pool, used_names)
             creates.append(Create(name, memory))
             view = view.with_reserved(memory)
             continue
         budget_blocked = True
+        waiting = (want - index) * memory
         total = view.total or 0
-        shortfall = view.used + view.reserved + memory - total
+        shortfall = view.used + view.reserved + yielded + memory - total
         # Memory already on its way out (other workers draining) counts before evicting more.
         draining = sum(w.memory for o in others for w in o.workers if w.state == "Evicting")
         draining += sum(w.memory for w in workers if w.state == "Evicting")
@@ -498,9 +528,10 @@ def plan(
                     )
         budget_message = (
             f"a worker needs {humanize_bytes(memory)} but the budget has "
-            f"{humanize_bytes(max(0, view.free or 0))} free "
+            f"{humanize_bytes(max(0, (view.free or 0) - yielded))} free "
             f"(total {humanize_bytes(total)}, used {humanize_bytes(view.used)}, "
-            f"reserved {humanize_bytes(view.reserved)})"
+            f"reserved {humanize_bytes(view.reserved)}"
+            + (f", left to higher-priority pools {humanize_bytes(yielded)})" if yielded else ")")
             + ("; waiting for evicted workers to drain" if waiting_for_memory else "")
         )
         break
@@ -623,7 +654,7 @@ def plan(
         spec_replicas=spec.replicas,
         ready_text=f"{ready}/{target}",
         workers=worker_status,
-        memory=MemoryStatus(charged=format_quantity(charged), charged_bytes=charged),
+        memory=MemoryStatus(charged=format_quantity(charged), charged_bytes=charged, waiting_bytes=waiting),
         conditions=conditions,
         observed_generation=gen,
         backoff=BackoffStatus(

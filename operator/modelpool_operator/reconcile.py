@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from modelpool_operator.api import ModelPoolStatus, parse_budget_spec, parse_pool_spec
+from modelpool_operator.api import ModelPoolStatus, parse_budget_spec
 from modelpool_operator.budget import Ledger, PoolKey, budget_status, build_ledger
 from modelpool_operator.kube import merge_patch
 from modelpool_operator.lifecycle import LABEL_POOL, LifecycleSettings, ObservedWorker, observe_worker
@@ -78,6 +78,12 @@ def slim_pool(body: Mapping[str, Any]) -> dict[str, Any]:
             "kind": body.get("kind"),
             "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "generation") if k in meta},
             "spec": dict(body.get("spec") or {}),
+            # Only what other pools' planning reads: the memory this pool is blocked on.
+            "status": {
+                "memory": {
+                    "waitingBytes": ((body.get("status") or {}).get("memory") or {}).get("waitingBytes", 0)
+                }
+            },
         }
     )
 
@@ -109,6 +115,9 @@ class Observer:
         self._cache[uid] = (version, id(stats), mono, worker)
         return worker
 
+    def __len__(self) -> int:
+        return len(self._cache)
+
     def prune(self, alive: Iterable[str]) -> None:
         keep = set(alive)
         for uid in [uid for uid in self._cache if uid not in keep]:
@@ -134,18 +143,29 @@ def observe_all(
     own_stats: Mapping[str, Mapping[str, Any] | None],
     now: datetime,
 ) -> dict[PoolKey, list[ObservedWorker]]:
-    """Every indexed worker, by pool; the own pool's with fresh stats, the others' from the cache."""
-    scraper = state.require_scraper()
+    """Every indexed worker, by pool: the own pool's observed now, with fresh stats; every other pool's as
+    its own daemon last observed them (``state.observed``), so a pass costs O(own pods), not O(all pods).
+
+    That view of the others can lag by one of their passes, always on the safe side for the budget: a pod
+    they have not observed yet is still covered by its reservation (reservations are only dropped for
+    observed pods), and a pod gone since is still charged until its pool's next pass, which its deletion
+    event triggers at once. Pods of pools no daemon here observes (e.g. a pool being deleted) are observed
+    directly, through the observation cache.
+    """
     result: dict[PoolKey, list[ObservedWorker]] = {}
-    uids: list[str] = []
     for key, store in pods_by_pool.items():
+        if key != own and key in state.observed:
+            result[key] = state.observed[key]
+            continue
         pods = list(store)
-        stats = own_stats if key == own else scraper.cached(pods)
+        stats = own_stats if key == own else state.require_scraper().cached(pods)
         result[key] = [
             observer.observe(pod, stats.get(pod["metadata"]["name"]), now, fresh=key == own) for pod in pods
         ]
-        uids.extend(str(p["metadata"].get("uid") or p["metadata"].get("name")) for p in pods)
-    observer.prune(uids)
+    if own is not None:
+        state.observed[own] = result.get(own, [])
+    if len(observer) > 2 * sum(len(ws) for ws in result.values()) + 100:
+        observer.prune(w.uid or w.name for ws in result.values() for w in ws)
     return result
 
 
@@ -195,7 +215,7 @@ async def reconcile_pool(
     budgets: Mapping[str, Any],
 ) -> Plan | None:
     """One pass for the pool ``run.key``: returns the plan it applied (None: the spec is invalid)."""
-    import kopf  # noqa: PLC0415 - Kopf's posting machinery is only needed inside the running operator
+    import kopf
 
     kube = state.require_kube()
     namespace, name = run.key
@@ -284,7 +304,7 @@ async def report_invalid_spec(
     state: OperatorState, run: PoolRun, body: Mapping[str, Any], exc: Exception
 ) -> None:
     """An unparseable spec: a Warning Event and phase Failed, once per generation; no workers are touched."""
-    import kopf  # noqa: PLC0415
+    import kopf
 
     generation = int((body.get("metadata") or {}).get("generation") or 0)
     if run.invalid_generation == generation:
@@ -301,7 +321,7 @@ async def create_worker(
     state: OperatorState, body: Mapping[str, Any], *, namespace: str, name: str, thash: str, now: datetime
 ) -> None:
     """Create one worker pod; its reservation ends at once when the call fails or the pod already exists."""
-    import kopf  # noqa: PLC0415
+    import kopf
 
     pod = build_worker_pod(body, name, thash, pod_settings(state), now)
     try:
@@ -318,18 +338,11 @@ async def create_worker(
 def other_pool(
     key: PoolKey, bodies: Iterable[Mapping[str, Any]], workers: list[ObservedWorker]
 ) -> OtherPool | None:
-    """Another pool's priority and minimum (None when its spec does not parse: it is not preempted)."""
+    """Another pool's priority, minimum and waiting memory (None when its spec does not parse)."""
     for body in bodies:
-        try:
-            spec = parse_pool_spec(body.get("spec") or {})
-        except ValueError:
-            return None
-        return OtherPool(
-            namespace=key[0],
-            name=key[1],
-            priority=spec.priority,
-            min_replicas=spec.min_replicas,
-            workers=tuple(workers),
+        return OtherPool.from_body(
+            {**body, "metadata": {**(body.get("metadata") or {}), "namespace": key[0], "name": key[1]}},
+            workers,
         )
     return None
 

@@ -93,7 +93,6 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         *_source_args(spec),
         "--task", spec.model.task,
         "--name", pool_name,
-        "--host", "0.0.0.0",
         "--port", str(settings.port),
         "--queue-capacity", str(spec.queue.capacity),
         "--max-batch-size", str(spec.queue.max_batch_size),
@@ -103,8 +102,10 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         "--drain-timeout", str(settings.drain_timeout_s),
         "--device", "auto",
         "--dtype", spec.model.dtype,
-        "--termination-log", TERMINATION_LOG,
     ]  # fmt: skip
+    # No --host and no --termination-log: the server's defaults (0.0.0.0, /dev/termination-log, which is
+    # the container's terminationMessagePath) are right in a pod, and leaving them to MODELPOOL_HOST /
+    # MODELPOOL_TERMINATION_LOG lets a node that runs workers as plain processes give each its own.
     if spec.model.trust_remote_code:
         args.append("--trust-remote-code")
     return args
@@ -230,9 +231,10 @@ def build_worker_pod(
         "terminationGracePeriodSeconds": settings.drain_timeout_s + 10,
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "fsGroup": 1000,
+            # The uid the Dockerfile's images run as.
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "fsGroup": 10001,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "enableServiceLinks": False,

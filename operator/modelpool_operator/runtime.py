@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from modelpool_operator.budget import PoolKey, ReservationBook
 from modelpool_operator.kube import Kube
+from modelpool_operator.lifecycle import ObservedWorker
 from modelpool_operator.settings import OperatorConfig
 from modelpool_operator.stats import StatsScraper
 
@@ -36,6 +37,8 @@ class OperatorState:
     reservations: ReservationBook = field(default_factory=ReservationBook)
     wakeups: dict[PoolKey, asyncio.Event] = field(default_factory=dict)
     waiting: set[PoolKey] = field(default_factory=set)
+    # Each pool's workers as its daemon last observed them (other pools' passes read these).
+    observed: dict[PoolKey, list[ObservedWorker]] = field(default_factory=dict)
     budget_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     def wakeup(self, key: PoolKey) -> asyncio.Event:
@@ -61,6 +64,7 @@ class OperatorState:
         """The pool's daemon stopped (pool deleted or operator stopping)."""
         self.wakeups.pop(key, None)
         self.waiting.discard(key)
+        self.observed.pop(key, None)
 
     def require_kube(self) -> Kube:
         if self.kube is None:

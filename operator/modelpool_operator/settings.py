@@ -158,7 +158,7 @@ class OperatorConfig(BaseSettings):
 
 def apply_to_kopf(config: OperatorConfig, settings: Any) -> None:
     """Copy the operator's configuration onto Kopf's ``OperatorSettings`` (called in the startup hook)."""
-    import kopf  # noqa: PLC0415 - keeps this module importable (and unit-testable) without Kopf's side effects
+    import kopf
 
     settings.persistence.finalizer = config.finalizer
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)

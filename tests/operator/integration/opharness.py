@@ -220,16 +220,16 @@ class PodWatcher:
         )
 
     def _run(self, namespace: str) -> None:
-        from kubernetes import client, config, watch  # noqa: PLC0415 - only the watcher thread needs it
+        from kubernetes import client, config, watch  # only the watcher thread needs it
 
         try:
-            api = client.CoreV1Api(config.new_client_from_config(str(self.cluster.kubeconfig)))
-            version = api.list_namespaced_pod(namespace, label_selector="modelpool.dev/pool").metadata
-            for pod in api.list_namespaced_pod(namespace, label_selector="modelpool.dev/pool").items:
+            api: Any = client.CoreV1Api(config.new_client_from_config(str(self.cluster.kubeconfig)))  # type: ignore[no-untyped-call]
+            listed = api.list_namespaced_pod(namespace, label_selector="modelpool.dev/pool")
+            for pod in listed.items:
                 self._record("ADDED", api.api_client.sanitize_for_serialization(pod))
-            resource_version = version.resource_version
+            resource_version = listed.metadata.resource_version
             while not self._stop.is_set():
-                stream = watch.Watch().stream(
+                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
                     api.list_namespaced_pod,
                     namespace,
                     label_selector="modelpool.dev/pool",
@@ -330,13 +330,13 @@ class StatusRecorder:
             return [status for pool, status in self.seen if pool == name]
 
     def _run(self) -> None:
-        from kubernetes import client, config, watch  # noqa: PLC0415
+        from kubernetes import client, config, watch
 
-        api = client.CustomObjectsApi(config.new_client_from_config(str(self.cluster.kubeconfig)))
+        api = client.CustomObjectsApi(config.new_client_from_config(str(self.cluster.kubeconfig)))  # type: ignore[no-untyped-call]
         version = ""
         while not self._stop.is_set():
             try:
-                stream = watch.Watch().stream(
+                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
                     api.list_namespaced_custom_object,
                     "modelpool.dev",
                     "v1alpha1",

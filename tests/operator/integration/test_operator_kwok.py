@@ -286,19 +286,24 @@ def test_pool_deletion_cascades_to_pods_and_service(
 
 
 def test_operator_killed_mid_scale_up_converges_without_duplicates(
-    cluster: Cluster, namespace: str, start_operator: StartOperator
+    cluster: Cluster, namespace: str, start_operator: StartOperator, budget: Callable[[str], None]
 ) -> None:
+    # The budget holds the scale-up half-way, so the kill lands in its middle deterministically.
+    budget("4Gi")
     watcher = PodWatcher(cluster, [namespace]).start()
     try:
         first = start_operator(namespace)
         apply(cluster, pool_manifest("big", replicas=8, memory="1Gi"), namespace)
-        wait_for(
-            lambda: len(worker_pods(cluster, namespace, "big")) >= 1,
+        wait_status(
+            cluster,
+            namespace,
+            "big",
+            lambda s: s.get("readyReplicas") == 4 and condition(s, "BudgetExceeded").get("status") == "True",
             timeout=60,
-            interval=0.1,
-            message="the scale-up has begun",
+            message="half of the scale-up done, the rest waiting for budget",
         )
-        first.kill()  # SIGKILL: no cleanup, reservations lost
+        first.kill()  # SIGKILL: no cleanup, in-memory reservations lost
+        budget("8Gi")  # room for the rest, while no operator runs
         start_operator(namespace)
         wait_status(
             cluster,
@@ -309,7 +314,8 @@ def test_operator_killed_mid_scale_up_converges_without_duplicates(
             message="converged to 8 ready workers after the restart",
         )
         time.sleep(2)
-        assert len(worker_pods(cluster, namespace, "big")) == 8
+        pods = worker_pods(cluster, namespace, "big")
+        assert len(pods) == 8
     finally:
         watcher.stop()
     assert watcher.max_pods.get("big", 0) == 8, f"at most 8 workers at any time, saw {watcher.max_pods}"

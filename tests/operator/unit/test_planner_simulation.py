@@ -75,6 +75,7 @@ def reconcile(sim: Sim, pool: str) -> None:
     live = sim.book.prune([w.key for w in everyone], now, TTL)
     ledger = build_ledger(TOTAL, everyone, live)
     other = "b" if pool == "a" else "a"
+    other_status = sim.statuses.get(other, ModelPoolStatus())
     others = [
         OtherPool(
             "ns",
@@ -82,6 +83,7 @@ def reconcile(sim: Sim, pool: str) -> None:
             SPECS[other].priority,
             SPECS[other].min_replicas,
             tuple(w for w in everyone if w.pool == other),
+            waiting_memory=other_status.memory.waiting_bytes,
         )
     ]
     view = PoolView("ns", pool, SPECS[pool], 1, sim.statuses.get(pool, ModelPoolStatus()), "h1")
