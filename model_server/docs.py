@@ -1,4 +1,4 @@
-"""Generate the v2 tensor contract table of docs/server.md from the task classes themselves.
+"""Generate the v2 tensor contract table of README.md and docs/server.md from the task classes.
 
 ``python -m model_server.docs --write`` rewrites the block between the markers; a test fails when the
 checked-in table is out of date.  Importing the task modules is cheap (torch is only imported on load).
@@ -13,7 +13,8 @@ from pathlib import Path
 from model_server.tasks import REGISTRY, import_class
 
 START, END = "<!-- tensors:start -->", "<!-- tensors:end -->"
-DOC = Path(__file__).resolve().parents[1] / "docs" / "server.md"
+_ROOT = Path(__file__).resolve().parents[1]
+DOCS = (_ROOT / "README.md", _ROOT / "docs" / "server.md")
 
 
 def tensor_table() -> str:
@@ -44,14 +45,15 @@ def render(doc: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--write", action="store_true", help="rewrite docs/server.md in place")
+    parser.add_argument("--write", action="store_true", help="rewrite the tables in place")
     args = parser.parse_args()
-    current = DOC.read_text()
-    fresh = render(current)
-    if args.write:
-        DOC.write_text(fresh)
-    elif fresh != current:
-        sys.exit("docs/server.md tensor table is out of date: python -m model_server.docs --write")
+    for doc in DOCS:
+        current = doc.read_text()
+        fresh = render(current)
+        if args.write:
+            doc.write_text(fresh)
+        elif fresh != current:
+            sys.exit(f"{doc.name}: tensor table is out of date: python -m model_server.docs --write")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,15 @@
-"""docs/server.md's v2 tensor table is generated from the task classes; fail when it is stale."""
+"""The v2 tensor tables (README.md, docs/server.md) are generated from the task classes; fail when stale."""
 
 from __future__ import annotations
 
-from model_server.docs import DOC, render
+from pathlib import Path
+
+import pytest
+
+from model_server.docs import DOCS, render
 
 
-def test_tensor_table_in_sync() -> None:
-    current = DOC.read_text()
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_tensor_table_in_sync(doc: Path) -> None:
+    current = doc.read_text()
     assert render(current) == current, "run: python -m model_server.docs --write"
