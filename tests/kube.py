@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from tests.conftest import Cluster
+    from tests.clusterlib import Cluster
 
 T = TypeVar("T")
 

@@ -11,7 +11,7 @@ def torch_dtype(dtype: str, device: str, *, half_on_cuda: bool) -> Any:
     """The ``torch.dtype`` for ``--dtype``: ``auto`` is float16 on CUDA for a task that runs well in half
     precision (``half_on_cuda``: generation, vision, diffusion, image embeddings) and float32 everywhere
     else, because many CPU kernels are missing or slow in half precision."""
-    import torch  # noqa: PLC0415 - heavy imports stay lazy
+    import torch
 
     if dtype == "auto":
         return torch.float16 if half_on_cuda and device.startswith("cuda") else torch.float32

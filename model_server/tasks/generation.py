@@ -163,8 +163,8 @@ def generate(
 ) -> GenerationResult:
     """Run ``model.generate`` on prepared ``inputs`` (tensors already on the model's device) with the
     request's sampling parameters, stop strings and optional streaming; called on the inference thread."""
-    import torch  # noqa: PLC0415 - heavy imports stay lazy
-    from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: PLC0415 - heavy imports stay lazy
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
 
     text = StopText(params.stop)
     streamer = _Streamer(tokenizer, text, emit, incremental=bool(params.stop) or emit is not None)

@@ -70,7 +70,7 @@ class ImageEmbeddingTask(Task[ImageItem, Embedding]):
         self.dim = 0
 
     def load(self, options: LoadOptions) -> None:
-        import transformers  # noqa: PLC0415 - heavy imports happen on the load path only
+        import transformers
 
         lib: Any = transformers  # typed loosely: the Auto* factories are not statically typed
 
@@ -87,7 +87,7 @@ class ImageEmbeddingTask(Task[ImageItem, Embedding]):
         self.dim = int(projection) if isinstance(projection, int) else 0
 
     def run(self, items: Sequence[ImageItem], emit: Emitter | None = None) -> list[Embedding]:
-        import torch  # noqa: PLC0415 - heavy imports happen on the load path only
+        import torch
 
         if not items:
             return []

@@ -16,7 +16,7 @@ MAX_IMAGE_PIXELS = 50_000_000
 
 def decode_image(data: bytes, item: int) -> Any:
     """Encoded image bytes -> an RGB ``PIL.Image`` (fully decoded), or ``InvalidInput`` naming ``item``."""
-    from PIL import Image  # noqa: PLC0415 - heavy imports stay lazy
+    from PIL import Image
 
     if not data:
         raise InvalidInput(f"image {item} is empty")

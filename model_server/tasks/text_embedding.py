@@ -101,8 +101,8 @@ class TextEmbeddingTask(Task[TextItem, Embedding]):
         self._max_len = 512
 
     def load(self, options: LoadOptions) -> None:
-        import torch  # noqa: PLC0415 - heavy imports happen on the load path only
-        from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
+        import torch
+        from transformers import AutoModel, AutoTokenizer
 
         self._torch = torch
         self._device = options.device

@@ -53,7 +53,7 @@ class TextGenerationTask(Task[GenerationItem, GenerationResult]):
         self._context: int | None = None
 
     def load(self, options: LoadOptions) -> None:
-        import transformers  # noqa: PLC0415 - heavy imports stay lazy
+        import transformers
 
         lib: Any = transformers  # typed loosely: the Auto* factories are not statically typed
 

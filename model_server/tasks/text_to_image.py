@@ -84,7 +84,7 @@ class TextToImageTask(Task[ImageGenerationItem, ImageResult]):
         self._device = "cpu"
 
     def load(self, options: LoadOptions) -> None:
-        import diffusers  # noqa: PLC0415 - heavy imports happen on the load path only
+        import diffusers
 
         lib: Any = diffusers  # typed loosely: from_pretrained is not statically typed
 
@@ -107,7 +107,7 @@ class TextToImageTask(Task[ImageGenerationItem, ImageResult]):
         return [self._one(item) for item in items]
 
     def _one(self, item: ImageGenerationItem) -> ImageResult:
-        import torch  # noqa: PLC0415 - heavy imports happen on the load path only
+        import torch
 
         generator = None
         if item.seed is not None:

@@ -77,7 +77,7 @@ class VisionTask(Task[VisionItem, GenerationResult]):
         self._context: int | None = None
 
     def load(self, options: LoadOptions) -> None:
-        import transformers  # noqa: PLC0415 - heavy imports happen on the load path only
+        import transformers
 
         lib: Any = transformers  # typed loosely: the Auto* factories are not statically typed
 
@@ -115,7 +115,7 @@ class VisionTask(Task[VisionItem, GenerationResult]):
 
     def _inputs(self, image: Any, prompt: str | None) -> tuple[dict[str, Any], int]:
         """Model inputs on the device, and how many prompt tokens they hold."""
-        import torch  # noqa: PLC0415 - heavy imports happen on the load path only
+        import torch
 
         if self._encoder_decoder:
             pixels = self._image_processor(images=image, return_tensors="pt")["pixel_values"]

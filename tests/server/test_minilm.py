@@ -50,7 +50,7 @@ def test_openai_client_semantic_ordering(minilm_server: ServerProcess) -> None:
 
 
 def test_matches_sentence_transformers(minilm_server: ServerProcess, minilm: Path) -> None:
-    from sentence_transformers import SentenceTransformer  # noqa: PLC0415 - heavy, this test only
+    from sentence_transformers import SentenceTransformer
 
     texts = [FOOD, "short", "A much longer sentence about the weather in the mountains in winter."]
     expected = SentenceTransformer(str(minilm), device="cpu").encode(texts)
@@ -100,14 +100,14 @@ def test_base64_encoding_matches_float(minilm_server: ServerProcess) -> None:
     b64 = httpx.post(url, json={"input": FOOD, "encoding_format": "base64"}, timeout=60).json()["data"][0][
         "embedding"
     ]
-    import base64  # noqa: PLC0415
+    import base64
 
     decoded = np.frombuffer(base64.b64decode(b64), dtype="<f4")
     np.testing.assert_allclose(decoded, np.array(floats, dtype=np.float32), atol=1e-6)
 
 
 def test_batching_under_concurrency_gives_same_vectors(minilm_server: ServerProcess) -> None:
-    import asyncio  # noqa: PLC0415
+    import asyncio
 
     texts = [f"sentence number {i} about {'cats' if i % 2 else 'dogs'}" for i in range(24)]
 

@@ -57,7 +57,7 @@ def test_deterministic_and_batch_equals_single(task: ImageEmbeddingTask) -> None
 
 
 def test_any_size_and_mode_is_accepted(task: ImageEmbeddingTask) -> None:
-    from PIL import Image  # noqa: PLC0415
+    from PIL import Image
 
     buffer = io.BytesIO()
     Image.new("L", (300, 17), 128).save(buffer, format="PNG")  # greyscale, odd aspect ratio
@@ -80,7 +80,7 @@ def test_corrupt_image_names_the_item(task: ImageEmbeddingTask, raw: bytes, reas
 
 
 def test_oversized_image_is_refused_before_decoding() -> None:
-    from PIL import Image  # noqa: PLC0415
+    from PIL import Image
 
     side = int(MAX_IMAGE_PIXELS**0.5) + 10
     buffer = io.BytesIO()

@@ -262,7 +262,7 @@ def test_vision_needs_a_decodable_image(vision_server: ServerProcess) -> None:
 
 
 def test_images_generate_and_v2_agree(sd_server: ServerProcess) -> None:
-    from PIL import Image  # noqa: PLC0415
+    from PIL import Image
 
     extra = {"steps": 2, "seed": 5}
     response = oai(sd_server).images.generate(

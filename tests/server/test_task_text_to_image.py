@@ -31,7 +31,7 @@ def task(tiny_text_to_image: Path) -> Iterator[TextToImageTask]:
 
 
 def decode(result: ImageResult) -> tuple[int, int]:
-    from PIL import Image  # noqa: PLC0415
+    from PIL import Image
 
     image = Image.open(io.BytesIO(result.png))
     assert image.format == "PNG"

@@ -60,7 +60,7 @@ def tiny_text_to_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def torch_threads(count: int) -> Iterator[None]:
     """Run the tiny models on ``count`` intra-op threads (restored after): on two shared cores, two
     threads per process mostly wait for each other."""
-    import torch  # noqa: PLC0415 - keep collection cheap
+    import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(count)
@@ -87,7 +87,7 @@ def image_bytes(
     color: str | tuple[int, int, int], size: tuple[int, int] = (40, 30), fmt: str = "PNG"
 ) -> bytes:
     """An encoded solid-colour image."""
-    from PIL import Image  # noqa: PLC0415 - keep collection cheap
+    from PIL import Image
 
     buffer = io.BytesIO()
     Image.new("RGB", size, color).save(buffer, format=fmt)
@@ -96,7 +96,7 @@ def image_bytes(
 
 def gradient_png(size: tuple[int, int] = (32, 32)) -> bytes:
     """A PNG with structure (a diagonal gradient), unlike the solid colours."""
-    from PIL import Image  # noqa: PLC0415 - keep collection cheap
+    from PIL import Image
 
     image = Image.new("RGB", size)
     image.putdata(

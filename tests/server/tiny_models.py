@@ -44,8 +44,8 @@ HIDDEN = 32
 
 def build_tokenizer(model_max_length: int = 128, chat_template: str | None = CHAT_TEMPLATE) -> Any:
     """A BPE ``PreTrainedTokenizerFast`` trained on ``_CORPUS`` (a few hundred tokens)."""
-    import transformers  # noqa: PLC0415 - heavy imports stay lazy
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415 - heavy imports stay lazy
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tf: Any = transformers  # the constructors are not statically typed
 
@@ -72,8 +72,8 @@ def build_tokenizer(model_max_length: int = 128, chat_template: str | None = CHA
 
 def build_text_generation(out: Path) -> Path:
     """A 2-layer GPT-2 (hidden 32, context 128) and its tokenizer with a chat template."""
-    import torch  # noqa: PLC0415 - heavy imports stay lazy
-    from transformers import GPT2Config, GPT2LMHeadModel  # noqa: PLC0415 - heavy imports stay lazy
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     tokenizer = build_tokenizer()
     torch.manual_seed(0)
@@ -96,8 +96,8 @@ def build_text_generation(out: Path) -> Path:
 
 def build_image_embedding(out: Path, projection_dim: int = 16) -> Path:
     """A tiny CLIP (text and vision towers of 2 layers, hidden 32, 32x32 images) + CLIPImageProcessor."""
-    import torch  # noqa: PLC0415 - heavy imports stay lazy
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel  # noqa: PLC0415 - heavy imports stay lazy
+    import torch
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
     torch.manual_seed(0)
     config = CLIPConfig(
@@ -132,8 +132,8 @@ def build_image_embedding(out: Path, projection_dim: int = 16) -> Path:
 
 def build_vision(out: Path) -> Path:
     """A tiny VisionEncoderDecoder: ViT encoder (32x32 images) + GPT-2 decoder with cross-attention."""
-    import torch  # noqa: PLC0415 - heavy imports stay lazy
-    from transformers import (  # noqa: PLC0415 - heavy imports stay lazy
+    import torch
+    from transformers import (
         GPT2Config,
         VisionEncoderDecoderConfig,
         VisionEncoderDecoderModel,
@@ -184,8 +184,8 @@ def build_vision(out: Path) -> Path:
 def build_vision_blip(out: Path) -> Path:
     """A tiny BLIP captioner (``AutoModelForImageTextToText`` + ``BlipProcessor``): the vision task's
     image-text-to-text path, as opposed to the encoder-decoder one."""
-    import torch  # noqa: PLC0415 - heavy imports stay lazy
-    import transformers  # noqa: PLC0415 - heavy imports stay lazy
+    import torch
+    import transformers
 
     tf: Any = transformers  # the constructors are not statically typed
     tokenizer = build_tokenizer(chat_template=None)
@@ -228,11 +228,11 @@ def build_vision_blip(out: Path) -> Path:
 def build_text_to_image(out: Path) -> Path:
     """A tiny Stable Diffusion pipeline (UNet, VAE and CLIP text encoder of hidden 32, DDIM scheduler),
     shaped like diffusers' own ``get_dummy_components`` test fixtures."""
-    import diffusers  # noqa: PLC0415 - heavy imports stay lazy
-    import torch  # noqa: PLC0415 - heavy imports stay lazy
+    import diffusers
+    import torch
 
     dm: Any = diffusers  # the constructors are not statically typed
-    from transformers import CLIPTextConfig, CLIPTextModel  # noqa: PLC0415 - heavy imports stay lazy
+    from transformers import CLIPTextConfig, CLIPTextModel
 
     tokenizer = build_tokenizer(model_max_length=16, chat_template=None)
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, Cluster
+from tests.clusterlib import ROOT, Cluster
 from tests.kube import apply, wait_for
 from tests.operator.integration.opharness import POOLS, OperatorProcess, budget_manifest
 

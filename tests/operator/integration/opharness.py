@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import ROOT, Cluster
+from tests.clusterlib import ROOT, Cluster
 from tests.kube import get_json, wait_for
 
 GROUP_VERSION = "modelpool.dev/v1alpha1"

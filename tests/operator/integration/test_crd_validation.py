@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import Cluster
+from tests.clusterlib import Cluster
 
 pytestmark = pytest.mark.cluster
 

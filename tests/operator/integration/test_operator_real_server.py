@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import IN_CI, Cluster
+from tests.clusterlib import IN_CI, Cluster
 from tests.kube import apply, wait_for
 from tests.operator.integration.opharness import (
     GI,

@@ -1,0 +1,86 @@
+"""Root fixtures (tests/ and e2e/ share them): one local control plane for the whole pytest session, and a
+namespace per test.
+
+`cluster` starts the control plane through `hack/cluster.sh up` (the same code path as `make cluster-up`)
+in a fresh temporary directory with its own cluster name, ports and pod address range, so it never
+touches a developer's `.cluster/`; it is torn down at the end of the session, and its logs are kept (and
+their location printed) when any test failed.  Set MODELPOOL_TEST_KUBECONFIG to reuse a running cluster
+instead (e.g. `make cluster-up` then MODELPOOL_TEST_KUBECONFIG=.cluster/kubeconfig); its process node is
+then taken from MODELPOOL_TEST_PROCESS_NODE (default process-node-0) with container logs in
+MODELPOOL_TEST_PROCESSNODE_LOG_DIR (default .cluster/processnode).
+
+Missing binaries (`make testbin`) skip cluster tests locally and fail them in CI (CI=true).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.clusterlib import BIN, REQUIRED, ROOT, Cluster, missing, start_cluster, stop_cluster
+from tests.kube import wait_for
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    reuse = os.environ.get("MODELPOOL_TEST_KUBECONFIG")
+    if reuse:
+        kubeconfig = Path(reuse).resolve()
+        if not kubeconfig.exists():
+            missing(f"MODELPOOL_TEST_KUBECONFIG={reuse} does not exist")
+        yield Cluster(
+            kubeconfig=kubeconfig,
+            bin_dir=BIN,
+            log_dir=kubeconfig.parent / "logs",
+            process_node=os.environ.get("MODELPOOL_TEST_PROCESS_NODE", "process-node-0"),
+            processnode_log_dir=Path(
+                os.environ.get("MODELPOOL_TEST_PROCESSNODE_LOG_DIR", kubeconfig.parent / "processnode")
+            ),
+        )
+        return
+    absent = [b for b in REQUIRED if not (BIN / b).exists()]
+    if absent:
+        missing(f"control-plane binaries missing in {BIN}: {', '.join(absent)} (run: make testbin)")
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        missing("no .venv (run: make venv)")
+    workdir = Path(tempfile.mkdtemp(prefix="modelpool-cluster-"))
+    name = f"mp-test-{uuid.uuid4().hex[:6]}"
+    try:
+        c = start_cluster(workdir, name)
+    except BaseException:
+        stop_cluster(workdir, name)
+        raise
+    try:
+        yield c
+    finally:
+        stop_cluster(workdir, name)
+        if request.session.testsfailed:
+            sys.stderr.write(
+                f"\n[cluster] tests failed: control-plane and process-node logs kept in {workdir}\n"
+            )
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (without waiting for its pods to go)."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    cluster.kubectl("create", "namespace", name)
+    # Pods are refused until the controller-manager has created the namespace's default ServiceAccount.
+    wait_for(
+        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        timeout=30,
+        message=f"default ServiceAccount in {name}",
+    )
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
