@@ -239,7 +239,7 @@ def run(pools: int, workers: int, steady_window: float, kubeconfig: Path, log: P
             expected = pools * workers
             wait(lambda: pods_ready(kubeconfig, expected), 900, "all worker pods Ready", interval=2)
             pods_ready_at = time.monotonic()
-            wait(lambda: pools_converged(kubeconfig, pools, workers), 600, "every pool converged", interval=1)
+            wait(lambda: pools_converged(kubeconfig, pools, workers), 600, "every pool converged", interval=2)
             converged_at = time.monotonic()
 
             time.sleep(20)  # settle: the last status writes and events

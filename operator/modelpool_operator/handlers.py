@@ -32,6 +32,8 @@ from modelpool_operator.stats import StatsScraper
 
 # A failing pass is retried after this long (plus the next event), not in a tight loop.
 _ERROR_DELAY_S = 5.0
+# After a wake-up, wait this long for more events before the pass.
+_COALESCE_S = 0.3
 _POOLS = (GROUP, VERSION, MODELPOOL_PLURAL)
 _BUDGETS = (GROUP, VERSION, MODELBUDGET_PLURAL)
 
@@ -167,7 +169,13 @@ async def pool_daemon(
                 logger.exception("reconciliation failed; retrying in %.0fs", _ERROR_DELAY_S)
                 kopf.event(body, type="Warning", reason="ReconcileError", message=str(exc)[:1000])
                 delay = _ERROR_DELAY_S
-            await wait_for_wakeup(wakeup, min(delay, state.config.resync_interval_seconds), stopped.wait())
+            woken = await wait_for_wakeup(
+                wakeup, min(delay, state.config.resync_interval_seconds), stopped.wait()
+            )
+            if woken:
+                # Coalesce a burst of pod events (a scale-up readies many pods at once) into one pass.
+                await asyncio.sleep(_COALESCE_S)
+                wakeup.clear()
     finally:
         state.forget(run.key)
 
