@@ -66,6 +66,10 @@ class PlannerSettings:
 
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 300.0
+    # The failure count resets only once every serving worker has served this long (as the kubelet
+    # resets CrashLoopBackOff only after a container ran for a while): a worker that becomes Ready and
+    # then crashes at once must still back off longer each time, not restart at the base delay forever.
+    backoff_reset_after_s: float = 60.0
     # After an eviction drops the serving label, wait this long (endpoints propagate) before deleting.
     drain_grace_s: float = 5.0
     # Roll-over creates at most this many workers above the target.
@@ -569,8 +573,14 @@ def plan(
     charged = sum(w.memory for w in workers)
     unschedulable = [w for w in workers if w.state == "Pending" and w.reason == "Unschedulable"]
 
-    if failures and not failed and ready >= target:
-        # Healthy again: the next failure starts from the base delay (the last failure stays on record).
+    serving = [w for w in workers if w.state in ("Ready", "Processing", "Idle")]
+    stable = all(
+        (now - (w.ready_since or w.since or now)).total_seconds() >= settings.backoff_reset_after_s
+        for w in serving
+    )
+    if failures and not failed and ready >= target and stable:
+        # Healthy again for a while: the next failure starts from the base delay (the last failure stays
+        # on record).
         failures, next_attempt = 0, None
     phase: PoolPhase
     if ready and ready >= target:

@@ -208,8 +208,13 @@ def test_failed_worker_is_free_kept_during_backoff_then_deleted_and_replaced() -
     gone = plan(view(status=later.status), remaining, ledger_for(100 * GI, remaining), now=at(1007))
     assert gone.status.backoff.last_reason == "LoadFailed" and not gone.create
 
-    healthy = [w("p-a"), w(later.create[0].name)]
-    reset = plan(view(status=gone.status), healthy, ledger_for(100 * GI, healthy), now=at(1100))
+    # Ready for only a few seconds (it may crash again at once): the count is kept, so backoff still grows.
+    fresh = [w("p-a"), w(later.create[0].name, since=1095)]
+    brief = plan(view(status=gone.status), fresh, ledger_for(100 * GI, fresh), now=at(1100))
+    assert brief.status.backoff.failures == 1
+
+    healthy = [w("p-a"), w(later.create[0].name, since=1095)]
+    reset = plan(view(status=brief.status), healthy, ledger_for(100 * GI, healthy), now=at(1160))
     assert reset.status.backoff.failures == 0 and reset.status.backoff.next_attempt_after is None
     assert reset.status.backoff.last_reason == "LoadFailed"
 
