@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client, config
@@ -21,6 +21,20 @@ from modelpool_operator.api import GROUP, MODELBUDGET_PLURAL, MODELPOOL_PLURAL, 
 logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+
+GONE, EXISTS = 404, 409
+
+
+async def _took_effect(request: Awaitable[Any], *, unless: int) -> bool:
+    """Await one API request: True when it took effect, False when the API answers ``unless`` (404: already
+    gone, 409: already exists; an earlier pass did it); any other error raises."""
+    try:
+        await request
+    except ApiException as exc:
+        if exc.status == unless:
+            return False
+        raise
+    return True
 
 
 def merge_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,38 +86,27 @@ class Kube:
 
     async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> bool:
         """Create a pod; False when a pod of that name already exists (an earlier pass made it)."""
-        try:
-            await self._core.create_namespaced_pod(namespace, dict(body), _request_timeout=self._timeout)
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
-        return True
+        return await _took_effect(
+            self._core.create_namespaced_pod(namespace, dict(body), _request_timeout=self._timeout),
+            unless=EXISTS,
+        )
 
     async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
         """Merge-patch a pod's metadata (``None`` values delete keys); False when the pod is gone."""
-        try:
-            await self._core.patch_namespaced_pod(
+        return await _took_effect(
+            self._core.patch_namespaced_pod(
                 name, namespace, dict(patch), _content_type=MERGE_PATCH, _request_timeout=self._timeout
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+            ),
+            unless=GONE,
+        )
 
     async def delete_pod(self, namespace: str, name: str, grace_period_seconds: int | None = None) -> bool:
         """Delete a pod (with its own grace period unless given); False when it was already gone."""
         options = client.V1DeleteOptions(grace_period_seconds=grace_period_seconds)
-        try:
-            await self._core.delete_namespaced_pod(
-                name, namespace, body=options, _request_timeout=self._timeout
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        return await _took_effect(
+            self._core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=self._timeout),
+            unless=GONE,
+        )
 
     # ---- services --------------------------------------------------------------------------------
 
@@ -114,7 +117,7 @@ class Kube:
             await self._core.create_namespaced_service(namespace, dict(body), _request_timeout=self._timeout)
             return
         except ApiException as exc:
-            if exc.status != 409:
+            if exc.status != EXISTS:
                 raise
         patch = {"metadata": {"labels": body["metadata"].get("labels", {})}, "spec": body.get("spec", {})}
         await self._core.patch_namespaced_service(
@@ -125,8 +128,8 @@ class Kube:
 
     async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
         """Merge-patch a ModelPool's status subresource; False when the pool is gone."""
-        try:
-            await self._custom.patch_namespaced_custom_object_status(
+        return await _took_effect(
+            self._custom.patch_namespaced_custom_object_status(
                 GROUP,
                 VERSION,
                 namespace,
@@ -135,17 +138,14 @@ class Kube:
                 {"status": dict(status)},
                 _content_type=MERGE_PATCH,
                 _request_timeout=self._timeout,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+            ),
+            unless=GONE,
+        )
 
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool:
         """Merge-patch the (cluster-scoped) ModelBudget's status; False when it does not exist."""
-        try:
-            await self._custom.patch_cluster_custom_object_status(
+        return await _took_effect(
+            self._custom.patch_cluster_custom_object_status(
                 GROUP,
                 VERSION,
                 MODELBUDGET_PLURAL,
@@ -153,12 +153,9 @@ class Kube:
                 {"status": dict(status)},
                 _content_type=MERGE_PATCH,
                 _request_timeout=self._timeout,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+            ),
+            unless=GONE,
+        )
 
 
 __all__ = ["ApiException", "Kube", "connect", "merge_patch"]
