@@ -29,6 +29,8 @@ MODELBUDGET_PLURAL = "modelbudgets"
 # The operator reads and writes the one cluster-scoped budget of this name.
 DEFAULT_BUDGET_NAME = "default"
 
+# The same names as model_server.tasks.base (the operator never imports the server); tests/test_contract.py
+# keeps the two equal.
 TaskName = Literal["text-embedding", "text-generation", "image-embedding", "vision", "text-to-image"]
 TASK_NAMES: tuple[TaskName, ...] = (
     "text-embedding",

@@ -155,9 +155,8 @@ def start_server(
 ServerFactory = Callable[..., ServerProcess]
 
 
-@pytest.fixture
-def server() -> Iterator[ServerFactory]:
-    """Factory fixture: ``server(*args, env=..., wait=...)`` -> ServerProcess, stopped at teardown."""
+def _servers() -> Iterator[ServerFactory]:
+    """A ``start_server`` factory that stops every server it started when the fixture ends."""
     started: list[ServerProcess] = []
 
     def factory(*args: str, **kwargs: object) -> ServerProcess:
@@ -168,21 +167,18 @@ def server() -> Iterator[ServerFactory]:
     yield factory
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture
+def server() -> Iterator[ServerFactory]:
+    """Factory fixture: ``server(*args, env=..., wait=...)`` -> ServerProcess, stopped at teardown."""
+    yield from _servers()
 
 
 @pytest.fixture(scope="module")
 def module_server() -> Iterator[ServerFactory]:
     """Like ``server`` but module-scoped: share one (slow to load) server across a module's tests."""
-    started: list[ServerProcess] = []
-
-    def factory(*args: str, **kwargs: object) -> ServerProcess:
-        proc = start_server(*args, **kwargs)  # type: ignore[arg-type]
-        started.append(proc)
-        return proc
-
-    yield factory
-    for proc in started:
-        proc.stop()
+    yield from _servers()
 
 
 @pytest.fixture(scope="session")
