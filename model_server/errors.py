@@ -8,10 +8,15 @@ from __future__ import annotations
 
 
 class ServerError(Exception):
-    """Base class: ``status`` is the HTTP code, ``reason`` the metrics label, str(exc) the message."""
+    """Base class: ``status`` is the HTTP code, ``reason`` the metrics label, str(exc) the message.
+
+    ``retry_after_s``, when set, becomes the response's ``Retry-After`` header: the error is temporary
+    and a client (or a retrying proxy) should come back after that many seconds.
+    """
 
     status: int = 500
     reason: str = "error"
+    retry_after_s: int | None = None
 
 
 class InvalidInput(ServerError):  # noqa: N818 - KServe-style names
@@ -54,10 +59,15 @@ class Overloaded(ServerError):  # noqa: N818 - KServe-style names
 
 
 class ModelNotReady(ServerError):  # noqa: N818 - KServe-style names
-    """Loading, Evicting (draining), Failed: 503."""
+    """Loading, Evicting (draining), Failed: 503.
+
+    Retry-After is a short, fixed hint: a loading model is usually seconds away, and behind a Service a
+    retry reaches another worker anyway.
+    """
 
     status = 503
     reason = "not_ready"
+    retry_after_s = 2
 
 
 class DeadlineExceeded(ServerError):  # noqa: N818 - KServe-style names

@@ -35,6 +35,8 @@ log = logging.getLogger("modelpool.worker")
 
 EXIT_LOAD_FAILED = 3
 EXIT_DEVICE_FAILED = 4
+# GIL switch interval while the model loads (see ``Worker.load``): short, so health stays responsive.
+LOAD_SWITCH_INTERVAL_S = 0.0005
 
 # Substrings of CUDA errors after which the context is unusable (the process must be restarted).
 _FATAL_MARKERS = (
@@ -98,6 +100,13 @@ class Worker:
         self.lifecycle.to(State.LOADING)
         started = time.monotonic()
         loop = asyncio.get_running_loop()
+        # A load holds the GIL for long stretches (imports, pure-Python model construction). Each time
+        # the event loop comes back from a syscall it waits up to one switch interval (default 5 ms) for
+        # the GIL, and one request makes dozens of syscalls: health would take 100s of ms. A short
+        # interval while loading keeps health and /stats answering in milliseconds; the default comes
+        # back afterwards so inference is not slowed by extra GIL hand-offs.
+        default_interval = sys.getswitchinterval()
+        sys.setswitchinterval(LOAD_SWITCH_INTERVAL_S)
         try:
             await loop.run_in_executor(self._executor, self._load_sync)
         except asyncio.CancelledError:  # shutting down mid-load (SIGTERM): not a load failure
@@ -108,6 +117,8 @@ class Worker:
             log.error("%s", reason, exc_info=not isinstance(exc, (ServerError, sources.SourceError)))
             self.fail(EXIT_LOAD_FAILED, reason)
             return False
+        finally:
+            sys.setswitchinterval(default_interval)
         self.load_seconds = time.monotonic() - started
         self.load_progress = 1.0
         if not self.lifecycle.try_to(State.READY):  # SIGTERM arrived while loading

@@ -64,8 +64,8 @@ def error_response(
 
 
 def http_response(path: str, exc: ServerError) -> Response:
-    """Typed error -> HTTP (status and reason are on the class; Retry-After for 429)."""
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    """Typed error -> HTTP (status and reason are on the class; Retry-After when the error is temporary)."""
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
     return error_response(path, exc.status, exc.reason, str(exc), headers)
 
 

@@ -5,6 +5,8 @@ PYTHONPATH).  Behaviour knobs come from the environment so one class serves many
 
 * ``HANDLER_LOAD_SECONDS``: the load spins the CPU (pure Python, holding the GIL as a real load would)
   for this long;
+* ``HANDLER_LOAD_GATE``: a file path; the load keeps spinning until that file exists (at most 120 s), so a
+  test decides when loading ends instead of racing a timer;
 * ``HANDLER_RUN_SECONDS``: each ``run`` sleeps this long (a slow forward pass);
 * ``HANDLER_RECORD``: a file each ``run`` appends its texts to (proves what was, or was not, computed).
 
@@ -41,11 +43,14 @@ TEXT = TensorSpec("text", "BYTES", (-1,))
 EMBEDDING = TensorSpec("embedding", "FP32", (-1, 2))
 
 
-def _spin(seconds: float) -> None:
-    end = time.monotonic() + seconds
+def _spin(seconds: float, gate: str | None = None) -> None:
+    end = time.monotonic() + (120.0 if gate else seconds)
     x = 0
     while time.monotonic() < end:
-        x = (x * 31 + 7) % 1_000_003  # pure-Python work: holds the GIL between switch intervals
+        for _ in range(10_000):
+            x = (x * 31 + 7) % 1_000_003  # pure-Python work: holds the GIL between switch intervals
+        if gate and os.path.exists(gate):
+            return
 
 
 class EchoEmbedding(Task[TextItem, Embedding]):
@@ -57,7 +62,7 @@ class EchoEmbedding(Task[TextItem, Embedding]):
     v2_outputs = (EMBEDDING,)
 
     def load(self, options: LoadOptions) -> None:
-        _spin(float(os.environ.get("HANDLER_LOAD_SECONDS", "0")))
+        _spin(float(os.environ.get("HANDLER_LOAD_SECONDS", "0")), os.environ.get("HANDLER_LOAD_GATE"))
         self.run_seconds = float(os.environ.get("HANDLER_RUN_SECONDS", "0"))
         self.record = os.environ.get("HANDLER_RECORD")
 
