@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
 import platform
 import random
 import shutil
-import ssl
 import statistics
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -132,17 +133,14 @@ def random_weights_model(out: Path, like: Path | None) -> Path:
 # ---- (a) direct path -------------------------------------------------------------------------------
 
 
-def bench_direct(model_dir: Path, device: str, dtype: str, duration: float) -> dict[str, Any]:
+def direct_encoder(model_dir: Path, device: str, dtype: str) -> Any:
+    """The direct path as a function: tokenize (padded to the longest) + forward + mean pooling."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
     torch_dtype = getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModel.from_pretrained(model_dir, dtype=torch_dtype).to(device).eval()
-
-    def sync() -> None:
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
 
     def encode(texts: list[str]) -> Any:
         with torch.inference_mode():
@@ -153,9 +151,15 @@ def bench_direct(model_dir: Path, device: str, dtype: str, duration: float) -> d
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             out = torch.nn.functional.normalize(pooled.float(), dim=1).cpu().numpy()
-        sync()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
         return out
 
+    return encode
+
+
+def bench_direct(model_dir: Path, device: str, dtype: str, duration: float) -> dict[str, Any]:
+    encode = direct_encoder(model_dir, device, dtype)
     results: dict[str, Any] = {}
     texts = corpus(4096, seed=1)
     for bs in (1, 32, 128, 512):
@@ -196,6 +200,55 @@ def bench_direct(model_dir: Path, device: str, dtype: str, duration: float) -> d
     return results
 
 
+def bench_added_latency(model_dir: Path, url: str, device: str, dtype: str, n: int) -> dict[str, Any]:
+    """(c) One sentence at concurrency 1: the direct call, a JSON request and a binary request, taken in
+    turn ``n`` times, so that all three see the same machine (this one is shared and noisy)."""
+    import http.client
+
+    encode = direct_encoder(model_dir, device, dtype)
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=60)
+    texts = corpus(n, seed=5)
+    times: dict[str, list[float]] = {"direct": [], "json": [], "binary": []}
+
+    def post(body: bytes, headers: dict[str, str]) -> None:
+        conn.request("POST", "/v2/models/minilm/infer", body=body, headers=headers)
+        response = conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"server answered {response.status}")
+
+    def direct(text: str) -> None:
+        encode([text])
+
+    def json_request(text: str) -> None:
+        post(*_v2_body([text], False))
+
+    def binary_request(text: str) -> None:
+        post(*_v2_body([text], True))
+
+    calls = {"direct": direct, "json": json_request, "binary": binary_request}
+    kinds = list(calls)
+    for i, text in enumerate([*texts[:10], *texts]):  # the first 10 warm up
+        # Rotate the order: whatever runs right after the direct call shares the CPU with the OpenMP
+        # threads it leaves spinning, and no kind should always be the one that pays for that.
+        for kind in kinds[i % 3 :] + kinds[: i % 3]:
+            s = time.perf_counter()
+            calls[kind](text)
+            if i >= 10:
+                times[kind].append(time.perf_counter() - s)
+    conn.close()
+    p50 = {kind: statistics.median(values) * 1000 for kind, values in times.items()}
+    return {
+        "direct_p50_ms": p50["direct"],
+        "json_p50_ms": p50["json"],
+        "binary_p50_ms": p50["binary"],
+        "json_ms": p50["json"] - p50["direct"],
+        "binary_ms": p50["binary"] - p50["direct"],
+        "samples": n,
+    }
+
+
 # ---- the load client (runs in its own processes) ----------------------------------------------------
 
 
@@ -223,53 +276,119 @@ def _v2_body(texts: list[str], binary: bool) -> tuple[bytes, dict[str, str]]:
     }
 
 
-async def _client_main(spec: dict[str, Any]) -> dict[str, Any]:
-    import httpx
+class _Connection:
+    """A minimal HTTP/1.1 keep-alive client over asyncio streams: the load generator.
 
-    url = spec["url"] + "/v2/models/minilm/infer"
+    A general-purpose client (httpx) spends about a millisecond of CPU per request; at hundreds of
+    requests per second on a small machine the client, not the server, would be measured.  This one
+    writes a pre-built request and reads the status line, the headers and a Content-Length body, as
+    load generators such as wrk do (the server under test always answers with a Content-Length).
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, raw: bytes) -> tuple[int, dict[bytes, bytes]]:
+        reused = self.writer is not None
+        try:
+            return await self._request(raw)
+        except (OSError, asyncio.IncompleteReadError):
+            await self.close()
+            if not reused:
+                raise
+        # The server closed an idle keep-alive connection (a client that slept a long Retry-After):
+        # like any HTTP client, send again on a fresh one.
+        return await self._request(raw)
+
+    async def _request(self, raw: bytes) -> tuple[int, dict[bytes, bytes]]:
+        if self.writer is None or self.reader is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.writer.write(raw)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        headers = {}
+        for line in lines[1:]:
+            if line:
+                key, _, value = line.partition(b":")
+                headers[key.strip().lower()] = value.strip()
+        await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
+        if headers.get(b"connection", b"").lower() == b"close":
+            await self.close()
+        return status, headers
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(OSError):
+                await self.writer.wait_closed()
+        self.reader = self.writer = None
+
+
+def _raw_request(host: str, port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def _client_main(spec: dict[str, Any]) -> dict[str, Any]:
+    url = urllib.parse.urlsplit(spec["url"])
+    host, port = url.hostname or "127.0.0.1", url.port or 80
     texts = corpus(2048, seed=spec["seed"])
     size, binary = spec["size"], spec["binary"]
     bodies = [_v2_body(texts[i : i + size], binary) for i in range(0, 2048 - size, max(1, size))][:256]
+    requests = [_raw_request(host, port, "/v2/models/minilm/infer", b, h) for b, h in bodies]
     ok: list[float] = []
     rejected: list[float] = []
     other: dict[str, int] = {}
-    # One client (one connection) per worker: a single httpx pool shared by many tasks costs more CPU
-    # per request as it grows, and would make the client, not the server, the bottleneck.  The clients
-    # share one SSL context (building one per client costs tens of ms) and exist before the clock starts.
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    ssl_context = ssl.create_default_context()
-    clients = [
-        httpx.AsyncClient(timeout=60, limits=limits, verify=ssl_context) for _ in range(spec["concurrency"])
-    ]
-    stop = time.perf_counter() + spec["duration"]
+    # One connection per simulated client, opened before the clock starts.
+    connections = [_Connection(host, port) for _ in range(spec["concurrency"])]
+    for conn in connections:
+        conn.reader, conn.writer = await asyncio.open_connection(host, port)
+    # Clients start spread over the ramp (as load generators ramp up).  Counted are the answers that
+    # arrive inside the window [warm-up, warm-up + duration], whenever their request was sent (as wrk
+    # counts): the steady-state rate, even when one request takes longer than the window.
+    warmup = float(spec.get("warmup", 0.0))
+    ramp = min(1.0, warmup)
+    counted_from = time.perf_counter() + warmup
+    stop = counted_from + spec["duration"]
 
     async def worker(k: int) -> None:
         j = k
-        client = clients[k]
+        conn = connections[k]
+        await asyncio.sleep(ramp * k / spec["concurrency"])
         while time.perf_counter() < stop:
-            body, headers = bodies[j % len(bodies)]
+            raw = requests[j % len(requests)]
             j += spec["concurrency"]
             s = time.perf_counter()
+            headers: dict[bytes, bytes] = {}
             try:
-                r = await client.post(url, content=body, headers=headers)
-                code = r.status_code
-            except httpx.HTTPError as exc:
+                code, headers = await asyncio.wait_for(conn.request(raw), 60)
+            except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
                 code = type(exc).__name__  # type: ignore[assignment]
-            dt = time.perf_counter() - s
+            done = time.perf_counter()
+            counted = counted_from <= done <= stop
             if code == 200:
-                ok.append(dt)
+                if counted:
+                    ok.append(done - s)
             elif code == 429:
-                rejected.append(dt)
+                if counted:
+                    rejected.append(done - s)
                 if spec.get("honor_retry_after"):  # as well-behaved clients (e.g. openai's) do
-                    await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
-            else:
+                    await asyncio.sleep(float(headers.get(b"retry-after", b"1")))
+            elif counted:
                 other[str(code)] = other.get(str(code), 0) + 1
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*[worker(k) for k in range(spec["concurrency"])])
-    elapsed = time.perf_counter() - t0
-    for client in clients:
-        await client.aclose()
+    tasks = [asyncio.create_task(worker(k)) for k in range(spec["concurrency"])]
+    await asyncio.wait(tasks, timeout=max(0.0, stop - time.perf_counter()) + 0.05)
+    for task in tasks:  # requests still waiting at the end are not counted: disconnect them
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    elapsed = spec["duration"]
+    for conn in connections:
+        await conn.close()
     return {"ok": ok, "rejected": rejected, "other": other, "elapsed": elapsed}
 
 
@@ -388,6 +507,15 @@ class Server:
         doc: dict[str, Any] = self.client.get(self.url + "/stats").json()
         return doc
 
+    def settle(self, timeout: float = 120) -> None:
+        """Wait until the server has nothing queued or in flight (a run's leftovers are not the next's)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            doc = self.stats()
+            if not doc["queue_depth"] and not doc["in_flight"]:
+                return
+            time.sleep(0.1)
+
     def mean_batch(self) -> tuple[float, float]:
         """(sum, count) of the batch-size histogram."""
         total = count = 0.0
@@ -439,7 +567,7 @@ def bench_load_probe(model: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_server(model: Path, args: argparse.Namespace, duration: float) -> dict[str, Any]:
-    """(b), (c) and (d) against one server."""
+    """(b), (c) and (d) against one server (runs of (b): requests completed in the measured window)."""
     batch = str(args.server_batch)
     server = Server(model, args, "--max-batch-size", batch, "--queue-capacity", str(args.queue_capacity),
                     "--max-batch-delay-ms", str(args.batch_delay_ms))  # fmt: skip
@@ -451,12 +579,20 @@ def bench_server(model: Path, args: argparse.Namespace, duration: float) -> dict
     try:
         server.wait("/v2/health/ready")
         run_clients(server.url, 32, True, 8, 2.0, 1)  # warm-up
+        out["added_latency"] = added = bench_added_latency(
+            model, server.url, args.device, args.dtype, args.latency_samples
+        )
+        print(
+            f"  added latency p50: json {added['json_ms']:.2f} ms, binary {added['binary_ms']:.2f} ms "
+            f"(direct batch 1 p50 {added['direct_p50_ms']:.2f} ms)", flush=True,
+        )  # fmt: skip
         for size in (1, 32):
             for binary in (False, True):
                 for conc in (1, 8, 64):
+                    server.settle()
                     before = server.mean_batch()
                     procs = 1 if conc == 1 else args.client_procs
-                    res = run_clients(server.url, size, binary, conc, duration, procs)
+                    res = run_clients(server.url, size, binary, conc, duration, procs, warmup=1.0)
                     after = server.mean_batch()
                     count = after[1] - before[1]
                     res["mean_batch"] = (after[0] - before[0]) / count if count else None
@@ -469,11 +605,13 @@ def bench_server(model: Path, args: argparse.Namespace, duration: float) -> dict
                     )  # fmt: skip
         # (d) 10x overload: 10x the queue capacity in concurrent clients; a rejected client waits the
         # Retry-After it was given (as real clients do) and comes back.
+        server.settle()
         rss0 = server.stats()["memory"]["rss_bytes"]
         conc = 10 * args.queue_capacity
         res = run_clients(
-            server.url, 1, False, conc, args.overload_seconds, args.client_procs, honor_retry_after=True
-        )
+            server.url, 1, False, conc, args.overload_seconds, args.client_procs,
+            honor_retry_after=True, warmup=3.0,
+        )  # fmt: skip
         rss1 = server.stats()["memory"]["rss_bytes"]
         res.update(rss_before=rss0, rss_after=rss1, rss_growth_mib=(rss1 - rss0) / 2**20, concurrency=conc)
         out["overload"] = res
@@ -581,12 +719,15 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=None, help="seconds per measurement")
     parser.add_argument("--overload-seconds", type=float, default=None, help="seconds of 10x overload")
     parser.add_argument("--client-procs", type=int, default=None, help="client processes for c>1")
+    parser.add_argument(
+        "--latency-samples", type=int, default=200, help="interleaved requests for the added latency"
+    )
     args = parser.parse_args()
     if args.client:
         print(json.dumps(asyncio.run(_client_main(json.loads(args.client)))))
         return
     gpu = args.device.startswith("cuda")
-    args.server_batch = args.server_batch or (512 if gpu else 32)
+    args.server_batch = args.server_batch or (512 if gpu else 128)
     args.client_procs = args.client_procs or (4 if gpu else 1)
     duration = args.duration or (3.0 if args.quick else 10.0)
     args.overload_seconds = args.overload_seconds or (8.0 if args.quick else 30.0)
@@ -616,12 +757,7 @@ def main() -> None:
         results["direct"] = bench_direct(model, args.device, args.dtype, duration)
         print("(b, d) through the server", flush=True)
         results["server"] = bench_server(model, args, duration)
-        direct_p50 = results["direct"]["batch_1"]["p50_ms"]
-        runs = results["server"]["runs"]
-        results["added_latency"] = {
-            "json_ms": runs["json_1x_c1"]["p50_ms"] - direct_p50,
-            "binary_ms": runs["binary_1x_c1"]["p50_ms"] - direct_p50,
-        }
+        results["added_latency"] = results["server"]["added_latency"]
     text = table(results)
     print("\n" + text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

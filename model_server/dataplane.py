@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -60,9 +61,15 @@ class Unit:
     abandoned: str | None = None  # why the waiter gave up ("timeout", "disconnected"): never compute it
 
 
-def retry_after_seconds(queued_items: int, seconds_per_item: float) -> int:
-    """Pure: the Retry-After estimate (whole seconds, at least 1)."""
-    return max(1, math.ceil(queued_items * seconds_per_item))
+def retry_after_seconds(queued_items: int, seconds_per_item: float, jitter: float = 0.0) -> int:
+    """Pure: the Retry-After answer in whole seconds (at least 1).
+
+    The base is the time the queue needs to drain (queued items x recent service time, at least 1 s).
+    ``jitter`` (0 <= jitter < 1, random per answer) stretches it by up to 2x: clients refused in the same
+    burst then come back spread over time instead of as one synchronised herd that overflows the queue
+    again."""
+    base = max(1.0, queued_items * seconds_per_item)
+    return max(1, math.ceil(base), round(base * (1.0 + jitter)))
 
 
 class DataPlane:
@@ -114,7 +121,7 @@ class DataPlane:
             queued = sum(len(u.items) for u in self._queue) + self.in_flight
             raise Overloaded(
                 f"queue full ({self.config.queue_capacity} requests waiting)",
-                retry_after_seconds(queued, self._seconds_per_item),
+                retry_after_seconds(queued, self._seconds_per_item, random.random()),
             )
 
     def admit(self, items: Sequence[Any], timeout: float | None, emit: Emitter | None = None) -> Unit:
@@ -270,6 +277,7 @@ class DataPlane:
                     unit.future.set_result(results[offset : offset + n])
                 offset += n
             elapsed = time.monotonic() - started
+            self.metrics.compute.observe(elapsed)
             self._seconds_per_item = 0.8 * self._seconds_per_item + 0.2 * (elapsed / max(1, len(items)))
         finally:
             self.in_flight -= len(batch)

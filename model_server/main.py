@@ -60,6 +60,8 @@ def _serve(config: ServerConfig) -> int:
             port=config.port,
             log_level=config.log_level,
             access_log=False,
+            # No access log, so X-Forwarded-* would never be read: skip that per-request middleware.
+            proxy_headers=False,
             timeout_graceful_shutdown=5,
             lifespan="off",
         )

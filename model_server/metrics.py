@@ -73,6 +73,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.compute = Histogram(
+            "modelpool_compute_seconds",
+            "Time a batch spends on the inference thread (tokenize + forward + post-processing)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.batch_size = Histogram(
             "modelpool_batch_size", "Items per forward pass", buckets=_BATCH_BUCKETS, registry=r
         )

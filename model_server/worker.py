@@ -15,11 +15,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from model_server import sources
 from model_server.config import ServerConfig
 from model_server.errors import FatalDeviceError, InferenceError, InvalidInput, ServerError
 from model_server.lifecycle import Lifecycle, State
+from model_server.preload import preload_torch_libraries
 from model_server.tasks import task_class
 from model_server.tasks.base import Emitter, LoadOptions, Task
 
@@ -37,6 +41,8 @@ EXIT_LOAD_FAILED = 3
 EXIT_DEVICE_FAILED = 4
 # GIL switch interval while the model loads (see ``Worker.load``): short, so health stays responsive.
 LOAD_SWITCH_INTERVAL_S = 0.0005
+# Nice value of the inference thread (see ``_lower_thread_priority``).
+INFERENCE_NICE = 10
 
 # Substrings of CUDA errors after which the context is unusable (the process must be restarted).
 _FATAL_MARKERS = (
@@ -85,7 +91,9 @@ class Worker:
         self.config = config
         self.lifecycle = lifecycle
         self._on_failed = on_failed
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="inference", initializer=_lower_thread_priority
+        )
         self.task: Task[Any, Any] | None = None
         self.task_cls: type[Task[Any, Any]] | None = None
         self.load_error: str | None = None
@@ -100,15 +108,9 @@ class Worker:
         self.lifecycle.to(State.LOADING)
         started = time.monotonic()
         loop = asyncio.get_running_loop()
-        # A load holds the GIL for long stretches (imports, pure-Python model construction). Each time
-        # the event loop comes back from a syscall it waits up to one switch interval (default 5 ms) for
-        # the GIL, and one request makes dozens of syscalls: health would take 100s of ms. A short
-        # interval while loading keeps health and /stats answering in milliseconds; the default comes
-        # back afterwards so inference is not slowed by extra GIL hand-offs.
-        default_interval = sys.getswitchinterval()
-        sys.setswitchinterval(LOAD_SWITCH_INTERVAL_S)
         try:
-            await loop.run_in_executor(self._executor, self._load_sync)
+            with _responsive_event_loop():
+                await loop.run_in_executor(self._executor, self._load_sync)
         except asyncio.CancelledError:  # shutting down mid-load (SIGTERM): not a load failure
             raise
         except Exception as exc:  # every load failure is a reported Failed state
@@ -117,8 +119,6 @@ class Worker:
             log.error("%s", reason, exc_info=not isinstance(exc, (ServerError, sources.SourceError)))
             self.fail(EXIT_LOAD_FAILED, reason)
             return False
-        finally:
-            sys.setswitchinterval(default_interval)
         self.load_seconds = time.monotonic() - started
         self.load_progress = 1.0
         if not self.lifecycle.try_to(State.READY):  # SIGTERM arrived while loading
@@ -134,6 +134,8 @@ class Worker:
             self.config.model, hf_home=self.config.hf_home, pvc_root=self.config.pvc_root
         )
         self.load_progress = 0.1
+        if self.config.handler is None:  # the built-in tasks all import torch (a handler may not)
+            preload_torch_libraries()
         cls = task_class(self.config.task, self.config.handler)
         self.task_cls = cls
         self.load_progress = 0.2
@@ -147,6 +149,12 @@ class Worker:
                 trust_remote_code=self.config.trust_remote_code,
             )
         )
+        # The model, torch and transformers leave most of a million long-lived objects behind. A full
+        # garbage collection walks all of them and stops the event loop for 100s of ms: the tail of
+        # every latency under load.  Collect once now (still Loading, on this thread), then freeze them
+        # out of the collector's sight; objects created by requests from now on are still collected.
+        gc.collect()
+        gc.freeze()
         self.task = task  # only now: nothing is half-registered on failure
 
     # ---- failure ------------------------------------------------------------------------------------
@@ -199,6 +207,38 @@ class Worker:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def _responsive_event_loop() -> Iterator[None]:
+    """While the model loads on the inference thread, keep the event loop answering health and /stats.
+
+    * A load holds the GIL for long stretches (imports, pure-Python model construction).  Each time the
+      event loop comes back from a syscall it waits up to one switch interval (default 5 ms) for the
+      GIL, and one request makes dozens of syscalls: a short interval keeps answers in milliseconds.
+    * The import of torch and transformers creates most of a million objects, and every few hundred
+      thousand allocations a full (generation 2) collection walks them all, holding the GIL for 100+ ms.
+      Full collections wait until the load ends (young generations are still collected as usual).
+    """
+    interval = sys.getswitchinterval()
+    thresholds = gc.get_threshold()
+    sys.setswitchinterval(LOAD_SWITCH_INTERVAL_S)
+    gc.set_threshold(thresholds[0], thresholds[1], 1_000_000)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        sys.setswitchinterval(interval)
+
+
+def _lower_thread_priority() -> None:
+    """Run the inference thread (and the OpenMP threads it spawns, which inherit it) at a lower CPU
+    priority than the event loop: when both want a core, health checks and 429s are answered first.
+
+    On Linux ``setpriority`` on a thread id affects that thread only, and raising one's own nice value
+    needs no privilege; elsewhere it is skipped."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), INFERENCE_NICE)
 
 
 def _empty_cache() -> None:

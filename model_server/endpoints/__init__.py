@@ -69,13 +69,33 @@ def http_response(path: str, exc: ServerError) -> Response:
     return error_response(path, exc.status, exc.reason, str(exc), headers)
 
 
-class LimitsMiddleware:
-    """413 for bodies over the limit (declared or streamed); request count and latency per route."""
+def server_error_response(runtime: Runtime, path: str, exc: Exception) -> Response:
+    """Any exception a route raised -> its HTTP answer (the one mapping FastAPI's handlers and the
+    infer fast path share)."""
+    if isinstance(exc, ServerError):
+        # Requests refused or given up on (4xx, 429, 499, 503, 504) count as rejections by reason;
+        # 500s were computed and failed: the data plane counts those in errors_total.
+        if exc.status != 500:
+            runtime.dataplane.reject(exc.reason)
+        return http_response(path, exc)
+    log.exception("unexpected error on %s", path, exc_info=exc)
+    return error_response(path, 500, "internal", f"internal error: {type(exc).__name__}")
 
-    def __init__(self, app: ASGIApp, runtime: Runtime) -> None:
+
+class LimitsMiddleware:
+    """The outermost ASGI layer: 429 before anything else when the queue is full; 413 for bodies over
+    the limit (declared or streamed); request count and latency per route; and the infer fast path.
+
+    The fast path: ``POST /v2/models/{name}/infer`` is handed straight to the v2 handler.  FastAPI's
+    middleware stack, routing and dependency solving cost about as much CPU as the handler itself, and
+    on the event loop that is what bounds small-request throughput.  FastAPI keeps the route for the
+    OpenAPI schema (and the ``/versions/...`` form)."""
+
+    def __init__(self, app: ASGIApp, runtime: Runtime, infer: v2.InferHandler | None = None) -> None:
         self.app = app
         self.runtime = runtime
         self.limit = runtime.config.max_request_bytes
+        self.infer = infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -120,14 +140,29 @@ class LimitsMiddleware:
                         return {"type": "http.request", "body": body, "more_body": False}
                     return await receive()
 
-                await self.app(scope, replay, send_wrapper)
+                await self._dispatch(scope, replay, send_wrapper, route)
             else:
-                await self.app(scope, receive, send_wrapper)
+                await self._dispatch(scope, receive, send_wrapper, route)
         finally:
             code = status[0] or 499
             metrics = self.runtime.metrics
             metrics.requests.labels(route=route, code=str(code)).inc()
             metrics.latency.labels(route=route).observe(time.perf_counter() - started)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send, route: str) -> None:
+        path: str = scope["path"]
+        if self.infer is None or route != "v2_infer" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        name = path[len("/v2/models/") : -len("/infer")]
+        if not name or "/" in name:  # /versions/N/infer and odd paths: FastAPI's routing decides
+            await self.app(scope, receive, send)
+            return
+        try:
+            response = await self.infer(Request(scope, receive), name)
+        except Exception as exc:  # every error becomes its HTTP answer, as FastAPI's handlers do
+            response = server_error_response(self.runtime, path, exc)
+        await response(scope, receive, send)
 
     async def _read_bounded(self, receive: Receive) -> tuple[bytes | None, int]:
         parts: list[bytes] = []
@@ -150,8 +185,16 @@ class LimitsMiddleware:
         await http_response(path, exc)(scope, receive, send)
 
 
-def build_app(runtime: Runtime) -> FastAPI:
-    """The FastAPI app with every route, the error mapping and the limits middleware."""
+def build_app(runtime: Runtime) -> ASGIApp:
+    """The ASGI app uvicorn serves: the limits middleware outermost, then FastAPI.
+
+    Outermost, so that a 429 under overload or a 413 costs the event loop no more than this one
+    middleware (FastAPI's own middleware stack, routing and body parsing are skipped)."""
+    return LimitsMiddleware(build_api(runtime), runtime, v2.infer_handler(runtime))
+
+
+def build_api(runtime: Runtime) -> FastAPI:
+    """The FastAPI app with every route and the error mapping."""
     app = FastAPI(
         title="modelpool-server",
         version=__version__,
@@ -162,11 +205,7 @@ def build_app(runtime: Runtime) -> FastAPI:
 
     @app.exception_handler(ServerError)
     async def on_server_error(request: Request, exc: ServerError) -> Response:
-        # Requests refused or given up on (4xx, 429, 499, 503, 504) count as rejections by reason;
-        # 500s were computed and failed: the data plane counts those in errors_total.
-        if exc.status != 500:
-            runtime.dataplane.reject(exc.reason)
-        return http_response(request.url.path, exc)
+        return server_error_response(runtime, request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> Response:
@@ -185,11 +224,9 @@ def build_app(runtime: Runtime) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> Response:
-        log.exception("unexpected error on %s", request.url.path)
-        return error_response(request.url.path, 500, "internal", f"internal error: {type(exc).__name__}")
+        return server_error_response(runtime, request.url.path, exc)
 
     ops.register(app, runtime)
     v2.register(app, runtime)
     openai.register(app, runtime)
-    app.add_middleware(LimitsMiddleware, runtime=runtime)
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -54,7 +55,13 @@ INFER_SCHEMA: dict[str, Any] = {
 }
 
 
-def register(app: FastAPI, runtime: Runtime) -> None:
+InferHandler = Callable[[Request, str], Awaitable[Response]]
+
+
+def infer_handler(runtime: Runtime) -> InferHandler:
+    """The v2 infer endpoint as a plain coroutine function (FastAPI registers it, and the outermost
+    middleware calls it directly on the hot path: see ``endpoints.LimitsMiddleware``)."""
+
     async def infer(request: Request, name: str) -> Response:
         check_model(runtime, name)
         runtime.dataplane.check_ready()
@@ -81,6 +88,11 @@ def register(app: FastAPI, runtime: Runtime) -> None:
             headers={"Inference-Header-Content-Length": str(header_len)},
         )
 
+    return infer
+
+
+def register(app: FastAPI, runtime: Runtime) -> None:
+    infer = infer_handler(runtime)
     app.add_api_route(
         "/v2/models/{name}/infer", infer, methods=["POST"], tags=["v2"], openapi_extra=INFER_SCHEMA
     )

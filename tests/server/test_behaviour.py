@@ -360,3 +360,26 @@ def test_sigterm_while_loading_exits_0_promptly(server: ServerFactory) -> None:
     proc.terminate()
     assert proc.wait_exit(30) == 0
     assert time.monotonic() - started < 20  # not held hostage by the load still running on its thread
+
+
+@pytest.mark.parametrize(
+    ("texts", "status"),
+    [(["fast"], 200), (["bad"], 400), (["boom"], 500), ([], 400)],
+)
+def test_infer_fast_path_answers_like_the_fastapi_route(
+    echo: ServerProcess, texts: list[str], status: int
+) -> None:
+    # /v2/models/echo/infer is served by the outermost middleware's fast path; the /versions/1 form
+    # goes through FastAPI's routing and exception handlers. Both must answer the same way.
+    doc = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}
+    rejected_before = _stats(echo)["rejected_total"]
+    answers = [
+        httpx.post(echo.url + path, json=doc, timeout=30)
+        for path in ("/v2/models/echo/infer", "/v2/models/echo/versions/1/infer")
+    ]
+    assert [a.status_code for a in answers] == [status, status], [a.text for a in answers]
+    assert answers[0].json() == answers[1].json()
+    if status == 400:  # refused requests are counted as rejections on both paths
+        assert _stats(echo)["rejected_total"] == rejected_before + 2
+    unknown = httpx.post(echo.url + "/v2/models/nope/infer", json=doc, timeout=30)
+    assert unknown.status_code == 404 and "nope" in unknown.json()["error"]

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model_server import v2
 from model_server.dataplane import retry_after_seconds
@@ -150,6 +152,10 @@ def test_sources(tmp_path: Path) -> None:
 def test_retry_after_and_error_classes() -> None:
     assert retry_after_seconds(0, 0.5) == 1
     assert retry_after_seconds(100, 0.05) == 5
+    # Jitter spreads a burst of refusals over [base, 2 x base], never below the estimate.
+    assert retry_after_seconds(100, 0.05, 0.99) == 10
+    assert {retry_after_seconds(0, 0.5, j / 10) for j in range(10)} == {1, 2}
+    assert all(5 <= retry_after_seconds(100, 0.05, j / 100) <= 10 for j in range(100))
     assert is_oom(RuntimeError("CUDA out of memory. Tried to allocate 20 MiB"))
     assert not is_oom(RuntimeError("shape mismatch"))
     assert is_fatal_device_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
@@ -165,6 +171,38 @@ def test_micro_batches_sort_and_bound() -> None:
     assert [lengths[i] for i in flat] == sorted(lengths)
     for g in groups:
         assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= 200
+
+
+def _cost(groups: list[list[int]], lengths: list[int], overhead: int) -> int:
+    return sum(overhead + len(g) * max(max(1, lengths[i]) for i in g) for g in groups)
+
+
+def test_micro_batches_on_cpu_group_texts_of_similar_length() -> None:
+    lengths = [60, 5] * 8
+    groups = micro_batches(lengths, budget=16384, overhead_tokens=48)
+    # Two passes (short texts together, long together) beat one padded pass and sixteen single ones.
+    assert [sorted({lengths[i] for i in g}) for g in groups] == [[5], [60]]
+    assert _cost(groups, lengths, 48) < _cost([list(range(16))], lengths, 48)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=150),
+    budget=st.integers(min_value=50, max_value=4000),
+    overhead=st.integers(min_value=0, max_value=500),
+)
+def test_micro_batches_plan_is_a_bounded_sorted_partition_no_worse_than_greedy(
+    lengths: list[int], budget: int, overhead: int
+) -> None:
+    groups = micro_batches(lengths, budget=budget, overhead_tokens=overhead)
+    flat = [i for g in groups for i in g]
+    assert sorted(flat) == list(range(len(lengths)))
+    assert [lengths[i] for i in flat] == sorted(lengths)
+    for g in groups:
+        assert len(g) == 1 or len(g) * max(max(1, lengths[i]) for i in g) <= budget
+    greedy = micro_batches(lengths, budget=budget)
+    if max(len(g) for g in greedy) <= 64:  # the programme looks at most 64 texts back
+        assert _cost(groups, lengths, overhead) <= _cost(greedy, lengths, overhead)
 
 
 def test_read_pooling(tmp_path: Path) -> None:
