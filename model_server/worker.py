@@ -30,6 +30,7 @@ from typing import Any
 from model_server import sources
 from model_server.config import ServerConfig
 from model_server.errors import FatalDeviceError, InferenceError, InvalidInput, ServerError
+from model_server.heap import HeapTrimmer
 from model_server.lifecycle import Lifecycle, State
 from model_server.preload import preload_torch_libraries
 from model_server.tasks import task_class
@@ -100,6 +101,7 @@ class Worker:
         self.load_progress = 0.0
         self.load_seconds: float | None = None
         self.device = config.device
+        self._heap = HeapTrimmer()
 
     # ---- loading ------------------------------------------------------------------------------------
 
@@ -190,6 +192,7 @@ class Worker:
             raise InferenceError(f"inference failed: {type(exc).__name__}: {exc}") from exc
         if len(results) != len(items):
             raise InferenceError(f"task returned {len(results)} results for {len(items)} items")
+        self._heap.maybe_trim()
         return results
 
     def _run_splitting(self, task: Task[Any, Any], items: list[Any], emit: Emitter | None) -> list[Any]:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from model_server import v2
 from model_server.dataplane import retry_after_seconds
 from model_server.errors import InvalidInput
+from model_server.heap import HeapTrimmer, due
 from model_server.sources import SourceError, parse_source, resolve
 from model_server.tasks.text_embedding import micro_batches, read_pooling
 from model_server.worker import is_fatal_device_error, is_oom
@@ -220,3 +221,12 @@ def test_read_pooling(tmp_path: Path) -> None:
     )
     (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 128}')
     assert read_pooling(tmp_path) == ("cls", True, 128)
+
+
+def test_heap_trimmer_trims_at_most_once_per_interval() -> None:
+    assert due(10.0, 4.0, 5.0) and not due(8.0, 4.0, 5.0)
+    trimmer = HeapTrimmer(interval_s=3600)
+    assert trimmer.available  # glibc: the CI and the container images are Debian-based
+    assert not trimmer.maybe_trim()  # the interval has not passed since it was made
+    eager = HeapTrimmer(interval_s=0)
+    assert eager.maybe_trim() and eager.maybe_trim() and eager.trims == 2

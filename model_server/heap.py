@@ -1,0 +1,64 @@
+"""Give freed heap memory back to the operating system, now and then, from the inference thread.
+
+A forward pass over a large CPU batch allocates tens of MiB of activations.  glibc keeps freed blocks in
+its heap (its mmap threshold grows with every large free), so a worker's RSS creeps up to its largest
+batch ever and stays there; under a long overload that reads as a leak and counts against the pool's
+memory budget.  ``malloc_trim(0)`` returns the free pages.  It walks the heap (milliseconds), so it runs
+at most every ``interval_s`` seconds, after a batch, on the thread that did the allocating.  Where there
+is no glibc (musl, macOS) it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("modelpool.heap")
+
+DEFAULT_INTERVAL_S = 5.0
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+def due(now: float, last: float, interval_s: float) -> bool:
+    """Pure: is a trim due?"""
+    return now - last >= interval_s
+
+
+class HeapTrimmer:
+    """``maybe_trim()`` after each batch; trims when ``interval_s`` has passed since the last trim."""
+
+    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._trim = _malloc_trim()
+        self._last = time.monotonic()
+        self.trims = 0
+
+    @property
+    def available(self) -> bool:
+        return self._trim is not None
+
+    def maybe_trim(self) -> bool:
+        now = time.monotonic()
+        if self._trim is None or not due(now, self._last, self.interval_s):
+            return False
+        self._last = now
+        self._trim(0)
+        self.trims += 1
+        return True
+
+
+__all__ = ["DEFAULT_INTERVAL_S", "HeapTrimmer", "due"]
