@@ -1,8 +1,9 @@
 """The HTTP layer: every route registered in ``build_app``; typed errors -> HTTP in ``error_response``.
 
 Routes live in ``ops`` (health, metadata, /metrics, /stats), ``v2`` (KServe v2 infer) and ``openai``.
-``LimitsMiddleware`` (pure ASGI, no per-request overhead of BaseHTTPMiddleware) refuses bodies over
-``--max-request-bytes`` with 413 before any route reads them, and records request count and latency.
+``LimitsMiddleware`` (pure ASGI, outermost) refuses a full queue with 429 and bodies over
+``--max-request-bytes`` with 413 before any route reads them, hands v2 infer straight to its handler
+(the hot path skips FastAPI's stack), and records request count and latency.
 """
 
 from __future__ import annotations

@@ -43,13 +43,23 @@ TEST_ENV = {
 class OperatorProcess:
     """One ``modelpool-operator`` process; ``stop()`` sends SIGTERM and returns the exit code."""
 
-    def __init__(self, cluster: Cluster, namespaces: Iterable[str], log_path: Path, **env: str) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespaces: Iterable[str],
+        log_path: Path,
+        *,
+        peering: str | None = None,
+        **env: str,
+    ) -> None:
         self.log_path = log_path
         self.namespaces = list(namespaces)
         args = [str(ROOT / ".venv" / "bin" / "modelpool-operator")]
         for ns in self.namespaces:
             args += ["--namespace", ns]
-        args += ["--standalone", "--liveness", "0", "--log-format", "plain", "--verbose"]
+        # Standalone unless a test runs several replicas that meet in a Kopf peering object.
+        args += ["--peering", peering] if peering else ["--standalone"]
+        args += ["--liveness", "0", "--log-format", "plain", "--verbose"]
         full_env = {**os.environ, **TEST_ENV, **env, "KUBECONFIG": str(cluster.kubeconfig)}
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
