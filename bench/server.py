@@ -1,7 +1,7 @@
 """`make bench`, server part: MiniLM served by modelpool-server versus the model called directly.
 
 Measures, in one run (see docs/server.md for how to read it):
-  (a) direct path (tokenize + forward + pooling, no server) at batch 1/32/128/512, and
+  (a) direct path (tokenize + forward + pooling, no server) at batch 1/8/32/64/128/512, and
       sentence-transformers' ``encode``;
   (b) through the server: 1- and 32-sentence requests at concurrency 1/8/64, over v2 JSON and over the
       v2 binary tensor extension (clients in separate processes, so the client is not the bottleneck);
@@ -39,6 +39,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = "<!-- bench:server:start -->", "<!-- bench:server:end -->"
+# Direct-path batch sizes: the issue's 1/32/128/512, plus 8 and 64 so that every batch the server forms
+# has a direct measurement near it (the ratios compare at the nearest size, in log scale).
+DIRECT_BATCHES = (1, 8, 32, 64, 128, 512)
 
 MINILM_CONFIG: dict[str, Any] = {
     "architectures": ["BertModel"],
@@ -162,7 +165,7 @@ def bench_direct(model_dir: Path, device: str, dtype: str, duration: float) -> d
     encode = direct_encoder(model_dir, device, dtype)
     results: dict[str, Any] = {}
     texts = corpus(4096, seed=1)
-    for bs in (1, 32, 128, 512):
+    for bs in DIRECT_BATCHES:
         encode(texts[:bs])  # warm-up
         done, lat = 0, list[float]()
         t0 = time.perf_counter()
@@ -628,7 +631,7 @@ def bench_server(model: Path, args: argparse.Namespace, duration: float) -> dict
 
 
 def _nearest_direct(direct: dict[str, Any], batch: float | None) -> tuple[int, float]:
-    sizes = [1, 32, 128, 512]
+    sizes = DIRECT_BATCHES
     b = batch or 1
     best = min(sizes, key=lambda s: abs(math.log(s) - math.log(max(1.0, b))))
     return best, float(direct[f"batch_{best}"]["sentences_per_s"])
@@ -645,7 +648,7 @@ def table(results: dict[str, Any]) -> str:
         "| path | sentences/s | p50 ms | formed batch | vs direct at that batch |",
         "|---|---:|---:|---:|---:|",
     ]
-    for bs in (1, 32, 128, 512):
+    for bs in DIRECT_BATCHES:
         r = d[f"batch_{bs}"]
         lines.append(f"| direct, batch {bs} | {r['sentences_per_s']:.0f} | {r['p50_ms']:.2f} | {bs} | 1.00 |")
     for key in ("sentence_transformers_32", "sentence_transformers_512"):

@@ -20,8 +20,8 @@ SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 
 # Settings the chart sets through the command line (scope, peering, liveness), not through `config`.
 SET_BY_ARGS = {"namespaces", "peering_name", "standalone", "liveness_port"}
-# Values whose empty default means "the operator's built-in default".
-EMPTY_MEANS_DEFAULT = {"server_image"}
+# Chart values left empty so the operator's own default applies (the template sets no variable for them).
+EMPTY_MEANS_DEFAULT = {"server_image", "peering_priority"}
 
 
 def _snake(name: str) -> str:

@@ -298,6 +298,7 @@ def plan(
     spec, prev = pool.spec, pool.status
     memory = spec.resources.memory_bytes
     prev_states = {w.name: w.state for w in prev.workers}
+    prev_reasons = {w.name: w.reason for w in prev.workers}
     prev_since = {w.name: w.since for w in prev.workers}
     workers = sorted((w for w in workers if w.pool in (pool.name, "")), key=lambda w: w.name)
     events: list[Event] = []
@@ -314,6 +315,14 @@ def plan(
     # -- transitions worth an Event --------------------------------------------------------------------
     for w in workers:
         before = prev_states.get(w.name)
+        if w.state == "Pending" and w.reason == "Unschedulable":
+            # Pending -> Pending: only the reason changes when the scheduler's verdict outlasts the
+            # timeout, so this transition is told by the reason, not by the state.
+            if before is not None and prev_reasons.get(w.name) != "Unschedulable":
+                events.append(
+                    Event("Warning", "Unschedulable", f"worker {w.name} cannot be scheduled: {w.message}")
+                )
+            continue
         if before == w.state:
             continue
         if w.state == "Failed":
@@ -324,10 +333,6 @@ def plan(
             )
         elif w.state == "Ready" and before in (None, "Pending", "Loading"):
             events.append(Event("Normal", "WorkerReady", f"worker {w.name} is ready"))
-        elif w.state == "Pending" and w.reason == "Unschedulable" and before is not None:
-            events.append(
-                Event("Warning", "Unschedulable", f"worker {w.name} cannot be scheduled: {w.message}")
-            )
     seen = {w.name for w in workers}
     for gone in prev.workers:
         if (

@@ -9,6 +9,7 @@ ones onto Kopf's own ``OperatorSettings`` in the startup hook.
 from __future__ import annotations
 
 import logging
+import random
 from typing import Annotated, Any
 
 from pydantic import Field, field_validator
@@ -96,6 +97,22 @@ class OperatorConfig(BaseSettings):
         ),
     )
     standalone: bool = Field(default=False, description="Disable peering entirely.")
+    peering_priority: int | None = Field(
+        default=None,
+        description=(
+            "Kopf peering priority: of the live peers, only the one with the highest priority acts; peers of "
+            "equal priority all pause until one of them goes. Unset: a random priority drawn at start, so "
+            "the replicas of one Deployment (which share their settings) still elect one active peer."
+        ),
+    )
+    peering_lifetime_seconds: int = Field(
+        default=60,
+        ge=1,
+        description=(
+            "How long this operator's peering record counts as alive without a keep-alive: a peer that "
+            "dies without saying so blocks the others for at most this long."
+        ),
+    )
     liveness_port: int = Field(
         default=8080, ge=0, le=65535, description="Port of the /healthz liveness endpoint (0 disables it)."
     )
@@ -156,6 +173,12 @@ class OperatorConfig(BaseSettings):
         return f"http://0.0.0.0:{self.liveness_port}/healthz" if self.liveness_port else None
 
 
+def peering_priority(configured: int | None, rng: random.Random) -> int:
+    """The configured priority, or a random one in [1, 2**31): two replicas draw the same with odds of
+    one in two billion, and a replica that restarts draws anew (it may take over, which is harmless)."""
+    return configured if configured is not None else rng.randrange(1, 2**31)
+
+
 def apply_to_kopf(config: OperatorConfig, settings: Any) -> None:
     """Copy the operator's configuration onto Kopf's ``OperatorSettings`` (called in the startup hook)."""
     import kopf
@@ -179,3 +202,5 @@ def apply_to_kopf(config: OperatorConfig, settings: Any) -> None:
         settings.peering.name = config.peering_name
         settings.peering.mandatory = True
     settings.peering.standalone = config.standalone
+    settings.peering.priority = peering_priority(config.peering_priority, random.SystemRandom())
+    settings.peering.lifetime = config.peering_lifetime_seconds

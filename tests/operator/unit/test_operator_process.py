@@ -7,6 +7,7 @@ and a real closed port, not a mocked transport.
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,7 +18,7 @@ from aiohttp import web
 
 from modelpool_operator.kube import merge_patch
 from modelpool_operator.main import build_parser, config_from_args
-from modelpool_operator.settings import OperatorConfig, apply_to_kopf
+from modelpool_operator.settings import OperatorConfig, apply_to_kopf, peering_priority
 from modelpool_operator.stats import StatsScraper, stats_url
 
 # ---- configuration ------------------------------------------------------------------------------------
@@ -83,6 +84,15 @@ def test_kopf_settings_get_the_project_prefix_and_timeouts() -> None:
     assert settings.watching.server_timeout == 123
     assert settings.peering.name == "pp" and settings.peering.mandatory
     assert settings.posting.level == 30  # WARNING: only warnings of the log become Events
+    assert 1 <= settings.peering.priority < 2**31  # unset: drawn at random (replicas share settings)
+    apply_to_kopf(OperatorConfig(peering_priority=7, peering_lifetime_seconds=9), settings)
+    assert settings.peering.priority == 7 and settings.peering.lifetime == 9
+
+
+def test_peering_priority_is_the_configured_one_or_random_per_replica() -> None:
+    assert peering_priority(0, random.Random(1)) == 0
+    drawn = {peering_priority(None, random.Random(seed)) for seed in range(50)}
+    assert len(drawn) == 50 and all(1 <= p < 2**31 for p in drawn)
 
 
 # ---- merge patches ---------------------------------------------------------------------------------------

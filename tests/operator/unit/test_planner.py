@@ -617,3 +617,18 @@ def test_preemption_is_not_undone_by_the_victims_pool() -> None:
     # 4. hi takes it.
     hi4 = plan(view(hi_spec, hi1.status, name="hi"), [], ledger_for(total), now=at(1009))
     assert len(hi4.create) == 1 and hi4.status.memory.waiting_bytes == 0
+
+
+def test_unschedulable_is_told_once_when_the_reason_changes_though_the_state_stays_pending() -> None:
+    # Pending/Scheduling -> Pending/Unschedulable changes only the reason: the Warning must still be sent,
+    # once, and not again while the worker stays unschedulable.
+    spec = make_spec(replicas=1)
+    scheduling = [w("p-a", "Pending", reason="Scheduling")]
+    first = plan(view(spec), scheduling, ledger_for(100 * GI, scheduling), now=NOW)
+    assert ("Warning", "Unschedulable") not in [(e.type, e.reason) for e in first.events]
+    stuck = [w("p-a", "Pending", reason="Unschedulable")]
+    second = plan(view(spec, status=first.status), stuck, ledger_for(100 * GI, stuck), now=at(1130))
+    told = [e for e in second.events if (e.type, e.reason) == ("Warning", "Unschedulable")]
+    assert len(told) == 1 and "p-a" in told[0].message
+    third = plan(view(spec, status=second.status), stuck, ledger_for(100 * GI, stuck), now=at(1140))
+    assert ("Warning", "Unschedulable") not in [(e.type, e.reason) for e in third.events]
