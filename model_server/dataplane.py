@@ -61,6 +61,10 @@ class Unit:
     abandoned: str | None = None  # why the waiter gave up ("timeout", "disconnected"): never compute it
 
 
+# Requests answered per event-loop iteration when a batch completes (see ``DataPlane._execute``).
+ANSWER_SLICE = 8
+
+
 def retry_after_seconds(queued_items: int, seconds_per_item: float, jitter: float = 0.0) -> int:
     """Pure: the Retry-After answer in whole seconds (at least 1).
 
@@ -270,15 +274,20 @@ class DataPlane:
         except ServerError as exc:
             self._fail_units(batch, exc)
         else:
+            elapsed = time.monotonic() - started
+            self.metrics.compute.observe(elapsed)
+            self._seconds_per_item = 0.8 * self._seconds_per_item + 0.2 * (elapsed / max(1, len(items)))
             offset = 0
-            for unit in batch:
+            for k, unit in enumerate(batch):
                 n = len(unit.items)
                 if not unit.future.done():
                     unit.future.set_result(results[offset : offset + n])
                 offset += n
-            elapsed = time.monotonic() - started
-            self.metrics.compute.observe(elapsed)
-            self._seconds_per_item = 0.8 * self._seconds_per_item + 0.2 * (elapsed / max(1, len(items)))
+                if (k + 1) % ANSWER_SLICE == 0 and k + 1 < len(batch):
+                    # Let the event loop poll its sockets between slices: a finished batch of 128
+                    # requests would otherwise be answered in one go, with new requests (and their
+                    # 429s) waiting behind all of it.
+                    await asyncio.sleep(0)
         finally:
             self.in_flight -= len(batch)
             self.metrics.in_flight.set(self.in_flight)
