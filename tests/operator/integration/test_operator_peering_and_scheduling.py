@@ -231,6 +231,39 @@ def _names_created(watcher: PodWatcher, pool: str) -> set[str]:
     return {name for _, kind, name, _ in watcher.history if kind == "ADDED" and name.startswith(f"{pool}-")}
 
 
+def _create_peering(cluster: Cluster, namespace: str) -> None:
+    """The namespaced KopfPeering object that ``--peering NAME`` requires (the chart creates it too)."""
+    apply(
+        cluster,
+        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}},
+        namespace,
+    )
+
+
+def _wait_ready_workers(
+    cluster: Cluster, namespace: str, pool: str, replicas: int, message: str
+) -> list[Any]:
+    """Wait until the pool shows ``replicas`` Ready workers, give the operator a few more passes, and
+    return the pool's worker pods."""
+    wait_status(
+        cluster,
+        namespace,
+        pool,
+        lambda s: states(s) == ["Ready"] * replicas and s.get("readyReplicas") == replicas,
+        timeout=60,
+        message=message,
+    )
+    time.sleep(2)  # a few more passes: still exactly these workers
+    return worker_pods(cluster, namespace, pool)
+
+
+def _assert_created_exactly(watcher: PodWatcher, pool: str, pods: list[Any], replicas: int) -> None:
+    """No worker was ever created beyond the ones that exist, and never more than ``replicas`` at once."""
+    assert len(pods) == replicas
+    assert _names_created(watcher, pool) == {p["metadata"]["name"] for p in pods}
+    assert watcher.max_pods.get(pool) == replicas, watcher.max_pods
+
+
 def _start_peer(start_operator: StartOperator, namespace: str, identity: str, **env: str) -> OperatorProcess:
     # POD_ID is Kopf's own way to name a peer (as a pod's name would): the test then finds each process in
     # the peering object.
@@ -247,11 +280,7 @@ def test_peered_replicas_only_the_highest_priority_acts_and_the_standby_takes_ov
     peering_crds: Cluster, namespace: str, start_operator: StartOperator
 ) -> None:
     cluster = peering_crds
-    apply(
-        cluster,
-        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}},
-        namespace,
-    )
+    _create_peering(cluster, namespace)
     watcher = PodWatcher(cluster, [namespace]).start()
     try:
         processes = {
@@ -351,11 +380,7 @@ def test_peered_replicas_of_equal_priority_all_pause_until_one_is_gone(
     # only one is left. "Never act at once" holds by nobody acting. This is why the operator draws a random
     # priority when none is configured (replicas of one Deployment share their settings): see the next test.
     cluster = peering_crds
-    apply(
-        cluster,
-        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}},
-        namespace,
-    )
+    _create_peering(cluster, namespace)
     watcher = PodWatcher(cluster, [namespace]).start()
     try:
         first = _start_peer(start_operator, namespace, "op-a", MODELPOOL_OPERATOR_PEERING_PRIORITY="10")
@@ -387,21 +412,12 @@ def test_peered_replicas_of_equal_priority_all_pause_until_one_is_gone(
         wait_for(
             lambda: first.log_tail(10**8).count(RESUMED) >= 2, timeout=LIFETIME_S + 20, message="op-a resumes"
         )
-        wait_status(
-            cluster,
-            namespace,
-            "frozen",
-            lambda s: states(s) == ["Ready"] * 2 and s.get("readyReplicas") == 2,
-            timeout=60,
-            message="the survivor converges the pool to 2 Ready workers",
+        pods = _wait_ready_workers(
+            cluster, namespace, "frozen", 2, "the survivor converges the pool to 2 Ready workers"
         )
-        time.sleep(2)
-        pods = worker_pods(cluster, namespace, "frozen")
     finally:
         watcher.stop()
-    assert len(pods) == 2
-    assert _names_created(watcher, "frozen") == {p["metadata"]["name"] for p in pods}
-    assert watcher.max_pods.get("frozen") == 2, watcher.max_pods
+    _assert_created_exactly(watcher, "frozen", pods, 2)
     first_created = min(_created(p) for p in pods)
     assert first_created >= _deadline(dead) - timedelta(seconds=1), (first_created, dead)
 
@@ -412,11 +428,7 @@ def test_peered_replicas_with_the_same_settings_elect_one_active_replica(
     # As the chart runs replicas: identical settings, no priority configured. Each draws its own random
     # priority, so exactly one acts and the other stands by.
     cluster = peering_crds
-    apply(
-        cluster,
-        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}},
-        namespace,
-    )
+    _create_peering(cluster, namespace)
     watcher = PodWatcher(cluster, [namespace]).start()
     try:
         processes = {"op-1": _start_peer(start_operator, namespace, "op-1")}
@@ -442,19 +454,8 @@ def test_peered_replicas_with_the_same_settings_elect_one_active_replica(
                 message="op-1 pauses in favour of op-2",
             )
         apply(cluster, pool_manifest("elected", replicas=2), namespace)
-        wait_status(
-            cluster,
-            namespace,
-            "elected",
-            lambda s: states(s) == ["Ready"] * 2 and s.get("readyReplicas") == 2,
-            timeout=60,
-            message="2 Ready workers",
-        )
-        time.sleep(2)
-        pods = worker_pods(cluster, namespace, "elected")
+        pods = _wait_ready_workers(cluster, namespace, "elected", 2, "2 Ready workers")
     finally:
         watcher.stop()
-    assert len(pods) == 2
-    assert _names_created(watcher, "elected") == {p["metadata"]["name"] for p in pods}
-    assert watcher.max_pods.get("elected") == 2, watcher.max_pods
+    _assert_created_exactly(watcher, "elected", pods, 2)
     assert _acted(processes[active]) and not _acted(processes[standby])
