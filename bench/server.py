@@ -306,11 +306,15 @@ class _Connection:
         # like any HTTP client, send again on a fresh one.
         return await self._request(raw)
 
-    async def _request(self, raw: bytes) -> tuple[int, dict[bytes, bytes]]:
+    async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.writer is None or self.reader is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        self.writer.write(raw)
-        head = await self.reader.readuntil(b"\r\n\r\n")
+        return self.reader, self.writer
+
+    async def _request(self, raw: bytes) -> tuple[int, dict[bytes, bytes]]:
+        reader, writer = await self.open()
+        writer.write(raw)
+        head = await reader.readuntil(b"\r\n\r\n")
         lines = head.split(b"\r\n")
         status = int(lines[0].split(b" ", 2)[1])
         headers = {}
@@ -318,7 +322,7 @@ class _Connection:
             if line:
                 key, _, value = line.partition(b":")
                 headers[key.strip().lower()] = value.strip()
-        await self.reader.readexactly(int(headers.get(b"content-length", b"0")))
+        await reader.readexactly(int(headers.get(b"content-length", b"0")))
         if headers.get(b"connection", b"").lower() == b"close":
             await self.close()
         return status, headers
@@ -350,7 +354,7 @@ async def _client_main(spec: dict[str, Any]) -> dict[str, Any]:
     # One connection per simulated client, opened before the clock starts.
     connections = [_Connection(host, port) for _ in range(spec["concurrency"])]
     for conn in connections:
-        conn.reader, conn.writer = await asyncio.open_connection(host, port)
+        await conn.open()
     # Clients start spread over the ramp (as load generators ramp up).  Counted are the answers that
     # arrive inside the window [warm-up, warm-up + duration], whenever their request was sent (as wrk
     # counts): the steady-state rate, even when one request takes longer than the window.
@@ -511,6 +515,9 @@ class Server:
         doc: dict[str, Any] = self.client.get(self.url + "/stats").json()
         return doc
 
+    def rss_bytes(self) -> int:
+        return int(self.stats()["memory"]["rss_bytes"])
+
     def settle(self, timeout: float = 120) -> None:
         """Wait until the server has nothing queued or in flight (a run's leftovers are not the next's)."""
         deadline = time.monotonic() + timeout
@@ -571,13 +578,11 @@ def bench_load_probe(model: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 class RssSampler:
-    """Samples the server's RSS (from /stats) once a second, in a thread, while a run goes on."""
+    """Samples the server's RSS once a second, in a thread, while a run goes on (httpx's Client, which
+    ``Server.rss_bytes`` uses, is thread-safe; the main thread only waits for the clients meanwhile)."""
 
     def __init__(self, server: Server, period: float = 1.0) -> None:
-        import httpx
-
-        self.url = server.url + "/stats"
-        self.client = httpx.Client(timeout=10)
+        self.read = server.rss_bytes
         self.period = period
         self.samples: list[int] = []
         self._stop = threading.Event()
@@ -585,7 +590,7 @@ class RssSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            self.samples.append(int(self.client.get(self.url).json()["memory"]["rss_bytes"]))
+            self.samples.append(self.read())
 
     def __enter__(self) -> RssSampler:
         self._thread.start()
@@ -594,8 +599,7 @@ class RssSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.samples.append(int(self.client.get(self.url).json()["memory"]["rss_bytes"]))
-        self.client.close()
+        self.samples.append(self.read())
 
 
 def bench_server(model: Path, args: argparse.Namespace, duration: float) -> dict[str, Any]:
@@ -638,7 +642,7 @@ def bench_server(model: Path, args: argparse.Namespace, duration: float) -> dict
         # (d) 10x overload: 10x the queue capacity in concurrent clients; a rejected client waits the
         # Retry-After it was given (as real clients do) and comes back.
         server.settle()
-        rss0 = server.stats()["memory"]["rss_bytes"]
+        rss0 = server.rss_bytes()
         conc = 10 * args.queue_capacity
         with RssSampler(server) as rss:
             res = run_clients(

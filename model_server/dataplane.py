@@ -73,7 +73,7 @@ def retry_after_seconds(queued_items: int, seconds_per_item: float, jitter: floa
     burst then come back spread over time instead of as one synchronised herd that overflows the queue
     again."""
     base = max(1.0, queued_items * seconds_per_item)
-    return max(1, math.ceil(base), round(base * (1.0 + jitter)))
+    return max(math.ceil(base), round(base * (1.0 + jitter)))
 
 
 class DataPlane:

@@ -11,26 +11,11 @@ is no glibc (musl, macOS) it does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import logging
 import time
-from collections.abc import Callable
 
-log = logging.getLogger("modelpool.heap")
+from model_server.libc import libc_function
 
 DEFAULT_INTERVAL_S = 5.0
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
 
 
 def due(now: float, last: float, interval_s: float) -> bool:
@@ -43,7 +28,7 @@ class HeapTrimmer:
 
     def __init__(self, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         self.interval_s = interval_s
-        self._trim = _malloc_trim()
+        self._trim = libc_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
         self._last = time.monotonic()
         self.trims = 0
 

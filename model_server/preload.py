@@ -16,6 +16,8 @@ import logging
 import sys
 from pathlib import Path
 
+from model_server.libc import libc_function
+
 log = logging.getLogger("modelpool.preload")
 
 # What torch's import loads first (``_load_global_deps``, RTLD_GLOBAL), then libtorch itself, which pulls
@@ -41,13 +43,9 @@ def preload_torch_libraries() -> list[str]:
     libdir = torch_library_dir()
     if libdir is None:
         return []
-    try:
-        libc = ctypes.CDLL(None)
-        dlopen = libc.dlopen
-    except (OSError, AttributeError):
+    dlopen = libc_function("dlopen", [ctypes.c_char_p, ctypes.c_int], ctypes.c_void_p)
+    if dlopen is None:
         return []
-    dlopen.restype = ctypes.c_void_p
-    dlopen.argtypes = [ctypes.c_char_p, ctypes.c_int]
     loaded = []
     for name, global_ in _LIBRARIES:
         path = libdir / name
