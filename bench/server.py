@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -43,6 +44,15 @@ START, END = "<!-- bench:server:start -->", "<!-- bench:server:end -->"
 # Direct-path batch sizes: the issue's 1/32/128/512, plus 8 and 64 so that every batch the server forms
 # has a direct measurement near it (the ratios compare at the nearest size, in log scale).
 DIRECT_BATCHES = (1, 8, 32, 64, 128, 512)
+# Untimed pause after each call of the added-latency measurement (see bench_added_latency).
+PAUSE_AFTER_CALL_S = 0.01
+# Idle time before reading a server's RSS at rest (it trims its heap after IDLE_TRIM_AFTER_S = 1 s).
+IDLE_SETTLE_S = 2.0
+# Warm-up of the overload run (clients ramp up; not counted).
+# 32-sentence requests complete in bursts, a whole batch at a time (about a second apart on a CPU), so a
+# window counts few of them and one more or less moves the rate by 10 %: their windows are this much longer.
+MULTI_SENTENCE_WINDOW_FACTOR = 3
+OVERLOAD_WARMUP_S = 3.0
 
 MINILM_CONFIG: dict[str, Any] = {
     "architectures": ["BertModel"],
@@ -162,54 +172,69 @@ def direct_encoder(model_dir: Path, device: str, dtype: str) -> Any:
     return encode
 
 
-def bench_direct(model_dir: Path, device: str, dtype: str, duration: float) -> dict[str, Any]:
-    encode = direct_encoder(model_dir, device, dtype)
+def direct_rate(encode: Any, texts: list[str], bs: int, duration: float) -> tuple[float, list[float]]:
+    """Sentences/s of the direct path at batch ``bs`` over ``duration`` s (at least one call), and the
+    per-call latencies."""
+    lat: list[float] = []
+    done, i = 0, 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < duration or not lat:
+        chunk = [texts[(i + k) % len(texts)] for k in range(bs)]
+        i += bs
+        s = time.perf_counter()
+        encode(chunk)
+        lat.append(time.perf_counter() - s)
+        done += bs
+    return done / (time.perf_counter() - t0), lat
+
+
+def st_rate(st: Any, texts: list[str], bs: int, duration: float, per_call: int = 512) -> float:
+    """Sentences/s of sentence-transformers' ``encode``, ``per_call`` texts a call: 512 is the offline
+    use (one long list, sorted by length inside ``encode``); the request size is what a web server that
+    wraps ``encode`` does with each request."""
+    done, i, t0 = 0, 0, time.perf_counter()
+    n = max(bs, per_call)
+    while time.perf_counter() - t0 < duration or done == 0:
+        st.encode([texts[(i + k) % len(texts)] for k in range(n)], batch_size=bs)
+        i += n
+        done += n
+    return done / (time.perf_counter() - t0)
+
+
+def load_sentence_transformer(model_dir: Path, device: str, dtype: str) -> Any:
+    """sentence-transformers on the same weights, or None when the package is missing."""
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        return None
+    st = SentenceTransformer(str(model_dir), device=device)
+    return st.half() if dtype == "float16" else st
+
+
+def bench_direct(encode: Any, st: Any, duration: float) -> dict[str, Any]:
     results: dict[str, Any] = {}
     texts = corpus(4096, seed=1)
     for bs in DIRECT_BATCHES:
         encode(texts[:bs])  # warm-up
-        done, lat = 0, list[float]()
-        t0 = time.perf_counter()
-        i = 0
-        while time.perf_counter() - t0 < duration or not lat:
-            chunk = [texts[(i + k) % len(texts)] for k in range(bs)]
-            i += bs
-            s = time.perf_counter()
-            encode(chunk)
-            lat.append(time.perf_counter() - s)
-            done += bs
-        elapsed = time.perf_counter() - t0
-        results[f"batch_{bs}"] = {
-            "sentences_per_s": done / elapsed,
-            "p50_ms": statistics.median(lat) * 1000,
-        }
-        print(f"  direct batch {bs:>3}: {done / elapsed:9.1f} sentences/s", flush=True)
-    try:
-        from sentence_transformers import SentenceTransformer
-
-        st = SentenceTransformer(str(model_dir), device=device)
-        if dtype == "float16":
-            st = st.half()
-        for bs in (32, 512):
-            st.encode(texts[:bs], batch_size=bs)
-            done, t0 = 0, time.perf_counter()
-            while time.perf_counter() - t0 < duration or done == 0:
-                st.encode(texts[: max(bs, 512)], batch_size=bs)
-                done += max(bs, 512)
-            rate = done / (time.perf_counter() - t0)
-            results[f"sentence_transformers_{bs}"] = {"sentences_per_s": rate}
-            print(f"  sentence-transformers encode batch {bs}: {rate:9.1f} sentences/s", flush=True)
-    except ImportError as exc:
-        results["sentence_transformers_error"] = str(exc)
+        rate, lat = direct_rate(encode, texts, bs, duration)
+        results[f"batch_{bs}"] = {"sentences_per_s": rate, "p50_ms": statistics.median(lat) * 1000}
+        print(f"  direct batch {bs:>3}: {rate:9.1f} sentences/s", flush=True)
+    if st is None:
+        results["sentence_transformers_error"] = "sentence-transformers is not installed"
+        return results
+    for bs in (32, 512):
+        st.encode(texts[:bs], batch_size=bs)
+        rate = st_rate(st, texts, bs, duration)
+        results[f"sentence_transformers_{bs}"] = {"sentences_per_s": rate}
+        print(f"  sentence-transformers encode batch {bs}: {rate:9.1f} sentences/s", flush=True)
     return results
 
 
-def bench_added_latency(model_dir: Path, url: str, device: str, dtype: str, n: int) -> dict[str, Any]:
+def bench_added_latency(encode: Any, url: str, n: int) -> dict[str, Any]:
     """(c) One sentence at concurrency 1: the direct call, a JSON request and a binary request, taken in
     turn ``n`` times, so that all three see the same machine (this one is shared and noisy)."""
     import http.client
 
-    encode = direct_encoder(model_dir, device, dtype)
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=60)
     texts = corpus(n, seed=5)
@@ -232,15 +257,17 @@ def bench_added_latency(model_dir: Path, url: str, device: str, dtype: str, n: i
         post(*_v2_body([text], True))
 
     calls = {"direct": direct, "json": json_request, "binary": binary_request}
-    kinds = list(calls)
+    orders = list(itertools.permutations(calls))
     for i, text in enumerate([*texts[:10], *texts]):  # the first 10 warm up
-        # Rotate the order: whatever runs right after the direct call shares the CPU with the OpenMP
-        # threads it leaves spinning, and no kind should always be the one that pays for that.
-        for kind in kinds[i % 3 :] + kinds[: i % 3]:
+        # All six orders in turn, so no kind is more often than another the one right after a direct
+        # call; and a pause after every call, untimed: the OpenMP threads a direct call leaves spinning
+        # in this process would otherwise take the CPU from whatever runs next.
+        for kind in orders[i % len(orders)]:
             s = time.perf_counter()
             calls[kind](text)
             if i >= 10:
                 times[kind].append(time.perf_counter() - s)
+            time.sleep(PAUSE_AFTER_CALL_S)
     conn.close()
     p50 = {kind: statistics.median(values) * 1000 for kind, values in times.items()}
     return {
@@ -602,8 +629,53 @@ class RssSampler:
         self.samples.append(self.read())
 
 
-def bench_server(model: Path, args: argparse.Namespace, duration: float) -> dict[str, Any]:
-    """(b), (c) and (d) against one server (runs of (b): requests completed in the measured window)."""
+def _nearest_batch(batch: float | None) -> int:
+    """The direct-path batch size nearest ``batch`` in log scale."""
+    b = max(1.0, batch or 1.0)
+    return min(DIRECT_BATCHES, key=lambda s: abs(math.log(s) - math.log(b)))
+
+
+def paired_reference(
+    encode: Any, st: Any, *, expected: int, size: int, half: float, run: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run ``run()`` (one server measurement) between two reference measurements of ``half`` seconds
+    each: the direct path at the batch the server is expected to form, before, and at the batch it did
+    form, after (the same size unless the guess was off); and, for multi-sentence requests,
+    sentence-transformers' ``encode`` before and after, both offline (512 texts a call) and as a web
+    server wrapping it would call it (one request's texts a call).  This machine's speed drifts by tens
+    of percent from minute to minute, so a ratio against a reference measured minutes earlier says
+    little; one against the mean of measurements taken just before and just after the run says what it
+    should."""
+    texts = corpus(4096, seed=1)
+    before_bs = _nearest_batch(expected)
+    direct_before = direct_rate(encode, texts, before_bs, half)[0]
+    wrapped = st is not None and size > 1
+
+    def st_pair() -> tuple[float, float]:
+        return st_rate(st, texts, 32, half / 2), st_rate(st, texts, 32, half / 2, per_call=size)
+
+    st_before = st_pair() if wrapped else None
+    res: dict[str, Any] = run()
+    after_bs = _nearest_batch(res["mean_batch"])
+    direct_after = direct_rate(encode, texts, after_bs, half)[0]
+    st_after = st_pair() if wrapped else None
+    ref: dict[str, Any] = {
+        "direct_batch": after_bs,
+        "direct_sentences_per_s": (
+            (direct_before + direct_after) / 2 if before_bs == after_bs else direct_after
+        ),
+    }
+    if st_before is not None and st_after is not None:
+        ref["st_sentences_per_s"] = (st_before[0] + st_after[0]) / 2
+        ref["st_per_request_sentences_per_s"] = (st_before[1] + st_after[1]) / 2
+    return res, ref
+
+
+def bench_server(
+    model: Path, args: argparse.Namespace, duration: float, encode: Any, st: Any
+) -> dict[str, Any]:
+    """(b), (c) and (d) against one server (runs of (b): requests completed in the measured window;
+    each compared with the direct path and sentence-transformers measured around it)."""
     batch = str(args.server_batch)
     server = Server(model, args, "--max-batch-size", batch, "--queue-capacity", str(args.queue_capacity),
                     "--max-batch-delay-ms", str(args.batch_delay_ms))  # fmt: skip
@@ -615,9 +687,7 @@ def bench_server(model: Path, args: argparse.Namespace, duration: float) -> dict
     try:
         server.wait("/v2/health/ready")
         run_clients(server.url, 32, True, 8, 2.0, 1)  # warm-up
-        out["added_latency"] = added = bench_added_latency(
-            model, server.url, args.device, args.dtype, args.latency_samples
-        )
+        out["added_latency"] = added = bench_added_latency(encode, server.url, args.latency_samples)
         print(
             f"  added latency p50: json {added['json_ms']:.2f} ms, binary {added['binary_ms']:.2f} ms "
             f"(direct batch 1 p50 {added['direct_p50_ms']:.2f} ms)", flush=True,
@@ -625,41 +695,71 @@ def bench_server(model: Path, args: argparse.Namespace, duration: float) -> dict
         for size in (1, 32):
             for binary in (False, True):
                 for conc in (1, 8, 64):
-                    server.settle()
-                    before = server.mean_batch()
-                    procs = 1 if conc == 1 else args.client_procs
-                    res = run_clients(server.url, size, binary, conc, duration, procs, warmup=1.0)
-                    after = server.mean_batch()
-                    count = after[1] - before[1]
-                    res["mean_batch"] = (after[0] - before[0]) / count if count else None
+
+                    def measure(size: int = size, binary: bool = binary, conc: int = conc) -> dict[str, Any]:
+                        server.settle()
+                        before = server.mean_batch()
+                        procs = 1 if conc == 1 else args.client_procs
+                        window = duration * (MULTI_SENTENCE_WINDOW_FACTOR if size > 1 else 1)
+                        res = run_clients(server.url, size, binary, conc, window, procs, warmup=1.0)
+                        after = server.mean_batch()
+                        count = after[1] - before[1]
+                        res["mean_batch"] = (after[0] - before[0]) / count if count else None
+                        return res
+
+                    expected = min(size * conc, args.server_batch)
+                    res, ref = paired_reference(
+                        encode, st, expected=expected, size=size, half=duration / 2, run=measure
+                    )
+                    res["reference"] = ref
                     key = f"{'binary' if binary else 'json'}_{size}x_c{conc}"
                     out["runs"][key] = res
+                    vs_st = (
+                        f"  vs ST {res['sentences_per_s'] / ref['st_sentences_per_s']:.2f}"
+                        f" (per request {res['sentences_per_s'] / ref['st_per_request_sentences_per_s']:.2f})"
+                        if "st_sentences_per_s" in ref
+                        else ""
+                    )
                     print(
                         f"  server {key:>16}: {res['sentences_per_s']:9.1f} sentences/s"
-                        f"  p50 {res['p50_ms']:.2f} ms"
-                        f"  batch {res['mean_batch'] or 0:.1f}  errors {res['errors']}", flush=True,
+                        f"  p50 {res['p50_ms']:.2f} ms  batch {res['mean_batch'] or 0:.1f}"
+                        f"  vs direct@{ref['direct_batch']} "
+                        f"{res['sentences_per_s'] / ref['direct_sentences_per_s']:.2f}{vs_st}"
+                        f"  errors {res['errors']}", flush=True,
                     )  # fmt: skip
         # (d) 10x overload: 10x the queue capacity in concurrent clients; a rejected client waits the
         # Retry-After it was given (as real clients do) and comes back.
         server.settle()
+        time.sleep(IDLE_SETTLE_S)  # the server trims its heap after a quiet second: a like-for-like base
         rss0 = server.rss_bytes()
         conc = 10 * args.queue_capacity
         with RssSampler(server) as rss:
             res = run_clients(
                 server.url, 1, False, conc, args.overload_seconds, args.client_procs,
-                honor_retry_after=True, warmup=3.0,
+                honor_retry_after=True, warmup=OVERLOAD_WARMUP_S,
             )  # fmt: skip
-        # RSS at any one instant includes the activations of the batch being computed (tens of MiB on a
-        # CPU); the median of the last five one-second samples is what the process keeps.
-        rss1 = statistics.median(rss.samples[-5:])
+        # RSS at any one instant includes the activations of the batch being computed and the freed
+        # blocks glibc returns every few seconds (a saw-tooth of tens of MiB on a CPU), so levels are
+        # medians of five one-second samples: the first five after the warm-up and the last five.
+        warm = round(OVERLOAD_WARMUP_S)
+        rss_first = statistics.median(rss.samples[warm : warm + 5])
+        rss_last = statistics.median(rss.samples[-5:])
+        server.settle()
+        time.sleep(IDLE_SETTLE_S)
+        rss_idle = server.rss_bytes()
         res.update(
-            rss_before=rss0, rss_after=rss1, rss_max=max(rss.samples), rss_samples=rss.samples,
-            rss_growth_mib=(rss1 - rss0) / 2**20, concurrency=conc,
+            rss_before=rss0, rss_first=rss_first, rss_last=rss_last, rss_max=max(rss.samples),
+            rss_samples=rss.samples, rss_idle_after=rss_idle, concurrency=conc,
+            rss_working_mib=(rss_last - rss0) / 2**20,  # under the overload vs idle before
+            rss_growth_mib=(rss_last - rss_first) / 2**20,  # over the overload
+            rss_idle_growth_mib=(rss_idle - rss0) / 2**20,  # left behind, idle again
         )  # fmt: skip
         out["overload"] = res
         print(
             f"  overload c={conc}: {res['ok']} ok, {res['rejected']} 429 (p99 {res['rejected_p99_ms']} ms), "
-            f"RSS growth {res['rss_growth_mib']:.1f} MiB, errors {res['errors']}", flush=True,
+            f"RSS growth over it {res['rss_growth_mib']:.1f} MiB (under it vs idle "
+            f"{res['rss_working_mib']:.1f}, idle after {res['rss_idle_growth_mib']:.1f}), "
+            f"errors {res['errors']}", flush=True,
         )  # fmt: skip
     finally:
         server.stop()
@@ -669,38 +769,39 @@ def bench_server(model: Path, args: argparse.Namespace, duration: float) -> dict
 # ---- report -----------------------------------------------------------------------------------------
 
 
-def _nearest_direct(direct: dict[str, Any], batch: float | None) -> tuple[int, float]:
-    sizes = DIRECT_BATCHES
-    b = batch or 1
-    best = min(sizes, key=lambda s: abs(math.log(s) - math.log(max(1.0, b))))
-    return best, float(direct[f"batch_{best}"]["sentences_per_s"])
-
-
 def table(results: dict[str, Any]) -> str:
     d, s, e = results["direct"], results["server"], results["load_probe"]
     env = results["environment"]
     lines = [
         f"Server benchmark (`make bench`, `python -m bench.server`): {env['device_name']}, {env['dtype']}, "
         f"{'random weights' if env['random_weights'] else 'all-MiniLM-L6-v2'}, server max batch "
-        f"{s['max_batch_size']}, queue {s['queue_capacity']}, {env['when']}.",
+        f"{s['max_batch_size']}, queue {s['queue_capacity']}, {env['when']}. Each server row is compared "
+        "with the direct path and sentence-transformers measured just before and just after it.",
         "",
-        "| path | sentences/s | p50 ms | formed batch | vs direct at that batch |",
-        "|---|---:|---:|---:|---:|",
+        "| path | sentences/s | p50 ms | formed batch | vs direct at that batch | vs ST encode@32, "
+        "512 a call | vs ST encode, one request a call |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for bs in DIRECT_BATCHES:
         r = d[f"batch_{bs}"]
-        lines.append(f"| direct, batch {bs} | {r['sentences_per_s']:.0f} | {r['p50_ms']:.2f} | {bs} | 1.00 |")
+        lines.append(
+            f"| direct, batch {bs} | {r['sentences_per_s']:.0f} | {r['p50_ms']:.2f} | {bs} | 1.00 | | |"
+        )
     for key in ("sentence_transformers_32", "sentence_transformers_512"):
         if key in d:
             lines.append(f"| sentence-transformers encode, batch {key.rsplit('_', 1)[1]} | "
-                         f"{d[key]['sentences_per_s']:.0f} | | | |")  # fmt: skip
+                         f"{d[key]['sentences_per_s']:.0f} | | | | | |")  # fmt: skip
     for key, r in s["runs"].items():
-        near, rate = _nearest_direct(d, r["mean_batch"])
-        ratio = r["sentences_per_s"] / rate if rate else 0
+        ref = r["reference"]
+        ratio = r["sentences_per_s"] / ref["direct_sentences_per_s"]
+        vs_st = " | ".join(
+            f"{r['sentences_per_s'] / ref[k]:.2f}" if k in ref else ""
+            for k in ("st_sentences_per_s", "st_per_request_sentences_per_s")
+        )
         errors = f" (errors {r['errors']})" if r["errors"] else ""
         lines.append(
             f"| server {key.replace('_', ' ')}{errors} | {r['sentences_per_s']:.0f} | {r['p50_ms']:.2f} | "
-            f"{r['mean_batch'] or 0:.1f} | {ratio:.2f} (direct@{near}) |"
+            f"{r['mean_batch'] or 0:.1f} | {ratio:.2f} (direct@{ref['direct_batch']}) | {vs_st} |"
         )
     c = results["added_latency"]
     o = s["overload"]
@@ -712,8 +813,10 @@ def table(results: dict[str, Any]) -> str:
         f"| added latency p50, c=1, 1 sentence, JSON | {c['json_ms']:.2f} ms | ≤ 5 ms |",
         f"| added latency p50, c=1, 1 sentence, binary | {c['binary_ms']:.2f} ms | ≤ 5 ms |",
         f"| overload {o['concurrency']} clients for {results['environment']['overload_seconds']:.0f} s: "
-        f"RSS growth (last 5 s median vs before; peak +{peak_mib:.0f} MiB) | "
-        f"{o['rss_growth_mib']:.1f} MiB | ≤ 50 MiB |",
+        f"RSS growth over it (last 5 s vs first 5 s, medians) | {o['rss_growth_mib']:.1f} MiB | ≤ 50 MiB |",
+        f"| RSS left behind (idle after vs idle before) | {o['rss_idle_growth_mib']:.1f} MiB | ≤ 50 MiB |",
+        f"| RSS under the overload vs idle before (last 5 s median; peak +{peak_mib:.0f} MiB) | "
+        f"{o['rss_working_mib']:.1f} MiB | |",
         f"| overload: 429 p99 ({o['rejected']} rejected, {o['ok']} served) | "
         f"{o['rejected_p99_ms'] or 0:.2f} ms | ≤ 20 ms |",
         f"| /v2/health/live during load: p50 / p99 / max | {e['live_p50_ms']:.1f} / {e['live_p99_ms']:.1f} / "
@@ -798,9 +901,11 @@ def main() -> None:
         print("(e) health/stats during load", flush=True)
         results["load_probe"] = bench_load_probe(model, args)
         print("(a) direct path", flush=True)
-        results["direct"] = bench_direct(model, args.device, args.dtype, duration)
+        encode = direct_encoder(model, args.device, args.dtype)
+        st = load_sentence_transformer(model, args.device, args.dtype)
+        results["direct"] = bench_direct(encode, st, duration)
         print("(b, d) through the server", flush=True)
-        results["server"] = bench_server(model, args, duration)
+        results["server"] = bench_server(model, args, duration, encode, st)
         results["added_latency"] = results["server"]["added_latency"]
     text = table(results)
     print("\n" + text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 from pathlib import Path
@@ -13,10 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model_server import v2
+from model_server import worker as worker_module
+from model_server.config import ServerConfig
 from model_server.dataplane import retry_after_seconds
 from model_server.errors import InvalidInput
 from model_server.heap import HeapTrimmer, due
+from model_server.lifecycle import Lifecycle
 from model_server.sources import SourceError, parse_source, resolve
+from model_server.tasks.base import TextItem
 from model_server.tasks.text_embedding import micro_batches, read_pooling
 from model_server.worker import is_fatal_device_error, is_oom
 
@@ -230,3 +235,29 @@ def test_heap_trimmer_trims_at_most_once_per_interval() -> None:
     assert not trimmer.maybe_trim()  # the interval has not passed since it was made
     eager = HeapTrimmer(interval_s=0)
     assert eager.maybe_trim() and eager.maybe_trim() and eager.trims == 2
+
+
+async def test_an_idle_worker_trims_its_heap_once_after_a_quiet_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst leaves freed activations in glibc's heap; once no unit has run for IDLE_TRIM_AFTER_S the
+    worker gives them back (one trim per quiet period, none while idle with nothing new to return)."""
+    monkeypatch.setattr(worker_module, "IDLE_TRIM_AFTER_S", 0.2)
+    config = ServerConfig(
+        model=str(tmp_path), task="text-embedding", handler="tests.server.handlers:EchoEmbedding",
+        termination_log=tmp_path / "termination-log",
+    )  # fmt: skip
+    worker = worker_module.Worker(config, Lifecycle(), lambda code, reason: None)
+    try:
+        assert await worker.load()
+        worker._heap.interval_s = 3600  # only the idle trim may fire
+        before = worker._heap.trims
+        for _ in range(3):  # back-to-back units: busy, no idle trim in between
+            assert len(await worker.run([TextItem("a"), TextItem("bb")])) == 2
+        assert worker._heap.trims == before and worker._heap.dirty
+        await asyncio.sleep(0.6)
+        assert worker._heap.trims == before + 1 and not worker._heap.dirty
+        await asyncio.sleep(0.4)  # still idle, nothing new allocated: no second trim
+        assert worker._heap.trims == before + 1
+    finally:
+        worker.close()
