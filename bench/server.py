@@ -629,42 +629,31 @@ class RssSampler:
         self.samples.append(self.read())
 
 
-def _nearest_batch(batch: float | None) -> int:
-    """The direct-path batch size nearest ``batch`` in log scale."""
-    b = max(1.0, batch or 1.0)
-    return min(DIRECT_BATCHES, key=lambda s: abs(math.log(s) - math.log(b)))
-
-
 def paired_reference(
-    encode: Any, st: Any, *, expected: int, size: int, half: float, run: Any
+    encode: Any, st: Any, *, size: int, duration: float, run: Any
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run ``run()`` (one server measurement) between two reference measurements of ``half`` seconds
-    each: the direct path at the batch the server is expected to form, before, and at the batch it did
-    form, after (the same size unless the guess was off); and, for multi-sentence requests,
-    sentence-transformers' ``encode`` before and after, both offline (512 texts a call) and as a web
-    server wrapping it would call it (one request's texts a call).  This machine's speed drifts by tens
-    of percent from minute to minute, so a ratio against a reference measured minutes earlier says
-    little; one against the mean of measurements taken just before and just after the run says what it
-    should."""
+    """Run ``run()`` (one server measurement), then the direct path at exactly the (rounded) mean batch
+    the server formed, for ``duration`` s; for multi-sentence requests, also sentence-transformers'
+    ``encode`` just before and just after the run, both offline (512 texts a call) and as a web server
+    wrapping it would call it (one request's texts a call).  This machine's speed drifts by tens of
+    percent from minute to minute, so a ratio against a reference measured minutes earlier says
+    little; one against a measurement taken right next to the run says what it should."""
     texts = corpus(4096, seed=1)
-    before_bs = _nearest_batch(expected)
-    direct_before = direct_rate(encode, texts, before_bs, half)[0]
     wrapped = st is not None and size > 1
+    quarter = duration / 4
 
     def st_pair() -> tuple[float, float]:
-        return st_rate(st, texts, 32, half / 2), st_rate(st, texts, 32, half / 2, per_call=size)
+        return st_rate(st, texts, 32, quarter), st_rate(st, texts, 32, quarter, per_call=size)
 
     st_before = st_pair() if wrapped else None
     res: dict[str, Any] = run()
-    after_bs = _nearest_batch(res["mean_batch"])
-    direct_after = direct_rate(encode, texts, after_bs, half)[0]
-    st_after = st_pair() if wrapped else None
+    formed = max(1, round(res["mean_batch"] or 1))
+    encode(texts[:formed])  # warm-up: a new shape
     ref: dict[str, Any] = {
-        "direct_batch": after_bs,
-        "direct_sentences_per_s": (
-            (direct_before + direct_after) / 2 if before_bs == after_bs else direct_after
-        ),
+        "direct_batch": formed,
+        "direct_sentences_per_s": direct_rate(encode, texts, formed, duration)[0],
     }
+    st_after = st_pair() if wrapped else None
     if st_before is not None and st_after is not None:
         ref["st_sentences_per_s"] = (st_before[0] + st_after[0]) / 2
         ref["st_per_request_sentences_per_s"] = (st_before[1] + st_after[1]) / 2
@@ -707,10 +696,7 @@ def bench_server(
                         res["mean_batch"] = (after[0] - before[0]) / count if count else None
                         return res
 
-                    expected = min(size * conc, args.server_batch)
-                    res, ref = paired_reference(
-                        encode, st, expected=expected, size=size, half=duration / 2, run=measure
-                    )
+                    res, ref = paired_reference(encode, st, size=size, duration=duration, run=measure)
                     res["reference"] = ref
                     key = f"{'binary' if binary else 'json'}_{size}x_c{conc}"
                     out["runs"][key] = res
@@ -776,7 +762,8 @@ def table(results: dict[str, Any]) -> str:
         f"Server benchmark (`make bench`, `python -m bench.server`): {env['device_name']}, {env['dtype']}, "
         f"{'random weights' if env['random_weights'] else 'all-MiniLM-L6-v2'}, server max batch "
         f"{s['max_batch_size']}, queue {s['queue_capacity']}, {env['when']}. Each server row is compared "
-        "with the direct path and sentence-transformers measured just before and just after it.",
+        "with the direct path at the batch it formed, measured right after it, and with "
+        "sentence-transformers measured just before and just after it.",
         "",
         "| path | sentences/s | p50 ms | formed batch | vs direct at that batch | vs ST encode@32, "
         "512 a call | vs ST encode, one request a call |",
