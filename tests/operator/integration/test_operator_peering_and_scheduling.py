@@ -344,27 +344,18 @@ def test_peered_replicas_only_the_highest_priority_acts_and_the_standby_takes_ov
         wait_for(
             lambda: RESUMED in survivor.log_tail(10**8), timeout=LIFETIME_S + 20, message="op-low resumes"
         )
-        status = wait_status(
-            cluster,
-            namespace,
-            "peered",
-            lambda s: states(s) == ["Ready"] * 5 and s.get("readyReplicas") == 5,
-            timeout=60,
-            message="the standby converges the pool to 5 Ready workers",
+        pods = _wait_ready_workers(
+            cluster, namespace, "peered", 5, "the standby converges the pool to 5 Ready workers"
         )
-        time.sleep(2)
-        pods = worker_pods(cluster, namespace, "peered")
     finally:
         watcher.stop()
     assert _acted(survivor)
-    assert status["observedGeneration"] == get_pool(cluster, namespace, "peered")["metadata"]["generation"]
-    assert len(pods) == 5
-    created = _names_created(watcher, "peered")
+    pool = get_pool(cluster, namespace, "peered")
+    assert pool["status"]["observedGeneration"] == pool["metadata"]["generation"]
     # Worker names are deterministic (<pool>-<hash>-<n>), so a second actor would show as extra pods at
     # once (max_pods) or as a name beyond the five, not as a duplicate name.
     # Exactly 5 pods were ever created: the standby adopted the three it found and added two.
-    assert created == {p["metadata"]["name"] for p in pods}, created
-    assert watcher.max_pods.get("peered") == 5, watcher.max_pods
+    _assert_created_exactly(watcher, "peered", pods, 5)
     # The standby acted only once the dead replica's record had expired (Kopf's guarantee; whole seconds on
     # the pods' timestamps, hence the one second).
     first_new = min(_created(p) for p in pods if p["metadata"]["name"] not in first_three)
