@@ -41,18 +41,18 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = "<!-- bench:server:start -->", "<!-- bench:server:end -->"
-# Direct-path batch sizes: the issue's 1/32/128/512, plus 8 and 64 so that every batch the server forms
-# has a direct measurement near it (the ratios compare at the nearest size, in log scale).
+# Direct-path batch sizes of the standalone table: the issue's 1/32/128/512, plus 8 and 64 (the server
+# rows' ratios use a direct measurement at exactly the batch they formed, see paired_reference).
 DIRECT_BATCHES = (1, 8, 32, 64, 128, 512)
 # Untimed pause after each call of the added-latency measurement (see bench_added_latency).
 PAUSE_AFTER_CALL_S = 0.01
 # Idle time before reading a server's RSS at rest (it trims its heap after IDLE_TRIM_AFTER_S = 1 s).
 IDLE_SETTLE_S = 2.0
 # Warm-up of the overload run (clients ramp up; not counted).
+OVERLOAD_WARMUP_S = 3.0
 # 32-sentence requests complete in bursts, a whole batch at a time (about a second apart on a CPU), so a
 # window counts few of them and one more or less moves the rate by 10 %: their windows are this much longer.
 MULTI_SENTENCE_WINDOW_FACTOR = 3
-OVERLOAD_WARMUP_S = 3.0
 
 MINILM_CONFIG: dict[str, Any] = {
     "architectures": ["BertModel"],
@@ -629,15 +629,14 @@ class RssSampler:
         self.samples.append(self.read())
 
 
-def paired_reference(
-    encode: Any, st: Any, *, size: int, duration: float, run: Any
-) -> tuple[dict[str, Any], dict[str, Any]]:
+def paired_reference(encode: Any, st: Any, *, size: int, duration: float, run: Any) -> dict[str, Any]:
     """Run ``run()`` (one server measurement), then the direct path at exactly the (rounded) mean batch
     the server formed, for ``duration`` s; for multi-sentence requests, also sentence-transformers'
     ``encode`` just before and just after the run, both offline (512 texts a call) and as a web server
     wrapping it would call it (one request's texts a call).  This machine's speed drifts by tens of
     percent from minute to minute, so a ratio against a reference measured minutes earlier says
-    little; one against a measurement taken right next to the run says what it should."""
+    little; one against a measurement taken right next to the run says what it should.  Returns the
+    run's result with ``reference`` (the rates) and ``ratios`` (the server's rate over each) added."""
     texts = corpus(4096, seed=1)
     wrapped = st is not None and size > 1
     quarter = duration / 4
@@ -657,7 +656,17 @@ def paired_reference(
     if st_before is not None and st_after is not None:
         ref["st_sentences_per_s"] = (st_before[0] + st_after[0]) / 2
         ref["st_per_request_sentences_per_s"] = (st_before[1] + st_after[1]) / 2
-    return res, ref
+    res["reference"] = ref
+    # The server's rate over each reference (ST ones only for multi-sentence requests).
+    res["ratios"] = {
+        "direct": res["sentences_per_s"] / ref["direct_sentences_per_s"],
+        **{
+            kind: res["sentences_per_s"] / ref[f"{kind}_sentences_per_s"]
+            for kind in ("st", "st_per_request")
+            if f"{kind}_sentences_per_s" in ref
+        },
+    }
+    return res
 
 
 def bench_server(
@@ -696,21 +705,19 @@ def bench_server(
                         res["mean_batch"] = (after[0] - before[0]) / count if count else None
                         return res
 
-                    res, ref = paired_reference(encode, st, size=size, duration=duration, run=measure)
-                    res["reference"] = ref
+                    res = paired_reference(encode, st, size=size, duration=duration, run=measure)
                     key = f"{'binary' if binary else 'json'}_{size}x_c{conc}"
                     out["runs"][key] = res
+                    ratios = res["ratios"]
                     vs_st = (
-                        f"  vs ST {res['sentences_per_s'] / ref['st_sentences_per_s']:.2f}"
-                        f" (per request {res['sentences_per_s'] / ref['st_per_request_sentences_per_s']:.2f})"
-                        if "st_sentences_per_s" in ref
+                        f"  vs ST {ratios['st']:.2f} (per request {ratios['st_per_request']:.2f})"
+                        if "st" in ratios
                         else ""
                     )
                     print(
                         f"  server {key:>16}: {res['sentences_per_s']:9.1f} sentences/s"
                         f"  p50 {res['p50_ms']:.2f} ms  batch {res['mean_batch'] or 0:.1f}"
-                        f"  vs direct@{ref['direct_batch']} "
-                        f"{res['sentences_per_s'] / ref['direct_sentences_per_s']:.2f}{vs_st}"
+                        f"  vs direct@{res['reference']['direct_batch']} {ratios['direct']:.2f}{vs_st}"
                         f"  errors {res['errors']}", flush=True,
                     )  # fmt: skip
         # (d) 10x overload: 10x the queue capacity in concurrent clients; a rejected client waits the
@@ -779,16 +786,13 @@ def table(results: dict[str, Any]) -> str:
             lines.append(f"| sentence-transformers encode, batch {key.rsplit('_', 1)[1]} | "
                          f"{d[key]['sentences_per_s']:.0f} | | | | | |")  # fmt: skip
     for key, r in s["runs"].items():
-        ref = r["reference"]
-        ratio = r["sentences_per_s"] / ref["direct_sentences_per_s"]
-        vs_st = " | ".join(
-            f"{r['sentences_per_s'] / ref[k]:.2f}" if k in ref else ""
-            for k in ("st_sentences_per_s", "st_per_request_sentences_per_s")
-        )
+        ratios = r["ratios"]
+        vs_st = " | ".join(f"{ratios[k]:.2f}" if k in ratios else "" for k in ("st", "st_per_request"))
         errors = f" (errors {r['errors']})" if r["errors"] else ""
         lines.append(
             f"| server {key.replace('_', ' ')}{errors} | {r['sentences_per_s']:.0f} | {r['p50_ms']:.2f} | "
-            f"{r['mean_batch'] or 0:.1f} | {ratio:.2f} (direct@{ref['direct_batch']}) | {vs_st} |"
+            f"{r['mean_batch'] or 0:.1f} | {ratios['direct']:.2f} "
+            f"(direct@{r['reference']['direct_batch']}) | {vs_st} |"
         )
     c = results["added_latency"]
     o = s["overload"]
