@@ -10,6 +10,10 @@ then taken from MODELPOOL_TEST_PROCESS_NODE (default process-node-0) with contai
 MODELPOOL_TEST_PROCESSNODE_LOG_DIR (default .cluster/processnode).
 
 Missing binaries (`make testbin`) skip cluster tests locally and fail them in CI (CI=true).
+
+The cluster is guarded for the whole session (hack/loopback_guard.py): every pod IP it assigns is recorded,
+and teardown fails the run, naming the pods, if any lies outside 127.0.0.0/8, since tests may send traffic
+to loopback addresses only.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from hack.loopback_guard import PodIPWatch
 from tests.clusterlib import BIN, REQUIRED, ROOT, Cluster, missing, start_cluster, stop_cluster
 from tests.kube import wait_for
 
@@ -35,14 +40,16 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         kubeconfig = Path(reuse).resolve()
         if not kubeconfig.exists():
             missing(f"MODELPOOL_TEST_KUBECONFIG={reuse} does not exist")
-        yield Cluster(
-            kubeconfig=kubeconfig,
-            bin_dir=BIN,
-            log_dir=kubeconfig.parent / "logs",
-            process_node=os.environ.get("MODELPOOL_TEST_PROCESS_NODE", "process-node-0"),
-            processnode_log_dir=Path(
-                os.environ.get("MODELPOOL_TEST_PROCESSNODE_LOG_DIR", kubeconfig.parent / "processnode")
-            ),
+        yield from _guarded(
+            Cluster(
+                kubeconfig=kubeconfig,
+                bin_dir=BIN,
+                log_dir=kubeconfig.parent / "logs",
+                process_node=os.environ.get("MODELPOOL_TEST_PROCESS_NODE", "process-node-0"),
+                processnode_log_dir=Path(
+                    os.environ.get("MODELPOOL_TEST_PROCESSNODE_LOG_DIR", kubeconfig.parent / "processnode")
+                ),
+            )
         )
         return
     absent = [b for b in REQUIRED if not (BIN / b).exists()]
@@ -58,7 +65,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         stop_cluster(workdir, name)
         raise
     try:
-        yield c
+        yield from _guarded(c)
     finally:
         stop_cluster(workdir, name)
         if request.session.testsfailed:
@@ -67,6 +74,15 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
             )
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _guarded(c: Cluster) -> Iterator[Cluster]:
+    """Yield the cluster with its pod IP guard running; afterwards fail if any pod IP was not loopback."""
+    c.pod_ips = PodIPWatch(c.kubeconfig)
+    c.pod_ips.start()
+    yield c
+    c.pod_ips.stop()
+    c.pod_ips.raise_for_violations()
 
 
 @pytest.fixture

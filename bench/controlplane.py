@@ -10,7 +10,7 @@ console script, all namespaces), creates the pools at once, and measures:
   the API server's ``/metrics``, delta over a window; all clients, with the operator's own resources
   broken out).
 
-Targets (issue 4): converge <= 60 s, RSS <= 300 MiB. Results go to ``.bench/controlplane.json`` and to the
+Targets: converge <= 60 s, RSS <= 300 MiB. Results go to ``.bench/controlplane.json`` and to the
 README between ``<!-- bench:controlplane:start -->`` and ``<!-- bench:controlplane:end -->``.
 """
 
@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
+
+from hack.loopback_guard import PodIPWatch
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("MODELPOOL_TEST_BIN_DIR", ROOT / "bin"))
@@ -79,8 +81,16 @@ def wait(predicate: Callable[[], bool], timeout: float, what: str, interval: flo
         time.sleep(interval)
 
 
+# The benchmark's extra KWOK nodes hand out pod IPs from 127.80.0.0/16 up (loopback: the operator scrapes
+# every worker's pod IP, and nothing may leave the machine); below the test process nodes' 127.100+.
+BENCH_NODE_OCTET = 80
+BENCH_NODES_MAX = 20
+
+
 def extra_nodes(count: int) -> str:
     """KWOK nodes shaped like kwok-gpu-0 (hack/kwok/nodes.yaml), so 1000 pods fit with room to spare."""
+    if count > BENCH_NODES_MAX:
+        raise ValueError(f"at most {BENCH_NODES_MAX} bench nodes (their pod CIDRs are 127.80-99.0.0/16)")
     nodes = []
     for i in range(count):
         nodes.append(
@@ -92,7 +102,7 @@ def extra_nodes(count: int) -> str:
                     "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
                     "labels": {"type": "kwok", "kubernetes.io/hostname": f"kwok-bench-{i}"},
                 },
-                "spec": {"podCIDR": f"10.{80 + i}.0.0/16", "podCIDRs": [f"10.{80 + i}.0.0/16"]},
+                "spec": {"podCIDR": _cidr(i), "podCIDRs": [_cidr(i)]},
                 "status": {
                     "allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "250"},
                     "capacity": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "250"},
@@ -100,6 +110,10 @@ def extra_nodes(count: int) -> str:
             }
         )
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes})
+
+
+def _cidr(node: int) -> str:
+    return f"127.{BENCH_NODE_OCTET + node}.0.0/16"
 
 
 def pools_manifest(pools: int, workers: int) -> str:
@@ -217,8 +231,12 @@ def write_readme(result: Result) -> None:
 
 def run(pools: int, workers: int, steady_window: float, kubeconfig: Path, log: Path) -> Result:
     kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    kubectl(
-        kubeconfig, "wait", "--for=condition=Established", "crd/modelpools.modelpool.dev", "--timeout=60s"
+    # Not `kubectl wait --for=condition=Established`: it fails at once on a CRD with no conditions yet.
+    established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+    wait(
+        lambda: kubectl(kubeconfig, "get", "crd/modelpools.modelpool.dev", "-o", established) == "True",
+        60,
+        "ModelPool CRD established",
     )
     kubectl(kubeconfig, "apply", "-f", "-", stdin=extra_nodes(2))
     kubectl(kubeconfig, "create", "namespace", NAMESPACE)
@@ -288,7 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="modelpool-bench-"))
     kubeconfig = Path(reuse) if reuse else start_cluster(workdir)
     try:
+        guard = PodIPWatch(kubeconfig)
+        guard.start()
         result = run(args.pools, args.workers, args.window, kubeconfig, workdir / "operator.log")
+        guard.stop()
+        guard.raise_for_violations()  # before the numbers count: every pod address was loopback
     except BaseException:
         sys.stderr.write(f"benchmark failed; operator log and cluster logs in {workdir}\n")
         if not reuse:

@@ -10,7 +10,9 @@
 #   4. real traffic to the worker's pod IP: curl /v1/embeddings, the openai client, tritonclient.http;
 #   5. kubectl get modelpools / modelbudgets, kubectl describe modelpool (events);
 #   6. a pool on the KWOK GPU nodes: several workers, budget accounting, BudgetExceeded when it cannot fit;
-#   7. teardown (helm uninstall, cluster down) unless KEEP=1.
+#   7. the pod IP guard: every pod address the cluster assigned during the demo was loopback
+#      (hack/loopback_guard.py; the demo sends traffic to pod IPs, which must never leave the machine);
+#   8. teardown (helm uninstall, cluster down) unless KEEP=1.
 #
 # Environment: KEEP=1 keeps everything running at the end; DEMO_TIMEOUT (seconds, default 240) bounds each
 # wait; CLUSTER_DIR / CLUSTER_NAME / PROCESSNODE_IP_OCTET are passed to hack/cluster.sh (default .cluster,
@@ -65,8 +67,27 @@ on_error() {
 }
 trap 'on_error $LINENO' ERR
 
+# The pod IP guard (hack/loopback_guard.py) runs in the background from the cluster's start to the end.
+GUARD_PID=""
+GUARD_RECORD="$CLUSTER_DIR/pod-ips.txt"
+start_guard() {
+  : >"$GUARD_RECORD"
+  "$PY" -m hack.loopback_guard watch --kubeconfig "$KUBECONFIG" --record "$GUARD_RECORD" \
+    >>"$CLUSTER_DIR/logs/loopback-guard.log" 2>&1 &
+  GUARD_PID=$!
+  wait_for "the pod IP guard's first list" grep -qx "# listed" "$GUARD_RECORD"
+}
+stop_guard() {
+  [[ -n "$GUARD_PID" ]] || return 0
+  kill -0 "$GUARD_PID" 2>/dev/null || { echo "the pod IP guard died; see $CLUSTER_DIR/logs/loopback-guard.log" >&2; return 1; }
+  kill -TERM "$GUARD_PID"
+  wait "$GUARD_PID"
+  GUARD_PID=""
+}
+
 teardown() {
   local rc=$?
+  if [[ -n "$GUARD_PID" ]]; then kill -TERM "$GUARD_PID" 2>/dev/null || true; fi
   if [[ "$KEEP" == "1" ]]; then
     printf '\nKEEP=1: the cluster, the operator and the pools are still running.\n'
     # shellcheck disable=SC2016 # $PATH is for the user to expand
@@ -151,6 +172,7 @@ info "MiniLM weights: $MODEL_DIR"
 # ---- 1. the cluster ----------------------------------------------------------------------------------------
 banner "local control plane: real API server, etcd, scheduler, controller-manager; KWOK GPU nodes; process node"
 run bash hack/cluster.sh up
+start_guard
 wait_for "the process node to be Ready" \
   kubectl wait node -l modelpool.dev/process-node=true --for=condition=Ready --timeout=2s
 run kubectl get nodes -L nvidia.com/gpu.product,modelpool.dev/process-node
@@ -290,5 +312,10 @@ wait_for "condition BudgetExceeded on pool llm" bash -c \
 info "BudgetExceeded: $(pool_field llm '{.status.conditions[?(@.type=="BudgetExceeded")].message}')"
 run kubectl get modelpools -A
 run kubectl get modelbudgets
+
+# ---- 7. no pod address outside loopback ------------------------------------------------------------------
+banner "pod IP guard: every pod address the cluster assigned is inside 127.0.0.0/8"
+stop_guard
+run "$PY" -m hack.loopback_guard check "$GUARD_RECORD"
 
 printf '\n%sdemo passed in %ds%s\n' "$GREEN" "$((SECONDS - STARTED))" "$OFF"

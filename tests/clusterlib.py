@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from hack.loopback_guard import PodIPWatch
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("MODELPOOL_TEST_BIN_DIR", ROOT / "bin"))
 REQUIRED = [
@@ -34,6 +36,8 @@ class Cluster:
     log_dir: Path
     process_node: str
     processnode_log_dir: Path
+    # Records every pod IP the cluster assigns (hack/loopback_guard.py); set by the session fixture.
+    pod_ips: PodIPWatch | None = None
 
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120

@@ -80,3 +80,15 @@ def pod_log(cluster: Cluster, namespace: str, pod: str, container: str) -> str:
     """A process-node container's output (stdout and stderr, every restart appended)."""
     path = Path(cluster.processnode_log_dir) / namespace / pod / f"{container}.log"
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+def wait_established(cluster: Cluster, *crds: str, timeout: float = 60) -> None:
+    """Wait until each CRD reports Established=True.  (`kubectl wait --for=condition=Established` fails
+    outright, instead of waiting, when it reads a CRD the API server has not yet given any condition.)"""
+    established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+    for crd in crds:
+        wait_for(
+            lambda crd=crd: cluster.kubectl("get", f"crd/{crd}", "-o", established).stdout == "True",
+            timeout=timeout,
+            message=f"CRD {crd} Established",
+        )

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.clusterlib import ROOT, Cluster
-from tests.kube import apply, wait_for
+from tests.kube import apply, wait_established, wait_for
 from tests.operator.integration.opharness import POOLS, OperatorProcess, budget_manifest
 
 
@@ -18,13 +18,7 @@ from tests.operator.integration.opharness import POOLS, OperatorProcess, budget_
 def crds(cluster: Cluster) -> Cluster:
     """The ModelPool and ModelBudget CRDs from crds/, established."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/modelpools.modelpool.dev",
-        "crd/modelbudgets.modelpool.dev",
-    )
+    wait_established(cluster, "modelpools.modelpool.dev", "modelbudgets.modelpool.dev")
     return cluster
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from modelpool_operator.lifecycle import parse_time
 from tests.clusterlib import ROOT, Cluster
-from tests.kube import apply, get_json, wait_for
+from tests.kube import apply, get_json, wait_established, wait_for
 from tests.operator.integration.opharness import (
     POOLS,
     OperatorProcess,
@@ -192,13 +192,7 @@ def peering_crds(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Clu
     ).stdout
     assert "kind: KopfPeering" in rendered, rendered
     crds.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=rendered)
-    crds.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/kopfpeerings.kopf.dev",
-        "crd/clusterkopfpeerings.kopf.dev",
-    )
+    wait_established(crds, "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
     return crds
 
 
