@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         guard.start()
         result = run(args.pools, args.workers, args.window, kubeconfig, workdir / "operator.log")
         guard.stop()
-        guard.raise_for_violations()  # before the numbers count: every pod address was loopback
+        print(guard.raise_for_violations())  # before the numbers count: every pod address was loopback
     except BaseException:
         sys.stderr.write(f"benchmark failed; operator log and cluster logs in {workdir}\n")
         if not reuse:

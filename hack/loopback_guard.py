@@ -58,6 +58,11 @@ def violations(seen: Mapping[str, Iterable[str]]) -> list[str]:
     return sorted(f"{pod}: {ip}" for pod, ips in seen.items() for ip in ips if not is_loopback(ip))
 
 
+def summary(seen: Mapping[str, Iterable[str]]) -> str:
+    addresses = sum(len(set(ips)) for ips in seen.values())
+    return f"pod IP guard: {len(seen)} pods, {addresses} addresses, all inside 127.0.0.0/8"
+
+
 def violation_report(bad: list[str]) -> str:
     return (
         f"{len(bad)} pod address(es) outside 127.0.0.0/8 were assigned in the local cluster; tests, the "
@@ -132,10 +137,13 @@ class PodIPWatch:
         except Exception as exc:  # the cluster may already be gone; what was recorded still counts
             sys.stderr.write(f"pod IP guard: final list failed ({exc}); checking what was recorded\n")
 
-    def raise_for_violations(self) -> None:
-        bad = violations(self.record.snapshot())
+    def raise_for_violations(self) -> str:
+        """Raise naming every pod outside 127.0.0.0/8; otherwise return a one-line summary."""
+        seen = self.record.snapshot()
+        bad = violations(seen)
         if bad:
             raise AssertionError(violation_report(bad))
+        return summary(seen)
 
     def _record(self, pod: Any) -> None:
         status = pod.status
@@ -204,8 +212,7 @@ def _check_command(record_path: Path) -> int:
     if bad:
         sys.stderr.write(violation_report(bad) + "\n")
         return 1
-    addresses = sum(len(ips) for ips in seen.values())
-    print(f"pod IP guard: {len(seen)} pods, {addresses} addresses, all inside 127.0.0.0/8")
+    print(summary(seen))
     return 0
 
 
