@@ -102,7 +102,7 @@ def extra_nodes(count: int) -> str:
                     "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
                     "labels": {"type": "kwok", "kubernetes.io/hostname": f"kwok-bench-{i}"},
                 },
-                "spec": {"podCIDR": _cidr(i), "podCIDRs": [_cidr(i)]},
+                "spec": {"podCIDR": _cidr(i), "podCIDRs": [_cidr(i)]},  # 127.80.0.0/16 up
                 "status": {
                     "allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "250"},
                     "capacity": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "250"},

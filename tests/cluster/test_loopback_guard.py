@@ -128,11 +128,12 @@ def test_kwok_pods_get_loopback_addresses_and_the_session_guard_records_them(
     )
     ip = placed["status"]["podIP"]
     node = get_json(cluster, "node", placed["spec"]["nodeName"])
-    assert ipaddress.ip_address(ip) in ipaddress.ip_network(node["spec"]["podCIDR"])
-    assert is_loopback(ip), f"KWOK gave {ip}: its node's pod CIDR is {node['spec']['podCIDR']}"
+    cidr = node["spec"]["podCIDR"]  # 127.64.0.0/16 to 127.67.0.0/16 (hack/kwok/nodes.yaml)
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(cidr)
+    assert is_loopback(ip), f"KWOK gave {ip}: its node's pod CIDR is {cidr}"
 
     for other in get_json(cluster, "nodes")["items"]:  # every node's pod CIDR, the process node's too
-        for cidr in other["spec"].get("podCIDRs") or []:
+        for cidr in other["spec"].get("podCIDRs") or []:  # all inside 127.0.0.0/8
             assert ipaddress.ip_network(cidr).subnet_of(ipaddress.ip_network("127.0.0.0/8")), other
 
     guard = cluster.pod_ips
