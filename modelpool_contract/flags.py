@@ -9,9 +9,12 @@ the same numbers, defined here once.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Final
+from typing import Final, Literal
 
 from modelpool_contract.tasks import TaskName
+
+#: The weights' dtype (``auto``: float16 on a GPU, float32 on a CPU).
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 
 #: The console script the worker container runs.
 SERVER_COMMAND: Final = "modelpool-server"
@@ -47,7 +50,7 @@ class ServerArgs:
     idle_after: float = DEFAULT_IDLE_AFTER_S
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S
     device: str = "auto"
-    dtype: str = "auto"
+    dtype: Dtype = "auto"
     trust_remote_code: bool = False
 
     def argv(self) -> list[str]:

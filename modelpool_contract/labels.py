@@ -1,4 +1,4 @@
-"""The ``modelpool.dev`` prefix and the labels and annotations worker pods carry.
+"""The ``modelpool.dev`` prefix, the labels and annotations worker pods carry, and their named parts.
 
 The operator writes them (pod builder, eviction patch), reads them back (worker observation, the pod
 watch's label selector) and a gateway selects serving workers by them; the prefix is also the API group
@@ -30,3 +30,8 @@ ANNOTATION_MEMORY: Final = f"{PREFIX}/memory-bytes"
 ANNOTATION_EVICTING: Final = f"{PREFIX}/evicting"
 #: When the eviction was decided (RFC 3339), so the drain grace is measured across passes and restarts.
 ANNOTATION_EVICTING_SINCE: Final = f"{PREFIX}/evicting-since"
+
+#: The worker pod's one container, which runs the model server.
+SERVER_CONTAINER: Final = "server"
+#: The name of that container's HTTP port (probes, the pool's Service and ``/stats`` use it).
+HTTP_PORT_NAME: Final = "http"

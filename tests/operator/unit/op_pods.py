@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from modelpool_operator.lifecycle import (
+from modelpool_contract.labels import (
     ANNOTATION_EVICTING,
     ANNOTATION_EVICTING_SINCE,
     ANNOTATION_MEMORY,
@@ -13,8 +13,8 @@ from modelpool_operator.lifecycle import (
     LABEL_SERVING,
     LABEL_TEMPLATE_HASH,
     LABEL_WORKER,
-    rfc3339,
 )
+from modelpool_operator.times import rfc3339
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 GI = 2**30
@@ -121,7 +121,7 @@ def pod(
 def stats(
     state: str, *, since: float = 40, last_request: float | None = None, **extra: Any
 ) -> dict[str, Any]:
-    """A server ``/stats`` body (DESIGN.md fields)."""
+    """A server ``/stats`` body (``modelpool_contract.stats.WorkerStats`` fields; docs/design.md)."""
     body: dict[str, Any] = {
         "state": state,
         "state_since": at(since).timestamp(),

@@ -12,20 +12,19 @@ from op_pods import GI, at
 
 from modelpool_operator.api import ModelPoolSpec, ModelPoolStatus, WorkerState
 from modelpool_operator.budget import Ledger, ReservationBook, admits, build_ledger
-from modelpool_operator.lifecycle import ObservedWorker
 from modelpool_operator.planner import (
     EVICT_IDLE,
     EVICT_PREEMPTED,
     EVICT_ROLLOVER,
-    OtherPool,
     Plan,
     PlannerSettings,
-    PoolView,
     backoff_delay,
     plan,
     preemption_candidates,
 )
+from modelpool_operator.pool import OtherPool, PoolView
 from modelpool_operator.resources import worker_name
+from modelpool_operator.worker_state import ObservedWorker
 
 NOW = at(1000)
 
