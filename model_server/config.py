@@ -17,12 +17,12 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from modelpool_contract.flags import (
-    DEFAULT_DRAIN_TIMEOUT_S,
-    DEFAULT_IDLE_AFTER_S,
-    DEFAULT_MAX_BATCH_DELAY_MS,
-    DEFAULT_MAX_BATCH_SIZE,
-    DEFAULT_QUEUE_CAPACITY,
-    DEFAULT_REQUEST_TIMEOUT_S,
+    BATCH_DELAY_MS,
+    DRAIN_TIMEOUT_S,
+    IDLE_AFTER_S,
+    MAX_BATCH_SIZE,
+    QUEUE_CAPACITY,
+    REQUEST_TIMEOUT_S,
     TERMINATION_LOG,
     Dtype,
 )
@@ -40,10 +40,12 @@ class ServerConfig(BaseSettings):
     """Validated server settings (field ``x_y`` = flag ``--x-y`` = env ``MODELPOOL_X_Y``).
 
     The defaults of the flags the operator passes (``modelpool_contract.flags.ServerArgs``) are the
-    contract's; ``validate_default`` keeps the float fields floats when the shared default is a whole number.
+    contract's; ``validate_default`` keeps float fields floats where the shared default is a whole number.
     """
 
-    model_config = SettingsConfigDict(env_prefix="MODELPOOL_", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="MODELPOOL_", extra="forbid", frozen=True, validate_default=True
+    )
 
     model: str = Field(
         description="Model source: a local directory, file://PATH, hf://org/name[@rev], "
@@ -53,38 +55,12 @@ class ServerConfig(BaseSettings):
     name: str | None = Field(default=None, description="Served model name (default: last path segment)")
     host: str = Field(default="0.0.0.0", description="Listen address")
     port: int = Field(default=8080, ge=1, le=65535, description="Listen port")
-    queue_capacity: int = Field(
-        default=DEFAULT_QUEUE_CAPACITY, ge=1, le=1_000_000, description="Requests that may wait"
-    )
-    max_batch_size: int = Field(
-        default=DEFAULT_MAX_BATCH_SIZE, ge=1, le=65536, description="Items in one forward pass"
-    )
-    max_batch_delay_ms: float = Field(
-        default=DEFAULT_MAX_BATCH_DELAY_MS,
-        validate_default=True,
-        ge=0,
-        le=10_000,
-        description="Batch collection wait",
-    )
-    request_timeout: float = Field(
-        default=DEFAULT_REQUEST_TIMEOUT_S,
-        validate_default=True,
-        gt=0,
-        le=86_400,
-        description="Default deadline (s)",
-    )
-    idle_after: float = Field(
-        default=DEFAULT_IDLE_AFTER_S,
-        validate_default=True,
-        gt=0,
-        description="Ready -> Idle after this many seconds",
-    )
-    drain_timeout: float = Field(
-        default=DEFAULT_DRAIN_TIMEOUT_S,
-        validate_default=True,
-        ge=0,
-        description="SIGTERM: wait this long for work",
-    )
+    queue_capacity: int = Field(default=QUEUE_CAPACITY, ge=1, le=10**6, description="Requests that may wait")
+    max_batch_size: int = Field(default=MAX_BATCH_SIZE, ge=1, le=65536, description="Items per forward pass")
+    max_batch_delay_ms: float = Field(default=BATCH_DELAY_MS, ge=0, le=10_000, description="Batch fill wait")
+    request_timeout: float = Field(default=REQUEST_TIMEOUT_S, gt=0, le=86_400, description="Max deadline (s)")
+    idle_after: float = Field(default=IDLE_AFTER_S, gt=0, description="Ready -> Idle after this many seconds")
+    drain_timeout: float = Field(default=DRAIN_TIMEOUT_S, ge=0, description="SIGTERM: drain for this long")
     device: Literal["auto", "cpu", "cuda"] | str = Field(default="auto", description="auto|cpu|cuda[:N]")
     dtype: Dtype = Field(default="auto", description="Weights")
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Larger bodies -> 413")

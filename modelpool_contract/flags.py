@@ -25,14 +25,16 @@ WORKER_PORT: Final = 8000
 #: Where the server writes why it failed (the container's terminationMessagePath).
 TERMINATION_LOG: Final = "/dev/termination-log"
 
-DEFAULT_QUEUE_CAPACITY: Final = 100
-DEFAULT_MAX_BATCH_SIZE: Final = 32
-DEFAULT_MAX_BATCH_DELAY_MS: Final = 5
-DEFAULT_REQUEST_TIMEOUT_S: Final = 30
+# Defaults of the flags below, shared by ``ServerArgs``, the server's own flags and a ModelPool's
+# ``spec.queue``.
+QUEUE_CAPACITY: Final = 100
+MAX_BATCH_SIZE: Final = 32
+BATCH_DELAY_MS: Final = 5
+REQUEST_TIMEOUT_S: Final = 30
 #: Ready -> Idle after this long without a request.
-DEFAULT_IDLE_AFTER_S: Final = 300
+IDLE_AFTER_S: Final = 300
 #: After SIGTERM, queued and running work may finish for this long.
-DEFAULT_DRAIN_TIMEOUT_S: Final = 30
+DRAIN_TIMEOUT_S: Final = 30
 
 
 @dataclass(frozen=True)
@@ -43,12 +45,12 @@ class ServerArgs:
     task: TaskName
     name: str
     port: int = WORKER_PORT
-    queue_capacity: int = DEFAULT_QUEUE_CAPACITY
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
-    max_batch_delay_ms: float = DEFAULT_MAX_BATCH_DELAY_MS
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S
-    idle_after: float = DEFAULT_IDLE_AFTER_S
-    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S
+    queue_capacity: int = QUEUE_CAPACITY
+    max_batch_size: int = MAX_BATCH_SIZE
+    max_batch_delay_ms: float = BATCH_DELAY_MS
+    request_timeout: float = REQUEST_TIMEOUT_S
+    idle_after: float = IDLE_AFTER_S
+    drain_timeout: float = DRAIN_TIMEOUT_S
     device: str = "auto"
     dtype: Dtype = "auto"
     trust_remote_code: bool = False

@@ -18,10 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from modelpool_contract.flags import (
-    DEFAULT_MAX_BATCH_DELAY_MS,
-    DEFAULT_MAX_BATCH_SIZE,
-    DEFAULT_QUEUE_CAPACITY,
-    DEFAULT_REQUEST_TIMEOUT_S,
+    BATCH_DELAY_MS,
+    MAX_BATCH_SIZE,
+    QUEUE_CAPACITY,
+    REQUEST_TIMEOUT_S,
     Dtype,
 )
 from modelpool_contract.labels import GROUP
@@ -147,25 +147,25 @@ class QueueSpec(_Model):
     """The server's bounded request queue and dynamic batching."""
 
     capacity: int = Field(
-        default=DEFAULT_QUEUE_CAPACITY,
+        default=QUEUE_CAPACITY,
         ge=1,
         le=100_000,
         description="Requests that may wait per worker; one more is answered 429 with Retry-After.",
     )
     max_batch_size: int = Field(
-        default=DEFAULT_MAX_BATCH_SIZE,
+        default=MAX_BATCH_SIZE,
         ge=1,
         le=4096,
         description="Most items merged into one forward pass (embedding tasks).",
     )
     max_batch_delay_ms: int = Field(
-        default=DEFAULT_MAX_BATCH_DELAY_MS,
+        default=BATCH_DELAY_MS,
         ge=0,
         le=10_000,
         description="Longest a batch waits for more items before it runs, in milliseconds.",
     )
     request_timeout_seconds: float = Field(
-        default=DEFAULT_REQUEST_TIMEOUT_S,
+        default=REQUEST_TIMEOUT_S,
         gt=0,
         le=3600,
         description="Deadline of a request in seconds (clients may shorten it); expired requests get 504.",

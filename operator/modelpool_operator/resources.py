@@ -12,9 +12,9 @@ from datetime import datetime
 from typing import Any
 
 from modelpool_contract.flags import (
-    DEFAULT_DRAIN_TIMEOUT_S,
-    DEFAULT_IDLE_AFTER_S,
     DEFAULT_SERVER_IMAGE,
+    DRAIN_TIMEOUT_S,
+    IDLE_AFTER_S,
     SERVER_COMMAND,
     TERMINATION_LOG,
     WORKER_PORT,
@@ -46,7 +46,7 @@ class PodSettings:
     default_image: str = DEFAULT_SERVER_IMAGE
     port: int = WORKER_PORT
     # The server drains queued work for up to this long after SIGTERM; the kubelet waits a bit longer.
-    drain_timeout_s: int = DEFAULT_DRAIN_TIMEOUT_S
+    drain_timeout_s: int = DRAIN_TIMEOUT_S
     # startupProbe: period x failureThreshold bounds the model load (10 s x 180 = 30 min for big models).
     startup_period_s: int = 10
     startup_failure_threshold: int = 180
@@ -86,7 +86,7 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         max_batch_delay_ms=spec.queue.max_batch_delay_ms,
         request_timeout=spec.queue.request_timeout_seconds,
         # The server's own Idle threshold when the pool disables idle eviction (it still reports Idle).
-        idle_after=spec.idle_timeout_seconds or DEFAULT_IDLE_AFTER_S,
+        idle_after=spec.idle_timeout_seconds or IDLE_AFTER_S,
         drain_timeout=settings.drain_timeout_s,
         device="auto",
         dtype=spec.model.dtype,
