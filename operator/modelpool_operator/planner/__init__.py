@@ -92,7 +92,7 @@ def plan(
 ) -> Plan:
     """Decide one pass for ``pool``.  ``workers`` are this pool's observed workers; ``ledger`` covers every
     pool (this one included) and carries the live reservations; ``others`` are the other pools."""
-    draft = Draft.start(pool, workers, ledger, now=now, others=others, settings=settings)
+    draft = Draft(pool, list(workers), ledger, now, others, settings or PlannerSettings())
     for phase in PHASES:
         phase(draft)
     return conclude(draft)

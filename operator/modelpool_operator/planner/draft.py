@@ -125,63 +125,45 @@ class Admission:
 class Draft:
     """One pass's plan while the phases build it.
 
-    The inputs (``pool`` .. ``in_flight``) are read-only.  ``active``/``current``/``outdated`` start as the
-    pool's active workers (current = built from the present template hash) and shrink as workers are
-    removed; the lists of effects only grow.
+    Built from the inputs (the pool, the observed workers, the ledger, the clock, the other pools, the
+    settings), which stay read-only: ``workers`` becomes this pool's workers sorted by name, ``in_flight``
+    its reservations.  ``active``/``current``/``outdated`` start as the pool's active workers (current =
+    built from the present template hash) and shrink as workers are removed; the lists of effects only
+    grow.
     """
 
     pool: PoolView
-    settings: PlannerSettings
-    now: datetime
-    ledger: Ledger
-    others: Sequence[OtherPool]
     workers: list[ObservedWorker]
+    ledger: Ledger
+    now: datetime
+    others: Sequence[OtherPool] = ()
+    settings: PlannerSettings = field(default_factory=PlannerSettings)
     # Reservations of this pool whose pods are not observed yet: creations in flight, counted as Pending.
-    in_flight: list[Reservation]
-    target: int = 0
-    active: list[ObservedWorker] = field(default_factory=list)
-    current: list[ObservedWorker] = field(default_factory=list)
-    outdated: list[ObservedWorker] = field(default_factory=list)
-    used_names: set[str] = field(default_factory=set)
-    events: list[Event] = field(default_factory=list)
-    creates: list[Create] = field(default_factory=list)
-    deletes: list[Delete] = field(default_factory=list)
-    evicts: list[Evict] = field(default_factory=list)
+    in_flight: list[Reservation] = field(init=False)
+    target: int = field(init=False, default=0)
+    active: list[ObservedWorker] = field(init=False)
+    current: list[ObservedWorker] = field(init=False)
+    outdated: list[ObservedWorker] = field(init=False)
+    used_names: set[str] = field(init=False)
+    events: list[Event] = field(init=False, default_factory=list)
+    creates: list[Create] = field(init=False, default_factory=list)
+    deletes: list[Delete] = field(init=False, default_factory=list)
+    evicts: list[Evict] = field(init=False, default_factory=list)
     # Own workers whose eviction this pass decided -> the reason.
-    evicting_now: dict[str, str] = field(default_factory=dict)
-    requeue: list[float] = field(default_factory=list)
-    failed: list[ObservedWorker] = field(default_factory=list)
-    backoff: Backoff = field(default_factory=Backoff)
-    admission: Admission = field(default_factory=Admission)
+    evicting_now: dict[str, str] = field(init=False, default_factory=dict)
+    requeue: list[float] = field(init=False, default_factory=list)
+    failed: list[ObservedWorker] = field(init=False, default_factory=list)
+    backoff: Backoff = field(init=False, default_factory=Backoff)
+    admission: Admission = field(init=False, default_factory=Admission)
 
-    @classmethod
-    def start(
-        cls,
-        pool: PoolView,
-        workers: Sequence[ObservedWorker],
-        ledger: Ledger,
-        *,
-        now: datetime,
-        others: Sequence[OtherPool] = (),
-        settings: PlannerSettings | None = None,
-    ) -> Draft:
-        """The draft before any phase: this pool's workers sorted by name, its reservations in flight."""
-        own = sorted((w for w in workers if w.pool in (pool.name, "")), key=lambda w: w.name)
-        in_flight = [r for r in ledger.reservations if r.pool_key == pool.key]
-        active = [w for w in own if w.active]
-        return cls(
-            pool=pool,
-            settings=settings or PlannerSettings(),
-            now=now,
-            ledger=ledger,
-            others=others,
-            workers=own,
-            in_flight=in_flight,
-            active=active,
-            current=[w for w in active if w.template_hash == pool.template_hash],
-            outdated=[w for w in active if w.template_hash != pool.template_hash],
-            used_names={w.name for w in own} | {r.worker for r in in_flight},
-        )
+    def __post_init__(self) -> None:
+        pool = self.pool
+        self.workers = sorted((w for w in self.workers if w.pool in (pool.name, "")), key=lambda w: w.name)
+        self.in_flight = [r for r in self.ledger.reservations if r.pool_key == pool.key]
+        self.active = [w for w in self.workers if w.active]
+        self.current = [w for w in self.active if w.template_hash == pool.template_hash]
+        self.outdated = [w for w in self.active if w.template_hash != pool.template_hash]
+        self.used_names = {w.name for w in self.workers} | {r.worker for r in self.in_flight}
 
     def before(self, name: str) -> WorkerStatus | None:
         """The worker as the last status recorded it."""

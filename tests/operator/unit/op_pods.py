@@ -5,15 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from modelpool_contract.labels import (
-    ANNOTATION_EVICTING,
-    ANNOTATION_EVICTING_SINCE,
-    ANNOTATION_MEMORY,
-    LABEL_POOL,
-    LABEL_SERVING,
-    LABEL_TEMPLATE_HASH,
-    LABEL_WORKER,
-)
+from modelpool_contract import labels as contract
 from modelpool_operator.times import rfc3339
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -69,13 +61,17 @@ def pod(
     container_statuses: bool = True,
 ) -> dict[str, Any]:
     """A worker pod as the API returns it (only the fields the operator reads)."""
-    annotations = {ANNOTATION_MEMORY: str(memory)}
+    annotations = {contract.ANNOTATION_MEMORY: str(memory)}
     if evicting is not None:
-        annotations[ANNOTATION_EVICTING] = evicting
-        annotations[ANNOTATION_EVICTING_SINCE] = rfc3339(at(evicting_since or 0)) or ""
-    labels = {LABEL_POOL: pool, LABEL_WORKER: name, LABEL_TEMPLATE_HASH: template_hash}
+        annotations[contract.ANNOTATION_EVICTING] = evicting
+        annotations[contract.ANNOTATION_EVICTING_SINCE] = rfc3339(at(evicting_since or 0)) or ""
+    labels = {
+        contract.LABEL_POOL: pool,
+        contract.LABEL_WORKER: name,
+        contract.LABEL_TEMPLATE_HASH: template_hash,
+    }
     if serving:
-        labels[LABEL_SERVING] = "true"
+        labels[contract.LABEL_SERVING] = "true"
     meta: dict[str, Any] = {
         "name": name,
         "namespace": namespace,

@@ -50,9 +50,8 @@ def draft_before(
 ) -> Draft:
     """A draft on which every phase before ``phase`` has run (None: all of them)."""
     pool = view(spec or make_spec(), status)
-    draft = Draft.start(
-        pool, workers, ledger or ledger_for(None, list(workers)), now=NOW, others=others, settings=settings
-    )
+    ledger = ledger or ledger_for(None, list(workers))
+    draft = Draft(pool, list(workers), ledger, NOW, others, settings or PlannerSettings())
     for earlier in PHASES:
         if earlier is phase:
             break

@@ -106,6 +106,14 @@ async def test_concurrent_pools_never_over_admit(state: OperatorState) -> None:
     index = _index(pools)
     budgets = {"default": [{"memory": "4Gi"}]}
     runs = [PoolRun(key=key) for key in pools]
+
+    async def one_by_one(pods: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
+        """A pass of each pool in turn, as their daemons would run them."""
+        for run in runs:
+            await reconcile_pool(
+                state, run=run, body=pools[run.key], pods_by_pool=pods, pools_by_key=index, budgets=budgets
+            )
+
     await asyncio.gather(
         *(
             reconcile_pool(
@@ -129,28 +137,12 @@ async def test_concurrent_pools_never_over_admit(state: OperatorState) -> None:
     for pod in kube.created:
         pods.setdefault(("ns", pod["metadata"]["labels"]["modelpool.dev/pool"]), []).append(_running(pod))
     patches_before = len(kube.status_patches)
-    for run in runs:
-        await reconcile_pool(
-            state,
-            run=run,
-            body=pools[run.key],
-            pods_by_pool=pods,
-            pools_by_key=index,
-            budgets=budgets,
-        )
+    await one_by_one(pods)
     assert len(state.reservations) == 0
     assert len(kube.created) == 4
     assert len(kube.status_patches) == patches_before + 3
     # Nothing changed since: no further status writes.
-    for run in runs:
-        await reconcile_pool(
-            state,
-            run=run,
-            body=pools[run.key],
-            pods_by_pool=pods,
-            pools_by_key=index,
-            budgets=budgets,
-        )
+    await one_by_one(pods)
     assert len(kube.status_patches) == patches_before + 3
 
 
