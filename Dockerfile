@@ -22,6 +22,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY model_server ./model_server
+COPY modelpool_contract ./modelpool_contract
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 # ---- server: modelpool-server with torch (the worker image) --------------------------------------------

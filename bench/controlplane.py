@@ -10,8 +10,9 @@ console script, all namespaces), creates the pools at once, and measures:
   the API server's ``/metrics``, delta over a window; all clients, with the operator's own resources
   broken out).
 
-Targets: converge <= 60 s, RSS <= 300 MiB. Results go to ``.bench/controlplane.json`` and to the
-README between ``<!-- bench:controlplane:start -->`` and ``<!-- bench:controlplane:end -->``.
+Targets (docs/design.md, "Testing and speed targets"): converge <= 60 s, RSS <= 300 MiB. Results go to
+``.bench/controlplane.json`` and to the README between ``<!-- bench:controlplane:start -->`` and
+``<!-- bench:controlplane:end -->``.
 """
 
 from __future__ import annotations

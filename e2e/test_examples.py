@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from e2e.helpers import EXAMPLES
+from modelpool_contract.tasks import TASK_NAMES
 from modelpool_operator.api import (
     API_VERSION,
     MODELBUDGET_KIND,
     MODELPOOL_KIND,
-    TASK_NAMES,
     parse_budget_spec,
     parse_pool_spec,
     source_is_supported,

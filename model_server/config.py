@@ -16,7 +16,17 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from model_server.tasks.base import TASK_NAMES, TaskName
+from modelpool_contract.flags import (
+    BATCH_DELAY_MS,
+    DRAIN_TIMEOUT_S,
+    IDLE_AFTER_S,
+    MAX_BATCH_SIZE,
+    QUEUE_CAPACITY,
+    REQUEST_TIMEOUT_S,
+    TERMINATION_LOG,
+    Dtype,
+)
+from modelpool_contract.tasks import TASK_NAMES, TaskName
 
 _HANDLER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SOURCE_SCHEMES = ("file://", "hf://", "pvc://")
@@ -27,9 +37,15 @@ class ConfigError(Exception):
 
 
 class ServerConfig(BaseSettings):
-    """Validated server settings (field ``x_y`` = flag ``--x-y`` = env ``MODELPOOL_X_Y``)."""
+    """Validated server settings (field ``x_y`` = flag ``--x-y`` = env ``MODELPOOL_X_Y``).
 
-    model_config = SettingsConfigDict(env_prefix="MODELPOOL_", extra="forbid", frozen=True)
+    The defaults of the flags the operator passes (``modelpool_contract.flags.ServerArgs``) are the
+    contract's; ``validate_default`` keeps float fields floats where the shared default is a whole number.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="MODELPOOL_", extra="forbid", frozen=True, validate_default=True
+    )
 
     model: str = Field(
         description="Model source: a local directory, file://PATH, hf://org/name[@rev], "
@@ -39,17 +55,17 @@ class ServerConfig(BaseSettings):
     name: str | None = Field(default=None, description="Served model name (default: last path segment)")
     host: str = Field(default="0.0.0.0", description="Listen address")
     port: int = Field(default=8080, ge=1, le=65535, description="Listen port")
-    queue_capacity: int = Field(default=100, ge=1, le=1_000_000, description="Requests that may wait")
-    max_batch_size: int = Field(default=32, ge=1, le=65536, description="Items in one forward pass")
-    max_batch_delay_ms: float = Field(default=5.0, ge=0, le=10_000, description="Batch collection wait")
-    request_timeout: float = Field(default=30.0, gt=0, le=86_400, description="Default deadline (s)")
-    idle_after: float = Field(default=300.0, gt=0, description="Ready -> Idle after this many seconds")
-    drain_timeout: float = Field(default=30.0, ge=0, description="SIGTERM: wait this long for work")
+    queue_capacity: int = Field(default=QUEUE_CAPACITY, ge=1, le=10**6, description="Requests that may wait")
+    max_batch_size: int = Field(default=MAX_BATCH_SIZE, ge=1, le=65536, description="Items per forward pass")
+    max_batch_delay_ms: float = Field(default=BATCH_DELAY_MS, ge=0, le=10_000, description="Batch fill wait")
+    request_timeout: float = Field(default=REQUEST_TIMEOUT_S, gt=0, le=86_400, description="Max deadline (s)")
+    idle_after: float = Field(default=IDLE_AFTER_S, gt=0, description="Ready -> Idle after this many seconds")
+    drain_timeout: float = Field(default=DRAIN_TIMEOUT_S, ge=0, description="SIGTERM: drain for this long")
     device: Literal["auto", "cpu", "cuda"] | str = Field(default="auto", description="auto|cpu|cuda[:N]")
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(default="auto", description="Weights")
+    dtype: Dtype = Field(default="auto", description="Weights")
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Larger bodies -> 413")
     max_request_items: int = Field(default=2048, ge=1, description="More items in one request -> 413")
-    termination_log: Path = Field(default=Path("/dev/termination-log"), description="Failure reason file")
+    termination_log: Path = Field(default=Path(TERMINATION_LOG), description="Failure reason file")
     handler: str | None = Field(default=None, description="module:Class implementing the Task interface")
     trust_remote_code: bool = Field(default=False, description="Allow the model repo's own code")
     hf_home: Path | None = Field(default=None, description="Download cache for hf:// (default: HF_HOME)")

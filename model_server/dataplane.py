@@ -37,7 +37,8 @@ from model_server.errors import (
 from model_server.lifecycle import Lifecycle, State
 from model_server.metrics import Metrics
 from model_server.tasks.base import Emitter
-from model_server.worker import EXIT_DEVICE_FAILED, Worker
+from model_server.worker import Worker
+from modelpool_contract.exits import EXIT_DEVICE_FAILED
 
 log = logging.getLogger("modelpool.dataplane")
 

@@ -1,7 +1,7 @@
 """The worker's lifecycle state machine: one transition table, illegal transitions impossible.
 
 Only the server decides its own state (the operator reads it from ``/stats``).  States and edges follow
-DESIGN.md's contract:
+the contract (``modelpool_contract.states``; docs/design.md, "Worker states"):
 
     Pending -> Loading -> Ready <-> Processing        Ready/Idle -> Idle/Processing
     Loading -> Failed                                 any running state -> Failed

@@ -2,7 +2,7 @@
 
 Heavy imports (torch, transformers, diffusers) happen in the worker's load, after the socket listens,
 so ``/v2/health/live`` answers from the first moment.  SIGTERM -> Evicting and drain (exit 0); a load
-failure exits 3, a fatal device error 4 (``worker.EXIT_*``).
+failure exits 3, a fatal device error 4 (``modelpool_contract.exits``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from model_server.config import ConfigError, ServerConfig, load_config
-
-EXIT_CONFIG = 2
+from modelpool_contract.exits import EXIT_CONFIG
 
 
 def _serve(config: ServerConfig) -> int:

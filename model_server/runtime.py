@@ -19,10 +19,9 @@ from model_server.dataplane import DataPlane
 from model_server.lifecycle import Lifecycle, State
 from model_server.metrics import Metrics, gpu_memory, rss_bytes
 from model_server.worker import Worker
+from modelpool_contract.stats import StatsMemory, StatsModel, WorkerStats
 
 log = logging.getLogger("modelpool.runtime")
-
-STATS_VERSION = 1
 
 
 class Runtime:
@@ -97,29 +96,26 @@ class Runtime:
     # ---- /stats -------------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """The JSON the operator scrapes (DESIGN.md fields, versioned)."""
+        """The JSON the operator scrapes: ``modelpool_contract.stats.WorkerStats`` (docs/design.md)."""
         dp = self.dataplane
         allocated, reserved = gpu_memory()
-        return {
-            "version": STATS_VERSION,
-            "state": self.lifecycle.state.value,
-            "state_since": self.lifecycle.since,
-            "reason": self.lifecycle.reason,
-            "queue_depth": dp.queue_depth,
-            "queue_capacity": self.config.queue_capacity,
-            "in_flight": dp.in_flight,
-            "last_request_time": dp.last_request_time,
-            "requests_total": dp.requests_total,
-            "rejected_total": dp.rejected_total,
-            "errors_total": dp.errors_total,
-            "load_error": self.worker.load_error,
-            "load_progress": self.worker.load_progress,
-            "load_seconds": self.worker.load_seconds,
-            "memory": {
-                "rss_bytes": rss_bytes(),
-                "gpu_allocated_bytes": allocated,
-                "gpu_reserved_bytes": reserved,
-            },
-            "model": {"name": self.config.served_name, "task": self.config.task, "source": self.config.model},
-            "time": time.time(),
-        }
+        return WorkerStats(
+            state=self.lifecycle.state.value,
+            state_since=self.lifecycle.since,
+            reason=self.lifecycle.reason,
+            queue_depth=dp.queue_depth,
+            queue_capacity=self.config.queue_capacity,
+            in_flight=dp.in_flight,
+            last_request_time=dp.last_request_time,
+            requests_total=dp.requests_total,
+            rejected_total=dp.rejected_total,
+            errors_total=dp.errors_total,
+            load_error=self.worker.load_error,
+            load_progress=self.worker.load_progress,
+            load_seconds=self.worker.load_seconds,
+            memory=StatsMemory(
+                rss_bytes=rss_bytes(), gpu_allocated_bytes=allocated, gpu_reserved_bytes=reserved
+            ),
+            model=StatsModel(name=self.config.served_name, task=self.config.task, source=self.config.model),
+            time=time.time(),
+        ).wire()

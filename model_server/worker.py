@@ -2,9 +2,10 @@
 
 * ``load`` resolves the source, imports the task module (torch & co. are imported here, after the HTTP
   server is listening) and calls ``Task.load`` on the inference thread; the event loop keeps answering
-  health and ``/stats`` meanwhile.  Failure -> Failed, reason to the termination log, exit code 3.
+  health and ``/stats`` meanwhile.  Failure -> Failed, reason to the termination log, exit code 3
+  (``EXIT_LOAD_FAILED``).
 * ``run`` executes one unit of work on the same thread.  No lock guards the model: only that thread ever
-  touches it, so nothing can be poisoned.  Crash handling (seed 002):
+  touches it, so nothing can be poisoned.  Crash handling (docs/design.md, "Failures"):
     - ``InvalidInput`` passes through (4xx);
     - a CUDA out-of-memory error splits the unit in halves and retries each before failing;
     - an unrecoverable device error (illegal memory access, device-side assert, ...) -> ``FatalDeviceError``
@@ -35,11 +36,10 @@ from model_server.lifecycle import Lifecycle, State
 from model_server.preload import preload_torch_libraries
 from model_server.tasks import task_class
 from model_server.tasks.base import Emitter, LoadOptions, Task
+from modelpool_contract.exits import EXIT_LOAD_FAILED
 
 log = logging.getLogger("modelpool.worker")
 
-EXIT_LOAD_FAILED = 3
-EXIT_DEVICE_FAILED = 4
 # GIL switch interval while the model loads (see ``Worker.load``): short, so health stays responsive.
 LOAD_SWITCH_INTERVAL_S = 0.0005
 # Nice value of the inference thread (see ``_lower_thread_priority``).

@@ -1,16 +1,121 @@
-"""Names both halves rely on (DESIGN.md's contract) are spelled the same in the operator and the server.
+"""The contract between the operator and the server (``modelpool_contract``; docs/design.md, "Contracts"):
+both halves use it, and what one side writes the other reads back.
 
-The operator never imports the model server (it would pull numpy and the task modules into the operator
-image), so each keeps its own copy of the task names; this test keeps the copies equal.
+The operator never imports the model server (it would pull torch and the task modules into the operator
+image) and the server never imports Kopf; the contract package imports neither.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from datetime import UTC, datetime
+from typing import Any, get_args
+
+import pytest
+
+from model_server.config import ServerConfig, load_config
+from model_server.lifecycle import SERVING, State
+from model_server.runtime import Runtime
 from model_server.tasks import REGISTRY
-from model_server.tasks.base import TASK_NAMES as SERVER_TASKS
-from modelpool_operator.api import TASK_NAMES as OPERATOR_TASKS
+from modelpool_contract.exits import EXIT_LOAD_FAILED
+from modelpool_contract.flags import ServerArgs
+from modelpool_contract.states import SERVING_STATES, WORKER_STATES
+from modelpool_contract.stats import WorkerStats
+from modelpool_contract.tasks import TASK_NAMES, TaskName
+from modelpool_operator.api import ModelSpec, WorkerStatus
+from modelpool_operator.pool import PoolView
+from modelpool_operator.resources import PodSettings, build_worker_pod, server_args
+from modelpool_operator.worker_state import observe_worker
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
-def test_task_names_agree() -> None:
-    assert OPERATOR_TASKS == SERVER_TASKS
-    assert set(REGISTRY) == set(SERVER_TASKS)
+def _pool() -> PoolView:
+    return PoolView.from_body(
+        {
+            "metadata": {"name": "emb", "namespace": "ns", "uid": "u-1"},
+            "spec": {
+                "model": {"source": "/models/m", "task": "text-embedding", "dtype": "float32"},
+                "resources": {"memory": "1Gi"},
+                "queue": {"capacity": 7, "requestTimeoutSeconds": 12.5},
+                "idleTimeoutSeconds": 0,
+            },
+        }
+    )
+
+
+def _running(pod: dict[str, Any], **container: Any) -> dict[str, Any]:
+    status = {"name": "server", "ready": False, "state": {"running": {"startedAt": "2026-01-01T11:00:00Z"}}}
+    pod["status"] = {"phase": "Running", "containerStatuses": [{**status, **container}]}
+    return pod
+
+
+def test_the_contract_imports_neither_half_nor_torch_nor_kopf() -> None:
+    code = (
+        "import sys, modelpool_contract\n"
+        "heavy = {'torch', 'kopf', 'numpy', 'model_server', 'modelpool_operator'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_task_names_are_the_servers_tasks_and_the_pool_specs_enum() -> None:
+    assert set(REGISTRY) == set(TASK_NAMES)
+    assert get_args(ModelSpec.model_fields["task"].annotation) == get_args(TaskName)
+    assert get_args(ServerConfig.model_fields["task"].annotation) == get_args(TaskName)
+
+
+def test_worker_states_are_the_servers_states_and_the_status_enum() -> None:
+    assert tuple(state.value for state in State) == WORKER_STATES
+    assert get_args(WorkerStatus.model_fields["state"].annotation) == WORKER_STATES
+    assert {state.value for state in SERVING} == SERVING_STATES
+
+
+def test_the_stats_document_the_server_emits_is_what_the_operator_parses() -> None:
+    runtime = Runtime(load_config(["--model", "/models/m", "--task", "text-embedding"]))
+    runtime.lifecycle.to(State.LOADING)
+    runtime.lifecycle.to(State.READY)
+    runtime.lifecycle.to(State.IDLE)
+    document = runtime.stats()
+    assert set(document) == set(WorkerStats.model_fields)
+    parsed = WorkerStats.parse(document)
+    assert parsed is not None and parsed.wire() == document
+    worker = observe_worker(_running(build_worker_pod(_pool(), "emb-h-0")), document, NOW)
+    assert worker.state == "Idle" and worker.stats_known and worker.queue_depth == 0
+
+
+@pytest.mark.parametrize("body", [None, [], "Idle", {"state": 5, "queue_depth": "x", "memory": 1}])
+def test_an_odd_stats_document_is_unknown_never_an_error(body: Any) -> None:
+    parsed = WorkerStats.parse(body)
+    assert parsed is None or (parsed.state, parsed.queue_depth, parsed.memory) == (None, None, None)
+
+
+def test_the_flags_the_operator_passes_are_server_flags_with_the_same_defaults() -> None:
+    fields = set(ServerArgs.__dataclass_fields__)
+    assert fields <= set(ServerConfig.model_fields)
+    required = {"model": "/m", "task": "vision", "name": "x"}
+    server = load_config(ServerArgs(**required).argv())  # type: ignore[arg-type]
+    for name in fields - set(required) - {"port"}:  # the port: the operator's choice for pods
+        assert getattr(server, name) == getattr(ServerArgs(**required), name), name  # type: ignore[arg-type]
+
+
+def test_the_server_reads_back_what_the_pod_builder_writes() -> None:
+    pool = _pool()
+    config = load_config(server_args(pool.name, pool.spec, PodSettings()))
+    assert (config.model, config.task, config.served_name) == ("/models/m", "text-embedding", "emb")
+    assert (config.queue_capacity, config.request_timeout, config.dtype) == (7, 12.5, "float32")
+
+
+def test_the_load_failure_exit_code_reads_as_load_failed() -> None:
+    terminated = {"terminated": {"exitCode": EXIT_LOAD_FAILED, "reason": "Error", "message": "no weights"}}
+    worker = observe_worker(_running(build_worker_pod(_pool(), "emb-h-0"), state=terminated), None, NOW)
+    assert (worker.state, worker.reason, worker.message) == ("Failed", "LoadFailed", "no weights")
+
+
+def test_the_labels_the_pod_builder_writes_are_the_ones_observation_reads() -> None:
+    pool = _pool()
+    worker = observe_worker(_running(build_worker_pod(pool, "emb-h-0"), ready=True), None, NOW)
+    assert (worker.pool, worker.template_hash, worker.serving) == ("emb", pool.template_hash, True)
+    assert worker.requested_memory == 2**30

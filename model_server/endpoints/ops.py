@@ -10,6 +10,7 @@ from model_server import __version__
 from model_server.endpoints.common import ORJSONResponse, check_model
 from model_server.errors import ModelNotReady
 from model_server.runtime import Runtime
+from modelpool_contract.stats import STATS_PATH
 
 
 def register(app: FastAPI, runtime: Runtime) -> None:
@@ -65,6 +66,6 @@ def register(app: FastAPI, runtime: Runtime) -> None:
     async def metrics() -> Response:
         return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/stats", tags=["ops"])
+    @app.get(STATS_PATH, tags=["ops"])
     async def stats() -> Response:
         return ORJSONResponse(runtime.stats())

@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from model_server.tasks.base import TASK_NAMES, Task, TaskName
+from model_server.tasks.base import Task
+from modelpool_contract.tasks import TASK_NAMES, TaskName
 
 # Task name -> "module:Class".
 REGISTRY: dict[TaskName, str] = {

@@ -26,15 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from model_server.errors import InvalidInput
-
-TaskName = Literal["text-embedding", "text-generation", "image-embedding", "vision", "text-to-image"]
-TASK_NAMES: tuple[TaskName, ...] = (
-    "text-embedding",
-    "text-generation",
-    "image-embedding",
-    "vision",
-    "text-to-image",
-)
+from modelpool_contract.tasks import TaskName
 
 # KServe v2 datatypes used by the tasks.
 V2Datatype = Literal["BYTES", "FP32", "FP16", "INT32", "INT64", "UINT8", "BOOL"]

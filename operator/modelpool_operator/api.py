@@ -17,42 +17,25 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from modelpool_contract.flags import (
+    BATCH_DELAY_MS,
+    MAX_BATCH_SIZE,
+    QUEUE_CAPACITY,
+    REQUEST_TIMEOUT_S,
+    Dtype,
+)
+from modelpool_contract.labels import GROUP
+from modelpool_contract.states import WorkerState
+from modelpool_contract.tasks import TaskName
 from modelpool_operator.quantity import QUANTITY_PATTERN, QuantityError, parse_quantity
 
-GROUP = "modelpool.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 MODELPOOL_KIND = "ModelPool"
 MODELPOOL_PLURAL = "modelpools"
 MODELBUDGET_KIND = "ModelBudget"
 MODELBUDGET_PLURAL = "modelbudgets"
-# The operator reads and writes the one cluster-scoped budget of this name.
-DEFAULT_BUDGET_NAME = "default"
 
-# The same names as model_server.tasks.base (the operator never imports the server); tests/test_contract.py
-# keeps the two equal.
-TaskName = Literal["text-embedding", "text-generation", "image-embedding", "vision", "text-to-image"]
-TASK_NAMES: tuple[TaskName, ...] = (
-    "text-embedding",
-    "text-generation",
-    "image-embedding",
-    "vision",
-    "text-to-image",
-)
-Dtype = Literal["auto", "float32", "float16", "bfloat16"]
-
-# The eight worker lifecycle states (DESIGN.md contract).
-WorkerState = Literal["Pending", "Loading", "Ready", "Processing", "Idle", "Evicting", "Dead", "Failed"]
-WORKER_STATES: tuple[WorkerState, ...] = (
-    "Pending",
-    "Loading",
-    "Ready",
-    "Processing",
-    "Idle",
-    "Evicting",
-    "Dead",
-    "Failed",
-)
 # A pool's summary phase.
 PoolPhase = Literal["Pending", "Loading", "Ready", "Degraded", "Failed", "Idle"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "BudgetExceeded"]
@@ -164,22 +147,25 @@ class QueueSpec(_Model):
     """The server's bounded request queue and dynamic batching."""
 
     capacity: int = Field(
-        default=100,
+        default=QUEUE_CAPACITY,
         ge=1,
         le=100_000,
         description="Requests that may wait per worker; one more is answered 429 with Retry-After.",
     )
     max_batch_size: int = Field(
-        default=32, ge=1, le=4096, description="Most items merged into one forward pass (embedding tasks)."
+        default=MAX_BATCH_SIZE,
+        ge=1,
+        le=4096,
+        description="Most items merged into one forward pass (embedding tasks).",
     )
     max_batch_delay_ms: int = Field(
-        default=5,
+        default=BATCH_DELAY_MS,
         ge=0,
         le=10_000,
         description="Longest a batch waits for more items before it runs, in milliseconds.",
     )
     request_timeout_seconds: float = Field(
-        default=30,
+        default=REQUEST_TIMEOUT_S,
         gt=0,
         le=3600,
         description="Deadline of a request in seconds (clients may shorten it); expired requests get 504.",
@@ -469,16 +455,13 @@ def source_is_supported(source: str) -> bool:
 
 __all__ = [
     "API_VERSION",
-    "DEFAULT_BUDGET_NAME",
     "GROUP",
     "MODELBUDGET_KIND",
     "MODELBUDGET_PLURAL",
     "MODELPOOL_KIND",
     "MODELPOOL_PLURAL",
     "QUANTITY_PATTERN",
-    "TASK_NAMES",
     "VERSION",
-    "WORKER_STATES",
     "BackoffStatus",
     "Condition",
     "EnvVar",

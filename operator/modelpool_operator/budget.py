@@ -1,7 +1,7 @@
 """The memory ledger: derived from the workers that exist, plus short-lived reservations.
 
 Derive, don't count: every pass rebuilds the ledger from the observed workers of ALL pools (Failed and
-Dead workers are charged 0 by ``lifecycle``), so nothing can leak.  The one piece of state is the set of
+Dead workers are charged 0 by ``worker_state``), so nothing can leak.  The one piece of state is the set of
 *reservations*: memory promised to pods the operator is creating but has not yet seen in its watch.
 A reservation ends when its pod is observed (its charge then comes from the pod), when its creation
 fails (``release``), or after a TTL (a create that vanished).  Two pools planning one after the other
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from modelpool_operator.api import ModelBudgetStatus, PoolShare
-from modelpool_operator.lifecycle import ObservedWorker
+from modelpool_operator.pool import PoolKey
 from modelpool_operator.quantity import format_quantity
+from modelpool_operator.worker_state import ObservedWorker
 
-PoolKey = tuple[str, str]  # (namespace, pool name)
 WorkerKey = tuple[str, str]  # (namespace, pod name)
 
 
@@ -66,10 +66,6 @@ class Ledger:
         """This ledger with ``extra`` more bytes reserved (the planner's running view of its own creates)."""
         return replace(self, reserved=self.reserved + extra)
 
-    def with_freed(self, freed: int) -> Ledger:
-        """This ledger with ``freed`` bytes less in use."""
-        return replace(self, used=max(0, self.used - freed))
-
 
 def live_reservations(
     reservations: Iterable[Reservation],
@@ -84,16 +80,12 @@ def live_reservations(
 
 
 def build_ledger(
-    total: int | None,
-    workers: Iterable[ObservedWorker],
-    reservations: Iterable[Reservation] = (),
-    now: datetime | None = None,
-    ttl_s: float | None = None,
+    total: int | None, workers: Iterable[ObservedWorker], reservations: Iterable[Reservation] = ()
 ) -> Ledger:
     """The ledger from every pool's observed workers and the live reservations.
 
     A reservation whose pod is among ``workers`` is dropped (the pod's own charge counts instead), so a
-    worker is never charged twice; with ``now`` and ``ttl_s``, expired reservations are dropped too.
+    worker is never charged twice.
     """
     workers = list(workers)
     shares: dict[PoolKey, int] = {}
@@ -103,10 +95,7 @@ def build_ledger(
         if worker.memory:
             shares[worker.pool_key] = shares.get(worker.pool_key, 0) + worker.memory
     observed = {w.key for w in workers}
-    if now is not None and ttl_s is not None:
-        live = live_reservations(reservations, observed, now, ttl_s)
-    else:
-        live = tuple(r for r in reservations if r.key not in observed)
+    live = tuple(r for r in reservations if r.key not in observed)
     reserved = sum(r.memory for r in live)
     return Ledger(total=total, used=used, reserved=reserved, shares=shares, reservations=live)
 

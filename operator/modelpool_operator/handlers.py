@@ -3,30 +3,28 @@
 Level-based: the daemons act on what the indices show (pods by pool, pools, budgets), never on an
 event's diff, so a missed event or an operator restart loses nothing. Events only *wake* a daemon early
 (via ``OperatorState.poke``); without them each pool still re-reconciles every few seconds. Each handler
-is a few lines: the pass itself lives in ``reconcile``, the decisions in ``planner``/``lifecycle``.
+is a few lines: the pass itself lives in ``reconcile``, the decisions in ``planner``/``worker_state``.
+
+The indices are Kopf's typed index parameters (``kopf.Index``), named after their functions: the pods
+by pool (slimmed), the other pools parsed once when indexed (``OtherPool``), the budgets' specs.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from dataclasses import replace
+from typing import Any, TypeVar
 
 import kopf
 
+from modelpool_contract.labels import LABEL_POOL
 from modelpool_operator import kube as kube_api
 from modelpool_operator.api import GROUP, MODELBUDGET_PLURAL, MODELPOOL_PLURAL, VERSION
-from modelpool_operator.lifecycle import LABEL_POOL
-from modelpool_operator.reconcile import (
-    Observer,
-    PoolRun,
-    budget_status_wire,
-    lifecycle_settings,
-    pool_of,
-    reconcile_pool,
-    slim_pod,
-    slim_pool,
-)
-from modelpool_operator.runtime import OperatorState, wait_for_wakeup
+from modelpool_operator.events import Event
+from modelpool_operator.observation import ObservationCache, slim_pod
+from modelpool_operator.pool import OtherPool, PoolKey
+from modelpool_operator.process_state import OperatorState, wait_for_wakeup
+from modelpool_operator.reconcile import PoolRun, budget_status_wire, lifecycle_settings, reconcile_pool
 from modelpool_operator.settings import OperatorConfig, apply_to_kopf
 from modelpool_operator.stats import StatsScraper
 
@@ -36,6 +34,19 @@ _ERROR_DELAY_S = 5.0
 _COALESCE_S = 0.3
 _POOLS = (GROUP, VERSION, MODELPOOL_PLURAL)
 _BUDGETS = (GROUP, VERSION, MODELBUDGET_PLURAL)
+
+PodsIndex = kopf.Index[PoolKey, dict[str, Any]]
+PoolsIndex = kopf.Index[PoolKey, OtherPool]
+BudgetsIndex = kopf.Index[str, dict[str, Any]]
+_T = TypeVar("_T")
+
+
+def _index(value: _T | None, name: str) -> _T:
+    """Kopf passes every index to every handler, by its function's name; the handlers' parameters default
+    to None only because Kopf's handler protocols do not list them."""
+    if value is None:
+        raise RuntimeError(f"Kopf did not pass the index {name!r}")
+    return value
 
 
 def make_memo(config: OperatorConfig) -> kopf.Memo:
@@ -64,7 +75,7 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Lo
         backoff_cap=config.stats_unreachable_backoff_cap_seconds,
         default_port=config.server_port,
     )
-    state.observer = Observer(lifecycle_settings(state))
+    state.observations = ObservationCache(lifecycle_settings(config))
     logger.info("modelpool-operator started: %s", config.model_dump_json())
 
 
@@ -89,15 +100,20 @@ def probe_pools(*, memo: Any, **_: Any) -> int:
 @kopf.index("pods", labels={LABEL_POOL: kopf.PRESENT})
 def pods_by_pool(
     *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-) -> dict[tuple[str, str], dict[str, Any]]:
+) -> dict[PoolKey, dict[str, Any]]:
     return {(namespace or "", labels[LABEL_POOL]): slim_pod(body)}
 
 
 @kopf.index(*_POOLS)
-def pools_by_key(
-    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
-) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(namespace or "", name): slim_pool(body)}
+def pools_by_key(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[PoolKey, OtherPool]:
+    """Each pool parsed once per watch event, as other pools' planning needs it; a pool whose spec does not
+    parse is left out (an empty result also drops what an earlier event indexed for it)."""
+    other = OtherPool.from_body(body)
+    return (
+        {}
+        if other is None
+        else {(namespace or "", name): replace(other, namespace=namespace or "", name=name)}
+    )
 
 
 @kopf.index(*_BUDGETS)
@@ -113,9 +129,9 @@ def pod_changed(
     *, type: str, namespace: str | None, labels: kopf.Labels, status: kopf.Status, memo: Any, **_: Any
 ) -> None:
     state = _state(memo)
-    key = pool_of(labels, namespace)
-    if key is not None:
-        state.poke(key)
+    pool = labels.get(LABEL_POOL)
+    if pool:
+        state.poke((namespace or "", pool))
     if type == "DELETED" or status.get("phase") in ("Failed", "Succeeded"):
         state.poke_waiting()  # its memory is free (or about to be): pools short of budget may fit now
 
@@ -142,9 +158,14 @@ async def pool_daemon(
     memo: Any,
     logger: kopf.Logger,
     stopped: kopf.DaemonStopped,
-    **indices: Any,
+    pods_by_pool: PodsIndex | None = None,
+    pools_by_key: PoolsIndex | None = None,
+    budgets_by_name: BudgetsIndex | None = None,
+    **_: Any,
 ) -> None:
-    # Kopf passes every index by its function's name: pods_by_pool, pools_by_key, budgets_by_name.
+    pods = _index(pods_by_pool, "pods_by_pool")
+    pools = _index(pools_by_key, "pools_by_key")
+    budgets = _index(budgets_by_name, "budgets_by_name")
     state = _state(memo)
     run = PoolRun(key=(namespace or "", name))
     wakeup = state.wakeup(run.key)
@@ -153,13 +174,7 @@ async def pool_daemon(
             delay = state.config.stats_interval_seconds
             try:
                 plan = await reconcile_pool(
-                    state,
-                    observer=state.require_observer(),
-                    run=run,
-                    body=body,
-                    pods_by_pool=indices["pods_by_pool"],
-                    pools_by_key=indices["pools_by_key"],
-                    budgets=indices["budgets_by_name"],
+                    state, run=run, body=body, pods_by_pool=pods, pools_by_key=pools, budgets=budgets
                 )
                 if plan is not None and plan.requeue_after is not None:
                     delay = min(delay, max(plan.requeue_after, 0.2))
@@ -167,7 +182,7 @@ async def pool_daemon(
                 raise
             except Exception as exc:  # one bad pass must not kill the pool's daemon; retry shortly
                 logger.exception("reconciliation failed; retrying in %.0fs", _ERROR_DELAY_S)
-                kopf.event(body, type="Warning", reason="ReconcileError", message=str(exc)[:1000])
+                state.events.post(body, Event("Warning", "ReconcileError", str(exc)[:1000]))
                 delay = _ERROR_DELAY_S
             woken = await wait_for_wakeup(
                 wakeup, min(delay, state.config.resync_interval_seconds), stopped.wait()
@@ -193,15 +208,17 @@ async def budget_daemon(
     memo: Any,
     logger: kopf.Logger,
     stopped: kopf.DaemonStopped,
-    **indices: Any,
+    pods_by_pool: PodsIndex | None = None,
+    budgets_by_name: BudgetsIndex | None = None,
+    **_: Any,
 ) -> None:
+    pods = _index(pods_by_pool, "pods_by_pool")
+    budgets = _index(budgets_by_name, "budgets_by_name")
     state = _state(memo)
     written: dict[str, Any] | None = None
     while not stopped:
         try:
-            wire = budget_status_wire(
-                state, state.require_observer(), indices["pods_by_pool"], indices["budgets_by_name"]
-            )
+            wire = budget_status_wire(state, pods, budgets)
             patch = kube_api.merge_patch(written if written is not None else dict(status), wire)
             if patch:
                 await state.require_kube().patch_budget_status(name, patch)

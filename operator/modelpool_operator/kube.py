@@ -128,28 +128,21 @@ class Kube:
 
     async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
         """Merge-patch a ModelPool's status subresource; False when the pool is gone."""
-        return await _took_effect(
-            self._custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                MODELPOOL_PLURAL,
-                name,
-                {"status": dict(status)},
-                _content_type=MERGE_PATCH,
-                _request_timeout=self._timeout,
-            ),
-            unless=GONE,
-        )
+        patch = self._custom.patch_namespaced_custom_object_status
+        return await self._patch_status(patch, namespace, MODELPOOL_PLURAL, name, status=status)
 
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool:
         """Merge-patch the (cluster-scoped) ModelBudget's status; False when it does not exist."""
+        patch = self._custom.patch_cluster_custom_object_status
+        return await self._patch_status(patch, MODELBUDGET_PLURAL, name, status=status)
+
+    async def _patch_status(self, patch: Any, *where: str, status: Mapping[str, Any]) -> bool:
+        """``patch(GROUP, VERSION, *where, body)`` as a merge patch of the status; False when gone."""
         return await _took_effect(
-            self._custom.patch_cluster_custom_object_status(
+            patch(
                 GROUP,
                 VERSION,
-                MODELBUDGET_PLURAL,
-                name,
+                *where,
                 {"status": dict(status)},
                 _content_type=MERGE_PATCH,
                 _request_timeout=self._timeout,

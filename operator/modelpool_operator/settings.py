@@ -15,8 +15,14 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-#: The prefix of every label, annotation and finalizer the operator owns.
-PREFIX = "modelpool.dev"
+from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, WORKER_PORT
+from modelpool_contract.labels import LABEL_POOL, PREFIX
+
+# Defaults of the knobs that the pure decisions also take as settings (``PlannerSettings``,
+# ``LifecycleSettings``), so that both read the same numbers.
+DEFAULT_BACKOFF_BASE_S = 5.0
+DEFAULT_BACKOFF_CAP_S = 300.0
+DEFAULT_UNSCHEDULABLE_TIMEOUT_S = 120.0
 
 
 class OperatorConfig(BaseSettings):
@@ -52,7 +58,10 @@ class OperatorConfig(BaseSettings):
         ),
     )
     server_port: int = Field(
-        default=8000, ge=1, le=65535, description="Port of the worker's HTTP server when the pod names none."
+        default=WORKER_PORT,
+        ge=1,
+        le=65535,
+        description="Port of the worker's HTTP server when the pod names none.",
     )
 
     # --- reconciliation ----------------------------------------------------------------------------
@@ -72,18 +81,22 @@ class OperatorConfig(BaseSettings):
 
     # --- workers -----------------------------------------------------------------------------------
     server_image: str = Field(
-        default="ghcr.io/modelpool/modelpool-server:0.1.0",
+        default=DEFAULT_SERVER_IMAGE,
         description="Worker image when a pool's spec.image is empty.",
     )
     budget_name: str = Field(
         default="default", description="The ModelBudget (cluster-scoped) the operator uses."
     )
     backoff_base_seconds: float = Field(
-        default=5.0, gt=0, description="First delay before replacing a failed worker (doubles per failure)."
+        default=DEFAULT_BACKOFF_BASE_S,
+        gt=0,
+        description="First delay before replacing a failed worker (doubles per failure).",
     )
-    backoff_cap_seconds: float = Field(default=300.0, gt=0, description="Longest replacement delay.")
+    backoff_cap_seconds: float = Field(
+        default=DEFAULT_BACKOFF_CAP_S, gt=0, description="Longest replacement delay."
+    )
     unschedulable_timeout_seconds: float = Field(
-        default=120.0,
+        default=DEFAULT_UNSCHEDULABLE_TIMEOUT_S,
         gt=0,
         description="A Pending pod the scheduler could not place for this long is reported Unschedulable.",
     )
@@ -189,7 +202,7 @@ def apply_to_kopf(config: OperatorConfig, settings: Any) -> None:
         prefix=PREFIX, key="last-handled-configuration"
     )
     # Only worker pods are watched (server-side filter): the operator never holds the cluster's other pods.
-    settings.watching.label_selectors["pods"] = f"{PREFIX}/pool"
+    settings.watching.label_selectors["pods"] = LABEL_POOL
     settings.watching.server_timeout = config.watch_server_timeout_seconds
     settings.watching.client_timeout = config.watch_client_timeout_seconds
     settings.watching.connect_timeout = config.connect_timeout_seconds

@@ -18,6 +18,9 @@ from typing import Any
 
 import httpx
 
+from modelpool_contract.labels import HTTP_PORT_NAME
+from modelpool_contract.stats import STATS_PATH
+
 logger = logging.getLogger(__name__)
 
 #: Forget a pod's scrape state when nobody asked for it for this long (the pod is most likely gone).
@@ -41,7 +44,8 @@ def _uid(pod: Mapping[str, Any]) -> str:
     return str(meta.get("uid") or meta.get("name", ""))
 
 
-# The /stats fields whose change is worth a reconciliation pass (not counters such as requests_total).
+# The /stats fields whose change is worth a reconciliation pass (not counters such as requests_total);
+# names of ``modelpool_contract.stats.WorkerStats`` fields.
 _NEWS_FIELDS = ("state", "queue_depth", "in_flight", "last_request_time", "load_error", "load_progress")
 
 
@@ -52,8 +56,8 @@ def _news(stats: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
 def stats_url(pod: Mapping[str, Any], default_port: int) -> str | None:
     """The pod's ``/stats`` URL, or None when it has no IP yet or is not running.
 
-    The port is the container port named ``http`` when the pod declares one (the pod builder does),
-    the configured default otherwise.
+    The port is the container port named ``http`` (``HTTP_PORT_NAME``) when the pod declares one (the
+    pod builder does), the configured default otherwise.
     """
     status = pod.get("status") or {}
     ip = status.get("podIP")
@@ -62,10 +66,10 @@ def stats_url(pod: Mapping[str, Any], default_port: int) -> str | None:
     port = default_port
     for container in (pod.get("spec") or {}).get("containers") or []:
         for declared in container.get("ports") or []:
-            if declared.get("name") == "http" and declared.get("containerPort"):
+            if declared.get("name") == HTTP_PORT_NAME and declared.get("containerPort"):
                 port = int(declared["containerPort"])
     host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{port}/stats"
+    return f"http://{host}:{port}{STATS_PATH}"
 
 
 class StatsScraper:

@@ -1,4 +1,4 @@
-"""Smoke tests of the local control plane (issue 3, "How it is checked").
+"""Smoke tests of the local control plane (docs/cluster.md; docs/design.md for how the tests use it).
 
 Real: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl (built by `make testbin`).
 Simulated: the kwok-gpu-* nodes (KWOK writes their pods' status).  Real processes: pods on the process node.

@@ -17,7 +17,8 @@ from model_server.lifecycle import (
 )
 
 S = State
-# The edges DESIGN.md's contract allows, written out independently of the implementation's table.
+# The edges the contract allows (docs/design.md, "Worker states"), written out independently of the
+# implementation's table.
 EXPECTED = {
     (S.PENDING, S.LOADING), (S.PENDING, S.FAILED), (S.PENDING, S.EVICTING),
     (S.LOADING, S.READY), (S.LOADING, S.FAILED), (S.LOADING, S.EVICTING),

@@ -1,4 +1,5 @@
-"""Fixtures of the operator integration tests: CRDs installed, operator processes, the shared budget."""
+"""Fixtures of the operator integration tests: CRDs installed, operator processes, the shared budget, pod
+watchers, and the budget + pod watcher + operator set-up that the budget tests share."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import pytest
 
 from tests.clusterlib import ROOT, Cluster
 from tests.kube import apply, wait_established, wait_for
-from tests.operator.integration.opharness import POOLS, OperatorProcess, budget_manifest
+from tests.operator.integration.opharness import (
+    POOLS,
+    BudgetedOperator,
+    OperatorProcess,
+    PodWatcher,
+    StartOperator,
+    WatchPods,
+    budget_manifest,
+)
 
 
 @pytest.fixture(scope="session")
@@ -23,9 +32,7 @@ def crds(cluster: Cluster) -> Cluster:
 
 
 @pytest.fixture
-def start_operator(
-    crds: Cluster, tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[Callable[..., OperatorProcess]]:
+def start_operator(crds: Cluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StartOperator]:
     """A factory: ``start_operator(*namespaces, peering=None, **env)``; every process is stopped (SIGTERM)
     at teardown and must exit 0; its log is printed when the test failed."""
     started: list[OperatorProcess] = []
@@ -73,6 +80,39 @@ def budget(crds: Cluster) -> Iterator[Callable[[str], None]]:
 
     yield set_budget
     crds.kubectl("delete", "modelbudget", "default", "--ignore-not-found", "--wait=false")
+
+
+@pytest.fixture
+def watch_pods(crds: Cluster, namespace: str) -> Iterator[WatchPods]:
+    """A factory: ``watch_pods()`` starts a ``PodWatcher`` on the test's namespace.  A test may stop it
+    itself (to assert on a frozen record); any still running is stopped at teardown, raising its error."""
+    watchers: list[PodWatcher] = []
+
+    def watch() -> PodWatcher:
+        watcher = PodWatcher(crds, [namespace]).start()
+        watchers.append(watcher)
+        return watcher
+
+    yield watch
+    for watcher in watchers:
+        if not watcher.stopped:
+            watcher.stop()
+
+
+@pytest.fixture
+def budgeted_operator(
+    budget: Callable[[str], None], watch_pods: WatchPods, start_operator: StartOperator, namespace: str
+) -> BudgetedOperator:
+    """The set-up the budget tests share: ``budgeted_operator(memory, **env)`` sets the ModelBudget, starts
+    a pod watcher on the test's namespace (so every admission is seen), then the operator scoped to it;
+    returns the watcher and the operator."""
+
+    def set_up(memory: str, **env: str) -> tuple[PodWatcher, OperatorProcess]:
+        budget(memory)
+        watcher = watch_pods()
+        return watcher, start_operator(namespace, **env)
+
+    return set_up
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

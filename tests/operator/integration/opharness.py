@@ -5,6 +5,9 @@
   when a test fails.
 * ``PodWatcher``: a real watch (kubernetes client) on the test namespace(s) in a thread, so properties
   such as "never more memory admitted than the budget" are checked at every change, not by sampling.
+
+The fixtures that put these together (``start_operator``, ``budget``, ``watch_pods``,
+``budgeted_operator``) are in this folder's conftest.py; the aliases below type them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,13 @@ GROUP_VERSION = "modelpool.dev/v1alpha1"
 GI = 2**30
 # Fully qualified: the CRD's category "modelpool" makes a bare `kubectl get modelpool NAME` ambiguous.
 POOLS = "modelpools.modelpool.dev"
+
+# ``start_operator(*namespaces, peering=None, **env)``.
+StartOperator = Callable[..., "OperatorProcess"]
+# ``watch_pods()``: a started PodWatcher on the test's namespace.
+WatchPods = Callable[[], "PodWatcher"]
+# ``budgeted_operator(memory, **env)``: the budget set, a pod watcher, then the operator.
+BudgetedOperator = Callable[..., tuple["PodWatcher", "OperatorProcess"]]
 
 # Short intervals for tests; the defaults (docs/operator.md) are for real clusters.
 TEST_ENV = {
@@ -210,6 +220,10 @@ class PodWatcher:
             thread.join(15)
         if self.error is not None:
             raise AssertionError(f"the pod watcher failed: {self.error!r}")
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
 
     def arm_ready_floor(self, pool: str, floor: int) -> None:
         """From now on, record the lowest number of ready workers of ``pool`` (checked against ``floor``)."""

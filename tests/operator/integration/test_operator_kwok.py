@@ -1,4 +1,4 @@
-"""The operator on the local real control plane, with worker pods on KWOK GPU nodes (issue 4).
+"""The operator on the local real control plane, with worker pods on KWOK GPU nodes (docs/design.md).
 
 Real: kube-apiserver, scheduler, controller-manager (garbage collection), kubectl, the operator's console
 script. Simulated: the kubelet of the kwok-gpu-* nodes (pods become Running/Ready; the chaos labels make
@@ -15,15 +15,16 @@ from typing import Any
 
 import pytest
 
-from modelpool_operator.lifecycle import parse_time
+from modelpool_operator.times import parse_time
 from tests.clusterlib import Cluster
 from tests.kube import apply, get_json, wait_for
 from tests.operator.integration.opharness import (
     GI,
     POOLS,
-    OperatorProcess,
-    PodWatcher,
+    BudgetedOperator,
+    StartOperator,
     StatusRecorder,
+    WatchPods,
     condition,
     events,
     pool_manifest,
@@ -35,8 +36,6 @@ from tests.operator.integration.opharness import (
 )
 
 pytestmark = pytest.mark.cluster
-
-StartOperator = Callable[..., OperatorProcess]
 
 
 def _scale(cluster: Cluster, namespace: str, name: str, replicas: int) -> None:
@@ -178,12 +177,10 @@ def test_oom_killed_worker_is_failed_with_reason(
 
 
 def test_two_pools_contending_for_a_small_budget_never_over_admit(
-    cluster: Cluster, namespace: str, start_operator: StartOperator, budget: Callable[[str], None]
+    cluster: Cluster, namespace: str, budgeted_operator: BudgetedOperator
 ) -> None:
-    budget("5Gi")
-    watcher = PodWatcher(cluster, [namespace]).start()
+    watcher, _ = budgeted_operator("5Gi")
     try:
-        start_operator(namespace)
         apply(cluster, pool_manifest("a", replicas=3, memory="2Gi"), namespace)
         apply(cluster, pool_manifest("b", replicas=3, memory="2Gi"), namespace)
 
@@ -223,7 +220,7 @@ def test_two_pools_contending_for_a_small_budget_never_over_admit(
 
 
 def test_spec_change_rolls_workers_over_keeping_them_ready(
-    cluster: Cluster, namespace: str, start_operator: StartOperator
+    cluster: Cluster, namespace: str, start_operator: StartOperator, watch_pods: WatchPods
 ) -> None:
     start_operator(namespace)
     apply(cluster, pool_manifest("roll", replicas=2, min_replicas=1), namespace)
@@ -234,7 +231,7 @@ def test_spec_change_rolls_workers_over_keeping_them_ready(
         p["metadata"]["labels"]["modelpool.dev/template-hash"]
         for p in worker_pods(cluster, namespace, "roll")
     }
-    watcher = PodWatcher(cluster, [namespace]).start()
+    watcher = watch_pods()
     try:
         wait_for(lambda: len(watcher.pods) == 2, timeout=15, message="watcher synced")
         watcher.arm_ready_floor("roll", 2)
@@ -286,13 +283,15 @@ def test_pool_deletion_cascades_to_pods_and_service(
 
 
 def test_operator_killed_mid_scale_up_converges_without_duplicates(
-    cluster: Cluster, namespace: str, start_operator: StartOperator, budget: Callable[[str], None]
+    cluster: Cluster,
+    namespace: str,
+    start_operator: StartOperator,
+    budget: Callable[[str], None],
+    budgeted_operator: BudgetedOperator,
 ) -> None:
     # The budget holds the scale-up half-way, so the kill lands in its middle deterministically.
-    budget("4Gi")
-    watcher = PodWatcher(cluster, [namespace]).start()
+    watcher, first = budgeted_operator("4Gi")
     try:
-        first = start_operator(namespace)
         apply(cluster, pool_manifest("big", replicas=8, memory="1Gi"), namespace)
         wait_status(
             cluster,

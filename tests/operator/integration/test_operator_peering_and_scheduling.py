@@ -10,20 +10,22 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from modelpool_operator.lifecycle import parse_time
+from modelpool_operator.times import parse_time
 from tests.clusterlib import ROOT, Cluster
 from tests.kube import apply, get_json, wait_established, wait_for
 from tests.operator.integration.opharness import (
     POOLS,
     OperatorProcess,
     PodWatcher,
+    StartOperator,
     StatusRecorder,
+    WatchPods,
     condition,
     events,
     get_pool,
@@ -35,7 +37,6 @@ from tests.operator.integration.opharness import (
 
 pytestmark = pytest.mark.cluster
 
-StartOperator = Callable[..., OperatorProcess]
 
 # More GPUs than any KWOK node has (8), within the CRD's limit (spec.resources.gpus <= 16).
 TOO_MANY_GPUS = 12
@@ -258,41 +259,56 @@ def _assert_created_exactly(watcher: PodWatcher, pool: str, pods: list[Any], rep
     assert watcher.max_pods.get(pool) == replicas, watcher.max_pods
 
 
-def _start_peer(start_operator: StartOperator, namespace: str, identity: str, **env: str) -> OperatorProcess:
-    # POD_ID is Kopf's own way to name a peer (as a pod's name would): the test then finds each process in
-    # the peering object.
-    return start_operator(
-        namespace,
-        peering=PEERING,
-        POD_ID=identity,
-        MODELPOOL_OPERATOR_PEERING_LIFETIME_SECONDS=str(LIFETIME_S),
-        **env,
-    )
+@dataclass
+class Peers:
+    """Peered operator replicas in the test's namespace, with a pod watcher on it."""
+
+    cluster: Cluster
+    namespace: str
+    start_operator: StartOperator
+    watcher: PodWatcher
+
+    def start(self, identity: str, **env: str) -> OperatorProcess:
+        # POD_ID is Kopf's own way to name a peer (as a pod's name would): the test then finds each process
+        # in the peering object.
+        return self.start_operator(
+            self.namespace,
+            peering=PEERING,
+            POD_ID=identity,
+            MODELPOOL_OPERATOR_PEERING_LIFETIME_SECONDS=str(LIFETIME_S),
+            **env,
+        )
+
+    def start_alone(self, identity: str, message: str, **env: str) -> OperatorProcess:
+        """Start the first replica and wait until it acts: alone in the peering, it resumes (a peered
+        operator starts paused until it has seen the peers)."""
+        process = self.start(identity, **env)
+        wait_for(lambda: RESUMED in process.log_tail(10**8), timeout=30, message=message)
+        return process
 
 
-def test_peered_replicas_only_the_highest_priority_acts_and_the_standby_takes_over(
-    peering_crds: Cluster, namespace: str, start_operator: StartOperator
-) -> None:
-    cluster = peering_crds
-    _create_peering(cluster, namespace)
-    watcher = PodWatcher(cluster, [namespace]).start()
+@pytest.fixture
+def peers(
+    peering_crds: Cluster, namespace: str, start_operator: StartOperator, watch_pods: WatchPods
+) -> Peers:
+    """The set-up the peering tests share: the KopfPeering object and a pod watcher, before any replica."""
+    _create_peering(peering_crds, namespace)
+    return Peers(peering_crds, namespace, start_operator, watch_pods())
+
+
+def test_peered_replicas_only_the_highest_priority_acts_and_the_standby_takes_over(peers: Peers) -> None:
+    cluster, namespace, watcher = peers.cluster, peers.namespace, peers.watcher
     try:
         processes = {
-            "op-high": _start_peer(
-                start_operator, namespace, "op-high", MODELPOOL_OPERATOR_PEERING_PRIORITY="20"
+            "op-high": peers.start_alone(
+                "op-high", "op-high active", MODELPOOL_OPERATOR_PEERING_PRIORITY="20"
             )
         }
-        # Alone in the peering, it resumes (a peered operator starts paused until it has seen the peers).
-        wait_for(
-            lambda: RESUMED in processes["op-high"].log_tail(10**8), timeout=30, message="op-high active"
-        )
         # The standby joins a peering where a higher-priority peer is alive: it starts paused and stays so.
         # (What Kopf guarantees: a mandatory peer starts paused and acts only after seeing no live peer of
         # higher or equal priority. It has no lock, so two peers started at the same instant could each see
         # only themselves for a moment; a replica joining a live peering, as here, never acts.)
-        processes["op-low"] = _start_peer(
-            start_operator, namespace, "op-low", MODELPOOL_OPERATOR_PEERING_PRIORITY="10"
-        )
+        processes["op-low"] = peers.start("op-low", MODELPOOL_OPERATOR_PEERING_PRIORITY="10")
 
         def both_announced() -> dict[str, dict[str, Any]] | None:
             peers = _peers(cluster, namespace)
@@ -358,19 +374,14 @@ def test_peered_replicas_only_the_highest_priority_acts_and_the_standby_takes_ov
     assert set(_peers(cluster, namespace)) == {"op-low"}
 
 
-def test_peered_replicas_of_equal_priority_all_pause_until_one_is_gone(
-    peering_crds: Cluster, namespace: str, start_operator: StartOperator
-) -> None:
+def test_peered_replicas_of_equal_priority_all_pause_until_one_is_gone(peers: Peers) -> None:
     # Kopf's rule for equal priorities: every peer of the same (highest) priority pauses, none acts, until
     # only one is left. "Never act at once" holds by nobody acting. This is why the operator draws a random
     # priority when none is configured (replicas of one Deployment share their settings): see the next test.
-    cluster = peering_crds
-    _create_peering(cluster, namespace)
-    watcher = PodWatcher(cluster, [namespace]).start()
+    cluster, namespace, watcher = peers.cluster, peers.namespace, peers.watcher
     try:
-        first = _start_peer(start_operator, namespace, "op-a", MODELPOOL_OPERATOR_PEERING_PRIORITY="10")
-        wait_for(lambda: RESUMED in first.log_tail(10**8), timeout=30, message="op-a active while alone")
-        second = _start_peer(start_operator, namespace, "op-b", MODELPOOL_OPERATOR_PEERING_PRIORITY="10")
+        first = peers.start_alone("op-a", "op-a active while alone", MODELPOOL_OPERATOR_PEERING_PRIORITY="10")
+        second = peers.start("op-b", MODELPOOL_OPERATOR_PEERING_PRIORITY="10")
         wait_for(
             lambda: "Pausing all operators, including self" in first.log_tail(10**8),
             timeout=30,
@@ -407,18 +418,13 @@ def test_peered_replicas_of_equal_priority_all_pause_until_one_is_gone(
     assert first_created >= _deadline(dead) - timedelta(seconds=1), (first_created, dead)
 
 
-def test_peered_replicas_with_the_same_settings_elect_one_active_replica(
-    peering_crds: Cluster, namespace: str, start_operator: StartOperator
-) -> None:
+def test_peered_replicas_with_the_same_settings_elect_one_active_replica(peers: Peers) -> None:
     # As the chart runs replicas: identical settings, no priority configured. Each draws its own random
     # priority, so exactly one acts and the other stands by.
-    cluster = peering_crds
-    _create_peering(cluster, namespace)
-    watcher = PodWatcher(cluster, [namespace]).start()
+    cluster, namespace, watcher = peers.cluster, peers.namespace, peers.watcher
     try:
-        processes = {"op-1": _start_peer(start_operator, namespace, "op-1")}
-        wait_for(lambda: RESUMED in processes["op-1"].log_tail(10**8), timeout=30, message="op-1 acts")
-        processes["op-2"] = _start_peer(start_operator, namespace, "op-2")
+        processes = {"op-1": peers.start_alone("op-1", "op-1 acts")}
+        processes["op-2"] = peers.start("op-2")
 
         def both_announced() -> dict[str, dict[str, Any]] | None:
             peers = _peers(cluster, namespace)

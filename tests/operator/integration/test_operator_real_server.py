@@ -1,4 +1,4 @@
-"""The operator with real ``modelpool-server`` processes on the process node, serving MiniLM (issue 4).
+"""The operator with real ``modelpool-server`` processes on the process node, serving MiniLM (docs/design.md).
 
 Here the workers' ``/stats`` is real, so the server's own states (Loading, Ready, Idle) reach the pool's
 status, idle workers are evicted to minReplicas, and idle workers of a lower-priority pool are preempted
@@ -8,7 +8,6 @@ when a higher-priority pool needs the budget. Each test loads one MiniLM server 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,8 @@ from tests.clusterlib import IN_CI, Cluster
 from tests.kube import apply, wait_for
 from tests.operator.integration.opharness import (
     GI,
-    OperatorProcess,
-    PodWatcher,
+    BudgetedOperator,
+    StartOperator,
     StatusRecorder,
     condition,
     events,
@@ -32,7 +31,6 @@ from tests.operator.integration.opharness import (
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-StartOperator = Callable[..., OperatorProcess]
 PROCESS_NODE = {"modelpool.dev/process-node": "true"}
 
 
@@ -144,12 +142,10 @@ def test_real_worker_loads_serves_goes_idle_and_is_evicted_to_min_replicas(
 
 
 def test_idle_worker_of_lower_priority_pool_is_preempted_for_a_higher_one(
-    cluster: Cluster, namespace: str, start_operator: StartOperator, budget: Callable[[str], None]
+    cluster: Cluster, namespace: str, budgeted_operator: BudgetedOperator
 ) -> None:
-    budget("3Gi")
-    watcher = PodWatcher(cluster, [namespace]).start()
+    watcher, _ = budgeted_operator("3Gi", MODELPOOL_OPERATOR_SERVER_PORT=str(_free_port()))
     try:
-        start_operator(namespace, MODELPOOL_OPERATOR_SERVER_PORT=str(_free_port()))
         low = pool_manifest(
             "low",
             replicas=1,

@@ -5,16 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from modelpool_operator.lifecycle import (
-    ANNOTATION_EVICTING,
-    ANNOTATION_EVICTING_SINCE,
-    ANNOTATION_MEMORY,
-    LABEL_POOL,
-    LABEL_SERVING,
-    LABEL_TEMPLATE_HASH,
-    LABEL_WORKER,
-    rfc3339,
-)
+from modelpool_contract import labels as contract
+from modelpool_operator.times import rfc3339
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 GI = 2**30
@@ -69,13 +61,17 @@ def pod(
     container_statuses: bool = True,
 ) -> dict[str, Any]:
     """A worker pod as the API returns it (only the fields the operator reads)."""
-    annotations = {ANNOTATION_MEMORY: str(memory)}
+    annotations = {contract.ANNOTATION_MEMORY: str(memory)}
     if evicting is not None:
-        annotations[ANNOTATION_EVICTING] = evicting
-        annotations[ANNOTATION_EVICTING_SINCE] = rfc3339(at(evicting_since or 0)) or ""
-    labels = {LABEL_POOL: pool, LABEL_WORKER: name, LABEL_TEMPLATE_HASH: template_hash}
+        annotations[contract.ANNOTATION_EVICTING] = evicting
+        annotations[contract.ANNOTATION_EVICTING_SINCE] = rfc3339(at(evicting_since or 0)) or ""
+    labels = {
+        contract.LABEL_POOL: pool,
+        contract.LABEL_WORKER: name,
+        contract.LABEL_TEMPLATE_HASH: template_hash,
+    }
     if serving:
-        labels[LABEL_SERVING] = "true"
+        labels[contract.LABEL_SERVING] = "true"
     meta: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
@@ -121,7 +117,7 @@ def pod(
 def stats(
     state: str, *, since: float = 40, last_request: float | None = None, **extra: Any
 ) -> dict[str, Any]:
-    """A server ``/stats`` body (DESIGN.md fields)."""
+    """A server ``/stats`` body (``modelpool_contract.stats.WorkerStats`` fields; docs/design.md)."""
     body: dict[str, Any] = {
         "state": state,
         "state_since": at(since).timestamp(),

@@ -8,7 +8,7 @@ from op_pods import GI, at
 
 from modelpool_operator.api import WorkerState
 from modelpool_operator.budget import ReservationBook, admits, budget_status, build_ledger, live_reservations
-from modelpool_operator.lifecycle import ObservedWorker
+from modelpool_operator.worker_state import ObservedWorker
 
 
 def worker(name: str, state: WorkerState = "Ready", pool: str = "p", memory: int = 2 * GI) -> ObservedWorker:

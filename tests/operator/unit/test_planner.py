@@ -4,107 +4,28 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
-from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from op_planner import cond, ledger_for, make_spec, view, w
 from op_pods import GI, at
 
-from modelpool_operator.api import ModelPoolSpec, ModelPoolStatus, WorkerState
-from modelpool_operator.budget import Ledger, ReservationBook, admits, build_ledger
-from modelpool_operator.lifecycle import ObservedWorker
+from modelpool_operator.api import ModelPoolStatus, WorkerState
+from modelpool_operator.budget import ReservationBook, admits, build_ledger
 from modelpool_operator.planner import (
     EVICT_IDLE,
     EVICT_PREEMPTED,
     EVICT_ROLLOVER,
-    OtherPool,
-    Plan,
     PlannerSettings,
-    PoolView,
     backoff_delay,
     plan,
     preemption_candidates,
 )
+from modelpool_operator.pool import OtherPool
 from modelpool_operator.resources import worker_name
+from modelpool_operator.worker_state import ObservedWorker
 
 NOW = at(1000)
-
-
-def make_spec(**overrides: Any) -> ModelPoolSpec:
-    body: dict[str, Any] = {
-        "model": {"source": "/models/x", "task": "text-embedding"},
-        "resources": {"memory": "2Gi"},
-        "replicas": 2,
-        "maxReplicas": 10,
-        "idleTimeoutSeconds": 60,
-    }
-    body.update(overrides)
-    return ModelPoolSpec.model_validate(body)
-
-
-def view(
-    spec: ModelPoolSpec | None = None,
-    status: ModelPoolStatus | None = None,
-    name: str = "p",
-    thash: str = "h1",
-) -> PoolView:
-    return PoolView(
-        namespace="ns",
-        name=name,
-        spec=spec or make_spec(),
-        generation=1,
-        status=status or ModelPoolStatus(),
-        template_hash=thash,
-    )
-
-
-def w(
-    name: str,
-    state: WorkerState = "Ready",
-    *,
-    pool: str = "p",
-    thash: str = "h1",
-    last_request: float | None = None,
-    since: float = 0,
-    evicting: str | None = None,
-    evicting_since: float | None = None,
-    queue: int | None = 0,
-    in_flight: int | None = 0,
-    memory: int = 2 * GI,
-    deleting: bool = False,
-    reason: str | None = None,
-) -> ObservedWorker:
-    return ObservedWorker(
-        name=name,
-        namespace="ns",
-        pool=pool,
-        state=state,
-        reason=reason,
-        since=at(since),
-        memory=0 if state in ("Failed", "Dead") else memory,
-        requested_memory=memory,
-        queue_depth=queue,
-        in_flight=in_flight,
-        last_request_time=at(last_request) if last_request is not None else None,
-        template_hash=thash,
-        evicting_reason=evicting,
-        evicting_since=at(evicting_since) if evicting_since is not None else None,
-        deleting=deleting,
-        created=at(0),
-        stats_known=True,
-    )
-
-
-def ledger_for(
-    total: int | None, *groups: list[ObservedWorker], book: ReservationBook | None = None
-) -> Ledger:
-    every = [x for g in groups for x in g]
-    return build_ledger(total, every, book.all() if book else ())
-
-
-def cond(p: Plan, kind: str) -> tuple[str, str]:
-    c = next(c for c in p.status.conditions if c.type == kind)
-    return c.status, c.reason
 
 
 # ---- creation and the target ----------------------------------------------------------------------------

@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from op_pods import at
 
-from modelpool_operator.api import parse_pool_spec
-from modelpool_operator.lifecycle import (
+from modelpool_contract.labels import (
     ANNOTATION_MEMORY,
     LABEL_POOL,
     LABEL_SERVING,
     LABEL_TEMPLATE_HASH,
     LABEL_WORKER,
 )
+from modelpool_operator.api import parse_pool_spec
+from modelpool_operator.pool import PoolView, template_hash
 from modelpool_operator.resources import (
     PodSettings,
     build_service,
     build_worker_pod,
     eviction_patch,
     server_args,
-    template_hash,
     worker_name,
 )
 
@@ -51,8 +52,17 @@ def pool(**spec_overrides: Any) -> dict[str, Any]:
     }
 
 
+def view(body: dict[str, Any], revision: str = "h") -> PoolView:
+    """The parsed pool, with a given template hash."""
+    return replace(PoolView.from_body(body), template_hash=revision)
+
+
+def spec_hash(body: dict[str, Any]) -> str:
+    return template_hash(parse_pool_spec(body["spec"]))
+
+
 def test_worker_pod_shape() -> None:
-    pod = build_worker_pod(pool(), "emb-abcde-0", "abcdef1234", PodSettings(default_image="img:1"))
+    pod = build_worker_pod(view(pool(), "abcdef1234"), "emb-abcde-0", PodSettings(default_image="img:1"))
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == "emb-abcde-0" and meta["namespace"] == "team"
     assert meta["labels"][LABEL_POOL] == "emb" and meta["labels"][LABEL_WORKER] == "emb-abcde-0"
@@ -110,7 +120,7 @@ def test_cpu_only_pool_has_no_gpu_and_hf_revision() -> None:
             "trustRemoteCode": True,
         },
     )
-    pod = build_worker_pod(body, "emb-x-0", "h")
+    pod = build_worker_pod(view(body), "emb-x-0")
     (c,) = pod["spec"]["containers"]
     assert "nvidia.com/gpu" not in c["resources"]["limits"]
     assert c["args"][c["args"].index("--model") + 1] == "hf://org/m@v2"
@@ -118,23 +128,23 @@ def test_cpu_only_pool_has_no_gpu_and_hf_revision() -> None:
 
 
 def test_pvc_source_mounts_the_claim() -> None:
-    pod = build_worker_pod(pool(model={"source": "pvc://models/minilm", "task": "text-embedding"}), "w", "h")
+    pod = build_worker_pod(view(pool(model={"source": "pvc://models/minilm", "task": "text-embedding"})), "w")
     claims = [v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v]
     assert claims == [{"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}]
 
 
 def test_service_selects_serving_workers_only() -> None:
-    svc = build_service(pool())
+    svc = build_service(view(pool()))
     assert svc["spec"]["selector"] == {LABEL_POOL: "emb", LABEL_SERVING: "true"}
     assert svc["metadata"]["name"] == "emb" and svc["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     assert svc["spec"]["ports"][0]["targetPort"] == "http"
 
 
 def test_template_hash_ignores_scaling_fields() -> None:
-    base = template_hash(pool()["spec"])
-    assert base == template_hash(pool(replicas=1, maxReplicas=5, minReplicas=0, priority=9)["spec"])
-    assert base != template_hash(pool(image="other:2")["spec"])
-    assert base != template_hash(pool(queue={"capacity": 8})["spec"])
+    base = spec_hash(pool())
+    assert base == spec_hash(pool(replicas=1, maxReplicas=5, minReplicas=0, priority=9))
+    assert base != spec_hash(pool(image="other:2"))
+    assert base != spec_hash(pool(queue={"capacity": 8}))
     assert len(base) == 10
 
 

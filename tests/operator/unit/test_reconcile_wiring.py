@@ -2,7 +2,8 @@
 
 What is checked here is the ordering that the integration tests can only sample: pools planning
 concurrently on one event loop see each other's reservations (no over-admission), reservations end when
-the pod is observed or its creation fails, and status is only patched when it changed.
+the pod is observed or its creation fails, and status is only patched when it changed.  Events go to a
+recording sink (the operator's own ``EventSink`` interface), so no Kopf machinery is involved.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import kopf
 import pytest
 
-from modelpool_operator.reconcile import Observer, PoolRun, lifecycle_settings, reconcile_pool, slim_pod
-from modelpool_operator.runtime import OperatorState
+from modelpool_operator.events import Event
+from modelpool_operator.observation import ObservationCache, slim_pod
+from modelpool_operator.pool import OtherPool
+from modelpool_operator.process_state import OperatorState
+from modelpool_operator.reconcile import PoolRun, lifecycle_settings, reconcile_pool
 from modelpool_operator.settings import OperatorConfig
 from modelpool_operator.stats import StatsScraper
 
@@ -51,6 +54,21 @@ class RecordingKube:
         return True
 
 
+class RecordingEvents:
+    """An ``EventSink`` that keeps what it was given."""
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, Event]] = []
+
+    def post(self, pool: dict[str, Any], event: Event) -> None:
+        self.posted.append((pool["metadata"]["name"], event))
+
+
+def _index(bodies: dict[tuple[str, str], dict[str, Any]]) -> dict[tuple[str, str], list[OtherPool]]:
+    """The pools index: each pool parsed once, as the operator's index function does."""
+    return {key: [other] for key, body in bodies.items() if (other := OtherPool.from_body(body)) is not None}
+
+
 def _pool(name: str, replicas: int) -> dict[str, Any]:
     return {
         "apiVersion": "modelpool.dev/v1alpha1",
@@ -74,27 +92,32 @@ def _running(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def state(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OperatorState]:
-    monkeypatch.setattr(kopf, "event", lambda *args, **kwargs: None)  # Kopf's poster runs only in kopf.run
-    st = OperatorState(config=OperatorConfig())
+async def state() -> AsyncIterator[OperatorState]:
+    st = OperatorState(config=OperatorConfig(), events=RecordingEvents())
     st.kube = RecordingKube()  # type: ignore[assignment]
     st.scraper = StatsScraper(interval=1, timeout=0.2, concurrency=4, backoff_cap=1, default_port=8000)
-    st.observer = Observer(lifecycle_settings(st))
+    st.observations = ObservationCache(lifecycle_settings(st.config))
     yield st
     await st.scraper.aclose()
 
 
 async def test_concurrent_pools_never_over_admit(state: OperatorState) -> None:
     pools = {("ns", n): _pool(n, 3) for n in ("a", "b", "c")}
-    index = {key: [body] for key, body in pools.items()}
+    index = _index(pools)
     budgets = {"default": [{"memory": "4Gi"}]}
     runs = [PoolRun(key=key) for key in pools]
-    assert state.observer is not None
+
+    async def one_by_one(pods: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
+        """A pass of each pool in turn, as their daemons would run them."""
+        for run in runs:
+            await reconcile_pool(
+                state, run=run, body=pools[run.key], pods_by_pool=pods, pools_by_key=index, budgets=budgets
+            )
+
     await asyncio.gather(
         *(
             reconcile_pool(
                 state,
-                observer=state.observer,
                 run=run,
                 body=pools[run.key],
                 pods_by_pool={},
@@ -114,45 +137,25 @@ async def test_concurrent_pools_never_over_admit(state: OperatorState) -> None:
     for pod in kube.created:
         pods.setdefault(("ns", pod["metadata"]["labels"]["modelpool.dev/pool"]), []).append(_running(pod))
     patches_before = len(kube.status_patches)
-    for run in runs:
-        await reconcile_pool(
-            state,
-            observer=state.observer,
-            run=run,
-            body=pools[run.key],
-            pods_by_pool=pods,
-            pools_by_key=index,
-            budgets=budgets,
-        )
+    await one_by_one(pods)
     assert len(state.reservations) == 0
     assert len(kube.created) == 4
     assert len(kube.status_patches) == patches_before + 3
     # Nothing changed since: no further status writes.
-    for run in runs:
-        await reconcile_pool(
-            state,
-            observer=state.observer,
-            run=run,
-            body=pools[run.key],
-            pods_by_pool=pods,
-            pools_by_key=index,
-            budgets=budgets,
-        )
+    await one_by_one(pods)
     assert len(kube.status_patches) == patches_before + 3
 
 
 async def test_failed_create_releases_its_reservation(state: OperatorState) -> None:
     state.kube = RecordingKube(fail_creates=True)  # type: ignore[assignment]
     body = _pool("a", 2)
-    assert state.observer is not None
     with pytest.raises(RuntimeError, match="webhook"):
         await reconcile_pool(
             state,
-            observer=state.observer,
             run=PoolRun(key=("ns", "a")),
             body=body,
             pods_by_pool={},
-            pools_by_key={("ns", "a"): [body]},
+            pools_by_key=_index({("ns", "a"): body}),
             budgets={"default": [{"memory": "8Gi"}]},
         )
     assert len(state.reservations) == 0

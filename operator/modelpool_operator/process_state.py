@@ -7,6 +7,10 @@ holds only what must be shared between the per-pool daemons of one process:
   promptly after a change instead of polling in a busy loop.
 * ``waiting``: pools that could not fit the budget; any pod going away wakes them (memory freed).
 * ``reservations``: memory promised to pods created but not yet seen in the watch (``budget``).
+* ``observed``: each pool's workers as its daemon last observed them (other pools' passes read these).
+
+It also carries the process's connections and services: the API client, the stats scraper, the
+observation cache and the sink that posts Events.
 """
 
 from __future__ import annotations
@@ -14,16 +18,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from modelpool_operator.budget import PoolKey, ReservationBook
+from modelpool_operator.budget import ReservationBook
+from modelpool_operator.events import EventSink, KopfEventSink
 from modelpool_operator.kube import Kube
-from modelpool_operator.lifecycle import ObservedWorker
+from modelpool_operator.observation import ObservationCache
+from modelpool_operator.pool import PoolKey
 from modelpool_operator.settings import OperatorConfig
 from modelpool_operator.stats import StatsScraper
-
-if TYPE_CHECKING:
-    from modelpool_operator.reconcile import Observer
+from modelpool_operator.worker_state import ObservedWorker
 
 
 @dataclass
@@ -33,7 +37,8 @@ class OperatorState:
     config: OperatorConfig
     kube: Kube | None = None
     scraper: StatsScraper | None = None
-    observer: Observer | None = None
+    observations: ObservationCache | None = None
+    events: EventSink = field(default_factory=KopfEventSink)
     reservations: ReservationBook = field(default_factory=ReservationBook)
     wakeups: dict[PoolKey, asyncio.Event] = field(default_factory=dict)
     waiting: set[PoolKey] = field(default_factory=set)
@@ -71,10 +76,10 @@ class OperatorState:
             raise RuntimeError("the API connection is not set up (the startup handler has not run)")
         return self.kube
 
-    def require_observer(self) -> Observer:
-        if self.observer is None:
-            raise RuntimeError("the worker observer is not set up (the startup handler has not run)")
-        return self.observer
+    def require_observations(self) -> ObservationCache:
+        if self.observations is None:
+            raise RuntimeError("the observation cache is not set up (the startup handler has not run)")
+        return self.observations
 
     def require_scraper(self) -> StatsScraper:
         if self.scraper is None:

@@ -1,0 +1,72 @@
+"""What the operator and the model server agree on, in one place that both import.
+
+The operator never imports the server (torch would land in the operator image) and the server never
+imports Kopf, so every name that crosses the process boundary lives here, free of both: only the
+standard library and pydantic.
+
+* ``labels``: the ``modelpool.dev`` prefix, and the labels and annotations on worker pods.
+* ``states``: the eight worker states and the named sets of them (serving, active, evictable, charged).
+* ``tasks``: the task names a ModelPool may ask for and the server implements.
+* ``exits``: the server's exit codes the operator reads back from a terminated container.
+* ``stats``: the ``GET /stats`` document (``WorkerStats``) the server emits and the operator parses.
+* ``flags``: the server flags the operator passes to a worker (``ServerArgs``) and their defaults.
+
+``docs/design.md`` ("Contracts") describes each of them.
+"""
+
+from modelpool_contract.exits import EXIT_CONFIG, EXIT_DEVICE_FAILED, EXIT_LOAD_FAILED
+from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, WORKER_PORT, ServerArgs
+from modelpool_contract.labels import (
+    ANNOTATION_EVICTING,
+    ANNOTATION_EVICTING_SINCE,
+    ANNOTATION_MEMORY,
+    GROUP,
+    LABEL_MANAGED_BY,
+    LABEL_POOL,
+    LABEL_SERVING,
+    LABEL_TEMPLATE_HASH,
+    LABEL_WORKER,
+    PREFIX,
+)
+from modelpool_contract.states import (
+    ACTIVE_STATES,
+    CHARGED_STATES,
+    EVICTABLE_STATES,
+    SERVING_STATES,
+    STARTING_STATES,
+    WORKER_STATES,
+    WorkerState,
+)
+from modelpool_contract.stats import STATS_PATH, STATS_VERSION, WorkerStats
+from modelpool_contract.tasks import TASK_NAMES, TaskName
+
+__all__ = [
+    "ACTIVE_STATES",
+    "ANNOTATION_EVICTING",
+    "ANNOTATION_EVICTING_SINCE",
+    "ANNOTATION_MEMORY",
+    "CHARGED_STATES",
+    "DEFAULT_SERVER_IMAGE",
+    "EVICTABLE_STATES",
+    "EXIT_CONFIG",
+    "EXIT_DEVICE_FAILED",
+    "EXIT_LOAD_FAILED",
+    "GROUP",
+    "LABEL_MANAGED_BY",
+    "LABEL_POOL",
+    "LABEL_SERVING",
+    "LABEL_TEMPLATE_HASH",
+    "LABEL_WORKER",
+    "PREFIX",
+    "SERVING_STATES",
+    "STARTING_STATES",
+    "STATS_PATH",
+    "STATS_VERSION",
+    "TASK_NAMES",
+    "WORKER_PORT",
+    "WORKER_STATES",
+    "ServerArgs",
+    "TaskName",
+    "WorkerState",
+    "WorkerStats",
+]

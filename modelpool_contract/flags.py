@@ -1,0 +1,75 @@
+"""The server flags the operator passes to every worker, and the defaults both sides share.
+
+``ServerArgs`` is the operator's side of ``modelpool-server``'s command line: field ``x_y`` is flag
+``--x-y`` (the server derives its flags from its configuration fields the same way), in the order the
+operator writes them.  The defaults of a ModelPool's ``spec.queue`` and of the server's own flags are
+the same numbers, defined here once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Final, Literal
+
+from modelpool_contract.tasks import TaskName
+
+#: The weights' dtype (``auto``: float16 on a GPU, float32 on a CPU).
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+
+#: The console script the worker container runs.
+SERVER_COMMAND: Final = "modelpool-server"
+#: The worker image when a pool names none.
+DEFAULT_SERVER_IMAGE: Final = "ghcr.io/modelpool/modelpool-server:0.1.0"
+#: The port worker pods listen on (the operator passes it; the server's own default suits a laptop).
+WORKER_PORT: Final = 8000
+#: Where the server writes why it failed (the container's terminationMessagePath).
+TERMINATION_LOG: Final = "/dev/termination-log"
+
+# Defaults of the flags below, shared by ``ServerArgs``, the server's own flags and a ModelPool's
+# ``spec.queue``.
+QUEUE_CAPACITY: Final = 100
+MAX_BATCH_SIZE: Final = 32
+BATCH_DELAY_MS: Final = 5
+REQUEST_TIMEOUT_S: Final = 30
+#: Ready -> Idle after this long without a request.
+IDLE_AFTER_S: Final = 300
+#: After SIGTERM, queued and running work may finish for this long.
+DRAIN_TIMEOUT_S: Final = 30
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """What the operator tells one worker's server; ``argv()`` renders the command line."""
+
+    model: str
+    task: TaskName
+    name: str
+    port: int = WORKER_PORT
+    queue_capacity: int = QUEUE_CAPACITY
+    max_batch_size: int = MAX_BATCH_SIZE
+    max_batch_delay_ms: float = BATCH_DELAY_MS
+    request_timeout: float = REQUEST_TIMEOUT_S
+    idle_after: float = IDLE_AFTER_S
+    drain_timeout: float = DRAIN_TIMEOUT_S
+    device: str = "auto"
+    dtype: Dtype = "auto"
+    trust_remote_code: bool = False
+
+    def argv(self) -> list[str]:
+        """``--flag value`` for every field, in field order; a boolean flag only when true."""
+        args: list[str] = []
+        for field in fields(self):
+            value = getattr(self, field.name)
+            flag = "--" + field.name.replace("_", "-")
+            if isinstance(value, bool):
+                args += [flag] if value else []
+            else:
+                args += [flag, _render(value)]
+        return args
+
+
+def _render(value: object) -> str:
+    # 30.0 -> "30": the server parses both, and whole numbers read better in `kubectl get pod -o yaml`.
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

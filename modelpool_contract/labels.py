@@ -1,0 +1,37 @@
+"""The ``modelpool.dev`` prefix, the labels and annotations worker pods carry, and their named parts.
+
+The operator writes them (pod builder, eviction patch), reads them back (worker observation, the pod
+watch's label selector) and a gateway selects serving workers by them; the prefix is also the API group
+of the ModelPool and ModelBudget resources.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The API group, and the prefix of every label, annotation and finalizer the operator owns.
+GROUP: Final = "modelpool.dev"
+PREFIX: Final = GROUP
+
+#: The pool a worker pod belongs to (every worker pod has it; the operator watches only such pods).
+LABEL_POOL: Final = f"{PREFIX}/pool"
+#: The worker's own name (its pod name).
+LABEL_WORKER: Final = f"{PREFIX}/worker"
+#: The hash of the spec fields that shaped the pod; a different hash means the worker is outdated.
+LABEL_TEMPLATE_HASH: Final = f"{PREFIX}/template-hash"
+#: "true" while the pool's Service may route to the worker; an eviction removes it first.
+LABEL_SERVING: Final = f"{PREFIX}/serving"
+#: The standard "managed by" label (value: the operator's name).
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+
+#: Memory (bytes) the worker is charged; written by the pod builder so the ledger need not parse specs.
+ANNOTATION_MEMORY: Final = f"{PREFIX}/memory-bytes"
+#: Set when the operator decides to evict the worker; the value is the reason (IdleTimeout, ...).
+ANNOTATION_EVICTING: Final = f"{PREFIX}/evicting"
+#: When the eviction was decided (RFC 3339), so the drain grace is measured across passes and restarts.
+ANNOTATION_EVICTING_SINCE: Final = f"{PREFIX}/evicting-since"
+
+#: The worker pod's one container, which runs the model server.
+SERVER_CONTAINER: Final = "server"
+#: The name of that container's HTTP port (probes, the pool's Service and ``/stats`` use it).
+HTTP_PORT_NAME: Final = "http"

@@ -1,0 +1,103 @@
+"""The ``GET /stats`` document: what a worker reports about itself, emitted by the server, read by the
+operator.
+
+One model serves both sides.  The server fills it from its own state (every value well-typed); the
+operator parses whatever comes back over the network with ``WorkerStats.parse``, which never raises:
+a field it cannot read is unknown (``None``), never an error, because an odd or older server must not
+fail a worker (liveness is the kubelet's call).  Times are Unix seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Final
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidatorFunctionWrapHandler
+from pydantic.functional_validators import WrapValidator
+
+from modelpool_contract.states import WORKER_STATES, WorkerState
+
+STATS_PATH: Final = "/stats"
+#: Bumped when a field changes meaning; fields are only ever added.
+STATS_VERSION: Final = 1
+
+_STATE_BY_WORD: dict[str, WorkerState] = {state.lower(): state for state in WORKER_STATES}
+# An older server word for Evicting.
+_STATE_BY_WORD["draining"] = "Evicting"
+
+
+def _unknown_when_invalid(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    try:
+        return handler(value)
+    except ValidationError:
+        return None
+
+
+def _no_bool(value: Any) -> Any:
+    # JSON true/false is not a count or a time (pydantic would read it as 1/0).
+    return None if isinstance(value, bool) else value
+
+
+def _state_word(value: Any) -> WorkerState | None:
+    return _STATE_BY_WORD.get(value.lower()) if isinstance(value, str) else None
+
+
+_Lenient = WrapValidator(_unknown_when_invalid)
+Count = Annotated[int | None, _Lenient, BeforeValidator(_no_bool)]
+Number = Annotated[float | None, _Lenient, BeforeValidator(_no_bool)]
+Text = Annotated[str | None, _Lenient]
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class StatsMemory(_Document):
+    """Memory the server process holds (bytes)."""
+
+    rss_bytes: Count = None
+    gpu_allocated_bytes: Count = None
+    gpu_reserved_bytes: Count = None
+
+
+class StatsModel(_Document):
+    """The model the worker serves."""
+
+    name: Text = None
+    task: Text = None
+    source: Text = None
+
+
+class WorkerStats(_Document):
+    """One ``/stats`` answer.
+
+    The operator reads ``state`` (case-insensitively), ``state_since``, ``queue_depth``, ``in_flight``,
+    ``last_request_time``, ``load_error`` and ``load_progress``; the rest is for people and benchmarks.
+    """
+
+    version: Count = STATS_VERSION
+    state: Annotated[WorkerState | None, BeforeValidator(_state_word)] = None
+    state_since: Number = None
+    reason: Text = None
+    queue_depth: Count = None
+    queue_capacity: Count = None
+    in_flight: Count = None
+    last_request_time: Number = None
+    requests_total: Count = None
+    rejected_total: Count = None
+    errors_total: Count = None
+    load_error: Text = None
+    load_progress: Number = None
+    load_seconds: Number = None
+    memory: Annotated[StatsMemory | None, _Lenient] = None
+    model: Annotated[StatsModel | None, _Lenient] = None
+    time: Number = None
+
+    @classmethod
+    def parse(cls, body: Any) -> WorkerStats | None:
+        """The document as the operator sees it: None when ``body`` is not a JSON object at all."""
+        return cls.model_validate(dict(body)) if isinstance(body, Mapping) else None
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON object the server answers (every field, nulls included)."""
+        return self.model_dump(mode="json")

@@ -1,0 +1,182 @@
+"""Observation: from Kopf's indices (pods, budgets) to observed workers and the memory ledger.
+
+Everything here takes explicit inputs and returns values; nothing holds the operator's shared state or
+talks to the API:
+
+* ``slim_pod``: what the pods index keeps of a Pod (the parts the worker-state decision and the stats
+  scraper read).
+* ``ObservationCache``: ``observe_worker`` with a short cache, for pods of pools no daemon here observes.
+* ``observe_all``: every indexed worker by pool; the own pool observed now, the others as their daemons
+  last observed them.
+* ``budget_total``, ``current_ledger``: the budget's size and the ledger over all workers plus the live
+  reservations.
+* ``other_pools``: the other pools (parsed when indexed) with their observed workers, for preemption.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from modelpool_operator.api import parse_budget_spec
+from modelpool_operator.budget import Ledger, ReservationBook, build_ledger
+from modelpool_operator.pool import OtherPool, PoolKey
+from modelpool_operator.worker_state import LifecycleSettings, ObservedWorker, observe_worker
+
+logger = logging.getLogger(__name__)
+
+# Another pool's worker observed less than this long ago is reused from the cache (its state only
+# changes with a new resourceVersion or new stats; ``now`` only matters for the Unschedulable timeout).
+_OBSERVATION_TTL_S = 5.0
+
+# The metadata the pods index keeps.
+_POD_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "labels",
+    "annotations",
+    "creationTimestamp",
+    "deletionTimestamp",
+)
+
+PodsByPool = Mapping[PoolKey, Iterable[Mapping[str, Any]]]
+StatsByName = Mapping[str, Mapping[str, Any] | None]
+
+
+def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a Pod the worker state and the scraper read (kept in the index: ~1 KiB per pod)."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    return copy.deepcopy(
+        {
+            "metadata": {key: meta[key] for key in _POD_METADATA if key in meta},
+            "spec": {
+                "nodeName": spec.get("nodeName"),
+                "containers": [
+                    {key: c[key] for key in ("name", "ports", "resources") if key in c}
+                    for c in spec.get("containers") or []
+                ],
+            },
+            "status": dict(body.get("status") or {}),
+        }
+    )
+
+
+@dataclass
+class ObservationCache:
+    """``observe_worker`` over indexed pods, cached by pod uid (reused while the pod's resourceVersion and
+    stats are unchanged and the entry is young), so observing other pools' pods costs O(changes)."""
+
+    settings: LifecycleSettings
+    _cache: dict[str, tuple[Any, int, float, ObservedWorker]] = field(default_factory=dict)
+
+    def observe(
+        self, pod: Mapping[str, Any], stats: Mapping[str, Any] | None, now: datetime, fresh: bool
+    ) -> ObservedWorker:
+        """The worker behind ``pod``; ``fresh`` skips the cache (the own pool: observed every pass)."""
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or meta.get("name"))
+        version = meta.get("resourceVersion")
+        mono = time.monotonic()
+        cached = self._cache.get(uid)
+        if (
+            not fresh
+            and cached is not None
+            and cached[0] == version
+            and cached[1] == id(stats)
+            and mono - cached[2] < _OBSERVATION_TTL_S
+        ):
+            return cached[3]
+        worker = observe_worker(pod, stats, now, self.settings)
+        self._cache[uid] = (version, id(stats), mono, worker)
+        return worker
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def prune(self, alive: Iterable[str]) -> None:
+        keep = set(alive)
+        for uid in [uid for uid in self._cache if uid not in keep]:
+            del self._cache[uid]
+
+
+def observe_all(
+    cache: ObservationCache,
+    pods_by_pool: PodsByPool,
+    *,
+    observed: MutableMapping[PoolKey, list[ObservedWorker]],
+    cached_stats: Callable[[list[Mapping[str, Any]]], StatsByName],
+    own: PoolKey | None,
+    own_stats: StatsByName,
+    now: datetime,
+) -> dict[PoolKey, list[ObservedWorker]]:
+    """Every indexed worker, by pool: the own pool's observed now, with ``own_stats``; every other pool's as
+    its own daemon last observed them (``observed``, which this updates for the own pool), so a pass costs
+    O(own pods), not O(all pods).
+
+    That view of the others can lag by one of their passes, always on the safe side for the budget: a pod
+    they have not observed yet is still covered by its reservation (reservations are only dropped for
+    observed pods), and a pod gone since is still charged until its pool's next pass, which its deletion
+    event triggers at once. Pods of pools no daemon here observes (e.g. a pool being deleted) are observed
+    directly, through the cache, with the stats ``cached_stats`` knows for them.
+    """
+    result: dict[PoolKey, list[ObservedWorker]] = {}
+    for key, store in pods_by_pool.items():
+        if key != own and key in observed:
+            result[key] = observed[key]
+            continue
+        pods = list(store)
+        stats = own_stats if key == own else cached_stats(pods)
+        result[key] = [
+            cache.observe(pod, stats.get(pod["metadata"]["name"]), now, fresh=key == own) for pod in pods
+        ]
+    if own is not None:
+        observed[own] = result.get(own, [])
+    if len(cache) > 2 * sum(len(ws) for ws in result.values()) + 100:
+        cache.prune(w.uid or w.name for ws in result.values() for w in ws)
+    return result
+
+
+def budget_total(budgets: Mapping[str, Iterable[Mapping[str, Any]]], name: str) -> int | None:
+    """The budget's total bytes; None (unlimited) when the ModelBudget does not exist or is invalid."""
+    for spec in budgets.get(name, ()):
+        try:
+            return parse_budget_spec(spec).memory_bytes
+        except ValueError:
+            logger.warning("ModelBudget %s has an invalid spec; treating the budget as unlimited", name)
+    return None
+
+
+def current_ledger(
+    workers: Mapping[PoolKey, list[ObservedWorker]],
+    reservations: ReservationBook,
+    *,
+    total: int | None,
+    now: datetime,
+    ttl_s: float,
+) -> Ledger:
+    """The ledger over every observed worker plus the live reservations (pruning the rest from the book)."""
+    everyone = [w for ws in workers.values() for w in ws]
+    live = reservations.prune((w.key for w in everyone), now, ttl_s)
+    return build_ledger(total, everyone, live)
+
+
+def other_pools(
+    own: PoolKey,
+    pools_by_key: Mapping[PoolKey, Iterable[OtherPool]],
+    workers: Mapping[PoolKey, list[ObservedWorker]],
+) -> list[OtherPool]:
+    """The other pools (as the pools index parsed them) with their observed workers."""
+    return [
+        replace(pool, workers=tuple(workers.get(key, [])))
+        for key, indexed in pools_by_key.items()
+        if key != own
+        for pool in list(indexed)[:1]
+    ]

@@ -1,0 +1,126 @@
+"""The pool planner: one pure function from what exists to what to do.
+
+``plan(pool, workers, ledger, others, now)`` looks at a ModelPool (spec, generation, template hash, last
+status), its observed workers, the cluster memory ledger and the other pools' workers, and returns a
+``Plan``: workers to create (deterministic names), pods to delete, workers to evict (possibly of other
+pools, for the budget), the status to write, the Events to post, and when to look again.  The handlers
+apply it; nothing here does I/O or reads the clock.
+
+``plan`` runs a fixed sequence of phases over one accumulator, the ``Draft`` (``planner.draft``;
+docs/design.md, "The planner"); each phase is a function of the draft (``planner.phases``,
+``planner.status``) and has its own unit tests:
+
+1. ``tell_transitions``: Events for workers that became Ready, failed, went away or turned Unschedulable.
+2. ``set_target``: ``status.targetReplicas`` is what the pool aims for: ``spec.replicas``, lowered by idle
+   scale-down and by evictions that shrink the pool (never below ``minReplicas``), and reset when
+   ``spec.replicas`` changes.
+3. ``handle_failures``: failed workers are charged nothing, counted once (on the pass that first sees
+   them), kept while the per-pool exponential backoff (``status.backoff``) runs, then deleted in the pass
+   that replaces them.
+4. ``retire``: finish evictions whose drain grace is over, delete exited pods, scale down to the target
+   (not started first, then outdated, then least recently used), and evict workers the server reports
+   Idle for longer than ``idleTimeoutSeconds`` towards ``minReplicas``, least recently used first.
+   Eviction = drop the serving label (the Service stops routing), wait ``drain_grace_s``, delete
+   (SIGTERM: the server drains).  Loading and Processing workers are never evicted.
+5. ``scale_up_under_load``: while every serving worker's queue is at least half full, the target rises by
+   one (up to ``spec.replicas``), one step at a time.
+6. ``admit``: outdated workers that never started are dropped, then creations fill the target within the
+   roll-over surge, the backoff and the budget: a worker is created only while used + reserved + its
+   memory <= total.  Otherwise idle workers of other pools with lower priority (or equal priority, above
+   their minReplicas) are evicted, lowest priority first, then least recently used; else condition
+   BudgetExceeded with the numbers.
+7. ``roll_over``: on a template-hash change, an old worker is evicted only while the ready count stays at
+   or above the target (or at ``minReplicas`` when the budget leaves no room for a surge).  It runs after
+   ``admit`` because whether an old worker may go depends on the replacements admitted in this pass.
+8. ``conclude``: the status (workers, phase, conditions, backoff), the closing Events, the requeue delay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from modelpool_operator.budget import Ledger
+from modelpool_operator.planner.draft import (
+    EVICT_IDLE,
+    EVICT_PREEMPTED,
+    EVICT_ROLLOVER,
+    EVICT_SCALE_DOWN,
+    Create,
+    Delete,
+    Draft,
+    Evict,
+    Plan,
+    PlannerSettings,
+)
+from modelpool_operator.planner.phases import (
+    admit,
+    backoff_delay,
+    handle_failures,
+    idle_for,
+    preemption_candidates,
+    retire,
+    roll_over,
+    scale_up_under_load,
+    set_target,
+    tell_transitions,
+)
+from modelpool_operator.planner.status import conclude, condition
+from modelpool_operator.pool import OtherPool, PoolView
+from modelpool_operator.worker_state import ObservedWorker
+
+#: The phases, in the order ``plan`` runs them (``conclude`` then turns the draft into the plan).
+PHASES: tuple[Callable[[Draft], None], ...] = (
+    tell_transitions,
+    set_target,
+    handle_failures,
+    retire,
+    scale_up_under_load,
+    admit,
+    roll_over,
+)
+
+
+def plan(
+    pool: PoolView,
+    workers: Sequence[ObservedWorker],
+    ledger: Ledger,
+    *,
+    now: datetime,
+    others: Sequence[OtherPool] = (),
+    settings: PlannerSettings | None = None,
+) -> Plan:
+    """Decide one pass for ``pool``.  ``workers`` are this pool's observed workers; ``ledger`` covers every
+    pool (this one included) and carries the live reservations; ``others`` are the other pools."""
+    draft = Draft(pool, list(workers), ledger, now, others, settings or PlannerSettings())
+    for phase in PHASES:
+        phase(draft)
+    return conclude(draft)
+
+
+__all__ = [
+    "EVICT_IDLE",
+    "EVICT_PREEMPTED",
+    "EVICT_ROLLOVER",
+    "EVICT_SCALE_DOWN",
+    "PHASES",
+    "Create",
+    "Delete",
+    "Draft",
+    "Evict",
+    "Plan",
+    "PlannerSettings",
+    "admit",
+    "backoff_delay",
+    "conclude",
+    "condition",
+    "handle_failures",
+    "idle_for",
+    "plan",
+    "preemption_candidates",
+    "retire",
+    "roll_over",
+    "scale_up_under_load",
+    "set_target",
+    "tell_transitions",
+]

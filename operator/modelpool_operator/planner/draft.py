@@ -1,0 +1,195 @@
+"""What one planning pass produces (``Plan`` and its effects) and the accumulator it is built in (``Draft``).
+
+The phases (``planner.phases``, ``planner.status``) read the draft's inputs and add to its lists; only
+``Draft.remove`` takes a worker out of the active sets, so every removal is recorded the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from modelpool_contract.states import WorkerState
+from modelpool_operator.api import ModelPoolStatus, WorkerStatus
+from modelpool_operator.budget import Ledger, Reservation
+from modelpool_operator.events import Event
+from modelpool_operator.pool import OtherPool, PoolView
+from modelpool_operator.resources import worker_name
+from modelpool_operator.settings import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
+from modelpool_operator.worker_state import ObservedWorker
+
+# Eviction reasons (the value of the modelpool.dev/evicting annotation).
+EVICT_IDLE = "IdleTimeout"
+EVICT_PREEMPTED = "Preempted"
+EVICT_ROLLOVER = "RollOver"
+EVICT_SCALE_DOWN = "ScaleDown"
+# Evictions after which the pool should not bring the worker back by itself.
+SHRINKING_EVICTIONS = (EVICT_IDLE, EVICT_PREEMPTED)
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """Tunables of the planner (the operator maps its configuration onto this)."""
+
+    backoff_base_s: float = DEFAULT_BACKOFF_BASE_S
+    backoff_cap_s: float = DEFAULT_BACKOFF_CAP_S
+    # The failure count resets only once every serving worker has served this long (as the kubelet
+    # resets CrashLoopBackOff only after a container ran for a while): a worker that becomes Ready and
+    # then crashes at once must still back off longer each time, not restart at the base delay forever.
+    backoff_reset_after_s: float = 60.0
+    # After an eviction drops the serving label, wait this long (endpoints propagate) before deleting.
+    drain_grace_s: float = 5.0
+    # Roll-over creates at most this many workers above the target.
+    max_surge: int = 1
+
+
+@dataclass(frozen=True)
+class Create:
+    """Create this worker pod (``build_worker_pod`` of the planned pool); reserve ``memory``."""
+
+    name: str
+    memory: int
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Delete this pod of the planned pool now."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Evict:
+    """Start evicting a worker (possibly of another pool): ``resources.eviction_patch(reason, now)``."""
+
+    namespace: str
+    pool: str
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one reconciliation pass should do for one pool."""
+
+    template_hash: str
+    create: tuple[Create, ...] = ()
+    delete: tuple[Delete, ...] = ()
+    evict: tuple[Evict, ...] = ()
+    status: ModelPoolStatus = field(default_factory=ModelPoolStatus)
+    events: tuple[Event, ...] = ()
+    # Look at the pool again after this many seconds even without an event (None: only on events).
+    requeue_after: float | None = None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to do this pass."""
+        return not (self.create or self.delete or self.evict)
+
+
+# ---- the accumulator ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Backoff:
+    """The failure backoff as it stands in this pass (starts from ``status.backoff``)."""
+
+    failures: int = 0
+    next_attempt: datetime | None = None
+    last_worker: str | None = None
+    last_reason: str | None = None
+    last_message: str | None = None
+
+    def due(self, now: datetime) -> bool:
+        """No backoff is running: a replacement may be created now."""
+        return self.next_attempt is None or self.next_attempt <= now
+
+
+@dataclass
+class Admission:
+    """What ``admit`` found about the budget."""
+
+    blocked: bool = False
+    # Blocked, but memory is on its way (draining or preempted workers): the pool only has to wait.
+    waiting_for_memory: bool = False
+    # Bytes the pool wants but could not get (its status.memory.waitingBytes).
+    waiting_bytes: int = 0
+    message: str = ""
+    # Seconds until the backoff allows a creation (0: creations were not held back by it).
+    backoff_wait: float = 0.0
+
+
+@dataclass
+class Draft:
+    """One pass's plan while the phases build it.
+
+    Built from the inputs (the pool, the observed workers, the ledger, the clock, the other pools, the
+    settings), which stay read-only: ``workers`` becomes this pool's workers sorted by name, ``in_flight``
+    its reservations.  ``active``/``current``/``outdated`` start as the pool's active workers (current =
+    built from the present template hash) and shrink as workers are removed; the lists of effects only
+    grow.
+    """
+
+    pool: PoolView
+    workers: list[ObservedWorker]
+    ledger: Ledger
+    now: datetime
+    others: Sequence[OtherPool] = ()
+    settings: PlannerSettings = field(default_factory=PlannerSettings)
+    # Reservations of this pool whose pods are not observed yet: creations in flight, counted as Pending.
+    in_flight: list[Reservation] = field(init=False)
+    target: int = field(init=False, default=0)
+    active: list[ObservedWorker] = field(init=False)
+    current: list[ObservedWorker] = field(init=False)
+    outdated: list[ObservedWorker] = field(init=False)
+    used_names: set[str] = field(init=False)
+    events: list[Event] = field(init=False, default_factory=list)
+    creates: list[Create] = field(init=False, default_factory=list)
+    deletes: list[Delete] = field(init=False, default_factory=list)
+    evicts: list[Evict] = field(init=False, default_factory=list)
+    # Own workers whose eviction this pass decided -> the reason.
+    evicting_now: dict[str, str] = field(init=False, default_factory=dict)
+    requeue: list[float] = field(init=False, default_factory=list)
+    failed: list[ObservedWorker] = field(init=False, default_factory=list)
+    backoff: Backoff = field(init=False, default_factory=Backoff)
+    admission: Admission = field(init=False, default_factory=Admission)
+
+    def __post_init__(self) -> None:
+        pool = self.pool
+        self.workers = sorted((w for w in self.workers if w.pool in (pool.name, "")), key=lambda w: w.name)
+        self.in_flight = [r for r in self.ledger.reservations if r.pool_key == pool.key]
+        self.active = [w for w in self.workers if w.active]
+        self.current = [w for w in self.active if w.template_hash == pool.template_hash]
+        self.outdated = [w for w in self.active if w.template_hash != pool.template_hash]
+        self.used_names = {w.name for w in self.workers} | {r.worker for r in self.in_flight}
+
+    def before(self, name: str) -> WorkerStatus | None:
+        """The worker as the last status recorded it."""
+        return next((w for w in self.pool.status.workers if w.name == name), None)
+
+    def state_before(self, name: str) -> WorkerState | None:
+        entry = self.before(name)
+        return entry.state if entry is not None else None
+
+    def remove(self, worker: ObservedWorker, reason: str) -> None:
+        """Take an active worker out: a worker that has not started serves nothing and is deleted; others
+        are evicted (they drain first)."""
+        if worker.state == "Pending":
+            self.deletes.append(Delete(worker.name, reason))
+        else:
+            self.evicts.append(Evict(self.pool.namespace, self.pool.name, worker.name, reason))
+            self.evicting_now[worker.name] = reason
+        self.active.remove(worker)
+        (self.current if worker in self.current else self.outdated).remove(worker)
+
+    def next_name(self) -> str:
+        """The first free deterministic worker name of the current template."""
+        index = 0
+        while True:
+            candidate = worker_name(self.pool.name, self.pool.template_hash, index)
+            if candidate not in self.used_names:
+                self.used_names.add(candidate)
+                return candidate
+            index += 1

@@ -1,0 +1,233 @@
+"""Phase 8 of a planning pass: the pool's status (workers, phase, conditions, backoff), the closing
+Events, and the ``Plan`` itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from modelpool_contract.labels import LABEL_POOL
+from modelpool_contract.states import ACTIVE_STATES, SERVING_STATES, STARTING_STATES, WorkerState
+from modelpool_operator.api import (
+    BackoffStatus,
+    Condition,
+    ConditionStatus,
+    MemoryStatus,
+    ModelPoolStatus,
+    PoolPhase,
+    WorkerStatus,
+)
+from modelpool_operator.events import Event
+from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Plan
+from modelpool_operator.quantity import format_quantity
+from modelpool_operator.times import rfc3339
+
+
+def condition(
+    previous: Iterable[Condition],
+    type_: str,
+    *,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int,
+) -> Condition:
+    """A condition whose lastTransitionTime is kept while its status does not change."""
+    before = next((c for c in previous if c.type == type_), None)
+    changed = before is None or before.status != status
+    return Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=rfc3339(now) if changed or before is None else before.last_transition_time,
+        observed_generation=generation,
+    )
+
+
+def _worker_statuses(draft: Draft) -> list[WorkerStatus]:
+    """``status.workers``: as observed, with this pass's evictions, keeping ``since`` while unchanged."""
+    entries: list[WorkerStatus] = []
+    for w in draft.workers:
+        entry = w.to_status()
+        before = draft.before(w.name)
+        if w.name in draft.evicting_now:
+            entry = entry.model_copy(
+                update={
+                    "state": "Evicting",
+                    "reason": draft.evicting_now[w.name],
+                    "since": rfc3339(draft.now),
+                    "message": "the operator is draining this worker",
+                }
+            )
+        elif before is not None and before.state == entry.state and before.since:
+            entry = entry.model_copy(update={"since": before.since})
+        entries.append(entry)
+    return entries
+
+
+def _settle_backoff(draft: Draft, ready: int) -> None:
+    """Healthy again for a while: the next failure starts from the base delay (the last failure stays on
+    record)."""
+    reset_after = draft.settings.backoff_reset_after_s
+    stable = all(
+        (draft.now - (w.ready_since or w.since or draft.now)).total_seconds() >= reset_after
+        for w in draft.workers
+        if w.state in SERVING_STATES
+    )
+    if draft.backoff.failures and not draft.failed and ready >= draft.target and stable:
+        draft.backoff.failures, draft.backoff.next_attempt = 0, None
+
+
+def _pool_phase(draft: Draft, states: list[WorkerState]) -> PoolPhase:
+    ready = sum(1 for s in states if s in SERVING_STATES)
+    backoff = draft.backoff
+    if ready and ready >= draft.target:
+        return "Idle" if all(s == "Idle" for s in states if s in SERVING_STATES) else "Ready"
+    if draft.target == 0 and not any(s in ACTIVE_STATES for s in states):
+        return "Idle"
+    if ready:
+        return "Degraded"
+    if draft.failed or (backoff.failures and not backoff.due(draft.now)):
+        return "Failed"
+    if "Loading" in states:
+        return "Loading"
+    return "Pending"
+
+
+def _degraded(draft: Draft) -> tuple[str, str]:
+    """The Degraded condition's reason and message ("AsExpected" when healthy)."""
+    backoff = draft.backoff
+    if draft.failed:
+        first = draft.failed[0]
+        return first.reason or "WorkerFailed", f"worker {first.name}: {first.message or first.reason}"
+    if draft.admission.backoff_wait:
+        message = (
+            f"replacing failed workers in {draft.admission.backoff_wait:.0f}s (failures: {backoff.failures})"
+        )
+        if backoff.last_worker:
+            message += f"; last: worker {backoff.last_worker}: {backoff.last_message or backoff.last_reason}"
+        return "BackOff", message
+    unschedulable = [w for w in draft.workers if w.state == "Pending" and w.reason == "Unschedulable"]
+    if unschedulable:
+        return (
+            "Unschedulable",
+            f"worker {unschedulable[0].name}: {unschedulable[0].message or 'cannot be scheduled'}",
+        )
+    return "AsExpected", "all workers healthy"
+
+
+def _conditions(draft: Draft, ready: int, loading: int) -> list[Condition]:
+    target, admission = draft.target, draft.admission
+    rolling = bool(draft.outdated) or any(e.reason == EVICT_ROLLOVER for e in draft.evicts)
+    starting = any(w.state in STARTING_STATES for w in draft.active)
+    progressing = bool(
+        draft.creates or draft.in_flight or starting or rolling or draft.evicts or draft.deletes
+    )
+    progress_reason, progress_message = "Stable", "no changes in flight"
+    if progressing:
+        progress_reason = "RollingOver" if rolling else "Scaling"
+        progress_message = (
+            f"{len(draft.creates)} creating, {len(draft.evicts)} evicting, {len(draft.deletes)} deleting, "
+            f"{loading} loading"
+        )
+    budget_reason = "WithinBudget"
+    if admission.blocked:
+        budget_reason = "WaitingForMemory" if admission.waiting_for_memory else "InsufficientMemory"
+    degraded_reason, degraded_message = _degraded(draft)
+
+    def cond(type_: str, ok: bool, reason: str, message: str) -> Condition:
+        status: ConditionStatus = "True" if ok else "False"
+        return condition(
+            draft.pool.status.conditions,
+            type_,
+            status=status,
+            reason=reason,
+            message=message,
+            now=draft.now,
+            generation=draft.pool.generation,
+        )
+
+    ready_reason = "WorkersReady" if ready >= target else "WorkersNotReady"
+    budget_message = admission.message or "workers fit the budget"
+    return [
+        cond("Ready", ready >= target, ready_reason, f"{ready}/{target} workers ready"),
+        cond("Progressing", progressing, progress_reason, progress_message),
+        cond("Degraded", degraded_reason != "AsExpected", degraded_reason, degraded_message),
+        cond("BudgetExceeded", admission.blocked, budget_reason, budget_message),
+    ]
+
+
+def _closing_events(draft: Draft) -> None:
+    """Events about this pass's own decisions: the budget turning, creations, own evictions."""
+    blocked = draft.admission.blocked
+    before = next((c for c in draft.pool.status.conditions if c.type == "BudgetExceeded"), None)
+    was_blocked = before is not None and before.status == "True"
+    if blocked and not was_blocked:
+        draft.events.append(Event("Warning", "BudgetExceeded", draft.admission.message))
+    elif not blocked and was_blocked and draft.creates:
+        draft.events.append(Event("Normal", "BudgetAvailable", "memory freed: creating workers"))
+    for c in draft.creates:
+        draft.events.append(Event("Normal", "CreatingWorker", f"creating worker {c.name}"))
+    for e in draft.evicts:
+        if e.pool == draft.pool.name and e.namespace == draft.pool.namespace:
+            draft.events.append(Event("Normal", "EvictingWorker", f"evicting worker {e.name} ({e.reason})"))
+
+
+def conclude(draft: Draft) -> Plan:
+    """Phase 8: the status to write, the closing Events, and the plan."""
+    workers = _worker_statuses(draft)
+    states = [s.state for s in workers]
+    ready = sum(1 for s in states if s in SERVING_STATES)
+    loading = states.count("Loading")
+    _settle_backoff(draft, ready)
+    conditions = _conditions(draft, ready, loading)
+    _closing_events(draft)
+    pool, backoff, target = draft.pool, draft.backoff, draft.target
+    charged = sum(w.memory for w in draft.workers)
+    status = ModelPoolStatus(
+        phase=_pool_phase(draft, states),
+        replicas=sum(1 for s in states if s in ACTIVE_STATES),
+        ready_replicas=ready,
+        target_replicas=target,
+        spec_replicas=pool.spec.replicas,
+        ready_text=f"{ready}/{target}",
+        workers=workers,
+        memory=MemoryStatus(
+            charged=format_quantity(charged),
+            charged_bytes=charged,
+            waiting_bytes=draft.admission.waiting_bytes,
+        ),
+        conditions=conditions,
+        observed_generation=pool.generation,
+        backoff=BackoffStatus(
+            failures=backoff.failures,
+            next_attempt_after=rfc3339(backoff.next_attempt),
+            last_worker=backoff.last_worker,
+            last_reason=backoff.last_reason,
+            last_message=backoff.last_message,
+        ),
+        selector=f"{LABEL_POOL}={pool.name}",
+    )
+    positive = [r for r in draft.requeue if r > 0]
+    return Plan(
+        template_hash=pool.template_hash,
+        create=tuple(draft.creates),
+        delete=tuple(_unique_deletes(draft.deletes)),
+        evict=tuple(draft.evicts),
+        status=status,
+        events=tuple(draft.events),
+        requeue_after=min(positive) if positive else None,
+    )
+
+
+def _unique_deletes(deletes: Iterable[Delete]) -> list[Delete]:
+    seen: set[str] = set()
+    out: list[Delete] = []
+    for d in deletes:
+        if d.name not in seen:
+            seen.add(d.name)
+            out.append(d)
+    return out

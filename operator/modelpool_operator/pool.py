@@ -1,0 +1,111 @@
+"""A ModelPool as the operator works with it: parsed once, from the object Kopf hands over.
+
+* ``PoolView``: the pool being reconciled: identity, spec, generation, last status and the template hash
+  of its spec.  The reconciliation pass parses the body into one, and everything downstream (planner,
+  pod and Service builders) takes the parsed view, never the raw body.
+* ``OtherPool``: another pool, as far as budget preemption needs to know it (priority, minReplicas, the
+  memory it waits for).  The pools index stores these, parsed once per watch event of that pool.
+* ``template_hash``: the hash of the spec fields that shape a worker pod; a worker whose hash differs is
+  outdated and is rolled over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelpool_operator.api import ModelPoolSpec, ModelPoolStatus, parse_pool_spec, parse_pool_status
+from modelpool_operator.worker_state import ObservedWorker
+
+PoolKey = tuple[str, str]  # (namespace, pool name)
+
+# Spec fields that shape the pod; replicas/min/max/priority do not (changing them never rolls workers).
+_TEMPLATE_FIELDS = ("model", "resources", "queue", "idle_timeout_seconds", "image", "pod_template")
+
+
+def template_hash(spec: ModelPoolSpec) -> str:
+    """A short, stable hash of the spec fields that shape a worker pod."""
+    shaping = {name: getattr(spec, name) for name in _TEMPLATE_FIELDS}
+    payload = {
+        key: value.model_dump(mode="json", by_alias=True) if hasattr(value, "model_dump") else value
+        for key, value in shaping.items()
+    }
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return digest[:10]
+
+
+def _identity(body: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or ""), meta
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """The pool being planned: identity, spec, generation, last status and the current template hash."""
+
+    namespace: str
+    name: str
+    spec: ModelPoolSpec
+    generation: int = 0
+    status: ModelPoolStatus = field(default_factory=ModelPoolStatus)
+    template_hash: str = ""
+    # The pool object's uid: worker pods and the Service are owned by it (deletion cascades).
+    uid: str | None = None
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> PoolView:
+        """From a ModelPool object (metadata, spec, status); raises ``ValueError`` for an invalid spec."""
+        namespace, name, meta = _identity(body)
+        spec = parse_pool_spec(body.get("spec") or {})
+        return cls(
+            namespace=namespace,
+            name=name,
+            spec=spec,
+            generation=int(meta.get("generation") or 0),
+            status=parse_pool_status(body.get("status")),
+            template_hash=template_hash(spec),
+            uid=str(meta["uid"]) if meta.get("uid") else None,
+        )
+
+    @property
+    def key(self) -> PoolKey:
+        return (self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class OtherPool:
+    """Another pool, as far as budget preemption needs to know it."""
+
+    namespace: str
+    name: str
+    priority: int
+    min_replicas: int
+    workers: tuple[ObservedWorker, ...] = ()
+    # Memory this pool is blocked on (its status.memory.waitingBytes): a lower-priority pool leaves
+    # that much of any freed memory to it, so a preemption is not undone by the victim's own pool.
+    waiting_memory: int = 0
+
+    @property
+    def key(self) -> PoolKey:
+        return (self.namespace, self.name)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any], workers: Sequence[ObservedWorker] = ()) -> OtherPool | None:
+        """From a ModelPool object (metadata, spec, status); None when its spec does not parse."""
+        namespace, name, _ = _identity(body)
+        try:
+            spec = parse_pool_spec(body.get("spec") or {})
+        except ValueError:
+            return None
+        status = parse_pool_status(body.get("status"))
+        return cls(
+            namespace=namespace,
+            name=name,
+            priority=spec.priority,
+            min_replicas=spec.min_replicas,
+            workers=tuple(workers),
+            waiting_memory=status.memory.waiting_bytes,
+        )
