@@ -34,8 +34,8 @@ from model_server.errors import (
     PayloadTooLarge,
     ServerError,
 )
-from model_server.lifecycle import Lifecycle, State
 from model_server.metrics import Metrics
+from model_server.state_machine import State, StateMachine
 from model_server.tasks.base import Emitter
 from model_server.worker import EXIT_DEVICE_FAILED, Worker
 
@@ -79,10 +79,12 @@ def retry_after_seconds(queued_items: int, seconds_per_item: float, jitter: floa
 class DataPlane:
     """Admission, queue and batching in front of one ``Worker``."""
 
-    def __init__(self, config: ServerConfig, worker: Worker, lifecycle: Lifecycle, metrics: Metrics) -> None:
+    def __init__(
+        self, config: ServerConfig, worker: Worker, state_machine: StateMachine, metrics: Metrics
+    ) -> None:
         self.config = config
         self.worker = worker
-        self.lifecycle = lifecycle
+        self.state_machine = state_machine
         self.metrics = metrics
         self._queue: deque[Unit] = deque()
         self._wakeup = asyncio.Event()
@@ -115,8 +117,8 @@ class DataPlane:
 
     def check_ready(self) -> None:
         """Raise 503 unless the worker serves (Loading, Evicting, Failed...)."""
-        if not self.lifecycle.serving:
-            state = self.lifecycle.state
+        if not self.state_machine.serving:
+            state = self.state_machine.state
             raise ModelNotReady(f"model {self.config.served_name} is not ready (state {state})")
 
     def check_capacity(self) -> None:
@@ -252,7 +254,7 @@ class DataPlane:
 
     async def _execute(self, batch: list[Unit]) -> None:
         items = [item for unit in batch for item in unit.items]
-        self.lifecycle.try_to(State.PROCESSING)
+        self.state_machine.try_to(State.PROCESSING)
         self.in_flight += len(batch)
         self.metrics.in_flight.set(self.in_flight)
         self.metrics.batch_size.observe(len(items))
@@ -293,7 +295,7 @@ class DataPlane:
             self.metrics.in_flight.set(self.in_flight)
             self._last_activity = time.monotonic()
             if not self._queue and self.in_flight == 0:
-                self.lifecycle.try_to(State.READY)
+                self.state_machine.try_to(State.READY)
 
     async def _compute(self, items: list[Any], batch: list[Unit]) -> list[Any]:
         limit = self.config.max_batch_size
@@ -324,14 +326,14 @@ class DataPlane:
             await asyncio.sleep(period)
             # Idle time counts from the later of the last request and entering Ready, so a load longer
             # than --idle-after does not turn a fresh worker Idle the moment it becomes Ready.
-            quiet = min(time.monotonic() - self._last_activity, time.time() - self.lifecycle.since)
+            quiet = min(time.monotonic() - self._last_activity, time.time() - self.state_machine.since)
             if (
-                self.lifecycle.state is State.READY
+                self.state_machine.state is State.READY
                 and not self._queue
                 and self.in_flight == 0
                 and quiet >= self.config.idle_after
             ):
-                self.lifecycle.try_to(State.IDLE)
+                self.state_machine.try_to(State.IDLE)
 
     async def drain(self, timeout: float) -> bool:  # noqa: ASYNC109 - polled with its own deadline
         """Wait (bounded) until queued and in-flight work is done; True when fully drained."""

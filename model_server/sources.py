@@ -1,6 +1,6 @@
 """Resolving a model ``source`` to a local directory.
 
-Forms (DESIGN.md): a local path (``/models/x``), ``file:///models/x``, ``hf://org/name[@revision]``
+Forms: a local path (``/models/x``), ``file:///models/x``, ``hf://org/name[@revision]``
 (downloaded with huggingface_hub into ``HF_HOME``; safetensors preferred: the pickle formats are only
 fetched when the repository has no safetensors), ``pvc://claim/sub/path`` (the claim mounted by the
 operator under ``pvc_root``).  Parsing is pure (``parse_source``); only ``resolve`` touches disk/network.

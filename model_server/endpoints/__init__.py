@@ -1,6 +1,7 @@
 """The HTTP layer: every route registered in ``build_app``; typed errors -> HTTP in ``error_response``.
 
-Routes live in ``ops`` (health, metadata, /metrics, /stats), ``v2`` (KServe v2 infer) and ``openai``.
+Routes live in ``ops`` (health, metadata, /metrics, /stats), ``kserve_routes`` (KServe v2 infer) and
+``openai_routes``.
 ``LimitsMiddleware`` (pure ASGI, outermost) refuses a full queue with 429 and bodies over
 ``--max-request-bytes`` with 413 before any route reads them, hands v2 infer straight to its handler
 (the hot path skips FastAPI's stack), and records request count and latency.
@@ -21,9 +22,9 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from model_server import __version__
-from model_server.endpoints import openai, ops, v2
+from model_server.endpoints import kserve_routes, openai_routes, ops
 from model_server.errors import InvalidInput, Overloaded, PayloadTooLarge, ServerError
-from model_server.runtime import Runtime
+from model_server.server import ModelServer
 
 log = logging.getLogger("modelpool.http")
 
@@ -70,14 +71,14 @@ def http_response(path: str, exc: ServerError) -> Response:
     return error_response(path, exc.status, exc.reason, str(exc), headers)
 
 
-def server_error_response(runtime: Runtime, path: str, exc: Exception) -> Response:
+def server_error_response(server: ModelServer, path: str, exc: Exception) -> Response:
     """Any exception a route raised -> its HTTP answer (the one mapping FastAPI's handlers and the
     infer fast path share)."""
     if isinstance(exc, ServerError):
         # Requests refused or given up on (4xx, 429, 499, 503, 504) count as rejections by reason;
         # 500s were computed and failed: the data plane counts those in errors_total.
         if exc.status != 500:
-            runtime.dataplane.reject(exc.reason)
+            server.dataplane.reject(exc.reason)
         return http_response(path, exc)
     log.exception("unexpected error on %s", path, exc_info=exc)
     return error_response(path, 500, "internal", f"internal error: {type(exc).__name__}")
@@ -92,10 +93,12 @@ class LimitsMiddleware:
     on the event loop that is what bounds small-request throughput.  FastAPI keeps the route for the
     OpenAPI schema (and the ``/versions/...`` form)."""
 
-    def __init__(self, app: ASGIApp, runtime: Runtime, infer: v2.InferHandler | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, server: ModelServer, infer: kserve_routes.InferHandler | None = None
+    ) -> None:
         self.app = app
-        self.runtime = runtime
-        self.limit = runtime.config.max_request_bytes
+        self.server = server
+        self.limit = server.config.max_request_bytes
         self.infer = infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -113,13 +116,13 @@ class LimitsMiddleware:
             await send(message)
 
         try:
-            if route in _INFERENCE and scope["method"] == "POST" and self.runtime.lifecycle.serving:
+            if route in _INFERENCE and scope["method"] == "POST" and self.server.state_machine.serving:
                 # Fast path: a full queue is answered here, before routing and body parsing, so that
                 # refusing costs the event loop as little as possible under overload.
                 try:
-                    self.runtime.dataplane.check_capacity()
+                    self.server.dataplane.check_capacity()
                 except Overloaded as exc:
-                    self.runtime.dataplane.reject(exc.reason)
+                    self.server.dataplane.reject(exc.reason)
                     await http_response(path, exc)(scope, receive, send_wrapper)
                     return
             declared = dict(scope["headers"]).get(b"content-length")
@@ -146,7 +149,7 @@ class LimitsMiddleware:
                 await self._dispatch(scope, receive, send_wrapper, route)
         finally:
             code = status[0] or 499
-            metrics = self.runtime.metrics
+            metrics = self.server.metrics
             metrics.requests.labels(route=route, code=str(code)).inc()
             metrics.latency.labels(route=route).observe(time.perf_counter() - started)
 
@@ -162,7 +165,7 @@ class LimitsMiddleware:
         try:
             response = await self.infer(Request(scope, receive), name)
         except Exception as exc:  # every error becomes its HTTP answer, as FastAPI's handlers do
-            response = server_error_response(self.runtime, path, exc)
+            response = server_error_response(self.server, path, exc)
         await response(scope, receive, send)
 
     async def _read_bounded(self, receive: Receive) -> tuple[bytes | None, int]:
@@ -181,20 +184,20 @@ class LimitsMiddleware:
                 return b"".join(parts), size
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send, path: str, size: int) -> None:
-        self.runtime.dataplane.reject(PayloadTooLarge.reason)
+        self.server.dataplane.reject(PayloadTooLarge.reason)
         exc = PayloadTooLarge(f"request body of {size} bytes exceeds --max-request-bytes={self.limit}")
         await http_response(path, exc)(scope, receive, send)
 
 
-def build_app(runtime: Runtime) -> ASGIApp:
+def build_app(server: ModelServer) -> ASGIApp:
     """The ASGI app uvicorn serves: the limits middleware outermost, then FastAPI.
 
     Outermost, so that a 429 under overload or a 413 costs the event loop no more than this one
     middleware (FastAPI's own middleware stack, routing and body parsing are skipped)."""
-    return LimitsMiddleware(build_api(runtime), runtime, v2.infer_handler(runtime))
+    return LimitsMiddleware(build_api(server), server, kserve_routes.infer_handler(server))
 
 
-def build_api(runtime: Runtime) -> FastAPI:
+def build_api(server: ModelServer) -> FastAPI:
     """The FastAPI app with every route and the error mapping."""
     app = FastAPI(
         title="modelpool-server",
@@ -206,11 +209,11 @@ def build_api(runtime: Runtime) -> FastAPI:
 
     @app.exception_handler(ServerError)
     async def on_server_error(request: Request, exc: ServerError) -> Response:
-        return server_error_response(runtime, request.url.path, exc)
+        return server_error_response(server, request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> Response:
-        runtime.dataplane.reject(InvalidInput.reason)
+        server.dataplane.reject(InvalidInput.reason)
         parts = []
         for err in exc.errors()[:5]:
             loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
@@ -225,9 +228,9 @@ def build_api(runtime: Runtime) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> Response:
-        return server_error_response(runtime, request.url.path, exc)
+        return server_error_response(server, request.url.path, exc)
 
-    ops.register(app, runtime)
-    v2.register(app, runtime)
-    openai.register(app, runtime)
+    ops.register(app, server)
+    kserve_routes.register(app, server)
+    openai_routes.register(app, server)
     return app

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from model_server.errors import InvalidInput, ModelNotFound, ModelNotReady, UnsupportedOperation
-from model_server.runtime import Runtime
+from model_server.server import ModelServer
 
 TIMEOUT_HEADER = "x-request-timeout"
 
@@ -60,21 +60,21 @@ async def disconnect_watch(request: Request) -> AsyncIterator[asyncio.Event]:
         task.cancel()
 
 
-def check_model(runtime: Runtime, name: str | None) -> None:
+def check_model(server: ModelServer, name: str | None) -> None:
     """404 for a model name this server does not serve (None/empty = the served model)."""
-    if name and name != runtime.config.served_name:
+    if name and name != server.config.served_name:
         raise ModelNotFound(
-            f"model {name!r} is not served here; this server serves {runtime.config.served_name!r}"
+            f"model {name!r} is not served here; this server serves {server.config.served_name!r}"
         )
 
 
-def require_task(runtime: Runtime, *tasks: str) -> str:
+def require_task(server: ModelServer, *tasks: str) -> str:
     """400 when this model's task cannot serve the route."""
-    task = runtime.config.task
+    task = server.config.task
     if task not in tasks:
         raise UnsupportedOperation(
-            f"model {runtime.config.served_name!r} has task {task!r}; this route needs {' or '.join(tasks)}"
+            f"model {server.config.served_name!r} has task {task!r}; this route needs {' or '.join(tasks)}"
         )
-    if runtime.worker.task_cls is None:
-        raise ModelNotReady(f"model {runtime.config.served_name!r} is not loaded yet")
+    if server.worker.task_cls is None:
+        raise ModelNotReady(f"model {server.config.served_name!r} is not loaded yet")
     return task

@@ -26,7 +26,7 @@ from model_server.endpoints.common import (
     require_task,
 )
 from model_server.errors import InvalidInput, ServerError
-from model_server.runtime import Runtime
+from model_server.server import ModelServer
 from model_server.tasks.base import (
     Embedding,
     GenerationItem,
@@ -139,13 +139,13 @@ def _sse(doc: Mapping[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(doc) + b"\n\n"
 
 
-def register(app: FastAPI, runtime: Runtime) -> None:
-    name = runtime.config.served_name
+def register(app: FastAPI, server: ModelServer) -> None:
+    name = server.config.served_name
 
     async def run(request: Request, items: Sequence[Any]) -> list[Any]:
         timeout = header_timeout(request)
         async with disconnect_watch(request) as gone:
-            return await runtime.dataplane.infer(items, timeout=timeout, gone=gone)
+            return await server.dataplane.infer(items, timeout=timeout, gone=gone)
 
     @app.get("/v1/models", tags=["openai"])
     async def models() -> Response:
@@ -158,7 +158,7 @@ def register(app: FastAPI, runtime: Runtime) -> None:
                         "object": "model",
                         "created": 0,
                         "owned_by": "modelpool",
-                        "task": runtime.config.task,
+                        "task": server.config.task,
                     }
                 ],
             }
@@ -166,8 +166,8 @@ def register(app: FastAPI, runtime: Runtime) -> None:
 
     @app.post("/v1/embeddings", tags=["openai"])
     async def embeddings(body: EmbeddingsBody, request: Request) -> Response:
-        check_model(runtime, body.model)
-        task = require_task(runtime, "text-embedding", "image-embedding")
+        check_model(server, body.model)
+        task = require_task(server, "text-embedding", "image-embedding")
         raw = [body.input] if isinstance(body.input, str) else body.input
         if not raw:
             raise InvalidInput("'input' is empty")
@@ -239,7 +239,7 @@ def register(app: FastAPI, runtime: Runtime) -> None:
             )
         if len(items) != 1:
             raise InvalidInput("stream=true takes exactly one prompt")
-        assert runtime.worker.task_cls is not None
+        assert server.worker.task_cls is not None
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[str] = asyncio.Queue()
 
@@ -247,7 +247,7 @@ def register(app: FastAPI, runtime: Runtime) -> None:
             loop.call_soon_threadsafe(pieces.put_nowait, text)
 
         timeout = header_timeout(request)
-        unit = runtime.dataplane.admit(items, timeout, emit)  # 429/503 before the stream starts
+        unit = server.dataplane.admit(items, timeout, emit)  # 429/503 before the stream starts
         obj = "text_completion" if kind == "text_completion" else "chat.completion.chunk"
 
         def chunk(text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
@@ -270,7 +270,7 @@ def register(app: FastAPI, runtime: Runtime) -> None:
             return doc
 
         async def events() -> AsyncIterator[bytes]:
-            waiter = asyncio.ensure_future(runtime.dataplane.wait(unit))
+            waiter = asyncio.ensure_future(server.dataplane.wait(unit))
             try:
                 if kind == "chat":
                     yield _sse(chunk(None, None, first=True))
@@ -310,8 +310,8 @@ def register(app: FastAPI, runtime: Runtime) -> None:
 
     @app.post("/v1/completions", tags=["openai"])
     async def completions(body: CompletionsBody, request: Request) -> Response:
-        check_model(runtime, body.model)
-        require_task(runtime, "text-generation")
+        check_model(server, body.model)
+        require_task(server, "text-generation")
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if not prompts:
             raise InvalidInput("'prompt' is empty")
@@ -321,8 +321,8 @@ def register(app: FastAPI, runtime: Runtime) -> None:
 
     @app.post("/v1/chat/completions", tags=["openai"])
     async def chat(body: ChatBody, request: Request) -> Response:
-        check_model(runtime, body.model)
-        task = require_task(runtime, "text-generation", "vision")
+        check_model(server, body.model)
+        task = require_task(server, "text-generation", "vision")
         if body.max_completion_tokens is not None and body.max_tokens is None:
             body.max_tokens = body.max_completion_tokens
         params = body.params()
@@ -370,8 +370,8 @@ def register(app: FastAPI, runtime: Runtime) -> None:
 
     @app.post("/v1/images/generations", tags=["openai"])
     async def images(body: ImagesBody, request: Request) -> Response:
-        check_model(runtime, body.model)
-        require_task(runtime, "text-to-image")
+        check_model(server, body.model)
+        require_task(server, "text-to-image")
         if body.response_format != "b64_json":
             raise InvalidInput("response_format 'url' is not supported (no image store); use 'b64_json'")
         width, height = (int(x) for x in body.size.split("x"))
