@@ -1,5 +1,8 @@
 """The data plane: bounded admission, deadlines, disconnect checks, dynamic batching, Retry-After.
 
+The HTTP layer reaches the model only through here: ``infer`` (and ``stream`` for token streaming) to
+run requests, ``task_class`` for metadata, ``loaded_task`` for the task's KServe v2 tensor codec.
+
 One coroutine (``run``) owns the queue: it takes requests in arrival order, drops those whose deadline
 passed or whose client went away *before* any compute, merges requests of batchable tasks into one unit
 of up to ``--max-batch-size`` items (waiting at most ``--max-batch-delay-ms`` for more when the worker
@@ -20,14 +23,13 @@ import random
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from model_server.config import ServerConfig
 from model_server.errors import (
     DeadlineExceeded,
     FatalDeviceError,
-    InferenceError,
     InvalidInput,
     ModelNotReady,
     Overloaded,
@@ -36,7 +38,8 @@ from model_server.errors import (
 )
 from model_server.metrics import Metrics
 from model_server.state_machine import State, StateMachine
-from model_server.tasks.base import Emitter
+from model_server.tasks.base import Emitter, Task
+from model_server.token_stream import TokenStream
 from model_server.worker import EXIT_DEVICE_FAILED, Worker
 
 log = logging.getLogger("modelpool.dataplane")
@@ -57,7 +60,6 @@ class Unit:
     deadline: float
     future: asyncio.Future[list[Any]]
     emit: Emitter | None = None
-    enqueued: float = field(default_factory=time.monotonic)
     abandoned: str | None = None  # why the waiter gave up ("timeout", "disconnected"): never compute it
 
 
@@ -105,6 +107,19 @@ class DataPlane:
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def task_class(self) -> type[Task[Any, Any]] | None:
+        """The task's class (metadata: tensors, batchable), known once the load has imported it."""
+        return self.worker.task_cls
+
+    def loaded_task(self) -> Task[Any, Any]:
+        """The loaded task, for its KServe v2 codec (``decode_v2``/``encode_v2`` run on the event loop);
+        503 until the model is loaded."""
+        task = self.worker.task
+        if task is None:
+            raise ModelNotReady(f"model {self.config.served_name!r} is not loaded")
+        return task
 
     @property
     def batchable(self) -> bool:
@@ -163,6 +178,18 @@ class DataPlane:
         """Admit, wait (bounded by the deadline, or until the client is gone) and return the results."""
         unit = self.admit(items, timeout, emit)
         return await self.wait(unit, gone)
+
+    def stream(self, items: Sequence[Any], timeout: float | None) -> TokenStream:
+        """Admit a streaming request (or raise at once, as ``admit``): the task emits its text into the
+        returned stream while it computes."""
+        stream = TokenStream(asyncio.get_running_loop())
+        unit = self.admit(items, timeout, stream.emit)
+
+        def abandon() -> None:
+            unit.abandoned = "disconnected"
+
+        stream.start(asyncio.ensure_future(self.wait(unit)), abandon)
+        return stream
 
     async def wait(self, unit: Unit, gone: asyncio.Event | None = None) -> list[Any]:
         """Wait for an admitted unit's results (504 after its deadline, ClientGone on disconnect)."""
@@ -358,4 +385,4 @@ class DataPlane:
                 unit.future.exception()
 
 
-__all__ = ["ClientGone", "DataPlane", "InferenceError", "Unit", "retry_after_seconds"]
+__all__ = ["ClientGone", "DataPlane", "Unit", "retry_after_seconds"]

@@ -75,6 +75,6 @@ def require_task(server: ModelServer, *tasks: str) -> str:
         raise UnsupportedOperation(
             f"model {server.config.served_name!r} has task {task!r}; this route needs {' or '.join(tasks)}"
         )
-    if server.worker.task_cls is None:
+    if server.dataplane.task_class is None:
         raise ModelNotReady(f"model {server.config.served_name!r} is not loaded yet")
     return task

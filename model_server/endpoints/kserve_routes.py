@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from model_server import kserve_codec
 from model_server.endpoints.common import check_model, disconnect_watch, header_timeout
-from model_server.errors import InvalidInput, ModelNotReady
+from model_server.errors import InvalidInput
 from model_server.server import ModelServer
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -58,26 +58,30 @@ INFER_SCHEMA: dict[str, Any] = {
 InferHandler = Callable[[Request, str], Awaitable[Response]]
 
 
+def earliest(*timeouts: float | None) -> float | None:
+    """The shortest of the deadlines given (None: none given)."""
+    given = [t for t in timeouts if t is not None]
+    return min(given) if given else None
+
+
 def infer_handler(server: ModelServer) -> InferHandler:
     """The v2 infer endpoint as a plain coroutine function (FastAPI registers it, and the outermost
     middleware calls it directly on the hot path: see ``endpoints.LimitsMiddleware``)."""
 
+    dataplane = server.dataplane
+
     async def infer(request: Request, name: str) -> Response:
         check_model(server, name)
-        server.dataplane.check_ready()
-        task = server.worker.task
-        if task is None:
-            raise ModelNotReady(f"model {name!r} is not loaded")
+        dataplane.check_ready()
+        task = dataplane.loaded_task()
         body = await request.body()
         parsed = kserve_codec.decode_request(body, request.headers.get(HEADER_LENGTH))
-        timeout = header_timeout(request)
-        param_timeout = parsed.timeout_s
-        if param_timeout is not None:
-            timeout = param_timeout if timeout is None else min(timeout, param_timeout)
-        # Decoding tensors into items is cheap (no tokenisation): it stays on the event loop.
+        timeout = earliest(header_timeout(request), parsed.timeout_s)
+        # Decoding tensors into items is cheap (no tokenisation): it stays on the event loop.  It also
+        # checks the request's parameters, so bad ones are refused before the request is queued.
         items = task.decode_v2(parsed.inputs, parsed.parameters)
         async with disconnect_watch(request) as gone:
-            results = await server.dataplane.infer(items, timeout=timeout, gone=gone)
+            results = await dataplane.infer(items, timeout=timeout, gone=gone)
         outputs = task.encode_v2(results)
         payload, header_len = kserve_codec.encode_response(server.config.served_name, parsed, outputs)
         if header_len is None:

@@ -37,7 +37,7 @@ def register(app: FastAPI, server: ModelServer) -> None:
     @app.get("/v2/models/{name}/versions/{version}", tags=["v2"], include_in_schema=False)
     async def model_metadata(name: str, version: str | None = None) -> Response:
         check_model(server, name)
-        cls = server.worker.task_cls
+        cls = server.dataplane.task_class
         if cls is None:
             raise ModelNotReady(f"model {name!r} is still loading; metadata is known once its task is")
 

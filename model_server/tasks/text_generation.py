@@ -31,7 +31,7 @@ from model_server.tasks.base import (
 )
 from model_server.tasks.devices import torch_dtype
 from model_server.tasks.generation import check_context, context_length, ensure_pad_token, generate
-from model_server.tasks.v2params import check_generation_params, generation_params
+from model_server.tasks.params import check_generation_params, generation_params
 
 TEXT_INPUT = TensorSpec("text_input", "BYTES", (-1,))
 TEXT_OUTPUT = TensorSpec("text_output", "BYTES", (-1,))

@@ -37,7 +37,7 @@ from model_server.tasks.base import (
 from model_server.tasks.devices import torch_dtype
 from model_server.tasks.generation import check_context, context_length, ensure_pad_token, generate
 from model_server.tasks.media import decode_image
-from model_server.tasks.v2params import check_generation_params, generation_params
+from model_server.tasks.params import check_generation_params, generation_params
 
 IMAGE_INPUT = TensorSpec("image", "BYTES", (-1,))
 PROMPT_INPUT = TensorSpec("prompt", "BYTES", (-1,), optional=True)
