@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.process_collector import ProcessCollector
@@ -85,7 +84,6 @@ class Metrics:
         self.worker_state = Gauge("modelpool_worker_state", "1 for the current state", ["state"], registry=r)
         self.load_seconds = Gauge("modelpool_model_load_seconds", "Time the model load took", registry=r)
         self.gpu_memory = Gauge("modelpool_gpu_memory_bytes", "CUDA memory", ["kind"], registry=r)
-        self._gpu: Callable[[], tuple[int, int]] = gpu_memory
         for state in State:
             self.worker_state.labels(state=state.value).set(1 if state is State.PENDING else 0)
 
@@ -94,7 +92,7 @@ class Metrics:
         self.worker_state.labels(state=new.value).set(1)
 
     def render(self) -> bytes:
-        allocated, reserved = self._gpu()
+        allocated, reserved = gpu_memory()
         self.gpu_memory.labels(kind="allocated").set(allocated)
         self.gpu_memory.labels(kind="reserved").set(reserved)
         return generate_latest(self.registry)
