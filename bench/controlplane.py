@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -33,7 +32,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
+from bench.report import replace_block
 from hack.loopback_guard import PodIPWatch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,21 +143,26 @@ def pools_manifest(pools: int, workers: int) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
 
 
-_METRIC = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>[0-9.e+]+)$")
+# The operator's own resources, whose share of the API server's requests is reported separately.
+OWN_RESOURCES = frozenset({"modelpools", "modelbudgets", "events"})
 
 
-def request_counts(kubeconfig: Path) -> tuple[float, float]:
-    """(all requests, requests on the operator's own resources: modelpools, modelbudgets, events)."""
+def request_counts(metrics_text: str) -> tuple[float, float]:
+    """Pure: (all requests, requests on the operator's own resources) from the API server's /metrics
+    (the counter ``apiserver_request_total``, summed over its labels)."""
     total = own = 0.0
-    for line in kubectl(kubeconfig, "get", "--raw", "/metrics").splitlines():
-        match = _METRIC.match(line)
-        if not match:
-            continue
-        value = float(match["value"])
-        total += value
-        if re.search(r'resource="(modelpools|modelbudgets|events)"', match["labels"]):
-            own += value
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total":
+                continue
+            total += sample.value
+            if sample.labels.get("resource") in OWN_RESOURCES:
+                own += sample.value
     return total, own
+
+
+def api_request_counts(kubeconfig: Path) -> tuple[float, float]:
+    return request_counts(kubectl(kubeconfig, "get", "--raw", "/metrics"))
 
 
 def pods_ready(kubeconfig: Path, expected: int) -> bool:
@@ -201,33 +207,23 @@ def stop_cluster(workdir: Path) -> None:
 
 
 def write_readme(result: Result) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text() if readme.exists() else ""
     r = result
     table = "\n".join(
         [
-            START_MARK,
             f"Control plane at scale ({r.pools} pools x {r.workers_per_pool} workers on KWOK nodes, "
             f"`python -m bench.controlplane`, {r.machine}):",
             "",
             "| measure | value | target |",
             "|---|---|---|",
-            f"| create -> all worker pods Ready | {result.create_to_pods_ready_s:.1f} s | |",
+            f"| create -> all worker pods Ready | {r.create_to_pods_ready_s:.1f} s | |",
             f"| converge after pods Ready (every pool's status {r.workers_per_pool}/{r.workers_per_pool}) "
             f"| {r.converge_after_pods_ready_s:.1f} s | <= 60 s |",
-            f"| operator RSS at steady state | {result.operator_rss_mib:.0f} MiB | <= 300 MiB |",
-            f"| API requests/min at steady state (all clients) | {result.api_requests_per_min:.0f} | |",
+            f"| operator RSS at steady state | {r.operator_rss_mib:.0f} MiB | <= 300 MiB |",
+            f"| API requests/min at steady state (all clients) | {r.api_requests_per_min:.0f} | |",
             f"| of which modelpools/modelbudgets/events | {r.operator_resource_requests_per_min:.0f} | |",
-            END_MARK,
         ]
     )
-    if START_MARK in text and END_MARK in text:
-        before = text.split(START_MARK, 1)[0]
-        after = text.split(END_MARK, 1)[1]
-        text = before + table + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + table + "\n"
-    readme.write_text(text)
+    replace_block(table, START_MARK, END_MARK)
 
 
 def run(pools: int, workers: int, steady_window: float, kubeconfig: Path, log: Path) -> Result:
@@ -262,10 +258,10 @@ def run(pools: int, workers: int, steady_window: float, kubeconfig: Path, log: P
             converged_at = time.monotonic()
 
             time.sleep(20)  # settle: the last status writes and events
-            total0, own0 = request_counts(kubeconfig)
+            total0, own0 = api_request_counts(kubeconfig)
             t0 = time.monotonic()
             time.sleep(steady_window)
-            total1, own1 = request_counts(kubeconfig)
+            total1, own1 = api_request_counts(kubeconfig)
             window = time.monotonic() - t0
             rss = psutil.Process(operator.pid).memory_info().rss / 2**20
         finally:

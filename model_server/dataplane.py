@@ -1,5 +1,8 @@
 """The data plane: bounded admission, deadlines, disconnect checks, dynamic batching, Retry-After.
 
+The HTTP layer reaches the model only through here: ``infer`` (and ``stream`` for token streaming) to
+run requests, ``task_class`` for metadata, ``loaded_task`` for the task's KServe v2 tensor codec.
+
 One coroutine (``run``) owns the queue: it takes requests in arrival order, drops those whose deadline
 passed or whose client went away *before* any compute, merges requests of batchable tasks into one unit
 of up to ``--max-batch-size`` items (waiting at most ``--max-batch-delay-ms`` for more when the worker
@@ -20,23 +23,23 @@ import random
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from model_server.config import ServerConfig
 from model_server.errors import (
     DeadlineExceeded,
     FatalDeviceError,
-    InferenceError,
     InvalidInput,
     ModelNotReady,
     Overloaded,
     PayloadTooLarge,
     ServerError,
 )
-from model_server.lifecycle import Lifecycle, State
 from model_server.metrics import Metrics
-from model_server.tasks.base import Emitter
+from model_server.state_machine import State, StateMachine
+from model_server.tasks.base import Emitter, Task
+from model_server.token_stream import TokenStream
 from model_server.worker import Worker
 from modelpool_contract.exits import EXIT_DEVICE_FAILED
 
@@ -58,7 +61,6 @@ class Unit:
     deadline: float
     future: asyncio.Future[list[Any]]
     emit: Emitter | None = None
-    enqueued: float = field(default_factory=time.monotonic)
     abandoned: str | None = None  # why the waiter gave up ("timeout", "disconnected"): never compute it
 
 
@@ -80,10 +82,12 @@ def retry_after_seconds(queued_items: int, seconds_per_item: float, jitter: floa
 class DataPlane:
     """Admission, queue and batching in front of one ``Worker``."""
 
-    def __init__(self, config: ServerConfig, worker: Worker, lifecycle: Lifecycle, metrics: Metrics) -> None:
+    def __init__(
+        self, config: ServerConfig, worker: Worker, state_machine: StateMachine, metrics: Metrics
+    ) -> None:
         self.config = config
         self.worker = worker
-        self.lifecycle = lifecycle
+        self.state_machine = state_machine
         self.metrics = metrics
         self._queue: deque[Unit] = deque()
         self._wakeup = asyncio.Event()
@@ -106,6 +110,19 @@ class DataPlane:
         return len(self._queue)
 
     @property
+    def task_class(self) -> type[Task[Any, Any]] | None:
+        """The task's class (metadata: tensors, batchable), known once the load has imported it."""
+        return self.worker.task_cls
+
+    def loaded_task(self) -> Task[Any, Any]:
+        """The loaded task, for its KServe v2 codec (``decode_v2``/``encode_v2`` run on the event loop);
+        503 until the model is loaded."""
+        task = self.worker.task
+        if task is None:
+            raise ModelNotReady(f"model {self.config.served_name!r} is not loaded")
+        return task
+
+    @property
     def batchable(self) -> bool:
         cls = self.worker.task_cls
         return bool(cls is not None and cls.batchable)
@@ -116,8 +133,8 @@ class DataPlane:
 
     def check_ready(self) -> None:
         """Raise 503 unless the worker serves (Loading, Evicting, Failed...)."""
-        if not self.lifecycle.serving:
-            state = self.lifecycle.state
+        if not self.state_machine.serving:
+            state = self.state_machine.state
             raise ModelNotReady(f"model {self.config.served_name} is not ready (state {state})")
 
     def check_capacity(self) -> None:
@@ -162,6 +179,18 @@ class DataPlane:
         """Admit, wait (bounded by the deadline, or until the client is gone) and return the results."""
         unit = self.admit(items, timeout, emit)
         return await self.wait(unit, gone)
+
+    def stream(self, items: Sequence[Any], timeout: float | None) -> TokenStream:
+        """Admit a streaming request (or raise at once, as ``admit``): the task emits its text into the
+        returned stream while it computes."""
+        stream = TokenStream(asyncio.get_running_loop())
+        unit = self.admit(items, timeout, stream.emit)
+
+        def abandon() -> None:
+            unit.abandoned = "disconnected"
+
+        stream.start(asyncio.ensure_future(self.wait(unit)), abandon)
+        return stream
 
     async def wait(self, unit: Unit, gone: asyncio.Event | None = None) -> list[Any]:
         """Wait for an admitted unit's results (504 after its deadline, ClientGone on disconnect)."""
@@ -253,7 +282,7 @@ class DataPlane:
 
     async def _execute(self, batch: list[Unit]) -> None:
         items = [item for unit in batch for item in unit.items]
-        self.lifecycle.try_to(State.PROCESSING)
+        self.state_machine.try_to(State.PROCESSING)
         self.in_flight += len(batch)
         self.metrics.in_flight.set(self.in_flight)
         self.metrics.batch_size.observe(len(items))
@@ -294,7 +323,7 @@ class DataPlane:
             self.metrics.in_flight.set(self.in_flight)
             self._last_activity = time.monotonic()
             if not self._queue and self.in_flight == 0:
-                self.lifecycle.try_to(State.READY)
+                self.state_machine.try_to(State.READY)
 
     async def _compute(self, items: list[Any], batch: list[Unit]) -> list[Any]:
         limit = self.config.max_batch_size
@@ -325,14 +354,14 @@ class DataPlane:
             await asyncio.sleep(period)
             # Idle time counts from the later of the last request and entering Ready, so a load longer
             # than --idle-after does not turn a fresh worker Idle the moment it becomes Ready.
-            quiet = min(time.monotonic() - self._last_activity, time.time() - self.lifecycle.since)
+            quiet = min(time.monotonic() - self._last_activity, time.time() - self.state_machine.since)
             if (
-                self.lifecycle.state is State.READY
+                self.state_machine.state is State.READY
                 and not self._queue
                 and self.in_flight == 0
                 and quiet >= self.config.idle_after
             ):
-                self.lifecycle.try_to(State.IDLE)
+                self.state_machine.try_to(State.IDLE)
 
     async def drain(self, timeout: float) -> bool:  # noqa: ASYNC109 - polled with its own deadline
         """Wait (bounded) until queued and in-flight work is done; True when fully drained."""
@@ -357,4 +386,4 @@ class DataPlane:
                 unit.future.exception()
 
 
-__all__ = ["ClientGone", "DataPlane", "InferenceError", "Unit", "retry_after_seconds"]
+__all__ = ["ClientGone", "DataPlane", "Unit", "retry_after_seconds"]

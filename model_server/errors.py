@@ -1,7 +1,8 @@
 """Typed domain errors of the model server, and the one place they are mapped to HTTP status codes.
 
-Every layer raises these; only ``endpoints`` turns them into responses (via ``http_status``), so the
-same reason reaches the client, the logs and the metrics' ``reason`` label.
+Every layer raises these; only ``endpoints`` turns them into responses
+(``endpoints.common.http_response``), so the same reason reaches the client, the logs and the metrics'
+``reason`` label.
 """
 
 from __future__ import annotations

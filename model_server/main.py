@@ -24,12 +24,12 @@ def _serve(config: ServerConfig) -> int:
     import uvicorn
 
     from model_server.endpoints import build_app
-    from model_server.runtime import Runtime
+    from model_server.server import ModelServer
 
-    runtime = Runtime(config)
-    app = build_app(runtime)
+    server = ModelServer(config)
+    app = build_app(server)
 
-    class Server(uvicorn.Server):
+    class HTTPServer(uvicorn.Server):
         """uvicorn, with SIGTERM/SIGINT routed into a drain and the load started once listening."""
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -37,22 +37,22 @@ def _serve(config: ServerConfig) -> int:
                 self.force_exit = True
                 return
             loop = self._loop
-            loop.call_soon_threadsafe(runtime.begin_drain)
+            loop.call_soon_threadsafe(server.begin_drain)
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             self._loop = asyncio.get_running_loop()
             await super().startup(sockets)
             if not self.should_exit:
-                runtime.start(stop=self._stop)
+                server.start(stop=self._stop)
 
         def _stop(self) -> None:
             self.should_exit = True
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             await super().shutdown(sockets)
-            await runtime.close()
+            await server.close()
 
-    server = Server(
+    http = HTTPServer(
         uvicorn.Config(
             app,
             host=config.host,
@@ -65,8 +65,8 @@ def _serve(config: ServerConfig) -> int:
             lifespan="off",
         )
     )
-    server.run()
-    return runtime.exit_code
+    http.run()
+    return server.exit_code
 
 
 def _exit(code: int) -> None:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from model_server.lifecycle import State
+from model_server.state_machine import State
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -85,7 +84,6 @@ class Metrics:
         self.worker_state = Gauge("modelpool_worker_state", "1 for the current state", ["state"], registry=r)
         self.load_seconds = Gauge("modelpool_model_load_seconds", "Time the model load took", registry=r)
         self.gpu_memory = Gauge("modelpool_gpu_memory_bytes", "CUDA memory", ["kind"], registry=r)
-        self._gpu: Callable[[], tuple[int, int]] = gpu_memory
         for state in State:
             self.worker_state.labels(state=state.value).set(1 if state is State.PENDING else 0)
 
@@ -94,7 +92,7 @@ class Metrics:
         self.worker_state.labels(state=new.value).set(1)
 
     def render(self) -> bytes:
-        allocated, reserved = self._gpu()
+        allocated, reserved = gpu_memory()
         self.gpu_memory.labels(kind="allocated").set(allocated)
         self.gpu_memory.labels(kind="reserved").set(reserved)
         return generate_latest(self.registry)

@@ -32,8 +32,8 @@ from model_server import sources
 from model_server.config import ServerConfig
 from model_server.errors import FatalDeviceError, InferenceError, InvalidInput, ServerError
 from model_server.heap import HeapTrimmer
-from model_server.lifecycle import Lifecycle, State
 from model_server.preload import preload_torch_libraries
+from model_server.state_machine import State, StateMachine
 from model_server.tasks import task_class
 from model_server.tasks.base import Emitter, LoadOptions, Task
 from modelpool_contract.exits import EXIT_LOAD_FAILED
@@ -88,11 +88,11 @@ class Worker:
     def __init__(
         self,
         config: ServerConfig,
-        lifecycle: Lifecycle,
+        state_machine: StateMachine,
         on_failed: Callable[[int, str], None],
     ) -> None:
         self.config = config
-        self.lifecycle = lifecycle
+        self.state_machine = state_machine
         self._on_failed = on_failed
         self._executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="inference", initializer=_lower_thread_priority
@@ -112,7 +112,7 @@ class Worker:
 
     async def load(self) -> bool:
         """Load the model off the event loop; True when Ready, False when Failed (exit already requested)."""
-        self.lifecycle.to(State.LOADING)
+        self.state_machine.to(State.LOADING)
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
@@ -128,7 +128,7 @@ class Worker:
             return False
         self.load_seconds = time.monotonic() - started
         self.load_progress = 1.0
-        if not self.lifecycle.try_to(State.READY):  # SIGTERM arrived while loading
+        if not self.state_machine.try_to(State.READY):  # SIGTERM arrived while loading
             return False
         log.info("model %s ready in %.2fs on %s", self.config.served_name, self.load_seconds, self.device)
         return True
@@ -169,7 +169,7 @@ class Worker:
 
     def fail(self, exit_code: int, reason: str) -> None:
         """Enter Failed, write the reason to the termination log, and ask the process to exit."""
-        self.lifecycle.try_to(State.FAILED, reason)
+        self.state_machine.try_to(State.FAILED, reason)
         try:
             self.config.termination_log.write_text(reason[:4000] + "\n")
         except OSError as exc:  # the kubelet may not have mounted it (e.g. running locally)

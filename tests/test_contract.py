@@ -15,8 +15,8 @@ from typing import Any, get_args
 import pytest
 
 from model_server.config import ServerConfig, load_config
-from model_server.lifecycle import SERVING, State
-from model_server.runtime import Runtime
+from model_server.server import ModelServer
+from model_server.state_machine import SERVING, State
 from model_server.tasks import REGISTRY
 from modelpool_contract.exits import EXIT_LOAD_FAILED
 from modelpool_contract.flags import ServerArgs
@@ -74,11 +74,11 @@ def test_worker_states_are_the_servers_states_and_the_status_enum() -> None:
 
 
 def test_the_stats_document_the_server_emits_is_what_the_operator_parses() -> None:
-    runtime = Runtime(load_config(["--model", "/models/m", "--task", "text-embedding"]))
-    runtime.lifecycle.to(State.LOADING)
-    runtime.lifecycle.to(State.READY)
-    runtime.lifecycle.to(State.IDLE)
-    document = runtime.stats()
+    server = ModelServer(load_config(["--model", "/models/m", "--task", "text-embedding"]))
+    server.state_machine.to(State.LOADING)
+    server.state_machine.to(State.READY)
+    server.state_machine.to(State.IDLE)
+    document = server.stats()
     assert set(document) == set(WorkerStats.model_fields)
     parsed = WorkerStats.parse(document)
     assert parsed is not None and parsed.wire() == document

@@ -1,9 +1,11 @@
-"""Helpers every route uses: deadlines from headers, disconnect watching, JSON responses, the task guard."""
+"""What every route uses: typed errors -> HTTP answers, deadlines from headers, disconnect watching, JSON
+responses, the model and task guards."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,8 +13,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from model_server.errors import InvalidInput, ModelNotFound, ModelNotReady, UnsupportedOperation
-from model_server.runtime import Runtime
+from model_server.errors import InvalidInput, ModelNotFound, ModelNotReady, ServerError, UnsupportedOperation
+from model_server.server import ModelServer
+
+log = logging.getLogger("modelpool.http")
 
 TIMEOUT_HEADER = "x-request-timeout"
 
@@ -24,6 +28,36 @@ class ORJSONResponse(Response):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def error_response(
+    path: str, status: int, reason: str, message: str, headers: dict[str, str] | None = None
+) -> Response:
+    """The one error body: OpenAI's shape on /v1, KServe's ``{"error": msg}`` elsewhere."""
+    if path.startswith("/v1/"):
+        doc: dict[str, Any] = {"error": {"message": message, "type": reason, "code": status}}
+    else:
+        doc = {"error": message}
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/json", headers=headers)
+
+
+def http_response(path: str, exc: ServerError) -> Response:
+    """Typed error -> HTTP (status and reason are on the class; Retry-After when the error is temporary)."""
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
+    return error_response(path, exc.status, exc.reason, str(exc), headers)
+
+
+def server_error_response(server: ModelServer, path: str, exc: Exception) -> Response:
+    """Any exception a route raised -> its HTTP answer (the one mapping FastAPI's handlers and the
+    infer fast path share)."""
+    if isinstance(exc, ServerError):
+        # Requests refused or given up on (4xx, 429, 499, 503, 504) count as rejections by reason;
+        # 500s were computed and failed: the data plane counts those in errors_total.
+        if exc.status != 500:
+            server.dataplane.reject(exc.reason)
+        return http_response(path, exc)
+    log.exception("unexpected error on %s", path, exc_info=exc)
+    return error_response(path, 500, "internal", f"internal error: {type(exc).__name__}")
 
 
 def header_timeout(request: Request) -> float | None:
@@ -60,21 +94,21 @@ async def disconnect_watch(request: Request) -> AsyncIterator[asyncio.Event]:
         task.cancel()
 
 
-def check_model(runtime: Runtime, name: str | None) -> None:
+def check_model(server: ModelServer, name: str | None) -> None:
     """404 for a model name this server does not serve (None/empty = the served model)."""
-    if name and name != runtime.config.served_name:
+    if name and name != server.config.served_name:
         raise ModelNotFound(
-            f"model {name!r} is not served here; this server serves {runtime.config.served_name!r}"
+            f"model {name!r} is not served here; this server serves {server.config.served_name!r}"
         )
 
 
-def require_task(runtime: Runtime, *tasks: str) -> str:
+def require_task(server: ModelServer, *tasks: str) -> str:
     """400 when this model's task cannot serve the route."""
-    task = runtime.config.task
+    task = server.config.task
     if task not in tasks:
         raise UnsupportedOperation(
-            f"model {runtime.config.served_name!r} has task {task!r}; this route needs {' or '.join(tasks)}"
+            f"model {server.config.served_name!r} has task {task!r}; this route needs {' or '.join(tasks)}"
         )
-    if runtime.worker.task_cls is None:
-        raise ModelNotReady(f"model {runtime.config.served_name!r} is not loaded yet")
+    if server.dataplane.task_class is None:
+        raise ModelNotReady(f"model {server.config.served_name!r} is not loaded yet")
     return task

@@ -9,23 +9,23 @@ from starlette.responses import Response
 from model_server import __version__
 from model_server.endpoints.common import ORJSONResponse, check_model
 from model_server.errors import ModelNotReady
-from model_server.runtime import Runtime
+from model_server.server import ModelServer
 from modelpool_contract.stats import STATS_PATH
 
 
-def register(app: FastAPI, runtime: Runtime) -> None:
+def register(app: FastAPI, server: ModelServer) -> None:
     @app.get("/v2/health/live", tags=["health"])
     async def live() -> Response:
-        ok = runtime.lifecycle.live
+        ok = server.state_machine.live
         return ORJSONResponse(
-            {"live": ok, "state": runtime.lifecycle.state.value}, status_code=200 if ok else 503
+            {"live": ok, "state": server.state_machine.state.value}, status_code=200 if ok else 503
         )
 
     @app.get("/v2/health/ready", tags=["health"])
     async def ready() -> Response:
-        ok = runtime.lifecycle.serving
+        ok = server.state_machine.serving
         return ORJSONResponse(
-            {"ready": ok, "state": runtime.lifecycle.state.value}, status_code=200 if ok else 503
+            {"ready": ok, "state": server.state_machine.state.value}, status_code=200 if ok else 503
         )
 
     @app.get("/v2", tags=["v2"])
@@ -37,8 +37,8 @@ def register(app: FastAPI, runtime: Runtime) -> None:
     @app.get("/v2/models/{name}", tags=["v2"])
     @app.get("/v2/models/{name}/versions/{version}", tags=["v2"], include_in_schema=False)
     async def model_metadata(name: str, version: str | None = None) -> Response:
-        check_model(runtime, name)
-        cls = runtime.worker.task_cls
+        check_model(server, name)
+        cls = server.dataplane.task_class
         if cls is None:
             raise ModelNotReady(f"model {name!r} is still loading; metadata is known once its task is")
 
@@ -47,9 +47,9 @@ def register(app: FastAPI, runtime: Runtime) -> None:
 
         return ORJSONResponse(
             {
-                "name": runtime.config.served_name,
+                "name": server.config.served_name,
                 "versions": ["1"],
-                "platform": f"modelpool/{runtime.config.task}",
+                "platform": f"modelpool/{server.config.task}",
                 "inputs": [spec(t) for t in cls.v2_inputs],
                 "outputs": [spec(t) for t in cls.v2_outputs],
             }
@@ -58,14 +58,14 @@ def register(app: FastAPI, runtime: Runtime) -> None:
     @app.get("/v2/models/{name}/ready", tags=["v2"])
     @app.get("/v2/models/{name}/versions/{version}/ready", tags=["v2"], include_in_schema=False)
     async def model_ready(name: str, version: str | None = None) -> Response:
-        check_model(runtime, name)
-        ok = runtime.lifecycle.serving
+        check_model(server, name)
+        ok = server.state_machine.serving
         return ORJSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["ops"])
     async def metrics() -> Response:
-        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get(STATS_PATH, tags=["ops"])
     async def stats() -> Response:
-        return ORJSONResponse(runtime.stats())
+        return ORJSONResponse(server.stats())

@@ -155,8 +155,6 @@ class Task(abc.ABC, Generic[ItemT, ResultT]):
     name: ClassVar[TaskName]
     # True: the data plane may merge items of several requests into one ``run`` call (dynamic batching).
     batchable: ClassVar[bool]
-    # True: ``run`` honours ``emit`` (token streaming on the OpenAI routes).
-    streams: ClassVar[bool] = False
     v2_inputs: ClassVar[tuple[TensorSpec, ...]]
     v2_outputs: ClassVar[tuple[TensorSpec, ...]]
 

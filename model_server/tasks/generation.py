@@ -12,12 +12,17 @@ loop without blocking (``loop.call_soon_threadsafe``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import numpy.typing as npt
 
 from model_server.errors import InvalidInput
-from model_server.tasks.base import Emitter, GenerationParams, GenerationResult
+from model_server.tasks.base import Emitter, GenerationParams, GenerationResult, Task, TensorSpec
+
+TEXT_OUTPUT = TensorSpec("text_output", "BYTES", (-1,))
 
 _REPLACEMENT = "\ufffd"  # what a tokenizer decodes half of a multi-byte character to
 
@@ -193,3 +198,38 @@ def generate(
         prompt_tokens=prompt_tokens,
         completion_tokens=len(streamer.ids),
     )
+
+
+GenerationItemT = TypeVar("GenerationItemT")
+
+
+class GenerativeTask(Task[GenerationItemT, GenerationResult]):
+    """What text-generation and vision share: a model behind ``generate``, its tokenizer and context
+    window, one item at a time (not batchable), and the v2 output ``text_output`` BYTES [-1]."""
+
+    batchable: ClassVar[bool] = False
+    v2_outputs: ClassVar[tuple[TensorSpec, ...]] = (TEXT_OUTPUT,)
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._device = "cpu"
+        self._context: int | None = None
+
+    def max_input_tokens(self) -> int | None:
+        return self._context
+
+    def _generate(
+        self, inputs: Mapping[str, Any], prompt_tokens: int, params: GenerationParams, emit: Emitter | None
+    ) -> GenerationResult:
+        return generate(
+            self._model,
+            tokenizer=self._tokenizer,
+            inputs=inputs,
+            prompt_tokens=prompt_tokens,
+            params=params,
+            emit=emit,
+        )
+
+    def encode_v2(self, results: Sequence[GenerationResult]) -> dict[str, npt.NDArray[Any]]:
+        return {TEXT_OUTPUT.name: np.array([r.text.encode("utf-8") for r in results], dtype=np.object_)}

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import numpy as np
 import numpy.typing as npt
 
 from model_server.errors import InvalidInput
@@ -23,34 +22,23 @@ from model_server.tasks.base import (
     GenerationItem,
     GenerationResult,
     LoadOptions,
-    Task,
     TensorSpec,
     bytes_items,
     decode_text,
     require_tensor,
 )
 from model_server.tasks.devices import torch_dtype
-from model_server.tasks.generation import check_context, context_length, ensure_pad_token, generate
-from model_server.tasks.v2params import check_generation_params, generation_params
+from model_server.tasks.generation import GenerativeTask, check_context, context_length, ensure_pad_token
+from model_server.tasks.params import check_generation_params, generation_params
 
 TEXT_INPUT = TensorSpec("text_input", "BYTES", (-1,))
-TEXT_OUTPUT = TensorSpec("text_output", "BYTES", (-1,))
 
 
-class TextGenerationTask(Task[GenerationItem, GenerationResult]):
+class TextGenerationTask(GenerativeTask[GenerationItem]):
     """A causal LM: prompt (or chat messages) -> completion, optionally streamed."""
 
     name: ClassVar = "text-generation"
-    batchable: ClassVar[bool] = False
-    streams: ClassVar[bool] = True
     v2_inputs: ClassVar[tuple[TensorSpec, ...]] = (TEXT_INPUT,)
-    v2_outputs: ClassVar[tuple[TensorSpec, ...]] = (TEXT_OUTPUT,)
-
-    def __init__(self) -> None:
-        self._model: Any = None
-        self._tokenizer: Any = None
-        self._device = "cpu"
-        self._context: int | None = None
 
     def load(self, options: LoadOptions) -> None:
         import transformers
@@ -68,9 +56,6 @@ class TextGenerationTask(Task[GenerationItem, GenerationResult]):
         ensure_pad_token(self._model, self._tokenizer)
         self._device = options.device
         self._context = context_length(model.config, self._tokenizer)
-
-    def max_input_tokens(self) -> int | None:
-        return self._context
 
     def render(self, item: GenerationItem) -> tuple[str, bool]:
         """The text to tokenize and whether it already holds the special tokens (a chat template adds
@@ -100,14 +85,7 @@ class TextGenerationTask(Task[GenerationItem, GenerationResult]):
         prompt_tokens = int(encoded["input_ids"].shape[-1])
         check_context(prompt_tokens, item.params.max_tokens, self._context)
         inputs = {k: v.to(self._device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
-        return generate(
-            self._model,
-            tokenizer=self._tokenizer,
-            inputs=inputs,
-            prompt_tokens=prompt_tokens,
-            params=item.params,
-            emit=emit,
-        )
+        return self._generate(inputs, prompt_tokens, item.params, emit)
 
     def decode_v2(
         self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]
@@ -115,6 +93,3 @@ class TextGenerationTask(Task[GenerationItem, GenerationResult]):
         params = generation_params(parameters)
         prompts = bytes_items(require_tensor(inputs, TEXT_INPUT), TEXT_INPUT.name)
         return [GenerationItem(prompt=decode_text(p, TEXT_INPUT.name), params=params) for p in prompts]
-
-    def encode_v2(self, results: Sequence[GenerationResult]) -> dict[str, npt.NDArray[Any]]:
-        return {TEXT_OUTPUT.name: np.array([r.text.encode("utf-8") for r in results], dtype=np.object_)}

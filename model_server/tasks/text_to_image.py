@@ -34,16 +34,18 @@ from model_server.tasks.base import (
 )
 from model_server.tasks.devices import torch_dtype
 from model_server.tasks.media import encode_png
-from model_server.tasks.v2params import get_float, get_int, get_optional_int
+from model_server.tasks.params import (
+    MAX_GUIDANCE,
+    MAX_SEED,
+    MAX_SIDE,
+    MAX_STEPS,
+    SIZE_MULTIPLE,
+    diffusion_params,
+)
 
 PROMPT_INPUT = TensorSpec("prompt", "BYTES", (-1,))
 NEGATIVE_INPUT = TensorSpec("negative_prompt", "BYTES", (-1,), optional=True)
 IMAGE_OUTPUT = TensorSpec("image", "BYTES", (-1,))
-
-MAX_SIDE = 2048
-MAX_STEPS = 200  # the OpenAI images route allows the same
-MAX_GUIDANCE = 50.0
-SIZE_MULTIPLE = 8
 
 
 def check_item(item: ImageGenerationItem) -> None:
@@ -59,8 +61,8 @@ def check_item(item: ImageGenerationItem) -> None:
         raise InvalidInput(f"steps must be between 1 and {MAX_STEPS}, got {item.steps}")
     if not (math.isfinite(item.guidance_scale) and 0.0 <= item.guidance_scale <= MAX_GUIDANCE):
         raise InvalidInput(f"guidance_scale must be between 0 and {MAX_GUIDANCE}, got {item.guidance_scale}")
-    if item.seed is not None and not 0 <= item.seed < 2**63:
-        raise InvalidInput(f"seed must be between 0 and 2**63-1, got {item.seed}")
+    if item.seed is not None and not 0 <= item.seed <= MAX_SEED:
+        raise InvalidInput(f"seed must be between 0 and {MAX_SEED}, got {item.seed}")
 
 
 def parse_size(size: str) -> tuple[int, int]:
@@ -129,7 +131,7 @@ class TextToImageTask(Task[ImageGenerationItem, ImageResult]):
     def decode_v2(
         self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]
     ) -> list[ImageGenerationItem]:
-        defaults = ImageGenerationItem(prompt="")
+        settings = diffusion_params(parameters)
         prompts = [
             decode_text(p, PROMPT_INPUT.name)
             for p in bytes_items(require_tensor(inputs, PROMPT_INPUT), PROMPT_INPUT.name)
@@ -146,21 +148,7 @@ class TextToImageTask(Task[ImageGenerationItem, ImageResult]):
                     f"expected 1 or one per prompt ({len(prompts)})"
                 )
             negatives = [n or None for n in (raw * len(prompts) if len(raw) == 1 else raw)]
-        steps = get_int(parameters, "steps", defaults.steps, lo=1, hi=MAX_STEPS)
-        steps = get_int(parameters, "num_inference_steps", steps, lo=1, hi=MAX_STEPS)
-        common = {
-            "steps": steps,
-            "guidance_scale": get_float(
-                parameters, "guidance_scale", defaults.guidance_scale, lo=0.0, hi=MAX_GUIDANCE
-            ),
-            "width": get_int(parameters, "width", defaults.width, lo=SIZE_MULTIPLE, hi=MAX_SIDE),
-            "height": get_int(parameters, "height", defaults.height, lo=SIZE_MULTIPLE, hi=MAX_SIDE),
-            "seed": get_optional_int(parameters, "seed", lo=0, hi=2**63 - 1),
-        }
-        items = [
-            ImageGenerationItem(prompt=p, negative_prompt=n, **common)  # type: ignore[arg-type]
-            for p, n in zip(prompts, negatives, strict=True)
-        ]
+        items = [settings.item(p, n) for p, n in zip(prompts, negatives, strict=True)]
         for item in items:
             check_item(item)
         return items

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import numpy as np
 import numpy.typing as npt
 
 from model_server.errors import InvalidInput
@@ -27,7 +26,6 @@ from model_server.tasks.base import (
     Emitter,
     GenerationResult,
     LoadOptions,
-    Task,
     TensorSpec,
     VisionItem,
     bytes_items,
@@ -35,13 +33,12 @@ from model_server.tasks.base import (
     require_tensor,
 )
 from model_server.tasks.devices import torch_dtype
-from model_server.tasks.generation import check_context, context_length, ensure_pad_token, generate
+from model_server.tasks.generation import GenerativeTask, check_context, context_length, ensure_pad_token
 from model_server.tasks.media import decode_image
-from model_server.tasks.v2params import check_generation_params, generation_params
+from model_server.tasks.params import check_generation_params, generation_params
 
 IMAGE_INPUT = TensorSpec("image", "BYTES", (-1,))
 PROMPT_INPUT = TensorSpec("prompt", "BYTES", (-1,), optional=True)
-TEXT_OUTPUT = TensorSpec("text_output", "BYTES", (-1,))
 
 
 def pair_prompts(images: int, prompts: list[str] | None) -> list[str | None]:
@@ -57,24 +54,18 @@ def pair_prompts(images: int, prompts: list[str] | None) -> list[str | None]:
     return [*prompts]
 
 
-class VisionTask(Task[VisionItem, GenerationResult]):
+class VisionTask(GenerativeTask[VisionItem]):
     """Image (+ prompt) -> generated text, optionally streamed."""
 
     name: ClassVar = "vision"
-    batchable: ClassVar[bool] = False
-    streams: ClassVar[bool] = True
     v2_inputs: ClassVar[tuple[TensorSpec, ...]] = (IMAGE_INPUT, PROMPT_INPUT)
-    v2_outputs: ClassVar[tuple[TensorSpec, ...]] = (TEXT_OUTPUT,)
 
     def __init__(self) -> None:
-        self._model: Any = None
-        self._tokenizer: Any = None
+        super().__init__()
         self._image_processor: Any = None  # encoder-decoder models
         self._processor: Any = None  # image-text-to-text models
         self._encoder_decoder = False
-        self._device = "cpu"
         self._dtype: Any = None
-        self._context: int | None = None
 
     def load(self, options: LoadOptions) -> None:
         import transformers
@@ -102,9 +93,6 @@ class VisionTask(Task[VisionItem, GenerationResult]):
         text_config = config.decoder if self._encoder_decoder else getattr(config, "text_config", config)
         self._context = context_length(text_config, self._tokenizer)
         self._device = options.device
-
-    def max_input_tokens(self) -> int | None:
-        return self._context
 
     def run(self, items: Sequence[VisionItem], emit: Emitter | None = None) -> list[GenerationResult]:
         for item in items:
@@ -151,14 +139,7 @@ class VisionTask(Task[VisionItem, GenerationResult]):
         inputs, prompt_tokens = self._inputs(image, item.prompt)
         # Image-text-to-text models put the image's tokens into input_ids, so they count here too.
         check_context(prompt_tokens + 1, item.params.max_tokens, self._context, allow_empty=True)
-        return generate(
-            self._model,
-            tokenizer=self._tokenizer,
-            inputs=inputs,
-            prompt_tokens=prompt_tokens,
-            params=item.params,
-            emit=emit,
-        )
+        return self._generate(inputs, prompt_tokens, item.params, emit)
 
     def decode_v2(
         self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]
@@ -173,6 +154,3 @@ class VisionTask(Task[VisionItem, GenerationResult]):
             VisionItem(image=image, prompt=prompt or None, params=params)
             for image, prompt in zip(images, pair_prompts(len(images), prompts), strict=True)
         ]
-
-    def encode_v2(self, results: Sequence[GenerationResult]) -> dict[str, npt.NDArray[Any]]:
-        return {TEXT_OUTPUT.name: np.array([r.text.encode("utf-8") for r in results], dtype=np.object_)}

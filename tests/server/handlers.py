@@ -107,7 +107,6 @@ class EchoGeneration(Task[GenerationItem, GenerationResult]):
 
     name = "text-generation"
     batchable = False
-    streams = True
     v2_inputs = (TensorSpec("text_input", "BYTES", (-1,)),)
     v2_outputs = (TensorSpec("text_output", "BYTES", (-1,)),)
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -186,6 +187,40 @@ def test_generation_bad_input_then_good(gen_server: ServerProcess) -> None:
         )
     ok = client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=0)
     assert ok.usage is not None and ok.usage.completion_tokens == 3
+
+
+def _refuse_max_tokens(server: ServerProcess, protocol: str, max_tokens: int) -> str:
+    """Send one request asking for ``max_tokens`` new tokens; return the refusal's message."""
+    hi: Any = [{"role": "user", "content": "hi"}]
+    refusal: type[Exception] = InferenceServerException if protocol == "v2" else openai.BadRequestError
+    with pytest.raises(refusal) as refused:
+        if protocol == "completions":
+            oai(server).completions.create(model="tiny", prompt="hi", max_tokens=max_tokens)
+        elif protocol == "chat":
+            oai(server).chat.completions.create(model="tiny", messages=hi, max_tokens=max_tokens)
+        elif protocol == "chat-max-completion-tokens":
+            oai(server).chat.completions.create(model="tiny", messages=hi, max_completion_tokens=max_tokens)
+        else:
+            prompt = {"text_input": np.array([b"hi"], dtype=np.object_)}
+            v2_infer(server, prompt, "text_output", binary=True, parameters={"max_tokens": max_tokens})
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("protocol", ["completions", "chat", "chat-max-completion-tokens", "v2"])
+def test_max_tokens_over_the_limit_is_refused_before_it_is_queued(
+    gen_server: ServerProcess, protocol: str
+) -> None:
+    """A max_tokens over the server's limit (4096) is a 400 naming the parameter and the limit, answered
+    at the door: the server admits nothing (``requests_total`` stays) and counts the rejection."""
+    before = httpx.get(gen_server.url + "/stats", timeout=10).json()
+    message = _refuse_max_tokens(gen_server, protocol, 5000)
+    after = httpx.get(gen_server.url + "/stats", timeout=10).json()
+    assert "max_tokens" in message and "4096" in message, message
+    assert after["requests_total"] == before["requests_total"]
+    assert after["rejected_total"] == before["rejected_total"] + 1
+    # At the limit the door lets it through; this tiny model's context window (128) then refuses it.
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        oai(gen_server).completions.create(model="tiny", prompt="hi", max_tokens=4096)
 
 
 # ---- image-embedding ----

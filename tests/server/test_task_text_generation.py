@@ -12,8 +12,8 @@ import pytest
 from model_server.errors import InvalidInput
 from model_server.tasks.base import GenerationItem, GenerationParams, GenerationResult
 from model_server.tasks.generation import StopText, check_context, held_back, sampling_kwargs
+from model_server.tasks.params import generation_params
 from model_server.tasks.text_generation import TextGenerationTask
-from model_server.tasks.v2params import generation_params
 from tests.server.tiny_fixtures import load_task, tiny_text_generation, torch_threads
 
 __all__ = ["tiny_text_generation"]  # the session fixture, re-exported for pytest

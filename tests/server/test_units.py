@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_server import v2
+from model_server import kserve_codec
 from model_server import worker as worker_module
 from model_server.config import ServerConfig
 from model_server.dataplane import retry_after_seconds
 from model_server.errors import InvalidInput
 from model_server.heap import HeapTrimmer, due
-from model_server.lifecycle import Lifecycle
 from model_server.sources import SourceError, parse_source, resolve
+from model_server.state_machine import StateMachine
 from model_server.tasks.base import TextItem
 from model_server.tasks.text_embedding import micro_batches, read_pooling
 from model_server.worker import is_fatal_device_error, is_oom
@@ -42,11 +42,11 @@ def test_v2_json_request_roundtrip() -> None:
             "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
         }
     )
-    req = v2.decode_request(body, None)
+    req = kserve_codec.decode_request(body, None)
     assert req.id == "r1" and req.timeout_s == 2.5
     assert req.inputs["text"].tolist() == [b"a", "héllo".encode()]
     assert req.inputs["x"].dtype == np.float32 and req.inputs["x"].shape == (2, 2)
-    assert req.outputs == (v2.RequestedOutput("y", True),)
+    assert req.outputs == (kserve_codec.RequestedOutput("y", True),)
 
 
 def test_v2_binary_request() -> None:
@@ -65,7 +65,7 @@ def test_v2_binary_request() -> None:
             ]
         }
     )
-    req = v2.decode_request(head + blob_text + floats.tobytes(), str(len(head)))
+    req = kserve_codec.decode_request(head + blob_text + floats.tobytes(), str(len(head)))
     assert req.inputs["t"].tolist() == [b"one", b"\xff\xfe"]
     np.testing.assert_array_equal(req.inputs["f"], floats.reshape(2, 3))
 
@@ -95,11 +95,11 @@ def test_v2_binary_request() -> None:
 )  # fmt: skip
 def test_v2_bad_requests(body: bytes, header: str | None, needle: str) -> None:
     with pytest.raises(InvalidInput, match=needle):
-        v2.decode_request(body, header)
+        kserve_codec.decode_request(body, header)
 
 
 def test_v2_timeout_parameter_validated() -> None:
-    req = v2.decode_request(
+    req = kserve_codec.decode_request(
         b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": ["a"]}], '
         b'"parameters": {"timeout": -5}}',
         None,
@@ -109,33 +109,33 @@ def test_v2_timeout_parameter_validated() -> None:
 
 
 def test_v2_response_json_and_binary() -> None:
-    req_json = v2.decode_request(
+    req_json = kserve_codec.decode_request(
         b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}', None
     )
     emb = np.array([[1.5, 2.0]], dtype=np.float32)
-    body, hlen = v2.encode_response("m", req_json, {"embedding": emb})
+    body, hlen = kserve_codec.encode_response("m", req_json, {"embedding": emb})
     assert hlen is None
     doc = json.loads(body)
     assert doc["outputs"][0] == {"name": "embedding", "datatype": "FP32", "shape": [1, 2], "data": [1.5, 2.0]}
 
-    req_bin = v2.decode_request(
+    req_bin = kserve_codec.decode_request(
         b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": ["a"]}],'
         b' "outputs": [{"name": "embedding", "parameters": {"binary_data": true}}]}',
         None,
     )
-    body, hlen = v2.encode_response("m", req_bin, {"embedding": emb})
+    body, hlen = kserve_codec.encode_response("m", req_bin, {"embedding": emb})
     assert hlen is not None
     head = json.loads(body[:hlen])
     assert head["outputs"][0]["parameters"]["binary_data_size"] == 8
     np.testing.assert_array_equal(np.frombuffer(body[hlen:], dtype="<f4"), emb.ravel())
 
     with pytest.raises(InvalidInput, match="unknown output"):
-        bad = v2.decode_request(
+        bad = kserve_codec.decode_request(
             b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": ["a"]}],'
             b' "outputs": [{"name": "nope"}]}',
             None,
         )
-        v2.encode_response("m", bad, {"embedding": emb})
+        kserve_codec.encode_response("m", bad, {"embedding": emb})
 
 
 def test_sources(tmp_path: Path) -> None:
@@ -248,7 +248,7 @@ async def test_an_idle_worker_trims_its_heap_once_after_a_quiet_second(
         model=str(tmp_path), task="text-embedding", handler="tests.server.handlers:EchoEmbedding",
         termination_log=tmp_path / "termination-log",
     )  # fmt: skip
-    worker = worker_module.Worker(config, Lifecycle(), lambda code, reason: None)
+    worker = worker_module.Worker(config, StateMachine(), lambda code, reason: None)
     try:
         assert await worker.load()
         worker._heap.interval_s = 3600  # only the idle trim may fire

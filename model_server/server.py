@@ -1,6 +1,6 @@
-"""The server's parts wired together: config, lifecycle, metrics, worker, data plane, and process exit.
+"""The server's parts wired together: config, state machine, metrics, worker, data plane, and process exit.
 
-``Runtime.start`` runs once the HTTP server is listening: it starts the queue owner, the idle watcher and
+``ModelServer.start`` runs once the HTTP server is listening: it starts the queue owner, the idle watcher and
 the model load (off the event loop).  ``begin_drain`` is what SIGTERM does.  ``request_exit`` records
 the exit code and asks uvicorn to stop; ``main`` exits with that code.
 """
@@ -16,21 +16,23 @@ from typing import Any
 
 from model_server.config import ServerConfig
 from model_server.dataplane import DataPlane
-from model_server.lifecycle import Lifecycle, State
 from model_server.metrics import Metrics, gpu_memory, rss_bytes
+from model_server.state_machine import State, StateMachine
 from model_server.worker import Worker
 from modelpool_contract.stats import StatsMemory, StatsModel, WorkerStats
 
-log = logging.getLogger("modelpool.runtime")
+log = logging.getLogger("modelpool.server")
 
 
-class Runtime:
+class ModelServer:
+    """One model server: its parts, their start and stop, and the exit code ``main`` exits with."""
+
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.lifecycle = Lifecycle(on_change=self._on_state)
-        self.worker = Worker(config, self.lifecycle, on_failed=self._on_failed)
-        self.dataplane = DataPlane(config, self.worker, self.lifecycle, self.metrics)
+        self.state_machine = StateMachine(on_change=self._on_state)
+        self.worker = Worker(config, self.state_machine, on_failed=self._on_failed)
+        self.dataplane = DataPlane(config, self.worker, self.state_machine, self.metrics)
         self.exit_code = 0
         self._stop: Callable[[], None] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -73,16 +75,16 @@ class Runtime:
         if self._draining:
             return
         self._draining = True
-        if self.lifecycle.state in (State.FAILED, State.DEAD):
+        if self.state_machine.state in (State.FAILED, State.DEAD):
             self.request_exit(self.exit_code)
             return
-        self.lifecycle.try_to(State.EVICTING, "SIGTERM")
+        self.state_machine.try_to(State.EVICTING, "SIGTERM")
         asyncio.get_event_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
         drained = await self.dataplane.drain(self.config.drain_timeout)
         log.info("drain %s", "complete" if drained else f"timed out after {self.config.drain_timeout}s")
-        self.lifecycle.try_to(State.DEAD, "drained")
+        self.state_machine.try_to(State.DEAD, "drained")
         self.request_exit(0)
 
     async def close(self) -> None:
@@ -100,9 +102,9 @@ class Runtime:
         dp = self.dataplane
         allocated, reserved = gpu_memory()
         return WorkerStats(
-            state=self.lifecycle.state.value,
-            state_since=self.lifecycle.since,
-            reason=self.lifecycle.reason,
+            state=self.state_machine.state.value,
+            state_since=self.state_machine.since,
+            reason=self.state_machine.reason,
             queue_depth=dp.queue_depth,
             queue_capacity=self.config.queue_capacity,
             in_flight=dp.in_flight,

@@ -9,10 +9,10 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from model_server import v2 as codec
+from model_server import kserve_codec
 from model_server.endpoints.common import check_model, disconnect_watch, header_timeout
-from model_server.errors import InvalidInput, ModelNotReady
-from model_server.runtime import Runtime
+from model_server.errors import InvalidInput
+from model_server.server import ModelServer
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -22,7 +22,7 @@ _TENSOR = {
     "properties": {
         "name": {"type": "string"},
         "shape": {"type": "array", "items": {"type": "integer"}},
-        "datatype": {"type": "string", "enum": sorted(codec.DTYPES)},
+        "datatype": {"type": "string", "enum": sorted(kserve_codec.DTYPES)},
         "parameters": {"type": "object"},
         "data": {"type": "array"},
     },
@@ -58,28 +58,32 @@ INFER_SCHEMA: dict[str, Any] = {
 InferHandler = Callable[[Request, str], Awaitable[Response]]
 
 
-def infer_handler(runtime: Runtime) -> InferHandler:
+def earliest(*timeouts: float | None) -> float | None:
+    """The shortest of the deadlines given (None: none given)."""
+    given = [t for t in timeouts if t is not None]
+    return min(given) if given else None
+
+
+def infer_handler(server: ModelServer) -> InferHandler:
     """The v2 infer endpoint as a plain coroutine function (FastAPI registers it, and the outermost
     middleware calls it directly on the hot path: see ``endpoints.LimitsMiddleware``)."""
 
+    dataplane = server.dataplane
+
     async def infer(request: Request, name: str) -> Response:
-        check_model(runtime, name)
-        runtime.dataplane.check_ready()
-        task = runtime.worker.task
-        if task is None:
-            raise ModelNotReady(f"model {name!r} is not loaded")
+        check_model(server, name)
+        dataplane.check_ready()
+        task = dataplane.loaded_task()
         body = await request.body()
-        parsed = codec.decode_request(body, request.headers.get(HEADER_LENGTH))
-        timeout = header_timeout(request)
-        param_timeout = parsed.timeout_s
-        if param_timeout is not None:
-            timeout = param_timeout if timeout is None else min(timeout, param_timeout)
-        # Decoding tensors into items is cheap (no tokenisation): it stays on the event loop.
+        parsed = kserve_codec.decode_request(body, request.headers.get(HEADER_LENGTH))
+        timeout = earliest(header_timeout(request), parsed.timeout_s)
+        # Decoding tensors into items is cheap (no tokenisation): it stays on the event loop.  It also
+        # checks the request's parameters, so bad ones are refused before the request is queued.
         items = task.decode_v2(parsed.inputs, parsed.parameters)
         async with disconnect_watch(request) as gone:
-            results = await runtime.dataplane.infer(items, timeout=timeout, gone=gone)
+            results = await dataplane.infer(items, timeout=timeout, gone=gone)
         outputs = task.encode_v2(results)
-        payload, header_len = codec.encode_response(runtime.config.served_name, parsed, outputs)
+        payload, header_len = kserve_codec.encode_response(server.config.served_name, parsed, outputs)
         if header_len is None:
             return Response(payload, media_type="application/json")
         return Response(
@@ -91,8 +95,8 @@ def infer_handler(runtime: Runtime) -> InferHandler:
     return infer
 
 
-def register(app: FastAPI, runtime: Runtime) -> None:
-    infer = infer_handler(runtime)
+def register(app: FastAPI, server: ModelServer) -> None:
+    infer = infer_handler(server)
     app.add_api_route(
         "/v2/models/{name}/infer", infer, methods=["POST"], tags=["v2"], openapi_extra=INFER_SCHEMA
     )

@@ -6,13 +6,13 @@ import itertools
 
 import pytest
 
-from model_server.lifecycle import (
+from model_server.state_machine import (
     LIVE,
     SERVING,
     TRANSITIONS,
     IllegalTransition,
-    Lifecycle,
     State,
+    StateMachine,
     can_transition,
 )
 
@@ -33,7 +33,7 @@ EXPECTED = {
 def test_every_pair(src: State, dst: State) -> None:
     allowed = (src, dst) in EXPECTED
     assert can_transition(src, dst) is allowed
-    life = Lifecycle()
+    life = StateMachine()
     life._state = src  # place the machine in ``src`` directly to test this one edge
     if src == dst:
         life.to(dst)  # staying put is a no-op, never an error
@@ -65,7 +65,7 @@ def test_probe_sets() -> None:
 
 def test_happy_path_records_since_and_notifies() -> None:
     seen: list[tuple[State, State]] = []
-    life = Lifecycle(on_change=lambda a, b: seen.append((a, b)))
+    life = StateMachine(on_change=lambda a, b: seen.append((a, b)))
     before = life.since
     for dst in (S.LOADING, S.READY, S.PROCESSING, S.READY, S.IDLE, S.PROCESSING, S.READY, S.EVICTING, S.DEAD):
         life.to(dst)

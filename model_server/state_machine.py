@@ -33,23 +33,24 @@ class State(enum.StrEnum):
     FAILED = "Failed"
 
 
-S = State
 # The one transition table.  Anything not listed here cannot happen.
 TRANSITIONS: Mapping[State, frozenset[State]] = {
-    S.PENDING: frozenset({S.LOADING, S.FAILED, S.EVICTING}),
-    S.LOADING: frozenset({S.READY, S.FAILED, S.EVICTING}),
-    S.READY: frozenset({S.PROCESSING, S.IDLE, S.EVICTING, S.FAILED}),
-    S.PROCESSING: frozenset({S.READY, S.EVICTING, S.FAILED}),
-    S.IDLE: frozenset({S.PROCESSING, S.READY, S.EVICTING, S.FAILED}),
-    S.EVICTING: frozenset({S.DEAD, S.FAILED}),
-    S.DEAD: frozenset(),
-    S.FAILED: frozenset(),
+    State.PENDING: frozenset({State.LOADING, State.FAILED, State.EVICTING}),
+    State.LOADING: frozenset({State.READY, State.FAILED, State.EVICTING}),
+    State.READY: frozenset({State.PROCESSING, State.IDLE, State.EVICTING, State.FAILED}),
+    State.PROCESSING: frozenset({State.READY, State.EVICTING, State.FAILED}),
+    State.IDLE: frozenset({State.PROCESSING, State.READY, State.EVICTING, State.FAILED}),
+    State.EVICTING: frozenset({State.DEAD, State.FAILED}),
+    State.DEAD: frozenset(),
+    State.FAILED: frozenset(),
 }
 
 # States in which the server accepts inference requests (readiness probe passes).
-SERVING: frozenset[State] = frozenset({S.READY, S.PROCESSING, S.IDLE})
+SERVING: frozenset[State] = frozenset({State.READY, State.PROCESSING, State.IDLE})
 # States in which the process is healthy (liveness probe passes).
-LIVE: frozenset[State] = frozenset({S.PENDING, S.LOADING, S.READY, S.PROCESSING, S.IDLE, S.EVICTING})
+LIVE: frozenset[State] = frozenset(
+    {State.PENDING, State.LOADING, State.READY, State.PROCESSING, State.IDLE, State.EVICTING}
+)
 
 
 class IllegalTransition(RuntimeError):  # noqa: N818 - named like errors.py's classes
@@ -61,8 +62,9 @@ def can_transition(src: State, dst: State) -> bool:
     return dst in TRANSITIONS[src]
 
 
-class Lifecycle:
-    """The current state, when it was entered and why; thread-safe (the inference thread reports too)."""
+class StateMachine:
+    """The worker's current state, when it was entered and why; thread-safe (the inference thread moves
+    it too)."""
 
     def __init__(self, on_change: Callable[[State, State], None] | None = None) -> None:
         self._lock = threading.Lock()

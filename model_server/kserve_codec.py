@@ -146,16 +146,7 @@ def _from_binary(name: str, datatype: str, shape: tuple[int, ...], raw: bytes) -
 
 def decode_request(body: bytes, header_length: str | None) -> V2Request:
     """Parse an infer request body (JSON, or JSON header + binary tensors)."""
-    if header_length is not None:
-        try:
-            hlen = int(header_length)
-        except ValueError:
-            raise InvalidInput("Inference-Header-Content-Length must be an integer") from None
-        if hlen < 0 or hlen > len(body):
-            raise InvalidInput("Inference-Header-Content-Length is larger than the body")
-        head, binary = body[:hlen], body[hlen:]
-    else:
-        head, binary = body, b""
+    head, binary = _split_body(body, header_length)
     try:
         doc = orjson.loads(head)
     except orjson.JSONDecodeError as exc:
@@ -168,6 +159,32 @@ def decode_request(body: bytes, header_length: str | None) -> V2Request:
     parameters = doc.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidInput("'parameters' must be an object")
+    binary_default = bool(parameters.get("binary_data_output", False))
+    rid = doc.get("id")
+    return V2Request(
+        id=rid if isinstance(rid, str) else None,
+        inputs=_decode_inputs(raw_inputs, binary),
+        parameters=parameters,
+        outputs=_requested_outputs(doc.get("outputs") or [], binary_default),
+        binary_default=binary_default,
+    )
+
+
+def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """(JSON header, binary tensor data) by ``Inference-Header-Content-Length``."""
+    if header_length is None:
+        return body, b""
+    try:
+        hlen = int(header_length)
+    except ValueError:
+        raise InvalidInput("Inference-Header-Content-Length must be an integer") from None
+    if hlen < 0 or hlen > len(body):
+        raise InvalidInput("Inference-Header-Content-Length is larger than the body")
+    return body[:hlen], body[hlen:]
+
+
+def _decode_inputs(raw_inputs: list[Any], binary: bytes) -> dict[str, npt.NDArray[Any]]:
+    """The input tensors by name; binary ones take their bytes from ``binary`` in order."""
     inputs: dict[str, npt.NDArray[Any]] = {}
     pos = 0
     for spec in raw_inputs:
@@ -195,11 +212,13 @@ def decode_request(body: bytes, header_length: str | None) -> V2Request:
             raise InvalidInput(f"input tensor '{name}' has neither 'data' nor binary_data_size")
     if pos != len(binary):
         raise InvalidInput(f"{len(binary) - pos} bytes of binary data belong to no input")
-    outputs: list[RequestedOutput] = []
-    raw_outputs = doc.get("outputs") or []
+    return inputs
+
+
+def _requested_outputs(raw_outputs: Any, binary_default: bool) -> tuple[RequestedOutput, ...]:
     if not isinstance(raw_outputs, list):
         raise InvalidInput("'outputs' must be a list")
-    binary_default = bool(parameters.get("binary_data_output", False))
+    outputs: list[RequestedOutput] = []
     for out in raw_outputs:
         if not isinstance(out, dict) or not isinstance(out.get("name"), str):
             raise InvalidInput("each requested output must be an object with a 'name'")
@@ -208,14 +227,7 @@ def decode_request(body: bytes, header_length: str | None) -> V2Request:
             oparams.get("binary_data", binary_default) if isinstance(oparams, dict) else binary_default
         )
         outputs.append(RequestedOutput(out["name"], bool(binary_flag)))
-    rid = doc.get("id")
-    return V2Request(
-        id=rid if isinstance(rid, str) else None,
-        inputs=inputs,
-        parameters=parameters,
-        outputs=tuple(outputs),
-        binary_default=binary_default,
-    )
+    return tuple(outputs)
 
 
 def _datatype(array: npt.NDArray[Any]) -> str:

@@ -1,0 +1,95 @@
+"""The server under test as a child process (``python -m model_server``), and what it reports: its
+``/stats`` and the batch-size histogram of its ``/metrics``."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.environment import REPO, child_env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """``modelpool-server`` serving ``model`` as ``minilm`` (text-embedding) on a free loopback port."""
+
+    def __init__(self, model: Path, device: str, dtype: str, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log", delete=False)  # noqa: SIM115
+        cmd = [
+            sys.executable, "-m", "model_server", "--model", str(model), "--task", "text-embedding",
+            "--name", "minilm", "--device", device, "--dtype", dtype, "--host", "127.0.0.1",
+            "--port", str(self.port), "--termination-log", self.log.name + ".termination",
+            "--log-level", "warning",
+            *extra,
+        ]  # fmt: skip
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO, env=child_env()
+        )
+        self.client = httpx.Client(timeout=10)
+
+    def wait(self, path: str, timeout: float = 600) -> None:
+        """Wait (bounded) until ``path`` answers 200; raise with the log if the server exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited {self.proc.returncode}: {Path(self.log.name).read_text()[-3000:]}"
+                )
+            try:
+                if self.client.get(self.url + path).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError(f"{path} not answering after {timeout}s")
+
+    def stats(self) -> dict[str, Any]:
+        doc: dict[str, Any] = self.client.get(self.url + "/stats").json()
+        return doc
+
+    def rss_bytes(self) -> int:
+        return int(self.stats()["memory"]["rss_bytes"])
+
+    def settle(self, timeout: float = 120) -> None:
+        """Wait until the server has nothing queued or in flight (a run's leftovers are not the next's)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            doc = self.stats()
+            if not doc["queue_depth"] and not doc["in_flight"]:
+                return
+            time.sleep(0.1)
+
+    def mean_batch(self) -> tuple[float, float]:
+        """(sum, count) of the batch-size histogram ``modelpool_batch_size``."""
+        text = self.client.get(self.url + "/metrics").text
+        for family in text_string_to_metric_families(text):
+            if family.name == "modelpool_batch_size":
+                values = {sample.name: sample.value for sample in family.samples}
+                return values["modelpool_batch_size_sum"], values["modelpool_batch_size_count"]
+        return 0.0, 0.0
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

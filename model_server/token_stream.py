@@ -1,0 +1,58 @@
+"""A streaming request's text, piece by piece, from the inference thread to the event loop.
+
+The task calls ``emit`` on the inference thread for each new piece of text; ``emit`` hands it to the event
+loop without blocking (``loop.call_soon_threadsafe``).  The route iterates the stream and sends each piece
+to the client as it comes; the iteration ends when the request's unit is done, and ``results()`` then
+gives its results (or raises the error it failed with).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+
+class TokenStream:
+    """The pieces of one admitted streaming request (made by ``DataPlane.stream``), then its results."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._pieces: asyncio.Queue[str] = asyncio.Queue()
+        self._results: asyncio.Future[list[Any]] | None = None
+        self._abandon: Callable[[], None] = lambda: None
+
+    def emit(self, text: str) -> None:
+        """Called on the inference thread with each new piece of text."""
+        self._loop.call_soon_threadsafe(self._pieces.put_nowait, text)
+
+    def start(self, results: asyncio.Future[list[Any]], abandon: Callable[[], None]) -> None:
+        """The request is admitted: ``results`` completes with its results; ``abandon`` drops it."""
+        self._results, self._abandon = results, abandon
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._pieces_until_done()
+
+    async def _pieces_until_done(self) -> AsyncIterator[str]:
+        assert self._results is not None, "start() comes first"
+        while True:
+            getter = asyncio.ensure_future(self._pieces.get())
+            waiting: set[asyncio.Future[Any]] = {getter, self._results}
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                break
+            yield getter.result()
+        while not self._pieces.empty():  # emitted just before the unit completed
+            yield self._pieces.get_nowait()
+
+    def results(self) -> list[Any]:
+        """The unit's results once the iteration has ended (raises the ``ServerError`` it failed with)."""
+        assert self._results is not None and self._results.done()
+        return self._results.result()
+
+    def close(self) -> None:
+        """The response is over (finished, or the client went away): drop the request if it is not."""
+        if self._results is not None and not self._results.done():
+            self._abandon()
+            self._results.cancel()
