@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from hack.loopback_guard import PodIPWatch
-from tests.clusterlib import BIN, REQUIRED, ROOT, Cluster, missing, start_cluster, stop_cluster
+from tests.clusterlib import BIN, Cluster, missing, require_prerequisites, start_cluster, stop_cluster
 from tests.kube import wait_for
 
 
@@ -52,11 +52,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
             )
         )
         return
-    absent = [b for b in REQUIRED if not (BIN / b).exists()]
-    if absent:
-        missing(f"control-plane binaries missing in {BIN}: {', '.join(absent)} (run: make testbin)")
-    if not (ROOT / ".venv" / "bin" / "python").exists():
-        missing("no .venv (run: make venv)")
+    require_prerequisites()
     workdir = Path(tempfile.mkdtemp(prefix="modelpool-cluster-"))
     name = f"mp-test-{uuid.uuid4().hex[:6]}"
     try:

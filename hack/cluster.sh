@@ -6,6 +6,8 @@
 #          kubeconfig is written to $CLUSTER_DIR/kubeconfig; fake GPU nodes kwok-gpu-0..3 are created
 #          (hack/kwok/nodes.yaml) with KWOK's default stages plus modelpool's chaos stages
 #          (hack/kwok/stages); and one process node (python -m hack.processnode) runs in the background.
+#          On a cluster that exists (e.g. after `kwokctl stop cluster`) it starts it again; the process
+#          node's agent rides out the restart, or is started anew when it has gone.
 #   down   stops the process node and deletes the cluster (logs under $CLUSTER_DIR/logs are kept).
 #   status prints what is running.
 #
@@ -62,10 +64,39 @@ stop_processnode() {
   rm -f "$pidfile"
 }
 
+start_processnode() {
+  # A simple command sent to the background, so $! is the agent itself (setsid execs it without a fork:
+  # the new session keeps it out of this shell's process group and stdout is not held open).
+  (
+    cd "$root"
+    HF_HUB_OFFLINE=1 exec setsid "$venv/bin/python" -m hack.processnode \
+      --kubeconfig "$kubeconfig" \
+      --node-name "$node" \
+      --extra-path "$venv/bin" \
+      --log-dir "$dir/processnode" \
+      --pods-dir "$dir/pods" \
+      --ip-octet "$octet" \
+      --backoff-initial "${PROCESSNODE_BACKOFF_INITIAL:-1}" \
+      --backoff-max "${PROCESSNODE_BACKOFF_MAX:-30}" \
+      >>"$logs/processnode.log" 2>&1 </dev/null
+  ) &
+  echo $! >"$pidfile"
+}
+
+# The process node's agent has renewed its Lease since $1 (an RFC 3339 UTC time): it is alive and talking
+# to this API server.  (Ready alone is not enough: after a control-plane restart the node still shows the
+# Ready it posted before, until the node controller's grace period runs out.)
+processnode_renewed_since() {
+  local renewed
+  renewed=$(kubectl get lease -n kube-node-lease "$node" -o jsonpath='{.spec.renewTime}' 2>/dev/null) || return 1
+  [[ -n "$renewed" && "$renewed" > "$1" ]]
+}
+
 up() {
   need_binaries
   mkdir -p "$logs"
-  local start=$SECONDS
+  local start=$SECONDS since
+  since=$(date -u +%Y-%m-%dT%H:%M:%S)
   if [ -d "$KWOK_WORKDIR/clusters/$name" ]; then
     echo "cluster: $name already exists in $KWOK_WORKDIR; starting it"
     kwokctl start cluster >"$logs/kwokctl.log" 2>&1 || { cat "$logs/kwokctl.log" >&2; exit 1; }
@@ -95,27 +126,23 @@ up() {
   mv "$kubeconfig.tmp" "$kubeconfig"
   kubectl apply -f "$root/hack/kwok/nodes.yaml" >/dev/null
 
-  if ! processnode_running; then
-    # A simple command sent to the background, so $! is the agent itself (setsid execs it without a fork:
-    # the new session keeps it out of this shell's process group and stdout is not held open).
-    cd "$root"
-    HF_HUB_OFFLINE=1 setsid "$venv/bin/python" -m hack.processnode \
-      --kubeconfig "$kubeconfig" \
-      --node-name "$node" \
-      --extra-path "$venv/bin" \
-      --log-dir "$dir/processnode" \
-      --ip-octet "$octet" \
-      --backoff-initial "${PROCESSNODE_BACKOFF_INITIAL:-1}" \
-      --backoff-max "${PROCESSNODE_BACKOFF_MAX:-30}" \
-      >>"$logs/processnode.log" 2>&1 </dev/null &
-    echo $! >"$pidfile"
-  fi
+  processnode_running || start_processnode
 
-  # Ready means: every node Ready and the default ServiceAccount there (pods are refused without it).
-  local deadline=$((SECONDS + 120))
+  # Ready means: every node Ready, the process node's agent heard from since now, and the default
+  # ServiceAccount there (pods are refused without it).
+  local deadline=$((SECONDS + 120)) respawn_at=$((SECONDS + 45))
   until kubectl wait --for=condition=Ready node --all --timeout=5s >/dev/null 2>&1 \
     && [ "$(kubectl get nodes --no-headers 2>/dev/null | wc -l)" -ge 5 ] \
+    && processnode_renewed_since "$since" \
     && kubectl get serviceaccount default -n default >/dev/null 2>&1; do
+    if [ $SECONDS -gt $respawn_at ] && processnode_running && ! processnode_renewed_since "$since"; then
+      # An agent that retries for ever renews within 10 s of the API server's return; one that does not
+      # is stuck (e.g. from an older checkout): replace it once.
+      echo "cluster: $node has not renewed its lease for 45s although its agent runs; restarting the agent"
+      stop_processnode
+      start_processnode
+      respawn_at=$deadline
+    fi
     if [ $SECONDS -gt $deadline ]; then
       echo "cluster: not ready after 120s; logs: $logs, $KWOK_WORKDIR/clusters/$name/logs" >&2
       kubectl get nodes >&2 || true

@@ -69,14 +69,24 @@ def missing(reason: str) -> None:
     pytest.skip(reason)
 
 
-def start_cluster(workdir: Path, name: str) -> Cluster:
+def require_prerequisites() -> None:
+    """Skip (fail in CI) unless the control-plane binaries and the virtualenv the process node runs exist."""
+    absent = [b for b in REQUIRED if not (BIN / b).exists()]
+    if absent:
+        missing(f"control-plane binaries missing in {BIN}: {', '.join(absent)} (run: make testbin)")
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        missing("no .venv (run: make venv)")
+
+
+def start_cluster(workdir: Path, name: str, ip_octet: int | None = None) -> Cluster:
+    """`hack/cluster.sh up` in `workdir` (a cluster of that name there is started again, not created)."""
     env = dict(
         os.environ,
         CLUSTER_DIR=str(workdir),
         CLUSTER_NAME=name,
         BIN_DIR=str(BIN),
         # A distinct pod address range per session, so concurrent sessions never share an address.
-        PROCESSNODE_IP_OCTET=str(100 + os.getpid() % 150),
+        PROCESSNODE_IP_OCTET=str(100 + os.getpid() % 150 if ip_octet is None else ip_octet),
     )
     code = _cluster_sh("up", env, workdir, timeout=300)
     if code != 0:

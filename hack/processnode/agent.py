@@ -3,12 +3,14 @@
 Dev/test tooling, not product code.  Run from the repository root:
 
     python -m hack.processnode --kubeconfig .cluster/kubeconfig --node-name process-node-0 \\
-        --extra-path .venv/bin --log-dir .cluster/processnode
+        --extra-path .venv/bin --log-dir .cluster/processnode --pods-dir .cluster/pods
 
-It registers the Node (label modelpool.dev/process-node=true, no KWOK annotation), keeps its Lease fresh,
-lists and watches the pods bound to it, and hands each to a PodWorker thread.  Each pod gets its own
-loopback address 127.<a>.<y>.<z>; its processes see it as POD_IP and in every --bind-env variable, so every
-pod can listen on the same port.  Container output goes to <log-dir>/<namespace>/<pod>/<container>.log.
+It registers the Node (label and taint modelpool.dev/process-node=true, no KWOK annotation), keeps its
+Lease fresh, lists and watches the pods bound to it, and hands each to a PodWorker thread.  Each pod gets
+its own loopback address 127.<a>.<y>.<z>; its processes see it as POD_IP and in every --bind-env variable,
+so every pod can listen on the same port.  Container output goes to <log-dir>/<namespace>/<pod>/<c>.log;
+volumes live under <pods-dir>/<pod uid>/ (volumes.py).  Like a kubelet it outlives a restart of the
+control plane: every API call is retried with a bounded back-off while its processes keep running.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from typing import Any
 from urllib.parse import quote
 
 from hack.processnode.container import PodContext
-from hack.processnode.kubeapi import Kube, KubeError, pod_path
-from hack.processnode.node import NodeAgent
-from hack.processnode.pod import PodWorker
+from hack.processnode.kubeapi import ClusterGuard, Kube, KubeError, pod_path
+from hack.processnode.node import NodeAgent, parse_taint
+from hack.processnode.pod import PodWorker, Retry
+from hack.processnode.podspec import SpecError
+from hack.processnode.volumes import remove_pod_dir
 
 JSON = dict[str, Any]
 log = logging.getLogger("processnode")
@@ -38,6 +42,9 @@ log = logging.getLogger("processnode")
 INHERITED = ["HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"]
 HOST_IP = "127.0.0.1"
 RESYNC_SECONDS = 30
+# Relisting after a failed list or watch: 1 s, doubling to 10 s while the API server stays away.
+RELIST_RETRY = (1.0, 10.0)
+DEFAULT_TAINT = "modelpool.dev/process-node=true:NoSchedule"
 
 
 class IpPool:
@@ -77,8 +84,10 @@ class Agent:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.kube = Kube(Path(args.kubeconfig))
+        self.guard = ClusterGuard(self.kube)
         self.node_name: str = args.node_name
         self.log_dir = Path(args.log_dir).resolve()
+        self.pods_dir = Path(args.pods_dir).resolve()
         self.ips = IpPool(args.ip_octet)
         self.workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
@@ -98,11 +107,13 @@ class Agent:
     def lookup(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
         plural = "configmaps" if kind == "configmap" else "secrets"
         try:
-            obj = self.kube.request("GET", f"/api/v1/namespaces/{quote(namespace)}/{plural}/{quote(name)}")
-        except KubeError as err:
-            if err.status == 404:
-                return None
-            raise
+            obj = self.kube.get(f"/api/v1/namespaces/{quote(namespace)}/{plural}/{quote(name)}")
+        except KubeError as err:  # e.g. the API server is restarting: the container waits and retries
+            raise SpecError(
+                "CreateContainerConfigError", f"cannot read {kind} {namespace}/{name}: {err}"
+            ) from err
+        if obj is None:
+            return None
         data: dict[str, str] = obj.get("data") or {}
         return data
 
@@ -126,6 +137,9 @@ class Agent:
             default_cwd=Path.cwd(),
             backoff_initial=self.args.backoff_initial,
             backoff_max=self.args.backoff_max,
+            pod_dir=self.pods_dir / str(meta["uid"]),
+            get=self.kube.get,
+            node_name=self.node_name,
         )
 
     def _worker_done(self, worker: PodWorker) -> None:
@@ -164,6 +178,7 @@ class Agent:
 
     def _force_delete(self, pod: JSON) -> None:
         meta = pod["metadata"]
+        remove_pod_dir(self.pods_dir / str(meta["uid"]))
         body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
         try:
             self.kube.request("DELETE", pod_path(meta["namespace"], meta["name"]), body=body)
@@ -171,20 +186,39 @@ class Agent:
             if err.status not in (404, 409):
                 log.warning("deleting pod %s/%s failed: %s", meta["namespace"], meta["name"], err)
 
+    def _reconcile(self, pods: list[JSON], first: bool) -> None:
+        """Make the workers match a full list of this node's pods."""
+        seen = set()
+        for pod in pods:
+            seen.add(str(pod["metadata"]["uid"]))
+            self.observe(pod)
+        with self._lock:
+            missing = [uid for uid in self.workers if uid not in seen]
+        for uid in missing:
+            self.forget(uid)
+        if first and self.pods_dir.is_dir():
+            # Volumes of pods deleted while no agent ran (the kubelet's orphaned pod directories).
+            for orphan in self.pods_dir.iterdir():
+                if orphan.name not in seen:
+                    log.info("removing volumes of pod %s, which is gone", orphan.name)
+                    remove_pod_dir(orphan)
+
     def sync_pods(self) -> None:
-        """List + watch the pods bound to this node; relist on any error and every RESYNC_SECONDS."""
+        """List + watch the pods bound to this node; relist every RESYNC_SECONDS, and on any error with a
+        bounded back-off, forever: the API server may be restarting (the pods keep running meanwhile)."""
         selector = {"fieldSelector": f"spec.nodeName={self.node_name}"}
+        retry = Retry(*RELIST_RETRY)
+        first = True
         while not self.stop.is_set():
             try:
+                if retry.failures and not self.guard.same_cluster():
+                    self.stop.set()  # our cluster is gone: its successor's pods are not ours to run
+                    return
                 listed = self.kube.request("GET", "/api/v1/pods", query=selector)
-                seen = set()
-                for pod in listed.get("items") or []:
-                    seen.add(str(pod["metadata"]["uid"]))
-                    self.observe(pod)
-                with self._lock:
-                    missing = [uid for uid in self.workers if uid not in seen]
-                for uid in missing:
-                    self.forget(uid)
+                self._reconcile(listed.get("items") or [], first)
+                first = False
+                if retry.succeeded():
+                    log.info("pods listed again: watching")
                 rv = str(listed["metadata"].get("resourceVersion", ""))
                 for event in self.kube.watch(
                     "/api/v1/pods", dict(selector, resourceVersion=rv), RESYNC_SECONDS
@@ -198,9 +232,11 @@ class Agent:
                         self.forget(str(obj["metadata"]["uid"]))
                     elif kind == "ERROR":
                         break  # e.g. 410 Gone: relist
-            except Exception as err:  # keep the node alive through API hiccups
-                log.warning("pod watch failed (relisting in 1s): %s", err)
-                self.stop.wait(1.0)
+            except Exception as err:  # keep the node alive through API hiccups and restarts
+                retry.failed(time.monotonic())
+                delay = retry.next_at - time.monotonic()
+                log.warning("pod watch failed (relisting in %.0fs): %s", delay, err)
+                self.stop.wait(delay)
 
     def shutdown(self) -> None:
         with self._lock:
@@ -216,6 +252,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--node-name", default="process-node-0")
     p.add_argument("--log-dir", default=".cluster/processnode", help="container logs: DIR/<ns>/<pod>/<c>.log")
+    p.add_argument("--pods-dir", default=".cluster/pods", help="pod volumes and mount roots: DIR/<pod uid>/")
     p.add_argument("--bind-env", action="append", default=None, help="env var set to the pod IP (repeatable)")
     p.add_argument(
         "--termination-log-env",
@@ -230,6 +267,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--inherit-env", action="append", default=[], help="agent env var passed to pods (repeatable)"
     )
     p.add_argument("--label", action="append", default=[], help="extra node label KEY=VALUE (repeatable)")
+    p.add_argument(
+        "--taint",
+        action="append",
+        default=None,
+        help=f"node taint KEY[=VALUE]:EFFECT (repeatable; default {DEFAULT_TAINT}; 'none': no taint)",
+    )
     p.add_argument("--gpus", default="8", help="nvidia.com/gpu capacity")
     p.add_argument("--cpu", default="16")
     p.add_argument("--memory", default="64Gi")
@@ -244,6 +287,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.bind_env = args.bind_env or ["MODELPOOL_HOST"]
     args.termination_log_env = args.termination_log_env or ["MODELPOOL_TERMINATION_LOG"]
+    taints = args.taint or [DEFAULT_TAINT]
+    try:
+        args.taints = [parse_taint(t) for t in taints if t != "none"]
+    except ValueError as err:
+        p.error(str(err))
     return args
 
 
@@ -253,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(threadName)s: %(message)s",
     )
+    # urllib3 logs each of its quick reconnect attempts; the agent logs the outcome (with the cause) itself.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     labels = dict(label.split("=", 1) for label in args.label)
     capacity = {
         "cpu": args.cpu,
@@ -270,20 +320,24 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    node = NodeAgent(agent.kube, args.node_name, labels, capacity, HOST_IP)
+    node = NodeAgent(agent.kube, args.node_name, labels, capacity, HOST_IP, taints=args.taints)
     deadline = time.monotonic() + 60
     while True:
         try:
+            agent.guard.join()
             node.register()
             break
-        except (KubeError, OSError) as err:
+        except KubeError as err:
             if time.monotonic() > deadline or agent.stop.is_set():
                 log.error("cannot register node %s: %s", args.node_name, err)
                 return 1
             log.info("API server not ready (%s); retrying", err)
             time.sleep(1.0)
     threading.Thread(
-        target=node.heartbeat, args=(agent.stop, args.exit_after_api_loss), name="heartbeat", daemon=True
+        target=node.heartbeat,
+        args=(agent.stop, agent.guard, args.exit_after_api_loss),
+        name="heartbeat",
+        daemon=True,
     ).start()
     syncer = threading.Thread(target=agent.sync_pods, name="pods", daemon=True)
     syncer.start()

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -29,6 +29,7 @@ from hack.processnode.podspec import (
 )
 from hack.processnode.podstatus import ContainerRecord, Terminated
 from hack.processnode.probes import ProbeState, run_probe
+from hack.processnode.volumes import ContainerView, Getter, materialize, mount_table
 
 JSON = dict[str, Any]
 log = logging.getLogger("processnode.container")
@@ -51,6 +52,21 @@ class PodContext:
     default_cwd: Path
     backoff_initial: float
     backoff_max: float
+    pod_dir: Path  # <agent pods dir>/<pod uid>: emptyDirs and each container's mount root
+    get: Getter  # API objects the pod's volumes refer to (PVC, PV)
+    node_name: str = ""
+    # Volume name -> host path, filled in by the pod's worker once every volume is set up.
+    volume_dirs: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything one run of a container needs, with the pod's paths mapped to this container's view."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    view: ContainerView
 
 
 class ContainerRunner:
@@ -64,6 +80,7 @@ class ContainerRunner:
         self._log: IO[bytes] | None = None
         self._log_offset = 0
         self._env: dict[str, str] = {}
+        self._view: ContainerView | None = None
         self._started_mono = 0.0
         self._next_start = 0.0
         self._failures = 0
@@ -125,16 +142,30 @@ class ContainerRunner:
             self._exited(self.proc.returncode or -9, self._clock(), True)
 
     # -- transitions -----------------------------------------------------------------------------------------
-    def _start(self, now: float) -> None:
+    def _prepare(self) -> Launch:
+        """argv, environment and working directory of the next run (raises SpecError).  `$(VAR)` is
+        expanded with the container's own paths; the mount rule then maps each value to the host."""
         ctx = self.ctx
         base = dict(ctx.base_env)
         for name in ctx.termination_log_envs:
             base[name] = str(self.termination_log_path)
+        env = build_env(ctx.pod, self.spec, base, pod_ip=ctx.pod_ip, host_ip=ctx.host_ip, lookup=ctx.lookup)
+        argv = build_argv(self.spec, env)
+        view = ContainerView(
+            ctx.pod_dir / "root" / self.record.name, mount_table(self.spec, ctx.volume_dirs, env)
+        )
         try:
-            env = build_env(
-                ctx.pod, self.spec, base, pod_ip=ctx.pod_ip, host_ip=ctx.host_ip, lookup=ctx.lookup
-            )
-            argv = build_argv(self.spec, env)
+            materialize(view)
+        except OSError as err:
+            raise SpecError("CreateContainerConfigError", f"cannot mount volumes: {err}") from err
+        wd = view.rewrite(str(self.spec.get("workingDir") or ""))
+        cwd = Path(wd) if wd and Path(wd).is_dir() else ctx.default_cwd
+        return Launch([view.rewrite(a) for a in argv], view.rewrite_env(env, base), cwd, view)
+
+    def _start(self, now: float) -> None:
+        ctx = self.ctx
+        try:
+            launch = self._prepare()
         except SpecError as err:
             # The kubelet retries a config error (a missing ConfigMap may appear); so do we.
             self.record.state = "waiting"
@@ -142,13 +173,13 @@ class ContainerRunner:
             self.record.waiting_message = err.message
             self._next_start = now + 5.0
             return
+        argv, env, cwd = launch.argv, launch.env, launch.cwd
         self._env = env
+        self._view = launch.view
         ctx.log_dir.mkdir(parents=True, exist_ok=True)
         self.termination_log_path.write_bytes(b"")
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - owned until the process exits
         self._log_offset = self._log.tell()
-        wd = self.spec.get("workingDir")
-        cwd = Path(wd) if wd and Path(wd).is_dir() else ctx.default_cwd
         if self._launched:
             self.record.restart_count += 1
         self._launched = True
@@ -180,15 +211,21 @@ class ContainerRunner:
         rec.container_id = f"process://{self.proc.pid}"
         rec.ever_ran = True
         rec.waiting_message = ""
-        self._startup = ProbeState(self.spec["startupProbe"], now) if self.spec.get("startupProbe") else None
-        self._readiness = (
-            ProbeState(self.spec["readinessProbe"], now) if self.spec.get("readinessProbe") else None
-        )
-        self._liveness = (
-            ProbeState(self.spec["livenessProbe"], now) if self.spec.get("livenessProbe") else None
-        )
+        self._startup = self._probe_state("startupProbe", now)
+        self._readiness = self._probe_state("readinessProbe", now)
+        self._liveness = self._probe_state("livenessProbe", now)
         rec.started = self._startup is None
         rec.ready = rec.started and self._readiness is None
+
+    def _probe_state(self, which: str, now: float) -> ProbeState | None:
+        spec = self.spec.get(which)
+        if not spec:
+            return None
+        if "exec" in spec and self._view is not None:
+            # An exec probe runs in the container too: its paths follow the same mount rule.
+            command = [self._view.rewrite(str(a)) for a in spec["exec"].get("command") or []]
+            spec = {**spec, "exec": {**spec["exec"], "command": command}}
+        return ProbeState(spec, now)
 
     def _probe(self, now: float) -> None:
         rec = self.record

@@ -1,5 +1,10 @@
 """The process node's Node object and its heartbeat (a Lease renewed every 10 s, status every 30 s),
-so the node lifecycle controller in kube-controller-manager keeps it Ready and schedulable."""
+so the node lifecycle controller in kube-controller-manager keeps it Ready and schedulable.
+
+The node registers with a taint (like the kubelet's --register-with-taints), so only pods that tolerate it
+land here.  Like a kubelet, the heartbeat never gives up on its own: while the API server is away it
+retries with a bounded back-off, and once it answers again the node status is posted at once.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from hack.processnode.kubeapi import MERGE, STRATEGIC_MERGE, Kube, KubeError
+from hack.processnode.kubeapi import MERGE, STRATEGIC_MERGE, ClusterGuard, Kube, KubeError
+from hack.processnode.podspec import backoff_delay
 
 JSON = dict[str, Any]
 log = logging.getLogger("processnode.node")
@@ -21,6 +27,26 @@ LEASE_SECONDS = 40
 LEASE_RENEW = 10.0
 STATUS_EVERY = 30.0
 KUBELET_VERSION = "v1.34.4-processnode"
+HEARTBEAT_RETRY_INITIAL = 1.0  # first retry of a failed heartbeat; doubling up to LEASE_RENEW
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def parse_taint(text: str) -> JSON:
+    """`KEY[=VALUE]:EFFECT` (the kubelet's --register-with-taints form) -> a taint object."""
+    spec, sep, effect = text.rpartition(":")
+    key, _, value = spec.partition("=")
+    if not sep or not key or effect not in TAINT_EFFECTS:
+        raise ValueError(f"taint {text!r}: expected KEY[=VALUE]:EFFECT with EFFECT one of {TAINT_EFFECTS}")
+    taint: JSON = {"key": key, "effect": effect}
+    if value:
+        taint["value"] = value
+    return taint
+
+
+def with_taints(existing: list[JSON], ours: list[JSON]) -> list[JSON]:
+    """Pure: the node's taints plus ours (by key and effect); taints others set (not-ready, cordons) stay."""
+    have = {(t.get("key"), t.get("effect")) for t in existing}
+    return [*existing, *(t for t in ours if (t["key"], t["effect"]) not in have)]
 
 
 def _now() -> str:
@@ -31,7 +57,7 @@ def _micro_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def node_object(name: str, labels: dict[str, str], capacity: dict[str, str], host_ip: str) -> JSON:
+def node_object(name: str, labels: dict[str, str], taints: list[JSON]) -> JSON:
     """The Node as the kubelet registers it: no KWOK annotation, so KWOK leaves it and its pods alone."""
     all_labels = {
         "kubernetes.io/hostname": name,
@@ -45,7 +71,7 @@ def node_object(name: str, labels: dict[str, str], capacity: dict[str, str], hos
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": all_labels},
-        "spec": {},
+        "spec": {"taints": taints} if taints else {},
     }
 
 
@@ -85,32 +111,43 @@ def node_status(name: str, capacity: dict[str, str], host_ip: str, boot_id: str)
 
 
 class NodeAgent:
-    def __init__(self, kube: Kube, name: str, labels: dict[str, str], capacity: dict[str, str], host_ip: str):
+    def __init__(
+        self,
+        kube: Kube,
+        name: str,
+        labels: dict[str, str],
+        capacity: dict[str, str],
+        host_ip: str,
+        *,
+        taints: list[JSON] | None = None,
+    ) -> None:
         self.kube = kube
         self.name = name
         self.labels = labels
         self.capacity = capacity
         self.host_ip = host_ip
+        self.taints = list(taints or [])
         self.boot_id = str(uuid.uuid4())
         self._uid = ""
 
     def register(self) -> None:
-        obj = node_object(self.name, self.labels, self.capacity, self.host_ip)
+        obj = node_object(self.name, self.labels, self.taints)
+        path = f"/api/v1/nodes/{quote(self.name)}"
         try:
             created = self.kube.request("POST", "/api/v1/nodes", body=obj)
         except KubeError as err:
             if err.status != 409:
                 raise
-            created = self.kube.request(
-                "PATCH",
-                f"/api/v1/nodes/{quote(self.name)}",
-                body={"metadata": obj["metadata"]},
-                content_type=MERGE,
-            )
+            # Registered before (this agent restarted): refresh the labels and add our taints, keeping
+            # any the control plane or an admin added.
+            current = self.kube.request("GET", path)
+            taints = with_taints((current.get("spec") or {}).get("taints") or [], self.taints)
+            body = {"metadata": {"labels": obj["metadata"]["labels"]}, "spec": {"taints": taints}}
+            created = self.kube.request("PATCH", path, body=body, content_type=MERGE)
         self._uid = str(created["metadata"]["uid"])
         self.post_status()
         self.renew_lease()
-        log.info("registered node %s (%s)", self.name, self.capacity)
+        log.info("registered node %s (%s, taints %s)", self.name, self.capacity, self.taints)
 
     def post_status(self) -> None:
         body = {"status": node_status(self.name, self.capacity, self.host_ip, self.boot_id)}
@@ -142,22 +179,47 @@ class NodeAgent:
                 "POST", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", body=lease
             )
 
-    def heartbeat(self, stop: threading.Event, give_up_after: float = 120.0) -> None:
-        """Renew the Lease every 10 s and post status every 30 s until `stop`; errors are retried.  When the
-        API server has been unreachable for `give_up_after` seconds (its cluster was torn down), set `stop`
-        so an orphaned agent ends its processes and exits instead of lingering (0: never)."""
-        since_status = 0.0
-        last_ok = time.monotonic()
-        while not stop.wait(LEASE_RENEW):
+    def beat(self, post_status: bool) -> None:
+        """One heartbeat: renew the Lease, and post the status when asked; a Node deleted meanwhile (404)
+        is registered again."""
+        try:
+            self.renew_lease()
+            if post_status:
+                self.post_status()
+        except KubeError as err:
+            if err.status != 404:
+                raise
+            log.warning("node %s is gone: registering it again", self.name)
+            self.register()
+
+    def heartbeat(self, stop: threading.Event, guard: ClusterGuard, give_up_after: float = 120.0) -> None:
+        """Renew the Lease every 10 s and post status every 30 s until `stop`.  A failed beat is retried
+        after 1, 2, 4, 8, 10, 10 ... s; the first beat that succeeds again posts the status at once, so a
+        node the controller marked NotReady during a control-plane restart is Ready within a beat.  After
+        `give_up_after` seconds without an answer (0: never), or when the server that answers again is
+        another cluster (`guard`), `stop` is set so the agent of a cluster that was torn down ends its
+        processes and exits instead of lingering."""
+        last_status = last_ok = time.monotonic()
+        failures = 0
+        wait = LEASE_RENEW
+        while not stop.wait(wait):
+            now = time.monotonic()
+            post = failures > 0 or now - last_status >= STATUS_EVERY
             try:
-                self.renew_lease()
-                since_status += LEASE_RENEW
-                if since_status >= STATUS_EVERY:
-                    self.post_status()
-                    since_status = 0.0
-                last_ok = time.monotonic()
-            except (KubeError, OSError) as err:
-                log.warning("node heartbeat failed: %s", err)
-                if give_up_after and time.monotonic() - last_ok > give_up_after:
+                if failures and not guard.same_cluster():
+                    stop.set()
+                    return
+                self.beat(post_status=post)
+            except KubeError as err:
+                failures += 1
+                wait = backoff_delay(failures, HEARTBEAT_RETRY_INITIAL, LEASE_RENEW)
+                log.warning("node heartbeat failed (retrying in %.0fs): %s", wait, err)
+                if give_up_after and now - last_ok > give_up_after:
                     log.error("API server unreachable for %.0fs: stopping", give_up_after)
                     stop.set()
+                continue
+            if failures:
+                log.info("node heartbeat and status posted again after %d failed attempts", failures)
+            if post:
+                last_status = now
+            failures, last_ok, wait = 0, now, LEASE_RENEW

@@ -14,13 +14,39 @@ from datetime import UTC, datetime
 from typing import Any
 
 from hack.processnode.container import ContainerRunner, PodContext
-from hack.processnode.kubeapi import STRATEGIC_MERGE, Kube, KubeError, pod_path
-from hack.processnode.podspec import grace_seconds
-from hack.processnode.podstatus import ConditionClock, pod_status
+from hack.processnode.kubeapi import STRATEGIC_MERGE, Kube, KubeError, pod_event, pod_path
+from hack.processnode.podspec import backoff_delay, grace_seconds
+from hack.processnode.podstatus import ConditionClock, pod_status, rfc3339
+from hack.processnode.volumes import VolumeError, pod_volume_dirs, remove_pod_dir
 
 JSON = dict[str, Any]
 log = logging.getLogger("processnode.pod")
 TICK = 0.2
+# Bounded back-off for retries while something is missing (a PVC not bound yet) or the API server is
+# away (a control-plane restart): first retry after the initial delay, doubling up to the cap.
+MOUNT_RETRY = (0.5, 8.0)
+WRITE_RETRY = (0.2, 5.0)
+
+
+class Retry:
+    """Consecutive failures of one kind of call and when the next attempt is due (monotonic time)."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial, self.maximum = initial, maximum
+        self.failures = 0
+        self.next_at = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_at
+
+    def failed(self, now: float) -> None:
+        self.failures += 1
+        self.next_at = now + backoff_delay(self.failures, self.initial, self.maximum)
+
+    def succeeded(self) -> int:
+        """Reset; returns how many failures came before this success."""
+        failures, self.failures, self.next_at = self.failures, 0, 0.0
+        return failures
 
 
 def _restart_counts(pod: JSON) -> dict[str, int]:
@@ -48,6 +74,10 @@ class PodWorker(threading.Thread):
         self._shutdown = threading.Event()
         self._clock = ConditionClock()
         self._start_time = datetime.now(UTC)
+        self._mounted = False
+        self._mount_retry = Retry(*MOUNT_RETRY)
+        self._write_retry = Retry(*WRITE_RETRY)
+        self._last_event = ""
         counts = _restart_counts(pod)
         self.runners = [
             ContainerRunner(c, ctx, time.monotonic, counts.get(str(c["name"]), 0))
@@ -92,6 +122,8 @@ class PodWorker(threading.Thread):
                 for r in self.runners:
                     r.stop(0.0 if self._gone.is_set() else 3.0)
                 self._drain(5.0)
+                if self._gone.is_set():
+                    remove_pod_dir(self.ctx.pod_dir)  # an agent that stops keeps them, as a kubelet does
                 return
             if pod["metadata"].get("deletionTimestamp") and not terminating:
                 terminating = True
@@ -99,15 +131,58 @@ class PodWorker(threading.Thread):
                 log.info("pod %s/%s: deleting, grace %.0fs", self.namespace, self.pod_name, grace)
                 for r in self.runners:
                     r.stop(grace)
-            for r in self.runners:
-                r.tick(stopping=terminating)
+            if not self._mounted and not terminating:
+                self._mount(pod)
+            if self._mounted or terminating:
+                for r in self.runners:
+                    r.tick(stopping=terminating)
             if terminating and not any(r.running for r in self.runners):
                 self._write(last)
-                self._delete()
+                self._remove_pod_object()
+                remove_pod_dir(self.ctx.pod_dir)
                 return
             last = self._write(last)
             self._wake.wait(TICK)
             self._wake.clear()
+
+    def _mount(self, pod: JSON) -> None:
+        """Set up every volume before any container starts; until then the pod stays ContainerCreating,
+        with a FailedMount event for each new reason (a PVC not bound yet, a hostPath type mismatch)."""
+        now = time.monotonic()
+        if not self._mount_retry.due(now):
+            return
+        try:
+            self.ctx.volume_dirs = pod_volume_dirs(pod, self.ctx.pod_dir, self.ctx.get)
+        except VolumeError as err:
+            self._mount_retry.failed(now)
+            self._event("FailedMount", str(err))
+            return
+        except (KubeError, OSError) as err:  # the API server is away, or the disk refused: retry
+            self._mount_retry.failed(now)
+            log.warning("pod %s/%s: volumes not set up yet: %s", self.namespace, self.pod_name, err)
+            return
+        self._mount_retry.succeeded()
+        self._mounted = True
+
+    def _event(self, reason: str, message: str) -> None:
+        """Record a Warning event about this pod (once per distinct message, like the kubelet's dedup)."""
+        if message == self._last_event:
+            return
+        log.info("pod %s/%s: %s: %s", self.namespace, self.pod_name, reason, message)
+        body = pod_event(
+            self.ctx.pod,
+            self.ctx.node_name,
+            reason=reason,
+            message=message,
+            warning=True,
+            now=rfc3339(datetime.now(UTC)),
+        )
+        try:
+            self.kube.request("POST", f"/api/v1/namespaces/{self.namespace}/events", body=body)
+        except KubeError as err:
+            log.warning("pod %s/%s: event not recorded: %s", self.namespace, self.pod_name, err)
+            return
+        self._last_event = message
 
     def _drain(self, limit: float) -> None:
         deadline = time.monotonic() + limit
@@ -126,8 +201,10 @@ class PodWorker(threading.Thread):
             start_time=self._start_time,
             clock=self._clock,
             now=datetime.now(UTC),
+            volumes_ready=self._mounted,
         )
-        if status == last:
+        now = time.monotonic()
+        if status == last or not self._write_retry.due(now):
             return last
         body = {"metadata": {"uid": self.uid}, "status": status}
         try:
@@ -140,16 +217,20 @@ class PodWorker(threading.Thread):
         except KubeError as err:
             if err.status == 404:
                 self._gone.set()
-            else:
-                log.warning("pod %s/%s: status patch failed: %s", self.namespace, self.pod_name, err)
-            return last  # try again on the next tick
-        except OSError as err:
-            log.warning("pod %s/%s: status patch failed: %s", self.namespace, self.pod_name, err)
+                return last
+            self._write_retry.failed(now)
+            if self._write_retry.failures == 1:  # one line per outage, not one per tick
+                log.warning(
+                    "pod %s/%s: status patch failed, retrying: %s", self.namespace, self.pod_name, err
+                )
             return last
+        if self._write_retry.succeeded():
+            log.info("pod %s/%s: status written again", self.namespace, self.pod_name)
         return status
 
-    def _delete(self) -> None:
-        """The kubelet's last word on a deleted pod: remove the object now that its processes are gone."""
+    def _remove_pod_object(self) -> None:
+        """The kubelet's last word on a deleted pod: remove the object now that its processes are gone.
+        (Not named `_delete`: threading.Thread calls its own `_delete` whenever a thread ends.)"""
         body = {
             "kind": "DeleteOptions",
             "apiVersion": "v1",

@@ -118,8 +118,10 @@ def pod_status(
     start_time: datetime,
     clock: ConditionClock,
     now: datetime,
+    volumes_ready: bool = True,
 ) -> JSON:
-    """The pod's `status` as a strategic-merge patch body (PodScheduled is the scheduler's, left alone)."""
+    """The pod's `status` as a strategic-merge patch body (PodScheduled is the scheduler's, left alone).
+    Until its volumes are set up a pod is not ready to start containers (PodReadyToStartContainers)."""
     phase = pod_phase(records)
     all_ready = bool(records) and all(r.ready for r in records)
     not_ready = "PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady"
@@ -131,7 +133,7 @@ def pod_status(
         "podIPs": [{"ip": pod_ip}],
         "startTime": rfc3339(start_time),
         "conditions": [
-            clock.condition("PodReadyToStartContainers", True, now),
+            clock.condition("PodReadyToStartContainers", volumes_ready, now),
             clock.condition("Initialized", True, now),
             clock.condition("ContainersReady", all_ready, now, not_ready),
             clock.condition("Ready", all_ready, now, not_ready),

