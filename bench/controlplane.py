@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.report import replace_block
 from hack.loopback_guard import PodIPWatch
+from tests.clusterlib import start_cluster, stop_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("MODELPOOL_TEST_BIN_DIR", ROOT / "bin"))
@@ -194,18 +195,6 @@ def pools_converged(kubeconfig: Path, pools: int, workers: int) -> bool:
     return done == pools
 
 
-def start_cluster(workdir: Path) -> Path:
-    env = dict(os.environ, CLUSTER_DIR=str(workdir), CLUSTER_NAME=f"mp-bench-{uuid.uuid4().hex[:6]}")
-    env["BIN_DIR"] = str(BIN)
-    subprocess.run(["bash", str(ROOT / "hack" / "cluster.sh"), "up"], env=env, check=True, timeout=600)
-    return workdir / "kubeconfig"
-
-
-def stop_cluster(workdir: Path) -> None:
-    env = dict(os.environ, CLUSTER_DIR=str(workdir), BIN_DIR=str(BIN))
-    subprocess.run(["bash", str(ROOT / "hack" / "cluster.sh"), "down"], env=env, check=False, timeout=300)
-
-
 def write_readme(result: Result) -> None:
     r = result
     table = "\n".join(
@@ -301,8 +290,9 @@ def main(argv: list[str] | None = None) -> int:
 
     reuse = os.environ.get("MODELPOOL_BENCH_KUBECONFIG")
     workdir = Path(tempfile.mkdtemp(prefix="modelpool-bench-"))
-    kubeconfig = Path(reuse) if reuse else start_cluster(workdir)
-    try:
+    name = f"mp-bench-{uuid.uuid4().hex[:6]}"
+    try:  # a failed start is stopped too: `up` may have left components running
+        kubeconfig = Path(reuse) if reuse else start_cluster(workdir, name).kubeconfig
         guard = PodIPWatch(kubeconfig)
         guard.start()
         result = run(args.pools, args.workers, args.window, kubeconfig, workdir / "operator.log")
@@ -311,10 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         sys.stderr.write(f"benchmark failed; operator log and cluster logs in {workdir}\n")
         if not reuse:
-            stop_cluster(workdir)
+            stop_cluster(workdir, name)
         raise
     if not reuse:
-        stop_cluster(workdir)
+        stop_cluster(workdir, name)
         shutil.rmtree(workdir, ignore_errors=True)
     else:
         kubectl(kubeconfig, "delete", "namespace", NAMESPACE, "--wait=false")
