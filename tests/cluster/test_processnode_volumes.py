@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from modelpool_operator.pool import PoolView
 from modelpool_operator.resources import PodSettings, build_worker_pod
 from tests.clusterlib import Cluster
 from tests.kube import (
@@ -239,7 +240,7 @@ def test_operator_built_worker_loads_minilm_from_a_pvc_source(
     pool["spec"]["podTemplate"]["env"] = [{"name": "MODELPOOL_PVC_ROOT", "value": "/models"}]
     port = free_port()
     settings = PodSettings(port=port, startup_period_s=1)
-    worker = build_worker_pod(pool, f"minilm-{uuid.uuid4().hex[:5]}", "h", settings)
+    worker = build_worker_pod(PoolView.from_body(pool), f"minilm-{uuid.uuid4().hex[:5]}", settings)
     assert {"name": "model", "mountPath": "/models/weights", "readOnly": True} in (
         worker["spec"]["containers"][0]["volumeMounts"]
     )
