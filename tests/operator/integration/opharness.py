@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -30,6 +31,9 @@ GROUP_VERSION = "modelpool.dev/v1alpha1"
 GI = 2**30
 # Fully qualified: the CRD's category "modelpool" makes a bare `kubectl get modelpool NAME` ambiguous.
 POOLS = "modelpools.modelpool.dev"
+
+# The process node's label: pods that select it run as real local processes (docs/cluster.md).
+PROCESS_NODE = {"modelpool.dev/process-node": "true"}
 
 # ``start_operator(*namespaces, peering=None, **env)``.
 StartOperator = Callable[..., "OperatorProcess"]
@@ -98,6 +102,15 @@ class OperatorProcess:
 
     def log_tail(self, chars: int = 6000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+def free_port() -> int:
+    """A free local port for the workers' server: the process node binds each worker to 0.0.0.0 (or its
+    own 127.x address) on it, so a port of our own keeps a test clear of any other server on the machine."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def pool_manifest(
@@ -224,6 +237,11 @@ class PodWatcher:
     @property
     def stopped(self) -> bool:
         return self._stop.is_set()
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """The pods as last seen (a copy of the list, taken under the watcher's lock)."""
+        with self._lock:
+            return list(self.pods.values())
 
     def arm_ready_floor(self, pool: str, floor: int) -> None:
         """From now on, record the lowest number of ready workers of ``pool`` (checked against ``floor``)."""
