@@ -443,10 +443,6 @@ class AutoscalingStatus(_Model):
         default=None,
         description="Requests in flight plus queued over the serving workers, as last observed.",
     )
-    stable_load: float | None = Field(default=None, description="The load averaged over the stable window.")
-    burst_load: float | None = Field(
-        default=None, description="The load averaged over the scale-up (burst) window."
-    )
     last_scale_time: str | None = Field(
         default=None, description="When the autoscaler or a wake from zero last changed the count (RFC 3339)."
     )

@@ -196,8 +196,6 @@ def autoscale(draft: Draft) -> None:
     scaling.observed_load = load
     if load is not None:
         scaling.window = record(draft.load_window, LoadSample(now, load), policy.stable_window_seconds)
-        scaling.stable_load = average(scaling.window, now, policy.stable_window_seconds)
-        scaling.burst_load = average(scaling.window, now, policy.scale_up_window_seconds)
     if not autoscaling_enabled(spec) or draft.target == 0:
         return
     previous = draft.pool.status.autoscaling
@@ -208,8 +206,8 @@ def autoscale(draft: Draft) -> None:
         draft.target,
         spec,
         now,
-        stable_load=scaling.stable_load or 0.0,
-        burst_load=scaling.burst_load or 0.0,
+        stable_load=average(scaling.window, now, policy.stable_window_seconds) or 0.0,
+        burst_load=average(scaling.window, now, policy.scale_up_window_seconds) or 0.0,
         complete=complete,
         down_since=scaling.down_since,
         down_to=scaling.down_to,

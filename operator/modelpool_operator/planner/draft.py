@@ -140,8 +140,6 @@ class Scaling:
 
     window: tuple[LoadSample, ...] = ()
     observed_load: int | None = None
-    stable_load: float | None = None
-    burst_load: float | None = None
     recommended: int | None = None
     # The scale-down countdown: since when fewer workers were asked for, and the most asked meanwhile.
     down_since: datetime | None = None

@@ -179,20 +179,15 @@ def _zero_message(draft: Draft) -> str:
 
 
 def _autoscaling_status(draft: Draft) -> AutoscalingStatus:
-    """``status.autoscaling``: the count, the load (averages to a tenth, so a calm pool writes nothing),
-    the countdown and the times."""
+    """``status.autoscaling``: the count, the load as last observed, the countdown and the times.  The
+    window averages stay out of it (they are in the scaling Events): they drift from pass to pass, and
+    every status write wakes the pool for another pass."""
     scaling = draft.scaling
-
-    def tenth(value: float | None) -> float | None:
-        return None if value is None else round(value, 1)
-
     return AutoscalingStatus(
         enabled=autoscaling_enabled(draft.pool.spec),
         desired_replicas=draft.target,
         recommended_replicas=scaling.recommended,
         observed_load=scaling.observed_load,
-        stable_load=tenth(scaling.stable_load),
-        burst_load=tenth(scaling.burst_load),
         last_scale_time=last_scale_time(draft),
         scale_down_since=rfc3339(scaling.down_since),
         scale_down_to=scaling.down_to,
