@@ -276,9 +276,9 @@ def test_operator_reconciles_a_kwok_pool_to_ready_with_budget_accounting(release
 
     # Printer columns as a user sees them.
     table = release.k("get", "modelpools", "-n", release.namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "TASK", "READY", "STATE", "MEMORY", "AGE"]
+    assert table[0].split() == ["NAME", "TASK", "READY", "DESIRED", "STATE", "MEMORY", "AGE"]
     row = next(line.split() for line in table[1:] if line.startswith("kwok-pool"))
-    assert row[1:4] == ["text-embedding", "2/2", "Ready"]
+    assert row[1:5] == ["text-embedding", "2/2", "2", "Ready"]
     budgets = release.k("get", "modelbudget", release.budget).stdout.splitlines()
     assert budgets[0].split() == ["NAME", "TOTAL", "USED", "RESERVED", "AGE"]
     assert budgets[1].split()[1] == "100Gi"

@@ -20,6 +20,7 @@ from model_server.state_machine import SERVING, State
 from model_server.tasks import REGISTRY
 from modelpool_contract.exits import EXIT_LOAD_FAILED
 from modelpool_contract.flags import ServerArgs
+from modelpool_contract.labels import ANNOTATION_DEMANDED_AT
 from modelpool_contract.states import SERVING_STATES, WORKER_STATES
 from modelpool_contract.stats import WorkerStats
 from modelpool_contract.tasks import TASK_NAMES, TaskName
@@ -31,18 +32,20 @@ from modelpool_operator.worker_state import observe_worker
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
+def _pool_body(annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "emb", "namespace": "ns", "uid": "u-1", "annotations": annotations or {}},
+        "spec": {
+            "model": {"source": "/models/m", "task": "text-embedding", "dtype": "float32"},
+            "resources": {"memory": "1Gi"},
+            "queue": {"capacity": 7, "requestTimeoutSeconds": 12.5},
+            "idleTimeoutSeconds": 0,
+        },
+    }
+
+
 def _pool() -> PoolView:
-    return PoolView.from_body(
-        {
-            "metadata": {"name": "emb", "namespace": "ns", "uid": "u-1"},
-            "spec": {
-                "model": {"source": "/models/m", "task": "text-embedding", "dtype": "float32"},
-                "resources": {"memory": "1Gi"},
-                "queue": {"capacity": 7, "requestTimeoutSeconds": 12.5},
-                "idleTimeoutSeconds": 0,
-            },
-        }
-    )
+    return PoolView.from_body(_pool_body())
 
 
 def _running(pod: dict[str, Any], **container: Any) -> dict[str, Any]:
@@ -119,3 +122,12 @@ def test_the_labels_the_pod_builder_writes_are_the_ones_observation_reads() -> N
     worker = observe_worker(_running(build_worker_pod(pool, "emb-h-0"), ready=True), None, NOW)
     assert (worker.pool, worker.template_hash, worker.serving) == ("emb", pool.template_hash, True)
     assert worker.requested_memory == 2**30
+
+
+def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
+    """A gateway writes ``modelpool.dev/demanded-at`` (RFC 3339 UTC, milliseconds allowed) on the pool with
+    a JSON merge patch; the operator's view of the pool carries it as a time."""
+    body = _pool_body(annotations={ANNOTATION_DEMANDED_AT: "2026-01-01T12:00:00.250Z"})
+    assert PoolView.from_body(body).demanded_at == NOW.replace(microsecond=250_000)
+    assert PoolView.from_body(_pool_body(annotations={ANNOTATION_DEMANDED_AT: "soon"})).demanded_at is None
+    assert PoolView.from_body(_pool_body()).demanded_at is None

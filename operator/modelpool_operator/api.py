@@ -37,7 +37,7 @@ MODELBUDGET_KIND = "ModelBudget"
 MODELBUDGET_PLURAL = "modelbudgets"
 
 # A pool's summary phase.
-PoolPhase = Literal["Pending", "Loading", "Ready", "Degraded", "Failed", "Idle"]
+PoolPhase = Literal["Pending", "Loading", "Ready", "Degraded", "Failed", "Idle", "ScaledToZero"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "BudgetExceeded"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -223,6 +223,63 @@ class PodTemplate(_Model):
     )
 
 
+class AutoscalingSpec(_Model):
+    """How the operator moves the worker count between minReplicas and maxReplicas with the load."""
+
+    enabled: bool | None = Field(
+        default=None,
+        description=(
+            "Move the worker count with the load the workers report. Unset: on when maxReplicas > "
+            "minReplicas. Set it to false when an HPA or KEDA scales the pool through the scale "
+            "subresource (spec.replicas); then spec.replicas is the count, as without autoscaling."
+        ),
+    )
+    target_per_worker: int = Field(
+        default=10,
+        ge=1,
+        le=100_000,
+        description=(
+            "Requests in flight plus queued per worker the autoscaler aims for: it wants "
+            "ceil(load / targetPerWorker) workers, the load summed over the serving workers."
+        ),
+    )
+    scale_up_window_seconds: int = Field(
+        default=10,
+        ge=1,
+        le=300,
+        description=(
+            "The burst window: when the load averaged over it asks for more than twice the current "
+            "workers, the count rises to that at once (never falls while bursting)."
+        ),
+    )
+    stable_window_seconds: int = Field(
+        default=60,
+        ge=1,
+        le=600,
+        description=(
+            "The calm window: outside bursts the count follows the load averaged over it "
+            "(at least scaleUpWindowSeconds)."
+        ),
+    )
+    scale_down_delay_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=3600,
+        description=(
+            "The count falls only after the load has asked for fewer workers for this long, and then to "
+            "the most it asked for meanwhile; only idle workers go, least recently used first. Going to "
+            "zero is idleTimeoutSeconds' job: the autoscaler keeps at least one worker."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _windows(self) -> AutoscalingSpec:
+        # Same rule and message as the CRD's CEL validation.
+        if self.stable_window_seconds < self.scale_up_window_seconds:
+            raise ValueError(MSG_STABLE_GE_UP_WINDOW)
+        return self
+
+
 class ModelPoolSpec(_Model):
     """The desired pool: a model, a task, how many workers and what each one needs."""
 
@@ -257,6 +314,14 @@ class ModelPoolSpec(_Model):
             "Budget priority: when memory is short, idle workers of lower-priority pools are evicted first."
         ),
     )
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec,
+        description=(
+            "Autoscaling between minReplicas and maxReplicas on the load the workers report; on by default "
+            "when maxReplicas > minReplicas. While on, spec.replicas is the starting count (a change of it "
+            "sets the count once, e.g. kubectl scale)."
+        ),
+    )
     image: str | None = Field(
         default=None, description="The model server image; unset: the operator's default image."
     )
@@ -276,6 +341,16 @@ class ModelPoolSpec(_Model):
 
 MSG_MIN_LE_REPLICAS = "spec.minReplicas must be less than or equal to spec.replicas"
 MSG_REPLICAS_LE_MAX = "spec.replicas must be less than or equal to spec.maxReplicas"
+MSG_STABLE_GE_UP_WINDOW = (
+    "spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds"
+)
+
+
+def autoscaling_enabled(spec: ModelPoolSpec) -> bool:
+    """Whether the operator moves the count with the load: ``autoscaling.enabled``, else maxReplicas >
+    minReplicas."""
+    enabled = spec.autoscaling.enabled
+    return spec.max_replicas > spec.min_replicas if enabled is None else enabled
 
 
 # ---- ModelPool status ---------------------------------------------------------------------------------
@@ -353,11 +428,42 @@ class BackoffStatus(_Model):
     last_message: str | None = Field(default=None, description="Details of the last failure.")
 
 
+class AutoscalingStatus(_Model):
+    """What the autoscaler sees and decided (the load fields are filled also when it is off)."""
+
+    enabled: bool = Field(default=False, description="Whether the autoscaler moves the count.")
+    desired_replicas: int | None = Field(
+        default=None, description="The count the pool aims for (targetReplicas; the DESIRED column)."
+    )
+    recommended_replicas: int | None = Field(
+        default=None,
+        description="What the load asks for now, within [max(minReplicas, 1), maxReplicas] (unset: unknown).",
+    )
+    observed_load: int | None = Field(
+        default=None,
+        description="Requests in flight plus queued over the serving workers, as last observed.",
+    )
+    last_scale_time: str | None = Field(
+        default=None, description="When the autoscaler or a wake from zero last changed the count (RFC 3339)."
+    )
+    scale_down_since: str | None = Field(
+        default=None,
+        description="Since when the load has asked for fewer workers than desired (the delay runs).",
+    )
+    scale_down_to: int | None = Field(
+        default=None, description="The most workers the load asked for since scaleDownSince."
+    )
+    scaled_to_zero_at: str | None = Field(
+        default=None,
+        description="When the pool last reached zero workers; only demand recorded after it wakes the pool.",
+    )
+
+
 class ModelPoolStatus(_Model):
     """What the operator observed and decided; written only by the operator."""
 
     phase: PoolPhase | None = Field(
-        default=None, description="Pending, Loading, Ready, Degraded, Failed or Idle."
+        default=None, description="Pending, Loading, Ready, Degraded, Failed, Idle or ScaledToZero."
     )
     replicas: int = Field(default=0, description="Workers that exist and have not failed.")
     ready_replicas: int = Field(default=0, description="Workers able to serve (Ready, Processing, Idle).")
@@ -382,6 +488,9 @@ class ModelPoolStatus(_Model):
     )
     selector: str | None = Field(
         default=None, description="Label selector of the pool's workers (for the scale subresource)."
+    )
+    autoscaling: AutoscalingStatus = Field(
+        default_factory=AutoscalingStatus, description="The autoscaler's view: desired count, load, times."
     )
 
 
@@ -460,8 +569,11 @@ __all__ = [
     "MODELBUDGET_PLURAL",
     "MODELPOOL_KIND",
     "MODELPOOL_PLURAL",
+    "MSG_STABLE_GE_UP_WINDOW",
     "QUANTITY_PATTERN",
     "VERSION",
+    "AutoscalingSpec",
+    "AutoscalingStatus",
     "BackoffStatus",
     "Condition",
     "EnvVar",
@@ -477,4 +589,5 @@ __all__ = [
     "ResourcesSpec",
     "Toleration",
     "WorkerStatus",
+    "autoscaling_enabled",
 ]

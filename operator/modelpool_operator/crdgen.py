@@ -29,6 +29,7 @@ from modelpool_operator.api import (
     MODELPOOL_PLURAL,
     MSG_MIN_LE_REPLICAS,
     MSG_REPLICAS_LE_MAX,
+    MSG_STABLE_GE_UP_WINDOW,
     QUANTITY_PATTERN,
     VERSION,
     ModelBudgetSpec,
@@ -168,6 +169,16 @@ def _pool_spec_schema() -> dict[str, Any]:
             "fieldPath": ".replicas",
         },
     ]
+    spec["properties"]["autoscaling"]["x-kubernetes-validations"] = [
+        {
+            "rule": (
+                "!has(self.stableWindowSeconds) || !has(self.scaleUpWindowSeconds) || "
+                "self.stableWindowSeconds >= self.scaleUpWindowSeconds"
+            ),
+            "message": MSG_STABLE_GE_UP_WINDOW,
+            "fieldPath": ".stableWindowSeconds",
+        }
+    ]
     source = spec["properties"]["model"]["properties"]["source"]
     # CEL instead of ``pattern``: the same check, with a message that says what is accepted.
     pattern = source.pop("pattern")
@@ -271,6 +282,7 @@ def modelpool_crd() -> dict[str, Any]:
         columns=[
             {"name": "Task", "type": "string", "jsonPath": ".spec.model.task"},
             {"name": "Ready", "type": "string", "jsonPath": ".status.readyText"},
+            {"name": "Desired", "type": "integer", "jsonPath": ".status.targetReplicas"},
             {"name": "State", "type": "string", "jsonPath": ".status.phase"},
             {"name": "Memory", "type": "string", "jsonPath": ".status.memory.charged"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

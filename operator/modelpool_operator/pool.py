@@ -1,8 +1,9 @@
 """A ModelPool as the operator works with it: parsed once, from the object Kopf hands over.
 
-* ``PoolView``: the pool being reconciled: identity, spec, generation, last status and the template hash
-  of its spec.  The reconciliation pass parses the body into one, and everything downstream (planner,
-  pod and Service builders) takes the parsed view, never the raw body.
+* ``PoolView``: the pool being reconciled: identity, spec, generation, last status, the template hash
+  of its spec, and the demand a gateway recorded on it (``modelpool.dev/demanded-at``).  The
+  reconciliation pass parses the body into one, and everything downstream (planner, pod and Service
+  builders) takes the parsed view, never the raw body.
 * ``OtherPool``: another pool, as far as budget preemption needs to know it (priority, minReplicas, the
   memory it waits for).  The pools index stores these, parsed once per watch event of that pool.
 * ``template_hash``: the hash of the spec fields that shape a worker pod; a worker whose hash differs is
@@ -15,14 +16,18 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from modelpool_contract.labels import ANNOTATION_DEMANDED_AT
 from modelpool_operator.api import ModelPoolSpec, ModelPoolStatus, parse_pool_spec, parse_pool_status
+from modelpool_operator.times import parse_time
 from modelpool_operator.worker_state import ObservedWorker
 
 PoolKey = tuple[str, str]  # (namespace, pool name)
 
-# Spec fields that shape the pod; replicas/min/max/priority do not (changing them never rolls workers).
+# Spec fields that shape the pod; replicas/min/max/priority/autoscaling do not (changing them never rolls
+# workers).
 _TEMPLATE_FIELDS = ("model", "resources", "queue", "idle_timeout_seconds", "image", "pod_template")
 
 
@@ -54,6 +59,9 @@ class PoolView:
     template_hash: str = ""
     # The pool object's uid: worker pods and the Service are owned by it (deletion cascades).
     uid: str | None = None
+    # When the pool was created, and when a gateway last recorded demand for it (None: never / unreadable).
+    created: datetime | None = None
+    demanded_at: datetime | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PoolView:
@@ -68,6 +76,8 @@ class PoolView:
             status=parse_pool_status(body.get("status")),
             template_hash=template_hash(spec),
             uid=str(meta["uid"]) if meta.get("uid") else None,
+            created=parse_time(meta.get("creationTimestamp")),
+            demanded_at=parse_time((meta.get("annotations") or {}).get(ANNOTATION_DEMANDED_AT)),
         )
 
     @property

@@ -7,8 +7,9 @@ reservations and can never over-admit. The API calls (evict, delete, create, sta
 after (``apply``), and a failed create releases its reservation at once.
 
 Everything read here is rebuilt from the cluster (Kopf's indices of pods, pools and budgets); the only
-in-memory state is the reservation book and the last status this process wrote (we are its one writer,
-so that copy is authoritative even before the watch delivers it back).
+in-memory state is the reservation book, the last status this process wrote (we are its one writer,
+so that copy is authoritative even before the watch delivers it back) and each pool's load window (the
+autoscaler's recent samples, re-learned after a restart).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from modelpool_operator.observation import (
     observe_all,
     other_pools,
 )
-from modelpool_operator.planner import Plan, PlannerSettings, plan
+from modelpool_operator.planner import LoadSample, Plan, PlannerSettings, plan
 from modelpool_operator.pool import OtherPool, PoolKey, PoolView
 from modelpool_operator.process_state import OperatorState
 from modelpool_operator.resources import PodSettings, build_service, build_worker_pod, eviction_patch
@@ -66,6 +67,8 @@ class PoolRun:
     service_ready: bool = False
     charged: int = 0
     invalid_generation: int | None = None
+    # The autoscaler's load samples, handed from one plan to the next.
+    load_window: tuple[LoadSample, ...] = ()
 
 
 def _observe(
@@ -104,6 +107,7 @@ def decide(
     pods_by_pool: PodsByPool,
     pools_by_key: PoolsByKey,
     budgets: BudgetsByName,
+    load_window: tuple[LoadSample, ...] = (),
 ) -> tuple[Plan, datetime]:
     """Observe, plan and reserve the planned creations: synchronous on purpose (see the module doc)."""
     own_pods = list(pods_by_pool.get(pool.key, ()))
@@ -118,6 +122,7 @@ def decide(
         now=now,
         others=other_pools(pool.key, pools_by_key, workers),
         settings=planner_settings(state.config),
+        load_window=load_window,
     )
     for create in decided.create:
         state.reservations.reserve(pool.namespace, pool.name, create.name, create.memory, now)
@@ -199,7 +204,15 @@ async def reconcile_pool(
     if run.last_status is not None:
         # We are the only writer of status; our last write is newer than what the watch may show yet.
         pool = replace(pool, status=run.last_status)
-    decided, now = decide(state, pool, pods_by_pool=pods_by_pool, pools_by_key=pools_by_key, budgets=budgets)
+    decided, now = decide(
+        state,
+        pool,
+        pods_by_pool=pods_by_pool,
+        pools_by_key=pools_by_key,
+        budgets=budgets,
+        load_window=run.load_window,
+    )
+    run.load_window = decided.load_window
     await apply(state, run, pool, body, decided=decided, now=now)
     return decided
 

@@ -1,4 +1,4 @@
-"""Times as Kubernetes writes them: RFC 3339 in UTC, to the second."""
+"""Times as Kubernetes writes them: RFC 3339 in UTC, to the second (or the millisecond where needed)."""
 
 from __future__ import annotations
 
@@ -41,3 +41,11 @@ def rfc3339(value: datetime | None) -> str | None:
     if value is None:
         return None
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339_ms(value: datetime | None) -> str | None:
+    """A datetime as ``2026-01-02T03:04:05.678Z``: milliseconds, for times compared with a gateway's."""
+    if value is None:
+        return None
+    utc = value.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"

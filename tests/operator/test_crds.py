@@ -102,6 +102,7 @@ def test_names_columns_and_subresources() -> None:
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "Task",
         "Ready",
+        "Desired",
         "State",
         "Memory",
         "Age",

@@ -1,38 +1,46 @@
 """The pool planner: one pure function from what exists to what to do.
 
-``plan(pool, workers, ledger, others, now)`` looks at a ModelPool (spec, generation, template hash, last
-status), its observed workers, the cluster memory ledger and the other pools' workers, and returns a
-``Plan``: workers to create (deterministic names), pods to delete, workers to evict (possibly of other
-pools, for the budget), the status to write, the Events to post, and when to look again.  The handlers
-apply it; nothing here does I/O or reads the clock.
+``plan(pool, workers, ledger, others, now, load_window)`` looks at a ModelPool (spec, generation, template
+hash, last status, recorded demand), its observed workers, the cluster memory ledger, the other pools'
+workers and the load samples of earlier passes, and returns a ``Plan``: workers to create (deterministic
+names), pods to delete, workers to evict (possibly of other pools, for the budget), the status to write,
+the Events to post, when to look again, and the load window for the next pass.  The handlers apply it;
+nothing here does I/O or reads the clock.
 
 ``plan`` runs a fixed sequence of phases over one accumulator, the ``Draft`` (``planner.draft``;
 docs/design.md, "The planner"); each phase is a function of the draft (``planner.phases``,
-``planner.status``) and has its own unit tests:
+``planner.autoscale``, ``planner.status``) and has its own unit tests:
 
 1. ``tell_transitions``: Events for workers that became Ready, failed, went away or turned Unschedulable.
 2. ``set_target``: ``status.targetReplicas`` is what the pool aims for: ``spec.replicas``, lowered by idle
-   scale-down and by evictions that shrink the pool (never below ``minReplicas``), and reset when
-   ``spec.replicas`` changes.
-3. ``handle_failures``: failed workers are charged nothing, counted once (on the pass that first sees
+   scale-down and by evictions that shrink the pool (never below ``minReplicas``), reset when
+   ``spec.replicas`` changes, within ``[minReplicas, replicas]`` (``[minReplicas, maxReplicas]`` while
+   autoscaling).
+3. ``wake_on_demand``: a pool at zero whose recorded demand (``modelpool.dev/demanded-at``) is newer than
+   the moment it reached zero, and recent, aims for one worker (WokenByDemand).
+4. ``autoscale``: the load sample of this pass joins the window; while autoscaling, the target follows
+   the load between ``max(minReplicas, 1)`` and ``maxReplicas``: up at once on a burst or a higher stable
+   load, down only after ``scaleDownDelaySeconds`` of lower load (ScaledUp, ScaledDown).
+5. ``handle_failures``: failed workers are charged nothing, counted once (on the pass that first sees
    them), kept while the per-pool exponential backoff (``status.backoff``) runs, then deleted in the pass
    that replaces them.
-4. ``retire``: finish evictions whose drain grace is over, delete exited pods, scale down to the target
+6. ``retire``: finish evictions whose drain grace is over, delete exited pods, scale down to the target
    (not started first, then outdated, then least recently used), and evict workers the server reports
    Idle for longer than ``idleTimeoutSeconds`` towards ``minReplicas``, least recently used first.
    Eviction = drop the serving label (the Service stops routing), wait ``drain_grace_s``, delete
    (SIGTERM: the server drains).  Loading and Processing workers are never evicted.
-5. ``scale_up_under_load``: while every serving worker's queue is at least half full, the target rises by
-   one (up to ``spec.replicas``), one step at a time.
-6. ``admit``: outdated workers that never started are dropped, then creations fill the target within the
+7. ``scale_up_under_load`` (autoscaling off): while every serving worker's queue is at least half full,
+   the target rises by one (up to ``spec.replicas``), one step at a time.
+8. ``admit``: outdated workers that never started are dropped, then creations fill the target within the
    roll-over surge, the backoff and the budget: a worker is created only while used + reserved + its
    memory <= total.  Otherwise idle workers of other pools with lower priority (or equal priority, above
    their minReplicas) are evicted, lowest priority first, then least recently used; else condition
    BudgetExceeded with the numbers.
-7. ``roll_over``: on a template-hash change, an old worker is evicted only while the ready count stays at
+9. ``roll_over``: on a template-hash change, an old worker is evicted only while the ready count stays at
    or above the target (or at ``minReplicas`` when the budget leaves no room for a surge).  It runs after
    ``admit`` because whether an old worker may go depends on the replacements admitted in this pass.
-8. ``conclude``: the status (workers, phase, conditions, backoff), the closing Events, the requeue delay.
+10. ``conclude``: the status (workers, phase, conditions, backoff, autoscaling), the closing Events, the
+    requeue delay.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from modelpool_operator.budget import Ledger
+from modelpool_operator.planner.autoscale import autoscale, wake_on_demand
 from modelpool_operator.planner.draft import (
     EVICT_IDLE,
     EVICT_PREEMPTED,
@@ -50,6 +59,7 @@ from modelpool_operator.planner.draft import (
     Delete,
     Draft,
     Evict,
+    LoadSample,
     Plan,
     PlannerSettings,
 )
@@ -73,6 +83,8 @@ from modelpool_operator.worker_state import ObservedWorker
 PHASES: tuple[Callable[[Draft], None], ...] = (
     tell_transitions,
     set_target,
+    wake_on_demand,
+    autoscale,
     handle_failures,
     retire,
     scale_up_under_load,
@@ -89,10 +101,12 @@ def plan(
     now: datetime,
     others: Sequence[OtherPool] = (),
     settings: PlannerSettings | None = None,
+    load_window: Sequence[LoadSample] = (),
 ) -> Plan:
     """Decide one pass for ``pool``.  ``workers`` are this pool's observed workers; ``ledger`` covers every
-    pool (this one included) and carries the live reservations; ``others`` are the other pools."""
-    draft = Draft(pool, list(workers), ledger, now, others, settings or PlannerSettings())
+    pool (this one included) and carries the live reservations; ``others`` are the other pools;
+    ``load_window`` is the previous plan's (empty at first: the windows are re-learned)."""
+    draft = Draft(pool, list(workers), ledger, now, others, settings or PlannerSettings(), load_window)
     for phase in PHASES:
         phase(draft)
     return conclude(draft)
@@ -108,9 +122,11 @@ __all__ = [
     "Delete",
     "Draft",
     "Evict",
+    "LoadSample",
     "Plan",
     "PlannerSettings",
     "admit",
+    "autoscale",
     "backoff_delay",
     "conclude",
     "condition",
@@ -123,4 +139,5 @@ __all__ = [
     "scale_up_under_load",
     "set_target",
     "tell_transitions",
+    "wake_on_demand",
 ]

@@ -42,6 +42,17 @@ class PlannerSettings:
     drain_grace_s: float = 5.0
     # Roll-over creates at most this many workers above the target.
     max_surge: int = 1
+    # A recorded demand older than this wakes nothing: a gateway rewrites it every few seconds while it
+    # holds requests, so an older one is from requests that have given up.
+    demand_max_age_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """The pool's load at one pass: requests in flight plus queued over its serving workers."""
+
+    at: datetime
+    load: int
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,8 @@ class Plan:
     events: tuple[Event, ...] = ()
     # Look at the pool again after this many seconds even without an event (None: only on events).
     requeue_after: float | None = None
+    # The load samples of the autoscaler's windows, for the next pass (the pool's loop keeps them).
+    load_window: tuple[LoadSample, ...] = ()
 
     @property
     def idle(self) -> bool:
@@ -122,14 +135,28 @@ class Admission:
 
 
 @dataclass
+class Scaling:
+    """What the autoscaling phases found and decided (``status.autoscaling`` is built from it)."""
+
+    window: tuple[LoadSample, ...] = ()
+    observed_load: int | None = None
+    recommended: int | None = None
+    # The scale-down countdown: since when fewer workers were asked for, and the most asked meanwhile.
+    down_since: datetime | None = None
+    down_to: int | None = None
+    # Set when this pass changed the count by load or by demand.
+    last_scale_time: datetime | None = None
+
+
+@dataclass
 class Draft:
     """One pass's plan while the phases build it.
 
     Built from the inputs (the pool, the observed workers, the ledger, the clock, the other pools, the
-    settings), which stay read-only: ``workers`` becomes this pool's workers sorted by name, ``in_flight``
-    its reservations.  ``active``/``current``/``outdated`` start as the pool's active workers (current =
-    built from the present template hash) and shrink as workers are removed; the lists of effects only
-    grow.
+    settings, the load window of earlier passes), which stay read-only: ``workers`` becomes this pool's
+    workers sorted by name, ``in_flight`` its reservations.  ``active``/``current``/``outdated`` start as
+    the pool's active workers (current = built from the present template hash) and shrink as workers are
+    removed; the lists of effects only grow.
     """
 
     pool: PoolView
@@ -138,6 +165,7 @@ class Draft:
     now: datetime
     others: Sequence[OtherPool] = ()
     settings: PlannerSettings = field(default_factory=PlannerSettings)
+    load_window: Sequence[LoadSample] = ()
     # Reservations of this pool whose pods are not observed yet: creations in flight, counted as Pending.
     in_flight: list[Reservation] = field(init=False)
     target: int = field(init=False, default=0)
@@ -155,6 +183,7 @@ class Draft:
     failed: list[ObservedWorker] = field(init=False, default_factory=list)
     backoff: Backoff = field(init=False, default_factory=Backoff)
     admission: Admission = field(init=False, default_factory=Admission)
+    scaling: Scaling = field(init=False, default_factory=Scaling)
 
     def __post_init__(self) -> None:
         pool = self.pool
@@ -164,6 +193,7 @@ class Draft:
         self.current = [w for w in self.active if w.template_hash == pool.template_hash]
         self.outdated = [w for w in self.active if w.template_hash != pool.template_hash]
         self.used_names = {w.name for w in self.workers} | {r.worker for r in self.in_flight}
+        self.scaling.window = tuple(self.load_window)
 
     def before(self, name: str) -> WorkerStatus | None:
         """The worker as the last status recorded it."""

@@ -1,5 +1,6 @@
-"""Phases 1-7 of a planning pass, each a function of the ``Draft`` (see ``planner`` for the sequence),
-and the pure helpers they share (backoff delay, idle time, preemption order).
+"""The phases of a planning pass besides autoscaling (``planner.autoscale``) and the status
+(``planner.status``), each a function of the ``Draft`` (see ``planner`` for the sequence), and the pure
+helpers they share (backoff delay, idle time, preemption order).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from modelpool_contract.states import STARTING_STATES
+from modelpool_operator.api import autoscaling_enabled
 from modelpool_operator.budget import Ledger, admits
 from modelpool_operator.events import Event
 from modelpool_operator.planner.draft import (
@@ -68,7 +70,7 @@ def preemption_candidates(
     return [item[3] for item in ranked]
 
 
-# ---- phases 1-3: transitions, target, failures --------------------------------------------------------
+# ---- transitions, target, failures --------------------------------------------------------
 
 
 def tell_transitions(draft: Draft) -> None:
@@ -97,7 +99,7 @@ def tell_transitions(draft: Draft) -> None:
 
 def set_target(draft: Draft) -> None:
     """Phase 2: the target from the last status, reset by a new ``spec.replicas``, lowered by evictions
-    that shrink the pool, within [minReplicas, replicas]."""
+    that shrink the pool, within [minReplicas, replicas] (with autoscaling: [minReplicas, maxReplicas])."""
     spec, previous = draft.pool.spec, draft.pool.status
     target = previous.target_replicas if previous.target_replicas is not None else spec.replicas
     if previous.spec_replicas is None or previous.spec_replicas != spec.replicas:
@@ -113,11 +115,12 @@ def set_target(draft: Draft) -> None:
             and before != "Evicting"
         ):
             target -= 1
-    draft.target = max(spec.min_replicas, min(target, spec.replicas))
+    ceiling = spec.max_replicas if autoscaling_enabled(spec) else spec.replicas
+    draft.target = max(spec.min_replicas, min(target, ceiling))
 
 
 def handle_failures(draft: Draft) -> None:
-    """Phase 3: count new failures once, start or extend the backoff, and delete failed pods once their
+    """Phase 5: count new failures once, start or extend the backoff, and delete failed pods once their
     replacement is due."""
     last = draft.pool.status.backoff
     backoff = draft.backoff = Backoff(
@@ -153,7 +156,7 @@ def handle_failures(draft: Draft) -> None:
             draft.requeue.append((backoff.next_attempt - draft.now).total_seconds())
 
 
-# ---- phases 4-5: retire, scale up ---------------------------------------------------------------------
+# ---- retire, scale up ---------------------------------------------------------------------
 
 
 def _finish_evictions(draft: Draft) -> None:
@@ -209,16 +212,19 @@ def _evict_idle(draft: Draft) -> None:
 
 
 def retire(draft: Draft) -> None:
-    """Phase 4: finish evictions and clean up exited pods, scale down to the target, evict idle workers."""
+    """Phase 6: finish evictions and clean up exited pods, scale down to the target, evict idle workers."""
     _finish_evictions(draft)
     _scale_down(draft)
     _evict_idle(draft)
 
 
 def scale_up_under_load(draft: Draft) -> None:
-    """Phase 5: raise the target by one (up to ``spec.replicas``) while every serving worker's queue is at
-    least half full, and nothing else is changing (no eviction, no worker starting or draining)."""
+    """Phase 7 (autoscaling off): raise the target by one (up to ``spec.replicas``) while every serving
+    worker's queue is at least half full, and nothing else is changing (no eviction, no worker starting
+    or draining).  With autoscaling on, ``autoscale`` moves the count instead."""
     spec = draft.pool.spec
+    if autoscaling_enabled(spec):
+        return
     # Judged on the workers before this pass removed any: a single snapshot of "Processing" is too noisy
     # a signal, a queue at least half full on every serving worker is not.
     serving = [w for w in draft.workers if w.active and w.serving_state]
@@ -232,7 +238,7 @@ def scale_up_under_load(draft: Draft) -> None:
         draft.events.append(Event("Normal", "ScalingUp", message))
 
 
-# ---- phases 6-7: admit, roll over ---------------------------------------------------------------------
+# ---- admit, roll over ---------------------------------------------------------------------
 
 
 def _preempt(draft: Draft, shortfall: int, draining: int) -> bool:
@@ -281,7 +287,7 @@ def _block(draft: Draft, view: Ledger, yielded: int, missing: int) -> None:
 
 
 def admit(draft: Draft) -> None:
-    """Phase 6: drop outdated workers that never started, then create current workers up to the target,
+    """Phase 8: drop outdated workers that never started, then create current workers up to the target,
     within the roll-over surge, the backoff and the budget (preempting when the budget is short)."""
     for w in [w for w in draft.outdated if w.state == "Pending"]:
         draft.remove(w, EVICT_ROLLOVER)
@@ -314,7 +320,7 @@ def admit(draft: Draft) -> None:
 
 
 def roll_over(draft: Draft) -> None:
-    """Phase 7: evict outdated workers (least recently used first) while the ready count stays at the
+    """Phase 9: evict outdated workers (least recently used first) while the ready count stays at the
     target, or at minReplicas when the budget leaves no room for a surge."""
     ready_total = sum(1 for w in draft.active if w.serving_state)
     stuck = draft.admission.blocked and not draft.admission.waiting_for_memory

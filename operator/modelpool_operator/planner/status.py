@@ -1,5 +1,5 @@
-"""Phase 8 of a planning pass: the pool's status (workers, phase, conditions, backoff), the closing
-Events, and the ``Plan`` itself.
+"""The last phase of a planning pass: the pool's status (workers, phase, conditions, backoff,
+autoscaling), the closing Events, and the ``Plan`` itself.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from datetime import datetime
 from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.states import ACTIVE_STATES, SERVING_STATES, STARTING_STATES, WorkerState
 from modelpool_operator.api import (
+    AutoscalingStatus,
     BackoffStatus,
     Condition,
     ConditionStatus,
@@ -17,8 +18,10 @@ from modelpool_operator.api import (
     ModelPoolStatus,
     PoolPhase,
     WorkerStatus,
+    autoscaling_enabled,
 )
 from modelpool_operator.events import Event
+from modelpool_operator.planner.autoscale import last_scale_time, scaled_to_zero_at
 from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Plan
 from modelpool_operator.quantity import format_quantity
 from modelpool_operator.times import rfc3339
@@ -87,7 +90,7 @@ def _pool_phase(draft: Draft, states: list[WorkerState]) -> PoolPhase:
     if ready and ready >= draft.target:
         return "Idle" if all(s == "Idle" for s in states if s in SERVING_STATES) else "Ready"
     if draft.target == 0 and not any(s in ACTIVE_STATES for s in states):
-        return "Idle"
+        return "ScaledToZero"
     if ready:
         return "Degraded"
     if draft.failed or (backoff.failures and not backoff.due(draft.now)):
@@ -151,13 +154,45 @@ def _conditions(draft: Draft, ready: int, loading: int) -> list[Condition]:
         )
 
     ready_reason = "WorkersReady" if ready >= target else "WorkersNotReady"
+    ready_message = f"{ready}/{target} workers ready"
+    at_zero = target == 0 and ready == 0
+    if at_zero:
+        ready_reason, ready_message = "ScaledToZero", _zero_message(draft)
     budget_message = admission.message or "workers fit the budget"
     return [
-        cond("Ready", ready >= target, ready_reason, f"{ready}/{target} workers ready"),
+        cond("Ready", ready >= target and not at_zero, ready_reason, ready_message),
         cond("Progressing", progressing, progress_reason, progress_message),
         cond("Degraded", degraded_reason != "AsExpected", degraded_reason, degraded_message),
         cond("BudgetExceeded", admission.blocked, budget_reason, budget_message),
     ]
+
+
+def _zero_message(draft: Draft) -> str:
+    """How a pool at zero wakes (the Ready condition's message)."""
+    spec = draft.pool.spec
+    if not autoscaling_enabled(spec) and spec.replicas == 0:
+        return "no workers: spec.replicas is 0 and autoscaling is off; raise spec.replicas to serve"
+    return (
+        "no workers; the gateway wakes the pool on its next request, which waits while a worker loads "
+        "(set minReplicas to keep workers warm)"
+    )
+
+
+def _autoscaling_status(draft: Draft) -> AutoscalingStatus:
+    """``status.autoscaling``: the count, the load as last observed, the countdown and the times.  The
+    window averages stay out of it (they are in the scaling Events): they drift from pass to pass, and
+    every status write wakes the pool for another pass."""
+    scaling = draft.scaling
+    return AutoscalingStatus(
+        enabled=autoscaling_enabled(draft.pool.spec),
+        desired_replicas=draft.target,
+        recommended_replicas=scaling.recommended,
+        observed_load=scaling.observed_load,
+        last_scale_time=last_scale_time(draft),
+        scale_down_since=rfc3339(scaling.down_since),
+        scale_down_to=scaling.down_to,
+        scaled_to_zero_at=scaled_to_zero_at(draft),
+    )
 
 
 def _closing_events(draft: Draft) -> None:
@@ -177,7 +212,7 @@ def _closing_events(draft: Draft) -> None:
 
 
 def conclude(draft: Draft) -> Plan:
-    """Phase 8: the status to write, the closing Events, and the plan."""
+    """Phase 10: the status to write, the closing Events, and the plan."""
     workers = _worker_statuses(draft)
     states = [s.state for s in workers]
     ready = sum(1 for s in states if s in SERVING_STATES)
@@ -210,6 +245,7 @@ def conclude(draft: Draft) -> Plan:
             last_message=backoff.last_message,
         ),
         selector=f"{LABEL_POOL}={pool.name}",
+        autoscaling=_autoscaling_status(draft),
     )
     positive = [r for r in draft.requeue if r > 0]
     return Plan(
@@ -220,6 +256,7 @@ def conclude(draft: Draft) -> Plan:
         status=status,
         events=tuple(draft.events),
         requeue_after=min(positive) if positive else None,
+        load_window=draft.scaling.window,
     )
 
 

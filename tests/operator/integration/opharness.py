@@ -24,12 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from tests.clusterlib import ROOT, Cluster
-from tests.kube import PROCESS_NODE_TOLERATION, get_json, wait_for
+from tests.kube import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, get_json, wait_for
 
 GROUP_VERSION = "modelpool.dev/v1alpha1"
 GI = 2**30
 # Fully qualified: the CRD's category "modelpool" makes a bare `kubectl get modelpool NAME` ambiguous.
 POOLS = "modelpools.modelpool.dev"
+
+# The process node's label: pods that select it run as real local processes (docs/cluster.md).
+PROCESS_NODE = PROCESS_NODE_SELECTOR
 
 # ``start_operator(*namespaces, peering=None, **env)``.
 StartOperator = Callable[..., "OperatorProcess"]
@@ -228,6 +231,11 @@ class PodWatcher:
     @property
     def stopped(self) -> bool:
         return self._stop.is_set()
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """The pods as last seen (a copy of the list, taken under the watcher's lock)."""
+        with self._lock:
+            return list(self.pods.values())
 
     def arm_ready_floor(self, pool: str, floor: int) -> None:
         """From now on, record the lowest number of ready workers of ``pool`` (checked against ``floor``)."""

@@ -47,6 +47,11 @@ def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[
         ({"resources": {"memory": "lots"}}, ["spec.resources.memory"]),
         ({"queue": {"capacity": 0}}, ["spec.queue.capacity"]),
         ({"replicas": -1}, ["spec.replicas"]),
+        ({"autoscaling": {"targetPerWorker": 0}}, ["spec.autoscaling.targetPerWorker"]),
+        (
+            {"autoscaling": {"scaleUpWindowSeconds": 90}},
+            ["spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds"],
+        ),
     ],
 )
 def test_bad_manifests_are_refused_naming_the_field(
@@ -74,20 +79,28 @@ def test_kubectl_explain_documents_the_queue(crds: Cluster) -> None:
         assert field in out, out
     status = crds.kubectl("explain", "modelpool.status.workers").stdout
     assert "lastRequestTime" in status and "queueDepth" in status
+    autoscaling = crds.kubectl("explain", "modelpool.spec.autoscaling").stdout
+    for field in ("enabled", "targetPerWorker", "scaleUpWindowSeconds", "scaleDownDelaySeconds", "HPA"):
+        assert field in autoscaling, autoscaling
 
 
 def test_printer_columns_status_and_scale(crds: Cluster, namespace: str) -> None:
     crds.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(pool("cols", maxReplicas=4)))
     status = {
-        "status": {"phase": "Ready", "readyText": "1/1", "memory": {"charged": "2Gi", "chargedBytes": 2**31}}
+        "status": {
+            "phase": "Ready",
+            "readyText": "1/1",
+            "targetReplicas": 1,
+            "memory": {"charged": "2Gi", "chargedBytes": 2**31},
+        }
     }
     crds.kubectl(
         "patch", "modelpool/cols", "-n", namespace, "--subresource=status", "--type=merge",
         "-p", json.dumps(status),
     )  # fmt: skip
     table = crds.kubectl("get", "mp", "cols", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "TASK", "READY", "STATE", "MEMORY", "AGE"]
-    assert table[1].split()[:5] == ["cols", "text-embedding", "1/1", "Ready", "2Gi"]
+    assert table[0].split() == ["NAME", "TASK", "READY", "DESIRED", "STATE", "MEMORY", "AGE"]
+    assert table[1].split()[:6] == ["cols", "text-embedding", "1/1", "1", "Ready", "2Gi"]
     crds.kubectl("scale", "modelpool/cols", "-n", namespace, "--replicas=3")
     got = json.loads(crds.kubectl("get", "mp", "cols", "-n", namespace, "-o", "json").stdout)
     assert got["spec"]["replicas"] == 3

@@ -13,9 +13,10 @@ import httpx
 import pytest
 
 from tests.clusterlib import Cluster
-from tests.kube import PROCESS_NODE_SELECTOR, apply, free_port, minilm_package, wait_for
+from tests.kube import apply, free_port, minilm_package, wait_for
 from tests.operator.integration.opharness import (
     GI,
+    PROCESS_NODE,
     BudgetedOperator,
     StartOperator,
     StatusRecorder,
@@ -28,8 +29,6 @@ from tests.operator.integration.opharness import (
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-PROCESS_NODE = PROCESS_NODE_SELECTOR
 
 
 def _minilm() -> str:

@@ -12,6 +12,7 @@ from modelpool_operator.api import (
     ModelPoolSpec,
     ModelPoolStatus,
     WorkerStatus,
+    autoscaling_enabled,
     parse_pool_spec,
     parse_pool_status,
     source_is_supported,
@@ -48,6 +49,13 @@ def test_defaults() -> None:
     )
     assert (spec.replicas, spec.min_replicas, spec.max_replicas, spec.priority) == (1, 0, 10, 0)
     assert spec.queue.capacity == 100 and spec.model.dtype == "auto"
+    policy = spec.autoscaling
+    assert (policy.enabled, policy.target_per_worker, policy.scale_up_window_seconds) == (None, 10, 10)
+    assert (policy.stable_window_seconds, policy.scale_down_delay_seconds) == (60, 120)
+    # On by default when maxReplicas > minReplicas; an explicit setting wins.
+    assert autoscaling_enabled(spec)
+    assert not autoscaling_enabled(parse_pool_spec(body(autoscaling={"enabled": False})))
+    assert not autoscaling_enabled(parse_pool_spec(body(minReplicas=2, replicas=2, maxReplicas=2)))
 
 
 @pytest.mark.parametrize(
@@ -61,6 +69,17 @@ def test_defaults() -> None:
         ({"resources": {"memory": "0"}}, "resources.memory", "greater than 0"),
         ({"queue": {"capacity": 0}}, "queue.capacity", "greater than or equal to 1"),
         ({"replicas": -1}, "replicas", "greater than or equal to 0"),
+        (
+            {"autoscaling": {"targetPerWorker": 0}},
+            "autoscaling.targetPerWorker",
+            "greater than or equal to 1",
+        ),
+        (
+            {"autoscaling": {"scaleUpWindowSeconds": 90}},
+            "",
+            "spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds",
+        ),
+        ({"autoscaling": {"scaleDownDelaySeconds": 7200}}, "scaleDownDelaySeconds", "less than or equal to"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(overrides: dict[str, Any], field: str, needle: str) -> None:

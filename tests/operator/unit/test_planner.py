@@ -60,8 +60,9 @@ def test_ready_pool_is_stable() -> None:
 
 def test_condition_transition_time_is_kept_while_unchanged() -> None:
     workers = [w("p-a"), w("p-b")]
-    first = plan(view(), workers, ledger_for(None, workers), now=NOW)
-    later = plan(view(status=first.status), workers, ledger_for(None, workers), now=at(2000))
+    fixed = make_spec(autoscaling={"enabled": False})  # an autoscaled pool would scale down meanwhile
+    first = plan(view(fixed), workers, ledger_for(None, workers), now=NOW)
+    later = plan(view(fixed, status=first.status), workers, ledger_for(None, workers), now=at(2000))
     times = {c.type: c.last_transition_time for c in later.status.conditions}
     assert times == {c.type: c.last_transition_time for c in first.status.conditions}
     assert all(c.observed_generation == 1 for c in later.status.conditions)
@@ -91,9 +92,10 @@ def test_spec_replicas_change_resets_the_target() -> None:
 def test_scale_up_under_load_one_at_a_time_up_to_replicas() -> None:
     status = ModelPoolStatus(target_replicas=1, spec_replicas=3)
     workers = [w("p-a", "Processing", queue=60)]
-    out = plan(view(make_spec(replicas=3), status=status), workers, ledger_for(None, workers), now=NOW)
+    spec = make_spec(replicas=3, autoscaling={"enabled": False})  # with autoscaling, test_autoscale.py
+    out = plan(view(spec, status=status), workers, ledger_for(None, workers), now=NOW)
     assert out.status.target_replicas == 2 and len(out.create) == 1
-    idle = plan(view(make_spec(replicas=3), status=status), [w("p-a", "Ready")], ledger_for(None), now=NOW)
+    idle = plan(view(spec, status=status), [w("p-a", "Ready")], ledger_for(None), now=NOW)
     assert idle.status.target_replicas == 1 and not idle.create
 
 

@@ -219,7 +219,7 @@ def test_retire_requeues_at_the_next_idle_timeout() -> None:
 
 
 def test_scale_up_when_every_serving_queue_is_half_full() -> None:
-    spec = make_spec(replicas=3, queue={"capacity": 10})
+    spec = make_spec(replicas=3, queue={"capacity": 10}, autoscaling={"enabled": False})
     workers = [w("p-a", "Processing", queue=5), w("p-b", "Processing", queue=7)]
     draft = draft_before(scale_up_under_load, workers, spec=spec, status=last_status(target=2, replicas=3))
     assert run(scale_up_under_load, draft) == ["ScalingUp"]
@@ -227,7 +227,7 @@ def test_scale_up_when_every_serving_queue_is_half_full() -> None:
 
 
 def test_no_scale_up_while_a_worker_is_starting_or_queues_are_short() -> None:
-    spec = make_spec(replicas=3, queue={"capacity": 10})
+    spec = make_spec(replicas=3, queue={"capacity": 10}, autoscaling={"enabled": False})
     status = last_status(target=2, replicas=3)
     starting = [w("p-a", "Processing", queue=5), w("p-b", "Loading")]
     short = [w("p-a", "Processing", queue=5), w("p-b", "Processing", queue=4)]

@@ -1,0 +1,264 @@
+"""Autoscaling and waking from zero with real ``modelpool-server`` workers on the process node
+(docs/operator.md, "Autoscaling").
+
+The workers run the echo embedding handler of ``tests/server/handlers.py`` with a slow forward pass and
+batches of one, so a few concurrent clients build up in-flight and queued requests, which the workers
+report in ``/stats``.  The load goes straight to the workers' pod IPs (the way the pool's Service
+routes); the demand a gateway would record is written the way a gateway writes it, as a JSON merge
+patch of the pool's ``modelpool.dev/demanded-at`` annotation.  A pod watcher records every pod change
+from before the operator starts, so "never more than maxReplicas" is checked at every instant.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from modelpool_contract.labels import ANNOTATION_DEMANDED_AT
+from modelpool_operator.times import parse_time, rfc3339_ms
+from tests.clusterlib import ROOT, Cluster
+from tests.operator.integration.opharness import (
+    POOLS,
+    PROCESS_NODE,
+    BudgetedOperator,
+    PodWatcher,
+    condition,
+    events,
+    free_port,
+    pool_manifest,
+    wait_status,
+    worker_pods,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+CLIENTS = 12
+
+
+def echo_pool(name: str, *, run_seconds: float, autoscaling: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    """A pool of echo-embedding workers on the process node: one request per forward pass."""
+    manifest = pool_manifest(name, memory="1Gi", source="/", node_selector=PROCESS_NODE, **kw)
+    spec = manifest["spec"]
+    spec["resources"]["gpus"] = 0
+    spec["queue"]["maxBatchSize"] = 1
+    spec["autoscaling"] = autoscaling
+    spec["podTemplate"]["env"] = [
+        {"name": "MODELPOOL_HANDLER", "value": "tests.server.handlers:EchoEmbedding"},
+        {"name": "HANDLER_RUN_SECONDS", "value": str(run_seconds)},
+        {"name": "PYTHONPATH", "value": str(ROOT)},
+    ]
+    return manifest
+
+
+def serving_ips(watcher: PodWatcher, pool: str) -> list[str]:
+    """The pod IPs of the pool's ready, serving workers, as the watcher last saw them."""
+    return sorted(
+        p["status"]["podIP"]
+        for p in watcher.snapshot()
+        if p["metadata"]["labels"].get("modelpool.dev/pool") == pool
+        and p["metadata"]["labels"].get("modelpool.dev/serving") == "true"
+        and not p["metadata"].get("deletionTimestamp")
+        and (p.get("status") or {}).get("podIP")
+        and any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in p["status"].get("conditions") or []
+        )
+    )
+
+
+@dataclass
+class ClosedLoop:
+    """``clients`` threads, each with one request outstanding at a time, spread over the serving workers:
+    the pool's load (in flight + queued) stays at ``clients`` however many workers serve it."""
+
+    watcher: PodWatcher
+    pool: str
+    port: int
+    clients: int = CLIENTS
+    answered: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> ClosedLoop:
+        for index in range(self.clients):
+            thread = threading.Thread(target=self._client, args=(index,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def _client(self, index: int) -> None:
+        counter = itertools.count(index)
+        with httpx.Client(timeout=30, trust_env=False) as client:
+            while not self._stop.is_set():
+                ips = serving_ips(self.watcher, self.pool)
+                if not ips:
+                    time.sleep(0.1)
+                    continue
+                ip = ips[next(counter) % len(ips)]
+                body = {"model": self.pool, "input": [f"client {index}"]}
+                try:
+                    response = client.post(f"http://{ip}:{self.port}/v1/embeddings", json=body)
+                except httpx.HTTPError:
+                    time.sleep(0.05)  # a worker going away: try the next one
+                    continue
+                if response.status_code == 200:
+                    with self._lock:
+                        self.answered += 1
+                else:
+                    time.sleep(0.05)
+
+
+def reasons(cluster: Cluster, namespace: str, pool: str) -> list[tuple[str, str]]:
+    return [(e["reason"], e["message"]) for e in events(cluster, namespace, pool)]
+
+
+def test_load_scales_up_to_max_replicas_never_past_it_and_back_down_after_the_delay(
+    cluster: Cluster, namespace: str, budgeted_operator: BudgetedOperator
+) -> None:
+    port = free_port()
+    watcher, _ = budgeted_operator("16Gi", MODELPOOL_OPERATOR_SERVER_PORT=str(port))
+    policy = {
+        "targetPerWorker": 2,
+        "scaleUpWindowSeconds": 2,
+        "stableWindowSeconds": 4,
+        "scaleDownDelaySeconds": 6,
+    }
+    manifest = echo_pool(
+        "auto", run_seconds=0.2, autoscaling=policy, replicas=1, min_replicas=1, max_replicas=3
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
+    wait_status(
+        cluster,
+        namespace,
+        "auto",
+        lambda s: s.get("readyReplicas") == 1,
+        timeout=180,
+        message="the first worker Ready",
+    )
+    load = ClosedLoop(watcher, "auto", port).start()
+    try:
+        # 12 requests outstanding at 2 per worker ask for 6 workers: the pool goes to maxReplicas (3).
+        scaled_up = wait_status(
+            cluster,
+            namespace,
+            "auto",
+            lambda s: s.get("readyReplicas") == 3,
+            timeout=180,
+            message="scaled up to maxReplicas, every worker Ready",
+        )
+        assert scaled_up["targetReplicas"] == 3 and scaled_up["autoscaling"]["desiredReplicas"] == 3
+        assert (scaled_up["autoscaling"]["observedLoad"] or 0) > 0
+        assert load.answered > 0
+    finally:
+        calm_since = datetime.now(UTC)
+        load.stop()
+
+    # Calm: after scaleDownDelaySeconds of lower load the pool goes back to one worker (minReplicas).
+    calm = wait_status(
+        cluster,
+        namespace,
+        "auto",
+        lambda s: s.get("targetReplicas") == 1 and len(s.get("workers") or []) == 1,
+        timeout=120,
+        message="scaled back down to one worker",
+    )
+    assert calm["phase"] in ("Ready", "Idle")
+    last_scale = parse_time(calm["autoscaling"]["lastScaleTime"])
+    assert last_scale is not None
+    # lastScaleTime is to the second: the scale-down came no sooner than the delay after the load ended.
+    assert (last_scale - calm_since).total_seconds() >= policy["scaleDownDelaySeconds"] - 1
+    scaled = [(r, m) for r, m in reasons(cluster, namespace, "auto") if r in ("ScaledUp", "ScaledDown")]
+    assert any(r == "ScaledUp" and m.endswith("-> 3 workers") for r, m in scaled), scaled
+    # Down in one step, or two when the stable window still held some load as the countdown began (each
+    # step goes to the most workers the load asked for during its delay).
+    downs = [m for r, m in scaled if r == "ScaledDown"]
+    assert downs and any(m.endswith("3 -> 1 workers") or m.endswith("3 -> 2 workers") for m in downs), scaled
+    assert any(m.endswith("-> 1 workers") for m in downs), scaled
+    watcher.stop()
+    assert watcher.max_pods["auto"] == 3, f"worker pods at once: {watcher.max_pods}"
+
+
+def test_demand_wakes_a_pool_at_zero_to_one_worker_that_returns_to_zero_when_idle(
+    cluster: Cluster, namespace: str, budgeted_operator: BudgetedOperator
+) -> None:
+    port = free_port()
+    watcher, _ = budgeted_operator("16Gi", MODELPOOL_OPERATOR_SERVER_PORT=str(port))
+    manifest = echo_pool(
+        "wake",
+        run_seconds=0,
+        autoscaling={},
+        replicas=0,
+        min_replicas=0,
+        max_replicas=2,
+        idle_timeout_seconds=3,
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
+    zero = wait_status(
+        cluster,
+        namespace,
+        "wake",
+        lambda s: s.get("phase") == "ScaledToZero",
+        timeout=60,
+        message="the pool at zero says so",
+    )
+    ready = condition(zero, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ScaledToZero")
+    assert "wakes the pool on its next request" in ready["message"]
+    assert not worker_pods(cluster, namespace, "wake")
+
+    # What a gateway does when it holds a request for the pool: a merge patch of the annotation.
+    demand = rfc3339_ms(datetime.now(UTC))
+    assert demand is not None
+    patch = {"metadata": {"annotations": {ANNOTATION_DEMANDED_AT: demand}}}
+    demanded = time.monotonic()
+    cluster.kubectl("patch", POOLS, "wake", "-n", namespace, "--type", "merge", "-p", json.dumps(patch))
+    woken = wait_status(
+        cluster,
+        namespace,
+        "wake",
+        lambda s: s.get("readyReplicas") == 1,
+        timeout=120,
+        message="one worker Ready after the demand",
+    )
+    created = next(t for t, kind, _, _ in watcher.history if kind == "ADDED" and t > demanded)
+    print(f"\ndemand -> worker pod created: {created - demanded:.2f}s")
+    assert woken["targetReplicas"] == 1
+    woke = [m for r, m in reasons(cluster, namespace, "wake") if r == "WokenByDemand"]
+    assert len(woke) == 1 and demand in woke[0] and "0 -> 1 worker" in woke[0], woke
+
+    # The request the gateway held is served by the new worker.
+    ip = worker_pods(cluster, namespace, "wake")[0]["status"]["podIP"]
+    answer = httpx.post(
+        f"http://{ip}:{port}/v1/embeddings", json={"model": "wake", "input": ["hi"]}, timeout=30
+    )
+    assert answer.status_code == 200, answer.text
+
+    # Idle for idleTimeoutSeconds: evicted, back to zero; the same demand does not wake it again.
+    again = wait_status(
+        cluster,
+        namespace,
+        "wake",
+        lambda s: s.get("phase") == "ScaledToZero" and not s.get("workers"),
+        timeout=120,
+        message="back to zero after the idle timeout",
+    )
+    back = parse_time(again["autoscaling"]["scaledToZeroAt"])
+    assert back is not None and back > (parse_time(demand) or back)
+    assert not worker_pods(cluster, namespace, "wake")
+    watcher.stop()
+    assert watcher.max_pods["wake"] == 1, f"worker pods at once: {watcher.max_pods}"
+    assert [r for r, _ in reasons(cluster, namespace, "wake")].count("WokenByDemand") == 1
