@@ -25,6 +25,7 @@ import pytest
 from modelpool_contract.labels import ANNOTATION_DEMANDED_AT
 from modelpool_operator.times import parse_time, rfc3339_ms
 from tests.clusterlib import ROOT, Cluster
+from tests.kube import free_port
 from tests.operator.integration.opharness import (
     POOLS,
     PROCESS_NODE,
@@ -32,7 +33,6 @@ from tests.operator.integration.opharness import (
     PodWatcher,
     condition,
     events,
-    free_port,
     pool_manifest,
     wait_status,
     worker_pods,
