@@ -1,5 +1,5 @@
-"""Phase 8 of a planning pass: the pool's status (workers, phase, conditions, backoff), the closing
-Events, and the ``Plan`` itself.
+"""Phase 8 of a planning pass: the pool's status (workers, phase, conditions, backoff, declared against
+measured memory), the closing Events, and the ``Plan`` itself.
 """
 
 from __future__ import annotations
@@ -20,6 +20,12 @@ from modelpool_operator.api import (
 )
 from modelpool_operator.events import Event
 from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Plan
+from modelpool_operator.planner.memory import (
+    MEMORY_CONDITION,
+    memory_figures,
+    memory_finding,
+    tell_memory_over_charge,
+)
 from modelpool_operator.quantity import format_quantity
 from modelpool_operator.times import rfc3339
 
@@ -160,6 +166,20 @@ def _conditions(draft: Draft, ready: int, loading: int) -> list[Condition]:
     ]
 
 
+def _memory_condition(draft: Draft) -> Condition:
+    """MemoryExceedsCharge: a worker needed more accelerator memory than it is charged."""
+    finding = memory_finding(draft)
+    return condition(
+        draft.pool.status.conditions,
+        MEMORY_CONDITION,
+        status="True" if finding.over else "False",
+        reason=finding.reason,
+        message=finding.message,
+        now=draft.now,
+        generation=draft.pool.generation,
+    )
+
+
 def _closing_events(draft: Draft) -> None:
     """Events about this pass's own decisions: the budget turning, creations, own evictions."""
     blocked = draft.admission.blocked
@@ -183,8 +203,9 @@ def conclude(draft: Draft) -> Plan:
     ready = sum(1 for s in states if s in SERVING_STATES)
     loading = states.count("Loading")
     _settle_backoff(draft, ready)
-    conditions = _conditions(draft, ready, loading)
+    conditions = [*_conditions(draft, ready, loading), _memory_condition(draft)]
     _closing_events(draft)
+    tell_memory_over_charge(draft)
     pool, backoff, target = draft.pool, draft.backoff, draft.target
     charged = sum(w.memory for w in draft.workers)
     status = ModelPoolStatus(
@@ -199,6 +220,7 @@ def conclude(draft: Draft) -> Plan:
             charged=format_quantity(charged),
             charged_bytes=charged,
             waiting_bytes=draft.admission.waiting_bytes,
+            **memory_figures(draft),
         ),
         conditions=conditions,
         observed_generation=pool.generation,
