@@ -68,6 +68,22 @@ _FROM_SERVER: frozenset[WorkerState] = frozenset(
     {"Loading", "Ready", "Processing", "Idle", "Evicting", "Failed"}
 )
 _MESSAGE_LIMIT = 1024
+#: The reasons a Failed worker can carry (``_terminated_failure``, ``_FAILED_WAITING``, the server's own,
+#: the node's): a bounded set, so a metric may be labelled by them.
+FAILURE_REASONS: frozenset[str] = frozenset(
+    {
+        "OOMKilled",
+        "LoadFailed",
+        "ContainerCannotRun",
+        "StartError",
+        "Error",
+        "Evicted",
+        "Failed",
+        "Unresponsive",
+        "ServerFailed",
+        *_FAILED_WAITING.values(),
+    }
+)
 
 
 @dataclass(frozen=True)

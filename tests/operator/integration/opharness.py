@@ -31,7 +31,7 @@ GI = 2**30
 # Fully qualified: the CRD's category "modelpool" makes a bare `kubectl get modelpool NAME` ambiguous.
 POOLS = "modelpools.modelpool.dev"
 
-# ``start_operator(*namespaces, peering=None, **env)``.
+# ``start_operator(*namespaces, peering=None, kubeconfig=None, **env)``.
 StartOperator = Callable[..., "OperatorProcess"]
 # ``watch_pods()``: a started PodWatcher on the test's namespace.
 WatchPods = Callable[[], "PodWatcher"]
@@ -47,6 +47,8 @@ TEST_ENV = {
     "MODELPOOL_OPERATOR_BACKOFF_BASE_SECONDS": "2",
     "MODELPOOL_OPERATOR_BACKOFF_CAP_SECONDS": "16",
     "MODELPOOL_OPERATOR_POSTING_LEVEL": "WARNING",
+    # No metrics endpoint unless a test asks for one (a fixed port would collide between operators).
+    "MODELPOOL_OPERATOR_METRICS_PORT": "0",
 }
 
 
@@ -60,6 +62,7 @@ class OperatorProcess:
         log_path: Path,
         *,
         peering: str | None = None,
+        kubeconfig: Path | None = None,
         **env: str,
     ) -> None:
         self.log_path = log_path
@@ -70,7 +73,8 @@ class OperatorProcess:
         # Standalone unless a test runs several replicas that meet in a Kopf peering object.
         args += ["--peering", peering] if peering else ["--standalone"]
         args += ["--liveness", "0", "--log-format", "plain", "--verbose"]
-        full_env = {**os.environ, **TEST_ENV, **env, "KUBECONFIG": str(cluster.kubeconfig)}
+        # The cluster's admin kubeconfig unless a test runs the operator as someone else (a ServiceAccount).
+        full_env = {**os.environ, **TEST_ENV, **env, "KUBECONFIG": str(kubeconfig or cluster.kubeconfig)}
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
             args, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
