@@ -66,6 +66,9 @@ def test_real_worker_loads_serves_goes_idle_and_is_evicted_to_min_replicas(
         seen = [w["state"] for s in recorder.statuses("minilm") for w in s.get("workers") or []]
         assert "Loading" in seen and seen.index("Loading") < seen.index("Ready"), seen
         assert ready["readyReplicas"] == 1
+        # A CPU worker has no accelerator memory: nothing measured, nothing raised.
+        assert "acceleratorMemory" not in ready["workers"][0]
+        assert condition(ready, "MemoryExceedsCharge")["reason"] == "NotMeasured"
         pod = worker_pods(cluster, namespace, "minilm")[0]
         ip = pod["status"]["podIP"]
 
