@@ -67,6 +67,12 @@ class _Model(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+def _cel(rule: str, message: str) -> ConfigDict:
+    """A model's config that carries one CEL rule into its CRD schema (``crdgen`` keeps
+    ``x-kubernetes-validations``): the API server then refuses what the model's own validator refuses."""
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": [{"rule": rule, "message": message}]})
+
+
 def _check_quantity(value: Quantity | None, field: str) -> Quantity | None:
     if value is None:
         return None
@@ -237,15 +243,9 @@ class KeySelector(SecretKey):
 class EnvVarSource(_Model):
     """Where a variable's value comes from: exactly one Secret key or ConfigMap key."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "has(self.secretKeyRef) != has(self.configMapKeyRef)",
-                    "message": "valueFrom needs exactly one of secretKeyRef and configMapKeyRef",
-                }
-            ]
-        }
+    model_config = _cel(
+        "has(self.secretKeyRef) != has(self.configMapKeyRef)",
+        "valueFrom needs exactly one of secretKeyRef and configMapKeyRef",
     )
 
     secret_key_ref: KeySelector | None = Field(
@@ -263,15 +263,8 @@ class EnvVarSource(_Model):
 class EnvVar(_Model):
     """An environment variable for the server container: a plain value, or a Secret or ConfigMap key."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!(has(self.value) && has(self.valueFrom))",
-                    "message": "an env entry has either value or valueFrom, not both",
-                }
-            ]
-        }
+    model_config = _cel(
+        "!(has(self.value) && has(self.valueFrom))", "an env entry has either value or valueFrom, not both"
     )
 
     name: str = Field(min_length=1, max_length=256, description="Variable name.")
