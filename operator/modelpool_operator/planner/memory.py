@@ -7,11 +7,12 @@ accelerators carry, so the pool says so: the condition ``MemoryExceedsCharge`` n
 numbers, and a Warning Event is posted when a worker first goes over.  Pools whose workers report no
 accelerator memory (CPU pools, or stats not known yet) get the condition False with reason NotMeasured.
 
-Pure functions of the ``Draft``; ``planner.status.conclude`` calls them.
+Pure functions of the ``Draft`` and this pass's ``status.workers`` entries; ``planner.status`` calls them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,19 +37,20 @@ class MemoryFinding:
     message: str
 
 
-def measured(worker: ObservedWorker) -> int | None:
-    """The accelerator memory the worker has needed: its peak when reported, else what it holds now."""
-    return worker.accelerator_peak if worker.accelerator_peak is not None else worker.accelerator_reserved
+def keep_last_measurement(
+    entry: WorkerStatus, worker: ObservedWorker, before: WorkerStatus | None
+) -> WorkerStatus:
+    """A worker whose ``/stats`` is unknown this pass (a scrape timed out) keeps the measurement it last
+    reported: a peak does not go away with one missed scrape, and the condition must not flap."""
+    if entry.accelerator_memory is not None or worker.stats_known or before is None:
+        return entry
+    return entry.model_copy(update={"accelerator_memory": before.accelerator_memory})
 
 
-def over_charge(worker: ObservedWorker) -> bool:
-    """The worker holds its charge and has needed more accelerator memory than that."""
-    used = measured(worker)
-    return worker.state in CHARGED_STATES and used is not None and used > worker.memory
-
-
-def _was_over(entry: WorkerStatus | None) -> bool:
-    if entry is None or entry.accelerator_memory is None:
+def over_charge(entry: WorkerStatus) -> bool:
+    """The worker holds its charge and has needed more accelerator memory than that (its peak, or what it
+    holds now when it reports no peak)."""
+    if entry.state not in CHARGED_STATES or entry.accelerator_memory is None:
         return False
     try:
         return entry.accelerator_memory.highest > parse_quantity(entry.memory)
@@ -56,42 +58,48 @@ def _was_over(entry: WorkerStatus | None) -> bool:
         return False
 
 
-def _describe(worker: ObservedWorker) -> str:
+def _describe(entry: WorkerStatus) -> str:
+    measured = entry.accelerator_memory.highest if entry.accelerator_memory else 0
     return (
-        f"worker {worker.name} needed {humanize_bytes(measured(worker) or 0)} of accelerator memory "
-        f"but is charged {humanize_bytes(worker.memory)}"
+        f"worker {entry.name} needed {humanize_bytes(measured)} of accelerator memory "
+        f"but is charged {humanize_bytes(parse_quantity(entry.memory))}"
     )
 
 
-def tell_memory_over_charge(draft: Draft) -> None:
-    """A Warning Event for each worker that went over its charge since the last pass."""
-    for worker in draft.workers:
-        if over_charge(worker) and not _was_over(draft.before(worker.name)):
-            message = f"{_describe(worker)} (spec.resources.memory): the budget under-counts it"
+def tell_memory_over_charge(draft: Draft, entries: Sequence[WorkerStatus]) -> None:
+    """A Warning Event for each worker that went over its charge since the last status."""
+    for entry in entries:
+        before = draft.before(entry.name)
+        if over_charge(entry) and not (before is not None and over_charge(before)):
+            message = f"{_describe(entry)} (spec.resources.memory): the budget under-counts it"
             draft.events.append(Event("Warning", MEMORY_CONDITION, message))
 
 
-def memory_finding(draft: Draft) -> MemoryFinding:
-    """The condition's verdict over the pool's current workers."""
-    over = [w for w in draft.workers if over_charge(w)]
+def memory_finding(entries: Sequence[WorkerStatus]) -> MemoryFinding:
+    """The condition's verdict over the pool's workers as this pass's status shows them."""
+    over = [e for e in entries if over_charge(e)]
     if over:
-        named = "; ".join(_describe(w) for w in over[:_NAMED])
+        named = "; ".join(_describe(e) for e in over[:_NAMED])
         more = f"; and {len(over) - _NAMED} more" if len(over) > _NAMED else ""
+        needed = max(e.accelerator_memory.highest for e in over if e.accelerator_memory)
         return MemoryFinding(
             True,
             "MeasuredAboveCharge",
-            f"{named}{more}: raise spec.resources.memory to at least "
-            f"{humanize_bytes(max(measured(w) or 0 for w in over))}",
+            f"{named}{more}: raise spec.resources.memory to at least {humanize_bytes(needed)}",
         )
-    if any(measured(w) is not None for w in draft.workers):
+    if any(e.accelerator_memory is not None for e in entries):
         return MemoryFinding(False, "WithinCharge", "every worker's accelerator memory is within its charge")
     return MemoryFinding(False, "NotMeasured", "no worker reports accelerator memory")
 
 
-def memory_figures(draft: Draft) -> dict[str, Any]:
+def memory_figures(draft: Draft, entries: Sequence[WorkerStatus]) -> dict[str, Any]:
     """``status.memory``'s declared and measured fields: the per-worker charge, and the highest peak any
     current worker reports (for ``kubectl get modelpools -o wide``)."""
-    peaks = [m for w in draft.workers if w.state in CHARGED_STATES and (m := measured(w)) is not None]
+    peaks = [
+        e.accelerator_memory.highest
+        for e in entries
+        if e.state in CHARGED_STATES and e.accelerator_memory is not None
+    ]
     peak = max(peaks) if peaks else None
     return {
         "declared": format_quantity(draft.pool.spec.resources.memory_bytes),

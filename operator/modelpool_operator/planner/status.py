@@ -22,6 +22,7 @@ from modelpool_operator.events import Event
 from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Plan
 from modelpool_operator.planner.memory import (
     MEMORY_CONDITION,
+    keep_last_measurement,
     memory_figures,
     memory_finding,
     tell_memory_over_charge,
@@ -70,7 +71,7 @@ def _worker_statuses(draft: Draft) -> list[WorkerStatus]:
             )
         elif before is not None and before.state == entry.state and before.since:
             entry = entry.model_copy(update={"since": before.since})
-        entries.append(entry)
+        entries.append(keep_last_measurement(entry, w, before))
     return entries
 
 
@@ -166,9 +167,9 @@ def _conditions(draft: Draft, ready: int, loading: int) -> list[Condition]:
     ]
 
 
-def _memory_condition(draft: Draft) -> Condition:
+def _memory_condition(draft: Draft, workers: list[WorkerStatus]) -> Condition:
     """MemoryExceedsCharge: a worker needed more accelerator memory than it is charged."""
-    finding = memory_finding(draft)
+    finding = memory_finding(workers)
     return condition(
         draft.pool.status.conditions,
         MEMORY_CONDITION,
@@ -203,9 +204,9 @@ def conclude(draft: Draft) -> Plan:
     ready = sum(1 for s in states if s in SERVING_STATES)
     loading = states.count("Loading")
     _settle_backoff(draft, ready)
-    conditions = [*_conditions(draft, ready, loading), _memory_condition(draft)]
+    conditions = [*_conditions(draft, ready, loading), _memory_condition(draft, workers)]
     _closing_events(draft)
-    tell_memory_over_charge(draft)
+    tell_memory_over_charge(draft, workers)
     pool, backoff, target = draft.pool, draft.backoff, draft.target
     charged = sum(w.memory for w in draft.workers)
     status = ModelPoolStatus(
@@ -220,7 +221,7 @@ def conclude(draft: Draft) -> Plan:
             charged=format_quantity(charged),
             charged_bytes=charged,
             waiting_bytes=draft.admission.waiting_bytes,
-            **memory_figures(draft),
+            **memory_figures(draft, workers),
         ),
         conditions=conditions,
         observed_generation=pool.generation,

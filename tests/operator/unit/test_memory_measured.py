@@ -119,3 +119,17 @@ def test_unmeasured_pools_and_failed_workers_raise_nothing() -> None:
     failed = run([measured(w("w-0", "Failed", memory=4 * GI), 9 * GI, 9 * GI)])
     assert memory_condition(failed)[0] == "False"
     assert not [e for e in failed.events if e.reason == "MemoryExceedsCharge"]
+
+
+def test_a_missed_scrape_keeps_the_last_measurement() -> None:
+    """A worker whose /stats is unknown for a pass (a timeout) keeps what it last reported: the condition
+    does not flap and no second Event is posted; a worker that reports again replaces it."""
+    over = measured(w("w-0", memory=4 * GI), 5 * GI, 6 * GI)
+    first = run([over])
+    silent = replace(over, stats_known=False, accelerator_reserved=None, accelerator_peak=None)
+    second = run([silent], first.status)
+    assert memory_condition(second)[:2] == ("True", "MeasuredAboveCharge")
+    assert second.status.workers[0].accelerator_memory == first.status.workers[0].accelerator_memory
+    assert not [e for e in second.events if e.reason == "MemoryExceedsCharge"]
+    back = run([measured(w("w-0", memory=4 * GI), 3 * GI, 3 * GI)], second.status)
+    assert memory_condition(back)[:2] == ("False", "WithinCharge")
