@@ -49,6 +49,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
                 processnode_log_dir=Path(
                     os.environ.get("MODELPOOL_TEST_PROCESSNODE_LOG_DIR", kubeconfig.parent / "processnode")
                 ),
+                # hack/cluster.sh keeps kwokctl's files beside the kubeconfig.
+                audit_log=next(iter(sorted(kubeconfig.parent.glob("kwok/clusters/*/logs/audit.log"))), None),
             )
         )
         return

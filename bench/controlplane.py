@@ -230,7 +230,7 @@ def run(pools: int, workers: int, steady_window: float, kubeconfig: Path, log: P
     with log.open("wb") as out:
         operator = subprocess.Popen(
             [str(ROOT / ".venv" / "bin" / "modelpool-operator"), "--all-namespaces", "--standalone",
-             "--liveness", "0"],
+             "--liveness", "0", "--metrics", "0"],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,

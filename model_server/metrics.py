@@ -3,9 +3,10 @@
 Names (all prefixed ``modelpool_``): ``queue_depth``, ``queue_capacity``, ``in_flight``,
 ``requests_total{route,code}``, ``rejected_total{reason}`` (overloaded, timeout, disconnected, not_ready,
 too_large, invalid_input...), ``request_latency_seconds{route}``, ``batch_size``, ``worker_state{state}``
-(1 for the current state), ``model_load_seconds``, ``gpu_memory_bytes{kind=allocated|reserved}``,
-``dropped_total{reason}`` (admitted, then dropped before compute: timeout, disconnected),
-``process_resident_memory_bytes`` (from prometheus-client's process collector).
+(1 for the current state), ``model_load_seconds``,
+``gpu_memory_bytes{kind=allocated|reserved|peak_reserved}``, ``dropped_total{reason}`` (admitted, then
+dropped before compute: timeout, disconnected), ``process_resident_memory_bytes`` (from
+prometheus-client's process collector).
 """
 
 from __future__ import annotations
@@ -44,6 +45,21 @@ def gpu_memory() -> tuple[int, int]:
         return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
     except Exception:  # a broken device must not break /metrics
         return 0, 0
+
+
+def gpu_peak_reserved() -> int | None:
+    """The most bytes the CUDA caching allocator has reserved on the current device since the process
+    started (``torch.cuda.max_memory_reserved``): what the worker needed at its worst, e.g. during a
+    large batch. None when torch/CUDA is not in use (a CPU worker has no accelerator memory to report)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return None
+        return int(torch.cuda.max_memory_reserved())
+    except Exception:  # a broken device must not break /stats
+        return None
 
 
 class Metrics:
@@ -95,4 +111,5 @@ class Metrics:
         allocated, reserved = gpu_memory()
         self.gpu_memory.labels(kind="allocated").set(allocated)
         self.gpu_memory.labels(kind="reserved").set(reserved)
+        self.gpu_memory.labels(kind="peak_reserved").set(gpu_peak_reserved() or 0)
         return generate_latest(self.registry)

@@ -16,7 +16,7 @@ from typing import Any
 
 from model_server.config import ServerConfig
 from model_server.dataplane import DataPlane
-from model_server.metrics import Metrics, gpu_memory, rss_bytes
+from model_server.metrics import Metrics, gpu_memory, gpu_peak_reserved, rss_bytes
 from model_server.state_machine import State, StateMachine
 from model_server.worker import Worker
 from modelpool_contract.stats import StatsMemory, StatsModel, WorkerStats
@@ -116,7 +116,10 @@ class ModelServer:
             load_progress=self.worker.load_progress,
             load_seconds=self.worker.load_seconds,
             memory=StatsMemory(
-                rss_bytes=rss_bytes(), gpu_allocated_bytes=allocated, gpu_reserved_bytes=reserved
+                rss_bytes=rss_bytes(),
+                gpu_allocated_bytes=allocated,
+                gpu_reserved_bytes=reserved,
+                gpu_peak_reserved_bytes=gpu_peak_reserved(),
             ),
             model=StatsModel(name=self.config.served_name, task=self.config.task, source=self.config.model),
             time=time.time(),

@@ -24,6 +24,10 @@ DEFAULT_SERVER_IMAGE: Final = "ghcr.io/modelpool/modelpool-server:0.1.0"
 WORKER_PORT: Final = 8000
 #: Where the server writes why it failed (the container's terminationMessagePath).
 TERMINATION_LOG: Final = "/dev/termination-log"
+#: The server flag naming a file that holds the API key (environment: MODELPOOL_API_KEY_FILE); requests
+#: without the key are answered 401, the health routes and ``/stats`` stay open. Passed only to pools
+#: with ``spec.auth.apiKeySecret``, so it is not a ``ServerArgs`` field.
+API_KEY_FILE_FLAG: Final = "--api-key-file"
 
 # Defaults of the flags below, shared by ``ServerArgs``, the server's own flags and a ModelPool's
 # ``spec.queue``.

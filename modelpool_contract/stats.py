@@ -53,11 +53,16 @@ class _Document(BaseModel):
 
 
 class StatsMemory(_Document):
-    """Memory the server process holds (bytes)."""
+    """Memory the server process holds (bytes).
+
+    ``gpu_reserved_bytes`` is what the CUDA caching allocator holds now, ``gpu_peak_reserved_bytes`` the
+    most it ever held (None without CUDA); the operator compares the peak with what the worker is charged.
+    """
 
     rss_bytes: Count = None
     gpu_allocated_bytes: Count = None
     gpu_reserved_bytes: Count = None
+    gpu_peak_reserved_bytes: Count = None
 
 
 class StatsModel(_Document):
@@ -72,7 +77,8 @@ class WorkerStats(_Document):
     """One ``/stats`` answer.
 
     The operator reads ``state`` (case-insensitively), ``state_since``, ``queue_depth``, ``in_flight``,
-    ``last_request_time``, ``load_error`` and ``load_progress``; the rest is for people and benchmarks.
+    ``last_request_time``, ``load_error``, ``load_progress`` and the accelerator memory (``memory``); the
+    rest is for people and benchmarks.
     """
 
     version: Count = STATS_VERSION

@@ -38,6 +38,9 @@ class Cluster:
     processnode_log_dir: Path
     # Records every pod IP the cluster assigns (hack/loopback_guard.py); set by the session fixture.
     pod_ips: PodIPWatch | None = None
+    # The API server's audit log (hack/audit-policy.yaml: requests of the modelpool-audit namespace's
+    # ServiceAccounts only); None when unknown (a reused cluster without it).
+    audit_log: Path | None = None
 
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
@@ -98,6 +101,7 @@ def start_cluster(workdir: Path, name: str, ip_octet: int | None = None) -> Clus
         log_dir=workdir / "logs",
         process_node="process-node-0",
         processnode_log_dir=workdir / "processnode",
+        audit_log=workdir / "kwok" / "clusters" / name / "logs" / "audit.log",
     )
 
 

@@ -38,7 +38,7 @@ MODELBUDGET_PLURAL = "modelbudgets"
 
 # A pool's summary phase.
 PoolPhase = Literal["Pending", "Loading", "Ready", "Degraded", "Failed", "Idle", "ScaledToZero"]
-ConditionType = Literal["Ready", "Progressing", "Degraded", "BudgetExceeded"]
+ConditionType = Literal["Ready", "Progressing", "Degraded", "BudgetExceeded", "MemoryExceedsCharge"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 # Model sources the server can resolve: a local path, file://, hf://org/name[@rev], pvc://claim/path.
@@ -46,6 +46,10 @@ SOURCE_PATTERN = r"^(/|file:///|hf://[^/@\s]+/[^@\s]+|pvc://[a-z0-9]([-a-z0-9]*[
 _SOURCE_RE = re.compile(SOURCE_PATTERN)
 
 Quantity = int | str
+
+#: The server container's RAM request on GPU pools when ``resources.hostMemory`` is unset: enough for the
+#: Python process with torch, transformers and a CUDA context; weights go to the accelerator.
+DEFAULT_GPU_HOST_MEMORY = "2Gi"
 
 
 class _Model(BaseModel):
@@ -61,6 +65,12 @@ class _Model(BaseModel):
     def wire(self) -> dict[str, Any]:
         """The camelCase JSON form, without unset optional fields (``None``)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _cel(rule: str, message: str) -> ConfigDict:
+    """A model's config that carries one CEL rule into its CRD schema (``crdgen`` keeps
+    ``x-kubernetes-validations``): the API server then refuses what the model's own validator refuses."""
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": [{"rule": rule, "message": message}]})
 
 
 def _check_quantity(value: Quantity | None, field: str) -> Quantity | None:
@@ -109,16 +119,26 @@ class ModelSpec(_Model):
 
 
 class ResourcesSpec(_Model):
-    """What one worker needs; memory is also what it is charged against the ModelBudget."""
+    """What one worker needs, and what it is charged against the ModelBudget (memory)."""
 
     gpus: int = Field(
         default=0, ge=0, le=16, description="nvidia.com/gpu per worker (0 runs the model on CPU)."
     )
     memory: Quantity = Field(
         description=(
-            "Memory per worker (a Kubernetes quantity such as 4Gi): the pod's memory request and limit, "
-            "and what the worker is charged against the ModelBudget while it exists and has not failed."
+            "What one worker is charged against the ModelBudget while it exists and has not failed (a "
+            "Kubernetes quantity such as 24Gi): its accelerator memory on GPU pools, its RAM on CPU pools. "
+            "The operator compares it with the peak accelerator memory each worker reports and warns when "
+            "a worker uses more (condition MemoryExceedsCharge)."
         )
+    )
+    host_memory: Quantity | None = Field(
+        default=None,
+        description=(
+            "The server container's RAM, as its memory request and limit. Unset: on GPU pools 2Gi requested "
+            "and no limit (the weights live on the accelerator); on CPU pools the memory field, requested "
+            "and limited (the weights live in RAM)."
+        ),
     )
     cpu: Quantity | None = Field(
         default=None, description="CPU request per worker (a quantity such as 2 or 500m); unset: none."
@@ -132,6 +152,14 @@ class ResourcesSpec(_Model):
             raise ValueError("resources.memory must be greater than 0")
         return value
 
+    @field_validator("host_memory")
+    @classmethod
+    def _host_memory_is_quantity(cls, value: Quantity | None) -> Quantity | None:
+        _check_quantity(value, "resources.hostMemory")
+        if value is not None and parse_quantity(value) <= 0:
+            raise ValueError("resources.hostMemory must be greater than 0")
+        return value
+
     @field_validator("cpu")
     @classmethod
     def _cpu_is_quantity(cls, value: Quantity | None) -> Quantity | None:
@@ -141,6 +169,15 @@ class ResourcesSpec(_Model):
     def memory_bytes(self) -> int:
         """``memory`` in bytes."""
         return parse_quantity(self.memory)
+
+    def container_memory(self) -> tuple[int, int | None]:
+        """The server container's RAM as (request, limit) in bytes; limit None: no limit (see
+        ``host_memory``)."""
+        if self.host_memory is not None:
+            return parse_quantity(self.host_memory), parse_quantity(self.host_memory)
+        if self.gpus > 0:
+            return parse_quantity(DEFAULT_GPU_HOST_MEMORY), None
+        return self.memory_bytes, self.memory_bytes
 
 
 class QueueSpec(_Model):
@@ -188,11 +225,59 @@ class Toleration(_Model):
     )
 
 
-class EnvVar(_Model):
-    """An environment variable for the server container (plain value only)."""
+class SecretKey(_Model):
+    """One key of a Secret (or ConfigMap) in the pool's namespace."""
 
-    name: str = Field(min_length=1, description="Variable name.")
-    value: str = Field(default="", description="Variable value.")
+    name: str = Field(min_length=1, max_length=253, description="The object's name, in the pool's namespace.")
+    key: str = Field(min_length=1, max_length=253, description="The key within it.")
+
+
+class KeySelector(SecretKey):
+    """One key of a Secret or ConfigMap in the pool's namespace, for an environment variable."""
+
+    optional: bool | None = Field(
+        default=None, description="Start the worker even when the object or key is missing."
+    )
+
+
+class EnvVarSource(_Model):
+    """Where a variable's value comes from: exactly one Secret key or ConfigMap key."""
+
+    model_config = _cel(
+        "has(self.secretKeyRef) != has(self.configMapKeyRef)",
+        "valueFrom needs exactly one of secretKeyRef and configMapKeyRef",
+    )
+
+    secret_key_ref: KeySelector | None = Field(
+        default=None, description="A key of a Secret (e.g. a Hugging Face token), never shown in the spec."
+    )
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EnvVarSource:
+        if (self.secret_key_ref is None) == (self.config_map_key_ref is None):
+            raise ValueError("valueFrom needs exactly one of secretKeyRef and configMapKeyRef")
+        return self
+
+
+class EnvVar(_Model):
+    """An environment variable for the server container: a plain value, or a Secret or ConfigMap key."""
+
+    model_config = _cel(
+        "!(has(self.value) && has(self.valueFrom))", "an env entry has either value or valueFrom, not both"
+    )
+
+    name: str = Field(min_length=1, max_length=256, description="Variable name.")
+    value: str | None = Field(default=None, description="Variable value (plain text in the spec).")
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Take the value from a Secret or ConfigMap key instead (e.g. HF_TOKEN)."
+    )
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError("an env entry has either value or valueFrom, not both")
+        return self
 
 
 class PodTemplate(_Model):
@@ -207,7 +292,9 @@ class PodTemplate(_Model):
         default_factory=list, description="Taints worker pods tolerate (e.g. nvidia.com/gpu)."
     )
     env: list[EnvVar] = Field(
-        default_factory=list, description="Environment variables for the server container."
+        default_factory=list,
+        max_length=256,
+        description="Environment variables for the server container (value, or valueFrom a Secret key).",
     )
     service_account_name: str | None = Field(
         default=None, description="The service account worker pods run as."
@@ -280,6 +367,19 @@ class AutoscalingSpec(_Model):
         return self
 
 
+class AuthSpec(_Model):
+    """Who may call the workers."""
+
+    api_key_secret: SecretKey | None = Field(
+        default=None,
+        description=(
+            "A Secret key holding the API key: mounted read-only into every worker and passed to the "
+            "server as --api-key-file. Requests without the key are answered 401; the health routes and "
+            "/stats stay open (probes, the operator)."
+        ),
+    )
+
+
 class ModelPoolSpec(_Model):
     """The desired pool: a model, a task, how many workers and what each one needs."""
 
@@ -328,6 +428,7 @@ class ModelPoolSpec(_Model):
     pod_template: PodTemplate = Field(
         default_factory=PodTemplate, description="Labels, scheduling and env copied onto worker pods."
     )
+    auth: AuthSpec | None = Field(default=None, description="API-key authentication of the workers.")
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> ModelPoolSpec:
@@ -354,6 +455,20 @@ def autoscaling_enabled(spec: ModelPoolSpec) -> bool:
 
 
 # ---- ModelPool status ---------------------------------------------------------------------------------
+
+
+class MeasuredMemory(_Model):
+    """Accelerator memory a worker's server reports in /stats (its CUDA caching allocator)."""
+
+    reserved: str = Field(description="Reserved now (a quantity).")
+    reserved_bytes: int = Field(description="The same in bytes.")
+    peak: str | None = Field(default=None, description="The most it has reserved since it started.")
+    peak_bytes: int | None = Field(default=None, description="The same in bytes.")
+
+    @property
+    def highest(self) -> int:
+        """The peak when reported, else what is reserved now."""
+        return self.peak_bytes if self.peak_bytes is not None else self.reserved_bytes
 
 
 class WorkerStatus(_Model):
@@ -385,6 +500,10 @@ class WorkerStatus(_Model):
     template_hash: str | None = Field(
         default=None, description="The spec revision the worker was built from."
     )
+    accelerator_memory: MeasuredMemory | None = Field(
+        default=None,
+        description="Accelerator memory the worker reports (unset on CPU pools and while unknown).",
+    )
 
 
 class MemoryStatus(_Model):
@@ -399,12 +518,23 @@ class MemoryStatus(_Model):
             "pools leave freed memory to it."
         ),
     )
+    declared: str | None = Field(
+        default=None, description="What each worker is charged: spec.resources.memory (a quantity)."
+    )
+    measured_peak: str | None = Field(
+        default=None,
+        description=(
+            "The highest accelerator-memory peak any current worker reports (unset on CPU pools and while "
+            "no worker reports one)."
+        ),
+    )
+    measured_peak_bytes: int | None = Field(default=None, description="The same in bytes.")
 
 
 class Condition(_Model):
     """A standard Kubernetes condition."""
 
-    type: str = Field(description="Ready, Progressing, Degraded or BudgetExceeded.")
+    type: str = Field(description="Ready, Progressing, Degraded, BudgetExceeded or MemoryExceedsCharge.")
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="A CamelCase reason.")
     message: str = Field(default="", description="A human-readable explanation.")
@@ -478,7 +608,7 @@ class ModelPoolStatus(_Model):
     workers: list[WorkerStatus] = Field(default_factory=list, description="Every worker of the pool.")
     memory: MemoryStatus = Field(default_factory=MemoryStatus, description="Memory charged.")
     conditions: list[Condition] = Field(
-        default_factory=list, description="Ready, Progressing, Degraded, BudgetExceeded."
+        default_factory=list, description="Ready, Progressing, Degraded, BudgetExceeded, MemoryExceedsCharge."
     )
     observed_generation: int | None = Field(
         default=None, description="The spec generation the status reflects."
@@ -564,6 +694,7 @@ def source_is_supported(source: str) -> bool:
 
 __all__ = [
     "API_VERSION",
+    "DEFAULT_GPU_HOST_MEMORY",
     "GROUP",
     "MODELBUDGET_KIND",
     "MODELBUDGET_PLURAL",
@@ -572,11 +703,15 @@ __all__ = [
     "MSG_STABLE_GE_UP_WINDOW",
     "QUANTITY_PATTERN",
     "VERSION",
+    "AuthSpec",
     "AutoscalingSpec",
     "AutoscalingStatus",
     "BackoffStatus",
     "Condition",
     "EnvVar",
+    "EnvVarSource",
+    "KeySelector",
+    "MeasuredMemory",
     "MemoryStatus",
     "ModelBudgetSpec",
     "ModelBudgetStatus",
@@ -587,6 +722,7 @@ __all__ = [
     "PoolShare",
     "QueueSpec",
     "ResourcesSpec",
+    "SecretKey",
     "Toleration",
     "WorkerStatus",
     "autoscaling_enabled",

@@ -286,6 +286,21 @@ def modelpool_crd() -> dict[str, Any]:
             {"name": "State", "type": "string", "jsonPath": ".status.phase"},
             {"name": "Memory", "type": "string", "jsonPath": ".status.memory.charged"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+            # -o wide: what each worker is charged against the highest accelerator-memory peak measured.
+            {
+                "name": "Declared",
+                "type": "string",
+                "jsonPath": ".status.memory.declared",
+                "description": "What each worker is charged (spec.resources.memory).",
+                "priority": 1,
+            },
+            {
+                "name": "Measured",
+                "type": "string",
+                "jsonPath": ".status.memory.measuredPeak",
+                "description": "The highest accelerator-memory peak any current worker reports.",
+                "priority": 1,
+            },
         ],
         scale=True,
     )

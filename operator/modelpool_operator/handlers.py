@@ -67,7 +67,9 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Lo
     state = _state(memo)
     config = state.config
     apply_to_kopf(config, settings)
-    state.kube = await kube_api.connect(config.request_timeout_seconds)
+    if config.metrics_port:
+        state.metrics.serve(config.metrics_port)
+    state.kube = await kube_api.connect(config.request_timeout_seconds, state.metrics.api_error)
     state.scraper = StatsScraper(
         interval=config.stats_interval_seconds,
         timeout=config.stats_timeout_seconds,
@@ -82,6 +84,7 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Lo
 @kopf.on.cleanup()
 async def cleanup(*, memo: Any, **_: Any) -> None:
     state = _state(memo)
+    state.metrics.close()
     if state.scraper is not None:
         await state.scraper.aclose()
     if state.kube is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client, config
@@ -24,17 +24,8 @@ MERGE_PATCH = "application/merge-patch+json"
 
 GONE, EXISTS = 404, 409
 
-
-async def _took_effect(request: Awaitable[Any], *, unless: int) -> bool:
-    """Await one API request: True when it took effect, False when the API answers ``unless`` (404: already
-    gone, 409: already exists; an earlier pass did it); any other error raises."""
-    try:
-        await request
-    except ApiException as exc:
-        if exc.status == unless:
-            return False
-        raise
-    return True
+#: Told about every failed request: (operation, HTTP status or None when no answer came).
+ErrorHook = Callable[[str, int | None], None]
 
 
 def merge_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
@@ -57,7 +48,7 @@ def merge_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[s
     return patch
 
 
-async def connect(request_timeout: float) -> Kube:
+async def connect(request_timeout: float, on_error: ErrorHook | None = None) -> Kube:
     """An API connection from the in-cluster service account, or else ``$KUBECONFIG`` / ~/.kube/config."""
     configuration = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
@@ -65,14 +56,17 @@ async def connect(request_timeout: float) -> Kube:
     else:
         await config.load_kube_config(client_configuration=configuration)
     api_client = client.ApiClient(configuration)
-    return Kube(api_client, request_timeout)
+    return Kube(api_client, request_timeout, on_error)
 
 
 class Kube:
     """The handful of API requests the operator makes besides Kopf's own watching."""
 
-    def __init__(self, api_client: client.ApiClient, request_timeout: float) -> None:
+    def __init__(
+        self, api_client: client.ApiClient, request_timeout: float, on_error: ErrorHook | None = None
+    ) -> None:
         self._api = api_client
+        self._on_error = on_error
         # Typed as Any: the generated client's stubs want model objects, while plain dicts (what the pure
         # builders return) are what the API accepts and what we send.
         self._core: Any = client.CoreV1Api(api_client)
@@ -82,18 +76,40 @@ class Kube:
     async def close(self) -> None:
         await self._api.close()
 
+    async def _took_effect(self, operation: str, request: Awaitable[Any], *, unless: int = 0) -> bool:
+        """Await one API request: True when it took effect, False when the API answers ``unless`` (404:
+        already gone, 409: already exists; an earlier pass did it); any other error is reported to the
+        error hook and raised."""
+        try:
+            await request
+        except ApiException as exc:
+            if exc.status == unless:
+                return False
+            self._report(operation, exc.status)
+            raise
+        except Exception:
+            self._report(operation, None)
+            raise
+        return True
+
+    def _report(self, operation: str, code: int | None) -> None:
+        if self._on_error is not None:
+            self._on_error(operation, code)
+
     # ---- pods ------------------------------------------------------------------------------------
 
     async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> bool:
         """Create a pod; False when a pod of that name already exists (an earlier pass made it)."""
-        return await _took_effect(
+        return await self._took_effect(
+            "create_pod",
             self._core.create_namespaced_pod(namespace, dict(body), _request_timeout=self._timeout),
             unless=EXISTS,
         )
 
     async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
         """Merge-patch a pod's metadata (``None`` values delete keys); False when the pod is gone."""
-        return await _took_effect(
+        return await self._took_effect(
+            "patch_pod",
             self._core.patch_namespaced_pod(
                 name, namespace, dict(patch), _content_type=MERGE_PATCH, _request_timeout=self._timeout
             ),
@@ -103,7 +119,8 @@ class Kube:
     async def delete_pod(self, namespace: str, name: str, grace_period_seconds: int | None = None) -> bool:
         """Delete a pod (with its own grace period unless given); False when it was already gone."""
         options = client.V1DeleteOptions(grace_period_seconds=grace_period_seconds)
-        return await _took_effect(
+        return await self._took_effect(
+            "delete_pod",
             self._core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=self._timeout),
             unless=GONE,
         )
@@ -113,15 +130,15 @@ class Kube:
     async def ensure_service(self, namespace: str, body: Mapping[str, Any]) -> None:
         """Create the pool's Service, or bring an existing one's selector and ports up to date."""
         name = body["metadata"]["name"]
-        try:
-            await self._core.create_namespaced_service(namespace, dict(body), _request_timeout=self._timeout)
+        create = self._core.create_namespaced_service(namespace, dict(body), _request_timeout=self._timeout)
+        if await self._took_effect("create_service", create, unless=EXISTS):
             return
-        except ApiException as exc:
-            if exc.status != EXISTS:
-                raise
         patch = {"metadata": {"labels": body["metadata"].get("labels", {})}, "spec": body.get("spec", {})}
-        await self._core.patch_namespaced_service(
-            name, namespace, patch, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+        await self._took_effect(
+            "patch_service",
+            self._core.patch_namespaced_service(
+                name, namespace, patch, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+            ),
         )
 
     # ---- custom resources ------------------------------------------------------------------------
@@ -129,16 +146,19 @@ class Kube:
     async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
         """Merge-patch a ModelPool's status subresource; False when the pool is gone."""
         patch = self._custom.patch_namespaced_custom_object_status
-        return await self._patch_status(patch, namespace, MODELPOOL_PLURAL, name, status=status)
+        return await self._patch_status(
+            "patch_pool_status", patch, namespace, MODELPOOL_PLURAL, name, status=status
+        )
 
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool:
         """Merge-patch the (cluster-scoped) ModelBudget's status; False when it does not exist."""
         patch = self._custom.patch_cluster_custom_object_status
-        return await self._patch_status(patch, MODELBUDGET_PLURAL, name, status=status)
+        return await self._patch_status("patch_budget_status", patch, MODELBUDGET_PLURAL, name, status=status)
 
-    async def _patch_status(self, patch: Any, *where: str, status: Mapping[str, Any]) -> bool:
+    async def _patch_status(self, operation: str, patch: Any, *where: str, status: Mapping[str, Any]) -> bool:
         """``patch(GROUP, VERSION, *where, body)`` as a merge patch of the status; False when gone."""
-        return await _took_effect(
+        return await self._took_effect(
+            operation,
             patch(
                 GROUP,
                 VERSION,

@@ -1,7 +1,7 @@
 """``modelpool-operator``: the console script that runs the Kopf operator with the project's settings.
 
-The command line overrides only scope, peering, liveness and verbosity; everything else comes from the
-``MODELPOOL_OPERATOR_*`` environment (``settings.OperatorConfig``). Kopf handles SIGINT/SIGTERM: the
+The command line overrides only scope, peering, liveness, metrics and verbosity; everything else comes
+from the ``MODELPOOL_OPERATOR_*`` environment (``settings.OperatorConfig``). Kopf handles SIGINT/SIGTERM: the
 watches stop, the per-pool daemons are cancelled, and the process exits 0.
 """
 
@@ -41,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PORT",
         help="serve GET /healthz on this port (0 disables; default MODELPOOL_OPERATOR_LIVENESS_PORT or 8080)",
     )
+    parser.add_argument(
+        "--metrics",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus GET /metrics on this port (0 disables; default "
+        "MODELPOOL_OPERATOR_METRICS_PORT or 8081)",
+    )
     peering = parser.add_mutually_exclusive_group()
     peering.add_argument(
         "--peering", default=None, metavar="NAME", help="mandatory Kopf peering under this name"
@@ -63,6 +71,8 @@ def config_from_args(args: argparse.Namespace, base: OperatorConfig | None = Non
         overrides["namespaces"] = tuple(args.namespace)
     if args.liveness is not None:
         overrides["liveness_port"] = args.liveness
+    if args.metrics is not None:
+        overrides["metrics_port"] = args.metrics
     if args.peering:
         overrides["peering_name"] = args.peering
     if args.standalone:

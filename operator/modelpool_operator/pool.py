@@ -28,7 +28,7 @@ PoolKey = tuple[str, str]  # (namespace, pool name)
 
 # Spec fields that shape the pod; replicas/min/max/priority/autoscaling do not (changing them never rolls
 # workers).
-_TEMPLATE_FIELDS = ("model", "resources", "queue", "idle_timeout_seconds", "image", "pod_template")
+_TEMPLATE_FIELDS = ("model", "resources", "queue", "idle_timeout_seconds", "image", "pod_template", "auth")
 
 
 def template_hash(spec: ModelPoolSpec) -> str:

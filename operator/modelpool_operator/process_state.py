@@ -10,7 +10,7 @@ holds only what must be shared between the per-pool daemons of one process:
 * ``observed``: each pool's workers as its daemon last observed them (other pools' passes read these).
 
 It also carries the process's connections and services: the API client, the stats scraper, the
-observation cache and the sink that posts Events.
+observation cache, the sink that posts Events and the Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 from modelpool_operator.budget import ReservationBook
 from modelpool_operator.events import EventSink, KopfEventSink
 from modelpool_operator.kube import Kube
+from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observation import ObservationCache
 from modelpool_operator.pool import PoolKey
 from modelpool_operator.settings import OperatorConfig
@@ -39,6 +40,7 @@ class OperatorState:
     scraper: StatsScraper | None = None
     observations: ObservationCache | None = None
     events: EventSink = field(default_factory=KopfEventSink)
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     reservations: ReservationBook = field(default_factory=ReservationBook)
     wakeups: dict[PoolKey, asyncio.Event] = field(default_factory=dict)
     waiting: set[PoolKey] = field(default_factory=set)
@@ -70,6 +72,7 @@ class OperatorState:
         self.wakeups.pop(key, None)
         self.waiting.discard(key)
         self.observed.pop(key, None)
+        self.metrics.pool_gone(key)
 
     def require_kube(self) -> Kube:
         if self.kube is None:

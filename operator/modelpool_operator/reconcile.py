@@ -143,7 +143,8 @@ async def apply(
     if decided.create:
         state.budget_wakeup.set()
     for evict in decided.evict:
-        await kube.patch_pod(evict.namespace, evict.name, eviction_patch(evict.reason, now))
+        if await kube.patch_pod(evict.namespace, evict.name, eviction_patch(evict.reason, now)):
+            state.metrics.evicted(evict.reason)
         if (evict.namespace, evict.pool) != run.key:
             state.poke((evict.namespace, evict.pool))  # its daemon deletes it after the drain grace
     for delete in decided.delete:
@@ -165,6 +166,7 @@ async def apply(
     patch = merge_patch(previous, wire)
     if patch:
         await kube.patch_pool_status(pool.namespace, pool.name, patch)
+    state.metrics.pool_written(run.key, pool.status, decided.status)
     run.last_status, run.last_status_wire = decided.status, wire
     for event in decided.events:
         state.events.post(body, event)
@@ -195,26 +197,29 @@ async def reconcile_pool(
     pools_by_key: PoolsByKey,
     budgets: BudgetsByName,
 ) -> Plan | None:
-    """One pass for the pool ``run.key``: returns the plan it applied (None: the spec is invalid)."""
-    try:
-        pool = PoolView.from_body(body)
-    except ValueError as exc:  # the CRD schema should have refused it; say why once per generation
-        await report_invalid_spec(state, run, body, exc)
-        return None
-    if run.last_status is not None:
-        # We are the only writer of status; our last write is newer than what the watch may show yet.
-        pool = replace(pool, status=run.last_status)
-    decided, now = decide(
-        state,
-        pool,
-        pods_by_pool=pods_by_pool,
-        pools_by_key=pools_by_key,
-        budgets=budgets,
-        load_window=run.load_window,
-    )
-    run.load_window = decided.load_window
-    await apply(state, run, pool, body, decided=decided, now=now)
-    return decided
+    """One pass for the pool ``run.key``: returns the plan it applied (None: the spec is invalid).  Timed
+    and counted by outcome in the operator's metrics."""
+    with state.metrics.reconcile_pass() as outcome:
+        try:
+            pool = PoolView.from_body(body)
+        except ValueError as exc:  # the CRD schema should have refused it; say why once per generation
+            outcome.result = "invalid"
+            await report_invalid_spec(state, run, body, exc)
+            return None
+        if run.last_status is not None:
+            # We are the only writer of status; our last write is newer than what the watch may show yet.
+            pool = replace(pool, status=run.last_status)
+        decided, now = decide(
+            state,
+            pool,
+            pods_by_pool=pods_by_pool,
+            pools_by_key=pools_by_key,
+            budgets=budgets,
+            load_window=run.load_window,
+        )
+        run.load_window = decided.load_window
+        await apply(state, run, pool, body, decided=decided, now=now)
+        return decided
 
 
 async def report_invalid_spec(
@@ -248,7 +253,10 @@ async def create_worker(state: OperatorState, pool: PoolView, body: Mapping[str,
 def budget_status_wire(
     state: OperatorState, pods_by_pool: PodsByPool, budgets: BudgetsByName
 ) -> dict[str, Any]:
-    """The ModelBudget status (wire form) as of now, derived from every indexed worker."""
+    """The ModelBudget status (wire form) as of now, derived from every indexed worker; the budget's
+    metrics follow it."""
     now = datetime.now(UTC)
     workers = _observe(state, pods_by_pool, None, {}, now)
-    return budget_status(_ledger(state, workers, budgets, now)).model_dump(mode="json", by_alias=True)
+    ledger = _ledger(state, workers, budgets, now)
+    state.metrics.budget_written(ledger.total, ledger.used, ledger.reserved)
+    return budget_status(ledger).model_dump(mode="json", by_alias=True)

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from modelpool_contract.flags import (
+    API_KEY_FILE_FLAG,
     DEFAULT_SERVER_IMAGE,
     DRAIN_TIMEOUT_S,
     IDLE_AFTER_S,
@@ -32,11 +33,14 @@ from modelpool_contract.labels import (
     LABEL_WORKER,
     SERVER_CONTAINER,
 )
-from modelpool_operator.api import API_VERSION, MODELPOOL_KIND, ModelPoolSpec
+from modelpool_operator.api import API_VERSION, MODELPOOL_KIND, EnvVar, ModelPoolSpec
 from modelpool_operator.pool import PoolView
 from modelpool_operator.times import rfc3339
 
 MANAGED_BY = "modelpool-operator"
+# Where a pool's API key (spec.auth.apiKeySecret) is mounted, and the file the server reads it from.
+API_KEY_DIR = "/etc/modelpool/api-key"
+API_KEY_FILE = f"{API_KEY_DIR}/api-key"
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,11 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         device="auto",
         dtype=spec.model.dtype,
         trust_remote_code=spec.model.trust_remote_code,
-    ).argv()
+    ).argv() + ([API_KEY_FILE_FLAG, API_KEY_FILE] if _api_key(spec) else [])
+
+
+def _api_key(spec: ModelPoolSpec) -> bool:
+    return spec.auth is not None and spec.auth.api_key_secret is not None
 
 
 def _http_get(path: str) -> dict[str, Any]:
@@ -110,20 +118,41 @@ def _volumes(spec: ModelPoolSpec, settings: PodSettings) -> tuple[list[dict[str,
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         # The server resolves pvc://claim/sub/path under /models/<claim>.
         mounts.append({"name": "model", "mountPath": f"/models/{claim}", "readOnly": True})
+    if spec.auth is not None and spec.auth.api_key_secret is not None:
+        secret = spec.auth.api_key_secret
+        # Only the one key, as a file readable by the server's group (fsGroup) and nobody else.
+        items = [{"key": secret.key, "path": API_KEY_FILE.rsplit("/", 1)[1]}]
+        volumes.append(
+            {"name": "api-key", "secret": {"secretName": secret.name, "items": items, "defaultMode": 0o440}}
+        )
+        mounts.append({"name": "api-key", "mountPath": API_KEY_DIR, "readOnly": True})
     return volumes, mounts
 
 
-def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> dict[str, Any]:
-    """The server container: image, arguments, resources, probes."""
-    memory = spec.resources.memory_bytes
-    limits: dict[str, Any] = {"memory": str(memory)}
-    requests: dict[str, Any] = {"memory": str(memory)}
+def _env_var(var: EnvVar) -> dict[str, Any]:
+    """One container env entry: a plain value, or a Secret/ConfigMap key (never copied into the spec)."""
+    if var.value_from is not None:
+        return {"name": var.name, "valueFrom": var.value_from.wire()}
+    return {"name": var.name, "value": var.value or ""}
+
+
+def _container_resources(spec: ModelPoolSpec) -> dict[str, Any]:
+    """Requests and limits: the container's RAM (``resources.hostMemory`` or its default, which is not
+    what the worker is charged on GPU pools), GPUs, CPU."""
+    ram_request, ram_limit = spec.resources.container_memory()
+    requests: dict[str, Any] = {"memory": str(ram_request)}
+    limits: dict[str, Any] = {} if ram_limit is None else {"memory": str(ram_limit)}
     if spec.resources.gpus > 0:
         limits["nvidia.com/gpu"] = str(spec.resources.gpus)
         requests["nvidia.com/gpu"] = str(spec.resources.gpus)
     if spec.resources.cpu is not None:
         requests["cpu"] = str(spec.resources.cpu)
-    env = [{"name": e.name, "value": e.value} for e in spec.pod_template.env]
+    return {"limits": limits, "requests": requests}
+
+
+def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> dict[str, Any]:
+    """The server container: image, arguments, resources, probes."""
+    env = [_env_var(e) for e in spec.pod_template.env]
     env_names = {e["name"] for e in env}
     for name, value in (("HF_HOME", settings.hf_home), ("PYTHONUNBUFFERED", "1")):
         if name not in env_names:
@@ -136,7 +165,7 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
         "args": server_args(pool_name, spec, settings),
         "env": env,
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": settings.port, "protocol": "TCP"}],
-        "resources": {"limits": limits, "requests": requests},
+        "resources": _container_resources(spec),
         # Loading a big model takes minutes: liveness/readiness only start once startup succeeded.
         "startupProbe": {
             "httpGet": _http_get("/v2/health/live"),

@@ -129,6 +129,12 @@ class OperatorConfig(BaseSettings):
     liveness_port: int = Field(
         default=8080, ge=0, le=65535, description="Port of the /healthz liveness endpoint (0 disables it)."
     )
+    metrics_port: int = Field(
+        default=8081,
+        ge=0,
+        le=65535,
+        description="Port of the Prometheus GET /metrics endpoint (0 disables it).",
+    )
     # An integer: the API server parses ``timeoutSeconds`` as one ("300.0" is a 400 Bad Request).
     watch_server_timeout_seconds: int = Field(
         default=300, gt=0, description="Server-side timeout of each watch request (then it is renewed)."

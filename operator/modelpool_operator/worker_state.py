@@ -15,6 +15,9 @@ reason a user can act on.  It covers every pod shape the kubelet (or KWOK's chao
 
 An unreachable ``/stats`` (``stats is None``) never makes a worker Failed: liveness is the kubelet's call,
 and KWOK pods have no server behind their IP.  A Failed or Dead worker is charged no memory.
+
+The accelerator memory a worker reports (reserved now, and its peak) is read only for pods that request an
+accelerator: a CPU worker has none to report, whatever its ``/stats`` says.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from modelpool_contract.states import (
     WorkerState,
 )
 from modelpool_contract.stats import WorkerStats
-from modelpool_operator.api import WorkerStatus
+from modelpool_operator.api import MeasuredMemory, WorkerStatus
 from modelpool_operator.quantity import QuantityError, format_quantity, parse_quantity
 from modelpool_operator.settings import DEFAULT_UNSCHEDULABLE_TIMEOUT_S
 from modelpool_operator.times import parse_time, rfc3339
@@ -65,6 +68,22 @@ _FROM_SERVER: frozenset[WorkerState] = frozenset(
     {"Loading", "Ready", "Processing", "Idle", "Evicting", "Failed"}
 )
 _MESSAGE_LIMIT = 1024
+#: The reasons a Failed worker can carry (``_terminated_failure``, ``_FAILED_WAITING``, the server's own,
+#: the node's): a bounded set, so a metric may be labelled by them.
+FAILURE_REASONS: frozenset[str] = frozenset(
+    {
+        "OOMKilled",
+        "LoadFailed",
+        "ContainerCannotRun",
+        "StartError",
+        "Error",
+        "Evicted",
+        "Failed",
+        "Unresponsive",
+        "ServerFailed",
+        *_FAILED_WAITING.values(),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -107,6 +126,10 @@ class ObservedWorker:
     uid: str | None = None
     # When the pod's Ready condition last became True (None while not ready).
     ready_since: datetime | None = None
+    # Accelerator memory the server reports (bytes): reserved now and the most it ever reserved; None on
+    # CPU pods and while unknown.
+    accelerator_reserved: int | None = None
+    accelerator_peak: int | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -156,6 +179,19 @@ class ObservedWorker:
             message=self.message,
             load_progress=self.load_progress,
             template_hash=self.template_hash,
+            accelerator_memory=self.measured_memory(),
+        )
+
+    def measured_memory(self) -> MeasuredMemory | None:
+        """The accelerator memory the worker reports, for its status entry (None: not measured)."""
+        if self.accelerator_reserved is None:
+            return None
+        peak = self.accelerator_peak
+        return MeasuredMemory(
+            reserved=format_quantity(self.accelerator_reserved),
+            reserved_bytes=self.accelerator_reserved,
+            peak=format_quantity(peak) if peak is not None else None,
+            peak_bytes=peak,
         )
 
 
@@ -193,6 +229,24 @@ def requested_memory(pod: Mapping[str, Any]) -> int:
             except QuantityError:
                 continue
     return 0
+
+
+def requests_accelerator(pod: Mapping[str, Any]) -> bool:
+    """The pod asks for an accelerator (``nvidia.com/gpu`` or another ``*/gpu`` extended resource)."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        for kind in ("limits", "requests"):
+            for name, value in (resources.get(kind) or {}).items():
+                if str(name).endswith("/gpu") and str(value) not in ("0", ""):
+                    return True
+    return False
+
+
+def _accelerator_memory(pod: Mapping[str, Any], report: WorkerStats | None) -> tuple[int | None, int | None]:
+    """(reserved, peak) accelerator bytes the server reports; (None, None) on CPU pods or when unknown."""
+    if report is None or report.memory is None or not requests_accelerator(pod):
+        return None, None
+    return report.memory.gpu_reserved_bytes, report.memory.gpu_peak_reserved_bytes
 
 
 def _clip(message: Any) -> str | None:
@@ -426,6 +480,7 @@ def observe_worker(
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     requested = requested_memory(pod)
+    reserved, peak = _accelerator_memory(pod, report)
     return ObservedWorker(
         name=str(meta.get("name") or ""),
         namespace=str(meta.get("namespace") or ""),
@@ -451,4 +506,6 @@ def observe_worker(
         stats_known=report is not None,
         uid=meta.get("uid"),
         ready_since=facts.ready_since,
+        accelerator_reserved=reserved,
+        accelerator_peak=peak,
     )

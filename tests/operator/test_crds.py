@@ -99,7 +99,8 @@ def test_names_columns_and_subresources() -> None:
     assert pool["spec"]["scope"] == "Namespaced" and pool["spec"]["names"]["shortNames"] == ["mp"]
     version = pool["spec"]["versions"][0]
     assert version["name"] == "v1alpha1"
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+    columns = version["additionalPrinterColumns"]
+    assert [c["name"] for c in columns if not c.get("priority")] == [
         "Task",
         "Ready",
         "Desired",
@@ -107,6 +108,10 @@ def test_names_columns_and_subresources() -> None:
         "Memory",
         "Age",
     ]
+    # `kubectl get modelpools -o wide`: declared against measured memory.
+    wide = {c["name"]: c["jsonPath"] for c in columns if c.get("priority") == 1}
+    assert wide["Declared"] == ".status.memory.declared"
+    assert wide["Measured"] == ".status.memory.measuredPeak"
     assert version["subresources"]["status"] == {}
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
 

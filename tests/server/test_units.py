@@ -19,6 +19,7 @@ from model_server.config import ServerConfig
 from model_server.dataplane import retry_after_seconds
 from model_server.errors import InvalidInput
 from model_server.heap import HeapTrimmer, due
+from model_server.metrics import gpu_memory, gpu_peak_reserved
 from model_server.sources import SourceError, parse_source, resolve
 from model_server.state_machine import StateMachine
 from model_server.tasks.base import TextItem
@@ -265,3 +266,17 @@ async def test_an_idle_worker_trims_its_heap_once_after_a_quiet_second(
         assert worker._heap.trims == before + 1
     finally:
         worker.close()
+
+
+def test_accelerator_memory_is_reported_only_where_cuda_is_in_use() -> None:
+    """A CPU worker reports no peak (None, so the operator shows no accelerator memory for it); a CUDA
+    worker's peak is at least what its allocator holds now."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    in_use = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+    peak = gpu_peak_reserved()
+    if not in_use:
+        assert peak is None and gpu_memory() == (0, 0)
+    else:
+        assert peak is not None and peak >= gpu_memory()[1]

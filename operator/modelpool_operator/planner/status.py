@@ -1,5 +1,5 @@
 """The last phase of a planning pass: the pool's status (workers, phase, conditions, backoff,
-autoscaling), the closing Events, and the ``Plan`` itself.
+autoscaling, declared against measured memory), the closing Events, and the ``Plan`` itself.
 """
 
 from __future__ import annotations
@@ -23,6 +23,13 @@ from modelpool_operator.api import (
 from modelpool_operator.events import Event
 from modelpool_operator.planner.autoscale import last_scale_time, scaled_to_zero_at
 from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Plan
+from modelpool_operator.planner.memory import (
+    MEMORY_CONDITION,
+    keep_last_measurement,
+    memory_figures,
+    memory_finding,
+    tell_memory_over_charge,
+)
 from modelpool_operator.quantity import format_quantity
 from modelpool_operator.times import rfc3339
 
@@ -67,7 +74,7 @@ def _worker_statuses(draft: Draft) -> list[WorkerStatus]:
             )
         elif before is not None and before.state == entry.state and before.since:
             entry = entry.model_copy(update={"since": before.since})
-        entries.append(entry)
+        entries.append(keep_last_measurement(entry, w, before))
     return entries
 
 
@@ -195,6 +202,20 @@ def _autoscaling_status(draft: Draft) -> AutoscalingStatus:
     )
 
 
+def _memory_condition(draft: Draft, workers: list[WorkerStatus]) -> Condition:
+    """MemoryExceedsCharge: a worker needed more accelerator memory than it is charged."""
+    finding = memory_finding(workers)
+    return condition(
+        draft.pool.status.conditions,
+        MEMORY_CONDITION,
+        status="True" if finding.over else "False",
+        reason=finding.reason,
+        message=finding.message,
+        now=draft.now,
+        generation=draft.pool.generation,
+    )
+
+
 def _closing_events(draft: Draft) -> None:
     """Events about this pass's own decisions: the budget turning, creations, own evictions."""
     blocked = draft.admission.blocked
@@ -218,8 +239,9 @@ def conclude(draft: Draft) -> Plan:
     ready = sum(1 for s in states if s in SERVING_STATES)
     loading = states.count("Loading")
     _settle_backoff(draft, ready)
-    conditions = _conditions(draft, ready, loading)
+    conditions = [*_conditions(draft, ready, loading), _memory_condition(draft, workers)]
     _closing_events(draft)
+    tell_memory_over_charge(draft, workers)
     pool, backoff, target = draft.pool, draft.backoff, draft.target
     charged = sum(w.memory for w in draft.workers)
     status = ModelPoolStatus(
@@ -234,6 +256,7 @@ def conclude(draft: Draft) -> Plan:
             charged=format_quantity(charged),
             charged_bytes=charged,
             waiting_bytes=draft.admission.waiting_bytes,
+            **memory_figures(draft, workers),
         ),
         conditions=conditions,
         observed_generation=pool.generation,

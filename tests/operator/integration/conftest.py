@@ -33,14 +33,16 @@ def crds(cluster: Cluster) -> Cluster:
 
 @pytest.fixture
 def start_operator(crds: Cluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StartOperator]:
-    """A factory: ``start_operator(*namespaces, peering=None, **env)``; every process is stopped (SIGTERM)
-    at teardown and must exit 0; its log is printed when the test failed."""
+    """A factory: ``start_operator(*namespaces, peering=None, kubeconfig=None, **env)`` (no namespace: the
+    whole cluster); every process is stopped (SIGTERM) at teardown and must exit 0; its log is printed when
+    the test failed."""
     started: list[OperatorProcess] = []
 
-    def start(*namespaces: str, peering: str | None = None, **env: str) -> OperatorProcess:
-        process = OperatorProcess(
-            crds, namespaces, tmp_path / f"operator-{len(started)}.log", peering=peering, **env
-        )
+    def start(
+        *namespaces: str, peering: str | None = None, kubeconfig: Path | None = None, **env: str
+    ) -> OperatorProcess:
+        log = tmp_path / f"operator-{len(started)}.log"
+        process = OperatorProcess(crds, namespaces, log, peering=peering, kubeconfig=kubeconfig, **env)
         started.append(process)
         # Ready once its startup hook ran (imports done, API connected): timeouts then measure the operator,
         # not the interpreter's start on a busy machine.

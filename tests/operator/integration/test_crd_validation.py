@@ -29,6 +29,9 @@ def pool(name: str, **spec_overrides: Any) -> dict[str, Any]:
     }
 
 
+SECRET_KEY = {"name": "hf", "key": "token"}
+
+
 def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[int, str]:
     # --dry-run=server: the API server validates (schema, CEL) without storing anything.
     done = cluster.kubectl(
@@ -52,6 +55,27 @@ def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[
             {"autoscaling": {"scaleUpWindowSeconds": 90}},
             ["spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds"],
         ),
+        ({"resources": {"memory": "2Gi", "hostMemory": "a lot"}}, ["spec.resources.hostMemory"]),
+        (
+            {
+                "podTemplate": {
+                    "env": [{"name": "A", "value": "x", "valueFrom": {"secretKeyRef": SECRET_KEY}}]
+                }
+            },
+            ["spec.podTemplate.env[0]", "an env entry has either value or valueFrom, not both"],
+        ),
+        (
+            {"podTemplate": {"env": [{"name": "A", "valueFrom": {}}]}},
+            [
+                "spec.podTemplate.env[0].valueFrom",
+                "valueFrom needs exactly one of secretKeyRef and configMapKeyRef",
+            ],
+        ),
+        (
+            {"podTemplate": {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "hf"}}}]}},
+            ["spec.podTemplate.env[0].valueFrom.secretKeyRef.key", "Required value"],
+        ),
+        ({"auth": {"apiKeySecret": {"name": "keys"}}}, ["spec.auth.apiKeySecret.key", "Required value"]),
     ],
 )
 def test_bad_manifests_are_refused_naming_the_field(
@@ -71,6 +95,28 @@ def test_good_manifests_are_accepted_with_defaults(crds: Cluster, namespace: str
     args = ("create", "--dry-run=server", "-o", "json", "-n", namespace, "-f", "-")
     spec = json.loads(crds.kubectl(*args, input=json.dumps(manifest)).stdout)["spec"]
     assert spec["maxReplicas"] == 10 and spec["minReplicas"] == 0 and spec["model"]["dtype"] == "auto"
+
+
+def test_secrets_by_reference_and_host_memory_are_accepted(crds: Cluster, namespace: str) -> None:
+    manifest = pool(
+        "good",
+        resources={"memory": "24Gi", "gpus": 1, "hostMemory": "8Gi"},
+        podTemplate={
+            "env": [
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": SECRET_KEY}},
+                {
+                    "name": "MODE",
+                    "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode", "optional": True}},
+                },
+                {"name": "PLAIN", "value": "1"},
+            ]
+        },
+        auth={"apiKeySecret": {"name": "keys", "key": "pool"}},
+    )
+    args = ("create", "--dry-run=server", "-o", "json", "-n", namespace, "-f", "-")
+    spec = json.loads(crds.kubectl(*args, input=json.dumps(manifest)).stdout)["spec"]
+    assert spec["podTemplate"]["env"][0] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": SECRET_KEY}}
+    assert spec["resources"]["hostMemory"] == "8Gi" and spec["auth"]["apiKeySecret"]["key"] == "pool"
 
 
 def test_kubectl_explain_documents_the_queue(crds: Cluster) -> None:

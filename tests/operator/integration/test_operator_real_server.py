@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.clusterlib import Cluster
-from tests.kube import apply, free_port, minilm_package, wait_for
+from tests.kube import apply, free_port, wait_for
 from tests.operator.integration.opharness import (
     GI,
     PROCESS_NODE,
@@ -22,6 +22,7 @@ from tests.operator.integration.opharness import (
     StatusRecorder,
     condition,
     events,
+    minilm_source,
     pool_manifest,
     states,
     wait_status,
@@ -29,10 +30,6 @@ from tests.operator.integration.opharness import (
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-
-def _minilm() -> str:
-    return str(minilm_package() / "model")
 
 
 def _worker(status: dict[str, object], state: str) -> bool:
@@ -51,7 +48,7 @@ def test_real_worker_loads_serves_goes_idle_and_is_evicted_to_min_replicas(
         replicas=1,
         min_replicas=0,
         memory="2Gi",
-        source=_minilm(),
+        source=minilm_source(),
         idle_timeout_seconds=20,
         node_selector=PROCESS_NODE,
     )
@@ -68,6 +65,9 @@ def test_real_worker_loads_serves_goes_idle_and_is_evicted_to_min_replicas(
         seen = [w["state"] for s in recorder.statuses("minilm") for w in s.get("workers") or []]
         assert "Loading" in seen and seen.index("Loading") < seen.index("Ready"), seen
         assert ready["readyReplicas"] == 1
+        # A CPU worker has no accelerator memory: nothing measured, nothing raised.
+        assert "acceleratorMemory" not in ready["workers"][0]
+        assert condition(ready, "MemoryExceedsCharge")["reason"] == "NotMeasured"
         pod = worker_pods(cluster, namespace, "minilm")[0]
         ip = pod["status"]["podIP"]
 
@@ -134,7 +134,7 @@ def test_idle_worker_of_lower_priority_pool_is_preempted_for_a_higher_one(
             min_replicas=1,
             memory="2Gi",
             priority=-5,
-            source=_minilm(),
+            source=minilm_source(),
             idle_timeout_seconds=3,
             node_selector=PROCESS_NODE,
         )

@@ -50,6 +50,7 @@ def test_config_defaults_are_cluster_wide_with_liveness() -> None:
         ("MODELPOOL_OPERATOR_POSTING_LEVEL", "LOUD"),
         ("MODELPOOL_OPERATOR_LOG_FORMAT", "xml"),
         ("MODELPOOL_OPERATOR_LIVENESS_PORT", "70000"),
+        ("MODELPOOL_OPERATOR_METRICS_PORT", "-1"),
     ],
 )
 def test_config_refuses_bad_values_naming_the_field(
@@ -68,6 +69,8 @@ def test_command_line_overrides_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert config.namespaces == ("x", "y")
     assert config.liveness_endpoint is None
     assert config.peering_name == "p1"
+    assert config.metrics_port == 8081
+    assert config_from_args(build_parser().parse_args(["--metrics", "0"])).metrics_port == 0
     everywhere = config_from_args(build_parser().parse_args(["--all-namespaces"]))
     assert everywhere.clusterwide
 

@@ -471,7 +471,8 @@ def test_lower_priority_pool_leaves_freed_memory_to_a_waiting_higher_one() -> No
     out = plan(view(low_spec, name="low"), [], ledger_for(3 * GI), others=[hi], now=NOW)
     assert not out.create
     assert cond(out, "BudgetExceeded") == ("True", "InsufficientMemory")
-    assert "left to higher-priority pools 2Gi" in out.status.conditions[-1].message
+    budget = next(c for c in out.status.conditions if c.type == "BudgetExceeded")
+    assert "left to higher-priority pools 2Gi" in budget.message
     assert out.status.memory.waiting_bytes == 2 * GI
     # The waiting pool itself takes it.
     mine = plan(view(make_spec(replicas=1, priority=10), name="hi"), [], ledger_for(3 * GI), now=NOW)

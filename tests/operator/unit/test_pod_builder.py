@@ -85,8 +85,10 @@ def test_worker_pod_shape() -> None:
     assert spec["terminationGracePeriodSeconds"] == 40
     (c,) = spec["containers"]
     assert c["image"] == "img:1" and c["command"] == ["modelpool-server"]
-    assert c["resources"]["limits"] == {"memory": str(2 * 2**30), "nvidia.com/gpu": "1"}
-    assert c["resources"]["requests"]["cpu"] == "500m"
+    # A GPU pool is charged its accelerator memory (2Gi, the annotation above); the container's RAM is the
+    # documented default: 2Gi requested, no limit.
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert c["resources"]["requests"] == {"memory": str(2 * 2**30), "nvidia.com/gpu": "1", "cpu": "500m"}
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 1800
@@ -123,8 +125,84 @@ def test_cpu_only_pool_has_no_gpu_and_hf_revision() -> None:
     pod = build_worker_pod(view(body), "emb-x-0")
     (c,) = pod["spec"]["containers"]
     assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    # On a CPU pool the weights live in RAM: what the worker is charged is its RAM, requested and limited.
+    assert c["resources"]["limits"]["memory"] == c["resources"]["requests"]["memory"] == str(2**30)
     assert c["args"][c["args"].index("--model") + 1] == "hf://org/m@v2"
     assert "--trust-remote-code" in c["args"]
+
+
+@pytest.mark.parametrize(
+    ("resources", "ram_request", "limit"),
+    [
+        ({"memory": "40Gi", "gpus": 2}, 2 * 2**30, None),
+        ({"memory": "40Gi", "gpus": 2, "hostMemory": "24Gi"}, 24 * 2**30, 24 * 2**30),
+        ({"memory": "3Gi"}, 3 * 2**30, 3 * 2**30),
+        ({"memory": "3Gi", "hostMemory": "5Gi"}, 5 * 2**30, 5 * 2**30),
+    ],
+)
+def test_container_ram_is_host_memory_or_its_default_and_the_charge_is_memory(
+    resources: dict[str, Any], ram_request: int, limit: int | None
+) -> None:
+    pod = build_worker_pod(view(pool(resources=resources)), "w")
+    (c,) = pod["spec"]["containers"]
+    assert c["resources"]["requests"]["memory"] == str(ram_request)
+    assert c["resources"]["limits"].get("memory") == (None if limit is None else str(limit))
+    assert pod["metadata"]["annotations"][ANNOTATION_MEMORY] == str(
+        parse_pool_spec(pool(resources=resources)["spec"]).resources.memory_bytes
+    )
+
+
+def test_env_from_a_secret_key_is_a_reference_never_the_value() -> None:
+    env = [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode", "optional": True}}},
+        {"name": "EMPTY"},
+    ]
+    pod = build_worker_pod(view(pool(podTemplate={"env": env})), "w")
+    (c,) = pod["spec"]["containers"]
+    assert c["env"][:3] == [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode", "optional": True}}},
+        {"name": "EMPTY", "value": ""},
+    ]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"name": "A", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+        {"name": "A", "valueFrom": {}},
+        {
+            "name": "A",
+            "valueFrom": {
+                "secretKeyRef": {"name": "s", "key": "k"},
+                "configMapKeyRef": {"name": "c", "key": "k"},
+            },
+        },
+    ],
+)
+def test_an_env_entry_has_one_source(entry: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="value"):
+        parse_pool_spec(pool(podTemplate={"env": [entry]})["spec"])
+
+
+def test_api_key_secret_is_mounted_and_passed_as_a_file() -> None:
+    body = pool(auth={"apiKeySecret": {"name": "keys", "key": "emb"}})
+    pod = build_worker_pod(view(body), "w")
+    (c,) = pod["spec"]["containers"]
+    assert c["args"][-2:] == ["--api-key-file", "/etc/modelpool/api-key/api-key"]
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "api-key"]
+    assert volume["secret"] == {
+        "secretName": "keys",
+        "items": [{"key": "emb", "path": "api-key"}],
+        "defaultMode": 0o440,
+    }
+    assert {"name": "api-key", "mountPath": "/etc/modelpool/api-key", "readOnly": True} in c["volumeMounts"]
+    assert not any(e.get("name") == "MODELPOOL_API_KEY" for e in c["env"]), "the key is never in the spec"
+    # Without auth: no flag, no volume; adding it rolls the workers (it shapes the pod).
+    plain = build_worker_pod(view(pool()), "w")
+    assert "--api-key-file" not in plain["spec"]["containers"][0]["args"]
+    assert spec_hash(body) != spec_hash(pool())
 
 
 def test_pvc_source_mounts_the_claim() -> None:

@@ -1,0 +1,139 @@
+"""The operator's Prometheus metrics: its own registry, served on ``GET /metrics`` (``--metrics PORT``).
+
+Names (all prefixed ``modelpool_operator_``; docs/operator.md has example queries):
+
+* ``reconcile_total{result}`` (ok, invalid, error) and ``reconcile_duration_seconds``: the pool passes
+  and how long each took.
+* ``workers{namespace,pool,state}``: each pool's workers by state, as its last pass wrote them to status
+  (every state is exported, zeros included; a deleted pool's series are removed).
+* ``budget_bytes{kind}`` (total, used, reserved): the ModelBudget as the operator last wrote its status.
+* ``evictions_total{reason}`` (IdleTimeout, Preempted, RollOver, ScaleDown) and
+  ``worker_failures_total{reason}`` (OOMKilled, LoadFailed, ...; an unknown reason counts as Other).
+* ``api_errors_total{operation,code}``: the operator's own API requests that failed (code: the HTTP
+  status, or ``error`` when no answer came).
+* ``process_*``: prometheus-client's process collector (CPU, resident memory, open files).
+
+Cardinality is bounded: no label names a worker; ``pool`` grows with the pools, each adding eight series.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.process_collector import ProcessCollector
+
+from modelpool_contract.states import WORKER_STATES
+from modelpool_operator.api import ModelPoolStatus
+from modelpool_operator.pool import PoolKey
+from modelpool_operator.worker_state import FAILURE_REASONS
+
+PREFIX = "modelpool_operator"
+# A pass takes milliseconds when nothing changes, up to seconds when many workers are created.
+_PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+@dataclass
+class PassOutcome:
+    """How a reconciliation pass ended (set by the pass; ``error`` when it raised)."""
+
+    result: str = "ok"
+
+
+class OperatorMetrics:
+    """Every metric object of one operator process, and the HTTP server that exposes them."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r)
+        self.passes = Counter(f"{PREFIX}_reconcile", "Pool reconciliation passes", ["result"], registry=r)
+        self.pass_seconds = Histogram(
+            f"{PREFIX}_reconcile_duration_seconds",
+            "Duration of one pool reconciliation pass",
+            buckets=_PASS_BUCKETS,
+            registry=r,
+        )
+        self.workers = Gauge(
+            f"{PREFIX}_workers", "Workers by state per pool", ["namespace", "pool", "state"], registry=r
+        )
+        self.budget = Gauge(
+            f"{PREFIX}_budget_bytes", "The ModelBudget: total, used, reserved", ["kind"], registry=r
+        )
+        self.evictions = Counter(
+            f"{PREFIX}_evictions", "Worker evictions started, by reason", ["reason"], registry=r
+        )
+        self.failures = Counter(
+            f"{PREFIX}_worker_failures", "Workers seen failing, by reason", ["reason"], registry=r
+        )
+        self.api_errors = Counter(
+            f"{PREFIX}_api_errors",
+            "Failed Kubernetes API requests of the operator's own calls",
+            ["operation", "code"],
+            registry=r,
+        )
+        self._server: object | None = None
+
+    def serve(self, port: int) -> None:
+        """Serve ``/metrics`` on all addresses in a background thread (prometheus-client's own server)."""
+        server, _ = start_http_server(port, addr="0.0.0.0", registry=self.registry)
+        self._server = server
+
+    def close(self) -> None:
+        shutdown = getattr(self._server, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        self._server = None
+
+    @contextmanager
+    def reconcile_pass(self) -> Iterator[PassOutcome]:
+        """Time one pass and count it by outcome (a cancelled pass, the daemon stopping, is not counted)."""
+        outcome = PassOutcome()
+        started = time.perf_counter()
+        try:
+            yield outcome
+        except asyncio.CancelledError:
+            outcome.result = ""
+            raise
+        except Exception:
+            outcome.result = "error"
+            raise
+        finally:
+            if outcome.result:
+                self.passes.labels(result=outcome.result).inc()
+                self.pass_seconds.observe(time.perf_counter() - started)
+
+    def pool_written(self, key: PoolKey, previous: ModelPoolStatus, status: ModelPoolStatus) -> None:
+        """A pass wrote ``status`` over ``previous``: the pool's workers by state, and failures new in it."""
+        counts = dict.fromkeys(WORKER_STATES, 0)
+        for worker in status.workers:
+            counts[worker.state] += 1
+        for state, count in counts.items():
+            self.workers.labels(namespace=key[0], pool=key[1], state=state).set(count)
+        failed_before = {w.name for w in previous.workers if w.state == "Failed"}
+        for worker in status.workers:
+            if worker.state == "Failed" and worker.name not in failed_before:
+                reason = worker.reason if worker.reason in FAILURE_REASONS else "Other"
+                self.failures.labels(reason=reason).inc()
+
+    def pool_gone(self, key: PoolKey) -> None:
+        """The pool's daemon stopped: drop its series."""
+        for state in WORKER_STATES:
+            with suppress(KeyError):
+                self.workers.remove(key[0], key[1], state)
+
+    def evicted(self, reason: str) -> None:
+        self.evictions.labels(reason=reason).inc()
+
+    def budget_written(self, total: int | None, used: int, reserved: int) -> None:
+        if total is not None:
+            self.budget.labels(kind="total").set(total)
+        self.budget.labels(kind="used").set(used)
+        self.budget.labels(kind="reserved").set(reserved)
+
+    def api_error(self, operation: str, code: int | None) -> None:
+        self.api_errors.labels(operation=operation, code=str(code) if code else "error").inc()

@@ -1,0 +1,240 @@
+"""The chart's RBAC grants exactly what the operator uses: no verb more, none missing.
+
+The verbs the operator uses are not listed by hand: the real operator runs as a ServiceAccount of the
+namespace ``modelpool-audit`` bound to the chart's own rules (rendered by the real helm), does everything
+it does (a pool created, scaled up and down with an eviction, the operator restarted so the pool's Service
+is brought up to date, the pool and the ModelBudget deleted, Events posted, Kopf's peering), and the API
+server's audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says which
+(API group, resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted
+verb no request used is an extra one. Both scopes are run: namespace scope with a KopfPeering, cluster
+scope with a ClusterKopfPeering.
+
+One grant is never a request: ``update`` on ``modelpools/finalizers``, which the
+OwnerReferencesPermissionEnforcement admission plugin (enabled on the local control plane) checks when a
+worker pod is created with ``blockOwnerDeletion``; without it the pod creations would be refused (403),
+which this test would see.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.clusterlib import ROOT, Cluster, missing
+from tests.kube import apply, get_json, wait_for
+from tests.operator.integration.opharness import (
+    GROUP_VERSION,
+    POOLS,
+    StartOperator,
+    pool_manifest,
+    wait_status,
+    worker_pods,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+CHART = ROOT / "charts" / "modelpool-operator"
+AUDITED_NAMESPACE = "modelpool-audit"  # hack/audit-policy.yaml records this namespace's ServiceAccounts
+# The kinds of the chart that make up the operator's identity and peering.
+IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "RoleBinding"}
+PEERING_KINDS = {"KopfPeering", "ClusterKopfPeering"}
+# Granted, but checked by admission rather than requested (see the module docstring).
+NOT_A_REQUEST = {("modelpool.dev", "modelpools/finalizers", "update")}
+
+Rule = tuple[str, str, str]  # (API group, resource[/subresource], verb)
+
+
+@dataclass
+class AuditedRelease:
+    """The chart's RBAC (and peering objects) applied to the cluster, for a ServiceAccount whose requests the
+    audit log records; ``kubeconfig`` authenticates as it."""
+
+    cluster: Cluster
+    name: str
+    docs: list[dict[str, Any]]
+    kubeconfig: Path
+    budget: str
+    applied: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def username(self) -> str:
+        return f"system:serviceaccount:{AUDITED_NAMESPACE}:{self.name}-modelpool-operator"
+
+    def granted(self) -> set[Rule]:
+        return {
+            (group, resource, verb)
+            for doc in self.docs
+            if doc["kind"] == "ClusterRole"
+            for rule in doc["rules"]
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every audited request this ServiceAccount made that names a resource."""
+        log = self.cluster.audit_log
+        assert log is not None
+        events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        return [e for e in events if e["user"]["username"] == self.username and e.get("objectRef")]
+
+    def used(self) -> set[Rule]:
+        return {(_rule(e)) for e in self.requests()}
+
+    def refused(self) -> set[Rule]:
+        return {_rule(e) for e in self.requests() if (e.get("responseStatus") or {}).get("code") == 403}
+
+
+def _rule(event: dict[str, Any]) -> Rule:
+    ref = event["objectRef"]
+    resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+    return ref.get("apiGroup") or "", resource, event["verb"]
+
+
+def _render(cluster: Cluster, release: str, values: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
+    values_file = tmp / f"{release}-values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    out = cluster.helm(
+        "template", release, str(CHART), "--namespace", AUDITED_NAMESPACE, "--values", str(values_file)
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def _token_kubeconfig(cluster: Cluster, service_account: str, path: Path) -> Path:
+    """A kubeconfig for the cluster's API server that authenticates with a ServiceAccount token."""
+    token = cluster.kubectl(
+        "create", "token", service_account, "-n", AUDITED_NAMESPACE, "--duration", "1h"
+    ).stdout.strip()
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])
+    context["context"]["user"] = service_account
+    config["contexts"] = [context]
+    config["users"] = [{"name": service_account, "user": {"token": token}}]
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def audited(crds: Cluster, tmp_path: Path) -> Iterator[Any]:
+    """A factory: ``audited(values)`` renders the chart with ``values`` and applies its RBAC and peering
+    objects for a fresh release; everything is deleted again at teardown (after the operators stopped:
+    tests request this fixture before ``start_operator``)."""
+    if crds.audit_log is None or not crds.audit_log.exists():
+        missing("this cluster has no audit log (start it with hack/cluster.sh, which sets the policy)")
+    crds.kubectl("create", "namespace", AUDITED_NAMESPACE, check=False)
+    releases: list[AuditedRelease] = []
+
+    def make(values: dict[str, Any]) -> AuditedRelease:
+        name = f"audit-{secrets.token_hex(3)}"
+        docs = _render(crds, name, values, tmp_path)
+        crd_docs = [d for d in docs if d["kind"] == "CustomResourceDefinition" and "kopf.dev" in str(d)]
+        for crd in crd_docs:  # Kopf's peering CRDs (the other tests may have installed them already)
+            crds.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd))
+        wanted = [d for d in docs if d["kind"] in IDENTITY_KINDS | PEERING_KINDS]
+        for doc in wanted:
+            apply(crds, doc)
+        release = AuditedRelease(
+            cluster=crds,
+            name=name,
+            docs=docs,
+            kubeconfig=_token_kubeconfig(crds, f"{name}-modelpool-operator", tmp_path / f"{name}.kubeconfig"),
+            budget=f"{name}-budget",
+            applied=wanted,
+        )
+        releases.append(release)
+        return release
+
+    yield make
+    for release in releases:
+        for doc in reversed(release.applied):
+            meta = doc["metadata"]
+            where = ["-n", meta["namespace"]] if meta.get("namespace") else []
+            crds.kubectl("delete", doc["kind"], meta["name"], *where, "--ignore-not-found", "--wait=false")
+
+
+def _budget(name: str, memory: str) -> dict[str, Any]:
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": "ModelBudget",
+        "metadata": {"name": name},
+        "spec": {"memory": memory},
+    }
+
+
+def _compare(release: AuditedRelease) -> None:
+    used, granted, refused = release.used(), release.granted(), release.refused()
+    assert not refused, f"the chart's RBAC refused requests the operator made (missing): {sorted(refused)}"
+    assert not used - granted, f"used but not granted: {sorted(used - granted)}"
+    extra = granted - used - NOT_A_REQUEST
+    assert not extra, f"granted but never used (extra): {sorted(extra)}"
+
+
+def _exercise(
+    crds: Cluster,
+    namespace: str,
+    start_operator: StartOperator,
+    release: AuditedRelease,
+    *,
+    scope: list[str],
+    peering: str,
+) -> None:
+    """Everything the operator does, run as the audited ServiceAccount: a budget and a pool of two KWOK
+    workers (pods, the Service, status, Events, the budget's status, Kopf's finalizers and peering), a
+    scale-down (an eviction patch, then a deletion), a restart (the existing Service patched), and the
+    pool and the budget deleted while the operator runs (Kopf removes its finalizers)."""
+    env = {"MODELPOOL_OPERATOR_BUDGET_NAME": release.budget}
+    apply(crds, _budget(release.budget, "100Gi"))
+    operator = start_operator(*scope, peering=peering, kubeconfig=release.kubeconfig, **env)
+    try:
+        apply(crds, pool_manifest("audited", replicas=2, max_replicas=4), namespace)
+        wait_status(
+            crds, namespace, "audited", lambda s: s.get("readyReplicas") == 2, timeout=90, message="2 ready"
+        )
+        wait_for(
+            lambda: (get_json(crds, "modelbudget", release.budget).get("status") or {}).get("usedBytes"),
+            timeout=60,
+            message="the budget's status written",
+        )
+        patch = ["--type", "merge", "-p", '{"spec": {"replicas": 1}}']
+        crds.kubectl("patch", POOLS, "audited", "-n", namespace, *patch)
+        wait_for(lambda: len(worker_pods(crds, namespace, "audited")) == 1, timeout=90, message="scaled to 1")
+        assert operator.stop() == 0
+        operator = start_operator(*scope, peering=peering, kubeconfig=release.kubeconfig, **env)
+        wait_for(
+            lambda: ("", "services", "patch") in release.used(),
+            timeout=90,
+            message="the restarted operator brought the Service up to date",
+        )
+    finally:
+        # While the operator runs, so that it removes its finalizers.
+        crds.kubectl("delete", POOLS, "audited", "-n", namespace, "--ignore-not-found", "--timeout=60s")
+        crds.kubectl("delete", "modelbudget", release.budget, "--ignore-not-found", "--timeout=60s")
+
+
+def test_namespace_scope_rbac_is_exactly_what_the_operator_uses(
+    crds: Cluster, namespace: str, audited: Any, start_operator: StartOperator
+) -> None:
+    peering = f"mp-audit-{secrets.token_hex(3)}"
+    release: AuditedRelease = audited(
+        {"scope": {"clusterWide": False, "namespaces": [namespace]}, "peering": {"name": peering}}
+    )
+    _exercise(crds, namespace, start_operator, release, scope=[namespace], peering=peering)
+    _compare(release)
+    assert ("", "namespaces", "list") in release.used(), "Kopf resolves the watched namespaces"
+
+
+def test_cluster_scope_rbac_is_exactly_what_the_operator_uses(
+    crds: Cluster, namespace: str, audited: Any, start_operator: StartOperator
+) -> None:
+    """Cluster scope: the operator acts on every namespace (this test's pool is the only one it is given)."""
+    peering = f"mp-audit-{secrets.token_hex(3)}"
+    release: AuditedRelease = audited({"scope": {"clusterWide": True}, "peering": {"name": peering}})
+    _exercise(crds, namespace, start_operator, release, scope=[], peering=peering)
+    _compare(release)
