@@ -54,13 +54,19 @@ class ServerArgs:
     device: str = "auto"
     dtype: Dtype = "auto"
     trust_remote_code: bool = False
+    #: Where the claims of ``pvc://`` sources are mounted (``modelpool_contract.mounts``); only passed
+    #: for such sources.
+    pvc_root: str | None = None
 
     def argv(self) -> list[str]:
-        """``--flag value`` for every field, in field order; a boolean flag only when true."""
+        """``--flag value`` for every field, in field order; a boolean flag only when true, an optional
+        one only when set."""
         args: list[str] = []
         for field in fields(self):
             value = getattr(self, field.name)
             flag = "--" + field.name.replace("_", "-")
+            if value is None:
+                continue
             if isinstance(value, bool):
                 args += [flag] if value else []
             else:

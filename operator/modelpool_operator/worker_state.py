@@ -95,6 +95,9 @@ class ObservedWorker:
     last_request_time: datetime | None = None
     restarts: int = 0
     load_progress: float | None = None
+    # While Loading an hf:// model: bytes of its files in the cache so far, and of all of them.
+    downloaded_bytes: int | None = None
+    download_total_bytes: int | None = None
     template_hash: str | None = None
     # Carries the serving label (the pool's Service routes to it when ready).
     serving: bool = True
@@ -155,6 +158,8 @@ class ObservedWorker:
             reason=self.reason,
             message=self.message,
             load_progress=self.load_progress,
+            downloaded_bytes=self.downloaded_bytes,
+            download_total_bytes=self.download_total_bytes,
             template_hash=self.template_hash,
         )
 
@@ -409,6 +414,13 @@ def _load_progress(state: WorkerState, stats: WorkerStats | None) -> float | Non
     return min(1.0, max(0.0, stats.load_progress))
 
 
+def _download(state: WorkerState, stats: WorkerStats | None) -> tuple[int | None, int | None]:
+    """(downloaded, total) bytes while Loading, when the server reports a download."""
+    if state != "Loading" or stats is None or stats.download is None:
+        return None, None
+    return stats.download.downloaded_bytes, stats.download.total_bytes
+
+
 def observe_worker(
     pod: Mapping[str, Any],
     stats: Mapping[str, Any] | None,
@@ -426,6 +438,7 @@ def observe_worker(
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     requested = requested_memory(pod)
+    downloaded, download_total = _download(verdict.state, report)
     return ObservedWorker(
         name=str(meta.get("name") or ""),
         namespace=str(meta.get("namespace") or ""),
@@ -442,6 +455,8 @@ def observe_worker(
         last_request_time=parse_time(report.last_request_time) if report else None,
         restarts=_int_or_none(_server_container(pod).get("restartCount")) or 0,
         load_progress=_load_progress(verdict.state, report),
+        downloaded_bytes=downloaded,
+        download_total_bytes=download_total,
         template_hash=labels.get(LABEL_TEMPLATE_HASH),
         serving=str(labels.get(LABEL_SERVING, "")).lower() == "true",
         evicting_reason=facts.evicting_reason,

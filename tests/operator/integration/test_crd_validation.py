@@ -29,6 +29,10 @@ def pool(name: str, **spec_overrides: Any) -> dict[str, Any]:
     }
 
 
+def _cached(**cache: str) -> dict[str, Any]:
+    return {"source": "hf://org/m", "task": "text-embedding", "cache": cache}
+
+
 def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[int, str]:
     # --dry-run=server: the API server validates (schema, CEL) without storing anything.
     done = cluster.kubectl(
@@ -47,6 +51,10 @@ def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[
         ({"resources": {"memory": "lots"}}, ["spec.resources.memory"]),
         ({"queue": {"capacity": 0}}, ["spec.queue.capacity"]),
         ({"replicas": -1}, ["spec.replicas"]),
+        ({"model": _cached(type="pvc")}, ["spec.model.cache.claimName is required when type is pvc"]),
+        ({"model": _cached(type="hostPath")}, ["spec.model.cache.path is required when type is hostPath"]),
+        ({"model": _cached(type="hostPath", path="rel/dir")}, ["spec.model.cache.path"]),
+        ({"model": _cached(type="nfs")}, ["spec.model.cache.type", "hostPath"]),
     ],
 )
 def test_bad_manifests_are_refused_naming_the_field(
@@ -66,6 +74,19 @@ def test_good_manifests_are_accepted_with_defaults(crds: Cluster, namespace: str
     args = ("create", "--dry-run=server", "-o", "json", "-n", namespace, "-f", "-")
     spec = json.loads(crds.kubectl(*args, input=json.dumps(manifest)).stdout)["spec"]
     assert spec["maxReplicas"] == 10 and spec["minReplicas"] == 0 and spec["model"]["dtype"] == "auto"
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [
+        {"type": "none"},
+        {"type": "pvc", "claimName": "hub-cache"},
+        {"type": "hostPath", "path": "/var/cache/m"},
+    ],
+)
+def test_model_caches_are_accepted(crds: Cluster, namespace: str, cache: dict[str, str]) -> None:
+    code, output = create(crds, namespace, pool("cached", model=_cached(**cache)))
+    assert code == 0, output
 
 
 def test_kubectl_explain_documents_the_queue(crds: Cluster) -> None:

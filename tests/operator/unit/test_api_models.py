@@ -42,6 +42,10 @@ def test_parse_full_spec_camel_case() -> None:
     assert wire["model"]["trustRemoteCode"] is False
 
 
+def _cached(cache: dict[str, Any]) -> dict[str, Any]:
+    return {"model": {"source": "hf://org/m", "task": "text-embedding", "cache": cache}}
+
+
 def test_defaults() -> None:
     spec = ModelPoolSpec.model_validate(
         {"model": {"source": "/models/x", "task": "vision"}, "resources": {"memory": 1}}
@@ -61,6 +65,11 @@ def test_defaults() -> None:
         ({"resources": {"memory": "0"}}, "resources.memory", "greater than 0"),
         ({"queue": {"capacity": 0}}, "queue.capacity", "greater than or equal to 1"),
         ({"replicas": -1}, "replicas", "greater than or equal to 0"),
+        (_cached({"type": "pvc"}), "", "spec.model.cache.claimName is required when type is pvc"),
+        (_cached({"type": "hostPath"}), "", "spec.model.cache.path is required when type is hostPath"),
+        (_cached({"type": "hostPath", "path": "cache"}), "model.cache.path", "pattern"),
+        (_cached({"type": "pvc", "claimName": "Bad_Name"}), "model.cache.claimName", "pattern"),
+        (_cached({"type": "nfs"}), "model.cache.type", "'none', 'pvc' or 'hostPath'"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(overrides: dict[str, Any], field: str, needle: str) -> None:
