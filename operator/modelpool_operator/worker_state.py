@@ -415,10 +415,11 @@ def _load_progress(state: WorkerState, stats: WorkerStats | None) -> float | Non
 
 
 def _download(state: WorkerState, stats: WorkerStats | None) -> tuple[int | None, int | None]:
-    """(downloaded, total) bytes while Loading, when the server reports a download."""
-    if state != "Loading" or stats is None or stats.download is None:
+    """(downloaded, total) bytes while Loading, once the server knows what its download needs."""
+    download = stats.download if stats is not None else None
+    if state != "Loading" or download is None or download.total_bytes is None:
         return None, None
-    return stats.download.downloaded_bytes, stats.download.total_bytes
+    return download.downloaded_bytes, download.total_bytes
 
 
 def observe_worker(
