@@ -98,3 +98,12 @@ def namespace(cluster: Cluster) -> Iterator[str]:
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def persistent_volumes(cluster: Cluster) -> Iterator[list[str]]:
+    """Names of the (cluster-scoped) PersistentVolumes a test creates, deleted afterwards."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        cluster.kubectl("delete", "pv", name, "--wait=false", check=False)

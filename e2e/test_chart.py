@@ -44,6 +44,7 @@ def test_lint_strict(helm: list[str]) -> None:
         "scope.clusterWide=false,scope.namespaces={a,b}",
         "peering.enabled=false,crds.enabled=false",
         "budget.create=true,budget.memory=1Ti",
+        "config.modelCacheType=hostPath,config.modelCacheHostPath=/var/cache/modelpool",
     ):
         run([*helm, "lint", "--strict", str(CHART), "--set", values])
 
@@ -180,6 +181,13 @@ def test_switches(helm: list[str]) -> None:
     assert pod["nodeSelector"] == {"pool": "system"}
     assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
 
+    # The default model cache reaches the operator's environment (empty values are left out).
+    docs = render(helm, "--set", "config.modelCacheType=pvc", "--set", "config.modelCacheClaimName=hub")
+    env = {e["name"]: e.get("value") for e in container(docs)["env"]}
+    assert env["MODELPOOL_OPERATOR_MODEL_CACHE_TYPE"] == "pvc"
+    assert env["MODELPOOL_OPERATOR_MODEL_CACHE_CLAIM_NAME"] == "hub"
+    assert "MODELPOOL_OPERATOR_MODEL_CACHE_HOST_PATH" not in env
+
     # crds.keep=false drops the annotation.
     docs = render(helm, "--set", "crds.keep=false")
     for crd in by_kind(docs, "CustomResourceDefinition"):
@@ -293,6 +301,13 @@ def test_network_policy_admits_only_the_operator_the_gateway_and_named_callers(h
         (
             ["--set-json", 'networkPolicy.from=[{"podSelector": {"matchLabel": {"a": "b"}}}]'],
             "additional properties 'matchLabel' not allowed",
+        ),
+        (["--set", "config.modelCacheType=nfs"], "at '/config/modelCacheType'"),
+        (["--set", "config.modelCacheType=pvc"], "at '/config/modelCacheClaimName'"),
+        (["--set", "config.modelCacheType=hostPath"], "at '/config/modelCacheHostPath'"),
+        (
+            ["--set", "config.modelCacheType=hostPath", "--set", "config.modelCacheHostPath=rel"],
+            "at '/config/modelCacheHostPath'",
         ),
     ],
 )

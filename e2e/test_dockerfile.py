@@ -10,7 +10,7 @@ import re
 import tomllib
 
 from e2e.helpers import ROOT
-from modelpool_operator.resources import PodSettings
+from modelpool_contract.mounts import HF_HOME_PATH
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
@@ -90,4 +90,4 @@ def test_dockerignore_keeps_the_context_small() -> None:
 
 def test_server_hf_home_matches_the_worker_pods() -> None:
     env = " ".join(rest for kw, rest in STAGES["server"] if kw == "ENV")
-    assert f"HF_HOME={PodSettings().hf_home}" in env
+    assert f"HF_HOME={HF_HOME_PATH}" in env

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from e2e.helpers import EXAMPLES
+from modelpool_contract.mounts import parse_pvc_source
 from modelpool_contract.tasks import TASK_NAMES
 from modelpool_operator.api import (
     API_VERSION,
@@ -19,6 +20,8 @@ from modelpool_operator.api import (
     parse_pool_spec,
     source_is_supported,
 )
+from modelpool_operator.pool import PoolView
+from modelpool_operator.resources import build_worker_pod
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 
@@ -51,3 +54,20 @@ def test_examples_cover_every_task_with_unique_names() -> None:
     assert tasks == set(TASK_NAMES)
     names = [p["metadata"]["name"] for p in pools]
     assert len(names) == len(set(names)), f"duplicate pool names: {names}"
+
+
+def test_pvc_examples_load_from_where_their_claim_is_mounted() -> None:
+    pools = [d for p in EXAMPLE_FILES for d in _documents(p) if d["kind"] == MODELPOOL_KIND]
+    pvc_pools = [p for p in pools if p["spec"]["model"]["source"].startswith("pvc://")]
+    assert pvc_pools, "no example loads from a PersistentVolumeClaim"
+    for doc in pvc_pools:
+        source = parse_pvc_source(doc["spec"]["model"]["source"])
+        assert source is not None
+        pod = build_worker_pod(PoolView.from_body(doc), "w")
+        (container,) = pod["spec"]["containers"]
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == source.mount_path)
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+        assert volume["persistentVolumeClaim"]["claimName"] == source.claim
+        root = container["args"][container["args"].index("--pvc-root") + 1]
+        # The directory the server will read lies inside the mounted claim.
+        assert source.model_path(root).startswith(mount["mountPath"] + "/"), doc["metadata"]["name"]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from modelpool_contract.flags import (
@@ -26,6 +26,7 @@ from modelpool_contract.flags import (
     TERMINATION_LOG,
     Dtype,
 )
+from modelpool_contract.mounts import PVC_MOUNT_ROOT
 from modelpool_contract.tasks import TASK_NAMES, TaskName
 
 _HANDLER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -69,7 +70,10 @@ class ServerConfig(BaseSettings):
     handler: str | None = Field(default=None, description="module:Class implementing the Task interface")
     trust_remote_code: bool = Field(default=False, description="Allow the model repo's own code")
     hf_home: Path | None = Field(default=None, description="Download cache for hf:// (default: HF_HOME)")
-    pvc_root: Path = Field(default=Path("/mnt/pvc"), description="pvc://claim/p -> PVC_ROOT/claim/p")
+    pvc_root: Path = Field(default=Path(PVC_MOUNT_ROOT), description="pvc://claim/p -> PVC_ROOT/claim/p")
+    api_key_file: Path | None = Field(
+        default=None, description="File holding the API key clients must send (Authorization: Bearer)"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
 
     @field_validator("device")
@@ -95,6 +99,18 @@ class ServerConfig(BaseSettings):
             raise ValueError("unsupported scheme; use a path, file://, hf:// or pvc://")
         return value
 
+    # The API key, read once from --api-key-file when the configuration is validated.
+    _api_key: SecretStr | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _read_api_key(self) -> ServerConfig:
+        if self.api_key_file is not None:
+            try:
+                self._api_key = SecretStr(_read_key(self.api_key_file))
+            except ValueError as exc:
+                raise ValueError(f"--api-key-file {exc}") from None
+        return self
+
     @model_validator(mode="after")
     def _name_default(self) -> ServerConfig:
         if self.name is None:
@@ -103,10 +119,29 @@ class ServerConfig(BaseSettings):
         return self
 
     @property
+    def api_key(self) -> str | None:
+        """The key clients must send, or None when the server is open (no ``--api-key-file``)."""
+        return self._api_key.get_secret_value() if self._api_key is not None else None
+
+    @property
     def served_name(self) -> str:
         """The model name clients use (``--name`` or the source's last segment)."""
         assert self.name is not None
         return self.name
+
+
+def _read_key(path: Path) -> str:
+    """The key in ``path`` (surrounding whitespace, e.g. a Secret's trailing newline, dropped)."""
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    if not key:
+        raise ValueError(f"{path} is empty")
+    if any(ch.isspace() or not ch.isprintable() for ch in key):
+        # It travels in an HTTP header: whitespace or control characters could never match.
+        raise ValueError(f"{path} must hold one key without whitespace")
+    return key
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -129,7 +164,10 @@ def _parser() -> argparse.ArgumentParser:
 def _one_line(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        if not err["loc"]:  # a check across fields: its message names the flag
+            parts.append(str(err["msg"]).removeprefix("Value error, "))
+            continue
+        loc = ".".join(str(x) for x in err["loc"])
         flag = "--" + loc.replace("_", "-")
         msg = err["msg"]
         if err["type"] == "missing":

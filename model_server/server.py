@@ -19,7 +19,7 @@ from model_server.dataplane import DataPlane
 from model_server.metrics import Metrics, gpu_memory, gpu_peak_reserved, rss_bytes
 from model_server.state_machine import State, StateMachine
 from model_server.worker import Worker
-from modelpool_contract.stats import StatsMemory, StatsModel, WorkerStats
+from modelpool_contract.stats import StatsDownload, StatsMemory, StatsModel, WorkerStats
 
 log = logging.getLogger("modelpool.server")
 
@@ -115,6 +115,7 @@ class ModelServer:
             load_error=self.worker.load_error,
             load_progress=self.worker.load_progress,
             load_seconds=self.worker.load_seconds,
+            download=self._download(),
             memory=StatsMemory(
                 rss_bytes=rss_bytes(),
                 gpu_allocated_bytes=allocated,
@@ -124,3 +125,9 @@ class ModelServer:
             model=StatsModel(name=self.config.served_name, task=self.config.task, source=self.config.model),
             time=time.time(),
         ).wire()
+
+    def _download(self) -> StatsDownload | None:
+        progress = self.worker.download
+        if progress is None:
+            return None
+        return StatsDownload(downloaded_bytes=progress.downloaded_bytes, total_bytes=progress.total_bytes)

@@ -30,6 +30,7 @@ from typing import Any
 
 from model_server import sources
 from model_server.config import ServerConfig
+from model_server.download import DownloadProgress
 from model_server.errors import FatalDeviceError, InferenceError, InvalidInput, ServerError
 from model_server.heap import HeapTrimmer
 from model_server.preload import preload_torch_libraries
@@ -102,6 +103,8 @@ class Worker:
         self.load_error: str | None = None
         self.load_progress = 0.0
         self.load_seconds: float | None = None
+        # Bytes of an hf:// source's files in the cache so far (None: the source needs no download).
+        self.download = DownloadProgress() if config.model.startswith("hf://") else None
         self.device = config.device
         self._heap = HeapTrimmer()
         self._units_running = 0
@@ -138,7 +141,10 @@ class Worker:
             # A local model needs no hub: never let transformers try the network (slow timeouts offline).
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
         path: Path = sources.resolve(
-            self.config.model, hf_home=self.config.hf_home, pvc_root=self.config.pvc_root
+            self.config.model,
+            hf_home=self.config.hf_home,
+            pvc_root=self.config.pvc_root,
+            progress=self.download,
         )
         self.load_progress = 0.1
         if self.config.handler is None:  # the built-in tasks all import torch (a handler may not)

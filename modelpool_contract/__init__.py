@@ -10,6 +10,8 @@ standard library and pydantic.
 * ``exits``: the server's exit codes the operator reads back from a terminated container.
 * ``stats``: the ``GET /stats`` document (``WorkerStats``) the server emits and the operator parses.
 * ``flags``: the server flags the operator passes to a worker (``ServerArgs``) and their defaults.
+* ``mounts``: where worker pods mount ``pvc://`` claims and the model cache, and the one parser of
+  ``pvc://`` sources.
 
 ``docs/design.md`` ("Contracts") describes each of them.
 """

@@ -24,10 +24,6 @@ DEFAULT_SERVER_IMAGE: Final = "ghcr.io/modelpool/modelpool-server:0.1.0"
 WORKER_PORT: Final = 8000
 #: Where the server writes why it failed (the container's terminationMessagePath).
 TERMINATION_LOG: Final = "/dev/termination-log"
-#: The server flag naming a file that holds the API key (environment: MODELPOOL_API_KEY_FILE); requests
-#: without the key are answered 401, the health routes and ``/stats`` stay open. Passed only to pools
-#: with ``spec.auth.apiKeySecret``, so it is not a ``ServerArgs`` field.
-API_KEY_FILE_FLAG: Final = "--api-key-file"
 
 # Defaults of the flags below, shared by ``ServerArgs``, the server's own flags and a ModelPool's
 # ``spec.queue``.
@@ -58,13 +54,22 @@ class ServerArgs:
     device: str = "auto"
     dtype: Dtype = "auto"
     trust_remote_code: bool = False
+    #: Where the claims of ``pvc://`` sources are mounted (``modelpool_contract.mounts``); only passed
+    #: for such sources.
+    pvc_root: str | None = None
+    #: A file holding the API key (``--api-key-file``): requests without the key are answered 401, the
+    #: health routes and ``/stats`` stay open. Only for pools with ``spec.auth.apiKeySecret``.
+    api_key_file: str | None = None
 
     def argv(self) -> list[str]:
-        """``--flag value`` for every field, in field order; a boolean flag only when true."""
+        """``--flag value`` for every field, in field order; a boolean flag only when true, an optional
+        one only when set."""
         args: list[str] = []
         for field in fields(self):
             value = getattr(self, field.name)
             flag = "--" + field.name.replace("_", "-")
+            if value is None:
+                continue
             if isinstance(value, bool):
                 args += [flag] if value else []
             else:

@@ -65,6 +65,16 @@ class StatsMemory(_Document):
     gpu_peak_reserved_bytes: Count = None
 
 
+class StatsDownload(_Document):
+    """Bytes of the model's files downloaded so far (``hf://`` sources, while the worker loads).
+
+    Counted in the cache the download writes to: files another worker fetched into a shared cache count
+    as downloaded.  ``total_bytes`` is the size of every file the load needs."""
+
+    downloaded_bytes: Count = None
+    total_bytes: Count = None
+
+
 class StatsModel(_Document):
     """The model the worker serves."""
 
@@ -77,8 +87,8 @@ class WorkerStats(_Document):
     """One ``/stats`` answer.
 
     The operator reads ``state`` (case-insensitively), ``state_since``, ``queue_depth``, ``in_flight``,
-    ``last_request_time``, ``load_error``, ``load_progress`` and the accelerator memory (``memory``); the
-    rest is for people and benchmarks.
+    ``last_request_time``, ``load_error``, ``load_progress``, ``download`` (null when the source needs no
+    download) and the accelerator memory (``memory``); the rest is for people and benchmarks.
     """
 
     version: Count = STATS_VERSION
@@ -95,6 +105,7 @@ class WorkerStats(_Document):
     load_error: Text = None
     load_progress: Number = None
     load_seconds: Number = None
+    download: Annotated[StatsDownload | None, _Lenient] = None
     memory: Annotated[StatsMemory | None, _Lenient] = None
     model: Annotated[StatsModel | None, _Lenient] = None
     time: Number = None

@@ -137,3 +137,63 @@ def wait_established(cluster: Cluster, *crds: str, timeout: float = 60) -> None:
             timeout=timeout,
             message=f"CRD {crd} Established",
         )
+
+
+# ---- persistent volumes (the process node maps a hostPath PV's claim to its directory) ------------------
+
+
+def claim_manifest(name: str, storage_class: str, access_mode: str = "ReadWriteOnce") -> dict[str, Any]:
+    """A PersistentVolumeClaim of 1Gi in ``storage_class`` (a class of its own keeps other PVs away)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "storageClassName": storage_class,
+            "accessModes": [access_mode],
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+
+
+def host_path_pv(
+    name: str,
+    path: Path,
+    storage_class: str,
+    claim: str,
+    namespace: str,
+    *,
+    access_mode: str = "ReadWriteOnce",
+) -> dict[str, Any]:
+    """A hostPath PV pre-bound to one claim (claimRef), so no other test's claim can take it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "storageClassName": storage_class,
+            "capacity": {"storage": "1Gi"},
+            "accessModes": [access_mode],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "claimRef": {"namespace": namespace, "name": claim},
+            "hostPath": {"path": str(path), "type": "Directory"},
+        },
+    }
+
+
+def claim_bound(cluster: Cluster, namespace: str, claim: str) -> bool:
+    pvc = get_json(cluster, "pvc", claim, "-n", namespace)
+    return bool(pvc["status"].get("phase") == "Bound")
+
+
+def bind_host_path(
+    cluster: Cluster, namespace: str, claim: str, path: Path, access_mode: str = "ReadWriteOnce"
+) -> str:
+    """A claim in ``namespace`` bound (by the real PV binder) to a hostPath PV at ``path``; returns the PV's
+    name (cluster-scoped: the ``persistent_volumes`` fixture deletes it)."""
+    storage_class = f"local-{namespace}-{claim}"
+    apply(cluster, claim_manifest(claim, storage_class, access_mode), namespace)
+    pv = f"pv-{namespace}-{claim}"
+    apply(cluster, host_path_pv(pv, path, storage_class, claim, namespace, access_mode=access_mode))
+    wait_for(lambda: claim_bound(cluster, namespace, claim), timeout=60, message=f"PVC {claim} bound")
+    return pv

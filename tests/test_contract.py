@@ -10,17 +10,20 @@ from __future__ import annotations
 import subprocess
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, get_args
 
 import pytest
 
 from model_server.config import ServerConfig, load_config
 from model_server.server import ModelServer
+from model_server.sources import resolve
 from model_server.state_machine import SERVING, State
 from model_server.tasks import REGISTRY
 from modelpool_contract.exits import EXIT_LOAD_FAILED
 from modelpool_contract.flags import ServerArgs
 from modelpool_contract.labels import ANNOTATION_DEMANDED_AT
+from modelpool_contract.mounts import PVC_MOUNT_ROOT, PvcSource, PvcSourceError, parse_pvc_source
 from modelpool_contract.states import SERVING_STATES, WORKER_STATES
 from modelpool_contract.stats import WorkerStats
 from modelpool_contract.tasks import TASK_NAMES, TaskName
@@ -101,7 +104,55 @@ def test_the_flags_the_operator_passes_are_server_flags_with_the_same_defaults()
     required = {"model": "/m", "task": "vision", "name": "x"}
     server = load_config(ServerArgs(**required).argv())  # type: ignore[arg-type]
     for name in fields - set(required) - {"port"}:  # the port: the operator's choice for pods
-        assert getattr(server, name) == getattr(ServerArgs(**required), name), name  # type: ignore[arg-type]
+        sent = getattr(ServerArgs(**required), name)  # type: ignore[arg-type]
+        if sent is not None:  # an optional flag left out: the server's own default applies
+            assert getattr(server, name) == sent, name
+    assert server.pvc_root == Path(PVC_MOUNT_ROOT)  # and that one is the contract's
+
+
+def test_a_pvc_source_is_read_where_the_operator_mounts_its_claim(tmp_path: Path) -> None:
+    body = {
+        "metadata": {"name": "emb", "namespace": "ns"},
+        "spec": {
+            "model": {"source": "pvc://weights/minilm/v1", "task": "text-embedding"},
+            "resources": {"memory": "1Gi"},
+        },
+    }
+    (container,) = build_worker_pod(PoolView.from_body(body), "emb-h-0")["spec"]["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "model")
+    assert mount == {"name": "model", "mountPath": "/models/weights", "readOnly": True}
+    config = load_config(container["args"])
+    # The claim's files where the pod sees them (below tmp_path, as the process node puts a pod's root).
+    model_dir = tmp_path / mount["mountPath"].lstrip("/") / "minilm" / "v1"
+    model_dir.mkdir(parents=True)
+    root = tmp_path / str(config.pvc_root).lstrip("/")
+    assert resolve(config.model, pvc_root=root) == model_dir
+
+
+def test_pvc_sources_parse_to_a_claim_and_a_path_inside_it() -> None:
+    source = parse_pvc_source("pvc://weights//minilm/v1/")
+    assert source == PvcSource(claim="weights", path="minilm/v1")
+    assert (source.mount_path, source.model_path()) == ("/models/weights", "/models/weights/minilm/v1")
+    assert PvcSource("weights", "").model_path("/r/") == "/r/weights"
+    assert parse_pvc_source("hf://org/m") is None and parse_pvc_source("/models/x") is None
+    for bad in ("pvc://", "pvc:///x", "pvc://Weights/x", "pvc://w/../other", "pvc://-w"):
+        with pytest.raises(PvcSourceError):
+            parse_pvc_source(bad)
+
+
+def test_download_progress_reaches_the_pool_status_while_loading() -> None:
+    server = ModelServer(load_config(["--model", "hf://org/m", "--task", "text-embedding"]))
+    assert server.worker.download is not None
+    server.state_machine.to(State.LOADING)
+    pod = _running(build_worker_pod(_pool(), "emb-h-0"))
+    unlisted = observe_worker(pod, server.stats(), NOW).to_status().wire()
+    assert "downloadedBytes" not in unlisted  # not before the hub listed the files
+    server.worker.download.downloaded_bytes, server.worker.download.total_bytes = 300, 1000
+    status = observe_worker(pod, server.stats(), NOW).to_status().wire()
+    assert (status["downloadedBytes"], status["downloadTotalBytes"]) == (300, 1000)
+    server.state_machine.to(State.READY)
+    ready = observe_worker(_running(pod, ready=True), server.stats(), NOW).to_status().wire()
+    assert "downloadedBytes" not in ready  # shown while Loading only
 
 
 def test_the_server_reads_back_what_the_pod_builder_writes() -> None:

@@ -4,7 +4,8 @@ Routes live in ``ops`` (health, metadata, /metrics, /stats), ``kserve_routes`` (
 ``openai_routes`` (the OpenAI-compatible API); typed errors become HTTP answers in ``common``.
 ``limits.LimitsMiddleware`` (pure ASGI, outermost) refuses a full queue with 429 and bodies over
 ``--max-request-bytes`` with 413 before any route reads them, hands v2 infer straight to its handler
-(the hot path skips FastAPI's stack), and records request count and latency.
+(the hot path skips FastAPI's stack), and records request count and latency.  With ``--api-key-file``,
+``auth.ApiKeyMiddleware`` wraps it all: a request without the key is refused before anything else.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from starlette.types import ASGIApp
 
 from model_server import __version__
 from model_server.endpoints import kserve_routes, openai_routes, ops
+from model_server.endpoints.auth import ApiKeyMiddleware
 from model_server.endpoints.common import error_response, server_error_response
 from model_server.endpoints.limits import LimitsMiddleware
 from model_server.errors import InvalidInput, ServerError
@@ -28,8 +30,11 @@ def build_app(server: ModelServer) -> ASGIApp:
     """The ASGI app uvicorn serves: the limits middleware outermost, then FastAPI.
 
     Outermost, so that a 429 under overload or a 413 costs the event loop no more than this one
-    middleware (FastAPI's own middleware stack, routing and body parsing are skipped)."""
-    return LimitsMiddleware(build_api(server), server, kserve_routes.infer_handler(server))
+    middleware (FastAPI's own middleware stack, routing and body parsing are skipped).  The API-key
+    check, when configured, goes around even that."""
+    app: ASGIApp = LimitsMiddleware(build_api(server), server, kserve_routes.infer_handler(server))
+    key = server.config.api_key
+    return ApiKeyMiddleware(app, key, server.dataplane.reject) if key is not None else app
 
 
 def build_api(server: ModelServer) -> FastAPI:

@@ -50,6 +50,9 @@ Quantity = int | str
 #: The server container's RAM request on GPU pools when ``resources.hostMemory`` is unset: enough for the
 #: Python process with torch, transformers and a CUDA context; weights go to the accelerator.
 DEFAULT_GPU_HOST_MEMORY = "2Gi"
+# A PersistentVolumeClaim's name (a DNS-1123 subdomain).
+CLAIM_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+CacheType = Literal["none", "pvc", "hostPath"]
 
 
 class _Model(BaseModel):
@@ -86,6 +89,43 @@ def _check_quantity(value: Quantity | None, field: str) -> Quantity | None:
 # ---- ModelPool spec -----------------------------------------------------------------------------------
 
 
+class ModelCacheSpec(_Model):
+    """Where workers keep hf:// downloads: each in its own emptyDir, or in a cache the workers share."""
+
+    type: CacheType = Field(
+        description=(
+            "none: each worker downloads into its own emptyDir; pvc: a PersistentVolumeClaim in the pool's "
+            "namespace (ReadWriteMany, so workers on every node share it); hostPath: a directory on each "
+            "node, shared by the workers on that node."
+        )
+    )
+    claim_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=CLAIM_NAME_PATTERN,
+        description="type pvc: the claim's name.",
+    )
+    path: str | None = Field(
+        default=None,
+        max_length=4096,
+        pattern=r"^/",
+        description="type hostPath: the node's directory (created when missing; writable by uid 10001).",
+    )
+
+    @model_validator(mode="after")
+    def _named(self) -> ModelCacheSpec:
+        # Same rules and messages as the CRD's CEL validations.
+        if self.type == "pvc" and not self.claim_name:
+            raise ValueError(MSG_CACHE_CLAIM)
+        if self.type == "hostPath" and not self.path:
+            raise ValueError(MSG_CACHE_PATH)
+        return self
+
+
+MSG_CACHE_CLAIM = "spec.model.cache.claimName is required when type is pvc"
+MSG_CACHE_PATH = "spec.model.cache.path is required when type is hostPath"
+
+
 class ModelSpec(_Model):
     """Which model the workers serve, and how the server loads it."""
 
@@ -115,6 +155,13 @@ class ModelSpec(_Model):
     trust_remote_code: bool = Field(
         default=False,
         description="Allow the model repository's own Python code to run (off unless you trust the source).",
+    )
+    cache: ModelCacheSpec | None = Field(
+        default=None,
+        description=(
+            "Where hf:// downloads are kept (other sources need no cache). Unset: the operator's default "
+            "(the chart's config.modelCacheType), which is an emptyDir per worker unless set otherwise."
+        ),
     )
 
 
@@ -497,6 +544,16 @@ class WorkerStatus(_Model):
     load_progress: float | None = Field(
         default=None, description="Load progress between 0 and 1 while Loading, when the server reports it."
     )
+    downloaded_bytes: int | None = Field(
+        default=None,
+        description=(
+            "While Loading an hf:// model: bytes of its files in the worker's cache so far (files another "
+            "worker already fetched into a shared cache count)."
+        ),
+    )
+    download_total_bytes: int | None = Field(
+        default=None, description="While Loading an hf:// model: bytes of all the files it needs."
+    )
     template_hash: str | None = Field(
         default=None, description="The spec revision the worker was built from."
     )
@@ -715,6 +772,7 @@ __all__ = [
     "MemoryStatus",
     "ModelBudgetSpec",
     "ModelBudgetStatus",
+    "ModelCacheSpec",
     "ModelPoolSpec",
     "ModelPoolStatus",
     "ModelSpec",

@@ -27,6 +27,8 @@ from modelpool_operator.api import (
     MODELBUDGET_PLURAL,
     MODELPOOL_KIND,
     MODELPOOL_PLURAL,
+    MSG_CACHE_CLAIM,
+    MSG_CACHE_PATH,
     MSG_MIN_LE_REPLICAS,
     MSG_REPLICAS_LE_MAX,
     MSG_STABLE_GE_UP_WINDOW,
@@ -178,6 +180,11 @@ def _pool_spec_schema() -> dict[str, Any]:
             "message": MSG_STABLE_GE_UP_WINDOW,
             "fieldPath": ".stableWindowSeconds",
         }
+    ]
+    cache = spec["properties"]["model"]["properties"]["cache"]
+    cache["x-kubernetes-validations"] = [
+        {"rule": "self.type != 'pvc' || has(self.claimName)", "message": MSG_CACHE_CLAIM},
+        {"rule": "self.type != 'hostPath' || has(self.path)", "message": MSG_CACHE_PATH},
     ]
     source = spec["properties"]["model"]["properties"]["source"]
     # CEL instead of ``pattern``: the same check, with a message that says what is accepted.

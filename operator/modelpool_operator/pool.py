@@ -32,10 +32,16 @@ _TEMPLATE_FIELDS = ("model", "resources", "queue", "idle_timeout_seconds", "imag
 
 
 def template_hash(spec: ModelPoolSpec) -> str:
-    """A short, stable hash of the spec fields that shape a worker pod."""
-    shaping = {name: getattr(spec, name) for name in _TEMPLATE_FIELDS}
+    """A short, stable hash of the spec fields that shape a worker pod.
+
+    Unset optional fields are left out, so that a new optional field in the API (unset in every existing
+    pool) does not change the hash of every pool, which would roll every worker when the operator is
+    upgraded."""
+    shaping = {name: getattr(spec, name) for name in _TEMPLATE_FIELDS if getattr(spec, name) is not None}
     payload = {
-        key: value.model_dump(mode="json", by_alias=True) if hasattr(value, "model_dump") else value
+        key: value.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if hasattr(value, "model_dump")
+        else value
         for key, value in shaping.items()
     }
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

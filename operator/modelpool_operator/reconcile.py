@@ -54,7 +54,9 @@ def planner_settings(config: OperatorConfig) -> PlannerSettings:
 
 
 def pod_settings(config: OperatorConfig) -> PodSettings:
-    return PodSettings(default_image=config.server_image, port=config.server_port)
+    return PodSettings(
+        default_image=config.server_image, port=config.server_port, model_cache=config.model_cache
+    )
 
 
 @dataclass

@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import Any
 
 from modelpool_contract.flags import (
-    API_KEY_FILE_FLAG,
     DEFAULT_SERVER_IMAGE,
     DRAIN_TIMEOUT_S,
     IDLE_AFTER_S,
@@ -33,7 +32,8 @@ from modelpool_contract.labels import (
     LABEL_WORKER,
     SERVER_CONTAINER,
 )
-from modelpool_operator.api import API_VERSION, MODELPOOL_KIND, EnvVar, ModelPoolSpec
+from modelpool_contract.mounts import CACHE_MOUNT_PATH, HF_HOME_PATH, PVC_MOUNT_ROOT, parse_pvc_source
+from modelpool_operator.api import API_VERSION, MODELPOOL_KIND, EnvVar, ModelCacheSpec, ModelPoolSpec
 from modelpool_operator.pool import PoolView
 from modelpool_operator.times import rfc3339
 
@@ -55,8 +55,8 @@ class PodSettings:
     startup_period_s: int = 10
     startup_failure_threshold: int = 180
     image_pull_policy: str = "IfNotPresent"
-    # Cache directory for hf:// downloads, inside an emptyDir (the root filesystem may be read-only).
-    hf_home: str = "/cache/huggingface"
+    # The model cache of pools that set no spec.model.cache (None: an emptyDir per worker).
+    model_cache: ModelCacheSpec | None = None
 
 
 def worker_name(pool_name: str, template_hash: str, index: int) -> str:
@@ -95,29 +95,37 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         device="auto",
         dtype=spec.model.dtype,
         trust_remote_code=spec.model.trust_remote_code,
-    ).argv() + ([API_KEY_FILE_FLAG, API_KEY_FILE] if _api_key(spec) else [])
-
-
-def _api_key(spec: ModelPoolSpec) -> bool:
-    return spec.auth is not None and spec.auth.api_key_secret is not None
+        pvc_root=PVC_MOUNT_ROOT if parse_pvc_source(spec.model.source) else None,
+        api_key_file=API_KEY_FILE if spec.auth is not None and spec.auth.api_key_secret is not None else None,
+    ).argv()
 
 
 def _http_get(path: str) -> dict[str, Any]:
     return {"path": path, "port": HTTP_PORT_NAME}
 
 
+def _cache_volume(spec: ModelPoolSpec, settings: PodSettings) -> dict[str, Any]:
+    """The ``cache`` volume (HF_HOME): shared as the pool or the operator says for hf:// sources, else an
+    emptyDir (the root filesystem may be read-only, and libraries still want a writable HF_HOME)."""
+    cache = spec.model.cache or settings.model_cache
+    if cache is None or cache.type == "none" or not spec.model.source.startswith("hf://"):
+        return {"name": "cache", "emptyDir": {}}
+    if cache.type == "pvc":
+        return {"name": "cache", "persistentVolumeClaim": {"claimName": cache.claim_name}}
+    return {"name": "cache", "hostPath": {"path": cache.path, "type": "DirectoryOrCreate"}}
+
+
 def _volumes(spec: ModelPoolSpec, settings: PodSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    volumes: list[dict[str, Any]] = [{"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    volumes: list[dict[str, Any]] = [_cache_volume(spec, settings), {"name": "tmp", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [
-        {"name": "cache", "mountPath": settings.hf_home.rsplit("/", 1)[0] or "/cache"},
+        {"name": "cache", "mountPath": CACHE_MOUNT_PATH},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
-    source = spec.model.source
-    if source.startswith("pvc://"):
-        claim = source[len("pvc://") :].split("/", 1)[0]
-        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-        # The server resolves pvc://claim/sub/path under /models/<claim>.
-        mounts.append({"name": "model", "mountPath": f"/models/{claim}", "readOnly": True})
+    pvc = parse_pvc_source(spec.model.source)
+    if pvc is not None:
+        # The server reads pvc://claim/sub/path from <--pvc-root>/claim/sub/path (server_args).
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": pvc.claim, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": pvc.mount_path, "readOnly": True})
     if spec.auth is not None and spec.auth.api_key_secret is not None:
         secret = spec.auth.api_key_secret
         # Only the one key, as a file readable by the server's group (fsGroup) and nobody else.
@@ -154,7 +162,7 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
     """The server container: image, arguments, resources, probes."""
     env = [_env_var(e) for e in spec.pod_template.env]
     env_names = {e["name"] for e in env}
-    for name, value in (("HF_HOME", settings.hf_home), ("PYTHONUNBUFFERED", "1")):
+    for name, value in (("HF_HOME", HF_HOME_PATH), ("PYTHONUNBUFFERED", "1")):
         if name not in env_names:
             env.append({"name": name, "value": value})
     return {

@@ -12,11 +12,12 @@ import logging
 import random
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, WORKER_PORT
 from modelpool_contract.labels import LABEL_POOL, PREFIX
+from modelpool_operator.api import CacheType, ModelCacheSpec
 
 # Defaults of the knobs that the pure decisions also take as settings (``PlannerSettings``,
 # ``LifecycleSettings``), so that both read the same numbers.
@@ -100,6 +101,20 @@ class OperatorConfig(BaseSettings):
         gt=0,
         description="A Pending pod the scheduler could not place for this long is reported Unschedulable.",
     )
+    model_cache_type: CacheType = Field(
+        default="none",
+        description=(
+            "The model cache of pools that set no spec.model.cache: none (an emptyDir per worker), pvc "
+            "(the claim model_cache_claim_name in the pool's namespace, ReadWriteMany) or hostPath "
+            "(model_cache_host_path on each node)."
+        ),
+    )
+    model_cache_claim_name: str = Field(
+        default="", description="model_cache_type pvc: the claim's name (in each pool's namespace)."
+    )
+    model_cache_host_path: str = Field(
+        default="", description="model_cache_type hostPath: the directory on each node."
+    )
 
     # --- the process -------------------------------------------------------------------------------
     peering_name: str | None = Field(
@@ -178,6 +193,25 @@ class OperatorConfig(BaseSettings):
             raise ValueError("log_format must be 'json' or 'plain'")
         return value
 
+    @model_validator(mode="after")
+    def _cache_is_complete(self) -> OperatorConfig:
+        self.model_cache  # noqa: B018 - raises when the type's claim or path is missing
+        return self
+
+    @property
+    def model_cache(self) -> ModelCacheSpec | None:
+        """The default ``spec.model.cache`` (None: an emptyDir per worker)."""
+        if self.model_cache_type == "none":
+            return None
+        try:
+            return ModelCacheSpec(
+                type=self.model_cache_type,
+                claim_name=self.model_cache_claim_name or None,
+                path=self.model_cache_host_path or None,
+            )
+        except ValidationError as exc:
+            raise ValueError("; ".join(_cache_error(e) for e in exc.errors())) from None
+
     @property
     def clusterwide(self) -> bool:
         """True when no namespace is named: the operator watches every namespace."""
@@ -190,6 +224,21 @@ class OperatorConfig(BaseSettings):
     @property
     def liveness_endpoint(self) -> str | None:
         return f"http://0.0.0.0:{self.liveness_port}/healthz" if self.liveness_port else None
+
+
+# The pool fields a default model cache is checked as, and the settings they come from.
+_CACHE_SETTING = {"claim_name": "model_cache_claim_name", "path": "model_cache_host_path"}
+_CACHE_FIELD = {"spec.model.cache.claimName": "claim_name", "spec.model.cache.path": "path"}
+
+
+def _cache_error(error: Any) -> str:
+    """A ``ModelCacheSpec`` error in the words of the operator's settings."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["loc"]:
+        return f"{_CACHE_SETTING.get(str(error['loc'][0]), error['loc'][0])}: {message}"
+    for field, name in _CACHE_FIELD.items():
+        message = message.replace(field, _CACHE_SETTING[name])
+    return message
 
 
 def peering_priority(configured: int | None, rng: random.Random) -> int:

@@ -46,7 +46,15 @@ def _uid(pod: Mapping[str, Any]) -> str:
 
 # The /stats fields whose change is worth a reconciliation pass (not counters such as requests_total);
 # names of ``modelpool_contract.stats.WorkerStats`` fields.
-_NEWS_FIELDS = ("state", "queue_depth", "in_flight", "last_request_time", "load_error", "load_progress")
+_NEWS_FIELDS = (
+    "state",
+    "queue_depth",
+    "in_flight",
+    "last_request_time",
+    "load_error",
+    "load_progress",
+    "download",
+)
 
 
 def _news(stats: Mapping[str, Any] | None) -> tuple[Any, ...] | None:

@@ -114,6 +114,9 @@ class ObservedWorker:
     last_request_time: datetime | None = None
     restarts: int = 0
     load_progress: float | None = None
+    # While Loading an hf:// model: bytes of its files in the cache so far, and of all of them.
+    downloaded_bytes: int | None = None
+    download_total_bytes: int | None = None
     template_hash: str | None = None
     # Carries the serving label (the pool's Service routes to it when ready).
     serving: bool = True
@@ -178,6 +181,8 @@ class ObservedWorker:
             reason=self.reason,
             message=self.message,
             load_progress=self.load_progress,
+            downloaded_bytes=self.downloaded_bytes,
+            download_total_bytes=self.download_total_bytes,
             template_hash=self.template_hash,
             accelerator_memory=self.measured_memory(),
         )
@@ -463,6 +468,14 @@ def _load_progress(state: WorkerState, stats: WorkerStats | None) -> float | Non
     return min(1.0, max(0.0, stats.load_progress))
 
 
+def _download(state: WorkerState, stats: WorkerStats | None) -> tuple[int | None, int | None]:
+    """(downloaded, total) bytes while Loading, once the server knows what its download needs."""
+    download = stats.download if stats is not None else None
+    if state != "Loading" or download is None or download.total_bytes is None:
+        return None, None
+    return download.downloaded_bytes, download.total_bytes
+
+
 def observe_worker(
     pod: Mapping[str, Any],
     stats: Mapping[str, Any] | None,
@@ -481,6 +494,7 @@ def observe_worker(
     labels = meta.get("labels") or {}
     requested = requested_memory(pod)
     reserved, peak = _accelerator_memory(pod, report)
+    downloaded, download_total = _download(verdict.state, report)
     return ObservedWorker(
         name=str(meta.get("name") or ""),
         namespace=str(meta.get("namespace") or ""),
@@ -497,6 +511,8 @@ def observe_worker(
         last_request_time=parse_time(report.last_request_time) if report else None,
         restarts=_int_or_none(_server_container(pod).get("restartCount")) or 0,
         load_progress=_load_progress(verdict.state, report),
+        downloaded_bytes=downloaded,
+        download_total_bytes=download_total,
         template_hash=labels.get(LABEL_TEMPLATE_HASH),
         serving=str(labels.get(LABEL_SERVING, "")).lower() == "true",
         evicting_reason=facts.evicting_reason,

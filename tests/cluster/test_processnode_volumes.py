@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,12 @@ from tests.clusterlib import Cluster
 from tests.kube import (
     PROCESS_NODE_SELECTOR,
     apply,
+    bind_host_path,
+    claim_manifest,
     container_status,
     free_port,
     get_json,
+    host_path_pv,
     is_ready,
     minilm_package,
     process_node_pod,
@@ -57,50 +59,6 @@ with open(os.environ["MODELPOOL_TERMINATION_LOG"], "w") as f:
 def _pods_dir(cluster: Cluster) -> Path:
     # hack/cluster.sh gives the agent --pods-dir $CLUSTER_DIR/pods, beside its container logs.
     return Path(cluster.processnode_log_dir).parent / "pods"
-
-
-@pytest.fixture
-def persistent_volumes(cluster: Cluster) -> Iterator[list[str]]:
-    """Names of the (cluster-scoped) PersistentVolumes a test creates, deleted afterwards."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        cluster.kubectl("delete", "pv", name, "--wait=false", check=False)
-
-
-def _claim(name: str, storage_class: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "storageClassName": storage_class,
-            "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-
-
-def _host_pv(name: str, path: Path, storage_class: str, claim: str, namespace: str) -> dict[str, Any]:
-    """A hostPath PV pre-bound to one claim (claimRef), so no other test's claim can take it."""
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "storageClassName": storage_class,
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "claimRef": {"namespace": namespace, "name": claim},
-            "hostPath": {"path": str(path), "type": "Directory"},
-        },
-    }
-
-
-def _bound(cluster: Cluster, namespace: str, claim: str) -> bool:
-    pvc = get_json(cluster, "pvc", claim, "-n", namespace)
-    return bool(pvc["status"].get("phase") == "Bound")
 
 
 def _probe_pod(name: str, host_dir: Path, created: Path, claim: str, **spec: Any) -> dict[str, Any]:
@@ -145,12 +103,7 @@ def test_pod_sees_its_emptydir_hostpath_and_pvc_volumes(
     cluster: Cluster, namespace: str, tmp_path: Path, persistent_volumes: list[str]
 ) -> None:
     host_dir, pv_dir, created = _layout(tmp_path)
-    storage_class = f"local-{namespace}"
-    apply(cluster, _claim("weights", storage_class), namespace)
-    pv = f"pv-{namespace}"
-    persistent_volumes.append(pv)
-    apply(cluster, _host_pv(pv, pv_dir, storage_class, "weights", namespace))
-    wait_for(lambda: _bound(cluster, namespace, "weights"), timeout=60, message="PVC bound by the PV binder")
+    persistent_volumes.append(bind_host_path(cluster, namespace, "weights", pv_dir))
     apply(cluster, _probe_pod("reader", host_dir, created, "weights"), namespace)
 
     pod = wait_for(lambda: _finished(cluster, namespace, "reader"), timeout=60, message="reader finished")
@@ -183,7 +136,7 @@ def test_unbound_claim_keeps_the_pod_in_container_creating_until_it_binds(
 ) -> None:
     host_dir, pv_dir, created = _layout(tmp_path)
     storage_class = f"local-{namespace}"
-    apply(cluster, _claim("later", storage_class), namespace)
+    apply(cluster, claim_manifest("later", storage_class), namespace)
     # Bound to the node directly (as the scheduler would not: it holds pods with unbound claims), so the
     # node itself meets the unbound claim, as a kubelet does.
     pod = _probe_pod("waiter", host_dir, created, "later", nodeName=cluster.process_node)
@@ -211,7 +164,7 @@ def test_unbound_claim_keeps_the_pod_in_container_creating_until_it_binds(
 
     pv = f"pv-{namespace}"
     persistent_volumes.append(pv)
-    apply(cluster, _host_pv(pv, pv_dir, storage_class, "later", namespace))
+    apply(cluster, host_path_pv(pv, pv_dir, storage_class, "later", namespace))
     done = wait_for(
         lambda: _finished(cluster, namespace, "waiter"), timeout=90, message="waiter ran once bound"
     )
@@ -224,26 +177,18 @@ def test_unbound_claim_keeps_the_pod_in_container_creating_until_it_binds(
 def test_operator_built_worker_loads_minilm_from_a_pvc_source(
     cluster: Cluster, namespace: str, persistent_volumes: list[str]
 ) -> None:
-    package = minilm_package()
-    storage_class = f"local-{namespace}"
-    apply(cluster, _claim("weights", storage_class), namespace)
-    pv = f"pv-{namespace}"
-    persistent_volumes.append(pv)
-    apply(cluster, _host_pv(pv, package, storage_class, "weights", namespace))
-    wait_for(lambda: _bound(cluster, namespace, "weights"), timeout=60, message="PVC bound by the PV binder")
-
+    persistent_volumes.append(bind_host_path(cluster, namespace, "weights", minilm_package()))
     pool = pool_manifest(
         "minilm", memory="2Gi", source="pvc://weights/model", node_selector=PROCESS_NODE_SELECTOR
     )
     pool["spec"]["resources"]["gpus"] = 0
-    # The operator mounts the claim at /models/<claim>; the server is told where claims are mounted.
-    pool["spec"]["podTemplate"]["env"] = [{"name": "MODELPOOL_PVC_ROOT", "value": "/models"}]
     port = free_port()
     settings = PodSettings(port=port, startup_period_s=1)
     worker = build_worker_pod(PoolView.from_body(pool), f"minilm-{uuid.uuid4().hex[:5]}", settings)
-    assert {"name": "model", "mountPath": "/models/weights", "readOnly": True} in (
-        worker["spec"]["containers"][0]["volumeMounts"]
-    )
+    # The operator mounts the claim at /models/<claim> and tells the server --pvc-root /models.
+    container = worker["spec"]["containers"][0]
+    assert {"name": "model", "mountPath": "/models/weights", "readOnly": True} in container["volumeMounts"]
+    assert container["args"][container["args"].index("--pvc-root") + 1] == "/models"
     apply(cluster, worker, namespace)
     name = worker["metadata"]["name"]
 

@@ -32,6 +32,10 @@ def pool(name: str, **spec_overrides: Any) -> dict[str, Any]:
 SECRET_KEY = {"name": "hf", "key": "token"}
 
 
+def _cached(**cache: str) -> dict[str, Any]:
+    return {"source": "hf://org/m", "task": "text-embedding", "cache": cache}
+
+
 def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[int, str]:
     # --dry-run=server: the API server validates (schema, CEL) without storing anything.
     done = cluster.kubectl(
@@ -76,6 +80,10 @@ def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[
             ["spec.podTemplate.env[0].valueFrom.secretKeyRef.key", "Required value"],
         ),
         ({"auth": {"apiKeySecret": {"name": "keys"}}}, ["spec.auth.apiKeySecret.key", "Required value"]),
+        ({"model": _cached(type="pvc")}, ["spec.model.cache.claimName is required when type is pvc"]),
+        ({"model": _cached(type="hostPath")}, ["spec.model.cache.path is required when type is hostPath"]),
+        ({"model": _cached(type="hostPath", path="rel/dir")}, ["spec.model.cache.path"]),
+        ({"model": _cached(type="nfs")}, ["spec.model.cache.type", "hostPath"]),
     ],
 )
 def test_bad_manifests_are_refused_naming_the_field(
@@ -117,6 +125,19 @@ def test_secrets_by_reference_and_host_memory_are_accepted(crds: Cluster, namesp
     spec = json.loads(crds.kubectl(*args, input=json.dumps(manifest)).stdout)["spec"]
     assert spec["podTemplate"]["env"][0] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": SECRET_KEY}}
     assert spec["resources"]["hostMemory"] == "8Gi" and spec["auth"]["apiKeySecret"]["key"] == "pool"
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [
+        {"type": "none"},
+        {"type": "pvc", "claimName": "hub-cache"},
+        {"type": "hostPath", "path": "/var/cache/m"},
+    ],
+)
+def test_model_caches_are_accepted(crds: Cluster, namespace: str, cache: dict[str, str]) -> None:
+    code, output = create(crds, namespace, pool("cached", model=_cached(**cache)))
+    assert code == 0, output
 
 
 def test_kubectl_explain_documents_the_queue(crds: Cluster) -> None:

@@ -43,6 +43,10 @@ def test_parse_full_spec_camel_case() -> None:
     assert wire["model"]["trustRemoteCode"] is False
 
 
+def _cached(cache: dict[str, Any]) -> dict[str, Any]:
+    return {"model": {"source": "hf://org/m", "task": "text-embedding", "cache": cache}}
+
+
 def test_defaults() -> None:
     spec = ModelPoolSpec.model_validate(
         {"model": {"source": "/models/x", "task": "vision"}, "resources": {"memory": 1}}
@@ -80,6 +84,11 @@ def test_defaults() -> None:
             "spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds",
         ),
         ({"autoscaling": {"scaleDownDelaySeconds": 7200}}, "scaleDownDelaySeconds", "less than or equal to"),
+        (_cached({"type": "pvc"}), "", "spec.model.cache.claimName is required when type is pvc"),
+        (_cached({"type": "hostPath"}), "", "spec.model.cache.path is required when type is hostPath"),
+        (_cached({"type": "hostPath", "path": "cache"}), "model.cache.path", "pattern"),
+        (_cached({"type": "pvc", "claimName": "Bad_Name"}), "model.cache.claimName", "pattern"),
+        (_cached({"type": "nfs"}), "model.cache.type", "'none', 'pvc' or 'hostPath'"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(overrides: dict[str, Any], field: str, needle: str) -> None:

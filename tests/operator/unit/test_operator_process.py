@@ -18,6 +18,7 @@ from aiohttp import web
 
 from modelpool_operator.kube import merge_patch
 from modelpool_operator.main import build_parser, config_from_args
+from modelpool_operator.reconcile import pod_settings
 from modelpool_operator.settings import OperatorConfig, apply_to_kopf, peering_priority
 from modelpool_operator.stats import StatsScraper, stats_url
 
@@ -59,6 +60,21 @@ def test_config_refuses_bad_values_naming_the_field(
     monkeypatch.setenv(variable, value)
     field = variable.removeprefix("MODELPOOL_OPERATOR_").lower()
     with pytest.raises(ValueError, match=field):
+        OperatorConfig()
+
+
+def test_the_default_model_cache_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert OperatorConfig().model_cache is None  # an emptyDir per worker
+    monkeypatch.setenv("MODELPOOL_OPERATOR_MODEL_CACHE_TYPE", "hostPath")
+    monkeypatch.setenv("MODELPOOL_OPERATOR_MODEL_CACHE_HOST_PATH", "/var/cache/models")
+    cache = OperatorConfig().model_cache
+    assert cache is not None and (cache.type, cache.path) == ("hostPath", "/var/cache/models")
+    assert pod_settings(OperatorConfig()).model_cache == cache
+    monkeypatch.setenv("MODELPOOL_OPERATOR_MODEL_CACHE_TYPE", "pvc")
+    with pytest.raises(ValueError, match="model_cache_claim_name is required when type is pvc"):
+        OperatorConfig()
+    monkeypatch.setenv("MODELPOOL_OPERATOR_MODEL_CACHE_CLAIM_NAME", "Not A Name")
+    with pytest.raises(ValueError, match="model_cache_claim_name: String should match pattern"):
         OperatorConfig()
 
 

@@ -15,7 +15,7 @@ from modelpool_contract.labels import (
     LABEL_TEMPLATE_HASH,
     LABEL_WORKER,
 )
-from modelpool_operator.api import parse_pool_spec
+from modelpool_operator.api import ModelCacheSpec, parse_pool_spec
 from modelpool_operator.pool import PoolView, template_hash
 from modelpool_operator.resources import (
     PodSettings,
@@ -205,10 +205,77 @@ def test_api_key_secret_is_mounted_and_passed_as_a_file() -> None:
     assert spec_hash(body) != spec_hash(pool())
 
 
-def test_pvc_source_mounts_the_claim() -> None:
+def test_pvc_source_mounts_the_claim_where_the_server_is_told_to_look() -> None:
     pod = build_worker_pod(view(pool(model={"source": "pvc://models/minilm", "task": "text-embedding"})), "w")
     claims = [v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v]
     assert claims == [{"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}]
+    (c,) = pod["spec"]["containers"]
+    assert {"name": "model", "mountPath": "/models/models", "readOnly": True} in c["volumeMounts"]
+    assert c["args"][c["args"].index("--pvc-root") + 1] == "/models"
+    assert "--pvc-root" not in build_worker_pod(view(pool()), "w")["spec"]["containers"][0]["args"]
+
+
+def _cache(pod: dict[str, Any]) -> dict[str, Any]:
+    (c,) = pod["spec"]["containers"]
+    assert {"name": "cache", "mountPath": "/cache"} in c["volumeMounts"]
+    assert {"name": "HF_HOME", "value": "/cache/huggingface"} in c["env"]
+    volume: dict[str, Any] = next(v for v in pod["spec"]["volumes"] if v["name"] == "cache")
+    return volume
+
+
+HF = {"source": "hf://org/m", "task": "text-embedding"}
+
+
+@pytest.mark.parametrize(
+    ("model", "default", "volume"),
+    [
+        (HF, None, {"emptyDir": {}}),
+        (
+            {**HF, "cache": {"type": "pvc", "claimName": "hub"}},
+            None,
+            {"persistentVolumeClaim": {"claimName": "hub"}},
+        ),
+        (
+            {**HF, "cache": {"type": "hostPath", "path": "/var/cache/models"}},
+            None,
+            {"hostPath": {"path": "/var/cache/models", "type": "DirectoryOrCreate"}},
+        ),
+        # The operator's default applies to pools that set none; a pool's own choice wins.
+        (
+            HF,
+            ModelCacheSpec(type="pvc", claim_name="shared"),
+            {"persistentVolumeClaim": {"claimName": "shared"}},
+        ),
+        (
+            {**HF, "cache": {"type": "none"}},
+            ModelCacheSpec(type="pvc", claim_name="shared"),
+            {"emptyDir": {}},
+        ),
+        # Only hf:// sources download: others keep a private emptyDir for HF_HOME.
+        (
+            {"source": "/models/m", "task": "text-embedding", "cache": {"type": "pvc", "claimName": "hub"}},
+            None,
+            {"emptyDir": {}},
+        ),
+    ],
+)
+def test_model_cache_volume(
+    model: dict[str, Any], default: ModelCacheSpec | None, volume: dict[str, Any]
+) -> None:
+    pod = build_worker_pod(view(pool(model=model)), "w", PodSettings(model_cache=default))
+    assert _cache(pod) == {"name": "cache", **volume}
+
+
+def test_the_template_hash_is_stable() -> None:
+    # A change here changes every pool's hash, which rolls every worker when the operator is upgraded
+    # (unset optional fields are left out of it, so a field the API gains later changes nothing).
+    assert spec_hash(pool()) == "5e3a589c33"
+
+
+def test_a_changed_cache_rolls_the_workers() -> None:
+    assert spec_hash(pool(model=HF)) != spec_hash(
+        pool(model={**HF, "cache": {"type": "pvc", "claimName": "x"}})
+    )
 
 
 def test_service_selects_serving_workers_only() -> None:
