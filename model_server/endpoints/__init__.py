@@ -48,7 +48,7 @@ def build_api(server: ModelServer) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> Response:
-        server.dataplane.reject(InvalidInput.reason)
+        server.inference.reject(InvalidInput.reason)
         parts = []
         for err in exc.errors()[:5]:
             loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"

@@ -38,7 +38,7 @@ def register(app: FastAPI, server: ModelServer) -> None:
     @app.get("/v2/models/{name}/versions/{version}", tags=["v2"], include_in_schema=False)
     async def model_metadata(name: str, version: str | None = None) -> Response:
         check_model(server, name)
-        cls = server.dataplane.task_class
+        cls = server.inference.task_class
         if cls is None:
             raise ModelNotReady(f"model {name!r} is still loading; metadata is known once its task is")
 
@@ -64,7 +64,7 @@ def register(app: FastAPI, server: ModelServer) -> None:
 
     @app.get("/metrics", tags=["ops"])
     async def metrics() -> Response:
-        return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(server.render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get(STATS_PATH, tags=["ops"])
     async def stats() -> Response:
