@@ -271,7 +271,7 @@ def bench_server(
             f"  added latency p50: json {added['json_ms']:.2f} ms, binary {added['binary_ms']:.2f} ms "
             f"(direct batch 1 p50 {added['direct_p50_ms']:.2f} ms)", flush=True,
         )  # fmt: skip
-        for size, binary, conc in itertools.product((1, 32), (False, True), (1, 8, 64)):
+        for size, binary, conc in itertools.product((1, 32), (False, True), args.concurrency):
             key = f"{'binary' if binary else 'json'}_{size}x_c{conc}"
             out["runs"][key] = res = bench_throughput(server, args, duration, encode, st, size, binary, conc)
             _print_row(key, res)
@@ -344,6 +344,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=None, help="seconds per measurement")
     parser.add_argument("--flood-seconds", type=float, default=None, help="seconds of the flood")
     parser.add_argument("--client-procs", type=int, default=None, help="client processes for c>1")
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[1, 8, 64], help="the rows' concurrencies"
+    )
     parser.add_argument(
         "--latency-samples", type=int, default=200, help="interleaved requests for the added latency"
     )

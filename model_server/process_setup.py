@@ -15,15 +15,24 @@
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
 import multiprocessing
 import os
 import signal
+from typing import Any
 
 from model_server.libc import libc_function
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
+
+
+def start(module: str, *args: Any, **kwargs: Any) -> None:
+    """The supervisor's spawn target: ``module.main(*args, **kwargs)``.  The supervisor names a module
+    instead of handing over its ``main``, so it never imports the web stack or the model's code itself
+    (spawn pickles a target by reference, and the parent must hold it to do so)."""
+    importlib.import_module(module).main(*args, **kwargs)
 
 
 def set_up(name: str, log_level: str, nice: int = 0) -> None:

@@ -17,7 +17,8 @@ Then it watches them, and owns the exit code and the termination log:
   exits with the inference process's code (3 load failure, 4 fatal device error) or
   ``EXIT_PROCESS_DIED``.
 
-It imports neither torch nor the web stack nor the model's code.
+It imports neither torch nor the web stack nor the model's code (``process_setup.start`` imports each
+process's module in that process).
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
-from model_server import http_process, inference_process
+from model_server import process_setup
 from model_server.config import ServerConfig
-from model_server.metrics import MULTIPROC_ENV
 from model_server.state_machine import State, StateMachine
 from model_server.worker_view import INFERENCE_ROW, SPAWN, SUPERVISOR_ROW, Column, WorkerView, http_row
 from modelpool_contract.exits import EXIT_DEVICE_FAILED, EXIT_LOAD_FAILED, EXIT_PROCESS_DIED
@@ -126,12 +126,12 @@ class Supervisor:
     def start(self, listeners: list[socket.socket]) -> None:
         """Start the inference process and one HTTP process per listener."""
         # Every process keeps its counters in files here; any scrape adds them up.
-        os.environ[MULTIPROC_ENV] = self._metrics_dir
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self._metrics_dir
         pairs = [socket.socketpair() for _ in listeners]
         control_r, control_w = SPAWN.Pipe(duplex=False)
         inference = SPAWN.Process(
-            target=inference_process.main,
-            args=(self.config, self.view, [p[1] for p in pairs], control_r),
+            target=process_setup.start,
+            args=("model_server.inference_process", self.config, self.view, [p[1] for p in pairs], control_r),
             name="inference",
         )
         self._spawn(Child("inference", inference, control_w), INFERENCE_ROW)
@@ -139,8 +139,8 @@ class Supervisor:
         for index, (listener, (http_end, _)) in enumerate(zip(listeners, pairs, strict=True)):
             control_r, control_w = SPAWN.Pipe(duplex=False)
             process = SPAWN.Process(
-                target=http_process.main,
-                args=(self.config, self.view),
+                target=process_setup.start,
+                args=("model_server.http_process", self.config, self.view),
                 kwargs={"index": index, "listener": listener, "sock": http_end, "control": control_r},
                 name=f"http-{index}",
             )
