@@ -41,6 +41,8 @@ PUBLISH_EVERY_S = 0.25
 FAIL_GRACE_S = 0.2
 # How long, at the exit, the answers already sent may take to be written to the HTTP processes.
 FLUSH_TIMEOUT_S = 2.0
+# The exit code when a part of this process stopped on a bug (the supervisor reports a dead process).
+EXIT_BROKEN = 1
 
 
 class Endpoint:
@@ -107,6 +109,8 @@ class InferenceProcess:
             asyncio.create_task(self._publish(), name="publish"),
             asyncio.create_task(self._load(), name="load"),
         ]
+        for task in tasks:
+            task.add_done_callback(self._task_ended)
         code = await self._exit
         loop.remove_reader(control.fileno())
         for task in tasks:
@@ -114,6 +118,13 @@ class InferenceProcess:
         await asyncio.gather(*(e.channel.drained(FLUSH_TIMEOUT_S) for e in self._endpoints))
         self.worker.close()
         return code
+
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
+        """A part that should run for ever (the queue owner above all) stopped with an error: the
+        worker must not limp on without it (the supervisor sees the exit and fails the worker)."""
+        if not task.cancelled() and task.exception() is not None:
+            log.critical("%s stopped", task.get_name(), exc_info=task.exception())
+            self._finish(EXIT_BROKEN)
 
     def _on_state(self, old: State, new: State) -> None:
         log.info("worker state %s -> %s", old, new)

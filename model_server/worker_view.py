@@ -77,6 +77,23 @@ def http_row(index: int) -> int:
     return 2 + index
 
 
+# How long a process waits for the state lock before it goes on without it (see ``_held``).
+LOCK_TIMEOUT_S = 1.0
+
+
+@contextlib.contextmanager
+def _held(lock: Any) -> Iterator[None]:
+    """Hold the view's lock, but never wait for it for ever: a process killed while holding it (it is
+    held for microseconds, but SIGKILL comes when it comes) must not freeze the others, and the
+    supervisor must still be able to mark the worker Failed."""
+    acquired = lock.acquire(timeout=LOCK_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        if acquired:
+            lock.release()
+
+
 class SharedStateStore:
     """A ``state_machine.StateStore`` in the view: the state, since when, and why."""
 
@@ -84,14 +101,14 @@ class SharedStateStore:
         self._view = view
 
     def lock(self) -> AbstractContextManager[Any]:
-        return self._view.lock
+        return _held(self._view.lock)
 
     def read(self) -> tuple[State, float]:
         numbers = self._view.numbers
         return _STATES[int(numbers[Field.STATE])], numbers[Field.STATE_SINCE]
 
     def reason(self) -> str:
-        with self._view.lock:
+        with _held(self._view.lock):
             return bytes(self._view.reason.value).decode("utf-8", "replace")
 
     def write(self, state: State, since: float, reason: str) -> None:

@@ -200,3 +200,43 @@ def _move_to_failed(view: WorkerView) -> None:
     machine = StateMachine(store=view.state_store())
     assert machine.state is State.LOADING
     machine.to(State.FAILED, "seen elsewhere")
+
+
+def _hold_the_lock(view: WorkerView, held: Any) -> None:
+    view.lock.acquire()
+    held.set()
+    time.sleep(120)
+
+
+def test_a_process_killed_holding_the_state_lock_does_not_freeze_the_others() -> None:
+    view = WorkerView(capacity=1, http_processes=1)
+    held = SPAWN.Event()
+    holder = SPAWN.Process(target=_hold_the_lock, args=(view, held))
+    holder.start()
+    assert held.wait(60)
+    holder.kill()
+    holder.join(10)
+    machine = StateMachine(store=view.state_store())
+    machine.to(State.FAILED, "the inference process died")  # waits at most LOCK_TIMEOUT_S, then goes on
+    assert machine.state is State.FAILED and machine.reason == "the inference process died"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=256), min_size=1, max_size=300),
+    limit=st.integers(min_value=1, max_value=64),
+)
+def test_a_sweep_pads_no_more_than_arrival_order(lengths: list[int], limit: int) -> None:
+    """Batches of a sweep (items sorted by length) carry no more padded tokens than the same items
+    batched in arrival order: sorted chunks minimise the sum of each batch's size x longest item."""
+    sweep: Sweep[list[int]] = Sweep()
+    sweep.start([lengths], lambda u: u)
+    swept = []
+    while sweep:
+        swept.append([lengths[i] for _, i in sweep.take(limit, lambda u: True)])
+    arrival = [lengths[k : k + limit] for k in range(0, len(lengths), limit)]
+
+    def padded(batches: list[list[int]]) -> int:
+        return sum(len(b) * max(b) for b in batches)
+
+    assert padded(swept) <= padded(arrival)
