@@ -22,7 +22,7 @@ from model_server.config import ServerConfig
 from model_server.endpoints import build_app
 from model_server.process_setup import set_up
 from model_server.server import ModelServer
-from model_server.worker_view import WorkerView
+from model_server.worker_view import Column, WorkerView
 
 log = logging.getLogger("modelpool.http")
 
@@ -54,11 +54,13 @@ class HTTPServer(uvicorn.Server):
         # The task's module (a handler's too) is imported off the event loop, ahead of the first request.
         loop.run_in_executor(None, self._import_task)
         await super().startup(sockets)
+        server = self.model_server
+        server.view.put(server.inference.row, Column.UP, 1.0)
 
     def _import_task(self) -> None:
         try:
             self.model_server.inference.import_task()
-        except ImportError as exc:  # the inference process fails the load and reports why
+        except Exception as exc:  # the inference process fails the load and reports why
             log.debug("cannot import the task: %s", exc)
 
     def _on_control(self) -> None:

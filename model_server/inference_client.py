@@ -142,7 +142,8 @@ class InferenceClient:
             return None
         try:
             self.import_task()
-        except ImportError:  # the inference process reports the load failure
+        except Exception as exc:  # a broken handler module: the inference process reports the failure
+            log.debug("cannot import the task: %s", exc)
             return None
         return self._task_cls
 

@@ -31,6 +31,12 @@ class ModelServer:
         self.gauges = WorkerGauges(self.view, self.state_machine)
         self.inference = InferenceClient(config, self.view, self.state_machine, self.metrics, http_row(index))
 
+    @property
+    def ready(self) -> bool:
+        """Readiness: the worker serves, and every HTTP process accepts connections (until then some of
+        the connections the kernel hands out would wait for one still starting)."""
+        return self.state_machine.serving and self.view.http_up()
+
     def render_metrics(self) -> bytes:
         return self.metrics.render(self.gauges)
 

@@ -63,6 +63,7 @@ class Column(enum.IntEnum):
     REJECTED = enum.auto()  # refused or given up on (4xx, 429, 503, 504, disconnected)
     ERRORS = enum.auto()  # computed and failed (500)
     LAST_REQUEST = enum.auto()  # Unix time of the last admitted request (0: none)
+    UP = enum.auto()  # 1: an HTTP process that accepts connections
 
 
 _GLOBALS = len(Field)
@@ -208,6 +209,10 @@ class WorkerView:
 
     def latest(self, column: Column) -> float:
         return float(max(self.numbers[self._slot(row, column)] for row in range(self.rows)))
+
+    def http_up(self) -> bool:
+        """Does every HTTP process accept connections (the kernel may hand any of them the next one)?"""
+        return all(self.numbers[self._slot(http_row(i), Column.UP)] for i in range(self.http_processes))
 
     def pids(self) -> Iterator[tuple[int, int]]:
         """(row, pid) of every process that has registered."""

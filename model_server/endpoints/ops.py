@@ -23,7 +23,7 @@ def register(app: FastAPI, server: ModelServer) -> None:
 
     @app.get("/v2/health/ready", tags=["health"])
     async def ready() -> Response:
-        ok = server.state_machine.serving
+        ok = server.ready
         return ORJSONResponse(
             {"ready": ok, "state": server.state_machine.state.value}, status_code=200 if ok else 503
         )
@@ -59,7 +59,7 @@ def register(app: FastAPI, server: ModelServer) -> None:
     @app.get("/v2/models/{name}/versions/{version}/ready", tags=["v2"], include_in_schema=False)
     async def model_ready(name: str, version: str | None = None) -> Response:
         check_model(server, name)
-        ok = server.state_machine.serving
+        ok = server.ready
         return ORJSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["ops"])

@@ -13,7 +13,7 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,15 +38,22 @@ def worker_processes(server: ServerProcess) -> dict[str, psutil.Process]:
     return {p.name(): p for p in children if p.name().startswith("mp-")}
 
 
-async def until(check: Callable[[], Awaitable[bool]] | Callable[[], bool], what: str) -> None:
+async def until(check: Callable[[], bool], what: str | Callable[[], str]) -> None:
     """Wait (bounded) until ``check()`` is true."""
     deadline = time.monotonic() + DEADLINE
     while time.monotonic() < deadline:
-        result = check()
-        if result if isinstance(result, bool) else await result:
+        if check():
             return
         await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what if isinstance(what, str) else what()}")
+
+
+def _owners(https: dict[str, psutil.Process], connections: list[Connection]) -> str:
+    """For a failure message: our connections' ports, and what each HTTP process holds."""
+    held = {
+        name: sorted(str(c.raddr) for c in p.net_connections("tcp") if c.raddr) for name, p in https.items()
+    }
+    return f"ours {[c.port for c in connections]}, theirs {held}"
 
 
 @dataclass
@@ -78,7 +85,14 @@ class Connection:
 
 async def spread(server: ServerProcess, per_process: int) -> list[Connection]:
     """Open connections until every HTTP process of ``server`` has accepted ``per_process`` of them."""
-    https = {n: p for n, p in worker_processes(server).items() if n.startswith("mp-http")}
+    expected = int(server.args[server.args.index("--http-workers") + 1])
+
+    def http_processes() -> dict[str, psutil.Process]:
+        # A process takes its name first thing in its main, a moment after it was spawned.
+        return {n: p for n, p in worker_processes(server).items() if n.startswith("mp-http")}
+
+    await until(lambda: len(http_processes()) == expected, f"{expected} named HTTP processes")
+    https = http_processes()
     connections: list[Connection] = []
     while len(connections) < 300:
         for _ in range(4):
@@ -93,7 +107,9 @@ async def spread(server: ServerProcess, per_process: int) -> list[Connection]:
                 conn.owner = next((name for name, held in ports.items() if conn.port in held), "")
             return all(conn.owner for conn in connections)
 
-        await until(owned, "the HTTP processes to accept the connections")
+        await until(
+            owned, lambda: f"the HTTP processes to accept the connections: {_owners(https, connections)}"
+        )
         counts = {name: sum(c.owner == name for c in connections) for name in https}
         if min(counts.values()) >= per_process:
             return connections
