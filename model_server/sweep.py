@@ -2,7 +2,8 @@
 
 A sweep takes whole requests from the head of the queue, in arrival order, up to ``SWEEP_BATCHES``
 batches' worth of items, sorts all their items by length (the task's ``length_hint``: a text's length),
-and serves them in batches of up to ``--max-batch-size`` items, shortest first.  Items of similar length
+and serves them in batches of up to ``--max-batch-size`` items, longest first (so the one batch that is
+not full holds the shortest items: sorted batches then carry the least padding there is).  Items of similar length
 from different requests then share a forward pass, so a pass carries less padding and, on a CPU, texts
 of one length are fewer passes.  A request is answered when its last item has been computed.
 
@@ -41,14 +42,14 @@ class Sweep(Generic[U]):
         return len(self._pieces)
 
     def start(self, units: Sequence[U], lengths: Callable[[U], Sequence[int]]) -> None:
-        """Begin a sweep over ``units`` (in arrival order): their items sorted by length; equal lengths
-        keep arrival order, and items of one request their order within it."""
+        """Begin a sweep over ``units`` (in arrival order): their items sorted by length, longest first;
+        equal lengths keep arrival order, and items of one request their order within it."""
         keyed = [
             (length, age, index, unit)
             for age, unit in enumerate(units)
             for index, length in enumerate(lengths(unit))
         ]
-        keyed.sort(key=lambda k: (k[0], k[1], k[2]))
+        keyed.sort(key=lambda k: (-k[0], k[1], k[2]))
         self._pieces = deque((unit, index) for _, _, index, unit in keyed)
 
     def take(self, limit: int, keep: Callable[[U], bool]) -> list[tuple[U, int]]:
