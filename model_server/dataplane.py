@@ -180,7 +180,7 @@ class DataPlane:
             return [(unit, i) for i in range(len(unit.items))]
         if not self._sweep:
             await self._start_sweep(limit)
-        return self._sweep.take(limit, self._keep)
+        return self._sweep.take(self._keep)
 
     async def _start_sweep(self, limit: int) -> None:
         head = self._pop_live()
@@ -193,7 +193,7 @@ class DataPlane:
         # --max-batch-delay-ms for more (a lone client would just pay the delay).
         self._concurrent = len(taken) > 1
         self._active.update(taken)
-        self._sweep.start(taken, Unit.hints)
+        self._sweep.start(taken, Unit.hints, limit)
 
     async def _gather(self, taken: list[Unit], capacity: int, limit: int, wait: bool) -> None:
         """Add queued requests to ``taken`` while they fit in ``capacity`` items, waiting (if ``wait``)

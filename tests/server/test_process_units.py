@@ -93,15 +93,15 @@ def test_a_sweep_hands_out_every_item_once_by_length_in_bounded_batches(
         taken.append(unit)
         total += len(unit)
     sweep: Sweep[list[int]] = Sweep()
-    sweep.start(taken, lambda u: u)
+    sweep.start(taken, lambda u: u, limit)
     batches = []
     while sweep:
-        batches.append(sweep.take(limit, lambda u: True))
+        batches.append(sweep.take(lambda u: True))
     handed = [(id(u), i) for batch in batches for u, i in batch]
     assert sorted(handed) == sorted((id(u), i) for u in taken for i in range(len(u)))
     assert all(0 < len(b) <= limit for b in batches)
     lengths = [u[i] for batch in batches for u, i in batch]
-    assert lengths == sorted(lengths, reverse=True)
+    assert lengths == sorted(lengths)
     # No request waits more than SWEEP_BATCHES batches in a sweep (one larger than that: its own size).
     assert len(batches) <= max(SWEEP_BATCHES, -(-len(taken[0]) // limit))
 
@@ -109,17 +109,17 @@ def test_a_sweep_hands_out_every_item_once_by_length_in_bounded_batches(
 def test_a_sweep_skips_requests_that_are_gone() -> None:
     keep, gone = [3, 1, 2], [1, 1]
     sweep: Sweep[list[int]] = Sweep()
-    sweep.start([keep, gone], lambda u: u)
-    batch = sweep.take(10, lambda u: u is keep)
-    assert [(u is keep, i) for u, i in batch] == [(True, 0), (True, 2), (True, 1)]
+    sweep.start([keep, gone], lambda u: u, 10)
+    batch = sweep.take(lambda u: u is keep)
+    assert [(u is keep, i) for u, i in batch] == [(True, 1), (True, 2), (True, 0)]
     assert not sweep
 
 
 async def test_batches_group_items_of_similar_length_across_requests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Four requests of mixed lengths, two batches of four: one carries the four longest texts, the
-    other the four shortest, and every request gets its own results back in its own order."""
+    """Four requests of mixed lengths, two batches of four: one carries the four shortest texts, the
+    other the four longest, and every request gets its own results back in its own order."""
     record = tmp_path / "record.txt"
     monkeypatch.setenv("HANDLER_RECORD", str(record))
     config = ServerConfig(
@@ -151,7 +151,7 @@ async def test_batches_group_items_of_similar_length_across_requests(
     finally:
         worker.close()
     computed = record.read_text().split()
-    assert len(computed) == 8 and min(map(len, computed[:4])) > max(map(len, computed[4:]))
+    assert len(computed) == 8 and max(map(len, computed[:4])) < min(map(len, computed[4:]))
     for k, request in enumerate(texts):
         outcome = answers[k]
         assert not isinstance(outcome, ServerError)
@@ -227,14 +227,14 @@ def test_a_process_killed_holding_the_state_lock_does_not_freeze_the_others() ->
     limit=st.integers(min_value=1, max_value=64),
 )
 def test_a_sweep_pads_no_more_than_arrival_order(lengths: list[int], limit: int) -> None:
-    """Batches of a sweep (items sorted by length, longest first) carry no more padded tokens than the
-    same items batched in arrival order: such chunks minimise the sum of each batch's size x longest
-    item (longest first, so the one batch that is not full holds the shortest items)."""
+    """Batches of a sweep carry no more padded tokens than the same items batched in arrival order:
+    contiguous runs of the sorted order, the short batch placed where it costs least, minimise the sum
+    of each batch's size x longest item."""
     sweep: Sweep[list[int]] = Sweep()
-    sweep.start([lengths], lambda u: u)
+    sweep.start([lengths], lambda u: u, limit)
     swept = []
     while sweep:
-        swept.append([lengths[i] for _, i in sweep.take(limit, lambda u: True)])
+        swept.append([lengths[i] for _, i in sweep.take(lambda u: True)])
     arrival = [lengths[k : k + limit] for k in range(0, len(lengths), limit)]
 
     def padded(batches: list[list[int]]) -> int:
