@@ -175,6 +175,8 @@ async def client_main(spec: dict[str, Any]) -> dict[str, Any]:
                 tally.add(code, done - s)
             if code == 429 and spec.get("honor_retry_after"):  # as well-behaved clients (openai's) do
                 await asyncio.sleep(float(headers.get(b"retry-after", b"1")))
+            elif spec.get("pace"):  # a slow client: one request every ``pace`` seconds
+                await asyncio.sleep(max(0.0, float(spec["pace"]) - (done - s)))
 
     tasks = [asyncio.create_task(simulated_client(k)) for k in range(spec["concurrency"])]
     await asyncio.wait(tasks, timeout=max(0.0, stop - time.perf_counter()) + 0.05)
@@ -186,12 +188,15 @@ async def client_main(spec: dict[str, Any]) -> dict[str, Any]:
     return {"ok": tally.ok, "rejected": tally.rejected, "other": tally.other, "elapsed": spec["duration"]}
 
 
-def run_clients(  # noqa: PLR0917 - a bench helper, called positionally
+Clients = list[tuple[subprocess.Popen[bytes], float]]
+
+
+def start_clients(  # noqa: PLR0917 - a bench helper, called positionally
     url: str, size: int, binary: bool, concurrency: int, duration: float, procs: int, **extra: Any
-) -> dict[str, Any]:
-    """Run the load from ``procs`` separate client processes; merge their latencies."""
+) -> Clients:
+    """Start the load from ``procs`` separate client processes (``collect_clients`` waits for them)."""
     procs = max(1, min(procs, concurrency))
-    running = []
+    running: Clients = []
     for p in range(procs):
         share = concurrency // procs + (1 if p < concurrency % procs else 0)
         spec = {
@@ -203,17 +208,21 @@ def run_clients(  # noqa: PLR0917 - a bench helper, called positionally
             "seed": p,
             **extra,
         }
-        running.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "bench.loadgen", json.dumps(spec)],
-                stdout=subprocess.PIPE,
-                cwd=REPO,
-                env=child_env(),
-            )
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bench.loadgen", json.dumps(spec)],
+            stdout=subprocess.PIPE,
+            cwd=REPO,
+            env=child_env(),
         )
+        running.append((process, duration + float(extra.get("warmup", 0.0))))
+    return running
+
+
+def collect_clients(running: Clients, size: int) -> dict[str, Any]:
+    """Wait for the client processes; merge their latencies."""
     tally = _Tally()
     elapsed = 0.0
-    for proc in running:
+    for proc, duration in running:
         out, _ = proc.communicate(timeout=duration + 120)
         doc = json.loads(out.decode().strip().splitlines()[-1])
         tally.ok += doc["ok"]
@@ -233,6 +242,13 @@ def run_clients(  # noqa: PLR0917 - a bench helper, called positionally
         "rejected_p99_ms": percentile(rejected, 99),
         "errors": tally.other,
     }
+
+
+def run_clients(  # noqa: PLR0917 - a bench helper, called positionally
+    url: str, size: int, binary: bool, concurrency: int, duration: float, procs: int, **extra: Any
+) -> dict[str, Any]:
+    """Run the load from ``procs`` separate client processes; merge their latencies."""
+    return collect_clients(start_clients(url, size, binary, concurrency, duration, procs, **extra), size)
 
 
 if __name__ == "__main__":

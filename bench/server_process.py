@@ -16,6 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.environment import REPO, child_env
 
+# The server's cheapest model: a real Task that echoes lengths (tests/server/handlers.py).
+ECHO_HANDLER = "tests.server.handlers:EchoEmbedding"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -24,7 +27,8 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``modelpool-server`` serving ``model`` as ``minilm`` (text-embedding) on a free loopback port."""
+    """``modelpool-server`` serving ``model`` as ``minilm`` (text-embedding) on a free loopback port.
+    ``/stats`` (and so ``rss_bytes``) covers the whole worker: the supervisor and all its processes."""
 
     def __init__(self, model: Path, device: str, dtype: str, *extra: str) -> None:
         self.port = free_port()
@@ -43,7 +47,7 @@ class ServerProcess:
         )
         self.client = httpx.Client(timeout=10)
 
-    def wait(self, path: str, timeout: float = 600) -> None:
+    def wait(self, path: str, timeout: float = 600, interval: float = 0.02) -> None:
         """Wait (bounded) until ``path`` answers 200; raise with the log if the server exits first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -56,7 +60,7 @@ class ServerProcess:
                     return
             except httpx.TransportError:
                 pass
-            time.sleep(0.02)
+            time.sleep(interval)
         raise RuntimeError(f"{path} not answering after {timeout}s")
 
     def stats(self) -> dict[str, Any]:

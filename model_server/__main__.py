@@ -2,4 +2,5 @@
 
 from model_server.main import main
 
-main()
+if __name__ == "__main__":  # not when a spawned process of the worker imports the parent's main module
+    main()

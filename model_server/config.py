@@ -8,6 +8,7 @@ with a one-line reason; ``main`` turns that into exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,6 +76,10 @@ class ServerConfig(BaseSettings):
         default=None, description="File holding the API key clients must send (Authorization: Bearer)"
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
+    http_workers: int | None = Field(
+        default=None, ge=1, le=64, description="HTTP processes (default: half the CPUs, 1 to 4)"
+    )
+    skip_warmup: bool = Field(default=False, description="No warm-up input before Ready")
 
     @field_validator("device")
     @classmethod
@@ -124,6 +129,11 @@ class ServerConfig(BaseSettings):
         return self._api_key.get_secret_value() if self._api_key is not None else None
 
     @property
+    def http_processes(self) -> int:
+        """``--http-workers``, or the default for the CPUs this process may use."""
+        return self.http_workers or default_http_workers(available_cpus())
+
+    @property
     def served_name(self) -> str:
         """The model name clients use (``--name`` or the source's last segment)."""
         assert self.name is not None
@@ -142,6 +152,25 @@ def _read_key(path: Path) -> str:
         # It travels in an HTTP header: whitespace or control characters could never match.
         raise ValueError(f"{path} must hold one key without whitespace")
     return key
+
+
+def default_http_workers(cpus: float) -> int:
+    """Pure: HTTP processes for a worker with ``cpus`` CPUs: half of them (the model needs the rest),
+    at least 1, at most 4 (beyond that, one inference process is the limit).  2 CPUs -> 1."""
+    return min(4, max(1, int(cpus) // 2))
+
+
+def available_cpus() -> float:
+    """CPUs this process may use: its affinity, lowered by a cgroup CPU limit (a pod's ``limits.cpu``;
+    ``os.cpu_count()`` would count the whole node)."""
+    cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1.0, int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 limit visible: the affinity it is
+    return cpus
 
 
 def _parser() -> argparse.ArgumentParser:

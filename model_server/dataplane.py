@@ -1,16 +1,18 @@
-"""The data plane: bounded admission, deadlines, disconnect checks, dynamic batching, Retry-After.
+"""The inference process's data plane: the queue, deadlines and dropped requests, batching across requests
+by length, and each batch's outcome.
 
-The HTTP layer reaches the model only through here: ``infer`` (and ``stream`` for token streaming) to
-run requests, ``task_class`` for metadata, ``loaded_task`` for the task's KServe v2 tensor codec.
+Requests arrive from the HTTP processes (``submit``) already admitted: each holds one slot of the
+worker's capacity (``worker_view.Door``) until it leaves the queue, so the capacity counts requests on
+their way between processes too.  One coroutine (``run``) owns the queue: it drops requests whose
+deadline passed or whose client went away *before* any compute; for batchable tasks it takes requests
+into a sweep (``sweep.py``: up to a few batches' worth, their items sorted by length) and hands the
+worker batches of up to ``--max-batch-size`` items of similar length, waiting at most
+``--max-batch-delay-ms`` for more when traffic is concurrent (a lone client never pays the delay); it
+answers each request once its last item is computed.  Other tasks run one request at a time.
 
-One coroutine (``run``) owns the queue: it takes requests in arrival order, drops those whose deadline
-passed or whose client went away *before* any compute, merges requests of batchable tasks into one unit
-of up to ``--max-batch-size`` items (waiting at most ``--max-batch-delay-ms`` for more when the worker
-would otherwise start a small batch), hands the unit to the worker's inference thread, and splits the
-results back (the delay is only waited while traffic is concurrent, so a lone client never pays it).
-Admission happens at the door: a request that finds ``--queue-capacity`` requests waiting
-is refused at once with 429 and a Retry-After estimated from queue depth x recent service time, so memory
-under overload is bounded by capacity x max request size.
+Each batch's outcome: results go back to their requests; ``InvalidInput`` in a batch of several
+requests retries each request's items alone (one bad request must not fail its batch-mates); any other
+error fails that batch's requests; a fatal device error fails the worker (exit 4).
 """
 
 from __future__ import annotations
@@ -18,334 +20,274 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import random
 import time
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from model_server.config import ServerConfig
-from model_server.errors import (
-    DeadlineExceeded,
-    FatalDeviceError,
-    InvalidInput,
-    ModelNotReady,
-    Overloaded,
-    PayloadTooLarge,
-    ServerError,
-)
+from model_server.errors import FatalDeviceError, InvalidInput, ModelNotReady, ServerError
 from model_server.metrics import Metrics
 from model_server.state_machine import State, StateMachine
-from model_server.tasks.base import Emitter, Task
-from model_server.token_stream import TokenStream
+from model_server.sweep import Sweep, sweep_capacity
+from model_server.tasks.base import Emitter
 from model_server.worker import Worker
+from model_server.worker_view import INFERENCE_ROW, Column, Field, WorkerView
 from modelpool_contract.exits import EXIT_DEVICE_FAILED
 
 log = logging.getLogger("modelpool.dataplane")
 
-
-class ClientGone(ServerError):  # noqa: N818 - named like errors.py's classes
-    """The client disconnected; nothing is sent back (499 in the metrics, as nginx logs it)."""
-
-    status = 499
-    reason = "disconnected"
+Outcome = list[Any] | ServerError
+Piece = tuple["Unit", int]
 
 
 @dataclass(eq=False)
 class Unit:
-    """One admitted request: its items, deadline (monotonic) and the future its handler awaits."""
+    """One admitted request in the inference process: its items (and their length hints), its deadline
+    (monotonic) and how to answer it (once)."""
 
     items: list[Any]
     deadline: float
-    future: asyncio.Future[list[Any]]
+    reply: Callable[[Outcome], None]
+    lengths: Sequence[int] = ()
     emit: Emitter | None = None
-    abandoned: str | None = None  # why the waiter gave up ("timeout", "disconnected"): never compute it
+    abandoned: str | None = None  # why the client's side gave up ("timeout", "disconnected")
+    answered: bool = False
+    results: list[Any] = field(default_factory=list)
+    remaining: int = 0
 
+    def answer(self, outcome: Outcome) -> None:
+        if not self.answered:
+            self.answered = True
+            self.reply(outcome)
 
-# Requests answered per event-loop iteration when a batch completes (see ``DataPlane._execute``).
-ANSWER_SLICE = 8
-
-
-def retry_after_seconds(queued_items: int, seconds_per_item: float, jitter: float = 0.0) -> int:
-    """Pure: the Retry-After answer in whole seconds (at least 1).
-
-    The base is the time the queue needs to drain (queued items x recent service time, at least 1 s).
-    ``jitter`` (0 <= jitter < 1, random per answer) stretches it by up to 2x: clients refused in the same
-    burst then come back spread over time instead of as one synchronised herd that overflows the queue
-    again."""
-    base = max(1.0, queued_items * seconds_per_item)
-    return max(math.ceil(base), round(base * (1.0 + jitter)))
+    def hints(self) -> Sequence[int]:
+        return self.lengths if len(self.lengths) == len(self.items) else [0] * len(self.items)
 
 
 class DataPlane:
-    """Admission, queue and batching in front of one ``Worker``."""
+    """The queue in front of one ``Worker`` (lives in the inference process)."""
 
     def __init__(
-        self, config: ServerConfig, worker: Worker, state_machine: StateMachine, metrics: Metrics
+        self,
+        config: ServerConfig,
+        worker: Worker,
+        state_machine: StateMachine,
+        metrics: Metrics,
+        view: WorkerView,
     ) -> None:
         self.config = config
         self.worker = worker
         self.state_machine = state_machine
         self.metrics = metrics
+        self.view = view
         self._queue: deque[Unit] = deque()
+        self._queued_items = 0
+        self._sweep: Sweep[Unit] = Sweep()
+        self._active: set[Unit] = set()  # taken from the queue, neither answered nor dropped yet
         self._wakeup = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self.in_flight = 0
-        self.requests_total = 0
-        self.rejected_total = 0
-        self.errors_total = 0
-        self.last_request_time: float | None = None  # unix time of the last admitted request
         self._last_activity = time.monotonic()
         self._seconds_per_item = 0.01  # EWMA of service time per item
-        self._concurrent = False  # did the last batch gather more than one request?
-        self.metrics.queue_capacity.set(config.queue_capacity)
+        self._concurrent = False  # did the last sweep gather more than one request?
 
-    # ---- admission ----------------------------------------------------------------------------------
-
-    @property
-    def queue_depth(self) -> int:
-        return len(self._queue)
-
-    @property
-    def task_class(self) -> type[Task[Any, Any]] | None:
-        """The task's class (metadata: tensors, batchable), known once the load has imported it."""
-        return self.worker.task_cls
-
-    def loaded_task(self) -> Task[Any, Any]:
-        """The loaded task, for its KServe v2 codec (``decode_v2``/``encode_v2`` run on the event loop);
-        503 until the model is loaded."""
-        task = self.worker.task
-        if task is None:
-            raise ModelNotReady(f"model {self.config.served_name!r} is not loaded")
-        return task
+    # ---- what the HTTP processes send ---------------------------------------------------------------
 
     @property
     def batchable(self) -> bool:
         cls = self.worker.task_cls
         return bool(cls is not None and cls.batchable)
 
-    def reject(self, reason: str) -> None:
-        self.rejected_total += 1
-        self.metrics.rejected.labels(reason=reason).inc()
-
-    def check_ready(self) -> None:
-        """Raise 503 unless the worker serves (Loading, Evicting, Failed...)."""
-        if not self.state_machine.serving:
-            state = self.state_machine.state
-            raise ModelNotReady(f"model {self.config.served_name} is not ready (state {state})")
-
-    def check_capacity(self) -> None:
-        """Raise 429 (with the Retry-After estimate) when the queue is full."""
-        if len(self._queue) >= self.config.queue_capacity:
-            queued = sum(len(u.items) for u in self._queue) + self.in_flight
-            raise Overloaded(
-                f"queue full ({self.config.queue_capacity} requests waiting)",
-                retry_after_seconds(queued, self._seconds_per_item, random.random()),
-            )
-
-    def admit(self, items: Sequence[Any], timeout: float | None, emit: Emitter | None = None) -> Unit:
-        """Admit a request or raise at once (503 not ready, 400 empty, 413 too many items, 429 full)."""
-        self.check_ready()
-        if not items:
-            raise InvalidInput("the request holds no items")
-        if len(items) > self.config.max_request_items:
-            raise PayloadTooLarge(
-                f"{len(items)} items in one request exceed the limit of {self.config.max_request_items}"
-            )
-        self.check_capacity()
-        budget = self.config.request_timeout if timeout is None else min(timeout, self.config.request_timeout)
-        loop = asyncio.get_running_loop()
-        unit = Unit(list(items), time.monotonic() + budget, loop.create_future(), emit)
+    def submit(self, unit: Unit) -> None:
+        """An admitted request arrives; it holds a slot of the door until it leaves the queue."""
+        if self.state_machine.state in (State.FAILED, State.DEAD):
+            self.view.door.give_back()
+            self._count(Column.REJECTED, ModelNotReady.reason)
+            unit.answer(ModelNotReady(f"model {self.config.served_name} is not serving"))
+            return
+        unit.remaining = len(unit.items)
+        unit.results = [None] * len(unit.items)
         self._queue.append(unit)
-        self.requests_total += 1
-        self.last_request_time = time.time()
+        self._queued_items += len(unit.items)
         self._last_activity = time.monotonic()
-        self._idle.clear()
-        self.metrics.queue_depth.set(len(self._queue))
         self._wakeup.set()
+        self.publish()
+
+    @staticmethod
+    def cancel(unit: Unit, reason: str) -> None:
+        """The client's side gave up (deadline, disconnect): never compute what is left of it."""
+        if unit.abandoned is None:
+            unit.abandoned = reason
+
+    # ---- the queue ----------------------------------------------------------------------------------
+
+    def _leave_queue(self) -> Unit:
+        unit = self._queue.popleft()
+        self._queued_items -= len(unit.items)
+        self.view.door.give_back()
         return unit
 
-    async def infer(
-        self,
-        items: Sequence[Any],
-        *,
-        timeout: float | None = None,  # noqa: ASYNC109 - a deadline handed to admission
-        gone: asyncio.Event | None = None,
-        emit: Emitter | None = None,
-    ) -> list[Any]:
-        """Admit, wait (bounded by the deadline, or until the client is gone) and return the results."""
-        unit = self.admit(items, timeout, emit)
-        return await self.wait(unit, gone)
+    def _drop_reason(self, unit: Unit, now: float) -> str | None:
+        if unit.abandoned:
+            return unit.abandoned
+        if unit.deadline <= now:
+            return "timeout"
+        return None
 
-    def stream(self, items: Sequence[Any], timeout: float | None) -> TokenStream:
-        """Admit a streaming request (or raise at once, as ``admit``): the task emits its text into the
-        returned stream while it computes."""
-        stream = TokenStream(asyncio.get_running_loop())
-        unit = self.admit(items, timeout, stream.emit)
-
-        def abandon() -> None:
-            unit.abandoned = "disconnected"
-
-        stream.start(asyncio.ensure_future(self.wait(unit)), abandon)
-        return stream
-
-    async def wait(self, unit: Unit, gone: asyncio.Event | None = None) -> list[Any]:
-        """Wait for an admitted unit's results (504 after its deadline, ClientGone on disconnect)."""
-        waiters: set[asyncio.Future[Any]] = {unit.future}
-        gone_task = asyncio.ensure_future(gone.wait()) if gone is not None else None
-        if gone_task is not None:
-            waiters.add(gone_task)
-        try:
-            await asyncio.wait(
-                waiters,
-                timeout=max(0.0, unit.deadline - time.monotonic()),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            if gone_task is not None:
-                gone_task.cancel()
-        if unit.future.done() and not unit.future.cancelled():
-            return unit.future.result()
-        if gone is not None and gone.is_set():
-            unit.abandoned = "disconnected"
-            raise ClientGone("client disconnected before the result was ready")
-        unit.abandoned = "timeout"
-        raise DeadlineExceeded("request deadline passed before the result was ready")
-
-    # ---- the queue owner ----------------------------------------------------------------------------
+    def _keep(self, unit: Unit) -> bool:
+        """Is this request still worth computing?  Drops (and counts, once) one that is not."""
+        if unit.answered:
+            return False
+        reason = self._drop_reason(unit, time.monotonic())
+        if reason is None:
+            return True
+        # Dropped before compute: the HTTP side has answered 504, or its client is gone.
+        self.metrics.dropped.labels(reason=reason).inc()
+        unit.answered = True
+        self._active.discard(unit)
+        return False
 
     def _pop_live(self) -> Unit | None:
-        """Pop the next unit worth computing; drop (and count) expired or abandoned ones on the way."""
-        now = time.monotonic()
+        """Take the next request worth computing off the queue, dropping dead ones on the way."""
         while self._queue:
-            unit = self._queue.popleft()
-            # Dropped before compute (the waiter has already answered 504/499 and counted the rejection).
-            if unit.abandoned or unit.future.done():
-                self.metrics.dropped.labels(reason=unit.abandoned or "cancelled").inc()
-                unit.future.cancel()
-                continue
-            if unit.deadline <= now:
-                self.metrics.dropped.labels(reason="timeout").inc()
-                unit.future.cancel()
-                continue
-            return unit
+            unit = self._leave_queue()
+            if self._keep(unit):
+                return unit
         return None
+
+    # ---- the queue owner ----------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Forever: form a batch, compute it on the inference thread, answer its requests."""
         while True:
-            unit = self._pop_live()
-            if unit is None:
-                self.metrics.queue_depth.set(0)
-                self._idle.set()
+            batch = await self._next_batch()
+            if not batch:
+                self.publish()
+                self._settle()
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                if not self._queue:
+                    await self._wakeup.wait()
                 continue
-            batch = [unit]
-            if self.batchable:
-                await self._fill(batch, wait=self._concurrent)
-                # Traffic is concurrent when batches gather several requests; only then is it worth
-                # waiting --max-batch-delay-ms for more (a lone client would just pay the delay).
-                self._concurrent = len(batch) > 1
-            self.metrics.queue_depth.set(len(self._queue))
             await self._execute(batch)
 
-    async def _fill(self, batch: list[Unit], wait: bool = True) -> None:
-        """Add queued units to ``batch`` up to max-batch-size items, waiting (if ``wait``) at most
-        max-batch-delay for more to arrive."""
+    async def _next_batch(self) -> list[Piece]:
         limit = self.config.max_batch_size
-        n = sum(len(u.items) for u in batch)
+        if not self.batchable:  # one request at a time, whole
+            unit = self._pop_live()
+            if unit is None:
+                return []
+            self._active.add(unit)
+            return [(unit, i) for i in range(len(unit.items))]
+        if not self._sweep:
+            await self._start_sweep(limit)
+        return self._sweep.take(self._keep)
+
+    async def _start_sweep(self, limit: int) -> None:
+        head = self._pop_live()
+        if head is None:
+            return
+        taken = [head]
+        hinted = any(head.hints())
+        await self._gather(taken, sweep_capacity(limit, hinted), limit, wait=self._concurrent)
+        # Traffic is concurrent when sweeps gather several requests; only then is it worth waiting
+        # --max-batch-delay-ms for more (a lone client would just pay the delay).
+        self._concurrent = len(taken) > 1
+        self._active.update(taken)
+        self._sweep.start(taken, Unit.hints, limit)
+
+    async def _gather(self, taken: list[Unit], capacity: int, limit: int, wait: bool) -> None:
+        """Add queued requests to ``taken`` while they fit in ``capacity`` items, waiting (if ``wait``)
+        at most max-batch-delay for more while there is less than one batch."""
+        n = sum(len(u.items) for u in taken)
         until = time.monotonic() + (self.config.max_batch_delay_ms / 1000.0 if wait else 0.0)
-        while n < limit:
+        while True:
             if self._queue:
                 head = self._queue[0]
-                if head.abandoned or head.future.done() or head.deadline <= time.monotonic():
-                    nxt = self._pop_live()
-                    if nxt is None:
-                        continue
-                    self._queue.appendleft(nxt)
+                if not self._keep(head):
+                    self._leave_queue()
                     continue
-                if n + len(head.items) > limit:
+                if n + len(head.items) > capacity:
                     return
-                batch.append(self._queue.popleft())
+                taken.append(self._leave_queue())
                 n += len(head.items)
                 continue
             remaining = until - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or n >= limit:
                 return
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), remaining)
 
-    async def _execute(self, batch: list[Unit]) -> None:
-        items = [item for unit in batch for item in unit.items]
+    async def _execute(self, batch: list[Piece]) -> None:
+        units = list({id(u): u for u, _ in batch}.values())
+        items = [unit.items[i] for unit, i in batch]
+        emit = units[0].emit if len(units) == 1 else None
         self.state_machine.try_to(State.PROCESSING)
-        self.in_flight += len(batch)
-        self.metrics.in_flight.set(self.in_flight)
         self.metrics.batch_size.observe(len(items))
+        self.publish()
         started = time.monotonic()
         try:
-            results = await self._compute(items, batch)
+            results = await self.worker.run(items, emit)
         except FatalDeviceError as exc:
-            self._fail_units(batch, exc)
+            self._fail(units, exc)
             self.worker.fail(EXIT_DEVICE_FAILED, str(exc))
-            return
         except InvalidInput as exc:
-            if len(batch) > 1:  # one bad request must not fail its batch-mates: retry each alone
-                for unit in batch:
-                    self.in_flight -= 1
-                    await self._execute([unit])
-                    self.in_flight += 1
-                return
-            self._fail_units(batch, exc)
+            if len(units) == 1:
+                self._fail(units, exc)
+            else:  # one bad request must not fail its batch-mates: retry each alone
+                for unit in units:
+                    await self._execute([p for p in batch if p[0] is unit])
         except ServerError as exc:
-            self._fail_units(batch, exc)
+            self._fail(units, exc)
         else:
             elapsed = time.monotonic() - started
             self.metrics.compute.observe(elapsed)
             self._seconds_per_item = 0.8 * self._seconds_per_item + 0.2 * (elapsed / max(1, len(items)))
-            offset = 0
-            for k, unit in enumerate(batch):
-                n = len(unit.items)
-                if not unit.future.done():
-                    unit.future.set_result(results[offset : offset + n])
-                offset += n
-                if (k + 1) % ANSWER_SLICE == 0 and k + 1 < len(batch):
-                    # Let the event loop poll its sockets between slices: a finished batch of 128
-                    # requests would otherwise be answered in one go, with new requests (and their
-                    # 429s) waiting behind all of it.
-                    await asyncio.sleep(0)
+            for (unit, i), result in zip(batch, results, strict=True):
+                if unit.answered:
+                    continue
+                unit.results[i] = result
+                unit.remaining -= 1
+                if unit.remaining == 0:
+                    self._finish(unit, unit.results)
         finally:
-            self.in_flight -= len(batch)
-            self.metrics.in_flight.set(self.in_flight)
             self._last_activity = time.monotonic()
-            if not self._queue and self.in_flight == 0:
-                self.state_machine.try_to(State.READY)
+            self.publish()
+            self._settle()
 
-    async def _compute(self, items: list[Any], batch: list[Unit]) -> list[Any]:
-        limit = self.config.max_batch_size
-        emit = batch[0].emit if len(batch) == 1 else None
-        if not self.batchable or len(items) <= limit:
-            return await self.worker.run(items, emit)
-        # One request larger than a batch: run it in batch-sized chunks.
-        results: list[Any] = []
-        for start in range(0, len(items), limit):
-            results.extend(await self.worker.run(items[start : start + limit], None))
-        return results
+    def _finish(self, unit: Unit, outcome: Outcome) -> None:
+        unit.answer(outcome)
+        self._active.discard(unit)
 
-    def _fail_units(self, batch: list[Unit], exc: ServerError) -> None:
+    def _fail(self, units: Sequence[Unit], exc: ServerError) -> None:
         if not isinstance(exc, InvalidInput):
-            self.errors_total += len(batch)
-        for unit in batch:
-            if not unit.future.done():
-                unit.future.set_exception(exc)
-                # Retrieved by the waiter, unless it gave up: mark it retrieved to avoid a warning.
-                unit.future.exception()
+            self._count(Column.ERRORS, None, len(units))
+        for unit in units:
+            self._finish(unit, exc)
 
-    # ---- idle and drain -----------------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Back to Ready once nothing is queued, in flight or on its way."""
+        if not self._queue and not self._active and not self.view.door.taken:
+            self.state_machine.try_to(State.READY)
+
+    def _count(self, column: Column, reason: str | None, amount: int = 1) -> None:
+        self.view.add(INFERENCE_ROW, column, amount)
+        if reason is not None:
+            self.metrics.rejected.labels(reason=reason).inc(amount)
+
+    def publish(self) -> None:
+        """The figures /stats and Retry-After read, into the worker's shared view."""
+        view = self.view
+        view.set(Field.IN_FLIGHT, len(self._active))
+        view.set(Field.BACKLOG_ITEMS, self._queued_items + len(self._sweep))
+        view.set(Field.SECONDS_PER_ITEM, self._seconds_per_item)
+
+    # ---- idle, drain, failure -----------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """Anything queued, in flight, or admitted and on its way here?"""
+        return bool(self._queue or self._active or self.view.door.taken)
 
     async def watch_idle(self) -> None:
         """Ready -> Idle after ``--idle-after`` seconds with nothing to do."""
@@ -355,35 +297,27 @@ class DataPlane:
             # Idle time counts from the later of the last request and entering Ready, so a load longer
             # than --idle-after does not turn a fresh worker Idle the moment it becomes Ready.
             quiet = min(time.monotonic() - self._last_activity, time.time() - self.state_machine.since)
-            if (
-                self.state_machine.state is State.READY
-                and not self._queue
-                and self.in_flight == 0
-                and quiet >= self.config.idle_after
-            ):
+            if self.state_machine.state is State.READY and not self.busy and quiet >= self.config.idle_after:
                 self.state_machine.try_to(State.IDLE)
 
     async def drain(self, timeout: float) -> bool:  # noqa: ASYNC109 - polled with its own deadline
-        """Wait (bounded) until queued and in-flight work is done; True when fully drained."""
+        """Wait (bounded) until queued, in-flight and on-their-way requests are done; True when drained."""
         deadline = time.monotonic() + timeout
-        while self._queue or self.in_flight:
+        while self.busy:
             if time.monotonic() >= deadline:
-                for unit in self._queue:
-                    if not unit.future.done():
-                        unit.future.set_exception(ModelNotReady("server is shutting down"))
-                        unit.future.exception()
-                self._queue.clear()
+                self.fail_all("server is shutting down")
                 return False
             await asyncio.sleep(0.02)
         return True
 
     def fail_all(self, reason: str) -> None:
-        """Answer every queued request with 503 (the worker is Failed)."""
+        """Answer every queued and in-flight request with 503 (the worker is Failed or gone)."""
         while self._queue:
-            unit = self._queue.popleft()
-            if not unit.future.done():
-                unit.future.set_exception(ModelNotReady(reason))
-                unit.future.exception()
+            self._leave_queue().answer(ModelNotReady(reason))
+        for unit in [*self._active, *self._sweep.units()]:
+            self._finish(unit, ModelNotReady(reason))
+        self._sweep.clear()
+        self.publish()
 
 
-__all__ = ["ClientGone", "DataPlane", "Unit", "retry_after_seconds"]
+__all__ = ["DataPlane", "Unit"]

@@ -7,6 +7,8 @@ Every layer raises these; only ``endpoints`` turns them into responses
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ServerError(Exception):
     """Base class: ``status`` is the HTTP code, ``reason`` the metrics label, str(exc) the message.
@@ -18,6 +20,18 @@ class ServerError(Exception):
     status: int = 500
     reason: str = "error"
     retry_after_s: int | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Errors cross the process boundary (pickled with the answer): rebuild the same class with the
+        # same message and Retry-After, whatever its constructor takes.
+        return _rebuild, (type(self), str(self), self.retry_after_s)
+
+
+def _rebuild(cls: type[ServerError], message: str, retry_after_s: int | None) -> ServerError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.retry_after_s = retry_after_s
+    return error
 
 
 class InvalidInput(ServerError):  # noqa: N818 - KServe-style names

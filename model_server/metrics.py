@@ -1,35 +1,53 @@
-"""Prometheus metrics of one server (its own registry, so tests can start several in one process).
+"""Prometheus metrics of one worker, whichever of its processes answers the scrape.
+
+Counters and histograms are counted where things happen (the HTTP processes: requests, latency,
+rejections; the inference process: batch sizes, compute time, dropped requests).  In a worker the
+supervisor sets ``PROMETHEUS_MULTIPROC_DIR`` before it starts the processes, so prometheus-client keeps
+them in per-process files and every scrape adds them up (its multiprocess mode).  The gauges are read
+at scrape time from the worker's shared view (``worker_view``): the real worker-wide queue depth, the
+state, the memory of every process.  Without that variable (a test building the parts in one process)
+everything lives in this object's own registry.
 
 Names (all prefixed ``modelpool_``): ``queue_depth``, ``queue_capacity``, ``in_flight``,
 ``requests_total{route,code}``, ``rejected_total{reason}`` (overloaded, timeout, disconnected, not_ready,
-too_large, invalid_input...), ``request_latency_seconds{route}``, ``batch_size``, ``worker_state{state}``
-(1 for the current state), ``model_load_seconds``,
+too_large, invalid_input...), ``request_latency_seconds{route}``, ``batch_size``, ``compute_seconds``,
+``worker_state{state}`` (1 for the current state), ``model_load_seconds``, ``model_warmup_seconds``,
 ``gpu_memory_bytes{kind=allocated|reserved|peak_reserved}``, ``dropped_total{reason}`` (admitted, then
-dropped before compute: timeout, disconnected), ``process_resident_memory_bytes`` (from
-prometheus-client's process collector).
+dropped before compute: timeout, disconnected), ``resident_memory_bytes{process}`` (supervisor, inference,
+http-N).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.process_collector import ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
-from model_server.state_machine import State
+from model_server.state_machine import State, StateMachine
+from model_server.worker_view import Field, WorkerView, row_name
 
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-def rss_bytes() -> int:
-    """This process's resident set size (Linux /proc; 0 where unavailable)."""
+def rss_bytes(pid: int | str = "self") -> int:
+    """A process's resident set size (Linux /proc; 0 where unavailable or gone)."""
     try:
-        with open("/proc/self/statm", "rb") as f:
+        with open(f"/proc/{pid}/statm", "rb") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def worker_rss(view: WorkerView) -> dict[str, int]:
+    """Resident memory of each process of the worker, by name."""
+    return {row_name(row): rss_bytes(pid) for row, pid in view.pids()}
 
 
 def gpu_memory() -> tuple[int, int]:
@@ -62,16 +80,54 @@ def gpu_peak_reserved() -> int | None:
         return None
 
 
+class WorkerGauges(Collector):
+    """The gauges, read from the shared view at scrape time."""
+
+    def __init__(self, view: WorkerView, state_machine: StateMachine) -> None:
+        self.view = view
+        self.state_machine = state_machine
+
+    def collect(self) -> Iterator[Metric]:
+        view = self.view
+        yield _gauge("modelpool_queue_depth", "Requests waiting in the queue", view.door.taken)
+        yield _gauge("modelpool_queue_capacity", "Queue capacity (requests)", view.door.capacity)
+        yield _gauge("modelpool_in_flight", "Requests being computed", view.get(Field.IN_FLIGHT))
+        state = GaugeMetricFamily("modelpool_worker_state", "1 for the current state", labels=["state"])
+        current = self.state_machine.state
+        for each in State:
+            state.add_metric([each.value], 1.0 if each is current else 0.0)
+        yield state
+        yield _gauge(
+            "modelpool_model_load_seconds", "Time the model load took", view.optional(Field.LOAD_SECONDS)
+        )
+        yield _gauge(
+            "modelpool_model_warmup_seconds",
+            "Time the warm-up input took",
+            view.optional(Field.WARMUP_SECONDS),
+        )
+        gpu = GaugeMetricFamily("modelpool_gpu_memory_bytes", "CUDA memory", labels=["kind"])
+        gpu.add_metric(["allocated"], view.get(Field.GPU_ALLOCATED))
+        gpu.add_metric(["reserved"], view.get(Field.GPU_RESERVED))
+        gpu.add_metric(["peak_reserved"], view.optional(Field.GPU_PEAK_RESERVED) or 0.0)
+        yield gpu
+        rss = GaugeMetricFamily(
+            "modelpool_resident_memory_bytes", "Resident memory of each process", labels=["process"]
+        )
+        for name, resident in worker_rss(view).items():
+            rss.add_metric([name], resident)
+        yield rss
+
+
+def _gauge(name: str, documentation: str, value: float | None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=0.0 if value is None else value)
+
+
 class Metrics:
-    """All the server's metric objects; the data plane and worker update them."""
+    """This process's counters and histograms, and the rendering of the whole worker's metrics."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        ProcessCollector(registry=r)
-        self.queue_depth = Gauge("modelpool_queue_depth", "Requests waiting in the queue", registry=r)
-        self.queue_capacity = Gauge("modelpool_queue_capacity", "Queue capacity (requests)", registry=r)
-        self.in_flight = Gauge("modelpool_in_flight", "Requests being computed", registry=r)
         self.requests = Counter(
             "modelpool_requests", "HTTP requests by route and status code", ["route", "code"], registry=r
         )
@@ -97,19 +153,27 @@ class Metrics:
         self.batch_size = Histogram(
             "modelpool_batch_size", "Items per forward pass", buckets=_BATCH_BUCKETS, registry=r
         )
-        self.worker_state = Gauge("modelpool_worker_state", "1 for the current state", ["state"], registry=r)
-        self.load_seconds = Gauge("modelpool_model_load_seconds", "Time the model load took", registry=r)
-        self.gpu_memory = Gauge("modelpool_gpu_memory_bytes", "CUDA memory", ["kind"], registry=r)
-        for state in State:
-            self.worker_state.labels(state=state.value).set(1 if state is State.PENDING else 0)
 
-    def set_state(self, old: State, new: State) -> None:
-        self.worker_state.labels(state=old.value).set(0)
-        self.worker_state.labels(state=new.value).set(1)
+    def render(self, gauges: WorkerGauges) -> bytes:
+        """The text exposition of the worker: every process's counters and histograms, and the gauges."""
+        directory = os.environ.get(MULTIPROC_ENV)
+        registry = CollectorRegistry()
+        if directory:
+            MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+        else:
+            registry.register(_Own(self.registry))
+        registry.register(gauges)
+        return generate_latest(registry)
 
-    def render(self) -> bytes:
-        allocated, reserved = gpu_memory()
-        self.gpu_memory.labels(kind="allocated").set(allocated)
-        self.gpu_memory.labels(kind="reserved").set(reserved)
-        self.gpu_memory.labels(kind="peak_reserved").set(gpu_peak_reserved() or 0)
-        return generate_latest(self.registry)
+
+class _Own(Collector):
+    """This process's registry as one collector (a worker built in one process)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.registry.collect())
+
+
+__all__ = ["Metrics", "WorkerGauges", "gpu_memory", "rss_bytes", "worker_rss"]

@@ -18,6 +18,8 @@ import enum
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 
 class State(enum.StrEnum):
@@ -62,57 +64,91 @@ def can_transition(src: State, dst: State) -> bool:
     return dst in TRANSITIONS[src]
 
 
-class StateMachine:
-    """The worker's current state, when it was entered and why; thread-safe (the inference thread moves
-    it too)."""
+class StateStore(Protocol):
+    """Where a state machine keeps its state: in this process (``LocalStore``), or in shared memory so
+    that every process of a worker sees one state (``worker_view.SharedStateStore``).  ``read`` is
+    lock-free; ``write`` happens only while ``lock()`` is held: a transition is checked and made at once."""
 
-    def __init__(self, on_change: Callable[[State, State], None] | None = None) -> None:
+    def lock(self) -> AbstractContextManager[Any]: ...
+
+    def read(self) -> tuple[State, float]: ...
+
+    def reason(self) -> str: ...
+
+    def write(self, state: State, since: float, reason: str) -> None: ...
+
+
+class LocalStore:
+    """The state in this process's memory."""
+
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._state = State.PENDING
-        self._since = time.time()
+        self._value = (State.PENDING, time.time())
         self._reason = ""
+
+    def lock(self) -> AbstractContextManager[Any]:
+        return self._lock
+
+    def read(self) -> tuple[State, float]:
+        return self._value
+
+    def reason(self) -> str:
+        return self._reason
+
+    def write(self, state: State, since: float, reason: str) -> None:
+        self._value, self._reason = (state, since), reason
+
+
+class StateMachine:
+    """The worker's current state, when it was entered and why; safe across threads, and across
+    processes over a shared store."""
+
+    def __init__(
+        self, on_change: Callable[[State, State], None] | None = None, store: StateStore | None = None
+    ) -> None:
+        self._store: StateStore = store if store is not None else LocalStore()
         self._on_change = on_change
 
     @property
     def state(self) -> State:
-        return self._state
+        return self._store.read()[0]
 
     @property
     def since(self) -> float:
         """Unix time the current state was entered."""
-        return self._since
+        return self._store.read()[1]
 
     @property
     def reason(self) -> str:
-        return self._reason
+        return self._store.reason()
 
     def to(self, dst: State, reason: str = "") -> None:
         """Move to ``dst`` or raise ``IllegalTransition``; a move to the current state is a no-op."""
-        with self._lock:
-            src = self._state
+        with self._store.lock():
+            src = self.state
             if src == dst:
                 return
             if not can_transition(src, dst):
                 raise IllegalTransition(f"illegal worker transition {src} -> {dst}")
-            self._state, self._since, self._reason = dst, time.time(), reason
+            self._store.write(dst, time.time(), reason)
         if self._on_change is not None:
             self._on_change(src, dst)
 
     def try_to(self, dst: State, reason: str = "") -> bool:
         """Move to ``dst`` if the table allows it from the current state; return whether it moved."""
-        with self._lock:
-            src = self._state
+        with self._store.lock():
+            src = self.state
             if src == dst or not can_transition(src, dst):
                 return False
-            self._state, self._since, self._reason = dst, time.time(), reason
+            self._store.write(dst, time.time(), reason)
         if self._on_change is not None:
             self._on_change(src, dst)
         return True
 
     @property
     def serving(self) -> bool:
-        return self._state in SERVING
+        return self.state in SERVING
 
     @property
     def live(self) -> bool:
-        return self._state in LIVE
+        return self.state in LIVE

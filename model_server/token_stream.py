@@ -1,9 +1,10 @@
-"""A streaming request's text, piece by piece, from the inference thread to the event loop.
+"""A streaming request's text, piece by piece, as an HTTP process receives it from the inference process.
 
-The task calls ``emit`` on the inference thread for each new piece of text; ``emit`` hands it to the event
-loop without blocking (``loop.call_soon_threadsafe``).  The route iterates the stream and sends each piece
-to the client as it comes; the iteration ends when the request's unit is done, and ``results()`` then
-gives its results (or raises the error it failed with).
+The task calls its ``emit`` on the inference thread for each new piece of text; the inference process
+sends each piece across the process boundary as it comes (``ipc.PIECE``), and the HTTP process ``put``s
+it here.  The route iterates the stream and sends each piece to the client at once; the iteration ends
+when the request's answer has arrived, and ``results()`` then gives its results (or raises the error it
+failed with).
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ from typing import Any
 
 
 class TokenStream:
-    """The pieces of one admitted streaming request (made by ``DataPlane.stream``), then its results."""
+    """The pieces of one admitted streaming request (made by ``InferenceClient.stream``), then its
+    results."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
         self._pieces: asyncio.Queue[str] = asyncio.Queue()
         self._results: asyncio.Future[list[Any]] | None = None
         self._abandon: Callable[[], None] = lambda: None
 
-    def emit(self, text: str) -> None:
-        """Called on the inference thread with each new piece of text."""
-        self._loop.call_soon_threadsafe(self._pieces.put_nowait, text)
+    def put(self, text: str) -> None:
+        """A new piece of text (on the event loop)."""
+        self._pieces.put_nowait(text)
 
     def start(self, results: asyncio.Future[list[Any]], abandon: Callable[[], None]) -> None:
         """The request is admitted: ``results`` completes with its results; ``abandon`` drops it."""
@@ -43,11 +44,12 @@ class TokenStream:
                 getter.cancel()
                 break
             yield getter.result()
-        while not self._pieces.empty():  # emitted just before the unit completed
+        while not self._pieces.empty():  # arrived just before the answer
             yield self._pieces.get_nowait()
 
     def results(self) -> list[Any]:
-        """The unit's results once the iteration has ended (raises the ``ServerError`` it failed with)."""
+        """The request's results once the iteration has ended (raises the ``ServerError`` it failed
+        with)."""
         assert self._results is not None and self._results.done()
         return self._results.result()
 

@@ -1,9 +1,10 @@
 """The worker: loads the model off the event loop and owns it on ONE inference thread.
 
-* ``load`` resolves the source, imports the task module (torch & co. are imported here, after the HTTP
-  server is listening) and calls ``Task.load`` on the inference thread; the event loop keeps answering
-  health and ``/stats`` meanwhile.  Failure -> Failed, reason to the termination log, exit code 3
-  (``EXIT_LOAD_FAILED``).
+* ``load`` resolves the source, imports the task module (torch & co. are imported here, in the inference
+  process, never in the HTTP processes) and calls ``Task.load`` on the inference thread, then runs the
+  task's warm-up input once (``Task.warmup_items``) so that the first request after Ready does not pay
+  for first-call set-up.  Failure -> Failed with the reason (the supervisor writes it to the termination
+  log) and exit code 3 (``EXIT_LOAD_FAILED``).
 * ``run`` executes one unit of work on the same thread.  No lock guards the model: only that thread ever
   touches it, so nothing can be poisoned.  Crash handling (docs/design.md, "Failures"):
     - ``InvalidInput`` passes through (4xx);
@@ -21,7 +22,6 @@ import gc
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,8 +43,6 @@ log = logging.getLogger("modelpool.worker")
 
 # GIL switch interval while the model loads (see ``Worker.load``): short, so health stays responsive.
 LOAD_SWITCH_INTERVAL_S = 0.0005
-# Nice value of the inference thread (see ``_lower_thread_priority``).
-INFERENCE_NICE = 10
 # A worker with no unit running for this long trims its heap once (see model_server/heap.py).
 IDLE_TRIM_AFTER_S = 1.0
 
@@ -59,6 +57,10 @@ _FATAL_MARKERS = (
     "uncorrectable ecc error",
     "cuda driver error",
 )
+
+
+class WarmupError(RuntimeError):
+    """The task's warm-up input failed after the load: the model cannot serve (a load failure)."""
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -95,9 +97,7 @@ class Worker:
         self.config = config
         self.state_machine = state_machine
         self._on_failed = on_failed
-        self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="inference", initializer=_lower_thread_priority
-        )
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self.task: Task[Any, Any] | None = None
         self.task_cls: type[Task[Any, Any]] | None = None
         self.load_error: str | None = None
@@ -105,6 +105,7 @@ class Worker:
         self.load_seconds: float | None = None
         # Bytes of an hf:// source's files in the cache so far (None: the source needs no download).
         self.download = DownloadProgress() if config.model.startswith("hf://") else None
+        self.warmup_seconds: float | None = None
         self.device = config.device
         self._heap = HeapTrimmer()
         self._units_running = 0
@@ -120,7 +121,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         try:
             with _responsive_event_loop():
-                await loop.run_in_executor(self._executor, self._load_sync)
+                await loop.run_in_executor(self._executor, self._load_sync, started)
         except asyncio.CancelledError:  # shutting down mid-load (SIGTERM): not a load failure
             raise
         except Exception as exc:  # every load failure is a reported Failed state
@@ -129,14 +130,16 @@ class Worker:
             log.error("%s", reason, exc_info=not isinstance(exc, (ServerError, sources.SourceError)))
             self.fail(EXIT_LOAD_FAILED, reason)
             return False
-        self.load_seconds = time.monotonic() - started
         self.load_progress = 1.0
         if not self.state_machine.try_to(State.READY):  # SIGTERM arrived while loading
             return False
-        log.info("model %s ready in %.2fs on %s", self.config.served_name, self.load_seconds, self.device)
+        log.info(
+            "model %s ready in %.2fs on %s (warm-up %.3fs)",
+            self.config.served_name, self.load_seconds or 0.0, self.device, self.warmup_seconds or 0.0,
+        )  # fmt: skip
         return True
 
-    def _load_sync(self) -> None:
+    def _load_sync(self, started: float) -> None:
         if not self.config.model.startswith("hf://"):
             # A local model needs no hub: never let transformers try the network (slow timeouts offline).
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -162,24 +165,38 @@ class Worker:
                 trust_remote_code=self.config.trust_remote_code,
             )
         )
+        self.load_seconds = time.monotonic() - started
+        self.load_progress = 0.9
+        self._warm_up(task)
         # The model, torch and transformers leave about half a million long-lived objects behind. A
-        # full garbage collection walks all of them and stops the event loop for 100s of ms: the tail of
-        # every latency under load.  Freeze them out of the collector's sight; objects created by
-        # requests from now on are still collected.  No collection first: on all-MiniLM-L6-v2 it took
-        # 400 ms (holding the GIL, so /v2/health/live stalled as long) to find 121 unreachable objects,
-        # which the freeze keeps instead.
+        # full garbage collection walks all of them and stops the inference process's event loop (its
+        # channels, the batcher) for 100s of ms: the tail of every latency under load.  Freeze them
+        # out of the collector's sight; objects created by requests from now on are still collected.
+        # No collection first: on all-MiniLM-L6-v2 it took 400 ms (holding the GIL) to find 121
+        # unreachable objects, which the freeze keeps instead.
         gc.freeze()
         self.task = task  # only now: nothing is half-registered on failure
+
+    def _warm_up(self, task: Task[Any, Any]) -> None:
+        """Run the task's representative input once before Ready: CUDA's first call (context, kernels,
+        library handles, allocator pools) and the lazy parts of a CPU model cost the first request
+        seconds on a GPU, tens of milliseconds on a CPU, when nobody has run them yet."""
+        items = task.warmup_items()
+        if not items or self.config.skip_warmup:
+            return
+        started = time.monotonic()
+        try:
+            task.run(items)
+        except Exception as exc:
+            raise WarmupError(f"the warm-up input failed: {type(exc).__name__}: {exc}") from exc
+        self.warmup_seconds = time.monotonic() - started
 
     # ---- failure ------------------------------------------------------------------------------------
 
     def fail(self, exit_code: int, reason: str) -> None:
-        """Enter Failed, write the reason to the termination log, and ask the process to exit."""
+        """Enter Failed with the reason (the supervisor writes it to the termination log) and ask the
+        process to exit with ``exit_code``."""
         self.state_machine.try_to(State.FAILED, reason)
-        try:
-            self.config.termination_log.write_text(reason[:4000] + "\n")
-        except OSError as exc:  # the kubelet may not have mounted it (e.g. running locally)
-            log.warning("cannot write termination log %s: %s", self.config.termination_log, exc)
         self._on_failed(exit_code, reason)
 
     # ---- inference ----------------------------------------------------------------------------------
@@ -247,11 +264,13 @@ class Worker:
 
 @contextlib.contextmanager
 def _responsive_event_loop() -> Iterator[None]:
-    """While the model loads on the inference thread, keep the event loop answering health and /stats.
+    """While the model loads on the inference thread, keep the inference process's event loop responsive
+    (its channels to the HTTP processes, the supervisor's messages: a drain during a load is answered at
+    once).
 
     * A load holds the GIL for long stretches (imports, pure-Python model construction).  Each time the
       event loop comes back from a syscall it waits up to one switch interval (default 5 ms) for the
-      GIL, and one request makes dozens of syscalls: a short interval keeps answers in milliseconds.
+      GIL: a short interval keeps its answers in milliseconds.
     * The import of torch and transformers creates most of a million objects, and every few hundred
       thousand allocations a full (generation 2) collection walks them all, holding the GIL for 100+ ms.
       Full collections wait until the load ends (young generations are still collected as usual).
@@ -265,16 +284,6 @@ def _responsive_event_loop() -> Iterator[None]:
     finally:
         gc.set_threshold(*thresholds)
         sys.setswitchinterval(interval)
-
-
-def _lower_thread_priority() -> None:
-    """Run the inference thread (and the OpenMP threads it spawns, which inherit it) at a lower CPU
-    priority than the event loop: when both want a core, health checks and 429s are answered first.
-
-    On Linux ``setpriority`` on a thread id affects that thread only, and raising one's own nice value
-    needs no privilege; elsewhere it is skipped."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), INFERENCE_NICE)
 
 
 def _empty_cache() -> None:

@@ -13,3 +13,5 @@ EXIT_CONFIG: Final = 2
 EXIT_LOAD_FAILED: Final = 3
 #: A device error left the accelerator unusable (e.g. an illegal memory access); the process must go.
 EXIT_DEVICE_FAILED: Final = 4
+#: A process of the worker (the inference process or an HTTP process) died; the others were stopped.
+EXIT_PROCESS_DIED: Final = 5

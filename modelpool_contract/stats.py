@@ -89,6 +89,8 @@ class WorkerStats(_Document):
     The operator reads ``state`` (case-insensitively), ``state_since``, ``queue_depth``, ``in_flight``,
     ``last_request_time``, ``load_error``, ``load_progress``, ``download`` (null when the source needs no
     download) and the accelerator memory (``memory``); the rest is for people and benchmarks.
+    The numbers are the whole worker's (every process of it); ``load_seconds`` is the model's load,
+    ``warmup_seconds`` the warm-up input run after it, before Ready (None: not run).
     """
 
     version: Count = STATS_VERSION
@@ -106,6 +108,7 @@ class WorkerStats(_Document):
     load_progress: Number = None
     load_seconds: Number = None
     download: Annotated[StatsDownload | None, _Lenient] = None
+    warmup_seconds: Number = None
     memory: Annotated[StatsMemory | None, _Lenient] = None
     model: Annotated[StatsModel | None, _Lenient] = None
     time: Number = None

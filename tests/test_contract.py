@@ -16,6 +16,8 @@ from typing import Any, get_args
 import pytest
 
 from model_server.config import ServerConfig, load_config
+from model_server.download import DownloadProgress
+from model_server.inference_process import publish_download
 from model_server.server import ModelServer
 from model_server.sources import resolve
 from model_server.state_machine import SERVING, State
@@ -142,12 +144,14 @@ def test_pvc_sources_parse_to_a_claim_and_a_path_inside_it() -> None:
 
 def test_download_progress_reaches_the_pool_status_while_loading() -> None:
     server = ModelServer(load_config(["--model", "hf://org/m", "--task", "text-embedding"]))
-    assert server.worker.download is not None
+    progress = DownloadProgress()  # the inference process's, published into the shared view
+    publish_download(server.view, progress)
     server.state_machine.to(State.LOADING)
     pod = _running(build_worker_pod(_pool(), "emb-h-0"))
     unlisted = observe_worker(pod, server.stats(), NOW).to_status().wire()
     assert "downloadedBytes" not in unlisted  # not before the hub listed the files
-    server.worker.download.downloaded_bytes, server.worker.download.total_bytes = 300, 1000
+    progress.downloaded_bytes, progress.total_bytes = 300, 1000
+    publish_download(server.view, progress)
     status = observe_worker(pod, server.stats(), NOW).to_status().wire()
     assert (status["downloadedBytes"], status["downloadTotalBytes"]) == (300, 1000)
     server.state_machine.to(State.READY)

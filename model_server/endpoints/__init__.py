@@ -34,7 +34,7 @@ def build_app(server: ModelServer) -> ASGIApp:
     check, when configured, goes around even that."""
     app: ASGIApp = LimitsMiddleware(build_api(server), server, kserve_routes.infer_handler(server))
     key = server.config.api_key
-    return ApiKeyMiddleware(app, key, server.dataplane.reject) if key is not None else app
+    return ApiKeyMiddleware(app, key, server.inference.reject) if key is not None else app
 
 
 def build_api(server: ModelServer) -> FastAPI:
@@ -53,7 +53,7 @@ def build_api(server: ModelServer) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> Response:
-        server.dataplane.reject(InvalidInput.reason)
+        server.inference.reject(InvalidInput.reason)
         parts = []
         for err in exc.errors()[:5]:
             loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"

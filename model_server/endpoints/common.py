@@ -54,7 +54,7 @@ def server_error_response(server: ModelServer, path: str, exc: Exception) -> Res
         # Requests refused or given up on (4xx, 429, 499, 503, 504) count as rejections by reason;
         # 500s were computed and failed: the data plane counts those in errors_total.
         if exc.status != 500:
-            server.dataplane.reject(exc.reason)
+            server.inference.reject(exc.reason)
         return http_response(path, exc)
     log.exception("unexpected error on %s", path, exc_info=exc)
     return error_response(path, 500, "internal", f"internal error: {type(exc).__name__}")
@@ -109,6 +109,6 @@ def require_task(server: ModelServer, *tasks: str) -> str:
         raise UnsupportedOperation(
             f"model {server.config.served_name!r} has task {task!r}; this route needs {' or '.join(tasks)}"
         )
-    if server.dataplane.task_class is None:
+    if server.inference.task_class is None:
         raise ModelNotReady(f"model {server.config.served_name!r} is not loaded yet")
     return task

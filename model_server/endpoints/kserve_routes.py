@@ -68,12 +68,12 @@ def infer_handler(server: ModelServer) -> InferHandler:
     """The v2 infer endpoint as a plain coroutine function (FastAPI registers it, and the outermost
     middleware calls it directly on the hot path: see ``endpoints.LimitsMiddleware``)."""
 
-    dataplane = server.dataplane
+    inference = server.inference
 
     async def infer(request: Request, name: str) -> Response:
         check_model(server, name)
-        dataplane.check_ready()
-        task = dataplane.loaded_task()
+        inference.check_ready()
+        task = inference.loaded_task()
         body = await request.body()
         parsed = kserve_codec.decode_request(body, request.headers.get(HEADER_LENGTH))
         timeout = earliest(header_timeout(request), parsed.timeout_s)
@@ -81,7 +81,7 @@ def infer_handler(server: ModelServer) -> InferHandler:
         # checks the request's parameters, so bad ones are refused before the request is queued.
         items = task.decode_v2(parsed.inputs, parsed.parameters)
         async with disconnect_watch(request) as gone:
-            results = await dataplane.infer(items, timeout=timeout, gone=gone)
+            results = await inference.infer(items, timeout=timeout, gone=gone)
         outputs = task.encode_v2(results)
         payload, header_len = kserve_codec.encode_response(server.config.served_name, parsed, outputs)
         if header_len is None:

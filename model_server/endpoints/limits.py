@@ -72,9 +72,9 @@ class LimitsMiddleware:
                 # Fast path: a full queue is answered here, before routing and body parsing, so that
                 # refusing costs the event loop as little as possible under overload.
                 try:
-                    self.server.dataplane.check_capacity()
+                    self.server.inference.check_capacity()
                 except Overloaded as exc:
-                    self.server.dataplane.reject(exc.reason)
+                    self.server.inference.reject(exc.reason)
                     await http_response(path, exc)(scope, receive, send_wrapper)
                     return
             declared = dict(scope["headers"]).get(b"content-length")
@@ -136,6 +136,6 @@ class LimitsMiddleware:
                 return b"".join(parts), size
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send, path: str, size: int) -> None:
-        self.server.dataplane.reject(PayloadTooLarge.reason)
+        self.server.inference.reject(PayloadTooLarge.reason)
         exc = PayloadTooLarge(f"request body of {size} bytes exceeds --max-request-bytes={self.limit}")
         await http_response(path, exc)(scope, receive, send)

@@ -12,7 +12,6 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from model_server.dataplane import DataPlane
 from model_server.endpoints.common import (
     ORJSONResponse,
     check_model,
@@ -21,6 +20,7 @@ from model_server.endpoints.common import (
     require_task,
 )
 from model_server.errors import InvalidInput, ServerError
+from model_server.inference_client import InferenceClient
 from model_server.openai_codec import (
     SSE_DONE,
     ChatBody,
@@ -47,7 +47,7 @@ _ID_PREFIX = {"text_completion": "cmpl-", "chat": "chatcmpl-"}
 
 def register(app: FastAPI, server: ModelServer) -> None:
     name = server.config.served_name
-    dataplane = server.dataplane
+    inference = server.inference
 
     @app.get("/v1/models", tags=["openai"])
     async def models() -> Response:
@@ -57,7 +57,7 @@ def register(app: FastAPI, server: ModelServer) -> None:
     async def embeddings(body: EmbeddingsBody, request: Request) -> Response:
         check_model(server, body.model)
         task = require_task(server, "text-embedding", "image-embedding")
-        results = await _infer(dataplane, request, embedding_items(body, task))
+        results = await _infer(inference, request, embedding_items(body, task))
         return ORJSONResponse(embeddings_response(body, results, name))
 
     @app.post("/v1/completions", tags=["openai"])
@@ -65,27 +65,27 @@ def register(app: FastAPI, server: ModelServer) -> None:
         check_model(server, body.model)
         require_task(server, "text-generation")
         completion = _new_completion("text_completion", name)
-        return await _complete(dataplane, request, completion_items(body), body.stream, completion)
+        return await _complete(inference, request, completion_items(body), body.stream, completion)
 
     @app.post("/v1/chat/completions", tags=["openai"])
     async def chat(body: ChatBody, request: Request) -> Response:
         check_model(server, body.model)
         task = require_task(server, "text-generation", "vision")
         completion = _new_completion("chat", name)
-        return await _complete(dataplane, request, [chat_item(body, task)], body.stream, completion)
+        return await _complete(inference, request, [chat_item(body, task)], body.stream, completion)
 
     @app.post("/v1/images/generations", tags=["openai"])
     async def images(body: ImagesBody, request: Request) -> Response:
         check_model(server, body.model)
         require_task(server, "text-to-image")
-        results = await _infer(dataplane, request, image_items(body))
+        results = await _infer(inference, request, image_items(body))
         return ORJSONResponse(images_response(results, int(time.time())))
 
 
-async def _infer(dataplane: DataPlane, request: Request, items: Sequence[Any]) -> list[Any]:
+async def _infer(inference: InferenceClient, request: Request, items: Sequence[Any]) -> list[Any]:
     """Run the items through the queue; the request is dropped if its client goes away first."""
     async with disconnect_watch(request) as gone:
-        return await dataplane.infer(items, timeout=header_timeout(request), gone=gone)
+        return await inference.infer(items, timeout=header_timeout(request), gone=gone)
 
 
 def _new_completion(kind: CompletionKind, model: str) -> Completion:
@@ -93,14 +93,14 @@ def _new_completion(kind: CompletionKind, model: str) -> Completion:
 
 
 async def _complete(
-    dataplane: DataPlane, request: Request, items: Sequence[Any], stream: bool, completion: Completion
+    inference: InferenceClient, request: Request, items: Sequence[Any], stream: bool, completion: Completion
 ) -> Response:
     """A whole completion response, or (``stream``) the server-sent events of one."""
     if not stream:
-        return ORJSONResponse(completion.response(await _infer(dataplane, request, items)))
+        return ORJSONResponse(completion.response(await _infer(inference, request, items)))
     if len(items) != 1:
         raise InvalidInput("stream=true takes exactly one prompt")
-    tokens = dataplane.stream(items, header_timeout(request))  # 429/503 before the stream starts
+    tokens = inference.stream(items, header_timeout(request))  # 429/503 before the stream starts
     return StreamingResponse(
         _events(completion, tokens), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )

@@ -23,7 +23,7 @@ def register(app: FastAPI, server: ModelServer) -> None:
 
     @app.get("/v2/health/ready", tags=["health"])
     async def ready() -> Response:
-        ok = server.state_machine.serving
+        ok = server.ready
         return ORJSONResponse(
             {"ready": ok, "state": server.state_machine.state.value}, status_code=200 if ok else 503
         )
@@ -38,7 +38,7 @@ def register(app: FastAPI, server: ModelServer) -> None:
     @app.get("/v2/models/{name}/versions/{version}", tags=["v2"], include_in_schema=False)
     async def model_metadata(name: str, version: str | None = None) -> Response:
         check_model(server, name)
-        cls = server.dataplane.task_class
+        cls = server.inference.task_class
         if cls is None:
             raise ModelNotReady(f"model {name!r} is still loading; metadata is known once its task is")
 
@@ -59,12 +59,12 @@ def register(app: FastAPI, server: ModelServer) -> None:
     @app.get("/v2/models/{name}/versions/{version}/ready", tags=["v2"], include_in_schema=False)
     async def model_ready(name: str, version: str | None = None) -> Response:
         check_model(server, name)
-        ok = server.state_machine.serving
+        ok = server.ready
         return ORJSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["ops"])
     async def metrics() -> Response:
-        return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(server.render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get(STATS_PATH, tags=["ops"])
     async def stats() -> Response:

@@ -149,8 +149,10 @@ Emitter = Callable[[str], None]
 
 
 class Task(abc.ABC, Generic[ItemT, ResultT]):
-    """A model behind one task.  One instance per server; every method but the class attributes and the
-    v2 codecs runs on the single inference thread that owns the model."""
+    """A model behind one task.  ``load``, ``run`` and ``warmup_items`` run on the single inference thread
+    that owns the model, in the inference process.  The v2 codecs (``decode_v2``, ``encode_v2``) and
+    ``length_hint`` run in the HTTP processes, on an instance that was never loaded: they must not use
+    what ``load`` sets up (and the task's module must not import torch at import time)."""
 
     name: ClassVar[TaskName]
     # True: the data plane may merge items of several requests into one ``run`` call (dynamic batching).
@@ -181,6 +183,18 @@ class Task(abc.ABC, Generic[ItemT, ResultT]):
     def max_input_tokens(self) -> int | None:
         """The model's input length limit, when it has one (known after ``load``)."""
         return None
+
+    def warmup_items(self) -> list[ItemT]:
+        """A representative input, run once after ``load`` and before the worker turns Ready, so the
+        first request does not pay for first-call set-up (CUDA context and kernels, allocator pools,
+        lazy imports).  ``[]``: no warm-up."""
+        return []
+
+    def length_hint(self, item: ItemT) -> int:
+        """A cheap estimate of an item's size (a text's length), computed in the HTTP processes on an
+        instance that was never loaded: the batcher groups items of similar size from different requests
+        into one forward pass.  0 (the default): items are batched in arrival order."""
+        return 0
 
 
 def require_tensor(inputs: Mapping[str, npt.NDArray[Any]], spec: TensorSpec) -> npt.NDArray[Any]:

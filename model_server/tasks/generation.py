@@ -201,6 +201,8 @@ def generate(
 
 
 GenerationItemT = TypeVar("GenerationItemT")
+# The warm-up generates this little: the first call's set-up is what it is for.
+WARMUP_PARAMS = GenerationParams(max_tokens=2, temperature=0.0)
 
 
 class GenerativeTask(Task[GenerationItemT, GenerationResult]):

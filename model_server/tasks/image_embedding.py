@@ -30,7 +30,7 @@ from model_server.tasks.base import (
     require_tensor,
 )
 from model_server.tasks.devices import torch_dtype
-from model_server.tasks.media import decode_image
+from model_server.tasks.media import decode_image, warmup_png
 
 IMAGE_INPUT = TensorSpec("image", "BYTES", (-1,))
 EMBEDDING_OUTPUT = TensorSpec("embedding", "FP32", (-1, -1))
@@ -99,6 +99,9 @@ class ImageEmbeddingTask(Task[ImageItem, Embedding]):
             vectors = torch.nn.functional.normalize(features.float(), dim=-1).cpu().numpy()
         self.dim = int(vectors.shape[-1])
         return [Embedding(vector=np.ascontiguousarray(row, dtype=np.float32)) for row in vectors]
+
+    def warmup_items(self) -> list[ImageItem]:
+        return [ImageItem(image=warmup_png())]
 
     def decode_v2(
         self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]

@@ -39,6 +39,13 @@ def decode_image(data: bytes, item: int) -> Any:
         raise InvalidInput(f"image {item} is not a decodable image (PNG, JPEG, ...): {exc}") from None
 
 
+def warmup_png(side: int = 64) -> bytes:
+    """A small, plain PNG: the image tasks' warm-up input."""
+    from PIL import Image
+
+    return encode_png(Image.new("RGB", (side, side), (127, 127, 127)))
+
+
 def encode_png(image: Any) -> bytes:
     """A ``PIL.Image`` -> PNG bytes."""
     buffer = io.BytesIO()

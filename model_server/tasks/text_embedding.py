@@ -41,6 +41,8 @@ TOKEN_BUDGET = 16384
 # x86: about 12 ms per pass + 0.26 ms per token, so ~48 tokens; larger models have both costs grow
 # together, so the ratio carries over roughly).  Decides how finely a unit is split by length.
 CPU_PASS_OVERHEAD_TOKENS = 48
+# The warm-up input: one sentence of ordinary length.
+WARMUP_TEXT = "A short sentence of ordinary length, embedded once before the first request arrives."
 # The dynamic programme looks at most this many texts back; beyond it one more pass costs little.
 MAX_ROWS_PER_PASS = 64
 
@@ -169,6 +171,12 @@ class TextEmbeddingTask(Task[TextItem, Embedding]):
 
     def max_input_tokens(self) -> int | None:
         return self._max_len
+
+    def warmup_items(self) -> list[TextItem]:
+        return [TextItem(WARMUP_TEXT)]
+
+    def length_hint(self, item: TextItem) -> int:
+        return len(item.text)
 
     def run(self, items: Sequence[TextItem], emit: Emitter | None = None) -> list[Embedding]:
         torch = self._torch

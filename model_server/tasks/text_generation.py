@@ -28,7 +28,13 @@ from model_server.tasks.base import (
     require_tensor,
 )
 from model_server.tasks.devices import torch_dtype
-from model_server.tasks.generation import GenerativeTask, check_context, context_length, ensure_pad_token
+from model_server.tasks.generation import (
+    WARMUP_PARAMS,
+    GenerativeTask,
+    check_context,
+    context_length,
+    ensure_pad_token,
+)
 from model_server.tasks.params import check_generation_params, generation_params
 
 TEXT_INPUT = TensorSpec("text_input", "BYTES", (-1,))
@@ -86,6 +92,9 @@ class TextGenerationTask(GenerativeTask[GenerationItem]):
         check_context(prompt_tokens, item.params.max_tokens, self._context)
         inputs = {k: v.to(self._device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
         return self._generate(inputs, prompt_tokens, item.params, emit)
+
+    def warmup_items(self) -> list[GenerationItem]:
+        return [GenerationItem(prompt="Hello", params=WARMUP_PARAMS)]
 
     def decode_v2(
         self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]

@@ -33,8 +33,14 @@ from model_server.tasks.base import (
     require_tensor,
 )
 from model_server.tasks.devices import torch_dtype
-from model_server.tasks.generation import GenerativeTask, check_context, context_length, ensure_pad_token
-from model_server.tasks.media import decode_image
+from model_server.tasks.generation import (
+    WARMUP_PARAMS,
+    GenerativeTask,
+    check_context,
+    context_length,
+    ensure_pad_token,
+)
+from model_server.tasks.media import decode_image, warmup_png
 from model_server.tasks.params import check_generation_params, generation_params
 
 IMAGE_INPUT = TensorSpec("image", "BYTES", (-1,))
@@ -140,6 +146,9 @@ class VisionTask(GenerativeTask[VisionItem]):
         # Image-text-to-text models put the image's tokens into input_ids, so they count here too.
         check_context(prompt_tokens + 1, item.params.max_tokens, self._context, allow_empty=True)
         return self._generate(inputs, prompt_tokens, item.params, emit)
+
+    def warmup_items(self) -> list[VisionItem]:
+        return [VisionItem(image=warmup_png(), params=WARMUP_PARAMS)]
 
     def decode_v2(
         self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -150,6 +150,22 @@ def start_server(
             time.sleep(0.05)
     server.stop()
     raise AssertionError(f"{path} did not answer within {timeout}s; log:\n{server.log()[-4000:]}")
+
+
+def stats(server: ServerProcess) -> dict[str, Any]:
+    """The server's ``/stats`` document."""
+    doc: dict[str, Any] = httpx.get(server.url + "/stats", timeout=5).json()
+    return doc
+
+
+def metric(server: ServerProcess, name: str, **labels: str) -> float:
+    """One sample of the server's ``/metrics`` (0 when absent)."""
+    text = httpx.get(server.url + "/metrics", timeout=5).text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(name + ("{" + want + "}" if want else " ")):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 ServerFactory = Callable[..., ServerProcess]

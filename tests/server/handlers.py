@@ -8,6 +8,10 @@ PYTHONPATH).  Behaviour knobs come from the environment so one class serves many
 * ``HANDLER_LOAD_GATE``: a file path; the load keeps spinning until that file exists (at most 120 s), so a
   test decides when loading ends instead of racing a timer;
 * ``HANDLER_RUN_SECONDS``: each ``run`` sleeps this long (a slow forward pass);
+* ``HANDLER_RUN_GATE``: a file path; each ``run`` waits until that file exists (at most 120 s), so a test
+  holds work in the worker for exactly as long as it needs;
+* ``HANDLER_EMIT_GATE``: a file path; a streamed generation waits after its first piece until that
+  file exists (at most 120 s);
 * ``HANDLER_RECORD``: a file each ``run`` appends its texts to (proves what was, or was not, computed).
 
 Texts that trigger failures: ``boom`` (the forward pass raises), ``fatal`` (a CUDA illegal-memory-access
@@ -43,6 +47,13 @@ TEXT = TensorSpec("text", "BYTES", (-1,))
 EMBEDDING = TensorSpec("embedding", "FP32", (-1, 2))
 
 
+def _wait_for(gate: str | None) -> None:
+    """Sleep (not spin: the worker's other threads keep the CPU) until ``gate`` exists, at most 120 s."""
+    end = time.monotonic() + 120.0
+    while gate and not os.path.exists(gate) and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 def _spin(seconds: float, gate: str | None = None) -> None:
     end = time.monotonic() + (120.0 if gate else seconds)
     x = 0
@@ -71,6 +82,7 @@ class EchoEmbedding(Task[TextItem, Embedding]):
         if self.record:
             with open(self.record, "a") as f:
                 f.write("".join(t + "\n" for t in texts))
+        _wait_for(os.environ.get("HANDLER_RUN_GATE"))
         if self.run_seconds:
             time.sleep(self.run_seconds)
         if "bad" in texts:
@@ -95,6 +107,13 @@ class EchoEmbedding(Task[TextItem, Embedding]):
         return {"embedding": np.stack([r.vector for r in results])}
 
 
+class WarmEcho(EchoEmbedding):
+    """``EchoEmbedding`` with a warm-up input (the text ``warm-up``, recorded like any other)."""
+
+    def warmup_items(self) -> list[TextItem]:
+        return [TextItem("warm-up")]
+
+
 class FailingLoad(EchoEmbedding):
     """The load raises (bad weights): the server must end Failed with exit code 3."""
 
@@ -117,9 +136,11 @@ class EchoGeneration(Task[GenerationItem, GenerationResult]):
         out = []
         for item in items:
             words = item.prompt.split()[: item.params.max_tokens]
-            for w in words:
+            for k, w in enumerate(words):
                 if emit is not None:
                     emit(w + " ")
+                    if k == 0:
+                        _wait_for(os.environ.get("HANDLER_EMIT_GATE"))
                 if self.run_seconds:
                     time.sleep(self.run_seconds)
             finish: Literal["stop", "length"] = (

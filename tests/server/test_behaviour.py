@@ -18,6 +18,8 @@ import httpx
 import pytest
 
 from tests.server.conftest import ServerFactory, ServerProcess, start_server
+from tests.server.conftest import metric as _metric
+from tests.server.conftest import stats as _stats
 
 pytestmark = pytest.mark.slow
 
@@ -32,20 +34,6 @@ def _v2(name: str, datatype: str, shape: list[int], data: list[Any]) -> bytes:
     return json.dumps(
         {"inputs": [{"name": name, "datatype": datatype, "shape": shape, "data": data}]}
     ).encode()
-
-
-def _stats(server: ServerProcess) -> dict[str, Any]:
-    doc: dict[str, Any] = httpx.get(server.url + "/stats", timeout=5).json()
-    return doc
-
-
-def _metric(server: ServerProcess, name: str, **labels: str) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=5).text
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith(name + ("{" + want + "}" if want else " ")):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def _wait_state(server: ServerProcess, state: str, timeout: float = 20) -> None:

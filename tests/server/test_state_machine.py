@@ -11,6 +11,7 @@ from model_server.state_machine import (
     SERVING,
     TRANSITIONS,
     IllegalTransition,
+    LocalStore,
     State,
     StateMachine,
     can_transition,
@@ -33,8 +34,9 @@ EXPECTED = {
 def test_every_pair(src: State, dst: State) -> None:
     allowed = (src, dst) in EXPECTED
     assert can_transition(src, dst) is allowed
-    life = StateMachine()
-    life._state = src  # place the machine in ``src`` directly to test this one edge
+    store = LocalStore()
+    store.write(src, 0.0, "")  # place the machine in ``src`` directly to test this one edge
+    life = StateMachine(store=store)
     if src == dst:
         life.to(dst)  # staying put is a no-op, never an error
         assert life.state is src

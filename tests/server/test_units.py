@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from model_server import kserve_codec
 from model_server import worker as worker_module
 from model_server.config import ServerConfig
-from model_server.dataplane import retry_after_seconds
 from model_server.errors import InvalidInput
 from model_server.heap import HeapTrimmer, due
+from model_server.inference_client import retry_after_seconds
 from model_server.metrics import gpu_memory, gpu_peak_reserved
 from model_server.sources import SourceError, parse_source, resolve
 from model_server.state_machine import StateMachine

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The server benchmark on a GPU, in one run of at most 9 minutes on a 16-core H100 machine without network.
+#
+#   OUT=/some/dir bash hack/gpu-check.sh      (run from the repository root)
+#
+# The machine has Python 3.12, torch, transformers, sentence-transformers, uvloop, httpx,
+# prometheus-client and pillow, but not the web stack: the wheels in .whl/ (listed in docs/server.md,
+# "Benchmark") are installed into /tmp/site first.  Then `python -m bench.server` runs on CUDA with an
+# all-MiniLM-L6-v2-shaped model with random weights and windows short enough to fit: the direct path
+# (every shape warmed first), 1- and 32-sentence requests at concurrency 1 and 64 against the direct path
+# at the batch formed and sentence-transformers, health and /stats during the model load and during a
+# load of requests, the first request after Ready with and without the warm-up, the flood that ignores
+# Retry-After, and --http-workers 1 against the default.  Results: $OUT/server-gpu.json (written after
+# every section, so a run cut short keeps what it measured), $OUT/server-gpu.md (the table), the log,
+# and the machine's description.
+set -uo pipefail
+
+OUT=${OUT:-/tmp/gpu-check}
+BUDGET_S=${BUDGET_S:-460}  # the bench's own limit: the rest of the 9 minutes is install and reporting
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  > "$OUT/pip.log" 2>&1 || { echo "wheel install failed"; tail -20 "$OUT/pip.log"; exit 1; }
+export PYTHONPATH=/tmp/site:.
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+  nproc
+  python3 -c 'import sys, torch, transformers, sentence_transformers, fastapi, uvicorn, pydantic
+print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "transformers", transformers.__version__, "sentence-transformers", sentence_transformers.__version__,
+      "fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__, "pydantic", pydantic.__version__)'
+} > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+# In a session of its own, so that whatever a run cut short leaves behind is stopped with it below.
+setsid timeout --signal=INT --kill-after=20 "$BUDGET_S" \
+  python3 -m bench.server --device cuda --dtype float16 --random-weights \
+    --duration 4 --flood-seconds 10 --latency-samples 100 --concurrency 1 64 \
+    --no-readme --out "$OUT/server-gpu.json" --markdown "$OUT/server-gpu.md" > "$OUT/bench.log" 2>&1 &
+bench=$!
+wait "$bench"
+status=$?
+kill -TERM -- "-$bench" 2>/dev/null || true
+echo "bench.server exit status: $status" >> "$OUT/bench.log"
+tail -c 6000 "$OUT/bench.log"
+exit "$status"

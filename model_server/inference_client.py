@@ -1,0 +1,270 @@
+"""An HTTP process's side of the process boundary: admission at the door, and the requests it has sent.
+
+The routes reach the model only through here.  ``admit`` decides at once, from shared memory, without
+asking the inference process: 503 unless the worker serves, 400 for no items, 413 for too many, 429
+(with Retry-After) when no slot of the worker's one queue capacity is left.  ``infer`` and ``stream``
+send an admitted request to the inference process and wait for its answer, bounded by the request's
+deadline (504) or until the client is gone; either way the inference process is told to drop it before
+compute.  The task's class and an unloaded instance of it serve metadata and the v2 codec here; the
+model itself lives only in the inference process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from model_server import ipc
+from model_server.config import ServerConfig
+from model_server.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    ModelNotReady,
+    Overloaded,
+    PayloadTooLarge,
+    ServerError,
+)
+from model_server.metrics import Metrics
+from model_server.state_machine import StateMachine
+from model_server.tasks import task_class
+from model_server.tasks.base import Task
+from model_server.token_stream import TokenStream
+from model_server.worker_view import Column, Field, WorkerView
+
+log = logging.getLogger("modelpool.inference_client")
+
+
+class ClientGone(ServerError):  # noqa: N818 - named like errors.py's classes
+    """The client disconnected; nothing is sent back (499 in the metrics, as nginx logs it)."""
+
+    status = 499
+    reason = "disconnected"
+
+
+def retry_after_seconds(queued_items: float, seconds_per_item: float, jitter: float = 0.0) -> int:
+    """Pure: the Retry-After answer in whole seconds (at least 1).
+
+    The base is the time the queue needs to drain (queued items x recent service time, at least 1 s).
+    ``jitter`` (0 <= jitter < 1, random per answer) stretches it by up to 2x: clients refused in the same
+    burst then come back spread over time instead of as one synchronised herd that overflows the queue
+    again."""
+    base = max(1.0, queued_items * seconds_per_item)
+    return max(math.ceil(base), round(base * (1.0 + jitter)))
+
+
+@dataclass(eq=False)
+class Sent:
+    """A request this process admitted and sent: the future its handler awaits, its deadline."""
+
+    id: int
+    deadline: float
+    future: asyncio.Future[list[Any]]
+    stream: TokenStream | None = None
+
+
+class InferenceClient:
+    """Admission and the requests in flight, in one HTTP process."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        view: WorkerView,
+        state_machine: StateMachine,
+        metrics: Metrics,
+        row: int,
+    ) -> None:
+        self.config = config
+        self.view = view
+        self.state_machine = state_machine
+        self.metrics = metrics
+        self.row = row
+        self._channel: ipc.Channel | None = None
+        self._sent: dict[int, Sent] = {}
+        self._ids = itertools.count(1)
+        self._task_cls: type[Task[Any, Any]] | None = None
+        self._task: Task[Any, Any] | None = None
+
+    # ---- the channel to the inference process -------------------------------------------------------
+
+    def channel(self) -> ipc.Channel:
+        """A channel whose messages come here (``ipc.connect`` runs it over the socket)."""
+        self._channel = ipc.Channel(self.on_message, self.on_lost)
+        return self._channel
+
+    def on_message(self, message: tuple[Any, ...]) -> None:
+        kind, rid = message[0], message[1]
+        sent = self._sent.get(rid)
+        if sent is None:  # given up on already (504, disconnected)
+            return
+        if kind == ipc.PIECE:
+            if sent.stream is not None:
+                sent.stream.put(message[2])
+            return
+        del self._sent[rid]
+        if sent.future.done():
+            return
+        if kind == ipc.RESULT:
+            sent.future.set_result(ipc.unpack(message[2]))
+        else:
+            sent.future.set_exception(message[2])
+            sent.future.exception()  # retrieved by the waiter, unless it gave up: no warning
+
+    def on_lost(self) -> None:
+        """The inference process is gone: whatever waits is answered 503 (the supervisor ends the worker)."""
+        log.log(
+            logging.WARNING if self._sent else logging.INFO,
+            "the inference process closed its channel; %d requests fail", len(self._sent),
+        )  # fmt: skip
+        sent, self._sent = self._sent, {}
+        for request in sent.values():
+            if not request.future.done():
+                request.future.set_exception(ModelNotReady("the inference process is gone"))
+                request.future.exception()
+
+    # ---- the task -----------------------------------------------------------------------------------
+
+    def import_task(self) -> None:
+        """Import the task's class (a handler module too); called off the event loop at start."""
+        if self._task_cls is None:
+            self._task_cls = task_class(self.config.task, self.config.handler)
+
+    @property
+    def task_class(self) -> type[Task[Any, Any]] | None:
+        """The task's class (metadata: tensors, batchable), once the inference process has imported it."""
+        if not self.view.flag(Field.TASK_IMPORTED):
+            return None
+        try:
+            self.import_task()
+        except Exception as exc:  # a broken handler module: the inference process reports the failure
+            log.debug("cannot import the task: %s", exc)
+            return None
+        return self._task_cls
+
+    def loaded_task(self) -> Task[Any, Any]:
+        """The task, for its KServe v2 codec and length hints; 503 until the model is loaded."""
+        if self._task is None:
+            cls = self.task_class
+            if cls is None or not self.view.flag(Field.TASK_LOADED):
+                raise ModelNotReady(f"model {self.config.served_name!r} is not loaded")
+            self._task = cls()
+        return self._task
+
+    # ---- admission ----------------------------------------------------------------------------------
+
+    def reject(self, reason: str) -> None:
+        self.view.add(self.row, Column.REJECTED)
+        self.metrics.rejected.labels(reason=reason).inc()
+
+    def check_ready(self) -> None:
+        """Raise 503 unless the worker serves (Loading, Evicting, Failed...)."""
+        if not self.state_machine.serving:
+            state = self.state_machine.state
+            raise ModelNotReady(f"model {self.config.served_name} is not ready (state {state})")
+
+    def _overloaded(self) -> Overloaded:
+        view = self.view
+        return Overloaded(
+            f"queue full ({self.config.queue_capacity} requests waiting)",
+            retry_after_seconds(
+                view.get(Field.BACKLOG_ITEMS), view.get(Field.SECONDS_PER_ITEM), random.random()
+            ),
+        )
+
+    def check_capacity(self) -> None:
+        """Raise 429 (with the Retry-After estimate) when the queue is full."""
+        if self.view.door.full:
+            raise self._overloaded()
+
+    def admit(self, items: Sequence[Any], timeout: float | None, stream: TokenStream | None = None) -> Sent:
+        """Admit a request and send it, or raise at once (503, 400 empty, 413 too many items, 429 full)."""
+        self.check_ready()
+        if not items:
+            raise InvalidInput("the request holds no items")
+        if len(items) > self.config.max_request_items:
+            raise PayloadTooLarge(
+                f"{len(items)} items in one request exceed the limit of {self.config.max_request_items}"
+            )
+        task = self.loaded_task()
+        door = self.view.door
+        if not door.take():
+            raise self._overloaded()
+        # After the slot is taken: a drain that has begun counts this request, or this one sees it begin.
+        if not self.state_machine.serving or self._channel is None or not self._channel.open:
+            door.give_back()
+            self.check_ready()
+            raise ModelNotReady("the inference process is not reachable")
+        budget = self.config.request_timeout if timeout is None else min(timeout, self.config.request_timeout)
+        sent = Sent(
+            next(self._ids), time.monotonic() + budget, asyncio.get_running_loop().create_future(), stream
+        )
+        lengths = [task.length_hint(item) for item in items] if task.batchable else []
+        self._channel.send(
+            (ipc.SUBMIT, sent.id, sent.deadline, ipc.pack(list(items)), lengths, stream is not None)
+        )
+        self._sent[sent.id] = sent
+        self.view.add(self.row, Column.REQUESTS)
+        self.view.put(self.row, Column.LAST_REQUEST, time.time())
+        return sent
+
+    async def infer(
+        self,
+        items: Sequence[Any],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a deadline handed to admission
+        gone: asyncio.Event | None = None,
+    ) -> list[Any]:
+        """Admit, wait (bounded by the deadline, or until the client is gone) and return the results."""
+        return await self.wait(self.admit(items, timeout), gone)
+
+    def stream(self, items: Sequence[Any], timeout: float | None) -> TokenStream:
+        """Admit a streaming request (or raise at once, as ``admit``): the inference process sends its
+        text piece by piece into the returned stream while it computes."""
+        stream = TokenStream()
+        sent = self.admit(items, timeout, stream)
+        stream.start(asyncio.ensure_future(self.wait(sent)), lambda: self._give_up(sent, "disconnected"))
+        return stream
+
+    async def wait(self, sent: Sent, gone: asyncio.Event | None = None) -> list[Any]:
+        """Wait for a sent request's results (504 after its deadline, ClientGone on disconnect)."""
+        waiters: set[asyncio.Future[Any]] = {sent.future}
+        gone_task = asyncio.ensure_future(gone.wait()) if gone is not None else None
+        if gone_task is not None:
+            waiters.add(gone_task)
+        try:
+            await asyncio.wait(
+                waiters,
+                timeout=max(0.0, sent.deadline - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            if gone_task is not None:
+                gone_task.cancel()
+        if sent.future.done() and not sent.future.cancelled():
+            return sent.future.result()
+        if gone is not None and gone.is_set():
+            self._give_up(sent, "disconnected")
+            raise ClientGone("client disconnected before the result was ready")
+        self._give_up(sent, "timeout")
+        raise DeadlineExceeded("request deadline passed before the result was ready")
+
+    def _give_up(self, sent: Sent, reason: str) -> None:
+        """Tell the inference process to drop the request before compute (if it has not started it)."""
+        if self._sent.pop(sent.id, None) is not None and self._channel is not None:
+            self._channel.send((ipc.CANCEL, sent.id, reason))
+        if not sent.future.done():
+            sent.future.cancel()
+
+    @property
+    def waiting(self) -> int:
+        """Requests sent and not answered yet."""
+        return len(self._sent)
+
+
+__all__ = ["ClientGone", "InferenceClient", "Sent", "retry_after_seconds"]

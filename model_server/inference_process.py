@@ -1,0 +1,225 @@
+"""The inference process: owns the model, the device, the one inference thread and the batcher.
+
+The supervisor starts it (spawn) with the worker's shared view, one connected socket per HTTP process and
+a control pipe.  Its asyncio loop runs the channels to the HTTP processes (requests in; answers and
+streamed pieces out), the queue owner (``DataPlane.run``), the idle watcher, the publisher of its
+figures into the shared view, and the load; the model runs on the worker's single inference thread
+(``Worker``).  It moves the worker's lifecycle state, which every HTTP process reads.
+
+How it ends: ``drain`` on the control pipe (the supervisor got SIGTERM): Evicting, finish everything
+admitted (bounded by ``--drain-timeout``), Dead, exit 0.  A load failure or a fatal device error: Failed
+with the reason, the waiting requests answered, exit 3 or 4 (the supervisor writes the reason to the
+termination log and exits with the same code).  ``stop``, or the control pipe closing: exit at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import weakref
+from collections.abc import Coroutine
+from functools import partial
+from multiprocessing.connection import Connection
+from typing import Any
+
+from model_server import ipc
+from model_server.config import ServerConfig
+from model_server.dataplane import DataPlane, Outcome, Unit
+from model_server.download import DownloadProgress
+from model_server.metrics import Metrics, gpu_memory, gpu_peak_reserved
+from model_server.process_setup import set_up
+from model_server.state_machine import State, StateMachine
+from model_server.worker import Worker
+from model_server.worker_view import Field, WorkerView
+from modelpool_contract.exits import EXIT_LOAD_FAILED
+
+log = logging.getLogger("modelpool.inference")
+
+# How often the load's progress and the GPU memory are copied into the shared view.
+PUBLISH_EVERY_S = 0.25
+# After a failure, how long the failing batch's answers get to reach their clients before the exit.
+FAIL_GRACE_S = 0.2
+# How long, at the exit, the answers already sent may take to be written to the HTTP processes.
+FLUSH_TIMEOUT_S = 2.0
+# The exit code when a part of this process stopped on a bug (the supervisor reports a dead process).
+EXIT_BROKEN = 1
+
+
+class Endpoint:
+    """The inference process's end of one HTTP process's channel."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+        self.channel = ipc.Channel(self.on_message, self.on_lost)
+        # The requests this HTTP process may still cancel; a request leaves when nothing holds it.
+        self._units: weakref.WeakValueDictionary[int, Unit] = weakref.WeakValueDictionary()
+
+    def on_message(self, message: tuple[Any, ...]) -> None:
+        if message[0] == ipc.SUBMIT:
+            _, rid, deadline, items, lengths, streaming = message
+            emit = partial(self._piece, rid) if streaming else None
+            unit = Unit(ipc.unpack(items), deadline, partial(self._reply, rid), lengths=lengths, emit=emit)
+            self._units[rid] = unit
+            self.dataplane.submit(unit)
+        elif message[0] == ipc.CANCEL:
+            cancelled = self._units.get(message[1])
+            if cancelled is not None:
+                self.dataplane.cancel(cancelled, message[2])
+
+    def on_lost(self) -> None:
+        log.warning("an HTTP process closed its channel")  # the supervisor ends the worker
+
+    def _reply(self, rid: int, outcome: Outcome) -> None:
+        if isinstance(outcome, list):
+            self.channel.send((ipc.RESULT, rid, ipc.pack(outcome)))
+        else:
+            self.channel.send((ipc.ERROR, rid, outcome))
+
+    def _piece(self, rid: int, text: str) -> None:
+        """A streamed piece of text, from the inference thread."""
+        self.channel.send_threadsafe((ipc.PIECE, rid, text))
+
+
+class InferenceProcess:
+    """The model, its queue and the channels to the HTTP processes."""
+
+    def __init__(self, config: ServerConfig, view: WorkerView) -> None:
+        self.config = config
+        self.view = view
+        self.metrics = Metrics()
+        self.state_machine = StateMachine(on_change=self._on_state, store=view.state_store())
+        self.worker = Worker(config, self.state_machine, on_failed=self._on_failed)
+        self.dataplane = DataPlane(config, self.worker, self.state_machine, self.metrics, view)
+        self._endpoints: list[Endpoint] = []
+        self._exit: asyncio.Future[int] | None = None
+        self._draining = False
+
+    async def serve(self, sockets: list[socket.socket], control: Connection) -> int:
+        """Run until the worker drains, fails or is stopped; returns the exit code."""
+        loop = asyncio.get_running_loop()
+        self._exit = loop.create_future()
+        for sock in sockets:
+            endpoint = Endpoint(self.dataplane)
+            await ipc.connect(sock, endpoint.channel)
+            self._endpoints.append(endpoint)
+        loop.add_reader(control.fileno(), self._on_control, control)
+        tasks = [
+            asyncio.create_task(self.dataplane.run(), name="queue-owner"),
+            asyncio.create_task(self.dataplane.watch_idle(), name="idle-watch"),
+            asyncio.create_task(self._publish(), name="publish"),
+            asyncio.create_task(self._load(), name="load"),
+        ]
+        for task in tasks:
+            task.add_done_callback(self._task_ended)
+        code = await self._exit
+        loop.remove_reader(control.fileno())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*(e.channel.drained(FLUSH_TIMEOUT_S) for e in self._endpoints))
+        self.worker.close()
+        return code
+
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
+        """A part that should run for ever (the queue owner above all) stopped with an error: the
+        worker must not limp on without it (the supervisor sees the exit and fails the worker)."""
+        if not task.cancelled() and task.exception() is not None:
+            log.critical("%s stopped", task.get_name(), exc_info=task.exception())
+            self._finish(EXIT_BROKEN)
+
+    def _on_state(self, old: State, new: State) -> None:
+        log.info("worker state %s -> %s", old, new)
+
+    async def _load(self) -> None:
+        await self.worker.load()
+        self._publish_load()
+
+    def _publish_load(self) -> None:
+        worker, view = self.worker, self.view
+        view.set(Field.LOAD_PROGRESS, worker.load_progress)
+        view.set(Field.TASK_IMPORTED, float(worker.task_cls is not None))
+        view.set(Field.TASK_LOADED, float(worker.task is not None))
+        if worker.load_seconds is not None:
+            view.set(Field.LOAD_SECONDS, worker.load_seconds)
+        if worker.warmup_seconds is not None:
+            view.set(Field.WARMUP_SECONDS, worker.warmup_seconds)
+        if worker.download is not None:
+            publish_download(view, worker.download)
+
+    async def _publish(self) -> None:
+        while True:
+            self._publish_load()
+            allocated, reserved = gpu_memory()
+            self.view.set(Field.GPU_ALLOCATED, allocated)
+            self.view.set(Field.GPU_RESERVED, reserved)
+            peak = gpu_peak_reserved()
+            self.view.set(Field.GPU_PEAK_RESERVED, float("nan") if peak is None else peak)
+            await asyncio.sleep(PUBLISH_EVERY_S)
+
+    # ---- how it ends --------------------------------------------------------------------------------
+
+    def _on_control(self, control: Connection) -> None:
+        try:
+            message = control.recv()
+        except (EOFError, OSError):  # the supervisor is gone
+            message = "stop"
+        if message == "drain":
+            self._begin_drain()
+        elif message == "stop":
+            self.dataplane.fail_all("the worker is stopping")
+            self._finish(0)
+
+    def _begin_drain(self) -> None:
+        """Evicting (readiness fails, new requests 503), finish what was admitted, Dead, exit 0."""
+        if self._draining:
+            return
+        self._draining = True
+        if self.state_machine.state in (State.FAILED, State.DEAD):
+            return  # its exit is already on its way
+        self.state_machine.try_to(State.EVICTING, "SIGTERM")
+        asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        drained = await self.dataplane.drain(self.config.drain_timeout)
+        log.info("drain %s", "complete" if drained else f"timed out after {self.config.drain_timeout}s")
+        self.state_machine.try_to(State.DEAD, "drained")
+        self._finish(0)
+
+    def _on_failed(self, exit_code: int, reason: str) -> None:
+        """Failed (load error or fatal device error): answer what waits with 503, then exit non-zero."""
+        if exit_code == EXIT_LOAD_FAILED:
+            self.view.set(Field.LOAD_FAILED, 1.0)
+        self.dataplane.fail_all(reason)
+        # A short grace period so the failing batch's answers reach their clients.
+        asyncio.get_running_loop().call_later(FAIL_GRACE_S, self._finish, exit_code)
+
+    def _finish(self, code: int) -> None:
+        if self._exit is not None and not self._exit.done():
+            self._exit.set_result(code)
+
+
+def run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """Run ``main`` on uvloop when it is installed (as uvicorn does), else asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def main(config: ServerConfig, view: WorkerView, sockets: list[socket.socket], control: Connection) -> None:
+    """The process's entry point (the supervisor's spawn target)."""
+    from model_server.main import exit_now
+
+    set_up("inference", config.log_level)
+    exit_now(run_loop(InferenceProcess(config, view).serve(sockets, control)))
+
+
+__all__ = ["Endpoint", "InferenceProcess", "main"]
+
+
+def publish_download(view: WorkerView, progress: DownloadProgress) -> None:
+    """An hf:// download's progress into the shared view, where every HTTP process's ``/stats`` reads it."""
+    view.set(Field.DOWNLOADED_BYTES, progress.downloaded_bytes)
+    total = progress.total_bytes
+    view.set(Field.DOWNLOAD_TOTAL_BYTES, float("nan") if total is None else total)

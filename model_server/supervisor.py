@@ -1,0 +1,272 @@
+"""The supervisor: the main process of a worker (what ``modelpool-server`` runs).
+
+It binds the listening sockets (one per HTTP process, all on the same port with ``SO_REUSEPORT``, so the
+kernel spreads new connections over them), makes the worker's shared view (``worker_view``) and one
+socket pair per HTTP process, and starts, with spawn (never fork a process that may hold torch), the
+inference process and ``--http-workers`` HTTP processes.  The sockets listen before any of them starts,
+so a client's first connection waits in the backlog for the first HTTP process, never meets a refusal.
+
+Then it watches them, and owns the exit code and the termination log:
+
+* SIGTERM or SIGINT: ``drain`` to the inference process (Evicting: readiness fails, new requests get
+  503, everything admitted is computed and answered, bounded by ``--drain-timeout``); once it has
+  exited, ``stop`` to the HTTP processes (their answers in progress finish); exit 0.  A second signal
+  stops every process at once.
+* A process that exits unasked: the worker is Failed at once (liveness and readiness fail in every HTTP
+  process still up), the reason goes to the termination log, the others are stopped, and the supervisor
+  exits with the inference process's code (3 load failure, 4 fatal device error) or
+  ``EXIT_PROCESS_DIED``.
+
+It imports neither torch nor the web stack nor the model's code (``process_setup.start`` imports each
+process's module in that process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+from model_server import process_setup
+from model_server.config import ServerConfig
+from model_server.state_machine import State, StateMachine
+from model_server.worker_view import INFERENCE_ROW, SPAWN, SUPERVISOR_ROW, Column, WorkerView, http_row
+from modelpool_contract.exits import EXIT_DEVICE_FAILED, EXIT_LOAD_FAILED, EXIT_PROCESS_DIED
+
+log = logging.getLogger("modelpool.supervisor")
+
+# After --drain-timeout, how much longer the inference process gets before it is killed.
+DRAIN_GRACE_S = 10.0
+# How long stopped processes get to exit before they are killed.
+STOP_TIMEOUT_S = 10.0
+LISTEN_BACKLOG = 2048
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def describe_exit(exitcode: int) -> str:
+    """Pure: a process's exit code in words (negative: the signal that killed it)."""
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def verdict(name: str, pid: int, exitcode: int, reason: str, draining: bool) -> tuple[int, str]:
+    """Pure: the worker's exit code and termination message when process ``name`` has exited.
+
+    The inference process ends a drain with 0, and its own failures with 3 or 4 and the reason in the
+    shared state; anything else (an HTTP process exiting at all, a crash, a signal) is a dead process."""
+    if name == "inference":
+        if exitcode == 0 and draining:
+            return 0, ""
+        if exitcode in (EXIT_LOAD_FAILED, EXIT_DEVICE_FAILED):
+            return exitcode, reason or f"the inference process exited with {exitcode}"
+    return EXIT_PROCESS_DIED, f"the {name} process (pid {pid}) died: {describe_exit(exitcode)}"
+
+
+def bind_listeners(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` listening sockets on ``host:port`` (port 0: one free port for all)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+            port = sock.getsockname()[1]
+            sock.listen(LISTEN_BACKLOG)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+@dataclass
+class Child:
+    """A process of the worker, and the pipe the supervisor tells it things on."""
+
+    name: str
+    process: BaseProcess
+    control: Connection
+    done: bool = False
+
+    def tell(self, message: str) -> None:
+        with contextlib.suppress(OSError):
+            self.control.send(message)
+
+
+class Supervisor:
+    """Starts the worker's processes, watches them, and decides how the worker ends."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.view = WorkerView(config.queue_capacity, config.http_processes)
+        self.state_machine = StateMachine(store=self.view.state_store())
+        self.children: list[Child] = []
+        self._signals: list[int] = []
+        self._draining = False
+        self._metrics_dir = tempfile.mkdtemp(prefix="modelpool-metrics-")
+
+    # ---- start --------------------------------------------------------------------------------------
+
+    def start(self, listeners: list[socket.socket]) -> None:
+        """Start the inference process and one HTTP process per listener."""
+        # Every process keeps its counters in files here; any scrape adds them up.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self._metrics_dir
+        pairs = [socket.socketpair() for _ in listeners]
+        control_r, control_w = SPAWN.Pipe(duplex=False)
+        inference = SPAWN.Process(
+            target=process_setup.start,
+            args=("model_server.inference_process", self.config, self.view, [p[1] for p in pairs], control_r),
+            name="inference",
+        )
+        self._spawn(Child("inference", inference, control_w), INFERENCE_ROW)
+        control_r.close()
+        for index, (listener, (http_end, _)) in enumerate(zip(listeners, pairs, strict=True)):
+            control_r, control_w = SPAWN.Pipe(duplex=False)
+            process = SPAWN.Process(
+                target=process_setup.start,
+                args=("model_server.http_process", self.config, self.view),
+                kwargs={"index": index, "listener": listener, "sock": http_end, "control": control_r},
+                name=f"http-{index}",
+            )
+            self._spawn(Child(f"http-{index}", process, control_w), http_row(index))
+            control_r.close()
+        # The children hold their own copies now.
+        for sock in [*listeners, *(s for pair in pairs for s in pair)]:
+            sock.close()
+        self.view.put(SUPERVISOR_ROW, Column.PID, os.getpid())
+
+    def _spawn(self, child: Child, row: int) -> None:
+        child.process.start()
+        self.view.put(row, Column.PID, child.process.pid or 0)
+        self.children.append(child)
+
+    # ---- watch --------------------------------------------------------------------------------------
+
+    def watch(self) -> int:
+        """Until the worker ends: act on signals and on processes that exit; returns the exit code."""
+        wakeup = self._catch_signals()
+        drain_deadline: float | None = None
+        while True:
+            timeout = None if drain_deadline is None else max(0.0, drain_deadline - time.monotonic())
+            wait([wakeup, *(c.process.sentinel for c in self.children if not c.done)], timeout)
+            with contextlib.suppress(BlockingIOError):
+                wakeup.recv(4096)
+            while self._signals:
+                name = signal.Signals(self._signals.pop(0)).name
+                if self._draining:
+                    log.warning("second signal (%s): stopping every process now", name)
+                    return self._kill_all(0)
+                log.info("%s: draining", name)
+                self._draining = True
+                drain_deadline = time.monotonic() + self.config.drain_timeout + DRAIN_GRACE_S
+                self._child("inference").tell("drain")
+            for child in self.children:
+                if not child.done and child.process.exitcode is not None:
+                    child.done = True
+                    return self._ended(child)
+            if drain_deadline is not None and time.monotonic() >= drain_deadline:
+                log.error("the inference process did not finish its drain in time; stopping it")
+                return self._stop_all(0)
+
+    def _catch_signals(self) -> socket.socket:
+        """Record SIGTERM/SIGINT (a byte on the returned socket wakes ``watch``), then let them in."""
+        wakeup_r, wakeup_w = socket.socketpair()
+        wakeup_r.setblocking(False)
+        wakeup_w.setblocking(False)
+        self._wakeup = (wakeup_r, wakeup_w)  # kept open for as long as the handlers may write
+        signal.set_wakeup_fd(wakeup_w.fileno())
+        for stop in STOP_SIGNALS:
+            signal.signal(stop, self._on_signal)
+        # Held back while the processes started (see ``run``): a signal that came meanwhile arrives now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        return wakeup_r
+
+    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+        self._signals.append(sig)
+
+    def _child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+    def _ended(self, child: Child) -> int:
+        """A process has exited: the drain is complete, or the worker has failed."""
+        exitcode = child.process.exitcode or 0
+        code, reason = verdict(
+            child.name, child.process.pid or 0, exitcode, self.state_machine.reason, self._draining
+        )
+        if code == 0:
+            log.info("drained; stopping the HTTP processes")
+            return self._stop_all(0)
+        log.error("worker failed: %s", reason)
+        # Failed at once in every HTTP process still up: liveness and readiness fail from now on.
+        if not self.state_machine.try_to(State.FAILED, reason) and self.state_machine.state is State.FAILED:
+            reason = self.state_machine.reason or reason
+        self._write_termination_log(reason)
+        return self._stop_all(code)
+
+    def _write_termination_log(self, reason: str) -> None:
+        try:
+            self.config.termination_log.write_text(reason[:4000] + "\n")
+        except OSError as exc:  # the kubelet may not have mounted it (e.g. running locally)
+            log.warning("cannot write termination log %s: %s", self.config.termination_log, exc)
+
+    # ---- stop ---------------------------------------------------------------------------------------
+
+    def _stop_all(self, code: int) -> int:
+        """``stop`` to every process still running (the inference process first), wait, kill leftovers."""
+        for child in self.children:
+            if child.process.exitcode is None:
+                child.tell("stop")
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in self.children:
+            child.process.join(max(0.0, deadline - time.monotonic()))
+        return self._kill_all(code)
+
+    def _kill_all(self, code: int) -> int:
+        for child in self.children:
+            if child.process.exitcode is None:
+                log.warning("killing the %s process", child.name)
+                child.process.kill()
+                child.process.join(5)
+        shutil.rmtree(self._metrics_dir, ignore_errors=True)
+        return code
+
+
+def run(config: ServerConfig) -> int:
+    """Listen, start the worker's processes, and return the exit code once the worker has ended."""
+    try:
+        listeners = bind_listeners(config.host, config.port, config.http_processes)
+    except OSError as exc:
+        log.error("cannot listen on %s:%s: %s", config.host, config.port, exc)
+        return 1
+    port = listeners[0].getsockname()[1]
+    supervisor = Supervisor(config)
+    # The processes start with SIGTERM and SIGINT blocked (the mask survives exec), so a signal to the
+    # whole process group (a pod's deletion, Ctrl-C) cannot kill one before it ignores them; the
+    # supervisor's own copy waits until ``watch`` is ready for it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    supervisor.start(listeners)
+    log.info(
+        "listening on %s:%s: %d HTTP processes and the inference process", config.host, port, len(listeners)
+    )
+    code = supervisor.watch()
+    supervisor.view.unlink()
+    return code
+
+
+__all__ = ["Supervisor", "bind_listeners", "describe_exit", "run", "verdict"]

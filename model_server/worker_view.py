@@ -1,0 +1,253 @@
+"""What every process of one worker sees of the others, in shared memory: the lifecycle state, the door
+(the one queue capacity of the whole worker), and the numbers ``/stats`` and ``/metrics`` report.
+
+The supervisor makes one ``WorkerView`` before it starts the processes and hands it to each of them
+(spawn pickles its parts: two RawArrays, a Lock and a BoundedSemaphore).  Who writes what:
+
+* the state (``SharedStateStore``): whoever moves it, under the lock (the inference process; the
+  supervisor when a process dies); every process reads it without the lock;
+* the door: an HTTP process takes a slot before it admits a request (never blocking: no slot left is a
+  429 at once); the inference process gives the slot back when the request leaves its queue.  Requests
+  on their way between the processes hold their slot, so the capacity holds end to end, whatever the
+  number of HTTP processes;
+* each process's counter row (requests admitted, rejected, failed; the last request's time; its pid):
+  that process only;
+* the inference figures (in flight, backlog, service time per item, load and warm-up seconds, download
+  progress, GPU memory): the inference process only.
+
+Single values are 8-byte aligned doubles, written and read whole; a reader may see a figure one update
+old, never a torn one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import math
+import multiprocessing
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+from model_server.state_machine import State
+
+# Everything a worker shares is made for processes started with spawn (never fork after torch).
+SPAWN = multiprocessing.get_context("spawn")
+REASON_BYTES = 4096
+
+
+class Field(enum.IntEnum):
+    """The worker-wide figures (slots of ``WorkerView.numbers`` before the per-process rows)."""
+
+    STATE = 0
+    STATE_SINCE = enum.auto()
+    IN_FLIGHT = enum.auto()  # requests taken from the queue, not yet answered
+    BACKLOG_ITEMS = enum.auto()  # items queued or in flight in the inference process (Retry-After)
+    SECONDS_PER_ITEM = enum.auto()  # recent service time per item (Retry-After)
+    LOAD_PROGRESS = enum.auto()
+    LOAD_SECONDS = enum.auto()  # NaN until the load has finished
+    WARMUP_SECONDS = enum.auto()  # NaN until the warm-up has run
+    LOAD_FAILED = enum.auto()  # 1: the reason is the load error
+    TASK_IMPORTED = enum.auto()  # 1: the task's class is importable (metadata can be answered)
+    TASK_LOADED = enum.auto()  # 1: the model is loaded (the v2 codec can be used)
+    GPU_ALLOCATED = enum.auto()
+    GPU_RESERVED = enum.auto()
+    GPU_PEAK_RESERVED = enum.auto()  # NaN: no CUDA in use
+    DOWNLOADED_BYTES = enum.auto()  # an hf:// source's bytes in the cache so far
+    DOWNLOAD_TOTAL_BYTES = enum.auto()  # NaN until the file list is known
+
+
+class Column(enum.IntEnum):
+    """One process's row."""
+
+    PID = 0
+    REQUESTS = enum.auto()  # admitted
+    REJECTED = enum.auto()  # refused or given up on (4xx, 429, 503, 504, disconnected)
+    ERRORS = enum.auto()  # computed and failed (500)
+    LAST_REQUEST = enum.auto()  # Unix time of the last admitted request (0: none)
+    UP = enum.auto()  # 1: an HTTP process that accepts connections
+
+
+_GLOBALS = len(Field)
+_COLUMNS = len(Column)
+_STATES = tuple(State)
+SUPERVISOR_ROW = 0
+INFERENCE_ROW = 1
+
+
+def http_row(index: int) -> int:
+    """The row of HTTP process ``index`` (0-based)."""
+    return 2 + index
+
+
+# How long a process waits for the state lock before it goes on without it (see ``_held``).
+LOCK_TIMEOUT_S = 1.0
+
+
+@contextlib.contextmanager
+def _held(lock: Any) -> Iterator[None]:
+    """Hold the view's lock, but never wait for it for ever: a process killed while holding it (it is
+    held for microseconds, but SIGKILL comes when it comes) must not freeze the others, and the
+    supervisor must still be able to mark the worker Failed."""
+    acquired = lock.acquire(timeout=LOCK_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        if acquired:
+            lock.release()
+
+
+class SharedStateStore:
+    """A ``state_machine.StateStore`` in the view: the state, since when, and why."""
+
+    def __init__(self, view: WorkerView) -> None:
+        self._view = view
+
+    def lock(self) -> AbstractContextManager[Any]:
+        return _held(self._view.lock)
+
+    def read(self) -> tuple[State, float]:
+        numbers = self._view.numbers
+        return _STATES[int(numbers[Field.STATE])], numbers[Field.STATE_SINCE]
+
+    def reason(self) -> str:
+        with _held(self._view.lock):
+            return bytes(self._view.reason.value).decode("utf-8", "replace")
+
+    def write(self, state: State, since: float, reason: str) -> None:
+        numbers = self._view.numbers
+        self._view.reason.value = reason.encode("utf-8")[: REASON_BYTES - 1]
+        numbers[Field.STATE_SINCE] = since
+        numbers[Field.STATE] = float(_STATES.index(state))
+
+
+class Door:
+    """The worker's one queue capacity: a counting semaphore of ``capacity`` slots."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.semaphore = SPAWN.BoundedSemaphore(capacity)
+
+    def take(self) -> bool:
+        """Take a slot if one is free (never waits)."""
+        return self.semaphore.acquire(False)
+
+    def give_back(self, count: int = 1) -> None:
+        for _ in range(count):
+            self.semaphore.release()
+
+    @property
+    def taken(self) -> int:
+        """Requests admitted and not yet out of the queue: the worker-wide queue depth."""
+        return self.capacity - self.semaphore.get_value()
+
+    @property
+    def full(self) -> bool:
+        return self.semaphore.get_value() == 0
+
+
+class WorkerView:
+    """The shared memory of one worker: ``numbers`` (figures, then one row per process), the reason text,
+    the lock that guards state transitions, and the door."""
+
+    def __init__(self, capacity: int, http_processes: int) -> None:
+        self.http_processes = http_processes
+        self.rows = 2 + http_processes
+        self.numbers = SPAWN.RawArray("d", _GLOBALS + self.rows * _COLUMNS)
+        self.reason = SPAWN.RawArray("c", REASON_BYTES)
+        self.lock = SPAWN.Lock()
+        self.door = Door(capacity)
+        numbers = self.numbers
+        numbers[Field.STATE] = float(_STATES.index(State.PENDING))
+        numbers[Field.STATE_SINCE] = time.time()
+        numbers[Field.SECONDS_PER_ITEM] = 0.01
+        for unknown in (
+            Field.LOAD_SECONDS,
+            Field.WARMUP_SECONDS,
+            Field.GPU_PEAK_RESERVED,
+            Field.DOWNLOAD_TOTAL_BYTES,
+        ):
+            numbers[unknown] = float("nan")
+
+    def unlink(self) -> None:
+        """Remove the semaphores' names (the supervisor, once every process is gone; the exit, which skips
+        multiprocessing's own clean-up, would leave them to its resource tracker, which warns)."""
+        from multiprocessing.synchronize import SemLock
+
+        for lock in (self.lock, self.door.semaphore):
+            name = getattr(getattr(lock, "_semlock", None), "name", None)
+            if name is not None:
+                with contextlib.suppress(OSError):
+                    SemLock._cleanup(name)  # type: ignore[attr-defined]
+
+    def state_store(self) -> SharedStateStore:
+        return SharedStateStore(self)
+
+    # ---- worker-wide figures ----------------------------------------------------------------------------
+
+    def get(self, field: Field) -> float:
+        return float(self.numbers[field])
+
+    def set(self, field: Field, value: float) -> None:
+        self.numbers[field] = value
+
+    def optional(self, field: Field) -> float | None:
+        """A figure that may be unknown (NaN) yet."""
+        value = float(self.numbers[field])
+        return None if math.isnan(value) else value
+
+    def flag(self, field: Field) -> bool:
+        return bool(self.numbers[field] != 0.0)
+
+    # ---- per-process rows --------------------------------------------------------------------------------
+
+    def _slot(self, row: int, column: Column) -> int:
+        return _GLOBALS + row * _COLUMNS + column
+
+    def add(self, row: int, column: Column, amount: float = 1.0) -> None:
+        """Count in this process's own row (no other process writes it)."""
+        self.numbers[self._slot(row, column)] += amount
+
+    def put(self, row: int, column: Column, value: float) -> None:
+        self.numbers[self._slot(row, column)] = value
+
+    def total(self, column: Column) -> int:
+        return int(sum(self.numbers[self._slot(row, column)] for row in range(self.rows)))
+
+    def latest(self, column: Column) -> float:
+        return float(max(self.numbers[self._slot(row, column)] for row in range(self.rows)))
+
+    def http_up(self) -> bool:
+        """Does every HTTP process accept connections (the kernel may hand any of them the next one)?"""
+        return all(self.numbers[self._slot(http_row(i), Column.UP)] for i in range(self.http_processes))
+
+    def pids(self) -> Iterator[tuple[int, int]]:
+        """(row, pid) of every process that has registered."""
+        for row in range(self.rows):
+            pid = int(self.numbers[self._slot(row, Column.PID)])
+            if pid:
+                yield row, pid
+
+
+def row_name(row: int) -> str:
+    """How a row's process is called in metrics and logs."""
+    if row == SUPERVISOR_ROW:
+        return "supervisor"
+    if row == INFERENCE_ROW:
+        return "inference"
+    return f"http-{row - 2}"
+
+
+__all__ = [
+    "INFERENCE_ROW",
+    "SPAWN",
+    "SUPERVISOR_ROW",
+    "Column",
+    "Door",
+    "Field",
+    "SharedStateStore",
+    "WorkerView",
+    "http_row",
+    "row_name",
+]

@@ -1,0 +1,243 @@
+"""The pieces of the multi-process worker on their own: the door (one capacity across processes), the
+message framing, the batcher's sweeps by length, the supervisor's verdicts, the default process count."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from model_server import ipc
+from model_server.config import ServerConfig, default_http_workers
+from model_server.dataplane import DataPlane, Unit
+from model_server.errors import Overloaded, ServerError
+from model_server.metrics import Metrics
+from model_server.state_machine import State, StateMachine
+from model_server.supervisor import describe_exit, verdict
+from model_server.sweep import SWEEP_BATCHES, Sweep, sweep_capacity
+from model_server.tasks.base import Embedding, TextItem
+from model_server.worker import Worker
+from model_server.worker_view import SPAWN, Door, WorkerView
+
+
+def _grab(door: Door, start: Any, tries: int, taken: Any) -> None:
+    start.wait()
+    got = sum(door.take() for _ in range(tries))
+    with taken.get_lock():
+        taken.value += got
+
+
+def test_the_door_never_admits_more_than_its_capacity_across_processes() -> None:
+    door = Door(capacity=7)
+    start, taken = SPAWN.Event(), SPAWN.Value("i", 0)
+    burst = [SPAWN.Process(target=_grab, args=(door, start, 50, taken)) for _ in range(4)]
+    for p in burst:
+        p.start()
+    start.set()  # four processes take at once
+    for p in burst:
+        p.join(60)
+    assert [p.exitcode for p in burst] == [0] * 4
+    assert taken.value == 7 and door.taken == 7 and door.full
+    door.give_back(3)
+    assert door.taken == 4 and not door.full
+
+
+def test_frames_carry_arrays_out_of_band_and_survive_any_split() -> None:
+    big = np.arange(300_000, dtype=np.float32)
+    messages = [
+        (ipc.SUBMIT, 1, 12.5, [TextItem("a"), TextItem("héllo")], [1, 5], False),
+        (ipc.RESULT, 1, [Embedding(big, tokens=3), Embedding(big[:2].copy())]),
+        (ipc.ERROR, 2, Overloaded("full", 3)),
+        (ipc.PIECE, 3, "tok"),
+    ]
+    stream = b"".join(bytes(piece) for m in messages for piece in ipc.encode(m))
+    _head, payload, *buffers = ipc.encode(messages[1])
+    assert len(buffers) == 2 and len(payload) < 1000  # the arrays are not in the pickle
+    for cut in (1, 7, 4096, len(stream) // 2, len(stream) - 1, len(stream)):
+        got, used = ipc.decode(stream[:cut])
+        rest, used2 = ipc.decode(stream[used:])
+        decoded = got + rest
+        assert used + used2 == len(stream) and len(decoded) == 4
+    result = decoded[1][2]
+    np.testing.assert_array_equal(result[0].vector, big)
+    error = decoded[2][2]
+    assert isinstance(error, Overloaded) and error.retry_after_s == 3 and str(error) == "full"
+    assert decoded[0][3] == [TextItem("a"), TextItem("héllo")]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=12),
+    limit=st.integers(min_value=1, max_value=32),
+    seed=st.integers(min_value=0, max_value=10**6),
+)
+def test_a_sweep_hands_out_every_item_once_by_length_in_bounded_batches(
+    sizes: list[int], limit: int, seed: int
+) -> None:
+    rng = random.Random(seed)
+    units = [[rng.randint(0, 50) for _ in range(n)] for n in sizes]
+    capacity = sweep_capacity(limit, hinted=True)
+    # The requests a sweep takes: the first always, then while they fit (as the data plane gathers).
+    taken, total = [units[0]], len(units[0])
+    for unit in units[1:]:
+        if total + len(unit) > capacity:
+            break
+        taken.append(unit)
+        total += len(unit)
+    sweep: Sweep[list[int]] = Sweep()
+    sweep.start(taken, lambda u: u, limit)
+    batches = []
+    while sweep:
+        batches.append(sweep.take(lambda u: True))
+    handed = [(id(u), i) for batch in batches for u, i in batch]
+    assert sorted(handed) == sorted((id(u), i) for u in taken for i in range(len(u)))
+    assert all(0 < len(b) <= limit for b in batches)
+    lengths = [u[i] for batch in batches for u, i in batch]
+    assert lengths == sorted(lengths)
+    # No request waits more than SWEEP_BATCHES batches in a sweep (one larger than that: its own size).
+    assert len(batches) <= max(SWEEP_BATCHES, -(-len(taken[0]) // limit))
+
+
+def test_a_sweep_skips_requests_that_are_gone() -> None:
+    keep, gone = [3, 1, 2], [1, 1]
+    sweep: Sweep[list[int]] = Sweep()
+    sweep.start([keep, gone], lambda u: u, 10)
+    batch = sweep.take(lambda u: u is keep)
+    assert [(u is keep, i) for u, i in batch] == [(True, 1), (True, 2), (True, 0)]
+    assert not sweep
+
+
+async def test_batches_group_items_of_similar_length_across_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four requests of mixed lengths, two batches of four: one carries the four shortest texts, the
+    other the four longest, and every request gets its own results back in its own order."""
+    record = tmp_path / "record.txt"
+    monkeypatch.setenv("HANDLER_RECORD", str(record))
+    config = ServerConfig(
+        model=str(tmp_path), task="text-embedding", handler="tests.server.handlers:EchoEmbedding",
+        max_batch_size=4, max_batch_delay_ms=0,
+    )  # fmt: skip
+    view = WorkerView(capacity=8, http_processes=1)
+    machine = StateMachine(store=view.state_store())
+    worker = Worker(config, machine, lambda code, reason: None)
+    plane = DataPlane(config, worker, machine, Metrics(), view)
+    texts = [["a" * 9, "b"], ["c" * 8, "d" * 2], ["e" * 3, "f" * 7], ["g" * 6, "h" * 4]]
+    answers: dict[int, list[Any] | ServerError] = {}
+    everyone = asyncio.Event()
+
+    def answer(k: int, outcome: list[Any] | ServerError) -> None:
+        answers[k] = outcome
+        if len(answers) == len(texts):
+            everyone.set()
+
+    try:
+        assert await worker.load()
+        for k, request in enumerate(texts):
+            assert view.door.take()  # as an HTTP process does before it sends a request
+            items = [TextItem(t) for t in request]
+            plane.submit(Unit(items, time.monotonic() + 30, partial(answer, k), [len(t) for t in request]))
+        owner = asyncio.create_task(plane.run())
+        await asyncio.wait_for(everyone.wait(), 30)
+        owner.cancel()
+    finally:
+        worker.close()
+    computed = record.read_text().split()
+    assert len(computed) == 8 and max(map(len, computed[:4])) < min(map(len, computed[4:]))
+    for k, request in enumerate(texts):
+        outcome = answers[k]
+        assert not isinstance(outcome, ServerError)
+        assert [int(e.vector[0]) for e in outcome] == [len(t) for t in request]
+    assert view.door.taken == 0 and machine.state is State.READY
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "draining", "expected"),
+    [
+        ("inference", 0, True, 0),
+        ("inference", 3, False, 3),
+        ("inference", 4, False, 4),
+        ("inference", -9, False, 5),
+        ("inference", 0, False, 5),
+        ("http-1", 0, True, 5),
+        ("http-0", -11, False, 5),
+    ],
+)
+def test_the_supervisors_verdict(name: str, code: int, draining: bool, expected: int) -> None:
+    exit_code, reason = verdict(name, 42, code, "load failed: boom", draining)
+    assert exit_code == expected
+    if expected in (3, 4):
+        assert reason == "load failed: boom"
+    elif expected == 5:
+        assert reason == f"the {name} process (pid 42) died: {describe_exit(code)}"
+    assert describe_exit(-9) == "killed by SIGKILL" and describe_exit(1) == "exit code 1"
+
+
+def test_default_http_workers() -> None:
+    assert [default_http_workers(c) for c in (1, 2, 3, 4, 8, 16, 64, 2.5)] == [1, 1, 1, 2, 4, 4, 4, 1]
+
+
+def test_state_moves_are_seen_by_every_process() -> None:
+    view = WorkerView(capacity=1, http_processes=1)
+    StateMachine(store=view.state_store()).to(State.LOADING)
+    child = SPAWN.Process(target=_move_to_failed, args=(view,))
+    child.start()
+    child.join(60)
+    machine = StateMachine(store=view.state_store())
+    assert child.exitcode == 0
+    assert machine.state is State.FAILED and machine.reason == "seen elsewhere"
+
+
+def _move_to_failed(view: WorkerView) -> None:
+    machine = StateMachine(store=view.state_store())
+    assert machine.state is State.LOADING
+    machine.to(State.FAILED, "seen elsewhere")
+
+
+def _hold_the_lock(view: WorkerView, held: Any) -> None:
+    view.lock.acquire()
+    held.set()
+    time.sleep(120)
+
+
+def test_a_process_killed_holding_the_state_lock_does_not_freeze_the_others() -> None:
+    view = WorkerView(capacity=1, http_processes=1)
+    held = SPAWN.Event()
+    holder = SPAWN.Process(target=_hold_the_lock, args=(view, held))
+    holder.start()
+    assert held.wait(60)
+    holder.kill()
+    holder.join(10)
+    machine = StateMachine(store=view.state_store())
+    machine.to(State.FAILED, "the inference process died")  # waits at most LOCK_TIMEOUT_S, then goes on
+    assert machine.state is State.FAILED and machine.reason == "the inference process died"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=256), min_size=1, max_size=300),
+    limit=st.integers(min_value=1, max_value=64),
+)
+def test_a_sweep_pads_no_more_than_arrival_order(lengths: list[int], limit: int) -> None:
+    """Batches of a sweep carry no more padded tokens than the same items batched in arrival order:
+    contiguous runs of the sorted order, the short batch placed where it costs least, minimise the sum
+    of each batch's size x longest item."""
+    sweep: Sweep[list[int]] = Sweep()
+    sweep.start([lengths], lambda u: u, limit)
+    swept = []
+    while sweep:
+        swept.append([lengths[i] for _, i in sweep.take(lambda u: True)])
+    arrival = [lengths[k : k + limit] for k in range(0, len(lengths), limit)]
+
+    def padded(batches: list[list[int]]) -> int:
+        return sum(len(b) * max(b) for b in batches)
+
+    assert padded(swept) <= padded(arrival)
