@@ -272,20 +272,19 @@ class Gateway:
         started, outcome = loop.time(), "timeout"
         self.metrics.of(self.metrics.held, call.label).inc()
         gone = asyncio.ensure_future(watch_disconnect(receive))
+        self.demand.note(call.key)
         try:
-            while (remaining := deadline - loop.time()) > 0:
-                self.demand.note(call.key)
-                wait = min(remaining, self.settings.demand_interval_seconds)
-                await asyncio.wait((waiter.future, gone), timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                if waiter.future.done():
-                    baton = waiter.future.result()
-                    outcome = "released" if baton is not None else "abandoned"
-                    if baton is not None:
-                        return baton
-                    return await self._abandoned(call, send)
-                if gone.done():
-                    outcome = "disconnected"
-                    return CLIENT_CLOSED
+            if (remaining := deadline - loop.time()) > 0:
+                await asyncio.wait(
+                    (waiter.future, gone), timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+            if waiter.future.done():
+                baton = waiter.future.result()
+                outcome = "released" if baton is not None else "abandoned"
+                return baton if baton is not None else await self._abandoned(call, send)
+            if gone.done():
+                outcome = "disconnected"
+                return CLIENT_CLOSED
             reason = hold_reason(self.registry.pool(call.key), datetime.now(UTC))
             message = (
                 f"{reason.message} (held {loop.time() - started:.1f} s, no worker served pool {call.label})"

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from kubernetes_asyncio import client, config
@@ -48,11 +50,17 @@ async def kube_client(settings: GatewaySettings, in_cluster: bool) -> client.Api
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, answering held requests before it waits for the ones in flight."""
+    """uvicorn, answering held requests before it waits for the ones in flight, and exiting 0 on SIGTERM
+    (uvicorn itself re-raises the signal after its shutdown, which ends the process with -15)."""
 
     def __init__(self, cfg: uvicorn.Config, holds: Holds) -> None:
         super().__init__(cfg)
         self._holds = holds
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig == signal.SIGINT:  # a second Ctrl-C: stop now
+            self.force_exit = True
+        self.should_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._holds.abandon()
@@ -78,7 +86,11 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     registry, metrics = Registry(), Metrics()
     holds = Holds(settings.max_held_per_pool, registry.has_routable)
     demand = DemandRecorder(
-        client.CustomObjectsApi(api), registry.pool, metrics, settings.demand_interval_seconds
+        client.CustomObjectsApi(api),
+        pools=registry.pool,
+        wanted=lambda key: holds.held(key) > 0,
+        metrics=metrics,
+        interval_s=settings.demand_interval_seconds,
     )
 
     def changed(key: Key) -> None:

@@ -182,3 +182,25 @@ def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
     assert PoolView.from_body(body).demanded_at == NOW.replace(microsecond=250_000)
     assert PoolView.from_body(_pool_body(annotations={ANNOTATION_DEMANDED_AT: "soon"})).demanded_at is None
     assert PoolView.from_body(_pool_body()).demanded_at is None
+
+
+def test_the_gateways_copies_of_the_operator_api_agree() -> None:
+    """The gateway must not import the operator (kopf); what it copies from the operator's API stays equal."""
+    from modelpool_gateway import contract_names as gw
+    from modelpool_operator import api
+
+    assert (gw.GROUP, gw.VERSION, gw.MODELPOOL_PLURAL) == (api.GROUP, api.VERSION, api.MODELPOOL_PLURAL)
+    assert gw.DEFAULT_ACTIVATION_TIMEOUT_SECONDS == api.DEFAULT_ACTIVATION_TIMEOUT_SECONDS
+    assert {gw.CONDITION_BUDGET_EXCEEDED, gw.CONDITION_DEGRADED} <= set(get_args(api.ConditionType))
+    assert PodSettings().port == gw.DEFAULT_SERVER_PORT
+
+
+def test_the_gateway_imports_neither_half_nor_torch_nor_kopf() -> None:
+    """The gateway ships in the operator image without torch and runs without the operator's kopf."""
+    code = (
+        "import sys, modelpool_gateway.main, modelpool_gateway.app\n"
+        "heavy = {'torch', 'kopf', 'model_server', 'modelpool_operator'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
