@@ -23,7 +23,7 @@ from urllib.parse import quote
 import orjson
 
 from modelpool_gateway.cache import Registry
-from modelpool_gateway.client import Response, Unreachable, UpstreamBroken, UpstreamTimeout
+from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamBroken, UpstreamTimeout
 from modelpool_gateway.config import GatewaySettings
 from modelpool_gateway.demand import DemandRecorder
 from modelpool_gateway.errors import Send, send_error
@@ -132,6 +132,10 @@ class Gateway:
                 await self._entry(scope, receive, send, openai=True)
                 return
             if path.startswith(V2_MODELS) and len(path) > len(V2_MODELS):
+                if scope["method"] not in ("GET", "POST"):  # what the workers serve there
+                    message = f"{scope['method']} is not allowed on {path}"
+                    await send_error(send, False, 405, "invalid_request", message)
+                    return
                 await self._entry(scope, receive, send, openai=False)
                 return
         await self.fallback(scope, receive, send)
@@ -324,6 +328,8 @@ class Gateway:
         tried: set[Key] = set()
         refusals: list[int] = []
         failure: _Failure | None = None
+        # Done when the client leaves: its request is abandoned at the worker, its answer not relayed.
+        gone = asyncio.ensure_future(watch_disconnect(receive))
         try:
             while (worker := self._choose(call.key, tried)) is not None:
                 tried.add(worker.key)
@@ -331,7 +337,7 @@ class Gateway:
                 self.metrics.of(self.metrics.in_flight, call.label).inc()
                 try:
                     outcome = await self._attempt(
-                        call, worker, send, receive, baton=baton, retried=failure is not None
+                        call, worker, send, gone, baton=baton, retried=failure is not None
                     )
                 finally:
                     self._unload(worker.key)
@@ -351,6 +357,7 @@ class Gateway:
                 return await self._send_failure(call, send, failure)
             return None
         finally:
+            gone.cancel()
             if baton is not None:
                 baton.passed()
 
@@ -362,12 +369,24 @@ class Gateway:
             del self.loads[key]
 
     async def _attempt(
-        self, call: Call, worker: Worker, send: Send, receive: Receive, *, baton: Baton | None, retried: bool
+        self,
+        call: Call,
+        worker: Worker,
+        send: Send,
+        gone: asyncio.Future[None],
+        *,
+        baton: Baton | None,
+        retried: bool,
     ) -> int | _Failure | tuple[str, int]:
         """One try: the status relayed, a failure worth one retry elsewhere, or a 429's Retry-After."""
         started = time.perf_counter()
         try:
-            resp = await self.upstream.open(worker, call.out, baton.passed if baton else None)
+            resp = await self.upstream.open(
+                worker, call.out, on_sent=baton.passed if baton else None, abandon=gone
+            )
+        except Abandoned:
+            self.metrics.of(self.metrics.upstream_attempts, call.label, "abandoned").inc()
+            return CLIENT_CLOSED
         except Unreachable as exc:
             self.metrics.of(self.metrics.upstream_attempts, call.label, "unreachable").inc()
             log.info("%s", exc)
@@ -389,7 +408,7 @@ class Gateway:
             self.metrics.of(self.metrics.upstream_attempts, call.label, "draining_503").inc()
             return await self._kept(resp, call)
         self.metrics.of(self.metrics.upstream_attempts, call.label, "ok").inc()
-        await relay(resp, worker, send, receive)
+        await relay(resp, worker, send, gone)
         return resp.status
 
     async def _kept(self, resp: Response, call: Call) -> _Failure:

@@ -18,7 +18,7 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import httptools
 
@@ -45,6 +45,11 @@ class UpstreamBroken(Exception):  # noqa: N818
     """The worker's answer broke off in the middle (the connection closed, or it was not HTTP)."""
 
 
+class Abandoned(Exception):  # noqa: N818
+    """The caller gave up before the worker answered (its own client left): the connection was closed,
+    so a worker that still queues the request drops it before computing it."""
+
+
 class _Connection(asyncio.Protocol):
     """One TCP connection to a worker and the parser of the answer currently on it."""
 
@@ -65,6 +70,7 @@ class _Connection(asyncio.Protocol):
         self.error: Exception | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.paused = False
+        self.abandoned = False
 
     def begin(self) -> None:
         """A new request goes out on this connection."""
@@ -138,6 +144,12 @@ class _Connection(asyncio.Protocol):
     def _expire(waiter: asyncio.Future[None]) -> None:
         if not waiter.done():
             waiter.set_exception(UpstreamTimeout("the worker did not answer in time"))
+
+    def abandon(self, _: object = None) -> None:
+        """Stop waiting for this answer: close the connection and wake the waiting request."""
+        self.abandoned = True
+        self.close()
+        self._wake()
 
     def take(self) -> bytes | None:
         """The next buffered chunk (None: nothing buffered), resuming reading below the low mark."""
@@ -239,29 +251,33 @@ class Client:
         port: int,
         head: bytes,
         body: bytes,
+        *,
         on_sent: Callable[[], None] | None = None,
+        abandon: asyncio.Future[Any] | None = None,
     ) -> Response:
-        """Send one request (``head``: request line and headers, without the final blank line's host
-        and length, see ``request_head``); return when the answer's status and headers arrived."""
+        """Send one request (``head``: request line and headers, without host and length, see
+        ``request_head``); return when the answer's status and headers arrived.  ``on_sent`` is called once
+        the request is written; ``abandon`` done before the answer came raises ``Abandoned``."""
         key = (host, port)
         conn, reused = await self._checkout(key)
         try:
-            return await self._exchange(key, conn, head, body, on_sent)
+            return await self._exchange(key, conn, (head, body), on_sent, abandon)
         except Unreachable:
             if not reused:
                 raise
         # A kept-alive connection the worker had closed: send once more on a fresh one.
         conn = await self._connect(key)
-        return await self._exchange(key, conn, head, body, on_sent)
+        return await self._exchange(key, conn, (head, body), on_sent, abandon)
 
     async def _exchange(
         self,
         key: tuple[str, int],
         conn: _Connection,
-        head: bytes,
-        body: bytes,
+        out: tuple[bytes, bytes],
         on_sent: Callable[[], None] | None,
+        abandon: asyncio.Future[Any] | None,
     ) -> Response:
+        head, body = out
         conn.begin()
         assert conn.transport is not None
         host = f"[{key[0]}]" if ":" in key[0] else key[0]  # an IPv6 address
@@ -269,17 +285,23 @@ class Client:
         conn.transport.writelines((head, tail, body))
         if on_sent is not None:
             on_sent()
-        while conn.status is None:
-            if conn.error is not None or conn.lost:
-                conn.close()
-                if not conn.received_any:
-                    raise Unreachable(f"{key[0]}:{key[1]} closed the connection before answering")
-                raise conn.error or UpstreamBroken("the worker closed the connection")
-            try:
+        if abandon is not None:
+            abandon.add_done_callback(conn.abandon)
+        try:
+            while conn.status is None:
+                if conn.abandoned:
+                    raise Abandoned("the client left before the worker answered")
+                if conn.error is not None or conn.lost:
+                    conn.close()
+                    if not conn.received_any:
+                        raise Unreachable(f"{key[0]}:{key[1]} closed the connection before answering")
+                    raise conn.error or UpstreamBroken("the worker closed the connection")
                 await conn.wait(self.read_timeout)
-            except UpstreamTimeout:
+        finally:
+            if abandon is not None:
+                abandon.remove_done_callback(conn.abandon)
+            if conn.status is None:  # timed out, abandoned or cancelled mid-request: never reuse it
                 conn.close()
-                raise
         return Response(self, key, conn, self.read_timeout)
 
     async def _checkout(self, key: tuple[str, int]) -> tuple[_Connection, bool]:

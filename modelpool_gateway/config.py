@@ -31,7 +31,8 @@ class GatewaySettings(BaseSettings):
     port: int = Field(default=8080, ge=1, le=65535, description="Listen port")
     namespaces: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
-        description="Namespaces whose pools it routes to (comma-separated); empty: every namespace",
+        description="Namespaces whose pools it routes to (--namespace once per namespace; the variable "
+        "is comma-separated); empty: every namespace",
     )
     kubeconfig: Path | None = Field(
         default=None,
@@ -51,8 +52,8 @@ class GatewaySettings(BaseSettings):
         default=5.0,
         gt=0,
         le=3600,
-        description="Demand is written on a pool at most once per interval (per gateway, and skipped "
-        "when any gateway wrote it within the interval)",
+        description="While requests are held for a pool, its demand annotation is refreshed once per "
+        "interval (all gateway replicas together)",
     )
     max_in_flight: int = Field(
         default=4096,

@@ -73,12 +73,19 @@ class Upstream:
         )
 
     async def open(
-        self, worker: Worker, out: Outbound, on_sent: Callable[[], None] | None = None
+        self,
+        worker: Worker,
+        out: Outbound,
+        *,
+        on_sent: Callable[[], None] | None = None,
+        abandon: asyncio.Future[Any] | None = None,
     ) -> Response:
         """Send ``out`` to ``worker``; return once its status and headers arrived.  ``on_sent`` is called
-        as soon as the request has been written."""
+        as soon as the request has been written; ``abandon`` done first drops the request."""
         assert worker.ip is not None
-        return await self.client.request(worker.ip, worker.port, out.head(), out.body, on_sent)
+        return await self.client.request(
+            worker.ip, worker.port, out.head(), out.body, on_sent=on_sent, abandon=abandon
+        )
 
     def close(self) -> None:
         self.client.close()
@@ -90,28 +97,24 @@ async def watch_disconnect(receive: Receive) -> None:
         pass
 
 
-async def relay(resp: Response, worker: Worker, send: Send, receive: Receive) -> None:
-    """Send the worker's answer to the client as it arrives.  A streamed answer (no Content-Length) is
-    watched for the client leaving, which closes the worker's connection."""
+async def relay(resp: Response, worker: Worker, send: Send, gone: asyncio.Future[None]) -> None:
+    """Send the worker's answer to the client as it arrives.  A streamed answer (no Content-Length) stops
+    when the client leaves (``gone``), which closes the worker's connection."""
     await send(
         {"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, worker)}
     )
     if resp.content_length is not None:
         await _copy(resp, send)
         return
-    watcher = asyncio.ensure_future(watch_disconnect(receive))
     copier = asyncio.ensure_future(_copy(resp, send))
-    try:
-        await asyncio.wait({watcher, copier}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not copier.done():  # the client left: stop reading, drop the worker's connection
-            copier.cancel()
-            resp.close()
+    await asyncio.wait({gone, copier}, return_when=asyncio.FIRST_COMPLETED)
+    if not copier.done():  # the client left: stop reading, drop the worker's connection
+        copier.cancel()
+        resp.close()
         with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-    if not copier.cancelled():
-        copier.result()  # re-raise a failure of the upstream read
+            await copier
+        return
+    copier.result()  # re-raise a failure of the upstream read
 
 
 async def _copy(resp: Response, send: Send) -> None:

@@ -8,12 +8,13 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from modelpool_gateway.client import (
     HIGH_WATER,
+    Abandoned,
     Client,
     Response,
     Unreachable,
@@ -21,6 +22,7 @@ from modelpool_gateway.client import (
     UpstreamTimeout,
     request_head,
 )
+from tests.gateway.rawserver import raw_server, read_request
 from tests.server.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
@@ -115,46 +117,13 @@ async def test_a_refused_connection_is_unreachable() -> None:
 
 
 async def test_a_silent_worker_times_out() -> None:
-    async with _raw_server(_never_answer) as port:
+    async with raw_server(_never_answer) as port:
         with pytest.raises(UpstreamTimeout):
             await _client(read_timeout=0.3).request("127.0.0.1", port, request_head("GET", "/", []), b"")
 
 
-# ---- a socket server of the test's own ----
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-class _raw_server:  # noqa: N801 - used like a function: `async with _raw_server(handler) as port`
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-        self.server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> int:
-        self.server = await asyncio.start_server(self.handler, "127.0.0.1", 0)
-        port: int = self.server.sockets[0].getsockname()[1]
-        return port
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-
-
-async def _read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        (
-            int(line.split(b":")[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length")
-        ),
-        0,
-    )
-    return head + await reader.readexactly(length)
-
-
 async def _never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await _read_request(reader)
+    await read_request(reader)
     await asyncio.sleep(5)
     writer.close()
 
@@ -162,7 +131,7 @@ async def _never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
 async def _one_answer_per_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Answers the first request with keep-alive, then closes the connection when the next one arrives:
     what a worker whose keep-alive timer fired at that moment does."""
-    await _read_request(reader)
+    await read_request(reader)
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
     await writer.drain()
     await reader.read(1)
@@ -171,7 +140,7 @@ async def _one_answer_per_connection(reader: asyncio.StreamReader, writer: async
 
 async def test_a_kept_alive_connection_closed_by_the_worker_is_retried_on_a_fresh_one() -> None:
     client = _client(keepalive_s=60)
-    async with _raw_server(_one_answer_per_connection) as port:
+    async with raw_server(_one_answer_per_connection) as port:
         head = request_head("GET", "/", [])
         for _ in range(3):
             resp = await client.request("127.0.0.1", port, head, b"")
@@ -180,14 +149,14 @@ async def test_a_kept_alive_connection_closed_by_the_worker_is_retried_on_a_fres
 
 
 async def _garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await _read_request(reader)
+    await read_request(reader)
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort")
     await writer.drain()
     writer.close()
 
 
 async def _not_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await _read_request(reader)
+    await read_request(reader)
     writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
     await writer.drain()
     await asyncio.sleep(1)
@@ -195,12 +164,12 @@ async def _not_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
 
 
 async def test_a_broken_answer_is_reported_not_returned_as_complete() -> None:
-    async with _raw_server(_garbage) as port:
+    async with raw_server(_garbage) as port:
         resp = await _client().request("127.0.0.1", port, request_head("GET", "/", []), b"")
         assert resp.status == 200
         with pytest.raises(UpstreamBroken):
             await _body(resp)
-    async with _raw_server(_not_http) as port:
+    async with raw_server(_not_http) as port:
         with pytest.raises(UpstreamBroken):
             await _client().request("127.0.0.1", port, request_head("GET", "/", []), b"")
 
@@ -209,7 +178,7 @@ BIG = 8 * HIGH_WATER
 
 
 async def _big_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await _read_request(reader)
+    await read_request(reader)
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % BIG)
     for _ in range(BIG // 65536):
         writer.write(b"x" * 65536)
@@ -218,7 +187,7 @@ async def _big_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 
 
 async def test_a_slow_reader_pauses_the_worker_instead_of_buffering_everything() -> None:
-    async with _raw_server(_big_answer) as port:
+    async with raw_server(_big_answer) as port:
         resp = await _client().request("127.0.0.1", port, request_head("GET", "/", []), b"")
         conn = resp._conn
         most, total, last = 0, 0, False
@@ -230,3 +199,20 @@ async def test_a_slow_reader_pauses_the_worker_instead_of_buffering_everything()
         assert total == BIG
         # Reading paused at the high-water mark: never more than that plus one socket read was held.
         assert most <= HIGH_WATER + 2**18, most
+
+
+async def test_an_abandoned_request_closes_its_connection_so_the_worker_drops_it() -> None:
+    loop = asyncio.get_running_loop()
+    closed: asyncio.Future[bool] = loop.create_future()
+    gone: asyncio.Future[None] = loop.create_future()
+
+    async def note_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        closed.set_result(await reader.read(1) == b"")  # EOF: the client closed the connection
+        writer.close()
+
+    async with raw_server(note_close) as port:
+        loop.call_later(0.2, gone.set_result, None)
+        with pytest.raises(Abandoned):
+            await _client().request("127.0.0.1", port, request_head("GET", "/", []), b"", abandon=gone)
+        assert await asyncio.wait_for(closed, 5) is True

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import signal
 import socket
 import subprocess
 from collections.abc import Iterable
@@ -20,7 +19,7 @@ import psutil
 
 from tests.clusterlib import ROOT, Cluster
 from tests.kube import wait_for
-from tests.operator.integration.opharness import GROUP_VERSION
+from tests.operator.integration.opharness import GROUP_VERSION, OperatorProcess
 
 PROCESS_NODE = {"modelpool.dev/process-node": "true"}
 ECHO = "tests.server.handlers:EchoEmbedding"
@@ -34,15 +33,17 @@ def free_port() -> int:
         return port
 
 
-class GatewayProcess:
-    """One ``modelpool-gateway`` process."""
+class GatewayProcess(OperatorProcess):
+    """One ``modelpool-gateway`` process (stopped, killed and logged like the operator's)."""
 
+    # Its own command line; the operator's methods (alive, stop, kill, log_tail) manage the process.
     def __init__(self, cluster: Cluster, namespaces: Iterable[str], log_path: Path, *flags: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        self.namespaces = list(namespaces)
         args = [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(cluster.kubeconfig)]
-        for namespace in namespaces:
+        for namespace in self.namespaces:
             args += ["--namespace", namespace]
         args += ["--host", "127.0.0.1", "--port", str(self.port), *flags]
         self._log = log_path.open("ab")
@@ -56,25 +57,6 @@ class GatewayProcess:
             return httpx.get(self.url + "/readyz", timeout=2).status_code == 200
 
         wait_for(ready, timeout=timeout, interval=0.2, message="the gateway ready")
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-        self._log.close()
 
     def rss_bytes(self) -> int:
         return int(psutil.Process(self.proc.pid).memory_info().rss)

