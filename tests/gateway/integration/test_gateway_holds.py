@@ -9,6 +9,8 @@ below either cannot start (replicas 0, a budget too small) or are loading behind
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -151,8 +153,17 @@ def test_an_expired_hold_says_the_pool_waits_for_the_operator_and_the_demand_is_
     assert "for the demand recorded at 20" in error["message"]
 
 
-def test_still_loading_then_released_to_the_worker_in_arrival_order(setup: Setup, tmp_path: Path) -> None:
-    gate, record = tmp_path / "loaded", tmp_path / "record.txt"
+@pytest.fixture
+def host_dir() -> Iterator[Path]:
+    """A directory the test and a process-node worker both see: not under /tmp, which the process node
+    maps to the pod's own emptyDir (its path rewrite would give the worker a private copy)."""
+    path = Path(tempfile.mkdtemp(prefix="gw-test-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_still_loading_then_released_to_the_worker_in_arrival_order(setup: Setup, host_dir: Path) -> None:
+    gate, record = host_dir / "loaded", host_dir / "record.txt"
     env = {"HANDLER_LOAD_GATE": str(gate), "HANDLER_RECORD": str(record)}
     apply(setup.cluster, echo_pool("slow", env=env, activation_timeout_seconds=120), setup.namespace)
     wait_status(
@@ -177,7 +188,9 @@ def test_still_loading_then_released_to_the_worker_in_arrival_order(setup: Setup
         wait_for(lambda i=i: setup.held("slow") == i + 1, timeout=10, message=f"{i + 1} held")
     gate.touch()
     responses = held.join()
-    assert {i: r.status_code for i, r in responses.items()} == {0: 200, 1: 200, 2: 200}
+    assert {i: r.status_code for i, r in responses.items()} == {0: 200, 1: 200, 2: 200}, [
+        r.text for r in responses.values()
+    ]
     assert record.read_text().split() == ["request-0", "request-1", "request-2"]
 
 
