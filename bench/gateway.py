@@ -7,8 +7,8 @@ and ``minilm`` (all-MiniLM-L6-v2 on the CPU), then the gateway.  Every measureme
 gateway segments against the same worker, so the machine's drift (other work on two shared cores) hits
 both alike, and reports the median of the rounds:
 
-* added latency: p50 of sequential echo requests (concurrency 1) through the gateway minus direct
-  (target <= 1 ms);
+* added latency: p50 of sequential echo requests (concurrency 1) through the gateway minus direct, the
+  two alternating request by request (target <= 1 ms);
 * throughput at concurrency 64 through the gateway as a ratio of direct: echo 1-item requests (target
   >= 0.5 on two cores, where the clients, the gateway and the worker share them) and MiniLM 32-sentence
   requests (target >= 0.8).
@@ -135,6 +135,7 @@ def pool(name: str, source: str, env: dict[str, str], memory: str, max_batch: in
             "idleTimeoutSeconds": 0,
             "podTemplate": {
                 "nodeSelector": {"modelpool.dev/process-node": "true"},
+                "tolerations": [{"key": "modelpool.dev/process-node", "operator": "Exists"}],
                 "env": [{"name": k, "value": v} for k, v in env.items()],
             },
         },
@@ -260,17 +261,44 @@ def _alternate(
     return direct, through
 
 
-def added_latency(stack: Stack, rounds: int, window: float) -> dict[str, Any]:
+async def _paired(direct_url: str, gateway_url: str, pairs: int) -> tuple[list[float], list[float]]:
+    """One client, one request at a time, alternating direct and gateway (ABBA order): both see the same
+    moment-to-moment load, so the machine's drift cancels out of the difference."""
     texts = corpus(64, seed=1)
+    conns = {}
+    requests = {}
+    for name, url in (("direct", direct_url), ("gateway", gateway_url)):
+        parsed = httpx.URL(url)
+        conns[name] = Connection(parsed.host, parsed.port or 80)
+        requests[name] = infer_requests(url, "echo", texts, 1, 64)
+        await conns[name].open()
+    times: dict[str, list[float]] = {"direct": [], "gateway": []}
+    for i in range(pairs):
+        order = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
+        for name in order:
+            started = time.perf_counter()
+            code, _ = await conns[name].request(requests[name][i % 64])
+            if code == 200:
+                times[name].append(time.perf_counter() - started)
+    for conn in conns.values():
+        await conn.close()
+    return times["direct"], times["gateway"]
 
-    def run(url: str) -> Segment:
-        return asyncio.run(load(url, infer_requests(url, "echo", texts, 1, 64), 1, 0.5, window))
 
-    direct, through = _alternate(stack, "echo", run, rounds)
-    deltas = [g.p50_ms() - d.p50_ms() for d, g in zip(direct, through, strict=True)]
+def added_latency(stack: Stack, rounds: int, pairs: int) -> dict[str, Any]:
+    """p50 through the gateway minus p50 direct, over ``rounds`` runs of ``pairs`` alternating requests."""
+    deltas, direct_p50, gateway_p50 = [], [], []
+    for _ in range(rounds):
+        stack.settle("echo")
+        direct, through = asyncio.run(_paired(stack.workers["echo"], stack.gateway_url, pairs))
+        d, g = statistics.median(direct) * 1000, statistics.median(through) * 1000
+        print(f"  echo c=1: direct p50 {d:.2f} ms, gateway p50 {g:.2f} ms", flush=True)
+        direct_p50.append(d)
+        gateway_p50.append(g)
+        deltas.append(g - d)
     return {
-        "direct_p50_ms": statistics.median(s.p50_ms() for s in direct),
-        "gateway_p50_ms": statistics.median(s.p50_ms() for s in through),
+        "direct_p50_ms": statistics.median(direct_p50),
+        "gateway_p50_ms": statistics.median(gateway_p50),
         "added_p50_ms": statistics.median(deltas),
         "rounds": deltas,
     }
@@ -285,8 +313,8 @@ def throughput(
         return asyncio.run(load(url, infer_requests(url, pool, texts, size, 64), 64, warmup, window))
 
     stack.settle(pool)
-    direct = stack.workers[pool]
-    asyncio.run(load(direct, infer_requests(direct, pool, texts, size, 8), 8, 0, warmup))  # a warm model
+    worker = stack.workers[pool]
+    asyncio.run(load(worker, infer_requests(worker, pool, texts, size, 8), 8, 0, warmup))  # a warm model
     direct, through = _alternate(stack, pool, run, rounds)
     ratios = [g.rate / d.rate for d, g in zip(direct, through, strict=True) if d.rate]
     return {
@@ -332,7 +360,7 @@ def run(kubeconfig: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any
     try:
         stack = start_stack(kubeconfig, logs, procs)
         print("added latency (echo, c=1)", flush=True)
-        latency = added_latency(stack, args.rounds, args.window)
+        latency = added_latency(stack, args.rounds, args.pairs)
         print("throughput (echo, 1 item, c=64)", flush=True)
         echo = throughput(stack, "echo", 1, rounds=args.rounds, warmup=1.0, window=args.window)
         print("throughput (MiniLM, 32 sentences, c=64)", flush=True)
@@ -360,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=5, help="direct/gateway rounds of the echo rows")
     parser.add_argument("--window", type=float, default=4.0, help="seconds measured per echo segment")
+    parser.add_argument(
+        "--pairs", type=int, default=2000, help="direct/gateway request pairs per latency round"
+    )
     parser.add_argument("--minilm-rounds", type=int, default=2)
     parser.add_argument("--minilm-warmup", type=float, default=25.0, help="fills the worker's pipeline")
     parser.add_argument("--minilm-window", type=float, default=45.0)
