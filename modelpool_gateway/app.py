@@ -222,6 +222,7 @@ class Gateway:
 
     async def _route(self, call: Call, send: Send, receive: Receive, may_hold: bool) -> int:
         loop = asyncio.get_running_loop()
+        arrived = loop.time()
         deadline: float | None = None
         while True:
             baton: Baton | None = None
@@ -248,7 +249,7 @@ class Gateway:
                         return held
                     baton = held
                     if call.client_timeout_s is not None:  # the worker gets what is left of the deadline
-                        left = max(0.001, deadline - loop.time())
+                        left = max(0.001, call.client_timeout_s - (loop.time() - arrived))
                         call = replace(call, out=call.out.with_header(TIMEOUT_HEADER, b"%.3f" % left))
             code = await self._forward(call, send, receive, baton)
             if code is not None:

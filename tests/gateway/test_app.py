@@ -24,7 +24,7 @@ from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.proxy import Upstream
 from modelpool_gateway.routes import build_routes
 from modelpool_gateway.state import Pool, Worker
-from tests.gateway.rawserver import answering, raw_server
+from tests.gateway.rawserver import answering, raw_server, read_request
 from tests.server.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
@@ -208,3 +208,27 @@ async def test_the_gateway_refuses_beyond_its_own_in_flight_bound(echo: ServerPr
         assert expired.status_code == 503
     await small.demand.close()
     small.upstream.close()
+
+
+async def test_a_released_request_carries_what_is_left_of_its_deadline(gw: Harness) -> None:
+    seen: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    async with raw_server(record) as port, gw.client() as c:
+        body = {"model": "pool", "input": ["x"]}
+        pending = asyncio.ensure_future(
+            c.post("/v1/embeddings", json=body, headers={"x-request-timeout": "10"})
+        )
+        await asyncio.wait_for(gw.entered.wait(), 10)
+        await asyncio.sleep(0.1)  # time passes while the request is held
+        gw.worker("w0", port)
+        response = await pending
+    assert response.status_code == 200
+    [request] = seen
+    [left] = [line.split(b":")[1] for line in request.split(b"\r\n") if line.startswith(b"x-request-timeout")]
+    assert 5 < float(left) <= 9.9, left
