@@ -337,8 +337,10 @@ def table(results: dict[str, Any]) -> str:
 
     rows = [
         f"Gateway benchmark (`make bench`, `python -m bench.gateway`): {results['machine']}, "
-        f"{results['date']}. Direct and gateway segments alternate against the same worker; medians of "
-        f"{results['rounds']} rounds (per-round values in `.bench/gateway.json`).",
+        f"{results['date']}, medians of {results['rounds']} rounds against the same worker (per-round "
+        "values in `.bench/gateway.json`). The latency row alternates direct and gateway request by request, "
+        "the throughput rows alternate direct and gateway segments; clients, gateway and worker share the "
+        "two cores.",
         "",
         "| check | direct | through the gateway | result | target |",
         "|---|---:|---:|---:|---|",
