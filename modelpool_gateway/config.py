@@ -79,6 +79,13 @@ class GatewaySettings(BaseSettings):
         le=300,
         description="Idle upstream connections are closed after this (below the workers' 5 s keep-alive)",
     )
+    client_keepalive_seconds: int = Field(
+        default=75,
+        ge=1,
+        le=3600,
+        description="A client's idle keep-alive connection is closed after this (long, as proxies do: a "
+        "busy client that reuses a connection seconds later must not race its closing)",
+    )
     watch_timeout_seconds: int = Field(
         default=300, ge=1, le=3600, description="Server-side timeout of each watch request, then renewed"
     )

@@ -134,6 +134,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
             server_header=False,
             date_header=False,
             timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
+            timeout_keep_alive=settings.client_keepalive_seconds,
             lifespan="off",
         ),
         holds,
