@@ -4,11 +4,12 @@ The gateway writes the annotation ``modelpool.dev/demanded-at`` (RFC 3339, UTC, 
 ModelPool with a JSON merge patch on ``metadata.annotations``, as soon as a request is held and again
 every ``interval`` while requests stay held.  ``next_write_at`` (pure) decides when: not before
 ``interval`` after this gateway's own last write, and not before ``interval * (1 + jitter)`` after the
-last write any gateway made (the annotation as the watch shows it).  The jitter is drawn once per process
-(up to ``JITTER``), so of several replicas holding requests for the same pool the one with the smallest
-jitter refreshes the demand and the others, seeing its write first, never come due: about one write per
-interval whatever the number of replicas.  Writes run in one background task per pool, never in a
-request's path.
+last write any gateway made (the annotation as the watch shows it).  The jitter (up to ``JITTER``) is
+drawn again after each of this gateway's writes, so of several replicas holding requests for the same pool
+the one with the smallest jitter refreshes the demand and the others, seeing its write first, do not come
+due: about one write per interval whatever the number of replicas.  Two replicas write in the same round
+only when their jitters fall within the watch's delay of each other, and since both draw again, that does
+not repeat.  Writes run in one background task per pool, never in a request's path.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class DemandRecorder:
         self._metrics = metrics
         self._interval = timedelta(seconds=interval_s)
         self._clock = clock
-        self.jitter = random.uniform(0, JITTER)
+        self._jitter: dict[Key, float] = {}
         self._written: dict[Key, datetime] = {}
         self._tasks: dict[Key, asyncio.Task[None]] = {}
 
@@ -89,12 +90,14 @@ class DemandRecorder:
             if pool is None:
                 return
             now = self._clock()
-            due = next_write_at(self._written.get(key), pool.demanded_at, self._interval, self.jitter)
+            jitter = self._jitter.setdefault(key, random.uniform(0, JITTER))
+            due = next_write_at(self._written.get(key), pool.demanded_at, self._interval, jitter)
             if due is not None and now < due:
                 # Woken early is harmless: the due time is recomputed from what the watch saw since.
                 await asyncio.sleep(min((due - now).total_seconds(), self._interval.total_seconds()))
                 continue
             await self._write(key, now)  # a failed write is tried again an interval later
+            self._jitter[key] = random.uniform(0, JITTER)
 
     async def _write(self, key: Key, now: datetime) -> None:
         namespace, name = key
@@ -126,3 +129,4 @@ class DemandRecorder:
     def forget(self, key: Key) -> None:
         """The pool was deleted."""
         self._written.pop(key, None)
+        self._jitter.pop(key, None)
