@@ -1,11 +1,12 @@
 """A lean HTTP/1.1 client for the gateway's one upstream job: forward a request to a worker, stream back.
 
-Why not a general-purpose client: on the echo path of ``bench/gateway.py`` httpx sustained about 5 % of
-the direct request rate and aiohttp about 45 %; this client (httptools, the parser uvicorn uses, plus
-keep-alive connections per worker) keeps the gateway above the 50 % target on two cores and adds about a
-third of aiohttp's latency.  It does only what forwarding needs: GET/POST with a body held in memory, a
-response streamed chunk by chunk with back-pressure (reading pauses while ``HIGH_WATER`` bytes wait), and
-errors that tell whether the request may be sent elsewhere (``Unreachable``: nothing was answered).
+Why not a general-purpose client: proxying one echo worker on two cores (docs/gateway.md, "How it is
+built"), httpx sustained about 5 % of the direct request rate at concurrency 64 and aiohttp 30-60 %; this
+client (httptools, the parser uvicorn uses, plus keep-alive connections per worker) sustains 45-95 % and
+adds under half of aiohttp's latency.  It does only what forwarding needs: GET/POST with a body held in
+memory, a response streamed chunk by chunk with back-pressure (reading pauses while ``HIGH_WATER`` bytes
+wait), and errors that tell whether the request may be sent elsewhere (``Unreachable``: nothing was
+answered).
 
 A keep-alive connection the worker closed while idle is detected when it is reused and the request is
 sent again once on a fresh connection, as HTTP clients do; connections idle longer than ``keepalive_s``
