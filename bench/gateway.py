@@ -135,6 +135,7 @@ def pool(name: str, source: str, env: dict[str, str], memory: str, max_batch: in
             # Room and time for every client: the bench measures throughput, not refusals or deadlines.
             "queue": {"capacity": 1024, "maxBatchSize": max_batch, "requestTimeoutSeconds": 600},
             "idleTimeoutSeconds": 0,
+            "autoscaling": {"enabled": False},  # one worker each, whatever the load
             "podTemplate": {
                 "nodeSelector": {"modelpool.dev/process-node": "true"},
                 "tolerations": [{"key": "modelpool.dev/process-node", "operator": "Exists"}],

@@ -369,9 +369,10 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
 
     if release.external:
         return  # the traffic below goes to the gateway pod's loopback address on the process node
-    release.k("apply", "-f", "-", stdin=json.dumps(
-        pool_manifest("gw-zero", release.namespace, replicas=0, activationTimeoutSeconds=1)
-    ))  # fmt: skip
+    # At zero with autoscaling off: the operator starts no worker for it, whatever the demand.
+    zero = pool_manifest("gw-zero", release.namespace, replicas=0, activationTimeoutSeconds=1)
+    zero["spec"]["autoscaling"] = {"enabled": False}
+    release.k("apply", "-f", "-", stdin=json.dumps(zero))
     [pod] = release.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/component=gateway")["items"]
     url = f"http://{pod['status']['podIP']}:{pod['spec']['containers'][0]['ports'][0]['containerPort']}"
 
@@ -381,7 +382,7 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
 
     eventually(listed, timeout=30, what="the gateway lists gw-zero")
     held = httpx.post(url + "/v1/embeddings", json={"model": "gw-zero", "input": ["x"]}, timeout=30)
-    assert held.status_code == 503 and held.json()["error"]["type"] == "waiting_for_operator", held.text
+    assert held.status_code == 503 and held.json()["error"]["type"] == "scaled_to_zero", held.text
     unknown = httpx.post(url + "/v1/embeddings", json={"model": "nope", "input": ["x"]}, timeout=30)
     assert unknown.status_code == 404
     pool = release.get("modelpools", "gw-zero", "-n", release.namespace)

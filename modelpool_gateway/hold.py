@@ -82,6 +82,12 @@ def hold_reason(pool: Pool | None, now: datetime) -> HoldReason:
         serving = any(w.state in SERVING_STATES for w in others)
         tail = " (not yet marked serving and Ready where the gateway can see it)" if serving else ""
         return HoldReason("not_serving", f"pool {name} has no serving worker: {states}{tail}")
+    if not pool.wakes_on_demand:
+        return HoldReason(
+            "scaled_to_zero",
+            f"pool {name} has no worker and the operator starts none for demand (spec.replicas is 0 and "
+            "autoscaling is off): scale it up",
+        )
     recorded = f"recorded at {rfc3339(pool.demanded_at)}" if pool.demanded_at else "not recorded yet"
     return HoldReason(
         "waiting_for_operator",

@@ -16,6 +16,9 @@ from modelpool_gateway.contract_names import (
     CONDITION_BUDGET_EXCEEDED,
     CONDITION_DEGRADED,
     DEFAULT_ACTIVATION_TIMEOUT_SECONDS,
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_MIN_REPLICAS,
+    DEFAULT_REPLICAS,
     DEFAULT_SERVER_PORT,
     HTTP_PORT_NAME,
     LABEL_POOL,
@@ -106,6 +109,9 @@ class Pool:
     degraded: str | None = None
     backoff_until: datetime | None = None
     queue_depths: Mapping[str, int] = field(default_factory=dict)
+    # Whether the operator starts a worker for recorded demand when the pool is at zero: its ceiling
+    # (maxReplicas while autoscaling, else spec.replicas) is at least one.
+    wakes_on_demand: bool = True
 
     @property
     def key(self) -> Key:
@@ -179,6 +185,25 @@ def _activation_timeout(spec: Mapping[str, Any]) -> float:
     return float(DEFAULT_ACTIVATION_TIMEOUT_SECONDS)
 
 
+def _int(spec: Mapping[str, Any], name: str, default: int) -> int:
+    value = spec.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def wakes_on_demand(spec: Mapping[str, Any]) -> bool:
+    """The operator's rule (``planner.autoscale``): a pool at zero gets a worker for fresh demand when its
+    ceiling, maxReplicas while autoscaling (on by default when maxReplicas > minReplicas) and spec.replicas
+    otherwise, is at least one."""
+    replicas = _int(spec, "replicas", DEFAULT_REPLICAS)
+    low, high = (
+        _int(spec, "minReplicas", DEFAULT_MIN_REPLICAS),
+        _int(spec, "maxReplicas", DEFAULT_MAX_REPLICAS),
+    )
+    enabled = (spec.get("autoscaling") or {}).get("enabled")
+    autoscaling = high > low if not isinstance(enabled, bool) else enabled
+    return (high if autoscaling else replicas) >= 1
+
+
 def pool_from_object(obj: Mapping[str, Any]) -> Pool:
     """The pool view of a ModelPool object (spec and status as the API server stores them)."""
     meta = obj.get("metadata") or {}
@@ -200,4 +225,5 @@ def pool_from_object(obj: Mapping[str, Any]) -> Pool:
         degraded=_true_condition(status, CONDITION_DEGRADED),
         backoff_until=parse_time((status.get("backoff") or {}).get("nextAttemptAfter")),
         queue_depths={w.name: w.queue_depth for w in workers if w.queue_depth is not None},
+        wakes_on_demand=wakes_on_demand(spec),
     )

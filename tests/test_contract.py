@@ -193,6 +193,29 @@ def test_the_gateways_copies_of_the_operator_api_agree() -> None:
     assert gw.DEFAULT_ACTIVATION_TIMEOUT_SECONDS == api.DEFAULT_ACTIVATION_TIMEOUT_SECONDS
     assert {gw.CONDITION_BUDGET_EXCEEDED, gw.CONDITION_DEGRADED} <= set(get_args(api.ConditionType))
     assert PodSettings().port == gw.DEFAULT_SERVER_PORT
+    fields = api.ModelPoolSpec.model_fields
+    defaults = (fields["replicas"].default, fields["min_replicas"].default, fields["max_replicas"].default)
+    assert defaults == (gw.DEFAULT_REPLICAS, gw.DEFAULT_MIN_REPLICAS, gw.DEFAULT_MAX_REPLICAS)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {},
+        {"replicas": 0, "maxReplicas": 4},
+        {"replicas": 0, "maxReplicas": 4, "autoscaling": {"enabled": False}},
+        {"replicas": 2, "minReplicas": 2, "maxReplicas": 2},
+        {"replicas": 0, "minReplicas": 0, "maxReplicas": 1, "autoscaling": {"enabled": True}},
+    ],
+)
+def test_the_gateway_knows_which_pools_the_operator_wakes_from_zero(spec: dict[str, Any]) -> None:
+    from modelpool_gateway.state import wakes_on_demand
+    from modelpool_operator.api import autoscaling_enabled, parse_pool_spec
+
+    full = {"model": {"source": "/m", "task": "text-embedding"}, "resources": {"memory": "1Gi"}, **spec}
+    parsed = parse_pool_spec(full)
+    ceiling = parsed.max_replicas if autoscaling_enabled(parsed) else parsed.replicas
+    assert wakes_on_demand(spec) is (ceiling >= 1)
 
 
 def test_the_gateway_imports_neither_half_nor_torch_nor_kopf() -> None:

@@ -111,6 +111,9 @@ def echo_pool(
         "resources": {"memory": memory, "gpus": 0},
         "queue": {"capacity": queue_capacity},
         "idleTimeoutSeconds": 0,
+        # The tests choose the worker count: the operator neither scales it with the load nor wakes a pool
+        # at zero for demand.
+        "autoscaling": {"enabled": False},
         "podTemplate": {
             "nodeSelector": PROCESS_NODE,
             "tolerations": [{"key": "modelpool.dev/process-node", "operator": "Exists"}],

@@ -71,6 +71,12 @@ def test_a_pool_at_zero_waits_for_the_operator_and_names_the_recorded_demand() -
     assert "not recorded yet" in hold_reason(Pool("ns", "pool"), NOW).message
 
 
+def test_a_pool_the_operator_will_not_wake_says_so() -> None:
+    reason = hold_reason(Pool("ns", "pool", wakes_on_demand=False), NOW)
+    assert reason.kind == "scaled_to_zero"
+    assert "spec.replicas is 0 and autoscaling is off" in reason.message
+
+
 def test_a_deleted_pool() -> None:
     assert hold_reason(None, NOW).kind == "pool_deleted"
 

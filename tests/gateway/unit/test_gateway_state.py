@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from modelpool_gateway.state import pool_from_object, worker_from_pod
+import pytest
+
+from modelpool_gateway.state import pool_from_object, wakes_on_demand, worker_from_pod
 
 
 def pod(
@@ -113,3 +115,21 @@ def test_a_pool_without_status_or_new_fields() -> None:
     pool = pool_from_object({"metadata": {"name": "p", "namespace": "ns"}, "spec": {}})
     assert pool.activation_timeout_s == 120
     assert pool.served_model_name is None and pool.workers == () and pool.demanded_at is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "wakes"),
+    [
+        ({}, True),  # replicas 1 of up to 10, autoscaling on by default
+        ({"replicas": 0, "minReplicas": 0, "maxReplicas": 4}, True),  # autoscaling: up to maxReplicas
+        ({"replicas": 0, "maxReplicas": 4, "autoscaling": {"enabled": False}}, False),
+        ({"replicas": 2, "maxReplicas": 4, "autoscaling": {"enabled": False}}, True),
+        ({"replicas": 0, "minReplicas": 0, "maxReplicas": 0}, False),
+    ],
+)
+def test_whether_the_operator_wakes_a_pool_at_zero(spec: dict[str, Any], wakes: bool) -> None:
+    assert wakes_on_demand(spec) is wakes
+    assert (
+        pool_from_object({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec}).wakes_on_demand
+        is wakes
+    )
