@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1.7
 # modelpool images, one Dockerfile, two targets:
-#   docker build --target operator -t ghcr.io/modelpool/modelpool-operator:0.1.0 .   (Kopf operator, no torch)
+#   docker build --target operator -t ghcr.io/modelpool/modelpool-operator:0.1.0 .   (operator + gateway, no torch)
 #   docker build --target server   -t ghcr.io/modelpool/modelpool-server:0.1.0 .     (model server, torch)
 # Both run as the non-root user 10001 (the chart's and the worker pods' restricted securityContext).
 # `make e2e-kind` builds both and loads them into a kind cluster.
@@ -16,13 +16,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --system --gid 10001 modelpool \
  && useradd --system --uid 10001 --gid modelpool --home-dir /home/modelpool --create-home modelpool
 
-# ---- build: one wheel of the project (both packages, both console scripts) -----------------------------
+# ---- build: one wheel of the project (every package and console script) --------------------------------
 FROM base AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY model_server ./model_server
 COPY modelpool_contract ./modelpool_contract
+COPY modelpool_gateway ./modelpool_gateway
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 # ---- server: modelpool-server with torch (the worker image) --------------------------------------------
@@ -41,13 +42,14 @@ USER 10001:10001
 EXPOSE 8000
 ENTRYPOINT ["modelpool-server"]
 
-# ---- operator: modelpool-operator, no torch (the last stage: a plain `docker build` gives the operator) -
+# ---- operator: modelpool-operator and modelpool-gateway, no torch (the last stage: a plain `docker build`
+# gives the operator; the chart runs the gateway from this image with `command: [modelpool-gateway]`) ----
 FROM base AS operator
 COPY --from=build /wheels /wheels
-RUN pip install "$(echo /wheels/modelpool-*.whl)[operator]" && rm -rf /wheels
+RUN pip install "$(echo /wheels/modelpool-*.whl)[operator,gateway]" && rm -rf /wheels
 WORKDIR /home/modelpool
 USER 10001:10001
-# kopf's liveness endpoint (GET /healthz).
+# kopf's liveness endpoint (GET /healthz), and the gateway's HTTP port.
 EXPOSE 8080
 ENTRYPOINT ["modelpool-operator"]
 CMD ["--all-namespaces"]

@@ -50,8 +50,9 @@ demo: venv testbin ## the operator serving MiniLM on the local control plane, en
 	bash hack/demo.sh
 
 .PHONY: bench
-bench: venv testbin ## server vs direct model, overload, health-during-load, control-plane scale
+bench: venv testbin ## server vs direct model, overload, health-during-load, gateway vs direct, control-plane scale
 	$(PY) -m bench.server
+	$(PY) -m bench.gateway
 	$(PY) -m bench.controlplane
 
 .PHONY: e2e-kind

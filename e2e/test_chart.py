@@ -11,6 +11,8 @@ import pytest
 from e2e.helpers import CHART, CHART_CRDS, by_kind, load_all, one, require_binary, run
 
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+OPERATOR = "mp-modelpool-operator"
+GATEWAY = "mp-modelpool-operator-gateway"
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +32,8 @@ def render(helm: list[str], *args: str) -> list[dict[str, Any]]:
     return load_all(template(helm, *args).stdout)
 
 
-def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    deployment = one(docs, "Deployment")
+def container(docs: list[dict[str, Any]], name: str = OPERATOR) -> dict[str, Any]:
+    deployment = one(docs, "Deployment", name)
     containers = deployment["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
     return containers[0]  # type: ignore[no-any-return]
@@ -45,6 +47,8 @@ def test_lint_strict(helm: list[str]) -> None:
         "peering.enabled=false,crds.enabled=false",
         "budget.create=true,budget.memory=1Ti",
         "config.modelCacheType=hostPath,config.modelCacheHostPath=/var/cache/modelpool",
+        "gateway.enabled=false",
+        "gateway.namespaces={a,b},gateway.replicaCount=1,gateway.service.type=LoadBalancer",
     ):
         run([*helm, "lint", "--strict", str(CHART), "--set", values])
 
@@ -74,7 +78,7 @@ def test_default_render_cluster_scope(helm: list[str]) -> None:
     assert env["MODELPOOL_OPERATOR_STATS_INTERVAL_SECONDS"] == "5"
     assert "MODELPOOL_OPERATOR_SERVER_IMAGE" not in env, "empty serverImage: the operator's default"
     assert c["securityContext"].items() >= RESTRICTED_CONTAINER.items()
-    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    pod = one(docs, "Deployment", OPERATOR)["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert c["image"] == "ghcr.io/modelpool/modelpool-operator:0.1.0"
@@ -132,7 +136,7 @@ def test_namespace_scope(helm: list[str]) -> None:
     args = container(docs)["args"]
     assert "--all-namespaces" not in args
     assert [a for a in args if a.startswith("--namespace=")] == ["--namespace=team-a", "--namespace=team-b"]
-    bindings = by_kind(docs, "RoleBinding")
+    bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] == OPERATOR]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert not [
         b for b in by_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"] == "mp-modelpool-operator"
@@ -177,7 +181,7 @@ def test_switches(helm: list[str]) -> None:
     budget = one(docs, "ModelBudget")
     assert budget["metadata"]["name"] == "gpus"
     assert budget["spec"] == {"memory": "640Gi"}
-    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    pod = one(docs, "Deployment", OPERATOR)["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "system"}
     assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
 
@@ -309,6 +313,11 @@ def test_network_policy_admits_only_the_operator_the_gateway_and_named_callers(h
             ["--set", "config.modelCacheType=hostPath", "--set", "config.modelCacheHostPath=rel"],
             "at '/config/modelCacheHostPath'",
         ),
+        (["--set", "gateway.replicas=2"], "additional properties 'replicas' not allowed"),
+        (["--set", "gateway.hold.maxPerPool=-1"], "at '/gateway/hold/maxPerPool'"),
+        (["--set", "gateway.service.type=Ingress"], "at '/gateway/service/type'"),
+        (["--set", "gateway.namespaces={Team_A}"], "at '/gateway/namespaces/0'"),
+        (["--set", "gateway.logLevel=loud"], "at '/gateway/logLevel'"),
     ],
 )
 def test_schema_rejects_bad_values(helm: list[str], args: list[str], message: str) -> None:
@@ -316,3 +325,78 @@ def test_schema_rejects_bad_values(helm: list[str], args: list[str], message: st
     assert result.returncode != 0, f"{args} was accepted"
     assert "values don't meet the specifications of the schema" in result.stderr
     assert message in result.stderr.replace('"', "'"), result.stderr
+
+
+# ---- the gateway ----
+
+
+def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str]) -> None:
+    docs = render(helm)
+    c = container(docs, GATEWAY)
+    assert c["command"] == ["modelpool-gateway"]
+    assert c["image"] == "ghcr.io/modelpool/modelpool-operator:0.1.0", (
+        "the gateway runs from the operator image"
+    )
+    assert c["args"] == ["--port=8080"], "cluster scope: every namespace, no --namespace"
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["MODELPOOL_GATEWAY_MAX_HELD_PER_POOL"] == "100"
+    assert env["MODELPOOL_GATEWAY_DEMAND_INTERVAL_SECONDS"] == "5"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["securityContext"].items() >= RESTRICTED_CONTAINER.items()
+    deployment = one(docs, "Deployment", GATEWAY)
+    assert deployment["spec"]["replicas"] == 2
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    operator_selector = one(docs, "Deployment", OPERATOR)["spec"]["selector"]["matchLabels"]
+    assert not operator_selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items(), (
+        "the operator Deployment's selector must not match gateway pods"
+    )
+    service = one(docs, "Service", GATEWAY)
+    assert service["spec"]["selector"] == selector
+    assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    assert one(docs, "ServiceAccount", GATEWAY)
+
+
+def test_the_gateways_rbac_is_read_pools_and_pods_and_patch_pools_only(helm: list[str]) -> None:
+    docs = render(helm)
+    rules = _rules(one(docs, "ClusterRole", GATEWAY))
+    assert rules == {
+        ("modelpool.dev", "modelpools", "get"),
+        ("modelpool.dev", "modelpools", "list"),
+        ("modelpool.dev", "modelpools", "watch"),
+        ("modelpool.dev", "modelpools", "patch"),
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+    }
+    binding = one(docs, "ClusterRoleBinding", GATEWAY)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": GATEWAY, "namespace": "mp-system"}]
+
+
+def test_the_gateway_follows_the_operators_scope_or_its_own_namespaces(helm: list[str]) -> None:
+    docs = render(helm, "--set", "scope.clusterWide=false", "--set", "scope.namespaces={team-a,team-b}")
+    assert [a for a in container(docs, GATEWAY)["args"] if a.startswith("--namespace=")] == [
+        "--namespace=team-a",
+        "--namespace=team-b",
+    ]
+    bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] == GATEWAY]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert not [b for b in by_kind(docs, "ClusterRoleBinding") if b["metadata"]["name"] == GATEWAY]
+
+    docs = render(helm, "--set", "gateway.namespaces={serving}")
+    assert [a for a in container(docs, GATEWAY)["args"] if a.startswith("--namespace=")] == [
+        "--namespace=serving"
+    ]
+    bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] == GATEWAY]
+    assert [b["metadata"]["namespace"] for b in bindings] == ["serving"]
+
+
+def test_the_gateway_can_be_left_out(helm: list[str]) -> None:
+    docs = render(helm, "--set", "gateway.enabled=false")
+    names = {d["metadata"]["name"] for d in docs}
+    assert GATEWAY not in names
+    assert len(by_kind(docs, "Deployment")) == 1
+    notes = template(
+        helm, "--set", "gateway.enabled=false", "--show-only", "templates/NOTES.txt", check=False
+    )
+    del notes  # NOTES.txt is not rendered by `helm template`; the install test reads the real notes

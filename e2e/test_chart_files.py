@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from e2e.helpers import CHART, CHART_CRDS, CRDS, ROOT
+from modelpool_gateway.config import GatewaySettings
 from modelpool_operator.settings import OperatorConfig
 
 VALUES_TEXT = (CHART / "values.yaml").read_text()
@@ -56,6 +57,33 @@ def test_every_operator_setting_is_a_chart_value_with_the_operator_default() -> 
     assert set(fields) == covered, f"settings without a chart value: {sorted(set(fields) - covered)}"
 
 
+# gateway values -> the GatewaySettings field each one sets (through an environment variable or a flag).
+GATEWAY_SETTINGS = {
+    ("port",): "port",
+    ("hold", "maxPerPool"): "max_held_per_pool",
+    ("hold", "retryAfterSeconds"): "hold_retry_after_seconds",
+    ("demandIntervalSeconds",): "demand_interval_seconds",
+    ("maxInFlight",): "max_in_flight",
+    ("maxRequestBytes",): "max_request_bytes",
+    ("shutdownGraceSeconds",): "shutdown_grace_seconds",
+    ("logLevel",): "log_level",
+}
+
+
+def test_the_gateway_values_default_to_the_gateways_own_defaults() -> None:
+    fields = GatewaySettings.model_fields
+    for path, name in GATEWAY_SETTINGS.items():
+        value: Any = VALUES["gateway"]
+        for key in path:
+            value = value[key]
+        assert value == fields[name].default, (
+            f"gateway.{'.'.join(path)}: {value!r} != {fields[name].default!r}"
+        )
+    template = (CHART / "templates" / "gateway.yaml").read_text()
+    for name in GATEWAY_SETTINGS.values():
+        assert f"MODELPOOL_GATEWAY_{name.upper()}" in template or f"--{name}=" in template, name
+
+
 def _schema_keys(schema: dict[str, Any]) -> set[str]:
     return set(schema.get("properties", {}))
 
@@ -86,6 +114,7 @@ def test_schema_is_strict_and_covers_every_value() -> None:
         "budget",
         "metrics",
         "networkPolicy",
+        "gateway",
     } <= set(closed)
     assert _schema_keys(SCHEMA["properties"]["config"]) == set(VALUES["config"])
 

@@ -1,5 +1,6 @@
 """The Dockerfile (which cannot be built here: no Docker engine) has the two targets the chart and the
-operator rely on, each running the right console script as a non-root user, with torch only in the server.
+operator rely on, each running the right console script as a non-root user, with torch only in the server
+and the gateway (which the chart runs from the operator image) in the operator image.
 
 The check parses the instructions (continuation lines joined), so it follows what `docker build` reads."""
 
@@ -70,8 +71,10 @@ def test_targets_run_as_non_root() -> None:
 def test_extras_per_target_and_no_torch_in_the_operator() -> None:
     operator_runs = " ".join(rest for kw, rest in STAGES["operator"] if kw == "RUN")
     server_runs = " ".join(rest for kw, rest in STAGES["server"] if kw == "RUN")
-    assert "[operator]" in operator_runs and "[server]" not in operator_runs
+    assert "[operator,gateway]" in operator_runs and "[server]" not in operator_runs
     assert "torch" not in operator_runs
+    assert "modelpool-gateway" in SCRIPTS
+    assert any(kw == "COPY" and "modelpool_gateway" in rest for kw, rest in STAGES["build"])
     assert "[server]" in server_runs and "torch" in server_runs
 
 
@@ -84,7 +87,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     ignore = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
     assert ignore[0] == "*", "everything is excluded unless named"
-    for needed in ("!pyproject.toml", "!operator/", "!model_server/"):
+    for needed in ("!pyproject.toml", "!operator/", "!model_server/", "!modelpool_gateway/"):
         assert needed in ignore
 
 

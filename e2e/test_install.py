@@ -123,9 +123,21 @@ def release(
         values["image"] = {"repository": repository, "tag": tag, "pullPolicy": "Never"}
         values["config"]["serverImage"] = os.environ["MODELPOOL_E2E_SERVER_IMAGE"]
     else:
-        # The process node runs the operator as a local process (its image is never pulled).
-        values["nodeSelector"] = {"modelpool.dev/process-node": "true"}
-        values["tolerations"] = [{"key": "modelpool.dev/process-node", "operator": "Exists"}]
+        # The process node runs the operator and the gateway as local processes (no image is pulled).
+        on_process_node = {
+            "nodeSelector": {"modelpool.dev/process-node": "true"},
+            "tolerations": [{"key": "modelpool.dev/process-node", "operator": "Exists"}],
+        }
+        values.update(on_process_node)
+        values["gateway"] = {
+            **on_process_node,
+            "replicaCount": 1,
+            # Pods there share the machine's ports: the gateway listens on its own loopback pod address.
+            "port": 19000 + secrets.randbelow(1000),
+            "extraEnv": [
+                {"name": "MODELPOOL_GATEWAY_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+            ],
+        }
     values_file = tmp_path_factory.mktemp("values") / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
     try:
@@ -159,8 +171,10 @@ def remove_everything(rel: Release) -> None:
 
 def test_operator_runs(release: Release) -> None:
     deployment = release.get(
-        "deployment", "-n", release.namespace, "-l", f"app.kubernetes.io/instance={release.name}"
-    )
+        "deployment",
+        "-n", release.namespace,
+        "-l", f"app.kubernetes.io/instance={release.name},app.kubernetes.io/component=operator",
+    )  # fmt: skip
     [item] = deployment["items"]
     assert item["status"].get("readyReplicas") == 1
     pods = release.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/component=operator")["items"]
@@ -334,6 +348,45 @@ def test_the_network_policy_is_accepted_by_the_api_server(release: Release) -> N
     ).stdout  # fmt: skip
     result = release.k("apply", "--dry-run=server", "-f", "-", stdin=rendered)
     assert "networkpolicy.networking.k8s.io/" in result.stdout and "(server dry run)" in result.stdout
+
+
+def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Release) -> None:
+    gateway = f"{release.name}-modelpool-operator-gateway"
+    deployment = release.get("deployment", gateway, "-n", release.namespace)
+    assert deployment["status"].get("readyReplicas") == deployment["spec"]["replicas"]
+    assert gateway in release.h("get", "notes", release.name, "-n", release.namespace).stdout
+
+    account = f"system:serviceaccount:{release.namespace}:{gateway}"
+    allowed = [("list", "modelpools"), ("watch", "modelpools"), ("patch", "modelpools"), ("watch", "pods")]
+    denied = [("create", "pods"), ("delete", "modelpools"), ("patch", "pods"), ("get", "secrets"),
+              ("patch", "modelpools --subresource=status"), ("list", "modelbudgets")]  # fmt: skip
+    for verb, resource in allowed + denied:
+        answer = release.k(
+            "auth", "can-i", verb, *resource.split(), "-n", release.namespace, "--as", account, check=False
+        )
+        expected = "yes" if (verb, resource) in allowed else "no"
+        assert answer.stdout.strip() == expected, f"{verb} {resource}: {answer.stdout.strip()}"
+
+    if release.external:
+        return  # the traffic below goes to the gateway pod's loopback address on the process node
+    # At zero with autoscaling off: the operator starts no worker for it, whatever the demand.
+    zero = pool_manifest("gw-zero", release.namespace, replicas=0, activationTimeoutSeconds=1)
+    zero["spec"]["autoscaling"] = {"enabled": False}
+    release.k("apply", "-f", "-", stdin=json.dumps(zero))
+    [pod] = release.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/component=gateway")["items"]
+    url = f"http://{pod['status']['podIP']}:{pod['spec']['containers'][0]['ports'][0]['containerPort']}"
+
+    def listed() -> list[str] | None:
+        models = [m["id"] for m in httpx.get(url + "/v1/models", timeout=5).json()["data"]]
+        return models if "gw-zero" in models else None
+
+    eventually(listed, timeout=30, what="the gateway lists gw-zero")
+    held = httpx.post(url + "/v1/embeddings", json={"model": "gw-zero", "input": ["x"]}, timeout=30)
+    assert held.status_code == 503 and held.json()["error"]["type"] == "scaled_to_zero", held.text
+    unknown = httpx.post(url + "/v1/embeddings", json={"model": "nope", "input": ["x"]}, timeout=30)
+    assert unknown.status_code == 404
+    pool = release.get("modelpools", "gw-zero", "-n", release.namespace)
+    assert "modelpool.dev/demanded-at" in pool["metadata"]["annotations"], "the gateway recorded the demand"
 
 
 def test_uninstall_keeps_the_crds(release: Release) -> None:

@@ -186,3 +186,48 @@ def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
     assert PoolView.from_body(body).demanded_at == NOW.replace(microsecond=250_000)
     assert PoolView.from_body(_pool_body(annotations={ANNOTATION_DEMANDED_AT: "soon"})).demanded_at is None
     assert PoolView.from_body(_pool_body()).demanded_at is None
+
+
+def test_the_gateways_copies_of_the_operator_api_agree() -> None:
+    """The gateway must not import the operator (kopf); what it copies from the operator's API stays equal."""
+    from modelpool_gateway import contract_names as gw
+    from modelpool_operator import api
+
+    assert (gw.GROUP, gw.VERSION, gw.MODELPOOL_PLURAL) == (api.GROUP, api.VERSION, api.MODELPOOL_PLURAL)
+    assert gw.DEFAULT_ACTIVATION_TIMEOUT_SECONDS == api.DEFAULT_ACTIVATION_TIMEOUT_SECONDS
+    assert {gw.CONDITION_BUDGET_EXCEEDED, gw.CONDITION_DEGRADED} <= set(get_args(api.ConditionType))
+    assert PodSettings().port == gw.DEFAULT_SERVER_PORT
+    fields = api.ModelPoolSpec.model_fields
+    defaults = (fields["replicas"].default, fields["min_replicas"].default, fields["max_replicas"].default)
+    assert defaults == (gw.DEFAULT_REPLICAS, gw.DEFAULT_MIN_REPLICAS, gw.DEFAULT_MAX_REPLICAS)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {},
+        {"replicas": 0, "maxReplicas": 4},
+        {"replicas": 0, "maxReplicas": 4, "autoscaling": {"enabled": False}},
+        {"replicas": 2, "minReplicas": 2, "maxReplicas": 2},
+        {"replicas": 0, "minReplicas": 0, "maxReplicas": 1, "autoscaling": {"enabled": True}},
+    ],
+)
+def test_the_gateway_knows_which_pools_the_operator_wakes_from_zero(spec: dict[str, Any]) -> None:
+    from modelpool_gateway.state import wakes_on_demand
+    from modelpool_operator.api import autoscaling_enabled, parse_pool_spec
+
+    full = {"model": {"source": "/m", "task": "text-embedding"}, "resources": {"memory": "1Gi"}, **spec}
+    parsed = parse_pool_spec(full)
+    ceiling = parsed.max_replicas if autoscaling_enabled(parsed) else parsed.replicas
+    assert wakes_on_demand(spec) is (ceiling >= 1)
+
+
+def test_the_gateway_imports_neither_half_nor_torch_nor_kopf() -> None:
+    """The gateway ships in the operator image without torch and runs without the operator's kopf."""
+    code = (
+        "import sys, modelpool_gateway.main, modelpool_gateway.app\n"
+        "heavy = {'torch', 'kopf', 'model_server', 'modelpool_operator'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

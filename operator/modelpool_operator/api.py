@@ -45,6 +45,12 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 SOURCE_PATTERN = r"^(/|file:///|hf://[^/@\s]+/[^@\s]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/|$))"
 _SOURCE_RE = re.compile(SOURCE_PATTERN)
 
+# A name the gateway routes by (spec.servedModelName): one or two dot/dash/underscore/colon-separated
+# segments, such as "minilm", "all-MiniLM-L6-v2" or "sentence-transformers/all-MiniLM-L6-v2".
+SERVED_NAME_SEGMENT = r"[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9])?"
+SERVED_NAME_PATTERN = rf"^{SERVED_NAME_SEGMENT}(/{SERVED_NAME_SEGMENT})?$"
+DEFAULT_ACTIVATION_TIMEOUT_SECONDS = 120
+
 Quantity = int | str
 
 #: The server container's RAM request on GPU pools when ``resources.hostMemory`` is unset: enough for the
@@ -476,6 +482,26 @@ class ModelPoolSpec(_Model):
         default_factory=PodTemplate, description="Labels, scheduling and env copied onto worker pods."
     )
     auth: AuthSpec | None = Field(default=None, description="API-key authentication of the workers.")
+    served_model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=SERVED_NAME_PATTERN,
+        description=(
+            "Another name clients may use for this pool through modelpool-gateway (the OpenAI body's "
+            "model, or the name in a KServe v2 URL), besides the pool name and namespace/name; e.g. "
+            "sentence-transformers/all-MiniLM-L6-v2. Letters, digits, '.', '_', ':', '-', at most one '/'."
+        ),
+    )
+    activation_timeout_seconds: int = Field(
+        default=DEFAULT_ACTIVATION_TIMEOUT_SECONDS,
+        ge=1,
+        le=3600,
+        description=(
+            "How long modelpool-gateway holds a request for this pool while no worker serves it (scaled "
+            "to zero, or still loading), within the client's own deadline; then it answers 503 saying why."
+        ),
+    )
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> ModelPoolSpec:
@@ -751,6 +777,7 @@ def source_is_supported(source: str) -> bool:
 
 __all__ = [
     "API_VERSION",
+    "DEFAULT_ACTIVATION_TIMEOUT_SECONDS",
     "DEFAULT_GPU_HOST_MEMORY",
     "GROUP",
     "MODELBUDGET_KIND",
@@ -759,6 +786,7 @@ __all__ = [
     "MODELPOOL_PLURAL",
     "MSG_STABLE_GE_UP_WINDOW",
     "QUANTITY_PATTERN",
+    "SERVED_NAME_PATTERN",
     "VERSION",
     "AuthSpec",
     "AutoscalingSpec",

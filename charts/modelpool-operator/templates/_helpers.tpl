@@ -65,3 +65,41 @@ operator's own default applies). */}}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The gateway's names: its own app.kubernetes.io/name, so neither Deployment's selector matches the other's
+pods. */}}
+{{- define "modelpool-operator.gatewayFullname" -}}
+{{- printf "%s-gateway" (include "modelpool-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "modelpool-operator.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-gateway" (include "modelpool-operator.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "modelpool-operator.gatewayLabels" -}}
+helm.sh/chart: {{ include "modelpool-operator.chart" . }}
+{{ include "modelpool-operator.gatewaySelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: modelpool
+app.kubernetes.io/component: gateway
+{{- end }}
+
+{{- define "modelpool-operator.gatewayServiceAccountName" -}}
+{{- if .Values.gateway.serviceAccount.create }}
+{{- default (include "modelpool-operator.gatewayFullname" .) .Values.gateway.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.gateway.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The namespaces the gateway routes to, comma-separated; empty: every namespace. gateway.namespaces, else
+the operator's scope. */}}
+{{- define "modelpool-operator.gatewayNamespaces" -}}
+{{- if .Values.gateway.namespaces }}
+{{- join "," .Values.gateway.namespaces }}
+{{- else if not .Values.scope.clusterWide }}
+{{- include "modelpool-operator.watchNamespaces" . }}
+{{- end }}
+{{- end }}

@@ -84,6 +84,8 @@ def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[
         ({"model": _cached(type="hostPath")}, ["spec.model.cache.path is required when type is hostPath"]),
         ({"model": _cached(type="hostPath", path="rel/dir")}, ["spec.model.cache.path"]),
         ({"model": _cached(type="nfs")}, ["spec.model.cache.type", "hostPath"]),
+        ({"servedModelName": "a/b/c"}, ["spec.servedModelName"]),
+        ({"activationTimeoutSeconds": 0}, ["spec.activationTimeoutSeconds"]),
     ],
 )
 def test_bad_manifests_are_refused_naming_the_field(
@@ -103,6 +105,7 @@ def test_good_manifests_are_accepted_with_defaults(crds: Cluster, namespace: str
     args = ("create", "--dry-run=server", "-o", "json", "-n", namespace, "-f", "-")
     spec = json.loads(crds.kubectl(*args, input=json.dumps(manifest)).stdout)["spec"]
     assert spec["maxReplicas"] == 10 and spec["minReplicas"] == 0 and spec["model"]["dtype"] == "auto"
+    assert spec["activationTimeoutSeconds"] == 120 and "servedModelName" not in spec
 
 
 def test_secrets_by_reference_and_host_memory_are_accepted(crds: Cluster, namespace: str) -> None:

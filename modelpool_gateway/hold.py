@@ -1,0 +1,206 @@
+"""Holding requests for a pool that has no serving worker: bounded decisions (pure) and the FIFO wiring.
+
+A request for a pool without a serving worker (scaled to zero, or its workers still loading) waits here,
+at most ``max_held_per_pool`` per pool (one more is refused at once) and at most the pool's
+``activationTimeoutSeconds`` or the client's own deadline, whichever is shorter.  When the pool gets a
+serving worker the held requests are released in arrival order, one at a time: the next goes as soon as
+the previous one has been written to its worker (or after ``RELEASE_HEAD_START_S``), so they reach the
+workers in the order they arrived without a slow model serialising them; requests that arrive meanwhile
+queue behind them.  A request that times out is told why
+(``hold_reason``): the budget's message, a worker still loading, or the operator not having acted yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from modelpool_gateway.contract_names import SERVING_STATES, STARTING_STATES
+from modelpool_gateway.state import Key, Pool, WorkerState, rfc3339
+
+# A released request lets the next one go as soon as it has been written to its worker; this bounds the
+# wait when that takes longer (a slow connect), so a full hold of 100 starts within 5 s at worst.
+RELEASE_HEAD_START_S = 0.05
+
+
+# ---- decisions (pure) ---------------------------------------------------------------------------------
+
+
+def hold_budget(activation_timeout_s: float, client_timeout_s: float | None) -> float:
+    """Seconds a request may be held: the pool's activation timeout, within the client's own deadline."""
+    if client_timeout_s is None:
+        return activation_timeout_s
+    return max(0.0, min(activation_timeout_s, client_timeout_s))
+
+
+@dataclass(frozen=True)
+class HoldReason:
+    """Why a pool has no serving worker: a short machine-readable kind and the message for the client."""
+
+    kind: str
+    message: str
+
+
+def _age(since: datetime | None, now: datetime) -> str:
+    if since is None:
+        return ""
+    return f" for {max(0, round((now - since).total_seconds()))} s"
+
+
+def _starting(worker: WorkerState, now: datetime) -> str:
+    text = f"worker {worker.name} has been {worker.state}{_age(worker.since, now)}"
+    if worker.load_progress is not None:
+        text += f" ({worker.load_progress:.0%} loaded)"
+    if worker.reason:
+        text += f" ({worker.reason}{': ' + worker.message if worker.message else ''})"
+    return text
+
+
+def hold_reason(pool: Pool | None, now: datetime) -> HoldReason:
+    """Why ``pool`` has no serving worker, from its status as last watched (None: the pool is gone)."""
+    if pool is None:
+        return HoldReason("pool_deleted", "the pool was deleted while the request waited")
+    name = f"{pool.namespace}/{pool.name}"
+    if pool.budget_exceeded:
+        # The operator's own words, which carry the numbers (needed, free, total).
+        return HoldReason("budget_exceeded", pool.budget_exceeded)
+    starting = sorted(
+        (w for w in pool.workers if w.state in STARTING_STATES),
+        key=lambda w: (w.state != "Loading", w.since or now),
+    )
+    if starting:
+        more = f" (and {len(starting) - 1} more)" if len(starting) > 1 else ""
+        return HoldReason("loading", f"pool {name} is still loading: {_starting(starting[0], now)}{more}")
+    if pool.degraded:
+        return HoldReason("failed", f"pool {name} has no serving worker: {pool.degraded}")
+    others = [w for w in pool.workers if w.state not in STARTING_STATES]
+    if others:
+        states = ", ".join(f"{w.name} {w.state}" + (f" ({w.reason})" if w.reason else "") for w in others)
+        serving = any(w.state in SERVING_STATES for w in others)
+        tail = " (not yet marked serving and Ready where the gateway can see it)" if serving else ""
+        return HoldReason("not_serving", f"pool {name} has no serving worker: {states}{tail}")
+    if not pool.wakes_on_demand:
+        return HoldReason(
+            "scaled_to_zero",
+            f"pool {name} has no worker and the operator starts none for demand (spec.replicas is 0 and "
+            "autoscaling is off): scale it up",
+        )
+    recorded = f"recorded at {rfc3339(pool.demanded_at)}" if pool.demanded_at else "not recorded yet"
+    return HoldReason(
+        "waiting_for_operator",
+        f"pool {name} has no worker: waiting for the operator to start one for the demand {recorded}",
+    )
+
+
+# ---- wiring ----------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Baton:
+    """Handed to a released request; ``passed()`` (its worker answered, or the head start ran out) lets
+    the next held request of the pool go."""
+
+    _pass: Callable[[], None]
+    _timer: asyncio.TimerHandle | None = None
+    _done: bool = False
+
+    def passed(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self._pass()
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One held request: released by resolving its future with a baton, or with None when the pool is
+    gone or the gateway shuts down."""
+
+    future: asyncio.Future[Baton | None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+@dataclass
+class _PoolHold:
+    waiters: deque[Waiter] = field(default_factory=deque)
+    releasing: bool = False
+
+
+class Holds:
+    """The held requests of every pool, each pool a FIFO queue of bounded length."""
+
+    def __init__(self, max_per_pool: int, routable: Callable[[Key], bool]) -> None:
+        self.max_per_pool = max_per_pool
+        self._routable = routable
+        self._pools: dict[Key, _PoolHold] = {}
+
+    def held(self, key: Key) -> int:
+        hold = self._pools.get(key)
+        return len(hold.waiters) if hold else 0
+
+    def total(self) -> int:
+        return sum(len(h.waiters) for h in self._pools.values())
+
+    def busy(self, key: Key) -> bool:
+        """Requests are held or being released: a new request must queue behind them (arrival order)."""
+        hold = self._pools.get(key)
+        return bool(hold and (hold.waiters or hold.releasing))
+
+    def enter(self, key: Key) -> Waiter | None:
+        """Queue a request; None when the pool's hold is full."""
+        hold = self._pools.setdefault(key, _PoolHold())
+        if len(hold.waiters) >= self.max_per_pool:
+            return None
+        waiter = Waiter()
+        hold.waiters.append(waiter)
+        # The pool may have become routable between the caller's check and now.
+        self.changed(key)
+        return waiter
+
+    def leave(self, key: Key, waiter: Waiter) -> None:
+        """A waiter gives up (timed out, client gone); a released one has already left."""
+        hold = self._pools.get(key)
+        if hold is None:
+            return
+        if waiter in hold.waiters:
+            hold.waiters.remove(waiter)
+        if not waiter.future.done():
+            waiter.future.cancel()
+        self._forget_if_idle(key, hold)
+
+    def changed(self, key: Key) -> None:
+        """The pool's workers changed: release the first held request if it can be served now."""
+        hold = self._pools.get(key)
+        if hold is None or hold.releasing or not hold.waiters or not self._routable(key):
+            return
+        waiter = hold.waiters.popleft()
+        hold.releasing = True
+        baton = Baton(lambda: self._passed(key))
+        baton._timer = asyncio.get_running_loop().call_later(RELEASE_HEAD_START_S, baton.passed)
+        waiter.future.set_result(baton)
+
+    def abandon(self, key: Key | None = None) -> None:
+        """Wake the held requests of ``key`` (None: of every pool) with no worker to go to."""
+        for pool_key in [key] if key is not None else list(self._pools):
+            hold = self._pools.pop(pool_key, None)
+            for waiter in hold.waiters if hold else ():
+                if not waiter.future.done():
+                    waiter.future.set_result(None)
+
+    def _passed(self, key: Key) -> None:
+        hold = self._pools.get(key)
+        if hold is None:
+            return
+        hold.releasing = False
+        self.changed(key)
+        self._forget_if_idle(key, hold)
+
+    def _forget_if_idle(self, key: Key, hold: _PoolHold) -> None:
+        if not hold.waiters and not hold.releasing:
+            self._pools.pop(key, None)

@@ -1,0 +1,185 @@
+"""``modelpool-gateway``: connect to the API server, start the watches, serve HTTP until SIGTERM.
+
+Exit codes: 0 after a clean shutdown, 1 when the API server's configuration cannot be loaded, 2 for an
+invalid flag or environment variable.  On SIGTERM held requests are answered 503 at once (their clients
+may retry through another replica) and requests in flight get ``shutdown_grace_seconds`` to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+from kubernetes_asyncio import client, config
+
+from modelpool_gateway.app import Gateway
+from modelpool_gateway.cache import Registry
+from modelpool_gateway.config import ConfigError, GatewaySettings, load_settings
+from modelpool_gateway.demand import DemandRecorder
+from modelpool_gateway.hold import Holds
+from modelpool_gateway.metrics import Metrics
+from modelpool_gateway.proxy import Upstream
+from modelpool_gateway.routes import build_routes
+from modelpool_gateway.state import Key
+from modelpool_gateway.watch import WatchSpec, pod_watch, pool_watch, run_watch
+
+log = logging.getLogger("modelpool.gateway")
+
+EXIT_KUBE = 1
+EXIT_CONFIG = 2
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+async def kube_client(settings: GatewaySettings, in_cluster: bool) -> client.ApiClient:
+    """An API client: the given kubeconfig, else the pod's service account, else $KUBECONFIG."""
+    if settings.kubeconfig is not None:
+        await config.load_kube_config(config_file=str(settings.kubeconfig))
+    elif in_cluster:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config()
+    return client.ApiClient()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, answering held requests before it waits for the ones in flight, and exiting 0 on SIGTERM
+    (uvicorn itself re-raises the signal after its shutdown, which ends the process with -15)."""
+
+    def __init__(self, cfg: uvicorn.Config, holds: Holds) -> None:
+        super().__init__(cfg)
+        self._holds = holds
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig == signal.SIGINT:  # a second Ctrl-C: stop now
+            self.force_exit = True
+        self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._holds.abandon()
+        await super().shutdown(sockets)
+
+
+def _watches(settings: GatewaySettings, registry: Registry, api: client.ApiClient) -> list[WatchSpec]:
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    scopes: list[str | None] = list(dict.fromkeys(settings.namespaces)) or [None]
+    specs: list[WatchSpec] = []
+    for namespace in scopes:
+        specs += [pool_watch(registry, custom, namespace), pod_watch(registry, core, namespace)]
+    return specs
+
+
+async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
+    """Run the gateway until SIGTERM/SIGINT; the exit code."""
+    try:
+        api = await kube_client(settings, in_cluster)
+    except Exception as exc:
+        log.error("cannot load the API server's configuration: %s", exc)
+        return EXIT_KUBE
+    registry, metrics = Registry(), Metrics()
+    holds = Holds(settings.max_held_per_pool, registry.has_routable)
+    demand = DemandRecorder(
+        client.CustomObjectsApi(api),
+        pools=registry.pool,
+        wanted=lambda key: holds.held(key) > 0,
+        metrics=metrics,
+        interval_s=settings.demand_interval_seconds,
+    )
+
+    def changed(key: Key) -> None:
+        label = f"{key[0]}/{key[1]}"
+        metrics.serving_workers.labels(label).set(len(registry.routable(key)))
+        if registry.pool(key) is None:
+            holds.abandon(key)
+            demand.forget(key)
+        else:
+            holds.changed(key)
+
+    registry.subscribe(changed)
+    specs = _watches(settings, registry, api)
+    upstream = Upstream(settings)
+    app = Gateway(
+        settings=settings,
+        registry=registry,
+        holds=holds,
+        demand=demand,
+        upstream=upstream,
+        metrics=metrics,
+        fallback=build_routes(registry, metrics, [s.name for s in specs]),
+    )
+    tasks = [
+        asyncio.create_task(
+            run_watch(
+                spec, registry, metrics, settings.watch_timeout_seconds, settings.watch_backoff_max_seconds
+            )
+        )
+        for spec in specs
+    ]
+    server = _Server(
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            access_log=False,
+            proxy_headers=False,
+            # The worker's own Date and Server headers pass through.
+            server_header=False,
+            date_header=False,
+            timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
+            timeout_keep_alive=settings.client_keepalive_seconds,
+            lifespan="off",
+        ),
+        holds,
+    )
+    log.info(
+        "modelpool-gateway listening on %s:%d, watching %s",
+        settings.host,
+        settings.port,
+        ", ".join(settings.namespaces) or "every namespace",
+    )
+    try:
+        await server.serve()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await demand.close()
+        upstream.close()
+        await api.close()
+    return 0
+
+
+def _loop_factory() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # uvicorn[standard] brings it; plain asyncio works too
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        settings = load_settings(argv)
+    except ConfigError as exc:
+        print(f"modelpool-gateway: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    with asyncio.Runner(loop_factory=_loop_factory) as runner:
+        in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SERVICE_ACCOUNT_TOKEN.exists()
+        code = runner.run(serve(settings, in_cluster))
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The gateway's Prometheus metrics (``GET /metrics``), on a registry of its own.
+
+The ``pool`` label is always ``namespace/name`` of a known pool (or empty for a request that named no
+known pool): never text from the request, so a client cannot grow the label set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+# Upstream and hold times span sub-millisecond echo answers to minutes of model loading.
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+class Metrics:
+    """Every metric the gateway exports."""
+
+    def __init__(self) -> None:
+        # Labelled children, looked up once: ``labels()`` takes a lock and validates on every call, a
+        # cost the request path pays several times per request otherwise.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "modelpool_gateway_requests_total",
+            "Requests answered, by pool and HTTP status code.",
+            ["pool", "code"],
+            registry=r,
+        )
+        self.upstream_seconds = Histogram(
+            "modelpool_gateway_upstream_seconds",
+            "From sending a request to a worker until its response headers arrived.",
+            ["pool"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_attempts = Counter(
+            "modelpool_gateway_upstream_attempts_total",
+            "Requests sent to workers, by outcome (ok, refused_429, draining_503, unreachable).",
+            ["pool", "outcome"],
+            registry=r,
+        )
+        self.hold_seconds = Histogram(
+            "modelpool_gateway_hold_seconds",
+            "Time requests were held for a pool with no serving worker, by outcome (released, timeout, "
+            "disconnected, deleted).",
+            ["pool", "outcome"],
+            buckets=_HOLD_BUCKETS,
+            registry=r,
+        )
+        self.held = Gauge(
+            "modelpool_gateway_held_requests",
+            "Requests held now, waiting for a serving worker.",
+            ["pool"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "modelpool_gateway_in_flight_requests",
+            "Requests being answered by a worker now.",
+            ["pool"],
+            registry=r,
+        )
+        self.refused = Counter(
+            "modelpool_gateway_refused_total",
+            "Requests the gateway refused itself, by reason (hold_full, gateway_full, too_large).",
+            ["pool", "reason"],
+            registry=r,
+        )
+        self.demand_writes = Counter(
+            "modelpool_gateway_demand_writes_total",
+            "Demand annotations written on pools, by result (ok, error).",
+            ["pool", "result"],
+            registry=r,
+        )
+        self.watch_restarts = Counter(
+            "modelpool_gateway_watch_restarts_total",
+            "Watches restarted, by resource and reason (expired: relisted after 410 Gone; error).",
+            ["resource", "reason"],
+            registry=r,
+        )
+        self.serving_workers = Gauge(
+            "modelpool_gateway_serving_workers",
+            "Workers the gateway routes to, per pool.",
+            ["pool"],
+            registry=r,
+        )
+
+    def of(self, metric: MetricWrapperBase, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child

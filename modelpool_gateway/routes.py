@@ -1,0 +1,110 @@
+"""The gateway's own routes (Starlette): model listing, health, readiness, metrics, v2 server metadata.
+
+``GET /v1/models`` lists every pool the gateway can route to (pools at zero included: a request for one is
+held while a worker starts), each under the shortest name that resolves to it.  ``/healthz`` answers while
+the process runs; ``/readyz`` and ``/v2/health/ready`` once every watch has listed its objects (before
+that, every model would look unknown).  Unknown paths get a 404 in the protocol's own shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from modelpool_gateway import __version__
+from modelpool_gateway.cache import Registry
+from modelpool_gateway.errors import error_body
+from modelpool_gateway.metrics import Metrics
+from modelpool_gateway.names import Resolved
+from modelpool_gateway.state import Pool
+
+
+def _json(doc: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
+
+
+def _model_entry(registry: Registry, pool: Pool) -> dict[str, Any]:
+    """An OpenAI model object, plus where the model lives."""
+    created = int(pool.created.timestamp()) if pool.created else 0
+    return {
+        "id": registry.index.public_name(pool),
+        "object": "model",
+        "created": created,
+        "owned_by": "modelpool",
+        "modelpool": {
+            "namespace": pool.namespace,
+            "pool": pool.name,
+            "servedModelName": pool.served_model_name,
+            "task": pool.task,
+            "servingWorkers": len(registry.routable(pool.key)),
+        },
+    }
+
+
+def build_routes(registry: Registry, metrics: Metrics, watches: Collection[str]) -> Starlette:
+    """The Starlette app for every route ``Gateway`` does not proxy."""
+
+    def ready() -> bool:
+        return all(name in registry.synced for name in watches)
+
+    async def list_models(request: Request) -> Response:
+        pools = sorted(registry.pools.values(), key=lambda p: p.key)
+        return _json({"object": "list", "data": [_model_entry(registry, p) for p in pools]})
+
+    async def get_model(request: Request) -> Response:
+        model = request.path_params["model"]
+        resolved = registry.index.resolve(model)
+        pool = registry.pool(resolved.key) if isinstance(resolved, Resolved) else None
+        if pool is None:
+            message = getattr(resolved, "message", f"model {model!r} is not served here")
+            return Response(
+                error_body(True, 404, "model_not_found", message), 404, media_type="application/json"
+            )
+        return _json(_model_entry(registry, pool))
+
+    async def healthz(request: Request) -> Response:
+        return _json({"live": True})
+
+    async def readyz(request: Request) -> Response:
+        waiting = sorted(set(watches) - registry.synced)
+        return _json({"ready": not waiting, "waitingFor": waiting}, 200 if not waiting else 503)
+
+    async def v2_ready(request: Request) -> Response:
+        return _json({"ready": ready()}, 200 if ready() else 503)
+
+    async def server_metadata(request: Request) -> Response:
+        return _json(
+            {"name": "modelpool-gateway", "version": __version__, "extensions": ["binary_tensor_data"]}
+        )
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        openai = request.url.path.startswith("/v1/")
+        kind = "not_found" if status == 404 else "invalid_request"
+        message = (
+            f"{request.method} {request.url.path}: {'no such route' if status == 404 else 'not allowed'}"
+        )
+        return Response(error_body(openai, status, kind, message), status, media_type="application/json")
+
+    routes = [
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/v2", server_metadata, methods=["GET"]),
+        Route("/v2/health/live", healthz, methods=["GET"]),
+        Route("/v2/health/ready", v2_ready, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: not_found})

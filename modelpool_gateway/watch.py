@@ -1,0 +1,177 @@
+"""Watches that keep the registry current: ModelPools and worker pods, per namespace or cluster-wide.
+
+Each watch lists once (the registry's scope is replaced by the listing), then watches from the listing's
+resourceVersion with bookmarks, resuming from the last version it saw whenever the server ends a watch.
+A 410 Gone (the version is too old) relists at once; any other failure retries after a doubling delay
+capped at ``watch_backoff_max_seconds``.  There is no polling loop: between events nothing is requested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from modelpool_gateway.cache import Registry
+from modelpool_gateway.contract_names import GROUP, LABEL_POOL, MODELPOOL_PLURAL, VERSION
+from modelpool_gateway.metrics import Metrics
+from modelpool_gateway.state import pool_from_object, worker_from_pod
+
+log = logging.getLogger("modelpool.gateway.watch")
+
+JSON = dict[str, Any]
+LIST_TIMEOUT_S = 30
+# The first retry after an error; doubled per consecutive failure up to the configured cap.
+BACKOFF_INITIAL_S = 0.5
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    """One watch: what it lists and how its objects enter the registry."""
+
+    resource: str
+    namespace: str | None
+    list_call: Callable[..., Awaitable[Any]]
+    on_list: Callable[[list[JSON]], None]
+    on_event: Callable[[str, JSON], None]
+    selector: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.resource}@{self.namespace or '*'}"
+
+
+def backoff_delay(failures: int, cap: float) -> float:
+    """The wait after ``failures`` consecutive failures: doubling from 0.5 s, jittered, at most ``cap``."""
+    base: float = min(cap, BACKOFF_INITIAL_S * 2 ** max(0, failures - 1))
+    return float(base * (0.5 + random.random() / 2))
+
+
+def pool_watch(registry: Registry, custom: client.CustomObjectsApi, namespace: str | None) -> WatchSpec:
+    """The ModelPools of ``namespace`` (None: every namespace)."""
+    if namespace is None:
+        call = partial(custom.list_cluster_custom_object, GROUP, VERSION, MODELPOOL_PLURAL)
+    else:
+        call = partial(custom.list_namespaced_custom_object, GROUP, VERSION, namespace, MODELPOOL_PLURAL)
+
+    def on_event(kind: str, obj: JSON) -> None:
+        pool = pool_from_object(obj)
+        if kind == "DELETED":
+            registry.delete_pool(pool.key)
+        else:
+            registry.set_pool(pool)
+
+    return WatchSpec(
+        resource=MODELPOOL_PLURAL,
+        namespace=namespace,
+        list_call=call,
+        on_list=lambda items: registry.replace_pools(namespace, map(pool_from_object, items)),
+        on_event=on_event,
+    )
+
+
+def pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None) -> WatchSpec:
+    """The worker pods (those labelled with a pool) of ``namespace`` (None: every namespace)."""
+    call = (
+        core.list_pod_for_all_namespaces
+        if namespace is None
+        else partial(core.list_namespaced_pod, namespace)
+    )
+
+    def on_event(kind: str, obj: JSON) -> None:
+        worker = worker_from_pod(obj)
+        if worker is None:
+            return
+        if kind == "DELETED":
+            registry.delete_worker(worker.key)
+        else:
+            registry.set_worker(worker)
+
+    def on_list(items: list[JSON]) -> None:
+        workers = [w for w in map(worker_from_pod, items) if w is not None]
+        registry.replace_workers(namespace, workers)
+
+    return WatchSpec(
+        resource="pods",
+        namespace=namespace,
+        list_call=call,
+        on_list=on_list,
+        on_event=on_event,
+        selector=LABEL_POOL,
+    )
+
+
+async def _list(spec: WatchSpec) -> tuple[list[JSON], str]:
+    kwargs: dict[str, Any] = {"_preload_content": False, "_request_timeout": LIST_TIMEOUT_S}
+    if spec.selector:
+        kwargs["label_selector"] = spec.selector
+    response = await spec.list_call(**kwargs)
+    try:
+        if response.status != 200:
+            raise ApiException(status=response.status, reason=(await response.text())[:300])
+        doc = json.loads(await response.read())
+    finally:
+        response.release()
+    return list(doc.get("items") or []), str(doc["metadata"]["resourceVersion"])
+
+
+async def _stream(spec: WatchSpec, version: str, timeout_s: int) -> str:
+    """Apply events from ``version`` until the server ends the watch; return the last version seen."""
+    kwargs: dict[str, Any] = {
+        "resource_version": version,
+        "timeout_seconds": timeout_s,
+        "allow_watch_bookmarks": True,
+        # A connection that stays silent well past the server's own timeout is dead.
+        "_request_timeout": (LIST_TIMEOUT_S, timeout_s + LIST_TIMEOUT_S),
+    }
+    if spec.selector:
+        kwargs["label_selector"] = spec.selector
+    async with watch.Watch(return_type="object").stream(spec.list_call, **kwargs) as events:
+        async for event in events:
+            obj = event["raw_object"]
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                spec.on_event(event["type"], obj)
+    return version
+
+
+async def run_watch(
+    spec: WatchSpec, registry: Registry, metrics: Metrics, timeout_s: int, cap: float
+) -> None:
+    """List, then watch, forever (until cancelled)."""
+    version: str | None = None
+    failures = 0
+    while True:
+        try:
+            if version is None:
+                items, version = await _list(spec)
+                spec.on_list(items)
+                if spec.name not in registry.synced:
+                    log.info("%s: listed %d", spec.name, len(items))
+                registry.synced.add(spec.name)
+            version = await _stream(spec, version, timeout_s)
+            failures = 0
+            continue
+        except asyncio.CancelledError:
+            raise
+        except ApiException as exc:
+            if exc.status == 410:  # our version is too old: start again from a fresh list
+                version = None
+                metrics.watch_restarts.labels(spec.resource, "expired").inc()
+                continue
+            reason = f"API {exc.status}: {str(exc.reason)[:200]}"
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+        failures += 1
+        metrics.watch_restarts.labels(spec.resource, "error").inc()
+        delay = backoff_delay(failures, cap)
+        log.warning("%s: %s; retrying in %.1fs", spec.name, reason, delay)
+        await asyncio.sleep(delay)

@@ -1,0 +1,50 @@
+"""Fixtures of the gateway integration tests: the operator's (CRDs, operator processes, the budget), and
+gateway processes that are stopped at teardown (SIGTERM; a clean exit is part of the contract)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.clusterlib import Cluster
+from tests.gateway.integration.gwharness import GatewayProcess
+from tests.operator.integration.conftest import (  # noqa: F401 - fixtures and the report hook, shared
+    budget,
+    crds,
+    pytest_runtest_makereport,
+    start_operator,
+)
+
+StartGateway = Callable[..., GatewayProcess]
+
+
+@pytest.fixture
+def start_gateway(
+    crds: Cluster,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[StartGateway]:
+    """A factory: ``start_gateway(*namespaces, *flags)`` -> a ready gateway process."""
+    started: list[GatewayProcess] = []
+
+    def start(namespaces: list[str], *flags: str, ready: bool = True) -> GatewayProcess:
+        gateway = GatewayProcess(crds, namespaces, tmp_path / f"gateway-{len(started)}.log", *flags)
+        started.append(gateway)
+        if ready:
+            gateway.wait_ready()
+        return gateway
+
+    yield start
+    failed = bool(getattr(request.node, "rep_call", None) and request.node.rep_call.failed)
+    codes = []
+    for gateway in started:
+        was_alive = gateway.alive()
+        code = gateway.stop()
+        if was_alive:
+            codes.append(code)
+        if failed:
+            sys.stderr.write(f"\n---- {gateway.log_path} (tail) ----\n{gateway.log_tail()}\n")
+    assert all(code == 0 for code in codes), f"gateway exit codes on SIGTERM: {codes}"

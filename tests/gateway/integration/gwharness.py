@@ -1,0 +1,140 @@
+"""Harness of the gateway integration tests: the real ``modelpool-gateway`` process and echo pools.
+
+* ``GatewayProcess``: ``.venv/bin/modelpool-gateway`` (the console script) with the cluster's kubeconfig
+  on a loopback port of its own; ``stop()`` sends SIGTERM and returns the exit code, ``kill()`` SIGKILLs.
+* ``echo_pool``: a ModelPool whose workers run on the process node as real ``modelpool-server`` processes
+  with a test handler (``tests/server/handlers.py``): echo embeddings or echo generation, fast to load.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from tests.clusterlib import ROOT, Cluster
+from tests.kube import wait_for
+from tests.operator.integration.opharness import GROUP_VERSION, OperatorProcess
+
+PROCESS_NODE = {"modelpool.dev/process-node": "true"}
+ECHO = "tests.server.handlers:EchoEmbedding"
+GENERATION = "tests.server.handlers:EchoGeneration"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class GatewayProcess(OperatorProcess):
+    """One ``modelpool-gateway`` process (stopped, killed and logged like the operator's)."""
+
+    # Its own command line; the operator's methods (alive, stop, kill, log_tail) manage the process.
+    def __init__(self, cluster: Cluster, namespaces: Iterable[str], log_path: Path, *flags: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.namespaces = list(namespaces)
+        args = [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(cluster.kubeconfig)]
+        for namespace in self.namespaces:
+            args += ["--namespace", namespace]
+        args += ["--host", "127.0.0.1", "--port", str(self.port), *flags]
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until ``/readyz`` answers 200 (every watch has listed)."""
+
+        def ready() -> bool:
+            assert self.alive(), f"the gateway exited:\n{self.log_tail()}"
+            return httpx.get(self.url + "/readyz", timeout=2).status_code == 200
+
+        wait_for(ready, timeout=timeout, interval=0.2, message="the gateway ready")
+
+    def rss_bytes(self) -> int:
+        return int(psutil.Process(self.proc.pid).memory_info().rss)
+
+    def log_tail(self, chars: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        """GET /v1/models by pool name."""
+        data = httpx.get(self.url + "/v1/models", timeout=5).json()["data"]
+        return {m["modelpool"]["pool"]: m for m in data}
+
+    def wait_serving(self, pool: str, workers: int, timeout: float = 180) -> None:
+        """Until the gateway routes to ``workers`` workers of ``pool``."""
+        wait_for(
+            lambda: self.models().get(pool, {}).get("modelpool", {}).get("servingWorkers") == workers,
+            timeout=timeout,
+            interval=0.3,
+            message=f"the gateway routes to {workers} workers of {pool}",
+        )
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of a metric's samples whose labels include ``labels``."""
+        total = 0.0
+        for line in httpx.get(self.url + "/metrics", timeout=5).text.splitlines():
+            if not line.startswith(name + "{"):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def echo_pool(
+    name: str,
+    *,
+    replicas: int = 1,
+    handler: str = ECHO,
+    task: str = "text-embedding",
+    memory: str = "1Gi",
+    env: dict[str, str] | None = None,
+    served_model_name: str | None = None,
+    activation_timeout_seconds: int | None = None,
+    queue_capacity: int = 100,
+) -> dict[str, Any]:
+    """A pool of real ``modelpool-server`` workers with a test handler, on the process node."""
+    all_env = {"MODELPOOL_HANDLER": handler, "PYTHONPATH": str(ROOT), **(env or {})}
+    spec: dict[str, Any] = {
+        "model": {"source": "/", "task": task},
+        "replicas": replicas,
+        "minReplicas": 0,
+        "maxReplicas": max(replicas, 4),
+        "resources": {"memory": memory, "gpus": 0},
+        "queue": {"capacity": queue_capacity},
+        "idleTimeoutSeconds": 0,
+        # The tests choose the worker count: the operator neither scales it with the load nor wakes a pool
+        # at zero for demand.
+        "autoscaling": {"enabled": False},
+        "podTemplate": {
+            "nodeSelector": PROCESS_NODE,
+            "tolerations": [{"key": "modelpool.dev/process-node", "operator": "Exists"}],
+            "env": [{"name": k, "value": v} for k, v in all_env.items()],
+        },
+    }
+    if served_model_name:
+        spec["servedModelName"] = served_model_name
+    if activation_timeout_seconds is not None:
+        spec["activationTimeoutSeconds"] = activation_timeout_seconds
+    return {"apiVersion": GROUP_VERSION, "kind": "ModelPool", "metadata": {"name": name}, "spec": spec}
+
+
+def worker_pids(cluster: Cluster, namespace: str, pool: str) -> dict[str, int]:
+    """Pod name -> the process-node process of its server container (``containerID: process://PID``)."""
+    from tests.operator.integration.opharness import worker_pods
+
+    out = {}
+    for pod in worker_pods(cluster, namespace, pool):
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            cid = status.get("containerID") or ""
+            if cid.startswith("process://") and status.get("state", {}).get("running"):
+                out[pod["metadata"]["name"]] = int(cid.removeprefix("process://"))
+    return out

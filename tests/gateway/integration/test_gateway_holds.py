@@ -1,0 +1,312 @@
+"""Requests for a pool with no serving worker: held (bounded in number and time), released in arrival
+order when a worker is Ready, answered 429 when the hold is full and 503 with the reason when it expires;
+the demand is recorded on the pool, about once per interval however many gateways hold requests.
+
+Waking a pool from zero is the operator's side of the demand contract and is not tested here: the pools
+below either cannot start (replicas 0, a budget too small) or are loading behind a gate the test opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.clusterlib import Cluster
+from tests.gateway.integration.gwharness import GatewayProcess, echo_pool, free_port
+from tests.kube import apply, wait_for
+from tests.operator.integration.opharness import (
+    POOLS,
+    OperatorProcess,
+    condition,
+    get_pool,
+    wait_status,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+HELD = "modelpool_gateway_held_requests"
+DEMANDED_AT = "modelpool.dev/demanded-at"
+
+
+@dataclass
+class Setup:
+    cluster: Cluster
+    namespace: str
+    gateway: GatewayProcess
+    logs: Path
+    extra: list[GatewayProcess] = field(default_factory=list)
+
+    def label(self, pool: str) -> str:
+        return f"{self.namespace}/{pool}"
+
+    def held(self, pool: str, gateway: GatewayProcess | None = None) -> float:
+        return (gateway or self.gateway).metric(HELD, pool=self.label(pool))
+
+
+@pytest.fixture(scope="module")
+def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    namespace = f"gwh-{uuid.uuid4().hex[:8]}"
+    crds.kubectl("create", "namespace", namespace)
+    logs = tmp_path_factory.mktemp("gateway-holds")
+    operator = OperatorProcess(
+        crds, [namespace], logs / "operator.log", MODELPOOL_OPERATOR_SERVER_PORT=str(free_port())
+    )
+    flags = ("--max-held-per-pool", "3", "--hold-retry-after-seconds", "7", "--demand-interval-seconds", "1")
+    gateway = GatewayProcess(crds, [namespace], logs / "gateway.log", *flags)
+    setup = Setup(crds, namespace, gateway, logs)
+    try:
+        wait_for(lambda: crds.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
+                 timeout=30, message="default ServiceAccount")  # fmt: skip
+        gateway.wait_ready()
+        yield setup
+    finally:
+        crds.kubectl("delete", POOLS, "--all", "-n", namespace, "--timeout=60s", check=False)
+        codes = [g.stop() for g in (gateway, *setup.extra)] + [operator.stop()]
+        crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        assert codes == [0] * len(codes), f"exit codes: {codes}\n{gateway.log_tail()}\n{operator.log_tail()}"
+
+
+def _post(url: str, model: str, text: str = "hello", timeout_header: float | None = None) -> httpx.Response:
+    headers = {"x-request-timeout": str(timeout_header)} if timeout_header else {}
+    return httpx.post(
+        url + "/v1/embeddings", json={"model": model, "input": [text]}, headers=headers, timeout=120
+    )
+
+
+class Background:
+    """Requests sent from threads; their responses collected in the order they complete."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+        self.responses: dict[int, httpx.Response] = {}
+
+    def send(self, index: int, call: Callable[[], httpx.Response]) -> None:
+        def run() -> None:
+            self.responses[index] = call()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def join(self, timeout: float = 120) -> dict[int, httpx.Response]:
+        for thread in self.threads:
+            thread.join(timeout)
+        return self.responses
+
+
+def test_a_full_hold_is_refused_at_once_with_429_and_retry_after(setup: Setup) -> None:
+    apply(setup.cluster, echo_pool("zero", replicas=0, activation_timeout_seconds=30), setup.namespace)
+    wait_for(lambda: "zero" in setup.gateway.models(), timeout=30, message="the gateway knows pool zero")
+    held = Background()
+    for i in range(3):  # the gateway holds at most 3 per pool; each client gives up after 6 s
+        held.send(i, lambda: _post(setup.gateway.url, "zero", timeout_header=6))
+    wait_for(lambda: setup.held("zero") == 3, timeout=10, message="three requests held")
+
+    started = time.monotonic()
+    refused = _post(setup.gateway.url, "zero")
+    assert time.monotonic() - started < 2, "a full hold answers at once"
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["retry-after"] == "7"
+    error = refused.json()["error"]
+    assert error["type"] == "overloaded" and "already holds 3 requests" in error["message"]
+    v2 = httpx.post(f"{setup.gateway.url}/v2/models/zero/infer", json={"inputs": []}, timeout=10)
+    assert v2.status_code == 429 and set(v2.json()) == {"error"}
+
+    # The held ones end at their clients' own deadline (6 s < activationTimeoutSeconds 30) with a 503.
+    responses = held.join()
+    assert [r.status_code for r in responses.values()] == [503] * 3
+    assert all(5.5 <= r.elapsed.total_seconds() < 20 for r in responses.values())
+    assert setup.held("zero") == 0
+
+
+def test_an_expired_hold_says_why_no_worker_comes_and_the_demand_is_recorded(
+    setup: Setup,
+) -> None:
+    apply(setup.cluster, echo_pool("idle", replicas=0, activation_timeout_seconds=2), setup.namespace)
+    wait_for(lambda: "idle" in setup.gateway.models(), timeout=30, message="the gateway knows pool idle")
+    before = time.time()
+    response = _post(setup.gateway.url, "idle")
+    assert response.status_code == 503, response.text
+    assert 1.9 <= response.elapsed.total_seconds() < 10, "held for activationTimeoutSeconds (2 s)"
+    error = response.json()["error"]
+    # replicas 0 with autoscaling off: the operator starts no worker for demand, and the answer says so.
+    assert error["type"] == "scaled_to_zero"
+    assert f"pool {setup.namespace}/idle has no worker and the operator starts none" in error["message"]
+    assert "retry-after" in response.headers
+
+    annotations = get_pool(setup.cluster, setup.namespace, "idle")["metadata"].get("annotations") or {}
+    stamp = annotations.get(DEMANDED_AT)
+    assert stamp and stamp.endswith("Z"), annotations
+    recorded = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    assert before - 1 <= recorded <= time.time() + 1
+
+
+@pytest.fixture
+def host_dir() -> Iterator[Path]:
+    """A directory the test and a process-node worker both see: not under /tmp, which the process node
+    maps to the pod's own emptyDir (its path rewrite would give the worker a private copy)."""
+    path = Path(tempfile.mkdtemp(prefix="gw-test-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_still_loading_then_released_to_the_worker_in_arrival_order(setup: Setup, host_dir: Path) -> None:
+    gate, record = host_dir / "loaded", host_dir / "record.txt"
+    env = {"HANDLER_LOAD_GATE": str(gate), "HANDLER_RECORD": str(record)}
+    apply(setup.cluster, echo_pool("slow", env=env, activation_timeout_seconds=120), setup.namespace)
+    wait_status(
+        setup.cluster,
+        setup.namespace,
+        "slow",
+        lambda s: any(w["state"] == "Loading" for w in s.get("workers") or []),
+        timeout=120,
+        message="the worker is Loading",
+    )
+    # A client deadline shorter than the hold: the 503 says the worker is still loading, and for how long.
+    response = _post(setup.gateway.url, "slow", timeout_header=1.5)
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert error["type"] == "loading"
+    assert "is still loading: worker slow-" in error["message"] and "has been Loading for" in error["message"]
+
+    # Three held requests, each sent once the previous one is held; then the model finishes loading.
+    held = Background()
+    for i in range(3):
+        held.send(i, lambda i=i: _post(setup.gateway.url, "slow", text=f"request-{i}"))
+        wait_for(lambda i=i: setup.held("slow") == i + 1, timeout=10, message=f"{i + 1} held")
+    gate.touch()
+    responses = held.join()
+    assert {i: r.status_code for i, r in responses.items()} == {0: 200, 1: 200, 2: 200}, [
+        r.text for r in responses.values()
+    ]
+    assert record.read_text().split() == ["request-0", "request-1", "request-2"]
+
+
+def test_a_full_budget_answers_503_with_the_budget_exceeded_message(
+    setup: Setup, budget: Callable[[str], None]
+) -> None:
+    budget("1Gi")
+    apply(setup.cluster, echo_pool("big", memory="2Gi", activation_timeout_seconds=2), setup.namespace)
+    status = wait_status(
+        setup.cluster,
+        setup.namespace,
+        "big",
+        lambda s: condition(s, "BudgetExceeded").get("status") == "True",
+        timeout=60,
+        message="the operator cannot admit the worker",
+    )
+    message = condition(status, "BudgetExceeded")["message"]
+    wait_for(lambda: setup.gateway.models().get("big"), timeout=10, message="the gateway knows pool big")
+    response = _post(setup.gateway.url, "big")
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert error["type"] == "budget_exceeded"
+    assert error["message"].startswith(message), (error["message"], message)
+
+
+class AnnotationWatch:
+    """Every value the pool's demand annotation takes, from a watch in a thread (not by sampling)."""
+
+    def __init__(self, cluster: Cluster, namespace: str, name: str) -> None:
+        self.cluster, self.namespace, self.name = cluster, namespace, name
+        self.values: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> AnnotationWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        from kubernetes import client, config, watch
+
+        api: Any = client.CustomObjectsApi(config.new_client_from_config(str(self.cluster.kubeconfig)))  # type: ignore[no-untyped-call]
+        args = ("modelpool.dev", "v1alpha1", self.namespace, "modelpools")
+        version = api.get_namespaced_custom_object(*args, self.name)["metadata"]["resourceVersion"]
+        while not self._stop.is_set():
+            stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
+                api.list_namespaced_custom_object, *args,
+                field_selector=f"metadata.name={self.name}", resource_version=version, timeout_seconds=1,
+            )  # fmt: skip
+            for event in stream:
+                meta = event["object"]["metadata"]
+                version = meta["resourceVersion"]
+                value = (meta.get("annotations") or {}).get(DEMANDED_AT)
+                if value and (not self.values or self.values[-1] != value):
+                    self.values.append(value)
+
+
+def test_two_gateways_record_demand_about_once_per_interval_between_them(setup: Setup) -> None:
+    second = GatewayProcess(
+        setup.cluster,
+        [setup.namespace],
+        setup.logs / "gateway-2.log",
+        "--demand-interval-seconds", "1",
+    )  # fmt: skip
+    setup.extra.append(second)
+    second.wait_ready()
+    apply(setup.cluster, echo_pool("wanted", replicas=0, activation_timeout_seconds=60), setup.namespace)
+    for gateway in (setup.gateway, second):
+        wait_for(lambda g=gateway: "wanted" in g.models(), timeout=30, message="pool wanted known")
+
+    watcher = AnnotationWatch(setup.cluster, setup.namespace, "wanted").start()
+    window = 6.0
+
+    async def hold_everywhere() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            body = {"model": "wanted", "input": ["x"]}
+            headers = {"x-request-timeout": str(window)}
+            await asyncio.gather(
+                *(
+                    client.post(g.url + "/v1/embeddings", json=body, headers=headers)
+                    for g in (setup.gateway, second)
+                    for _ in range(2)
+                )
+            )
+
+    try:
+        asyncio.run(hold_everywhere())
+        final = (get_pool(setup.cluster, setup.namespace, "wanted")["metadata"].get("annotations") or {})[
+            DEMANDED_AT
+        ]
+        wait_for(lambda: watcher.values[-1:] == [final], timeout=10, message="the watch saw the last write")
+    finally:
+        watcher.stop()
+    changes = [datetime.fromisoformat(v.replace("Z", "+00:00")) for v in watcher.values]
+    # Four requests held on two gateways for 6 s: the demand was refreshed in rounds about an interval
+    # (1-1.2 s) apart, one write a round (both gateways only when neither could have seen the other's write
+    # yet: the very first requests, or jitters within the watch's delay), not once per request.
+    rounds: list[list[datetime]] = []
+    for at in changes:
+        if rounds and (at - rounds[-1][0]).total_seconds() < 0.25:
+            rounds[-1].append(at)
+        else:
+            rounds.append([at])
+    assert 3 <= len(rounds) <= window / 1 + 1, watcher.values
+    assert all(len(r) <= 2 for r in rounds), watcher.values
+    starts = [r[0] for r in rounds]
+    assert all((b - a).total_seconds() >= 0.9 for a, b in itertools.pairwise(starts)), watcher.values
+    assert sum(len(r) for r in rounds) <= len(rounds) + 3, watcher.values
+    # Every write the gateways counted is one of the changes seen (two writes in one millisecond are one).
+    writes = [
+        g.metric("modelpool_gateway_demand_writes_total", pool=setup.label("wanted"), result="ok")
+        for g in (setup.gateway, second)
+    ]
+    assert len(changes) <= sum(writes) <= len(changes) + 2, (writes, watcher.values)

@@ -1,0 +1,250 @@
+"""The gateway in front of real workers: routing by model name, the unknown model, load sharing, the real
+``openai`` and ``tritonclient`` clients unmodified, and a draining worker's 503 retried elsewhere.
+
+One namespace, one operator and one gateway serve the whole module: pools ``alpha`` (two echo workers,
+alias ``org/alpha-model``), ``beta`` (one echo worker) and ``gen`` (one streaming echo generator).  The
+workers are real ``modelpool-server`` processes on the process node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from tests.clusterlib import Cluster
+from tests.gateway.integration.gwharness import (
+    GENERATION,
+    GatewayProcess,
+    echo_pool,
+    free_port,
+    worker_pids,
+)
+from tests.kube import apply, wait_for
+from tests.operator.integration.opharness import POOLS, OperatorProcess, worker_pods
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+@dataclass
+class Setup:
+    cluster: Cluster
+    namespace: str
+    gateway: GatewayProcess
+    worker_port: int
+
+    def pods(self, pool: str) -> list[str]:
+        return sorted(p["metadata"]["name"] for p in worker_pods(self.cluster, self.namespace, pool))
+
+    def pod_ip(self, pool: str, name: str) -> str:
+        pods = {p["metadata"]["name"]: p for p in worker_pods(self.cluster, self.namespace, pool)}
+        return str(pods[name]["status"]["podIP"])
+
+    def worker_served(self, pool: str) -> dict[str, float]:
+        """What each worker of ``pool`` counted itself: its 200 answers to /v1/embeddings."""
+        out = {}
+        for pod in worker_pods(self.cluster, self.namespace, pool):
+            text = httpx.get(f"http://{pod['status']['podIP']}:{self.worker_port}/metrics", timeout=5).text
+            out[pod["metadata"]["name"]] = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith('modelpool_requests_total{code="200",route="embeddings"}')
+            )
+        return out
+
+
+@pytest.fixture(scope="module")
+def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    namespace = f"gw-{uuid.uuid4().hex[:8]}"
+    crds.kubectl("create", "namespace", namespace)
+    logs = tmp_path_factory.mktemp("gateway-routing")
+    worker_port = free_port()
+    operator = OperatorProcess(
+        crds, [namespace], logs / "operator.log", MODELPOOL_OPERATOR_SERVER_PORT=str(worker_port)
+    )
+    gateway = GatewayProcess(crds, [namespace], logs / "gateway.log")
+    try:
+        wait_for(lambda: crds.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
+                 timeout=30, message="default ServiceAccount")  # fmt: skip
+        apply(crds, echo_pool("alpha", replicas=2, served_model_name="org/alpha-model"), namespace)
+        apply(crds, echo_pool("beta"), namespace)
+        apply(
+            crds,
+            echo_pool("gen", handler=GENERATION, task="text-generation", env={"HANDLER_RUN_SECONDS": "0.05"}),
+            namespace,
+        )
+        gateway.wait_ready()
+        for pool, workers in (("alpha", 2), ("beta", 1), ("gen", 1)):
+            gateway.wait_serving(pool, workers)
+        yield Setup(crds, namespace, gateway, worker_port)
+    finally:
+        crds.kubectl("delete", POOLS, "--all", "-n", namespace, "--timeout=60s", check=False)
+        codes = (gateway.stop(), operator.stop())
+        crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        assert codes == (0, 0), f"exit codes (gateway, operator): {codes}\n{gateway.log_tail()}"
+
+
+def _embed(setup: Setup, model: str) -> httpx.Response:
+    return httpx.post(
+        setup.gateway.url + "/v1/embeddings", json={"model": model, "input": ["hello"]}, timeout=30
+    )
+
+
+def test_routes_by_model_name_alias_and_namespace_and_lists_every_pool(setup: Setup) -> None:
+    models = setup.gateway.models()
+    assert set(models) == {"alpha", "beta", "gen"}
+    assert models["alpha"]["id"] == "org/alpha-model" and models["beta"]["id"] == "beta"
+    assert models["alpha"]["object"] == "model" and models["alpha"]["modelpool"]["servingWorkers"] == 2
+    assert models["gen"]["modelpool"]["task"] == "text-generation"
+
+    alpha, beta = setup.pods("alpha"), setup.pods("beta")
+    for name in ("alpha", "org/alpha-model", f"{setup.namespace}/alpha"):
+        response = _embed(setup, name)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-modelpool-worker"] in alpha, name
+        assert response.json()["data"][0]["embedding"] == [5.0, 1.0]
+    response = _embed(setup, "beta")
+    assert response.status_code == 200 and response.headers["x-modelpool-worker"] in beta
+
+    # KServe v2, by name, alias and namespace/name in the URL.
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hey"]}]}
+    for name in ("alpha", "org/alpha-model", f"{setup.namespace}/alpha"):
+        response = httpx.post(f"{setup.gateway.url}/v2/models/{name}/infer", json=body, timeout=30)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-modelpool-worker"] in alpha
+        assert response.json()["outputs"][0]["data"] == [3.0, 1.0]
+    meta = httpx.get(f"{setup.gateway.url}/v2/models/org/alpha-model", timeout=10).json()
+    assert meta["name"] == "alpha" and meta["inputs"][0]["name"] == "text"
+
+
+def test_an_unknown_model_is_a_404_in_each_protocols_shape(setup: Setup) -> None:
+    client = openai.OpenAI(base_url=setup.gateway.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as err:
+        client.embeddings.create(model="gpt-4", input=["x"])
+    assert "'gpt-4' is not served here" in str(err.value)
+    response = _embed(setup, "gpt-4")
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "model_not_found"
+
+    response = httpx.post(f"{setup.gateway.url}/v2/models/gpt-4/infer", json={"inputs": []}, timeout=10)
+    assert response.status_code == 404
+    assert set(response.json()) == {"error"} and "gpt-4" in response.json()["error"]
+    with pytest.raises(InferenceServerException) as triton_err:
+        triton.InferenceServerClient(setup.gateway.url.removeprefix("http://")).get_model_metadata("gpt-4")
+    assert "gpt-4" in str(triton_err.value)
+    assert httpx.get(f"{setup.gateway.url}/v1/models/gpt-4", timeout=10).status_code == 404
+
+
+def test_two_workers_share_200_concurrent_requests(setup: Setup) -> None:
+    before = setup.worker_served("alpha")
+
+    async def burst() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+            body = {"model": "alpha", "input": ["hello"]}
+            return await asyncio.gather(
+                *(client.post(setup.gateway.url + "/v1/embeddings", json=body) for _ in range(200))
+            )
+
+    responses = asyncio.run(burst())
+    assert Counter(r.status_code for r in responses) == {200: 200}
+    by_header = Counter(r.headers["x-modelpool-worker"] for r in responses)
+    after = setup.worker_served("alpha")
+    by_worker = {name: after[name] - before.get(name, 0) for name in after}
+    assert by_worker == dict(by_header), (by_worker, by_header)
+    assert len(by_worker) == 2
+    for name, served in by_worker.items():
+        assert 70 <= served <= 130, f"{name} served {served} of 200: {by_worker}"
+
+
+def test_the_openai_client_unmodified_embeddings_and_streaming_chat(setup: Setup) -> None:
+    client = openai.OpenAI(base_url=setup.gateway.url + "/v1", api_key="unused", max_retries=0)
+    embeddings = client.embeddings.create(model="org/alpha-model", input=["a kubernetes operator", "serves"])
+    assert [d.embedding for d in embeddings.data] == [[21.0, 2.0], [6.0, 2.0]]
+
+    words = "one two three four five six seven eight"
+    stream = client.chat.completions.create(
+        model="gen", messages=[{"role": "user", "content": words}], max_tokens=20, stream=True
+    )
+    arrivals = [(time.monotonic(), chunk) for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for _, c in arrivals if c.choices)
+    assert words in " ".join(text.split()), text  # the chat template's "user: ..." echoed word by word
+    # The generator emits a word every 50 ms: the chunks came as they were made, not all at the end.
+    content_times = [t for t, c in arrivals if c.choices and c.choices[0].delta.content]
+    assert len(content_times) >= 6
+    assert content_times[-1] - content_times[0] >= 0.25, content_times
+
+    completion = client.completions.create(model="gen", prompt="alpha beta gamma", max_tokens=2)
+    assert completion.choices[0].text == "alpha beta"
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_tritonclient_unmodified_binary_on_and_off(setup: Setup, binary: bool) -> None:
+    client = triton.InferenceServerClient(setup.gateway.url.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("org/alpha-model")
+    text = triton.InferInput("text", [3], "BYTES")
+    text.set_data_from_numpy(np.array([b"a", b"bb", "caf\u00e9".encode()], dtype=object), binary_data=binary)
+    out = client.infer(
+        "org/alpha-model", [text], outputs=[triton.InferRequestedOutput("embedding", binary_data=binary)]
+    )
+    embedding = out.as_numpy("embedding")
+    assert embedding is not None
+    assert embedding.tolist() == [[1.0, 3.0], [2.0, 3.0], [4.0, 3.0]]
+
+
+def test_a_draining_workers_503_is_retried_on_the_other_worker(setup: Setup) -> None:
+    """A worker told to stop (SIGTERM) answers 503 until its in-flight work is done; the gateway sends
+    those requests to the other worker, and nothing reaches the client but 200s."""
+    apply(setup.cluster, echo_pool("drain", replicas=2, env={"HANDLER_RUN_SECONDS": "2"}), setup.namespace)
+    setup.gateway.wait_serving("drain", 2)
+    pids = worker_pids(setup.cluster, setup.namespace, "drain")
+    victim, other = sorted(pids)
+    victim_url = f"http://{setup.pod_ip('drain', victim)}:{setup.worker_port}"
+
+    # A request in flight at the victim keeps it draining (and answering 503) for about 2 s.
+    body = {"model": "drain", "input": ["slow"]}
+    slow = threading.Thread(target=lambda: httpx.post(victim_url + "/v1/embeddings", json=body, timeout=30))
+    slow.start()
+    wait_for(
+        lambda: json.loads(httpx.get(victim_url + "/stats", timeout=5).text).get("in_flight"),
+        timeout=10,
+        message="the slow request is being computed",
+    )
+    os.kill(pids[victim], signal.SIGTERM)
+    wait_for(
+        lambda: httpx.get(victim_url + "/v2/health/ready", timeout=5).status_code == 503,
+        timeout=10,
+        message="the victim drains",
+    )
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(
+                *(client.post(setup.gateway.url + "/v1/embeddings", json=body) for _ in range(6))
+            )
+
+    responses = asyncio.run(burst())
+    slow.join(30)
+    assert [r.status_code for r in responses] == [200] * 6, [r.text for r in responses]
+    assert {r.headers["x-modelpool-worker"] for r in responses} == {other}
+    retried = setup.gateway.metric(
+        "modelpool_gateway_upstream_attempts_total", pool=f"{setup.namespace}/drain", outcome="draining_503"
+    ) + setup.gateway.metric(
+        "modelpool_gateway_upstream_attempts_total", pool=f"{setup.namespace}/drain", outcome="unreachable"
+    )
+    assert retried >= 1, "some requests went to the draining worker first"

@@ -1,0 +1,234 @@
+"""The gateway's request path in-process (its ASGI app), against workers on loopback: bad requests, the
+answers when workers refuse, drain or cannot be reached, and bounds.  The registry is filled by hand here
+(the watches that fill it are covered by the integration tests); the workers are small HTTP servers of the
+test's own that answer what a test needs (a given 429, a 503) or a real echo ``modelpool-server``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import httpx
+import pytest
+
+from modelpool_gateway.app import Gateway
+from modelpool_gateway.cache import Registry
+from modelpool_gateway.config import GatewaySettings
+from modelpool_gateway.demand import DemandRecorder
+from modelpool_gateway.hold import Holds
+from modelpool_gateway.metrics import Metrics
+from modelpool_gateway.proxy import Upstream
+from modelpool_gateway.routes import build_routes
+from modelpool_gateway.state import Pool, Worker
+from tests.gateway.rawserver import answering, raw_server, read_request
+from tests.server.conftest import ServerProcess, start_server
+
+pytestmark = pytest.mark.slow
+NS = "ns"
+
+
+@pytest.fixture(scope="module")
+def echo() -> Iterator[ServerProcess]:
+    proc = start_server(
+        "--model", "/", "--task", "text-embedding", "--name", "pool",
+        "--handler", "tests.server.handlers:EchoEmbedding", wait="ready",
+    )  # fmt: skip
+    yield proc
+    proc.stop()
+
+
+class Harness:
+    def __init__(self, **settings: Any) -> None:
+        self.settings = GatewaySettings(**settings)
+        self.registry = Registry()
+        self.metrics = Metrics()
+        self.holds = Holds(self.settings.max_held_per_pool, self.registry.has_routable)
+        self.registry.subscribe(self.holds.changed)
+
+        class NoApi:  # the demand writes are the integration tests' business
+            async def patch_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> None:
+                return None
+
+        self.demand = DemandRecorder(
+            NoApi(),
+            pools=self.registry.pool,
+            wanted=lambda key: self.holds.held(key) > 0,
+            metrics=self.metrics,
+            interval_s=5,
+        )
+        self.upstream = Upstream(self.settings)
+        self.app = Gateway(
+            settings=self.settings,
+            registry=self.registry,
+            holds=self.holds,
+            demand=self.demand,
+            upstream=self.upstream,
+            metrics=self.metrics,
+            fallback=build_routes(self.registry, self.metrics, []),
+        )
+        self.registry.set_pool(Pool(NS, "pool", served_model_name="org/alias", activation_timeout_s=1))
+        # A gate the tests wait on: set when a request enters the hold.
+        self.entered = asyncio.Event()
+        enter = self.holds.enter
+
+        def entering(key: Any) -> Any:
+            waiter = enter(key)
+            self.entered.set()
+            return waiter
+
+        self.holds.enter = entering  # type: ignore[method-assign]
+
+    def worker(self, name: str, port: int, ip: str = "127.0.0.1") -> None:
+        self.registry.set_worker(Worker(NS, name, "pool", ip, port, serving=True, ready=True, deleting=False))
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=self.app), base_url="http://gw", timeout=30
+        )
+
+    async def embed(self, model: str = "pool", **kwargs: Any) -> httpx.Response:
+        async with self.client() as c:
+            return await c.post("/v1/embeddings", json={"model": model, "input": ["hello"]}, **kwargs)
+
+
+@pytest.fixture
+async def gw() -> AsyncIterator[Harness]:
+    harness = Harness()
+    yield harness
+    await harness.demand.close()
+    harness.upstream.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_bad_requests_get_4xx_in_the_protocols_shape(gw: Harness, echo: ServerProcess) -> None:
+    gw.worker("w0", echo.port)
+    async with gw.client() as c:
+        response = await c.post("/v1/embeddings", content=b"{not json")
+        assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_input"
+        response = await c.post("/v1/embeddings", json={"input": ["no model"]})
+        assert response.status_code == 400 and "'model'" in response.json()["error"]["message"]
+        response = await c.post(
+            "/v1/embeddings", json={"model": "pool", "input": ["x"]}, headers={"x-request-timeout": "soon"}
+        )
+        assert response.status_code == 400 and "x-request-timeout" in response.json()["error"]["message"]
+        response = await c.put("/v2/models/pool/infer", content=b"{}")
+        assert response.status_code == 405 and set(response.json()) == {"error"}
+        response = await c.get("/v1/nothing")
+        assert response.status_code == 404 and response.json()["error"]["type"] == "not_found"
+    big = Harness(max_request_bytes=2048)
+    big.worker("w0", echo.port)
+    async with big.client() as c:
+        response = await c.post("/v1/embeddings", content=b"x" * 4096)
+        assert response.status_code == 413 and response.json()["error"]["type"] == "too_large"
+    big.upstream.close()
+
+
+async def test_an_alias_and_namespace_name_reach_the_worker_under_the_pools_name(
+    gw: Harness, echo: ServerProcess
+) -> None:
+    gw.worker("w0", echo.port)
+    for model in ("pool", "org/alias", "ns/pool"):
+        response = await gw.embed(model)
+        assert response.status_code == 200, response.text
+        assert response.json()["model"] == "pool" and response.headers["x-modelpool-worker"] == "w0"
+    async with gw.client() as c:
+        body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hey"]}]}
+        response = await c.post("/v2/models/org/alias/infer", json=body)
+        assert response.status_code == 200 and response.json()["model_name"] == "pool"
+
+
+async def test_every_worker_refusing_gives_429_with_the_smallest_retry_after(gw: Harness) -> None:
+    async with AsyncExitStack() as stack:
+        slow = await stack.enter_async_context(raw_server(answering(429, retry_after="7")))
+        soon = await stack.enter_async_context(raw_server(answering(429, retry_after="3")))
+        gw.worker("slow", slow)
+        gw.worker("soon", soon)
+        response = await gw.embed()
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "3"
+    assert "every serving worker of pool ns/pool is full" in response.json()["error"]["message"]
+
+
+async def test_a_draining_worker_is_retried_once_elsewhere(gw: Harness, echo: ServerProcess) -> None:
+    draining = json.dumps({"error": {"message": "draining", "type": "not_ready", "code": 503}}).encode()
+    async with raw_server(answering(503, draining, retry_after="2")) as port:
+        gw.worker("a-draining", port)
+        gw.worker("b-serving", echo.port)
+        for _ in range(4):  # whichever the picker tries first, the client gets the serving worker's answer
+            response = await gw.embed()
+            assert response.status_code == 200 and response.headers["x-modelpool-worker"] == "b-serving"
+        gw.registry.delete_worker((NS, "b-serving"))
+        response = await gw.embed()
+    # The only worker drains: its own 503 is passed on, as it sent it.
+    assert response.status_code == 503 and response.json()["error"]["message"] == "draining"
+    assert response.headers["retry-after"] == "2"
+
+
+async def test_an_unreachable_worker_is_retried_once_elsewhere(gw: Harness, echo: ServerProcess) -> None:
+    gw.worker("a-gone", _closed_port())
+    gw.worker("b-serving", echo.port)
+    for _ in range(4):
+        response = await gw.embed()
+        assert response.status_code == 200 and response.headers["x-modelpool-worker"] == "b-serving"
+    gw.registry.delete_worker((NS, "b-serving"))
+    gw.worker("c-gone", _closed_port())
+    response = await gw.embed()
+    assert response.status_code == 503 and response.json()["error"]["type"] == "unavailable"
+
+
+async def test_a_request_held_for_a_worker_is_released_when_one_becomes_routable(
+    gw: Harness, echo: ServerProcess
+) -> None:
+    async with gw.client() as c:
+        pending = asyncio.ensure_future(c.post("/v1/embeddings", json={"model": "pool", "input": ["x"]}))
+        await asyncio.wait_for(gw.entered.wait(), 10)
+        gw.worker("w0", echo.port)
+        response = await pending
+    assert response.status_code == 200
+
+
+async def test_the_gateway_refuses_beyond_its_own_in_flight_bound(echo: ServerProcess) -> None:
+    small = Harness(max_in_flight=1)
+    async with small.client() as c:
+        held = asyncio.ensure_future(c.post("/v1/embeddings", json={"model": "pool", "input": ["x"]}))
+        await asyncio.wait_for(small.entered.wait(), 10)
+        refused = await c.post("/v1/embeddings", json={"model": "pool", "input": ["x"]})
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert "too many requests in flight" in refused.json()["error"]["message"]
+        expired = await held  # the pool's activation timeout is 1 s
+        assert expired.status_code == 503
+    await small.demand.close()
+    small.upstream.close()
+
+
+async def test_a_released_request_carries_what_is_left_of_its_deadline(gw: Harness) -> None:
+    seen: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    async with raw_server(record) as port, gw.client() as c:
+        body = {"model": "pool", "input": ["x"]}
+        pending = asyncio.ensure_future(
+            c.post("/v1/embeddings", json=body, headers={"x-request-timeout": "10"})
+        )
+        await asyncio.wait_for(gw.entered.wait(), 10)
+        await asyncio.sleep(0.1)  # time passes while the request is held
+        gw.worker("w0", port)
+        response = await pending
+    assert response.status_code == 200
+    [request] = seen
+    [left] = [line.split(b":")[1] for line in request.split(b"\r\n") if line.startswith(b"x-request-timeout")]
+    assert 5 < float(left) <= 9.9, left

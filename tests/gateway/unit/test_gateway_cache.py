@@ -1,0 +1,55 @@
+"""The registry: routable workers per pool, the name index, notifications and relists."""
+
+from __future__ import annotations
+
+from modelpool_gateway.cache import Registry
+from modelpool_gateway.names import Resolved
+from modelpool_gateway.state import Key, Pool, Worker
+
+POOL: Key = ("ns", "minilm")
+
+
+def worker(name: str, *, ready: bool = True, pool: str = "minilm", namespace: str = "ns") -> Worker:
+    return Worker(namespace, name, pool, "10.0.0.1", 8000, serving=True, ready=ready, deleting=False)
+
+
+def test_routable_workers_follow_pod_changes_and_notify_only_on_change() -> None:
+    registry = Registry()
+    seen: list[Key] = []
+    registry.subscribe(seen.append)
+    registry.set_worker(worker("w0", ready=False))
+    assert not registry.has_routable(POOL) and seen == []
+    registry.set_worker(worker("w0"))
+    assert [w.name for w in registry.routable(POOL)] == ["w0"] and seen == [POOL]
+    registry.set_worker(worker("w0"))  # the same again (a resync): no notification
+    assert seen == [POOL]
+    registry.set_worker(worker("w0", ready=False))
+    assert not registry.has_routable(POOL) and seen == [POOL, POOL]
+    registry.set_worker(worker("w1"))
+    registry.delete_worker(("ns", "w1"))
+    assert not registry.has_routable(POOL) and len(seen) == 4
+
+
+def test_pools_feed_the_name_index() -> None:
+    registry = Registry()
+    registry.set_pool(Pool("ns", "minilm"))
+    assert registry.index.resolve("minilm") == Resolved(POOL)
+    registry.set_pool(Pool("ns", "minilm", served_model_name="mini"))
+    assert registry.index.resolve("mini") == Resolved(POOL)
+    registry.delete_pool(POOL)
+    assert registry.pool(POOL) is None
+    assert registry.index.resolve("mini") != Resolved(POOL)
+
+
+def test_a_relist_replaces_only_its_scope() -> None:
+    registry = Registry()
+    registry.replace_pools(None, [Pool("a", "p1"), Pool("b", "p2")])
+    registry.replace_workers(
+        None, [worker("w1", pool="p1", namespace="a"), worker("w2", pool="p2", namespace="b")]
+    )
+    # Namespace a is relisted: p1 and w1 were deleted meanwhile, p3 was created.
+    registry.replace_pools("a", [Pool("a", "p3")])
+    registry.replace_workers("a", [])
+    assert set(registry.pools) == {("a", "p3"), ("b", "p2")}
+    assert not registry.has_routable(("a", "p1"))
+    assert registry.has_routable(("b", "p2"))

@@ -1,0 +1,38 @@
+"""Configuration: flags over MODELPOOL_GATEWAY_* variables over defaults; one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelpool_gateway.config import ConfigError, load_settings
+
+
+def test_defaults() -> None:
+    settings = load_settings([])
+    assert (settings.port, settings.namespaces, settings.max_held_per_pool) == (8080, [], 100)
+    assert settings.demand_interval_seconds == 5
+
+
+def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODELPOOL_GATEWAY_NAMESPACES", "team-a, team-b")
+    monkeypatch.setenv("MODELPOOL_GATEWAY_MAX_HELD_PER_POOL", "7")
+    settings = load_settings(["--port", "9000"])
+    assert settings.namespaces == ["team-a", "team-b"]
+    assert (settings.port, settings.max_held_per_pool) == (9000, 7)
+    assert load_settings(["--namespace", "x", "--namespace", "y"]).namespaces == ["x", "y"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--port", "0"], "--port"),
+        (["--max-held-per-pool", "-1"], "--max-held-per-pool"),
+        (["--demand-interval-seconds", "0"], "--demand-interval-seconds"),
+        (["--log-level", "loud"], "--log-level"),
+        (["--bogus"], "unrecognized arguments"),
+    ],
+)
+def test_invalid_values_are_one_line_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(argv)
+    assert message in str(err.value) and "\n" not in str(err.value)

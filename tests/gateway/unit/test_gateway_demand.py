@@ -1,0 +1,109 @@
+"""The demand annotation: its patch, when it is written, and why many gateways write about once per
+interval between them (simulated: each gateway sleeps until its next due time, as ``DemandRecorder``)."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from modelpool_gateway.contract_names import ANNOTATION_DEMANDED_AT
+from modelpool_gateway.demand import JITTER, demand_patch, next_write_at
+from modelpool_gateway.state import parse_time
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+INTERVAL = timedelta(seconds=5)
+
+
+def test_the_patch_is_a_merge_patch_of_one_annotation_with_milliseconds() -> None:
+    patch = demand_patch(T0 + timedelta(seconds=1.2345))
+    assert patch == {"metadata": {"annotations": {ANNOTATION_DEMANDED_AT: "2026-01-01T00:00:01.234Z"}}}
+    assert parse_time(patch["metadata"]["annotations"][ANNOTATION_DEMANDED_AT]) == T0 + timedelta(
+        seconds=1.234
+    )
+
+
+def test_due_at_once_without_any_write_then_an_interval_after_the_last() -> None:
+    assert next_write_at(None, None, INTERVAL) is None
+    assert next_write_at(T0, None, INTERVAL) == T0 + INTERVAL
+    assert next_write_at(T0, T0, INTERVAL, jitter=0.1) == T0 + INTERVAL * 1.1
+
+
+def test_another_replicas_fresher_write_postpones_ours() -> None:
+    theirs = T0 + timedelta(seconds=3)
+    assert next_write_at(T0, theirs, INTERVAL) == theirs + INTERVAL
+    # A timestamp from a clock ahead of ours counts as fresh, not as stale.
+    ahead = T0 + timedelta(seconds=30)
+    assert next_write_at(None, ahead, INTERVAL) == ahead + INTERVAL
+
+
+def _simulate(gateways: int, seed: int, delay: timedelta, seconds: float = 60) -> list[tuple[datetime, int]]:
+    """Every gateway holds requests from a moment in the first 100 ms for ``seconds`` and sees the
+    others' writes ``delay`` later (its watch); each draws its jitter again after each of its writes, as
+    ``DemandRecorder`` does.  The writes they make, in order."""
+    rng = random.Random(seed)
+    jitters = [rng.uniform(0, JITTER) for _ in range(gateways)]
+    checks = [(T0 + timedelta(seconds=rng.uniform(0, 0.1)), g) for g in range(gateways)]
+    heapq.heapify(checks)
+    own: dict[int, datetime] = {}
+    writes: list[tuple[datetime, int]] = []
+    while checks:
+        now, g = heapq.heappop(checks)
+        if now > T0 + timedelta(seconds=seconds):
+            continue
+        visible = [w for w, _ in writes if w + delay <= now]
+        due = next_write_at(own.get(g), max(visible) if visible else None, INTERVAL, jitters[g])
+        if due is None or now >= due:
+            own[g] = now
+            writes.append((now, g))
+            jitters[g] = rng.uniform(0, JITTER)
+            heapq.heappush(checks, (now + INTERVAL, g))
+        else:
+            heapq.heappush(checks, (min(due, now + INTERVAL), g))
+    return writes
+
+
+def _rounds(writes: list[tuple[datetime, int]], delay: timedelta) -> list[list[tuple[datetime, int]]]:
+    """Writes grouped into rounds: those within the watch delay of a round's first write."""
+    rounds: list[list[tuple[datetime, int]]] = []
+    for write in writes:
+        if rounds and write[0] - rounds[-1][0][0] < delay:
+            rounds[-1].append(write)
+        else:
+            rounds.append([write])
+    return rounds
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 20), st.integers(0, 2**32))
+def test_gateways_that_see_writes_at_once_write_once_per_interval(gateways: int, seed: int) -> None:
+    writes = _simulate(gateways, seed, timedelta(0))
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(writes)]
+    assert all(gap >= INTERVAL for gap in gaps), gaps
+    assert len(writes) <= 60 / 5 + 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(2, 20), st.integers(0, 2**32))
+def test_with_a_watch_delay_writes_come_in_rounds_an_interval_apart(gateways: int, seed: int) -> None:
+    delay = timedelta(milliseconds=50)
+    rounds = _rounds(_simulate(gateways, seed, delay), delay)
+    starts = [r[0][0] for r in rounds]
+    assert all(b - a >= INTERVAL for a, b in itertools.pairwise(starts)), starts
+    assert len(rounds) <= 60 / 5 + 1
+    # Within a round, each gateway writes at most once.
+    assert all(len({g for _, g in r}) == len(r) for r in rounds)
+
+
+def test_a_few_replicas_rarely_write_in_the_same_round() -> None:
+    """Three replicas whose watches lag 20 ms, over an hour: a round has more than one write only when two
+    jitters fall within 20 ms (of the 1 s they spread over), and the jitters are drawn again each time."""
+    delay = timedelta(milliseconds=20)
+    rounds = _rounds(_simulate(3, seed=7, delay=delay, seconds=3600), delay)
+    writes = sum(len(r) for r in rounds)
+    assert len(rounds) >= 3600 / 6.5  # a round every 5-6 s
+    assert writes / len(rounds) < 1.15, (writes, len(rounds))
