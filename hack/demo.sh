@@ -244,6 +244,8 @@ wait_for "the gateway to list pool minilm" bash -c "curl -sS --max-time 5 $GATEW
 banner "a request for 'minilm' through the gateway wakes it: held while a worker starts, then answered"
 run "$PY" -m hack.demo_gateway wake --gateway "$GATEWAY" --kubeconfig "$KUBECONFIG" --namespace "$NS" \
   --pool minilm --timeout "$TIMEOUT"
+wait_for "a WokenByDemand event on pool minilm" bash -c \
+  "kubectl -n $NS get events --field-selector reason=WokenByDemand,involvedObject.name=minilm -o name | grep -q ."
 run kubectl -n "$NS" get events --field-selector reason=WokenByDemand,involvedObject.name=minilm
 run kubectl -n "$NS" get modelpools minilm
 
