@@ -8,8 +8,10 @@ share it):
   ``modelpool.dev/demanded-at`` annotation (its value, in milliseconds);
 * demand -> pod created: the operator sees the annotation and creates the worker pod (when a pod watch
   started before the request first saw it);
-* pod created -> Ready: the worker process starts and loads the model (the pod's Ready condition as the
-  watch saw it turn True);
+* pod created -> model loaded: the worker process starts and loads the model (its ``/v2/health/ready``
+  first answers 200, polled every 50 ms);
+* model loaded -> Ready: the kubelet's probes see it (the startup probe, every 10 s, then the readiness
+  probe) and the pod's Ready condition turns True, as the watch saw it;
 * Ready -> answered: the operator marks the worker serving, the gateway sees it through its own watch and
   releases the held request, which the worker computes.
 
@@ -27,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 
 from modelpool_contract.labels import ANNOTATION_DEMANDED_AT, LABEL_POOL
@@ -40,6 +43,7 @@ class Wake:
     answered: float
     demanded: float | None
     created: float | None
+    loaded: float | None
     ready: float | None
     worker: str
     dimensions: int
@@ -50,11 +54,12 @@ class Wake:
 
     def stretches(self) -> dict[str, float | None]:
         """Seconds of each stretch, in order; ``None`` where an end was not seen."""
-        marks = [self.sent, self.demanded, self.created, self.ready, self.answered]
+        marks = [self.sent, self.demanded, self.created, self.loaded, self.ready, self.answered]
         names = [
             "request -> demand recorded",
             "demand -> pod created",
-            "pod created -> Ready",
+            "pod created -> model loaded",
+            "model loaded -> Ready",
             "Ready -> answered",
         ]
         return {
@@ -74,13 +79,16 @@ def _rfc3339(value: str | None) -> float | None:
 class WakeWatch:
     """Watches one pool and its pods from before the request: the first new ``demanded-at`` value (the
     gateway writes it again every few seconds while it holds requests, so the value read afterwards is
-    not the first), when the first pod appeared and when it first turned Ready."""
+    not the first), when the first pod appeared, when its worker first said it was ready (polling its
+    ``/v2/health/ready``) and when the pod first turned Ready."""
 
     def __init__(self, kubeconfig: Path, namespace: str, pool: str) -> None:
         self._kubeconfig, self._namespace, self._pool = kubeconfig, namespace, pool
         self.demanded: float | None = None
         self.created: float | None = None
+        self.loaded: float | None = None
         self.ready: float | None = None
+        self._polling = False
         self.pods_before = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -148,6 +156,23 @@ class WakeWatch:
         conditions = (pod.status and pod.status.conditions) or []
         if self.ready is None and any(c.type == "Ready" and c.status == "True" for c in conditions):
             self.ready = now
+        ports = [p.container_port for c in pod.spec.containers for p in c.ports or []]
+        if not self._polling and pod.status and pod.status.pod_ip and ports:
+            self._polling = True
+            url = f"http://{pod.status.pod_ip}:{ports[0]}/v2/health/ready"
+            threading.Thread(target=self._poll_loaded, args=(url,), daemon=True).start()
+
+    def _poll_loaded(self, url: str) -> None:
+        """When the worker itself first says it is ready (its model loaded), polled every 50 ms: the pod's
+        Ready waits for the kubelet's probes on top of that."""
+        with httpx.Client(timeout=1, trust_env=False) as client:
+            while not self._stop.is_set() and self.loaded is None:
+                try:
+                    if client.get(url).status_code == 200:
+                        self.loaded = time.time()
+                except httpx.HTTPError:
+                    pass  # not listening yet
+                self._stop.wait(0.05)
 
     def _demand(self, api_client: Any, listed: threading.Event) -> None:
         from kubernetes import client
@@ -192,6 +217,7 @@ def wake(gateway_url: str, kubeconfig: Path, namespace: str, pool: str, *, timeo
         answered=answered,
         demanded=seen.demanded,
         created=seen.created,
+        loaded=seen.loaded,
         ready=seen.ready,
         worker=raw.headers.get("x-modelpool-worker", "?"),
         dimensions=len(data[0].embedding),

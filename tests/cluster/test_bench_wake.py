@@ -21,18 +21,23 @@ POOLS = "modelpools.modelpool.dev"
 
 def test_stretches_run_from_the_request_to_the_answer_and_name_what_was_not_seen() -> None:
     woke = Wake(
-        sent=100.0, answered=112.5, demanded=100.25, created=100.5, ready=112.0, worker="w", dimensions=4
-    )
+        sent=100.0, answered=112.5, demanded=100.25, created=100.5, loaded=104.0, ready=112.0, worker="w",
+        dimensions=4,
+    )  # fmt: skip
     assert woke.seconds == 12.5
     assert woke.stretches() == {
         "request -> demand recorded": 0.25,
         "demand -> pod created": 0.25,
-        "pod created -> Ready": 11.5,
+        "pod created -> model loaded": 3.5,
+        "model loaded -> Ready": 8.0,
         "Ready -> answered": 0.5,
     }
-    unseen = Wake(sent=0.0, answered=3.0, demanded=None, created=1.0, ready=2.0, worker="w", dimensions=4)
+    unseen = Wake(
+        sent=0.0, answered=3.0, demanded=None, created=1.0, loaded=None, ready=2.0, worker="w", dimensions=4
+    )
     assert unseen.stretches()["request -> demand recorded"] is None
     assert unseen.stretches()["demand -> pod created"] is None
+    assert unseen.stretches()["model loaded -> Ready"] is None
     assert "request -> demand recorded (not seen)" in unseen.describe()
 
 
@@ -46,16 +51,15 @@ def test_the_bench_row_gives_the_median_the_range_and_the_split() -> None:
             "stretches_median_s": {
                 "request -> demand recorded": 0.01,
                 "demand -> pod created": 0.3,
-                "pod created -> Ready": 10.0,
+                "pod created -> model loaded": 3.0,
+                "model loaded -> Ready": 7.0,
                 "Ready -> answered": None,
             },
         }
     )
     assert "| 10.5 s (range 9.9-12.0 s) |" in row and "3 rounds" in row
-    assert (
-        "request -> demand recorded +0.01 s -> pod created +0.30 s -> Ready +10.00 s -> answered (not seen)"
-        in row
-    )
+    split = "request -> demand recorded +0.01 s -> pod created +0.30 s -> model loaded +3.00 s"
+    assert f"{split} -> Ready +7.00 s -> answered (not seen) (medians)" in row
 
 
 def _pool(name: str) -> dict[str, Any]:
