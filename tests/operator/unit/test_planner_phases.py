@@ -269,7 +269,7 @@ def test_admit_preempts_an_idle_worker_of_a_lower_priority_pool() -> None:
 
 
 def test_admit_drops_outdated_workers_that_never_started() -> None:
-    workers = [w("p-old", "Pending", thash="h0"), w("p-a", "Ready")]
+    workers = [w("p-old", "Pending", template_hash="h0"), w("p-a", "Ready")]
     draft = draft_before(admit, workers, spec=make_spec(replicas=1))
     admit(draft)
     assert draft.deletes == [Delete("p-old", EVICT_ROLLOVER)] and draft.outdated == []
@@ -280,9 +280,9 @@ def test_admit_drops_outdated_workers_that_never_started() -> None:
 
 def test_roll_over_retires_old_workers_while_the_target_stays_ready() -> None:
     workers = [
-        w("p-old-a", thash="h0", last_request=10),
-        w("p-old-b", thash="h0", last_request=20),
-        w("p-new", thash="h1"),
+        w("p-old-a", template_hash="h0", last_request=10),
+        w("p-old-b", template_hash="h0", last_request=20),
+        w("p-new", template_hash="h1"),
     ]
     draft = draft_before(roll_over, workers, spec=make_spec(replicas=2))
     roll_over(draft)
@@ -291,7 +291,7 @@ def test_roll_over_retires_old_workers_while_the_target_stays_ready() -> None:
 
 
 def test_roll_over_never_goes_below_the_target_while_replacements_are_pending() -> None:
-    workers = [w("p-old-a", thash="h0"), w("p-old-b", thash="h0")]
+    workers = [w("p-old-a", template_hash="h0"), w("p-old-b", template_hash="h0")]
     draft = draft_before(roll_over, workers, spec=make_spec(replicas=2))
     assert len(draft.creates) == 1  # admit surged one new worker
     roll_over(draft)
