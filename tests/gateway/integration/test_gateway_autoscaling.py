@@ -27,6 +27,7 @@ from tests.operator.integration.opharness import (
     ClosedLoop,
     condition,
     reasons,
+    wait_at_zero,
     wait_status,
     worker_pods,
 )
@@ -50,9 +51,7 @@ def test_a_pool_at_zero_answers_its_first_request_through_the_gateway_and_return
         activation_timeout_seconds=90,
     )
     apply(crds, pool, namespace)
-    zero = wait_status(
-        crds, namespace, "wake", lambda s: s.get("phase") == "ScaledToZero", timeout=60, message="at zero"
-    )
+    zero = wait_at_zero(crds, namespace, "wake", timeout=60, message="at zero")
     assert condition(zero, "Ready")["reason"] == "ScaledToZero"
     assert not worker_pods(crds, namespace, "wake")
     gateway = start_gateway([namespace], *GATEWAY_FLAGS)
@@ -75,14 +74,7 @@ def test_a_pool_at_zero_answers_its_first_request_through_the_gateway_and_return
 
     # Idle for idleTimeoutSeconds: back to zero workers, and the gateway routes to none.
     woken_at = datetime.now(UTC)
-    again = wait_status(
-        crds,
-        namespace,
-        "wake",
-        lambda s: s.get("phase") == "ScaledToZero" and not s.get("workers"),
-        timeout=90,
-        message="back to zero after the idle timeout",
-    )
+    again = wait_at_zero(crds, namespace, "wake", timeout=90, message="back to zero after the idle timeout")
     back = parse_time(again["autoscaling"]["scaledToZeroAt"])
     assert back is not None and (back - woken_at).total_seconds() > -5
     wait_for(lambda: not worker_pods(crds, namespace, "wake"), timeout=60, message="the worker pod gone")

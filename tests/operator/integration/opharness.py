@@ -345,6 +345,20 @@ def wait_status(
         raise AssertionError(f"{exc}\nlast status: {json.dumps(status, indent=1)[:4000]}") from None
 
 
+def wait_at_zero(
+    cluster: Cluster, namespace: str, name: str, *, timeout: float, message: str
+) -> dict[str, Any]:
+    """Wait until the pool is at zero workers (phase ScaledToZero, none listed); returns that status."""
+    return wait_status(
+        cluster,
+        namespace,
+        name,
+        lambda s: s.get("phase") == "ScaledToZero" and not s.get("workers"),
+        timeout=timeout,
+        message=message,
+    )
+
+
 def states(status: dict[str, Any]) -> list[str]:
     return sorted(w["state"] for w in status.get("workers") or [])
 

@@ -33,6 +33,7 @@ from tests.operator.integration.opharness import (
     condition,
     pool_manifest,
     reasons,
+    wait_at_zero,
     wait_status,
     worker_pods,
 )
@@ -164,14 +165,7 @@ def test_demand_wakes_a_pool_at_zero_to_one_worker_that_returns_to_zero_when_idl
         idle_timeout_seconds=3,
     )
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
-    zero = wait_status(
-        cluster,
-        namespace,
-        "wake",
-        lambda s: s.get("phase") == "ScaledToZero",
-        timeout=60,
-        message="the pool at zero says so",
-    )
+    zero = wait_at_zero(cluster, namespace, "wake", timeout=60, message="the pool at zero says so")
     ready = condition(zero, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "ScaledToZero")
     assert "wakes the pool on its next request" in ready["message"]
@@ -205,13 +199,8 @@ def test_demand_wakes_a_pool_at_zero_to_one_worker_that_returns_to_zero_when_idl
     assert answer.status_code == 200, answer.text
 
     # Idle for idleTimeoutSeconds: evicted, back to zero; the same demand does not wake it again.
-    again = wait_status(
-        cluster,
-        namespace,
-        "wake",
-        lambda s: s.get("phase") == "ScaledToZero" and not s.get("workers"),
-        timeout=120,
-        message="back to zero after the idle timeout",
+    again = wait_at_zero(
+        cluster, namespace, "wake", timeout=120, message="back to zero after the idle timeout"
     )
     back = parse_time(again["autoscaling"]["scaledToZeroAt"])
     assert back is not None and back > (parse_time(demand) or back)
