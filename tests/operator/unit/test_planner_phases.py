@@ -4,7 +4,8 @@ phases before it, runs that one phase, and checks what it added to the draft."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta
 
 from op_planner import ledger_for, make_spec, view, w
 from op_pods import GI, at
@@ -47,9 +48,10 @@ def draft_before(
     ledger: Ledger | None = None,
     others: Sequence[OtherPool] = (),
     settings: PlannerSettings | None = None,
+    demanded_at: datetime | None = None,
 ) -> Draft:
     """A draft on which every phase before ``phase`` has run (None: all of them)."""
-    pool = view(spec or make_spec(), status)
+    pool = replace(view(spec or make_spec(), status), demanded_at=demanded_at)
     ledger = ledger or ledger_for(None, list(workers))
     draft = Draft(pool, list(workers), ledger, NOW, others, settings or PlannerSettings())
     for earlier in PHASES:
@@ -213,6 +215,20 @@ def test_retire_requeues_at_the_next_idle_timeout() -> None:
     draft = draft_before(retire, [w("p-a", "Idle", last_request=980)], spec=spec)
     retire(draft)
     assert draft.evicts == [] and draft.requeue == [40.0]
+
+
+def test_retire_counts_recorded_demand_as_use_of_idle_workers() -> None:
+    # The server reports Idle, but a gateway still holds requests (the pod is not Ready yet) and recorded
+    # demand 10 s ago: the worker is idle for 10 s, not for the 900 s since its last request.
+    spec = make_spec(replicas=1, idleTimeoutSeconds=60)
+    workers = [w("p-a", "Idle", last_request=100)]
+    draft = draft_before(retire, workers, spec=spec, demanded_at=NOW - timedelta(seconds=10))
+    retire(draft)
+    assert draft.evicts == [] and draft.requeue == [50.0]
+    # Demand older than the timeout keeps nothing.
+    draft = draft_before(retire, workers, spec=spec, demanded_at=NOW - timedelta(seconds=61))
+    retire(draft)
+    assert [(e.name, e.reason) for e in draft.evicts] == [("p-a", EVICT_IDLE)]
 
 
 # ---- 5. scale up under load -----------------------------------------------------------------------------
