@@ -207,7 +207,7 @@ def test_metrics_endpoint_service_and_monitors(helm: list[str]) -> None:
     assert service["spec"]["ports"] == [
         {"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}
     ]
-    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    pod_labels = one(docs, "Deployment", OPERATOR)["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PodMonitor"), "off by default"
 
@@ -259,7 +259,7 @@ def test_network_policy_admits_only_the_operator_the_gateway_and_named_callers(h
     [rule] = spec["ingress"]
     assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     release_ns = {"matchLabels": {"kubernetes.io/metadata.name": "mp-system"}}
-    operator_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    operator_labels = one(docs, "Deployment", OPERATOR)["spec"]["template"]["metadata"]["labels"]
     operator, gateway, named = rule["from"]
     assert operator["namespaceSelector"] == release_ns
     assert operator["podSelector"]["matchLabels"].items() <= operator_labels.items()

@@ -26,7 +26,8 @@ docs/design.md, "The planner"); each phase is a function of the draft (``planner
    that replaces them.
 6. ``retire``: finish evictions whose drain grace is over, delete exited pods, scale down to the target
    (not started first, then outdated, then least recently used), and evict workers the server reports
-   Idle for longer than ``idleTimeoutSeconds`` towards ``minReplicas``, least recently used first.
+   Idle for longer than ``idleTimeoutSeconds`` (recorded demand counts as use) towards ``minReplicas``,
+   least recently used first.
    Eviction = drop the serving label (the Service stops routing), wait ``drain_grace_s``, delete
    (SIGTERM: the server drains).  Loading and Processing workers are never evicted.
 7. ``scale_up_under_load`` (autoscaling off): while every serving worker's queue is at least half full,

@@ -194,15 +194,22 @@ def _scale_down(draft: Draft) -> None:
 
 def _evict_idle(draft: Draft) -> None:
     """Evict workers idle longer than ``idleTimeoutSeconds`` (least recently used first) towards
-    ``minReplicas``, lowering the target with each; look again when the next one would time out."""
+    ``minReplicas``, lowering the target with each; look again when the next one would time out.
+
+    Recorded demand counts as use: a gateway records it while it holds requests because no worker is
+    routable yet (e.g. the pod is not Ready while the server already reports Idle), so a worker is idle only
+    ``idleTimeoutSeconds`` after the later of its last request and the pool's demand.  Otherwise a short
+    idle timeout would evict the worker that demand woke before the held requests reach it."""
     spec = draft.pool.spec
     timeout = spec.idle_timeout_seconds
     if timeout <= 0:
         return
     idle = sorted((w for w in draft.active if w.state == "Idle" and w.evictable), key=_lru_key)
     room = len(draft.active) + len(draft.in_flight) - spec.min_replicas
+    demand = draft.pool.demanded_at
+    since_demand = max(0.0, (draft.now - demand).total_seconds()) if demand else float("inf")
     for w in idle:
-        waited = idle_for(w, draft.now)
+        waited = min(idle_for(w, draft.now), since_demand)
         if waited >= timeout and room > 0:
             draft.remove(w, EVICT_IDLE)
             draft.target = max(spec.min_replicas, draft.target - 1)

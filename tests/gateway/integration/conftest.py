@@ -1,5 +1,6 @@
-"""Fixtures of the gateway integration tests: the operator's (CRDs, operator processes, the budget), and
-gateway processes that are stopped at teardown (SIGTERM; a clean exit is part of the contract)."""
+"""Fixtures of the gateway integration tests: the operator's (CRDs, operator processes, the budget, pod
+watchers, the budget + pod watcher + operator set-up), and gateway processes that are stopped at teardown
+(SIGTERM; a clean exit is part of the contract)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from tests.clusterlib import Cluster
 from tests.gateway.integration.gwharness import GatewayProcess
 from tests.operator.integration.conftest import (  # noqa: F401 - fixtures and the report hook, shared
     budget,
+    budgeted_operator,
     crds,
     pytest_runtest_makereport,
     start_operator,
+    watch_pods,
 )
 
 StartGateway = Callable[..., GatewayProcess]

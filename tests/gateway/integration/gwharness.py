@@ -3,12 +3,12 @@
 * ``GatewayProcess``: ``.venv/bin/modelpool-gateway`` (the console script) with the cluster's kubeconfig
   on a loopback port of its own; ``stop()`` sends SIGTERM and returns the exit code, ``kill()`` SIGKILLs.
 * ``echo_pool``: a ModelPool whose workers run on the process node as real ``modelpool-server`` processes
-  with a test handler (``tests/server/handlers.py``): echo embeddings or echo generation, fast to load.
+  with a test handler (``tests/server/handlers.py``): echo embeddings or echo generation, fast to load;
+  autoscaling off unless asked for.
 """
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,19 +18,12 @@ import httpx
 import psutil
 
 from tests.clusterlib import ROOT, Cluster
-from tests.kube import wait_for
+from tests.kube import free_port, wait_for
 from tests.operator.integration.opharness import GROUP_VERSION, OperatorProcess
 
 PROCESS_NODE = {"modelpool.dev/process-node": "true"}
 ECHO = "tests.server.handlers:EchoEmbedding"
 GENERATION = "tests.server.handlers:EchoGeneration"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class GatewayProcess(OperatorProcess):
@@ -100,20 +93,25 @@ def echo_pool(
     served_model_name: str | None = None,
     activation_timeout_seconds: int | None = None,
     queue_capacity: int = 100,
+    autoscaling: dict[str, Any] | None = None,
+    min_replicas: int = 0,
+    max_replicas: int | None = None,
+    idle_timeout_seconds: int = 0,
 ) -> dict[str, Any]:
-    """A pool of real ``modelpool-server`` workers with a test handler, on the process node."""
+    """A pool of real ``modelpool-server`` workers with a test handler, on the process node.
+
+    Without ``autoscaling`` the test chooses the worker count: the operator neither scales it with the load
+    nor wakes a pool at zero for demand.  With it (``{}``: the defaults) the operator does both."""
     all_env = {"MODELPOOL_HANDLER": handler, "PYTHONPATH": str(ROOT), **(env or {})}
     spec: dict[str, Any] = {
         "model": {"source": "/", "task": task},
         "replicas": replicas,
-        "minReplicas": 0,
-        "maxReplicas": max(replicas, 4),
+        "minReplicas": min_replicas,
+        "maxReplicas": max(replicas, 4) if max_replicas is None else max_replicas,
         "resources": {"memory": memory, "gpus": 0},
         "queue": {"capacity": queue_capacity},
-        "idleTimeoutSeconds": 0,
-        # The tests choose the worker count: the operator neither scales it with the load nor wakes a pool
-        # at zero for demand.
-        "autoscaling": {"enabled": False},
+        "idleTimeoutSeconds": idle_timeout_seconds,
+        "autoscaling": {"enabled": False} if autoscaling is None else autoscaling,
         "podTemplate": {
             "nodeSelector": PROCESS_NODE,
             "tolerations": [{"key": "modelpool.dev/process-node", "operator": "Exists"}],

@@ -25,8 +25,8 @@ import httpx
 import pytest
 
 from tests.clusterlib import Cluster
-from tests.gateway.integration.gwharness import GatewayProcess, echo_pool, free_port
-from tests.kube import apply, wait_for
+from tests.gateway.integration.gwharness import GatewayProcess, echo_pool
+from tests.kube import apply, free_port, wait_for
 from tests.operator.integration.opharness import (
     POOLS,
     OperatorProcess,

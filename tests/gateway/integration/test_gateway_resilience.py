@@ -14,8 +14,8 @@ import pytest
 
 from tests.clusterlib import Cluster
 from tests.gateway.integration.conftest import StartGateway
-from tests.gateway.integration.gwharness import GatewayProcess, echo_pool, free_port
-from tests.kube import apply, is_ready, wait_for
+from tests.gateway.integration.gwharness import GatewayProcess, echo_pool
+from tests.kube import apply, free_port, is_ready, wait_for
 from tests.operator.integration.opharness import POOLS, OperatorProcess, worker_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

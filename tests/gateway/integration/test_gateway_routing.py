@@ -31,10 +31,9 @@ from tests.gateway.integration.gwharness import (
     GENERATION,
     GatewayProcess,
     echo_pool,
-    free_port,
     worker_pids,
 )
-from tests.kube import apply, wait_for
+from tests.kube import apply, free_port, wait_for
 from tests.operator.integration.opharness import POOLS, OperatorProcess, worker_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -5,6 +5,8 @@
   when a test fails.
 * ``PodWatcher``: a real watch (kubernetes client) on the test namespace(s) in a thread, so properties
   such as "never more memory admitted than the budget" are checked at every change, not by sampling.
+* ``ClosedLoop``: client threads with one embeddings request outstanding each (to the workers directly or
+  through modelpool-gateway), the load the autoscaling tests apply.
 
 The fixtures that put these together (``start_operator``, ``budget``, ``watch_pods``,
 ``budgeted_operator``) are in this folder's conftest.py; the aliases below type them.
@@ -12,16 +14,20 @@ The fixtures that put these together (``start_operator``, ``budget``, ``watch_po
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from tests.clusterlib import ROOT, Cluster
 from tests.kube import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, get_json, minilm_package, wait_for
@@ -197,6 +203,11 @@ def events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
     return items
 
 
+def reasons(cluster: Cluster, namespace: str, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of the object's Events."""
+    return [(e["reason"], e["message"]) for e in events(cluster, namespace, name)]
+
+
 def pod_memory(pod: dict[str, Any]) -> int:
     """What a worker pod holds: its memory annotation (written by the pod builder)."""
     raw = (pod["metadata"].get("annotations") or {}).get("modelpool.dev/memory-bytes", "0")
@@ -334,6 +345,20 @@ def wait_status(
         raise AssertionError(f"{exc}\nlast status: {json.dumps(status, indent=1)[:4000]}") from None
 
 
+def wait_at_zero(
+    cluster: Cluster, namespace: str, name: str, *, timeout: float, message: str
+) -> dict[str, Any]:
+    """Wait until the pool is at zero workers (phase ScaledToZero, none listed); returns that status."""
+    return wait_status(
+        cluster,
+        namespace,
+        name,
+        lambda s: s.get("phase") == "ScaledToZero" and not s.get("workers"),
+        timeout=timeout,
+        message=message,
+    )
+
+
 def states(status: dict[str, Any]) -> list[str]:
     return sorted(w["state"] for w in status.get("workers") or [])
 
@@ -402,3 +427,62 @@ class StatusRecorder:
             except Exception:  # e.g. 410 Gone: start again from a fresh list
                 version = ""
                 time.sleep(0.2)
+
+
+@dataclass
+class ClosedLoop:
+    """``clients`` threads, each with one embeddings request outstanding at a time: the pool's load (in
+    flight + queued) stays at ``clients`` however many workers serve it.  ``target(n)`` is the base URL of
+    a client's n-th request (None: nowhere to send yet); every answer's code is counted, and a 429 without
+    ``Retry-After`` and a transport error are kept apart (to the workers directly a worker going away is
+    expected; through the gateway it is not)."""
+
+    target: Callable[[int], str | None]
+    model: str
+    clients: int
+    codes: Counter[int] = field(default_factory=Counter)
+    refused_without_retry_after: int = 0
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def answered(self) -> int:
+        with self._lock:
+            return self.codes[200]
+
+    def start(self) -> ClosedLoop:
+        for index in range(self.clients):
+            thread = threading.Thread(target=self._client, args=(index,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def _client(self, index: int) -> None:
+        counter = itertools.count(index)
+        body = {"model": self.model, "input": [f"client {index}"]}
+        with httpx.Client(timeout=30, trust_env=False) as client:
+            while not self._stop.is_set():
+                url = self.target(next(counter))
+                if url is None:
+                    self._stop.wait(0.1)
+                    continue
+                try:
+                    response = client.post(url + "/v1/embeddings", json=body)
+                except httpx.HTTPError as exc:
+                    with self._lock:
+                        self.errors.append(repr(exc))
+                    self._stop.wait(0.05)
+                    continue
+                with self._lock:
+                    self.codes[response.status_code] += 1
+                    if response.status_code == 429 and "retry-after" not in response.headers:
+                        self.refused_without_retry_after += 1
+                if response.status_code != 200:
+                    self._stop.wait(0.05)  # a refusal: a short pause, as a client would back off

@@ -11,11 +11,9 @@ from before the operator starts, so "never more than maxReplicas" is checked at 
 
 from __future__ import annotations
 
-import itertools
 import json
-import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,10 +28,12 @@ from tests.operator.integration.opharness import (
     POOLS,
     PROCESS_NODE,
     BudgetedOperator,
+    ClosedLoop,
     PodWatcher,
     condition,
-    events,
     pool_manifest,
+    reasons,
+    wait_at_zero,
     wait_status,
     worker_pods,
 )
@@ -74,56 +74,14 @@ def serving_ips(watcher: PodWatcher, pool: str) -> list[str]:
     )
 
 
-@dataclass
-class ClosedLoop:
-    """``clients`` threads, each with one request outstanding at a time, spread over the serving workers:
-    the pool's load (in flight + queued) stays at ``clients`` however many workers serve it."""
+def to_workers(watcher: PodWatcher, pool: str, port: int) -> Callable[[int], str | None]:
+    """Requests spread over the pool's serving workers, round robin (the way the pool's Service routes)."""
 
-    watcher: PodWatcher
-    pool: str
-    port: int
-    clients: int = CLIENTS
-    answered: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    def target(n: int) -> str | None:
+        ips = serving_ips(watcher, pool)
+        return f"http://{ips[n % len(ips)]}:{port}" if ips else None
 
-    def start(self) -> ClosedLoop:
-        for index in range(self.clients):
-            thread = threading.Thread(target=self._client, args=(index,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(30)
-
-    def _client(self, index: int) -> None:
-        counter = itertools.count(index)
-        with httpx.Client(timeout=30, trust_env=False) as client:
-            while not self._stop.is_set():
-                ips = serving_ips(self.watcher, self.pool)
-                if not ips:
-                    time.sleep(0.1)
-                    continue
-                ip = ips[next(counter) % len(ips)]
-                body = {"model": self.pool, "input": [f"client {index}"]}
-                try:
-                    response = client.post(f"http://{ip}:{self.port}/v1/embeddings", json=body)
-                except httpx.HTTPError:
-                    time.sleep(0.05)  # a worker going away: try the next one
-                    continue
-                if response.status_code == 200:
-                    with self._lock:
-                        self.answered += 1
-                else:
-                    time.sleep(0.05)
-
-
-def reasons(cluster: Cluster, namespace: str, pool: str) -> list[tuple[str, str]]:
-    return [(e["reason"], e["message"]) for e in events(cluster, namespace, pool)]
+    return target
 
 
 def test_load_scales_up_to_max_replicas_never_past_it_and_back_down_after_the_delay(
@@ -149,7 +107,7 @@ def test_load_scales_up_to_max_replicas_never_past_it_and_back_down_after_the_de
         timeout=180,
         message="the first worker Ready",
     )
-    load = ClosedLoop(watcher, "auto", port).start()
+    load = ClosedLoop(to_workers(watcher, "auto", port), "auto", CLIENTS).start()
     try:
         # 12 requests outstanding at 2 per worker ask for 6 workers: the pool goes to maxReplicas (3).
         scaled_up = wait_status(
@@ -207,14 +165,7 @@ def test_demand_wakes_a_pool_at_zero_to_one_worker_that_returns_to_zero_when_idl
         idle_timeout_seconds=3,
     )
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
-    zero = wait_status(
-        cluster,
-        namespace,
-        "wake",
-        lambda s: s.get("phase") == "ScaledToZero",
-        timeout=60,
-        message="the pool at zero says so",
-    )
+    zero = wait_at_zero(cluster, namespace, "wake", timeout=60, message="the pool at zero says so")
     ready = condition(zero, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "ScaledToZero")
     assert "wakes the pool on its next request" in ready["message"]
@@ -248,13 +199,8 @@ def test_demand_wakes_a_pool_at_zero_to_one_worker_that_returns_to_zero_when_idl
     assert answer.status_code == 200, answer.text
 
     # Idle for idleTimeoutSeconds: evicted, back to zero; the same demand does not wake it again.
-    again = wait_status(
-        cluster,
-        namespace,
-        "wake",
-        lambda s: s.get("phase") == "ScaledToZero" and not s.get("workers"),
-        timeout=120,
-        message="back to zero after the idle timeout",
+    again = wait_at_zero(
+        cluster, namespace, "wake", timeout=120, message="back to zero after the idle timeout"
     )
     back = parse_time(again["autoscaling"]["scaledToZeroAt"])
     assert back is not None and back > (parse_time(demand) or back)

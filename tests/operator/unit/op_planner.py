@@ -30,7 +30,7 @@ def view(
     spec: ModelPoolSpec | None = None,
     status: ModelPoolStatus | None = None,
     name: str = "p",
-    thash: str = "h1",
+    template_hash: str = "h1",
 ) -> PoolView:
     return PoolView(
         namespace="ns",
@@ -38,7 +38,7 @@ def view(
         spec=spec or make_spec(),
         generation=1,
         status=status or ModelPoolStatus(),
-        template_hash=thash,
+        template_hash=template_hash,
     )
 
 
@@ -47,7 +47,7 @@ def w(
     state: WorkerState = "Ready",
     *,
     pool: str = "p",
-    thash: str = "h1",
+    template_hash: str = "h1",
     last_request: float | None = None,
     since: float = 0,
     evicting: str | None = None,
@@ -70,7 +70,7 @@ def w(
         queue_depth=queue,
         in_flight=in_flight,
         last_request_time=at(last_request) if last_request is not None else None,
-        template_hash=thash,
+        template_hash=template_hash,
         evicting_reason=evicting,
         evicting_since=at(evicting_since) if evicting_since is not None else None,
         deleting=deleting,

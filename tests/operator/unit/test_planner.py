@@ -286,7 +286,10 @@ def test_two_pools_planning_in_turn_never_over_admit() -> None:
 
 def test_rollover_surges_then_retires_old_workers_keeping_the_ready_minimum() -> None:
     spec = make_spec(replicas=2)
-    old = [w("p-old-a", thash="h0", last_request=10), w("p-old-b", thash="h0", last_request=20)]
+    old = [
+        w("p-old-a", template_hash="h0", last_request=10),
+        w("p-old-b", template_hash="h0", last_request=20),
+    ]
     first = plan(view(spec), old, ledger_for(100 * GI, old), now=NOW)
     assert len(first.create) == 1 and not first.evict  # surge one, nobody retired yet
     new_a = w(first.create[0].name, "Loading")
@@ -300,7 +303,7 @@ def test_rollover_surges_then_retires_old_workers_keeping_the_ready_minimum() ->
 
 def test_rollover_with_fewer_replicas_retires_surplus_outdated_workers_first() -> None:
     spec = make_spec(replicas=1)
-    old = [w(f"p-old-{i}", thash="h0", last_request=i) for i in range(3)]
+    old = [w(f"p-old-{i}", template_hash="h0", last_request=i) for i in range(3)]
     out = plan(view(spec), old, ledger_for(100 * GI, old), now=NOW)
     assert [e.name for e in out.evict] == ["p-old-0", "p-old-1"]
     assert not out.create  # no surge room yet: 1 ready outdated worker + 1 surge once the others are gone
@@ -310,7 +313,7 @@ def test_rollover_with_fewer_replicas_retires_surplus_outdated_workers_first() -
 
 def test_rollover_without_room_for_a_surge_goes_down_to_min_replicas() -> None:
     spec = make_spec(replicas=1, minReplicas=0)
-    old = [w("p-old", thash="h0")]
+    old = [w("p-old", template_hash="h0")]
     out = plan(view(spec), old, ledger_for(2 * GI, old), now=NOW)
     assert not out.create
     assert [(e.name, e.reason) for e in out.evict] == [("p-old", EVICT_ROLLOVER)]
@@ -318,7 +321,7 @@ def test_rollover_without_room_for_a_surge_goes_down_to_min_replicas() -> None:
 
 def test_rollover_keeps_loading_outdated_workers_and_deletes_pending_ones() -> None:
     spec = make_spec(replicas=2)
-    workers = [w("p-l", "Loading", thash="h0"), w("p-p", "Pending", thash="h0")]
+    workers = [w("p-l", "Loading", template_hash="h0"), w("p-p", "Pending", template_hash="h0")]
     out = plan(view(spec), workers, ledger_for(None, workers), now=NOW)
     assert [d.name for d in out.delete] == ["p-p"]
     assert all(e.name != "p-l" for e in out.evict)
@@ -345,7 +348,7 @@ def _workers(pool: str, draw_states: list[tuple[WorkerState, int, int]]) -> list
             state,
             pool=pool,
             last_request=float(lr),
-            thash="h1" if i % 3 else "h0",
+            template_hash="h1" if i % 3 else "h0",
             evicting=EVICT_IDLE if state == "Evicting" else None,
             evicting_since=990 if state == "Evicting" else None,
             memory=mem * GI,
@@ -437,8 +440,8 @@ def test_rollover_never_drops_below_the_ready_minimum(
     ready_old: int, ready_new: int, replicas: int, total: int
 ) -> None:
     spec = make_spec(replicas=replicas, minReplicas=0, maxReplicas=4)
-    workers = [w(f"p-old-{i}", thash="h0", last_request=i) for i in range(ready_old)]
-    workers += [w(f"p-new-{i}", thash="h1") for i in range(ready_new)]
+    workers = [w(f"p-old-{i}", template_hash="h0", last_request=i) for i in range(ready_old)]
+    workers += [w(f"p-new-{i}", template_hash="h1") for i in range(ready_new)]
     ledger = ledger_for(total * GI, workers)
     out = plan(view(spec), workers, ledger, now=NOW)
     ready_after = len(workers) - len(out.evict)

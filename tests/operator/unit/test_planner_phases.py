@@ -4,7 +4,8 @@ phases before it, runs that one phase, and checks what it added to the draft."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta
 
 from op_planner import ledger_for, make_spec, view, w
 from op_pods import GI, at
@@ -47,9 +48,10 @@ def draft_before(
     ledger: Ledger | None = None,
     others: Sequence[OtherPool] = (),
     settings: PlannerSettings | None = None,
+    demanded_at: datetime | None = None,
 ) -> Draft:
     """A draft on which every phase before ``phase`` has run (None: all of them)."""
-    pool = view(spec or make_spec(), status)
+    pool = replace(view(spec or make_spec(), status), demanded_at=demanded_at)
     ledger = ledger or ledger_for(None, list(workers))
     draft = Draft(pool, list(workers), ledger, NOW, others, settings or PlannerSettings())
     for earlier in PHASES:
@@ -215,6 +217,20 @@ def test_retire_requeues_at_the_next_idle_timeout() -> None:
     assert draft.evicts == [] and draft.requeue == [40.0]
 
 
+def test_retire_counts_recorded_demand_as_use_of_idle_workers() -> None:
+    # The server reports Idle, but a gateway still holds requests (the pod is not Ready yet) and recorded
+    # demand 10 s ago: the worker is idle for 10 s, not for the 900 s since its last request.
+    spec = make_spec(replicas=1, idleTimeoutSeconds=60)
+    workers = [w("p-a", "Idle", last_request=100)]
+    draft = draft_before(retire, workers, spec=spec, demanded_at=NOW - timedelta(seconds=10))
+    retire(draft)
+    assert draft.evicts == [] and draft.requeue == [50.0]
+    # Demand older than the timeout keeps nothing.
+    draft = draft_before(retire, workers, spec=spec, demanded_at=NOW - timedelta(seconds=61))
+    retire(draft)
+    assert [(e.name, e.reason) for e in draft.evicts] == [("p-a", EVICT_IDLE)]
+
+
 # ---- 5. scale up under load -----------------------------------------------------------------------------
 
 
@@ -269,7 +285,7 @@ def test_admit_preempts_an_idle_worker_of_a_lower_priority_pool() -> None:
 
 
 def test_admit_drops_outdated_workers_that_never_started() -> None:
-    workers = [w("p-old", "Pending", thash="h0"), w("p-a", "Ready")]
+    workers = [w("p-old", "Pending", template_hash="h0"), w("p-a", "Ready")]
     draft = draft_before(admit, workers, spec=make_spec(replicas=1))
     admit(draft)
     assert draft.deletes == [Delete("p-old", EVICT_ROLLOVER)] and draft.outdated == []
@@ -280,9 +296,9 @@ def test_admit_drops_outdated_workers_that_never_started() -> None:
 
 def test_roll_over_retires_old_workers_while_the_target_stays_ready() -> None:
     workers = [
-        w("p-old-a", thash="h0", last_request=10),
-        w("p-old-b", thash="h0", last_request=20),
-        w("p-new", thash="h1"),
+        w("p-old-a", template_hash="h0", last_request=10),
+        w("p-old-b", template_hash="h0", last_request=20),
+        w("p-new", template_hash="h1"),
     ]
     draft = draft_before(roll_over, workers, spec=make_spec(replicas=2))
     roll_over(draft)
@@ -291,7 +307,7 @@ def test_roll_over_retires_old_workers_while_the_target_stays_ready() -> None:
 
 
 def test_roll_over_never_goes_below_the_target_while_replacements_are_pending() -> None:
-    workers = [w("p-old-a", thash="h0"), w("p-old-b", thash="h0")]
+    workers = [w("p-old-a", template_hash="h0"), w("p-old-b", template_hash="h0")]
     draft = draft_before(roll_over, workers, spec=make_spec(replicas=2))
     assert len(draft.creates) == 1  # admit surged one new worker
     roll_over(draft)
