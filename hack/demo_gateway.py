@@ -1,0 +1,171 @@
+"""`make demo`'s traffic through ``modelpool-gateway`` with the real ``openai`` client (hack/demo.sh).
+
+    python -m hack.demo_gateway wake  --gateway URL --kubeconfig K --namespace NS --pool minilm --timeout S
+    python -m hack.demo_gateway scale --gateway URL --kubeconfig K --namespace NS --pool echo \
+        --clients 12 --max-replicas 3 --timeout S
+
+``wake``: one request for a pool at zero; prints the time from the request to its first answer and where
+it went (``bench.wake``).  ``scale``: ``--clients`` closed-loop clients (each one request outstanding)
+through the gateway until the pool has ``--max-replicas`` Ready workers, then none until it is back to one
+worker; every change of the pool's DESIRED count, readiness, observed load and workers is printed as it
+happens.  Every wait is bounded by ``--timeout``; a miss exits 1 with what was awaited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from bench.controlplane import kubectl
+from bench.wake import wake
+
+
+class Load:
+    """``clients`` threads through the gateway, each with one request outstanding at a time."""
+
+    def __init__(self, gateway_url: str, pool: str, clients: int) -> None:
+        self._client = openai.OpenAI(
+            base_url=f"{gateway_url}/v1", api_key="unused", timeout=30, max_retries=0
+        )
+        self._pool = pool
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.codes: Counter[str] = Counter()
+        self.workers: Counter[str] = Counter()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
+
+    def start(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(35)
+
+    def spread(self, workers: int, timeout: float) -> None:
+        """Until ``workers`` workers have answered; SystemExit at the deadline."""
+        deadline = time.monotonic() + timeout
+        while len(self.workers) < workers:
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"the gateway's answers came from {dict(self.workers)}, not {workers} workers"
+                )
+            time.sleep(0.2)
+
+    def _run(self, index: int) -> None:
+        while not self._stop.is_set():
+            try:
+                raw = self._client.embeddings.with_raw_response.create(
+                    model=self._pool, input=[f"client {index}"]
+                )
+                code, worker = str(raw.status_code), raw.headers.get("x-modelpool-worker", "?")
+            except openai.APIStatusError as exc:
+                code, worker = str(exc.status_code), ""
+            except openai.APIConnectionError as exc:
+                code, worker = type(exc).__name__, ""
+            with self._lock:
+                self.codes[code] += 1
+                if worker:
+                    self.workers[worker] += 1
+            if code != "200":
+                time.sleep(0.1)  # a refusal: do not spin on it
+
+
+@dataclass
+class PoolView:
+    """Prints one line of the pool's status at each change: DESIRED, READY, observed load, workers."""
+
+    kubeconfig: Path
+    namespace: str
+    pool: str
+    timeout: float
+    started: float = field(default_factory=time.monotonic)
+
+    def row(self) -> tuple[dict[str, Any], str]:
+        got = kubectl(self.kubeconfig, "get", "modelpools", self.pool, "-n", self.namespace, "-o", "json")
+        status: dict[str, Any] = json.loads(got)["status"]
+        workers = " ".join(f"{w['name']}={w['state']}" for w in status.get("workers") or [])
+        load = (status.get("autoscaling") or {}).get("observedLoad")
+        load_text = "-" if load is None else str(load)
+        desired, ready = status.get("targetReplicas", 0), status.get("readyReplicas", 0)
+        return status, f"{desired:<8} {ready:<6} {load_text:<5} {workers}"
+
+    def until(self, done: Callable[[dict[str, Any]], bool], what: str) -> None:
+        """Print each change until ``done(status)``; SystemExit naming ``what`` at the deadline."""
+        deadline = time.monotonic() + self.timeout
+        last = ""
+        while True:
+            status, row = self.row()
+            if row != last:
+                print(f"    {time.monotonic() - self.started:<7.1f} {row}", flush=True)
+                last = row
+            if done(status):
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"pool {self.namespace}/{self.pool}: not {what} within {self.timeout:.0f}s")
+            time.sleep(0.5)
+
+
+def scale(args: argparse.Namespace) -> None:
+    view = PoolView(args.kubeconfig, args.namespace, args.pool, args.timeout)
+    top = args.max_replicas
+    print(f"    {'T+s':<7} {'DESIRED':<8} {'READY':<6} {'LOAD':<5} WORKERS (state)")
+    print(f"    -- {args.clients} clients through the gateway, one request outstanding each", flush=True)
+    load = Load(args.gateway, args.pool, args.clients).start()
+    try:
+        view.until(lambda s: s.get("readyReplicas") == top, f"scaled up to {top} Ready workers")
+        # The new workers join as soon as the operator marks them serving and the gateway's watch sees it.
+        load.spread(top, args.timeout)
+    finally:
+        load.stop()
+    print(f"    -- load stopped: answers {dict(load.codes)}, by worker {dict(load.workers)}", flush=True)
+    if set(load.codes) != {"200"}:
+        raise SystemExit(f"requests through the gateway were not all answered 200: {dict(load.codes)}")
+    view.until(
+        lambda s: s.get("targetReplicas") == 1 and len(s.get("workers") or []) == 1, "back to one worker"
+    )
+
+
+def wake_command(args: argparse.Namespace) -> None:
+    model = args.pool
+    print(
+        f"    openai.OpenAI(base_url='{args.gateway}/v1').embeddings.create(model='{model}', ...)", flush=True
+    )
+    try:
+        woke = wake(args.gateway, args.kubeconfig, args.namespace, model, timeout=args.timeout)
+    except openai.APIStatusError as exc:  # the gateway's answer says why (loading, budget, ...)
+        raise SystemExit(f"the gateway answered {exc.status_code}: {exc.message}") from exc
+    except openai.APITimeoutError as exc:
+        raise SystemExit(f"no answer from the gateway within {args.timeout:.0f}s") from exc
+    print(f"    first answer after {woke.seconds:.1f}s (worker {woke.worker}, {woke.dimensions} dimensions)")
+    print(f"    on the way: {woke.describe()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("command", choices=["wake", "scale"])
+    parser.add_argument("--gateway", required=True, help="the gateway's base URL, http://host:port")
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--pool", required=True)
+    parser.add_argument("--timeout", type=float, default=240, help="bound of every wait (seconds)")
+    parser.add_argument("--clients", type=int, default=12)
+    parser.add_argument("--max-replicas", type=int, default=3)
+    args = parser.parse_args(argv)
+    (scale if args.command == "scale" else wake_command)(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
