@@ -20,11 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -34,9 +32,8 @@ from pathlib import Path
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.cluster import guarded_cluster
 from bench.report import replace_block
-from hack.loopback_guard import PodIPWatch
-from tests.clusterlib import start_cluster, stop_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("MODELPOOL_TEST_BIN_DIR", ROOT / "bin"))
@@ -288,26 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-readme", action="store_true", help="do not update README.md")
     args = parser.parse_args(argv)
 
-    reuse = os.environ.get("MODELPOOL_BENCH_KUBECONFIG")
-    workdir = Path(tempfile.mkdtemp(prefix="modelpool-bench-"))
-    name = f"mp-bench-{uuid.uuid4().hex[:6]}"
-    try:  # a failed start is stopped too: `up` may have left components running
-        kubeconfig = Path(reuse) if reuse else start_cluster(workdir, name).kubeconfig
-        guard = PodIPWatch(kubeconfig)
-        guard.start()
-        result = run(args.pools, args.workers, args.window, kubeconfig, workdir / "operator.log")
-        guard.stop()
-        print(guard.raise_for_violations())  # before the numbers count: every pod address was loopback
-    except BaseException:
-        sys.stderr.write(f"benchmark failed; operator log and cluster logs in {workdir}\n")
-        if not reuse:
-            stop_cluster(workdir, name)
-        raise
-    if not reuse:
-        stop_cluster(workdir, name)
-        shutil.rmtree(workdir, ignore_errors=True)
-    else:
-        kubectl(kubeconfig, "delete", "namespace", NAMESPACE, "--wait=false")
+    with guarded_cluster("bench", "operator log and cluster logs") as cluster:
+        result = run(
+            args.pools, args.workers, args.window, cluster.kubeconfig, cluster.workdir / "operator.log"
+        )
+        if cluster.reused:  # someone else's cluster: leave it without the benchmark's pools
+            kubectl(cluster.kubeconfig, "delete", "namespace", NAMESPACE, "--wait=false")
 
     out = ROOT / ".bench"
     out.mkdir(exist_ok=True)

@@ -34,12 +34,9 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import signal
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -51,6 +48,7 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.cluster import guarded_cluster
 from bench.controlplane import kubectl, wait
 from bench.corpus import corpus
 from bench.environment import REPO
@@ -59,9 +57,7 @@ from bench.minilm import packaged_minilm
 from bench.report import replace_block
 from bench.server_process import free_port
 from bench.wake import Wake, wake
-from hack.loopback_guard import PodIPWatch
 from modelpool_contract.labels import ANNOTATION_DEMANDED_AT, LABEL_POOL
-from tests.clusterlib import start_cluster, stop_cluster
 
 START_MARK = "<!-- bench:gateway:start -->"
 END_MARK = "<!-- bench:gateway:end -->"
@@ -556,24 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-readme", action="store_true", help="do not update README.md")
     args = parser.parse_args(argv)
-    reuse = os.environ.get("MODELPOOL_BENCH_KUBECONFIG")
-    workdir = Path(tempfile.mkdtemp(prefix="modelpool-bench-gw-"))
-    name = f"mp-bench-gw-{uuid.uuid4().hex[:6]}"
-    try:  # a failed start is stopped too: `up` may have left components running
-        kubeconfig = Path(reuse) if reuse else start_cluster(workdir, name).kubeconfig
-        guard = PodIPWatch(kubeconfig)
-        guard.start()
-        results = run(kubeconfig, workdir, args)
-        guard.stop()
-        print(guard.raise_for_violations())  # before the numbers count: every pod address was loopback
-    except BaseException:
-        sys.stderr.write(f"benchmark failed; gateway, operator and cluster logs in {workdir}\n")
-        if not reuse:
-            stop_cluster(workdir, name)
-        raise
-    if not reuse:
-        stop_cluster(workdir, name)
-        shutil.rmtree(workdir, ignore_errors=True)
+    with guarded_cluster("bench-gw", "gateway, operator and cluster logs") as cluster:
+        results = run(cluster.kubeconfig, cluster.workdir, args)
     out = REPO / ".bench"
     out.mkdir(exist_ok=True)
     saved = out / "gateway.json"

@@ -10,8 +10,8 @@ share it):
   started before the request first saw it);
 * pod created -> model loaded: the worker process starts and loads the model (its ``/v2/health/ready``
   first answers 200, polled every 50 ms);
-* model loaded -> Ready: the kubelet's probes see it (the startup probe, every 10 s, then the readiness
-  probe) and the pod's Ready condition turns True, as the watch saw it;
+* model loaded -> Ready: the kubelet's probes see it (the startup probe, then the readiness probe, each
+  every 2 s) and the pod's Ready condition turns True, as the watch saw it;
 * Ready -> answered: the operator marks the worker serving, the gateway sees it through its own watch and
   releases the held request, which the worker computes.
 

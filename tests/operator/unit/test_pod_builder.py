@@ -92,6 +92,8 @@ def test_worker_pod_shape() -> None:
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 1800
+    # A loaded worker becomes routable within a couple of seconds (the wait of a request that woke a pool).
+    assert c["startupProbe"]["periodSeconds"] <= 2 and c["readinessProbe"]["periodSeconds"] <= 2
     assert c["terminationMessagePath"] == "/dev/termination-log"
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
