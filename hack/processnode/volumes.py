@@ -10,7 +10,9 @@ Layout under the agent's --pods-dir, per pod (removed when the pod is deleted):
 The rule (`ContainerView.rewrite`): an absolute path in a container's command, args, env values or
 workingDir that is a mountPath, lies under one, or is a parent directory of one (other than `/`) is
 replaced by `<root>/<path>`; so are the same paths after `file://` and after the first `=` of a value
-(`--model=/models/x`).  PROCESSNODE_ROOT names the container's root.  Paths a program builds in by
+(`--model=/models/x`), except a path under a mountPath that exists on the host and not in the volume (a
+host file handed to the pod, e.g. a model in a checkout under /tmp, where workers mount an emptyDir): it
+stays as it is.  PROCESSNODE_ROOT names the container's root.  Paths a program builds in by
 default (a server's default --pvc-root, /tmp without TMPDIR) are not seen: pass them explicitly.
 
 Sources (`pod_volume_dirs`): emptyDir (a fresh directory), hostPath (the host path, with the `type`
@@ -194,7 +196,9 @@ class ContainerView:
         norm = _normalize(path)
         if norm == "/":
             return None
-        for mount in self.mounts:
+        for mount, host in self.mounts.items():
+            if norm.startswith(mount + "/") and _host_file_outside(norm, mount, host):
+                return None
             if norm == mount or norm.startswith(mount + "/") or mount.startswith(norm + "/"):
                 return str(self.root) + norm + ("/" if path.endswith("/") else "")
         return None
@@ -218,6 +222,14 @@ class ContainerView:
         out = {k: v if base.get(k) == v else self.rewrite(v) for k, v in env.items()}
         out[ROOT_ENV] = str(self.root)
         return out
+
+
+def _host_file_outside(path: str, mount: str, host: Path) -> bool:
+    """`path` (under `mount`) names a file that exists on the host and not in the volume: a host file the
+    pod was handed on purpose (a test's model directory in a checkout under /tmp, where a worker's /tmp
+    emptyDir is mounted), which the process, sharing the host's filesystem, can read where it is."""
+    inside = host / path[len(mount) + 1 :]
+    return os.path.lexists(path) and not os.path.lexists(inside)
 
 
 def materialize(view: ContainerView) -> None:

@@ -157,6 +157,23 @@ def test_rewrite_rule(value: str, expected: str) -> None:
     assert VIEW.rewrite(value) == expected
 
 
+def test_a_host_file_under_a_mount_stays_where_it_is_unless_the_volume_has_it(tmp_path: Path) -> None:
+    # Workers mount an emptyDir at /tmp; a checkout under /tmp hands them host files below it (a model).
+    host_tmp, volume = tmp_path / "tmp", tmp_path / "volume"
+    (host_tmp / "checkout" / "model").mkdir(parents=True)
+    (volume / "shared").mkdir(parents=True)
+    (host_tmp / "shared").mkdir()
+    view = ContainerView(tmp_path / "root", {str(host_tmp): volume})
+    model = str(host_tmp / "checkout" / "model")
+    assert view.rewrite(model) == model  # on the host only: the process reads it where it is
+    assert view.rewrite(f"--model={model}") == f"--model={model}"
+    in_volume = str(host_tmp / "shared")  # in both: the volume's copy is the pod's
+    assert view.rewrite(in_volume) == f"{tmp_path}/root{in_volume}"
+    missing = str(host_tmp / "new.sock")  # on neither: the program makes it, in its volume
+    assert view.rewrite(missing) == f"{tmp_path}/root{missing}"
+    assert view.rewrite(str(host_tmp)) == f"{tmp_path}/root{host_tmp}"  # the mountPath itself
+
+
 def test_rewrite_env_maps_the_pods_values_and_names_the_root() -> None:
     base = {"PATH": "/usr/bin", "HOME": "/cache"}  # the agent's own values are host paths already
     env = {**base, "HF_HOME": "/cache/huggingface", "MODE": "fast"}
