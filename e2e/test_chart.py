@@ -361,11 +361,9 @@ def test_the_gateways_rbac_is_read_pools_and_pods_and_patch_pools_only(helm: lis
     docs = render(helm)
     rules = _rules(one(docs, "ClusterRole", GATEWAY))
     assert rules == {
-        ("modelpool.dev", "modelpools", "get"),
         ("modelpool.dev", "modelpools", "list"),
         ("modelpool.dev", "modelpools", "watch"),
         ("modelpool.dev", "modelpools", "patch"),
-        ("", "pods", "get"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
     }

@@ -359,7 +359,8 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
     account = f"system:serviceaccount:{release.namespace}:{gateway}"
     allowed = [("list", "modelpools"), ("watch", "modelpools"), ("patch", "modelpools"), ("watch", "pods")]
     denied = [("create", "pods"), ("delete", "modelpools"), ("patch", "pods"), ("get", "secrets"),
-              ("patch", "modelpools --subresource=status"), ("list", "modelbudgets")]  # fmt: skip
+              ("get", "pods"), ("patch", "modelpools --subresource=status"),
+              ("list", "modelbudgets")]  # fmt: skip
     for verb, resource in allowed + denied:
         answer = release.k(
             "auth", "can-i", verb, *resource.split(), "-n", release.namespace, "--as", account, check=False
