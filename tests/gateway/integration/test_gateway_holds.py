@@ -65,7 +65,11 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         crds, [namespace], logs / "operator.log", MODELPOOL_OPERATOR_SERVER_PORT=str(free_port())
     )
     flags = ("--max-held-per-pool", "3", "--hold-retry-after-seconds", "7", "--demand-interval-seconds", "1")
-    gateway = GatewayProcess(crds, [namespace], logs / "gateway.log", *flags)
+    try:
+        gateway = GatewayProcess(crds, [namespace], logs / "gateway.log", *flags)
+    except BaseException:
+        operator.stop()  # the gateway could not start: the operator must not outlive the session
+        raise
     setup = Setup(crds, namespace, gateway, logs)
     try:
         wait_for(lambda: crds.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,

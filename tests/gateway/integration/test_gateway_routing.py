@@ -75,7 +75,11 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     operator = OperatorProcess(
         crds, [namespace], logs / "operator.log", MODELPOOL_OPERATOR_SERVER_PORT=str(worker_port)
     )
-    gateway = GatewayProcess(crds, [namespace], logs / "gateway.log")
+    try:
+        gateway = GatewayProcess(crds, [namespace], logs / "gateway.log")
+    except BaseException:
+        operator.stop()  # the gateway could not start: the operator must not outlive the session
+        raise
     try:
         wait_for(lambda: crds.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
                  timeout=30, message="default ServiceAccount")  # fmt: skip
