@@ -39,7 +39,8 @@ ENV HF_HOME=/cache/huggingface
 RUN mkdir -p /cache/huggingface && chmod -R 1777 /cache
 WORKDIR /home/modelpool
 USER 10001:10001
-EXPOSE 8000
+# Traffic, and the probe port the operator passes (--probe-port: probes and /stats).
+EXPOSE 8000 8001
 ENTRYPOINT ["modelpool-server"]
 
 # ---- operator: modelpool-operator and modelpool-gateway, no torch (the last stage: a plain `docker build`

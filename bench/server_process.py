@@ -27,17 +27,21 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``modelpool-server`` serving ``model`` as ``minilm`` (text-embedding) on a free loopback port.
-    ``/stats`` (and so ``rss_bytes``) covers the whole worker: the supervisor and all its processes."""
+    """``modelpool-server`` serving ``model`` as ``minilm`` (text-embedding) on a free loopback port, with
+    its probe port on another, as in a pod.  ``/stats`` (and so ``rss_bytes``) covers the whole worker:
+    the supervisor and all its processes; the bench reads it on the probe port, as the operator does."""
 
     def __init__(self, model: Path, device: str, dtype: str, *extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        probe_port = free_port()
+        self.probe_url = f"http://127.0.0.1:{probe_port}"
         self.log = tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log", delete=False)  # noqa: SIM115
         cmd = [
             sys.executable, "-m", "model_server", "--model", str(model), "--task", "text-embedding",
             "--name", "minilm", "--device", device, "--dtype", dtype, "--host", "127.0.0.1",
-            "--port", str(self.port), "--termination-log", self.log.name + ".termination",
+            "--port", str(self.port), "--probe-port", str(probe_port),
+            "--termination-log", self.log.name + ".termination",
             "--log-level", "warning",
             *extra,
         ]  # fmt: skip
@@ -64,7 +68,7 @@ class ServerProcess:
         raise RuntimeError(f"{path} not answering after {timeout}s")
 
     def stats(self) -> dict[str, Any]:
-        doc: dict[str, Any] = self.client.get(self.url + "/stats").json()
+        doc: dict[str, Any] = self.client.get(self.probe_url + "/stats").json()
         return doc
 
     def rss_bytes(self) -> int:

@@ -256,11 +256,15 @@ def test_network_policy_admits_only_the_operator_the_gateway_and_named_callers(h
     spec = policies[0]["spec"]
     assert spec["podSelector"] == {"matchExpressions": [{"key": "modelpool.dev/pool", "operator": "Exists"}]}
     assert spec["policyTypes"] == ["Ingress"]
-    [rule] = spec["ingress"]
+    probes, rule = spec["ingress"]
+    # The probe port: the operator alone (its /stats scrape; the kubelet's probes are not subject to it).
+    assert probes["ports"] == [{"port": "probes", "protocol": "TCP"}]
+    [only] = probes["from"]
     assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     release_ns = {"matchLabels": {"kubernetes.io/metadata.name": "mp-system"}}
     operator_labels = one(docs, "Deployment", OPERATOR)["spec"]["template"]["metadata"]["labels"]
     operator, gateway, named = rule["from"]
+    assert only == operator
     assert operator["namespaceSelector"] == release_ns
     assert operator["podSelector"]["matchLabels"].items() <= operator_labels.items()
     assert operator["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
@@ -279,7 +283,7 @@ def test_network_policy_admits_only_the_operator_the_gateway_and_named_callers(h
     )  # fmt: skip
     [policy] = by_kind(docs, "NetworkPolicy")
     assert policy["metadata"]["namespace"] == "models"
-    assert len(policy["spec"]["ingress"][0]["from"]) == 1
+    assert [len(rule["from"]) for rule in policy["spec"]["ingress"]] == [1, 1]
 
     # In cluster scope the chart cannot know where workers run: it says so.
     result = template(helm, "--set", "networkPolicy.enabled=true", check=False)

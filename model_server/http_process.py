@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from multiprocessing.connection import Connection
 from types import FrameType
 
@@ -20,6 +21,7 @@ import uvicorn
 from model_server import ipc
 from model_server.config import ServerConfig
 from model_server.endpoints import build_app
+from model_server.probe_server import BEAT_PERIOD_S
 from model_server.process_setup import set_up
 from model_server.server import ModelServer
 from model_server.worker_view import Column, WorkerView
@@ -31,8 +33,10 @@ GRACEFUL_SHUTDOWN_S = 5
 # The HTTP processes' nice value: when they and the model want the same cores, the model's work goes
 # first.  Under a flood of clients that resend at once, the HTTP side would otherwise take all the CPU it
 # is offered (the faster it refuses, the faster they resend) and the model's goodput would fall to a
-# fraction of normal; a few milliseconds more on a 429 or a health check cost nothing by comparison.
-HTTP_NICE = 5
+# fraction of normal (on 2 cores: 0.10x at nice 0, 0.62-0.79x at 5, 0.74-1.03x at 10; docs/server.md).
+# Slower 429s cost nothing by comparison; the probes that must not wait go to the supervisor's probe
+# port (``probe_server``), which keeps its normal priority.
+HTTP_NICE = 10
 
 
 class HTTPServer(uvicorn.Server):
@@ -55,7 +59,14 @@ class HTTPServer(uvicorn.Server):
         loop.run_in_executor(None, self._import_task)
         await super().startup(sockets)
         server = self.model_server
+        self._beat()
         server.view.put(server.inference.row, Column.UP, 1.0)
+
+    def _beat(self) -> None:
+        """The event loop's heartbeat (the probe port's liveness fails when it stops)."""
+        server = self.model_server
+        server.view.put(server.inference.row, Column.BEAT, time.monotonic())
+        asyncio.get_running_loop().call_later(BEAT_PERIOD_S, self._beat)
 
     def _import_task(self) -> None:
         try:

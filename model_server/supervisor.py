@@ -17,6 +17,9 @@ Then it watches them, and owns the exit code and the termination log:
   exits with the inference process's code (3 load failure, 4 fatal device error) or
   ``EXIT_PROCESS_DIED``.
 
+With ``--probe-port`` it answers health, readiness and ``/stats`` on that port itself, from a thread
+(``probe_server``: apart from the traffic, at the supervisor's normal CPU priority).
+
 It imports neither torch nor the web stack nor the model's code (``process_setup.start`` imports each
 process's module in that process).
 """
@@ -38,6 +41,7 @@ from types import FrameType
 
 from model_server import process_setup
 from model_server.config import ServerConfig
+from model_server.probe_server import ProbeServer
 from model_server.state_machine import State, StateMachine
 from model_server.worker_view import INFERENCE_ROW, SPAWN, SUPERVISOR_ROW, Column, WorkerView, http_row
 from modelpool_contract.exits import EXIT_DEVICE_FAILED, EXIT_LOAD_FAILED, EXIT_PROCESS_DIED
@@ -256,6 +260,13 @@ def run(config: ServerConfig) -> int:
         return 1
     port = listeners[0].getsockname()[1]
     supervisor = Supervisor(config)
+    try:
+        probes = start_probe_server(config, supervisor)
+    except OSError as exc:
+        log.error("cannot listen on the probe port %s:%s: %s", config.host, config.probe_port, exc)
+        for sock in listeners:
+            sock.close()
+        return 1
     # The processes start with SIGTERM and SIGINT blocked (the mask survives exec), so a signal to the
     # whole process group (a pod's deletion, Ctrl-C) cannot kill one before it ignores them; the
     # supervisor's own copy waits until ``watch`` is ready for it.
@@ -264,9 +275,24 @@ def run(config: ServerConfig) -> int:
     log.info(
         "listening on %s:%s: %d HTTP processes and the inference process", config.host, port, len(listeners)
     )
-    code = supervisor.watch()
-    supervisor.view.unlink()
-    return code
+    try:
+        return supervisor.watch()
+    finally:
+        if probes is not None:
+            probes.shutdown()
+            probes.server_close()
+        supervisor.view.unlink()
 
 
-__all__ = ["Supervisor", "bind_listeners", "describe_exit", "run", "verdict"]
+def start_probe_server(config: ServerConfig, supervisor: Supervisor) -> ProbeServer | None:
+    """With ``--probe-port``: health, readiness and /stats on it, from a thread of this process (its
+    socket listens before any other process starts, so the first probe never meets a refusal)."""
+    if config.probe_port is None:
+        return None
+    probes = ProbeServer((config.host, config.probe_port), config, supervisor.view, supervisor.state_machine)
+    probes.serve_in_thread()
+    log.info("probes and /stats also on %s:%s", config.host, config.probe_port)
+    return probes
+
+
+__all__ = ["Supervisor", "bind_listeners", "describe_exit", "run", "start_probe_server", "verdict"]

@@ -67,6 +67,7 @@ class Column(enum.IntEnum):
     ERRORS = enum.auto()  # computed and failed (500)
     LAST_REQUEST = enum.auto()  # Unix time of the last admitted request (0: none)
     UP = enum.auto()  # 1: an HTTP process that accepts connections
+    BEAT = enum.auto()  # an HTTP process's event loop: time.monotonic() of its last tick
 
 
 _GLOBALS = len(Field)
@@ -221,6 +222,16 @@ class WorkerView:
     def http_up(self) -> bool:
         """Does every HTTP process accept connections (the kernel may hand any of them the next one)?"""
         return all(self.numbers[self._slot(http_row(i), Column.UP)] for i in range(self.http_processes))
+
+    def stalled_http(self, now: float, bound: float) -> list[int]:
+        """The HTTP processes (indexes) that accept connections but whose event loop has not ticked for
+        ``bound`` seconds (``now``: ``time.monotonic()``, one clock for every process of the machine)."""
+        return [
+            i
+            for i in range(self.http_processes)
+            if self.numbers[self._slot(http_row(i), Column.UP)]
+            and now - self.numbers[self._slot(http_row(i), Column.BEAT)] > bound
+        ]
 
     def pids(self) -> Iterator[tuple[int, int]]:
         """(row, pid) of every process that has registered."""

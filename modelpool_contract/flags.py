@@ -22,6 +22,9 @@ SERVER_COMMAND: Final = "modelpool-server"
 DEFAULT_SERVER_IMAGE: Final = "ghcr.io/modelpool/modelpool-server:0.1.0"
 #: The port worker pods listen on (the operator passes it; the server's own default suits a laptop).
 WORKER_PORT: Final = 8000
+#: The port a worker's supervisor answers probes and ``/stats`` on, apart from the traffic
+#: (``--probe-port``; the server's own default is none: a laptop needs no probes).
+WORKER_PROBE_PORT: Final = 8001
 #: Where the server writes why it failed (the container's terminationMessagePath).
 TERMINATION_LOG: Final = "/dev/termination-log"
 
@@ -45,6 +48,7 @@ class ServerArgs:
     task: TaskName
     name: str
     port: int = WORKER_PORT
+    probe_port: int | None = WORKER_PROBE_PORT
     queue_capacity: int = QUEUE_CAPACITY
     max_batch_size: int = MAX_BATCH_SIZE
     max_batch_delay_ms: float = BATCH_DELAY_MS

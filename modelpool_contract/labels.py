@@ -39,5 +39,7 @@ ANNOTATION_DEMANDED_AT: Final = f"{PREFIX}/demanded-at"
 
 #: The worker pod's one container, which runs the model server.
 SERVER_CONTAINER: Final = "server"
-#: The name of that container's HTTP port (probes, the pool's Service and ``/stats`` use it).
+#: The name of that container's HTTP port (the pool's Service and the gateway send traffic to it).
 HTTP_PORT_NAME: Final = "http"
+#: The name of its probe port (the kubelet's probes and the operator's ``/stats`` scrape use it).
+PROBE_PORT_NAME: Final = "probes"

@@ -55,7 +55,10 @@ def planner_settings(config: OperatorConfig) -> PlannerSettings:
 
 def pod_settings(config: OperatorConfig) -> PodSettings:
     return PodSettings(
-        default_image=config.server_image, port=config.server_port, model_cache=config.model_cache
+        default_image=config.server_image,
+        port=config.server_port,
+        probe_port=config.server_probe_port,
+        model_cache=config.model_cache,
     )
 
 

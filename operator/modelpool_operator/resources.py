@@ -18,6 +18,7 @@ from modelpool_contract.flags import (
     SERVER_COMMAND,
     TERMINATION_LOG,
     WORKER_PORT,
+    WORKER_PROBE_PORT,
     ServerArgs,
 )
 from modelpool_contract.labels import (
@@ -30,6 +31,7 @@ from modelpool_contract.labels import (
     LABEL_SERVING,
     LABEL_TEMPLATE_HASH,
     LABEL_WORKER,
+    PROBE_PORT_NAME,
     SERVER_CONTAINER,
 )
 from modelpool_contract.mounts import CACHE_MOUNT_PATH, HF_HOME_PATH, PVC_MOUNT_ROOT, parse_pvc_source
@@ -49,6 +51,8 @@ class PodSettings:
 
     default_image: str = DEFAULT_SERVER_IMAGE
     port: int = WORKER_PORT
+    # Probes and /stats: answered by the worker's supervisor, apart from the traffic (probe_server).
+    probe_port: int = WORKER_PROBE_PORT
     # The server drains queued work for up to this long after SIGTERM; the kubelet waits a bit longer.
     drain_timeout_s: int = DRAIN_TIMEOUT_S
     # startupProbe: period x failureThreshold bounds the model load (2 s x 900 = 30 min for big models).
@@ -87,6 +91,7 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         task=spec.model.task,
         name=pool_name,
         port=settings.port,
+        probe_port=settings.probe_port,
         queue_capacity=spec.queue.capacity,
         max_batch_size=spec.queue.max_batch_size,
         max_batch_delay_ms=spec.queue.max_batch_delay_ms,
@@ -103,7 +108,9 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
 
 
 def _http_get(path: str) -> dict[str, Any]:
-    return {"path": path, "port": HTTP_PORT_NAME}
+    """A probe on the probe port: the supervisor answers it at once however busy the traffic keeps the
+    serving port."""
+    return {"path": path, "port": PROBE_PORT_NAME}
 
 
 def _cache_volume(spec: ModelPoolSpec, settings: PodSettings) -> dict[str, Any]:
@@ -174,7 +181,10 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
         "command": [SERVER_COMMAND],
         "args": server_args(pool_name, spec, settings),
         "env": env,
-        "ports": [{"name": HTTP_PORT_NAME, "containerPort": settings.port, "protocol": "TCP"}],
+        "ports": [
+            {"name": HTTP_PORT_NAME, "containerPort": settings.port, "protocol": "TCP"},
+            {"name": PROBE_PORT_NAME, "containerPort": settings.probe_port, "protocol": "TCP"},
+        ],
         "resources": _container_resources(spec),
         # Loading a big model takes minutes: liveness/readiness only start once startup succeeded.
         "startupProbe": {
@@ -183,7 +193,7 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
             "failureThreshold": settings.startup_failure_threshold,
             "timeoutSeconds": 5,
         },
-        # Every 2 s (a cheap answer from an HTTP process): the model loaded -> routable delay is at most
+        # Every 2 s (a cheap answer from shared memory): the model loaded -> routable delay is at most
         # one period, and a draining or failed worker leaves the endpoints within three.
         "readinessProbe": {
             "httpGet": _http_get("/v2/health/ready"),

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, WORKER_PORT
+from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, WORKER_PORT, WORKER_PROBE_PORT
 from modelpool_contract.labels import LABEL_POOL, PREFIX
 from modelpool_operator.api import CacheType, ModelCacheSpec
 
@@ -63,6 +63,15 @@ class OperatorConfig(BaseSettings):
         ge=1,
         le=65535,
         description="Port of the worker's HTTP server when the pod names none.",
+    )
+    server_probe_port: int = Field(
+        default=WORKER_PROBE_PORT,
+        ge=1,
+        le=65535,
+        description=(
+            "Port on which each worker answers its probes and /stats apart from the traffic (so a flooded "
+            "worker still answers the kubelet and the operator at once)."
+        ),
     )
 
     # --- reconciliation ----------------------------------------------------------------------------
@@ -196,6 +205,15 @@ class OperatorConfig(BaseSettings):
     @model_validator(mode="after")
     def _cache_is_complete(self) -> OperatorConfig:
         self.model_cache  # noqa: B018 - raises when the type's claim or path is missing
+        return self
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> OperatorConfig:
+        if self.server_port == self.server_probe_port:
+            raise ValueError(
+                f"server_probe_port must differ from server_port (both {self.server_port}): the worker "
+                "listens on each"
+            )
         return self
 
     @property

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from modelpool_contract.labels import HTTP_PORT_NAME
+from modelpool_contract.labels import HTTP_PORT_NAME, PROBE_PORT_NAME
 from modelpool_contract.stats import STATS_PATH
 
 logger = logging.getLogger(__name__)
@@ -64,18 +64,21 @@ def _news(stats: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
 def stats_url(pod: Mapping[str, Any], default_port: int) -> str | None:
     """The pod's ``/stats`` URL, or None when it has no IP yet or is not running.
 
-    The port is the container port named ``http`` (``HTTP_PORT_NAME``) when the pod declares one (the
-    pod builder does), the configured default otherwise.
+    The port is the container port named ``probes`` (``PROBE_PORT_NAME``: the supervisor answers there
+    however busy the traffic is) when the pod declares one (the pod builder does), else the one named
+    ``http`` (workers made before the probe port), else the configured default.
     """
     status = pod.get("status") or {}
     ip = status.get("podIP")
     if not ip or status.get("phase") != "Running":
         return None
-    port = default_port
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for declared in container.get("ports") or []:
-            if declared.get("name") == HTTP_PORT_NAME and declared.get("containerPort"):
-                port = int(declared["containerPort"])
+    declared = {
+        str(entry.get("name")): int(entry["containerPort"])
+        for container in (pod.get("spec") or {}).get("containers") or []
+        for entry in container.get("ports") or []
+        if entry.get("containerPort")
+    }
+    port = declared.get(PROBE_PORT_NAME) or declared.get(HTTP_PORT_NAME) or default_port
     host = f"[{ip}]" if ":" in ip else ip
     return f"http://{host}:{port}{STATS_PATH}"
 

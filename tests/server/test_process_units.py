@@ -20,12 +20,13 @@ from model_server.config import ServerConfig, default_http_workers
 from model_server.dataplane import DataPlane, Unit
 from model_server.errors import Overloaded, ServerError
 from model_server.metrics import Metrics
+from model_server.probe_server import STALL_AFTER_S, answer
 from model_server.state_machine import State, StateMachine
 from model_server.supervisor import describe_exit, verdict
 from model_server.sweep import SWEEP_BATCHES, Sweep, sweep_capacity
 from model_server.tasks.base import Embedding, TextItem
 from model_server.worker import Worker
-from model_server.worker_view import SPAWN, Door, WorkerView
+from model_server.worker_view import SPAWN, Column, Door, WorkerView, http_row
 
 
 def _grab(door: Door, start: Any, tries: int, taken: Any) -> None:
@@ -241,3 +242,29 @@ def test_a_sweep_pads_no_more_than_arrival_order(lengths: list[int], limit: int)
         return sum(len(b) * max(b) for b in batches)
 
     assert padded(swept) <= padded(arrival)
+
+
+def test_the_probe_ports_answers() -> None:
+    """Health, readiness and /stats from the view; liveness fails while an HTTP process that accepts
+    connections has not ticked its heartbeat for STALL_AFTER_S (one still starting is not wedged)."""
+    config = ServerConfig(model="/", task="text-embedding", name="echo", queue_capacity=7)
+    view = WorkerView(config.queue_capacity, http_processes=2)
+    machine = StateMachine(store=view.state_store())
+    now = 1000.0
+    assert answer("/v2/health/live", config, view, machine, now) == (200, {"live": True, "state": "Pending"})
+    assert answer("/v2/health/ready", config, view, machine, now)[0] == 503
+    for state in (State.LOADING, State.READY):
+        machine.to(state)
+    view.put(http_row(0), Column.UP, 1.0)
+    view.put(http_row(0), Column.BEAT, now - 1)
+    # Ready needs every HTTP process up; the second is still starting (no beat yet, and not wedged).
+    assert answer("/v2/health/ready", config, view, machine, now)[0] == 503
+    assert answer("/v2/health/live", config, view, machine, now)[0] == 200
+    view.put(http_row(1), Column.UP, 1.0)
+    view.put(http_row(1), Column.BEAT, now - STALL_AFTER_S - 1)
+    assert answer("/v2/health/ready", config, view, machine, now) == (200, {"ready": True, "state": "Ready"})
+    status, body = answer("/v2/health/live", config, view, machine, now)
+    assert status == 503 and "HTTP process 1 has not run its event loop" in body["reason"]
+    status, stats = answer("/stats", config, view, machine, now)
+    assert status == 200 and stats["state"] == "Ready" and stats["queue_capacity"] == 7
+    assert answer("/v2/models/echo/infer", config, view, machine, now)[0] == 404

@@ -308,3 +308,40 @@ def test_warm_up_runs_before_ready_and_is_reported(server: ServerFactory, tmp_pa
     )  # fmt: skip
     assert not record.exists()
     assert _stats(cold)["warmup_seconds"] is None
+
+
+def test_the_probe_port_answers_while_the_http_processes_cannot(
+    server: ServerFactory, tmp_path: Path
+) -> None:
+    """The supervisor answers health, readiness and /stats on --probe-port without the HTTP processes (a
+    flood keeps them busy at a low priority); a wedged one still fails liveness there, and recovers."""
+    from tests.server.conftest import free_port
+
+    probe_port = free_port()
+    proc, _, _ = _echo(server, tmp_path, "--http-workers", "2", "--probe-port", str(probe_port))
+    probes = httpx.Client(base_url=f"http://127.0.0.1:{probe_port}", timeout=5)
+    assert probes.get("/v2/health/ready").json() == {"ready": True, "state": "Ready"}
+    same = ("state", "queue_capacity", "requests_total", "model")
+    served, probed = _stats(proc), probes.get("/stats").json()
+    assert {k: served[k] for k in same} == {k: probed[k] for k in same}
+    assert probes.get("/v1/embeddings").status_code == 404  # the traffic stays on the serving port
+    https = [p for name, p in worker_processes(proc).items() if name.startswith("mp-http")]
+    assert len(https) == 2
+    for p in https:
+        p.suspend()  # SIGSTOP: nothing the HTTP processes hold can answer
+    try:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.get(proc.url + "/v2/health/live", timeout=0.5)
+        started = time.monotonic()
+        assert probes.get("/v2/health/live").status_code == 200
+        assert probes.get("/stats").json()["state"] == "Ready"
+        assert time.monotonic() - started < 1.0
+
+        # Stopped for longer than STALL_AFTER_S: liveness fails on the probe port too, naming why.
+        asyncio.run(until(lambda: probes.get("/v2/health/live").status_code == 503, "liveness to fail"))
+        assert "has not run its event loop" in probes.get("/v2/health/live").json()["reason"]
+    finally:
+        for p in https:
+            p.resume()
+    asyncio.run(until(lambda: probes.get("/v2/health/live").status_code == 200, "liveness to recover"))
+    assert httpx.get(proc.url + "/v2/health/live").status_code == 200

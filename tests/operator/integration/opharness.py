@@ -30,7 +30,14 @@ from typing import Any
 import httpx
 
 from tests.clusterlib import ROOT, Cluster
-from tests.kube import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, get_json, minilm_package, wait_for
+from tests.kube import (
+    PROCESS_NODE_SELECTOR,
+    PROCESS_NODE_TOLERATION,
+    free_port,
+    get_json,
+    minilm_package,
+    wait_for,
+)
 
 GROUP_VERSION = "modelpool.dev/v1alpha1"
 #: The process node, which runs real modelpool-server processes as pods.
@@ -86,6 +93,9 @@ class OperatorProcess:
         args += ["--liveness", "0", "--log-format", "plain", "--verbose"]
         # The cluster's admin kubeconfig unless a test runs the operator as someone else (a ServiceAccount).
         full_env = {**os.environ, **TEST_ENV, **env, "KUBECONFIG": str(kubeconfig or cluster.kubeconfig)}
+        # The workers' probe port: a free one unless the test names it, as tests pick their serving port
+        # (a fixed port could still be held on a recycled pod address by a worker of an earlier test).
+        full_env.setdefault("MODELPOOL_OPERATOR_SERVER_PROBE_PORT", str(free_port()))
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
             args, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True

@@ -6,7 +6,7 @@ pool's MEASURED column (``kubectl get -o wide``).
 
 This machine has no GPU, so no real ``modelpool-server`` can report accelerator memory here; the one
 stand-in of this suite is therefore the ``/stats`` answer of a KWOK worker: a small HTTP server bound to
-the worker's own (loopback) pod IP and port, answering the document the real server emits
+the worker's own (loopback) pod IP and probe port, answering the document the real server emits
 (``modelpool_contract.stats.WorkerStats``) with GPU figures. Everything else is real: the API server, the
 scheduler, the operator's scrape of the pod IP, its status and Events, kubectl. (The CPU side, a real
 server that reports no accelerator memory and raises nothing, is in test_operator_real_server.py.)
@@ -88,8 +88,12 @@ def stats_at(ip: str, port: int, document: dict[str, Any]) -> Iterator[None]:
 def test_a_worker_above_its_charge_is_reported_with_the_numbers(
     cluster: Cluster, namespace: str, start_operator: StartOperator
 ) -> None:
-    port = free_port()
-    start_operator(namespace, MODELPOOL_OPERATOR_SERVER_PORT=str(port))
+    port, probe_port = free_port(), free_port()
+    start_operator(
+        namespace,
+        MODELPOOL_OPERATOR_SERVER_PORT=str(port),
+        MODELPOOL_OPERATOR_SERVER_PROBE_PORT=str(probe_port),
+    )
     apply(cluster, pool_manifest("llm", replicas=1, memory="4Gi"), namespace)
     (pod,) = wait_for(
         lambda: [p for p in worker_pods(cluster, namespace, "llm") if (p.get("status") or {}).get("podIP")],
@@ -97,7 +101,8 @@ def test_a_worker_above_its_charge_is_reported_with_the_numbers(
         message="the worker's pod IP",
     )
     # Every check runs while the worker reports its memory (an unknown /stats is no measurement).
-    with stats_at(pod["status"]["podIP"], port, gpu_stats(reserved=5 * GI, peak=6 * GI)):
+    # The operator scrapes /stats on the worker's probe port.
+    with stats_at(pod["status"]["podIP"], probe_port, gpu_stats(reserved=5 * GI, peak=6 * GI)):
         status = wait_status(
             cluster,
             namespace,

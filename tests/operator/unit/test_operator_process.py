@@ -169,6 +169,21 @@ def test_stats_url_uses_the_named_port_and_needs_a_running_pod() -> None:
     assert stats_url(_pod("a", None, 9000), 8000) is None
     assert stats_url(_pod("a", "10.0.0.7", 9000, phase="Pending"), 8000) is None
     assert stats_url(_pod("a", "fd00::1", 9000), 8000) == "http://[fd00::1]:9000/stats"
+    # The probe port, when the pod declares one (every worker the operator makes now), wins over http.
+    pod = _pod("a", "10.0.0.7", 9000)
+    pod["spec"]["containers"][0]["ports"].append({"name": "probes", "containerPort": 9001})
+    assert stats_url(pod, 8000) == "http://10.0.0.7:9001/stats"
+    assert (
+        stats_url({**pod, "spec": {"containers": [{"name": "server"}]}}, 8000) == "http://10.0.0.7:8000/stats"
+    )
+
+
+def test_probe_port_must_differ_from_the_server_port() -> None:
+    from modelpool_operator.settings import OperatorConfig
+
+    assert OperatorConfig(server_port=8000).server_probe_port == 8001
+    with pytest.raises(ValueError, match="server_probe_port must differ from server_port"):
+        OperatorConfig(server_port=8001)
 
 
 async def test_scraper_fetches_caches_and_backs_off(stats_server: tuple[int, list[str]]) -> None:

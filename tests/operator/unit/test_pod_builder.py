@@ -96,7 +96,15 @@ def test_worker_pod_shape() -> None:
     assert c["startupProbe"]["periodSeconds"] <= 2 and c["readinessProbe"]["periodSeconds"] <= 2
     assert c["terminationMessagePath"] == "/dev/termination-log"
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert c["ports"] == [
+        {"name": "http", "containerPort": 8000, "protocol": "TCP"},
+        {"name": "probes", "containerPort": 8001, "protocol": "TCP"},
+    ]
+    # Probes go to the supervisor's probe port, apart from the traffic; so does the /stats scrape.
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["port"] == "probes"
+    args = c["args"]
+    assert args[args.index("--port") + 1] == "8000" and args[args.index("--probe-port") + 1] == "8001"
     sc = c["securityContext"]
     assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"]
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}

@@ -1,0 +1,107 @@
+"""The probe port: health, readiness and ``/stats`` answered by the supervisor, apart from the traffic.
+
+The HTTP processes run at a lower CPU priority than the model (``http_process.HTTP_NICE``), so that a
+flood of clients cannot take the model's cores; the price is that anything they answer waits behind the
+model when the cores are busy (tens of milliseconds, and hundreds under a flood).  The kubelet's probes
+and the operator's ``/stats`` scrape must not wait behind a flood: a worker that is busy refusing is
+alive.  So the supervisor, which has no other work and keeps its normal priority, answers them on a port
+of their own (``--probe-port``) from the worker's shared memory, with the same bodies as the serving port.
+
+A wedged HTTP process must still fail liveness, as it would on the serving port: each one's event loop
+ticks a heartbeat into the shared view, and liveness fails while one that accepts connections has not
+ticked for ``STALL_AFTER_S``.
+
+A small stdlib ``ThreadingHTTPServer`` in a thread of the supervisor: three GET routes, a JSON body each,
+keep-alive; the supervisor imports no web stack.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from model_server import worker_stats
+from model_server.config import ServerConfig
+from model_server.state_machine import StateMachine
+from model_server.worker_view import WorkerView
+from modelpool_contract.stats import STATS_PATH
+
+# How often an HTTP process's event loop ticks its heartbeat (``http_process``), and how long without a
+# tick makes it wedged.  A loop that is merely busy (a flood at a low priority) still ticks within a few
+# seconds; the kubelet's liveness adds its own failureThreshold x periodSeconds on top.
+BEAT_PERIOD_S = 1.0
+STALL_AFTER_S = 15.0
+
+LIVE_PATH = "/v2/health/live"
+READY_PATH = "/v2/health/ready"
+
+
+def answer(
+    path: str, config: ServerConfig, view: WorkerView, state_machine: StateMachine, now: float
+) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of ``GET path`` (``now``: ``time.monotonic()``)."""
+    state = state_machine.state.value
+    if path == LIVE_PATH:
+        stalled = view.stalled_http(now, STALL_AFTER_S)
+        ok = state_machine.live and not stalled
+        body: dict[str, Any] = {"live": ok, "state": state}
+        if stalled:
+            body["reason"] = f"HTTP process {stalled[0]} has not run its event loop for {STALL_AFTER_S:.0f} s"
+        return (200 if ok else 503), body
+    if path == READY_PATH:
+        ok = worker_stats.ready(state_machine, view)
+        return (200 if ok else 503), {"ready": ok, "state": state}
+    if path == STATS_PATH:
+        return 200, worker_stats.stats(config, view, state_machine)
+    return 404, {"error": f"no route {path!r} on the probe port (health, readiness and {STATS_PATH} only)"}
+
+
+class ProbeServer(ThreadingHTTPServer):
+    """The probe port's server; ``serve_in_thread`` runs it until ``shutdown``."""
+
+    daemon_threads = True
+
+    def __init__(
+        self, address: tuple[str, int], config: ServerConfig, view: WorkerView, state_machine: StateMachine
+    ) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+        self.config = config
+        self.view = view
+        self.state_machine = state_machine
+
+    def serve_in_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name="probe-port", daemon=True)
+        thread.start()
+        return thread
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as a scraper's connection pool expects
+    # The head and the body go out in two writes: with Nagle's algorithm the second waits for the
+    # client's delayed ACK of the first (40 ms measured on /stats).
+    disable_nagle_algorithm = True
+    server: ProbeServer
+
+    def do_GET(self) -> None:
+        server = self.server
+        path = self.path.split("?", 1)[0]
+        status, body = answer(path, server.config, server.view, server.state_machine, time.monotonic())
+        data = json.dumps(body, separators=(",", ":")).encode()
+        self.send_response(HTTPStatus(status))
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log (a probe every two seconds)."""
+
+
+__all__ = ["BEAT_PERIOD_S", "STALL_AFTER_S", "ProbeServer", "answer"]

@@ -1,0 +1,73 @@
+"""The worker's health and ``/stats`` document, read from its shared memory (``worker_view``).
+
+Both places that answer them use these functions: every HTTP process (on the serving port) and the
+supervisor's probe server (``probe_server``, on the probe port).  Nothing here imports the web stack or
+touches the model.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from model_server.config import ServerConfig
+from model_server.metrics import worker_rss
+from model_server.state_machine import StateMachine
+from model_server.worker_view import Column, Field, WorkerView
+from modelpool_contract.stats import StatsDownload, StatsMemory, StatsModel, WorkerStats
+
+
+def ready(state_machine: StateMachine, view: WorkerView) -> bool:
+    """Readiness: the worker serves, and every HTTP process accepts connections (until then some of the
+    connections the kernel hands out would wait for one still starting)."""
+    return state_machine.serving and view.http_up()
+
+
+def stats(config: ServerConfig, view: WorkerView, state_machine: StateMachine) -> dict[str, Any]:
+    """The JSON the operator scrapes: ``modelpool_contract.stats.WorkerStats`` (docs/design.md), for the
+    whole worker (every process's counters and memory)."""
+    failed_to_load = view.flag(Field.LOAD_FAILED)
+    last = view.latest(Column.LAST_REQUEST)
+    return WorkerStats(
+        state=state_machine.state.value,
+        state_since=state_machine.since,
+        reason=state_machine.reason,
+        queue_depth=view.door.taken,
+        queue_capacity=config.queue_capacity,
+        in_flight=int(view.get(Field.IN_FLIGHT)),
+        last_request_time=last or None,
+        requests_total=view.total(Column.REQUESTS),
+        rejected_total=view.total(Column.REJECTED),
+        errors_total=view.total(Column.ERRORS),
+        load_error=state_machine.reason if failed_to_load else None,
+        load_progress=view.get(Field.LOAD_PROGRESS),
+        load_seconds=view.optional(Field.LOAD_SECONDS),
+        warmup_seconds=view.optional(Field.WARMUP_SECONDS),
+        download=_download(config, view),
+        memory=StatsMemory(
+            rss_bytes=sum(worker_rss(view).values()),
+            gpu_allocated_bytes=int(view.get(Field.GPU_ALLOCATED)),
+            gpu_reserved_bytes=int(view.get(Field.GPU_RESERVED)),
+            gpu_peak_reserved_bytes=_count(view.optional(Field.GPU_PEAK_RESERVED)),
+        ),
+        model=StatsModel(name=config.served_name, task=config.task, source=config.model),
+        time=time.time(),
+    ).wire()
+
+
+def _download(config: ServerConfig, view: WorkerView) -> StatsDownload | None:
+    """An hf:// source's download progress (the inference process measures it), else None."""
+    if not config.model.startswith("hf://"):
+        return None
+    return StatsDownload(
+        downloaded_bytes=int(view.get(Field.DOWNLOADED_BYTES)),
+        total_bytes=_count(view.optional(Field.DOWNLOAD_TOTAL_BYTES)),
+    )
+
+
+def _count(value: float | None) -> int | None:
+    """A byte count read from the view (None: not known)."""
+    return None if value is None else int(value)
+
+
+__all__ = ["ready", "stats"]
