@@ -260,6 +260,12 @@ def run(config: ServerConfig) -> int:
         return 1
     port = listeners[0].getsockname()[1]
     supervisor = Supervisor(config)
+    # The processes start with SIGTERM and SIGINT blocked (the mask survives exec), so a signal to the
+    # whole process group (a pod's deletion, Ctrl-C) cannot kill one before it ignores them; the
+    # supervisor's own copy waits until ``watch`` is ready for it.  Blocked before the probe port's
+    # thread starts, which inherits the mask: a signal delivered to that thread would otherwise take the
+    # default action (the end of the supervisor) before ``watch`` has its handlers in place.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         probes = start_probe_server(config, supervisor)
     except OSError as exc:
@@ -267,10 +273,6 @@ def run(config: ServerConfig) -> int:
         for sock in listeners:
             sock.close()
         return 1
-    # The processes start with SIGTERM and SIGINT blocked (the mask survives exec), so a signal to the
-    # whole process group (a pod's deletion, Ctrl-C) cannot kill one before it ignores them; the
-    # supervisor's own copy waits until ``watch`` is ready for it.
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     supervisor.start(listeners)
     log.info(
         "listening on %s:%s: %d HTTP processes and the inference process", config.host, port, len(listeners)

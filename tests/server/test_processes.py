@@ -325,6 +325,15 @@ def test_the_probe_port_answers_while_the_http_processes_cannot(
     served, probed = _stats(proc), probes.get("/stats").json()
     assert {k: served[k] for k in same} == {k: probed[k] for k in same}
     assert probes.get("/v1/embeddings").status_code == 404  # the traffic stays on the serving port
+    # The probe port's threads block SIGTERM and SIGINT: only the supervisor's main thread, which has
+    # its handlers in place, takes them (a signal to another thread would end the worker undrained).
+    stop_bits = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
+    threads = [t for t in Path(f"/proc/{proc.proc.pid}/task").iterdir() if t.name != str(proc.proc.pid)]
+    assert threads, "the probe port's thread"
+    for thread in threads:
+        status = (thread / "status").read_text()
+        blocked = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk")), 16)
+        assert blocked & stop_bits == stop_bits, status
     https = [p for name, p in worker_processes(proc).items() if name.startswith("mp-http")]
     assert len(https) == 2
     for p in https:
