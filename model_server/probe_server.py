@@ -29,7 +29,7 @@ from model_server import worker_stats
 from model_server.config import ServerConfig
 from model_server.state_machine import StateMachine
 from model_server.worker_view import WorkerView
-from modelpool_contract.stats import STATS_PATH
+from modelpool_contract.stats import LIVE_PATH, READY_PATH, STATS_PATH
 
 # How often an HTTP process's event loop ticks its heartbeat (``http_process``), and how long without a
 # tick makes it wedged.  A loop that is merely busy (a flood at a low priority) still ticks within a few
@@ -37,25 +37,21 @@ from modelpool_contract.stats import STATS_PATH
 BEAT_PERIOD_S = 1.0
 STALL_AFTER_S = 15.0
 
-LIVE_PATH = "/v2/health/live"
-READY_PATH = "/v2/health/ready"
-
 
 def answer(
     path: str, config: ServerConfig, view: WorkerView, state_machine: StateMachine, now: float
 ) -> tuple[int, dict[str, Any]]:
     """The status and JSON body of ``GET path`` (``now``: ``time.monotonic()``)."""
-    state = state_machine.state.value
     if path == LIVE_PATH:
         stalled = view.stalled_http(now, STALL_AFTER_S)
-        ok = state_machine.live and not stalled
-        body: dict[str, Any] = {"live": ok, "state": state}
-        if stalled:
-            body["reason"] = f"HTTP process {stalled[0]} has not run its event loop for {STALL_AFTER_S:.0f} s"
-        return (200 if ok else 503), body
+        wedged = (
+            f"HTTP process {stalled[0]} has not run its event loop for {STALL_AFTER_S:.0f} s"
+            if stalled
+            else ""
+        )
+        return worker_stats.liveness(state_machine, wedged)
     if path == READY_PATH:
-        ok = worker_stats.ready(state_machine, view)
-        return (200 if ok else 503), {"ready": ok, "state": state}
+        return worker_stats.readiness(state_machine, view)
     if path == STATS_PATH:
         return 200, worker_stats.stats(config, view, state_machine)
     return 404, {"error": f"no route {path!r} on the probe port (health, readiness and {STATS_PATH} only)"}

@@ -23,6 +23,21 @@ def ready(state_machine: StateMachine, view: WorkerView) -> bool:
     return state_machine.serving and view.http_up()
 
 
+def liveness(state_machine: StateMachine, wedged: str = "") -> tuple[int, dict[str, Any]]:
+    """``GET /v2/health/live``: status and body (``wedged``: why a process of the worker is stuck)."""
+    ok = state_machine.live and not wedged
+    body: dict[str, Any] = {"live": ok, "state": state_machine.state.value}
+    if wedged:
+        body["reason"] = wedged
+    return (200 if ok else 503), body
+
+
+def readiness(state_machine: StateMachine, view: WorkerView) -> tuple[int, dict[str, Any]]:
+    """``GET /v2/health/ready``: status and body."""
+    ok = ready(state_machine, view)
+    return (200 if ok else 503), {"ready": ok, "state": state_machine.state.value}
+
+
 def stats(config: ServerConfig, view: WorkerView, state_machine: StateMachine) -> dict[str, Any]:
     """The JSON the operator scrapes: ``modelpool_contract.stats.WorkerStats`` (docs/design.md), for the
     whole worker (every process's counters and memory)."""
@@ -70,4 +85,4 @@ def _count(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-__all__ = ["ready", "stats"]
+__all__ = ["liveness", "readiness", "ready", "stats"]

@@ -18,6 +18,9 @@ from pydantic.functional_validators import WrapValidator
 from modelpool_contract.states import WORKER_STATES, WorkerState
 
 STATS_PATH: Final = "/stats"
+#: The worker's probes (the KServe v2 health routes), on both of its ports.
+LIVE_PATH: Final = "/v2/health/live"
+READY_PATH: Final = "/v2/health/ready"
 #: Bumped when a field changes meaning; fields are only ever added.
 STATS_VERSION: Final = 1
 

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from model_server.endpoints.common import error_response
-from modelpool_contract.stats import STATS_PATH
+from modelpool_contract.stats import LIVE_PATH, READY_PATH, STATS_PATH
 
-OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", STATS_PATH, "/metrics"})
+OPEN_PATHS = frozenset({LIVE_PATH, READY_PATH, STATS_PATH, "/metrics"})
 REASON = "unauthorized"
 
 

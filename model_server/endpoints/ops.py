@@ -6,27 +6,24 @@ from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
-from model_server import __version__
+from model_server import __version__, worker_stats
 from model_server.endpoints.common import ORJSONResponse, check_model
 from model_server.errors import ModelNotReady
 from model_server.server import ModelServer
-from modelpool_contract.stats import STATS_PATH
+from modelpool_contract.stats import LIVE_PATH, READY_PATH, STATS_PATH
 
 
 def register(app: FastAPI, server: ModelServer) -> None:
-    @app.get("/v2/health/live", tags=["health"])
+    # The same answers as the supervisor's probe port (worker_stats).
+    @app.get(LIVE_PATH, tags=["health"])
     async def live() -> Response:
-        ok = server.state_machine.live
-        return ORJSONResponse(
-            {"live": ok, "state": server.state_machine.state.value}, status_code=200 if ok else 503
-        )
+        status, body = worker_stats.liveness(server.state_machine)
+        return ORJSONResponse(body, status_code=status)
 
-    @app.get("/v2/health/ready", tags=["health"])
+    @app.get(READY_PATH, tags=["health"])
     async def ready() -> Response:
-        ok = server.ready
-        return ORJSONResponse(
-            {"ready": ok, "state": server.state_machine.state.value}, status_code=200 if ok else 503
-        )
+        status, body = worker_stats.readiness(server.state_machine, server.view)
+        return ORJSONResponse(body, status_code=status)
 
     @app.get("/v2", tags=["v2"])
     async def server_metadata() -> Response:

@@ -35,6 +35,7 @@ from modelpool_contract.labels import (
     SERVER_CONTAINER,
 )
 from modelpool_contract.mounts import CACHE_MOUNT_PATH, HF_HOME_PATH, PVC_MOUNT_ROOT, parse_pvc_source
+from modelpool_contract.stats import LIVE_PATH, READY_PATH
 from modelpool_operator.api import API_VERSION, MODELPOOL_KIND, EnvVar, ModelCacheSpec, ModelPoolSpec
 from modelpool_operator.pool import PoolView
 from modelpool_operator.times import rfc3339
@@ -188,7 +189,7 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
         "resources": _container_resources(spec),
         # Loading a big model takes minutes: liveness/readiness only start once startup succeeded.
         "startupProbe": {
-            "httpGet": _http_get("/v2/health/live"),
+            "httpGet": _http_get(LIVE_PATH),
             "periodSeconds": settings.startup_period_s,
             "failureThreshold": settings.startup_failure_threshold,
             "timeoutSeconds": 5,
@@ -196,13 +197,13 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
         # Every 2 s (a cheap answer from shared memory): the model loaded -> routable delay is at most
         # one period, and a draining or failed worker leaves the endpoints within three.
         "readinessProbe": {
-            "httpGet": _http_get("/v2/health/ready"),
+            "httpGet": _http_get(READY_PATH),
             "periodSeconds": 2,
             "failureThreshold": 3,
             "timeoutSeconds": 2,
         },
         "livenessProbe": {
-            "httpGet": _http_get("/v2/health/live"),
+            "httpGet": _http_get(LIVE_PATH),
             "periodSeconds": 10,
             "failureThreshold": 3,
             "timeoutSeconds": 5,
