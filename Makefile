@@ -52,6 +52,7 @@ demo: venv testbin ## the operator serving MiniLM on the local control plane, en
 .PHONY: bench
 bench: venv testbin ## server vs direct model, overload, health-during-load, gateway vs direct, control-plane scale
 	$(PY) -m bench.server
+	$(PY) -m bench.cpu_quota
 	$(PY) -m bench.gateway
 	$(PY) -m bench.controlplane
 

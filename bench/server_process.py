@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,17 @@ class ServerProcess:
     its probe port on another, as in a pod.  ``/stats`` (and so ``rss_bytes``) covers the whole worker:
     the supervisor and all its processes; the bench reads it on the probe port, as the operator does."""
 
-    def __init__(self, model: Path, device: str, dtype: str, *extra: str) -> None:
+    def __init__(
+        self,
+        model: Path,
+        device: str,
+        dtype: str,
+        *extra: str,
+        env: Mapping[str, str] | None = None,
+        preexec: Callable[[], None] | None = None,
+    ) -> None:
+        """``env`` is added to the child's environment; ``preexec`` runs in the child before the server
+        (to join a cgroup, say)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         probe_port = free_port()
@@ -47,7 +58,12 @@ class ServerProcess:
         ]  # fmt: skip
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO, env=child_env()
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**child_env(), **(env or {})},
+            preexec_fn=preexec,  # noqa: PLW1509 - it only joins a cgroup (one write)
         )
         self.client = httpx.Client(timeout=10)
 

@@ -8,7 +8,6 @@ with a one-line reason; ``main`` turns that into exit code 2.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from model_server.cpu_budget import available_cpus, default_http_workers
 from modelpool_contract.flags import (
     BATCH_DELAY_MS,
     DRAIN_TIMEOUT_S,
@@ -83,6 +83,12 @@ class ServerConfig(BaseSettings):
         default=None, ge=1, le=64, description="HTTP processes (default: half the CPUs, 1 to 4)"
     )
     skip_warmup: bool = Field(default=False, description="No warm-up input before Ready")
+    intra_op_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="The model's CPU threads (default: torch's, capped at the CPU limit when one is set)",
+    )
 
     @field_validator("device")
     @classmethod
@@ -155,25 +161,6 @@ def _read_key(path: Path) -> str:
         # It travels in an HTTP header: whitespace or control characters could never match.
         raise ValueError(f"{path} must hold one key without whitespace")
     return key
-
-
-def default_http_workers(cpus: float) -> int:
-    """Pure: HTTP processes for a worker with ``cpus`` CPUs: half of them (the model needs the rest),
-    at least 1, at most 4 (beyond that, one inference process is the limit).  2 CPUs -> 1."""
-    return min(4, max(1, int(cpus) // 2))
-
-
-def available_cpus() -> float:
-    """CPUs this process may use: its affinity, lowered by a cgroup CPU limit (a pod's ``limits.cpu``;
-    ``os.cpu_count()`` would count the whole node)."""
-    cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1.0, int(quota) / int(period)))
-    except (OSError, ValueError):
-        pass  # no cgroup v2 limit visible: the affinity it is
-    return cpus
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 import weakref
 from collections.abc import Coroutine
 from functools import partial
@@ -25,6 +26,7 @@ from typing import Any
 
 from model_server import ipc
 from model_server.config import ServerConfig
+from model_server.cpu_budget import size_intra_op_threads
 from model_server.dataplane import DataPlane, Outcome, Unit
 from model_server.download import DownloadProgress
 from model_server.metrics import Metrics, gpu_memory, gpu_peak_reserved
@@ -145,6 +147,10 @@ class InferenceProcess:
             view.set(Field.WARMUP_SECONDS, worker.warmup_seconds)
         if worker.download is not None:
             publish_download(view, worker.download)
+        # Once loaded (while it loads, torch may be half imported); a handler's model may not use torch.
+        torch = sys.modules.get("torch") if worker.task is not None else None
+        if torch is not None and view.optional(Field.CPU_THREADS) is None:
+            view.set(Field.CPU_THREADS, torch.get_num_threads())
 
     async def _publish(self) -> None:
         while True:
@@ -212,6 +218,7 @@ def main(config: ServerConfig, view: WorkerView, sockets: list[socket.socket], c
     from model_server.main import exit_now
 
     set_up("inference", config.log_level)
+    size_intra_op_threads(config.intra_op_threads)  # before anything imports torch
     exit_now(run_loop(InferenceProcess(config, view).serve(sockets, control)))
 
 

@@ -58,6 +58,7 @@ def stats(config: ServerConfig, view: WorkerView, state_machine: StateMachine) -
         load_progress=view.get(Field.LOAD_PROGRESS),
         load_seconds=view.optional(Field.LOAD_SECONDS),
         warmup_seconds=view.optional(Field.WARMUP_SECONDS),
+        cpu_threads=_count(view.optional(Field.CPU_THREADS)),
         download=_download(config, view),
         memory=StatsMemory(
             rss_bytes=sum(worker_rss(view).values()),

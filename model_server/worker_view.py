@@ -56,6 +56,7 @@ class Field(enum.IntEnum):
     GPU_PEAK_RESERVED = enum.auto()  # NaN: no CUDA in use
     DOWNLOADED_BYTES = enum.auto()  # an hf:// source's bytes in the cache so far
     DOWNLOAD_TOTAL_BYTES = enum.auto()  # NaN until the file list is known
+    CPU_THREADS = enum.auto()  # torch's intra-op threads in the inference process; NaN until it is loaded
 
 
 class Column(enum.IntEnum):
@@ -168,6 +169,7 @@ class WorkerView:
             Field.WARMUP_SECONDS,
             Field.GPU_PEAK_RESERVED,
             Field.DOWNLOAD_TOTAL_BYTES,
+            Field.CPU_THREADS,
         ):
             numbers[unknown] = float("nan")
 

@@ -93,7 +93,8 @@ class WorkerStats(_Document):
     ``last_request_time``, ``load_error``, ``load_progress``, ``download`` (null when the source needs no
     download) and the accelerator memory (``memory``); the rest is for people and benchmarks.
     The numbers are the whole worker's (every process of it); ``load_seconds`` is the model's load,
-    ``warmup_seconds`` the warm-up input run after it, before Ready (None: not run).
+    ``warmup_seconds`` the warm-up input run after it, before Ready (None: not run); ``cpu_threads`` the
+    model's CPU (torch intra-op) threads once it is loaded (None: not loaded, or a model without torch).
     """
 
     version: Count = STATS_VERSION
@@ -112,6 +113,7 @@ class WorkerStats(_Document):
     load_seconds: Number = None
     download: Annotated[StatsDownload | None, _Lenient] = None
     warmup_seconds: Number = None
+    cpu_threads: Count = None
     memory: Annotated[StatsMemory | None, _Lenient] = None
     model: Annotated[StatsModel | None, _Lenient] = None
     time: Number = None

@@ -99,11 +99,13 @@ def start_server(
     wait: WaitFor = "live",
     timeout: float = 120.0,
     host: str = "127.0.0.1",
+    preexec: Callable[[], None] | None = None,
 ) -> ServerProcess:
     """Start ``modelpool-server ARGS`` on a free port and wait (bounded) for it to answer.
 
     ``wait="live"`` returns once ``/v2/health/live`` is 200, ``"ready"`` once ``/v2/health/ready`` is
     200 (model loaded), ``"none"`` at once.  If the process exits first, AssertionError with its log.
+    ``preexec`` runs in the child before the server starts (e.g. to join a cgroup).
     """
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="modelpool-server-"))
@@ -122,7 +124,14 @@ def start_server(
         full_env.update(env)
     cmd = [sys.executable, "-m", "model_server", *args, "--host", host, "--port", str(port)]
     with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(cmd, env=full_env, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.Popen(
+            cmd,
+            env=full_env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            preexec_fn=preexec,  # noqa: PLW1509 - it only joins a cgroup (one write)
+        )
     server = ServerProcess(
         url=f"http://{host}:{port}",
         port=port,

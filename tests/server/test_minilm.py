@@ -131,3 +131,9 @@ def test_batching_under_concurrency_gives_same_vectors(minilm_server: ServerProc
     np.testing.assert_allclose(concurrent, single, atol=1e-4)
     batches = httpx.get(minilm_server.url + "/metrics", timeout=5).text
     assert "modelpool_batch_size_count" in batches
+
+
+def test_stats_reports_the_models_cpu_threads(minilm_server: ServerProcess) -> None:
+    # The test servers run with OMP_NUM_THREADS=1 (tests/server/conftest.py): a pod's own setting is kept.
+    doc = httpx.get(minilm_server.url + "/stats", timeout=5).json()
+    assert doc["cpu_threads"] == 1

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model_server import ipc
-from model_server.config import ServerConfig, default_http_workers
+from model_server.config import ServerConfig
+from model_server.cpu_budget import default_http_workers
 from model_server.dataplane import DataPlane, Unit
 from model_server.errors import Overloaded, ServerError
 from model_server.metrics import Metrics

@@ -1,0 +1,120 @@
+"""The worker's CPU budget (``model_server/cpu_budget.py``): the cgroup quota read from files laid out as
+the kernel lays them out, the decisions as pure functions, and one real server started inside a real
+cgroup with a 1-CPU quota on this multi-core machine, whose model must run one CPU thread, not torch's
+default of one per core."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.cgroups import CpuCgroup, cpu_cgroup
+from model_server.config import load_config
+from model_server.cpu_budget import (
+    THREADS_ENV,
+    cgroup_paths,
+    cgroup_quota,
+    intra_op_threads,
+    quota_cpus,
+    size_intra_op_threads,
+    visible_cpus,
+)
+from tests.server.conftest import ServerFactory, stats
+
+V1_SELF = "12:cpu,cpuacct:/kubepods/pod1/c1\n11:memory:/kubepods/pod1/c1\n0::/\n"
+V2_SELF = "0::/kubepods.slice/pod1/c1\n"
+
+
+def test_quota_cpus() -> None:
+    assert quota_cpus("200000", "100000") == 2.0
+    assert quota_cpus("150000", "100000") == 1.5
+    assert quota_cpus("max", "100000") is None
+    assert quota_cpus("-1", "100000") is None  # cgroup v1: no limit
+
+
+def test_cgroup_paths() -> None:
+    assert cgroup_paths(V1_SELF) == ("/", "/kubepods/pod1/c1")
+    assert cgroup_paths(V2_SELF) == ("/kubepods.slice/pod1/c1", None)
+    assert cgroup_paths("") == (None, None)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_quota_v2_takes_the_tightest_level(tmp_path: Path) -> None:
+    root, me = tmp_path / "cg", tmp_path / "self"
+    _write(root / "cgroup.controllers", "cpu memory")
+    _write(root / "kubepods.slice" / "cpu.max", "300000 100000")
+    _write(root / "kubepods.slice" / "pod1" / "c1" / "cpu.max", "max 100000")
+    _write(me, V2_SELF)
+    assert cgroup_quota(root, me) == 3.0  # the pod's limit above an unlimited container
+    _write(root / "kubepods.slice" / "pod1" / "c1" / "cpu.max", "250000 100000")
+    assert cgroup_quota(root, me) == 2.5
+
+
+def test_cgroup_quota_v1_and_a_container_whose_cgroup_is_the_mount(tmp_path: Path) -> None:
+    root, me = tmp_path / "cg", tmp_path / "self"
+    _write(me, V1_SELF)
+    _write(root / "cpu" / "cpu.cfs_quota_us", "400000\n")  # the container's own cgroup, mounted as root
+    _write(root / "cpu" / "cpu.cfs_period_us", "100000\n")
+    assert cgroup_quota(root, me) == 4.0
+    _write(root / "cpu" / "cpu.cfs_quota_us", "-1\n")
+    assert cgroup_quota(root, me) is None
+    assert cgroup_quota(tmp_path / "nothing", tmp_path / "missing") is None
+
+
+def test_intra_op_threads() -> None:
+    assert intra_op_threads(3, cpus=2.0, cores=64, env={}) == 3  # --intra-op-threads wins
+    assert intra_op_threads(None, cpus=2.0, cores=64, env={THREADS_ENV: "8"}) is None  # the pod's own
+    assert intra_op_threads(None, cpus=2.5, cores=64, env={THREADS_ENV: " "}) == 2  # rounded down
+    assert intra_op_threads(None, cpus=0.5, cores=64, env={}) == 1
+    assert intra_op_threads(None, cpus=64.0, cores=64, env={}) is None  # no cap: torch's default
+
+
+def test_size_intra_op_threads_sets_the_environment() -> None:
+    env: dict[str, str] = {}
+    size_intra_op_threads(3, env)
+    assert env == {THREADS_ENV: "3"}
+
+
+def test_intra_op_threads_flag() -> None:
+    base = ["--model", "/m", "--task", "text-embedding"]
+    assert load_config([*base, "--intra-op-threads", "4"]).intra_op_threads == 4
+    assert load_config(base).intra_op_threads is None
+
+
+# ---- a real cgroup ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_cpu_cgroup() -> Iterator[CpuCgroup]:
+    if visible_cpus() < 2:
+        pytest.skip("needs at least 2 CPUs, so that a 1-CPU quota differs from the CPU count")
+    with contextlib.ExitStack() as stack:
+        try:
+            group = stack.enter_context(cpu_cgroup(1.0))
+        except OSError as exc:
+            pytest.skip(f"cannot make a cgroup with a CPU quota here: {exc}")
+        yield group
+
+
+@pytest.mark.slow
+def test_a_cpu_limit_caps_the_models_threads(
+    one_cpu_cgroup: CpuCgroup, minilm: Path, server: ServerFactory
+) -> None:
+    # The cgroup comes first: fixtures are torn down in reverse, so the server stops before it goes.
+    srv = server(
+        "--model", str(minilm), "--task", "text-embedding", "--name", "minilm", "--device", "cpu",
+        env={THREADS_ENV: ""}, wait="ready", timeout=300, preexec=one_cpu_cgroup.join,
+    )  # fmt: skip
+    members = one_cpu_cgroup.members()
+    assert srv.proc.pid in members and len(members) >= 3  # the supervisor, the inference and HTTP processes
+    assert stats(srv)["cpu_threads"] == 1  # torch's default here would be one per core
+    r = httpx.post(srv.url + "/v1/embeddings", json={"input": ["a limited worker still serves"]}, timeout=60)
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
