@@ -91,7 +91,7 @@ class InferenceProcess:
         self.view = view
         self.metrics = Metrics()
         self.state_machine = StateMachine(on_change=self._on_state, store=view.state_store())
-        self.worker = Worker(config, self.state_machine, on_failed=self._on_failed)
+        self.worker = Worker(config, self.state_machine, on_failed=self._on_failed, on_loaded=self._on_loaded)
         self.dataplane = DataPlane(config, self.worker, self.state_machine, self.metrics, view)
         self._endpoints: list[Endpoint] = []
         self._exit: asyncio.Future[int] | None = None
@@ -136,6 +136,15 @@ class InferenceProcess:
         await self.worker.load()
         self._publish_load()
 
+    def _on_loaded(self) -> None:
+        """The model is loaded: its figures into the shared view before the state turns Ready, so an HTTP
+        process that sees Ready also sees the task loaded; and the model's CPU threads, read once torch is
+        wholly imported (a handler's model may not use torch at all)."""
+        self._publish_load()
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            self.view.set(Field.CPU_THREADS, torch.get_num_threads())
+
     def _publish_load(self) -> None:
         worker, view = self.worker, self.view
         view.set(Field.LOAD_PROGRESS, worker.load_progress)
@@ -147,10 +156,6 @@ class InferenceProcess:
             view.set(Field.WARMUP_SECONDS, worker.warmup_seconds)
         if worker.download is not None:
             publish_download(view, worker.download)
-        # Once loaded (while it loads, torch may be half imported); a handler's model may not use torch.
-        torch = sys.modules.get("torch") if worker.task is not None else None
-        if torch is not None and view.optional(Field.CPU_THREADS) is None:
-            view.set(Field.CPU_THREADS, torch.get_num_threads())
 
     async def _publish(self) -> None:
         while True:

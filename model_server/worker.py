@@ -93,10 +93,14 @@ class Worker:
         config: ServerConfig,
         state_machine: StateMachine,
         on_failed: Callable[[int, str], None],
+        on_loaded: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_failed(code, reason)``: a fatal error; ``on_loaded()``: the model is loaded and warmed up,
+        called before the state turns Ready (what it publishes is there when a request is admitted)."""
         self.config = config
         self.state_machine = state_machine
         self._on_failed = on_failed
+        self._on_loaded = on_loaded
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self.task: Task[Any, Any] | None = None
         self.task_cls: type[Task[Any, Any]] | None = None
@@ -131,6 +135,7 @@ class Worker:
             self.fail(EXIT_LOAD_FAILED, reason)
             return False
         self.load_progress = 1.0
+        self._on_loaded()
         if not self.state_machine.try_to(State.READY):  # SIGTERM arrived while loading
             return False
         log.info(

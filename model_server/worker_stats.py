@@ -82,7 +82,7 @@ def _download(config: ServerConfig, view: WorkerView) -> StatsDownload | None:
 
 
 def _count(value: float | None) -> int | None:
-    """A byte count read from the view (None: not known)."""
+    """A count read from the view (None: not known)."""
     return None if value is None else int(value)
 
 
