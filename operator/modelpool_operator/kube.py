@@ -1,4 +1,5 @@
-"""Thin async Kubernetes API calls (kubernetes_asyncio): pods, services, pool and budget status.
+"""Thin async Kubernetes API calls (kubernetes_asyncio): pods, services, network policies, pool and budget
+status.
 
 No decisions are made here: each function is one API request, with the few error codes that mean
 "already done" (404 on delete, 409 on create) turned into ordinary outcomes, because the operator is
@@ -8,6 +9,7 @@ already took. Everything else raises ``ApiException`` for the caller's retry log
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
@@ -48,6 +50,17 @@ def merge_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[s
     return patch
 
 
+def describe_error(exc: BaseException) -> str:
+    """A failed request in one line: the API's own message (the Status object's) when it answered."""
+    if isinstance(exc, ApiException):
+        try:
+            message = json.loads(exc.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            message = None
+        return f"{exc.status} {message or exc.reason}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 async def connect(request_timeout: float, on_error: ErrorHook | None = None) -> Kube:
     """An API connection from the in-cluster service account, or else ``$KUBECONFIG`` / ~/.kube/config."""
     configuration = client.Configuration()
@@ -71,6 +84,7 @@ class Kube:
         # builders return) are what the API accepts and what we send.
         self._core: Any = client.CoreV1Api(api_client)
         self._custom: Any = client.CustomObjectsApi(api_client)
+        self._networking: Any = client.NetworkingV1Api(api_client)
         self._timeout = request_timeout
 
     async def close(self) -> None:
@@ -141,6 +155,28 @@ class Kube:
             ),
         )
 
+    # ---- network policies ------------------------------------------------------------------------
+
+    async def ensure_network_policy(self, namespace: str, body: Mapping[str, Any]) -> None:
+        """Create the pool's NetworkPolicy, or bring an existing one's labels, owner and rules up to date
+        (a merge patch replaces the ingress list whole)."""
+        name = body["metadata"]["name"]
+        create = self._networking.create_namespaced_network_policy(
+            namespace, dict(body), _request_timeout=self._timeout
+        )
+        if await self._took_effect("create_network_policy", create, unless=EXISTS):
+            return
+        metadata = {
+            key: body["metadata"][key] for key in ("labels", "ownerReferences") if key in body["metadata"]
+        }
+        patch = {"metadata": metadata, "spec": body.get("spec", {})}
+        await self._took_effect(
+            "patch_network_policy",
+            self._networking.patch_namespaced_network_policy(
+                name, namespace, patch, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+            ),
+        )
+
     # ---- custom resources ------------------------------------------------------------------------
 
     async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
@@ -171,4 +207,4 @@ class Kube:
         )
 
 
-__all__ = ["ApiException", "Kube", "connect", "merge_patch"]
+__all__ = ["ApiException", "Kube", "connect", "describe_error", "merge_patch"]

@@ -15,6 +15,7 @@ autoscaler's recent samples, re-learned after a restart).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -23,7 +24,8 @@ from typing import Any
 from modelpool_operator.api import ModelPoolStatus
 from modelpool_operator.budget import Ledger, budget_status
 from modelpool_operator.events import Event
-from modelpool_operator.kube import merge_patch
+from modelpool_operator.kube import describe_error, merge_patch
+from modelpool_operator.network_policy import PolicySettings, build_network_policy
 from modelpool_operator.observation import (
     PodsByPool,
     StatsByName,
@@ -38,6 +40,8 @@ from modelpool_operator.process_state import OperatorState
 from modelpool_operator.resources import PodSettings, build_service, build_worker_pod, eviction_patch
 from modelpool_operator.settings import OperatorConfig
 from modelpool_operator.worker_state import LifecycleSettings, ObservedWorker
+
+logger = logging.getLogger(__name__)
 
 PoolsByKey = Mapping[PoolKey, Iterable[OtherPool]]
 BudgetsByName = Mapping[str, Iterable[Mapping[str, Any]]]
@@ -62,6 +66,19 @@ def pod_settings(config: OperatorConfig) -> PodSettings:
     )
 
 
+def policy_settings(config: OperatorConfig) -> PolicySettings | None:
+    """Whom the pools' NetworkPolicies admit; None when the operator makes none."""
+    if not config.network_policy_enabled:
+        return None
+    return PolicySettings(
+        namespace=config.network_policy_namespace,
+        operator_labels=config.network_policy_operator_labels,
+        gateway_labels=config.network_policy_gateway_labels,
+        callers=config.network_policy_from,
+        metrics_callers=config.network_policy_metrics_from,
+    )
+
+
 @dataclass
 class PoolRun:
     """What one pool's daemon carries from pass to pass."""
@@ -70,6 +87,10 @@ class PoolRun:
     last_status: ModelPoolStatus | None = None
     last_status_wire: dict[str, Any] | None = None
     service_ready: bool = False
+    # The pool's NetworkPolicy is in place (made or brought up to date by this process), and the last
+    # error that kept it from being so (told once as an Event, not at every pass).
+    network_policy_ready: bool = False
+    network_policy_error: str | None = None
     charged: int = 0
     invalid_generation: int | None = None
     # The autoscaler's load samples, handed from one plan to the next.
@@ -143,7 +164,8 @@ async def apply(
     decided: Plan,
     now: datetime,
 ) -> None:
-    """The plan's effects: evictions, deletions, the Service, creations, the status, the Events."""
+    """The plan's effects: evictions, deletions, the Service and the NetworkPolicy, creations, the status, the
+    Events."""
     kube = state.require_kube()
     if decided.create:
         state.budget_wakeup.set()
@@ -157,6 +179,7 @@ async def apply(
     if not run.service_ready:
         await kube.ensure_service(pool.namespace, build_service(pool, pod_settings(state.config)))
         run.service_ready = True
+    await ensure_network_policy(state, run, pool, body)
     # Creations run concurrently (a pool scaling to 10 should not take 10 round trips); each failed one
     # releases its reservation at once, and the first error fails the pass (retried shortly).
     outcomes = await asyncio.gather(
@@ -176,6 +199,26 @@ async def apply(
     for event in decided.events:
         state.events.post(body, event)
     _note_budget(state, run, decided.status)
+
+
+async def ensure_network_policy(
+    state: OperatorState, run: PoolRun, pool: PoolView, body: Mapping[str, Any]
+) -> None:
+    """Create or update the pool's NetworkPolicy once per process (each start applies the current settings).
+    A failure never holds up the workers: it is told once as a Warning Event and retried at the next pass."""
+    settings = policy_settings(state.config)
+    if settings is None or run.network_policy_ready:
+        return
+    try:
+        await state.require_kube().ensure_network_policy(pool.namespace, build_network_policy(pool, settings))
+    except Exception as exc:  # any failure: the workers go on, the next pass retries
+        message = f"the workers' NetworkPolicy could not be applied: {describe_error(exc)}"[:1000]
+        logger.warning("pool %s/%s: %s", pool.namespace, pool.name, message)
+        if message != run.network_policy_error:
+            state.events.post(body, Event("Warning", "NetworkPolicyFailed", message))
+        run.network_policy_error = message
+        return
+    run.network_policy_ready, run.network_policy_error = True, None
 
 
 def _note_budget(state: OperatorState, run: PoolRun, status: ModelPoolStatus) -> None:

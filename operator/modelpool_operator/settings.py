@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, WORKER_PORT, WORKER_PROBE_PORT
 from modelpool_contract.labels import LABEL_POOL, PREFIX
 from modelpool_operator.api import CacheType, ModelCacheSpec
+from modelpool_operator.network_peers import NetworkPolicyPeer
 
 # Defaults of the knobs that the pure decisions also take as settings (``PlannerSettings``,
 # ``LifecycleSettings``), so that both read the same numbers.
@@ -125,6 +126,39 @@ class OperatorConfig(BaseSettings):
         default="", description="model_cache_type hostPath: the directory on each node."
     )
 
+    # --- the workers' NetworkPolicy (network_policy.py) ----------------------------------------------
+    network_policy_enabled: bool = Field(
+        default=False,
+        description=(
+            "Give each pool a NetworkPolicy (owned by the pool) admitting into its workers only the "
+            "operator, the gateway and the callers named below. Needs network_policy_namespace and "
+            "network_policy_operator_labels (the chart sets them and turns this on)."
+        ),
+    )
+    network_policy_namespace: str = Field(
+        default="",
+        description="The namespace of the operator's and the gateway's pods (the chart's release namespace).",
+    )
+    network_policy_operator_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="The operator's pod labels (a JSON object): admitted on the serving and probe ports.",
+    )
+    network_policy_gateway_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="The gateway's pod labels (a JSON object), admitted on the serving port; empty: none.",
+    )
+    network_policy_from: tuple[NetworkPolicyPeer, ...] = Field(
+        default=(),
+        description="Other callers admitted on the serving port (a JSON list of NetworkPolicyPeer).",
+    )
+    network_policy_metrics_from: tuple[NetworkPolicyPeer, ...] = Field(
+        default=(),
+        description=(
+            "Callers admitted on the probe port, where /metrics and /stats are answered, e.g. Prometheus "
+            "(a JSON list of NetworkPolicyPeer)."
+        ),
+    )
+
     # --- the process -------------------------------------------------------------------------------
     peering_name: str | None = Field(
         default=None,
@@ -213,6 +247,18 @@ class OperatorConfig(BaseSettings):
             raise ValueError(
                 f"server_probe_port must differ from server_port (both {self.server_port}): the worker "
                 "listens on each"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _network_policy_names_the_operator(self) -> OperatorConfig:
+        # Without them the policy would cut the operator itself off from the workers' /stats.
+        if self.network_policy_enabled and not (
+            self.network_policy_namespace and self.network_policy_operator_labels
+        ):
+            raise ValueError(
+                "network_policy_enabled needs network_policy_namespace and network_policy_operator_labels "
+                "(where the operator's pods run and their labels)"
             )
         return self
 

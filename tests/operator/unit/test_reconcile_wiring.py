@@ -17,6 +17,7 @@ import pytest
 
 from modelpool_contract.labels import ANNOTATION_DEMANDED_AT
 from modelpool_operator.events import Event
+from modelpool_operator.kube import ApiException
 from modelpool_operator.observation import ObservationCache, slim_pod
 from modelpool_operator.pool import OtherPool
 from modelpool_operator.process_state import OperatorState
@@ -34,7 +35,9 @@ class RecordingKube:
     def __init__(self, fail_creates: bool = False) -> None:
         self.created: list[dict[str, Any]] = []
         self.status_patches: list[dict[str, Any]] = []
+        self.policies: list[dict[str, Any]] = []
         self.fail_creates = fail_creates
+        self.fail_policies = 0  # the next N NetworkPolicy calls fail
 
     async def create_pod(self, namespace: str, body: dict[str, Any]) -> bool:
         await asyncio.sleep(0.01)
@@ -51,6 +54,13 @@ class RecordingKube:
 
     async def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
         await asyncio.sleep(0)
+
+    async def ensure_network_policy(self, namespace: str, body: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+        if self.fail_policies:
+            self.fail_policies -= 1
+            raise ApiException(status=403, reason="Forbidden")
+        self.policies.append(body)
 
     async def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
         self.status_patches.append(status)
@@ -184,3 +194,37 @@ async def test_demand_on_a_pool_at_zero_creates_its_worker_in_the_same_pass_once
     await reconcile_pool(state, run=run, body=body, pods_by_pool=pods, pools_by_key=index, budgets=budgets)
     assert len(kube.created) == 1
     assert [e.reason for _, e in events.posted].count("WokenByDemand") == 1
+
+
+async def test_a_network_policy_that_fails_never_holds_up_the_workers(state: OperatorState) -> None:
+    """Refused twice (a 403): the workers are created all the same, one Warning Event tells it, and a later
+    pass applies it; once applied it is not sent again at every pass."""
+    state.config = OperatorConfig(
+        network_policy_enabled=True,
+        network_policy_namespace="mp-system",
+        network_policy_operator_labels={"app.kubernetes.io/name": "modelpool-operator"},
+    )
+    kube, events = state.kube, state.events
+    assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
+    kube.fail_policies = 2
+    body = _pool("p", 1)
+    run, index, budgets = (
+        PoolRun(key=("ns", "p")),
+        _index({("ns", "p"): body}),
+        {"default": [{"memory": "8Gi"}]},
+    )
+
+    async def one_pass() -> None:
+        pods = {("ns", "p"): [_running(pod) for pod in kube.created]}
+        await reconcile_pool(
+            state, run=run, body=body, pods_by_pool=pods, pools_by_key=index, budgets=budgets
+        )
+
+    await one_pass()
+    assert len(kube.created) == 1 and not kube.policies
+    await one_pass()
+    warnings = [e for _, e in events.posted if e.reason == "NetworkPolicyFailed"]
+    assert len(warnings) == 1 and warnings[0].type == "Warning" and "403 Forbidden" in warnings[0].message
+    await one_pass()
+    await one_pass()
+    assert [p["metadata"]["name"] for p in kube.policies] == ["modelpool-p"]

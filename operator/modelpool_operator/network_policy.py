@@ -1,0 +1,89 @@
+"""The pure builder of a pool's NetworkPolicy: who may reach its worker pods, port by port.
+
+One NetworkPolicy per ModelPool, in the pool's namespace, owned by the pool (deleting the pool deletes it),
+selecting the pool's workers (label ``modelpool.dev/pool``). Two ingress rules and nothing else, so every
+other caller is refused by a CNI that enforces NetworkPolicy:
+
+* the serving port (``http``): the gateway's pods, the operator's pods (which scrape ``/stats`` there from
+  workers made before the probe port) and the callers the installer names;
+* the probe port (``probes``: health, ``/stats``, ``/metrics``): the operator's pods and the metrics
+  scrapers the installer names. The kubelet's probes are not subject to NetworkPolicy.
+
+The operator and the gateway are named by their pods' labels in their own namespace (the chart's release
+namespace), which the operator is given in its settings: it cannot see them from the pool. Nothing here
+calls the API; ``reconcile`` builds and ``kube`` sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelpool_contract.labels import HTTP_PORT_NAME, LABEL_MANAGED_BY, LABEL_POOL, PROBE_PORT_NAME
+from modelpool_operator.network_peers import NetworkPolicyPeer
+from modelpool_operator.pool import PoolView
+from modelpool_operator.resources import MANAGED_BY, owner_reference
+
+# The label every namespace carries (set by the API server since 1.22): how a peer names one namespace.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """Whom a pool's NetworkPolicy admits besides nobody (mapped from the operator's configuration)."""
+
+    # The namespace of the operator's and the gateway's pods (the chart's release namespace).
+    namespace: str
+    # The operator's pod labels: admitted on both ports.
+    operator_labels: Mapping[str, str]
+    # The gateway's pod labels (empty: no gateway is admitted): the serving port.
+    gateway_labels: Mapping[str, str] = field(default_factory=dict)
+    # Other callers of the serving port, and scrapers of the probe port.
+    callers: tuple[NetworkPolicyPeer, ...] = ()
+    metrics_callers: tuple[NetworkPolicyPeer, ...] = ()
+
+
+def policy_name(pool_name: str) -> str:
+    """The pool's NetworkPolicy: prefixed, so that it never takes over a policy of the user's."""
+    return f"modelpool-{pool_name}"
+
+
+def _pods_in(namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}},
+        "podSelector": {"matchLabels": dict(labels)},
+    }
+
+
+def _rule(port_name: str, peers: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"ports": [{"port": port_name, "protocol": "TCP"}], "from": peers}
+
+
+def build_network_policy(pool: PoolView, settings: PolicySettings) -> dict[str, Any]:
+    """The NetworkPolicy of ``pool``'s workers, as an API dict (owned by the pool when its uid is known)."""
+    operator = _pods_in(settings.namespace, settings.operator_labels)
+    serving = [operator]
+    if settings.gateway_labels:
+        serving.append(_pods_in(settings.namespace, settings.gateway_labels))
+    serving += [peer.wire() for peer in settings.callers]
+    probes = [operator, *(peer.wire() for peer in settings.metrics_callers)]
+    metadata: dict[str, Any] = {
+        "name": policy_name(pool.name),
+        "labels": {LABEL_POOL: pool.name, LABEL_MANAGED_BY: MANAGED_BY},
+    }
+    if pool.namespace:
+        metadata["namespace"] = pool.namespace
+    owner = owner_reference(pool)
+    if owner is not None:
+        metadata["ownerReferences"] = [owner]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata,
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_POOL: pool.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": [_rule(PROBE_PORT_NAME, probes), _rule(HTTP_PORT_NAME, serving)],
+        },
+    }
