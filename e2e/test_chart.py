@@ -3,6 +3,7 @@ strict values schema. No cluster needed; e2e/test_install.py installs it on one.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ def test_lint_strict(helm: list[str]) -> None:
         "budget.create=true,budget.memory=1Ti",
         "config.modelCacheType=hostPath,config.modelCacheHostPath=/var/cache/modelpool",
         "gateway.enabled=false",
+        "networkPolicy.enabled=false",
         "gateway.namespaces={a,b},gateway.replicaCount=1,gateway.service.type=LoadBalancer",
     ):
         run([*helm, "lint", "--strict", str(CHART), "--set", values])
@@ -242,52 +244,58 @@ def test_metrics_endpoint_service_and_monitors(helm: list[str]) -> None:
     assert not [s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("-metrics")]
 
 
-def test_network_policy_admits_only_the_operator_the_gateway_and_named_callers(helm: list[str]) -> None:
-    assert not by_kind(render(helm), "NetworkPolicy"), "off by default"
+def _network_policy_env(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The operator's MODELPOOL_OPERATOR_NETWORK_POLICY_* settings, JSON ones decoded."""
+    prefix = "MODELPOOL_OPERATOR_NETWORK_POLICY_"
+    env = {
+        e["name"].removeprefix(prefix): e["value"]
+        for e in container(docs)["env"]
+        if e["name"].startswith(prefix)
+    }
+    return {k: v if k in ("ENABLED", "NAMESPACE") else json.loads(v) for k, v in env.items()}
+
+
+def test_network_policy_is_made_by_the_operator_and_names_the_operator_and_the_gateway(
+    helm: list[str],
+) -> None:
+    """On by default, in cluster scope too: the chart renders no NetworkPolicy (the operator makes one per
+    pool, test_network_policy.py) but tells the operator whom to admit, and grants it create/patch on them."""
+    docs = render(helm)
+    assert not by_kind(docs, "NetworkPolicy"), "made by the operator, per pool"
+    operator_pod = one(docs, "Deployment", OPERATOR)["spec"]["template"]["metadata"]["labels"]
+    gateway_pod = one(docs, "Deployment", GATEWAY)["spec"]["template"]["metadata"]["labels"]
+    env = _network_policy_env(docs)
+    assert env.keys() == {"ENABLED", "NAMESPACE", "OPERATOR_LABELS", "GATEWAY_LABELS"}
+    assert (env["ENABLED"], env["NAMESPACE"]) == ("true", "mp-system")
+    # The labels select the operator's pods and the gateway's, and neither selects the other's.
+    assert env["OPERATOR_LABELS"].items() <= operator_pod.items()
+    assert not env["OPERATOR_LABELS"].items() <= gateway_pod.items()
+    assert env["GATEWAY_LABELS"].items() <= gateway_pod.items()
+    assert not env["GATEWAY_LABELS"].items() <= operator_pod.items()
+    assert _rules(one(docs, "ClusterRole", OPERATOR)) >= {
+        ("networking.k8s.io", "networkpolicies", verb) for verb in ("create", "patch")
+    }
+
+    apps = [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}]
+    prometheus = [{"podSelector": {"matchLabels": {"app": "prometheus"}}, "namespaceSelector": {}}]
     docs = render(
         helm,
-        "--set", "networkPolicy.enabled=true",
-        "--set", "scope.clusterWide=false",
-        "--set", "scope.namespaces={team-a,team-b}",
-        "--set-json", 'networkPolicy.from=[{"namespaceSelector": {"matchLabels": {"team": "apps"}}}]',
+        "--set-json", f"networkPolicy.from={json.dumps(apps)}",
+        "--set-json", f"networkPolicy.metricsFrom={json.dumps(prometheus)}",
+        "--set", "networkPolicy.admitGateway=false",
     )  # fmt: skip
-    policies = by_kind(docs, "NetworkPolicy")
-    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
-    spec = policies[0]["spec"]
-    assert spec["podSelector"] == {"matchExpressions": [{"key": "modelpool.dev/pool", "operator": "Exists"}]}
-    assert spec["policyTypes"] == ["Ingress"]
-    probes, rule = spec["ingress"]
-    # The probe port: the operator alone (its /stats scrape; the kubelet's probes are not subject to it).
-    assert probes["ports"] == [{"port": "probes", "protocol": "TCP"}]
-    [only] = probes["from"]
-    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
-    release_ns = {"matchLabels": {"kubernetes.io/metadata.name": "mp-system"}}
-    operator_labels = one(docs, "Deployment", OPERATOR)["spec"]["template"]["metadata"]["labels"]
-    operator, gateway, named = rule["from"]
-    assert only == operator
-    assert operator["namespaceSelector"] == release_ns
-    assert operator["podSelector"]["matchLabels"].items() <= operator_labels.items()
-    assert operator["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
-    assert gateway == {
-        "namespaceSelector": release_ns,
-        "podSelector": {
-            "matchLabels": {"app.kubernetes.io/instance": "mp", "app.kubernetes.io/component": "gateway"}
-        },
-    }
-    assert named == {"namespaceSelector": {"matchLabels": {"team": "apps"}}}
+    env = _network_policy_env(docs)
+    assert (env["FROM"], env["METRICS_FROM"]) == (apps, prometheus)
+    assert "GATEWAY_LABELS" not in env
+    assert "GATEWAY_LABELS" not in _network_policy_env(render(helm, "--set", "gateway.enabled=false"))
+    # Whom the policies admit is part of the operator's settings: changing it rolls the operator.
+    annotations = one(docs, "Deployment", OPERATOR)["spec"]["template"]["metadata"]["annotations"]
+    default = one(render(helm), "Deployment", OPERATOR)["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["checksum/network-policy"] != default["checksum/network-policy"]
 
-    # Without the gateway: the operator and the named callers only.
-    docs = render(
-        helm, "--set", "networkPolicy.enabled=true", "--set", "networkPolicy.admitGateway=false",
-        "--set", "networkPolicy.namespaces={models}",
-    )  # fmt: skip
-    [policy] = by_kind(docs, "NetworkPolicy")
-    assert policy["metadata"]["namespace"] == "models"
-    assert [len(rule["from"]) for rule in policy["spec"]["ingress"]] == [1, 1]
-
-    # In cluster scope the chart cannot know where workers run: it says so.
-    result = template(helm, "--set", "networkPolicy.enabled=true", check=False)
-    assert result.returncode != 0 and "networkPolicy.namespaces" in result.stderr
+    docs = render(helm, "--set", "networkPolicy.enabled=false")
+    assert not _network_policy_env(docs)
+    assert not [r for r in _rules(one(docs, "ClusterRole", OPERATOR)) if r[1] == "networkpolicies"]
 
 
 @pytest.mark.parametrize(
@@ -305,7 +313,11 @@ def test_network_policy_admits_only_the_operator_the_gateway_and_named_callers(h
         (["--set", "metrics.serviceMonitor.interval=often"], "at '/metrics/serviceMonitor/interval'"),
         (["--set", "metrics.podMonitor.enable=true"], "additional properties 'enable' not allowed"),
         (["--set", "networkPolicy.allow=x"], "additional properties 'allow' not allowed"),
-        (["--set", "networkPolicy.namespaces={Bad_Name}"], "at '/networkPolicy/namespaces/0'"),
+        (["--set", "networkPolicy.namespaces={models}"], "additional properties 'namespaces' not allowed"),
+        (
+            ["--set-json", 'networkPolicy.metricsFrom=[{"ipBlock": {"except": ["10.0.0.0/8"]}}]'],
+            "missing property 'cidr'",
+        ),
         (
             ["--set-json", 'networkPolicy.from=[{"podSelector": {"matchLabel": {"a": "b"}}}]'],
             "additional properties 'matchLabel' not allowed",

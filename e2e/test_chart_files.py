@@ -21,6 +21,16 @@ SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 
 # Settings the chart sets through the command line (scope, peering, liveness), not through `config`.
 SET_BY_ARGS = {"namespaces", "peering_name", "standalone", "liveness_port", "metrics_port"}
+# Settings the chart derives from `networkPolicy` (the release namespace, the operator's and the gateway's pod
+# labels, the callers), not from `config`; e2e/test_chart.py checks what it sets.
+SET_BY_NETWORK_POLICY = {
+    "network_policy_enabled",
+    "network_policy_namespace",
+    "network_policy_operator_labels",
+    "network_policy_gateway_labels",
+    "network_policy_from",
+    "network_policy_metrics_from",
+}
 # Chart values left empty so the operator's own default applies (the template sets no variable for them).
 EMPTY_MEANS_DEFAULT = {"server_image", "peering_priority"}
 
@@ -53,7 +63,7 @@ def test_every_operator_setting_is_a_chart_value_with_the_operator_default() -> 
             assert value == ""
         else:
             assert value == fields[name].default, f"config.{key}: {value!r} != {fields[name].default!r}"
-    covered = {_snake(k) for k in config} | SET_BY_ARGS
+    covered = {_snake(k) for k in config} | SET_BY_ARGS | SET_BY_NETWORK_POLICY
     assert set(fields) == covered, f"settings without a chart value: {sorted(set(fields) - covered)}"
 
 

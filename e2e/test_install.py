@@ -339,15 +339,32 @@ def test_the_names_users_type_address_one_resource(release: Release) -> None:
         assert result.returncode == 0, f"kubectl get {kind} {release.budget}: {result.stderr.strip()}"
 
 
-def test_the_network_policy_is_accepted_by_the_api_server(release: Release) -> None:
-    rendered = release.h(
-        "template", release.name, str(CHART), "--namespace", release.namespace,
-        "--set", "networkPolicy.enabled=true", "--set", f"networkPolicy.namespaces={{{release.namespace}}}",
-        "--set-json", 'networkPolicy.from=[{"namespaceSelector": {"matchLabels": {"team": "apps"}}}]',
-        "--show-only", "templates/networkpolicy.yaml",
-    ).stdout  # fmt: skip
-    result = release.k("apply", "--dry-run=server", "-f", "-", stdin=rendered)
-    assert "networkpolicy.networking.k8s.io/" in result.stdout and "(server dry run)" in result.stdout
+def test_the_chart_s_operator_gives_each_pool_a_network_policy_naming_its_own_pods(release: Release) -> None:
+    """On by default: the installed operator makes the pool's NetworkPolicy, owned by the pool, and its peers
+    select the release's real operator and gateway pods (no CNI enforces it here: its shape is checked)."""
+    pool = pool_manifest("fenced", release.namespace, replicas=0, minReplicas=0)
+    release.k("apply", "-f", "-", stdin=json.dumps(pool))
+
+    def policy() -> dict[str, Any] | None:
+        found = release.k(
+            "get", "networkpolicy", "modelpool-fenced", "-n", release.namespace, "-o", "json", check=False
+        )
+        return json.loads(found.stdout) if found.returncode == 0 else None
+
+    made = eventually(policy, timeout=60, interval=1, what="NetworkPolicy modelpool-fenced")
+    [owner] = made["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("ModelPool", "fenced")
+    assert made["spec"]["podSelector"] == {"matchLabels": {"modelpool.dev/pool": "fenced"}}
+    probes, serving = made["spec"]["ingress"]
+    [operator] = probes["from"]
+    assert serving["from"][0] == operator and len(serving["from"]) == 2
+    gateway = serving["from"][1]
+    ns = {"matchLabels": {"kubernetes.io/metadata.name": release.namespace}}
+    assert operator["namespaceSelector"] == gateway["namespaceSelector"] == ns
+    for peer, component in ((operator, "operator"), (gateway, "gateway")):
+        selector = ",".join(f"{k}={v}" for k, v in peer["podSelector"]["matchLabels"].items())
+        pods = release.get("pods", "-n", release.namespace, "-l", selector)["items"]
+        assert pods and {p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods} == {component}
 
 
 def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Release) -> None:

@@ -66,6 +66,31 @@ operator's own default applies). */}}
 {{- end }}
 {{- end }}
 
+{{/* The operator's settings for the NetworkPolicy it gives each pool (networkPolicy.*): whom it admits, named
+by pod labels in the release namespace, and the callers listed in the values, as JSON. */}}
+{{- define "modelpool-operator.networkPolicyEnv" -}}
+{{- if .Values.networkPolicy.enabled }}
+- name: MODELPOOL_OPERATOR_NETWORK_POLICY_ENABLED
+  value: "true"
+- name: MODELPOOL_OPERATOR_NETWORK_POLICY_NAMESPACE
+  value: {{ .Release.Namespace | quote }}
+- name: MODELPOOL_OPERATOR_NETWORK_POLICY_OPERATOR_LABELS
+  value: {{ include "modelpool-operator.selectorLabels" . | fromYaml | toJson | quote }}
+{{- if and .Values.gateway.enabled .Values.networkPolicy.admitGateway }}
+- name: MODELPOOL_OPERATOR_NETWORK_POLICY_GATEWAY_LABELS
+  value: {{ include "modelpool-operator.gatewaySelectorLabels" . | fromYaml | toJson | quote }}
+{{- end }}
+{{- with .Values.networkPolicy.from }}
+- name: MODELPOOL_OPERATOR_NETWORK_POLICY_FROM
+  value: {{ toJson . | quote }}
+{{- end }}
+{{- with .Values.networkPolicy.metricsFrom }}
+- name: MODELPOOL_OPERATOR_NETWORK_POLICY_METRICS_FROM
+  value: {{ toJson . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The gateway's names: its own app.kubernetes.io/name, so neither Deployment's selector matches the other's
 pods. */}}
 {{- define "modelpool-operator.gatewayFullname" -}}

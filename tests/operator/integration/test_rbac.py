@@ -2,8 +2,9 @@
 
 The verbs the operator uses are not listed by hand: the real operator runs as a ServiceAccount of the
 namespace ``modelpool-audit`` bound to the chart's own rules (rendered by the real helm), does everything
-it does (a pool created, scaled up and down with an eviction, the operator restarted so the pool's Service
-is brought up to date, the pool and the ModelBudget deleted, Events posted, Kopf's peering), and the API
+it does with the chart's settings (a pool created, scaled up and down with an eviction, the operator
+restarted so the pool's Service and NetworkPolicy are brought up to date, the pool and the ModelBudget
+deleted, Events posted, Kopf's peering), and the API
 server's audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says which
 (API group, resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted
 verb no request used is an extra one. Both scopes are run: namespace scope with a KopfPeering, cluster
@@ -77,6 +78,16 @@ class AuditedRelease:
             for resource in rule["resources"]
             for verb in rule["verbs"]
         }
+
+    def operator_env(self) -> dict[str, str]:
+        """The settings the chart gives the operator besides ``config`` (whom the pools' NetworkPolicies
+        admit), as its Deployment sets them."""
+        [deployment] = [
+            d for d in self.docs if d["kind"] == "Deployment" and "gateway" not in d["metadata"]["name"]
+        ]
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        prefix = "MODELPOOL_OPERATOR_NETWORK_POLICY_"
+        return {e["name"]: e["value"] for e in container["env"] if e["name"].startswith(prefix)}
 
     def requests(self) -> list[dict[str, Any]]:
         """Every audited request this ServiceAccount made that names a resource."""
@@ -186,11 +197,13 @@ def _exercise(
     scope: list[str],
     peering: str,
 ) -> None:
-    """Everything the operator does, run as the audited ServiceAccount: a budget and a pool of two KWOK
-    workers (pods, the Service, status, Events, the budget's status, Kopf's finalizers and peering), a
-    scale-down (an eviction patch, then a deletion), a restart (the existing Service patched), and the
+    """Everything the operator does, run as the audited ServiceAccount with the chart's settings: a budget
+    and a pool of two KWOK workers (pods, the Service, the NetworkPolicy, status, Events, the budget's status,
+    Kopf's finalizers and peering), a scale-down (an eviction patch, then a deletion), a restart (the
+    existing Service and NetworkPolicy patched), and the
     pool and the budget deleted while the operator runs (Kopf removes its finalizers)."""
-    env = {"MODELPOOL_OPERATOR_BUDGET_NAME": release.budget}
+    env = {"MODELPOOL_OPERATOR_BUDGET_NAME": release.budget, **release.operator_env()}
+    assert env["MODELPOOL_OPERATOR_NETWORK_POLICY_ENABLED"] == "true", "the chart's default"
     apply(crds, _budget(release.budget, "100Gi"))
     operator = start_operator(*scope, peering=peering, kubeconfig=release.kubeconfig, **env)
     try:
@@ -209,9 +222,12 @@ def _exercise(
         assert operator.stop() == 0
         operator = start_operator(*scope, peering=peering, kubeconfig=release.kubeconfig, **env)
         wait_for(
-            lambda: ("", "services", "patch") in release.used(),
+            lambda: (
+                {("", "services", "patch"), ("networking.k8s.io", "networkpolicies", "patch")}
+                <= release.used()
+            ),
             timeout=90,
-            message="the restarted operator brought the Service up to date",
+            message="the restarted operator brought the Service and the NetworkPolicy up to date",
         )
     finally:
         # While the operator runs, so that it removes its finalizers.

@@ -1,0 +1,132 @@
+"""The pool's NetworkPolicy on the real API server: the operator makes it with the exact shape, brings it up
+to date when it starts with other settings, and the garbage collector of the real kube-controller-manager
+deletes it with its pool. Without the setting no policy is made.
+
+No CNI runs here, so nothing enforces the policies: what is checked is the object the API server accepted
+(its validation of named ports, peers and selectors included), not that traffic is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.clusterlib import Cluster
+from tests.kube import apply, get_json, wait_for
+from tests.operator.integration.opharness import (
+    POOLS,
+    StartOperator,
+    pool_manifest,
+    states,
+    wait_status,
+)
+
+pytestmark = pytest.mark.cluster
+
+OPERATOR = {"app.kubernetes.io/name": "modelpool-operator", "app.kubernetes.io/instance": "mp"}
+GATEWAY = {"app.kubernetes.io/name": "modelpool-operator-gateway", "app.kubernetes.io/instance": "mp"}
+APPS = {"namespaceSelector": {"matchLabels": {"team": "apps"}}}
+PROMETHEUS = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+
+
+def _settings(*callers: dict[str, Any]) -> dict[str, str]:
+    """The operator's environment as the chart sets it for a release ``mp`` in ``mp-system``."""
+    prefix = "MODELPOOL_OPERATOR_NETWORK_POLICY_"
+    return {
+        f"{prefix}ENABLED": "true",
+        f"{prefix}NAMESPACE": "mp-system",
+        f"{prefix}OPERATOR_LABELS": json.dumps(OPERATOR),
+        f"{prefix}GATEWAY_LABELS": json.dumps(GATEWAY),
+        f"{prefix}FROM": json.dumps(list(callers)),
+        f"{prefix}METRICS_FROM": json.dumps([PROMETHEUS]),
+    }
+
+
+def _policy(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    found = cluster.kubectl("get", "networkpolicy", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(found.stdout) if found.returncode == 0 else None
+
+
+def _release_pods(labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mp-system"}},
+        "podSelector": {"matchLabels": labels},
+    }
+
+
+def test_a_pool_gets_its_network_policy_updated_on_restart_and_deleted_with_it(
+    cluster: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    operator = start_operator(namespace, **_settings(APPS))
+    apply(cluster, pool_manifest("fenced", replicas=1), namespace)
+    policy = wait_for(
+        lambda: _policy(cluster, namespace, "modelpool-fenced"),
+        timeout=60,
+        message="the pool's NetworkPolicy",
+    )
+    pool = get_json(cluster, POOLS, "fenced", "-n", namespace)
+    assert policy["metadata"]["labels"] == {
+        "modelpool.dev/pool": "fenced",
+        "app.kubernetes.io/managed-by": "modelpool-operator",
+    }
+    assert policy["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "modelpool.dev/v1alpha1",
+            "kind": "ModelPool",
+            "name": "fenced",
+            "uid": pool["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    operator_peer = _release_pods(OPERATOR)
+    assert policy["spec"] == {
+        "podSelector": {"matchLabels": {"modelpool.dev/pool": "fenced"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {"ports": [{"port": "probes", "protocol": "TCP"}], "from": [operator_peer, PROMETHEUS]},
+            {
+                "ports": [{"port": "http", "protocol": "TCP"}],
+                "from": [operator_peer, _release_pods(GATEWAY), APPS],
+            },
+        ],
+    }
+    # It selects the pool's worker, whose ports carry the names it admits on.
+    [worker] = get_json(cluster, "pods", "-n", namespace, "-l", "modelpool.dev/pool=fenced")["items"]
+    ports = {p["name"] for c in worker["spec"]["containers"] for p in c.get("ports", [])}
+    assert {"http", "probes"} <= ports
+
+    # A restart with other callers (a helm upgrade) brings the existing policy up to date.
+    assert operator.stop() == 0
+    others = {"ipBlock": {"cidr": "10.20.0.0/16", "except": ["10.20.1.0/24"]}}
+    start_operator(namespace, **_settings(others))
+
+    def callers() -> list[dict[str, Any]]:
+        policy = _policy(cluster, namespace, "modelpool-fenced")
+        return policy["spec"]["ingress"][1]["from"][2:] if policy else []
+
+    wait_for(lambda: callers() == [others], timeout=60, message="the policy's callers replaced")
+
+    cluster.kubectl("delete", POOLS, "fenced", "-n", namespace, "--timeout=60s")
+    wait_for(
+        lambda: _policy(cluster, namespace, "modelpool-fenced") is None,
+        timeout=60,
+        interval=0.5,
+        message="the NetworkPolicy garbage-collected with its pool",
+    )
+
+
+def test_without_the_setting_no_policy_is_made(
+    cluster: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    start_operator(namespace)
+    apply(cluster, pool_manifest("open", replicas=1), namespace)
+    wait_status(cluster, namespace, "open", lambda s: states(s) == ["Ready"], timeout=60, message="1 ready")
+    # The pass that made the worker and the Service went by: a policy would have been made before them.
+    assert get_json(cluster, "service", "open", "-n", namespace)
+    assert get_json(cluster, "networkpolicies", "-n", namespace)["items"] == []
