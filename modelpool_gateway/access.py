@@ -11,6 +11,10 @@ nor can another tenant's pool make a granted name ambiguous.
 Open without a key: the gateway's own health, readiness and metrics (``OPEN_PATHS``), which the kubelet
 and Prometheus call without one; they carry no model data (the metrics name pools, never keys).
 With ``--auth none`` every request gets ``EVERYTHING``.
+
+With keys, the ``Authorization`` header stops here (``upstream_headers``): a worker runs its pool owner's
+code, which must not collect keys that may grant other namespaces' pools.  With ``--auth none`` it passes
+to the worker as before (a pool's own worker key, ``spec.auth``, sent through the gateway).
 """
 
 from __future__ import annotations
@@ -75,6 +79,12 @@ class Access:
             headers=[(b"www-authenticate", b"Bearer")],
         )
         return grant
+
+    def upstream_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """The request's headers as they may go to a worker (see the module docstring)."""
+        if self.mode == "none":
+            return headers
+        return [(k, v) for k, v in headers if k != b"authorization"]
 
     def index(self, grant: Grant) -> NameIndex:
         """The names of the pools ``grant`` allows (the registry's own index for everything)."""

@@ -212,7 +212,7 @@ class Gateway:
         if model != key[1]:  # an alias or namespace/name: the worker knows its pool's name only
             doc["model"] = key[1]
             body = orjson.dumps(doc)
-        headers = forward_headers(scope["headers"])
+        headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], scope["path"], headers, body)
         return Call(key, True, out, _client_timeout(scope["headers"]))
 
@@ -225,7 +225,8 @@ class Gateway:
         path = V2_MODELS + quote(resolved.key[1], safe="") + ("/" + quote(suffix) if suffix else "")
         if scope.get("query_string"):
             path += "?" + scope["query_string"].decode("latin-1")
-        out = Outbound(scope["method"], path, forward_headers(scope["headers"]), body)
+        headers = self.access.upstream_headers(forward_headers(scope["headers"]))
+        out = Outbound(scope["method"], path, headers, body)
         return Call(resolved.key, False, out, _client_timeout(scope["headers"]))
 
     def _not_found(self, resolved: Unresolved, unscoped: Resolution) -> RequestError:

@@ -253,6 +253,7 @@ async def test_a_released_request_carries_what_is_left_of_its_deadline(gw: Harne
         response = await pending
     assert response.status_code == 200
     [request] = seen
+    assert b"authorization" not in request.lower(), "the gateway's key went on to the worker"
     [left] = [line.split(b":")[1] for line in request.split(b"\r\n") if line.startswith(b"x-request-timeout")]
     assert 5 < float(left) <= 9.9, left
 
@@ -316,6 +317,19 @@ async def test_a_key_revoked_stops_at_once_and_auth_none_lets_everyone_in(gw: Ha
     async with gw.client(KEY) as c:
         assert (await c.get("/v1/models")).status_code == 401
     open_gateway = Harness(auth="none")
-    async with open_gateway.client(None) as c:
+    seen: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    async with raw_server(record) as port, open_gateway.client("the-pools-own-worker-key") as c:
         assert [m["id"] for m in (await c.get("/v1/models")).json()["data"]] == ["org/alias"]
+        open_gateway.worker("w0", port)
+        assert (await c.post("/v1/embeddings", json={"model": "pool", "input": ["x"]})).status_code == 200
+    # Without keys of its own the gateway passes the header on (a pool's own worker key, spec.auth).
+    assert b"authorization: bearer the-pools-own-worker-key" in seen[0].lower()
+    await open_gateway.demand.close()
     open_gateway.upstream.close()
