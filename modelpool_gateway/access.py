@@ -29,13 +29,14 @@ from modelpool_gateway.names import NameIndex
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"})
 GRANT_SCOPE_KEY = "modelpool.grant"
+NOTHING = Grant()
 # Scoped indexes kept at most (one per distinct grant in use); all are dropped when the pools change.
 _INDEX_CACHE_LIMIT = 1024
 
 
 def grant_of(scope: MutableMapping[str, Any]) -> Grant:
-    """The grant ``Access.check`` put in the scope (everything for an open path: nothing resolves there)."""
-    grant: Grant = scope.get(GRANT_SCOPE_KEY, EVERYTHING)
+    """The grant ``Access.check`` put in the scope; none at all where it put none (fail closed)."""
+    grant: Grant = scope.get(GRANT_SCOPE_KEY, NOTHING)
     return grant
 
 
