@@ -3,6 +3,7 @@ strict values schema. No cluster needed; e2e/test_install.py installs it on one.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -440,19 +441,34 @@ def test_auth_none_is_explicit_and_reads_no_secret(helm: list[str]) -> None:
     assert _key_roles(docs) == {}
 
 
-def test_the_notes_say_how_to_create_a_key_or_what_auth_none_means(helm: list[str]) -> None:
-    def notes(*args: str) -> str:
-        result = run(
-            [*helm, "install", "mp", str(CHART), "--namespace", "mp-system", "--dry-run=client", *args]
+def _notes(helm: list[str], workdir: Path, *args: str) -> str:
+    """NOTES.txt as the install prints it: `helm template` leaves NOTES.txt out, so a copy of the chart
+    renders it through `tpl` into a ConfigMap."""
+    chart = workdir / "chart"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)
+        shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes.txt")
+        (chart / "templates" / "zz-notes.yaml").write_text(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+            'data: {notes: {{ tpl (.Files.Get "notes.txt") . | quote }}}\n'
         )
-        return str(result.stdout.split("NOTES:", 1)[1])
+    result = run([*helm, "template", "mp", str(chart), "--namespace", "mp-system", *args,
+                  "--show-only", "templates/zz-notes.yaml"])  # fmt: skip
+    return str(load_all(result.stdout)[0]["data"]["notes"])
 
-    keys = notes()
-    assert "kubectl -n mp-system create secret generic" in keys
+
+def test_the_notes_say_how_to_create_a_key_or_what_auth_none_means(helm: list[str], tmp_path: Path) -> None:
+    keys = _notes(helm, tmp_path)
+    assert "kubectl -n mp-system create secret generic team-a-key" in keys
     assert "label secret team-a-key modelpool.dev/gateway-key=true" in keys
-    assert "Authorization: Bearer $KEY" in keys and "api_key=KEY" in keys
-    none = notes("--set", "gateway.auth.mode=none")
-    assert "checks no key" in none and "Authorization" not in none
+    assert 'curl -s localhost:8080/v1/models -H "Authorization: Bearer $KEY"' in keys
+    assert "api_key=KEY" in keys and "Tenants may also issue keys" not in keys
+    tenants = _notes(
+        helm, tmp_path, "--set", "gateway.namespaces={a}", "--set", "gateway.auth.tenantKeys=true"
+    )
+    assert "Tenants may also issue keys" in tenants
+    none = _notes(helm, tmp_path, "--set", "gateway.auth.mode=none")
+    assert "checks no key" in none and "Authorization" not in none and "create secret" not in none
 
 
 def test_the_gateway_can_be_left_out(helm: list[str]) -> None:
