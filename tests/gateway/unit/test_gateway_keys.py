@@ -4,12 +4,17 @@ read from: a Secret outside the gateway's own namespace never grants another nam
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from modelpool_contract.gateway_keys import KEY_FIELD, NAMESPACES_FIELD, POOLS_FIELD
+from modelpool_gateway.config import GatewaySettings
 from modelpool_gateway.keys import (
     EVERYTHING,
     Grant,
@@ -18,6 +23,7 @@ from modelpool_gateway.keys import (
     key_namespaces,
     parse_grant,
 )
+from tests.clusterlib import ROOT
 
 ADMIN = "gateway"
 KEY = "0123456789abcdef-key"
@@ -121,3 +127,30 @@ def test_keys_are_read_in_the_gateways_namespace_and_tenant_namespaces_only_when
     assert isinstance(key_namespaces("gw", True, []), str)  # never every namespace's Secrets
     assert isinstance(key_namespaces(None, False, ["a"]), str)
     assert EVERYTHING.allows(("any", "pool"))
+
+
+def test_keys_are_the_default_and_none_must_be_asked_for() -> None:
+    assert GatewaySettings().auth == "keys" and GatewaySettings().tenant_keys is False
+    assert GatewaySettings(auth="none").auth == "none"
+    with pytest.raises(ValidationError):
+        GatewaySettings(auth="off")
+
+
+def test_the_gateway_will_not_start_with_keys_it_cannot_read() -> None:
+    """Outside a pod, --auth keys needs --keys-namespace; --tenant-keys needs --namespace: exit 2 at once,
+    before the API server is contacted."""
+    script = str(ROOT / ".venv" / "bin" / "modelpool-gateway")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MODELPOOL_GATEWAY_", "KUBERNETES_"))}
+    for args, message in (
+        ([], "--keys-namespace is needed"),
+        (["--keys-namespace", "gw", "--tenant-keys", "true"], "--tenant-keys needs --namespace"),
+    ):
+        done = subprocess.run(
+            [script, "--kubeconfig", "/nonexistent", *args],
+            capture_output=True,
+            check=False,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert done.returncode == 2 and message in done.stderr, (done.returncode, done.stderr)
