@@ -212,11 +212,13 @@ def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes
         stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}),
     )
     gateway_port = free_port()
+    # --auth none: the benchmark's clients send no API key (the key check is one SHA-256 and a dict lookup
+    # per request; tests/gateway covers it).
     procs.append(
         subprocess.Popen(
             [str(REPO / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig),
              "--namespace", NAMESPACE, "--host", "127.0.0.1", "--port", str(gateway_port),
-             "--log-level", "warning"],
+             "--log-level", "warning", "--auth", "none"],
             stdout=(logs / "gateway.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
         )
     )  # fmt: skip

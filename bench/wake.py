@@ -199,13 +199,22 @@ def _annotation(obj: dict[str, Any]) -> str | None:
     return str(value) if value else None
 
 
-def wake(gateway_url: str, kubeconfig: Path, namespace: str, pool: str, *, timeout: float) -> Wake:
-    """Send one embeddings request for ``pool`` (which has no worker) through the gateway and time it."""
+def wake(
+    gateway_url: str,
+    kubeconfig: Path,
+    namespace: str,
+    pool: str,
+    *,
+    timeout: float,
+    api_key: str = "unused",
+) -> Wake:
+    """Send one embeddings request for ``pool`` (which has no worker) through the gateway and time it
+    (``api_key``: the gateway's API key, sent as ``Authorization: Bearer``)."""
     seen = WakeWatch(kubeconfig, namespace, pool).start()
     try:
         if seen.pods_before:
             raise RuntimeError(f"pool {namespace}/{pool} has worker pods already: it is not at zero")
-        client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="unused", timeout=timeout, max_retries=0)
+        client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=api_key, timeout=timeout, max_retries=0)
         sent = time.time()
         raw = client.embeddings.with_raw_response.create(model=pool, input=["A man is eating food."])
         answered = time.time()

@@ -4,6 +4,7 @@ strict values schema. No cluster needed; e2e/test_install.py installs it on one.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,10 @@ def test_default_render_cluster_scope(helm: list[str]) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "mp-modelpool-operator", "namespace": "mp-system"}
     ]
-    assert not by_kind(docs, "RoleBinding")
+    # The one namespaced binding: the gateway's, to read its API key Secrets in its own namespace.
+    assert [(b["metadata"]["name"], b["metadata"]["namespace"]) for b in by_kind(docs, "RoleBinding")] == [
+        (f"{GATEWAY}-keys", "mp-system")
+    ]
 
 
 def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
@@ -334,6 +338,9 @@ def test_network_policy_is_made_by_the_operator_and_names_the_operator_and_the_g
         (["--set", "gateway.service.type=Ingress"], "at '/gateway/service/type'"),
         (["--set", "gateway.namespaces={Team_A}"], "at '/gateway/namespaces/0'"),
         (["--set", "gateway.logLevel=loud"], "at '/gateway/logLevel'"),
+        (["--set", "gateway.auth.mode=open"], "at '/gateway/auth/mode'"),
+        (["--set", "gateway.auth=none"], "at '/gateway/auth'"),
+        (["--set", "gateway.auth.tenantKeys=yes"], "at '/gateway/auth/tenantKeys'"),
     ],
 )
 def test_schema_rejects_bad_values(helm: list[str], args: list[str], message: str) -> None:
@@ -403,6 +410,77 @@ def test_the_gateway_follows_the_operators_scope_or_its_own_namespaces(helm: lis
     ]
     bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] == GATEWAY]
     assert [b["metadata"]["namespace"] for b in bindings] == ["serving"]
+
+
+def _key_roles(docs: list[dict[str, Any]]) -> dict[str, set[tuple[str, str, str]]]:
+    """Namespace -> the rules of the gateway's key-reading Role there (checked bound to the gateway)."""
+    name = f"{GATEWAY}-keys"
+    roles = {
+        r["metadata"]["namespace"]: _rules(r) for r in by_kind(docs, "Role") if r["metadata"]["name"] == name
+    }
+    for binding in [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] == name]:
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": GATEWAY, "namespace": "mp-system"}]
+    return roles
+
+
+def test_the_gateway_requires_api_keys_by_default_read_in_its_own_namespace_only(helm: list[str]) -> None:
+    docs = render(helm)
+    env = {e["name"]: e["value"] for e in container(docs, GATEWAY)["env"]}
+    assert env["MODELPOOL_GATEWAY_AUTH"] == "keys"
+    assert env["MODELPOOL_GATEWAY_KEYS_NAMESPACE"] == "mp-system"
+    assert env["MODELPOOL_GATEWAY_TENANT_KEYS"] == "false"
+    # List and watch the Secrets of its namespace: no get, no write, nowhere else, nothing cluster-wide.
+    assert _key_roles(docs) == {"mp-system": {("", "secrets", "list"), ("", "secrets", "watch")}}
+    assert not [r for r in by_kind(docs, "ClusterRole") if ("", "secrets", "list") in _rules(r)]
+
+
+def test_tenant_keys_add_a_role_per_routed_namespace_and_are_never_cluster_wide(helm: list[str]) -> None:
+    docs = render(
+        helm, "--set", "gateway.namespaces={team-a,mp-system}", "--set", "gateway.auth.tenantKeys=true"
+    )
+    assert sorted(_key_roles(docs)) == ["mp-system", "team-a"]
+    env = {e["name"]: e["value"] for e in container(docs, GATEWAY)["env"]}
+    assert env["MODELPOOL_GATEWAY_TENANT_KEYS"] == "true"
+    refused = template(helm, "--set", "gateway.auth.tenantKeys=true", check=False)
+    assert refused.returncode != 0 and "never read cluster-wide" in refused.stderr
+
+
+def test_auth_none_is_explicit_and_reads_no_secret(helm: list[str]) -> None:
+    docs = render(helm, "--set", "gateway.auth.mode=none")
+    env = {e["name"]: e["value"] for e in container(docs, GATEWAY)["env"]}
+    assert env["MODELPOOL_GATEWAY_AUTH"] == "none"
+    assert _key_roles(docs) == {}
+
+
+def _notes(helm: list[str], workdir: Path, *args: str) -> str:
+    """NOTES.txt as the install prints it: `helm template` leaves NOTES.txt out, so a copy of the chart
+    renders it through `tpl` into a ConfigMap."""
+    chart = workdir / "chart"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)
+        shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes.txt")
+        (chart / "templates" / "zz-notes.yaml").write_text(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+            'data: {notes: {{ tpl (.Files.Get "notes.txt") . | quote }}}\n'
+        )
+    result = run([*helm, "template", "mp", str(chart), "--namespace", "mp-system", *args,
+                  "--show-only", "templates/zz-notes.yaml"])  # fmt: skip
+    return str(load_all(result.stdout)[0]["data"]["notes"])
+
+
+def test_the_notes_say_how_to_create_a_key_or_what_auth_none_means(helm: list[str], tmp_path: Path) -> None:
+    keys = _notes(helm, tmp_path)
+    assert "kubectl -n mp-system create secret generic team-a-key" in keys
+    assert "label secret team-a-key modelpool.dev/gateway-key=true" in keys
+    assert 'curl -s localhost:8080/v1/models -H "Authorization: Bearer $KEY"' in keys
+    assert "api_key=KEY" in keys and "Tenants may also issue keys" not in keys
+    tenants = _notes(
+        helm, tmp_path, "--set", "gateway.namespaces={a}", "--set", "gateway.auth.tenantKeys=true"
+    )
+    assert "Tenants may also issue keys" in tenants
+    none = _notes(helm, tmp_path, "--set", "gateway.auth.mode=none")
+    assert "checks no key" in none and "Authorization" not in none and "create secret" not in none
 
 
 def test_the_gateway_can_be_left_out(helm: list[str]) -> None:

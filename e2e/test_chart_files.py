@@ -77,6 +77,8 @@ GATEWAY_SETTINGS = {
     ("maxRequestBytes",): "max_request_bytes",
     ("shutdownGraceSeconds",): "shutdown_grace_seconds",
     ("logLevel",): "log_level",
+    ("auth", "mode"): "auth",
+    ("auth", "tenantKeys"): "tenant_keys",
 }
 
 

@@ -374,7 +374,8 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
     assert gateway in release.h("get", "notes", release.name, "-n", release.namespace).stdout
 
     account = f"system:serviceaccount:{release.namespace}:{gateway}"
-    allowed = [("list", "modelpools"), ("watch", "modelpools"), ("patch", "modelpools"), ("watch", "pods")]
+    allowed = [("list", "modelpools"), ("watch", "modelpools"), ("patch", "modelpools"), ("watch", "pods"),
+               ("list", "secrets"), ("watch", "secrets")]  # fmt: skip
     denied = [("create", "pods"), ("delete", "modelpools"), ("patch", "pods"), ("get", "secrets"),
               ("get", "pods"), ("patch", "modelpools --subresource=status"),
               ("list", "modelbudgets")]  # fmt: skip
@@ -384,6 +385,9 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
         )
         expected = "yes" if (verb, resource) in allowed else "no"
         assert answer.stdout.strip() == expected, f"{verb} {resource}: {answer.stdout.strip()}"
+    # Its API key Secrets are read in its own namespace only.
+    elsewhere = release.k("auth", "can-i", "list", "secrets", "-n", "default", "--as", account, check=False)
+    assert elsewhere.stdout.strip() == "no"
 
     if release.external:
         return  # the traffic below goes to the gateway pod's loopback address on the process node
@@ -393,15 +397,25 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
     release.k("apply", "-f", "-", stdin=json.dumps(zero))
     [pod] = release.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/component=gateway")["items"]
     url = f"http://{pod['status']['podIP']}:{pod['spec']['containers'][0]['ports'][0]['containerPort']}"
+    # An API key as the NOTES say: a labelled Secret in the gateway's namespace (granting that namespace).
+    key = secrets.token_hex(24)
+    release.k("create", "secret", "generic", "gw-key", "-n", release.namespace, f"--from-literal=key={key}")
+    release.k("label", "secret", "gw-key", "-n", release.namespace, "modelpool.dev/gateway-key=true")
+    headers = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(url + "/v1/models", timeout=5).status_code == 401
 
     def listed() -> list[str] | None:
-        models = [m["id"] for m in httpx.get(url + "/v1/models", timeout=5).json()["data"]]
+        response = httpx.get(url + "/v1/models", headers=headers, timeout=5)
+        models = [m["id"] for m in response.json()["data"]] if response.status_code == 200 else []
         return models if "gw-zero" in models else None
 
     eventually(listed, timeout=30, what="the gateway lists gw-zero")
-    held = httpx.post(url + "/v1/embeddings", json={"model": "gw-zero", "input": ["x"]}, timeout=30)
+    body = {"model": "gw-zero", "input": ["x"]}
+    held = httpx.post(url + "/v1/embeddings", json=body, headers=headers, timeout=30)
     assert held.status_code == 503 and held.json()["error"]["type"] == "scaled_to_zero", held.text
-    unknown = httpx.post(url + "/v1/embeddings", json={"model": "nope", "input": ["x"]}, timeout=30)
+    unknown = httpx.post(
+        url + "/v1/embeddings", json={"model": "nope", "input": ["x"]}, headers=headers, timeout=30
+    )
     assert unknown.status_code == 404
     pool = release.get("modelpools", "gw-zero", "-n", release.namespace)
     assert "modelpool.dev/demanded-at" in pool["metadata"]["annotations"], "the gateway recorded the demand"

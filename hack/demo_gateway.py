@@ -1,8 +1,12 @@
 """`make demo`'s traffic through ``modelpool-gateway`` with the real ``openai`` client (hack/demo.sh).
 
-    python -m hack.demo_gateway wake  --gateway URL --kubeconfig K --namespace NS --pool minilm --timeout S
-    python -m hack.demo_gateway scale --gateway URL --kubeconfig K --namespace NS --pool echo \
-        --clients 12 --max-replicas 3 --timeout S
+    DEMO_API_KEY=KEY python -m hack.demo_gateway wake  --gateway URL --kubeconfig K --namespace NS \
+        --pool minilm --timeout S
+    DEMO_API_KEY=KEY python -m hack.demo_gateway scale --gateway URL --kubeconfig K --namespace NS \
+        --pool echo --clients 12 --max-replicas 3 --timeout S
+
+The gateway's API key comes from ``$DEMO_API_KEY`` (not a flag: a process's arguments are visible to
+every user of the machine); the openai client sends it as ``Authorization: Bearer``.
 
 ``wake``: one request for a pool at zero; prints the time from the request to its first answer and where
 it went (``bench.wake``).  ``scale``: ``--clients`` closed-loop clients (each one request outstanding)
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -32,10 +37,8 @@ from bench.wake import wake
 class Load:
     """``clients`` threads through the gateway, each with one request outstanding at a time."""
 
-    def __init__(self, gateway_url: str, pool: str, clients: int) -> None:
-        self._client = openai.OpenAI(
-            base_url=f"{gateway_url}/v1", api_key="unused", timeout=30, max_retries=0
-        )
+    def __init__(self, gateway_url: str, pool: str, clients: int, api_key: str) -> None:
+        self._client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=api_key, timeout=30, max_retries=0)
         self._pool = pool
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -122,7 +125,7 @@ def scale(args: argparse.Namespace) -> None:
     top = args.max_replicas
     print(f"    {'T+s':<7} {'DESIRED':<8} {'READY':<6} {'LOAD':<5} WORKERS (state)")
     print(f"    -- {args.clients} clients through the gateway, one request outstanding each", flush=True)
-    load = Load(args.gateway, args.pool, args.clients).start()
+    load = Load(args.gateway, args.pool, args.clients, args.api_key).start()
     try:
         view.until(lambda s: s.get("readyReplicas") == top, f"scaled up to {top} Ready workers")
         # The new workers join as soon as the operator marks them serving and the gateway's watch sees it.
@@ -140,10 +143,14 @@ def scale(args: argparse.Namespace) -> None:
 def wake_command(args: argparse.Namespace) -> None:
     model = args.pool
     print(
-        f"    openai.OpenAI(base_url='{args.gateway}/v1').embeddings.create(model='{model}', ...)", flush=True
+        f"    openai.OpenAI(base_url='{args.gateway}/v1', api_key=KEY)"
+        f".embeddings.create(model='{model}', ...)",
+        flush=True,
     )
     try:
-        woke = wake(args.gateway, args.kubeconfig, args.namespace, model, timeout=args.timeout)
+        woke = wake(
+            args.gateway, args.kubeconfig, args.namespace, model, timeout=args.timeout, api_key=args.api_key
+        )
     except openai.APIStatusError as exc:  # the gateway's answer says why (loading, budget, ...)
         raise SystemExit(f"the gateway answered {exc.status_code}: {exc.message}") from exc
     except openai.APITimeoutError as exc:
@@ -163,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=12)
     parser.add_argument("--max-replicas", type=int, default=3)
     args = parser.parse_args(argv)
+    args.api_key = os.environ.get("DEMO_API_KEY", "")
+    if not args.api_key:
+        parser.error("set DEMO_API_KEY to the gateway's API key")
     (scale if args.command == "scale" else wake_command)(args)
     return 0
 

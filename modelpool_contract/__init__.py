@@ -10,6 +10,7 @@ standard library and pydantic.
 * ``exits``: the server's exit codes the operator reads back from a terminated container.
 * ``stats``: the ``GET /stats`` document (``WorkerStats``) the server emits and the operator parses.
 * ``flags``: the server flags the operator passes to a worker (``ServerArgs``) and their defaults.
+* ``gateway_keys``: the label and data keys of the Secrets that hold the gateway's API keys.
 * ``mounts``: where worker pods mount ``pvc://`` claims and the model cache, and the one parser of
   ``pvc://`` sources.
 

@@ -3,7 +3,9 @@
 ``Gateway`` is the outermost ASGI app.  The inference routes (``POST /v1/embeddings``, ``/v1/completions``,
 ``/v1/chat/completions``, ``/v1/images/generations`` and everything under ``/v2/models/``) are handled here
 as raw ASGI, which keeps the added latency small; every other route goes to the Starlette app of
-``routes``.  Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes`` per body,
+``routes``.  Before any of it, ``access`` checks the request's API key (401 without a valid one) and
+every model name is resolved among the pools the key grants only (``modelpool_gateway.access``).
+Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes`` per body,
 ``max_held_per_pool`` held per pool for at most its activation timeout, each worker tried at most once per
 request, and one retry after a draining (503) or unreachable worker.
 """
@@ -22,6 +24,7 @@ from urllib.parse import quote
 
 import orjson
 
+from modelpool_gateway.access import Access, grant_of
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamBroken, UpstreamTimeout
 from modelpool_gateway.config import GatewaySettings
@@ -29,7 +32,7 @@ from modelpool_gateway.demand import DemandRecorder
 from modelpool_gateway.errors import Send, send_error
 from modelpool_gateway.hold import Baton, Holds, hold_budget, hold_reason
 from modelpool_gateway.metrics import Metrics
-from modelpool_gateway.names import Unresolved, split_v2_path
+from modelpool_gateway.names import Resolution, Resolved, Unresolved, split_v2_path
 from modelpool_gateway.picker import Candidate, pick
 from modelpool_gateway.proxy import Outbound, Receive, Upstream, forward_headers, relay, watch_disconnect
 from modelpool_gateway.state import Key, Worker
@@ -111,9 +114,11 @@ class Gateway:
         demand: DemandRecorder,
         upstream: Upstream,
         metrics: Metrics,
+        access: Access,
         fallback: Any,
     ) -> None:
         self.settings = settings
+        self.access = access
         self.registry = registry
         self.holds = holds
         self.demand = demand
@@ -127,6 +132,10 @@ class Gateway:
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            refused = await self.access.check(scope, send)
+            if refused is not None:
+                self.metrics.of(self.metrics.refused, "", refused).inc()
+                return
             path: str = scope["path"]
             if path in OPENAI_ROUTES and scope["method"] == "POST":
                 await self._entry(scope, receive, send, openai=True)
@@ -196,27 +205,36 @@ class Gateway:
             raise RequestError(
                 400, "invalid_input", "the request body needs a 'model' (GET /v1/models lists them)"
             )
-        resolved = self.registry.index.resolve(model)
+        resolved = self.access.index(grant_of(scope)).resolve(model)
         if isinstance(resolved, Unresolved):
-            raise RequestError(404, "model_not_found", resolved.message)
+            raise self._not_found(resolved, self.registry.index.resolve(model))
         key = resolved.key
         if model != key[1]:  # an alias or namespace/name: the worker knows its pool's name only
             doc["model"] = key[1]
             body = orjson.dumps(doc)
-        headers = forward_headers(scope["headers"])
+        headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], scope["path"], headers, body)
         return Call(key, True, out, _client_timeout(scope["headers"]))
 
     async def _v2_call(self, scope: MutableMapping[str, Any], receive: Receive) -> Call:
-        resolved, suffix = split_v2_path(self.registry.index, scope["path"][len(V2_MODELS) :])
+        rest = scope["path"][len(V2_MODELS) :]
+        resolved, suffix = split_v2_path(self.access.index(grant_of(scope)), rest)
         if isinstance(resolved, Unresolved):
-            raise RequestError(404, "model_not_found", resolved.message)
+            raise self._not_found(resolved, split_v2_path(self.registry.index, rest)[0])
         body = await self._body(scope, receive)
         path = V2_MODELS + quote(resolved.key[1], safe="") + ("/" + quote(suffix) if suffix else "")
         if scope.get("query_string"):
             path += "?" + scope["query_string"].decode("latin-1")
-        out = Outbound(scope["method"], path, forward_headers(scope["headers"]), body)
+        headers = self.access.upstream_headers(forward_headers(scope["headers"]))
+        out = Outbound(scope["method"], path, headers, body)
         return Call(resolved.key, False, out, _client_timeout(scope["headers"]))
+
+    def _not_found(self, resolved: Unresolved, unscoped: Resolution) -> RequestError:
+        """The 404 for a name the caller's grant does not resolve: the same whether the pool is not
+        granted or does not exist (only the metrics tell them apart)."""
+        if isinstance(unscoped, Resolved):
+            self.metrics.of(self.metrics.refused, "", "not_granted").inc()
+        return RequestError(404, "model_not_found", resolved.message)
 
     # ---- holding and forwarding ----
 

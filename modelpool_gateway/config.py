@@ -96,6 +96,22 @@ class GatewaySettings(BaseSettings):
         default=25.0, ge=0, le=3600, description="On SIGTERM, requests in flight get this long to finish"
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
+    auth: Literal["keys", "none"] = Field(
+        default="keys",
+        description="keys: every request but health, readiness and metrics needs 'Authorization: Bearer "
+        "<key>' from a key Secret (label modelpool.dev/gateway-key=true) and reaches only the pools that "
+        "key grants; none: no check at all, every caller reaches every pool (choose it on purpose)",
+    )
+    keys_namespace: str | None = Field(
+        default=None,
+        description="The gateway's own (admin) namespace, whose key Secrets may grant any namespace; "
+        "unset: the pod's namespace (from its service account), required outside a pod",
+    )
+    tenant_keys: bool = Field(
+        default=False,
+        description="Also read key Secrets in each namespace of --namespace, each granting pools of its "
+        "own namespace only (needs --namespace: Secrets are never read cluster-wide)",
+    )
 
     @field_validator("namespaces", mode="before")
     @classmethod

@@ -41,8 +41,10 @@ async def send_error(
     message: str,
     *,
     retry_after: int | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
 ) -> int:
-    """An error response (``Retry-After`` when the condition is temporary); returns ``status``."""
-    headers = [(b"retry-after", str(retry_after).encode())] if retry_after is not None else None
-    await send_json(send, status, error_body(openai, status, kind, message), headers)
+    """An error response (``Retry-After`` when the condition is temporary, and any ``headers``); returns
+    ``status``."""
+    extra = [(b"retry-after", str(retry_after).encode())] if retry_after is not None else []
+    await send_json(send, status, error_body(openai, status, kind, message), [*extra, *(headers or [])])
     return status

@@ -7,7 +7,8 @@ serving worker the held requests are released in arrival order, one at a time: t
 the previous one has been written to its worker (or after ``RELEASE_HEAD_START_S``), so they reach the
 workers in the order they arrived without a slow model serialising them; requests that arrive meanwhile
 queue behind them.  A request that times out is told why
-(``hold_reason``): the budget's message, a worker still loading, or the operator not having acted yet.
+(``hold_reason``): the budget being full (without its figures, which describe other tenants' pools), a
+worker still loading, or the operator not having acted yet.
 """
 
 from __future__ import annotations
@@ -65,8 +66,12 @@ def hold_reason(pool: Pool | None, now: datetime) -> HoldReason:
         return HoldReason("pool_deleted", "the pool was deleted while the request waited")
     name = f"{pool.namespace}/{pool.name}"
     if pool.budget_exceeded:
-        # The operator's own words, which carry the numbers (needed, free, total).
-        return HoldReason("budget_exceeded", pool.budget_exceeded)
+        # Not the condition's own message: its numbers (memory free and in use across the cluster) tell a
+        # caller about other tenants' pools.  The pool's owner reads them with kubectl describe.
+        return HoldReason(
+            "budget_exceeded",
+            f"pool {name} is waiting for memory: the cluster's budget has no room for another worker now",
+        )
     starting = sorted(
         (w for w in pool.workers if w.state in STARTING_STATES),
         key=lambda w: (w.state != "Loading", w.since or now),

@@ -20,11 +20,13 @@ from types import FrameType
 import uvicorn
 from kubernetes_asyncio import client, config
 
+from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.config import ConfigError, GatewaySettings, load_settings
 from modelpool_gateway.demand import DemandRecorder
 from modelpool_gateway.hold import Holds
+from modelpool_gateway.keys import KeyStore, key_namespaces, key_watch
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.proxy import Upstream
 from modelpool_gateway.routes import build_routes
@@ -36,6 +38,19 @@ log = logging.getLogger("modelpool.gateway")
 EXIT_KUBE = 1
 EXIT_CONFIG = 2
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+SERVICE_ACCOUNT_NAMESPACE = SERVICE_ACCOUNT_TOKEN.with_name("namespace")
+
+
+def _key_store(settings: GatewaySettings, in_cluster: bool) -> tuple[KeyStore | None, list[str]] | str:
+    """The key store and the namespaces to read key Secrets from (none with --auth none); or an error."""
+    if settings.auth == "none":
+        log.warning("--auth none: no API key is checked, every caller reaches every pool")
+        return None, []
+    own = settings.keys_namespace
+    if own is None and in_cluster and SERVICE_ACCOUNT_NAMESPACE.exists():
+        own = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    scopes = key_namespaces(own, settings.tenant_keys, settings.namespaces)
+    return scopes if isinstance(scopes, str) else (KeyStore(scopes[0]), scopes)
 
 
 async def kube_client(settings: GatewaySettings, in_cluster: bool) -> client.ApiClient:
@@ -78,6 +93,11 @@ def _watches(settings: GatewaySettings, registry: Registry, api: client.ApiClien
 
 async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     """Run the gateway until SIGTERM/SIGINT; the exit code."""
+    keys = _key_store(settings, in_cluster)
+    if isinstance(keys, str):
+        log.error("%s", keys)
+        return EXIT_CONFIG
+    store, key_scopes = keys
     try:
         api = await kube_client(settings, in_cluster)
     except Exception as exc:
@@ -104,6 +124,8 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
 
     registry.subscribe(changed)
     specs = _watches(settings, registry, api)
+    specs += [key_watch(store, client.CoreV1Api(api), ns) for ns in key_scopes if store is not None]
+    access = Access(settings.auth, store, registry)
     upstream = Upstream(settings)
     app = Gateway(
         settings=settings,
@@ -112,7 +134,8 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
         demand=demand,
         upstream=upstream,
         metrics=metrics,
-        fallback=build_routes(registry, metrics, [s.name for s in specs]),
+        access=access,
+        fallback=build_routes(registry, metrics, [s.name for s in specs], access),
     )
     tasks = [
         asyncio.create_task(
@@ -140,10 +163,11 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
         holds,
     )
     log.info(
-        "modelpool-gateway listening on %s:%d, watching %s",
+        "modelpool-gateway listening on %s:%d, watching %s; API keys %s",
         settings.host,
         settings.port,
         ", ".join(settings.namespaces) or "every namespace",
+        f"from Secrets in {', '.join(key_scopes)}" if store is not None else "not checked (--auth none)",
     )
     try:
         await server.serve()

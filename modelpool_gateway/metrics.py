@@ -1,7 +1,8 @@
 """The gateway's Prometheus metrics (``GET /metrics``), on a registry of its own.
 
 The ``pool`` label is always ``namespace/name`` of a known pool (or empty for a request that named no
-known pool): never text from the request, so a client cannot grow the label set.
+known pool, or was refused for its key): never text from the request, so a client cannot grow the label
+set.  No metric is labelled by API key or caller.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ class Metrics:
         )
         self.refused = Counter(
             "modelpool_gateway_refused_total",
-            "Requests the gateway refused itself, by reason (hold_full, gateway_full, too_large).",
+            "Requests the gateway refused itself, by reason (hold_full, gateway_full, too_large; "
+            "missing_key, invalid_key: answered 401; not_granted: answered 404 for a pool the key does "
+            "not grant). Never by key: an auth refusal's pool label is empty.",
             ["pool", "reason"],
             registry=r,
         )

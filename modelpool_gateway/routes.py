@@ -1,9 +1,11 @@
 """The gateway's own routes (Starlette): model listing, health, readiness, metrics, v2 server metadata.
 
-``GET /v1/models`` lists every pool the gateway can route to (pools at zero included: a request for one is
-held while a worker starts), each under the shortest name that resolves to it.  ``/healthz`` answers while
-the process runs; ``/readyz`` and ``/v2/health/ready`` once every watch has listed its objects (before
-that, every model would look unknown).  Unknown paths get a 404 in the protocol's own shape.
+``GET /v1/models`` lists every pool the caller's key grants that the gateway can route to (pools at zero
+included: a request for one is held while a worker starts), each under the shortest name that resolves to
+it among them; ``GET /v1/models/{model}`` resolves among them too (``modelpool_gateway.access``).
+``/healthz`` answers while the process runs; ``/readyz`` and ``/v2/health/ready`` once every watch (the
+key Secrets' included) has listed its objects (before that, every model would look unknown).
+Unknown paths get a 404 in the protocol's own shape.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from modelpool_gateway import __version__
+from modelpool_gateway.access import Access, grant_of
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.errors import error_body
 from modelpool_gateway.metrics import Metrics
-from modelpool_gateway.names import Resolved
+from modelpool_gateway.names import NameIndex, Resolved
 from modelpool_gateway.state import Pool
 
 
@@ -31,11 +34,11 @@ def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
-def _model_entry(registry: Registry, pool: Pool) -> dict[str, Any]:
+def _model_entry(registry: Registry, index: NameIndex, pool: Pool) -> dict[str, Any]:
     """An OpenAI model object, plus where the model lives."""
     created = int(pool.created.timestamp()) if pool.created else 0
     return {
-        "id": registry.index.public_name(pool),
+        "id": index.public_name(pool),
         "object": "model",
         "created": created,
         "owned_by": "modelpool",
@@ -49,26 +52,31 @@ def _model_entry(registry: Registry, pool: Pool) -> dict[str, Any]:
     }
 
 
-def build_routes(registry: Registry, metrics: Metrics, watches: Collection[str]) -> Starlette:
+def build_routes(registry: Registry, metrics: Metrics, watches: Collection[str], access: Access) -> Starlette:
     """The Starlette app for every route ``Gateway`` does not proxy."""
 
     def ready() -> bool:
         return all(name in registry.synced for name in watches)
 
     async def list_models(request: Request) -> Response:
-        pools = sorted(registry.pools.values(), key=lambda p: p.key)
-        return _json({"object": "list", "data": [_model_entry(registry, p) for p in pools]})
+        grant = grant_of(request.scope)
+        index = access.index(grant)
+        pools = sorted((p for p in registry.pools.values() if grant.allows(p.key)), key=lambda p: p.key)
+        return _json({"object": "list", "data": [_model_entry(registry, index, p) for p in pools]})
 
     async def get_model(request: Request) -> Response:
         model = request.path_params["model"]
-        resolved = registry.index.resolve(model)
+        index = access.index(grant_of(request.scope))
+        resolved = index.resolve(model)
         pool = registry.pool(resolved.key) if isinstance(resolved, Resolved) else None
         if pool is None:
+            if isinstance(registry.index.resolve(model), Resolved):  # there, but not for this key
+                metrics.of(metrics.refused, "", "not_granted").inc()
             message = getattr(resolved, "message", f"model {model!r} is not served here")
             return Response(
                 error_body(True, 404, "model_not_found", message), 404, media_type="application/json"
             )
-        return _json(_model_entry(registry, pool))
+        return _json(_model_entry(registry, index, pool))
 
     async def healthz(request: Request) -> Response:
         return _json({"live": True})

@@ -1,11 +1,13 @@
 """The gateway's request path in-process (its ASGI app), against workers on loopback: bad requests, the
 answers when workers refuse, drain or cannot be reached, and bounds.  The registry is filled by hand here
 (the watches that fill it are covered by the integration tests); the workers are small HTTP servers of the
-test's own that answer what a test needs (a given 429, a 503) or a real echo ``modelpool-server``."""
+test's own that answer what a test needs (a given 429, a 503) or a real echo ``modelpool-server``.  The key
+Secrets are given to the key store by hand too; their watch is the integration tests' business."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -15,11 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
+from modelpool_contract.gateway_keys import KEY_FIELD, NAMESPACES_FIELD
+from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.config import GatewaySettings
 from modelpool_gateway.demand import DemandRecorder
 from modelpool_gateway.hold import Holds
+from modelpool_gateway.keys import KeyStore
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.proxy import Upstream
 from modelpool_gateway.routes import build_routes
@@ -29,6 +34,15 @@ from tests.server.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
 NS = "ns"
+ADMIN = "gateway-admin"
+KEY = "key-of-namespace-ns-0123456789"
+OTHER_KEY = "key-of-namespace-other-0123456789"
+
+
+def key_secret(name: str, key: str, **fields: str) -> dict[str, Any]:
+    data = {KEY_FIELD: key, **fields}
+    encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+    return {"metadata": {"namespace": ADMIN, "name": name}, "data": encoded}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +75,10 @@ class Harness:
             interval_s=5,
         )
         self.upstream = Upstream(self.settings)
+        self.keys = KeyStore(ADMIN)
+        self.keys.set_secret(key_secret("ns", KEY, **{NAMESPACES_FIELD: NS}))
+        self.keys.set_secret(key_secret("other", OTHER_KEY, **{NAMESPACES_FIELD: "other"}))
+        access = Access(self.settings.auth, self.keys, self.registry)
         self.app = Gateway(
             settings=self.settings,
             registry=self.registry,
@@ -68,7 +86,8 @@ class Harness:
             demand=self.demand,
             upstream=self.upstream,
             metrics=self.metrics,
-            fallback=build_routes(self.registry, self.metrics, []),
+            access=access,
+            fallback=build_routes(self.registry, self.metrics, [], access),
         )
         self.registry.set_pool(Pool(NS, "pool", served_model_name="org/alias", activation_timeout_s=1))
         # A gate the tests wait on: set when a request enters the hold.
@@ -85,10 +104,14 @@ class Harness:
     def worker(self, name: str, port: int, ip: str = "127.0.0.1") -> None:
         self.registry.set_worker(Worker(NS, name, "pool", ip, port, serving=True, ready=True, deleting=False))
 
-    def client(self) -> httpx.AsyncClient:
+    def client(self, key: str | None = KEY) -> httpx.AsyncClient:
+        headers = {"authorization": f"Bearer {key}"} if key is not None else {}
         return httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=self.app), base_url="http://gw", timeout=30
+            transport=httpx.ASGITransport(app=self.app), base_url="http://gw", timeout=30, headers=headers
         )
+
+    def refused(self, reason: str) -> float:
+        return float(self.metrics.refused.labels("", reason)._value.get())
 
     async def embed(self, model: str = "pool", **kwargs: Any) -> httpx.Response:
         async with self.client() as c:
@@ -230,5 +253,83 @@ async def test_a_released_request_carries_what_is_left_of_its_deadline(gw: Harne
         response = await pending
     assert response.status_code == 200
     [request] = seen
+    assert b"authorization" not in request.lower(), "the gateway's key went on to the worker"
     [left] = [line.split(b":")[1] for line in request.split(b"\r\n") if line.startswith(b"x-request-timeout")]
     assert 5 < float(left) <= 9.9, left
+
+
+# ---- API keys ----
+
+
+async def test_without_a_valid_key_every_route_but_health_and_metrics_is_401(gw: Harness) -> None:
+    for key, reason in ((None, "missing_key"), ("not-a-key-not-a-key", "invalid_key")):
+        async with gw.client(key) as c:
+            for method, path, openai in (
+                ("POST", "/v1/embeddings", True),
+                ("GET", "/v1/models", True),
+                ("GET", "/v1/models/pool", True),
+                ("POST", "/v2/models/pool/infer", False),
+                ("GET", "/v2/models/pool", False),
+                ("GET", "/v2", False),
+                ("GET", "/nowhere", False),
+            ):
+                response = await c.request(method, path, json={"model": "pool", "input": ["x"]})
+                assert response.status_code == 401, (path, response.text)
+                assert response.headers["www-authenticate"] == "Bearer"
+                error = response.json()["error"]
+                assert (error["type"] == "unauthorized") if openai else isinstance(error, str), error
+            for path in ("/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"):
+                assert (await c.get(path)).status_code == 200, path
+        assert gw.refused(reason) == 7
+    assert not gw.entered.is_set(), "an unauthenticated request was held"
+    async with gw.client(None) as c:  # another scheme is not a bearer key
+        assert (await c.get("/v1/models", headers={"authorization": "Basic " + KEY})).status_code == 401
+
+
+async def test_a_pool_the_key_does_not_grant_is_the_same_404_as_none_and_never_held(gw: Harness) -> None:
+    async with gw.client(OTHER_KEY) as other, gw.client(KEY) as own:
+        assert (await other.get("/v1/models")).json()["data"] == []
+        assert [m["id"] for m in (await own.get("/v1/models")).json()["data"]] == ["org/alias"]
+        for model in ("pool", "ns/pool", "org/alias"):
+            hidden = await other.post("/v1/embeddings", json={"model": model, "input": ["x"]})
+            missing = await other.post("/v1/embeddings", json={"model": model + "x", "input": ["x"]})
+            assert hidden.status_code == missing.status_code == 404
+            expected = missing.json()["error"]
+            expected["message"] = expected["message"].replace(repr(model + "x"), repr(model))
+            assert hidden.json()["error"] == expected
+        v2 = await other.post("/v2/models/pool/infer", json={"inputs": []})
+        v2_missing = await other.post("/v2/models/poolx/infer", json={"inputs": []})
+        assert v2.status_code == v2_missing.status_code == 404
+        assert v2.json()["error"] == v2_missing.json()["error"].replace("'poolx'", "'pool'")
+        for path in ("/v2/models/pool", "/v2/models/pool/ready", "/v1/models/pool"):
+            assert (await other.get(path)).status_code == 404, path
+    assert not gw.entered.is_set(), "a request for a pool the key does not grant was held"
+    assert gw.refused("not_granted") == 7
+    # Another namespace's pool of the same name does not make the granted name ambiguous.
+    gw.registry.set_pool(Pool("other", "pool"))
+    async with gw.client(KEY) as own:
+        assert [m["id"] for m in (await own.get("/v1/models")).json()["data"]] == ["org/alias"]
+        assert (await own.get("/v1/models/pool")).json()["modelpool"]["namespace"] == NS
+
+
+async def test_a_key_revoked_stops_at_once_and_auth_none_lets_everyone_in(gw: Harness) -> None:
+    gw.keys.delete_secret((ADMIN, "ns"))
+    async with gw.client(KEY) as c:
+        assert (await c.get("/v1/models")).status_code == 401
+    open_gateway = Harness(auth="none")
+    seen: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    async with raw_server(record) as port, open_gateway.client("the-pools-own-worker-key") as c:
+        assert [m["id"] for m in (await c.get("/v1/models")).json()["data"]] == ["org/alias"]
+        open_gateway.worker("w0", port)
+        assert (await c.post("/v1/embeddings", json={"model": "pool", "input": ["x"]})).status_code == 200
+    # Without keys of its own the gateway passes the header on (a pool's own worker key, spec.auth).
+    assert b"authorization: bearer the-pools-own-worker-key" in seen[0].lower()
+    await open_gateway.demand.close()
+    open_gateway.upstream.close()

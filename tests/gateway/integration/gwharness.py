@@ -2,6 +2,10 @@
 
 * ``GatewayProcess``: ``.venv/bin/modelpool-gateway`` (the console script) with the cluster's kubeconfig
   on a loopback port of its own; ``stop()`` sends SIGTERM and returns the exit code, ``kill()`` SIGKILLs.
+  Unless started with ``--auth none`` or a ``--keys-namespace`` of the test's own, it gets an admin
+  namespace of its own holding one key Secret that grants every namespace: ``.key``, and ``.headers``
+  (``Authorization: Bearer``) for the test's requests.
+* ``create_key``: a key Secret (label ``modelpool.dev/gateway-key``), as an administrator creates one.
 * ``echo_pool``: a ModelPool whose workers run on the process node as real ``modelpool-server`` processes
   with a test handler (``tests/server/handlers.py``): echo embeddings or echo generation, fast to load;
   autoscaling off unless asked for.
@@ -9,7 +13,10 @@
 
 from __future__ import annotations
 
+import base64
+import secrets
 import subprocess
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -17,8 +24,15 @@ from typing import Any
 import httpx
 import psutil
 
+from modelpool_contract.gateway_keys import (
+    KEY_FIELD,
+    KEY_LABEL_VALUE,
+    LABEL_GATEWAY_KEY,
+    NAMESPACES_FIELD,
+    POOLS_FIELD,
+)
 from tests.clusterlib import ROOT, Cluster
-from tests.kube import free_port, wait_for
+from tests.kube import apply, free_port, wait_for
 from tests.operator.integration.opharness import GROUP_VERSION, OperatorProcess
 
 PROCESS_NODE = {"modelpool.dev/process-node": "true"}
@@ -26,11 +40,52 @@ ECHO = "tests.server.handlers:EchoEmbedding"
 GENERATION = "tests.server.handlers:EchoGeneration"
 
 
+def create_key(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    *,
+    key: str | None = None,
+    namespaces: str | None = None,
+    pools: str | None = None,
+) -> str:
+    """Create (or replace) key Secret ``namespace/name``; returns its key."""
+    key = key or secrets.token_urlsafe(24)
+    data = {KEY_FIELD: key}
+    if namespaces is not None:
+        data[NAMESPACES_FIELD] = namespaces
+    if pools is not None:
+        data[POOLS_FIELD] = pools
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "labels": {LABEL_GATEWAY_KEY: KEY_LABEL_VALUE}},
+        # data, not stringData: a field left out of a later apply is then removed from the Secret.
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+    }
+    apply(cluster, manifest, namespace)
+    return key
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    """The header a client sends with ``key``."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 class GatewayProcess(OperatorProcess):
     """One ``modelpool-gateway`` process (stopped, killed and logged like the operator's)."""
 
     # Its own command line; the operator's methods (alive, stop, kill, log_tail) manage the process.
     def __init__(self, cluster: Cluster, namespaces: Iterable[str], log_path: Path, *flags: str) -> None:
+        self.cluster = cluster
+        self.key: str | None = None
+        self.keys_namespace: str | None = None
+        given = " ".join(flags)
+        if "--auth none" not in given and "--keys-namespace" not in given:
+            self.keys_namespace = f"gwkeys-{uuid.uuid4().hex[:8]}"
+            cluster.kubectl("create", "namespace", self.keys_namespace)
+            self.key = create_key(cluster, self.keys_namespace, "all-pools", namespaces="*")
+            flags = (*flags, "--keys-namespace", self.keys_namespace)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -41,6 +96,17 @@ class GatewayProcess(OperatorProcess):
         args += ["--host", "127.0.0.1", "--port", str(self.port), *flags]
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``Authorization: Bearer`` with this gateway's own key (none with ``--auth none``)."""
+        return bearer(self.key)
+
+    def stop(self, timeout: float = 20) -> int:
+        code = super().stop(timeout)
+        if self.keys_namespace is not None:
+            self.cluster.kubectl("delete", "namespace", self.keys_namespace, "--wait=false", check=False)
+        return code
 
     def wait_ready(self, timeout: float = 60) -> None:
         """Until ``/readyz`` answers 200 (every watch has listed)."""
@@ -59,7 +125,7 @@ class GatewayProcess(OperatorProcess):
 
     def models(self) -> dict[str, dict[str, Any]]:
         """GET /v1/models by pool name."""
-        data = httpx.get(self.url + "/v1/models", timeout=5).json()["data"]
+        data = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=5).json()["data"]
         return {m["modelpool"]["pool"]: m for m in data}
 
     def wait_serving(self, pool: str, workers: int, timeout: float = 180) -> None:

@@ -58,7 +58,7 @@ def test_a_pool_at_zero_answers_its_first_request_through_the_gateway_and_return
     gateway.wait_serving("wake", 0, timeout=30)
 
     # The openai client as a user runs it: one request, held by the gateway until a worker is Ready.
-    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=gateway.key, max_retries=0, timeout=120)
     sent = time.monotonic()
     raw = client.embeddings.with_raw_response.create(model="wake", input=["the first request"])
     answered = time.monotonic() - sent
@@ -108,7 +108,7 @@ def test_load_through_the_gateway_scales_up_never_past_max_replicas_and_back_dow
     gateway.wait_serving("auto", 1)
 
     # 12 requests outstanding at 2 per worker ask for 6 workers: the pool goes to maxReplicas (3).
-    load = ClosedLoop(lambda _: gateway.url, "auto", clients=12).start()
+    load = ClosedLoop(lambda _: gateway.url, "auto", clients=12, headers=gateway.headers).start()
     try:
         scaled_up = wait_status(
             crds,

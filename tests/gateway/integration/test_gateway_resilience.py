@@ -45,7 +45,9 @@ class RssPeak:
             self.peak = max(self.peak, self.gateway.rss_bytes())
 
 
-async def _overload(url: str, clients: int, seconds: float) -> tuple[Counter[int], list[httpx.Response]]:
+async def _overload(
+    gateway: GatewayProcess, clients: int, seconds: float
+) -> tuple[Counter[int], list[httpx.Response]]:
     """``clients`` loops sending as fast as answers come back (no client honours Retry-After)."""
     codes: Counter[int] = Counter()
     refused: list[httpx.Response] = []
@@ -54,7 +56,7 @@ async def _overload(url: str, clients: int, seconds: float) -> tuple[Counter[int
 
     async def loop(client: httpx.AsyncClient) -> None:
         while time.monotonic() < stop:
-            response = await client.post(url + "/v1/embeddings", json=body)
+            response = await client.post(gateway.url + "/v1/embeddings", json=body, headers=gateway.headers)
             codes[response.status_code] += 1
             if response.status_code == 429 and len(refused) < 50:
                 refused.append(response)
@@ -76,12 +78,12 @@ def test_ten_times_overload_is_refused_with_429_never_5xx_and_memory_stays_bound
     apply(crds, pool, namespace)
     gateway = start_gateway([namespace])
     gateway.wait_serving("busy", 1)
-    warm, _ = asyncio.run(_overload(gateway.url, 20, 2))  # connections, buffers and metrics warmed up
+    warm, _ = asyncio.run(_overload(gateway, 20, 2))  # connections, buffers and metrics warmed up
     assert warm[200] > 0
     before = gateway.rss_bytes()
 
     with RssPeak(gateway) as rss:
-        codes, refused = asyncio.run(_overload(gateway.url, 110, 15))
+        codes, refused = asyncio.run(_overload(gateway, 110, 15))
     after = gateway.rss_bytes()
 
     assert set(codes) <= {200, 429}, codes
@@ -98,7 +100,10 @@ def test_ten_times_overload_is_refused_with_429_never_5xx_and_memory_stays_bound
         message="nothing in flight",
     )
     assert (
-        httpx.post(gateway.url + "/v1/embeddings", json={"model": "busy", "input": ["x"]}).status_code == 200
+        httpx.post(
+            gateway.url + "/v1/embeddings", json={"model": "busy", "input": ["x"]}, headers=gateway.headers
+        ).status_code
+        == 200
     )
 
 
@@ -110,7 +115,10 @@ def test_a_gateway_killed_and_started_again_rebuilds_everything_from_its_watches
     first = start_gateway([namespace])
     first.wait_serving("first", 1)
     assert (
-        httpx.post(first.url + "/v1/embeddings", json={"model": "first", "input": ["x"]}).status_code == 200
+        httpx.post(
+            first.url + "/v1/embeddings", json={"model": "first", "input": ["x"]}, headers=first.headers
+        ).status_code
+        == 200
     )
     first.kill()
 
@@ -131,18 +139,23 @@ def test_a_gateway_killed_and_started_again_rebuilds_everything_from_its_watches
     assert models["first"]["modelpool"]["servingWorkers"] == 2
     assert models["second"]["modelpool"]["servingWorkers"] == 1
     served = Counter(
-        httpx.post(again.url + "/v1/embeddings", json={"model": "first", "input": ["x"]}).headers[
-            "x-modelpool-worker"
-        ]
+        httpx.post(
+            again.url + "/v1/embeddings", json={"model": "first", "input": ["x"]}, headers=again.headers
+        ).headers["x-modelpool-worker"]
         for _ in range(10)
     )
     assert len(served) == 2, served
     assert (
-        httpx.post(again.url + "/v1/embeddings", json={"model": "second", "input": ["x"]}).status_code == 200
+        httpx.post(
+            again.url + "/v1/embeddings", json={"model": "second", "input": ["x"]}, headers=again.headers
+        ).status_code
+        == 200
     )
 
     # And it keeps following the cluster: a deleted pool is gone from it.
     crds.kubectl("delete", POOLS, "second", "-n", namespace, "--timeout=60s")
     wait_for(lambda: "second" not in again.models(), timeout=30, message="the deleted pool is gone")
-    response = httpx.post(again.url + "/v1/embeddings", json={"model": "second", "input": ["x"]})
+    response = httpx.post(
+        again.url + "/v1/embeddings", json={"model": "second", "input": ["x"]}, headers=again.headers
+    )
     assert response.status_code == 404

@@ -103,7 +103,10 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
 
 def _embed(setup: Setup, model: str) -> httpx.Response:
     return httpx.post(
-        setup.gateway.url + "/v1/embeddings", json={"model": model, "input": ["hello"]}, timeout=30
+        setup.gateway.url + "/v1/embeddings",
+        json={"model": model, "input": ["hello"]},
+        headers=setup.gateway.headers,
+        timeout=30,
     )
 
 
@@ -126,16 +129,23 @@ def test_routes_by_model_name_alias_and_namespace_and_lists_every_pool(setup: Se
     # KServe v2, by name, alias and namespace/name in the URL.
     body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hey"]}]}
     for name in ("alpha", "org/alpha-model", f"{setup.namespace}/alpha"):
-        response = httpx.post(f"{setup.gateway.url}/v2/models/{name}/infer", json=body, timeout=30)
+        response = httpx.post(
+            f"{setup.gateway.url}/v2/models/{name}/infer",
+            json=body,
+            headers=setup.gateway.headers,
+            timeout=30,
+        )
         assert response.status_code == 200, response.text
         assert response.headers["x-modelpool-worker"] in alpha
         assert response.json()["outputs"][0]["data"] == [3.0, 1.0]
-    meta = httpx.get(f"{setup.gateway.url}/v2/models/org/alpha-model", timeout=10).json()
+    meta = httpx.get(
+        f"{setup.gateway.url}/v2/models/org/alpha-model", headers=setup.gateway.headers, timeout=10
+    ).json()
     assert meta["name"] == "alpha" and meta["inputs"][0]["name"] == "text"
 
 
 def test_an_unknown_model_is_a_404_in_each_protocols_shape(setup: Setup) -> None:
-    client = openai.OpenAI(base_url=setup.gateway.url + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=setup.gateway.url + "/v1", api_key=setup.gateway.key, max_retries=0)
     with pytest.raises(openai.NotFoundError) as err:
         client.embeddings.create(model="gpt-4", input=["x"])
     assert "'gpt-4' is not served here" in str(err.value)
@@ -143,13 +153,25 @@ def test_an_unknown_model_is_a_404_in_each_protocols_shape(setup: Setup) -> None
     assert response.status_code == 404
     assert response.json()["error"]["type"] == "model_not_found"
 
-    response = httpx.post(f"{setup.gateway.url}/v2/models/gpt-4/infer", json={"inputs": []}, timeout=10)
+    response = httpx.post(
+        f"{setup.gateway.url}/v2/models/gpt-4/infer",
+        json={"inputs": []},
+        headers=setup.gateway.headers,
+        timeout=10,
+    )
     assert response.status_code == 404
     assert set(response.json()) == {"error"} and "gpt-4" in response.json()["error"]
     with pytest.raises(InferenceServerException) as triton_err:
-        triton.InferenceServerClient(setup.gateway.url.removeprefix("http://")).get_model_metadata("gpt-4")
+        triton.InferenceServerClient(setup.gateway.url.removeprefix("http://")).get_model_metadata(
+            "gpt-4", headers=setup.gateway.headers
+        )
     assert "gpt-4" in str(triton_err.value)
-    assert httpx.get(f"{setup.gateway.url}/v1/models/gpt-4", timeout=10).status_code == 404
+    assert (
+        httpx.get(
+            f"{setup.gateway.url}/v1/models/gpt-4", headers=setup.gateway.headers, timeout=10
+        ).status_code
+        == 404
+    )
 
 
 def test_two_workers_share_200_concurrent_requests(setup: Setup) -> None:
@@ -157,7 +179,7 @@ def test_two_workers_share_200_concurrent_requests(setup: Setup) -> None:
 
     async def burst() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=200)
-        async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        async with httpx.AsyncClient(limits=limits, timeout=60, headers=setup.gateway.headers) as client:
             body = {"model": "alpha", "input": ["hello"]}
             return await asyncio.gather(
                 *(client.post(setup.gateway.url + "/v1/embeddings", json=body) for _ in range(200))
@@ -175,7 +197,7 @@ def test_two_workers_share_200_concurrent_requests(setup: Setup) -> None:
 
 
 def test_the_openai_client_unmodified_embeddings_and_streaming_chat(setup: Setup) -> None:
-    client = openai.OpenAI(base_url=setup.gateway.url + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=setup.gateway.url + "/v1", api_key=setup.gateway.key, max_retries=0)
     embeddings = client.embeddings.create(model="org/alpha-model", input=["a kubernetes operator", "serves"])
     assert [d.embedding for d in embeddings.data] == [[21.0, 2.0], [6.0, 2.0]]
 
@@ -199,11 +221,16 @@ def test_the_openai_client_unmodified_embeddings_and_streaming_chat(setup: Setup
 def test_tritonclient_unmodified_binary_on_and_off(setup: Setup, binary: bool) -> None:
     client = triton.InferenceServerClient(setup.gateway.url.removeprefix("http://"))
     assert client.is_server_live() and client.is_server_ready()
-    assert client.is_model_ready("org/alpha-model")
+    # tritonclient sends the key as a header of each call.
+    headers = setup.gateway.headers
+    assert client.is_model_ready("org/alpha-model", headers=headers)
     text = triton.InferInput("text", [3], "BYTES")
     text.set_data_from_numpy(np.array([b"a", b"bb", "caf\u00e9".encode()], dtype=object), binary_data=binary)
     out = client.infer(
-        "org/alpha-model", [text], outputs=[triton.InferRequestedOutput("embedding", binary_data=binary)]
+        "org/alpha-model",
+        [text],
+        outputs=[triton.InferRequestedOutput("embedding", binary_data=binary)],
+        headers=headers,
     )
     embedding = out.as_numpy("embedding")
     assert embedding is not None
@@ -236,7 +263,7 @@ def test_a_draining_workers_503_is_retried_on_the_other_worker(setup: Setup) -> 
     )
 
     async def burst() -> list[httpx.Response]:
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=60, headers=setup.gateway.headers) as client:
             return await asyncio.gather(
                 *(client.post(setup.gateway.url + "/v1/embeddings", json=body) for _ in range(6))
             )

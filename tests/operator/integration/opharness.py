@@ -450,6 +450,8 @@ class ClosedLoop:
     target: Callable[[int], str | None]
     model: str
     clients: int
+    # Sent with every request (the gateway's Authorization header).
+    headers: dict[str, str] = field(default_factory=dict)
     codes: Counter[int] = field(default_factory=Counter)
     refused_without_retry_after: int = 0
     errors: list[str] = field(default_factory=list)
@@ -477,7 +479,7 @@ class ClosedLoop:
     def _client(self, index: int) -> None:
         counter = itertools.count(index)
         body = {"model": self.model, "input": [f"client {index}"]}
-        with httpx.Client(timeout=30, trust_env=False) as client:
+        with httpx.Client(timeout=30, trust_env=False, headers=self.headers) as client:
             while not self._stop.is_set():
                 url = self.target(next(counter))
                 if url is None:

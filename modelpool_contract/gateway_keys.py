@@ -1,0 +1,44 @@
+"""The gateway's API keys as Kubernetes Secrets: the label that marks one and the names of its data keys.
+
+Whoever issues a key (an administrator with ``kubectl create secret``, the chart's NOTES, the demo, the
+tests) and the gateway that reads it (``modelpool_gateway.keys``) import these names, so a key Secret has
+one definition.  A key Secret::
+
+    metadata:
+      labels: {modelpool.dev/gateway-key: "true"}
+    stringData:
+      key: <the bearer token, at least MIN_KEY_LENGTH characters, no whitespace>
+      namespaces: team-a,team-b   # optional: every pool of these namespaces ("*": every namespace)
+      pools: team-c/bert,gpt      # optional: these pools ("name" alone: in the Secret's own namespace)
+
+Without ``namespaces`` and ``pools`` a key grants the pools of its Secret's own namespace; with only
+``pools``, exactly those pools.  Grants beyond the Secret's own namespace are honoured only for Secrets in
+the gateway's own (admin) namespace; docs/gateway.md ("Authentication") has the whole rule.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from modelpool_contract.labels import PREFIX
+
+#: The label that makes a Secret a gateway key (value ``KEY_LABEL_VALUE``); the gateway's watch selects
+#: by it, so other Secrets are never sent to the gateway.
+LABEL_GATEWAY_KEY: Final = f"{PREFIX}/gateway-key"
+KEY_LABEL_VALUE: Final = "true"
+#: The label selector of the gateway's key watch.
+KEY_SELECTOR: Final = f"{LABEL_GATEWAY_KEY}={KEY_LABEL_VALUE}"
+
+#: Secret data key holding the bearer token itself.
+KEY_FIELD: Final = "key"
+#: Secret data key: comma-separated namespaces whose every pool the key grants (``ALL_NAMESPACES``: all).
+NAMESPACES_FIELD: Final = "namespaces"
+#: Secret data key: comma-separated pools the key grants, ``namespace/name`` or a name in the Secret's
+#: own namespace.
+POOLS_FIELD: Final = "pools"
+#: In ``namespaces``: every namespace the gateway routes to (only in the gateway's own namespace).
+ALL_NAMESPACES: Final = "*"
+
+#: Shorter keys are refused (a guessable key is no key): 16 characters, e.g. ``openssl rand -hex 16``
+#: gives 32.
+MIN_KEY_LENGTH: Final = 16

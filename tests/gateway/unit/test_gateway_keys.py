@@ -1,0 +1,156 @@
+"""What an API key grants (``parse_grant``, pure), the key store the Secret watch keeps, and where keys are
+read from: a Secret outside the gateway's own namespace never grants another namespace."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from modelpool_contract.gateway_keys import KEY_FIELD, NAMESPACES_FIELD, POOLS_FIELD
+from modelpool_gateway.config import GatewaySettings
+from modelpool_gateway.keys import (
+    EVERYTHING,
+    Grant,
+    KeyStore,
+    bearer_token,
+    key_namespaces,
+    parse_grant,
+)
+from tests.clusterlib import ROOT
+
+ADMIN = "gateway"
+KEY = "0123456789abcdef-key"
+
+names = st.sampled_from(["a", "b", "gateway", "team-x", "*"])
+pool_entries = st.one_of(names, st.builds(lambda n, p: f"{n}/{p}", names, names))
+lists = st.lists(pool_entries, max_size=4).map(",".join) | st.none()
+
+
+def secret(namespace: str, name: str = "k", **fields: str) -> dict[str, Any]:
+    data = {k: base64.b64encode(v.encode()).decode() for k, v in fields.items()}
+    return {"metadata": {"namespace": namespace, "name": name}, "data": data}
+
+
+@given(namespace=names.filter(lambda n: n not in (ADMIN, "*")), namespaces=lists, pools=lists)
+def test_a_secret_outside_the_gateways_namespace_grants_its_own_namespace_at_most(
+    namespace: str, namespaces: str | None, pools: str | None
+) -> None:
+    grant = parse_grant(namespace, ADMIN, namespaces, pools)
+    if isinstance(grant, str):
+        return  # refused whole: grants nothing
+    assert not grant.everything
+    for other in ("a", "b", "gateway", "team-x"):
+        assert grant.allows((other, "pool")) == (other == namespace and namespace in grant.namespaces)
+        assert all(key[0] == namespace for key in grant.pools)
+
+
+@given(namespace=names, namespaces=lists, pools=lists)
+def test_whatever_is_refused_is_said_and_whatever_is_granted_is_listed(
+    namespace: str, namespaces: str | None, pools: str | None
+) -> None:
+    grant = parse_grant(namespace, ADMIN, namespaces, pools)
+    if isinstance(grant, Grant):
+        listed = {p.strip() for p in (namespaces or "").split(",") if p.strip()}
+        assert grant.namespaces == (listed or ({namespace} if not grant.pools else set()))
+
+
+def test_the_fields_grant_their_namespace_their_pools_or_both() -> None:
+    assert parse_grant("a", ADMIN, None, None) == Grant(frozenset({"a"}))
+    assert parse_grant("a", ADMIN, " ", "") == Grant(frozenset({"a"}))
+    only = parse_grant("a", ADMIN, None, "bert, a/gpt")
+    assert only == Grant(pools=frozenset({("a", "bert"), ("a", "gpt")}))
+    assert isinstance(only, Grant) and not only.allows(("a", "other"))
+    admin = parse_grant(ADMIN, ADMIN, "a,b", "c/x")
+    assert admin == Grant(frozenset({"a", "b"}), frozenset({("c", "x")}))
+    assert isinstance(admin, Grant) and not admin.allows((ADMIN, "x"))
+    everything = parse_grant(ADMIN, ADMIN, "*", None)
+    assert isinstance(everything, Grant) and everything.everything and everything.allows(("z", "p"))
+
+
+def test_a_tenant_secret_naming_another_namespace_is_refused_whole() -> None:
+    for namespaces, pools in (("a,b", None), ("*", None), (None, "b/x"), ("a", "b/x")):
+        refused = parse_grant("a", ADMIN, namespaces, pools)
+        assert isinstance(refused, str) and "only its own namespace a" in refused, (namespaces, pools)
+    assert isinstance(parse_grant("a", ADMIN, None, "x/y/z"), str)
+    assert isinstance(parse_grant("a", ADMIN, None, "/y"), str)
+
+
+def test_the_store_keeps_digests_and_follows_secrets() -> None:
+    store = KeyStore(ADMIN)
+    store.set_secret(secret(ADMIN, "one", **{KEY_FIELD: KEY + "\n", NAMESPACES_FIELD: "a"}))
+    assert store.grant(KEY.encode()) == Grant(frozenset({"a"}))
+    assert KEY not in repr(vars(store)) and KEY.encode() not in repr(vars(store)).encode()
+    # The same key in a second Secret: the union, until that Secret goes.
+    store.set_secret(secret(ADMIN, "two", **{KEY_FIELD: KEY, POOLS_FIELD: "b/x"}))
+    assert store.grant(KEY.encode()) == Grant(frozenset({"a"}), frozenset({("b", "x")}))
+    store.delete_secret((ADMIN, "one"))
+    assert store.grant(KEY.encode()) == Grant(pools=frozenset({("b", "x")}))
+    # A Secret changed to another key: the old one stops.
+    store.set_secret(secret(ADMIN, "two", **{KEY_FIELD: KEY + "-rotated"}))
+    assert store.grant(KEY.encode()) is None and store.grant((KEY + "-rotated").encode()) is not None
+    store.replace(ADMIN, [])
+    assert len(store) == 0 and store.grant((KEY + "-rotated").encode()) is None
+
+
+def test_invalid_key_secrets_are_refused() -> None:
+    store = KeyStore(ADMIN)
+    store.set_secret(secret(ADMIN, "short", **{KEY_FIELD: "short"}))
+    store.set_secret(secret(ADMIN, "spaced", **{KEY_FIELD: "has a space in the key"}))
+    store.set_secret(secret(ADMIN, "none", **{NAMESPACES_FIELD: "a"}))
+    store.set_secret(secret("a", "foreign", **{KEY_FIELD: KEY, NAMESPACES_FIELD: "b"}))
+    store.set_secret({"metadata": {"namespace": ADMIN, "name": "garbled"}, "data": {KEY_FIELD: "%%%"}})
+    assert len(store) == 0 and store.grant(KEY.encode()) is None
+    # A valid Secret turned invalid loses its key.
+    store.set_secret(secret(ADMIN, "k", **{KEY_FIELD: KEY}))
+    assert store.grant(KEY.encode()) is not None
+    store.set_secret(secret(ADMIN, "k", **{KEY_FIELD: KEY, NAMESPACES_FIELD: "a", POOLS_FIELD: "/"}))
+    assert store.grant(KEY.encode()) is None
+
+
+def test_the_bearer_token_is_read_from_the_authorization_header() -> None:
+    assert bearer_token(b"Bearer abc") == b"abc"
+    assert bearer_token(b"bearer  abc ") == b"abc"
+    for header in (None, b"", b"Bearer", b"Bearer ", b"Basic abc", b"abc"):
+        assert bearer_token(header) is None, header
+
+
+def test_keys_are_read_in_the_gateways_namespace_and_tenant_namespaces_only_when_asked() -> None:
+    assert key_namespaces("gw", False, ["a", "b"]) == ["gw"]
+    assert key_namespaces("gw", True, ["a", "gw", "b"]) == ["gw", "a", "b"]
+    assert isinstance(key_namespaces("gw", True, []), str)  # never every namespace's Secrets
+    assert isinstance(key_namespaces(None, False, ["a"]), str)
+    assert EVERYTHING.allows(("any", "pool"))
+
+
+def test_keys_are_the_default_and_none_must_be_asked_for() -> None:
+    assert GatewaySettings().auth == "keys" and GatewaySettings().tenant_keys is False
+    assert GatewaySettings(auth="none").auth == "none"
+    with pytest.raises(ValidationError):
+        GatewaySettings(auth="off")
+
+
+def test_the_gateway_will_not_start_with_keys_it_cannot_read() -> None:
+    """Outside a pod, --auth keys needs --keys-namespace; --tenant-keys needs --namespace: exit 2 at once,
+    before the API server is contacted."""
+    script = str(ROOT / ".venv" / "bin" / "modelpool-gateway")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MODELPOOL_GATEWAY_", "KUBERNETES_"))}
+    for args, message in (
+        ([], "--keys-namespace is needed"),
+        (["--keys-namespace", "gw", "--tenant-keys", "true"], "--tenant-keys needs --namespace"),
+    ):
+        done = subprocess.run(
+            [script, "--kubeconfig", "/nonexistent", *args],
+            capture_output=True,
+            check=False,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert done.returncode == 2 and message in done.stderr, (done.returncode, done.stderr)
