@@ -250,6 +250,10 @@ async def report_invalid_spec(
     run.last_status = run.last_status_wire = None
 
 
+#: The condition type and Event reason of a pool the operator's policy refuses.
+POLICY_VIOLATION = "PolicyViolation"
+
+
 async def report_policy_violation(
     state: OperatorState, run: PoolRun, pool: PoolView, body: Mapping[str, Any], refused: list[Violation]
 ) -> None:
@@ -266,9 +270,6 @@ async def report_policy_violation(
     # What the status is now, so that the pass after the spec is allowed again removes the condition even
     # before the watch shows this write.
     run.last_status, run.last_status_wire = None, {**(body.get("status") or {}), **status}
-
-
-POLICY_VIOLATION = "PolicyViolation"
 
 
 def policy_message(refused: list[Violation]) -> str:
