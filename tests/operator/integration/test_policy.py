@@ -18,11 +18,14 @@ from typing import Any
 
 import pytest
 
+from modelpool_operator.api import parse_pool_spec
 from modelpool_operator.policy import (
+    Policy,
     msg_host_path,
     msg_image,
     msg_service_account,
     msg_unclean_path,
+    violations,
 )
 from modelpool_operator.reconcile import POLICY_VIOLATION
 from tests.clusterlib import ROOT, Cluster
@@ -160,6 +163,44 @@ def test_the_api_server_refuses_a_pool_beyond_the_allowlists_naming_the_field(
     done = crds.kubectl("patch", POOLS, "allowed", "-n", namespace, "--type=merge", "-p", patch, check=False)
     assert done.returncode != 0 and msg_image("docker.io/evil/miner:2", IMAGES) in done.stderr, done.stderr
     crds.kubectl("label", POOLS, "allowed", "-n", namespace, "team=a")
+
+
+# Edge cases on which the API server's CEL and the operator's Python must agree.
+EDGE_CASES = [
+    {"cache_path": "/var/cache/modelpool"},
+    {"cache_path": "/var/cache/modelpool/a/b"},
+    {"cache_path": "/var/cache/modelpool/..."},
+    {"cache_path": "/var/cache/modelpool/..a"},
+    {"cache_path": "/var/cache/modelpool/"},
+    {"cache_path": "/var/cache/modelpool//a"},
+    {"cache_path": "/var/cache/modelpool/./a"},
+    {"cache_path": "/var/cache/modelpool/a/.."},
+    {"cache_path": "/var/cache"},
+    {"cache_path": "/"},
+    {"image": "ghcr.io/modelpool/x:1"},
+    {"image": "ghcr.io/modelpool/a/b@sha256:ab"},
+    {"image": "ghcr.io/modelpool/"},
+    {"image": "ghcr.io/modelpool/../x"},
+    {"image": "ghcr.io/modelpoolx/y"},
+    {"image": "ghcr.io/modelpool"},
+    {"service_account": "model-runner"},
+    {"service_account": "default"},
+    {"service_account": "model-runner-2"},
+]
+
+
+def test_the_admission_policy_and_the_operator_agree_on_edge_cases(
+    admission_policy: str, crds: Cluster
+) -> None:
+    policy = Policy(host_paths=HOST_PATHS, images=IMAGES, service_accounts=ACCOUNTS)
+    for index, case in enumerate(EDGE_CASES):
+        manifest = _pool(f"edge-{index}", **case)
+        expected = violations(parse_pool_spec(manifest["spec"]), policy)
+        code, output = _create(crds, admission_policy, manifest, "--dry-run=server", f"--as={USER}")
+        if expected:
+            assert code != 0 and expected[0].message in output, f"{case}: {output}"
+        else:
+            assert code == 0, f"{case}: {output}"
 
 
 def _status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
