@@ -101,13 +101,13 @@ def build_parser(model: type[BaseSettings], cli: CommandLine) -> argparse.Argume
             _add(target, name, flag, info.annotation is bool, flag.help or info.description)
     if cli.extra is not None:
         cli.extra(parser)
-    # argparse's defaults (None) would otherwise be set after the first flag of a field only.
-    parser.set_defaults(**dict.fromkeys(model.model_fields))
     return parser
 
 
 def _add(target: Any, name: str, flag: Flag, is_bool: bool, help_text: str | None) -> None:
     names = flag.names or (flag_name(name),)
+    # argparse formats help with "%": a description's own "%" must stay one.
+    help_text = help_text.replace("%", "%%") if help_text else help_text
     common: dict[str, Any] = {"dest": name, "help": help_text, "default": None}
     if flag.const is not _NO_CONST:
         target.add_argument(*names, action="store_const", const=flag.const, **common)

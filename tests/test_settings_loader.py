@@ -36,7 +36,7 @@ class Toy(BaseSettings):
     max_items: int = Field(default=3, ge=1, description="a bound")
     verbose_log: bool = Field(default=False, description="a switch")
     zones: Annotated[tuple[str, ...], NoDecode] = Field(default=(), description="comma-separated")
-    mode: str = Field(default="a", description="a or b")
+    mode: str = Field(default="a", description="a or b (100% one of them)")
 
     @field_validator("zones", mode="before")
     @classmethod
@@ -62,6 +62,11 @@ def test_every_field_is_a_flag_and_booleans_take_no_value() -> None:
     toy, _ = load(Toy, ["--name", "x", "--max-items", "7", "--verbose-log", "--zones", "a,b"], PLAIN)
     assert (toy.name, toy.max_items, toy.verbose_log, toy.zones) == ("x", 7, True, ("a", "b"))
     assert load(Toy, ["--name", "x"], PLAIN)[0] == Toy(name="x")
+
+
+def test_help_shows_each_fields_description() -> None:
+    text = build_parser(Toy, PLAIN).format_help()
+    assert "--max-items MAX_ITEMS" in text and "a bound" in text and "(100% one of them)" in text
 
 
 def test_the_environment_is_read_under_the_prefix_and_a_flag_wins(monkeypatch: pytest.MonkeyPatch) -> None:
