@@ -333,6 +333,11 @@ def test_network_policy_is_made_by_the_operator_and_names_the_operator_and_the_g
             ["--set", "config.modelCacheType=hostPath", "--set", "config.modelCacheHostPath=rel"],
             "at '/config/modelCacheHostPath'",
         ),
+        (["--set", "config.allowedHostPaths={/data/}"], "at '/config/allowedHostPaths/0'"),
+        (["--set", "config.allowedHostPaths={/data/../etc}"], "at '/config/allowedHostPaths/0'"),
+        (["--set", "config.allowedImages={ghcr.io}"], "at '/config/allowedImages/0'"),
+        (["--set", "config.allowedServiceAccounts={Admin}"], "at '/config/allowedServiceAccounts/0'"),
+        (["--set", "admissionPolicy.enable=true"], "additional properties 'enable' not allowed"),
         (["--set", "gateway.replicas=2"], "additional properties 'replicas' not allowed"),
         (["--set", "gateway.hold.maxPerPool=-1"], "at '/gateway/hold/maxPerPool'"),
         (["--set", "gateway.service.type=Ingress"], "at '/gateway/service/type'"),
@@ -348,6 +353,49 @@ def test_schema_rejects_bad_values(helm: list[str], args: list[str], message: st
     assert result.returncode != 0, f"{args} was accepted"
     assert "values don't meet the specifications of the schema" in result.stderr
     assert message in result.stderr.replace('"', "'"), result.stderr
+
+
+POLICY = "mp-modelpool-operator-modelpools"
+
+
+def test_the_admission_policy_renders_the_operators_allowlists(helm: list[str]) -> None:
+    """One set of values: config.allowed* become the operator's variables and the policy's CEL lists."""
+    docs = render(
+        helm,
+        "--set", "config.allowedHostPaths={/var/cache/modelpool,/data}",
+        "--set", "config.allowedImages={ghcr.io/modelpool/}",
+    )  # fmt: skip
+    env = {e["name"]: e.get("value") for e in container(docs)["env"]}
+    assert env["MODELPOOL_OPERATOR_ALLOWED_HOST_PATHS"] == "/var/cache/modelpool,/data"
+    assert env["MODELPOOL_OPERATOR_ALLOWED_IMAGES"] == "ghcr.io/modelpool/"
+    assert "MODELPOOL_OPERATOR_ALLOWED_SERVICE_ACCOUNTS" not in env, "empty list: the operator's default"
+    policy = one(docs, "ValidatingAdmissionPolicy", POLICY)
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["hostPaths"] == '["/var/cache/modelpool","/data"]'
+    assert variables["hostPathsText"] == '"/var/cache/modelpool, /data"'
+    assert variables["images"] == '["ghcr.io/modelpool/"]'
+    assert variables["serviceAccounts"] == "[]"
+    assert variables["serviceAccountsText"] == '"none"'
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": ["modelpool.dev"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+         "resources": ["modelpools"]}
+    ]  # fmt: skip
+    assert {v["reason"] for v in policy["spec"]["validations"]} == {"Forbidden"}
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", POLICY)
+    assert binding["spec"]["policyName"] == POLICY
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert "matchResources" not in binding["spec"], "cluster scope: every namespace"
+
+
+def test_the_admission_policy_binds_the_watched_namespaces_or_is_left_out(helm: list[str]) -> None:
+    docs = render(helm, "--set", "scope.clusterWide=false", "--set", "scope.namespaces={a,b}")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", POLICY)
+    assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["a", "b"]}
+    ]
+    docs = render(helm, "--set", "admissionPolicy.enabled=false")
+    assert not by_kind(docs, "ValidatingAdmissionPolicy")
+    assert not by_kind(docs, "ValidatingAdmissionPolicyBinding")
 
 
 # ---- the gateway ----

@@ -13,6 +13,7 @@ import yaml
 
 from e2e.helpers import CHART, CHART_CRDS, CRDS, ROOT
 from modelpool_gateway.config import GatewaySettings
+from modelpool_operator.policy import CLEAN_IMAGE_PATTERN, CLEAN_PATH_PATTERN
 from modelpool_operator.settings import OperatorConfig
 
 VALUES_TEXT = (CHART / "values.yaml").read_text()
@@ -62,7 +63,9 @@ def test_every_operator_setting_is_a_chart_value_with_the_operator_default() -> 
         if name in EMPTY_MEANS_DEFAULT:
             assert value == ""
         else:
-            assert value == fields[name].default, f"config.{key}: {value!r} != {fields[name].default!r}"
+            # A list value (YAML) stands for a tuple field (the environment's comma-separated list).
+            default = list(default) if isinstance(default := fields[name].default, tuple) else default
+            assert value == default, f"config.{key}: {value!r} != {default!r}"
     covered = {_snake(k) for k in config} | SET_BY_ARGS | SET_BY_NETWORK_POLICY
     assert set(fields) == covered, f"settings without a chart value: {sorted(set(fields) - covered)}"
 
@@ -151,3 +154,12 @@ def test_every_value_is_commented() -> None:
             undocumented.append(".".join([k for _, k in parents] + [key]))
         parents.append((indent, key))
     assert not undocumented, f"values without a comment: {undocumented}"
+
+
+def test_the_admission_policy_and_the_schema_use_the_operators_path_and_image_rules() -> None:
+    """One rule in three places: the operator's policy module, the chart's CEL and its values schema."""
+    template = (CHART / "templates" / "admissionpolicy.yaml").read_text()
+    assert f"r'{CLEAN_PATH_PATTERN}'" in template
+    assert f"r'{CLEAN_IMAGE_PATTERN}'" in template
+    items = SCHEMA["properties"]["config"]["properties"]["allowedHostPaths"]["items"]
+    assert {"pattern": CLEAN_PATH_PATTERN} in items["allOf"]

@@ -1,8 +1,9 @@
 """The server's configuration: every command-line flag, also as a ``MODELPOOL_*`` environment variable.
 
-Parsed and validated once, in ``load_config`` (never at import time).  A flag given on the command line
-wins over its environment variable, which wins over the default.  Anything invalid raises ``ConfigError``
-with a one-line reason; ``main`` turns that into exit code 2.
+Parsed and validated once, in ``load_config`` (never at import time), by the project's one settings loader
+(``modelpool_contract.settings``): a flag given on the command line wins over its environment variable,
+which wins over the default.  Anything invalid raises ``ConfigError`` with a one-line reason; ``main``
+turns that into exit code 2.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import argparse
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model_server.cpu_budget import available_cpus, default_http_workers
@@ -28,14 +29,14 @@ from modelpool_contract.flags import (
     Dtype,
 )
 from modelpool_contract.mounts import PVC_MOUNT_ROOT
+from modelpool_contract.settings import CommandLine, ConfigError, build_parser, load
 from modelpool_contract.tasks import TASK_NAMES, TaskName
+
+# ConfigError is the loader's, re-exported for the program's main.
+__all__ = ["COMMAND_LINE", "ConfigError", "ServerConfig", "load_config"]
 
 _HANDLER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SOURCE_SCHEMES = ("file://", "hf://", "pvc://")
-
-
-class ConfigError(Exception):
-    """Invalid configuration; ``str(exc)`` is the one-line reason printed before exit code 2."""
 
 
 class ServerConfig(BaseSettings):
@@ -163,49 +164,18 @@ def _read_key(path: Path) -> str:
     return key
 
 
+#: The server's command line: every field is a flag (``modelpool_contract.settings``).
+COMMAND_LINE = CommandLine(
+    prog="modelpool-server",
+    description="Serve one model behind a bounded queue (KServe v2 + OpenAI-compatible APIs). "
+    "Every flag can also be set as MODELPOOL_<FLAG> (e.g. MODELPOOL_QUEUE_CAPACITY).",
+)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="modelpool-server",
-        description="Serve one model behind a bounded queue (KServe v2 + OpenAI-compatible APIs). "
-        "Every flag can also be set as MODELPOOL_<FLAG> (e.g. MODELPOOL_QUEUE_CAPACITY).",
-    )
-    for name, info in ServerConfig.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        if info.annotation is bool:
-            parser.add_argument(
-                flag, dest=name, action="store_const", const=True, default=None, help=info.description
-            )
-        else:
-            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=info.description)
-    return parser
-
-
-def _one_line(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        if not err["loc"]:  # a check across fields: its message names the flag
-            parts.append(str(err["msg"]).removeprefix("Value error, "))
-            continue
-        loc = ".".join(str(x) for x in err["loc"])
-        flag = "--" + loc.replace("_", "-")
-        msg = err["msg"]
-        if err["type"] == "missing":
-            msg = f"is required (or set MODELPOOL_{loc.upper()})"
-        parts.append(f"{flag} {msg}")
-    return "invalid configuration: " + "; ".join(parts)
+    return build_parser(ServerConfig, COMMAND_LINE)
 
 
 def load_config(argv: Sequence[str] | None = None) -> ServerConfig:
     """Parse ``argv`` (flags) over the ``MODELPOOL_*`` environment; raise ``ConfigError`` if invalid."""
-    parser = _parser()
-
-    def _fail(message: str) -> Any:
-        raise ConfigError(f"invalid arguments: {message}")
-
-    parser.error = _fail  # type: ignore[method-assign]
-    namespace = parser.parse_args(list(argv) if argv is not None else None)
-    given = {k: v for k, v in vars(namespace).items() if v is not None}
-    try:
-        return ServerConfig(**given)
-    except ValidationError as exc:
-        raise ConfigError(_one_line(exc)) from None
+    return load(ServerConfig, argv, COMMAND_LINE)[0]

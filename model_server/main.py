@@ -13,8 +13,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from model_server.config import ConfigError, load_config
-from modelpool_contract.exits import EXIT_CONFIG
+from model_server.config import COMMAND_LINE, ServerConfig
+from modelpool_contract.settings import load_or_exit
 
 
 def exit_now(code: int) -> None:
@@ -27,11 +27,7 @@ def exit_now(code: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    try:
-        config = load_config(argv)
-    except ConfigError as exc:
-        print(f"modelpool-server: {exc}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG)
+    config, _ = load_or_exit(ServerConfig, argv, COMMAND_LINE)  # exit 2, one line, when invalid
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s [supervisor] %(name)s %(message)s",

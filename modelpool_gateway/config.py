@@ -1,25 +1,26 @@
 """The gateway's configuration: every flag is also a ``MODELPOOL_GATEWAY_*`` environment variable.
 
-Parsed and validated once in ``load_settings``; a flag on the command line wins over its environment
-variable, which wins over the default.  Invalid values raise ``ConfigError`` with a one-line reason
+Parsed and validated once in ``load_settings``, by the project's one settings loader
+(``modelpool_contract.settings``); a flag on the command line wins over its environment variable, which
+wins over the default.  Invalid values raise ``ConfigError`` with a one-line reason
 (``main`` exits 2).
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from modelpool_contract.settings import CommandLine, ConfigError, Flag, load
+
+# ConfigError is the loader's, re-exported for the program's main.
+__all__ = ["COMMAND_LINE", "MIB", "ConfigError", "GatewaySettings", "load_settings"]
+
 MIB = 1024 * 1024
-
-
-class ConfigError(Exception):
-    """Invalid configuration; ``str(exc)`` is the one-line reason."""
 
 
 class GatewaySettings(BaseSettings):
@@ -122,36 +123,15 @@ class GatewaySettings(BaseSettings):
         return value
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="modelpool-gateway",
-        description="Route OpenAI and KServe v2 requests to ModelPool workers by model name. Every flag "
-        "can also be set as MODELPOOL_GATEWAY_<FLAG> (e.g. MODELPOOL_GATEWAY_NAMESPACES=a,b).",
-    )
-    for name, info in GatewaySettings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        if name == "namespaces":
-            parser.add_argument(
-                "--namespace", dest=name, action="append", metavar="NAMESPACE", help=info.description
-            )
-            continue
-        parser.add_argument(flag, dest=name, metavar=name.upper(), help=info.description)
-    return parser
+#: The gateway's command line: every field is a flag, ``namespaces`` the repeatable ``--namespace``.
+COMMAND_LINE = CommandLine(
+    prog="modelpool-gateway",
+    description="Route OpenAI and KServe v2 requests to ModelPool workers by model name. Every flag "
+    "can also be set as MODELPOOL_GATEWAY_<FLAG> (e.g. MODELPOOL_GATEWAY_NAMESPACES=a,b).",
+    flags={"namespaces": [Flag(names=("--namespace",), append=True, metavar="NAMESPACE")]},
+)
 
 
 def load_settings(argv: Sequence[str] | None = None) -> GatewaySettings:
     """Parse ``argv`` over the ``MODELPOOL_GATEWAY_*`` environment; raise ``ConfigError`` if invalid."""
-    parser = _parser()
-
-    def fail(message: str) -> Any:
-        raise ConfigError(f"invalid arguments: {message}")
-
-    parser.error = fail  # type: ignore[method-assign]
-    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
-    try:
-        return GatewaySettings(**given)
-    except ValidationError as exc:
-        reasons = "; ".join(
-            f"--{'.'.join(str(x) for x in err['loc']).replace('_', '-')} {err['msg']}" for err in exc.errors()
-        )
-        raise ConfigError(f"invalid configuration: {reasons}") from None
+    return load(GatewaySettings, argv, COMMAND_LINE)[0]

@@ -1,7 +1,10 @@
 """``modelpool-operator``: the console script that runs the Kopf operator with the project's settings.
 
-The command line overrides only scope, peering, liveness, metrics and verbosity; everything else comes
-from the ``MODELPOOL_OPERATOR_*`` environment (``settings.OperatorConfig``). Kopf handles SIGINT/SIGTERM: the
+Loaded by the project's one settings loader (``modelpool_contract.settings``): every setting of
+``settings.OperatorConfig`` is a ``MODELPOOL_OPERATOR_*`` environment variable and a flag ``--x-y`` (a flag
+wins); scope, peering, liveness and metrics keep their own flag names (``-n/--namespace``,
+``-A/--all-namespaces``, ``--peering``, ``--standalone``, ``--liveness``, ``--metrics``), and ``-v`` is
+verbosity. Invalid settings: one line on stderr and exit 2. Kopf handles SIGINT/SIGTERM: the
 watches stop, the per-pool daemons are cancelled, and the process exits 0.
 """
 
@@ -11,85 +14,86 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from modelpool_contract import settings as settings_loader
+from modelpool_contract.settings import CommandLine, Flag
 from modelpool_operator.settings import OperatorConfig
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="modelpool-operator",
-        description=(
-            "Serve ML models on worker pods: reconcile ModelPool and ModelBudget resources. "
-            "Further settings: MODELPOOL_OPERATOR_* environment variables (see docs/operator.md)."
-        ),
-    )
-    scope = parser.add_mutually_exclusive_group()
-    scope.add_argument(
-        "-n",
-        "--namespace",
-        action="append",
-        default=[],
-        metavar="NS",
-        help="watch this namespace (repeatable; glob patterns as Kopf accepts them)",
-    )
-    scope.add_argument(
-        "-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)"
-    )
-    parser.add_argument(
-        "--liveness",
-        type=int,
-        default=None,
-        metavar="PORT",
-        help="serve GET /healthz on this port (0 disables; default MODELPOOL_OPERATOR_LIVENESS_PORT or 8080)",
-    )
-    parser.add_argument(
-        "--metrics",
-        type=int,
-        default=None,
-        metavar="PORT",
-        help="serve Prometheus GET /metrics on this port (0 disables; default "
-        "MODELPOOL_OPERATOR_METRICS_PORT or 8081)",
-    )
-    peering = parser.add_mutually_exclusive_group()
-    peering.add_argument(
-        "--peering", default=None, metavar="NAME", help="mandatory Kopf peering under this name"
-    )
-    peering.add_argument("--standalone", action="store_true", help="no peering at all")
+def _verbose(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument(
-        "--log-format", choices=("json", "plain"), default=None, help="log format (default: json)"
-    )
-    return parser
+
+
+#: The operator's command line: every setting is a flag ``--x-y`` (``modelpool_contract.settings``), with
+#: the scope, peering, liveness and metrics under their own names.
+COMMAND_LINE = CommandLine(
+    prog="modelpool-operator",
+    description=(
+        "Serve ML models on worker pods: reconcile ModelPool and ModelBudget resources. Every setting is "
+        "also a MODELPOOL_OPERATOR_* environment variable (see docs/operator.md); a flag wins over it."
+    ),
+    flags={
+        "namespaces": [
+            Flag(
+                names=("-n", "--namespace"),
+                append=True,
+                metavar="NS",
+                group="scope",
+                help="watch this namespace (repeatable; glob patterns as Kopf accepts them)",
+            ),
+            Flag(
+                names=("-A", "--all-namespaces"),
+                const=(),
+                group="scope",
+                help="watch every namespace (the default)",
+            ),
+        ],
+        "liveness_port": [
+            Flag(
+                names=("--liveness",),
+                metavar="PORT",
+                help="serve GET /healthz on this port (0 disables; default 8080)",
+            )
+        ],
+        "metrics_port": [
+            Flag(
+                names=("--metrics",),
+                metavar="PORT",
+                help="serve Prometheus GET /metrics on this port (0 disables; default 8081)",
+            )
+        ],
+        "peering_name": [
+            Flag(
+                names=("--peering",),
+                metavar="NAME",
+                group="peering",
+                help="mandatory Kopf peering under this name",
+            )
+        ],
+        "standalone": [Flag(names=("--standalone",), group="peering", help="no peering at all")],
+        "log_format": [
+            Flag(names=("--log-format",), choices=("json", "plain"), help="log format (default: json)")
+        ],
+    },
+    extra=_verbose,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return settings_loader.build_parser(OperatorConfig, COMMAND_LINE)
 
 
 def config_from_args(args: argparse.Namespace, base: OperatorConfig | None = None) -> OperatorConfig:
-    """The environment's configuration with the command line's overrides applied."""
-    config = base if base is not None else OperatorConfig()
-    overrides: dict[str, object] = {}
-    if args.all_namespaces:
-        overrides["namespaces"] = ()
-    elif args.namespace:
-        overrides["namespaces"] = tuple(args.namespace)
-    if args.liveness is not None:
-        overrides["liveness_port"] = args.liveness
-    if args.metrics is not None:
-        overrides["metrics_port"] = args.metrics
-    if args.peering:
-        overrides["peering_name"] = args.peering
-    if args.standalone:
-        overrides["standalone"] = True
-    if args.log_format:
-        overrides["log_format"] = args.log_format
-    # model_validate (not model_copy) so the overrides go through the same validators as the environment.
-    return OperatorConfig.model_validate({**config.model_dump(), **overrides})
+    """The environment's configuration (or ``base``) with the command line's flags applied; raises
+    ``ConfigError`` (one line) when invalid."""
+    overrides = settings_loader.given(OperatorConfig, args)
+    if base is None:
+        return settings_loader.validate(OperatorConfig, overrides, COMMAND_LINE)
+    # Through the validators again, as the environment's values were.
+    return settings_loader.validate(OperatorConfig, {**base.model_dump(), **overrides}, COMMAND_LINE)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        config = config_from_args(args)
-    except ValueError as exc:  # pydantic's ValidationError names the offending variable
-        print(f"modelpool-operator: invalid configuration: {exc}", file=sys.stderr)
-        return 2
+    config, args = settings_loader.load_or_exit(OperatorConfig, argv, COMMAND_LINE)
 
     import kopf
 

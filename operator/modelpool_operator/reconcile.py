@@ -35,6 +35,8 @@ from modelpool_operator.observation import (
     other_pools,
 )
 from modelpool_operator.planner import LoadSample, Plan, PlannerSettings, plan
+from modelpool_operator.planner.status import condition
+from modelpool_operator.policy import Violation, violations
 from modelpool_operator.pool import OtherPool, PoolKey, PoolView
 from modelpool_operator.process_state import OperatorState
 from modelpool_operator.resources import PodSettings, build_service, build_worker_pod, eviction_patch
@@ -93,6 +95,8 @@ class PoolRun:
     network_policy_error: str | None = None
     charged: int = 0
     invalid_generation: int | None = None
+    # The generation (and the refusal) last reported as a policy violation.
+    forbidden: tuple[int, str] | None = None
     # The autoscaler's load samples, handed from one plan to the next.
     load_window: tuple[LoadSample, ...] = ()
 
@@ -254,6 +258,11 @@ async def reconcile_pool(
             outcome.result = "invalid"
             await report_invalid_spec(state, run, body, exc)
             return None
+        refused = violations(pool.spec, state.config.policy)
+        if refused:
+            outcome.result = "forbidden"
+            await report_policy_violation(state, run, pool, body, refused)
+            return None
         if run.last_status is not None:
             # We are the only writer of status; our last write is newer than what the watch may show yet.
             pool = replace(pool, status=run.last_status)
@@ -282,6 +291,51 @@ async def report_invalid_spec(
     status = {"phase": "Failed", "observedGeneration": generation}
     await state.require_kube().patch_pool_status(run.key[0], run.key[1], status)
     run.last_status = run.last_status_wire = None
+
+
+#: The condition type and Event reason of a pool the operator's policy refuses.
+POLICY_VIOLATION = "PolicyViolation"
+
+
+async def report_policy_violation(
+    state: OperatorState, run: PoolRun, pool: PoolView, body: Mapping[str, Any], refused: list[Violation]
+) -> None:
+    """A spec the operator's policy refuses: condition PolicyViolation (naming each field), phase Failed
+    and a Warning Event, once per generation; no worker is created, deleted or evicted. Workers that
+    already exist (an allowed spec before, or the policy narrowed since) are left as they are."""
+    message = policy_message(refused)
+    if run.forbidden == (pool.generation, message):
+        return
+    run.forbidden = (pool.generation, message)
+    state.events.post(body, Event("Warning", POLICY_VIOLATION, message[:1000]))
+    status = policy_status(pool, message, datetime.now(UTC))
+    await state.require_kube().patch_pool_status(pool.namespace, pool.name, status)
+    # What the status is now, so that the pass after the spec is allowed again removes the condition even
+    # before the watch shows this write.
+    run.last_status, run.last_status_wire = None, {**(body.get("status") or {}), **status}
+
+
+def policy_message(refused: list[Violation]) -> str:
+    """The refusal in one message: every field's reason, then what the operator does about it."""
+    reasons = "; ".join(v.message for v in refused)
+    return f"{reasons}; no worker is created or changed until the spec is allowed"
+
+
+def policy_status(pool: PoolView, message: str, now: datetime) -> dict[str, Any]:
+    """The status patch of a refused pool: phase Failed and the PolicyViolation condition, the pool's
+    other conditions kept (they describe its existing workers, which are left alone)."""
+    kept = [c for c in pool.status.conditions if c.type != POLICY_VIOLATION]
+    violation = condition(
+        pool.status.conditions,
+        POLICY_VIOLATION,
+        status="True",
+        reason="Forbidden",
+        message=message,
+        now=now,
+        generation=pool.generation,
+    )
+    conditions = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in [*kept, violation]]
+    return {"phase": "Failed", "observedGeneration": pool.generation, "conditions": conditions}
 
 
 async def create_worker(state: OperatorState, pool: PoolView, body: Mapping[str, Any], name: str) -> None:

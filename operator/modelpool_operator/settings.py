@@ -19,6 +19,7 @@ from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, WORKER_PORT, WORKER_P
 from modelpool_contract.labels import LABEL_POOL, PREFIX
 from modelpool_operator.api import CacheType, ModelCacheSpec
 from modelpool_operator.network_peers import NetworkPolicyPeer
+from modelpool_operator.policy import Policy, check_host_path_prefix, check_image_entry
 
 # Defaults of the knobs that the pure decisions also take as settings (``PlannerSettings``,
 # ``LifecycleSettings``), so that both read the same numbers.
@@ -159,6 +160,31 @@ class OperatorConfig(BaseSettings):
         ),
     )
 
+    # --- what pool authors may ask for (modelpool_operator.policy; the chart's admission policy) --------
+    allowed_host_paths: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Path prefixes under which a pool's spec.model.cache of type hostPath may lie, matched on whole "
+            "segments (/data allows /data/x, not /database); comma-separated in the environment. Empty: "
+            "hostPath caches are refused."
+        ),
+    )
+    allowed_images: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Images a pool's spec.image may name: a prefix ending in '/' (ghcr.io/modelpool/) or one "
+            "repository at any tag or digest (ghcr.io/modelpool/modelpool-server); comma-separated in the "
+            "environment. Empty: any image."
+        ),
+    )
+    allowed_service_accounts: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Service accounts a pool's spec.podTemplate.serviceAccountName may name; comma-separated in "
+            "the environment. Empty: any."
+        ),
+    )
+
     # --- the process -------------------------------------------------------------------------------
     peering_name: str | None = Field(
         default=None,
@@ -213,13 +239,25 @@ class OperatorConfig(BaseSettings):
     )
     log_format: str = Field(default="json", description="'json' (structured) or 'plain'.")
 
-    @field_validator("namespaces", mode="before")
+    @field_validator(
+        "namespaces", "allowed_host_paths", "allowed_images", "allowed_service_accounts", mode="before"
+    )
     @classmethod
-    def _split_namespaces(cls, value: Any) -> Any:
+    def _split_commas(cls, value: Any) -> Any:
         # The environment carries "a,b,c"; code and tests may pass a list or tuple directly.
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @field_validator("allowed_host_paths")
+    @classmethod
+    def _clean_prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(check_host_path_prefix(entry) for entry in value)
+
+    @field_validator("allowed_images")
+    @classmethod
+    def _image_entries(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(check_image_entry(entry) for entry in value)
 
     @field_validator("posting_level")
     @classmethod
@@ -275,6 +313,15 @@ class OperatorConfig(BaseSettings):
             )
         except ValidationError as exc:
             raise ValueError("; ".join(_cache_error(e) for e in exc.errors())) from None
+
+    @property
+    def policy(self) -> Policy:
+        """What pool authors may ask for (``modelpool_operator.policy``)."""
+        return Policy(
+            host_paths=self.allowed_host_paths,
+            images=self.allowed_images,
+            service_accounts=self.allowed_service_accounts,
+        )
 
     @property
     def clusterwide(self) -> bool:

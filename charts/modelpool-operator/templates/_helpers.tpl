@@ -55,11 +55,16 @@ app.kubernetes.io/part-of: modelpool
 {{- end }}
 {{- end }}
 
-{{/* config.<camelCase> -> MODELPOOL_OPERATOR_<SNAKE_CASE> env vars (empty strings are left out, so the
-operator's own default applies). */}}
+{{/* config.<camelCase> -> MODELPOOL_OPERATOR_<SNAKE_CASE> env vars (empty strings and lists are left out, so
+the operator's own default applies; a list is comma-separated). */}}
 {{- define "modelpool-operator.configEnv" -}}
 {{- range $key, $value := .Values.config }}
-{{- if not (and (kindIs "string" $value) (eq $value "")) }}
+{{- if kindIs "slice" $value }}
+{{- if $value }}
+- name: MODELPOOL_OPERATOR_{{ $key | snakecase | upper }}
+  value: {{ join "," $value | quote }}
+{{- end }}
+{{- else if not (and (kindIs "string" $value) (eq $value "")) }}
 - name: MODELPOOL_OPERATOR_{{ $key | snakecase | upper }}
   value: {{ $value | toString | quote }}
 {{- end }}
