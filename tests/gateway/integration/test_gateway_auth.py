@@ -101,7 +101,7 @@ def test_a_key_for_one_namespace_cannot_list_wake_or_call_another_namespaces_poo
     start_operator(a, b, MODELPOOL_OPERATOR_SERVER_PORT=str(free_port()))
     apply(crds, _wakes("mine"), a)
     apply(crds, _wakes("theirs"), b)
-    gateway = start_gateway([a, b], "--tenant-keys", "true", "--demand-interval-seconds", "1")
+    gateway = start_gateway([a, b], "--tenant-keys", "--demand-interval-seconds", "1")
     wait_for(lambda: {"mine", "theirs"} <= set(gateway.models()), timeout=30, message="both pools known")
     # A tenant's own key: a Secret in its namespace, granting that namespace.
     key = create_key(crds, a, "team-a")
@@ -147,7 +147,7 @@ def test_a_tenants_secret_cannot_grant_another_namespace(
 ) -> None:
     a, b = namespace, other_namespace
     apply(crds, echo_pool("theirs", replicas=0), b)
-    gateway = start_gateway([a, b], "--tenant-keys", "true")
+    gateway = start_gateway([a, b], "--tenant-keys")
     wait_for(lambda: "theirs" in gateway.models(), timeout=30, message="the pool known")
     greedy = create_key(crds, a, "greedy", namespaces=f"{a},{b}")
     sneaky = create_key(crds, a, "sneaky", pools=f"{b}/theirs")

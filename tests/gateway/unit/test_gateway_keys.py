@@ -143,7 +143,7 @@ def test_the_gateway_will_not_start_with_keys_it_cannot_read() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MODELPOOL_GATEWAY_", "KUBERNETES_"))}
     for args, message in (
         ([], "--keys-namespace is needed"),
-        (["--keys-namespace", "gw", "--tenant-keys", "true"], "--tenant-keys needs --namespace"),
+        (["--keys-namespace", "gw", "--tenant-keys"], "--tenant-keys needs --namespace"),
     ):
         done = subprocess.run(
             [script, "--kubeconfig", "/nonexistent", *args],
