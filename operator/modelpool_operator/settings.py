@@ -15,9 +15,9 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from modelpool_contract.api import CacheType, ModelCacheSpec
 from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, WORKER_PORT, WORKER_PROBE_PORT
 from modelpool_contract.labels import LABEL_POOL, PREFIX
-from modelpool_operator.api import CacheType, ModelCacheSpec
 
 # Defaults of the knobs that the pure decisions also take as settings (``PlannerSettings``,
 # ``LifecycleSettings``), so that both read the same numbers.
