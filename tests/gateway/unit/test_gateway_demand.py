@@ -1,4 +1,4 @@
-"""The demand annotation: its patch, when it is written, and why many gateways write about once per
+"""The demand Lease: its body, when it is written, and why many gateways write about once per
 interval between them (simulated: each gateway sleeps until its next due time, as ``DemandRecorder``)."""
 
 from __future__ import annotations
@@ -7,24 +7,58 @@ import heapq
 import itertools
 import random
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modelpool_gateway.contract_names import ANNOTATION_DEMANDED_AT
-from modelpool_gateway.demand import JITTER, demand_patch, next_write_at
-from modelpool_gateway.state import parse_time
+from modelpool_contract.api import API_VERSION, MODELPOOL_KIND
+from modelpool_contract.demand import (
+    demand_from_lease,
+    demand_lease,
+    demand_lease_name,
+    micro_time,
+    parse_micro_time,
+    renew,
+)
+from modelpool_gateway.demand import JITTER, next_write_at
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 INTERVAL = timedelta(seconds=5)
 
 
-def test_the_patch_is_a_merge_patch_of_one_annotation_with_milliseconds() -> None:
-    patch = demand_patch(T0 + timedelta(seconds=1.2345))
-    assert patch == {"metadata": {"annotations": {ANNOTATION_DEMANDED_AT: "2026-01-01T00:00:01.234Z"}}}
-    assert parse_time(patch["metadata"]["annotations"][ANNOTATION_DEMANDED_AT]) == T0 + timedelta(
-        seconds=1.234
+def _lease(moment: datetime, holder: str = "gw-a") -> dict[str, Any]:
+    return demand_lease(
+        pool="p",
+        pool_uid="u-1",
+        moment=moment,
+        holder=holder,
+        duration_s=6,
+        pool_api_version=API_VERSION,
+        pool_kind=MODELPOOL_KIND,
     )
+
+
+def test_the_lease_records_the_demand_with_microseconds() -> None:
+    moment = T0 + timedelta(seconds=1.234567)
+    lease = _lease(moment)
+    assert lease["spec"]["renewTime"] == micro_time(moment) == "2026-01-01T00:00:01.234567Z"
+    assert demand_from_lease(lease) == moment and parse_micro_time("soon") is None
+    assert lease["metadata"]["name"] == demand_lease_name("p") == "p-demand"
+
+
+def test_a_renewal_keeps_the_owner_and_counts_a_new_holder() -> None:
+    lease = _lease(T0)
+    same = renew(lease, moment=T0 + INTERVAL, holder="gw-a", duration_s=6)
+    other = renew(same, moment=T0 + 2 * INTERVAL, holder="gw-b", duration_s=6)
+    assert same["metadata"] == other["metadata"] == lease["metadata"]
+    assert same["spec"].get("leaseTransitions") is None and other["spec"]["leaseTransitions"] == 1
+    assert demand_from_lease(other) == T0 + 2 * INTERVAL and lease["spec"]["renewTime"] == micro_time(T0)
+
+
+def test_a_long_pool_name_still_gives_a_valid_lease_name() -> None:
+    name = demand_lease_name("p" * 253)
+    assert len(name) <= 253 and name.endswith("-demand") and name != demand_lease_name("p" * 252)
 
 
 def test_due_at_once_without_any_write_then_an_interval_after_the_last() -> None:
