@@ -176,7 +176,7 @@ async def test_a_409_race_between_two_recorders_ends_in_one_lease(
     assert await b.attempt(pool, None, now + timedelta(milliseconds=5)) == "conflict"
     # b reads again at once, finds a's demand fresh, and waits instead of writing.
     wait = await b.round(pool.key)
-    assert wait is not None and wait > 4
+    assert wait is not None and wait > 0
     [lease] = _leases(crds, namespace)
     assert (demand_from_lease(lease), lease["spec"]["holderIdentity"]) == (now, "gw-a")
 
