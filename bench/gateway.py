@@ -41,7 +41,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,8 @@ from bench.minilm import packaged_minilm
 from bench.report import replace_block
 from bench.server_process import free_port
 from bench.wake import Wake, wake
-from modelpool_contract.labels import ANNOTATION_DEMANDED_AT, LABEL_POOL
+from modelpool_contract.demand import demand_from_lease, demand_lease_name
+from modelpool_contract.labels import LABEL_POOL
 
 START_MARK = "<!-- bench:gateway:start -->"
 END_MARK = "<!-- bench:gateway:end -->"
@@ -402,12 +402,15 @@ def _at_zero(kubeconfig: Path) -> bool:
 def _demand_settled(kubeconfig: Path) -> bool:
     """The last demand the gateway recorded is older than its interval, so the next held request records
     its own at once (as for a pool that went quiet minutes ago) instead of waiting out the interval."""
-    annotations = _wake_pool_state(kubeconfig)["metadata"].get("annotations") or {}
-    value = annotations.get(ANNOTATION_DEMANDED_AT)
-    if not value:
+    leases = kubectl(
+        kubeconfig, "get", "leases.coordination.k8s.io", "-n", NAMESPACE,
+        "--field-selector", f"metadata.name={demand_lease_name(WAKE_POOL)}", "-o", "json",
+    )  # fmt: skip
+    items = json.loads(leases)["items"]
+    recorded = demand_from_lease(items[0]) if items else None
+    if recorded is None:
         return True
-    recorded = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    return time.time() - recorded > DEMAND_INTERVAL_SECONDS + 0.5
+    return time.time() - recorded.timestamp() > DEMAND_INTERVAL_SECONDS + 0.5
 
 
 def wake_from_zero(stack: Stack, rounds: int) -> dict[str, Any]:

@@ -4,9 +4,9 @@ split at what the cluster shows on the way (``bench.gateway``'s wake row and ``m
 The stretches, on this machine's wall clock (the gateway, the operator, the API server and the client
 share it):
 
-* request -> demand recorded: the gateway holds the request and writes the pool's
-  ``modelpool.dev/demanded-at`` annotation (its value, in milliseconds);
-* demand -> pod created: the operator sees the annotation and creates the worker pod (when a pod watch
+* request -> demand recorded: the gateway holds the request and writes the pool's demand Lease (its
+  ``spec.renewTime``, in microseconds);
+* demand -> pod created: the operator sees the Lease and creates the worker pod (when a pod watch
   started before the request first saw it);
 * pod created -> model loaded: the worker process starts and loads the model (its ``/v2/health/ready``
   first answers 200, polled every 50 ms);
@@ -32,7 +32,8 @@ from typing import Any
 import httpx
 import openai
 
-from modelpool_contract.labels import ANNOTATION_DEMANDED_AT, LABEL_POOL
+from modelpool_contract.demand import demand_lease_name
+from modelpool_contract.labels import LABEL_POOL
 
 
 @dataclass
@@ -72,14 +73,10 @@ class Wake:
         return "; ".join(parts)
 
 
-def _rfc3339(value: str | None) -> float | None:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
-
-
 class WakeWatch:
-    """Watches one pool and its pods from before the request: the first new ``demanded-at`` value (the
-    gateway writes it again every few seconds while it holds requests, so the value read afterwards is
-    not the first), when the first pod appeared, when its worker first said it was ready (polling its
+    """Watches one pool's pods and its demand Lease from before the request: the first new demand (the
+    gateway renews it every few seconds while it holds requests, so the value read afterwards is not the
+    first), when the first pod appeared, when its worker first said it was ready (polling its
     ``/v2/health/ready``) and when the pod first turned Ready."""
 
     def __init__(self, kubeconfig: Path, namespace: str, pool: str) -> None:
@@ -177,26 +174,27 @@ class WakeWatch:
     def _demand(self, api_client: Any, listed: threading.Event) -> None:
         from kubernetes import client
 
-        api = client.CustomObjectsApi(api_client)
+        api = client.CoordinationV1Api(api_client)
         lister = functools.partial(
-            api.list_namespaced_custom_object, "modelpool.dev", "v1alpha1", self._namespace, "modelpools",
-            field_selector=f"metadata.name={self._pool}",
+            api.list_namespaced_lease, self._namespace,
+            field_selector=f"metadata.name={demand_lease_name(self._pool)}",
         )  # fmt: skip
         listing = lister()
-        before = {_annotation(obj) for obj in listing["items"]}
+        before = {_renewed(obj) for obj in listing.items}
         listed.set()
 
-        def seen(obj: dict[str, Any]) -> None:
-            value = _annotation(obj)
-            if self.demanded is None and value and value not in before:
-                self.demanded = _rfc3339(value)
+        def seen(obj: Any) -> None:
+            value = _renewed(obj)
+            if self.demanded is None and value is not None and value not in before:
+                self.demanded = value
 
-        self._follow(lister, listing["metadata"]["resourceVersion"], seen)
+        self._follow(lister, listing.metadata.resource_version, seen)
 
 
-def _annotation(obj: dict[str, Any]) -> str | None:
-    value = (obj["metadata"].get("annotations") or {}).get(ANNOTATION_DEMANDED_AT)
-    return str(value) if value else None
+def _renewed(lease: Any) -> float | None:
+    """A Lease's renewTime (the kubernetes client's model: a datetime), as a wall-clock time."""
+    moment: datetime | None = lease.spec.renew_time if lease.spec else None
+    return moment.timestamp() if moment else None
 
 
 def wake(

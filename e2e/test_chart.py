@@ -126,7 +126,10 @@ def test_rbac_follows_the_scope_and_peering(helm: list[str]) -> None:
         assert (("", "namespaces", "watch") in cluster) == namespaces
         assert not any(verb == "*" or res == "*" for _, res, verb in everything)
         assert ("", "pods/eviction", "create") not in everything
-        assert not [r for r in everything if r[0] == "coordination.k8s.io"]
+        # The demand Leases the gateways write, read per watched namespace; Kopf's peering uses none.
+        leases = {("coordination.k8s.io", "leases", "list"), ("coordination.k8s.io", "leases", "watch")}
+        assert {r for r in namespaced if r[0] == "coordination.k8s.io"} == leases
+        assert not [r for r in cluster if r[0] == "coordination.k8s.io"]
         unpeered = render(helm, *args, "--set", "peering.enabled=false")
         kopf = {
             r
@@ -428,15 +431,18 @@ def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str])
     assert one(docs, "ServiceAccount", GATEWAY)
 
 
-def test_the_gateways_rbac_is_read_pools_and_pods_and_patch_pools_only(helm: list[str]) -> None:
+def test_the_gateways_rbac_is_read_pools_and_pods_and_write_demand_leases_only(helm: list[str]) -> None:
+    """Nothing that writes a ModelPool (its image, its env): the demand goes to a Lease of its own."""
     docs = render(helm)
     rules = _rules(one(docs, "ClusterRole", GATEWAY))
     assert rules == {
         ("modelpool.dev", "modelpools", "list"),
         ("modelpool.dev", "modelpools", "watch"),
-        ("modelpool.dev", "modelpools", "patch"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "update"),
     }
     binding = one(docs, "ClusterRoleBinding", GATEWAY)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": GATEWAY, "namespace": "mp-system"}]

@@ -10,9 +10,7 @@ import pytest
 import yaml
 
 from e2e.helpers import EXAMPLES
-from modelpool_contract.mounts import parse_pvc_source
-from modelpool_contract.tasks import TASK_NAMES
-from modelpool_operator.api import (
+from modelpool_contract.api import (
     API_VERSION,
     MODELBUDGET_KIND,
     MODELPOOL_KIND,
@@ -20,6 +18,8 @@ from modelpool_operator.api import (
     parse_pool_spec,
     source_is_supported,
 )
+from modelpool_contract.mounts import parse_pvc_source
+from modelpool_contract.tasks import TASK_NAMES
 from modelpool_operator.pool import PoolView
 from modelpool_operator.resources import build_worker_pod
 

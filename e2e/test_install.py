@@ -25,6 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.helpers import CHART, EXAMPLES, eventually, require_binary, run
+from modelpool_contract.demand import demand_from_lease, demand_lease_name
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -374,11 +375,15 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
     assert gateway in release.h("get", "notes", release.name, "-n", release.namespace).stdout
 
     account = f"system:serviceaccount:{release.namespace}:{gateway}"
-    allowed = [("list", "modelpools"), ("watch", "modelpools"), ("patch", "modelpools"), ("watch", "pods"),
+    allowed = [("list", "modelpools"), ("watch", "modelpools"), ("watch", "pods"),
+               ("get", "leases.coordination.k8s.io"), ("create", "leases.coordination.k8s.io"),
+               ("update", "leases.coordination.k8s.io"),
                ("list", "secrets"), ("watch", "secrets")]  # fmt: skip
-    denied = [("create", "pods"), ("delete", "modelpools"), ("patch", "pods"), ("get", "secrets"),
-              ("get", "pods"), ("patch", "modelpools --subresource=status"),
-              ("list", "modelbudgets")]  # fmt: skip
+    # Nothing that writes a pool (its image, its env: the operator would roll them out to every worker).
+    denied = [("patch", "modelpools"), ("update", "modelpools"), ("create", "modelpools"),
+              ("create", "pods"), ("delete", "modelpools"), ("patch", "pods"), ("get", "secrets"),
+              ("get", "pods"), ("patch", "modelpools --subresource=status"), ("list", "modelbudgets"),
+              ("delete", "leases.coordination.k8s.io"), ("patch", "leases.coordination.k8s.io")]  # fmt: skip
     for verb, resource in allowed + denied:
         answer = release.k(
             "auth", "can-i", verb, *resource.split(), "-n", release.namespace, "--as", account, check=False
@@ -417,8 +422,10 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
         url + "/v1/embeddings", json={"model": "nope", "input": ["x"]}, headers=headers, timeout=30
     )
     assert unknown.status_code == 404
+    lease = release.get("leases.coordination.k8s.io", demand_lease_name("gw-zero"), "-n", release.namespace)
+    assert demand_from_lease(lease) is not None, "the gateway recorded the demand in the pool's Lease"
     pool = release.get("modelpools", "gw-zero", "-n", release.namespace)
-    assert "modelpool.dev/demanded-at" in pool["metadata"]["annotations"], "the gateway recorded the demand"
+    assert lease["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
 
 
 def test_uninstall_keeps_the_crds(release: Release) -> None:

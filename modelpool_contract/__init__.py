@@ -13,6 +13,14 @@ standard library and pydantic.
 * ``gateway_keys``: the label and data keys of the Secrets that hold the gateway's API keys.
 * ``mounts``: where worker pods mount ``pvc://`` claims and the model cache, and the one parser of
   ``pvc://`` sources.
+* ``api``: the ModelPool and ModelBudget resources as pydantic models (the operator generates the CRDs
+  from them and reconciles with them; the gateway reads pools with them), with ``quantity``, the
+  Kubernetes quantities they validate.
+* ``demand``: the Lease a gateway renews while it holds requests for a pool, which the operator watches
+  to wake a pool at zero.
+
+The gateway imports this package too (never the operator): the labels, the states, the API types and the
+demand Lease.
 
 ``docs/design.md`` ("Contracts") describes each of them.
 """

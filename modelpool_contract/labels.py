@@ -2,8 +2,8 @@
 
 The operator writes them (pod builder, eviction patch), reads them back (worker observation, the pod
 watch's label selector) and a gateway selects serving workers by them; the prefix is also the API group
-of the ModelPool and ModelBudget resources.  One annotation goes the other way: the gateway records
-demand for a pool (``ANNOTATION_DEMANDED_AT``) and the operator wakes a pool at zero for it.
+of the ModelPool and ModelBudget resources.  ``LABEL_POOL`` also names the pool of a demand Lease
+(``modelpool_contract.demand``).
 """
 
 from __future__ import annotations
@@ -31,11 +31,6 @@ ANNOTATION_MEMORY: Final = f"{PREFIX}/memory-bytes"
 ANNOTATION_EVICTING: Final = f"{PREFIX}/evicting"
 #: When the eviction was decided (RFC 3339), so the drain grace is measured across passes and restarts.
 ANNOTATION_EVICTING_SINCE: Final = f"{PREFIX}/evicting-since"
-
-#: On a ModelPool: when a gateway last held a request for the pool (RFC 3339 UTC, milliseconds allowed),
-#: written with a JSON merge patch about every few seconds while requests wait.  A demand newer than the
-#: pool's last scale-down to zero wakes it to one worker.
-ANNOTATION_DEMANDED_AT: Final = f"{PREFIX}/demanded-at"
 
 #: The worker pod's one container, which runs the model server.
 SERVER_CONTAINER: Final = "server"

@@ -9,6 +9,8 @@ was deleted while a watch was down disappears too.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
+from datetime import datetime
 
 from modelpool_gateway.names import NameIndex
 from modelpool_gateway.state import Key, Pool, Worker
@@ -56,10 +58,20 @@ class Registry:
 
     def set_pool(self, pool: Pool) -> None:
         old = self.pools.get(pool.key)
+        if old is not None and pool.demanded_at is None and old.uid == pool.uid:
+            # The watch does not carry the demand (it lives in the pool's Lease): keep what was read.
+            pool = replace(pool, demanded_at=old.demanded_at)
         self.pools[pool.key] = pool
         if old is None or (old.name, old.served_model_name) != (pool.name, pool.served_model_name):
             self.index = NameIndex.build(self.pools.values())
         self._notify(pool.key)
+
+    def record_demand(self, key: Key, at: datetime) -> None:
+        """The demand for the pool as the demand recorder last read or wrote it (for held requests'
+        messages; nothing waits on it, so no one is notified)."""
+        pool = self.pools.get(key)
+        if pool is not None and pool.demanded_at != at:
+            self.pools[key] = replace(pool, demanded_at=at)
 
     def delete_pool(self, key: Key) -> None:
         if self.pools.pop(key, None) is not None:

@@ -1,27 +1,44 @@
-"""Recording demand on a pool that holds requests and has no serving worker (the operator acts on it).
+"""Recording demand for a pool that holds requests and has no serving worker (the operator acts on it).
 
-The gateway writes the annotation ``modelpool.dev/demanded-at`` (RFC 3339, UTC, milliseconds) on the
-ModelPool with a JSON merge patch on ``metadata.annotations``, as soon as a request is held and again
-every ``interval`` while requests stay held.  ``next_write_at`` (pure) decides when: not before
+The gateway renews the pool's demand Lease (``modelpool_contract.demand``: one ``coordination.k8s.io/v1``
+Lease per pool, in its namespace, ``spec.renewTime`` the demand instant with microseconds,
+``spec.holderIdentity`` this replica), as soon as a request is held and again every ``interval`` while
+requests stay held.  It needs get, create and update on leases, nothing on the ModelPool.
+
+Each round reads the Lease first (a GET), then decides with ``next_write_at`` (pure): not before
 ``interval`` after this gateway's own last write, and not before ``interval * (1 + jitter)`` after the
-last write any gateway made (the annotation as the watch shows it).  The jitter (up to ``JITTER``) is
+last write any gateway made (the Lease's ``renewTime`` as just read).  The jitter (up to ``JITTER``) is
 drawn again after each of this gateway's writes, so of several replicas holding requests for the same pool
-the one with the smallest jitter refreshes the demand and the others, seeing its write first, do not come
-due: about one write per interval whatever the number of replicas.  Two replicas write in the same round
-only when their jitters fall within the watch's delay of each other, and since both draw again, that does
-not repeat.  Writes run in one background task per pool, never in a request's path.
+the one with the smallest jitter refreshes the demand and the others, reading its write first, do not come
+due: about one write per interval whatever the number of replicas, and one GET per replica and interval.
+Reading before deciding (rather than watching Leases) costs nothing while no request is held, needs no
+list/watch permission, and the update needs the read's resourceVersion anyway: two replicas that decide
+at once race on it, and the loser's 409 (a create that finds the Lease created, an update whose
+resourceVersion is stale) makes it read again, see the winner's fresh write, and not write.  Writes run in
+one background task per pool, never in a request's path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
-from modelpool_gateway.contract_names import ANNOTATION_DEMANDED_AT, GROUP, MODELPOOL_PLURAL, VERSION
+from modelpool_contract.api import API_VERSION, MODELPOOL_KIND
+from modelpool_contract.demand import (
+    demand_from_lease,
+    demand_lease,
+    demand_lease_name,
+    demand_pool,
+    micro_time,
+    renew,
+)
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.state import Key, Pool
 
@@ -29,29 +46,66 @@ log = logging.getLogger("modelpool.gateway.demand")
 
 # Up to this fraction of the interval longer before another replica's write counts as old.
 JITTER = 0.2
+REQUEST_TIMEOUT_S = 10
+# Conflicts in a row after which a round waits an interval instead of reading again at once.
+MAX_CONFLICTS = 3
 
-
-def demand_time(moment: datetime) -> str:
-    """RFC 3339 in UTC with milliseconds: replicas compare each other's writes to well under a second."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+JSON = dict[str, Any]
+Outcome = Literal["written", "conflict", "error"]
 
 
 def next_write_at(
     written_by_us: datetime | None,
-    seen_on_pool: datetime | None,
+    seen_on_lease: datetime | None,
     interval: timedelta,
     jitter: float = 0.0,
 ) -> datetime | None:
     """When this gateway should (re)write the demand; None: at once (no write is known)."""
     due = [t + interval for t in (written_by_us,) if t is not None]
     # A future timestamp (another node's clock ahead) counts as fresh until it is interval old.
-    due += [t + interval * (1 + jitter) for t in (seen_on_pool,) if t is not None]
+    due += [t + interval * (1 + jitter) for t in (seen_on_lease,) if t is not None]
     return max(due) if due else None
 
 
-def demand_patch(now: datetime) -> dict[str, Any]:
-    """The JSON merge patch that records demand at ``now``."""
-    return {"metadata": {"annotations": {ANNOTATION_DEMANDED_AT: demand_time(now)}}}
+@dataclass(frozen=True)
+class Answer:
+    """An API server's answer: the status code and the JSON document (None when not JSON)."""
+
+    status: int
+    doc: JSON | None
+
+
+class LeaseClient:
+    """The three Lease calls the recorder makes, answering plain status codes and JSON (no exceptions for
+    4xx: a 404 or a 409 is an expected answer here)."""
+
+    def __init__(self, coordination: Any) -> None:
+        self._api = coordination  # kubernetes_asyncio CoordinationV1Api
+
+    async def _call(self, method: Callable[..., Any], *args: Any) -> Answer:
+        response = await method(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S)
+        try:
+            raw = await response.read()
+        finally:
+            response.release()
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        return Answer(response.status, doc if isinstance(doc, dict) else None)
+
+    async def read(self, namespace: str, name: str) -> Answer:
+        return await self._call(self._api.read_namespaced_lease, name, namespace)
+
+    async def create(self, namespace: str, body: JSON) -> Answer:
+        return await self._call(self._api.create_namespaced_lease, namespace, body)
+
+    async def replace(self, namespace: str, name: str, body: JSON) -> Answer:
+        return await self._call(self._api.replace_namespaced_lease, name, namespace, body)
+
+
+def _message(answer: Answer) -> str:
+    return str((answer.doc or {}).get("message") or answer.status)[:300]
 
 
 class DemandRecorder:
@@ -59,22 +113,28 @@ class DemandRecorder:
 
     def __init__(
         self,
-        api: Any,
+        leases: LeaseClient,
         *,
         pools: Callable[[Key], Pool | None],
         wanted: Callable[[Key], bool],
         metrics: Metrics,
         interval_s: float,
+        holder: str,
+        seen: Callable[[Key, datetime], None] = lambda key, at: None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self._api = api  # kubernetes_asyncio CustomObjectsApi
+        self._leases = leases
         self._pools = pools
         self._wanted = wanted
         self._metrics = metrics
         self._interval = timedelta(seconds=interval_s)
+        self._holder = holder
+        self._seen = seen  # told the demand time each read finds (for held requests' messages)
         self._clock = clock
+        self._duration_s = max(1, math.ceil(interval_s * (1 + JITTER)))
         self._jitter: dict[Key, float] = {}
         self._written: dict[Key, datetime] = {}
+        self._conflicts: dict[Key, int] = {}
         self._tasks: dict[Key, asyncio.Task[None]] = {}
 
     def note(self, key: Key) -> None:
@@ -86,40 +146,98 @@ class DemandRecorder:
 
     async def _refresh(self, key: Key) -> None:
         while self._wanted(key):
-            pool = self._pools(key)
-            if pool is None:
+            wait = await self.round(key)
+            if wait is None:
                 return
-            now = self._clock()
-            jitter = self._jitter.setdefault(key, random.uniform(0, JITTER))
-            due = next_write_at(self._written.get(key), pool.demanded_at, self._interval, jitter)
-            if due is not None and now < due:
-                # Woken early is harmless: the due time is recomputed from what the watch saw since.
-                await asyncio.sleep(min((due - now).total_seconds(), self._interval.total_seconds()))
-                continue
-            await self._write(key, now)  # a failed write is tried again an interval later
-            self._jitter[key] = random.uniform(0, JITTER)
+            if wait > 0:
+                # Woken early is harmless: the next round reads the Lease again.
+                await asyncio.sleep(wait)
 
-    async def _write(self, key: Key, now: datetime) -> None:
+    async def round(self, key: Key) -> float | None:
+        """Read the pool's Lease, write it when due; seconds until the next round (None: the pool is gone
+        or has an invalid spec, the operator starts no worker for it)."""
+        pool = self._pools(key)
+        if pool is None or pool.invalid is not None:
+            return None
+        lease = await self._read(key)
+        now = self._clock()
+        if lease is False:  # unreadable: counted; tried again an interval later
+            self._written[key] = now
+            return self._interval.total_seconds()
+        seen = demand_from_lease(lease) if lease is not None else None
+        if seen is not None:
+            self._seen(key, seen)
+        jitter = self._jitter.setdefault(key, random.uniform(0, JITTER))
+        due = next_write_at(self._written.get(key), seen, self._interval, jitter)
+        if due is not None and now < due:
+            return min((due - now).total_seconds(), self._interval.total_seconds())
+        outcome = await self.attempt(pool, lease, now)
+        if outcome == "conflict":
+            self._conflicts[key] = self._conflicts.get(key, 0) + 1
+            if self._conflicts[key] < MAX_CONFLICTS:
+                return 0.0  # another replica wrote first: read again at once, and find it fresh
+            self._written[key] = now  # never fresh when read again: not a race, give it an interval
+            self._failed(key, "write", f"{MAX_CONFLICTS} conflicts in a row")
+        self._conflicts.pop(key, None)
+        self._jitter[key] = random.uniform(0, JITTER)
+        return self._interval.total_seconds()
+
+    async def _read(self, key: Key) -> JSON | Literal[False] | None:
+        """The pool's Lease (None: there is none yet; False: the read failed, counted and logged)."""
         namespace, name = key
-        label = f"{namespace}/{name}"
-        self._written[key] = now
         try:
-            await self._api.patch_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                namespace,
-                MODELPOOL_PLURAL,
-                name,
-                demand_patch(now),
-                _content_type="application/merge-patch+json",
-            )
+            answer = await self._leases.read(namespace, demand_lease_name(name))
         except Exception as exc:
-            status = getattr(exc, "status", None)
-            self._metrics.of(self._metrics.demand_writes, label, "error").inc()
-            log.warning("recording demand on %s failed (%s): %s", label, status, str(exc)[:300])
-            return
-        self._metrics.of(self._metrics.demand_writes, label, "ok").inc()
-        log.info("recorded demand on %s at %s", label, demand_time(now))
+            return self._failed(key, "read", str(exc))
+        if answer.status == 404:
+            return None
+        if answer.status != 200 or answer.doc is None:
+            return self._failed(key, "read", f"{answer.status}: {_message(answer)}")
+        if demand_pool(answer.doc) != name:
+            reason = f"{demand_lease_name(name)} exists and is not this pool's demand Lease (its labels)"
+            return self._failed(key, "read", reason)
+        return answer.doc
+
+    async def attempt(self, pool: Pool, lease: JSON | None, now: datetime) -> Outcome:
+        """Record demand at ``now``: create the Lease when ``lease`` (as last read) is None, else update it
+        from that read.  ``conflict``: another writer got there first (409)."""
+        namespace, name = pool.key
+        try:
+            if lease is None:
+                body = demand_lease(
+                    pool=name,
+                    pool_uid=pool.uid,
+                    moment=now,
+                    holder=self._holder,
+                    duration_s=self._duration_s,
+                    pool_api_version=API_VERSION,
+                    pool_kind=MODELPOOL_KIND,
+                )
+                answer = await self._leases.create(namespace, body)
+            else:
+                body = renew(lease, moment=now, holder=self._holder, duration_s=self._duration_s)
+                answer = await self._leases.replace(namespace, demand_lease_name(name), body)
+        except Exception as exc:
+            self._written[pool.key] = now
+            self._failed(pool.key, "write", str(exc))
+            return "error"
+        if answer.status == 409:
+            log.debug("demand on %s/%s: another writer first (%s)", namespace, name, _message(answer))
+            return "conflict"
+        self._written[pool.key] = now
+        if answer.status not in (200, 201):
+            self._failed(pool.key, "write", f"{answer.status}: {_message(answer)}")
+            return "error"
+        self._metrics.of(self._metrics.demand_writes, f"{namespace}/{name}", "ok").inc()
+        self._seen(pool.key, now)
+        log.info("recorded demand on %s/%s at %s", namespace, name, micro_time(now))
+        return "written"
+
+    def _failed(self, key: Key, what: str, reason: str) -> Literal[False]:
+        label = f"{key[0]}/{key[1]}"
+        self._metrics.of(self._metrics.demand_writes, label, "error").inc()
+        log.warning("recording demand on %s failed (%s): %s", label, what, reason[:300])
+        return False
 
     async def close(self) -> None:
         for task in list(self._tasks.values()):
@@ -130,3 +248,4 @@ class DemandRecorder:
         """The pool was deleted."""
         self._written.pop(key, None)
         self._jitter.pop(key, None)
+        self._conflicts.pop(key, None)

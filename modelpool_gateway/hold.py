@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from modelpool_gateway.contract_names import SERVING_STATES, STARTING_STATES
+from modelpool_contract.states import SERVING_STATES, STARTING_STATES
 from modelpool_gateway.state import Key, Pool, WorkerState, rfc3339
 
 # A released request lets the next one go as soon as it has been written to its worker; this bounds the
@@ -65,6 +65,11 @@ def hold_reason(pool: Pool | None, now: datetime) -> HoldReason:
     if pool is None:
         return HoldReason("pool_deleted", "the pool was deleted while the request waited")
     name = f"{pool.namespace}/{pool.name}"
+    if pool.invalid is not None:
+        return HoldReason(
+            "invalid_spec",
+            f"pool {name} has an invalid spec ({pool.invalid}): the operator starts no worker for it",
+        )
     if pool.budget_exceeded:
         # Not the condition's own message: its numbers (memory free and in use across the cluster) tell a
         # caller about other tenants' pools.  The pool's owner reads them with kubectl describe.

@@ -24,7 +24,7 @@ from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.config import ConfigError, GatewaySettings, load_settings
-from modelpool_gateway.demand import DemandRecorder
+from modelpool_gateway.demand import DemandRecorder, LeaseClient
 from modelpool_gateway.hold import Holds
 from modelpool_gateway.keys import KeyStore, key_namespaces, key_watch
 from modelpool_gateway.metrics import Metrics
@@ -82,6 +82,12 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def replica_identity() -> str:
+    """This replica, as the demand Lease's holderIdentity: the host name (in a pod, the pod's name) and the
+    process id (several gateways on one host, as in the tests)."""
+    return f"{socket.gethostname()}_{os.getpid()}"
+
+
 def _watches(settings: GatewaySettings, registry: Registry, api: client.ApiClient) -> list[WatchSpec]:
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     scopes: list[str | None] = list(dict.fromkeys(settings.namespaces)) or [None]
@@ -106,11 +112,13 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     registry, metrics = Registry(), Metrics()
     holds = Holds(settings.max_held_per_pool, registry.has_routable)
     demand = DemandRecorder(
-        client.CustomObjectsApi(api),
+        LeaseClient(client.CoordinationV1Api(api)),
         pools=registry.pool,
         wanted=lambda key: holds.held(key) > 0,
         metrics=metrics,
         interval_s=settings.demand_interval_seconds,
+        holder=replica_identity(),
+        seen=registry.record_demand,
     )
 
     def changed(key: Key) -> None:

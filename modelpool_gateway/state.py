@@ -1,7 +1,10 @@
 """Pure views of the API objects the gateway watches: a worker pod as an endpoint, a ModelPool as a pool.
 
 ``worker_from_pod`` and ``pool_from_object`` take the plain JSON dicts the API server sends and keep only
-what routing, holding and explaining need, so the cache holds small frozen objects, not whole pods.
+what routing, holding and explaining need, so the cache holds small frozen objects, not whole pods.  A
+pool's spec and status are read with the operator's own pydantic models (``modelpool_contract.api``), so
+the gateway's idea of a pool (its alias, its hold time, whether the operator wakes it) cannot drift from
+the operator's.
 """
 
 from __future__ import annotations
@@ -11,20 +14,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from modelpool_gateway.contract_names import (
-    ANNOTATION_DEMANDED_AT,
-    CONDITION_BUDGET_EXCEEDED,
-    CONDITION_DEGRADED,
+from pydantic import ValidationError
+
+from modelpool_contract.api import (
     DEFAULT_ACTIVATION_TIMEOUT_SECONDS,
-    DEFAULT_MAX_REPLICAS,
-    DEFAULT_MIN_REPLICAS,
-    DEFAULT_REPLICAS,
-    DEFAULT_SERVER_PORT,
-    HTTP_PORT_NAME,
-    LABEL_POOL,
-    LABEL_SERVING,
-    SERVER_CONTAINER,
+    ModelPoolStatus,
+    WorkerStatus,
+    parse_pool_spec,
+    parse_pool_status,
+    replica_ceiling,
 )
+from modelpool_contract.flags import WORKER_PORT
+from modelpool_contract.labels import HTTP_PORT_NAME, LABEL_POOL, LABEL_SERVING, SERVER_CONTAINER
+
+# Pool status conditions the gateway explains a held request with (``api.ConditionType``).
+CONDITION_BUDGET_EXCEEDED = "BudgetExceeded"
+CONDITION_DEGRADED = "Degraded"
 
 # (namespace, name) of a pool or a pod.
 Key = tuple[str, str]
@@ -101,6 +106,9 @@ class Pool:
     task: str | None = None
     activation_timeout_s: float = float(DEFAULT_ACTIVATION_TIMEOUT_SECONDS)
     created: datetime | None = None
+    # The pool object's uid: the demand Lease is owned by it (deleted with the pool).
+    uid: str | None = None
+    # When a gateway last recorded demand, as this gateway last read or wrote it (the demand Lease).
     demanded_at: datetime | None = None
     phase: str | None = None
     workers: tuple[WorkerState, ...] = ()
@@ -112,6 +120,8 @@ class Pool:
     # Whether the operator starts a worker for recorded demand when the pool is at zero: its ceiling
     # (maxReplicas while autoscaling, else spec.replicas) is at least one.
     wakes_on_demand: bool = True
+    # Why the spec does not parse (None: it does); such a pool is routed to by name only and never held.
+    invalid: str | None = None
 
     @property
     def key(self) -> Key:
@@ -127,7 +137,7 @@ def _container_port(spec: Mapping[str, Any]) -> int:
             number = port.get("containerPort")
             if isinstance(number, int) and 0 < number < 65536:
                 return number
-    return DEFAULT_SERVER_PORT
+    return WORKER_PORT  # the operator's worker port when a pod names none
 
 
 def _pod_ready(status: Mapping[str, Any]) -> bool:
@@ -154,76 +164,67 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker | None:
     )
 
 
-def _true_condition(status: Mapping[str, Any], kind: str) -> str | None:
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == kind and cond.get("status") == "True":
-            return str(cond.get("message") or cond.get("reason") or kind)
+def _true_condition(status: ModelPoolStatus, kind: str) -> str | None:
+    for cond in status.conditions:
+        if cond.type == kind and cond.status == "True":
+            return cond.message or cond.reason or kind
     return None
 
 
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _worker_state(entry: Mapping[str, Any]) -> WorkerState:
-    progress = entry.get("loadProgress")
+def _worker_state(entry: WorkerStatus) -> WorkerState:
     return WorkerState(
-        name=str(entry.get("name") or ""),
-        state=str(entry.get("state") or ""),
-        since=parse_time(entry.get("since")),
-        queue_depth=_int_or_none(entry.get("queueDepth")),
-        reason=entry.get("reason") or None,
-        message=entry.get("message") or None,
-        load_progress=float(progress) if isinstance(progress, int | float) else None,
+        name=entry.name,
+        state=entry.state,
+        since=parse_time(entry.since),
+        queue_depth=entry.queue_depth,
+        reason=entry.reason or None,
+        message=entry.message or None,
+        load_progress=entry.load_progress,
     )
 
 
-def _activation_timeout(spec: Mapping[str, Any]) -> float:
-    value = spec.get("activationTimeoutSeconds")
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return float(DEFAULT_ACTIVATION_TIMEOUT_SECONDS)
-
-
-def _int(spec: Mapping[str, Any], name: str, default: int) -> int:
-    value = spec.get(name)
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def wakes_on_demand(spec: Mapping[str, Any]) -> bool:
-    """The operator's rule (``planner.autoscale``): a pool at zero gets a worker for fresh demand when its
-    ceiling, maxReplicas while autoscaling (on by default when maxReplicas > minReplicas) and spec.replicas
-    otherwise, is at least one."""
-    replicas = _int(spec, "replicas", DEFAULT_REPLICAS)
-    low, high = (
-        _int(spec, "minReplicas", DEFAULT_MIN_REPLICAS),
-        _int(spec, "maxReplicas", DEFAULT_MAX_REPLICAS),
-    )
-    enabled = (spec.get("autoscaling") or {}).get("enabled")
-    autoscaling = high > low if not isinstance(enabled, bool) else enabled
-    return (high if autoscaling else replicas) >= 1
+def spec_error(exc: ValidationError) -> str:
+    """The first thing wrong with a spec, as ``spec.field.path: message`` (pydantic's locations in camelCase,
+    the names ``kubectl explain`` shows)."""
+    errors = exc.errors()
+    if not errors:
+        return str(exc)[:300]
+    first = errors[0]
+    path = ".".join(str(part) for part in ("spec", *first.get("loc", ())))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{path}: {first.get('msg', 'invalid')}{more}"
 
 
 def pool_from_object(obj: Mapping[str, Any]) -> Pool:
-    """The pool view of a ModelPool object (spec and status as the API server stores them)."""
+    """The pool view of a ModelPool object, read with the operator's own models (``modelpool_contract.api``).
+
+    A spec those models refuse (the CRD should have: an old CRD, or a pool stored before a validation was
+    added) never fails the watch: the pool is kept under its name, with ``invalid`` saying why, no alias, no
+    hold time and no wake on demand (the operator starts no worker for it, and leaves the ones it has:
+    requests still go to its serving workers)."""
     meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    workers = tuple(_worker_state(w) for w in status.get("workers") or [] if isinstance(w, Mapping))
-    served = spec.get("servedModelName")
+    status = parse_pool_status(obj.get("status"))
+    workers = tuple(_worker_state(w) for w in status.workers)
+    common: dict[str, Any] = {
+        "namespace": str(meta.get("namespace") or ""),
+        "name": str(meta.get("name") or ""),
+        "uid": str(meta["uid"]) if meta.get("uid") else None,
+        "created": parse_time(meta.get("creationTimestamp")),
+        "phase": status.phase,
+        "workers": workers,
+        "budget_exceeded": _true_condition(status, CONDITION_BUDGET_EXCEEDED),
+        "degraded": _true_condition(status, CONDITION_DEGRADED),
+        "backoff_until": parse_time(status.backoff.next_attempt_after),
+        "queue_depths": {w.name: w.queue_depth for w in workers if w.queue_depth is not None},
+    }
+    try:
+        spec = parse_pool_spec(obj.get("spec") or {})
+    except ValidationError as exc:
+        return Pool(**common, activation_timeout_s=0.0, wakes_on_demand=False, invalid=spec_error(exc))
     return Pool(
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
-        served_model_name=str(served) if served else None,
-        task=(spec.get("model") or {}).get("task"),
-        activation_timeout_s=_activation_timeout(spec),
-        created=parse_time(meta.get("creationTimestamp")),
-        demanded_at=parse_time((meta.get("annotations") or {}).get(ANNOTATION_DEMANDED_AT)),
-        phase=status.get("phase") or None,
-        workers=workers,
-        budget_exceeded=_true_condition(status, CONDITION_BUDGET_EXCEEDED),
-        degraded=_true_condition(status, CONDITION_DEGRADED),
-        backoff_until=parse_time((status.get("backoff") or {}).get("nextAttemptAfter")),
-        queue_depths={w.name: w.queue_depth for w in workers if w.queue_depth is not None},
-        wakes_on_demand=wakes_on_demand(spec),
+        **common,
+        served_model_name=spec.served_model_name,
+        task=spec.model.task,
+        activation_timeout_s=float(spec.activation_timeout_seconds),
+        wakes_on_demand=replica_ceiling(spec) >= 1,
     )

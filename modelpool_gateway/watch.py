@@ -20,8 +20,9 @@ from typing import Any
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from modelpool_contract.api import GROUP, MODELPOOL_PLURAL, VERSION
+from modelpool_contract.labels import LABEL_POOL
 from modelpool_gateway.cache import Registry
-from modelpool_gateway.contract_names import GROUP, LABEL_POOL, MODELPOOL_PLURAL, VERSION
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.state import pool_from_object, worker_from_pod
 

@@ -22,14 +22,16 @@ from model_server.server import ModelServer
 from model_server.sources import resolve
 from model_server.state_machine import SERVING, State
 from model_server.tasks import REGISTRY
+from modelpool_contract.api import API_VERSION, MODELPOOL_KIND, ModelSpec, WorkerStatus
+from modelpool_contract.demand import LABEL_DEMAND, demand_lease, renew
 from modelpool_contract.exits import EXIT_LOAD_FAILED
 from modelpool_contract.flags import ServerArgs
-from modelpool_contract.labels import ANNOTATION_DEMANDED_AT
+from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.mounts import PVC_MOUNT_ROOT, PvcSource, PvcSourceError, parse_pvc_source
 from modelpool_contract.states import SERVING_STATES, WORKER_STATES
 from modelpool_contract.stats import WorkerStats
 from modelpool_contract.tasks import TASK_NAMES, TaskName
-from modelpool_operator.api import ModelSpec, WorkerStatus
+from modelpool_gateway.state import pool_from_object
 from modelpool_operator.pool import PoolView
 from modelpool_operator.resources import PodSettings, build_worker_pod, server_args
 from modelpool_operator.worker_state import observe_worker
@@ -180,26 +182,48 @@ def test_the_labels_the_pod_builder_writes_are_the_ones_observation_reads() -> N
 
 
 def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
-    """A gateway writes ``modelpool.dev/demanded-at`` (RFC 3339 UTC, milliseconds allowed) on the pool with
-    a JSON merge patch; the operator's view of the pool carries it as a time."""
-    body = _pool_body(annotations={ANNOTATION_DEMANDED_AT: "2026-01-01T12:00:00.250Z"})
-    assert PoolView.from_body(body).demanded_at == NOW.replace(microsecond=250_000)
-    assert PoolView.from_body(_pool_body(annotations={ANNOTATION_DEMANDED_AT: "soon"})).demanded_at is None
-    assert PoolView.from_body(_pool_body()).demanded_at is None
+    """A gateway creates, then renews, the pool's demand Lease (``modelpool_contract.demand``); the operator's
+    index of demand Leases and its view of the pool carry its renewTime, to the microsecond."""
+    from modelpool_operator.handlers import demand_by_pool
+    from modelpool_operator.reconcile import demanded_at
+
+    first, later = NOW.replace(microsecond=250_123), NOW.replace(second=5, microsecond=7)
+    lease = demand_lease(
+        pool="emb",
+        pool_uid="u-1",
+        moment=first,
+        holder="gw-a",
+        duration_s=6,
+        pool_api_version=API_VERSION,
+        pool_kind=MODELPOOL_KIND,
+    )
+    assert lease["spec"]["renewTime"] == "2026-01-01T12:00:00.250123Z"
+    assert lease["metadata"]["labels"] == {LABEL_POOL: "emb", LABEL_DEMAND: "true"}
+    owner = lease["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["uid"], owner.get("blockOwnerDeletion")) == ("ModelPool", "u-1", None)
+    assert demand_by_pool(namespace="ns", body=lease) == {("ns", "emb"): first}
+    renewed = renew(lease, moment=later, holder="gw-b", duration_s=6)
+    assert renewed["metadata"] == lease["metadata"] and renewed["spec"]["holderIdentity"] == "gw-b"
+    index = {("ns", "emb"): [demand_by_pool(namespace="ns", body=renewed)[("ns", "emb")]]}
+    assert (
+        PoolView.from_body(_pool_body(), demanded_at=demanded_at(index, ("ns", "emb"))).demanded_at == later
+    )
+    assert demanded_at(index, ("ns", "other")) is None
+    # A Lease without the demand label is not one (the index leaves it out).
+    del lease["metadata"]["labels"][LABEL_DEMAND]
+    assert demand_by_pool(namespace="ns", body=lease) == {}
 
 
-def test_the_gateways_copies_of_the_operator_api_agree() -> None:
-    """The gateway must not import the operator (kopf); what it copies from the operator's API stays equal."""
-    from modelpool_gateway import contract_names as gw
-    from modelpool_operator import api
-
-    assert (gw.GROUP, gw.VERSION, gw.MODELPOOL_PLURAL) == (api.GROUP, api.VERSION, api.MODELPOOL_PLURAL)
-    assert gw.DEFAULT_ACTIVATION_TIMEOUT_SECONDS == api.DEFAULT_ACTIVATION_TIMEOUT_SECONDS
-    assert {gw.CONDITION_BUDGET_EXCEEDED, gw.CONDITION_DEGRADED} <= set(get_args(api.ConditionType))
-    assert PodSettings().port == gw.DEFAULT_SERVER_PORT
-    fields = api.ModelPoolSpec.model_fields
-    defaults = (fields["replicas"].default, fields["min_replicas"].default, fields["max_replicas"].default)
-    assert defaults == (gw.DEFAULT_REPLICAS, gw.DEFAULT_MIN_REPLICAS, gw.DEFAULT_MAX_REPLICAS)
+def test_the_gateway_reads_a_pool_with_the_operators_models() -> None:
+    """One definition of the API: the gateway's pool view comes from ``modelpool_contract.api``, as the
+    operator's does; the defaults it holds a request with are the spec's."""
+    body = _pool_body()
+    body["spec"]["servedModelName"] = "org/emb"
+    gateway, operator = pool_from_object(body), PoolView.from_body(body)
+    assert gateway.served_model_name == operator.spec.served_model_name == "org/emb"
+    assert gateway.activation_timeout_s == operator.spec.activation_timeout_seconds
+    assert gateway.task == operator.spec.model.task and gateway.uid == operator.uid == "u-1"
+    assert gateway.invalid is None
 
 
 @pytest.mark.parametrize(
@@ -213,13 +237,23 @@ def test_the_gateways_copies_of_the_operator_api_agree() -> None:
     ],
 )
 def test_the_gateway_knows_which_pools_the_operator_wakes_from_zero(spec: dict[str, Any]) -> None:
-    from modelpool_gateway.state import wakes_on_demand
-    from modelpool_operator.api import autoscaling_enabled, parse_pool_spec
+    """The operator's planner wakes a pool at zero for fresh demand exactly when the gateway says it will."""
+    from modelpool_operator.budget import build_ledger
+    from modelpool_operator.planner.autoscale import wake_on_demand
+    from modelpool_operator.planner.draft import Draft
 
-    full = {"model": {"source": "/m", "task": "text-embedding"}, "resources": {"memory": "1Gi"}, **spec}
-    parsed = parse_pool_spec(full)
-    ceiling = parsed.max_replicas if autoscaling_enabled(parsed) else parsed.replicas
-    assert wakes_on_demand(spec) is (ceiling >= 1)
+    body = _pool_body()
+    body["spec"] = {
+        "model": {"source": "/m", "task": "text-embedding"},
+        "resources": {"memory": "1Gi"},
+        **spec,
+    }
+    # Created a minute before the demand, at zero since.
+    body["metadata"]["creationTimestamp"] = "2026-01-01T11:59:00Z"
+    draft = Draft(PoolView.from_body(body, demanded_at=NOW), [], build_ledger(None, [], ()), NOW)
+    draft.target = 0
+    wake_on_demand(draft)
+    assert pool_from_object(body).wakes_on_demand is (draft.target == 1)
 
 
 def test_the_gateway_imports_neither_half_nor_torch_nor_kopf() -> None:

@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from modelpool_operator.api import ModelBudgetStatus, PoolShare
+from modelpool_contract.api import ModelBudgetStatus, PoolShare
+from modelpool_contract.quantity import format_quantity
 from modelpool_operator.pool import PoolKey
-from modelpool_operator.quantity import format_quantity
 from modelpool_operator.worker_state import ObservedWorker
 
 WorkerKey = tuple[str, str]  # (namespace, pod name)

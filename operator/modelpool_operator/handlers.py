@@ -6,20 +6,31 @@ event's diff, so a missed event or an operator restart loses nothing. Events onl
 is a few lines: the pass itself lives in ``reconcile``, the decisions in ``planner``/``worker_state``.
 
 The indices are Kopf's typed index parameters (``kopf.Index``), named after their functions: the pods
-by pool (slimmed), the other pools parsed once when indexed (``OtherPool``), the budgets' specs.
+by pool (slimmed), the other pools parsed once when indexed (``OtherPool``), the budgets' specs, and the
+demand the gateways recorded, by pool (their demand Leases' renewTime, ``modelpool_contract.demand``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 import kopf
 
+from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELPOOL_PLURAL, VERSION
+from modelpool_contract.demand import (
+    DEMAND_SELECTOR,
+    LABEL_DEMAND,
+    LEASE_GROUP,
+    LEASE_PLURAL,
+    LEASE_VERSION,
+    demand_from_lease,
+    demand_pool,
+)
 from modelpool_contract.labels import LABEL_POOL
 from modelpool_operator import kube as kube_api
-from modelpool_operator.api import GROUP, MODELBUDGET_PLURAL, MODELPOOL_PLURAL, VERSION
 from modelpool_operator.events import Event
 from modelpool_operator.observation import ObservationCache, slim_pod
 from modelpool_operator.pool import OtherPool, PoolKey
@@ -34,10 +45,14 @@ _ERROR_DELAY_S = 5.0
 _COALESCE_S = 0.3
 _POOLS = (GROUP, VERSION, MODELPOOL_PLURAL)
 _BUDGETS = (GROUP, VERSION, MODELBUDGET_PLURAL)
+_LEASES = (LEASE_GROUP, LEASE_VERSION, LEASE_PLURAL)
+# Only the demand Leases (the API server filters too: see ``startup``).
+_DEMAND = {LABEL_DEMAND: "true"}
 
 PodsIndex = kopf.Index[PoolKey, dict[str, Any]]
 PoolsIndex = kopf.Index[PoolKey, OtherPool]
 BudgetsIndex = kopf.Index[str, dict[str, Any]]
+DemandIndex = kopf.Index[PoolKey, datetime]
 _T = TypeVar("_T")
 
 
@@ -67,6 +82,8 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Lo
     state = _state(memo)
     config = state.config
     apply_to_kopf(config, settings)
+    # Watch only the demand Leases (a cluster's nodes renew a Lease each every few seconds).
+    settings.watching.label_selectors[LEASE_GROUP, LEASE_PLURAL] = DEMAND_SELECTOR
     if config.metrics_port:
         state.metrics.serve(config.metrics_port)
     state.kube = await kube_api.connect(config.request_timeout_seconds, state.metrics.api_error)
@@ -124,6 +141,13 @@ def budgets_by_name(*, name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[s
     return {name: dict(spec)}
 
 
+@kopf.index(*_LEASES, labels=_DEMAND)
+def demand_by_pool(*, namespace: str | None, body: kopf.Body, **_: Any) -> dict[PoolKey, datetime]:
+    """When a gateway last recorded demand for each pool: its demand Lease's renewTime."""
+    pool, at = demand_pool(body), demand_from_lease(body)
+    return {} if pool is None or at is None else {(namespace or "", pool): at}
+
+
 # ---- watch events only wake the daemons ---------------------------------------------------------------
 
 
@@ -142,6 +166,14 @@ def pod_changed(
 @kopf.on.event(*_POOLS)
 def pool_changed(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     _state(memo).poke((namespace or "", name))
+
+
+@kopf.on.event(*_LEASES, labels=_DEMAND)
+def demand_changed(*, namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """A gateway recorded demand: the pool's loop looks at once (a pool at zero wakes in this pass)."""
+    pool = demand_pool(body)
+    if pool:
+        _state(memo).poke((namespace or "", pool))
 
 
 @kopf.on.event(*_BUDGETS)
@@ -164,11 +196,13 @@ async def pool_daemon(
     pods_by_pool: PodsIndex | None = None,
     pools_by_key: PoolsIndex | None = None,
     budgets_by_name: BudgetsIndex | None = None,
+    demand_by_pool: DemandIndex | None = None,
     **_: Any,
 ) -> None:
     pods = _index(pods_by_pool, "pods_by_pool")
     pools = _index(pools_by_key, "pools_by_key")
     budgets = _index(budgets_by_name, "budgets_by_name")
+    demand = _index(demand_by_pool, "demand_by_pool")
     state = _state(memo)
     run = PoolRun(key=(namespace or "", name))
     wakeup = state.wakeup(run.key)
@@ -177,7 +211,13 @@ async def pool_daemon(
             delay = state.config.stats_interval_seconds
             try:
                 plan = await reconcile_pool(
-                    state, run=run, body=body, pods_by_pool=pods, pools_by_key=pools, budgets=budgets
+                    state,
+                    run=run,
+                    body=body,
+                    pods_by_pool=pods,
+                    pools_by_key=pools,
+                    budgets=budgets,
+                    demand=demand,
                 )
                 if plan is not None and plan.requeue_after is not None:
                     delay = min(delay, max(plan.requeue_after, 0.2))

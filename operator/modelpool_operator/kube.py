@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from modelpool_operator.api import GROUP, MODELBUDGET_PLURAL, MODELPOOL_PLURAL, VERSION
+from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELPOOL_PLURAL, VERSION
 
 logger = logging.getLogger(__name__)
 

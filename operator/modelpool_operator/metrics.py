@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
+from modelpool_contract.api import ModelPoolStatus
 from modelpool_contract.states import WORKER_STATES
-from modelpool_operator.api import ModelPoolStatus
 from modelpool_operator.pool import PoolKey
 from modelpool_operator.worker_state import FAILURE_REASONS
 

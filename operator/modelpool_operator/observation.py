@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from modelpool_operator.api import parse_budget_spec
+from modelpool_contract.api import parse_budget_spec
 from modelpool_operator.budget import Ledger, ReservationBook, build_ledger
 from modelpool_operator.pool import OtherPool, PoolKey
 from modelpool_operator.worker_state import LifecycleSettings, ObservedWorker, observe_worker

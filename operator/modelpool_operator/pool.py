@@ -1,9 +1,9 @@
 """A ModelPool as the operator works with it: parsed once, from the object Kopf hands over.
 
 * ``PoolView``: the pool being reconciled: identity, spec, generation, last status, the template hash
-  of its spec, and the demand a gateway recorded on it (``modelpool.dev/demanded-at``).  The
-  reconciliation pass parses the body into one, and everything downstream (planner, pod and Service
-  builders) takes the parsed view, never the raw body.
+  of its spec, and the demand a gateway recorded for it (its demand Lease, ``modelpool_contract.demand``,
+  as the demand index shows it).  The reconciliation pass parses the body into one, and everything
+  downstream (planner, pod and Service builders) takes the parsed view, never the raw body.
 * ``OtherPool``: another pool, as far as budget preemption needs to know it (priority, minReplicas, the
   memory it waits for).  The pools index stores these, parsed once per watch event of that pool.
 * ``template_hash``: the hash of the spec fields that shape a worker pod; a worker whose hash differs is
@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from modelpool_contract.labels import ANNOTATION_DEMANDED_AT
-from modelpool_operator.api import ModelPoolSpec, ModelPoolStatus, parse_pool_spec, parse_pool_status
+from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus, parse_pool_spec, parse_pool_status
 from modelpool_operator.times import parse_time
 from modelpool_operator.worker_state import ObservedWorker
 
@@ -70,8 +69,9 @@ class PoolView:
     demanded_at: datetime | None = None
 
     @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> PoolView:
-        """From a ModelPool object (metadata, spec, status); raises ``ValueError`` for an invalid spec."""
+    def from_body(cls, body: Mapping[str, Any], demanded_at: datetime | None = None) -> PoolView:
+        """From a ModelPool object (metadata, spec, status) and the demand its Lease records (the demand
+        index's); raises ``ValueError`` for an invalid spec."""
         namespace, name, meta = _identity(body)
         spec = parse_pool_spec(body.get("spec") or {})
         return cls(
@@ -83,7 +83,7 @@ class PoolView:
             template_hash=template_hash(spec),
             uid=str(meta["uid"]) if meta.get("uid") else None,
             created=parse_time(meta.get("creationTimestamp")),
-            demanded_at=parse_time((meta.get("annotations") or {}).get(ANNOTATION_DEMANDED_AT)),
+            demanded_at=demanded_at,
         )
 
     @property

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from modelpool_operator.api import ModelPoolStatus
+from modelpool_contract.api import ModelPoolStatus
 from modelpool_operator.budget import Ledger, budget_status
 from modelpool_operator.events import Event
 from modelpool_operator.kube import describe_error, merge_patch
@@ -47,6 +47,12 @@ logger = logging.getLogger(__name__)
 
 PoolsByKey = Mapping[PoolKey, Iterable[OtherPool]]
 BudgetsByName = Mapping[str, Iterable[Mapping[str, Any]]]
+DemandByPool = Mapping[PoolKey, Iterable[datetime]]
+
+
+def demanded_at(demand: DemandByPool, key: PoolKey) -> datetime | None:
+    """The latest demand recorded for the pool (one Lease per pool; the latest, should there be more)."""
+    return max(demand.get(key, ()), default=None)
 
 
 def lifecycle_settings(config: OperatorConfig) -> LifecycleSettings:
@@ -248,12 +254,13 @@ async def reconcile_pool(
     pods_by_pool: PodsByPool,
     pools_by_key: PoolsByKey,
     budgets: BudgetsByName,
+    demand: DemandByPool | None = None,
 ) -> Plan | None:
     """One pass for the pool ``run.key``: returns the plan it applied (None: the spec is invalid).  Timed
     and counted by outcome in the operator's metrics."""
     with state.metrics.reconcile_pass() as outcome:
         try:
-            pool = PoolView.from_body(body)
+            pool = PoolView.from_body(body, demanded_at=demanded_at(demand or {}, run.key))
         except ValueError as exc:  # the CRD schema should have refused it; say why once per generation
             outcome.result = "invalid"
             await report_invalid_spec(state, run, body, exc)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from modelpool_contract.api import API_VERSION, MODELPOOL_KIND, EnvVar, ModelCacheSpec, ModelPoolSpec
 from modelpool_contract.flags import (
     DEFAULT_SERVER_IMAGE,
     DRAIN_TIMEOUT_S,
@@ -36,7 +37,6 @@ from modelpool_contract.labels import (
 )
 from modelpool_contract.mounts import CACHE_MOUNT_PATH, HF_HOME_PATH, PVC_MOUNT_ROOT, parse_pvc_source
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
-from modelpool_operator.api import API_VERSION, MODELPOOL_KIND, EnvVar, ModelCacheSpec, ModelPoolSpec
 from modelpool_operator.pool import PoolView
 from modelpool_operator.times import rfc3339
 

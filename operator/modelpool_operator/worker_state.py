@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from modelpool_contract.api import MeasuredMemory, WorkerStatus
 from modelpool_contract.exits import EXIT_LOAD_FAILED
 from modelpool_contract.labels import (
     ANNOTATION_EVICTING,
@@ -37,6 +38,7 @@ from modelpool_contract.labels import (
     LABEL_TEMPLATE_HASH,
     SERVER_CONTAINER,
 )
+from modelpool_contract.quantity import QuantityError, format_quantity, parse_quantity
 from modelpool_contract.states import (
     ACTIVE_STATES,
     CHARGED_STATES,
@@ -45,8 +47,6 @@ from modelpool_contract.states import (
     WorkerState,
 )
 from modelpool_contract.stats import WorkerStats
-from modelpool_operator.api import MeasuredMemory, WorkerStatus
-from modelpool_operator.quantity import QuantityError, format_quantity, parse_quantity
 from modelpool_operator.settings import DEFAULT_UNSCHEDULABLE_TIMEOUT_S
 from modelpool_operator.times import parse_time, rfc3339
 

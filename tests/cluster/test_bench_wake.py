@@ -1,22 +1,25 @@
 """The wake timing that ``bench.gateway``'s wake row and ``make demo`` print (bench/wake.py): the stretches
 and the bench's row on their own, then the watch against the real API server, which must report the
-first new ``demanded-at`` value (not one from before, nor a later rewrite) and the pool's first pod from
-its creation to Ready (a pod on a KWOK node, which KWOK makes Ready)."""
+first new demand in the pool's demand Lease (not one from before, nor a later renewal) and the pool's first
+pod from its creation to Ready (a pod on a KWOK node, which KWOK makes Ready)."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from bench.gateway import wake_row
 from bench.wake import Wake, WakeWatch
-from modelpool_contract.labels import ANNOTATION_DEMANDED_AT, LABEL_POOL
+from modelpool_contract.api import API_VERSION, MODELPOOL_KIND
+from modelpool_contract.demand import demand_lease, renew
+from modelpool_contract.labels import LABEL_POOL
 from tests.clusterlib import ROOT, Cluster
 from tests.kube import apply, wait_established, wait_for
 
-POOLS = "modelpools.modelpool.dev"
+LEASES = "leases.coordination.k8s.io"
 
 
 def test_stretches_run_from_the_request_to_the_answer_and_name_what_was_not_seen() -> None:
@@ -66,7 +69,7 @@ def _pool(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "modelpool.dev/v1alpha1",
         "kind": "ModelPool",
-        "metadata": {"name": name, "annotations": {ANNOTATION_DEMANDED_AT: "2026-01-01T00:00:00.000Z"}},
+        "metadata": {"name": name},
         "spec": {
             "model": {"source": "/models/m", "task": "text-embedding"},
             "replicas": 0,
@@ -84,15 +87,27 @@ def test_the_watch_sees_the_first_new_demand_and_the_first_pod_created_then_read
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     wait_established(cluster, "modelpools.modelpool.dev")
     apply(cluster, _pool("zero"), namespace)
+    # A demand from before (the Lease of an earlier wake).
+    lease = demand_lease(
+        pool="zero",
+        pool_uid=None,
+        moment=datetime(2026, 1, 1, tzinfo=UTC),
+        holder="gw",
+        duration_s=6,
+        pool_api_version=API_VERSION,
+        pool_kind=MODELPOOL_KIND,
+    )
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(lease))
     kubeconfig = cluster.kubeconfig
     watch = WakeWatch(kubeconfig, namespace, "zero").start()
     try:
         assert watch.pods_before == 0 and watch.demanded is None  # the old demand is not this wake's
-        for value in ("2026-11-26T12:00:00.250Z", "2026-11-26T12:00:05.500Z"):  # a first write, a rewrite
-            patch = {"metadata": {"annotations": {ANNOTATION_DEMANDED_AT: value}}}
-            cluster.kubectl(
-                "patch", POOLS, "zero", "-n", namespace, "--type", "merge", "-p", json.dumps(patch)
-            )
+        first = datetime(2026, 11, 26, 12, 0, 0, 250_000, tzinfo=UTC)
+        for moment in (first, first + timedelta(seconds=5.25)):  # a first write, a renewal
+            current = json.loads(cluster.kubectl("get", LEASES, lease["metadata"]["name"], "-n", namespace,
+                                                 "-o", "json").stdout)  # fmt: skip
+            body = renew(current, moment=moment, holder="gw", duration_s=6)
+            cluster.kubectl("replace", "-n", namespace, "-f", "-", input=json.dumps(body))
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",

@@ -22,7 +22,7 @@ from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.config import GatewaySettings
-from modelpool_gateway.demand import DemandRecorder
+from modelpool_gateway.demand import Answer, DemandRecorder, LeaseClient
 from modelpool_gateway.hold import Holds
 from modelpool_gateway.keys import KeyStore
 from modelpool_gateway.metrics import Metrics
@@ -63,16 +63,23 @@ class Harness:
         self.holds = Holds(self.settings.max_held_per_pool, self.registry.has_routable)
         self.registry.subscribe(self.holds.changed)
 
-        class NoApi:  # the demand writes are the integration tests' business
-            async def patch_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> None:
-                return None
+        class NoLeases(LeaseClient):  # the demand writes are the integration tests' business
+            def __init__(self) -> None:
+                super().__init__(None)
+
+            async def read(self, namespace: str, name: str) -> Answer:
+                return Answer(404, None)
+
+            async def create(self, namespace: str, body: dict[str, Any]) -> Answer:
+                return Answer(201, body)
 
         self.demand = DemandRecorder(
-            NoApi(),
+            NoLeases(),
             pools=self.registry.pool,
             wanted=lambda key: self.holds.held(key) > 0,
             metrics=self.metrics,
             interval_s=5,
+            holder="test",
         )
         self.upstream = Upstream(self.settings)
         self.keys = KeyStore(ADMIN)

@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
+from modelpool_contract.api import MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX
 from modelpool_contract.tasks import TASK_NAMES
 from modelpool_operator import crdgen
-from modelpool_operator.api import MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX
 
 ROOT = Path(__file__).resolve().parents[2]
 

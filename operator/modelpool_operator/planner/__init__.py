@@ -16,7 +16,7 @@ docs/design.md, "The planner"); each phase is a function of the draft (``planner
    scale-down and by evictions that shrink the pool (never below ``minReplicas``), reset when
    ``spec.replicas`` changes, within ``[minReplicas, replicas]`` (``[minReplicas, maxReplicas]`` while
    autoscaling).
-3. ``wake_on_demand``: a pool at zero whose recorded demand (``modelpool.dev/demanded-at``) is newer than
+3. ``wake_on_demand``: a pool at zero whose recorded demand (its demand Lease's ``renewTime``) is newer than
    the moment it reached zero, and recent, aims for one worker (WokenByDemand).
 4. ``autoscale``: the load sample of this pass joins the window; while autoscaling, the target follows
    the load between ``max(minReplicas, 1)`` and ``maxReplicas``: up at once on a burst or a higher stable

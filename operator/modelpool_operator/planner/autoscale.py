@@ -21,10 +21,11 @@ Scaling up only raises the target; ``admit`` creates the workers within the budg
 lower-priority workers, else BudgetExceeded).  Scaling down only lowers it; ``retire`` removes the
 surplus through the usual eviction, never a Loading or Processing worker.
 
-**Waking from zero.**  A gateway that holds a request for a pool records the time on the pool
-(annotation ``modelpool.dev/demanded-at``).  A pool at zero whose demand is newer than the moment it
-reached zero (``status.autoscaling.scaledToZeroAt``, else its creation) and not older than
-``PlannerSettings.demand_max_age_s`` gets one worker in the same pass, with one ``WokenByDemand`` Event.
+**Waking from zero.**  A gateway that holds a request for a pool records the time in the pool's demand
+Lease (``modelpool_contract.demand``; the operator indexes those Leases).  A pool at zero whose demand is
+newer than the moment it reached zero (``status.autoscaling.scaledToZeroAt``, else its creation) and
+not older than ``PlannerSettings.demand_max_age_s`` gets one worker in the same pass, with one
+``WokenByDemand`` Event.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from modelpool_operator.api import AutoscalingSpec, ModelPoolSpec, autoscaling_enabled
+from modelpool_contract.api import AutoscalingSpec, ModelPoolSpec, autoscaling_enabled, replica_ceiling
 from modelpool_operator.events import Event
 from modelpool_operator.planner.draft import Draft, LoadSample
 from modelpool_operator.times import parse_time, rfc3339, rfc3339_ms
@@ -158,11 +159,6 @@ def decide(
 # ---- the phases ------------------------------------------------------------------------------------------
 
 
-def _ceiling(spec: ModelPoolSpec) -> int:
-    """The most workers the pool may aim for: maxReplicas while autoscaling, spec.replicas otherwise."""
-    return spec.max_replicas if autoscaling_enabled(spec) else spec.replicas
-
-
 def zero_since(draft: Draft) -> datetime | None:
     """Since when the pool has been at zero as the last status recorded it, else when it was created."""
     recorded = parse_time(draft.pool.status.autoscaling.scaled_to_zero_at)
@@ -172,7 +168,7 @@ def zero_since(draft: Draft) -> datetime | None:
 def wake_on_demand(draft: Draft) -> None:
     """Phase 3: a pool at zero with fresh demand aims for one worker (``admit`` creates it this pass)."""
     demand = draft.pool.demanded_at
-    if draft.target > 0 or demand is None or _ceiling(draft.pool.spec) < 1:
+    if draft.target > 0 or demand is None or replica_ceiling(draft.pool.spec) < 1:
         return
     baseline = zero_since(draft)
     if baseline is not None and demand <= baseline:

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from modelpool_contract.api import ModelPoolStatus, WorkerStatus
 from modelpool_contract.states import WorkerState
-from modelpool_operator.api import ModelPoolStatus, WorkerStatus
 from modelpool_operator.budget import Ledger, Reservation
 from modelpool_operator.events import Event
 from modelpool_operator.pool import OtherPool, PoolView

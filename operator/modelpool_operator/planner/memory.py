@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from modelpool_contract.api import WorkerStatus
+from modelpool_contract.quantity import QuantityError, format_quantity, humanize_bytes, parse_quantity
 from modelpool_contract.states import CHARGED_STATES
-from modelpool_operator.api import WorkerStatus
 from modelpool_operator.events import Event
 from modelpool_operator.planner.draft import Draft
-from modelpool_operator.quantity import QuantityError, format_quantity, humanize_bytes, parse_quantity
 from modelpool_operator.worker_state import ObservedWorker
 
 MEMORY_CONDITION = "MemoryExceedsCharge"

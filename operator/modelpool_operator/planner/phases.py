@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from modelpool_contract.api import autoscaling_enabled
+from modelpool_contract.quantity import humanize_bytes
 from modelpool_contract.states import STARTING_STATES
-from modelpool_operator.api import autoscaling_enabled
 from modelpool_operator.budget import Ledger, admits
 from modelpool_operator.events import Event
 from modelpool_operator.planner.draft import (
@@ -25,7 +26,6 @@ from modelpool_operator.planner.draft import (
     Evict,
 )
 from modelpool_operator.pool import OtherPool
-from modelpool_operator.quantity import humanize_bytes
 from modelpool_operator.times import parse_time
 from modelpool_operator.worker_state import ObservedWorker
 

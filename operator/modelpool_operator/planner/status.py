@@ -7,9 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from modelpool_contract.labels import LABEL_POOL
-from modelpool_contract.states import ACTIVE_STATES, SERVING_STATES, STARTING_STATES, WorkerState
-from modelpool_operator.api import (
+from modelpool_contract.api import (
     AutoscalingStatus,
     BackoffStatus,
     Condition,
@@ -20,6 +18,9 @@ from modelpool_operator.api import (
     WorkerStatus,
     autoscaling_enabled,
 )
+from modelpool_contract.labels import LABEL_POOL
+from modelpool_contract.quantity import format_quantity
+from modelpool_contract.states import ACTIVE_STATES, SERVING_STATES, STARTING_STATES, WorkerState
 from modelpool_operator.events import Event
 from modelpool_operator.planner.autoscale import last_scale_time, scaled_to_zero_at
 from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Plan
@@ -30,7 +31,6 @@ from modelpool_operator.planner.memory import (
     memory_finding,
     tell_memory_over_charge,
 )
-from modelpool_operator.quantity import format_quantity
 from modelpool_operator.times import rfc3339
 
 

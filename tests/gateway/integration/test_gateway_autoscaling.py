@@ -1,5 +1,6 @@
 """The gateway and the operator's autoscaler together, end to end: a pool at zero answers its first request
-through the gateway (the gateway holds it and records demand, the operator wakes the pool) and returns to
+through the gateway (the gateway holds it and records demand in the pool's Lease, the operator wakes the
+pool for the Lease) and returns to
 zero when idle; load through the gateway beyond one worker scales the pool up, never past maxReplicas, and
 back down after the scale-down delay.
 
@@ -12,20 +13,22 @@ pod watcher, started before the operator, records the pool's worker pods at ever
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import openai
 import pytest
 
+from modelpool_contract.demand import demand_from_lease, demand_lease_name, parse_micro_time
 from modelpool_operator.times import parse_time
 from tests.clusterlib import Cluster
 from tests.gateway.integration.conftest import StartGateway
 from tests.gateway.integration.gwharness import echo_pool
-from tests.kube import apply, free_port, wait_for
+from tests.kube import apply, free_port, get_json, wait_for
 from tests.operator.integration.opharness import (
     BudgetedOperator,
     ClosedLoop,
     condition,
+    get_pool,
     reasons,
     wait_at_zero,
     wait_status,
@@ -54,6 +57,7 @@ def test_a_pool_at_zero_answers_its_first_request_through_the_gateway_and_return
     zero = wait_at_zero(crds, namespace, "wake", timeout=60, message="at zero")
     assert condition(zero, "Ready")["reason"] == "ScaledToZero"
     assert not worker_pods(crds, namespace, "wake")
+    generation = get_pool(crds, namespace, "wake")["metadata"]["generation"]
     gateway = start_gateway([namespace], *GATEWAY_FLAGS)
     gateway.wait_serving("wake", 0, timeout=30)
 
@@ -67,6 +71,17 @@ def test_a_pool_at_zero_answers_its_first_request_through_the_gateway_and_return
     assert len(raw.parse().data) == 1
     woke = [m for r, m in reasons(crds, namespace, "wake") if r == "WokenByDemand"]
     assert len(woke) == 1 and "0 -> 1 worker" in woke[0], woke
+    # The demand the operator woke the pool for is the one the gateway wrote in the pool's Lease; nothing
+    # was written on the pool for it (same spec generation, no annotation).
+    lease = get_json(crds, "leases.coordination.k8s.io", demand_lease_name("wake"), "-n", namespace)
+    assert lease["spec"]["holderIdentity"].endswith(f"_{gateway.proc.pid}")
+    first, last = parse_micro_time(lease["spec"]["acquireTime"]), demand_from_lease(lease)
+    woken_for = parse_time(woke[0].split("demand recorded at ", 1)[1].split(" ", 1)[0])
+    assert first is not None and last is not None and woken_for is not None, (lease, woke)
+    assert first - timedelta(milliseconds=1) <= woken_for <= last, (lease, woke)
+    meta = get_pool(crds, namespace, "wake")["metadata"]
+    assert meta["generation"] == generation
+    assert not [a for a in meta.get("annotations") or {} if "demand" in a], meta.get("annotations")
     label = f"{namespace}/wake"
     assert gateway.metric("modelpool_gateway_requests_total", pool=label, code="200") == 1
     # It was held (no serving worker when it came) and released to the woken worker.

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.names import Resolved
 from modelpool_gateway.state import Key, Pool, Worker
 
 POOL: Key = ("ns", "minilm")
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def worker(name: str, *, ready: bool = True, pool: str = "minilm", namespace: str = "ns") -> Worker:
@@ -39,6 +42,21 @@ def test_pools_feed_the_name_index() -> None:
     registry.delete_pool(POOL)
     assert registry.pool(POOL) is None
     assert registry.index.resolve("mini") != Resolved(POOL)
+
+
+def test_the_demand_read_from_the_lease_outlives_pool_events() -> None:
+    """The watch's pool objects carry no demand (it is in the pool's Lease): what the demand recorder read
+    stays until the pool is another one (a new uid)."""
+    registry = Registry()
+    registry.set_pool(Pool("ns", "minilm", uid="u-1"))
+    registry.record_demand(POOL, NOW)
+    registry.set_pool(Pool("ns", "minilm", uid="u-1", phase="ScaledToZero"))
+    pool = registry.pool(POOL)
+    assert pool is not None and (pool.demanded_at, pool.phase) == (NOW, "ScaledToZero")
+    registry.set_pool(Pool("ns", "minilm", uid="u-2"))
+    assert (registry.pool(POOL) or pool).demanded_at is None
+    registry.record_demand(("ns", "gone"), NOW)  # a pool the registry does not know: nothing
+    assert registry.pool(("ns", "gone")) is None
 
 
 def test_a_relist_replaces_only_its_scope() -> None:

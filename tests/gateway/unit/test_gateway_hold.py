@@ -74,6 +74,13 @@ def test_a_pool_at_zero_waits_for_the_operator_and_names_the_recorded_demand() -
     assert "not recorded yet" in hold_reason(Pool("ns", "pool"), NOW).message
 
 
+def test_a_pool_with_an_invalid_spec_says_why_first() -> None:
+    pool = Pool("ns", "pool", invalid="spec.replicas: must be <= maxReplicas", wakes_on_demand=False)
+    reason = hold_reason(pool, NOW)
+    assert reason.kind == "invalid_spec"
+    assert "spec.replicas: must be <= maxReplicas" in reason.message and "starts no worker" in reason.message
+
+
 def test_a_pool_the_operator_will_not_wake_says_so() -> None:
     reason = hold_reason(Pool("ns", "pool", wakes_on_demand=False), NOW)
     assert reason.kind == "scaled_to_zero"

@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from modelpool_gateway.state import pool_from_object, wakes_on_demand, worker_from_pod
+from modelpool_gateway.state import pool_from_object, worker_from_pod
+
+MINIMAL = {"model": {"source": "/models/m", "task": "text-embedding"}, "resources": {"memory": "1Gi"}}
 
 
 def pod(
@@ -78,11 +80,11 @@ def test_a_pool_view_keeps_names_bounds_and_what_status_says() -> None:
         "metadata": {
             "name": "minilm",
             "namespace": "ns",
+            "uid": "u-1",
             "creationTimestamp": "2026-01-01T00:00:00Z",
-            "annotations": {"modelpool.dev/demanded-at": "2026-01-01T00:01:00Z"},
         },
         "spec": {
-            "model": {"task": "text-embedding"},
+            **MINIMAL,
             "servedModelName": "sentence-transformers/all-MiniLM-L6-v2",
             "activationTimeoutSeconds": 30,
         },
@@ -103,7 +105,8 @@ def test_a_pool_view_keeps_names_bounds_and_what_status_says() -> None:
     assert pool.served_model_name == "sentence-transformers/all-MiniLM-L6-v2"
     assert pool.activation_timeout_s == 30
     assert pool.task == "text-embedding"
-    assert pool.demanded_at is not None and pool.demanded_at.minute == 1
+    assert pool.uid == "u-1" and pool.created is not None and pool.invalid is None
+    assert pool.demanded_at is None  # the demand is in the pool's Lease, not on the pool
     assert pool.budget_exceeded == "needs 4Gi; 1Gi free"
     assert pool.degraded is None
     assert pool.queue_depths == {"minilm-a-0": 4}
@@ -112,9 +115,27 @@ def test_a_pool_view_keeps_names_bounds_and_what_status_says() -> None:
 
 
 def test_a_pool_without_status_or_new_fields() -> None:
-    pool = pool_from_object({"metadata": {"name": "p", "namespace": "ns"}, "spec": {}})
+    pool = pool_from_object({"metadata": {"name": "p", "namespace": "ns"}, "spec": MINIMAL})
     assert pool.activation_timeout_s == 120
     assert pool.served_model_name is None and pool.workers == () and pool.demanded_at is None
+
+
+def test_a_pool_whose_spec_does_not_parse_is_kept_by_name_and_never_held() -> None:
+    """A spec the operator's models refuse (an old CRD let it in) does not fail the watch: the pool is known
+    by its name, with the first error, no alias, no hold time and no wake on demand."""
+    spec = {**MINIMAL, "servedModelName": "alias", "replicas": 5, "maxReplicas": 2}
+    pool = pool_from_object({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec})
+    assert pool.key == ("ns", "p") and pool.served_model_name is None
+    assert pool.invalid is not None and "spec" in pool.invalid and "maxReplicas" in pool.invalid
+    assert pool.activation_timeout_s == 0 and not pool.wakes_on_demand
+    nothing = pool_from_object({"metadata": {"name": "q", "namespace": "ns"}, "spec": {"replicas": "x"}})
+    assert nothing.invalid is not None and nothing.invalid.startswith("spec.")
+
+
+def test_an_unreadable_status_is_an_empty_one() -> None:
+    obj = {"metadata": {"name": "p", "namespace": "ns"}, "spec": MINIMAL, "status": {"workers": "many"}}
+    pool = pool_from_object(obj)
+    assert pool.workers == () and pool.phase is None and pool.invalid is None
 
 
 @pytest.mark.parametrize(
@@ -124,12 +145,9 @@ def test_a_pool_without_status_or_new_fields() -> None:
         ({"replicas": 0, "minReplicas": 0, "maxReplicas": 4}, True),  # autoscaling: up to maxReplicas
         ({"replicas": 0, "maxReplicas": 4, "autoscaling": {"enabled": False}}, False),
         ({"replicas": 2, "maxReplicas": 4, "autoscaling": {"enabled": False}}, True),
-        ({"replicas": 0, "minReplicas": 0, "maxReplicas": 0}, False),
+        ({"replicas": 0, "minReplicas": 0, "maxReplicas": 1, "autoscaling": {"enabled": False}}, False),
     ],
 )
 def test_whether_the_operator_wakes_a_pool_at_zero(spec: dict[str, Any], wakes: bool) -> None:
-    assert wakes_on_demand(spec) is wakes
-    assert (
-        pool_from_object({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec}).wakes_on_demand
-        is wakes
-    )
+    obj = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {**MINIMAL, **spec}}
+    assert pool_from_object(obj).wakes_on_demand is wakes

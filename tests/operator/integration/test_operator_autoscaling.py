@@ -4,8 +4,8 @@
 The workers run the echo embedding handler of ``tests/server/handlers.py`` with a slow forward pass and
 batches of one, so a few concurrent clients build up in-flight and queued requests, which the workers
 report in ``/stats``.  The load goes straight to the workers' pod IPs (the way the pool's Service
-routes); the demand a gateway would record is written the way a gateway writes it, as a JSON merge
-patch of the pool's ``modelpool.dev/demanded-at`` annotation.  A pod watcher records every pod change
+routes); the demand a gateway would record is written the way a gateway writes it, as the pool's demand
+Lease (``modelpool_contract.demand``).  A pod watcher records every pod change
 from before the operator starts, so "never more than maxReplicas" is checked at every instant.
 """
 
@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from modelpool_contract.labels import ANNOTATION_DEMANDED_AT
+from modelpool_contract.api import API_VERSION, MODELPOOL_KIND
+from modelpool_contract.demand import demand_lease
 from modelpool_operator.times import parse_time, rfc3339_ms
 from tests.clusterlib import ROOT, Cluster
 from tests.kube import free_port
@@ -171,12 +172,22 @@ def test_demand_wakes_a_pool_at_zero_to_one_worker_that_returns_to_zero_when_idl
     assert "wakes the pool on its next request" in ready["message"]
     assert not worker_pods(cluster, namespace, "wake")
 
-    # What a gateway does when it holds a request for the pool: a merge patch of the annotation.
-    demand = rfc3339_ms(datetime.now(UTC))
+    # What a gateway does when it holds a request for the pool: it creates the pool's demand Lease.
+    uid = cluster.kubectl("get", POOLS, "wake", "-n", namespace, "-o", "jsonpath={.metadata.uid}").stdout
+    moment = datetime.now(UTC)
+    lease = demand_lease(
+        pool="wake",
+        pool_uid=uid,
+        moment=moment,
+        holder="test",
+        duration_s=6,
+        pool_api_version=API_VERSION,
+        pool_kind=MODELPOOL_KIND,
+    )
+    demand = rfc3339_ms(moment)
     assert demand is not None
-    patch = {"metadata": {"annotations": {ANNOTATION_DEMANDED_AT: demand}}}
     demanded = time.monotonic()
-    cluster.kubectl("patch", POOLS, "wake", "-n", namespace, "--type", "merge", "-p", json.dumps(patch))
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(lease))
     woken = wait_status(
         cluster,
         namespace,

@@ -6,8 +6,8 @@ from typing import Any
 
 from op_pods import GI, at
 
+from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus
 from modelpool_contract.states import WorkerState
-from modelpool_operator.api import ModelPoolSpec, ModelPoolStatus
 from modelpool_operator.budget import Ledger, ReservationBook, build_ledger
 from modelpool_operator.planner import Plan
 from modelpool_operator.pool import PoolView

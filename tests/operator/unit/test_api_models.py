@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from modelpool_operator.api import (
+from modelpool_contract.api import (
     ModelBudgetSpec,
     ModelPoolSpec,
     ModelPoolStatus,

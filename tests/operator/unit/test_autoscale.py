@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from op_planner import cond, ledger_for, make_spec, view, w
 from op_pods import GI, at
 
+from modelpool_contract.api import AutoscalingStatus, ModelPoolSpec, ModelPoolStatus, autoscaling_enabled
 from modelpool_contract.states import WorkerState
-from modelpool_operator.api import AutoscalingStatus, ModelPoolSpec, ModelPoolStatus, autoscaling_enabled
 from modelpool_operator.budget import ReservationBook, build_ledger
 from modelpool_operator.planner import (
     EVICT_SCALE_DOWN,

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from op_pods import GI, at
 
-from modelpool_operator.api import WorkerState
+from modelpool_contract.api import WorkerState
 from modelpool_operator.budget import ReservationBook, admits, budget_status, build_ledger, live_reservations
 from modelpool_operator.worker_state import ObservedWorker
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from modelpool_operator.api import ModelPoolStatus, WorkerStatus
+from modelpool_contract.api import ModelPoolStatus, WorkerStatus
 from modelpool_operator.metrics import OperatorMetrics
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from op_planner import cond, ledger_for, make_spec, view, w
 from op_pods import GI, at
 
-from modelpool_operator.api import ModelPoolStatus, WorkerState
+from modelpool_contract.api import ModelPoolStatus, WorkerState
 from modelpool_operator.budget import ReservationBook, admits, build_ledger
 from modelpool_operator.planner import (
     EVICT_IDLE,

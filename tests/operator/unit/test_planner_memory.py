@@ -10,7 +10,7 @@ import pytest
 from op_planner import make_spec, view, w
 from op_pods import GI, at, pod, stats
 
-from modelpool_operator.api import ModelPoolStatus
+from modelpool_contract.api import ModelPoolStatus
 from modelpool_operator.budget import build_ledger
 from modelpool_operator.planner import Plan, plan
 from modelpool_operator.worker_state import ObservedWorker, observe_worker

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from op_planner import ledger_for, make_spec, view, w
 from op_pods import GI, at
 
-from modelpool_operator.api import BackoffStatus, Condition, ModelPoolSpec, ModelPoolStatus, WorkerStatus
+from modelpool_contract.api import BackoffStatus, Condition, ModelPoolSpec, ModelPoolStatus, WorkerStatus
 from modelpool_operator.budget import Ledger, ReservationBook
 from modelpool_operator.planner import (
     EVICT_IDLE,

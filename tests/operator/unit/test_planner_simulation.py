@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from op_pods import GI, at
 
-from modelpool_operator.api import ModelPoolSpec, ModelPoolStatus, WorkerState
+from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus, WorkerState
 from modelpool_operator.budget import ReservationBook, build_ledger
 from modelpool_operator.planner import plan
 from modelpool_operator.pool import OtherPool, PoolView

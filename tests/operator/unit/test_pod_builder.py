@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from op_pods import at
 
+from modelpool_contract.api import ModelCacheSpec, parse_pool_spec
 from modelpool_contract.labels import (
     ANNOTATION_MEMORY,
     LABEL_POOL,
@@ -15,7 +16,6 @@ from modelpool_contract.labels import (
     LABEL_TEMPLATE_HASH,
     LABEL_WORKER,
 )
-from modelpool_operator.api import ModelCacheSpec, parse_pool_spec
 from modelpool_operator.pool import PoolView, template_hash
 from modelpool_operator.resources import (
     PodSettings,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from modelpool_operator.quantity import (
+from modelpool_contract.quantity import (
     QuantityError,
     format_quantity,
     humanize_bytes,

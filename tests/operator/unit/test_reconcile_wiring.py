@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from modelpool_contract.labels import ANNOTATION_DEMANDED_AT
 from modelpool_operator.events import Event
 from modelpool_operator.kube import ApiException
 from modelpool_operator.observation import ObservationCache, slim_pod
@@ -24,7 +23,6 @@ from modelpool_operator.process_state import OperatorState
 from modelpool_operator.reconcile import PoolRun, lifecycle_settings, reconcile_pool
 from modelpool_operator.settings import OperatorConfig
 from modelpool_operator.stats import StatsScraper
-from modelpool_operator.times import rfc3339_ms
 
 GI = 2**30
 
@@ -178,20 +176,25 @@ async def test_demand_on_a_pool_at_zero_creates_its_worker_in_the_same_pass_once
     state: OperatorState,
 ) -> None:
     body = _pool("z", 0)
-    body["metadata"]["annotations"] = {ANNOTATION_DEMANDED_AT: rfc3339_ms(datetime.now(UTC))}
+    # The demand index, as the operator builds it from the pool's demand Lease.
+    demand = {("ns", "z"): [datetime.now(UTC)]}
     run, index, budgets = (
         PoolRun(key=("ns", "z")),
         _index({("ns", "z"): body}),
         {"default": [{"memory": "8Gi"}]},
     )
-    await reconcile_pool(state, run=run, body=body, pods_by_pool={}, pools_by_key=index, budgets=budgets)
+    await reconcile_pool(
+        state, run=run, body=body, pods_by_pool={}, pools_by_key=index, budgets=budgets, demand=demand
+    )
     kube, events = state.kube, state.events
     assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
     assert len(kube.created) == 1
     assert [e.reason for _, e in events.posted] == ["WokenByDemand", "CreatingWorker"]
     # The gateway keeps writing the same demand while its request waits: the worker is not made twice.
     pods = {("ns", "z"): [_running(kube.created[0])]}
-    await reconcile_pool(state, run=run, body=body, pods_by_pool=pods, pools_by_key=index, budgets=budgets)
+    await reconcile_pool(
+        state, run=run, body=body, pods_by_pool=pods, pools_by_key=index, budgets=budgets, demand=demand
+    )
     assert len(kube.created) == 1
     assert [e.reason for _, e in events.posted].count("WokenByDemand") == 1
 

@@ -1,8 +1,10 @@
 """The ModelPool and ModelBudget API (group ``modelpool.dev``, version ``v1alpha1``) as pydantic models.
 
-This module is the one source of the resources' shape: ``crdgen`` turns these models into the CRD YAML
-(field descriptions become ``kubectl explain`` text), and the operator parses specs and writes status
-through them.  Python attributes are snake_case; the wire is camelCase (``by_alias``).
+This module is the one source of the resources' shape: ``crdgen`` (in the operator) turns these models
+into the CRD YAML (field descriptions become ``kubectl explain`` text), the operator parses specs and
+writes status through them, and the gateway reads the pools it routes to with them.  It lives in the
+contract (pydantic only: no kopf, no torch) so that the gateway need not import the operator.  Python
+attributes are snake_case; the wire is camelCase (``by_alias``).
 
 Validation here mirrors the CRD schema (enum, quantity pattern, source schemes, min <= replicas <= max),
 so a spec that reaches the operator by another road (tests, an old CRD) is still refused with the same
@@ -25,9 +27,9 @@ from modelpool_contract.flags import (
     Dtype,
 )
 from modelpool_contract.labels import GROUP
+from modelpool_contract.quantity import QUANTITY_PATTERN, QuantityError, parse_quantity
 from modelpool_contract.states import WorkerState
 from modelpool_contract.tasks import TaskName
-from modelpool_operator.quantity import QUANTITY_PATTERN, QuantityError, parse_quantity
 
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -527,6 +529,13 @@ def autoscaling_enabled(spec: ModelPoolSpec) -> bool:
     return spec.max_replicas > spec.min_replicas if enabled is None else enabled
 
 
+def replica_ceiling(spec: ModelPoolSpec) -> int:
+    """The most workers the pool may aim for: maxReplicas while autoscaling, spec.replicas otherwise.  A
+    pool at zero is woken by demand only when it is at least one (the operator's rule; the gateway tells
+    held requests whether it will)."""
+    return spec.max_replicas if autoscaling_enabled(spec) else spec.replicas
+
+
 # ---- ModelPool status ---------------------------------------------------------------------------------
 
 
@@ -812,4 +821,7 @@ __all__ = [
     "Toleration",
     "WorkerStatus",
     "autoscaling_enabled",
+    "parse_pool_spec",
+    "parse_pool_status",
+    "replica_ceiling",
 ]
