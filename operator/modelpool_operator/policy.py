@@ -34,7 +34,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from modelpool_operator.api import ModelPoolSpec
+from modelpool_contract.api import ModelPoolSpec
 
 # One path segment that is neither empty, "." nor "..": starting with a character other than "." and
 # "/", or a dot then such a character, or two dots then anything but "/".

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from modelpool_operator.api import parse_pool_spec
+from modelpool_contract.api import parse_pool_spec
 from modelpool_operator.policy import (
     Policy,
     msg_host_path,

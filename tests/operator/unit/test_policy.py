@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from test_reconcile_wiring import RecordingEvents, RecordingKube
 
-from modelpool_operator.api import parse_pool_spec
+from modelpool_contract.api import parse_pool_spec
 from modelpool_operator.observation import ObservationCache
 from modelpool_operator.policy import (
     FIELD_HOST_PATH,
