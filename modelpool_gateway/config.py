@@ -53,7 +53,7 @@ class GatewaySettings(BaseSettings):
         default=5.0,
         gt=0,
         le=3600,
-        description="While requests are held for a pool, its demand annotation is refreshed once per "
+        description="While requests are held for a pool, its demand Lease is refreshed once per "
         "interval (all gateway replicas together)",
     )
     max_in_flight: int = Field(
