@@ -217,7 +217,8 @@ class InferenceProcess:
 
 def drain_timed_out(drain_timeout: float, abandoned: int) -> str:
     """Pure: the termination message of a drain that ran out of time."""
-    return f"drain timed out after {drain_timeout:g} s: {abandoned} requests abandoned"
+    requests = "1 request" if abandoned == 1 else f"{abandoned} requests"
+    return f"drain timed out after {drain_timeout:g} s: {requests} abandoned"
 
 
 def run_loop(main: Coroutine[Any, Any, int]) -> int:

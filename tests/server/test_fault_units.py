@@ -57,6 +57,7 @@ def test_liveness_fails_on_the_probe_port_while_a_batch_is_wedged() -> None:
 def test_a_drain_that_timed_out_ends_the_worker_with_its_own_code_and_reason() -> None:
     reason = drain_timed_out(30, 3)
     assert reason == "drain timed out after 30 s: 3 requests abandoned"
+    assert drain_timed_out(0.5, 1) == "drain timed out after 0.5 s: 1 request abandoned"
     assert verdict("inference", 7, EXIT_DRAIN_TIMED_OUT, reason, draining=True) == (
         EXIT_DRAIN_TIMED_OUT,
         reason,
