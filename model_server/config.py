@@ -35,6 +35,10 @@ from modelpool_contract.tasks import TASK_NAMES, TaskName
 # ConfigError is the loader's, re-exported for the program's main.
 __all__ = ["COMMAND_LINE", "ConfigError", "ServerConfig", "load_config"]
 
+# How long a forward pass may run beyond --request-timeout (which bounds what any client of the batch
+# still waits for, a streamed generation's included) before the worker counts it as wedged.
+WEDGE_GRACE_S = 30.0
+
 _HANDLER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SOURCE_SCHEMES = ("file://", "hf://", "pvc://")
 
@@ -67,6 +71,13 @@ class ServerConfig(BaseSettings):
     request_timeout: float = Field(default=REQUEST_TIMEOUT_S, gt=0, le=86_400, description="Max deadline (s)")
     idle_after: float = Field(default=IDLE_AFTER_S, gt=0, description="Ready -> Idle after this many seconds")
     drain_timeout: float = Field(default=DRAIN_TIMEOUT_S, ge=0, description="SIGTERM: drain for this long")
+    wedge_grace: float = Field(
+        default=WEDGE_GRACE_S,
+        gt=0,
+        le=86_400,
+        description="A forward pass running longer than --request-timeout + this is wedged: the worker "
+        "fails (liveness too) and exits 7",
+    )
     device: Literal["auto", "cpu", "cuda"] | str = Field(default="auto", description="auto|cpu|cuda[:N]")
     dtype: Dtype = Field(default="auto", description="Weights")
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Larger bodies -> 413")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -226,6 +227,8 @@ class DataPlane:
         self.metrics.batch_size.observe(len(items))
         self.publish()
         started = time.monotonic()
+        # Watched by the supervisor: a batch running past --request-timeout + --wedge-grace is wedged.
+        self.view.set(Field.BATCH_STARTED, started)
         try:
             results = await self.worker.run(items, emit)
         except FatalDeviceError as exc:
@@ -251,6 +254,7 @@ class DataPlane:
                 if unit.remaining == 0:
                     self._finish(unit, unit.results)
         finally:
+            self.view.set(Field.BATCH_STARTED, math.nan)
             self._last_activity = time.monotonic()
             self.publish()
             self._settle()
@@ -300,24 +304,32 @@ class DataPlane:
             if self.state_machine.state is State.READY and not self.busy and quiet >= self.config.idle_after:
                 self.state_machine.try_to(State.IDLE)
 
-    async def drain(self, timeout: float) -> bool:  # noqa: ASYNC109 - polled with its own deadline
-        """Wait (bounded) until queued, in-flight and on-their-way requests are done; True when drained."""
+    async def drain(self, timeout: float) -> int:  # noqa: ASYNC109 - polled with its own deadline
+        """Wait (bounded) until queued, in-flight and on-their-way requests are done; returns how many
+        were abandoned at the deadline (answered 503; 0: drained)."""
         deadline = time.monotonic() + timeout
         while self.busy:
             if time.monotonic() >= deadline:
-                self.fail_all("server is shutting down")
-                return False
+                # Admitted in an HTTP process and not here yet: turned away by ``submit`` on arrival.
+                on_their_way = max(0, self.view.door.taken - len(self._queue))
+                return self.fail_all("server is shutting down") + on_their_way
             await asyncio.sleep(0.02)
-        return True
+        return 0
 
-    def fail_all(self, reason: str) -> None:
-        """Answer every queued and in-flight request with 503 (the worker is Failed or gone)."""
+    def fail_all(self, reason: str) -> int:
+        """Answer every queued and in-flight request with 503 (the worker is Failed or gone); returns how
+        many requests were still unanswered."""
+        unanswered = 0
         while self._queue:
-            self._leave_queue().answer(ModelNotReady(reason))
-        for unit in [*self._active, *self._sweep.units()]:
+            unit = self._leave_queue()
+            unanswered += not unit.answered
+            unit.answer(ModelNotReady(reason))
+        for unit in {*self._active, *self._sweep.units()}:
+            unanswered += not unit.answered
             self._finish(unit, ModelNotReady(reason))
         self._sweep.clear()
         self.publish()
+        return unanswered
 
 
 __all__ = ["DataPlane", "Unit"]

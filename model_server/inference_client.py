@@ -12,12 +12,13 @@ model itself lives only in the inference process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from model_server import ipc
 from model_server.config import ServerConfig
 from model_server.errors import (
     DeadlineExceeded,
+    InferenceError,
     InvalidInput,
     ModelNotReady,
     Overloaded,
@@ -67,6 +69,16 @@ class Sent:
     deadline: float
     future: asyncio.Future[list[Any]]
     stream: TokenStream | None = None
+
+
+@dataclass
+class Slot:
+    """A slot of the door held by ``InferenceClient.admit``, until it is handed to the inference process."""
+
+    handed_over: bool = False
+
+    def hand_over(self) -> None:
+        self.handed_over = True
 
 
 class InferenceClient:
@@ -182,6 +194,21 @@ class InferenceClient:
         if self.view.door.full:
             raise self._overloaded()
 
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[Slot]:
+        """Take a slot of the door (429 when none is free) for the block, which either hands it over to
+        the inference process or, whatever it raises, has it given back: a lost slot would shrink the
+        worker's capacity for its life and keep it from Ready (a drain would wait for it in vain)."""
+        door = self.view.door
+        if not door.take():
+            raise self._overloaded()
+        slot = Slot()
+        try:
+            yield slot
+        finally:
+            if not slot.handed_over:
+                door.give_back()
+
     def admit(self, items: Sequence[Any], timeout: float | None, stream: TokenStream | None = None) -> Sent:
         """Admit a request and send it, or raise at once (503, 400 empty, 413 too many items, 429 full)."""
         self.check_ready()
@@ -192,26 +219,42 @@ class InferenceClient:
                 f"{len(items)} items in one request exceed the limit of {self.config.max_request_items}"
             )
         task = self.loaded_task()
-        door = self.view.door
-        if not door.take():
-            raise self._overloaded()
-        # After the slot is taken: a drain that has begun counts this request, or this one sees it begin.
-        if not self.state_machine.serving or self._channel is None or not self._channel.open:
-            door.give_back()
-            self.check_ready()
-            raise ModelNotReady("the inference process is not reachable")
-        budget = self.config.request_timeout if timeout is None else min(timeout, self.config.request_timeout)
-        sent = Sent(
-            next(self._ids), time.monotonic() + budget, asyncio.get_running_loop().create_future(), stream
-        )
-        lengths = [task.length_hint(item) for item in items] if task.batchable else []
-        self._channel.send(
-            (ipc.SUBMIT, sent.id, sent.deadline, ipc.pack(list(items)), lengths, stream is not None)
-        )
+        with self._slot() as slot:
+            # With the slot taken: a drain that has begun counts this request, or this one sees it begin.
+            if not self.state_machine.serving or self._channel is None or not self._channel.open:
+                self.check_ready()
+                raise ModelNotReady("the inference process is not reachable")
+            budget = (
+                self.config.request_timeout if timeout is None else min(timeout, self.config.request_timeout)
+            )
+            sent = Sent(
+                next(self._ids), time.monotonic() + budget, asyncio.get_running_loop().create_future(), stream
+            )
+            self._send(task, sent, items, stream is not None)
+            slot.hand_over()  # the inference process gives it back when the request leaves its queue
         self._sent[sent.id] = sent
         self.view.add(self.row, Column.REQUESTS)
         self.view.put(self.row, Column.LAST_REQUEST, time.time())
         return sent
+
+    def _send(self, task: Task[Any, Any], sent: Sent, items: Sequence[Any], streaming: bool) -> None:
+        """Send an admitted request to the inference process; raises (500) when the task's length hint or
+        the pickling of its items fails (the handler's code: a bug, answered, never a dropped connection)."""
+        assert self._channel is not None
+        try:
+            lengths = [task.length_hint(item) for item in items] if task.batchable else []
+            message = (ipc.SUBMIT, sent.id, sent.deadline, ipc.pack(list(items)), lengths, streaming)
+            delivered = self._channel.send(message)
+        except ServerError:
+            raise
+        except Exception as exc:
+            log.exception("cannot send a request to the inference process")
+            self.view.add(self.row, Column.ERRORS)
+            raise InferenceError(
+                f"the request could not be sent to the model: {type(exc).__name__}: {exc}"
+            ) from exc
+        if not delivered:
+            raise ModelNotReady("the inference process is not reachable")
 
     async def infer(
         self,
@@ -267,4 +310,4 @@ class InferenceClient:
         return len(self._sent)
 
 
-__all__ = ["ClientGone", "InferenceClient", "Sent", "retry_after_seconds"]
+__all__ = ["ClientGone", "InferenceClient", "Sent", "Slot", "retry_after_seconds"]

@@ -7,9 +7,11 @@ figures into the shared view, and the load; the model runs on the worker's singl
 (``Worker``).  It moves the worker's lifecycle state, which every HTTP process reads.
 
 How it ends: ``drain`` on the control pipe (the supervisor got SIGTERM): Evicting, finish everything
-admitted (bounded by ``--drain-timeout``), Dead, exit 0.  A load failure or a fatal device error: Failed
-with the reason, the waiting requests answered, exit 3 or 4 (the supervisor writes the reason to the
-termination log and exits with the same code).  ``stop``, or the control pipe closing: exit at once.
+admitted (bounded by ``--drain-timeout``), Dead, exit 0; a drain that runs out of time answers what is
+left 503 and exits 6 (``EXIT_DRAIN_TIMED_OUT``, the number abandoned in the reason).  A load failure or
+a fatal device error: Failed with the reason, the waiting requests answered, exit 3 or 4 (the
+supervisor writes the reason to the termination log and exits with the same code).  ``stop``, or the
+control pipe closing: exit at once.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from model_server.process_setup import set_up
 from model_server.state_machine import State, StateMachine
 from model_server.worker import Worker
 from model_server.worker_view import Field, WorkerView
-from modelpool_contract.exits import EXIT_LOAD_FAILED
+from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_LOAD_FAILED, INFERENCE_FLUSH_S
 
 log = logging.getLogger("modelpool.inference")
 
@@ -42,8 +44,6 @@ log = logging.getLogger("modelpool.inference")
 PUBLISH_EVERY_S = 0.25
 # After a failure, how long the failing batch's answers get to reach their clients before the exit.
 FAIL_GRACE_S = 0.2
-# How long, at the exit, the answers already sent may take to be written to the HTTP processes.
-FLUSH_TIMEOUT_S = 2.0
 # The exit code when a part of this process stopped on a bug (the supervisor reports a dead process).
 EXIT_BROKEN = 1
 
@@ -118,7 +118,7 @@ class InferenceProcess:
         loop.remove_reader(control.fileno())
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*(e.channel.drained(FLUSH_TIMEOUT_S) for e in self._endpoints))
+        await asyncio.gather(*(e.channel.drained(INFERENCE_FLUSH_S) for e in self._endpoints))
         self.worker.close()
         return code
 
@@ -191,10 +191,16 @@ class InferenceProcess:
         asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
-        drained = await self.dataplane.drain(self.config.drain_timeout)
-        log.info("drain %s", "complete" if drained else f"timed out after {self.config.drain_timeout}s")
-        self.state_machine.try_to(State.DEAD, "drained")
-        self._finish(0)
+        abandoned = await self.dataplane.drain(self.config.drain_timeout)
+        if not abandoned:
+            log.info("drain complete")
+            self.state_machine.try_to(State.DEAD, "drained")
+            self._finish(0)
+            return
+        reason = drain_timed_out(self.config.drain_timeout, abandoned)
+        log.error("%s", reason)
+        self.state_machine.try_to(State.DEAD, reason)  # the supervisor's termination message
+        self._finish(EXIT_DRAIN_TIMED_OUT)
 
     def _on_failed(self, exit_code: int, reason: str) -> None:
         """Failed (load error or fatal device error): answer what waits with 503, then exit non-zero."""
@@ -207,6 +213,12 @@ class InferenceProcess:
     def _finish(self, code: int) -> None:
         if self._exit is not None and not self._exit.done():
             self._exit.set_result(code)
+
+
+def drain_timed_out(drain_timeout: float, abandoned: int) -> str:
+    """Pure: the termination message of a drain that ran out of time."""
+    requests = "1 request" if abandoned == 1 else f"{abandoned} requests"
+    return f"drain timed out after {drain_timeout:g} s: {requests} abandoned"
 
 
 def run_loop(main: Coroutine[Any, Any, int]) -> int:
@@ -227,7 +239,7 @@ def main(config: ServerConfig, view: WorkerView, sockets: list[socket.socket], c
     exit_now(run_loop(InferenceProcess(config, view).serve(sockets, control)))
 
 
-__all__ = ["Endpoint", "InferenceProcess", "main"]
+__all__ = ["Endpoint", "InferenceProcess", "drain_timed_out", "main"]
 
 
 def publish_download(view: WorkerView, progress: DownloadProgress) -> None:

@@ -9,7 +9,7 @@ of their own (``--probe-port``) from the worker's shared memory, with the same b
 
 A wedged HTTP process must still fail liveness, as it would on the serving port: each one's event loop
 ticks a heartbeat into the shared view, and liveness fails while one that accepts connections has not
-ticked for ``STALL_AFTER_S``.
+ticked for ``STALL_AFTER_S``; so must a wedged forward pass (``worker_stats.inference_wedged``).
 
 A small stdlib ``ThreadingHTTPServer`` in a thread of the supervisor: three GET routes, a JSON body each,
 keep-alive; the supervisor imports no web stack.
@@ -47,7 +47,7 @@ def answer(
         wedged = (
             f"HTTP process {stalled[0]} has not run its event loop for {STALL_AFTER_S:.0f} s"
             if stalled
-            else ""
+            else worker_stats.inference_wedged(config, view, now)
         )
         return worker_stats.liveness(state_machine, wedged)
     if path == READY_PATH:

@@ -10,12 +10,19 @@ Then it watches them, and owns the exit code and the termination log:
 
 * SIGTERM or SIGINT: ``drain`` to the inference process (Evicting: readiness fails, new requests get
   503, everything admitted is computed and answered, bounded by ``--drain-timeout``); once it has
-  exited, ``stop`` to the HTTP processes (their answers in progress finish); exit 0.  A second signal
-  stops every process at once.
+  exited, ``stop`` to the HTTP processes (their answers in progress finish); exit 0, or
+  ``EXIT_DRAIN_TIMED_OUT`` when the drain ran out of time (the reason, with the number of requests
+  abandoned, in the termination log).  A second signal stops every process at once.  The longest this
+  can take is ``modelpool_contract.exits.worst_case_shutdown_s``, which the pod's grace period covers.
 * A process that exits unasked: the worker is Failed at once (liveness and readiness fail in every HTTP
   process still up), the reason goes to the termination log, the others are stopped, and the supervisor
   exits with the inference process's code (3 load failure, 4 fatal device error) or
   ``EXIT_PROCESS_DIED``.
+* A forward pass running past ``--request-timeout`` + ``--wedge-grace`` (the inference process publishes
+  when its current batch started; ``worker_stats.inference_wedged``): the worker is Failed with that
+  reason, its processes are stopped and the supervisor exits ``EXIT_INFERENCE_WEDGED``, so that its
+  memory is released (the operator never evicts a Processing worker, and charges a Failed one nothing).
+  Checked every ``WATCH_PERIOD_S``.
 
 With ``--probe-port`` it answers health, readiness and ``/stats`` on that port itself, from a thread
 (``probe_server``: apart from the traffic, at the supervisor's normal CPU priority).
@@ -39,19 +46,35 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
-from model_server import process_setup
+from model_server import process_setup, worker_stats
 from model_server.config import ServerConfig
 from model_server.probe_server import ProbeServer
 from model_server.state_machine import State, StateMachine
-from model_server.worker_view import INFERENCE_ROW, SPAWN, SUPERVISOR_ROW, Column, WorkerView, http_row
-from modelpool_contract.exits import EXIT_DEVICE_FAILED, EXIT_LOAD_FAILED, EXIT_PROCESS_DIED
+from model_server.worker_view import (
+    INFERENCE_ROW,
+    SPAWN,
+    SUPERVISOR_ROW,
+    Column,
+    Field,
+    WorkerView,
+    http_row,
+)
+from modelpool_contract.exits import (
+    DRAIN_GRACE_S,
+    EXIT_DEVICE_FAILED,
+    EXIT_DRAIN_TIMED_OUT,
+    EXIT_INFERENCE_WEDGED,
+    EXIT_LOAD_FAILED,
+    EXIT_PROCESS_DIED,
+    KILL_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+)
 
 log = logging.getLogger("modelpool.supervisor")
 
-# After --drain-timeout, how much longer the inference process gets before it is killed.
-DRAIN_GRACE_S = 10.0
-# How long stopped processes get to exit before they are killed.
-STOP_TIMEOUT_S = 10.0
+# How often the supervisor looks for a wedged forward pass (the bound of its detection is
+# --request-timeout + --wedge-grace + this).
+WATCH_PERIOD_S = 1.0
 LISTEN_BACKLOG = 2048
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
@@ -69,11 +92,14 @@ def describe_exit(exitcode: int) -> str:
 def verdict(name: str, pid: int, exitcode: int, reason: str, draining: bool) -> tuple[int, str]:
     """Pure: the worker's exit code and termination message when process ``name`` has exited.
 
-    The inference process ends a drain with 0, and its own failures with 3 or 4 and the reason in the
-    shared state; anything else (an HTTP process exiting at all, a crash, a signal) is a dead process."""
+    The inference process ends a drain with 0 (or 6 when it timed out), and its own failures with 3 or 4,
+    the reason in the shared state; anything else (an HTTP process exiting at all, a crash, a signal) is
+    a dead process."""
     if name == "inference":
         if exitcode == 0 and draining:
             return 0, ""
+        if exitcode == EXIT_DRAIN_TIMED_OUT and draining:
+            return exitcode, reason or "drain timed out"
         if exitcode in (EXIT_LOAD_FAILED, EXIT_DEVICE_FAILED):
             return exitcode, reason or f"the inference process exited with {exitcode}"
     return EXIT_PROCESS_DIED, f"the {name} process (pid {pid}) died: {describe_exit(exitcode)}"
@@ -167,7 +193,9 @@ class Supervisor:
         wakeup = self._catch_signals()
         drain_deadline: float | None = None
         while True:
-            timeout = None if drain_deadline is None else max(0.0, drain_deadline - time.monotonic())
+            timeout = WATCH_PERIOD_S
+            if drain_deadline is not None:
+                timeout = min(timeout, max(0.0, drain_deadline - time.monotonic()))
             wait([wakeup, *(c.process.sentinel for c in self.children if not c.done)], timeout)
             with contextlib.suppress(BlockingIOError):
                 wakeup.recv(4096)
@@ -184,9 +212,23 @@ class Supervisor:
                 if not child.done and child.process.exitcode is not None:
                     child.done = True
                     return self._ended(child)
+            wedged = self._wedged()
+            if wedged:
+                return self._fail(EXIT_INFERENCE_WEDGED, wedged)
             if drain_deadline is not None and time.monotonic() >= drain_deadline:
-                log.error("the inference process did not finish its drain in time; stopping it")
-                return self._stop_all(0)
+                waited = self.config.drain_timeout + DRAIN_GRACE_S
+                return self._fail(
+                    EXIT_DRAIN_TIMED_OUT,
+                    f"drain timed out: the inference process had not exited {waited:g} s after SIGTERM;"
+                    f" stopped with {self.view.door.taken + int(self.view.get(Field.IN_FLIGHT))} requests"
+                    " abandoned",
+                )
+
+    def _wedged(self) -> str:
+        """Why the forward pass counts as wedged ('' while it does not), unless the worker has ended."""
+        if self.state_machine.state in (State.FAILED, State.DEAD):
+            return ""
+        return worker_stats.inference_wedged(self.config, self.view, time.monotonic())
 
     def _catch_signals(self) -> socket.socket:
         """Record SIGTERM/SIGINT (a byte on the returned socket wakes ``watch``), then let them in."""
@@ -216,6 +258,14 @@ class Supervisor:
         if code == 0:
             log.info("drained; stopping the HTTP processes")
             return self._stop_all(0)
+        if code == EXIT_DRAIN_TIMED_OUT:
+            log.error("%s; stopping the HTTP processes", reason)
+            self._write_termination_log(reason)
+            return self._stop_all(code)
+        return self._fail(code, reason)
+
+    def _fail(self, code: int, reason: str) -> int:
+        """The worker has failed: Failed with ``reason``, the termination log, every process stopped."""
         log.error("worker failed: %s", reason)
         # Failed at once in every HTTP process still up: liveness and readiness fail from now on.
         if not self.state_machine.try_to(State.FAILED, reason) and self.state_machine.state is State.FAILED:
@@ -242,11 +292,13 @@ class Supervisor:
         return self._kill_all(code)
 
     def _kill_all(self, code: int) -> int:
-        for child in self.children:
-            if child.process.exitcode is None:
-                log.warning("killing the %s process", child.name)
-                child.process.kill()
-                child.process.join(5)
+        leftovers = [c for c in self.children if c.process.exitcode is None]
+        for child in leftovers:
+            log.warning("killing the %s process", child.name)
+            child.process.kill()
+        deadline = time.monotonic() + KILL_TIMEOUT_S
+        for child in leftovers:
+            child.process.join(max(0.0, deadline - time.monotonic()))
         shutil.rmtree(self._metrics_dir, ignore_errors=True)
         return code
 

@@ -23,6 +23,27 @@ def ready(state_machine: StateMachine, view: WorkerView) -> bool:
     return state_machine.serving and view.http_up()
 
 
+def wedged_batch(started: float | None, now: float, request_timeout: float, grace: float) -> str:
+    """Pure: why the forward pass that began at ``started`` (``time.monotonic()``; None: none runs)
+    counts as wedged at ``now``, or '' while it does not.  No client of a batch waits longer than
+    ``request_timeout`` (every deadline is capped by it, a streamed generation's too), so a batch still
+    running ``grace`` seconds after that is stuck (in a kernel, a deadlock): nobody is waiting for it."""
+    if started is None:
+        return ""
+    running = now - started
+    if running <= request_timeout + grace:
+        return ""
+    return (
+        f"inference wedged: batch running for {running:.0f} s, over the {request_timeout:g} s request"
+        f" timeout + {grace:g} s grace"
+    )
+
+
+def inference_wedged(config: ServerConfig, view: WorkerView, now: float) -> str:
+    """``wedged_batch`` for the batch the inference process runs now (``now``: ``time.monotonic()``)."""
+    return wedged_batch(view.optional(Field.BATCH_STARTED), now, config.request_timeout, config.wedge_grace)
+
+
 def liveness(state_machine: StateMachine, wedged: str = "") -> tuple[int, dict[str, Any]]:
     """``GET /v2/health/live``: status and body (``wedged``: why a process of the worker is stuck)."""
     ok = state_machine.live and not wedged
@@ -86,4 +107,4 @@ def _count(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-__all__ = ["liveness", "readiness", "ready", "stats"]
+__all__ = ["inference_wedged", "liveness", "readiness", "ready", "stats", "wedged_batch"]

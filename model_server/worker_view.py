@@ -13,7 +13,7 @@ The supervisor makes one ``WorkerView`` before it starts the processes and hands
 * each process's counter row (requests admitted, rejected, failed; the last request's time; its pid):
   that process only;
 * the inference figures (in flight, backlog, service time per item, load and warm-up seconds, download
-  progress, GPU memory): the inference process only.
+  progress, GPU memory, when the running batch started): the inference process only.
 
 Single values are 8-byte aligned doubles, written and read whole; a reader may see a figure one update
 old, never a torn one.
@@ -57,6 +57,7 @@ class Field(enum.IntEnum):
     DOWNLOADED_BYTES = enum.auto()  # an hf:// source's bytes in the cache so far
     DOWNLOAD_TOTAL_BYTES = enum.auto()  # NaN until the file list is known
     CPU_THREADS = enum.auto()  # torch's intra-op threads in the inference process; NaN until it is loaded
+    BATCH_STARTED = enum.auto()  # time.monotonic() when the running forward pass began; NaN: none runs
 
 
 class Column(enum.IntEnum):
@@ -170,6 +171,7 @@ class WorkerView:
             Field.GPU_PEAK_RESERVED,
             Field.DOWNLOAD_TOTAL_BYTES,
             Field.CPU_THREADS,
+            Field.BATCH_STARTED,
         ):
             numbers[unknown] = float("nan")
 

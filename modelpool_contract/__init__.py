@@ -7,7 +7,8 @@ standard library and pydantic.
 * ``labels``: the ``modelpool.dev`` prefix, and the labels and annotations on worker pods.
 * ``states``: the eight worker states and the named sets of them (serving, active, evictable, charged).
 * ``tasks``: the task names a ModelPool may ask for and the server implements.
-* ``exits``: the server's exit codes the operator reads back from a terminated container.
+* ``exits``: the server's exit codes the operator reads back from a terminated container, and its
+  worst-case shutdown (the pod's grace period).
 * ``stats``: the ``GET /stats`` document (``WorkerStats``) the server emits and the operator parses.
 * ``flags``: the server flags the operator passes to a worker (``ServerArgs``) and their defaults.
 * ``gateway_keys``: the label and data keys of the Secrets that hold the gateway's API keys.

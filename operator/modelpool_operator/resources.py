@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from modelpool_contract.api import API_VERSION, MODELPOOL_KIND, EnvVar, ModelCacheSpec, ModelPoolSpec
+from modelpool_contract.exits import termination_grace_period_s
 from modelpool_contract.flags import (
     DEFAULT_SERVER_IMAGE,
     DRAIN_TIMEOUT_S,
@@ -231,7 +232,9 @@ def _pod_spec(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> dic
         # decision), and a Failed pod keeps its termination message and charges nothing meanwhile.  With
         # Always, the kubelet would restart a worker that failed to load forever, holding its memory.
         "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": settings.drain_timeout_s + 10,
+        # The server's worst case from SIGTERM to its exit (the drain, then stopping its processes), so
+        # that the kubelet's SIGKILL never cuts it short and loses the exit code and its reason.
+        "terminationGracePeriodSeconds": termination_grace_period_s(settings.drain_timeout_s),
         "securityContext": {
             "runAsNonRoot": True,
             # The uid the Dockerfile's images run as.

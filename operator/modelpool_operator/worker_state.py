@@ -9,7 +9,8 @@ reason a user can act on.  It covers every pod shape the kubelet (or KWOK's chao
   without stats, the container's readiness decides between Loading and Ready.
 * Evicting: the pod is being deleted, or the operator annotated it for eviction, or the server drains.
 * Dead: the pod is gone or its server exited cleanly.
-* Failed: LoadFailed (exit code ``EXIT_LOAD_FAILED``, the termination message), OOMKilled,
+* Failed: LoadFailed (exit code ``EXIT_LOAD_FAILED``, the termination message), InferenceWedged and
+  DrainTimedOut (the server's exits 7 and 6, the termination message), OOMKilled,
   CrashLoopBackOff, ImagePullBackOff/ErrImagePull, other non-zero exits, kubelet eviction, Unresponsive
   (only when the node/kubelet says so).
 
@@ -28,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from modelpool_contract.api import MeasuredMemory, WorkerStatus
-from modelpool_contract.exits import EXIT_LOAD_FAILED
+from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_INFERENCE_WEDGED, EXIT_LOAD_FAILED
 from modelpool_contract.labels import (
     ANNOTATION_EVICTING,
     ANNOTATION_EVICTING_SINCE,
@@ -74,6 +75,8 @@ FAILURE_REASONS: frozenset[str] = frozenset(
     {
         "OOMKilled",
         "LoadFailed",
+        "InferenceWedged",
+        "DrainTimedOut",
         "ContainerCannotRun",
         "StartError",
         "Error",
@@ -345,6 +348,13 @@ class _Verdict:
     since: datetime | None
 
 
+#: The server's own exits that name their failure (the termination message says the rest).
+_SERVER_EXIT_REASONS: dict[int, str] = {
+    EXIT_INFERENCE_WEDGED: "InferenceWedged",
+    EXIT_DRAIN_TIMED_OUT: "DrainTimedOut",
+}
+
+
 def _terminated_failure(terminated: Mapping[str, Any]) -> tuple[str, str | None]:
     """(reason, message) for a container that terminated with a failure."""
     code = _int_or_none(terminated.get("exitCode"))
@@ -357,6 +367,9 @@ def _terminated_failure(terminated: Mapping[str, Any]) -> tuple[str, str | None]
         )
     if code == EXIT_LOAD_FAILED:
         return "LoadFailed", message or f"the model failed to load (exit code {code}); see the worker's logs"
+    if code in _SERVER_EXIT_REASONS:
+        reason = _SERVER_EXIT_REASONS[code]
+        return reason, message or f"the server exited with {code} ({reason}); see the worker's logs"
     if kubelet_reason in ("ContainerCannotRun", "StartError"):
         return kubelet_reason, message or f"the container could not start (exit code {code})"
     detail = f"exit code {code}" + (f" ({kubelet_reason})" if kubelet_reason else "")

@@ -14,6 +14,8 @@ PYTHONPATH).  Behaviour knobs come from the environment so one class serves many
   file exists (at most 120 s);
 * ``HANDLER_RECORD``: a file each ``run`` appends its texts to (proves what was, or was not, computed).
 
+``FailsAfterAdmission`` fails requests after admission, in the HTTP process (see the class).
+
 Texts that trigger failures: ``boom`` (the forward pass raises), ``fatal`` (a CUDA illegal-memory-access
 error), ``oom`` (CUDA out of memory whenever the unit holds more than one item), ``bad`` (InvalidInput).
 """
@@ -159,3 +161,27 @@ class EchoGeneration(Task[GenerationItem, GenerationResult]):
         out = np.empty(len(results), dtype=object)
         out[:] = [r.text.encode() for r in results]
         return {"text_output": out}
+
+
+class _Unpicklable(TextItem):
+    """A text item that cannot cross to the inference process (pickling it raises)."""
+
+    def __reduce__(self) -> Any:
+        raise TypeError("this item cannot be pickled")
+
+
+class FailsAfterAdmission(EchoEmbedding):
+    """``EchoEmbedding`` whose requests can fail in the HTTP process after their door slot is taken:
+    the text ``nohint`` makes ``length_hint`` raise, and the text ``unpicklable`` (v2 route) decodes to an
+    item that cannot be sent to the inference process."""
+
+    def length_hint(self, item: TextItem) -> int:
+        if item.text == "nohint":
+            raise ValueError("no length hint for this text")
+        return len(item.text)
+
+    def decode_v2(
+        self, inputs: Mapping[str, npt.NDArray[Any]], parameters: Mapping[str, Any]
+    ) -> list[TextItem]:
+        items = super().decode_v2(inputs, parameters)
+        return [_Unpicklable(i.text) if i.text == "unpicklable" else i for i in items]

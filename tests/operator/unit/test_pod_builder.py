@@ -9,6 +9,7 @@ import pytest
 from op_pods import at
 
 from modelpool_contract.api import ModelCacheSpec, parse_pool_spec
+from modelpool_contract.exits import termination_grace_period_s, worst_case_shutdown_s
 from modelpool_contract.labels import (
     ANNOTATION_MEMORY,
     LABEL_POOL,
@@ -82,7 +83,7 @@ def test_worker_pod_shape() -> None:
     assert spec["restartPolicy"] == "Never"
     assert spec["nodeSelector"] == {"gpu": "yes"} and spec["serviceAccountName"] == "workers"
     assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert spec["terminationGracePeriodSeconds"] == 40
+    assert spec["terminationGracePeriodSeconds"] == termination_grace_period_s(30)
     (c,) = spec["containers"]
     assert c["image"] == "img:1" and c["command"] == ["modelpool-server"]
     # A GPU pool is charged its accelerator memory (2Gi, the annotation above); the container's RAM is the
@@ -314,3 +315,23 @@ def test_eviction_patch_stops_routing() -> None:
     assert patch["metadata"]["labels"] == {LABEL_SERVING: None}
     assert patch["metadata"]["annotations"]["modelpool.dev/evicting"] == "IdleTimeout"
     assert patch["metadata"]["annotations"]["modelpool.dev/evicting-since"] == "2026-01-01T12:00:05Z"
+
+
+@pytest.mark.parametrize("drain_timeout", [0, 1, 30, 299])
+def test_the_grace_period_covers_the_servers_worst_case_shutdown(drain_timeout: int) -> None:
+    """The kubelet's SIGKILL comes after terminationGracePeriodSeconds: it must never cut the server's
+    own shutdown short (the drain, then stopping its processes), whose worst case the contract computes
+    from the same constants the supervisor uses."""
+    from modelpool_contract.exits import DRAIN_GRACE_S, INFERENCE_FLUSH_S, KILL_TIMEOUT_S, STOP_TIMEOUT_S
+
+    settings = PodSettings(default_image="img:1", drain_timeout_s=drain_timeout)
+    spec = build_worker_pod(view(pool()), "emb-abc12-0", settings)["spec"]
+    grace = spec["terminationGracePeriodSeconds"]
+    assert isinstance(grace, int)
+    assert grace >= worst_case_shutdown_s(drain_timeout)
+    assert (
+        worst_case_shutdown_s(drain_timeout)
+        >= drain_timeout + DRAIN_GRACE_S + STOP_TIMEOUT_S + KILL_TIMEOUT_S
+    )
+    # The inference process's own exit after a drain (its answers flushed) fits in the drain's grace.
+    assert INFERENCE_FLUSH_S < DRAIN_GRACE_S

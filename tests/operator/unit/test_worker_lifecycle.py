@@ -82,6 +82,22 @@ def test_load_failed_exit_code_3_with_termination_message() -> None:
     assert w.since == at(20)
 
 
+@pytest.mark.parametrize(
+    ("code", "reason", "message"),
+    [
+        (
+            7,
+            "InferenceWedged",
+            "inference wedged: batch running for 93 s, over the 60 s request timeout + 30 s grace",
+        ),
+        (6, "DrainTimedOut", "drain timed out after 30 s: 3 requests abandoned"),
+    ],
+)
+def test_the_servers_own_failure_exits_are_named(code: int, reason: str, message: str) -> None:
+    w = observe_worker(pod(phase="Failed", state=terminated(code, "Error", message)), None, NOW)
+    assert (w.state, w.reason, w.message, w.memory) == ("Failed", reason, message, 0)
+
+
 def test_oomkilled_137_kwok_chaos_shape() -> None:
     p = pod(phase="Failed", state=terminated(137, "OOMKilled"))
     w = observe_worker(p, stats("Ready"), NOW)  # stale stats never override the kubelet's verdict
