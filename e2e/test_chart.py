@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from e2e.helpers import CHART, CHART_CRDS, by_kind, load_all, one, require_binary, run
+from modelpool_contract.labels import PROBE_PORT_NAME
 
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 OPERATOR = "mp-modelpool-operator"
@@ -229,7 +230,7 @@ def test_metrics_endpoint_service_and_monitors(helm: list[str]) -> None:
         "matchExpressions": [{"key": "modelpool.dev/pool", "operator": "Exists"}]
     }
     assert workers["spec"]["namespaceSelector"] == {"any": True}
-    assert workers["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    assert workers["spec"]["podMetricsEndpoints"][0]["port"] == PROBE_PORT_NAME  # no API key there
     assert workers["spec"]["podMetricsEndpoints"][0]["interval"] == "1m"
     scoped = render(
         helm, "--set", "metrics.podMonitor.enabled=true", "--set", "scope.clusterWide=false",

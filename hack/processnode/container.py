@@ -8,10 +8,13 @@ process the container started.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,7 +32,15 @@ from hack.processnode.podspec import (
 )
 from hack.processnode.podstatus import ContainerRecord, Terminated
 from hack.processnode.probes import ProbeState, run_probe
-from hack.processnode.volumes import ContainerView, Getter, materialize, mount_table
+from hack.processnode.rootfs import wrapper_argv
+from hack.processnode.volumes import (
+    ContainerView,
+    Getter,
+    materialize,
+    mount_table,
+    read_only_root,
+    writable_paths,
+)
 
 JSON = dict[str, Any]
 log = logging.getLogger("processnode.container")
@@ -162,6 +173,27 @@ class ContainerRunner:
         cwd = Path(wd) if wd and Path(wd).is_dir() else ctx.default_cwd
         return Launch([view.rewrite(a) for a in argv], view.rewrite_env(env, base), cwd, view)
 
+    def _command(self, launch: Launch) -> list[str]:
+        """The process to start: the container's argv, through ``rootfs`` when its root is read-only.
+        Raises OSError (a StartError) for an executable that cannot be found, as Popen would."""
+        if not read_only_root(self.spec):
+            return launch.argv
+        program = launch.argv[0]
+        found = (
+            shutil.which(program, path=launch.env.get("PATH", os.defpath))
+            if "/" not in program
+            else shutil.which(os.path.join(launch.cwd, program))
+        )
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        writable = [
+            *(str(p) for p in writable_paths(self.spec, launch.view.mounts)),
+            str(launch.view.root),
+            str(self.termination_log_path),
+            str(self.log_path),
+        ]
+        return wrapper_argv(sys.executable, writable, launch.argv)
+
     def _start(self, now: float) -> None:
         ctx = self.ctx
         try:
@@ -186,7 +218,7 @@ class ContainerRunner:
         started = datetime.now(UTC)
         try:
             self.proc = subprocess.Popen(
-                argv,
+                self._command(launch),
                 env=env,
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,

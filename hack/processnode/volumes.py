@@ -18,8 +18,12 @@ default (a server's default --pvc-root, /tmp without TMPDIR) are not seen: pass 
 Sources (`pod_volume_dirs`): emptyDir (a fresh directory), hostPath (the host path, with the `type`
 checks and the *OrCreate creation the kubelet does), persistentVolumeClaim (PVC -> its bound PV ->
 `spec.hostPath.path` or `spec.local.path`; an unbound claim is an error the worker retries, as the
-kubelet keeps such a pod in ContainerCreating).  Other volume types are not mounted.  `readOnly` is not
-enforced: the process has the agent's own permissions.
+kubelet keeps such a pod in ContainerCreating).  Other volume types are not mounted.
+
+`readOnly` and `readOnlyRootFilesystem`: a container without a read-only root has the agent's own
+permissions everywhere.  One with `securityContext.readOnlyRootFilesystem` runs in a mount namespace of
+its own (`rootfs`) where the host's filesystem is read-only but for the host paths of its mounts that are
+not `readOnly` (`writable_paths`), its mount root and its log files.
 """
 
 from __future__ import annotations
@@ -180,6 +184,19 @@ def mount_table(container: JSON, volume_dirs: Mapping[str, Path], env: Mapping[s
                     f"nested volume mounts ({path}, {other}) are not supported by the process node",
                 )
     return table
+
+
+def writable_paths(container: JSON, table: Mapping[str, Path]) -> list[Path]:
+    """Pure: the host paths of the container's mounts (``mount_table``) that are not ``readOnly``."""
+    read_only = {
+        _normalize(str(m["mountPath"])) for m in container.get("volumeMounts") or [] if m.get("readOnly")
+    }
+    return [host for mount, host in table.items() if mount not in read_only]
+
+
+def read_only_root(container: JSON) -> bool:
+    """Does the container ask for a read-only root filesystem?"""
+    return bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
 
 
 @dataclass(frozen=True)
