@@ -32,7 +32,7 @@ from hack.processnode.podspec import (
 )
 from hack.processnode.podstatus import ContainerRecord, Terminated
 from hack.processnode.probes import ProbeState, run_probe
-from hack.processnode.rootfs import wrapper_argv
+from hack.processnode.rootfs import can_enforce, wrapper_argv
 from hack.processnode.volumes import (
     ContainerView,
     Getter,
@@ -177,6 +177,11 @@ class ContainerRunner:
         """The process to start: the container's argv, through ``rootfs`` when its root is read-only.
         Raises OSError (a StartError) for an executable that cannot be found, as Popen would."""
         if not read_only_root(self.spec):
+            return launch.argv
+        if not can_enforce():
+            log.warning(
+                "container %s: readOnlyRootFilesystem not enforced (the agent is not root)", self.record.name
+            )
             return launch.argv
         program = launch.argv[0]
         found = (

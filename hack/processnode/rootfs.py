@@ -91,6 +91,12 @@ def image_mounts(mountinfo: str) -> list[tuple[str, int]]:
     return list(found.items())
 
 
+def can_enforce() -> bool:
+    """Only root may create a mount namespace and remount in it: an agent run by another user (a laptop's
+    ``make cluster-up``) starts such containers as they are, and says so (``ContainerRunner``)."""
+    return os.geteuid() == 0
+
+
 def wrapper_argv(python: str, writable: Sequence[str], command: Sequence[str]) -> list[str]:
     """Pure: the command line that runs ``command`` with a read-only root and ``writable`` kept writable."""
     argv = [python, "-I", "-S", os.path.abspath(__file__)]
