@@ -28,6 +28,7 @@ from tests.kube import (
     host_path_pv,
     is_ready,
     minilm_package,
+    pod_log,
     process_node_pod,
     wait_for,
 )
@@ -264,5 +265,4 @@ def test_a_read_only_root_fails_writes_outside_the_writable_volumes(
     }
     assert not outside.exists() and (created / "x.txt").read_text() == "x"
     # Its stdout reached the log the agent opened before the root turned read-only.
-    logs = cluster.kubectl("logs", "writer", "-n", namespace)
-    assert "wrote what it could" in logs.stdout
+    assert "wrote what it could" in pod_log(cluster, namespace, "writer", "writer")
