@@ -351,6 +351,12 @@ def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str])
     assert c["securityContext"].items() >= RESTRICTED_CONTAINER.items()
     deployment = one(docs, "Deployment", GATEWAY)
     assert deployment["spec"]["replicas"] == 2
+    # A read-only root: Python's tempfile writes to a /tmp emptyDir.
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert deployment["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}
+    ]
     selector = deployment["spec"]["selector"]["matchLabels"]
     operator_selector = one(docs, "Deployment", OPERATOR)["spec"]["selector"]["matchLabels"]
     assert not operator_selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items(), (

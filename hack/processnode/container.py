@@ -39,6 +39,7 @@ from hack.processnode.volumes import (
     materialize,
     mount_table,
     read_only_root,
+    with_tmpdir,
     writable_paths,
 )
 
@@ -162,9 +163,9 @@ class ContainerRunner:
             base[name] = str(self.termination_log_path)
         env = build_env(ctx.pod, self.spec, base, pod_ip=ctx.pod_ip, host_ip=ctx.host_ip, lookup=ctx.lookup)
         argv = build_argv(self.spec, env)
-        view = ContainerView(
-            ctx.pod_dir / "root" / self.record.name, mount_table(self.spec, ctx.volume_dirs, env)
-        )
+        table = mount_table(self.spec, ctx.volume_dirs, env)
+        view = ContainerView(ctx.pod_dir / "root" / self.record.name, table)
+        env = with_tmpdir(env, base, table)
         try:
             materialize(view)
         except OSError as err:

@@ -13,7 +13,9 @@ replaced by `<root>/<path>`; so are the same paths after `file://` and after the
 (`--model=/models/x`), except a path under a mountPath that exists on the host and not in the volume (a
 host file handed to the pod, e.g. a model in a checkout under /tmp, where workers mount an emptyDir): it
 stays as it is.  PROCESSNODE_ROOT names the container's root.  Paths a program builds in by
-default (a server's default --pvc-root, /tmp without TMPDIR) are not seen: pass them explicitly.
+default (a server's default --pvc-root) are not seen: pass them explicitly.  The one exception is /tmp:
+a container with a volume at /tmp and no TMPDIR of its own gets TMPDIR=/tmp (`with_tmpdir`), rewritten,
+so that tempfile finds the volume as it would in a container (where /tmp *is* the volume).
 
 Sources (`pod_volume_dirs`): emptyDir (a fresh directory), hostPath (the host path, with the `type`
 checks and the *OrCreate creation the kubelet does), persistentVolumeClaim (PVC -> its bound PV ->
@@ -184,6 +186,18 @@ def mount_table(container: JSON, volume_dirs: Mapping[str, Path], env: Mapping[s
                     f"nested volume mounts ({path}, {other}) are not supported by the process node",
                 )
     return table
+
+
+TMP = "/tmp"
+
+
+def with_tmpdir(env: Mapping[str, str], base: Mapping[str, str], table: Mapping[str, Path]) -> dict[str, str]:
+    """Pure: ``env`` with TMPDIR=/tmp when the container mounts a volume at /tmp and set no TMPDIR of its
+    own (its value is the agent's, from ``base``, or none)."""
+    out = dict(env)
+    if TMP in table and out.get("TMPDIR") == base.get("TMPDIR"):
+        out["TMPDIR"] = TMP
+    return out
 
 
 def writable_paths(container: JSON, table: Mapping[str, Path]) -> list[Path]:

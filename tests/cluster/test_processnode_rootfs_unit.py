@@ -19,7 +19,7 @@ from hack.processnode.rootfs import (
     mount_flags,
     wrapper_argv,
 )
-from hack.processnode.volumes import mount_table, read_only_root, writable_paths
+from hack.processnode.volumes import mount_table, read_only_root, with_tmpdir, writable_paths
 
 MOUNTINFO = """\
 22 1 253:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
@@ -65,6 +65,15 @@ def test_writable_paths_are_the_mounts_not_read_only(tmp_path: Path) -> None:
     assert read_only_root(container)
     assert not read_only_root({"name": "c", "securityContext": {"runAsNonRoot": True}})
     assert not read_only_root({"name": "c"})
+
+
+def test_a_volume_at_tmp_is_where_tempfile_writes_unless_the_container_says_otherwise(tmp_path: Path) -> None:
+    table = {"/tmp": tmp_path / "tmp"}
+    base = {"PATH": "/usr/bin", "TMPDIR": "/var/agent-tmp"}
+    assert with_tmpdir(dict(base), base, table)["TMPDIR"] == "/tmp"  # rewritten to the volume later
+    assert with_tmpdir({"PATH": "/usr/bin"}, {}, table)["TMPDIR"] == "/tmp"
+    assert with_tmpdir({**base, "TMPDIR": "/scratch"}, base, table)["TMPDIR"] == "/scratch"
+    assert with_tmpdir(dict(base), base, {"/data": tmp_path})["TMPDIR"] == "/var/agent-tmp"
 
 
 # Run through the wrapper: each line says what a write at one path gave.
