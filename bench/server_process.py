@@ -101,7 +101,7 @@ class ServerProcess:
 
     def mean_batch(self) -> tuple[float, float]:
         """(sum, count) of the batch-size histogram ``modelpool_batch_size``."""
-        text = self.client.get(self.url + "/metrics").text
+        text = self.client.get(self.probe_url + "/metrics").text  # as Prometheus scrapes a pod
         for family in text_string_to_metric_families(text):
             if family.name == "modelpool_batch_size":
                 values = {sample.name: sample.value for sample in family.samples}

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from e2e.helpers import CHART, CHART_CRDS, by_kind, load_all, one, require_binary, run
+from modelpool_contract.labels import PROBE_PORT_NAME
 
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 OPERATOR = "mp-modelpool-operator"
@@ -238,7 +239,7 @@ def test_metrics_endpoint_service_and_monitors(helm: list[str]) -> None:
         "matchExpressions": [{"key": "modelpool.dev/pool", "operator": "Exists"}]
     }
     assert workers["spec"]["namespaceSelector"] == {"any": True}
-    assert workers["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    assert workers["spec"]["podMetricsEndpoints"][0]["port"] == PROBE_PORT_NAME  # no API key there
     assert workers["spec"]["podMetricsEndpoints"][0]["interval"] == "1m"
     scoped = render(
         helm, "--set", "metrics.podMonitor.enabled=true", "--set", "scope.clusterWide=false",
@@ -420,6 +421,12 @@ def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str])
     assert c["securityContext"].items() >= RESTRICTED_CONTAINER.items()
     deployment = one(docs, "Deployment", GATEWAY)
     assert deployment["spec"]["replicas"] == 2
+    # A read-only root: Python's tempfile writes to a /tmp emptyDir.
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert deployment["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}
+    ]
     selector = deployment["spec"]["selector"]["matchLabels"]
     operator_selector = one(docs, "Deployment", OPERATOR)["spec"]["selector"]["matchLabels"]
     assert not operator_selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items(), (

@@ -63,7 +63,10 @@ class ServerConfig(BaseSettings):
     host: str = Field(default="0.0.0.0", description="Listen address")
     port: int = Field(default=8080, ge=1, le=65535, description="Listen port")
     probe_port: int | None = Field(
-        default=None, ge=1, le=65535, description="Health and /stats also here, served by the supervisor"
+        default=None,
+        ge=1,
+        le=65535,
+        description="Health, /stats and /metrics also here, served by the supervisor",
     )
     queue_capacity: int = Field(default=QUEUE_CAPACITY, ge=1, le=10**6, description="Requests that may wait")
     max_batch_size: int = Field(default=MAX_BATCH_SIZE, ge=1, le=65536, description="Items per forward pass")

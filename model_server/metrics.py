@@ -156,14 +156,20 @@ class Metrics:
 
     def render(self, gauges: WorkerGauges) -> bytes:
         """The text exposition of the worker: every process's counters and histograms, and the gauges."""
-        directory = os.environ.get(MULTIPROC_ENV)
-        registry = CollectorRegistry()
-        if directory:
-            MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
-        else:
-            registry.register(_Own(self.registry))
-        registry.register(gauges)
-        return generate_latest(registry)
+        return render_worker(gauges, os.environ.get(MULTIPROC_ENV), self.registry)
+
+
+def render_worker(gauges: WorkerGauges, directory: str | None, own: CollectorRegistry | None = None) -> bytes:
+    """The worker's exposition from any of its processes: the counters and histograms every process keeps
+    in ``directory`` (the multiprocess files), else those of ``own`` (a worker built in one process),
+    and the gauges.  The supervisor's probe port renders it with no counters of its own."""
+    registry = CollectorRegistry()
+    if directory:
+        MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    elif own is not None:
+        registry.register(_Own(own))
+    registry.register(gauges)
+    return generate_latest(registry)
 
 
 class _Own(Collector):
@@ -176,4 +182,4 @@ class _Own(Collector):
         return iter(self.registry.collect())
 
 
-__all__ = ["Metrics", "WorkerGauges", "gpu_memory", "rss_bytes", "worker_rss"]
+__all__ = ["Metrics", "WorkerGauges", "gpu_memory", "render_worker", "rss_bytes", "worker_rss"]

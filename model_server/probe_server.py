@@ -1,4 +1,5 @@
-"""The probe port: health, readiness and ``/stats`` answered by the supervisor, apart from the traffic.
+"""The probe port: health, readiness, ``/stats`` and ``/metrics`` answered by the supervisor, apart from
+the traffic.
 
 The HTTP processes run at a lower CPU priority than the model (``http_process.HTTP_NICE``), so that a
 flood of clients cannot take the model's cores; the price is that anything they answer waits behind the
@@ -7,12 +8,18 @@ and the operator's ``/stats`` scrape must not wait behind a flood: a worker that
 alive.  So the supervisor, which has no other work and keeps its normal priority, answers them on a port
 of their own (``--probe-port``) from the worker's shared memory, with the same bodies as the serving port.
 
+``/stats`` (the model's source, a load error) and ``/metrics`` answer here without a key, and on the
+serving port only with it (``endpoints.auth``): the probe port is for the kubelet, the operator and
+Prometheus, and a NetworkPolicy can keep it theirs, while the serving port is open to clients.
+``/metrics`` is the serving port's exposition: every process's counters (the multiprocess files the
+supervisor's ``metrics_dir`` holds) and the gauges read from the shared view.
+
 A wedged HTTP process must still fail liveness, as it would on the serving port: each one's event loop
 ticks a heartbeat into the shared view, and liveness fails while one that accepts connections has not
 ticked for ``STALL_AFTER_S``; so must a wedged forward pass (``worker_stats.inference_wedged``).
 
-A small stdlib ``ThreadingHTTPServer`` in a thread of the supervisor: three GET routes, a JSON body each,
-keep-alive; the supervisor imports no web stack.
+A small stdlib ``ThreadingHTTPServer`` in a thread of the supervisor: four GET routes, keep-alive; the
+supervisor imports no web stack.
 """
 
 from __future__ import annotations
@@ -25,11 +32,14 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST
+
 from model_server import worker_stats
 from model_server.config import ServerConfig
+from model_server.metrics import WorkerGauges, render_worker
 from model_server.state_machine import StateMachine
 from model_server.worker_view import WorkerView
-from modelpool_contract.stats import LIVE_PATH, READY_PATH, STATS_PATH
+from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
 
 # How often an HTTP process's event loop ticks its heartbeat (``http_process``), and how long without a
 # tick makes it wedged.  A loop that is merely busy (a flood at a low priority) still ticks within a few
@@ -54,7 +64,8 @@ def answer(
         return worker_stats.readiness(state_machine, view)
     if path == STATS_PATH:
         return 200, worker_stats.stats(config, view, state_machine)
-    return 404, {"error": f"no route {path!r} on the probe port (health, readiness and {STATS_PATH} only)"}
+    routes = f"health, readiness, {STATS_PATH} and {METRICS_PATH} only"
+    return 404, {"error": f"no route {path!r} on the probe port ({routes})"}
 
 
 class ProbeServer(ThreadingHTTPServer):
@@ -63,7 +74,12 @@ class ProbeServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(
-        self, address: tuple[str, int], config: ServerConfig, view: WorkerView, state_machine: StateMachine
+        self,
+        address: tuple[str, int],
+        config: ServerConfig,
+        view: WorkerView,
+        state_machine: StateMachine,
+        metrics_dir: str | None = None,
     ) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
@@ -71,6 +87,12 @@ class ProbeServer(ThreadingHTTPServer):
         self.config = config
         self.view = view
         self.state_machine = state_machine
+        self.metrics_dir = metrics_dir
+        self.gauges = WorkerGauges(view, state_machine)
+
+    def metrics(self) -> bytes:
+        """``/metrics``: the worker's exposition (``metrics_dir``: the processes' multiprocess files)."""
+        return render_worker(self.gauges, self.metrics_dir)
 
     def serve_in_thread(self) -> threading.Thread:
         thread = threading.Thread(target=self.serve_forever, name="probe-port", daemon=True)
@@ -88,10 +110,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         server = self.server
         path = self.path.split("?", 1)[0]
-        status, body = answer(path, server.config, server.view, server.state_machine, time.monotonic())
-        data = json.dumps(body, separators=(",", ":")).encode()
+        if path == METRICS_PATH:
+            status, data, content_type = 200, server.metrics(), CONTENT_TYPE_LATEST
+        else:
+            status, body = answer(path, server.config, server.view, server.state_machine, time.monotonic())
+            data, content_type = json.dumps(body, separators=(",", ":")).encode(), "application/json"
         self.send_response(HTTPStatus(status))
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

@@ -149,14 +149,15 @@ class Supervisor:
         self.children: list[Child] = []
         self._signals: list[int] = []
         self._draining = False
-        self._metrics_dir = tempfile.mkdtemp(prefix="modelpool-metrics-")
+        # Under TMPDIR: the pod's tmp volume, the root filesystem being read-only.
+        self.metrics_dir = tempfile.mkdtemp(prefix="modelpool-metrics-")
 
     # ---- start --------------------------------------------------------------------------------------
 
     def start(self, listeners: list[socket.socket]) -> None:
         """Start the inference process and one HTTP process per listener."""
         # Every process keeps its counters in files here; any scrape adds them up.
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self._metrics_dir
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
         pairs = [socket.socketpair() for _ in listeners]
         control_r, control_w = SPAWN.Pipe(duplex=False)
         inference = SPAWN.Process(
@@ -299,7 +300,7 @@ class Supervisor:
         deadline = time.monotonic() + KILL_TIMEOUT_S
         for child in leftovers:
             child.process.join(max(0.0, deadline - time.monotonic()))
-        shutil.rmtree(self._metrics_dir, ignore_errors=True)
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
         return code
 
 
@@ -339,13 +340,19 @@ def run(config: ServerConfig) -> int:
 
 
 def start_probe_server(config: ServerConfig, supervisor: Supervisor) -> ProbeServer | None:
-    """With ``--probe-port``: health, readiness and /stats on it, from a thread of this process (its
-    socket listens before any other process starts, so the first probe never meets a refusal)."""
+    """With ``--probe-port``: health, readiness, /stats and /metrics on it, from a thread of this process
+    (its socket listens before any other process starts, so the first probe never meets a refusal)."""
     if config.probe_port is None:
         return None
-    probes = ProbeServer((config.host, config.probe_port), config, supervisor.view, supervisor.state_machine)
+    probes = ProbeServer(
+        (config.host, config.probe_port),
+        config,
+        supervisor.view,
+        supervisor.state_machine,
+        metrics_dir=supervisor.metrics_dir,
+    )
     probes.serve_in_thread()
-    log.info("probes and /stats also on %s:%s", config.host, config.probe_port)
+    log.info("probes, /stats and /metrics on %s:%s", config.host, config.probe_port)
     return probes
 
 

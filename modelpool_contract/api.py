@@ -354,6 +354,13 @@ class PodTemplate(_Model):
     service_account_name: str | None = Field(
         default=None, description="The service account worker pods run as."
     )
+    automount_service_account_token: bool | None = Field(
+        default=None,
+        description=(
+            "Mount the service account's API token into worker pods. Unset or false: no token, since the "
+            "server runs user-supplied code (trustRemoteCode, any image), which should find no credentials."
+        ),
+    )
     priority_class_name: str | None = Field(
         default=None, description="The PriorityClass of worker pods (scheduler priority, not budget)."
     )
@@ -429,8 +436,8 @@ class AuthSpec(_Model):
         default=None,
         description=(
             "A Secret key holding the API key: mounted read-only into every worker and passed to the "
-            "server as --api-key-file. Requests without the key are answered 401; the health routes and "
-            "/stats stay open (probes, the operator)."
+            "server as --api-key-file. Requests without the key are answered 401; only the health routes "
+            "stay open (the probes). /stats and /metrics answer without the key on the probe port."
         ),
     )
 

@@ -22,7 +22,7 @@ SERVER_COMMAND: Final = "modelpool-server"
 DEFAULT_SERVER_IMAGE: Final = "ghcr.io/modelpool/modelpool-server:0.1.0"
 #: The port worker pods listen on (the operator passes it; the server's own default suits a laptop).
 WORKER_PORT: Final = 8000
-#: The port a worker's supervisor answers probes and ``/stats`` on, apart from the traffic
+#: The port a worker's supervisor answers probes, ``/stats`` and ``/metrics`` on, apart from the traffic
 #: (``--probe-port``; the server's own default is none: a laptop needs no probes).
 WORKER_PROBE_PORT: Final = 8001
 #: Where the server writes why it failed (the container's terminationMessagePath).
@@ -62,7 +62,8 @@ class ServerArgs:
     #: for such sources.
     pvc_root: str | None = None
     #: A file holding the API key (``--api-key-file``): requests without the key are answered 401, the
-    #: health routes and ``/stats`` stay open. Only for pools with ``spec.auth.apiKeySecret``.
+    #: health routes stay open (``/stats`` and ``/metrics`` are open on the probe port). Only for pools
+    #: with ``spec.auth.apiKeySecret``.
     api_key_file: str | None = None
 
     def argv(self) -> list[str]:

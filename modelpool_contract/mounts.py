@@ -7,6 +7,11 @@
 * The model cache (``hf://`` downloads): mounted at ``CACHE_MOUNT_PATH``, with ``HF_HOME`` at
   ``HF_HOME_PATH`` inside it.  Whether it is a per-pod emptyDir or a volume that workers share is the
   pool's choice (``spec.model.cache``); the paths are the same either way.
+* The writable scratch of a read-only root filesystem: worker containers run with
+  ``readOnlyRootFilesystem``, so everything the server and its libraries write goes to an emptyDir:
+  ``TMP_PATH`` (``TMPDIR``: tempfiles, the Prometheus multiprocess files, torch's compile caches) and
+  ``HOME_PATH`` (``HOME``, ``XDG_CACHE_HOME``, ``MPLCONFIGDIR``: the caches torch, triton and matplotlib
+  keep under the home directory).  ``SCRATCH_ENV`` is the environment that points them there.
 """
 
 from __future__ import annotations
@@ -22,6 +27,20 @@ PVC_SCHEME: Final = "pvc://"
 CACHE_MOUNT_PATH: Final = "/cache"
 #: ``HF_HOME`` of worker pods (huggingface_hub keeps its download cache in ``$HF_HOME/hub``).
 HF_HOME_PATH: Final = f"{CACHE_MOUNT_PATH}/huggingface"
+
+#: The ``tmp`` emptyDir of worker pods, and their ``TMPDIR``.
+TMP_PATH: Final = "/tmp"
+#: The ``home`` emptyDir of worker pods: their ``HOME`` (the Dockerfile's user's home directory).
+HOME_PATH: Final = "/home/modelpool"
+#: The environment that sends what libraries write to the writable volumes, in the order the pod sets it
+#: (a pool's own ``podTemplate.env`` entry of the same name wins).  ``HF_HOME`` is in the cache volume.
+SCRATCH_ENV: Final = (
+    ("HF_HOME", HF_HOME_PATH),
+    ("TMPDIR", TMP_PATH),
+    ("HOME", HOME_PATH),
+    ("XDG_CACHE_HOME", f"{HOME_PATH}/.cache"),
+    ("MPLCONFIGDIR", f"{HOME_PATH}/.config/matplotlib"),
+)
 
 # A claim name is a DNS-1123 subdomain (Kubernetes object name rules), at most 253 characters.
 _CLAIM_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")

@@ -21,6 +21,8 @@ STATS_PATH: Final = "/stats"
 #: The worker's probes (the KServe v2 health routes), on both of its ports.
 LIVE_PATH: Final = "/v2/health/live"
 READY_PATH: Final = "/v2/health/ready"
+#: The worker's Prometheus metrics, on its probe port (and, behind the API key, its serving port).
+METRICS_PATH: Final = "/metrics"
 #: Bumped when a field changes meaning; fields are only ever added.
 STATS_VERSION: Final = 1
 

@@ -8,10 +8,13 @@ process the container started.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,7 +32,16 @@ from hack.processnode.podspec import (
 )
 from hack.processnode.podstatus import ContainerRecord, Terminated
 from hack.processnode.probes import ProbeState, run_probe
-from hack.processnode.volumes import ContainerView, Getter, materialize, mount_table
+from hack.processnode.rootfs import can_enforce, wrapper_argv
+from hack.processnode.volumes import (
+    ContainerView,
+    Getter,
+    materialize,
+    mount_table,
+    read_only_root,
+    with_tmpdir,
+    writable_paths,
+)
 
 JSON = dict[str, Any]
 log = logging.getLogger("processnode.container")
@@ -151,9 +163,9 @@ class ContainerRunner:
             base[name] = str(self.termination_log_path)
         env = build_env(ctx.pod, self.spec, base, pod_ip=ctx.pod_ip, host_ip=ctx.host_ip, lookup=ctx.lookup)
         argv = build_argv(self.spec, env)
-        view = ContainerView(
-            ctx.pod_dir / "root" / self.record.name, mount_table(self.spec, ctx.volume_dirs, env)
-        )
+        table = mount_table(self.spec, ctx.volume_dirs, env)
+        view = ContainerView(ctx.pod_dir / "root" / self.record.name, table)
+        env = with_tmpdir(env, base, table)
         try:
             materialize(view)
         except OSError as err:
@@ -161,6 +173,32 @@ class ContainerRunner:
         wd = view.rewrite(str(self.spec.get("workingDir") or ""))
         cwd = Path(wd) if wd and Path(wd).is_dir() else ctx.default_cwd
         return Launch([view.rewrite(a) for a in argv], view.rewrite_env(env, base), cwd, view)
+
+    def _command(self, launch: Launch) -> list[str]:
+        """The process to start: the container's argv, through ``rootfs`` when its root is read-only.
+        Raises OSError (a StartError) for an executable that cannot be found, as Popen would."""
+        if not read_only_root(self.spec):
+            return launch.argv
+        if not can_enforce():
+            log.warning(
+                "container %s: readOnlyRootFilesystem not enforced (the agent is not root)", self.record.name
+            )
+            return launch.argv
+        program = launch.argv[0]
+        found = (
+            shutil.which(program, path=launch.env.get("PATH", os.defpath))
+            if "/" not in program
+            else shutil.which(os.path.join(launch.cwd, program))
+        )
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        writable = [
+            *(str(p) for p in writable_paths(self.spec, launch.view.mounts)),
+            str(launch.view.root),
+            str(self.termination_log_path),
+            str(self.log_path),
+        ]
+        return wrapper_argv(sys.executable, writable, launch.argv)
 
     def _start(self, now: float) -> None:
         ctx = self.ctx
@@ -186,7 +224,7 @@ class ContainerRunner:
         started = datetime.now(UTC)
         try:
             self.proc = subprocess.Popen(
-                argv,
+                self._command(launch),
                 env=env,
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,

@@ -13,13 +13,19 @@ replaced by `<root>/<path>`; so are the same paths after `file://` and after the
 (`--model=/models/x`), except a path under a mountPath that exists on the host and not in the volume (a
 host file handed to the pod, e.g. a model in a checkout under /tmp, where workers mount an emptyDir): it
 stays as it is.  PROCESSNODE_ROOT names the container's root.  Paths a program builds in by
-default (a server's default --pvc-root, /tmp without TMPDIR) are not seen: pass them explicitly.
+default (a server's default --pvc-root) are not seen: pass them explicitly.  The one exception is /tmp:
+a container with a volume at /tmp and no TMPDIR of its own gets TMPDIR=/tmp (`with_tmpdir`), rewritten,
+so that tempfile finds the volume as it would in a container (where /tmp *is* the volume).
 
 Sources (`pod_volume_dirs`): emptyDir (a fresh directory), hostPath (the host path, with the `type`
 checks and the *OrCreate creation the kubelet does), persistentVolumeClaim (PVC -> its bound PV ->
 `spec.hostPath.path` or `spec.local.path`; an unbound claim is an error the worker retries, as the
-kubelet keeps such a pod in ContainerCreating).  Other volume types are not mounted.  `readOnly` is not
-enforced: the process has the agent's own permissions.
+kubelet keeps such a pod in ContainerCreating).  Other volume types are not mounted.
+
+`readOnly` and `readOnlyRootFilesystem`: a container without a read-only root has the agent's own
+permissions everywhere.  One with `securityContext.readOnlyRootFilesystem` runs in a mount namespace of
+its own (`rootfs`) where the host's filesystem is read-only but for the host paths of its mounts that are
+not `readOnly` (`writable_paths`), its mount root and its log files.
 """
 
 from __future__ import annotations
@@ -180,6 +186,31 @@ def mount_table(container: JSON, volume_dirs: Mapping[str, Path], env: Mapping[s
                     f"nested volume mounts ({path}, {other}) are not supported by the process node",
                 )
     return table
+
+
+TMP = "/tmp"
+
+
+def with_tmpdir(env: Mapping[str, str], base: Mapping[str, str], table: Mapping[str, Path]) -> dict[str, str]:
+    """Pure: ``env`` with TMPDIR=/tmp when the container mounts a volume at /tmp and set no TMPDIR of its
+    own (its value is the agent's, from ``base``, or none)."""
+    out = dict(env)
+    if TMP in table and out.get("TMPDIR") == base.get("TMPDIR"):
+        out["TMPDIR"] = TMP
+    return out
+
+
+def writable_paths(container: JSON, table: Mapping[str, Path]) -> list[Path]:
+    """Pure: the host paths of the container's mounts (``mount_table``) that are not ``readOnly``."""
+    read_only = {
+        _normalize(str(m["mountPath"])) for m in container.get("volumeMounts") or [] if m.get("readOnly")
+    }
+    return [host for mount, host in table.items() if mount not in read_only]
+
+
+def read_only_root(container: JSON) -> bool:
+    """Does the container ask for a read-only root filesystem?"""
+    return bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
 
 
 @dataclass(frozen=True)

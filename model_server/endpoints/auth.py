@@ -6,9 +6,10 @@ route's error shape (``{"error": {...}}`` on ``/v1``, ``{"error": "..."}`` elsew
 else runs, so an unauthenticated client never takes a place in the queue.  The key is compared in
 constant time.
 
-Open without a key: what the kubelet and the operator call, none of which carries model data —
-``/v2/health/live`` and ``/v2/health/ready`` (the probes), ``/stats`` (the operator's scrape: state, queue
-and memory numbers, the model's name and source) and ``/metrics`` (Prometheus).
+Open without a key: only the probes, ``/v2/health/live`` and ``/v2/health/ready``, which carry nothing
+but the state.  ``/stats`` (the model's source, a load error) and ``/metrics`` need the key here like any
+other route: the operator and Prometheus read them on the probe port (``probe_server``), which a client
+of the serving port has no reason to reach.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from model_server.endpoints.common import error_response
-from modelpool_contract.stats import LIVE_PATH, READY_PATH, STATS_PATH
+from modelpool_contract.stats import LIVE_PATH, READY_PATH
 
-OPEN_PATHS = frozenset({LIVE_PATH, READY_PATH, STATS_PATH, "/metrics"})
+OPEN_PATHS = frozenset({LIVE_PATH, READY_PATH})
 REASON = "unauthorized"
 
 

@@ -10,7 +10,7 @@ from model_server import __version__, worker_stats
 from model_server.endpoints.common import ORJSONResponse, check_model
 from model_server.errors import ModelNotReady
 from model_server.server import ModelServer
-from modelpool_contract.stats import LIVE_PATH, READY_PATH, STATS_PATH
+from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
 
 
 def register(app: FastAPI, server: ModelServer) -> None:
@@ -59,7 +59,7 @@ def register(app: FastAPI, server: ModelServer) -> None:
         ok = server.ready
         return ORJSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get(METRICS_PATH, tags=["ops"])
     async def metrics() -> Response:
         return Response(server.render_metrics(), media_type=CONTENT_TYPE_LATEST)
 

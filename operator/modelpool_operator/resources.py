@@ -36,7 +36,14 @@ from modelpool_contract.labels import (
     PROBE_PORT_NAME,
     SERVER_CONTAINER,
 )
-from modelpool_contract.mounts import CACHE_MOUNT_PATH, HF_HOME_PATH, PVC_MOUNT_ROOT, parse_pvc_source
+from modelpool_contract.mounts import (
+    CACHE_MOUNT_PATH,
+    HOME_PATH,
+    PVC_MOUNT_ROOT,
+    SCRATCH_ENV,
+    TMP_PATH,
+    parse_pvc_source,
+)
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
 from modelpool_operator.pool import PoolView
 from modelpool_operator.times import rfc3339
@@ -127,10 +134,16 @@ def _cache_volume(spec: ModelPoolSpec, settings: PodSettings) -> dict[str, Any]:
 
 
 def _volumes(spec: ModelPoolSpec, settings: PodSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    volumes: list[dict[str, Any]] = [_cache_volume(spec, settings), {"name": "tmp", "emptyDir": {}}]
+    # The root filesystem is read-only: tmp and home are where the server and its libraries write.
+    volumes: list[dict[str, Any]] = [
+        _cache_volume(spec, settings),
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "home", "emptyDir": {}},
+    ]
     mounts: list[dict[str, Any]] = [
         {"name": "cache", "mountPath": CACHE_MOUNT_PATH},
-        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "tmp", "mountPath": TMP_PATH},
+        {"name": "home", "mountPath": HOME_PATH},
     ]
     pvc = parse_pvc_source(spec.model.source)
     if pvc is not None:
@@ -173,7 +186,7 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
     """The server container: image, arguments, resources, probes."""
     env = [_env_var(e) for e in spec.pod_template.env]
     env_names = {e["name"] for e in env}
-    for name, value in (("HF_HOME", HF_HOME_PATH), ("PYTHONUNBUFFERED", "1")):
+    for name, value in (*SCRATCH_ENV, ("PYTHONUNBUFFERED", "1")):
         if name not in env_names:
             env.append({"name": name, "value": value})
     return {
@@ -215,6 +228,9 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
+            # The server runs user-supplied code (trust_remote_code, any image): nothing it writes outlives
+            # the pod or lands outside the volumes (SCRATCH_ENV points every cache at them).
+            "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
@@ -244,6 +260,8 @@ def _pod_spec(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> dic
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "enableServiceLinks": False,
+        # No API token for user-supplied code to steal, unless the pool asks for one.
+        "automountServiceAccountToken": bool(spec.pod_template.automount_service_account_token),
         "volumes": volumes,
     }
     template = spec.pod_template

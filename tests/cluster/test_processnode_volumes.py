@@ -28,6 +28,7 @@ from tests.kube import (
     host_path_pv,
     is_ready,
     minilm_package,
+    pod_log,
     process_node_pod,
     wait_for,
 )
@@ -206,3 +207,62 @@ def test_operator_built_worker_loads_minilm_from_a_pvc_source(
     assert response.status_code == 200, response.text
     assert len(response.json()["data"][0]["embedding"]) == 384
     cluster.kubectl("delete", "pod", name, "-n", namespace, "--wait=false")
+
+
+# Tries a write at each path in argv; its report (path -> "ok" or the errno's name) is the termination
+# message, so the termination log itself must stay writable.
+WRITER = """
+import errno, json, os, sys
+report = {}
+for path in sys.argv[1:]:
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        report[path] = "ok"
+    except OSError as err:
+        report[path] = errno.errorcode[err.errno]
+print("wrote what it could")
+with open(os.environ["MODELPOOL_TERMINATION_LOG"], "w") as f:
+    json.dump(report, f)
+"""
+
+
+def test_a_read_only_root_fails_writes_outside_the_writable_volumes(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    host_dir, _, created = _layout(tmp_path)
+    outside = tmp_path / "outside.txt"
+    container = {
+        "name": "writer",
+        "image": "python:3.11",
+        "command": ["python3", "-c", WRITER],
+        "args": [str(outside), "/scratch/in.txt", "/data/host/x.txt", "/data/created/x.txt"],
+        "securityContext": {"readOnlyRootFilesystem": True},
+        "volumeMounts": [
+            {"name": "host", "mountPath": "/data/host", "readOnly": True},
+            {"name": "created", "mountPath": "/data/created"},
+            {"name": "scratch", "mountPath": "/scratch"},
+        ],
+    }
+    volumes = [
+        {"name": "host", "hostPath": {"path": str(host_dir), "type": "Directory"}},
+        {"name": "created", "hostPath": {"path": str(created), "type": "DirectoryOrCreate"}},
+        {"name": "scratch", "emptyDir": {}},
+    ]
+    pod = process_node_pod("writer", [container], restartPolicy="Never", volumes=volumes)
+    apply(cluster, pod, namespace)
+
+    done = wait_for(lambda: _finished(cluster, namespace, "writer"), timeout=60, message="writer finished")
+    term = (container_status(done) or {})["state"]["terminated"]
+    assert (done["status"]["phase"], term["exitCode"]) == ("Succeeded", 0), term
+    report = json.loads(term["message"])
+    root = _pods_dir(cluster) / done["metadata"]["uid"] / "root" / "writer"
+    assert report == {
+        str(outside): "EROFS",  # the host's filesystem stands for the image: read-only
+        f"{root}/scratch/in.txt": "ok",  # an emptyDir
+        f"{root}/data/host/x.txt": "EROFS",  # a readOnly mount
+        f"{root}/data/created/x.txt": "ok",  # a writable hostPath
+    }
+    assert not outside.exists() and (created / "x.txt").read_text() == "x"
+    # Its stdout reached the log the agent opened before the root turned read-only.
+    assert "wrote what it could" in pod_log(cluster, namespace, "writer", "writer")

@@ -1,5 +1,6 @@
-"""``--api-key-file``: the real openai client and tritonclient with and without the key; health, /stats
-and /metrics stay open; a missing or empty key file is a configuration error (exit 2)."""
+"""``--api-key-file``: the real openai client and tritonclient with and without the key; only health
+stays open on the serving port (/stats and /metrics need the key there, and answer without it on the
+probe port); a missing or empty key file is a configuration error (exit 2)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ import tritonclient.http as triton
 
 from model_server.endpoints.auth import authorized
 from modelpool_contract.exits import EXIT_CONFIG
-from tests.server.conftest import ServerFactory, ServerProcess, start_server
+from tests.server.conftest import ServerFactory, ServerProcess, free_port, start_server
 
 KEY = "mp-test-7f3c9a"
 ECHO = ["--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:EchoEmbedding"]
+
+
+PROBE_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +30,16 @@ def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     key_file.write_text(
         KEY + "\n"
     )  # as a Secret mounted from `kubectl create secret --from-file` may hold it
-    proc = start_server(*ECHO, "--name", "echo", "--api-key-file", str(key_file), wait="ready")
+    proc = start_server(
+        *ECHO,
+        "--name",
+        "echo",
+        "--api-key-file",
+        str(key_file),
+        "--probe-port",
+        str(PROBE_PORT),
+        wait="ready",
+    )
     yield proc
     proc.stop()
 
@@ -66,10 +79,11 @@ def test_tritonclient_sends_the_key_as_a_header(locked: ServerProcess) -> None:
     client.close()
 
 
-def test_health_stats_and_metrics_stay_open_and_refusals_are_counted(locked: ServerProcess) -> None:
-    for path in ("/v2/health/live", "/v2/health/ready", "/stats", "/metrics"):
+def test_only_health_stays_open_and_refusals_are_counted(locked: ServerProcess) -> None:
+    for path in ("/v2/health/live", "/v2/health/ready"):
         assert httpx.get(locked.url + path, timeout=10).status_code == 200, path
-    for path in ("/v2", "/v2/models/echo", "/v1/models", "/openapi.json"):
+    # /stats names the model's source and any load error: a client of the serving port needs the key.
+    for path in ("/stats", "/metrics", "/v2", "/v2/models/echo", "/v1/models", "/openapi.json"):
         response = httpx.get(locked.url + path, timeout=10)
         assert response.status_code == 401, path
         assert response.headers["www-authenticate"] == "Bearer"
@@ -78,8 +92,17 @@ def test_health_stats_and_metrics_stay_open_and_refusals_are_counted(locked: Ser
     assert bare.json() == {"error": "missing API key: send the header 'Authorization: Bearer <key>'"}
     basic = httpx.get(locked.url + "/v1/models", auth=("user", KEY), timeout=10)
     assert basic.status_code == 401  # only the Bearer scheme carries the key
-    metrics = httpx.get(locked.url + "/metrics", timeout=10).text
-    assert 'modelpool_rejected_total{reason="unauthorized"}' in metrics
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(locked.url + "/stats", headers=auth, timeout=10).json()["model"]["name"] == "echo"
+    served = httpx.get(locked.url + "/metrics", headers=auth, timeout=10).text
+    assert 'modelpool_rejected_total{reason="unauthorized"}' in served
+    # The probe port (the kubelet's, the operator's and Prometheus's) answers both without a key.
+    probes = f"http://127.0.0.1:{PROBE_PORT}"
+    assert httpx.get(probes + "/stats", timeout=10).json()["model"]["name"] == "echo"
+    metrics = httpx.get(probes + "/metrics", timeout=10)
+    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+    assert 'modelpool_rejected_total{reason="unauthorized"}' in metrics.text
+    assert "modelpool_queue_depth 0.0" in metrics.text
 
 
 def test_authorized_is_bearer_with_the_exact_key() -> None:

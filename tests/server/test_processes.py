@@ -325,6 +325,10 @@ def test_the_probe_port_answers_while_the_http_processes_cannot(
     served, probed = _stats(proc), probes.get("/stats").json()
     assert {k: served[k] for k in same} == {k: probed[k] for k in same}
     assert probes.get("/v1/embeddings").status_code == 404  # the traffic stays on the serving port
+    # /metrics too, with the HTTP processes' counters (their multiprocess files) and the shared gauges.
+    exposition = probes.get("/metrics").text
+    assert 'modelpool_requests_total{code="200",route="health"}' in exposition, exposition
+    assert "modelpool_queue_capacity" in exposition
     # The probe port's threads block SIGTERM and SIGINT: only the supervisor's main thread, which has
     # its handlers in place, takes them (a signal to another thread would end the worker undrained).
     stop_bits = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
@@ -344,6 +348,7 @@ def test_the_probe_port_answers_while_the_http_processes_cannot(
         started = time.monotonic()
         assert probes.get("/v2/health/live").status_code == 200
         assert probes.get("/stats").json()["state"] == "Ready"
+        assert "modelpool_worker_state" in probes.get("/metrics").text
         assert time.monotonic() - started < 1.0
 
         # Stopped for longer than STALL_AFTER_S: liveness fails on the probe port too, naming why.

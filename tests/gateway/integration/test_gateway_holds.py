@@ -174,9 +174,11 @@ def test_an_expired_hold_says_why_no_worker_comes_and_the_demand_is_recorded(
 
 @pytest.fixture
 def host_dir() -> Iterator[Path]:
-    """A directory the test and a process-node worker both see: not under /tmp, which the process node
-    maps to the pod's own emptyDir (its path rewrite would give the worker a private copy)."""
-    path = Path(tempfile.mkdtemp(prefix="gw-test-", dir="/var/tmp"))
+    """A directory the test and a process-node worker both see and the worker may write to: /dev/shm,
+    which stays writable under the worker's read-only root (a container's own tmpfs); not under /tmp,
+    which the process node maps to the pod's own emptyDir (its path rewrite would give the worker a
+    private copy)."""
+    path = Path(tempfile.mkdtemp(prefix="gw-test-", dir="/dev/shm"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

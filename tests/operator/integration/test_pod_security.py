@@ -3,7 +3,9 @@
 On the real API server: a namespace labelled ``pod-security.kubernetes.io/enforce=restricted`` (its
 admission refuses a pod that does not comply: checked first, so the admission is known to be on), a pool
 whose workers take a token from a Secret (``env[].valueFrom``) and an API key mounted from a Secret
-(``auth.apiKeySecret``): every worker is admitted and becomes Ready. With a real ``modelpool-server`` on
+(``auth.apiKeySecret``): every worker is admitted and becomes Ready, with a read-only root filesystem and
+no ServiceAccount token; a pool that asks for the token (``podTemplate.automountServiceAccountToken``) is
+admitted too. With a real ``modelpool-server`` on
 the process node, the Secret's value reaches the server process's environment while the ModelPool only
 names the Secret.
 """
@@ -70,7 +72,12 @@ def test_workers_are_admitted_in_a_restricted_namespace_with_secrets_by_referenc
     )
     assert not [e for e in events(cluster, namespace, "locked") if e["reason"] == "CreateFailed"]
     for pod in worker_pods(cluster, namespace, "locked"):
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        # The ServiceAccount admission adds no token volume to a pod that opts out.
+        assert not [v for v in pod["spec"]["volumes"] if v["name"].startswith("kube-api-access")]
         (container,) = pod["spec"]["containers"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"tmp", "home"} <= {m["name"] for m in container["volumeMounts"]}
         assert {
             "name": "HF_TOKEN",
             "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}},
@@ -78,6 +85,17 @@ def test_workers_are_admitted_in_a_restricted_namespace_with_secrets_by_referenc
         assert container["args"][-2:] == ["--api-key-file", "/etc/modelpool/api-key/api-key"]
     stored = json.dumps(get_pool(cluster, namespace, "locked"))
     assert TOKEN not in stored and API_KEY not in stored
+
+    # A pool that needs the API (its own ServiceAccount) asks for the token; restricted admits it too.
+    trusted = pool_manifest("trusted", replicas=1, memory="1Gi")
+    trusted["spec"]["podTemplate"]["automountServiceAccountToken"] = True
+    apply(cluster, trusted, namespace)
+    wait_status(
+        cluster, namespace, "trusted", lambda s: s.get("readyReplicas") == 1, timeout=90, message="admitted"
+    )
+    (pod,) = worker_pods(cluster, namespace, "trusted")
+    assert pod["spec"]["automountServiceAccountToken"] is True
+    assert [v for v in pod["spec"]["volumes"] if v["name"].startswith("kube-api-access")]
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from modelpool_contract.labels import (
     LABEL_TEMPLATE_HASH,
     LABEL_WORKER,
 )
+from modelpool_contract.mounts import HOME_PATH, SCRATCH_ENV, TMP_PATH
 from modelpool_operator.pool import PoolView, template_hash
 from modelpool_operator.resources import (
     PodSettings,
@@ -110,6 +111,35 @@ def test_worker_pod_shape() -> None:
     assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"]
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert {"name": "FOO", "value": "bar"} in c["env"]
+
+
+def test_user_code_finds_no_token_and_writes_only_to_its_volumes() -> None:
+    pod = build_worker_pod(view(pool()), "w")
+    spec = pod["spec"]
+    (c,) = spec["containers"]
+    # No service account token unless the pool asks for one.
+    assert spec["automountServiceAccountToken"] is False
+    template = {**pool()["spec"]["podTemplate"], "automountServiceAccountToken": True}
+    asked = build_worker_pod(view(pool(podTemplate=template)), "w")
+    assert asked["spec"]["automountServiceAccountToken"] is True
+    # A read-only root; every place a library writes to is an emptyDir.
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts[TMP_PATH] == "tmp" and mounts[HOME_PATH] == "home"
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}} and volumes["home"] == {
+        "name": "home",
+        "emptyDir": {},
+    }
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    for name, path in SCRATCH_ENV:
+        assert env[name] == path
+        assert any(path == m or path.startswith(m + "/") for m in mounts), (name, path)
+    assert env["TMPDIR"] == "/tmp" and env["HOME"] == "/home/modelpool"
+    # A pool's own value wins.
+    template = {**pool()["spec"]["podTemplate"], "env": [{"name": "HOME", "value": "/cache/home"}]}
+    (own,) = build_worker_pod(view(pool(podTemplate=template)), "w")["spec"]["containers"]
+    assert [e["value"] for e in own["env"] if e["name"] == "HOME"] == ["/cache/home"]
 
 
 def test_server_args_follow_the_spec() -> None:
