@@ -46,7 +46,7 @@ docs/design.md, "The planner"); each phase is a function of the draft (``planner
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from modelpool_operator.budget import Ledger
@@ -56,6 +56,7 @@ from modelpool_operator.planner.draft import (
     EVICT_PREEMPTED,
     EVICT_ROLLOVER,
     EVICT_SCALE_DOWN,
+    CounterSample,
     Create,
     Delete,
     Draft,
@@ -103,11 +104,15 @@ def plan(
     others: Sequence[OtherPool] = (),
     settings: PlannerSettings | None = None,
     load_window: Sequence[LoadSample] = (),
+    counters: Mapping[str, CounterSample] | None = None,
 ) -> Plan:
     """Decide one pass for ``pool``.  ``workers`` are this pool's observed workers; ``ledger`` covers every
     pool (this one included) and carries the live reservations; ``others`` are the other pools;
-    ``load_window`` is the previous plan's (empty at first: the windows are re-learned)."""
-    draft = Draft(pool, list(workers), ledger, now, others, settings or PlannerSettings(), load_window)
+    ``load_window`` and ``counters`` are the previous plan's (empty at first: the windows and the
+    refusal rates are re-learned)."""
+    draft = Draft(
+        pool, list(workers), ledger, now, others, settings or PlannerSettings(), load_window, counters or {}
+    )
     for phase in PHASES:
         phase(draft)
     return conclude(draft)
@@ -119,6 +124,7 @@ __all__ = [
     "EVICT_ROLLOVER",
     "EVICT_SCALE_DOWN",
     "PHASES",
+    "CounterSample",
     "Create",
     "Delete",
     "Draft",
