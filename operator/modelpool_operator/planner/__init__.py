@@ -17,10 +17,13 @@ docs/design.md, "The planner"); each phase is a function of the draft (``planner
    ``spec.replicas`` changes, within ``[minReplicas, replicas]`` (``[minReplicas, maxReplicas]`` while
    autoscaling).
 3. ``wake_on_demand``: a pool at zero whose recorded demand (its demand Lease's ``renewTime``) is newer than
-   the moment it reached zero, and recent, aims for one worker (WokenByDemand).
-4. ``autoscale``: the load sample of this pass joins the window; while autoscaling, the target follows
-   the load between ``max(minReplicas, 1)`` and ``maxReplicas``: up at once on a burst or a higher stable
-   load, down only after ``scaleDownDelaySeconds`` of lower load (ScaledUp, ScaledDown).
+   the moment it reached zero, and at most ``activationTimeoutSeconds`` old, aims for one worker
+   (WokenByDemand); a wake the budget held back until its demand expired is dropped (WakeExpired).
+4. ``autoscale``: the load sample of this pass (in flight plus queued, plus the refused requests' share,
+   plus the requests held at the gateway while no worker serves) joins the window; while autoscaling,
+   the target follows the load between ``max(minReplicas, 1)`` and ``maxReplicas``: up at once on a burst
+   or a higher stable load, down only after ``scaleDownDelaySeconds`` of lower load, with no countdown
+   while a worker is Loading (ScaledUp, ScaledDown).
 5. ``handle_failures``: failed workers are charged nothing, counted once (on the pass that first sees
    them), kept while the per-pool exponential backoff (``status.backoff``) runs, then deleted in the pass
    that replaces them.
