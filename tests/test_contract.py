@@ -183,7 +183,8 @@ def test_the_labels_the_pod_builder_writes_are_the_ones_observation_reads() -> N
 
 def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
     """A gateway creates, then renews, the pool's demand Lease (``modelpool_contract.demand``); the operator's
-    index of demand Leases and its view of the pool carry its renewTime, to the microsecond."""
+    index of demand Leases and its view of the pool carry its renewTime, to the microsecond, and the
+    requests the writer held."""
     from modelpool_operator.handlers import demand_by_pool
     from modelpool_operator.reconcile import latest_demand
 
@@ -196,16 +197,19 @@ def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
         duration_s=6,
         pool_api_version=API_VERSION,
         pool_kind=MODELPOOL_KIND,
+        held=4,
     )
     assert lease["spec"]["renewTime"] == "2026-01-01T12:00:00.250123Z"
     assert lease["metadata"]["labels"] == {LABEL_POOL: "emb", LABEL_DEMAND: "true"}
     owner = lease["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"], owner.get("blockOwnerDeletion")) == ("ModelPool", "u-1", None)
-    assert demand_by_pool(namespace="ns", body=lease) == {("ns", "emb"): Demand(first, 0, 6)}
-    renewed = renew(lease, moment=later, holder="gw-b", duration_s=6)
-    assert renewed["metadata"] == lease["metadata"] and renewed["spec"]["holderIdentity"] == "gw-b"
+    assert demand_by_pool(namespace="ns", body=lease) == {("ns", "emb"): Demand(first, 4, 6)}
+    renewed = renew(lease, moment=later, holder="gw-b", duration_s=6, held=2)
+    assert renewed["metadata"]["ownerReferences"] == lease["metadata"]["ownerReferences"]
+    assert renewed["spec"]["holderIdentity"] == "gw-b"
     index = {("ns", "emb"): [demand_by_pool(namespace="ns", body=renewed)[("ns", "emb")]]}
-    assert PoolView.from_body(_pool_body(), demand=latest_demand(index, ("ns", "emb"))).demanded_at == later
+    pool = PoolView.from_body(_pool_body(), demand=latest_demand(index, ("ns", "emb")))
+    assert pool.demanded_at == later and pool.demand is not None and pool.demand.held_at(later) == 2
     assert latest_demand(index, ("ns", "other")) is None
     # A Lease without the demand label is not one (the index leaves it out).
     del lease["metadata"]["labels"][LABEL_DEMAND]
