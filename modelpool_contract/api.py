@@ -519,11 +519,20 @@ class ModelPoolSpec(_Model):
             raise ValueError(MSG_MIN_LE_REPLICAS)
         if self.replicas > self.max_replicas:
             raise ValueError(MSG_REPLICAS_LE_MAX)
+        # Only when spec.autoscaling is written: the API server then fills in targetPerWorker's default,
+        # and a pool whose workers can never hold the target would never scale up by its queues.
+        written = "autoscaling" in self.model_fields_set
+        if written and self.autoscaling.target_per_worker > self.queue.capacity:
+            raise ValueError(MSG_TARGET_LE_CAPACITY)
         return self
 
 
 MSG_MIN_LE_REPLICAS = "spec.minReplicas must be less than or equal to spec.replicas"
 MSG_REPLICAS_LE_MAX = "spec.replicas must be less than or equal to spec.maxReplicas"
+MSG_TARGET_LE_CAPACITY = (
+    "spec.autoscaling.targetPerWorker must be less than or equal to spec.queue.capacity (a worker holds at "
+    "most spec.queue.capacity queued requests)"
+)
 MSG_STABLE_GE_UP_WINDOW = (
     "spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds"
 )
@@ -670,7 +679,18 @@ class AutoscalingStatus(_Model):
     )
     observed_load: int | None = Field(
         default=None,
-        description="Requests in flight plus queued over the serving workers, as last observed.",
+        description=(
+            "The load as last observed: requests in flight plus queued over the serving workers, plus the "
+            "requests they refused (estimated from the rate of refusals) and, while no worker serves, the "
+            "requests held at the gateway."
+        ),
+    )
+    held_requests: int | None = Field(
+        default=None,
+        description=(
+            "Requests held at the gateway for the pool, counted in the load (while no worker serves and "
+            "the gateway's count on the demand Lease is fresh; unset otherwise)."
+        ),
     )
     last_scale_time: str | None = Field(
         default=None, description="When the autoscaler or a wake from zero last changed the count (RFC 3339)."
@@ -685,6 +705,14 @@ class AutoscalingStatus(_Model):
     scaled_to_zero_at: str | None = Field(
         default=None,
         description="When the pool last reached zero workers; only demand recorded after it wakes the pool.",
+    )
+    woken_by_demand_at: str | None = Field(
+        default=None,
+        description=(
+            "The demand that woke the pool from zero, until one of its workers exists: when that demand is "
+            "older than activationTimeoutSeconds before a worker could be created (the budget), the wake "
+            "is dropped."
+        ),
     )
 
 
@@ -801,6 +829,7 @@ __all__ = [
     "MODELPOOL_KIND",
     "MODELPOOL_PLURAL",
     "MSG_STABLE_GE_UP_WINDOW",
+    "MSG_TARGET_LE_CAPACITY",
     "QUANTITY_PATTERN",
     "SERVED_NAME_PATTERN",
     "VERSION",

@@ -4,15 +4,25 @@ A gateway that holds requests for a pool with no serving worker records the mome
 in the pool's namespace: named ``demand_lease_name(pool)``, labelled ``demand_lease_labels(pool)``
 (``modelpool.dev/pool=<pool>`` and ``modelpool.dev/demand=true``, the operator's watch selects on the
 latter), ``spec.renewTime`` the demand instant (a MicroTime: RFC 3339 UTC with microseconds),
-``spec.holderIdentity`` the gateway replica that wrote it last, and an ownerReference to the ModelPool
+``spec.holderIdentity`` the gateway replica that wrote it last, the annotation ``modelpool.dev/held``
+(``ANNOTATION_HELD``) the number of requests that replica held for the pool when it wrote, and an
+ownerReference to the ModelPool
 (``blockOwnerDeletion`` unset, so the gateway needs no permission on the pool) so the garbage collector
 deletes the Lease with its pool.  The operator wakes a pool at zero for a demand newer than the moment the
 pool reached zero.  A Lease and not an annotation on the ModelPool: writing an annotation needs ``patch``
 on ``modelpools``, which would also let the gateway change a pool's image or env, and the operator rolls
 that out to every worker.
 
-``demand_from_lease`` is the one reader (the operator's index, the gateway's own reads); ``demand_lease``
-and ``renew`` the writers' bodies.
+**The held count** is written with each demand write and only then, so it costs no write of its own: it is
+the count of the replica that wrote last, as of ``renewTime``.  With several gateway replicas each holds
+its own requests, and about one of them writes per interval (the others find its write fresh), so the
+count is a lower bound of the requests held across replicas.  It is worth something only while the
+record is fresh: ``Demand.held_at(now)`` gives it within ``spec.leaseDurationSeconds`` of ``renewTime``
+(a replica holding requests renews sooner than that), None afterwards (the holds have ended or the
+gateway went away).
+
+``read_demand`` is the one reader (the operator's index; ``demand_from_lease``, its time, for the
+gateway's own reads); ``demand_lease`` and ``renew`` the writers' bodies.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -35,6 +46,8 @@ LEASE_PLURAL: Final = "leases"
 LABEL_DEMAND: Final = f"{PREFIX}/demand"
 #: The label selector of every demand Lease (the operator's watch).
 DEMAND_SELECTOR: Final = f"{LABEL_DEMAND}=true"
+#: On a demand Lease: the requests the writing replica held for the pool when it wrote (a decimal count).
+ANNOTATION_HELD: Final = f"{PREFIX}/held"
 
 _SUFFIX = "-demand"
 # Object names are DNS-1123 subdomains of at most 253 characters.
@@ -80,6 +93,44 @@ def demand_pool(lease: Mapping[str, Any]) -> str | None:
     return str(pool) if pool and labels.get(LABEL_DEMAND) == "true" else None
 
 
+@dataclass(frozen=True)
+class Demand:
+    """What a demand Lease records: when, how many requests its writer held then (None: not recorded, an
+    older gateway), and for how long the record stands (``spec.leaseDurationSeconds``; None: unset)."""
+
+    at: datetime
+    held: int | None = None
+    duration_s: int | None = None
+
+    def held_at(self, now: datetime) -> int | None:
+        """The held count while the record is fresh (within its duration of ``at``, either side, for
+        clocks that differ); None once it is stale or when no count or duration was recorded."""
+        if self.held is None or self.duration_s is None:
+            return None
+        return self.held if abs((now - self.at).total_seconds()) <= self.duration_s else None
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        return None
+    return count if count >= 0 else None
+
+
+def read_demand(lease: Mapping[str, Any]) -> Demand | None:
+    """The demand a Lease records (None: not a demand Lease, or no time); an unreadable count or duration
+    is unknown, never an error."""
+    at = demand_from_lease(lease)
+    if at is None:
+        return None
+    annotations = (lease.get("metadata") or {}).get("annotations") or {}
+    duration = _count((lease.get("spec") or {}).get("leaseDurationSeconds"))
+    return Demand(at, _count(annotations.get(ANNOTATION_HELD)), duration or None)
+
+
 def demand_from_lease(lease: Mapping[str, Any]) -> datetime | None:
     """When the demand a Lease records was last renewed (None: not a demand Lease, or no time)."""
     if demand_pool(lease) is None:
@@ -96,10 +147,16 @@ def demand_lease(
     duration_s: int,
     pool_api_version: str,
     pool_kind: str,
+    held: int = 0,
 ) -> dict[str, Any]:
-    """A new demand Lease for ``pool`` recording demand at ``moment`` (the create body; the namespace is the
-    request's).  Owned by the pool when its uid is known, without ``blockOwnerDeletion``."""
-    metadata: dict[str, Any] = {"name": demand_lease_name(pool), "labels": demand_lease_labels(pool)}
+    """A new demand Lease for ``pool`` recording demand at ``moment`` with ``held`` requests held (the create
+    body; the namespace is the request's).  Owned by the pool when its uid is known, without
+    ``blockOwnerDeletion``."""
+    metadata: dict[str, Any] = {
+        "name": demand_lease_name(pool),
+        "labels": demand_lease_labels(pool),
+        "annotations": {ANNOTATION_HELD: str(max(0, held))},
+    }
     if pool_uid:
         metadata["ownerReferences"] = [
             {"apiVersion": pool_api_version, "kind": pool_kind, "name": pool, "uid": pool_uid}
@@ -117,10 +174,15 @@ def demand_lease(
     }
 
 
-def renew(lease: Mapping[str, Any], *, moment: datetime, holder: str, duration_s: int) -> dict[str, Any]:
-    """``lease`` as read, renewed at ``moment`` by ``holder``: the update body (its resourceVersion makes a
-    concurrent writer's update fail with 409).  Everything else, owner references included, is kept."""
+def renew(
+    lease: Mapping[str, Any], *, moment: datetime, holder: str, duration_s: int, held: int = 0
+) -> dict[str, Any]:
+    """``lease`` as read, renewed at ``moment`` by ``holder`` holding ``held`` requests: the update body (its
+    resourceVersion makes a concurrent writer's update fail with 409).  Everything else, owner references
+    included, is kept."""
     body = copy.deepcopy(dict(lease))
+    metadata = body.setdefault("metadata", {})
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), ANNOTATION_HELD: str(max(0, held))}
     spec = body.setdefault("spec", {})
     if spec.get("holderIdentity") != holder:
         spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1

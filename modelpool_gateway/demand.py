@@ -2,8 +2,12 @@
 
 The gateway renews the pool's demand Lease (``modelpool_contract.demand``: one ``coordination.k8s.io/v1``
 Lease per pool, in its namespace, ``spec.renewTime`` the demand instant with microseconds,
-``spec.holderIdentity`` this replica), as soon as a request is held and again every ``interval`` while
-requests stay held.  It needs get, create and update on leases, nothing on the ModelPool.
+``spec.holderIdentity`` this replica, the annotation ``modelpool.dev/held`` the requests this replica
+holds for the pool at that moment), as soon as a request is held and again every ``interval`` while
+requests stay held.  It needs get, create and update on leases, nothing on the ModelPool.  The held count
+rides on the demand writes (no write of its own): the operator counts it as load while the Lease is
+fresh (``leaseDurationSeconds``, two intervals: a replica holding requests renews within 1.2), and with
+several replicas it is the latest writer's count, a lower bound of all they hold.
 
 Each round reads the Lease first (a GET), then decides with ``next_write_at`` (pure): not before
 ``interval`` after this gateway's own last write, and not before ``interval * (1 + jitter)`` after the
@@ -16,6 +20,11 @@ list/watch permission, and the update needs the read's resourceVersion anyway: t
 at once race on it, and the loser's 409 (a create that finds the Lease created, an update whose
 resourceVersion is stale) makes it read again, see the winner's fresh write, and not write.  Writes run in
 one background task per pool, never in a request's path.
+
+A pool's task leaves ``_tasks`` itself, in the same step of the event loop in which it last found no
+request held (``_refresh``'s ``finally``): a request held after that step starts a new task, one held
+before it is seen by the loop's check.  (A done-callback would run a step later, and a request held in
+between would find the finished task still registered and start none: its demand would be lost.)
 """
 
 from __future__ import annotations
@@ -116,7 +125,7 @@ class DemandRecorder:
         leases: LeaseClient,
         *,
         pools: Callable[[Key], Pool | None],
-        wanted: Callable[[Key], bool],
+        held: Callable[[Key], int],
         metrics: Metrics,
         interval_s: float,
         holder: str,
@@ -125,13 +134,15 @@ class DemandRecorder:
     ) -> None:
         self._leases = leases
         self._pools = pools
-        self._wanted = wanted
+        self._held = held  # requests this replica holds for the pool now (demand is wanted while > 0)
         self._metrics = metrics
         self._interval = timedelta(seconds=interval_s)
         self._holder = holder
         self._seen = seen  # told the demand time each read finds (for held requests' messages)
         self._clock = clock
-        self._duration_s = max(1, math.ceil(interval_s * (1 + JITTER)))
+        # Two intervals: a replica that holds requests renews within ``interval * (1 + JITTER)`` plus a read,
+        # so the record (and the held count the operator counts as load) stays fresh while any is held.
+        self._duration_s = max(1, math.ceil(2 * interval_s))
         self._jitter: dict[Key, float] = {}
         self._written: dict[Key, datetime] = {}
         self._conflicts: dict[Key, int] = {}
@@ -140,18 +151,25 @@ class DemandRecorder:
     def note(self, key: Key) -> None:
         """A request for ``key`` is held: keep its demand recorded while any is (never blocks)."""
         if key not in self._tasks:
-            task = asyncio.create_task(self._refresh(key))
-            self._tasks[key] = task
-            task.add_done_callback(lambda _: self._tasks.pop(key, None))
+            self._tasks[key] = asyncio.create_task(self._refresh(key))
+
+    def recording(self, key: Key) -> bool:
+        """A task keeps ``key``'s demand recorded."""
+        return key in self._tasks
 
     async def _refresh(self, key: Key) -> None:
-        while self._wanted(key):
-            wait = await self.round(key)
-            if wait is None:
-                return
-            if wait > 0:
-                # Woken early is harmless: the next round reads the Lease again.
-                await asyncio.sleep(wait)
+        try:
+            while self._held(key) > 0:
+                wait = await self.round(key)
+                if wait is None:
+                    return
+                if wait > 0:
+                    # Woken early is harmless: the next round reads the Lease again.
+                    await asyncio.sleep(wait)
+        finally:
+            # In the step that last checked (no await in between): see the module's docstring.
+            if self._tasks.get(key) is asyncio.current_task():
+                del self._tasks[key]
 
     async def round(self, key: Key) -> float | None:
         """Read the pool's Lease, write it when due; seconds until the next round (None: the pool is gone
@@ -212,10 +230,12 @@ class DemandRecorder:
                     duration_s=self._duration_s,
                     pool_api_version=API_VERSION,
                     pool_kind=MODELPOOL_KIND,
+                    held=self._held(pool.key),
                 )
                 answer = await self._leases.create(namespace, body)
             else:
-                body = renew(lease, moment=now, holder=self._holder, duration_s=self._duration_s)
+                held = self._held(pool.key)
+                body = renew(lease, moment=now, holder=self._holder, duration_s=self._duration_s, held=held)
                 answer = await self._leases.replace(namespace, demand_lease_name(name), body)
         except Exception as exc:
             self._written[pool.key] = now

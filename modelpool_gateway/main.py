@@ -114,7 +114,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     demand = DemandRecorder(
         LeaseClient(client.CoordinationV1Api(api)),
         pools=registry.pool,
-        wanted=lambda key: holds.held(key) > 0,
+        held=holds.held,
         metrics=metrics,
         interval_s=settings.demand_interval_seconds,
         holder=replica_identity(),

@@ -23,7 +23,7 @@ from model_server.sources import resolve
 from model_server.state_machine import SERVING, State
 from model_server.tasks import REGISTRY
 from modelpool_contract.api import API_VERSION, MODELPOOL_KIND, ModelSpec, WorkerStatus
-from modelpool_contract.demand import LABEL_DEMAND, demand_lease, renew
+from modelpool_contract.demand import LABEL_DEMAND, Demand, demand_lease, renew
 from modelpool_contract.exits import EXIT_LOAD_FAILED
 from modelpool_contract.flags import ServerArgs
 from modelpool_contract.labels import LABEL_POOL
@@ -183,9 +183,10 @@ def test_the_labels_the_pod_builder_writes_are_the_ones_observation_reads() -> N
 
 def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
     """A gateway creates, then renews, the pool's demand Lease (``modelpool_contract.demand``); the operator's
-    index of demand Leases and its view of the pool carry its renewTime, to the microsecond."""
+    index of demand Leases and its view of the pool carry its renewTime, to the microsecond, and the
+    requests the writer held."""
     from modelpool_operator.handlers import demand_by_pool
-    from modelpool_operator.reconcile import demanded_at
+    from modelpool_operator.reconcile import latest_demand
 
     first, later = NOW.replace(microsecond=250_123), NOW.replace(second=5, microsecond=7)
     lease = demand_lease(
@@ -196,19 +197,20 @@ def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
         duration_s=6,
         pool_api_version=API_VERSION,
         pool_kind=MODELPOOL_KIND,
+        held=4,
     )
     assert lease["spec"]["renewTime"] == "2026-01-01T12:00:00.250123Z"
     assert lease["metadata"]["labels"] == {LABEL_POOL: "emb", LABEL_DEMAND: "true"}
     owner = lease["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"], owner.get("blockOwnerDeletion")) == ("ModelPool", "u-1", None)
-    assert demand_by_pool(namespace="ns", body=lease) == {("ns", "emb"): first}
-    renewed = renew(lease, moment=later, holder="gw-b", duration_s=6)
-    assert renewed["metadata"] == lease["metadata"] and renewed["spec"]["holderIdentity"] == "gw-b"
+    assert demand_by_pool(namespace="ns", body=lease) == {("ns", "emb"): Demand(first, 4, 6)}
+    renewed = renew(lease, moment=later, holder="gw-b", duration_s=6, held=2)
+    assert renewed["metadata"]["ownerReferences"] == lease["metadata"]["ownerReferences"]
+    assert renewed["spec"]["holderIdentity"] == "gw-b"
     index = {("ns", "emb"): [demand_by_pool(namespace="ns", body=renewed)[("ns", "emb")]]}
-    assert (
-        PoolView.from_body(_pool_body(), demanded_at=demanded_at(index, ("ns", "emb"))).demanded_at == later
-    )
-    assert demanded_at(index, ("ns", "other")) is None
+    pool = PoolView.from_body(_pool_body(), demand=latest_demand(index, ("ns", "emb")))
+    assert pool.demanded_at == later and pool.demand is not None and pool.demand.held_at(later) == 2
+    assert latest_demand(index, ("ns", "other")) is None
     # A Lease without the demand label is not one (the index leaves it out).
     del lease["metadata"]["labels"][LABEL_DEMAND]
     assert demand_by_pool(namespace="ns", body=lease) == {}
@@ -250,7 +252,7 @@ def test_the_gateway_knows_which_pools_the_operator_wakes_from_zero(spec: dict[s
     }
     # Created a minute before the demand, at zero since.
     body["metadata"]["creationTimestamp"] = "2026-01-01T11:59:00Z"
-    draft = Draft(PoolView.from_body(body, demanded_at=NOW), [], build_ledger(None, [], ()), NOW)
+    draft = Draft(PoolView.from_body(body, demand=Demand(NOW)), [], build_ledger(None, [], ()), NOW)
     draft.target = 0
     wake_on_demand(draft)
     assert pool_from_object(body).wakes_on_demand is (draft.target == 1)

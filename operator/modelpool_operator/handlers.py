@@ -7,14 +7,14 @@ is a few lines: the pass itself lives in ``reconcile``, the decisions in ``plann
 
 The indices are Kopf's typed index parameters (``kopf.Index``), named after their functions: the pods
 by pool (slimmed), the other pools parsed once when indexed (``OtherPool``), the budgets' specs, and the
-demand the gateways recorded, by pool (their demand Leases' renewTime, ``modelpool_contract.demand``).
+demand the gateways recorded, by pool (their demand Leases' renewTime and held count,
+``modelpool_contract.demand``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from datetime import datetime
 from typing import Any, TypeVar
 
 import kopf
@@ -26,8 +26,9 @@ from modelpool_contract.demand import (
     LEASE_GROUP,
     LEASE_PLURAL,
     LEASE_VERSION,
-    demand_from_lease,
+    Demand,
     demand_pool,
+    read_demand,
 )
 from modelpool_contract.labels import LABEL_POOL
 from modelpool_operator import kube as kube_api
@@ -52,7 +53,7 @@ _DEMAND = {LABEL_DEMAND: "true"}
 PodsIndex = kopf.Index[PoolKey, dict[str, Any]]
 PoolsIndex = kopf.Index[PoolKey, OtherPool]
 BudgetsIndex = kopf.Index[str, dict[str, Any]]
-DemandIndex = kopf.Index[PoolKey, datetime]
+DemandIndex = kopf.Index[PoolKey, Demand]
 _T = TypeVar("_T")
 
 
@@ -142,10 +143,11 @@ def budgets_by_name(*, name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[s
 
 
 @kopf.index(*_LEASES, labels=_DEMAND)
-def demand_by_pool(*, namespace: str | None, body: kopf.Body, **_: Any) -> dict[PoolKey, datetime]:
-    """When a gateway last recorded demand for each pool: its demand Lease's renewTime."""
-    pool, at = demand_pool(body), demand_from_lease(body)
-    return {} if pool is None or at is None else {(namespace or "", pool): at}
+def demand_by_pool(*, namespace: str | None, body: kopf.Body, **_: Any) -> dict[PoolKey, Demand]:
+    """The demand a gateway last recorded for each pool: its demand Lease's renewTime, the requests held
+    then (``modelpool.dev/held``) and the Lease's duration."""
+    pool, demand = demand_pool(body), read_demand(body)
+    return {} if pool is None or demand is None else {(namespace or "", pool): demand}
 
 
 # ---- watch events only wake the daemons ---------------------------------------------------------------

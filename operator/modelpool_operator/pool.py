@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus, parse_pool_spec, parse_pool_status
+from modelpool_contract.demand import Demand
 from modelpool_operator.times import parse_time
 from modelpool_operator.worker_state import ObservedWorker
 
@@ -64,12 +65,18 @@ class PoolView:
     template_hash: str = ""
     # The pool object's uid: worker pods and the Service are owned by it (deletion cascades).
     uid: str | None = None
-    # When the pool was created, and when a gateway last recorded demand for it (None: never / unreadable).
+    # When the pool was created, and the demand a gateway last recorded for it (its time, the requests held
+    # then; None: never / unreadable).
     created: datetime | None = None
-    demanded_at: datetime | None = None
+    demand: Demand | None = None
+
+    @property
+    def demanded_at(self) -> datetime | None:
+        """When a gateway last recorded demand for the pool."""
+        return self.demand.at if self.demand is not None else None
 
     @classmethod
-    def from_body(cls, body: Mapping[str, Any], demanded_at: datetime | None = None) -> PoolView:
+    def from_body(cls, body: Mapping[str, Any], demand: Demand | None = None) -> PoolView:
         """From a ModelPool object (metadata, spec, status) and the demand its Lease records (the demand
         index's); raises ``ValueError`` for an invalid spec."""
         namespace, name, meta = _identity(body)
@@ -83,7 +90,7 @@ class PoolView:
             template_hash=template_hash(spec),
             uid=str(meta["uid"]) if meta.get("uid") else None,
             created=parse_time(meta.get("creationTimestamp")),
-            demanded_at=demanded_at,
+            demand=demand,
         )
 
     @property

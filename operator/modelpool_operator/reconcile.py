@@ -17,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from modelpool_contract.api import ModelPoolStatus
+from modelpool_contract.demand import Demand
 from modelpool_operator.budget import Ledger, budget_status
 from modelpool_operator.events import Event
 from modelpool_operator.kube import describe_error, merge_patch
@@ -34,7 +35,7 @@ from modelpool_operator.observation import (
     observe_all,
     other_pools,
 )
-from modelpool_operator.planner import LoadSample, Plan, PlannerSettings, plan
+from modelpool_operator.planner import CounterSample, LoadSample, Plan, PlannerSettings, plan
 from modelpool_operator.planner.status import condition
 from modelpool_operator.policy import Violation, violations
 from modelpool_operator.pool import OtherPool, PoolKey, PoolView
@@ -47,12 +48,12 @@ logger = logging.getLogger(__name__)
 
 PoolsByKey = Mapping[PoolKey, Iterable[OtherPool]]
 BudgetsByName = Mapping[str, Iterable[Mapping[str, Any]]]
-DemandByPool = Mapping[PoolKey, Iterable[datetime]]
+DemandByPool = Mapping[PoolKey, Iterable[Demand]]
 
 
-def demanded_at(demand: DemandByPool, key: PoolKey) -> datetime | None:
+def latest_demand(demand: DemandByPool, key: PoolKey) -> Demand | None:
     """The latest demand recorded for the pool (one Lease per pool; the latest, should there be more)."""
-    return max(demand.get(key, ()), default=None)
+    return max(demand.get(key, ()), key=lambda d: d.at, default=None)
 
 
 def lifecycle_settings(config: OperatorConfig) -> LifecycleSettings:
@@ -103,8 +104,9 @@ class PoolRun:
     invalid_generation: int | None = None
     # The generation (and the refusal) last reported as a policy violation.
     forbidden: tuple[int, str] | None = None
-    # The autoscaler's load samples, handed from one plan to the next.
+    # The autoscaler's load samples and the serving workers' counters, handed from one plan to the next.
     load_window: tuple[LoadSample, ...] = ()
+    counters: Mapping[str, CounterSample] = field(default_factory=dict)
 
 
 def _observe(
@@ -144,6 +146,7 @@ def decide(
     pools_by_key: PoolsByKey,
     budgets: BudgetsByName,
     load_window: tuple[LoadSample, ...] = (),
+    counters: Mapping[str, CounterSample] | None = None,
 ) -> tuple[Plan, datetime]:
     """Observe, plan and reserve the planned creations: synchronous on purpose (see the module doc)."""
     own_pods = list(pods_by_pool.get(pool.key, ()))
@@ -159,6 +162,7 @@ def decide(
         others=other_pools(pool.key, pools_by_key, workers),
         settings=planner_settings(state.config),
         load_window=load_window,
+        counters=counters,
     )
     for create in decided.create:
         state.reservations.reserve(pool.namespace, pool.name, create.name, create.memory, now)
@@ -260,7 +264,7 @@ async def reconcile_pool(
     and counted by outcome in the operator's metrics."""
     with state.metrics.reconcile_pass() as outcome:
         try:
-            pool = PoolView.from_body(body, demanded_at=demanded_at(demand or {}, run.key))
+            pool = PoolView.from_body(body, demand=latest_demand(demand or {}, run.key))
         except ValueError as exc:  # the CRD schema should have refused it; say why once per generation
             outcome.result = "invalid"
             await report_invalid_spec(state, run, body, exc)
@@ -280,8 +284,9 @@ async def reconcile_pool(
             pools_by_key=pools_by_key,
             budgets=budgets,
             load_window=run.load_window,
+            counters=run.counters,
         )
-        run.load_window = decided.load_window
+        run.load_window, run.counters = decided.load_window, decided.counters
         await apply(state, run, pool, body, decided=decided, now=now)
         return decided
 

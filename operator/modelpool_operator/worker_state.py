@@ -136,6 +136,11 @@ class ObservedWorker:
     # CPU pods and while unknown.
     accelerator_reserved: int | None = None
     accelerator_peak: int | None = None
+    # The server's counters of admitted and refused requests, and its clock when it answered (Unix
+    # seconds): the autoscaler turns the refusals into a rate between passes.
+    requests_total: int | None = None
+    rejected_total: int | None = None
+    stats_time: float | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -537,4 +542,7 @@ def observe_worker(
         ready_since=facts.ready_since,
         accelerator_reserved=reserved,
         accelerator_peak=peak,
+        requests_total=report.requests_total if report else None,
+        rejected_total=report.rejected_total if report else None,
+        stats_time=report.time if report else None,
     )

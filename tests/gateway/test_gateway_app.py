@@ -76,7 +76,7 @@ class Harness:
         self.demand = DemandRecorder(
             NoLeases(),
             pools=self.registry.pool,
-            wanted=lambda key: self.holds.held(key) > 0,
+            held=self.holds.held,
             metrics=self.metrics,
             interval_s=5,
             holder="test",

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from modelpool_contract.api import MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX
+from modelpool_contract.api import MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX, MSG_TARGET_LE_CAPACITY
 from modelpool_contract.tasks import TASK_NAMES
 from modelpool_operator import crdgen
 
@@ -81,7 +81,7 @@ def test_modelpool_validation_rules() -> None:
     root = schema("modelpools.yaml")
     spec = root["properties"]["spec"]
     messages = [v["message"] for v in spec["x-kubernetes-validations"]]
-    assert messages == [MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX]
+    assert messages == [MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX, MSG_TARGET_LE_CAPACITY]
     model = spec["properties"]["model"]["properties"]
     assert model["task"]["enum"] == list(TASK_NAMES)
     assert "hf://" in model["source"]["x-kubernetes-validations"][0]["message"]

@@ -17,10 +17,13 @@ docs/design.md, "The planner"); each phase is a function of the draft (``planner
    ``spec.replicas`` changes, within ``[minReplicas, replicas]`` (``[minReplicas, maxReplicas]`` while
    autoscaling).
 3. ``wake_on_demand``: a pool at zero whose recorded demand (its demand Lease's ``renewTime``) is newer than
-   the moment it reached zero, and recent, aims for one worker (WokenByDemand).
-4. ``autoscale``: the load sample of this pass joins the window; while autoscaling, the target follows
-   the load between ``max(minReplicas, 1)`` and ``maxReplicas``: up at once on a burst or a higher stable
-   load, down only after ``scaleDownDelaySeconds`` of lower load (ScaledUp, ScaledDown).
+   the moment it reached zero, and at most ``activationTimeoutSeconds`` old, aims for one worker
+   (WokenByDemand); a wake the budget held back until its demand expired is dropped (WakeExpired).
+4. ``autoscale``: the load sample of this pass (in flight plus queued, plus the refused requests' share,
+   plus the requests held at the gateway while no worker serves) joins the window; while autoscaling,
+   the target follows the load between ``max(minReplicas, 1)`` and ``maxReplicas``: up at once on a burst
+   or a higher stable load, down only after ``scaleDownDelaySeconds`` of lower load, with no countdown
+   while a worker is Loading (ScaledUp, ScaledDown).
 5. ``handle_failures``: failed workers are charged nothing, counted once (on the pass that first sees
    them), kept while the per-pool exponential backoff (``status.backoff``) runs, then deleted in the pass
    that replaces them.
@@ -46,7 +49,7 @@ docs/design.md, "The planner"); each phase is a function of the draft (``planner
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from modelpool_operator.budget import Ledger
@@ -56,6 +59,7 @@ from modelpool_operator.planner.draft import (
     EVICT_PREEMPTED,
     EVICT_ROLLOVER,
     EVICT_SCALE_DOWN,
+    CounterSample,
     Create,
     Delete,
     Draft,
@@ -103,11 +107,15 @@ def plan(
     others: Sequence[OtherPool] = (),
     settings: PlannerSettings | None = None,
     load_window: Sequence[LoadSample] = (),
+    counters: Mapping[str, CounterSample] | None = None,
 ) -> Plan:
     """Decide one pass for ``pool``.  ``workers`` are this pool's observed workers; ``ledger`` covers every
     pool (this one included) and carries the live reservations; ``others`` are the other pools;
-    ``load_window`` is the previous plan's (empty at first: the windows are re-learned)."""
-    draft = Draft(pool, list(workers), ledger, now, others, settings or PlannerSettings(), load_window)
+    ``load_window`` and ``counters`` are the previous plan's (empty at first: the windows and the
+    refusal rates are re-learned)."""
+    draft = Draft(
+        pool, list(workers), ledger, now, others, settings or PlannerSettings(), load_window, counters or {}
+    )
     for phase in PHASES:
         phase(draft)
     return conclude(draft)
@@ -119,6 +127,7 @@ __all__ = [
     "EVICT_ROLLOVER",
     "EVICT_SCALE_DOWN",
     "PHASES",
+    "CounterSample",
     "Create",
     "Delete",
     "Draft",

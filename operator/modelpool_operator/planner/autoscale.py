@@ -1,21 +1,37 @@
 """Autoscaling and waking from zero: the pure decisions, and the two planner phases that apply them.
 
-**The load** is what the workers report in ``/stats``: requests in flight plus queued, summed over the
-pool's serving workers whose stats are known (``observe_load``).  Unknown load (no serving worker
-reports: a pool at zero, workers still loading, KWOK nodes) never changes the count.
+**The load** is what waits to be served, in requests (``pool_load``):
+
+* requests in flight plus queued, summed over the pool's serving workers whose stats are known
+  (``observe_load``);
+* plus the requests those workers refused (``rejected_total`` in ``/stats``, a counter: 429 when the
+  queue is full, and every other refusal or give-up), turned into a rate between two scrapes of the same
+  worker process (``count_refusals``: a new pod or a restarted container, or counters that went back,
+  start a new baseline).  A refused request would have spent in the worker about as long as an admitted
+  one, so by Little's law it adds the worker's load times refused per admitted request over the interval;
+* plus, while the pool has no serving worker at all, the requests the gateway holds for it (the held
+  count on its demand Lease, while that is fresh: ``Demand.held_at``).  The gateway holds requests only
+  for a pool without a routable worker, so once one serves they are on their way to it and its
+  ``/stats`` counts them; counting both would count them twice.
+
+Unknown load (no serving worker reports and nothing is held: a pool at zero, workers still loading,
+KWOK nodes) never changes the count.
 
 **The windows** (as Knative's autoscaler has them).  Every pass adds one sample of the load to a window
-that the pool's loop keeps in memory (``Plan.load_window``): after an operator restart the averages are
-re-learned within one stable window, while the scale-down countdown, which lives in
-``status.autoscaling``, survives.  Each sample stands for the time since the sample before it.
+that the pool's loop keeps in memory (``Plan.load_window``, and the workers' counters in
+``Plan.counters``): after an operator restart the averages are re-learned within one stable window,
+while the scale-down countdown, which lives in ``status.autoscaling``, survives.  Each sample stands for
+the time since the sample before it.
 
 * Burst: when the load averaged over ``scaleUpWindowSeconds`` asks for more than ``BURST_FACTOR`` times
   the current count, the count rises to what it asks at once, and does not fall while the burst lasts.
 * Calm: otherwise the count follows the load averaged over ``stableWindowSeconds``: up at once; down only
   once the load has asked for fewer workers for ``scaleDownDelaySeconds``, and then to the most it asked
-  for meanwhile (so under a constant load the count changes at most once).  The autoscaler never goes
-  below ``max(minReplicas, 1)``: taking the last workers is ``idleTimeoutSeconds``' job, and a pool at
-  zero is woken only by demand.
+  for meanwhile (so under a constant load the count changes at most once).  No countdown runs while a
+  worker is Loading: it starts once every worker is up, so a worker is never evicted the moment it is
+  ready because the count fell while it loaded.  The autoscaler never goes below ``max(minReplicas,
+  1)``: taking the last workers is ``idleTimeoutSeconds``' job, and a pool at zero is woken only by
+  demand.
 
 Scaling up only raises the target; ``admit`` creates the workers within the budget (preempting idle
 lower-priority workers, else BudgetExceeded).  Scaling down only lowers it; ``retire`` removes the
@@ -24,20 +40,23 @@ surplus through the usual eviction, never a Loading or Processing worker.
 **Waking from zero.**  A gateway that holds a request for a pool records the time in the pool's demand
 Lease (``modelpool_contract.demand``; the operator indexes those Leases).  A pool at zero whose demand is
 newer than the moment it reached zero (``status.autoscaling.scaledToZeroAt``, else its creation) and
-not older than ``PlannerSettings.demand_max_age_s`` gets one worker in the same pass, with one
-``WokenByDemand`` Event.
+not older than the pool's ``activationTimeoutSeconds`` (the longest a gateway holds a request: an older
+demand's requests have all given up) gets one worker in the same pass, with one ``WokenByDemand``
+Event.  Until a worker exists the wake is recorded (``status.autoscaling.wokenByDemandAt``): when the
+budget holds the creation back until the demand is older than that bound, the wake is dropped
+(``WakeExpired``, back to zero) instead of creating a worker later for requests long gone.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from modelpool_contract.api import AutoscalingSpec, ModelPoolSpec, autoscaling_enabled, replica_ceiling
 from modelpool_operator.events import Event
-from modelpool_operator.planner.draft import Draft, LoadSample
+from modelpool_operator.planner.draft import CounterSample, Draft, LoadSample
 from modelpool_operator.times import parse_time, rfc3339, rfc3339_ms
 from modelpool_operator.worker_state import ObservedWorker
 
@@ -61,6 +80,67 @@ def observe_load(workers: Iterable[ObservedWorker]) -> tuple[int | None, bool]:
     return load, len(known) == len(serving)
 
 
+def count_refusals(worker: ObservedWorker, previous: CounterSample | None) -> CounterSample | None:
+    """The worker's counters at this scrape, with the refusals since ``previous`` (the same worker's at an
+    earlier scrape) as a rate; None when its stats carry no counters or no time.  The same scrape seen
+    again keeps its rates; a new process (uid, restarts) or counters that went back start a baseline."""
+    if worker.requests_total is None or worker.rejected_total is None or worker.stats_time is None:
+        return None
+    sample = CounterSample(
+        worker.uid, worker.restarts, worker.stats_time, worker.requests_total, worker.rejected_total
+    )
+    if previous is None or (previous.uid, previous.restarts) != (sample.uid, sample.restarts):
+        return sample
+    if sample.at == previous.at:
+        return previous
+    seconds = sample.at - previous.at
+    refused, admitted = sample.rejected - previous.rejected, sample.requests - previous.requests
+    if seconds < 0 or refused < 0 or admitted < 0:
+        return sample  # the counters were reset (or the server's clock stepped back): a new baseline
+    return replace(sample, refused_per_s=refused / seconds, refused_ratio=refused / max(admitted, 1))
+
+
+@dataclass(frozen=True)
+class PoolLoad:
+    """One pass's load (``pool_load``): the total (None: unknown), whether every serving worker's stats
+    are known (a scale-down needs it), what of it the refusals and the gateway's held requests are, and
+    the workers' counters for the next pass."""
+
+    load: float | None
+    complete: bool
+    refused_per_s: float
+    refused: float
+    held: int | None
+    counters: dict[str, CounterSample]
+
+
+def pool_load(
+    workers: Iterable[ObservedWorker],
+    counters: Mapping[str, CounterSample],
+    held: int | None,
+) -> PoolLoad:
+    """The pool's load: in flight plus queued over the serving workers with known stats, plus their
+    refusals (Little's law: each worker's load times its refused per admitted request since the last
+    scrape), plus ``held`` (the gateway's count, fresh) while no worker serves at all."""
+    workers = list(workers)
+    base, complete = observe_load(workers)
+    serving = [w for w in workers if w.active and w.serving_state and w.stats_known]
+    seen: dict[str, CounterSample] = {}
+    refused = per_s = 0.0
+    for worker in serving:
+        sample = count_refusals(worker, counters.get(worker.name))
+        if sample is None:
+            continue
+        seen[worker.name] = sample
+        refused += ((worker.in_flight or 0) + (worker.queue_depth or 0)) * sample.refused_ratio
+        per_s += sample.refused_per_s
+    counted_held = held if held and not any(w.active and w.serving_state for w in workers) else None
+    if base is None and counted_held is None:
+        return PoolLoad(None, False, per_s, refused, None, seen)
+    load = (base or 0) + refused + (counted_held or 0)
+    return PoolLoad(load, complete and base is not None, per_s, refused, counted_held, seen)
+
+
 def record(window: Sequence[LoadSample], sample: LoadSample, keep_s: float) -> tuple[LoadSample, ...]:
     """``window`` with ``sample`` added: samples within ``MIN_SAMPLE_GAP_S`` before it are replaced, and
     only the last ``keep_s`` seconds are kept, plus the one sample before them (it dates the first)."""
@@ -78,7 +158,7 @@ def average(window: Sequence[LoadSample], now: datetime, seconds: float) -> floa
     the sample before it; None when no sample falls in the window."""
     start = now - timedelta(seconds=seconds)
     weighted = span = 0.0
-    inside: list[int] = []
+    inside: list[float] = []
     previous: LoadSample | None = None
     for sample in window:
         if start < sample.at <= now:
@@ -127,10 +207,13 @@ def decide(
     complete: bool,
     down_since: datetime | None,
     down_to: int | None,
+    loading: bool = False,
 ) -> Decision:
     """The count to aim for, from ``current`` and the load averaged over the stable and burst windows.
     ``complete``: every serving worker's load is known (a scale-down needs it); ``down_since`` and
-    ``down_to``: the scale-down countdown so far.  Pure."""
+    ``down_to``: the scale-down countdown so far; ``loading``: a worker is Loading (no countdown runs: it
+    starts once every worker is up, so a worker that was loading gets a whole delay to take load).
+    Pure."""
     policy = spec.autoscaling
     floor, ceiling = max(spec.min_replicas, 1), spec.max_replicas
     recommended = min(ceiling, max(floor, _wanted(stable_load, policy)))
@@ -142,7 +225,7 @@ def decide(
         desired = max(current, min(ceiling, _wanted(burst_load, policy)))
     elif recommended > current:
         desired = recommended
-    elif recommended < current:
+    elif recommended < current and not loading:
         if down_since is not None and down_to is not None and down_to < current:
             since, most = down_since, max(down_to, recommended)
         else:  # no countdown yet, or one for a higher count than there is now (it fell meanwhile)
@@ -165,19 +248,64 @@ def zero_since(draft: Draft) -> datetime | None:
     return recorded or draft.pool.created
 
 
+def demand_age(draft: Draft) -> float | None:
+    """Seconds since the pool's recorded demand (None: none recorded)."""
+    demand = draft.pool.demanded_at
+    return None if demand is None else (draft.now - demand).total_seconds()
+
+
+def demand_fresh(draft: Draft) -> bool:
+    """The recorded demand may still have requests waiting: it is at most the pool's
+    ``activationTimeoutSeconds`` old (a gateway holds a request no longer; either side, for clocks that
+    differ)."""
+    age = demand_age(draft)
+    return age is not None and abs(age) <= draft.pool.spec.activation_timeout_seconds
+
+
+def pending_wake(draft: Draft) -> datetime | None:
+    """The demand that woke the pool, as the last status recorded it, while the wake is still pending: no
+    worker of the pool exists and ``spec.replicas`` has not been changed since (that sets the count)."""
+    previous = draft.pool.status
+    if previous.spec_replicas != draft.pool.spec.replicas or any(w.active for w in draft.workers):
+        return None
+    return parse_time(previous.autoscaling.woken_by_demand_at)
+
+
+def _drop_expired_wake(draft: Draft) -> None:
+    """A pending wake whose demand is no longer fresh and for which nothing is being created (the budget
+    held it back) goes back to zero: its requests have given up."""
+    woken = pending_wake(draft)
+    draft.scaling.woken_by = woken if draft.target > 0 else None
+    if woken is None or draft.target == 0 or draft.in_flight or demand_fresh(draft):
+        return
+    floor = draft.pool.spec.min_replicas
+    age = demand_age(draft)
+    recorded = f"the demand recorded at {rfc3339_ms(draft.pool.demanded_at or woken)}"
+    message = (
+        f"{recorded} ({age or 0:.1f}s ago) is older than activationTimeoutSeconds "
+        f"({draft.pool.spec.activation_timeout_seconds}s) and no worker was created for it: its requests "
+        f"have given up: {draft.target} -> {floor} workers"
+    )
+    draft.events.append(Event("Normal", "WakeExpired", message))
+    draft.target, draft.scaling.woken_by = floor, None
+    draft.scaling.last_scale_time = draft.now
+
+
 def wake_on_demand(draft: Draft) -> None:
-    """Phase 3: a pool at zero with fresh demand aims for one worker (``admit`` creates it this pass)."""
+    """Phase 3: a pool at zero with fresh demand aims for one worker (``admit`` creates it this pass); a
+    pending wake whose demand expired before a worker could be created is dropped."""
+    _drop_expired_wake(draft)
     demand = draft.pool.demanded_at
     if draft.target > 0 or demand is None or replica_ceiling(draft.pool.spec) < 1:
         return
     baseline = zero_since(draft)
     if baseline is not None and demand <= baseline:
         return  # recorded before the pool reached zero: already served
-    age = (draft.now - demand).total_seconds()
-    if abs(age) > draft.settings.demand_max_age_s:
+    if not demand_fresh(draft):
         return  # the requests that recorded it have given up (or a clock is far off)
+    age = demand_age(draft) or 0.0
     draft.target = 1
-    draft.scaling.last_scale_time = draft.now
+    draft.scaling.last_scale_time, draft.scaling.woken_by = draft.now, demand
     message = f"demand recorded at {rfc3339_ms(demand)} ({age:.1f}s ago): 0 -> 1 worker"
     draft.events.append(Event("Normal", "WokenByDemand", message))
 
@@ -188,8 +316,11 @@ def autoscale(draft: Draft) -> None:
     it does nothing (only demand wakes a pool); with the load unknown it keeps the countdown as it was."""
     spec, scaling, now = draft.pool.spec, draft.scaling, draft.now
     policy = spec.autoscaling
-    load, complete = observe_load(draft.workers)
-    scaling.observed_load = load
+    demand = draft.pool.demand
+    measured = pool_load(draft.workers, draft.counters, demand.held_at(now) if demand else None)
+    load = measured.load
+    scaling.observed_load, scaling.counters = load, measured.counters
+    scaling.refused_per_s, scaling.held = measured.refused_per_s, measured.held
     if load is not None:
         scaling.window = record(draft.load_window, LoadSample(now, load), policy.stable_window_seconds)
     if not autoscaling_enabled(spec) or draft.target == 0:
@@ -204,23 +335,31 @@ def autoscale(draft: Draft) -> None:
         now,
         stable_load=average(scaling.window, now, policy.stable_window_seconds) or 0.0,
         burst_load=average(scaling.window, now, policy.scale_up_window_seconds) or 0.0,
-        complete=complete,
+        complete=measured.complete,
         down_since=scaling.down_since,
         down_to=scaling.down_to,
+        loading=any(w.state == "Loading" for w in draft.active),
     )
     scaling.recommended = decision.recommended
     scaling.down_since, scaling.down_to = decision.down_since, decision.down_to
     if decision.down_in is not None:
         draft.requeue.append(decision.down_in)
     if decision.desired != draft.target:
-        draft.events.append(_scaled_event(draft.target, decision, policy))
+        draft.events.append(_scaled_event(draft.target, decision, policy, measured))
         draft.target = decision.desired
         scaling.last_scale_time = now
 
 
-def _scaled_event(current: int, decision: Decision, policy: AutoscalingSpec) -> Event:
+def _scaled_event(current: int, decision: Decision, policy: AutoscalingSpec, measured: PoolLoad) -> Event:
     change = f"{current} -> {decision.desired} workers"
     target = f"target {policy.target_per_worker} per worker"
+    counted = []
+    if measured.refused_per_s > 0:
+        counted.append(f"{measured.refused_per_s:.1f} refused/s counted as {measured.refused:.1f}")
+    if measured.held:
+        counted.append(f"{measured.held} held at the gateway")
+    if counted:
+        target += "; now " + ", ".join(counted)
     if decision.desired < current:
         return Event(
             "Normal",
@@ -243,6 +382,14 @@ def scaled_to_zero_at(draft: Draft) -> str | None:
     if draft.target == 0 and (previous.target_replicas != 0 or recorded is None):
         return rfc3339_ms(draft.now)
     return recorded
+
+
+def woken_by_demand_at(draft: Draft) -> str | None:
+    """``status.autoscaling.wokenByDemandAt`` after this pass: the demand of a pending wake, until a worker
+    of the pool exists."""
+    if draft.scaling.woken_by is None or any(w.active for w in draft.workers):
+        return None
+    return rfc3339_ms(draft.scaling.woken_by)
 
 
 def last_scale_time(draft: Draft) -> str | None:

@@ -6,7 +6,7 @@ The phases (``planner.phases``, ``planner.status``) read the draft's inputs and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -42,17 +42,35 @@ class PlannerSettings:
     drain_grace_s: float = 5.0
     # Roll-over creates at most this many workers above the target.
     max_surge: int = 1
-    # A recorded demand older than this wakes nothing: a gateway rewrites it every few seconds while it
-    # holds requests, so an older one is from requests that have given up.
-    demand_max_age_s: float = 120.0
 
 
 @dataclass(frozen=True)
 class LoadSample:
-    """The pool's load at one pass: requests in flight plus queued over its serving workers."""
+    """The pool's load at one pass: requests in flight plus queued over its serving workers, plus the
+    refused ones' estimated share and the requests held at the gateway (``planner.autoscale``)."""
 
     at: datetime
-    load: int
+    load: float
+
+
+@dataclass(frozen=True)
+class CounterSample:
+    """A serving worker's ``/stats`` counters at one scrape, and the refusals measured over the interval
+    that ended at it (zero for the first scrape of a worker process: a baseline).
+
+    ``uid`` and ``restarts`` tell a new process (a new pod under the same name, a restarted container),
+    whose counters start again from zero; ``at`` is the server's clock when it answered, so two passes
+    that see the same scrape see the same rates."""
+
+    uid: str | None
+    restarts: int
+    at: float
+    requests: int
+    rejected: int
+    # Requests refused per second over the interval, and refused per admitted request (admitted counted
+    # as at least one).
+    refused_per_s: float = 0.0
+    refused_ratio: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,8 @@ class Plan:
     requeue_after: float | None = None
     # The load samples of the autoscaler's windows, for the next pass (the pool's loop keeps them).
     load_window: tuple[LoadSample, ...] = ()
+    # The serving workers' counters at this pass, by worker name, for the next pass's refusal rates.
+    counters: Mapping[str, CounterSample] = field(default_factory=dict)
 
     @property
     def idle(self) -> bool:
@@ -139,13 +159,20 @@ class Scaling:
     """What the autoscaling phases found and decided (``status.autoscaling`` is built from it)."""
 
     window: tuple[LoadSample, ...] = ()
-    observed_load: int | None = None
+    observed_load: float | None = None
+    # What the load counted besides the workers' queues: refused requests per second, and the requests
+    # held at the gateway (None: not counted this pass).
+    refused_per_s: float = 0.0
+    held: int | None = None
+    counters: dict[str, CounterSample] = field(default_factory=dict)
     recommended: int | None = None
     # The scale-down countdown: since when fewer workers were asked for, and the most asked meanwhile.
     down_since: datetime | None = None
     down_to: int | None = None
     # Set when this pass changed the count by load or by demand.
     last_scale_time: datetime | None = None
+    # The demand that woke the pool from zero, while no worker it asked for exists yet.
+    woken_by: datetime | None = None
 
 
 @dataclass
@@ -153,10 +180,10 @@ class Draft:
     """One pass's plan while the phases build it.
 
     Built from the inputs (the pool, the observed workers, the ledger, the clock, the other pools, the
-    settings, the load window of earlier passes), which stay read-only: ``workers`` becomes this pool's
-    workers sorted by name, ``in_flight`` its reservations.  ``active``/``current``/``outdated`` start as
-    the pool's active workers (current = built from the present template hash) and shrink as workers are
-    removed; the lists of effects only grow.
+    settings, the load window and the workers' counters of earlier passes), which stay read-only:
+    ``workers`` becomes this pool's workers sorted by name, ``in_flight`` its reservations.
+    ``active``/``current``/``outdated`` start as the pool's active workers (current = built from the
+    present template hash) and shrink as workers are removed; the lists of effects only grow.
     """
 
     pool: PoolView
@@ -166,6 +193,7 @@ class Draft:
     others: Sequence[OtherPool] = ()
     settings: PlannerSettings = field(default_factory=PlannerSettings)
     load_window: Sequence[LoadSample] = ()
+    counters: Mapping[str, CounterSample] = field(default_factory=dict)
     # Reservations of this pool whose pods are not observed yet: creations in flight, counted as Pending.
     in_flight: list[Reservation] = field(init=False)
     target: int = field(init=False, default=0)

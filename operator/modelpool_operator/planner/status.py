@@ -22,7 +22,7 @@ from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.quantity import format_quantity
 from modelpool_contract.states import ACTIVE_STATES, SERVING_STATES, STARTING_STATES, WorkerState
 from modelpool_operator.events import Event
-from modelpool_operator.planner.autoscale import last_scale_time, scaled_to_zero_at
+from modelpool_operator.planner.autoscale import last_scale_time, scaled_to_zero_at, woken_by_demand_at
 from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Plan
 from modelpool_operator.planner.memory import (
     MEMORY_CONDITION,
@@ -194,11 +194,13 @@ def _autoscaling_status(draft: Draft) -> AutoscalingStatus:
         enabled=autoscaling_enabled(draft.pool.spec),
         desired_replicas=draft.target,
         recommended_replicas=scaling.recommended,
-        observed_load=scaling.observed_load,
+        observed_load=round(scaling.observed_load) if scaling.observed_load is not None else None,
+        held_requests=scaling.held,
         last_scale_time=last_scale_time(draft),
         scale_down_since=rfc3339(scaling.down_since),
         scale_down_to=scaling.down_to,
         scaled_to_zero_at=scaled_to_zero_at(draft),
+        woken_by_demand_at=woken_by_demand_at(draft),
     )
 
 
@@ -280,6 +282,7 @@ def conclude(draft: Draft) -> Plan:
         events=tuple(draft.events),
         requeue_after=min(positive) if positive else None,
         load_window=draft.scaling.window,
+        counters=draft.scaling.counters,
     )
 
 

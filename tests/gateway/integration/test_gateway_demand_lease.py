@@ -100,7 +100,7 @@ def _recorder(api: client.ApiClient, pool: Pool, holder: str, held: list[bool]) 
     return DemandRecorder(
         LeaseClient(client.CoordinationV1Api(api)),
         pools=lambda key: pool if key == pool.key else None,
-        wanted=lambda key: bool(held),
+        held=lambda key: len(held),
         metrics=Metrics(),
         interval_s=5,
         holder=holder,

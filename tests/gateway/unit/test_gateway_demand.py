@@ -1,8 +1,10 @@
-"""The demand Lease: its body, when it is written, and why many gateways write about once per
-interval between them (simulated: each gateway sleeps until its next due time, as ``DemandRecorder``)."""
+"""The demand Lease: its body (the demand time and the held count), when it is written, why many gateways
+write about once per interval between them (simulated: each gateway sleeps until its next due time, as
+``DemandRecorder``), and that a request held as a pool's refresh task ends is never lost."""
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import random
@@ -14,14 +16,19 @@ from hypothesis import strategies as st
 
 from modelpool_contract.api import API_VERSION, MODELPOOL_KIND
 from modelpool_contract.demand import (
+    ANNOTATION_HELD,
+    Demand,
     demand_from_lease,
     demand_lease,
     demand_lease_name,
     micro_time,
     parse_micro_time,
+    read_demand,
     renew,
 )
-from modelpool_gateway.demand import JITTER, next_write_at
+from modelpool_gateway.demand import JITTER, Answer, DemandRecorder, LeaseClient, next_write_at
+from modelpool_gateway.metrics import Metrics
+from modelpool_gateway.state import Key, Pool
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 INTERVAL = timedelta(seconds=5)
@@ -54,6 +61,31 @@ def test_a_renewal_keeps_the_owner_and_counts_a_new_holder() -> None:
     assert same["metadata"] == other["metadata"] == lease["metadata"]
     assert same["spec"].get("leaseTransitions") is None and other["spec"]["leaseTransitions"] == 1
     assert demand_from_lease(other) == T0 + 2 * INTERVAL and lease["spec"]["renewTime"] == micro_time(T0)
+
+
+def test_each_write_records_the_held_count_which_counts_only_while_the_lease_is_fresh() -> None:
+    lease = demand_lease(
+        pool="p",
+        pool_uid="u-1",
+        moment=T0,
+        holder="gw-a",
+        duration_s=10,
+        pool_api_version=API_VERSION,
+        pool_kind=MODELPOOL_KIND,
+        held=7,
+    )
+    assert lease["metadata"]["annotations"] == {ANNOTATION_HELD: "7"}
+    assert read_demand(lease) == Demand(T0, 7, 10)
+    renewed = renew(lease, moment=T0 + INTERVAL, holder="gw-b", duration_s=10, held=2)
+    demand = read_demand(renewed)
+    assert demand == Demand(T0 + INTERVAL, 2, 10)  # the latest writer's count (a lower bound)
+    assert demand.held_at(T0 + INTERVAL + timedelta(seconds=10)) == 2
+    assert demand.held_at(T0 + INTERVAL + timedelta(seconds=10.001)) is None  # stale: the holds ended
+    # An older gateway's Lease (no annotation) or an unreadable count: unknown, never an error.
+    for value in (None, "many", "-3", True):
+        other = dict(renewed, metadata={**renewed["metadata"], "annotations": {ANNOTATION_HELD: value}})
+        assert read_demand(other) == Demand(T0 + INTERVAL, None, 10)
+        assert Demand(T0, None, 10).held_at(T0) is None
 
 
 def test_a_long_pool_name_still_gives_a_valid_lease_name() -> None:
@@ -127,3 +159,69 @@ def test_the_replica_with_the_smallest_jitter_refreshes_the_demand() -> None:
     assert all(gap >= INTERVAL for gap in gaps)
     assert len(writes) >= 3600 / 6.5  # a write every 5-6 s
     assert {g for _, g in writes} == {0, 1, 2}
+
+
+# ---- the recorder's task per pool --------------------------------------------------------------------
+
+
+class _Leases(LeaseClient):
+    """The API server's Lease store for one namespace, in memory (the integration tests use the real one)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.leases: dict[str, dict[str, Any]] = {}
+
+    async def read(self, namespace: str, name: str) -> Answer:
+        lease = self.leases.get(name)
+        return Answer(200, lease) if lease is not None else Answer(404, None)
+
+    async def create(self, namespace: str, body: dict[str, Any]) -> Answer:
+        self.leases[body["metadata"]["name"]] = body
+        return Answer(201, body)
+
+    async def replace(self, namespace: str, name: str, body: dict[str, Any]) -> Answer:
+        self.leases[name] = body
+        return Answer(200, body)
+
+
+KEY: Key = ("ns", "p")
+
+
+def _recorder(leases: LeaseClient, held: dict[Key, int], rounds: list[Key]) -> DemandRecorder:
+    def pool(key: Key) -> Pool | None:
+        rounds.append(key)
+        return Pool(*KEY, uid="u-1") if key == KEY else None
+
+    return DemandRecorder(
+        leases, pools=pool, held=lambda key: held.get(key, 0), metrics=Metrics(), interval_s=5, holder="gw"
+    )
+
+
+async def test_a_write_records_how_many_requests_this_replica_holds() -> None:
+    leases, held, rounds = _Leases(), {KEY: 3}, list[Key]()
+    recorder = _recorder(leases, held, rounds)
+    assert await recorder.round(KEY) == 5.0
+    assert read_demand(leases.leases["p-demand"]).held == 3  # type: ignore[union-attr]
+    held[KEY] = 9
+    recorder.forget(KEY)  # due again at once
+    leases.leases["p-demand"]["spec"]["renewTime"] = micro_time(T0)
+    assert await recorder.round(KEY) == 5.0
+    assert read_demand(leases.leases["p-demand"]).held == 9  # type: ignore[union-attr]
+
+
+async def test_a_request_held_as_the_refresh_task_ends_starts_a_new_one() -> None:
+    """The gap between the task's last check (nothing held) and its removal: a request held there must
+    start a new task.  Driven step by step: ``sleep(0)`` lets exactly the ready callbacks run once."""
+    held: dict[Key, int] = {}
+    rounds: list[Key] = []
+    recorder = _recorder(_Leases(), held, rounds)
+    recorder.note(KEY)  # a request held, and released before the task first runs
+    await asyncio.sleep(0)  # the task runs: nothing held, its loop ends
+    held[KEY] = 1  # a request held in the very next step
+    recorder.note(KEY)
+    assert recorder.recording(KEY)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert rounds == [KEY]  # the new task refreshed the demand (it read the pool, then the Lease)
+    held[KEY] = 0
+    await recorder.close()

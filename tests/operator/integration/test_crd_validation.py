@@ -56,6 +56,15 @@ def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[
         ({"replicas": -1}, ["spec.replicas"]),
         ({"autoscaling": {"targetPerWorker": 0}}, ["spec.autoscaling.targetPerWorker"]),
         (
+            {"queue": {"capacity": 5}, "autoscaling": {"targetPerWorker": 6}},
+            ["spec.autoscaling.targetPerWorker must be less than or equal to spec.queue.capacity"],
+        ),
+        # Without spec.queue the capacity is its default (100); the target set explicitly is over it.
+        (
+            {"autoscaling": {"targetPerWorker": 101}},
+            ["spec.autoscaling.targetPerWorker", "spec.queue.capacity"],
+        ),
+        (
             {"autoscaling": {"scaleUpWindowSeconds": 90}},
             ["spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds"],
         ),
@@ -106,6 +115,20 @@ def test_good_manifests_are_accepted_with_defaults(crds: Cluster, namespace: str
     spec = json.loads(crds.kubectl(*args, input=json.dumps(manifest)).stdout)["spec"]
     assert spec["maxReplicas"] == 10 and spec["minReplicas"] == 0 and spec["model"]["dtype"] == "auto"
     assert spec["activationTimeoutSeconds"] == 120 and "servedModelName" not in spec
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"queue": {"capacity": 5}, "autoscaling": {"targetPerWorker": 5}},
+        {"queue": {"capacity": 5}},  # no spec.autoscaling: the rule does not apply
+    ],
+)
+def test_a_target_within_the_queue_capacity_is_accepted(
+    crds: Cluster, namespace: str, overrides: dict[str, Any]
+) -> None:
+    code, output = create(crds, namespace, pool("fits", **overrides))
+    assert code == 0, output
 
 
 def test_secrets_by_reference_and_host_memory_are_accepted(crds: Cluster, namespace: str) -> None:

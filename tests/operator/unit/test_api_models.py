@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from modelpool_contract.api import (
+    MSG_TARGET_LE_CAPACITY,
     ModelBudgetSpec,
     ModelPoolSpec,
     ModelPoolStatus,
@@ -70,6 +71,14 @@ def test_served_model_names_a_client_would_use(name: str) -> None:
     assert parse_pool_spec(body(servedModelName=name)).served_model_name == name
 
 
+def test_a_target_per_worker_within_the_queue_capacity_is_accepted() -> None:
+    assert parse_pool_spec(body(autoscaling={"targetPerWorker": 10})).autoscaling.target_per_worker == 10
+    # Without spec.autoscaling the rule does not apply (a small queue with the default target is not refused).
+    assert parse_pool_spec(body(queue={"capacity": 3})).queue.capacity == 3
+    assert "spec.autoscaling.targetPerWorker" in MSG_TARGET_LE_CAPACITY
+    assert "spec.queue.capacity" in MSG_TARGET_LE_CAPACITY
+
+
 @pytest.mark.parametrize(
     ("overrides", "field", "needle"),
     [
@@ -92,6 +101,9 @@ def test_served_model_names_a_client_would_use(name: str) -> None:
             "spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds",
         ),
         ({"autoscaling": {"scaleDownDelaySeconds": 7200}}, "scaleDownDelaySeconds", "less than or equal to"),
+        ({"autoscaling": {"targetPerWorker": 11}}, "", MSG_TARGET_LE_CAPACITY),
+        # The default target (10) counts once spec.autoscaling is written (the API server fills it in).
+        ({"queue": {"capacity": 9}, "autoscaling": {"enabled": True}}, "", MSG_TARGET_LE_CAPACITY),
         (_cached({"type": "pvc"}), "", "spec.model.cache.claimName is required when type is pvc"),
         (_cached({"type": "hostPath"}), "", "spec.model.cache.path is required when type is hostPath"),
         (_cached({"type": "hostPath", "path": "cache"}), "model.cache.path", "pattern"),

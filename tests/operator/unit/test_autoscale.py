@@ -16,6 +16,7 @@ from op_planner import cond, ledger_for, make_spec, view, w
 from op_pods import GI, at
 
 from modelpool_contract.api import AutoscalingStatus, ModelPoolSpec, ModelPoolStatus, autoscaling_enabled
+from modelpool_contract.demand import Demand
 from modelpool_contract.states import WorkerState
 from modelpool_operator.budget import ReservationBook, build_ledger
 from modelpool_operator.planner import (
@@ -28,7 +29,7 @@ from modelpool_operator.planner import (
     plan,
     wake_on_demand,
 )
-from modelpool_operator.planner.autoscale import average, decide, observe_load, record
+from modelpool_operator.planner.autoscale import average, count_refusals, decide, observe_load, record
 from modelpool_operator.pool import OtherPool, PoolView
 from modelpool_operator.times import rfc3339, rfc3339_ms
 from modelpool_operator.worker_state import ObservedWorker
@@ -112,6 +113,7 @@ def _decide(current: int, stable: float, burst: float, **kw: Any) -> Any:
         complete=kw.pop("complete", True),
         down_since=kw.pop("down_since", None),
         down_to=kw.pop("down_to", None),
+        loading=kw.pop("loading", False),
     )
 
 
@@ -191,26 +193,26 @@ def test_an_unknown_load_keeps_the_countdown_and_decides_nothing() -> None:
 def test_wake_on_demand_once_for_demand_newer_than_zero() -> None:
     spec = auto_spec(minReplicas=0, replicas=0)
     zero = scaled(0, scaled_to_zero_at=rfc3339_ms(at(900)))
-    woken = run_until(wake_on_demand, replace(view(spec, zero), demanded_at=at(995.5)), [])
+    woken = run_until(wake_on_demand, replace(view(spec, zero), demand=Demand(at(995.5))), [])
     wake_on_demand(woken)
     assert woken.target == 1
     [event] = woken.events
     assert event.reason == "WokenByDemand"
     assert event.message == "demand recorded at 2026-01-01T12:16:35.500Z (4.5s ago): 0 -> 1 worker"
     for demand in (at(899), at(900), NOW - timedelta(seconds=121)):  # before zero, or given up
-        draft = run_until(wake_on_demand, replace(view(spec, zero), demanded_at=demand), [])
+        draft = run_until(wake_on_demand, replace(view(spec, zero), demand=Demand(demand)), [])
         wake_on_demand(draft)
         assert draft.target == 0 and not draft.events
 
 
 def test_a_parked_pool_is_not_woken_and_a_new_one_counts_from_its_creation() -> None:
     parked = make_spec(replicas=0, maxReplicas=2, autoscaling={"enabled": False})
-    draft = run_until(wake_on_demand, replace(view(parked, scaled(0)), demanded_at=NOW), [])
+    draft = run_until(wake_on_demand, replace(view(parked, scaled(0)), demand=Demand(NOW)), [])
     wake_on_demand(draft)
     assert draft.target == 0
     new = replace(view(auto_spec(minReplicas=0, replicas=0)), created=at(990))
     for demand, target in ((at(980), 0), (at(995), 1)):
-        draft = run_until(wake_on_demand, replace(new, demanded_at=demand), [])
+        draft = run_until(wake_on_demand, replace(new, demand=Demand(demand)), [])
         wake_on_demand(draft)
         assert draft.target == target
 
@@ -218,7 +220,7 @@ def test_a_parked_pool_is_not_woken_and_a_new_one_counts_from_its_creation() -> 
 def test_demand_creates_the_worker_in_the_same_pass_and_wakes_once() -> None:
     spec = auto_spec(minReplicas=0, replicas=0)
     zero = scaled(0, scaled_to_zero_at=rfc3339_ms(at(900)))
-    pool = replace(view(spec, zero), demanded_at=at(999))
+    pool = replace(view(spec, zero), demand=Demand(at(999)))
     first = plan(pool, [], ledger_for(100 * GI), now=NOW)
     assert len(first.create) == 1 and first.status.target_replicas == 1
     assert first.status.autoscaling.last_scale_time == rfc3339(NOW)
@@ -242,11 +244,10 @@ def test_a_pool_at_zero_says_so_and_remembers_when_it_got_there() -> None:
     assert "spec.replicas is 0 and autoscaling is off" in message
 
 
-def test_scale_down_takes_idle_workers_least_recently_used_never_loading_or_processing() -> None:
+def test_scale_down_takes_idle_workers_least_recently_used_never_processing() -> None:
     workers = [
         w("p-a", "Idle", last_request=500),
         w("p-b", "Processing", queue=0, in_flight=1),
-        w("p-c", "Loading"),
         w("p-d", "Idle", last_request=100),
         w("p-e", "Ready", last_request=990),
     ]
@@ -391,3 +392,128 @@ def test_a_fluctuating_load_never_over_admits_and_changes_the_count_once_per_del
         if any(e.reason == "ScaledDown" for e in out.events):
             downs.append(now)
     assert all((b - a).total_seconds() >= 30 for a, b in itertools.pairwise(downs)), downs
+
+
+# ---- what the workers' queues do not show: refusals, held requests (issue 19) --------------------------
+
+
+def counting(worker: ObservedWorker, requests: int, rejected: int, time: float, **kw: Any) -> ObservedWorker:
+    """``worker`` with its /stats counters at the server's clock ``time``."""
+    return replace(
+        worker, requests_total=requests, rejected_total=rejected, stats_time=time, uid=kw.get("uid", "u-1")
+    )
+
+
+def test_refusals_become_a_rate_between_scrapes_of_one_worker_process() -> None:
+    first = count_refusals(counting(busy("p-a", 10), 100, 50, 1000.0), None)
+    assert first is not None and (first.refused_per_s, first.refused_ratio) == (0.0, 0.0)  # a baseline
+    later = count_refusals(counting(busy("p-a", 10), 120, 90, 1002.0), first)
+    assert later is not None and (later.refused_per_s, later.refused_ratio) == (20.0, 2.0)
+    assert count_refusals(counting(busy("p-a", 10), 120, 90, 1002.0), later) is later  # the same scrape
+    idle = count_refusals(counting(busy("p-a", 0), 120, 95, 1007.0), later)
+    assert idle is not None and (idle.refused_per_s, idle.refused_ratio) == (1.0, 5.0)  # admitted: 1 at least
+    # A restarted container, a new pod under the name, counters that went back: a new baseline, no rate.
+    restarted = replace(counting(busy("p-a", 10), 500, 400, 1010.0), restarts=1)
+    reset = counting(busy("p-a", 10), 3, 1, 1010.0)
+    for worker in (restarted, counting(busy("p-a", 10), 500, 400, 1010.0, uid="u-2"), reset):
+        sample = count_refusals(worker, later)
+        assert sample is not None and sample.refused_per_s == 0.0 and sample.at == 1010.0
+    assert count_refusals(busy("p-a", 10), later) is None  # no counters in its stats (an older server)
+
+
+def test_refused_requests_count_as_load_and_scale_a_full_pool_up() -> None:
+    """Issue 19: a worker at its target (10 per worker) that refuses as many requests as it admits shows a
+    load of 10 in its queue: without the refusals the pool never grows."""
+    spec = auto_spec(queue={"capacity": 10})
+    status = scaled(1)
+    before = [counting(busy("p-a", 10), 1000, 0, 980.0)]
+    first = plan(view(spec, status), before, ledger_for(None, before), now=at(980))
+    assert first.status.target_replicas == 1
+    full = [counting(busy("p-a", 10), 1100, 100, 990.0)]  # 10 refused/s, one per admitted request
+    out = plan(
+        view(spec, first.status),
+        full,
+        ledger_for(None, full),
+        now=at(990),
+        load_window=first.load_window,
+        counters=first.counters,
+    )
+    assert out.status.target_replicas == 2 and out.status.autoscaling.observed_load == 20
+    [event] = [e for e in out.events if e.reason == "ScaledUp"]
+    assert "10.0 refused/s counted as 10.0" in event.message
+
+
+def test_requests_held_at_the_gateway_count_while_no_worker_serves() -> None:
+    """Issue 19: a pool whose only worker is loading while the gateway holds 35 requests aims for 4 workers
+    at once; the count is stale after the Lease's duration, and once a worker serves its /stats counts."""
+    spec = auto_spec()
+    loading = [w("p-a", "Loading")]
+    fresh = Demand(at(995), held=35, duration_s=10)
+    draft = run_until(autoscale, replace(view(spec, scaled(1)), demand=fresh), loading)
+    autoscale(draft)
+    assert draft.target == 4 and draft.scaling.held == 35
+    [event] = draft.events
+    assert event.reason == "ScaledUp" and "35 held at the gateway" in event.message
+    stale = Demand(at(989), held=35, duration_s=10)
+    serving = [busy("p-a", 3)]
+    for pool, workers in ((replace(view(spec, scaled(1)), demand=stale), loading), (draft.pool, serving)):
+        again = run_until(autoscale, pool, workers)
+        autoscale(again)
+        assert again.target == 1 and again.scaling.held is None
+
+
+def test_a_pool_woken_with_many_requests_held_gets_the_workers_they_ask_for_at_once() -> None:
+    spec = auto_spec(minReplicas=0, replicas=0)
+    zero = scaled(0, scaled_to_zero_at=rfc3339_ms(at(900)))
+    pool = replace(view(spec, zero), demand=Demand(at(999), held=25, duration_s=10))
+    out = plan(pool, [], ledger_for(100 * GI), now=NOW)
+    assert [e.reason for e in out.events if e.reason in ("WokenByDemand", "ScaledUp")] == [
+        "WokenByDemand",
+        "ScaledUp",
+    ]
+    assert out.status.target_replicas == 3 and len(out.create) == 3
+    assert out.status.autoscaling.held_requests == 25
+
+
+def test_no_scale_down_countdown_completes_while_a_worker_is_loading() -> None:
+    """Issue 19: the countdown (since 800, 120 s) would end now; a worker still loading would be evicted
+    the moment it is ready.  No countdown runs while one loads; it starts afresh once every worker is up."""
+    workers = [w("p-a", "Idle", last_request=500), w("p-b", "Idle", last_request=600), w("p-c", "Loading")]
+    countdown = scaled(3, scale_down_since=rfc3339(at(800)), scale_down_to=1)
+    spec = auto_spec(idleTimeoutSeconds=0)
+    out = plan(view(spec, countdown), workers, ledger_for(None, workers), now=NOW)
+    assert out.status.target_replicas == 3 and not out.evict
+    assert out.status.autoscaling.scale_down_since is None
+    ready = [*workers[:2], w("p-c", "Ready")]
+    later = plan(view(spec, out.status), ready, ledger_for(None, ready), now=at(1100))
+    assert later.status.target_replicas == 3 and not later.evict
+    assert later.status.autoscaling.scale_down_since == rfc3339(at(1100))  # a whole delay from now
+    assert _decide(3, stable=0, burst=0, down_since=at(0), down_to=1, loading=True).down_since is None
+
+
+def test_a_wake_held_back_by_the_budget_is_dropped_once_its_demand_has_expired() -> None:
+    """Issue 19: a wake the full budget held back must not create a worker later for requests long gone:
+    once the demand is older than activationTimeoutSeconds (120 s) with no worker made, back to zero."""
+    spec = auto_spec(minReplicas=0, replicas=0)
+    zero = scaled(0, scaled_to_zero_at=rfc3339_ms(at(900)))
+    pool = replace(view(spec, zero), demand=Demand(at(999)))
+    blocked = plan(pool, [], ledger_for(1 * GI), now=NOW)  # a worker needs 2Gi
+    assert blocked.status.target_replicas == 1 and not blocked.create
+    assert blocked.status.autoscaling.woken_by_demand_at == rfc3339_ms(at(999))
+    # The gateway still holds requests: the demand is renewed, the wake stands (and creates once it fits).
+    renewed = replace(pool, status=blocked.status, demand=Demand(at(1100)))
+    waiting = plan(renewed, [], ledger_for(1 * GI), now=at(1110))
+    assert waiting.status.target_replicas == 1
+    fits = plan(replace(renewed, status=waiting.status), [], ledger_for(100 * GI), now=at(1115))
+    assert len(fits.create) == 1
+    # The requests gave up: the budget frees after the demand expired, and nothing is created.
+    expired = plan(replace(pool, status=blocked.status), [], ledger_for(100 * GI), now=at(1120))
+    assert expired.status.target_replicas == 0 and not expired.create
+    assert [e.reason for e in expired.events] == ["WakeExpired"]
+    assert expired.status.autoscaling.woken_by_demand_at is None
+    # A count set by hand (kubectl scale) is not a wake: it stands.
+    scaled_by_hand = replace(
+        view(auto_spec(minReplicas=0, replicas=2), blocked.status), demand=Demand(at(999))
+    )
+    kept = plan(scaled_by_hand, [], ledger_for(100 * GI), now=at(1120))
+    assert kept.status.target_replicas == 2 and len(kept.create) == 2

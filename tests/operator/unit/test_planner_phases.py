@@ -11,6 +11,7 @@ from op_planner import ledger_for, make_spec, view, w
 from op_pods import GI, at
 
 from modelpool_contract.api import BackoffStatus, Condition, ModelPoolSpec, ModelPoolStatus, WorkerStatus
+from modelpool_contract.demand import Demand
 from modelpool_operator.budget import Ledger, ReservationBook
 from modelpool_operator.planner import (
     EVICT_IDLE,
@@ -51,7 +52,7 @@ def draft_before(
     demanded_at: datetime | None = None,
 ) -> Draft:
     """A draft on which every phase before ``phase`` has run (None: all of them)."""
-    pool = replace(view(spec or make_spec(), status), demanded_at=demanded_at)
+    pool = replace(view(spec or make_spec(), status), demand=Demand(demanded_at) if demanded_at else None)
     ledger = ledger or ledger_for(None, list(workers))
     draft = Draft(pool, list(workers), ledger, NOW, others, settings or PlannerSettings())
     for earlier in PHASES:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from modelpool_contract.demand import Demand
 from modelpool_operator.events import Event
 from modelpool_operator.kube import ApiException
 from modelpool_operator.observation import ObservationCache, slim_pod
@@ -177,7 +178,7 @@ async def test_demand_on_a_pool_at_zero_creates_its_worker_in_the_same_pass_once
 ) -> None:
     body = _pool("z", 0)
     # The demand index, as the operator builds it from the pool's demand Lease.
-    demand = {("ns", "z"): [datetime.now(UTC)]}
+    demand = {("ns", "z"): [Demand(datetime.now(UTC))]}
     run, index, budgets = (
         PoolRun(key=("ns", "z")),
         _index({("ns", "z"): body}),
