@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from modelpool_contract.api import Condition, ModelPoolStatus
+from modelpool_contract.api import Condition, ModelPoolStatus, parse_pool_status
 from modelpool_operator.budget import BUDGET_VALID, Ledger, budget_status, budget_validity
 from modelpool_operator.events import Event
 from modelpool_operator.kube import describe_error, merge_patch, refused
@@ -477,7 +477,7 @@ def budget_status_wire(
     ledger = _ledger(state, workers, budgets, now)
     state.metrics.budget_written(ledger.total, ledger.used, ledger.reserved)
     valid, reason, message = budget_validity(ledger)
-    before = [Condition.model_validate(c) for c in (previous or {}).get("conditions") or []]
+    before = parse_pool_status({"conditions": (previous or {}).get("conditions") or []}).conditions
     validity = condition(
         before,
         BUDGET_VALID,
