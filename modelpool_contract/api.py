@@ -40,7 +40,9 @@ MODELBUDGET_PLURAL = "modelbudgets"
 
 # A pool's summary phase.
 PoolPhase = Literal["Pending", "Loading", "Ready", "Degraded", "Failed", "Idle", "ScaledToZero"]
-ConditionType = Literal["Ready", "Progressing", "Degraded", "BudgetExceeded", "MemoryExceedsCharge"]
+ConditionType = Literal[
+    "Ready", "Progressing", "Degraded", "BudgetExceeded", "MemoryExceedsCharge", "ApiError", "PolicyViolation"
+]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 # Model sources the server can resolve: a local path, file://, hf://org/name[@rev], pvc://claim/path.
@@ -642,7 +644,13 @@ class MemoryStatus(_Model):
 class Condition(_Model):
     """A standard Kubernetes condition."""
 
-    type: str = Field(description="Ready, Progressing, Degraded, BudgetExceeded or MemoryExceedsCharge.")
+    type: str = Field(
+        description=(
+            "A pool's: Ready, Progressing, Degraded, BudgetExceeded, MemoryExceedsCharge, ApiError (the "
+            "last pass's failed API requests, with the API server's message) or PolicyViolation; a "
+            "budget's: Valid."
+        )
+    )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="A CamelCase reason.")
     message: str = Field(default="", description="A human-readable explanation.")
@@ -735,7 +743,10 @@ class ModelPoolStatus(_Model):
     workers: list[WorkerStatus] = Field(default_factory=list, description="Every worker of the pool.")
     memory: MemoryStatus = Field(default_factory=MemoryStatus, description="Memory charged.")
     conditions: list[Condition] = Field(
-        default_factory=list, description="Ready, Progressing, Degraded, BudgetExceeded, MemoryExceedsCharge."
+        default_factory=list,
+        description=(
+            "Ready, Progressing, Degraded, BudgetExceeded, MemoryExceedsCharge, ApiError, PolicyViolation."
+        ),
     )
     observed_generation: int | None = Field(
         default=None, description="The spec generation the status reflects."
@@ -790,7 +801,10 @@ class ModelBudgetStatus(_Model):
     reserved: str = Field(default="0", description="Memory reserved for workers being created.")
     reserved_bytes: int = Field(default=0, description="The same in bytes.")
     pools: list[PoolShare] = Field(default_factory=list, description="Each pool's share.")
-    conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Valid: whether the operator can read the spec (False: no worker is admitted, and why).",
+    )
 
 
 # ---- helpers ------------------------------------------------------------------------------------------

@@ -1,14 +1,28 @@
-"""The memory ledger: derived from the workers that exist, plus short-lived reservations.
+"""The memory ledger: derived from the workers that exist, plus reservations.
 
 Derive, don't count: every pass rebuilds the ledger from the observed workers of ALL pools (Failed and
 Dead workers are charged 0 by ``worker_state``), so nothing can leak.  The one piece of state is the set of
 *reservations*: memory promised to pods the operator is creating but has not yet seen in its watch.
-A reservation ends when its pod is observed (its charge then comes from the pod), when its creation
-fails (``release``), or after a TTL (a create that vanished).  Two pools planning one after the other
-therefore see each other's reservations and can never over-admit.
+
+A reservation ends only when the memory is known to be counted elsewhere or held by nothing:
+
+* its pod is observed (its charge then comes from the pod);
+* its create was refused (the API answered 4xx: ``release``);
+* its pod is known absent: asked (``due``, then ``absent``) no earlier than ``check_s`` after the
+  create's answer, or after a create whose outcome is unknown (a timeout, a 5xx) ended, and found
+  missing (made and deleted before the watch showed it, or never made).
+
+Never by age alone: a slow API server or a lagging watch can keep a pod unobserved for longer than any
+timeout, and a reservation dropped then would leave its memory counted nowhere (over-admission).  Two
+pools planning one after the other therefore see each other's reservations and can never over-admit.
 
 The wiring must compute the ledger, plan, and ``reserve`` the planned creations without an ``await`` in
 between (asyncio makes that block atomic), then create the pods.
+
+The budget itself (``BudgetLimit``): the named ModelBudget's size; no limit when it does not exist; and
+when it exists but cannot be read (a quantity the CRD's pattern lets through but the parser refuses,
+e.g. ``1e41``; an old CRD without the schema), nothing is admitted until it is fixed: failing open would
+let every pool grow without bound.
 """
 
 from __future__ import annotations
@@ -17,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from modelpool_contract.api import ModelBudgetStatus, PoolShare
+from modelpool_contract.api import Condition, ModelBudgetStatus, PoolShare
 from modelpool_contract.quantity import format_quantity
 from modelpool_operator.pool import PoolKey
 from modelpool_operator.worker_state import ObservedWorker
@@ -34,6 +48,9 @@ class Reservation:
     worker: str
     memory: int
     created: datetime
+    # When to ask the API whether the pod exists, should it still be unobserved; None while its create has
+    # not answered (the pod may appear at any moment: never asked about).
+    check_after: datetime | None = None
 
     @property
     def key(self) -> WorkerKey:
@@ -45,10 +62,20 @@ class Reservation:
 
 
 @dataclass(frozen=True)
+class BudgetLimit:
+    """What the operator's ModelBudget allows: ``total`` bytes (None: no ModelBudget, no limit), or, when
+    it exists but does not parse, ``invalid`` says why and nothing is admitted."""
+
+    total: int | None = None
+    invalid: str | None = None
+
+
+@dataclass(frozen=True)
 class Ledger:
     """Memory in use (``used``: observed workers), promised (``reserved``) and available (``total``).
 
-    ``total`` None means no ModelBudget exists: everything is admitted (and still accounted).
+    ``total`` None means no ModelBudget exists: everything is admitted (and still accounted), unless
+    ``invalid`` is set: the ModelBudget exists but is invalid, and nothing is admitted.
     """
 
     total: int | None
@@ -56,10 +83,13 @@ class Ledger:
     reserved: int
     shares: Mapping[PoolKey, int] = field(default_factory=dict)
     reservations: tuple[Reservation, ...] = ()
+    invalid: str | None = None
 
     @property
     def free(self) -> int | None:
-        """What is left to admit (None: unlimited); negative when over-committed."""
+        """What is left to admit (None: unlimited); negative when over-committed; 0 when invalid."""
+        if self.invalid is not None:
+            return 0
         return None if self.total is None else self.total - self.used - self.reserved
 
     def with_reserved(self, extra: int) -> Ledger:
@@ -68,19 +98,19 @@ class Ledger:
 
 
 def live_reservations(
-    reservations: Iterable[Reservation],
-    observed: Iterable[WorkerKey],
-    now: datetime,
-    ttl_s: float,
+    reservations: Iterable[Reservation], observed: Iterable[WorkerKey]
 ) -> tuple[Reservation, ...]:
-    """Reservations still in force: their pod not yet observed and younger than the TTL."""
+    """Reservations still in force: their pod not yet observed (however long ago they were made)."""
     seen = set(observed)
-    limit = timedelta(seconds=ttl_s)
-    return tuple(r for r in reservations if r.key not in seen and now - r.created < limit)
+    return tuple(r for r in reservations if r.key not in seen)
 
 
 def build_ledger(
-    total: int | None, workers: Iterable[ObservedWorker], reservations: Iterable[Reservation] = ()
+    total: int | None,
+    workers: Iterable[ObservedWorker],
+    reservations: Iterable[Reservation] = (),
+    *,
+    invalid: str | None = None,
 ) -> Ledger:
     """The ledger from every pool's observed workers and the live reservations.
 
@@ -97,16 +127,33 @@ def build_ledger(
     observed = {w.key for w in workers}
     live = tuple(r for r in reservations if r.key not in observed)
     reserved = sum(r.memory for r in live)
-    return Ledger(total=total, used=used, reserved=reserved, shares=shares, reservations=live)
+    return Ledger(
+        total=total, used=used, reserved=reserved, shares=shares, reservations=live, invalid=invalid
+    )
 
 
 def admits(ledger: Ledger, memory: int) -> bool:
-    """True when one more worker of ``memory`` bytes fits: used + reserved + memory <= total."""
+    """True when one more worker of ``memory`` bytes fits: used + reserved + memory <= total; never while
+    the budget is invalid (fail closed)."""
+    if ledger.invalid is not None:
+        return False
     return ledger.total is None or ledger.used + ledger.reserved + memory <= ledger.total
 
 
-def budget_status(ledger: Ledger) -> ModelBudgetStatus:
-    """The ModelBudget status for this ledger (pools sorted by namespace/name)."""
+#: The ModelBudget's condition: whether the operator can read its spec (False: nothing is admitted).
+BUDGET_VALID = "Valid"
+
+
+def budget_validity(ledger: Ledger) -> tuple[bool, str, str]:
+    """The ModelBudget's Valid condition for this ledger: (status, reason, message)."""
+    if ledger.invalid is not None:
+        return False, "InvalidSpec", f"{ledger.invalid}; no worker is admitted until it is fixed"
+    total = "no limit" if ledger.total is None else format_quantity(ledger.total)
+    return True, "SpecValid", f"workers are admitted within {total}"
+
+
+def budget_status(ledger: Ledger, conditions: Iterable[Condition] = ()) -> ModelBudgetStatus:
+    """The ModelBudget status for this ledger (pools sorted by namespace/name), with ``conditions``."""
     pools = [
         PoolShare(namespace=ns, name=name, memory=format_quantity(mem), memory_bytes=mem)
         for (ns, name), mem in sorted(ledger.shares.items())
@@ -117,6 +164,7 @@ def budget_status(ledger: Ledger) -> ModelBudgetStatus:
         reserved=format_quantity(ledger.reserved),
         reserved_bytes=ledger.reserved,
         pools=pools,
+        conditions=list(conditions),
     )
 
 
@@ -124,8 +172,14 @@ class ReservationBook:
     """The operator's in-memory set of reservations (the only budget state that is not derived).
 
     Not thread-safe by design: it lives on the operator's event loop, and callers reserve in the same
-    synchronous block in which they planned.  Losing it (operator restart) is safe: reservations only
-    cover the moment between a create call and its watch event, and the restarted operator lists pods.
+    synchronous block in which they planned.  Losing it (operator restart) is safe: the restarted operator
+    lists every pod before its first pass (Kopf's indices), so a pod created before the restart is observed,
+    and one whose create never landed holds nothing.
+
+    The life of a reservation: ``reserve`` (planned) → the create answers: ``release`` (refused: 4xx) or
+    ``answered`` (made, already there, or the outcome is unknown: the pod may exist) → ``prune`` drops it
+    once its pod is observed; until then, every ``check_s`` after the answer, ``due`` hands it out to be
+    asked about, and ``absent`` ends it when the API says the pod does not exist.
     """
 
     def __init__(self) -> None:
@@ -138,17 +192,41 @@ class ReservationBook:
         return reservation
 
     def release(self, namespace: str, worker: str) -> None:
-        """The creation failed (or the pod was seen): forget the reservation."""
+        """The create was refused (the API answered 4xx): no pod holds the memory; forget the reservation."""
         self._items.pop((namespace, worker), None)
 
-    def prune(self, observed: Iterable[WorkerKey], now: datetime, ttl_s: float) -> tuple[Reservation, ...]:
-        """Drop reservations whose pod was observed or that expired; return those still live."""
-        live = live_reservations(self._items.values(), observed, now, ttl_s)
+    def answered(self, namespace: str, worker: str, now: datetime, check_s: float) -> None:
+        """The create answered (made, or a pod of that name existed) or ended without a known outcome: the
+        pod may exist, so the reservation stays until it is observed; it is asked about after ``check_s``."""
+        reservation = self._items.get((namespace, worker))
+        if reservation is not None:
+            self._items[reservation.key] = replace(reservation, check_after=now + timedelta(seconds=check_s))
+
+    def prune(self, observed: Iterable[WorkerKey]) -> tuple[Reservation, ...]:
+        """Drop the reservations whose pod was observed; return those still live (all the others)."""
+        live = live_reservations(self._items.values(), observed)
         self._items = {r.key: r for r in live}
         return live
 
+    def due(self, now: datetime, check_s: float) -> tuple[Reservation, ...]:
+        """The answered reservations whose pod is still unobserved at their check time: to be asked about.
+        Each is handed out once per ``check_s`` (its next check is set now, so passes running at the same
+        time do not ask twice)."""
+        due = tuple(r for r in self._items.values() if r.check_after is not None and r.check_after <= now)
+        later = now + timedelta(seconds=check_s)
+        for reservation in due:
+            self._items[reservation.key] = replace(reservation, check_after=later)
+        return due
+
+    def absent(self, reservation: Reservation) -> None:
+        """The API said ``reservation``'s pod does not exist (asked after its create's answer): forget it,
+        unless it has been replaced by a newer reservation of the same name meanwhile."""
+        held = self._items.get(reservation.key)
+        if held is not None and held.created == reservation.created:
+            del self._items[reservation.key]
+
     def all(self) -> tuple[Reservation, ...]:
-        """Every reservation held (live or not yet pruned)."""
+        """Every reservation held."""
         return tuple(self._items.values())
 
     def __len__(self) -> int:

@@ -208,6 +208,7 @@ async def pool_daemon(
     state = _state(memo)
     run = PoolRun(key=(namespace or "", name))
     wakeup = state.wakeup(run.key)
+    last_error: str | None = None  # the last failed pass's error, until a pass succeeds
     try:
         while not stopped:
             delay = state.config.stats_interval_seconds
@@ -223,11 +224,19 @@ async def pool_daemon(
                 )
                 if plan is not None and plan.requeue_after is not None:
                     delay = min(delay, max(plan.requeue_after, 0.2))
+                last_error = None
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # one bad pass must not kill the pool's daemon; retry shortly
-                logger.exception("reconciliation failed; retrying in %.0fs", _ERROR_DELAY_S)
-                state.events.post(body, Event("Warning", "ReconcileError", str(exc)[:1000]))
+                # The API server's own message (not the client's "(500)\nReason: ..."); the traceback and
+                # the Event once per distinct error, not every few seconds while it lasts.
+                message = kube_api.describe_error(exc)[:1000]
+                if message != last_error:
+                    logger.exception("reconciliation failed; retrying in %.0fs", _ERROR_DELAY_S)
+                    state.events.post(body, Event("Warning", "ReconcileError", message))
+                else:  # info: Kopf posts the object logger's warnings as Events too
+                    logger.info("reconciliation failed again (%s); retrying", message)
+                last_error = message
                 delay = _ERROR_DELAY_S
             woken = await wait_for_wakeup(
                 wakeup, min(delay, state.config.resync_interval_seconds), stopped.wait()
@@ -250,6 +259,7 @@ async def budget_daemon(
     *,
     name: str,
     status: kopf.Status,
+    meta: kopf.Meta,
     memo: Any,
     logger: kopf.Logger,
     stopped: kopf.DaemonStopped,
@@ -263,8 +273,9 @@ async def budget_daemon(
     written: dict[str, Any] | None = None
     while not stopped:
         try:
-            wire = budget_status_wire(state, pods, budgets)
-            patch = kube_api.merge_patch(written if written is not None else dict(status), wire)
+            last = written if written is not None else dict(status)
+            wire = budget_status_wire(state, pods, budgets, last, int(meta.get("generation") or 0))
+            patch = kube_api.merge_patch(last, wire)
             if patch:
                 await state.require_kube().patch_budget_status(name, patch)
             written = wire

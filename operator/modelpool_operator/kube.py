@@ -61,6 +61,13 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def refused(exc: BaseException) -> bool:
+    """True when the API server answered the request with a client error (4xx: forbidden, exceeded quota,
+    invalid, throttled), so it took no effect.  Anything else (a 5xx, a timeout, no answer at all) leaves
+    the outcome unknown: a 504 or a timed-out create may still have made the object."""
+    return isinstance(exc, ApiException) and exc.status is not None and 400 <= int(exc.status) < 500
+
+
 async def connect(request_timeout: float, on_error: ErrorHook | None = None) -> Kube:
     """An API connection from the in-cluster service account, or else ``$KUBECONFIG`` / ~/.kube/config."""
     configuration = client.Configuration()
@@ -106,6 +113,17 @@ class Kube:
             raise
         return True
 
+    async def _answer(self, operation: str, request: Awaitable[Any]) -> Any:
+        """Await one reading request and return its answer; a failure is reported and raised."""
+        try:
+            return await request
+        except ApiException as exc:
+            self._report(operation, exc.status)
+            raise
+        except Exception:
+            self._report(operation, None)
+            raise
+
     def _report(self, operation: str, code: int | None) -> None:
         if self._on_error is not None:
             self._on_error(operation, code)
@@ -139,15 +157,30 @@ class Kube:
             unless=GONE,
         )
 
+    async def pod_exists(self, namespace: str, name: str) -> bool:
+        """Whether the pod exists now: a list by name (``list`` is what the operator's RBAC grants on pods),
+        so a pod that is absent is an ordinary answer, not an error."""
+        listed = await self._answer(
+            "list_pods",
+            self._core.list_namespaced_pod(
+                namespace, field_selector=f"metadata.name={name}", _request_timeout=self._timeout
+            ),
+        )
+        return bool(listed.items)
+
     # ---- services --------------------------------------------------------------------------------
 
     async def ensure_service(self, namespace: str, body: Mapping[str, Any]) -> None:
-        """Create the pool's Service, or bring an existing one's selector and ports up to date."""
+        """Create the pool's Service, or bring an existing one's labels, selector and ports up to date.
+
+        ``spec.clusterIP`` is left out of the update: it is immutable, and a Service made before the pools'
+        Services were headless keeps the virtual IP it has (docs/operator.md)."""
         name = body["metadata"]["name"]
         create = self._core.create_namespaced_service(namespace, dict(body), _request_timeout=self._timeout)
         if await self._took_effect("create_service", create, unless=EXISTS):
             return
-        patch = {"metadata": {"labels": body["metadata"].get("labels", {})}, "spec": body.get("spec", {})}
+        spec = {key: value for key, value in (body.get("spec") or {}).items() if key != "clusterIP"}
+        patch = {"metadata": {"labels": body["metadata"].get("labels", {})}, "spec": spec}
         await self._took_effect(
             "patch_service",
             self._core.patch_namespaced_service(
@@ -207,4 +240,4 @@ class Kube:
         )
 
 
-__all__ = ["ApiException", "Kube", "connect", "describe_error", "merge_patch"]
+__all__ = ["ApiException", "Kube", "connect", "describe_error", "merge_patch", "refused"]

@@ -8,27 +8,26 @@ talks to the API:
 * ``ObservationCache``: ``observe_worker`` with a short cache, for pods of pools no daemon here observes.
 * ``observe_all``: every indexed worker by pool; the own pool observed now, the others as their daemons
   last observed them.
-* ``budget_total``, ``current_ledger``: the budget's size and the ledger over all workers plus the live
-  reservations.
+* ``budget_limit``, ``current_ledger``: the budget's size (or why it is invalid) and the ledger over all
+  workers plus the live reservations.
 * ``other_pools``: the other pools (parsed when indexed) with their observed workers, for preemption.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from modelpool_contract.api import parse_budget_spec
-from modelpool_operator.budget import Ledger, ReservationBook, build_ledger
+from modelpool_operator.budget import BudgetLimit, Ledger, ReservationBook, build_ledger
 from modelpool_operator.pool import OtherPool, PoolKey
 from modelpool_operator.worker_state import LifecycleSettings, ObservedWorker, observe_worker
-
-logger = logging.getLogger(__name__)
 
 # Another pool's worker observed less than this long ago is reused from the cache (its state only
 # changes with a new resourceVersion or new stats; ``now`` only matters for the Unschedulable timeout).
@@ -144,28 +143,42 @@ def observe_all(
     return result
 
 
-def budget_total(budgets: Mapping[str, Iterable[Mapping[str, Any]]], name: str) -> int | None:
-    """The budget's total bytes; None (unlimited) when the ModelBudget does not exist or is invalid."""
+def budget_limit(budgets: Mapping[str, Iterable[Mapping[str, Any]]], name: str) -> BudgetLimit:
+    """What the ModelBudget ``name`` allows: no limit when it does not exist (docs/operator-api.md); its
+    size; or, when its spec does not parse, why (and then nothing is admitted: ``budget`` module doc)."""
     for spec in budgets.get(name, ()):
         try:
-            return parse_budget_spec(spec).memory_bytes
-        except ValueError:
-            logger.warning("ModelBudget %s has an invalid spec; treating the budget as unlimited", name)
-    return None
+            return BudgetLimit(total=parse_budget_spec(spec).memory_bytes)
+        except ValueError as exc:
+            return BudgetLimit(invalid=invalid_budget_message(name, exc))
+    return BudgetLimit()
+
+
+def invalid_budget_message(name: str, exc: ValueError) -> str:
+    """Why the ModelBudget does not parse, in one line: pydantic's first error (the field and the reason)."""
+    errors = exc.errors() if isinstance(exc, ValidationError) else []
+    if errors:
+        first = errors[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        reason = str(first.get("msg", "")).removeprefix("Value error, ")
+        if where and not reason.startswith("spec."):
+            reason = f"spec.{where}: {reason}"
+    else:
+        reason = str(exc)
+    return f"ModelBudget {name} is invalid: {reason}"
 
 
 def current_ledger(
     workers: Mapping[PoolKey, list[ObservedWorker]],
     reservations: ReservationBook,
     *,
-    total: int | None,
-    now: datetime,
-    ttl_s: float,
+    limit: BudgetLimit,
 ) -> Ledger:
-    """The ledger over every observed worker plus the live reservations (pruning the rest from the book)."""
+    """The ledger over every observed worker plus the live reservations (dropping from the book those whose
+    pod is observed)."""
     everyone = [w for ws in workers.values() for w in ws]
-    live = reservations.prune((w.key for w in everyone), now, ttl_s)
-    return build_ledger(total, everyone, live)
+    live = reservations.prune(w.key for w in everyone)
+    return build_ledger(limit.total, everyone, live, invalid=limit.invalid)
 
 
 def other_pools(

@@ -3,8 +3,14 @@
 The order matters for the budget. Everything between reading the pod index and recording the planned
 creations as reservations is synchronous (``decide``: no ``await``), so on the operator's single event
 loop no other pool can plan in between: two pools reconciling "at once" always see each other's
-reservations and can never over-admit. The API calls (evict, delete, create, status) and the Events come
-after (``apply``), and a failed create releases its reservation at once.
+reservations and can never over-admit. The API calls (evict, delete, create, the Service, status) and the
+Events come after (``apply``); a create the API refuses releases its reservation at once, one whose outcome
+is unknown keeps it until the pod is observed or known absent (``budget``).
+
+A failed API request never ends a pass: the workers are created whatever becomes of the Service or the
+NetworkPolicy (neither is needed to serve: the gateway routes to pod addresses), and every failure reaches
+the pool's status as the condition ApiError and a Warning Event, both with the API server's own message
+(``exceeded quota: ...``), then is retried at the next pass.
 
 Everything read here is rebuilt from the cluster (Kopf's indices of pods, pools and budgets); the only
 in-memory state is the reservation book, the last status this process wrote (we are its one writer,
@@ -16,26 +22,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from modelpool_contract.api import ModelPoolStatus
+from modelpool_contract.api import Condition, ModelPoolStatus, parse_pool_status
 from modelpool_contract.demand import Demand
-from modelpool_operator.budget import Ledger, budget_status
+from modelpool_operator.budget import BUDGET_VALID, Ledger, budget_status, budget_validity
 from modelpool_operator.events import Event
-from modelpool_operator.kube import describe_error, merge_patch
+from modelpool_operator.kube import describe_error, merge_patch, refused
 from modelpool_operator.network_policy import PolicySettings, build_network_policy
 from modelpool_operator.observation import (
     PodsByPool,
     StatsByName,
-    budget_total,
+    budget_limit,
     current_ledger,
     observe_all,
     other_pools,
 )
 from modelpool_operator.planner import CounterSample, LoadSample, Plan, PlannerSettings, plan
+from modelpool_operator.planner.draft import Evict
 from modelpool_operator.planner.status import condition
 from modelpool_operator.policy import Violation, violations
 from modelpool_operator.pool import OtherPool, PoolKey, PoolView
@@ -96,11 +103,12 @@ class PoolRun:
     last_status: ModelPoolStatus | None = None
     last_status_wire: dict[str, Any] | None = None
     service_ready: bool = False
-    # The pool's NetworkPolicy is in place (made or brought up to date by this process), and the last
-    # error that kept it from being so (told once as an Event, not at every pass).
+    # The pool's NetworkPolicy is in place (made or brought up to date by this process).
     network_policy_ready: bool = False
-    network_policy_error: str | None = None
     charged: int = 0
+    # The API failures of the last pass (reason, message): each is told as an Event and logged when it is
+    # new, not at every pass while it lasts.
+    api_failures: set[tuple[str, str]] = field(default_factory=set)
     invalid_generation: int | None = None
     # The generation (and the refusal) last reported as a policy violation.
     forbidden: tuple[int, str] | None = None
@@ -129,13 +137,7 @@ def _ledger(
     budgets: BudgetsByName,
     now: datetime,
 ) -> Ledger:
-    return current_ledger(
-        workers,
-        state.reservations,
-        total=budget_total(budgets, state.config.budget_name),
-        now=now,
-        ttl_s=state.config.reservation_ttl_seconds,
-    )
+    return current_ledger(workers, state.reservations, limit=budget_limit(budgets, state.config.budget_name))
 
 
 def decide(
@@ -169,6 +171,28 @@ def decide(
     return decided, now
 
 
+#: The pool condition that reports the API requests of the last pass that failed.
+API_ERROR = "ApiError"
+
+
+@dataclass(frozen=True)
+class ApiFailure:
+    """One API request of a pass that failed: ``reason`` names what failed (the condition's reason and the
+    Event's), ``message`` says which object and the API server's own words."""
+
+    reason: str
+    message: str
+
+
+async def _attempt(reason: str, what: str, request: Awaitable[object]) -> ApiFailure | None:
+    """Await one effect of the pass; its failure as an ``ApiFailure`` (never raised: the pass goes on)."""
+    try:
+        await request
+    except Exception as exc:  # whatever failed, the other effects and the status still happen
+        return ApiFailure(reason, f"{what}: {describe_error(exc)}"[:1000])
+    return None
+
+
 async def apply(
     state: OperatorState,
     run: PoolRun,
@@ -177,62 +201,129 @@ async def apply(
     *,
     decided: Plan,
     now: datetime,
-) -> None:
-    """The plan's effects: evictions, deletions, the Service and the NetworkPolicy, creations, the status, the
-    Events."""
+) -> list[ApiFailure]:
+    """The plan's effects: evictions, deletions, creations, the Service and the NetworkPolicy, the status
+    (with the ApiError condition), the Events. Returns the API requests that failed."""
     kube = state.require_kube()
     if decided.create:
         state.budget_wakeup.set()
+    failures: list[ApiFailure | None] = []
     for evict in decided.evict:
-        if await kube.patch_pod(evict.namespace, evict.name, eviction_patch(evict.reason, now)):
-            state.metrics.evicted(evict.reason)
-        if (evict.namespace, evict.pool) != run.key:
-            state.poke((evict.namespace, evict.pool))  # its daemon deletes it after the drain grace
+        failures.append(await _attempt("EvictFailed", f"worker {evict.name}", _evict(state, run, evict, now)))
     for delete in decided.delete:
-        await kube.delete_pod(pool.namespace, delete.name)
-    if not run.service_ready:
-        await kube.ensure_service(pool.namespace, build_service(pool, pod_settings(state.config)))
-        run.service_ready = True
-    await ensure_network_policy(state, run, pool, body)
-    # Creations run concurrently (a pool scaling to 10 should not take 10 round trips); each failed one
-    # releases its reservation at once, and the first error fails the pass (retried shortly).
-    outcomes = await asyncio.gather(
-        *(create_worker(state, pool, body, c.name) for c in decided.create), return_exceptions=True
-    )
-    errors = [o for o in outcomes if isinstance(o, BaseException)]
-    if errors:
-        raise errors[0]
+        failures.append(
+            await _attempt(
+                "DeleteFailed", f"worker {delete.name}", kube.delete_pod(pool.namespace, delete.name)
+            )
+        )
+    # Creations run concurrently (a pool scaling to 10 should not take 10 round trips), and before the
+    # Service and the NetworkPolicy: neither may keep a worker from starting.
+    failures += await asyncio.gather(*(create_worker(state, pool, c.name) for c in decided.create))
+    failures.append(await ensure_service(state, run, pool))
+    failures.append(await ensure_network_policy(state, run, pool))
+    failed = [f for f in failures if f is not None]
+    status = with_api_condition(decided.status, pool, failed, now)
 
-    wire = decided.status.model_dump(mode="json", by_alias=True)
+    wire = status.model_dump(mode="json", by_alias=True)
     previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
     patch = merge_patch(previous, wire)
     if patch:
         await kube.patch_pool_status(pool.namespace, pool.name, patch)
-    state.metrics.pool_written(run.key, pool.status, decided.status)
-    run.last_status, run.last_status_wire = decided.status, wire
+    state.metrics.pool_written(run.key, pool.status, status)
+    run.last_status, run.last_status_wire = status, wire
     for event in decided.events:
         state.events.post(body, event)
-    _note_budget(state, run, decided.status)
+    _tell_failures(state, run, body, failed)
+    _note_budget(state, run, status)
+    return failed
 
 
-async def ensure_network_policy(
-    state: OperatorState, run: PoolRun, pool: PoolView, body: Mapping[str, Any]
+async def _evict(state: OperatorState, run: PoolRun, evict: Evict, now: datetime) -> None:
+    """Start one eviction (the serving label off, the reason and time on)."""
+    if await state.require_kube().patch_pod(evict.namespace, evict.name, eviction_patch(evict.reason, now)):
+        state.metrics.evicted(evict.reason)
+    if (evict.namespace, evict.pool) != run.key:
+        state.poke((evict.namespace, evict.pool))  # its daemon deletes it after the drain grace
+
+
+def with_api_condition(
+    status: ModelPoolStatus, pool: PoolView, failed: list[ApiFailure], now: datetime
+) -> ModelPoolStatus:
+    """The planned status with the ApiError condition: True with the failed requests' messages (the API
+    server's own), False when every request of the pass succeeded."""
+    if failed:
+        reason, message = failed[0].reason, "; ".join(f.message for f in failed)[:2000]
+    else:
+        reason, message = "RequestsSucceeded", "every API request of the last pass succeeded"
+    api_error = condition(
+        pool.status.conditions,
+        API_ERROR,
+        status="True" if failed else "False",
+        reason=reason,
+        message=message,
+        now=now,
+        generation=pool.generation,
+    )
+    kept: list[Condition] = [c for c in status.conditions if c.type != API_ERROR]
+    return status.model_copy(update={"conditions": [*kept, api_error]})
+
+
+def _tell_failures(
+    state: OperatorState, run: PoolRun, body: Mapping[str, Any], failed: list[ApiFailure]
 ) -> None:
+    """A Warning Event and a log line for each failure that is new since the last pass (one that goes on
+    failing the same way is not repeated at every pass: the condition shows it)."""
+    told = {(f.reason, f.message) for f in failed}
+    for reason, message in sorted(told - run.api_failures):
+        logger.warning("pool %s/%s: %s: %s", *run.key, reason, message)
+        state.events.post(body, Event("Warning", reason, message))
+    run.api_failures = told
+
+
+async def ensure_service(state: OperatorState, run: PoolRun, pool: PoolView) -> ApiFailure | None:
+    """Create (or bring up to date) the pool's headless Service once per process; a failure (a quota, ...)
+    is returned for the status and retried at the next pass."""
+    if run.service_ready:
+        return None
+    service = build_service(pool, pod_settings(state.config))
+    failure = await _attempt(
+        "ServiceFailed", f"Service {pool.name}", state.require_kube().ensure_service(pool.namespace, service)
+    )
+    run.service_ready = failure is None
+    return failure
+
+
+async def ensure_network_policy(state: OperatorState, run: PoolRun, pool: PoolView) -> ApiFailure | None:
     """Create or update the pool's NetworkPolicy once per process (each start applies the current settings).
-    A failure never holds up the workers: it is told once as a Warning Event and retried at the next pass."""
+    A failure never holds up the workers: it is returned for the status and retried at the next pass."""
     settings = policy_settings(state.config)
     if settings is None or run.network_policy_ready:
-        return
-    try:
-        await state.require_kube().ensure_network_policy(pool.namespace, build_network_policy(pool, settings))
-    except Exception as exc:  # any failure: the workers go on, the next pass retries
-        message = f"the workers' NetworkPolicy could not be applied: {describe_error(exc)}"[:1000]
-        logger.warning("pool %s/%s: %s", pool.namespace, pool.name, message)
-        if message != run.network_policy_error:
-            state.events.post(body, Event("Warning", "NetworkPolicyFailed", message))
-        run.network_policy_error = message
-        return
-    run.network_policy_ready, run.network_policy_error = True, None
+        return None
+    policy = build_network_policy(pool, settings)
+    failure = await _attempt(
+        "NetworkPolicyFailed",
+        "the workers' NetworkPolicy could not be applied",
+        state.require_kube().ensure_network_policy(pool.namespace, policy),
+    )
+    run.network_policy_ready = failure is None
+    return failure
+
+
+async def settle_reservations(state: OperatorState, now: datetime) -> None:
+    """Ask the API about the reservations whose pod is still unobserved at their check time (any pool's:
+    a deleted pool's too); a pod known absent ends its reservation, anything else keeps it (``budget``)."""
+    kube = state.require_kube()
+    for reservation in state.reservations.due(now, state.config.reservation_ttl_seconds):
+        try:
+            exists = await kube.pod_exists(reservation.namespace, reservation.worker)
+        except Exception as exc:  # unknown: keep the memory reserved, ask again later
+            logger.warning("reservation of %s/%s kept: %s", *reservation.key, describe_error(exc))
+            continue
+        if not exists:
+            logger.info("reservation of %s/%s ended: the pod does not exist", *reservation.key)
+            state.reservations.absent(reservation)
+            state.budget_wakeup.set()
+            state.poke(reservation.pool_key)
 
 
 def _note_budget(state: OperatorState, run: PoolRun, status: ModelPoolStatus) -> None:
@@ -287,7 +378,9 @@ async def reconcile_pool(
             counters=run.counters,
         )
         run.load_window, run.counters = decided.load_window, decided.counters
-        await apply(state, run, pool, body, decided=decided, now=now)
+        if await apply(state, run, pool, body, decided=decided, now=now):
+            outcome.result = "error"
+        await settle_reservations(state, now)
         return decided
 
 
@@ -350,27 +443,53 @@ def policy_status(pool: PoolView, message: str, now: datetime) -> dict[str, Any]
     return {"phase": "Failed", "observedGeneration": pool.generation, "conditions": conditions}
 
 
-async def create_worker(state: OperatorState, pool: PoolView, body: Mapping[str, Any], name: str) -> None:
-    """Create one worker pod; its reservation ends at once when the call fails or the pod already exists."""
+async def create_worker(state: OperatorState, pool: PoolView, name: str) -> ApiFailure | None:
+    """Create one worker pod. Its reservation ends at once only when the API refused the create (4xx);
+    made, already there, or an unknown outcome (a timeout, a 5xx: the pod may exist), it stays until the
+    pod is observed or known absent (``settle_reservations``)."""
     pod = build_worker_pod(pool, name, pod_settings(state.config))
-    try:
-        created = await state.require_kube().create_pod(pool.namespace, pod)
-    except Exception as exc:
-        state.reservations.release(pool.namespace, name)
+    failure = await _attempt("CreateFailed", f"worker {name}", _create(state, pool.namespace, name, pod))
+    if failure is not None:
         state.budget_wakeup.set()
-        state.events.post(body, Event("Warning", "CreateFailed", f"worker {name}: {exc}"))
+    return failure
+
+
+async def _create(state: OperatorState, namespace: str, name: str, pod: Mapping[str, Any]) -> None:
+    book, check_s = state.reservations, state.config.reservation_ttl_seconds
+    try:
+        await state.require_kube().create_pod(namespace, pod)
+    except Exception as exc:
+        if refused(exc):
+            book.release(namespace, name)
+        else:
+            book.answered(namespace, name, datetime.now(UTC), check_s)
         raise
-    if not created:  # it already exists (an earlier pass or process): the watch shows its charge
-        state.reservations.release(pool.namespace, name)
+    book.answered(namespace, name, datetime.now(UTC), check_s)
 
 
 def budget_status_wire(
-    state: OperatorState, pods_by_pool: PodsByPool, budgets: BudgetsByName
+    state: OperatorState,
+    pods_by_pool: PodsByPool,
+    budgets: BudgetsByName,
+    previous: Mapping[str, Any] | None = None,
+    generation: int = 0,
 ) -> dict[str, Any]:
-    """The ModelBudget status (wire form) as of now, derived from every indexed worker; the budget's
-    metrics follow it."""
+    """The ModelBudget status (wire form) as of now, derived from every indexed worker, with its Valid
+    condition (``previous``: the status as last written, for the condition's transition time); the
+    budget's metrics follow it."""
     now = datetime.now(UTC)
     workers = _observe(state, pods_by_pool, None, {}, now)
     ledger = _ledger(state, workers, budgets, now)
     state.metrics.budget_written(ledger.total, ledger.used, ledger.reserved)
-    return budget_status(ledger).model_dump(mode="json", by_alias=True)
+    valid, reason, message = budget_validity(ledger)
+    before = parse_pool_status({"conditions": (previous or {}).get("conditions") or []}).conditions
+    validity = condition(
+        before,
+        BUDGET_VALID,
+        status="True" if valid else "False",
+        reason=reason,
+        message=message,
+        now=now,
+        generation=generation,
+    )
+    return budget_status(ledger, [validity]).model_dump(mode="json", by_alias=True)

@@ -1,4 +1,4 @@
-"""Pure builders of the objects the operator creates: worker Pods and the pool's Service.
+"""Pure builders of the objects the operator creates: worker Pods and the pool's (headless) Service.
 
 No API calls here: the reconciliation pass builds and creates.  Everything a worker pod carries is
 derived from the parsed pool (``pool.PoolView``: identity, spec, template hash) and ``PodSettings``, so
@@ -334,8 +334,17 @@ def owner_reference(pool: PoolView) -> dict[str, Any] | None:
     }
 
 
+#: ``spec.clusterIP`` of a headless Service.
+HEADLESS = "None"
+
+
 def build_service(pool: PoolView, settings: PodSettings | None = None) -> dict[str, Any]:
-    """The pool's ClusterIP Service: routes to ready workers that still carry the serving label."""
+    """The pool's headless Service: its DNS name resolves to the ready workers that still carry the
+    serving label.
+
+    Headless (``clusterIP: None``) because nothing needs a virtual IP: the gateway routes to pod addresses,
+    and a ClusterIP per pool would exhaust the cluster's Service IP range (a /24 holds about 250 pools;
+    the pools past it got no Service, and before this change no workers either)."""
     settings = settings or PodSettings()
     labels = {LABEL_POOL: pool.name, LABEL_MANAGED_BY: MANAGED_BY}
     return {
@@ -344,6 +353,7 @@ def build_service(pool: PoolView, settings: PodSettings | None = None) -> dict[s
         "metadata": _owned_metadata(pool, pool.name, labels),
         "spec": {
             "type": "ClusterIP",
+            "clusterIP": HEADLESS,
             "selector": {LABEL_POOL: pool.name, LABEL_SERVING: "true"},
             "ports": [
                 {

@@ -88,7 +88,11 @@ class OperatorConfig(BaseSettings):
     reservation_ttl_seconds: float = Field(
         default=60.0,
         gt=0,
-        description="A reservation for a created pod that never shows up in the watch expires after this.",
+        description=(
+            "A budget reservation whose pod the watch has not shown this long after its create answered is "
+            "checked against the API (a list by name): it ends only when the pod does not exist, never by "
+            "age alone. The name is kept from when it was a lifetime."
+        ),
     )
 
     # --- workers -----------------------------------------------------------------------------------

@@ -147,6 +147,9 @@ class Admission:
     blocked: bool = False
     # Blocked, but memory is on its way (draining or preempted workers): the pool only has to wait.
     waiting_for_memory: bool = False
+    # Blocked because the ModelBudget exists but is invalid: nothing is admitted (nor preempted, nor
+    # rolled over to make room) until it is fixed.
+    budget_invalid: bool = False
     # Bytes the pool wants but could not get (its status.memory.waitingBytes).
     waiting_bytes: int = 0
     message: str = ""

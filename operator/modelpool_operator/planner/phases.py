@@ -277,6 +277,10 @@ def _block(draft: Draft, view: Ledger, yielded: int, missing: int) -> None:
     admission = draft.admission
     admission.blocked = True
     admission.waiting_bytes = missing * memory
+    if view.invalid is not None:  # fail closed: no number to compare with, nothing to preempt for
+        admission.budget_invalid = True
+        admission.message = f"{view.invalid}; no worker is admitted until it is fixed"
+        return
     total = view.total or 0
     shortfall = view.used + view.reserved + yielded + memory - total
     # Memory already on its way out (other workers draining) counts before evicting more.
@@ -330,7 +334,10 @@ def roll_over(draft: Draft) -> None:
     """Phase 9: evict outdated workers (least recently used first) while the ready count stays at the
     target, or at minReplicas when the budget leaves no room for a surge."""
     ready_total = sum(1 for w in draft.active if w.serving_state)
-    stuck = draft.admission.blocked and not draft.admission.waiting_for_memory
+    admission = draft.admission
+    # Stuck on the numbers: old workers give way down to minReplicas so that new ones fit. Not while the
+    # budget is invalid: nothing would be admitted in their place.
+    stuck = admission.blocked and not admission.waiting_for_memory and not admission.budget_invalid
     floor = draft.pool.spec.min_replicas if stuck else draft.target
     for w in sorted((w for w in draft.outdated if w.evictable), key=_lru_key):
         replacing = (

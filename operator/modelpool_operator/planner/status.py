@@ -33,6 +33,9 @@ from modelpool_operator.planner.memory import (
 )
 from modelpool_operator.times import rfc3339
 
+#: The BudgetExceeded condition's reason (and the Warning Event's) while the ModelBudget is invalid.
+BUDGET_INVALID = "BudgetInvalid"
+
 
 def condition(
     previous: Iterable[Condition],
@@ -144,7 +147,9 @@ def _conditions(draft: Draft, ready: int, loading: int) -> list[Condition]:
             f"{loading} loading"
         )
     budget_reason = "WithinBudget"
-    if admission.blocked:
+    if admission.budget_invalid:
+        budget_reason = BUDGET_INVALID
+    elif admission.blocked:
         budget_reason = "WaitingForMemory" if admission.waiting_for_memory else "InsufficientMemory"
     degraded_reason, degraded_message = _degraded(draft)
 
@@ -166,6 +171,10 @@ def _conditions(draft: Draft, ready: int, loading: int) -> list[Condition]:
     if at_zero:
         ready_reason, ready_message = "ScaledToZero", _zero_message(draft)
     budget_message = admission.message or "workers fit the budget"
+    if draft.ledger.invalid is not None and not admission.blocked:
+        # Nothing wanted now, but nothing would be admitted either: say so before it matters.
+        budget_reason = BUDGET_INVALID
+        budget_message = f"{draft.ledger.invalid}; no new worker is admitted until it is fixed"
     return [
         cond("Ready", ready >= target and not at_zero, ready_reason, ready_message),
         cond("Progressing", progressing, progress_reason, progress_message),
@@ -220,10 +229,13 @@ def _memory_condition(draft: Draft, workers: list[WorkerStatus]) -> Condition:
 
 def _closing_events(draft: Draft) -> None:
     """Events about this pass's own decisions: the budget turning, creations, own evictions."""
-    blocked = draft.admission.blocked
+    blocked, invalid = draft.admission.blocked, draft.admission.budget_invalid
     before = next((c for c in draft.pool.status.conditions if c.type == "BudgetExceeded"), None)
     was_blocked = before is not None and before.status == "True"
-    if blocked and not was_blocked:
+    was_invalid = was_blocked and before is not None and before.reason == BUDGET_INVALID
+    if invalid and not was_invalid:
+        draft.events.append(Event("Warning", BUDGET_INVALID, draft.admission.message))
+    elif blocked and not invalid and (not was_blocked or was_invalid):
         draft.events.append(Event("Warning", "BudgetExceeded", draft.admission.message))
     elif not blocked and was_blocked and draft.creates:
         draft.events.append(Event("Normal", "BudgetAvailable", "memory freed: creating workers"))

@@ -79,6 +79,7 @@ def test_pool_gets_workers_states_service_and_scales(
     assert (owner["kind"], owner["name"], owner["controller"]) == ("ModelPool", "emb", True)
     service = get_json(cluster, "service", "emb", "-n", namespace)
     assert service["spec"]["selector"] == {"modelpool.dev/pool": "emb", "modelpool.dev/serving": "true"}
+    assert service["spec"]["clusterIP"] == "None"  # headless: no address taken from the Service IP range
 
     _scale(cluster, namespace, "emb", 3)
     wait_status(

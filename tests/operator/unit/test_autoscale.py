@@ -379,7 +379,7 @@ def test_a_fluctuating_load_never_over_admits_and_changes_the_count_once_per_del
         workers = [busy(n, s) for n, s in zip(serving, share, strict=True)] + [
             w(n, "Loading") for n in starting
         ]
-        live = book.prune([x.key for x in workers], now, 60)
+        live = book.prune([x.key for x in workers])
         ledger = build_ledger(total * GI, workers, live)
         assert ledger.used + ledger.reserved <= total * GI
         out = plan(view(spec, status), workers, ledger, now=now, load_window=win)

@@ -222,6 +222,38 @@ def test_budget_admits_only_what_fits_and_reports_numbers() -> None:
     assert ("Warning", "BudgetExceeded") in [(e.type, e.reason) for e in out.events]
 
 
+INVALID = "ModelBudget default is invalid: spec.memory: invalid quantity '1e41': too large"
+
+
+def test_an_invalid_budget_admits_nothing_preempts_nothing_and_says_why() -> None:
+    """Fail closed: no worker, nobody preempted for it, no outdated worker retired to make room; the
+    condition and a Warning Event carry the parser's reason, once."""
+    idle_low = [w("low-a", "Idle", pool="low", last_request=0)]
+    others = [OtherPool("ns", "low", priority=0, min_replicas=0, workers=tuple(idle_low))]
+    old = [w("p-old", template_hash="h0")]
+    ledger = build_ledger(None, [*idle_low, *old], invalid=INVALID)
+    spec = make_spec(replicas=2, minReplicas=0, priority=10)
+    out = plan(view(spec), old, ledger, others=others, now=NOW)
+    assert not out.create and not out.evict
+    budget = next(c for c in out.status.conditions if c.type == "BudgetExceeded")
+    assert (budget.status, budget.reason) == ("True", "BudgetInvalid")
+    assert budget.message == f"{INVALID}; no worker is admitted until it is fixed"
+    assert [(e.type, e.reason) for e in out.events if "Budget" in e.reason] == [("Warning", "BudgetInvalid")]
+    again = plan(view(spec, out.status), old, ledger, others=others, now=at(1001))
+    assert not [e for e in again.events if "Budget" in e.reason]  # told once
+    # Fixed: the workers are admitted.
+    fixed = plan(
+        view(spec, again.status), old, ledger_for(100 * GI, idle_low, old), others=others, now=at(1002)
+    )
+    assert fixed.create and cond(fixed, "BudgetExceeded") == ("False", "WithinBudget")
+
+
+def test_a_pool_that_wants_nothing_still_shows_the_budget_is_invalid() -> None:
+    workers = [w("p-a"), w("p-b")]
+    out = plan(view(), workers, build_ledger(None, workers, invalid=INVALID), now=NOW)
+    assert cond(out, "BudgetExceeded") == ("False", "BudgetInvalid")
+
+
 def test_preemption_evicts_lower_priority_idle_workers_lru_first() -> None:
     low = [w("low-a", "Idle", pool="low", last_request=500), w("low-b", "Idle", pool="low", last_request=100)]
     busy = [w("low-c", "Processing", pool="low", queue=3), w("low-d", "Loading", pool="low")]

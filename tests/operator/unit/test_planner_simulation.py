@@ -23,7 +23,6 @@ from modelpool_operator.pool import OtherPool, PoolView
 from modelpool_operator.worker_state import ObservedWorker
 
 TOTAL = 9 * GI
-TTL = 60.0
 
 
 @dataclass
@@ -44,7 +43,7 @@ class Sim:
         return at(self.step)
 
     def held(self) -> int:
-        live = self.book.prune([("ns", n) for n in self.pods], self.now(), TTL)
+        live = self.book.prune([("ns", n) for n in self.pods])
         return sum(p.worker.memory for p in self.pods.values()) + sum(r.memory for r in live)
 
 
@@ -73,7 +72,7 @@ SPECS = {
 def reconcile(sim: Sim, pool: str) -> None:
     now = sim.now()
     everyone = [p.worker for p in sim.pods.values()]
-    live = sim.book.prune([w.key for w in everyone], now, TTL)
+    live = sim.book.prune([w.key for w in everyone])
     ledger = build_ledger(TOTAL, everyone, live)
     other = "b" if pool == "a" else "a"
     other_status = sim.statuses.get(other, ModelPoolStatus())

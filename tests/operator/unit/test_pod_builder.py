@@ -326,6 +326,13 @@ def test_service_selects_serving_workers_only() -> None:
     assert svc["spec"]["ports"][0]["targetPort"] == "http"
 
 
+def test_service_is_headless() -> None:
+    """No virtual IP: the gateway routes to pod addresses, and a ClusterIP per pool exhausts the Service IP
+    range (at 300 pools, 47 got no Service)."""
+    spec = build_service(view(pool()))["spec"]
+    assert (spec["type"], spec["clusterIP"]) == ("ClusterIP", "None")
+
+
 def test_template_hash_ignores_scaling_fields() -> None:
     base = spec_hash(pool())
     assert base == spec_hash(pool(replicas=1, maxReplicas=5, minReplicas=0, priority=9))

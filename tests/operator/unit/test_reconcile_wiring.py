@@ -9,8 +9,9 @@ recording sink (the operator's own ``EventSink`` interface), so no Kopf machiner
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,29 +22,60 @@ from modelpool_operator.kube import ApiException
 from modelpool_operator.observation import ObservationCache, slim_pod
 from modelpool_operator.pool import OtherPool
 from modelpool_operator.process_state import OperatorState
-from modelpool_operator.reconcile import PoolRun, lifecycle_settings, reconcile_pool
+from modelpool_operator.reconcile import (
+    PoolRun,
+    budget_status_wire,
+    lifecycle_settings,
+    reconcile_pool,
+    settle_reservations,
+)
 from modelpool_operator.settings import OperatorConfig
 from modelpool_operator.stats import StatsScraper
 
 GI = 2**30
 
 
+def api_error(status: int, message: str) -> ApiException:
+    """An ApiException as kubernetes_asyncio raises it: the API server's Status object in the body."""
+    error = ApiException(status=status, reason="Forbidden" if status == 403 else "Error")
+    error.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": status})
+    return error
+
+
+QUOTA = (
+    'services "a" is forbidden: exceeded quota: svc, requested: services=1, used: services=0, '
+    "limited: services=0"
+)
+
+
 class RecordingKube:
     """Records the calls; ``create_pod`` yields to the loop first, like a real round trip."""
 
-    def __init__(self, fail_creates: bool = False) -> None:
+    def __init__(self, fail_creates: BaseException | None = None) -> None:
         self.created: list[dict[str, Any]] = []
         self.status_patches: list[dict[str, Any]] = []
         self.policies: list[dict[str, Any]] = []
-        self.fail_creates = fail_creates
+        self.services: list[dict[str, Any]] = []
+        self.fail_creates = fail_creates  # every create raises this (after taking effect if "made" is set)
+        self.made_anyway = False  # a create that fails without an answer still made its pod
+        self.fail_services: BaseException | None = None
         self.fail_policies = 0  # the next N NetworkPolicy calls fail
+        self.existing: set[str] = set()  # pods that exist (created ones join)
+        self.asked: list[str] = []
 
     async def create_pod(self, namespace: str, body: dict[str, Any]) -> bool:
         await asyncio.sleep(0.01)
-        if self.fail_creates:
-            raise RuntimeError("admission webhook refused the pod")
+        if self.fail_creates is not None:
+            if self.made_anyway:
+                self.existing.add(body["metadata"]["name"])
+            raise self.fail_creates
         self.created.append(body)
+        self.existing.add(body["metadata"]["name"])
         return True
+
+    async def pod_exists(self, namespace: str, name: str) -> bool:
+        self.asked.append(name)
+        return name in self.existing
 
     async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
         return True
@@ -53,6 +85,9 @@ class RecordingKube:
 
     async def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
         await asyncio.sleep(0)
+        if self.fail_services is not None:
+            raise self.fail_services
+        self.services.append(body)
 
     async def ensure_network_policy(self, namespace: str, body: dict[str, Any]) -> None:
         await asyncio.sleep(0)
@@ -158,19 +193,106 @@ async def test_concurrent_pools_never_over_admit(state: OperatorState) -> None:
     assert len(kube.status_patches) == patches_before + 3
 
 
-async def test_failed_create_releases_its_reservation(state: OperatorState) -> None:
-    state.kube = RecordingKube(fail_creates=True)  # type: ignore[assignment]
+def _conditions(patch: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in patch.get("conditions") or []}
+
+
+async def test_a_refused_create_releases_its_reservation_and_reports_the_api_message(
+    state: OperatorState,
+) -> None:
+    quota = "pods is forbidden: exceeded quota: q, requested: pods=1, used: pods=0, limited: pods=0"
+    state.kube = RecordingKube(fail_creates=api_error(403, quota))  # type: ignore[assignment]
     body = _pool("a", 2)
-    with pytest.raises(RuntimeError, match="webhook"):
+    run = PoolRun(key=("ns", "a"))
+    for _ in range(2):  # the pass never raises; the same failure is told once
         await reconcile_pool(
             state,
-            run=PoolRun(key=("ns", "a")),
+            run=run,
             body=body,
             pods_by_pool={},
             pools_by_key=_index({("ns", "a"): body}),
             budgets={"default": [{"memory": "8Gi"}]},
         )
     assert len(state.reservations) == 0
+    kube, events = state.kube, state.events
+    assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
+    failed = [e for _, e in events.posted if e.reason == "CreateFailed"]
+    assert len(failed) == 2 and all(e.type == "Warning" for e in failed)  # two workers, once each
+    assert len({e.message for e in failed}) == 2
+    assert all(e.message.startswith("worker a-") and e.message.endswith(f": 403 {quota}") for e in failed)
+    api = _conditions(kube.status_patches[0])["ApiError"]
+    assert (api["status"], api["reason"]) == ("True", "CreateFailed") and quota in api["message"]
+
+
+async def test_a_create_without_an_answer_keeps_its_memory_until_the_pod_is_known_absent(
+    state: OperatorState,
+) -> None:
+    """A timeout: the pod may exist, so the reservation stays (and the pool does not create it twice)
+    until the pod is observed or, asked after the check interval, known absent."""
+    kube = RecordingKube(fail_creates=TimeoutError())
+    state.kube = kube  # type: ignore[assignment]
+    body = _pool("a", 1)
+    run, index, budgets = (
+        PoolRun(key=("ns", "a")),
+        _index({("ns", "a"): body}),
+        {"default": [{"memory": "8Gi"}]},
+    )
+
+    async def one_pass() -> None:
+        await reconcile_pool(state, run=run, body=body, pods_by_pool={}, pools_by_key=index, budgets=budgets)
+
+    await one_pass()
+    (held,) = state.reservations.all()
+    await one_pass()  # in flight: not created again, not released
+    assert state.reservations.all() == (held,) and not kube.asked
+    # The check interval passed and the API says the pod does not exist: its memory is free again.
+    await settle_reservations(state, datetime.now(UTC) + timedelta(hours=1))
+    assert kube.asked == [held.worker] and len(state.reservations) == 0
+
+    # The same, but the create had made the pod: asked, it exists, so the reservation stays.
+    kube.made_anyway = True
+    await one_pass()
+    await settle_reservations(state, datetime.now(UTC) + timedelta(hours=1))
+    assert kube.asked == [held.worker, held.worker] and len(state.reservations) == 1
+
+
+async def test_a_service_that_cannot_be_created_never_keeps_workers_from_starting(
+    state: OperatorState,
+) -> None:
+    """The Service IP range full, a quota on services: the workers are created all the same, the
+    condition ApiError and one Warning Event carry the API server's own message, the pass does not raise;
+    a later pass makes the Service and the condition turns False."""
+    kube, events = state.kube, state.events
+    assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
+    kube.fail_services = api_error(403, QUOTA)
+    body = _pool("a", 2)
+    run, index, budgets = (
+        PoolRun(key=("ns", "a")),
+        _index({("ns", "a"): body}),
+        {"default": [{"memory": "8Gi"}]},
+    )
+
+    async def one_pass() -> None:
+        pods = {("ns", "a"): [_running(pod) for pod in kube.created]}
+        await reconcile_pool(
+            state, run=run, body=body, pods_by_pool=pods, pools_by_key=index, budgets=budgets
+        )
+
+    await one_pass()
+    assert len(kube.created) == 2 and not kube.services
+    api = _conditions(kube.status_patches[-1])["ApiError"]
+    assert (api["status"], api["reason"]) == ("True", "ServiceFailed")
+    assert api["message"] == f"Service a: 403 {QUOTA}"
+    await one_pass()
+    told = [e for _, e in events.posted if e.reason == "ServiceFailed"]
+    assert [(e.type, e.message) for e in told] == [("Warning", f"Service a: 403 {QUOTA}")]
+
+    kube.fail_services = None
+    await one_pass()
+    assert [s["spec"]["clusterIP"] for s in kube.services] == ["None"]
+    assert run.last_status is not None
+    api_cond = next(c for c in run.last_status.conditions if c.type == "ApiError")
+    assert (api_cond.status, api_cond.reason) == ("False", "RequestsSucceeded")
 
 
 async def test_demand_on_a_pool_at_zero_creates_its_worker_in_the_same_pass_once(
@@ -232,3 +354,20 @@ async def test_a_network_policy_that_fails_never_holds_up_the_workers(state: Ope
     await one_pass()
     await one_pass()
     assert [p["metadata"]["name"] for p in kube.policies] == ["modelpool-p"]
+
+
+async def test_the_budget_status_says_why_an_invalid_budget_admits_nothing(state: OperatorState) -> None:
+    invalid = budget_status_wire(state, {}, {"default": [{"memory": "1e41"}]}, None, 3)
+    (valid,) = invalid["conditions"]
+    assert (valid["type"], valid["status"], valid["reason"]) == ("Valid", "False", "InvalidSpec")
+    assert valid["message"].startswith("ModelBudget default is invalid: spec.memory: invalid quantity '1e41'")
+    assert valid["message"].endswith("; no worker is admitted until it is fixed")
+    fixed = budget_status_wire(state, {}, {"default": [{"memory": "8Gi"}]}, invalid, 4)
+    (valid,) = fixed["conditions"]
+    assert (valid["status"], valid["reason"], valid["message"]) == (
+        "True",
+        "SpecValid",
+        "workers are admitted within 8Gi",
+    )
+    again = budget_status_wire(state, {}, {"default": [{"memory": "8Gi"}]}, fixed, 4)
+    assert again == fixed  # nothing to write while nothing changes
