@@ -8,7 +8,8 @@ deleted, Events posted, Kopf's peering), and the API
 server's audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says which
 (API group, resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted
 verb no request used is an extra one. Both scopes are run: namespace scope with a KopfPeering, cluster
-scope with a ClusterKopfPeering.
+scope with a ClusterKopfPeering. The pieces shared with the gateway's test (test_gateway_rbac.py) are in
+tests/rbacaudit.py.
 
 One grant is never a request: ``update`` on ``modelpools/finalizers``, which the
 OwnerReferencesPermissionEnforcement admission plugin (enabled on the local control plane) checks when a
