@@ -375,7 +375,9 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
     assert gateway in release.h("get", "notes", release.name, "-n", release.namespace).stdout
 
     account = f"system:serviceaccount:{release.namespace}:{gateway}"
-    allowed = [("list", "modelpools"), ("watch", "modelpools"), ("watch", "pods"),
+    # Exactly the verbs the gateway uses (tests/gateway/integration/test_gateway_rbac.py reads them from the
+    # API server's audit log).
+    allowed = [("list", "modelpools"), ("watch", "modelpools"), ("list", "pods"), ("watch", "pods"),
                ("get", "leases.coordination.k8s.io"), ("create", "leases.coordination.k8s.io"),
                ("update", "leases.coordination.k8s.io"),
                ("list", "secrets"), ("watch", "secrets")]  # fmt: skip

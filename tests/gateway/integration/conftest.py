@@ -30,11 +30,19 @@ def start_gateway(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> Iterator[StartGateway]:
-    """A factory: ``start_gateway(*namespaces, *flags)`` -> a ready gateway process."""
+    """A factory: ``start_gateway(namespaces, *flags, ready=True, kubeconfig=None, env=None)`` -> a gateway
+    process (ready unless ``ready=False``)."""
     started: list[GatewayProcess] = []
 
-    def start(namespaces: list[str], *flags: str, ready: bool = True) -> GatewayProcess:
-        gateway = GatewayProcess(crds, namespaces, tmp_path / f"gateway-{len(started)}.log", *flags)
+    def start(
+        namespaces: list[str],
+        *flags: str,
+        ready: bool = True,
+        kubeconfig: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> GatewayProcess:
+        log = tmp_path / f"gateway-{len(started)}.log"
+        gateway = GatewayProcess(crds, namespaces, log, *flags, kubeconfig=kubeconfig, env=env)
         started.append(gateway)
         if ready:
             gateway.wait_ready()

@@ -1,8 +1,10 @@
 """Harness of the gateway integration tests: the real ``modelpool-gateway`` process and echo pools.
 
 * ``GatewayProcess``: ``.venv/bin/modelpool-gateway`` (the console script) with the cluster's kubeconfig
-  on a loopback port of its own; ``stop()`` sends SIGTERM and returns the exit code, ``kill()`` SIGKILLs.
-  Unless started with ``--auth none`` or a ``--keys-namespace`` of the test's own, it gets an admin
+  (or a ``kubeconfig`` given, e.g. a ServiceAccount's) and ``env`` added to the test's environment, on a
+  loopback port of its own; ``stop()`` sends SIGTERM and returns the exit code, ``kill()`` SIGKILLs.
+  Unless started with ``--auth none`` or a keys namespace of the test's own (``--keys-namespace`` or
+  ``MODELPOOL_GATEWAY_KEYS_NAMESPACE``), it gets an admin
   namespace of its own holding one key Secret that grants every namespace: ``.key``, and ``.headers``
   (``Authorization: Bearer``) for the test's requests.
 * ``create_key``: a key Secret (label ``modelpool.dev/gateway-key``), as an administrator creates one.
@@ -14,6 +16,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import secrets
 import subprocess
 import uuid
@@ -76,12 +79,24 @@ class GatewayProcess(OperatorProcess):
     """One ``modelpool-gateway`` process (stopped, killed and logged like the operator's)."""
 
     # Its own command line; the operator's methods (alive, stop, kill, log_tail) manage the process.
-    def __init__(self, cluster: Cluster, namespaces: Iterable[str], log_path: Path, *flags: str) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespaces: Iterable[str],
+        log_path: Path,
+        *flags: str,
+        kubeconfig: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.key: str | None = None
         self.keys_namespace: str | None = None
+        env = env or {}
         given = " ".join(flags)
-        if "--auth none" not in given and "--keys-namespace" not in given:
+        chosen = (
+            "--auth none" in given or "--keys-namespace" in given or "MODELPOOL_GATEWAY_KEYS_NAMESPACE" in env
+        )
+        if not chosen:
             self.keys_namespace = f"gwkeys-{uuid.uuid4().hex[:8]}"
             cluster.kubectl("create", "namespace", self.keys_namespace)
             self.key = create_key(cluster, self.keys_namespace, "all-pools", namespaces="*")
@@ -90,12 +105,20 @@ class GatewayProcess(OperatorProcess):
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.namespaces = list(namespaces)
-        args = [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(cluster.kubeconfig)]
+        # The cluster's admin kubeconfig unless a test runs the gateway as someone else (a ServiceAccount).
+        kubeconfig = kubeconfig or cluster.kubeconfig
+        args = [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig)]
         for namespace in self.namespaces:
             args += ["--namespace", namespace]
         args += ["--host", "127.0.0.1", "--port", str(self.port), *flags]
         self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            args,
+            env={**os.environ, **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     @property
     def headers(self) -> dict[str, str]:

@@ -8,7 +8,8 @@ deleted, Events posted, Kopf's peering), and the API
 server's audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says which
 (API group, resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted
 verb no request used is an extra one. Both scopes are run: namespace scope with a KopfPeering, cluster
-scope with a ClusterKopfPeering.
+scope with a ClusterKopfPeering. The pieces shared with the gateway's test (test_gateway_rbac.py) are in
+tests/rbacaudit.py.
 
 One grant is never a request: ``update`` on ``modelpools/finalizers``, which the
 OwnerReferencesPermissionEnforcement admission plugin (enabled on the local control plane) checks when a
@@ -26,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.clusterlib import ROOT, Cluster, missing
+from tests.clusterlib import Cluster
 from tests.kube import apply, get_json, wait_for
 from tests.operator.integration.opharness import (
     GROUP_VERSION,
@@ -38,18 +38,27 @@ from tests.operator.integration.opharness import (
     wait_status,
     worker_pods,
 )
+from tests.rbacaudit import (
+    AUDITED_NAMESPACE,
+    Rule,
+    apply_docs,
+    assert_exactly_used,
+    audited_requests,
+    delete_docs,
+    granted,
+    render_chart,
+    require_audit_log,
+    rule_of,
+    token_kubeconfig,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-CHART = ROOT / "charts" / "modelpool-operator"
-AUDITED_NAMESPACE = "modelpool-audit"  # hack/audit-policy.yaml records this namespace's ServiceAccounts
 # The kinds of the chart that make up the operator's identity and peering.
 IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "RoleBinding"}
 PEERING_KINDS = {"KopfPeering", "ClusterKopfPeering"}
 # Granted, but checked by admission rather than requested (see the module docstring).
-NOT_A_REQUEST = {("modelpool.dev", "modelpools/finalizers", "update")}
-
-Rule = tuple[str, str, str]  # (API group, resource[/subresource], verb)
+NOT_A_REQUEST = frozenset({("modelpool.dev", "modelpools/finalizers", "update")})
 
 
 @dataclass
@@ -69,15 +78,7 @@ class AuditedRelease:
         return f"system:serviceaccount:{AUDITED_NAMESPACE}:{self.name}-modelpool-operator"
 
     def granted(self) -> set[Rule]:
-        return {
-            (group, resource, verb)
-            for doc in self.docs
-            if doc["kind"] == "ClusterRole"
-            for rule in doc["rules"]
-            for group in rule["apiGroups"]
-            for resource in rule["resources"]
-            for verb in rule["verbs"]
-        }
+        return granted(self.docs)
 
     def operator_env(self) -> dict[str, str]:
         """The settings the chart gives the operator besides ``config`` (whom the pools' NetworkPolicies
@@ -91,45 +92,10 @@ class AuditedRelease:
 
     def requests(self) -> list[dict[str, Any]]:
         """Every audited request this ServiceAccount made that names a resource."""
-        log = self.cluster.audit_log
-        assert log is not None
-        events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-        return [e for e in events if e["user"]["username"] == self.username and e.get("objectRef")]
+        return audited_requests(self.cluster, self.username)
 
     def used(self) -> set[Rule]:
-        return {(_rule(e)) for e in self.requests()}
-
-    def refused(self) -> set[Rule]:
-        return {_rule(e) for e in self.requests() if (e.get("responseStatus") or {}).get("code") == 403}
-
-
-def _rule(event: dict[str, Any]) -> Rule:
-    ref = event["objectRef"]
-    resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-    return ref.get("apiGroup") or "", resource, event["verb"]
-
-
-def _render(cluster: Cluster, release: str, values: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
-    values_file = tmp / f"{release}-values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
-    out = cluster.helm(
-        "template", release, str(CHART), "--namespace", AUDITED_NAMESPACE, "--values", str(values_file)
-    ).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
-
-
-def _token_kubeconfig(cluster: Cluster, service_account: str, path: Path) -> Path:
-    """A kubeconfig for the cluster's API server that authenticates with a ServiceAccount token."""
-    token = cluster.kubectl(
-        "create", "token", service_account, "-n", AUDITED_NAMESPACE, "--duration", "1h"
-    ).stdout.strip()
-    config = yaml.safe_load(cluster.kubeconfig.read_text())
-    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])
-    context["context"]["user"] = service_account
-    config["contexts"] = [context]
-    config["users"] = [{"name": service_account, "user": {"token": token}}]
-    path.write_text(yaml.safe_dump(config))
-    return path
+        return {rule_of(e) for e in self.requests()}
 
 
 @pytest.fixture
@@ -137,26 +103,25 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Any]:
     """A factory: ``audited(values)`` renders the chart with ``values`` and applies its RBAC and peering
     objects for a fresh release; everything is deleted again at teardown (after the operators stopped:
     tests request this fixture before ``start_operator``)."""
-    if crds.audit_log is None or not crds.audit_log.exists():
-        missing("this cluster has no audit log (start it with hack/cluster.sh, which sets the policy)")
-    crds.kubectl("create", "namespace", AUDITED_NAMESPACE, check=False)
+    require_audit_log(crds)
     releases: list[AuditedRelease] = []
 
     def make(values: dict[str, Any]) -> AuditedRelease:
         name = f"audit-{secrets.token_hex(3)}"
         # The operator's identity only: the gateway has a ServiceAccount and rules of its own.
-        docs = _render(crds, name, {**values, "gateway": {"enabled": False}}, tmp_path)
+        docs = render_chart(crds, name, {**values, "gateway": {"enabled": False}}, tmp_path)
         crd_docs = [d for d in docs if d["kind"] == "CustomResourceDefinition" and "kopf.dev" in str(d)]
         for crd in crd_docs:  # Kopf's peering CRDs (the other tests may have installed them already)
             crds.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd))
         wanted = [d for d in docs if d["kind"] in IDENTITY_KINDS | PEERING_KINDS]
-        for doc in wanted:
-            apply(crds, doc)
+        apply_docs(crds, wanted)
         release = AuditedRelease(
             cluster=crds,
             name=name,
             docs=docs,
-            kubeconfig=_token_kubeconfig(crds, f"{name}-modelpool-operator", tmp_path / f"{name}.kubeconfig"),
+            kubeconfig=token_kubeconfig(
+                crds, AUDITED_NAMESPACE, f"{name}-modelpool-operator", tmp_path / f"{name}.kubeconfig"
+            ),
             budget=f"{name}-budget",
             applied=wanted,
         )
@@ -165,10 +130,7 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Any]:
 
     yield make
     for release in releases:
-        for doc in reversed(release.applied):
-            meta = doc["metadata"]
-            where = ["-n", meta["namespace"]] if meta.get("namespace") else []
-            crds.kubectl("delete", doc["kind"], meta["name"], *where, "--ignore-not-found", "--wait=false")
+        delete_docs(crds, release.applied)
 
 
 def _budget(name: str, memory: str) -> dict[str, Any]:
@@ -181,11 +143,7 @@ def _budget(name: str, memory: str) -> dict[str, Any]:
 
 
 def _compare(release: AuditedRelease) -> None:
-    used, granted, refused = release.used(), release.granted(), release.refused()
-    assert not refused, f"the chart's RBAC refused requests the operator made (missing): {sorted(refused)}"
-    assert not used - granted, f"used but not granted: {sorted(used - granted)}"
-    extra = granted - used - NOT_A_REQUEST
-    assert not extra, f"granted but never used (extra): {sorted(extra)}"
+    assert_exactly_used("the operator", release.requests(), release.granted(), NOT_A_REQUEST)
 
 
 def _exercise(
