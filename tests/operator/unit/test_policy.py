@@ -3,7 +3,7 @@ the operator's allowlist settings, and the reconciliation pass refusing a forbid
 PolicyViolation condition, one Warning Event) and taking it up again once allowed.
 
 The chart's ValidatingAdmissionPolicy applies the same rules on the real API server:
-tests/operator/integration/test_policy.py."""
+tests/operator/integration/test_admission_policy.py."""
 
 from __future__ import annotations
 
