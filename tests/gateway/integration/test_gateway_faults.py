@@ -35,6 +35,8 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
+        # Bumped by stop(): a connection accepted by an earlier start is closed, never served.
+        self._generation = 0
 
     def start(self) -> None:
         listener = socket.socket()
@@ -43,19 +45,22 @@ class TcpProxy:
         listener.listen(64)
         self.port = listener.getsockname()[1]
         self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        threading.Thread(target=self._accept, args=(listener, self._generation), daemon=True).start()
 
     def stop(self) -> None:
         assert self._listener is not None
-        self._listener.close()
         with self._lock:
+            self._generation += 1
             conns, self._conns = self._conns, []
+        with contextlib.suppress(OSError):  # wakes the accepting thread (close alone does not, on Linux)
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
             conn.close()
 
-    def _accept(self, listener: socket.socket) -> None:
+    def _accept(self, listener: socket.socket, generation: int) -> None:
         while True:
             try:
                 client, _ = listener.accept()
@@ -68,7 +73,13 @@ class TcpProxy:
                 continue
             upstream.settimeout(None)
             with self._lock:
-                self._conns += [client, upstream]
+                stopped = generation != self._generation
+                if not stopped:
+                    self._conns += [client, upstream]
+            if stopped:
+                client.close()
+                upstream.close()
+                return
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
