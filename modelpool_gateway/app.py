@@ -269,7 +269,8 @@ class Gateway:
                 pool = self.registry.pool(call.key)
                 if pool is None:
                     return await send_error(send, call.openai, 404, "model_not_found", "the pool was deleted")
-                if not may_hold and not self.registry.has_routable(call.key):
+                routable = self.registry.has_routable(call.key)
+                if not may_hold and not routable:
                     reason = hold_reason(pool, datetime.now(UTC))
                     return await send_error(
                         send,
@@ -279,7 +280,7 @@ class Gateway:
                         reason.message,
                         retry_after=self.settings.hold_retry_after_seconds,
                     )
-                if may_hold and (never := hopeless(pool, datetime.now(UTC))) is not None:
+                if may_hold and not routable and (never := hopeless(pool, datetime.now(UTC))) is not None:
                     self.metrics.of(self.metrics.refused, call.label, never.kind).inc()
                     return await send_error(send, call.openai, 503, never.kind, never.message)
                 if may_hold:
