@@ -405,9 +405,16 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
     if release.external:
         return  # the traffic below goes to the gateway pod's loopback address on the process node
     # At zero with autoscaling off: the operator starts no worker for it, whatever the demand.
-    zero = pool_manifest("gw-zero", release.namespace, replicas=0, activationTimeoutSeconds=1)
+    zero = pool_manifest("gw-zero", release.namespace, replicas=0, activationTimeoutSeconds=60)
     zero["spec"]["autoscaling"] = {"enabled": False}
-    release.k("apply", "-f", "-", stdin=json.dumps(zero))
+    # Woken by demand, but its worker never fits the release's budget (100Gi): held, and the demand recorded.
+    wake = pool_manifest(
+        "gw-wake", release.namespace, replicas=0, minReplicas=0, maxReplicas=1, activationTimeoutSeconds=1
+    )
+    wake["spec"]["autoscaling"] = {"enabled": True}
+    wake["spec"]["resources"] = {"memory": "200Gi"}
+    for pool in (zero, wake):
+        release.k("apply", "-f", "-", stdin=json.dumps(pool))
     [pod] = release.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/component=gateway")["items"]
     url = f"http://{pod['status']['podIP']}:{pod['spec']['containers'][0]['ports'][0]['containerPort']}"
     # An API key as the NOTES say: a labelled Secret in the gateway's namespace (granting that namespace).
@@ -420,19 +427,24 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
     def listed() -> list[str] | None:
         response = httpx.get(url + "/v1/models", headers=headers, timeout=5)
         models = [m["id"] for m in response.json()["data"]] if response.status_code == 200 else []
-        return models if "gw-zero" in models else None
+        return models if {"gw-zero", "gw-wake"} <= set(models) else None
 
-    eventually(listed, timeout=30, what="the gateway lists gw-zero")
+    eventually(listed, timeout=30, what="the gateway lists gw-zero and gw-wake")
     body = {"model": "gw-zero", "input": ["x"]}
-    held = httpx.post(url + "/v1/embeddings", json=body, headers=headers, timeout=30)
-    assert held.status_code == 503 and held.json()["error"]["type"] == "scaled_to_zero", held.text
+    never = httpx.post(url + "/v1/embeddings", json=body, headers=headers, timeout=30)
+    # At zero with autoscaling off: the operator starts no worker for it, so it is not held (60 s) at all.
+    assert never.status_code == 503 and never.json()["error"]["type"] == "scaled_to_zero", never.text
+    assert never.elapsed.total_seconds() < 5
+    held = httpx.post(url + "/v1/embeddings", json={**body, "model": "gw-wake"}, headers=headers, timeout=30)
+    assert held.status_code == 503, held.text
+    assert held.json()["error"]["type"] in ("waiting_for_operator", "budget_exceeded"), held.text
     unknown = httpx.post(
         url + "/v1/embeddings", json={"model": "nope", "input": ["x"]}, headers=headers, timeout=30
     )
     assert unknown.status_code == 404
-    lease = release.get("leases.coordination.k8s.io", demand_lease_name("gw-zero"), "-n", release.namespace)
+    lease = release.get("leases.coordination.k8s.io", demand_lease_name("gw-wake"), "-n", release.namespace)
     assert demand_from_lease(lease) is not None, "the gateway recorded the demand in the pool's Lease"
-    pool = release.get("modelpools", "gw-zero", "-n", release.namespace)
+    pool = release.get("modelpools", "gw-wake", "-n", release.namespace)
     assert lease["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
 
 
