@@ -96,8 +96,12 @@ def test_default_render_cluster_scope(helm: list[str]) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "mp-modelpool-operator", "namespace": "mp-system"}
     ]
-    # The one namespaced binding: the gateway's, to read its API key Secrets in its own namespace.
-    assert [(b["metadata"]["name"], b["metadata"]["namespace"]) for b in by_kind(docs, "RoleBinding")] == [
+    # The one namespaced binding (besides the uninstall hook's, test_the_uninstall_hook_...): the gateway's,
+    # to read its API key Secrets in its own namespace.
+    lasting = [
+        b for b in by_kind(docs, "RoleBinding") if "helm.sh/hook" not in b["metadata"].get("annotations", {})
+    ]
+    assert [(b["metadata"]["name"], b["metadata"]["namespace"]) for b in lasting] == [
         (f"{GATEWAY}-keys", "mp-system")
     ]
 
@@ -553,3 +557,78 @@ def test_the_gateway_can_be_left_out(helm: list[str]) -> None:
         helm, "--set", "gateway.enabled=false", "--show-only", "templates/NOTES.txt", check=False
     )
     del notes  # NOTES.txt is not rendered by `helm template`; the install test reads the real notes
+
+
+def _hooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if "helm.sh/hook" in (d["metadata"].get("annotations") or {})]
+
+
+def test_the_uninstall_hook_stops_the_operator_and_unfinalizes_its_pools_with_its_own_short_lived_rbac(
+    helm: list[str],
+) -> None:
+    cleanup = f"{OPERATOR}-cleanup"
+    for args, scope_args, pool_bindings in [
+        ([], ["--all-namespaces"], [("ClusterRoleBinding", None)]),
+        (
+            ["--set", "scope.clusterWide=false", "--set", "scope.namespaces={team-a,team-b}"],
+            ["--namespace=team-a", "--namespace=team-b"],
+            [("RoleBinding", "team-a"), ("RoleBinding", "team-b")],
+        ),
+    ]:
+        docs = render(helm, *args, "--set", "nodeSelector.pool=ops", "--set", "config.budgetName=gpu")
+        hooks = [d for d in _hooks(docs) if d["metadata"]["name"].startswith(cleanup)]
+        for hook in hooks:
+            notes = hook["metadata"]["annotations"]
+            assert notes["helm.sh/hook"] == "pre-delete"
+            assert notes["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+            # The ServiceAccount and its RBAC exist before the Job runs.
+            assert notes["helm.sh/hook-weight"] == ("0" if hook["kind"] == "Job" else "-5")
+        job = one(hooks, "Job", cleanup)
+        pod = job["spec"]["template"]["spec"]
+        operator_pod = one(docs, "Deployment", OPERATOR)["spec"]["template"]
+        assert pod["serviceAccountName"] == cleanup and pod["restartPolicy"] == "Never"
+        assert pod["nodeSelector"] == operator_pod["spec"]["nodeSelector"] == {"pool": "ops"}
+        # Its pod is not one of the operator's (the wait for the operator's pods to go must not count it).
+        assert pod.get("securityContext") == operator_pod["spec"]["securityContext"]
+        assert job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "cleanup"
+        [c] = pod["containers"]
+        assert c["command"] == ["modelpool-operator"]
+        assert c["args"] == [
+            "cleanup",
+            *scope_args,
+            f"--deployment={OPERATOR}",
+            "--deployment-namespace=mp-system",
+            "--selector=app.kubernetes.io/name=modelpool-operator,app.kubernetes.io/instance=mp,"
+            "app.kubernetes.io/component=operator",
+            "--budget=gpu",
+            "--timeout=120",
+        ]
+        assert operator_pod["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
+        # Exactly the requests cleanup.py makes.
+        assert _rules(one(hooks, "Role", cleanup)) == {
+            ("apps", "deployments/scale", "patch"),
+            ("", "pods", "list"),
+        }
+        assert one(hooks, "Role", cleanup)["rules"][0]["resourceNames"] == [OPERATOR]
+        assert _rules(one(hooks, "ClusterRole", cleanup)) == {
+            ("modelpool.dev", "modelpools", verb) for verb in ("list", "get", "patch")
+        }
+        budget = one(hooks, "ClusterRole", f"{cleanup}-budget")
+        assert _rules(budget) == {("modelpool.dev", "modelbudgets", v) for v in ("get", "patch")}
+        assert budget["rules"][0]["resourceNames"] == ["gpu"]
+        bound = [
+            (b["kind"], b["metadata"].get("namespace"))
+            for b in hooks
+            if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
+            and b["roleRef"]
+            == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cleanup}
+        ]
+        assert sorted(bound, key=str) == sorted(pool_bindings, key=str)
+        assert not [h for h in hooks if h["kind"] in ("Role", "ClusterRole") and _wildcard(h)]
+
+    off = render(helm, "--set", "uninstallCleanup.enabled=false")
+    assert not [d for d in _hooks(off) if d["metadata"]["name"].startswith(cleanup)]
+
+
+def _wildcard(role: dict[str, Any]) -> bool:
+    return any(verb == "*" or res == "*" for _, res, verb in _rules(role))

@@ -46,6 +46,8 @@ class Release:
     external: bool
     helm_home: Path
     metrics_port: int = 0
+    # A second namespace in the operator's scope (pools in two namespaces for the uninstall test).
+    other_namespace: str = ""
 
     def env(self) -> dict[str, str]:
         # helm's config/cache/data in a temporary folder, never the user's.
@@ -101,10 +103,12 @@ def release(
         external=e2e_external,
         helm_home=tmp_path_factory.mktemp("helm-home"),
         metrics_port=19000 + secrets.randbelow(1000),
+        other_namespace=f"mp-e2e-{suffix}-b",
     )
     rel.k("create", "namespace", rel.namespace)
+    rel.k("create", "namespace", rel.other_namespace)
     values: dict[str, Any] = {
-        "scope": {"clusterWide": False, "namespaces": [rel.namespace]},
+        "scope": {"clusterWide": False, "namespaces": [rel.namespace, rel.other_namespace]},
         "peering": {"name": f"mp-{suffix}"},
         "liveness": {"port": 18000 + secrets.randbelow(1000)},
         # The process node runs the operator as a local process: its metrics port is this machine's.
@@ -158,16 +162,20 @@ def release(
 def remove_everything(rel: Release) -> None:
     """Delete the pools and the budget while the operator still runs (it owns their finalizers), then the
     release and the namespace; whatever still carries a finalizer after that has its finalizers removed."""
-    rel.k("delete", "modelpools", "--all", "-n", rel.namespace, "--timeout=30s", check=False)
+    namespaces = (rel.namespace, rel.other_namespace)
+    for namespace in namespaces:
+        rel.k("delete", "modelpools", "--all", "-n", namespace, "--timeout=30s", check=False)
     rel.k("delete", "modelbudget", rel.budget, "--ignore-not-found", "--timeout=30s", check=False)
     rel.h("uninstall", rel.name, "--namespace", rel.namespace, "--wait", "--timeout", "60s", check=False)
     unfinalize = ["--type", "merge", "-p", '{"metadata": {"finalizers": null}}']
-    for pool in rel.k("get", "modelpools", "-n", rel.namespace, "-o", "name", check=False).stdout.split():
-        rel.k("patch", pool, "-n", rel.namespace, *unfinalize, check=False)
+    for namespace in namespaces:
+        for pool in rel.k("get", "modelpools", "-n", namespace, "-o", "name", check=False).stdout.split():
+            rel.k("patch", pool, "-n", namespace, *unfinalize, check=False)
     if rel.k("get", "modelbudget", rel.budget, "-o", "name", check=False).returncode == 0:
         rel.k("patch", "modelbudget", rel.budget, *unfinalize, check=False)
         rel.k("delete", "modelbudget", rel.budget, "--ignore-not-found", "--wait=false", check=False)
-    rel.k("delete", "namespace", rel.namespace, "--wait=false", check=False)
+    for namespace in namespaces:
+        rel.k("delete", "namespace", namespace, "--wait=false", "--ignore-not-found", check=False)
 
 
 def test_operator_runs(release: Release) -> None:
@@ -399,9 +407,16 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
     if release.external:
         return  # the traffic below goes to the gateway pod's loopback address on the process node
     # At zero with autoscaling off: the operator starts no worker for it, whatever the demand.
-    zero = pool_manifest("gw-zero", release.namespace, replicas=0, activationTimeoutSeconds=1)
+    zero = pool_manifest("gw-zero", release.namespace, replicas=0, activationTimeoutSeconds=60)
     zero["spec"]["autoscaling"] = {"enabled": False}
-    release.k("apply", "-f", "-", stdin=json.dumps(zero))
+    # Woken by demand, but its worker never fits the release's budget (100Gi): held, and the demand recorded.
+    wake = pool_manifest(
+        "gw-wake", release.namespace, replicas=0, minReplicas=0, maxReplicas=1, activationTimeoutSeconds=1
+    )
+    wake["spec"]["autoscaling"] = {"enabled": True}
+    wake["spec"]["resources"] = {"memory": "200Gi"}
+    for pool in (zero, wake):
+        release.k("apply", "-f", "-", stdin=json.dumps(pool))
     [pod] = release.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/component=gateway")["items"]
     url = f"http://{pod['status']['podIP']}:{pod['spec']['containers'][0]['ports'][0]['containerPort']}"
     # An API key as the NOTES say: a labelled Secret in the gateway's namespace (granting that namespace).
@@ -414,26 +429,54 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
     def listed() -> list[str] | None:
         response = httpx.get(url + "/v1/models", headers=headers, timeout=5)
         models = [m["id"] for m in response.json()["data"]] if response.status_code == 200 else []
-        return models if "gw-zero" in models else None
+        return models if {"gw-zero", "gw-wake"} <= set(models) else None
 
-    eventually(listed, timeout=30, what="the gateway lists gw-zero")
+    eventually(listed, timeout=30, what="the gateway lists gw-zero and gw-wake")
     body = {"model": "gw-zero", "input": ["x"]}
-    held = httpx.post(url + "/v1/embeddings", json=body, headers=headers, timeout=30)
-    assert held.status_code == 503 and held.json()["error"]["type"] == "scaled_to_zero", held.text
+    never = httpx.post(url + "/v1/embeddings", json=body, headers=headers, timeout=30)
+    # At zero with autoscaling off: the operator starts no worker for it, so it is not held (60 s) at all.
+    assert never.status_code == 503 and never.json()["error"]["type"] == "scaled_to_zero", never.text
+    assert never.elapsed.total_seconds() < 5
+    held = httpx.post(url + "/v1/embeddings", json={**body, "model": "gw-wake"}, headers=headers, timeout=30)
+    assert held.status_code == 503, held.text
+    assert held.json()["error"]["type"] in ("waiting_for_operator", "budget_exceeded"), held.text
     unknown = httpx.post(
         url + "/v1/embeddings", json={"model": "nope", "input": ["x"]}, headers=headers, timeout=30
     )
     assert unknown.status_code == 404
-    lease = release.get("leases.coordination.k8s.io", demand_lease_name("gw-zero"), "-n", release.namespace)
+    lease = release.get("leases.coordination.k8s.io", demand_lease_name("gw-wake"), "-n", release.namespace)
     assert demand_from_lease(lease) is not None, "the gateway recorded the demand in the pool's Lease"
-    pool = release.get("modelpools", "gw-zero", "-n", release.namespace)
+    pool = release.get("modelpools", "gw-wake", "-n", release.namespace)
     assert lease["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
 
 
-def test_uninstall_keeps_the_crds(release: Release) -> None:
-    # As docs/install.md says: pools first, while the operator is there to finalize them.
-    release.k("delete", "modelpools", "--all", "-n", release.namespace, "--timeout=60s")
-    release.h("uninstall", release.name, "--namespace", release.namespace, "--wait", "--timeout", "60s")
+def test_uninstall_leaves_no_finalizer_behind_and_keeps_the_crds(release: Release) -> None:
+    """Pools left in two namespaces at ``helm uninstall``: the pre-delete hook stops the operator and takes
+    its finalizer off them, so deleting their namespaces afterwards completes (it used to hang)."""
+    namespaces = (release.namespace, release.other_namespace)
+    for namespace in namespaces:
+        zero = pool_manifest("left-behind", namespace, replicas=0, minReplicas=0)
+        release.k("apply", "-f", "-", stdin=json.dumps(zero))
+
+    def finalized() -> bool:
+        pools = [release.get("modelpools", "left-behind", "-n", ns) for ns in namespaces]
+        return all(p["metadata"].get("finalizers") for p in pools)
+
+    eventually(finalized, timeout=60, what="the operator's finalizer on both pools")
+    release.h("uninstall", release.name, "--namespace", release.namespace, "--wait", "--timeout", "180s")
     assert release.k("get", "crd", "modelpools.modelpool.dev").returncode == 0
     left = release.k("get", "deployments", "-n", release.namespace, "-o", "name").stdout.strip()
     assert not left, f"the operator Deployment outlived uninstall: {left}"
+    for namespace in namespaces:  # the pools are kept (like the CRDs), without the operator's finalizer
+        assert not release.get("modelpools", "left-behind", "-n", namespace)["metadata"].get("finalizers")
+    hooks = release.k("get", "jobs,serviceaccounts,roles", "-n", release.namespace, "-o", "name").stdout
+    assert "cleanup" not in hooks, f"the hook's objects outlived it: {hooks}"
+
+    for namespace in namespaces:
+        release.k("delete", "namespace", namespace, "--wait=false")
+
+    def gone() -> bool:
+        found = release.k("get", "namespaces", *namespaces, "-o", "name", "--ignore-not-found").stdout
+        return not found.strip()
+
+    eventually(gone, timeout=60, what="both namespaces deleted (nothing left waiting for the operator)")

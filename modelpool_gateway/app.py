@@ -5,9 +5,13 @@
 as raw ASGI, which keeps the added latency small; every other route goes to the Starlette app of
 ``routes``.  Before any of it, ``access`` checks the request's API key (401 without a valid one) and
 every model name is resolved among the pools the key grants only (``modelpool_gateway.access``).
-Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes`` per body,
-``max_held_per_pool`` held per pool for at most its activation timeout, each worker tried at most once per
-request, and one retry after a draining (503) or unreachable worker.
+Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes`` per body, read within
+``request_body_timeout_seconds`` (408 after), ``max_held_per_pool`` held per pool for at most its
+activation timeout (none for a pool that can never get a worker: 503 at once), each worker tried at most
+once per request, and one retry after a draining (503) or unreachable worker.  A worker's answer that
+breaks off after its headers went to the client is counted (``relay_errors_total``), logged on one line,
+and ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by closing the
+connection (the server cannot end it short of its length), never an exception out of the app.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamB
 from modelpool_gateway.config import GatewaySettings
 from modelpool_gateway.demand import DemandRecorder
 from modelpool_gateway.errors import Send, send_error
-from modelpool_gateway.hold import Baton, Holds, hold_budget, hold_reason
+from modelpool_gateway.hold import Baton, Holds, hold_budget, hold_reason, hopeless
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.names import Resolution, Resolved, Unresolved, split_v2_path
 from modelpool_gateway.picker import Candidate, pick
@@ -56,6 +60,10 @@ class RequestError(Exception):
     def __init__(self, status: int, kind: str, message: str) -> None:
         super().__init__(message)
         self.status, self.kind = status, kind
+
+
+class BodyTimeoutError(RequestError):
+    """The body did not arrive in time: the rest of it may still come, so the connection is closed."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +173,8 @@ class Gateway:
             try:
                 call = await (self._openai_call if openai else self._v2_call)(scope, receive)
             except RequestError as exc:
-                code = await send_error(send, openai, exc.status, exc.kind, str(exc))
+                close = [(b"connection", b"close")] if isinstance(exc, BodyTimeoutError) else None
+                code = await send_error(send, openai, exc.status, exc.kind, str(exc), headers=close)
             else:
                 label = call.label
                 code = await self._route(call, send, receive, scope["method"] == "POST")
@@ -181,6 +190,18 @@ class Gateway:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 self.metrics.of(self.metrics.refused, "", "too_large").inc()
                 raise RequestError(413, "too_large", f"the request body exceeds {limit} bytes")
+        # One deadline for the whole body: a client sending a byte at a time holds an in-flight slot too.
+        seconds = self.settings.request_body_timeout_seconds
+        try:
+            async with asyncio.timeout(seconds):
+                return await self._read_body(receive, limit)
+        except TimeoutError:
+            self.metrics.of(self.metrics.refused, "", "body_timeout").inc()
+            raise BodyTimeoutError(
+                408, "timeout", f"the request body did not arrive within {seconds:g} s"
+            ) from None
+
+    async def _read_body(self, receive: Receive, limit: int) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -248,7 +269,8 @@ class Gateway:
                 pool = self.registry.pool(call.key)
                 if pool is None:
                     return await send_error(send, call.openai, 404, "model_not_found", "the pool was deleted")
-                if not may_hold and not self.registry.has_routable(call.key):
+                routable = self.registry.has_routable(call.key)
+                if not may_hold and not routable:
                     reason = hold_reason(pool, datetime.now(UTC))
                     return await send_error(
                         send,
@@ -258,6 +280,9 @@ class Gateway:
                         reason.message,
                         retry_after=self.settings.hold_retry_after_seconds,
                     )
+                if may_hold and not routable and (never := hopeless(pool, datetime.now(UTC))) is not None:
+                    self.metrics.of(self.metrics.refused, call.label, never.kind).inc()
+                    return await send_error(send, call.openai, 503, never.kind, never.message)
                 if may_hold:
                     if deadline is None:
                         budget = hold_budget(pool.activation_timeout_s, call.client_timeout_s)
@@ -427,8 +452,21 @@ class Gateway:
             self.metrics.of(self.metrics.upstream_attempts, call.label, "draining_503").inc()
             return await self._kept(resp, call)
         self.metrics.of(self.metrics.upstream_attempts, call.label, "ok").inc()
-        await relay(resp, worker, send, gone)
+        try:
+            await relay(resp, worker, send, gone)
+        except (UpstreamBroken, UpstreamTimeout) as exc:
+            await self._broke_off(call, worker, resp, send, exc)
         return resp.status
+
+    async def _broke_off(
+        self, call: Call, worker: Worker, resp: Response, send: Send, exc: Exception
+    ) -> None:
+        """The worker's answer broke off after its headers went out: count, log, end (module docstring)."""
+        reason = "timeout" if isinstance(exc, UpstreamTimeout) else "broken"
+        self.metrics.of(self.metrics.relay_errors, call.label, reason).inc()
+        log.warning("pool %s: the answer of worker %s broke off: %s", call.label, worker.name, exc)
+        if resp.content_length is None:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _kept(self, resp: Response, call: Call) -> _Failure:
         """A worker's 503, kept to pass on if no other worker can be tried."""

@@ -65,6 +65,13 @@ class GatewaySettings(BaseSettings):
     max_request_bytes: int = Field(
         default=16 * MIB, ge=1024, description="Larger request bodies are refused with 413"
     )
+    request_body_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="A request's whole body must arrive within this (it holds an in-flight slot while it "
+        "is read); a slower one gets 408",
+    )
     connect_timeout_seconds: float = Field(
         default=2.0, gt=0, le=300, description="TCP connect timeout to a worker"
     )
@@ -92,6 +99,13 @@ class GatewaySettings(BaseSettings):
     )
     watch_backoff_max_seconds: float = Field(
         default=30.0, gt=0, le=600, description="Longest wait before a failed watch or list is retried"
+    )
+    watch_stale_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="A watch that has failed and not listed or watched successfully again for this long "
+        "makes /readyz answer 503 naming it (routing goes on from the state it last saw)",
     )
     shutdown_grace_seconds: float = Field(
         default=25.0, ge=0, le=3600, description="On SIGTERM, requests in flight get this long to finish"

@@ -8,7 +8,9 @@ the previous one has been written to its worker (or after ``RELEASE_HEAD_START_S
 workers in the order they arrived without a slow model serialising them; requests that arrive meanwhile
 queue behind them.  A request that times out is told why
 (``hold_reason``): the budget being full (without its figures, which describe other tenants' pools), a
-worker still loading, or the operator not having acted yet.
+worker still loading, or the operator not having acted yet.  A pool that can never get a worker (its
+replica ceiling is 0, or its spec is invalid: ``hopeless``) is not held at all: the request is answered
+503 at once with that reason.
 """
 
 from __future__ import annotations
@@ -103,6 +105,17 @@ def hold_reason(pool: Pool | None, now: datetime) -> HoldReason:
         "waiting_for_operator",
         f"pool {name} has no worker: waiting for the operator to start one for the demand {recorded}",
     )
+
+
+# Reasons that no wait can change: the operator starts no worker for the pool (its ceiling is 0, or its
+# spec is invalid), so a request is answered at once instead of held for the activation timeout.
+NEVER_SERVED = frozenset({"scaled_to_zero", "invalid_spec"})
+
+
+def hopeless(pool: Pool, now: datetime) -> HoldReason | None:
+    """Why holding a request for ``pool`` (no serving worker) cannot end with a worker; None: it can."""
+    reason = hold_reason(pool, now)
+    return reason if reason.kind in NEVER_SERVED else None
 
 
 # ---- wiring ----------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.proxy import Upstream
 from modelpool_gateway.routes import build_routes
 from modelpool_gateway.state import Key
-from modelpool_gateway.watch import WatchSpec, pod_watch, pool_watch, run_watch
+from modelpool_gateway.watch import WatchHealth, WatchSpec, pod_watch, pool_watch, run_watch
 
 log = logging.getLogger("modelpool.gateway")
 
@@ -135,6 +135,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     specs += [key_watch(store, client.CoreV1Api(api), ns) for ns in key_scopes if store is not None]
     access = Access(settings.auth, store, registry)
     upstream = Upstream(settings)
+    health = WatchHealth()
     app = Gateway(
         settings=settings,
         registry=registry,
@@ -143,12 +144,24 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
         upstream=upstream,
         metrics=metrics,
         access=access,
-        fallback=build_routes(registry, metrics, [s.name for s in specs], access),
+        fallback=build_routes(
+            registry,
+            metrics,
+            [s.name for s in specs],
+            access,
+            health=health,
+            stale_s=settings.watch_stale_seconds,
+        ),
     )
     tasks = [
         asyncio.create_task(
             run_watch(
-                spec, registry, metrics, settings.watch_timeout_seconds, settings.watch_backoff_max_seconds
+                spec,
+                registry,
+                metrics,
+                settings.watch_timeout_seconds,
+                settings.watch_backoff_max_seconds,
+                health=health,
             )
         )
         for spec in specs

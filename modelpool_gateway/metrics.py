@@ -68,8 +68,17 @@ class Metrics:
         self.refused = Counter(
             "modelpool_gateway_refused_total",
             "Requests the gateway refused itself, by reason (hold_full, gateway_full, too_large; "
+            "body_timeout: answered 408, the body did not arrive in time; scaled_to_zero, invalid_spec: "
+            "answered 503 at once for a pool that cannot get a worker; "
             "missing_key, invalid_key: answered 401; not_granted: answered 404 for a pool the key does "
             "not grant). Never by key: an auth refusal's pool label is empty.",
+            ["pool", "reason"],
+            registry=r,
+        )
+        self.relay_errors = Counter(
+            "modelpool_gateway_relay_errors_total",
+            "Answers that broke off after their headers were sent to the client, by reason (broken: the "
+            "worker's connection closed or sent garbage; timeout: the worker went silent).",
             ["pool", "reason"],
             registry=r,
         )

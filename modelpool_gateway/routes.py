@@ -4,12 +4,16 @@
 included: a request for one is held while a worker starts), each under the shortest name that resolves to
 it among them; ``GET /v1/models/{model}`` resolves among them too (``modelpool_gateway.access``).
 ``/healthz`` answers while the process runs; ``/readyz`` and ``/v2/health/ready`` once every watch (the
-key Secrets' included) has listed its objects (before that, every model would look unknown).
+key Secrets' included) has listed its objects (before that, every model would look unknown), and while no
+watch is stale (failing for longer than ``watch_stale_seconds``: the API server is unreachable, so what the
+gateway routes on may be out of date).  Unready takes the replica out of its Service; requests that still
+arrive are routed on the state it last saw.
 Unknown paths get a 404 in the protocol's own shape.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from typing import Any
 
@@ -28,6 +32,7 @@ from modelpool_gateway.errors import error_body
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.names import NameIndex, Resolved
 from modelpool_gateway.state import Pool
+from modelpool_gateway.watch import WatchHealth, stale_watches
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -52,11 +57,29 @@ def _model_entry(registry: Registry, index: NameIndex, pool: Pool) -> dict[str, 
     }
 
 
-def build_routes(registry: Registry, metrics: Metrics, watches: Collection[str], access: Access) -> Starlette:
-    """The Starlette app for every route ``Gateway`` does not proxy."""
+def readiness(
+    watches: Collection[str], synced: Collection[str], health: WatchHealth, now: float, stale_s: float
+) -> dict[str, Any]:
+    """The readiness document: ready once every watch has listed and while none is stale."""
+    waiting = sorted(set(watches) - set(synced))
+    stale = stale_watches(health.states, now, stale_s)
+    return {"ready": not waiting and not stale, "waitingFor": waiting, "stale": stale}
 
-    def ready() -> bool:
-        return all(name in registry.synced for name in watches)
+
+def build_routes(
+    registry: Registry,
+    metrics: Metrics,
+    watches: Collection[str],
+    access: Access,
+    *,
+    health: WatchHealth | None = None,
+    stale_s: float = 30.0,
+) -> Starlette:
+    """The Starlette app for every route ``Gateway`` does not proxy."""
+    health = health if health is not None else WatchHealth()
+
+    def ready() -> dict[str, Any]:
+        return readiness(watches, registry.synced, health, time.monotonic(), stale_s)
 
     async def list_models(request: Request) -> Response:
         grant = grant_of(request.scope)
@@ -82,11 +105,12 @@ def build_routes(registry: Registry, metrics: Metrics, watches: Collection[str],
         return _json({"live": True})
 
     async def readyz(request: Request) -> Response:
-        waiting = sorted(set(watches) - registry.synced)
-        return _json({"ready": not waiting, "waitingFor": waiting}, 200 if not waiting else 503)
+        doc = ready()
+        return _json(doc, 200 if doc["ready"] else 503)
 
     async def v2_ready(request: Request) -> Response:
-        return _json({"ready": ready()}, 200 if ready() else 503)
+        ok = ready()["ready"]
+        return _json({"ready": ok}, 200 if ok else 503)
 
     async def server_metadata(request: Request) -> Response:
         return _json(

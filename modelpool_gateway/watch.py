@@ -3,7 +3,12 @@
 Each watch lists once (the registry's scope is replaced by the listing), then watches from the listing's
 resourceVersion with bookmarks, resuming from the last version it saw whenever the server ends a watch.
 A 410 Gone (the version is too old) relists at once; any other failure retries after a doubling delay
-capped at ``watch_backoff_max_seconds``.  There is no polling loop: between events nothing is requested.
+capped at ``watch_backoff_max_seconds``, with a fresh list (a successful list is the one unambiguous sign
+that the API server answers again; a resumed watch may stay silent for minutes).  There is no polling loop:
+between events nothing is requested.
+
+``WatchHealth`` records each watch's failures and successes; ``stale_watches`` (pure) names the watches
+that have been failing longer than ``watch_stale_seconds``, which makes the gateway unready (``routes``).
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -32,6 +38,47 @@ JSON = dict[str, Any]
 LIST_TIMEOUT_S = 30
 # The first retry after an error; doubled per consecutive failure up to the configured cap.
 BACKOFF_INITIAL_S = 0.5
+
+
+@dataclass
+class WatchState:
+    """One watch's health: whether it has ever listed, and since when it has been failing (None: it is
+    not), with the last error."""
+
+    listed: bool = False
+    failing_since: float | None = None
+    error: str = ""
+
+
+class WatchHealth:
+    """The health of every watch, by name; times are ``time.monotonic()``."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, WatchState] = {}
+
+    def ok(self, name: str, listed: bool = False) -> None:
+        """A list (``listed``), an event or a watch the server ended normally: the watch is healthy."""
+        state = self.states.setdefault(name, WatchState())
+        state.listed = state.listed or listed
+        state.failing_since, state.error = None, ""
+
+    def failed(self, name: str, error: str, now: float) -> None:
+        """A failure; the watch stays failing (since the first one) until ``ok``."""
+        state = self.states.setdefault(name, WatchState())
+        if state.failing_since is None:
+            state.failing_since = now
+        state.error = error
+
+
+def stale_watches(states: Mapping[str, WatchState], now: float, bound_s: float) -> list[str]:
+    """Why each stale watch is stale: failing, with no successful list or watch, for longer than
+    ``bound_s``; e.g. ``pods@team-a: no successful list or watch for 41 s: API 503: ...``."""
+    stale = []
+    for name in sorted(states):
+        since = states[name].failing_since
+        if since is not None and now - since > bound_s:
+            stale.append(f"{name}: no successful list or watch for {now - since:.0f} s: {states[name].error}")
+    return stale
 
 
 @dataclass(frozen=True)
@@ -124,7 +171,7 @@ async def _list(spec: WatchSpec) -> tuple[list[JSON], str]:
     return list(doc.get("items") or []), str(doc["metadata"]["resourceVersion"])
 
 
-async def _stream(spec: WatchSpec, version: str, timeout_s: int) -> str:
+async def _stream(spec: WatchSpec, version: str, timeout_s: int, health: WatchHealth) -> str:
     """Apply events from ``version`` until the server ends the watch; return the last version seen."""
     kwargs: dict[str, Any] = {
         "resource_version": version,
@@ -139,15 +186,24 @@ async def _stream(spec: WatchSpec, version: str, timeout_s: int) -> str:
         async for event in events:
             obj = event["raw_object"]
             version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            health.ok(spec.name)
             if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
                 spec.on_event(event["type"], obj)
+    health.ok(spec.name)
     return version
 
 
 async def run_watch(
-    spec: WatchSpec, registry: Registry, metrics: Metrics, timeout_s: int, cap: float
+    spec: WatchSpec,
+    registry: Registry,
+    metrics: Metrics,
+    timeout_s: int,
+    cap: float,
+    *,
+    health: WatchHealth | None = None,
 ) -> None:
     """List, then watch, forever (until cancelled)."""
+    health = health if health is not None else WatchHealth()
     version: str | None = None
     failures = 0
     while True:
@@ -155,10 +211,11 @@ async def run_watch(
             if version is None:
                 items, version = await _list(spec)
                 spec.on_list(items)
-                if spec.name not in registry.synced:
+                if spec.name not in registry.synced or failures:
                     log.info("%s: listed %d", spec.name, len(items))
                 registry.synced.add(spec.name)
-            version = await _stream(spec, version, timeout_s)
+                health.ok(spec.name, listed=True)
+            version = await _stream(spec, version, timeout_s, health)
             failures = 0
             continue
         except asyncio.CancelledError:
@@ -172,6 +229,8 @@ async def run_watch(
         except Exception as exc:
             reason = f"{type(exc).__name__}: {str(exc)[:200]}"
         failures += 1
+        version = None  # relist: the sign that the API server answers again (module docstring)
+        health.failed(spec.name, reason, time.monotonic())
         metrics.watch_restarts.labels(spec.resource, "error").inc()
         delay = backoff_delay(failures, cap)
         log.warning("%s: %s; retrying in %.1fs", spec.name, reason, delay)

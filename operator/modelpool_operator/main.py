@@ -4,7 +4,8 @@ Loaded by the project's one settings loader (``modelpool_contract.settings``): e
 ``settings.OperatorConfig`` is a ``MODELPOOL_OPERATOR_*`` environment variable and a flag ``--x-y`` (a flag
 wins); scope, peering, liveness and metrics keep their own flag names (``-n/--namespace``,
 ``-A/--all-namespaces``, ``--peering``, ``--standalone``, ``--liveness``, ``--metrics``), and ``-v`` is
-verbosity. Invalid settings: one line on stderr and exit 2. Kopf handles SIGINT/SIGTERM: the
+verbosity. Invalid settings: one line on stderr and exit 2.  ``modelpool-operator cleanup ...`` is the
+chart's uninstall hook instead (``modelpool_operator.cleanup``). Kopf handles SIGINT/SIGTERM: the
 watches stop, the per-pool daemons are cancelled, and the process exits 0.
 """
 
@@ -93,6 +94,11 @@ def config_from_args(args: argparse.Namespace, base: OperatorConfig | None = Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["cleanup"]:  # the chart's pre-delete hook (modelpool_operator.cleanup)
+        from modelpool_operator.cleanup import main as cleanup
+
+        return cleanup(given[1:])
     config, args = settings_loader.load_or_exit(OperatorConfig, argv, COMMAND_LINE)
 
     import kopf

@@ -340,3 +340,110 @@ async def test_a_key_revoked_stops_at_once_and_auth_none_lets_everyone_in(gw: Ha
     assert b"authorization: bearer the-pools-own-worker-key" in seen[0].lower()
     await open_gateway.demand.close()
     open_gateway.upstream.close()
+
+
+async def test_a_body_slower_than_its_deadline_gets_408_and_frees_its_slot() -> None:
+    slow = Harness(request_body_timeout_seconds=0.5)
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/embeddings",
+        "query_string": b"",
+        "headers": [(b"authorization", f"Bearer {KEY}".encode()), (b"content-length", b"100")],
+    }
+    parts = [{"type": "http.request", "body": b'{"model": "pool", ', "more_body": True}]
+    never = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if parts:
+            return parts.pop()
+        await never.wait()  # the rest of the body never comes
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    started = asyncio.get_running_loop().time()
+    await asyncio.wait_for(slow.app(scope, receive, send), 5)
+    assert asyncio.get_running_loop().time() - started < 2
+    assert sent[0]["status"] == 408
+    assert (b"connection", b"close") in sent[0]["headers"]
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["type"] == "timeout" and "did not arrive within 0.5 s" in error["message"]
+    assert slow.refused("body_timeout") == 1
+    assert slow.app.in_flight == 0
+    await slow.demand.close()
+    slow.upstream.close()
+
+
+async def _call(app: Gateway, body: bytes) -> list[dict[str, Any]]:
+    """The messages ``app`` sends for a POST /v1/embeddings of ``body`` (an exception would escape)."""
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/embeddings",
+        "query_string": b"",
+        "headers": [(b"authorization", f"Bearer {KEY}".encode())],
+    }
+    parts = [{"type": "http.request", "body": body, "more_body": False}]
+    never = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if parts:
+            return parts.pop()
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await asyncio.wait_for(app(scope, receive, send), 10)
+    return sent
+
+
+def _breaking(head: bytes) -> Any:
+    """A worker that sends ``head`` (status, headers and the start of a body), then closes."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(head)
+        await writer.drain()
+        writer.close()
+
+    return handle
+
+
+async def test_an_answer_that_breaks_off_after_its_headers_is_counted_and_ended(gw: Harness) -> None:
+    chunked = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    sized = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+    async with AsyncExitStack() as stack:
+        streamed = await stack.enter_async_context(raw_server(_breaking(chunked + b"5\r\nhello\r\n")))
+        gw.worker("w0", streamed)
+        # No exception out of the app (the ASGI transport would raise it here): the stream is ended.
+        response = await gw.embed()
+        assert response.status_code == 200 and response.content == b"hello"
+        gw.registry.delete_worker((NS, "w0"))
+        fixed = await stack.enter_async_context(raw_server(_breaking(sized + b'{"data"')))
+        gw.worker("w1", fixed)
+        # Cut short of its Content-Length: the app returns without ending it (an ASGI server then closes
+        # the connection: the client sees a truncated answer, not a complete one).
+        sent = await _call(gw.app, b'{"model": "pool", "input": ["x"]}')
+        assert sent[0]["status"] == 200
+        assert [m.get("body") for m in sent[1:]] == [b'{"data"']
+        assert sent[-1]["more_body"]
+    assert gw.metrics.relay_errors.labels(f"{NS}/pool", "broken")._value.get() == 2
+    assert gw.metrics.requests.labels(f"{NS}/pool", "200")._value.get() == 2
+
+
+async def test_a_pool_that_can_never_wake_is_answered_503_at_once(gw: Harness) -> None:
+    gw.registry.set_pool(Pool(NS, "zero", activation_timeout_s=60, wakes_on_demand=False))
+    response = await asyncio.wait_for(gw.embed("zero"), 5)  # not held for the 60 s
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["type"] == "scaled_to_zero" and "scale it up" in error["message"]
+    assert not gw.entered.is_set()
+    assert gw.metrics.refused.labels(f"{NS}/zero", "scaled_to_zero")._value.get() == 1

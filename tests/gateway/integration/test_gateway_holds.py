@@ -4,7 +4,9 @@ the demand is recorded in the pool's demand Lease (never on the pool), about onc
 gateways hold requests.
 
 Waking a pool from zero is the operator's side of the demand contract and is not tested here: the pools
-below either cannot start (replicas 0, a budget too small) or are loading behind a gate the test opens.
+below either cannot start (a budget too small; or they wake on demand but live in the "quiet" namespace,
+which the gateways watch and no operator does) or are loading behind a gate the test opens.  A pool that
+can never get a worker (replicas 0, autoscaling off) is not held at all: 503 at once.
 """
 
 from __future__ import annotations
@@ -47,32 +49,44 @@ LEASES = "leases.coordination.k8s.io"
 class Setup:
     cluster: Cluster
     namespace: str
+    # Watched by the gateways, not by the operator: a pool here is held until its timeout.
+    quiet: str
     gateway: GatewayProcess
     logs: Path
     extra: list[GatewayProcess] = field(default_factory=list)
 
-    def label(self, pool: str) -> str:
-        return f"{self.namespace}/{pool}"
+    def held(self, pool: str, gateway: GatewayProcess | None = None, namespace: str | None = None) -> float:
+        return (gateway or self.gateway).metric(HELD, pool=f"{namespace or self.namespace}/{pool}")
 
-    def held(self, pool: str, gateway: GatewayProcess | None = None) -> float:
-        return (gateway or self.gateway).metric(HELD, pool=self.label(pool))
+
+def waking_pool(name: str, activation_timeout_seconds: int) -> dict[str, Any]:
+    """A pool at zero that wakes on demand (autoscaling on): held while no worker comes."""
+    return echo_pool(
+        name,
+        replicas=0,
+        autoscaling={},
+        max_replicas=1,
+        activation_timeout_seconds=activation_timeout_seconds,
+    )
 
 
 @pytest.fixture(scope="module")
 def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     namespace = f"gwh-{uuid.uuid4().hex[:8]}"
+    quiet = f"{namespace}-quiet"
     crds.kubectl("create", "namespace", namespace)
+    crds.kubectl("create", "namespace", quiet)
     logs = tmp_path_factory.mktemp("gateway-holds")
     operator = OperatorProcess(
         crds, [namespace], logs / "operator.log", MODELPOOL_OPERATOR_SERVER_PORT=str(free_port())
     )
     flags = ("--max-held-per-pool", "3", "--hold-retry-after-seconds", "7", "--demand-interval-seconds", "1")
     try:
-        gateway = GatewayProcess(crds, [namespace], logs / "gateway.log", *flags)
+        gateway = GatewayProcess(crds, [namespace, quiet], logs / "gateway.log", *flags)
     except BaseException:
         operator.stop()  # the gateway could not start: the operator must not outlive the session
         raise
-    setup = Setup(crds, namespace, gateway, logs)
+    setup = Setup(crds, namespace, quiet, gateway, logs)
     try:
         wait_for(lambda: crds.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
                  timeout=30, message="default ServiceAccount")  # fmt: skip
@@ -81,7 +95,8 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     finally:
         crds.kubectl("delete", POOLS, "--all", "-n", namespace, "--timeout=60s", check=False)
         codes = [g.stop() for g in (gateway, *setup.extra)] + [operator.stop()]
-        crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        for each in (namespace, quiet):
+            crds.kubectl("delete", "namespace", each, "--wait=false", check=False)
         assert codes == [0] * len(codes), f"exit codes: {codes}\n{gateway.log_tail()}\n{operator.log_tail()}"
 
 
@@ -119,12 +134,12 @@ class Background:
 
 
 def test_a_full_hold_is_refused_at_once_with_429_and_retry_after(setup: Setup) -> None:
-    apply(setup.cluster, echo_pool("zero", replicas=0, activation_timeout_seconds=30), setup.namespace)
+    apply(setup.cluster, waking_pool("zero", activation_timeout_seconds=30), setup.quiet)
     wait_for(lambda: "zero" in setup.gateway.models(), timeout=30, message="the gateway knows pool zero")
     held = Background()
     for i in range(3):  # the gateway holds at most 3 per pool; each client gives up after 6 s
         held.send(i, lambda: _post(setup.gateway, "zero", timeout_header=6))
-    wait_for(lambda: setup.held("zero") == 3, timeout=10, message="three requests held")
+    wait_for(lambda: setup.held("zero", namespace=setup.quiet) == 3, timeout=10, message="three held")
 
     started = time.monotonic()
     refused = _post(setup.gateway, "zero")
@@ -145,31 +160,50 @@ def test_a_full_hold_is_refused_at_once_with_429_and_retry_after(setup: Setup) -
     responses = held.join()
     assert [r.status_code for r in responses.values()] == [503] * 3
     assert all(5.5 <= r.elapsed.total_seconds() < 20 for r in responses.values())
-    assert setup.held("zero") == 0
+    assert setup.held("zero", namespace=setup.quiet) == 0
 
 
 def test_an_expired_hold_says_why_no_worker_comes_and_the_demand_is_recorded(
     setup: Setup,
 ) -> None:
-    apply(setup.cluster, echo_pool("idle", replicas=0, activation_timeout_seconds=2), setup.namespace)
+    apply(setup.cluster, waking_pool("idle", activation_timeout_seconds=2), setup.quiet)
     wait_for(lambda: "idle" in setup.gateway.models(), timeout=30, message="the gateway knows pool idle")
     before = time.time()
     response = _post(setup.gateway, "idle")
     assert response.status_code == 503, response.text
     assert 1.9 <= response.elapsed.total_seconds() < 10, "held for activationTimeoutSeconds (2 s)"
     error = response.json()["error"]
-    # replicas 0 with autoscaling off: the operator starts no worker for demand, and the answer says so.
-    assert error["type"] == "scaled_to_zero"
-    assert f"pool {setup.namespace}/idle has no worker and the operator starts none" in error["message"]
+    # No operator acts on the quiet namespace: the answer says the demand waits for it.
+    assert error["type"] == "waiting_for_operator"
+    assert f"pool {setup.quiet}/idle has no worker: waiting for the operator" in error["message"]
     assert "retry-after" in response.headers
 
-    lease = get_json(setup.cluster, LEASES, demand_lease_name("idle"), "-n", setup.namespace)
+    lease = get_json(setup.cluster, LEASES, demand_lease_name("idle"), "-n", setup.quiet)
     recorded = demand_from_lease(lease)
     assert recorded is not None, lease
     assert before - 1 <= recorded.timestamp() <= time.time() + 1
-    pool = get_pool(setup.cluster, setup.namespace, "idle")
+    pool = get_pool(setup.cluster, setup.quiet, "idle")
     assert [o["uid"] for o in lease["metadata"]["ownerReferences"]] == [pool["metadata"]["uid"]]
     assert "modelpool.dev/demanded-at" not in (pool["metadata"].get("annotations") or {})
+
+
+def test_a_pool_that_can_never_wake_is_answered_503_at_once(setup: Setup) -> None:
+    # replicas 0 with autoscaling off: the operator starts no worker for demand, so nothing is held.
+    apply(setup.cluster, echo_pool("never", replicas=0, activation_timeout_seconds=60), setup.namespace)
+    wait_for(lambda: "never" in setup.gateway.models(), timeout=30, message="the gateway knows pool never")
+    response = _post(setup.gateway, "never")
+    assert response.status_code == 503, response.text
+    assert response.elapsed.total_seconds() < 2, "not held for activationTimeoutSeconds (60 s)"
+    error = response.json()["error"]
+    assert error["type"] == "scaled_to_zero"
+    assert f"pool {setup.namespace}/never has no worker and the operator starts none" in error["message"]
+    assert "scale it up" in error["message"]
+    refused = setup.gateway.metric(
+        "modelpool_gateway_refused_total", pool=f"{setup.namespace}/never", reason="scaled_to_zero"
+    )
+    assert refused == 1
+    leases = get_json(setup.cluster, LEASES, "-n", setup.namespace)["items"]
+    assert demand_lease_name("never") not in [lease["metadata"]["name"] for lease in leases]
 
 
 @pytest.fixture
@@ -287,17 +321,17 @@ class LeaseWatch:
 def test_two_gateways_record_demand_about_once_per_interval_between_them(setup: Setup) -> None:
     second = GatewayProcess(
         setup.cluster,
-        [setup.namespace],
+        [setup.namespace, setup.quiet],
         setup.logs / "gateway-2.log",
         "--demand-interval-seconds", "1",
     )  # fmt: skip
     setup.extra.append(second)
     second.wait_ready()
-    apply(setup.cluster, echo_pool("wanted", replicas=0, activation_timeout_seconds=60), setup.namespace)
+    apply(setup.cluster, waking_pool("wanted", activation_timeout_seconds=60), setup.quiet)
     for gateway in (setup.gateway, second):
         wait_for(lambda g=gateway: "wanted" in g.models(), timeout=30, message="pool wanted known")
 
-    watcher = LeaseWatch(setup.cluster, setup.namespace, "wanted").start()
+    watcher = LeaseWatch(setup.cluster, setup.quiet, "wanted").start()
     window = 6.0
 
     async def hold_everywhere() -> None:
@@ -314,7 +348,7 @@ def test_two_gateways_record_demand_about_once_per_interval_between_them(setup: 
 
     try:
         asyncio.run(hold_everywhere())
-        lease = get_json(setup.cluster, LEASES, demand_lease_name("wanted"), "-n", setup.namespace)
+        lease = get_json(setup.cluster, LEASES, demand_lease_name("wanted"), "-n", setup.quiet)
         final = demand_from_lease(lease)
         wait_for(lambda: watcher.values[-1:] == [final], timeout=10, message="the watch saw the last write")
     finally:
@@ -336,11 +370,11 @@ def test_two_gateways_record_demand_about_once_per_interval_between_them(setup: 
     assert all((b - a).total_seconds() >= 0.9 for a, b in itertools.pairwise(starts)), watcher.values
     # Every write the gateways counted is one of the changes seen (renewTime has microseconds).
     writes = [
-        g.metric("modelpool_gateway_demand_writes_total", pool=setup.label("wanted"), result="ok")
+        g.metric("modelpool_gateway_demand_writes_total", pool=f"{setup.quiet}/wanted", result="ok")
         for g in (setup.gateway, second)
     ]
     assert sum(writes) == len(changes), (writes, watcher.values)
     assert not any(
-        g.metric("modelpool_gateway_demand_writes_total", pool=setup.label("wanted"), result="error")
+        g.metric("modelpool_gateway_demand_writes_total", pool=f"{setup.quiet}/wanted", result="error")
         for g in (setup.gateway, second)
     )

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from modelpool_gateway.hold import RELEASE_HEAD_START_S, Baton, Holds, hold_budget, hold_reason
+from modelpool_gateway.hold import RELEASE_HEAD_START_S, Baton, Holds, hold_budget, hold_reason, hopeless
 from modelpool_gateway.state import Key, Pool, WorkerState
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -156,3 +156,12 @@ async def test_a_waiter_that_left_is_never_released(count: int) -> None:
     assert first.future.cancelled()
     if count > 1:
         assert waiters[1] is not None and waiters[1].future.done()
+
+
+def test_only_a_pool_the_operator_never_starts_a_worker_for_is_hopeless() -> None:
+    assert hopeless(Pool("ns", "pool", wakes_on_demand=False), NOW) is not None
+    assert hopeless(Pool("ns", "pool", invalid="spec.x: bad", wakes_on_demand=False), NOW) is not None
+    assert hopeless(Pool("ns", "pool"), NOW) is None  # waits for the operator to start one
+    # Replicas 0 with a worker still loading (scaled down a moment ago, say): it may yet serve.
+    loading = WorkerState("pool-0", "Loading", since=NOW)
+    assert hopeless(Pool("ns", "pool", wakes_on_demand=False, workers=(loading,)), NOW) is None
