@@ -6,8 +6,8 @@ mounted". ``violations(spec, policy)`` names each field of a spec that goes beyo
 configured allowlists (``OperatorConfig.allowed_host_paths``, ``allowed_images``,
 ``allowed_service_accounts``); the pool is then refused (``reconcile``). The chart's
 ValidatingAdmissionPolicy (``templates/admissionpolicy.yaml``) applies the same rules, with the same
-messages, at ``kubectl apply``; ``tests/operator/integration/test_admission_policy.py`` checks them against each
-other on the real API server.
+messages, at ``kubectl apply``; ``tests/operator/integration/test_admission_policy.py`` checks them
+against each other on the real API server.
 
 The rules:
 
