@@ -108,8 +108,10 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Any]:
 
     def make(values: dict[str, Any]) -> AuditedRelease:
         name = f"audit-{secrets.token_hex(3)}"
-        # The operator's identity only: the gateway has a ServiceAccount and rules of its own.
-        docs = render_chart(crds, name, {**values, "gateway": {"enabled": False}}, tmp_path)
+        # The operator's identity only: the gateway and the uninstall hook have ServiceAccounts and rules
+        # of their own.
+        only_operator = {"gateway": {"enabled": False}, "uninstallCleanup": {"enabled": False}}
+        docs = render_chart(crds, name, {**values, **only_operator}, tmp_path)
         crd_docs = [d for d in docs if d["kind"] == "CustomResourceDefinition" and "kopf.dev" in str(d)]
         for crd in crd_docs:  # Kopf's peering CRDs (the other tests may have installed them already)
             crds.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd))
