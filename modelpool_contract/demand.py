@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from modelpool_contract.labels import LABEL_POOL, PREFIX
+from modelpool_contract.times import parse_time
 
 LEASE_GROUP: Final = "coordination.k8s.io"
 LEASE_VERSION: Final = "v1"
@@ -73,17 +74,6 @@ def demand_lease_labels(pool: str) -> dict[str, str]:
 def micro_time(moment: datetime) -> str:
     """A Kubernetes MicroTime: RFC 3339 in UTC with exactly six fractional digits."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_micro_time(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp (MicroTime or Time) as an aware UTC datetime; None when absent or unreadable."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def demand_pool(lease: Mapping[str, Any]) -> str | None:
@@ -135,7 +125,7 @@ def demand_from_lease(lease: Mapping[str, Any]) -> datetime | None:
     """When the demand a Lease records was last renewed (None: not a demand Lease, or no time)."""
     if demand_pool(lease) is None:
         return None
-    return parse_micro_time((lease.get("spec") or {}).get("renewTime"))
+    return parse_time((lease.get("spec") or {}).get("renewTime"))
 
 
 def demand_lease(

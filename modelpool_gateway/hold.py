@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from modelpool_contract.states import SERVING_STATES, STARTING_STATES
-from modelpool_gateway.state import Key, Pool, WorkerState, rfc3339
+from modelpool_contract.times import rfc3339
+from modelpool_gateway.state import Key, Pool, WorkerState
 
 # A released request lets the next one go as soon as it has been written to its worker; this bounds the
 # wait when that takes longer (a slow connect), so a full hold of 100 starts within 5 s at worst.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,6 +26,7 @@ from modelpool_contract.api import (
 )
 from modelpool_contract.flags import WORKER_PORT
 from modelpool_contract.labels import HTTP_PORT_NAME, LABEL_POOL, LABEL_SERVING, SERVER_CONTAINER
+from modelpool_contract.times import parse_time
 
 # Pool status conditions the gateway explains a held request with (``api.ConditionType``).
 CONDITION_BUDGET_EXCEEDED = "BudgetExceeded"
@@ -33,22 +34,6 @@ CONDITION_DEGRADED = "Degraded"
 
 # (namespace, name) of a pool or a pod.
 Key = tuple[str, str]
-
-
-def parse_time(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp (as the API server and the operator write them), or None."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def rfc3339(moment: datetime) -> str:
-    """UTC, second precision, ``Z`` suffix: the form Kubernetes uses."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus, parse_pool_spec, parse_pool_status
 from modelpool_contract.demand import Demand
-from modelpool_operator.times import parse_time
+from modelpool_contract.times import parse_time
 from modelpool_operator.worker_state import ObservedWorker
 
 PoolKey = tuple[str, str]  # (namespace, pool name)

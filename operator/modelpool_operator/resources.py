@@ -45,8 +45,8 @@ from modelpool_contract.mounts import (
     parse_pvc_source,
 )
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
+from modelpool_contract.times import rfc3339
 from modelpool_operator.pool import PoolView
-from modelpool_operator.times import rfc3339
 
 MANAGED_BY = "modelpool-operator"
 # Where a pool's API key (spec.auth.apiKeySecret) is mounted, and the file the server reads it from.

@@ -48,8 +48,8 @@ from modelpool_contract.states import (
     WorkerState,
 )
 from modelpool_contract.stats import WorkerStats
+from modelpool_contract.times import parse_time, rfc3339
 from modelpool_operator.settings import DEFAULT_UNSCHEDULABLE_TIMEOUT_S
-from modelpool_operator.times import parse_time, rfc3339
 
 # Waiting reasons that mean the container will not start without someone changing something.
 _FAILED_WAITING = {

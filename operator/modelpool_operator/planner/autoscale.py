@@ -55,9 +55,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from modelpool_contract.api import AutoscalingSpec, ModelPoolSpec, autoscaling_enabled, replica_ceiling
+from modelpool_contract.times import parse_time, rfc3339, rfc3339_ms
 from modelpool_operator.events import Event
 from modelpool_operator.planner.draft import CounterSample, Draft, LoadSample
-from modelpool_operator.times import parse_time, rfc3339, rfc3339_ms
 from modelpool_operator.worker_state import ObservedWorker
 
 #: A burst: the short window asks for more than this many times the current count (Knative's default).

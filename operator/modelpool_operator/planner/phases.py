@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from modelpool_contract.api import autoscaling_enabled
 from modelpool_contract.quantity import humanize_bytes
 from modelpool_contract.states import STARTING_STATES
+from modelpool_contract.times import parse_time
 from modelpool_operator.budget import Ledger, admits
 from modelpool_operator.events import Event
 from modelpool_operator.planner.draft import (
@@ -26,7 +27,6 @@ from modelpool_operator.planner.draft import (
     Evict,
 )
 from modelpool_operator.pool import OtherPool
-from modelpool_operator.times import parse_time
 from modelpool_operator.worker_state import ObservedWorker
 
 

@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 import openai
 import pytest
 
-from modelpool_contract.demand import demand_from_lease, demand_lease_name, parse_micro_time
-from modelpool_operator.times import parse_time
+from modelpool_contract.demand import demand_from_lease, demand_lease_name
+from modelpool_contract.times import parse_time
 from tests.clusterlib import Cluster
 from tests.gateway.integration.conftest import StartGateway
 from tests.gateway.integration.gwharness import echo_pool
@@ -75,7 +75,7 @@ def test_a_pool_at_zero_answers_its_first_request_through_the_gateway_and_return
     # was written on the pool for it (same spec generation, no annotation).
     lease = get_json(crds, "leases.coordination.k8s.io", demand_lease_name("wake"), "-n", namespace)
     assert lease["spec"]["holderIdentity"].endswith(f"_{gateway.proc.pid}")
-    first, last = parse_micro_time(lease["spec"]["acquireTime"]), demand_from_lease(lease)
+    first, last = parse_time(lease["spec"]["acquireTime"]), demand_from_lease(lease)
     woken_for = parse_time(woke[0].split("demand recorded at ", 1)[1].split(" ", 1)[0])
     assert first is not None and last is not None and woken_for is not None, (lease, woke)
     assert first - timedelta(milliseconds=1) <= woken_for <= last, (lease, woke)

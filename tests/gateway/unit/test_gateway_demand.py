@@ -22,10 +22,10 @@ from modelpool_contract.demand import (
     demand_lease,
     demand_lease_name,
     micro_time,
-    parse_micro_time,
     read_demand,
     renew,
 )
+from modelpool_contract.times import parse_time
 from modelpool_gateway.demand import JITTER, Answer, DemandRecorder, LeaseClient, next_write_at
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.state import Key, Pool
@@ -50,7 +50,7 @@ def test_the_lease_records_the_demand_with_microseconds() -> None:
     moment = T0 + timedelta(seconds=1.234567)
     lease = _lease(moment)
     assert lease["spec"]["renewTime"] == micro_time(moment) == "2026-01-01T00:00:01.234567Z"
-    assert demand_from_lease(lease) == moment and parse_micro_time("soon") is None
+    assert demand_from_lease(lease) == moment and parse_time("soon") is None
     assert lease["metadata"]["name"] == demand_lease_name("p") == "p-demand"
 
 

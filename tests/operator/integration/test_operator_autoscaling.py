@@ -22,7 +22,7 @@ import pytest
 
 from modelpool_contract.api import API_VERSION, MODELPOOL_KIND
 from modelpool_contract.demand import demand_lease
-from modelpool_operator.times import parse_time, rfc3339_ms
+from modelpool_contract.times import parse_time, rfc3339_ms
 from tests.clusterlib import ROOT, Cluster
 from tests.kube import free_port
 from tests.operator.integration.opharness import (

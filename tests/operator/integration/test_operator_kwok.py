@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from modelpool_operator.times import parse_time
+from modelpool_contract.times import parse_time
 from tests.clusterlib import Cluster
 from tests.kube import apply, get_json, wait_for
 from tests.operator.integration.opharness import (

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from modelpool_contract import labels as contract
-from modelpool_operator.times import rfc3339
+from modelpool_contract.times import rfc3339
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 GI = 2**30

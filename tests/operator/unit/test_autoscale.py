@@ -18,6 +18,7 @@ from op_pods import GI, at
 from modelpool_contract.api import AutoscalingStatus, ModelPoolSpec, ModelPoolStatus, autoscaling_enabled
 from modelpool_contract.demand import Demand
 from modelpool_contract.states import WorkerState
+from modelpool_contract.times import rfc3339, rfc3339_ms
 from modelpool_operator.budget import ReservationBook, build_ledger
 from modelpool_operator.planner import (
     EVICT_SCALE_DOWN,
@@ -31,7 +32,6 @@ from modelpool_operator.planner import (
 )
 from modelpool_operator.planner.autoscale import average, count_refusals, decide, observe_load, record
 from modelpool_operator.pool import OtherPool, PoolView
-from modelpool_operator.times import rfc3339, rfc3339_ms
 from modelpool_operator.worker_state import ObservedWorker
 
 NOW = at(1000)

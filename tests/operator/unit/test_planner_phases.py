@@ -12,6 +12,7 @@ from op_pods import GI, at
 
 from modelpool_contract.api import BackoffStatus, Condition, ModelPoolSpec, ModelPoolStatus, WorkerStatus
 from modelpool_contract.demand import Demand
+from modelpool_contract.times import rfc3339
 from modelpool_operator.budget import Ledger, ReservationBook
 from modelpool_operator.planner import (
     EVICT_IDLE,
@@ -33,7 +34,6 @@ from modelpool_operator.planner import (
     tell_transitions,
 )
 from modelpool_operator.pool import OtherPool
-from modelpool_operator.times import rfc3339
 from modelpool_operator.worker_state import ObservedWorker
 
 NOW = at(1000)
