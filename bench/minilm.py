@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import WORDS
+from testkit.corpus import WORDS
 
 MINILM_CONFIG: dict[str, Any] = {
     "architectures": ["BertModel"],

@@ -9,7 +9,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from bench.loadgen import percentile
+from testkit.load import percentile
 
 
 class HealthProbe:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import corpus
+from testkit.corpus import corpus
 
 # Direct-path batch sizes of the standalone table: 1/32/128/512, plus 8 and 64 (the server rows' ratios
 # use a direct measurement at exactly the batch they formed, see paired_reference).

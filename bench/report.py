@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.environment import REPO
 from bench.references import DIRECT_BATCHES
+from testkit.environment import ROOT
 
-README = REPO / "README.md"
+README = ROOT / "README.md"
 
 
 def server_markers(device: str) -> tuple[str, str]:

@@ -40,15 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.corpus import corpus
-from bench.environment import REPO
-from bench.loadgen import INFER_PATH, collect_clients, percentile, run_clients, start_clients, v2_body
 from bench.minilm import packaged_minilm, random_weights_model
 from bench.probes import HealthProbe
 from bench.references import Encode, bench_direct, direct_encoder, load_sentence_transformer, paired_reference
 from bench.rss import RssSampler, rss_levels
 from bench.server_process import ECHO_HANDLER, ServerProcess
 from model_server.config import available_cpus, default_http_workers
+from testkit.corpus import corpus
+from testkit.environment import ROOT
+from testkit.load import INFER_PATH, collect_clients, percentile, run_clients, start_clients, v2_body
 
 # Untimed pause after each call of the added-latency measurement (see bench_added_latency).
 PAUSE_AFTER_CALL_S = 0.01
@@ -367,7 +367,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--flood-only", action="store_true", help="only (d), the flood, printed (the README is not touched)"
     )
-    parser.add_argument("--out", type=Path, default=REPO / ".bench" / "server.json")
+    parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "server.json")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument("--server-batch", type=int, default=None, help="server --max-batch-size")

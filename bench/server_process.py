@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import tempfile
@@ -13,18 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from bench.environment import REPO, child_env
+from testkit import prom
+from testkit.environment import ROOT, child_env, free_port
 
 # The server's cheapest model: a real Task that echoes lengths (tests/server/handlers.py).
 ECHO_HANDLER = "tests.server.handlers:EchoEmbedding"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServerProcess:
@@ -61,7 +54,7 @@ class ServerProcess:
             cmd,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            cwd=REPO,
+            cwd=ROOT,
             env={**child_env(), **(env or {})},
             preexec_fn=preexec,  # noqa: PLW1509 - it only joins a cgroup (one write)
         )
@@ -102,11 +95,7 @@ class ServerProcess:
     def mean_batch(self) -> tuple[float, float]:
         """(sum, count) of the batch-size histogram ``modelpool_batch_size``."""
         text = self.client.get(self.probe_url + "/metrics").text  # as Prometheus scrapes a pod
-        for family in text_string_to_metric_families(text):
-            if family.name == "modelpool_batch_size":
-                values = {sample.name: sample.value for sample in family.samples}
-                return values["modelpool_batch_size_sum"], values["modelpool_batch_size_count"]
-        return 0.0, 0.0
+        return prom.value(text, "modelpool_batch_size_sum"), prom.value(text, "modelpool_batch_size_count")
 
     def stop(self) -> None:
         self.client.close()

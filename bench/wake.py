@@ -20,12 +20,9 @@ The request is the real ``openai`` client's ``embeddings.create`` with no retrie
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,8 @@ import openai
 
 from modelpool_contract.demand import demand_lease_name
 from modelpool_contract.labels import LABEL_POOL
+from modelpool_contract.times import parse_time
+from testkit.watch import ListWatch
 
 
 @dataclass
@@ -74,32 +73,43 @@ class Wake:
 
 
 class WakeWatch:
-    """Watches one pool's pods and its demand Lease from before the request: the first new demand (the
-    gateway renews it every few seconds while it holds requests, so the value read afterwards is not the
-    first), when the first pod appeared, when its worker first said it was ready (polling its
-    ``/v2/health/ready``) and when the pod first turned Ready."""
+    """Watches one pool's pods and its demand Lease from before the request (two ``testkit.watch``
+    watches): the first new demand (the gateway renews it every few seconds while it holds requests, so
+    the value read afterwards is not the first), when the first pod appeared, when its worker first said
+    it was ready (polling its ``/v2/health/ready``) and when the pod first turned Ready."""
 
     def __init__(self, kubeconfig: Path, namespace: str, pool: str) -> None:
-        self._kubeconfig, self._namespace, self._pool = kubeconfig, namespace, pool
+        self._namespace, self._pool = namespace, pool
         self.demanded: float | None = None
         self.created: float | None = None
         self.loaded: float | None = None
         self.ready: float | None = None
         self._polling = False
         self.pods_before = 0
-        self.error: BaseException | None = None
+        self._demand_before: set[float | None] = set()
         self._stop = threading.Event()
-        self._listed = [threading.Event(), threading.Event()]
-        self._threads = [
-            threading.Thread(target=self._guarded, args=(self._pods, self._listed[0]), daemon=True),
-            threading.Thread(target=self._guarded, args=(self._demand, self._listed[1]), daemon=True),
-        ]
+        self._watches = [
+            ListWatch(
+                kubeconfig, "CoreV1Api", "list_namespaced_pod", namespace,
+                label_selector=f"{LABEL_POOL}={pool}",
+                on_list=self._pods_listed, on_event=self._pod_event, name="wake-pods",
+            ),
+            ListWatch(
+                kubeconfig, "CoordinationV1Api", "list_namespaced_lease", namespace,
+                field_selector=f"metadata.name={demand_lease_name(pool)}",
+                on_list=self._leases_listed, on_event=self._lease_event, name="wake-demand",
+            ),
+        ]  # fmt: skip
+
+    @property
+    def error(self) -> BaseException | None:
+        return next((w.error for w in self._watches if w.error is not None), None)
 
     def start(self, timeout: float = 30) -> WakeWatch:
-        for thread in self._threads:
-            thread.start()
+        for w in self._watches:
+            w.start()
         deadline = time.monotonic() + timeout
-        if not all(e.wait(max(0.0, deadline - time.monotonic())) for e in self._listed):
+        if not all(w.listed.wait(max(0.0, deadline - time.monotonic())) for w in self._watches):
             where = f"{self._namespace}/{self._pool}"
             raise TimeoutError(f"the watches of {where} did not list within {timeout:.0f}s")
         if self.error is not None:
@@ -108,55 +118,29 @@ class WakeWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        for thread in self._threads:
-            thread.join(15)
+        for w in self._watches:
+            w.stop()
         if self.error is not None:
             raise RuntimeError(f"watching {self._namespace}/{self._pool} failed: {self.error!r}")
 
-    def _guarded(self, body: Callable[[Any, threading.Event], None], listed: threading.Event) -> None:
-        from kubernetes import config  # only the watcher threads need it
+    def _pods_listed(self, pods: list[dict[str, Any]]) -> None:
+        self.pods_before = len(pods)
 
-        try:
-            body(config.new_client_from_config(config_file=str(self._kubeconfig)), listed)
-        except BaseException as exc:  # reported by stop(), which the caller calls
-            self.error = exc
-        finally:
-            listed.set()
-
-    def _follow(self, lister: Callable[..., Any], version: str, seen: Callable[[Any], None]) -> None:
-        from kubernetes import watch
-
-        while not self._stop.is_set():
-            stream = watch.Watch().stream(lister, resource_version=version, timeout_seconds=2)
-            for event in stream:
-                obj = event["object"]
-                meta = obj["metadata"] if isinstance(obj, dict) else obj.metadata
-                version = meta["resourceVersion"] if isinstance(meta, dict) else meta.resource_version
-                if event["type"] in ("ADDED", "MODIFIED"):
-                    seen(obj)
-
-    def _pods(self, api_client: Any, listed: threading.Event) -> None:
-        from kubernetes import client
-
-        api = client.CoreV1Api(api_client)
-        lister = functools.partial(
-            api.list_namespaced_pod, self._namespace, label_selector=f"{LABEL_POOL}={self._pool}"
-        )
-        listing = lister()
-        self.pods_before = len(listing.items)
-        listed.set()
-        self._follow(lister, listing.metadata.resource_version, self._pod_seen)
-
-    def _pod_seen(self, pod: Any) -> None:
+    def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
+        if kind not in ("ADDED", "MODIFIED"):
+            return
         now = time.time()
         self.created = self.created or now
-        conditions = (pod.status and pod.status.conditions) or []
-        if self.ready is None and any(c.type == "Ready" and c.status == "True" for c in conditions):
+        status = pod.get("status") or {}
+        conditions = status.get("conditions") or []
+        if self.ready is None and any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+        ):
             self.ready = now
-        ports = [p.container_port for c in pod.spec.containers for p in c.ports or []]
-        if not self._polling and pod.status and pod.status.pod_ip and ports:
+        ports = [p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports") or []]
+        if not self._polling and status.get("podIP") and ports:
             self._polling = True
-            url = f"http://{pod.status.pod_ip}:{ports[0]}/v2/health/ready"
+            url = f"http://{status['podIP']}:{ports[0]}/v2/health/ready"
             threading.Thread(target=self._poll_loaded, args=(url,), daemon=True).start()
 
     def _poll_loaded(self, url: str) -> None:
@@ -171,29 +155,19 @@ class WakeWatch:
                     pass  # not listening yet
                 self._stop.wait(0.05)
 
-    def _demand(self, api_client: Any, listed: threading.Event) -> None:
-        from kubernetes import client
+    def _leases_listed(self, leases: list[dict[str, Any]]) -> None:
+        self._demand_before = {_renewed(lease) for lease in leases}
 
-        api = client.CoordinationV1Api(api_client)
-        lister = functools.partial(
-            api.list_namespaced_lease, self._namespace,
-            field_selector=f"metadata.name={demand_lease_name(self._pool)}",
-        )  # fmt: skip
-        listing = lister()
-        before = {_renewed(obj) for obj in listing.items}
-        listed.set()
-
-        def seen(obj: Any) -> None:
-            value = _renewed(obj)
-            if self.demanded is None and value is not None and value not in before:
-                self.demanded = value
-
-        self._follow(lister, listing.metadata.resource_version, seen)
+    def _lease_event(self, kind: str, lease: dict[str, Any]) -> None:
+        value = _renewed(lease)
+        new = value is not None and value not in self._demand_before
+        if kind in ("ADDED", "MODIFIED") and self.demanded is None and new:
+            self.demanded = value
 
 
-def _renewed(lease: Any) -> float | None:
-    """A Lease's renewTime (the kubernetes client's model: a datetime), as a wall-clock time."""
-    moment: datetime | None = lease.spec.renew_time if lease.spec else None
+def _renewed(lease: dict[str, Any]) -> float | None:
+    """A Lease's renewTime, as a wall-clock time."""
+    moment = parse_time((lease.get("spec") or {}).get("renewTime"))
     return moment.timestamp() if moment else None
 
 

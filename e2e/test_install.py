@@ -22,10 +22,10 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.helpers import CHART, EXAMPLES, eventually, require_binary, run
 from modelpool_contract.demand import demand_from_lease, demand_lease_name
+from testkit import prom
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -323,12 +323,7 @@ def test_operator_reconciles_a_kwok_pool_to_ready_with_budget_accounting(release
     def ready_in_metrics() -> bool:
         text = httpx.get(f"http://127.0.0.1:{release.metrics_port}/metrics", timeout=5, trust_env=False).text
         labels = {"namespace": release.namespace, "pool": "kwok-pool", "state": "Ready"}
-        return any(
-            sample.labels == labels and sample.value == 2
-            for family in text_string_to_metric_families(text)
-            if family.name == "modelpool_operator_workers"
-            for sample in family.samples
-        )
+        return prom.value(text, "modelpool_operator_workers", **labels) == 2
 
     eventually(ready_in_metrics, timeout=30, interval=1, what="modelpool_operator_workers{state=Ready} == 2")
 

@@ -5,7 +5,7 @@
 #          kube-scheduler and the KWOK controller, every one from bin/ (never a download); the
 #          kubeconfig is written to $CLUSTER_DIR/kubeconfig; fake GPU nodes kwok-gpu-0..3 are created
 #          (hack/kwok/nodes.yaml) with KWOK's default stages plus modelpool's chaos stages
-#          (hack/kwok/stages); and one process node (python -m hack.processnode) runs in the background.
+#          (hack/kwok/stages); and one process node (python -m testkit.processnode) runs in the background.
 #          On a cluster that exists (e.g. after `kwokctl stop cluster`) it starts it again; the process
 #          node's agent rides out the restart, or is started anew when it has gone.
 #          The API server records the requests of the `modelpool-audit` namespace's ServiceAccounts
@@ -73,7 +73,7 @@ start_processnode() {
   # the new session keeps it out of this shell's process group and stdout is not held open).
   (
     cd "$root"
-    HF_HUB_OFFLINE=1 exec setsid "$venv/bin/python" -m hack.processnode \
+    HF_HUB_OFFLINE=1 exec setsid "$venv/bin/python" -m testkit.processnode \
       --kubeconfig "$kubeconfig" \
       --node-name "$node" \
       --extra-path "$venv/bin" \

@@ -23,7 +23,7 @@
 #   8. a pool on the KWOK GPU nodes: several workers, budget accounting, BudgetExceeded when it cannot fit,
 #      and the operator's Prometheus metrics (workers by state, the budget);
 #   9. the pod IP guard: every pod address the cluster assigned during the demo was loopback
-#      (hack/loopback_guard.py; the demo sends traffic to pod IPs, which must never leave the machine);
+#      (testkit/loopback.py; the demo sends traffic to pod IPs, which must never leave the machine);
 #  10. teardown (helm uninstall, cluster down) unless KEEP=1.
 #
 # Environment: KEEP=1 keeps everything running at the end; DEMO_TIMEOUT (seconds, default 240) bounds each
@@ -79,12 +79,12 @@ on_error() {
 }
 trap 'on_error $LINENO' ERR
 
-# The pod IP guard (hack/loopback_guard.py) runs in the background from the cluster's start to the end.
+# The pod IP guard (testkit/loopback.py) runs in the background from the cluster's start to the end.
 GUARD_PID=""
 GUARD_RECORD="$CLUSTER_DIR/pod-ips.txt"
 start_guard() {
   : >"$GUARD_RECORD"
-  "$PY" -m hack.loopback_guard watch --kubeconfig "$KUBECONFIG" --record "$GUARD_RECORD" \
+  "$PY" -m testkit.loopback watch --kubeconfig "$KUBECONFIG" --record "$GUARD_RECORD" \
     >>"$CLUSTER_DIR/logs/loopback-guard.log" 2>&1 &
   GUARD_PID=$!
   wait_for "the pod IP guard's first list" grep -qx "# listed" "$GUARD_RECORD"
@@ -414,6 +414,6 @@ curl -sS --max-time 5 127.0.0.1:18081/metrics | grep -E '^modelpool_operator_(wo
 # ---- 9. no pod address outside loopback ------------------------------------------------------------------
 banner "pod IP guard: every pod address the cluster assigned is inside 127.0.0.0/8"
 stop_guard
-run "$PY" -m hack.loopback_guard check "$GUARD_RECORD"
+run "$PY" -m testkit.loopback check "$GUARD_RECORD"
 
 printf '\n%sdemo passed in %ds%s\n' "$GREEN" "$((SECONDS - STARTED))" "$OFF"

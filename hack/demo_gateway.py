@@ -1,4 +1,5 @@
-"""`make demo`'s traffic through ``modelpool-gateway`` with the real ``openai`` client (hack/demo.sh).
+"""`make demo`'s traffic through ``modelpool-gateway`` (hack/demo.sh): the real ``openai`` client wakes a
+pool; closed-loop clients scale one.
 
     DEMO_API_KEY=KEY python -m hack.demo_gateway wake  --gateway URL --kubeconfig K --namespace NS \
         --pool minilm --timeout S
@@ -6,13 +7,14 @@
         --pool echo --clients 12 --max-replicas 3 --timeout S
 
 The gateway's API key comes from ``$DEMO_API_KEY`` (not a flag: a process's arguments are visible to
-every user of the machine); the openai client sends it as ``Authorization: Bearer``.
+every user of the machine); both send it as ``Authorization: Bearer``.
 
 ``wake``: one request for a pool at zero; prints the time from the request to its first answer and where
-it went (``bench.wake``).  ``scale``: ``--clients`` closed-loop clients (each one request outstanding)
-through the gateway until the pool has ``--max-replicas`` Ready workers, then none until it is back to one
-worker; every change of the pool's DESIRED count, readiness, observed load and workers is printed as it
-happens.  Every wait is bounded by ``--timeout``; a miss exits 1 with what was awaited.
+it went (``bench.wake``).  ``scale``: ``--clients`` closed-loop clients (``testkit.load.ClosedLoop``,
+each one request outstanding) through the gateway until the pool has ``--max-replicas`` Ready workers,
+then none until it is back to one worker; every change of the pool's DESIRED count, readiness, observed
+load and workers is printed as it happens.  Every wait is bounded by ``--timeout``; a miss exits 1 with
+what was awaited.
 """
 
 from __future__ import annotations
@@ -20,9 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,59 +30,18 @@ from typing import Any
 
 import openai
 
-from bench.controlplane import kubectl
 from bench.wake import wake
+from testkit.kubectl import kubectl
+from testkit.load import ClosedLoop
 
 
-class Load:
-    """``clients`` threads through the gateway, each with one request outstanding at a time."""
-
-    def __init__(self, gateway_url: str, pool: str, clients: int, api_key: str) -> None:
-        self._client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=api_key, timeout=30, max_retries=0)
-        self._pool = pool
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self.codes: Counter[str] = Counter()
-        self.workers: Counter[str] = Counter()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
-
-    def start(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(35)
-
-    def spread(self, workers: int, timeout: float) -> None:
-        """Until ``workers`` workers have answered; SystemExit at the deadline."""
-        deadline = time.monotonic() + timeout
-        while len(self.workers) < workers:
-            if time.monotonic() > deadline:
-                raise SystemExit(
-                    f"the gateway's answers came from {dict(self.workers)}, not {workers} workers"
-                )
-            time.sleep(0.2)
-
-    def _run(self, index: int) -> None:
-        while not self._stop.is_set():
-            try:
-                raw = self._client.embeddings.with_raw_response.create(
-                    model=self._pool, input=[f"client {index}"]
-                )
-                code, worker = str(raw.status_code), raw.headers.get("x-modelpool-worker", "?")
-            except openai.APIStatusError as exc:
-                code, worker = str(exc.status_code), ""
-            except openai.APIConnectionError as exc:
-                code, worker = type(exc).__name__, ""
-            with self._lock:
-                self.codes[code] += 1
-                if worker:
-                    self.workers[worker] += 1
-            if code != "200":
-                time.sleep(0.1)  # a refusal: do not spin on it
+def spread(load: ClosedLoop, workers: int, timeout: float) -> None:
+    """Until ``workers`` workers have answered; SystemExit at the deadline."""
+    deadline = time.monotonic() + timeout
+    while len(load.workers) < workers:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the gateway's answers came from {dict(load.workers)}, not {workers} workers")
+        time.sleep(0.2)
 
 
 @dataclass
@@ -125,16 +84,19 @@ def scale(args: argparse.Namespace) -> None:
     top = args.max_replicas
     print(f"    {'T+s':<7} {'DESIRED':<8} {'READY':<6} {'LOAD':<5} WORKERS (state)")
     print(f"    -- {args.clients} clients through the gateway, one request outstanding each", flush=True)
-    load = Load(args.gateway, args.pool, args.clients, args.api_key).start()
+    headers = {"Authorization": f"Bearer {args.api_key}"}
+    load = ClosedLoop(lambda _: args.gateway, args.pool, args.clients, headers=headers).start()
     try:
         view.until(lambda s: s.get("readyReplicas") == top, f"scaled up to {top} Ready workers")
         # The new workers join as soon as the operator marks them serving and the gateway's watch sees it.
-        load.spread(top, args.timeout)
+        spread(load, top, args.timeout)
     finally:
         load.stop()
     print(f"    -- load stopped: answers {dict(load.codes)}, by worker {dict(load.workers)}", flush=True)
-    if set(load.codes) != {"200"}:
-        raise SystemExit(f"requests through the gateway were not all answered 200: {dict(load.codes)}")
+    if set(load.codes) != {200} or load.errors:
+        raise SystemExit(
+            f"requests through the gateway were not all answered 200: {dict(load.codes)} {load.errors[:3]}"
+        )
     view.until(
         lambda s: s.get("targetReplicas") == 1 and len(s.get("workers") or []) == 1, "back to one worker"
     )

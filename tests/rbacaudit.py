@@ -16,8 +16,9 @@ from typing import Any
 
 import yaml
 
-from tests.clusterlib import ROOT, Cluster, missing
-from tests.kube import apply
+from testkit.cluster import Cluster, missing
+from testkit.environment import ROOT
+from testkit.kubectl import apply
 
 CHART = ROOT / "charts" / "modelpool-operator"
 AUDITED_NAMESPACE = "modelpool-audit"  # hack/audit-policy.yaml records this namespace's ServiceAccounts

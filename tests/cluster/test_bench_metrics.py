@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.controlplane import request_counts
-from tests.clusterlib import Cluster
+from testkit.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

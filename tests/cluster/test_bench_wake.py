@@ -16,8 +16,9 @@ from bench.wake import Wake, WakeWatch
 from modelpool_contract.api import API_VERSION, MODELPOOL_KIND
 from modelpool_contract.demand import demand_lease, renew
 from modelpool_contract.labels import LABEL_POOL
-from tests.clusterlib import ROOT, Cluster
-from tests.kube import apply, wait_established, wait_for
+from testkit.cluster import Cluster
+from testkit.environment import ROOT
+from testkit.kubectl import apply, wait_established, wait_for
 
 LEASES = "leases.coordination.k8s.io"
 

@@ -1,4 +1,4 @@
-"""The loopback guard (hack/loopback_guard.py): every pod IP the local cluster assigns lies in 127.0.0.0/8.
+"""The loopback guard (testkit/loopback.py): every pod IP the local cluster assigns lies in 127.0.0.0/8.
 
 The decision is tested on its own (which addresses count, what the report names), then the command line
 that `make demo` uses, then the session guard on the real cluster: a pod on a KWOK node gets an address in
@@ -15,7 +15,10 @@ from typing import Any
 
 import pytest
 
-from hack.loopback_guard import (
+from testkit.cluster import Cluster
+from testkit.environment import ROOT
+from testkit.kubectl import apply, get_json, wait_for
+from testkit.loopback import (
     PodIPRecord,
     is_loopback,
     pod_addresses,
@@ -23,8 +26,6 @@ from hack.loopback_guard import (
     violation_report,
     violations,
 )
-from tests.clusterlib import ROOT, Cluster
-from tests.kube import apply, get_json, wait_for
 
 
 @pytest.mark.parametrize(
@@ -81,7 +82,7 @@ def test_record_keeps_every_address_once_and_round_trips_through_its_file(tmp_pa
 
 def _check(record: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hack.loopback_guard", "check", str(record)],
+        [sys.executable, "-m", "testkit.loopback", "check", str(record)],
         cwd=ROOT,
         capture_output=True,
         text=True,

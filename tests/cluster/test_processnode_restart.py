@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 
-from tests.clusterlib import BIN, CLUSTER_SH_LOG, Cluster, require_prerequisites, start_cluster, stop_cluster
-from tests.kube import apply, get_json, process_node_pod, wait_for
+from testkit.cluster import CLUSTER_SH_LOG, Cluster, require_prerequisites, start_cluster, stop_cluster
+from testkit.environment import BIN
+from testkit.kubectl import apply, get_json, process_node_pod, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NAMESPACE = "restart"

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hack.processnode.rootfs import (
+from testkit.processnode.rootfs import (
     EXEC_FAILED,
     MS_NODEV,
     MS_NOSUID,
@@ -19,7 +19,7 @@ from hack.processnode.rootfs import (
     mount_flags,
     wrapper_argv,
 )
-from hack.processnode.volumes import mount_table, read_only_root, with_tmpdir, writable_paths
+from testkit.processnode.volumes import mount_table, read_only_root, with_tmpdir, writable_paths
 
 MOUNTINFO = """\
 22 1 253:1 / / rw,relatime shared:1 - ext4 /dev/vda rw

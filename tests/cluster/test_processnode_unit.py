@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from hack.processnode.agent import IpPool
-from hack.processnode.podspec import (
+from testkit.processnode.agent import IpPool
+from testkit.processnode.podspec import (
     SpecError,
     backoff_delay,
     build_argv,
@@ -20,8 +20,8 @@ from hack.processnode.podspec import (
     resolve_port,
     should_restart,
 )
-from hack.processnode.podstatus import ConditionClock, ContainerRecord, Terminated, pod_phase, pod_status
-from hack.processnode.probes import ProbeState
+from testkit.processnode.podstatus import ConditionClock, ContainerRecord, Terminated, pod_phase, pod_status
+from testkit.processnode.probes import ProbeState
 
 
 @pytest.mark.parametrize(

@@ -16,18 +16,17 @@ import pytest
 
 from modelpool_operator.pool import PoolView
 from modelpool_operator.resources import PodSettings, build_worker_pod
-from tests.clusterlib import Cluster
-from tests.kube import (
+from testkit.cluster import Cluster, minilm_package
+from testkit.environment import free_port
+from testkit.kubectl import (
     PROCESS_NODE_SELECTOR,
     apply,
     bind_host_path,
     claim_manifest,
     container_status,
-    free_port,
     get_json,
     host_path_pv,
     is_ready,
-    minilm_package,
     pod_log,
     process_node_pod,
     wait_for,

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from hack.processnode.kubeapi import ClusterGuard
-from hack.processnode.node import node_object, parse_taint, with_taints
-from hack.processnode.pod import Retry
-from hack.processnode.podspec import SpecError
-from hack.processnode.volumes import (
+from testkit.processnode.kubeapi import ClusterGuard
+from testkit.processnode.node import node_object, parse_taint, with_taints
+from testkit.processnode.pod import Retry
+from testkit.processnode.podspec import SpecError
+from testkit.processnode.volumes import (
     ROOT_ENV,
     ContainerView,
     HostSource,

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.clusterlib import Cluster
-from tests.kube import apply, container_status, get_json, is_ready, pod_log, process_node_pod, wait_for
+from testkit.cluster import Cluster
+from testkit.kubectl import apply, container_status, get_json, is_ready, pod_log, process_node_pod, wait_for
 
 pytestmark = pytest.mark.cluster
 KWOK_NODES = [f"kwok-gpu-{i}" for i in range(4)]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,17 +25,13 @@ from typing import Any, Literal
 import httpx
 import pytest
 
+from testkit import prom
+from testkit.environment import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 MINILM_ENV = "MODELPOOL_TEST_MINILM"
 
 WaitFor = Literal["live", "ready", "none"]
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (the server binds it right after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -169,12 +164,7 @@ def stats(server: ServerProcess) -> dict[str, Any]:
 
 def metric(server: ServerProcess, name: str, **labels: str) -> float:
     """One sample of the server's ``/metrics`` (0 when absent)."""
-    text = httpx.get(server.url + "/metrics", timeout=5).text
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith(name + ("{" + want + "}" if want else " ")):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return prom.value(httpx.get(server.url + "/metrics", timeout=5).text, name, **labels)
 
 
 ServerFactory = Callable[..., ServerProcess]

@@ -15,7 +15,8 @@ import tritonclient.http as triton
 
 from model_server.endpoints.auth import authorized
 from modelpool_contract.exits import EXIT_CONFIG
-from tests.server.conftest import ServerFactory, ServerProcess, free_port, start_server
+from testkit.environment import free_port
+from tests.server.conftest import ServerFactory, ServerProcess, start_server
 
 KEY = "mp-test-7f3c9a"
 ECHO = ["--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:EchoEmbedding"]

@@ -17,7 +17,8 @@ import pytest
 
 from model_server.supervisor import WATCH_PERIOD_S
 from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_INFERENCE_WEDGED
-from tests.server.conftest import ServerFactory, ServerProcess, free_port
+from testkit.environment import free_port
+from tests.server.conftest import ServerFactory, ServerProcess
 from tests.server.conftest import stats as _stats
 from tests.server.test_processes import DEADLINE, ECHO, until
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from model_server.download import PICKLE_WEIGHTS, RepoFileEntry, bytes_in_cache, ignore_patterns, wanted_files
+from testkit.kubectl import wait_for
 from tests.hub import HELD_AFTER, LocalHub
-from tests.kube import wait_for
 from tests.server.conftest import ServerFactory, ServerProcess
 
 REPO = "sentence-transformers/all-MiniLM-L6-v2"

@@ -315,7 +315,7 @@ def test_the_probe_port_answers_while_the_http_processes_cannot(
 ) -> None:
     """The supervisor answers health, readiness and /stats on --probe-port without the HTTP processes (a
     flood keeps them busy at a low priority); a wedged one still fails liveness there, and recovers."""
-    from tests.server.conftest import free_port
+    from testkit.environment import free_port
 
     probe_port = free_port()
     proc, _, _ = _echo(server, tmp_path, "--http-workers", "2", "--probe-port", str(probe_port))

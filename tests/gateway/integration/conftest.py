@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clusterlib import Cluster
+from testkit.cluster import Cluster
 from tests.gateway.integration.gwharness import GatewayProcess
 from tests.operator.integration.conftest import (  # noqa: F401 - fixtures and the report hook, shared
     budget,

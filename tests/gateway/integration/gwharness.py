@@ -34,8 +34,10 @@ from modelpool_contract.gateway_keys import (
     NAMESPACES_FIELD,
     POOLS_FIELD,
 )
-from tests.clusterlib import ROOT, Cluster
-from tests.kube import apply, free_port, wait_for
+from testkit import prom
+from testkit.cluster import Cluster
+from testkit.environment import ROOT, free_port
+from testkit.kubectl import apply, wait_for
 from tests.operator.integration.opharness import GROUP_VERSION, OperatorProcess
 
 PROCESS_NODE = {"modelpool.dev/process-node": "true"}
@@ -162,13 +164,7 @@ class GatewayProcess(OperatorProcess):
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of a metric's samples whose labels include ``labels``."""
-        total = 0.0
-        for line in httpx.get(self.url + "/metrics", timeout=5).text.splitlines():
-            if not line.startswith(name + "{"):
-                continue
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return prom.total(httpx.get(self.url + "/metrics", timeout=5).text, name, **labels)
 
 
 def echo_pool(

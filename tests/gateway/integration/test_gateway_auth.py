@@ -20,10 +20,11 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from modelpool_contract.gateway_keys import LABEL_GATEWAY_KEY
-from tests.clusterlib import Cluster
+from testkit.cluster import Cluster
+from testkit.environment import free_port
+from testkit.kubectl import apply, get_json, wait_for
 from tests.gateway.integration.conftest import StartGateway
 from tests.gateway.integration.gwharness import GatewayProcess, bearer, create_key, echo_pool
-from tests.kube import apply, free_port, get_json, wait_for
 from tests.operator.integration.conftest import StartOperator
 from tests.operator.integration.opharness import POOLS, worker_pods
 

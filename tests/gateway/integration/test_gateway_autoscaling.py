@@ -20,13 +20,14 @@ import pytest
 
 from modelpool_contract.demand import demand_from_lease, demand_lease_name
 from modelpool_contract.times import parse_time
-from tests.clusterlib import Cluster
+from testkit.cluster import Cluster
+from testkit.environment import free_port
+from testkit.kubectl import apply, get_json, wait_for
+from testkit.load import ClosedLoop
 from tests.gateway.integration.conftest import StartGateway
 from tests.gateway.integration.gwharness import echo_pool
-from tests.kube import apply, free_port, get_json, wait_for
 from tests.operator.integration.opharness import (
     BudgetedOperator,
-    ClosedLoop,
     condition,
     get_pool,
     reasons,

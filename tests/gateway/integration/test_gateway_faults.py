@@ -17,10 +17,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.clusterlib import Cluster
+from testkit.cluster import Cluster
+from testkit.kubectl import apply, wait_for
 from tests.gateway.integration.conftest import StartGateway
 from tests.gateway.integration.gwharness import echo_pool
-from tests.kube import apply, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -28,9 +28,11 @@ import httpx
 import pytest
 
 from modelpool_contract.demand import demand_from_lease, demand_lease_name
-from tests.clusterlib import Cluster
+from testkit.cluster import Cluster
+from testkit.environment import free_port
+from testkit.kubectl import apply, get_json, wait_for
+from testkit.watch import ListWatch
 from tests.gateway.integration.gwharness import GatewayProcess, echo_pool
-from tests.kube import apply, free_port, get_json, wait_for
 from tests.operator.integration.opharness import (
     POOLS,
     OperatorProcess,
@@ -278,44 +280,24 @@ class LeaseWatch:
     from before the Lease exists."""
 
     def __init__(self, cluster: Cluster, namespace: str, pool: str) -> None:
-        self.cluster, self.namespace, self.name = cluster, namespace, demand_lease_name(pool)
         self.values: list[datetime] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._version = self._list()[1]
-
-    def _api(self) -> Any:
-        from kubernetes import client, config
-
-        return client.CoordinationV1Api(config.new_client_from_config(str(self.cluster.kubeconfig)))  # type: ignore[no-untyped-call]
-
-    def _list(self) -> tuple[list[Any], str]:
-        found = self._api().list_namespaced_lease(self.namespace, field_selector=f"metadata.name={self.name}")
-        return found.items, found.metadata.resource_version
+        self._watch = ListWatch(
+            cluster.kubeconfig, "CoordinationV1Api", "list_namespaced_lease", namespace,
+            field_selector=f"metadata.name={demand_lease_name(pool)}",
+            on_list=lambda _leases: None, on_event=self._seen, watch_seconds=1,
+        )  # fmt: skip
 
     def start(self) -> LeaseWatch:
-        self._thread.start()
+        self._watch.start(timeout=30)
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        self._watch.stop(10)
 
-    def _run(self) -> None:
-        from kubernetes import watch
-
-        api, version = self._api(), self._version
-        while not self._stop.is_set():
-            stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-                api.list_namespaced_lease, self.namespace, field_selector=f"metadata.name={self.name}",
-                resource_version=version, timeout_seconds=1,
-            )  # fmt: skip
-            for event in stream:
-                obj = event["raw_object"]
-                version = obj["metadata"]["resourceVersion"]
-                value = demand_from_lease(obj)
-                if value and (not self.values or self.values[-1] != value):
-                    self.values.append(value)
+    def _seen(self, _kind: str, lease: dict[str, Any]) -> None:
+        value = demand_from_lease(lease)
+        if value and (not self.values or self.values[-1] != value):
+            self.values.append(value)
 
 
 def test_two_gateways_record_demand_about_once_per_interval_between_them(setup: Setup) -> None:

@@ -29,10 +29,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.clusterlib import Cluster
+from testkit.cluster import Cluster
+from testkit.kubectl import apply, wait_for
 from tests.gateway.integration.conftest import StartGateway
 from tests.gateway.integration.gwharness import GatewayProcess, bearer, create_key
-from tests.kube import apply, wait_for
 from tests.operator.integration.opharness import POOLS, pool_manifest
 from tests.rbacaudit import (
     AUDITED_NAMESPACE,

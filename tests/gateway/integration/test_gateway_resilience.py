@@ -12,10 +12,11 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.clusterlib import Cluster
+from testkit.cluster import Cluster
+from testkit.environment import free_port
+from testkit.kubectl import apply, is_ready, wait_for
 from tests.gateway.integration.conftest import StartGateway
 from tests.gateway.integration.gwharness import GatewayProcess, echo_pool
-from tests.kube import apply, free_port, is_ready, wait_for
 from tests.operator.integration.opharness import POOLS, OperatorProcess, worker_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

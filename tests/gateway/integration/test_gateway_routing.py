@@ -26,14 +26,16 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.clusterlib import Cluster
+from testkit import prom
+from testkit.cluster import Cluster
+from testkit.environment import free_port
+from testkit.kubectl import apply, wait_for
 from tests.gateway.integration.gwharness import (
     GENERATION,
     GatewayProcess,
     echo_pool,
     worker_pids,
 )
-from tests.kube import apply, free_port, wait_for
 from tests.operator.integration.opharness import POOLS, OperatorProcess, worker_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -58,10 +60,8 @@ class Setup:
         out = {}
         for pod in worker_pods(self.cluster, self.namespace, pool):
             text = httpx.get(f"http://{pod['status']['podIP']}:{self.worker_port}/metrics", timeout=5).text
-            out[pod["metadata"]["name"]] = sum(
-                float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines()
-                if line.startswith('modelpool_requests_total{code="200",route="embeddings"}')
+            out[pod["metadata"]["name"]] = prom.value(
+                text, "modelpool_requests_total", code="200", route="embeddings"
             )
         return out
 

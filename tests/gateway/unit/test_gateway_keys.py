@@ -23,7 +23,7 @@ from modelpool_gateway.keys import (
     key_namespaces,
     parse_grant,
 )
-from tests.clusterlib import ROOT
+from testkit.environment import ROOT
 
 ADMIN = "gateway"
 KEY = "0123456789abcdef-key"

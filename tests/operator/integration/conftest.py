@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.clusterlib import ROOT, Cluster
-from tests.kube import apply, wait_established, wait_for
+from testkit.cluster import Cluster
+from testkit.environment import ROOT
+from testkit.kubectl import apply, wait_established, wait_for
 from tests.operator.integration.opharness import (
     POOLS,
     BudgetedOperator,

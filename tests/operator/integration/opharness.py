@@ -5,8 +5,6 @@
   when a test fails.
 * ``PodWatcher``: a real watch (kubernetes client) on the test namespace(s) in a thread, so properties
   such as "never more memory admitted than the budget" are checked at every change, not by sampling.
-* ``ClosedLoop``: client threads with one embeddings request outstanding each (to the workers directly or
-  through modelpool-gateway), the load the autoscaling tests apply.
 
 The fixtures that put these together (``start_operator``, ``budget``, ``watch_pods``,
 ``budgeted_operator``) are in this folder's conftest.py; the aliases below type them.
@@ -14,30 +12,21 @@ The fixtures that put these together (``start_operator``, ``budget``, ``watch_po
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from tests.clusterlib import ROOT, Cluster
-from tests.kube import (
-    PROCESS_NODE_SELECTOR,
-    PROCESS_NODE_TOLERATION,
-    free_port,
-    get_json,
-    minilm_package,
-    wait_for,
-)
+from testkit.cluster import Cluster, minilm_package
+from testkit.environment import ROOT, free_port
+from testkit.kubectl import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, get_json, wait_for
+from testkit.watch import ListWatch
 
 GROUP_VERSION = "modelpool.dev/v1alpha1"
 #: The process node, which runs real modelpool-server processes as pods.
@@ -240,29 +229,34 @@ class PodWatcher:
     max_pods: dict[str, int] = field(default_factory=dict)  # pool -> most pods holding memory at once
     min_ready_after: dict[str, int] = field(default_factory=dict)
     history: list[tuple[float, str, str, str]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
+    _stopped: bool = False
+    _watches: list[ListWatch] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ready_floor_armed: dict[str, int] = field(default_factory=dict)
-    error: BaseException | None = None
 
     def start(self) -> PodWatcher:
         for ns in self.namespaces:
-            thread = threading.Thread(target=self._run, args=(ns,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            watch = ListWatch(
+                self.cluster.kubeconfig, "CoreV1Api", "list_namespaced_pod", ns,
+                label_selector="modelpool.dev/pool", on_event=self._record, name=f"pods-{ns}",
+            )  # fmt: skip
+            self._watches.append(watch.start())
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(15)
+        self._stopped = True
+        for watch in self._watches:
+            watch.stop()
         if self.error is not None:
             raise AssertionError(f"the pod watcher failed: {self.error!r}")
 
     @property
+    def error(self) -> BaseException | None:
+        return next((w.error for w in self._watches if w.error is not None), None)
+
+    @property
     def stopped(self) -> bool:
-        return self._stop.is_set()
+        return self._stopped
 
     def snapshot(self) -> list[dict[str, Any]]:
         """The pods as last seen (a copy of the list, taken under the watcher's lock)."""
@@ -286,32 +280,6 @@ class PodWatcher:
                 for c in (pod.get("status") or {}).get("conditions") or []
             )
         )
-
-    def _run(self, namespace: str) -> None:
-        from kubernetes import client, config, watch  # only the watcher thread needs it
-
-        try:
-            api: Any = client.CoreV1Api(config.new_client_from_config(str(self.cluster.kubeconfig)))  # type: ignore[no-untyped-call]
-            listed = api.list_namespaced_pod(namespace, label_selector="modelpool.dev/pool")
-            for pod in listed.items:
-                self._record("ADDED", api.api_client.sanitize_for_serialization(pod))
-            resource_version = listed.metadata.resource_version
-            while not self._stop.is_set():
-                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-                    api.list_namespaced_pod,
-                    namespace,
-                    label_selector="modelpool.dev/pool",
-                    resource_version=resource_version,
-                    timeout_seconds=2,
-                )
-                for event in stream:
-                    obj = api.api_client.sanitize_for_serialization(event["object"])
-                    resource_version = obj["metadata"]["resourceVersion"]
-                    self._record(event["type"], obj)
-                    if self._stop.is_set():
-                        break
-        except BaseException as exc:
-            self.error = exc
 
     def _record(self, kind: str, pod: dict[str, Any]) -> None:
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
@@ -393,108 +361,25 @@ class StatusRecorder:
     cluster: Cluster
     namespace: str
     seen: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _watch: ListWatch | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> StatusRecorder:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._watch = ListWatch(
+            self.cluster.kubeconfig, "CustomObjectsApi", "list_namespaced_custom_object",
+            "modelpool.dev", "v1alpha1", self.namespace, "modelpools",
+            on_event=self._seen, retry=True, name=f"statuses-{self.namespace}",
+        ).start()  # fmt: skip
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(15)
+        if self._watch is not None:
+            self._watch.stop()
 
     def statuses(self, name: str) -> list[dict[str, Any]]:
         with self._lock:
             return [status for pool, status in self.seen if pool == name]
 
-    def _run(self) -> None:
-        from kubernetes import client, config, watch
-
-        api = client.CustomObjectsApi(config.new_client_from_config(str(self.cluster.kubeconfig)))  # type: ignore[no-untyped-call]
-        version = ""
-        while not self._stop.is_set():
-            try:
-                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-                    api.list_namespaced_custom_object,
-                    "modelpool.dev",
-                    "v1alpha1",
-                    self.namespace,
-                    "modelpools",
-                    resource_version=version or None,
-                    timeout_seconds=2,
-                )
-                for event in stream:
-                    obj = event["object"]
-                    version = obj["metadata"]["resourceVersion"]
-                    with self._lock:
-                        self.seen.append((obj["metadata"]["name"], obj.get("status") or {}))
-                    if self._stop.is_set():
-                        break
-            except Exception:  # e.g. 410 Gone: start again from a fresh list
-                version = ""
-                time.sleep(0.2)
-
-
-@dataclass
-class ClosedLoop:
-    """``clients`` threads, each with one embeddings request outstanding at a time: the pool's load (in
-    flight + queued) stays at ``clients`` however many workers serve it.  ``target(n)`` is the base URL of
-    a client's n-th request (None: nowhere to send yet); every answer's code is counted, and a 429 without
-    ``Retry-After`` and a transport error are kept apart (to the workers directly a worker going away is
-    expected; through the gateway it is not)."""
-
-    target: Callable[[int], str | None]
-    model: str
-    clients: int
-    # Sent with every request (the gateway's Authorization header).
-    headers: dict[str, str] = field(default_factory=dict)
-    codes: Counter[int] = field(default_factory=Counter)
-    refused_without_retry_after: int = 0
-    errors: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def answered(self) -> int:
+    def _seen(self, _kind: str, obj: dict[str, Any]) -> None:
         with self._lock:
-            return self.codes[200]
-
-    def start(self) -> ClosedLoop:
-        for index in range(self.clients):
-            thread = threading.Thread(target=self._client, args=(index,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(30)
-
-    def _client(self, index: int) -> None:
-        counter = itertools.count(index)
-        body = {"model": self.model, "input": [f"client {index}"]}
-        with httpx.Client(timeout=30, trust_env=False, headers=self.headers) as client:
-            while not self._stop.is_set():
-                url = self.target(next(counter))
-                if url is None:
-                    self._stop.wait(0.1)
-                    continue
-                try:
-                    response = client.post(url + "/v1/embeddings", json=body)
-                except httpx.HTTPError as exc:
-                    with self._lock:
-                        self.errors.append(repr(exc))
-                    self._stop.wait(0.05)
-                    continue
-                with self._lock:
-                    self.codes[response.status_code] += 1
-                    if response.status_code == 429 and "retry-after" not in response.headers:
-                        self.refused_without_retry_after += 1
-                if response.status_code != 200:
-                    self._stop.wait(0.05)  # a refusal: a short pause, as a client would back off
+            self.seen.append((obj["metadata"]["name"], obj.get("status") or {}))

@@ -28,8 +28,9 @@ from modelpool_operator.policy import (
     violations,
 )
 from modelpool_operator.reconcile import POLICY_VIOLATION
-from tests.clusterlib import ROOT, Cluster
-from tests.kube import apply, wait_for
+from testkit.cluster import Cluster
+from testkit.environment import ROOT
+from testkit.kubectl import apply, wait_for
 from tests.operator.integration.opharness import (
     POOLS,
     BudgetedOperator,

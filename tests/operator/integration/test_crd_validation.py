@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.clusterlib import Cluster
+from testkit.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 
 from modelpool_contract.stats import StatsMemory, WorkerStats
-from tests.clusterlib import Cluster
-from tests.kube import apply, free_port, wait_for
+from testkit.cluster import Cluster
+from testkit.environment import free_port
+from testkit.kubectl import apply, wait_for
 from tests.operator.integration.opharness import (
     GI,
     POOLS,

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.clusterlib import Cluster
-from tests.kube import apply, get_json, wait_for
+from testkit.cluster import Cluster
+from testkit.kubectl import apply, get_json, wait_for
 from tests.operator.integration.opharness import (
     POOLS,
     StartOperator,

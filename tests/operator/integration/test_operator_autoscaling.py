@@ -23,13 +23,13 @@ import pytest
 from modelpool_contract.api import API_VERSION, MODELPOOL_KIND
 from modelpool_contract.demand import demand_lease
 from modelpool_contract.times import parse_time, rfc3339_ms
-from tests.clusterlib import ROOT, Cluster
-from tests.kube import free_port
+from testkit.cluster import Cluster
+from testkit.environment import ROOT, free_port
+from testkit.load import ClosedLoop
 from tests.operator.integration.opharness import (
     POOLS,
     PROCESS_NODE,
     BudgetedOperator,
-    ClosedLoop,
     PodWatcher,
     condition,
     pool_manifest,

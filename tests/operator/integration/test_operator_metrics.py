@@ -9,10 +9,12 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.clusterlib import Cluster
-from tests.kube import apply, free_port, wait_for
+from testkit import prom
+from testkit.cluster import Cluster
+from testkit.environment import free_port
+from testkit.kubectl import apply, wait_for
+from testkit.prom import Samples, sample
 from tests.operator.integration.opharness import (
     GI,
     POOLS,
@@ -24,20 +26,9 @@ from tests.operator.integration.opharness import (
 
 pytestmark = [pytest.mark.cluster]
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
 
 def scrape(port: int) -> Samples:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5, trust_env=False).text
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def sample(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
+    return prom.samples(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5, trust_env=False).text)
 
 
 def until(port: int, check: Callable[[Samples], bool], message: str) -> Samples:

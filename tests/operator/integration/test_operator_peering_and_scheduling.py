@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from modelpool_contract.times import parse_time
-from tests.clusterlib import ROOT, Cluster
-from tests.kube import apply, get_json, wait_established, wait_for
+from testkit.cluster import Cluster
+from testkit.environment import ROOT
+from testkit.kubectl import apply, get_json, wait_established, wait_for
 from tests.operator.integration.opharness import (
     POOLS,
     OperatorProcess,

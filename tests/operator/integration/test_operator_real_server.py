@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.clusterlib import Cluster
-from tests.kube import apply, free_port, wait_for
+from testkit.cluster import Cluster
+from testkit.environment import free_port
+from testkit.kubectl import apply, wait_for
 from tests.operator.integration.opharness import (
     GI,
     PROCESS_NODE,

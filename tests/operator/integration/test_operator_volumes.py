@@ -21,9 +21,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.clusterlib import Cluster
+from testkit.cluster import Cluster, minilm_package
+from testkit.environment import free_port
+from testkit.kubectl import PROCESS_NODE_SELECTOR, apply, bind_host_path, wait_for
 from tests.hub import LocalHub
-from tests.kube import PROCESS_NODE_SELECTOR, apply, bind_host_path, free_port, minilm_package, wait_for
 from tests.operator.integration.opharness import (
     POOLS,
     StartOperator,

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.clusterlib import Cluster
-from tests.kube import apply, container_status, free_port, wait_for
+from testkit.cluster import Cluster
+from testkit.environment import free_port
+from testkit.kubectl import apply, container_status, wait_for
 from tests.operator.integration.opharness import (
     PROCESS_NODE,
     StartOperator,

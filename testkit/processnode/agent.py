@@ -2,7 +2,7 @@
 
 Dev/test tooling, not product code.  Run from the repository root:
 
-    python -m hack.processnode --kubeconfig .cluster/kubeconfig --node-name process-node-0 \\
+    python -m testkit.processnode --kubeconfig .cluster/kubeconfig --node-name process-node-0 \\
         --extra-path .venv/bin --log-dir .cluster/processnode --pods-dir .cluster/pods
 
 It registers the Node (label and taint modelpool.dev/process-node=true, no KWOK annotation), keeps its
@@ -28,12 +28,12 @@ from types import FrameType
 from typing import Any
 from urllib.parse import quote
 
-from hack.processnode.container import PodContext
-from hack.processnode.kubeapi import ClusterGuard, Kube, KubeError, pod_path
-from hack.processnode.node import NodeAgent, parse_taint
-from hack.processnode.pod import PodWorker, Retry
-from hack.processnode.podspec import SpecError
-from hack.processnode.volumes import remove_pod_dir
+from testkit.processnode.container import PodContext
+from testkit.processnode.kubeapi import ClusterGuard, Kube, KubeError, pod_path
+from testkit.processnode.node import NodeAgent, parse_taint
+from testkit.processnode.pod import PodWorker, Retry
+from testkit.processnode.podspec import SpecError
+from testkit.processnode.volumes import remove_pod_dir
 
 JSON = dict[str, Any]
 log = logging.getLogger("processnode")
@@ -248,7 +248,7 @@ class Agent:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m hack.processnode", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m testkit.processnode", description=__doc__.split("\n\n")[0])
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--node-name", default="process-node-0")
     p.add_argument("--log-dir", default=".cluster/processnode", help="container logs: DIR/<ns>/<pod>/<c>.log")

@@ -14,8 +14,8 @@ In process (the pytest session fixture, ``bench.controlplane``)::
 
 From a shell (``hack/demo.sh``)::
 
-    python -m hack.loopback_guard watch --kubeconfig K --record FILE &   # until SIGTERM
-    python -m hack.loopback_guard check FILE                             # exit 1 naming the pods
+    python -m testkit.loopback watch --kubeconfig K --record FILE &   # until SIGTERM
+    python -m testkit.loopback check FILE                             # exit 1 naming the pods
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from testkit.watch import ListWatch
+
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 READY_LINE = "# listed"  # written to a record file once the initial list is in: the watch is live
 WATCH_SECONDS = 5  # each watch call ends after this, so stop() takes effect within it
-ERROR_BACKOFF_MAX = 5.0
 
 
 # ---- the decision (pure) ---------------------------------------------------------------------------------
@@ -104,36 +105,41 @@ def read_record(path: Path) -> dict[str, set[str]]:
     return seen
 
 
-# ---- the watch (thin wiring over the kubernetes client) ----------------------------------------------------
+# ---- the watch (thin wiring over testkit.watch) ------------------------------------------------------------
 class PodIPWatch:
-    """A daemon thread that lists, then watches, pods in all namespaces and records their addresses.
+    """Lists, then watches, pods in all namespaces (``testkit.watch.ListWatch``, retrying) and records
+    their addresses.
 
     A watch that expires (410 Gone) or fails is followed by a fresh list, with a bounded back-off while
     the API server is away, so the record misses nothing that exists at any list and every change between.
     """
 
     def __init__(self, kubeconfig: Path, record: PodIPRecord | None = None) -> None:
-        from kubernetes import client, config
-
         self.record = record or PodIPRecord()
-        api_client = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        self._api = client.CoreV1Api(api_client)
-        self._stop = threading.Event()
-        self.listed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pod-ip-guard", daemon=True)
+        self._watch = ListWatch(
+            kubeconfig,
+            "CoreV1Api",
+            "list_pod_for_all_namespaces",
+            on_event=lambda _type, pod: self._record(pod),
+            retry=True,
+            watch_seconds=WATCH_SECONDS,
+            name="pod-ip-guard",
+        )
 
     def start(self, timeout: float = 60) -> None:
         """Start watching; returns once the first list is recorded (raises if it is not within timeout)."""
-        self._thread.start()
-        if not self.listed.wait(timeout):
-            raise TimeoutError(f"pod IP guard: no pod list from the API server within {timeout:.0f}s")
+        try:
+            self._watch.start(timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"pod IP guard: no pod list from the API server within {timeout:.0f}s"
+            ) from None
 
     def stop(self) -> None:
         """Stop the watch after one last list, so pods created just before the stop are recorded too."""
-        self._stop.set()
-        self._thread.join(timeout=WATCH_SECONDS * 3)
+        self._watch.stop(timeout=WATCH_SECONDS * 3)
         try:
-            self._list()
+            self._watch.list_now()
         except Exception as exc:  # the cluster may already be gone; what was recorded still counts
             sys.stderr.write(f"pod IP guard: final list failed ({exc}); checking what was recorded\n")
 
@@ -145,46 +151,11 @@ class PodIPWatch:
             raise AssertionError(violation_report(bad))
         return summary(seen)
 
-    def _record(self, pod: Any) -> None:
-        status = pod.status
-        pod_ips = [{"ip": entry.ip} for entry in (status.pod_ips if status else None) or []]
-        ips = pod_addresses({"podIP": status.pod_ip if status else None, "podIPs": pod_ips})
+    def _record(self, pod: Mapping[str, Any]) -> None:
+        ips = pod_addresses(pod.get("status"))
         if ips:
-            self.record.add(f"{pod.metadata.namespace}/{pod.metadata.name}", ips)
-
-    def _list(self) -> str:
-        pods = self._api.list_pod_for_all_namespaces(_request_timeout=30)
-        for pod in pods.items:
-            self._record(pod)
-        return str(pods.metadata.resource_version if pods.metadata else "")
-
-    def _run(self) -> None:
-        from kubernetes import watch
-
-        backoff = 0.5
-        version: str | None = None
-        while not self._stop.is_set():
-            try:
-                if version is None:
-                    version = self._list()
-                    self.listed.set()
-                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-                    self._api.list_pod_for_all_namespaces,
-                    resource_version=version,
-                    timeout_seconds=WATCH_SECONDS,
-                    _request_timeout=WATCH_SECONDS * 2,
-                )
-                for event in stream:
-                    if event["type"] == "ERROR":
-                        version = None  # 410 Gone: the version expired; list again
-                        break
-                    self._record(event["object"])
-                    version = str(event["object"].metadata.resource_version)
-                backoff = 0.5
-            except Exception:
-                version = None
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, ERROR_BACKOFF_MAX)
+            meta = pod["metadata"]
+            self.record.add(f"{meta['namespace']}/{meta['name']}", ips)
 
 
 # ---- command line ----------------------------------------------------------------------------------------
@@ -217,9 +188,7 @@ def _check_command(record_path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hack.loopback_guard", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m testkit.loopback", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     watch_p = commands.add_parser("watch", help="record every pod address until SIGTERM/SIGINT")
     watch_p.add_argument("--kubeconfig", type=Path, required=True)

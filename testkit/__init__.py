@@ -1,0 +1,23 @@
+"""The test kit: the tooling tests/, e2e/, bench/, hack/ scripts and the root conftest.py share, defined once.
+
+Imports go one way: those import from ``testkit``; ``testkit`` imports nothing from tests/, e2e/, bench/
+or hack/ (it may use the product packages' contracts, ``modelpool_contract``).  Not part of the product:
+no image contains it.
+
+Modules:
+
+* ``environment``: where the repository and the control-plane binaries are, CI or not, a free port, the
+  environment of the benchmarks' child processes.
+* ``cluster``: the local control plane's lifecycle (``Cluster``, ``start_cluster``/``stop_cluster`` through
+  ``hack/cluster.sh``, prerequisites, ``guarded_cluster`` for benchmarks).
+* ``kubectl``: the one kubectl/helm wrapper, ``wait_for``, ``apply``/``get_json``/``wait_established``,
+  process-node pod manifests, hostPath PersistentVolumes.
+* ``watch``: the one list-then-watch loop every watcher of cluster objects is built on.
+* ``loopback``: the pod-IP loopback guard (``python -m testkit.loopback``).
+* ``load``: the load generator (raw keep-alive HTTP/1.1 clients; ``python -m testkit.load``) and the
+  threaded closed loop through the gateway or to workers.
+* ``corpus``: the deterministic sentences the load sends.
+* ``prom``: Prometheus text exposition read with prometheus_client's parser.
+* ``processnode``: the process node, a kubelet-like agent running pods as local processes
+  (``python -m testkit.processnode``; ``hack/cluster.sh`` starts it).
+"""
