@@ -1,4 +1,5 @@
-"""Shared helpers of the e2e suite: paths, the `make testbin` binaries, and running helm/kubectl.
+"""Shared helpers of the e2e suite: paths, the `make testbin` binaries, and running helm/kubectl (the
+repository, the binaries and the skip-or-fail rule come from the test kit, testkit/).
 
 A missing binary skips a test on a developer's machine but fails it in CI (``CI=true``): CI builds them.
 """
@@ -15,25 +16,15 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = ROOT / "bin"
+from testkit.cluster import missing
+from testkit.environment import BIN, ROOT
+
 CHART = ROOT / "charts" / "modelpool-operator"
 CRDS = ROOT / "crds"
 CHART_CRDS = CHART / "files" / "crds"
 EXAMPLES = ROOT / "examples"
 
 T = TypeVar("T")
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
-
-
-def missing(reason: str) -> None:
-    """Skip locally, fail in CI: CI is where every prerequisite must exist."""
-    if in_ci():
-        pytest.fail(f"{reason} (CI=true: a missing prerequisite is a failure)")
-    pytest.skip(reason)
 
 
 def require_binary(name: str) -> Path:
