@@ -25,7 +25,7 @@ import ipaddress
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -94,6 +94,14 @@ class PodIPRecord:
             return {pod: set(ips) for pod, ips in self._seen.items()}
 
 
+def resource_version(obj: Any) -> str:
+    """The resourceVersion of a listing or an object, a kubernetes client model or a dict (custom objects)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else obj.metadata
+    if isinstance(meta, dict):
+        return str(meta.get("resourceVersion") or "")
+    return str(meta.resource_version if meta else "")
+
+
 def read_record(path: Path) -> dict[str, set[str]]:
     seen: dict[str, set[str]] = {}
     for line in path.read_text().splitlines():
@@ -153,10 +161,21 @@ class PodIPWatch:
             self.record.add(f"{pod.metadata.namespace}/{pod.metadata.name}", ips)
 
     def _list(self) -> str:
-        pods = self._api.list_pod_for_all_namespaces(_request_timeout=30)
-        for pod in pods.items:
+        listing = self._lister()(_request_timeout=30)
+        self._listed(listing)
+        return resource_version(listing)
+
+    # The hooks a subclass overrides to watch something else or to see every event (bench/soak's auditor):
+    # what is listed and watched, what a list means, what an event means.
+    def _lister(self) -> Callable[..., Any]:
+        return self._api.list_pod_for_all_namespaces  # type: ignore[no-any-return]
+
+    def _listed(self, listing: Any) -> None:
+        for pod in listing.items:
             self._record(pod)
-        return str(pods.metadata.resource_version if pods.metadata else "")
+
+    def _seen(self, kind: str, obj: Any) -> None:
+        self._record(obj)
 
     def _run(self) -> None:
         from kubernetes import watch
@@ -169,7 +188,7 @@ class PodIPWatch:
                     version = self._list()
                     self.listed.set()
                 stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-                    self._api.list_pod_for_all_namespaces,
+                    self._lister(),
                     resource_version=version,
                     timeout_seconds=WATCH_SECONDS,
                     _request_timeout=WATCH_SECONDS * 2,
@@ -178,8 +197,8 @@ class PodIPWatch:
                     if event["type"] == "ERROR":
                         version = None  # 410 Gone: the version expired; list again
                         break
-                    self._record(event["object"])
-                    version = str(event["object"].metadata.resource_version)
+                    self._seen(event["type"], event["object"])
+                    version = resource_version(event["object"])
                 backoff = 0.5
             except Exception:
                 version = None
