@@ -38,6 +38,7 @@ class Window:
     start: float
     end: float | None = None
     skipped: bool = False
+    error: str = ""
 
 
 class FaultLog:
@@ -77,12 +78,15 @@ class FaultLog:
 
 
 def apply_fault(rig: Rig, log: FaultLog, fault: s.Fault, budget_history: list[tuple[float, int]]) -> Window:
-    """Apply one fault; returns its (closed) window."""
+    """Apply one fault; returns its (closed) window.  An action that fails (a component that does not come
+    back, a command refused) is kept in ``window.error`` for the auditor, and the run goes on."""
     action = ACTIONS[fault.kind]
     window = log.open(fault.kind, "")
     try:
         window.target = action(rig, fault.pick, budget_history) or ""
         window.skipped = window.target == ""
+    except Exception as exc:
+        window.error = f"{type(exc).__name__}: {exc}"[:2000]
     finally:
         log.close(window)
     return window
