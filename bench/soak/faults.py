@@ -164,10 +164,7 @@ def restart_control_plane(rig: Rig, pick: int, _: Any) -> str:
     """Stop etcd, the API server and the other components (``kwokctl stop cluster``), keep them down a few
     seconds, start them again, and wait until the API server answers and the fake nodes renew their
     leases (KWOK moves pods again)."""
-    rig.kwokctl("stop", "cluster")
-    time.sleep(2 + pick % 5)
-    since = time.time()
-    rig.kwokctl("start", "cluster")
+    since = rig.restart_control_plane(down_s=2 + pick % 5)
     wait_seconds(rig.api_answers, timeout=120, what="the API server answers after the restart")
     wait_seconds(lambda: rig.fake_nodes_back(since), timeout=120, what="the KWOK nodes renew their leases")
     return "etcd + kube-apiserver + controllers"

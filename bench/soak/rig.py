@@ -13,12 +13,15 @@ deadline.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from bench.minilm import packaged_minilm
 from modelpool_contract.labels import LABEL_POOL
@@ -210,6 +213,38 @@ class Rig:
         if code != 0:
             raise RuntimeError(f"kwokctl {' '.join(args)} exited {code} (log: {out.name})")
 
+    def restart_control_plane(self, down_s: float) -> float:
+        """``kwokctl stop cluster``, ``down_s`` seconds down, ``kwokctl start cluster``.  While it is down
+        the components' ports are held by sockets of the soak's own: kwokctl picks a new cluster's ports
+        by what is free, and another cluster created on this machine meanwhile (a test session) would take
+        them, so this one could not start again.  Returns the wall-clock time of the start."""
+        ports = self.component_ports()
+        self.kwokctl("stop", "cluster")
+        held = hold_ports(ports)
+        try:
+            time.sleep(down_s)
+        finally:
+            for sock in held:
+                sock.close()
+        started = time.time()
+        self.kwokctl("start", "cluster")
+        return started
+
+    def component_ports(self) -> list[int]:
+        """The TCP ports the cluster's components (etcd, the API server, ...) listen on."""
+        prefix = str(self.workdir / "kwok" / "clusters" / self.name)
+        ports: set[int] = set()
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = proc.info["cmdline"] or []
+            if not cmdline or not cmdline[0].startswith(prefix):
+                continue
+            try:
+                connections = proc.net_connections(kind="tcp")
+            except psutil.Error:
+                continue
+            ports |= {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
+        return sorted(ports)
+
     def api_answers(self) -> bool:
         return self.cluster.kubectl("get", "--raw", "/readyz", check=False, timeout=10).returncode == 0
 
@@ -244,6 +279,23 @@ class Rig:
         out = self.cluster.kubectl("get", POOLS, "-n", NAMESPACE, "-o", "json", timeout=30)
         items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
         return items
+
+
+def hold_ports(ports: list[int]) -> list[socket.socket]:
+    """A listening socket on each port that is free (all addresses, IPv4 and IPv6), so nobody binds it."""
+    held = []
+    for port in ports:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("::", port))
+            sock.listen(1)
+        except OSError:
+            sock.close()  # taken already: nothing to hold
+            continue
+        held.append(sock)
+    return held
 
 
 def wait_seconds(predicate: Any, timeout: float, what: str, interval: float = 0.5) -> float:
