@@ -118,6 +118,8 @@ class PodIPWatch:
 
     A watch that expires (410 Gone) or fails is followed by a fresh list, with a bounded back-off while
     the API server is away, so the record misses nothing that exists at any list and every change between.
+    A subclass reuses the loop for other objects or other purposes through ``_lister`` (what is listed and
+    watched), ``_listed`` (a whole list) and ``_seen`` (one watch event); bench/soak's auditor does.
     """
 
     def __init__(self, kubeconfig: Path, record: PodIPRecord | None = None) -> None:
