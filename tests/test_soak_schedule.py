@@ -94,3 +94,37 @@ def test_converged_names_short_pools_orphans_and_stuck_deletions() -> None:
     assert converged([pool], [pod, orphan]) == ["orphan pod b"]
     stuck = {**pool, "metadata": {"name": "p", "deletionTimestamp": "x", "finalizers": ["f"]}}
     assert converged([stuck], [pod])[0].startswith("p: deleting")
+
+
+def test_held_ports_cannot_be_bound_by_anyone_else() -> None:
+    import socket
+
+    from bench.soak.rig import hold_ports
+    from tests.kube import free_port
+
+    port = free_port()
+    held = hold_ports([port])
+    try:
+        assert len(held) == 1
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("0.0.0.0", port))
+    finally:
+        for sock in held:
+            sock.close()
+    with socket.socket() as other:
+        other.bind(("0.0.0.0", port))  # free again once released
+
+
+def test_rss_summary_compares_the_longest_lived_process_after_it_settled() -> None:
+    from bench.soak.rss import RssSampler
+
+    sampler = RssSampler(dict)
+    sampler.samples["operator"] = [
+        (0.0, 1, 100),  # killed early
+        (5.0, 1, 500),
+        (10.0, 2, 50),  # the successor: start-up, then settled
+        (40.0, 2, 80),
+        (100.0, 2, 90),
+    ]
+    first, last, peak, processes, span = sampler.summary(settle=20)["operator"]
+    assert (first, last, peak, processes, span) == (80, 90, 500, 2, 60.0)
