@@ -128,3 +128,29 @@ def test_rss_summary_compares_the_longest_lived_process_after_it_settled() -> No
     ]
     first, last, peak, processes, span = sampler.summary(settle=20)["operator"]
     assert (first, last, peak, processes, span) == (80, 90, 500, 2, 60.0)
+
+
+def test_auditor_reports_each_violation_with_the_event_that_showed_it() -> None:
+    import time
+
+    from bench.soak.auditor import Auditor
+
+    auditor = Auditor(FaultLog(), [(time.monotonic() - 60, 2 * GI)])
+    auditor.object_event(
+        "modelpools",
+        "MODIFIED",
+        {
+            "metadata": {"namespace": "soak", "name": "p"},
+            "status": {"workers": [{"name": "a", "state": "Loading"}]},
+        },
+    )
+    auditor.pod_event("ADDED", _pod("a", 2 * GI, phase="Running"))
+    assert auditor.violations == []
+    auditor.pod_event("ADDED", _pod("b", GI, phase="Running"))  # 3 GiB charged, budget 2 GiB
+    assert [(v.rule, v.event) for v in auditor.violations] == [("budget", "pod b ADDED")]
+    marked = _pod("a", 2 * GI, phase="Running")
+    marked["metadata"]["annotations"]["modelpool.dev/evicting"] = "ScaleDown"  # type: ignore[index]
+    auditor.pod_event("MODIFIED", marked)
+    auditor.stop()  # confirms the eviction: its pool was not deleted
+    assert [(v.rule, v.event) for v in auditor.violations][1] == ("eviction", "pod a MODIFIED")
+    assert "while Loading" in auditor.violations[1].detail
