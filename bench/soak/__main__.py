@@ -27,7 +27,7 @@ from bench.soak.faults import FaultLog, apply_fault
 from bench.soak.report import SoakResult, table, write_readme
 from bench.soak.rig import KWOK_NODE_LEASE_SECONDS, Plan, Rig
 from bench.soak.rss import RssSampler
-from tests.clusterlib import start_cluster, stop_cluster
+from tests.clusterlib import Cluster, start_cluster, stop_cluster
 from tests.kube import WaitTimeoutError, wait_for
 
 CONVERGE_S = 120.0
@@ -68,10 +68,9 @@ def run(
     )
     workdir = Path(tempfile.mkdtemp(prefix="modelpool-soak-"))
     name = f"mp-soak-{uuid.uuid4().hex[:6]}"
-    os.environ["KWOK_NODE_LEASE_SECONDS"] = KWOK_NODE_LEASE_SECONDS
     result: SoakResult | None = None
     try:
-        cluster = start_cluster(workdir, name)
+        cluster = _start_cluster(workdir, name)
         rig = Rig(cluster, workdir, name, plan)
         result = _soak(rig, faults, minutes, command)
         return result
@@ -83,6 +82,20 @@ def run(
             sys.stderr.write(
                 f"soak: logs (operator, gateway, control plane, process node) kept in {workdir}\n"
             )
+
+
+def _start_cluster(workdir: Path, name: str) -> Cluster:
+    """``start_cluster`` with short KWOK node leases (read at creation; the variable is put back after,
+    so clusters other code creates in this process are not changed)."""
+    before = os.environ.get("KWOK_NODE_LEASE_SECONDS")
+    os.environ["KWOK_NODE_LEASE_SECONDS"] = KWOK_NODE_LEASE_SECONDS
+    try:
+        return start_cluster(workdir, name)
+    finally:
+        if before is None:
+            del os.environ["KWOK_NODE_LEASE_SECONDS"]
+        else:
+            os.environ["KWOK_NODE_LEASE_SECONDS"] = before
 
 
 def _soak(rig: Rig, faults: list[sched.Fault], minutes: float, command: str) -> SoakResult:
