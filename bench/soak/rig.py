@@ -12,6 +12,7 @@ deadline.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -25,6 +26,7 @@ import psutil
 
 from bench.minilm import packaged_minilm
 from modelpool_contract.labels import LABEL_POOL
+from modelpool_contract.times import parse_time
 from tests.clusterlib import BIN, ROOT, Cluster
 from tests.gateway.integration.gwharness import GatewayProcess, bearer, create_key
 from tests.kube import apply, free_port, wait_established, wait_for
@@ -255,8 +257,6 @@ class Rig:
             "jsonpath={range .items[*]}{.metadata.name} {.spec.renewTime}{'\\n'}{end}",
             check=False, timeout=10,
         ).stdout  # fmt: skip
-        from modelpool_contract.times import parse_time
-
         renewed = [line.split() for line in out.splitlines() if line.startswith("kwok-")]
         if not renewed:
             return False
@@ -267,15 +267,11 @@ class Rig:
         return True
 
     def worker_pods(self) -> list[dict[str, Any]]:
-        import json
-
         out = self.cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", LABEL_POOL, "-o", "json", timeout=30)
         items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
         return items
 
     def pools(self) -> list[dict[str, Any]]:
-        import json
-
         out = self.cluster.kubectl("get", POOLS, "-n", NAMESPACE, "-o", "json", timeout=30)
         items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
         return items
