@@ -1,5 +1,5 @@
 # modelpool — developer entry points.  The target names are a contract (see README):
-#   test, demo, bench, testbin, cluster-up, cluster-down, e2e-kind, crds, lint, venv
+#   test, demo, bench, soak, testbin, cluster-up, cluster-down, e2e-kind, crds, lint, venv
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -55,6 +55,10 @@ bench: venv testbin ## server vs direct model, overload, health-during-load, gat
 	$(PY) -m bench.cpu_quota
 	$(PY) -m bench.gateway
 	$(PY) -m bench.controlplane
+
+.PHONY: soak
+soak: venv testbin ## 30 min of faults under load, audited at every event (python -m bench.soak; SOAK_ARGS=)
+	$(PY) -m bench.soak --readme $(SOAK_ARGS)
 
 .PHONY: e2e-kind
 e2e-kind: venv testbin ## the e2e suite on a kind cluster (needs a Docker engine)

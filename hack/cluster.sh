@@ -19,6 +19,8 @@
 # BIN_DIR (default <repo>/bin), VENV (default <repo>/.venv), PROCESSNODE_NAME (default process-node-0),
 # PROCESSNODE_IP_OCTET (pods on the process node get 127.<octet>.y.z; default 42),
 # PROCESSNODE_BACKOFF_INITIAL / PROCESSNODE_BACKOFF_MAX (crash-loop back-off seconds; default 1 / 30).
+# KWOK_NODE_LEASE_SECONDS (at creation: the fake nodes' lease duration; kwokctl's default is 200 s, which
+# KWOK's controller waits out after a control-plane restart before it moves pods again; the soak sets 20).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${CLUSTER_DIR:-$root/.cluster}
@@ -121,6 +123,7 @@ up() {
       --extra-args "kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake" \
       --kube-audit-policy "$root/hack/audit-policy.yaml" \
       --extra-args "kube-apiserver=enable-admission-plugins=OwnerReferencesPermissionEnforcement" \
+      ${KWOK_NODE_LEASE_SECONDS:+--extra-args "kwok-controller=node-lease-duration-seconds=$KWOK_NODE_LEASE_SECONDS"} \
       --quiet-pull \
       --wait 120s \
       >"$logs/kwokctl.log" 2>&1; then

@@ -18,6 +18,8 @@ Modules:
   threaded closed loop through the gateway or to workers.
 * ``corpus``: the deterministic sentences the load sends.
 * ``prom``: Prometheus text exposition read with prometheus_client's parser.
+* ``services``: the operator and the gateway as real processes (``OperatorProcess``, ``GatewayProcess``),
+  gateway keys, pool and budget manifests, a pool's pods and their process-node processes.
 * ``processnode``: the process node, a kubelet-like agent running pods as local processes
   (``python -m testkit.processnode``; ``hack/cluster.sh`` starts it).
 """

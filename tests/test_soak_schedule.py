@@ -1,0 +1,156 @@
+"""The soak's pure parts: the seeded fault schedule and the auditor's decisions (bench/soak)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.soak import schedule as sched
+from bench.soak.auditor import budget_limit, charge, converged, eviction_begins, request_outcome
+from bench.soak.clients import Sent
+from bench.soak.faults import FaultLog
+
+GI = 2**30
+
+
+def test_schedule_is_a_function_of_the_seed_and_holds_the_required_faults() -> None:
+    required = {sched.CONTROL_PLANE_RESTART: 2, sched.GATEWAY_KILL: 1, sched.BUDGET_SHRINK: 1}
+    a = sched.schedule(5, 600, 8, required)
+    assert a == sched.schedule(5, 600, 8, required)
+    assert a != sched.schedule(6, 600, 8, required)
+    counts = sched.counts(a)
+    assert counts[sched.CONTROL_PLANE_RESTART] == 2 and counts[sched.GATEWAY_KILL] >= 1
+    assert len(a) == 600 // 8 and [f.at for f in a] == sorted(f.at for f in a)
+    # Every paired fault is undone later: as many grows as shrinks, deletes as creates.
+    assert counts[sched.BUDGET_SHRINK] == counts[sched.BUDGET_GROW]
+    assert counts.get(sched.POOL_CREATE, 0) == counts.get(sched.POOL_DELETE, 0)
+    kinds = [f.kind for f in a]
+    assert kinds.index(sched.BUDGET_SHRINK) < kinds.index(sched.BUDGET_GROW)
+
+
+def test_schedule_refuses_more_required_faults_than_slots() -> None:
+    with pytest.raises(ValueError, match="do not fit"):
+        sched.schedule(1, 20, 10, {sched.WORKER_KILL: 3})
+
+
+def _pod(name: str, memory: int = GI, **status: object) -> dict[str, object]:
+    meta = {"name": name, "namespace": "soak", "labels": {"modelpool.dev/pool": "p"}}
+    meta["annotations"] = {"modelpool.dev/memory-bytes": str(memory)}
+    return {"metadata": meta, "status": dict(status)}
+
+
+def test_charge_follows_the_operators_contract() -> None:
+    assert charge(_pod("a", 2 * GI, phase="Running")) == 2 * GI
+    assert charge(_pod("a", 2 * GI, phase="Failed")) == 0
+    terminated = [{"state": {"terminated": {"exitCode": 137}}}]
+    assert charge(_pod("a", 2 * GI, phase="Running", containerStatuses=terminated)) == 0
+
+
+def test_budget_limit_is_the_largest_budget_in_force_within_the_lag() -> None:
+    history = [(0.0, 8 * GI), (100.0, 4 * GI)]
+    assert budget_limit(history, 105.0, lag=10) == 8 * GI  # just shrunk: admissions judged on 8 may land
+    assert budget_limit(history, 111.0, lag=10) == 4 * GI
+    assert budget_limit([], 1.0) is None
+
+
+def test_eviction_begins_on_annotation_deletion_or_disappearance() -> None:
+    pod = _pod("a", phase="Running")
+    marked = _pod("a", phase="Running")
+    marked["metadata"]["annotations"]["modelpool.dev/evicting"] = "ScaleDown"  # type: ignore[index]
+    deleting = _pod("a", phase="Running")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # type: ignore[index]
+    assert eviction_begins(pod, marked) == "marked for eviction (ScaleDown)"
+    assert eviction_begins(pod, deleting) == "deletion began"
+    assert eviction_begins(pod, None) == "deleted"
+    assert eviction_begins(deleting, None) is None
+    assert eviction_begins(pod, pod) is None
+
+
+def test_request_outcomes_name_the_fault_behind_a_connection_error() -> None:
+    log = FaultLog()
+    ok = Sent("polite-0", "p", 0.0, 30.0, end=1.0, status=200)
+    assert request_outcome(ok, log) == ("answered 200", None)
+    late = Sent("polite-0", "p", 0.0, 30.0, end=40.0, status=200)
+    assert request_outcome(late, log)[1] is not None
+    refused = Sent("rude-0", "p", 100.0, 30.0, end=100.1, error="ConnectError: refused")
+    outcome, violation = request_outcome(refused, log)
+    assert outcome == "connection error (no fault)" and violation
+    window = log.open(sched.GATEWAY_KILL, "pid 1")
+    window.start = 99.0
+    log.close(window)
+    window.end = 100.5
+    assert request_outcome(refused, log) == (f"connection error ({sched.GATEWAY_KILL})", None)
+
+
+def test_converged_names_short_pools_orphans_and_stuck_deletions() -> None:
+    pool = {
+        "metadata": {"name": "p"},
+        "spec": {"replicas": 1},
+        "status": {"readyReplicas": 1, "workers": [{"name": "a", "state": "Ready"}]},
+    }
+    pod = _pod("a", phase="Running")
+    assert converged([pool], [pod]) == []
+    orphan = _pod("b", phase="Running")
+    orphan["metadata"]["labels"] = {"modelpool.dev/pool": "gone"}  # type: ignore[index]
+    assert converged([pool], [pod, orphan]) == ["orphan pod b"]
+    stuck = {**pool, "metadata": {"name": "p", "deletionTimestamp": "x", "finalizers": ["f"]}}
+    assert converged([stuck], [pod])[0].startswith("p: deleting")
+
+
+def test_held_ports_cannot_be_bound_by_anyone_else() -> None:
+    import socket
+
+    from bench.soak.rig import hold_ports
+    from testkit.environment import free_port
+
+    port = free_port()
+    held = hold_ports([port])
+    try:
+        assert len(held) == 1
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("0.0.0.0", port))
+    finally:
+        for sock in held:
+            sock.close()
+    with socket.socket() as other:
+        other.bind(("0.0.0.0", port))  # free again once released
+
+
+def test_rss_summary_compares_the_longest_lived_process_after_it_settled() -> None:
+    from bench.soak.rss import RssSampler
+
+    sampler = RssSampler(dict)
+    sampler.samples["operator"] = [
+        (0.0, 1, 100),  # killed early
+        (5.0, 1, 500),
+        (10.0, 2, 50),  # the successor: start-up, then settled
+        (40.0, 2, 80),
+        (100.0, 2, 90),
+    ]
+    first, last, peak, processes, span = sampler.summary(settle=20)["operator"]
+    assert (first, last, peak, processes, span) == (80, 90, 500, 2, 60.0)
+
+
+def test_auditor_reports_each_violation_with_the_event_that_showed_it() -> None:
+    import time
+
+    from bench.soak.auditor import Auditor
+
+    auditor = Auditor(FaultLog(), [(time.monotonic() - 60, 2 * GI)])
+    auditor.object_event(
+        "modelpools",
+        "MODIFIED",
+        {
+            "metadata": {"namespace": "soak", "name": "p"},
+            "status": {"workers": [{"name": "a", "state": "Loading"}]},
+        },
+    )
+    auditor.pod_event("ADDED", _pod("a", 2 * GI, phase="Running"))
+    assert auditor.violations == []
+    auditor.pod_event("ADDED", _pod("b", GI, phase="Running"))  # 3 GiB charged, budget 2 GiB
+    assert [(v.rule, v.event) for v in auditor.violations] == [("budget", "pod b ADDED")]
+    marked = _pod("a", 2 * GI, phase="Running")
+    marked["metadata"]["annotations"]["modelpool.dev/evicting"] = "ScaleDown"  # type: ignore[index]
+    auditor.pod_event("MODIFIED", marked)
+    auditor.stop()  # confirms the eviction: its pool was not deleted
+    assert [(v.rule, v.event) for v in auditor.violations][1] == ("eviction", "pod a MODIFIED")
+    assert "while Loading" in auditor.violations[1].detail
