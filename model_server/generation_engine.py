@@ -274,7 +274,8 @@ class BatchingEngine:
             "waiting": len(scheduler.waiting_requests) if scheduler else 0,
             "waiting_order": len(scheduler.waiting_requests_order) if scheduler else 0,
             "to_cancel": len(scheduler._requests_to_cancel) if scheduler else 0,
-            "free_sectors": cache.pool.num_free_sectors if cache else 0,
+            "free_cache_bytes": int(cache.compute_free_capacity(relative=False)) if cache else 0,
+            "block_tables": sum(len(a.block_table) for a in cache.cache_allocators.values()) if cache else 0,
             "outputs_queued": self._manager.output_router.output_queue.qsize(),
             "handlers": len(self._manager.output_router.result_handlers),
         }
@@ -360,7 +361,10 @@ class BatchingEngine:
                 batch = [outputs.get(timeout=READER_POLL_S)]
             except queue.Empty:
                 if not self._manager.is_running() and not self._closing.is_set():
-                    self._loop.call_soon_threadsafe(self._loop_stopped)
+                    try:
+                        self._loop.call_soon_threadsafe(self._loop_stopped)
+                    except RuntimeError:  # the event loop is closed: the process is ending
+                        return
                     self._closing.wait(READER_POLL_S)
                 continue
             while True:
@@ -368,7 +372,10 @@ class BatchingEngine:
                     batch.append(outputs.get_nowait())
                 except queue.Empty:
                     break
-            self._loop.call_soon_threadsafe(self._on_outputs, batch)
+            try:
+                self._loop.call_soon_threadsafe(self._on_outputs, batch)
+            except RuntimeError:  # the event loop is closed: the process is ending
+                return
 
     def _on_outputs(self, outputs: list[Any]) -> None:
         now = time.monotonic()
@@ -544,9 +551,16 @@ def _start(task: Any, device: str, capacity: int, on_fatal: Callable[[str], None
 
     model, tokenizer = task._model, task._tokenizer
     pad = model.generation_config.pad_token_id
+    eos = sorted(eos_ids(model, tokenizer))
     # Any temperature and top_p other than 1 make the manager build their per-request processors.
     generation = GenerationConfig(  # type: ignore[no-untyped-call]
-        do_sample=True, temperature=0.5, top_p=0.5, top_k=None, pad_token_id=pad, max_new_tokens=16
+        do_sample=True,
+        temperature=0.5,
+        top_p=0.5,
+        top_k=None,
+        pad_token_id=pad,
+        eos_token_id=eos or -1,
+        max_new_tokens=16,
     )
     config = ContinuousBatchingConfig(
         page_size=PAGE_TOKENS,
