@@ -324,6 +324,8 @@ class BatchingEngine:
                 **sampling(item.params),
             )
         assert self.reserved >= need  # the reservation just added covers what admission checked
+        if emit is not None:
+            emit("")  # no text: the route may send its headers (the request is admitted)
 
     def _prepare(self, item: GenerationItem) -> tuple[GenerationItem, tuple[list[int], int]]:
         """Validate, render and tokenize one item (400 for what this engine cannot serve)."""

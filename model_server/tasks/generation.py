@@ -207,6 +207,8 @@ def generate(
             done = text.stopped or nobody_waits()
             return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
+    if emit is not None:
+        emit("")  # no text: the route may send its headers (the model has taken the request)
     if params.seed is not None:
         torch.manual_seed(params.seed)  # seeds every device; generation runs on this one thread
     with torch.inference_mode():

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from model_server.dataplane import Unit
@@ -33,6 +34,7 @@ from model_server.generation_engine import (
 from model_server.tasks.base import GenerationItem, GenerationParams, GenerationResult
 from model_server.tasks.generation import watching_cancel
 from model_server.tasks.text_generation import TextGenerationTask
+from tests.server.conftest import start_server, stats
 from tests.server.tiny_fixtures import load_task, tiny_llama_generation, torch_threads
 
 __all__ = ["tiny_llama_generation"]  # the session fixture, re-exported for pytest
@@ -269,3 +271,34 @@ def test_the_serial_path_stops_a_generation_nobody_waits_for(task: TextGeneratio
         [cut] = task.run([item], emit=pieces.append)
     assert whole.completion_tokens > 20
     assert cut.completion_tokens <= 6  # stopped within a token or two of leaving
+
+
+# ---- through a real server ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_server_names_the_engine_and_refuses_what_the_cache_cannot_hold(tiny_llama_generation: Path) -> None:
+    """/stats names the engine and its cache; a request the cache can never hold is a 400 naming
+    ``--kv-cache-tokens``, streaming or not (before the stream's headers); the next request is served."""
+    proc = start_server(
+        "--model", str(tiny_llama_generation), "--task", "text-generation", "--device", "cpu",
+        "--name", "tiny", "--kv-cache-tokens", str(2 * PAGE_TOKENS), wait="ready",
+    )  # fmt: skip
+    try:
+        generation = stats(proc)["generation"]
+        assert generation == {
+            "engine": "continuous-batching",
+            "kv_cache_tokens": 2 * PAGE_TOKENS,
+            "kv_cache_reserved_tokens": 0,
+            "running": 0,
+        }
+        client = openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0)
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError, match="--kv-cache-tokens"):
+                client.completions.create(model="tiny", prompt="hi", max_tokens=100, stream=stream)
+        chunks = list(
+            client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=0, stream=True)
+        )
+        assert chunks[-1].choices[0].finish_reason == "length"
+    finally:
+        proc.stop()
