@@ -281,6 +281,7 @@ class DataPlane:
         engine = self.worker.engine
         assert engine is not None
         self.state_machine.try_to(State.PROCESSING)
+        engine.metrics = self.metrics
         unit.on_abandon = partial(engine.abandon, unit)
         engine.submit(unit, self._engine_done)
         self.publish()

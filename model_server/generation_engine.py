@@ -53,6 +53,7 @@ from model_server.tasks.params import check_generation_params
 
 if TYPE_CHECKING:
     from model_server.dataplane import Unit
+    from model_server.metrics import Metrics
 
 log = logging.getLogger("modelpool.generation")
 
@@ -216,6 +217,8 @@ class _Job:
     emit: Emitter | None
     text: StopText
     ids: list[int] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    last_token: float | None = None  # when its last token arrived
 
 
 @dataclass(eq=False)
@@ -250,6 +253,7 @@ class BatchingEngine:
         self._reader: threading.Thread | None = None
         self._closing = threading.Event()
         self._seconds_per_token = 0.01  # EWMA of the time between a request's tokens (Retry-After)
+        self.metrics: Metrics | None = None  # where time to first token and inter-token latency go
         self._last_output = time.monotonic()
 
     # ---- figures -----------------------------------------------------------------------------------
@@ -401,7 +405,10 @@ class BatchingEngine:
         if output.status == RequestStatus.FAILED:
             self._end_unit(running, InferenceError(f"generation failed: {output.error}"))
             return
+        new = len(output.generated_tokens) - len(job.ids)
         job.ids = [int(t) for t in output.generated_tokens]
+        if new > 0:
+            self._observe(job, new, now)
         finished = output.status == RequestStatus.FINISHED
         decoded = str(self._tokenizer.decode(job.ids, skip_special_tokens=True))
         piece = job.text.feed(decoded, final=finished)
@@ -409,6 +416,20 @@ class BatchingEngine:
             job.emit(piece)
         if finished or job.text.stopped:
             self._finish_job(running, job, cancel=not finished)
+
+    def _observe(self, job: _Job, new: int, now: float) -> None:
+        """Time to first token, inter-token latency (the gap shared by the tokens that arrived together)."""
+        metrics = self.metrics
+        if metrics is None:
+            return
+        if job.last_token is None:
+            metrics.first_token.observe(now - job.started)
+        else:
+            gap = (now - job.last_token) / new
+            for _ in range(new):
+                metrics.inter_token.observe(gap)
+        job.last_token = now
+        metrics.generated_tokens.inc(new)
 
     def _finish_job(self, running: _Running, job: _Job, *, cancel: bool) -> None:
         self._drop_job(job, cancel)

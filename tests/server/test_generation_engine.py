@@ -1,9 +1,10 @@
 """The continuous-batching generation engine (``model_server.generation_engine``) in-process, on a tiny
 Llama built from a config and loaded through the real text-generation task: streams interleave and each
-gets its own text, greedy equals ``generate`` for every request, stop strings and max_tokens end one
-request while others run, cancelled and timed-out requests leave every table as it was, admission in
-tokens (400 with the numbers, 429 with Retry-After).  Plus its pure decisions, and the serial path's
-stopping criterion for a generation nobody waits for."""
+gets its own text, greedy equals ``generate`` for every request (and the token metrics count them), stop
+strings and max_tokens end one request while others run, cancelled and timed-out requests leave every
+table as it was, admission in tokens (400 with the numbers, 429 with Retry-After).  Plus its pure
+decisions, and the serial path's stopping criterion for a generation nobody waits for (the server's view
+of the engine is in test_task_server.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from model_server.dataplane import Unit
@@ -31,10 +31,10 @@ from model_server.generation_engine import (
     refusal,
     sampling,
 )
+from model_server.metrics import Metrics
 from model_server.tasks.base import GenerationItem, GenerationParams, GenerationResult
 from model_server.tasks.generation import watching_cancel
 from model_server.tasks.text_generation import TextGenerationTask
-from tests.server.conftest import start_server, stats
 from tests.server.tiny_fixtures import load_task, tiny_llama_generation, torch_threads
 
 __all__ = ["tiny_llama_generation"]  # the session fixture, re-exported for pytest
@@ -188,9 +188,18 @@ async def test_streams_interleave_and_greedy_equals_generate(
     task: TextGenerationTask, engine: BatchingEngine
 ) -> None:
     expected = [greedy_generate(task, p, 24) for p in PROMPTS]
+    engine.metrics = metrics = Metrics()
     order: list[int] = []
     calls = [submit(engine, p, GenerationParams(max_tokens=24, temperature=0.0), order) for p in PROMPTS]
     results = [await result(c) for c in calls]
+    engine.metrics = None
+    generated = sum(r.completion_tokens for r in results)
+    registry = metrics.registry
+    assert registry.get_sample_value("modelpool_generated_tokens_total") == generated
+    assert registry.get_sample_value("modelpool_time_to_first_token_seconds_count") == len(PROMPTS)
+    assert registry.get_sample_value("modelpool_inter_token_latency_seconds_count") == generated - len(
+        PROMPTS
+    )
     for call, got, want in zip(calls, results, expected, strict=True):
         assert got.text == want  # greedy: the same text as generate, for every request
         assert "".join(call.pieces) == got.text  # its own pieces, nobody else's
@@ -271,34 +280,3 @@ def test_the_serial_path_stops_a_generation_nobody_waits_for(task: TextGeneratio
         [cut] = task.run([item], emit=pieces.append)
     assert whole.completion_tokens > 20
     assert cut.completion_tokens <= 6  # stopped within a token or two of leaving
-
-
-# ---- through a real server ---------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_server_names_the_engine_and_refuses_what_the_cache_cannot_hold(tiny_llama_generation: Path) -> None:
-    """/stats names the engine and its cache; a request the cache can never hold is a 400 naming
-    ``--kv-cache-tokens``, streaming or not (before the stream's headers); the next request is served."""
-    proc = start_server(
-        "--model", str(tiny_llama_generation), "--task", "text-generation", "--device", "cpu",
-        "--name", "tiny", "--kv-cache-tokens", str(2 * PAGE_TOKENS), wait="ready",
-    )  # fmt: skip
-    try:
-        generation = stats(proc)["generation"]
-        assert generation == {
-            "engine": "continuous-batching",
-            "kv_cache_tokens": 2 * PAGE_TOKENS,
-            "kv_cache_reserved_tokens": 0,
-            "running": 0,
-        }
-        client = openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0)
-        for stream in (False, True):
-            with pytest.raises(openai.BadRequestError, match="--kv-cache-tokens"):
-                client.completions.create(model="tiny", prompt="hi", max_tokens=100, stream=stream)
-        chunks = list(
-            client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=0, stream=True)
-        )
-        assert chunks[-1].choices[0].finish_reason == "length"
-    finally:
-        proc.stop()
