@@ -410,6 +410,8 @@ class BatchingEngine:
         if new > 0:
             self._observe(job, new, now)
         finished = output.status == RequestStatus.FINISHED
+        if not finished and job.emit is None and not job.text.stops:
+            return  # nothing to stream or watch for: decode once, at the end
         decoded = str(self._tokenizer.decode(job.ids, skip_special_tokens=True))
         piece = job.text.feed(decoded, final=finished)
         if piece and job.emit is not None:
