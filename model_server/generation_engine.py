@@ -296,6 +296,10 @@ class BatchingEngine:
         except ServerError as exc:
             done(unit, exc)
             return
+        except Exception as exc:  # a tokenizer's or template's bug fails this request alone
+            log.exception("cannot prepare a generation")
+            done(unit, InferenceError(f"the request could not be prepared: {type(exc).__name__}: {exc}"))
+            return
         need = sum(pages(ids_len + item.params.max_tokens) * PAGE_TOKENS for item, (_, ids_len) in prepared)
         error = admission_error(
             sum(n for _, (_, n) in prepared),
@@ -391,8 +395,15 @@ class BatchingEngine:
         self._last_output = now
         for output in outputs:
             job = self._jobs.get(output.request_id)
-            if job is not None:
+            if job is None:
+                continue  # ended already (cancelled, failed): its late tokens go nowhere
+            try:
                 self._on_output(job, output, now)
+            except Exception as exc:  # a decoding bug fails this request alone
+                log.exception("a generation's output failed")
+                running = self._units.get(id(job.unit))
+                if running is not None:
+                    self._end_unit(running, InferenceError(f"generation failed: {type(exc).__name__}: {exc}"))
         self._confirm_cancels()
 
     def _on_output(self, job: _Job, output: Any, now: float) -> None:
@@ -458,7 +469,8 @@ class BatchingEngine:
     def _drop_job(self, job: _Job, cancel: bool) -> None:
         """The job leaves; a job the manager still runs is cancelled there and keeps its reservation until
         the manager has dropped it (its KV blocks are free only then)."""
-        del self._jobs[job.rid]
+        if self._jobs.pop(job.rid, None) is None:
+            return  # left already
         if cancel:
             self._manager.cancel_request(job.rid)
             self._cancelling[job.rid] = job.reserved
