@@ -124,11 +124,13 @@ def default_kv_cache_tokens(
 
 
 def admission_error(
-    prompt_tokens: int, max_tokens: int, *, capacity: int, reserved: int, retry_after_s: int
+    requests: Sequence[tuple[int, int]], *, capacity: int, reserved: int, retry_after_s: int
 ) -> ServerError | None:
-    """Pure: why a request of ``prompt_tokens`` + ``max_tokens`` cannot start now (None: it can).
-    400 when it could never fit the cache, 429 when the running requests' reservations leave too little."""
-    need = pages(prompt_tokens + max_tokens) * PAGE_TOKENS
+    """Pure: why a request of generations (prompt tokens, ``max_tokens``) cannot start now (None: it can).
+    400 when it could never fit the cache, 429 when the running requests' reservations leave too little.
+    Each generation holds whole pages."""
+    prompt_tokens, max_tokens = sum(p for p, _ in requests), sum(m for _, m in requests)
+    need = sum(pages(p + m) * PAGE_TOKENS for p, m in requests)
     if need > capacity:
         return InvalidInput(
             f"this request needs {prompt_tokens + max_tokens} tokens of KV cache ({prompt_tokens} in the "
@@ -300,10 +302,8 @@ class BatchingEngine:
             log.exception("cannot prepare a generation")
             done(unit, InferenceError(f"the request could not be prepared: {type(exc).__name__}: {exc}"))
             return
-        need = sum(pages(ids_len + item.params.max_tokens) * PAGE_TOKENS for item, (_, ids_len) in prepared)
         error = admission_error(
-            sum(n for _, (_, n) in prepared),
-            sum(item.params.max_tokens for item, _ in prepared),
+            [(count, item.params.max_tokens) for item, (_, count) in prepared],
             capacity=self.capacity,
             reserved=self.reserved,
             retry_after_s=self._retry_after(),
@@ -331,7 +331,6 @@ class BatchingEngine:
                 eos_token_id=sorted(self._eos) or None,
                 **sampling(item.params),
             )
-        assert self.reserved >= need  # the reservation just added covers what admission checked
         if emit is not None:
             emit("")  # no text: the route may send its headers (the request is admitted)
 

@@ -54,17 +54,22 @@ WAIT_S = 30.0  # every wait below is bounded by this
 
 
 def test_admission_refuses_what_can_never_fit_with_the_numbers() -> None:
-    error = admission_error(100, 60, capacity=128, reserved=0, retry_after_s=1)
+    error = admission_error([(100, 60)], capacity=128, reserved=0, retry_after_s=1)
     assert isinstance(error, InvalidInput)
     assert "160 tokens" in str(error) and "100 in the prompt + 60 max_tokens" in str(error)
     assert "holds 128 (--kv-cache-tokens)" in str(error)
 
 
 def test_admission_is_429_when_the_running_requests_hold_the_cache() -> None:
-    assert admission_error(10, 20, capacity=128, reserved=64, retry_after_s=3) is None
-    full = admission_error(10, 20, capacity=128, reserved=128 - PAGE_TOKENS + 1, retry_after_s=3)
+    assert admission_error([(10, 20)], capacity=128, reserved=64, retry_after_s=3) is None
+    full = admission_error([(10, 20)], capacity=128, reserved=128 - PAGE_TOKENS + 1, retry_after_s=3)
     assert isinstance(full, Overloaded) and full.retry_after_s == 3
     assert "KV cache full" in str(full)
+    # Several generations in one request each hold whole pages: 3 x 1 page fit 3 pages, 4 do not.
+    assert admission_error([(10, 10)] * 3, capacity=3 * PAGE_TOKENS, reserved=0, retry_after_s=1) is None
+    assert isinstance(
+        admission_error([(10, 10)] * 4, capacity=3 * PAGE_TOKENS, reserved=0, retry_after_s=1), InvalidInput
+    )
 
 
 def test_temperature_zero_is_greedy_and_seed_is_refused_only_when_sampling() -> None:
