@@ -104,6 +104,18 @@ class ServerConfig(BaseSettings):
         le=1024,
         description="The model's CPU threads (default: torch's, capped at the CPU limit when one is set)",
     )
+    generation_engine: Literal["auto", "batching", "serial"] = Field(
+        default="auto",
+        description="text-generation: continuous batching where the model allows it (auto), always "
+        "(batching: a model it cannot serve fails to load) or one request at a time (serial)",
+    )
+    kv_cache_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**8,
+        description="The continuous-batching KV cache in tokens (default: a share of the accelerator "
+        "memory left after the weights, or of the pod's memory limit on a CPU)",
+    )
 
     @field_validator("device")
     @classmethod

@@ -8,7 +8,11 @@ deadline passed or whose client went away *before* any compute; for batchable ta
 into a sweep (``sweep.py``: up to a few batches' worth, their items sorted by length) and hands the
 worker batches of up to ``--max-batch-size`` items of similar length, waiting at most
 ``--max-batch-delay-ms`` for more when traffic is concurrent (a lone client never pays the delay); it
-answers each request once its last item is computed.  Other tasks run one request at a time.
+answers each request once its last item is computed.  Other tasks run one request at a time, except
+text generation on the continuous-batching engine (``generation_engine.py``): each request is handed to
+the engine as soon as it leaves the queue, and answered when the engine says it is done.  A unit whose
+client's side gives up stops generating (the engine cancels it; the serial path's generation polls
+``Unit.gone``).
 
 Each batch's outcome: results go back to their requests; ``InvalidInput`` in a batch of several
 requests retries each request's items alone (one bad request must not fail its batch-mates); any other
@@ -25,10 +29,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from model_server.config import ServerConfig
-from model_server.errors import FatalDeviceError, InvalidInput, ModelNotReady, ServerError
+from model_server.errors import FatalDeviceError, InvalidInput, ModelNotReady, Overloaded, ServerError
 from model_server.metrics import Metrics
 from model_server.state_machine import State, StateMachine
 from model_server.sweep import Sweep, sweep_capacity
@@ -54,6 +59,7 @@ class Unit:
     lengths: Sequence[int] = ()
     emit: Emitter | None = None
     abandoned: str | None = None  # why the client's side gave up ("timeout", "disconnected")
+    on_abandon: Callable[[], None] | None = None  # told when it gives up (the engine stops generating)
     answered: bool = False
     results: list[Any] = field(default_factory=list)
     remaining: int = 0
@@ -62,6 +68,10 @@ class Unit:
         if not self.answered:
             self.answered = True
             self.reply(outcome)
+
+    def gone(self) -> bool:
+        """Does nobody wait for this request any more (its client left, or its deadline passed)?"""
+        return self.abandoned is not None or time.monotonic() >= self.deadline
 
     def hints(self) -> Sequence[int]:
         return self.lengths if len(self.lengths) == len(self.items) else [0] * len(self.items)
@@ -119,6 +129,8 @@ class DataPlane:
         """The client's side gave up (deadline, disconnect): never compute what is left of it."""
         if unit.abandoned is None:
             unit.abandoned = reason
+            if unit.on_abandon is not None:
+                unit.on_abandon()
 
     # ---- the queue ----------------------------------------------------------------------------------
 
@@ -221,8 +233,13 @@ class DataPlane:
 
     async def _execute(self, batch: list[Piece]) -> None:
         units = list({id(u): u for u, _ in batch}.values())
+        if self.worker.engine is not None:  # text generation, batched at the token level
+            self._hand_to_engine(units[0])
+            return
         items = [unit.items[i] for unit, i in batch]
         emit = units[0].emit if len(units) == 1 else None
+        # A generation stops at its next token once nobody waits for it (one unit at a time).
+        cancelled = units[0].gone if len(units) == 1 else None
         self.state_machine.try_to(State.PROCESSING)
         self.metrics.batch_size.observe(len(items))
         self.publish()
@@ -230,7 +247,7 @@ class DataPlane:
         # Watched by the supervisor: a batch running past --request-timeout + --wedge-grace is wedged.
         self.view.set(Field.BATCH_STARTED, started)
         try:
-            results = await self.worker.run(items, emit)
+            results = await self.worker.run(items, emit, cancelled)
         except FatalDeviceError as exc:
             self._fail(units, exc)
             self.worker.fail(EXIT_DEVICE_FAILED, str(exc))
@@ -259,6 +276,33 @@ class DataPlane:
             self.publish()
             self._settle()
 
+    def _hand_to_engine(self, unit: Unit) -> None:
+        """Start a request on the generation engine: it runs beside the others (``_engine_done`` ends it)."""
+        engine = self.worker.engine
+        assert engine is not None
+        self.state_machine.try_to(State.PROCESSING)
+        engine.metrics = self.metrics
+        unit.on_abandon = partial(engine.abandon, unit)
+        engine.submit(unit, self._engine_done)
+        self.publish()
+
+    def _engine_done(self, unit: Unit, outcome: Outcome | None) -> None:
+        """The engine is done with a request: its results, its error, or None when nobody waits for it."""
+        if outcome is None:
+            if not unit.answered:
+                self.metrics.dropped.labels(reason=unit.abandoned or "timeout").inc()
+                unit.answered = True
+            self._active.discard(unit)
+        else:
+            if isinstance(outcome, Overloaded):
+                self._count(Column.REJECTED, outcome.reason)
+            elif isinstance(outcome, ServerError) and not isinstance(outcome, InvalidInput):
+                self._count(Column.ERRORS, None)
+            self._finish(unit, outcome)
+        self._last_activity = time.monotonic()
+        self.publish()
+        self._settle()
+
     def _finish(self, unit: Unit, outcome: Outcome) -> None:
         unit.answer(outcome)
         self._active.discard(unit)
@@ -285,6 +329,10 @@ class DataPlane:
         view.set(Field.IN_FLIGHT, len(self._active))
         view.set(Field.BACKLOG_ITEMS, self._queued_items + len(self._sweep))
         view.set(Field.SECONDS_PER_ITEM, self._seconds_per_item)
+        engine = self.worker.engine
+        if engine is not None:
+            view.set(Field.GENERATING, engine.running)
+            view.set(Field.KV_CACHE_RESERVED, engine.reserved)
 
     # ---- idle, drain, failure -----------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import sys
 import weakref
@@ -31,6 +32,7 @@ from model_server.config import ServerConfig
 from model_server.cpu_budget import size_intra_op_threads
 from model_server.dataplane import DataPlane, Outcome, Unit
 from model_server.download import DownloadProgress
+from model_server.generation_engine import ENGINE_CODES, engine_name
 from model_server.metrics import Metrics, gpu_memory, gpu_peak_reserved
 from model_server.process_setup import set_up
 from model_server.state_machine import State, StateMachine
@@ -141,9 +143,17 @@ class InferenceProcess:
         process that sees Ready also sees the task loaded; and the model's CPU threads, read once torch is
         wholly imported (a handler's model may not use torch at all)."""
         self._publish_load()
+        self._publish_engine()
         torch = sys.modules.get("torch")
         if torch is not None:
             self.view.set(Field.CPU_THREADS, torch.get_num_threads())
+
+    def _publish_engine(self) -> None:
+        """Which generation engine serves the model, and its cache, for ``/stats``."""
+        engine = self.worker.engine
+        name = engine_name(self.worker.task, engine)
+        self.view.set(Field.GENERATION_ENGINE, ENGINE_CODES[name] if name else math.nan)
+        self.view.set(Field.KV_CACHE_TOKENS, engine.capacity if engine is not None else math.nan)
 
     def _publish_load(self) -> None:
         worker, view = self.worker, self.view

@@ -14,7 +14,9 @@ too_large, invalid_input...), ``request_latency_seconds{route}``, ``batch_size``
 ``worker_state{state}`` (1 for the current state), ``model_load_seconds``, ``model_warmup_seconds``,
 ``gpu_memory_bytes{kind=allocated|reserved|peak_reserved}``, ``dropped_total{reason}`` (admitted, then
 dropped before compute: timeout, disconnected), ``resident_memory_bytes{process}`` (supervisor, inference,
-http-N).
+http-N).  Text generation on the continuous-batching engine: ``time_to_first_token_seconds``,
+``inter_token_latency_seconds``, ``generated_tokens_total`` (its rate is tokens per second),
+``kv_cache_tokens``, ``kv_cache_reserved_tokens`` and ``generating`` (requests running).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from model_server.worker_view import Field, WorkerView, row_name
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 
 
 def rss_bytes(pid: int | str = "self") -> int:
@@ -110,6 +113,19 @@ class WorkerGauges(Collector):
         gpu.add_metric(["reserved"], view.get(Field.GPU_RESERVED))
         gpu.add_metric(["peak_reserved"], view.optional(Field.GPU_PEAK_RESERVED) or 0.0)
         yield gpu
+        yield _gauge(
+            "modelpool_kv_cache_tokens",
+            "The generation engine's KV cache (tokens)",
+            view.optional(Field.KV_CACHE_TOKENS),
+        )
+        yield _gauge(
+            "modelpool_kv_cache_reserved_tokens",
+            "KV-cache tokens the running generations reserve",
+            view.optional(Field.KV_CACHE_RESERVED),
+        )
+        yield _gauge(
+            "modelpool_generating", "Generations running on the engine", view.optional(Field.GENERATING)
+        )
         rss = GaugeMetricFamily(
             "modelpool_resident_memory_bytes", "Resident memory of each process", labels=["process"]
         )
@@ -152,6 +168,21 @@ class Metrics:
         )
         self.batch_size = Histogram(
             "modelpool_batch_size", "Items per forward pass", buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.first_token = Histogram(
+            "modelpool_time_to_first_token_seconds",
+            "From a generation's start on the engine to its first token",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "modelpool_inter_token_latency_seconds",
+            "Between two tokens of one generation",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.generated_tokens = Counter(
+            "modelpool_generated_tokens", "Tokens generated on the engine", registry=r
         )
 
     def render(self, gauges: WorkerGauges) -> bytes:

@@ -5,6 +5,11 @@ sends each piece across the process boundary as it comes (``ipc.PIECE``), and th
 it here.  The route iterates the stream and sends each piece to the client at once; the iteration ends
 when the request's answer has arrived, and ``results()`` then gives its results (or raises the error it
 failed with).
+
+An empty piece is no text: it says the model has taken the request (a generation engine admitted it, or
+the serial path began generating).  The route waits for that, or the first piece, or the answer
+(``accepted``) before it sends the response's headers, so a request refused by the model (400, 429)
+is answered with that status instead of an error event inside a 200 stream.
 """
 
 from __future__ import annotations
@@ -22,10 +27,33 @@ class TokenStream:
         self._pieces: asyncio.Queue[str] = asyncio.Queue()
         self._results: asyncio.Future[list[Any]] | None = None
         self._abandon: Callable[[], None] = lambda: None
+        self._taken = asyncio.Event()
 
     def put(self, text: str) -> None:
-        """A new piece of text (on the event loop)."""
-        self._pieces.put_nowait(text)
+        """A new piece of text (on the event loop); an empty one only says the model took the request."""
+        self._taken.set()
+        if text:
+            self._pieces.put_nowait(text)
+
+    async def accepted(self, gone: asyncio.Event) -> None:
+        """Wait until the model has taken the request (an empty piece or the first text), its answer has
+        come (``refusal`` then says whether it failed), or the client is gone (``gone``)."""
+        assert self._results is not None, "start() comes first"
+        waiters: set[asyncio.Future[Any]] = {
+            asyncio.ensure_future(self._taken.wait()),
+            asyncio.ensure_future(gone.wait()),
+        }
+        try:
+            await asyncio.wait({*waiters, self._results}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    def refusal(self) -> BaseException | None:
+        """The error the request ended with before the model took it (None: it was taken, or succeeded)."""
+        if self._taken.is_set() or self._results is None or not self._results.done():
+            return None
+        return None if self._results.cancelled() else self._results.exception()
 
     def start(self, results: asyncio.Future[list[Any]], abandon: Callable[[], None]) -> None:
         """The request is admitted: ``results`` completes with its results; ``abandon`` drops it."""

@@ -32,12 +32,14 @@ from model_server import sources
 from model_server.config import ServerConfig
 from model_server.download import DownloadProgress
 from model_server.errors import FatalDeviceError, InferenceError, InvalidInput, ServerError
+from model_server.generation_engine import BatchingEngine, attach
 from model_server.heap import HeapTrimmer
 from model_server.preload import preload_torch_libraries
 from model_server.state_machine import State, StateMachine
 from model_server.tasks import task_class
 from model_server.tasks.base import Emitter, LoadOptions, Task
-from modelpool_contract.exits import EXIT_LOAD_FAILED
+from model_server.tasks.generation import watching_cancel
+from modelpool_contract.exits import EXIT_DEVICE_FAILED, EXIT_LOAD_FAILED
 
 log = logging.getLogger("modelpool.worker")
 
@@ -104,6 +106,8 @@ class Worker:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self.task: Task[Any, Any] | None = None
         self.task_cls: type[Task[Any, Any]] | None = None
+        # The continuous-batching engine of a text-generation model that can use it (generation_engine.py).
+        self.engine: BatchingEngine | None = None
         self.load_error: str | None = None
         self.load_progress = 0.0
         self.load_seconds: float | None = None
@@ -173,6 +177,14 @@ class Worker:
         self.load_seconds = time.monotonic() - started
         self.load_progress = 0.9
         self._warm_up(task)
+        self.engine = attach(
+            task,
+            choice=self.config.generation_engine,
+            device=self.device,
+            trust_remote_code=self.config.trust_remote_code,
+            kv_tokens=self.config.kv_cache_tokens,
+            on_fatal=lambda reason: self.fail(EXIT_DEVICE_FAILED, reason),
+        )
         # The model, torch and transformers leave about half a million long-lived objects behind. A
         # full garbage collection walks all of them and stops the inference process's event loop (its
         # channels, the batcher) for 100s of ms: the tail of every latency under load.  Freeze them
@@ -206,12 +218,15 @@ class Worker:
 
     # ---- inference ----------------------------------------------------------------------------------
 
-    async def run(self, items: Sequence[Any], emit: Emitter | None = None) -> list[Any]:
-        """Run one unit on the inference thread (see the module docstring for error handling)."""
+    async def run(
+        self, items: Sequence[Any], emit: Emitter | None = None, cancelled: Callable[[], bool] | None = None
+    ) -> list[Any]:
+        """Run one unit on the inference thread (see the module docstring for error handling).
+        ``cancelled``: polled by a generation after each token; True ends it (nobody waits for it)."""
         loop = asyncio.get_running_loop()
         self._units_running += 1
         try:
-            return await loop.run_in_executor(self._executor, self._run_sync, items, emit)
+            return await loop.run_in_executor(self._executor, self._run_sync, items, emit, cancelled)
         finally:
             self._units_running -= 1
             self._last_unit_end = time.monotonic()
@@ -230,12 +245,15 @@ class Worker:
         elif self._heap.dirty:
             loop.run_in_executor(self._executor, self._heap.trim)
 
-    def _run_sync(self, items: Sequence[Any], emit: Emitter | None) -> list[Any]:
+    def _run_sync(
+        self, items: Sequence[Any], emit: Emitter | None, cancelled: Callable[[], bool] | None = None
+    ) -> list[Any]:
         task = self.task
         if task is None:
             raise InferenceError("model is not loaded")
         try:
-            results = self._run_splitting(task, list(items), emit)
+            with watching_cancel(cancelled):
+                results = self._run_splitting(task, list(items), emit)
         except (InvalidInput, FatalDeviceError):
             raise
         except Exception as exc:
@@ -262,6 +280,8 @@ class Worker:
             )
 
     def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
         if self._idle_trim is not None:
             self._idle_trim.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)

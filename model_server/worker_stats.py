@@ -11,10 +11,11 @@ import time
 from typing import Any
 
 from model_server.config import ServerConfig
+from model_server.generation_engine import ENGINE_NAMES
 from model_server.metrics import worker_rss
 from model_server.state_machine import StateMachine
 from model_server.worker_view import Column, Field, WorkerView
-from modelpool_contract.stats import StatsDownload, StatsMemory, StatsModel, WorkerStats
+from modelpool_contract.stats import StatsDownload, StatsGeneration, StatsMemory, StatsModel, WorkerStats
 
 
 def ready(state_machine: StateMachine, view: WorkerView) -> bool:
@@ -88,8 +89,23 @@ def stats(config: ServerConfig, view: WorkerView, state_machine: StateMachine) -
             gpu_peak_reserved_bytes=_count(view.optional(Field.GPU_PEAK_RESERVED)),
         ),
         model=StatsModel(name=config.served_name, task=config.task, source=config.model),
+        generation=_generation(view),
         time=time.time(),
     ).wire()
+
+
+def _generation(view: WorkerView) -> StatsGeneration | None:
+    """The generation engine's figures (None: not loaded, or a task that generates no text)."""
+    code = view.optional(Field.GENERATION_ENGINE)
+    if code is None:
+        return None
+    batching = view.optional(Field.KV_CACHE_TOKENS) is not None
+    return StatsGeneration(
+        engine=ENGINE_NAMES.get(code),
+        kv_cache_tokens=_count(view.optional(Field.KV_CACHE_TOKENS)),
+        kv_cache_reserved_tokens=int(view.get(Field.KV_CACHE_RESERVED)) if batching else None,
+        running=int(view.get(Field.GENERATING)) if batching else None,
+    )
 
 
 def _download(config: ServerConfig, view: WorkerView) -> StatsDownload | None:

@@ -58,6 +58,10 @@ class Field(enum.IntEnum):
     DOWNLOAD_TOTAL_BYTES = enum.auto()  # NaN until the file list is known
     CPU_THREADS = enum.auto()  # torch's intra-op threads in the inference process; NaN until it is loaded
     BATCH_STARTED = enum.auto()  # time.monotonic() when the running forward pass began; NaN: none runs
+    GENERATION_ENGINE = enum.auto()  # generation_engine.ENGINE_CODES; NaN: not loaded or generates no text
+    KV_CACHE_TOKENS = enum.auto()  # the continuous-batching engine's KV cache; NaN: no such engine
+    KV_CACHE_RESERVED = enum.auto()  # tokens of it the running generations reserve
+    GENERATING = enum.auto()  # generations running on the engine
 
 
 class Column(enum.IntEnum):
@@ -172,6 +176,8 @@ class WorkerView:
             Field.DOWNLOAD_TOTAL_BYTES,
             Field.CPU_THREADS,
             Field.BATCH_STARTED,
+            Field.GENERATION_ENGINE,
+            Field.KV_CACHE_TOKENS,
         ):
             numbers[unknown] = float("nan")
 

@@ -88,6 +88,17 @@ class StatsModel(_Document):
     source: Text = None
 
 
+class StatsGeneration(_Document):
+    """A text-generation model's engine: ``continuous-batching`` (requests join and leave the running
+    batch at token boundaries; its KV cache in tokens, the tokens the running generations reserve, how
+    many run) or ``serial`` (one ``generate`` at a time; no cache figures)."""
+
+    engine: Text = None
+    kv_cache_tokens: Count = None
+    kv_cache_reserved_tokens: Count = None
+    running: Count = None
+
+
 class WorkerStats(_Document):
     """One ``/stats`` answer.
 
@@ -96,7 +107,8 @@ class WorkerStats(_Document):
     download) and the accelerator memory (``memory``); the rest is for people and benchmarks.
     The numbers are the whole worker's (every process of it); ``load_seconds`` is the model's load,
     ``warmup_seconds`` the warm-up input run after it, before Ready (None: not run); ``cpu_threads`` the
-    model's CPU (torch intra-op) threads once it is loaded (None: not loaded, or a model without torch).
+    model's CPU (torch intra-op) threads once it is loaded (None: not loaded, or a model without torch);
+    ``generation`` the engine of a model that generates text (None otherwise).
     """
 
     version: Count = STATS_VERSION
@@ -118,6 +130,7 @@ class WorkerStats(_Document):
     cpu_threads: Count = None
     memory: Annotated[StatsMemory | None, _Lenient] = None
     model: Annotated[StatsModel | None, _Lenient] = None
+    generation: Annotated[StatsGeneration | None, _Lenient] = None
     time: Number = None
 
     @classmethod

@@ -20,7 +20,7 @@ from model_server.endpoints.common import (
     require_task,
 )
 from model_server.errors import InvalidInput, ServerError
-from model_server.inference_client import InferenceClient
+from model_server.inference_client import ClientGone, InferenceClient
 from model_server.openai_codec import (
     SSE_DONE,
     ChatBody,
@@ -101,6 +101,17 @@ async def _complete(
     if len(items) != 1:
         raise InvalidInput("stream=true takes exactly one prompt")
     tokens = inference.stream(items, header_timeout(request))  # 429/503 before the stream starts
+    try:  # the model's own refusal (400, 429 of a generation engine) before the headers, too
+        async with disconnect_watch(request) as gone:
+            await tokens.accepted(gone)
+        if gone.is_set():
+            raise ClientGone("client disconnected before the model took the request")
+        refused = tokens.refusal()
+        if refused is not None:
+            raise refused
+    except BaseException:
+        tokens.close()
+        raise
     return StreamingResponse(
         _events(completion, tokens), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )

@@ -8,11 +8,17 @@ that could still grow into a stop string or is an incomplete UTF-8 character.  T
 the concatenation of the emitted pieces, so a streaming client and a non-streaming client see the same
 text.  ``emit`` is called on the inference thread; the route's emitter must hand the piece to the event
 loop without blocking (``loop.call_soon_threadsafe``).
+
+Generation stops when nobody waits: the worker sets the unit's cancel check (``watching_cancel``) around
+the task's run, and a stopping criterion polls it after every token, so a disconnected client or a
+passed deadline frees the inference thread at the next token instead of after ``max_tokens``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -128,6 +134,26 @@ class _Streamer:
         self._push(final=True)
 
 
+_cancel = threading.local()  # the running unit's cancel check, on the inference thread
+
+
+@contextlib.contextmanager
+def watching_cancel(cancelled: Callable[[], bool] | None) -> Iterator[None]:
+    """While the block runs (on the inference thread), generations poll ``cancelled`` after each token."""
+    previous = getattr(_cancel, "check", None)
+    _cancel.check = cancelled
+    try:
+        yield
+    finally:
+        _cancel.check = previous
+
+
+def nobody_waits() -> bool:
+    """Has the running unit's client gone (disconnected, deadline passed)?"""
+    check: Callable[[], bool] | None = getattr(_cancel, "check", None)
+    return check is not None and check()
+
+
 def sampling_kwargs(params: GenerationParams) -> dict[str, Any]:
     """OpenAI sampling parameters -> ``generate`` keyword arguments (temperature 0 means greedy)."""
     if params.temperature == 0.0:
@@ -178,8 +204,11 @@ def generate(
         """Ends generation once ``StopText`` has seen a stop string."""
 
         def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            return torch.full((input_ids.shape[0],), text.stopped, dtype=torch.bool, device=input_ids.device)
+            done = text.stopped or nobody_waits()
+            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
+    if emit is not None:
+        emit("")  # no text: the route may send its headers (the model has taken the request)
     if params.seed is not None:
         torch.manual_seed(params.seed)  # seeds every device; generation runs on this one thread
     with torch.inference_mode():

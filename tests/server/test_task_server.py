@@ -189,6 +189,16 @@ def test_generation_bad_input_then_good(gen_server: ServerProcess) -> None:
     assert ok.usage is not None and ok.usage.completion_tokens == 3
 
 
+def test_generation_engine_in_stats_and_a_refused_stream_is_a_400(gen_server: ServerProcess) -> None:
+    """The tiny GPT-2 runs on the continuous-batching engine; a streaming request the model refuses is
+    answered 400 before the stream's headers, not as an error event in a 200 stream."""
+    generation = httpx.get(gen_server.url + "/stats").json()["generation"]
+    assert generation["engine"] == "continuous-batching" and generation["kv_cache_tokens"] > 0
+    assert generation["kv_cache_reserved_tokens"] == 0 and generation["running"] == 0
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        oai(gen_server).completions.create(model="tiny", prompt="hello " * 200, max_tokens=4, stream=True)
+
+
 def _refuse_max_tokens(server: ServerProcess, protocol: str, max_tokens: int) -> str:
     """Send one request asking for ``max_tokens`` new tokens; return the refusal's message."""
     hi: Any = [{"role": "user", "content": "hi"}]

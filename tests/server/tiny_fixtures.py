@@ -33,6 +33,12 @@ def tiny_text_generation(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_generation(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama with the same tokenizer and chat template (continuous batching's shape)."""
+    return _build(tmp_path_factory, "text-generation-llama")
+
+
+@pytest.fixture(scope="session")
 def tiny_image_embedding(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny CLIP (projection dim 16, 32x32 images)."""
     return _build(tmp_path_factory, "image-embedding")

@@ -94,6 +94,33 @@ def build_text_generation(out: Path) -> Path:
     return out
 
 
+def build_llama_generation(out: Path) -> Path:
+    """A 2-layer Llama (hidden 32, grouped-query attention, context 128): the shape continuous batching
+    serves, with the tokenizer and chat template of ``build_text_generation``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model: Any = LlamaForCausalLM(config)
+    model.eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def build_image_embedding(out: Path, projection_dim: int = 16) -> Path:
     """A tiny CLIP (text and vision towers of 2 layers, hidden 32, 32x32 images) + CLIPImageProcessor."""
     import torch
@@ -299,6 +326,7 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
     "vision": build_vision,
     "vision-blip": build_vision_blip,  # the vision task, image-text-to-text flavour
     "text-to-image": build_text_to_image,
+    "text-generation-llama": build_llama_generation,  # the text-generation task, a Llama-shaped model
 }
 
 
