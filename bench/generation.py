@@ -34,7 +34,7 @@ def build_model(out: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.server.tiny_models import build_tokenizer
+    from testkit.tiny_models import build_tokenizer
 
     tokenizer = build_tokenizer(model_max_length=2048)
     torch.manual_seed(0)

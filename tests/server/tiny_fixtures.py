@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from model_server.tasks.base import LoadOptions, Task
-from tests.server import tiny_models
+from testkit import tiny_models
 
 TaskT = TypeVar("TaskT", bound=Task[Any, Any])
 

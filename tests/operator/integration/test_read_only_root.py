@@ -1,7 +1,7 @@
 """Every task loads and serves with the read-only root filesystem the operator gives its workers.
 
 The real operator creates one worker per task (text-embedding with real MiniLM, the other four with the
-tiny models of ``tests/server/tiny_models.py``) on the process node, which enforces
+tiny models of ``testkit/tiny_models.py``) on the process node, which enforces
 ``readOnlyRootFilesystem`` (``testkit/processnode/rootfs.py``: the host's filesystem is read-only to the
 server, its tmp and home emptyDirs are not).  All five load at once; each answers one request.  The
 server's own mount table shows the read-only root, and no worker has a service account token.

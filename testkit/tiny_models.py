@@ -7,7 +7,7 @@ their real loading code.  Nothing is downloaded: the tokenizer is trained on a h
 
 CLI (for the demo and the benchmarks)::
 
-    python -m tests.server.tiny_models --task vision --out /tmp/tiny-vision
+    python -m testkit.tiny_models --task vision --out /tmp/tiny-vision
 """
 
 from __future__ import annotations
