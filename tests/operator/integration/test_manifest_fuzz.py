@@ -316,7 +316,7 @@ def test_generated_pools(api: k8s.CustomObjectsApi, namespace: str) -> None:
     def run(data: st.DataObject) -> None:
         spec = repair(data.draw(from_schema(POOL_SCHEMA), label="valid spec"))
         broken: tuple[str, str] | None = None
-        if data.draw(st.integers(0, 9), label="break") >= 1:  # 0 is drawn often: about a third valid
+        if data.draw(st.sampled_from((True, False, False)), label="break"):  # about two thirds broken
             spec, where, kind = data.draw(mutated(spec, POOL_SCHEMA), label="broken spec")
             broken = (where, kind)
         message = dry_run(api, pool_manifest("fuzz", spec), namespace)
@@ -329,7 +329,7 @@ def test_generated_pools(api: k8s.CustomObjectsApi, namespace: str) -> None:
 
     run()
     assert counts["valid"] + counts["broken"] >= POOL_EXAMPLES, counts
-    assert counts["refused"] >= counts["broken"] > 100 and counts["valid"] > 40, counts
+    assert counts["refused"] >= counts["broken"] > 120 and counts["valid"] > CREATED_SAMPLE, counts
 
 
 def test_generated_budgets(api: k8s.CustomObjectsApi) -> None:
@@ -340,7 +340,7 @@ def test_generated_budgets(api: k8s.CustomObjectsApi) -> None:
     def run(data: st.DataObject) -> None:
         spec = data.draw(from_schema(BUDGET_SCHEMA), label="valid spec")
         broken: tuple[str, str] | None = None
-        if data.draw(st.integers(0, 9), label="break") >= 1:  # 0 is drawn often: about a third valid
+        if data.draw(st.sampled_from((True, False, False)), label="break"):  # about two thirds broken
             spec, where, kind = data.draw(mutated(spec, BUDGET_SCHEMA), label="broken spec")
             broken = (where, kind)
         manifest = {
