@@ -178,6 +178,10 @@ def headers_with(content_type: bool = True) -> st.SearchStrategy[dict[str, str]]
     return st.fixed_dictionaries({}, optional=fields)
 
 
+HEADERS = headers_with()
+HEADERS_BINARY = headers_with(content_type=False)
+
+
 def short_deadline(headers: dict[str, str], parameters: Any = None) -> bool:
     """Whether a case asks for a deadline short enough to expire before an echo answer (504)."""
     try:
@@ -251,7 +255,7 @@ def openai_cases(draw: st.DrawFn) -> Case:
     path = draw(st.sampled_from(OPENAI_PATHS))
     method = draw(st.sampled_from(["POST"] * 12 + ["GET", "PUT", "DELETE"]))
     doc: Any = draw(st.one_of(OPENAI_BODIES[path], OPENAI_BODIES[path], OPENAI_BODIES[path], junk))
-    headers = draw(headers_with())
+    headers = draw(HEADERS)
     body = draw(corrupt(dumps(doc)))
     return Case(method, path, headers, body, short_deadline(headers))
 
@@ -296,14 +300,17 @@ v2_outputs = st.one_of(
 )  # fmt: skip
 
 
+V2_INPUTS = st.lists(
+    st.one_of(well_formed_text_tensor(), well_formed_text_tensor(), fuzzy_tensor), min_size=1, max_size=3
+)
+V2_EXTRAS = optional(id=st.one_of(plain_text, junk), parameters=v2_parameters, outputs=v2_outputs)
+
+
 @st.composite
 def v2_document(draw: st.DrawFn) -> dict[str, Any]:
-    tensor = st.one_of(well_formed_text_tensor(), well_formed_text_tensor(), fuzzy_tensor)
-    doc: dict[str, Any] = draw(
-        optional(id=st.one_of(plain_text, junk), parameters=v2_parameters, outputs=v2_outputs)
-    )
+    doc: dict[str, Any] = draw(V2_EXTRAS)
     if draw(st.integers(0, 9)):
-        doc["inputs"] = draw(st.lists(tensor, min_size=1, max_size=3))
+        doc["inputs"] = draw(V2_INPUTS)
     elif draw(st.booleans()):
         doc["inputs"] = draw(junk)
     return doc
@@ -323,7 +330,7 @@ def v2_json_cases(draw: st.DrawFn) -> Case:
     """v2 infer with a JSON body: well-formed text tensors, fuzzy tensors, junk documents."""
     path = infer_path(draw)
     doc: Any = draw(st.one_of(v2_document(), v2_document(), v2_document(), junk))
-    headers = draw(headers_with())
+    headers = draw(HEADERS)
     body = draw(corrupt(dumps(doc)))
     params = doc.get("parameters") if isinstance(doc, dict) else None
     return Case("POST", path, headers, body, short_deadline(headers, params))
@@ -367,6 +374,9 @@ def binary_tensor(draw: st.DrawFn) -> tuple[dict[str, Any], bytes]:
     return spec, raw
 
 
+BINARY_EXTRAS = optional(parameters=v2_parameters, outputs=v2_outputs)
+
+
 @st.composite
 def v2_binary_cases(draw: st.DrawFn) -> Case:
     """v2 infer with the binary tensor extension: a JSON header of ``Inference-Header-Content-Length``
@@ -377,14 +387,14 @@ def v2_binary_cases(draw: st.DrawFn) -> Case:
     for name, (spec, _) in zip(names, tensors, strict=True):
         spec["name"] = name
     doc: dict[str, Any] = {"inputs": [spec for spec, _ in tensors]}
-    doc.update(draw(optional(parameters=v2_parameters, outputs=v2_outputs)))
+    doc.update(draw(BINARY_EXTRAS))
     head = draw(corrupt(dumps(doc)))
     payload = b"".join(raw for _, raw in tensors)
     length = draw(st.one_of(
         st.just(str(len(head))), st.just(str(len(head))), st.just(str(len(head))),
         st.integers(-5, len(head) + len(payload) + 5).map(str), ascii_value,
     ))  # fmt: skip
-    headers = {**draw(headers_with(content_type=False)), HEADER_LENGTH: length}
+    headers = {**draw(HEADERS_BINARY), HEADER_LENGTH: length}
     headers["content-type"] = draw(st.sampled_from(["application/octet-stream", "application/json", ""]))
     body = head + payload
     if draw(st.integers(0, 5)) == 0:  # truncated in transit
@@ -418,7 +428,7 @@ def metadata_cases(draw: st.DrawFn) -> Case:
         path += "?" + quote(draw(plain_text), safe="=&")
     method = draw(st.sampled_from(["GET"] * 10 + ["HEAD", "POST", "DELETE", "OPTIONS", "PATCH"]))
     body = draw(st.one_of(st.just(b""), st.just(b""), st.binary(max_size=32)))
-    return Case(method, path, draw(headers_with()), body)
+    return Case(method, path, draw(HEADERS), body)
 
 
 # ---- mutants ------------------------------------------------------------------------------------------
