@@ -25,6 +25,7 @@ from model_server.probe_server import BEAT_PERIOD_S
 from model_server.process_setup import set_up
 from model_server.server import ModelServer
 from model_server.worker_view import Column, WorkerView
+from modelpool_contract.http_limits import BoundedHeadersProtocol
 
 log = logging.getLogger("modelpool.http")
 
@@ -107,6 +108,7 @@ def main(
             proxy_headers=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             lifespan="off",
+            http=BoundedHeadersProtocol,  # 431 for a header block over its bound (uvicorn has none)
         ),
         server,
         sock,

@@ -194,7 +194,7 @@ def _decode_inputs(raw_inputs: list[Any], binary: bytes) -> dict[str, npt.NDArra
         if name in inputs:
             raise InvalidInput(f"input tensor '{name}' given twice")
         datatype = spec.get("datatype")
-        if datatype not in DTYPES:
+        if not isinstance(datatype, str) or datatype not in DTYPES:
             raise InvalidInput(f"input tensor '{name}': unknown datatype {datatype!r}")
         shape = _shape(spec.get("shape"), name)
         params = spec.get("parameters") or {}

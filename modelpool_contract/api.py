@@ -14,7 +14,7 @@ field-naming message.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -55,7 +55,9 @@ SERVED_NAME_SEGMENT = r"[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9])?"
 SERVED_NAME_PATTERN = rf"^{SERVED_NAME_SEGMENT}(/{SERVED_NAME_SEGMENT})?$"
 DEFAULT_ACTIVATION_TIMEOUT_SECONDS = 120
 
-Quantity = int | str
+# A Kubernetes quantity: an integer (never negative: the CRD's int-or-string schema carries the bound, since
+# its quantity pattern only constrains the string form) or a quantity string.
+Quantity = Annotated[int, Field(ge=0)] | str
 
 #: The server container's RAM request on GPU pools when ``resources.hostMemory`` is unset: enough for the
 #: Python process with torch, transformers and a CUDA context; weights go to the accelerator.

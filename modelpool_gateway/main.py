@@ -20,6 +20,7 @@ from types import FrameType
 import uvicorn
 from kubernetes_asyncio import client, config
 
+from modelpool_contract.http_limits import BoundedHeadersProtocol
 from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
@@ -180,6 +181,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
             timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
             timeout_keep_alive=settings.client_keepalive_seconds,
             lifespan="off",
+            http=BoundedHeadersProtocol,  # 431 for a header block over its bound (uvicorn has none)
         ),
         holds,
     )

@@ -116,6 +116,12 @@ def structural(node: Any, *, keep_defaults: bool = True) -> Any:
                 {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
             )
             node["pattern"] = QUANTITY_PATTERN
+            # The pattern only constrains the string form: an integer's bound (a negative quantity) is
+            # carried to the node, where the API server applies it to integers alone.
+            integer = next(b for b in branches if b.get("type") == "integer")
+            for bound in ("minimum", "exclusiveMinimum"):
+                if bound in integer:
+                    node[bound] = integer[bound]
         elif len(branches) == 1:
             for key, value in branches[0].items():
                 node.setdefault(key, value)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from modelpool_contract.api import Condition, ModelPoolStatus, parse_pool_status
 from modelpool_contract.demand import Demand
 from modelpool_operator.budget import BUDGET_VALID, Ledger, budget_status, budget_validity
@@ -387,15 +389,58 @@ async def reconcile_pool(
 async def report_invalid_spec(
     state: OperatorState, run: PoolRun, body: Mapping[str, Any], exc: Exception
 ) -> None:
-    """An unparseable spec: a Warning Event and phase Failed, once per generation; no workers are touched."""
+    """An unparseable spec: a Warning Event, phase Failed and condition Ready False (reason InvalidSpec,
+    naming the field), once per generation; no workers are touched."""
     generation = int((body.get("metadata") or {}).get("generation") or 0)
     if run.invalid_generation == generation:
         return
     run.invalid_generation = generation
-    state.events.post(body, Event("Warning", "InvalidSpec", f"invalid spec: {exc}"[:1000]))
-    status = {"phase": "Failed", "observedGeneration": generation}
+    state.events.post(body, Event("Warning", INVALID_SPEC, f"invalid spec: {exc}"[:1000]))
+    previous = parse_pool_status(body.get("status")).conditions
+    status = invalid_spec_status(previous, generation, invalid_spec_message(exc), datetime.now(UTC))
     await state.require_kube().patch_pool_status(run.key[0], run.key[1], status)
     run.last_status = run.last_status_wire = None
+
+
+#: The Event and condition reason of a spec the operator cannot parse.
+INVALID_SPEC = "InvalidSpec"
+
+
+def invalid_spec_message(exc: Exception) -> str:
+    """Why a spec does not parse, in one line: each pydantic error's field and reason (the CRD is looser
+    than the model in places, e.g. it admits ``resources.memory: 0``)."""
+    errors = exc.errors() if isinstance(exc, ValidationError) else []
+    reasons = []
+    for error in errors:
+        where = ".".join(str(part) for part in error.get("loc", ()))
+        reason = str(error.get("msg", "")).removeprefix("Value error, ")
+        if reason.startswith("spec.") or not where:
+            reasons.append(reason)
+        else:  # the model's own messages name the field already ("resources.memory must be ...")
+            reasons.append(f"spec.{reason}" if reason.startswith(where) else f"spec.{where}: {reason}")
+    return ("invalid spec: " + "; ".join(reasons or [str(exc)]))[:1000]
+
+
+def invalid_spec_status(
+    previous: Iterable[Condition], generation: int, message: str, now: datetime
+) -> dict[str, Any]:
+    """The status patch of a pool whose spec does not parse: phase Failed and condition Ready False with
+    reason InvalidSpec and the message (other conditions are replaced: they described a spec that is
+    gone)."""
+    ready = condition(
+        previous,
+        "Ready",
+        status="False",
+        reason=INVALID_SPEC,
+        message=message,
+        now=now,
+        generation=generation,
+    )
+    return {
+        "phase": "Failed",
+        "observedGeneration": generation,
+        "conditions": [ready.model_dump(mode="json", by_alias=True, exclude_none=True)],
+    }
 
 
 #: The condition type and Event reason of a pool the operator's policy refuses.
