@@ -21,6 +21,7 @@ import uvicorn
 from model_server import ipc
 from model_server.config import ServerConfig
 from model_server.endpoints import build_app
+from model_server.endpoints.refusal import protocol_for
 from model_server.probe_server import BEAT_PERIOD_S
 from model_server.process_setup import set_up
 from model_server.server import ModelServer
@@ -107,6 +108,8 @@ def main(
             proxy_headers=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             lifespan="off",
+            # httptools, answering a full worker's inference requests at their headers (``refusal``).
+            http=protocol_for(server),
         ),
         server,
         sock,

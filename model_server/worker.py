@@ -30,6 +30,7 @@ from typing import Any
 
 from model_server import sources
 from model_server.config import ServerConfig
+from model_server.cpu_budget import ThreadPlan, set_interop_threads
 from model_server.download import DownloadProgress
 from model_server.errors import FatalDeviceError, InferenceError, InvalidInput, ServerError
 from model_server.heap import HeapTrimmer
@@ -94,11 +95,13 @@ class Worker:
         state_machine: StateMachine,
         on_failed: Callable[[int, str], None],
         on_loaded: Callable[[], None] = lambda: None,
+        threads: ThreadPlan | None = None,
     ) -> None:
         """``on_failed(code, reason)``: a fatal error; ``on_loaded()``: the model is loaded and warmed up,
         called before the state turns Ready (what it publishes is there when a request is admitted)."""
         self.config = config
         self.state_machine = state_machine
+        self.threads = threads or ThreadPlan(None, "default")
         self._on_failed = on_failed
         self._on_loaded = on_loaded
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
@@ -157,6 +160,7 @@ class Worker:
         self.load_progress = 0.1
         if self.config.handler is None:  # the built-in tasks all import torch (a handler may not)
             preload_torch_libraries()
+            set_interop_threads(self.threads)  # before any of torch's parallel work
         cls = task_class(self.config.task, self.config.handler)
         self.task_cls = cls
         self.load_progress = 0.2

@@ -58,6 +58,10 @@ class Field(enum.IntEnum):
     DOWNLOAD_TOTAL_BYTES = enum.auto()  # NaN until the file list is known
     CPU_THREADS = enum.auto()  # torch's intra-op threads in the inference process; NaN until it is loaded
     BATCH_STARTED = enum.auto()  # time.monotonic() when the running forward pass began; NaN: none runs
+    INTEROP_THREADS = enum.auto()  # torch's inter-op threads; NaN until it is loaded
+    TOKENIZER_THREADS = enum.auto()  # RAYON_NUM_THREADS as planned; NaN: the tokenizer's default
+    THREADS_FROM = enum.auto()  # index of what the threads were sized from (stats.THREAD_SOURCES)
+    THREAD_CPUS = enum.auto()  # the CPUs that source allows; NaN: it says none
 
 
 class Column(enum.IntEnum):
@@ -172,6 +176,10 @@ class WorkerView:
             Field.DOWNLOAD_TOTAL_BYTES,
             Field.CPU_THREADS,
             Field.BATCH_STARTED,
+            Field.INTEROP_THREADS,
+            Field.TOKENIZER_THREADS,
+            Field.THREADS_FROM,
+            Field.THREAD_CPUS,
         ):
             numbers[unknown] = float("nan")
 
