@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from model_server import gc_policy
 from model_server.config import ServerConfig
 from model_server.errors import FatalDeviceError, InvalidInput, ModelNotReady, ServerError
 from model_server.metrics import Metrics
@@ -167,7 +168,10 @@ class DataPlane:
                 self._settle()
                 self._wakeup.clear()
                 if not self._queue:
-                    await self._wakeup.wait()
+                    # The answers are out: collect what the requests left while the clients read them.
+                    gc_policy.collect_young()
+                    if not self._queue:
+                        await self._wakeup.wait()
                 continue
             await self._execute(batch)
 

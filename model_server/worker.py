@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from model_server import sources
+from model_server import gc_policy, sources
 from model_server.config import ServerConfig
 from model_server.cpu_budget import ThreadPlan, set_interop_threads
 from model_server.download import DownloadProgress
@@ -138,6 +138,7 @@ class Worker:
             self.fail(EXIT_LOAD_FAILED, reason)
             return False
         self.load_progress = 1.0
+        gc_policy.tune(freeze=False)  # after the load's own thresholds are restored; frozen already
         self._on_loaded()
         if not self.state_machine.try_to(State.READY):  # SIGTERM arrived while loading
             return False
@@ -160,7 +161,6 @@ class Worker:
         self.load_progress = 0.1
         if self.config.handler is None:  # the built-in tasks all import torch (a handler may not)
             preload_torch_libraries()
-            set_interop_threads(self.threads)  # before any of torch's parallel work
         cls = task_class(self.config.task, self.config.handler)
         self.task_cls = cls
         self.load_progress = 0.2
@@ -176,6 +176,8 @@ class Worker:
         )
         self.load_seconds = time.monotonic() - started
         self.load_progress = 0.9
+        if "torch" in sys.modules:  # a handler's model may not use torch at all
+            set_interop_threads(self.threads)  # before the warm-up: the first parallel work
         self._warm_up(task)
         # The model, torch and transformers leave about half a million long-lived objects behind. A
         # full garbage collection walks all of them and stops the inference process's event loop (its
