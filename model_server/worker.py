@@ -217,7 +217,10 @@ class Worker:
         loop = asyncio.get_running_loop()
         self._units_running += 1
         try:
-            return await loop.run_in_executor(self._executor, self._run_sync, items, emit)
+            results = await loop.run_in_executor(self._executor, self._run_sync, items, emit)
+            if self._heap.after_batch():  # after the answer, not in its way (queued on the same thread)
+                loop.run_in_executor(self._executor, self._heap.trim)
+            return results
         finally:
             self._units_running -= 1
             self._last_unit_end = time.monotonic()
@@ -251,7 +254,6 @@ class Worker:
             raise InferenceError(f"inference failed: {type(exc).__name__}: {exc}") from exc
         if len(results) != len(items):
             raise InferenceError(f"task returned {len(results)} results for {len(items)} items")
-        self._heap.maybe_trim()
         return results
 
     def _run_splitting(self, task: Task[Any, Any], items: list[Any], emit: Emitter | None) -> list[Any]:
