@@ -196,11 +196,11 @@ def table(res: dict[str, Any]) -> str:
     p99_p50 = tail["p99_ms"] / tail["p50_ms"] if tail["p50_ms"] else 0.0
     rows = [
         ("co-location", f"{n} workers, threads sized to their share: requests/s together",
-         f"{m['sized']:.0f}", f"{m['sized'] / m['one']:.2f}x one worker, {m['sized'] / m['default']:.2f}x "
+         f"{m['sized']:.1f}", f"{m['sized'] / m['one']:.2f}x one worker, {m['sized'] / m['default']:.2f}x "
          "torch's default threads", loads),
-        ("", f"{n} workers, torch's default threads", f"{m['default']:.0f}",
+        ("", f"{n} workers, torch's default threads", f"{m['default']:.1f}",
          f"{m['default'] / m['one']:.2f}x one worker", ""),
-        ("", "one worker alone", f"{m['one']:.0f}", "", ""),
+        ("", "one worker alone (torch's default threads)", f"{m['one']:.1f}", "", ""),
         ("tail, 1 connection", "p50 / p99 ms", f"{tail['p50_ms']:.1f} / {tail['p99_ms']:.1f}",
          f"p99 = {p99_p50:.2f}x p50", tail["load"]),
         ("refusals, model idle", "one HTTP process: 429s per second",
@@ -208,7 +208,7 @@ def table(res: dict[str, Any]) -> str:
          f"{refusals['cpu_us_per_refusal']:.0f} µs of its CPU each "
          f"({refusals['refusals_per_cpu_second'] or 0:,.0f} per CPU second)", refusals["load"]),
         ("flood", f"{flood['concurrency']} clients resending at once: 200s / 429s per second",
-         f"{flood['goodput_per_s']:.0f} / {flood['refused_per_s']:,.0f}",
+         f"{flood['goodput_per_s']:.1f} / {flood['refused_per_s']:,.0f}",
          f"goodput {flood['goodput_ratio'] or 0:.2f}x the normal {flood['normal_per_s']:.0f}/s",
          flood["load"]),
     ]  # fmt: skip
