@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from model_server import gc_policy
 from model_server.config import ServerConfig
 from model_server.errors import FatalDeviceError, InvalidInput, ModelNotReady, ServerError
 from model_server.metrics import Metrics
@@ -168,10 +167,7 @@ class DataPlane:
                 self._settle()
                 self._wakeup.clear()
                 if not self._queue:
-                    # The answers are out: collect what the requests left while the clients read them.
-                    gc_policy.collect_young()
-                    if not self._queue:
-                        await self._wakeup.wait()
+                    await self._wakeup.wait()
                 continue
             await self._execute(batch)
 

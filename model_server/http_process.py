@@ -18,7 +18,7 @@ from types import FrameType
 
 import uvicorn
 
-from model_server import gc_policy, ipc
+from model_server import ipc
 from model_server.config import ServerConfig
 from model_server.endpoints import build_app
 from model_server.endpoints.refusal import protocol_for
@@ -60,8 +60,6 @@ class HTTPServer(uvicorn.Server):
         loop.run_in_executor(None, self._import_task)
         await super().startup(sockets)
         server = self.model_server
-        # The web stack, the app and the codecs are built: out of the collector's sight (gc_policy).
-        gc_policy.tune()
         self._beat()
         server.view.put(server.inference.row, Column.UP, 1.0)
 

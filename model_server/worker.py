@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from model_server import gc_policy, sources
+from model_server import sources
 from model_server.config import ServerConfig
 from model_server.cpu_budget import ThreadPlan, set_interop_threads
 from model_server.download import DownloadProgress
@@ -138,7 +138,6 @@ class Worker:
             self.fail(EXIT_LOAD_FAILED, reason)
             return False
         self.load_progress = 1.0
-        gc_policy.tune(freeze=False)  # after the load's own thresholds are restored; frozen already
         self._on_loaded()
         if not self.state_machine.try_to(State.READY):  # SIGTERM arrived while loading
             return False

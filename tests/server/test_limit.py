@@ -5,7 +5,6 @@ stays usable, and the thread plan in ``/stats``)."""
 
 from __future__ import annotations
 
-import gc
 import json
 import socket
 import threading
@@ -15,7 +14,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from model_server import gc_policy
 from model_server.config import ServerConfig, load_config
 from model_server.cpu_budget import (
     THREADS_ENV,
@@ -150,16 +148,3 @@ def test_a_full_worker_refuses_before_the_body_and_stats_show_its_threads(
         for thread in held:
             thread.join(DEADLINE_S)
 
-
-def test_gc_policy_keeps_young_collections_rare_and_collects_between_requests() -> None:
-    saved = gc.get_threshold()
-    try:
-        gc_policy.tune(freeze=False)
-        assert gc.get_threshold() == (gc_policy.YOUNG_THRESHOLD, *saved[1:])
-        garbage: list[list[object]] = [[] for _ in range(100)]
-        for item in garbage:
-            item.append(item)  # cycles: only a collection frees them
-        del garbage, item
-        assert gc_policy.collect_young() >= 100
-    finally:
-        gc.set_threshold(*saved)
