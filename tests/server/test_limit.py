@@ -147,4 +147,3 @@ def test_a_full_worker_refuses_before_the_body_and_stats_show_its_threads(
         gate.touch()
         for thread in held:
             thread.join(DEADLINE_S)
-
