@@ -102,7 +102,15 @@ class ServerConfig(BaseSettings):
         default=None,
         ge=1,
         le=1024,
-        description="The model's CPU threads (default: torch's, capped at the CPU limit when one is set)",
+        description="The model's CPU threads: torch's intra-op and inter-op pools and the tokenizer's "
+        "(default: the CPU limit, else --cpu-share-millicores, rounded down; else torch's default)",
+    )
+    cpu_share_millicores: int | None = Field(
+        default=None,
+        ge=0,
+        le=10**7,
+        description="The worker's share of the node's CPUs, in millicores (the operator passes the pod's CPU "
+        "request): the model's threads are sized to it when no CPU limit is set (0: none)",
     )
     generation_engine: Literal["auto", "batching", "serial"] = Field(
         default="auto",

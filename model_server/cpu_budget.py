@@ -14,6 +14,12 @@ tightest on the process's cgroup and those above it), and:
   physical cores, not hyperthreads.  The model gets every CPU of the budget, not "CPUs minus the HTTP
   share": measured on 2 CPUs, one thread gave 0.60-0.72x the throughput of two at 64 concurrent
   32-sentence requests; the HTTP processes run at a lower priority and take what the model leaves.
+* ``plan_threads``: the same decision with the worker's CPU *share* as well: a pod with a CPU request and
+  no limit has no quota to read, yet shares the node with other workers; each sizing its pools to every
+  core, their lockstep pools stall each other (two MiniLM servers on 2 cores: 0.44x the throughput of
+  one with torch's default threads, 1.2x with one thread each).  The operator passes the pod's request
+  (``modelpool_contract.flags.CPU_SHARE_ENV``); a limit, being enforced, wins over it.  The plan covers
+  torch's intra-op and inter-op pools and the tokenizer's (``RAYON_NUM_THREADS``).
 """
 
 from __future__ import annotations
@@ -22,13 +28,19 @@ import logging
 import math
 import os
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
+
+from modelpool_contract.stats import THREAD_SOURCES
 
 log = logging.getLogger("modelpool.cpus")
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # The variable the OpenMP runtime (torch's intra-op pool), MKL and OpenBLAS read when they start.
 THREADS_ENV = "OMP_NUM_THREADS"
+# The tokenizers library's (Rust, rayon) thread pool, and its switch for parallel batch encoding.
+TOKENIZER_THREADS_ENV = "RAYON_NUM_THREADS"
+TOKENIZERS_PARALLELISM_ENV = "TOKENIZERS_PARALLELISM"
 
 
 def quota_cpus(quota: str, period: str) -> float | None:
@@ -131,13 +143,95 @@ def size_intra_op_threads(requested: int | None, env: MutableMapping[str, str] |
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class ThreadPlan:
+    """The model's CPU threads: ``threads`` for torch's intra-op and inter-op pools and the tokenizer's
+    (None: each library's own default), ``sized_from`` one of ``THREAD_SOURCES``, ``cpus`` the CPUs that
+    source allows (None where it says nothing: explicit, the environment's, torch's default)."""
+
+    threads: int | None
+    sized_from: str
+    cpus: float | None = None
+
+    def __post_init__(self) -> None:
+        assert self.sized_from in THREAD_SOURCES, self.sized_from
+
+
+def plan_threads(
+    requested: int | None, *, quota: float | None, share: float | None, cores: int, env: Mapping[str, str]
+) -> ThreadPlan:
+    """Pure: the model's CPU threads.  ``--intra-op-threads`` wins; then an ``OMP_NUM_THREADS`` the pod
+    sets (left to the runtime, the other pools too); then a CPU limit (``quota``, CPUs) below the
+    ``cores`` the process can see; then the CPU share the operator passed (``share``, CPUs, the pod's
+    request: 0 or None is none) below them; each rounded down, at least 1.  Else torch's default."""
+    if requested is not None:
+        return ThreadPlan(requested, "explicit")
+    if env.get(THREADS_ENV, "").strip():
+        return ThreadPlan(None, "environment")
+    if quota is not None and quota < cores:
+        return ThreadPlan(max(1, math.floor(quota)), "quota", quota)
+    if share and share < cores:
+        return ThreadPlan(max(1, math.floor(share)), "share", share)
+    return ThreadPlan(None, "default")
+
+
+def thread_env(plan: ThreadPlan, env: Mapping[str, str]) -> dict[str, str]:
+    """Pure: the variables to set, before torch and the tokenizer start, for ``plan`` (a variable the pod
+    already sets is kept).  One thread: no parallel tokenizing at all (rayon would still start a pool)."""
+    if plan.threads is None:
+        return {}
+    wanted = {THREADS_ENV: str(plan.threads), TOKENIZER_THREADS_ENV: str(plan.threads)}
+    if plan.threads == 1:
+        wanted[TOKENIZERS_PARALLELISM_ENV] = "false"
+    return {k: v for k, v in wanted.items() if k == THREADS_ENV or not env.get(k, "").strip()}
+
+
+def size_threads(
+    requested: int | None, share_millicores: int | None, env: MutableMapping[str, str] | None = None
+) -> ThreadPlan:
+    """Plan the model's CPU threads and set them in ``env`` (this process's environment) before torch is
+    imported; torch's inter-op pool is set after its import (``set_interop_threads``)."""
+    env = os.environ if env is None else env
+    plan = plan_threads(
+        requested,
+        quota=cgroup_quota(),
+        share=share_millicores / 1000 if share_millicores else None,
+        cores=visible_cpus(),
+        env=env,
+    )
+    env.update(thread_env(plan, env))
+    log.info(
+        "the model's CPU threads: %s (from %s%s)",
+        plan.threads or env.get(THREADS_ENV) or "torch's default", plan.sized_from,
+        "" if plan.cpus is None else f": {plan.cpus:g} of {visible_cpus()} CPUs",
+    )  # fmt: skip
+    return plan
+
+
+def set_interop_threads(plan: ThreadPlan) -> None:
+    """torch's inter-op pool as planned (call after ``import torch``, before any parallel work)."""
+    if plan.threads is None:
+        return
+    import torch
+
+    try:
+        torch.set_num_interop_threads(plan.threads)
+    except RuntimeError as exc:  # it has started already (a handler ran parallel work during import)
+        log.warning("cannot size torch's inter-op threads: %s", exc)
+
+
 __all__ = [
+    "ThreadPlan",
     "available_cpus",
     "cgroup_paths",
     "cgroup_quota",
     "default_http_workers",
     "intra_op_threads",
+    "plan_threads",
     "quota_cpus",
+    "set_interop_threads",
     "size_intra_op_threads",
+    "size_threads",
+    "thread_env",
     "visible_cpus",
 ]

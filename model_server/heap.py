@@ -4,7 +4,8 @@ A forward pass over a large CPU batch allocates tens of MiB of activations.  gli
 its heap (its mmap threshold grows with every large free), so a worker's RSS creeps up to its largest
 batch ever and stays there; under a long overload that reads as a leak and counts against the pool's
 memory budget.  ``malloc_trim(0)`` returns the free pages.  It walks the heap (milliseconds), so it runs
-at most every ``interval_s`` seconds, after a batch, on the thread that did the allocating; and once
+at most every ``interval_s`` seconds, after a batch has been answered (not before: the request would wait
+for it), on the thread that did the allocating; and once
 more when traffic stops (the worker calls ``trim()`` after a quiet second), so an idle worker holds what
 it needs and not what its last burst left free.  Where there is no glibc (musl, macOS) it does nothing.
 
@@ -43,10 +44,13 @@ class HeapTrimmer:
         return self._trim is not None
 
     def maybe_trim(self) -> bool:
-        if self._trim is None or not due(time.monotonic(), self._last, self.interval_s):
-            self.dirty = True
-            return False
-        return self.trim()
+        return self.trim() if self.after_batch() else False
+
+    def after_batch(self) -> bool:
+        """A batch ran: its freed blocks are in the heap; True when a trim is due (the caller runs
+        ``trim`` on the inference thread once the batch's answers are on their way)."""
+        self.dirty = True
+        return self._trim is not None and due(time.monotonic(), self._last, self.interval_s)
 
     def trim(self) -> bool:
         """Trim now (False where there is no glibc)."""

@@ -21,11 +21,11 @@ import uvicorn
 from model_server import ipc
 from model_server.config import ServerConfig
 from model_server.endpoints import build_app
+from model_server.endpoints.refusal import protocol_for
 from model_server.probe_server import BEAT_PERIOD_S
 from model_server.process_setup import set_up
 from model_server.server import ModelServer
 from model_server.worker_view import Column, WorkerView
-from modelpool_contract.http_limits import BoundedHeadersProtocol
 
 log = logging.getLogger("modelpool.http")
 
@@ -108,7 +108,8 @@ def main(
             proxy_headers=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             lifespan="off",
-            http=BoundedHeadersProtocol,  # 431 for a header block over its bound (uvicorn has none)
+            # httptools, answering a full worker's inference requests at their headers (``refusal``).
+            http=protocol_for(server),
         ),
         server,
         sock,

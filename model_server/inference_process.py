@@ -29,7 +29,7 @@ from typing import Any
 
 from model_server import ipc
 from model_server.config import ServerConfig
-from model_server.cpu_budget import size_intra_op_threads
+from model_server.cpu_budget import ThreadPlan, size_threads
 from model_server.dataplane import DataPlane, Outcome, Unit
 from model_server.download import DownloadProgress
 from model_server.generation_engine import ENGINE_CODES, engine_name
@@ -39,6 +39,7 @@ from model_server.state_machine import State, StateMachine
 from model_server.worker import Worker
 from model_server.worker_view import Field, WorkerView
 from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_LOAD_FAILED, INFERENCE_FLUSH_S
+from modelpool_contract.stats import THREAD_SOURCES
 
 log = logging.getLogger("modelpool.inference")
 
@@ -88,12 +89,15 @@ class Endpoint:
 class InferenceProcess:
     """The model, its queue and the channels to the HTTP processes."""
 
-    def __init__(self, config: ServerConfig, view: WorkerView) -> None:
+    def __init__(self, config: ServerConfig, view: WorkerView, threads: ThreadPlan | None = None) -> None:
         self.config = config
         self.view = view
         self.metrics = Metrics()
         self.state_machine = StateMachine(on_change=self._on_state, store=view.state_store())
-        self.worker = Worker(config, self.state_machine, on_failed=self._on_failed, on_loaded=self._on_loaded)
+        self.threads = threads or ThreadPlan(None, "default")
+        self.worker = Worker(
+            config, self.state_machine, on_failed=self._on_failed, on_loaded=self._on_loaded, threads=threads
+        )
         self.dataplane = DataPlane(config, self.worker, self.state_machine, self.metrics, view)
         self._endpoints: list[Endpoint] = []
         self._exit: asyncio.Future[int] | None = None
@@ -108,6 +112,7 @@ class InferenceProcess:
             await ipc.connect(sock, endpoint.channel)
             self._endpoints.append(endpoint)
         loop.add_reader(control.fileno(), self._on_control, control)
+        self._publish_threads()
         tasks = [
             asyncio.create_task(self.dataplane.run(), name="queue-owner"),
             asyncio.create_task(self.dataplane.watch_idle(), name="idle-watch"),
@@ -147,6 +152,14 @@ class InferenceProcess:
         torch = sys.modules.get("torch")
         if torch is not None:
             self.view.set(Field.CPU_THREADS, torch.get_num_threads())
+            self.view.set(Field.INTEROP_THREADS, torch.get_num_interop_threads())
+
+    def _publish_threads(self) -> None:
+        """The thread plan into the shared view, for ``/stats``."""
+        plan = self.threads
+        self.view.set(Field.THREADS_FROM, THREAD_SOURCES.index(plan.sized_from))
+        self.view.set(Field.THREAD_CPUS, float("nan") if plan.cpus is None else plan.cpus)
+        self.view.set(Field.TOKENIZER_THREADS, float("nan") if plan.threads is None else plan.threads)
 
     def _publish_engine(self) -> None:
         """Which generation engine serves the model, and its cache, for ``/stats``."""
@@ -245,8 +258,8 @@ def main(config: ServerConfig, view: WorkerView, sockets: list[socket.socket], c
     from model_server.main import exit_now
 
     set_up("inference", config.log_level)
-    size_intra_op_threads(config.intra_op_threads)  # before anything imports torch
-    exit_now(run_loop(InferenceProcess(config, view).serve(sockets, control)))
+    threads = size_threads(config.intra_op_threads, config.cpu_share_millicores)  # before torch's import
+    exit_now(run_loop(InferenceProcess(config, view, threads).serve(sockets, control)))
 
 
 __all__ = ["Endpoint", "InferenceProcess", "drain_timed_out", "main"]

@@ -30,6 +30,7 @@ from typing import Any
 
 from model_server import sources
 from model_server.config import ServerConfig
+from model_server.cpu_budget import ThreadPlan, set_interop_threads
 from model_server.download import DownloadProgress
 from model_server.errors import FatalDeviceError, InferenceError, InvalidInput, ServerError
 from model_server.generation_engine import BatchingEngine, attach
@@ -96,11 +97,13 @@ class Worker:
         state_machine: StateMachine,
         on_failed: Callable[[int, str], None],
         on_loaded: Callable[[], None] = lambda: None,
+        threads: ThreadPlan | None = None,
     ) -> None:
         """``on_failed(code, reason)``: a fatal error; ``on_loaded()``: the model is loaded and warmed up,
         called before the state turns Ready (what it publishes is there when a request is admitted)."""
         self.config = config
         self.state_machine = state_machine
+        self.threads = threads or ThreadPlan(None, "default")
         self._on_failed = on_failed
         self._on_loaded = on_loaded
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
@@ -176,6 +179,8 @@ class Worker:
         )
         self.load_seconds = time.monotonic() - started
         self.load_progress = 0.9
+        if "torch" in sys.modules:  # a handler's model may not use torch at all
+            set_interop_threads(self.threads)  # before the warm-up: the first parallel work
         self._warm_up(task)
         self.engine = attach(
             task,
@@ -226,7 +231,10 @@ class Worker:
         loop = asyncio.get_running_loop()
         self._units_running += 1
         try:
-            return await loop.run_in_executor(self._executor, self._run_sync, items, emit, cancelled)
+            results = await loop.run_in_executor(self._executor, self._run_sync, items, emit, cancelled)
+            if self._heap.after_batch():  # after the answer, not in its way (queued on the same thread)
+                loop.run_in_executor(self._executor, self._heap.trim)
+            return results
         finally:
             self._units_running -= 1
             self._last_unit_end = time.monotonic()
@@ -263,7 +271,6 @@ class Worker:
             raise InferenceError(f"inference failed: {type(exc).__name__}: {exc}") from exc
         if len(results) != len(items):
             raise InferenceError(f"task returned {len(results)} results for {len(items)} items")
-        self._heap.maybe_trim()
         return results
 
     def _run_splitting(self, task: Task[Any, Any], items: list[Any], emit: Emitter | None) -> list[Any]:

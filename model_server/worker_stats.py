@@ -15,7 +15,15 @@ from model_server.generation_engine import ENGINE_NAMES
 from model_server.metrics import worker_rss
 from model_server.state_machine import StateMachine
 from model_server.worker_view import Column, Field, WorkerView
-from modelpool_contract.stats import StatsDownload, StatsGeneration, StatsMemory, StatsModel, WorkerStats
+from modelpool_contract.stats import (
+    THREAD_SOURCES,
+    StatsDownload,
+    StatsGeneration,
+    StatsMemory,
+    StatsModel,
+    StatsThreads,
+    WorkerStats,
+)
 
 
 def ready(state_machine: StateMachine, view: WorkerView) -> bool:
@@ -81,6 +89,7 @@ def stats(config: ServerConfig, view: WorkerView, state_machine: StateMachine) -
         load_seconds=view.optional(Field.LOAD_SECONDS),
         warmup_seconds=view.optional(Field.WARMUP_SECONDS),
         cpu_threads=_count(view.optional(Field.CPU_THREADS)),
+        threads=_threads(view),
         download=_download(config, view),
         memory=StatsMemory(
             rss_bytes=sum(worker_rss(view).values()),
@@ -115,6 +124,18 @@ def _download(config: ServerConfig, view: WorkerView) -> StatsDownload | None:
     return StatsDownload(
         downloaded_bytes=int(view.get(Field.DOWNLOADED_BYTES)),
         total_bytes=_count(view.optional(Field.DOWNLOAD_TOTAL_BYTES)),
+    )
+
+
+def _threads(view: WorkerView) -> StatsThreads:
+    """The model's threads and what they were sized from (the inference process publishes them)."""
+    source = view.optional(Field.THREADS_FROM)
+    return StatsThreads(
+        intra_op=_count(view.optional(Field.CPU_THREADS)),
+        inter_op=_count(view.optional(Field.INTEROP_THREADS)),
+        tokenizer=_count(view.optional(Field.TOKENIZER_THREADS)),
+        sized_from=None if source is None else THREAD_SOURCES[int(source)],
+        cpus=view.optional(Field.THREAD_CPUS),
     )
 
 

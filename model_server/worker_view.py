@@ -62,6 +62,10 @@ class Field(enum.IntEnum):
     KV_CACHE_TOKENS = enum.auto()  # the continuous-batching engine's KV cache; NaN: no such engine
     KV_CACHE_RESERVED = enum.auto()  # tokens of it the running generations reserve
     GENERATING = enum.auto()  # generations running on the engine
+    INTEROP_THREADS = enum.auto()  # torch's inter-op threads; NaN until it is loaded
+    TOKENIZER_THREADS = enum.auto()  # RAYON_NUM_THREADS as planned; NaN: the tokenizer's default
+    THREADS_FROM = enum.auto()  # index of what the threads were sized from (stats.THREAD_SOURCES)
+    THREAD_CPUS = enum.auto()  # the CPUs that source allows; NaN: it says none
 
 
 class Column(enum.IntEnum):
@@ -178,6 +182,10 @@ class WorkerView:
             Field.BATCH_STARTED,
             Field.GENERATION_ENGINE,
             Field.KV_CACHE_TOKENS,
+            Field.INTEROP_THREADS,
+            Field.TOKENIZER_THREADS,
+            Field.THREADS_FROM,
+            Field.THREAD_CPUS,
         ):
             numbers[unknown] = float("nan")
 

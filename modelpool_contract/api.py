@@ -200,7 +200,22 @@ class ResourcesSpec(_Model):
         ),
     )
     cpu: Quantity | None = Field(
-        default=None, description="CPU request per worker (a quantity such as 2 or 500m); unset: none."
+        default=None,
+        description=(
+            "CPU request per worker (a quantity such as 2 or 500m); unset: none. The operator passes it to "
+            "the server (the downward API), which sizes the model's CPU threads to it where no CPU limit "
+            "caps the pod: workers that share a node then do not each run one thread per core."
+        ),
+    )
+    cpu_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description=(
+            "The model's CPU threads per worker (torch's intra-op and inter-op pools and the tokenizer's): "
+            "the server's --intra-op-threads. Unset: sized from the container's CPU limit, else from "
+            "resources.cpu (rounded down, at least 1), else torch's default (one per core)."
+        ),
     )
 
     @field_validator("memory")

@@ -38,6 +38,11 @@ REQUEST_TIMEOUT_S: Final = 30
 IDLE_AFTER_S: Final = 300
 #: After SIGTERM, queued and running work may finish for this long.
 DRAIN_TIMEOUT_S: Final = 30
+#: The worker's CPU share in millicores, which the operator sets from the pod's CPU request (the downward
+#: API, ``resourceFieldRef: {resource: requests.cpu, divisor: 1m}``): the server's ``--cpu-share-millicores``
+#: (its settings read ``MODELPOOL_<FLAG>``).  Where no CPU limit caps the pod, the server sizes the model's
+#: and the tokenizer's threads to it, so that workers sharing a node do not each run a pool per core.
+CPU_SHARE_ENV: Final = "MODELPOOL_CPU_SHARE_MILLICORES"
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,8 @@ class ServerArgs:
     #: health routes stay open (``/stats`` and ``/metrics`` are open on the probe port). Only for pools
     #: with ``spec.auth.apiKeySecret``.
     api_key_file: str | None = None
+    #: The model's CPU threads (``--intra-op-threads``), only for pools with ``spec.resources.cpuThreads``.
+    intra_op_threads: int | None = None
 
     def argv(self) -> list[str]:
         """``--flag value`` for every field, in field order; a boolean flag only when true, an optional

@@ -60,12 +60,18 @@ class BoundedHeadersProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self.end_of_headers()
+        super().on_headers_complete()
+
+    def end_of_headers(self) -> None:
+        """The bookkeeping of headers-complete; raises when the parsed block is over the bound.  A
+        subclass that answers a request at headers-complete itself (the server's early 429) calls it
+        first, so the bound holds on that path too."""
         self._awaiting_headers = False
         self._header_bytes = 0
         if self._parsed_bytes > MAX_HEADER_BYTES:
             self._too_large = True
             raise HeadersTooLargeError
-        super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._awaiting_headers = True

@@ -25,6 +25,10 @@ READY_PATH: Final = "/v2/health/ready"
 METRICS_PATH: Final = "/metrics"
 #: Bumped when a field changes meaning; fields are only ever added.
 STATS_VERSION: Final = 1
+#: What the model's threads were sized from (``/stats`` ``threads.sized_from``): torch's own default (one
+#: per core), ``--intra-op-threads`` (a pool's ``resources.cpuThreads``), an ``OMP_NUM_THREADS`` the pod
+#: sets, the cgroup's CPU limit, the CPU share the operator passes (the pod's CPU request).
+THREAD_SOURCES: Final = ("default", "explicit", "environment", "quota", "share")
 
 _STATE_BY_WORD: dict[str, WorkerState] = {state.lower(): state for state in WORKER_STATES}
 # An older server word for Evicting.
@@ -99,6 +103,18 @@ class StatsGeneration(_Document):
     running: Count = None
 
 
+class StatsThreads(_Document):
+    """The model's CPU threads: torch's intra-op and inter-op pools and the tokenizer's (None: the
+    library's own default, or not loaded yet), what they were sized from (``THREAD_SOURCES``), and the
+    CPUs that source allowed (None: torch's default, which counts the node's cores)."""
+
+    intra_op: Count = None
+    inter_op: Count = None
+    tokenizer: Count = None
+    sized_from: Text = None
+    cpus: Number = None
+
+
 class WorkerStats(_Document):
     """One ``/stats`` answer.
 
@@ -108,7 +124,8 @@ class WorkerStats(_Document):
     The numbers are the whole worker's (every process of it); ``load_seconds`` is the model's load,
     ``warmup_seconds`` the warm-up input run after it, before Ready (None: not run); ``cpu_threads`` the
     model's CPU (torch intra-op) threads once it is loaded (None: not loaded, or a model without torch);
-    ``generation`` the engine of a model that generates text (None otherwise).
+    ``generation`` the engine of a model that generates text (None otherwise); ``threads`` all the model's
+    CPU threads and what they were sized from.
     """
 
     version: Count = STATS_VERSION
@@ -128,6 +145,7 @@ class WorkerStats(_Document):
     download: Annotated[StatsDownload | None, _Lenient] = None
     warmup_seconds: Number = None
     cpu_threads: Count = None
+    threads: Annotated[StatsThreads | None, _Lenient] = None
     memory: Annotated[StatsMemory | None, _Lenient] = None
     model: Annotated[StatsModel | None, _Lenient] = None
     generation: Annotated[StatsGeneration | None, _Lenient] = None

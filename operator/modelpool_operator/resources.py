@@ -14,6 +14,7 @@ from typing import Any
 from modelpool_contract.api import API_VERSION, MODELPOOL_KIND, EnvVar, ModelCacheSpec, ModelPoolSpec
 from modelpool_contract.exits import termination_grace_period_s
 from modelpool_contract.flags import (
+    CPU_SHARE_ENV,
     DEFAULT_SERVER_IMAGE,
     DRAIN_TIMEOUT_S,
     IDLE_AFTER_S,
@@ -113,6 +114,7 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         trust_remote_code=spec.model.trust_remote_code,
         pvc_root=PVC_MOUNT_ROOT if parse_pvc_source(spec.model.source) else None,
         api_key_file=API_KEY_FILE if spec.auth is not None and spec.auth.api_key_secret is not None else None,
+        intra_op_threads=spec.resources.cpu_threads,
     ).argv()
 
 
@@ -182,6 +184,14 @@ def _container_resources(spec: ModelPoolSpec) -> dict[str, Any]:
     return {"limits": limits, "requests": requests}
 
 
+def cpu_share_env() -> dict[str, Any]:
+    """The worker's CPU share: its container's CPU request in millicores, from the downward API (the
+    kubelet fills it in, so it follows the request wherever it is set).  The server sizes its threads to
+    it where no CPU limit caps the pod (``model_server.cpu_budget``)."""
+    ref = {"containerName": SERVER_CONTAINER, "resource": "requests.cpu", "divisor": "1m"}
+    return {"name": CPU_SHARE_ENV, "valueFrom": {"resourceFieldRef": ref}}
+
+
 def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> dict[str, Any]:
     """The server container: image, arguments, resources, probes."""
     env = [_env_var(e) for e in spec.pod_template.env]
@@ -189,6 +199,8 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
     for name, value in (*SCRATCH_ENV, ("PYTHONUNBUFFERED", "1")):
         if name not in env_names:
             env.append({"name": name, "value": value})
+    if spec.resources.cpu is not None and CPU_SHARE_ENV not in env_names:
+        env.append(cpu_share_env())
     return {
         "name": SERVER_CONTAINER,
         "image": spec.image or settings.default_image,

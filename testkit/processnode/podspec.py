@@ -7,8 +7,10 @@ resolved through a lookup callable the caller provides, so every rule is testabl
 from __future__ import annotations
 
 import base64
+import math
 import re
 from collections.abc import Callable, Mapping
+from fractions import Fraction
 from typing import Any
 
 JSON = dict[str, Any]
@@ -94,6 +96,32 @@ def _key_ref(kind: str, ref: JSON, namespace: str, lookup: Lookup) -> str | None
     return base64.b64decode(value).decode("utf-8", "replace") if kind == "secret" else value
 
 
+_SUFFIX = {
+    "m": Fraction(1, 1000),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+}
+
+
+def _quantity(text: str) -> Fraction:
+    number = text.rstrip("kmMGi")
+    return Fraction(number or "0") * _SUFFIX.get(text[len(number) :], Fraction(1))
+
+
+def resource_field(raw: str, divisor: str) -> str:
+    """A `resourceFieldRef` value as the kubelet writes it: the quantity over the divisor, rounded up
+    (requests.cpu 2 with divisor 1m: "2000")."""
+    try:
+        return str(math.ceil(_quantity(raw) / (_quantity(divisor) or Fraction(1))))
+    except (ValueError, ZeroDivisionError):
+        return raw
+
+
 def build_env(
     pod: JSON,
     container: JSON,
@@ -136,9 +164,10 @@ def build_env(
         elif "secretKeyRef" in source:
             value = _key_ref("secret", source["secretKeyRef"], namespace, lookup)
         elif "resourceFieldRef" in source:
-            res = source["resourceFieldRef"].get("resource", "")
-            group, _, rname = str(res).partition(".")
-            value = str(((container.get("resources") or {}).get(group) or {}).get(rname, "0"))
+            ref = source["resourceFieldRef"]
+            group, _, rname = str(ref.get("resource", "")).partition(".")
+            raw = str(((container.get("resources") or {}).get(group) or {}).get(rname, "0"))
+            value = resource_field(raw, str(ref.get("divisor") or "1"))
         else:
             value = ""
         if value is not None:

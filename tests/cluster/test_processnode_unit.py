@@ -190,3 +190,21 @@ def test_phase_and_status_shape() -> None:
     ] == "2026-01-01T00:00:05Z"
     rec.terminated = _term(0)
     assert pod_phase([rec]) == "Succeeded"
+
+
+def test_build_env_resource_field_ref_divides_as_the_kubelet_does() -> None:
+    ref = {"containerName": "c", "resource": "requests.cpu", "divisor": "1m"}
+    container = {
+        "name": "c",
+        "resources": {"requests": {"cpu": "1500m", "memory": "1Gi"}},
+        "env": [
+            {"name": "MILLI", "valueFrom": {"resourceFieldRef": ref}},
+            {"name": "CPUS", "valueFrom": {"resourceFieldRef": {**ref, "divisor": "1"}}},
+            {
+                "name": "MEM",
+                "valueFrom": {"resourceFieldRef": {"resource": "requests.memory", "divisor": "1Mi"}},
+            },
+        ],
+    }
+    env = build_env(POD, container, {}, pod_ip="127.42.0.7", host_ip="127.0.0.1", lookup=lookup)
+    assert (env["MILLI"], env["CPUS"], env["MEM"]) == ("1500", "2", "1024")  # rounded up, as the kubelet

@@ -22,10 +22,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.clusterlib import Cluster
+from testkit.cluster import Cluster
+from testkit.kubectl import apply, wait_for
+from testkit.services import POOLS, OperatorProcess
 from tests.gateway.integration.gwharness import GatewayProcess, echo_pool
-from tests.kube import apply, wait_for
-from tests.operator.integration.opharness import POOLS, OperatorProcess
 from tests.server.fuzzcases import (
     FUZZ_SETTINGS,
     MODEL,

@@ -30,8 +30,9 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
 from modelpool_contract.api import parse_pool_spec
-from tests.clusterlib import ROOT, Cluster
-from tests.kube import wait_for
+from testkit.cluster import Cluster
+from testkit.environment import ROOT
+from testkit.kubectl import wait_for
 from tests.operator.integration.opharness import GROUP_VERSION, StartOperator
 from tests.server.fuzzcases import FUZZ_SETTINGS
 

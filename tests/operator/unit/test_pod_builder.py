@@ -10,12 +10,14 @@ from op_pods import at
 
 from modelpool_contract.api import ModelCacheSpec, parse_pool_spec
 from modelpool_contract.exits import termination_grace_period_s, worst_case_shutdown_s
+from modelpool_contract.flags import CPU_SHARE_ENV
 from modelpool_contract.labels import (
     ANNOTATION_MEMORY,
     LABEL_POOL,
     LABEL_SERVING,
     LABEL_TEMPLATE_HASH,
     LABEL_WORKER,
+    SERVER_CONTAINER,
 )
 from modelpool_contract.mounts import HOME_PATH, SCRATCH_ENV, TMP_PATH
 from modelpool_operator.pool import PoolView, template_hash
@@ -372,3 +374,15 @@ def test_the_grace_period_covers_the_servers_worst_case_shutdown(drain_timeout: 
     )
     # The inference process's own exit after a drain (its answers flushed) fits in the drain's grace.
     assert INFERENCE_FLUSH_S < DRAIN_GRACE_S
+
+
+def test_the_worker_gets_its_cpu_share_and_a_pools_threads() -> None:
+    (c,) = build_worker_pod(view(pool()), "w")["spec"]["containers"]  # resources.cpu: 500m
+    share = [e for e in c["env"] if e["name"] == CPU_SHARE_ENV]
+    ref = {"containerName": SERVER_CONTAINER, "resource": "requests.cpu", "divisor": "1m"}
+    assert share == [{"name": CPU_SHARE_ENV, "valueFrom": {"resourceFieldRef": ref}}]
+    assert "--intra-op-threads" not in c["args"]
+    resources = {"memory": "2Gi", "cpuThreads": 3}  # no CPU request: no share to pass
+    (c,) = build_worker_pod(view(pool(resources=resources)), "w")["spec"]["containers"]
+    assert not any(e["name"] == CPU_SHARE_ENV for e in c["env"])
+    assert c["args"][c["args"].index("--intra-op-threads") + 1] == "3"
