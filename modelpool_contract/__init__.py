@@ -19,6 +19,10 @@ standard library and pydantic.
   Kubernetes quantities they validate.
 * ``demand``: the Lease a gateway renews while it holds requests for a pool, which the operator watches
   to wake a pool at zero.
+* ``http_limits``: the bound on a request's header block that both HTTP front doors (the server's and the
+  gateway's) enforce, as a uvicorn protocol.  The one module here beyond the standard library and
+  pydantic: it imports uvicorn, so this package's ``__init__`` never imports it and the operator never
+  does (``tests/test_contract.py`` checks what importing the contract loads).
 
 The gateway imports this package too (never the operator): the labels, the states, the API types and the
 demand Lease.
