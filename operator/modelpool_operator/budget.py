@@ -27,7 +27,7 @@ let every pool grow without bound.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -132,6 +132,47 @@ def build_ledger(
     )
 
 
+@dataclass(frozen=True)
+class PoolCharge:
+    """One pool's observed workers summed once: the memory they are charged and their keys (a reservation
+    whose pod is among them is over)."""
+
+    used: int
+    keys: frozenset[WorkerKey]
+
+    @classmethod
+    def of(cls, workers: Iterable[ObservedWorker]) -> PoolCharge:
+        workers = list(workers)
+        return cls(used=sum(w.memory for w in workers), keys=frozenset(w.key for w in workers))
+
+
+def ledger_from_charges(
+    total: int | None,
+    charges: Mapping[PoolKey, PoolCharge],
+    book: ReservationBook,
+    *,
+    invalid: str | None = None,
+) -> Ledger:
+    """``build_ledger`` from each pool's ``PoolCharge`` (the sums a pool's workers had when last observed):
+    O(pools + reservations), not O(workers). Drops from ``book`` the reservations whose pod is observed
+    (a pod is indexed under its own pool, the pool its reservation names)."""
+
+    def observed(reservation: Reservation) -> bool:
+        charge = charges.get(reservation.pool_key)
+        return charge is not None and reservation.key in charge.keys
+
+    live = book.prune_where(observed)
+    shares = {key: charge.used for key, charge in charges.items() if charge.used}
+    return Ledger(
+        total=total,
+        used=sum(shares.values()),
+        reserved=sum(r.memory for r in live),
+        shares=shares,
+        reservations=live,
+        invalid=invalid,
+    )
+
+
 def admits(ledger: Ledger, memory: int) -> bool:
     """True when one more worker of ``memory`` bytes fits: used + reserved + memory <= total; never while
     the budget is invalid (fail closed)."""
@@ -206,6 +247,13 @@ class ReservationBook:
         """Drop the reservations whose pod was observed; return those still live (all the others)."""
         live = live_reservations(self._items.values(), observed)
         self._items = {r.key: r for r in live}
+        return live
+
+    def prune_where(self, observed: Callable[[Reservation], bool]) -> tuple[Reservation, ...]:
+        """``prune`` with a test of whether a reservation's pod is observed (no set of every worker)."""
+        live = tuple(r for r in self._items.values() if not observed(r))
+        if len(live) != len(self._items):
+            self._items = {r.key: r for r in live}
         return live
 
     def due(self, now: datetime, check_s: float) -> tuple[Reservation, ...]:

@@ -1,0 +1,89 @@
+"""Per-pass costs that must not grow with the number of pools (bench.controlplane at 1,000 pools): each pass
+of one pool may look at its own workers, not at every worker of every pool."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from op_planner import view, w
+from op_pods import GI, at
+
+from modelpool_operator.budget import BudgetLimit, ReservationBook, build_ledger
+from modelpool_operator.observation import ChargeCache, LazyOthers, current_ledger
+from modelpool_operator.planner import plan
+from modelpool_operator.pool import OtherPool, PoolKey
+from modelpool_operator.worker_state import ObservedWorker
+
+
+def worker(name: str, pool: str, memory: int = GI) -> ObservedWorker:
+    return ObservedWorker(
+        name=name, namespace="ns", pool=pool, state="Ready", memory=memory, requested_memory=memory
+    )
+
+
+class ReadCount(list[ObservedWorker]):
+    """A pool's observed workers that counts how often they are read."""
+
+    reads = 0
+
+    def __iter__(self) -> Iterator[ObservedWorker]:
+        self.reads += 1
+        return super().__iter__()
+
+
+def pools(count: int, per_pool: int) -> dict[PoolKey, list[ObservedWorker]]:
+    return {
+        ("ns", f"p{i}"): ReadCount(worker(f"p{i}-{j}", f"p{i}") for j in range(per_pool))
+        for i in range(count)
+    }
+
+
+def test_a_ledger_reads_each_pools_workers_once_per_observation_of_them() -> None:
+    workers = pools(50, 10)
+    charges, book = ChargeCache(), ReservationBook()
+    for _ in range(20):  # twenty passes of the same pool: the others' lists are the ones last observed
+        workers[("ns", "p0")] = ReadCount(worker(f"p0-{j}", "p0") for j in range(10))  # the own pool: anew
+        ledger = current_ledger(workers, book, limit=BudgetLimit(total=1000 * GI), charges=charges)
+        assert ledger.used == 500 * GI
+    assert max(ws.reads for key, ws in workers.items() if key != ("ns", "p0")) == 1  # type: ignore[attr-defined]
+
+
+def test_the_cached_ledger_is_the_ledger_of_every_worker_with_the_live_reservations() -> None:
+    workers = pools(3, 2)
+    book = ReservationBook()
+    book.reserve("ns", "p1", "p1-0", GI, at(0))  # observed: its pod's charge counts instead
+    book.reserve("ns", "p1", "p1-new", 3 * GI, at(0))  # not observed yet: reserved
+    book.reserve("ns", "gone", "gone-0", 5 * GI, at(0))  # a pool with no workers indexed: reserved
+    expected = build_ledger(20 * GI, [w for ws in workers.values() for w in ws], book.all(), invalid=None)
+    cached = current_ledger(workers, book, limit=BudgetLimit(total=20 * GI), charges=ChargeCache())
+    assert (cached.used, cached.reserved, dict(cached.shares)) == (
+        expected.used,
+        expected.reserved,
+        dict(expected.shares),
+    )
+    assert sorted(r.worker for r in cached.reservations) == ["gone-0", "p1-new"]
+    assert sorted(r.worker for r in book.all()) == ["gone-0", "p1-new"]  # the observed one is dropped
+
+
+def test_a_pool_observed_anew_is_summed_anew_and_a_pool_gone_is_forgotten() -> None:
+    charges = ChargeCache()
+    workers = pools(2, 2)
+    assert current_ledger(workers, ReservationBook(), limit=BudgetLimit(), charges=charges).used == 4 * GI
+    workers[("ns", "p1")] = [worker("p1-0", "p1", 3 * GI)]
+    assert current_ledger(workers, ReservationBook(), limit=BudgetLimit(), charges=charges).used == 5 * GI
+    del workers[("ns", "p1")]
+    ledger = current_ledger(workers, ReservationBook(), limit=BudgetLimit(), charges=charges)
+    assert (ledger.used, dict(ledger.shares)) == (2 * GI, {("ns", "p0"): 2 * GI})
+
+
+def test_a_pass_with_nothing_to_admit_never_builds_the_other_pools() -> None:
+    others = LazyOthers(lambda: [OtherPool(namespace="ns", name="q", priority=0, min_replicas=0)])
+    ready = [w("a"), w("b")]  # spec.replicas 2: at its target
+    decided = plan(view(), ready, build_ledger(100 * GI, ready), now=at(100), others=others)
+    assert decided.create == () and not others.built
+
+
+def test_a_pass_that_admits_reads_the_other_pools() -> None:
+    others = LazyOthers(lambda: [OtherPool(namespace="ns", name="q", priority=0, min_replicas=0)])
+    decided = plan(view(), [w("a")], build_ledger(100 * GI, [w("a")]), now=at(100), others=others)
+    assert len(decided.create) == 1 and others.built and [o.name for o in others] == ["q"]
