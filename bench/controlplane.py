@@ -28,12 +28,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.cluster import guarded_cluster
 from bench.report import replace_block
+from bench.server_process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("MODELPOOL_TEST_BIN_DIR", ROOT / "bin"))
@@ -53,7 +55,13 @@ class Result:
     api_requests_per_min: float
     operator_resource_requests_per_min: float
     window_s: float
+    # The operator's CPU use at steady state (100: one core), and the API requests by resource and verb.
+    operator_cpu_percent: float
+    requests_per_min_by_kind: dict[str, float]
+    load_average: str
     machine: str
+    # ``--gateway``: two gateways side by side (``bench.gateway_scale.GatewayScale``), else None.
+    gateway: dict[str, Any] | None = None
 
 
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, timeout: float = 300) -> str:
@@ -85,13 +93,22 @@ def wait(predicate: Callable[[], bool], timeout: float, what: str, interval: flo
 # every worker's pod IP, and nothing may leave the machine); below the test process nodes' 127.100+.
 BENCH_NODE_OCTET = 80
 BENCH_NODES_MAX = 20
+# Pods per bench node (a /16 each holds 65,534 addresses); 20 nodes hold 20,000 pods.
+BENCH_NODE_PODS = 1000
+
+
+def nodes_needed(pods: int) -> int:
+    """Bench nodes for ``pods`` worker pods with a tenth to spare (the cluster's own KWOK nodes are left for
+    the tests' pools)."""
+    return max(1, -(-(pods + pods // 10) // BENCH_NODE_PODS))
 
 
 def extra_nodes(count: int) -> str:
-    """KWOK nodes shaped like kwok-gpu-0 (hack/kwok/nodes.yaml), so 1000 pods fit with room to spare."""
+    """KWOK nodes shaped like kwok-gpu-0 (hack/kwok/nodes.yaml) but holding ``BENCH_NODE_PODS`` pods each."""
     if count > BENCH_NODES_MAX:
         raise ValueError(f"at most {BENCH_NODES_MAX} bench nodes (their pod CIDRs are 127.80-99.0.0/16)")
     nodes = []
+    pods = str(BENCH_NODE_PODS)
     for i in range(count):
         nodes.append(
             {
@@ -104,8 +121,8 @@ def extra_nodes(count: int) -> str:
                 },
                 "spec": {"podCIDR": _cidr(i), "podCIDRs": [_cidr(i)]},  # 127.80.0.0/16 up
                 "status": {
-                    "allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "250"},
-                    "capacity": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "250"},
+                    "allocatable": {"cpu": "640", "memory": "5Ti", "nvidia.com/gpu": "8", "pods": pods},
+                    "capacity": {"cpu": "640", "memory": "5Ti", "nvidia.com/gpu": "8", "pods": pods},
                 },
             }
         )
@@ -157,6 +174,23 @@ def request_counts(metrics_text: str) -> tuple[float, float]:
             if sample.labels.get("resource") in OWN_RESOURCES:
                 own += sample.value
     return total, own
+
+
+def requests_by_kind(metrics_text: str) -> dict[str, float]:
+    """Pure: ``apiserver_request_total`` by ``resource verb`` (e.g. ``modelpools PATCH``)."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "apiserver_request_total":
+                kind = f"{sample.labels.get('resource', '')} {sample.labels.get('verb', '')}"
+                counts[kind] = counts.get(kind, 0.0) + sample.value
+    return counts
+
+
+def per_minute(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """Pure: the rate of each kind between two ``requests_by_kind``, busiest first (at least 1/min)."""
+    rates = {k: (v - before.get(k, 0.0)) * 60 / seconds for k, v in after.items()}
+    return {k: round(v, 1) for k, v in sorted(rates.items(), key=lambda kv: -kv[1]) if v >= 1}
 
 
 def api_request_counts(kubeconfig: Path) -> tuple[float, float]:
@@ -212,7 +246,9 @@ def write_readme(result: Result) -> None:
     replace_block(table, START_MARK, END_MARK)
 
 
-def run(pools: int, workers: int, steady_window: float, kubeconfig: Path, log: Path) -> Result:
+def run(  # noqa: PLR0917 (the bench's one entry point; main passes its arguments in order)
+    pools: int, workers: int, steady_window: float, kubeconfig: Path, log: Path, gateway: bool = False
+) -> Result:
     kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     # Not `kubectl wait --for=condition=Established`: it fails at once on a CRD with no conditions yet.
     established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
@@ -221,9 +257,13 @@ def run(pools: int, workers: int, steady_window: float, kubeconfig: Path, log: P
         60,
         "ModelPool CRD established",
     )
-    kubectl(kubeconfig, "apply", "-f", "-", stdin=extra_nodes(2))
+    kubectl(kubeconfig, "apply", "-f", "-", stdin=extra_nodes(nodes_needed(pools * workers)))
     kubectl(kubeconfig, "create", "namespace", NAMESPACE)
     env = dict(os.environ, KUBECONFIG=str(kubeconfig))
+    # The echo worker of ``--gateway`` runs on the process node: a port nothing else on the machine uses.
+    worker_port = free_port()
+    env["MODELPOOL_OPERATOR_SERVER_PORT"] = str(worker_port)
+    gateways = None
     with log.open("wb") as out:
         operator = subprocess.Popen(
             [str(ROOT / ".venv" / "bin" / "modelpool-operator"), "--all-namespaces", "--standalone",
@@ -244,12 +284,20 @@ def run(pools: int, workers: int, steady_window: float, kubeconfig: Path, log: P
             converged_at = time.monotonic()
 
             time.sleep(20)  # settle: the last status writes and events
-            total0, own0 = api_request_counts(kubeconfig)
+            text0 = kubectl(kubeconfig, "get", "--raw", "/metrics")
+            cpu0 = sum(psutil.Process(operator.pid).cpu_times()[:2])
             t0 = time.monotonic()
             time.sleep(steady_window)
-            total1, own1 = api_request_counts(kubeconfig)
+            text1 = kubectl(kubeconfig, "get", "--raw", "/metrics")
             window = time.monotonic() - t0
+            cpu1 = sum(psutil.Process(operator.pid).cpu_times()[:2])
+            (total0, own0), (total1, own1) = request_counts(text0), request_counts(text1)
+            kinds = per_minute(requests_by_kind(text0), requests_by_kind(text1), window)
             rss = psutil.Process(operator.pid).memory_info().rss / 2**20
+            if gateway:
+                from bench import gateway_scale  # it imports this module
+
+                gateways = asdict(gateway_scale.measure(kubeconfig, log.parent, worker_port))
         finally:
             # Delete the pools while the operator runs: it removes its finalizer from each, so the
             # namespace can go afterwards.
@@ -273,6 +321,10 @@ def run(pools: int, workers: int, steady_window: float, kubeconfig: Path, log: P
         api_requests_per_min=(total1 - total0) * 60 / window,
         operator_resource_requests_per_min=(own1 - own0) * 60 / window,
         window_s=window,
+        operator_cpu_percent=(cpu1 - cpu0) * 100 / window,
+        requests_per_min_by_kind=kinds,
+        load_average=" ".join(f"{x:.2f}" for x in os.getloadavg()),
+        gateway=gateways,
         machine=f"{psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB",
     )
 
@@ -283,11 +335,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=10)
     parser.add_argument("--window", type=float, default=60.0, help="steady-state window (s)")
     parser.add_argument("--no-readme", action="store_true", help="do not update README.md")
+    parser.add_argument(
+        "--gateway", action="store_true", help="also measure gateways watching 10 pools and every pool"
+    )
     args = parser.parse_args(argv)
 
     with guarded_cluster("bench", "operator log and cluster logs") as cluster:
         result = run(
-            args.pools, args.workers, args.window, cluster.kubeconfig, cluster.workdir / "operator.log"
+            args.pools,
+            args.workers,
+            args.window,
+            cluster.kubeconfig,
+            cluster.workdir / "operator.log",
+            gateway=args.gateway,
         )
         if cluster.reused:  # someone else's cluster: leave it without the benchmark's pools
             kubectl(cluster.kubeconfig, "delete", "namespace", NAMESPACE, "--wait=false")

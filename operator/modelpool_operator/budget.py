@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from modelpool_contract.api import Condition, ModelBudgetStatus, PoolShare
 from modelpool_contract.quantity import format_quantity
@@ -52,11 +53,13 @@ class Reservation:
     # not answered (the pod may appear at any moment: never asked about).
     check_after: datetime | None = None
 
-    @property
+    # Cached: with thousands of pods still unobserved (a scale-up of every pool at once), each pass looks
+    # at every reservation.
+    @cached_property
     def key(self) -> WorkerKey:
         return (self.namespace, self.worker)
 
-    @property
+    @cached_property
     def pool_key(self) -> PoolKey:
         return (self.namespace, self.pool)
 
