@@ -8,7 +8,13 @@ from collections.abc import Iterator
 from op_planner import view, w
 from op_pods import GI, at
 
-from modelpool_operator.budget import BudgetLimit, ReservationBook, build_ledger
+from modelpool_operator.budget import (
+    BudgetLimit,
+    PoolCharge,
+    ReservationBook,
+    build_ledger,
+    ledger_from_charges,
+)
 from modelpool_operator.observation import ChargeCache, LazyOthers, current_ledger
 from modelpool_operator.planner import plan
 from modelpool_operator.pool import OtherPool, PoolKey
@@ -87,3 +93,42 @@ def test_a_pass_that_admits_reads_the_other_pools() -> None:
     others = LazyOthers(lambda: [OtherPool(namespace="ns", name="q", priority=0, min_replicas=0)])
     decided = plan(view(), [w("a")], build_ledger(100 * GI, [w("a")]), now=at(100), others=others)
     assert len(decided.create) == 1 and others.built and [o.name for o in others] == ["q"]
+
+
+class CountedKeys(frozenset[tuple[str, str]]):
+    """A pool's observed worker keys that count the lookups made in them."""
+
+    lookups = 0
+
+    def __contains__(self, key: object) -> bool:
+        CountedKeys.lookups += 1
+        return super().__contains__(key)
+
+
+def test_a_ledger_looks_at_reservations_only_of_pools_observed_anew() -> None:
+    book = ReservationBook()
+    charges = {("ns", f"p{i}"): PoolCharge(used=0, keys=CountedKeys()) for i in range(1000)}
+    for i in range(1000):
+        for j in range(10):  # every pool scaling up at once: 10,000 pods not observed yet
+            book.reserve("ns", f"p{i}", f"p{i}-{j}", GI, at(0))
+    first = ledger_from_charges(None, charges, book)
+    assert first.reserved == 10_000 * GI and len(first.reservations_of(("ns", "p7"))) == 10
+    CountedKeys.lookups = 0
+    charges[("ns", "p7")] = PoolCharge(used=GI, keys=CountedKeys({("ns", "p7-0")}))  # p7 observed anew
+    second = ledger_from_charges(None, charges, book)
+    assert CountedKeys.lookups == 10  # p7's reservations, not the 10,000
+    assert second.reserved == 9_999 * GI and len(second.reservations_of(("ns", "p7"))) == 9
+    assert len(first.reservations_of(("ns", "p7"))) == 10  # an earlier ledger is not changed by the book
+
+
+def test_due_hands_out_each_answered_reservation_once_per_check_period() -> None:
+    book = ReservationBook()
+    book.reserve("ns", "p", "a", GI, at(0))
+    book.reserve("ns", "p", "b", GI, at(0))
+    book.answered("ns", "a", at(1), 60)
+    assert book.due(at(30), 60) == ()
+    assert [r.worker for r in book.due(at(61), 60)] == ["a"]
+    assert book.due(at(62), 60) == ()  # asked again only a period later
+    assert [r.worker for r in book.due(at(121), 60)] == ["a"]
+    book.answered("ns", "b", at(122), 60)
+    assert sorted(r.worker for r in book.due(at(200), 60)) == ["a", "b"]
