@@ -226,21 +226,43 @@ def pools_converged(kubeconfig: Path, pools: int, workers: int) -> bool:
     return done == pools
 
 
-def write_readme(result: Result) -> None:
+def curve_table(results: list[dict[str, Any]]) -> str:
+    """Pure: the cost curve, one row per size (``.bench/controlplane-<pools>.json``, smallest first)."""
+
+    def gateway(r: dict[str, Any], field: str, fmt: str) -> str:
+        return format(r["gateway"][field], fmt) if r.get("gateway") else "-"
+
+    rows = [
+        "| pools x workers | create -> pods Ready | converge after Ready (<= 120 s) "
+        "| operator RSS (<= 500 MiB) | operator CPU | API req/min (operator's resources) "
+        "| gateway RSS, peak (<= 200 MiB) "
+        "| gateway added p50: 10 pools / all | load avg |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(results, key=lambda r: int(r["pools"])):
+        rows.append(
+            f"| {r['pools']} x {r['workers_per_pool']} | {r['create_to_pods_ready_s']:.0f} s "
+            f"| {r['converge_after_pods_ready_s']:.1f} s | {r['operator_rss_mib']:.0f} MiB "
+            f"| {r.get('operator_cpu_percent', float('nan')):.0f} % "
+            f"| {r['api_requests_per_min']:.0f} ({r['operator_resource_requests_per_min']:.0f}) "
+            f"| {gateway(r, 'big_rss_mib', '.0f')}, {gateway(r, 'big_peak_rss_mib', '.0f')} MiB "
+            f"| {gateway(r, 'small_added_p50_ms', '.2f')} / {gateway(r, 'big_added_p50_ms', '.2f')} ms "
+            f"| {r.get('load_average', '')} |"
+        )
+    return "\n".join(rows)
+
+
+def write_readme(result: Result, out: Path) -> None:
+    """The README's cost curve from every size measured so far (each run writes its own JSON)."""
+    results = [json.loads(f.read_text()) for f in sorted(out.glob("controlplane-*.json"))]
     r = result
     table = "\n".join(
         [
-            f"Control plane at scale ({r.pools} pools x {r.workers_per_pool} workers on KWOK nodes, "
-            f"`python -m bench.controlplane`, {r.machine}):",
+            "Control plane at scale (`python -m bench.controlplane --pools N --gateway`, "
+            f"{r.workers_per_pool} workers per pool on KWOK nodes, {r.machine}, shared with other work: "
+            "load averages beside each row; each row is one run):",
             "",
-            "| measure | value | target |",
-            "|---|---|---|",
-            f"| create -> all worker pods Ready | {r.create_to_pods_ready_s:.1f} s | |",
-            f"| converge after pods Ready (every pool's status {r.workers_per_pool}/{r.workers_per_pool}) "
-            f"| {r.converge_after_pods_ready_s:.1f} s | <= 60 s |",
-            f"| operator RSS at steady state | {r.operator_rss_mib:.0f} MiB | <= 300 MiB |",
-            f"| API requests/min at steady state (all clients) | {r.api_requests_per_min:.0f} | |",
-            f"| of which modelpools/modelbudgets/events | {r.operator_resource_requests_per_min:.0f} | |",
+            curve_table(results),
         ]
     )
     replace_block(table, START_MARK, END_MARK)
@@ -278,9 +300,16 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
             started = time.monotonic()
             kubectl(kubeconfig, "apply", "-f", "-", stdin=pools_manifest(pools, workers))
             expected = pools * workers
-            wait(lambda: pods_ready(kubeconfig, expected), 900, "all worker pods Ready", interval=2)
+            # Listing every pod costs the API server (and this machine) more the more there are.
+            poll = 2 if expected <= 3000 else 5
+            wait(lambda: pods_ready(kubeconfig, expected), 1800, "all worker pods Ready", interval=poll)
             pods_ready_at = time.monotonic()
-            wait(lambda: pools_converged(kubeconfig, pools, workers), 600, "every pool converged", interval=2)
+            wait(
+                lambda: pools_converged(kubeconfig, pools, workers),
+                900,
+                "every pool converged",
+                interval=poll,
+            )
             converged_at = time.monotonic()
 
             time.sleep(20)  # settle: the last status writes and events
@@ -355,11 +384,12 @@ def main(argv: list[str] | None = None) -> int:
     out = ROOT / ".bench"
     out.mkdir(exist_ok=True)
     (out / "controlplane.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+    (out / f"controlplane-{result.pools}.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
     if not args.no_readme:
-        write_readme(result)
+        write_readme(result, out)
     print(json.dumps(asdict(result), indent=2))
-    ok = result.converge_after_pods_ready_s <= 60 and result.operator_rss_mib <= 300
-    print("targets met" if ok else "targets MISSED (converge <= 60 s, RSS <= 300 MiB)")
+    ok = result.converge_after_pods_ready_s <= 120 and result.operator_rss_mib <= 500
+    print("targets met" if ok else "targets MISSED (converge <= 120 s, RSS <= 500 MiB)")
     return 0 if ok else 1
 
 
