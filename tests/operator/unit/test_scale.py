@@ -3,11 +3,14 @@ of one pool may look at its own workers, not at every worker of every pool."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
+import pytest
 from op_planner import view, w
 from op_pods import GI, at
 
+from modelpool_operator import stats
 from modelpool_operator.budget import (
     BudgetLimit,
     PoolCharge,
@@ -18,6 +21,7 @@ from modelpool_operator.budget import (
 from modelpool_operator.observation import ChargeCache, LazyOthers, current_ledger
 from modelpool_operator.planner import plan
 from modelpool_operator.pool import OtherPool, PoolKey
+from modelpool_operator.stats import StatsScraper
 from modelpool_operator.worker_state import ObservedWorker
 
 
@@ -132,3 +136,28 @@ def test_due_hands_out_each_answered_reservation_once_per_check_period() -> None
     assert [r.worker for r in book.due(at(121), 60)] == ["a"]
     book.answered("ns", "b", at(122), 60)
     assert sorted(r.worker for r in book.due(at(200), 60)) == ["a", "b"]
+
+
+def test_the_scraper_looks_for_forgotten_pods_once_a_minute_not_at_every_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
+
+    def pod(name: str) -> dict[str, object]:  # no address yet: nothing is fetched
+        return {"metadata": {"name": name, "uid": name}, "status": {"phase": "Pending"}}
+
+    async def passes() -> list[int]:
+        scraper = StatsScraper(interval=5, timeout=1, concurrency=1, backoff_cap=30, default_port=8000)
+        scraper.refresh([pod(f"other-{i}") for i in range(1000)])  # another pool's, then gone
+        sizes = []
+        for second in (590, 601, 630, 651):  # the own pool's passes; the others were last asked at 0
+            clock[0] = 1000.0 + second
+            scraper.refresh([pod("own")])
+            sizes.append(len(scraper._entries))
+        await scraper.aclose()
+        return sizes
+
+    # A sweep at 590 (nothing 600 s old yet), the next one a minute later: the passes between look at their
+    # own pods only (the others, stale since 600, wait for it).
+    assert asyncio.run(passes()) == [1001, 1001, 1001, 1]
