@@ -4,12 +4,15 @@ of one pool may look at its own workers, not at every worker of every pool."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Iterator
 
+import kopf
 import pytest
 from op_planner import view, w
 from op_pods import GI, at
 
+from modelpool_operator import handlers as operator_handlers
 from modelpool_operator import stats
 from modelpool_operator.budget import (
     BudgetLimit,
@@ -161,3 +164,22 @@ def test_the_scraper_looks_for_forgotten_pods_once_a_minute_not_at_every_pass(
     # A sweep at 590 (nothing 600 s old yet), the next one a minute later: the passes between look at their
     # own pods only (the others, stale since 600, wait for it).
     assert asyncio.run(passes()) == [1001, 1001, 1001, 1]
+
+
+def test_every_watch_handler_runs_on_the_event_loop_not_in_kopfs_thread_pool() -> None:
+    # Kopf runs a plain function in a thread pool: a thread hop and a GIL wait per watch event (a few
+    # hundred pod events a minute at 300 pools), and asyncio Events set from another thread.
+    assert operator_handlers.__name__  # importing it registers the handlers
+    registry = kopf.get_default_registry()
+    handlers = [
+        *registry._indexing.get_all_handlers(),
+        *registry._watching.get_all_handlers(),
+        *registry._activities.get_all_handlers(),
+    ]
+    names = {
+        h.fn.__name__: inspect.iscoroutinefunction(h.fn)
+        for h in handlers
+        if h.fn.__module__ == operator_handlers.__name__
+    }
+    assert {"pods_by_pool", "pools_by_key", "pod_changed", "pool_changed", "demand_by_pool"} <= names.keys()
+    assert [name for name, is_async in names.items() if not is_async] == []
