@@ -57,14 +57,18 @@ class Registry:
     # ---- pools ----
 
     def set_pool(self, pool: Pool) -> None:
+        if self._put_pool(pool):
+            self.index = NameIndex.build(self.pools.values())
+        self._notify(pool.key)
+
+    def _put_pool(self, pool: Pool) -> bool:
+        """Store ``pool``; True when the names it answers to are new (the index must be rebuilt)."""
         old = self.pools.get(pool.key)
         if old is not None and pool.demanded_at is None and old.uid == pool.uid:
             # The watch does not carry the demand (it lives in the pool's Lease): keep what was read.
             pool = replace(pool, demanded_at=old.demanded_at)
         self.pools[pool.key] = pool
-        if old is None or (old.name, old.served_model_name) != (pool.name, pool.served_model_name):
-            self.index = NameIndex.build(self.pools.values())
-        self._notify(pool.key)
+        return old is None or (old.name, old.served_model_name) != (pool.name, pool.served_model_name)
 
     def record_demand(self, key: Key, at: datetime) -> None:
         """The demand for the pool as the demand recorder last read or wrote it (for held requests'
@@ -79,12 +83,17 @@ class Registry:
             self._notify(key)
 
     def replace_pools(self, namespace: str | None, pools: Iterable[Pool]) -> None:
-        """A fresh list of every pool in ``namespace`` (None: all namespaces)."""
+        """A fresh list of every pool in ``namespace`` (None: all namespaces); the name index is rebuilt
+        once for the whole list (not once per pool: a thousand pools would cost a million entries)."""
         fresh = {p.key: p for p in pools}
-        for key in [k for k in self.pools if _in_scope(k, namespace) and k not in fresh]:
-            self.delete_pool(key)
-        for pool in fresh.values():
-            self.set_pool(pool)
+        gone = [k for k in self.pools if _in_scope(k, namespace) and k not in fresh]
+        for key in gone:
+            del self.pools[key]
+        renamed = [self._put_pool(pool) for pool in fresh.values()]
+        if gone or any(renamed):
+            self.index = NameIndex.build(self.pools.values())
+        for key in [*gone, *fresh]:
+            self._notify(key)
 
     # ---- workers ----
 

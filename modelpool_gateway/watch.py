@@ -30,12 +30,14 @@ from modelpool_contract.api import GROUP, MODELPOOL_PLURAL, VERSION
 from modelpool_contract.labels import LABEL_POOL
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.metrics import Metrics
-from modelpool_gateway.state import pool_from_object, worker_from_pod
+from modelpool_gateway.state import Worker, pool_from_object, worker_from_pod
 
 log = logging.getLogger("modelpool.gateway.watch")
 
 JSON = dict[str, Any]
 LIST_TIMEOUT_S = 30
+# Objects per page of a list.
+LIST_PAGE_SIZE = 500
 # The first retry after an error; doubled per consecutive failure up to the configured cap.
 BACKOFF_INITIAL_S = 0.5
 
@@ -88,9 +90,12 @@ class WatchSpec:
     resource: str
     namespace: str | None
     list_call: Callable[..., Awaitable[Any]]
-    on_list: Callable[[list[JSON]], None]
+    on_list: Callable[[list[Any]], None]
     on_event: Callable[[str, JSON], None]
     selector: str | None = None
+    # What of each listed object ``on_list`` receives, taken page by page (a slim view: a 10,000-pod list
+    # is never held whole as JSON); None: the objects themselves.
+    slim: Callable[[JSON], Any] | None = None
 
     @property
     def name(self) -> str:
@@ -121,8 +126,9 @@ def pool_watch(registry: Registry, custom: client.CustomObjectsApi, namespace: s
         resource=MODELPOOL_PLURAL,
         namespace=namespace,
         list_call=call,
-        on_list=lambda items: registry.replace_pools(namespace, map(pool_from_object, items)),
+        on_list=lambda pools: registry.replace_pools(namespace, pools),
         on_event=on_event,
+        slim=pool_from_object,
     )
 
 
@@ -143,9 +149,8 @@ def pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None)
         else:
             registry.set_worker(worker)
 
-    def on_list(items: list[JSON]) -> None:
-        workers = [w for w in map(worker_from_pod, items) if w is not None]
-        registry.replace_workers(namespace, workers)
+    def on_list(workers: list[Worker | None]) -> None:
+        registry.replace_workers(namespace, [w for w in workers if w is not None])
 
     return WatchSpec(
         resource="pods",
@@ -154,21 +159,36 @@ def pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None)
         on_list=on_list,
         on_event=on_event,
         selector=LABEL_POOL,
+        slim=worker_from_pod,
     )
 
 
-async def _list(spec: WatchSpec) -> tuple[list[JSON], str]:
-    kwargs: dict[str, Any] = {"_preload_content": False, "_request_timeout": LIST_TIMEOUT_S}
+async def list_all(spec: WatchSpec, page_size: int = LIST_PAGE_SIZE) -> tuple[list[Any], str]:
+    """Every object (as ``spec.slim`` makes it), in pages of ``page_size``: one page of a 10,000-pod
+    cluster's JSON at a time, never the whole list (the gateway's peak memory); and the list's
+    resourceVersion (the last page's: the server serves every page from the first one's snapshot)."""
+    kwargs: dict[str, Any] = {
+        "_preload_content": False,
+        "_request_timeout": LIST_TIMEOUT_S,
+        "limit": page_size,
+    }
     if spec.selector:
         kwargs["label_selector"] = spec.selector
-    response = await spec.list_call(**kwargs)
-    try:
-        if response.status != 200:
-            raise ApiException(status=response.status, reason=(await response.text())[:300])
-        doc = json.loads(await response.read())
-    finally:
-        response.release()
-    return list(doc.get("items") or []), str(doc["metadata"]["resourceVersion"])
+    items: list[Any] = []
+    while True:
+        response = await spec.list_call(**kwargs)
+        try:
+            if response.status != 200:
+                raise ApiException(status=response.status, reason=(await response.text())[:300])
+            doc = json.loads(await response.read())
+        finally:
+            response.release()
+        page = doc.get("items") or []
+        items.extend(page if spec.slim is None else map(spec.slim, page))
+        token = (doc.get("metadata") or {}).get("continue")
+        if not token:
+            return items, str(doc["metadata"]["resourceVersion"])
+        kwargs["_continue"] = token
 
 
 async def _stream(spec: WatchSpec, version: str, timeout_s: int, health: WatchHealth) -> str:
@@ -209,7 +229,7 @@ async def run_watch(
     while True:
         try:
             if version is None:
-                items, version = await _list(spec)
+                items, version = await list_all(spec)
                 spec.on_list(items)
                 if spec.name not in registry.synced or failures:
                     log.info("%s: listed %d", spec.name, len(items))

@@ -7,6 +7,7 @@ image) and the server never imports Kopf; the contract package imports neither.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -203,17 +204,17 @@ def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
     assert lease["metadata"]["labels"] == {LABEL_POOL: "emb", LABEL_DEMAND: "true"}
     owner = lease["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"], owner.get("blockOwnerDeletion")) == ("ModelPool", "u-1", None)
-    assert demand_by_pool(namespace="ns", body=lease) == {("ns", "emb"): Demand(first, 4, 6)}
+    assert asyncio.run(demand_by_pool(namespace="ns", body=lease)) == {("ns", "emb"): Demand(first, 4, 6)}
     renewed = renew(lease, moment=later, holder="gw-b", duration_s=6, held=2)
     assert renewed["metadata"]["ownerReferences"] == lease["metadata"]["ownerReferences"]
     assert renewed["spec"]["holderIdentity"] == "gw-b"
-    index = {("ns", "emb"): [demand_by_pool(namespace="ns", body=renewed)[("ns", "emb")]]}
+    index = {("ns", "emb"): [asyncio.run(demand_by_pool(namespace="ns", body=renewed))[("ns", "emb")]]}
     pool = PoolView.from_body(_pool_body(), demand=latest_demand(index, ("ns", "emb")))
     assert pool.demanded_at == later and pool.demand is not None and pool.demand.held_at(later) == 2
     assert latest_demand(index, ("ns", "other")) is None
     # A Lease without the demand label is not one (the index leaves it out).
     del lease["metadata"]["labels"][LABEL_DEMAND]
-    assert demand_by_pool(namespace="ns", body=lease) == {}
+    assert asyncio.run(demand_by_pool(namespace="ns", body=lease)) == {}
 
 
 def test_the_gateway_reads_a_pool_with_the_operators_models() -> None:

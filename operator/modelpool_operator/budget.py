@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from modelpool_contract.api import Condition, ModelBudgetStatus, PoolShare
 from modelpool_contract.quantity import format_quantity
@@ -52,11 +53,13 @@ class Reservation:
     # not answered (the pod may appear at any moment: never asked about).
     check_after: datetime | None = None
 
-    @property
+    # Cached: with thousands of pods still unobserved (a scale-up of every pool at once), each pass looks
+    # at every reservation.
+    @cached_property
     def key(self) -> WorkerKey:
         return (self.namespace, self.worker)
 
-    @property
+    @cached_property
     def pool_key(self) -> PoolKey:
         return (self.namespace, self.pool)
 
@@ -82,8 +85,18 @@ class Ledger:
     used: int
     reserved: int
     shares: Mapping[PoolKey, int] = field(default_factory=dict)
-    reservations: tuple[Reservation, ...] = ()
+    # The live reservations by pool.
+    by_pool: Mapping[PoolKey, Mapping[WorkerKey, Reservation]] = field(default_factory=dict)
     invalid: str | None = None
+
+    @property
+    def reservations(self) -> tuple[Reservation, ...]:
+        """Every live reservation."""
+        return tuple(r for held in self.by_pool.values() for r in held.values())
+
+    def reservations_of(self, pool: PoolKey) -> tuple[Reservation, ...]:
+        """The pool's live reservations (its creations in flight)."""
+        return tuple(self.by_pool.get(pool, {}).values())
 
     @property
     def free(self) -> int | None:
@@ -128,7 +141,50 @@ def build_ledger(
     live = tuple(r for r in reservations if r.key not in observed)
     reserved = sum(r.memory for r in live)
     return Ledger(
-        total=total, used=used, reserved=reserved, shares=shares, reservations=live, invalid=invalid
+        total=total, used=used, reserved=reserved, shares=shares, by_pool=_by_pool(live), invalid=invalid
+    )
+
+
+def _by_pool(reservations: Iterable[Reservation]) -> dict[PoolKey, dict[WorkerKey, Reservation]]:
+    grouped: dict[PoolKey, dict[WorkerKey, Reservation]] = {}
+    for r in reservations:
+        grouped.setdefault(r.pool_key, {})[r.key] = r
+    return grouped
+
+
+@dataclass(frozen=True)
+class PoolCharge:
+    """One pool's observed workers summed once: the memory they are charged and their keys (a reservation
+    whose pod is among them is over)."""
+
+    used: int
+    keys: frozenset[WorkerKey]
+
+    @classmethod
+    def of(cls, workers: Iterable[ObservedWorker]) -> PoolCharge:
+        workers = list(workers)
+        return cls(used=sum(w.memory for w in workers), keys=frozenset(w.key for w in workers))
+
+
+def ledger_from_charges(
+    total: int | None,
+    charges: Mapping[PoolKey, PoolCharge],
+    book: ReservationBook,
+    *,
+    invalid: str | None = None,
+) -> Ledger:
+    """``build_ledger`` from each pool's ``PoolCharge`` (the sums a pool's workers had when last observed):
+    O(pools), not O(workers) nor O(reservations). Drops from ``book`` the reservations whose pod is
+    observed (a pod is indexed under its own pool, the pool its reservation names)."""
+    book.prune_charges(charges)
+    shares = {key: charge.used for key, charge in charges.items() if charge.used}
+    return Ledger(
+        total=total,
+        used=sum(shares.values()),
+        reserved=book.reserved,
+        shares=shares,
+        by_pool=book.by_pool(),
+        invalid=invalid,
     )
 
 
@@ -184,38 +240,98 @@ class ReservationBook:
 
     def __init__(self) -> None:
         self._items: dict[WorkerKey, Reservation] = {}
+        # The same reservations by pool; each pool's dict is replaced, never changed, so that a ledger's
+        # ``by_pool`` (a copy of the outer dict) stays as it was when it was made.
+        self._by_pool: dict[PoolKey, dict[WorkerKey, Reservation]] = {}
+        self._reserved = 0
+        # The PoolCharge each pool's reservations were last pruned against (the same one: nothing to do).
+        self._pruned: dict[PoolKey, PoolCharge] = {}
+        # No check is due before this (None: none is set); kept no later than the earliest check.
+        self._next_check: datetime | None = None
+
+    def _put(self, reservation: Reservation) -> None:
+        self._drop(reservation.key)
+        self._items[reservation.key] = reservation
+        pool = reservation.pool_key
+        self._by_pool[pool] = {**self._by_pool.get(pool, {}), reservation.key: reservation}
+        self._reserved += reservation.memory
+        self._pruned.pop(pool, None)  # a new name: look at it at the next prune
+        check = reservation.check_after
+        if check is not None and (self._next_check is None or check < self._next_check):
+            self._next_check = check
+
+    def _drop(self, key: WorkerKey) -> None:
+        reservation = self._items.pop(key, None)
+        if reservation is None:
+            return
+        pool = reservation.pool_key
+        held = {k: r for k, r in self._by_pool.get(pool, {}).items() if k != key}
+        if held:
+            self._by_pool[pool] = held
+        else:
+            self._by_pool.pop(pool, None)
+            self._pruned.pop(pool, None)
+        self._reserved -= reservation.memory
 
     def reserve(self, namespace: str, pool: str, worker: str, memory: int, now: datetime) -> Reservation:
         """Promise ``memory`` to a worker about to be created."""
         reservation = Reservation(namespace=namespace, pool=pool, worker=worker, memory=memory, created=now)
-        self._items[reservation.key] = reservation
+        self._put(reservation)
         return reservation
 
     def release(self, namespace: str, worker: str) -> None:
         """The create was refused (the API answered 4xx): no pod holds the memory; forget the reservation."""
-        self._items.pop((namespace, worker), None)
+        self._drop((namespace, worker))
 
     def answered(self, namespace: str, worker: str, now: datetime, check_s: float) -> None:
         """The create answered (made, or a pod of that name existed) or ended without a known outcome: the
         pod may exist, so the reservation stays until it is observed; it is asked about after ``check_s``."""
         reservation = self._items.get((namespace, worker))
         if reservation is not None:
-            self._items[reservation.key] = replace(reservation, check_after=now + timedelta(seconds=check_s))
+            self._put(replace(reservation, check_after=now + timedelta(seconds=check_s)))
 
     def prune(self, observed: Iterable[WorkerKey]) -> tuple[Reservation, ...]:
         """Drop the reservations whose pod was observed; return those still live (all the others)."""
-        live = live_reservations(self._items.values(), observed)
-        self._items = {r.key: r for r in live}
-        return live
+        for key in set(observed) & self._items.keys():
+            self._drop(key)
+        return self.all()
+
+    def prune_charges(self, charges: Mapping[PoolKey, PoolCharge]) -> None:
+        """``prune`` against each pool's observed workers: only the pools that hold reservations and whose
+        workers were observed anew since they were last looked at."""
+        for pool in list(self._by_pool):
+            charge = charges.get(pool)
+            if charge is None or self._pruned.get(pool) is charge:
+                continue
+            for key in [k for k in self._by_pool[pool] if k in charge.keys]:
+                self._drop(key)
+            if pool in self._by_pool:
+                self._pruned[pool] = charge
+
+    @property
+    def reserved(self) -> int:
+        """The memory of every reservation held."""
+        return self._reserved
+
+    def by_pool(self) -> dict[PoolKey, dict[WorkerKey, Reservation]]:
+        """Every reservation held, by pool (a copy: later changes to the book do not show in it)."""
+        return dict(self._by_pool)
 
     def due(self, now: datetime, check_s: float) -> tuple[Reservation, ...]:
         """The answered reservations whose pod is still unobserved at their check time: to be asked about.
         Each is handed out once per ``check_s`` (its next check is set now, so passes running at the same
         time do not ask twice)."""
+        if self._next_check is None or self._next_check > now:
+            return ()
         due = tuple(r for r in self._items.values() if r.check_after is not None and r.check_after <= now)
         later = now + timedelta(seconds=check_s)
+        self._next_check = None
         for reservation in due:
-            self._items[reservation.key] = replace(reservation, check_after=later)
+            self._put(replace(reservation, check_after=later))
+        for reservation in self._items.values():
+            check = reservation.check_after
+            if check is not None and (self._next_check is None or check < self._next_check):
+                self._next_check = check
         return due
 
     def absent(self, reservation: Reservation) -> None:
@@ -223,7 +339,7 @@ class ReservationBook:
         unless it has been replaced by a newer reservation of the same name meanwhile."""
         held = self._items.get(reservation.key)
         if held is not None and held.created == reservation.created:
-            del self._items[reservation.key]
+            self._drop(reservation.key)
 
     def all(self) -> tuple[Reservation, ...]:
         """Every reservation held."""

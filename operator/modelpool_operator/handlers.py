@@ -110,23 +110,28 @@ async def cleanup(*, memo: Any, **_: Any) -> None:
 
 
 @kopf.on.probe(id="pools")
-def probe_pools(*, memo: Any, **_: Any) -> int:
+async def probe_pools(*, memo: Any, **_: Any) -> int:
     """Reported on the liveness endpoint: how many pool daemons this process runs."""
     return len(_state(memo).wakeups)
 
 
 # ---- indices (rebuilt from the cluster by Kopf on every start) ----------------------------------------
+# Every handler below is a coroutine though none awaits: Kopf runs a plain function in its thread pool, a
+# thread hop (and a wait for the GIL) per watch event, which held the operator to a few hundred pod events
+# a minute at 300 pools; and the pokes set asyncio Events, which only the event loop's own thread may do.
 
 
 @kopf.index("pods", labels={LABEL_POOL: kopf.PRESENT})
-def pods_by_pool(
+async def pods_by_pool(
     *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[PoolKey, dict[str, Any]]:
     return {(namespace or "", labels[LABEL_POOL]): slim_pod(body)}
 
 
 @kopf.index(*_POOLS)
-def pools_by_key(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[PoolKey, OtherPool]:
+async def pools_by_key(
+    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[PoolKey, OtherPool]:
     """Each pool parsed once per watch event, as other pools' planning needs it; a pool whose spec does not
     parse is left out (an empty result also drops what an earlier event indexed for it)."""
     other = OtherPool.from_body(body)
@@ -138,12 +143,12 @@ def pools_by_key(*, namespace: str | None, name: str, body: kopf.Body, **_: Any)
 
 
 @kopf.index(*_BUDGETS)
-def budgets_by_name(*, name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, Any]]:
+async def budgets_by_name(*, name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, Any]]:
     return {name: dict(spec)}
 
 
 @kopf.index(*_LEASES, labels=_DEMAND)
-def demand_by_pool(*, namespace: str | None, body: kopf.Body, **_: Any) -> dict[PoolKey, Demand]:
+async def demand_by_pool(*, namespace: str | None, body: kopf.Body, **_: Any) -> dict[PoolKey, Demand]:
     """The demand a gateway last recorded for each pool: its demand Lease's renewTime, the requests held
     then (``modelpool.dev/held``) and the Lease's duration."""
     pool, demand = demand_pool(body), read_demand(body)
@@ -154,7 +159,7 @@ def demand_by_pool(*, namespace: str | None, body: kopf.Body, **_: Any) -> dict[
 
 
 @kopf.on.event("pods", labels={LABEL_POOL: kopf.PRESENT})
-def pod_changed(
+async def pod_changed(
     *, type: str, namespace: str | None, labels: kopf.Labels, status: kopf.Status, memo: Any, **_: Any
 ) -> None:
     state = _state(memo)
@@ -166,12 +171,12 @@ def pod_changed(
 
 
 @kopf.on.event(*_POOLS)
-def pool_changed(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+async def pool_changed(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     _state(memo).poke((namespace or "", name))
 
 
 @kopf.on.event(*_LEASES, labels=_DEMAND)
-def demand_changed(*, namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+async def demand_changed(*, namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
     """A gateway recorded demand: the pool's loop looks at once (a pool at zero wakes in this pass)."""
     pool = demand_pool(body)
     if pool:
@@ -179,7 +184,7 @@ def demand_changed(*, namespace: str | None, body: kopf.Body, memo: Any, **_: An
 
 
 @kopf.on.event(*_BUDGETS)
-def budget_changed(*, memo: Any, **_: Any) -> None:
+async def budget_changed(*, memo: Any, **_: Any) -> None:
     _state(memo).poke_waiting()
 
 

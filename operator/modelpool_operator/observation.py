@@ -9,23 +9,31 @@ talks to the API:
 * ``observe_all``: every indexed worker by pool; the own pool observed now, the others as their daemons
   last observed them.
 * ``budget_limit``, ``current_ledger``: the budget's size (or why it is invalid) and the ledger over all
-  workers plus the live reservations.
-* ``other_pools``: the other pools (parsed when indexed) with their observed workers, for preemption.
+  workers plus the live reservations; ``ChargeCache`` sums each pool's workers once per observation of
+  them, so a ledger costs O(pools), not O(workers).
+* ``other_pools``: the other pools (parsed when indexed) with their observed workers, for preemption;
+  ``LazyOthers`` builds that list only when the planner reads it.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 from pydantic import ValidationError
 
 from modelpool_contract.api import parse_budget_spec
-from modelpool_operator.budget import BudgetLimit, Ledger, ReservationBook, build_ledger
+from modelpool_operator.budget import (
+    BudgetLimit,
+    Ledger,
+    PoolCharge,
+    ReservationBook,
+    ledger_from_charges,
+)
 from modelpool_operator.pool import OtherPool, PoolKey
 from modelpool_operator.worker_state import LifecycleSettings, ObservedWorker, observe_worker
 
@@ -168,17 +176,71 @@ def invalid_budget_message(name: str, exc: ValueError) -> str:
     return f"ModelBudget {name} is invalid: {reason}"
 
 
+@dataclass
+class ChargeCache:
+    """Each pool's ``PoolCharge``, summed again only when its list of observed workers is a new one.
+
+    ``observe_all`` hands out the very list a pool's daemon last observed until that daemon observes the
+    pool again, so with a thousand pools a pass sums its own pool's workers and reuses every other pool's
+    sums (the cache holds each list it summed: its identity cannot be reused while it is cached)."""
+
+    _entries: dict[PoolKey, tuple[list[ObservedWorker], PoolCharge]] = field(default_factory=dict)
+
+    def charges(self, workers: Mapping[PoolKey, list[ObservedWorker]]) -> dict[PoolKey, PoolCharge]:
+        result: dict[PoolKey, PoolCharge] = {}
+        for key, listed in workers.items():
+            cached = self._entries.get(key)
+            if cached is None or cached[0] is not listed:
+                cached = self._entries[key] = (listed, PoolCharge.of(listed))
+            result[key] = cached[1]
+        if len(self._entries) > len(workers) + 100:  # pools gone: forget their lists
+            for key in [k for k in self._entries if k not in workers]:
+                del self._entries[key]
+        return result
+
+
 def current_ledger(
     workers: Mapping[PoolKey, list[ObservedWorker]],
     reservations: ReservationBook,
     *,
     limit: BudgetLimit,
+    charges: ChargeCache | None = None,
 ) -> Ledger:
     """The ledger over every observed worker plus the live reservations (dropping from the book those whose
-    pod is observed)."""
-    everyone = [w for ws in workers.values() for w in ws]
-    live = reservations.prune(w.key for w in everyone)
-    return build_ledger(limit.total, everyone, live, invalid=limit.invalid)
+    pod is observed); ``charges`` keeps each pool's sums from one ledger to the next."""
+    summed = (charges if charges is not None else ChargeCache()).charges(workers)
+    return ledger_from_charges(limit.total, summed, reservations, invalid=limit.invalid)
+
+
+class LazyOthers(Sequence[OtherPool]):
+    """``other_pools``, computed on first use: the planner reads the other pools only when the pool has
+    workers to admit (a pass at its target, the common case, never builds the list of a thousand)."""
+
+    def __init__(self, make: Callable[[], Iterable[OtherPool]]) -> None:
+        self._make: Callable[[], Iterable[OtherPool]] | None = make
+        self._items: tuple[OtherPool, ...] = ()
+
+    def _all(self) -> tuple[OtherPool, ...]:
+        if self._make is not None:
+            self._items, self._make = tuple(self._make()), None
+        return self._items
+
+    @property
+    def built(self) -> bool:
+        return self._make is None
+
+    @overload
+    def __getitem__(self, index: int) -> OtherPool: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[OtherPool]: ...
+    def __getitem__(self, index: int | slice) -> OtherPool | Sequence[OtherPool]:
+        return self._all()[index]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __iter__(self) -> Iterator[OtherPool]:
+        return iter(self._all())
 
 
 def other_pools(

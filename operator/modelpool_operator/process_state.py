@@ -7,7 +7,8 @@ holds only what must be shared between the per-pool daemons of one process:
   promptly after a change instead of polling in a busy loop.
 * ``waiting``: pools that could not fit the budget; any pod going away wakes them (memory freed).
 * ``reservations``: memory promised to pods created but not yet seen in the watch (``budget``).
-* ``observed``: each pool's workers as its daemon last observed them (other pools' passes read these).
+* ``observed``: each pool's workers as its daemon last observed them (other pools' passes read these),
+  and ``charges``: their sums for the memory ledger.
 
 It also carries the process's connections and services: the API client, the stats scraper, the
 observation cache, the sink that posts Events and the Prometheus metrics.
@@ -24,7 +25,7 @@ from modelpool_operator.budget import ReservationBook
 from modelpool_operator.events import EventSink, KopfEventSink
 from modelpool_operator.kube import Kube
 from modelpool_operator.metrics import OperatorMetrics
-from modelpool_operator.observation import ObservationCache
+from modelpool_operator.observation import ChargeCache, ObservationCache
 from modelpool_operator.pool import PoolKey
 from modelpool_operator.settings import OperatorConfig
 from modelpool_operator.stats import StatsScraper
@@ -46,6 +47,8 @@ class OperatorState:
     waiting: set[PoolKey] = field(default_factory=set)
     # Each pool's workers as its daemon last observed them (other pools' passes read these).
     observed: dict[PoolKey, list[ObservedWorker]] = field(default_factory=dict)
+    # Each pool's observed workers summed for the ledger, once per observation (not once per pass).
+    charges: ChargeCache = field(default_factory=ChargeCache)
     budget_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     def wakeup(self, key: PoolKey) -> asyncio.Event:

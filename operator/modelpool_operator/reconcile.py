@@ -36,6 +36,7 @@ from modelpool_operator.events import Event
 from modelpool_operator.kube import describe_error, merge_patch, refused
 from modelpool_operator.network_policy import PolicySettings, build_network_policy
 from modelpool_operator.observation import (
+    LazyOthers,
     PodsByPool,
     StatsByName,
     budget_limit,
@@ -139,7 +140,8 @@ def _ledger(
     budgets: BudgetsByName,
     now: datetime,
 ) -> Ledger:
-    return current_ledger(workers, state.reservations, limit=budget_limit(budgets, state.config.budget_name))
+    limit = budget_limit(budgets, state.config.budget_name)
+    return current_ledger(workers, state.reservations, limit=limit, charges=state.charges)
 
 
 def decide(
@@ -163,7 +165,7 @@ def decide(
         workers.get(pool.key, []),
         _ledger(state, workers, budgets, now),
         now=now,
-        others=other_pools(pool.key, pools_by_key, workers),
+        others=LazyOthers(lambda: other_pools(pool.key, pools_by_key, workers)),
         settings=planner_settings(state.config),
         load_window=load_window,
         counters=counters,

@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 #: Forget a pod's scrape state when nobody asked for it for this long (the pod is most likely gone).
 _FORGET_AFTER_SECONDS = 600.0
+#: Look for such entries at most this often (not at every pool's pass: 10,000 entries each time).
+_SWEEP_EVERY_SECONDS = 60.0
 
 
 @dataclass
@@ -103,6 +105,7 @@ class StatsScraper:
         # No proxies from the environment: worker pod IPs are always reached directly.
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False)
         self._entries: dict[str, _Entry] = {}
+        self._next_sweep = 0.0
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -181,6 +184,9 @@ class StatsScraper:
             on_change()
 
     def _forget_stale(self, now: float) -> None:
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + _SWEEP_EVERY_SECONDS
         stale = [uid for uid, e in self._entries.items() if now - e.last_asked > _FORGET_AFTER_SECONDS]
         for uid in stale:
             del self._entries[uid]

@@ -219,7 +219,7 @@ class Draft:
     def __post_init__(self) -> None:
         pool = self.pool
         self.workers = sorted((w for w in self.workers if w.pool in (pool.name, "")), key=lambda w: w.name)
-        self.in_flight = [r for r in self.ledger.reservations if r.pool_key == pool.key]
+        self.in_flight = list(self.ledger.reservations_of(pool.key))
         self.active = [w for w in self.workers if w.active]
         self.current = [w for w in self.active if w.template_hash == pool.template_hash]
         self.outdated = [w for w in self.active if w.template_hash != pool.template_hash]

@@ -312,6 +312,8 @@ def admit(draft: Draft) -> None:
         draft.admission.backoff_wait = (next_attempt - now).total_seconds()
         draft.requeue.append(draft.admission.backoff_wait)
         want = 0
+    if not want:  # nothing to admit: the other pools (a thousand, at scale) are not looked at
+        return
     # Memory that higher-priority pools are waiting for is not ours to take (they may have preempted
     # for it); pools waiting for more than the whole budget are ignored (they can never fit).
     total = draft.ledger.total
