@@ -777,9 +777,11 @@ class AutoscalingStatus(_Model):
     observed_load: int | None = Field(
         default=None,
         description=(
-            "The load as last observed: requests in flight plus queued over the serving workers, plus the "
-            "requests they refused (estimated from the rate of refusals) and, while no worker serves, the "
-            "requests held at the gateway."
+            "The load as last observed, in the unit of spec.autoscaling.metric: requests in flight plus "
+            "queued over the serving workers (or their reserved KV-cache tokens, or their KV-cache use in "
+            "percent of one worker's cache, summed), plus the requests they refused (estimated from the "
+            "rate of refusals) and, with metric requests while no worker serves, the requests held at the "
+            "gateway."
         ),
     )
     held_requests: int | None = Field(
@@ -810,6 +812,19 @@ class AutoscalingStatus(_Model):
             "older than activationTimeoutSeconds before a worker could be created (the budget), the wake "
             "is dropped."
         ),
+    )
+
+
+class PoolGeneration(_Model):
+    """A text-generation pool's engine figures, summed over its serving workers that report them."""
+
+    running: int = Field(default=0, description="Generations running on the serving workers.")
+    tokens_in_flight: int = Field(
+        default=0, description="KV-cache tokens the running generations reserve, over the serving workers."
+    )
+    kv_cache_use: float | None = Field(
+        default=None,
+        description="The mean share of the serving workers' KV caches reserved (0 to 1; unset: unknown).",
     )
 
 
@@ -848,6 +863,13 @@ class ModelPoolStatus(_Model):
     )
     autoscaling: AutoscalingStatus = Field(
         default_factory=AutoscalingStatus, description="The autoscaler's view: desired count, load, times."
+    )
+    generation: PoolGeneration | None = Field(
+        default=None,
+        description=(
+            "Text-generation pools: running generations, tokens in flight and mean KV-cache use over the "
+            "serving workers (unset for other tasks and while no serving worker reports them)."
+        ),
     )
 
 
@@ -956,6 +978,7 @@ __all__ = [
     "ModelPoolStatus",
     "ModelSpec",
     "PodTemplate",
+    "PoolGeneration",
     "PoolShare",
     "QueueSpec",
     "ResourcesSpec",

@@ -341,6 +341,14 @@ def modelpool_crd() -> dict[str, Any]:
                 "description": "The highest accelerator-memory peak any current worker reports.",
                 "priority": 1,
             },
+            # -o wide, generation pools: the tokens the running generations reserve.
+            {
+                "name": "Tokens",
+                "type": "integer",
+                "jsonPath": ".status.generation.tokensInFlight",
+                "description": "KV-cache tokens the running generations reserve, over the serving workers.",
+                "priority": 1,
+            },
         ],
         scale=True,
     )

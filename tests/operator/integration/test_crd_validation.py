@@ -198,7 +198,8 @@ def test_printer_columns_status_and_scale(crds: Cluster, namespace: str) -> None
             "phase": "Ready",
             "readyText": "1/1",
             "targetReplicas": 1,
-            "memory": {"charged": "2Gi", "chargedBytes": 2**31},
+            "memory": {"charged": "2Gi", "chargedBytes": 2**31, "declared": "2Gi"},
+            "generation": {"running": 3, "tokensInFlight": 1500, "kvCacheUse": 0.37},
         }
     }
     crds.kubectl(
@@ -208,6 +209,10 @@ def test_printer_columns_status_and_scale(crds: Cluster, namespace: str) -> None
     table = crds.kubectl("get", "mp", "cols", "-n", namespace).stdout.splitlines()
     assert table[0].split() == ["NAME", "TASK", "READY", "DESIRED", "STATE", "MEMORY", "AGE"]
     assert table[1].split()[:6] == ["cols", "text-embedding", "1/1", "1", "Ready", "2Gi"]
+    wide = crds.kubectl("get", "mp", "cols", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[-3:] == ["DECLARED", "MEASURED", "TOKENS"]
+    declared = wide[0].index("DECLARED")
+    assert wide[1][declared:].split() == ["2Gi", "1500"]  # an unset MEASURED prints as nothing
     crds.kubectl("scale", "modelpool/cols", "-n", namespace, "--replicas=3")
     got = json.loads(crds.kubectl("get", "mp", "cols", "-n", namespace, "-o", "json").stdout)
     assert got["spec"]["replicas"] == 3

@@ -21,6 +21,7 @@ from test_autoscale import NOW, auto_spec, run_until, scaled
 from modelpool_contract.api import (
     MSG_KV_CACHE_TARGET,
     MSG_TOKENS_TARGET,
+    PoolGeneration,
     WorkerGeneration,
     parse_pool_spec,
 )
@@ -36,6 +37,7 @@ from modelpool_operator.planner.autoscale import (
     record,
     worker_load,
 )
+from modelpool_operator.planner.status import generation_summary
 from modelpool_operator.worker_state import ObservedWorker, observe_worker
 
 CACHE = 2048
@@ -245,3 +247,15 @@ def test_the_worker_status_carries_the_generation_figures_only_for_generating_mo
     assert observe_worker(_pod("p-b"), serial, NOW).to_status().wire()["generation"] == {"engine": "serial"}
     embedding = observe_worker(_pod("p-c"), {"state": "Ready", "generation": None}, NOW).to_status()
     assert embedding.generation is None and "generation" not in embedding.wire()
+
+
+def test_the_pool_status_sums_the_serving_workers_figures() -> None:
+    loading = replace(generating("p-c", 512), state="Loading")
+    workers = [generating("p-a", 1024), generating("p-b", 0), loading]
+    serial = replace(w("p-d", "Ready"), stats_known=True, generation_engine="serial")
+    summary = generation_summary([*workers, serial])
+    assert summary == PoolGeneration(running=1, tokens_in_flight=1024, kv_cache_use=0.25)
+    assert generation_summary([serial, w("p-e", "Ready")]) is None
+    out = plan(view(tokens_spec(), scaled(2)), workers[:2], ledger_for(None, workers[:2]), now=NOW)
+    assert out.status.generation == summary
+    assert plan(view(auto_spec(), scaled(1)), [w("p-a")], ledger_for(None), now=NOW).status.generation is None
