@@ -38,6 +38,7 @@ from modelpool_operator.planner.autoscale import (
     worker_load,
 )
 from modelpool_operator.planner.status import generation_summary
+from modelpool_operator.stats import _news as stats_news
 from modelpool_operator.worker_state import ObservedWorker, observe_worker
 
 CACHE = 2048
@@ -259,3 +260,11 @@ def test_the_pool_status_sums_the_serving_workers_figures() -> None:
     out = plan(view(tokens_spec(), scaled(2)), workers[:2], ledger_for(None, workers[:2]), now=NOW)
     assert out.status.generation == summary
     assert plan(view(auto_spec(), scaled(1)), [w("p-a")], ledger_for(None), now=NOW).status.generation is None
+
+
+def test_a_change_of_tokens_in_flight_alone_is_news_for_the_pool() -> None:
+    """The scraper wakes the pool's loop when the tokens in flight change though the request count does
+    not (one generation ended and a longer one began): under metric tokens that is a new load."""
+    before = {"state": "Processing", "in_flight": 1, "generation": {"kv_cache_reserved_tokens": 100}}
+    after = before | {"generation": {"kv_cache_reserved_tokens": 900}}
+    assert stats_news(before) != stats_news(after)
