@@ -311,12 +311,13 @@ def test_operator_reconciles_a_kwok_pool_to_ready_with_budget_accounting(release
     budgets = release.k("get", "modelbudget", release.budget).stdout.splitlines()
     assert budgets[0].split() == ["NAME", "TOTAL", "USED", "RESERVED", "AGE"]
     assert budgets[1].split()[1] == "100Gi"
-    # -o wide: what each worker is charged against what was measured (KWOK workers measure nothing).
+    # -o wide: what each worker is charged against what was measured (KWOK workers measure nothing), and
+    # a generation pool's tokens in flight (none here).
     wide = release.k("get", "modelpools", "-n", release.namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-2:] == ["DECLARED", "MEASURED"]
+    assert wide[0].split()[-3:] == ["DECLARED", "MEASURED", "TOKENS"]
     row = next(line for line in wide[1:] if line.startswith("kwok-pool"))
     declared = wide[0].index("DECLARED")
-    # An unset MEASURED prints as nothing.
+    # An unset MEASURED (and TOKENS) prints as nothing.
     assert row[declared:].split() == ["10Gi"]
 
     # The chart's operator serves its metrics (on this machine: the process node runs it locally).

@@ -65,6 +65,8 @@ DEFAULT_GPU_HOST_MEMORY = "2Gi"
 # A PersistentVolumeClaim's name (a DNS-1123 subdomain).
 CLAIM_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 CacheType = Literal["none", "pvc", "hostPath"]
+#: What the autoscaler counts the load in (``spec.autoscaling.metric``).
+AutoscalingMetric = Literal["requests", "tokens", "kvCache"]
 
 
 class _Model(BaseModel):
@@ -402,13 +404,43 @@ class AutoscalingSpec(_Model):
             "subresource (spec.replicas); then spec.replicas is the count, as without autoscaling."
         ),
     )
+    metric: AutoscalingMetric = Field(
+        default="requests",
+        description=(
+            "What the load is counted in: requests (in flight plus queued, against targetPerWorker), "
+            "tokens (the KV-cache tokens the running generations reserve, prompt plus max_tokens, against "
+            "targetTokensPerWorker) or kvCache (the share of each worker's KV cache reserved, against "
+            "targetKvCache). tokens and kvCache are for text-generation pools on the continuous-batching "
+            "engine: a worker that reports no KV cache has an unknown load."
+        ),
+    )
     target_per_worker: int = Field(
         default=10,
         ge=1,
         le=100_000,
         description=(
-            "Requests in flight plus queued per worker the autoscaler aims for: it wants "
+            "metric requests: requests in flight plus queued per worker the autoscaler aims for: it wants "
             "ceil(load / targetPerWorker) workers, the load summed over the serving workers."
+        ),
+    )
+    target_tokens_per_worker: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000_000,
+        description=(
+            "metric tokens (required with it): KV-cache tokens reserved per worker the autoscaler aims for: "
+            "it wants ceil(tokens / targetTokensPerWorker) workers, the tokens summed over the serving "
+            "workers. At most a worker's KV cache (--kv-cache-tokens) is useful."
+        ),
+    )
+    target_kv_cache: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description=(
+            "metric kvCache (required with it): the share of each worker's KV cache, in (0, 1], the "
+            "autoscaler aims for: it wants ceil(sum of the workers' shares / targetKvCache) workers, i.e. "
+            "the mean share over the serving workers brought to the target."
         ),
     )
     scale_up_window_seconds: int = Field(
@@ -442,9 +474,13 @@ class AutoscalingSpec(_Model):
 
     @model_validator(mode="after")
     def _windows(self) -> AutoscalingSpec:
-        # Same rule and message as the CRD's CEL validation.
+        # Same rules and messages as the CRD's CEL validations.
         if self.stable_window_seconds < self.scale_up_window_seconds:
             raise ValueError(MSG_STABLE_GE_UP_WINDOW)
+        if self.metric == "tokens" and self.target_tokens_per_worker is None:
+            raise ValueError(MSG_TOKENS_TARGET)
+        if self.metric == "kvCache" and self.target_kv_cache is None:
+            raise ValueError(MSG_KV_CACHE_TARGET)
         return self
 
 
@@ -541,7 +577,8 @@ class ModelPoolSpec(_Model):
         # Only when spec.autoscaling is written: the API server then fills in targetPerWorker's default,
         # and a pool whose workers can never hold the target would never scale up by its queues.
         written = "autoscaling" in self.model_fields_set
-        if written and self.autoscaling.target_per_worker > self.queue.capacity:
+        policy = self.autoscaling
+        if written and policy.metric == "requests" and policy.target_per_worker > self.queue.capacity:
             raise ValueError(MSG_TARGET_LE_CAPACITY)
         return self
 
@@ -554,6 +591,14 @@ MSG_TARGET_LE_CAPACITY = (
 )
 MSG_STABLE_GE_UP_WINDOW = (
     "spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds"
+)
+MSG_TOKENS_TARGET = (
+    "spec.autoscaling.targetTokensPerWorker is required when spec.autoscaling.metric is tokens (the KV-cache "
+    "tokens reserved per worker to aim for, at least 1)"
+)
+MSG_KV_CACHE_TARGET = (
+    "spec.autoscaling.targetKvCache is required when spec.autoscaling.metric is kvCache (the share of each "
+    "worker's KV cache to aim for, greater than 0 and at most 1)"
 )
 
 
@@ -586,6 +631,26 @@ class MeasuredMemory(_Model):
     def highest(self) -> int:
         """The peak when reported, else what is reserved now."""
         return self.peak_bytes if self.peak_bytes is not None else self.reserved_bytes
+
+
+class WorkerGeneration(_Model):
+    """A text-generation worker's engine figures, from its /stats (``generation``)."""
+
+    engine: str = Field(
+        description=(
+            "continuous-batching (requests join and leave the running batch at token boundaries) or serial "
+            "(one generate at a time: no KV-cache figures)."
+        )
+    )
+    running: int | None = Field(default=None, description="Generations running now.")
+    tokens_in_flight: int | None = Field(
+        default=None,
+        description="KV-cache tokens the running generations reserve (prompt plus max_tokens each).",
+    )
+    kv_cache_tokens: int | None = Field(default=None, description="The worker's KV cache, in tokens.")
+    kv_cache_use: float | None = Field(
+        default=None, description="tokensInFlight / kvCacheTokens: the share of the cache reserved (0 to 1)."
+    )
 
 
 class WorkerStatus(_Model):
@@ -630,6 +695,13 @@ class WorkerStatus(_Model):
     accelerator_memory: MeasuredMemory | None = Field(
         default=None,
         description="Accelerator memory the worker reports (unset on CPU pools and while unknown).",
+    )
+    generation: WorkerGeneration | None = Field(
+        default=None,
+        description=(
+            "A text-generation worker's engine, running generations, tokens in flight and KV-cache use "
+            "(unset for other tasks and while unknown)."
+        ),
     )
 
 
@@ -705,9 +777,11 @@ class AutoscalingStatus(_Model):
     observed_load: int | None = Field(
         default=None,
         description=(
-            "The load as last observed: requests in flight plus queued over the serving workers, plus the "
-            "requests they refused (estimated from the rate of refusals) and, while no worker serves, the "
-            "requests held at the gateway."
+            "The load as last observed, in the unit of spec.autoscaling.metric: requests in flight plus "
+            "queued over the serving workers (or their reserved KV-cache tokens, or their KV-cache use in "
+            "percent of one worker's cache, summed), plus the requests they refused (estimated from the "
+            "rate of refusals) and, with metric requests while no worker serves, the requests held at the "
+            "gateway."
         ),
     )
     held_requests: int | None = Field(
@@ -738,6 +812,19 @@ class AutoscalingStatus(_Model):
             "older than activationTimeoutSeconds before a worker could be created (the budget), the wake "
             "is dropped."
         ),
+    )
+
+
+class PoolGeneration(_Model):
+    """A text-generation pool's engine figures, summed over its serving workers that report them."""
+
+    running: int = Field(default=0, description="Generations running on the serving workers.")
+    tokens_in_flight: int = Field(
+        default=0, description="KV-cache tokens the running generations reserve, over the serving workers."
+    )
+    kv_cache_use: float | None = Field(
+        default=None,
+        description="The mean share of the serving workers' KV caches reserved (0 to 1; unset: unknown).",
     )
 
 
@@ -776,6 +863,13 @@ class ModelPoolStatus(_Model):
     )
     autoscaling: AutoscalingStatus = Field(
         default_factory=AutoscalingStatus, description="The autoscaler's view: desired count, load, times."
+    )
+    generation: PoolGeneration | None = Field(
+        default=None,
+        description=(
+            "Text-generation pools: running generations, tokens in flight and mean KV-cache use over the "
+            "serving workers (unset for other tasks and while no serving worker reports them)."
+        ),
     )
 
 
@@ -859,12 +953,15 @@ __all__ = [
     "MODELBUDGET_PLURAL",
     "MODELPOOL_KIND",
     "MODELPOOL_PLURAL",
+    "MSG_KV_CACHE_TARGET",
     "MSG_STABLE_GE_UP_WINDOW",
     "MSG_TARGET_LE_CAPACITY",
+    "MSG_TOKENS_TARGET",
     "QUANTITY_PATTERN",
     "SERVED_NAME_PATTERN",
     "VERSION",
     "AuthSpec",
+    "AutoscalingMetric",
     "AutoscalingSpec",
     "AutoscalingStatus",
     "BackoffStatus",
@@ -881,11 +978,13 @@ __all__ = [
     "ModelPoolStatus",
     "ModelSpec",
     "PodTemplate",
+    "PoolGeneration",
     "PoolShare",
     "QueueSpec",
     "ResourcesSpec",
     "SecretKey",
     "Toleration",
+    "WorkerGeneration",
     "WorkerStatus",
     "autoscaling_enabled",
     "parse_pool_spec",

@@ -94,13 +94,14 @@ def build_text_generation(out: Path) -> Path:
     return out
 
 
-def build_llama_generation(out: Path) -> Path:
-    """A 2-layer Llama (hidden 32, grouped-query attention, context 128): the shape continuous batching
-    serves, with the tokenizer and chat template of ``build_text_generation``."""
+def build_llama_generation(out: Path, context: int = 128) -> Path:
+    """A 2-layer Llama (hidden 32, grouped-query attention, ``context`` positions, 128 unless a test needs
+    generations that last): the shape continuous batching serves, with the tokenizer and chat template of
+    ``build_text_generation``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(model_max_length=context)
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -109,7 +110,7 @@ def build_llama_generation(out: Path) -> Path:
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=128,
+        max_position_embeddings=context,
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

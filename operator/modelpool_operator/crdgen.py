@@ -29,10 +29,12 @@ from modelpool_contract.api import (
     MODELPOOL_PLURAL,
     MSG_CACHE_CLAIM,
     MSG_CACHE_PATH,
+    MSG_KV_CACHE_TARGET,
     MSG_MIN_LE_REPLICAS,
     MSG_REPLICAS_LE_MAX,
     MSG_STABLE_GE_UP_WINDOW,
     MSG_TARGET_LE_CAPACITY,
+    MSG_TOKENS_TARGET,
     QUANTITY_PATTERN,
     VERSION,
     AutoscalingSpec,
@@ -178,10 +180,11 @@ def _pool_spec_schema() -> dict[str, Any]:
             "fieldPath": ".replicas",
         },
         {
-            # Only when spec.autoscaling is written (as the model's validator); unset fields at their
-            # defaults (the API server fills them in anyway when their parent is written).
+            # Only when spec.autoscaling is written and counts requests (as the model's validator); unset
+            # fields at their defaults (the API server fills them in anyway when their parent is written).
             "rule": (
                 "!has(self.autoscaling) || "
+                "(has(self.autoscaling.metric) && self.autoscaling.metric != 'requests') || "
                 "(has(self.autoscaling.targetPerWorker) ? self.autoscaling.targetPerWorker : "
                 f"{AutoscalingSpec.model_fields['target_per_worker'].default}) <= "
                 "(has(self.queue) && has(self.queue.capacity) ? self.queue.capacity : "
@@ -199,7 +202,17 @@ def _pool_spec_schema() -> dict[str, Any]:
             ),
             "message": MSG_STABLE_GE_UP_WINDOW,
             "fieldPath": ".stableWindowSeconds",
-        }
+        },
+        {
+            "rule": "!has(self.metric) || self.metric != 'tokens' || has(self.targetTokensPerWorker)",
+            "message": MSG_TOKENS_TARGET,
+            "fieldPath": ".targetTokensPerWorker",
+        },
+        {
+            "rule": "!has(self.metric) || self.metric != 'kvCache' || has(self.targetKvCache)",
+            "message": MSG_KV_CACHE_TARGET,
+            "fieldPath": ".targetKvCache",
+        },
     ]
     cache = spec["properties"]["model"]["properties"]["cache"]
     cache["x-kubernetes-validations"] = [
@@ -326,6 +339,14 @@ def modelpool_crd() -> dict[str, Any]:
                 "type": "string",
                 "jsonPath": ".status.memory.measuredPeak",
                 "description": "The highest accelerator-memory peak any current worker reports.",
+                "priority": 1,
+            },
+            # -o wide, generation pools: the tokens the running generations reserve.
+            {
+                "name": "Tokens",
+                "type": "integer",
+                "jsonPath": ".status.generation.tokensInFlight",
+                "description": "KV-cache tokens the running generations reserve, over the serving workers.",
                 "priority": 1,
             },
         ],

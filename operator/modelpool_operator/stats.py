@@ -56,6 +56,8 @@ _NEWS_FIELDS = (
     "load_error",
     "load_progress",
     "download",
+    # A generation pool's tokens in flight (its autoscaling load under metric tokens or kvCache).
+    "generation",
 )
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from modelpool_contract.api import MeasuredMemory, WorkerStatus
+from modelpool_contract.api import MeasuredMemory, WorkerGeneration, WorkerStatus
 from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_INFERENCE_WEDGED, EXIT_LOAD_FAILED
 from modelpool_contract.labels import (
     ANNOTATION_EVICTING,
@@ -141,6 +141,12 @@ class ObservedWorker:
     requests_total: int | None = None
     rejected_total: int | None = None
     stats_time: float | None = None
+    # A text-generation worker's engine (None: not a generating model, or unknown), its running
+    # generations, the KV-cache tokens they reserve and the cache's size (None without the figures).
+    generation_engine: str | None = None
+    generations_running: int | None = None
+    kv_cache_reserved: int | None = None
+    kv_cache_tokens: int | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -166,6 +172,13 @@ class ObservedWorker:
     def evictable(self) -> bool:
         """May be chosen for eviction: never Loading or Processing (their work would be lost)."""
         return self.state in EVICTABLE_STATES and not (self.in_flight or 0) and not (self.queue_depth or 0)
+
+    @property
+    def kv_cache_use(self) -> float | None:
+        """The share of the worker's KV cache its running generations reserve (None: not reported)."""
+        if self.kv_cache_reserved is None or not self.kv_cache_tokens:
+            return None
+        return min(1.0, max(0.0, self.kv_cache_reserved / self.kv_cache_tokens))
 
     def idle_since(self) -> datetime | None:
         """Since when the worker has been able to serve but got no request: the later of its last request
@@ -193,6 +206,20 @@ class ObservedWorker:
             download_total_bytes=self.download_total_bytes,
             template_hash=self.template_hash,
             accelerator_memory=self.measured_memory(),
+            generation=self.generation_status(),
+        )
+
+    def generation_status(self) -> WorkerGeneration | None:
+        """The engine figures for the worker's status entry (None: not a generating model, or unknown)."""
+        if self.generation_engine is None:
+            return None
+        use = self.kv_cache_use
+        return WorkerGeneration(
+            engine=self.generation_engine,
+            running=self.generations_running,
+            tokens_in_flight=self.kv_cache_reserved,
+            kv_cache_tokens=self.kv_cache_tokens,
+            kv_cache_use=round(use, 4) if use is not None else None,
         )
 
     def measured_memory(self) -> MeasuredMemory | None:
@@ -545,4 +572,18 @@ def observe_worker(
         requests_total=report.requests_total if report else None,
         rejected_total=report.rejected_total if report else None,
         stats_time=report.time if report else None,
+        **_generation(report),
     )
+
+
+def _generation(report: WorkerStats | None) -> dict[str, Any]:
+    """The ``ObservedWorker`` fields of the server's ``generation`` figures (all None without them)."""
+    figures = report.generation if report is not None else None
+    if figures is None or figures.engine is None:
+        return {}
+    return {
+        "generation_engine": figures.engine,
+        "generations_running": figures.running,
+        "kv_cache_reserved": figures.kv_cache_reserved_tokens,
+        "kv_cache_tokens": figures.kv_cache_tokens,
+    }

@@ -112,6 +112,7 @@ def test_names_columns_and_subresources() -> None:
     wide = {c["name"]: c["jsonPath"] for c in columns if c.get("priority") == 1}
     assert wide["Declared"] == ".status.memory.declared"
     assert wide["Measured"] == ".status.memory.measuredPeak"
+    assert wide["Tokens"] == ".status.generation.tokensInFlight"
     assert version["subresources"]["status"] == {}
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
 

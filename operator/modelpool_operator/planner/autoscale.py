@@ -1,18 +1,23 @@
 """Autoscaling and waking from zero: the pure decisions, and the two planner phases that apply them.
 
-**The load** is what waits to be served, in requests (``pool_load``):
+**The load** is what waits to be served, in the unit ``spec.autoscaling.metric`` chooses (``pool_load``;
+each serving worker's share is ``worker_load``, the target one worker carries ``per_worker_target``):
 
-* requests in flight plus queued, summed over the pool's serving workers whose stats are known
-  (``observe_load``);
+* requests in flight plus queued (metric ``requests``), or the KV-cache tokens the running generations
+  reserve (``tokens``), or the share of the worker's KV cache they reserve, in percent (``kvCache``: the
+  pool wants ceil(sum of the shares / target), the mean share brought to the target), summed over the
+  pool's serving workers whose figures are known (``observe_load``; a worker without KV-cache figures, a
+  serial engine, has an unknown load under ``tokens`` and ``kvCache``);
 * plus the requests those workers refused (``rejected_total`` in ``/stats``, a counter: 429 when the
   queue is full, and every other refusal or give-up), turned into a rate between two scrapes of the same
   worker process (``count_refusals``: a new pod or a restarted container, or counters that went back,
   start a new baseline).  A refused request would have spent in the worker about as long as an admitted
   one, so by Little's law it adds the worker's load times refused per admitted request over the interval;
-* plus, while the pool has no serving worker at all, the requests the gateway holds for it (the held
-  count on its demand Lease, while that is fresh: ``Demand.held_at``).  The gateway holds requests only
-  for a pool without a routable worker, so once one serves they are on their way to it and its
-  ``/stats`` counts them; counting both would count them twice.
+* plus, with metric ``requests`` and while the pool has no serving worker at all, the requests the
+  gateway holds for it (the held count on its demand Lease, while that is fresh: ``Demand.held_at``;
+  their size in tokens is unknown, so the other metrics leave them to the wake from zero).  The gateway
+  holds requests only for a pool without a routable worker, so once one serves they are on their way to
+  it and its ``/stats`` counts them; counting both would count them twice.
 
 Unknown load (no serving worker reports and nothing is held: a pool at zero, workers still loading,
 KWOK nodes) never changes the count.
@@ -54,7 +59,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from modelpool_contract.api import AutoscalingSpec, ModelPoolSpec, autoscaling_enabled, replica_ceiling
+from modelpool_contract.api import (
+    AutoscalingMetric,
+    AutoscalingSpec,
+    ModelPoolSpec,
+    autoscaling_enabled,
+    replica_ceiling,
+)
 from modelpool_contract.times import parse_time, rfc3339, rfc3339_ms
 from modelpool_operator.events import Event
 from modelpool_operator.planner.draft import CounterSample, Draft, LoadSample
@@ -69,15 +80,39 @@ MIN_SAMPLE_GAP_S = 0.5
 # ---- the load and its windows ---------------------------------------------------------------------------
 
 
-def observe_load(workers: Iterable[ObservedWorker]) -> tuple[int | None, bool]:
-    """(load, complete): requests in flight plus queued over the active serving workers whose stats are
-    known (None when none is), and whether every serving worker's stats are known."""
+def worker_load(worker: ObservedWorker, metric: AutoscalingMetric = "requests") -> float | None:
+    """One worker's load in the unit of ``metric`` (None: its figures are unknown): requests in flight
+    plus queued, the KV-cache tokens its generations reserve, or the share of its KV cache they reserve
+    in percent."""
+    if not worker.stats_known:
+        return None
+    if metric == "requests":
+        return (worker.in_flight or 0) + (worker.queue_depth or 0)
+    if metric == "tokens":
+        return None if worker.kv_cache_reserved is None else float(worker.kv_cache_reserved)
+    use = worker.kv_cache_use
+    return None if use is None else 100.0 * use
+
+
+def per_worker_target(policy: AutoscalingSpec) -> float:
+    """The load one worker should carry, in the unit of ``worker_load`` for the policy's metric."""
+    if policy.metric == "tokens" and policy.target_tokens_per_worker is not None:
+        return float(policy.target_tokens_per_worker)
+    if policy.metric == "kvCache" and policy.target_kv_cache is not None:
+        return 100.0 * policy.target_kv_cache
+    return float(policy.target_per_worker)
+
+
+def observe_load(
+    workers: Iterable[ObservedWorker], metric: AutoscalingMetric = "requests"
+) -> tuple[float | None, bool]:
+    """(load, complete): ``worker_load`` summed over the active serving workers whose figures are known
+    (None when none is), and whether every serving worker's are known."""
     serving = [w for w in workers if w.active and w.serving_state]
-    known = [w for w in serving if w.stats_known]
-    if not known:
+    loads = [load for load in (worker_load(w, metric) for w in serving) if load is not None]
+    if not loads:
         return None, False
-    load = sum((w.in_flight or 0) + (w.queue_depth or 0) for w in known)
-    return load, len(known) == len(serving)
+    return sum(loads), len(loads) == len(serving)
 
 
 def count_refusals(worker: ObservedWorker, previous: CounterSample | None) -> CounterSample | None:
@@ -118,12 +153,14 @@ def pool_load(
     workers: Iterable[ObservedWorker],
     counters: Mapping[str, CounterSample],
     held: int | None,
+    metric: AutoscalingMetric = "requests",
 ) -> PoolLoad:
-    """The pool's load: in flight plus queued over the serving workers with known stats, plus their
-    refusals (Little's law: each worker's load times its refused per admitted request since the last
-    scrape), plus ``held`` (the gateway's count, fresh) while no worker serves at all."""
+    """The pool's load in the unit of ``metric``: ``worker_load`` over the serving workers with known
+    figures, plus their refusals (Little's law: each worker's load times its refused per admitted request
+    since the last scrape), plus ``held`` (the gateway's count, fresh) while no worker serves at all
+    (metric requests only)."""
     workers = list(workers)
-    base, complete = observe_load(workers)
+    base, complete = observe_load(workers, metric)
     serving = [w for w in workers if w.active and w.serving_state and w.stats_known]
     seen: dict[str, CounterSample] = {}
     refused = per_s = 0.0
@@ -132,9 +169,10 @@ def pool_load(
         if sample is None:
             continue
         seen[worker.name] = sample
-        refused += ((worker.in_flight or 0) + (worker.queue_depth or 0)) * sample.refused_ratio
+        refused += (worker_load(worker, metric) or 0.0) * sample.refused_ratio
         per_s += sample.refused_per_s
-    counted_held = held if held and not any(w.active and w.serving_state for w in workers) else None
+    no_server = not any(w.active and w.serving_state for w in workers)
+    counted_held = held if held and no_server and metric == "requests" else None
     if base is None and counted_held is None:
         return PoolLoad(None, False, per_s, refused, None, seen)
     load = (base or 0) + refused + (counted_held or 0)
@@ -144,7 +182,8 @@ def pool_load(
 def record(window: Sequence[LoadSample], sample: LoadSample, keep_s: float) -> tuple[LoadSample, ...]:
     """``window`` with ``sample`` added: samples within ``MIN_SAMPLE_GAP_S`` before it are replaced, and
     only the last ``keep_s`` seconds are kept, plus the one sample before them (it dates the first)."""
-    kept = [s for s in window if s.at < sample.at]
+    # Samples in another unit (the metric was changed) are dropped, not averaged with this one.
+    kept = [s for s in window if s.at < sample.at and s.metric == sample.metric]
     while kept and (sample.at - kept[-1].at).total_seconds() < MIN_SAMPLE_GAP_S:
         kept.pop()
     kept.append(sample)
@@ -194,7 +233,7 @@ class Decision:
 
 def _wanted(load: float, policy: AutoscalingSpec) -> int:
     # A hair over a whole number (float noise of the average) must not ask for one more worker.
-    return math.ceil(round(load / policy.target_per_worker, 6))
+    return math.ceil(round(load / per_worker_target(policy), 6))
 
 
 def decide(
@@ -217,7 +256,7 @@ def decide(
     policy = spec.autoscaling
     floor, ceiling = max(spec.min_replicas, 1), spec.max_replicas
     recommended = min(ceiling, max(floor, _wanted(stable_load, policy)))
-    burst = burst_load > BURST_FACTOR * policy.target_per_worker * current
+    burst = burst_load > BURST_FACTOR * per_worker_target(policy) * current
     desired = current
     since: datetime | None = None
     most: int | None = None
@@ -317,12 +356,14 @@ def autoscale(draft: Draft) -> None:
     spec, scaling, now = draft.pool.spec, draft.scaling, draft.now
     policy = spec.autoscaling
     demand = draft.pool.demand
-    measured = pool_load(draft.workers, draft.counters, demand.held_at(now) if demand else None)
+    held = demand.held_at(now) if demand else None
+    measured = pool_load(draft.workers, draft.counters, held, policy.metric)
     load = measured.load
     scaling.observed_load, scaling.counters = load, measured.counters
     scaling.refused_per_s, scaling.held = measured.refused_per_s, measured.held
     if load is not None:
-        scaling.window = record(draft.load_window, LoadSample(now, load), policy.stable_window_seconds)
+        sample = LoadSample(now, load, policy.metric)
+        scaling.window = record(draft.load_window, sample, policy.stable_window_seconds)
     if not autoscaling_enabled(spec) or draft.target == 0:
         return
     previous = draft.pool.status.autoscaling
@@ -352,7 +393,7 @@ def autoscale(draft: Draft) -> None:
 
 def _scaled_event(current: int, decision: Decision, policy: AutoscalingSpec, measured: PoolLoad) -> Event:
     change = f"{current} -> {decision.desired} workers"
-    target = f"target {policy.target_per_worker} per worker"
+    target = f"target {target_text(policy)} per worker"
     counted = []
     if measured.refused_per_s > 0:
         counted.append(f"{measured.refused_per_s:.1f} refused/s counted as {measured.refused:.1f}")
@@ -372,6 +413,15 @@ def _scaled_event(current: int, decision: Decision, policy: AutoscalingSpec, mea
     else:
         load = f"load {decision.stable_load:.1f} over {policy.stable_window_seconds}s"
     return Event("Normal", "ScaledUp", f"{load} ({target}): {change}")
+
+
+def target_text(policy: AutoscalingSpec) -> str:
+    """The per-worker target in words, for the scaling Events."""
+    if policy.metric == "tokens":
+        return f"{policy.target_tokens_per_worker} tokens"
+    if policy.metric == "kvCache":
+        return f"{per_worker_target(policy):g}% KV cache"
+    return str(policy.target_per_worker)
 
 
 def scaled_to_zero_at(draft: Draft) -> str | None:

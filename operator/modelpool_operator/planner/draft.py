@@ -46,11 +46,14 @@ class PlannerSettings:
 
 @dataclass(frozen=True)
 class LoadSample:
-    """The pool's load at one pass: requests in flight plus queued over its serving workers, plus the
-    refused ones' estimated share and the requests held at the gateway (``planner.autoscale``)."""
+    """The pool's load at one pass, in the unit of ``spec.autoscaling.metric`` (``planner.autoscale``):
+    requests in flight plus queued over its serving workers (or their reserved KV-cache tokens, or their
+    KV-cache use in percent), plus the refused ones' estimated share and the requests held at the
+    gateway."""
 
     at: datetime
     load: float
+    metric: str = "requests"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from modelpool_contract.api import (
     ConditionStatus,
     MemoryStatus,
     ModelPoolStatus,
+    PoolGeneration,
     PoolPhase,
     WorkerStatus,
     autoscaling_enabled,
@@ -32,6 +33,7 @@ from modelpool_operator.planner.memory import (
     memory_finding,
     tell_memory_over_charge,
 )
+from modelpool_operator.worker_state import ObservedWorker
 
 #: The BudgetExceeded condition's reason (and the Warning Event's) while the ModelBudget is invalid.
 BUDGET_INVALID = "BudgetInvalid"
@@ -213,6 +215,22 @@ def _autoscaling_status(draft: Draft) -> AutoscalingStatus:
     )
 
 
+def generation_summary(workers: Iterable[ObservedWorker]) -> PoolGeneration | None:
+    """``status.generation``: the engine figures summed over the serving workers that report them (the
+    cache use is their mean); None when none does (other tasks, a serial engine, stats unknown)."""
+    reporting = [
+        w for w in workers if w.serving_state and w.generation_engine is not None and w.kv_cache_tokens
+    ]
+    if not reporting:
+        return None
+    uses = [use for use in (w.kv_cache_use for w in reporting) if use is not None]
+    return PoolGeneration(
+        running=sum(w.generations_running or 0 for w in reporting),
+        tokens_in_flight=sum(w.kv_cache_reserved or 0 for w in reporting),
+        kv_cache_use=round(sum(uses) / len(uses), 4) if uses else None,
+    )
+
+
 def _memory_condition(draft: Draft, workers: list[WorkerStatus]) -> Condition:
     """MemoryExceedsCharge: a worker needed more accelerator memory than it is charged."""
     finding = memory_finding(workers)
@@ -283,6 +301,7 @@ def conclude(draft: Draft) -> Plan:
         ),
         selector=f"{LABEL_POOL}={pool.name}",
         autoscaling=_autoscaling_status(draft),
+        generation=generation_summary(draft.workers),
     )
     positive = [r for r in draft.requeue if r > 0]
     return Plan(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from modelpool_contract.api import MSG_KV_CACHE_TARGET, MSG_TOKENS_TARGET
 from testkit.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -94,6 +95,15 @@ def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[
         ({"model": _cached(type="hostPath", path="rel/dir")}, ["spec.model.cache.path"]),
         ({"model": _cached(type="nfs")}, ["spec.model.cache.type", "hostPath"]),
         ({"servedModelName": "a/b/c"}, ["spec.servedModelName"]),
+        ({"autoscaling": {"metric": "bytes"}}, ["spec.autoscaling.metric", "kvCache"]),
+        ({"autoscaling": {"metric": "tokens"}}, [MSG_TOKENS_TARGET]),
+        (
+            {"autoscaling": {"metric": "tokens", "targetTokensPerWorker": 0}},
+            ["spec.autoscaling.targetTokensPerWorker", "greater than or equal to 1"],
+        ),
+        ({"autoscaling": {"metric": "kvCache"}}, [MSG_KV_CACHE_TARGET]),
+        ({"autoscaling": {"metric": "kvCache", "targetKvCache": 0}}, ["spec.autoscaling.targetKvCache"]),
+        ({"autoscaling": {"metric": "kvCache", "targetKvCache": 1.5}}, ["spec.autoscaling.targetKvCache"]),
         ({"activationTimeoutSeconds": 0}, ["spec.activationTimeoutSeconds"]),
     ],
 )
@@ -122,6 +132,9 @@ def test_good_manifests_are_accepted_with_defaults(crds: Cluster, namespace: str
     [
         {"queue": {"capacity": 5}, "autoscaling": {"targetPerWorker": 5}},
         {"queue": {"capacity": 5}},  # no spec.autoscaling: the rule does not apply
+        # Not counted in requests: the queue's bound is not the target's.
+        {"queue": {"capacity": 5}, "autoscaling": {"metric": "tokens", "targetTokensPerWorker": 4096}},
+        {"queue": {"capacity": 5}, "autoscaling": {"metric": "kvCache", "targetKvCache": 1}},
     ],
 )
 def test_a_target_within_the_queue_capacity_is_accepted(
@@ -171,9 +184,10 @@ def test_kubectl_explain_documents_the_queue(crds: Cluster) -> None:
     for field in ("capacity", "maxBatchSize", "maxBatchDelayMs", "requestTimeoutSeconds", "429"):
         assert field in out, out
     status = crds.kubectl("explain", "modelpool.status.workers").stdout
-    assert "lastRequestTime" in status and "queueDepth" in status
+    assert "lastRequestTime" in status and "queueDepth" in status and "generation" in status
     autoscaling = crds.kubectl("explain", "modelpool.spec.autoscaling").stdout
-    for field in ("enabled", "targetPerWorker", "scaleUpWindowSeconds", "scaleDownDelaySeconds", "HPA"):
+    fields = ("enabled", "targetPerWorker", "scaleUpWindowSeconds", "scaleDownDelaySeconds", "HPA")
+    for field in (*fields, "metric", "targetTokensPerWorker", "targetKvCache"):
         assert field in autoscaling, autoscaling
 
 
@@ -184,7 +198,8 @@ def test_printer_columns_status_and_scale(crds: Cluster, namespace: str) -> None
             "phase": "Ready",
             "readyText": "1/1",
             "targetReplicas": 1,
-            "memory": {"charged": "2Gi", "chargedBytes": 2**31},
+            "memory": {"charged": "2Gi", "chargedBytes": 2**31, "declared": "2Gi"},
+            "generation": {"running": 3, "tokensInFlight": 1500, "kvCacheUse": 0.37},
         }
     }
     crds.kubectl(
@@ -194,6 +209,10 @@ def test_printer_columns_status_and_scale(crds: Cluster, namespace: str) -> None
     table = crds.kubectl("get", "mp", "cols", "-n", namespace).stdout.splitlines()
     assert table[0].split() == ["NAME", "TASK", "READY", "DESIRED", "STATE", "MEMORY", "AGE"]
     assert table[1].split()[:6] == ["cols", "text-embedding", "1/1", "1", "Ready", "2Gi"]
+    wide = crds.kubectl("get", "mp", "cols", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[-3:] == ["DECLARED", "MEASURED", "TOKENS"]
+    declared = wide[0].index("DECLARED")
+    assert wide[1][declared:].split() == ["2Gi", "1500"]  # an unset MEASURED prints as nothing
     crds.kubectl("scale", "modelpool/cols", "-n", namespace, "--replicas=3")
     got = json.loads(crds.kubectl("get", "mp", "cols", "-n", namespace, "-o", "json").stdout)
     assert got["spec"]["replicas"] == 3

@@ -150,6 +150,11 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
         capacity = (spec.get("queue") or {}).get("capacity", 100)
         if autoscaling.get("targetPerWorker", 10) > capacity:
             autoscaling["targetPerWorker"] = capacity
+        # A metric other than requests needs its own target (CEL on spec.autoscaling).
+        if autoscaling.get("metric") == "tokens":
+            autoscaling.setdefault("targetTokensPerWorker", 1)
+        if autoscaling.get("metric") == "kvCache":
+            autoscaling.setdefault("targetKvCache", 1)
         ordered(
             autoscaling,
             POOL_SCHEMA["properties"]["autoscaling"],
