@@ -706,8 +706,8 @@ class AutoscalingStatus(_Model):
         default=None,
         description=(
             "The load as last observed: requests in flight plus queued over the serving workers, plus the "
-            "requests they refused (estimated from the rate of refusals) and, while no worker serves, the "
-            "requests held at the gateway."
+            "requests they refused (estimated from the rate of refusals), while no worker serves the "
+            "requests held at the gateway, and the requests the gateway refused because its hold was full."
         ),
     )
     held_requests: int | None = Field(
