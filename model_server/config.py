@@ -24,6 +24,7 @@ from modelpool_contract.flags import (
     IDLE_AFTER_S,
     MAX_BATCH_SIZE,
     QUEUE_CAPACITY,
+    REQUEST_BODY_TIMEOUT_S,
     REQUEST_TIMEOUT_S,
     TERMINATION_LOG,
     Dtype,
@@ -84,6 +85,12 @@ class ServerConfig(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] | str = Field(default="auto", description="auto|cpu|cuda[:N]")
     dtype: Dtype = Field(default="auto", description="Weights")
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Larger bodies -> 413")
+    request_body_timeout_seconds: float = Field(
+        default=REQUEST_BODY_TIMEOUT_S,
+        gt=0,
+        le=3600,
+        description="A request's whole body must arrive within this of its headers; a slower one gets 408",
+    )
     max_request_items: int = Field(default=2048, ge=1, description="More items in one request -> 413")
     termination_log: Path = Field(default=Path(TERMINATION_LOG), description="Failure reason file")
     handler: str | None = Field(default=None, description="module:Class implementing the Task interface")

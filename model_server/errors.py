@@ -62,6 +62,13 @@ class PayloadTooLarge(ServerError):  # noqa: N818 - KServe-style names
     reason = "too_large"
 
 
+class BodyTimeout(ServerError):  # noqa: N818 - KServe-style names
+    """The request body did not arrive within ``--request-body-timeout-seconds``."""
+
+    status = 408
+    reason = "body_timeout"
+
+
 class Overloaded(ServerError):  # noqa: N818 - KServe-style names
     """The bounded queue is full: 429 with Retry-After."""
 

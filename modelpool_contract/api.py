@@ -780,8 +780,8 @@ class AutoscalingStatus(_Model):
             "The load as last observed, in the unit of spec.autoscaling.metric: requests in flight plus "
             "queued over the serving workers (or their reserved KV-cache tokens, or their KV-cache use in "
             "percent of one worker's cache, summed), plus the requests they refused (estimated from the "
-            "rate of refusals) and, with metric requests while no worker serves, the requests held at the "
-            "gateway."
+            "rate of refusals) and, with metric requests, the requests held at the gateway while no worker "
+            "serves and the requests the gateway refused because its hold was full."
         ),
     )
     held_requests: int | None = Field(

@@ -5,7 +5,9 @@ in the pool's namespace: named ``demand_lease_name(pool)``, labelled ``demand_le
 (``modelpool.dev/pool=<pool>`` and ``modelpool.dev/demand=true``, the operator's watch selects on the
 latter), ``spec.renewTime`` the demand instant (a MicroTime: RFC 3339 UTC with microseconds),
 ``spec.holderIdentity`` the gateway replica that wrote it last, the annotation ``modelpool.dev/held``
-(``ANNOTATION_HELD``) the number of requests that replica held for the pool when it wrote, and an
+(``ANNOTATION_HELD``) the number of requests that replica held for the pool when it wrote, the annotation
+``modelpool.dev/refused`` (``ANNOTATION_REFUSED``) the requests that replica refused for the pool (429)
+because its hold was full, since its previous write, and an
 ownerReference to the ModelPool
 (``blockOwnerDeletion`` unset, so the gateway needs no permission on the pool) so the garbage collector
 deletes the Lease with its pool.  The operator wakes a pool at zero for a demand newer than the moment the
@@ -20,6 +22,12 @@ count is a lower bound of the requests held across replicas.  It is worth someth
 record is fresh: ``Demand.held_at(now)`` gives it within ``spec.leaseDurationSeconds`` of ``renewTime``
 (a replica holding requests renews sooner than that), None afterwards (the holds have ended or the
 gateway went away).
+
+**The refused count** rides on the same writes: the hold-full refusals of the writing replica in the
+window since its own previous write (about one interval; a refusal happens only while the hold is full,
+so a write is due within an interval of it).  Like the held count it is a lower bound across replicas and
+is read only while fresh (``Demand.refused_at``).  The operator counts those requests as load: they never
+reached a worker, so no worker's ``/stats`` counts them.
 
 ``read_demand`` is the one reader (the operator's index; ``demand_from_lease``, its time, for the
 gateway's own reads); ``demand_lease`` and ``renew`` the writers' bodies.
@@ -49,6 +57,9 @@ LABEL_DEMAND: Final = f"{PREFIX}/demand"
 DEMAND_SELECTOR: Final = f"{LABEL_DEMAND}=true"
 #: On a demand Lease: the requests the writing replica held for the pool when it wrote (a decimal count).
 ANNOTATION_HELD: Final = f"{PREFIX}/held"
+#: On a demand Lease: the requests the writing replica refused for the pool because its hold was full
+#: (429), since that replica's previous write (a decimal count).
+ANNOTATION_REFUSED: Final = f"{PREFIX}/refused"
 
 _SUFFIX = "-demand"
 # Object names are DNS-1123 subdomains of at most 253 characters.
@@ -85,19 +96,28 @@ def demand_pool(lease: Mapping[str, Any]) -> str | None:
 
 @dataclass(frozen=True)
 class Demand:
-    """What a demand Lease records: when, how many requests its writer held then (None: not recorded, an
-    older gateway), and for how long the record stands (``spec.leaseDurationSeconds``; None: unset)."""
+    """What a demand Lease records: when, how many requests its writer held then and refused (hold full)
+    since its previous write (None: not recorded, an older gateway), and for how long the record stands
+    (``spec.leaseDurationSeconds``; None: unset)."""
 
     at: datetime
     held: int | None = None
     duration_s: int | None = None
+    refused: int | None = None
+
+    def fresh(self, now: datetime) -> bool:
+        """Within its duration of ``at``, either side (clocks that differ); never without a duration."""
+        return self.duration_s is not None and abs((now - self.at).total_seconds()) <= self.duration_s
 
     def held_at(self, now: datetime) -> int | None:
-        """The held count while the record is fresh (within its duration of ``at``, either side, for
-        clocks that differ); None once it is stale or when no count or duration was recorded."""
-        if self.held is None or self.duration_s is None:
-            return None
-        return self.held if abs((now - self.at).total_seconds()) <= self.duration_s else None
+        """The held count while the record is fresh; None once it is stale or when no count or duration
+        was recorded."""
+        return self.held if self.fresh(now) else None
+
+    def refused_at(self, now: datetime) -> int | None:
+        """The refused (hold full) count while the record is fresh; None once it is stale or when no count
+        or duration was recorded."""
+        return self.refused if self.fresh(now) else None
 
 
 def _count(value: Any) -> int | None:
@@ -118,7 +138,8 @@ def read_demand(lease: Mapping[str, Any]) -> Demand | None:
         return None
     annotations = (lease.get("metadata") or {}).get("annotations") or {}
     duration = _count((lease.get("spec") or {}).get("leaseDurationSeconds"))
-    return Demand(at, _count(annotations.get(ANNOTATION_HELD)), duration or None)
+    held, refused = _count(annotations.get(ANNOTATION_HELD)), _count(annotations.get(ANNOTATION_REFUSED))
+    return Demand(at, held, duration or None, refused)
 
 
 def demand_from_lease(lease: Mapping[str, Any]) -> datetime | None:
@@ -138,14 +159,16 @@ def demand_lease(
     pool_api_version: str,
     pool_kind: str,
     held: int = 0,
+    refused: int = 0,
 ) -> dict[str, Any]:
-    """A new demand Lease for ``pool`` recording demand at ``moment`` with ``held`` requests held (the create
-    body; the namespace is the request's).  Owned by the pool when its uid is known, without
+    """A new demand Lease for ``pool`` recording demand at ``moment`` with ``held`` requests held and
+    ``refused`` refused since the writer's previous write (the create body; the namespace is the
+    request's).  Owned by the pool when its uid is known, without
     ``blockOwnerDeletion``."""
     metadata: dict[str, Any] = {
         "name": demand_lease_name(pool),
         "labels": demand_lease_labels(pool),
-        "annotations": {ANNOTATION_HELD: str(max(0, held))},
+        "annotations": _counts(held, refused),
     }
     if pool_uid:
         metadata["ownerReferences"] = [
@@ -164,15 +187,25 @@ def demand_lease(
     }
 
 
+def _counts(held: int, refused: int) -> dict[str, str]:
+    return {ANNOTATION_HELD: str(max(0, held)), ANNOTATION_REFUSED: str(max(0, refused))}
+
+
 def renew(
-    lease: Mapping[str, Any], *, moment: datetime, holder: str, duration_s: int, held: int = 0
+    lease: Mapping[str, Any],
+    *,
+    moment: datetime,
+    holder: str,
+    duration_s: int,
+    held: int = 0,
+    refused: int = 0,
 ) -> dict[str, Any]:
-    """``lease`` as read, renewed at ``moment`` by ``holder`` holding ``held`` requests: the update body (its
-    resourceVersion makes a concurrent writer's update fail with 409).  Everything else, owner references
-    included, is kept."""
+    """``lease`` as read, renewed at ``moment`` by ``holder`` holding ``held`` requests, having refused
+    ``refused`` since its previous write: the update body (its resourceVersion makes a concurrent writer's
+    update fail with 409).  Everything else, owner references included, is kept."""
     body = copy.deepcopy(dict(lease))
     metadata = body.setdefault("metadata", {})
-    metadata["annotations"] = {**(metadata.get("annotations") or {}), ANNOTATION_HELD: str(max(0, held))}
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), **_counts(held, refused)}
     spec = body.setdefault("spec", {})
     if spec.get("holderIdentity") != holder:
         spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1

@@ -34,6 +34,10 @@ QUEUE_CAPACITY: Final = 100
 MAX_BATCH_SIZE: Final = 32
 BATCH_DELAY_MS: Final = 5
 REQUEST_TIMEOUT_S: Final = 30
+#: A request's whole body must arrive within this many seconds of its headers, else 408: the server's and
+#: the gateway's ``--request-body-timeout-seconds`` (a slow-body client holds a connection, and in the
+#: gateway an in-flight slot, while it sends).
+REQUEST_BODY_TIMEOUT_S: Final = 30.0
 #: Ready -> Idle after this long without a request.
 IDLE_AFTER_S: Final = 300
 #: After SIGTERM, queued and running work may finish for this long.

@@ -31,6 +31,10 @@ ANNOTATION_MEMORY: Final = f"{PREFIX}/memory-bytes"
 ANNOTATION_EVICTING: Final = f"{PREFIX}/evicting"
 #: When the eviction was decided (RFC 3339), so the drain grace is measured across passes and restarts.
 ANNOTATION_EVICTING_SINCE: Final = f"{PREFIX}/evicting-since"
+#: The worker's state as the operator observed it (its last ``/stats`` scrape and the pod) when it decided
+#: the eviction, written in the same patch as ``ANNOTATION_EVICTING``: the record that lets an audit judge
+#: "never a Loading or Processing worker" exactly (the published status lags the server by a scrape).
+ANNOTATION_EVICTED_IN_STATE: Final = f"{PREFIX}/evicted-in-state"
 
 #: The worker pod's one container, which runs the model server.
 SERVER_CONTAINER: Final = "server"

@@ -305,6 +305,7 @@ class Gateway:
         waiter = self.holds.enter(call.key)
         if waiter is None:
             self.metrics.of(self.metrics.refused, call.label, "hold_full").inc()
+            self.demand.refused(call.key)  # reported with the demand: the operator counts it as load
             message = (
                 f"pool {call.label} has no serving worker and already holds "
                 f"{self.holds.max_per_pool} requests waiting for one"

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from modelpool_contract.flags import REQUEST_BODY_TIMEOUT_S
 from modelpool_contract.settings import CommandLine, ConfigError, Flag, load
 
 # ConfigError is the loader's, re-exported for the program's main.
@@ -66,7 +67,7 @@ class GatewaySettings(BaseSettings):
         default=16 * MIB, ge=1024, description="Larger request bodies are refused with 413"
     )
     request_body_timeout_seconds: float = Field(
-        default=30.0,
+        default=REQUEST_BODY_TIMEOUT_S,
         gt=0,
         le=3600,
         description="A request's whole body must arrive within this (it holds an in-flight slot while it "

@@ -3,11 +3,15 @@
 The gateway renews the pool's demand Lease (``modelpool_contract.demand``: one ``coordination.k8s.io/v1``
 Lease per pool, in its namespace, ``spec.renewTime`` the demand instant with microseconds,
 ``spec.holderIdentity`` this replica, the annotation ``modelpool.dev/held`` the requests this replica
-holds for the pool at that moment), as soon as a request is held and again every ``interval`` while
-requests stay held.  It needs get, create and update on leases, nothing on the ModelPool.  The held count
+holds for the pool at that moment, the annotation ``modelpool.dev/refused`` the requests it refused for
+the pool (429) because the hold was full, since its own previous write), as soon as a request is held and
+again every ``interval`` while requests stay held.  A refusal happens only while the hold is full, so a
+write comes within an interval and carries it; a refused count is taken off only once a write that
+carried it succeeded.  It needs get, create and update on leases, nothing on the ModelPool.  The held count
 rides on the demand writes (no write of its own): the operator counts it as load while the Lease is
 fresh (``leaseDurationSeconds``, two intervals: a replica holding requests renews within 1.2), and with
-several replicas it is the latest writer's count, a lower bound of all they hold.
+several replicas it is the latest writer's count, a lower bound of all they hold.  The refused count
+counts as load too (those requests reached no worker, so no worker's ``/stats`` counts them).
 
 Each round reads the Lease first (a GET), then decides with ``next_write_at`` (pure): not before
 ``interval`` after this gateway's own last write, and not before ``interval * (1 + jitter)`` after the
@@ -147,6 +151,17 @@ class DemandRecorder:
         self._written: dict[Key, datetime] = {}
         self._conflicts: dict[Key, int] = {}
         self._tasks: dict[Key, asyncio.Task[None]] = {}
+        # Hold-full refusals since this replica's last successful write, by pool (the next write's count).
+        self._refused: dict[Key, int] = {}
+
+    def refused(self, key: Key) -> None:
+        """A request for ``key`` was refused because the hold was full: the next write reports it."""
+        self._refused[key] = self._refused.get(key, 0) + 1
+        self.note(key)
+
+    def refused_pending(self, key: Key) -> int:
+        """Refusals for ``key`` no successful write has carried yet."""
+        return self._refused.get(key, 0)
 
     def note(self, key: Key) -> None:
         """A request for ``key`` is held: keep its demand recorded while any is (never blocks)."""
@@ -159,7 +174,8 @@ class DemandRecorder:
 
     async def _refresh(self, key: Key) -> None:
         try:
-            while self._held(key) > 0:
+            # Refusals not yet reported keep it going too (the hold may have emptied since).
+            while self._held(key) > 0 or self._refused.get(key):
                 wait = await self.round(key)
                 if wait is None:
                     return
@@ -190,6 +206,8 @@ class DemandRecorder:
         if due is not None and now < due:
             return min((due - now).total_seconds(), self._interval.total_seconds())
         outcome = await self.attempt(pool, lease, now)
+        if outcome == "error" and not self._held(key):
+            self._refused.pop(key, None)  # nothing held any more: do not retry for old refusals alone
         if outcome == "conflict":
             self._conflicts[key] = self._conflicts.get(key, 0) + 1
             if self._conflicts[key] < MAX_CONFLICTS:
@@ -220,6 +238,7 @@ class DemandRecorder:
         """Record demand at ``now``: create the Lease when ``lease`` (as last read) is None, else update it
         from that read.  ``conflict``: another writer got there first (409)."""
         namespace, name = pool.key
+        refused = self._refused.get(pool.key, 0)
         try:
             if lease is None:
                 body = demand_lease(
@@ -231,11 +250,19 @@ class DemandRecorder:
                     pool_api_version=API_VERSION,
                     pool_kind=MODELPOOL_KIND,
                     held=self._held(pool.key),
+                    refused=refused,
                 )
                 answer = await self._leases.create(namespace, body)
             else:
                 held = self._held(pool.key)
-                body = renew(lease, moment=now, holder=self._holder, duration_s=self._duration_s, held=held)
+                body = renew(
+                    lease,
+                    moment=now,
+                    holder=self._holder,
+                    duration_s=self._duration_s,
+                    held=held,
+                    refused=refused,
+                )
                 answer = await self._leases.replace(namespace, demand_lease_name(name), body)
         except Exception as exc:
             self._written[pool.key] = now
@@ -249,9 +276,18 @@ class DemandRecorder:
             self._failed(pool.key, "write", f"{answer.status}: {_message(answer)}")
             return "error"
         self._metrics.of(self._metrics.demand_writes, f"{namespace}/{name}", "ok").inc()
+        self._carried(pool.key, refused)
         self._seen(pool.key, now)
         log.info("recorded demand on %s/%s at %s", namespace, name, micro_time(now))
         return "written"
+
+    def _carried(self, key: Key, refused: int) -> None:
+        """A write reported ``refused`` refusals: only those later ones remain for the next write."""
+        left = self._refused.get(key, 0) - refused
+        if left > 0:
+            self._refused[key] = left
+        else:
+            self._refused.pop(key, None)
 
     def _failed(self, key: Key, what: str, reason: str) -> Literal[False]:
         label = f"{key[0]}/{key[1]}"
@@ -269,3 +305,4 @@ class DemandRecorder:
         self._written.pop(key, None)
         self._jitter.pop(key, None)
         self._conflicts.pop(key, None)
+        self._refused.pop(key, None)

@@ -185,7 +185,7 @@ def test_the_labels_the_pod_builder_writes_are_the_ones_observation_reads() -> N
 def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
     """A gateway creates, then renews, the pool's demand Lease (``modelpool_contract.demand``); the operator's
     index of demand Leases and its view of the pool carry its renewTime, to the microsecond, and the
-    requests the writer held."""
+    requests the writer held and refused (hold full)."""
     from modelpool_operator.handlers import demand_by_pool
     from modelpool_operator.reconcile import latest_demand
 
@@ -199,18 +199,20 @@ def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
         pool_api_version=API_VERSION,
         pool_kind=MODELPOOL_KIND,
         held=4,
+        refused=9,
     )
     assert lease["spec"]["renewTime"] == "2026-01-01T12:00:00.250123Z"
     assert lease["metadata"]["labels"] == {LABEL_POOL: "emb", LABEL_DEMAND: "true"}
     owner = lease["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"], owner.get("blockOwnerDeletion")) == ("ModelPool", "u-1", None)
-    assert asyncio.run(demand_by_pool(namespace="ns", body=lease)) == {("ns", "emb"): Demand(first, 4, 6)}
-    renewed = renew(lease, moment=later, holder="gw-b", duration_s=6, held=2)
+    assert asyncio.run(demand_by_pool(namespace="ns", body=lease)) == {("ns", "emb"): Demand(first, 4, 6, 9)}
+    renewed = renew(lease, moment=later, holder="gw-b", duration_s=6, held=2, refused=1)
     assert renewed["metadata"]["ownerReferences"] == lease["metadata"]["ownerReferences"]
     assert renewed["spec"]["holderIdentity"] == "gw-b"
     index = {("ns", "emb"): [asyncio.run(demand_by_pool(namespace="ns", body=renewed))[("ns", "emb")]]}
     pool = PoolView.from_body(_pool_body(), demand=latest_demand(index, ("ns", "emb")))
     assert pool.demanded_at == later and pool.demand is not None and pool.demand.held_at(later) == 2
+    assert pool.demand.refused_at(later) == 1
     assert latest_demand(index, ("ns", "other")) is None
     # A Lease without the demand label is not one (the index leaves it out).
     del lease["metadata"]["labels"][LABEL_DEMAND]

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from bench.soak import schedule as sched
-from bench.soak.auditor import budget_limit, charge, converged, eviction_begins, request_outcome
+from bench.soak.auditor import (
+    budget_limit,
+    charge,
+    converged,
+    eviction_begins,
+    eviction_fault,
+    request_outcome,
+)
 from bench.soak.clients import Sent
 from bench.soak.faults import FaultLog
 
@@ -148,9 +155,56 @@ def test_auditor_reports_each_violation_with_the_event_that_showed_it() -> None:
     assert auditor.violations == []
     auditor.pod_event("ADDED", _pod("b", GI, phase="Running"))  # 3 GiB charged, budget 2 GiB
     assert [(v.rule, v.event) for v in auditor.violations] == [("budget", "pod b ADDED")]
-    marked = _pod("a", 2 * GI, phase="Running")
-    marked["metadata"]["annotations"]["modelpool.dev/evicting"] = "ScaleDown"  # type: ignore[index]
-    auditor.pod_event("MODIFIED", marked)
-    auditor.stop()  # confirms the eviction: its pool was not deleted
+    deleting = _pod("a", 2 * GI, phase="Running")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # type: ignore[index]
+    auditor.pod_event("MODIFIED", deleting)  # deleted, unmarked, while the status said Loading
+    auditor.stop()  # confirms the suspect: its pool was not deleted
     assert [(v.rule, v.event) for v in auditor.violations][1] == ("eviction", "pod a MODIFIED")
     assert "while Loading" in auditor.violations[1].detail
+
+
+def _marked(name: str, state: str | None) -> dict[str, object]:
+    pod = _pod(name, GI, phase="Running")
+    annotations = pod["metadata"]["annotations"]  # type: ignore[index]
+    annotations["modelpool.dev/evicting"] = "ScaleDown"
+    if state is not None:
+        annotations["modelpool.dev/evicted-in-state"] = state
+    return pod
+
+
+def test_an_eviction_is_judged_on_the_state_the_operator_recorded() -> None:
+    """Exact, unlike the lagging status: Loading or Processing as recorded, or no record, is a violation;
+    the status saying Processing is not."""
+    assert eviction_fault(_marked("a", "Idle")) is None
+    assert eviction_fault(_marked("a", "Ready")) is None
+    assert eviction_fault(_marked("a", "Processing")) == (
+        "evicted (ScaleDown) while Processing (the operator's own observation)"
+    )
+    assert "while Loading" in str(eviction_fault(_marked("a", "Loading")))
+    assert eviction_fault(_marked("a", None)) == "evicted (ScaleDown) without modelpool.dev/evicted-in-state"
+
+
+def test_the_auditor_fails_an_eviction_recorded_in_processing_or_unrecorded() -> None:
+    import time
+
+    from bench.soak.auditor import Auditor
+
+    auditor = Auditor(FaultLog(), [(time.monotonic() - 60, 8 * GI)])
+    workers = [{"name": n, "state": "Processing"} for n in ("a", "b", "c")]
+    auditor.object_event(
+        "modelpools",
+        "MODIFIED",
+        {"metadata": {"namespace": "soak", "name": "p"}, "status": {"workers": workers}},
+    )
+    for name in ("a", "b", "c"):
+        auditor.pod_event("ADDED", _pod(name, GI, phase="Running"))
+    auditor.pod_event("MODIFIED", _marked("a", "Ready"))  # the status lagged: not a violation
+    auditor.pod_event("MODIFIED", _marked("b", "Processing"))
+    auditor.pod_event("MODIFIED", _marked("c", None))
+    auditor.pod_event("DELETED", _marked("a", "Ready"))  # the end of a judged eviction: judged once
+    auditor.stop()
+    assert [(v.rule, v.event) for v in auditor.violations] == [
+        ("eviction", "pod b MODIFIED"),
+        ("eviction", "pod c MODIFIED"),
+    ]
+    assert auditor.noted == {"evictions judged, recorded state Ready": 1}

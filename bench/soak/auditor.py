@@ -13,15 +13,15 @@ Invariants (each violation is kept with the time, the rule, what broke it and th
   charged nothing, as the operator charges a Failed or Dead worker) is at most the budget.  Right after the
   soak shrinks the budget the pods admitted before still count, so the limit is the largest budget in
   force during the last ``BUDGET_LAG_S`` seconds: what a new admission can have been judged against.
-* eviction: when a pod is marked for eviction (annotation ``modelpool.dev/evicting``) or its deletion
-  begins while its container still runs, its last state in its pool's ``status.workers`` (where the
-  operator records the server's state) was not Loading.  A pod whose pool the soak deleted (garbage
-  collection) is not the operator's doing and is left out.  Processing is recorded but not judged from
-  the status: a loaded worker flips between Ready and Processing many times a second, the operator decides
-  on its own newer scrape (every second) than the status the auditor last saw, so "the status said
-  Processing" does not show that the operator evicted a Processing worker; the eviction drops the serving
-  label first and the server drains on SIGTERM, so work it held is not lost, which the request invariant
-  checks.  The report counts these evictions.
+* eviction: when the operator marks a pod for eviction (annotation ``modelpool.dev/evicting``), the state
+  it recorded in the same patch (``modelpool.dev/evicted-in-state``: what its own last ``/stats`` scrape
+  and the pod showed when it decided) is present and is neither Loading nor Processing.  This is exact:
+  the published ``status.workers`` lags the server (a loaded worker flips between Ready and Processing
+  many times a second), the annotation is the operator's own observation.  The report notes the
+  recorded states of the evictions it judged.  A deletion that no eviction mark preceded (the operator
+  deletes workers that never started, and ended ones, directly) is judged on the pod's last state in its
+  pool's ``status.workers``: not Loading; a pod whose pool the soak deleted (garbage collection) is not
+  the operator's doing and is left out.
 * requests: every request ended within its deadline plus ``GRACE_S`` with an answer (any status), or a
   client that hung up on purpose, or a connection error while a gateway kill was active.
 * convergence, orphans, finalizers and RSS are judged at the end (``bench.soak.__main__``) through
@@ -42,7 +42,13 @@ from typing import Any
 from bench.soak.clients import Sent
 from bench.soak.faults import FaultLog
 from bench.soak.schedule import GATEWAY_KILL
-from modelpool_contract.labels import ANNOTATION_EVICTING, ANNOTATION_MEMORY, GROUP, LABEL_POOL
+from modelpool_contract.labels import (
+    ANNOTATION_EVICTED_IN_STATE,
+    ANNOTATION_EVICTING,
+    ANNOTATION_MEMORY,
+    GROUP,
+    LABEL_POOL,
+)
 from modelpool_contract.quantity import QuantityError, parse_quantity
 from modelpool_contract.states import SERVING_STATES
 from testkit.loopback import PodIPWatch
@@ -52,8 +58,11 @@ BUDGET_LAG_S = 10.0
 GRACE_S = 5.0
 #: Slack around a gateway kill's window: a client may have read the old address just before it closed.
 CONNECTION_SLACK_S = 1.0
-NEVER_EVICTED = frozenset({"Loading"})
-NOTED_EVICTED = frozenset({"Processing"})
+#: States the operator never evicts a worker in (judged on the state it recorded with the eviction).
+NEVER_EVICTED = frozenset({"Loading", "Processing"})
+#: States an unmarked deletion is judged against, on the published status (which lags: Loading only, a
+#: state a worker stays in for seconds, unlike Processing).
+NEVER_DELETED = frozenset({"Loading"})
 
 Obj = Mapping[str, Any]
 
@@ -101,6 +110,19 @@ def eviction_begins(before: Obj | None, after: Obj | None) -> str | None:
         ANNOTATION_EVICTING
     ):
         return f"marked for eviction ({now['annotations'][ANNOTATION_EVICTING]})"
+    return None
+
+
+def eviction_fault(pod: Obj) -> str | None:
+    """What is wrong with the eviction marked on ``pod`` (None: nothing): the state the operator recorded
+    when it decided is missing, or is one it never evicts in."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    reason = annotations.get(ANNOTATION_EVICTING)
+    state = annotations.get(ANNOTATION_EVICTED_IN_STATE)
+    if not state:
+        return f"evicted ({reason}) without {ANNOTATION_EVICTED_IN_STATE}"
+    if state in NEVER_EVICTED:
+        return f"evicted ({reason}) while {state} (the operator's own observation)"
     return None
 
 
@@ -202,7 +224,7 @@ class Auditor:
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     states: dict[tuple[str, str], str] = field(default_factory=dict)
     deleted_pools: set[tuple[str, str]] = field(default_factory=set)
-    # Evictions of Loading/Processing workers, confirmed at the end unless their pool was deleted.
+    # Unmarked deletions of Loading workers, confirmed at the end unless their pool was deleted.
     suspects: list[tuple[tuple[str, str], Violation]] = field(default_factory=list)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _watches: list[ListWatch] = field(default_factory=list)
@@ -258,7 +280,7 @@ class Auditor:
                 self._check_budget(what)
             began = eviction_begins(before, after)
             if began and before is not None:
-                self._check_eviction(key, before, began, what)
+                self._check_eviction(key, before, after, began, what)
 
     def _check_budget(self, what: str) -> None:
         now = time.monotonic()
@@ -270,15 +292,23 @@ class Auditor:
                 "budget", f"{used / 2**30:g} GiB charged > budget {limit / 2**30:g} GiB: {charged}", what
             )
 
-    def _check_eviction(self, key: tuple[str, str], pod: dict[str, Any], began: str, what: str) -> None:
+    def _check_eviction(
+        self,
+        key: tuple[str, str],
+        before: dict[str, Any],
+        after: dict[str, Any] | None,
+        began: str,
+        what: str,
+    ) -> None:
+        if after is not None and began.startswith("marked for eviction"):
+            self._check_marked(key, after, what)
+            return
+        if (before["metadata"].get("annotations") or {}).get(ANNOTATION_EVICTING):
+            return  # the deletion that ends an eviction already judged when it was marked
         state = self.states.get(key)
-        if ended(pod):
+        if ended(before) or state not in NEVER_DELETED:
             return
-        if state in NOTED_EVICTED:
-            self.noted[f"evicted while the last status said {state}"] += 1
-        if state not in NEVER_EVICTED:
-            return
-        pool = (key[0], pod["metadata"]["labels"][LABEL_POOL])
+        pool = (key[0], before["metadata"]["labels"][LABEL_POOL])
         if pool in self.deleted_pools:
             return
         violation = Violation(
@@ -288,6 +318,16 @@ class Auditor:
             what,
         )
         self.suspects.append((pool, violation))
+
+    def _check_marked(self, key: tuple[str, str], pod: dict[str, Any], what: str) -> None:
+        """An eviction the operator marked: judged at once on the state it recorded with the mark."""
+        fault = eviction_fault(pod)
+        if fault:
+            pool = pod["metadata"]["labels"][LABEL_POOL]
+            self.violate("eviction", f"{key[1]} {fault} (pool {pool})", what)
+        else:
+            state = pod["metadata"]["annotations"][ANNOTATION_EVICTED_IN_STATE]
+            self.noted[f"evictions judged, recorded state {state}"] += 1
 
     # ---- ModelPools and the ModelBudget ----
     def objects_listed(self, plural: str, objects: list[dict[str, Any]]) -> None:

@@ -1,16 +1,18 @@
 """The outermost ASGI layer: 429 for a full queue and 413 for a body over ``--max-request-bytes``
-before any route reads the body, request count and latency per route, and the v2 infer fast path."""
+before any route reads the body, 408 for a body that does not arrive within
+``--request-body-timeout-seconds``, request count and latency per route, and the v2 infer fast path."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from model_server.endpoints.common import http_response, server_error_response
+from model_server.endpoints.common import error_response, http_response, server_error_response
 from model_server.endpoints.kserve_routes import InferHandler
-from model_server.errors import Overloaded, PayloadTooLarge
+from model_server.errors import BodyTimeout, Overloaded, PayloadTooLarge
 from model_server.server import ModelServer
 
 # The OpenAI routes, each its own route label.
@@ -23,6 +25,8 @@ _OPENAI = {
 }
 # Routes that queue work: a full queue refuses them in the middleware.
 _INFERENCE = {"v2_infer", "embeddings", "completions", "chat_completions", "images_generations"}
+# Methods whose body the middleware reads (within the deadline and the limit) before any route runs.
+_BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
 def route_label(path: str) -> str:
@@ -40,7 +44,13 @@ def route_label(path: str) -> str:
 
 class LimitsMiddleware:
     """The outermost ASGI layer: 429 before anything else when the queue is full; 413 for bodies over
-    the limit (declared or streamed); request count and latency per route; and the infer fast path.
+    the limit (declared or streamed); 408 (``Connection: close``) for a body that has not all arrived
+    within ``--request-body-timeout-seconds`` of the headers; request count and latency per route; and
+    the infer fast path.
+
+    The body is read here, whole, and replayed to the route: so one deadline covers all of it (a client
+    sending a byte at a time holds a connection and an ASGI task), and nothing is admitted before it is
+    in (the door's slot is taken by the route, after the body), so a slow body never holds a queue slot.
 
     The fast path: ``POST /v2/models/{name}/infer`` is handed straight to the v2 handler.  FastAPI's
     middleware stack, routing and dependency solving cost about as much CPU as the handler itself, and
@@ -51,6 +61,7 @@ class LimitsMiddleware:
         self.app = app
         self.server = server
         self.limit = server.config.max_request_bytes
+        self.body_timeout = server.config.request_body_timeout_seconds
         self.infer = infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -81,9 +92,16 @@ class LimitsMiddleware:
             if declared is not None and declared.isdigit() and int(declared) > self.limit:
                 await self._too_large(scope, receive, send_wrapper, path, int(declared))
                 return
-            if declared is None and scope["method"] in ("POST", "PUT", "PATCH"):
-                # A chunked body has no declared length: read it here (bounded), then replay it.
-                body, size = await self._read_bounded(receive)
+            if scope["method"] in _BODY_METHODS:
+                # The whole body, within the deadline and the limit (a chunked one has no declared
+                # length), then replayed to the route.
+                read = await self._read_within_deadline(receive)
+                if read is None:
+                    await self._body_timeout(scope, receive, send_wrapper, path)
+                    return
+                body, size, connected = read
+                if not connected:
+                    return  # the client went away mid-body: nobody to answer
                 if body is None:
                     await self._too_large(scope, receive, send_wrapper, path, size)
                     return
@@ -120,20 +138,39 @@ class LimitsMiddleware:
             response = server_error_response(self.server, path, exc)
         await response(scope, receive, send)
 
-    async def _read_bounded(self, receive: Receive) -> tuple[bytes | None, int]:
+    async def _read_within_deadline(self, receive: Receive) -> tuple[bytes | None, int, bool] | None:
+        """``_read_bounded`` within ``--request-body-timeout-seconds``; None when the body was late."""
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                return await self._read_bounded(receive)
+        except TimeoutError:
+            return None
+
+    async def _read_bounded(self, receive: Receive) -> tuple[bytes | None, int, bool]:
+        """(body, or None once over the limit; bytes read; whether the client is still connected)."""
         parts: list[bytes] = []
         size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                return b"".join(parts), size
+                return b"".join(parts), size, False
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                return None, size
-            parts.append(chunk)
+                return None, size, True
             if not message.get("more_body", False):
-                return b"".join(parts), size
+                return (b"".join((*parts, chunk)) if parts else chunk), size, True
+            parts.append(chunk)
+
+    async def _body_timeout(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        """408, counted as a rejection (``body_timeout``); the connection is closed after it (the rest of
+        the body may still be on its way, and the client was slow enough already)."""
+        exc = BodyTimeout(
+            f"the request body did not arrive within {self.body_timeout:g} s (--request-body-timeout-seconds)"
+        )
+        self.server.inference.reject(exc.reason)
+        response = error_response(path, exc.status, exc.reason, str(exc), {"Connection": "close"})
+        await response(scope, receive, send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send, path: str, size: int) -> None:
         self.server.inference.reject(PayloadTooLarge.reason)

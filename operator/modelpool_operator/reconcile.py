@@ -243,8 +243,9 @@ async def apply(
 
 
 async def _evict(state: OperatorState, run: PoolRun, evict: Evict, now: datetime) -> None:
-    """Start one eviction (the serving label off, the reason and time on)."""
-    if await state.require_kube().patch_pod(evict.namespace, evict.name, eviction_patch(evict.reason, now)):
+    """Start one eviction (the serving label off, the reason, time and observed state on)."""
+    patch = eviction_patch(evict.reason, now, evict.state)
+    if await state.require_kube().patch_pod(evict.namespace, evict.name, patch):
         state.metrics.evicted(evict.reason)
     if (evict.namespace, evict.pool) != run.key:
         state.poke((evict.namespace, evict.pool))  # its daemon deletes it after the drain grace

@@ -25,6 +25,7 @@ from modelpool_contract.flags import (
     ServerArgs,
 )
 from modelpool_contract.labels import (
+    ANNOTATION_EVICTED_IN_STATE,
     ANNOTATION_EVICTING,
     ANNOTATION_EVICTING_SINCE,
     ANNOTATION_MEMORY,
@@ -320,7 +321,7 @@ def build_worker_pod(pool: PoolView, worker_name: str, settings: PodSettings | N
         LABEL_MANAGED_BY: MANAGED_BY,
     }
     annotations = {**template.annotations, ANNOTATION_MEMORY: str(pool.spec.resources.memory_bytes)}
-    for owned in (ANNOTATION_EVICTING, ANNOTATION_EVICTING_SINCE):
+    for owned in (ANNOTATION_EVICTING, ANNOTATION_EVICTING_SINCE, ANNOTATION_EVICTED_IN_STATE):
         annotations.pop(owned, None)
     metadata = _owned_metadata(pool, worker_name, labels)
     metadata["annotations"] = annotations
@@ -380,11 +381,17 @@ def build_service(pool: PoolView, settings: PodSettings | None = None) -> dict[s
     }
 
 
-def eviction_patch(reason: str, now: datetime) -> dict[str, Any]:
-    """The pod patch that starts an eviction: stop routing (drop the serving label), mark why and when."""
+def eviction_patch(reason: str, now: datetime, state: str) -> dict[str, Any]:
+    """The pod patch that starts an eviction: stop routing (drop the serving label), mark why and when,
+    and the worker's ``state`` as observed when the eviction was decided (one patch, so no eviction is
+    ever seen without it)."""
     return {
         "metadata": {
             "labels": {LABEL_SERVING: None},
-            "annotations": {ANNOTATION_EVICTING: reason, ANNOTATION_EVICTING_SINCE: rfc3339(now)},
+            "annotations": {
+                ANNOTATION_EVICTING: reason,
+                ANNOTATION_EVICTING_SINCE: rfc3339(now),
+                ANNOTATION_EVICTED_IN_STATE: state,
+            },
         }
     }

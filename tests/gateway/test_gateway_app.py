@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from modelpool_contract.demand import ANNOTATION_REFUSED
 from modelpool_contract.gateway_keys import KEY_FIELD, NAMESPACES_FIELD
 from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
@@ -63,6 +64,9 @@ class Harness:
         self.holds = Holds(self.settings.max_held_per_pool, self.registry.has_routable)
         self.registry.subscribe(self.holds.changed)
 
+        writes: list[dict[str, Any]] = []
+        self.lease_writes = writes
+
         class NoLeases(LeaseClient):  # the demand writes are the integration tests' business
             def __init__(self) -> None:
                 super().__init__(None)
@@ -71,6 +75,7 @@ class Harness:
                 return Answer(404, None)
 
             async def create(self, namespace: str, body: dict[str, Any]) -> Answer:
+                writes.append(body)  # kept, for what a write reports (the held and refused counts)
                 return Answer(201, body)
 
         self.demand = DemandRecorder(
@@ -236,6 +241,24 @@ async def test_the_gateway_refuses_beyond_its_own_in_flight_bound(echo: ServerPr
         assert "too many requests in flight" in refused.json()["error"]["message"]
         expired = await held  # the pool's activation timeout is 1 s
         assert expired.status_code == 503
+    await small.demand.close()
+    small.upstream.close()
+
+
+async def test_a_refusal_for_a_full_hold_is_reported_with_the_demand() -> None:
+    """Follow-up of issue 19: the gateway's own 429 (hold full) counts as load for the autoscaler, like a
+    worker's: the demand writes report it (``modelpool.dev/refused``), once."""
+    small = Harness(max_held_per_pool=1)
+    async with small.client() as c:
+        held = asyncio.ensure_future(c.post("/v1/embeddings", json={"model": "pool", "input": ["x"]}))
+        await asyncio.wait_for(small.entered.wait(), 10)
+        refused = await c.post("/v1/embeddings", json={"model": "pool", "input": ["x"]})
+        assert refused.status_code == 429 and "already holds 1 requests" in refused.json()["error"]["message"]
+        key = (NS, "pool")
+        # Reported by a write that already happened, or pending for the next one: exactly once.
+        written = sum(int(w["metadata"]["annotations"][ANNOTATION_REFUSED]) for w in small.lease_writes)
+        assert written + small.demand.refused_pending(key) == 1
+        assert (await held).status_code == 503  # the pool's activation timeout is 1 s
     await small.demand.close()
     small.upstream.close()
 

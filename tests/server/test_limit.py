@@ -147,3 +147,42 @@ def test_a_full_worker_refuses_before_the_body_and_stats_show_its_threads(
         gate.touch()
         for thread in held:
             thread.join(DEADLINE_S)
+
+
+def test_a_body_slower_than_its_deadline_gets_408_and_leaves_the_capacity_whole(
+    server: ServerFactory,
+) -> None:
+    """Follow-up of issue 19: headers and part of a body, then nothing: 408 once
+    ``--request-body-timeout-seconds`` has passed, the connection closed, the route never run; more such
+    clients than the queue holds leave its capacity whole (nothing was admitted), and it serves after."""
+    srv = server(
+        "--model", "/", "--task", "text-embedding", "--handler", ECHO, "--name", "echo",
+        "--queue-capacity", "2", "--http-workers", "1", "--request-body-timeout-seconds", "1",
+        wait="ready",
+    )  # fmt: skip
+    body = json.dumps({"input": ["slow"], "model": "echo"}).encode()
+    paths = (b"/v1/embeddings", b"/v2/models/echo/infer", b"/v1/embeddings")  # one more than the capacity
+    socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=DEADLINE_S) for _ in paths]
+    try:
+        started = time.monotonic()
+        for sock, path in zip(socks, paths, strict=True):
+            sock.sendall(
+                b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (path, len(body), body[:5])
+            )
+        for sock in socks:
+            status, headers, answer = _read_answer(sock)
+            assert (status, headers["connection"]) == (408, "close"), (status, headers, answer)
+            assert b"did not arrive within 1 s (--request-body-timeout-seconds)" in answer, answer
+            assert sock.recv(1) == b""  # closed: the slow client holds nothing
+        took = time.monotonic() - started
+        assert 1.0 <= took <= 1.0 + 3.0, took  # the deadline, plus slack for this shared machine
+    finally:
+        for sock in socks:
+            sock.close()
+    assert metric(srv, "modelpool_rejected_total", reason="body_timeout") == 3
+    doc = stats(srv)
+    assert (doc["queue_depth"], doc["in_flight"], doc["state"]) == (0, 0, "Ready"), doc
+    with httpx.Client(base_url=srv.url, timeout=DEADLINE_S) as client:
+        answers = [client.post("/v1/embeddings", json={"input": ["fine"]}) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]

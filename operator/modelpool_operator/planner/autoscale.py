@@ -17,10 +17,14 @@ each serving worker's share is ``worker_load``, the target one worker carries ``
   gateway holds for it (the held count on its demand Lease, while that is fresh: ``Demand.held_at``;
   their size in tokens is unknown, so the other metrics leave them to the wake from zero).  The gateway
   holds requests only for a pool without a routable worker, so once one serves they are on their way to
-  it and its ``/stats`` counts them; counting both would count them twice.
+  it and its ``/stats`` counts them; counting both would count them twice;
+* plus, with metric ``requests``, the requests the gateway refused (429) because its hold for the pool
+  was full, in the window before its last demand write (the refused count on the demand Lease, while
+  fresh: ``Demand.refused_at``), whether or not a worker serves: they reached no worker, so no ``/stats``
+  counts them, and each is a request that would have waited had there been room.
 
-Unknown load (no serving worker reports and nothing is held: a pool at zero, workers still loading,
-KWOK nodes) never changes the count.
+Unknown load (no serving worker reports and nothing is held or refused at the gateway: a pool at zero,
+workers still loading, KWOK nodes) never changes the count.
 
 **The windows** (as Knative's autoscaler has them).  Every pass adds one sample of the load to a window
 that the pool's loop keeps in memory (``Plan.load_window``, and the workers' counters in
@@ -138,8 +142,8 @@ def count_refusals(worker: ObservedWorker, previous: CounterSample | None) -> Co
 @dataclass(frozen=True)
 class PoolLoad:
     """One pass's load (``pool_load``): the total (None: unknown), whether every serving worker's stats
-    are known (a scale-down needs it), what of it the refusals and the gateway's held requests are, and
-    the workers' counters for the next pass."""
+    are known (a scale-down needs it), what of it the refusals, the gateway's held requests and its
+    hold-full refusals are, and the workers' counters for the next pass."""
 
     load: float | None
     complete: bool
@@ -147,6 +151,7 @@ class PoolLoad:
     refused: float
     held: int | None
     counters: dict[str, CounterSample]
+    gateway_refused: int | None = None
 
 
 def pool_load(
@@ -154,11 +159,12 @@ def pool_load(
     counters: Mapping[str, CounterSample],
     held: int | None,
     metric: AutoscalingMetric = "requests",
+    gateway_refused: int | None = None,
 ) -> PoolLoad:
     """The pool's load in the unit of ``metric``: ``worker_load`` over the serving workers with known
     figures, plus their refusals (Little's law: each worker's load times its refused per admitted request
-    since the last scrape), plus ``held`` (the gateway's count, fresh) while no worker serves at all
-    (metric requests only)."""
+    since the last scrape), plus (metric requests only) ``held`` (the gateway's count, fresh) while no
+    worker serves at all and ``gateway_refused`` (the gateway's hold-full refusals, fresh) always."""
     workers = list(workers)
     base, complete = observe_load(workers, metric)
     serving = [w for w in workers if w.active and w.serving_state and w.stats_known]
@@ -173,10 +179,12 @@ def pool_load(
         per_s += sample.refused_per_s
     no_server = not any(w.active and w.serving_state for w in workers)
     counted_held = held if held and no_server and metric == "requests" else None
-    if base is None and counted_held is None:
+    turned_away = (gateway_refused or None) if metric == "requests" else None
+    if base is None and counted_held is None and turned_away is None:
         return PoolLoad(None, False, per_s, refused, None, seen)
-    load = (base or 0) + refused + (counted_held or 0)
-    return PoolLoad(load, complete and base is not None, per_s, refused, counted_held, seen)
+    load = (base or 0) + refused + (counted_held or 0) + (turned_away or 0)
+    complete = complete and base is not None
+    return PoolLoad(load, complete, per_s, refused, counted_held, seen, turned_away)
 
 
 def record(window: Sequence[LoadSample], sample: LoadSample, keep_s: float) -> tuple[LoadSample, ...]:
@@ -356,8 +364,8 @@ def autoscale(draft: Draft) -> None:
     spec, scaling, now = draft.pool.spec, draft.scaling, draft.now
     policy = spec.autoscaling
     demand = draft.pool.demand
-    held = demand.held_at(now) if demand else None
-    measured = pool_load(draft.workers, draft.counters, held, policy.metric)
+    held, refused = (demand.held_at(now), demand.refused_at(now)) if demand else (None, None)
+    measured = pool_load(draft.workers, draft.counters, held, policy.metric, refused)
     load = measured.load
     scaling.observed_load, scaling.counters = load, measured.counters
     scaling.refused_per_s, scaling.held = measured.refused_per_s, measured.held
@@ -399,6 +407,8 @@ def _scaled_event(current: int, decision: Decision, policy: AutoscalingSpec, mea
         counted.append(f"{measured.refused_per_s:.1f} refused/s counted as {measured.refused:.1f}")
     if measured.held:
         counted.append(f"{measured.held} held at the gateway")
+    if measured.gateway_refused:
+        counted.append(f"{measured.gateway_refused} refused at the gateway (hold full)")
     if counted:
         target += "; now " + ", ".join(counted)
     if decision.desired < current:

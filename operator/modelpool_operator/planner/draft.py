@@ -94,12 +94,14 @@ class Delete:
 
 @dataclass(frozen=True)
 class Evict:
-    """Start evicting a worker (possibly of another pool): ``resources.eviction_patch(reason, now)``."""
+    """Start evicting a worker (possibly of another pool): ``resources.eviction_patch(reason, now, state)``;
+    ``state`` is the worker's state as this pass observed it (recorded on the pod, for audits)."""
 
     namespace: str
     pool: str
     name: str
     reason: str
+    state: WorkerState
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,7 @@ class Draft:
         if worker.state == "Pending":
             self.deletes.append(Delete(worker.name, reason))
         else:
-            self.evicts.append(Evict(self.pool.namespace, self.pool.name, worker.name, reason))
+            self.evicts.append(Evict(self.pool.namespace, self.pool.name, worker.name, reason, worker.state))
             self.evicting_now[worker.name] = reason
         self.active.remove(worker)
         (self.current if worker in self.current else self.outdated).remove(worker)

@@ -262,7 +262,7 @@ def _preempt(draft: Draft, shortfall: int, draining: int) -> bool:
     if freed < shortfall or not chosen:
         return False
     for victim in chosen:
-        draft.evicts.append(Evict(victim.namespace, victim.pool, victim.name, EVICT_PREEMPTED))
+        draft.evicts.append(Evict(victim.namespace, victim.pool, victim.name, EVICT_PREEMPTED, victim.state))
         message = (
             f"evicting idle worker {victim.namespace}/{victim.name} "
             f"(pool {victim.pool}) to free {humanize_bytes(victim.memory)}"

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from modelpool_contract.api import API_VERSION, MODELPOOL_KIND
 from modelpool_contract.demand import (
     ANNOTATION_HELD,
+    ANNOTATION_REFUSED,
     Demand,
     demand_from_lease,
     demand_lease,
@@ -74,11 +75,11 @@ def test_each_write_records_the_held_count_which_counts_only_while_the_lease_is_
         pool_kind=MODELPOOL_KIND,
         held=7,
     )
-    assert lease["metadata"]["annotations"] == {ANNOTATION_HELD: "7"}
-    assert read_demand(lease) == Demand(T0, 7, 10)
+    assert lease["metadata"]["annotations"] == {ANNOTATION_HELD: "7", ANNOTATION_REFUSED: "0"}
+    assert read_demand(lease) == Demand(T0, 7, 10, 0)
     renewed = renew(lease, moment=T0 + INTERVAL, holder="gw-b", duration_s=10, held=2)
     demand = read_demand(renewed)
-    assert demand == Demand(T0 + INTERVAL, 2, 10)  # the latest writer's count (a lower bound)
+    assert demand == Demand(T0 + INTERVAL, 2, 10, 0)  # the latest writer's count (a lower bound)
     assert demand.held_at(T0 + INTERVAL + timedelta(seconds=10)) == 2
     assert demand.held_at(T0 + INTERVAL + timedelta(seconds=10.001)) is None  # stale: the holds ended
     # An older gateway's Lease (no annotation) or an unreadable count: unknown, never an error.
@@ -207,6 +208,55 @@ async def test_a_write_records_how_many_requests_this_replica_holds() -> None:
     leases.leases["p-demand"]["spec"]["renewTime"] = micro_time(T0)
     assert await recorder.round(KEY) == 5.0
     assert read_demand(leases.leases["p-demand"]).held == 9  # type: ignore[union-attr]
+
+
+def test_each_write_records_the_hold_full_refusals_which_count_only_while_fresh() -> None:
+    lease = demand_lease(
+        pool="p",
+        pool_uid="u-1",
+        moment=T0,
+        holder="gw-a",
+        duration_s=10,
+        pool_api_version=API_VERSION,
+        pool_kind=MODELPOOL_KIND,
+        held=4,
+        refused=12,
+    )
+    assert lease["metadata"]["annotations"] == {ANNOTATION_HELD: "4", ANNOTATION_REFUSED: "12"}
+    assert read_demand(lease) == Demand(T0, 4, 10, 12)
+    renewed = read_demand(renew(lease, moment=T0 + INTERVAL, holder="gw-b", duration_s=10, refused=3))
+    assert renewed == Demand(T0 + INTERVAL, 0, 10, 3)  # the latest writer's window, not a running total
+    assert renewed.refused_at(T0 + INTERVAL + timedelta(seconds=10)) == 3
+    assert renewed.refused_at(T0 + INTERVAL + timedelta(seconds=10.001)) is None
+    assert Demand(T0, 4, 10).refused_at(T0) is None  # an older gateway: unknown
+
+
+async def test_a_write_reports_the_refusals_since_the_last_one_once_even_after_the_hold_emptied() -> None:
+    leases, held, rounds = _Leases(), {KEY: 1}, list[Key]()
+    recorder = _recorder(leases, held, rounds)
+    for _ in range(3):
+        recorder.refused(KEY)  # the hold was full
+    assert await recorder.round(KEY) == 5.0
+    assert read_demand(leases.leases["p-demand"]).refused == 3  # type: ignore[union-attr]
+    assert recorder.refused_pending(KEY) == 0
+    held[KEY] = 0  # the hold empties (a worker serves) before a later refusal is reported
+    leases.leases["p-demand"]["spec"]["renewTime"] = micro_time(T0)
+    recorder.forget(KEY)  # due again at once
+    recorder.refused(KEY)
+    assert recorder.recording(KEY)  # a refusal alone keeps the demand task going until it is written
+    await _until(lambda: recorder.refused_pending(KEY) == 0)
+    lease = read_demand(leases.leases["p-demand"])
+    assert lease is not None and (lease.held, lease.refused) == (0, 1)
+    await recorder.close()
+
+
+async def _until(done: Any) -> None:
+    """Let the event loop run, a step at a time, until ``done()`` (bounded)."""
+    for _ in range(1000):
+        if done():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("not done after 1000 steps of the event loop")
 
 
 async def test_a_request_held_as_the_refresh_task_ends_starts_a_new_one() -> None:

@@ -30,7 +30,14 @@ from modelpool_operator.planner import (
     plan,
     wake_on_demand,
 )
-from modelpool_operator.planner.autoscale import average, count_refusals, decide, observe_load, record
+from modelpool_operator.planner.autoscale import (
+    average,
+    count_refusals,
+    decide,
+    observe_load,
+    pool_load,
+    record,
+)
 from modelpool_operator.pool import OtherPool, PoolView
 from modelpool_operator.worker_state import ObservedWorker
 
@@ -460,6 +467,31 @@ def test_requests_held_at_the_gateway_count_while_no_worker_serves() -> None:
         again = run_until(autoscale, pool, workers)
         autoscale(again)
         assert again.target == 1 and again.scaling.held is None
+
+
+def test_requests_refused_at_the_gateway_count_as_load_while_fresh() -> None:
+    """Follow-up of issue 19: the gateway's 429s for a full hold count as load like a worker's refusals
+    (they reached no worker, so they count beside the serving worker's own load); stale, they do not."""
+    spec = auto_spec()
+    serving = [busy("p-a", 3)]
+    fresh = Demand(at(995), held=0, duration_s=10, refused=40)
+    draft = run_until(autoscale, replace(view(spec, scaled(1)), demand=fresh), serving)
+    autoscale(draft)
+    assert draft.target == 5 and draft.scaling.observed_load == 43  # (3 + 40) / 10 per worker
+    [event] = draft.events
+    assert event.reason == "ScaledUp" and "40 refused at the gateway (hold full)" in event.message
+    stale = replace(fresh, at=at(989))
+    again = run_until(autoscale, replace(view(spec, scaled(1)), demand=stale), serving)
+    autoscale(again)
+    assert again.target == 1 and again.scaling.observed_load == 3
+
+
+def test_gateway_refusals_alone_make_the_load_known() -> None:
+    """With no worker reporting (all loading), refusals at the gateway are still load, not unknown."""
+    loading = [w("p-a", "Loading")]
+    measured = pool_load(loading, {}, held=None, gateway_refused=12)
+    assert (measured.load, measured.complete, measured.gateway_refused) == (12, False, 12)
+    assert pool_load(loading, {}, held=None, gateway_refused=0).load is None
 
 
 def test_a_pool_woken_with_many_requests_held_gets_the_workers_they_ask_for_at_once() -> None:

@@ -194,8 +194,8 @@ def test_retire_scales_down_pending_first_then_least_recently_used() -> None:
     retire(draft)
     assert draft.deletes == [Delete("p-c", EVICT_SCALE_DOWN)]
     assert draft.evicts == [
-        Evict("ns", "p", "p-a", EVICT_SCALE_DOWN),
-        Evict("ns", "p", "p-b", EVICT_SCALE_DOWN),
+        Evict("ns", "p", "p-a", EVICT_SCALE_DOWN, "Idle"),
+        Evict("ns", "p", "p-b", EVICT_SCALE_DOWN, "Idle"),
     ]
     assert [x.name for x in draft.active] == ["p-d"]  # never a worker with work in hand
     assert draft.evicting_now == {"p-a": EVICT_SCALE_DOWN, "p-b": EVICT_SCALE_DOWN}
@@ -281,7 +281,7 @@ def test_admit_preempts_an_idle_worker_of_a_lower_priority_pool() -> None:
     draft = draft_before(admit, spec=spec, ledger=ledger_for(2 * GI, [victim]), others=[low])
     assert run(admit, draft) == ["Preempting"]
     assert draft.creates == []
-    assert draft.evicts == [Evict("ns", "low", "low-a", EVICT_PREEMPTED)]
+    assert draft.evicts == [Evict("ns", "low", "low-a", EVICT_PREEMPTED, "Idle")]
     assert draft.admission.blocked and draft.admission.waiting_for_memory
 
 
@@ -304,7 +304,7 @@ def test_roll_over_retires_old_workers_while_the_target_stays_ready() -> None:
     draft = draft_before(roll_over, workers, spec=make_spec(replicas=2))
     roll_over(draft)
     # Three ready, target two: one old worker may go (least recently used), the other stays for now.
-    assert draft.evicts == [Evict("ns", "p", "p-old-a", EVICT_ROLLOVER)]
+    assert draft.evicts == [Evict("ns", "p", "p-old-a", EVICT_ROLLOVER, "Ready")]
 
 
 def test_roll_over_never_goes_below_the_target_while_replacements_are_pending() -> None:

@@ -349,11 +349,16 @@ def test_worker_names_fit_a_label_value(name: str) -> None:
     assert len(out) <= 63 and out.endswith("-abcde-123") and "--" not in out
 
 
-def test_eviction_patch_stops_routing() -> None:
-    patch = eviction_patch("IdleTimeout", at(5))
+def test_eviction_patch_stops_routing_and_records_the_observed_state() -> None:
+    """The state the operator observed when it decided travels in the same patch as the mark, so an audit
+    never sees an eviction without it (bench/soak/auditor.py judges it)."""
+    patch = eviction_patch("IdleTimeout", at(5), "Idle")
     assert patch["metadata"]["labels"] == {LABEL_SERVING: None}
-    assert patch["metadata"]["annotations"]["modelpool.dev/evicting"] == "IdleTimeout"
-    assert patch["metadata"]["annotations"]["modelpool.dev/evicting-since"] == "2026-01-01T12:00:05Z"
+    assert patch["metadata"]["annotations"] == {
+        "modelpool.dev/evicting": "IdleTimeout",
+        "modelpool.dev/evicting-since": "2026-01-01T12:00:05Z",
+        "modelpool.dev/evicted-in-state": "Idle",
+    }
 
 
 @pytest.mark.parametrize("drain_timeout", [0, 1, 30, 299])

@@ -20,10 +20,12 @@ from modelpool_contract.demand import Demand
 from modelpool_operator.events import Event
 from modelpool_operator.kube import ApiException
 from modelpool_operator.observation import ObservationCache, slim_pod
+from modelpool_operator.planner import Evict
 from modelpool_operator.pool import OtherPool
 from modelpool_operator.process_state import OperatorState
 from modelpool_operator.reconcile import (
     PoolRun,
+    _evict,
     budget_status_wire,
     lifecycle_settings,
     reconcile_pool,
@@ -62,6 +64,7 @@ class RecordingKube:
         self.fail_policies = 0  # the next N NetworkPolicy calls fail
         self.existing: set[str] = set()  # pods that exist (created ones join)
         self.asked: list[str] = []
+        self.pod_patches: list[tuple[str, dict[str, Any]]] = []
 
     async def create_pod(self, namespace: str, body: dict[str, Any]) -> bool:
         await asyncio.sleep(0.01)
@@ -78,6 +81,7 @@ class RecordingKube:
         return name in self.existing
 
     async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        self.pod_patches.append((name, patch))
         return True
 
     async def delete_pod(self, namespace: str, name: str, grace_period_seconds: int | None = None) -> bool:
@@ -371,3 +375,21 @@ async def test_the_budget_status_says_why_an_invalid_budget_admits_nothing(state
     )
     again = budget_status_wire(state, {}, {"default": [{"memory": "8Gi"}]}, fixed, 4)
     assert again == fixed  # nothing to write while nothing changes
+
+
+async def test_an_eviction_records_the_state_the_planner_observed_in_its_one_patch(
+    state: OperatorState,
+) -> None:
+    """Follow-up of issue 19: the state the plan decided on reaches the pod with the eviction mark, in the
+    same patch (the soak's auditor judges "never Loading or Processing" on it)."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    await _evict(state, PoolRun(key=("ns", "p")), Evict("ns", "p", "p-a", "ScaleDown", "Ready"), now)
+    kube = state.kube
+    assert isinstance(kube, RecordingKube)
+    [(name, patch)] = kube.pod_patches
+    assert name == "p-a" and patch["metadata"]["labels"] == {"modelpool.dev/serving": None}
+    annotations = patch["metadata"]["annotations"]
+    assert (annotations["modelpool.dev/evicting"], annotations["modelpool.dev/evicted-in-state"]) == (
+        "ScaleDown",
+        "Ready",
+    )
