@@ -2,7 +2,7 @@
 
 ``python -m bench.generation`` builds a random Llama-shaped model (4 layers, hidden 256, the tokenizer of
 the tests' tiny models), loads it through the real text-generation task and attaches the
-continuous-batching engine (``model_server/generation_engine.py``).  Then, interleaved for ``--rounds``
+continuous-batching engine (``model_server/engine/generation_engine.py``).  Then, interleaved for ``--rounds``
 rounds: ``--concurrent`` greedy requests of ``--tokens`` new tokens each, once submitted together to the
 engine and once one after another through ``generate`` (the serial path); and one request alone on each.
 It prints generated tokens per second of each and the ratios (medians over the rounds), with the load
@@ -71,7 +71,7 @@ def serial(task: Any, work: list[Any]) -> float:
 
 async def batched(engine: Any, work: list[Any]) -> float:
     """Generated tokens per second, every request submitted to the engine at once."""
-    from model_server.dataplane import Unit
+    from model_server.engine.dataplane import Unit
 
     loop = asyncio.get_running_loop()
     outcomes: list[asyncio.Future[Any]] = [loop.create_future() for _ in work]
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from model_server.generation_engine import attach
+    from model_server.engine.generation_engine import attach
     from model_server.tasks.base import LoadOptions
     from model_server.tasks.text_generation import TextGenerationTask
 

@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s [supervisor] %(name)s %(message)s",
     )
     # Imported here, after the config is valid: a bad flag exits 2 without paying for the rest.
-    from model_server import supervisor
+    from model_server.supervisor import supervisor
 
     exit_now(supervisor.run(config))
 

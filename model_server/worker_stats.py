@@ -11,10 +11,9 @@ import time
 from typing import Any
 
 from model_server.config import ServerConfig
-from model_server.generation_engine import ENGINE_NAMES
 from model_server.metrics import worker_rss
 from model_server.state_machine import StateMachine
-from model_server.worker_view import Column, Field, WorkerView
+from model_server.worker_view import ENGINE_NAMES, Column, Field, WorkerView
 from modelpool_contract.stats import (
     THREAD_SOURCES,
     StatsDownload,

@@ -58,7 +58,7 @@ class Field(enum.IntEnum):
     DOWNLOAD_TOTAL_BYTES = enum.auto()  # NaN until the file list is known
     CPU_THREADS = enum.auto()  # torch's intra-op threads in the inference process; NaN until it is loaded
     BATCH_STARTED = enum.auto()  # time.monotonic() when the running forward pass began; NaN: none runs
-    GENERATION_ENGINE = enum.auto()  # generation_engine.ENGINE_CODES; NaN: not loaded or generates no text
+    GENERATION_ENGINE = enum.auto()  # ENGINE_CODES; NaN: not loaded or generates no text
     KV_CACHE_TOKENS = enum.auto()  # the continuous-batching engine's KV cache; NaN: no such engine
     KV_CACHE_RESERVED = enum.auto()  # tokens of it the running generations reserve
     GENERATING = enum.auto()  # generations running on the engine
@@ -83,6 +83,15 @@ class Column(enum.IntEnum):
 _GLOBALS = len(Field)
 _COLUMNS = len(Column)
 _STATES = tuple(State)
+# The generation engines' names (``engine.generation_engine``), and each as a number in the view (NaN: the
+# task generates nothing); here, beside the view, because the frontend and the supervisor read them too.
+BATCHING = "continuous-batching"
+SERIAL = "serial"
+ENGINE_CODES = {SERIAL: 1.0, BATCHING: 2.0}
+ENGINE_NAMES = {code: name for name, code in ENGINE_CODES.items()}
+# How often an HTTP process's event loop ticks its heartbeat (``frontend.http_process``); the probe
+# server (``supervisor.probe_server``) judges a loop wedged after its STALL_AFTER_S without a tick.
+BEAT_PERIOD_S = 1.0
 SUPERVISOR_ROW = 0
 INFERENCE_ROW = 1
 
@@ -269,7 +278,12 @@ def row_name(row: int) -> str:
 
 
 __all__ = [
+    "BATCHING",
+    "BEAT_PERIOD_S",
+    "ENGINE_CODES",
+    "ENGINE_NAMES",
     "INFERENCE_ROW",
+    "SERIAL",
     "SPAWN",
     "SUPERVISOR_ROW",
     "Column",

@@ -17,10 +17,10 @@ from typing import Any, get_args
 import pytest
 
 from model_server.config import ServerConfig, load_config
-from model_server.download import DownloadProgress
-from model_server.inference_process import publish_download
-from model_server.server import ModelServer
-from model_server.sources import resolve
+from model_server.engine.download import DownloadProgress
+from model_server.engine.inference_process import publish_download
+from model_server.engine.sources import resolve
+from model_server.frontend.server import ModelServer
 from model_server.state_machine import SERVING, State
 from model_server.tasks import REGISTRY
 from modelpool_contract.api import API_VERSION, MODELPOOL_KIND, ModelSpec, WorkerStatus

@@ -33,12 +33,12 @@ from functools import partial
 from typing import Any
 
 from model_server.config import ServerConfig
+from model_server.engine.sweep import Sweep, sweep_capacity
+from model_server.engine.worker import Worker
 from model_server.errors import FatalDeviceError, InvalidInput, ModelNotReady, Overloaded, ServerError
 from model_server.metrics import Metrics
 from model_server.state_machine import State, StateMachine
-from model_server.sweep import Sweep, sweep_capacity
 from model_server.tasks.base import Emitter
-from model_server.worker import Worker
 from model_server.worker_view import INFERENCE_ROW, Column, Field, WorkerView
 from modelpool_contract.exits import EXIT_DEVICE_FAILED
 

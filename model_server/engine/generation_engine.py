@@ -50,20 +50,16 @@ from model_server.errors import InferenceError, InvalidInput, Overloaded, Server
 from model_server.tasks.base import Emitter, GenerationItem, GenerationParams, GenerationResult
 from model_server.tasks.generation import StopText, check_context, eos_ids
 from model_server.tasks.params import check_generation_params
+from model_server.worker_view import BATCHING, SERIAL
 
 if TYPE_CHECKING:
-    from model_server.dataplane import Unit
+    from model_server.engine.dataplane import Unit
     from model_server.metrics import Metrics
 
 log = logging.getLogger("modelpool.generation")
 
 EngineChoice = Literal["auto", "batching", "serial"]
 ENGINE_CHOICES: tuple[EngineChoice, ...] = ("auto", "batching", "serial")
-BATCHING = "continuous-batching"
-SERIAL = "serial"
-# The engine's name as a number in the worker's shared view (0: the task generates nothing).
-ENGINE_CODES = {SERIAL: 1.0, BATCHING: 2.0}
-ENGINE_NAMES = {code: name for name, code in ENGINE_CODES.items()}
 
 # Tokens per KV-cache page: a request holds whole pages, so admission rounds its need up to pages.
 PAGE_TOKENS = 32
@@ -505,7 +501,7 @@ class BatchingEngine:
         worker on a fatal device error)."""
         if self._closing.is_set() or self._manager.is_running():
             return
-        from model_server.worker import is_fatal_device_error
+        from model_server.engine.worker import is_fatal_device_error
 
         error = self._manager.background_thread_status.fatal_error
         reason = f"the generation loop stopped: {type(error).__name__}: {error}"

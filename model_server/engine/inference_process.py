@@ -30,14 +30,14 @@ from typing import Any
 from model_server import ipc
 from model_server.config import ServerConfig
 from model_server.cpu_budget import ThreadPlan, size_threads
-from model_server.dataplane import DataPlane, Outcome, Unit
-from model_server.download import DownloadProgress
-from model_server.generation_engine import ENGINE_CODES, engine_name
+from model_server.engine.dataplane import DataPlane, Outcome, Unit
+from model_server.engine.download import DownloadProgress
+from model_server.engine.generation_engine import engine_name
+from model_server.engine.worker import Worker
 from model_server.metrics import Metrics, gpu_memory, gpu_peak_reserved
 from model_server.process_setup import set_up
 from model_server.state_machine import State, StateMachine
-from model_server.worker import Worker
-from model_server.worker_view import Field, WorkerView
+from model_server.worker_view import ENGINE_CODES, Field, WorkerView
 from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_LOAD_FAILED, INFERENCE_FLUSH_S
 from modelpool_contract.stats import THREAD_SOURCES
 

@@ -1,7 +1,7 @@
 """Resolving a model ``source`` to a local directory.
 
 Forms (docs/design.md, "Contracts"): a local path (``/models/x``), ``file:///models/x``, ``hf://org/name[@revision]``
-(downloaded with huggingface_hub into its cache, which workers may share: ``model_server.download``),
+(downloaded with huggingface_hub into its cache, which workers may share: ``model_server.engine.download``),
 ``pvc://claim/sub/path`` (the claim mounted by the operator under ``pvc_root``, by default
 ``modelpool_contract.mounts.PVC_MOUNT_ROOT``).  Parsing is pure (``parse_source``); only ``resolve``
 touches disk/network.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlparse
 
-from model_server.download import DownloadProgress, download
+from model_server.engine.download import DownloadProgress, download
 from modelpool_contract.mounts import PVC_MOUNT_ROOT, PvcSourceError, parse_pvc_source
 
 

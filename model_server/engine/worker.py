@@ -28,14 +28,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from model_server import sources
 from model_server.config import ServerConfig
 from model_server.cpu_budget import ThreadPlan, set_interop_threads
-from model_server.download import DownloadProgress
+from model_server.engine import sources
+from model_server.engine.download import DownloadProgress
+from model_server.engine.generation_engine import BatchingEngine, attach
+from model_server.engine.heap import HeapTrimmer
+from model_server.engine.preload import preload_torch_libraries
 from model_server.errors import FatalDeviceError, InferenceError, InvalidInput, ServerError
-from model_server.generation_engine import BatchingEngine, attach
-from model_server.heap import HeapTrimmer
-from model_server.preload import preload_torch_libraries
 from model_server.state_machine import State, StateMachine
 from model_server.tasks import task_class
 from model_server.tasks.base import Emitter, LoadOptions, Task
@@ -46,7 +46,7 @@ log = logging.getLogger("modelpool.worker")
 
 # GIL switch interval while the model loads (see ``Worker.load``): short, so health stays responsive.
 LOAD_SWITCH_INTERVAL_S = 0.0005
-# A worker with no unit running for this long trims its heap once (see model_server/heap.py).
+# A worker with no unit running for this long trims its heap once (see model_server/engine/heap.py).
 IDLE_TRIM_AFTER_S = 1.0
 
 # Substrings of CUDA errors after which the context is unusable (the process must be restarted).

@@ -20,12 +20,11 @@ import uvicorn
 
 from model_server import ipc
 from model_server.config import ServerConfig
-from model_server.endpoints import build_app
-from model_server.endpoints.refusal import protocol_for
-from model_server.probe_server import BEAT_PERIOD_S
+from model_server.frontend.endpoints import build_app
+from model_server.frontend.endpoints.refusal import protocol_for
+from model_server.frontend.server import ModelServer
 from model_server.process_setup import set_up
-from model_server.server import ModelServer
-from model_server.worker_view import Column, WorkerView
+from model_server.worker_view import BEAT_PERIOD_S, Column, WorkerView
 
 log = logging.getLogger("modelpool.http")
 

@@ -33,11 +33,11 @@ from model_server.errors import (
     PayloadTooLarge,
     ServerError,
 )
+from model_server.frontend.token_stream import TokenStream
 from model_server.metrics import Metrics
 from model_server.state_machine import StateMachine
 from model_server.tasks import task_class
 from model_server.tasks.base import Task
-from model_server.token_stream import TokenStream
 from model_server.worker_view import Column, Field, WorkerView
 
 log = logging.getLogger("modelpool.inference_client")

@@ -13,7 +13,7 @@ from typing import Any
 
 from model_server import worker_stats
 from model_server.config import ServerConfig
-from model_server.inference_client import InferenceClient
+from model_server.frontend.inference_client import InferenceClient
 from model_server.metrics import Metrics, WorkerGauges
 from model_server.state_machine import StateMachine
 from model_server.worker_view import WorkerView, http_row

@@ -41,10 +41,9 @@ from model_server.state_machine import StateMachine
 from model_server.worker_view import WorkerView
 from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
 
-# How often an HTTP process's event loop ticks its heartbeat (``http_process``), and how long without a
-# tick makes it wedged.  A loop that is merely busy (a flood at a low priority) still ticks within a few
-# seconds; the kubelet's liveness adds its own failureThreshold x periodSeconds on top.
-BEAT_PERIOD_S = 1.0
+# How long without a heartbeat tick (one each ``worker_view.BEAT_PERIOD_S``) makes an HTTP process
+# wedged.  A loop that is merely busy (a flood at a low priority) still ticks within a few seconds; the
+# kubelet's liveness adds its own failureThreshold x periodSeconds on top.
 STALL_AFTER_S = 15.0
 
 
@@ -125,4 +124,4 @@ class _Handler(BaseHTTPRequestHandler):
         """No access log (a probe every two seconds)."""
 
 
-__all__ = ["BEAT_PERIOD_S", "STALL_AFTER_S", "ProbeServer", "answer"]
+__all__ = ["STALL_AFTER_S", "ProbeServer", "answer"]

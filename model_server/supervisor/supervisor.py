@@ -48,8 +48,8 @@ from types import FrameType
 
 from model_server import process_setup, worker_stats
 from model_server.config import ServerConfig
-from model_server.probe_server import ProbeServer
 from model_server.state_machine import State, StateMachine
+from model_server.supervisor.probe_server import ProbeServer
 from model_server.worker_view import (
     INFERENCE_ROW,
     SPAWN,
@@ -162,7 +162,13 @@ class Supervisor:
         control_r, control_w = SPAWN.Pipe(duplex=False)
         inference = SPAWN.Process(
             target=process_setup.start,
-            args=("model_server.inference_process", self.config, self.view, [p[1] for p in pairs], control_r),
+            args=(
+                "model_server.engine.inference_process",
+                self.config,
+                self.view,
+                [p[1] for p in pairs],
+                control_r,
+            ),
             name="inference",
         )
         self._spawn(Child("inference", inference, control_w), INFERENCE_ROW)
@@ -171,7 +177,7 @@ class Supervisor:
             control_r, control_w = SPAWN.Pipe(duplex=False)
             process = SPAWN.Process(
                 target=process_setup.start,
-                args=("model_server.http_process", self.config, self.view),
+                args=("model_server.frontend.http_process", self.config, self.view),
                 kwargs={"index": index, "listener": listener, "sock": http_end, "control": control_r},
                 name=f"http-{index}",
             )

@@ -13,7 +13,7 @@ import openai
 import pytest
 import tritonclient.http as triton
 
-from model_server.endpoints.auth import authorized
+from model_server.frontend.endpoints.auth import authorized
 from modelpool_contract.exits import EXIT_CONFIG
 from testkit.environment import free_port
 from tests.server.conftest import ServerFactory, ServerProcess, start_server

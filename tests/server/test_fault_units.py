@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from model_server.config import WEDGE_GRACE_S, ServerConfig
-from model_server.inference_process import drain_timed_out
-from model_server.probe_server import answer
+from model_server.engine.inference_process import drain_timed_out
 from model_server.state_machine import State, StateMachine
-from model_server.supervisor import verdict
+from model_server.supervisor.probe_server import answer
+from model_server.supervisor.supervisor import verdict
 from model_server.worker_stats import wedged_batch
 from model_server.worker_view import Field, WorkerView
 from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_PROCESS_DIED

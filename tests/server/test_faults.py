@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from model_server.supervisor import WATCH_PERIOD_S
+from model_server.supervisor.supervisor import WATCH_PERIOD_S
 from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_INFERENCE_WEDGED
 from testkit.environment import free_port
 from tests.server.conftest import ServerFactory, ServerProcess

@@ -1,4 +1,4 @@
-"""The continuous-batching generation engine (``model_server.generation_engine``) in-process, on a tiny
+"""The continuous-batching generation engine (``model_server.engine.generation_engine``) in-process, on a tiny
 Llama built from a config and loaded through the real text-generation task: streams interleave and each
 gets its own text, greedy equals ``generate`` for every request (and the token metrics count them), stop
 strings and max_tokens end one request while others run, cancelled and timed-out requests leave every
@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
-from model_server.dataplane import Unit
-from model_server.errors import InvalidInput, Overloaded, ServerError
-from model_server.generation_engine import (
+from model_server.engine.dataplane import Unit
+from model_server.engine.generation_engine import (
     GREEDY_TEMPERATURE,
     PAGE_TOKENS,
     BatchingEngine,
@@ -31,6 +30,7 @@ from model_server.generation_engine import (
     refusal,
     sampling,
 )
+from model_server.errors import InvalidInput, Overloaded, ServerError
 from model_server.metrics import Metrics
 from model_server.tasks.base import GenerationItem, GenerationParams, GenerationResult
 from model_server.tasks.generation import watching_cancel

@@ -23,7 +23,7 @@ from model_server.cpu_budget import (
     plan_threads,
     thread_env,
 )
-from model_server.endpoints.refusal import refusable_route, refusal_bytes
+from model_server.frontend.endpoints.refusal import refusable_route, refusal_bytes
 from modelpool_contract.flags import CPU_SHARE_ENV
 from tests.server.conftest import ServerFactory, metric, stats
 

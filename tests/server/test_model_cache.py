@@ -14,7 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-from model_server.download import PICKLE_WEIGHTS, RepoFileEntry, bytes_in_cache, ignore_patterns, wanted_files
+from model_server.engine.download import (
+    PICKLE_WEIGHTS,
+    RepoFileEntry,
+    bytes_in_cache,
+    ignore_patterns,
+    wanted_files,
+)
 from testkit.kubectl import wait_for
 from tests.hub import HELD_AFTER, LocalHub
 from tests.server.conftest import ServerFactory, ServerProcess

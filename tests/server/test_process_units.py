@@ -18,15 +18,15 @@ from hypothesis import strategies as st
 from model_server import ipc
 from model_server.config import ServerConfig
 from model_server.cpu_budget import default_http_workers
-from model_server.dataplane import DataPlane, Unit
+from model_server.engine.dataplane import DataPlane, Unit
+from model_server.engine.sweep import SWEEP_BATCHES, Sweep, sweep_capacity
+from model_server.engine.worker import Worker
 from model_server.errors import Overloaded, ServerError
 from model_server.metrics import Metrics
-from model_server.probe_server import STALL_AFTER_S, answer
 from model_server.state_machine import State, StateMachine
-from model_server.supervisor import describe_exit, verdict
-from model_server.sweep import SWEEP_BATCHES, Sweep, sweep_capacity
+from model_server.supervisor.probe_server import STALL_AFTER_S, answer
+from model_server.supervisor.supervisor import describe_exit, verdict
 from model_server.tasks.base import Embedding, TextItem
-from model_server.worker import Worker
 from model_server.worker_view import SPAWN, Column, Door, WorkerView, http_row
 
 

@@ -13,18 +13,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_server import kserve_codec
-from model_server import worker as worker_module
 from model_server.config import ServerConfig
+from model_server.engine import worker as worker_module
+from model_server.engine.heap import HeapTrimmer, due
+from model_server.engine.sources import SourceError, parse_source, resolve
+from model_server.engine.worker import is_fatal_device_error, is_oom
 from model_server.errors import InvalidInput
-from model_server.heap import HeapTrimmer, due
-from model_server.inference_client import retry_after_seconds
+from model_server.frontend import kserve_codec
+from model_server.frontend.inference_client import retry_after_seconds
 from model_server.metrics import gpu_memory, gpu_peak_reserved
-from model_server.sources import SourceError, parse_source, resolve
 from model_server.state_machine import StateMachine
 from model_server.tasks.base import TextItem
 from model_server.tasks.text_embedding import micro_batches, read_pooling
-from model_server.worker import is_fatal_device_error, is_oom
 
 
 def _bytes_blob(items: list[bytes]) -> bytes:

@@ -18,12 +18,12 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from model_server import __version__
-from model_server.endpoints import kserve_routes, openai_routes, ops
-from model_server.endpoints.auth import ApiKeyMiddleware
-from model_server.endpoints.common import error_response, server_error_response
-from model_server.endpoints.limits import LimitsMiddleware
 from model_server.errors import InvalidInput, ServerError
-from model_server.server import ModelServer
+from model_server.frontend.endpoints import kserve_routes, openai_routes, ops
+from model_server.frontend.endpoints.auth import ApiKeyMiddleware
+from model_server.frontend.endpoints.common import error_response, server_error_response
+from model_server.frontend.endpoints.limits import LimitsMiddleware
+from model_server.frontend.server import ModelServer
 
 
 def build_app(server: ModelServer) -> ASGIApp:

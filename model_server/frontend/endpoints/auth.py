@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from model_server.endpoints.common import error_response
+from model_server.frontend.endpoints.common import error_response
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
 
 OPEN_PATHS = frozenset({LIVE_PATH, READY_PATH})

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from model_server.errors import InvalidInput, ModelNotFound, ModelNotReady, ServerError, UnsupportedOperation
-from model_server.server import ModelServer
+from model_server.frontend.server import ModelServer
 
 log = logging.getLogger("modelpool.http")
 

@@ -9,10 +9,10 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from model_server import kserve_codec
-from model_server.endpoints.common import check_model, disconnect_watch, header_timeout
 from model_server.errors import InvalidInput
-from model_server.server import ModelServer
+from model_server.frontend import kserve_codec
+from model_server.frontend.endpoints.common import check_model, disconnect_watch, header_timeout
+from model_server.frontend.server import ModelServer
 
 HEADER_LENGTH = "inference-header-content-length"
 

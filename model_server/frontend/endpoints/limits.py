@@ -10,10 +10,10 @@ import time
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from model_server.endpoints.common import error_response, http_response, server_error_response
-from model_server.endpoints.kserve_routes import InferHandler
 from model_server.errors import BodyTimeout, Overloaded, PayloadTooLarge
-from model_server.server import ModelServer
+from model_server.frontend.endpoints.common import error_response, http_response, server_error_response
+from model_server.frontend.endpoints.kserve_routes import InferHandler
+from model_server.frontend.server import ModelServer
 
 # The OpenAI routes, each its own route label.
 _OPENAI = {

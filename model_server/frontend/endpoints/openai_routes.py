@@ -12,16 +12,16 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from model_server.endpoints.common import (
+from model_server.errors import InvalidInput, ServerError
+from model_server.frontend.endpoints.common import (
     ORJSONResponse,
     check_model,
     disconnect_watch,
     header_timeout,
     require_task,
 )
-from model_server.errors import InvalidInput, ServerError
-from model_server.inference_client import ClientGone, InferenceClient
-from model_server.openai_codec import (
+from model_server.frontend.inference_client import ClientGone, InferenceClient
+from model_server.frontend.openai_codec import (
     SSE_DONE,
     ChatBody,
     Completion,
@@ -39,8 +39,8 @@ from model_server.openai_codec import (
     sse,
     stream_error,
 )
-from model_server.server import ModelServer
-from model_server.token_stream import TokenStream
+from model_server.frontend.server import ModelServer
+from model_server.frontend.token_stream import TokenStream
 
 _ID_PREFIX = {"text_completion": "cmpl-", "chat": "chatcmpl-"}
 

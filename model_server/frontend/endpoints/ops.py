@@ -7,9 +7,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
 from model_server import __version__, worker_stats
-from model_server.endpoints.common import ORJSONResponse, check_model
 from model_server.errors import ModelNotReady
-from model_server.server import ModelServer
+from model_server.frontend.endpoints.common import ORJSONResponse, check_model
+from model_server.frontend.server import ModelServer
 from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
 
 

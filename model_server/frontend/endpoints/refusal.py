@@ -25,10 +25,10 @@ from typing import Any
 
 import orjson
 
-from model_server.endpoints.auth import authorized
 from model_server.errors import Overloaded
-from model_server.inference_client import retry_after_seconds
-from model_server.server import ModelServer
+from model_server.frontend.endpoints.auth import authorized
+from model_server.frontend.inference_client import retry_after_seconds
+from model_server.frontend.server import ModelServer
 from model_server.worker_view import Column, Field
 from modelpool_contract.http_limits import BoundedHeadersProtocol
 

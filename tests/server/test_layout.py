@@ -1,0 +1,73 @@
+"""The model server's folders follow its processes (docs/design.md, "The worker's processes").
+
+``model_server/frontend/`` runs in the HTTP processes, ``model_server/engine/`` in the inference
+process, ``model_server/supervisor/`` in the main process; the top of ``model_server`` holds what more
+than one of them imports.  These checks read the sources (ast), so an import that would pull the model's
+side into an HTTP process (or the reverse) fails here rather than as a slower start or a larger RSS.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "model_server"
+SIDES = ("frontend", "engine", "supervisor")
+
+
+def imported_modules(tree: ast.Module) -> set[str]:
+    """Every absolute module an ``import`` or ``from ... import`` names, at any depth (lazy ones too);
+    ``from model_server.x import y`` counts as ``model_server.x.y`` so that a submodule shows."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def side_of(module: str) -> str | None:
+    """Which process's package ``module`` (dotted) belongs to; None for the shared top level."""
+    parts = module.split(".")
+    if parts[0] != "model_server" or len(parts) < 2:
+        return None
+    return parts[1] if parts[1] in SIDES else None
+
+
+def crossings(package: str, allowed: set[str]) -> list[str]:
+    """Imports from ``model_server/<package>`` (or the top level, for "") into a side not in ``allowed``."""
+    base = ROOT / package if package else ROOT
+    paths = base.rglob("*.py") if package else [p for p in ROOT.rglob("*.py") if side_of(_dotted(p)) is None]
+    return sorted(
+        f"{path.relative_to(ROOT.parent)}: {module}"
+        for path in paths
+        for module in imported_modules(ast.parse(path.read_text()))
+        if (side := side_of(module)) is not None and side not in allowed
+    )
+
+
+def _dotted(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+
+
+def test_the_frontend_imports_neither_the_engine_nor_the_supervisor() -> None:
+    assert crossings("frontend", {"frontend"}) == []
+
+
+def test_the_engine_imports_neither_the_frontend_nor_the_supervisor() -> None:
+    assert crossings("engine", {"engine"}) == []
+
+
+def test_the_supervisor_starts_the_processes_by_name_and_imports_neither_side() -> None:
+    assert crossings("supervisor", {"supervisor"}) == []
+    source = (ROOT / "supervisor" / "supervisor.py").read_text()
+    started = set(re.findall(r'"(model_server\.[\w.]+)"', source))
+    assert started == {"model_server.engine.inference_process", "model_server.frontend.http_process"}
+    assert all(importlib.util.find_spec(name) is not None for name in started)
+
+
+def test_the_shared_modules_import_no_side_but_main_the_supervisor() -> None:
+    assert crossings("", set()) == ["model_server/main.py: model_server.supervisor.supervisor"]
