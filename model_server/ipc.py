@@ -9,10 +9,11 @@ machine, a round trip of a 1-item request and its answer costs about 0.1 ms of C
 
 Frame: ``<I pickle length><I buffer count>``, one ``<Q length>`` per buffer, the pickle, the buffers.
 
-Messages (tuples, the first element says which):
+Messages, one ``NamedTuple`` class each, defined here once for both sides (a named tuple pickles as its
+class's name and its fields, about as cheaply as a bare tuple; the receiver tells them apart by class):
 
-* HTTP -> inference: ``(SUBMIT, id, deadline, items, lengths, streaming)``, ``(CANCEL, id, reason)``;
-* inference -> HTTP: ``(RESULT, id, results)``, ``(ERROR, id, ServerError)``, ``(PIECE, id, text)``.
+* HTTP -> inference (``ToEngine``): ``Submit``, ``Cancel``;
+* inference -> HTTP (``ToFrontend``): ``Result``, ``Failure``, ``Piece``.
 
 Items and results travel ``pack``ed: texts as strings, an answer's embeddings as one stacked array.
 
@@ -27,15 +28,57 @@ import pickle
 import struct
 from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
+from model_server.errors import ServerError
 from model_server.tasks.base import Embedding, TextItem
 
 log = logging.getLogger("modelpool.ipc")
 
-SUBMIT, CANCEL, RESULT, ERROR, PIECE = 1, 2, 3, 4, 5
+
+class Submit(NamedTuple):
+    """HTTP -> inference: an admitted request (it holds a slot of the door until it leaves the queue)."""
+
+    id: int  # the sending HTTP process's request id, unique on its channel
+    deadline: float  # a time.monotonic() instant
+    items: Any  # pack()ed
+    lengths: list[int]  # the task's length hint per item ([] when the task does not batch)
+    streaming: bool  # send the text as it comes (Piece messages) before the Result
+
+
+class Cancel(NamedTuple):
+    """HTTP -> inference: the HTTP side gave up on a request (a deadline, a disconnect): drop it before
+    compute, or stop generating for it."""
+
+    id: int
+    reason: str
+
+
+class Result(NamedTuple):
+    """Inference -> HTTP: a request's results, one per item, pack()ed."""
+
+    id: int
+    results: Any
+
+
+class Failure(NamedTuple):
+    """Inference -> HTTP: a request failed; the error is raised to the route, which maps it to HTTP."""
+
+    id: int
+    error: ServerError
+
+
+class Piece(NamedTuple):
+    """Inference -> HTTP: the next text of a streamed request (from the inference thread)."""
+
+    id: int
+    text: str
+
+
+ToEngine = Submit | Cancel
+ToFrontend = Result | Failure | Piece
 
 _AS_IS, _TEXTS, _EMBEDDINGS = 0, 1, 2
 _HEAD = struct.Struct("<II")
@@ -226,14 +269,18 @@ async def connect(sock: Any, channel: Channel) -> Channel:
 
 
 __all__ = [
-    "CANCEL",
     "DELIVER_SLICE",
-    "ERROR",
-    "PIECE",
-    "RESULT",
-    "SUBMIT",
+    "Cancel",
     "Channel",
+    "Failure",
+    "Piece",
+    "Result",
+    "Submit",
+    "ToEngine",
+    "ToFrontend",
     "connect",
     "decode",
     "encode",
+    "pack",
+    "unpack",
 ]

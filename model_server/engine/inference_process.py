@@ -60,30 +60,36 @@ class Endpoint:
         # The requests this HTTP process may still cancel; a request leaves when nothing holds it.
         self._units: weakref.WeakValueDictionary[int, Unit] = weakref.WeakValueDictionary()
 
-    def on_message(self, message: tuple[Any, ...]) -> None:
-        if message[0] == ipc.SUBMIT:
-            _, rid, deadline, items, lengths, streaming = message
-            emit = partial(self._piece, rid) if streaming else None
-            unit = Unit(ipc.unpack(items), deadline, partial(self._reply, rid), lengths=lengths, emit=emit)
+    def on_message(self, message: ipc.ToEngine) -> None:
+        if type(message) is ipc.Submit:
+            rid = message.id
+            emit = partial(self._piece, rid) if message.streaming else None
+            unit = Unit(
+                ipc.unpack(message.items),
+                message.deadline,
+                partial(self._reply, rid),
+                lengths=message.lengths,
+                emit=emit,
+            )
             self._units[rid] = unit
             self.dataplane.submit(unit)
-        elif message[0] == ipc.CANCEL:
-            cancelled = self._units.get(message[1])
+        elif type(message) is ipc.Cancel:
+            cancelled = self._units.get(message.id)
             if cancelled is not None:
-                self.dataplane.cancel(cancelled, message[2])
+                self.dataplane.cancel(cancelled, message.reason)
 
     def on_lost(self) -> None:
         log.warning("an HTTP process closed its channel")  # the supervisor ends the worker
 
     def _reply(self, rid: int, outcome: Outcome) -> None:
         if isinstance(outcome, list):
-            self.channel.send((ipc.RESULT, rid, ipc.pack(outcome)))
+            self.channel.send(ipc.Result(rid, ipc.pack(outcome)))
         else:
-            self.channel.send((ipc.ERROR, rid, outcome))
+            self.channel.send(ipc.Failure(rid, outcome))
 
     def _piece(self, rid: int, text: str) -> None:
         """A streamed piece of text, from the inference thread."""
-        self.channel.send_threadsafe((ipc.PIECE, rid, text))
+        self.channel.send_threadsafe(ipc.Piece(rid, text))
 
 
 class InferenceProcess:

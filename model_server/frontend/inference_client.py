@@ -110,22 +110,22 @@ class InferenceClient:
         self._channel = ipc.Channel(self.on_message, self.on_lost)
         return self._channel
 
-    def on_message(self, message: tuple[Any, ...]) -> None:
-        kind, rid = message[0], message[1]
-        sent = self._sent.get(rid)
+    def on_message(self, message: ipc.ToFrontend) -> None:
+        sent = self._sent.get(message.id)
         if sent is None:  # given up on already (504, disconnected)
             return
-        if kind == ipc.PIECE:
+        if type(message) is ipc.Piece:
             if sent.stream is not None:
-                sent.stream.put(message[2])
+                sent.stream.put(message.text)
             return
-        del self._sent[rid]
+        del self._sent[message.id]
         if sent.future.done():
             return
-        if kind == ipc.RESULT:
-            sent.future.set_result(ipc.unpack(message[2]))
+        if type(message) is ipc.Result:
+            sent.future.set_result(ipc.unpack(message.results))
         else:
-            sent.future.set_exception(message[2])
+            assert type(message) is ipc.Failure
+            sent.future.set_exception(message.error)
             sent.future.exception()  # retrieved by the waiter, unless it gave up: no warning
 
     def on_lost(self) -> None:
@@ -243,7 +243,7 @@ class InferenceClient:
         assert self._channel is not None
         try:
             lengths = [task.length_hint(item) for item in items] if task.batchable else []
-            message = (ipc.SUBMIT, sent.id, sent.deadline, ipc.pack(list(items)), lengths, streaming)
+            message = ipc.Submit(sent.id, sent.deadline, ipc.pack(list(items)), lengths, streaming)
             delivered = self._channel.send(message)
         except ServerError:
             raise
@@ -300,7 +300,7 @@ class InferenceClient:
     def _give_up(self, sent: Sent, reason: str) -> None:
         """Tell the inference process to drop the request before compute (if it has not started it)."""
         if self._sent.pop(sent.id, None) is not None and self._channel is not None:
-            self._channel.send((ipc.CANCEL, sent.id, reason))
+            self._channel.send(ipc.Cancel(sent.id, reason))
         if not sent.future.done():
             sent.future.cancel()
 

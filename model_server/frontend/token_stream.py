@@ -1,7 +1,7 @@
 """A streaming request's text, piece by piece, as an HTTP process receives it from the inference process.
 
 The task calls its ``emit`` on the inference thread for each new piece of text; the inference process
-sends each piece across the process boundary as it comes (``ipc.PIECE``), and the HTTP process ``put``s
+sends each piece across the process boundary as it comes (``ipc.Piece``), and the HTTP process ``put``s
 it here.  The route iterates the stream and sends each piece to the client at once; the iteration ends
 when the request's answer has arrived, and ``results()`` then gives its results (or raises the error it
 failed with).

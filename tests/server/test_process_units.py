@@ -55,10 +55,10 @@ def test_the_door_never_admits_more_than_its_capacity_across_processes() -> None
 def test_frames_carry_arrays_out_of_band_and_survive_any_split() -> None:
     big = np.arange(300_000, dtype=np.float32)
     messages = [
-        (ipc.SUBMIT, 1, 12.5, [TextItem("a"), TextItem("héllo")], [1, 5], False),
-        (ipc.RESULT, 1, [Embedding(big, tokens=3), Embedding(big[:2].copy())]),
-        (ipc.ERROR, 2, Overloaded("full", 3)),
-        (ipc.PIECE, 3, "tok"),
+        ipc.Submit(1, 12.5, [TextItem("a"), TextItem("héllo")], [1, 5], False),
+        ipc.Result(1, [Embedding(big, tokens=3), Embedding(big[:2].copy())]),
+        ipc.Failure(2, Overloaded("full", 3)),
+        ipc.Piece(3, "tok"),
     ]
     stream = b"".join(bytes(piece) for m in messages for piece in ipc.encode(m))
     _head, payload, *buffers = ipc.encode(messages[1])
@@ -68,11 +68,34 @@ def test_frames_carry_arrays_out_of_band_and_survive_any_split() -> None:
         rest, used2 = ipc.decode(stream[used:])
         decoded = got + rest
         assert used + used2 == len(stream) and len(decoded) == 4
-    result = decoded[1][2]
+    result = decoded[1].results
     np.testing.assert_array_equal(result[0].vector, big)
-    error = decoded[2][2]
+    error = decoded[2].error
     assert isinstance(error, Overloaded) and error.retry_after_s == 3 and str(error) == "full"
-    assert decoded[0][3] == [TextItem("a"), TextItem("héllo")]
+    assert decoded[0].items == [TextItem("a"), TextItem("héllo")]
+
+
+def test_each_message_crosses_the_framing_as_its_own_class_with_its_fields() -> None:
+    vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
+    messages: list[ipc.ToEngine | ipc.ToFrontend] = [
+        ipc.Submit(7, 99.25, ipc.pack([TextItem("a"), TextItem("bc")]), [1, 2], True),
+        ipc.Cancel(7, "disconnected"),
+        ipc.Result(7, ipc.pack([Embedding(v, tokens=4, truncated=k == 1) for k, v in enumerate(vectors)])),
+        ipc.Failure(8, Overloaded("full", 2)),
+        ipc.Piece(9, " wor"),
+    ]
+    stream = b"".join(bytes(piece) for m in messages for piece in ipc.encode(m))
+    decoded, used = ipc.decode(stream)
+    assert used == len(stream)
+    assert [type(m) for m in decoded] == [type(m) for m in messages]
+    submit, cancel, result, failure, piece = decoded
+    assert ipc.unpack(submit.items) == [TextItem("a"), TextItem("bc")]
+    assert (submit.id, submit.deadline, submit.lengths, submit.streaming) == (7, 99.25, [1, 2], True)
+    assert cancel == ipc.Cancel(7, "disconnected") and piece == ipc.Piece(9, " wor")
+    embeddings = ipc.unpack(result.results)
+    assert result.id == 7 and [e.truncated for e in embeddings] == [False, True, False]
+    np.testing.assert_array_equal(np.stack([e.vector for e in embeddings]), vectors)
+    assert failure.id == 8 and isinstance(failure.error, Overloaded) and failure.error.retry_after_s == 2
 
 
 @settings(max_examples=150, deadline=None)
