@@ -13,10 +13,20 @@
 # Retry-After, and --http-workers 1 against the default.  Results: $OUT/server-gpu.json (written after
 # every section, so a run cut short keeps what it measured), $OUT/server-gpu.md (the table), the log,
 # and the machine's description.
+#
+# The generation step (first, within GEN_BUDGET_S): `python -m bench.generation` on a model of
+# Qwen2.5-0.5B's shape with random weights, bfloat16 on CUDA: 16 concurrent streamed requests of 256
+# tokens through the continuous-batching engine against the same 16 one after another through
+# `generate`, tokens/s and p95 time to first token of each ($OUT/generation-gpu.txt).
+#
+# STEPS picks the steps (default "generation server").  Both take longer than one device command may
+# (10 minutes): run `STEPS=generation` and `STEPS=server` as two commands where that limit applies.
 set -uo pipefail
 
 OUT=${OUT:-/tmp/gpu-check}
-BUDGET_S=${BUDGET_S:-460}  # the bench's own limit: the rest of the 9 minutes is install and reporting
+BUDGET_S=${BUDGET_S:-460}  # bench.server's own limit: the rest of its 9 minutes is install and reporting
+GEN_BUDGET_S=${GEN_BUDGET_S:-240}  # bench.generation's: the model's build, one round, its figures
+STEPS=${STEPS:-generation server}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 
@@ -35,15 +45,35 @@ print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
-# In a session of its own, so that whatever a run cut short leaves behind is stopped with it below.
-setsid timeout --signal=INT --kill-after=20 "$BUDGET_S" \
-  python3 -m bench.server --device cuda --dtype float16 --random-weights \
-    --duration 4 --flood-seconds 10 --latency-samples 100 --concurrency 1 64 \
-    --no-readme --out "$OUT/server-gpu.json" --markdown "$OUT/server-gpu.md" > "$OUT/bench.log" 2>&1 &
-bench=$!
-wait "$bench"
-status=$?
-kill -TERM -- "-$bench" 2>/dev/null || true
-echo "bench.server exit status: $status" >> "$OUT/bench.log"
-tail -c 6000 "$OUT/bench.log"
+# Each step in a session of its own, so that whatever a run cut short leaves behind is stopped with it.
+step() {  # step NAME BUDGET_S LOG COMMAND...: run it within its budget; its exit status
+  local name=$1 budget=$2 log=$3
+  shift 3
+  setsid timeout --signal=INT --kill-after=20 "$budget" "$@" > "$log" 2>&1 &
+  local pid=$!
+  wait "$pid"
+  local code=$?
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  echo "$name exit status: $code" >> "$log"
+  tail -c 6000 "$log"
+  return "$code"
+}
+
+status=0
+for name in $STEPS; do
+  case $name in
+    generation)
+      step bench.generation "$GEN_BUDGET_S" "$OUT/generation-gpu.txt" \
+        python3 -m bench.generation --shape qwen2.5-0.5b --device cuda --dtype bfloat16 \
+          --concurrent 16 --tokens 256 --rounds 1 || status=$?
+      ;;
+    server)
+      step bench.server "$BUDGET_S" "$OUT/bench.log" \
+        python3 -m bench.server --device cuda --dtype float16 --random-weights \
+          --duration 4 --flood-seconds 10 --latency-samples 100 --concurrency 1 64 \
+          --no-readme --out "$OUT/server-gpu.json" --markdown "$OUT/server-gpu.md" || status=$?
+      ;;
+    *) echo "unknown step $name (generation, server)"; status=2 ;;
+  esac
+done
 exit "$status"
