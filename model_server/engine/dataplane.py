@@ -282,6 +282,7 @@ class DataPlane:
         assert engine is not None
         self.state_machine.try_to(State.PROCESSING)
         engine.metrics = self.metrics
+        engine.view = self.view  # the engine keeps BATCH_STARTED for the supervisor's wedge watch
         unit.on_abandon = partial(engine.abandon, unit)
         engine.submit(unit, self._engine_done)
         self.publish()

@@ -29,6 +29,11 @@ Global (the manager's): sampling itself and its random generator, so ``seed`` is
 this engine (use temperature 0 for reproducible output, or ``--generation-engine serial``); the model's
 own generation-config processors (repetition penalty, top-k...) are not applied.
 
+The supervisor's wedge watch (``Field.BATCH_STARTED``, as for a serial batch): while any generation
+runs it holds the time of the manager's last output batch (set at the first admission, refreshed by each
+batch; NaN when nothing runs), so a loop stuck in a kernel or a deadlock for longer than
+--request-timeout + --wedge-grace fails the worker (InferenceWedged).
+
 If the manager's loop stops on an error anyway, every request in it fails with 500 and the loop is
 started again; a fatal device error fails the worker (exit 4).
 """
@@ -50,7 +55,7 @@ from model_server.errors import InferenceError, InvalidInput, Overloaded, Server
 from model_server.tasks.base import Emitter, GenerationItem, GenerationParams, GenerationResult
 from model_server.tasks.generation import StopText, check_context, eos_ids
 from model_server.tasks.params import check_generation_params
-from model_server.worker_view import BATCHING, SERIAL
+from model_server.worker_view import BATCHING, SERIAL, Field, WorkerView
 
 if TYPE_CHECKING:
     from model_server.engine.dataplane import Unit
@@ -252,6 +257,8 @@ class BatchingEngine:
         self._closing = threading.Event()
         self._seconds_per_token = 0.01  # EWMA of the time between a request's tokens (Retry-After)
         self.metrics: Metrics | None = None  # where time to first token and inter-token latency go
+        # Where the supervisor's wedge watch looks (``Field.BATCH_STARTED``); set by the data plane.
+        self.view: WorkerView | None = None
         self._last_output = time.monotonic()
 
     # ---- figures -----------------------------------------------------------------------------------
@@ -309,6 +316,7 @@ class BatchingEngine:
             return
         running = _Running(unit, done, [], [None] * len(unit.items))
         self._units[id(unit)] = running
+        idle = not self._jobs
         emit = unit.emit if len(unit.items) == 1 else None
         for index, (item, (ids, count)) in enumerate(prepared):
             self._ids += 1
@@ -327,6 +335,8 @@ class BatchingEngine:
                 eos_token_id=sorted(self._eos) or None,
                 **sampling(item.params),
             )
+        if idle:  # the loop has work from now on: the wedge watch starts counting (outputs refresh it)
+            self._progress(time.monotonic())
         if emit is not None:
             emit("")  # no text: the route may send its headers (the request is admitted)
 
@@ -400,6 +410,15 @@ class BatchingEngine:
                 if running is not None:
                     self._end_unit(running, InferenceError(f"generation failed: {type(exc).__name__}: {exc}"))
         self._confirm_cancels()
+        self._progress(now)
+
+    def _progress(self, now: float) -> None:
+        """Tell the supervisor's wedge watch that the manager's loop is alive: ``BATCH_STARTED`` is when
+        it last produced an iteration's tokens (``now``) while any generation runs, NaN when none runs.
+        A loop stuck in a kernel or a deadlock produces nothing, so the time stands still and, past
+        --request-timeout + --wedge-grace, the supervisor fails the worker (as for a serial batch)."""
+        if self.view is not None:
+            self.view.set(Field.BATCH_STARTED, now if self._jobs else math.nan)
 
     def _on_output(self, job: _Job, output: Any, now: float) -> None:
         from transformers.generation.continuous_batching.requests import RequestStatus
@@ -466,6 +485,8 @@ class BatchingEngine:
         the manager has dropped it (its KV blocks are free only then)."""
         if self._jobs.pop(job.rid, None) is None:
             return  # left already
+        if not self._jobs:
+            self._progress(math.nan)  # nothing runs: nothing to watch
         if cancel:
             self._manager.cancel_request(job.rid)
             self._cancelling[job.rid] = job.reserved

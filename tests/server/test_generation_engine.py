@@ -9,6 +9,7 @@ of the engine is in test_task_server.py)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from model_server.config import ServerConfig
 from model_server.engine.dataplane import Unit
 from model_server.engine.generation_engine import (
     GREEDY_TEMPERATURE,
@@ -35,6 +37,8 @@ from model_server.metrics import Metrics
 from model_server.tasks.base import GenerationItem, GenerationParams, GenerationResult
 from model_server.tasks.generation import watching_cancel
 from model_server.tasks.text_generation import TextGenerationTask
+from model_server.worker_stats import inference_wedged
+from model_server.worker_view import Field, WorkerView
 from tests.server.tiny_fixtures import load_task, tiny_llama_generation, torch_threads
 
 __all__ = ["tiny_llama_generation"]  # the session fixture, re-exported for pytest
@@ -275,6 +279,54 @@ async def test_seed_with_sampling_is_a_400_naming_it(engine: BatchingEngine) -> 
     call = submit(engine, PROMPTS[0], GenerationParams(max_tokens=4, temperature=1.0, seed=3))
     error = await asyncio.wait_for(call.outcome, WAIT_S)
     assert isinstance(error, ServerError) and error.status == 400 and "seed" in str(error)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_batch_started_follows_the_loops_last_output_while_generations_run(
+    engine: BatchingEngine,
+) -> None:
+    """The supervisor's wedge watch on this path: BATCH_STARTED is set once a generation runs, moves on
+    with every output batch, and is NaN again once nothing runs."""
+    engine.view = view = WorkerView(capacity=4, http_processes=1)
+    times: list[float] = []
+
+    class Seen(list[int]):
+        """Each piece's arrival (``submit``'s log) records BATCH_STARTED as it was then."""
+
+        def append(self, _: int) -> None:
+            times.append(view.get(Field.BATCH_STARTED))
+
+    call = submit(engine, PROMPTS[2], GenerationParams(max_tokens=24, temperature=0.0), Seen())
+    assert view.optional(Field.BATCH_STARTED) is not None  # set as soon as the request is admitted
+    finished = await result(call)
+    engine.view = None
+    seen = times[1:]  # the first piece is the admission's empty one
+    assert finished.completion_tokens == 24 and len(seen) >= 3
+    assert all(not math.isnan(t) for t in seen)
+    assert seen == sorted(seen) and len(set(seen)) >= 3, seen  # refreshed between output batches
+    assert view.optional(Field.BATCH_STARTED) is None  # nothing runs: nothing to watch
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_loop_that_outputs_nothing_is_wedged_by_the_supervisors_rule(
+    engine: BatchingEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = ServerConfig(model="/", task="text-generation", request_timeout=2, wedge_grace=1)
+    engine.view = view = WorkerView(capacity=4, http_processes=1)
+    swallowed: list[list[Any]] = []
+    monkeypatch.setattr(engine, "_on_outputs", swallowed.append)  # the loop's outputs never arrive
+    call = submit(engine, PROMPTS[0], GenerationParams(max_tokens=40, temperature=0.0))
+    started = view.get(Field.BATCH_STARTED)
+    await until(lambda: len(swallowed) >= 3)
+    assert view.get(Field.BATCH_STARTED) == started  # no output: the time stands still
+    assert inference_wedged(config, view, started + 2.5) == ""  # within the timeout + grace
+    assert inference_wedged(config, view, started + 3.5).startswith("inference wedged: batch running for")
+    engine.abandon(call.unit)
+    monkeypatch.undo()
+    engine.view = None
+    assert await asyncio.wait_for(call.outcome, WAIT_S) is None
+    assert view.optional(Field.BATCH_STARTED) is None
+    await until(lambda: engine.reserved == 0 and engine.tables()["active"] == 0, engine.tables)
 
 
 def test_the_serial_path_stops_a_generation_nobody_waits_for(task: TextGenerationTask) -> None:
