@@ -171,7 +171,7 @@ class Metrics:
         )
         self.first_token = Histogram(
             "modelpool_time_to_first_token_seconds",
-            "From a generation's start on the engine to its first token",
+            "From a generation's arrival in the inference process (its queue included) to its first token",
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )

@@ -63,6 +63,8 @@ class Unit:
     answered: bool = False
     results: list[Any] = field(default_factory=list)
     remaining: int = 0
+    # When it reached this process (time.monotonic()), before the queue: time to first token counts from here.
+    arrived: float = field(default_factory=time.monotonic)
 
     def answer(self, outcome: Outcome) -> None:
         if not self.answered:

@@ -220,7 +220,6 @@ class _Job:
     emit: Emitter | None
     text: StopText
     ids: list[int] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
     last_token: float | None = None  # when its last token arrived
 
 
@@ -445,12 +444,13 @@ class BatchingEngine:
             self._finish_job(running, job, cancel=not finished)
 
     def _observe(self, job: _Job, new: int, now: float) -> None:
-        """Time to first token, inter-token latency (the gap shared by the tokens that arrived together)."""
+        """Time to first token (from the request's arrival, so its wait in the queue counts, as a client
+        sees it), inter-token latency (the gap shared by the tokens that arrived together)."""
         metrics = self.metrics
         if metrics is None:
             return
         if job.last_token is None:
-            metrics.first_token.observe(now - job.started)
+            metrics.first_token.observe(now - job.unit.arrived)
         else:
             gap = (now - job.last_token) / new
             for _ in range(new):

@@ -148,7 +148,9 @@ def submit(
     prompt: str,
     params: GenerationParams,
     log: list[int] | None = None,
+    *,
     deadline: float = 60.0,
+    arrived_ago: float = 0.0,
 ) -> Call:
     call: Call
 
@@ -160,6 +162,7 @@ def submit(
     unit = Unit(
         [GenerationItem(prompt=prompt, params=params)], time.monotonic() + deadline, lambda _: None, emit=emit
     )
+    unit.arrived -= arrived_ago
     call = Call(unit)
 
     def done(_: Unit, outcome: Any) -> None:
@@ -279,6 +282,20 @@ async def test_seed_with_sampling_is_a_400_naming_it(engine: BatchingEngine) -> 
     call = submit(engine, PROMPTS[0], GenerationParams(max_tokens=4, temperature=1.0, seed=3))
     error = await asyncio.wait_for(call.outcome, WAIT_S)
     assert isinstance(error, ServerError) and error.status == 400 and "seed" in str(error)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_time_to_first_token_counts_from_the_arrival_queue_included(engine: BatchingEngine) -> None:
+    engine.metrics = metrics = Metrics()
+    await result(submit(engine, PROMPTS[0], GenerationParams(max_tokens=2, temperature=0.0)))
+    # The same request, as if it had waited 5 s in the data plane's queue before the engine took it.
+    engine.metrics = queued = Metrics()
+    late = submit(engine, PROMPTS[0], GenerationParams(max_tokens=2, temperature=0.0), arrived_ago=5.0)
+    await result(late)
+    engine.metrics = None
+    ttft = "modelpool_time_to_first_token_seconds_sum"
+    assert metrics.registry.get_sample_value(ttft) < 5.0
+    assert queued.registry.get_sample_value(ttft) >= 5.0
 
 
 @pytest.mark.asyncio(loop_scope="module")
