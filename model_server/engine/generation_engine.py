@@ -12,7 +12,8 @@ inference process's event loop and at once goes on to the next; the engine rende
 item, checks it (``admit``) and adds it to the manager, whose own thread runs the model: every iteration
 takes the running requests one token further and prefills new ones.  Every request streams: its new
 tokens come back through the manager's output queue, which a reader thread hands to the event loop; the
-engine re-decodes the completion, feeds ``StopText`` (stop strings, held-back tails) and emits what it
+engine decodes the new tokens incrementally (``Detokenizer``: a window, never the whole completion
+again), feeds ``StopText`` (stop strings, held-back tails) and emits what it
 releases.  A stop string, ``max_tokens``, end of sequence, a disconnected client or a passed deadline
 ends the request: the engine cancels it in the manager, which frees its slot and KV blocks at its next
 iteration.
@@ -47,13 +48,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from model_server.errors import InferenceError, InvalidInput, Overloaded, ServerError
 from model_server.tasks.base import Emitter, GenerationItem, GenerationParams, GenerationResult
-from model_server.tasks.generation import StopText, check_context, eos_ids
+from model_server.tasks.generation import Detokenizer, StopText, check_context, eos_ids
 from model_server.tasks.params import check_generation_params
 from model_server.worker_view import BATCHING, SERIAL, Field, WorkerView
 
@@ -219,8 +220,13 @@ class _Job:
     prompt_tokens: int
     emit: Emitter | None
     text: StopText
-    ids: list[int] = field(default_factory=list)
+    detokenizer: Detokenizer
     last_token: float | None = None  # when its last token arrived
+
+    @property
+    def ids(self) -> list[int]:
+        """The completion's token ids so far."""
+        return self.detokenizer.ids
 
 
 @dataclass(eq=False)
@@ -321,7 +327,7 @@ class BatchingEngine:
             self._ids += 1
             job = _Job(
                 unit, index, f"u{self._ids}", pages(count + item.params.max_tokens) * PAGE_TOKENS,
-                item.params.max_tokens, count, emit, StopText(item.params.stop),
+                item.params.max_tokens, count, emit, StopText(item.params.stop), Detokenizer(self._tokenizer),
             )  # fmt: skip
             self._jobs[job.rid] = job
             running.jobs.append(job)
@@ -429,15 +435,15 @@ class BatchingEngine:
         if output.status == RequestStatus.FAILED:
             self._end_unit(running, InferenceError(f"generation failed: {output.error}"))
             return
-        new = len(output.generated_tokens) - len(job.ids)
-        job.ids = [int(t) for t in output.generated_tokens]
+        tokens = output.generated_tokens
+        new = len(tokens) - len(job.ids)
         if new > 0:
+            job.ids.extend(int(t) for t in tokens[len(tokens) - new :])
             self._observe(job, new, now)
         finished = output.status == RequestStatus.FINISHED
         if not finished and job.emit is None and not job.text.stops:
             return  # nothing to stream or watch for: decode once, at the end
-        decoded = str(self._tokenizer.decode(job.ids, skip_special_tokens=True))
-        piece = job.text.feed(decoded, final=finished)
+        piece = job.text.push(job.detokenizer.text(final=finished), final=finished)
         if piece and job.emit is not None:
             job.emit(piece)
         if finished or job.text.stopped:

@@ -2,9 +2,11 @@
 arguments, stop sequences and token streaming around ``model.generate``.
 
 Stop sequences and streaming are one mechanism.  A streamer receives each new token from ``generate`` on
-the inference thread, re-decodes the completion so far and hands it to a ``StopText`` accumulator, which
-decides what may be emitted now: text up to the first stop string (generation then stops), minus any tail
-that could still grow into a stop string or is an incomplete UTF-8 character.  The final text is exactly
+the inference thread, decodes it incrementally (``Detokenizer``: a window of the last tokens, never the
+whole completion again) and hands the new text to a ``StopText`` accumulator, which decides what may be
+emitted now: text up to the first stop string (generation then stops), minus any tail that could still
+grow into a stop string or is an incomplete UTF-8 character.  Both look at a bounded tail only, so a
+token costs the same at the end of a long completion as at its start.  The final text is exactly
 the concatenation of the emitted pieces, so a streaming client and a non-streaming client see the same
 text.  ``emit`` is called on the inference thread; the route's emitter must hand the piece to the event
 loop without blocking (``loop.call_soon_threadsafe``).
@@ -74,49 +76,78 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
 
 @dataclass
 class StopText:
-    """Pure accumulator: the completion decoded so far in, the next safe-to-emit piece out."""
+    """Pure accumulator: the completion's newly decoded text in (``Detokenizer.text``: never half a
+    character), the next safe-to-emit piece out.  It looks
+    only at the tail: the text held back, the new text, and as much of what was sent as the longest stop
+    string could reach back into."""
 
     stops: tuple[str, ...] = ()
     sent: str = ""
     stopped: bool = False  # a stop string was found: the completion is final
+    held: str = ""  # decoded but not emitted yet (may grow into a stop string, or half a character)
 
-    def feed(self, text: str, final: bool = False) -> str:
-        """Given the whole completion decoded so far, return the new piece that may be emitted now."""
+    def push(self, new: str, final: bool = False) -> str:
+        """Add the text decoded since the last call; return the new piece that may be emitted now."""
         if self.stopped:
             return ""
-        cuts = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
-        if cuts:
-            text, final, self.stopped = text[: min(cuts)], True, True
+        reach = max((len(stop) for stop in self.stops), default=1) - 1
+        context = self.sent[max(0, len(self.sent) - reach) :]
+        window = context + self.held + new
+        cuts = [i for i in (window.find(stop) for stop in self.stops) if i >= 0]
+        if cuts:  # a stop cannot begin in the sent text: held_back kept any start of one unsent
+            window, final, self.stopped = window[: max(len(context), min(cuts))], True, True
+        text = window[len(context) :]
         safe = len(text)
-        if not final:
-            while safe > 0 and text[safe - 1] == _REPLACEMENT:
-                safe -= 1
-            safe -= held_back(text[:safe], self.stops)
-        if safe <= len(self.sent):
-            return ""
-        piece = text[len(self.sent) : safe]
+        if not final:  # (half characters never arrive: the detokenizer holds them)
+            safe -= min(safe, held_back(window, self.stops))
+        piece, self.held = text[:safe], "" if final else text[safe:]
         self.sent += piece
         return piece
 
 
+class Detokenizer:
+    """Incremental decoding of one completion (text-generation-inference's and vLLM's way): decode the
+    window of tokens from ``prefix`` (those before the last emitted text, the context a tokenizer needs for
+    leading spaces) and emit what it adds beyond the text of ``prefix:read``, once it does not end in half
+    a UTF-8 character.  Each call decodes a few tokens, never the whole completion."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self.ids: list[int] = []
+        self._prefix = 0  # the window's start
+        self._read = 0  # the tokens before this are emitted as text
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+
+    def text(self, final: bool = False) -> str:
+        """The text the tokens added since the last call decode to ('' while it is half a character;
+        ``final``: whatever is left, half characters included)."""
+        if self._read == len(self.ids):
+            return ""
+        before = self._decode(self.ids[self._prefix : self._read])
+        window = self._decode(self.ids[self._prefix :])
+        if len(window) > len(before) and (final or not window.endswith(_REPLACEMENT)):
+            self._prefix, self._read = self._read, len(self.ids)
+            return window[len(before) :]
+        return ""
+
+
 class _Streamer:
     """The ``streamer`` protocol of ``generate`` (``put``/``end``): collects the new token ids, feeds the
-    re-decoded completion to ``StopText`` and emits what it releases.  The first ``put`` carries the
+    text they add (``Detokenizer``) to ``StopText`` and emits what it releases.  The first ``put`` carries the
     prompt (or the decoder's start ids) and is skipped."""
 
     def __init__(self, tokenizer: Any, text: StopText, emit: Emitter | None, incremental: bool) -> None:
-        self._tokenizer = tokenizer
+        self._detokenizer = Detokenizer(tokenizer)
         self._text = text
         self._emit = emit
         self._incremental = incremental  # decode per token only when streaming or watching for stops
         self._prompt_seen = False
-        self.ids: list[int] = []
-
-    def _decode(self) -> str:
-        return str(self._tokenizer.decode(self.ids, skip_special_tokens=True))
+        self.ids = self._detokenizer.ids
 
     def _push(self, final: bool) -> None:
-        piece = self._text.feed(self._decode(), final=final)
+        piece = self._text.push(self._detokenizer.text(final=final), final=final)
         if piece and self._emit is not None:
             self._emit(piece)
 

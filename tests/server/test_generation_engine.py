@@ -346,6 +346,32 @@ async def test_a_loop_that_outputs_nothing_is_wedged_by_the_supervisors_rule(
     await until(lambda: engine.reserved == 0 and engine.tables()["active"] == 0, engine.tables)
 
 
+@pytest.mark.asyncio(loop_scope="module")
+async def test_streams_decode_a_window_of_tokens_never_the_whole_completion(
+    task: TextGenerationTask, engine: BatchingEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded: list[int] = []
+    tokenizer = task._tokenizer
+
+    class Counting:
+        """The real tokenizer, recording how many ids each decode is given."""
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return tokenizer(*args, **kwargs)
+
+        def decode(self, ids: list[int], **kwargs: Any) -> str:
+            decoded.append(len(ids))
+            return str(tokenizer.decode(ids, **kwargs))
+
+    monkeypatch.setattr(engine, "_tokenizer", Counting())
+    streamed = submit(engine, PROMPTS[2], GenerationParams(max_tokens=60, temperature=0.0))
+    stopped = submit(engine, PROMPTS[2], GenerationParams(max_tokens=60, temperature=0.0, stop=("@@",)))
+    results = [await result(streamed), await result(stopped)]
+    want = greedy_generate(task, PROMPTS[2], 60)
+    assert [r.text for r in results] == [want, want] and "".join(streamed.pieces) == want
+    assert max(decoded) <= 8, decoded  # a window of the last tokens, never the whole completion
+
+
 def test_the_serial_path_stops_a_generation_nobody_waits_for(task: TextGenerationTask) -> None:
     item = GenerationItem(prompt=PROMPTS[2], params=GenerationParams(max_tokens=60, temperature=0.0))
     [whole] = task.run([item])

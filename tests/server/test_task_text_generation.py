@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from model_server.errors import InvalidInput
 from model_server.tasks.base import GenerationItem, GenerationParams, GenerationResult
-from model_server.tasks.generation import StopText, check_context, held_back, sampling_kwargs
+from model_server.tasks.generation import Detokenizer, StopText, check_context, held_back, sampling_kwargs
 from model_server.tasks.params import generation_params
 from model_server.tasks.text_generation import TextGenerationTask
+from testkit.tiny_models import build_tokenizer
 from tests.server.tiny_fixtures import load_task, tiny_text_generation, torch_threads
 
 __all__ = ["tiny_text_generation"]  # the session fixture, re-exported for pytest
@@ -46,20 +48,93 @@ def test_held_back_is_the_longest_suffix_that_may_grow_into_a_stop() -> None:
 
 def test_stop_text_cuts_at_the_first_stop_and_pieces_join_to_the_result() -> None:
     acc = StopText(("END", "!!"))
-    stream = ["Hel", "Hello E", "Hello EN", "Hello there!", "Hello there!!", "Hello there!! more"]
-    pieces = [acc.feed(text) for text in stream]
+    stream = ["Hel", "lo E", "x the", "re!", "! more"]
+    pieces = [acc.push(text) for text in stream]
     assert acc.stopped
-    assert acc.sent == "Hello there"
+    assert acc.sent == "Hello Ex there"
     assert "".join(pieces) == acc.sent
-    assert pieces[1] == "lo "  # "E" held back: it may start "END"
-    assert acc.feed("Hello there!! more", final=True) == ""
+    assert pieces[1:3] == ["lo ", "Ex the"]  # "E" held back: it may start "END"
+    assert acc.push(" more", final=True) == ""
 
 
-def test_stop_text_holds_back_incomplete_characters_until_final() -> None:
-    acc = StopText()
-    assert acc.feed("ab\ufffd") == "ab"
-    assert acc.feed("abc") == "c"
-    assert acc.feed("abc\ufffd", final=True) == "\ufffd"
+def test_stop_text_finds_a_stop_spread_over_pieces_and_flushes_the_held_tail_at_the_end() -> None:
+    acc = StopText(("END",))
+    assert [acc.push(p) for p in ("x E", "N", "D y")] == ["x ", "", ""]
+    assert acc.stopped and acc.sent == "x "
+    held = StopText(("END",))
+    assert held.push("ab EN") == "ab " and held.push("", final=True) == "EN"  # no stop came: all is sent
+
+
+MULTI_BYTE = [
+    "héllo wörld, ça va? naïve café",
+    "日本語のテキストと English mixed",
+    "emoji 🙂🚀 and ümlauts äöü ß",
+    "Ελληνικά κείμενα και русский текст",
+]
+
+
+class CountingTokenizer:
+    """A real tokenizer that records how many ids each ``decode`` call was given."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.decoded: list[int] = []
+
+    def decode(self, ids: list[int], **kwargs: Any) -> str:
+        self.decoded.append(len(ids))
+        return str(self.tokenizer.decode(ids, **kwargs))
+
+
+@pytest.fixture(scope="module")
+def byte_level() -> Any:
+    """A byte-level BPE (GPT-2's scheme) trained offline with few merges: most characters outside ASCII
+    span several tokens, so half a character is decoded on the way."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([*MULTI_BYTE, "hello world the quick brown fox"], trainer=trainer)
+    tf: Any = transformers
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False)
+
+
+def stream(tokenizer: Any, ids: list[int], stops: tuple[str, ...] = ()) -> tuple[list[str], StopText]:
+    """Feed ``ids`` one token at a time through a Detokenizer and a StopText, as the engine does."""
+    detokenizer, text = Detokenizer(tokenizer), StopText(stops)
+    pieces = []
+    for index, token in enumerate(ids):
+        detokenizer.ids.append(token)
+        final = index == len(ids) - 1
+        pieces.append(text.push(detokenizer.text(final=final), final=final))
+    return pieces, text
+
+
+@pytest.mark.parametrize("scheme", ["byte-level", "metaspace"])
+def test_streamed_text_equals_the_whole_decode_multi_byte_characters_included(
+    scheme: str, byte_level: Any
+) -> None:
+    tokenizer = byte_level if scheme == "byte-level" else build_tokenizer()
+    for sentence in [*MULTI_BYTE, "Hello, world!  two  spaces and the quick brown fox"]:
+        ids = tokenizer(sentence, add_special_tokens=False)["input_ids"]
+        whole = tokenizer.decode(ids, skip_special_tokens=True)
+        pieces, text = stream(tokenizer, ids)
+        assert "".join(pieces) == text.sent == whole, (sentence, pieces)
+        assert all("\ufffd" not in piece for piece in pieces) or "\ufffd" in whole
+        if scheme == "byte-level" and not sentence.isascii():
+            assert "" in pieces[:-1]  # some token ended inside a character: held until it was whole
+
+
+def test_stop_strings_and_decoding_look_at_a_bounded_window(byte_level: Any) -> None:
+    sentence = " ".join(MULTI_BYTE * 8) + " THE END and more"
+    ids = byte_level(sentence, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 400
+    counting = CountingTokenizer(byte_level)
+    pieces, text = stream(counting, ids, stops=("THE END", "ß κείx"))
+    assert text.stopped and "".join(pieces) == text.sent == sentence[: sentence.index(" THE END") + 1]
+    assert max(counting.decoded) <= 16, counting.decoded  # never the whole completion again
 
 
 def test_temperature_zero_is_greedy() -> None:
