@@ -176,7 +176,9 @@ def test_a_body_slower_than_its_deadline_gets_408_and_leaves_the_capacity_whole(
             assert b"did not arrive within 1 s (--request-body-timeout-seconds)" in answer, answer
             assert sock.recv(1) == b""  # closed: the slow client holds nothing
         took = time.monotonic() - started
-        assert 1.0 <= took <= 1.0 + 3.0, took  # the deadline, plus slack for this shared machine
+        # Not before the deadline; and long before the default (30 s) that applied before the flag: the
+        # bound is loose on purpose (a loaded machine schedules late; the point is the flag is honoured).
+        assert 1.0 <= took < 15.0, took
     finally:
         for sock in socks:
             sock.close()
