@@ -14,6 +14,7 @@ demand the gateways recorded, by pool (their demand Leases' renewTime and held c
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -170,9 +171,27 @@ async def pod_changed(
         state.poke_waiting()  # its memory is free (or about to be): pools short of budget may fit now
 
 
+def spec_changed(event_type: str | None, meta: Mapping[str, Any], seen: tuple[Any, ...] | None) -> bool:
+    """Whether a pool's watch event can change what its pass decides (pure): its first sight, its
+    deletion, or a new ``metadata.generation`` (the spec) or ``deletionTimestamp``. Not a status write:
+    the pass reads the status it wrote itself (``PoolRun.last_status``), so the echo of each of its own
+    status patches would otherwise cost the pool one more pass."""
+    return event_type in (None, "ADDED", "DELETED") or seen != _spec_mark(meta)
+
+
+def _spec_mark(meta: Mapping[str, Any]) -> tuple[Any, ...]:
+    return meta.get("generation"), meta.get("deletionTimestamp")
+
+
 @kopf.on.event(*_POOLS)
-async def pool_changed(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    _state(memo).poke((namespace or "", name))
+async def pool_changed(
+    *, type: str | None, namespace: str | None, name: str, meta: kopf.Meta, memo: Any, **_: Any
+) -> None:
+    # ``memo`` is this pool's own (Kopf copies the operator's memo per object): what it last saw of the pool.
+    seen: tuple[Any, ...] | None = getattr(memo, "pool_spec_mark", None)
+    memo.pool_spec_mark = _spec_mark(meta)
+    if spec_changed(type, meta, seen):
+        _state(memo).poke((namespace or "", name))
 
 
 @kopf.on.event(*_LEASES, labels=_DEMAND)
