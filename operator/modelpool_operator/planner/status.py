@@ -23,7 +23,7 @@ from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.quantity import format_quantity
 from modelpool_contract.states import ACTIVE_STATES, SERVING_STATES, STARTING_STATES, WorkerState
 from modelpool_contract.times import rfc3339
-from modelpool_operator.events import Event
+from modelpool_operator.events import Event, coalesce
 from modelpool_operator.planner.autoscale import last_scale_time, scaled_to_zero_at, woken_by_demand_at
 from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Plan
 from modelpool_operator.planner.memory import (
@@ -310,7 +310,7 @@ def conclude(draft: Draft) -> Plan:
         delete=tuple(_unique_deletes(draft.deletes)),
         evict=tuple(draft.evicts),
         status=status,
-        events=tuple(draft.events),
+        events=tuple(coalesce(draft.events)),  # one Normal Event per reason and pass
         requeue_after=min(positive) if positive else None,
         load_window=draft.scaling.window,
         counters=draft.scaling.counters,
