@@ -235,7 +235,7 @@ async def pool_daemon(
     last_error: str | None = None  # the last failed pass's error, until a pass succeeds
     try:
         while not stopped:
-            delay = state.config.stats_interval_seconds
+            delay = state.config.resync_interval_seconds
             try:
                 plan = await reconcile_pool(
                     state,
@@ -262,15 +262,40 @@ async def pool_daemon(
                     logger.info("reconciliation failed again (%s); retrying", message)
                 last_error = message
                 delay = _ERROR_DELAY_S
-            woken = await wait_for_wakeup(
-                wakeup, min(delay, state.config.resync_interval_seconds), stopped.wait()
-            )
+            woken = await idle_until_pass(state, run.key, pods, wakeup, seconds=delay, stopped=stopped)
             if woken:
                 # Coalesce a burst of pod events (a scale-up readies many pods at once) into one pass.
                 await asyncio.sleep(_COALESCE_S)
                 wakeup.clear()
     finally:
         state.forget(run.key)
+
+
+async def idle_until_pass(
+    state: OperatorState,
+    key: PoolKey,
+    pods: PodsIndex,
+    wakeup: asyncio.Event,
+    *,
+    seconds: float,
+    stopped: kopf.DaemonStopped,
+) -> bool:
+    """Wait until the pool is woken (True) or ``seconds`` pass (False). Meanwhile its workers' stats are
+    refreshed every stats interval, which costs O(its pods), not a pass: news (a state, a queue, a request)
+    wakes the pool. A pass every stats interval per pool was 30 passes a second at 150 pools, most of them
+    deciding nothing, and 200 a second at 1,000."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    interval = state.config.stats_interval_seconds
+    while not stopped:
+        remaining = until - loop.time()
+        if remaining <= 0:
+            return False
+        if await wait_for_wakeup(wakeup, min(remaining, interval), stopped.wait()):
+            return True
+        if remaining > interval:
+            state.require_scraper().refresh(list(pods.get(key, ())), on_change=lambda: state.poke(key))
+    return False
 
 
 # ---- the ModelBudget status writer ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Iterator
 
 import kopf
@@ -333,3 +334,58 @@ def test_a_scale_up_of_ten_workers_is_one_creating_event() -> None:
     decided = plan(view(make_spec(replicas=10, maxReplicas=10)), [], build_ledger(100 * GI, []), now=at(100))
     assert len(decided.create) == 10
     assert [e.reason for e in decided.events].count("CreatingWorker") == 1
+
+
+def test_an_idle_pool_passes_at_the_resync_interval_and_refreshes_its_stats_in_between(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A pass every stats interval per pool (30 a second at 150 pools, most deciding nothing) cost half the
+    # operator's CPU at steady state; its workers' stats are refreshed without a pass instead (news wakes it).
+    from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
+
+    from modelpool_operator.observation import ObservationCache
+    from modelpool_operator.settings import OperatorConfig
+
+    class CountingScraper(StatsScraper):
+        refreshes = 0
+
+        def refresh(self, pods, on_change=None):  # type: ignore[no-untyped-def]
+            CountingScraper.refreshes += 1
+            return super().refresh(pods, on_change)
+
+    passes: list[float] = []
+
+    async def one_pass(*args: object, **kwargs: object) -> None:
+        passes.append(asyncio.get_running_loop().time())
+
+    monkeypatch.setattr(operator_handlers, "reconcile_pool", one_pass)
+
+    async def run_daemon() -> tuple[int, int, int]:
+        config = OperatorConfig(stats_interval_seconds=0.05, resync_interval_seconds=0.6)
+        memo = operator_handlers.make_memo(config)
+        memo.state.scraper = CountingScraper(
+            interval=0.05, timeout=1, concurrency=1, backoff_cap=1, default_port=8000
+        )
+        memo.state.observations = ObservationCache(None)  # type: ignore[arg-type]
+        setter: FlagSetter[object] = FlagSetter()
+        pods = {("ns", "p"): [{"metadata": {"name": "w", "uid": "w"}, "status": {"phase": "Pending"}}]}
+        daemon = asyncio.create_task(
+            operator_handlers.pool_daemon(
+                namespace="ns", name="p", body={}, memo=memo, logger=logging.getLogger("t"),
+                stopped=AsyncFlagWaiter(setter), pods_by_pool=pods, pools_by_key={},  # type: ignore[arg-type]
+                budgets_by_name={}, demand_by_pool={},  # type: ignore[arg-type]
+            )
+        )  # fmt: skip
+        await asyncio.sleep(1.5)
+        idle_passes = len(passes)
+        memo.state.poke(("ns", "p"))  # a pod event: a pass at once (after the 0.3 s coalescing)
+        await asyncio.sleep(0.45)
+        setter.set()
+        await asyncio.wait_for(daemon, 5)
+        await memo.state.scraper.aclose()
+        return idle_passes, len(passes) - idle_passes, CountingScraper.refreshes
+
+    idle_passes, woken_passes, refreshes = asyncio.run(run_daemon())
+    assert idle_passes <= 3, idle_passes  # at 0, 0.6, 1.2 s (30 with a pass every stats interval)
+    assert woken_passes >= 1
+    assert refreshes >= 15  # the stats every 0.05 s in between
