@@ -31,14 +31,14 @@ from modelpool_contract.demand import (
     read_demand,
 )
 from modelpool_contract.labels import LABEL_POOL
-from modelpool_operator import kube as kube_api
-from modelpool_operator.events import Event
-from modelpool_operator.observation import ObservationCache, slim_pod
+from modelpool_operator.effects import kube as kube_api
+from modelpool_operator.observe.observation import ObservationCache, slim_pod
+from modelpool_operator.observe.stats import StatsScraper
+from modelpool_operator.planner import Event
 from modelpool_operator.pool import OtherPool, PoolKey
 from modelpool_operator.process_state import OperatorState, wait_for_wakeup
 from modelpool_operator.reconcile import PoolRun, budget_status_wire, lifecycle_settings, reconcile_pool
 from modelpool_operator.settings import OperatorConfig, apply_to_kopf
-from modelpool_operator.stats import StatsScraper
 
 # A failing pass is retried after this long (plus the next event), not in a tight loop.
 _ERROR_DELAY_S = 5.0

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelpool_operator.budget import ReservationBook
-from modelpool_operator.events import EventSink, KopfEventSink
-from modelpool_operator.kube import Kube
+from modelpool_operator.effects.events import EventSink, KopfEventSink
+from modelpool_operator.effects.kube import Kube
 from modelpool_operator.metrics import OperatorMetrics
-from modelpool_operator.observation import ChargeCache, ObservationCache
+from modelpool_operator.observe.observation import ChargeCache, ObservationCache
+from modelpool_operator.observe.stats import StatsScraper
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.pool import PoolKey
 from modelpool_operator.settings import OperatorConfig
-from modelpool_operator.stats import StatsScraper
-from modelpool_operator.worker_state import ObservedWorker
 
 
 @dataclass

@@ -32,10 +32,10 @@ from pydantic import ValidationError
 from modelpool_contract.api import Condition, ModelPoolStatus, parse_pool_status
 from modelpool_contract.demand import Demand
 from modelpool_operator.budget import BUDGET_VALID, Ledger, budget_status, budget_validity
-from modelpool_operator.events import Event
-from modelpool_operator.kube import describe_error, merge_patch, refused
-from modelpool_operator.network_policy import PolicySettings, build_network_policy
-from modelpool_operator.observation import (
+from modelpool_operator.effects.kube import describe_error, merge_patch, refused
+from modelpool_operator.effects.network_policy import PolicySettings, build_network_policy
+from modelpool_operator.effects.resources import PodSettings, build_service, build_worker_pod, eviction_patch
+from modelpool_operator.observe.observation import (
     LazyOthers,
     PodsByPool,
     StatsByName,
@@ -44,15 +44,14 @@ from modelpool_operator.observation import (
     observe_all,
     other_pools,
 )
-from modelpool_operator.planner import CounterSample, LoadSample, Plan, PlannerSettings, plan
+from modelpool_operator.observe.worker_state import LifecycleSettings, ObservedWorker
+from modelpool_operator.planner import CounterSample, Event, LoadSample, Plan, PlannerSettings, plan
 from modelpool_operator.planner.draft import Evict
 from modelpool_operator.planner.status import condition
 from modelpool_operator.policy import Violation, violations
 from modelpool_operator.pool import OtherPool, PoolKey, PoolView
 from modelpool_operator.process_state import OperatorState
-from modelpool_operator.resources import PodSettings, build_service, build_worker_pod, eviction_patch
 from modelpool_operator.settings import OperatorConfig
-from modelpool_operator.worker_state import LifecycleSettings, ObservedWorker
 
 logger = logging.getLogger(__name__)
 

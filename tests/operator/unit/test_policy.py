@@ -17,7 +17,8 @@ from pydantic import ValidationError
 from test_reconcile_wiring import RecordingEvents, RecordingKube
 
 from modelpool_contract.api import parse_pool_spec
-from modelpool_operator.observation import ObservationCache
+from modelpool_operator.observe.observation import ObservationCache
+from modelpool_operator.observe.stats import StatsScraper
 from modelpool_operator.policy import (
     FIELD_HOST_PATH,
     FIELD_IMAGE,
@@ -36,7 +37,6 @@ from modelpool_operator.policy import (
 from modelpool_operator.process_state import OperatorState
 from modelpool_operator.reconcile import POLICY_VIOLATION, PoolRun, lifecycle_settings, reconcile_pool
 from modelpool_operator.settings import OperatorConfig
-from modelpool_operator.stats import StatsScraper
 
 # ---- the path rule ------------------------------------------------------------------------------------
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from modelpool_contract.demand import Demand
-from modelpool_operator.events import Event
-from modelpool_operator.kube import ApiException
-from modelpool_operator.observation import ObservationCache, slim_pod
-from modelpool_operator.planner import Evict
+from modelpool_operator.effects.kube import ApiException
+from modelpool_operator.observe.observation import ObservationCache, slim_pod
+from modelpool_operator.observe.stats import StatsScraper
+from modelpool_operator.planner import Event, Evict
 from modelpool_operator.pool import OtherPool
 from modelpool_operator.process_state import OperatorState
 from modelpool_operator.reconcile import (
@@ -32,7 +32,6 @@ from modelpool_operator.reconcile import (
     settle_reservations,
 )
 from modelpool_operator.settings import OperatorConfig
-from modelpool_operator.stats import StatsScraper
 
 GI = 2**30
 
