@@ -33,6 +33,7 @@ from modelpool_contract.demand import (
 from modelpool_contract.labels import LABEL_POOL
 from modelpool_operator.bookkeeping import Bookkeeping, PoolRun, wait_for_wakeup
 from modelpool_operator.effects import kube as kube_api
+from modelpool_operator.effects.apply import tell, write_budget_status
 from modelpool_operator.observe.observation import slim_pod
 from modelpool_operator.planner import Event
 from modelpool_operator.pool import OtherPool, PoolKey
@@ -238,7 +239,7 @@ async def pool_daemon(
                 message = kube_api.describe_error(exc)[:1000]
                 if message != last_error:
                     logger.exception("reconciliation failed; retrying in %.0fs", _ERROR_DELAY_S)
-                    services.events.post(body, Event("Warning", "ReconcileError", message))
+                    tell(services, body, Event("Warning", "ReconcileError", message))
                 else:  # info: Kopf posts the object logger's warnings as Events too
                     logger.info("reconciliation failed again (%s); retrying", message)
                 last_error = message
@@ -282,9 +283,7 @@ async def budget_daemon(
             last = written if written is not None else dict(status)
             generation = int(meta.get("generation") or 0)
             wire = budget_status_wire(services, book, pods, budgets, previous=last, generation=generation)
-            patch = kube_api.merge_patch(last, wire)
-            if patch:
-                await services.kube.patch_budget_status(name, patch)
+            await write_budget_status(services, name, last, wire)
             written = wire
         except asyncio.CancelledError:
             raise

@@ -78,3 +78,19 @@ def test_the_planner_is_pure() -> None:
 
 def test_effects_never_observe() -> None:
     assert _offending("effects", (f"{PACKAGE}.observe", "httpx")) == []
+
+
+def test_only_the_effects_reach_the_api_and_the_event_sink() -> None:
+    """``services.kube`` and ``services.events`` are used under ``effects/`` only: the pass (``reconcile``)
+    and the Kopf wiring (``handlers``) hand plans and refusals to ``effects.apply``."""
+    reached = sorted(
+        f"{path.relative_to(ROOT.parent)}:{node.lineno}: services.{node.attr}"
+        for path in ROOT.rglob("*.py")
+        if "effects" not in path.relative_to(ROOT).parts
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr in {"kube", "events"}
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "services"
+    )
+    assert reached == []

@@ -19,12 +19,13 @@ import pytest
 
 from modelpool_contract.demand import Demand
 from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
+from modelpool_operator.effects.apply import settle_reservations, start_eviction
 from modelpool_operator.effects.kube import ApiException
 from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import ObservationCache, slim_pod
 from modelpool_operator.planner import Event, Evict
 from modelpool_operator.pool import OtherPool
-from modelpool_operator.reconcile import _evict, budget_status_wire, reconcile_pool, settle_reservations
+from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
 from modelpool_operator.services import Services, lifecycle_settings, make_scraper
 from modelpool_operator.settings import OperatorConfig
 
@@ -463,7 +464,7 @@ async def test_an_eviction_records_the_state_the_planner_observed_in_its_one_pat
     """Follow-up of issue 19: the state the plan decided on reaches the pod with the eviction mark, in the
     same patch (the soak's auditor judges "never Loading or Processing" on it)."""
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    await _evict(
+    await start_eviction(
         state.services,
         state.book,
         PoolRun(key=("ns", "p")),
