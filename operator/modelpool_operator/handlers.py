@@ -9,6 +9,9 @@ The indices are Kopf's typed index parameters (``kopf.Index``), named after thei
 by pool (slimmed), the other pools parsed once when indexed (``OtherPool``), the budgets' specs, and the
 demand the gateways recorded, by pool (their demand Leases' renewTime and held count,
 ``modelpool_contract.demand``).
+
+Kopf's memo carries the configuration and the process's ``Bookkeeping`` from the start, and the ``Services``
+once the startup handler has built them (before any watch starts); the handlers hand both to ``reconcile``.
 """
 
 from __future__ import annotations

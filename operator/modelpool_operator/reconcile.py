@@ -93,7 +93,8 @@ def decide(
     counters: Mapping[str, CounterSample] | None = None,
 ) -> Plan:
     """Plan the pool over what was observed, and reserve the planned creations: synchronous on purpose
-    (see the module doc); it reads only its arguments and writes only the reservations."""
+    (see the module doc). It reads only its arguments and writes only the bookkeeping's ledger state (the
+    reservations it records, those of observed pods it ends, the charge sums it caches)."""
     decided = plan(
         pool,
         workers.get(pool.key, []),
