@@ -72,37 +72,27 @@ def build_tokenizer(model_max_length: int = 128, chat_template: str | None = CHA
 
 def build_text_generation(out: Path) -> Path:
     """A 2-layer GPT-2 (hidden 32, context 128) and its tokenizer with a chat template."""
-    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tokenizer = build_tokenizer()
-    torch.manual_seed(0)
     config = GPT2Config(
         vocab_size=len(tokenizer),
         n_positions=128,
         n_embd=HIDDEN,
         n_layer=2,
         n_head=2,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        **_special_tokens(tokenizer),
     )
-    model: Any = GPT2LMHeadModel(config)
-    model.eval()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return _save_causal_lm(out, GPT2LMHeadModel, config, tokenizer)
 
 
 def build_llama_generation(out: Path, context: int = 128) -> Path:
     """A 2-layer Llama (hidden 32, grouped-query attention, ``context`` positions, 128 unless a test needs
     generations that last): the shape continuous batching serves, with the tokenizer and chat template of
     ``build_text_generation``."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tokenizer(model_max_length=context)
-    torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=HIDDEN,
@@ -111,11 +101,26 @@ def build_llama_generation(out: Path, context: int = 128) -> Path:
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=context,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        **_special_tokens(tokenizer),
     )
-    model: Any = LlamaForCausalLM(config)
+    return _save_causal_lm(out, LlamaForCausalLM, config, tokenizer)
+
+
+def _special_tokens(tokenizer: Any) -> dict[str, Any]:
+    """A generation model's special tokens: the end of text begins and pads a sequence too."""
+    return {
+        "bos_token_id": tokenizer.eos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+
+
+def _save_causal_lm(out: Path, model_class: Any, config: Any, tokenizer: Any) -> Path:
+    """The model of ``config`` with seeded (reproducible) random weights, saved with its tokenizer."""
+    import torch
+
+    torch.manual_seed(0)
+    model: Any = model_class(config)
     model.eval()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
