@@ -3,11 +3,13 @@ give them.
 
 * ``OperatorProcess``: ``.venv/bin/modelpool-operator`` (the console script users run) as a subprocess,
   scoped to namespaces, with short intervals (``TEST_ENV``); ``stop()`` sends SIGTERM and returns the exit
-  code, ``kill()`` SIGKILLs, ``log_tail()`` for a failure's message.
+  code, ``kill()`` SIGKILLs, ``log_tail()`` for a failure's message; ``stop_all`` is a fixture's teardown
+  of several (each must exit 0).
 * ``GatewayProcess``: ``.venv/bin/modelpool-gateway`` on a loopback port of its own.  Unless started with
   ``--auth none`` or a keys namespace of the caller's (``--keys-namespace`` or
-  ``MODELPOOL_GATEWAY_KEYS_NAMESPACE``), it gets an admin namespace of its own holding one key Secret that
-  grants every namespace: ``.key``, and ``.headers`` (``Authorization: Bearer``) for requests.
+  ``MODELPOOL_GATEWAY_KEYS_NAMESPACE``; then ``key=`` is the one its clients send), it gets an admin
+  namespace of its own holding one key Secret that grants every namespace: ``.key``, and ``.headers``
+  (``Authorization: Bearer``) for requests.  No namespaces: it watches every namespace.
 * ``create_key``/``bearer``: a key Secret (label ``modelpool.dev/gateway-key``), as an administrator
   creates one, and the header a client sends with it.
 * ``pool_manifest``/``budget_manifest``: a ModelPool (by default on the KWOK GPU nodes) and the ModelBudget.
@@ -21,6 +23,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -116,6 +119,20 @@ class OperatorProcess:
 
     def log_tail(self, chars: int = 6000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+def stop_all(processes: Iterable[OperatorProcess], *, show_logs: bool, what: str) -> None:
+    """A fixture's teardown: SIGTERM every process; each that still ran must exit 0 (a clean exit is part
+    of the contract).  With ``show_logs`` (the test failed) every log's tail goes to stderr."""
+    codes = []
+    for process in processes:
+        was_alive = process.alive()
+        code = process.stop()
+        if was_alive:
+            codes.append(code)
+        if show_logs:
+            sys.stderr.write(f"\n---- {process.log_path} (tail) ----\n{process.log_tail()}\n")
+    assert all(code == 0 for code in codes), f"{what} exit codes on SIGTERM: {codes}"
 
 
 def pool_manifest(
@@ -227,9 +244,11 @@ class GatewayProcess(OperatorProcess):
         *flags: str,
         kubeconfig: Path | None = None,
         env: dict[str, str] | None = None,
+        key: str | None = None,
     ) -> None:
+        # ``key``: the key clients send (``headers``) when the keys namespace is the caller's.
         self.cluster = cluster
-        self.key: str | None = None
+        self.key: str | None = key
         self.keys_namespace: str | None = None
         env = env or {}
         given = " ".join(flags)
@@ -283,12 +302,19 @@ class GatewayProcess(OperatorProcess):
     def rss_bytes(self) -> int:
         return int(psutil.Process(self.proc.pid).memory_info().rss)
 
+    def peak_rss_bytes(self) -> int:
+        """The highest RSS so far (``VmHWM``: e.g. while the first list of every pod was held)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return self.rss_bytes()
+
     def log_tail(self, chars: int = 6000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
-    def models(self) -> dict[str, dict[str, Any]]:
+    def models(self, timeout: float = 5) -> dict[str, dict[str, Any]]:
         """GET /v1/models by pool name."""
-        data = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=5).json()["data"]
+        data = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=timeout).json()["data"]
         return {m["modelpool"]["pool"]: m for m in data}
 
     def wait_serving(self, pool: str, workers: int, timeout: float = 180) -> None:
