@@ -95,15 +95,23 @@ def build_llama_generation(out: Path, context: int = 128) -> Path:
     tokenizer = build_tokenizer(model_max_length=context)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=HIDDEN,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        **_tower(num_key_value_heads=1),
         max_position_embeddings=context,
         **_special_tokens(tokenizer),
     )
     return _save_causal_lm(out, LlamaForCausalLM, config, tokenizer)
+
+
+def _tower(**extra: Any) -> dict[str, Any]:
+    """A transformer tower of the tiny size every model here has (2 layers, 2 heads, hidden 32), with the
+    fields ``extra`` adds."""
+    return {
+        "hidden_size": HIDDEN,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        **extra,
+    }
 
 
 def _special_tokens(tokenizer: Any) -> dict[str, Any]:
@@ -134,25 +142,10 @@ def build_image_embedding(out: Path, projection_dim: int = 16) -> Path:
 
     torch.manual_seed(0)
     config = CLIPConfig(
-        text_config={
-            "vocab_size": 320,
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "max_position_embeddings": 32,
-            "bos_token_id": 0,
-            "eos_token_id": 0,
-            "pad_token_id": 1,
-        },
-        vision_config={
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": IMAGE_SIZE,
-            "patch_size": 8,
-        },
+        text_config=_tower(
+            vocab_size=320, max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=1
+        ),
+        vision_config=_tower(image_size=IMAGE_SIZE, patch_size=8),
         projection_dim=projection_dim,
     )
     clip: Any = CLIPModel(config)
@@ -176,14 +169,7 @@ def build_vision(out: Path) -> Path:
 
     tokenizer = build_tokenizer(chat_template=None)
     torch.manual_seed(0)
-    encoder = ViTConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=IMAGE_SIZE,
-        patch_size=8,
-    )
+    encoder = ViTConfig(**_tower(image_size=IMAGE_SIZE, patch_size=8))
     decoder = GPT2Config(
         vocab_size=len(tokenizer),
         n_positions=128,
@@ -191,9 +177,7 @@ def build_vision(out: Path) -> Path:
         n_layer=2,
         n_head=2,
         add_cross_attention=True,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        **_special_tokens(tokenizer),
     )
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     config.decoder_start_token_id = tokenizer.eos_token_id
@@ -224,27 +208,14 @@ def build_vision_blip(out: Path) -> Path:
     tokenizer = build_tokenizer(chat_template=None)
     torch.manual_seed(0)
     config = tf.BlipConfig(
-        text_config={
-            "vocab_size": len(tokenizer),
-            "hidden_size": HIDDEN,
-            "encoder_hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "max_position_embeddings": 64,
-            "bos_token_id": tokenizer.eos_token_id,
-            "sep_token_id": tokenizer.eos_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
-        },
-        vision_config={
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": IMAGE_SIZE,
-            "patch_size": 8,
-        },
+        text_config=_tower(
+            vocab_size=len(tokenizer),
+            encoder_hidden_size=HIDDEN,
+            max_position_embeddings=64,
+            sep_token_id=tokenizer.eos_token_id,
+            **_special_tokens(tokenizer),
+        ),
+        vision_config=_tower(image_size=IMAGE_SIZE, patch_size=8),
         projection_dim=16,
         image_text_hidden_size=HIDDEN,
     )
@@ -294,10 +265,7 @@ def build_text_to_image(out: Path) -> Path:
     text_encoder = CLIPTextModel(
         CLIPTextConfig(
             vocab_size=len(tokenizer),
-            hidden_size=HIDDEN,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
+            **_tower(),
             max_position_embeddings=tokenizer.model_max_length,
             bos_token_id=tokenizer.eos_token_id,
             eos_token_id=tokenizer.eos_token_id,
