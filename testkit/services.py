@@ -12,7 +12,9 @@ give them.
   (``Authorization: Bearer``) for requests.  No namespaces: it watches every namespace.
 * ``create_key``/``bearer``: a key Secret (label ``modelpool.dev/gateway-key``), as an administrator
   creates one, and the header a client sends with it.
-* ``pool_manifest``/``budget_manifest``: a ModelPool (by default on the KWOK GPU nodes) and the ModelBudget.
+* ``pool_manifest``/``budget_manifest``: a ModelPool (by default on the KWOK GPU nodes) and the ModelBudget;
+  ``echo_pool``: a ModelPool of real ``modelpool-server`` workers on the process node with a test handler
+  (echo embeddings or generation, fast to load), autoscaling off unless asked for.
 * ``worker_pods``/``worker_pids``: a pool's pods, and the process-node process behind each.
 """
 
@@ -50,6 +52,9 @@ POOLS = "modelpools.modelpool.dev"
 GI = 2**30
 # The process node's label: pods that select it run as real local processes (docs/cluster.md).
 PROCESS_NODE = PROCESS_NODE_SELECTOR
+# The test handlers of tests/server/handlers.py (named, never imported: testkit imports nothing of tests/).
+ECHO = "tests.server.handlers:EchoEmbedding"
+GENERATION = "tests.server.handlers:EchoGeneration"
 
 
 # Short intervals for tests; the defaults (docs/operator.md) are for real clusters.
@@ -177,6 +182,52 @@ def pool_manifest(
             },
         },
     }
+
+
+def echo_pool(
+    name: str,
+    *,
+    replicas: int = 1,
+    handler: str = ECHO,
+    task: str = "text-embedding",
+    memory: str = "1Gi",
+    env: dict[str, str] | None = None,
+    served_model_name: str | None = None,
+    activation_timeout_seconds: int | None = None,
+    queue_capacity: int = 100,
+    autoscaling: dict[str, Any] | None = None,
+    min_replicas: int = 0,
+    max_replicas: int | None = None,
+    idle_timeout_seconds: int = 0,
+    max_batch_size: int | None = None,
+) -> dict[str, Any]:
+    """A pool of real ``modelpool-server`` workers with a test handler, on the process node.
+
+    Without ``autoscaling`` the test chooses the worker count: the operator neither scales it with the load
+    nor wakes a pool at zero for demand.  With it (``{}``: the defaults) the operator does both."""
+    all_env = {"MODELPOOL_HANDLER": handler, "PYTHONPATH": str(ROOT), **(env or {})}
+    spec: dict[str, Any] = {
+        "model": {"source": "/", "task": task},
+        "replicas": replicas,
+        "minReplicas": min_replicas,
+        "maxReplicas": max(replicas, 4) if max_replicas is None else max_replicas,
+        "resources": {"memory": memory, "gpus": 0},
+        "queue": {"capacity": queue_capacity},
+        "idleTimeoutSeconds": idle_timeout_seconds,
+        "autoscaling": {"enabled": False} if autoscaling is None else autoscaling,
+        "podTemplate": {
+            "nodeSelector": PROCESS_NODE,
+            "tolerations": [{"key": "modelpool.dev/process-node", "operator": "Exists"}],
+            "env": [{"name": k, "value": v} for k, v in all_env.items()],
+        },
+    }
+    if max_batch_size is not None:
+        spec["queue"]["maxBatchSize"] = max_batch_size
+    if served_model_name:
+        spec["servedModelName"] = served_model_name
+    if activation_timeout_seconds is not None:
+        spec["activationTimeoutSeconds"] = activation_timeout_seconds
+    return {"apiVersion": GROUP_VERSION, "kind": "ModelPool", "metadata": {"name": name}, "spec": spec}
 
 
 def minilm_source() -> str:
