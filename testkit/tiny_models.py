@@ -72,18 +72,10 @@ def build_tokenizer(model_max_length: int = 128, chat_template: str | None = CHA
 
 def build_text_generation(out: Path) -> Path:
     """A 2-layer GPT-2 (hidden 32, context 128) and its tokenizer with a chat template."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2LMHeadModel
 
     tokenizer = build_tokenizer()
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=128,
-        n_embd=HIDDEN,
-        n_layer=2,
-        n_head=2,
-        **_special_tokens(tokenizer),
-    )
-    return _save_causal_lm(out, GPT2LMHeadModel, config, tokenizer)
+    return _save_causal_lm(out, GPT2LMHeadModel, _gpt2_config(tokenizer), tokenizer)
 
 
 def build_llama_generation(out: Path, context: int = 128) -> Path:
@@ -100,6 +92,21 @@ def build_llama_generation(out: Path, context: int = 128) -> Path:
         **_special_tokens(tokenizer),
     )
     return _save_causal_lm(out, LlamaForCausalLM, config, tokenizer)
+
+
+def _gpt2_config(tokenizer: Any, **extra: Any) -> Any:
+    """A 2-layer GPT-2 of hidden 32 and context 128 for ``tokenizer``, with the fields ``extra`` adds."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=128,
+        n_embd=HIDDEN,
+        n_layer=2,
+        n_head=2,
+        **_special_tokens(tokenizer),
+        **extra,
+    )
 
 
 def _tower(**extra: Any) -> dict[str, Any]:
@@ -160,7 +167,6 @@ def build_vision(out: Path) -> Path:
     """A tiny VisionEncoderDecoder: ViT encoder (32x32 images) + GPT-2 decoder with cross-attention."""
     import torch
     from transformers import (
-        GPT2Config,
         VisionEncoderDecoderConfig,
         VisionEncoderDecoderModel,
         ViTConfig,
@@ -170,15 +176,7 @@ def build_vision(out: Path) -> Path:
     tokenizer = build_tokenizer(chat_template=None)
     torch.manual_seed(0)
     encoder = ViTConfig(**_tower(image_size=IMAGE_SIZE, patch_size=8))
-    decoder = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=128,
-        n_embd=HIDDEN,
-        n_layer=2,
-        n_head=2,
-        add_cross_attention=True,
-        **_special_tokens(tokenizer),
-    )
+    decoder = _gpt2_config(tokenizer, add_cross_attention=True)
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     config.decoder_start_token_id = tokenizer.eos_token_id
     config.pad_token_id = tokenizer.pad_token_id
