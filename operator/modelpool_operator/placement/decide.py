@@ -245,8 +245,11 @@ def apply_room(host: Host, room: Room) -> Host:
     if room.host != host.name:
         raise ValueError(f"a room on {room.host} applied to {host.name}")
     asleep, gone = set(room.sleep), set(room.unload)
+    # Only the present model of each pool: a failed replica of the same pool on the host stays as it is.
     return host.with_residents(
-        replace(r, state="Sleeping") if r.pool in asleep else r for r in host.residents if r.pool not in gone
+        replace(r, state="Sleeping") if r.present and r.pool in asleep else r
+        for r in host.residents
+        if not (r.present and r.pool in gone)
     )
 
 

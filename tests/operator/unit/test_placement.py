@@ -257,3 +257,11 @@ def test_a_host_pod_is_charged_its_whole_devices_against_the_budget() -> None:
     assert hosts_admitted(budget, host_charge(gpu), wanted=5) == 2
     assert hosts_admitted(build_ledger(None, []), host_charge(gpu), wanted=5) == 5
     assert hosts_admitted(build_ledger(400 * GI, [], invalid="bad"), host_charge(gpu), wanted=5) == 0
+
+
+def test_a_decision_touches_only_the_present_model_not_a_failed_replica_of_the_same_pool() -> None:
+    # Found by the state machine: a pool failed on a host and placed there again.
+    failed, again = model("m", "Failed", used=1), model("m", "Idle", used=2)
+    after = apply_room(host(failed, again), Room("h-0", 0, sleep=(("ns", "m"),)))
+    assert after.residents == (failed, replace(again, state="Sleeping"))
+    assert apply_room(host(failed, again), Room("h-0", 0, unload=(("ns", "m"),))).residents == (failed,)
