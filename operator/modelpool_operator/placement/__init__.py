@@ -2,8 +2,9 @@
 
 Pure (no Kopf, no I/O): ``ledger`` charges each model on a host (``ledger``, ``fits``), ``decide`` picks
 what sleeps, what is unloaded and where a new replica goes (``make_room``, ``unload_candidates``,
-``wake``, ``sleep``, ``place``), ``charge`` says what a host pod costs the ModelBudget. The operator's
-passes observe the hosts into ``Host`` values, call these, and apply the answers.
+``wake``, ``sleep``, ``place``), ``charge`` says what a host pod costs the ModelBudget, and ``status``
+writes a ModelHost's status. The operator's passes observe the hosts into ``Host`` values, call these,
+and apply the answers.
 """
 
 from modelpool_operator.placement.charge import host_charge, hosts_admitted
@@ -32,6 +33,7 @@ from modelpool_operator.placement.ledger import (
     ledger,
     over_committed,
 )
+from modelpool_operator.placement.status import ObservedHost, host_pod_status, host_status, signed_quantity
 
 __all__ = [
     "DeviceLedger",
@@ -39,6 +41,7 @@ __all__ = [
     "HostLedger",
     "ModelKey",
     "ModelState",
+    "ObservedHost",
     "Placement",
     "PlacementRequest",
     "Resident",
@@ -49,11 +52,14 @@ __all__ = [
     "eviction_order",
     "fits",
     "host_charge",
+    "host_pod_status",
+    "host_status",
     "hosts_admitted",
     "ledger",
     "make_room",
     "over_committed",
     "place",
+    "signed_quantity",
     "sleep",
     "unload_candidates",
     "wake",

@@ -57,7 +57,7 @@ class Resident:
     measured: int | None = None  # accelerator bytes its server measured while awake
     parked: int | None = None  # host-RAM bytes its host reported while it sleeps
     priority: int = 0  # the pool's spec.priority
-    last_used: float = 0.0  # when it last served a request (seconds, any one clock)
+    last_used: float = 0.0  # when it last served a request (Unix seconds)
     busy: bool = False  # requests queued or in flight
 
     @property

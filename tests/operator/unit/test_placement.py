@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from modelpool_contract.api import parse_host_spec
+from modelpool_contract.api import ModelHostStatus, parse_host_spec
 from modelpool_operator.budget import build_ledger
 from modelpool_operator.placement import (
     Host,
+    ObservedHost,
     Placement,
     PlacementRequest,
     Resident,
@@ -19,6 +20,7 @@ from modelpool_operator.placement import (
     apply_room,
     fits,
     host_charge,
+    host_status,
     hosts_admitted,
     ledger,
     make_room,
@@ -265,3 +267,46 @@ def test_a_decision_touches_only_the_present_model_not_a_failed_replica_of_the_s
     after = apply_room(host(failed, again), Room("h-0", 0, sleep=(("ns", "m"),)))
     assert after.residents == (failed, replace(again, state="Sleeping"))
     assert apply_room(host(failed, again), Room("h-0", 0, unload=(("ns", "m"),))).residents == (failed,)
+
+
+# ---- the ModelHost status ----------------------------------------------------------------------------------
+
+
+def test_the_host_status_shows_each_device_and_the_totals_the_columns_print() -> None:
+    h0 = host(
+        model("a", "Ready", gib=10, measured=6 * GI, used=1_800_000_000),
+        model("b", "Sleeping", gib=8),
+        model("c", "Failed", gib=4),
+        name="h-0",
+        devices=2,
+    )
+    h1 = host(model("d", "Ready", gib=30, measured=45 * GI), name="h-1")  # over-committed by measurement
+    status = host_status(
+        [
+            ObservedHost(h1, "Ready"),
+            ObservedHost(h0, "Ready", node="gpu-1"),
+            ObservedHost(host(name="h-2"), "Failed"),
+        ],
+        desired=3,
+        selector="modelpool.dev/host=gpus",
+    )
+    assert (status.replicas, status.ready_replicas, status.ready_text, status.models) == (2, 2, "2/3", 3)
+    assert [p.name for p in status.hosts] == ["h-0", "h-1", "h-2"]
+    first = status.hosts[0]
+    assert [(d.awake, d.asleep, d.free) for d in first.devices] == [
+        ("6Gi", "8Gi", "34Gi"),
+        ("0", "0", "40Gi"),
+    ]
+    assert first.host_memory_free == "32Gi" and first.node == "gpu-1"
+    a, b, c = first.models
+    assert (a.state, a.memory, a.measured, a.last_request_time) == (
+        "Ready",
+        "6Gi",
+        True,
+        "2027-01-15T08:00:00Z",
+    )
+    assert (b.state, b.memory, b.measured) == ("Sleeping", "8Gi", False) and c.memory == "0"
+    assert status.hosts[1].devices[0].free == "-5Gi"
+    # Totals over the host pods that count (not the failed one): what AWAKE / ASLEEP / FREE print.
+    assert (status.memory.awake, status.memory.asleep, status.memory.free) == ("51Gi", "8Gi", "69Gi")
+    assert ModelHostStatus.model_validate(status.wire()) == status
