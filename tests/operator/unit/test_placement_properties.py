@@ -8,6 +8,8 @@ Invariants, checked at every step:
   over-committed at all;
 * a Loading, Processing, Waking (or Pending, Evicting, busy) model is never chosen to sleep or unload;
   only sleeping or idle models are unloaded;
+* the ModelBudget admits host pods as workers, each charged at least what its devices hand out, so the
+  models on them stay within the budget (a test of its own below);
 * placements are deterministic: the same hosts in another order give the same decision; and a replica
   is refused (NoRoom) only when no device has the room nor can make it.
 """
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from modelpool_contract.api import parse_host_spec
+from modelpool_operator.budget import Ledger
 from modelpool_operator.placement import (
     Host,
     ModelKey,
@@ -30,6 +34,8 @@ from modelpool_operator.placement import (
     Unplaced,
     admit,
     apply_room,
+    host_charge,
+    hosts_admitted,
     ledger,
     make_room,
     over_committed,
@@ -264,3 +270,30 @@ SharedHosts.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_shared_hosts = SharedHosts.TestCase
+
+
+@given(
+    total=st.none() | st.integers(0, 10**4),
+    used=st.integers(0, 10**4),
+    reserved=st.integers(0, 10**3),
+    devices=st.integers(0, 8),
+    device=st.integers(1, 200),
+    ram=st.integers(0, 100),
+    wanted=st.integers(0, 20),
+)
+def test_the_budget_bounds_the_host_pods_and_so_every_model_on_them(
+    *, total: int | None, used: int, reserved: int, devices: int, device: int, ram: int, wanted: int
+) -> None:
+    spec = parse_host_spec({"gpusPerHost": devices, "deviceMemory": device, "hostMemory": ram})
+    charge = host_charge(spec)
+    # What the per-device ledgers can ever hand out on one pod is within what the pod is charged.
+    assert spec.devices * spec.device_memory_bytes <= charge
+    budget = Ledger(total=total, used=used, reserved=reserved)
+    admitted = hosts_admitted(budget, charge, wanted)
+    assert 0 <= admitted <= wanted
+    if total is not None:
+        assert admitted == 0 or used + reserved + admitted * charge <= total
+        # As many as fit: one more would not.
+        assert admitted == wanted or used + reserved + (admitted + 1) * charge > total
+    else:
+        assert admitted == wanted
