@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Final, Literal
+from typing import Final
+
+from modelpool_contract.api import HostModelState
 
 #: A model's state on a host: the worker states, plus Sleeping (weights parked in host RAM, device memory
-#: returned) and Waking (weights on their way back). Mirrors ``modelpool_contract.api.HostModelState``.
-ModelState = Literal[
-    "Pending", "Loading", "Ready", "Processing", "Idle", "Sleeping", "Waking", "Evicting", "Dead", "Failed"
-]
+#: returned) and Waking (weights on their way back); the contract's one definition.
+ModelState = HostModelState
 #: Charged on its device.
 AWAKE_STATES: Final[frozenset[ModelState]] = frozenset(
     {"Pending", "Loading", "Ready", "Processing", "Idle", "Waking", "Evicting"}
