@@ -23,9 +23,9 @@ from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.quantity import format_quantity
 from modelpool_contract.states import ACTIVE_STATES, SERVING_STATES, STARTING_STATES, WorkerState
 from modelpool_contract.times import rfc3339
-from modelpool_operator.events import Event, coalesce
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner.autoscale import last_scale_time, scaled_to_zero_at, woken_by_demand_at
-from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Plan
+from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Event, Plan
 from modelpool_operator.planner.memory import (
     MEMORY_CONDITION,
     keep_last_measurement,
@@ -33,7 +33,6 @@ from modelpool_operator.planner.memory import (
     memory_finding,
     tell_memory_over_charge,
 )
-from modelpool_operator.worker_state import ObservedWorker
 
 #: The BudgetExceeded condition's reason (and the Warning Event's) while the ModelBudget is invalid.
 BUDGET_INVALID = "BudgetInvalid"
@@ -262,6 +261,42 @@ def _closing_events(draft: Draft) -> None:
     for e in draft.evicts:
         if e.pool == draft.pool.name and e.namespace == draft.pool.namespace:
             draft.events.append(Event("Normal", "EvictingWorker", f"evicting worker {e.name} ({e.reason})"))
+
+
+#: Kopf cuts a longer message in its middle; a coalesced one ends with how many it left out instead.
+MAX_MESSAGE_CHARS = 1000
+
+
+def coalesce(events: Iterable[Event]) -> list[Event]:
+    """One Event per reason for the Normal Events of one pass, their messages joined in order.
+
+    A pass that creates ten workers told ten CreatingWorker Events, and a scale-up of 300 pools posted
+    6,000 Events, one API request each, while the operator and the API server had the scale-up to do.
+    Warnings are kept one by one: each failure is told on its own. Each coalesced Event stands where the
+    first of its reason stood; its message stays within ``MAX_MESSAGE_CHARS``, saying how many it left out.
+    """
+    events = list(events)
+    messages: dict[str, list[str]] = {}
+    for event in events:
+        if event.type == "Normal":
+            messages.setdefault(event.reason, []).append(event.message)
+    out: list[Event] = []
+    for event in events:
+        if event.type != "Normal":
+            out.append(event)
+        elif event.reason in messages:
+            out.append(Event("Normal", event.reason, _joined(messages.pop(event.reason))))
+    return out
+
+
+def _joined(messages: list[str]) -> str:
+    text = messages[0]
+    for count, message in enumerate(messages[1:], start=1):
+        more = f"; and {len(messages) - count} more"
+        if len(text) + 2 + len(message) + len(more) > MAX_MESSAGE_CHARS:
+            return text + more
+        text = f"{text}; {message}"
+    return text
 
 
 def conclude(draft: Draft) -> Plan:

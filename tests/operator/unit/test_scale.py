@@ -14,7 +14,6 @@ from op_planner import make_spec, view, w
 from op_pods import GI, at
 
 from modelpool_operator import handlers as operator_handlers
-from modelpool_operator import stats
 from modelpool_operator.budget import (
     BudgetLimit,
     PoolCharge,
@@ -22,11 +21,12 @@ from modelpool_operator.budget import (
     build_ledger,
     ledger_from_charges,
 )
-from modelpool_operator.observation import ChargeCache, LazyOthers, current_ledger
+from modelpool_operator.observe import stats
+from modelpool_operator.observe.observation import ChargeCache, LazyOthers, current_ledger
+from modelpool_operator.observe.stats import StatsScraper
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import plan
 from modelpool_operator.pool import OtherPool, PoolKey
-from modelpool_operator.stats import StatsScraper
-from modelpool_operator.worker_state import ObservedWorker
 
 
 def worker(name: str, pool: str, memory: int = GI) -> ObservedWorker:
@@ -244,9 +244,9 @@ def test_a_pools_own_status_write_does_not_wake_it_again_a_spec_change_does() ->
     from modelpool_operator.settings import OperatorConfig
 
     memo = operator_handlers.make_memo(OperatorConfig())
-    state = memo.state
+    book = memo.book
     pool_memo = kopf.Memo(memo)  # Kopf's per-object copy of the operator's memo
-    woken = state.wakeup(("ns", "p"))
+    woken = book.wakeup(("ns", "p"))
 
     async def event(kind: str | None, generation: int, **meta: object) -> bool:
         woken.clear()
@@ -309,7 +309,8 @@ def test_a_pod_that_refuses_connections_is_asked_rarely_until_it_changes(
 
 
 def test_a_pass_tells_one_normal_event_per_reason_and_every_warning() -> None:
-    from modelpool_operator.events import MAX_MESSAGE_CHARS, Event, coalesce
+    from modelpool_operator.planner import Event
+    from modelpool_operator.planner.status import MAX_MESSAGE_CHARS, coalesce
 
     told = [
         Event("Normal", "WorkerReady", "worker a is ready"),
@@ -343,7 +344,9 @@ def test_an_idle_pool_passes_at_the_resync_interval_and_refreshes_its_stats_in_b
     # operator's CPU at steady state; its workers' stats are refreshed without a pass instead (news wakes it).
     from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
 
-    from modelpool_operator.observation import ObservationCache
+    from modelpool_operator.metrics import OperatorMetrics
+    from modelpool_operator.observe.observation import ObservationCache
+    from modelpool_operator.services import Services, lifecycle_settings
     from modelpool_operator.settings import OperatorConfig
 
     class CountingScraper(StatsScraper):
@@ -363,10 +366,15 @@ def test_an_idle_pool_passes_at_the_resync_interval_and_refreshes_its_stats_in_b
     async def run_daemon() -> tuple[int, int, int]:
         config = OperatorConfig(stats_interval_seconds=0.05, resync_interval_seconds=0.6)
         memo = operator_handlers.make_memo(config)
-        memo.state.scraper = CountingScraper(
-            interval=0.05, timeout=1, concurrency=1, backoff_cap=1, default_port=8000
+        scraper = CountingScraper(interval=0.05, timeout=1, concurrency=1, backoff_cap=1, default_port=8000)
+        memo.services = Services(  # the passes are counted, not run: no API client, no Event sink
+            config=config,
+            kube=None,  # type: ignore[arg-type]
+            scraper=scraper,
+            observations=ObservationCache(lifecycle_settings(config)),
+            events=None,  # type: ignore[arg-type]
+            metrics=OperatorMetrics(),
         )
-        memo.state.observations = ObservationCache(None)  # type: ignore[arg-type]
         setter: FlagSetter[object] = FlagSetter()
         pods = {("ns", "p"): [{"metadata": {"name": "w", "uid": "w"}, "status": {"phase": "Pending"}}]}
         daemon = asyncio.create_task(
@@ -378,11 +386,11 @@ def test_an_idle_pool_passes_at_the_resync_interval_and_refreshes_its_stats_in_b
         )  # fmt: skip
         await asyncio.sleep(1.5)
         idle_passes = len(passes)
-        memo.state.poke(("ns", "p"))  # a pod event: a pass at once (after the 0.3 s coalescing)
+        memo.book.poke(("ns", "p"))  # a pod event: a pass at once (after the 0.3 s coalescing)
         await asyncio.sleep(0.45)
         setter.set()
         await asyncio.wait_for(daemon, 5)
-        await memo.state.scraper.aclose()
+        await scraper.aclose()
         return idle_passes, len(passes) - idle_passes, CountingScraper.refreshes
 
     idle_passes, woken_passes, refreshes = asyncio.run(run_daemon())
