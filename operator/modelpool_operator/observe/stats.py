@@ -183,9 +183,7 @@ class StatsScraper:
             except Exception as exc:  # every failure means "unknown", never a failed worker
                 entry.stats = None
                 entry.failures += 1
-                refused = isinstance(exc, httpx.ConnectError)
-                cap = max(self._backoff_cap, _REFUSED_BACKOFF_CAP_SECONDS) if refused else self._backoff_cap
-                delay = min(self._interval * 2 ** (entry.failures - 1), cap)
+                delay = self._backoff(entry.failures, refused=isinstance(exc, httpx.ConnectError))
                 entry.next_attempt = time.monotonic() + delay
                 logger.debug("stats of %s unavailable (%s); next try in %.1fs", url, exc, delay)
                 body = None
@@ -196,6 +194,15 @@ class StatsScraper:
             entry.next_attempt = 0.0
         if on_change is not None and _news(entry.stats) != before:
             on_change()
+
+    def _backoff(self, failures: int, *, refused: bool) -> float:
+        """The wait after ``failures`` failed fetches in a row: doubling up to the configured cap; for a
+        refused connection quadrupling up to ``_REFUSED_BACKOFF_CAP_SECONDS`` (a change of the pod retries
+        it at once anyway, so a real server that starts listening is not kept waiting by it)."""
+        if refused:
+            cap = max(self._backoff_cap, _REFUSED_BACKOFF_CAP_SECONDS)
+            return float(min(self._interval * 4 ** (failures - 1), cap))
+        return float(min(self._interval * 2 ** (failures - 1), self._backoff_cap))
 
     def _forget_stale(self, now: float) -> None:
         if now < self._next_sweep:
