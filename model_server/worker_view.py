@@ -66,6 +66,10 @@ class Field(enum.IntEnum):
     TOKENIZER_THREADS = enum.auto()  # RAYON_NUM_THREADS as planned; NaN: the tokenizer's default
     THREADS_FROM = enum.auto()  # index of what the threads were sized from (stats.THREAD_SOURCES)
     THREAD_CPUS = enum.auto()  # the CPUs that source allows; NaN: it says none
+    PARKED_BYTES = enum.auto()  # the weights' bytes parked in host memory while the model sleeps; 0 awake
+    SLEEP_FREED_BYTES = enum.auto()  # device bytes the last sleep returned; NaN: it never slept
+    WAKE_SECONDS = enum.auto()  # how long the last wake took; NaN: it never woke
+    SLEEPS_REFUSED = enum.auto()  # sleeps asked for and refused (not Ready/Idle, work in hand, park failed)
 
 
 class Column(enum.IntEnum):
@@ -195,6 +199,8 @@ class WorkerView:
             Field.TOKENIZER_THREADS,
             Field.THREADS_FROM,
             Field.THREAD_CPUS,
+            Field.SLEEP_FREED_BYTES,
+            Field.WAKE_SECONDS,
         ):
             numbers[unknown] = float("nan")
 

@@ -229,6 +229,11 @@ class Worker:
     def asleep(self) -> bool:
         return self._parked is not None
 
+    @property
+    def parked_bytes(self) -> int:
+        """The weights' bytes in host memory while the model sleeps (0 awake)."""
+        return self._parked.bytes if self._parked is not None else 0
+
     async def sleep(self, reason: str = "") -> parking.Parked:
         """Ready/Idle with nothing running -> Sleeping: park the weights, drop the engine and its cache,
         return the device memory.  ``SleepRefused`` when it cannot (nothing changed then)."""

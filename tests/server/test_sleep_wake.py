@@ -8,7 +8,9 @@ sleep returned is checked too); awake again, the outputs equal those before the 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +20,12 @@ import pytest_asyncio
 
 from model_server.config import ServerConfig
 from model_server.engine import parking
+from model_server.engine.inference_process import InferenceProcess
 from model_server.engine.worker import Worker
 from model_server.errors import SleepRefused
 from model_server.state_machine import State, StateMachine
 from model_server.tasks.base import GenerationItem, GenerationParams, TextItem
+from model_server.worker_view import SPAWN, Field, WorkerView
 from tests.server.tiny_fixtures import TEST_DEVICE, tiny_llama_generation, torch_threads
 
 __all__ = ["tiny_llama_generation"]  # the session fixture, re-exported for pytest
@@ -147,3 +151,44 @@ def test_tied_weights_and_shared_buffers_are_parked_once_and_restored_in_place()
     assert model.embed.weight is weight and model.head.weight is model.embed.weight
     assert model.other.shared is model.norm.running_mean
     assert all(torch.equal(t, want[name]) for name, t in model.state_dict().items())
+
+
+WAIT_S = 30.0
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT_S:g} s: {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_the_inference_process_sleeps_and_wakes_when_its_supervisor_says_so(
+    minilm: Path, tmp_path: Path
+) -> None:
+    """``sleep``/``wake`` on the control pipe (what a host's supervisor sends a model's process): the
+    state and the figures in the shared view; a model with work in hand refuses and counts it."""
+    config = ServerConfig(
+        model=str(minilm), task="text-embedding", device=TEST_DEVICE, termination_log=tmp_path / "t"
+    )
+    view = WorkerView(config.queue_capacity, http_processes=1)
+    process = InferenceProcess(config, view)
+    control, tell = SPAWN.Pipe(duplex=False)
+    life = process.state_machine
+    with torch_threads(1):
+        served = asyncio.create_task(process.serve([], control))
+        await _until(lambda: life.state is State.READY, "Ready")
+        assert view.get(Field.PARKED_BYTES) == 0 and view.optional(Field.WAKE_SECONDS) is None
+        tell.send("sleep")
+        await _until(lambda: view.get(Field.PARKED_BYTES) > 20_000_000, "parked")
+        assert life.state is State.SLEEPING and view.optional(Field.SLEEP_FREED_BYTES) is not None
+        tell.send("wake")
+        await _until(lambda: life.state is State.READY and view.get(Field.PARKED_BYTES) == 0, "awake")
+        assert (view.optional(Field.WAKE_SECONDS) or 0) > 0
+        assert view.door.take()  # a request admitted and on its way: work in hand
+        tell.send("sleep")
+        await _until(lambda: view.get(Field.SLEEPS_REFUSED) == 1, "the sleep refused")
+        assert life.state is State.READY and not process.worker.asleep
+        view.door.give_back()
+        tell.send("stop")
+        assert await asyncio.wait_for(served, 30) == 0
