@@ -15,7 +15,8 @@ control pipe closing: exit at once.
 
 ``sleep`` and ``wake`` on the control pipe (a model on a shared host): the model sleeps when it is Ready
 or Idle with nothing queued, in flight or on its way (``Worker.sleep``: Sleeping, the weights parked in
-host memory), else the sleep is refused and counted (``Field.SLEEPS_REFUSED``); ``wake`` brings it back
+host memory; counted in ``Field.SLEEPS`` once done), else the sleep is refused and counted
+(``Field.SLEEPS_REFUSED``); ``wake`` brings it back
 (Waking, Ready).  What they did is in the shared view (``PARKED_BYTES``, ``SLEEP_FREED_BYTES``,
 ``WAKE_SECONDS``) beside the state, where the supervisor reads it.
 """
@@ -226,6 +227,7 @@ class InferenceProcess:
             if self.dataplane.busy or self._draining:
                 raise SleepRefused("the model has work in hand")
             await self.worker.sleep("asked to sleep")
+            self.view.set(Field.SLEEPS, self.view.get(Field.SLEEPS) + 1)
         except SleepRefused as exc:
             log.info("sleep refused: %s", exc)
             self.view.set(Field.SLEEPS_REFUSED, self.view.get(Field.SLEEPS_REFUSED) + 1)

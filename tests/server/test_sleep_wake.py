@@ -180,7 +180,8 @@ async def test_the_inference_process_sleeps_and_wakes_when_its_supervisor_says_s
         await _until(lambda: life.state is State.READY, "Ready")
         assert view.get(Field.PARKED_BYTES) == 0 and view.optional(Field.WAKE_SECONDS) is None
         tell.send("sleep")
-        await _until(lambda: view.get(Field.PARKED_BYTES) > 20_000_000, "parked")
+        await _until(lambda: view.get(Field.SLEEPS) == 1, "asleep")
+        assert view.get(Field.PARKED_BYTES) > 20_000_000
         assert life.state is State.SLEEPING and view.optional(Field.SLEEP_FREED_BYTES) is not None
         tell.send("wake")
         await _until(lambda: life.state is State.READY and view.get(Field.PARKED_BYTES) == 0, "awake")
