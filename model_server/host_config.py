@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from model_server.config import ServerConfig
+from model_server.config import ServerConfig, _read_key
 from modelpool_contract.flags import QUEUE_CAPACITY, REQUEST_TIMEOUT_S, TERMINATION_LOG
 from modelpool_contract.quantity import parse_quantity
 from modelpool_contract.settings import CommandLine, load
@@ -59,6 +59,25 @@ class HostConfig(BaseSettings):
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Larger bodies -> 413")
     termination_log: Path = Field(default=Path(TERMINATION_LOG), description="Failure reason file")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
+    control_key_file: Path | None = Field(
+        default=None, description="A file holding the key the control API's POSTs must carry (Bearer)"
+    )
+
+    _control_key: SecretStr | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _read_control_key(self) -> HostConfig:
+        if self.control_key_file is not None:
+            try:
+                self._control_key = SecretStr(_read_key(self.control_key_file))
+            except ValueError as exc:
+                raise ValueError(f"--control-key-file {exc}") from None
+        return self
+
+    @property
+    def control_key(self) -> str | None:
+        """The key the control API's calls must carry, or None (no ``--control-key-file``)."""
+        return self._control_key.get_secret_value() if self._control_key is not None else None
 
     @field_validator("device_memory", "host_memory", mode="before")
     @classmethod

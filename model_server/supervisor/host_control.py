@@ -9,14 +9,17 @@
     POST /v2/repository/models/{name}/sleep     (extension) park its weights, return its device memory
     POST /v2/repository/models/{name}/wake      (extension) bring them back (making room first)
 
-Errors are ``{"error": "..."}`` with the status of the ``ServerError`` (400 a bad load body, 404 an
-unknown model, 409 loaded already or a refused sleep, 507 no room on the device).  A stdlib
+With ``--control-key-file``, every POST must carry ``Authorization: Bearer <key>`` (else 401); health and
+``/stats`` stay open, as on a dedicated worker's probe port.  Errors are ``{"error": "..."}`` with the
+status of the ``ServerError`` (400 a bad load body, 404 an unknown model, 409 loaded already or a refused
+sleep, 507 no room on the device).  A stdlib
 ``ThreadingHTTPServer`` in a thread of the host's supervisor (which imports no web stack); each call
 runs on its own thread, and the supervisor's lock orders them.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import re
@@ -76,13 +79,23 @@ def control(host: HostSupervisor, method: str, path: str, body: bytes) -> tuple[
     return 200, _model_document(host, name)
 
 
+def authorized(header: str | None, key: str | None) -> bool:
+    """Pure: does ``header`` (``Authorization``) carry ``key`` (None: no key needed)?  Constant time."""
+    if key is None:
+        return True
+    scheme, _, token = (header or "").partition(" ")
+    return hmac.compare_digest(token.strip().encode(), key.encode()) & (scheme.lower() == "bearer")
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: HostControlServer
 
     def _answer(self, method: str) -> None:
         length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_CONTROL_BODY:
+        if method == "POST" and not authorized(self.headers.get("Authorization"), self.server.key):
+            status, document = 401, {"error": "the control API needs its key (Authorization: Bearer)"}
+        elif length > MAX_CONTROL_BODY:
             status, document = 413, {"error": "control body too large"}
         else:
             body = self.rfile.read(length) if length else b""
@@ -110,6 +123,7 @@ class HostControlServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], host: HostSupervisor) -> None:
         super().__init__(address, _Handler)
         self.host = host
+        self.key = host.config.control_key
 
     def serve_in_thread(self) -> threading.Thread:
         thread = threading.Thread(target=self.serve_forever, name="host-control", daemon=True)
@@ -153,4 +167,4 @@ def run_host(config: HostConfig) -> int:
             slot.view.unlink()
 
 
-__all__ = ["INDEX_PATH", "HostControlServer", "control", "run_host"]
+__all__ = ["INDEX_PATH", "HostControlServer", "authorized", "control", "run_host"]
