@@ -62,17 +62,30 @@ class HostConfig(BaseSettings):
     control_key_file: Path | None = Field(
         default=None, description="A file holding the key the control API's POSTs must carry (Bearer)"
     )
+    api_key_file: Path | None = Field(
+        default=None, description="A file holding the API key clients must send (Authorization: Bearer)"
+    )
 
     _control_key: SecretStr | None = PrivateAttr(default=None)
+    _api_key: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _read_control_key(self) -> HostConfig:
-        if self.control_key_file is not None:
-            try:
-                self._control_key = SecretStr(_read_key(self.control_key_file))
-            except ValueError as exc:
-                raise ValueError(f"--control-key-file {exc}") from None
+    def _read_keys(self) -> HostConfig:
+        for flag, path, attribute in (
+            ("--control-key-file", self.control_key_file, "_control_key"),
+            ("--api-key-file", self.api_key_file, "_api_key"),
+        ):
+            if path is not None:
+                try:
+                    setattr(self, attribute, SecretStr(_read_key(path)))
+                except ValueError as exc:
+                    raise ValueError(f"{flag} {exc}") from None
         return self
+
+    @property
+    def api_key(self) -> str | None:
+        """The key clients must send on the serving port, or None (no ``--api-key-file``)."""
+        return self._api_key.get_secret_value() if self._api_key is not None else None
 
     @property
     def control_key(self) -> str | None:

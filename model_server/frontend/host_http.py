@@ -8,6 +8,7 @@ path, an OpenAI body by its ``model`` field (the body is read once, bounded, and
 /v1/models`` lists every model.  A request for a sleeping model asks the host to wake it (``WAKE_WANTED``
 in the model's view) and waits for it to serve, at most ``--wake-timeout`` (then 503 with Retry-After).
 
+With ``--api-key-file`` the key is checked first (``endpoints.auth.ApiKeyMiddleware``, health open).
 The supervisor says which model a slot holds on the control pipe: ``("load", index, config)``,
 ``("unload", index)``, ``"stop"``.
 """
@@ -29,6 +30,7 @@ import uvicorn
 from model_server import host_plan, ipc
 from model_server.config import ServerConfig
 from model_server.frontend.endpoints import build_app
+from model_server.frontend.endpoints.auth import ApiKeyMiddleware
 from model_server.frontend.http_process import GRACEFUL_SHUTDOWN_S, HTTP_NICE
 from model_server.frontend.server import ModelServer
 from model_server.host_config import HostConfig
@@ -220,9 +222,12 @@ def main(
 
     set_up(f"http-{index}", config.log_level, nice=HTTP_NICE)
     router = HostRouter(config, views, index, socks)
+    app: Any = router
+    if config.api_key is not None:  # outermost, before any model is chosen (as on a dedicated worker)
+        app = ApiKeyMiddleware(router, config.api_key, on_reject=lambda reason: None)
     http = HostHTTPServer(
         uvicorn.Config(
-            router,
+            app,
             log_level=config.log_level,
             access_log=False,
             proxy_headers=False,

@@ -34,6 +34,8 @@ pytestmark = pytest.mark.slow
 MI = 1 << 20
 ECHO = "tests.server.handlers:EchoEmbedding"
 WAIT_S = 60.0
+KEY = "serving-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 class Host:
@@ -69,7 +71,7 @@ def embed(host: Host, model: str, text: str) -> np.ndarray[Any, Any]:
     client = host.triton()
     data = triton.InferInput("text", [1], "BYTES")
     data.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
-    result = client.infer(model, [data])
+    result = client.infer(model, [data], headers=AUTH)
     vector = result.as_numpy("embedding")
     assert vector is not None
     return vector[0]
@@ -78,9 +80,11 @@ def embed(host: Host, model: str, text: str) -> np.ndarray[Any, Any]:
 @pytest.fixture(scope="module")
 def host(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     probe = free_port()
+    key_file = tmp_path_factory.mktemp("key") / "api-key"
+    key_file.write_text(KEY)
     server = start_server(
         "--shared-host", "--probe-port", str(probe), "--device-memory", f"{1000 * MI}", "--http-workers", "1",
-        wait="live", timeout=60,
+        "--api-key-file", str(key_file), wait="live", timeout=60,
     )  # fmt: skip
     host = Host(server, probe)
     echo = str(tmp_path_factory.mktemp("echo"))
@@ -103,7 +107,9 @@ def test_requests_reach_their_model_by_name_with_the_real_clients(host: Host) ->
     vector = embed(host, "minilm", "A man is eating food.")
     assert vector.shape == (384,)
     assert list(embed(host, "echo", "hello")) == [5.0, 1.0]  # the echo model's [len(text), items]
-    client = openai.OpenAI(base_url=host.server.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):  # the serving port wants the key, before any routing
+        openai.OpenAI(base_url=host.server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    client = openai.OpenAI(base_url=host.server.url + "/v1", api_key=KEY, max_retries=0)
     assert sorted(m.id for m in client.models.list().data) == ["echo", "minilm", "victim"]
     assert client.embeddings.create(model="echo", input="abc").data[0].embedding == [3.0, 1.0]
     with pytest.raises(openai.NotFoundError):
