@@ -193,3 +193,27 @@ async def test_the_inference_process_sleeps_and_wakes_when_its_supervisor_says_s
         view.door.give_back()
         tell.send("stop")
         assert await asyncio.wait_for(served, 30) == 0
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_park_that_fails_puts_the_weights_back_and_the_model_serves_on(minilm_worker: Worker) -> None:
+    """Pinned host memory refused (here: parking for CUDA where there is none, which fails at the first
+    pinned allocation, as a short host memory would): the sleep is refused, nothing moved, Ready."""
+    import torch
+
+    worker = minilm_worker
+    before = _vectors(await worker.run(TEXTS))
+    held = parking.held_bytes(parking.modules_of(worker.task))
+    if torch.cuda.is_available():  # a park for CUDA succeeds here: the same invariants after a real cycle
+        await worker.sleep()
+        await worker.wake()
+    else:
+        worker.device, device = "cuda", worker.device
+        try:
+            with pytest.raises(SleepRefused):
+                await worker.sleep()
+        finally:
+            worker.device = device
+    assert worker.state_machine.state is State.READY and not worker.asleep
+    assert parking.held_bytes(parking.modules_of(worker.task)) == held
+    assert all(np.array_equal(a, b) for a, b in zip(before, _vectors(await worker.run(TEXTS)), strict=True))
