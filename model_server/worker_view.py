@@ -195,6 +195,8 @@ class WorkerView:
             self.numbers[i] = 0.0
         self.reason.value = b""
         _initial_figures(self.numbers)
+        # A process that died with requests in its queue never gave their slots back.
+        self.door.give_back(self.door.taken)
 
     def unlink(self) -> None:
         """Remove the semaphores' names (the supervisor, once every process is gone; the exit, which skips

@@ -9,7 +9,8 @@ path, an OpenAI body by its ``model`` field (the body is read once, bounded, and
 in the model's view) and waits for it to serve, at most ``--wake-timeout`` (then 503 with Retry-After).
 
 With ``--api-key-file`` the key is checked first (``endpoints.auth.ApiKeyMiddleware``, health open).
-The supervisor says which model a slot holds on the control pipe: ``("load", index, config)``,
+The supervisor says which model a slot holds on the control pipe (a unix socket): ``("load", index,
+config)`` followed by this process's end of a fresh socket pair to the model's inference process,
 ``("unload", index)``, ``"stop"``.
 """
 
@@ -47,24 +48,24 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # How often a request waiting for a wake looks at the model's state.
 WAKE_POLL_S = 0.01
+# How long the socket handed over after a load message may take to arrive.
+HANDLE_TIMEOUT_S = 5.0
 
 
 class HostRouter:
     """The ASGI app of a host's HTTP process: routes each request to its model's app."""
 
-    def __init__(self, config: HostConfig, views: list[WorkerView], index: int, socks: list[socket.socket]):
+    def __init__(self, config: HostConfig, views: list[WorkerView], index: int):
         self.config = config
         self.views = views
         self.index = index
-        self.socks = socks
         self.models: dict[str, tuple[int, ModelServer, ASGIApp]] = {}
 
     # ---- models come and go ---------------------------------------------------------------------------
 
-    async def load(self, slot: int, config: ServerConfig) -> None:
+    async def load(self, slot: int, config: ServerConfig, sock: socket.socket) -> None:
         server = ModelServer(config, self.views[slot], self.index)
-        # A duplicate of the slot's socket: closing it at the unload leaves the slot's pair usable.
-        await ipc.connect(self.socks[slot].dup(), server.inference.channel())
+        await ipc.connect(sock, server.inference.channel())
         self.models[config.served_name] = (slot, server, build_app(server))
         view = self.views[slot]
         view.put(http_row(self.index), Column.PID, float(os.getpid()))
@@ -174,6 +175,15 @@ async def _json(send: Send, status: int, document: Any, retry_after: int | None 
     await send({"type": "http.response.body", "body": payload})
 
 
+def receive_socket(control: Connection) -> socket.socket:
+    """The socket the supervisor hands over on ``control`` right after a load message.  The event loop
+    made the pipe non-blocking, and the socket may be a moment behind the message: wait, bounded."""
+    with socket.fromfd(control.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as channel:
+        channel.settimeout(HANDLE_TIMEOUT_S)
+        _, fds, _, _ = socket.recv_fds(channel, 1, 1)
+    return socket.socket(fileno=fds[0])
+
+
 class HostHTTPServer(uvicorn.Server):
     """uvicorn for the router; the supervisor's control messages load and unload models here."""
 
@@ -203,7 +213,8 @@ class HostHTTPServer(uvicorn.Server):
             asyncio.get_running_loop().remove_reader(self._control.fileno())
             self.should_exit = True
         elif isinstance(message, tuple) and message[0] == "load":
-            asyncio.get_running_loop().create_task(self.router.load(message[1], message[2]))
+            sock = receive_socket(self._control)  # sent right after the message
+            asyncio.get_running_loop().create_task(self.router.load(message[1], message[2], sock))
         elif isinstance(message, tuple) and message[0] == "unload":
             self.router.unload(message[1])
 
@@ -214,14 +225,13 @@ def main(
     *,
     index: int,
     listener: socket.socket,
-    socks: list[socket.socket],
     control: Connection,
 ) -> None:
     """The process's entry point (the host supervisor's spawn target)."""
     from model_server.main import exit_now
 
     set_up(f"http-{index}", config.log_level, nice=HTTP_NICE)
-    router = HostRouter(config, views, index, socks)
+    router = HostRouter(config, views, index)
     app: Any = router
     if config.api_key is not None:  # outermost, before any model is chosen (as on a dedicated worker)
         app = ApiKeyMiddleware(router, config.api_key, on_reject=lambda reason: None)

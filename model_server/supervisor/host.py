@@ -2,15 +2,16 @@
 
 A slot is what a dedicated worker is, for one model: its own shared view (``WorkerView``: the state, the
 door of its bounded queue, its figures and ``/stats``), its own inference process (the unchanged
-``engine/inference_process``: the model, its queue, its one inference thread) and one socket pair to
-each of the host's HTTP processes.  The slots are made when the host starts (``--max-models``): shared
-memory and semaphores can only be handed to a process when it is spawned, so the HTTP processes get
-every slot's view and socket end at their start, and learn on their control pipe which model a slot
-holds (``("load", index, config)``, ``("unload", index)``).
+``engine/inference_process``: the model, its queue, its one inference thread) and, for each load, a
+fresh socket pair to each of the host's HTTP processes.  The slots' views are made when the host starts
+(``--max-models``): shared memory and semaphores can only be handed to a process when it is spawned, so
+the HTTP processes get every slot's view at their start, and learn on their control pipe (a unix
+socket) which model a slot holds: ``("load", index, config)`` followed by the HTTP end of the load's
+socket pair (``multiprocessing.reduction.send_handle``), and ``("unload", index)``.
 
 Isolation: an exception in one model's forward pass fails only that batch (its own process's data
 plane); a model whose process dies (a crash, an OOM kill) turns that model Failed, the others serve on
-(that slot is never reused: its sockets may hold half a message); a fatal device error (the inference
+(its channels end with it: what waits is answered 503); a fatal device error (the inference
 process's exit 4) fails the host: every model Failed, exit 4.  An HTTP process that dies fails the host
 (exit 5), as in a dedicated worker.
 
@@ -31,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing import reduction
 from typing import Any
 
 from model_server import host_plan, process_setup, worker_stats
@@ -78,12 +80,10 @@ class Slot:
 
     index: int
     view: WorkerView
-    ends: list[socket.socket]  # the inference ends of its socket pairs, one per HTTP process
     config: ServerConfig | None = None
     memory: int = 0  # the declared bytes (charged until the model's own measure is known)
     child: Child | None = None
     leaving: bool = False  # an unload is under way: its process's exit is expected
-    burned: bool = False  # its process died: the sockets may hold half a message, never reused
     waking: bool = False
     state_machine: StateMachine = field(init=False)
 
@@ -115,7 +115,7 @@ class HostSupervisor:
     def __init__(self, config: HostConfig) -> None:
         self.config = config
         self.slots = [
-            Slot(i, WorkerView(config.queue_capacity, config.http_processes), [])
+            Slot(i, WorkerView(config.queue_capacity, config.http_processes))
             for i in range(config.max_models)
         ]
         self.http: list[Child] = []
@@ -127,26 +127,18 @@ class HostSupervisor:
     # ---- start ----------------------------------------------------------------------------------------
 
     def start(self, listeners: list[socket.socket]) -> None:
-        pairs = [[socket.socketpair() for _ in listeners] for _ in self.slots]
-        for slot, slot_pairs in zip(self.slots, pairs, strict=True):
-            slot.ends = [inference_end for _, inference_end in slot_pairs]
         for index, listener in enumerate(listeners):
-            control_r, control_w = SPAWN.Pipe(duplex=False)
+            mine, theirs = SPAWN.Pipe(duplex=True)  # a unix socket: socket ends can be handed over it
             process = SPAWN.Process(
                 target=process_setup.start,
                 args=("model_server.frontend.host_http", self.config, [s.view for s in self.slots]),
-                kwargs={
-                    "index": index,
-                    "listener": listener,
-                    "socks": [slot_pairs[index][0] for slot_pairs in pairs],
-                    "control": control_r,
-                },
+                kwargs={"index": index, "listener": listener, "control": theirs},
                 name=f"http-{index}",
             )
             process.start()
-            self.http.append(Child(f"http-{index}", process, control_w))
-            control_r.close()
-        for sock in [*listeners, *(p[0] for slot_pairs in pairs for p in slot_pairs)]:
+            self.http.append(Child(f"http-{index}", process, mine))
+            theirs.close()
+        for sock in listeners:
             sock.close()
 
     # ---- the control API's operations -----------------------------------------------------------------
@@ -163,16 +155,14 @@ class HostSupervisor:
         with self.lock:
             if any(s.name == name for s in self.slots):
                 raise Conflict(f"model {name!r} is loaded already")
-            slot = next((s for s in self.slots if s.config is None and not s.burned), None)
+            slot = next((s for s in self.slots if s.config is None), None)
             if slot is None:
                 raise Conflict(f"the host holds {self.config.max_models} models (--max-models)")
             config = slot_config(self.config, name, settings, slot.index)
             self._make_room(memory, keep=None)
             slot.view.reset()
             slot.config, slot.memory, slot.leaving = config, memory, False
-            for child in self.http:
-                child.tell(("load", slot.index, config))
-            self._in_main_thread(lambda: self._spawn_inference(slot))
+            self._in_main_thread(lambda: self._start_slot(slot))
         _wait_until(lambda: slot.state_machine.state not in (State.PENDING, State.LOADING), LOAD_WAIT_S)
         return slot
 
@@ -194,11 +184,28 @@ class HostSupervisor:
             finally:
                 done.set()
 
-    def _spawn_inference(self, slot: Slot) -> None:
+    def _start_slot(self, slot: Slot) -> None:
+        """Connect the HTTP processes to the model's new process; one that cannot start is that model's
+        failure, not the host's."""
+        pairs = [socket.socketpair() for _ in self.http]
+        try:
+            for child, (http_end, _) in zip(self.http, pairs, strict=True):
+                child.tell(("load", slot.index, slot.config))
+                reduction.send_handle(child.control, http_end.fileno(), child.process.pid or 0)
+            self._spawn_inference(slot, [end for _, end in pairs])
+        except Exception as exc:
+            log.exception("cannot start the process of %s", slot.name)
+            slot.state_machine.try_to(State.FAILED, f"cannot start its process: {type(exc).__name__}: {exc}")
+        finally:
+            for pair in pairs:  # the processes hold their own copies now
+                for sock in pair:
+                    sock.close()
+
+    def _spawn_inference(self, slot: Slot, ends: list[socket.socket]) -> None:
         control_r, control_w = SPAWN.Pipe(duplex=False)
         process = SPAWN.Process(
             target=process_setup.start,
-            args=("model_server.engine.inference_process", slot.config, slot.view, slot.ends, control_r),
+            args=("model_server.engine.inference_process", slot.config, slot.view, ends, control_r),
             name=f"inference-{slot.name}",
         )
         process.start()
@@ -358,9 +365,6 @@ class HostSupervisor:
                 reason = slot.state_machine.reason or reason
             log.error("model %s failed: %s", slot.name, reason)
             slot.state_machine.try_to(State.FAILED, reason)
-            slot.burned = True
-            for end in slot.ends:  # the HTTP processes see the channel end: what waits is answered 503
-                end.close()
         return None
 
     def _wake_wanted(self) -> None:

@@ -84,7 +84,7 @@ def host(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hos
     key_file.write_text(KEY)
     server = start_server(
         "--shared-host", "--probe-port", str(probe), "--device-memory", f"{1000 * MI}", "--http-workers", "1",
-        "--api-key-file", str(key_file), wait="live", timeout=60,
+        "--api-key-file", str(key_file), "--max-models", "4", wait="live", timeout=60,
     )  # fmt: skip
     host = Host(server, probe)
     echo = str(tmp_path_factory.mktemp("echo"))
@@ -151,14 +151,14 @@ def test_a_load_makes_room_by_sleeping_the_least_recently_used_idle_models(
     assert loaded.status_code == 200 and loaded.json()["state"] == "Ready", loaded.text
     states = {name: entry["state"] for name, entry in host.index().items()}
     assert states["victim"] == "Sleeping" and states["minilm"] != "Sleeping", states
-    too_big = {"source": str(tmp_path), "task": "text-embedding", "handler": ECHO, "memory": f"{2000 * MI}"}
-    assert host.call("huge", "load", too_big).status_code == 507
     assert host.call("big", "unload").status_code == 200
     assert "big" not in host.index()
+    too_big = {"source": str(tmp_path), "task": "text-embedding", "handler": ECHO, "memory": f"{2000 * MI}"}
+    assert host.call("huge", "load", too_big).status_code == 507
     assert host.call("victim", "wake").json()["state"] == "Ready"
 
 
-def test_a_crashed_model_fails_alone_and_the_others_serve_on(host: Host) -> None:
+def test_a_crashed_model_fails_alone_and_the_others_serve_on(host: Host, tmp_path: Path) -> None:
     os.kill(host.index()["victim"]["pid"], signal.SIGKILL)
     until(lambda: host.state("victim") == "Failed", "victim Failed")
     assert "killed by SIGKILL" in host.index()["victim"]["reason"]
@@ -166,6 +166,11 @@ def test_a_crashed_model_fails_alone_and_the_others_serve_on(host: Host) -> None
         embed(host, "victim", "hello")
     assert list(embed(host, "echo", "hello")) == [5.0, 1.0]
     assert embed(host, "minilm", "still here").shape == (384,)
+    # Unloaded, its place takes a model again (every slot of this host has held one: --max-models 4).
+    assert host.call("victim", "unload").status_code == 200
+    again = {"source": str(tmp_path), "task": "text-embedding", "handler": ECHO, "memory": f"{100 * MI}"}
+    assert host.call("victim", "load", again).json()["state"] == "Ready"
+    assert list(embed(host, "victim", "hello")) == [5.0, 1.0]
 
 
 def test_a_fatal_device_error_fails_the_whole_host(host: Host) -> None:
