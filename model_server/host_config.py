@@ -54,6 +54,9 @@ class HostConfig(BaseSettings):
     device: str = Field(default="auto", description="auto|cpu|cuda[:N]: the device every model lives on")
     device_memory: int = Field(description="The device's memory the ledger may hand out (bytes or 8Gi)")
     host_memory: int | None = Field(default=None, description="Host memory for sleeping models' weights")
+    sleep_idle: bool = Field(
+        default=False, description="Put each model to sleep once it turns Idle (after its idle_after)"
+    )
     wake_timeout: float = Field(default=30.0, gt=0, le=3600, description="A request waits this for a wake")
     request_timeout: float = Field(default=REQUEST_TIMEOUT_S, gt=0, le=86_400, description="Max deadline (s)")
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Larger bodies -> 413")

@@ -58,6 +58,8 @@ HOST_WATCH_S = 0.05
 # How long a control call waits for a model to reach the state it asked for (a load: its whole load).
 LOAD_WAIT_S = 600.0
 SLEEP_WAIT_S = 60.0
+# --sleep-idle: how long after a refused sleep an Idle model is asked again.
+RETRY_SLEEP_S = 5.0
 
 
 class Conflict(ServerError):  # noqa: N818 - KServe-style names
@@ -84,7 +86,8 @@ class Slot:
     memory: int = 0  # the declared bytes (charged until the model's own measure is known)
     child: Child | None = None
     leaving: bool = False  # an unload is under way: its process's exit is expected
-    waking: bool = False
+    acting: bool = False  # a sleep or a wake of the watch loop's own is under way
+    retry_sleep_at: float = 0.0  # --sleep-idle: not before this (time.monotonic()) after a refusal
     state_machine: StateMachine = field(init=False)
 
     def __post_init__(self) -> None:
@@ -339,6 +342,8 @@ class HostSupervisor:
             if code is not None:
                 return code
             self._wake_wanted()
+            if self.config.sleep_idle:
+                self._sleep_idle()
 
     def _children(self) -> list[Child]:
         return [*self.http, *(s.child for s in self.slots if s.child is not None)]
@@ -370,21 +375,46 @@ class HostSupervisor:
     def _wake_wanted(self) -> None:
         """A request waits for a sleeping model: wake it (in a thread: making room may take a while)."""
         for slot in self.slots:
-            if slot.waking or slot.config is None or slot.state_machine.state is not State.SLEEPING:
-                continue
-            if slot.view.get(Field.WAKE_WANTED) > 0:
-                slot.waking = True
-                threading.Thread(target=self._wake_for_request, args=(slot,), daemon=True).start()
+            if slot.state_machine.state is State.SLEEPING and slot.view.get(Field.WAKE_WANTED) > 0:
+                self._act(slot, self._wake_for_request, "wake it for a request")
 
     def _wake_for_request(self, slot: Slot) -> None:
         try:
-            with self.lock:
-                self._wake(slot)
-        except ServerError as exc:
-            log.warning("cannot wake %s for a request: %s", slot.name, exc)
-        finally:
+            self._wake(slot)
+        finally:  # a request that comes later asks again
             slot.view.set(Field.WAKE_WANTED, 0.0)
-            slot.waking = False
+
+    def _sleep_idle(self) -> None:
+        """``--sleep-idle``: a model that has turned Idle goes to sleep (a refused one is asked again after
+        ``RETRY_SLEEP_S``)."""
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.state_machine.state is State.IDLE and now >= slot.retry_sleep_at:
+                self._act(slot, self._sleep_or_wait, "put it to sleep, Idle")
+
+    def _sleep_or_wait(self, slot: Slot) -> None:
+        try:
+            self._sleep(slot)
+        except SleepRefused:
+            slot.retry_sleep_at = time.monotonic() + RETRY_SLEEP_S
+            raise
+
+    def _act(self, slot: Slot, action: Callable[[Slot], None], what: str) -> None:
+        """Run ``action`` on ``slot`` in a thread of its own, one at a time per slot, under the lock."""
+        if slot.acting or slot.config is None:
+            return
+        slot.acting = True
+
+        def run() -> None:
+            try:
+                with self.lock:
+                    action(slot)
+            except ServerError as exc:
+                log.info("cannot %s (%s): %s", what, slot.name, exc)
+            finally:
+                slot.acting = False
+
+        threading.Thread(target=run, name=f"host-{slot.name}", daemon=True).start()
 
     def _catch_signals(self) -> socket.socket:
         wakeup_r, wakeup_w = socket.socketpair()

@@ -2,9 +2,10 @@
 
 One host for the module (loading costs seconds): all-MiniLM-L6-v2 and two echo models loaded through the
 control API; requests routed by name (tritonclient on the v2 path, the openai client by its ``model``);
-sleep, a wake on a request, making room on the device's ledger, unload; isolation: an exception in a
-forward pass fails only that request, a SIGKILLed model's process fails only that model, and a fatal
-device error fails the host (exit 4; last, since it ends the host).
+sleep, a wake on a request, making room on the device's ledger, unload, ``--sleep-idle``; isolation: an
+exception in a forward pass fails only that request, a SIGKILLed model's process fails only that model
+(its slot then takes a model again), and a fatal device error fails the host (exit 4; last, since it
+ends the host).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def host(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hos
     key_file.write_text(KEY)
     server = start_server(
         "--shared-host", "--probe-port", str(probe), "--device-memory", f"{1000 * MI}", "--http-workers", "1",
-        "--api-key-file", str(key_file), "--max-models", "4", wait="live", timeout=60,
+        "--api-key-file", str(key_file), "--max-models", "4", "--sleep-idle", wait="live", timeout=60,
     )  # fmt: skip
     host = Host(server, probe)
     echo = str(tmp_path_factory.mktemp("echo"))
@@ -166,11 +167,14 @@ def test_a_crashed_model_fails_alone_and_the_others_serve_on(host: Host, tmp_pat
         embed(host, "victim", "hello")
     assert list(embed(host, "echo", "hello")) == [5.0, 1.0]
     assert embed(host, "minilm", "still here").shape == (384,)
-    # Unloaded, its place takes a model again (every slot of this host has held one: --max-models 4).
+    # Unloaded, its place takes a model again (every slot of this host has held one: --max-models 4);
+    # this one turns Idle after half a second, and --sleep-idle puts it to sleep then.
     assert host.call("victim", "unload").status_code == 200
     again = {"source": str(tmp_path), "task": "text-embedding", "handler": ECHO, "memory": f"{100 * MI}"}
-    assert host.call("victim", "load", again).json()["state"] == "Ready"
-    assert list(embed(host, "victim", "hello")) == [5.0, 1.0]
+    assert host.call("victim", "load", {**again, "idle_after": 0.5}).status_code == 200
+    until(lambda: host.state("victim") == "Sleeping", "victim asleep once Idle")
+    assert list(embed(host, "victim", "hello")) == [5.0, 1.0]  # woken by the request
+    until(lambda: host.state("victim") == "Sleeping", "victim asleep again")
 
 
 def test_a_fatal_device_error_fails_the_whole_host(host: Host) -> None:
