@@ -95,6 +95,11 @@ class HostConfig(BaseSettings):
         """The key the control API's calls must carry, or None (no ``--control-key-file``)."""
         return self._control_key.get_secret_value() if self._control_key is not None else None
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        return ServerConfig._device(value)  # the dedicated worker's rule: auto, cpu, cuda or cuda:N
+
     @field_validator("device_memory", "host_memory", mode="before")
     @classmethod
     def _quantity(cls, value: Any) -> Any:

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from model_server.host_config import HostConfig
+from model_server.config import ConfigError
+from model_server.host_config import HostConfig, load_host_config
 from model_server.supervisor.host import HostSupervisor
 from model_server.supervisor.host_control import HostControlServer, authorized
 
@@ -73,3 +74,22 @@ def test_authorized() -> None:
     assert authorized(None, None) and authorized("Bearer x", None)
     assert authorized(f"Bearer {KEY}", KEY) and authorized(f"bearer  {KEY} ", KEY)
     assert not authorized(None, KEY) and not authorized(KEY, KEY) and not authorized(f"Basic {KEY}", KEY)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--shared-host"], "--device-memory"),
+        (["--shared-host", "--device-memory", "lots"], "--device-memory"),
+        (["--shared-host", "--device-memory", "1Gi", "--device", "tpu"], "--device"),
+        (["--shared-host", "--device-memory", "1Gi", "--max-models", "0"], "--max-models"),
+    ],
+)
+def test_a_bad_host_flag_is_refused_naming_it(argv: list[str], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        load_host_config(argv)
+
+
+def test_the_host_reads_quantities() -> None:
+    config = load_host_config(["--shared-host", "--device-memory", "40Gi", "--host-memory", "1e9"])
+    assert (config.device_memory, config.host_memory) == (40 << 30, 10**9)
