@@ -33,9 +33,11 @@ class ServerProcess:
         *extra: str,
         env: Mapping[str, str] | None = None,
         preexec: Callable[[], None] | None = None,
+        root: Path = ROOT,
     ) -> None:
         """``env`` is added to the child's environment; ``preexec`` runs in the child before the server
-        (to join a cgroup, say)."""
+        (to join a cgroup, say); ``root``: the source tree the server runs from (another revision's, to
+        compare with in one run)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         probe_port = free_port()
@@ -54,8 +56,8 @@ class ServerProcess:
             cmd,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env={**child_env(), **(env or {})},
+            cwd=root,  # ``-m`` puts the working directory first on sys.path
+            env={**child_env(), "PYTHONPATH": str(root), **(env or {})},
             preexec_fn=preexec,  # noqa: PLW1509 - it only joins a cgroup (one write)
         )
         self.client = httpx.Client(timeout=10)
