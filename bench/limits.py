@@ -42,7 +42,7 @@ import psutil
 from bench import report
 from bench.cgroups import favoured
 from bench.minilm import packaged_minilm
-from bench.server_process import ECHO_HANDLER, ServerProcess
+from bench.server_process import ECHO_HANDLER, ServerProcess, minilm_server
 from model_server.cpu_budget import THREADS_ENV, visible_cpus
 from testkit.environment import ROOT
 from testkit.load import INFER_PATH, collect_clients, run_clients, start_clients, v2_body
@@ -64,7 +64,7 @@ def load_average() -> str:
 def _servers(
     model: Path, n: int, flags: Callable[[int], list[str]], env: dict[str, str]
 ) -> list[ServerProcess]:
-    servers = [ServerProcess(model, "cpu", "float32", *flags(i), env=env) for i in range(n)]
+    servers = [minilm_server(model, "cpu", "float32", *flags(i), env=env) for i in range(n)]
     for server in servers:
         server.wait("/v2/health/ready")
     return servers
@@ -120,7 +120,7 @@ TAIL_SENTENCE = (
 
 def bench_tail(model: Path, args: argparse.Namespace, root: Path = ROOT) -> dict[str, Any]:
     """(b) one connection, one request after another, all the same sentence."""
-    server = ServerProcess(model, "cpu", "float32", *SHARE, root=root)
+    server = minilm_server(model, "cpu", "float32", *SHARE, root=root)
     try:
         server.wait("/v2/health/ready")
         run_clients(server.url, 1, False, 1, 2.0, 1)  # warm-up
@@ -214,7 +214,7 @@ def python_load(url: str, concurrency: int, duration: float) -> dict[str, Any]:
 def bench_refusals(args: argparse.Namespace, root: Path = ROOT) -> dict[str, Any]:
     """(c) a full worker, its model idle: 64 clients resending at once at its one HTTP process."""
     gate = Path(tempfile.mkdtemp(prefix="bench-limits-")) / "gate"
-    server = ServerProcess(
+    server = minilm_server(
         Path("/"), "cpu", "float32", "--handler", ECHO_HANDLER, "--queue-capacity", "1",
         "--http-workers", "1", "--skip-warmup", "--request-timeout", "600",
         env={"HANDLER_RUN_GATE": str(gate)}, root=root,
@@ -223,15 +223,17 @@ def bench_refusals(args: argparse.Namespace, root: Path = ROOT) -> dict[str, Any
     generator = "wrk" if shutil.which("wrk") and not args.python_load else "python"
     try:
         server.wait("/v2/health/ready")
-        for _ in range(2):  # one in the forward pass (held by the gate), one in the queue: full
+        # One in the forward pass (held by the gate), then one in the queue: full.  In turn: together, the
+        # second could find the first's slot still taken and be refused.
+        deadline = time.monotonic() + DEADLINE_S
+        for filled in ("in_flight", "queue_depth"):
             body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hold"]}]}
             url = server.url + INFER_PATH
             thread = threading.Thread(target=httpx.post, args=(url,), kwargs={"json": body, "timeout": 600})
             thread.start()
             holders.append(thread)
-        deadline = time.monotonic() + DEADLINE_S
-        while server.stats()["queue_depth"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+            while server.stats()[filled] < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
         (http,) = [p for p in psutil.Process(server.proc.pid).children() if p.name() == "mp-http-0"]
         before, refused_before = _cpu_seconds(http), server.stats()["rejected_total"]
         load = load_average()
@@ -257,7 +259,7 @@ def bench_refusals(args: argparse.Namespace, root: Path = ROOT) -> dict[str, Any
 
 def bench_flood(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     """(d) 10x the queue capacity in clients resending at once; the normal 64-client rate just before."""
-    server = ServerProcess(model, "cpu", "float32", "--queue-capacity", str(args.queue_capacity), *SHARE)
+    server = minilm_server(model, "cpu", "float32", "--queue-capacity", str(args.queue_capacity), *SHARE)
     try:
         server.wait("/v2/health/ready")
         run_clients(server.url, 1, False, 8, 2.0, 1)  # warm-up
