@@ -28,8 +28,14 @@ from pathlib import Path
 
 import pytest
 
-from testkit.cluster import Cluster, missing, require_prerequisites, start_cluster, stop_cluster
-from testkit.environment import BIN
+from testkit.cluster import (
+    Cluster,
+    missing,
+    require_prerequisites,
+    reused_cluster,
+    start_cluster,
+    stop_cluster,
+)
 from testkit.kubectl import wait_for
 from testkit.loopback import PodIPWatch
 
@@ -41,17 +47,12 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         kubeconfig = Path(reuse).resolve()
         if not kubeconfig.exists():
             missing(f"MODELPOOL_TEST_KUBECONFIG={reuse} does not exist")
+        log_dir = os.environ.get("MODELPOOL_TEST_PROCESSNODE_LOG_DIR")
         yield from _guarded(
-            Cluster(
-                kubeconfig=kubeconfig,
-                bin_dir=BIN,
-                log_dir=kubeconfig.parent / "logs",
+            reused_cluster(
+                kubeconfig,
                 process_node=os.environ.get("MODELPOOL_TEST_PROCESS_NODE", "process-node-0"),
-                processnode_log_dir=Path(
-                    os.environ.get("MODELPOOL_TEST_PROCESSNODE_LOG_DIR", kubeconfig.parent / "processnode")
-                ),
-                # hack/cluster.sh keeps kwokctl's files beside the kubeconfig.
-                audit_log=next(iter(sorted(kubeconfig.parent.glob("kwok/clusters/*/logs/audit.log"))), None),
+                processnode_log_dir=Path(log_dir) if log_dir else None,
             )
         )
         return

@@ -119,28 +119,30 @@ def _cidr(node: int) -> str:
     return f"127.{BENCH_NODE_OCTET + node}.0.0/16"
 
 
-def pools_manifest(pools: int, workers: int) -> str:
-    items = [
-        {
-            "apiVersion": "modelpool.dev/v1alpha1",
-            "kind": "ModelPool",
-            "metadata": {"name": f"pool-{i:03d}", "namespace": NAMESPACE},
-            "spec": {
-                "model": {"source": "/models/bench", "task": "text-embedding"},
-                "replicas": workers,
-                "minReplicas": 0,
-                "maxReplicas": max(workers, 10),
-                # GPUs are not requested: 1000 workers would need 1000 fake GPUs; placement is not what
-                # this benchmark measures.
-                "resources": {"memory": "1Gi", "gpus": 0},
-                "podTemplate": {
-                    "nodeSelector": {"type": "kwok"},
-                    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
-                },
+def kwok_pool(name: str, namespace: str, workers: int) -> dict[str, Any]:
+    """A pool of ``workers`` workers on the KWOK nodes (pods with no process behind them)."""
+    return {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"source": "/models/bench", "task": "text-embedding"},
+            "replicas": workers,
+            "minReplicas": 0,
+            "maxReplicas": max(workers, 10),
+            # GPUs are not requested: 1000 workers would need 1000 fake GPUs; placement is not what
+            # this benchmark measures.
+            "resources": {"memory": "1Gi", "gpus": 0},
+            "podTemplate": {
+                "nodeSelector": {"type": "kwok"},
+                "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
             },
-        }
-        for i in range(pools)
-    ]
+        },
+    }
+
+
+def pools_manifest(pools: int, workers: int) -> str:
+    items = [kwok_pool(f"pool-{i:03d}", NAMESPACE, workers) for i in range(pools)]
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
 
 

@@ -14,11 +14,8 @@ Each gateway's RSS is read after the requests, with its peak (``VmHWM``: the ini
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import secrets
 import statistics
-import subprocess
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,16 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
-from bench.controlplane import wait
+from bench.controlplane import kwok_pool, wait
 from bench.gateway import ECHO_HANDLER, pool
-from modelpool_contract.gateway_keys import KEY_FIELD, KEY_LABEL_VALUE, LABEL_GATEWAY_KEY, NAMESPACES_FIELD
 from modelpool_contract.labels import LABEL_POOL
+from testkit.cluster import reused_cluster
 from testkit.corpus import corpus
-from testkit.environment import BIN, ROOT
+from testkit.environment import ROOT
 from testkit.kubectl import kubectl
 from testkit.load import Connection, raw_request, v2_body
+from testkit.services import GatewayProcess, bearer, create_key
 
 SMALL_POOLS = 10
 TARGETS = ("direct", "small", "big")
@@ -62,59 +59,8 @@ def small_pools(namespace: str) -> list[dict[str, Any]]:
     """The echo pool on the process node and ``SMALL_POOLS - 1`` one-worker KWOK pools."""
     echo = pool("echo", "/", {"MODELPOOL_HANDLER": ECHO_HANDLER, "PYTHONPATH": str(ROOT)}, "1Gi", 32)
     echo["metadata"]["namespace"] = namespace
-    kwok = [
-        {
-            "apiVersion": "modelpool.dev/v1alpha1",
-            "kind": "ModelPool",
-            "metadata": {"name": f"small-{i}", "namespace": namespace},
-            "spec": {
-                "model": {"source": "/models/bench", "task": "text-embedding"},
-                "replicas": 1,
-                "resources": {"memory": "1Gi", "gpus": 0},
-                "podTemplate": {
-                    "nodeSelector": {"type": "kwok"},
-                    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
-                },
-            },
-        }
-        for i in range(SMALL_POOLS - 1)
-    ]
+    kwok = [kwok_pool(f"small-{i}", namespace, 1) for i in range(SMALL_POOLS - 1)]
     return [echo, *kwok]
-
-
-def key_secret(namespace: str, key: str) -> dict[str, Any]:
-    """A gateway key Secret granting every namespace (as an administrator makes one)."""
-    data = {KEY_FIELD: key, NAMESPACES_FIELD: "*"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": "bench-all-pools",
-            "namespace": namespace,
-            "labels": {LABEL_GATEWAY_KEY: KEY_LABEL_VALUE},
-        },
-        "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-    }
-
-
-def _free_port() -> int:
-    from testkit.environment import free_port
-
-    return free_port()
-
-
-def _start_gateway(
-    kubeconfig: Path, keys_namespace: str, namespace: str | None, log: Path
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    flags = ["--namespace", namespace] if namespace else []
-    proc = subprocess.Popen(
-        [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig), *flags,
-         "--keys-namespace", keys_namespace, "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "warning"],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    return proc, f"http://127.0.0.1:{port}"
 
 
 def _echo_url(kubeconfig: Path, namespace: str, port: int) -> str | None:
@@ -131,14 +77,12 @@ def _echo_url(kubeconfig: Path, namespace: str, port: int) -> str | None:
     return None
 
 
-def _serving(url: str, key: str) -> bool:
+def _serving(gateway: GatewayProcess) -> bool:
     try:
-        models = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
+        models = gateway.models(timeout=30)
     except (httpx.HTTPError, ValueError):
         return False
-    return any(
-        m["modelpool"]["pool"] == "echo" and m["modelpool"]["servingWorkers"] >= 1 for m in models["data"]
-    )
+    return int(models.get("echo", {}).get("modelpool", {}).get("servingWorkers", 0)) >= 1
 
 
 async def _round(urls: dict[str, str], key: str, pairs: int, first: int) -> dict[str, float]:
@@ -150,7 +94,7 @@ async def _round(urls: dict[str, str], key: str, pairs: int, first: int) -> dict
         host, port = parsed.host, parsed.port or 80
         conns[name] = Connection(host, port)
         await conns[name].open()
-        auth = {} if name == "direct" else {"Authorization": f"Bearer {key}"}
+        auth = {} if name == "direct" else bearer(key)
         bodies = [v2_body(texts[i : i + 1], binary=False) for i in range(64)]
         requests[name] = [
             raw_request(host, port, "/v2/models/echo/infer", b, {**h, **auth}) for b, h in bodies
@@ -169,14 +113,9 @@ async def _round(urls: dict[str, str], key: str, pairs: int, first: int) -> dict
     return {name: statistics.median(t) * 1000 for name, t in times.items()}
 
 
-def _rss(proc: subprocess.Popen[bytes]) -> tuple[float, float]:
+def _rss(gateway: GatewayProcess) -> tuple[float, float]:
     """(RSS, peak RSS) in MiB."""
-    rss = psutil.Process(proc.pid).memory_info().rss / 2**20
-    peak = rss
-    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            peak = int(line.split()[1]) / 1024
-    return rss, peak
+    return gateway.rss_bytes() / 2**20, gateway.peak_rss_bytes() / 2**20
 
 
 def measure(
@@ -184,10 +123,11 @@ def measure(
 ) -> GatewayScale:
     """Add the small namespace, start both gateways, measure, stop them and delete what was added."""
     small_ns, keys_ns = f"bench-small-{uuid.uuid4().hex[:6]}", f"bench-keys-{uuid.uuid4().hex[:6]}"
-    key = secrets.token_urlsafe(24)
-    kubectl(kubeconfig, "create", "namespace", small_ns)
-    kubectl(kubeconfig, "create", "namespace", keys_ns)
-    kubectl(kubeconfig, "apply", "-f", "-", stdin=json.dumps(key_secret(keys_ns, key)))
+    cluster = reused_cluster(kubeconfig)
+    cluster.kubectl("create", "namespace", small_ns)
+    cluster.kubectl("create", "namespace", keys_ns)
+    # One key Secret granting every namespace, as an administrator makes one; both gateways read it.
+    key = create_key(cluster, keys_ns, "bench-all-pools", namespaces="*")
     kubectl(
         kubeconfig,
         "apply",
@@ -195,23 +135,24 @@ def measure(
         "-",
         stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": small_pools(small_ns)}),
     )
-    procs: list[subprocess.Popen[bytes]] = []
+    flags = ("--keys-namespace", keys_ns, "--log-level", "warning")
+    gateways: list[GatewayProcess] = []
     try:
         wait(
             lambda: _echo_url(kubeconfig, small_ns, worker_port) is not None, 600, "the echo worker Ready", 2
         )
         direct = str(_echo_url(kubeconfig, small_ns, worker_port))
-        small, small_url = _start_gateway(kubeconfig, keys_ns, small_ns, workdir / "gateway-small.log")
-        procs.append(small)
-        big, big_url = _start_gateway(kubeconfig, keys_ns, None, workdir / "gateway-big.log")
-        procs.append(big)
+        small = GatewayProcess(cluster, [small_ns], workdir / "gateway-small.log", *flags, key=key)
+        gateways.append(small)
+        big = GatewayProcess(cluster, [], workdir / "gateway-big.log", *flags, key=key)  # every namespace
+        gateways.append(big)
         wait(
-            lambda: _serving(small_url, key) and _serving(big_url, key),
+            lambda: _serving(small) and _serving(big),
             600,
             "echo serving through both gateways",
             interval=2,
         )
-        urls = {"direct": direct, "small": small_url, "big": big_url}
+        urls = {"direct": direct, "small": small.url, "big": big.url}
         asyncio.run(_round(urls, key, 50, 0))  # warm-up: connections, caches
         results = []
         for r in range(rounds):
@@ -221,16 +162,11 @@ def measure(
         (small_rss, small_peak), (big_rss, big_peak) = _rss(small), _rss(big)
         big_pools = len(json.loads(kubectl(kubeconfig, "get", "modelpools", "-A", "-o", "json"))["items"])
     finally:
-        for proc in procs:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        subprocess.run(
-            [str(BIN / "kubectl"), "--kubeconfig", str(kubeconfig), "delete", "modelpools.modelpool.dev",
-             "--all", "-n", small_ns, "--timeout=120s"],
-            capture_output=True, timeout=180, check=False,
+        for gateway in gateways:
+            gateway.stop(timeout=30)
+        cluster.kubectl(
+            "delete", "modelpools.modelpool.dev", "--all", "-n", small_ns, "--timeout=120s",
+            check=False, timeout=180,
         )  # fmt: skip
     small_added = statistics.median(r["small"] - r["direct"] for r in results)
     big_added = statistics.median(r["big"] - r["direct"] for r in results)

@@ -20,8 +20,8 @@ from modelpool_contract.api import (
 )
 from modelpool_contract.mounts import parse_pvc_source
 from modelpool_contract.tasks import TASK_NAMES
+from modelpool_operator.effects.resources import build_worker_pod
 from modelpool_operator.pool import PoolView
-from modelpool_operator.resources import build_worker_pod
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 

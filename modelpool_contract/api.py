@@ -1,4 +1,4 @@
-"""The ModelPool and ModelBudget API (group ``modelpool.dev``, version ``v1alpha1``) as pydantic models.
+"""The ModelPool, ModelBudget and ModelHost API (group ``modelpool.dev``, ``v1alpha1``) as pydantic models.
 
 This module is the one source of the resources' shape: ``crdgen`` (in the operator) turns these models
 into the CRD YAML (field descriptions become ``kubectl explain`` text), the operator parses specs and
@@ -37,6 +37,8 @@ MODELPOOL_KIND = "ModelPool"
 MODELPOOL_PLURAL = "modelpools"
 MODELBUDGET_KIND = "ModelBudget"
 MODELBUDGET_PLURAL = "modelbudgets"
+MODELHOST_KIND = "ModelHost"
+MODELHOST_PLURAL = "modelhosts"
 
 # A pool's summary phase.
 PoolPhase = Literal["Pending", "Loading", "Ready", "Degraded", "Failed", "Idle", "ScaledToZero"]
@@ -64,6 +66,8 @@ Quantity = Annotated[int, Field(ge=0)] | str
 DEFAULT_GPU_HOST_MEMORY = "2Gi"
 # A PersistentVolumeClaim's name (a DNS-1123 subdomain).
 CLAIM_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+# A ModelHost's name, as spec.host names it (a DNS-1123 subdomain, like every object name).
+HOST_NAME_PATTERN = CLAIM_NAME_PATTERN
 CacheType = Literal["none", "pvc", "hostPath"]
 #: What the autoscaler counts the load in (``spec.autoscaling.metric``).
 AutoscalingMetric = Literal["requests", "tokens", "kvCache"]
@@ -557,6 +561,20 @@ class ModelPoolSpec(_Model):
             "sentence-transformers/all-MiniLM-L6-v2. Letters, digits, '.', '_', ':', '-', at most one '/'."
         ),
     )
+    host: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=HOST_NAME_PATTERN,
+        description=(
+            "The ModelHost (same namespace) whose shared host pods serve this model, each beside other "
+            "models on the same GPUs; unset: dedicated workers, one pod per worker. On a shared pool "
+            "replicas, minReplicas and maxReplicas count the hosts that hold the model, resources.memory "
+            "is the model's declared size (charged on its device until its server measures it), and the "
+            "pod-level fields (image, podTemplate, auth, resources.gpus/hostMemory/cpu) belong to the "
+            "ModelHost: set there, refused here."
+        ),
+    )
     activation_timeout_seconds: int = Field(
         default=DEFAULT_ACTIVATION_TIMEOUT_SECONDS,
         ge=1,
@@ -580,6 +598,10 @@ class ModelPoolSpec(_Model):
         policy = self.autoscaling
         if written and policy.metric == "requests" and policy.target_per_worker > self.queue.capacity:
             raise ValueError(MSG_TARGET_LE_CAPACITY)
+        if self.host is not None:
+            refused = shared_pool_refusals(self)
+            if refused:
+                raise ValueError(refused[0])
         return self
 
 
@@ -600,6 +622,78 @@ MSG_KV_CACHE_TARGET = (
     "spec.autoscaling.targetKvCache is required when spec.autoscaling.metric is kvCache (the share of each "
     "worker's KV cache to aim for, greater than 0 and at most 1)"
 )
+
+
+def _pod_template_unset() -> str:
+    """CEL: ``spec.podTemplate`` absent or asking for nothing (``{}``, or empty maps and lists, as a client
+    that writes the model's defaults sends it)."""
+    parts = []
+    for name, info in PodTemplate.model_fields.items():
+        wire = info.alias or to_camel(name)
+        if info.default_factory is not None:
+            parts.append(f"(!has(self.podTemplate.{wire}) || size(self.podTemplate.{wire}) == 0)")
+        else:
+            parts.append(f"!has(self.podTemplate.{wire})")
+    return "!has(self.podTemplate) || (" + " && ".join(parts) + ")"
+
+
+# A shared pool (spec.host) runs in its ModelHost's pods: the fields that shape a pod of its own are the
+# host's. Each: (the field's path under spec, the CEL condition that it is unset, the message). The CRD
+# carries the same rules (crdgen), so `kubectl apply` and the operator refuse with the same words.
+SHARED_POOL_RULES: tuple[tuple[str, str, str], ...] = (
+    (
+        "image",
+        "!has(self.image)",
+        "spec.image is the ModelHost's on a shared pool (spec.host): set the image on the ModelHost, or "
+        "remove spec.host for dedicated workers",
+    ),
+    (
+        "podTemplate",
+        _pod_template_unset(),
+        "spec.podTemplate is the ModelHost's on a shared pool (spec.host): the model runs in the host's "
+        "pods (set nodeSelector and tolerations on the ModelHost), or remove spec.host",
+    ),
+    (
+        "auth",
+        "!has(self.auth)",
+        "spec.auth is not supported on a shared pool (spec.host): the host's pods serve several models "
+        "behind one door; remove spec.auth, or remove spec.host for dedicated workers",
+    ),
+    (
+        "resources.gpus",
+        "!has(self.resources.gpus) || self.resources.gpus == 0",
+        "spec.resources.gpus must be 0 or unset on a shared pool (spec.host): the ModelHost's gpusPerHost "
+        "gives the GPUs, and spec.resources.memory the model's share of one",
+    ),
+    (
+        "resources.hostMemory",
+        "!has(self.resources.hostMemory)",
+        "spec.resources.hostMemory is the ModelHost's on a shared pool (spec.host): set hostMemory on the "
+        "ModelHost (RAM for sleeping models), or remove spec.host",
+    ),
+    (
+        "resources.cpu",
+        "!has(self.resources.cpu)",
+        "spec.resources.cpu is the ModelHost's on a shared pool (spec.host): set resources.cpu on the "
+        "ModelHost, or remove spec.host",
+    ),
+)
+
+
+def shared_pool_refusals(spec: ModelPoolSpec) -> list[str]:
+    """The messages of the ``SHARED_POOL_RULES`` a pool with ``spec.host`` breaks (empty: none, or not a
+    shared pool). Fields at their defaults count as unset, as the API server's ``has()`` sees them."""
+    if spec.host is None:
+        return []
+    written = {
+        "image": spec.image is not None,
+        "podTemplate": spec.pod_template != PodTemplate(),
+        "auth": spec.auth is not None,
+        "resources.gpus": spec.resources.gpus != 0,
+        "resources.hostMemory": spec.resources.host_memory is not None,
+        "resources.cpu": spec.resources.cpu is not None,
+    }
+    return [message for field, _, message in SHARED_POOL_RULES if written[field]]
 
 
 def autoscaling_enabled(spec: ModelPoolSpec) -> bool:
@@ -918,6 +1012,204 @@ class ModelBudgetStatus(_Model):
     )
 
 
+# ---- ModelHost ----------------------------------------------------------------------------------------
+
+
+class HostResourcesSpec(_Model):
+    """What one host pod asks of its node besides its GPUs and memory."""
+
+    cpu: Quantity | None = Field(
+        default=None,
+        description=(
+            "CPU request per host pod (a quantity such as 8 or 500m); unset: none. The host's models share "
+            "it: the server sizes each model's CPU threads within it."
+        ),
+    )
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu_is_quantity(cls, value: Quantity | None) -> Quantity | None:
+        return _check_quantity(value, "spec.resources.cpu")
+
+
+class ModelHostSpec(_Model):
+    """Shared host pods: each owns its GPUs (nvidia.com/gpu) and serves several shared pools' models."""
+
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Host pods to keep running (0: none; their models go elsewhere).",
+    )
+    gpus_per_host: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description=(
+            "nvidia.com/gpu per host pod; each GPU is one device of the ledger. 0: a CPU host, whose one "
+            "device is the CPU with deviceMemory of RAM for awake models."
+        ),
+    )
+    device_memory: Quantity | None = Field(
+        default=None,
+        description=(
+            "Required: the memory of each device that the operator may hand out to awake models (a "
+            "quantity such as 80Gi; leave a little of the card for the CUDA contexts, about 500Mi per "
+            "model). On a CPU host (gpusPerHost 0): the RAM awake models may use."
+        ),
+    )
+    host_memory: Quantity | None = Field(
+        default=None,
+        description=(
+            "The host's RAM for sleeping models' weights (pinned memory on GPU hosts), e.g. 64Gi. Unset: 0, "
+            "nothing sleeps: an idle model that must make room is unloaded (its next request is a cold "
+            "load)."
+        ),
+    )
+    image: str | None = Field(
+        default=None, description="The model server image; unset: the operator's default image."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels a host pod's node must have (e.g. the GPU product)."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Taints host pods tolerate (e.g. nvidia.com/gpu)."
+    )
+    resources: HostResourcesSpec = Field(default_factory=HostResourcesSpec, description="CPU per host pod.")
+
+    @field_validator("device_memory")
+    @classmethod
+    def _device_memory(cls, value: Quantity | None) -> Quantity | None:
+        if value is None:
+            raise ValueError(MSG_DEVICE_MEMORY_REQUIRED)
+        _check_quantity(value, "spec.deviceMemory")
+        if parse_quantity(value) <= 0:
+            raise ValueError(MSG_DEVICE_MEMORY_POSITIVE)
+        return value
+
+    @field_validator("host_memory")
+    @classmethod
+    def _host_memory(cls, value: Quantity | None) -> Quantity | None:
+        return _check_quantity(value, "spec.hostMemory")
+
+    @model_validator(mode="after")
+    def _device_memory_given(self) -> ModelHostSpec:
+        # The field validator runs only for a value given; an absent field is refused here.
+        if self.device_memory is None:
+            raise ValueError(MSG_DEVICE_MEMORY_REQUIRED)
+        return self
+
+    @property
+    def devices(self) -> int:
+        """Devices per host pod: its GPUs, or the CPU alone."""
+        return max(self.gpus_per_host, 1)
+
+    @property
+    def device_memory_bytes(self) -> int:
+        """``deviceMemory`` in bytes (validated: present and positive)."""
+        return parse_quantity(self.device_memory or 0)
+
+    @property
+    def host_memory_bytes(self) -> int:
+        """``hostMemory`` in bytes (0 when unset: nothing sleeps)."""
+        return 0 if self.host_memory is None else parse_quantity(self.host_memory)
+
+
+MSG_DEVICE_MEMORY_REQUIRED = (
+    "spec.deviceMemory is required: the memory of each GPU the operator may hand out to models (e.g. 80Gi "
+    "on an 80 GB card, less the CUDA contexts), or on a CPU host (gpusPerHost 0) the RAM for awake models"
+)
+MSG_DEVICE_MEMORY_POSITIVE = "spec.deviceMemory must be greater than 0"
+
+#: A model's state on a host: the worker states, and Sleeping (weights parked in host RAM) and Waking.
+#: (Issue 21: once ``states.WorkerState`` has Sleeping and Waking, this becomes that type.)
+HostModelState = Literal[
+    "Pending", "Loading", "Ready", "Processing", "Idle", "Sleeping", "Waking", "Evicting", "Dead", "Failed"
+]
+
+
+class HostDeviceStatus(_Model):
+    """One device of a host pod as the ledger counts it."""
+
+    index: int = Field(description="The device's index in the pod (0 for a CPU host's one device).")
+    capacity: str = Field(description="deviceMemory: what the ledger may hand out (a quantity).")
+    capacity_bytes: int = Field(description="The same in bytes.")
+    awake: str = Field(
+        description="Charged to awake models: each its measured accelerator memory, else its declared size."
+    )
+    awake_bytes: int = Field(description="The same in bytes.")
+    asleep: str = Field(description="Host RAM held by this device's sleeping models (a quantity).")
+    asleep_bytes: int = Field(description="The same in bytes.")
+    free: str = Field(description="capacity - awake (negative: over-committed by measurement).")
+    free_bytes: int = Field(description="The same in bytes.")
+
+
+class HostModelStatus(_Model):
+    """One model on a host pod."""
+
+    namespace: str = Field(description="The shared pool's namespace.")
+    pool: str = Field(description="The shared pool (ModelPool) whose model this is.")
+    state: HostModelState = Field(
+        description="Pending, Loading, Ready, Processing, Idle, Sleeping, Waking, Evicting, Dead or Failed."
+    )
+    reason: str | None = Field(
+        default=None, description="Why it is in this state (e.g. MadeRoom, IdleSleep)."
+    )
+    device: int | None = Field(default=None, description="The device it is (or wakes) on.")
+    memory: str = Field(
+        default="0",
+        description="What it is charged: on its device while awake, in host RAM while Sleeping (a quantity).",
+    )
+    memory_bytes: int = Field(default=0, description="The same in bytes.")
+    measured: bool = Field(
+        default=False, description="Whether the charge is the server's measurement (else the declared size)."
+    )
+    last_request_time: str | None = Field(
+        default=None, description="When it last received a request (RFC 3339): the least recent sleeps first."
+    )
+
+
+class HostPodStatus(_Model):
+    """One host pod: its devices and models."""
+
+    name: str = Field(description="The host pod's name.")
+    state: WorkerState = Field(description="The pod's state, as a worker's (Pending, Loading, Ready, ...).")
+    node: str | None = Field(default=None, description="The node it runs on.")
+    devices: list[HostDeviceStatus] = Field(default_factory=list, description="Its devices' ledgers.")
+    host_memory: str = Field(default="0", description="spec.hostMemory: RAM for sleeping models.")
+    host_memory_free: str = Field(default="0", description="hostMemory less what sleeping models hold.")
+    models: list[HostModelStatus] = Field(default_factory=list, description="The models it holds.")
+
+
+class HostMemoryTotals(_Model):
+    """Device memory over every host pod (the printer columns)."""
+
+    awake: str = Field(default="0", description="Charged to awake models, over all devices (a quantity).")
+    awake_bytes: int = Field(default=0, description="The same in bytes.")
+    asleep: str = Field(default="0", description="Host RAM held by sleeping models, over all host pods.")
+    asleep_bytes: int = Field(default=0, description="The same in bytes.")
+    free: str = Field(default="0", description="Device memory not charged, over all devices.")
+    free_bytes: int = Field(default=0, description="The same in bytes.")
+
+
+class ModelHostStatus(_Model):
+    """What the operator observed and placed; written only by the operator."""
+
+    replicas: int = Field(default=0, description="Host pods that exist and have not failed.")
+    ready_replicas: int = Field(default=0, description="Host pods able to serve.")
+    ready_text: str | None = Field(default=None, description="ready/desired, for kubectl get.")
+    models: int = Field(default=0, description="Models on the host pods, awake or asleep.")
+    memory: HostMemoryTotals = Field(default_factory=HostMemoryTotals, description="Device memory totals.")
+    hosts: list[HostPodStatus] = Field(default_factory=list, description="Every host pod.")
+    selector: str | None = Field(
+        default=None, description="Label selector of the host pods (for the scale subresource)."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, ...")
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation the status reflects."
+    )
+
+
 # ---- helpers ------------------------------------------------------------------------------------------
 
 
@@ -939,6 +1231,11 @@ def parse_budget_spec(spec: dict[str, Any] | Any) -> ModelBudgetSpec:
     return ModelBudgetSpec.model_validate(dict(spec))
 
 
+def parse_host_spec(spec: dict[str, Any] | Any) -> ModelHostSpec:
+    """A ModelHost ``spec`` mapping as a model; raises pydantic ``ValidationError``."""
+    return ModelHostSpec.model_validate(dict(spec))
+
+
 def source_is_supported(source: str) -> bool:
     """True for the source schemes the server resolves (see ``SOURCE_PATTERN``)."""
     return _SOURCE_RE.match(source) is not None
@@ -951,14 +1248,19 @@ __all__ = [
     "GROUP",
     "MODELBUDGET_KIND",
     "MODELBUDGET_PLURAL",
+    "MODELHOST_KIND",
+    "MODELHOST_PLURAL",
     "MODELPOOL_KIND",
     "MODELPOOL_PLURAL",
+    "MSG_DEVICE_MEMORY_POSITIVE",
+    "MSG_DEVICE_MEMORY_REQUIRED",
     "MSG_KV_CACHE_TARGET",
     "MSG_STABLE_GE_UP_WINDOW",
     "MSG_TARGET_LE_CAPACITY",
     "MSG_TOKENS_TARGET",
     "QUANTITY_PATTERN",
     "SERVED_NAME_PATTERN",
+    "SHARED_POOL_RULES",
     "VERSION",
     "AuthSpec",
     "AutoscalingMetric",
@@ -968,12 +1270,20 @@ __all__ = [
     "Condition",
     "EnvVar",
     "EnvVarSource",
+    "HostDeviceStatus",
+    "HostMemoryTotals",
+    "HostModelState",
+    "HostModelStatus",
+    "HostPodStatus",
+    "HostResourcesSpec",
     "KeySelector",
     "MeasuredMemory",
     "MemoryStatus",
     "ModelBudgetSpec",
     "ModelBudgetStatus",
     "ModelCacheSpec",
+    "ModelHostSpec",
+    "ModelHostStatus",
     "ModelPoolSpec",
     "ModelPoolStatus",
     "ModelSpec",
@@ -987,7 +1297,9 @@ __all__ = [
     "WorkerGeneration",
     "WorkerStatus",
     "autoscaling_enabled",
+    "parse_host_spec",
     "parse_pool_spec",
     "parse_pool_status",
     "replica_ceiling",
+    "shared_pool_refusals",
 ]

@@ -1,4 +1,5 @@
-"""Kubernetes resource quantities (``2Gi``, ``500M``, ``1.5G``, ``128974848``, ``1e9``) to and from bytes.
+"""Kubernetes resource quantities (``2Gi``, ``500M``, ``1.5G``, ``128974848``, ``1e9``) to and from bytes,
+and a quantity's exact value (``500m`` CPU is 0.5).
 
 Pure and dependency-free: the operator charges memory against the budget in integer bytes, while the
 wire (spec, status, printer columns) speaks quantities.  The grammar is the one the API server accepts
@@ -51,31 +52,36 @@ def parse_quantity(value: str | int | float) -> int:
         if not math.isfinite(value) or value < 0 or value > _MAX_BYTES:
             raise QuantityError(f"invalid quantity {value!r}: must be a finite, non-negative number")
         return math.ceil(value)
-    text = value.strip()
-    match = _QUANTITY_RE.match(text)
-    if match is None:
-        raise QuantityError(
-            f"invalid quantity {value!r}: expected a number with an optional suffix "
-            "such as '2Gi', '500M' or '1e9'"
-        )
-    number_text, suffix = match.group(1), match.group(3) or ""
-    try:
-        number = Decimal(number_text)
-        if suffix in _BINARY:
-            amount = number * _BINARY[suffix]
-        elif suffix in _DECIMAL:
-            amount = number * _DECIMAL[suffix]
-        else:  # an exponent such as e9; bounded so "1e999999999" cannot eat the operator's memory
-            exponent = int(suffix[1:])
-            if exponent > _MAX_EXPONENT:
-                raise QuantityError(f"invalid quantity {value!r}: too large")
-            amount = number * (Decimal(10) ** exponent)
-    except (InvalidOperation, ValueError, OverflowError) as exc:
-        raise QuantityError(f"invalid quantity {value!r}: {exc}") from None
+    amount = quantity_value(value)
     if amount > _MAX_BYTES:
         raise QuantityError(f"invalid quantity {value!r}: too large (the limit is 2^63-1 bytes)")
     # Decimal -> int rounding up: charging a fraction of a byte as a whole byte keeps the budget safe.
     return int(amount.to_integral_value(rounding="ROUND_CEILING"))
+
+
+def quantity_value(text: str) -> Decimal:
+    """A quantity's exact value (``500m`` → ``0.5``, ``2Gi`` → ``2147483648``), for the callers that
+    divide quantities (a CPU request over a divisor) before rounding.  Raises ``QuantityError`` for
+    malformed or negative input."""
+    match = _QUANTITY_RE.match(text.strip())
+    if match is None:
+        raise QuantityError(
+            f"invalid quantity {text!r}: expected a number with an optional suffix "
+            "such as '2Gi', '500M' or '1e9'"
+        )
+    number_text, suffix = match.group(1), match.group(3) or ""
+    # An exponent such as e9 is bounded first, so "1e999999999" cannot eat the operator's memory.
+    if suffix not in _BINARY and suffix not in _DECIMAL and int(suffix[1:]) > _MAX_EXPONENT:
+        raise QuantityError(f"invalid quantity {text!r}: too large")
+    try:
+        number = Decimal(number_text)
+        if suffix in _BINARY:
+            return number * _BINARY[suffix]
+        if suffix in _DECIMAL:
+            return number * _DECIMAL[suffix]
+        return number * (Decimal(10) ** int(suffix[1:]))  # the exponent form
+    except (InvalidOperation, ValueError, OverflowError) as exc:
+        raise QuantityError(f"invalid quantity {text!r}: {exc}") from None
 
 
 def is_quantity(value: object) -> bool:

@@ -1,21 +1,25 @@
 """The local control plane's lifecycle: the `Cluster` handle, starting/stopping one through `hack/cluster.sh`
-(the same code path as `make cluster-up`), the prerequisites a test skips without (fails in CI), and
-`guarded_cluster`, a benchmark's cluster with its pod addresses checked.  The pytest fixtures live in the
-root conftest.py."""
+(the same code path as `make cluster-up`), stopping and starting its components (etcd, the API server, the
+controllers: `kwokctl stop/start cluster`) while the process node and KWOK keep running, the prerequisites a
+test skips without (fails in CI), and `guarded_cluster`, a benchmark's cluster with its pod addresses
+checked.  The pytest fixtures live in the root conftest.py."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from testkit.environment import BIN, IN_CI, ROOT
@@ -48,6 +52,10 @@ class Cluster:
     # The API server's audit log (hack/audit-policy.yaml: requests of the modelpool-audit namespace's
     # ServiceAccounts only); None when unknown (a reused cluster without it).
     audit_log: Path | None = None
+    # Where hack/cluster.sh made it and kwokctl's name for it: set by `start_cluster`; None for a cluster
+    # reused as it is (its control plane is not the caller's to stop).
+    workdir: Path | None = None
+    name: str | None = None
 
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
@@ -67,6 +75,92 @@ class Cluster:
         return run_tool(
             self.kubeconfig, tool, args, check=check, input=input, timeout=timeout, bin_dir=self.bin_dir
         )
+
+    # ---- the control plane's components ----------------------------------------------------------------
+    def kwokctl(self, *args: str) -> None:
+        """kwokctl on this cluster; its output goes to ``logs/kwokctl.log`` (never a pipe: the components it
+        starts would hold it open).  A non-zero exit raises with the log's tail."""
+        workdir, name = self._own()
+        env = dict(os.environ, KWOK_WORKDIR=str(workdir / "kwok"), KWOK_KUBECTL_BINARY=str(BIN / "kubectl"))
+        log = workdir / "logs" / "kwokctl.log"
+        with log.open("a") as out:
+            code = subprocess.run(
+                [str(BIN / "kwokctl"), "--name", name, *args],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=180,
+                check=False,
+            ).returncode
+        if code != 0:
+            raise RuntimeError(
+                f"kwokctl {' '.join(args)} exited {code} (log {log}):\n{log.read_text()[-3000:]}"
+            )
+
+    def stop_control_plane(self) -> None:
+        """``kwokctl stop cluster``: etcd, the API server, the controller-manager and the scheduler go away;
+        the process node's agent and its pods keep running, as a kubelet's would."""
+        self.kwokctl("stop", "cluster")
+
+    def start_control_plane(self) -> None:
+        """``kwokctl start cluster``: the stopped components again, on the same ports and data."""
+        self.kwokctl("start", "cluster")
+
+    def restart_control_plane(self, down_s: float) -> float:
+        """Stop the components, ``down_s`` seconds down, start them.  While they are down their ports are
+        held by sockets of this process: kwokctl picks a new cluster's ports by what is free, and a cluster
+        created on this machine meanwhile (another test session) would take them, so this one could not
+        start again.  Returns the wall-clock time of the start."""
+        ports = self.component_ports()
+        self.stop_control_plane()
+        held = hold_ports(ports)
+        try:
+            time.sleep(down_s)
+        finally:
+            for sock in held:
+                sock.close()
+        started = time.time()
+        self.start_control_plane()
+        return started
+
+    def component_ports(self) -> list[int]:
+        """The TCP ports the cluster's components (etcd, the API server, ...) listen on."""
+        workdir, name = self._own()
+        prefix = str(workdir / "kwok" / "clusters" / name)
+        ports: set[int] = set()
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = proc.info["cmdline"] or []
+            if not cmdline or not cmdline[0].startswith(prefix):
+                continue
+            try:
+                connections = proc.net_connections(kind="tcp")
+            except psutil.Error:
+                continue
+            ports |= {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
+        return sorted(ports)
+
+    def _own(self) -> tuple[Path, str]:
+        if self.workdir is None or self.name is None:
+            raise RuntimeError("a reused cluster's control plane is not this process's to stop or start")
+        return self.workdir, self.name
+
+
+def hold_ports(ports: list[int]) -> list[socket.socket]:
+    """A listening socket on each port that is free (all addresses, IPv4 and IPv6), so nobody binds it."""
+    held = []
+    for port in ports:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("::", port))
+            sock.listen(1)
+        except OSError:
+            sock.close()  # taken already: nothing to hold
+            continue
+        held.append(sock)
+    return held
 
 
 def missing(reason: str) -> None:
@@ -117,6 +211,24 @@ def start_cluster(workdir: Path, name: str, ip_octet: int | None = None) -> Clus
         process_node="process-node-0",
         processnode_log_dir=workdir / "processnode",
         audit_log=workdir / "kwok" / "clusters" / name / "logs" / "audit.log",
+        workdir=workdir,
+        name=name,
+    )
+
+
+def reused_cluster(
+    kubeconfig: Path, process_node: str = "process-node-0", processnode_log_dir: Path | None = None
+) -> Cluster:
+    """A handle on a running cluster this process did not start (``make cluster-up``'s, a benchmark's):
+    hack/cluster.sh keeps its logs and kwokctl's files beside the kubeconfig.  Its control plane is not
+    the caller's to stop (``workdir`` and ``name`` stay unset)."""
+    return Cluster(
+        kubeconfig=kubeconfig,
+        bin_dir=BIN,
+        log_dir=kubeconfig.parent / "logs",
+        process_node=process_node,
+        processnode_log_dir=processnode_log_dir or kubeconfig.parent / "processnode",
+        audit_log=next(iter(sorted(kubeconfig.parent.glob("kwok/clusters/*/logs/audit.log"))), None),
     )
 
 

@@ -3,14 +3,18 @@ give them.
 
 * ``OperatorProcess``: ``.venv/bin/modelpool-operator`` (the console script users run) as a subprocess,
   scoped to namespaces, with short intervals (``TEST_ENV``); ``stop()`` sends SIGTERM and returns the exit
-  code, ``kill()`` SIGKILLs, ``log_tail()`` for a failure's message.
+  code, ``kill()`` SIGKILLs, ``log_tail()`` for a failure's message; ``stop_all`` is a fixture's teardown
+  of several (each must exit 0).
 * ``GatewayProcess``: ``.venv/bin/modelpool-gateway`` on a loopback port of its own.  Unless started with
   ``--auth none`` or a keys namespace of the caller's (``--keys-namespace`` or
-  ``MODELPOOL_GATEWAY_KEYS_NAMESPACE``), it gets an admin namespace of its own holding one key Secret that
-  grants every namespace: ``.key``, and ``.headers`` (``Authorization: Bearer``) for requests.
+  ``MODELPOOL_GATEWAY_KEYS_NAMESPACE``; then ``key=`` is the one its clients send), it gets an admin
+  namespace of its own holding one key Secret that grants every namespace: ``.key``, and ``.headers``
+  (``Authorization: Bearer``) for requests.  No namespaces: it watches every namespace.
 * ``create_key``/``bearer``: a key Secret (label ``modelpool.dev/gateway-key``), as an administrator
   creates one, and the header a client sends with it.
-* ``pool_manifest``/``budget_manifest``: a ModelPool (by default on the KWOK GPU nodes) and the ModelBudget.
+* ``pool_manifest``/``budget_manifest``: a ModelPool (by default on the KWOK GPU nodes) and the ModelBudget;
+  ``echo_pool``: a ModelPool of real ``modelpool-server`` workers on the process node with a test handler
+  (echo embeddings or generation, fast to load), autoscaling off unless asked for.
 * ``worker_pods``/``worker_pids``: a pool's pods, and the process-node process behind each.
 """
 
@@ -21,6 +25,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -47,6 +52,9 @@ POOLS = "modelpools.modelpool.dev"
 GI = 2**30
 # The process node's label: pods that select it run as real local processes (docs/cluster.md).
 PROCESS_NODE = PROCESS_NODE_SELECTOR
+# The test handlers of tests/server/handlers.py (named, never imported: testkit imports nothing of tests/).
+ECHO = "tests.server.handlers:EchoEmbedding"
+GENERATION = "tests.server.handlers:EchoGeneration"
 
 
 # Short intervals for tests; the defaults (docs/operator.md) are for real clusters.
@@ -118,6 +126,20 @@ class OperatorProcess:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
 
+def stop_all(processes: Iterable[OperatorProcess], *, show_logs: bool, what: str) -> None:
+    """A fixture's teardown: SIGTERM every process; each that still ran must exit 0 (a clean exit is part
+    of the contract).  With ``show_logs`` (the test failed) every log's tail goes to stderr."""
+    codes = []
+    for process in processes:
+        was_alive = process.alive()
+        code = process.stop()
+        if was_alive:
+            codes.append(code)
+        if show_logs:
+            sys.stderr.write(f"\n---- {process.log_path} (tail) ----\n{process.log_tail()}\n")
+    assert all(code == 0 for code in codes), f"{what} exit codes on SIGTERM: {codes}"
+
+
 def pool_manifest(
     name: str,
     *,
@@ -160,6 +182,52 @@ def pool_manifest(
             },
         },
     }
+
+
+def echo_pool(
+    name: str,
+    *,
+    replicas: int = 1,
+    handler: str = ECHO,
+    task: str = "text-embedding",
+    memory: str = "1Gi",
+    env: dict[str, str] | None = None,
+    served_model_name: str | None = None,
+    activation_timeout_seconds: int | None = None,
+    queue_capacity: int = 100,
+    autoscaling: dict[str, Any] | None = None,
+    min_replicas: int = 0,
+    max_replicas: int | None = None,
+    idle_timeout_seconds: int = 0,
+    max_batch_size: int | None = None,
+) -> dict[str, Any]:
+    """A pool of real ``modelpool-server`` workers with a test handler, on the process node.
+
+    Without ``autoscaling`` the test chooses the worker count: the operator neither scales it with the load
+    nor wakes a pool at zero for demand.  With it (``{}``: the defaults) the operator does both."""
+    all_env = {"MODELPOOL_HANDLER": handler, "PYTHONPATH": str(ROOT), **(env or {})}
+    spec: dict[str, Any] = {
+        "model": {"source": "/", "task": task},
+        "replicas": replicas,
+        "minReplicas": min_replicas,
+        "maxReplicas": max(replicas, 4) if max_replicas is None else max_replicas,
+        "resources": {"memory": memory, "gpus": 0},
+        "queue": {"capacity": queue_capacity},
+        "idleTimeoutSeconds": idle_timeout_seconds,
+        "autoscaling": {"enabled": False} if autoscaling is None else autoscaling,
+        "podTemplate": {
+            "nodeSelector": PROCESS_NODE,
+            "tolerations": [{"key": "modelpool.dev/process-node", "operator": "Exists"}],
+            "env": [{"name": k, "value": v} for k, v in all_env.items()],
+        },
+    }
+    if max_batch_size is not None:
+        spec["queue"]["maxBatchSize"] = max_batch_size
+    if served_model_name:
+        spec["servedModelName"] = served_model_name
+    if activation_timeout_seconds is not None:
+        spec["activationTimeoutSeconds"] = activation_timeout_seconds
+    return {"apiVersion": GROUP_VERSION, "kind": "ModelPool", "metadata": {"name": name}, "spec": spec}
 
 
 def minilm_source() -> str:
@@ -227,9 +295,11 @@ class GatewayProcess(OperatorProcess):
         *flags: str,
         kubeconfig: Path | None = None,
         env: dict[str, str] | None = None,
+        key: str | None = None,
     ) -> None:
+        # ``key``: the key clients send (``headers``) when the keys namespace is the caller's.
         self.cluster = cluster
-        self.key: str | None = None
+        self.key: str | None = key
         self.keys_namespace: str | None = None
         env = env or {}
         given = " ".join(flags)
@@ -283,12 +353,19 @@ class GatewayProcess(OperatorProcess):
     def rss_bytes(self) -> int:
         return int(psutil.Process(self.proc.pid).memory_info().rss)
 
+    def peak_rss_bytes(self) -> int:
+        """The highest RSS so far (``VmHWM``: e.g. while the first list of every pod was held)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return self.rss_bytes()
+
     def log_tail(self, chars: int = 6000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
-    def models(self) -> dict[str, dict[str, Any]]:
+    def models(self, timeout: float = 5) -> dict[str, dict[str, Any]]:
         """GET /v1/models by pool name."""
-        data = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=5).json()["data"]
+        data = httpx.get(self.url + "/v1/models", headers=self.headers, timeout=timeout).json()["data"]
         return {m["modelpool"]["pool"]: m for m in data}
 
     def wait_serving(self, pool: str, workers: int, timeout: float = 180) -> None:

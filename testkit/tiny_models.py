@@ -72,50 +72,70 @@ def build_tokenizer(model_max_length: int = 128, chat_template: str | None = CHA
 
 def build_text_generation(out: Path) -> Path:
     """A 2-layer GPT-2 (hidden 32, context 128) and its tokenizer with a chat template."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2LMHeadModel
 
     tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=128,
-        n_embd=HIDDEN,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model: Any = GPT2LMHeadModel(config)
-    model.eval()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return _save_causal_lm(out, GPT2LMHeadModel, _gpt2_config(tokenizer), tokenizer)
 
 
 def build_llama_generation(out: Path, context: int = 128) -> Path:
     """A 2-layer Llama (hidden 32, grouped-query attention, ``context`` positions, 128 unless a test needs
     generations that last): the shape continuous batching serves, with the tokenizer and chat template of
     ``build_text_generation``."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tokenizer(model_max_length=context)
-    torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=HIDDEN,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        **_tower(num_key_value_heads=1),
         max_position_embeddings=context,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        **_special_tokens(tokenizer),
     )
-    model: Any = LlamaForCausalLM(config)
+    return _save_causal_lm(out, LlamaForCausalLM, config, tokenizer)
+
+
+def _gpt2_config(tokenizer: Any, **extra: Any) -> Any:
+    """A 2-layer GPT-2 of hidden 32 and context 128 for ``tokenizer``, with the fields ``extra`` adds."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=128,
+        n_embd=HIDDEN,
+        n_layer=2,
+        n_head=2,
+        **_special_tokens(tokenizer),
+        **extra,
+    )
+
+
+def _tower(**extra: Any) -> dict[str, Any]:
+    """A transformer tower of the tiny size every model here has (2 layers, 2 heads, hidden 32), with the
+    fields ``extra`` adds."""
+    return {
+        "hidden_size": HIDDEN,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        **extra,
+    }
+
+
+def _special_tokens(tokenizer: Any) -> dict[str, Any]:
+    """A generation model's special tokens: the end of text begins and pads a sequence too."""
+    return {
+        "bos_token_id": tokenizer.eos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+
+
+def _save_causal_lm(out: Path, model_class: Any, config: Any, tokenizer: Any) -> Path:
+    """The model of ``config`` with seeded (reproducible) random weights, saved with its tokenizer."""
+    import torch
+
+    torch.manual_seed(0)
+    model: Any = model_class(config)
     model.eval()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -129,25 +149,10 @@ def build_image_embedding(out: Path, projection_dim: int = 16) -> Path:
 
     torch.manual_seed(0)
     config = CLIPConfig(
-        text_config={
-            "vocab_size": 320,
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "max_position_embeddings": 32,
-            "bos_token_id": 0,
-            "eos_token_id": 0,
-            "pad_token_id": 1,
-        },
-        vision_config={
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": IMAGE_SIZE,
-            "patch_size": 8,
-        },
+        text_config=_tower(
+            vocab_size=320, max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=1
+        ),
+        vision_config=_tower(image_size=IMAGE_SIZE, patch_size=8),
         projection_dim=projection_dim,
     )
     clip: Any = CLIPModel(config)
@@ -162,7 +167,6 @@ def build_vision(out: Path) -> Path:
     """A tiny VisionEncoderDecoder: ViT encoder (32x32 images) + GPT-2 decoder with cross-attention."""
     import torch
     from transformers import (
-        GPT2Config,
         VisionEncoderDecoderConfig,
         VisionEncoderDecoderModel,
         ViTConfig,
@@ -171,25 +175,8 @@ def build_vision(out: Path) -> Path:
 
     tokenizer = build_tokenizer(chat_template=None)
     torch.manual_seed(0)
-    encoder = ViTConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=IMAGE_SIZE,
-        patch_size=8,
-    )
-    decoder = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=128,
-        n_embd=HIDDEN,
-        n_layer=2,
-        n_head=2,
-        add_cross_attention=True,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    encoder = ViTConfig(**_tower(image_size=IMAGE_SIZE, patch_size=8))
+    decoder = _gpt2_config(tokenizer, add_cross_attention=True)
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     config.decoder_start_token_id = tokenizer.eos_token_id
     config.pad_token_id = tokenizer.pad_token_id
@@ -219,27 +206,14 @@ def build_vision_blip(out: Path) -> Path:
     tokenizer = build_tokenizer(chat_template=None)
     torch.manual_seed(0)
     config = tf.BlipConfig(
-        text_config={
-            "vocab_size": len(tokenizer),
-            "hidden_size": HIDDEN,
-            "encoder_hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "max_position_embeddings": 64,
-            "bos_token_id": tokenizer.eos_token_id,
-            "sep_token_id": tokenizer.eos_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
-        },
-        vision_config={
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": IMAGE_SIZE,
-            "patch_size": 8,
-        },
+        text_config=_tower(
+            vocab_size=len(tokenizer),
+            encoder_hidden_size=HIDDEN,
+            max_position_embeddings=64,
+            sep_token_id=tokenizer.eos_token_id,
+            **_special_tokens(tokenizer),
+        ),
+        vision_config=_tower(image_size=IMAGE_SIZE, patch_size=8),
         projection_dim=16,
         image_text_hidden_size=HIDDEN,
     )
@@ -289,10 +263,7 @@ def build_text_to_image(out: Path) -> Path:
     text_encoder = CLIPTextModel(
         CLIPTextConfig(
             vocab_size=len(tokenizer),
-            hidden_size=HIDDEN,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
+            **_tower(),
             max_position_embeddings=tokenizer.model_max_length,
             bos_token_id=tokenizer.eos_token_id,
             eos_token_id=tokenizer.eos_token_id,

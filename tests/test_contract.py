@@ -33,9 +33,9 @@ from modelpool_contract.states import SERVING_STATES, WORKER_STATES
 from modelpool_contract.stats import WorkerStats
 from modelpool_contract.tasks import TASK_NAMES, TaskName
 from modelpool_gateway.state import pool_from_object
+from modelpool_operator.effects.resources import PodSettings, build_worker_pod, server_args
+from modelpool_operator.observe.worker_state import observe_worker
 from modelpool_operator.pool import PoolView
-from modelpool_operator.resources import PodSettings, build_worker_pod, server_args
-from modelpool_operator.worker_state import observe_worker
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

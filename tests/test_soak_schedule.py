@@ -103,25 +103,6 @@ def test_converged_names_short_pools_orphans_and_stuck_deletions() -> None:
     assert converged([stuck], [pod])[0].startswith("p: deleting")
 
 
-def test_held_ports_cannot_be_bound_by_anyone_else() -> None:
-    import socket
-
-    from bench.soak.rig import hold_ports
-    from testkit.environment import free_port
-
-    port = free_port()
-    held = hold_ports([port])
-    try:
-        assert len(held) == 1
-        with socket.socket() as other, pytest.raises(OSError):
-            other.bind(("0.0.0.0", port))
-    finally:
-        for sock in held:
-            sock.close()
-    with socket.socket() as other:
-        other.bind(("0.0.0.0", port))  # free again once released
-
-
 def test_rss_summary_compares_the_longest_lived_process_after_it_settled() -> None:
     from bench.soak.rss import RssSampler
 

@@ -1,13 +1,18 @@
 """The test kit's own rules: it imports nothing from the suites and scripts that import it (one direction),
-and its Prometheus reading (testkit/prom.py) finds samples by name and labels as the exposition states
-them, whatever order the labels come in."""
+its Prometheus reading (testkit/prom.py) finds samples by name and labels as the exposition states
+them, whatever order the labels come in, and the ports it holds while a control plane is down
+(testkit/cluster.py) are nobody else's to bind."""
 
 from __future__ import annotations
 
 import ast
+import socket
+
+import pytest
 
 from testkit import prom
-from testkit.environment import ROOT
+from testkit.cluster import hold_ports
+from testkit.environment import ROOT, free_port
 
 # What testkit may not import: the code built on it.
 IMPORTERS = ("tests", "e2e", "bench", "hack", "conftest")
@@ -75,3 +80,17 @@ def test_samples_are_keyed_by_name_and_label_set() -> None:
     assert prom.sample(found, "modelpool_requests_total", route="infer", code="200") == 3
     assert prom.sample(found, "modelpool_requests_total", route="infer") is None
     assert prom.sample(found, "modelpool_batch_size_count") == 2
+
+
+def test_held_ports_cannot_be_bound_by_anyone_else() -> None:
+    port = free_port()
+    held = hold_ports([port])
+    try:
+        assert len(held) == 1
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("0.0.0.0", port))
+    finally:
+        for sock in held:
+            sock.close()
+    with socket.socket() as other:
+        other.bind(("0.0.0.0", port))  # free again once released

@@ -71,7 +71,7 @@ def run(
     result: SoakResult | None = None
     try:
         cluster = _start_cluster(workdir, name)
-        rig = Rig(cluster, workdir, name, plan)
+        rig = Rig(cluster, workdir, plan)
         result = _soak(rig, faults, minutes, command)
         return result
     finally:

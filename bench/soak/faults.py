@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ from bench.soak import schedule as s
 from bench.soak.rig import NAMESPACE, Rig, kwok_pool, wait_seconds
 from modelpool_contract.labels import LABEL_POOL
 from testkit.kubectl import apply, is_ready
-from testkit.services import POOLS, worker_pids
+from testkit.services import POOLS, OperatorProcess, worker_pids
 
 CHAOS_LABEL = "modelpool.dev/chaos"
 CHAOS = {s.KWOK_OOM: "oom", s.KWOK_CRASH: "crash", s.KWOK_LOAD_FAILED: "load-failed"}
@@ -137,25 +138,23 @@ def kwok_chaos(kind: str) -> Any:
 
 def kill_operator(rig: Rig, pick: int, _: Any) -> str:
     """SIGKILL the operator, wait a moment (0-3 s), start a new one and wait for its start-up."""
-    operator = rig.operator
-    if operator is None:
-        return ""
-    pid = operator.proc.pid
-    operator.kill()
-    time.sleep(pick % 4)  # the outage: a restart delay of a few seconds, drawn from the seed
-    rig.start_operator()
-    return f"pid {pid}"
+    return _kill_and_restart(rig.operator, pick % 4, rig.start_operator)
 
 
 def kill_gateway(rig: Rig, pick: int, _: Any) -> str:
-    """SIGKILL the gateway (requests in flight get a connection error), start a new one until ready."""
-    gateway = rig.gateway
-    if gateway is None:
+    """SIGKILL the gateway (requests in flight get a connection error), wait 0-2 s, start a new one until
+    ready."""
+    return _kill_and_restart(rig.gateway, pick % 3, rig.start_gateway)
+
+
+def _kill_and_restart(process: OperatorProcess | None, outage_s: float, start: Callable[[], object]) -> str:
+    """SIGKILL ``process``; ``outage_s`` seconds without one (a delay drawn from the seed); ``start``."""
+    if process is None:
         return ""
-    pid = gateway.proc.pid
-    gateway.kill()
-    time.sleep(pick % 3)
-    rig.start_gateway()
+    pid = process.proc.pid
+    process.kill()
+    time.sleep(outage_s)
+    start()
     return f"pid {pid}"
 
 
@@ -163,7 +162,7 @@ def restart_control_plane(rig: Rig, pick: int, _: Any) -> str:
     """Stop etcd, the API server and the other components (``kwokctl stop cluster``), keep them down a few
     seconds, start them again, and wait until the API server answers and the fake nodes renew their
     leases (KWOK moves pods again)."""
-    since = rig.restart_control_plane(down_s=2 + pick % 5)
+    since = rig.cluster.restart_control_plane(down_s=2 + pick % 5)
     wait_seconds(rig.api_answers, timeout=120, what="the API server answers after the restart")
     wait_seconds(lambda: rig.fake_nodes_back(since), timeout=120, what="the KWOK nodes renew their leases")
     return "etcd + kube-apiserver + controllers"

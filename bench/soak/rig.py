@@ -1,8 +1,8 @@
-"""The soak's cluster and the processes it kills: the local control plane (``tests/clusterlib``, the
+"""The soak's cluster and the processes it kills: the local control plane (``testkit.cluster``, the
 same ``hack/cluster.sh up`` as the tests, with 20 s KWOK node leases so the fake nodes return quickly
-after a control-plane restart), the CRDs, the soak's namespace and pools, the ModelBudget, and the operator
-and the gateway as processes of their own (``OperatorProcess`` / ``GatewayProcess`` from the integration
-harnesses) that a fault SIGKILLs and the rig starts again.
+after a control-plane restart, which ``Cluster.restart_control_plane`` does), the CRDs, the soak's namespace
+and pools, the ModelBudget, and the operator and the gateway as processes of their own (``OperatorProcess``
+/ ``GatewayProcess`` from ``testkit.services``) that a fault SIGKILLs and the rig starts again.
 
 Pools: MiniLM pools whose workers are real ``modelpool-server`` processes on the process node, and KWOK
 pools on the fake GPU nodes.  Autoscaling is off, so a converged pool has exactly ``spec.replicas`` ready
@@ -13,22 +13,17 @@ deadline.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from bench.minilm import packaged_minilm
 from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.times import parse_time
 from testkit.cluster import Cluster
-from testkit.environment import BIN, ROOT, free_port
+from testkit.environment import ROOT, free_port
 from testkit.kubectl import apply, wait_established, wait_for
 from testkit.services import (
     POOLS,
@@ -106,7 +101,6 @@ class Rig:
 
     cluster: Cluster
     workdir: Path
-    name: str
     plan: Plan
     key: str = ""
     operator: OperatorProcess | None = None
@@ -199,57 +193,6 @@ class Rig:
             if process is not None and process.alive():
                 process.stop()
 
-    # ---- the control plane ---------------------------------------------------------------------------
-    def kwokctl(self, *args: str) -> None:
-        """kwokctl on the soak's cluster (its output in a file: the components it starts hold pipes)."""
-        env = dict(
-            os.environ, KWOK_WORKDIR=str(self.workdir / "kwok"), KWOK_KUBECTL_BINARY=str(BIN / "kubectl")
-        )
-        with (self.workdir / "logs" / "kwokctl-soak.log").open("a") as out:
-            code = subprocess.run(
-                [str(BIN / "kwokctl"), "--name", self.name, *args],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=180,
-                check=False,
-            ).returncode
-        if code != 0:
-            raise RuntimeError(f"kwokctl {' '.join(args)} exited {code} (log: {out.name})")
-
-    def restart_control_plane(self, down_s: float) -> float:
-        """``kwokctl stop cluster``, ``down_s`` seconds down, ``kwokctl start cluster``.  While it is down
-        the components' ports are held by sockets of the soak's own: kwokctl picks a new cluster's ports
-        by what is free, and another cluster created on this machine meanwhile (a test session) would take
-        them, so this one could not start again.  Returns the wall-clock time of the start."""
-        ports = self.component_ports()
-        self.kwokctl("stop", "cluster")
-        held = hold_ports(ports)
-        try:
-            time.sleep(down_s)
-        finally:
-            for sock in held:
-                sock.close()
-        started = time.time()
-        self.kwokctl("start", "cluster")
-        return started
-
-    def component_ports(self) -> list[int]:
-        """The TCP ports the cluster's components (etcd, the API server, ...) listen on."""
-        prefix = str(self.workdir / "kwok" / "clusters" / self.name)
-        ports: set[int] = set()
-        for proc in psutil.process_iter(["cmdline"]):
-            cmdline = proc.info["cmdline"] or []
-            if not cmdline or not cmdline[0].startswith(prefix):
-                continue
-            try:
-                connections = proc.net_connections(kind="tcp")
-            except psutil.Error:
-                continue
-            ports |= {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
-        return sorted(ports)
-
     def api_answers(self) -> bool:
         return self.cluster.kubectl("get", "--raw", "/readyz", check=False, timeout=10).returncode == 0
 
@@ -278,23 +221,6 @@ class Rig:
         out = self.cluster.kubectl("get", POOLS, "-n", NAMESPACE, "-o", "json", timeout=30)
         items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
         return items
-
-
-def hold_ports(ports: list[int]) -> list[socket.socket]:
-    """A listening socket on each port that is free (all addresses, IPv4 and IPv6), so nobody binds it."""
-    held = []
-    for port in ports:
-        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("::", port))
-            sock.listen(1)
-        except OSError:
-            sock.close()  # taken already: nothing to hold
-            continue
-        held.append(sock)
-    return held
 
 
 def wait_seconds(predicate: Any, timeout: float, what: str, interval: float = 0.5) -> float:

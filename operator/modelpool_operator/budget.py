@@ -34,8 +34,8 @@ from functools import cached_property
 
 from modelpool_contract.api import Condition, ModelBudgetStatus, PoolShare
 from modelpool_contract.quantity import format_quantity
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.pool import PoolKey
-from modelpool_operator.worker_state import ObservedWorker
 
 WorkerKey = tuple[str, str]  # (namespace, pod name)
 

@@ -30,7 +30,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELPOOL_PLURAL, VERSION
 from modelpool_contract.labels import PREFIX
-from modelpool_operator.kube import describe_error
+from modelpool_operator.effects.kube import describe_error
 
 log = logging.getLogger("modelpool.operator.cleanup")
 

@@ -1,4 +1,4 @@
-"""Generate the ModelPool and ModelBudget CRDs from the pydantic models in ``api``.
+"""Generate the ModelPool, ModelBudget and ModelHost CRDs from the pydantic models in ``api``.
 
     python -m modelpool_operator.crdgen --write     # (re)write crds/*.yaml
     python -m modelpool_operator.crdgen --check     # exit 1 when crds/*.yaml are out of date
@@ -25,10 +25,14 @@ from modelpool_contract.api import (
     GROUP,
     MODELBUDGET_KIND,
     MODELBUDGET_PLURAL,
+    MODELHOST_KIND,
+    MODELHOST_PLURAL,
     MODELPOOL_KIND,
     MODELPOOL_PLURAL,
     MSG_CACHE_CLAIM,
     MSG_CACHE_PATH,
+    MSG_DEVICE_MEMORY_POSITIVE,
+    MSG_DEVICE_MEMORY_REQUIRED,
     MSG_KV_CACHE_TARGET,
     MSG_MIN_LE_REPLICAS,
     MSG_REPLICAS_LE_MAX,
@@ -36,10 +40,13 @@ from modelpool_contract.api import (
     MSG_TARGET_LE_CAPACITY,
     MSG_TOKENS_TARGET,
     QUANTITY_PATTERN,
+    SHARED_POOL_RULES,
     VERSION,
     AutoscalingSpec,
     ModelBudgetSpec,
     ModelBudgetStatus,
+    ModelHostSpec,
+    ModelHostStatus,
     ModelPoolSpec,
     ModelPoolStatus,
     QueueSpec,
@@ -214,6 +221,11 @@ def _pool_spec_schema() -> dict[str, Any]:
             "fieldPath": ".targetKvCache",
         },
     ]
+    # A shared pool (spec.host): the pod-level fields are the ModelHost's, each refused naming itself.
+    spec["x-kubernetes-validations"] += [
+        {"rule": f"!has(self.host) || ({unset})", "message": message, "fieldPath": f".{field}"}
+        for field, unset, message in SHARED_POOL_RULES
+    ]
     cache = spec["properties"]["model"]["properties"]["cache"]
     cache["x-kubernetes-validations"] = [
         {"rule": "self.type != 'pvc' || has(self.claimName)", "message": MSG_CACHE_CLAIM},
@@ -378,6 +390,89 @@ def modelbudget_crd() -> dict[str, Any]:
     )
 
 
+def _host_spec_schema() -> dict[str, Any]:
+    spec = model_schema(ModelHostSpec)
+    spec["description"] = (
+        "Shared host pods: how many, their GPUs and memory, and where they run; shared pools (a "
+        "ModelPool's spec.host) place their models on them."
+    )
+    # Optional in the schema so that its absence is refused with this message rather than a bare
+    # "Required value" (the model refuses it the same way).
+    spec["x-kubernetes-validations"] = [
+        {
+            "rule": "has(self.deviceMemory)",
+            "message": MSG_DEVICE_MEMORY_REQUIRED,
+            "fieldPath": ".deviceMemory",
+        },
+        {
+            # The pattern admits 0 (and the integer's minimum 0): a device the ledger can give nothing.
+            "rule": (
+                "!has(self.deviceMemory) || quantity(string(self.deviceMemory)).isGreaterThan(quantity('0'))"
+            ),
+            "message": MSG_DEVICE_MEMORY_POSITIVE,
+            "fieldPath": ".deviceMemory",
+        },
+    ]
+    spec["properties"]["deviceMemory"].pop("nullable", None)
+    return spec
+
+
+def modelhost_crd() -> dict[str, Any]:
+    """The ModelHost CRD (namespaced)."""
+    status = model_schema(ModelHostStatus, keep_defaults=False)
+    return _crd(
+        kind=MODELHOST_KIND,
+        plural=MODELHOST_PLURAL,
+        short="mh",
+        scope="Namespaced",
+        spec_schema=_host_spec_schema(),
+        status_schema=status,
+        description=(
+            "Shared model hosts: pods that own their GPUs and serve several shared pools' models, idle ones "
+            "asleep in host RAM."
+        ),
+        columns=[
+            {"name": "Ready", "type": "string", "jsonPath": ".status.readyText"},
+            {"name": "GPUs", "type": "integer", "jsonPath": ".spec.gpusPerHost"},
+            {"name": "Models", "type": "integer", "jsonPath": ".status.models"},
+            {
+                "name": "Awake",
+                "type": "string",
+                "jsonPath": ".status.memory.awake",
+                "description": "Device memory charged to awake models, over every host pod.",
+            },
+            {
+                "name": "Asleep",
+                "type": "string",
+                "jsonPath": ".status.memory.asleep",
+                "description": "Host RAM holding sleeping models' weights, over every host pod.",
+            },
+            {
+                "name": "Free",
+                "type": "string",
+                "jsonPath": ".status.memory.free",
+                "description": "Device memory not charged, over every host pod.",
+            },
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+            {
+                "name": "Device-Memory",
+                "type": "string",
+                "jsonPath": ".spec.deviceMemory",
+                "description": "The memory of each device the ledger hands out.",
+                "priority": 1,
+            },
+            {
+                "name": "Host-Memory",
+                "type": "string",
+                "jsonPath": ".spec.hostMemory",
+                "description": "RAM per host pod for sleeping models.",
+                "priority": 1,
+            },
+        ],
+        scale=True,
+    )
+
+
 def render(crd: Mapping[str, Any]) -> str:
     """A CRD as YAML text (stable key order, wide lines), with the generated-file header."""
     body = yaml.safe_dump(dict(crd), sort_keys=False, width=120, allow_unicode=True)
@@ -389,6 +484,7 @@ def generated_files() -> dict[str, str]:
     return {
         "crds/modelpools.yaml": render(modelpool_crd()),
         "crds/modelbudgets.yaml": render(modelbudget_crd()),
+        "crds/modelhosts.yaml": render(modelhost_crd()),
     }
 
 

@@ -2,13 +2,16 @@
 
 Level-based: the daemons act on what the indices show (pods by pool, pools, budgets), never on an
 event's diff, so a missed event or an operator restart loses nothing. Events only *wake* a daemon early
-(via ``OperatorState.poke``); without them each pool still re-reconciles every few seconds. Each handler
-is a few lines: the pass itself lives in ``reconcile``, the decisions in ``planner``/``worker_state``.
+(via ``Bookkeeping.poke``); without them each pool still re-reconciles every few seconds. Each handler
+is a few lines: the pass itself lives in ``reconcile``, the decisions in ``planner``/``observe.worker_state``.
 
 The indices are Kopf's typed index parameters (``kopf.Index``), named after their functions: the pods
 by pool (slimmed), the other pools parsed once when indexed (``OtherPool``), the budgets' specs, and the
 demand the gateways recorded, by pool (their demand Leases' renewTime and held count,
 ``modelpool_contract.demand``).
+
+Kopf's memo carries the configuration and the process's ``Bookkeeping`` from the start, and the ``Services``
+once the startup handler has built them (before any watch starts); the handlers hand both to ``reconcile``.
 """
 
 from __future__ import annotations
@@ -31,14 +34,15 @@ from modelpool_contract.demand import (
     read_demand,
 )
 from modelpool_contract.labels import LABEL_POOL
-from modelpool_operator import kube as kube_api
-from modelpool_operator.events import Event
-from modelpool_operator.observation import ObservationCache, slim_pod
+from modelpool_operator.bookkeeping import Bookkeeping, PoolRun, wait_for_wakeup
+from modelpool_operator.effects import kube as kube_api
+from modelpool_operator.effects.apply import tell, write_budget_status
+from modelpool_operator.observe.observation import slim_pod
+from modelpool_operator.planner import Event
 from modelpool_operator.pool import OtherPool, PoolKey
-from modelpool_operator.process_state import OperatorState, wait_for_wakeup
-from modelpool_operator.reconcile import PoolRun, budget_status_wire, lifecycle_settings, reconcile_pool
+from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
+from modelpool_operator.services import Services, start_services
 from modelpool_operator.settings import OperatorConfig, apply_to_kopf
-from modelpool_operator.stats import StatsScraper
 
 # A failing pass is retried after this long (plus the next event), not in a tight loop.
 _ERROR_DELAY_S = 5.0
@@ -66,13 +70,26 @@ def _index(value: _T | None, name: str) -> _T:
 
 
 def make_memo(config: OperatorConfig) -> kopf.Memo:
-    """The memo every handler shares (Kopf copies it shallowly per object: the state object is shared)."""
-    return kopf.Memo(state=OperatorState(config=config))
+    """The memo every handler shares (Kopf copies it shallowly per object, after the startup handlers ran:
+    the services and the bookkeeping are shared): the configuration and the bookkeeping now, the services
+    once ``startup`` has built them."""
+    return kopf.Memo(config=config, book=Bookkeeping())
 
 
-def _state(memo: Any) -> OperatorState:
-    state: OperatorState = memo.state
-    return state
+def _config(memo: Any) -> OperatorConfig:
+    config: OperatorConfig = memo.config
+    return config
+
+
+def _book(memo: Any) -> Bookkeeping:
+    book: Bookkeeping = memo.book
+    return book
+
+
+def _services(memo: Any) -> Services:
+    """The process's services (``startup`` built them before any watch started)."""
+    services: Services = memo.services
+    return services
 
 
 # ---- process lifecycle -------------------------------------------------------------------------------
@@ -80,39 +97,25 @@ def _state(memo: Any) -> OperatorState:
 
 @kopf.on.startup()
 async def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Logger, **_: Any) -> None:
-    state = _state(memo)
-    config = state.config
+    config = _config(memo)
     apply_to_kopf(config, settings)
     # Watch only the demand Leases (a cluster's nodes renew a Lease each every few seconds).
     settings.watching.label_selectors[LEASE_GROUP, LEASE_PLURAL] = DEMAND_SELECTOR
-    if config.metrics_port:
-        state.metrics.serve(config.metrics_port)
-    state.kube = await kube_api.connect(config.request_timeout_seconds, state.metrics.api_error)
-    state.scraper = StatsScraper(
-        interval=config.stats_interval_seconds,
-        timeout=config.stats_timeout_seconds,
-        concurrency=config.stats_concurrency,
-        backoff_cap=config.stats_unreachable_backoff_cap_seconds,
-        default_port=config.server_port,
-    )
-    state.observations = ObservationCache(lifecycle_settings(config))
+    memo.services = await start_services(config)
     logger.info("modelpool-operator started: %s", config.model_dump_json())
 
 
 @kopf.on.cleanup()
 async def cleanup(*, memo: Any, **_: Any) -> None:
-    state = _state(memo)
-    state.metrics.close()
-    if state.scraper is not None:
-        await state.scraper.aclose()
-    if state.kube is not None:
-        await state.kube.close()
+    services: Services | None = getattr(memo, "services", None)  # None: the startup failed
+    if services is not None:
+        await services.aclose()
 
 
 @kopf.on.probe(id="pools")
 async def probe_pools(*, memo: Any, **_: Any) -> int:
     """Reported on the liveness endpoint: how many pool daemons this process runs."""
-    return len(_state(memo).wakeups)
+    return _book(memo).pools()
 
 
 # ---- indices (rebuilt from the cluster by Kopf on every start) ----------------------------------------
@@ -162,17 +165,17 @@ async def demand_by_pool(*, namespace: str | None, body: kopf.Body, **_: Any) ->
 async def pod_changed(
     *, type: str, namespace: str | None, labels: kopf.Labels, status: kopf.Status, memo: Any, **_: Any
 ) -> None:
-    state = _state(memo)
+    book = _book(memo)
     pool = labels.get(LABEL_POOL)
     if pool:
-        state.poke((namespace or "", pool))
+        book.poke((namespace or "", pool))
     if type == "DELETED" or status.get("phase") in ("Failed", "Succeeded"):
-        state.poke_waiting()  # its memory is free (or about to be): pools short of budget may fit now
+        book.poke_waiting()  # its memory is free (or about to be): pools short of budget may fit now
 
 
 @kopf.on.event(*_POOLS)
 async def pool_changed(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    _state(memo).poke((namespace or "", name))
+    _book(memo).poke((namespace or "", name))
 
 
 @kopf.on.event(*_LEASES, labels=_DEMAND)
@@ -180,12 +183,12 @@ async def demand_changed(*, namespace: str | None, body: kopf.Body, memo: Any, *
     """A gateway recorded demand: the pool's loop looks at once (a pool at zero wakes in this pass)."""
     pool = demand_pool(body)
     if pool:
-        _state(memo).poke((namespace or "", pool))
+        _book(memo).poke((namespace or "", pool))
 
 
 @kopf.on.event(*_BUDGETS)
 async def budget_changed(*, memo: Any, **_: Any) -> None:
-    _state(memo).poke_waiting()
+    _book(memo).poke_waiting()
 
 
 # ---- the per-pool daemon --------------------------------------------------------------------------------
@@ -210,16 +213,17 @@ async def pool_daemon(
     pools = _index(pools_by_key, "pools_by_key")
     budgets = _index(budgets_by_name, "budgets_by_name")
     demand = _index(demand_by_pool, "demand_by_pool")
-    state = _state(memo)
+    services, book = _services(memo), _book(memo)
     run = PoolRun(key=(namespace or "", name))
-    wakeup = state.wakeup(run.key)
+    wakeup = book.wakeup(run.key)
     last_error: str | None = None  # the last failed pass's error, until a pass succeeds
     try:
         while not stopped:
-            delay = state.config.stats_interval_seconds
+            delay = services.config.stats_interval_seconds
             try:
                 plan = await reconcile_pool(
-                    state,
+                    services,
+                    book,
                     run=run,
                     body=body,
                     pods_by_pool=pods,
@@ -238,27 +242,28 @@ async def pool_daemon(
                 message = kube_api.describe_error(exc)[:1000]
                 if message != last_error:
                     logger.exception("reconciliation failed; retrying in %.0fs", _ERROR_DELAY_S)
-                    state.events.post(body, Event("Warning", "ReconcileError", message))
+                    tell(services, body, Event("Warning", "ReconcileError", message))
                 else:  # info: Kopf posts the object logger's warnings as Events too
                     logger.info("reconciliation failed again (%s); retrying", message)
                 last_error = message
                 delay = _ERROR_DELAY_S
             woken = await wait_for_wakeup(
-                wakeup, min(delay, state.config.resync_interval_seconds), stopped.wait()
+                wakeup, min(delay, services.config.resync_interval_seconds), stopped.wait()
             )
             if woken:
                 # Coalesce a burst of pod events (a scale-up readies many pods at once) into one pass.
                 await asyncio.sleep(_COALESCE_S)
                 wakeup.clear()
     finally:
-        state.forget(run.key)
+        book.forget(run.key)
+        services.metrics.pool_gone(run.key)
 
 
 # ---- the ModelBudget status writer ---------------------------------------------------------------------
 
 
 @kopf.daemon(
-    *_BUDGETS, cancellation_timeout=5.0, when=lambda name, memo, **_: name == _state(memo).config.budget_name
+    *_BUDGETS, cancellation_timeout=5.0, when=lambda name, memo, **_: name == _config(memo).budget_name
 )
 async def budget_daemon(
     *,
@@ -274,20 +279,19 @@ async def budget_daemon(
 ) -> None:
     pods = _index(pods_by_pool, "pods_by_pool")
     budgets = _index(budgets_by_name, "budgets_by_name")
-    state = _state(memo)
+    services, book = _services(memo), _book(memo)
     written: dict[str, Any] | None = None
     while not stopped:
         try:
             last = written if written is not None else dict(status)
-            wire = budget_status_wire(state, pods, budgets, last, int(meta.get("generation") or 0))
-            patch = kube_api.merge_patch(last, wire)
-            if patch:
-                await state.require_kube().patch_budget_status(name, patch)
+            generation = int(meta.get("generation") or 0)
+            wire = budget_status_wire(services, book, pods, budgets, previous=last, generation=generation)
+            await write_budget_status(services, name, last, wire)
             written = wire
         except asyncio.CancelledError:
             raise
         except Exception:
             logger.exception("writing the ModelBudget status failed; retrying")
-        await wait_for_wakeup(state.budget_wakeup, state.config.resync_interval_seconds, stopped.wait())
+        await wait_for_wakeup(book.budget_wakeup, services.config.resync_interval_seconds, stopped.wait())
         # Coalesce bursts (a scale-up of many pods) into one write.
         await asyncio.sleep(0.5)

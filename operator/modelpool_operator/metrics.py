@@ -29,8 +29,8 @@ from prometheus_client.process_collector import ProcessCollector
 
 from modelpool_contract.api import ModelPoolStatus
 from modelpool_contract.states import WORKER_STATES
+from modelpool_operator.observe.worker_state import FAILURE_REASONS
 from modelpool_operator.pool import PoolKey
-from modelpool_operator.worker_state import FAILURE_REASONS
 
 PREFIX = "modelpool_operator"
 # A pass takes milliseconds when nothing changes, up to seconds when many workers are created.

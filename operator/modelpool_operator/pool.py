@@ -22,13 +22,22 @@ from typing import Any
 from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus, parse_pool_spec, parse_pool_status
 from modelpool_contract.demand import Demand
 from modelpool_contract.times import parse_time
-from modelpool_operator.worker_state import ObservedWorker
+from modelpool_operator.observe.worker_state import ObservedWorker
 
 PoolKey = tuple[str, str]  # (namespace, pool name)
 
 # Spec fields that shape the pod; replicas/min/max/priority/autoscaling do not (changing them never rolls
 # workers).
 _TEMPLATE_FIELDS = ("model", "resources", "queue", "idle_timeout_seconds", "image", "pod_template", "auth")
+
+
+def worker_name(pool_name: str, template_hash: str, index: int) -> str:
+    """A deterministic worker name: ``<pool>-<hash5>-<index>`` (≤ 63 chars, so it fits a label value).
+
+    Deterministic names make a create idempotent: an operator restarted in the middle of a scale-up gets
+    409 AlreadyExists instead of a duplicate worker.
+    """
+    return f"{pool_name[:45].rstrip('-')}-{template_hash[:5]}-{index}"
 
 
 def template_hash(spec: ModelPoolSpec) -> str:

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from modelpool_contract.api import CacheType, ModelCacheSpec
 from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, WORKER_PORT, WORKER_PROBE_PORT
 from modelpool_contract.labels import LABEL_POOL, PREFIX
-from modelpool_operator.network_peers import NetworkPolicyPeer
+from modelpool_operator.effects.network_peers import NetworkPolicyPeer
 from modelpool_operator.policy import Policy, check_host_path_prefix, check_image_entry
 
 # Defaults of the knobs that the pure decisions also take as settings (``PlannerSettings``,

@@ -10,8 +10,10 @@ import base64
 import math
 import re
 from collections.abc import Callable, Mapping
-from fractions import Fraction
+from decimal import Decimal
 from typing import Any
+
+from modelpool_contract.quantity import QuantityError, quantity_value
 
 JSON = dict[str, Any]
 
@@ -96,29 +98,12 @@ def _key_ref(kind: str, ref: JSON, namespace: str, lookup: Lookup) -> str | None
     return base64.b64decode(value).decode("utf-8", "replace") if kind == "secret" else value
 
 
-_SUFFIX = {
-    "m": Fraction(1, 1000),
-    "": Fraction(1),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-}
-
-
-def _quantity(text: str) -> Fraction:
-    number = text.rstrip("kmMGi")
-    return Fraction(number or "0") * _SUFFIX.get(text[len(number) :], Fraction(1))
-
-
 def resource_field(raw: str, divisor: str) -> str:
     """A `resourceFieldRef` value as the kubelet writes it: the quantity over the divisor, rounded up
-    (requests.cpu 2 with divisor 1m: "2000")."""
+    (requests.cpu 2 with divisor 1m: "2000"); a value that is no quantity is written as it is."""
     try:
-        return str(math.ceil(_quantity(raw) / (_quantity(divisor) or Fraction(1))))
-    except (ValueError, ZeroDivisionError):
+        return str(math.ceil(quantity_value(raw) / (quantity_value(divisor) or Decimal(1))))
+    except QuantityError:
         return raw
 
 

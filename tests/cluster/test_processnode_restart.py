@@ -1,9 +1,10 @@
 """The process node outlives a restart of the control plane, as a kubelet does.
 
 On a cluster of this module's own (the session's shared cluster keeps running for the other tests):
-`kwokctl stop cluster` takes etcd, the API server, the controller-manager and the scheduler away while a
-pod runs; the agent keeps its processes and keeps retrying; the pod's container finishes while nobody
-can be told; `kwokctl start cluster` brings the control plane back, and then the node is Ready again,
+`kwokctl stop cluster` (`Cluster.stop_control_plane`) takes etcd, the API server, the controller-manager
+and the scheduler away while a pod runs; the agent keeps its processes and keeps retrying; the pod's
+container finishes while nobody can be told; `kwokctl start cluster` (`Cluster.start_control_plane`)
+brings the control plane back, and then the node is Ready again,
 the finished pod's status is written, and a pod created afterwards runs.  A second stop is followed by
 `hack/cluster.sh up` (what `make cluster-up` runs), which must start the stopped cluster again with the
 same agent.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 
 from testkit.cluster import CLUSTER_SH_LOG, Cluster, require_prerequisites, start_cluster, stop_cluster
-from testkit.environment import BIN
 from testkit.kubectl import apply, get_json, process_node_pod, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -54,24 +53,6 @@ class OwnCluster:
 
     def agent_pid(self) -> int:
         return int((self.workdir / "processnode.pid").read_text())
-
-    def kwokctl(self, *args: str) -> None:
-        """kwokctl on this cluster, its output in a file: the components it starts would hold a pipe open."""
-        env = dict(
-            os.environ, KWOK_WORKDIR=str(self.workdir / "kwok"), KWOK_KUBECTL_BINARY=str(BIN / "kubectl")
-        )
-        log = self.workdir / "logs" / "kwokctl-test.log"
-        with log.open("a") as out:
-            code = subprocess.run(
-                [str(BIN / "kwokctl"), "--name", self.name, *args],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=180,
-                check=False,
-            ).returncode
-        assert code == 0, f"kwokctl {' '.join(args)} exited {code}:\n{log.read_text()[-3000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +110,7 @@ def _back_after(cluster: Cluster, node: str, since: datetime) -> bool:
 
 def _stop_and_see_the_agent_retry(own: OwnCluster) -> None:
     offset = own.agent_log.stat().st_size
-    own.kwokctl("stop", "cluster")
+    own.cluster.stop_control_plane()
     wait_for(
         lambda: _logged_since(own, offset, "node heartbeat failed", "pod watch failed"),
         timeout=60,
@@ -162,7 +143,7 @@ def test_process_node_rides_out_control_plane_restarts(own: OwnCluster, tmp_path
         message="the agent tried to report the finished container",
     )
     since = datetime.now(UTC)
-    own.kwokctl("start", "cluster")
+    own.cluster.start_control_plane()
     wait_for(lambda: _back_after(cluster, node, since), timeout=90, message="node Ready again, lease renewed")
     wait_for(
         lambda: _phase(cluster, "gated") == "Succeeded",

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from modelpool_operator.effects.resources import PodSettings, build_worker_pod
 from modelpool_operator.pool import PoolView
-from modelpool_operator.resources import PodSettings, build_worker_pod
 from testkit.cluster import Cluster, minilm_package
 from testkit.environment import free_port
 from testkit.kubectl import (

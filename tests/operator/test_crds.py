@@ -10,7 +10,14 @@ from typing import Any
 
 import yaml
 
-from modelpool_contract.api import MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX, MSG_TARGET_LE_CAPACITY
+from modelpool_contract.api import (
+    MSG_DEVICE_MEMORY_POSITIVE,
+    MSG_DEVICE_MEMORY_REQUIRED,
+    MSG_MIN_LE_REPLICAS,
+    MSG_REPLICAS_LE_MAX,
+    MSG_TARGET_LE_CAPACITY,
+    SHARED_POOL_RULES,
+)
 from modelpool_contract.tasks import TASK_NAMES
 from modelpool_operator import crdgen
 
@@ -63,7 +70,7 @@ def test_check_command_fails_on_a_stale_file(tmp_path: Path) -> None:
 
 
 def test_structural_and_documented() -> None:
-    for name in ("modelpools.yaml", "modelbudgets.yaml"):
+    for name in ("modelpools.yaml", "modelbudgets.yaml", "modelhosts.yaml"):
         for path, node in walk(schema(name)):
             assert "$ref" not in node and "title" not in node and "allOf" not in node, path
             if "anyOf" in node:
@@ -81,7 +88,11 @@ def test_modelpool_validation_rules() -> None:
     root = schema("modelpools.yaml")
     spec = root["properties"]["spec"]
     messages = [v["message"] for v in spec["x-kubernetes-validations"]]
-    assert messages == [MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX, MSG_TARGET_LE_CAPACITY]
+    shared = [message for _, _, message in SHARED_POOL_RULES]
+    assert messages == [MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX, MSG_TARGET_LE_CAPACITY, *shared]
+    # Each shared-pool rule applies only with spec.host and names its own field.
+    for rule, (field, _, _) in zip(spec["x-kubernetes-validations"][3:], SHARED_POOL_RULES, strict=True):
+        assert rule["rule"].startswith("!has(self.host) || ") and rule["fieldPath"] == f".{field}"
     model = spec["properties"]["model"]["properties"]
     assert model["task"]["enum"] == list(TASK_NAMES)
     assert "hf://" in model["source"]["x-kubernetes-validations"][0]["message"]
@@ -125,6 +136,26 @@ def test_names_columns_and_subresources() -> None:
 
 def test_status_schema_has_no_defaults() -> None:
     # Defaults in a status schema would be written back on every read; the operator owns status.
-    for name in ("modelpools.yaml", "modelbudgets.yaml"):
+    for name in ("modelpools.yaml", "modelbudgets.yaml", "modelhosts.yaml"):
         for path, node in walk(schema(name)["properties"]["status"]):
             assert "default" not in node, path
+
+
+def test_modelhost_schema_rules_and_columns() -> None:
+    crd = load("modelhosts.yaml")
+    assert crd["spec"]["scope"] == "Namespaced" and crd["spec"]["names"]["shortNames"] == ["mh"]
+    version = crd["spec"]["versions"][0]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    # deviceMemory is refused by CEL when absent (an actionable message, not a bare "Required value").
+    assert "required" not in spec
+    assert [v["message"] for v in spec["x-kubernetes-validations"]] == [
+        MSG_DEVICE_MEMORY_REQUIRED,
+        MSG_DEVICE_MEMORY_POSITIVE,
+    ]
+    assert {"replicas", "gpusPerHost", "deviceMemory", "hostMemory", "image", "nodeSelector"} <= set(
+        spec["properties"]
+    )
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if not c.get("priority")}
+    assert columns["Awake"] == ".status.memory.awake" and columns["Free"] == ".status.memory.free"
+    assert columns["Asleep"] == ".status.memory.asleep"
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"

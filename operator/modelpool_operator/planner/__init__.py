@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from modelpool_operator.budget import Ledger
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner.autoscale import autoscale, wake_on_demand
 from modelpool_operator.planner.draft import (
     EVICT_IDLE,
@@ -63,6 +64,7 @@ from modelpool_operator.planner.draft import (
     Create,
     Delete,
     Draft,
+    Event,
     Evict,
     LoadSample,
     Plan,
@@ -82,7 +84,6 @@ from modelpool_operator.planner.phases import (
 )
 from modelpool_operator.planner.status import conclude, condition
 from modelpool_operator.pool import OtherPool, PoolView
-from modelpool_operator.worker_state import ObservedWorker
 
 #: The phases, in the order ``plan`` runs them (``conclude`` then turns the draft into the plan).
 PHASES: tuple[Callable[[Draft], None], ...] = (
@@ -131,6 +132,7 @@ __all__ = [
     "Create",
     "Delete",
     "Draft",
+    "Event",
     "Evict",
     "LoadSample",
     "Plan",

@@ -71,9 +71,8 @@ from modelpool_contract.api import (
     replica_ceiling,
 )
 from modelpool_contract.times import parse_time, rfc3339, rfc3339_ms
-from modelpool_operator.events import Event
-from modelpool_operator.planner.draft import CounterSample, Draft, LoadSample
-from modelpool_operator.worker_state import ObservedWorker
+from modelpool_operator.observe.worker_state import ObservedWorker
+from modelpool_operator.planner.draft import CounterSample, Draft, Event, LoadSample
 
 #: A burst: the short window asks for more than this many times the current count (Knative's default).
 BURST_FACTOR = 2.0

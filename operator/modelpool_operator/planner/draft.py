@@ -9,15 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Literal
 
 from modelpool_contract.api import ModelPoolStatus, WorkerStatus
 from modelpool_contract.states import WorkerState
 from modelpool_operator.budget import Ledger, Reservation
-from modelpool_operator.events import Event
-from modelpool_operator.pool import OtherPool, PoolView
-from modelpool_operator.resources import worker_name
+from modelpool_operator.observe.worker_state import ObservedWorker
+from modelpool_operator.pool import OtherPool, PoolView, worker_name
 from modelpool_operator.settings import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
-from modelpool_operator.worker_state import ObservedWorker
 
 # Eviction reasons (the value of the modelpool.dev/evicting annotation).
 EVICT_IDLE = "IdleTimeout"
@@ -26,6 +25,18 @@ EVICT_ROLLOVER = "RollOver"
 EVICT_SCALE_DOWN = "ScaleDown"
 # Evictions after which the pool should not bring the worker back by itself.
 SHRINKING_EVICTIONS = (EVICT_IDLE, EVICT_PREEMPTED)
+
+
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the pool."""
+
+    type: EventType
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True)

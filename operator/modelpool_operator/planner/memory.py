@@ -19,9 +19,8 @@ from typing import Any
 from modelpool_contract.api import WorkerStatus
 from modelpool_contract.quantity import QuantityError, format_quantity, humanize_bytes, parse_quantity
 from modelpool_contract.states import CHARGED_STATES
-from modelpool_operator.events import Event
-from modelpool_operator.planner.draft import Draft
-from modelpool_operator.worker_state import ObservedWorker
+from modelpool_operator.observe.worker_state import ObservedWorker
+from modelpool_operator.planner.draft import Draft, Event
 
 MEMORY_CONDITION = "MemoryExceedsCharge"
 # At most this many workers are named in the condition's message (the rest are counted).

@@ -13,7 +13,7 @@ from modelpool_contract.quantity import humanize_bytes
 from modelpool_contract.states import STARTING_STATES
 from modelpool_contract.times import parse_time
 from modelpool_operator.budget import Ledger, admits
-from modelpool_operator.events import Event
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner.draft import (
     EVICT_IDLE,
     EVICT_PREEMPTED,
@@ -24,10 +24,10 @@ from modelpool_operator.planner.draft import (
     Create,
     Delete,
     Draft,
+    Event,
     Evict,
 )
 from modelpool_operator.pool import OtherPool
-from modelpool_operator.worker_state import ObservedWorker
 
 
 def backoff_delay(failures: int, base_s: float, cap_s: float) -> float:

@@ -23,9 +23,9 @@ from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.quantity import format_quantity
 from modelpool_contract.states import ACTIVE_STATES, SERVING_STATES, STARTING_STATES, WorkerState
 from modelpool_contract.times import rfc3339
-from modelpool_operator.events import Event
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner.autoscale import last_scale_time, scaled_to_zero_at, woken_by_demand_at
-from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Plan
+from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Event, Plan
 from modelpool_operator.planner.memory import (
     MEMORY_CONDITION,
     keep_last_measurement,
@@ -33,7 +33,6 @@ from modelpool_operator.planner.memory import (
     memory_finding,
     tell_memory_over_charge,
 )
-from modelpool_operator.worker_state import ObservedWorker
 
 #: The BudgetExceeded condition's reason (and the Warning Event's) while the ModelBudget is invalid.
 BUDGET_INVALID = "BudgetInvalid"

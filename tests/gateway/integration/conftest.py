@@ -4,13 +4,13 @@ watchers, the budget + pod watcher + operator set-up), and gateway processes tha
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from testkit.cluster import Cluster
+from testkit.services import stop_all
 from tests.gateway.integration.gwharness import GatewayProcess
 from tests.operator.integration.conftest import (  # noqa: F401 - fixtures and the report hook, shared
     budget,
@@ -50,12 +50,4 @@ def start_gateway(
 
     yield start
     failed = bool(getattr(request.node, "rep_call", None) and request.node.rep_call.failed)
-    codes = []
-    for gateway in started:
-        was_alive = gateway.alive()
-        code = gateway.stop()
-        if was_alive:
-            codes.append(code)
-        if failed:
-            sys.stderr.write(f"\n---- {gateway.log_path} (tail) ----\n{gateway.log_tail()}\n")
-    assert all(code == 0 for code in codes), f"gateway exit codes on SIGTERM: {codes}"
+    stop_all(started, show_logs=failed, what="gateway")

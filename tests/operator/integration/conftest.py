@@ -3,7 +3,6 @@ watchers, and the budget + pod watcher + operator set-up that the budget tests s
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 from testkit.cluster import Cluster
 from testkit.environment import ROOT
 from testkit.kubectl import apply, wait_established, wait_for
+from testkit.services import stop_all
 from tests.operator.integration.opharness import (
     POOLS,
     BudgetedOperator,
@@ -63,15 +63,7 @@ def start_operator(crds: Cluster, tmp_path: Path, request: pytest.FixtureRequest
     live = [p for p in started if p.alive()]
     for namespace in {ns for p in live for ns in p.namespaces}:
         crds.kubectl("delete", POOLS, "--all", "-n", namespace, "--timeout=30s", check=False)
-    codes = []
-    for process in started:
-        was_alive = process.alive()
-        code = process.stop()
-        if was_alive:
-            codes.append(code)
-        if failed:
-            sys.stderr.write(f"\n---- {process.log_path} (tail) ----\n{process.log_tail()}\n")
-    assert all(code == 0 for code in codes), f"operator exit codes on SIGTERM: {codes}"
+    stop_all(started, show_logs=failed, what="operator")
 
 
 @pytest.fixture

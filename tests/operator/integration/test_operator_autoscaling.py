@@ -24,15 +24,14 @@ from modelpool_contract.api import API_VERSION, MODELPOOL_KIND
 from modelpool_contract.demand import demand_lease
 from modelpool_contract.times import parse_time, rfc3339_ms
 from testkit.cluster import Cluster
-from testkit.environment import ROOT, free_port
+from testkit.environment import free_port
 from testkit.load import ClosedLoop
+from testkit.services import echo_pool
 from tests.operator.integration.opharness import (
     POOLS,
-    PROCESS_NODE,
     BudgetedOperator,
     PodWatcher,
     condition,
-    pool_manifest,
     reasons,
     wait_at_zero,
     wait_status,
@@ -44,19 +43,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 CLIENTS = 12
 
 
-def echo_pool(name: str, *, run_seconds: float, autoscaling: dict[str, Any], **kw: Any) -> dict[str, Any]:
-    """A pool of echo-embedding workers on the process node: one request per forward pass."""
-    manifest = pool_manifest(name, memory="1Gi", source="/", node_selector=PROCESS_NODE, **kw)
-    spec = manifest["spec"]
-    spec["resources"]["gpus"] = 0
-    spec["queue"]["maxBatchSize"] = 1
-    spec["autoscaling"] = autoscaling
-    spec["podTemplate"]["env"] = [
-        {"name": "MODELPOOL_HANDLER", "value": "tests.server.handlers:EchoEmbedding"},
-        {"name": "HANDLER_RUN_SECONDS", "value": str(run_seconds)},
-        {"name": "PYTHONPATH", "value": str(ROOT)},
-    ]
-    return manifest
+def slow_echo_pool(
+    name: str, *, run_seconds: float, autoscaling: dict[str, Any], **kw: Any
+) -> dict[str, Any]:
+    """Echo-embedding workers on the process node whose forward pass takes ``run_seconds``: one request
+    per forward pass."""
+    env = {"HANDLER_RUN_SECONDS": str(run_seconds)}
+    return echo_pool(name, env=env, autoscaling=autoscaling, max_batch_size=1, **kw)
 
 
 def serving_ips(watcher: PodWatcher, pool: str) -> list[str]:
@@ -96,7 +89,7 @@ def test_load_scales_up_to_max_replicas_never_past_it_and_back_down_after_the_de
         "stableWindowSeconds": 4,
         "scaleDownDelaySeconds": 6,
     }
-    manifest = echo_pool(
+    manifest = slow_echo_pool(
         "auto", run_seconds=0.2, autoscaling=policy, replicas=1, min_replicas=1, max_replicas=3
     )
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
@@ -156,7 +149,7 @@ def test_demand_wakes_a_pool_at_zero_to_one_worker_that_returns_to_zero_when_idl
 ) -> None:
     port = free_port()
     watcher, _ = budgeted_operator("16Gi", MODELPOOL_OPERATOR_SERVER_PORT=str(port))
-    manifest = echo_pool(
+    manifest = slow_echo_pool(
         "wake",
         run_seconds=0,
         autoscaling={},

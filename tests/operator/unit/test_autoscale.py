@@ -20,6 +20,7 @@ from modelpool_contract.demand import Demand
 from modelpool_contract.states import WorkerState
 from modelpool_contract.times import rfc3339, rfc3339_ms
 from modelpool_operator.budget import ReservationBook, build_ledger
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import (
     EVICT_SCALE_DOWN,
     PHASES,
@@ -39,7 +40,6 @@ from modelpool_operator.planner.autoscale import (
     record,
 )
 from modelpool_operator.pool import OtherPool, PoolView
-from modelpool_operator.worker_state import ObservedWorker
 
 NOW = at(1000)
 

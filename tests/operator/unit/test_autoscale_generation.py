@@ -27,6 +27,8 @@ from modelpool_contract.api import (
 )
 from modelpool_contract.demand import Demand
 from modelpool_contract.times import rfc3339_ms
+from modelpool_operator.observe.stats import _news as stats_news
+from modelpool_operator.observe.worker_state import ObservedWorker, observe_worker
 from modelpool_operator.planner import LoadSample, autoscale, plan
 from modelpool_operator.planner.autoscale import (
     count_refusals,
@@ -38,8 +40,6 @@ from modelpool_operator.planner.autoscale import (
     worker_load,
 )
 from modelpool_operator.planner.status import generation_summary
-from modelpool_operator.stats import _news as stats_news
-from modelpool_operator.worker_state import ObservedWorker, observe_worker
 
 CACHE = 2048
 

@@ -15,8 +15,8 @@ from modelpool_operator.budget import (
     build_ledger,
     live_reservations,
 )
-from modelpool_operator.observation import budget_limit
-from modelpool_operator.worker_state import ObservedWorker
+from modelpool_operator.observe.observation import budget_limit
+from modelpool_operator.observe.worker_state import ObservedWorker
 
 
 def worker(name: str, state: WorkerState = "Ready", pool: str = "p", memory: int = 2 * GI) -> ObservedWorker:

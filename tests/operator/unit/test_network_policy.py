@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from modelpool_operator.network_peers import NetworkPolicyPeer
-from modelpool_operator.network_policy import PolicySettings, build_network_policy, policy_name
+from modelpool_operator.effects.network_peers import NetworkPolicyPeer
+from modelpool_operator.effects.network_policy import PolicySettings, build_network_policy, policy_name
 from modelpool_operator.pool import PoolView
-from modelpool_operator.reconcile import policy_settings
+from modelpool_operator.services import policy_settings
 from modelpool_operator.settings import OperatorConfig
 
 OPERATOR = {"app.kubernetes.io/name": "modelpool-operator", "app.kubernetes.io/instance": "mp"}

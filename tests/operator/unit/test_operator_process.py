@@ -16,11 +16,11 @@ import kopf
 import pytest
 from aiohttp import web
 
-from modelpool_operator.kube import merge_patch
+from modelpool_operator.effects.kube import merge_patch
 from modelpool_operator.main import build_parser, config_from_args
-from modelpool_operator.reconcile import pod_settings
+from modelpool_operator.observe.stats import StatsScraper, stats_url
+from modelpool_operator.services import pod_settings
 from modelpool_operator.settings import OperatorConfig, apply_to_kopf, peering_priority
-from modelpool_operator.stats import StatsScraper, stats_url
 
 # ---- configuration ------------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from op_pods import GI, at
 
 from modelpool_contract.api import ModelPoolStatus, WorkerState
 from modelpool_operator.budget import ReservationBook, admits, build_ledger
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import (
     EVICT_IDLE,
     EVICT_PREEMPTED,
@@ -21,9 +22,7 @@ from modelpool_operator.planner import (
     plan,
     preemption_candidates,
 )
-from modelpool_operator.pool import OtherPool
-from modelpool_operator.resources import worker_name
-from modelpool_operator.worker_state import ObservedWorker
+from modelpool_operator.pool import OtherPool, worker_name
 
 NOW = at(1000)
 

@@ -12,8 +12,8 @@ from op_pods import GI, at, pod, stats
 
 from modelpool_contract.api import ModelPoolStatus
 from modelpool_operator.budget import build_ledger
+from modelpool_operator.observe.worker_state import ObservedWorker, observe_worker
 from modelpool_operator.planner import Plan, plan
-from modelpool_operator.worker_state import ObservedWorker, observe_worker
 
 NOW = at(100)
 

@@ -14,6 +14,7 @@ from modelpool_contract.api import BackoffStatus, Condition, ModelPoolSpec, Mode
 from modelpool_contract.demand import Demand
 from modelpool_contract.times import rfc3339
 from modelpool_operator.budget import Ledger, ReservationBook
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import (
     EVICT_IDLE,
     EVICT_PREEMPTED,
@@ -34,7 +35,6 @@ from modelpool_operator.planner import (
     tell_transitions,
 )
 from modelpool_operator.pool import OtherPool
-from modelpool_operator.worker_state import ObservedWorker
 
 NOW = at(1000)
 Phase = Callable[[Draft], None]

@@ -18,9 +18,9 @@ from op_pods import GI, at
 
 from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus, WorkerState
 from modelpool_operator.budget import ReservationBook, build_ledger
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import plan
 from modelpool_operator.pool import OtherPool, PoolView
-from modelpool_operator.worker_state import ObservedWorker
 
 TOTAL = 9 * GI
 

@@ -20,15 +20,14 @@ from modelpool_contract.labels import (
     SERVER_CONTAINER,
 )
 from modelpool_contract.mounts import HOME_PATH, SCRATCH_ENV, TMP_PATH
-from modelpool_operator.pool import PoolView, template_hash
-from modelpool_operator.resources import (
+from modelpool_operator.effects.resources import (
     PodSettings,
     build_service,
     build_worker_pod,
     eviction_patch,
     server_args,
-    worker_name,
 )
+from modelpool_operator.pool import PoolView, template_hash, worker_name
 
 
 def pool(**spec_overrides: Any) -> dict[str, Any]:

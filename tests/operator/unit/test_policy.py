@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from test_reconcile_wiring import RecordingEvents, RecordingKube
+from test_reconcile_wiring import Operator, recording_operator
 
 from modelpool_contract.api import parse_pool_spec
-from modelpool_operator.observation import ObservationCache
+from modelpool_operator.bookkeeping import PoolRun
 from modelpool_operator.policy import (
     FIELD_HOST_PATH,
     FIELD_IMAGE,
@@ -33,10 +33,8 @@ from modelpool_operator.policy import (
     msg_unclean_path,
     violations,
 )
-from modelpool_operator.process_state import OperatorState
-from modelpool_operator.reconcile import POLICY_VIOLATION, PoolRun, lifecycle_settings, reconcile_pool
+from modelpool_operator.reconcile import POLICY_VIOLATION, reconcile_pool
 from modelpool_operator.settings import OperatorConfig
-from modelpool_operator.stats import StatsScraper
 
 # ---- the path rule ------------------------------------------------------------------------------------
 
@@ -268,23 +266,25 @@ def _body(generation: int, **spec: Any) -> dict[str, Any]:
 @pytest.fixture
 async def strict_state() -> Any:
     config = OperatorConfig(allowed_images=("ghcr.io/modelpool/",))
-    st_ = OperatorState(config=config, events=RecordingEvents())
-    st_.kube = RecordingKube()  # type: ignore[assignment]
-    st_.scraper = StatsScraper(interval=1, timeout=0.2, concurrency=4, backoff_cap=1, default_port=8000)
-    st_.observations = ObservationCache(lifecycle_settings(config))
-    yield st_
-    await st_.scraper.aclose()
+    operator = recording_operator(config)
+    yield operator
+    await operator.services.scraper.aclose()
 
 
-async def test_a_forbidden_pool_gets_no_worker_a_condition_and_one_event(strict_state: OperatorState) -> None:
-    kube: RecordingKube = strict_state.kube  # type: ignore[assignment]
-    events: RecordingEvents = strict_state.events  # type: ignore[assignment]
+async def test_a_forbidden_pool_gets_no_worker_a_condition_and_one_event(strict_state: Operator) -> None:
+    kube, events = strict_state.kube, strict_state.events
     run = PoolRun(key=("ns", "p"))
     body = _body(1, image="docker.io/evil:1")
     budgets = {"default": [{"memory": "8Gi"}]}
     for _ in range(3):  # once per generation, however many passes
         plan = await reconcile_pool(
-            strict_state, run=run, body=body, pods_by_pool={}, pools_by_key={}, budgets=budgets
+            strict_state.services,
+            strict_state.book,
+            run=run,
+            body=body,
+            pods_by_pool={},
+            pools_by_key={},
+            budgets=budgets,
         )
         assert plan is None
     assert kube.created == []
@@ -301,7 +301,13 @@ async def test_a_forbidden_pool_gets_no_worker_a_condition_and_one_event(strict_
     # The spec allowed again: a worker is created and the condition goes.
     allowed = {**_body(2, image="ghcr.io/modelpool/modelpool-server:1"), "status": {**patch}}
     plan = await reconcile_pool(
-        strict_state, run=run, body=allowed, pods_by_pool={}, pools_by_key={}, budgets=budgets
+        strict_state.services,
+        strict_state.book,
+        run=run,
+        body=allowed,
+        pods_by_pool={},
+        pools_by_key={},
+        budgets=budgets,
     )
     assert plan is not None and len(kube.created) == 1
     last = kube.status_patches[-1]

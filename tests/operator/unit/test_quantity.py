@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from decimal import Decimal
 
 import pytest
 from hypothesis import given
@@ -14,6 +15,7 @@ from modelpool_contract.quantity import (
     humanize_bytes,
     is_quantity,
     parse_quantity,
+    quantity_value,
 )
 
 
@@ -62,6 +64,33 @@ def test_parse_rejects_with_the_value_in_the_message(bad: object) -> None:
     with pytest.raises(QuantityError, match="invalid quantity"):
         parse_quantity(bad)  # type: ignore[arg-type]
     assert not is_quantity(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("500m", Decimal("0.5")),  # a CPU share: exact, not rounded to whole units
+        ("1500m", Decimal("1.5")),
+        ("250u", Decimal("0.00025")),
+        ("2", Decimal(2)),
+        ("1Mi", Decimal(2**20)),
+        ("1.5k", Decimal(1500)),
+        ("5e-1", Decimal("0.5")),
+        ("1E", Decimal(10**18)),  # the decimal suffix E, not an exponent
+    ],
+)
+def test_quantity_value_is_exact(text: str, expected: Decimal) -> None:
+    assert quantity_value(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"), [("lots", "expected a number"), ("-1", "expected"), ("1e41", "too large")]
+)
+def test_quantity_value_rejects_with_the_value_named_once(bad: str, message: str) -> None:
+    with pytest.raises(QuantityError) as raised:
+        quantity_value(bad)
+    assert str(raised.value).startswith(f"invalid quantity {bad!r}: ") and message in str(raised.value)
+    assert str(raised.value).count("invalid quantity") == 1
 
 
 def test_format_and_humanize() -> None:

@@ -10,29 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from modelpool_contract.demand import Demand
-from modelpool_operator.events import Event
-from modelpool_operator.kube import ApiException
-from modelpool_operator.observation import ObservationCache, slim_pod
-from modelpool_operator.planner import Evict
+from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
+from modelpool_operator.effects.apply import settle_reservations, start_eviction
+from modelpool_operator.effects.kube import ApiException
+from modelpool_operator.metrics import OperatorMetrics
+from modelpool_operator.observe.observation import ObservationCache, slim_pod
+from modelpool_operator.planner import Event, Evict
 from modelpool_operator.pool import OtherPool
-from modelpool_operator.process_state import OperatorState
-from modelpool_operator.reconcile import (
-    PoolRun,
-    _evict,
-    budget_status_wire,
-    lifecycle_settings,
-    reconcile_pool,
-    settle_reservations,
-)
+from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
+from modelpool_operator.services import Services, lifecycle_settings, make_scraper
 from modelpool_operator.settings import OperatorConfig
-from modelpool_operator.stats import StatsScraper
 
 GI = 2**30
 
@@ -66,13 +61,13 @@ class RecordingKube:
         self.asked: list[str] = []
         self.pod_patches: list[tuple[str, dict[str, Any]]] = []
 
-    async def create_pod(self, namespace: str, body: dict[str, Any]) -> bool:
+    async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> bool:
         await asyncio.sleep(0.01)
         if self.fail_creates is not None:
             if self.made_anyway:
                 self.existing.add(body["metadata"]["name"])
             raise self.fail_creates
-        self.created.append(body)
+        self.created.append(dict(body))
         self.existing.add(body["metadata"]["name"])
         return True
 
@@ -80,29 +75,35 @@ class RecordingKube:
         self.asked.append(name)
         return name in self.existing
 
-    async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
-        self.pod_patches.append((name, patch))
+    async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        self.pod_patches.append((name, dict(patch)))
         return True
 
     async def delete_pod(self, namespace: str, name: str, grace_period_seconds: int | None = None) -> bool:
         return True
 
-    async def ensure_service(self, namespace: str, body: dict[str, Any]) -> None:
+    async def ensure_service(self, namespace: str, body: Mapping[str, Any]) -> None:
         await asyncio.sleep(0)
         if self.fail_services is not None:
             raise self.fail_services
-        self.services.append(body)
+        self.services.append(dict(body))
 
-    async def ensure_network_policy(self, namespace: str, body: dict[str, Any]) -> None:
+    async def ensure_network_policy(self, namespace: str, body: Mapping[str, Any]) -> None:
         await asyncio.sleep(0)
         if self.fail_policies:
             self.fail_policies -= 1
             raise ApiException(status=403, reason="Forbidden")
-        self.policies.append(body)
+        self.policies.append(dict(body))
 
-    async def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
-        self.status_patches.append(status)
+    async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
+        self.status_patches.append(dict(status))
         return True
+
+    async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
 
 
 class RecordingEvents:
@@ -111,7 +112,7 @@ class RecordingEvents:
     def __init__(self) -> None:
         self.posted: list[tuple[str, Event]] = []
 
-    def post(self, pool: dict[str, Any], event: Event) -> None:
+    def post(self, pool: Mapping[str, Any], event: Event) -> None:
         self.posted.append((pool["metadata"]["name"], event))
 
 
@@ -142,17 +143,47 @@ def _running(pod: dict[str, Any]) -> dict[str, Any]:
     return slim_pod(pod)
 
 
+@dataclass
+class Operator:
+    """An operator process's services (recording the API and the Events) and bookkeeping."""
+
+    services: Services
+    book: Bookkeeping
+
+    @property
+    def kube(self) -> RecordingKube:
+        return cast(RecordingKube, self.services.kube)
+
+    @property
+    def events(self) -> RecordingEvents:
+        return cast(RecordingEvents, self.services.events)
+
+    def use(self, **changes: Any) -> None:
+        """Other services (they are immutable: a process builds them once)."""
+        self.services = replace(self.services, **changes)
+
+
+def recording_operator(config: OperatorConfig) -> Operator:
+    """Services that record the API requests and the Events, and fresh bookkeeping."""
+    services = Services(
+        config=config,
+        kube=RecordingKube(),
+        scraper=make_scraper(config),
+        observations=ObservationCache(lifecycle_settings(config)),
+        events=RecordingEvents(),
+        metrics=OperatorMetrics(),
+    )
+    return Operator(services, Bookkeeping())
+
+
 @pytest.fixture
-async def state() -> AsyncIterator[OperatorState]:
-    st = OperatorState(config=OperatorConfig(), events=RecordingEvents())
-    st.kube = RecordingKube()  # type: ignore[assignment]
-    st.scraper = StatsScraper(interval=1, timeout=0.2, concurrency=4, backoff_cap=1, default_port=8000)
-    st.observations = ObservationCache(lifecycle_settings(st.config))
-    yield st
-    await st.scraper.aclose()
+async def state() -> AsyncIterator[Operator]:
+    operator = recording_operator(OperatorConfig())
+    yield operator
+    await operator.services.scraper.aclose()
 
 
-async def test_concurrent_pools_never_over_admit(state: OperatorState) -> None:
+async def test_concurrent_pools_never_over_admit(state: Operator) -> None:
     pools = {("ns", n): _pool(n, 3) for n in ("a", "b", "c")}
     index = _index(pools)
     budgets = {"default": [{"memory": "4Gi"}]}
@@ -162,13 +193,20 @@ async def test_concurrent_pools_never_over_admit(state: OperatorState) -> None:
         """A pass of each pool in turn, as their daemons would run them."""
         for run in runs:
             await reconcile_pool(
-                state, run=run, body=pools[run.key], pods_by_pool=pods, pools_by_key=index, budgets=budgets
+                state.services,
+                state.book,
+                run=run,
+                body=pools[run.key],
+                pods_by_pool=pods,
+                pools_by_key=index,
+                budgets=budgets,
             )
 
     await asyncio.gather(
         *(
             reconcile_pool(
-                state,
+                state.services,
+                state.book,
                 run=run,
                 body=pools[run.key],
                 pods_by_pool={},
@@ -181,7 +219,7 @@ async def test_concurrent_pools_never_over_admit(state: OperatorState) -> None:
     kube = state.kube
     assert isinstance(kube, RecordingKube)
     assert len(kube.created) == 4  # 4 x 1Gi fit into 4Gi; the other 5 wanted workers wait
-    assert sum(r.memory for r in state.reservations.all()) == 4 * GI
+    assert sum(r.memory for r in state.book.reservations.all()) == 4 * GI
 
     # The pods show up in the watch: their reservations end, the charge now comes from the pods.
     pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -189,7 +227,7 @@ async def test_concurrent_pools_never_over_admit(state: OperatorState) -> None:
         pods.setdefault(("ns", pod["metadata"]["labels"]["modelpool.dev/pool"]), []).append(_running(pod))
     patches_before = len(kube.status_patches)
     await one_by_one(pods)
-    assert len(state.reservations) == 0
+    assert len(state.book.reservations) == 0
     assert len(kube.created) == 4
     assert len(kube.status_patches) == patches_before + 3
     # Nothing changed since: no further status writes.
@@ -202,22 +240,23 @@ def _conditions(patch: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 async def test_a_refused_create_releases_its_reservation_and_reports_the_api_message(
-    state: OperatorState,
+    state: Operator,
 ) -> None:
     quota = "pods is forbidden: exceeded quota: q, requested: pods=1, used: pods=0, limited: pods=0"
-    state.kube = RecordingKube(fail_creates=api_error(403, quota))  # type: ignore[assignment]
+    state.use(kube=RecordingKube(fail_creates=api_error(403, quota)))
     body = _pool("a", 2)
     run = PoolRun(key=("ns", "a"))
     for _ in range(2):  # the pass never raises; the same failure is told once
         await reconcile_pool(
-            state,
+            state.services,
+            state.book,
             run=run,
             body=body,
             pods_by_pool={},
             pools_by_key=_index({("ns", "a"): body}),
             budgets={"default": [{"memory": "8Gi"}]},
         )
-    assert len(state.reservations) == 0
+    assert len(state.book.reservations) == 0
     kube, events = state.kube, state.events
     assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
     failed = [e for _, e in events.posted if e.reason == "CreateFailed"]
@@ -229,12 +268,12 @@ async def test_a_refused_create_releases_its_reservation_and_reports_the_api_mes
 
 
 async def test_a_create_without_an_answer_keeps_its_memory_until_the_pod_is_known_absent(
-    state: OperatorState,
+    state: Operator,
 ) -> None:
     """A timeout: the pod may exist, so the reservation stays (and the pool does not create it twice)
     until the pod is observed or, asked after the check interval, known absent."""
     kube = RecordingKube(fail_creates=TimeoutError())
-    state.kube = kube  # type: ignore[assignment]
+    state.use(kube=kube)
     body = _pool("a", 1)
     run, index, budgets = (
         PoolRun(key=("ns", "a")),
@@ -243,25 +282,33 @@ async def test_a_create_without_an_answer_keeps_its_memory_until_the_pod_is_know
     )
 
     async def one_pass() -> None:
-        await reconcile_pool(state, run=run, body=body, pods_by_pool={}, pools_by_key=index, budgets=budgets)
+        await reconcile_pool(
+            state.services,
+            state.book,
+            run=run,
+            body=body,
+            pods_by_pool={},
+            pools_by_key=index,
+            budgets=budgets,
+        )
 
     await one_pass()
-    (held,) = state.reservations.all()
+    (held,) = state.book.reservations.all()
     await one_pass()  # in flight: not created again, not released
-    assert state.reservations.all() == (held,) and not kube.asked
+    assert state.book.reservations.all() == (held,) and not kube.asked
     # The check interval passed and the API says the pod does not exist: its memory is free again.
-    await settle_reservations(state, datetime.now(UTC) + timedelta(hours=1))
-    assert kube.asked == [held.worker] and len(state.reservations) == 0
+    await settle_reservations(state.services, state.book, datetime.now(UTC) + timedelta(hours=1))
+    assert kube.asked == [held.worker] and len(state.book.reservations) == 0
 
     # The same, but the create had made the pod: asked, it exists, so the reservation stays.
     kube.made_anyway = True
     await one_pass()
-    await settle_reservations(state, datetime.now(UTC) + timedelta(hours=1))
-    assert kube.asked == [held.worker, held.worker] and len(state.reservations) == 1
+    await settle_reservations(state.services, state.book, datetime.now(UTC) + timedelta(hours=1))
+    assert kube.asked == [held.worker, held.worker] and len(state.book.reservations) == 1
 
 
 async def test_a_service_that_cannot_be_created_never_keeps_workers_from_starting(
-    state: OperatorState,
+    state: Operator,
 ) -> None:
     """The Service IP range full, a quota on services: the workers are created all the same, the
     condition ApiError and one Warning Event carry the API server's own message, the pass does not raise;
@@ -279,7 +326,13 @@ async def test_a_service_that_cannot_be_created_never_keeps_workers_from_startin
     async def one_pass() -> None:
         pods = {("ns", "a"): [_running(pod) for pod in kube.created]}
         await reconcile_pool(
-            state, run=run, body=body, pods_by_pool=pods, pools_by_key=index, budgets=budgets
+            state.services,
+            state.book,
+            run=run,
+            body=body,
+            pods_by_pool=pods,
+            pools_by_key=index,
+            budgets=budgets,
         )
 
     await one_pass()
@@ -300,7 +353,7 @@ async def test_a_service_that_cannot_be_created_never_keeps_workers_from_startin
 
 
 async def test_demand_on_a_pool_at_zero_creates_its_worker_in_the_same_pass_once(
-    state: OperatorState,
+    state: Operator,
 ) -> None:
     body = _pool("z", 0)
     # The demand index, as the operator builds it from the pool's demand Lease.
@@ -311,7 +364,14 @@ async def test_demand_on_a_pool_at_zero_creates_its_worker_in_the_same_pass_once
         {"default": [{"memory": "8Gi"}]},
     )
     await reconcile_pool(
-        state, run=run, body=body, pods_by_pool={}, pools_by_key=index, budgets=budgets, demand=demand
+        state.services,
+        state.book,
+        run=run,
+        body=body,
+        pods_by_pool={},
+        pools_by_key=index,
+        budgets=budgets,
+        demand=demand,
     )
     kube, events = state.kube, state.events
     assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
@@ -320,19 +380,28 @@ async def test_demand_on_a_pool_at_zero_creates_its_worker_in_the_same_pass_once
     # The gateway keeps writing the same demand while its request waits: the worker is not made twice.
     pods = {("ns", "z"): [_running(kube.created[0])]}
     await reconcile_pool(
-        state, run=run, body=body, pods_by_pool=pods, pools_by_key=index, budgets=budgets, demand=demand
+        state.services,
+        state.book,
+        run=run,
+        body=body,
+        pods_by_pool=pods,
+        pools_by_key=index,
+        budgets=budgets,
+        demand=demand,
     )
     assert len(kube.created) == 1
     assert [e.reason for _, e in events.posted].count("WokenByDemand") == 1
 
 
-async def test_a_network_policy_that_fails_never_holds_up_the_workers(state: OperatorState) -> None:
+async def test_a_network_policy_that_fails_never_holds_up_the_workers(state: Operator) -> None:
     """Refused twice (a 403): the workers are created all the same, one Warning Event tells it, and a later
     pass applies it; once applied it is not sent again at every pass."""
-    state.config = OperatorConfig(
-        network_policy_enabled=True,
-        network_policy_namespace="mp-system",
-        network_policy_operator_labels={"app.kubernetes.io/name": "modelpool-operator"},
+    state.use(
+        config=OperatorConfig(
+            network_policy_enabled=True,
+            network_policy_namespace="mp-system",
+            network_policy_operator_labels={"app.kubernetes.io/name": "modelpool-operator"},
+        )
     )
     kube, events = state.kube, state.events
     assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
@@ -347,7 +416,13 @@ async def test_a_network_policy_that_fails_never_holds_up_the_workers(state: Ope
     async def one_pass() -> None:
         pods = {("ns", "p"): [_running(pod) for pod in kube.created]}
         await reconcile_pool(
-            state, run=run, body=body, pods_by_pool=pods, pools_by_key=index, budgets=budgets
+            state.services,
+            state.book,
+            run=run,
+            body=body,
+            pods_by_pool=pods,
+            pools_by_key=index,
+            budgets=budgets,
         )
 
     await one_pass()
@@ -360,30 +435,42 @@ async def test_a_network_policy_that_fails_never_holds_up_the_workers(state: Ope
     assert [p["metadata"]["name"] for p in kube.policies] == ["modelpool-p"]
 
 
-async def test_the_budget_status_says_why_an_invalid_budget_admits_nothing(state: OperatorState) -> None:
-    invalid = budget_status_wire(state, {}, {"default": [{"memory": "1e41"}]}, None, 3)
+async def test_the_budget_status_says_why_an_invalid_budget_admits_nothing(state: Operator) -> None:
+    invalid = budget_status_wire(
+        state.services, state.book, {}, {"default": [{"memory": "1e41"}]}, previous=None, generation=3
+    )
     (valid,) = invalid["conditions"]
     assert (valid["type"], valid["status"], valid["reason"]) == ("Valid", "False", "InvalidSpec")
     assert valid["message"].startswith("ModelBudget default is invalid: spec.memory: invalid quantity '1e41'")
     assert valid["message"].endswith("; no worker is admitted until it is fixed")
-    fixed = budget_status_wire(state, {}, {"default": [{"memory": "8Gi"}]}, invalid, 4)
+    fixed = budget_status_wire(
+        state.services, state.book, {}, {"default": [{"memory": "8Gi"}]}, previous=invalid, generation=4
+    )
     (valid,) = fixed["conditions"]
     assert (valid["status"], valid["reason"], valid["message"]) == (
         "True",
         "SpecValid",
         "workers are admitted within 8Gi",
     )
-    again = budget_status_wire(state, {}, {"default": [{"memory": "8Gi"}]}, fixed, 4)
+    again = budget_status_wire(
+        state.services, state.book, {}, {"default": [{"memory": "8Gi"}]}, previous=fixed, generation=4
+    )
     assert again == fixed  # nothing to write while nothing changes
 
 
 async def test_an_eviction_records_the_state_the_planner_observed_in_its_one_patch(
-    state: OperatorState,
+    state: Operator,
 ) -> None:
     """Follow-up of issue 19: the state the plan decided on reaches the pod with the eviction mark, in the
     same patch (the soak's auditor judges "never Loading or Processing" on it)."""
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    await _evict(state, PoolRun(key=("ns", "p")), Evict("ns", "p", "p-a", "ScaleDown", "Ready"), now)
+    await start_eviction(
+        state.services,
+        state.book,
+        PoolRun(key=("ns", "p")),
+        Evict("ns", "p", "p-a", "ScaleDown", "Ready"),
+        now,
+    )
     kube = state.kube
     assert isinstance(kube, RecordingKube)
     [(name, patch)] = kube.pod_patches

@@ -13,7 +13,6 @@ from op_planner import view, w
 from op_pods import GI, at
 
 from modelpool_operator import handlers as operator_handlers
-from modelpool_operator import stats
 from modelpool_operator.budget import (
     BudgetLimit,
     PoolCharge,
@@ -21,11 +20,12 @@ from modelpool_operator.budget import (
     build_ledger,
     ledger_from_charges,
 )
-from modelpool_operator.observation import ChargeCache, LazyOthers, current_ledger
+from modelpool_operator.observe import stats
+from modelpool_operator.observe.observation import ChargeCache, LazyOthers, current_ledger
+from modelpool_operator.observe.stats import StatsScraper
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import plan
 from modelpool_operator.pool import OtherPool, PoolKey
-from modelpool_operator.stats import StatsScraper
-from modelpool_operator.worker_state import ObservedWorker
 
 
 def worker(name: str, pool: str, memory: int = GI) -> ObservedWorker:

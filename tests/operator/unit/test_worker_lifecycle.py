@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from op_pods import GI, at, pod, running, stats, terminated, waiting
 
-from modelpool_operator.worker_state import LifecycleSettings, observe_worker
+from modelpool_operator.observe.worker_state import LifecycleSettings, observe_worker
 
 NOW = at(100)
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelpool_contract.labels import HTTP_PORT_NAME, LABEL_MANAGED_BY, LABEL_POOL, PROBE_PORT_NAME
-from modelpool_operator.network_peers import NetworkPolicyPeer
+from modelpool_operator.effects.network_peers import NetworkPolicyPeer
+from modelpool_operator.effects.resources import MANAGED_BY, owner_reference
 from modelpool_operator.pool import PoolView
-from modelpool_operator.resources import MANAGED_BY, owner_reference
 
 # The label every namespace carries (set by the API server since 1.22): how a peer names one namespace.
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"

@@ -34,8 +34,8 @@ from modelpool_operator.budget import (
     ReservationBook,
     ledger_from_charges,
 )
+from modelpool_operator.observe.worker_state import LifecycleSettings, ObservedWorker, observe_worker
 from modelpool_operator.pool import OtherPool, PoolKey
-from modelpool_operator.worker_state import LifecycleSettings, ObservedWorker, observe_worker
 
 # Another pool's worker observed less than this long ago is reused from the cache (its state only
 # changes with a new resourceVersion or new stats; ``now`` only matters for the Unschedulable timeout).

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -66,6 +66,22 @@ def refused(exc: BaseException) -> bool:
     invalid, throttled), so it took no effect.  Anything else (a 5xx, a timeout, no answer at all) leaves
     the outcome unknown: a 504 or a timed-out create may still have made the object."""
     return isinstance(exc, ApiException) and exc.status is not None and 400 <= int(exc.status) < 500
+
+
+class KubeApi(Protocol):
+    """The API requests a reconciliation pass makes (``Kube`` on the API server; tests record them)."""
+
+    async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> bool: ...
+    async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool: ...
+    async def delete_pod(
+        self, namespace: str, name: str, grace_period_seconds: int | None = None
+    ) -> bool: ...
+    async def pod_exists(self, namespace: str, name: str) -> bool: ...
+    async def ensure_service(self, namespace: str, body: Mapping[str, Any]) -> None: ...
+    async def ensure_network_policy(self, namespace: str, body: Mapping[str, Any]) -> None: ...
+    async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
+    async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool: ...
+    async def close(self) -> None: ...
 
 
 async def connect(request_timeout: float, on_error: ErrorHook | None = None) -> Kube:

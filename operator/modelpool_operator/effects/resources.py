@@ -76,15 +76,6 @@ class PodSettings:
     model_cache: ModelCacheSpec | None = None
 
 
-def worker_name(pool_name: str, template_hash: str, index: int) -> str:
-    """A deterministic worker name: ``<pool>-<hash5>-<index>`` (≤ 63 chars, so it fits a label value).
-
-    Deterministic names make a create idempotent: an operator restarted in the middle of a scale-up gets
-    409 AlreadyExists instead of a duplicate worker.
-    """
-    return f"{pool_name[:45].rstrip('-')}-{template_hash[:5]}-{index}"
-
-
 def _model_source(spec: ModelPoolSpec) -> str:
     source = spec.model.source
     if spec.model.revision and source.startswith("hf://"):

@@ -1,0 +1,136 @@
+"""What one operator process remembers between passes: ``Bookkeeping`` (shared by every pool's daemon) and
+``PoolRun`` (one pool's daemon, from pass to pass).
+
+Nothing here is a source of truth about the cluster: it is all rebuilt on restart (level-based). The
+bookkeeping holds only what the per-pool daemons of one process must share:
+
+* the reservations (``budget.ReservationBook``): memory promised to pods created but not yet seen in the
+  watch; ``reserve`` records a plan's creations, ``ledger`` counts them with the observed workers;
+* the wake-ups: one ``asyncio.Event`` per pool (``wakeup``); pod and pool watch events ``poke`` it, so a
+  pool reconciles promptly after a change instead of polling in a busy loop; the pools that could not fit
+  the budget (``waits_for_budget``) are woken when memory may have been freed (``poke_waiting``), and so is
+  the ModelBudget's status writer (``budget_wakeup``);
+* each pool's workers as its daemon last observed them (``observed``: other pools' passes read these) and
+  their sums for the ledger (``charges``).
+
+The process's connections and services are apart, immutable, in ``services``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from modelpool_contract.api import ModelPoolStatus
+from modelpool_operator.budget import BudgetLimit, Ledger, ReservationBook
+from modelpool_operator.observe.observation import ChargeCache, current_ledger
+from modelpool_operator.observe.worker_state import ObservedWorker
+from modelpool_operator.planner import CounterSample, Create, LoadSample
+from modelpool_operator.pool import PoolKey
+
+
+@dataclass
+class Bookkeeping:
+    """The mutable per-process state the pools' daemons share (kept in Kopf's memo as ``memo.book``)."""
+
+    reservations: ReservationBook = field(default_factory=ReservationBook)
+    # Each pool's workers as its daemon last observed them (other pools' passes read these).
+    observed: dict[PoolKey, list[ObservedWorker]] = field(default_factory=dict)
+    # Each pool's observed workers summed for the ledger, once per observation (not once per pass).
+    charges: ChargeCache = field(default_factory=ChargeCache)
+    # Set when the ModelBudget's status may have changed (memory charged, freed or reserved).
+    budget_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    _wakeups: dict[PoolKey, asyncio.Event] = field(default_factory=dict)
+    _waiting: set[PoolKey] = field(default_factory=set)
+
+    # ---- the ledger -------------------------------------------------------------------------------------
+
+    def ledger(self, workers: Mapping[PoolKey, list[ObservedWorker]], limit: BudgetLimit) -> Ledger:
+        """The ledger over ``workers`` plus the live reservations (ending those whose pod is observed)."""
+        return current_ledger(workers, self.reservations, limit=limit, charges=self.charges)
+
+    def reserve(self, key: PoolKey, creates: Iterable[Create], now: datetime) -> None:
+        """Record a plan's creations before anything is awaited (``reconcile.decide``)."""
+        for create in creates:
+            self.reservations.reserve(key[0], key[1], create.name, create.memory, now)
+
+    # ---- wake-ups ---------------------------------------------------------------------------------------
+
+    def wakeup(self, key: PoolKey) -> asyncio.Event:
+        """The pool's wake-up event (created on first use: its daemon runs in this process)."""
+        event = self._wakeups.get(key)
+        if event is None:
+            event = self._wakeups[key] = asyncio.Event()
+        return event
+
+    def poke(self, key: PoolKey) -> None:
+        """Ask the pool's daemon for a pass now (a no-op for pools this process does not run)."""
+        event = self._wakeups.get(key)
+        if event is not None:
+            event.set()
+
+    def waits_for_budget(self, key: PoolKey, waiting: bool) -> None:
+        """Whether the pool waits for memory (woken by ``poke_waiting``)."""
+        if waiting:
+            self._waiting.add(key)
+        else:
+            self._waiting.discard(key)
+
+    def poke_waiting(self) -> None:
+        """Memory may have been freed: wake every pool waiting for budget, and the budget writer."""
+        for key in list(self._waiting):
+            self.poke(key)
+        self.budget_wakeup.set()
+
+    def pools(self) -> int:
+        """How many pool daemons this process runs."""
+        return len(self._wakeups)
+
+    def forget(self, key: PoolKey) -> None:
+        """The pool's daemon stopped (pool deleted or operator stopping)."""
+        self._wakeups.pop(key, None)
+        self._waiting.discard(key)
+        self.observed.pop(key, None)
+
+
+@dataclass
+class PoolRun:
+    """What one pool's daemon carries from pass to pass."""
+
+    key: PoolKey
+    last_status: ModelPoolStatus | None = None
+    last_status_wire: dict[str, Any] | None = None
+    service_ready: bool = False
+    # The pool's NetworkPolicy is in place (made or brought up to date by this process).
+    network_policy_ready: bool = False
+    charged: int = 0
+    # The API failures of the last pass (reason, message): each is told as an Event and logged when it is
+    # new, not at every pass while it lasts.
+    api_failures: set[tuple[str, str]] = field(default_factory=set)
+    invalid_generation: int | None = None
+    # The generation (and the refusal) last reported as a policy violation.
+    forbidden: tuple[int, str] | None = None
+    # The autoscaler's load samples and the serving workers' counters, handed from one plan to the next.
+    load_window: tuple[LoadSample, ...] = ()
+    counters: Mapping[str, CounterSample] = field(default_factory=dict)
+
+
+async def wait_for_wakeup(event: asyncio.Event, seconds: float, stop: Awaitable[Any] | None = None) -> bool:
+    """Wait until ``event`` is set, ``stop`` completes (the daemon is asked to exit) or ``seconds`` pass.
+
+    Clears the event; True when woken by it.
+    """
+    waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(event.wait())]
+    if stop is not None:
+        waiters.append(asyncio.ensure_future(stop))
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+    woken = event.is_set()
+    event.clear()
+    return woken

@@ -1,0 +1,274 @@
+"""The one place a reconciliation pass's effects are applied: ``apply`` takes the plan of a pass and makes it
+so, in a fixed order, through the process's services (the API client, the Event sink, the metrics).
+
+* ``apply``: a planned pass: evictions, deletions, creations (concurrently), then the headless Service and
+  the NetworkPolicy (neither may keep a worker from starting), the status (with the ApiError condition:
+  the failed requests in the API server's own words), the Events; a failed request never ends the pass.
+  The creations' reservations end here when the API refuses them (4xx) and get their check time
+  otherwise (``budget``).
+* ``refuse``: a pass that touches no worker (the spec is invalid, or the operator's policy forbids it):
+  its status patch and its Warning Event.
+* ``settle_reservations``: the reservations still unobserved at their check time end when their pod is
+  known absent.
+* ``write_budget_status``, ``tell``: the ModelBudget's status, and an Event outside a pass (a pass that
+  raised).
+
+Nothing here decides what to do: the plan (``planner``) and the refusal (``reconcile``) are made before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from modelpool_contract.api import Condition, ModelPoolStatus
+from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
+from modelpool_operator.effects.kube import describe_error, merge_patch, refused
+from modelpool_operator.effects.network_policy import build_network_policy
+from modelpool_operator.effects.resources import build_service, build_worker_pod, eviction_patch
+from modelpool_operator.planner import Event, Evict, Plan
+from modelpool_operator.planner.status import condition
+from modelpool_operator.pool import PoolView
+from modelpool_operator.services import Services, pod_settings, policy_settings
+
+logger = logging.getLogger(__name__)
+
+#: The pool condition that reports the API requests of the last pass that failed.
+API_ERROR = "ApiError"
+
+
+@dataclass(frozen=True)
+class ApiFailure:
+    """One API request of a pass that failed: ``reason`` names what failed (the condition's reason and the
+    Event's), ``message`` says which object and the API server's own words."""
+
+    reason: str
+    message: str
+
+
+async def _attempt(reason: str, what: str, request: Awaitable[object]) -> ApiFailure | None:
+    """Await one effect of the pass; its failure as an ``ApiFailure`` (never raised: the pass goes on)."""
+    try:
+        await request
+    except Exception as exc:  # whatever failed, the other effects and the status still happen
+        return ApiFailure(reason, f"{what}: {describe_error(exc)}"[:1000])
+    return None
+
+
+async def apply(
+    plan: Plan,
+    services: Services,
+    book: Bookkeeping,
+    *,
+    run: PoolRun,
+    pool: PoolView,
+    body: Mapping[str, Any],
+    now: datetime,
+) -> list[ApiFailure]:
+    """Make the pool's ``plan`` so: evictions, deletions, creations, the Service and the NetworkPolicy, the
+    status (with the ApiError condition), the Events; then the bookkeeping (whether the pool waits for
+    budget, who to wake). Returns the API requests that failed (the pass goes on past each)."""
+    kube = services.kube
+    if plan.create:
+        book.budget_wakeup.set()
+    failures: list[ApiFailure | None] = []
+    for evict in plan.evict:
+        failures.append(
+            await _attempt(
+                "EvictFailed", f"worker {evict.name}", start_eviction(services, book, run, evict, now)
+            )
+        )
+    for delete in plan.delete:
+        failures.append(
+            await _attempt(
+                "DeleteFailed", f"worker {delete.name}", kube.delete_pod(pool.namespace, delete.name)
+            )
+        )
+    # Creations run concurrently (a pool scaling to 10 should not take 10 round trips), and before the
+    # Service and the NetworkPolicy: neither may keep a worker from starting.
+    failures += await asyncio.gather(*(create_worker(services, book, pool, c.name) for c in plan.create))
+    failures.append(await ensure_service(services, run, pool))
+    failures.append(await ensure_network_policy(services, run, pool))
+    failed = [f for f in failures if f is not None]
+    status = with_api_condition(plan.status, pool, failed, now)
+
+    wire = status.model_dump(mode="json", by_alias=True)
+    previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
+    patch = merge_patch(previous, wire)
+    if patch:
+        await kube.patch_pool_status(pool.namespace, pool.name, patch)
+    services.metrics.pool_written(run.key, pool.status, status)
+    run.last_status, run.last_status_wire = status, wire
+    for event in plan.events:
+        services.events.post(body, event)
+    _tell_failures(services, run, body, failed)
+    _note_budget(book, run, status)
+    return failed
+
+
+async def start_eviction(
+    services: Services, book: Bookkeeping, run: PoolRun, evict: Evict, now: datetime
+) -> None:
+    """Start one eviction (the serving label off, the reason, time and observed state on)."""
+    patch = eviction_patch(evict.reason, now, evict.state)
+    if await services.kube.patch_pod(evict.namespace, evict.name, patch):
+        services.metrics.evicted(evict.reason)
+    if (evict.namespace, evict.pool) != run.key:
+        book.poke((evict.namespace, evict.pool))  # its daemon deletes it after the drain grace
+
+
+def with_api_condition(
+    status: ModelPoolStatus, pool: PoolView, failed: list[ApiFailure], now: datetime
+) -> ModelPoolStatus:
+    """The planned status with the ApiError condition: True with the failed requests' messages (the API
+    server's own), False when every request of the pass succeeded."""
+    if failed:
+        reason, message = failed[0].reason, "; ".join(f.message for f in failed)[:2000]
+    else:
+        reason, message = "RequestsSucceeded", "every API request of the last pass succeeded"
+    api_error = condition(
+        pool.status.conditions,
+        API_ERROR,
+        status="True" if failed else "False",
+        reason=reason,
+        message=message,
+        now=now,
+        generation=pool.generation,
+    )
+    kept: list[Condition] = [c for c in status.conditions if c.type != API_ERROR]
+    return status.model_copy(update={"conditions": [*kept, api_error]})
+
+
+def _tell_failures(
+    services: Services, run: PoolRun, body: Mapping[str, Any], failed: list[ApiFailure]
+) -> None:
+    """A Warning Event and a log line for each failure that is new since the last pass (one that goes on
+    failing the same way is not repeated at every pass: the condition shows it)."""
+    told = {(f.reason, f.message) for f in failed}
+    for reason, message in sorted(told - run.api_failures):
+        logger.warning("pool %s/%s: %s: %s", *run.key, reason, message)
+        services.events.post(body, Event("Warning", reason, message))
+    run.api_failures = told
+
+
+async def ensure_service(services: Services, run: PoolRun, pool: PoolView) -> ApiFailure | None:
+    """Create (or bring up to date) the pool's headless Service once per process; a failure (a quota, ...)
+    is returned for the status and retried at the next pass."""
+    if run.service_ready:
+        return None
+    service = build_service(pool, pod_settings(services.config))
+    failure = await _attempt(
+        "ServiceFailed", f"Service {pool.name}", services.kube.ensure_service(pool.namespace, service)
+    )
+    run.service_ready = failure is None
+    return failure
+
+
+async def ensure_network_policy(services: Services, run: PoolRun, pool: PoolView) -> ApiFailure | None:
+    """Create or update the pool's NetworkPolicy once per process (each start applies the current settings).
+    A failure never holds up the workers: it is returned for the status and retried at the next pass."""
+    settings = policy_settings(services.config)
+    if settings is None or run.network_policy_ready:
+        return None
+    policy = build_network_policy(pool, settings)
+    failure = await _attempt(
+        "NetworkPolicyFailed",
+        "the workers' NetworkPolicy could not be applied",
+        services.kube.ensure_network_policy(pool.namespace, policy),
+    )
+    run.network_policy_ready = failure is None
+    return failure
+
+
+async def settle_reservations(services: Services, book: Bookkeeping, now: datetime) -> None:
+    """Ask the API about the reservations whose pod is still unobserved at their check time (any pool's:
+    a deleted pool's too); a pod known absent ends its reservation, anything else keeps it (``budget``)."""
+    kube = services.kube
+    for reservation in book.reservations.due(now, services.config.reservation_ttl_seconds):
+        try:
+            exists = await kube.pod_exists(reservation.namespace, reservation.worker)
+        except Exception as exc:  # unknown: keep the memory reserved, ask again later
+            logger.warning("reservation of %s/%s kept: %s", *reservation.key, describe_error(exc))
+            continue
+        if not exists:
+            logger.info("reservation of %s/%s ended: the pod does not exist", *reservation.key)
+            book.reservations.absent(reservation)
+            book.budget_wakeup.set()
+            book.poke(reservation.pool_key)
+
+
+def _note_budget(book: Bookkeeping, run: PoolRun, status: ModelPoolStatus) -> None:
+    """Remember whether the pool waits for memory, and wake the pools that might fit when it freed some."""
+    budget = next((c for c in status.conditions if c.type == "BudgetExceeded"), None)
+    book.waits_for_budget(run.key, budget is not None and budget.status == "True")
+    charged = status.memory.charged_bytes
+    if charged < run.charged:
+        book.poke_waiting()  # memory freed: pools waiting for budget may fit now
+    elif charged != run.charged:
+        book.budget_wakeup.set()
+    run.charged = charged
+
+
+async def create_worker(
+    services: Services, book: Bookkeeping, pool: PoolView, name: str
+) -> ApiFailure | None:
+    """Create one worker pod. Its reservation ends at once only when the API refused the create (4xx);
+    made, already there, or an unknown outcome (a timeout, a 5xx: the pod may exist), it stays until the
+    pod is observed or known absent (``settle_reservations``)."""
+    pod = build_worker_pod(pool, name, pod_settings(services.config))
+    failure = await _attempt(
+        "CreateFailed", f"worker {name}", _create(services, book, pool.namespace, name, pod)
+    )
+    if failure is not None:
+        book.budget_wakeup.set()
+    return failure
+
+
+async def _create(
+    services: Services, book: Bookkeeping, namespace: str, name: str, pod: Mapping[str, Any]
+) -> None:
+    reservations, check_s = book.reservations, services.config.reservation_ttl_seconds
+    try:
+        await services.kube.create_pod(namespace, pod)
+    except Exception as exc:
+        if refused(exc):
+            reservations.release(namespace, name)
+        else:
+            reservations.answered(namespace, name, datetime.now(UTC), check_s)
+        raise
+    reservations.answered(namespace, name, datetime.now(UTC), check_s)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A pass that touches no worker: the status patch to write, the Warning Event to post, and the status
+    to remember as written (None: unknown until the watch shows it)."""
+
+    status: dict[str, Any]
+    event: Event
+    written: dict[str, Any] | None = None
+
+
+async def refuse(services: Services, run: PoolRun, body: Mapping[str, Any], refusal: Refusal) -> None:
+    """Post the refusal's Event and write its status; no worker is created, deleted or evicted."""
+    services.events.post(body, refusal.event)
+    await services.kube.patch_pool_status(run.key[0], run.key[1], refusal.status)
+    run.last_status, run.last_status_wire = None, refusal.written
+
+
+async def write_budget_status(
+    services: Services, name: str, previous: Mapping[str, Any] | None, wire: Mapping[str, Any]
+) -> None:
+    """Bring the ModelBudget's status from ``previous`` (as last written) to ``wire`` (nothing when equal)."""
+    patch = merge_patch(previous, wire)
+    if patch:
+        await services.kube.patch_budget_status(name, patch)
+
+
+def tell(services: Services, body: Mapping[str, Any], event: Event) -> None:
+    """Post an Event on the pool outside a planned pass (a pass that raised)."""
+    services.events.post(body, event)

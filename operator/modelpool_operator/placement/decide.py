@@ -1,0 +1,268 @@
+"""Placement decisions over shared hosts' ledgers: which idle models sleep to make room, which sleeping
+models are unloaded when host RAM runs short, and on which host and device a new replica goes.
+
+Pure: hosts (``ledger.Host``) in, decisions out. A decision never over-commits a device or the host RAM
+by the ledger: what it wakes or places fits after the sleeps and unloads it names, which are the first
+things to apply. Who makes room: idle models (Ready or Idle, nothing queued or in flight) of a priority no
+higher than the newcomer's, the lowest priority first, then the least recently used; never a Loading,
+Processing or Waking model. A model that must make room sleeps (its weights to host RAM) when the RAM
+holds it, after unloading sleeping models that come before it in the same order; else it is unloaded
+itself. Every choice breaks ties by name, so the same hosts give the same decision whatever their order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from modelpool_contract.quantity import format_quantity
+from modelpool_operator.placement.ledger import (
+    Host,
+    ModelKey,
+    Resident,
+    eviction_order,
+    ledger,
+)
+
+
+@dataclass(frozen=True)
+class Room:
+    """What to do on ``host`` before ``device`` has the room asked for: put ``sleep`` to sleep and unload
+    ``unload`` (sleeping models, or idle ones the host RAM cannot park). Both empty: the room is there."""
+
+    host: str
+    device: int
+    sleep: tuple[ModelKey, ...] = ()
+    unload: tuple[ModelKey, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.sleep and not self.unload
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """A new replica of a shared pool: its size (the declared one, or a replica's measurement) and
+    priority."""
+
+    pool: ModelKey
+    memory: int
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the replica goes: ``room`` says what to sleep or unload there first (empty: awake room)."""
+
+    host: str
+    device: int
+    room: Room
+
+
+@dataclass(frozen=True)
+class Unplaced:
+    """No host can take the replica now: a CamelCase ``reason`` and a ``message`` for the pool's status."""
+
+    reason: str
+    message: str
+
+
+# ---- making room --------------------------------------------------------------------------------------
+
+
+def _make_room_on(
+    host: Host, device: int, need: int, priority: int, exclude: frozenset[ModelKey]
+) -> Room | None:
+    led = ledger(host)
+    shortfall = need - led.devices[device].free
+    if shortfall <= 0:
+        return Room(host.name, device)
+    candidates = sorted(
+        (
+            r
+            for r in host.residents
+            if r.device == device and r.sleepable and r.priority <= priority and r.pool not in exclude
+        ),
+        key=eviction_order,
+    )
+    chosen: list[Resident] = []
+    freed = 0
+    for resident in candidates:
+        if freed >= shortfall:
+            break
+        chosen.append(resident)
+        freed += resident.device_charge
+    if freed < shortfall:
+        return None
+    sleep, unload = _park(host, chosen, led.host_free, exclude)
+    return Room(host.name, device, sleep=sleep, unload=unload)
+
+
+def _park(
+    host: Host, chosen: Sequence[Resident], ram_free: int, exclude: frozenset[ModelKey] = frozenset()
+) -> tuple[tuple[ModelKey, ...], tuple[ModelKey, ...]]:
+    """Put ``chosen`` (awake, leaving their device) to sleep where the host RAM holds them: each after
+    unloading the sleeping models (not ``exclude``: the one waking) that come before it in
+    ``eviction_order``, else unloaded itself."""
+    sleepers = sorted(
+        (r for r in host.residents if r.state == "Sleeping" and r.pool not in exclude), key=eviction_order
+    )
+    sleep: list[ModelKey] = []
+    unload: list[ModelKey] = []
+    for resident in chosen:
+        size = resident.parked_bytes
+        if size > ram_free:
+            older = [
+                s for s in sleepers if s.pool not in unload and eviction_order(s) < eviction_order(resident)
+            ]
+            if ram_free + sum(s.host_charge for s in older) >= size:
+                for s in older:
+                    if size <= ram_free:
+                        break
+                    unload.append(s.pool)
+                    ram_free += s.host_charge
+        if size <= ram_free:
+            sleep.append(resident.pool)
+            ram_free -= size
+        else:
+            unload.append(resident.pool)
+    return tuple(sleep), tuple(unload)
+
+
+def make_room(
+    host: Host, device: int, need: int, *, priority: int, exclude: Iterable[ModelKey] = ()
+) -> Room | None:
+    """What to sleep (and unload) on ``device`` so that ``need`` more bytes fit awake there, choosing among
+    idle models of priority at most ``priority`` (not ``exclude``); None when they cannot free enough.
+    ``need`` 0 brings a device that measurements over-committed back within its capacity."""
+    return _make_room_on(host, device, need, priority, frozenset(exclude))
+
+
+def unload_candidates(host: Host, need: int = 0) -> tuple[ModelKey, ...] | None:
+    """The sleeping models to unload so that ``need`` more bytes fit in the host RAM (0: bring the RAM
+    back within ``hostMemory``), lowest priority then least recently used first; () when it fits already,
+    None when even unloading every sleeping model would not do. Never a Waking model (it is not asleep)."""
+    shortfall = need - ledger(host).host_free
+    chosen: list[ModelKey] = []
+    for resident in sorted((r for r in host.residents if r.state == "Sleeping"), key=eviction_order):
+        if shortfall <= 0:
+            break
+        chosen.append(resident.pool)
+        shortfall -= resident.host_charge
+    return tuple(chosen) if shortfall <= 0 else None
+
+
+def wake(host: Host, pool: ModelKey) -> Room | None:
+    """What to sleep (and unload) so that ``pool``'s sleeping model can wake on its device; None when the
+    device cannot be freed enough (or the model is not asleep there). Its own RAM copy is counted held
+    until it is awake, as a Waking model's is."""
+    resident = host.resident(pool)
+    if resident is None or resident.state != "Sleeping":
+        return None
+    return _make_room_on(host, resident.device, resident.awake_bytes, resident.priority, frozenset({pool}))
+
+
+def sleep(host: Host, pool: ModelKey) -> Room | None:
+    """Put ``pool``'s idle model to sleep (an idle timeout): ``Room.sleep`` names it when the host RAM holds
+    its weights (after unloading sleeping models before it in ``eviction_order``), else ``Room.unload``
+    does. None when it may not sleep (not Ready or Idle, or busy)."""
+    resident = host.resident(pool)
+    if resident is None or not resident.sleepable:
+        return None
+    asleep, unload = _park(host, [resident], ledger(host).host_free)
+    return Room(host.name, resident.device, sleep=asleep, unload=unload)
+
+
+# ---- placing ------------------------------------------------------------------------------------------
+
+
+def place(request: PlacementRequest, hosts: Sequence[Host]) -> Placement | Unplaced:
+    """A host and device for a new replica of a shared pool, among ``hosts`` (its ModelHost's pods) that
+    accept models and do not already hold the pool: a device with the room awake (the tightest fit, so
+    large rooms stay whole), else one where sleeping idle models makes it (the fewest unloads, then the
+    fewest sleeps, then the tightest fit), else why not."""
+    open_hosts = sorted((h for h in hosts if h.accepting), key=lambda h: h.name)
+    if not open_hosts:
+        return Unplaced("NoHost", "no host pod accepts models (none exists, or none is ready)")
+    free_hosts = [h for h in open_hosts if not h.holds(request.pool)]
+    if not free_hosts:
+        return Unplaced(
+            "EveryHostHoldsIt", f"every one of the {len(open_hosts)} host pods already holds the model"
+        )
+    largest = max(c for h in free_hosts for c in h.capacities)
+    if request.memory > largest:
+        return Unplaced(
+            "LargerThanDevice",
+            f"the model ({format_quantity(request.memory)}) is larger than any device "
+            f"({format_quantity(largest)}): raise the ModelHost's deviceMemory or lower resources.memory",
+        )
+    awake = [
+        (d.free - request.memory, h.name, d.index)
+        for h in free_hosts
+        for d in ledger(h).devices
+        if d.free >= request.memory
+    ]
+    if awake:
+        _, name, index = min(awake)
+        return Placement(name, index, Room(name, index))
+    made: list[tuple[tuple[int, int, int, str, int], Room]] = []
+    for h in free_hosts:
+        for d in ledger(h).devices:
+            room = _make_room_on(h, d.index, request.memory, request.priority, frozenset())
+            if room is not None:
+                freed = sum(_charge(h, key) for key in (*room.sleep, *room.unload))
+                key = (len(room.unload), len(room.sleep), d.free + freed - request.memory, h.name, d.index)
+                made.append((key, room))
+    if made:
+        _, room = min(made, key=lambda item: item[0])
+        return Placement(room.host, room.device, room)
+    return Unplaced("NoRoom", _no_room(request, free_hosts))
+
+
+def _charge(host: Host, pool: ModelKey) -> int:
+    resident = host.resident(pool)
+    return 0 if resident is None else resident.device_charge
+
+
+def _no_room(request: PlacementRequest, hosts: Sequence[Host]) -> str:
+    best = max(
+        ((d.free, h.name, d.index) for h in hosts for d in ledger(h).devices), key=lambda x: (x[0], x[1:])
+    )
+    free, name, index = best
+    return (
+        f"no device has {format_quantity(request.memory)} free, nor can make it by sleeping idle models of "
+        f"priority <= {request.priority}: the most free is {format_quantity(max(free, 0))} on {name} "
+        f"device {index}"
+    )
+
+
+# ---- applying a decision to the ledger's view ------------------------------------------------------------
+
+
+def apply_room(host: Host, room: Room) -> Host:
+    """``host`` as it will be once ``room`` is done: ``sleep`` Sleeping, ``unload`` gone. The planner's
+    running view within one pass (as the budget's ``Ledger.with_reserved``)."""
+    if room.host != host.name:
+        raise ValueError(f"a room on {room.host} applied to {host.name}")
+    asleep, gone = set(room.sleep), set(room.unload)
+    # Only the present model of each pool: a failed replica of the same pool on the host stays as it is.
+    return host.with_residents(
+        replace(r, state="Sleeping") if r.present and r.pool in asleep else r
+        for r in host.residents
+        if not (r.present and r.pool in gone)
+    )
+
+
+def admit(host: Host, placement: Placement, request: PlacementRequest, *, now: float) -> Host:
+    """``host`` after ``placement``: its room made, and the new replica Pending on the device, charged its
+    declared size."""
+    made = apply_room(host, placement.room)
+    newcomer = Resident(
+        pool=request.pool,
+        state="Pending",
+        device=placement.device,
+        declared=request.memory,
+        priority=request.priority,
+        last_used=now,
+    )
+    return made.with_residents((*made.residents, newcomer))

@@ -1,0 +1,189 @@
+"""The per-device ledger of a shared host: what each model on it is charged, and where.
+
+Plain values in, plain values out (no Kopf, no I/O). A host pod has devices (its GPUs, or the CPU alone
+on a CPU host), each with the capacity ``ModelHost.spec.deviceMemory``, and ``hostMemory`` of RAM for
+sleeping models' weights. Each model on it (a ``Resident``: one replica of a shared pool) is charged:
+
+* awake (Pending, Loading, Ready, Processing, Idle, Waking, Evicting): on its device, the accelerator
+  memory its server measured, else its declared size (``spec.resources.memory``). While the model loads
+  (Pending, Loading) a measurement is partial, so it is charged the larger of the two; once loaded (and
+  while it sleeps and wakes: its measurement was taken awake), the measurement replaces the declaration
+  either way;
+* asleep (Sleeping): nothing on its device; its parked weights in host RAM (measured when the host
+  reported them, else what it held awake). A Waking model still holds its RAM copy until it is awake;
+* Failed or Dead: nothing.
+
+The ledger is derived from the residents at every call, like the ModelBudget's (``budget.py``): nothing
+is counted that could leak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Final
+
+from modelpool_contract.api import HostModelState
+
+#: A model's state on a host: the worker states, plus Sleeping (weights parked in host RAM, device memory
+#: returned) and Waking (weights on their way back); the contract's one definition.
+ModelState = HostModelState
+#: Charged on its device.
+AWAKE_STATES: Final[frozenset[ModelState]] = frozenset(
+    {"Pending", "Loading", "Ready", "Processing", "Idle", "Waking", "Evicting"}
+)
+#: Not loaded yet: a measurement is partial, so the declared size still bounds the charge from below.
+LOADING_STATES: Final[frozenset[ModelState]] = frozenset({"Pending", "Loading"})
+#: May be put to sleep to make room (when nothing is queued or in flight): never Loading, Processing or
+#: Waking, whose work would be lost.
+SLEEPABLE_STATES: Final[frozenset[ModelState]] = frozenset({"Ready", "Idle"})
+#: Holds host RAM.
+PARKED_STATES: Final[frozenset[ModelState]] = frozenset({"Sleeping", "Waking"})
+#: Never chosen to sleep or to unload, whatever else holds.
+PROTECTED_STATES: Final[frozenset[ModelState]] = frozenset({"Loading", "Processing", "Waking"})
+
+#: A shared pool: (namespace, name). A host holds at most one replica of a pool, so it names a resident.
+ModelKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Resident:
+    """One shared pool's model on a host, as the operator observed it."""
+
+    pool: ModelKey
+    state: ModelState
+    device: int
+    declared: int
+    measured: int | None = None  # accelerator bytes its server measured while awake
+    parked: int | None = None  # host-RAM bytes its host reported while it sleeps
+    priority: int = 0  # the pool's spec.priority
+    last_used: float = 0.0  # when it last served a request (Unix seconds)
+    busy: bool = False  # requests queued or in flight
+
+    @property
+    def awake_bytes(self) -> int:
+        """What it holds (or will hold) on its device while awake."""
+        if self.measured is None:
+            return self.declared
+        if self.state in LOADING_STATES:
+            return max(self.declared, self.measured)
+        return self.measured
+
+    @property
+    def parked_bytes(self) -> int:
+        """What its weights hold in host RAM while it sleeps: reported, else what it held awake."""
+        return self.parked if self.parked is not None else self.awake_bytes
+
+    @property
+    def device_charge(self) -> int:
+        return self.awake_bytes if self.state in AWAKE_STATES else 0
+
+    @property
+    def host_charge(self) -> int:
+        return self.parked_bytes if self.state in PARKED_STATES else 0
+
+    @property
+    def sleepable(self) -> bool:
+        return self.state in SLEEPABLE_STATES and not self.busy
+
+    @property
+    def present(self) -> bool:
+        """Holds (or is about to hold) memory on the host: not Failed or Dead."""
+        return self.state in AWAKE_STATES or self.state in PARKED_STATES
+
+
+def eviction_order(resident: Resident) -> tuple[int, float, ModelKey]:
+    """Who makes room first: the lowest priority, then the least recently used (then by name, so that
+    every decision is deterministic)."""
+    return (resident.priority, resident.last_used, resident.pool)
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host pod: its devices' capacities, its RAM for sleeping models, and the models on it."""
+
+    name: str
+    capacities: tuple[int, ...]  # per device, bytes
+    host_memory: int = 0  # RAM for sleeping models, bytes (0: nothing sleeps)
+    residents: tuple[Resident, ...] = ()
+    accepting: bool = True  # False: no new model goes there (not ready, being deleted)
+
+    def resident(self, pool: ModelKey) -> Resident | None:
+        """The pool's model on this host, if it is present."""
+        return next((r for r in self.residents if r.pool == pool and r.present), None)
+
+    def holds(self, pool: ModelKey) -> bool:
+        return self.resident(pool) is not None
+
+    def with_residents(self, residents: Iterable[Resident]) -> Host:
+        return replace(self, residents=tuple(residents))
+
+
+@dataclass(frozen=True)
+class DeviceLedger:
+    """One device: its capacity, what awake models are charged on it, what its sleeping models park."""
+
+    index: int
+    capacity: int
+    awake: int
+    asleep: int
+
+    @property
+    def free(self) -> int:
+        """capacity - awake; negative when measurements grew beyond it (over-committed)."""
+        return self.capacity - self.awake
+
+
+@dataclass(frozen=True)
+class HostLedger:
+    """A host pod's devices and its host RAM."""
+
+    host: str
+    devices: tuple[DeviceLedger, ...]
+    host_memory: int
+    parked: int
+
+    @property
+    def host_free(self) -> int:
+        """hostMemory - parked; negative when the parked weights grew beyond it."""
+        return self.host_memory - self.parked
+
+    @property
+    def awake(self) -> int:
+        return sum(d.awake for d in self.devices)
+
+    @property
+    def free(self) -> int:
+        return sum(d.free for d in self.devices)
+
+
+def ledger(host: Host) -> HostLedger:
+    """The host's ledger, derived from its residents."""
+    awake = [0] * len(host.capacities)
+    asleep = [0] * len(host.capacities)
+    for r in host.residents:
+        if not 0 <= r.device < len(host.capacities):
+            raise ValueError(f"{host.name}: {r.pool} is on device {r.device}, which the host does not have")
+        awake[r.device] += r.device_charge
+        asleep[r.device] += r.host_charge
+    devices = tuple(
+        DeviceLedger(index=i, capacity=c, awake=awake[i], asleep=asleep[i])
+        for i, c in enumerate(host.capacities)
+    )
+    return HostLedger(host=host.name, devices=devices, host_memory=host.host_memory, parked=sum(asleep))
+
+
+def fits(host: Host, device: int, nbytes: int) -> bool:
+    """True when ``nbytes`` more fit awake on ``device`` without sleeping anything."""
+    return ledger(host).devices[device].free >= nbytes
+
+
+def over_committed(host: Host) -> list[str]:
+    """What the ledger finds beyond a capacity (empty: nothing): each device, and the host RAM."""
+    led = ledger(host)
+    found = [
+        f"{host.name} device {d.index}: {d.awake} charged > {d.capacity}" for d in led.devices if d.free < 0
+    ]
+    if led.host_free < 0:
+        found.append(f"{host.name} host memory: {led.parked} parked > {led.host_memory}")
+    return found

@@ -1,0 +1,103 @@
+"""The operator process's services: built once at startup (``start_services``), immutable, closed at cleanup.
+
+``Services`` is what a reconciliation pass uses without owning it: the configuration, the API client, the
+``/stats`` scraper, the observation cache, the sink Events are posted through and the Prometheus metrics.
+Every field is required, so nothing downstream checks whether the process has started; the Kopf startup
+handler (``handlers.startup``) is the one place that builds it. What the process *remembers* between passes
+(reservations, wake-ups, last observations) is apart, in ``bookkeeping``.
+
+The functions below map the configuration onto the settings each layer takes (``observe``, ``planner``,
+``effects``), so that no layer reads ``OperatorConfig`` itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from modelpool_operator.effects.events import EventSink, KopfEventSink
+from modelpool_operator.effects.kube import KubeApi, connect
+from modelpool_operator.effects.network_policy import PolicySettings
+from modelpool_operator.effects.resources import PodSettings
+from modelpool_operator.metrics import OperatorMetrics
+from modelpool_operator.observe.observation import ObservationCache
+from modelpool_operator.observe.stats import StatsScraper
+from modelpool_operator.observe.worker_state import LifecycleSettings
+from modelpool_operator.planner import PlannerSettings
+from modelpool_operator.settings import OperatorConfig
+
+
+@dataclass(frozen=True)
+class Services:
+    """The process's connections and services (kept in Kopf's memo as ``memo.services``)."""
+
+    config: OperatorConfig
+    kube: KubeApi
+    scraper: StatsScraper
+    observations: ObservationCache
+    events: EventSink
+    metrics: OperatorMetrics
+
+    async def aclose(self) -> None:
+        """Stop serving metrics, close the scraper's and the API's connections."""
+        self.metrics.close()
+        await self.scraper.aclose()
+        await self.kube.close()
+
+
+def make_scraper(config: OperatorConfig) -> StatsScraper:
+    return StatsScraper(
+        interval=config.stats_interval_seconds,
+        timeout=config.stats_timeout_seconds,
+        concurrency=config.stats_concurrency,
+        backoff_cap=config.stats_unreachable_backoff_cap_seconds,
+        default_port=config.server_port,
+    )
+
+
+async def start_services(config: OperatorConfig) -> Services:
+    """The services of an operator process: metrics served (when a port is set), the API connected (its
+    failed requests counted in the metrics), the scraper and the observation cache made."""
+    metrics = OperatorMetrics()
+    if config.metrics_port:
+        metrics.serve(config.metrics_port)
+    kube = await connect(config.request_timeout_seconds, metrics.api_error)
+    return Services(
+        config=config,
+        kube=kube,
+        scraper=make_scraper(config),
+        observations=ObservationCache(lifecycle_settings(config)),
+        events=KopfEventSink(),
+        metrics=metrics,
+    )
+
+
+def lifecycle_settings(config: OperatorConfig) -> LifecycleSettings:
+    return LifecycleSettings(unschedulable_timeout_s=config.unschedulable_timeout_seconds)
+
+
+def planner_settings(config: OperatorConfig) -> PlannerSettings:
+    return PlannerSettings(
+        backoff_base_s=config.backoff_base_seconds, backoff_cap_s=config.backoff_cap_seconds
+    )
+
+
+def pod_settings(config: OperatorConfig) -> PodSettings:
+    return PodSettings(
+        default_image=config.server_image,
+        port=config.server_port,
+        probe_port=config.server_probe_port,
+        model_cache=config.model_cache,
+    )
+
+
+def policy_settings(config: OperatorConfig) -> PolicySettings | None:
+    """Whom the pools' NetworkPolicies admit; None when the operator makes none."""
+    if not config.network_policy_enabled:
+        return None
+    return PolicySettings(
+        namespace=config.network_policy_namespace,
+        operator_labels=config.network_policy_operator_labels,
+        gateway_labels=config.network_policy_gateway_labels,
+        callers=config.network_policy_from,
+        metrics_callers=config.network_policy_metrics_from,
+    )

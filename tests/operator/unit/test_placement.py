@@ -1,0 +1,312 @@
+"""The shared hosts' ledger and placement decisions, case by case (pure: placement/)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from modelpool_contract.api import ModelHostStatus, parse_host_spec
+from modelpool_operator.budget import build_ledger
+from modelpool_operator.placement import (
+    Host,
+    ObservedHost,
+    Placement,
+    PlacementRequest,
+    Resident,
+    Room,
+    Unplaced,
+    admit,
+    apply_room,
+    fits,
+    host_charge,
+    host_status,
+    hosts_admitted,
+    ledger,
+    make_room,
+    over_committed,
+    place,
+    sleep,
+    unload_candidates,
+    wake,
+)
+
+GI = 2**30
+
+
+def model(
+    name: str,
+    state: str = "Idle",
+    *,
+    gib: int = 10,
+    device: int = 0,
+    prio: int = 0,
+    used: float = 0,
+    **kw: object,
+) -> Resident:
+    return Resident(
+        pool=("ns", name),
+        state=state,  # type: ignore[arg-type]
+        device=device,
+        declared=gib * GI,
+        priority=prio,
+        last_used=used,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def host(*residents: Resident, name: str = "h-0", devices: int = 1, cap: int = 40, ram: int = 40) -> Host:
+    return Host(name=name, capacities=(cap * GI,) * devices, host_memory=ram * GI, residents=residents)
+
+
+# ---- the ledger -------------------------------------------------------------------------------------------
+
+
+def test_awake_models_charge_their_device_sleeping_ones_host_ram_failed_ones_nothing() -> None:
+    h = host(
+        model("a", "Ready", gib=10),
+        model("b", "Loading", gib=5, device=1),
+        model("c", "Sleeping", gib=8),
+        model("d", "Failed", gib=20),
+        model("e", "Waking", gib=4, device=1),
+        devices=2,
+    )
+    led = ledger(h)
+    assert [d.awake for d in led.devices] == [10 * GI, 9 * GI]
+    assert [d.asleep for d in led.devices] == [
+        8 * GI,
+        4 * GI,
+    ]  # a Waking model holds its RAM copy until awake
+    assert led.devices[0].free == 30 * GI and led.parked == 12 * GI and led.host_free == 28 * GI
+    assert fits(h, 0, 30 * GI) and not fits(h, 0, 30 * GI + 1)
+
+
+def test_a_measurement_replaces_the_declared_size_once_loaded() -> None:
+    loaded = model("a", "Ready", gib=10, measured=6 * GI)
+    assert loaded.device_charge == 6 * GI  # smaller than declared: the measurement
+    assert replace(loaded, measured=14 * GI).device_charge == 14 * GI  # larger: the measurement
+    # Loading: a measurement is partial, so the larger of the two; Waking: the measurement taken awake.
+    assert replace(loaded, state="Waking").device_charge == 6 * GI
+    assert replace(loaded, state="Loading").device_charge == 10 * GI
+    assert replace(loaded, state="Loading", measured=12 * GI).device_charge == 12 * GI
+    # Asleep: its parked bytes as the host reports them, else what it held awake.
+    assert replace(loaded, state="Sleeping").host_charge == 6 * GI
+    assert replace(loaded, state="Sleeping", parked=5 * GI).host_charge == 5 * GI
+
+
+def test_over_commitment_by_measurement_is_reported() -> None:
+    h = host(model("a", "Ready", gib=10, measured=50 * GI), model("b", "Sleeping", parked=45 * GI))
+    assert len(over_committed(h)) == 2
+    assert over_committed(host(model("a", "Ready"))) == []
+
+
+# ---- make_room ------------------------------------------------------------------------------------------
+
+
+def test_make_room_sleeps_lowest_priority_then_least_recently_used_never_busy_ones() -> None:
+    h = host(
+        model("old", used=1, prio=0),
+        model("new", used=9, prio=0),
+        model("low", used=50, prio=-5),
+        model("loading", "Loading", used=0, prio=-10),
+        cap=40,
+    )
+    # 0 free; 15Gi wanted: the low-priority one first, then the least recently used.
+    room = make_room(h, 0, 15 * GI, priority=0)
+    assert room == Room("h-0", 0, sleep=(("ns", "low"), ("ns", "old")))
+    # Room already there: nothing to do.
+    assert make_room(host(cap=40), 0, 40 * GI, priority=0) == Room("h-0", 0)
+
+
+@pytest.mark.parametrize("state", ["Loading", "Processing", "Waking", "Pending", "Evicting"])
+def test_make_room_never_chooses_a_model_that_is_working(state: str) -> None:
+    h = host(model("busy", state, gib=30), model("idle", gib=10), cap=40)
+    assert make_room(h, 0, 20 * GI, priority=0) is None
+    assert make_room(h, 0, 10 * GI, priority=0) == Room("h-0", 0, sleep=(("ns", "idle"),))
+
+
+def test_make_room_never_sleeps_a_model_with_requests_or_of_higher_priority() -> None:
+    h = host(model("queued", busy=True), model("vip", prio=5), cap=20)
+    assert make_room(h, 0, 10 * GI, priority=0) is None
+    assert make_room(h, 0, 10 * GI, priority=5) == Room("h-0", 0, sleep=(("ns", "vip"),))
+
+
+def test_make_room_unloads_older_sleepers_for_ram_else_unloads_the_idle_model() -> None:
+    # RAM 10Gi, full with an old sleeper; the idle model is more recent: the sleeper goes, it sleeps.
+    h = host(model("idle", used=5), model("sleeper", "Sleeping", used=1), cap=10, ram=10)
+    assert make_room(h, 0, 10 * GI, priority=0) == Room(
+        "h-0", 0, sleep=(("ns", "idle"),), unload=(("ns", "sleeper"),)
+    )
+    # The sleeper was used more recently: the idle model is unloaded instead of parked.
+    h = host(model("idle", used=1), model("sleeper", "Sleeping", used=5), cap=10, ram=10)
+    assert make_room(h, 0, 10 * GI, priority=0) == Room("h-0", 0, unload=(("ns", "idle"),))
+    # No RAM at all (hostMemory unset): nothing sleeps, idle models are unloaded.
+    h = host(model("idle"), cap=10, ram=0)
+    assert make_room(h, 0, 10 * GI, priority=0) == Room("h-0", 0, unload=(("ns", "idle"),))
+
+
+def test_need_zero_brings_an_over_committed_device_back() -> None:
+    h = host(model("grew", "Ready", measured=35 * GI, used=9), model("idle", gib=10, used=1), cap=40)
+    room = make_room(h, 0, 0, priority=0)
+    assert room == Room("h-0", 0, sleep=(("ns", "idle"),))
+    assert over_committed(apply_room(h, room)) == []
+
+
+# ---- unload_candidates, sleep, wake ------------------------------------------------------------------------
+
+
+def test_unload_candidates_are_sleeping_models_lowest_priority_then_least_recently_used() -> None:
+    h = host(
+        model("a", "Sleeping", used=3),
+        model("b", "Sleeping", used=1),
+        model("c", "Sleeping", used=9, prio=-1),
+        model("w", "Waking", used=0),
+        ram=40,
+    )
+    # 40 RAM, 40 held (a, b, c, and w's copy): 15Gi wanted.
+    assert unload_candidates(h, 15 * GI) == (("ns", "c"), ("ns", "b"))
+    assert unload_candidates(h, 0) == ()
+    assert unload_candidates(h, 31 * GI) is None  # the Waking model's copy is never a candidate
+
+
+def test_sleep_parks_an_idle_model_or_unloads_it_when_ram_is_short() -> None:
+    h = host(model("idle", used=5), model("old", "Sleeping", used=1), ram=15)
+    assert sleep(h, ("ns", "idle")) == Room("h-0", 0, sleep=(("ns", "idle"),), unload=(("ns", "old"),))
+    assert sleep(host(model("idle"), ram=0), ("ns", "idle")) == Room("h-0", 0, unload=(("ns", "idle"),))
+    assert sleep(host(model("p", "Processing")), ("ns", "p")) is None
+    assert sleep(host(), ("ns", "missing")) is None
+
+
+def test_wake_makes_room_on_the_models_own_device_and_never_unloads_it() -> None:
+    h = host(
+        model("sleeper", "Sleeping", gib=20, used=9),
+        model("idle", gib=30, used=1),
+        cap=40,
+        ram=20,
+    )
+    # 10 free, 20 wanted: the idle model must go; RAM is full with the sleeper's own copy, which is not
+    # unloaded to park it, so it is unloaded.
+    assert wake(h, ("ns", "sleeper")) == Room("h-0", 0, unload=(("ns", "idle"),))
+    assert wake(host(model("sleeper", "Sleeping", gib=20)), ("ns", "sleeper")) == Room("h-0", 0)
+    assert wake(h, ("ns", "idle")) is None  # not asleep
+
+
+# ---- place -------------------------------------------------------------------------------------------------
+
+
+def test_place_takes_awake_room_first_the_tightest_fit() -> None:
+    roomy = host(name="h-0", cap=40)
+    tight = host(model("a", "Ready", gib=25), name="h-1", cap=40)
+    request = PlacementRequest(("ns", "new"), 10 * GI)
+    assert place(request, [roomy, tight]) == Placement("h-1", 0, Room("h-1", 0))
+    # The same whatever the hosts' order.
+    assert place(request, [tight, roomy]) == place(request, [roomy, tight])
+
+
+def test_place_makes_room_by_sleeping_with_the_fewest_unloads_then_sleeps() -> None:
+    a = host(  # two sleeps
+        model("x", gib=5, used=1),
+        model("y", gib=5, used=2),
+        model("w", "Processing"),
+        name="h-a",
+        cap=20,
+        ram=20,
+    )
+    b = host(model("z", gib=20), name="h-b", cap=20, ram=0)  # one unload
+    c = host(model("v", gib=20), name="h-c", cap=20, ram=40)  # one sleep
+    request = PlacementRequest(("ns", "new"), 10 * GI)
+    assert place(request, [a, b, c]) == Placement("h-c", 0, Room("h-c", 0, sleep=(("ns", "v"),)))
+    assert place(request, [a, b]) == Placement("h-a", 0, Room("h-a", 0, sleep=(("ns", "x"), ("ns", "y"))))
+
+
+def test_place_says_why_not() -> None:
+    request = PlacementRequest(("ns", "new"), 10 * GI)
+    nothing = place(request, [])
+    assert isinstance(nothing, Unplaced) and nothing.reason == "NoHost"
+    held = place(request, [host(model("new", "Ready"))])
+    assert isinstance(held, Unplaced) and held.reason == "EveryHostHoldsIt"
+    huge = place(PlacementRequest(("ns", "new"), 90 * GI), [host(cap=80)])
+    assert isinstance(huge, Unplaced) and huge.reason == "LargerThanDevice" and "deviceMemory" in huge.message
+    busy = place(request, [host(model("p", "Processing", gib=35), cap=40)])
+    assert isinstance(busy, Unplaced) and busy.reason == "NoRoom"
+    assert busy.message.endswith("the most free is 5Gi on h-0 device 0")
+    closed = place(request, [replace(host(), accepting=False)])
+    assert isinstance(closed, Unplaced) and closed.reason == "NoHost"
+
+
+def test_admit_charges_the_newcomer_on_its_device_after_its_room() -> None:
+    h = host(model("x", gib=30), cap=40, ram=40)
+    request = PlacementRequest(("ns", "new"), 20 * GI, priority=1)
+    placement = place(request, [h])
+    assert isinstance(placement, Placement)
+    after = admit(h, placement, request, now=7.0)
+    assert after.resident(("ns", "x")) == replace(h.residents[0], state="Sleeping")
+    assert after.resident(("ns", "new")) == Resident(
+        ("ns", "new"), "Pending", 0, 20 * GI, priority=1, last_used=7.0
+    )
+    assert ledger(after).devices[0].awake == 20 * GI and over_committed(after) == []
+
+
+# ---- the ModelBudget over hosts ---------------------------------------------------------------------------
+
+
+def test_a_host_pod_is_charged_its_whole_devices_against_the_budget() -> None:
+    gpu = parse_host_spec({"gpusPerHost": 2, "deviceMemory": "80Gi", "hostMemory": "64Gi"})
+    assert host_charge(gpu) == 160 * GI  # host RAM is not accelerator memory
+    cpu = parse_host_spec({"deviceMemory": "16Gi", "hostMemory": "8Gi"})
+    assert host_charge(cpu) == 24 * GI  # both RAM, as a CPU pool's workers are charged
+    budget = build_ledger(400 * GI, [])
+    assert hosts_admitted(budget, host_charge(gpu), wanted=5) == 2
+    assert hosts_admitted(build_ledger(None, []), host_charge(gpu), wanted=5) == 5
+    assert hosts_admitted(build_ledger(400 * GI, [], invalid="bad"), host_charge(gpu), wanted=5) == 0
+
+
+def test_a_decision_touches_only_the_present_model_not_a_failed_replica_of_the_same_pool() -> None:
+    # Found by the state machine: a pool failed on a host and placed there again.
+    failed, again = model("m", "Failed", used=1), model("m", "Idle", used=2)
+    after = apply_room(host(failed, again), Room("h-0", 0, sleep=(("ns", "m"),)))
+    assert after.residents == (failed, replace(again, state="Sleeping"))
+    assert apply_room(host(failed, again), Room("h-0", 0, unload=(("ns", "m"),))).residents == (failed,)
+
+
+# ---- the ModelHost status ----------------------------------------------------------------------------------
+
+
+def test_the_host_status_shows_each_device_and_the_totals_the_columns_print() -> None:
+    h0 = host(
+        model("a", "Ready", gib=10, measured=6 * GI, used=1_800_000_000),
+        model("b", "Sleeping", gib=8),
+        model("c", "Failed", gib=4),
+        name="h-0",
+        devices=2,
+    )
+    h1 = host(model("d", "Ready", gib=30, measured=45 * GI), name="h-1")  # over-committed by measurement
+    status = host_status(
+        [
+            ObservedHost(h1, "Ready"),
+            ObservedHost(h0, "Ready", node="gpu-1"),
+            ObservedHost(host(name="h-2"), "Failed"),
+        ],
+        desired=3,
+        selector="modelpool.dev/host=gpus",
+    )
+    assert (status.replicas, status.ready_replicas, status.ready_text, status.models) == (2, 2, "2/3", 3)
+    assert [p.name for p in status.hosts] == ["h-0", "h-1", "h-2"]
+    first = status.hosts[0]
+    assert [(d.awake, d.asleep, d.free) for d in first.devices] == [
+        ("6Gi", "8Gi", "34Gi"),
+        ("0", "0", "40Gi"),
+    ]
+    assert first.host_memory_free == "32Gi" and first.node == "gpu-1"
+    a, b, c = first.models
+    assert (a.state, a.memory, a.measured, a.last_request_time) == (
+        "Ready",
+        "6Gi",
+        True,
+        "2027-01-15T08:00:00Z",
+    )
+    assert (b.state, b.memory, b.measured) == ("Sleeping", "8Gi", False) and c.memory == "0"
+    assert status.hosts[1].devices[0].free == "-5Gi"
+    # Totals over the host pods that count (not the failed one): what AWAKE / ASLEEP / FREE print.
+    assert (status.memory.awake, status.memory.asleep, status.memory.free) == ("51Gi", "8Gi", "69Gi")
+    assert ModelHostStatus.model_validate(status.wire()) == status
