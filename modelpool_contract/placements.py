@@ -1,0 +1,55 @@
+"""Where a shared pool's model lives: the label of a shared host's pods and the annotation of its models.
+
+A shared host (a ``ModelHost``'s pod running ``modelpool-server --shared-host``) serves several models.
+The operator decides which (``modelpool_operator.placement``), loads them through the host's control API
+under each pool's served model name (the name clients send: the gateway forwards a request unchanged),
+and records the result on the host pod, so that a gateway, which may read pods but not call hosts'
+control APIs, routes by it:
+
+* the label ``modelpool.dev/host=<ModelHost name>`` (``LABEL_HOST``) marks a host pod (the gateway's and
+  the operator's watches select on it);
+* the annotation ``modelpool.dev/models`` (``ANNOTATION_MODELS``) holds a JSON object of the pools placed
+  on that pod, by pool name (the pod's namespace is the pools'), each with the model's state on the host
+  as the operator last observed it: ``{"minilm": "Ready", "gpt": "Sleeping"}``.
+
+``models_annotation`` is the one writer, ``read_models`` the one reader: it never raises (an unreadable
+annotation places nothing; an unknown state is dropped), since a gateway must keep routing whatever a pod
+says.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Final, TypeGuard, get_args
+
+from modelpool_contract.labels import PREFIX
+from modelpool_contract.states import WorkerState
+
+LABEL_HOST: Final = f"{PREFIX}/host"
+ANNOTATION_MODELS: Final = f"{PREFIX}/models"
+
+_STATES: Final[frozenset[str]] = frozenset(get_args(WorkerState))
+
+
+def _is_state(value: object) -> TypeGuard[WorkerState]:
+    return isinstance(value, str) and value in _STATES
+
+
+def models_annotation(models: Mapping[str, WorkerState]) -> str:
+    """The annotation's value: the placed pools by name, in a stable order (no write when nothing changed)."""
+    return json.dumps(dict(sorted(models.items())), separators=(",", ":"))
+
+
+def read_models(annotations: Mapping[str, str] | None) -> dict[str, WorkerState]:
+    """The pools placed on a host pod and their states; empty when the annotation is absent or unreadable."""
+    raw = (annotations or {}).get(ANNOTATION_MODELS)
+    if not raw:
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    return {str(pool): state for pool, state in parsed.items() if _is_state(state)}
