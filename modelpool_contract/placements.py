@@ -14,7 +14,9 @@ control APIs, routes by it:
 
 ``models_annotation`` is the one writer, ``read_models`` the one reader: it never raises (an unreadable
 annotation places nothing; an unknown state is dropped), since a gateway must keep routing whatever a pod
-says.
+says.  The states are a host's (``api.HostModelState``: the worker states, Sleeping and Waking).
+``host_model_name`` is the name a pool's model has on a host: the operator loads it under that name, the
+gateway sends it in requests (the OpenAI body's ``model``, the name in a v2 URL).
 """
 
 from __future__ import annotations
@@ -23,25 +25,25 @@ import json
 from collections.abc import Mapping
 from typing import Final, TypeGuard, get_args
 
+from modelpool_contract.api import HostModelState
 from modelpool_contract.labels import PREFIX
-from modelpool_contract.states import WorkerState
 
 LABEL_HOST: Final = f"{PREFIX}/host"
 ANNOTATION_MODELS: Final = f"{PREFIX}/models"
 
-_STATES: Final[frozenset[str]] = frozenset(get_args(WorkerState))
+_STATES: Final[frozenset[str]] = frozenset(get_args(HostModelState))
 
 
-def _is_state(value: object) -> TypeGuard[WorkerState]:
+def _is_state(value: object) -> TypeGuard[HostModelState]:
     return isinstance(value, str) and value in _STATES
 
 
-def models_annotation(models: Mapping[str, WorkerState]) -> str:
+def models_annotation(models: Mapping[str, HostModelState]) -> str:
     """The annotation's value: the placed pools by name, in a stable order (no write when nothing changed)."""
     return json.dumps(dict(sorted(models.items())), separators=(",", ":"))
 
 
-def read_models(annotations: Mapping[str, str] | None) -> dict[str, WorkerState]:
+def read_models(annotations: Mapping[str, str] | None) -> dict[str, HostModelState]:
     """The pools placed on a host pod and their states; empty when the annotation is absent or unreadable."""
     raw = (annotations or {}).get(ANNOTATION_MODELS)
     if not raw:
@@ -53,3 +55,9 @@ def read_models(annotations: Mapping[str, str] | None) -> dict[str, WorkerState]
     if not isinstance(parsed, dict):
         return {}
     return {str(pool): state for pool, state in parsed.items() if _is_state(state)}
+
+
+def host_model_name(pool: str, served_model_name: str | None) -> str:
+    """The name of a pool's model on a host: its ``spec.servedModelName`` (what clients send), else the
+    pool's name."""
+    return served_model_name or pool

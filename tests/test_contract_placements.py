@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+from typing import get_args
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from modelpool_contract.placements import ANNOTATION_MODELS, models_annotation, read_models
-from modelpool_contract.states import WORKER_STATES
+from modelpool_contract.api import HostModelState
+from modelpool_contract.placements import (
+    ANNOTATION_MODELS,
+    host_model_name,
+    models_annotation,
+    read_models,
+)
 
 pools = st.dictionaries(
-    st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True), st.sampled_from(WORKER_STATES)
+    st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True), st.sampled_from(get_args(HostModelState))
 )
 
 
@@ -34,3 +40,16 @@ def test_unreadable_or_unknown_places_nothing() -> None:
     assert read_models({ANNOTATION_MODELS: "["}) == {}
     assert read_models({ANNOTATION_MODELS: "[1, 2]"}) == {}
     assert read_models({ANNOTATION_MODELS: json.dumps({"a": "Asleep", "b": 3, "c": "Idle"})}) == {"c": "Idle"}
+
+
+def test_a_host_state_is_read() -> None:
+    """Sleeping and Waking are states of a model on a host: a gateway routes by them."""
+    written = json.dumps({"a": "Sleeping", "b": "Waking"})
+    assert read_models({ANNOTATION_MODELS: written}) == {"a": "Sleeping", "b": "Waking"}
+
+
+def test_host_model_name_is_the_served_name_else_the_pool() -> None:
+    assert host_model_name("minilm", "sentence-transformers/all-MiniLM-L6-v2") == (
+        "sentence-transformers/all-MiniLM-L6-v2"
+    )
+    assert host_model_name("minilm", None) == "minilm"
