@@ -127,6 +127,7 @@ def test_a_host_pod_is_read_with_its_placements() -> None:
 def test_a_shared_pool_sends_its_served_name_upstream() -> None:
     spec = {
         "model": {"source": "hf://x/y", "task": "text-embedding"},
+        "resources": {"memory": "1Gi"},
         "host": "gpu",
         "servedModelName": "x/minilm",
     }
