@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 from hypothesis import given
 from hypothesis import strategies as st
+from kubernetes_asyncio import client
 
 from modelpool_contract.api import HostModelState
 from modelpool_contract.placements import ANNOTATION_MODELS, LABEL_HOST, models_annotation
@@ -17,6 +19,7 @@ from modelpool_gateway.cache import Registry
 from modelpool_gateway.hold import hold_reason, hopeless
 from modelpool_gateway.picker import ASLEEP, AWAKE, Candidate, pick, shared_candidates
 from modelpool_gateway.state import HostPod, Key, Pool, host_pod_from_pod, pool_from_object
+from modelpool_gateway.watch import host_pod_watch
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 POOL: Key = ("ns", "minilm")
@@ -177,6 +180,33 @@ def test_a_dedicated_pool_of_the_same_name_ignores_host_placements() -> None:
     registry.set_pool(Pool("ns", "minilm"))
     registry.set_host_pod(host_pod("h0", {"minilm": "Ready"}))
     assert not registry.has_routable(POOL) and registry.placed(POOL) == []
+
+
+def test_the_host_pod_watch_selects_host_pods_and_feeds_the_registry() -> None:
+    registry = Registry()
+    registry.set_pool(shared_pool())
+    # The list calls are never made here: the test feeds the spec's callbacks as the watch loop would.
+    core = cast(
+        client.CoreV1Api, SimpleNamespace(list_namespaced_pod=print, list_pod_for_all_namespaces=print)
+    )
+    spec = host_pod_watch(registry, core, "ns")
+    assert (spec.selector, spec.name, spec.resource) == (LABEL_HOST, "host-pods@ns", "pods")
+    pod = {
+        "metadata": {
+            "namespace": "ns",
+            "name": "h0",
+            "labels": {LABEL_HOST: "gpu"},
+            "annotations": {ANNOTATION_MODELS: models_annotation({"minilm": "Idle"})},
+        },
+        "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    assert spec.slim is not None
+    spec.on_list([spec.slim(pod), spec.slim({"metadata": {"name": "worker"}})])
+    assert [w.name for w in registry.routable(POOL)] == ["h0"]
+    spec.on_event("DELETED", pod)
+    assert not registry.has_routable(POOL)
+    spec.on_event("ADDED", pod)
+    assert registry.has_routable(POOL)
 
 
 # ---- why a held request for a shared pool is answered as it is ----
