@@ -14,7 +14,7 @@ control APIs, routes by it:
 
 ``models_annotation`` is the one writer, ``read_models`` the one reader: it never raises (an unreadable
 annotation places nothing; an unknown state is dropped), since a gateway must keep routing whatever a pod
-says.  The states are a host's (``api.HostModelState``: the worker states, Sleeping and Waking).
+says.  The states are the worker states (Sleeping and Waking, a host's own, among them).
 ``host_model_name`` is the name a pool's model has on a host: the operator loads it under that name, the
 gateway sends it in requests (the OpenAI body's ``model``, the name in a v2 URL).
 """
@@ -25,25 +25,25 @@ import json
 from collections.abc import Mapping
 from typing import Final, TypeGuard, get_args
 
-from modelpool_contract.api import HostModelState
 from modelpool_contract.labels import PREFIX
+from modelpool_contract.states import WorkerState
 
 LABEL_HOST: Final = f"{PREFIX}/host"
 ANNOTATION_MODELS: Final = f"{PREFIX}/models"
 
-_STATES: Final[frozenset[str]] = frozenset(get_args(HostModelState))
+_STATES: Final[frozenset[str]] = frozenset(get_args(WorkerState))
 
 
-def _is_state(value: object) -> TypeGuard[HostModelState]:
+def _is_state(value: object) -> TypeGuard[WorkerState]:
     return isinstance(value, str) and value in _STATES
 
 
-def models_annotation(models: Mapping[str, HostModelState]) -> str:
+def models_annotation(models: Mapping[str, WorkerState]) -> str:
     """The annotation's value: the placed pools by name, in a stable order (no write when nothing changed)."""
     return json.dumps(dict(sorted(models.items())), separators=(",", ":"))
 
 
-def read_models(annotations: Mapping[str, str] | None) -> dict[str, HostModelState]:
+def read_models(annotations: Mapping[str, str] | None) -> dict[str, WorkerState]:
     """The pools placed on a host pod and their states; empty when the annotation is absent or unreadable."""
     raw = (annotations or {}).get(ANNOTATION_MODELS)
     if not raw:

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import json
-from typing import get_args
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from modelpool_contract.api import HostModelState
 from modelpool_contract.placements import (
     ANNOTATION_MODELS,
     host_model_name,
     models_annotation,
     read_models,
 )
+from modelpool_contract.states import WORKER_STATES
 
 pools = st.dictionaries(
-    st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True), st.sampled_from(get_args(HostModelState))
+    st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True), st.sampled_from(WORKER_STATES)
 )
 
 

@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes_asyncio import client
 
-from modelpool_contract.api import HostModelState
 from modelpool_contract.placements import ANNOTATION_MODELS, LABEL_HOST, models_annotation
+from modelpool_contract.states import WorkerState
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.hold import hold_reason, hopeless
 from modelpool_gateway.picker import ASLEEP, AWAKE, Candidate, pick, shared_candidates
@@ -232,7 +232,7 @@ def test_a_pool_on_no_host_gets_the_operators_reason() -> None:
 
 
 def test_host_states_round_trip_into_the_view() -> None:
-    states: dict[str, HostModelState] = {"a": "Sleeping", "b": "Waking", "c": "Ready"}
+    states: dict[str, WorkerState] = {"a": "Sleeping", "b": "Waking", "c": "Ready"}
     annotations = {ANNOTATION_MODELS: json.dumps(states)}
     pod = {"metadata": {"name": "h", "labels": {LABEL_HOST: "gpu"}, "annotations": annotations}}
     view = host_pod_from_pod(pod)
