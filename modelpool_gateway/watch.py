@@ -1,4 +1,5 @@
-"""Watches that keep the registry current: ModelPools and worker pods, per namespace or cluster-wide.
+"""Watches that keep the registry current: ModelPools, worker pods and shared hosts' pods, per namespace or
+cluster-wide.
 
 Each watch lists once (the registry's scope is replaced by the listing), then watches from the listing's
 resourceVersion with bookmarks, resuming from the last version it saw whenever the server ends a watch.
@@ -21,16 +22,17 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from modelpool_contract.api import GROUP, MODELPOOL_PLURAL, VERSION
 from modelpool_contract.labels import LABEL_POOL
+from modelpool_contract.placements import LABEL_HOST
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.metrics import Metrics
-from modelpool_gateway.state import Worker, pool_from_object, worker_from_pod
+from modelpool_gateway.state import HostPod, Worker, host_pod_from_pod, pool_from_object, worker_from_pod
 
 log = logging.getLogger("modelpool.gateway.watch")
 
@@ -96,10 +98,12 @@ class WatchSpec:
     # What of each listed object ``on_list`` receives, taken page by page (a slim view: a 10,000-pod list
     # is never held whole as JSON); None: the objects themselves.
     slim: Callable[[JSON], Any] | None = None
+    # What the watch is called in logs and /readyz when two watch one resource (host pods, worker pods).
+    label: str | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.resource}@{self.namespace or '*'}"
+        return f"{self.label or self.resource}@{self.namespace or '*'}"
 
 
 def backoff_delay(failures: int, cap: float) -> float:
@@ -132,8 +136,22 @@ def pool_watch(registry: Registry, custom: client.CustomObjectsApi, namespace: s
     )
 
 
-def pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None) -> WatchSpec:
-    """The worker pods (those labelled with a pool) of ``namespace`` (None: every namespace)."""
+_Pod = TypeVar("_Pod", Worker, HostPod)
+
+
+def _labelled_pods_watch(
+    core: client.CoreV1Api,
+    namespace: str | None,
+    *,
+    selector: str,
+    slim: Callable[[JSON], _Pod | None],
+    put: Callable[[_Pod], None],
+    delete: Callable[[_Pod], None],
+    replace: Callable[[str | None, list[_Pod]], None],
+    label: str | None = None,
+) -> WatchSpec:
+    """The pods of ``namespace`` (None: every namespace) that carry the label ``selector``, each slimmed
+    into the registry's view (a pod that does not fit it is skipped)."""
     call = (
         core.list_pod_for_all_namespaces
         if namespace is None
@@ -141,16 +159,12 @@ def pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None)
     )
 
     def on_event(kind: str, obj: JSON) -> None:
-        worker = worker_from_pod(obj)
-        if worker is None:
-            return
-        if kind == "DELETED":
-            registry.delete_worker(worker.key)
-        else:
-            registry.set_worker(worker)
+        item = slim(obj)
+        if item is not None:
+            (delete if kind == "DELETED" else put)(item)
 
-    def on_list(workers: list[Worker | None]) -> None:
-        registry.replace_workers(namespace, [w for w in workers if w is not None])
+    def on_list(items: list[_Pod | None]) -> None:
+        replace(namespace, [item for item in items if item is not None])
 
     return WatchSpec(
         resource="pods",
@@ -158,8 +172,37 @@ def pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None)
         list_call=call,
         on_list=on_list,
         on_event=on_event,
+        selector=selector,
+        slim=slim,
+        label=label,
+    )
+
+
+def pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None) -> WatchSpec:
+    """The worker pods (those labelled with a pool) of ``namespace`` (None: every namespace)."""
+    return _labelled_pods_watch(
+        core,
+        namespace,
         selector=LABEL_POOL,
         slim=worker_from_pod,
+        put=registry.set_worker,
+        delete=lambda worker: registry.delete_worker(worker.key),
+        replace=registry.replace_workers,
+    )
+
+
+def host_pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None) -> WatchSpec:
+    """The shared hosts' pods (those labelled ``modelpool.dev/host``) of ``namespace`` (None: every
+    namespace), with the pools placed on each (``modelpool_contract.placements``)."""
+    return _labelled_pods_watch(
+        core,
+        namespace,
+        selector=LABEL_HOST,
+        slim=host_pod_from_pod,
+        put=registry.set_host_pod,
+        delete=lambda pod: registry.delete_host_pod(pod.key),
+        replace=registry.replace_host_pods,
+        label="host-pods",
     )
 
 
