@@ -188,12 +188,12 @@ def test_awake_hosts_first_the_least_loaded_of_them_then_sleeping_then_held(setu
         hosts["gpu-2"].gate.set()
         # Every next request goes to the less loaded awake host: never the busy one, never the sleeping one.
         for _ in range(4):
-            answer = setup.embed(SERVED)  # the alias: sent to the host under the model's name there
+            answer = setup.embed(SERVED)  # the alias: the host gets the pool's name
             assert answer.status_code == 200, answer.text
-            assert answer.json() == {"host": other.name, "model": SERVED}
+            assert answer.json() == {"host": other.name, "model": "minilm"}
             assert answer.headers["x-modelpool-worker"] == other.name
         busy.gate.set()
-        assert first.result(WAIT_S).json() == {"host": busy.name, "model": SERVED}
+        assert first.result(WAIT_S).json() == {"host": busy.name, "model": "minilm"}
     assert hosts["gpu-2"].arrived == []
 
     # Awake nowhere: the sleeping one (the host wakes it on the request).
