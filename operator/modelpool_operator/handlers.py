@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import kopf
 
-from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELPOOL_PLURAL, VERSION
+from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELHOST_PLURAL, MODELPOOL_PLURAL, VERSION
 from modelpool_contract.demand import (
     DEMAND_SELECTOR,
     LABEL_DEMAND,
@@ -34,6 +34,7 @@ from modelpool_contract.demand import (
     read_demand,
 )
 from modelpool_contract.labels import LABEL_POOL
+from modelpool_contract.placements import LABEL_HOST
 from modelpool_operator.bookkeeping import Bookkeeping, PoolRun, wait_for_wakeup
 from modelpool_operator.effects import kube as kube_api
 from modelpool_operator.effects.apply import tell, write_budget_status
@@ -50,6 +51,7 @@ _ERROR_DELAY_S = 5.0
 _COALESCE_S = 0.3
 _POOLS = (GROUP, VERSION, MODELPOOL_PLURAL)
 _BUDGETS = (GROUP, VERSION, MODELBUDGET_PLURAL)
+_HOSTS = (GROUP, VERSION, MODELHOST_PLURAL)
 _LEASES = (LEASE_GROUP, LEASE_VERSION, LEASE_PLURAL)
 # Only the demand Leases (the API server filters too: see ``startup``).
 _DEMAND = {LABEL_DEMAND: "true"}
@@ -58,6 +60,8 @@ PodsIndex = kopf.Index[PoolKey, dict[str, Any]]
 PoolsIndex = kopf.Index[PoolKey, OtherPool]
 BudgetsIndex = kopf.Index[str, dict[str, Any]]
 DemandIndex = kopf.Index[PoolKey, Demand]
+HostsIndex = kopf.Index[PoolKey, dict[str, Any]]
+HostPodsIndex = kopf.Index[PoolKey, dict[str, Any]]
 _T = TypeVar("_T")
 
 
@@ -150,6 +154,22 @@ async def budgets_by_name(*, name: str, spec: kopf.Spec, **_: Any) -> dict[str, 
     return {name: dict(spec)}
 
 
+@kopf.index(*_HOSTS)
+async def hosts_by_key(
+    *, namespace: str | None, name: str, spec: kopf.Spec, **_: Any
+) -> dict[PoolKey, dict[str, Any]]:
+    """Each ModelHost's spec (raw: a pass parses it, and says so when it does not parse)."""
+    return {(namespace or "", name): dict(spec)}
+
+
+@kopf.index("pods", labels={LABEL_HOST: kopf.PRESENT})
+async def host_pods(
+    *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[PoolKey, dict[str, Any]]:
+    """The shared host pods (slimmed), by their ModelHost."""
+    return {(namespace or "", labels[LABEL_HOST]): slim_pod(body)}
+
+
 @kopf.index(*_LEASES, labels=_DEMAND)
 async def demand_by_pool(*, namespace: str | None, body: kopf.Body, **_: Any) -> dict[PoolKey, Demand]:
     """The demand a gateway last recorded for each pool: its demand Lease's renewTime, the requests held
@@ -186,6 +206,18 @@ async def demand_changed(*, namespace: str | None, body: kopf.Body, memo: Any, *
         _book(memo).poke((namespace or "", pool))
 
 
+@kopf.on.event(*_HOSTS)
+async def host_changed(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    """A ModelHost came, went or changed: the shared pools on it look at once."""
+    _book(memo).poke_host((namespace or "", name))
+
+
+@kopf.on.event("pods", labels={LABEL_HOST: kopf.PRESENT})
+async def host_pod_changed(*, namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
+    """A host pod changed (became ready, went away): the shared pools on its ModelHost look at once."""
+    _book(memo).poke_host((namespace or "", labels[LABEL_HOST]))
+
+
 @kopf.on.event(*_BUDGETS)
 async def budget_changed(*, memo: Any, **_: Any) -> None:
     _book(memo).poke_waiting()
@@ -207,12 +239,16 @@ async def pool_daemon(
     pools_by_key: PoolsIndex | None = None,
     budgets_by_name: BudgetsIndex | None = None,
     demand_by_pool: DemandIndex | None = None,
+    hosts_by_key: HostsIndex | None = None,
+    host_pods: HostPodsIndex | None = None,
     **_: Any,
 ) -> None:
     pods = _index(pods_by_pool, "pods_by_pool")
     pools = _index(pools_by_key, "pools_by_key")
     budgets = _index(budgets_by_name, "budgets_by_name")
     demand = _index(demand_by_pool, "demand_by_pool")
+    hosts = _index(hosts_by_key, "hosts_by_key")
+    hpods = _index(host_pods, "host_pods")
     services, book = _services(memo), _book(memo)
     run = PoolRun(key=(namespace or "", name))
     wakeup = book.wakeup(run.key)
@@ -230,7 +266,10 @@ async def pool_daemon(
                     pools_by_key=pools,
                     budgets=budgets,
                     demand=demand,
+                    hosts=hosts,
+                    host_pods=hpods,
                 )
+                book.uses_host(run.key, body.get("spec", {}).get("host"))
                 if plan is not None and plan.requeue_after is not None:
                     delay = min(delay, max(plan.requeue_after, 0.2))
                 last_error = None

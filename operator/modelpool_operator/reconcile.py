@@ -26,11 +26,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelpool_contract.api import Condition, parse_pool_status
+from modelpool_contract.api import Condition, parse_host_spec, parse_pool_status
 from modelpool_contract.demand import Demand
 from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
 from modelpool_operator.budget import BUDGET_VALID, BudgetLimit, budget_status, budget_validity
 from modelpool_operator.effects.apply import Refusal, apply, refuse, settle_reservations
+from modelpool_operator.observe.hosts import observe_hosts
 from modelpool_operator.observe.observation import (
     LazyOthers,
     PodsByPool,
@@ -41,6 +42,7 @@ from modelpool_operator.observe.observation import (
 )
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import CounterSample, Event, LoadSample, Plan, PlannerSettings, plan
+from modelpool_operator.planner.shared import HostWait, host_wait, host_wait_event, host_wait_status
 from modelpool_operator.planner.status import condition
 from modelpool_operator.policy import Violation, violations
 from modelpool_operator.pool import OtherPool, PoolKey, PoolView
@@ -51,6 +53,9 @@ logger = logging.getLogger(__name__)
 PoolsByKey = Mapping[PoolKey, Iterable[OtherPool]]
 BudgetsByName = Mapping[str, Iterable[Mapping[str, Any]]]
 DemandByPool = Mapping[PoolKey, Iterable[Demand]]
+#: The ModelHosts' specs (raw) and their pods (slimmed), by (namespace, ModelHost name).
+HostsByKey = Mapping[PoolKey, Iterable[Mapping[str, Any]]]
+HostPodsByKey = Mapping[PoolKey, Iterable[Mapping[str, Any]]]
 
 
 def latest_demand(demand: DemandByPool, key: PoolKey) -> Demand | None:
@@ -119,9 +124,11 @@ async def reconcile_pool(
     pools_by_key: PoolsByKey,
     budgets: BudgetsByName,
     demand: DemandByPool | None = None,
+    hosts: HostsByKey | None = None,
+    host_pods: HostPodsByKey | None = None,
 ) -> Plan | None:
-    """One pass for the pool ``run.key``: returns the plan it applied (None: the spec is invalid).  Timed
-    and counted by outcome in the operator's metrics."""
+    """One pass for the pool ``run.key``: returns the plan it applied (None: the spec is invalid, or the
+    pool is shared and waits for placement).  Timed and counted by outcome in the operator's metrics."""
     with services.metrics.reconcile_pass() as outcome:
         try:
             pool = PoolView.from_body(body, demand=latest_demand(demand or {}, run.key))
@@ -135,6 +142,13 @@ async def reconcile_pool(
         if refused:
             outcome.result = "forbidden"
             refusal = policy_refusal(run, pool, body, refused)
+            if refusal is not None:
+                await refuse(services, run, body, refusal)
+            return None
+        if pool.spec.host is not None:
+            outcome.result = "shared"
+            wait = shared_wait(pool, hosts or {}, host_pods or {})
+            refusal = host_wait_refusal(run, pool, body, wait)
             if refusal is not None:
                 await refuse(services, run, body, refusal)
             return None
@@ -160,6 +174,35 @@ async def reconcile_pool(
             outcome.result = "error"
         await settle_reservations(services, book, now)
         return decided
+
+
+def shared_wait(pool: PoolView, hosts: HostsByKey, host_pods: HostPodsByKey) -> HostWait:
+    """Why the shared pool waits: its ModelHost (from the hosts index) and that host's pods."""
+    key = (pool.namespace, pool.spec.host or "")
+    specs = list(hosts.get(key, ()))
+    if not specs:
+        return host_wait(pool, host_found=False, host_error=None, hosts=[])
+    try:
+        spec = parse_host_spec(dict(specs[0]))
+    except ValidationError as exc:
+        return host_wait(pool, host_found=True, host_error=invalid_spec_message(exc), hosts=[])
+    return host_wait(
+        pool, host_found=True, host_error=None, hosts=observe_hosts(spec, host_pods.get(key, ()))
+    )
+
+
+def host_wait_refusal(
+    run: PoolRun, pool: PoolView, body: Mapping[str, Any], wait: HostWait
+) -> Refusal | None:
+    """The status and Event of a shared pool that waits for placement, when the reason is new for this
+    generation (None: told already; the pool's loop looks again at its host's next change)."""
+    told = (pool.generation, wait.reason, wait.message)
+    if run.host_wait == told:
+        return None
+    run.host_wait = told
+    status = host_wait_status(pool, wait, datetime.now(UTC))
+    written = {**(body.get("status") or {}), **status}
+    return Refusal(status=status, event=host_wait_event(wait), written=written)
 
 
 def invalid_spec_refusal(run: PoolRun, body: Mapping[str, Any], exc: Exception) -> Refusal | None:
