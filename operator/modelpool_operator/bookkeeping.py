@@ -113,6 +113,20 @@ class Bookkeeping:
 
 
 @dataclass
+class HostRun:
+    """What one ModelHost's daemon carries from pass to pass."""
+
+    key: PoolKey  # (namespace, name) of the ModelHost
+    last_status_wire: dict[str, Any] | None = None
+    # Its control key Secret exists (made, or found, by this process).
+    secret_ready: bool = False
+    # The policy refusal last told (its host pods are deleted, none is made, until the image is allowed).
+    forbidden: str | None = None
+    # The budget's shortfall last told (host pods not admitted), so the Event is not repeated every pass.
+    short: int = 0
+
+
+@dataclass
 class PoolRun:
     """What one pool's daemon carries from pass to pass."""
 

@@ -35,13 +35,14 @@ from modelpool_contract.demand import (
 )
 from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.placements import LABEL_HOST
-from modelpool_operator.bookkeeping import Bookkeeping, PoolRun, wait_for_wakeup
+from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun, wait_for_wakeup
 from modelpool_operator.effects import kube as kube_api
 from modelpool_operator.effects.apply import tell, write_budget_status
+from modelpool_operator.host import host_charge_key
 from modelpool_operator.observe.observation import slim_pod
 from modelpool_operator.planner import Event
 from modelpool_operator.pool import OtherPool, PoolKey
-from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
+from modelpool_operator.reconcile import budget_status_wire, reconcile_host, reconcile_pool
 from modelpool_operator.services import Services, start_services
 from modelpool_operator.settings import OperatorConfig, apply_to_kopf
 
@@ -61,7 +62,6 @@ PoolsIndex = kopf.Index[PoolKey, OtherPool]
 BudgetsIndex = kopf.Index[str, dict[str, Any]]
 DemandIndex = kopf.Index[PoolKey, Demand]
 HostsIndex = kopf.Index[PoolKey, dict[str, Any]]
-HostPodsIndex = kopf.Index[PoolKey, dict[str, Any]]
 _T = TypeVar("_T")
 
 
@@ -162,14 +162,6 @@ async def hosts_by_key(
     return {(namespace or "", name): dict(spec)}
 
 
-@kopf.index("pods", labels={LABEL_HOST: kopf.PRESENT})
-async def host_pods(
-    *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-) -> dict[PoolKey, dict[str, Any]]:
-    """The shared host pods (slimmed), by their ModelHost."""
-    return {(namespace or "", labels[LABEL_HOST]): slim_pod(body)}
-
-
 @kopf.index(*_LEASES, labels=_DEMAND)
 async def demand_by_pool(*, namespace: str | None, body: kopf.Body, **_: Any) -> dict[PoolKey, Demand]:
     """The demand a gateway last recorded for each pool: its demand Lease's renewTime, the requests held
@@ -188,7 +180,10 @@ async def pod_changed(
     book = _book(memo)
     pool = labels.get(LABEL_POOL)
     if pool:
-        book.poke((namespace or "", pool))
+        book.poke((namespace or "", pool))  # a host pod's: its ModelHost's daemon (``host_charge_key``)
+    host = labels.get(LABEL_HOST)
+    if host:
+        book.poke_host((namespace or "", host))  # the shared pools on its ModelHost
     if type == "DELETED" or status.get("phase") in ("Failed", "Succeeded"):
         book.poke_waiting()  # its memory is free (or about to be): pools short of budget may fit now
 
@@ -208,14 +203,10 @@ async def demand_changed(*, namespace: str | None, body: kopf.Body, memo: Any, *
 
 @kopf.on.event(*_HOSTS)
 async def host_changed(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    """A ModelHost came, went or changed: the shared pools on it look at once."""
-    _book(memo).poke_host((namespace or "", name))
-
-
-@kopf.on.event("pods", labels={LABEL_HOST: kopf.PRESENT})
-async def host_pod_changed(*, namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
-    """A host pod changed (became ready, went away): the shared pools on its ModelHost look at once."""
-    _book(memo).poke_host((namespace or "", labels[LABEL_HOST]))
+    """A ModelHost came, went or changed: its daemon and the shared pools on it look at once."""
+    book = _book(memo)
+    book.poke(host_charge_key(namespace or "", name))
+    book.poke_host((namespace or "", name))
 
 
 @kopf.on.event(*_BUDGETS)
@@ -240,7 +231,6 @@ async def pool_daemon(
     budgets_by_name: BudgetsIndex | None = None,
     demand_by_pool: DemandIndex | None = None,
     hosts_by_key: HostsIndex | None = None,
-    host_pods: HostPodsIndex | None = None,
     **_: Any,
 ) -> None:
     pods = _index(pods_by_pool, "pods_by_pool")
@@ -248,7 +238,6 @@ async def pool_daemon(
     budgets = _index(budgets_by_name, "budgets_by_name")
     demand = _index(demand_by_pool, "demand_by_pool")
     hosts = _index(hosts_by_key, "hosts_by_key")
-    hpods = _index(host_pods, "host_pods")
     services, book = _services(memo), _book(memo)
     run = PoolRun(key=(namespace or "", name))
     wakeup = book.wakeup(run.key)
@@ -267,7 +256,6 @@ async def pool_daemon(
                     budgets=budgets,
                     demand=demand,
                     hosts=hosts,
-                    host_pods=hpods,
                 )
                 book.uses_host(run.key, body.get("spec", {}).get("host"))
                 if plan is not None and plan.requeue_after is not None:
@@ -296,6 +284,57 @@ async def pool_daemon(
     finally:
         book.forget(run.key)
         services.metrics.pool_gone(run.key)
+
+
+# ---- the per-ModelHost daemon -----------------------------------------------------------------------------
+
+
+@kopf.daemon(*_HOSTS, cancellation_timeout=5.0)
+async def host_daemon(
+    *,
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    memo: Any,
+    logger: kopf.Logger,
+    stopped: kopf.DaemonStopped,
+    pods_by_pool: PodsIndex | None = None,
+    pools_by_key: PoolsIndex | None = None,
+    budgets_by_name: BudgetsIndex | None = None,
+    **_: Any,
+) -> None:
+    """Keeps the ModelHost's host pods (``reconcile.reconcile_host``), woken by its and its pods' events."""
+    pods = _index(pods_by_pool, "pods_by_pool")
+    pools = _index(pools_by_key, "pools_by_key")
+    budgets = _index(budgets_by_name, "budgets_by_name")
+    services, book = _services(memo), _book(memo)
+    run = HostRun(key=(namespace or "", name))
+    charge_key = host_charge_key(*run.key)
+    wakeup = book.wakeup(charge_key)
+    try:
+        while not stopped:
+            try:
+                await reconcile_host(
+                    services,
+                    book,
+                    run=run,
+                    body=body,
+                    pods_by_pool=pods,
+                    pools_by_key=pools,
+                    budgets=budgets,
+                )
+                delay = services.config.resync_interval_seconds
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad pass must not kill the daemon; retry shortly
+                logger.exception("ModelHost pass failed; retrying in %.0fs", _ERROR_DELAY_S)
+                delay = _ERROR_DELAY_S
+            if await wait_for_wakeup(wakeup, delay, stopped.wait()):
+                await asyncio.sleep(_COALESCE_S)
+                wakeup.clear()
+    finally:
+        book.forget(charge_key)
+        book.poke_waiting()  # its pods' memory is (about to be) free
 
 
 # ---- the ModelBudget status writer ---------------------------------------------------------------------

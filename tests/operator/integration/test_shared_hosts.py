@@ -1,5 +1,7 @@
-"""Shared hosts (issue 21) with the real operator on the local control plane: a pool with ``spec.host``
-never gets dedicated workers; its status says it waits for placement on its ModelHost, and why.
+"""Shared hosts (issue 21) with the real operator on the local control plane: a ModelHost gets its host
+pods (on KWOK GPU nodes: nothing runs in them) with the right spec, within the ModelBudget, and a status;
+a pool with ``spec.host`` never gets dedicated workers, and its status says it waits for placement on its
+ModelHost, and why.
 
 One operator serves the module's tests (they share a namespace and a set-up: each costs seconds)."""
 
@@ -12,10 +14,12 @@ from typing import Any
 import pytest
 
 from modelpool_contract.labels import LABEL_POOL
+from modelpool_contract.placements import LABEL_HOST
+from modelpool_operator.effects.resources import CONTROL_KEY_FILE
 from testkit.cluster import Cluster
 from testkit.kubectl import apply, get_json, wait_established, wait_for
-from testkit.services import OperatorProcess, stop_all
-from tests.operator.integration.opharness import condition, reasons, wait_status
+from testkit.services import OperatorProcess, budget_manifest, stop_all
+from tests.operator.integration.opharness import GI, condition, reasons, wait_status
 
 pytestmark = pytest.mark.cluster
 
@@ -34,15 +38,25 @@ def shared_ns(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         timeout=30,
         message=f"default ServiceAccount in {namespace}",
     )
-    process = OperatorProcess(crds, (namespace,), tmp_path_factory.mktemp("shared") / "operator.log")
+    apply(crds, {**budget_manifest("20Gi"), "metadata": {"name": BUDGET}})
+    log = tmp_path_factory.mktemp("shared") / "operator.log"
+    process = OperatorProcess(crds, (namespace,), log, MODELPOOL_OPERATOR_BUDGET_NAME=BUDGET)
     try:
         yield namespace
     finally:
         crds.kubectl(
             "delete", "modelpools,modelhosts", "--all", "-n", namespace, "--timeout=30s", check=False
         )
+        crds.kubectl("delete", "modelbudget", BUDGET, "--ignore-not-found", "--wait=false")
         stop_all([process], show_logs=True, what="operator")
         crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+BUDGET = f"shared-{uuid.uuid4().hex[:6]}"
+KWOK = {
+    "nodeSelector": {"type": "kwok"},
+    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+}
 
 
 def shared_pool(name: str, host: str, memory: str = "2Gi") -> dict[str, Any]:
@@ -87,3 +101,46 @@ def test_a_shared_pool_waits_for_its_host_with_the_reason_and_gets_no_worker(
     assert told[:2] == ["HostNotFound", "NoHost"]
     pods = get_json(crds, "pods", "-n", shared_ns, "-l", f"{LABEL_POOL}=emb")["items"]
     assert pods == []
+
+
+def test_a_modelhost_gets_its_host_pods_within_the_budget_and_a_status(crds: Cluster, shared_ns: str) -> None:
+    # Each GPU host pod is charged its device (8Gi): the 20Gi budget admits two of the three.
+    apply(crds, shared_pool("emb2", "kwok"), shared_ns)
+    apply(
+        crds,
+        model_host("kwok", replicas=3, gpusPerHost=1, deviceMemory="8Gi", hostMemory="16Gi", **KWOK),
+        shared_ns,
+    )
+
+    def status() -> dict[str, Any]:
+        got: dict[str, Any] = get_json(crds, "modelhost", "kwok", "-n", shared_ns).get("status") or {}
+        return got
+
+    wait_for(lambda: status().get("readyReplicas") == 2, timeout=60, message="two host pods ready")
+    pods = get_json(crds, "pods", "-n", shared_ns, "-l", f"{LABEL_HOST}=kwok")["items"]
+    assert sorted(p["metadata"]["name"] for p in pods) == ["kwok-0", "kwok-1"]
+    [container] = pods[0]["spec"]["containers"]
+    args = container["args"]
+    assert args[0] == "--shared-host" and args[args.index("--device-memory") + 1] == str(8 * GI)
+    assert args[args.index("--host-memory") + 1] == str(16 * GI)
+    assert args[args.index("--control-key-file") + 1] == CONTROL_KEY_FILE
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pods[0]["spec"]["nodeSelector"] == {"type": "kwok"}
+    assert pods[0]["metadata"]["ownerReferences"][0]["kind"] == "ModelHost"
+    secret = get_json(crds, "secret", "kwok-control-key", "-n", shared_ns)
+    assert secret["data"]["key"]
+    got = status()
+    assert got["replicas"] == 2 and got["readyText"] == "2/3"
+    assert [h["name"] for h in got["hosts"]] == ["kwok-0", "kwok-1"]
+    assert got["hosts"][0]["devices"][0]["capacity"] == "8Gi" and got["memory"]["free"] == "16Gi"
+    budget = wait_for(
+        lambda: (get_json(crds, "modelbudget", BUDGET).get("status") or {}).get("usedBytes") == 16 * GI,
+        timeout=30,
+        message="the budget charges the two host pods",
+    )
+    assert budget
+    told = [reason for reason, _ in reasons(crds, shared_ns, "kwok")]
+    assert "BudgetExceeded" in told
+    # A ready host pod with room: the pool waits only because the operator does not place models yet.
+    wait_status(crds, shared_ns, "emb2", placed("PlacementPending"), timeout=30, message="room on a host")
+    assert get_json(crds, "pods", "-n", shared_ns, "-l", f"{LABEL_POOL}=emb2")["items"] == []

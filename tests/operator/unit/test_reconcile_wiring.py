@@ -51,6 +51,8 @@ class RecordingKube:
     def __init__(self, fail_creates: BaseException | None = None) -> None:
         self.created: list[dict[str, Any]] = []
         self.status_patches: list[dict[str, Any]] = []
+        self.host_status_patches: list[dict[str, Any]] = []
+        self.secrets: list[dict[str, Any]] = []
         self.policies: list[dict[str, Any]] = []
         self.services: list[dict[str, Any]] = []
         self.fail_creates = fail_creates  # every create raises this (after taking effect if "made" is set)
@@ -100,6 +102,14 @@ class RecordingKube:
         return True
 
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool:
+        return True
+
+    async def patch_host_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
+        self.host_status_patches.append(dict(status))
+        return True
+
+    async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> bool:
+        self.secrets.append(dict(body))
         return True
 
     async def close(self) -> None:

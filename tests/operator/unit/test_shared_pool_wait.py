@@ -33,7 +33,7 @@ def shared(memory: str = "2Gi", host: str = "gpus") -> PoolView:
 
 
 def pod(name: str, *, ready: bool = True, deleting: bool = False) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name}
+    meta: dict[str, Any] = {"name": name, "namespace": "ns"}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-27T14:00:00Z"
     return {
@@ -61,18 +61,18 @@ def test_host_pods_are_hosts_with_the_modelhost_devices_accepting_only_while_rea
 
 def test_each_reason_names_the_host_and_why() -> None:
     pool = shared()
-    key = ("ns", "gpus")
+    key, pods_key = ("ns", "gpus"), ("ns", "host_gpus")
     missing = shared_wait(pool, {}, {})
     assert missing.reason == HOST_NOT_FOUND and "ModelHost gpus" in missing.message
     invalid = shared_wait(pool, {key: [{"gpusPerHost": 1}]}, {})
     assert invalid.reason == HOST_INVALID and "deviceMemory" in invalid.message
     no_pod = shared_wait(pool, {key: [HOST]}, {})
     assert no_pod.reason == "NoHost" and "waiting for placement on ModelHost gpus" in no_pod.message
-    not_ready = shared_wait(pool, {key: [HOST]}, {key: [pod("h-0", ready=False)]})
+    not_ready = shared_wait(pool, {key: [HOST]}, {pods_key: [pod("h-0", ready=False)]})
     assert not_ready.reason == "NoHost"
-    too_big = shared_wait(shared(memory="16Gi"), {key: [HOST]}, {key: [pod("h-0")]})
+    too_big = shared_wait(shared(memory="16Gi"), {key: [HOST]}, {pods_key: [pod("h-0")]})
     assert too_big.reason == "LargerThanDevice" and "deviceMemory" in too_big.message
-    room = shared_wait(pool, {key: [HOST]}, {key: [pod("h-0")]})
+    room = shared_wait(pool, {key: [HOST]}, {pods_key: [pod("h-0")]})
     assert room.reason == PLACEMENT_PENDING and "h-0" in room.message
     # Another namespace's ModelHost of the same name is not this pool's.
     assert shared_wait(pool, {("other", "gpus"): [HOST]}, {}).reason == HOST_NOT_FOUND
@@ -100,3 +100,49 @@ def test_the_wait_is_told_once_per_reason_and_generation() -> None:
     moved = shared_wait(pool, {("ns", "gpus"): [HOST]}, {})
     again = host_wait_refusal(run, pool, {"status": {}}, moved)
     assert again is not None and again.event.reason == "NoHost"
+
+
+def test_a_hosts_stats_are_its_residents_under_their_pools() -> None:
+    from modelpool_operator.observe.hosts import HostedPool, host_residents
+
+    stats = {
+        "host": {"devices": [{"index": 0, "capacity": 8 * GI}]},
+        "models": {
+            "minilm": {"state": "Ready", "memory": {"gpu_reserved_bytes": GI}, "last_request_time": 5.0},
+            "gpt": {"state": "Sleeping", "queue_depth": 0, "in_flight": 1},
+            "odd": {"state": "Dreaming"},
+            "bad": "not a document",
+        },
+    }
+    pools = {"minilm": HostedPool("emb", declared=2 * GI, priority=3)}
+    gpt, minilm = host_residents("ns", stats, pools)
+    assert (minilm.pool, minilm.state, minilm.declared, minilm.measured) == (
+        ("ns", "emb"),
+        "Ready",
+        2 * GI,
+        GI,
+    )
+    assert (minilm.priority, minilm.last_used, minilm.busy) == (3, 5.0, False)
+    assert (gpt.pool, gpt.state, gpt.busy, gpt.measured) == (("ns", "gpt"), "Sleeping", True, None)
+    assert host_residents("ns", None, pools) == () and host_residents("ns", {"models": []}, pools) == ()
+    [host] = observe_hosts(parse_host_spec(HOST), [pod("h-0")], {"h-0": stats}, pools)
+    assert [r.pool for r in host.residents] == [("ns", "gpt"), ("ns", "emb")]
+
+
+def test_the_hosted_pools_are_the_shared_pools_of_that_modelhost_by_served_name() -> None:
+    from modelpool_operator.host import HostView
+    from modelpool_operator.pool import OtherPool
+    from modelpool_operator.reconcile import hosted_pools
+
+    def other(name: str, host: str | None, served: str, ns: str = "ns") -> OtherPool:
+        return OtherPool(ns, name, priority=1, min_replicas=0, host=host, served_name=served, declared=GI)
+
+    index = {
+        ("ns", "a"): [other("a", "gpus", "minilm")],
+        ("ns", "b"): [other("b", None, "b")],
+        ("ns", "c"): [other("c", "cpus", "c")],
+        ("x", "d"): [other("d", "gpus", "d", ns="x")],
+    }
+    host = HostView(namespace="ns", name="gpus", spec=parse_host_spec(HOST))
+    hosted = hosted_pools(host, index)
+    assert list(hosted) == ["minilm"] and hosted["minilm"].name == "a" and hosted["minilm"].declared == GI

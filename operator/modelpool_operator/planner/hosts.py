@@ -1,0 +1,69 @@
+"""A ModelHost's pass (pure): which host pods to create and delete, and the ModelHost's status.
+
+The ModelHost keeps ``spec.replicas`` host pods named ``<host>-0 .. <host>-<replicas-1>``: a missing one is
+created when the ModelBudget admits its charge (``placement.hosts_admitted``: its whole devices, as a
+dedicated worker is charged), a failed or exited one is deleted (the next pass makes it again), one beyond
+``replicas`` is deleted. The status (``placement.host_status``) lists each host pod with its devices and
+models, and the memory totals the printer columns show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from modelpool_contract.api import ModelHostStatus
+from modelpool_contract.placements import LABEL_HOST
+from modelpool_operator.budget import Ledger
+from modelpool_operator.host import HostView
+from modelpool_operator.observe.worker_state import ObservedWorker
+from modelpool_operator.placement.charge import host_charge, hosts_admitted
+from modelpool_operator.placement.ledger import Host
+from modelpool_operator.placement.status import ObservedHost, host_status
+
+#: States of a host pod that is gone for good: deleted so that the next pass makes it afresh.
+_ENDED = frozenset({"Failed", "Dead"})
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """What one pass of a ModelHost does: create these indices' pods, delete these pods, write the status;
+    ``short``: host pods the budget did not admit (waiting for memory)."""
+
+    create: tuple[int, ...]
+    delete: tuple[str, ...]
+    status: ModelHostStatus
+    short: int = 0
+
+
+def _index(host: HostView, pod: str) -> int | None:
+    prefix = f"{host.name}-"
+    tail = pod[len(prefix) :] if pod.startswith(prefix) else ""
+    return int(tail) if tail.isdigit() else None
+
+
+def _doomed(host: HostView, pod: ObservedWorker) -> bool:
+    """Failed or exited, beyond ``replicas``, or not named as a host pod of this ModelHost."""
+    index = _index(host, pod.name)
+    return pod.state in _ENDED or index is None or index >= host.spec.replicas
+
+
+def plan_host(
+    host: HostView, pods: Sequence[ObservedWorker], hosts: Sequence[Host], ledger: Ledger
+) -> HostPlan:
+    """The pass of ``host`` over its observed pods (``hosts``: their ledgers' view, by pod name) and the
+    budget's ``ledger`` (which already counts the existing host pods)."""
+    replicas = host.spec.replicas
+    delete = sorted(w.name for w in pods if not w.deleting and _doomed(host, w))
+    # A pod being deleted still holds its name: its replacement comes once it is gone.
+    present = {_index(host, w.name) for w in pods}
+    missing = [i for i in range(replicas) if i not in present]
+    admitted = hosts_admitted(ledger, host_charge(host.spec), len(missing))
+    by_name = {h.name: h for h in hosts}
+    observed = [
+        ObservedHost(host=by_name[w.name], state=w.state, node=w.node) for w in pods if w.name in by_name
+    ]
+    status = host_status(observed, desired=replicas, selector=f"{LABEL_HOST}={host.name}")
+    return HostPlan(
+        create=tuple(missing[:admitted]), delete=tuple(delete), status=status, short=len(missing) - admitted
+    )
