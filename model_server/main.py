@@ -27,6 +27,9 @@ def exit_now(code: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--shared-host" in args or os.environ.get("MODELPOOL_SHARED_HOST", "").lower() in ("1", "true"):
+        _main_host(args)
     config, _ = load_or_exit(ServerConfig, argv, COMMAND_LINE)  # exit 2, one line, when invalid
     logging.basicConfig(
         level=config.log_level.upper(),
@@ -36,6 +39,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     from model_server.supervisor import supervisor
 
     exit_now(supervisor.run(config))
+
+
+def _main_host(argv: list[str]) -> None:
+    """``--shared-host``: several models, loaded through the control API (``supervisor/host.py``)."""
+    from model_server.host_config import HOST_COMMAND_LINE, HostConfig
+
+    config, _ = load_or_exit(HostConfig, argv, HOST_COMMAND_LINE)
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s [host] %(name)s %(message)s"
+    )
+    from model_server.supervisor import host_control
+
+    exit_now(host_control.run_host(config))
 
 
 if __name__ == "__main__":

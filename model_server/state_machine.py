@@ -6,10 +6,13 @@ the contract (``modelpool_contract.states``; docs/design.md, "Worker states"):
     Pending -> Loading -> Ready <-> Processing        Ready/Idle -> Idle/Processing
     Loading -> Failed                                 any running state -> Failed
     Ready/Idle/Processing/Loading -> Evicting (SIGTERM: drain) -> Dead
+    Ready/Idle -> Sleeping -> Waking -> Ready         (a model on a shared host: weights parked and back)
 
 Processing/Loading -> Evicting is allowed here because SIGTERM can arrive at any time (pod deletion); the
 server then drains its in-flight work.  The *operator* never chooses to evict a Loading or Processing
-worker; that rule lives in its planner.  Failed and Dead are terminal.
+worker; that rule lives in its planner.  Failed and Dead are terminal.  Sleeping -> Evicting unloads a
+sleeping model; Sleeping -> Failed is a host's model whose process died while it slept; Waking ->
+Evicting is SIGTERM arriving mid-wake (the wake completes, then the drain).
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ from typing import Any, Protocol
 
 
 class State(enum.StrEnum):
-    """The eight worker states (contract names)."""
+    """The ten worker states (contract names, in the contract's order)."""
 
     PENDING = "Pending"
     LOADING = "Loading"
     READY = "Ready"
     PROCESSING = "Processing"
     IDLE = "Idle"
+    SLEEPING = "Sleeping"
+    WAKING = "Waking"
     EVICTING = "Evicting"
     DEAD = "Dead"
     FAILED = "Failed"
@@ -39,9 +44,11 @@ class State(enum.StrEnum):
 TRANSITIONS: Mapping[State, frozenset[State]] = {
     State.PENDING: frozenset({State.LOADING, State.FAILED, State.EVICTING}),
     State.LOADING: frozenset({State.READY, State.FAILED, State.EVICTING}),
-    State.READY: frozenset({State.PROCESSING, State.IDLE, State.EVICTING, State.FAILED}),
+    State.READY: frozenset({State.PROCESSING, State.IDLE, State.SLEEPING, State.EVICTING, State.FAILED}),
     State.PROCESSING: frozenset({State.READY, State.EVICTING, State.FAILED}),
-    State.IDLE: frozenset({State.PROCESSING, State.READY, State.EVICTING, State.FAILED}),
+    State.IDLE: frozenset({State.PROCESSING, State.READY, State.SLEEPING, State.EVICTING, State.FAILED}),
+    State.SLEEPING: frozenset({State.WAKING, State.EVICTING, State.FAILED}),
+    State.WAKING: frozenset({State.READY, State.EVICTING, State.FAILED}),
     State.EVICTING: frozenset({State.DEAD, State.FAILED}),
     State.DEAD: frozenset(),
     State.FAILED: frozenset(),
@@ -51,8 +58,19 @@ TRANSITIONS: Mapping[State, frozenset[State]] = {
 SERVING: frozenset[State] = frozenset({State.READY, State.PROCESSING, State.IDLE})
 # States in which the process is healthy (liveness probe passes).
 LIVE: frozenset[State] = frozenset(
-    {State.PENDING, State.LOADING, State.READY, State.PROCESSING, State.IDLE, State.EVICTING}
+    {
+        State.PENDING,
+        State.LOADING,
+        State.READY,
+        State.PROCESSING,
+        State.IDLE,
+        State.SLEEPING,
+        State.WAKING,
+        State.EVICTING,
+    }
 )
+# States a model may be put to sleep from (contract: SLEEPABLE_STATES): never Loading, Processing, Waking.
+SLEEPABLE: frozenset[State] = frozenset({State.READY, State.IDLE})
 
 
 class IllegalTransition(RuntimeError):  # noqa: N818 - named like errors.py's classes

@@ -66,6 +66,14 @@ class Field(enum.IntEnum):
     TOKENIZER_THREADS = enum.auto()  # RAYON_NUM_THREADS as planned; NaN: the tokenizer's default
     THREADS_FROM = enum.auto()  # index of what the threads were sized from (stats.THREAD_SOURCES)
     THREAD_CPUS = enum.auto()  # the CPUs that source allows; NaN: it says none
+    PARKED_BYTES = enum.auto()  # the weights' bytes parked in host memory while the model sleeps; 0 awake
+    SLEEP_FREED_BYTES = enum.auto()  # device bytes the last sleep returned; NaN: it never slept
+    WAKE_SECONDS = enum.auto()  # how long the last wake took; NaN: it never woke
+    SLEEPS = enum.auto()  # sleeps completed (the weights parked)
+    SLEEPS_REFUSED = enum.auto()  # sleeps asked for and refused (not Ready/Idle, work in hand, park failed)
+    WAKE_WANTED = (
+        enum.auto()
+    )  # a shared host: Unix time a request asked this sleeping model to wake (0: none)
 
 
 class Column(enum.IntEnum):
@@ -178,25 +186,17 @@ class WorkerView:
         self.reason = SPAWN.RawArray("c", REASON_BYTES)
         self.lock = SPAWN.Lock()
         self.door = Door(capacity)
-        numbers = self.numbers
-        numbers[Field.STATE] = float(_STATES.index(State.PENDING))
-        numbers[Field.STATE_SINCE] = time.time()
-        numbers[Field.SECONDS_PER_ITEM] = 0.01
-        for unknown in (
-            Field.LOAD_SECONDS,
-            Field.WARMUP_SECONDS,
-            Field.GPU_PEAK_RESERVED,
-            Field.DOWNLOAD_TOTAL_BYTES,
-            Field.CPU_THREADS,
-            Field.BATCH_STARTED,
-            Field.GENERATION_ENGINE,
-            Field.KV_CACHE_TOKENS,
-            Field.INTEROP_THREADS,
-            Field.TOKENIZER_THREADS,
-            Field.THREADS_FROM,
-            Field.THREAD_CPUS,
-        ):
-            numbers[unknown] = float("nan")
+        _initial_figures(self.numbers)
+
+    def reset(self) -> None:
+        """Back to a fresh view (Pending, no figures): a shared host's slot, before it takes a new model
+        (every process that shares it has let go of the previous one)."""
+        for i in range(len(self.numbers)):
+            self.numbers[i] = 0.0
+        self.reason.value = b""
+        _initial_figures(self.numbers)
+        # A process that died with requests in its queue never gave their slots back.
+        self.door.give_back(self.door.taken)
 
     def unlink(self) -> None:
         """Remove the semaphores' names (the supervisor, once every process is gone; the exit, which skips
@@ -240,6 +240,9 @@ class WorkerView:
     def put(self, row: int, column: Column, value: float) -> None:
         self.numbers[self._slot(row, column)] = value
 
+    def get_row(self, row: int, column: Column) -> float:
+        return float(self.numbers[self._slot(row, column)])
+
     def total(self, column: Column) -> int:
         return int(sum(self.numbers[self._slot(row, column)] for row in range(self.rows)))
 
@@ -266,6 +269,30 @@ class WorkerView:
             pid = int(self.numbers[self._slot(row, Column.PID)])
             if pid:
                 yield row, pid
+
+
+def _initial_figures(numbers: Any) -> None:
+    """A fresh view's figures: Pending since now, the unknown ones NaN."""
+    numbers[Field.STATE] = float(_STATES.index(State.PENDING))
+    numbers[Field.STATE_SINCE] = time.time()
+    numbers[Field.SECONDS_PER_ITEM] = 0.01
+    for unknown in (
+        Field.LOAD_SECONDS,
+        Field.WARMUP_SECONDS,
+        Field.GPU_PEAK_RESERVED,
+        Field.DOWNLOAD_TOTAL_BYTES,
+        Field.CPU_THREADS,
+        Field.BATCH_STARTED,
+        Field.GENERATION_ENGINE,
+        Field.KV_CACHE_TOKENS,
+        Field.INTEROP_THREADS,
+        Field.TOKENIZER_THREADS,
+        Field.THREADS_FROM,
+        Field.THREAD_CPUS,
+        Field.SLEEP_FREED_BYTES,
+        Field.WAKE_SECONDS,
+    ):
+        numbers[unknown] = float("nan")
 
 
 def row_name(row: int) -> str:

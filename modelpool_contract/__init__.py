@@ -5,7 +5,8 @@ imports Kopf, so every name that crosses the process boundary lives here, free o
 standard library and pydantic.
 
 * ``labels``: the ``modelpool.dev`` prefix, and the labels and annotations on worker pods.
-* ``states``: the eight worker states and the named sets of them (serving, active, evictable, charged).
+* ``states``: the ten worker states and the named sets of them (serving, dormant, active, evictable,
+  sleepable, charged).
 * ``tasks``: the task names a ModelPool may ask for and the server implements.
 * ``exits``: the server's exit codes the operator reads back from a terminated container, and its
   worst-case shutdown (the pod's grace period).
@@ -47,8 +48,11 @@ from modelpool_contract.labels import (
 from modelpool_contract.states import (
     ACTIVE_STATES,
     CHARGED_STATES,
+    DEVICE_CHARGED_STATES,
+    DORMANT_STATES,
     EVICTABLE_STATES,
     SERVING_STATES,
+    SLEEPABLE_STATES,
     STARTING_STATES,
     WORKER_STATES,
     WorkerState,
@@ -63,6 +67,8 @@ __all__ = [
     "ANNOTATION_MEMORY",
     "CHARGED_STATES",
     "DEFAULT_SERVER_IMAGE",
+    "DEVICE_CHARGED_STATES",
+    "DORMANT_STATES",
     "EVICTABLE_STATES",
     "EXIT_CONFIG",
     "EXIT_DEVICE_FAILED",
@@ -75,6 +81,7 @@ __all__ = [
     "LABEL_WORKER",
     "PREFIX",
     "SERVING_STATES",
+    "SLEEPABLE_STATES",
     "STARTING_STATES",
     "STATS_PATH",
     "STATS_VERSION",

@@ -1121,11 +1121,8 @@ MSG_DEVICE_MEMORY_REQUIRED = (
 )
 MSG_DEVICE_MEMORY_POSITIVE = "spec.deviceMemory must be greater than 0"
 
-#: A model's state on a host: the worker states, and Sleeping (weights parked in host RAM) and Waking.
-#: (Issue 21: once ``states.WorkerState`` has Sleeping and Waking, this becomes that type.)
-HostModelState = Literal[
-    "Pending", "Loading", "Ready", "Processing", "Idle", "Sleeping", "Waking", "Evicting", "Dead", "Failed"
-]
+#: A model's state on a host: a worker's states, Sleeping (weights parked in host RAM) and Waking among them.
+HostModelState = WorkerState
 
 
 class HostDeviceStatus(_Model):

@@ -14,7 +14,9 @@ control APIs, routes by it:
 
 ``models_annotation`` is the one writer, ``read_models`` the one reader: it never raises (an unreadable
 annotation places nothing; an unknown state is dropped), since a gateway must keep routing whatever a pod
-says.
+says.  The states are the worker states (Sleeping and Waking, a host's own, among them).
+``host_model_name`` is the name a pool's model has on a host: the operator loads it under that name, the
+gateway sends it in requests (the OpenAI body's ``model``, the name in a v2 URL).
 """
 
 from __future__ import annotations
@@ -53,3 +55,9 @@ def read_models(annotations: Mapping[str, str] | None) -> dict[str, WorkerState]
     if not isinstance(parsed, dict):
         return {}
     return {str(pool): state for pool, state in parsed.items() if _is_state(state)}
+
+
+def host_model_name(pool: str, served_model_name: str | None) -> str:
+    """The name of a pool's model on a host: its ``spec.servedModelName`` (what clients send), else the
+    pool's name."""
+    return served_model_name or pool

@@ -1,5 +1,9 @@
 """The gateway's request path: resolve the model, hold while the pool has no serving worker, forward.
 
+A shared pool's (``spec.host``) workers are the host pods that hold its model (``picker.shared_candidates``:
+awake first, else sleeping, the least loaded by this gateway's requests to each pod); its requests carry
+the model's name on the host (``placements.host_model_name``) and are otherwise the same.
+
 ``Gateway`` is the outermost ASGI app.  The inference routes (``POST /v1/embeddings``, ``/v1/completions``,
 ``/v1/chat/completions``, ``/v1/images/generations`` and everything under ``/v2/models/``) are handled here
 as raw ASGI, which keeps the added latency small; every other route goes to the Starlette app of
@@ -230,8 +234,9 @@ class Gateway:
         if isinstance(resolved, Unresolved):
             raise self._not_found(resolved, self.registry.index.resolve(model))
         key = resolved.key
-        if model != key[1]:  # an alias or namespace/name: the worker knows its pool's name only
-            doc["model"] = key[1]
+        upstream = self._model_name(key)
+        if model != upstream:  # an alias or namespace/name: a worker knows its pool's name only
+            doc["model"] = upstream
             body = orjson.dumps(doc)
         headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], scope["path"], headers, body)
@@ -243,12 +248,18 @@ class Gateway:
         if isinstance(resolved, Unresolved):
             raise self._not_found(resolved, split_v2_path(self.registry.index, rest)[0])
         body = await self._body(scope, receive)
-        path = V2_MODELS + quote(resolved.key[1], safe="") + ("/" + quote(suffix) if suffix else "")
+        name = self._model_name(resolved.key)
+        path = V2_MODELS + quote(name, safe="") + ("/" + quote(suffix) if suffix else "")
         if scope.get("query_string"):
             path += "?" + scope["query_string"].decode("latin-1")
         headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], path, headers, body)
         return Call(resolved.key, False, out, _client_timeout(scope["headers"]))
+
+    def _model_name(self, key: Key) -> str:
+        """The name the upstream knows the model by: the pool's (a worker), or the model's on a host."""
+        pool = self.registry.pool(key)
+        return pool.model_name if pool is not None else key[1]
 
     def _not_found(self, resolved: Unresolved, unscoped: Resolution) -> RequestError:
         """The 404 for a name the caller's grant does not resolve: the same whether the pool is not
@@ -270,8 +281,9 @@ class Gateway:
                 if pool is None:
                     return await send_error(send, call.openai, 404, "model_not_found", "the pool was deleted")
                 routable = self.registry.has_routable(call.key)
+                placed = self.registry.placed(call.key)
                 if not may_hold and not routable:
-                    reason = hold_reason(pool, datetime.now(UTC))
+                    reason = hold_reason(pool, datetime.now(UTC), placed)
                     return await send_error(
                         send,
                         call.openai,
@@ -280,7 +292,11 @@ class Gateway:
                         reason.message,
                         retry_after=self.settings.hold_retry_after_seconds,
                     )
-                if may_hold and not routable and (never := hopeless(pool, datetime.now(UTC))) is not None:
+                if (
+                    may_hold
+                    and not routable
+                    and (never := hopeless(pool, datetime.now(UTC), placed)) is not None
+                ):
                     self.metrics.of(self.metrics.refused, call.label, never.kind).inc()
                     return await send_error(send, call.openai, 503, never.kind, never.message)
                 if may_hold:
@@ -334,7 +350,8 @@ class Gateway:
             if gone.done():
                 outcome = "disconnected"
                 return CLIENT_CLOSED
-            reason = hold_reason(self.registry.pool(call.key), datetime.now(UTC))
+            placed = self.registry.placed(call.key)
+            reason = hold_reason(self.registry.pool(call.key), datetime.now(UTC), placed)
             message = (
                 f"{reason.message} (held {loop.time() - started:.1f} s, no worker served pool {call.label})"
             )

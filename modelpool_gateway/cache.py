@@ -1,9 +1,12 @@
-"""The gateway's picture of the cluster: pools and their workers, fed by the watches, read by requests.
+"""The gateway's picture of the cluster: pools and their workers, and the shared hosts' pods with the
+pools placed on them, fed by the watches, read by requests.
 
 Only the watch loops write it (one event at a time, on the event loop), and every change to a pool or to
 its set of routable workers calls the subscribers with the pool's key, so held requests are released the
 moment a worker becomes serving.  A relist (``replace_*``) replaces one watch's whole scope, so whatever
-was deleted while a watch was down disappears too.
+was deleted while a watch was down disappears too.  A shared pool's (``spec.host``) routable workers are
+the host pods ``picker.shared_candidates`` names, each as a ``Worker`` of the pool; a host pod's change
+calls the subscribers with every pool it held or holds.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from dataclasses import replace
 from datetime import datetime
 
 from modelpool_gateway.names import NameIndex
-from modelpool_gateway.state import Key, Pool, Worker
+from modelpool_gateway.picker import shared_candidates
+from modelpool_gateway.state import HostPod, Key, Pool, Worker
 
 Listener = Callable[[Key], None]
 
@@ -30,6 +34,9 @@ class Registry:
         self.workers: dict[Key, Worker] = {}
         self.index = NameIndex.build(())
         self._routable: dict[Key, dict[Key, Worker]] = {}
+        self.host_pods: dict[Key, HostPod] = {}
+        # The host pods that name each pool in their placement annotation, whatever the model's state there.
+        self._placed: dict[Key, dict[Key, HostPod]] = {}
         self._listeners: list[Listener] = []
         # Watch scopes that have completed their first list (readiness).
         self.synced: set[str] = set()
@@ -47,12 +54,29 @@ class Registry:
         return self.pools.get(key)
 
     def routable(self, pool_key: Key) -> list[Worker]:
-        """The workers requests for this pool may go to now."""
+        """The workers requests for this pool may go to now (a shared pool's: host pods)."""
+        pool = self.pools.get(pool_key)
+        if pool is not None and pool.host is not None:
+            placed = self._placed.get(pool_key)
+            if not placed:
+                return []
+            return [p.upstream(pool.name) for p in shared_candidates(pool.name, pool.host, placed.values())]
         found = self._routable.get(pool_key)
         return list(found.values()) if found else []
 
     def has_routable(self, pool_key: Key) -> bool:
+        pool = self.pools.get(pool_key)
+        if pool is not None and pool.host is not None:
+            return bool(self.routable(pool_key))
         return bool(self._routable.get(pool_key))
+
+    def placed(self, pool_key: Key) -> list[tuple[str, str]]:
+        """(host pod, the model's state there) for every pod of the shared pool's ModelHost that holds it."""
+        pool = self.pools.get(pool_key)
+        found = self._placed.get(pool_key)
+        if pool is None or pool.host is None or not found:
+            return []
+        return sorted((p.name, p.models[pool.name]) for p in found.values() if p.host == pool.host)
 
     # ---- pools ----
 
@@ -129,3 +153,41 @@ class Registry:
             if not found:
                 del self._routable[worker.pool_key]
             self._notify(worker.pool_key)
+
+    # ---- shared hosts' pods ----
+
+    def set_host_pod(self, pod: HostPod) -> None:
+        old = self.host_pods.get(pod.key)
+        if old == pod:
+            return
+        self.host_pods[pod.key] = pod
+        self._place(old, pod)
+
+    def delete_host_pod(self, key: Key) -> None:
+        old = self.host_pods.pop(key, None)
+        if old is not None:
+            self._place(old, None)
+
+    def replace_host_pods(self, namespace: str | None, pods: Iterable[HostPod]) -> None:
+        """A fresh list of every host pod in ``namespace`` (None: all namespaces)."""
+        fresh = {p.key: p for p in pods}
+        for key in [k for k in self.host_pods if _in_scope(k, namespace) and k not in fresh]:
+            self.delete_host_pod(key)
+        for pod in fresh.values():
+            self.set_host_pod(pod)
+
+    def _place(self, old: HostPod | None, new: HostPod | None) -> None:
+        """Index the pools ``new`` holds in place of those ``old`` held, and tell every one of them."""
+        pod = new or old
+        assert pod is not None
+        pools = {*(old.models if old else ()), *(new.models if new else ())}
+        for name in sorted(pools):
+            pool_key = (pod.namespace, name)
+            found = self._placed.setdefault(pool_key, {})
+            if new is not None and name in new.models:
+                found[pod.key] = new
+            else:
+                found.pop(pod.key, None)
+            if not found:
+                del self._placed[pool_key]
+            self._notify(pool_key)

@@ -8,22 +8,26 @@ the previous one has been written to its worker (or after ``RELEASE_HEAD_START_S
 workers in the order they arrived without a slow model serialising them; requests that arrive meanwhile
 queue behind them.  A request that times out is told why
 (``hold_reason``): the budget being full (without its figures, which describe other tenants' pools), a
-worker still loading, or the operator not having acted yet.  A pool that can never get a worker (its
-replica ceiling is 0, or its spec is invalid: ``hopeless``) is not held at all: the request is answered
-503 at once with that reason.
+worker still loading, or the operator not having acted yet; for a shared pool (``spec.host``) first the
+host pods that hold its model (loading or waking there, or none reachable).  A pool that can never get a
+worker (its replica ceiling is 0, or its spec is invalid: ``hopeless``) is not held at all: the request is
+answered 503 at once with that reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from modelpool_contract.states import SERVING_STATES, STARTING_STATES
 from modelpool_contract.times import rfc3339
 from modelpool_gateway.state import Key, Pool, WorkerState
+
+# A shared pool's model in these states on a host is on its way to serving there (``_on_hosts``).
+HOST_STARTING = frozenset({"Pending", "Loading", "Waking"})
 
 # A released request lets the next one go as soon as it has been written to its worker; this bounds the
 # wait when that takes longer (a slow connect), so a full hold of 100 starts within 5 s at worst.
@@ -63,8 +67,26 @@ def _starting(worker: WorkerState, now: datetime) -> str:
     return text
 
 
-def hold_reason(pool: Pool | None, now: datetime) -> HoldReason:
-    """Why ``pool`` has no serving worker, from its status as last watched (None: the pool is gone)."""
+def _on_hosts(name: str, placed: Sequence[tuple[str, str]]) -> HoldReason | None:
+    """Why a shared pool's model cannot take a request on the host pods that hold it (pod, state): it is
+    loading or waking there, or none of them can be reached; None: it is placed nowhere."""
+    if not placed:
+        return None
+    ordered = sorted(placed, key=lambda p: (p[1] not in HOST_STARTING, p))
+    pod, state = ordered[0]
+    more = f" (and {len(placed) - 1} more)" if len(placed) > 1 else ""
+    if state in HOST_STARTING:
+        kind = "waking" if state == "Waking" else "loading"
+        return HoldReason(kind, f"pool {name} is still {kind}: host pod {pod} has it {state}{more}")
+    states = ", ".join(f"{p} {s}" for p, s in sorted(placed))
+    return HoldReason(
+        "not_serving", f"pool {name} has no host that can take a request now: host pods {states}"
+    )
+
+
+def hold_reason(pool: Pool | None, now: datetime, placed: Sequence[tuple[str, str]] = ()) -> HoldReason:
+    """Why ``pool`` has no serving worker, from its status as last watched (None: the pool is gone); for a
+    shared pool first from the host pods that hold it, ``placed`` as (pod, the model's state there)."""
     if pool is None:
         return HoldReason("pool_deleted", "the pool was deleted while the request waited")
     name = f"{pool.namespace}/{pool.name}"
@@ -73,6 +95,8 @@ def hold_reason(pool: Pool | None, now: datetime) -> HoldReason:
             "invalid_spec",
             f"pool {name} has an invalid spec ({pool.invalid}): the operator starts no worker for it",
         )
+    if pool.host is not None and (on_hosts := _on_hosts(name, placed)) is not None:
+        return on_hosts
     if pool.budget_exceeded:
         # Not the condition's own message: its numbers (memory free and in use across the cluster) tell a
         # caller about other tenants' pools.  The pool's owner reads them with kubectl describe.
@@ -102,6 +126,12 @@ def hold_reason(pool: Pool | None, now: datetime) -> HoldReason:
             "autoscaling is off): scale it up",
         )
     recorded = f"recorded at {rfc3339(pool.demanded_at)}" if pool.demanded_at else "not recorded yet"
+    if pool.host is not None:
+        return HoldReason(
+            "waiting_for_operator",
+            f"pool {name} is on no host: waiting for the operator to place it on a host of ModelHost "
+            f"{pool.host} for the demand {recorded}",
+        )
     return HoldReason(
         "waiting_for_operator",
         f"pool {name} has no worker: waiting for the operator to start one for the demand {recorded}",
@@ -113,9 +143,9 @@ def hold_reason(pool: Pool | None, now: datetime) -> HoldReason:
 NEVER_SERVED = frozenset({"scaled_to_zero", "invalid_spec"})
 
 
-def hopeless(pool: Pool, now: datetime) -> HoldReason | None:
+def hopeless(pool: Pool, now: datetime, placed: Sequence[tuple[str, str]] = ()) -> HoldReason | None:
     """Why holding a request for ``pool`` (no serving worker) cannot end with a worker; None: it can."""
-    reason = hold_reason(pool, now)
+    reason = hold_reason(pool, now, placed)
     return reason if reason.kind in NEVER_SERVED else None
 
 

@@ -32,7 +32,14 @@ from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.proxy import Upstream
 from modelpool_gateway.routes import build_routes
 from modelpool_gateway.state import Key
-from modelpool_gateway.watch import WatchHealth, WatchSpec, pod_watch, pool_watch, run_watch
+from modelpool_gateway.watch import (
+    WatchHealth,
+    WatchSpec,
+    host_pod_watch,
+    pod_watch,
+    pool_watch,
+    run_watch,
+)
 
 log = logging.getLogger("modelpool.gateway")
 
@@ -94,7 +101,11 @@ def _watches(settings: GatewaySettings, registry: Registry, api: client.ApiClien
     scopes: list[str | None] = list(dict.fromkeys(settings.namespaces)) or [None]
     specs: list[WatchSpec] = []
     for namespace in scopes:
-        specs += [pool_watch(registry, custom, namespace), pod_watch(registry, core, namespace)]
+        specs += [
+            pool_watch(registry, custom, namespace),
+            pod_watch(registry, core, namespace),
+            host_pod_watch(registry, core, namespace),
+        ]
     return specs
 
 

@@ -1,17 +1,28 @@
-"""Endpoint choice (pure): the least loaded serving worker of a pool.
+"""Endpoint choice (pure): the least loaded serving worker of a pool; for a shared pool, its candidates.
 
 Load is the gateway's own count of requests it has in flight to each worker (exact, and updated the
 moment a request starts or ends); ties are broken by the queue depth the worker last reported (the
 operator's ``status.workers[].queueDepth``, which also counts other gateways' requests), then by a turn
 number that rotates among equals so that an idle pool is still shared evenly.
+
+A shared pool (``spec.host``) is served by the pods of its ModelHost that hold its model
+(``shared_candidates``): the ones where it is awake if any (the least loaded of them is then picked as
+above, the load being the host pod's: every pool's requests to it count), else the ones where it sleeps
+(the host wakes it for the request, which waits there, within the gateway's deadlines), else none (it is
+loading or waking there, or placed nowhere yet: the request is held like one for a pool at zero).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from modelpool_gateway.state import Key
+from modelpool_contract.states import SERVING_STATES
+from modelpool_gateway.state import HostPod, Key
+
+#: A model in one of these states on a host answers at once; in ``ASLEEP`` it is woken by the request.
+AWAKE: frozenset[str] = frozenset(SERVING_STATES)
+ASLEEP: frozenset[str] = frozenset({"Sleeping"})
 
 
 @dataclass(frozen=True)
@@ -39,3 +50,15 @@ def pick(candidates: Sequence[Candidate], exclude: Collection[Key] = (), turn: i
         return None
     best.sort(key=lambda c: c.key)
     return best[turn % len(best)].key
+
+
+def shared_candidates(pool: str, host: str, pods: Iterable[HostPod]) -> list[HostPod]:
+    """The pods of ModelHost ``host`` a request for shared pool ``pool`` may go to now: those that can be
+    reached (Ready, an address, not deleting) and hold the model awake; when none does, those where it
+    sleeps; else none (hold the request)."""
+    reachable = [p for p in pods if p.host == host and p.reachable]
+    for states in (AWAKE, ASLEEP):
+        found = [p for p in reachable if p.models.get(pool) in states]
+        if found:
+            return found
+    return []

@@ -1,4 +1,5 @@
-"""Pure views of the API objects the gateway watches: a worker pod as an endpoint, a ModelPool as a pool.
+"""Pure views of the API objects the gateway watches: a worker pod as an endpoint, a shared host's pod with
+the models placed on it, a ModelPool as a pool.
 
 ``worker_from_pod`` and ``pool_from_object`` take the plain JSON dicts the API server sends and keep only
 what routing, holding and explaining need, so the cache holds small frozen objects, not whole pods.  A
@@ -26,6 +27,7 @@ from modelpool_contract.api import (
 )
 from modelpool_contract.flags import WORKER_PORT
 from modelpool_contract.labels import HTTP_PORT_NAME, LABEL_POOL, LABEL_SERVING, SERVER_CONTAINER
+from modelpool_contract.placements import LABEL_HOST, host_model_name, read_models
 from modelpool_contract.times import parse_time
 
 # Pool status conditions the gateway explains a held request with (``api.ConditionType``).
@@ -69,6 +71,37 @@ class Worker:
 
 
 @dataclass(frozen=True)
+class HostPod:
+    """One pod of a shared host (``modelpool.dev/host``): where it listens, whether it can take requests,
+    and the pools placed on it with their models' states (``modelpool_contract.placements``)."""
+
+    namespace: str
+    name: str
+    host: str
+    ip: str | None
+    port: int
+    ready: bool
+    deleting: bool
+    models: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> Key:
+        return (self.namespace, self.name)
+
+    @property
+    def reachable(self) -> bool:
+        """Ready by the kubelet, with an address, and not going away."""
+        return self.ready and bool(self.ip) and not self.deleting
+
+    def upstream(self, pool: str) -> Worker:
+        """The pod as the upstream of one of its pools (the picker's load is per pod: ``Worker.key``)."""
+        return Worker(
+            self.namespace, self.name, pool, self.ip, self.port, serving=True, ready=self.ready,
+            deleting=self.deleting,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class WorkerState:
     """A worker as the operator last reported it in the pool's status."""
 
@@ -107,6 +140,15 @@ class Pool:
     wakes_on_demand: bool = True
     # Why the spec does not parse (None: it does); such a pool is routed to by name only and never held.
     invalid: str | None = None
+    # A shared pool's ModelHost (spec.host): its model is served by that host's pods that hold it, under
+    # ``model_name``; None: dedicated workers.
+    host: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The name a request carries upstream: a worker knows its pool's name, a host the model's name
+        there (``placements.host_model_name``)."""
+        return host_model_name(self.name, self.served_model_name) if self.host else self.name
 
     @property
     def key(self) -> Key:
@@ -146,6 +188,25 @@ def worker_from_pod(pod: Mapping[str, Any]) -> Worker | None:
         serving=labels.get(LABEL_SERVING) == "true",
         ready=_pod_ready(status),
         deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def host_pod_from_pod(pod: Mapping[str, Any]) -> HostPod | None:
+    """The host pod a pod is, or None for a pod without the host label."""
+    meta = pod.get("metadata") or {}
+    host = (meta.get("labels") or {}).get(LABEL_HOST)
+    if not host:
+        return None
+    status = pod.get("status") or {}
+    return HostPod(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        host=str(host),
+        ip=status.get("podIP") or None,
+        port=_container_port(pod.get("spec") or {}),
+        ready=_pod_ready(status),
+        deleting=bool(meta.get("deletionTimestamp")),
+        models=read_models(meta.get("annotations")),
     )
 
 
@@ -212,4 +273,5 @@ def pool_from_object(obj: Mapping[str, Any]) -> Pool:
         task=spec.model.task,
         activation_timeout_s=float(spec.activation_timeout_seconds),
         wakes_on_demand=replica_ceiling(spec) >= 1,
+        host=spec.host,
     )

@@ -1,4 +1,5 @@
-"""Watches that keep the registry current: ModelPools and worker pods, per namespace or cluster-wide.
+"""Watches that keep the registry current: ModelPools, worker pods and shared hosts' pods, per namespace or
+cluster-wide.
 
 Each watch lists once (the registry's scope is replaced by the listing), then watches from the listing's
 resourceVersion with bookmarks, resuming from the last version it saw whenever the server ends a watch.
@@ -28,9 +29,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from modelpool_contract.api import GROUP, MODELPOOL_PLURAL, VERSION
 from modelpool_contract.labels import LABEL_POOL
+from modelpool_contract.placements import LABEL_HOST
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.metrics import Metrics
-from modelpool_gateway.state import Worker, pool_from_object, worker_from_pod
+from modelpool_gateway.state import HostPod, Worker, host_pod_from_pod, pool_from_object, worker_from_pod
 
 log = logging.getLogger("modelpool.gateway.watch")
 
@@ -96,10 +98,12 @@ class WatchSpec:
     # What of each listed object ``on_list`` receives, taken page by page (a slim view: a 10,000-pod list
     # is never held whole as JSON); None: the objects themselves.
     slim: Callable[[JSON], Any] | None = None
+    # What the watch is called in logs and /readyz when two watch one resource (host pods, worker pods).
+    label: str | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.resource}@{self.namespace or '*'}"
+        return f"{self.label or self.resource}@{self.namespace or '*'}"
 
 
 def backoff_delay(failures: int, cap: float) -> float:
@@ -160,6 +164,39 @@ def pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None)
         on_event=on_event,
         selector=LABEL_POOL,
         slim=worker_from_pod,
+    )
+
+
+def host_pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None) -> WatchSpec:
+    """The shared hosts' pods (those labelled ``modelpool.dev/host``) of ``namespace`` (None: every
+    namespace), with the pools placed on each (``modelpool_contract.placements``)."""
+    call = (
+        core.list_pod_for_all_namespaces
+        if namespace is None
+        else partial(core.list_namespaced_pod, namespace)
+    )
+
+    def on_event(kind: str, obj: JSON) -> None:
+        pod = host_pod_from_pod(obj)
+        if pod is None:
+            return
+        if kind == "DELETED":
+            registry.delete_host_pod(pod.key)
+        else:
+            registry.set_host_pod(pod)
+
+    def on_list(pods: list[HostPod | None]) -> None:
+        registry.replace_host_pods(namespace, [p for p in pods if p is not None])
+
+    return WatchSpec(
+        resource="pods",
+        namespace=namespace,
+        list_call=call,
+        on_list=on_list,
+        on_event=on_event,
+        selector=LABEL_HOST,
+        slim=host_pod_from_pod,
+        label="host-pods",
     )
 
 

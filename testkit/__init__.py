@@ -20,6 +20,8 @@ Modules:
 * ``prom``: Prometheus text exposition read with prometheus_client's parser.
 * ``services``: the operator and the gateway as real processes (``OperatorProcess``, ``GatewayProcess``),
   gateway keys, pool and budget manifests, a pool's pods and their process-node processes.
+* ``server``: ``modelpool-server`` as a child process (``ServerProcess``, ``launch``): the server tests'
+  ``start_server`` and the benchmarks' ``minilm_server`` are built on it.
 * ``tiny_models``: random tiny models of every task built from configs, offline, in the real folder
   layouts (the server tests, the generation benchmark; ``python -m testkit.tiny_models``).
 * ``processnode``: the process node, a kubelet-like agent running pods as local processes

@@ -12,6 +12,13 @@ left 503 and exits 6 (``EXIT_DRAIN_TIMED_OUT``, the number abandoned in the reas
 a fatal device error: Failed with the reason, the waiting requests answered, exit 3 or 4 (the
 supervisor writes the reason to the termination log and exits with the same code).  ``stop``, or the
 control pipe closing: exit at once.
+
+``sleep`` and ``wake`` on the control pipe (a model on a shared host): the model sleeps when it is Ready
+or Idle with nothing queued, in flight or on its way (``Worker.sleep``: Sleeping, the weights parked in
+host memory; counted in ``Field.SLEEPS`` once done), else the sleep is refused and counted
+(``Field.SLEEPS_REFUSED``); ``wake`` brings it back
+(Waking, Ready).  What they did is in the shared view (``PARKED_BYTES``, ``SLEEP_FREED_BYTES``,
+``WAKE_SECONDS``) beside the state, where the supervisor reads it.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from model_server.engine.dataplane import DataPlane, Outcome, Unit
 from model_server.engine.download import DownloadProgress
 from model_server.engine.generation_engine import engine_name
 from model_server.engine.worker import Worker
+from model_server.errors import SleepRefused
 from model_server.metrics import Metrics, gpu_memory, gpu_peak_reserved
 from model_server.process_setup import set_up
 from model_server.state_machine import State, StateMachine
@@ -189,6 +197,7 @@ class InferenceProcess:
     async def _publish(self) -> None:
         while True:
             self._publish_load()
+            self._publish_sleep()
             allocated, reserved = gpu_memory()
             self.view.set(Field.GPU_ALLOCATED, allocated)
             self.view.set(Field.GPU_RESERVED, reserved)
@@ -208,6 +217,42 @@ class InferenceProcess:
         elif message == "stop":
             self.dataplane.fail_all("the worker is stopping")
             self._finish(0)
+        elif message in ("sleep", "wake"):
+            coroutine = self._sleep() if message == "sleep" else self._wake()
+            asyncio.get_running_loop().create_task(coroutine, name=message)
+
+    async def _sleep(self) -> None:
+        """Park the model's weights unless it has work in hand (then refuse, and count the refusal)."""
+        try:
+            if self.dataplane.busy or self._draining:
+                raise SleepRefused("the model has work in hand")
+            await self.worker.sleep("asked to sleep")
+            self.view.set(Field.SLEEPS, self.view.get(Field.SLEEPS) + 1)
+        except SleepRefused as exc:
+            log.info("sleep refused: %s", exc)
+            self.view.set(Field.SLEEPS_REFUSED, self.view.get(Field.SLEEPS_REFUSED) + 1)
+        self._publish_sleep()
+        self._publish_engine()
+
+    async def _wake(self) -> None:
+        """Bring the weights back (a failed wake has failed the worker already: ``Worker.wake``)."""
+        try:
+            await self.worker.wake("asked to wake")
+        except SleepRefused as exc:
+            log.info("wake refused: %s", exc)
+        except Exception:
+            log.exception("wake failed")
+        self._publish_sleep()
+        self._publish_engine()
+
+    def _publish_sleep(self) -> None:
+        """The sleep's figures into the shared view (a unit may wake the model too: published each round)."""
+        worker, view = self.worker, self.view
+        view.set(Field.PARKED_BYTES, worker.parked_bytes)
+        if worker.last_sleep is not None:
+            view.set(Field.SLEEP_FREED_BYTES, worker.last_sleep.freed)
+        if worker.last_wake_seconds is not None:
+            view.set(Field.WAKE_SECONDS, worker.last_wake_seconds)
 
     def _begin_drain(self) -> None:
         """Evicting (readiness fails, new requests 503), finish what was admitted, Dead, exit 0."""

@@ -12,6 +12,11 @@
     - an unrecoverable device error (illegal memory access, device-side assert, ...) -> ``FatalDeviceError``
       (the data plane then marks the worker Failed and the process exits non-zero);
     - any other exception -> ``InferenceError`` (500 for that unit; the worker goes on serving).
+* ``sleep`` and ``wake`` (a model on a shared host): Ready/Idle with nothing running -> Sleeping, the
+  weights parked in host memory (pinned on CUDA; ``engine/parking.py``), the generation engine and its KV
+  cache dropped, the device memory returned; Sleeping -> Waking -> Ready, the weights copied back and the
+  engine started again.  A sleep that fails (host memory short) puts the weights back and refuses
+  (``SleepRefused``); a wake that fails leaves the model unusable: Failed, exit 4.
 """
 
 from __future__ import annotations
@@ -30,12 +35,12 @@ from typing import Any
 
 from model_server.config import ServerConfig
 from model_server.cpu_budget import ThreadPlan, set_interop_threads
-from model_server.engine import sources
+from model_server.engine import parking, sources
 from model_server.engine.download import DownloadProgress
 from model_server.engine.generation_engine import BatchingEngine, attach
 from model_server.engine.heap import HeapTrimmer
 from model_server.engine.preload import preload_torch_libraries
-from model_server.errors import FatalDeviceError, InferenceError, InvalidInput, ServerError
+from model_server.errors import FatalDeviceError, InferenceError, InvalidInput, ServerError, SleepRefused
 from model_server.state_machine import State, StateMachine
 from model_server.tasks import task_class
 from model_server.tasks.base import Emitter, LoadOptions, Task
@@ -122,6 +127,11 @@ class Worker:
         self._units_running = 0
         self._last_unit_end = 0.0
         self._idle_trim: asyncio.TimerHandle | None = None
+        # The weights while the model sleeps (None: awake), and the last sleep's and wake's figures.
+        self._parked: parking.Parked | None = None
+        self._sleep_lock = asyncio.Lock()  # one sleep or wake at a time; a unit waits for it
+        self.last_sleep: parking.Parked | None = None
+        self.last_wake_seconds: float | None = None
 
     # ---- loading ------------------------------------------------------------------------------------
 
@@ -213,6 +223,83 @@ class Worker:
             raise WarmupError(f"the warm-up input failed: {type(exc).__name__}: {exc}") from exc
         self.warmup_seconds = time.monotonic() - started
 
+    # ---- sleep and wake ---------------------------------------------------------------------------------
+
+    @property
+    def asleep(self) -> bool:
+        return self._parked is not None
+
+    @property
+    def parked_bytes(self) -> int:
+        """The weights' bytes in host memory while the model sleeps (0 awake)."""
+        return self._parked.bytes if self._parked is not None else 0
+
+    async def sleep(self, reason: str = "") -> parking.Parked:
+        """Ready/Idle with nothing running -> Sleeping: park the weights, drop the engine and its cache,
+        return the device memory.  ``SleepRefused`` when it cannot (nothing changed then)."""
+        running = self._units_running or (self.engine is not None and self.engine.running)
+        if self.task is None or running or self._parked is not None or self._sleep_lock.locked():
+            raise SleepRefused("the model is not loaded, or has work in hand, or is asleep already")
+        if not self.state_machine.try_to(State.SLEEPING, reason):
+            raise SleepRefused(f"a {self.state_machine.state} model cannot sleep")
+        async with self._sleep_lock:
+            engine, self.engine = self.engine, None
+            loop = asyncio.get_running_loop()
+            try:
+                parked = await loop.run_in_executor(self._executor, self._park_sync, engine)
+            except Exception as exc:  # the park put the weights back: the model serves on, awake
+                log.warning("sleep refused: %s: %s", type(exc).__name__, exc)
+                await self._back_awake(f"sleep refused: {type(exc).__name__}: {exc}")
+                raise SleepRefused(f"{type(exc).__name__}: {exc}") from exc
+            self._parked = self.last_sleep = parked
+        log.info(
+            "model %s asleep: %d bytes parked in host memory, %d bytes of device memory returned",
+            self.config.served_name, parked.bytes, parked.freed,
+        )  # fmt: skip
+        return parked
+
+    def _park_sync(self, engine: BatchingEngine | None) -> parking.Parked:
+        if engine is not None:
+            engine.close()  # the manager's thread stops and its KV cache is let go
+        return parking.park(parking.modules_of(self.task), self.device)
+
+    async def wake(self, reason: str = "") -> float:
+        """Sleeping -> Waking -> Ready: the weights back on the device, the engine started again; the
+        seconds it took (0 when the model was awake).  A failed wake is Failed, exit 4."""
+        async with self._sleep_lock:  # a sleep under way ends first
+            if self._parked is None:
+                return 0.0
+            if not self.state_machine.try_to(State.WAKING, reason):
+                raise SleepRefused(f"a {self.state_machine.state} model cannot wake")
+            started = time.monotonic()
+            try:
+                await self._back_awake(reason)
+            except Exception as exc:
+                self.fail(EXIT_DEVICE_FAILED, f"wake failed: {type(exc).__name__}: {exc}")
+                raise
+            self.last_wake_seconds = time.monotonic() - started
+            return self.last_wake_seconds
+
+    async def _back_awake(self, reason: str) -> None:
+        """Unpark (when parked), start the engine again, then Ready (from Sleeping or Waking)."""
+        parked, self._parked = self._parked, None
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._unpark_sync, parked)
+        self.state_machine.try_to(State.WAKING, reason)
+        self.state_machine.try_to(State.READY, reason)
+
+    def _unpark_sync(self, parked: parking.Parked | None) -> None:
+        if parked is not None:
+            parking.unpark(parked)
+        self.engine = attach(
+            self.task,
+            choice=self.config.generation_engine,
+            device=self.device,
+            trust_remote_code=self.config.trust_remote_code,
+            kv_tokens=self.config.kv_cache_tokens,
+            on_fatal=lambda reason: self.fail(EXIT_DEVICE_FAILED, reason),
+        )
+
     # ---- failure ------------------------------------------------------------------------------------
 
     def fail(self, exit_code: int, reason: str) -> None:
@@ -228,6 +315,8 @@ class Worker:
     ) -> list[Any]:
         """Run one unit on the inference thread (see the module docstring for error handling).
         ``cancelled``: polled by a generation after each token; True ends it (nobody waits for it)."""
+        if self._parked is not None or self._sleep_lock.locked():
+            await self.wake("a request arrived")  # never run a unit on parked weights
         loop = asyncio.get_running_loop()
         self._units_running += 1
         try:

@@ -134,7 +134,7 @@ class Child:
     control: Connection
     done: bool = False
 
-    def tell(self, message: str) -> None:
+    def tell(self, message: object) -> None:
         with contextlib.suppress(OSError):
             self.control.send(message)
 

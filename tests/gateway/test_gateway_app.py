@@ -29,7 +29,7 @@ from modelpool_gateway.keys import KeyStore
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.proxy import Upstream
 from modelpool_gateway.routes import build_routes
-from modelpool_gateway.state import Pool, Worker
+from modelpool_gateway.state import HostPod, Pool, Worker
 from tests.gateway.rawserver import answering, raw_server, read_request
 from tests.server.conftest import ServerProcess, start_server
 
@@ -286,6 +286,31 @@ async def test_a_released_request_carries_what_is_left_of_its_deadline(gw: Harne
     assert b"authorization" not in request.lower(), "the gateway's key went on to the worker"
     [left] = [line.split(b":")[1] for line in request.split(b"\r\n") if line.startswith(b"x-request-timeout")]
     assert 5 < float(left) <= 9.9, left
+
+
+async def test_a_shared_pool_reaches_its_host_under_the_models_name_there(gw: Harness) -> None:
+    """OpenAI and v2 requests for a shared pool go to the host pod holding it, named as the host knows the
+    model (``placements.host_model_name``: the served name), whichever of the pool's names the client used."""
+    seen: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    gw.registry.set_pool(Pool(NS, "shared", served_model_name="team/m", host="gpu", activation_timeout_s=1))
+    async with raw_server(record) as port, gw.client() as c:
+        models = {"shared": "Sleeping", "pool": "Ready"}
+        gw.registry.set_host_pod(HostPod(NS, "gpu-0", "gpu", "127.0.0.1", port, True, False, models))
+        for name in ("shared", f"{NS}/shared", "team/m"):
+            answer = await c.post("/v1/embeddings", json={"model": name, "input": ["x"]})
+            assert answer.status_code == 200 and answer.headers["x-modelpool-worker"] == "gpu-0"
+        answer = await c.post("/v2/models/shared/infer", json={"inputs": []})
+        assert answer.status_code == 200
+    bodies = [json.loads(r.split(b"\r\n\r\n", 1)[1]) for r in seen[:3]]
+    assert [b["model"] for b in bodies] == ["team/m"] * 3
+    assert seen[3].startswith(b"POST /v2/models/team%2Fm/infer "), seen[3][:80]
 
 
 # ---- API keys ----

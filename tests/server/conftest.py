@@ -6,19 +6,14 @@ deadline) until ``/v2/health/live`` (or ``/v2/health/ready``) answers, and retur
 whose ``stop()`` sends SIGTERM, waits, and kills as a last resort.  The ``server`` fixture is a factory
 that stops every process it started at teardown, so no test leaks a server.
 
-Shared with the tasks engineer: import ``start_server``/``ServerProcess`` from here or use the fixtures.
+``ServerProcess`` and ``launch`` are the test kit's (``testkit.server``, which the benchmarks start the
+server with too); import ``start_server``/``ServerProcess`` from here or use the fixtures.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,56 +21,11 @@ import httpx
 import pytest
 
 from testkit import prom
-from testkit.environment import free_port
+from testkit.server import ServerProcess, launch
 
-REPO = Path(__file__).resolve().parents[2]
 MINILM_ENV = "MODELPOOL_TEST_MINILM"
 
 WaitFor = Literal["live", "ready", "none"]
-
-
-@dataclass
-class ServerProcess:
-    """A running ``modelpool-server``: its base URL, port, process and log file."""
-
-    url: str
-    port: int
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    termination_log: Path
-    args: tuple[str, ...] = field(default_factory=tuple)
-
-    def log(self) -> str:
-        """The server's combined stdout/stderr so far (for assertion messages)."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def wait_exit(self, timeout: float = 30.0) -> int:
-        """Wait (bounded) for the process to exit; return its exit code."""
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"server did not exit within {timeout}s; log:\n{self.log()[-4000:]}"
-            ) from None
-
-    def terminate(self) -> None:
-        """Send SIGTERM (graceful drain) without waiting."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout: float = 20.0) -> int | None:
-        """SIGTERM, wait up to ``timeout``, then SIGKILL.  Returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        return self.proc.returncode
 
 
 def minilm_path() -> Path:
@@ -102,58 +52,20 @@ def start_server(
     200 (model loaded), ``"none"`` at once.  If the process exits first, AssertionError with its log.
     ``preexec`` runs in the child before the server starts (e.g. to join a cgroup).
     """
-    port = free_port()
-    workdir = Path(tempfile.mkdtemp(prefix="modelpool-server-"))
-    log_path = workdir / "server.log"
-    termination_log = workdir / "termination-log"
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [full_env.get("PYTHONPATH")])])
-    full_env.setdefault("MODELPOOL_TERMINATION_LOG", str(termination_log))
-    # Keep test servers from fighting over the two shared cores.
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    full_env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    full_env.setdefault("HF_HUB_OFFLINE", "1")
-    # Let the first server write bytecode caches so later ones import torch/transformers much faster.
-    full_env.pop("PYTHONDONTWRITEBYTECODE", None)
-    if env:
-        full_env.update(env)
-    cmd = [sys.executable, "-m", "model_server", *args, "--host", host, "--port", str(port)]
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            cmd,
-            env=full_env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            preexec_fn=preexec,  # noqa: PLW1509 - it only joins a cgroup (one write)
-        )
-    server = ServerProcess(
-        url=f"http://{host}:{port}",
-        port=port,
-        proc=proc,
-        log_path=log_path,
-        termination_log=Path(full_env["MODELPOOL_TERMINATION_LOG"]),
-        args=tuple(args),
-    )
+    # Keep test servers from fighting over the two shared cores (unless this shell says otherwise).
+    defaults = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    defaults = {name: value for name, value in defaults.items() if name not in os.environ}
+    server = launch(args, env={**defaults, **(env or {})}, host=host, preexec=preexec)
     if wait == "none":
         return server
-    path = "/v2/health/live" if wait == "live" else "/v2/health/ready"
-    deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                tail = server.log()[-4000:]
-                raise AssertionError(
-                    f"server exited with {proc.returncode} before {path} answered; log:\n{tail}"
-                )
-            try:
-                if client.get(server.url + path).status_code == 200:
-                    return server
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-    server.stop()
-    raise AssertionError(f"{path} did not answer within {timeout}s; log:\n{server.log()[-4000:]}")
+    try:
+        server.wait(
+            "/v2/health/live" if wait == "live" else "/v2/health/ready", timeout=timeout, interval=0.05
+        )
+    except AssertionError:
+        server.stop()
+        raise
+    return server
 
 
 def stats(server: ServerProcess) -> dict[str, Any]:

@@ -69,5 +69,15 @@ def test_the_supervisor_starts_the_processes_by_name_and_imports_neither_side() 
     assert all(importlib.util.find_spec(name) is not None for name in started)
 
 
+def test_the_shared_host_starts_the_processes_by_name_too() -> None:
+    source = (ROOT / "supervisor" / "host.py").read_text()
+    started = set(re.findall(r'"(model_server\.[\w.]+)"', source))
+    assert started == {"model_server.engine.inference_process", "model_server.frontend.host_http"}
+    assert all(importlib.util.find_spec(name) is not None for name in started)
+
+
 def test_the_shared_modules_import_no_side_but_main_the_supervisor() -> None:
-    assert crossings("", set()) == ["model_server/main.py: model_server.supervisor.supervisor"]
+    assert crossings("", set()) == [
+        "model_server/main.py: model_server.supervisor.host_control",
+        "model_server/main.py: model_server.supervisor.supervisor",
+    ]

@@ -117,12 +117,14 @@ def test_a_full_worker_refuses_before_the_body_and_stats_show_its_threads(
         threading.Thread(target=httpx.post, args=(srv.url + "/v1/embeddings",), kwargs=hold) for _ in "ab"
     ]
     try:
-        for thread in held:
-            thread.start()
+        # In turn: the first in the forward pass before the second comes (together, the second could find
+        # the first's slot still taken, get a 429, and leave the worker never full).
         deadline = time.monotonic() + DEADLINE_S
-        while stats(srv)["queue_depth"] < 1:
-            assert time.monotonic() < deadline, "the worker never filled"
-            time.sleep(0.02)
+        for thread, filled in zip(held, ("in_flight", "queue_depth"), strict=True):
+            thread.start()
+            while stats(srv)[filled] < 1:
+                assert time.monotonic() < deadline, f"the worker never filled ({filled})"
+                time.sleep(0.02)
         with socket.create_connection(("127.0.0.1", srv.port), timeout=DEADLINE_S) as sock:
             body = json.dumps({"input": "x" * 100_000}).encode()
             # Only the headers: the answer must come without a byte of the body.

@@ -9,6 +9,7 @@ import pytest
 from model_server.state_machine import (
     LIVE,
     SERVING,
+    SLEEPABLE,
     TRANSITIONS,
     IllegalTransition,
     LocalStore,
@@ -16,15 +17,18 @@ from model_server.state_machine import (
     StateMachine,
     can_transition,
 )
+from modelpool_contract.states import SLEEPABLE_STATES
 
 # The edges the contract allows (docs/design.md, "Worker states"), written out independently of the
 # implementation's table: each state and the states it may move to.
 ALLOWED_MOVES = {
     State.PENDING: (State.LOADING, State.FAILED, State.EVICTING),
     State.LOADING: (State.READY, State.FAILED, State.EVICTING),
-    State.READY: (State.PROCESSING, State.IDLE, State.EVICTING, State.FAILED),
+    State.READY: (State.PROCESSING, State.IDLE, State.SLEEPING, State.EVICTING, State.FAILED),
     State.PROCESSING: (State.READY, State.EVICTING, State.FAILED),
-    State.IDLE: (State.PROCESSING, State.READY, State.EVICTING, State.FAILED),
+    State.IDLE: (State.PROCESSING, State.READY, State.SLEEPING, State.EVICTING, State.FAILED),
+    State.SLEEPING: (State.WAKING, State.EVICTING, State.FAILED),
+    State.WAKING: (State.READY, State.EVICTING, State.FAILED),
     State.EVICTING: (State.DEAD, State.FAILED),
 }
 EXPECTED = {(src, dst) for src, moves in ALLOWED_MOVES.items() for dst in moves}
@@ -63,6 +67,10 @@ def test_probe_sets() -> None:
     assert State.FAILED not in LIVE and State.DEAD not in LIVE
     assert State.LOADING in LIVE and State.LOADING not in SERVING
     assert State.EVICTING in LIVE and State.EVICTING not in SERVING
+    assert {State.SLEEPING, State.WAKING} <= LIVE and not {State.SLEEPING, State.WAKING} & SERVING
+    assert {state.value for state in SLEEPABLE} == SLEEPABLE_STATES
+    assert all(can_transition(state, State.SLEEPING) for state in SLEEPABLE)
+    assert not any(can_transition(state, State.SLEEPING) for state in set(State) - SLEEPABLE)
 
 
 def test_happy_path_records_since_and_notifies() -> None:

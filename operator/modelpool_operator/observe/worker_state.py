@@ -66,7 +66,7 @@ _FAILED_WAITING = {
 _UNRESPONSIVE_REASONS = {"NodeLost", "NodeNotReady", "Unreachable"}
 # Server states the operator takes from /stats; Pending and Dead are the cluster's word, not the server's.
 _FROM_SERVER: frozenset[WorkerState] = frozenset(
-    {"Loading", "Ready", "Processing", "Idle", "Evicting", "Failed"}
+    {"Loading", "Ready", "Processing", "Idle", "Sleeping", "Waking", "Evicting", "Failed"}
 )
 _MESSAGE_LIMIT = 1024
 #: The reasons a Failed worker can carry (``_terminated_failure``, ``_FAILED_WAITING``, the server's own,

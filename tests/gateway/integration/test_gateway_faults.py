@@ -131,8 +131,8 @@ def test_readiness_follows_the_watches_through_an_api_server_outage(
     def unready() -> bool:
         response = httpx.get(gateway.url + "/readyz", timeout=5)
         stale[:] = response.json()["stale"]
-        # Each of the three (pools, pods, the key Secrets) named with how long it failed and its last error.
-        return response.status_code == 503 and len(stale) == 3
+        # Each of the four (pools, pods, host pods, the key Secrets) named with how long it failed, its error.
+        return response.status_code == 503 and len(stale) == 4
 
     wait_for(unready, timeout=30, interval=0.2, message="/readyz 503 naming the stale watches")
     assert any(s.startswith(f"pods@{namespace}: no successful list or watch for ") for s in stale), stale

@@ -1,0 +1,254 @@
+"""An HTTP process of a shared host: one uvicorn, every model's routes, chosen by the model's name.
+
+Each loaded model has here what a dedicated worker's HTTP process has (a ``ModelServer`` over the model's
+shared view: its door, its state, its figures; its channel to the model's inference process; the same
+ASGI app, ``endpoints.build_app``), so admission, 429/413/408, the codecs and the errors are the
+dedicated worker's.  In front of them, ``HostRouter`` picks the model: ``/v2/models/{name}/...`` by the
+path, an OpenAI body by its ``model`` field (the body is read once, bounded, and replayed), ``GET
+/v1/models`` lists every model.  A request for a sleeping model asks the host to wake it (``WAKE_WANTED``
+in the model's view) and waits for it to serve, at most ``--wake-timeout`` (then 503 with Retry-After).
+
+With ``--api-key-file`` the key is checked first (``endpoints.auth.ApiKeyMiddleware``, health open).
+The supervisor says which model a slot holds on the control pipe (a unix socket): ``("load", index,
+config)`` followed by this process's end of a fresh socket pair to the model's inference process,
+``("unload", index)``, ``"stop"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from multiprocessing.connection import Connection
+from typing import Any
+
+import uvicorn
+
+from model_server import host_plan, ipc
+from model_server.config import ServerConfig
+from model_server.frontend.endpoints import build_app
+from model_server.frontend.endpoints.auth import ApiKeyMiddleware
+from model_server.frontend.http_process import GRACEFUL_SHUTDOWN_S, HTTP_NICE
+from model_server.frontend.server import ModelServer
+from model_server.host_config import HostConfig
+from model_server.process_setup import set_up
+from model_server.state_machine import SERVING, State
+from model_server.worker_view import BEAT_PERIOD_S, Column, Field, WorkerView, http_row
+from modelpool_contract.stats import LIVE_PATH, READY_PATH
+
+log = logging.getLogger("modelpool.http")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+# How often a request waiting for a wake looks at the model's state.
+WAKE_POLL_S = 0.01
+# How long the socket handed over after a load message may take to arrive.
+HANDLE_TIMEOUT_S = 5.0
+
+
+class HostRouter:
+    """The ASGI app of a host's HTTP process: routes each request to its model's app."""
+
+    def __init__(self, config: HostConfig, views: list[WorkerView], index: int):
+        self.config = config
+        self.views = views
+        self.index = index
+        self.models: dict[str, tuple[int, ModelServer, ASGIApp]] = {}
+
+    # ---- models come and go ---------------------------------------------------------------------------
+
+    async def load(self, slot: int, config: ServerConfig, sock: socket.socket) -> None:
+        server = ModelServer(config, self.views[slot], self.index)
+        await ipc.connect(sock, server.inference.channel())
+        self.models[config.served_name] = (slot, server, build_app(server))
+        view = self.views[slot]
+        view.put(http_row(self.index), Column.PID, float(os.getpid()))
+        view.put(http_row(self.index), Column.BEAT, time.monotonic())
+        view.put(http_row(self.index), Column.UP, 1.0)
+        asyncio.get_running_loop().run_in_executor(None, _import_task, server)
+
+    def unload(self, slot: int) -> None:
+        for name, (index, server, _) in list(self.models.items()):
+            if index == slot:
+                del self.models[name]
+                server.inference.on_lost()  # whatever still waits is answered 503
+                channel = server.inference._channel
+                if channel is not None and channel._transport is not None:
+                    channel._transport.close()
+
+    def beat(self) -> None:
+        now = time.monotonic()
+        for slot, _, _ in self.models.values():
+            self.views[slot].put(http_row(self.index), Column.BEAT, now)
+
+    # ---- routing --------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path in (LIVE_PATH, READY_PATH):
+            return await _json(send, 200, {"live": True} if path == LIVE_PATH else {"ready": True})
+        if path == "/v1/models" and scope["method"] == "GET":
+            data = [{"id": name, "object": "model", "owned_by": "modelpool"} for name in sorted(self.models)]
+            return await _json(send, 200, {"object": "list", "data": data})
+        body: bytes | None = None
+        name = host_plan.model_of(path, None)
+        if name is None and path.startswith("/v1/") and scope["method"] == "POST":
+            body = await _read_body(receive, self.config.max_request_bytes)
+            if body is None:
+                return await _json(send, 413, {"error": "request body too large"})
+            name = host_plan.model_of(path, body)
+        entry = self.models.get(name or "")
+        if entry is None:
+            return await _json(send, 404, {"error": f"model {name!r} is not served by this host"})
+        slot, server, app = entry
+        if not await self._awake(slot, server):
+            return await _json(
+                send, 503, {"error": f"model {name!r} is asleep and did not wake in time"}, retry_after=1
+            )
+        await app(scope, _replay(body, receive) if body is not None else receive, send)
+
+    async def _awake(self, slot: int, server: ModelServer) -> bool:
+        """A sleeping (or waking) model: ask the host to wake it and wait, bounded, until it serves."""
+        life = server.state_machine
+        if life.state not in (State.SLEEPING, State.WAKING):
+            return True
+        view = self.views[slot]
+        view.set(Field.WAKE_WANTED, time.time())
+        deadline = time.monotonic() + self.config.wake_timeout
+        while life.state in (State.SLEEPING, State.WAKING):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(WAKE_POLL_S)
+        return life.state in SERVING
+
+
+def _import_task(server: ModelServer) -> None:
+    try:
+        server.inference.import_task()
+    except Exception as exc:  # the inference process fails the load and reports why
+        log.debug("cannot import the task: %s", exc)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole body (None: over ``limit``)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, then: Receive) -> Receive:
+    """The body read already, once; then the connection's own messages (a disconnect)."""
+    sent = False
+
+    async def receive() -> MutableMapping[str, Any]:
+        nonlocal sent
+        if sent:
+            return await then()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def _json(send: Send, status: int, document: Any, retry_after: int | None = None) -> None:
+    payload = json.dumps(document).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def receive_socket(control: Connection) -> socket.socket:
+    """The socket the supervisor hands over on ``control`` right after a load message.  The event loop
+    made the pipe non-blocking, and the socket may be a moment behind the message: wait, bounded."""
+    with socket.fromfd(control.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as channel:
+        channel.settimeout(HANDLE_TIMEOUT_S)
+        _, fds, _, _ = socket.recv_fds(channel, 1, 1)
+    return socket.socket(fileno=fds[0])
+
+
+class HostHTTPServer(uvicorn.Server):
+    """uvicorn for the router; the supervisor's control messages load and unload models here."""
+
+    def __init__(self, config: uvicorn.Config, router: HostRouter, control: Connection):
+        super().__init__(config)
+        self.router = router
+        self._control = control
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """Signals are the supervisor's to act on."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        asyncio.get_running_loop().add_reader(self._control.fileno(), self._on_control)
+        await super().startup(sockets)
+        self._beat()
+
+    def _beat(self) -> None:
+        self.router.beat()
+        asyncio.get_running_loop().call_later(BEAT_PERIOD_S, self._beat)
+
+    def _on_control(self) -> None:
+        try:
+            message = self._control.recv()
+        except (EOFError, OSError):
+            message = "stop"
+        if message == "stop":
+            asyncio.get_running_loop().remove_reader(self._control.fileno())
+            self.should_exit = True
+        elif isinstance(message, tuple) and message[0] == "load":
+            sock = receive_socket(self._control)  # sent right after the message
+            asyncio.get_running_loop().create_task(self.router.load(message[1], message[2], sock))
+        elif isinstance(message, tuple) and message[0] == "unload":
+            self.router.unload(message[1])
+
+
+def main(
+    config: HostConfig,
+    views: list[WorkerView],
+    *,
+    index: int,
+    listener: socket.socket,
+    control: Connection,
+) -> None:
+    """The process's entry point (the host supervisor's spawn target)."""
+    from model_server.main import exit_now
+
+    set_up(f"http-{index}", config.log_level, nice=HTTP_NICE)
+    router = HostRouter(config, views, index)
+    app: Any = router
+    if config.api_key is not None:  # outermost, before any model is chosen (as on a dedicated worker)
+        app = ApiKeyMiddleware(router, config.api_key, on_reject=lambda reason: None)
+    http = HostHTTPServer(
+        uvicorn.Config(
+            app,
+            log_level=config.log_level,
+            access_log=False,
+            proxy_headers=False,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            lifespan="off",
+        ),
+        router,
+        control,
+    )
+    http.run(sockets=[listener])
+    exit_now(0)
+
+
+__all__ = ["HostHTTPServer", "HostRouter", "main"]

@@ -1,0 +1,177 @@
+"""A shared host's configuration (``modelpool-server --shared-host``), and each model's, from the control
+API's load body.
+
+The host's flags are its own settings class, loaded by the project's one loader like ``ServerConfig``
+(``MODELPOOL_*`` variables, flags win); ``slot_config`` turns a load's settings (``{"source", "task",
+"memory", ...}``, the ServerArgs-like document of ``POST /v2/repository/models/{name}/load``) into the
+model's ``ServerConfig``, with the host's device, queue capacity and timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from model_server.config import ServerConfig, _read_key
+from modelpool_contract.flags import QUEUE_CAPACITY, REQUEST_TIMEOUT_S, TERMINATION_LOG
+from modelpool_contract.quantity import parse_quantity
+from modelpool_contract.settings import CommandLine, load
+
+#: The load settings a model may have on a host (the rest are the host's): the wire name -> the field.
+LOAD_FIELDS = {
+    "source": "model",
+    "task": "task",
+    "handler": "handler",
+    "dtype": "dtype",
+    "max_batch_size": "max_batch_size",
+    "max_batch_delay_ms": "max_batch_delay_ms",
+    "idle_after": "idle_after",
+    "generation_engine": "generation_engine",
+    "kv_cache_tokens": "kv_cache_tokens",
+    "trust_remote_code": "trust_remote_code",
+    "skip_warmup": "skip_warmup",
+}
+
+
+class HostConfig(BaseSettings):
+    """A shared host's settings (field ``x_y`` = flag ``--x-y`` = env ``MODELPOOL_X_Y``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MODELPOOL_", extra="ignore", frozen=True, validate_default=True
+    )
+
+    shared_host: bool = Field(default=False, description="Serve several models, loaded by the control API")
+    host: str = Field(default="0.0.0.0", description="Listen address")
+    port: int = Field(default=8080, ge=0, le=65535, description="Listen port (inference, every model)")
+    probe_port: int = Field(default=8001, ge=0, le=65535, description="Health, /stats and the control API")
+    http_workers: int = Field(default=1, ge=1, le=64, description="HTTP processes (route by model name)")
+    max_models: int = Field(default=8, ge=1, le=256, description="Models the host may hold at once")
+    queue_capacity: int = Field(default=QUEUE_CAPACITY, ge=1, le=10**6, description="Each model's queue")
+    device: str = Field(default="auto", description="auto|cpu|cuda[:N]: the device every model lives on")
+    device_memory: int = Field(description="The device's memory the ledger may hand out (bytes or 8Gi)")
+    host_memory: int | None = Field(default=None, description="Host memory for sleeping models' weights")
+    sleep_idle: bool = Field(
+        default=False, description="Put each model to sleep once it turns Idle (after its idle_after)"
+    )
+    wake_timeout: float = Field(default=30.0, gt=0, le=3600, description="A request waits this for a wake")
+    request_timeout: float = Field(default=REQUEST_TIMEOUT_S, gt=0, le=86_400, description="Max deadline (s)")
+    max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Larger bodies -> 413")
+    termination_log: Path = Field(default=Path(TERMINATION_LOG), description="Failure reason file")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
+    control_key_file: Path | None = Field(
+        default=None, description="A file holding the key the control API's POSTs must carry (Bearer)"
+    )
+    api_key_file: Path | None = Field(
+        default=None, description="A file holding the API key clients must send (Authorization: Bearer)"
+    )
+
+    _control_key: SecretStr | None = PrivateAttr(default=None)
+    _api_key: SecretStr | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _read_keys(self) -> HostConfig:
+        for flag, path, attribute in (
+            ("--control-key-file", self.control_key_file, "_control_key"),
+            ("--api-key-file", self.api_key_file, "_api_key"),
+        ):
+            if path is not None:
+                try:
+                    setattr(self, attribute, SecretStr(_read_key(path)))
+                except ValueError as exc:
+                    raise ValueError(f"{flag} {exc}") from None
+        return self
+
+    @property
+    def api_key(self) -> str | None:
+        """The key clients must send on the serving port, or None (no ``--api-key-file``)."""
+        return self._api_key.get_secret_value() if self._api_key is not None else None
+
+    @property
+    def control_key(self) -> str | None:
+        """The key the control API's calls must carry, or None (no ``--control-key-file``)."""
+        return self._control_key.get_secret_value() if self._control_key is not None else None
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        return ServerConfig._device(value)  # the dedicated worker's rule: auto, cpu, cuda or cuda:N
+
+    @field_validator("device_memory", "host_memory", mode="before")
+    @classmethod
+    def _quantity(cls, value: Any) -> Any:
+        return None if value is None else parse_quantity(value)
+
+    @property
+    def http_processes(self) -> int:
+        return self.http_workers
+
+
+HOST_COMMAND_LINE = CommandLine(
+    prog="modelpool-server --shared-host",
+    description="A shared host: several models, each with its own queue and state, loaded, unloaded, put "
+    "to sleep and woken through the control API on the probe port.",
+)
+
+
+def load_host_config(argv: list[str] | None) -> HostConfig:
+    """The host's settings (``ConfigError`` when invalid)."""
+    return load(HostConfig, argv, HOST_COMMAND_LINE)[0]
+
+
+class LoadError(ValueError):
+    """A load body that is not a valid model configuration (the message names the field)."""
+
+
+def parse_load_body(body: bytes) -> tuple[dict[str, Any], int]:
+    """The load settings and the declared memory (bytes) of ``{"parameters": {"config": "<json>"}}``."""
+    try:
+        document = json.loads(body or b"{}")
+        config = document.get("parameters", {}).get("config", "{}")
+        settings = json.loads(config) if isinstance(config, str) else config
+    except (ValueError, AttributeError) as exc:
+        raise LoadError(f"parameters.config must be a JSON object: {exc}") from None
+    if not isinstance(settings, dict):
+        raise LoadError("parameters.config must be a JSON object")
+    unknown = sorted(set(settings) - set(LOAD_FIELDS) - {"memory"})
+    if unknown:
+        raise LoadError(f"parameters.config: unknown field(s) {', '.join(unknown)}")
+    try:
+        memory = parse_quantity(settings.get("memory", 0))
+    except ValueError as exc:
+        raise LoadError(f"parameters.config.memory: {exc}") from None
+    return {LOAD_FIELDS[key]: value for key, value in settings.items() if key != "memory"}, memory
+
+
+def slot_config(host: HostConfig, name: str, settings: dict[str, Any], index: int) -> ServerConfig:
+    """The model's ``ServerConfig`` on this host (``LoadError`` naming the field when invalid)."""
+    fixed = {
+        "name": name,
+        "device": host.device,
+        "queue_capacity": host.queue_capacity,
+        "request_timeout": host.request_timeout,
+        "max_request_bytes": host.max_request_bytes,
+        "http_workers": host.http_workers,
+        "log_level": host.log_level,
+        "termination_log": host.termination_log.with_name(f"{host.termination_log.name}.{index}"),
+    }
+    try:
+        return ServerConfig(**{**settings, **fixed})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        wire = {v: k for k, v in LOAD_FIELDS.items()}.get(where, where)
+        raise LoadError(f"parameters.config.{wire}: {error['msg']}") from None
+
+
+__all__ = [
+    "HOST_COMMAND_LINE",
+    "HostConfig",
+    "LoadError",
+    "load_host_config",
+    "parse_load_body",
+    "slot_config",
+]

@@ -1,0 +1,484 @@
+"""A shared host's supervisor (``modelpool-server --shared-host``): several models, one **slot** each.
+
+A slot is what a dedicated worker is, for one model: its own shared view (``WorkerView``: the state, the
+door of its bounded queue, its figures and ``/stats``), its own inference process (the unchanged
+``engine/inference_process``: the model, its queue, its one inference thread) and, for each load, a
+fresh socket pair to each of the host's HTTP processes.  The slots' views are made when the host starts
+(``--max-models``): shared memory and semaphores can only be handed to a process when it is spawned, so
+the HTTP processes get every slot's view at their start, and learn on their control pipe (a unix
+socket) which model a slot holds: ``("load", index, config)`` followed by the HTTP end of the load's
+socket pair (``multiprocessing.reduction.send_handle``), and ``("unload", index)``.
+
+Isolation: an exception in one model's forward pass fails only that batch (its own process's data
+plane); a model whose process dies (a crash, an OOM kill) turns that model Failed, the others serve on
+(its channels end with it: what waits is answered 503); a fatal device error (the inference
+process's exit 4) fails the host: every model Failed, exit 4.  An HTTP process that dies fails the host
+(exit 5), as in a dedicated worker.
+
+The control API (``host_control``, on the probe port) calls ``load``, ``unload``, ``sleep`` and ``wake``
+from its threads; a request for a sleeping model (an HTTP process sets ``Field.WAKE_WANTED`` in its slot)
+is woken by the watch loop.  Before a load or a wake, the least recently used idle models of the device
+are put to sleep when its ledger (``--device-memory``) is short (``host_plan.make_room``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing import reduction
+from typing import Any
+
+from model_server import host_plan, process_setup, worker_stats
+from model_server.config import ServerConfig
+from model_server.errors import ModelNotFound, ServerError, SleepRefused
+from model_server.host_config import HostConfig, parse_load_body, slot_config
+from model_server.state_machine import SERVING, State, StateMachine
+from model_server.supervisor.supervisor import STOP_SIGNALS, Child, describe_exit
+from model_server.worker_view import INFERENCE_ROW, SPAWN, Column, Field, WorkerView
+from modelpool_contract.exits import (
+    DRAIN_GRACE_S,
+    EXIT_DEVICE_FAILED,
+    EXIT_LOAD_FAILED,
+    EXIT_PROCESS_DIED,
+    KILL_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+)
+
+log = logging.getLogger("modelpool.host")
+
+# The watch loop's period: how soon a request's wish to wake a sleeping model is acted on.
+HOST_WATCH_S = 0.05
+# How long a control call waits for a model to reach the state it asked for (a load: its whole load).
+LOAD_WAIT_S = 600.0
+SLEEP_WAIT_S = 60.0
+# --sleep-idle: how long after a refused sleep an Idle model is asked again.
+RETRY_SLEEP_S = 5.0
+
+
+class Conflict(ServerError):  # noqa: N818 - KServe-style names
+    """The model is loaded already, or the host cannot take another one now."""
+
+    status = 409
+    reason = "conflict"
+
+
+class NoRoom(ServerError):  # noqa: N818 - KServe-style names
+    """The device's ledger has no room for the model, even with every idle model asleep."""
+
+    status = 507
+    reason = "no_room"
+
+
+@dataclass
+class Slot:
+    """One model's place on the host."""
+
+    index: int
+    view: WorkerView
+    config: ServerConfig | None = None
+    memory: int = 0  # the declared bytes (charged until the model's own measure is known)
+    child: Child | None = None
+    leaving: bool = False  # an unload is under way: its process's exit is expected
+    acting: bool = False  # a sleep or a wake of the watch loop's own is under way
+    retry_sleep_at: float = 0.0  # --sleep-idle: not before this (time.monotonic()) after a refusal
+    state_machine: StateMachine = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state_machine = StateMachine(store=self.view.state_store())
+
+    @property
+    def name(self) -> str | None:
+        return self.config.served_name if self.config is not None else None
+
+    def facts(self) -> host_plan.SlotFacts:
+        view = self.view
+        measured = int(view.get(Field.GPU_RESERVED))
+        parked = int(view.get(Field.PARKED_BYTES))
+        return host_plan.SlotFacts(
+            name=self.name or "",
+            state=self.state_machine.state,
+            device=0,
+            device_bytes=max(self.memory, measured),
+            host_bytes=parked or max(self.memory, measured),
+            last_used=max(view.latest(Column.LAST_REQUEST), view.get(Field.WAKE_WANTED)),
+            busy=bool(view.door.taken or view.get(Field.IN_FLIGHT)),
+        )
+
+
+class HostSupervisor:
+    """Starts the HTTP processes and the models' inference processes, watches them, decides the exit."""
+
+    def __init__(self, config: HostConfig) -> None:
+        self.config = config
+        self.slots = [
+            Slot(i, WorkerView(config.queue_capacity, config.http_processes))
+            for i in range(config.max_models)
+        ]
+        self.http: list[Child] = []
+        self.lock = threading.RLock()  # the control API's threads and the watch loop
+        self.failed = ""  # the host's failure, once it has failed
+        self._signals: list[int] = []
+        self._main_work: queue.Queue[tuple[Callable[[], None], threading.Event]] = queue.Queue()
+
+    # ---- start ----------------------------------------------------------------------------------------
+
+    def start(self, listeners: list[socket.socket]) -> None:
+        for index, listener in enumerate(listeners):
+            mine, theirs = SPAWN.Pipe(duplex=True)  # a unix socket: socket ends can be handed over it
+            process = SPAWN.Process(
+                target=process_setup.start,
+                args=("model_server.frontend.host_http", self.config, [s.view for s in self.slots]),
+                kwargs={"index": index, "listener": listener, "control": theirs},
+                name=f"http-{index}",
+            )
+            process.start()
+            self.http.append(Child(f"http-{index}", process, mine))
+            theirs.close()
+        for sock in listeners:
+            sock.close()
+
+    # ---- the control API's operations -----------------------------------------------------------------
+
+    def slot_of(self, name: str) -> Slot:
+        slot = next((s for s in self.slots if s.name == name), None)
+        if slot is None:
+            raise ModelNotFound(f"model {name!r} is not loaded on this host")
+        return slot
+
+    def load(self, name: str, body: bytes) -> Slot:
+        """Load a model into a free slot (after making room on the device); wait until it serves or fails."""
+        settings, memory = parse_load_body(body)
+        with self.lock:
+            if any(s.name == name for s in self.slots):
+                raise Conflict(f"model {name!r} is loaded already")
+            slot = next((s for s in self.slots if s.config is None), None)
+            if slot is None:
+                raise Conflict(f"the host holds {self.config.max_models} models (--max-models)")
+            config = slot_config(self.config, name, settings, slot.index)
+            self._make_room(memory, keep=None)
+            slot.view.reset()
+            slot.config, slot.memory, slot.leaving = config, memory, False
+            self._in_main_thread(lambda: self._start_slot(slot))
+        _wait_until(lambda: slot.state_machine.state not in (State.PENDING, State.LOADING), LOAD_WAIT_S)
+        return slot
+
+    def _in_main_thread(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on the watch loop's thread and wait for it.  A process started from another
+        thread would be killed when that thread ends (its parent-death signal follows the thread)."""
+        done = threading.Event()
+        self._main_work.put((work, done))
+        with contextlib.suppress(OSError, AttributeError):
+            self._wakeup[1].send(b"\0")
+        if not done.wait(LOAD_WAIT_S):
+            raise ServerError("the host's main loop did not start the model's process")
+
+    def _run_main_work(self) -> None:
+        while not self._main_work.empty():
+            work, done = self._main_work.get_nowait()
+            try:
+                work()
+            finally:
+                done.set()
+
+    def _start_slot(self, slot: Slot) -> None:
+        """Connect the HTTP processes to the model's new process; one that cannot start is that model's
+        failure, not the host's."""
+        pairs = [socket.socketpair() for _ in self.http]
+        try:
+            for child, (http_end, _) in zip(self.http, pairs, strict=True):
+                child.tell(("load", slot.index, slot.config))
+                reduction.send_handle(child.control, http_end.fileno(), child.process.pid or 0)
+            self._spawn_inference(slot, [end for _, end in pairs])
+        except Exception as exc:
+            log.exception("cannot start the process of %s", slot.name)
+            slot.state_machine.try_to(State.FAILED, f"cannot start its process: {type(exc).__name__}: {exc}")
+        finally:
+            for pair in pairs:  # the processes hold their own copies now
+                for sock in pair:
+                    sock.close()
+
+    def _spawn_inference(self, slot: Slot, ends: list[socket.socket]) -> None:
+        control_r, control_w = SPAWN.Pipe(duplex=False)
+        process = SPAWN.Process(
+            target=process_setup.start,
+            args=("model_server.engine.inference_process", slot.config, slot.view, ends, control_r),
+            name=f"inference-{slot.name}",
+        )
+        process.start()
+        slot.view.put(INFERENCE_ROW, Column.PID, process.pid or 0)
+        slot.child = Child(f"inference-{slot.name}", process, control_w)
+        control_r.close()
+
+    def unload(self, name: str) -> None:
+        """Drain the model (its admitted requests are answered) and free its slot."""
+        with self.lock:
+            slot = self.slot_of(name)
+            slot.leaving = True
+            child = slot.child
+        if child is not None and child.process.exitcode is None:
+            child.tell("drain")
+            assert slot.config is not None
+            child.process.join(slot.config.drain_timeout + DRAIN_GRACE_S)
+            if child.process.exitcode is None:
+                child.process.kill()
+                child.process.join(KILL_TIMEOUT_S)
+        with self.lock:
+            for http in self.http:
+                http.tell(("unload", slot.index))
+            slot.config, slot.child, slot.memory = None, None, 0
+
+    def sleep(self, name: str) -> Slot:
+        with self.lock:
+            slot = self.slot_of(name)
+            self._sleep(slot)
+        return slot
+
+    def _sleep(self, slot: Slot) -> None:
+        facts = [s.facts() for s in self.slots if s.config is not None]
+        refusal = host_plan.sleep_refusal(slot.facts(), self.config.host_memory, facts)
+        if refusal:
+            raise SleepRefused(refusal)
+        slept, refused = slot.view.get(Field.SLEEPS), slot.view.get(Field.SLEEPS_REFUSED)
+        assert slot.child is not None
+        slot.child.tell("sleep")
+        _wait_until(
+            lambda: (
+                slot.view.get(Field.SLEEPS) > slept
+                or slot.view.get(Field.SLEEPS_REFUSED) > refused
+                or slot.state_machine.state is State.FAILED
+            ),
+            SLEEP_WAIT_S,
+        )
+        if slot.state_machine.state is not State.SLEEPING:
+            raise SleepRefused(f"the model did not sleep ({slot.state_machine.state})")
+
+    def wake(self, name: str) -> Slot:
+        with self.lock:
+            slot = self.slot_of(name)
+            self._wake(slot)
+        return slot
+
+    def _wake(self, slot: Slot) -> None:
+        if slot.state_machine.state is not State.SLEEPING:
+            return
+        self._make_room(slot.facts().device_bytes, keep=slot)
+        assert slot.child is not None
+        slot.child.tell("wake")
+        _wait_until(lambda: slot.state_machine.state in SERVING | {State.FAILED}, SLEEP_WAIT_S)
+
+    def _make_room(self, need: int, keep: Slot | None) -> None:
+        """Put the least recently used idle models of the device to sleep until ``need`` bytes fit."""
+        facts = [s.facts() for s in self.slots if s.config is not None and s is not keep]
+        chosen = host_plan.make_room(need, 0, self.config.device_memory, self.config.host_memory, facts)
+        if chosen is None:
+            raise NoRoom(
+                f"{need} bytes do not fit on the device ({self.config.device_memory} bytes, "
+                f"{host_plan.device_used(0, facts)} in use) even with every idle model asleep"
+            )
+        for name in chosen:
+            log.info("making room: %s goes to sleep", name)
+            self._sleep(self.slot_of(name))
+
+    # ---- what the control API shows -------------------------------------------------------------------
+
+    def index(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                {
+                    "name": s.name,
+                    "state": s.state_machine.state.value,
+                    "reason": s.state_machine.reason,
+                    "device": 0,
+                    "bytes": s.facts().device_bytes,
+                    "pid": int(s.view.get_row(INFERENCE_ROW, Column.PID)),
+                }
+                for s in self.slots
+                if s.config is not None
+            ]
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            loaded = [s for s in self.slots if s.config is not None]
+            facts = [s.facts() for s in loaded]
+            used = host_plan.device_used(0, facts)
+            device = {
+                "index": 0,
+                "device": self.config.device,
+                "capacity": self.config.device_memory,
+                "awake": used,
+                "asleep": host_plan.host_used(facts),
+                "free": self.config.device_memory - used,
+            }
+            models = {
+                s.name: worker_stats.stats(s.config, s.view, s.state_machine)
+                for s in loaded
+                if s.config is not None and s.name is not None
+            }
+        return {"host": {"failed": self.failed or None, "devices": [device]}, "models": models}
+
+    # ---- watch ----------------------------------------------------------------------------------------
+
+    def watch(self) -> int:
+        wakeup = self._catch_signals()
+        while True:
+            sentinels = [c.process.sentinel for c in self._children() if not c.done]
+            from multiprocessing.connection import wait
+
+            wait([wakeup, *sentinels], HOST_WATCH_S)
+            with contextlib.suppress(BlockingIOError):
+                wakeup.recv(4096)
+            if self._signals:
+                log.info("%s: draining every model", signal.Signals(self._signals.pop(0)).name)
+                return self._drain_all()
+            self._run_main_work()
+            code = self._reap()
+            if code is not None:
+                return code
+            self._wake_wanted()
+            if self.config.sleep_idle:
+                self._sleep_idle()
+
+    def _children(self) -> list[Child]:
+        return [*self.http, *(s.child for s in self.slots if s.child is not None)]
+
+    def _reap(self) -> int | None:
+        """Act on processes that exited unasked: the host's exit code when the host must end."""
+        for child in self.http:
+            if not child.done and child.process.exitcode is not None:
+                child.done = True
+                reason = f"the {child.name} process (pid {child.process.pid}) died: "
+                return self._fail(EXIT_PROCESS_DIED, reason + describe_exit(child.process.exitcode))
+        # Without the lock: a control call may hold it for a whole sleep or wake, and a crash must be
+        # acted on at once (``leaving`` is set before an unload asks the process to end).
+        for slot in self.slots:
+            process = slot.child
+            if process is None or process.done or process.process.exitcode is None or slot.leaving:
+                continue
+            process.done = True
+            exitcode = process.process.exitcode
+            if exitcode == EXIT_DEVICE_FAILED:
+                return self._fail(EXIT_DEVICE_FAILED, slot.state_machine.reason or "fatal device error")
+            reason = f"the {process.name} process (pid {process.process.pid}) died: {describe_exit(exitcode)}"
+            if exitcode == EXIT_LOAD_FAILED:
+                reason = slot.state_machine.reason or reason
+            log.error("model %s failed: %s", slot.name, reason)
+            slot.state_machine.try_to(State.FAILED, reason)
+        return None
+
+    def _wake_wanted(self) -> None:
+        """A request waits for a sleeping model: wake it (in a thread: making room may take a while)."""
+        for slot in self.slots:
+            if slot.state_machine.state is State.SLEEPING and slot.view.get(Field.WAKE_WANTED) > 0:
+                self._act(slot, self._wake_for_request, "wake it for a request")
+
+    def _wake_for_request(self, slot: Slot) -> None:
+        try:
+            self._wake(slot)
+        finally:  # a request that comes later asks again
+            slot.view.set(Field.WAKE_WANTED, 0.0)
+
+    def _sleep_idle(self) -> None:
+        """``--sleep-idle``: a model that has turned Idle goes to sleep (a refused one is asked again after
+        ``RETRY_SLEEP_S``)."""
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.state_machine.state is State.IDLE and now >= slot.retry_sleep_at:
+                self._act(slot, self._sleep_or_wait, "put it to sleep, Idle")
+
+    def _sleep_or_wait(self, slot: Slot) -> None:
+        try:
+            self._sleep(slot)
+        except SleepRefused:
+            slot.retry_sleep_at = time.monotonic() + RETRY_SLEEP_S
+            raise
+
+    def _act(self, slot: Slot, action: Callable[[Slot], None], what: str) -> None:
+        """Run ``action`` on ``slot`` in a thread of its own, one at a time per slot, under the lock."""
+        if slot.acting or slot.config is None:
+            return
+        slot.acting = True
+
+        def run() -> None:
+            try:
+                with self.lock:
+                    action(slot)
+            except ServerError as exc:
+                log.info("cannot %s (%s): %s", what, slot.name, exc)
+            finally:
+                slot.acting = False
+
+        threading.Thread(target=run, name=f"host-{slot.name}", daemon=True).start()
+
+    def _catch_signals(self) -> socket.socket:
+        wakeup_r, wakeup_w = socket.socketpair()
+        wakeup_r.setblocking(False)
+        wakeup_w.setblocking(False)
+        self._wakeup = (wakeup_r, wakeup_w)
+        signal.set_wakeup_fd(wakeup_w.fileno())
+        for stop in STOP_SIGNALS:
+            signal.signal(stop, lambda sig, frame: self._signals.append(sig))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        return wakeup_r
+
+    # ---- how it ends ----------------------------------------------------------------------------------
+
+    def _fail(self, code: int, reason: str) -> int:
+        """The host has failed: every model Failed with the reason, the termination log, all stopped."""
+        log.error("host failed: %s", reason)
+        self.failed = reason
+        for slot in self.slots:
+            if slot.config is not None:
+                slot.state_machine.try_to(State.FAILED, f"the host failed: {reason}")
+        try:
+            self.config.termination_log.write_text(reason[:4000] + "\n")
+        except OSError as exc:
+            log.warning("cannot write termination log %s: %s", self.config.termination_log, exc)
+        return self._stop_all(code)
+
+    def _drain_all(self) -> int:
+        for slot in self.slots:
+            if slot.child is not None and slot.child.process.exitcode is None:
+                slot.leaving = True
+                slot.child.tell("drain")
+        deadline = time.monotonic() + max(
+            [s.config.drain_timeout for s in self.slots if s.config is not None], default=0.0
+        )
+        for slot in self.slots:
+            if slot.child is not None:
+                slot.child.process.join(max(0.0, deadline + DRAIN_GRACE_S - time.monotonic()))
+        return self._stop_all(0)
+
+    def _stop_all(self, code: int) -> int:
+        children = self._children()
+        for child in children:
+            if child.process.exitcode is None:
+                child.tell("stop")
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in children:
+            child.process.join(max(0.0, deadline - time.monotonic()))
+        for child in children:
+            if child.process.exitcode is None:
+                log.warning("killing the %s process", child.name)
+                child.process.kill()
+                child.process.join(KILL_TIMEOUT_S)
+        return code
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``condition`` (shared memory) until it holds or ``timeout`` passes; whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+__all__ = ["Conflict", "HostSupervisor", "NoRoom", "Slot"]

@@ -1,0 +1,170 @@
+"""A shared host's probe port: health, ``/stats`` and the control API (Triton's model-repository shape).
+
+    GET  /v2/health/live, /v2/health/ready      200 while the host has not failed (ready: its HTTP
+                                                processes are up)
+    GET  /stats                                 {"host": {"devices": [...]}, "models": {name: WorkerStats}}
+    POST /v2/repository/index                   [{"name", "state", "reason", "device", "bytes"}]
+    POST /v2/repository/models/{name}/load      {"parameters": {"config": "<json: source, task, memory>"}}
+    POST /v2/repository/models/{name}/unload
+    POST /v2/repository/models/{name}/sleep     (extension) park its weights, return its device memory
+    POST /v2/repository/models/{name}/wake      (extension) bring them back (making room first)
+
+With ``--control-key-file``, every POST must carry ``Authorization: Bearer <key>`` (else 401); health and
+``/stats`` stay open, as on a dedicated worker's probe port.  Errors are ``{"error": "..."}`` with the
+status of the ``ServerError`` (400 a bad load body, 404 an unknown model, 409 loaded already or a refused
+sleep, 507 no room on the device).  A stdlib
+``ThreadingHTTPServer`` in a thread of the host's supervisor (which imports no web stack); each call
+runs on its own thread, and the supervisor's lock orders them.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from model_server.errors import InvalidInput, ServerError
+from model_server.host_config import HostConfig, LoadError
+from model_server.supervisor.host import HostSupervisor
+from modelpool_contract.stats import LIVE_PATH, READY_PATH, STATS_PATH
+
+log = logging.getLogger("modelpool.host")
+
+INDEX_PATH = "/v2/repository/index"
+_MODEL_ACTION = re.compile(r"^/v2/repository/models/([^/]+)/(load|unload|sleep|wake)$")
+MAX_CONTROL_BODY = 1 << 20
+
+
+def _model_document(host: HostSupervisor, name: str) -> dict[str, Any]:
+    entry = next((e for e in host.index() if e["name"] == name), None)
+    return entry or {"name": name, "state": None}
+
+
+def control(host: HostSupervisor, method: str, path: str, body: bytes) -> tuple[int, Any]:
+    """The status and JSON body of one probe-port call."""
+    if method == "GET" and path == LIVE_PATH:
+        return (503 if host.failed else 200), {"live": not host.failed}
+    if method == "GET" and path == READY_PATH:
+        up = not host.failed and all(c.process.exitcode is None for c in host.http)
+        return (200 if up else 503), {"ready": up}
+    if method == "GET" and path == STATS_PATH:
+        return 200, host.stats()
+    if method == "POST" and path == INDEX_PATH:
+        return 200, host.index()
+    match = _MODEL_ACTION.match(path)
+    if method != "POST" or match is None:
+        return 404, {"error": f"no route {method} {path}"}
+    name, action = match.groups()
+    try:
+        if action == "load":
+            slot = host.load(name, body)
+            if slot.state_machine.state.value == "Failed":
+                return 500, {"error": slot.state_machine.reason or "the model failed to load"}
+        elif action == "unload":
+            host.unload(name)
+            return 200, {"name": name, "state": None}
+        elif action == "sleep":
+            host.sleep(name)
+        else:
+            host.wake(name)
+    except LoadError as exc:
+        return InvalidInput.status, {"error": str(exc)}
+    except ServerError as exc:
+        return exc.status, {"error": str(exc)}
+    return 200, _model_document(host, name)
+
+
+def authorized(header: str | None, key: str | None) -> bool:
+    """Pure: does ``header`` (``Authorization``) carry ``key`` (None: no key needed)?  Constant time."""
+    if key is None:
+        return True
+    scheme, _, token = (header or "").partition(" ")
+    return hmac.compare_digest(token.strip().encode(), key.encode()) & (scheme.lower() == "bearer")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: HostControlServer
+
+    def _answer(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if method == "POST" and not authorized(self.headers.get("Authorization"), self.server.key):
+            status, document = 401, {"error": "the control API needs its key (Authorization: Bearer)"}
+        elif length > MAX_CONTROL_BODY:
+            status, document = 413, {"error": "control body too large"}
+        else:
+            body = self.rfile.read(length) if length else b""
+            status, document = control(self.server.host, method, self.path.split("?", 1)[0], body)
+        payload = json.dumps(document).encode()
+        self.send_response(status, HTTPStatus(status).phrase)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:
+        self._answer("GET")
+
+    def do_POST(self) -> None:
+        self._answer("POST")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the probes come every few seconds."""
+
+
+class HostControlServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], host: HostSupervisor) -> None:
+        super().__init__(address, _Handler)
+        self.host = host
+        self.key = host.config.control_key
+
+    def serve_in_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name="host-control", daemon=True)
+        thread.start()
+        return thread
+
+
+def run_host(config: HostConfig) -> int:
+    """Listen, start the host's HTTP processes and its control API; the exit code once the host ends."""
+    import signal
+
+    from model_server.supervisor.supervisor import STOP_SIGNALS, bind_listeners
+
+    try:
+        listeners = bind_listeners(config.host, config.port, config.http_processes)
+    except OSError as exc:
+        log.error("cannot listen on %s:%s: %s", config.host, config.port, exc)
+        return 1
+    host = HostSupervisor(config)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # as a dedicated worker (supervisor.run)
+    try:
+        control_server = HostControlServer((config.host, config.probe_port), host)
+    except OSError as exc:
+        log.error("cannot listen on the probe port %s:%s: %s", config.host, config.probe_port, exc)
+        for sock in listeners:
+            sock.close()
+        return 1
+    control_server.serve_in_thread()
+    port = listeners[0].getsockname()[1]
+    host.start(listeners)
+    log.info(
+        "shared host listening on %s:%s (%d HTTP processes), control API on %s",
+        config.host, port, config.http_processes, control_server.server_address[1],
+    )  # fmt: skip
+    try:
+        return host.watch()
+    finally:
+        control_server.shutdown()
+        control_server.server_close()
+        for slot in host.slots:
+            slot.view.unlink()
+
+
+__all__ = ["INDEX_PATH", "HostControlServer", "authorized", "control", "run_host"]

@@ -1,0 +1,175 @@
+"""``modelpool-server`` as a child process: the one harness the server tests and the benchmarks start it with.
+
+``launch(args)`` runs ``python -m model_server ARGS --host H --port <free>`` (with ``probe=True`` a probe
+port too, as in a pod, where the operator reads ``/stats``) from a source tree (this repository, or another
+revision's to compare with in one run), its output in a log file, and returns a ``ServerProcess`` at once;
+``ServerProcess.wait(path)`` waits, bounded, until a route answers 200 and fails with the log if the
+process exits first; ``stop()`` sends SIGTERM, waits, and kills as a last resort.  The server tests'
+``start_server`` (tests/server/conftest.py) and the benchmarks' ``minilm_server`` (bench/server_process.py)
+are this with their own flags and environment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from testkit import prom
+from testkit.environment import ROOT, child_env, free_port
+
+
+@dataclass
+class ServerProcess:
+    """A running ``modelpool-server``: its base URL, port, process and log file (and its probe port's URL
+    when it has one: ``stats`` and ``mean_batch`` read it there, as the operator and Prometheus do)."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    termination_log: Path
+    args: tuple[str, ...] = ()
+    probe_url: str | None = None
+    wait_timeout: float = 120.0  # ``wait``'s default
+    started: float = field(default_factory=time.perf_counter)
+    # One client for the reads (thread-safe: a sampler thread reads the RSS beside a load).
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=10))
+
+    def log(self) -> str:
+        """The server's combined stdout/stderr so far (for assertion messages)."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait(self, path: str, timeout: float | None = None, interval: float = 0.02) -> None:
+        """Wait (bounded: ``timeout``, else ``wait_timeout``) until ``path`` answers 200; AssertionError with
+        the log if the process exits first or the time runs out."""
+        timeout = self.wait_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"server exited with {self.proc.returncode} before {path} answered; "
+                    f"log:\n{self.log()[-4000:]}"
+                )
+            try:
+                if self.client.get(self.url + path, timeout=2.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(interval)
+        raise AssertionError(f"{path} did not answer within {timeout}s; log:\n{self.log()[-4000:]}")
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        """Wait (bounded) for the process to exit; return its exit code."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"server did not exit within {timeout}s; log:\n{self.log()[-4000:]}"
+            ) from None
+
+    def terminate(self) -> None:
+        """Send SIGTERM (graceful drain) without waiting."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM, wait up to ``timeout``, then SIGKILL.  Returns the exit code."""
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+    @property
+    def _reads(self) -> str:
+        return self.probe_url or self.url
+
+    def stats(self) -> dict[str, Any]:
+        """The worker's ``/stats`` (the whole worker: the supervisor and all its processes)."""
+        doc: dict[str, Any] = self.client.get(self._reads + "/stats").json()
+        return doc
+
+    def rss_bytes(self) -> int:
+        return int(self.stats()["memory"]["rss_bytes"])
+
+    def settle(self, timeout: float = 120) -> None:
+        """Wait until the server has nothing queued or in flight (a run's leftovers are not the next's)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            doc = self.stats()
+            if not doc["queue_depth"] and not doc["in_flight"]:
+                return
+            time.sleep(0.1)
+
+    def mean_batch(self) -> tuple[float, float]:
+        """(sum, count) of the batch-size histogram ``modelpool_batch_size``."""
+        text = self.client.get(self._reads + "/metrics").text
+        return prom.value(text, "modelpool_batch_size_sum"), prom.value(text, "modelpool_batch_size_count")
+
+
+def launch(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    host: str = "127.0.0.1",
+    probe: bool = False,
+    preexec: Callable[[], None] | None = None,
+    root: Path = ROOT,
+    wait_timeout: float = 120.0,
+) -> ServerProcess:
+    """Start ``python -m model_server ARGS`` on a free port of ``host`` (and a probe port with ``probe``),
+    from the source tree at ``root``, without waiting.  ``env`` is added to the benchmarks' child
+    environment (``testkit.environment.child_env``); the termination log defaults to a file beside the
+    log; ``preexec`` runs in the child before the server (to join a cgroup, say)."""
+    port = free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="modelpool-server-"))
+    log_path = workdir / "server.log"
+    full_env = child_env()
+    full_env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    full_env.setdefault("MODELPOOL_TERMINATION_LOG", str(workdir / "termination-log"))
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "model_server", *args, "--host", host, "--port", str(port)]
+    probe_url = None
+    if probe:
+        probe_port = free_port()
+        cmd += ["--probe-port", str(probe_port)]
+        probe_url = f"http://{host}:{probe_port}"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            cmd,
+            env=full_env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=root,  # ``-m`` puts the working directory first on sys.path
+            preexec_fn=preexec,  # noqa: PLW1509 - it only joins a cgroup (one write)
+        )
+    return ServerProcess(
+        url=f"http://{host}:{port}",
+        port=port,
+        proc=proc,
+        log_path=log_path,
+        termination_log=Path(full_env["MODELPOOL_TERMINATION_LOG"]),
+        args=tuple(args),
+        probe_url=probe_url,
+        wait_timeout=wait_timeout,
+    )
+
+
+__all__ = ["ServerProcess", "launch"]

@@ -1,0 +1,184 @@
+"""A shared host (``modelpool-server --shared-host``) as a real process, with the real clients.
+
+One host for the module (loading costs seconds): all-MiniLM-L6-v2 and two echo models loaded through the
+control API; requests routed by name (tritonclient on the v2 path, the openai client by its ``model``);
+sleep, a wake on a request, making room on the device's ledger, unload, ``--sleep-idle``; isolation: an
+exception in a forward pass fails only that request, a SIGKILLed model's process fails only that model
+(its slot then takes a model again), and a fatal device error fails the host (exit 4; last, since it
+ends the host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from modelpool_contract.exits import EXIT_DEVICE_FAILED
+from testkit.environment import free_port
+from tests.server.conftest import ServerProcess, start_server
+
+pytestmark = pytest.mark.slow
+
+MI = 1 << 20
+ECHO = "tests.server.handlers:EchoEmbedding"
+WAIT_S = 60.0
+KEY = "serving-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+class Host:
+    """The host process and its control API."""
+
+    def __init__(self, server: ServerProcess, probe_port: int) -> None:
+        self.server = server
+        self.control = f"http://127.0.0.1:{probe_port}"
+
+    def call(self, name: str, action: str, config: dict[str, Any] | None = None) -> httpx.Response:
+        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
+        return httpx.post(f"{self.control}/v2/repository/models/{name}/{action}", json=body, timeout=120)
+
+    def index(self) -> dict[str, dict[str, Any]]:
+        entries = httpx.post(f"{self.control}/v2/repository/index", timeout=10).json()
+        return {e["name"]: e for e in entries}
+
+    def state(self, name: str) -> str:
+        return str(self.index()[name]["state"])
+
+    def triton(self) -> triton.InferenceServerClient:
+        return triton.InferenceServerClient(self.server.url.removeprefix("http://"))
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT_S:g} s: {what}"
+        time.sleep(0.05)
+
+
+def embed(host: Host, model: str, text: str) -> np.ndarray[Any, Any]:
+    client = host.triton()
+    data = triton.InferInput("text", [1], "BYTES")
+    data.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+    result = client.infer(model, [data], headers=AUTH)
+    vector = result.as_numpy("embedding")
+    assert vector is not None
+    return vector[0]
+
+
+@pytest.fixture(scope="module")
+def host(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    probe = free_port()
+    key_file = tmp_path_factory.mktemp("key") / "api-key"
+    key_file.write_text(KEY)
+    server = start_server(
+        "--shared-host", "--probe-port", str(probe), "--device-memory", f"{1000 * MI}", "--http-workers", "1",
+        "--api-key-file", str(key_file), "--max-models", "4", "--sleep-idle", wait="live", timeout=60,
+    )  # fmt: skip
+    host = Host(server, probe)
+    echo = str(tmp_path_factory.mktemp("echo"))
+    loads = {
+        "minilm": {"source": str(minilm), "task": "text-embedding", "memory": f"{300 * MI}"},
+        "echo": {"source": echo, "task": "text-embedding", "handler": ECHO, "memory": f"{300 * MI}"},
+        "victim": {"source": echo, "task": "text-embedding", "handler": ECHO, "memory": f"{100 * MI}"},
+    }
+    try:
+        with ThreadPoolExecutor(len(loads)) as pool:  # the loads run side by side
+            answers = dict(zip(loads, pool.map(lambda n: host.call(n, "load", loads[n]), loads), strict=True))
+        for name, answer in answers.items():
+            assert answer.status_code == 200 and answer.json()["state"] == "Ready", (name, answer.text)
+        yield host
+    finally:
+        server.stop()
+
+
+def test_requests_reach_their_model_by_name_with_the_real_clients(host: Host) -> None:
+    vector = embed(host, "minilm", "A man is eating food.")
+    assert vector.shape == (384,)
+    assert list(embed(host, "echo", "hello")) == [5.0, 1.0]  # the echo model's [len(text), items]
+    with pytest.raises(openai.AuthenticationError):  # the serving port wants the key, before any routing
+        openai.OpenAI(base_url=host.server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    client = openai.OpenAI(base_url=host.server.url + "/v1", api_key=KEY, max_retries=0)
+    assert sorted(m.id for m in client.models.list().data) == ["echo", "minilm", "victim"]
+    assert client.embeddings.create(model="echo", input="abc").data[0].embedding == [3.0, 1.0]
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="nobody", input="abc")
+    stats = httpx.get(host.control + "/stats", timeout=10).json()
+    assert set(stats["models"]) == {"minilm", "echo", "victim"}
+    assert stats["host"]["devices"][0]["awake"] == 700 * MI  # declared, until measured on a GPU
+    assert host.call("echo", "load", {"source": "/x", "task": "text-embedding"}).status_code == 409
+    assert "task" in host.call("new", "load", {"source": "/x", "task": "nope"}).json()["error"]
+
+
+def test_an_exception_in_a_forward_pass_fails_only_that_request(host: Host) -> None:
+    with pytest.raises(InferenceServerException, match="forward pass exploded"):
+        embed(host, "echo", "boom")
+    assert list(embed(host, "echo", "hello")) == [5.0, 1.0]
+    assert host.index()["echo"]["state"] in ("Ready", "Processing")
+
+
+def test_a_sleeping_model_is_woken_by_a_request_and_answers_the_same(host: Host) -> None:
+    before = embed(host, "minilm", "A man is riding a horse.")
+    slept = host.call("minilm", "sleep")
+    assert slept.status_code == 200 and slept.json()["state"] == "Sleeping", slept.text
+    stats = httpx.get(host.control + "/stats", timeout=10).json()
+    assert stats["models"]["minilm"]["state"] == "Sleeping"
+    assert stats["host"]["devices"][0]["awake"] == 400 * MI  # a sleeping model is charged host memory
+    after = embed(host, "minilm", "A man is riding a horse.")  # waits for the wake, then is answered
+    assert np.array_equal(before, after)
+    assert host.state("minilm") in ("Ready", "Processing")
+    assert host.call("minilm", "sleep").status_code == 200
+    assert host.call("minilm", "wake").json()["state"] == "Ready"
+
+
+def test_a_load_makes_room_by_sleeping_the_least_recently_used_idle_models(
+    host: Host, tmp_path: Path
+) -> None:
+    embed(host, "echo", "recent")  # victim was never asked: it is the least recently used
+    big = {"source": str(tmp_path), "task": "text-embedding", "handler": ECHO, "memory": f"{350 * MI}"}
+    loaded = host.call("big", "load", big)  # 700 MiB awake + 350 > 1000: one model must sleep
+    assert loaded.status_code == 200 and loaded.json()["state"] == "Ready", loaded.text
+    states = {name: entry["state"] for name, entry in host.index().items()}
+    assert states["victim"] == "Sleeping" and states["minilm"] != "Sleeping", states
+    assert host.call("big", "unload").status_code == 200
+    assert "big" not in host.index()
+    too_big = {"source": str(tmp_path), "task": "text-embedding", "handler": ECHO, "memory": f"{2000 * MI}"}
+    assert host.call("huge", "load", too_big).status_code == 507
+    assert host.call("victim", "wake").json()["state"] == "Ready"
+
+
+def test_a_crashed_model_fails_alone_and_the_others_serve_on(host: Host, tmp_path: Path) -> None:
+    os.kill(host.index()["victim"]["pid"], signal.SIGKILL)
+    until(lambda: host.state("victim") == "Failed", "victim Failed")
+    assert "killed by SIGKILL" in host.index()["victim"]["reason"]
+    with pytest.raises(InferenceServerException):
+        embed(host, "victim", "hello")
+    assert list(embed(host, "echo", "hello")) == [5.0, 1.0]
+    assert embed(host, "minilm", "still here").shape == (384,)
+    # Unloaded, its place takes a model again (every slot of this host has held one: --max-models 4);
+    # this one turns Idle after half a second, and --sleep-idle puts it to sleep then.
+    assert host.call("victim", "unload").status_code == 200
+    again = {"source": str(tmp_path), "task": "text-embedding", "handler": ECHO, "memory": f"{100 * MI}"}
+    assert host.call("victim", "load", {**again, "idle_after": 0.5}).status_code == 200
+    until(lambda: host.state("victim") == "Sleeping", "victim asleep once Idle")
+    assert list(embed(host, "victim", "hello")) == [5.0, 1.0]  # woken by the request
+    until(lambda: host.state("victim") == "Sleeping", "victim asleep again")
+
+
+def test_a_fatal_device_error_fails_the_whole_host(host: Host) -> None:
+    with pytest.raises(InferenceServerException):
+        embed(host, "echo", "fatal")
+    assert host.server.wait_exit(WAIT_S) == EXIT_DEVICE_FAILED
+    assert "illegal memory access" in host.server.termination_log.read_text()

@@ -1,0 +1,95 @@
+"""A shared host's control API over real HTTP, without models: the key guard (``--control-key-file``),
+bad load bodies (400 naming the field), unknown models (404); health and ``/stats`` stay open."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from model_server.config import ConfigError
+from model_server.host_config import HostConfig, load_host_config
+from model_server.supervisor.host import HostSupervisor
+from model_server.supervisor.host_control import HostControlServer, authorized
+
+KEY = "s3cret-control-key"
+
+
+@pytest.fixture(scope="module")
+def control(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    key_file = tmp_path_factory.mktemp("key") / "key"
+    key_file.write_text(KEY + "\n")
+    config = HostConfig(device_memory="1Gi", max_models=1, control_key_file=key_file)  # type: ignore[arg-type]
+    server = HostControlServer(("127.0.0.1", 0), HostSupervisor(config))
+    server.serve_in_thread()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _load(url: str, name: str, config: object, key: str | None = KEY) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"parameters": {"config": json.dumps(config)}}
+    return httpx.post(f"{url}/v2/repository/models/{name}/load", json=body, headers=headers, timeout=10)
+
+
+def test_the_control_api_needs_its_key_and_health_and_stats_do_not(control: str) -> None:
+    assert httpx.post(control + "/v2/repository/index", timeout=10).status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert httpx.post(control + "/v2/repository/index", headers=wrong, timeout=10).status_code == 401
+    right = {"Authorization": f"Bearer {KEY}"}
+    answer = httpx.post(control + "/v2/repository/index", headers=right, timeout=10)
+    assert answer.status_code == 200 and answer.json() == []
+    assert _load(control, "m", {"source": "/x", "task": "text-embedding"}, key=None).status_code == 401
+    assert httpx.get(control + "/v2/health/live", timeout=10).status_code == 200
+    stats = httpx.get(control + "/stats", timeout=10).json()
+    assert stats["models"] == {} and stats["host"]["devices"][0]["free"] == 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"source": "/x", "task": "nope"}, "parameters.config.task"),
+        ({"task": "text-embedding"}, "parameters.config.source"),
+        ({"source": "/x", "task": "text-embedding", "colour": "red"}, "colour"),
+        ({"source": "/x", "task": "text-embedding", "memory": "lots"}, "parameters.config.memory"),
+        ([1, 2], "parameters.config must be a JSON object"),
+    ],
+)
+def test_a_bad_load_body_is_a_400_naming_the_field(control: str, config: object, field: str) -> None:
+    answer = _load(control, "m", config)
+    assert answer.status_code == 400 and field in answer.json()["error"], answer.text
+
+
+def test_an_unknown_model_is_a_404(control: str) -> None:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    for action in ("sleep", "wake", "unload"):
+        url = f"{control}/v2/repository/models/nobody/{action}"
+        assert httpx.post(url, headers=headers, timeout=10).status_code == 404
+
+
+def test_authorized() -> None:
+    assert authorized(None, None) and authorized("Bearer x", None)
+    assert authorized(f"Bearer {KEY}", KEY) and authorized(f"bearer  {KEY} ", KEY)
+    assert not authorized(None, KEY) and not authorized(KEY, KEY) and not authorized(f"Basic {KEY}", KEY)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--shared-host"], "--device-memory"),
+        (["--shared-host", "--device-memory", "lots"], "--device-memory"),
+        (["--shared-host", "--device-memory", "1Gi", "--device", "tpu"], "--device"),
+        (["--shared-host", "--device-memory", "1Gi", "--max-models", "0"], "--max-models"),
+    ],
+)
+def test_a_bad_host_flag_is_refused_naming_it(argv: list[str], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        load_host_config(argv)
+
+
+def test_the_host_reads_quantities() -> None:
+    config = load_host_config(["--shared-host", "--device-memory", "40Gi", "--host-memory", "1e9"])
+    assert (config.device_memory, config.host_memory) == (40 << 30, 10**9)
