@@ -1,5 +1,7 @@
 """Shared hosts (issue 21) with the real operator on the local control plane: a ModelHost gets its host
 pods (on KWOK GPU nodes: nothing runs in them) with the right spec, within the ModelBudget, and a status;
+a CPU ModelHost's pod on the process node is a real ``modelpool-server --shared-host`` whose ``/stats``
+the status shows;
 a pool with ``spec.host`` never gets dedicated workers, and its status says it waits for placement on its
 ModelHost, and why.
 
@@ -17,7 +19,14 @@ from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_operator.effects.resources import CONTROL_KEY_FILE
 from testkit.cluster import Cluster
-from testkit.kubectl import apply, get_json, wait_established, wait_for
+from testkit.kubectl import (
+    PROCESS_NODE_SELECTOR,
+    PROCESS_NODE_TOLERATION,
+    apply,
+    get_json,
+    wait_established,
+    wait_for,
+)
 from testkit.services import OperatorProcess, budget_manifest, stop_all
 from tests.operator.integration.opharness import GI, condition, reasons, wait_status
 
@@ -97,8 +106,9 @@ def test_a_shared_pool_waits_for_its_host_with_the_reason_and_gets_no_worker(
     assert condition(status, "Ready")["status"] == "False"
     apply(crds, model_host("gpus", replicas=0, gpusPerHost=1, deviceMemory="8Gi"), shared_ns)
     wait_status(crds, shared_ns, "emb", placed("NoHost"), timeout=30, message="the pool waits: no host pod")
+    # One Event per reason (the events' order as listed is not their order in time).
     told = [reason for reason, _ in reasons(crds, shared_ns, "emb")]
-    assert told[:2] == ["HostNotFound", "NoHost"]
+    assert sorted(told) == ["HostNotFound", "NoHost"]
     pods = get_json(crds, "pods", "-n", shared_ns, "-l", f"{LABEL_POOL}=emb")["items"]
     assert pods == []
 
@@ -144,3 +154,19 @@ def test_a_modelhost_gets_its_host_pods_within_the_budget_and_a_status(crds: Clu
     # A ready host pod with room: the pool waits only because the operator does not place models yet.
     wait_status(crds, shared_ns, "emb2", placed("PlacementPending"), timeout=30, message="room on a host")
     assert get_json(crds, "pods", "-n", shared_ns, "-l", f"{LABEL_POOL}=emb2")["items"] == []
+
+
+def test_a_cpu_host_pod_is_a_real_shared_host_on_the_process_node(crds: Cluster, shared_ns: str) -> None:
+    placement = {"nodeSelector": PROCESS_NODE_SELECTOR, "tolerations": [PROCESS_NODE_TOLERATION]}
+    apply(crds, model_host("cpu", replicas=1, gpusPerHost=0, deviceMemory="1Gi", **placement), shared_ns)
+
+    def status() -> dict[str, Any]:
+        got: dict[str, Any] = get_json(crds, "modelhost", "cpu", "-n", shared_ns).get("status") or {}
+        return got
+
+    # Ready: the host process answers its readiness probe with its control key read from the Secret.
+    wait_for(lambda: status().get("readyReplicas") == 1, timeout=90, message="the CPU host pod ready")
+    [host] = status()["hosts"]
+    assert host["name"] == "cpu-0" and host["state"] in ("Ready", "Idle")
+    assert host["devices"][0]["capacity"] == "1Gi" and host["devices"][0]["free"] == "1Gi"
+    assert host["models"] == []
