@@ -17,7 +17,12 @@ from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_valid
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model_server.config import ServerConfig, _read_key
-from modelpool_contract.flags import QUEUE_CAPACITY, REQUEST_TIMEOUT_S, TERMINATION_LOG
+from modelpool_contract.flags import (
+    QUEUE_CAPACITY,
+    REQUEST_BODY_TIMEOUT_S,
+    REQUEST_TIMEOUT_S,
+    TERMINATION_LOG,
+)
 from modelpool_contract.quantity import parse_quantity
 from modelpool_contract.settings import CommandLine, load
 
@@ -60,6 +65,12 @@ class HostConfig(BaseSettings):
     wake_timeout: float = Field(default=30.0, gt=0, le=3600, description="A request waits this for a wake")
     request_timeout: float = Field(default=REQUEST_TIMEOUT_S, gt=0, le=86_400, description="Max deadline (s)")
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Larger bodies -> 413")
+    request_body_timeout_seconds: float = Field(
+        default=REQUEST_BODY_TIMEOUT_S,
+        gt=0,
+        le=3600,
+        description="A request's whole body must arrive within this of its headers; a slower one gets 408",
+    )
     termination_log: Path = Field(default=Path(TERMINATION_LOG), description="Failure reason file")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
     control_key_file: Path | None = Field(

@@ -57,7 +57,8 @@ def read_models(annotations: Mapping[str, str] | None) -> dict[str, WorkerState]
     return {str(pool): state for pool, state in parsed.items() if _is_state(state)}
 
 
-def host_model_name(pool: str, served_model_name: str | None) -> str:
-    """The name of a pool's model on a host: its ``spec.servedModelName`` (what clients send), else the
-    pool's name."""
-    return served_model_name or pool
+def host_model_name(pool: str) -> str:
+    """The name of a pool's model on a host: the pool's name. Not its served model name, which may hold a
+    ``/`` that a v2 URL's path segment cannot carry; the pools sharing a host share its namespace, where
+    pool names are unique. As for a dedicated worker, the gateway rewrites the client's name to it."""
+    return pool

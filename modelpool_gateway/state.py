@@ -148,7 +148,7 @@ class Pool:
     def model_name(self) -> str:
         """The name a request carries upstream: a worker knows its pool's name, a host the model's name
         there (``placements.host_model_name``)."""
-        return host_model_name(self.name, self.served_model_name) if self.host else self.name
+        return host_model_name(self.name) if self.host else self.name
 
     @property
     def key(self) -> Key:

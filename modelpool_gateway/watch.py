@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -136,8 +136,22 @@ def pool_watch(registry: Registry, custom: client.CustomObjectsApi, namespace: s
     )
 
 
-def pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None) -> WatchSpec:
-    """The worker pods (those labelled with a pool) of ``namespace`` (None: every namespace)."""
+_Pod = TypeVar("_Pod", Worker, HostPod)
+
+
+def _labelled_pods_watch(
+    core: client.CoreV1Api,
+    namespace: str | None,
+    *,
+    selector: str,
+    slim: Callable[[JSON], _Pod | None],
+    put: Callable[[_Pod], None],
+    delete: Callable[[_Pod], None],
+    replace: Callable[[str | None, list[_Pod]], None],
+    label: str | None = None,
+) -> WatchSpec:
+    """The pods of ``namespace`` (None: every namespace) that carry the label ``selector``, each slimmed
+    into the registry's view (a pod that does not fit it is skipped)."""
     call = (
         core.list_pod_for_all_namespaces
         if namespace is None
@@ -145,16 +159,12 @@ def pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None)
     )
 
     def on_event(kind: str, obj: JSON) -> None:
-        worker = worker_from_pod(obj)
-        if worker is None:
-            return
-        if kind == "DELETED":
-            registry.delete_worker(worker.key)
-        else:
-            registry.set_worker(worker)
+        item = slim(obj)
+        if item is not None:
+            (delete if kind == "DELETED" else put)(item)
 
-    def on_list(workers: list[Worker | None]) -> None:
-        registry.replace_workers(namespace, [w for w in workers if w is not None])
+    def on_list(items: list[_Pod | None]) -> None:
+        replace(namespace, [item for item in items if item is not None])
 
     return WatchSpec(
         resource="pods",
@@ -162,40 +172,36 @@ def pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None)
         list_call=call,
         on_list=on_list,
         on_event=on_event,
+        selector=selector,
+        slim=slim,
+        label=label,
+    )
+
+
+def pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None) -> WatchSpec:
+    """The worker pods (those labelled with a pool) of ``namespace`` (None: every namespace)."""
+    return _labelled_pods_watch(
+        core,
+        namespace,
         selector=LABEL_POOL,
         slim=worker_from_pod,
+        put=registry.set_worker,
+        delete=lambda worker: registry.delete_worker(worker.key),
+        replace=registry.replace_workers,
     )
 
 
 def host_pod_watch(registry: Registry, core: client.CoreV1Api, namespace: str | None) -> WatchSpec:
     """The shared hosts' pods (those labelled ``modelpool.dev/host``) of ``namespace`` (None: every
     namespace), with the pools placed on each (``modelpool_contract.placements``)."""
-    call = (
-        core.list_pod_for_all_namespaces
-        if namespace is None
-        else partial(core.list_namespaced_pod, namespace)
-    )
-
-    def on_event(kind: str, obj: JSON) -> None:
-        pod = host_pod_from_pod(obj)
-        if pod is None:
-            return
-        if kind == "DELETED":
-            registry.delete_host_pod(pod.key)
-        else:
-            registry.set_host_pod(pod)
-
-    def on_list(pods: list[HostPod | None]) -> None:
-        registry.replace_host_pods(namespace, [p for p in pods if p is not None])
-
-    return WatchSpec(
-        resource="pods",
-        namespace=namespace,
-        list_call=call,
-        on_list=on_list,
-        on_event=on_event,
+    return _labelled_pods_watch(
+        core,
+        namespace,
         selector=LABEL_HOST,
         slim=host_pod_from_pod,
+        put=registry.set_host_pod,
+        delete=lambda pod: registry.delete_host_pod(pod.key),
+        replace=registry.replace_host_pods,
         label="host-pods",
     )
 

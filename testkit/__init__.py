@@ -18,6 +18,7 @@ Modules:
   threaded closed loop through the gateway or to workers.
 * ``corpus``: the deterministic sentences the load sends.
 * ``prom``: Prometheus text exposition read with prometheus_client's parser.
+* ``layout``: what a module imports, read from its source (the layout tests).
 * ``services``: the operator and the gateway as real processes (``OperatorProcess``, ``GatewayProcess``),
   gateway keys, pool and budget manifests, a pool's pods and their process-node processes.
 * ``server``: ``modelpool-server`` as a child process (``ServerProcess``, ``launch``): the server tests'

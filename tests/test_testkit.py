@@ -5,7 +5,6 @@ them, whatever order the labels come in, and the ports it holds while a control 
 
 from __future__ import annotations
 
-import ast
 import socket
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from testkit import prom
 from testkit.cluster import hold_ports
 from testkit.environment import ROOT, free_port
+from testkit.layout import imports_of
 
 # What testkit may not import: the code built on it.
 IMPORTERS = ("tests", "e2e", "bench", "hack", "conftest")
@@ -35,21 +35,11 @@ modelpool_batch_size_count 2.0
 """
 
 
-def imported_modules(tree: ast.Module) -> set[str]:
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-    return found
-
-
 def test_testkit_imports_nothing_from_tests_e2e_bench_or_hack() -> None:
     offending = {
         f"{path.relative_to(ROOT)}: {module}"
         for path in (ROOT / "testkit").rglob("*.py")
-        for module in imported_modules(ast.parse(path.read_text()))
+        for module in imports_of(path)
         if module.split(".")[0] in IMPORTERS
     }
     assert not offending, sorted(offending)

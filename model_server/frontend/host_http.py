@@ -101,7 +101,13 @@ class HostRouter:
         body: bytes | None = None
         name = host_plan.model_of(path, None)
         if name is None and path.startswith("/v1/") and scope["method"] == "POST":
-            body = await _read_body(receive, self.config.max_request_bytes)
+            try:  # bounded, as a dedicated worker's LimitsMiddleware reads it: a slow body never holds on
+                async with asyncio.timeout(self.config.request_body_timeout_seconds):
+                    body = await _read_body(receive, self.config.max_request_bytes)
+            except TimeoutError:
+                bound = f"{self.config.request_body_timeout_seconds:g} s (--request-body-timeout-seconds)"
+                error = f"the request body did not arrive within {bound}"
+                return await _json(send, 408, {"error": error}, close=True)
             if body is None:
                 return await _json(send, 413, {"error": "request body too large"})
             name = host_plan.model_of(path, body)
@@ -166,9 +172,13 @@ def _replay(body: bytes, then: Receive) -> Receive:
     return receive
 
 
-async def _json(send: Send, status: int, document: Any, retry_after: int | None = None) -> None:
+async def _json(
+    send: Send, status: int, document: Any, retry_after: int | None = None, *, close: bool = False
+) -> None:
     payload = json.dumps(document).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    if close:  # the rest of a body that never came must not be read as the next request
+        headers.append((b"connection", b"close"))
     if retry_after is not None:
         headers.append((b"retry-after", str(retry_after).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -290,7 +290,7 @@ async def test_a_released_request_carries_what_is_left_of_its_deadline(gw: Harne
 
 async def test_a_shared_pool_reaches_its_host_under_the_models_name_there(gw: Harness) -> None:
     """OpenAI and v2 requests for a shared pool go to the host pod holding it, named as the host knows the
-    model (``placements.host_model_name``: the served name), whichever of the pool's names the client used."""
+    model (``placements.host_model_name``: the pool's name), whichever of the pool's names the client used."""
     seen: list[bytes] = []
 
     async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -309,8 +309,8 @@ async def test_a_shared_pool_reaches_its_host_under_the_models_name_there(gw: Ha
         answer = await c.post("/v2/models/shared/infer", json={"inputs": []})
         assert answer.status_code == 200
     bodies = [json.loads(r.split(b"\r\n\r\n", 1)[1]) for r in seen[:3]]
-    assert [b["model"] for b in bodies] == ["team/m"] * 3
-    assert seen[3].startswith(b"POST /v2/models/team%2Fm/infer "), seen[3][:80]
+    assert [b["model"] for b in bodies] == ["shared"] * 3
+    assert seen[3].startswith(b"POST /v2/models/shared/infer "), seen[3][:80]
 
 
 # ---- API keys ----

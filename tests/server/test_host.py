@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -85,7 +86,8 @@ def host(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hos
     key_file.write_text(KEY)
     server = start_server(
         "--shared-host", "--probe-port", str(probe), "--device-memory", f"{1000 * MI}", "--http-workers", "1",
-        "--api-key-file", str(key_file), "--max-models", "4", "--sleep-idle", wait="live", timeout=60,
+        "--api-key-file", str(key_file), "--max-models", "4", "--sleep-idle",
+        "--request-body-timeout-seconds", "1", wait="live", timeout=60,
     )  # fmt: skip
     host = Host(server, probe)
     echo = str(tmp_path_factory.mktemp("echo"))
@@ -120,6 +122,23 @@ def test_requests_reach_their_model_by_name_with_the_real_clients(host: Host) ->
     assert stats["host"]["devices"][0]["awake"] == 700 * MI  # declared, until measured on a GPU
     assert host.call("echo", "load", {"source": "/x", "task": "text-embedding"}).status_code == 409
     assert "task" in host.call("new", "load", {"source": "/x", "task": "nope"}).json()["error"]
+
+
+def test_an_openai_body_that_never_arrives_is_408_and_the_connection_closed(host: Host) -> None:
+    """The host reads an OpenAI body itself (it names the model): bounded like a worker's, never held on."""
+    port = int(host.server.url.rsplit(":", 1)[1])
+    head = (
+        f"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n"
+        'content-type: application/json\r\ncontent-length: 100\r\n\r\n{"model": '
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as conn:
+        conn.sendall(head.encode())
+        answer = b""
+        while chunk := conn.recv(65536):  # to the end: the 408 closes the connection
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    assert status.startswith(b"HTTP/1.1 408"), answer
+    assert b"connection: close" in rest.lower() and b"--request-body-timeout-seconds" in rest
 
 
 def test_an_exception_in_a_forward_pass_fails_only_that_request(host: Host) -> None:

@@ -8,25 +8,14 @@ side into an HTTP process (or the reverse) fails here rather than as a slower st
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import re
 from pathlib import Path
 
+from testkit.layout import imports_of
+
 ROOT = Path(__file__).resolve().parents[2] / "model_server"
 SIDES = ("frontend", "engine", "supervisor")
-
-
-def imported_modules(tree: ast.Module) -> set[str]:
-    """Every absolute module an ``import`` or ``from ... import`` names, at any depth (lazy ones too);
-    ``from model_server.x import y`` counts as ``model_server.x.y`` so that a submodule shows."""
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return found
 
 
 def side_of(module: str) -> str | None:
@@ -44,7 +33,7 @@ def crossings(package: str, allowed: set[str]) -> list[str]:
     return sorted(
         f"{path.relative_to(ROOT.parent)}: {module}"
         for path in paths
-        for module in imported_modules(ast.parse(path.read_text()))
+        for module in imports_of(path)
         if (side := side_of(module)) is not None and side not in allowed
     )
 

@@ -127,7 +127,8 @@ def test_a_host_pod_is_read_with_its_placements() -> None:
     assert host_pod_from_pod(unreadable) == HostPod("", "gpu-1", "gpu", None, 8000, False, False, {})
 
 
-def test_a_shared_pool_sends_its_served_name_upstream() -> None:
+def test_a_shared_pool_sends_its_pools_name_upstream() -> None:
+    """As a worker's: a served name may hold a "/", which a v2 URL's model segment cannot carry."""
     spec = {
         "model": {"source": "hf://x/y", "task": "text-embedding"},
         "resources": {"memory": "1Gi"},
@@ -135,7 +136,7 @@ def test_a_shared_pool_sends_its_served_name_upstream() -> None:
         "servedModelName": "x/minilm",
     }
     pool = pool_from_object({"metadata": {"namespace": "ns", "name": "minilm"}, "spec": spec})
-    assert (pool.host, pool.model_name) == ("gpu", "x/minilm")
+    assert (pool.host, pool.model_name) == ("gpu", "minilm")
     assert Pool("ns", "minilm", host="gpu").model_name == "minilm"
     assert Pool("ns", "minilm", served_model_name="x/minilm").model_name == "minilm"  # a worker: its pool's
 

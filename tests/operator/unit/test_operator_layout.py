@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from testkit import layout
+
 PACKAGE = "modelpool_operator"
 ROOT = Path(__file__).resolve().parents[3] / "operator" / PACKAGE
 LAYERS = ("observe", "planner", "effects")
@@ -22,22 +24,10 @@ WIRING = {f"{PACKAGE}.{name}" for name in ("handlers", "reconcile", "main")}
 PROCESS = (f"{PACKAGE}.services", f"{PACKAGE}.bookkeeping")
 
 
-def imported_modules(tree: ast.Module) -> set[str]:
-    """Every absolute module an ``import`` or ``from ... import`` names, at any depth (lazy ones too);
-    ``from a.b import c`` counts as ``a.b.c`` so that a submodule shows."""
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return found
-
-
 def imports_of(layer: str) -> dict[str, set[str]]:
     """Each module of ``modelpool_operator/<layer>/`` (by path) with the modules it imports."""
     return {
-        str(path.relative_to(ROOT.parent)): imported_modules(ast.parse(path.read_text()))
+        str(path.relative_to(ROOT.parent)): layout.imports_of(path)
         for path in sorted((ROOT / layer).rglob("*.py"))
     }
 
