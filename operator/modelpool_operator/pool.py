@@ -119,10 +119,8 @@ class OtherPool:
     # Memory this pool is blocked on (its status.memory.waitingBytes): a lower-priority pool leaves
     # that much of any freed memory to it, so a preemption is not undone by the victim's own pool.
     waiting_memory: int = 0
-    # A shared pool's ModelHost (None: dedicated workers), the name its model has on a host (its served
-    # model name, else its name) and its declared size.
+    # A shared pool's ModelHost (None: dedicated workers) and its declared size.
     host: str | None = None
-    served_name: str = ""
     declared: int = 0
 
     @property
@@ -146,6 +144,5 @@ class OtherPool:
             workers=tuple(workers),
             waiting_memory=status.memory.waiting_bytes,
             host=spec.host,
-            served_name=spec.served_model_name or name,
             declared=spec.resources.memory_bytes,
         )

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from modelpool_contract.api import Condition, parse_host_spec, parse_pool_status
 from modelpool_contract.demand import Demand
+from modelpool_contract.placements import host_model_name
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun
 from modelpool_operator.budget import BUDGET_VALID, BudgetLimit, budget_status, budget_validity
 from modelpool_operator.effects.apply import Refusal, apply, refuse, settle_reservations, tell
@@ -371,9 +372,9 @@ def plan_host_pass(
 
 
 def hosted_pools(host: HostView, pools_by_key: PoolsByKey) -> dict[str, HostedPool]:
-    """The shared pools on ``host``, by the name their model has there (their served model name)."""
+    """The shared pools on ``host``, by the name their model has there (``host_model_name``)."""
     return {
-        pool.served_name: HostedPool(pool.name, pool.declared, pool.priority)
+        host_model_name(pool.name): HostedPool(pool.name, pool.declared, pool.priority)
         for key, indexed in pools_by_key.items()
         if key[0] == host.namespace
         for pool in list(indexed)[:1]

@@ -2,9 +2,9 @@
 ledger's ``Host`` values (pure: slim pods and the parsed ModelHost spec in, plain values out).
 
 A host pod accepts models while it runs, is Ready and is not being deleted; its models are those its
-``/stats`` reports (``{"host": {...}, "models": {<served name>: <WorkerStats>}}``), each the resident of
-the shared pool of the ModelHost whose served model name it is (``HostedPool``), else of a pool named
-after it.
+``/stats`` reports (``{"host": {...}, "models": {<name>: <WorkerStats>}}``), each the resident of the
+shared pool of the ModelHost whose model has that name there (``placements.host_model_name``:
+``HostedPool``), else of a pool named after it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _count(doc: Mapping[str, Any], key: str) -> int | None:
 def host_residents(
     namespace: str, stats: Mapping[str, Any] | None, pools: Mapping[str, HostedPool]
 ) -> tuple[Resident, ...]:
-    """The models a host's ``/stats`` reports, as the ledger's residents (``pools``: by served name); a
+    """The models a host's ``/stats`` reports, as the ledger's residents (``pools``: by model name); a
     model in an unknown state or an unreadable document is left out (unknown stats never fail anything)."""
     models = (stats or {}).get("models")
     if not isinstance(models, Mapping):

@@ -129,20 +129,20 @@ def test_a_hosts_stats_are_its_residents_under_their_pools() -> None:
     assert [r.pool for r in host.residents] == [("ns", "gpt"), ("ns", "emb")]
 
 
-def test_the_hosted_pools_are_the_shared_pools_of_that_modelhost_by_served_name() -> None:
+def test_the_hosted_pools_are_the_shared_pools_of_that_modelhost_by_model_name() -> None:
     from modelpool_operator.host import HostView
     from modelpool_operator.pool import OtherPool
     from modelpool_operator.reconcile import hosted_pools
 
-    def other(name: str, host: str | None, served: str, ns: str = "ns") -> OtherPool:
-        return OtherPool(ns, name, priority=1, min_replicas=0, host=host, served_name=served, declared=GI)
+    def other(name: str, host: str | None, ns: str = "ns") -> OtherPool:
+        return OtherPool(ns, name, priority=1, min_replicas=0, host=host, declared=GI)
 
     index = {
-        ("ns", "a"): [other("a", "gpus", "minilm")],
-        ("ns", "b"): [other("b", None, "b")],
-        ("ns", "c"): [other("c", "cpus", "c")],
-        ("x", "d"): [other("d", "gpus", "d", ns="x")],
+        ("ns", "a"): [other("a", "gpus")],
+        ("ns", "b"): [other("b", None)],
+        ("ns", "c"): [other("c", "cpus")],
+        ("x", "d"): [other("d", "gpus", ns="x")],
     }
     host = HostView(namespace="ns", name="gpus", spec=parse_host_spec(HOST))
     hosted = hosted_pools(host, index)
-    assert list(hosted) == ["minilm"] and hosted["minilm"].name == "a" and hosted["minilm"].declared == GI
+    assert list(hosted) == ["a"] and hosted["a"].name == "a" and hosted["a"].declared == GI
