@@ -52,11 +52,14 @@ def plan_host(
     host: HostView, pods: Sequence[ObservedWorker], hosts: Sequence[Host], ledger: Ledger
 ) -> HostPlan:
     """The pass of ``host`` over its observed pods (``hosts``: their ledgers' view, by pod name) and the
-    budget's ``ledger`` (which already counts the existing host pods)."""
+    budget's ``ledger`` (which already counts the existing host pods, and reserves those created but not
+    observed yet)."""
     replicas = host.spec.replicas
     delete = sorted(w.name for w in pods if not w.deleting and _doomed(host, w))
-    # A pod being deleted still holds its name: its replacement comes once it is gone.
-    present = {_index(host, w.name) for w in pods}
+    # A pod being deleted still holds its name (its replacement comes once it is gone); one created but not
+    # observed yet is reserved under it.
+    reserved = ledger.by_pool.get(host.charge_key, {})
+    present = {_index(host, w.name) for w in pods} | {_index(host, name) for _, name in reserved}
     missing = [i for i in range(replicas) if i not in present]
     admitted = hosts_admitted(ledger, host_charge(host.spec), len(missing))
     by_name = {h.name: h for h in hosts}
