@@ -10,6 +10,8 @@ belong to (``modelpool_contract.placements.LABEL_HOST``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,14 @@ def host_pool_label(name: str) -> str:
 def host_charge_key(namespace: str, name: str) -> PoolKey:
     """The key a ModelHost's pods are indexed, charged and reserved under (as a pool's workers are)."""
     return (namespace, host_pool_label(name))
+
+
+def host_template_hash(spec: ModelHostSpec) -> str:
+    """A short, stable hash of what shapes a host pod: the spec but ``replicas`` (unset fields left out, so
+    a new optional field does not roll every host pod on an upgrade). A host pod of another hash is
+    replaced."""
+    shaping = spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"replicas"})
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def host_pod_name(host: HostView, index: int) -> str:

@@ -58,7 +58,7 @@ from modelpool_contract.mounts import (
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
 from modelpool_contract.times import rfc3339
-from modelpool_operator.host import HostView, host_pod_name, host_pool_label
+from modelpool_operator.host import HostView, host_pod_name, host_pool_label, host_template_hash
 from modelpool_operator.placement.charge import host_charge
 from modelpool_operator.pool import PoolView
 
@@ -449,6 +449,10 @@ def _host_labels(host: HostView) -> dict[str, str]:
     return {LABEL_HOST: host.name, LABEL_POOL: host_pool_label(host.name), LABEL_MANAGED_BY: MANAGED_BY}
 
 
+def _host_pod_labels(host: HostView) -> dict[str, str]:
+    return {**_host_labels(host), LABEL_TEMPLATE_HASH: host_template_hash(host.spec)}
+
+
 def build_control_key_secret(host: HostView, key: str) -> dict[str, Any]:
     """The ModelHost's control key Secret (owned by it: deleted with it)."""
     return {
@@ -508,7 +512,7 @@ def build_host_pod(host: HostView, index: int, settings: PodSettings | None = No
     settings = settings or PodSettings()
     spec = host.spec
     name = host_pod_name(host, index)
-    metadata = _host_metadata(host, name, _host_labels(host))
+    metadata = _host_metadata(host, name, _host_pod_labels(host))
     metadata["annotations"] = {ANNOTATION_MEMORY: str(host_charge(spec))}
     env = [{"name": k, "value": v} for k, v in (*SCRATCH_ENV, ("PYTHONUNBUFFERED", "1"))]
     if spec.resources.cpu is not None:

@@ -2,8 +2,9 @@
 
 The ModelHost keeps ``spec.replicas`` host pods named ``<host>-0 .. <host>-<replicas-1>``: a missing one is
 created when the ModelBudget admits its charge (``placement.hosts_admitted``: its whole devices, as a
-dedicated worker is charged), a failed or exited one is deleted (the next pass makes it again), one beyond
-``replicas`` is deleted. The status (``placement.host_status``) lists each host pod with its devices and
+dedicated worker is charged), a failed or exited one, or one of an older spec (its template hash label),
+is deleted (the next pass makes it again, once it is gone), one beyond ``replicas`` is deleted. The
+status (``placement.host_status``) lists each host pod with its devices and
 models, and the memory totals the printer columns show.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from modelpool_contract.api import ModelHostStatus
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_operator.budget import Ledger
-from modelpool_operator.host import HostView
+from modelpool_operator.host import HostView, host_template_hash
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.placement.charge import host_charge, hosts_admitted
 from modelpool_operator.placement.ledger import Host
@@ -42,10 +43,12 @@ def _index(host: HostView, pod: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-def _doomed(host: HostView, pod: ObservedWorker) -> bool:
-    """Failed or exited, beyond ``replicas``, or not named as a host pod of this ModelHost."""
+def _doomed(host: HostView, pod: ObservedWorker, current: str) -> bool:
+    """Failed or exited, beyond ``replicas``, not named as a host pod of this ModelHost, or of an older
+    spec (``current``: the template hash now)."""
     index = _index(host, pod.name)
-    return pod.state in _ENDED or index is None or index >= host.spec.replicas
+    outdated = pod.template_hash != current
+    return pod.state in _ENDED or index is None or index >= host.spec.replicas or outdated
 
 
 def plan_host(
@@ -55,7 +58,8 @@ def plan_host(
     budget's ``ledger`` (which already counts the existing host pods, and reserves those created but not
     observed yet)."""
     replicas = host.spec.replicas
-    delete = sorted(w.name for w in pods if not w.deleting and _doomed(host, w))
+    current = host_template_hash(host.spec)
+    delete = sorted(w.name for w in pods if not w.deleting and _doomed(host, w, current))
     # A pod being deleted still holds its name (its replacement comes once it is gone); one created but not
     # observed yet is reserved under it.
     reserved = ledger.by_pool.get(host.charge_key, {})

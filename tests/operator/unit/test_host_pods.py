@@ -16,7 +16,7 @@ from modelpool_operator.effects.resources import (
     build_control_key_secret,
     build_host_pod,
 )
-from modelpool_operator.host import HostView, host_charge_key
+from modelpool_operator.host import HostView, host_charge_key, host_template_hash
 from modelpool_operator.observe.hosts import observe_hosts
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner.hosts import plan_host
@@ -94,8 +94,14 @@ def test_the_control_key_secret_is_owned_by_the_modelhost() -> None:
     assert secret["metadata"]["ownerReferences"][0]["kind"] == "ModelHost"
 
 
-def pod(name: str, state: str = "Ready", *, ready: bool = True) -> tuple[ObservedWorker, dict[str, Any]]:
+CURRENT = host_template_hash(view().spec)
+
+
+def pod(
+    name: str, state: str = "Ready", *, ready: bool = True, template: str = CURRENT
+) -> tuple[ObservedWorker, dict[str, Any]]:
     worker = ObservedWorker(
+        template_hash=template,
         name=name,
         namespace="ns",
         pool=host_charge_key("ns", "gpus")[1],
@@ -130,6 +136,15 @@ def test_extra_failed_and_foreign_host_pods_are_deleted() -> None:
     decided = plan(view(replicas=2), pods, None)
     assert decided.delete == ("gpus-1", "gpus-2", "gpus-x")
     assert decided.create == ()  # gpus-1 is made again once it is gone
+
+
+def test_a_host_pod_of_an_older_spec_is_replaced_and_replicas_alone_roll_nothing() -> None:
+    decided = plan(view(replicas=2), [pod("gpus-0", template="0ld"), pod("gpus-1")], None)
+    assert decided.delete == ("gpus-0",) and decided.create == ()
+    assert host_template_hash(view(replicas=5).spec) == CURRENT
+    assert host_template_hash(view(deviceMemory="4Gi").spec) != CURRENT
+    labels = build_host_pod(view(), 0)["metadata"]["labels"]
+    assert labels["modelpool.dev/template-hash"] == CURRENT
 
 
 def test_the_status_lists_each_host_pod_with_its_devices_and_the_totals() -> None:
