@@ -109,6 +109,8 @@ up() {
   else
     echo "cluster: creating $name (kwokctl binary runtime, binaries from $bin)"
     # The binary runtime would let KWOK manage every node; it must leave the process node to its agent.
+    # One scheduler and one controller-manager, without leader election: on a loaded machine a lease renewal
+    # that misses its deadline made both exit for good mid-benchmark (pods left Pending, none scheduled).
     if ! kwokctl create cluster \
       --runtime binary \
       --kubeconfig "" \
@@ -123,6 +125,8 @@ up() {
       --extra-args "kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake" \
       --kube-audit-policy "$root/hack/audit-policy.yaml" \
       --extra-args "kube-apiserver=enable-admission-plugins=OwnerReferencesPermissionEnforcement" \
+      --extra-args "kube-scheduler=leader-elect=false" \
+      --extra-args "kube-controller-manager=leader-elect=false" \
       ${KWOK_NODE_LEASE_SECONDS:+--extra-args "kwok-controller=node-lease-duration-seconds=$KWOK_NODE_LEASE_SECONDS"} \
       --quiet-pull \
       --wait 120s \

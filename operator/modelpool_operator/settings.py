@@ -366,9 +366,12 @@ def apply_to_kopf(config: OperatorConfig, settings: Any) -> None:
     """Copy the operator's configuration onto Kopf's ``OperatorSettings`` (called in the startup hook)."""
     import kopf
 
+    from modelpool_operator.diffbase import LeanDiffBaseStorage
+
     settings.persistence.finalizer = config.finalizer
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    # Kopf's own storage deep-copies every watched body at every event (a fifth of the CPU at 150 pools).
+    settings.persistence.diffbase_storage = LeanDiffBaseStorage(
         prefix=PREFIX, key="last-handled-configuration"
     )
     # Only worker pods are watched (server-side filter): the operator never holds the cluster's other pods.

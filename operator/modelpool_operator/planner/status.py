@@ -263,6 +263,42 @@ def _closing_events(draft: Draft) -> None:
             draft.events.append(Event("Normal", "EvictingWorker", f"evicting worker {e.name} ({e.reason})"))
 
 
+#: Kopf cuts a longer message in its middle; a coalesced one ends with how many it left out instead.
+MAX_MESSAGE_CHARS = 1000
+
+
+def coalesce(events: Iterable[Event]) -> list[Event]:
+    """One Event per reason for the Normal Events of one pass, their messages joined in order.
+
+    A pass that creates ten workers told ten CreatingWorker Events, and a scale-up of 300 pools posted
+    6,000 Events, one API request each, while the operator and the API server had the scale-up to do.
+    Warnings are kept one by one: each failure is told on its own. Each coalesced Event stands where the
+    first of its reason stood; its message stays within ``MAX_MESSAGE_CHARS``, saying how many it left out.
+    """
+    events = list(events)
+    messages: dict[str, list[str]] = {}
+    for event in events:
+        if event.type == "Normal":
+            messages.setdefault(event.reason, []).append(event.message)
+    out: list[Event] = []
+    for event in events:
+        if event.type != "Normal":
+            out.append(event)
+        elif event.reason in messages:
+            out.append(Event("Normal", event.reason, _joined(messages.pop(event.reason))))
+    return out
+
+
+def _joined(messages: list[str]) -> str:
+    text = messages[0]
+    for count, message in enumerate(messages[1:], start=1):
+        more = f"; and {len(messages) - count} more"
+        if len(text) + 2 + len(message) + len(more) > MAX_MESSAGE_CHARS:
+            return text + more
+        text = f"{text}; {message}"
+    return text
+
+
 def conclude(draft: Draft) -> Plan:
     """Phase 10: the status to write, the closing Events, and the plan."""
     workers = _worker_statuses(draft)
@@ -309,7 +345,7 @@ def conclude(draft: Draft) -> Plan:
         delete=tuple(_unique_deletes(draft.deletes)),
         evict=tuple(draft.evicts),
         status=status,
-        events=tuple(draft.events),
+        events=tuple(coalesce(draft.events)),  # one Normal Event per reason and pass
         requeue_after=min(positive) if positive else None,
         load_window=draft.scaling.window,
         counters=draft.scaling.counters,

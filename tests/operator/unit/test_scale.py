@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Iterator
 
 import kopf
 import pytest
-from op_planner import view, w
+from op_planner import make_spec, view, w
 from op_pods import GI, at
 
 from modelpool_operator import handlers as operator_handlers
@@ -183,3 +184,216 @@ def test_every_watch_handler_runs_on_the_event_loop_not_in_kopfs_thread_pool() -
     }
     assert {"pods_by_pool", "pools_by_key", "pod_changed", "pool_changed", "demand_by_pool"} <= names.keys()
     assert [name for name, is_async in names.items() if not is_async] == []
+
+
+class NoCopy:
+    """A value that must not be copied (Kopf's stock storage deep-copies the whole body, status too)."""
+
+    def __deepcopy__(self, memo: object) -> NoCopy:
+        raise AssertionError("the essence copied a part of the body it does not keep")
+
+
+def worker_pod_body() -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p-abcde-0",
+            "namespace": "ns",
+            "uid": "u1",
+            "resourceVersion": "7",
+            "labels": {"modelpool.dev/pool": "p", "app": "x"},
+            "annotations": {
+                "modelpool.dev/memory": "1Gi",
+                "kubectl.kubernetes.io/last-applied-configuration": "{}",
+                "other.kopf.zalando.org/last-handled-configuration": "{}",
+                "modelpool.dev/last-handled-configuration": "{}",
+            },
+            "managedFields": [{"manager": "kwok", "fieldsV1": {"f:status": {}}}],
+        },
+        "spec": {"containers": [{"name": "server", "ports": [{"name": "http", "containerPort": 8000}]}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def test_the_essence_kopf_builds_at_each_watch_event_copies_neither_status_nor_managed_fields() -> None:
+    # Kopf's own AnnotationsDiffBaseStorage deep-copies the whole body at every watch event of every watched
+    # object (a fifth of the operator's CPU at 150 pools x 10 workers in a profile); the same essence is made
+    # from the parts it keeps.
+    import json
+
+    from modelpool_contract.labels import PREFIX
+    from modelpool_operator.settings import OperatorConfig, apply_to_kopf
+
+    settings = kopf.OperatorSettings()
+    apply_to_kopf(OperatorConfig(), settings)
+    storage = settings.persistence.diffbase_storage
+    stock = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key="last-handled-configuration")
+    for raw in (worker_pod_body(), {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare"}}):
+        assert storage.build(body=kopf.Body(raw)) == stock.build(body=kopf.Body(raw))
+    body = worker_pod_body()
+    expected = stock.build(body=kopf.Body(json.loads(json.dumps(body))))
+    body["status"] = {"phase": "Running", "huge": NoCopy()}
+    body["metadata"]["managedFields"] = [NoCopy()]  # type: ignore[index]
+    assert storage.build(body=kopf.Body(body)) == expected
+
+
+def test_a_pools_own_status_write_does_not_wake_it_again_a_spec_change_does() -> None:
+    # Every status patch comes back as a watch event of the pool; each woke the pool for one more pass (the
+    # pass reads the status it wrote itself), doubling the passes of a scale-up.
+    from modelpool_operator.settings import OperatorConfig
+
+    memo = operator_handlers.make_memo(OperatorConfig())
+    book = memo.book
+    pool_memo = kopf.Memo(memo)  # Kopf's per-object copy of the operator's memo
+    woken = book.wakeup(("ns", "p"))
+
+    async def event(kind: str | None, generation: int, **meta: object) -> bool:
+        woken.clear()
+        await operator_handlers.pool_changed(
+            type=kind, namespace="ns", name="p", meta={"generation": generation, **meta}, memo=pool_memo
+        )
+        return woken.is_set()
+
+    async def events() -> list[bool]:
+        return [
+            await event(None, 1),  # listed at start
+            await event("MODIFIED", 1),  # its own status write
+            await event("MODIFIED", 1),
+            await event("MODIFIED", 2),  # the spec edited
+            await event("MODIFIED", 2),
+            await event("MODIFIED", 2, deletionTimestamp="2026-01-01T00:00:00Z"),
+        ]
+
+    assert asyncio.run(events()) == [True, False, False, True, False, True]
+
+
+def test_whether_a_pool_event_needs_a_pass() -> None:
+    assert operator_handlers.spec_changed("ADDED", {"generation": 1}, (1, None))
+    assert operator_handlers.spec_changed("MODIFIED", {"generation": 1}, None)  # first sight
+    assert not operator_handlers.spec_changed("MODIFIED", {"generation": 1}, (1, None))
+
+
+def test_a_pod_that_refuses_connections_is_asked_rarely_until_it_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # KWOK pods have no server behind their address: every scrape is a refused connection. With the timeouts'
+    # 30 s cap, 3,000 such pods cost 100 refused connections a second (a sixth of the operator's CPU).
+    from testkit.environment import free_port
+
+    clock = [1000.0]
+    monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
+    port = free_port()  # nothing listens there: each attempt is refused at once
+
+    def pod(version: str) -> dict[str, object]:
+        return {
+            "metadata": {"name": "kwok-0", "uid": "u", "resourceVersion": version},
+            "spec": {"containers": [{"ports": [{"name": "probes", "containerPort": port}]}]},
+            "status": {"phase": "Running", "podIP": "127.0.0.1"},
+        }
+
+    async def attempts() -> tuple[int, int]:
+        scraper = StatsScraper(interval=5, timeout=1, concurrency=4, backoff_cap=30, default_port=port)
+        for step in range(0, 1200, 5):  # twenty minutes of passes every 5 s
+            clock[0] = 1000.0 + step
+            assert (await scraper.scrape([pod("1")])) == {"kwok-0": None}
+        within_twenty_minutes = scraper._entries["u"].failures
+        await scraper.scrape([pod("2")])  # the pod changed (e.g. became ready): asked at once
+        after_change = scraper._entries["u"].failures - within_twenty_minutes
+        await scraper.aclose()
+        return within_twenty_minutes, after_change
+
+    refused, after_change = asyncio.run(attempts())
+    assert refused <= 7, refused  # after 5, 20, 80 s, then every 300 s (42 with the timeouts' 30 s cap)
+    assert after_change == 1
+
+
+def test_a_pass_tells_one_normal_event_per_reason_and_every_warning() -> None:
+    from modelpool_operator.planner import Event
+    from modelpool_operator.planner.status import MAX_MESSAGE_CHARS, coalesce
+
+    told = [
+        Event("Normal", "WorkerReady", "worker a is ready"),
+        Event("Warning", "OOMKilled", "worker b failed: OOMKilled"),
+        Event("Normal", "WorkerReady", "worker c is ready"),
+        Event("Warning", "OOMKilled", "worker d failed: OOMKilled"),
+        Event("Normal", "CreatingWorker", "creating worker e"),
+    ]
+    assert coalesce(told) == [
+        Event("Normal", "WorkerReady", "worker a is ready; worker c is ready"),
+        told[1],
+        told[3],
+        Event("Normal", "CreatingWorker", "creating worker e"),
+    ]
+    many = coalesce(Event("Normal", "CreatingWorker", f"creating worker pool-{i:04d}") for i in range(200))
+    assert len(many) == 1 and len(many[0].message) <= MAX_MESSAGE_CHARS
+    assert many[0].message.startswith("creating worker pool-0000; creating worker pool-0001;")
+    assert many[0].message.endswith(" more") and "pool-0199" not in many[0].message
+
+
+def test_a_scale_up_of_ten_workers_is_one_creating_event() -> None:
+    decided = plan(view(make_spec(replicas=10, maxReplicas=10)), [], build_ledger(100 * GI, []), now=at(100))
+    assert len(decided.create) == 10
+    assert [e.reason for e in decided.events].count("CreatingWorker") == 1
+
+
+def test_an_idle_pool_passes_at_the_resync_interval_and_refreshes_its_stats_in_between(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A pass every stats interval per pool (30 a second at 150 pools, most deciding nothing) cost half the
+    # operator's CPU at steady state; its workers' stats are refreshed without a pass instead (news wakes it).
+    from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
+
+    from modelpool_operator.metrics import OperatorMetrics
+    from modelpool_operator.observe.observation import ObservationCache
+    from modelpool_operator.services import Services, lifecycle_settings
+    from modelpool_operator.settings import OperatorConfig
+
+    class CountingScraper(StatsScraper):
+        refreshes = 0
+
+        def refresh(self, pods, on_change=None):  # type: ignore[no-untyped-def]
+            CountingScraper.refreshes += 1
+            return super().refresh(pods, on_change)
+
+    passes: list[float] = []
+
+    async def one_pass(*args: object, **kwargs: object) -> None:
+        passes.append(asyncio.get_running_loop().time())
+
+    monkeypatch.setattr(operator_handlers, "reconcile_pool", one_pass)
+
+    async def run_daemon() -> tuple[int, int, int]:
+        config = OperatorConfig(stats_interval_seconds=0.05, resync_interval_seconds=0.6)
+        memo = operator_handlers.make_memo(config)
+        scraper = CountingScraper(interval=0.05, timeout=1, concurrency=1, backoff_cap=1, default_port=8000)
+        memo.services = Services(  # the passes are counted, not run: no API client, no Event sink
+            config=config,
+            kube=None,  # type: ignore[arg-type]
+            scraper=scraper,
+            observations=ObservationCache(lifecycle_settings(config)),
+            events=None,  # type: ignore[arg-type]
+            metrics=OperatorMetrics(),
+        )
+        setter: FlagSetter[object] = FlagSetter()
+        pods = {("ns", "p"): [{"metadata": {"name": "w", "uid": "w"}, "status": {"phase": "Pending"}}]}
+        daemon = asyncio.create_task(
+            operator_handlers.pool_daemon(
+                namespace="ns", name="p", body={}, memo=memo, logger=logging.getLogger("t"),
+                stopped=AsyncFlagWaiter(setter), pods_by_pool=pods, pools_by_key={},  # type: ignore[arg-type]
+                budgets_by_name={}, demand_by_pool={},  # type: ignore[arg-type]
+            )
+        )  # fmt: skip
+        await asyncio.sleep(1.5)
+        idle_passes = len(passes)
+        memo.book.poke(("ns", "p"))  # a pod event: a pass at once (after the 0.3 s coalescing)
+        await asyncio.sleep(0.45)
+        setter.set()
+        await asyncio.wait_for(daemon, 5)
+        await scraper.aclose()
+        return idle_passes, len(passes) - idle_passes, CountingScraper.refreshes
+
+    idle_passes, woken_passes, refreshes = asyncio.run(run_daemon())
+    assert idle_passes <= 3, idle_passes  # at 0, 0.6, 1.2 s (30 with a pass every stats interval)
+    assert woken_passes >= 1
+    assert refreshes >= 15  # the stats every 0.05 s in between
