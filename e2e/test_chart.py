@@ -386,7 +386,7 @@ def test_the_admission_policy_renders_the_operators_allowlists(helm: list[str]) 
     assert variables["serviceAccountsText"] == '"none"'
     assert policy["spec"]["matchConstraints"]["resourceRules"] == [
         {"apiGroups": ["modelpool.dev"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
-         "resources": ["modelpools"]}
+         "resources": ["modelpools", "modelhosts"]}
     ]  # fmt: skip
     assert {v["reason"] for v in policy["spec"]["validations"]} == {"Forbidden"}
     binding = one(docs, "ValidatingAdmissionPolicyBinding", POLICY)
@@ -611,7 +611,9 @@ def test_the_uninstall_hook_stops_the_operator_and_unfinalizes_its_pools_with_it
         }
         assert one(hooks, "Role", cleanup)["rules"][0]["resourceNames"] == [OPERATOR]
         assert _rules(one(hooks, "ClusterRole", cleanup)) == {
-            ("modelpool.dev", "modelpools", verb) for verb in ("list", "get", "patch")
+            ("modelpool.dev", plural, verb)
+            for plural in ("modelpools", "modelhosts")
+            for verb in ("list", "get", "patch")
         }
         budget = one(hooks, "ClusterRole", f"{cleanup}-budget")
         assert _rules(budget) == {("modelpool.dev", "modelbudgets", v) for v in ("get", "patch")}

@@ -270,3 +270,24 @@ def test_the_gateway_imports_neither_half_nor_torch_nor_kopf() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("gpus", [0, 2])
+def test_the_host_pods_command_line_is_what_the_shared_host_reads(gpus: int, tmp_path: Path) -> None:
+    """The operator's ``modelpool-server --shared-host`` flags (``build_host_pod``) load into the host's
+    settings with the ModelHost's figures (the control key file as mounted: here a file of the test's)."""
+    from model_server.host_config import load_host_config
+    from modelpool_contract.api import parse_host_spec
+    from modelpool_operator.effects.resources import CONTROL_KEY_FILE, build_host_pod
+    from modelpool_operator.host import HostView
+
+    spec = parse_host_spec({"gpusPerHost": gpus, "deviceMemory": "4Gi", "hostMemory": "2Gi"})
+    (container,) = build_host_pod(HostView("ns", "h", spec), 0, PodSettings())["spec"]["containers"]
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    args = [str(key) if a == CONTROL_KEY_FILE else a for a in container["args"]]
+    config = load_host_config(args)
+    assert config.shared_host and config.control_key == "s3cret"
+    assert (config.device_memory, config.host_memory) == (4 * 1024**3, 2 * 1024**3)
+    assert config.device == ("cpu" if gpus == 0 else "auto")
+    assert (config.port, config.probe_port) == (PodSettings().port, PodSettings().probe_port)

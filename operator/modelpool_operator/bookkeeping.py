@@ -45,6 +45,8 @@ class Bookkeeping:
     budget_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     _wakeups: dict[PoolKey, asyncio.Event] = field(default_factory=dict)
     _waiting: set[PoolKey] = field(default_factory=set)
+    # The shared pools on each ModelHost (namespace, name): a change of the host or its pods wakes them.
+    _on_host: dict[PoolKey, PoolKey] = field(default_factory=dict)
 
     # ---- the ledger -------------------------------------------------------------------------------------
 
@@ -85,6 +87,19 @@ class Bookkeeping:
             self.poke(key)
         self.budget_wakeup.set()
 
+    def uses_host(self, key: PoolKey, host: str | None) -> None:
+        """Whether the pool is shared, on which ModelHost of its namespace (woken by ``poke_host``)."""
+        if host:
+            self._on_host[key] = (key[0], host)
+        else:
+            self._on_host.pop(key, None)
+
+    def poke_host(self, host: PoolKey) -> None:
+        """A ModelHost or one of its pods changed: wake the shared pools on it."""
+        for key, on in list(self._on_host.items()):
+            if on == host:
+                self.poke(key)
+
     def pools(self) -> int:
         """How many pool daemons this process runs."""
         return len(self._wakeups)
@@ -93,7 +108,22 @@ class Bookkeeping:
         """The pool's daemon stopped (pool deleted or operator stopping)."""
         self._wakeups.pop(key, None)
         self._waiting.discard(key)
+        self._on_host.pop(key, None)
         self.observed.pop(key, None)
+
+
+@dataclass
+class HostRun:
+    """What one ModelHost's daemon carries from pass to pass."""
+
+    key: PoolKey  # (namespace, name) of the ModelHost
+    last_status_wire: dict[str, Any] | None = None
+    # Its control key Secret exists (made, or found, by this process).
+    secret_ready: bool = False
+    # The policy refusal last told (its host pods are deleted, none is made, until the image is allowed).
+    forbidden: str | None = None
+    # The budget's shortfall last told (host pods not admitted), so the Event is not repeated every pass.
+    short: int = 0
 
 
 @dataclass
@@ -113,6 +143,8 @@ class PoolRun:
     invalid_generation: int | None = None
     # The generation (and the refusal) last reported as a policy violation.
     forbidden: tuple[int, str] | None = None
+    # A shared pool's last told wait for placement: (generation, reason, message).
+    host_wait: tuple[int, str, str] | None = None
     # The autoscaler's load samples and the serving workers' counters, handed from one plan to the next.
     load_window: tuple[LoadSample, ...] = ()
     counters: Mapping[str, CounterSample] = field(default_factory=dict)

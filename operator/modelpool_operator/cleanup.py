@@ -7,8 +7,8 @@ command, in order:
 
 1. stops the operator: scales its Deployment to 0 and waits until its pods are gone (a running operator
    would put its finalizer back on the next event of each pool);
-2. removes the operator's finalizer (and only it) from every ModelPool in its scope (``--namespace``, each
-   once, or ``--all-namespaces``) and from its ModelBudget (``--budget``).
+2. removes the operator's finalizer (and only it) from every ModelPool and ModelHost in its scope
+   (``--namespace``, each once, or ``--all-namespaces``) and from its ModelBudget (``--budget``).
 
 The pools themselves and their workers stay (like the CRDs, they are the users' objects, kept on
 uninstall); deleting a pool or its namespace afterwards completes at once, and the garbage collector
@@ -28,7 +28,7 @@ from typing import Any
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELPOOL_PLURAL, VERSION
+from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELHOST_PLURAL, MODELPOOL_PLURAL, VERSION
 from modelpool_contract.labels import PREFIX
 from modelpool_operator.effects.kube import describe_error
 
@@ -107,31 +107,34 @@ async def _unfinalize(read: Any, patch: Any, what: str) -> bool:
     raise RuntimeError(f"{what}: its finalizers kept changing; tried {PATCH_TRIES} times")
 
 
-async def unfinalize_pools(api: client.ApiClient, namespaces: Sequence[str] | None) -> int:
-    """Remove the operator's finalizer from every ModelPool of ``namespaces`` (None: of every one)."""
+async def unfinalize_pools(
+    api: client.ApiClient, namespaces: Sequence[str] | None, plural: str = MODELPOOL_PLURAL
+) -> int:
+    """Remove the operator's finalizer from every ModelPool (or ModelHost: ``plural``) of ``namespaces``
+    (None: of every one)."""
     # Any: the generated stubs do not know the _content_type a JSON patch needs.
     custom: Any = client.CustomObjectsApi(api)
     if namespaces is None:
-        listed = await custom.list_cluster_custom_object(GROUP, VERSION, MODELPOOL_PLURAL)
+        listed = await custom.list_cluster_custom_object(GROUP, VERSION, plural)
         items = listed.get("items") or []
     else:
         items = []
         for namespace in dict.fromkeys(namespaces):
-            listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, MODELPOOL_PLURAL)
+            listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
             items += listed.get("items") or []
     removed = 0
     for item in items:
         ns, name = item["metadata"]["namespace"], item["metadata"]["name"]
 
         def read(ns: str = ns, name: str = name) -> Any:
-            return custom.get_namespaced_custom_object(GROUP, VERSION, ns, MODELPOOL_PLURAL, name)
+            return custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name)
 
         def patch(body: Any, ns: str = ns, name: str = name) -> Any:
             return custom.patch_namespaced_custom_object(
-                GROUP, VERSION, ns, MODELPOOL_PLURAL, name, body, _content_type="application/json-patch+json"
+                GROUP, VERSION, ns, plural, name, body, _content_type="application/json-patch+json"
             )
 
-        removed += await _unfinalize(read, patch, f"modelpool {ns}/{name}")
+        removed += await _unfinalize(read, patch, f"{plural} {ns}/{name}")
     return removed
 
 
@@ -167,9 +170,16 @@ async def run(args: argparse.Namespace) -> None:
             raise TimeoutError(
                 f"the operator's pods ({args.selector}) still exist after {args.timeout:g} s"
             ) from None
-        removed = await unfinalize_pools(api, None if args.all_namespaces else args.namespaces)
+        scope = None if args.all_namespaces else args.namespaces
+        removed = await unfinalize_pools(api, scope)
+        hosts = await unfinalize_pools(api, scope, MODELHOST_PLURAL)
         budget = bool(args.budget) and await unfinalize_budget(api, args.budget)
-        log.info("done: the finalizer removed from %d pools%s", removed, " and the budget" if budget else "")
+        log.info(
+            "done: the finalizer removed from %d pools, %d hosts%s",
+            removed,
+            hosts,
+            " and the budget" if budget else "",
+        )
     finally:
         await api.close()
 

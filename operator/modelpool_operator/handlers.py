@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import kopf
 
-from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELPOOL_PLURAL, VERSION
+from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELHOST_PLURAL, MODELPOOL_PLURAL, VERSION
 from modelpool_contract.demand import (
     DEMAND_SELECTOR,
     LABEL_DEMAND,
@@ -35,13 +35,15 @@ from modelpool_contract.demand import (
     read_demand,
 )
 from modelpool_contract.labels import LABEL_POOL
-from modelpool_operator.bookkeeping import Bookkeeping, PoolRun, wait_for_wakeup
+from modelpool_contract.placements import LABEL_HOST
+from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun, wait_for_wakeup
 from modelpool_operator.effects import kube as kube_api
 from modelpool_operator.effects.apply import tell, write_budget_status
+from modelpool_operator.host import host_charge_key
 from modelpool_operator.observe.observation import slim_pod
 from modelpool_operator.planner import Event
 from modelpool_operator.pool import OtherPool, PoolKey
-from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
+from modelpool_operator.reconcile import budget_status_wire, reconcile_host, reconcile_pool
 from modelpool_operator.services import Services, start_services
 from modelpool_operator.settings import OperatorConfig, apply_to_kopf
 
@@ -51,6 +53,7 @@ _ERROR_DELAY_S = 5.0
 _COALESCE_S = 0.3
 _POOLS = (GROUP, VERSION, MODELPOOL_PLURAL)
 _BUDGETS = (GROUP, VERSION, MODELBUDGET_PLURAL)
+_HOSTS = (GROUP, VERSION, MODELHOST_PLURAL)
 _LEASES = (LEASE_GROUP, LEASE_VERSION, LEASE_PLURAL)
 # Only the demand Leases (the API server filters too: see ``startup``).
 _DEMAND = {LABEL_DEMAND: "true"}
@@ -59,6 +62,7 @@ PodsIndex = kopf.Index[PoolKey, dict[str, Any]]
 PoolsIndex = kopf.Index[PoolKey, OtherPool]
 BudgetsIndex = kopf.Index[str, dict[str, Any]]
 DemandIndex = kopf.Index[PoolKey, Demand]
+HostsIndex = kopf.Index[PoolKey, dict[str, Any]]
 _T = TypeVar("_T")
 
 
@@ -151,6 +155,14 @@ async def budgets_by_name(*, name: str, spec: kopf.Spec, **_: Any) -> dict[str, 
     return {name: dict(spec)}
 
 
+@kopf.index(*_HOSTS)
+async def hosts_by_key(
+    *, namespace: str | None, name: str, spec: kopf.Spec, **_: Any
+) -> dict[PoolKey, dict[str, Any]]:
+    """Each ModelHost's spec (raw: a pass parses it, and says so when it does not parse)."""
+    return {(namespace or "", name): dict(spec)}
+
+
 @kopf.index(*_LEASES, labels=_DEMAND)
 async def demand_by_pool(*, namespace: str | None, body: kopf.Body, **_: Any) -> dict[PoolKey, Demand]:
     """The demand a gateway last recorded for each pool: its demand Lease's renewTime, the requests held
@@ -169,7 +181,10 @@ async def pod_changed(
     book = _book(memo)
     pool = labels.get(LABEL_POOL)
     if pool:
-        book.poke((namespace or "", pool))
+        book.poke((namespace or "", pool))  # a host pod's: its ModelHost's daemon (``host_charge_key``)
+    host = labels.get(LABEL_HOST)
+    if host:
+        book.poke_host((namespace or "", host))  # the shared pools on its ModelHost
     if type == "DELETED" or status.get("phase") in ("Failed", "Succeeded"):
         book.poke_waiting()  # its memory is free (or about to be): pools short of budget may fit now
 
@@ -205,6 +220,14 @@ async def demand_changed(*, namespace: str | None, body: kopf.Body, memo: Any, *
         _book(memo).poke((namespace or "", pool))
 
 
+@kopf.on.event(*_HOSTS)
+async def host_changed(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    """A ModelHost came, went or changed: its daemon and the shared pools on it look at once."""
+    book = _book(memo)
+    book.poke(host_charge_key(namespace or "", name))
+    book.poke_host((namespace or "", name))
+
+
 @kopf.on.event(*_BUDGETS)
 async def budget_changed(*, memo: Any, **_: Any) -> None:
     _book(memo).poke_waiting()
@@ -226,12 +249,14 @@ async def pool_daemon(
     pools_by_key: PoolsIndex | None = None,
     budgets_by_name: BudgetsIndex | None = None,
     demand_by_pool: DemandIndex | None = None,
+    hosts_by_key: HostsIndex | None = None,
     **_: Any,
 ) -> None:
     pods = _index(pods_by_pool, "pods_by_pool")
     pools = _index(pools_by_key, "pools_by_key")
     budgets = _index(budgets_by_name, "budgets_by_name")
     demand = _index(demand_by_pool, "demand_by_pool")
+    hosts = _index(hosts_by_key, "hosts_by_key")
     services, book = _services(memo), _book(memo)
     run = PoolRun(key=(namespace or "", name))
     wakeup = book.wakeup(run.key)
@@ -249,7 +274,9 @@ async def pool_daemon(
                     pools_by_key=pools,
                     budgets=budgets,
                     demand=demand,
+                    hosts=hosts,
                 )
+                book.uses_host(run.key, body.get("spec", {}).get("host"))
                 if plan is not None and plan.requeue_after is not None:
                     delay = min(delay, max(plan.requeue_after, 0.2))
                 last_error = None
@@ -301,6 +328,57 @@ async def idle_until_pass(
         if remaining > interval:
             services.scraper.refresh(list(pods.get(key, ())), on_change=lambda: book.poke(key))
     return False
+
+
+# ---- the per-ModelHost daemon -----------------------------------------------------------------------------
+
+
+@kopf.daemon(*_HOSTS, cancellation_timeout=5.0)
+async def host_daemon(
+    *,
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    memo: Any,
+    logger: kopf.Logger,
+    stopped: kopf.DaemonStopped,
+    pods_by_pool: PodsIndex | None = None,
+    pools_by_key: PoolsIndex | None = None,
+    budgets_by_name: BudgetsIndex | None = None,
+    **_: Any,
+) -> None:
+    """Keeps the ModelHost's host pods (``reconcile.reconcile_host``), woken by its and its pods' events."""
+    pods = _index(pods_by_pool, "pods_by_pool")
+    pools = _index(pools_by_key, "pools_by_key")
+    budgets = _index(budgets_by_name, "budgets_by_name")
+    services, book = _services(memo), _book(memo)
+    run = HostRun(key=(namespace or "", name))
+    charge_key = host_charge_key(*run.key)
+    wakeup = book.wakeup(charge_key)
+    try:
+        while not stopped:
+            try:
+                await reconcile_host(
+                    services,
+                    book,
+                    run=run,
+                    body=body,
+                    pods_by_pool=pods,
+                    pools_by_key=pools,
+                    budgets=budgets,
+                )
+                delay = services.config.resync_interval_seconds
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad pass must not kill the daemon; retry shortly
+                logger.exception("ModelHost pass failed; retrying in %.0fs", _ERROR_DELAY_S)
+                delay = _ERROR_DELAY_S
+            if await wait_for_wakeup(wakeup, delay, stopped.wait()):
+                await asyncio.sleep(_COALESCE_S)
+                wakeup.clear()
+    finally:
+        book.forget(charge_key)
+        book.poke_waiting()  # its pods' memory is (about to be) free
 
 
 # ---- the ModelBudget status writer ---------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Names (all prefixed ``modelpool_operator_``; docs/operator.md has example queries):
 
-* ``reconcile_total{result}`` (ok, invalid, forbidden: refused by the operator's policy, error) and
+* ``reconcile_total{result}`` (ok, invalid, forbidden: refused by the operator's policy, shared: a pool
+  with spec.host waiting for placement, error) and
   ``reconcile_duration_seconds``: the pool passes and how long each took.
 * ``workers{namespace,pool,state}``: each pool's workers by state, as its last pass wrote them to status
   (every state is exported, zeros included; a deleted pool's series are removed).

@@ -24,6 +24,9 @@ The rules:
 * ``spec.podTemplate.serviceAccountName``, when set: one of the allowed names. No entry (the default):
   any. Unset, the workers run as the namespace's ``default`` service account, which is always allowed.
 
+A ModelHost's ``spec.image`` obeys the same image rule (``host_violations``): its host pods are created
+with the same right; a ModelHost that breaks it gets no host pod.
+
 The operator's own defaults (its ``server_image``, its default model cache) are the administrator's
 choice and are not checked.
 """
@@ -34,7 +37,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from modelpool_contract.api import ModelPoolSpec
+from modelpool_contract.api import ModelHostSpec, ModelPoolSpec
 
 # One path segment that is neither empty, "." nor "..": starting with a character other than "." and
 # "/", or a dot then such a character, or two dots then anything but "/".
@@ -120,6 +123,14 @@ def violations(spec: ModelPoolSpec, policy: Policy) -> list[Violation]:
 
 
 # The messages, word for word as the chart's ValidatingAdmissionPolicy writes them.
+def host_violations(spec: ModelHostSpec, policy: Policy) -> list[Violation]:
+    """The fields of a ModelHost's spec beyond the allowlists: its ``spec.image`` (the host pods run it
+    with the operator's right to create pods, as workers run a pool's)."""
+    if spec.image and not image_allowed(spec.image, policy.images):
+        return [Violation(FIELD_IMAGE, msg_image(spec.image, policy.images))]
+    return []
+
+
 def msg_unclean_path(path: str) -> str:
     return f"{FIELD_HOST_PATH}: {path} is not a clean absolute path (no empty, '.' or '..' segments)"
 

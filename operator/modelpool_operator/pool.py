@@ -119,6 +119,9 @@ class OtherPool:
     # Memory this pool is blocked on (its status.memory.waitingBytes): a lower-priority pool leaves
     # that much of any freed memory to it, so a preemption is not undone by the victim's own pool.
     waiting_memory: int = 0
+    # A shared pool's ModelHost (None: dedicated workers) and its declared size.
+    host: str | None = None
+    declared: int = 0
 
     @property
     def key(self) -> PoolKey:
@@ -140,4 +143,6 @@ class OtherPool:
             min_replicas=spec.min_replicas,
             workers=tuple(workers),
             waiting_memory=status.memory.waiting_bytes,
+            host=spec.host,
+            declared=spec.resources.memory_bytes,
         )

@@ -26,11 +26,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelpool_contract.api import Condition, parse_pool_status
+from modelpool_contract.api import Condition, parse_host_spec, parse_pool_status
 from modelpool_contract.demand import Demand
-from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
+from modelpool_contract.placements import host_model_name
+from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun
 from modelpool_operator.budget import BUDGET_VALID, BudgetLimit, budget_status, budget_validity
-from modelpool_operator.effects.apply import Refusal, apply, refuse, settle_reservations
+from modelpool_operator.effects.apply import Refusal, apply, refuse, settle_reservations, tell
+from modelpool_operator.effects.hosts import apply_host
+from modelpool_operator.host import HostView, host_charge_key, host_pod_name
+from modelpool_operator.observe.hosts import HostedPool, observe_hosts
 from modelpool_operator.observe.observation import (
     LazyOthers,
     PodsByPool,
@@ -40,9 +44,12 @@ from modelpool_operator.observe.observation import (
     other_pools,
 )
 from modelpool_operator.observe.worker_state import ObservedWorker
+from modelpool_operator.placement.charge import host_charge
 from modelpool_operator.planner import CounterSample, Event, LoadSample, Plan, PlannerSettings, plan
+from modelpool_operator.planner.hosts import HostPlan, plan_host
+from modelpool_operator.planner.shared import HostWait, host_wait, host_wait_event, host_wait_status
 from modelpool_operator.planner.status import condition
-from modelpool_operator.policy import Violation, violations
+from modelpool_operator.policy import Violation, host_violations, violations
 from modelpool_operator.pool import OtherPool, PoolKey, PoolView
 from modelpool_operator.services import Services, planner_settings
 
@@ -51,6 +58,8 @@ logger = logging.getLogger(__name__)
 PoolsByKey = Mapping[PoolKey, Iterable[OtherPool]]
 BudgetsByName = Mapping[str, Iterable[Mapping[str, Any]]]
 DemandByPool = Mapping[PoolKey, Iterable[Demand]]
+#: The ModelHosts' specs (raw), by (namespace, ModelHost name).
+HostsByKey = Mapping[PoolKey, Iterable[Mapping[str, Any]]]
 
 
 def latest_demand(demand: DemandByPool, key: PoolKey) -> Demand | None:
@@ -119,9 +128,10 @@ async def reconcile_pool(
     pools_by_key: PoolsByKey,
     budgets: BudgetsByName,
     demand: DemandByPool | None = None,
+    hosts: HostsByKey | None = None,
 ) -> Plan | None:
-    """One pass for the pool ``run.key``: returns the plan it applied (None: the spec is invalid).  Timed
-    and counted by outcome in the operator's metrics."""
+    """One pass for the pool ``run.key``: returns the plan it applied (None: the spec is invalid, or the
+    pool is shared and waits for placement).  Timed and counted by outcome in the operator's metrics."""
     with services.metrics.reconcile_pass() as outcome:
         try:
             pool = PoolView.from_body(body, demand=latest_demand(demand or {}, run.key))
@@ -135,6 +145,13 @@ async def reconcile_pool(
         if refused:
             outcome.result = "forbidden"
             refusal = policy_refusal(run, pool, body, refused)
+            if refusal is not None:
+                await refuse(services, run, body, refusal)
+            return None
+        if pool.spec.host is not None:
+            outcome.result = "shared"
+            wait = shared_wait(pool, hosts or {}, pods_by_pool)
+            refusal = host_wait_refusal(run, pool, body, wait)
             if refusal is not None:
                 await refuse(services, run, body, refusal)
             return None
@@ -160,6 +177,34 @@ async def reconcile_pool(
             outcome.result = "error"
         await settle_reservations(services, book, now)
         return decided
+
+
+def shared_wait(pool: PoolView, hosts: HostsByKey, pods_by_pool: PodsByPool) -> HostWait:
+    """Why the shared pool waits: its ModelHost (from the hosts index) and that host's pods."""
+    key = (pool.namespace, pool.spec.host or "")
+    specs = list(hosts.get(key, ()))
+    if not specs:
+        return host_wait(pool, host_found=False, host_error=None, hosts=[])
+    try:
+        spec = parse_host_spec(dict(specs[0]))
+    except ValidationError as exc:
+        return host_wait(pool, host_found=True, host_error=invalid_spec_message(exc), hosts=[])
+    pods = pods_by_pool.get(host_charge_key(*key), ())
+    return host_wait(pool, host_found=True, host_error=None, hosts=observe_hosts(spec, pods))
+
+
+def host_wait_refusal(
+    run: PoolRun, pool: PoolView, body: Mapping[str, Any], wait: HostWait
+) -> Refusal | None:
+    """The status and Event of a shared pool that waits for placement, when the reason is new for this
+    generation (None: told already; the pool's loop looks again at its host's next change)."""
+    told = (pool.generation, wait.reason, wait.message)
+    if run.host_wait == told:
+        return None
+    run.host_wait = told
+    status = host_wait_status(pool, wait, datetime.now(UTC))
+    written = {**(body.get("status") or {}), **status}
+    return Refusal(status=status, event=host_wait_event(wait), written=written)
 
 
 def invalid_spec_refusal(run: PoolRun, body: Mapping[str, Any], exc: Exception) -> Refusal | None:
@@ -290,3 +335,81 @@ def budget_status_wire(
         generation=generation,
     )
     return budget_status(ledger, [validity]).model_dump(mode="json", by_alias=True)
+
+
+# ---- a ModelHost's pass ---------------------------------------------------------------------------------
+
+
+def plan_host_pass(
+    services: Services,
+    book: Bookkeeping,
+    host: HostView,
+    *,
+    pods_by_pool: PodsByPool,
+    pools_by_key: PoolsByKey,
+    budgets: BudgetsByName,
+    now: datetime,
+) -> HostPlan:
+    """Observe the host pods (indexed and charged in the ledger under ``host.charge_key``, as a pool's
+    workers are; their ``/stats`` from the scraper's cache, refreshed in the background), plan, and
+    reserve the host pods to create: synchronous, as ``decide`` is, so that no pool or host plans in
+    between."""
+    listed = list(pods_by_pool.get(host.charge_key, ()))
+    stats = services.scraper.refresh(listed, on_change=lambda: book.poke(host.charge_key))
+    # Observed as pods (their /stats is a host's, not a worker's); other passes reuse this observation.
+    book.observed[host.charge_key] = [
+        services.observations.observe(pod, None, now, fresh=True) for pod in listed
+    ]
+    workers = observe(services, book, pods_by_pool, own=None, now=now)
+    ledger = book.ledger(workers, budget_limit(budgets, services.config.budget_name))
+    hosted = hosted_pools(host, pools_by_key)
+    views = observe_hosts(host.spec, listed, stats, hosted)
+    planned = plan_host(host, book.observed[host.charge_key], views, ledger)
+    charge = host_charge(host.spec)
+    for index in planned.create:
+        book.reservations.reserve(host.namespace, host.charge_key[1], host_pod_name(host, index), charge, now)
+    return planned
+
+
+def hosted_pools(host: HostView, pools_by_key: PoolsByKey) -> dict[str, HostedPool]:
+    """The shared pools on ``host``, by the name their model has there (``host_model_name``)."""
+    return {
+        host_model_name(pool.name): HostedPool(pool.name, pool.declared, pool.priority)
+        for key, indexed in pools_by_key.items()
+        if key[0] == host.namespace
+        for pool in list(indexed)[:1]
+        if pool.host == host.name
+    }
+
+
+async def reconcile_host(
+    services: Services,
+    book: Bookkeeping,
+    *,
+    run: HostRun,
+    body: Mapping[str, Any],
+    pods_by_pool: PodsByPool,
+    pools_by_key: PoolsByKey,
+    budgets: BudgetsByName,
+) -> HostPlan | None:
+    """One pass of a ModelHost (None: its spec does not parse; the CRD should have refused it)."""
+    try:
+        host = HostView.from_body(body)
+    except ValueError:
+        logger.warning("ModelHost %s/%s: invalid spec", *run.key, exc_info=True)
+        return None
+    refused = host_violations(host.spec, services.config.policy)
+    if refused:
+        # No host pod runs an image the operator does not allow (the chart's admission policy refuses
+        # the ModelHost at kubectl apply; this covers an operator without it, or a narrowed policy).
+        host = replace(host, spec=host.spec.model_copy(update={"replicas": 0}))
+        if run.forbidden != policy_message(refused):
+            run.forbidden = policy_message(refused)
+            tell(services, body, Event("Warning", POLICY_VIOLATION, run.forbidden[:1000]))
+    now = datetime.now(UTC)
+    planned = plan_host_pass(
+        services, book, host, pods_by_pool=pods_by_pool, pools_by_key=pools_by_key, budgets=budgets, now=now
+    )
+    await apply_host(planned, services, book, run=run, host=host, body=body, now=now)
+    await settle_reservations(services, book, now)
+    return planned

@@ -20,7 +20,8 @@ so that tempfile finds the volume as it would in a container (where /tmp *is* th
 Sources (`pod_volume_dirs`): emptyDir (a fresh directory), hostPath (the host path, with the `type`
 checks and the *OrCreate creation the kubelet does), persistentVolumeClaim (PVC -> its bound PV ->
 `spec.hostPath.path` or `spec.local.path`; an unbound claim is an error the worker retries, as the
-kubelet keeps such a pod in ContainerCreating).  Other volume types are not mounted.
+kubelet keeps such a pod in ContainerCreating), secret (its keys written as files, `secret_source`).
+Other volume types are not mounted.
 
 `readOnly` and `readOnlyRootFilesystem`: a container without a read-only root has the agent's own
 permissions everywhere.  One with `securityContext.readOnlyRootFilesystem` runs in a mount namespace of
@@ -30,6 +31,7 @@ not `readOnly` (`writable_paths`), its mount root and its log files.
 
 from __future__ import annotations
 
+import base64
 import os
 import posixpath
 import shutil
@@ -78,7 +80,33 @@ def volume_source(volume: JSON, namespace: str, pod_dir: Path, get: Getter) -> H
     if "persistentVolumeClaim" in volume:
         claim = str(volume["persistentVolumeClaim"]["claimName"])
         return claim_source(name, namespace, claim, get)
+    if "secret" in volume:
+        return secret_source(name, namespace, volume["secret"], pod_dir, get)
     return None
+
+
+def secret_source(volume: str, namespace: str, source: JSON, pod_dir: Path, get: Getter) -> HostSource:
+    """A Secret's keys (``items``: those, at their paths; else every key) written as files into a directory
+    of the pod's, read-only (``defaultMode``), as the kubelet projects them."""
+    name = str(source["secretName"])
+    secret = get(f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}")
+    if secret is None:
+        raise VolumeError(volume, f'secret "{name}" not found')
+    data = secret.get("data") or {}
+    items = source.get("items") or [{"key": key, "path": key} for key in data]
+    directory = pod_dir / "volumes" / volume
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for item in items:
+        key, rel = str(item["key"]), str(item["path"])
+        if key not in data:
+            raise VolumeError(volume, f'secret "{name}" has no key {key!r}')
+        if posixpath.isabs(rel) or ".." in rel.split("/"):
+            raise VolumeError(volume, f"secret item path {rel!r} must be relative within the volume")
+        target = directory / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(base64.b64decode(data[key]))
+        target.chmod(int(item.get("mode") or source.get("defaultMode") or 0o644) | 0o400)
+    return HostSource(directory, "Directory")
 
 
 def claim_source(volume: str, namespace: str, claim: str, get: Getter) -> HostSource:

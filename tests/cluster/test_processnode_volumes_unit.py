@@ -53,6 +53,25 @@ def test_volume_sources_emptydir_hostpath_and_unmounted_types(tmp_path: Path) ->
     assert volume_source({"name": "c", "configMap": {"name": "cm"}}, "ns", tmp_path, get) is None
 
 
+def test_a_secret_volume_is_its_keys_as_files(tmp_path: Path) -> None:
+    secret = {"data": {"key": "czNjcmV0", "other": "eA=="}}  # base64 of "s3cret", "x"
+    get = api({"/api/v1/namespaces/ns/secrets/ctl": secret})
+    items = {"secretName": "ctl", "items": [{"key": "key", "path": "k/key"}], "defaultMode": 0o440}
+    source = volume_source({"name": "c", "secret": items}, "ns", tmp_path, get)
+    assert source == HostSource(tmp_path / "volumes" / "c", "Directory")
+    assert (source.path / "k" / "key").read_text() == "s3cret"
+    assert not (source.path / "other").exists()
+    every = volume_source({"name": "all", "secret": {"secretName": "ctl"}}, "ns", tmp_path, get)
+    assert every is not None and sorted(p.name for p in every.path.iterdir()) == ["key", "other"]
+    for bad, reason in (
+        ({"secretName": "gone"}, "not found"),
+        ({"secretName": "ctl", "items": [{"key": "nope", "path": "x"}]}, "no key"),
+        ({"secretName": "ctl", "items": [{"key": "key", "path": "../x"}]}, "relative"),
+    ):
+        with pytest.raises(VolumeError, match=reason):
+            volume_source({"name": "b", "secret": bad}, "ns", tmp_path, get)
+
+
 def test_pvc_resolves_to_its_bound_persistent_volume(tmp_path: Path) -> None:
     volume = {"name": "model", "persistentVolumeClaim": {"claimName": "models"}}
     host_pv = {"spec": {"hostPath": {"path": "/data/models", "type": "DirectoryOrCreate"}}}

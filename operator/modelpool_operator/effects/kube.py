@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELPOOL_PLURAL, VERSION
+from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELHOST_PLURAL, MODELPOOL_PLURAL, VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,8 @@ class KubeApi(Protocol):
     async def ensure_network_policy(self, namespace: str, body: Mapping[str, Any]) -> None: ...
     async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool: ...
+    async def patch_host_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
+    async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> bool: ...
     async def close(self) -> None: ...
 
 
@@ -184,6 +186,14 @@ class Kube:
         )
         return bool(listed.items)
 
+    async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> bool:
+        """Create a Secret (a ModelHost's control key); False when it exists already (its key is kept)."""
+        return await self._took_effect(
+            "create_secret",
+            self._core.create_namespaced_secret(namespace, dict(body), _request_timeout=self._timeout),
+            unless=EXISTS,
+        )
+
     # ---- services --------------------------------------------------------------------------------
 
     async def ensure_service(self, namespace: str, body: Mapping[str, Any]) -> None:
@@ -239,6 +249,13 @@ class Kube:
         """Merge-patch the (cluster-scoped) ModelBudget's status; False when it does not exist."""
         patch = self._custom.patch_cluster_custom_object_status
         return await self._patch_status("patch_budget_status", patch, MODELBUDGET_PLURAL, name, status=status)
+
+    async def patch_host_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
+        """Merge-patch a ModelHost's status subresource; False when it is gone."""
+        patch = self._custom.patch_namespaced_custom_object_status
+        return await self._patch_status(
+            "patch_host_status", patch, namespace, MODELHOST_PLURAL, name, status=status
+        )
 
     async def _patch_status(self, operation: str, patch: Any, *where: str, status: Mapping[str, Any]) -> bool:
         """``patch(GROUP, VERSION, *where, body)`` as a merge patch of the status; False when gone."""

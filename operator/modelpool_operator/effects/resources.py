@@ -1,4 +1,5 @@
-"""Pure builders of the objects the operator creates: worker Pods and the pool's (headless) Service.
+"""Pure builders of the objects the operator creates: worker Pods, the pool's (headless) Service, and a
+ModelHost's host pods and control key Secret.
 
 No API calls here: the reconciliation pass builds and creates.  Everything a worker pod carries is
 derived from the parsed pool (``pool.PoolView``: identity, spec, template hash) and ``PodSettings``, so
@@ -11,7 +12,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from modelpool_contract.api import API_VERSION, MODELPOOL_KIND, EnvVar, ModelCacheSpec, ModelPoolSpec
+from modelpool_contract.api import (
+    API_VERSION,
+    MODELHOST_KIND,
+    MODELPOOL_KIND,
+    EnvVar,
+    ModelCacheSpec,
+    ModelHostSpec,
+    ModelPoolSpec,
+)
 from modelpool_contract.exits import termination_grace_period_s
 from modelpool_contract.flags import (
     CPU_SHARE_ENV,
@@ -46,8 +55,11 @@ from modelpool_contract.mounts import (
     TMP_PATH,
     parse_pvc_source,
 )
+from modelpool_contract.placements import LABEL_HOST
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
 from modelpool_contract.times import rfc3339
+from modelpool_operator.host import HostView, host_pod_name, host_pool_label, host_template_hash
+from modelpool_operator.placement.charge import host_charge
 from modelpool_operator.pool import PoolView
 
 MANAGED_BY = "modelpool-operator"
@@ -284,6 +296,16 @@ def _pod_spec(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> dic
     return pod_spec
 
 
+def _security_context() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def _owned_metadata(pool: PoolView, name: str, labels: dict[str, str]) -> dict[str, Any]:
     """Metadata of an object the pool owns (its namespace; the owner reference when the uid is known)."""
     metadata: dict[str, Any] = {"name": name, "labels": labels}
@@ -386,3 +408,172 @@ def eviction_patch(reason: str, now: datetime, state: str) -> dict[str, Any]:
             },
         }
     }
+
+
+# ---- shared hosts (a ModelHost's pods) -------------------------------------------------------------------
+
+# Where a host pod's control key (the Secret ``control_key_secret_name``) is mounted: the host's control API
+# (load, unload, sleep, wake on the probe port) answers only requests that carry it.
+CONTROL_KEY_DIR = "/etc/modelpool/control-key"
+CONTROL_KEY_ITEM = "key"
+CONTROL_KEY_FILE = f"{CONTROL_KEY_DIR}/{CONTROL_KEY_ITEM}"
+
+
+def control_key_secret_name(host: HostView) -> str:
+    return f"{host.name}-control-key"
+
+
+def host_owner_reference(host: HostView) -> dict[str, Any] | None:
+    """The controller owner reference to the ModelHost (None when its uid is unknown)."""
+    if not host.uid:
+        return None
+    return {
+        "apiVersion": API_VERSION,
+        "kind": MODELHOST_KIND,
+        "name": host.name,
+        "uid": host.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _host_metadata(host: HostView, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": host.namespace, "labels": labels}
+    owner = host_owner_reference(host)
+    if owner is not None:
+        metadata["ownerReferences"] = [owner]
+    return metadata
+
+
+def _host_labels(host: HostView) -> dict[str, str]:
+    return {LABEL_HOST: host.name, LABEL_POOL: host_pool_label(host.name), LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def _host_pod_labels(host: HostView) -> dict[str, str]:
+    return {**_host_labels(host), LABEL_TEMPLATE_HASH: host_template_hash(host.spec)}
+
+
+def build_control_key_secret(host: HostView, key: str) -> dict[str, Any]:
+    """The ModelHost's control key Secret (owned by it: deleted with it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _host_metadata(host, control_key_secret_name(host), _host_labels(host)),
+        "type": "Opaque",
+        "stringData": {CONTROL_KEY_ITEM: key},
+    }
+
+
+def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
+    """``modelpool-server --shared-host`` and the flags a host understands (model_server/host_config.py):
+    its ports, its device (cpu on a CPU host; the GPU the pod is given otherwise), the device memory its
+    ledger hands out, the host RAM for sleeping models, the control key."""
+    args = [
+        "--shared-host",
+        "--port",
+        str(settings.port),
+        "--probe-port",
+        str(settings.probe_port),
+        "--device",
+        "cpu" if spec.gpus_per_host == 0 else "auto",
+        "--device-memory",
+        str(spec.device_memory_bytes),
+        "--control-key-file",
+        CONTROL_KEY_FILE,
+    ]
+    if spec.host_memory_bytes:
+        args += ["--host-memory", str(spec.host_memory_bytes)]
+    return args
+
+
+def _host_resources(spec: ModelHostSpec) -> dict[str, Any]:
+    """nvidia.com/gpu = gpusPerHost; on a CPU host the RAM its models use (deviceMemory, awake) and park
+    (hostMemory, asleep) as its memory request and limit; CPU as the ModelHost asks."""
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if spec.gpus_per_host > 0:
+        requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(spec.gpus_per_host)
+        # The parked weights live in the host's RAM (pinned): asked for, not limited (the CUDA runtime's
+        # own use comes on top).
+        if spec.host_memory_bytes:
+            requests["memory"] = str(spec.host_memory_bytes)
+    else:
+        ram = spec.device_memory_bytes + spec.host_memory_bytes
+        requests["memory"] = limits["memory"] = str(ram)
+    if spec.resources.cpu is not None:
+        requests["cpu"] = str(spec.resources.cpu)
+    return {"requests": requests, "limits": limits}
+
+
+def build_host_pod(host: HostView, index: int, settings: PodSettings | None = None) -> dict[str, Any]:
+    """The ``index``-th host pod of ``host``: ``modelpool-server --shared-host`` with its control key
+    mounted, labelled ``modelpool.dev/host=<name>``, charged its whole devices (``ANNOTATION_MEMORY``:
+    ``placement.host_charge``), owned by the ModelHost."""
+    settings = settings or PodSettings()
+    spec = host.spec
+    name = host_pod_name(host, index)
+    metadata = _host_metadata(host, name, _host_pod_labels(host))
+    metadata["annotations"] = {ANNOTATION_MEMORY: str(host_charge(spec))}
+    env = [{"name": k, "value": v} for k, v in (*SCRATCH_ENV, ("PYTHONUNBUFFERED", "1"))]
+    if spec.resources.cpu is not None:
+        env.append(cpu_share_env())
+    container = {
+        "name": SERVER_CONTAINER,
+        "image": spec.image or settings.default_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": [SERVER_COMMAND],
+        "args": host_server_args(spec, settings),
+        "env": env,
+        "ports": [
+            {"name": HTTP_PORT_NAME, "containerPort": settings.port, "protocol": "TCP"},
+            {"name": PROBE_PORT_NAME, "containerPort": settings.probe_port, "protocol": "TCP"},
+        ],
+        "resources": _host_resources(spec),
+        "readinessProbe": {"httpGet": _http_get(READY_PATH), "periodSeconds": 2, "timeoutSeconds": 2},
+        "livenessProbe": {
+            "httpGet": _http_get(LIVE_PATH),
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+            "timeoutSeconds": 5,
+        },
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": _security_context(),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": TMP_PATH},
+            {"name": "home", "mountPath": HOME_PATH},
+            {"name": "cache", "mountPath": CACHE_MOUNT_PATH},
+            {"name": "control-key", "mountPath": CONTROL_KEY_DIR, "readOnly": True},
+        ],
+    }
+    secret = {
+        "secretName": control_key_secret_name(host),
+        "items": [{"key": CONTROL_KEY_ITEM, "path": CONTROL_KEY_ITEM}],
+        "defaultMode": 0o440,
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        # Never, as a worker's: the operator replaces a failed host pod (and re-places its models).
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": termination_grace_period_s(settings.drain_timeout_s),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "fsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "home", "emptyDir": {}},
+            {"name": "cache", "emptyDir": {}},
+            {"name": "control-key", "secret": secret},
+        ],
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [t.wire() for t in spec.tolerations]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}

@@ -78,7 +78,8 @@ def _create(cluster: Cluster, namespace: str, manifest: dict[str, Any], *args: s
 @pytest.fixture
 def admission_policy(crds: Cluster, namespace: str) -> Iterator[str]:
     """The chart's policy and binding for ``namespace`` (the release namespace, namespace scope), with the
-    test's allowlists; a Role letting ``alice`` create, get and list ModelPools there and nothing else.
+    test's allowlists; a Role letting ``alice`` create, get and list ModelPools and ModelHosts there and
+    nothing else.
     Yields the namespace once the API server enforces the policy."""
     release = f"pol-{uuid.uuid4().hex[:6]}"
     rendered = crds.helm(
@@ -94,7 +95,13 @@ def admission_policy(crds: Cluster, namespace: str) -> Iterator[str]:
     # one).
     crds.kubectl("create", "serviceaccount", ACCOUNTS[0], "-n", namespace)
     crds.kubectl(
-        "create", "role", "pool-author", "-n", namespace, "--verb=create,get,list", f"--resource={POOLS}"
+        "create",
+        "role",
+        "pool-author",
+        "-n",
+        namespace,
+        "--verb=create,get,list",
+        f"--resource={POOLS},modelhosts",
     )
     crds.kubectl(
         "create", "rolebinding", "pool-author", "-n", namespace, "--role=pool-author", f"--user={USER}"
@@ -135,6 +142,16 @@ def test_the_api_server_refuses_a_pool_beyond_the_allowlists_naming_the_field(
         "account": (
             _pool("account", service_account="cluster-admin"),
             msg_service_account("cluster-admin", ACCOUNTS),
+        ),
+        # A ModelHost's image obeys the same rule (its host pods run it).
+        "host-image": (
+            {
+                "apiVersion": "modelpool.dev/v1alpha1",
+                "kind": "ModelHost",
+                "metadata": {"name": "host-image"},
+                "spec": {"replicas": 0, "deviceMemory": "1Gi", "image": "docker.io/evil/miner:1"},
+            },
+            msg_image("docker.io/evil/miner:1", IMAGES),
         ),
     }
     for name, (manifest, message) in refused.items():

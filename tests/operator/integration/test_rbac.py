@@ -58,7 +58,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "RoleBinding"}
 PEERING_KINDS = {"KopfPeering", "ClusterKopfPeering"}
 # Granted, but checked by admission rather than requested (see the module docstring).
-NOT_A_REQUEST = frozenset({("modelpool.dev", "modelpools/finalizers", "update")})
+NOT_A_REQUEST = frozenset(
+    {
+        ("modelpool.dev", "modelpools/finalizers", "update"),
+        ("modelpool.dev", "modelhosts/finalizers", "update"),
+    }
+)
 
 
 @dataclass
@@ -148,6 +153,21 @@ def _compare(release: AuditedRelease) -> None:
     assert_exactly_used("the operator", release.requests(), release.granted(), NOT_A_REQUEST)
 
 
+# A ModelHost whose one host pod lands on a KWOK GPU node (nothing runs in it).
+KWOK_HOST = {
+    "apiVersion": "modelpool.dev/v1alpha1",
+    "kind": "ModelHost",
+    "metadata": {"name": "audited"},
+    "spec": {
+        "replicas": 1,
+        "gpusPerHost": 1,
+        "deviceMemory": "8Gi",
+        "nodeSelector": {"type": "kwok"},
+        "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+}
+
+
 def _exercise(
     crds: Cluster,
     namespace: str,
@@ -157,8 +177,9 @@ def _exercise(
     scope: list[str],
     peering: str,
 ) -> None:
-    """Everything the operator does, run as the audited ServiceAccount with the chart's settings: a budget
-    and a pool of two KWOK workers (pods, the Service, the NetworkPolicy, status, Events, the budget's status,
+    """Everything the operator does, run as the audited ServiceAccount with the chart's settings: a budget,
+    a ModelHost with one KWOK host pod (its Secret, pod, status, finalizer), and a pool of two KWOK
+    workers (pods, the Service, the NetworkPolicy, status, Events, the budget's status,
     Kopf's finalizers and peering), a scale-down (an eviction patch, then a deletion), a restart (the
     existing Service and NetworkPolicy patched), and the
     pool and the budget deleted while the operator runs (Kopf removes its finalizers)."""
@@ -168,8 +189,20 @@ def _exercise(
     operator = start_operator(*scope, peering=peering, kubeconfig=release.kubeconfig, **env)
     try:
         apply(crds, pool_manifest("audited", replicas=2, max_replicas=4), namespace)
+        # A ModelHost: its daemon makes the control key Secret and a host pod, and writes its status.
+        apply(crds, KWOK_HOST, namespace)
         wait_status(
             crds, namespace, "audited", lambda s: s.get("readyReplicas") == 2, timeout=90, message="2 ready"
+        )
+        wait_for(
+            lambda: (
+                (get_json(crds, "modelhost", "audited", "-n", namespace).get("status") or {}).get(
+                    "readyReplicas"
+                )
+                == 1
+            ),
+            timeout=90,
+            message="the host pod ready and the ModelHost's status written",
         )
         wait_for(
             lambda: (get_json(crds, "modelbudget", release.budget).get("status") or {}).get("usedBytes"),
@@ -192,6 +225,7 @@ def _exercise(
     finally:
         # While the operator runs, so that it removes its finalizers.
         crds.kubectl("delete", POOLS, "audited", "-n", namespace, "--ignore-not-found", "--timeout=60s")
+        crds.kubectl("delete", "modelhost", "audited", "-n", namespace, "--ignore-not-found", "--timeout=60s")
         crds.kubectl("delete", "modelbudget", release.budget, "--ignore-not-found", "--timeout=60s")
 
 

@@ -51,6 +51,8 @@ class RecordingKube:
     def __init__(self, fail_creates: BaseException | None = None) -> None:
         self.created: list[dict[str, Any]] = []
         self.status_patches: list[dict[str, Any]] = []
+        self.host_status_patches: list[dict[str, Any]] = []
+        self.secrets: list[dict[str, Any]] = []
         self.policies: list[dict[str, Any]] = []
         self.services: list[dict[str, Any]] = []
         self.fail_creates = fail_creates  # every create raises this (after taking effect if "made" is set)
@@ -100,6 +102,14 @@ class RecordingKube:
         return True
 
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool:
+        return True
+
+    async def patch_host_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
+        self.host_status_patches.append(dict(status))
+        return True
+
+    async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> bool:
+        self.secrets.append(dict(body))
         return True
 
     async def close(self) -> None:
@@ -480,3 +490,69 @@ async def test_an_eviction_records_the_state_the_planner_observed_in_its_one_pat
         "ScaleDown",
         "Ready",
     )
+
+
+# ---- a ModelHost's pass (reconcile_host) -----------------------------------------------------------------
+
+
+def _host(replicas: int, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelHost",
+        "metadata": {"name": "gpus", "namespace": "ns", "uid": "uid-gpus", "generation": 1},
+        "spec": {"replicas": replicas, "gpusPerHost": 1, "deviceMemory": "2Gi", **spec},
+    }
+
+
+async def test_a_host_pass_makes_its_key_once_and_its_pods_within_the_budget(state: Operator) -> None:
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.host import host_charge_key
+    from modelpool_operator.reconcile import reconcile_host
+
+    run, body = HostRun(key=("ns", "gpus")), _host(3)
+    budgets = {"default": [{"memory": "5Gi"}]}
+    pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    await reconcile_host(
+        state.services, state.book, run=run, body=body, pods_by_pool=pods, pools_by_key={}, budgets=budgets
+    )
+    # Two host pods of 2Gi fit the 5Gi budget; the third waits, told once.
+    assert sorted(p["metadata"]["name"] for p in state.kube.created) == ["gpus-0", "gpus-1"]
+    assert [s["metadata"]["name"] for s in state.kube.secrets] == ["gpus-control-key"]
+    assert state.kube.host_status_patches[-1]["readyText"] == "0/3"
+    assert [e.reason for _, e in state.events.posted] == ["BudgetExceeded"]
+    # The next pass, before the pods are observed: their reservations hold the budget; no second key.
+    await reconcile_host(
+        state.services, state.book, run=run, body=body, pods_by_pool=pods, pools_by_key={}, budgets=budgets
+    )
+    assert len(state.kube.created) == 2 and len(state.kube.secrets) == 1
+    assert [e.reason for _, e in state.events.posted] == ["BudgetExceeded"]
+    # Observed: charged as workers, the reservations over; still no room for the third.
+    pods[host_charge_key("ns", "gpus")] = [_running(p) for p in state.kube.created]
+    await reconcile_host(
+        state.services, state.book, run=run, body=body, pods_by_pool=pods, pools_by_key={}, budgets=budgets
+    )
+    assert len(state.kube.created) == 2 and state.book.reservations.reserved == 0
+
+
+async def test_a_host_with_a_forbidden_image_gets_no_pod_and_one_warning() -> None:
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.reconcile import POLICY_VIOLATION, reconcile_host
+
+    operator = recording_operator(OperatorConfig(allowed_images=("ghcr.io/modelpool/",)))
+    try:
+        run, body = HostRun(key=("ns", "gpus")), _host(2, image="docker.io/evil/miner:1")
+        for _ in range(2):
+            await reconcile_host(
+                operator.services,
+                operator.book,
+                run=run,
+                body=body,
+                pods_by_pool={},
+                pools_by_key={},
+                budgets={},
+            )
+        assert operator.kube.created == []
+        [(_, event)] = operator.events.posted
+        assert event.reason == POLICY_VIOLATION and "docker.io/evil/miner:1" in event.message
+    finally:
+        await operator.services.scraper.aclose()

@@ -381,7 +381,7 @@ def test_an_idle_pool_passes_at_the_resync_interval_and_refreshes_its_stats_in_b
             operator_handlers.pool_daemon(
                 namespace="ns", name="p", body={}, memo=memo, logger=logging.getLogger("t"),
                 stopped=AsyncFlagWaiter(setter), pods_by_pool=pods, pools_by_key={},  # type: ignore[arg-type]
-                budgets_by_name={}, demand_by_pool={},  # type: ignore[arg-type]
+                budgets_by_name={}, demand_by_pool={}, hosts_by_key={},  # type: ignore[arg-type]
             )
         )  # fmt: skip
         await asyncio.sleep(1.5)

@@ -1,0 +1,88 @@
+"""Applying a ModelHost's pass (``planner.hosts.HostPlan``): its control key Secret (made once, a random
+key, kept when it exists), the host pods to delete and to create (their reservations end as a worker's
+do: ``effects.apply``), the status, and a Warning Event while the budget holds host pods back.
+
+Nothing here decides: ``reconcile.reconcile_host`` planned the pass and recorded the reservations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from modelpool_operator.bookkeeping import Bookkeeping, HostRun
+from modelpool_operator.effects.apply import ApiFailure, _attempt, _create
+from modelpool_operator.effects.kube import merge_patch
+from modelpool_operator.effects.resources import build_control_key_secret, build_host_pod
+from modelpool_operator.host import HostView, host_pod_name
+from modelpool_operator.planner import Event
+from modelpool_operator.planner.hosts import HostPlan
+from modelpool_operator.services import Services, pod_settings
+
+
+async def ensure_control_key(services: Services, run: HostRun, host: HostView) -> ApiFailure | None:
+    """The host's control key Secret, created once with a fresh random key (an existing one is kept: the
+    running host pods read it)."""
+    if run.secret_ready:
+        return None
+    secret = build_control_key_secret(host, secrets.token_urlsafe(32))
+    failure = await _attempt(
+        "SecretFailed",
+        f"Secret {secret['metadata']['name']}",
+        services.kube.create_secret(host.namespace, secret),
+    )
+    run.secret_ready = failure is None
+    return failure
+
+
+async def apply_host(
+    plan: HostPlan,
+    services: Services,
+    book: Bookkeeping,
+    *,
+    run: HostRun,
+    host: HostView,
+    body: Mapping[str, Any],
+    now: datetime,
+) -> list[ApiFailure]:
+    """Make the ModelHost's ``plan`` so; returns the requests that failed (the pass goes on past each)."""
+    kube = services.kube
+    failures: list[ApiFailure | None] = [await ensure_control_key(services, run, host)]
+    for name in plan.delete:
+        failures.append(
+            await _attempt("DeleteFailed", f"host pod {name}", kube.delete_pod(host.namespace, name))
+        )
+    settings = pod_settings(services.config)
+    creates = [(host_pod_name(host, i), build_host_pod(host, i, settings)) for i in plan.create]
+    failures += await asyncio.gather(
+        *(
+            _attempt("CreateFailed", f"host pod {name}", _create(services, book, host.namespace, name, pod))
+            for name, pod in creates
+        )
+    )
+    if plan.create or plan.delete:
+        book.budget_wakeup.set()
+    wire = plan.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
+    patch = merge_patch(previous, wire)
+    if patch:
+        await kube.patch_host_status(host.namespace, host.name, patch)
+    run.last_status_wire = wire
+    if plan.short and plan.short != run.short:
+        services.events.post(
+            body,
+            Event(
+                "Warning",
+                "BudgetExceeded",
+                f"{plan.short} host pod(s) wait for the ModelBudget (each is charged its whole devices)",
+            ),
+        )
+    run.short = plan.short
+    book.waits_for_budget(host.charge_key, plan.short > 0)
+    failed = [f for f in failures if f is not None]
+    for failure in failed:
+        services.events.post(body, Event("Warning", failure.reason, failure.message))
+    return failed

@@ -1,0 +1,102 @@
+"""Shared hosts as observed (issue 21): a ModelHost's pods, from the host pods index, as the placement
+ledger's ``Host`` values (pure: slim pods and the parsed ModelHost spec in, plain values out).
+
+A host pod accepts models while it runs, is Ready and is not being deleted; its models are those its
+``/stats`` reports (``{"host": {...}, "models": {<name>: <WorkerStats>}}``), each the resident of the
+shared pool of the ModelHost whose model has that name there (``placements.host_model_name``:
+``HostedPool``), else of a pool named after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeGuard, get_args
+
+from modelpool_contract.api import HostModelState, ModelHostSpec
+from modelpool_operator.placement.ledger import Host, Resident
+
+_STATES = frozenset(get_args(HostModelState))
+
+
+@dataclass(frozen=True)
+class HostedPool:
+    """What the ledger needs of a shared pool on the ModelHost: its name, declared size and priority."""
+
+    name: str
+    declared: int = 0
+    priority: int = 0
+
+
+def _state(value: object) -> TypeGuard[HostModelState]:
+    return isinstance(value, str) and value in _STATES
+
+
+def _count(doc: Mapping[str, Any], key: str) -> int | None:
+    value = doc.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def host_residents(
+    namespace: str, stats: Mapping[str, Any] | None, pools: Mapping[str, HostedPool]
+) -> tuple[Resident, ...]:
+    """The models a host's ``/stats`` reports, as the ledger's residents (``pools``: by model name); a
+    model in an unknown state or an unreadable document is left out (unknown stats never fail anything)."""
+    models = (stats or {}).get("models")
+    if not isinstance(models, Mapping):
+        return ()
+    residents = []
+    for name, doc in sorted(models.items()):
+        if not isinstance(doc, Mapping) or not _state(doc.get("state")):
+            continue
+        pool = pools.get(str(name), HostedPool(str(name)))
+        memory = doc.get("memory") if isinstance(doc.get("memory"), Mapping) else {}
+        last = doc.get("last_request_time")
+        residents.append(
+            Resident(
+                pool=(namespace, pool.name),
+                state=doc["state"],
+                device=0,  # a host serves one device (model_server/host_config.py)
+                declared=pool.declared,
+                measured=_count(memory or {}, "gpu_reserved_bytes"),
+                priority=pool.priority,
+                last_used=float(last) if isinstance(last, int | float) else 0.0,
+                busy=bool(_count(doc, "queue_depth") or _count(doc, "in_flight")),
+            )
+        )
+    return tuple(residents)
+
+
+def host_pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Running, its Ready condition True, and not being deleted."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp") or status.get("phase") != "Running":
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def observe_hosts(
+    spec: ModelHostSpec,
+    pods: Iterable[Mapping[str, Any]],
+    stats: Mapping[str, Mapping[str, Any] | None] | None = None,
+    pools: Mapping[str, HostedPool] | None = None,
+) -> list[Host]:
+    """The ledger's view of each host pod (sorted by name): the ModelHost's devices and host RAM, the
+    models its ``/stats`` reports (``stats``: by pod name); a pod accepts models only while ready."""
+    capacities = (spec.device_memory_bytes,) * spec.devices
+    hosts = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        hosts.append(
+            Host(
+                name=name,
+                capacities=capacities,
+                host_memory=spec.host_memory_bytes,
+                residents=host_residents(
+                    str(meta.get("namespace") or ""), (stats or {}).get(name), pools or {}
+                ),
+                accepting=host_pod_ready(pod),
+            )
+        )
+    return sorted(hosts, key=lambda h: h.name)

@@ -1,0 +1,172 @@
+"""Shared hosts (issue 21) with the real operator on the local control plane: a ModelHost gets its host
+pods (on KWOK GPU nodes: nothing runs in them) with the right spec, within the ModelBudget, and a status;
+a CPU ModelHost's pod on the process node is a real ``modelpool-server --shared-host`` whose ``/stats``
+the status shows;
+a pool with ``spec.host`` never gets dedicated workers, and its status says it waits for placement on its
+ModelHost, and why.
+
+One operator serves the module's tests (they share a namespace and a set-up: each costs seconds)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from modelpool_contract.labels import LABEL_POOL
+from modelpool_contract.placements import LABEL_HOST
+from modelpool_operator.effects.resources import CONTROL_KEY_FILE
+from testkit.cluster import Cluster
+from testkit.kubectl import (
+    PROCESS_NODE_SELECTOR,
+    PROCESS_NODE_TOLERATION,
+    apply,
+    get_json,
+    wait_established,
+    wait_for,
+)
+from testkit.services import OperatorProcess, budget_manifest, stop_all
+from tests.operator.integration.opharness import GI, condition, reasons, wait_status
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def shared_ns(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A namespace with one operator watching it (the objects deleted and the operator stopped, exiting 0,
+    at the module's end; its log shown then)."""
+    wait_established(crds, "modelhosts.modelpool.dev")
+    namespace = f"shared-{uuid.uuid4().hex[:8]}"
+    crds.kubectl("create", "namespace", namespace)
+    wait_for(
+        lambda: (
+            crds.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0
+        ),
+        timeout=30,
+        message=f"default ServiceAccount in {namespace}",
+    )
+    apply(crds, {**budget_manifest("20Gi"), "metadata": {"name": BUDGET}})
+    log = tmp_path_factory.mktemp("shared") / "operator.log"
+    process = OperatorProcess(crds, (namespace,), log, MODELPOOL_OPERATOR_BUDGET_NAME=BUDGET)
+    try:
+        yield namespace
+    finally:
+        crds.kubectl(
+            "delete", "modelpools,modelhosts", "--all", "-n", namespace, "--timeout=30s", check=False
+        )
+        crds.kubectl("delete", "modelbudget", BUDGET, "--ignore-not-found", "--wait=false")
+        stop_all([process], show_logs=True, what="operator")
+        crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+BUDGET = f"shared-{uuid.uuid4().hex[:6]}"
+KWOK = {
+    "nodeSelector": {"type": "kwok"},
+    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+}
+
+
+def shared_pool(name: str, host: str, memory: str = "2Gi") -> dict[str, Any]:
+    return {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": "/models/tiny", "task": "text-embedding"},
+            "resources": {"memory": memory},
+            "host": host,
+        },
+    }
+
+
+def model_host(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelHost",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def placed(reason: str) -> Any:
+    return lambda status: condition(status, "Placed").get("reason") == reason
+
+
+def test_a_shared_pool_waits_for_its_host_with_the_reason_and_gets_no_worker(
+    crds: Cluster, shared_ns: str
+) -> None:
+    apply(crds, shared_pool("emb", "gpus"), shared_ns)
+    status = wait_status(
+        crds, shared_ns, "emb", placed("HostNotFound"), timeout=60, message="the pool waits: no ModelHost"
+    )
+    assert status["phase"] == "Pending" and status["replicas"] == 0
+    assert "waiting for placement on ModelHost gpus" in condition(status, "Placed")["message"]
+    assert condition(status, "Ready")["status"] == "False"
+    apply(crds, model_host("gpus", replicas=0, gpusPerHost=1, deviceMemory="8Gi"), shared_ns)
+    wait_status(crds, shared_ns, "emb", placed("NoHost"), timeout=30, message="the pool waits: no host pod")
+    # One Event per reason (the events' order as listed is not their order in time).
+    told = [reason for reason, _ in reasons(crds, shared_ns, "emb")]
+    assert sorted(told) == ["HostNotFound", "NoHost"]
+    pods = get_json(crds, "pods", "-n", shared_ns, "-l", f"{LABEL_POOL}=emb")["items"]
+    assert pods == []
+
+
+def test_a_modelhost_gets_its_host_pods_within_the_budget_and_a_status(crds: Cluster, shared_ns: str) -> None:
+    # Each GPU host pod is charged its device (8Gi): the 20Gi budget admits two of the three.
+    apply(crds, shared_pool("emb2", "kwok"), shared_ns)
+    apply(
+        crds,
+        model_host("kwok", replicas=3, gpusPerHost=1, deviceMemory="8Gi", hostMemory="16Gi", **KWOK),
+        shared_ns,
+    )
+
+    def status() -> dict[str, Any]:
+        got: dict[str, Any] = get_json(crds, "modelhost", "kwok", "-n", shared_ns).get("status") or {}
+        return got
+
+    wait_for(lambda: status().get("readyReplicas") == 2, timeout=60, message="two host pods ready")
+    pods = get_json(crds, "pods", "-n", shared_ns, "-l", f"{LABEL_HOST}=kwok")["items"]
+    assert sorted(p["metadata"]["name"] for p in pods) == ["kwok-0", "kwok-1"]
+    [container] = pods[0]["spec"]["containers"]
+    args = container["args"]
+    assert args[0] == "--shared-host" and args[args.index("--device-memory") + 1] == str(8 * GI)
+    assert args[args.index("--host-memory") + 1] == str(16 * GI)
+    assert args[args.index("--control-key-file") + 1] == CONTROL_KEY_FILE
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pods[0]["spec"]["nodeSelector"] == {"type": "kwok"}
+    assert pods[0]["metadata"]["ownerReferences"][0]["kind"] == "ModelHost"
+    secret = get_json(crds, "secret", "kwok-control-key", "-n", shared_ns)
+    assert secret["data"]["key"]
+    got = status()
+    assert got["replicas"] == 2 and got["readyText"] == "2/3"
+    assert [h["name"] for h in got["hosts"]] == ["kwok-0", "kwok-1"]
+    assert got["hosts"][0]["devices"][0]["capacity"] == "8Gi" and got["memory"]["free"] == "16Gi"
+    budget = wait_for(
+        lambda: (get_json(crds, "modelbudget", BUDGET).get("status") or {}).get("usedBytes") == 16 * GI,
+        timeout=30,
+        message="the budget charges the two host pods",
+    )
+    assert budget
+    told = [reason for reason, _ in reasons(crds, shared_ns, "kwok")]
+    assert "BudgetExceeded" in told
+    # A ready host pod with room: the pool waits only because the operator does not place models yet.
+    wait_status(crds, shared_ns, "emb2", placed("PlacementPending"), timeout=30, message="room on a host")
+    assert get_json(crds, "pods", "-n", shared_ns, "-l", f"{LABEL_POOL}=emb2")["items"] == []
+
+
+def test_a_cpu_host_pod_is_a_real_shared_host_on_the_process_node(crds: Cluster, shared_ns: str) -> None:
+    placement = {"nodeSelector": PROCESS_NODE_SELECTOR, "tolerations": [PROCESS_NODE_TOLERATION]}
+    apply(crds, model_host("cpu", replicas=1, gpusPerHost=0, deviceMemory="1Gi", **placement), shared_ns)
+
+    def status() -> dict[str, Any]:
+        got: dict[str, Any] = get_json(crds, "modelhost", "cpu", "-n", shared_ns).get("status") or {}
+        return got
+
+    # Ready: the host process answers its readiness probe with its control key read from the Secret.
+    wait_for(lambda: status().get("readyReplicas") == 1, timeout=90, message="the CPU host pod ready")
+    [host] = status()["hosts"]
+    assert host["name"] == "cpu-0" and host["state"] in ("Ready", "Idle")
+    assert host["devices"][0]["capacity"] == "1Gi" and host["devices"][0]["free"] == "1Gi"
+    assert host["models"] == []

@@ -1,0 +1,163 @@
+"""A ModelHost's host pods (``effects.resources.build_host_pod``, ``build_control_key_secret``), its pass
+(``planner.hosts.plan_host``: which pods to make and delete within the budget, the status) and the image
+allowlist over its spec (``policy.host_violations``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from modelpool_contract.api import parse_host_spec
+from modelpool_contract.labels import ANNOTATION_MEMORY
+from modelpool_contract.placements import LABEL_HOST
+from modelpool_operator.budget import Ledger
+from modelpool_operator.effects.resources import (
+    CONTROL_KEY_FILE,
+    PodSettings,
+    build_control_key_secret,
+    build_host_pod,
+)
+from modelpool_operator.host import HostView, host_charge_key, host_template_hash
+from modelpool_operator.observe.hosts import observe_hosts
+from modelpool_operator.observe.worker_state import ObservedWorker
+from modelpool_operator.planner.hosts import plan_host
+from modelpool_operator.policy import FIELD_IMAGE, Policy, host_violations
+
+GI = 1024**3
+
+
+def view(**spec: Any) -> HostView:
+    base: dict[str, Any] = {"replicas": 2, "gpusPerHost": 1, "deviceMemory": "8Gi"}
+    return HostView(namespace="ns", name="gpus", spec=parse_host_spec({**base, **spec}), uid="u-1")
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+def test_a_gpu_host_pod_owns_its_gpus_and_runs_the_shared_host_with_its_control_key() -> None:
+    host = view(
+        gpusPerHost=2,
+        hostMemory="64Gi",
+        image="ghcr.io/x/server:1",
+        nodeSelector={"gpu": "h100"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        resources={"cpu": "8"},
+    )
+    pod = build_host_pod(host, 1, PodSettings(port=9000, probe_port=9001))
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == "gpus-1" and meta["namespace"] == "ns"
+    assert meta["labels"][LABEL_HOST] == "gpus"
+    # Watched and charged as workers are, under a name no ModelPool can have.
+    assert meta["labels"]["modelpool.dev/pool"] == "host_gpus"
+    assert meta["annotations"][ANNOTATION_MEMORY] == str(16 * GI)  # charged its whole devices
+    assert (
+        meta["ownerReferences"][0] | {"uid": "u-1", "kind": "ModelHost", "controller": True}
+        == meta["ownerReferences"][0]
+    )
+    [container] = spec["containers"]
+    args = container["args"]
+    assert args[0] == "--shared-host"
+    assert (flag(args, "--port"), flag(args, "--probe-port")) == ("9000", "9001")
+    assert flag(args, "--device") == "auto" and flag(args, "--device-memory") == str(8 * GI)
+    assert flag(args, "--host-memory") == str(64 * GI)
+    assert flag(args, "--control-key-file") == CONTROL_KEY_FILE
+    assert container["image"] == "ghcr.io/x/server:1"
+    resources = container["resources"]
+    assert resources["limits"] == {"nvidia.com/gpu": "2"}
+    assert resources["requests"] == {"nvidia.com/gpu": "2", "memory": str(64 * GI), "cpu": "8"}
+    assert spec["nodeSelector"] == {"gpu": "h100"}
+    assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
+    secret = next(v for v in spec["volumes"] if v["name"] == "control-key")["secret"]
+    assert secret["secretName"] == "gpus-control-key"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "control-key")
+    assert CONTROL_KEY_FILE.startswith(mount["mountPath"] + "/") and mount["readOnly"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["automountServiceAccountToken"] is False
+
+
+def test_a_cpu_host_pod_asks_for_the_ram_its_models_use_and_park() -> None:
+    host = view(gpusPerHost=0, deviceMemory="4Gi", hostMemory="2Gi")
+    pod = build_host_pod(host, 0)
+    [container] = pod["spec"]["containers"]
+    assert flag(container["args"], "--device") == "cpu"
+    assert container["resources"]["requests"] == {"memory": str(6 * GI)}
+    assert container["resources"]["limits"] == {"memory": str(6 * GI)}
+    assert pod["metadata"]["annotations"][ANNOTATION_MEMORY] == str(6 * GI)
+    no_sleep = build_host_pod(view(gpusPerHost=0, deviceMemory="4Gi"), 0)
+    assert flag(no_sleep["spec"]["containers"][0]["args"], "--host-memory") is None
+
+
+def test_the_control_key_secret_is_owned_by_the_modelhost() -> None:
+    secret = build_control_key_secret(view(), "k3y")
+    assert secret["metadata"]["name"] == "gpus-control-key"
+    assert secret["stringData"] == {"key": "k3y"}
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "ModelHost"
+
+
+CURRENT = host_template_hash(view().spec)
+
+
+def pod(
+    name: str, state: str = "Ready", *, ready: bool = True, template: str = CURRENT
+) -> tuple[ObservedWorker, dict[str, Any]]:
+    worker = ObservedWorker(
+        template_hash=template,
+        name=name,
+        namespace="ns",
+        pool=host_charge_key("ns", "gpus")[1],
+        state=state,
+        memory=8 * GI,  # type: ignore[arg-type]
+    )
+    body = {
+        "metadata": {"name": name},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+    return worker, body
+
+
+def plan(host: HostView, pods: list[tuple[ObservedWorker, dict[str, Any]]], total: int | None) -> Any:
+    used = sum(w.memory for w, _ in pods if w.state not in ("Failed", "Dead"))
+    ledger = Ledger(total=total, used=used, reserved=0)
+    return plan_host(host, [w for w, _ in pods], observe_hosts(host.spec, [b for _, b in pods]), ledger)
+
+
+def test_missing_host_pods_are_made_within_the_budget() -> None:
+    assert plan(view(replicas=3), [], None).create == (0, 1, 2)
+    limited = plan(view(replicas=3), [], 17 * GI)
+    assert limited.create == (0, 1) and limited.short == 1
+    assert plan(view(replicas=3), [pod("gpus-1")], 17 * GI).create == (0,)
+
+
+def test_extra_failed_and_foreign_host_pods_are_deleted() -> None:
+    pods = [pod("gpus-0"), pod("gpus-1", "Failed"), pod("gpus-2"), pod("gpus-x")]
+    decided = plan(view(replicas=2), pods, None)
+    assert decided.delete == ("gpus-1", "gpus-2", "gpus-x")
+    assert decided.create == ()  # gpus-1 is made again once it is gone
+
+
+def test_a_host_pod_of_an_older_spec_is_replaced_and_replicas_alone_roll_nothing() -> None:
+    decided = plan(view(replicas=2), [pod("gpus-0", template="0ld"), pod("gpus-1")], None)
+    assert decided.delete == ("gpus-0",) and decided.create == ()
+    assert host_template_hash(view(replicas=5).spec) == CURRENT
+    assert host_template_hash(view(deviceMemory="4Gi").spec) != CURRENT
+    labels = build_host_pod(view(), 0)["metadata"]["labels"]
+    assert labels["modelpool.dev/template-hash"] == CURRENT
+
+
+def test_the_status_lists_each_host_pod_with_its_devices_and_the_totals() -> None:
+    status = plan(view(replicas=3), [pod("gpus-1"), pod("gpus-0", "Loading", ready=False)], None).status
+    assert (status.replicas, status.ready_replicas, status.ready_text) == (2, 1, "1/3")
+    assert [h.name for h in status.hosts] == ["gpus-0", "gpus-1"]
+    assert status.hosts[0].devices[0].capacity == "8Gi"
+    assert status.memory.free_bytes == 16 * GI and status.selector == f"{LABEL_HOST}=gpus"
+
+
+def test_a_host_image_beyond_the_allowlist_is_a_violation() -> None:
+    policy = Policy(images=("ghcr.io/modelpool/",))
+    assert host_violations(view(image="ghcr.io/modelpool/server:2").spec, policy) == []
+    assert host_violations(view().spec, policy) == []  # the operator's default image
+    [violation] = host_violations(view(image="evil.io/miner").spec, policy)
+    assert violation.field == FIELD_IMAGE and "evil.io/miner" in violation.message
