@@ -172,11 +172,13 @@ def _pod_ready(status: Mapping[str, Any]) -> bool:
 
 
 def worker_from_pod(pod: Mapping[str, Any]) -> Worker | None:
-    """The worker a pod is, or None for a pod without the pool label."""
+    """The worker a pod is, or None for a pod without the pool label or a shared host's pod (which the
+    operator labels with a pool of its own, ``host_<name>``, to charge it to the budget; the host-pod watch
+    routes to it)."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     pool = labels.get(LABEL_POOL)
-    if not pool:
+    if not pool or LABEL_HOST in labels:
         return None
     status = pod.get("status") or {}
     return Worker(

@@ -151,3 +151,10 @@ def test_an_unreadable_status_is_an_empty_one() -> None:
 def test_whether_the_operator_wakes_a_pool_at_zero(spec: dict[str, Any], wakes: bool) -> None:
     obj = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {**MINIMAL, **spec}}
     assert pool_from_object(obj).wakes_on_demand is wakes
+
+
+def test_a_shared_hosts_pod_is_no_worker() -> None:
+    """Host pods carry a pool label of their own (host_<name>, for the budget): never routed as workers."""
+    host = pod()
+    host["metadata"]["labels"] |= {"modelpool.dev/pool": "host_gpu", "modelpool.dev/host": "gpu"}
+    assert worker_from_pod(host) is None
