@@ -19,7 +19,7 @@ autoscaler's recent samples, re-learned after a restart).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +30,7 @@ from modelpool_contract.api import Condition, parse_host_spec, parse_pool_status
 from modelpool_contract.demand import Demand
 from modelpool_contract.placements import host_model_name
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun
-from modelpool_operator.budget import BUDGET_VALID, BudgetLimit, budget_status, budget_validity
+from modelpool_operator.budget import BUDGET_VALID, BudgetLimit, Reservation, budget_status, budget_validity
 from modelpool_operator.effects.apply import Refusal, apply, refuse, settle_reservations, tell
 from modelpool_operator.effects.hosts import apply_host
 from modelpool_operator.host import HostView, host_charge_key, host_pod_name
@@ -42,6 +42,7 @@ from modelpool_operator.observe.observation import (
     budget_limit,
     observe_all,
     other_pools,
+    pod_indexed,
 )
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.placement.charge import host_charge
@@ -60,6 +61,11 @@ BudgetsByName = Mapping[str, Iterable[Mapping[str, Any]]]
 DemandByPool = Mapping[PoolKey, Iterable[Demand]]
 #: The ModelHosts' specs (raw), by (namespace, ModelHost name).
 HostsByKey = Mapping[PoolKey, Iterable[Mapping[str, Any]]]
+
+
+def _in_index(pods_by_pool: PodsByPool) -> Callable[[Reservation], bool]:
+    """Whether a reservation's pod is in the pods index already (no need to ask the API about it)."""
+    return lambda reservation: pod_indexed(pods_by_pool, reservation.pool_key, reservation.worker)
 
 
 def latest_demand(demand: DemandByPool, key: PoolKey) -> Demand | None:
@@ -175,7 +181,7 @@ async def reconcile_pool(
         run.load_window, run.counters = decided.load_window, decided.counters
         if await apply(decided, services, book, run=run, pool=pool, body=body, now=now):
             outcome.result = "error"
-        await settle_reservations(services, book, now)
+        await settle_reservations(services, book, now, indexed=_in_index(pods_by_pool))
         return decided
 
 
@@ -411,5 +417,5 @@ async def reconcile_host(
         services, book, host, pods_by_pool=pods_by_pool, pools_by_key=pools_by_key, budgets=budgets, now=now
     )
     await apply_host(planned, services, book, run=run, host=host, body=body, now=now)
-    await settle_reservations(services, book, now)
+    await settle_reservations(services, book, now, indexed=_in_index(pods_by_pool))
     return planned

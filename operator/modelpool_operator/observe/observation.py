@@ -76,6 +76,11 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
+def pod_indexed(pods_by_pool: PodsByPool, pool: PoolKey, name: str) -> bool:
+    """Whether the pods index holds the pod ``name`` of ``pool`` (the watch has seen it)."""
+    return any((pod.get("metadata") or {}).get("name") == name for pod in pods_by_pool.get(pool, ()))
+
+
 @dataclass
 class ObservationCache:
     """``observe_worker`` over indexed pods, cached by pod uid (reused while the pod's resourceVersion and

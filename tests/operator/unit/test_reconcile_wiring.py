@@ -22,7 +22,7 @@ from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
 from modelpool_operator.effects.apply import settle_reservations, start_eviction
 from modelpool_operator.effects.kube import ApiException
 from modelpool_operator.metrics import OperatorMetrics
-from modelpool_operator.observe.observation import ObservationCache, slim_pod
+from modelpool_operator.observe.observation import ObservationCache, pod_indexed, slim_pod
 from modelpool_operator.planner import Event, Evict
 from modelpool_operator.pool import OtherPool
 from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
@@ -315,6 +315,29 @@ async def test_a_create_without_an_answer_keeps_its_memory_until_the_pod_is_know
     await one_pass()
     await settle_reservations(state.services, state.book, datetime.now(UTC) + timedelta(hours=1))
     assert kube.asked == [held.worker, held.worker] and len(state.book.reservations) == 1
+
+
+async def test_a_due_reservation_whose_pod_the_index_shows_is_not_asked_about(state: Operator) -> None:
+    """At scale a pool's pass comes late, so its reservations go due with their pods already watched: the
+    index answers (the pod exists; the reservation ends at the pool's pass, which charges the pod), not
+    one API request each."""
+    kube = RecordingKube()
+    state.use(kube=kube)
+    body = _pool("a", 1)
+    run, index = PoolRun(key=("ns", "a")), _index({("ns", "a"): body})
+    budgets = {"default": [{"memory": "8Gi"}]}
+    await reconcile_pool(
+        state.services, state.book, run=run, body=body, pods_by_pool={}, pools_by_key=index, budgets=budgets
+    )
+    (held,) = state.book.reservations.all()
+    watched = {("ns", "a"): [{"metadata": {"name": held.worker, "namespace": "ns"}}]}
+    later = datetime.now(UTC) + timedelta(hours=1)
+    await settle_reservations(
+        state.services, state.book, later, indexed=lambda r: pod_indexed(watched, r.pool_key, r.worker)
+    )
+    assert not kube.asked and [r.key for r in state.book.reservations.all()] == [held.key]
+    await settle_reservations(state.services, state.book, later + timedelta(hours=1))  # not in the index
+    assert kube.asked == [held.worker]
 
 
 async def test_a_service_that_cannot_be_created_never_keeps_workers_from_starting(
