@@ -752,7 +752,7 @@ class WorkerStatus(_Model):
 
     name: str = Field(description="The worker's pod name.")
     state: WorkerState = Field(
-        description="Pending, Loading, Ready, Processing, Idle, Evicting, Dead or Failed."
+        description="Pending, Loading, Ready, Processing, Idle, Sleeping, Waking, Evicting, Dead or Failed."
     )
     since: str | None = Field(default=None, description="When the worker entered this state (RFC 3339).")
     node: str | None = Field(default=None, description="The node the worker runs on.")

@@ -1,6 +1,6 @@
 """A worker's state: one pure function from a pod (a plain dict) and its last ``/stats`` to a state.
 
-``observe_worker`` is the only place that decides which of the eight states a worker is in, with a
+``observe_worker`` is the only place that decides which of the worker states a worker is in, with a
 reason a user can act on.  It covers every pod shape the kubelet (or KWOK's chaos stages) can produce:
 
 * Pending: not started yet (scheduling, image pull, container creation); reason Unschedulable once the
