@@ -253,6 +253,18 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
     }
 
 
+def _pod_security_context() -> dict[str, Any]:
+    """The pod-level security context of worker and host pods alike (a fresh dict each: pods are patched)."""
+    return {
+        "runAsNonRoot": True,
+        # The uid the Dockerfile's images run as.
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "fsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def _pod_spec(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> dict[str, Any]:
     """The worker pod's spec: the container, its volumes, and the pool's scheduling settings."""
     volumes, mounts = _volumes(spec, settings)
@@ -267,14 +279,7 @@ def _pod_spec(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> dic
         # The server's worst case from SIGTERM to its exit (the drain, then stopping its processes), so
         # that the kubelet's SIGKILL never cuts it short and loses the exit code and its reason.
         "terminationGracePeriodSeconds": termination_grace_period_s(settings.drain_timeout_s),
-        "securityContext": {
-            "runAsNonRoot": True,
-            # The uid the Dockerfile's images run as.
-            "runAsUser": 10001,
-            "runAsGroup": 10001,
-            "fsGroup": 10001,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security_context(),
         "enableServiceLinks": False,
         # No API token for user-supplied code to steal, unless the pool asks for one.
         "automountServiceAccountToken": bool(spec.pod_template.automount_service_account_token),
@@ -556,13 +561,7 @@ def build_host_pod(host: HostView, index: int, settings: PodSettings | None = No
         # Never, as a worker's: the operator replaces a failed host pod (and re-places its models).
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": termination_grace_period_s(settings.drain_timeout_s),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 10001,
-            "runAsGroup": 10001,
-            "fsGroup": 10001,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security_context(),
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "volumes": [
