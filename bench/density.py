@@ -423,7 +423,8 @@ def _change(before: dict[str, Any], after: dict[str, Any], key: str) -> str:
     """``before → after`` of one snapshot figure, and the change."""
     if before.get(key) is None or after.get(key) is None:
         return "n/a"
-    return f"{_mib(before[key])} → {_mib(after[key])} ({(after[key] - before[key]) / MI:+,.0f} MiB)"
+    change = round((after[key] - before[key]) / MI)
+    return f"{_mib(before[key])} → {_mib(after[key])} ({change:+,d} MiB)"
 
 
 def _memory_rows(m: dict[str, Any], device: str) -> list[tuple[str, ...]]:
