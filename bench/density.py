@@ -245,19 +245,30 @@ def snapshot(host: Host, name: str) -> dict[str, Any]:
 
 
 def bench_density(host: Host, models: list[Model], args: argparse.Namespace) -> dict[str, Any]:
-    """(a) load them all, ``--awake`` at a time; count awake / asleep; ask each once in load order."""
+    """(a) load them all, ``--awake`` at a time; count awake / asleep; ask each once in load order.  A model
+    that fails to load (a tiny model's task on a device not tried before) is reported and unloaded, and the
+    run goes on with the others (a GPU run is one shot)."""
+    failed: dict[str, str] = {}
 
-    def load_one(model: Model) -> float:
-        return host.timed(model.name, "load", load_config(model, args.memory, args.dtype))
+    def load_one(model: Model) -> float | None:
+        try:
+            return host.timed(model.name, "load", load_config(model, args.memory, args.dtype))
+        except RuntimeError as exc:
+            failed[model.name] = str(exc)[:300]
+            return None
 
     load_s: list[float] = []
     for start in range(0, len(models), args.awake):
         group = models[start : start + args.awake]
         with ThreadPoolExecutor(len(group)) as pool:
-            load_s += pool.map(load_one, group)
+            load_s += [s for s in pool.map(load_one, group) if s is not None]
+        for name in set(failed) & set(host.states()):
+            host.call(name, "unload")  # its slot is needed: the spare one is (b)'s and (d)'s
         print(
-            f"  loaded {start + len(group)} of {len(models)}: {json.dumps(counts(host.states()))}", flush=True
-        )
+            f"  loaded {start + len(group)} of {len(models)}: {json.dumps(counts(host.states()))}"
+            + (f", failed: {json.dumps(failed)}" if failed else ""), flush=True,
+        )  # fmt: skip
+    models = [m for m in models if m.name not in failed]
     load = load_average()
     loaded = host.states()
     ledger = host.stats()["host"]["devices"][0]
@@ -270,6 +281,7 @@ def bench_density(host: Host, models: list[Model], args: argparse.Namespace) -> 
         answers.append({"name": model.name, "task": model.task, "asleep": asleep, "s": host.ask(model)})
     return {
         "models": len(models),
+        "failed": failed,
         "awake_target": args.awake,
         "model_memory": args.memory,
         "device_memory": args.memory * args.awake,
@@ -395,6 +407,12 @@ def _density_rows(d: dict[str, Any], device: str) -> list[tuple[str, ...]]:
         ("", f"a load on the host, {d['awake_target']} side by side: p50 / max",
          f"{statistics.median(d['load_s']):.1f} / {max(d['load_s']):.1f} s", "", ""),
     ]  # fmt: skip
+    if d.get("failed"):
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in d["failed"].items())
+        reasons = " ".join(reasons.replace("|", "/").split())  # one table cell
+        rows.append(
+            ("", "models that failed to load (left out of the figures)", str(len(d["failed"])), reasons, "")
+        )
     if woken:
         rows.append(
             ("", f"each model asked once in load order: first answer of the {len(woken)} asleep "

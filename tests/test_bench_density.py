@@ -4,6 +4,7 @@ asleep models, the quantiles, nvidia-smi's rows, and the README table of a run (
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,7 +86,7 @@ def _snapshot(rss: int, private: int, gpu_reserved: int, gpu_process: int | None
     }
 
 
-def _run(device: str) -> dict[str, object]:
+def _run(device: str) -> dict[str, Any]:
     gpu = device != "cpu"
     awake = _snapshot(800 * MI, 300 * MI, 120 * MI if gpu else 0, 600 * MI if gpu else None)
     asleep = _snapshot(900 * MI if gpu else 800 * MI, 300 * MI, 0, 480 * MI if gpu else None)
@@ -130,6 +131,16 @@ def test_the_cpu_table_gives_every_figure_with_its_target_and_load() -> None:
     assert "| 45 ms |  | 5.8, 7.0 |" in joined
     assert "asleep = 0.005x |" in joined and "asleep = 0.004x (target ≤ 0.25x)" in joined
     assert "nvidia-smi" not in text
+
+
+def test_a_model_that_failed_to_load_is_named_in_one_cell_of_its_row() -> None:
+    run = _run("cuda")
+    run["density"]["failed"] = {"tiny-vision": 'load tiny-vision: 500 {"error": "a | b\nc"}'}
+    rows = [line for line in table(run).splitlines() if "failed to load" in line]
+    assert rows == [
+        "|  | models that failed to load (left out of the figures) | 1 | "
+        'tiny-vision: load tiny-vision: 500 {"error": "a / b c"} |  |'
+    ]
 
 
 def test_the_gpu_table_adds_the_device_memory_rows() -> None:
