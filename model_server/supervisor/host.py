@@ -19,7 +19,8 @@ The control API (``host_control``, on the probe port) calls ``load``, ``unload``
 from its threads; a request for a sleeping model (an HTTP process sets ``Field.WAKE_WANTED`` in its slot)
 is woken by the watch loop.  Before a load or a wake, the least recently used idle models of the device
 are put to sleep when its ledger (``--device-memory``) is short (``host_plan.make_room``); a request's
-wake that finds no room (those models have work in hand) is tried again while the request waits.
+wake that finds no room (those models have work in hand) is tried again while the request waits, and a
+model woken for a request counts as busy until that request is admitted (never put back to sleep first).
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ class Slot:
     retry_sleep_at: float = 0.0  # --sleep-idle: not before this (time.monotonic()) after a refusal
     retry_wake_at: float = 0.0  # a request's wake that found no room: not again before this
     no_room_for: float = 0.0  # the request (its WAKE_WANTED) whose wake found no room, logged once
+    # The latest request a wake was for (its WAKE_WANTED, Unix time), and until when (time.time()) that
+    # request may still be on its way to the model: until it is admitted, the model counts as busy.
+    woken_for: float = 0.0
+    on_its_way_until: float = 0.0
     state_machine: StateMachine = field(init=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +110,7 @@ class Slot:
 
     def facts(self) -> host_plan.SlotFacts:
         view = self.view
+        last_request = view.latest(Column.LAST_REQUEST)
         measured = int(view.get(Field.GPU_RESERVED))
         parked = int(view.get(Field.PARKED_BYTES))
         return host_plan.SlotFacts(
@@ -113,9 +119,14 @@ class Slot:
             device=0,
             device_bytes=max(self.memory, measured),
             host_bytes=parked or max(self.memory, measured),
-            last_used=max(view.latest(Column.LAST_REQUEST), view.get(Field.WAKE_WANTED)),
-            busy=bool(view.door.taken or view.get(Field.IN_FLIGHT)),
+            last_used=max(last_request, view.get(Field.WAKE_WANTED), self.woken_for),
+            busy=bool(view.door.taken or view.get(Field.IN_FLIGHT)) or self._request_on_its_way(last_request),
         )
+
+    def _request_on_its_way(self, last_request: float) -> bool:
+        """Woken for a request that has not been admitted yet (it waits for the HTTP process to see the
+        model awake): putting the model back to sleep now would leave that request waiting in vain."""
+        return last_request < self.woken_for and time.time() < self.on_its_way_until
 
 
 class HostSupervisor:
@@ -171,6 +182,7 @@ class HostSupervisor:
             self._make_room(memory, keep=None)
             slot.view.reset()
             slot.config, slot.memory, slot.leaving = config, memory, False
+            slot.woken_for = slot.on_its_way_until = 0.0
             self._in_main_thread(lambda: self._start_slot(slot))
         _wait_until(lambda: slot.state_machine.state not in (State.PENDING, State.LOADING), LOAD_WAIT_S)
         return slot
@@ -394,6 +406,7 @@ class HostSupervisor:
         waiting = False
         try:
             self._wake(slot)
+            slot.woken_for, slot.on_its_way_until = asked, asked + self.config.wake_timeout
         except (NoRoom, SleepRefused) as exc:
             waiting = time.time() - asked < self.config.wake_timeout
             if not waiting:
