@@ -10,6 +10,7 @@ run, the load average beside each figure:
       them (each declares ``--model-memory``; loaded ``--awake`` at a time side by side, each load making
       room by putting the least recently used to sleep): how many are awake and asleep at once; then
       each is asked once, in load order (a sleeping one is woken by the request, room made first);
+      then twice ``--awake`` sleeping ones at once, a client each;
   (b) memory: what a sleeping MiniLM still holds: its reserved device bytes in the host's ``/stats``, its
       inference process's RSS (and on CUDA its device memory per ``nvidia-smi``) awake, then asleep;
   (c) wake: ``--cycles`` sleep -> wake cycles of that MiniLM through the control API: p50 / p95 of the
@@ -204,13 +205,27 @@ class Host:
 
     def ask(self, model: Model) -> float:
         """Seconds from the request to its answer (a sleeping model is woken by it)."""
+        status, seconds, text = self.answer(model, self.client)
+        if status != 200:
+            raise RuntimeError(f"{model.name}: {status} {text}")
+        return seconds
+
+    def answer(self, model: Model, client: httpx.Client) -> tuple[int, float, str]:
+        """The status, the seconds from the request to its answer, and the answer's text."""
         path, body = request_of(model, self.png)
         started = time.perf_counter()
-        answer = self.client.post(path, json=body)
-        seconds = time.perf_counter() - started
-        if answer.status_code != 200:
-            raise RuntimeError(f"{model.name}: {answer.status_code} {answer.text}")
-        return seconds
+        answer = client.post(path, json=body)
+        return answer.status_code, time.perf_counter() - started, answer.text[:300]
+
+    def burst(self, models: list[Model]) -> list[tuple[int, float, str]]:
+        """One request for each of ``models`` at once (a client each)."""
+
+        def one(model: Model) -> tuple[int, float, str]:
+            with httpx.Client(base_url=self.server.url, timeout=TIMEOUT_S) as client:
+                return self.answer(model, client)
+
+        with ThreadPoolExecutor(len(models)) as pool:
+            return list(pool.map(one, models))
 
     def states(self) -> dict[str, str]:
         return {name: str(entry["state"]) for name, entry in self.index().items()}
@@ -279,6 +294,9 @@ def bench_density(host: Host, models: list[Model], args: argparse.Namespace) -> 
     for model in models:  # in load order: the least recently used first, so each sleeping one makes room
         asleep = host.states()[model.name] == "Sleeping"
         answers.append({"name": model.name, "task": model.task, "asleep": asleep, "s": host.ask(model)})
+    states = host.states()
+    sleeping = [m for m in models if states[m.name] == "Sleeping"][: 2 * args.awake]
+    burst = host.burst(sleeping) if sleeping else []
     return {
         "models": len(models),
         "failed": failed,
@@ -287,6 +305,10 @@ def bench_density(host: Host, models: list[Model], args: argparse.Namespace) -> 
         "device_memory": args.memory * args.awake,
         **counts(loaded),
         "after_answers": counts(host.states()),
+        "burst": [
+            {"name": m.name, "status": st, "s": sec, "error": text if st != 200 else ""}
+            for m, (st, sec, text) in zip(sleeping, burst, strict=True)
+        ],
         "ledger": ledger,
         "load_s": load_s,
         "answers": answers,
@@ -395,7 +417,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.0f} ms"
 
 
-def _density_rows(d: dict[str, Any], device: str) -> list[tuple[str, ...]]:
+def _density_rows(d: dict[str, Any], device: str, gpu_before: int | None) -> list[tuple[str, ...]]:
     woken = [a["s"] for a in d["answers"] if a["asleep"]]
     ledger = d["ledger"]
     rows: list[tuple[str, ...]] = [
@@ -420,6 +442,15 @@ def _density_rows(d: dict[str, Any], device: str) -> list[tuple[str, ...]]:
              f"{_ms(statistics.median(woken))} / {_ms(max(woken))}",
              f"awake / asleep after: {d['after_answers']['awake']} / {d['after_answers']['asleep']}", "")
         )  # fmt: skip
+    if d.get("burst"):
+        ok = [b["s"] for b in d["burst"] if b["status"] == 200]
+        statuses = ", ".join(sorted({str(b["status"]) for b in d["burst"] if b["status"] != 200}))
+        rows.append(
+            ("", f"{len(d['burst'])} requests at once, each for a sleeping model (room for "
+             f"{d['awake_target']}): answered / p50 / max",
+             f"{len(ok)} / {_ms(statistics.median(ok)) if ok else 'n/a'} / {_ms(max(ok)) if ok else 'n/a'}",
+             f"refused: {statuses}" if statuses else "all 200", "")
+        )  # fmt: skip
     if d["private_asleep"] and d["private_awake"]:
         mean_awake, mean_asleep = statistics.mean(d["private_awake"]), statistics.mean(d["private_asleep"])
         total = sum(d["private_awake"]) + sum(d["private_asleep"])
@@ -432,8 +463,8 @@ def _density_rows(d: dict[str, Any], device: str) -> list[tuple[str, ...]]:
         per = (
             f"{_mib(statistics.mean(d['gpu_asleep']))} each asleep" if d["gpu_asleep"] else "per process n/a"
         )
-        rows.append(("", "device memory in use with every model loaded (nvidia-smi)",
-                     _mib(d["gpu_used"]), per, ""))  # fmt: skip
+        rows.append(("", f"device memory in use with every model loaded (nvidia-smi; {_mib(gpu_before)} "
+                     "before the host started)", _mib(d["gpu_used"]), per, ""))  # fmt: skip
     return rows
 
 
@@ -494,7 +525,7 @@ def table(res: dict[str, Any]) -> str:
     device = env["device"]
     rows: list[tuple[str, ...]] = []
     if "density" in res:
-        rows += _density_rows(res["density"], device)
+        rows += _density_rows(res["density"], device, env.get("gpu_used_before"))
     if "memory" in res:
         rows += _memory_rows(res["memory"], device)
     if "wake" in res:

@@ -94,6 +94,7 @@ def _run(device: str) -> dict[str, Any]:
         "environment": {
             "command": "python -m bench.density --short", "device": device, "dtype": "float32",
             "weights": "all-MiniLM-L6-v2", "machine": "x86_64 (2 CPUs)", "when": "2026-11-27 16:00 UTC",
+            "gpu_used_before": 500 * MI if gpu else None,
         },
         "density": {
             "models": 6, "awake_target": 4, "model_memory": 256 * MI, "awake": 4, "asleep": 2, "other": 0,
@@ -103,6 +104,9 @@ def _run(device: str) -> dict[str, Any]:
             "answers": [{"name": "a", "task": "vision", "asleep": True, "s": 0.1},
                         {"name": "b", "task": "vision", "asleep": False, "s": 0.05},
                         {"name": "c", "task": "vision", "asleep": True, "s": 0.3}],
+            "burst": [{"name": "a", "status": 200, "s": 0.2, "error": ""},
+                      {"name": "c", "status": 200, "s": 0.4, "error": ""},
+                      {"name": "d", "status": 503, "s": 10.0, "error": "asleep"}],
             "private_awake": [300 * MI, 310 * MI], "private_asleep": [290 * MI],
             "gpu_awake": [], "gpu_asleep": [480 * MI] if gpu else [], "gpu_used": 12000 * MI if gpu else None,
             "load": "5.8",
@@ -125,6 +129,8 @@ def test_the_cpu_table_gives_every_figure_with_its_target_and_load() -> None:
     assert "| 4 / 2 | ≥ 4 / ≥ 20 on a GPU | 5.8 |" in joined
     assert "first answer of the 2 asleep (a wake, room made first): p50 / max | 200 ms / 300 ms" in joined
     assert "| 305 MiB / 290 MiB | 900 MiB for all 6 |" in joined
+    assert "3 requests at once, each for a sleeping model (room for 4): answered / p50 / max |" in joined
+    assert "| 2 / 300 ms / 400 ms | refused: 503 |" in joined
     assert "| 800 MiB → 800 MiB (+0 MiB) | private 300 MiB → 300 MiB (+0 MiB) |" in joined
     assert "p50 / p95 | 70 ms / 500 ms | p50 ≤ 1 s | 6.1 |" in joined
     assert "| 800 MiB → 801 MiB (+1 MiB) |" in joined
@@ -146,8 +152,8 @@ def test_a_model_that_failed_to_load_is_named_in_one_cell_of_its_row() -> None:
 def test_the_gpu_table_adds_the_device_memory_rows() -> None:
     text = table(_run("cuda"))
     assert (
-        "| device memory in use with every model loaded (nvidia-smi) | 12,000 MiB | 480 MiB each asleep |"
-        in text
+        "| device memory in use with every model loaded (nvidia-smi; 500 MiB before the host started) | "
+        "12,000 MiB | 480 MiB each asleep |" in text
     )
     assert "| 600 MiB → 480 MiB (-120 MiB) | what stays is the process's CUDA context |" in text
     assert "| 120 MiB → 0 MiB (-120 MiB) |" in text
