@@ -47,14 +47,18 @@ def _in_release(labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
+# The operator, the gateway, callers and metrics scrapers named.
+EVERYONE = PolicySettings(
+    namespace="mp-system",
+    operator_labels=OPERATOR,
+    gateway_labels=GATEWAY,
+    callers=(NetworkPolicyPeer.model_validate(APPS),),
+    metrics_callers=(NetworkPolicyPeer.model_validate(PROMETHEUS),),
+)
+
+
 def test_the_policy_admits_the_operator_the_gateway_and_the_named_callers_port_by_port() -> None:
-    settings = PolicySettings(
-        namespace="mp-system",
-        operator_labels=OPERATOR,
-        gateway_labels=GATEWAY,
-        callers=(NetworkPolicyPeer.model_validate(APPS),),
-        metrics_callers=(NetworkPolicyPeer.model_validate(PROMETHEUS),),
-    )
+    settings = EVERYONE
     assert build_network_policy(_pool(), settings) == {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -93,13 +97,7 @@ def test_the_policy_admits_the_operator_the_gateway_and_the_named_callers_port_b
 def test_a_modelhosts_policy_admits_the_operator_alone_to_its_control_port() -> None:
     """Host pods had no policy: anyone in the cluster could load, unload, sleep and wake their models (the
     control key aside) and call every model on them past the gateway."""
-    settings = PolicySettings(
-        namespace="mp-system",
-        operator_labels=OPERATOR,
-        gateway_labels=GATEWAY,
-        callers=(NetworkPolicyPeer.model_validate(APPS),),
-        metrics_callers=(NetworkPolicyPeer.model_validate(PROMETHEUS),),
-    )
+    settings = EVERYONE
     host = HostView("team", "gpus", parse_host_spec({"deviceMemory": "8Gi"}), uid="h-1")
     policy = build_host_network_policy(host, settings)
     assert policy == {
