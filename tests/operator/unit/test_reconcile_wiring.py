@@ -20,6 +20,7 @@ import pytest
 from modelpool_contract.demand import Demand
 from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
 from modelpool_operator.effects.apply import settle_reservations, start_eviction
+from modelpool_operator.effects.host_control import HttpHostControl
 from modelpool_operator.effects.kube import ApiException
 from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import ObservationCache, pod_indexed, slim_pod
@@ -112,6 +113,10 @@ class RecordingKube:
         self.secrets.append(dict(body))
         return True
 
+    async def read_secret_key(self, namespace: str, name: str, item: str) -> str | None:
+        found = [s for s in self.secrets if s["metadata"]["name"] == name]
+        return found[-1]["stringData"][item] if found else None
+
     async def close(self) -> None:
         return None
 
@@ -182,6 +187,7 @@ def recording_operator(config: OperatorConfig) -> Operator:
         observations=ObservationCache(lifecycle_settings(config)),
         events=RecordingEvents(),
         metrics=OperatorMetrics(),
+        host_control=HttpHostControl(),
     )
     return Operator(services, Bookkeeping())
 
