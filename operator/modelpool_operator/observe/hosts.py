@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard, get_args
 
 from modelpool_contract.api import HostModelState, ModelHostSpec
+from modelpool_contract.states import WorkerState
+from modelpool_contract.times import parse_time, rfc3339
 from modelpool_operator.placement.ledger import Host, Resident
 
 _STATES = frozenset(get_args(HostModelState))
@@ -100,3 +102,49 @@ def observe_hosts(
             )
         )
     return sorted(hosts, key=lambda h: h.name)
+
+
+@dataclass(frozen=True)
+class HostedReplica:
+    """A shared pool's model on one host pod, as the host's ``/stats`` reports it."""
+
+    pod: str
+    state: WorkerState
+    memory: int
+    node: str | None = None
+    reason: str | None = None
+    queue_depth: int | None = None
+    last_request_time: str | None = None
+
+
+def hosted_replicas(
+    model: str,
+    declared: int,
+    pods: Iterable[Mapping[str, Any]],
+    stats: Mapping[str, Mapping[str, Any] | None],
+) -> list[HostedReplica]:
+    """The host pods whose ``/stats`` reports the model ``model`` (a pool's ``host_model_name``), with its
+    state there; its memory is what the host measured on the device, else ``declared``."""
+    replicas = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        models = (stats.get(name) or {}).get("models")
+        doc = models.get(model) if isinstance(models, Mapping) else None
+        if not isinstance(doc, Mapping) or not _state(doc.get("state")):
+            continue
+        memory = doc.get("memory") if isinstance(doc.get("memory"), Mapping) else {}
+        last = doc.get("last_request_time")
+        reason = doc.get("reason")
+        replicas.append(
+            HostedReplica(
+                pod=name,
+                state=doc["state"],
+                memory=_count(memory or {}, "gpu_reserved_bytes") or declared,
+                node=(pod.get("spec") or {}).get("nodeName"),
+                reason=str(reason)[:1000] if reason else None,
+                queue_depth=_count(doc, "queue_depth"),
+                last_request_time=rfc3339(parse_time(last)) if last else None,
+            )
+        )
+    return sorted(replicas, key=lambda r: r.pod)
