@@ -84,7 +84,9 @@ def observe_hosts(
     pools: Mapping[str, HostedPool] | None = None,
 ) -> list[Host]:
     """The ledger's view of each host pod (sorted by name): the ModelHost's devices and host RAM, the
-    models its ``/stats`` reports (``stats``: by pod name); a pod accepts models only while ready."""
+    models its ``/stats`` reports (``stats``: by pod name); a pod accepts models only while ready and,
+    when ``stats`` is given, once its ``/stats`` is known (until then what it holds is unknown, and a
+    host the operator cannot reach cannot be given a model either)."""
     capacities = (spec.device_memory_bytes,) * spec.devices
     hosts = []
     for pod in pods:
@@ -98,7 +100,7 @@ def observe_hosts(
                 residents=host_residents(
                     str(meta.get("namespace") or ""), (stats or {}).get(name), pools or {}
                 ),
-                accepting=host_pod_ready(pod),
+                accepting=host_pod_ready(pod) and (stats is None or stats.get(name) is not None),
             )
         )
     return sorted(hosts, key=lambda h: h.name)

@@ -175,3 +175,18 @@ def test_the_load_settings_are_the_pools_model_and_what_a_host_accepts() -> None
     parsed, memory = parse_load_body(body)
     config = slot_config(HostConfig(device_memory="4Gi"), "emb", parsed, 0)  # type: ignore[arg-type]
     assert memory == GI and config.task == "text-embedding" and config.idle_after == 2
+
+
+def test_a_host_pod_whose_stats_are_unknown_takes_no_model() -> None:
+    """Until the operator has read a host pod's /stats it does not know what it holds (and cannot reach
+    it): nothing is placed there."""
+    from modelpool_contract.api import parse_host_spec
+    from modelpool_operator.observe.hosts import observe_hosts
+    from tests.operator.unit.test_shared_pool_wait import HOST
+    from tests.operator.unit.test_shared_pool_wait import pod as host_pod
+
+    spec = parse_host_spec(HOST)
+    unknown, known = observe_hosts(spec, [host_pod("h-0"), host_pod("h-1")], {"h-0": None, "h-1": {}})
+    assert (unknown.accepting, known.accepting) == (False, True)
+    assert calls(unknown, pools=[pool("emb")]) == []
+    assert observe_hosts(spec, [host_pod("h-0")])[0].accepting  # no stats asked for: readiness alone
