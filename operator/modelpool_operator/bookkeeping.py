@@ -134,6 +134,9 @@ class HostRun:
     loaded: dict[tuple[str, str], str] = field(default_factory=dict)
     # Control calls that failed, by (host pod, pool): not tried again there before this (monotonic) time.
     backoff: dict[tuple[str, str], float] = field(default_factory=dict)
+    # The ``modelpool.dev/models`` value last written on each host pod (by uid), with the pod's
+    # resourceVersion the index showed then: not written again until the index shows a newer pod.
+    annotated: dict[str, tuple[str, Any]] = field(default_factory=dict)
     # Why no control call can be made (the key is unreadable), as last told.
     no_control: str | None = None
 

@@ -122,20 +122,30 @@ def _settings(load: str | None) -> dict[str, Any]:
 
 
 async def write_annotations(
-    services: Services, namespace: str, wanted: Mapping[str, str], current: Mapping[str, str | None]
+    services: Services, run: HostRun, namespace: str, wanted: Mapping[str, str], pods: list[Mapping[str, Any]]
 ) -> None:
-    """Write each host pod's ``modelpool.dev/models`` where it differs from what the pod carries
-    (``current``, from the pods index: until the watch shows a write, the same value is written again,
-    which changes nothing)."""
-    for pod, value in sorted(wanted.items()):
-        if current.get(pod) == value:
+    """Write each host pod's ``modelpool.dev/models`` where it differs from what the pod carries (``pods``:
+    the pods index). A value written is not written again while the index still shows the pod as it was
+    before the write (the watch has not brought the write back yet); a later change of the pod that
+    leaves another value there (someone edited it) is overwritten."""
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        name, uid, version = str(meta.get("name")), str(meta.get("uid")), meta.get("resourceVersion")
+        value = wanted.get(name)
+        if value is None or (meta.get("annotations") or {}).get(ANNOTATION_MODELS) == value:
+            continue
+        if run.annotated.get(uid) == (value, version):
             continue
         patch = {"metadata": {"annotations": {ANNOTATION_MODELS: value}}}
         failure = await _attempt(
-            "PatchFailed", f"host pod {pod}", services.kube.patch_pod(namespace, pod, patch)
+            "PatchFailed", f"host pod {name}", services.kube.patch_pod(namespace, name, patch)
         )
-        if failure is not None:
+        if failure is None:
+            run.annotated[uid] = (value, version)
+        else:
             logger.warning("%s", failure.message)
+    alive = {str((p.get("metadata") or {}).get("uid")) for p in pods}
+    run.annotated = {uid: written for uid, written in run.annotated.items() if uid in alive}
 
 
 async def delete_workers(services: Services, namespace: str, pods: list[Mapping[str, Any]]) -> None:

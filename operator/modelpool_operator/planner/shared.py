@@ -170,6 +170,14 @@ def shared_status(
         "replicas": len(present),
         "readyReplicas": ready,
         "readyText": f"{ready}/{desired}",
+        "targetReplicas": desired,
+        # The budget charges the host pods (the ModelHost), not the pool: what each replica is charged on
+        # its host's device until measured is its declared size.
+        "memory": {
+            "charged": "0",
+            "chargedBytes": 0,
+            "declared": format_quantity(pool.spec.resources.memory_bytes),
+        },
         "workers": [w.model_dump(mode="json", by_alias=True, exclude_none=True) for w in workers],
         "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in [*kept, *made]],
     }

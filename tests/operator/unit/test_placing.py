@@ -142,6 +142,8 @@ def test_a_shared_pools_status_lists_its_host_pods_with_the_models_state() -> No
     replicas = [HostedReplica("cpu-1", "Sleeping", GI, node="n1"), HostedReplica("cpu-0", "Ready", GI)]
     status = shared_status(view(), replicas, None, now)
     assert status["phase"] == "Ready" and status["readyText"] == "2/2" and status["observedGeneration"] == 3
+    # kubectl get's Desired and Declared columns; the memory is charged to the ModelHost's pods.
+    assert status["targetReplicas"] == 2 and status["memory"]["declared"] == "1Gi"
     assert [(w["name"], w["host"], w["state"]) for w in status["workers"]] == [
         ("cpu-0", "cpu-0", "Ready"),
         ("cpu-1", "cpu-1", "Sleeping"),
