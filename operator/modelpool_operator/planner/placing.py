@@ -13,7 +13,9 @@ pass decides:
 3. pool by pool (the highest priority first, then by name): a pool held by more host pods than its
    ``replicas`` is unloaded from the surplus ones (sleeping first, then the least recently used); one held
    by fewer is placed (``placement.place``) on more, each placement's room made first (its sleeps and
-   unloads), until it has its replicas or ``place`` says why not (``unplaced``).
+   unloads), until it has its replicas or ``place`` says why not (``unplaced``). A room that would
+   unload a model of no lower priority is not made (that pool would be placed again, unloading this one
+   in turn): among equals, room is made by sleeping only.
 
 A model whose load is in flight (``loading``) is a Pending resident charged its declared size, and is
 neither placed again nor unloaded; a (host pod, pool) in ``backoff`` (a control call there failed
@@ -188,12 +190,30 @@ def plan_placing(
                 if not _listed(h, pool.name) and (pod, pool.name) not in blocked | view.unloaded
             ]
             decided = place(request, open_hosts) if open_hosts else _nowhere(view.hosts.values(), pool.name)
+            if isinstance(decided, Placement):
+                decided = _no_displacing(view.hosts[decided.host], decided, request)
             if isinstance(decided, Unplaced):
                 unplaced[pool.name] = decided
                 break
             view.place(decided, request, pool.load, now)
     ordered = sorted(view.calls, key=lambda c: c.action == "load")  # stable: every sleep/unload first
     return Placing(calls=tuple(ordered), unplaced=unplaced)
+
+
+def _no_displacing(host: Host, placement: Placement, request: PlacementRequest) -> Placement | Unplaced:
+    """``placement``, unless its room unloads a model of a pool of no lower priority than the newcomer's:
+    that pool would be short of its replicas and placed again, unloading this one in turn (a host without
+    RAM to park them cannot hold both). Sleeping makes room among equals; unloading only for a higher
+    priority."""
+    unloaded = [r for key in placement.room.unload if (r := host.resident(key)) is not None]
+    equals = sorted(r.pool[1] for r in unloaded if r.priority >= request.priority)
+    if not equals:
+        return placement
+    return Unplaced(
+        "NoRoom",
+        f"making room on {placement.host} would unload {', '.join(equals)} (no lower priority, and the "
+        "host's memory for sleeping models cannot park it)",
+    )
 
 
 def _nowhere(hosts: Iterable[Host], pool: str) -> Unplaced:

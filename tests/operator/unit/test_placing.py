@@ -83,6 +83,16 @@ def test_room_is_made_by_sleeping_an_idle_model_of_lower_priority_before_the_loa
     assert placing.calls == () and placing.unplaced["new"].reason == "NoRoom"
 
 
+def test_without_host_ram_room_is_unloaded_only_for_a_higher_priority() -> None:
+    """Two pools of one priority on a host without RAM to park them: the newcomer waits (else each would
+    unload the other at every pass); a higher-priority one unloads the idle model."""
+    full = host("h-0", model("old", "Idle", size=3 * GI), ram=0)
+    placing = plan_placing(NS, [full], [pool("old", size=3 * GI), pool("new", size=2 * GI)])
+    assert placing.calls == () and "would unload old" in placing.unplaced["new"].message
+    urgent = plan_placing(NS, [full], [pool("old", size=3 * GI), pool("new", size=2 * GI, priority=1)])
+    assert [(c.action, c.pool) for c in urgent.calls] == [("unload", "old"), ("load", "new")]
+
+
 def test_a_failed_model_stays_and_its_pool_is_not_loaded_there_again() -> None:
     placing = plan_placing(NS, [host("h-0", model("emb", "Failed"))], [pool("emb")])
     assert placing.calls == () and placing.unplaced["emb"].reason == "EveryHostHoldsIt"
