@@ -410,6 +410,8 @@ async def host_daemon(
                 await asyncio.sleep(_COALESCE_S)
                 wakeup.clear()
     finally:
+        for load in run.loading.values():  # a load in flight: the host finishes it, its next pass sees it
+            load.cancel()
         book.forget(charge_key)
         book.poke_waiting()  # its pods' memory is (about to be) free
 

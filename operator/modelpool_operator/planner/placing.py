@@ -132,9 +132,11 @@ def _listed(host: Host, pool: str) -> bool:
     return any(r.pool[1] == pool for r in host.residents)
 
 
-def _surplus_order(resident: Resident) -> tuple[bool, bool, float, ModelKey]:
-    """Which replica goes first when a pool has too many: a sleeping one, an idle one, the least used."""
-    return (resident.state != "Sleeping", resident.busy, resident.last_used, resident.pool)
+def _surplus_order(resident: Resident) -> tuple[bool, bool, bool, float, ModelKey]:
+    """Which replica goes first when a pool has too many: a sleeping one, then one not serving yet
+    (loading), then an idle one, the least recently used first; the serving ones stay."""
+    loading = resident.state in ("Pending", "Loading")
+    return (resident.state != "Sleeping", not loading, resident.busy, resident.last_used, resident.pool)
 
 
 def plan_placing(

@@ -7,10 +7,21 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from modelpool_contract.placements import read_models
 from modelpool_operator.observe.hosts import HostedReplica
+from modelpool_operator.placement.decide import Room, apply_room
 from modelpool_operator.placement.ledger import Host, Resident, over_committed
-from modelpool_operator.planner.placing import Control, SharedPool, models_annotations, plan_placing
+from modelpool_operator.planner.placing import (
+    Control,
+    Placing,
+    SharedPool,
+    _with_loading,
+    models_annotations,
+    plan_placing,
+)
 from modelpool_operator.planner.shared import HostWait, shared_status
 from modelpool_operator.pool import PoolView, host_load_settings
 
@@ -202,3 +213,90 @@ def test_a_host_pod_whose_stats_are_unknown_takes_no_model() -> None:
     assert (unknown.accepting, known.accepting) == (False, True)
     assert calls(unknown, pools=[pool("emb")]) == []
     assert observe_hosts(spec, [host_pod("h-0")])[0].accepting  # no stats asked for: readiness alone
+
+
+# ---- property: a pass, applied as the host would, never over-commits and never exceeds replicas ------------
+
+_STATES = ("Loading", "Ready", "Idle", "Processing", "Sleeping", "Waking", "Failed")
+
+
+@st.composite
+def _scene(draw: st.DrawFn) -> tuple[list[Host], list[SharedPool]]:
+    names = [f"p{i}" for i in range(draw(st.integers(1, 6)))]
+    pools = [
+        SharedPool(
+            name,
+            replicas=draw(st.integers(0, 3)),
+            load="{}",
+            declared=draw(st.integers(1, 4)) * GI,
+            priority=draw(st.integers(0, 2)),
+            deleting=draw(st.booleans()) and draw(st.booleans()),
+        )
+        for name in names
+    ]
+    hosts = []
+    for h in range(draw(st.integers(1, 3))):
+        capacity, ram = 6 * GI, draw(st.sampled_from([0, 4 * GI, 8 * GI]))
+        residents: list[Resident] = []
+        for name in draw(st.lists(st.sampled_from([*names, "orphan"]), unique=True, max_size=4)):
+            size = next((p.declared for p in pools if p.name == name), GI)
+            state = draw(st.sampled_from(_STATES))
+            resident = model(name, state, size, last_used=float(draw(st.integers(0, 9))))
+            candidate = Host(f"h-{h}", (capacity,), ram, (*residents, resident))
+            if not over_committed(candidate):  # a host's own ledger never over-commits what it reports
+                residents.append(resident)
+        hosts.append(Host(f"h-{h}", (capacity,), ram, tuple(residents)))
+    return hosts, pools
+
+
+def _applied(hosts: list[Host], placing: Placing, pools: list[SharedPool]) -> dict[str, Host]:
+    """The hosts once every call is done, in order (a load: the model Pending at its declared size)."""
+    by_name, declared = {h.name: h for h in hosts}, {p.name: p.declared for p in pools}
+    for call in placing.calls:
+        h = by_name[call.pod]
+        key = (NS, call.pool)
+        if call.action == "unload":
+            h = h.with_residents(r for r in h.residents if r.pool != key)
+        elif call.action == "sleep":
+            assert h.resident(key) is not None and h.resident(key).sleepable  # type: ignore[union-attr]
+            h = apply_room(h, Room(h.name, 0, sleep=(key,)))
+        else:
+            assert not any(r.pool == key for r in h.residents), "loaded where it is already listed"
+            h = h.with_residents((*h.residents, model(call.pool, "Pending", declared[call.pool])))
+        by_name[call.pod] = h
+    return by_name
+
+
+@settings(max_examples=300, deadline=None)
+@given(_scene())
+def test_a_placing_pass_never_over_commits_and_never_exceeds_replicas(
+    scene: tuple[list[Host], list[SharedPool]],
+) -> None:
+    hosts, pools = scene
+    # A load in flight where the host lists nothing of that pool yet: charged as Pending from the start.
+    loading: set[tuple[str, str]] = set()
+    for h in (h for h in hosts if not h.residents):
+        room = h.capacities[0]
+        for p in (p for p in pools if p.replicas == 2 and p.declared <= room):
+            loading.add((h.name, p.name))  # loads decided by earlier passes: they fit the device
+            room -= p.declared
+    placing = plan_placing(NS, hosts, pools, loading=loading)
+    by_name = {p.name: p for p in pools}
+    hosts = [_with_loading(h, NS, loading, by_name) for h in hosts]
+    after = _applied(hosts, placing, pools)
+    assert not [o for h in after.values() for o in over_committed(h)]
+    for p in pools:
+        # (a load in flight is neither undone nor counted: the pass after it ends sees it)
+        holding = sum(
+            1
+            for h in after.values()
+            if h.resident((NS, p.name)) is not None and (h.name, p.name) not in loading
+        )
+        assert holding == 0 if p.deleting else holding <= p.replicas
+    # Room is never made with a protected model (Loading, Processing, Waking): a pool deleted or scaled
+    # down may lose one.
+    for call in placing.calls:
+        if call.why.startswith(("making room", "the host's memory")):
+            [h] = [h for h in hosts if h.name == call.pod]
+            r = next(r for r in h.residents if r.pool == (NS, call.pool))
+            assert r.state not in ("Loading", "Processing", "Waking"), call
