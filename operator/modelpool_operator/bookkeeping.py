@@ -130,7 +130,8 @@ class HostRun:
     # serves); the pass after one ends sees its outcome in the host's /stats.
     loading: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
     # The load settings each model was last loaded with, by (host pod, pool): a pool whose settings
-    # changed is unloaded, then loaded again (unknown after a restart: kept as it is).
+    # changed is unloaded, then loaded again (after a restart only a change of the source or task is
+    # seen, in what the host reports).
     loaded: dict[tuple[str, str], str] = field(default_factory=dict)
     # Control calls that failed, by (host pod, pool): not tried again there before this (monotonic) time.
     backoff: dict[tuple[str, str], float] = field(default_factory=dict)

@@ -18,6 +18,7 @@ autoscaler's recent samples, re-learned after a restart).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -44,7 +45,7 @@ from modelpool_operator.effects.placing import (
     write_pool_status,
 )
 from modelpool_operator.host import HostView, host_charge_key, host_pod_name
-from modelpool_operator.observe.hosts import HostedPool, hosted_replicas, observe_hosts
+from modelpool_operator.observe.hosts import HostedPool, hosted_replicas, observe_hosts, reported_models
 from modelpool_operator.observe.observation import (
     LazyOthers,
     PodsByPool,
@@ -510,12 +511,19 @@ def plan_placing_pass(
     views = observe_hosts(host.spec, listed, stats, hosted)
     clock = time.monotonic()
     run.backoff = {slot: until for slot, until in run.backoff.items() if until > clock}
+    wanted = {p.name: json.loads(p.load) for p in pools}
+    stale = {
+        (pod, model)
+        for (pod, model), (source, task) in reported_models(listed, stats).items()
+        if model in wanted and (wanted[model].get("source"), wanted[model].get("task")) != (source, task)
+    }
     placing = plan_placing(
         host.namespace,
         views,
         pools,
         loading=set(run.loading),
         loaded=run.loaded,
+        stale=stale,
         backoff=set(run.backoff),
         now=time.time(),
     )

@@ -150,3 +150,19 @@ def hosted_replicas(
             )
         )
     return sorted(replicas, key=lambda r: r.pod)
+
+
+def reported_models(
+    pods: Iterable[Mapping[str, Any]], stats: Mapping[str, Mapping[str, Any] | None]
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """What each host pod reports of each model it holds: ``(pod, model) -> (source, task)`` (its
+    ``/stats`` ``models.<name>.model``; models that report none are left out)."""
+    reported = {}
+    for pod in pods:
+        name = str((pod.get("metadata") or {}).get("name") or "")
+        models = (stats.get(name) or {}).get("models")
+        for model, doc in models.items() if isinstance(models, Mapping) else ():
+            said = doc.get("model") if isinstance(doc, Mapping) else None
+            if isinstance(said, Mapping) and said.get("source") and said.get("task"):
+                reported[(name, str(model))] = (str(said["source"]), str(said["task"]))
+    return reported

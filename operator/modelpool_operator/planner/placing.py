@@ -146,12 +146,15 @@ def plan_placing(
     *,
     loading: Iterable[Slot] = (),
     loaded: Mapping[Slot, str] | None = None,
+    stale: Iterable[Slot] = (),
     backoff: Iterable[Slot] = (),
     now: float = 0.0,
 ) -> Placing:
-    """The control calls of one ModelHost pass (see the module doc)."""
+    """The control calls of one ModelHost pass (see the module doc). ``loaded``: the settings each model
+    was loaded with by this process; ``stale``: models whose host reports another source or task than
+    their pool's (loaded by an earlier process, or by hand)."""
     by_name = {p.name: p for p in pools}
-    loading, blocked, loaded = set(loading), set(backoff), loaded or {}
+    loading, blocked, loaded, stale = set(loading), set(backoff), loaded or {}, set(stale)
     view = _View(_with_loading(h, namespace, loading, by_name) for h in hosts)
     # 1. pools gone or being deleted, settings changed
     for pod, host in sorted(view.hosts.items()):
@@ -162,7 +165,7 @@ def plan_placing(
                 continue
             if pool is None or pool.deleting:
                 view.unload(pod, resident.pool, "its pool is gone" if pool is None else "its pool is deleted")
-            elif slot in loaded and loaded[slot] != pool.load:
+            elif (slot in loaded and loaded[slot] != pool.load) or slot in stale:
                 view.unload(pod, resident.pool, "its pool's model settings changed")
     # 2. host RAM over-committed
     for pod in sorted(view.hosts):

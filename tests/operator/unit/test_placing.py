@@ -70,6 +70,10 @@ def test_a_model_whose_pool_is_gone_or_deleted_or_changed_is_unloaded() -> None:
     # The changed one comes back with its new settings at a later pass (once the host shows it gone).
     assert got == [("unload", "h-0", "bye"), ("unload", "h-0", "changed"), ("unload", "h-0", "gone")]
     assert calls(host("h-0", model("kept")), pools=pools, loaded=loaded) == [("load", "h-0", "changed")]
+    # Loaded by an earlier operator process: a host reporting another source or task is stale.
+    assert calls(host("h-0", model("kept")), pools=[pool("kept")], stale={("h-0", "kept")}) == [
+        ("unload", "h-0", "kept")
+    ]
 
 
 def test_fewer_replicas_unload_the_sleeping_then_the_least_used_first() -> None:

@@ -722,3 +722,28 @@ async def test_a_pool_switched_to_a_host_loses_its_dedicated_workers(state: Oper
     assert deleted == ["emb-abcde-0"]
     [patch] = state.kube.status_patches
     assert patch["phase"] == "Pending" and patch["conditions"][0]["reason"] == "NoHost"
+
+
+async def test_after_a_restart_a_model_of_another_source_is_unloaded(state: Operator) -> None:
+    """A fresh process does not know what it loaded: what the host reports of the model (its source and
+    task in /stats) against the pool's settings tells it."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.host import HostView, host_charge_key
+    from modelpool_operator.reconcile import place_models
+
+    control = RecordingControl()
+    doc = {"state": "Ready", "model": {"name": "emb", "task": "text-embedding", "source": "/models/old"}}
+    state.use(host_control=control, scraper=CachedStats({"gpus-0": {"models": {"emb": doc}}}))
+    state.book.control_keys[("ns", "gpus")] = "k"
+    pods = {host_charge_key("ns", "gpus"): [_host_pod({"emb": "Ready"})]}
+    pools = _index({("ns", "emb"): _shared("emb")})
+    host, run = HostView.from_body(_host(1)), HostRun(key=("ns", "gpus"))
+    await place_models(
+        state.services, state.book, run=run, host=host, body=_host(1), pods_by_pool=pods, pools_by_key=pools
+    )
+    assert [(action, model) for action, _, model in control.calls] == [("unload", "emb")]
+    doc["model"]["source"] = "/models/m"  # the pool's own: kept
+    await place_models(
+        state.services, state.book, run=run, host=host, body=_host(1), pods_by_pool=pods, pools_by_key=pools
+    )
+    assert len(control.calls) == 1
