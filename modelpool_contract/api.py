@@ -797,6 +797,13 @@ class WorkerStatus(_Model):
             "(unset for other tasks and while unknown)."
         ),
     )
+    host: str | None = Field(
+        default=None,
+        description=(
+            "A shared pool's replica: the host pod (of spec.host's ModelHost) its model lives on; the "
+            "replica is named after it. Unset for a dedicated worker."
+        ),
+    )
 
 
 class MemoryStatus(_Model):

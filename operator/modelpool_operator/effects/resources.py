@@ -424,8 +424,9 @@ CONTROL_KEY_ITEM = "key"
 CONTROL_KEY_FILE = f"{CONTROL_KEY_DIR}/{CONTROL_KEY_ITEM}"
 
 
-def control_key_secret_name(host: HostView) -> str:
-    return f"{host.name}-control-key"
+def control_key_secret_name(host: HostView | str) -> str:
+    """``<ModelHost>-control-key``."""
+    return f"{host if isinstance(host, str) else host.name}-control-key"
 
 
 def host_owner_reference(host: HostView) -> dict[str, Any] | None:
@@ -473,7 +474,7 @@ def build_control_key_secret(host: HostView, key: str) -> dict[str, Any]:
 def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
     """``modelpool-server --shared-host`` and the flags a host understands (model_server/host_config.py):
     its ports, its device (cpu on a CPU host; the GPU the pod is given otherwise), the device memory its
-    ledger hands out, the host RAM for sleeping models, the control key."""
+    ledger hands out, the host RAM for sleeping models (and then ``--sleep-idle``), the control key."""
     args = [
         "--shared-host",
         "--port",
@@ -488,7 +489,9 @@ def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
         CONTROL_KEY_FILE,
     ]
     if spec.host_memory_bytes:
-        args += ["--host-memory", str(spec.host_memory_bytes)]
+        # With RAM to park them in, a model that turns Idle (its pool's idleTimeoutSeconds) sleeps: its
+        # device memory goes back to the others, and its next request wakes it on the host.
+        args += ["--host-memory", str(spec.host_memory_bytes), "--sleep-idle"]
     return args
 
 

@@ -85,6 +85,9 @@ def test_a_cpu_host_pod_asks_for_the_ram_its_models_use_and_park() -> None:
     assert pod["metadata"]["annotations"][ANNOTATION_MEMORY] == str(6 * GI)
     no_sleep = build_host_pod(view(gpusPerHost=0, deviceMemory="4Gi"), 0)
     assert flag(no_sleep["spec"]["containers"][0]["args"], "--host-memory") is None
+    # Idle models sleep only where there is RAM to park them in.
+    assert "--sleep-idle" in container["args"]
+    assert "--sleep-idle" not in no_sleep["spec"]["containers"][0]["args"]
 
 
 def test_the_control_key_secret_is_owned_by_the_modelhost() -> None:
