@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard, get_args
 
 from modelpool_contract.api import HostModelState, ModelHostSpec
+from modelpool_contract.states import WorkerState
+from modelpool_contract.times import parse_time, rfc3339
 from modelpool_operator.placement.ledger import Host, Resident
 
 _STATES = frozenset(get_args(HostModelState))
@@ -82,7 +84,9 @@ def observe_hosts(
     pools: Mapping[str, HostedPool] | None = None,
 ) -> list[Host]:
     """The ledger's view of each host pod (sorted by name): the ModelHost's devices and host RAM, the
-    models its ``/stats`` reports (``stats``: by pod name); a pod accepts models only while ready."""
+    models its ``/stats`` reports (``stats``: by pod name); a pod accepts models only while ready and,
+    when ``stats`` is given, once its ``/stats`` is known (until then what it holds is unknown, and a
+    host the operator cannot reach cannot be given a model either)."""
     capacities = (spec.device_memory_bytes,) * spec.devices
     hosts = []
     for pod in pods:
@@ -96,7 +100,69 @@ def observe_hosts(
                 residents=host_residents(
                     str(meta.get("namespace") or ""), (stats or {}).get(name), pools or {}
                 ),
-                accepting=host_pod_ready(pod),
+                accepting=host_pod_ready(pod) and (stats is None or stats.get(name) is not None),
             )
         )
     return sorted(hosts, key=lambda h: h.name)
+
+
+@dataclass(frozen=True)
+class HostedReplica:
+    """A shared pool's model on one host pod, as the host's ``/stats`` reports it."""
+
+    pod: str
+    state: WorkerState
+    memory: int
+    node: str | None = None
+    reason: str | None = None
+    queue_depth: int | None = None
+    last_request_time: str | None = None
+
+
+def hosted_replicas(
+    model: str,
+    declared: int,
+    pods: Iterable[Mapping[str, Any]],
+    stats: Mapping[str, Mapping[str, Any] | None],
+) -> list[HostedReplica]:
+    """The host pods whose ``/stats`` reports the model ``model`` (a pool's ``host_model_name``), with its
+    state there; its memory is what the host measured on the device, else ``declared``."""
+    replicas = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        models = (stats.get(name) or {}).get("models")
+        doc = models.get(model) if isinstance(models, Mapping) else None
+        if not isinstance(doc, Mapping) or not _state(doc.get("state")):
+            continue
+        memory = doc.get("memory") if isinstance(doc.get("memory"), Mapping) else {}
+        last = doc.get("last_request_time")
+        reason = doc.get("reason")
+        replicas.append(
+            HostedReplica(
+                pod=name,
+                state=doc["state"],
+                memory=_count(memory or {}, "gpu_reserved_bytes") or declared,
+                node=(pod.get("spec") or {}).get("nodeName"),
+                reason=str(reason)[:1000] if reason else None,
+                queue_depth=_count(doc, "queue_depth"),
+                last_request_time=rfc3339(parse_time(last)) if last else None,
+            )
+        )
+    return sorted(replicas, key=lambda r: r.pod)
+
+
+def reported_models(
+    pods: Iterable[Mapping[str, Any]], stats: Mapping[str, Mapping[str, Any] | None]
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """What each host pod reports of each model it holds: ``(pod, model) -> (source, task)`` (its
+    ``/stats`` ``models.<name>.model``; models that report none are left out)."""
+    reported = {}
+    for pod in pods:
+        name = str((pod.get("metadata") or {}).get("name") or "")
+        models = (stats.get(name) or {}).get("models")
+        for model, doc in models.items() if isinstance(models, Mapping) else ():
+            said = doc.get("model") if isinstance(doc, Mapping) else None
+            if isinstance(said, Mapping) and said.get("source") and said.get("task"):
+                reported[(name, str(model))] = (str(said["source"]), str(said["task"]))
+    return reported
