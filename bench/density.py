@@ -562,6 +562,9 @@ def running_host(args: argparse.Namespace, slots: int, env: dict[str, str]) -> I
         [
             "--shared-host", "--device", args.device, "--device-memory", str(args.memory * args.awake),
             "--max-models", str(slots), "--http-workers", "1", "--log-level", "warning",
+            # The ledger holds --awake models by their declared weights alone: the processes' overhead
+            # is what this bench measures (the private-memory and nvidia-smi rows), not charged here.
+            "--model-overhead", "0",
         ],
         env=env, probe=True, wait_timeout=TIMEOUT_S,
     )  # fmt: skip

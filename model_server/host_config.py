@@ -19,6 +19,11 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from model_server.config import ServerConfig, ServingConfig
+from modelpool_contract.placements import (
+    DEFAULT_CPU_MODEL_OVERHEAD,
+    DEFAULT_GPU_MODEL_OVERHEAD,
+    default_model_overhead,
+)
 from modelpool_contract.quantity import parse_quantity
 from modelpool_contract.settings import CommandLine, load
 
@@ -52,6 +57,12 @@ class HostConfig(ServingConfig):
     max_models: int = Field(default=8, ge=1, le=256, description="Models the host may hold at once")
     device_memory: int = Field(description="The device's memory the ledger may hand out (bytes or 8Gi)")
     host_memory: int | None = Field(default=None, description="Host memory for sleeping models' weights")
+    model_overhead: int | None = Field(
+        default=None,
+        description="Each model's charge on the device beyond its weights, awake or asleep: its process's "
+        f"CUDA context (default {DEFAULT_GPU_MODEL_OVERHEAD}) or, with --device cpu, its RAM "
+        f"(default {DEFAULT_CPU_MODEL_OVERHEAD}); 0: none",
+    )
     sleep_idle: bool = Field(
         default=False, description="Put each model to sleep once it turns Idle (after its idle_after)"
     )
@@ -67,10 +78,18 @@ class HostConfig(ServingConfig):
         """The key the control API's calls must carry, or None (no ``--control-key-file``)."""
         return self.key("control_key_file")
 
-    @field_validator("device_memory", "host_memory", mode="before")
+    @field_validator("device_memory", "host_memory", "model_overhead", mode="before")
     @classmethod
     def _quantity(cls, value: Any) -> Any:
         return None if value is None else parse_quantity(value)
+
+    @property
+    def overhead(self) -> int:
+        """What the ledger charges each loaded model on the device beyond its weights, awake or asleep
+        (``--model-overhead``, else the contract's default: a CPU's unless ``--device`` may be a GPU)."""
+        if self.model_overhead is not None:
+            return self.model_overhead
+        return default_model_overhead(gpu=self.device != "cpu")
 
     @property
     def http_processes(self) -> int:

@@ -2,9 +2,12 @@
 call these with what they read from the models' shared views; no I/O, no processes, no clock.
 
 * ``model_of``: which model a request is for (the v2 path's ``{name}``, the OpenAI body's ``model``).
-* ``device_used``/``host_used``: a device's ledger (awake models charged their device bytes: measured when
-  known, else declared) and the host memory that sleeping models' parked weights hold.
-* ``make_room``: which idle models to put to sleep so that ``need`` bytes fit on a device: least recently
+* ``device_used``/``device_overhead``/``host_used``: a device's ledger (awake models charged their device
+  bytes: measured when known, else declared; every model loaded there, awake or asleep, its process's
+  overhead: ``--model-overhead``, its CUDA context on a GPU, its RAM on a CPU) and the host memory that
+  sleeping models' parked weights hold.
+* ``make_room``: which idle models to put to sleep so that ``need`` bytes fit on a device (a new model's
+  need is its size and its overhead; a sleep gives back the weights, not the overhead): least recently
   used first, never a Loading, Processing or Waking model nor one with work in hand; None when even
   that is not enough (or host memory cannot take their weights).
 * ``sleep_refusal``: why a model may not sleep now ('' when it may): not Ready/Idle, work in hand, or
@@ -18,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from model_server.state_machine import SLEEPABLE, State
-from modelpool_contract.states import DEVICE_CHARGED_STATES
+from modelpool_contract.states import CHARGED_STATES, DEVICE_CHARGED_STATES
 
 V2_MODELS = "/v2/models/"
 
@@ -34,11 +37,23 @@ class SlotFacts:
     host_bytes: int  # charged in host memory while it sleeps (its parked weights)
     last_used: float  # when its last request came (least recently used sleeps first)
     busy: bool = False  # anything queued, in flight or on its way
+    overhead: int = 0  # charged on the device while its process is there, awake or asleep (--model-overhead)
 
 
 def device_used(device: int, slots: Iterable[SlotFacts]) -> int:
     """Bytes the ledger charges on ``device``: every model there that holds device memory."""
     return sum(s.device_bytes for s in slots if s.device == device and s.state.value in DEVICE_CHARGED_STATES)
+
+
+def device_overhead(device: int, slots: Iterable[SlotFacts]) -> int:
+    """Bytes the ledger charges on ``device`` for the models' processes: every model there, awake or
+    asleep (a sleeping model's process keeps its CUDA context), none that failed or ended."""
+    return sum(s.overhead for s in slots if s.device == device and s.state.value in CHARGED_STATES)
+
+
+def device_free(device: int, capacity: int, slots: Sequence[SlotFacts]) -> int:
+    """``capacity`` less what the ledger charges on ``device``: awake weights and every process's overhead."""
+    return capacity - device_used(device, slots) - device_overhead(device, slots)
 
 
 def host_used(slots: Iterable[SlotFacts]) -> int:
@@ -52,7 +67,7 @@ def make_room(
     """The models to put to sleep, in order, so that ``need`` more bytes fit on ``device`` ([] when they
     fit already); None when sleeping every candidate would not be enough, or host memory (``None``:
     unbounded) could not hold their weights."""
-    free = capacity - device_used(device, slots)
+    free = device_free(device, capacity, slots)
     if free >= need:
         return []
     host_free = None if host_capacity is None else host_capacity - host_used(slots)
@@ -104,6 +119,8 @@ def model_of(path: str, body: bytes | None) -> str | None:
 
 __all__ = [
     "SlotFacts",
+    "device_free",
+    "device_overhead",
     "device_used",
     "host_used",
     "make_room",

@@ -27,6 +27,11 @@ from modelpool_contract.flags import (
     Dtype,
 )
 from modelpool_contract.labels import GROUP
+from modelpool_contract.placements import (
+    DEFAULT_CPU_MODEL_OVERHEAD,
+    DEFAULT_GPU_MODEL_OVERHEAD,
+    default_model_overhead,
+)
 from modelpool_contract.quantity import QUANTITY_PATTERN, QuantityError, parse_quantity
 from modelpool_contract.states import WorkerState
 from modelpool_contract.tasks import TaskName
@@ -1073,6 +1078,15 @@ class ModelHostSpec(_Model):
             "load)."
         ),
     )
+    model_overhead: Quantity | None = Field(
+        default=None,
+        description=(
+            "What each model on a host pod costs beyond its weights, charged on its device for as long as "
+            "it is there, awake or asleep: its own inference process. On a GPU host its CUDA context "
+            f"(default {DEFAULT_GPU_MODEL_OVERHEAD}); on a CPU host the process's RAM "
+            f"(default {DEFAULT_CPU_MODEL_OVERHEAD}), out of deviceMemory. 0: not charged."
+        ),
+    )
     image: str | None = Field(
         default=None, description="The model server image; unset: the operator's default image."
     )
@@ -1099,6 +1113,11 @@ class ModelHostSpec(_Model):
     def _host_memory(cls, value: Quantity | None) -> Quantity | None:
         return _check_quantity(value, "spec.hostMemory")
 
+    @field_validator("model_overhead")
+    @classmethod
+    def _model_overhead(cls, value: Quantity | None) -> Quantity | None:
+        return _check_quantity(value, "spec.modelOverhead")
+
     @model_validator(mode="after")
     def _device_memory_given(self) -> ModelHostSpec:
         # The field validator runs only for a value given; an absent field is refused here.
@@ -1120,6 +1139,14 @@ class ModelHostSpec(_Model):
     def host_memory_bytes(self) -> int:
         """``hostMemory`` in bytes (0 when unset: nothing sleeps)."""
         return 0 if self.host_memory is None else parse_quantity(self.host_memory)
+
+    @property
+    def model_overhead_bytes(self) -> int:
+        """``modelOverhead`` in bytes: each model's charge on its device beyond its weights, awake or asleep
+        (unset: ``placements.default_model_overhead`` for a GPU or a CPU host)."""
+        if self.model_overhead is None:
+            return default_model_overhead(gpu=self.gpus_per_host > 0)
+        return parse_quantity(self.model_overhead)
 
 
 MSG_DEVICE_MEMORY_REQUIRED = (
@@ -1160,7 +1187,12 @@ class HostDeviceStatus(_Model):
     awake_bytes: int = Field(description="The same in bytes.")
     asleep: str = Field(description="Host RAM held by this device's sleeping models (a quantity).")
     asleep_bytes: int = Field(description="The same in bytes.")
-    free: str = Field(description="capacity - awake (negative: over-committed by measurement).")
+    overhead: str = Field(
+        default="0",
+        description="Charged to its models' processes: modelOverhead for each model on it, awake or asleep.",
+    )
+    overhead_bytes: int = Field(default=0, description="The same in bytes.")
+    free: str = Field(description="capacity - awake - overhead (negative: over-committed by measurement).")
     free_bytes: int = Field(description="The same in bytes.")
 
 
@@ -1208,6 +1240,10 @@ class HostMemoryTotals(_Model):
     awake_bytes: int = Field(default=0, description="The same in bytes.")
     asleep: str = Field(default="0", description="Host RAM held by sleeping models, over all host pods.")
     asleep_bytes: int = Field(default=0, description="The same in bytes.")
+    overhead: str = Field(
+        default="0", description="Device memory charged to the models' processes (modelOverhead each)."
+    )
+    overhead_bytes: int = Field(default=0, description="The same in bytes.")
     free: str = Field(default="0", description="Device memory not charged, over all devices.")
     free_bytes: int = Field(default=0, description="The same in bytes.")
 

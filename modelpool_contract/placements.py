@@ -17,6 +17,10 @@ annotation places nothing; an unknown state is dropped), since a gateway must ke
 says.  The states are the worker states (Sleeping and Waking, a host's own, among them).
 ``host_model_name`` is the name a pool's model has on a host: the operator loads it under that name, the
 gateway sends it in requests (the OpenAI body's ``model``, the name in a v2 URL).
+
+``default_model_overhead`` is what each model on a host costs beyond its weights when the ModelHost
+(``spec.modelOverhead``) and the host (``--model-overhead``) say nothing: both ledgers, the host's and the
+operator's, charge it on the model's device for as long as the model is there, awake or asleep.
 """
 
 from __future__ import annotations
@@ -26,10 +30,27 @@ from collections.abc import Mapping
 from typing import Final, TypeGuard, get_args
 
 from modelpool_contract.labels import PREFIX
+from modelpool_contract.quantity import parse_quantity
 from modelpool_contract.states import WorkerState
 
 LABEL_HOST: Final = f"{PREFIX}/host"
 ANNOTATION_MODELS: Final = f"{PREFIX}/models"
+
+#: Each model on a shared host runs in an inference process of its own (isolation), which costs memory
+#: that its weights do not account for, asleep as much as awake: on a GPU host its CUDA context, which
+#: stays on the device while the model sleeps (300-600 MiB per process is typical); on a CPU host the
+#: process's private RAM beyond its weights (torch, transformers, the interpreter: ``bench.density``
+#: measured 457 MiB private per all-MiniLM-L6-v2 process, awake or asleep, 87 MiB of it the weights).
+#: The defaults of ``ModelHost.spec.modelOverhead`` and of the host's ``--model-overhead``.
+DEFAULT_GPU_MODEL_OVERHEAD: Final = "512Mi"
+DEFAULT_CPU_MODEL_OVERHEAD: Final = "384Mi"
+
+
+def default_model_overhead(*, gpu: bool) -> int:
+    """Bytes each model on a host is charged on its device beyond its weights, awake or asleep, when
+    nothing says otherwise: a CUDA context on a GPU host, the process's RAM on a CPU host."""
+    return parse_quantity(DEFAULT_GPU_MODEL_OVERHEAD if gpu else DEFAULT_CPU_MODEL_OVERHEAD)
+
 
 _STATES: Final[frozenset[str]] = frozenset(get_args(WorkerState))
 

@@ -18,7 +18,8 @@ process's exit 4) fails the host: every model Failed, exit 4.  An HTTP process t
 The control API (``host_control``, on the probe port) calls ``load``, ``unload``, ``sleep`` and ``wake``
 from its threads; a request for a sleeping model (an HTTP process sets ``Field.WAKE_WANTED`` in its slot)
 is woken by the watch loop.  Before a load or a wake, the least recently used idle models of the device
-are put to sleep when its ledger (``--device-memory``) is short (``host_plan.make_room``); a request's
+are put to sleep when its ledger (``--device-memory``; each loaded model is charged its weights while awake
+and its process's ``--model-overhead`` awake or asleep) is short (``host_plan.make_room``); a request's
 wake that finds no room (those models have work in hand) is tried again while the request waits, and a
 model woken for a request counts as busy until that request is admitted (never put back to sleep first).
 """
@@ -89,6 +90,7 @@ class Slot:
     view: WorkerView
     config: ServerConfig | None = None
     memory: int = 0  # the declared bytes (charged until the model's own measure is known)
+    overhead: int = 0  # its process's charge on the device, awake or asleep (--model-overhead)
     child: Child | None = None
     leaving: bool = False  # an unload is under way: its process's exit is expected
     acting: bool = False  # a sleep or a wake of the watch loop's own is under way
@@ -121,6 +123,7 @@ class Slot:
             host_bytes=parked or max(self.memory, measured),
             last_used=max(last_request, view.get(Field.WAKE_WANTED), self.woken_for),
             busy=bool(view.door.taken or view.get(Field.IN_FLIGHT)) or self._request_on_its_way(last_request),
+            overhead=self.overhead,
         )
 
     def _request_on_its_way(self, last_request: float) -> bool:
@@ -179,9 +182,11 @@ class HostSupervisor:
             if slot is None:
                 raise Conflict(f"the host holds {self.config.max_models} models (--max-models)")
             config = slot_config(self.config, name, settings, slot.index)
-            self._make_room(memory, keep=None)
+            # Its process will hold the overhead on the device from its start, asleep or awake.
+            self._make_room(memory + self.config.overhead, keep=None)
             slot.view.reset()
             slot.config, slot.memory, slot.leaving = config, memory, False
+            slot.overhead = self.config.overhead
             slot.woken_for = slot.on_its_way_until = 0.0
             self._in_main_thread(lambda: self._start_slot(slot))
         _wait_until(lambda: slot.state_machine.state not in (State.PENDING, State.LOADING), LOAD_WAIT_S)
@@ -250,7 +255,7 @@ class HostSupervisor:
         with self.lock:
             for http in self.http:
                 http.tell(("unload", slot.index))
-            slot.config, slot.child, slot.memory = None, None, 0
+            slot.config, slot.child, slot.memory, slot.overhead = None, None, 0, 0
 
     def sleep(self, name: str) -> Slot:
         with self.lock:
@@ -286,7 +291,8 @@ class HostSupervisor:
     def _wake(self, slot: Slot) -> None:
         if slot.state_machine.state is not State.SLEEPING:
             return
-        self._make_room(slot.facts().device_bytes, keep=slot)
+        # ``keep`` leaves the model out of the ledger: its overhead, which it holds asleep too, is asked back.
+        self._make_room(slot.facts().device_bytes + slot.overhead, keep=slot)
         assert slot.child is not None
         slot.child.tell("wake")
         _wait_until(lambda: slot.state_machine.state in SERVING | {State.FAILED}, SLEEP_WAIT_S)
@@ -298,7 +304,8 @@ class HostSupervisor:
         if chosen is None:
             raise NoRoom(
                 f"{need} bytes do not fit on the device ({self.config.device_memory} bytes, "
-                f"{host_plan.device_used(0, facts)} in use) even with every idle model asleep"
+                f"{host_plan.device_used(0, facts)} in use awake, {host_plan.device_overhead(0, facts)} held "
+                "by the models' processes) even with every idle model asleep"
             )
         for name in chosen:
             log.info("making room: %s goes to sleep", name)
@@ -325,14 +332,15 @@ class HostSupervisor:
         with self.lock:
             loaded = [s for s in self.slots if s.config is not None]
             facts = [s.facts() for s in loaded]
-            used = host_plan.device_used(0, facts)
             device = {
                 "index": 0,
                 "device": self.config.device,
                 "capacity": self.config.device_memory,
-                "awake": used,
+                "awake": host_plan.device_used(0, facts),
                 "asleep": host_plan.host_used(facts),
-                "free": self.config.device_memory - used,
+                "overhead": host_plan.device_overhead(0, facts),
+                "model_overhead": self.config.overhead,
+                "free": host_plan.device_free(0, self.config.device_memory, facts),
             }
             models = {
                 s.name: worker_stats.stats(s.config, s.view, s.state_machine)

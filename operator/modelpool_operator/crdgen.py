@@ -462,6 +462,13 @@ def modelhost_crd() -> dict[str, Any]:
                 "description": "Host RAM holding sleeping models' weights, over every host pod.",
             },
             {
+                "name": "Overhead",
+                "type": "string",
+                "jsonPath": ".status.memory.overhead",
+                "description": "Device memory charged to the models' processes (modelOverhead each, awake or "
+                "asleep), over every host pod.",
+            },
+            {
                 "name": "Free",
                 "type": "string",
                 "jsonPath": ".status.memory.free",
@@ -480,6 +487,13 @@ def modelhost_crd() -> dict[str, Any]:
                 "type": "string",
                 "jsonPath": ".spec.hostMemory",
                 "description": "RAM per host pod for sleeping models.",
+                "priority": 1,
+            },
+            {
+                "name": "Model-Overhead",
+                "type": "string",
+                "jsonPath": ".spec.modelOverhead",
+                "description": "Each model's charge on its device beyond its weights (unset: the default).",
                 "priority": 1,
             },
         ],

@@ -85,8 +85,9 @@ def host(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hos
     key_file = tmp_path_factory.mktemp("key") / "api-key"
     key_file.write_text(KEY)
     server = start_server(
-        "--shared-host", "--probe-port", str(probe), "--device-memory", f"{1000 * MI}", "--http-workers", "1",
+        "--shared-host", "--probe-port", str(probe), "--device-memory", f"{1040 * MI}", "--http-workers", "1",
         "--api-key-file", str(key_file), "--max-models", "4", "--sleep-idle",
+        "--model-overhead", f"{10 * MI}",
         "--request-body-timeout-seconds", "1", wait="live", timeout=60,
     )  # fmt: skip
     host = Host(server, probe)
@@ -119,7 +120,10 @@ def test_requests_reach_their_model_by_name_with_the_real_clients(host: Host) ->
         client.embeddings.create(model="nobody", input="abc")
     stats = httpx.get(host.control + "/stats", timeout=10).json()
     assert set(stats["models"]) == {"minilm", "echo", "victim"}
-    assert stats["host"]["devices"][0]["awake"] == 700 * MI  # declared, until measured on a GPU
+    device = stats["host"]["devices"][0]
+    assert device["awake"] == 700 * MI  # declared, until measured on a GPU
+    # Each model's process is charged --model-overhead besides its weights: 3 x 10 MiB.
+    assert (device["overhead"], device["free"]) == (30 * MI, 310 * MI), device
     assert host.call("echo", "load", {"source": "/x", "task": "text-embedding"}).status_code == 409
     assert "task" in host.call("new", "load", {"source": "/x", "task": "nope"}).json()["error"]
 
@@ -154,7 +158,9 @@ def test_a_sleeping_model_is_woken_by_a_request_and_answers_the_same(host: Host)
     assert slept.status_code == 200 and slept.json()["state"] == "Sleeping", slept.text
     stats = httpx.get(host.control + "/stats", timeout=10).json()
     assert stats["models"]["minilm"]["state"] == "Sleeping"
-    assert stats["host"]["devices"][0]["awake"] == 400 * MI  # a sleeping model is charged host memory
+    device = stats["host"]["devices"][0]
+    assert device["awake"] == 400 * MI  # a sleeping model is charged host memory
+    assert device["overhead"] == 30 * MI  # and still its process on the device
     after = embed(host, "minilm", "A man is riding a horse.")  # waits for the wake, then is answered
     assert np.array_equal(before, after)
     assert host.state("minilm") in ("Ready", "Processing")
@@ -167,7 +173,8 @@ def test_a_load_makes_room_by_sleeping_the_least_recently_used_idle_models(
 ) -> None:
     embed(host, "echo", "recent")  # victim was never asked: it is the least recently used
     big = {"source": str(tmp_path), "task": "text-embedding", "handler": ECHO, "memory": f"{350 * MI}"}
-    loaded = host.call("big", "load", big)  # 700 MiB awake + 350 > 1000: one model must sleep
+    # 700 MiB awake + 30 MiB of processes + 350 + its own 10 > 1040: one model must sleep.
+    loaded = host.call("big", "load", big)
     assert loaded.status_code == 200 and loaded.json()["state"] == "Ready", loaded.text
     states = {name: entry["state"] for name, entry in host.index().items()}
     assert states["victim"] == "Sleeping" and states["minilm"] != "Sleeping", states

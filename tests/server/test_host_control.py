@@ -13,6 +13,7 @@ from model_server.config import ConfigError
 from model_server.host_config import HostConfig, load_host_config
 from model_server.supervisor.host import HostSupervisor
 from model_server.supervisor.host_control import HostControlServer, authorized
+from modelpool_contract.placements import default_model_overhead
 
 KEY = "s3cret-control-key"
 
@@ -45,7 +46,9 @@ def test_the_control_api_needs_its_key_and_health_and_stats_do_not(control: str)
     assert _load(control, "m", {"source": "/x", "task": "text-embedding"}, key=None).status_code == 401
     assert httpx.get(control + "/v2/health/live", timeout=10).status_code == 200
     stats = httpx.get(control + "/stats", timeout=10).json()
-    assert stats["models"] == {} and stats["host"]["devices"][0]["free"] == 1 << 30
+    device = stats["host"]["devices"][0]
+    assert stats["models"] == {} and device["free"] == 1 << 30 and device["overhead"] == 0
+    assert device["model_overhead"] == default_model_overhead(gpu=True)  # --device auto: maybe a GPU
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,19 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_server.host_plan import SlotFacts, device_used, host_used, make_room, model_of, sleep_refusal
+from model_server.host_config import HostConfig
+from model_server.host_plan import (
+    SlotFacts,
+    device_free,
+    device_overhead,
+    device_used,
+    host_used,
+    make_room,
+    model_of,
+    sleep_refusal,
+)
 from model_server.state_machine import SLEEPABLE, State
+from modelpool_contract.placements import default_model_overhead
 
 GB = 1 << 30
 
@@ -42,6 +53,38 @@ def test_the_ledger_charges_awake_models_on_their_device_and_sleeping_ones_in_ho
     assert device_used(0, slots) == 3 * GB  # a, c, d: Sleeping charged host memory, Failed nothing
     assert device_used(1, slots) == GB
     assert host_used(slots) == 2 * GB
+
+
+def test_every_loaded_model_is_charged_its_process_overhead_awake_or_asleep() -> None:
+    over = {"overhead": GB // 2}
+    slots = [
+        slot("awake", State.READY, **over),
+        slot("asleep", State.SLEEPING, gb=2, **over),
+        slot("loading", State.LOADING, **over),
+        slot("failed", State.FAILED, **over),  # its process is gone: nothing
+        slot("dead", State.DEAD, **over),
+        slot("elsewhere", State.IDLE, device=1, **over),
+    ]
+    assert device_used(0, slots) == 2 * GB  # the weights: awake and loading
+    assert device_overhead(0, slots) == 3 * GB // 2  # awake, asleep and loading each hold a process
+    assert device_free(0, 4 * GB, slots) == GB // 2
+    # A new model needs its size and its overhead; a sleep gives back the weights, never the overhead.
+    assert make_room(GB // 2, 0, 4 * GB, None, slots) == []
+    assert make_room(GB, 0, 4 * GB, None, slots) == ["awake"]
+    assert make_room(2 * GB, 0, 4 * GB, None, slots) is None  # its sleep frees 1 GB, not its 0.5 GB process
+    more = [*slots, slot("idle", State.IDLE, used=5.0, **over)]  # 1 GB awake + 0.5 GB: over by 1 GB
+    assert device_free(0, 4 * GB, more) == -GB
+    assert make_room(GB, 0, 4 * GB, None, more) == ["awake", "idle"]
+    assert make_room(2 * GB, 0, 4 * GB, None, more) is None
+
+
+def test_the_host_charges_the_contract_default_overhead_unless_told() -> None:
+    gpu = HostConfig(device_memory="8Gi")  # type: ignore[arg-type]
+    cpu = HostConfig(device_memory="8Gi", device="cpu")  # type: ignore[arg-type]
+    assert gpu.overhead == default_model_overhead(gpu=True) > 0
+    assert cpu.overhead == default_model_overhead(gpu=False) > 0
+    assert HostConfig(device_memory="8Gi", model_overhead="300Mi").overhead == 300 << 20  # type: ignore[arg-type]
+    assert HostConfig(device_memory="8Gi", model_overhead=0).overhead == 0  # type: ignore[arg-type]
 
 
 def test_room_is_made_by_sleeping_the_least_recently_used_idle_models_only() -> None:
@@ -81,6 +124,7 @@ SLOTS = st.lists(
         host_bytes=st.integers(0, 8),
         last_used=st.floats(0, 100),
         busy=st.booleans(),
+        overhead=st.integers(0, 3),
     ),
     max_size=10,
     unique_by=lambda s: s.name,
@@ -99,7 +143,9 @@ def test_made_room_fits_never_takes_working_models_and_respects_host_memory(
     picked = [by_name[name] for name in chosen]
     assert all(s.device == 0 and s.state in SLEEPABLE and not s.busy for s in picked)
     after = [replace(s, state=State.SLEEPING) if s.name in chosen else s for s in slots]
-    assert device_used(0, after) + need <= capacity
+    # Never over-committed, the processes' overhead included (a sleep leaves it on the device).
+    assert device_used(0, after) + device_overhead(0, after) + need <= capacity
+    assert device_overhead(0, after) == device_overhead(0, slots)
     if host is not None and chosen:
         assert host_used(after) <= max(host, host_used(slots))
     assert [s.last_used for s in picked] == sorted(s.last_used for s in picked)  # least recently used first

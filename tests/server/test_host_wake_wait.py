@@ -83,6 +83,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     server = start_server(
         "--shared-host", "--probe-port", str(probe), "--device-memory", f"{100 * MI}", "--http-workers", "1",
         "--max-models", str(len(NAMES)), "--wake-timeout", str(WAKE_TIMEOUT_S),
+        "--model-overhead", "0",  # room for one model's declared 100 MiB: its process is charged nothing
         env={"HANDLER_RUN_GATE": str(gate)}, wait="live", timeout=60,
     )  # fmt: skip
     host = Host(server, f"http://127.0.0.1:{probe}", gate)

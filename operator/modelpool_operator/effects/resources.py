@@ -474,7 +474,8 @@ def build_control_key_secret(host: HostView, key: str) -> dict[str, Any]:
 def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
     """``modelpool-server --shared-host`` and the flags a host understands (model_server/host_config.py):
     its ports, its device (cpu on a CPU host; the GPU the pod is given otherwise), the device memory its
-    ledger hands out, the host RAM for sleeping models (and then ``--sleep-idle``), the control key."""
+    ledger hands out and what it charges each model's process there, the host RAM for sleeping models
+    (and then ``--sleep-idle``), the control key."""
     args = [
         "--shared-host",
         "--port",
@@ -485,6 +486,10 @@ def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
         "cpu" if spec.gpus_per_host == 0 else "auto",
         "--device-memory",
         str(spec.device_memory_bytes),
+        # What each model's process costs on the device, awake or asleep: the host's ledger charges it as
+        # the operator's does (the same figure, spec.modelOverhead or the contract's default).
+        "--model-overhead",
+        str(spec.model_overhead_bytes),
         "--control-key-file",
         CONTROL_KEY_FILE,
     ]

@@ -97,6 +97,7 @@ def observe_hosts(
                 name=name,
                 capacities=capacities,
                 host_memory=spec.host_memory_bytes,
+                overhead=spec.model_overhead_bytes,
                 residents=host_residents(
                     str(meta.get("namespace") or ""), (stats or {}).get(name), pools or {}
                 ),

@@ -5,9 +5,11 @@ Pure: hosts (``ledger.Host``) in, decisions out. A decision never over-commits a
 by the ledger: what it wakes or places fits after the sleeps and unloads it names, which are the first
 things to apply. Who makes room: idle models (Ready or Idle, nothing queued or in flight) of a priority no
 higher than the newcomer's, the lowest priority first, then the least recently used; never a Loading,
-Processing or Waking model. A model that must make room sleeps (its weights to host RAM) when the RAM
-holds it, after unloading sleeping models that come before it in the same order; else it is unloaded
-itself. Every choice breaks ties by name, so the same hosts give the same decision whatever their order.
+Processing or Waking model; when that is not enough, sleeping models of the same rank are unloaded (each
+still holds its process's overhead on the device). A model that must make room sleeps (its weights to
+host RAM) when the RAM holds it, after unloading sleeping models that come before it in the same order;
+else it is unloaded itself. Every choice breaks ties by name, so the same hosts give the same decision
+whatever their order.
 """
 
 from __future__ import annotations
@@ -77,25 +79,30 @@ def _make_room_on(
     shortfall = need - led.devices[device].free
     if shortfall <= 0:
         return Room(host.name, device)
-    candidates = sorted(
-        (
-            r
-            for r in host.residents
-            if r.device == device and r.sleepable and r.priority <= priority and r.pool not in exclude
-        ),
-        key=eviction_order,
-    )
+    eligible = [
+        r for r in host.residents if r.device == device and r.priority <= priority and r.pool not in exclude
+    ]
     chosen: list[Resident] = []
     freed = 0
-    for resident in candidates:
+    for resident in sorted((r for r in eligible if r.sleepable), key=eviction_order):
         if freed >= shortfall:
             break
         chosen.append(resident)
         freed += resident.device_charge
+    # A sleeping model still holds its process's overhead on the device (a CUDA context): when sleeping
+    # the idle ones is not enough, unloading sleeping ones gives that back.
+    dropped: list[Resident] = []
+    if host.overhead > 0:
+        for resident in sorted((r for r in eligible if r.state == "Sleeping"), key=eviction_order):
+            if freed >= shortfall:
+                break
+            dropped.append(resident)
+            freed += host.overhead
     if freed < shortfall:
         return None
-    sleep, unload = _park(host, chosen, led.host_free, exclude)
-    return Room(host.name, device, sleep=sleep, unload=unload)
+    gone = frozenset(r.pool for r in dropped)
+    sleep, unload = _park(host, chosen, led.host_free + sum(r.host_charge for r in dropped), exclude | gone)
+    return Room(host.name, device, sleep=sleep, unload=(*(r.pool for r in dropped), *unload))
 
 
 def _park(
@@ -133,8 +140,10 @@ def make_room(
     host: Host, device: int, need: int, *, priority: int, exclude: Iterable[ModelKey] = ()
 ) -> Room | None:
     """What to sleep (and unload) on ``device`` so that ``need`` more bytes fit awake there, choosing among
-    idle models of priority at most ``priority`` (not ``exclude``); None when they cannot free enough.
-    ``need`` 0 brings a device that measurements over-committed back within its capacity."""
+    idle models of priority at most ``priority`` (not ``exclude``), then unloading sleeping ones (their
+    processes' overhead); None when they cannot free enough. For a new model, ``need`` is its size plus
+    ``host.overhead``; ``need`` 0 brings a device that measurements over-committed back within its
+    capacity."""
     return _make_room_on(host, device, need, priority, frozenset(exclude))
 
 
@@ -189,18 +198,14 @@ def place(request: PlacementRequest, hosts: Sequence[Host]) -> Placement | Unpla
         return Unplaced(
             "EveryHostHoldsIt", f"every one of the {len(open_hosts)} host pods already holds the model"
         )
-    largest = max(c for h in free_hosts for c in h.capacities)
+    largest = max(c - h.overhead for h in free_hosts for c in h.capacities)
     if request.memory > largest:
-        return Unplaced(
-            "LargerThanDevice",
-            f"the model ({format_quantity(request.memory)}) is larger than any device "
-            f"({format_quantity(largest)}): raise the ModelHost's deviceMemory or lower resources.memory",
-        )
+        return Unplaced("LargerThanDevice", _larger_than_device(request, free_hosts))
     awake = [
-        (d.free - request.memory, h.name, d.index)
+        (d.free - _need(h, request), h.name, d.index)
         for h in free_hosts
         for d in ledger(h).devices
-        if d.free >= request.memory
+        if d.free >= _need(h, request)
     ]
     if awake:
         _, name, index = min(awake)
@@ -208,15 +213,37 @@ def place(request: PlacementRequest, hosts: Sequence[Host]) -> Placement | Unpla
     made: list[tuple[tuple[int, int, int, str, int], Room]] = []
     for h in free_hosts:
         for d in ledger(h).devices:
-            room = _make_room_on(h, d.index, request.memory, request.priority, frozenset())
+            room = _make_room_on(h, d.index, _need(h, request), request.priority, frozenset())
             if room is not None:
-                freed = sum(_charge(h, key) for key in (*room.sleep, *room.unload))
-                key = (len(room.unload), len(room.sleep), d.free + freed - request.memory, h.name, d.index)
+                freed = sum(_charge(h, key) for key in room.sleep) + sum(
+                    _charge(h, key) + h.overhead for key in room.unload
+                )
+                key = (len(room.unload), len(room.sleep), d.free + freed - _need(h, request), h.name, d.index)
                 made.append((key, room))
     if made:
         _, room = min(made, key=lambda item: item[0])
         return Placement(room.host, room.device, room)
     return Unplaced("NoRoom", _no_room(request, free_hosts))
+
+
+def _need(host: Host, request: PlacementRequest) -> int:
+    """What a new replica takes on a device of ``host``: its size and its process's overhead."""
+    return request.memory + host.overhead
+
+
+def _larger_than_device(request: PlacementRequest, hosts: Sequence[Host]) -> str:
+    largest = max(hosts, key=lambda h: (max(h.capacities) - h.overhead, h.name))
+    capacity = format_quantity(max(largest.capacities))
+    if not largest.overhead:
+        return (
+            f"the model ({format_quantity(request.memory)}) is larger than any device ({capacity}): raise "
+            "the ModelHost's deviceMemory or lower resources.memory"
+        )
+    return (
+        f"the model ({format_quantity(request.memory)}) and its process's overhead "
+        f"({format_quantity(largest.overhead)}, the ModelHost's modelOverhead) are larger than any device "
+        f"({capacity}): raise the ModelHost's deviceMemory or lower resources.memory"
+    )
 
 
 def _charge(host: Host, pool: ModelKey) -> int:
@@ -229,8 +256,9 @@ def _no_room(request: PlacementRequest, hosts: Sequence[Host]) -> str:
         ((d.free, h.name, d.index) for h in hosts for d in ledger(h).devices), key=lambda x: (x[0], x[1:])
     )
     free, name, index = best
+    need = max(_need(h, request) for h in hosts)
     return (
-        f"no device has {format_quantity(request.memory)} free, nor can make it by sleeping idle models of "
+        f"no device has {format_quantity(need)} free, nor can make it by sleeping idle models of "
         f"priority <= {request.priority}: the most free is {format_quantity(max(free, 0))} on {name} "
         f"device {index}"
     )

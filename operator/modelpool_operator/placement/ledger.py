@@ -13,6 +13,12 @@ sleeping models' weights. Each model on it (a ``Resident``: one replica of a sha
   reported them, else what it held awake). A Waking model still holds its RAM copy until it is awake;
 * Failed or Dead: nothing.
 
+Beyond its weights, every model present on a host (awake or asleep: not Failed or Dead) is charged the
+host's ``overhead`` on its device: its own inference process, whose CUDA context stays on the GPU while
+the model sleeps (on a CPU host: the process's RAM, out of ``deviceMemory``). A device's ``free`` is its
+capacity less both, so that a device is never over-committed by the ledger, processes included
+(``ModelHost.spec.modelOverhead``, default ``modelpool_contract.placements.default_model_overhead``).
+
 The ledger is derived from the residents at every call, like the ModelBudget's (``budget.py``): nothing
 is counted that could leak.
 """
@@ -106,6 +112,7 @@ class Host:
     capacities: tuple[int, ...]  # per device, bytes
     host_memory: int = 0  # RAM for sleeping models, bytes (0: nothing sleeps)
     residents: tuple[Resident, ...] = ()
+    overhead: int = 0  # charged on its device to each model present, awake or asleep (its process)
     accepting: bool = True  # False: no new model goes there (not ready, being deleted)
 
     def resident(self, pool: ModelKey) -> Resident | None:
@@ -121,17 +128,19 @@ class Host:
 
 @dataclass(frozen=True)
 class DeviceLedger:
-    """One device: its capacity, what awake models are charged on it, what its sleeping models park."""
+    """One device: its capacity, what awake models are charged on it, what its sleeping models park, and
+    what the processes of all its models (awake or asleep) hold on it."""
 
     index: int
     capacity: int
     awake: int
     asleep: int
+    overhead: int = 0
 
     @property
     def free(self) -> int:
-        """capacity - awake; negative when measurements grew beyond it (over-committed)."""
-        return self.capacity - self.awake
+        """capacity - awake - overhead; negative when measurements grew beyond it (over-committed)."""
+        return self.capacity - self.awake - self.overhead
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,10 @@ class HostLedger:
         return sum(d.awake for d in self.devices)
 
     @property
+    def overhead(self) -> int:
+        return sum(d.overhead for d in self.devices)
+
+    @property
     def free(self) -> int:
         return sum(d.free for d in self.devices)
 
@@ -161,20 +174,23 @@ def ledger(host: Host) -> HostLedger:
     """The host's ledger, derived from its residents."""
     awake = [0] * len(host.capacities)
     asleep = [0] * len(host.capacities)
+    overhead = [0] * len(host.capacities)
     for r in host.residents:
         if not 0 <= r.device < len(host.capacities):
             raise ValueError(f"{host.name}: {r.pool} is on device {r.device}, which the host does not have")
         awake[r.device] += r.device_charge
         asleep[r.device] += r.host_charge
+        overhead[r.device] += host.overhead if r.present else 0
     devices = tuple(
-        DeviceLedger(index=i, capacity=c, awake=awake[i], asleep=asleep[i])
+        DeviceLedger(index=i, capacity=c, awake=awake[i], asleep=asleep[i], overhead=overhead[i])
         for i, c in enumerate(host.capacities)
     )
     return HostLedger(host=host.name, devices=devices, host_memory=host.host_memory, parked=sum(asleep))
 
 
 def fits(host: Host, device: int, nbytes: int) -> bool:
-    """True when ``nbytes`` more fit awake on ``device`` without sleeping anything."""
+    """True when ``nbytes`` more fit awake on ``device`` without sleeping anything (for a model already
+    there: its overhead is charged; for a new one, add ``host.overhead`` to ``nbytes``)."""
     return ledger(host).devices[device].free >= nbytes
 
 
@@ -182,7 +198,9 @@ def over_committed(host: Host) -> list[str]:
     """What the ledger finds beyond a capacity (empty: nothing): each device, and the host RAM."""
     led = ledger(host)
     found = [
-        f"{host.name} device {d.index}: {d.awake} charged > {d.capacity}" for d in led.devices if d.free < 0
+        f"{host.name} device {d.index}: {d.awake} charged + {d.overhead} overhead > {d.capacity}"
+        for d in led.devices
+        if d.free < 0
     ]
     if led.host_free < 0:
         found.append(f"{host.name} host memory: {led.parked} parked > {led.host_memory}")

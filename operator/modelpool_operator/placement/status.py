@@ -1,5 +1,5 @@
 """A ModelHost's status from the hosts' ledgers (pure): per host pod its devices and models, and the
-totals the printer columns show (GPU memory awake, asleep, free)."""
+totals the printer columns show (GPU memory awake, asleep, the models' processes' overhead, free)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,8 @@ def host_pod_status(observed: ObservedHost) -> HostPodStatus:
             awake_bytes=d.awake,
             asleep=format_quantity(d.asleep),
             asleep_bytes=d.asleep,
+            overhead=format_quantity(d.overhead),
+            overhead_bytes=d.overhead,
             free=signed_quantity(d.free),
             free_bytes=d.free,
         )
@@ -89,6 +91,7 @@ def host_status(
     ledgers = [ledger(h.host) for h in counted]
     awake = sum(led.awake for led in ledgers)
     asleep = sum(led.parked for led in ledgers)
+    overhead = sum(led.overhead for led in ledgers)
     free = sum(led.free for led in ledgers)
     return ModelHostStatus(
         replicas=len(counted),
@@ -100,6 +103,8 @@ def host_status(
             awake_bytes=awake,
             asleep=format_quantity(asleep),
             asleep_bytes=asleep,
+            overhead=format_quantity(overhead),
+            overhead_bytes=overhead,
             free=signed_quantity(free),
             free_bytes=free,
         ),

@@ -78,6 +78,12 @@ REFUSED: list[tuple[str, dict[str, Any], list[str]]] = [
     ("not a quantity", host("h", deviceMemory="lots"), ["spec.deviceMemory"]),
     ("too many GPUs", host("h", deviceMemory="8Gi", gpusPerHost=17), ["spec.gpusPerHost"]),
     ("negative hostMemory", host("h", deviceMemory="8Gi", hostMemory="-1Gi"), ["spec.hostMemory"]),
+    ("negative modelOverhead", host("h", deviceMemory="8Gi", modelOverhead="-1Mi"), ["spec.modelOverhead"]),
+    (
+        "negative integer modelOverhead",
+        host("h", deviceMemory="8Gi", modelOverhead=-1),
+        ["spec.modelOverhead"],
+    ),
     # Its host pods carry the name in the label modelpool.dev/pool=host_<name>: 63 characters at most.
     (
         "name too long",
@@ -135,7 +141,7 @@ def test_good_hosts_and_shared_pools_are_accepted_and_the_columns_show_memory(
     assert code == 0, output
 
     gpus = host(
-        "gpus", replicas=2, gpusPerHost=2, deviceMemory="80Gi", hostMemory="64Gi",
+        "gpus", replicas=2, gpusPerHost=2, deviceMemory="80Gi", hostMemory="64Gi", modelOverhead="500Mi",
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}], resources={"cpu": "8"},
     )  # fmt: skip
     hosts_crd.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(gpus))
@@ -143,7 +149,7 @@ def test_good_hosts_and_shared_pools_are_accepted_and_the_columns_show_memory(
         "status": {
             "readyText": "2/2",
             "models": 5,
-            "memory": {"awake": "90Gi", "asleep": "30Gi", "free": "230Gi"},
+            "memory": {"awake": "90Gi", "asleep": "30Gi", "overhead": "2500Mi", "free": "227556Mi"},
         }
     }
     hosts_crd.kubectl(
@@ -151,11 +157,28 @@ def test_good_hosts_and_shared_pools_are_accepted_and_the_columns_show_memory(
         "-p", json.dumps(status),
     )  # fmt: skip
     table = hosts_crd.kubectl("get", "mh", "gpus", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "READY", "GPUS", "MODELS", "AWAKE", "ASLEEP", "FREE", "AGE"]
-    assert table[1].split()[:7] == ["gpus", "2/2", "2", "5", "90Gi", "30Gi", "230Gi"]
+    assert table[0].split() == [
+        "NAME",
+        "READY",
+        "GPUS",
+        "MODELS",
+        "AWAKE",
+        "ASLEEP",
+        "OVERHEAD",
+        "FREE",
+        "AGE",
+    ]
+    assert table[1].split()[:8] == ["gpus", "2/2", "2", "5", "90Gi", "30Gi", "2500Mi", "227556Mi"]
     wide = hosts_crd.kubectl("get", "mh", "gpus", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-2:] == ["DEVICE-MEMORY", "HOST-MEMORY"]
-    assert wide[1].split()[-2:] == ["80Gi", "64Gi"]
+    assert wide[0].split()[-3:] == ["DEVICE-MEMORY", "HOST-MEMORY", "MODEL-OVERHEAD"]
+    assert wide[1].split()[-3:] == ["80Gi", "64Gi", "500Mi"]
     explained = hosts_crd.kubectl("explain", "modelhost.spec").stdout
-    for field in ("deviceMemory", "hostMemory", "gpusPerHost", "nodeSelector", "tolerations"):
+    for field in (
+        "deviceMemory",
+        "hostMemory",
+        "modelOverhead",
+        "gpusPerHost",
+        "nodeSelector",
+        "tolerations",
+    ):
         assert field in explained, explained

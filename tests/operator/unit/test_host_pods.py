@@ -60,6 +60,7 @@ def test_a_gpu_host_pod_owns_its_gpus_and_runs_the_shared_host_with_its_control_
     assert (flag(args, "--port"), flag(args, "--probe-port")) == ("9000", "9001")
     assert flag(args, "--device") == "auto" and flag(args, "--device-memory") == str(8 * GI)
     assert flag(args, "--host-memory") == str(64 * GI)
+    assert flag(args, "--model-overhead") == str(512 * 2**20)  # the GPU default: a CUDA context per model
     assert flag(args, "--control-key-file") == CONTROL_KEY_FILE
     assert container["image"] == "ghcr.io/x/server:1"
     resources = container["resources"]

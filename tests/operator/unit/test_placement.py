@@ -310,3 +310,83 @@ def test_the_host_status_shows_each_device_and_the_totals_the_columns_print() ->
     # Totals over the host pods that count (not the failed one): what AWAKE / ASLEEP / FREE print.
     assert (status.memory.awake, status.memory.asleep, status.memory.free) == ("51Gi", "8Gi", "69Gi")
     assert ModelHostStatus.model_validate(status.wire()) == status
+
+
+# ---- each model's process overhead (ModelHost.spec.modelOverhead) ---------------------------------------
+
+
+def test_every_present_model_is_charged_its_process_overhead_on_its_device_awake_or_asleep() -> None:
+    h = replace(
+        host(
+            model("awake", "Ready", gib=10),
+            model("asleep", "Sleeping", gib=8),
+            model("loading", "Loading", gib=5),
+            model("failed", "Failed", gib=20),
+            model("other", "Idle", gib=1, device=1),
+            devices=2,
+        ),
+        overhead=GI,
+    )
+    device0, device1 = ledger(h).devices
+    assert (device0.awake, device0.asleep, device0.overhead, device0.free) == (
+        15 * GI,
+        8 * GI,
+        3 * GI,
+        22 * GI,
+    )
+    assert (device1.overhead, device1.free) == (GI, 38 * GI)
+    assert ledger(h).overhead == 4 * GI
+    assert fits(h, 0, 22 * GI) and not fits(h, 0, 22 * GI + 1)
+
+
+def test_a_new_replica_needs_its_size_and_its_overhead() -> None:
+    h = replace(host(model("a", "Processing", gib=30), cap=40), overhead=2 * GI)  # 8 GiB free
+    assert place(PlacementRequest(("ns", "new"), 6 * GI), [h]) == Placement("h-0", 0, Room("h-0", 0))
+    refused = place(PlacementRequest(("ns", "new"), 7 * GI), [h])
+    assert isinstance(refused, Unplaced) and refused.reason == "NoRoom", refused
+    assert "9Gi free" in refused.message
+    larger = place(PlacementRequest(("ns", "new"), 39 * GI), [h])
+    assert isinstance(larger, Unplaced) and larger.reason == "LargerThanDevice", larger
+    assert "modelOverhead" in larger.message
+    after = admit(h, Placement("h-0", 0, Room("h-0", 0)), PlacementRequest(("ns", "new"), 6 * GI), now=1)
+    assert ledger(after).devices[0].free == 0 and over_committed(after) == []
+
+
+def test_sleeping_models_are_unloaded_for_their_overhead_when_sleeping_idle_ones_is_not_enough() -> None:
+    # 4 GiB processes: two awake idle models (10 GiB each) and three sleeping ones fill 40 GiB.
+    h = replace(
+        host(
+            model("idle-old", "Idle", gib=10, used=1),
+            model("idle-new", "Idle", gib=10, used=5),
+            model("zz-asleep", "Sleeping", gib=2, used=2),
+            model("asleep-old", "Sleeping", gib=2, used=0),
+            model("asleep-vip", "Sleeping", gib=2, used=0, prio=5),
+            ram=40,
+        ),
+        overhead=4 * GI,
+    )
+    assert ledger(h).devices[0].free == 0
+    # 24 GiB: both idle models sleep (20 GiB), then the lowest-ranked sleeping one is unloaded (4 GiB);
+    # a higher priority's sleeper stays.
+    room = make_room(h, 0, 24 * GI, priority=0)
+    assert room == Room(
+        "h-0", 0, sleep=(("ns", "idle-old"), ("ns", "idle-new")), unload=(("ns", "asleep-old"),)
+    )
+    assert ledger(apply_room(h, room)).devices[0].free == 24 * GI
+    assert make_room(h, 0, 29 * GI, priority=0) is None  # only two sleepers may go: 28 GiB at most
+    placed = place(PlacementRequest(("ns", "new"), 20 * GI), [h])
+    assert isinstance(placed, Placement) and placed.room == room
+
+
+def test_the_host_spec_defaults_the_overhead_by_kind_and_the_host_status_shows_it() -> None:
+    gpu = parse_host_spec({"gpusPerHost": 1, "deviceMemory": "80Gi"})
+    cpu = parse_host_spec({"deviceMemory": "8Gi"})
+    assert gpu.model_overhead_bytes == 512 * 2**20 and cpu.model_overhead_bytes == 384 * 2**20
+    assert parse_host_spec({"deviceMemory": "8Gi", "modelOverhead": 0}).model_overhead_bytes == 0
+    with pytest.raises(ValueError, match=r"spec\.modelOverhead"):
+        parse_host_spec({"deviceMemory": "8Gi", "modelOverhead": "-1Mi"})
+    h = replace(host(model("a", "Ready", gib=6), model("b", "Sleeping", gib=8)), overhead=GI)
+    status = host_status([ObservedHost(h, "Ready")], desired=1)
+    [device] = status.hosts[0].devices
+    assert (device.awake, device.asleep, device.overhead, device.free) == ("6Gi", "8Gi", "2Gi", "32Gi")
+    assert (status.memory.overhead, status.memory.free) == ("2Gi", "32Gi")

@@ -2,8 +2,10 @@
 wake / unload / fail, applying every decision as the operator would.
 
 Invariants, checked at every step:
-* no device and no host RAM is ever over-committed by a decision: what a decision places or wakes fits
-  after the sleeps and unloads it names, and a decision never lowers a device's free memory below zero
+* no device and no host RAM is ever over-committed by a decision, each model's process overhead (the
+  host's ``overhead``, charged on its device awake or asleep, never for a Failed or Dead one) included:
+  what a decision places or wakes fits after the sleeps and unloads it names, and a decision never
+  lowers a device's free memory below zero
   (nor below where a measurement left it); while no measurement has grown beyond a device, no device is
   over-committed at all;
 * a Loading, Processing, Waking (or Pending, Evicting, busy) model is never chosen to sleep or unload;
@@ -49,6 +51,7 @@ GI = 2**30
 POOLS = [("ns", f"m{i}") for i in range(12)]
 # The only states a decision may take a model out of (spelt out here, not taken from the code under test).
 IDLE = {"Ready", "Idle"}
+DOWN = {"Failed", "Dead"}  # their processes are gone: charged nothing
 SIZES = st.sampled_from([1, 2, 5, 10, 15, 20, 30, 50, 90])  # GiB; 90 fits no device
 PRIORITIES = st.integers(-2, 2)
 
@@ -86,17 +89,26 @@ class SharedHosts(RuleBasedStateMachine):
 
     @initialize(
         shapes=st.lists(
-            st.tuples(st.integers(1, 2), st.sampled_from([20, 40, 80]), st.sampled_from([0, 20, 60, 200])),
+            st.tuples(
+                st.integers(1, 2),
+                st.sampled_from([20, 40, 80]),
+                st.sampled_from([0, 20, 60, 200]),
+                st.sampled_from([0, 0, 1, 3]),  # each model's process overhead, GiB
+            ),
             min_size=1,
             max_size=3,
         ),
         # Enough to fill the hosts often, so that later placements must make room.
         models=st.lists(st.tuples(st.sampled_from(POOLS), SIZES, PRIORITIES), min_size=4, max_size=16),
     )
-    def make_hosts(self, shapes: list[tuple[int, int, int]], models: list[tuple[ModelKey, int, int]]) -> None:
-        for i, (devices, cap, ram) in enumerate(shapes):
+    def make_hosts(
+        self, shapes: list[tuple[int, int, int, int]], models: list[tuple[ModelKey, int, int]]
+    ) -> None:
+        for i, (devices, cap, ram, overhead) in enumerate(shapes):
             name = f"h-{i}"
-            self.hosts[name] = Host(name=name, capacities=(cap * GI,) * devices, host_memory=ram * GI)
+            self.hosts[name] = Host(
+                name=name, capacities=(cap * GI,) * devices, host_memory=ram * GI, overhead=overhead * GI
+            )
         # Start from hosts already holding idle models (placed by the rule below, then loaded).
         for pool, gib, priority in models:
             self.place_replica(pool, gib, priority)
@@ -140,9 +152,10 @@ class SharedHosts(RuleBasedStateMachine):
                 for h in hosts:
                     if h.holds(pool):
                         continue
+                    need = request.memory + h.overhead  # a new model brings its process
                     for d in ledger(h).devices:
-                        assert d.free < request.memory
-                        assert make_room(h, d.index, request.memory, priority=priority) is None
+                        assert d.free < need
+                        assert make_room(h, d.index, need, priority=priority) is None
             return
         assert isinstance(decision, Placement)
         event("placed awake" if decision.room.empty else "placed after making room")
@@ -254,6 +267,12 @@ class SharedHosts(RuleBasedStateMachine):
             ledger(h)  # every resident on a device its host has
             if not self.grown:
                 assert over_committed(h) == [], h
+                # Counted here without the ledger: awake weights and every present model's process.
+                for index, capacity in enumerate(h.capacities):
+                    on = [r for r in h.residents if r.device == index]
+                    awake = sum(r.awake_bytes for r in on if r.state not in DOWN | {"Sleeping"})
+                    processes = sum(h.overhead for r in on if r.state not in DOWN)
+                    assert awake + processes <= capacity, h
             assert ledger(h).host_free >= 0, h  # host RAM: only decisions fill it
 
     @invariant()
