@@ -1065,9 +1065,10 @@ class ModelHostSpec(_Model):
     device_memory: Quantity | None = Field(
         default=None,
         description=(
-            "Required: the memory of each device that the operator may hand out to awake models (a "
-            "quantity such as 80Gi; leave a little of the card for the CUDA contexts, about 500Mi per "
-            "model). On a CPU host (gpusPerHost 0): the RAM awake models may use."
+            "Required: the memory of each device that the operator may hand out to the models on it (a "
+            "quantity such as 80Gi): awake models' weights, and modelOverhead for each model there, awake "
+            "or asleep (its process's CUDA context). On a CPU host (gpusPerHost 0): the RAM awake models' "
+            "weights and every model's process may use."
         ),
     )
     host_memory: Quantity | None = Field(

@@ -112,8 +112,8 @@ class Host:
     capacities: tuple[int, ...]  # per device, bytes
     host_memory: int = 0  # RAM for sleeping models, bytes (0: nothing sleeps)
     residents: tuple[Resident, ...] = ()
-    overhead: int = 0  # charged on its device to each model present, awake or asleep (its process)
     accepting: bool = True  # False: no new model goes there (not ready, being deleted)
+    overhead: int = 0  # charged on its device to each model present, awake or asleep (its process)
 
     def resident(self, pool: ModelKey) -> Resident | None:
         """The pool's model on this host, if it is present."""

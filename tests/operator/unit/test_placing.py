@@ -239,6 +239,7 @@ def _scene(draw: st.DrawFn) -> tuple[list[Host], list[SharedPool]]:
         for name in names
     ]
     hosts = []
+    overhead = draw(st.sampled_from([0, GI // 2]))  # each model's process, awake or asleep
     for h in range(draw(st.integers(1, 3))):
         capacity, ram = 6 * GI, draw(st.sampled_from([0, 4 * GI, 8 * GI]))
         residents: list[Resident] = []
@@ -246,10 +247,10 @@ def _scene(draw: st.DrawFn) -> tuple[list[Host], list[SharedPool]]:
             size = next((p.declared for p in pools if p.name == name), GI)
             state = draw(st.sampled_from(_STATES))
             resident = model(name, state, size, last_used=float(draw(st.integers(0, 9))))
-            candidate = Host(f"h-{h}", (capacity,), ram, (*residents, resident))
+            candidate = Host(f"h-{h}", (capacity,), ram, (*residents, resident), overhead=overhead)
             if not over_committed(candidate):  # a host's own ledger never over-commits what it reports
                 residents.append(resident)
-        hosts.append(Host(f"h-{h}", (capacity,), ram, tuple(residents)))
+        hosts.append(Host(f"h-{h}", (capacity,), ram, tuple(residents), overhead=overhead))
     return hosts, pools
 
 
@@ -281,9 +282,9 @@ def test_a_placing_pass_never_over_commits_and_never_exceeds_replicas(
     loading: set[tuple[str, str]] = set()
     for h in (h for h in hosts if not h.residents):
         room = h.capacities[0]
-        for p in (p for p in pools if p.replicas == 2 and p.declared <= room):
+        for p in (p for p in pools if p.replicas == 2 and p.declared + h.overhead <= room):
             loading.add((h.name, p.name))  # loads decided by earlier passes: they fit the device
-            room -= p.declared
+            room -= p.declared + h.overhead
     placing = plan_placing(NS, hosts, pools, loading=loading)
     by_name = {p.name: p for p in pools}
     hosts = [_with_loading(h, NS, loading, by_name) for h in hosts]
