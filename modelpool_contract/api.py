@@ -1211,7 +1211,10 @@ class HostModelStatus(_Model):
     device: int | None = Field(default=None, description="The device it is (or wakes) on.")
     memory: str = Field(
         default="0",
-        description="What it is charged: on its device while awake, in host RAM while Sleeping (a quantity).",
+        description=(
+            "What its weights are charged: on its device while awake, in host RAM while Sleeping (a "
+            "quantity); its process's modelOverhead comes on top, on its device, in either state."
+        ),
     )
     memory_bytes: int = Field(default=0, description="The same in bytes.")
     measured: bool = Field(
