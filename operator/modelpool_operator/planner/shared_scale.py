@@ -18,9 +18,10 @@ replicas:
   ``idleTimeoutSeconds`` to sleep (its weights parked in host RAM, its device memory returned; a request
   wakes it in about a second), and the operator lowers the count by one for each replica idle (Idle or
   Sleeping, nothing queued) for twice ``idleTimeoutSeconds`` (the later of its last request and the
-  gateway's demand), towards ``minReplicas``. A sleeping model costs no device memory, so keeping it a
-  while makes the next request a wake rather than a cold load; it still holds host RAM, so a pool nobody
-  uses gives it back (and host RAM short unloads sleepers sooner: ``placement.unload_candidates``);
+  gateway's demand; none while the gateway holds requests for the pool), towards ``minReplicas``. A
+  sleeping model costs no device memory, so keeping it a while makes the next request a wake rather than
+  a cold load; it still holds host RAM, so a pool nobody uses gives it back (and host RAM short unloads
+  sleepers sooner: ``placement.unload_candidates``);
 * ``count_failures``: a replica newly Failed (its state, or its failure time, not as the last status
   recorded it) counts once in the pool's backoff (``status.backoff``, ``backoff_delay`` as for workers);
   once the backoff is due, the host pods where it failed are in ``retry`` (the ModelHost's pass unloads it
@@ -143,6 +144,12 @@ def unload_idle(draft: Draft) -> None:
     spec = draft.pool.spec
     grace = IDLE_UNLOAD_FACTOR * spec.idle_timeout_seconds
     if grace <= 0:
+        return
+    held = draft.pool.demand.held_at(draft.now) if draft.pool.demand is not None else None
+    if held:
+        # The gateway holds requests for the pool (released once the host pod's annotation shows the model
+        # awake, a pass after it is): none of its replicas is idle.
+        draft.requeue.append(float(spec.idle_timeout_seconds))
         return
     demand = draft.pool.demanded_at
     since_demand = max(0.0, (draft.now - demand).total_seconds()) if demand else float("inf")

@@ -114,6 +114,10 @@ def test_an_idle_replica_sleeps_on_its_host_then_is_unloaded_after_twice_the_idl
     demand = Demand(at=NOW, duration_s=30)
     used = scale_shared(pool(demand=demand, **spec), workers, host_pods=1, now=NOW + timedelta(seconds=60))
     assert used.count.target == 1
+    # Requests held at the gateway (a fresh held count): the model that was just placed for them stays.
+    held = Demand(at=NOW - timedelta(seconds=200), held=1, duration_s=300)
+    waited = scale_shared(pool(demand=held, **spec), workers, host_pods=1, now=NOW + timedelta(seconds=60))
+    assert waited.count.target == 1 and waited.requeue_after == 100
 
 
 def _status_after(scale: SharedScale, replicas: list[HostedReplica], now: datetime) -> dict[str, Any]:
