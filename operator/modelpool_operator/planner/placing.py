@@ -22,8 +22,8 @@ neither placed again nor unloaded; a (host pod, pool) in ``backoff`` (a control 
 recently) is not tried again yet. A Failed model stays where it failed, so its pool's status shows why,
 until its pool's backoff is over (``SharedPool.retry``: unloaded, then placed again), its settings change
 or its pool goes; meanwhile the pool is placed on other host pods (a failed model is not one of its
-replicas). A pool's ``replicas``
-is its count as its own pass decided it (``planner.shared_scale``: autoscaling, demand, idleness).
+replicas). A pool's ``replicas`` is its count as its own pass decided it (``planner.shared_scale``:
+autoscaling, demand, idleness).
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def plan_placing(
         )
         for pod, _ in holding[: max(len(holding) - pool.replicas, 0)]:
             if (pod, pool.name) not in loading:
-                view.unload(pod, key, f"spec.replicas is {pool.replicas}")
+                view.unload(pod, key, f"its pool's count is {pool.replicas}")
         missing = pool.replicas - len(holding)
         request = PlacementRequest(key, pool.declared, pool.priority)
         for _ in range(max(missing, 0)):

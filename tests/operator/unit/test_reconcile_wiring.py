@@ -847,3 +847,26 @@ async def test_a_control_call_that_fails_is_told_on_the_pool_as_well_as_the_mode
     assert told["gpus"][:2] == told["emb"][:2] == ("Warning", "UnloadFailed")
     assert told["emb"][2] == "host pod gpus-0: unload failed: 500: the model's process does not answer"
     assert ("gpus-0", "emb") in run.backoff
+
+
+def test_a_pools_control_failures_of_one_pass_are_one_event_per_reason(state: Operator) -> None:
+    from modelpool_operator.effects.placing import tell_pools
+
+    failed = [
+        ("emb", Event("Warning", "UnloadFailed", "host pod gpus-0: unload failed: 500: a")),
+        ("emb", Event("Warning", "SleepFailed", "host pod gpus-0: sleep failed: 507: b")),
+        ("emb", Event("Warning", "UnloadFailed", "host pod gpus-1: unload failed: 500: c")),
+        ("gone", Event("Warning", "UnloadFailed", "host pod gpus-1: unload failed: 500: d")),
+    ]
+    tell_pools(state.services, {"emb": OtherPool("ns", "emb", 0, 0, uid="u").reference()}, failed)
+    assert state.events.posted == [
+        (
+            "emb",
+            Event(
+                "Warning",
+                "UnloadFailed",
+                "host pod gpus-0: unload failed: 500: a; host pod gpus-1: unload failed: 500: c",
+            ),
+        ),
+        ("emb", Event("Warning", "SleepFailed", "host pod gpus-0: sleep failed: 507: b")),
+    ]
