@@ -47,7 +47,6 @@ from modelpool_operator.effects.placing import (
 from modelpool_operator.host import HostView, host_charge_key, host_pod_name
 from modelpool_operator.observe.hosts import (
     HostedPool,
-    HostedReplica,
     hosted_replicas,
     hosted_workers,
     observe_hosts,
@@ -75,7 +74,7 @@ from modelpool_operator.planner.shared import (
     host_wait_status,
     shared_status,
 )
-from modelpool_operator.planner.shared_scale import SharedCount, scale_shared
+from modelpool_operator.planner.shared_scale import SharedCount, SharedScale, scale_shared
 from modelpool_operator.planner.status import coalesce, condition
 from modelpool_operator.policy import Violation, host_violations, violations
 from modelpool_operator.pool import OtherPool, PoolKey, PoolView
@@ -287,7 +286,7 @@ async def shared_pass(
         tell(services, body, host_wait_event(wait))
     run.host_wait = told
     await write_pool_status(services, run, previous, status)
-    return shared_requeue(services, pool, replicas, scale.requeue_after)
+    return shared_requeue(services, pool, scale)
 
 
 def _news(book: Bookkeeping, pool: PoolKey, host: PoolKey) -> None:
@@ -297,13 +296,13 @@ def _news(book: Bookkeeping, pool: PoolKey, host: PoolKey) -> None:
     book.poke(host)
 
 
-def shared_requeue(
-    services: Services, pool: PoolView, replicas: list[HostedReplica], planned: float | None
-) -> float | None:
+def shared_requeue(services: Services, pool: PoolView, scale: SharedScale) -> float | None:
     """When a shared pool looks again: what its decisions ask (a countdown, a backoff, an idle replica),
-    and, while autoscaling with a replica placed, every stats interval (its load is on its host pods,
-    whose scrapes wake it only when this pass started them)."""
-    if autoscaling_enabled(pool.spec) and replicas:
+    and, while it autoscales under load, every stats interval, as a dedicated pool's busy workers' scrapes
+    wake it (its load is on its host pods, scraped by its passes; an idle one looks at the resync, and the
+    news its scrape brings wakes it)."""
+    planned = scale.requeue_after
+    if autoscaling_enabled(pool.spec) and scale.autoscaling.observed_load:
         interval = services.config.stats_interval_seconds
         return interval if planned is None else min(planned, interval)
     return planned

@@ -781,8 +781,8 @@ async def test_after_a_restart_a_model_of_another_source_is_unloaded(state: Oper
 
 async def test_a_shared_pools_pass_hands_its_count_to_its_modelhost_and_writes_it(state: Operator) -> None:
     """The pool's pass decides its count over its model's figures on the host pods (a burst of load here),
-    hands it to its ModelHost's pass (which it pokes) and writes it in its status; while autoscaling with a
-    replica placed it looks again every stats interval."""
+    hands it to its ModelHost's pass (which it pokes) and writes it in its status; while autoscaling under
+    load it looks again every stats interval, idle only when a decision of its own is due."""
     from modelpool_operator.host import host_charge_key
 
     doc = {"state": "Processing", "in_flight": 8, "queue_depth": 32, "time": 1.0}
@@ -807,6 +807,20 @@ async def test_a_shared_pools_pass_hands_its_count_to_its_modelhost_and_writes_i
     assert patch["targetReplicas"] == 4 and patch["specReplicas"] == 1
     assert patch["autoscaling"]["desiredReplicas"] == 4 and patch["autoscaling"]["observedLoad"] == 40
     assert [e.reason for name, e in state.events.posted if name == "emb"] == ["ScaledUp", "EveryHostHoldsIt"]
+    idle = {"state": "Idle", "in_flight": 0, "queue_depth": 0, "time": 2.0}
+    state.use(scraper=CachedStats({"gpus-0": {"models": {"emb": idle}}}))
+    quiet = await reconcile_pool(
+        state.services,
+        state.book,
+        run=PoolRun(key=("ns", "emb")),
+        body=body,
+        pods_by_pool={host_key: [_host_pod({"emb": "Idle"})]},
+        pools_by_key={},
+        budgets={},
+        hosts={("ns", "gpus"): [_host(3)["spec"]]},
+    )
+    # Idle: only its idle unload (twice the default idleTimeoutSeconds, 300 s) asks for a pass.
+    assert quiet is not None and quiet.requeue_after is not None and quiet.requeue_after > 500
 
 
 class FailingControl(RecordingControl):
