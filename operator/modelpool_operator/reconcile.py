@@ -259,19 +259,8 @@ async def shared_pass(
     previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
     pool = replace(pool, status=parse_pool_status(previous))
     now = datetime.now(UTC)
-    scale = scale_shared(
-        pool,
-        hosted_workers(pool.namespace, model, replicas, stats),
-        host_pods=spec.replicas,
-        now=now,
-        settings=planner_settings(services.config),
-        load_window=run.load_window,
-        counters=run.counters,
-    )
-    run.load_window, run.counters = scale.load_window, scale.counters
-    if book.shared.get(pool.key) != scale.count:
-        book.shared[pool.key] = scale.count
-        book.poke(host_key)  # its ModelHost's pass places the new count (or retries) now
+    workers = hosted_workers(pool.namespace, model, replicas, stats)
+    scale = decide_shared(services, book, run, pool, workers, host_pods=spec.replicas, now=now)
     wait = None
     if len([r for r in replicas if r.state not in ("Failed", "Dead")]) < scale.target:
         hosted = {model: HostedPool(pool.name, pool.spec.resources.memory_bytes)}
@@ -287,6 +276,35 @@ async def shared_pass(
     run.host_wait = told
     await write_pool_status(services, run, previous, status)
     return shared_requeue(services, pool, scale)
+
+
+def decide_shared(
+    services: Services,
+    book: Bookkeeping,
+    run: PoolRun,
+    pool: PoolView,
+    workers: list[ObservedWorker],
+    *,
+    host_pods: int,
+    now: datetime,
+) -> SharedScale:
+    """A shared pool's count and retries (``planner.shared_scale``), handed to its ModelHost's pass
+    (``Bookkeeping.shared``; the ModelHost's daemon is poked when they change); the autoscaler's window and
+    counters kept for the next pass."""
+    scale = scale_shared(
+        pool,
+        workers,
+        host_pods=host_pods,
+        now=now,
+        settings=planner_settings(services.config),
+        load_window=run.load_window,
+        counters=run.counters,
+    )
+    run.load_window, run.counters = scale.load_window, scale.counters
+    if book.shared.get(pool.key) != scale.count:
+        book.shared[pool.key] = scale.count
+        book.poke(host_charge_key(pool.namespace, pool.spec.host or ""))
+    return scale
 
 
 def _news(book: Bookkeeping, pool: PoolKey, host: PoolKey) -> None:
