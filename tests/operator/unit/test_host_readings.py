@@ -38,3 +38,13 @@ def test_a_sleeping_model_parks_its_declared_size_though_the_gpu_reads_nothing()
 
 def test_a_measured_model_is_charged_its_measure() -> None:
     assert charges("Ready", 3 * GI) == (3 * GI, 0)
+
+
+def test_a_change_of_a_models_state_on_a_shared_host_is_news_for_its_modelhost() -> None:
+    """Else a ModelHost's pass never followed its hosts' /stats (found by the placement audit: after each
+    sleep or load the next pass waited for the resync, one step every 10-20 s per host)."""
+    from modelpool_operator.observe.stats import _news
+
+    assert _news(stats("Ready", 0)) != _news(stats("Sleeping", 0))
+    assert _news(stats("Ready", 0)) != _news({"host": {"devices": []}, "models": {}})
+    assert _news(stats("Ready", 0)) == _news(stats("Ready", 0))
