@@ -97,14 +97,15 @@ class Eviction:
     newcomer: str | None = None
     newcomer_priority: int | None = None
 
-    def wrong(self) -> str:
-        """Why this victim was the wrong one ('' when priority, then LRU, chose it)."""
+    def wrong(self, also_evicted: frozenset[str] = frozenset()) -> str:
+        """Why this victim was the wrong one ('' when priority, then LRU, chose it); ``also_evicted``: the
+        other victims of the same room (made for the same newcomer), which are no better candidates."""
         if self.newcomer_priority is not None and self.victim_priority > self.newcomer_priority:
             return f"{self.victim} (priority {self.victim_priority}) made room for {self.newcomer} (lower)"
         better = [
             name
             for name, priority, used in self.candidates
-            if (priority, used) < (self.victim_priority, self.victim_last_used)
+            if (priority, used) < (self.victim_priority, self.victim_last_used) and name not in also_evicted
         ]
         if self.action == "sleep" and better:
             return f"{self.victim} slept while {', '.join(sorted(better))} came before it (priority, LRU)"
@@ -188,7 +189,15 @@ class Audit:
 
     def wrong_evictions(self) -> list[str]:
         with self.lock:
-            return [w for e in self.evictions if e.newcomer is not None and (w := e.wrong())]
+            evictions = list(self.evictions)
+        rooms: dict[tuple[str, str | None], set[str]] = {}
+        for e in evictions:
+            rooms.setdefault((e.pod, e.newcomer), set()).add(e.victim)
+        return [
+            w
+            for e in evictions
+            if e.newcomer is not None and (w := e.wrong(frozenset(rooms[(e.pod, e.newcomer)])))
+        ]
 
     def quiet_for(self) -> float:
         return time.monotonic() - self.last_call
