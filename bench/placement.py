@@ -92,6 +92,11 @@ def create(kubeconfig: Path, namespace: str, items: list[dict[str, Any]]) -> Non
     kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=listed)
 
 
+def established(kubeconfig: Path, crd: str) -> bool:
+    conditions = json.loads(kubectl(kubeconfig, "get", crd, "-o", "json")).get("status", {}).get("conditions")
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions or [])
+
+
 def settle(sim: HostSim, wanted: dict[str, tuple[int, int, int]], timeout: float) -> float:
     started = time.monotonic()
     while not sim.converged(wanted, quiet_s=5.0):
@@ -105,10 +110,9 @@ def settle(sim: HostSim, wanted: dict[str, tuple[int, int, int]], timeout: float
 
 def run(args: argparse.Namespace, kubeconfig: Path, log: Path) -> Result:
     kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
     for crd in ("modelpools", "modelhosts", "modelbudgets"):
         deadline = time.monotonic() + 60  # not `kubectl wait`: it fails at once on a CRD with no conditions
-        while kubectl(kubeconfig, "get", f"crd/{crd}.modelpool.dev", "-o", established) != "True":
+        while not established(kubeconfig, f"crd/{crd}.modelpool.dev"):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{crd} CRD not established")
             time.sleep(0.5)
