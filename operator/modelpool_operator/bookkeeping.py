@@ -122,6 +122,8 @@ class HostRun:
     last_status_wire: dict[str, Any] | None = None
     # Its control key Secret exists (made, or found, by this process).
     secret_ready: bool = False
+    # Its host pods' NetworkPolicy is in place (made or brought up to date by this process).
+    network_policy_ready: bool = False
     # The policy refusal last told (its host pods are deleted, none is made, until the image is allowed).
     forbidden: str | None = None
     # The budget's shortfall last told (host pods not admitted), so the Event is not repeated every pass.

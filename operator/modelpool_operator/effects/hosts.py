@@ -1,6 +1,7 @@
 """Applying a ModelHost's pass (``planner.hosts.HostPlan``): its control key Secret (made once, a random
 key, kept when it exists), the host pods to delete and to create (their reservations end as a worker's
-do: ``effects.apply``), the status, and a Warning Event while the budget holds host pods back.
+do: ``effects.apply``), the host pods' NetworkPolicy (``effects.apply.ensure_host_network_policy``), the
+status, and a Warning Event while the budget holds host pods back.
 
 Nothing here decides: ``reconcile.reconcile_host`` planned the pass and recorded the reservations.
 """
@@ -14,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun
-from modelpool_operator.effects.apply import ApiFailure, _attempt, _create
+from modelpool_operator.effects.apply import ApiFailure, _attempt, _create, ensure_host_network_policy
 from modelpool_operator.effects.kube import describe_error, merge_patch
 from modelpool_operator.effects.resources import CONTROL_KEY_ITEM, build_control_key_secret, build_host_pod
 from modelpool_operator.host import HostView, host_pod_name
@@ -75,6 +76,8 @@ async def apply_host(
             for name, pod in creates
         )
     )
+    # After the creations, as a pool's: the policy never holds up a host pod.
+    failures.append(await ensure_host_network_policy(services, run, host))
     if plan.create or plan.delete:
         book.budget_wakeup.set()
     wire = plan.status.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -451,12 +451,13 @@ def _host_metadata(host: HostView, name: str, labels: dict[str, str]) -> dict[st
     return metadata
 
 
-def _host_labels(host: HostView) -> dict[str, str]:
+def host_labels(host: HostView) -> dict[str, str]:
+    """What marks the ModelHost's objects (its pods, control key Secret and NetworkPolicy) as its own."""
     return {LABEL_HOST: host.name, LABEL_POOL: host_pool_label(host.name), LABEL_MANAGED_BY: MANAGED_BY}
 
 
 def _host_pod_labels(host: HostView) -> dict[str, str]:
-    return {**_host_labels(host), LABEL_TEMPLATE_HASH: host_template_hash(host.spec)}
+    return {**host_labels(host), LABEL_TEMPLATE_HASH: host_template_hash(host.spec)}
 
 
 def build_control_key_secret(host: HostView, key: str) -> dict[str, Any]:
@@ -464,7 +465,7 @@ def build_control_key_secret(host: HostView, key: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _host_metadata(host, control_key_secret_name(host), _host_labels(host)),
+        "metadata": _host_metadata(host, control_key_secret_name(host), host_labels(host)),
         "type": "Opaque",
         "stringData": {CONTROL_KEY_ITEM: key},
     }

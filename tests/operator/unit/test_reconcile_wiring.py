@@ -563,6 +563,33 @@ async def test_a_host_pass_makes_its_key_once_and_its_pods_within_the_budget(sta
     assert len(state.kube.created) == 2 and state.book.reservations.reserved == 0
 
 
+async def test_a_host_pass_fences_its_host_pods_with_a_network_policy_once(state: Operator) -> None:
+    """Refused once (a 403): the host pods are made all the same with a Warning Event, the next pass applies
+    the policy, and later passes send it no more (each operator start applies the settings again)."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.reconcile import reconcile_host
+
+    state.use(
+        config=OperatorConfig(
+            network_policy_enabled=True,
+            network_policy_namespace="mp-system",
+            network_policy_operator_labels={"app.kubernetes.io/name": "modelpool-operator"},
+        )
+    )
+    state.kube.fail_policies = 1
+    run, body = HostRun(key=("ns", "gpus")), _host(1)
+    for _ in range(3):
+        await reconcile_host(
+            state.services, state.book, run=run, body=body, pods_by_pool={}, pools_by_key={}, budgets={}
+        )
+    assert [p["metadata"]["name"] for p in state.kube.created] == ["gpus-0"]
+    [warning] = [e for _, e in state.events.posted if e.reason == "NetworkPolicyFailed"]
+    assert "host pods' NetworkPolicy" in warning.message and "403 Forbidden" in warning.message
+    [policy] = state.kube.policies
+    assert policy["metadata"]["name"] == "modelhost-gpus"
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-gpus"
+
+
 async def test_a_host_with_a_forbidden_image_gets_no_pod_and_one_warning() -> None:
     from modelpool_operator.bookkeeping import HostRun
     from modelpool_operator.reconcile import POLICY_VIOLATION, reconcile_host
