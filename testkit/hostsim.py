@@ -41,6 +41,9 @@ from model_server.supervisor.host_control import HostControlServer
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_contract.stats import StatsMemory, StatsModel, WorkerStats
 
+#: A model Ready for less than this may still be loading in the operator's view (its /stats is as old as
+#: a scrape interval, and its pass waits for the resync): not a candidate it passed over.
+FRESH_S = 15.0
 #: Never unloaded nor slept by the operator (the ledger's PROTECTED_STATES, the host's rule).
 PROTECTED = frozenset({State.LOADING, State.PROCESSING, State.WAKING})
 
@@ -153,10 +156,22 @@ class Audit:
             )
 
     def evicted(self, host: SimHost, action: str, model: SimModel) -> None:
+        """``model`` slept or unloaded on ``host``: an eviction unless its pool is gone or holds more host
+        pods than its replicas (then the unload is the pool's own)."""
+        with self.lock:
+            holders = len(self.holders.get(model.name, ()))
+        if self.replicas_of is not None and not 0 < holders <= self.replicas_of(model.name):
+            return
+        # The other candidates: idle models the operator could have seen idle (its /stats is one scrape
+        # old: a model Ready for less than ``FRESH_S`` was still loading in its view).
+        now = time.time()
         candidates = tuple(
             (m.name, self.priority_of(m.name), m.last_used)
             for m in host.models.values()
-            if m is not model and m.state in SLEEPABLE and not m.busy
+            if m is not model
+            and m.state in SLEEPABLE
+            and not m.busy
+            and now - m.state_machine.since >= FRESH_S
         )
         with self.lock:
             self.evictions.append(
