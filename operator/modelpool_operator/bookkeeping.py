@@ -29,6 +29,7 @@ from modelpool_operator.budget import BudgetLimit, Ledger, ReservationBook
 from modelpool_operator.observe.observation import ChargeCache, current_ledger
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import CounterSample, Create, LoadSample
+from modelpool_operator.planner.shared_scale import SharedCount
 from modelpool_operator.pool import PoolKey
 
 
@@ -49,6 +50,8 @@ class Bookkeeping:
     _on_host: dict[PoolKey, PoolKey] = field(default_factory=dict)
     # Each ModelHost's control key (namespace, name): made by this process, or read once from its Secret.
     control_keys: dict[PoolKey, str] = field(default_factory=dict)
+    # Each shared pool's count and retries as its pass last decided them (its ModelHost's pass places by it).
+    shared: dict[PoolKey, SharedCount] = field(default_factory=dict)
 
     # ---- the ledger -------------------------------------------------------------------------------------
 
@@ -112,6 +115,7 @@ class Bookkeeping:
         self._waiting.discard(key)
         self._on_host.pop(key, None)
         self.observed.pop(key, None)
+        self.shared.pop(key, None)
 
 
 @dataclass

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus, parse_pool_spec, parse_pool_status
+from modelpool_contract.api import (
+    API_VERSION,
+    MODELPOOL_KIND,
+    ModelPoolSpec,
+    ModelPoolStatus,
+    parse_pool_spec,
+    parse_pool_status,
+)
 from modelpool_contract.demand import Demand
 from modelpool_contract.flags import IDLE_AFTER_S
 from modelpool_contract.times import parse_time
@@ -128,10 +135,19 @@ class OtherPool:
     replicas: int = 0
     load: str | None = None
     deleting: bool = False
+    # A shared pool's count as its own pass last recorded it (``status.targetReplicas``, while recorded for
+    # this ``spec.replicas``; None: not recorded), and its uid (the ModelHost's pass posts Events on it).
+    target: int | None = None
+    uid: str | None = None
 
     @property
     def key(self) -> PoolKey:
         return (self.namespace, self.name)
+
+    def reference(self) -> dict[str, Any]:
+        """The pool as an Event's involved object (what an ``EventSink`` posts on)."""
+        meta = {"name": self.name, "namespace": self.namespace, "uid": self.uid}
+        return {"apiVersion": API_VERSION, "kind": MODELPOOL_KIND, "metadata": meta}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], workers: Sequence[ObservedWorker] = ()) -> OtherPool | None:
@@ -154,6 +170,8 @@ class OtherPool:
             replicas=spec.replicas,
             load=json.dumps(host_load_settings(spec), sort_keys=True) if spec.host else None,
             deleting=bool((body.get("metadata") or {}).get("deletionTimestamp")),
+            target=status.target_replicas if status.spec_replicas == spec.replicas else None,
+            uid=str((body.get("metadata") or {}).get("uid") or "") or None,
         )
 
 

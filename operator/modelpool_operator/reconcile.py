@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelpool_contract.api import Condition, parse_host_spec, parse_pool_status
+from modelpool_contract.api import Condition, autoscaling_enabled, parse_host_spec, parse_pool_status
 from modelpool_contract.demand import Demand
 from modelpool_contract.placements import ANNOTATION_MODELS, host_model_name
 from modelpool_contract.stats import STATS_PATH
@@ -45,7 +45,13 @@ from modelpool_operator.effects.placing import (
     write_pool_status,
 )
 from modelpool_operator.host import HostView, host_charge_key, host_pod_name
-from modelpool_operator.observe.hosts import HostedPool, hosted_replicas, observe_hosts, reported_models
+from modelpool_operator.observe.hosts import (
+    HostedPool,
+    hosted_replicas,
+    hosted_workers,
+    observe_hosts,
+    reported_models,
+)
 from modelpool_operator.observe.observation import (
     LazyOthers,
     PodsByPool,
@@ -68,7 +74,8 @@ from modelpool_operator.planner.shared import (
     host_wait_status,
     shared_status,
 )
-from modelpool_operator.planner.status import condition
+from modelpool_operator.planner.shared_scale import SharedCount, SharedScale, scale_shared
+from modelpool_operator.planner.status import coalesce, condition
 from modelpool_operator.policy import Violation, host_violations, violations
 from modelpool_operator.pool import OtherPool, PoolKey, PoolView
 from modelpool_operator.services import Services, planner_settings
@@ -156,7 +163,8 @@ async def reconcile_pool(
     hosts: HostsByKey | None = None,
 ) -> Plan | None:
     """One pass for the pool ``run.key``: returns the plan it applied (None: the spec is invalid, or the
-    pool is shared and waits for placement).  Timed and counted by outcome in the operator's metrics."""
+    pool is shared and nothing asks for a pass before the resync; a shared pool's plan holds only when to
+    look again).  Timed and counted by outcome in the operator's metrics."""
     with services.metrics.reconcile_pass() as outcome:
         try:
             pool = PoolView.from_body(body, demand=latest_demand(demand or {}, run.key))
@@ -175,10 +183,10 @@ async def reconcile_pool(
             return None
         if pool.spec.host is not None:
             outcome.result = "shared"
-            await shared_pass(
-                services, run=run, pool=pool, body=body, hosts=hosts or {}, pods_by_pool=pods_by_pool
+            requeue = await shared_pass(
+                services, book, run=run, pool=pool, body=body, hosts=hosts or {}, pods_by_pool=pods_by_pool
             )
-            return None
+            return None if requeue is None else Plan(template_hash=pool.template_hash, requeue_after=requeue)
         if run.last_status is not None:
             # We are the only writer of status; our last write is newer than what the watch may show yet.
             pool = replace(pool, status=run.last_status)
@@ -219,43 +227,103 @@ def shared_wait(pool: PoolView, hosts: HostsByKey, pods_by_pool: PodsByPool) -> 
 
 async def shared_pass(
     services: Services,
+    book: Bookkeeping,
     *,
     run: PoolRun,
     pool: PoolView,
     body: Mapping[str, Any],
     hosts: HostsByKey,
     pods_by_pool: PodsByPool,
-) -> None:
-    """A shared pool's pass: its dedicated workers (a pool switched to ``spec.host``) deleted, and its
-    status: the host pods holding its model (its ModelHost's pass places it), or why none does."""
+) -> float | None:
+    """A shared pool's pass: its dedicated workers (a pool switched to ``spec.host``) deleted; its count and
+    retries decided (``planner.shared_scale``, over its replicas' figures on the host pods and its demand)
+    and handed to its ModelHost's pass (``Bookkeeping.shared``), which places it; its status: the host pods
+    holding its model, or why none does. Returns when to look again (None: at the resync)."""
     await delete_workers(services, pool.namespace, list(pods_by_pool.get(pool.key, ())))
     key = (pool.namespace, pool.spec.host or "")
     if not list(hosts.get(key, ())):
+        book.shared.pop(pool.key, None)
         await _tell_wait(services, run, pool, body, shared_wait(pool, hosts, pods_by_pool))
-        return
+        return None
     try:
         spec = parse_host_spec(dict(next(iter(hosts[key]))))
     except ValidationError:
+        book.shared.pop(pool.key, None)
         await _tell_wait(services, run, pool, body, shared_wait(pool, hosts, pods_by_pool))
-        return
-    listed = list(pods_by_pool.get(host_charge_key(*key), ()))
-    stats = services.scraper.cached(listed)
-    replicas = hosted_replicas(host_model_name(pool.name), pool.spec.resources.memory_bytes, listed, stats)
+        return None
+    host_key = host_charge_key(*key)
+    listed = list(pods_by_pool.get(host_key, ()))
+    stats = services.scraper.refresh(listed, on_change=lambda: _news(book, pool.key, host_key))
+    model = host_model_name(pool.name)
+    replicas = hosted_replicas(model, pool.spec.resources.memory_bytes, listed, stats)
+    previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
+    pool = replace(pool, status=parse_pool_status(previous))
+    now = datetime.now(UTC)
+    workers = hosted_workers(pool.namespace, model, replicas, stats)
+    scale = decide_shared(services, book, run, pool, workers, host_pods=spec.replicas, now=now)
     wait = None
-    if len([r for r in replicas if r.state not in ("Failed", "Dead")]) < pool.spec.replicas:
-        hosted = {host_model_name(pool.name): HostedPool(pool.name, pool.spec.resources.memory_bytes)}
+    if len([r for r in replicas if r.state not in ("Failed", "Dead")]) < scale.target:
+        hosted = {model: HostedPool(pool.name, pool.spec.resources.memory_bytes)}
         wait = host_wait(
             pool, host_found=True, host_error=None, hosts=observe_hosts(spec, listed, stats, hosted)
         )
-    previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
-    status = shared_status(
-        replace(pool, status=parse_pool_status(previous)), replicas, wait, datetime.now(UTC)
-    )
+    status = shared_status(pool, replicas, wait, now, scale)
+    for event in coalesce(scale.events):
+        tell(services, body, event)
     told = (pool.generation, wait.reason, wait.message) if wait is not None else None
     if wait is not None and run.host_wait != told:
         tell(services, body, host_wait_event(wait))
     run.host_wait = told
     await write_pool_status(services, run, previous, status)
+    return shared_requeue(services, pool, scale)
+
+
+def decide_shared(
+    services: Services,
+    book: Bookkeeping,
+    run: PoolRun,
+    pool: PoolView,
+    workers: list[ObservedWorker],
+    *,
+    host_pods: int,
+    now: datetime,
+) -> SharedScale:
+    """A shared pool's count and retries (``planner.shared_scale``), handed to its ModelHost's pass
+    (``Bookkeeping.shared``; the ModelHost's daemon is poked when they change); the autoscaler's window and
+    counters kept for the next pass."""
+    scale = scale_shared(
+        pool,
+        workers,
+        host_pods=host_pods,
+        now=now,
+        settings=planner_settings(services.config),
+        load_window=run.load_window,
+        counters=run.counters,
+    )
+    run.load_window, run.counters = scale.load_window, scale.counters
+    if book.shared.get(pool.key) != scale.count:
+        book.shared[pool.key] = scale.count
+        book.poke(host_charge_key(pool.namespace, pool.spec.host or ""))
+    return scale
+
+
+def _news(book: Bookkeeping, pool: PoolKey, host: PoolKey) -> None:
+    """News in a host pod's ``/stats``: its shared pool looks again (its load), and so does its ModelHost
+    (its placing)."""
+    book.poke(pool)
+    book.poke(host)
+
+
+def shared_requeue(services: Services, pool: PoolView, scale: SharedScale) -> float | None:
+    """When a shared pool looks again: what its decisions ask (a countdown, a backoff, an idle replica),
+    and, while it autoscales under load, every stats interval, as a dedicated pool's busy workers' scrapes
+    wake it (its load is on its host pods, scraped by its passes; an idle one looks at the resync, and the
+    news its scrape brings wakes it)."""
+    planned = scale.requeue_after
+    if autoscaling_enabled(pool.spec) and scale.autoscaling.observed_load:
+        interval = services.config.stats_interval_seconds
+        return interval if planned is None else min(planned, interval)
+    return planned
 
 
 async def _tell_wait(
@@ -491,15 +559,31 @@ async def reconcile_host(
     return planned
 
 
-def shared_pools(host: HostView, pools_by_key: PoolsByKey) -> list[SharedPool]:
-    """The shared pools on ``host`` as its placing needs them."""
-    return [
-        SharedPool(pool.name, pool.replicas, pool.load or "{}", pool.declared, pool.priority, pool.deleting)
-        for key, indexed in pools_by_key.items()
-        if key[0] == host.namespace
-        for pool in list(indexed)[:1]
-        if pool.host == host.name
-    ]
+def shared_pools(
+    host: HostView, pools_by_key: PoolsByKey, counts: Mapping[PoolKey, SharedCount] | None = None
+) -> list[SharedPool]:
+    """The shared pools on ``host`` as its placing needs them: each one's count and retries as its own pass
+    last decided them (``counts``), else the count its status records, else ``spec.replicas`` (at most
+    the host pods)."""
+    pools = []
+    for key, indexed in pools_by_key.items():
+        for pool in list(indexed)[:1]:
+            if key[0] != host.namespace or pool.host != host.name:
+                continue
+            count = (counts or {}).get(key)
+            recorded = min(pool.target if pool.target is not None else pool.replicas, host.spec.replicas)
+            pools.append(
+                SharedPool(
+                    pool.name,
+                    count.target if count is not None else recorded,
+                    pool.load or "{}",
+                    pool.declared,
+                    pool.priority,
+                    pool.deleting,
+                    retry=count.retry if count is not None else frozenset(),
+                )
+            )
+    return pools
 
 
 #: How long a load that ended is held in flight while the host pod's /stats does not list the model yet.
@@ -554,7 +638,9 @@ async def place_models(
     its models (``planner.placing``, ``effects.placing``); the shared pools on the host are poked when
     anything changed (their status lists the host pods holding them)."""
     listed = list(pods_by_pool.get(host.charge_key, ()))
-    placing, wanted = plan_placing_pass(services, run, host, listed, shared_pools(host, pools_by_key))
+    placing, wanted = plan_placing_pass(
+        services, run, host, listed, shared_pools(host, pools_by_key, book.shared)
+    )
     urls = {
         str((p.get("metadata") or {}).get("name")): url.removesuffix(STATS_PATH)
         for p in listed
@@ -568,6 +654,13 @@ async def place_models(
         urls=urls,
         key=book.control_keys.get(host.key),
         poke=lambda: book.poke(host.charge_key),
+        pools={
+            pool.name: pool.reference()
+            for key, indexed in pools_by_key.items()
+            if key[0] == host.namespace
+            for pool in list(indexed)[:1]
+            if pool.host == host.name
+        },
     )
     current = {
         str((p.get("metadata") or {}).get("name")): ((p.get("metadata") or {}).get("annotations") or {}).get(

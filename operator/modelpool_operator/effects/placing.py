@@ -4,8 +4,9 @@ annotation of each host pod, written when it changed (a merge patch of the pod's
 
 Sleeps and unloads are awaited in order (each is a few seconds at most); a load lasts until the model
 serves, so each runs as a task of its own (``HostRun.loading``), and the ModelHost's daemon is poked when
-it ends: the next pass sees the model in the host's ``/stats``. A failed call is told once as a Warning
-Event on the ModelHost (naming the pool and the host pod) and not tried again there for a while
+it ends: the next pass sees the model in the host's ``/stats``. A failed call is told as a Warning Event
+on the ModelHost (naming the pool and the host pod) and on the pool (naming the host pod; a pass's
+sleeps and unloads one Event per reason and pool, ``tell_pools``), and not tried again there for a while
 (``HostRun.backoff``). Without the control key no call is made, and an Event says why.
 """
 
@@ -15,7 +16,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from modelpool_contract.placements import ANNOTATION_MODELS
@@ -26,6 +27,7 @@ from modelpool_operator.effects.kube import describe_error, merge_patch
 from modelpool_operator.effects.resources import CONTROL_KEY_ITEM, control_key_secret_name
 from modelpool_operator.planner import Event
 from modelpool_operator.planner.placing import Control, Placing
+from modelpool_operator.planner.status import coalesce
 from modelpool_operator.services import Services
 
 logger = logging.getLogger(__name__)
@@ -43,8 +45,10 @@ async def apply_placing(
     urls: Mapping[str, str],
     key: str | None,
     poke: Callable[[], None],
+    pools: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
-    """Make the calls of ``placing`` on the host pods (``urls``: each pod's control API base)."""
+    """Make the calls of ``placing`` on the host pods (``urls``: each pod's control API base; ``pools``:
+    each shared pool's object, where its model's failures are told too)."""
     if not placing.calls:
         return
     if key is None:
@@ -54,6 +58,8 @@ async def apply_placing(
             services.events.post(body, Event("Warning", "NoControlKey", why))
         return
     run.no_control = None
+    pools = pools or {}
+    failed: list[tuple[str, Event]] = []
     for call in placing.calls:
         url = urls.get(call.pod)
         if url is None:
@@ -61,16 +67,44 @@ async def apply_placing(
         if call.action == "load":
             slot = (call.pod, call.pool)
             run.loading[slot] = asyncio.create_task(
-                _load(services, run=run, body=body, url=url, key=key, call=call, poke=poke)
+                _load(
+                    services,
+                    run=run,
+                    body=body,
+                    url=url,
+                    key=key,
+                    call=call,
+                    poke=poke,
+                    pool=pools.get(call.pool),
+                )
             )
             continue
-        await _call(services, run=run, body=body, url=url, key=key, call=call)
+        failure = await _call(services, run=run, body=body, url=url, key=key, call=call)
+        if failure is not None:
+            failed.append((call.pool, failure))
+    tell_pools(services, pools, failed)
     poke()
+
+
+def tell_pools(
+    services: Services, pools: Mapping[str, Mapping[str, Any]], failed: Iterable[tuple[str, Event]]
+) -> None:
+    """Tell each pool the failures of its model's control calls of one pass, one Warning per reason and
+    pool (the host pods' messages joined, as a pass's Normal Events are: ``planner.status.coalesce``)."""
+    by_pool: dict[str, list[Event]] = {}
+    for pool, event in failed:
+        by_pool.setdefault(pool, []).append(event)
+    for pool, events in sorted(by_pool.items()):
+        body = pools.get(pool)
+        if body is not None:
+            for event in coalesce(events, kinds=("Normal", "Warning")):
+                services.events.post(body, event)
 
 
 async def _call(
     services: Services, *, run: HostRun, body: Mapping[str, Any], url: str, key: str, call: Control
-) -> bool:
+) -> Event | None:
+    """Make one control call; a failure is told on the ModelHost and returned (None: it succeeded)."""
     control = services.host_control
     logger.info("host pod %s: %s %s (%s)", call.pod, call.action, call.pool, call.why)
     try:
@@ -93,9 +127,9 @@ async def _call(
         reason = {"load": "LoadFailed", "unload": "UnloadFailed", "sleep": "SleepFailed"}[call.action]
         message = f"{call.action} of pool {call.pool} on host pod {call.pod} failed: {exc}"[:1000]
         services.events.post(body, Event("Warning", reason, message))
-        return False
+        return Event("Warning", reason, f"host pod {call.pod}: {call.action} failed: {exc}"[:1000])
     run.backoff.pop((call.pod, call.pool), None)
-    return True
+    return None
 
 
 async def _load(
@@ -107,12 +141,16 @@ async def _load(
     key: str,
     call: Control,
     poke: Callable[[], None],
+    pool: Mapping[str, Any] | None = None,
 ) -> None:
     try:
-        if await _call(services, run=run, body=body, url=url, key=key, call=call):
+        failure = await _call(services, run=run, body=body, url=url, key=key, call=call)
+        if failure is None:
             services.events.post(
                 body, Event("Normal", "Loaded", f"pool {call.pool} loaded on host pod {call.pod}")
             )
+        elif pool is not None:
+            services.events.post(pool, failure)
     finally:
         run.loading.pop((call.pod, call.pool), None)
         poke()

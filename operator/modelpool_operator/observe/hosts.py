@@ -15,7 +15,9 @@ from typing import Any, TypeGuard, get_args
 
 from modelpool_contract.api import HostModelState, ModelHostSpec
 from modelpool_contract.states import WorkerState
+from modelpool_contract.stats import WorkerStats
 from modelpool_contract.times import parse_time, rfc3339
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.placement.ledger import Host, Resident
 
 _STATES = frozenset(get_args(HostModelState))
@@ -120,6 +122,8 @@ class HostedReplica:
     reason: str | None = None
     queue_depth: int | None = None
     last_request_time: str | None = None
+    # Since when the model is in its state there (the host's ``state_since``): a new failure has a new one.
+    since: str | None = None
 
 
 def hosted_replicas(
@@ -139,7 +143,7 @@ def hosted_replicas(
         if not isinstance(doc, Mapping) or not _state(doc.get("state")):
             continue
         memory = doc.get("memory") if isinstance(doc.get("memory"), Mapping) else {}
-        last = doc.get("last_request_time")
+        last, since = doc.get("last_request_time"), doc.get("state_since")
         reason = doc.get("reason")
         replicas.append(
             HostedReplica(
@@ -150,9 +154,47 @@ def hosted_replicas(
                 reason=str(reason)[:1000] if reason else None,
                 queue_depth=_count(doc, "queue_depth"),
                 last_request_time=rfc3339(parse_time(last)) if last else None,
+                since=rfc3339(parse_time(since)) if since else None,
             )
         )
     return sorted(replicas, key=lambda r: r.pod)
+
+
+def hosted_workers(
+    namespace: str,
+    pool: str,
+    replicas: Iterable[HostedReplica],
+    stats: Mapping[str, Mapping[str, Any] | None],
+) -> list[ObservedWorker]:
+    """A shared pool's replicas (``hosted_replicas``) as the planner's workers, for its autoscaler and its
+    failure backoff: each named after its host pod, with the model's own figures from that host's
+    ``/stats`` (``models.<pool>``: in flight, queued, its counters, its clock; a model's counters are its
+    own, and a count that went back starts a new baseline, as a restarted worker's does)."""
+    workers = []
+    for replica in replicas:
+        models = (stats.get(replica.pod) or {}).get("models")
+        report = WorkerStats.parse(models.get(pool) if isinstance(models, Mapping) else None)
+        workers.append(
+            ObservedWorker(
+                name=replica.pod,
+                namespace=namespace,
+                pool=pool,
+                state=replica.state,
+                reason=replica.reason,
+                message=replica.reason,
+                since=parse_time(replica.since),
+                node=replica.node,
+                queue_depth=report.queue_depth if report else None,
+                in_flight=report.in_flight if report else None,
+                last_request_time=parse_time(report.last_request_time) if report else None,
+                stats_known=report is not None,
+                uid=f"{replica.pod}/{pool}",
+                requests_total=report.requests_total if report else None,
+                rejected_total=report.rejected_total if report else None,
+                stats_time=report.time if report else None,
+            )
+        )
+    return workers
 
 
 def reported_models(

@@ -20,8 +20,10 @@ pass decides:
 A model whose load is in flight (``loading``) is a Pending resident charged its declared size, and is
 neither placed again nor unloaded; a (host pod, pool) in ``backoff`` (a control call there failed
 recently) is not tried again yet. A Failed model stays where it failed, so its pool's status shows why,
-until its settings change or its pool goes (autoscaling does not move shared pools: their ``replicas``
-is the count).
+until its pool's backoff is over (``SharedPool.retry``: unloaded, then placed again), its settings change
+or its pool goes; meanwhile the pool is placed on other host pods (a failed model is not one of its
+replicas). A pool's ``replicas`` is its count as its own pass decided it (``planner.shared_scale``:
+autoscaling, demand, idleness).
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class SharedPool:
     declared: int = 0
     priority: int = 0
     deleting: bool = False
+    # The host pods where its Failed model is due for a retry (its pool's backoff ran out): unloaded there,
+    # then placed again.
+    retry: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,8 @@ def plan_placing(
                 view.unload(pod, resident.pool, "its pool is gone" if pool is None else "its pool is deleted")
             elif (slot in loaded and loaded[slot] != pool.load) or slot in stale:
                 view.unload(pod, resident.pool, "its pool's model settings changed")
+            elif resident.state == "Failed" and pod in pool.retry:
+                view.unload(pod, resident.pool, "it failed and its pool's backoff is over: tried again")
     # 2. host RAM over-committed
     for pod in sorted(view.hosts):
         for key in unload_candidates(view.hosts[pod]) or ():
@@ -184,7 +191,7 @@ def plan_placing(
         )
         for pod, _ in holding[: max(len(holding) - pool.replicas, 0)]:
             if (pod, pool.name) not in loading:
-                view.unload(pod, key, f"spec.replicas is {pool.replicas}")
+                view.unload(pod, key, f"its pool's count is {pool.replicas}")
         missing = pool.replicas - len(holding)
         request = PlacementRequest(key, pool.declared, pool.priority)
         for _ in range(max(missing, 0)):

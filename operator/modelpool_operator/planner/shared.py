@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from modelpool_contract.api import WorkerStatus
+from modelpool_contract.api import WorkerStatus, autoscaling_enabled
 from modelpool_contract.quantity import format_quantity
 from modelpool_operator.observe.hosts import HostedReplica
 from modelpool_operator.placement.decide import PlacementRequest, Unplaced, place
 from modelpool_operator.placement.ledger import Host
 from modelpool_operator.planner.draft import Event
+from modelpool_operator.planner.shared_scale import FAILING_EVERYWHERE, SharedScale
 from modelpool_operator.planner.status import condition
 from modelpool_operator.pool import PoolView
 
@@ -110,21 +111,36 @@ def _phase(desired: int, ready: int, replicas: Sequence[HostedReplica]) -> str:
     return "ScaledToZero" if desired == 0 else "Pending"
 
 
+def _zero_message(pool: PoolView) -> str:
+    """How a shared pool at zero comes back (the Ready condition's message)."""
+    if pool.spec.replicas == 0 and not autoscaling_enabled(pool.spec):
+        return "no host pod holds the model: spec.replicas is 0 and autoscaling is off"
+    return (
+        "no host pod holds the model; the gateway's next request places it on a host pod (the request "
+        "waits while the model loads; set minReplicas to keep it placed)"
+    )
+
+
 def shared_status(
-    pool: PoolView, replicas: Sequence[HostedReplica], wait: HostWait | None, now: datetime
+    pool: PoolView,
+    replicas: Sequence[HostedReplica],
+    wait: HostWait | None,
+    now: datetime,
+    scale: SharedScale | None = None,
 ) -> dict[str, Any]:
     """The status patch (wire form) of a shared pool whose ModelHost exists: its replicas on host pods
     (``workers``, each named after its host pod), the phase as for dedicated workers, the condition Placed
-    (True once as many host pods hold the model as spec.replicas asks; else False with ``wait``'s reason)
-    and Ready (True while a replica serves)."""
-    desired = pool.spec.replicas
+    (True once as many host pods hold the model as its target asks; else False with ``wait``'s reason)
+    and Ready (True while a replica serves; else why: failed, with the retry, loading, or at zero).
+    ``scale``: the pass's count (``planner.shared_scale``; None: ``spec.replicas``, nothing more)."""
+    desired = scale.target if scale is not None else pool.spec.replicas
     present = sorted((r for r in replicas if r.state not in ("Failed", "Dead")), key=lambda r: r.pod)
     ready = sum(1 for r in replicas if r.state in SERVING)
     pods = ", ".join(r.pod for r in present)
     placed: tuple[Literal["True", "False"], str, str]
     serving: tuple[Literal["True", "False"], str, str]
     if len(present) >= desired:
-        placed = ("True", "Placed", f"on host pods {pods}" if pods else "spec.replicas is 0")
+        placed = ("True", "Placed", f"on host pods {pods}" if pods else "its target is 0 replicas")
     elif wait is not None:
         placed = ("False", wait.reason, wait.message)
     else:
@@ -132,8 +148,13 @@ def shared_status(
     failed = next((r for r in replicas if r.state == "Failed"), None)
     if ready:
         serving = ("True", "Serving", f"{ready} of {desired} replicas serve")
+    elif scale is not None and scale.failing_everywhere is not None:
+        serving = ("False", FAILING_EVERYWHERE, scale.failing_everywhere)
     elif failed is not None:
-        serving = ("False", "Failed", f"host pod {failed.pod}: {failed.reason or 'the model failed'}")
+        retry = f"; retrying in {scale.retry_in:.0f}s" if scale is not None and scale.retry_in else ""
+        serving = ("False", "Failed", f"host pod {failed.pod}: {failed.reason or 'the model failed'}{retry}")
+    elif desired == 0 and not present:
+        serving = ("False", "ScaledToZero", _zero_message(pool))
     elif present:
         serving = ("False", "Loading", f"the model is loading on host pods {pods}")
     else:
@@ -161,16 +182,18 @@ def shared_status(
             last_request_time=r.last_request_time,
             reason=r.reason,
             host=r.pod,
+            since=r.since,
         )
         for r in sorted(replicas, key=lambda r: r.pod)
     ]
+    extra = scale.status_fields(pool.spec.replicas) if scale is not None else {"targetReplicas": desired}
     return {
+        **extra,
         "phase": _phase(desired, ready, replicas),
         "observedGeneration": pool.generation,
         "replicas": len(present),
         "readyReplicas": ready,
         "readyText": f"{ready}/{desired}",
-        "targetReplicas": desired,
         # The budget charges the host pods (the ModelHost), not the pool: what each replica is charged on
         # its host's device until measured is its declared size.
         "memory": {

@@ -181,7 +181,9 @@ def test_a_shared_pool_is_placed_served_put_to_sleep_woken_and_unloaded(
     """On the CPU host pod of the test above (a real ``modelpool-server --shared-host``): the operator
     loads MiniLM there, the pool's status lists the host pod, the pod's annotation names the pool, the
     real gateway routes the openai client's embeddings to it; the host puts it to sleep once idle (1 s)
-    and a request wakes it and is answered; deleting the pool unloads it first."""
+    and a request wakes it and is answered; with minReplicas 0 the operator unloads it once idle twice
+    that (the pool scaled to zero), and the gateway's held request gets it placed again and answered;
+    deleting the pool unloads it first."""
     pool = {
         "apiVersion": "modelpool.dev/v1alpha1",
         "kind": "ModelPool",
@@ -190,6 +192,7 @@ def test_a_shared_pool_is_placed_served_put_to_sleep_woken_and_unloaded(
             "model": {"source": minilm_source(), "task": "text-embedding"},
             "resources": {"memory": "512Mi"},
             "idleTimeoutSeconds": 1,
+            "minReplicas": 1,
             "host": "cpu",
         },
     }
@@ -225,6 +228,18 @@ def test_a_shared_pool_is_placed_served_put_to_sleep_woken_and_unloaded(
             timeout=30,
             message="MiniLM awake again",
         )
+        # Scale to zero: idle twice idleTimeoutSeconds (asleep for the second), unloaded; the gateway holds
+        # the next request and records the demand, for which the operator places the model again.
+        patch = '{"spec": {"minReplicas": 0}}'
+        crds.kubectl("patch", "modelpool", "minilm", "-n", shared_ns, "--type=merge", "-p", patch)
+        wait_status(
+            crds, shared_ns, "minilm", lambda s: s["phase"] == "ScaledToZero", timeout=30, message="unloaded"
+        )
+        wait_for(lambda: "minilm" not in on_host(), timeout=30, message="the annotation without MiniLM")
+        placed_again = client.embeddings.create(model="minilm", input=["A woman is playing violin."])
+        assert len(placed_again.data[0].embedding) == 384
+        told = [reason for reason, _ in reasons(crds, shared_ns, "minilm")]
+        assert "IdleUnload" in told and "WokenByDemand" in told
     finally:
         stop_all([gateway], show_logs=True, what="gateway")
     # The finalizer unloads the model before the pool goes (kubectl waits for that).

@@ -774,3 +774,113 @@ async def test_after_a_restart_a_model_of_another_source_is_unloaded(state: Oper
         state.services, state.book, run=run, host=host, body=_host(1), pods_by_pool=pods, pools_by_key=pools
     )
     assert len(control.calls) == 1
+
+
+# ---- a shared pool's count, retries and failures (shared_pass, place_models) ----------------------------
+
+
+async def test_a_shared_pools_pass_hands_its_count_to_its_modelhost_and_writes_it(state: Operator) -> None:
+    """The pool's pass decides its count over its model's figures on the host pods (a burst of load here),
+    hands it to its ModelHost's pass (which it pokes) and writes it in its status; while autoscaling under
+    load it looks again every stats interval, idle only when a decision of its own is due."""
+    from modelpool_operator.host import host_charge_key
+
+    doc = {"state": "Processing", "in_flight": 8, "queue_depth": 32, "time": 1.0}
+    state.use(scraper=CachedStats({"gpus-0": {"models": {"emb": doc}}}))
+    host_key = host_charge_key("ns", "gpus")
+    woken = state.book.wakeup(host_key)
+    body = _shared("emb")
+    body["spec"]["maxReplicas"] = 5
+    plan = await reconcile_pool(
+        state.services,
+        state.book,
+        run=PoolRun(key=("ns", "emb")),
+        body=body,
+        pods_by_pool={host_key: [_host_pod({"emb": "Processing"})]},
+        pools_by_key={},
+        budgets={},
+        hosts={("ns", "gpus"): [_host(3)["spec"]]},
+    )
+    assert plan is not None and plan.requeue_after == state.services.config.stats_interval_seconds
+    assert state.book.shared[("ns", "emb")].target == 3 and woken.is_set()
+    [patch] = state.kube.status_patches
+    assert patch["targetReplicas"] == 4 and patch["specReplicas"] == 1
+    assert patch["autoscaling"]["desiredReplicas"] == 4 and patch["autoscaling"]["observedLoad"] == 40
+    assert [e.reason for name, e in state.events.posted if name == "emb"] == ["ScaledUp", "EveryHostHoldsIt"]
+    idle = {"state": "Idle", "in_flight": 0, "queue_depth": 0, "time": 2.0}
+    state.use(scraper=CachedStats({"gpus-0": {"models": {"emb": idle}}}))
+    quiet = await reconcile_pool(
+        state.services,
+        state.book,
+        run=PoolRun(key=("ns", "emb")),
+        body=body,
+        pods_by_pool={host_key: [_host_pod({"emb": "Idle"})]},
+        pools_by_key={},
+        budgets={},
+        hosts={("ns", "gpus"): [_host(3)["spec"]]},
+    )
+    # Idle: only its idle unload (twice the default idleTimeoutSeconds, 300 s) asks for a pass.
+    assert quiet is not None and quiet.requeue_after is not None and quiet.requeue_after > 500
+
+
+class FailingControl(RecordingControl):
+    """Every unload and sleep is refused by the host."""
+
+    async def unload(self, url: str, key: str, model: str) -> None:
+        from modelpool_operator.effects.host_control import ControlError
+
+        raise ControlError("500: the model's process does not answer", 500)
+
+
+async def test_a_control_call_that_fails_is_told_on_the_pool_as_well_as_the_modelhost(
+    state: Operator,
+) -> None:
+    """Its pool's pass set its count to 0: the unload fails, and both the ModelHost and the pool hear why
+    (the pool naming the host pod)."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.host import HostView, host_charge_key
+    from modelpool_operator.planner.shared_scale import SharedCount
+    from modelpool_operator.reconcile import place_models
+
+    state.use(
+        host_control=FailingControl(), scraper=CachedStats({"gpus-0": {"models": {"emb": {"state": "Idle"}}}})
+    )
+    state.book.control_keys[("ns", "gpus")] = "k"
+    state.book.shared[("ns", "emb")] = SharedCount(0)
+    host, run = HostView.from_body(_host(1)), HostRun(key=("ns", "gpus"))
+    await place_models(
+        state.services,
+        state.book,
+        run=run,
+        host=host,
+        body=_host(1),
+        pods_by_pool={host_charge_key("ns", "gpus"): [_host_pod({"emb": "Idle"})]},
+        pools_by_key=_index({("ns", "emb"): _shared("emb")}),
+    )
+    told = {name: (e.type, e.reason, e.message) for name, e in state.events.posted}
+    assert told["gpus"][:2] == told["emb"][:2] == ("Warning", "UnloadFailed")
+    assert told["emb"][2] == "host pod gpus-0: unload failed: 500: the model's process does not answer"
+    assert ("gpus-0", "emb") in run.backoff
+
+
+def test_a_pools_control_failures_of_one_pass_are_one_event_per_reason(state: Operator) -> None:
+    from modelpool_operator.effects.placing import tell_pools
+
+    failed = [
+        ("emb", Event("Warning", "UnloadFailed", "host pod gpus-0: unload failed: 500: a")),
+        ("emb", Event("Warning", "SleepFailed", "host pod gpus-0: sleep failed: 507: b")),
+        ("emb", Event("Warning", "UnloadFailed", "host pod gpus-1: unload failed: 500: c")),
+        ("gone", Event("Warning", "UnloadFailed", "host pod gpus-1: unload failed: 500: d")),
+    ]
+    tell_pools(state.services, {"emb": OtherPool("ns", "emb", 0, 0, uid="u").reference()}, failed)
+    assert state.events.posted == [
+        (
+            "emb",
+            Event(
+                "Warning",
+                "UnloadFailed",
+                "host pod gpus-0: unload failed: 500: a; host pod gpus-1: unload failed: 500: c",
+            ),
+        ),
+        ("emb", Event("Warning", "SleepFailed", "host pod gpus-0: sleep failed: 507: b")),
+    ]
