@@ -95,6 +95,7 @@ def test_shared_pools_over_simulated_hosts_never_over_commit_and_converge(
 ) -> None:
     namespace, sim = audited
     host = {"replicas": 2, "gpusPerHost": 1, "deviceMemory": "8Gi", "hostMemory": "16Gi", **KWOK}
+    host["modelOverhead"] = 0  # as the simulated hosts charge (testkit.hostsim: no process overhead)
     apply(crds, {"apiVersion": "modelpool.dev/v1alpha1", "kind": "ModelHost", "metadata": {"name": "gpus"},
                  "spec": host}, namespace)  # fmt: skip
     for name, (gib, priority) in POOLS.items():
