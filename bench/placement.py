@@ -149,9 +149,7 @@ def run(args: argparse.Namespace, kubeconfig: Path, log: Path) -> Result:
         try:
             sim.start()
             host = {"replicas": args.hosts, "gpusPerHost": 1, "deviceMemory": f"{args.device_gib}Gi",
-                    "hostMemory": f"{args.host_gib}Gi", **KWOK,
-                    # The simulated hosts (testkit.hostsim) charge their models no process overhead.
-                    "modelOverhead": 0}  # fmt: skip
+                    "hostMemory": f"{args.host_gib}Gi", **KWOK}  # fmt: skip
             create(
                 kubeconfig,
                 namespace,

@@ -10,7 +10,10 @@ make room, why it refuses a sleep), the real state machine (``model_server.state
 transition raises) and the real ``/stats`` document (``modelpool_contract.stats.WorkerStats``).  Only the
 model processes are simulated (``SimHost``): a load takes ``load_s`` (Loading, then Ready) and is charged
 its declared bytes on the device (the host's charge: ``max(declared, measured)``, as
-``HostSupervisor.Slot.facts``) and reports ``measured_factor`` x declared as ``gpu_reserved_bytes`` while
+``HostSupervisor.Slot.facts``) and, awake or asleep, its process's overhead (the host pod's
+``--model-overhead``, which the operator writes from ``ModelHost.spec.modelOverhead`` or the contract's
+default: ``model_overhead``; ``/stats`` ``host.devices[]`` reports ``overhead``, ``model_overhead`` and
+``free`` as the real host does), and reports ``measured_factor`` x declared as ``gpu_reserved_bytes`` while
 awake, nothing while asleep (the weights left the device), as a GPU host does.
 
 The auditor (``Audit``) is told every transition under the host's lock, with the host's models as they
@@ -38,7 +41,7 @@ from model_server.host_config import parse_load_body
 from model_server.state_machine import SLEEPABLE, State, StateMachine
 from model_server.supervisor.host import Conflict, HostSupervisor, NoRoom
 from model_server.supervisor.host_control import HostControlServer
-from modelpool_contract.placements import LABEL_HOST
+from modelpool_contract.placements import LABEL_HOST, default_model_overhead
 from modelpool_contract.stats import StatsMemory, StatsModel, WorkerStats
 
 #: A model Ready for less than this may still be loading in the operator's view (its /stats is as old as
@@ -59,6 +62,7 @@ class SimModel:
     task: str
     last_used: float = 0.0
     busy: bool = False
+    overhead: int = 0  # its process's charge on the device, awake or asleep (the host's --model-overhead)
     state_machine: StateMachine = field(default_factory=StateMachine)
 
     @property
@@ -66,9 +70,12 @@ class SimModel:
         return self.state_machine.state
 
     def facts(self) -> host_plan.SlotFacts:
-        """As ``HostSupervisor.Slot.facts``: charged the larger of declared and measured, parked the same."""
+        """As ``HostSupervisor.Slot.facts``: charged the larger of declared and measured, parked the same,
+        and its process's overhead awake or asleep."""
         charged = max(self.declared, self.measured)
-        return host_plan.SlotFacts(self.name, self.state, 0, charged, charged, self.last_used, self.busy)
+        return host_plan.SlotFacts(
+            self.name, self.state, 0, charged, charged, self.last_used, self.busy, self.overhead
+        )
 
     def stats(self) -> dict[str, Any]:
         awake = self.state.value not in ("Sleeping", "Dead", "Failed")
@@ -122,8 +129,12 @@ class Audit:
         self,
         priority_of: Callable[[str], int] = lambda _: 0,
         replicas_of: Callable[[str], int] | None = None,
+        declared_of: Callable[[str], int | None] | None = None,
     ) -> None:
         self.priority_of, self.replicas_of = priority_of, replicas_of
+        # Each pool's declared bytes now (None: unknown): a model loaded with other bytes is unloaded for
+        # its pool's changed settings (then loaded again), not evicted.
+        self.declared_of = declared_of
         self.holders: dict[str, set[str]] = {}  # model -> the host pods holding it
         self.lock = threading.Lock()
         self.transitions = 0
@@ -145,7 +156,9 @@ class Audit:
     def check(self, host: SimHost, what: str) -> None:
         """After a transition on ``host`` (its lock held): the device and the host RAM within capacity."""
         facts = [m.facts() for m in host.models.values()]
-        used, parked = host_plan.device_used(0, facts), host_plan.host_used(facts)
+        # The awake weights and every loaded model's process overhead (host_plan.device_free's ledger).
+        used = host.device_memory - host_plan.device_free(0, host.device_memory, facts)
+        parked = host_plan.host_used(facts)
         with self.lock:
             self.transitions += 1
         if used > host.device_memory:
@@ -161,6 +174,9 @@ class Audit:
         with self.lock:
             holders = len(self.holders.get(model.name, ()))
         if self.replicas_of is not None and not 0 < holders <= self.replicas_of(model.name):
+            return
+        declared = self.declared_of(model.name) if self.declared_of is not None else None
+        if action == "unload" and declared is not None and declared != model.declared:
             return
         # The other candidates: idle models the operator could have seen idle (its /stats is one scrape
         # old: a model Ready for less than ``FRESH_S`` was still loading in its view).
@@ -182,7 +198,8 @@ class Audit:
             )  # fmt: skip
 
     def loaded(self, pod: str, name: str) -> None:
-        """A load on ``pod``: the newcomer of the evictions there that have none yet (the same pass); a
+        """A load on ``pod``: the newcomer of the evictions there that have none yet or one of a lower
+        priority (a pass's loads run at once, in any order: the room was made for the highest of them); a
         pool loaded on more host pods than its replicas is a thrash (the surplus is unloaded next)."""
         with self.lock:
             holders = self.holders.setdefault(name, set())
@@ -192,7 +209,8 @@ class Audit:
             self.violation(pod, f"{name} loaded on {sorted(holders)}: more than its {wanted} replicas")
         with self.lock:
             for i, e in enumerate(self.evictions):
-                if e.pod == pod and e.newcomer is None and time.time() - e.at < 5:
+                later = e.newcomer is None or self.priority_of(name) > (e.newcomer_priority or 0)
+                if e.pod == pod and later and time.time() - e.at < 5:
                     self.evictions[i] = Eviction(
                         e.at, e.pod, e.action, e.victim, e.victim_priority, e.victim_last_used,
                         e.candidates, name, self.priority_of(name),
@@ -238,8 +256,10 @@ class SimHost:
         audit: Audit,
         load_s: float = 1.0,
         measured_factor: float = 1.0,
+        overhead: int = 0,
     ) -> None:
         self.pod, self.device_memory, self.host_memory = pod, device_memory, host_memory
+        self.overhead = overhead  # each model's process on the device, awake or asleep (--model-overhead)
         self.config = SimConfig(key)
         self.audit, self.load_s, self.measured_factor = audit, load_s, measured_factor
         self.failed = False
@@ -257,7 +277,7 @@ class SimHost:
     def _make_room(self, need: int, keep: SimModel | None) -> None:
         chosen = host_plan.make_room(need, 0, self.device_memory, self.host_memory, self._facts(keep))
         if chosen is None:
-            used = host_plan.device_used(0, self._facts(keep))
+            used = self.device_memory - host_plan.device_free(0, self.device_memory, self._facts(keep))
             self.audit.violation(self.pod, f"a load or wake of {need} bytes refused: {used} in use")
             raise NoRoom(
                 f"{need} bytes do not fit on the device ({self.device_memory} bytes, {used} in use) even "
@@ -275,13 +295,15 @@ class SimHost:
         with self.lock:
             if name in self.models:
                 raise Conflict(f"model {name!r} is loaded already")
-            self._make_room(declared, keep=None)
+            # Its process holds the overhead on the device from its start, asleep or awake (the host's rule).
+            self._make_room(declared + self.overhead, keep=None)
             model = SimModel(
                 name,
                 declared,
                 int(declared * self.measured_factor),
                 str(settings.get("model") or ""),
                 str(settings.get("task") or ""),
+                overhead=self.overhead,
             )
             self.models[name] = model
             self._to(model, State.LOADING, "loading")
@@ -331,7 +353,8 @@ class SimHost:
         with self.lock:
             model = self.slot_of(name)
             if model.state is State.SLEEPING:
-                self._make_room(model.facts().device_bytes, keep=model)
+                # ``keep`` leaves it out of the ledger: its overhead, held asleep too, is asked back.
+                self._make_room(model.facts().device_bytes + model.overhead, keep=model)
                 self._to(model, State.WAKING, "asked to wake")
                 self._to(model, State.READY, "")
         return model
@@ -359,10 +382,11 @@ class SimHost:
     def stats(self) -> dict[str, Any]:
         with self.lock:
             facts = self._facts()
-            used = host_plan.device_used(0, facts)
-            device = {
-                "index": 0, "device": "cuda:0", "capacity": self.device_memory, "awake": used,
-                "asleep": host_plan.host_used(facts), "free": self.device_memory - used,
+            device = {  # as HostSupervisor.stats
+                "index": 0, "device": "cuda:0", "capacity": self.device_memory,
+                "awake": host_plan.device_used(0, facts), "asleep": host_plan.host_used(facts),
+                "overhead": host_plan.device_overhead(0, facts), "model_overhead": self.overhead,
+                "free": host_plan.device_free(0, self.device_memory, facts),
             }  # fmt: skip
             models = {m.name: m.stats() for m in self.models.values()}
         return {"host": {"failed": None, "devices": [device]}, "models": models}
@@ -370,6 +394,16 @@ class SimHost:
     def states(self) -> dict[str, str]:
         with self.lock:
             return {m.name: m.state.value for m in self.models.values()}
+
+
+def model_overhead(args: list[str]) -> int:
+    """What a host pod's models' processes each cost on its device, read as the host reads its flags:
+    ``--model-overhead`` (the operator writes ``ModelHost.spec.model_overhead_bytes`` there), else the
+    host's default (``HostConfig.overhead``: the contract's, a CPU's unless ``--device`` may be a GPU)."""
+    if "--model-overhead" in args:
+        return int(args[args.index("--model-overhead") + 1])
+    device = args[args.index("--device") + 1] if "--device" in args else "auto"
+    return default_model_overhead(gpu=device != "cpu")
 
 
 class HostSim:
@@ -445,6 +479,7 @@ class HostSim:
             audit=self.audit,
             load_s=self.load_s,
             measured_factor=self.measured_factor,
+            overhead=model_overhead(args),
         )
         # The real probe-port server, over the simulated host (it calls only what SimHost answers).
         server = HostControlServer((ip, self.probe_port), cast(HostSupervisor, sim))
@@ -502,10 +537,11 @@ class HostSim:
                     if pool in sim.models:
                         continue
                     facts = sim._facts()
-                    free = sim.device_memory - host_plan.device_used(0, facts)
+                    free = host_plan.device_free(0, sim.device_memory, facts)
                     host_free = sim.host_memory - host_plan.host_used(facts)
+                    need = declared + sim.overhead  # its weights and its process's overhead
                     for f in sorted(facts, key=lambda f: (self.audit.priority_of(f.name), f.last_used)):
-                        if free >= declared:
+                        if free >= need:
                             break
                         sleepable = f.state in SLEEPABLE and not f.busy
                         if (
@@ -514,9 +550,9 @@ class HostSim:
                             and f.host_bytes <= host_free
                         ):
                             free, host_free = free + f.device_bytes, host_free - f.host_bytes
-                    if free >= declared:
+                    if free >= need:
                         wrong.append(f"{pool} ({declared} bytes, priority {priority}) fits on {pod}")
         return wrong
 
 
-__all__ = ["Audit", "Eviction", "HostSim", "SimHost", "SimModel"]
+__all__ = ["Audit", "Eviction", "HostSim", "SimHost", "SimModel", "model_overhead"]

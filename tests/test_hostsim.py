@@ -15,7 +15,8 @@ import pytest
 
 from model_server.supervisor.host import HostSupervisor
 from model_server.supervisor.host_control import HostControlServer
-from testkit.hostsim import Audit, SimHost
+from modelpool_contract.placements import default_model_overhead
+from testkit.hostsim import Audit, SimHost, model_overhead
 from testkit.kubectl import wait_for
 
 GI = 1 << 30
@@ -74,3 +75,33 @@ def test_unloading_a_loading_model_is_a_violation(host: tuple[SimHost, str]) -> 
         assert sim.audit.violations and "unloaded while Loading" in sim.audit.violations[0]
     finally:
         loading.join(5)
+
+
+def test_the_simulated_host_charges_each_model_its_process_overhead() -> None:
+    # As the real host with --model-overhead 512Mi: each loaded model holds 512 MiB awake or asleep, so
+    # on 4 GiB a third 1 GiB model needs the least recently used one asleep (1.5 + 1.5 + 0.5 > 4 - 1).
+    sim = SimHost("h-0", device_memory=4 * GI, host_memory=8 * GI, key="k", audit=Audit(), load_s=0.01,
+                  overhead=GI // 2)  # fmt: skip
+    server = HostControlServer(("127.0.0.1", 0), cast(HostSupervisor, sim))
+    server.serve_in_thread()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert load(url, "a", 1).status_code == 200 and load(url, "b", 1).status_code == 200
+        sim.touch("b")
+        assert load(url, "c", 1).status_code == 200
+        assert sim.states() == {"a": "Sleeping", "b": "Ready", "c": "Ready"}
+        device = httpx.get(f"{url}/stats").json()["host"]["devices"][0]
+        assert device["awake"] == 2 * GI and device["asleep"] == GI
+        assert device["overhead"] == 3 * GI // 2 and device["model_overhead"] == GI // 2
+        assert device["free"] == GI // 2
+        assert load(url, "d", 3).status_code == 507  # 3 GiB + 3 x 512 MiB + its own: never on 4 GiB
+        assert len(sim.audit.violations) == 1 and "refused" in sim.audit.violations[0]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_host_pods_overhead_is_read_as_the_host_reads_its_flags() -> None:
+    assert model_overhead(["--device", "auto", "--model-overhead", "123"]) == 123
+    assert model_overhead(["--device", "cpu"]) == default_model_overhead(gpu=False)
+    assert model_overhead(["--device", "auto"]) == default_model_overhead(gpu=True)

@@ -28,12 +28,16 @@ KWOK = {
     "nodeSelector": {"type": "kwok"},
     "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
 }
-#: 12 pools (declared 1-3 Gi, priorities 0-2) over 2 hosts of 8 Gi awake, 16 Gi parked: about a third
-#: of them fit awake, the rest sleep (so room is made over and over), and every one fits somewhere.
+#: 12 pools (declared 1-3 Gi, priorities 0-2) over 2 hosts of 11 Gi of device (each loaded model's process
+#: holds the GPU default overhead, 512 MiB, awake or asleep: about 8 Gi left for awake weights with six
+#: models on a host), 16 Gi parked: about a third of them fit awake, the rest sleep (so room is made over
+#: and over), and every one fits somewhere.
 POOLS = {f"p{i:02d}": (1 + (i * 7) % 3, i % 3) for i in range(12)}
 #: Each pool's priority and replicas as the test last set them (what the auditor checks against).
 PRIORITY = {name: priority for name, (_, priority) in POOLS.items()}
 REPLICAS: dict[str, int] = {}
+#: Each pool's declared bytes as the test last set them (an unload for changed settings is no eviction).
+DECLARED = {name: gib * GI for name, (gib, _) in POOLS.items()}
 
 
 def shared_pool(name: str, gib: int, priority: int, replicas: int = 1) -> dict[str, Any]:
@@ -66,7 +70,7 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[tuple[str, HostSim]]:
         MODELPOOL_OPERATOR_BUDGET_NAME=budget,
         MODELPOOL_OPERATOR_SERVER_PROBE_PORT=str(port),
     )
-    audit = Audit(lambda m: PRIORITY.get(m, 0), lambda m: REPLICAS.get(m, 1))
+    audit = Audit(lambda m: PRIORITY.get(m, 0), lambda m: REPLICAS.get(m, 1), DECLARED.get)
     sim = HostSim(crds.kubeconfig, namespace, port, audit=audit, load_s=0.3)
     sim.start()
     try:
@@ -94,8 +98,7 @@ def test_shared_pools_over_simulated_hosts_never_over_commit_and_converge(
     crds: Cluster, audited: tuple[str, HostSim]
 ) -> None:
     namespace, sim = audited
-    host = {"replicas": 2, "gpusPerHost": 1, "deviceMemory": "8Gi", "hostMemory": "16Gi", **KWOK}
-    host["modelOverhead"] = 0  # as the simulated hosts charge (testkit.hostsim: no process overhead)
+    host = {"replicas": 2, "gpusPerHost": 1, "deviceMemory": "11Gi", "hostMemory": "16Gi", **KWOK}
     apply(crds, {"apiVersion": "modelpool.dev/v1alpha1", "kind": "ModelHost", "metadata": {"name": "gpus"},
                  "spec": host}, namespace)  # fmt: skip
     for name, (gib, priority) in POOLS.items():
@@ -108,6 +111,7 @@ def test_shared_pools_over_simulated_hosts_never_over_commit_and_converge(
     crds.kubectl("delete", "modelpool", "p11", "-n", namespace, "--wait=false")
     apply(crds, shared_pool("p12", 3, 2), namespace)
     PRIORITY.update(p12=2, p00=2)
+    DECLARED.update(p12=3 * GI, p00=3 * GI)
     REPLICAS["p00"] = 2
     apply(crds, shared_pool("p00", 3, 2, replicas=2), namespace)
     wanted = {**wanted, "p12": (1, 3 * GI, 2), "p00": (2, 3 * GI, 2)}
