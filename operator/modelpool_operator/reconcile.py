@@ -619,6 +619,10 @@ def plan_placing_pass(
         backoff=set(run.backoff),
         now=time.time(),
     )
+    # A host pod a call has just changed has its /stats being refetched (StatsScraper.invalidate): the cache
+    # predates the call: no call now (it would repeat it); the answer pokes the pass (an interval at most).
+    if placing.calls and any(services.scraper.pending(p) for p in listed):
+        placing = replace(placing, calls=())
     # Only pods whose /stats is known: an unknown one keeps its annotation.
     known = [v for v in views if stats.get(v.name) is not None]
     return placing, models_annotations(known)
@@ -661,6 +665,7 @@ async def place_models(
             for pool in list(indexed)[:1]
             if pool.host == host.name
         },
+        pods={str((p.get("metadata") or {}).get("name")): p for p in listed},
     )
     current = {
         str((p.get("metadata") or {}).get("name")): ((p.get("metadata") or {}).get("annotations") or {}).get(

@@ -46,9 +46,11 @@ async def apply_placing(
     key: str | None,
     poke: Callable[[], None],
     pools: Mapping[str, Mapping[str, Any]] | None = None,
+    pods: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
     """Make the calls of ``placing`` on the host pods (``urls``: each pod's control API base; ``pools``:
-    each shared pool's object, where its model's failures are told too)."""
+    each shared pool's object, where its model's failures are told too; ``pods``: the host pods by name,
+    whose cached ``/stats`` each call that changed one marks stale, ``StatsScraper.invalidate``)."""
     if not placing.calls:
         return
     if key is None:
@@ -58,7 +60,7 @@ async def apply_placing(
             services.events.post(body, Event("Warning", "NoControlKey", why))
         return
     run.no_control = None
-    pools = pools or {}
+    pools, pods = pools or {}, pods or {}
     failed: list[tuple[str, Event]] = []
     for call in placing.calls:
         url = urls.get(call.pod)
@@ -76,10 +78,13 @@ async def apply_placing(
                     call=call,
                     poke=poke,
                     pool=pools.get(call.pool),
+                    pod=pods.get(call.pod),
                 )
             )
             continue
-        failure = await _call(services, run=run, body=body, url=url, key=key, call=call)
+        failure = await _call(
+            services, run=run, body=body, url=url, key=key, call=call, pod=pods.get(call.pod)
+        )
         if failure is not None:
             failed.append((call.pool, failure))
     tell_pools(services, pools, failed)
@@ -102,9 +107,18 @@ def tell_pools(
 
 
 async def _call(
-    services: Services, *, run: HostRun, body: Mapping[str, Any], url: str, key: str, call: Control
+    services: Services,
+    *,
+    run: HostRun,
+    body: Mapping[str, Any],
+    url: str,
+    key: str,
+    call: Control,
+    pod: Mapping[str, Any] | None = None,
 ) -> Event | None:
-    """Make one control call; a failure is told on the ModelHost and returned (None: it succeeded)."""
+    """Make one control call; a failure is told on the ModelHost and returned (None: it succeeded).  One
+    that changed the host pod (or found the model gone) marks its cached ``/stats`` stale: the next pass
+    refetches it at once and runs again when it comes (not a resync later, repeating the call)."""
     control = services.host_control
     logger.info("host pod %s: %s %s (%s)", call.pod, call.action, call.pool, call.why)
     try:
@@ -129,6 +143,8 @@ async def _call(
         services.events.post(body, Event("Warning", reason, message))
         return Event("Warning", reason, f"host pod {call.pod}: {call.action} failed: {exc}"[:1000])
     run.backoff.pop((call.pod, call.pool), None)
+    if pod is not None:
+        services.scraper.invalidate(pod)
     return None
 
 
@@ -142,9 +158,10 @@ async def _load(
     call: Control,
     poke: Callable[[], None],
     pool: Mapping[str, Any] | None = None,
+    pod: Mapping[str, Any] | None = None,
 ) -> None:
     try:
-        failure = await _call(services, run=run, body=body, url=url, key=key, call=call)
+        failure = await _call(services, run=run, body=body, url=url, key=key, call=call, pod=pod)
         if failure is None:
             services.events.post(
                 body, Event("Normal", "Loaded", f"pool {call.pool} loaded on host pod {call.pod}")

@@ -46,6 +46,9 @@ class _Entry:
     last_asked: float = 0.0
     # The pod's resourceVersion when last asked: a change ends a backoff.
     version: Any = None
+    # When ``invalidate`` marked its stats as older than a change made to the pod (None: not marked): the
+    # next refresh refetches at once, and only a fetch begun after it clears the mark.
+    invalidated: float | None = None
 
 
 def _uid(pod: Mapping[str, Any]) -> str:
@@ -159,6 +162,27 @@ class StatsScraper:
         self._forget_stale(now)
         return {name: entry.stats for name, entry in wanted}
 
+    def invalidate(self, pod: Mapping[str, Any]) -> None:
+        """The pod was just changed (a control call on a host pod: a load, a sleep, an unload): its cached
+        stats are older than the change, so the next ``refresh`` refetches them at once, fresh or not, and
+        their arrival calls its ``on_change`` even with no news (a fetch begun before this call does not
+        count: its answer may predate the change).  Unknown pods are ignored."""
+        entry = self._entries.get(_uid(pod))
+        if entry is not None:
+            entry.invalidated = time.monotonic()
+            entry.fetched_at = float("-inf")
+            entry.next_attempt = 0.0
+
+    def pending(self, pod: Mapping[str, Any]) -> bool:
+        """Whether the pod's cached stats predate a change ``invalidate`` was told of (and the refetch has
+        not come back yet, for at most one interval: a silent pod is not waited on for longer)."""
+        entry = self._entries.get(_uid(pod))
+        return (
+            entry is not None
+            and entry.invalidated is not None
+            and time.monotonic() - entry.invalidated < self._interval
+        )
+
     async def scrape(self, pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None]:
         """Like ``refresh``, but waits for the fetches it started (or found running) to finish."""
         pods = list(pods)
@@ -182,6 +206,7 @@ class StatsScraper:
 
     async def _fetch(self, entry: _Entry, url: str, on_change: Callable[[], None] | None) -> None:
         before = _news(entry.stats)
+        started = time.monotonic()
         async with self._semaphore:
             try:
                 response = await self._client.get(url)
@@ -198,12 +223,16 @@ class StatsScraper:
                 entry.next_attempt = time.monotonic() + delay
                 logger.debug("stats of %s unavailable (%s); next try in %.1fs", url, exc, delay)
                 body = None
+        marked = entry.invalidated is not None
         if body is not None:
             entry.stats = body
             entry.failures = 0
-            entry.fetched_at = time.monotonic()
             entry.next_attempt = 0.0
-        if on_change is not None and _news(entry.stats) != before:
+            if entry.invalidated is None or started >= entry.invalidated:
+                entry.fetched_at, entry.invalidated = time.monotonic(), None
+        # A marked pod's pass is waiting for this answer (news or not); a fetch begun before the mark
+        # leaves it marked and stale, so that pass refetches.
+        if on_change is not None and (marked or _news(entry.stats) != before):
             on_change()
 
     def _backoff(self, failures: int, *, refused: bool) -> float:

@@ -647,8 +647,15 @@ class RecordingControl:
 class CachedStats:
     """A scraper whose cache holds the given stats by pod name (nothing is fetched)."""
 
-    def __init__(self, stats: dict[str, Any]) -> None:
-        self.stats = stats
+    def __init__(self, stats: dict[str, Any], pending: bool = False) -> None:
+        self.stats, self.is_pending = stats, pending
+        self.invalidated: list[str] = []  # the pods a control call changed, in order
+
+    def invalidate(self, pod: Any) -> None:
+        self.invalidated.append(pod["metadata"]["name"])
+
+    def pending(self, pod: Any) -> bool:
+        return self.is_pending
 
     def cached(self, pods: Any) -> dict[str, Any]:
         return {p["metadata"]["name"]: self.stats.get(p["metadata"]["name"]) for p in pods}
@@ -690,7 +697,8 @@ async def test_a_host_pass_loads_a_shared_pool_and_annotates_the_host_pod(state:
     from modelpool_operator.reconcile import place_models
 
     control = RecordingControl()
-    state.use(host_control=control, scraper=CachedStats({"gpus-0": {"models": {}}}))
+    scraper = CachedStats({"gpus-0": {"models": {}}})
+    state.use(host_control=control, scraper=scraper)
     host, body, run = HostView.from_body(_host(1)), _host(1), HostRun(key=("ns", "gpus"))
     pods = {host_charge_key("ns", "gpus"): [_host_pod()]}
     pools = _index({("ns", "emb"): _shared("emb")})
@@ -711,6 +719,7 @@ async def test_a_host_pass_loads_a_shared_pool_and_annotates_the_host_pod(state:
     port = state.services.config.server_probe_port
     assert control.calls == [("load", f"http://127.0.0.9:{port}", "emb")]
     assert run.loaded == {("gpus-0", "emb"): run.loaded[("gpus-0", "emb")]} and run.loading == {}
+    assert scraper.invalidated == ["gpus-0"]  # its /stats predates the load: refetched at the next pass
     # The annotation follows the host's /stats, written only when it differs from the pod's.
     assert state.kube.pod_patches == [
         ("gpus-0", {"metadata": {"annotations": {"modelpool.dev/models": "{}"}}})
@@ -724,6 +733,12 @@ async def test_a_host_pass_loads_a_shared_pool_and_annotates_the_host_pod(state:
         state.services, state.book, run=run, host=host, body=body, pods_by_pool=pods, pools_by_key={}
     )
     assert control.calls[-1] == ("unload", f"http://127.0.0.9:{port}", "emb")
+    # Its /stats refetching (still listing emb, from before the unload): no call until it comes back.
+    state.use(scraper=CachedStats({"gpus-0": {"models": {"emb": {"state": "Ready"}}}}, pending=True))
+    await place_models(
+        state.services, state.book, run=run, host=host, body=body, pods_by_pool=pods, pools_by_key={}
+    )
+    assert len(control.calls) == 2
 
 
 async def test_a_pool_switched_to_a_host_loses_its_dedicated_workers(state: Operator) -> None:
