@@ -82,7 +82,19 @@ def summary() -> dict[str, Any]:
         "tasks": _tasks(),
         "objects_by_type": dict(types.most_common(_TOP_TYPES)),
         "structures_mib": structures(),
+        "http_connections": _connections(),
     }
+
+
+def _connections() -> list[dict[str, int]]:
+    """Each aiohttp connector's limit and connections (in use, idle): a TLS connection holds a 256 KiB
+    read buffer (asyncio's ``SSLProtocol``) plus OpenSSL's own."""
+    found = []
+    for obj in gc.get_objects():
+        if type(obj).__name__ == "TCPConnector":
+            idle = sum(len(conns) for conns in getattr(obj, "_conns", {}).values())
+            found.append({"limit": obj.limit, "in_use": len(getattr(obj, "_acquired", ())), "idle": idle})
+    return found
 
 
 # The structures whose deep sizes a summary reports, by class name, in this order: what an earlier one
