@@ -102,9 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cleanup(given[1:])
     config, args = settings_loader.load_or_exit(OperatorConfig, argv, COMMAND_LINE)
 
-    from modelpool_operator import memtrace
+    from modelpool_operator import heap, memtrace
 
     memtrace.install(os.environ)  # a debugging switch: nothing at all unless MODELPOOL_TRACEMALLOC is set
+    heap.shrink_tls_buffers()  # before any connection to the API server
 
     import kopf
 
