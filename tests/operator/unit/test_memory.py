@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.sslproto
+import inspect
 import json
 import os
 import ssl
@@ -16,9 +17,11 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from kubernetes_asyncio import client
 from op_pods import GI, at, pod, running, stats, terminated, waiting
 
 from modelpool_operator import heap
+from modelpool_operator.effects.kube import Kube
 from modelpool_operator.observe.observation import slim_pod
 from modelpool_operator.observe.stats import StatsScraper, stats_url
 from modelpool_operator.observe.worker_state import LifecycleSettings, observe_worker
@@ -221,3 +224,50 @@ def test_a_tls_connection_reads_into_a_64_kib_buffer() -> None:
             loop.close()
     finally:
         asyncio.sslproto.SSLProtocol.max_size = default
+
+
+def test_api_requests_start_only_when_a_connection_is_free() -> None:
+    """The generated client serializes a request's body when the request starts, then waits for one of
+    its connections: a 1,000-pool scale-up held thousands of pod bodies twice over behind 100 connections.
+    The operator's requests start only as connections are free (two here), and one that waits for a free
+    connection past the request timeout fails without ever starting."""
+
+    async def scenario() -> tuple[list[int], list[int], bool]:
+        api = client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))
+        api.configuration.connection_pool_maxsize = 2
+        kube = Kube(api, request_timeout=0.2)
+        started: list[int] = []
+        release = asyncio.Event()
+
+        async def request(index: int) -> None:
+            started.append(index)
+            await release.wait()
+
+        try:
+            sent = [asyncio.create_task(kube._took_effect("create_pod", request(i))) for i in range(6)]
+            for _ in range(20):  # every task runs as far as it can
+                await asyncio.sleep(0)
+            at_once = list(started)
+            assert at_once == [0, 1]
+            release.set()
+            await asyncio.gather(*sent)
+            release.clear()
+            holding = [asyncio.create_task(kube._took_effect("create_pod", request(i))) for i in (6, 7)]
+            for _ in range(20):  # both connections taken
+                await asyncio.sleep(0)
+            assert len(started) == 8
+            late = request(99)
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(5):  # the test's own bound
+                    await kube._took_effect("create_pod", late)
+            assert 99 not in started
+            release.set()
+            await asyncio.gather(*holding)
+            return at_once, sorted(started), inspect.getcoroutinestate(late) == inspect.CORO_CLOSED
+        finally:
+            await api.close()
+
+    at_once, all_started, closed = asyncio.run(scenario())
+    assert at_once == [0, 1]
+    assert all_started == [0, 1, 2, 3, 4, 5, 6, 7]  # the one that timed out never started
+    assert closed
