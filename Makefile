@@ -50,10 +50,11 @@ demo: venv testbin ## the operator serving MiniLM on the local control plane, en
 	bash hack/demo.sh
 
 .PHONY: bench
-bench: venv testbin ## server vs direct model, overload, health-during-load, workers sharing a node, tail, 429 rate, continuous batching vs serial generate, gateway vs direct, control-plane scale
+bench: venv testbin ## server vs direct model, overload, health-during-load, workers sharing a node, tail, 429 rate, models per shared host and wake times, continuous batching vs serial generate, gateway vs direct, control-plane scale
 	$(PY) -m bench.server
 	$(PY) -m bench.cpu_quota
 	$(PY) -m bench.limits
+	$(PY) -m bench.density
 	$(PY) -m bench.generation
 	$(PY) -m bench.gateway
 	$(PY) -m bench.controlplane

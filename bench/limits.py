@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -42,6 +41,7 @@ import psutil
 from bench import report
 from bench.cgroups import favoured
 from bench.minilm import packaged_minilm
+from bench.report import load_average
 from bench.server_process import ECHO_HANDLER, ServerProcess, minilm_server
 from model_server.cpu_budget import THREADS_ENV, visible_cpus
 from testkit.environment import ROOT
@@ -54,11 +54,6 @@ DEADLINE_S = 60.0
 # machine shared with other work, torch's default (one thread per core, in lockstep) measures that
 # contention instead (see (a)).
 SHARE = ("--cpu-share-millicores", "1000")
-
-
-def load_average() -> str:
-    """The 1-minute load average, for the table (the machine may be shared)."""
-    return f"{os.getloadavg()[0]:.1f}"
 
 
 def _servers(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,11 @@ from bench.references import DIRECT_BATCHES
 from testkit.environment import ROOT
 
 README = ROOT / "README.md"
+
+
+def load_average() -> str:
+    """The 1-minute load average, beside each figure of a table (the machine may be shared)."""
+    return f"{os.getloadavg()[0]:.1f}"
 
 
 def server_markers(device: str) -> tuple[str, str]:

@@ -13,8 +13,10 @@ from e2e.helpers import EXAMPLES
 from modelpool_contract.api import (
     API_VERSION,
     MODELBUDGET_KIND,
+    MODELHOST_KIND,
     MODELPOOL_KIND,
     parse_budget_spec,
+    parse_host_spec,
     parse_pool_spec,
     source_is_supported,
 )
@@ -43,6 +45,8 @@ def test_example_is_valid(path: Path) -> None:
             pool = parse_pool_spec(spec)
             assert source_is_supported(pool.model.source)
             assert pool.min_replicas <= pool.replicas <= pool.max_replicas
+        elif doc["kind"] == MODELHOST_KIND:
+            assert parse_host_spec(spec).device_memory_bytes > 0
         else:
             assert doc["kind"] == MODELBUDGET_KIND
             assert parse_budget_spec(spec).memory_bytes > 0

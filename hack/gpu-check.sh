@@ -19,15 +19,24 @@
 # tokens through the continuous-batching engine against the same 16 one after another through
 # `generate`, tokens/s and p95 time to first token of each ($OUT/generation-gpu.txt).
 #
-# STEPS picks the steps (default "server generation"); the default budgets fit both in one device command
-# (10 minutes at most: about 80 s of install, 340 s of bench.server, 140 s of bench.generation).  With a
-# second command to spare, `STEPS=server BUDGET_S=460` then `STEPS=generation GEN_BUDGET_S=240` measure
-# each in full.
+# The density step (issue 21's shared host, within DENSITY_BUDGET_S): `python -m bench.density --device cuda`
+# with MiniLM-shaped random weights in float16: 24 models (MiniLM under 21 names and three tiny models of
+# other tasks) on one host whose ledger holds 4 awake (--device-memory 4 x 256 MiB), how many are awake
+# and asleep at once, each asked once, the device memory a sleeping model's process still holds
+# (nvidia-smi), 20 sleep -> wake cycles (p50 / p95 of the wake), and a sleeping MiniLM's first answer
+# against a fresh load and a fresh dedicated server, 2 rounds ($OUT/density-gpu.json, .md and .txt).
+#
+# STEPS picks the steps (default "server generation": one 10-minute device command, about 80 s of
+# install, 340 s of bench.server and 140 s of bench.generation). The density step does not fit in the
+# same command (200 s more): run `STEPS=density` as a second command (about 5 minutes, install
+# included) when the session has the device time.  With commands to spare, `STEPS=server BUDGET_S=460` then
+# `STEPS=generation GEN_BUDGET_S=240` measure each in full.
 set -uo pipefail
 
 OUT=${OUT:-/tmp/gpu-check}
 BUDGET_S=${BUDGET_S:-340}  # bench.server's own limit (it writes its figures after every section)
 GEN_BUDGET_S=${GEN_BUDGET_S:-140}  # bench.generation's: the model's build, one round, its figures
+DENSITY_BUDGET_S=${DENSITY_BUDGET_S:-200}  # bench.density's (it writes its figures after every measure)
 STEPS=${STEPS:-server generation}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
@@ -75,7 +84,13 @@ for name in $STEPS; do
           --duration 4 --flood-seconds 10 --latency-samples 100 --concurrency 1 64 \
           --no-readme --out "$OUT/server-gpu.json" --markdown "$OUT/server-gpu.md" || status=$?
       ;;
-    *) echo "unknown step $name (generation, server)"; status=2 ;;
+    density)
+      step bench.density "$DENSITY_BUDGET_S" "$OUT/density-gpu.txt" \
+        python3 -m bench.density --device cuda --dtype float16 --random-weights --models 24 --awake 4 \
+          --cycles 20 --rounds 2 --no-readme --out "$OUT/density-gpu.json" --markdown "$OUT/density-gpu.md" \
+        || status=$?
+      ;;
+    *) echo "unknown step $name (generation, server, density)"; status=2 ;;
   esac
 done
 exit "$status"

@@ -12,7 +12,7 @@ import argparse
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,11 +30,11 @@ from modelpool_contract.flags import (
     Dtype,
 )
 from modelpool_contract.mounts import PVC_MOUNT_ROOT
-from modelpool_contract.settings import CommandLine, ConfigError, build_parser, load
+from modelpool_contract.settings import CommandLine, ConfigError, build_parser, flag_name, load
 from modelpool_contract.tasks import TASK_NAMES, TaskName
 
 # ConfigError is the loader's, re-exported for the program's main.
-__all__ = ["COMMAND_LINE", "ConfigError", "ServerConfig", "load_config"]
+__all__ = ["COMMAND_LINE", "ConfigError", "ServerConfig", "ServingConfig", "load_config"]
 
 # How long a forward pass may run beyond --request-timeout (which bounds what any client of the batch
 # still waits for, a streamed generation's included) before the worker counts it as wedged.
@@ -44,16 +44,80 @@ _HANDLER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SOURCE_SCHEMES = ("file://", "hf://", "pvc://")
 
 
-class ServerConfig(BaseSettings):
-    """Validated server settings (field ``x_y`` = flag ``--x-y`` = env ``MODELPOOL_X_Y``).
+class ServingConfig(BaseSettings):
+    """What a dedicated worker (``ServerConfig``) and a shared host (``host_config.HostConfig``) both take,
+    each field defined here once: where it listens, the device, what a request may be and wait, the failure
+    reason file, the log level, the API key of the serving port (field ``x_y`` = flag ``--x-y`` = env
+    ``MODELPOOL_X_Y``). ``validate_default`` keeps float fields floats where the shared default is a whole
+    number."""
+
+    model_config = SettingsConfigDict(env_prefix="MODELPOOL_", frozen=True, validate_default=True)
+
+    host: str = Field(default="0.0.0.0", description="Listen address")
+    port: int = Field(
+        default=8080, ge=1, le=65535, description="Listen port (inference; on a shared host every model's)"
+    )
+    queue_capacity: int = Field(
+        default=QUEUE_CAPACITY,
+        ge=1,
+        le=10**6,
+        description="Requests that may wait (on a shared host: in each model's own queue)",
+    )
+    request_timeout: float = Field(default=REQUEST_TIMEOUT_S, gt=0, le=86_400, description="Max deadline (s)")
+    device: Literal["auto", "cpu", "cuda"] | str = Field(
+        default="auto", description="auto|cpu|cuda[:N] (on a shared host: the device every model lives on)"
+    )
+    max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Larger bodies -> 413")
+    request_body_timeout_seconds: float = Field(
+        default=REQUEST_BODY_TIMEOUT_S,
+        gt=0,
+        le=3600,
+        description="A request's whole body must arrive within this of its headers; a slower one gets 408",
+    )
+    termination_log: Path = Field(default=Path(TERMINATION_LOG), description="Failure reason file")
+    api_key_file: Path | None = Field(
+        default=None, description="File holding the API key clients must send (Authorization: Bearer)"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
+
+    #: The fields naming a key file, each read once when the configuration is validated.
+    _key_files: ClassVar[tuple[str, ...]] = ("api_key_file",)
+    _keys: dict[str, SecretStr] = PrivateAttr(default_factory=dict)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
+            return value
+        raise ValueError("must be auto, cpu, cuda or cuda:N")
+
+    @model_validator(mode="after")
+    def _read_keys(self) -> ServingConfig:
+        for field in self._key_files:
+            key = _read_key_file(getattr(self, field), flag_name(field))
+            if key is not None:
+                self._keys[field] = key
+        return self
+
+    def key(self, field: str) -> str | None:
+        """The key read from the file of ``field`` (one of ``_key_files``), or None without one."""
+        key = self._keys.get(field)
+        return key.get_secret_value() if key is not None else None
+
+    @property
+    def api_key(self) -> str | None:
+        """The key clients must send on the serving port, or None when it is open (no ``--api-key-file``)."""
+        return self.key("api_key_file")
+
+
+class ServerConfig(ServingConfig):
+    """Validated server settings: ``ServingConfig``'s and a dedicated worker's own.
 
     The defaults of the flags the operator passes (``modelpool_contract.flags.ServerArgs``) are the
-    contract's; ``validate_default`` keeps float fields floats where the shared default is a whole number.
+    contract's.
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix="MODELPOOL_", extra="forbid", frozen=True, validate_default=True
-    )
+    model_config = SettingsConfigDict(extra="forbid")
 
     model: str = Field(
         description="Model source: a local directory, file://PATH, hf://org/name[@rev], "
@@ -61,18 +125,14 @@ class ServerConfig(BaseSettings):
     )
     task: TaskName = Field(description="One of: " + ", ".join(TASK_NAMES))
     name: str | None = Field(default=None, description="Served model name (default: last path segment)")
-    host: str = Field(default="0.0.0.0", description="Listen address")
-    port: int = Field(default=8080, ge=1, le=65535, description="Listen port")
     probe_port: int | None = Field(
         default=None,
         ge=1,
         le=65535,
         description="Health, /stats and /metrics also here, served by the supervisor",
     )
-    queue_capacity: int = Field(default=QUEUE_CAPACITY, ge=1, le=10**6, description="Requests that may wait")
     max_batch_size: int = Field(default=MAX_BATCH_SIZE, ge=1, le=65536, description="Items per forward pass")
     max_batch_delay_ms: float = Field(default=BATCH_DELAY_MS, ge=0, le=10_000, description="Batch fill wait")
-    request_timeout: float = Field(default=REQUEST_TIMEOUT_S, gt=0, le=86_400, description="Max deadline (s)")
     idle_after: float = Field(default=IDLE_AFTER_S, gt=0, description="Ready -> Idle after this many seconds")
     drain_timeout: float = Field(default=DRAIN_TIMEOUT_S, ge=0, description="SIGTERM: drain for this long")
     wedge_grace: float = Field(
@@ -82,25 +142,12 @@ class ServerConfig(BaseSettings):
         description="A forward pass running longer than --request-timeout + this is wedged: the worker "
         "fails (liveness too) and exits 7",
     )
-    device: Literal["auto", "cpu", "cuda"] | str = Field(default="auto", description="auto|cpu|cuda[:N]")
     dtype: Dtype = Field(default="auto", description="Weights")
-    max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Larger bodies -> 413")
-    request_body_timeout_seconds: float = Field(
-        default=REQUEST_BODY_TIMEOUT_S,
-        gt=0,
-        le=3600,
-        description="A request's whole body must arrive within this of its headers; a slower one gets 408",
-    )
     max_request_items: int = Field(default=2048, ge=1, description="More items in one request -> 413")
-    termination_log: Path = Field(default=Path(TERMINATION_LOG), description="Failure reason file")
     handler: str | None = Field(default=None, description="module:Class implementing the Task interface")
     trust_remote_code: bool = Field(default=False, description="Allow the model repo's own code")
     hf_home: Path | None = Field(default=None, description="Download cache for hf:// (default: HF_HOME)")
     pvc_root: Path = Field(default=Path(PVC_MOUNT_ROOT), description="pvc://claim/p -> PVC_ROOT/claim/p")
-    api_key_file: Path | None = Field(
-        default=None, description="File holding the API key clients must send (Authorization: Bearer)"
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
     http_workers: int | None = Field(
         default=None, ge=1, le=64, description="HTTP processes (default: half the CPUs, 1 to 4)"
     )
@@ -132,13 +179,6 @@ class ServerConfig(BaseSettings):
         "memory left after the weights, or of the pod's memory limit on a CPU)",
     )
 
-    @field_validator("device")
-    @classmethod
-    def _device(cls, value: str) -> str:
-        if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
-            return value
-        raise ValueError("must be auto, cpu, cuda or cuda:N")
-
     @field_validator("handler")
     @classmethod
     def _handler(cls, value: str | None) -> str | None:
@@ -155,29 +195,12 @@ class ServerConfig(BaseSettings):
             raise ValueError("unsupported scheme; use a path, file://, hf:// or pvc://")
         return value
 
-    # The API key, read once from --api-key-file when the configuration is validated.
-    _api_key: SecretStr | None = PrivateAttr(default=None)
-
-    @model_validator(mode="after")
-    def _read_api_key(self) -> ServerConfig:
-        if self.api_key_file is not None:
-            try:
-                self._api_key = SecretStr(_read_key(self.api_key_file))
-            except ValueError as exc:
-                raise ValueError(f"--api-key-file {exc}") from None
-        return self
-
     @model_validator(mode="after")
     def _name_default(self) -> ServerConfig:
         if self.name is None:
             tail = self.model.rstrip("/").split("/")[-1].split("@")[0] or "model"
             object.__setattr__(self, "name", tail)
         return self
-
-    @property
-    def api_key(self) -> str | None:
-        """The key clients must send, or None when the server is open (no ``--api-key-file``)."""
-        return self._api_key.get_secret_value() if self._api_key is not None else None
 
     @property
     def http_processes(self) -> int:
@@ -189,6 +212,17 @@ class ServerConfig(BaseSettings):
         """The model name clients use (``--name`` or the source's last segment)."""
         assert self.name is not None
         return self.name
+
+
+def _read_key_file(path: Path | None, flag: str) -> SecretStr | None:
+    """The key in the file of ``flag`` (None without one); a ``ValueError`` naming the flag when it cannot
+    be used."""
+    if path is None:
+        return None
+    try:
+        return SecretStr(_read_key(path))
+    except ValueError as exc:
+        raise ValueError(f"{flag} {exc}") from None
 
 
 def _read_key(path: Path) -> str:

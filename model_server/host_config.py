@@ -2,7 +2,9 @@
 API's load body.
 
 The host's flags are its own settings class, loaded by the project's one loader like ``ServerConfig``
-(``MODELPOOL_*`` variables, flags win); ``slot_config`` turns a load's settings (``{"source", "task",
+(``MODELPOOL_*`` variables, flags win), on the same base (``config.ServingConfig``: listen address and
+port, device, queue capacity, request limits and timeouts, failure reason file, log level, API key), so
+that each of those is defined once; ``slot_config`` turns a load's settings (``{"source", "task",
 "memory", ...}``, the ServerArgs-like document of ``POST /v2/repository/models/{name}/load``) into the
 model's ``ServerConfig``, with the host's device, queue capacity and timeouts.
 """
@@ -11,18 +13,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar
 
-from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import SettingsConfigDict
 
-from model_server.config import ServerConfig, _read_key
-from modelpool_contract.flags import (
-    QUEUE_CAPACITY,
-    REQUEST_BODY_TIMEOUT_S,
-    REQUEST_TIMEOUT_S,
-    TERMINATION_LOG,
-)
+from model_server.config import ServerConfig, ServingConfig
 from modelpool_contract.quantity import parse_quantity
 from modelpool_contract.settings import CommandLine, load
 
@@ -42,74 +38,34 @@ LOAD_FIELDS = {
 }
 
 
-class HostConfig(BaseSettings):
-    """A shared host's settings (field ``x_y`` = flag ``--x-y`` = env ``MODELPOOL_X_Y``)."""
+class HostConfig(ServingConfig):
+    """A shared host's settings: ``ServingConfig``'s and a host's own (field ``x_y`` = flag ``--x-y`` = env
+    ``MODELPOOL_X_Y``). ``probe_port`` and ``http_workers`` are its own, not the base's: a host always has
+    a probe port (its control API) and one HTTP process unless told, where a dedicated worker has none and
+    sizes them to its CPUs."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="MODELPOOL_", extra="ignore", frozen=True, validate_default=True
-    )
+    model_config = SettingsConfigDict(extra="ignore")
 
     shared_host: bool = Field(default=False, description="Serve several models, loaded by the control API")
-    host: str = Field(default="0.0.0.0", description="Listen address")
-    port: int = Field(default=8080, ge=0, le=65535, description="Listen port (inference, every model)")
     probe_port: int = Field(default=8001, ge=0, le=65535, description="Health, /stats and the control API")
     http_workers: int = Field(default=1, ge=1, le=64, description="HTTP processes (route by model name)")
     max_models: int = Field(default=8, ge=1, le=256, description="Models the host may hold at once")
-    queue_capacity: int = Field(default=QUEUE_CAPACITY, ge=1, le=10**6, description="Each model's queue")
-    device: str = Field(default="auto", description="auto|cpu|cuda[:N]: the device every model lives on")
     device_memory: int = Field(description="The device's memory the ledger may hand out (bytes or 8Gi)")
     host_memory: int | None = Field(default=None, description="Host memory for sleeping models' weights")
     sleep_idle: bool = Field(
         default=False, description="Put each model to sleep once it turns Idle (after its idle_after)"
     )
     wake_timeout: float = Field(default=30.0, gt=0, le=3600, description="A request waits this for a wake")
-    request_timeout: float = Field(default=REQUEST_TIMEOUT_S, gt=0, le=86_400, description="Max deadline (s)")
-    max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Larger bodies -> 413")
-    request_body_timeout_seconds: float = Field(
-        default=REQUEST_BODY_TIMEOUT_S,
-        gt=0,
-        le=3600,
-        description="A request's whole body must arrive within this of its headers; a slower one gets 408",
-    )
-    termination_log: Path = Field(default=Path(TERMINATION_LOG), description="Failure reason file")
-    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
     control_key_file: Path | None = Field(
         default=None, description="A file holding the key the control API's POSTs must carry (Bearer)"
     )
-    api_key_file: Path | None = Field(
-        default=None, description="A file holding the API key clients must send (Authorization: Bearer)"
-    )
 
-    _control_key: SecretStr | None = PrivateAttr(default=None)
-    _api_key: SecretStr | None = PrivateAttr(default=None)
-
-    @model_validator(mode="after")
-    def _read_keys(self) -> HostConfig:
-        for flag, path, attribute in (
-            ("--control-key-file", self.control_key_file, "_control_key"),
-            ("--api-key-file", self.api_key_file, "_api_key"),
-        ):
-            if path is not None:
-                try:
-                    setattr(self, attribute, SecretStr(_read_key(path)))
-                except ValueError as exc:
-                    raise ValueError(f"{flag} {exc}") from None
-        return self
-
-    @property
-    def api_key(self) -> str | None:
-        """The key clients must send on the serving port, or None (no ``--api-key-file``)."""
-        return self._api_key.get_secret_value() if self._api_key is not None else None
+    _key_files: ClassVar[tuple[str, ...]] = (*ServingConfig._key_files, "control_key_file")
 
     @property
     def control_key(self) -> str | None:
         """The key the control API's calls must carry, or None (no ``--control-key-file``)."""
-        return self._control_key.get_secret_value() if self._control_key is not None else None
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, value: str) -> str:
-        return ServerConfig._device(value)  # the dedicated worker's rule: auto, cpu, cuda or cuda:N
+        return self.key("control_key_file")
 
     @field_validator("device_memory", "host_memory", mode="before")
     @classmethod

@@ -797,6 +797,13 @@ class WorkerStatus(_Model):
             "(unset for other tasks and while unknown)."
         ),
     )
+    host: str | None = Field(
+        default=None,
+        description=(
+            "A shared pool's replica: the host pod (of spec.host's ModelHost) its model lives on; the "
+            "replica is named after it. Unset for a dedicated worker."
+        ),
+    )
 
 
 class MemoryStatus(_Model):
@@ -1120,6 +1127,22 @@ MSG_DEVICE_MEMORY_REQUIRED = (
     "on an 80 GB card, less the CUDA contexts), or on a CPU host (gpusPerHost 0) the RAM for awake models"
 )
 MSG_DEVICE_MEMORY_POSITIVE = "spec.deviceMemory must be greater than 0"
+
+#: The ``modelpool.dev/pool`` label of a ModelHost's pods is this prefix and the ModelHost's name (the
+#: operator watches and charges host pods as it does workers; the ``_`` is in no object name, so no
+#: ModelPool has it).
+HOST_POOL_PREFIX = "host_"
+#: A label value's limit (Kubernetes): 63 characters.
+LABEL_VALUE_MAX_LENGTH = 63
+#: The longest ModelHost name whose host pods can be made: its pods carry ``modelpool.dev/pool=host_<name>``
+#: (and ``modelpool.dev/host=<name>``), label values of at most 63 characters; their names
+#: ``<name>-<index>`` (index < 1000) fit a pod's name and hostname then too. The CRD refuses longer ones.
+MODELHOST_NAME_MAX_LENGTH = LABEL_VALUE_MAX_LENGTH - len(HOST_POOL_PREFIX)
+MSG_HOST_NAME_LENGTH = (
+    f"metadata.name must be at most {MODELHOST_NAME_MAX_LENGTH} characters: the host pods carry it in the "
+    f"label modelpool.dev/pool={HOST_POOL_PREFIX}<name>, and a label value has at most "
+    f"{LABEL_VALUE_MAX_LENGTH} characters"
+)
 
 #: A model's state on a host: a worker's states, Sleeping (weights parked in host RAM) and Waking among them.
 HostModelState = WorkerState

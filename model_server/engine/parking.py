@@ -5,8 +5,10 @@ on CUDA a pinned host copy (so that the wake's host-to-device copies run at the 
 the modules hold empty tensors, the caching allocator gives its blocks back (``empty_cache``) and the
 device memory the model held is returned; on a CPU the parked copy is the tensor itself (there is no
 device memory to return: the model simply holds no weights while asleep).  ``unpark`` puts them back on
-the device the model was on.  A parameter shared by several modules (tied embeddings) is one object and
-is parked once; a buffer shared between modules is parked once and restored into each of them.
+the device the model was on, and on CUDA empties torch's caching host allocator, which would otherwise
+keep the pinned blocks of the parked copies (host memory held by an awake model).  A parameter shared by
+several modules (tied embeddings) is one object and is parked once; a buffer shared between modules is
+parked once and restored into each of them.
 
 Only the inference thread calls these (it alone touches the model).  ``device_memory`` reads the CUDA
 caching allocator's figures so that the caller can measure what a sleep returned.
@@ -130,7 +132,14 @@ def _park_into(parked: Parked, modules: list[Any], host_copy: Callable[[Any], An
 
 
 def unpark(parked: Parked) -> None:
-    """Copy the parked weights back onto the device and into their modules (the model is whole again)."""
+    """Copy the parked weights back onto the device and into their modules (the model is whole again),
+    then give the pinned host memory the parked copies held back to the system."""
+    _restore(parked)
+    if parked.device.startswith("cuda"):
+        _release_pinned()
+
+
+def _restore(parked: Parked) -> None:
     import torch
 
     cuda = parked.device.startswith("cuda")
@@ -160,6 +169,21 @@ def held_bytes(modules: list[Any]) -> int:
                 seen.add(id(tensor))
                 total += tensor.numel() * tensor.element_size()
     return total
+
+
+def _release_pinned() -> None:
+    """Empty torch's caching host allocator.  It keeps every freed pinned block for reuse, so without this
+    an awake model's process would go on holding its weights' bytes of page-locked host memory after each
+    wake (charged to the pod, never swapped, and not in the ledger, which charges host memory only while
+    a model sleeps).  Called once the parked copies are dropped (their blocks are then free)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    gc.collect()
+    accelerator = getattr(torch, "accelerator", None)
+    empty = getattr(accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+    if empty is not None:  # torch >= 2.5 (torch._C._host_emptyCache); older ones cannot release it
+        empty()
 
 
 def _release(device: str) -> None:

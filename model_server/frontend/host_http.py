@@ -132,6 +132,10 @@ class HostRouter:
         while life.state in (State.SLEEPING, State.WAKING):
             if time.monotonic() >= deadline:
                 return False
+            if life.state is State.SLEEPING and not view.get(Field.WAKE_WANTED):
+                # The host woke it and it is asleep again before this request saw it awake (or the
+                # host's wake gave up): ask again.
+                view.set(Field.WAKE_WANTED, time.time())
             await asyncio.sleep(WAKE_POLL_S)
         return life.state in SERVING
 

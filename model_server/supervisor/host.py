@@ -18,7 +18,9 @@ process's exit 4) fails the host: every model Failed, exit 4.  An HTTP process t
 The control API (``host_control``, on the probe port) calls ``load``, ``unload``, ``sleep`` and ``wake``
 from its threads; a request for a sleeping model (an HTTP process sets ``Field.WAKE_WANTED`` in its slot)
 is woken by the watch loop.  Before a load or a wake, the least recently used idle models of the device
-are put to sleep when its ledger (``--device-memory``) is short (``host_plan.make_room``).
+are put to sleep when its ledger (``--device-memory``) is short (``host_plan.make_room``); a request's
+wake that finds no room (those models have work in hand) is tried again while the request waits, and a
+model woken for a request counts as busy until that request is admitted (never put back to sleep first).
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ LOAD_WAIT_S = 600.0
 SLEEP_WAIT_S = 60.0
 # --sleep-idle: how long after a refused sleep an Idle model is asked again.
 RETRY_SLEEP_S = 5.0
+# A request's wake that found no room (the models that could make it had work in hand) is tried again this
+# often while the request still waits (at most --wake-timeout after it asked).
+RETRY_WAKE_S = 0.1
 
 
 class Conflict(ServerError):  # noqa: N818 - KServe-style names
@@ -88,6 +93,12 @@ class Slot:
     leaving: bool = False  # an unload is under way: its process's exit is expected
     acting: bool = False  # a sleep or a wake of the watch loop's own is under way
     retry_sleep_at: float = 0.0  # --sleep-idle: not before this (time.monotonic()) after a refusal
+    retry_wake_at: float = 0.0  # a request's wake that found no room: not again before this
+    no_room_for: float = 0.0  # the request (its WAKE_WANTED) whose wake found no room, logged once
+    # The latest request a wake was for (its WAKE_WANTED, Unix time), and until when (time.time()) that
+    # request may still be on its way to the model: until it is admitted, the model counts as busy.
+    woken_for: float = 0.0
+    on_its_way_until: float = 0.0
     state_machine: StateMachine = field(init=False)
 
     def __post_init__(self) -> None:
@@ -99,6 +110,7 @@ class Slot:
 
     def facts(self) -> host_plan.SlotFacts:
         view = self.view
+        last_request = view.latest(Column.LAST_REQUEST)
         measured = int(view.get(Field.GPU_RESERVED))
         parked = int(view.get(Field.PARKED_BYTES))
         return host_plan.SlotFacts(
@@ -107,9 +119,14 @@ class Slot:
             device=0,
             device_bytes=max(self.memory, measured),
             host_bytes=parked or max(self.memory, measured),
-            last_used=max(view.latest(Column.LAST_REQUEST), view.get(Field.WAKE_WANTED)),
-            busy=bool(view.door.taken or view.get(Field.IN_FLIGHT)),
+            last_used=max(last_request, view.get(Field.WAKE_WANTED), self.woken_for),
+            busy=bool(view.door.taken or view.get(Field.IN_FLIGHT)) or self._request_on_its_way(last_request),
         )
+
+    def _request_on_its_way(self, last_request: float) -> bool:
+        """Woken for a request that has not been admitted yet (it waits for the HTTP process to see the
+        model awake): putting the model back to sleep now would leave that request waiting in vain."""
+        return last_request < self.woken_for and time.time() < self.on_its_way_until
 
 
 class HostSupervisor:
@@ -165,6 +182,7 @@ class HostSupervisor:
             self._make_room(memory, keep=None)
             slot.view.reset()
             slot.config, slot.memory, slot.leaving = config, memory, False
+            slot.woken_for = slot.on_its_way_until = 0.0
             self._in_main_thread(lambda: self._start_slot(slot))
         _wait_until(lambda: slot.state_machine.state not in (State.PENDING, State.LOADING), LOAD_WAIT_S)
         return slot
@@ -374,15 +392,32 @@ class HostSupervisor:
 
     def _wake_wanted(self) -> None:
         """A request waits for a sleeping model: wake it (in a thread: making room may take a while)."""
+        now = time.monotonic()
         for slot in self.slots:
-            if slot.state_machine.state is State.SLEEPING and slot.view.get(Field.WAKE_WANTED) > 0:
+            wanted = slot.state_machine.state is State.SLEEPING and slot.view.get(Field.WAKE_WANTED) > 0
+            if wanted and now >= slot.retry_wake_at:
                 self._act(slot, self._wake_for_request, "wake it for a request")
 
     def _wake_for_request(self, slot: Slot) -> None:
+        """Wake the model; when there is no room now (the models that could make it have work in hand),
+        try again every ``RETRY_WAKE_S`` while the request still waits: room comes as soon as one of them
+        is idle, and the request is then answered, not refused once its ``--wake-timeout`` has passed."""
+        asked = slot.view.get(Field.WAKE_WANTED)
+        waiting = False
         try:
             self._wake(slot)
-        finally:  # a request that comes later asks again
-            slot.view.set(Field.WAKE_WANTED, 0.0)
+            slot.woken_for, slot.on_its_way_until = asked, asked + self.config.wake_timeout
+        except (NoRoom, SleepRefused) as exc:
+            waiting = time.time() - asked < self.config.wake_timeout
+            if not waiting:
+                raise
+            slot.retry_wake_at = time.monotonic() + RETRY_WAKE_S
+            if slot.no_room_for != asked:  # once per request, not at every try
+                slot.no_room_for = asked
+                log.info("cannot wake %s for a request yet, tried again while it waits: %s", slot.name, exc)
+        finally:  # woken (or given up): a request that comes later asks again
+            if not waiting:
+                slot.view.set(Field.WAKE_WANTED, 0.0)
 
     def _sleep_idle(self) -> None:
         """``--sleep-idle``: a model that has turned Idle goes to sleep (a refused one is asked again after

@@ -29,6 +29,7 @@ from modelpool_operator.budget import BudgetLimit, Ledger, ReservationBook
 from modelpool_operator.observe.observation import ChargeCache, current_ledger
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import CounterSample, Create, LoadSample
+from modelpool_operator.planner.shared_scale import SharedCount
 from modelpool_operator.pool import PoolKey
 
 
@@ -47,6 +48,10 @@ class Bookkeeping:
     _waiting: set[PoolKey] = field(default_factory=set)
     # The shared pools on each ModelHost (namespace, name): a change of the host or its pods wakes them.
     _on_host: dict[PoolKey, PoolKey] = field(default_factory=dict)
+    # Each ModelHost's control key (namespace, name): made by this process, or read once from its Secret.
+    control_keys: dict[PoolKey, str] = field(default_factory=dict)
+    # Each shared pool's count and retries as its pass last decided them (its ModelHost's pass places by it).
+    shared: dict[PoolKey, SharedCount] = field(default_factory=dict)
 
     # ---- the ledger -------------------------------------------------------------------------------------
 
@@ -110,6 +115,7 @@ class Bookkeeping:
         self._waiting.discard(key)
         self._on_host.pop(key, None)
         self.observed.pop(key, None)
+        self.shared.pop(key, None)
 
 
 @dataclass
@@ -120,10 +126,26 @@ class HostRun:
     last_status_wire: dict[str, Any] | None = None
     # Its control key Secret exists (made, or found, by this process).
     secret_ready: bool = False
+    # Its host pods' NetworkPolicy is in place (made or brought up to date by this process).
+    network_policy_ready: bool = False
     # The policy refusal last told (its host pods are deleted, none is made, until the image is allowed).
     forbidden: str | None = None
     # The budget's shortfall last told (host pods not admitted), so the Event is not repeated every pass.
     short: int = 0
+    # The loads in flight, by (host pod, pool): each a task of its own (a load lasts until the model
+    # serves); the pass after one ends sees its outcome in the host's /stats.
+    loading: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
+    # The load settings each model was last loaded with, by (host pod, pool): a pool whose settings
+    # changed is unloaded, then loaded again (after a restart only a change of the source or task is
+    # seen, in what the host reports).
+    loaded: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Control calls that failed, by (host pod, pool): not tried again there before this (monotonic) time.
+    backoff: dict[tuple[str, str], float] = field(default_factory=dict)
+    # The ``modelpool.dev/models`` value last written on each host pod (by uid), with the pod's
+    # resourceVersion the index showed then: not written again until the index shows a newer pod.
+    annotated: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    # Why no control call can be made (the key is unreadable), as last told.
+    no_control: str | None = None
 
 
 @dataclass

@@ -26,6 +26,7 @@ from modelpool_contract.api import (
     MODELBUDGET_KIND,
     MODELBUDGET_PLURAL,
     MODELHOST_KIND,
+    MODELHOST_NAME_MAX_LENGTH,
     MODELHOST_PLURAL,
     MODELPOOL_KIND,
     MODELPOOL_PLURAL,
@@ -33,6 +34,7 @@ from modelpool_contract.api import (
     MSG_CACHE_PATH,
     MSG_DEVICE_MEMORY_POSITIVE,
     MSG_DEVICE_MEMORY_REQUIRED,
+    MSG_HOST_NAME_LENGTH,
     MSG_KV_CACHE_TARGET,
     MSG_MIN_LE_REPLICAS,
     MSG_REPLICAS_LE_MAX,
@@ -261,6 +263,7 @@ def _crd(
     description: str,
     columns: Sequence[Mapping[str, Any]],
     scale: bool,
+    rules: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     subresources: dict[str, Any] = {"status": {}}
     if scale:
@@ -269,7 +272,7 @@ def _crd(
             "statusReplicasPath": ".status.replicas",
             "labelSelectorPath": ".status.selector",
         }
-    root = {
+    root: dict[str, Any] = {
         "type": "object",
         "description": description,
         "required": ["spec"],
@@ -281,6 +284,9 @@ def _crd(
             "status": status_schema,
         },
     }
+    if rules:
+        # Root-level CEL rules: the only place a rule may read metadata.name.
+        root["x-kubernetes-validations"] = [dict(rule) for rule in rules]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -417,6 +423,14 @@ def _host_spec_schema() -> dict[str, Any]:
     return spec
 
 
+#: The ModelHost's name fits its host pods' labels (``MODELHOST_NAME_MAX_LENGTH``): refused at the API
+#: server, since every host pod of a longer name would be refused at its creation.
+HOST_NAME_RULE = {
+    "rule": f"size(self.metadata.name) <= {MODELHOST_NAME_MAX_LENGTH}",
+    "message": MSG_HOST_NAME_LENGTH,
+}
+
+
 def modelhost_crd() -> dict[str, Any]:
     """The ModelHost CRD (namespaced)."""
     status = model_schema(ModelHostStatus, keep_defaults=False)
@@ -470,6 +484,7 @@ def modelhost_crd() -> dict[str, Any]:
             },
         ],
         scale=True,
+        rules=[HOST_NAME_RULE],
     )
 
 

@@ -44,7 +44,12 @@ from modelpool_operator.host import host_charge_key
 from modelpool_operator.observe.observation import slim_pod
 from modelpool_operator.planner import Event
 from modelpool_operator.pool import OtherPool, PoolKey
-from modelpool_operator.reconcile import budget_status_wire, reconcile_host, reconcile_pool
+from modelpool_operator.reconcile import (
+    budget_status_wire,
+    reconcile_host,
+    reconcile_pool,
+    unload_deleted_pool,
+)
 from modelpool_operator.services import Services, start_services
 from modelpool_operator.settings import OperatorConfig, apply_to_kopf
 
@@ -238,6 +243,34 @@ async def budget_changed(*, memo: Any, **_: Any) -> None:
     _book(memo).poke_waiting()
 
 
+# ---- a shared pool's deletion: its model leaves the host pods before the pool goes -------------------
+
+
+@kopf.on.delete(*_POOLS, when=lambda spec, **_: bool(spec.get("host")), retries=10, backoff=2.0)
+async def shared_pool_deleted(
+    *,
+    namespace: str | None,
+    name: str,
+    spec: kopf.Spec,
+    memo: Any,
+    pods_by_pool: PodsIndex | None = None,
+    **_: Any,
+) -> None:
+    """The operator's finalizer holds a deleted shared pool until its model is unloaded from every host pod
+    that answers (retried; after ``retries`` the pool goes anyway, and its ModelHost's pass unloads what
+    is left, its pool being gone)."""
+    pods = _index(pods_by_pool, "pods_by_pool")
+    refused = await unload_deleted_pool(
+        _services(memo),
+        _book(memo),
+        pool=(namespace or "", name),
+        host=str(spec.get("host")),
+        pods_by_pool=pods,
+    )
+    if refused:
+        raise kopf.TemporaryError("; ".join(refused)[:1000], delay=2.0)
+
+
 # ---- the per-pool daemon --------------------------------------------------------------------------------
 
 
@@ -382,6 +415,8 @@ async def host_daemon(
                 await asyncio.sleep(_COALESCE_S)
                 wakeup.clear()
     finally:
+        for load in run.loading.values():  # a load in flight: the host finishes it, its next pass sees it
+            load.cancel()
         book.forget(charge_key)
         book.poke_waiting()  # its pods' memory is (about to be) free
 

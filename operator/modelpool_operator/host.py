@@ -16,16 +16,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from modelpool_contract.api import ModelHostSpec, parse_host_spec
+from modelpool_contract.api import HOST_POOL_PREFIX, ModelHostSpec, parse_host_spec
 from modelpool_operator.pool import PoolKey
-
-#: The ``modelpool.dev/pool`` label of a ModelHost's pods is this prefix and the ModelHost's name.
-HOST_POOL_PREFIX = "host_"
 
 
 def host_pool_label(name: str) -> str:
     """The ``modelpool.dev/pool`` value of the ModelHost ``name``'s pods (a label value: at most 63
-    characters, so a ModelHost's name has at most 58)."""
+    characters, so a ModelHost's name has at most ``MODELHOST_NAME_MAX_LENGTH``, 58: the CRD refuses a
+    longer one)."""
     return f"{HOST_POOL_PREFIX}{name}"
 
 

@@ -19,8 +19,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus, parse_pool_spec, parse_pool_status
+from modelpool_contract.api import (
+    API_VERSION,
+    MODELPOOL_KIND,
+    ModelPoolSpec,
+    ModelPoolStatus,
+    parse_pool_spec,
+    parse_pool_status,
+)
 from modelpool_contract.demand import Demand
+from modelpool_contract.flags import IDLE_AFTER_S
 from modelpool_contract.times import parse_time
 from modelpool_operator.observe.worker_state import ObservedWorker
 
@@ -122,10 +130,24 @@ class OtherPool:
     # A shared pool's ModelHost (None: dedicated workers) and its declared size.
     host: str | None = None
     declared: int = 0
+    # A shared pool's replicas (hosts that hold its model), its model's load settings on a host
+    # (``host_load_settings`` as JSON; None for a dedicated pool) and whether it is being deleted.
+    replicas: int = 0
+    load: str | None = None
+    deleting: bool = False
+    # A shared pool's count as its own pass last recorded it (``status.targetReplicas``, while recorded for
+    # this ``spec.replicas``; None: not recorded), and its uid (the ModelHost's pass posts Events on it).
+    target: int | None = None
+    uid: str | None = None
 
     @property
     def key(self) -> PoolKey:
         return (self.namespace, self.name)
+
+    def reference(self) -> dict[str, Any]:
+        """The pool as an Event's involved object (what an ``EventSink`` posts on)."""
+        meta = {"name": self.name, "namespace": self.namespace, "uid": self.uid}
+        return {"apiVersion": API_VERSION, "kind": MODELPOOL_KIND, "metadata": meta}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], workers: Sequence[ObservedWorker] = ()) -> OtherPool | None:
@@ -145,4 +167,31 @@ class OtherPool:
             waiting_memory=status.memory.waiting_bytes,
             host=spec.host,
             declared=spec.resources.memory_bytes,
+            replicas=spec.replicas,
+            load=json.dumps(host_load_settings(spec), sort_keys=True) if spec.host else None,
+            deleting=bool((body.get("metadata") or {}).get("deletionTimestamp")),
+            target=status.target_replicas if status.spec_replicas == spec.replicas else None,
+            uid=str((body.get("metadata") or {}).get("uid") or "") or None,
         )
+
+
+def host_load_settings(spec: ModelPoolSpec) -> dict[str, Any]:
+    """A shared pool's model as a host loads it (the control API's load config, ``model_server/host_config``
+    ``LOAD_FIELDS`` and ``memory``): its source, task, dtype, batching, its Idle threshold (after which a
+    host that sleeps idle models parks it) and its declared memory. The queue capacity, device and timeouts
+    are the host's."""
+    source = spec.model.source
+    if spec.model.revision and source.startswith("hf://"):
+        source = source.split("@", 1)[0] + "@" + spec.model.revision
+    settings: dict[str, Any] = {
+        "source": source,
+        "task": spec.model.task,
+        "dtype": spec.model.dtype,
+        "max_batch_size": spec.queue.max_batch_size,
+        "max_batch_delay_ms": spec.queue.max_batch_delay_ms,
+        "idle_after": spec.idle_timeout_seconds or IDLE_AFTER_S,
+        "memory": spec.resources.memory_bytes,
+    }
+    if spec.model.trust_remote_code:
+        settings["trust_remote_code"] = True
+    return settings

@@ -18,7 +18,9 @@ autoscaler's recent samples, re-learned after a restart).
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -26,15 +28,30 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelpool_contract.api import Condition, parse_host_spec, parse_pool_status
+from modelpool_contract.api import Condition, autoscaling_enabled, parse_host_spec, parse_pool_status
 from modelpool_contract.demand import Demand
-from modelpool_contract.placements import host_model_name
+from modelpool_contract.placements import ANNOTATION_MODELS, host_model_name
+from modelpool_contract.stats import STATS_PATH
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun
 from modelpool_operator.budget import BUDGET_VALID, BudgetLimit, Reservation, budget_status, budget_validity
 from modelpool_operator.effects.apply import Refusal, apply, refuse, settle_reservations, tell
 from modelpool_operator.effects.hosts import apply_host
+from modelpool_operator.effects.placing import (
+    apply_placing,
+    delete_workers,
+    read_control_key,
+    unload_everywhere,
+    write_annotations,
+    write_pool_status,
+)
 from modelpool_operator.host import HostView, host_charge_key, host_pod_name
-from modelpool_operator.observe.hosts import HostedPool, observe_hosts
+from modelpool_operator.observe.hosts import (
+    HostedPool,
+    hosted_replicas,
+    hosted_workers,
+    observe_hosts,
+    reported_models,
+)
 from modelpool_operator.observe.observation import (
     LazyOthers,
     PodsByPool,
@@ -44,12 +61,21 @@ from modelpool_operator.observe.observation import (
     other_pools,
     pod_indexed,
 )
+from modelpool_operator.observe.stats import stats_url
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.placement.charge import host_charge
 from modelpool_operator.planner import CounterSample, Event, LoadSample, Plan, PlannerSettings, plan
 from modelpool_operator.planner.hosts import HostPlan, plan_host
-from modelpool_operator.planner.shared import HostWait, host_wait, host_wait_event, host_wait_status
-from modelpool_operator.planner.status import condition
+from modelpool_operator.planner.placing import Placing, SharedPool, models_annotations, plan_placing
+from modelpool_operator.planner.shared import (
+    HostWait,
+    host_wait,
+    host_wait_event,
+    host_wait_status,
+    shared_status,
+)
+from modelpool_operator.planner.shared_scale import SharedCount, SharedScale, scale_shared
+from modelpool_operator.planner.status import coalesce, condition
 from modelpool_operator.policy import Violation, host_violations, violations
 from modelpool_operator.pool import OtherPool, PoolKey, PoolView
 from modelpool_operator.services import Services, planner_settings
@@ -137,7 +163,8 @@ async def reconcile_pool(
     hosts: HostsByKey | None = None,
 ) -> Plan | None:
     """One pass for the pool ``run.key``: returns the plan it applied (None: the spec is invalid, or the
-    pool is shared and waits for placement).  Timed and counted by outcome in the operator's metrics."""
+    pool is shared and nothing asks for a pass before the resync; a shared pool's plan holds only when to
+    look again).  Timed and counted by outcome in the operator's metrics."""
     with services.metrics.reconcile_pass() as outcome:
         try:
             pool = PoolView.from_body(body, demand=latest_demand(demand or {}, run.key))
@@ -156,11 +183,10 @@ async def reconcile_pool(
             return None
         if pool.spec.host is not None:
             outcome.result = "shared"
-            wait = shared_wait(pool, hosts or {}, pods_by_pool)
-            refusal = host_wait_refusal(run, pool, body, wait)
-            if refusal is not None:
-                await refuse(services, run, body, refusal)
-            return None
+            requeue = await shared_pass(
+                services, book, run=run, pool=pool, body=body, hosts=hosts or {}, pods_by_pool=pods_by_pool
+            )
+            return None if requeue is None else Plan(template_hash=pool.template_hash, requeue_after=requeue)
         if run.last_status is not None:
             # We are the only writer of status; our last write is newer than what the watch may show yet.
             pool = replace(pool, status=run.last_status)
@@ -197,6 +223,115 @@ def shared_wait(pool: PoolView, hosts: HostsByKey, pods_by_pool: PodsByPool) -> 
         return host_wait(pool, host_found=True, host_error=invalid_spec_message(exc), hosts=[])
     pods = pods_by_pool.get(host_charge_key(*key), ())
     return host_wait(pool, host_found=True, host_error=None, hosts=observe_hosts(spec, pods))
+
+
+async def shared_pass(
+    services: Services,
+    book: Bookkeeping,
+    *,
+    run: PoolRun,
+    pool: PoolView,
+    body: Mapping[str, Any],
+    hosts: HostsByKey,
+    pods_by_pool: PodsByPool,
+) -> float | None:
+    """A shared pool's pass: its dedicated workers (a pool switched to ``spec.host``) deleted; its count and
+    retries decided (``planner.shared_scale``, over its replicas' figures on the host pods and its demand)
+    and handed to its ModelHost's pass (``Bookkeeping.shared``), which places it; its status: the host pods
+    holding its model, or why none does. Returns when to look again (None: at the resync)."""
+    await delete_workers(services, pool.namespace, list(pods_by_pool.get(pool.key, ())))
+    key = (pool.namespace, pool.spec.host or "")
+    if not list(hosts.get(key, ())):
+        book.shared.pop(pool.key, None)
+        await _tell_wait(services, run, pool, body, shared_wait(pool, hosts, pods_by_pool))
+        return None
+    try:
+        spec = parse_host_spec(dict(next(iter(hosts[key]))))
+    except ValidationError:
+        book.shared.pop(pool.key, None)
+        await _tell_wait(services, run, pool, body, shared_wait(pool, hosts, pods_by_pool))
+        return None
+    host_key = host_charge_key(*key)
+    listed = list(pods_by_pool.get(host_key, ()))
+    stats = services.scraper.refresh(listed, on_change=lambda: _news(book, pool.key, host_key))
+    model = host_model_name(pool.name)
+    replicas = hosted_replicas(model, pool.spec.resources.memory_bytes, listed, stats)
+    previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
+    pool = replace(pool, status=parse_pool_status(previous))
+    now = datetime.now(UTC)
+    workers = hosted_workers(pool.namespace, model, replicas, stats)
+    scale = decide_shared(services, book, run, pool, workers, host_pods=spec.replicas, now=now)
+    wait = None
+    if len([r for r in replicas if r.state not in ("Failed", "Dead")]) < scale.target:
+        hosted = {model: HostedPool(pool.name, pool.spec.resources.memory_bytes)}
+        wait = host_wait(
+            pool, host_found=True, host_error=None, hosts=observe_hosts(spec, listed, stats, hosted)
+        )
+    status = shared_status(pool, replicas, wait, now, scale)
+    for event in coalesce(scale.events):
+        tell(services, body, event)
+    told = (pool.generation, wait.reason, wait.message) if wait is not None else None
+    if wait is not None and run.host_wait != told:
+        tell(services, body, host_wait_event(wait))
+    run.host_wait = told
+    await write_pool_status(services, run, previous, status)
+    return shared_requeue(services, pool, scale)
+
+
+def decide_shared(
+    services: Services,
+    book: Bookkeeping,
+    run: PoolRun,
+    pool: PoolView,
+    workers: list[ObservedWorker],
+    *,
+    host_pods: int,
+    now: datetime,
+) -> SharedScale:
+    """A shared pool's count and retries (``planner.shared_scale``), handed to its ModelHost's pass
+    (``Bookkeeping.shared``; the ModelHost's daemon is poked when they change); the autoscaler's window and
+    counters kept for the next pass."""
+    scale = scale_shared(
+        pool,
+        workers,
+        host_pods=host_pods,
+        now=now,
+        settings=planner_settings(services.config),
+        load_window=run.load_window,
+        counters=run.counters,
+    )
+    run.load_window, run.counters = scale.load_window, scale.counters
+    if book.shared.get(pool.key) != scale.count:
+        book.shared[pool.key] = scale.count
+        book.poke(host_charge_key(pool.namespace, pool.spec.host or ""))
+    return scale
+
+
+def _news(book: Bookkeeping, pool: PoolKey, host: PoolKey) -> None:
+    """News in a host pod's ``/stats``: its shared pool looks again (its load), and so does its ModelHost
+    (its placing)."""
+    book.poke(pool)
+    book.poke(host)
+
+
+def shared_requeue(services: Services, pool: PoolView, scale: SharedScale) -> float | None:
+    """When a shared pool looks again: what its decisions ask (a countdown, a backoff, an idle replica),
+    and, while it autoscales under load, every stats interval, as a dedicated pool's busy workers' scrapes
+    wake it (its load is on its host pods, scraped by its passes; an idle one looks at the resync, and the
+    news its scrape brings wakes it)."""
+    planned = scale.requeue_after
+    if autoscaling_enabled(pool.spec) and scale.autoscaling.observed_load:
+        interval = services.config.stats_interval_seconds
+        return interval if planned is None else min(planned, interval)
+    return planned
+
+
+async def _tell_wait(
+    services: Services, run: PoolRun, pool: PoolView, body: Mapping[str, Any], wait: HostWait
+) -> None:
+    refusal = host_wait_refusal(run, pool, body, wait)
+    if refusal is not None:
+        await refuse(services, run, body, refusal)
 
 
 def host_wait_refusal(
@@ -417,5 +552,141 @@ async def reconcile_host(
         services, book, host, pods_by_pool=pods_by_pool, pools_by_key=pools_by_key, budgets=budgets, now=now
     )
     await apply_host(planned, services, book, run=run, host=host, body=body, now=now)
+    await place_models(
+        services, book, run=run, host=host, body=body, pods_by_pool=pods_by_pool, pools_by_key=pools_by_key
+    )
     await settle_reservations(services, book, now, indexed=_in_index(pods_by_pool))
     return planned
+
+
+def shared_pools(
+    host: HostView, pools_by_key: PoolsByKey, counts: Mapping[PoolKey, SharedCount] | None = None
+) -> list[SharedPool]:
+    """The shared pools on ``host`` as its placing needs them: each one's count and retries as its own pass
+    last decided them (``counts``), else the count its status records, else ``spec.replicas`` (at most
+    the host pods)."""
+    pools = []
+    for key, indexed in pools_by_key.items():
+        for pool in list(indexed)[:1]:
+            if key[0] != host.namespace or pool.host != host.name:
+                continue
+            count = (counts or {}).get(key)
+            recorded = min(pool.target if pool.target is not None else pool.replicas, host.spec.replicas)
+            pools.append(
+                SharedPool(
+                    pool.name,
+                    count.target if count is not None else recorded,
+                    pool.load or "{}",
+                    pool.declared,
+                    pool.priority,
+                    pool.deleting,
+                    retry=count.retry if count is not None else frozenset(),
+                )
+            )
+    return pools
+
+
+def plan_placing_pass(
+    services: Services, run: HostRun, host: HostView, listed: list[Mapping[str, Any]], pools: list[SharedPool]
+) -> tuple[Placing, dict[str, str]]:
+    """The host pods' placing over their cached ``/stats`` and the annotation each should carry."""
+    stats = services.scraper.cached(listed)
+    hosted = {p.name: HostedPool(p.name, p.declared, p.priority) for p in pools}
+    views = observe_hosts(host.spec, listed, stats, hosted)
+    clock = time.monotonic()
+    run.backoff = {slot: until for slot, until in run.backoff.items() if until > clock}
+    wanted = {p.name: json.loads(p.load) for p in pools}
+    stale = {
+        (pod, model)
+        for (pod, model), (source, task) in reported_models(listed, stats).items()
+        if model in wanted and (wanted[model].get("source"), wanted[model].get("task")) != (source, task)
+    }
+    placing = plan_placing(
+        host.namespace,
+        views,
+        pools,
+        loading=set(run.loading),
+        loaded=run.loaded,
+        stale=stale,
+        backoff=set(run.backoff),
+        now=time.time(),
+    )
+    # Only pods whose /stats is known: an unknown one keeps its annotation.
+    known = [v for v in views if stats.get(v.name) is not None]
+    return placing, models_annotations(known)
+
+
+async def place_models(
+    services: Services,
+    book: Bookkeeping,
+    *,
+    run: HostRun,
+    host: HostView,
+    body: Mapping[str, Any],
+    pods_by_pool: PodsByPool,
+    pools_by_key: PoolsByKey,
+) -> Placing:
+    """Load, unload and sleep the shared pools' models on the host pods, and annotate each host pod with
+    its models (``planner.placing``, ``effects.placing``); the shared pools on the host are poked when
+    anything changed (their status lists the host pods holding them)."""
+    listed = list(pods_by_pool.get(host.charge_key, ()))
+    placing, wanted = plan_placing_pass(
+        services, run, host, listed, shared_pools(host, pools_by_key, book.shared)
+    )
+    urls = {
+        str((p.get("metadata") or {}).get("name")): url.removesuffix(STATS_PATH)
+        for p in listed
+        if (url := stats_url(p, services.config.server_probe_port)) is not None
+    }
+    await apply_placing(
+        placing,
+        services,
+        run=run,
+        body=body,
+        urls=urls,
+        key=book.control_keys.get(host.key),
+        poke=lambda: book.poke(host.charge_key),
+        pools={
+            pool.name: pool.reference()
+            for key, indexed in pools_by_key.items()
+            if key[0] == host.namespace
+            for pool in list(indexed)[:1]
+            if pool.host == host.name
+        },
+    )
+    current = {
+        str((p.get("metadata") or {}).get("name")): ((p.get("metadata") or {}).get("annotations") or {}).get(
+            ANNOTATION_MODELS
+        )
+        for p in listed
+    }
+    if any(current.get(pod) != value for pod, value in wanted.items()) or placing.calls:
+        book.poke_host(host.key)
+    await write_annotations(services, run, host.namespace, wanted, listed)
+    return placing
+
+
+async def unload_deleted_pool(
+    services: Services, book: Bookkeeping, *, pool: PoolKey, host: str, pods_by_pool: PodsByPool
+) -> list[str]:
+    """A shared pool is being deleted (its finalizer holds it): unload its model from every host pod whose
+    ``/stats`` lists it. Returns why some host refused (the caller retries); the ModelHost's daemon is
+    poked to rewrite the host pods' annotations."""
+    namespace, name = pool
+    host_key = (namespace, host)
+    listed = list(pods_by_pool.get(host_charge_key(*host_key), ()))
+    stats = services.scraper.cached(listed)
+    model = host_model_name(name)
+    holding = {r.pod for r in hosted_replicas(model, 0, listed, stats)}
+    urls = {
+        pod_name: url.removesuffix(STATS_PATH)
+        for p in listed
+        if (pod_name := str((p.get("metadata") or {}).get("name"))) in holding
+        and (url := stats_url(p, services.config.server_probe_port)) is not None
+    }
+    key = book.control_keys.get(host_key) or await read_control_key(services, namespace, host)
+    if not urls or key is None:
+        return []
+    refused = await unload_everywhere(services, key=key, model=model, urls=urls)
+    book.poke(host_charge_key(*host_key))
+    return refused

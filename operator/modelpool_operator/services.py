@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from modelpool_operator.effects.events import EventSink, KopfEventSink
+from modelpool_operator.effects.host_control import HostControl, HttpHostControl
 from modelpool_operator.effects.kube import KubeApi, connect
 from modelpool_operator.effects.network_policy import PolicySettings
 from modelpool_operator.effects.resources import PodSettings
@@ -36,11 +37,14 @@ class Services:
     observations: ObservationCache
     events: EventSink
     metrics: OperatorMetrics
+    # Shared hosts' control API (load, unload, sleep, wake a model on a host pod).
+    host_control: HostControl
 
     async def aclose(self) -> None:
-        """Stop serving metrics, close the scraper's and the API's connections."""
+        """Stop serving metrics, close the scraper's, the hosts' and the API's connections."""
         self.metrics.close()
         await self.scraper.aclose()
+        await self.host_control.aclose()
         await self.kube.close()
 
 
@@ -68,6 +72,7 @@ async def start_services(config: OperatorConfig) -> Services:
         observations=ObservationCache(lifecycle_settings(config)),
         events=KopfEventSink(),
         metrics=metrics,
+        host_control=HttpHostControl(),
     )
 
 

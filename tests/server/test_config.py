@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from model_server.config import ConfigError, ServerConfig, _parser, load_config
+from model_server.config import ConfigError, ServerConfig, ServingConfig, _parser, load_config
+from model_server.host_config import HostConfig, load_host_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,6 +56,19 @@ def test_invalid(argv: list[str], needle: str) -> None:
 def test_every_field_is_a_flag() -> None:
     flags = {a.dest for a in _parser()._actions}
     assert set(ServerConfig.model_fields) <= flags
+
+
+def test_a_shared_host_and_a_worker_define_their_common_settings_once() -> None:
+    """The host's settings repeated ten of the worker's, and had drifted (a host took ``--port 0``): every
+    setting both have is now the one of their base, but the two whose defaults differ on purpose."""
+    own = {"probe_port", "http_workers"}  # a host always has a probe port, and one HTTP process unless told
+    common = (set(HostConfig.model_fields) & set(ServerConfig.model_fields)) - own
+    assert common == set(ServingConfig.model_fields)
+    for name in common:
+        assert repr(HostConfig.model_fields[name]) == repr(ServingConfig.model_fields[name])
+        assert repr(ServerConfig.model_fields[name]) == repr(ServingConfig.model_fields[name])
+    with pytest.raises(ConfigError, match="--port"):
+        load_host_config(["--shared-host", "--device-memory", "1Gi", "--port", "0"])
 
 
 @pytest.mark.slow

@@ -74,6 +74,11 @@ async def test_minilm_sleeps_holding_no_weights_and_wakes_to_the_same_embeddings
     assert await worker.wake("a request") > 0
     assert worker.state_machine.state is State.READY and not worker.asleep
     assert parking.held_bytes(modules) == held
+    if TEST_DEVICE.startswith("cuda"):  # the pinned copies went back too: awake, no host memory held
+        import torch
+
+        pinned = torch.cuda.host_memory_stats()
+        assert "allocated_bytes.current" in pinned and pinned["allocated_bytes.current"] < held, pinned
     after = _vectors(await worker.run(TEXTS))
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 

@@ -26,11 +26,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from modelpool_contract.api import Condition, ModelPoolStatus
-from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
+from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun
 from modelpool_operator.budget import Reservation
 from modelpool_operator.effects.kube import describe_error, merge_patch, refused
-from modelpool_operator.effects.network_policy import build_network_policy
+from modelpool_operator.effects.network_policy import (
+    PolicySettings,
+    build_host_network_policy,
+    build_network_policy,
+)
 from modelpool_operator.effects.resources import build_service, build_worker_pod, eviction_patch
+from modelpool_operator.host import HostView
 from modelpool_operator.planner import Event, Evict, Plan
 from modelpool_operator.planner.status import condition
 from modelpool_operator.pool import PoolView
@@ -172,14 +177,37 @@ async def ensure_service(services: Services, run: PoolRun, pool: PoolView) -> Ap
 async def ensure_network_policy(services: Services, run: PoolRun, pool: PoolView) -> ApiFailure | None:
     """Create or update the pool's NetworkPolicy once per process (each start applies the current settings).
     A failure never holds up the workers: it is returned for the status and retried at the next pass."""
+    return await _ensure_policy(
+        services, run, pool.namespace, "the workers'", lambda settings: build_network_policy(pool, settings)
+    )
+
+
+async def ensure_host_network_policy(services: Services, run: HostRun, host: HostView) -> ApiFailure | None:
+    """The same for a ModelHost's host pods (``build_host_network_policy``): once per process, a failure
+    returned for the Events and retried at the next pass, never holding up a host pod."""
+    return await _ensure_policy(
+        services,
+        run,
+        host.namespace,
+        "the host pods'",
+        lambda settings: build_host_network_policy(host, settings),
+    )
+
+
+async def _ensure_policy(
+    services: Services,
+    run: PoolRun | HostRun,
+    namespace: str,
+    whose: str,
+    build: Callable[[PolicySettings], dict[str, Any]],
+) -> ApiFailure | None:
     settings = policy_settings(services.config)
     if settings is None or run.network_policy_ready:
         return None
-    policy = build_network_policy(pool, settings)
     failure = await _attempt(
         "NetworkPolicyFailed",
-        "the workers' NetworkPolicy could not be applied",
-        services.kube.ensure_network_policy(pool.namespace, policy),
+        f"{whose} NetworkPolicy could not be applied",
+        services.kube.ensure_network_policy(namespace, build(settings)),
     )
     run.network_policy_ready = failure is None
     return failure

@@ -1,6 +1,7 @@
 """Applying a ModelHost's pass (``planner.hosts.HostPlan``): its control key Secret (made once, a random
 key, kept when it exists), the host pods to delete and to create (their reservations end as a worker's
-do: ``effects.apply``), the status, and a Warning Event while the budget holds host pods back.
+do: ``effects.apply``), the host pods' NetworkPolicy (``effects.apply.ensure_host_network_policy``), the
+status, and a Warning Event while the budget holds host pods back.
 
 Nothing here decides: ``reconcile.reconcile_host`` planned the pass and recorded the reservations.
 """
@@ -14,28 +15,40 @@ from datetime import datetime
 from typing import Any
 
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun
-from modelpool_operator.effects.apply import ApiFailure, _attempt, _create
-from modelpool_operator.effects.kube import merge_patch
-from modelpool_operator.effects.resources import build_control_key_secret, build_host_pod
+from modelpool_operator.effects.apply import ApiFailure, _attempt, _create, ensure_host_network_policy
+from modelpool_operator.effects.kube import describe_error, merge_patch
+from modelpool_operator.effects.resources import CONTROL_KEY_ITEM, build_control_key_secret, build_host_pod
 from modelpool_operator.host import HostView, host_pod_name
 from modelpool_operator.planner import Event
 from modelpool_operator.planner.hosts import HostPlan
+from modelpool_operator.pool import PoolKey
 from modelpool_operator.services import Services, pod_settings
 
 
-async def ensure_control_key(services: Services, run: HostRun, host: HostView) -> ApiFailure | None:
+async def ensure_control_key(
+    services: Services, run: HostRun, host: HostView, keys: dict[PoolKey, str] | None = None
+) -> ApiFailure | None:
     """The host's control key Secret, created once with a fresh random key (an existing one is kept: the
-    running host pods read it)."""
+    running host pods read it, and its key is read once). The key is kept in ``keys`` (the bookkeeping's
+    ``control_keys``) for the control calls; a key that cannot be had leaves none there."""
     if run.secret_ready:
         return None
-    secret = build_control_key_secret(host, secrets.token_urlsafe(32))
-    failure = await _attempt(
-        "SecretFailed",
-        f"Secret {secret['metadata']['name']}",
-        services.kube.create_secret(host.namespace, secret),
-    )
-    run.secret_ready = failure is None
-    return failure
+    key = secrets.token_urlsafe(32)
+    secret = build_control_key_secret(host, key)
+    name = secret["metadata"]["name"]
+    try:
+        made = await services.kube.create_secret(host.namespace, secret)
+        if not made:  # an earlier operator process made it: its key is the one the host pods hold
+            key = await services.kube.read_secret_key(host.namespace, name, CONTROL_KEY_ITEM) or ""
+    except Exception as exc:
+        return ApiFailure("SecretFailed", f"Secret {name}: {describe_error(exc)}"[:1000])
+    run.secret_ready = True
+    if keys is not None:
+        if key:
+            keys[host.key] = key
+        else:
+            keys.pop(host.key, None)
+    return None
 
 
 async def apply_host(
@@ -50,7 +63,7 @@ async def apply_host(
 ) -> list[ApiFailure]:
     """Make the ModelHost's ``plan`` so; returns the requests that failed (the pass goes on past each)."""
     kube = services.kube
-    failures: list[ApiFailure | None] = [await ensure_control_key(services, run, host)]
+    failures: list[ApiFailure | None] = [await ensure_control_key(services, run, host, book.control_keys)]
     for name in plan.delete:
         failures.append(
             await _attempt("DeleteFailed", f"host pod {name}", kube.delete_pod(host.namespace, name))
@@ -63,6 +76,8 @@ async def apply_host(
             for name, pod in creates
         )
     )
+    # After the creations, as a pool's: the policy never holds up a host pod.
+    failures.append(await ensure_host_network_policy(services, run, host))
     if plan.create or plan.delete:
         book.budget_wakeup.set()
     wire = plan.status.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -1,13 +1,19 @@
-"""The pure builder of a pool's NetworkPolicy: who may reach its worker pods, port by port.
+"""The pure builders of the NetworkPolicies of a pool's workers and of a ModelHost's host pods: who may
+reach them, port by port.
 
-One NetworkPolicy per ModelPool, in the pool's namespace, owned by the pool (deleting the pool deletes it),
-selecting the pool's workers (label ``modelpool.dev/pool``). Two ingress rules and nothing else, so every
-other caller is refused by a CNI that enforces NetworkPolicy:
+One NetworkPolicy per ModelPool (``modelpool-<pool>``), in the pool's namespace, owned by the pool (deleting
+the pool deletes it), selecting the pool's workers (label ``modelpool.dev/pool``). Two ingress rules and
+nothing else, so every other caller is refused by a CNI that enforces NetworkPolicy:
 
 * the serving port (``http``): the gateway's pods, the operator's pods (which scrape ``/stats`` there from
   workers made before the probe port) and the callers the installer names;
 * the probe port (``probes``: health, ``/stats``, ``/metrics``): the operator's pods and the metrics
   scrapers the installer names. The kubelet's probes are not subject to NetworkPolicy.
+
+One per ModelHost too (``modelhost-<host>``: no pool's policy has that prefix), owned by the ModelHost and
+selecting its host pods (``modelpool.dev/pool=host_<host>``): the serving port admits whom a pool's admits;
+the probe port carries the host's control API (load, unload, sleep, wake), so it admits the operator's pods
+alone (a host serves no ``/metrics`` there for scrapers).
 
 The operator and the gateway are named by their pods' labels in their own namespace (the chart's release
 namespace), which the operator is given in its settings: it cannot see them from the pool. Nothing here
@@ -22,7 +28,13 @@ from typing import Any
 
 from modelpool_contract.labels import HTTP_PORT_NAME, LABEL_MANAGED_BY, LABEL_POOL, PROBE_PORT_NAME
 from modelpool_operator.effects.network_peers import NetworkPolicyPeer
-from modelpool_operator.effects.resources import MANAGED_BY, owner_reference
+from modelpool_operator.effects.resources import (
+    MANAGED_BY,
+    host_labels,
+    host_owner_reference,
+    owner_reference,
+)
+from modelpool_operator.host import HostView, host_pool_label
 from modelpool_operator.pool import PoolView
 
 # The label every namespace carries (set by the API server since 1.22): how a peer names one namespace.
@@ -49,6 +61,11 @@ def policy_name(pool_name: str) -> str:
     return f"modelpool-{pool_name}"
 
 
+def host_policy_name(host_name: str) -> str:
+    """The ModelHost's NetworkPolicy: another prefix than a pool's, so that no pool's name can take it."""
+    return f"modelhost-{host_name}"
+
+
 def _pods_in(namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
     return {
         "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}},
@@ -60,13 +77,35 @@ def _rule(port_name: str, peers: list[dict[str, Any]]) -> dict[str, Any]:
     return {"ports": [{"port": port_name, "protocol": "TCP"}], "from": peers}
 
 
+def _serving(settings: PolicySettings) -> list[dict[str, Any]]:
+    """Who may call the serving port: the operator's pods, the gateway's, the callers the installer names."""
+    serving = [_pods_in(settings.namespace, settings.operator_labels)]
+    if settings.gateway_labels:
+        serving.append(_pods_in(settings.namespace, settings.gateway_labels))
+    return serving + [peer.wire() for peer in settings.callers]
+
+
+def _policy(
+    metadata: dict[str, Any],
+    selector: Mapping[str, str],
+    probes: list[dict[str, Any]],
+    serving: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata,
+        "spec": {
+            "podSelector": {"matchLabels": dict(selector)},
+            "policyTypes": ["Ingress"],
+            "ingress": [_rule(PROBE_PORT_NAME, probes), _rule(HTTP_PORT_NAME, serving)],
+        },
+    }
+
+
 def build_network_policy(pool: PoolView, settings: PolicySettings) -> dict[str, Any]:
     """The NetworkPolicy of ``pool``'s workers, as an API dict (owned by the pool when its uid is known)."""
     operator = _pods_in(settings.namespace, settings.operator_labels)
-    serving = [operator]
-    if settings.gateway_labels:
-        serving.append(_pods_in(settings.namespace, settings.gateway_labels))
-    serving += [peer.wire() for peer in settings.callers]
     probes = [operator, *(peer.wire() for peer in settings.metrics_callers)]
     metadata: dict[str, Any] = {
         "name": policy_name(pool.name),
@@ -77,13 +116,17 @@ def build_network_policy(pool: PoolView, settings: PolicySettings) -> dict[str, 
     owner = owner_reference(pool)
     if owner is not None:
         metadata["ownerReferences"] = [owner]
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": metadata,
-        "spec": {
-            "podSelector": {"matchLabels": {LABEL_POOL: pool.name}},
-            "policyTypes": ["Ingress"],
-            "ingress": [_rule(PROBE_PORT_NAME, probes), _rule(HTTP_PORT_NAME, serving)],
-        },
-    }
+    return _policy(metadata, {LABEL_POOL: pool.name}, probes, _serving(settings))
+
+
+def build_host_network_policy(host: HostView, settings: PolicySettings) -> dict[str, Any]:
+    """The NetworkPolicy of ``host``'s host pods (owned by the ModelHost when its uid is known): the
+    serving port as a pool's, the probe port (the control API) the operator alone."""
+    metadata: dict[str, Any] = {"name": host_policy_name(host.name), "labels": host_labels(host)}
+    if host.namespace:
+        metadata["namespace"] = host.namespace
+    owner = host_owner_reference(host)
+    if owner is not None:
+        metadata["ownerReferences"] = [owner]
+    operator = _pods_in(settings.namespace, settings.operator_labels)
+    return _policy(metadata, {LABEL_POOL: host_pool_label(host.name)}, [operator], _serving(settings))

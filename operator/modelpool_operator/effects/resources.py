@@ -424,8 +424,9 @@ CONTROL_KEY_ITEM = "key"
 CONTROL_KEY_FILE = f"{CONTROL_KEY_DIR}/{CONTROL_KEY_ITEM}"
 
 
-def control_key_secret_name(host: HostView) -> str:
-    return f"{host.name}-control-key"
+def control_key_secret_name(host: HostView | str) -> str:
+    """``<ModelHost>-control-key``."""
+    return f"{host if isinstance(host, str) else host.name}-control-key"
 
 
 def host_owner_reference(host: HostView) -> dict[str, Any] | None:
@@ -450,12 +451,13 @@ def _host_metadata(host: HostView, name: str, labels: dict[str, str]) -> dict[st
     return metadata
 
 
-def _host_labels(host: HostView) -> dict[str, str]:
+def host_labels(host: HostView) -> dict[str, str]:
+    """What marks the ModelHost's objects (its pods, control key Secret and NetworkPolicy) as its own."""
     return {LABEL_HOST: host.name, LABEL_POOL: host_pool_label(host.name), LABEL_MANAGED_BY: MANAGED_BY}
 
 
 def _host_pod_labels(host: HostView) -> dict[str, str]:
-    return {**_host_labels(host), LABEL_TEMPLATE_HASH: host_template_hash(host.spec)}
+    return {**host_labels(host), LABEL_TEMPLATE_HASH: host_template_hash(host.spec)}
 
 
 def build_control_key_secret(host: HostView, key: str) -> dict[str, Any]:
@@ -463,7 +465,7 @@ def build_control_key_secret(host: HostView, key: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _host_metadata(host, control_key_secret_name(host), _host_labels(host)),
+        "metadata": _host_metadata(host, control_key_secret_name(host), host_labels(host)),
         "type": "Opaque",
         "stringData": {CONTROL_KEY_ITEM: key},
     }
@@ -472,7 +474,7 @@ def build_control_key_secret(host: HostView, key: str) -> dict[str, Any]:
 def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
     """``modelpool-server --shared-host`` and the flags a host understands (model_server/host_config.py):
     its ports, its device (cpu on a CPU host; the GPU the pod is given otherwise), the device memory its
-    ledger hands out, the host RAM for sleeping models, the control key."""
+    ledger hands out, the host RAM for sleeping models (and then ``--sleep-idle``), the control key."""
     args = [
         "--shared-host",
         "--port",
@@ -487,7 +489,9 @@ def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
         CONTROL_KEY_FILE,
     ]
     if spec.host_memory_bytes:
-        args += ["--host-memory", str(spec.host_memory_bytes)]
+        # With RAM to park them in, a model that turns Idle (its pool's idleTimeoutSeconds) sleeps: its
+        # device memory goes back to the others, and its next request wakes it on the host.
+        args += ["--host-memory", str(spec.host_memory_bytes), "--sleep-idle"]
     return args
 
 

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard, get_args
 
 from modelpool_contract.api import HostModelState, ModelHostSpec
+from modelpool_contract.states import WorkerState
+from modelpool_contract.stats import WorkerStats
+from modelpool_contract.times import parse_time, rfc3339
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.placement.ledger import Host, Resident
 
 _STATES = frozenset(get_args(HostModelState))
@@ -82,7 +86,9 @@ def observe_hosts(
     pools: Mapping[str, HostedPool] | None = None,
 ) -> list[Host]:
     """The ledger's view of each host pod (sorted by name): the ModelHost's devices and host RAM, the
-    models its ``/stats`` reports (``stats``: by pod name); a pod accepts models only while ready."""
+    models its ``/stats`` reports (``stats``: by pod name); a pod accepts models only while ready and,
+    when ``stats`` is given, once its ``/stats`` is known (until then what it holds is unknown, and a
+    host the operator cannot reach cannot be given a model either)."""
     capacities = (spec.device_memory_bytes,) * spec.devices
     hosts = []
     for pod in pods:
@@ -96,7 +102,109 @@ def observe_hosts(
                 residents=host_residents(
                     str(meta.get("namespace") or ""), (stats or {}).get(name), pools or {}
                 ),
-                accepting=host_pod_ready(pod),
+                accepting=host_pod_ready(pod) and (stats is None or stats.get(name) is not None),
             )
         )
     return sorted(hosts, key=lambda h: h.name)
+
+
+@dataclass(frozen=True)
+class HostedReplica:
+    """A shared pool's model on one host pod, as the host's ``/stats`` reports it."""
+
+    pod: str
+    state: WorkerState
+    memory: int
+    node: str | None = None
+    reason: str | None = None
+    queue_depth: int | None = None
+    last_request_time: str | None = None
+    # Since when the model is in its state there (the host's ``state_since``): a new failure has a new one.
+    since: str | None = None
+
+
+def hosted_replicas(
+    model: str,
+    declared: int,
+    pods: Iterable[Mapping[str, Any]],
+    stats: Mapping[str, Mapping[str, Any] | None],
+) -> list[HostedReplica]:
+    """The host pods whose ``/stats`` reports the model ``model`` (a pool's ``host_model_name``), with its
+    state there; its memory is what the host measured on the device, else ``declared``."""
+    replicas = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        models = (stats.get(name) or {}).get("models")
+        doc = models.get(model) if isinstance(models, Mapping) else None
+        if not isinstance(doc, Mapping) or not _state(doc.get("state")):
+            continue
+        memory = doc.get("memory") if isinstance(doc.get("memory"), Mapping) else {}
+        last, since = doc.get("last_request_time"), doc.get("state_since")
+        reason = doc.get("reason")
+        replicas.append(
+            HostedReplica(
+                pod=name,
+                state=doc["state"],
+                memory=_count(memory or {}, "gpu_reserved_bytes") or declared,
+                node=(pod.get("spec") or {}).get("nodeName"),
+                reason=str(reason)[:1000] if reason else None,
+                queue_depth=_count(doc, "queue_depth"),
+                last_request_time=rfc3339(parse_time(last)) if last else None,
+                since=rfc3339(parse_time(since)) if since else None,
+            )
+        )
+    return sorted(replicas, key=lambda r: r.pod)
+
+
+def hosted_workers(
+    namespace: str,
+    pool: str,
+    replicas: Iterable[HostedReplica],
+    stats: Mapping[str, Mapping[str, Any] | None],
+) -> list[ObservedWorker]:
+    """A shared pool's replicas (``hosted_replicas``) as the planner's workers, for its autoscaler and its
+    failure backoff: each named after its host pod, with the model's own figures from that host's
+    ``/stats`` (``models.<pool>``: in flight, queued, its counters, its clock; a model's counters are its
+    own, and a count that went back starts a new baseline, as a restarted worker's does)."""
+    workers = []
+    for replica in replicas:
+        models = (stats.get(replica.pod) or {}).get("models")
+        report = WorkerStats.parse(models.get(pool) if isinstance(models, Mapping) else None)
+        workers.append(
+            ObservedWorker(
+                name=replica.pod,
+                namespace=namespace,
+                pool=pool,
+                state=replica.state,
+                reason=replica.reason,
+                message=replica.reason,
+                since=parse_time(replica.since),
+                node=replica.node,
+                queue_depth=report.queue_depth if report else None,
+                in_flight=report.in_flight if report else None,
+                last_request_time=parse_time(report.last_request_time) if report else None,
+                stats_known=report is not None,
+                uid=f"{replica.pod}/{pool}",
+                requests_total=report.requests_total if report else None,
+                rejected_total=report.rejected_total if report else None,
+                stats_time=report.time if report else None,
+            )
+        )
+    return workers
+
+
+def reported_models(
+    pods: Iterable[Mapping[str, Any]], stats: Mapping[str, Mapping[str, Any] | None]
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """What each host pod reports of each model it holds: ``(pod, model) -> (source, task)`` (its
+    ``/stats`` ``models.<name>.model``; models that report none are left out)."""
+    reported = {}
+    for pod in pods:
+        name = str((pod.get("metadata") or {}).get("name") or "")
+        models = (stats.get(name) or {}).get("models")
+        for model, doc in models.items() if isinstance(models, Mapping) else ():
+            said = doc.get("model") if isinstance(doc, Mapping) else None
+            if isinstance(said, Mapping) and said.get("source") and said.get("task"):
+                reported[(name, str(model))] = (str(said["source"]), str(said["task"]))
+    return reported

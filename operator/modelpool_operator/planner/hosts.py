@@ -2,10 +2,17 @@
 
 The ModelHost keeps ``spec.replicas`` host pods named ``<host>-0 .. <host>-<replicas-1>``: a missing one is
 created when the ModelBudget admits its charge (``placement.hosts_admitted``: its whole devices, as a
-dedicated worker is charged), a failed or exited one, or one of an older spec (its template hash label),
-is deleted (the next pass makes it again, once it is gone), one beyond ``replicas`` is deleted. The
-status (``placement.host_status``) lists each host pod with its devices and
-models, and the memory totals the printer columns show.
+dedicated worker is charged), a failed or exited one is deleted (the next pass makes it again, once it is
+gone), one beyond ``replicas`` is deleted. The status (``placement.host_status``) lists each host pod with
+its devices and models, and the memory totals the printer columns show.
+
+A host pod of an older spec (its template hash label) is replaced by a roll, like a Deployment's with
+``maxUnavailable: 1`` (and no surge: a replacement takes the same name, so it comes once the old pod is
+gone): every model on a host pod goes with it, so a Ready one of an older spec is deleted only while every
+other host pod (``<host>-0 .. <host>-<replicas-1>``) is Ready and not being deleted, one per pass, the
+lowest index first; its replacement must be Ready before the next one goes. One of an older spec that is
+not Ready serves nothing and is deleted at once (else a spec whose pods never got Ready would hold back
+its own fix).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from dataclasses import dataclass
 
 from modelpool_contract.api import ModelHostStatus
 from modelpool_contract.placements import LABEL_HOST
+from modelpool_contract.states import SERVING_STATES
 from modelpool_operator.budget import Ledger
 from modelpool_operator.host import HostView, host_template_hash
 from modelpool_operator.observe.worker_state import ObservedWorker
@@ -43,12 +51,28 @@ def _index(host: HostView, pod: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
+def _serving(pod: ObservedWorker) -> bool:
+    return pod.state in SERVING_STATES and not pod.deleting
+
+
 def _doomed(host: HostView, pod: ObservedWorker, current: str) -> bool:
     """Failed or exited, beyond ``replicas``, not named as a host pod of this ModelHost, or of an older
-    spec (``current``: the template hash now)."""
+    spec (``current``: the template hash now) and not serving (a serving one goes by ``_rolled``)."""
     index = _index(host, pod.name)
-    outdated = pod.template_hash != current
+    outdated = pod.template_hash != current and not _serving(pod)
     return pod.state in _ENDED or index is None or index >= host.spec.replicas or outdated
+
+
+def _rolled(host: HostView, pods: Sequence[ObservedWorker], current: str) -> tuple[str, ...]:
+    """The serving host pod of an older spec to delete in this pass, the lowest index: none unless every
+    index below ``replicas`` has a serving pod (not being deleted), so that at most one host pod is down
+    for the roll at a time (the one this deletes: the others all serve)."""
+    replicas = host.spec.replicas
+    serving = {index: w for w in pods if _serving(w) and (index := _index(host, w.name)) is not None}
+    if any(index not in serving for index in range(replicas)):
+        return ()
+    outdated = [serving[i].name for i in range(replicas) if serving[i].template_hash != current]
+    return tuple(outdated[:1])
 
 
 def plan_host(
@@ -59,7 +83,10 @@ def plan_host(
     observed yet)."""
     replicas = host.spec.replicas
     current = host_template_hash(host.spec)
-    delete = sorted(w.name for w in pods if not w.deleting and _doomed(host, w, current))
+    delete = sorted(
+        {w.name for w in pods if not w.deleting and _doomed(host, w, current)}
+        | set(_rolled(host, pods, current))
+    )
     # A pod being deleted still holds its name (its replacement comes once it is gone); one created but not
     # observed yet is reserved under it.
     reserved = ledger.by_pool.get(host.charge_key, {})

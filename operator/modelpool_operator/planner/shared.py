@@ -1,11 +1,11 @@
-"""A shared pool's pass (``spec.host``) while the operator does not place its replicas on host pods yet:
-it never gets dedicated workers (they would own GPUs the ModelHost owns); its status says that it waits
-for placement on its host, and why (pure).
+"""A shared pool's pass (``spec.host``), pure: it never gets dedicated workers (they would own GPUs the
+ModelHost owns); its ModelHost's pass places its model on host pods (``planner.placing``), and its status
+lists the host pods holding it with the model's state there (``shared_status``), or says why it has none.
 
-Why, in order: the ModelHost does not exist (``HostNotFound``) or its spec does not parse
+Why none, in order: the ModelHost does not exist (``HostNotFound``) or its spec does not parse
 (``HostInvalid``); else what ``placement.place`` answers over the host pods (``NoHost``: none is ready,
-``LargerThanDevice``, ``NoRoom``, ``EveryHostHoldsIt``); else ``PlacementPending``: a host pod could take
-the model, but this operator version does not load models on hosts yet.
+``LargerThanDevice``, ``NoRoom``, ``EveryHostHoldsIt``); else ``PlacementPending``: a host pod has room and
+the ModelHost's pass is loading the model there.
 """
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
+from modelpool_contract.api import WorkerStatus, autoscaling_enabled
+from modelpool_contract.quantity import format_quantity
+from modelpool_operator.observe.hosts import HostedReplica
 from modelpool_operator.placement.decide import PlacementRequest, Unplaced, place
 from modelpool_operator.placement.ledger import Host
 from modelpool_operator.planner.draft import Event
+from modelpool_operator.planner.shared_scale import FAILING_EVERYWHERE, SharedScale
 from modelpool_operator.planner.status import condition
 from modelpool_operator.pool import PoolView
 
@@ -49,9 +53,7 @@ def host_wait(pool: PoolView, *, host_found: bool, host_error: str | None, hosts
     if isinstance(decided, Unplaced):
         return HostWait(decided.reason, f"{prefix}: {decided.message}")
     return HostWait(
-        PLACEMENT_PENDING,
-        f"{prefix}: host pod {decided.host} has room, but this operator version does not load models on "
-        "shared hosts yet; no dedicated worker is created for a pool with spec.host",
+        PLACEMENT_PENDING, f"{prefix}: host pod {decided.host} has room; the model is being placed there"
     )
 
 
@@ -90,3 +92,115 @@ def host_wait_event(wait: HostWait) -> Event:
     return Event(
         "Normal" if wait.reason == PLACEMENT_PENDING else "Warning", wait.reason, wait.message[:1000]
     )
+
+
+#: A replica that serves requests: a sleeping or waking one too (a request wakes it on the host).
+SERVING: frozenset[str] = frozenset({"Ready", "Processing", "Idle", "Sleeping", "Waking"})
+_LOADING: frozenset[str] = frozenset({"Pending", "Loading"})
+
+
+def _phase(desired: int, ready: int, replicas: Sequence[HostedReplica]) -> str:
+    if ready and ready >= desired:
+        return "Ready"
+    if ready:
+        return "Degraded"
+    if any(r.state in _LOADING for r in replicas):
+        return "Loading"
+    if replicas and all(r.state == "Failed" for r in replicas):
+        return "Failed"
+    return "ScaledToZero" if desired == 0 else "Pending"
+
+
+def _zero_message(pool: PoolView) -> str:
+    """How a shared pool at zero comes back (the Ready condition's message)."""
+    if pool.spec.replicas == 0 and not autoscaling_enabled(pool.spec):
+        return "no host pod holds the model: spec.replicas is 0 and autoscaling is off"
+    return (
+        "no host pod holds the model; the gateway's next request places it on a host pod (the request "
+        "waits while the model loads; set minReplicas to keep it placed)"
+    )
+
+
+def shared_status(
+    pool: PoolView,
+    replicas: Sequence[HostedReplica],
+    wait: HostWait | None,
+    now: datetime,
+    scale: SharedScale | None = None,
+) -> dict[str, Any]:
+    """The status patch (wire form) of a shared pool whose ModelHost exists: its replicas on host pods
+    (``workers``, each named after its host pod), the phase as for dedicated workers, the condition Placed
+    (True once as many host pods hold the model as its target asks; else False with ``wait``'s reason)
+    and Ready (True while a replica serves; else why: failed, with the retry, loading, or at zero).
+    ``scale``: the pass's count (``planner.shared_scale``; None: ``spec.replicas``, nothing more)."""
+    desired = scale.target if scale is not None else pool.spec.replicas
+    present = sorted((r for r in replicas if r.state not in ("Failed", "Dead")), key=lambda r: r.pod)
+    ready = sum(1 for r in replicas if r.state in SERVING)
+    pods = ", ".join(r.pod for r in present)
+    placed: tuple[Literal["True", "False"], str, str]
+    serving: tuple[Literal["True", "False"], str, str]
+    if len(present) >= desired:
+        placed = ("True", "Placed", f"on host pods {pods}" if pods else "its target is 0 replicas")
+    elif wait is not None:
+        placed = ("False", wait.reason, wait.message)
+    else:
+        placed = ("False", PLACEMENT_PENDING, f"{len(present)} of {desired} host pods hold the model")
+    failed = next((r for r in replicas if r.state == "Failed"), None)
+    if ready:
+        serving = ("True", "Serving", f"{ready} of {desired} replicas serve")
+    elif scale is not None and scale.failing_everywhere is not None:
+        serving = ("False", FAILING_EVERYWHERE, scale.failing_everywhere)
+    elif failed is not None:
+        retry = f"; retrying in {scale.retry_in:.0f}s" if scale is not None and scale.retry_in else ""
+        serving = ("False", "Failed", f"host pod {failed.pod}: {failed.reason or 'the model failed'}{retry}")
+    elif desired == 0 and not present:
+        serving = ("False", "ScaledToZero", _zero_message(pool))
+    elif present:
+        serving = ("False", "Loading", f"the model is loading on host pods {pods}")
+    else:
+        serving = ("False", placed[1], placed[2])
+    made = [
+        condition(
+            pool.status.conditions,
+            kind,
+            status=state,
+            reason=reason,
+            message=message[:1000],
+            now=now,
+            generation=pool.generation,
+        )
+        for kind, (state, reason, message) in ((PLACED, placed), ("Ready", serving))
+    ]
+    kept = [c for c in pool.status.conditions if c.type not in {PLACED, "Ready"}]
+    workers = [
+        WorkerStatus(
+            name=r.pod,
+            state=r.state,
+            node=r.node,
+            memory=format_quantity(r.memory if r.state not in ("Failed", "Dead") else 0),
+            queue_depth=r.queue_depth,
+            last_request_time=r.last_request_time,
+            reason=r.reason,
+            host=r.pod,
+            since=r.since,
+        )
+        for r in sorted(replicas, key=lambda r: r.pod)
+    ]
+    extra = scale.status_fields(pool.spec.replicas) if scale is not None else {"targetReplicas": desired}
+    return {
+        **extra,
+        "phase": _phase(desired, ready, replicas),
+        "observedGeneration": pool.generation,
+        "replicas": len(present),
+        "readyReplicas": ready,
+        "readyText": f"{ready}/{desired}",
+        # The budget charges the host pods (the ModelHost), not the pool: what each replica is charged on
+        # its host's device until measured is its declared size.
+        "memory": {
+            "charged": "0",
+            "chargedBytes": 0,
+            "declared": format_quantity(pool.spec.resources.memory_bytes),
+        },
+        "workers": [w.model_dump(mode="json", by_alias=True, exclude_none=True) for w in workers],
+        "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in [*kept, *made]],
+    }

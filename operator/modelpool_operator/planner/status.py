@@ -82,7 +82,7 @@ def _worker_statuses(draft: Draft) -> list[WorkerStatus]:
     return entries
 
 
-def _settle_backoff(draft: Draft, ready: int) -> None:
+def settle_backoff(draft: Draft, ready: int) -> None:
     """Healthy again for a while: the next failure starts from the base delay (the last failure stays on
     record)."""
     reset_after = draft.settings.backoff_reset_after_s
@@ -195,7 +195,7 @@ def _zero_message(draft: Draft) -> str:
     )
 
 
-def _autoscaling_status(draft: Draft) -> AutoscalingStatus:
+def autoscaling_status(draft: Draft) -> AutoscalingStatus:
     """``status.autoscaling``: the count, the load as last observed, the countdown and the times.  The
     window averages stay out of it (they are in the scaling Events): they drift from pass to pass, and
     every status write wakes the pool for another pass."""
@@ -267,8 +267,8 @@ def _closing_events(draft: Draft) -> None:
 MAX_MESSAGE_CHARS = 1000
 
 
-def coalesce(events: Iterable[Event]) -> list[Event]:
-    """One Event per reason for the Normal Events of one pass, their messages joined in order.
+def coalesce(events: Iterable[Event], kinds: tuple[str, ...] = ("Normal",)) -> list[Event]:
+    """One Event per reason for the Normal Events of one pass (of ``kinds``), their messages joined in order.
 
     A pass that creates ten workers told ten CreatingWorker Events, and a scale-up of 300 pools posted
     6,000 Events, one API request each, while the operator and the API server had the scale-up to do.
@@ -278,14 +278,14 @@ def coalesce(events: Iterable[Event]) -> list[Event]:
     events = list(events)
     messages: dict[str, list[str]] = {}
     for event in events:
-        if event.type == "Normal":
+        if event.type in kinds:
             messages.setdefault(event.reason, []).append(event.message)
     out: list[Event] = []
     for event in events:
-        if event.type != "Normal":
+        if event.type not in kinds:
             out.append(event)
         elif event.reason in messages:
-            out.append(Event("Normal", event.reason, _joined(messages.pop(event.reason))))
+            out.append(Event(event.type, event.reason, _joined(messages.pop(event.reason))))
     return out
 
 
@@ -305,7 +305,7 @@ def conclude(draft: Draft) -> Plan:
     states = [s.state for s in workers]
     ready = sum(1 for s in states if s in SERVING_STATES)
     loading = states.count("Loading")
-    _settle_backoff(draft, ready)
+    settle_backoff(draft, ready)
     conditions = [*_conditions(draft, ready, loading), _memory_condition(draft, workers)]
     _closing_events(draft)
     tell_memory_over_charge(draft, workers)
@@ -335,7 +335,7 @@ def conclude(draft: Draft) -> Plan:
             last_message=backoff.last_message,
         ),
         selector=f"{LABEL_POOL}={pool.name}",
-        autoscaling=_autoscaling_status(draft),
+        autoscaling=autoscaling_status(draft),
         generation=generation_summary(draft.workers),
     )
     positive = [r for r in draft.requeue if r > 0]

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from modelpool_contract.api import (
+    MODELHOST_NAME_MAX_LENGTH,
     MSG_DEVICE_MEMORY_POSITIVE,
     MSG_DEVICE_MEMORY_REQUIRED,
+    MSG_HOST_NAME_LENGTH,
     SHARED_POOL_RULES,
     parse_pool_spec,
 )
@@ -76,6 +78,12 @@ REFUSED: list[tuple[str, dict[str, Any], list[str]]] = [
     ("not a quantity", host("h", deviceMemory="lots"), ["spec.deviceMemory"]),
     ("too many GPUs", host("h", deviceMemory="8Gi", gpusPerHost=17), ["spec.gpusPerHost"]),
     ("negative hostMemory", host("h", deviceMemory="8Gi", hostMemory="-1Gi"), ["spec.hostMemory"]),
+    # Its host pods carry the name in the label modelpool.dev/pool=host_<name>: 63 characters at most.
+    (
+        "name too long",
+        host("h" * (MODELHOST_NAME_MAX_LENGTH + 1), deviceMemory="8Gi"),
+        [MSG_HOST_NAME_LENGTH],
+    ),
     ("not a name", shared_pool("p", host="Not_A_Name"), ["spec.host"]),
     (
         "shared pool gpus",
@@ -108,6 +116,9 @@ def test_good_hosts_and_shared_pools_are_accepted_and_the_columns_show_memory(
     assert code == 0, output
     spec = json.loads(output)["spec"]
     assert spec["replicas"] == 1 and spec["gpusPerHost"] == 0
+    longest = host("h" * MODELHOST_NAME_MAX_LENGTH, deviceMemory="16Gi")
+    code, output = dry_run(hosts_crd, namespace, longest)
+    assert code == 0, output
     dedicated = shared_pool("dedicated", image="ghcr.io/x/y:1")
     del dedicated["spec"]["host"]
     code, output = dry_run(hosts_crd, namespace, dedicated)

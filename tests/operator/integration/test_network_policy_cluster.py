@@ -1,6 +1,6 @@
 """The pool's NetworkPolicy on the real API server: the operator makes it with the exact shape, brings it up
 to date when it starts with other settings, and the garbage collector of the real kube-controller-manager
-deletes it with its pool. Without the setting no policy is made.
+deletes it with its pool; a ModelHost's too, owned by it. Without the setting no policy is made.
 
 No CNI runs here, so nothing enforces the policies: what is checked is the object the API server accepted
 (its validation of named ports, peers and selectors included), not that traffic is refused.
@@ -56,6 +56,17 @@ def _release_pods(labels: dict[str, str]) -> dict[str, Any]:
     return {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mp-system"}},
         "podSelector": {"matchLabels": labels},
+    }
+
+
+def _modelhost(name: str) -> dict[str, Any]:
+    """A ModelHost with no host pod: its policy is made all the same."""
+    spec = {"replicas": 0, "deviceMemory": "1Gi"}
+    return {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelHost",
+        "metadata": {"name": name},
+        "spec": spec,
     }
 
 
@@ -119,6 +130,27 @@ def test_a_pool_gets_its_network_policy_updated_on_restart_and_deleted_with_it(
         interval=0.5,
         message="the NetworkPolicy garbage-collected with its pool",
     )
+
+    # A ModelHost's host pods get theirs (no pod needed), owned by the ModelHost: its probe port carries the
+    # control API, so the operator alone is admitted there. (After the pool's garbage collection: with the
+    # ModelHost made before it, the garbage collector took 20 s longer in a run.)
+    apply(cluster, _modelhost("fenced-gpus"), namespace)
+    host_policy = wait_for(
+        lambda: _policy(cluster, namespace, "modelhost-fenced-gpus"),
+        timeout=60,
+        message="the ModelHost's NetworkPolicy",
+    )
+    host = get_json(cluster, "modelhosts", "fenced-gpus", "-n", namespace)
+    assert host_policy["metadata"]["ownerReferences"][0]["uid"] == host["metadata"]["uid"]
+    assert host_policy["spec"]["podSelector"] == {"matchLabels": {"modelpool.dev/pool": "host_fenced-gpus"}}
+    assert host_policy["spec"]["ingress"] == [
+        {"ports": [{"port": "probes", "protocol": "TCP"}], "from": [operator_peer]},
+        {
+            "ports": [{"port": "http", "protocol": "TCP"}],
+            "from": [operator_peer, _release_pods(GATEWAY), others],
+        },
+    ]
+    cluster.kubectl("delete", "modelhosts", "fenced-gpus", "-n", namespace, "--timeout=60s")
 
 
 def test_without_the_setting_no_policy_is_made(

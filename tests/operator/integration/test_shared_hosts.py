@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from modelpool_contract.labels import LABEL_POOL
-from modelpool_contract.placements import LABEL_HOST
+from modelpool_contract.placements import LABEL_HOST, read_models
 from modelpool_operator.effects.resources import CONTROL_KEY_FILE
 from testkit.cluster import Cluster
 from testkit.kubectl import (
@@ -27,7 +29,7 @@ from testkit.kubectl import (
     wait_established,
     wait_for,
 )
-from testkit.services import OperatorProcess, budget_manifest, stop_all
+from testkit.services import GatewayProcess, OperatorProcess, budget_manifest, minilm_source, stop_all
 from tests.operator.integration.opharness import GI, condition, reasons, wait_status
 
 pytestmark = pytest.mark.cluster
@@ -151,14 +153,15 @@ def test_a_modelhost_gets_its_host_pods_within_the_budget_and_a_status(crds: Clu
     assert budget
     told = [reason for reason, _ in reasons(crds, shared_ns, "kwok")]
     assert "BudgetExceeded" in told
-    # A ready host pod with room: the pool waits only because the operator does not place models yet.
-    wait_status(crds, shared_ns, "emb2", placed("PlacementPending"), timeout=30, message="room on a host")
+    # KWOK host pods run nothing: without their /stats no model is placed on them.
+    wait_status(crds, shared_ns, "emb2", placed("NoHost"), timeout=30, message="no host pod answers")
     assert get_json(crds, "pods", "-n", shared_ns, "-l", f"{LABEL_POOL}=emb2")["items"] == []
 
 
 def test_a_cpu_host_pod_is_a_real_shared_host_on_the_process_node(crds: Cluster, shared_ns: str) -> None:
     placement = {"nodeSelector": PROCESS_NODE_SELECTOR, "tolerations": [PROCESS_NODE_TOLERATION]}
-    apply(crds, model_host("cpu", replicas=1, gpusPerHost=0, deviceMemory="1Gi", **placement), shared_ns)
+    host = model_host("cpu", replicas=1, gpusPerHost=0, deviceMemory="1Gi", hostMemory="1Gi", **placement)
+    apply(crds, host, shared_ns)
 
     def status() -> dict[str, Any]:
         got: dict[str, Any] = get_json(crds, "modelhost", "cpu", "-n", shared_ns).get("status") or {}
@@ -170,3 +173,80 @@ def test_a_cpu_host_pod_is_a_real_shared_host_on_the_process_node(crds: Cluster,
     assert host["name"] == "cpu-0" and host["state"] in ("Ready", "Idle")
     assert host["devices"][0]["capacity"] == "1Gi" and host["devices"][0]["free"] == "1Gi"
     assert host["models"] == []
+
+
+def test_a_shared_pool_is_placed_served_put_to_sleep_woken_and_unloaded(
+    crds: Cluster, shared_ns: str, tmp_path: Path
+) -> None:
+    """On the CPU host pod of the test above (a real ``modelpool-server --shared-host``): the operator
+    loads MiniLM there, the pool's status lists the host pod, the pod's annotation names the pool, the
+    real gateway routes the openai client's embeddings to it; the host puts it to sleep once idle (1 s)
+    and a request wakes it and is answered; with minReplicas 0 the operator unloads it once idle twice
+    that (the pool scaled to zero), and the gateway's held request gets it placed again and answered;
+    deleting the pool unloads it first."""
+    pool = {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": "minilm"},
+        "spec": {
+            "model": {"source": minilm_source(), "task": "text-embedding"},
+            "resources": {"memory": "512Mi"},
+            "idleTimeoutSeconds": 1,
+            "minReplicas": 1,
+            "host": "cpu",
+        },
+    }
+    apply(crds, pool, shared_ns)
+    status = wait_status(
+        crds,
+        shared_ns,
+        "minilm",
+        lambda s: condition(s, "Ready").get("status") == "True",
+        timeout=120,
+        message="MiniLM placed and serving on the host pod",
+    )
+    assert condition(status, "Placed")["status"] == "True" and status["readyText"] == "1/1"
+    [worker] = status["workers"]
+    assert worker["name"] == worker["host"] == "cpu-0"
+
+    def on_host() -> dict[str, str]:
+        pod = get_json(crds, "pod", "cpu-0", "-n", shared_ns)
+        return dict(read_models(pod["metadata"].get("annotations")))
+
+    assert wait_for(lambda: "minilm" in on_host(), timeout=30, message="the host pod's annotation")
+    gateway = GatewayProcess(crds, (shared_ns,), tmp_path / "gateway.log")
+    try:
+        gateway.wait_ready()
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=gateway.key, max_retries=0, timeout=60)
+        answer = client.embeddings.create(model="minilm", input=["A man is eating food."])
+        assert len(answer.data[0].embedding) == 384
+        wait_for(lambda: on_host().get("minilm") == "Sleeping", timeout=30, message="MiniLM asleep")
+        woken = client.embeddings.create(model="minilm", input=["A man is riding a horse."])
+        assert len(woken.data[0].embedding) == 384
+        wait_for(
+            lambda: on_host().get("minilm") in ("Ready", "Idle", "Processing", "Sleeping"),
+            timeout=30,
+            message="MiniLM awake again",
+        )
+        # Scale to zero: idle twice idleTimeoutSeconds (asleep for the second), unloaded; the gateway holds
+        # the next request and records the demand, for which the operator places the model again.
+        patch = '{"spec": {"minReplicas": 0}}'
+        crds.kubectl("patch", "modelpool", "minilm", "-n", shared_ns, "--type=merge", "-p", patch)
+        wait_status(
+            crds, shared_ns, "minilm", lambda s: s["phase"] == "ScaledToZero", timeout=30, message="unloaded"
+        )
+        wait_for(lambda: "minilm" not in on_host(), timeout=30, message="the annotation without MiniLM")
+        placed_again = client.embeddings.create(model="minilm", input=["A woman is playing violin."])
+        assert len(placed_again.data[0].embedding) == 384
+        told = [reason for reason, _ in reasons(crds, shared_ns, "minilm")]
+        assert "IdleUnload" in told and "WokenByDemand" in told
+    finally:
+        stop_all([gateway], show_logs=True, what="gateway")
+    # The finalizer unloads the model before the pool goes (kubectl waits for that).
+    crds.kubectl("delete", "modelpool", "minilm", "-n", shared_ns, "--timeout=60s")
+    wait_for(lambda: "minilm" not in on_host(), timeout=30, message="the annotation without the pool")
+    wait_for(
+        lambda: get_json(crds, "modelhost", "cpu", "-n", shared_ns)["status"]["hosts"][0]["models"] == [],
+        timeout=30,
+        message="the host holds no model once the pool is gone",
+    )

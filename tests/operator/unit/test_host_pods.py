@@ -85,6 +85,9 @@ def test_a_cpu_host_pod_asks_for_the_ram_its_models_use_and_park() -> None:
     assert pod["metadata"]["annotations"][ANNOTATION_MEMORY] == str(6 * GI)
     no_sleep = build_host_pod(view(gpusPerHost=0, deviceMemory="4Gi"), 0)
     assert flag(no_sleep["spec"]["containers"][0]["args"], "--host-memory") is None
+    # Idle models sleep only where there is RAM to park them in.
+    assert "--sleep-idle" in container["args"]
+    assert "--sleep-idle" not in no_sleep["spec"]["containers"][0]["args"]
 
 
 def test_the_control_key_secret_is_owned_by_the_modelhost() -> None:
@@ -98,7 +101,7 @@ CURRENT = host_template_hash(view().spec)
 
 
 def pod(
-    name: str, state: str = "Ready", *, ready: bool = True, template: str = CURRENT
+    name: str, state: str = "Ready", *, ready: bool = True, template: str = CURRENT, deleting: bool = False
 ) -> tuple[ObservedWorker, dict[str, Any]]:
     worker = ObservedWorker(
         template_hash=template,
@@ -107,6 +110,7 @@ def pod(
         pool=host_charge_key("ns", "gpus")[1],
         state=state,
         memory=8 * GI,  # type: ignore[arg-type]
+        deleting=deleting,
     )
     body = {
         "metadata": {"name": name},
@@ -141,10 +145,49 @@ def test_extra_failed_and_foreign_host_pods_are_deleted() -> None:
 def test_a_host_pod_of_an_older_spec_is_replaced_and_replicas_alone_roll_nothing() -> None:
     decided = plan(view(replicas=2), [pod("gpus-0", template="0ld"), pod("gpus-1")], None)
     assert decided.delete == ("gpus-0",) and decided.create == ()
+    # One host pod alone: nothing else can serve meanwhile, it is replaced all the same.
+    assert plan(view(replicas=1), [pod("gpus-0", template="0ld")], None).delete == ("gpus-0",)
     assert host_template_hash(view(replicas=5).spec) == CURRENT
     assert host_template_hash(view(deviceMemory="4Gi").spec) != CURRENT
     labels = build_host_pod(view(), 0)["metadata"]["labels"]
     assert labels["modelpool.dev/template-hash"] == CURRENT
+
+
+def test_a_new_spec_rolls_the_host_pods_one_at_a_time_while_the_others_serve() -> None:
+    """Like a Deployment's maxUnavailable 1: a spec change replaced every host pod in one pass before, and
+    every model on every host went at once."""
+    host = view(replicas=3)
+    old = [pod(f"gpus-{i}", template="0ld") for i in range(3)]
+    assert plan(host, old, None).delete == ("gpus-0",)  # the lowest index, alone
+    # While it goes, and while its replacement is missing or not Ready, no other one goes.
+    going = [pod("gpus-0", template="0ld", deleting=True), *old[1:]]
+    assert plan(host, going, None).delete == ()
+    assert plan(host, old[1:], None).delete == () and plan(host, old[1:], None).create == (0,)
+    loading = [pod("gpus-0", "Loading", ready=False), *old[1:]]
+    assert plan(host, loading, None).delete == ()
+    # Once it serves on the new spec, the next one goes; an idle or busy host pod serves as well.
+    assert plan(host, [pod("gpus-0", "Idle"), *old[1:]], None).delete == ("gpus-1",)
+    busy = [pod("gpus-0"), pod("gpus-1", "Processing"), old[2]]
+    assert plan(host, busy, None).delete == ("gpus-2",)
+    assert plan(host, [pod(f"gpus-{i}") for i in range(3)], None).delete == ()
+
+
+def test_a_host_pod_of_an_older_spec_that_serves_nothing_goes_at_once() -> None:
+    """An old pod that never got Ready (a bad image, no node) holds no model: holding it back would only
+    keep the fix of its spec from rolling out."""
+    host = view(replicas=3)
+    stuck = [pod(f"gpus-{i}", "Pending", ready=False, template="0ld") for i in range(3)]
+    assert plan(host, stuck, None).delete == ("gpus-0", "gpus-1", "gpus-2")
+    # A serving old one beside a stuck one waits: the stuck one is down already.
+    mixed = [
+        pod("gpus-0", template="0ld"),
+        pod("gpus-1", "Pending", ready=False, template="0ld"),
+        pod("gpus-2"),
+    ]
+    assert plan(host, mixed, None).delete == ("gpus-1",)
+    # Failed ones and extras beyond replicas go whatever the roll does.
+    extra = [*(pod(f"gpus-{i}", template="0ld") for i in range(2)), pod("gpus-2", "Failed"), pod("gpus-3")]
+    assert plan(host, extra, None).delete == ("gpus-2", "gpus-3")
 
 
 def test_the_status_lists_each_host_pod_with_its_devices_and_the_totals() -> None:

@@ -1,4 +1,5 @@
-"""The pool's NetworkPolicy (``network_policy``): its exact shape, and the settings it is built from."""
+"""The NetworkPolicies (``network_policy``) of a pool's workers and of a ModelHost's host pods: their exact
+shape, and the settings they are built from."""
 
 from __future__ import annotations
 
@@ -8,8 +9,16 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from modelpool_contract.api import parse_host_spec
 from modelpool_operator.effects.network_peers import NetworkPolicyPeer
-from modelpool_operator.effects.network_policy import PolicySettings, build_network_policy, policy_name
+from modelpool_operator.effects.network_policy import (
+    PolicySettings,
+    build_host_network_policy,
+    build_network_policy,
+    policy_name,
+)
+from modelpool_operator.effects.resources import build_host_pod
+from modelpool_operator.host import HostView
 from modelpool_operator.pool import PoolView
 from modelpool_operator.services import policy_settings
 from modelpool_operator.settings import OperatorConfig
@@ -38,14 +47,18 @@ def _in_release(labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
+# The operator, the gateway, callers and metrics scrapers named.
+EVERYONE = PolicySettings(
+    namespace="mp-system",
+    operator_labels=OPERATOR,
+    gateway_labels=GATEWAY,
+    callers=(NetworkPolicyPeer.model_validate(APPS),),
+    metrics_callers=(NetworkPolicyPeer.model_validate(PROMETHEUS),),
+)
+
+
 def test_the_policy_admits_the_operator_the_gateway_and_the_named_callers_port_by_port() -> None:
-    settings = PolicySettings(
-        namespace="mp-system",
-        operator_labels=OPERATOR,
-        gateway_labels=GATEWAY,
-        callers=(NetworkPolicyPeer.model_validate(APPS),),
-        metrics_callers=(NetworkPolicyPeer.model_validate(PROMETHEUS),),
-    )
+    settings = EVERYONE
     assert build_network_policy(_pool(), settings) == {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -79,6 +92,57 @@ def test_the_policy_admits_the_operator_the_gateway_and_the_named_callers_port_b
             ],
         },
     }
+
+
+def test_a_modelhosts_policy_admits_the_operator_alone_to_its_control_port() -> None:
+    """Host pods had no policy: anyone in the cluster could load, unload, sleep and wake their models (the
+    control key aside) and call every model on them past the gateway."""
+    settings = EVERYONE
+    host = HostView("team", "gpus", parse_host_spec({"deviceMemory": "8Gi"}), uid="h-1")
+    policy = build_host_network_policy(host, settings)
+    assert policy == {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": "modelhost-gpus",
+            "namespace": "team",
+            "labels": {
+                "modelpool.dev/host": "gpus",
+                "modelpool.dev/pool": "host_gpus",
+                "app.kubernetes.io/managed-by": "modelpool-operator",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "modelpool.dev/v1alpha1",
+                    "kind": "ModelHost",
+                    "name": "gpus",
+                    "uid": "h-1",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {"modelpool.dev/pool": "host_gpus"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                # The control API: no metrics scraper, no caller, no gateway.
+                {"ports": [{"port": "probes", "protocol": "TCP"}], "from": [_in_release(OPERATOR)]},
+                {
+                    "ports": [{"port": "http", "protocol": "TCP"}],
+                    "from": [_in_release(OPERATOR), _in_release(GATEWAY), APPS],
+                },
+            ],
+        },
+    }
+    # It selects the host pods, on the ports they name; a pool's policy name can never be it.
+    pod = build_host_pod(host, 0)
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    assert {p["name"] for p in pod["spec"]["containers"][0]["ports"]} == {"http", "probes"}
+    assert not policy["metadata"]["name"].startswith(policy_name(""))
+    unowned = build_host_network_policy(HostView("team", "gpus", host.spec), settings)
+    assert "ownerReferences" not in unowned["metadata"]
 
 
 def test_without_a_gateway_or_callers_only_the_operator_is_admitted() -> None:

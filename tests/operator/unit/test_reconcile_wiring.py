@@ -20,6 +20,7 @@ import pytest
 from modelpool_contract.demand import Demand
 from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
 from modelpool_operator.effects.apply import settle_reservations, start_eviction
+from modelpool_operator.effects.host_control import HttpHostControl
 from modelpool_operator.effects.kube import ApiException
 from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import ObservationCache, pod_indexed, slim_pod
@@ -112,6 +113,10 @@ class RecordingKube:
         self.secrets.append(dict(body))
         return True
 
+    async def read_secret_key(self, namespace: str, name: str, item: str) -> str | None:
+        found = [s for s in self.secrets if s["metadata"]["name"] == name]
+        return found[-1]["stringData"][item] if found else None
+
     async def close(self) -> None:
         return None
 
@@ -182,6 +187,7 @@ def recording_operator(config: OperatorConfig) -> Operator:
         observations=ObservationCache(lifecycle_settings(config)),
         events=RecordingEvents(),
         metrics=OperatorMetrics(),
+        host_control=HttpHostControl(),
     )
     return Operator(services, Bookkeeping())
 
@@ -557,6 +563,33 @@ async def test_a_host_pass_makes_its_key_once_and_its_pods_within_the_budget(sta
     assert len(state.kube.created) == 2 and state.book.reservations.reserved == 0
 
 
+async def test_a_host_pass_fences_its_host_pods_with_a_network_policy_once(state: Operator) -> None:
+    """Refused once (a 403): the host pods are made all the same with a Warning Event, the next pass applies
+    the policy, and later passes send it no more (each operator start applies the settings again)."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.reconcile import reconcile_host
+
+    state.use(
+        config=OperatorConfig(
+            network_policy_enabled=True,
+            network_policy_namespace="mp-system",
+            network_policy_operator_labels={"app.kubernetes.io/name": "modelpool-operator"},
+        )
+    )
+    state.kube.fail_policies = 1
+    run, body = HostRun(key=("ns", "gpus")), _host(1)
+    for _ in range(3):
+        await reconcile_host(
+            state.services, state.book, run=run, body=body, pods_by_pool={}, pools_by_key={}, budgets={}
+        )
+    assert [p["metadata"]["name"] for p in state.kube.created] == ["gpus-0"]
+    [warning] = [e for _, e in state.events.posted if e.reason == "NetworkPolicyFailed"]
+    assert "host pods' NetworkPolicy" in warning.message and "403 Forbidden" in warning.message
+    [policy] = state.kube.policies
+    assert policy["metadata"]["name"] == "modelhost-gpus"
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-gpus"
+
+
 async def test_a_host_with_a_forbidden_image_gets_no_pod_and_one_warning() -> None:
     from modelpool_operator.bookkeeping import HostRun
     from modelpool_operator.reconcile import POLICY_VIOLATION, reconcile_host
@@ -579,3 +612,275 @@ async def test_a_host_with_a_forbidden_image_gets_no_pod_and_one_warning() -> No
         assert event.reason == POLICY_VIOLATION and "docker.io/evil/miner:1" in event.message
     finally:
         await operator.services.scraper.aclose()
+
+
+# ---- placing shared pools' models on host pods (reconcile.place_models, shared_pass) ---------------------
+
+
+class RecordingControl:
+    """A ``HostControl`` that records each call (a load answers at once)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str]] = []
+
+    async def index(self, url: str, key: str) -> list[dict[str, Any]]:
+        return []
+
+    async def load(self, url: str, key: str, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(("load", url, model))
+        return {"name": model, "state": "Ready"}
+
+    async def unload(self, url: str, key: str, model: str) -> None:
+        self.calls.append(("unload", url, model))
+
+    async def sleep(self, url: str, key: str, model: str) -> dict[str, Any]:
+        self.calls.append(("sleep", url, model))
+        return {}
+
+    async def wake(self, url: str, key: str, model: str) -> dict[str, Any]:
+        return {}
+
+    async def aclose(self) -> None:
+        return None
+
+
+class CachedStats:
+    """A scraper whose cache holds the given stats by pod name (nothing is fetched)."""
+
+    def __init__(self, stats: dict[str, Any]) -> None:
+        self.stats = stats
+
+    def cached(self, pods: Any) -> dict[str, Any]:
+        return {p["metadata"]["name"]: self.stats.get(p["metadata"]["name"]) for p in pods}
+
+    def refresh(self, pods: Any, on_change: Any = None) -> dict[str, Any]:
+        return self.cached(pods)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _host_pod(models: dict[str, str] | None = None) -> dict[str, Any]:
+    from modelpool_contract.placements import ANNOTATION_MODELS, models_annotation
+    from modelpool_operator.effects.resources import build_host_pod
+    from modelpool_operator.host import HostView
+
+    pod = build_host_pod(HostView.from_body(_host(1)), 0)
+    if models is not None:
+        pod["metadata"]["annotations"][ANNOTATION_MODELS] = models_annotation(models)  # type: ignore[arg-type]
+    pod["metadata"]["uid"] = "u-gpus-0"
+    pod["status"] = {
+        "phase": "Running",
+        "podIP": "127.0.0.9",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "server", "ready": True, "state": {"running": {}}}],
+    }
+    return slim_pod(pod)
+
+
+def _shared(name: str) -> dict[str, Any]:
+    body = _pool(name, 1)
+    body["spec"]["host"] = "gpus"
+    return body
+
+
+async def test_a_host_pass_loads_a_shared_pool_and_annotates_the_host_pod(state: Operator) -> None:
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.host import HostView, host_charge_key
+    from modelpool_operator.reconcile import place_models
+
+    control = RecordingControl()
+    state.use(host_control=control, scraper=CachedStats({"gpus-0": {"models": {}}}))
+    host, body, run = HostView.from_body(_host(1)), _host(1), HostRun(key=("ns", "gpus"))
+    pods = {host_charge_key("ns", "gpus"): [_host_pod()]}
+    pools = _index({("ns", "emb"): _shared("emb")})
+
+    async def place() -> None:
+        await place_models(
+            state.services, state.book, run=run, host=host, body=body, pods_by_pool=pods, pools_by_key=pools
+        )
+        await asyncio.gather(*run.loading.values())
+
+    # Without the control key: no call, one Warning saying why.
+    await place()
+    await place()
+    assert control.calls == []
+    assert [e.reason for _, e in state.events.posted] == ["NoControlKey"]
+    state.book.control_keys[("ns", "gpus")] = "k"
+    await place()
+    port = state.services.config.server_probe_port
+    assert control.calls == [("load", f"http://127.0.0.9:{port}", "emb")]
+    assert run.loaded == {("gpus-0", "emb"): run.loaded[("gpus-0", "emb")]} and run.loading == {}
+    # The annotation follows the host's /stats, written only when it differs from the pod's.
+    assert state.kube.pod_patches == [
+        ("gpus-0", {"metadata": {"annotations": {"modelpool.dev/models": "{}"}}})
+    ]
+    state.use(scraper=CachedStats({"gpus-0": {"models": {"emb": {"state": "Ready"}}}}))
+    pods[host_charge_key("ns", "gpus")] = [_host_pod({"emb": "Ready"})]
+    await place()
+    assert len(control.calls) == 1 and len(state.kube.pod_patches) == 1
+    # The pool deleted: unloaded.
+    await place_models(
+        state.services, state.book, run=run, host=host, body=body, pods_by_pool=pods, pools_by_key={}
+    )
+    assert control.calls[-1] == ("unload", f"http://127.0.0.9:{port}", "emb")
+
+
+async def test_a_pool_switched_to_a_host_loses_its_dedicated_workers(state: Operator) -> None:
+    deleted: list[str] = []
+
+    async def delete_pod(namespace: str, name: str, grace_period_seconds: int | None = None) -> bool:
+        deleted.append(name)
+        return True
+
+    state.kube.delete_pod = delete_pod  # type: ignore[method-assign]
+    body = _shared("emb")
+    worker = _running({"metadata": {"name": "emb-abcde-0", "namespace": "ns"}, "spec": {}})
+    await reconcile_pool(
+        state.services,
+        state.book,
+        run=PoolRun(key=("ns", "emb")),
+        body=body,
+        pods_by_pool={("ns", "emb"): [worker]},
+        pools_by_key={},
+        budgets={},
+        hosts={("ns", "gpus"): [_host(1)["spec"]]},
+    )
+    assert deleted == ["emb-abcde-0"]
+    [patch] = state.kube.status_patches
+    assert patch["phase"] == "Pending" and patch["conditions"][0]["reason"] == "NoHost"
+
+
+async def test_after_a_restart_a_model_of_another_source_is_unloaded(state: Operator) -> None:
+    """A fresh process does not know what it loaded: what the host reports of the model (its source and
+    task in /stats) against the pool's settings tells it."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.host import HostView, host_charge_key
+    from modelpool_operator.reconcile import place_models
+
+    control = RecordingControl()
+    doc = {"state": "Ready", "model": {"name": "emb", "task": "text-embedding", "source": "/models/old"}}
+    state.use(host_control=control, scraper=CachedStats({"gpus-0": {"models": {"emb": doc}}}))
+    state.book.control_keys[("ns", "gpus")] = "k"
+    pods = {host_charge_key("ns", "gpus"): [_host_pod({"emb": "Ready"})]}
+    pools = _index({("ns", "emb"): _shared("emb")})
+    host, run = HostView.from_body(_host(1)), HostRun(key=("ns", "gpus"))
+    await place_models(
+        state.services, state.book, run=run, host=host, body=_host(1), pods_by_pool=pods, pools_by_key=pools
+    )
+    assert [(action, model) for action, _, model in control.calls] == [("unload", "emb")]
+    doc["model"]["source"] = "/models/m"  # the pool's own: kept
+    await place_models(
+        state.services, state.book, run=run, host=host, body=_host(1), pods_by_pool=pods, pools_by_key=pools
+    )
+    assert len(control.calls) == 1
+
+
+# ---- a shared pool's count, retries and failures (shared_pass, place_models) ----------------------------
+
+
+async def test_a_shared_pools_pass_hands_its_count_to_its_modelhost_and_writes_it(state: Operator) -> None:
+    """The pool's pass decides its count over its model's figures on the host pods (a burst of load here),
+    hands it to its ModelHost's pass (which it pokes) and writes it in its status; while autoscaling under
+    load it looks again every stats interval, idle only when a decision of its own is due."""
+    from modelpool_operator.host import host_charge_key
+
+    doc = {"state": "Processing", "in_flight": 8, "queue_depth": 32, "time": 1.0}
+    state.use(scraper=CachedStats({"gpus-0": {"models": {"emb": doc}}}))
+    host_key = host_charge_key("ns", "gpus")
+    woken = state.book.wakeup(host_key)
+    body = _shared("emb")
+    body["spec"]["maxReplicas"] = 5
+    plan = await reconcile_pool(
+        state.services,
+        state.book,
+        run=PoolRun(key=("ns", "emb")),
+        body=body,
+        pods_by_pool={host_key: [_host_pod({"emb": "Processing"})]},
+        pools_by_key={},
+        budgets={},
+        hosts={("ns", "gpus"): [_host(3)["spec"]]},
+    )
+    assert plan is not None and plan.requeue_after == state.services.config.stats_interval_seconds
+    assert state.book.shared[("ns", "emb")].target == 3 and woken.is_set()
+    [patch] = state.kube.status_patches
+    assert patch["targetReplicas"] == 4 and patch["specReplicas"] == 1
+    assert patch["autoscaling"]["desiredReplicas"] == 4 and patch["autoscaling"]["observedLoad"] == 40
+    assert [e.reason for name, e in state.events.posted if name == "emb"] == ["ScaledUp", "EveryHostHoldsIt"]
+    idle = {"state": "Idle", "in_flight": 0, "queue_depth": 0, "time": 2.0}
+    state.use(scraper=CachedStats({"gpus-0": {"models": {"emb": idle}}}))
+    quiet = await reconcile_pool(
+        state.services,
+        state.book,
+        run=PoolRun(key=("ns", "emb")),
+        body=body,
+        pods_by_pool={host_key: [_host_pod({"emb": "Idle"})]},
+        pools_by_key={},
+        budgets={},
+        hosts={("ns", "gpus"): [_host(3)["spec"]]},
+    )
+    # Idle: only its idle unload (twice the default idleTimeoutSeconds, 300 s) asks for a pass.
+    assert quiet is not None and quiet.requeue_after is not None and quiet.requeue_after > 500
+
+
+class FailingControl(RecordingControl):
+    """Every unload and sleep is refused by the host."""
+
+    async def unload(self, url: str, key: str, model: str) -> None:
+        from modelpool_operator.effects.host_control import ControlError
+
+        raise ControlError("500: the model's process does not answer", 500)
+
+
+async def test_a_control_call_that_fails_is_told_on_the_pool_as_well_as_the_modelhost(
+    state: Operator,
+) -> None:
+    """Its pool's pass set its count to 0: the unload fails, and both the ModelHost and the pool hear why
+    (the pool naming the host pod)."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.host import HostView, host_charge_key
+    from modelpool_operator.planner.shared_scale import SharedCount
+    from modelpool_operator.reconcile import place_models
+
+    state.use(
+        host_control=FailingControl(), scraper=CachedStats({"gpus-0": {"models": {"emb": {"state": "Idle"}}}})
+    )
+    state.book.control_keys[("ns", "gpus")] = "k"
+    state.book.shared[("ns", "emb")] = SharedCount(0)
+    host, run = HostView.from_body(_host(1)), HostRun(key=("ns", "gpus"))
+    await place_models(
+        state.services,
+        state.book,
+        run=run,
+        host=host,
+        body=_host(1),
+        pods_by_pool={host_charge_key("ns", "gpus"): [_host_pod({"emb": "Idle"})]},
+        pools_by_key=_index({("ns", "emb"): _shared("emb")}),
+    )
+    told = {name: (e.type, e.reason, e.message) for name, e in state.events.posted}
+    assert told["gpus"][:2] == told["emb"][:2] == ("Warning", "UnloadFailed")
+    assert told["emb"][2] == "host pod gpus-0: unload failed: 500: the model's process does not answer"
+    assert ("gpus-0", "emb") in run.backoff
+
+
+def test_a_pools_control_failures_of_one_pass_are_one_event_per_reason(state: Operator) -> None:
+    from modelpool_operator.effects.placing import tell_pools
+
+    failed = [
+        ("emb", Event("Warning", "UnloadFailed", "host pod gpus-0: unload failed: 500: a")),
+        ("emb", Event("Warning", "SleepFailed", "host pod gpus-0: sleep failed: 507: b")),
+        ("emb", Event("Warning", "UnloadFailed", "host pod gpus-1: unload failed: 500: c")),
+        ("gone", Event("Warning", "UnloadFailed", "host pod gpus-1: unload failed: 500: d")),
+    ]
+    tell_pools(state.services, {"emb": OtherPool("ns", "emb", 0, 0, uid="u").reference()}, failed)
+    assert state.events.posted == [
+        (
+            "emb",
+            Event(
+                "Warning",
+                "UnloadFailed",
+                "host pod gpus-0: unload failed: 500: a; host pod gpus-1: unload failed: 500: c",
+            ),
+        ),
+        ("emb", Event("Warning", "SleepFailed", "host pod gpus-0: sleep failed: 507: b")),
+    ]

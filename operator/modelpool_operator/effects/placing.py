@@ -1,0 +1,234 @@
+"""Applying a ModelHost pass's placing (``planner.placing.Placing``): the control calls on its host pods
+(``services.host_control``, with the ModelHost's control key) and the ``modelpool.dev/models``
+annotation of each host pod, written when it changed (a merge patch of the pod's metadata).
+
+Sleeps and unloads are awaited in order (each is a few seconds at most); a load lasts until the model
+serves, so each runs as a task of its own (``HostRun.loading``), and the ModelHost's daemon is poked when
+it ends: the next pass sees the model in the host's ``/stats``. A failed call is told as a Warning Event
+on the ModelHost (naming the pool and the host pod) and on the pool (naming the host pod; a pass's
+sleeps and unloads one Event per reason and pool, ``tell_pools``), and not tried again there for a while
+(``HostRun.backoff``). Without the control key no call is made, and an Event says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from modelpool_contract.placements import ANNOTATION_MODELS
+from modelpool_operator.bookkeeping import HostRun, PoolRun
+from modelpool_operator.effects.apply import _attempt
+from modelpool_operator.effects.host_control import ControlError
+from modelpool_operator.effects.kube import describe_error, merge_patch
+from modelpool_operator.effects.resources import CONTROL_KEY_ITEM, control_key_secret_name
+from modelpool_operator.planner import Event
+from modelpool_operator.planner.placing import Control, Placing
+from modelpool_operator.planner.status import coalesce
+from modelpool_operator.services import Services
+
+logger = logging.getLogger(__name__)
+
+#: A (host pod, pool) whose control call failed is not tried again before this many seconds.
+BACKOFF_S = 15.0
+
+
+async def apply_placing(
+    placing: Placing,
+    services: Services,
+    *,
+    run: HostRun,
+    body: Mapping[str, Any],
+    urls: Mapping[str, str],
+    key: str | None,
+    poke: Callable[[], None],
+    pools: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
+    """Make the calls of ``placing`` on the host pods (``urls``: each pod's control API base; ``pools``:
+    each shared pool's object, where its model's failures are told too)."""
+    if not placing.calls:
+        return
+    if key is None:
+        why = "no control call is made: the ModelHost's control key Secret could not be read"
+        if run.no_control != why:
+            run.no_control = why
+            services.events.post(body, Event("Warning", "NoControlKey", why))
+        return
+    run.no_control = None
+    pools = pools or {}
+    failed: list[tuple[str, Event]] = []
+    for call in placing.calls:
+        url = urls.get(call.pod)
+        if url is None:
+            continue
+        if call.action == "load":
+            slot = (call.pod, call.pool)
+            run.loading[slot] = asyncio.create_task(
+                _load(
+                    services,
+                    run=run,
+                    body=body,
+                    url=url,
+                    key=key,
+                    call=call,
+                    poke=poke,
+                    pool=pools.get(call.pool),
+                )
+            )
+            continue
+        failure = await _call(services, run=run, body=body, url=url, key=key, call=call)
+        if failure is not None:
+            failed.append((call.pool, failure))
+    tell_pools(services, pools, failed)
+    poke()
+
+
+def tell_pools(
+    services: Services, pools: Mapping[str, Mapping[str, Any]], failed: Iterable[tuple[str, Event]]
+) -> None:
+    """Tell each pool the failures of its model's control calls of one pass, one Warning per reason and
+    pool (the host pods' messages joined, as a pass's Normal Events are: ``planner.status.coalesce``)."""
+    by_pool: dict[str, list[Event]] = {}
+    for pool, event in failed:
+        by_pool.setdefault(pool, []).append(event)
+    for pool, events in sorted(by_pool.items()):
+        body = pools.get(pool)
+        if body is not None:
+            for event in coalesce(events, kinds=("Normal", "Warning")):
+                services.events.post(body, event)
+
+
+async def _call(
+    services: Services, *, run: HostRun, body: Mapping[str, Any], url: str, key: str, call: Control
+) -> Event | None:
+    """Make one control call; a failure is told on the ModelHost and returned (None: it succeeded)."""
+    control = services.host_control
+    logger.info("host pod %s: %s %s (%s)", call.pod, call.action, call.pool, call.why)
+    try:
+        if call.action == "load":
+            await control.load(url, key, call.pool, _settings(call.load))
+            run.loaded[(call.pod, call.pool)] = call.load or ""
+        elif call.action == "unload":
+            try:
+                await control.unload(url, key, call.pool)
+            except ControlError as exc:
+                if exc.status != 404:  # not there: unloaded already
+                    raise
+            run.loaded.pop((call.pod, call.pool), None)
+        else:
+            await control.sleep(url, key, call.pool)
+    except ControlError as exc:
+        run.backoff[(call.pod, call.pool)] = time.monotonic() + BACKOFF_S
+        reason = {"load": "LoadFailed", "unload": "UnloadFailed", "sleep": "SleepFailed"}[call.action]
+        message = f"{call.action} of pool {call.pool} on host pod {call.pod} failed: {exc}"[:1000]
+        services.events.post(body, Event("Warning", reason, message))
+        return Event("Warning", reason, f"host pod {call.pod}: {call.action} failed: {exc}"[:1000])
+    run.backoff.pop((call.pod, call.pool), None)
+    return None
+
+
+async def _load(
+    services: Services,
+    *,
+    run: HostRun,
+    body: Mapping[str, Any],
+    url: str,
+    key: str,
+    call: Control,
+    poke: Callable[[], None],
+    pool: Mapping[str, Any] | None = None,
+) -> None:
+    try:
+        failure = await _call(services, run=run, body=body, url=url, key=key, call=call)
+        if failure is None:
+            services.events.post(
+                body, Event("Normal", "Loaded", f"pool {call.pool} loaded on host pod {call.pod}")
+            )
+        elif pool is not None:
+            services.events.post(pool, failure)
+    finally:
+        run.loading.pop((call.pod, call.pool), None)
+        poke()
+
+
+def _settings(load: str | None) -> dict[str, Any]:
+    parsed = json.loads(load or "{}")
+    return parsed if isinstance(parsed, dict) else {}
+
+
+async def write_annotations(
+    services: Services, run: HostRun, namespace: str, wanted: Mapping[str, str], pods: list[Mapping[str, Any]]
+) -> None:
+    """Write each host pod's ``modelpool.dev/models`` where it differs from what the pod carries (``pods``:
+    the pods index). A value written is not written again while the index still shows the pod as it was
+    before the write (the watch has not brought the write back yet); a later change of the pod that
+    leaves another value there (someone edited it) is overwritten."""
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        name, uid, version = str(meta.get("name")), str(meta.get("uid")), meta.get("resourceVersion")
+        value = wanted.get(name)
+        if value is None or (meta.get("annotations") or {}).get(ANNOTATION_MODELS) == value:
+            continue
+        if run.annotated.get(uid) == (value, version):
+            continue
+        patch = {"metadata": {"annotations": {ANNOTATION_MODELS: value}}}
+        failure = await _attempt(
+            "PatchFailed", f"host pod {name}", services.kube.patch_pod(namespace, name, patch)
+        )
+        if failure is None:
+            run.annotated[uid] = (value, version)
+        else:
+            logger.warning("%s", failure.message)
+    alive = {str((p.get("metadata") or {}).get("uid")) for p in pods}
+    run.annotated = {uid: written for uid, written in run.annotated.items() if uid in alive}
+
+
+async def delete_workers(services: Services, namespace: str, pods: list[Mapping[str, Any]]) -> None:
+    """Delete a shared pool's dedicated workers (it was switched to ``spec.host``: its model lives on host
+    pods now, and the workers' memory returns to the budget)."""
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        name = str(meta.get("name") or "")
+        failure = await _attempt("DeleteFailed", f"worker {name}", services.kube.delete_pod(namespace, name))
+        if failure is not None:
+            logger.warning("%s", failure.message)
+
+
+async def write_pool_status(
+    services: Services, run: PoolRun, previous: Mapping[str, Any], status: Mapping[str, Any]
+) -> None:
+    """Bring a shared pool's status from ``previous`` (as last written) to ``status`` (nothing when equal)."""
+    patch = merge_patch(previous, status)
+    if patch:
+        await services.kube.patch_pool_status(run.key[0], run.key[1], patch)
+    run.last_status, run.last_status_wire = None, {**previous, **status}
+
+
+async def unload_everywhere(
+    services: Services, *, key: str, model: str, urls: Mapping[str, str]
+) -> list[str]:
+    """Unload ``model`` from each host pod of ``urls`` (a shared pool being deleted); returns the calls
+    that a host refused (a host that does not answer is skipped: it serves nothing, and the ModelHost's
+    pass unloads the model there once it answers again, its pool being gone)."""
+    refused = []
+    for pod, url in sorted(urls.items()):
+        try:
+            await services.host_control.unload(url, key, model)
+        except ControlError as exc:
+            if exc.status is not None and exc.status != 404:
+                refused.append(f"host pod {pod}: {exc}")
+    return refused
+
+
+async def read_control_key(services: Services, namespace: str, host: str) -> str | None:
+    """A ModelHost's control key from its Secret (None: absent or unreadable)."""
+    try:
+        return await services.kube.read_secret_key(namespace, control_key_secret_name(host), CONTROL_KEY_ITEM)
+    except Exception as exc:
+        logger.warning("the control key of ModelHost %s/%s: %s", namespace, host, describe_error(exc))
+        return None
