@@ -50,7 +50,7 @@ demo: venv testbin ## the operator serving MiniLM on the local control plane, en
 	bash hack/demo.sh
 
 .PHONY: bench
-bench: venv testbin ## server vs direct model, overload, health-during-load, workers sharing a node, tail, 429 rate, models per shared host and wake times, continuous batching vs serial generate, gateway vs direct, control-plane scale
+bench: venv testbin ## server vs direct model, overload, health-during-load, workers sharing a node, tail, 429 rate, models per shared host and wake times, continuous batching vs serial generate, gateway vs direct, control-plane scale, shared-host placement audit
 	$(PY) -m bench.server
 	$(PY) -m bench.cpu_quota
 	$(PY) -m bench.limits
@@ -58,6 +58,7 @@ bench: venv testbin ## server vs direct model, overload, health-during-load, wor
 	$(PY) -m bench.generation
 	$(PY) -m bench.gateway
 	$(PY) -m bench.controlplane
+	$(PY) -m bench.placement
 
 .PHONY: soak
 soak: venv testbin ## 30 min of faults under load, audited at every event (python -m bench.soak; SOAK_ARGS=)

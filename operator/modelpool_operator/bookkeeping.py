@@ -139,6 +139,9 @@ class HostRun:
     # changed is unloaded, then loaded again (after a restart only a change of the source or task is
     # seen, in what the host reports).
     loaded: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Loads that ended lately (monotonic time), until the host's cached /stats lists the model: held as
+    # in flight meanwhile, else a pass between the load's end and the next scrape places it again.
+    landed: dict[tuple[str, str], float] = field(default_factory=dict)
     # Control calls that failed, by (host pod, pool): not tried again there before this (monotonic) time.
     backoff: dict[tuple[str, str], float] = field(default_factory=dict)
     # The ``modelpool.dev/models`` value last written on each host pod (by uid), with the pod's

@@ -586,6 +586,10 @@ def shared_pools(
     return pools
 
 
+#: How long a load that ended is held in flight while the host pod's /stats does not list the model yet.
+LANDED_S = 60.0
+
+
 def plan_placing_pass(
     services: Services, run: HostRun, host: HostView, listed: list[Mapping[str, Any]], pools: list[SharedPool]
 ) -> tuple[Placing, dict[str, str]]:
@@ -595,6 +599,10 @@ def plan_placing_pass(
     views = observe_hosts(host.spec, listed, stats, hosted)
     clock = time.monotonic()
     run.backoff = {slot: until for slot, until in run.backoff.items() if until > clock}
+    # A load that ended is in flight for the pass until a scrape lists it (the cache is as old as the last
+    # pass that asked; LANDED_S bounds the wait for a host pod that lost the model meanwhile).
+    listed_now = {(pod, str(m)) for pod, doc in stats.items() for m in ((doc or {}).get("models") or {})}
+    run.landed = {s: at for s, at in run.landed.items() if clock - at < LANDED_S and s not in listed_now}
     wanted = {p.name: json.loads(p.load) for p in pools}
     stale = {
         (pod, model)
@@ -605,7 +613,7 @@ def plan_placing_pass(
         host.namespace,
         views,
         pools,
-        loading=set(run.loading),
+        loading=set(run.loading) | set(run.landed),
         loaded=run.loaded,
         stale=stale,
         backoff=set(run.backoff),

@@ -111,6 +111,7 @@ async def _call(
         if call.action == "load":
             await control.load(url, key, call.pool, _settings(call.load))
             run.loaded[(call.pod, call.pool)] = call.load or ""
+            run.landed[(call.pod, call.pool)] = time.monotonic()
         elif call.action == "unload":
             try:
                 await control.unload(url, key, call.pool)
@@ -118,6 +119,7 @@ async def _call(
                 if exc.status != 404:  # not there: unloaded already
                     raise
             run.loaded.pop((call.pod, call.pool), None)
+            run.landed.pop((call.pod, call.pool), None)
         else:
             await control.sleep(url, key, call.pool)
     except ControlError as exc:

@@ -56,13 +56,16 @@ def host_residents(
         pool = pools.get(str(name), HostedPool(str(name)))
         memory = doc.get("memory") if isinstance(doc.get("memory"), Mapping) else {}
         last = doc.get("last_request_time")
+        # 0 GPU bytes is no measurement (a CPU host; a sleeping model, whose weights left the device):
+        # charged its declared size then, as the host itself charges it (model_server.host_plan).
+        reading = _count(memory or {}, "gpu_reserved_bytes")
         residents.append(
             Resident(
                 pool=(namespace, pool.name),
                 state=doc["state"],
                 device=0,  # a host serves one device (model_server/host_config.py)
                 declared=pool.declared,
-                measured=_count(memory or {}, "gpu_reserved_bytes"),
+                measured=reading if reading and doc["state"] not in ("Sleeping", "Waking") else None,
                 priority=pool.priority,
                 last_used=float(last) if isinstance(last, int | float) else 0.0,
                 busy=bool(_count(doc, "queue_depth") or _count(doc, "in_flight")),

@@ -69,7 +69,18 @@ _NEWS_FIELDS = (
 
 
 def _news(stats: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
-    return None if stats is None else tuple(stats.get(key) for key in _NEWS_FIELDS)
+    """What of a ``/stats`` answer is worth a pass: a worker's news fields; a shared host's (``{"host",
+    "models"}``) the news fields of each of its models, so its ModelHost's pass follows a load, a sleep or
+    an unload there."""
+    if stats is None:
+        return None
+    models = stats.get("models")
+    hosted = (
+        tuple(sorted((str(k), _news(v)) for k, v in models.items() if isinstance(v, Mapping)))
+        if isinstance(models, Mapping)
+        else None
+    )
+    return (*(stats.get(key) for key in _NEWS_FIELDS), hosted)
 
 
 def stats_url(pod: Mapping[str, Any], default_port: int) -> str | None:

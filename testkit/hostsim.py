@@ -1,0 +1,522 @@
+"""Simulated shared GPU hosts for KWOK host pods (issue 21), and the auditor of every transition on them.
+
+A ModelHost's pods on KWOK nodes run nothing: their pod IPs (loopback, hack/kwok/nodes.yaml) have no
+server, so the operator could never place a model there.  ``HostSim`` follows a namespace's host pods
+(label ``modelpool.dev/host``) and answers each one's probe port on its pod IP as
+``modelpool-server --shared-host`` does: the real request handler and routes
+(``model_server.supervisor.host_control.HostControlServer``: the control key check, the statuses and
+error bodies), the real host's decisions (``model_server.host_plan``: which idle models it sleeps to
+make room, why it refuses a sleep), the real state machine (``model_server.state_machine``: an illegal
+transition raises) and the real ``/stats`` document (``modelpool_contract.stats.WorkerStats``).  Only the
+model processes are simulated (``SimHost``): a load takes ``load_s`` (Loading, then Ready) and is charged
+its declared bytes on the device (the host's charge: ``max(declared, measured)``, as
+``HostSupervisor.Slot.facts``) and reports ``measured_factor`` x declared as ``gpu_reserved_bytes`` while
+awake, nothing while asleep (the weights left the device), as a GPU host does.
+
+The auditor (``Audit``) is told every transition under the host's lock, with the host's models as they
+are then, and records a violation when a device's awake charges exceed its capacity, the parked weights
+exceed the host RAM, a load is refused for room (the operator's ledger sent more than the device holds:
+the real host answers 507), or a Loading/Processing/Waking model is unloaded or asked to sleep.  It keeps
+every eviction (a model slept or unloaded while its pool still wants it) with the victim's and the next
+newcomer's priority and last use, so a bench can check that priority, then LRU, chose the victim.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from model_server import host_plan
+from model_server.errors import ModelNotFound, SleepRefused
+from model_server.host_config import parse_load_body
+from model_server.state_machine import SLEEPABLE, State, StateMachine
+from model_server.supervisor.host import Conflict, HostSupervisor, NoRoom
+from model_server.supervisor.host_control import HostControlServer
+from modelpool_contract.placements import LABEL_HOST
+from modelpool_contract.stats import StatsMemory, StatsModel, WorkerStats
+
+#: A model Ready for less than this may still be loading in the operator's view (its /stats is as old as
+#: a scrape interval, and its pass waits for the resync): not a candidate it passed over.
+FRESH_S = 15.0
+#: Never unloaded nor slept by the operator (the ledger's PROTECTED_STATES, the host's rule).
+PROTECTED = frozenset({State.LOADING, State.PROCESSING, State.WAKING})
+
+
+@dataclass
+class SimModel:
+    """One model on a simulated host (the real host's ``Slot``, without a process)."""
+
+    name: str
+    declared: int
+    measured: int
+    source: str
+    task: str
+    last_used: float = 0.0
+    busy: bool = False
+    state_machine: StateMachine = field(default_factory=StateMachine)
+
+    @property
+    def state(self) -> State:
+        return self.state_machine.state
+
+    def facts(self) -> host_plan.SlotFacts:
+        """As ``HostSupervisor.Slot.facts``: charged the larger of declared and measured, parked the same."""
+        charged = max(self.declared, self.measured)
+        return host_plan.SlotFacts(self.name, self.state, 0, charged, charged, self.last_used, self.busy)
+
+    def stats(self) -> dict[str, Any]:
+        awake = self.state.value not in ("Sleeping", "Dead", "Failed")
+        return WorkerStats(
+            state=self.state.value,
+            state_since=self.state_machine.since,
+            reason=self.state_machine.reason or None,
+            queue_depth=0,
+            in_flight=1 if self.busy else 0,
+            last_request_time=self.last_used or None,
+            memory=StatsMemory(gpu_reserved_bytes=self.measured if awake else 0),
+            model=StatsModel(name=self.name, task=self.task, source=self.source),
+            time=time.time(),
+        ).wire()
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """A model put to sleep or unloaded on ``pod``, and the load that followed it there (``newcomer``)."""
+
+    at: float
+    pod: str
+    action: str
+    victim: str
+    victim_priority: int
+    victim_last_used: float
+    # The other models the host could have chosen (sleepable then): (name, priority, last use).
+    candidates: tuple[tuple[str, int, float], ...]
+    newcomer: str | None = None
+    newcomer_priority: int | None = None
+
+    def wrong(self, also_evicted: frozenset[str] = frozenset()) -> str:
+        """Why this victim was the wrong one ('' when priority, then LRU, chose it); ``also_evicted``: the
+        other victims of the same room (made for the same newcomer), which are no better candidates."""
+        if self.newcomer_priority is not None and self.victim_priority > self.newcomer_priority:
+            return f"{self.victim} (priority {self.victim_priority}) made room for {self.newcomer} (lower)"
+        better = [
+            name
+            for name, priority, used in self.candidates
+            if (priority, used) < (self.victim_priority, self.victim_last_used) and name not in also_evicted
+        ]
+        if self.action == "sleep" and better:
+            return f"{self.victim} slept while {', '.join(sorted(better))} came before it (priority, LRU)"
+        return ""
+
+
+class Audit:
+    """Every transition on every simulated host, checked as it happens (thread-safe)."""
+
+    def __init__(
+        self,
+        priority_of: Callable[[str], int] = lambda _: 0,
+        replicas_of: Callable[[str], int] | None = None,
+    ) -> None:
+        self.priority_of, self.replicas_of = priority_of, replicas_of
+        self.holders: dict[str, set[str]] = {}  # model -> the host pods holding it
+        self.lock = threading.Lock()
+        self.transitions = 0
+        self.violations: list[str] = []
+        self.evictions: list[Eviction] = []
+        self.host_made_room = 0  # loads for which the host itself slept idle models (the operator did not)
+        self.calls: dict[str, int] = {}
+        self.last_call = time.monotonic()
+
+    def call(self, action: str) -> None:
+        with self.lock:
+            self.calls[action] = self.calls.get(action, 0) + 1
+            self.last_call = time.monotonic()
+
+    def violation(self, pod: str, what: str) -> None:
+        with self.lock:
+            self.violations.append(f"{time.strftime('%H:%M:%S')} {pod}: {what}")
+
+    def check(self, host: SimHost, what: str) -> None:
+        """After a transition on ``host`` (its lock held): the device and the host RAM within capacity."""
+        facts = [m.facts() for m in host.models.values()]
+        used, parked = host_plan.device_used(0, facts), host_plan.host_used(facts)
+        with self.lock:
+            self.transitions += 1
+        if used > host.device_memory:
+            self.violation(host.pod, f"device over-committed after {what}: {used} > {host.device_memory}")
+        if parked > host.host_memory:
+            self.violation(
+                host.pod, f"host memory over-committed after {what}: {parked} > {host.host_memory}"
+            )
+
+    def evicted(self, host: SimHost, action: str, model: SimModel) -> None:
+        """``model`` slept or unloaded on ``host``: an eviction unless its pool is gone or holds more host
+        pods than its replicas (then the unload is the pool's own)."""
+        with self.lock:
+            holders = len(self.holders.get(model.name, ()))
+        if self.replicas_of is not None and not 0 < holders <= self.replicas_of(model.name):
+            return
+        # The other candidates: idle models the operator could have seen idle (its /stats is one scrape
+        # old: a model Ready for less than ``FRESH_S`` was still loading in its view).
+        now = time.time()
+        candidates = tuple(
+            (m.name, self.priority_of(m.name), m.last_used)
+            for m in host.models.values()
+            if m is not model
+            and m.state in SLEEPABLE
+            and not m.busy
+            and now - m.state_machine.since >= FRESH_S
+        )
+        with self.lock:
+            self.evictions.append(
+                Eviction(
+                    time.time(), host.pod, action, model.name, self.priority_of(model.name), model.last_used,
+                    candidates,
+                )
+            )  # fmt: skip
+
+    def loaded(self, pod: str, name: str) -> None:
+        """A load on ``pod``: the newcomer of the evictions there that have none yet (the same pass); a
+        pool loaded on more host pods than its replicas is a thrash (the surplus is unloaded next)."""
+        with self.lock:
+            holders = self.holders.setdefault(name, set())
+            holders.add(pod)
+            wanted = self.replicas_of(name) if self.replicas_of is not None else None
+        if wanted is not None and len(holders) > wanted:
+            self.violation(pod, f"{name} loaded on {sorted(holders)}: more than its {wanted} replicas")
+        with self.lock:
+            for i, e in enumerate(self.evictions):
+                if e.pod == pod and e.newcomer is None and time.time() - e.at < 5:
+                    self.evictions[i] = Eviction(
+                        e.at, e.pod, e.action, e.victim, e.victim_priority, e.victim_last_used,
+                        e.candidates, name, self.priority_of(name),
+                    )  # fmt: skip
+
+    def released(self, pod: str, name: str) -> None:
+        with self.lock:
+            self.holders.get(name, set()).discard(pod)
+
+    def wrong_evictions(self) -> list[str]:
+        with self.lock:
+            evictions = list(self.evictions)
+        rooms: dict[tuple[str, str | None], set[str]] = {}
+        for e in evictions:
+            rooms.setdefault((e.pod, e.newcomer), set()).add(e.victim)
+        return [
+            w
+            for e in evictions
+            if e.newcomer is not None and (w := e.wrong(frozenset(rooms[(e.pod, e.newcomer)])))
+        ]
+
+    def quiet_for(self) -> float:
+        return time.monotonic() - self.last_call
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What ``HostControlServer`` reads of a host's configuration."""
+
+    control_key: str | None
+
+
+class SimHost:
+    """One simulated host pod: the duck type of ``HostSupervisor`` that ``host_control.control`` calls."""
+
+    def __init__(
+        self,
+        pod: str,
+        *,
+        device_memory: int,
+        host_memory: int,
+        key: str | None,
+        audit: Audit,
+        load_s: float = 1.0,
+        measured_factor: float = 1.0,
+    ) -> None:
+        self.pod, self.device_memory, self.host_memory = pod, device_memory, host_memory
+        self.config = SimConfig(key)
+        self.audit, self.load_s, self.measured_factor = audit, load_s, measured_factor
+        self.failed = False
+        self.http: list[Any] = []  # no HTTP processes: ready while not failed
+        self.lock = threading.RLock()
+        self.models: dict[str, SimModel] = {}
+
+    def _facts(self, keep: SimModel | None = None) -> list[host_plan.SlotFacts]:
+        return [m.facts() for m in self.models.values() if m is not keep]
+
+    def _to(self, model: SimModel, state: State, why: str) -> None:
+        model.state_machine.to(state, why)
+        self.audit.check(self, f"{model.name} -> {state.value}")
+
+    def _make_room(self, need: int, keep: SimModel | None) -> None:
+        chosen = host_plan.make_room(need, 0, self.device_memory, self.host_memory, self._facts(keep))
+        if chosen is None:
+            used = host_plan.device_used(0, self._facts(keep))
+            self.audit.violation(self.pod, f"a load or wake of {need} bytes refused: {used} in use")
+            raise NoRoom(
+                f"{need} bytes do not fit on the device ({self.device_memory} bytes, {used} in use) even "
+                "with every idle model asleep"
+            )
+        if chosen:
+            with self.audit.lock:
+                self.audit.host_made_room += 1
+        for name in chosen:
+            self._sleep(self.models[name], evicting=False)
+
+    def load(self, name: str, body: bytes) -> SimModel:
+        self.audit.call("load")
+        settings, declared = parse_load_body(body)
+        with self.lock:
+            if name in self.models:
+                raise Conflict(f"model {name!r} is loaded already")
+            self._make_room(declared, keep=None)
+            model = SimModel(
+                name,
+                declared,
+                int(declared * self.measured_factor),
+                str(settings.get("model") or ""),
+                str(settings.get("task") or ""),
+            )
+            self.models[name] = model
+            self._to(model, State.LOADING, "loading")
+            self.audit.loaded(self.pod, name)
+        time.sleep(self.load_s)
+        with self.lock:
+            if self.models.get(name) is model and model.state is State.LOADING:
+                self._to(model, State.READY, "")
+        return model
+
+    def unload(self, name: str) -> None:
+        self.audit.call("unload")
+        with self.lock:
+            model = self.slot_of(name)
+            if model.state in PROTECTED or model.busy:
+                self.audit.violation(self.pod, f"{name} unloaded while {model.state.value}")
+            if model.state in SLEEPABLE | {State.SLEEPING}:
+                self.audit.evicted(self, "unload", model)
+            if model.state is not State.FAILED:
+                # Checked once gone: a sleeping model passes through Evicting, which the host's ledger
+                # charges on the device for that instant, though its weights are in host RAM.
+                model.state_machine.to(State.EVICTING, "unloaded")
+                model.state_machine.to(State.DEAD, "unloaded")
+            del self.models[name]
+            self.audit.released(self.pod, name)
+            self.audit.check(self, f"{name} unloaded")
+
+    def sleep(self, name: str) -> SimModel:
+        self.audit.call("sleep")
+        with self.lock:
+            model = self.slot_of(name)
+            self._sleep(model, evicting=True)
+        return model
+
+    def _sleep(self, model: SimModel, *, evicting: bool) -> None:
+        refusal = host_plan.sleep_refusal(model.facts(), self.host_memory, self._facts())
+        if refusal:
+            if model.state in PROTECTED:
+                self.audit.violation(self.pod, f"{model.name} asked to sleep while {model.state.value}")
+            raise SleepRefused(refusal)
+        if evicting:
+            self.audit.evicted(self, "sleep", model)
+        self._to(model, State.SLEEPING, "asked to sleep")
+
+    def wake(self, name: str) -> SimModel:
+        self.audit.call("wake")
+        with self.lock:
+            model = self.slot_of(name)
+            if model.state is State.SLEEPING:
+                self._make_room(model.facts().device_bytes, keep=model)
+                self._to(model, State.WAKING, "asked to wake")
+                self._to(model, State.READY, "")
+        return model
+
+    def touch(self, name: str, at: float | None = None) -> None:
+        """A request served (the model's last use), as traffic would leave it."""
+        with self.lock:
+            if (model := self.models.get(name)) is not None:
+                model.last_used = at if at is not None else time.time()
+
+    def slot_of(self, name: str) -> SimModel:
+        model = self.models.get(name)
+        if model is None:
+            raise ModelNotFound(f"model {name!r} is not loaded on this host")
+        return model
+
+    def index(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                {"name": m.name, "state": m.state.value, "reason": m.state_machine.reason, "device": 0,
+                 "bytes": m.facts().device_bytes, "pid": 0}
+                for m in self.models.values()
+            ]  # fmt: skip
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            facts = self._facts()
+            used = host_plan.device_used(0, facts)
+            device = {
+                "index": 0, "device": "cuda:0", "capacity": self.device_memory, "awake": used,
+                "asleep": host_plan.host_used(facts), "free": self.device_memory - used,
+            }  # fmt: skip
+            models = {m.name: m.stats() for m in self.models.values()}
+        return {"host": {"failed": None, "devices": [device]}, "models": models}
+
+    def states(self) -> dict[str, str]:
+        with self.lock:
+            return {m.name: m.state.value for m in self.models.values()}
+
+
+class HostSim:
+    """The simulated hosts of one namespace's host pods, each on its pod IP and ``probe_port``."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        probe_port: int,
+        *,
+        audit: Audit,
+        load_s: float = 1.0,
+        measured_factor: float = 1.0,
+        poll_s: float = 0.5,
+    ) -> None:
+        self.kubeconfig, self.namespace, self.probe_port = kubeconfig, namespace, probe_port
+        self.audit, self.load_s, self.measured_factor, self.poll_s = audit, load_s, measured_factor, poll_s
+        self.hosts: dict[str, SimHost] = {}
+        self._servers: dict[str, HostControlServer] = {}
+        self._uids: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="hostsim", daemon=True)
+        self.errors: list[str] = []
+
+    def start(self) -> HostSim:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for pod in list(self._servers):
+            self._drop(pod)
+
+    def _kubectl(self, *args: str) -> dict[str, Any]:
+        from testkit.kubectl import kubectl
+
+        return cast(dict[str, Any], json.loads(kubectl(self.kubeconfig, *args, "-o", "json", timeout=30)))
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                pods = self._kubectl("get", "pods", "-n", self.namespace, "-l", LABEL_HOST)["items"]
+                self.sync(pods)
+            except Exception as exc:  # a slow API server: the next poll tries again
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+    def sync(self, pods: list[Mapping[str, Any]]) -> None:
+        """Serve the running host pods with an IP; a pod gone (or replaced) takes its models with it."""
+        running = {}
+        for pod in pods:
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            if status.get("phase") == "Running" and status.get("podIP") and not meta.get("deletionTimestamp"):
+                running[str(meta["name"])] = (str(meta.get("uid")), str(status["podIP"]), pod)
+        for name in list(self._servers):
+            if name not in running or running[name][0] != self._uids[name]:
+                self._drop(name)
+        for name, (uid, ip, pod) in running.items():
+            if name not in self._servers:
+                self._serve(name, uid, ip, pod)
+
+    def _serve(self, name: str, uid: str, ip: str, pod: Mapping[str, Any]) -> None:
+        args = list(((pod.get("spec") or {}).get("containers") or [{}])[0].get("args") or [])
+        host = str(((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_HOST) or "")
+        secret = self._kubectl("get", "secret", f"{host}-control-key", "-n", self.namespace)
+        key = base64.b64decode(secret["data"]["key"]).decode()
+        sim = SimHost(
+            name,
+            device_memory=int(args[args.index("--device-memory") + 1]),
+            host_memory=int(args[args.index("--host-memory") + 1]) if "--host-memory" in args else 0,
+            key=key,
+            audit=self.audit,
+            load_s=self.load_s,
+            measured_factor=self.measured_factor,
+        )
+        # The real probe-port server, over the simulated host (it calls only what SimHost answers).
+        server = HostControlServer((ip, self.probe_port), cast(HostSupervisor, sim))
+        server.serve_in_thread()
+        self.hosts[name], self._servers[name], self._uids[name] = sim, server, uid
+
+    def _drop(self, name: str) -> None:
+        server = self._servers.pop(name)
+        server.shutdown()
+        server.server_close()
+        for model in (sim := self.hosts.pop(name)).models:
+            self.audit.released(sim.pod, model)
+        self._uids.pop(name, None)
+
+    def placements(self) -> dict[str, dict[str, str]]:
+        """Each pool's model by host pod: ``{model: {pod: state}}``."""
+        found: dict[str, dict[str, str]] = {}
+        for pod, sim in list(self.hosts.items()):
+            for model, state in sim.states().items():
+                found.setdefault(model, {})[pod] = state
+        return found
+
+    def touch(self, model: str) -> None:
+        for sim in list(self.hosts.values()):
+            sim.touch(model)
+
+    def converged(self, wanted: Mapping[str, tuple[int, int, int]], quiet_s: float = 3.0) -> bool:
+        """Settled: no control call for ``quiet_s``, no model loading, no model of a pool not in
+        ``wanted`` (pool -> (replicas, declared bytes, priority)), no pool on more host pods than its
+        replicas, and none on fewer while room could be made for it (``wrongly_short``)."""
+        if not self.hosts or self.audit.quiet_for() < quiet_s:
+            return False
+        for pool, pods in self.placements().items():
+            if pool not in wanted or len(pods) > wanted[pool][0] or "Loading" in pods.values():
+                return False
+        return not self.wrongly_short(wanted)
+
+    def short(self, wanted: Mapping[str, tuple[int, int, int]]) -> dict[str, int]:
+        """The pools held by fewer host pods than their replicas, and by how many."""
+        placed = self.placements()
+        return {
+            pool: replicas - len(placed.get(pool, {}))
+            for pool, (replicas, _, _) in wanted.items()
+            if len(placed.get(pool, {})) < replicas
+        }
+
+    def wrongly_short(self, wanted: Mapping[str, tuple[int, int, int]]) -> list[str]:
+        """The short pools for which some host pod not holding them has room once its idle models of no
+        higher priority are asleep (the operator should have made it), and its host RAM parks them."""
+        wrong = []
+        for pool in self.short(wanted):
+            _, declared, priority = wanted[pool]
+            for pod, sim in list(self.hosts.items()):
+                with sim.lock:
+                    if pool in sim.models:
+                        continue
+                    facts = sim._facts()
+                    free = sim.device_memory - host_plan.device_used(0, facts)
+                    host_free = sim.host_memory - host_plan.host_used(facts)
+                    for f in sorted(facts, key=lambda f: (self.audit.priority_of(f.name), f.last_used)):
+                        if free >= declared:
+                            break
+                        sleepable = f.state in SLEEPABLE and not f.busy
+                        if (
+                            sleepable
+                            and self.audit.priority_of(f.name) <= priority
+                            and f.host_bytes <= host_free
+                        ):
+                            free, host_free = free + f.device_bytes, host_free - f.host_bytes
+                    if free >= declared:
+                        wrong.append(f"{pool} ({declared} bytes, priority {priority}) fits on {pod}")
+        return wrong
+
+
+__all__ = ["Audit", "Eviction", "HostSim", "SimHost", "SimModel"]

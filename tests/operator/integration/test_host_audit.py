@@ -1,0 +1,119 @@
+"""Issue 21's KWOK check, small: shared pools of mixed sizes and priorities over simulated GPU hosts
+(``testkit.hostsim``: KWOK host pods answered on their pod IPs as ``modelpool-server --shared-host`` does)
+with the real operator and API server; the auditor checks every transition on the hosts: no device or
+host RAM over-committed, no load refused for room, no Loading/Waking model slept or unloaded, every
+eviction chosen by priority then LRU; the placements converge, and again after churn.
+(``python -m bench.placement`` is the large version: 100 pools over 8 hosts.)"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testkit.cluster import Cluster
+from testkit.environment import free_port
+from testkit.hostsim import Audit, HostSim
+from testkit.kubectl import apply, wait_established, wait_for
+from testkit.services import OperatorProcess, budget_manifest, stop_all
+
+pytestmark = pytest.mark.cluster
+
+GI = 1 << 30
+
+KWOK = {
+    "nodeSelector": {"type": "kwok"},
+    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+}
+#: 12 pools (declared 1-3 Gi, priorities 0-2) over 2 hosts of 8 Gi awake, 16 Gi parked: about a third
+#: of them fit awake, the rest sleep (so room is made over and over), and every one fits somewhere.
+POOLS = {f"p{i:02d}": (1 + (i * 7) % 3, i % 3) for i in range(12)}
+#: Each pool's priority and replicas as the test last set them (what the auditor checks against).
+PRIORITY = {name: priority for name, (_, priority) in POOLS.items()}
+REPLICAS: dict[str, int] = {}
+
+
+def shared_pool(name: str, gib: int, priority: int, replicas: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": f"/models/{name}", "task": "text-embedding"},
+            "resources": {"memory": f"{gib}Gi"},
+            "priority": priority,
+            "replicas": replicas,
+            "host": "gpus",
+        },
+    }
+
+
+@pytest.fixture
+def audited(crds: Cluster, tmp_path: Path) -> Iterator[tuple[str, HostSim]]:
+    wait_established(crds, "modelhosts.modelpool.dev")
+    namespace = f"audit-{uuid.uuid4().hex[:8]}"
+    budget = f"audit-{uuid.uuid4().hex[:6]}"
+    crds.kubectl("create", "namespace", namespace)
+    apply(crds, {**budget_manifest("64Gi"), "metadata": {"name": budget}})
+    port = free_port()
+    operator = OperatorProcess(
+        crds,
+        (namespace,),
+        tmp_path / "operator.log",
+        MODELPOOL_OPERATOR_BUDGET_NAME=budget,
+        MODELPOOL_OPERATOR_SERVER_PROBE_PORT=str(port),
+    )
+    audit = Audit(lambda m: PRIORITY.get(m, 0), lambda m: REPLICAS.get(m, 1))
+    sim = HostSim(crds.kubeconfig, namespace, port, audit=audit, load_s=0.3)
+    sim.start()
+    try:
+        yield namespace, sim
+    finally:
+        sim.stop()
+        crds.kubectl(
+            "delete", "modelpools,modelhosts", "--all", "-n", namespace, "--timeout=30s", check=False
+        )
+        crds.kubectl("delete", "modelbudget", budget, "--ignore-not-found", "--wait=false")
+        stop_all([operator], show_logs=True, what="operator")
+        crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def converge(sim: HostSim, wanted: dict[str, tuple[int, int, int]], timeout: float) -> None:
+    """The placements settle, and a pool left short could not be given room (priority decides)."""
+    try:
+        wait_for(lambda: sim.converged(wanted), timeout=timeout, interval=0.5, message="placements converge")
+    except Exception as exc:
+        why = f"{sim.placements()} {sim.wrongly_short(wanted)} {sim.audit.violations} {sim.errors}"
+        raise AssertionError(f"{exc}: {why}") from None
+
+
+def test_shared_pools_over_simulated_hosts_never_over_commit_and_converge(
+    crds: Cluster, audited: tuple[str, HostSim]
+) -> None:
+    namespace, sim = audited
+    host = {"replicas": 2, "gpusPerHost": 1, "deviceMemory": "8Gi", "hostMemory": "16Gi", **KWOK}
+    apply(crds, {"apiVersion": "modelpool.dev/v1alpha1", "kind": "ModelHost", "metadata": {"name": "gpus"},
+                 "spec": host}, namespace)  # fmt: skip
+    for name, (gib, priority) in POOLS.items():
+        apply(crds, shared_pool(name, gib, priority), namespace)
+    wanted = {name: (1, gib * GI, priority) for name, (gib, priority) in POOLS.items()}
+    converge(sim, wanted, timeout=90)
+    # Traffic on a few, then churn: a pool goes, one comes, one wants both hosts.
+    for name in ("p01", "p04"):
+        sim.touch(name)
+    crds.kubectl("delete", "modelpool", "p11", "-n", namespace, "--wait=false")
+    apply(crds, shared_pool("p12", 3, 2), namespace)
+    PRIORITY.update(p12=2, p00=2)
+    REPLICAS["p00"] = 2
+    apply(crds, shared_pool("p00", 3, 2, replicas=2), namespace)
+    wanted = {**wanted, "p12": (1, 3 * GI, 2), "p00": (2, 3 * GI, 2)}
+    del wanted["p11"]
+    converge(sim, wanted, timeout=60)
+    audit = sim.audit
+    assert audit.violations == [], "\n".join(audit.violations)
+    assert audit.wrong_evictions() == [], "\n".join(map(str, audit.evictions))
+    assert audit.transitions > 0 and audit.calls.get("load", 0) >= 8
+    assert sim.errors == [] or len(sim.errors) < 3, sim.errors

@@ -1,0 +1,50 @@
+"""What the operator's ledger charges a model from its host's ``/stats`` (``observe.hosts.host_residents``),
+as the host itself charges it (``model_server.host_plan``: the declared size unless a measure is larger):
+a reading of 0 GPU bytes is no measurement (a CPU host's models; a sleeping model, whose weights left the
+device), so the model is charged its declared size, awake on the device or parked in host RAM. Found by
+the placement audit (``testkit.hostsim``): charged 0, a CPU host looked empty to the ledger and the host
+RAM of sleeping models looked free."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from modelpool_operator.observe.hosts import HostedPool, host_residents
+from modelpool_operator.placement.ledger import Host, ledger
+
+GI = 1 << 30
+
+
+def stats(state: str, reserved: int) -> dict[str, Any]:
+    return {
+        "host": {"devices": []},
+        "models": {"emb": {"state": state, "memory": {"gpu_reserved_bytes": reserved}}},
+    }
+
+
+def charges(state: str, reserved: int) -> tuple[int, int]:
+    residents = host_residents("ns", stats(state, reserved), {"emb": HostedPool("emb", 2 * GI)})
+    led = ledger(Host("h-0", (8 * GI,), 16 * GI, residents))
+    return led.devices[0].awake, led.parked
+
+
+def test_a_cpu_hosts_model_without_a_gpu_reading_is_charged_its_declared_size() -> None:
+    assert charges("Ready", 0) == (2 * GI, 0)
+
+
+def test_a_sleeping_model_parks_its_declared_size_though_the_gpu_reads_nothing() -> None:
+    assert charges("Sleeping", 0) == (0, 2 * GI)
+
+
+def test_a_measured_model_is_charged_its_measure() -> None:
+    assert charges("Ready", 3 * GI) == (3 * GI, 0)
+
+
+def test_a_change_of_a_models_state_on_a_shared_host_is_news_for_its_modelhost() -> None:
+    """Else a ModelHost's pass never followed its hosts' /stats (found by the placement audit: after each
+    sleep or load the next pass waited for the resync, one step every 10-20 s per host)."""
+    from modelpool_operator.observe.stats import _news
+
+    assert _news(stats("Ready", 0)) != _news(stats("Sleeping", 0))
+    assert _news(stats("Ready", 0)) != _news({"host": {"devices": []}, "models": {}})
+    assert _news(stats("Ready", 0)) == _news(stats("Ready", 0))
