@@ -1172,6 +1172,14 @@ MSG_HOST_NAME_LENGTH = (
     f"{LABEL_VALUE_MAX_LENGTH} characters"
 )
 
+#: A host pod serves one device (model_server/host_config.py): a ModelHost of more GPUs per pod would hold
+#: GPUs that no model can use, so the API server refuses it until the host serves several.
+MODELHOST_MAX_GPUS_PER_HOST = 1
+MSG_HOST_GPUS = (
+    f"spec.gpusPerHost must be at most {MODELHOST_MAX_GPUS_PER_HOST}: a host pod serves one GPU in this "
+    "version; for more GPUs run more host pods (spec.replicas)"
+)
+
 #: A model's state on a host: a worker's states, Sleeping (weights parked in host RAM) and Waking among them.
 HostModelState = WorkerState
 

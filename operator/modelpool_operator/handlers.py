@@ -36,6 +36,7 @@ from modelpool_contract.demand import (
 )
 from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.placements import LABEL_HOST
+from modelpool_operator import heap
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun, wait_for_wakeup
 from modelpool_operator.effects import kube as kube_api
 from modelpool_operator.effects.apply import tell, write_budget_status
@@ -112,11 +113,15 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Lo
     # Watch only the demand Leases (a cluster's nodes renew a Lease each every few seconds).
     settings.watching.label_selectors[LEASE_GROUP, LEASE_PLURAL] = DEMAND_SELECTOR
     memo.services = await start_services(config)
+    memo.heap_trimmer = asyncio.create_task(heap.trim_every(), name="heap trimmer")
     logger.info("modelpool-operator started: %s", config.model_dump_json())
 
 
 @kopf.on.cleanup()
 async def cleanup(*, memo: Any, **_: Any) -> None:
+    trimmer: asyncio.Task[None] | None = getattr(memo, "heap_trimmer", None)
+    if trimmer is not None:
+        trimmer.cancel()
     services: Services | None = getattr(memo, "services", None)  # None: the startup failed
     if services is not None:
         await services.aclose()

@@ -12,6 +12,7 @@ watches stop, the per-pool daemons are cancelled, and the process exits 0.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -100,6 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return cleanup(given[1:])
     config, args = settings_loader.load_or_exit(OperatorConfig, argv, COMMAND_LINE)
+
+    from modelpool_operator import heap, memtrace
+
+    memtrace.install(os.environ)  # a debugging switch: nothing at all unless MODELPOOL_TRACEMALLOC is set
+    heap.shrink_tls_buffers()  # before any connection to the API server
 
     import kopf
 

@@ -97,7 +97,7 @@ class LifecycleSettings:
     unschedulable_timeout_s: float = DEFAULT_UNSCHEDULABLE_TIMEOUT_S
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ObservedWorker:
     """A worker as observed in one pass: its state and everything the planner and status need."""
 
