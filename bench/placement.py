@@ -98,8 +98,11 @@ def established(kubeconfig: Path, crd: str) -> bool:
 
 
 def settle(sim: HostSim, wanted: dict[str, tuple[int, int, int]], timeout: float) -> float:
+    """Seconds from now until the hosts settle (``HostSim.converged``: no control call for 5 s, ...). The
+    quiet window must start after this call: a churn that the operator has not acted on yet would otherwise
+    count as settled at once (the quiet before it was the previous phase's)."""
     started = time.monotonic()
-    while not sim.converged(wanted, quiet_s=5.0):
+    while time.monotonic() - started < 5.0 or not sim.converged(wanted, quiet_s=5.0):
         if time.monotonic() - started > timeout:
             raise TimeoutError(
                 f"not settled in {timeout:g} s: {sim.short(wanted)} {sim.wrongly_short(wanted)}"
