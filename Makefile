@@ -41,6 +41,9 @@ lint: venv ## ruff + mypy --strict
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# The slowest tests are listed at the end of every run (CI's log too): the suite must stay under 20 minutes.
+PYTEST_ARGS ?= --durations=20
+
 .PHONY: test
 test: venv testbin lint ## lint, then every test (unit + integration on the local control plane)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
