@@ -37,6 +37,7 @@ from testkit.cluster import guarded_cluster
 from testkit.environment import ROOT, free_port
 from testkit.hostsim import Audit, HostSim
 from testkit.kubectl import kubectl
+from testkit.services import shared_pool_manifest
 
 START_MARK = "<!-- bench:placement:start -->"
 END_MARK = "<!-- bench:placement:end -->"
@@ -73,18 +74,7 @@ class Result:
 
 
 def pool(name: str, gib: int, priority: int, replicas: int) -> dict[str, Any]:
-    return {
-        "apiVersion": GROUP,
-        "kind": "ModelPool",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"source": f"/models/{name}", "task": "text-embedding"},
-            "resources": {"memory": f"{gib}Gi"},
-            "priority": priority,
-            "replicas": replicas,
-            "host": "gpus",
-        },
-    }
+    return shared_pool_manifest(name, host="gpus", gib=gib, priority=priority, replicas=replicas)
 
 
 def create(kubeconfig: Path, namespace: str, items: list[dict[str, Any]]) -> None:

@@ -184,6 +184,25 @@ def pool_manifest(
     }
 
 
+def shared_pool_manifest(
+    name: str, *, host: str, gib: int, priority: int = 0, replicas: int = 1
+) -> dict[str, Any]:
+    """A shared ModelPool on the ModelHost ``host`` (its model loaded on the host pods; a made-up source, for
+    hosts that load nothing: testkit.hostsim's)."""
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": "ModelPool",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": f"/models/{name}", "task": "text-embedding"},
+            "resources": {"memory": f"{gib}Gi"},
+            "priority": priority,
+            "replicas": replicas,
+            "host": host,
+        },
+    }
+
+
 def echo_pool(
     name: str,
     *,

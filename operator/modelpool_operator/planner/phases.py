@@ -119,17 +119,23 @@ def set_target(draft: Draft) -> None:
     draft.target = max(spec.min_replicas, min(target, ceiling))
 
 
-def handle_failures(draft: Draft) -> None:
-    """Phase 5: count new failures once, start or extend the backoff, and delete failed pods once their
-    replacement is due."""
+def restore_backoff(draft: Draft) -> Backoff:
+    """The pool's backoff record as its status last wrote it, now the draft's to extend."""
     last = draft.pool.status.backoff
-    backoff = draft.backoff = Backoff(
+    draft.backoff = Backoff(
         failures=last.failures,
         next_attempt=parse_time(last.next_attempt_after),
         last_worker=last.last_worker,
         last_reason=last.last_reason,
         last_message=last.last_message,
     )
+    return draft.backoff
+
+
+def handle_failures(draft: Draft) -> None:
+    """Phase 5: count new failures once, start or extend the backoff, and delete failed pods once their
+    replacement is due."""
+    backoff = restore_backoff(draft)
     draft.failed = [w for w in draft.workers if w.state == "Failed"]
     new_failures = [w for w in draft.failed if draft.state_before(w.name) != "Failed"]
     if new_failures:

@@ -46,8 +46,8 @@ from modelpool_contract.times import parse_time, rfc3339
 from modelpool_operator.budget import Ledger
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner.autoscale import autoscale, wake_on_demand
-from modelpool_operator.planner.draft import Backoff, CounterSample, Draft, Event, LoadSample, PlannerSettings
-from modelpool_operator.planner.phases import backoff_delay, idle_for, set_target
+from modelpool_operator.planner.draft import CounterSample, Draft, Event, LoadSample, PlannerSettings
+from modelpool_operator.planner.phases import backoff_delay, idle_for, restore_backoff, set_target
 from modelpool_operator.planner.status import autoscaling_status, settle_backoff
 from modelpool_operator.pool import PoolView
 
@@ -108,14 +108,7 @@ def _new_failure(draft: Draft, worker: ObservedWorker) -> bool:
 def count_failures(draft: Draft) -> frozenset[str]:
     """Count the replicas newly Failed once in the pool's backoff (a BackOff Warning saying when the model is
     tried again); the host pods where it failed once the backoff is due (else look again then)."""
-    last = draft.pool.status.backoff
-    backoff = draft.backoff = Backoff(
-        failures=last.failures,
-        next_attempt=parse_time(last.next_attempt_after),
-        last_worker=last.last_worker,
-        last_reason=last.last_reason,
-        last_message=last.last_message,
-    )
+    backoff = restore_backoff(draft)
     draft.failed = [w for w in draft.workers if w.state == "Failed"]
     new = [w for w in draft.failed if _new_failure(draft, w)]
     if new:

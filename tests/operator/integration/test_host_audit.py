@@ -18,7 +18,7 @@ from testkit.cluster import Cluster
 from testkit.environment import free_port
 from testkit.hostsim import Audit, HostSim
 from testkit.kubectl import apply, wait_established, wait_for
-from testkit.services import OperatorProcess, budget_manifest, stop_all
+from testkit.services import OperatorProcess, budget_manifest, shared_pool_manifest, stop_all
 
 pytestmark = pytest.mark.cluster
 
@@ -41,18 +41,7 @@ DECLARED = {name: gib * GI for name, (gib, _) in POOLS.items()}
 
 
 def shared_pool(name: str, gib: int, priority: int, replicas: int = 1) -> dict[str, Any]:
-    return {
-        "apiVersion": "modelpool.dev/v1alpha1",
-        "kind": "ModelPool",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"source": f"/models/{name}", "task": "text-embedding"},
-            "resources": {"memory": f"{gib}Gi"},
-            "priority": priority,
-            "replicas": replicas,
-            "host": "gpus",
-        },
-    }
+    return shared_pool_manifest(name, host="gpus", gib=gib, priority=priority, replicas=replicas)
 
 
 @pytest.fixture
