@@ -44,12 +44,8 @@ from modelpool_operator.host import host_charge_key
 from modelpool_operator.observe.observation import slim_pod
 from modelpool_operator.planner import Event
 from modelpool_operator.pool import OtherPool, PoolKey
-from modelpool_operator.reconcile import (
-    budget_status_wire,
-    reconcile_host,
-    reconcile_pool,
-    unload_deleted_pool,
-)
+from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
+from modelpool_operator.reconcile_host import reconcile_host, unload_deleted_pool
 from modelpool_operator.services import Services, start_services
 from modelpool_operator.settings import OperatorConfig, apply_to_kopf
 
@@ -385,7 +381,7 @@ async def host_daemon(
     budgets_by_name: BudgetsIndex | None = None,
     **_: Any,
 ) -> None:
-    """Keeps the ModelHost's host pods (``reconcile.reconcile_host``), woken by its and its pods' events."""
+    """Keeps the ModelHost's host pods (``reconcile_host``), woken by its and its pods' events."""
     pods = _index(pods_by_pool, "pods_by_pool")
     pools = _index(pools_by_key, "pools_by_key")
     budgets = _index(budgets_by_name, "budgets_by_name")

@@ -18,9 +18,7 @@ autoscaler's recent samples, re-learned after a restart).
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -30,27 +28,20 @@ from pydantic import ValidationError
 
 from modelpool_contract.api import Condition, autoscaling_enabled, parse_host_spec, parse_pool_status
 from modelpool_contract.demand import Demand
-from modelpool_contract.placements import ANNOTATION_MODELS, host_model_name
-from modelpool_contract.stats import STATS_PATH
-from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun
+from modelpool_contract.placements import host_model_name
+from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
 from modelpool_operator.budget import BUDGET_VALID, BudgetLimit, Reservation, budget_status, budget_validity
 from modelpool_operator.effects.apply import Refusal, apply, refuse, settle_reservations, tell
-from modelpool_operator.effects.hosts import apply_host
 from modelpool_operator.effects.placing import (
-    apply_placing,
     delete_workers,
-    read_control_key,
-    unload_everywhere,
-    write_annotations,
     write_pool_status,
 )
-from modelpool_operator.host import HostView, host_charge_key, host_pod_name
+from modelpool_operator.host import host_charge_key
 from modelpool_operator.observe.hosts import (
     HostedPool,
     hosted_replicas,
     hosted_workers,
     observe_hosts,
-    reported_models,
 )
 from modelpool_operator.observe.observation import (
     LazyOthers,
@@ -61,12 +52,8 @@ from modelpool_operator.observe.observation import (
     other_pools,
     pod_indexed,
 )
-from modelpool_operator.observe.stats import stats_url
 from modelpool_operator.observe.worker_state import ObservedWorker
-from modelpool_operator.placement.charge import host_charge
 from modelpool_operator.planner import CounterSample, Event, LoadSample, Plan, PlannerSettings, plan
-from modelpool_operator.planner.hosts import HostPlan, plan_host
-from modelpool_operator.planner.placing import Placing, SharedPool, models_annotations, plan_placing
 from modelpool_operator.planner.shared import (
     HostWait,
     host_wait,
@@ -74,9 +61,9 @@ from modelpool_operator.planner.shared import (
     host_wait_status,
     shared_status,
 )
-from modelpool_operator.planner.shared_scale import SharedCount, SharedScale, scale_shared
+from modelpool_operator.planner.shared_scale import SharedScale, scale_shared
 from modelpool_operator.planner.status import coalesce, condition
-from modelpool_operator.policy import Violation, host_violations, violations
+from modelpool_operator.policy import Violation, violations
 from modelpool_operator.pool import OtherPool, PoolKey, PoolView
 from modelpool_operator.services import Services, planner_settings
 
@@ -89,7 +76,7 @@ DemandByPool = Mapping[PoolKey, Iterable[Demand]]
 HostsByKey = Mapping[PoolKey, Iterable[Mapping[str, Any]]]
 
 
-def _in_index(pods_by_pool: PodsByPool) -> Callable[[Reservation], bool]:
+def in_index(pods_by_pool: PodsByPool) -> Callable[[Reservation], bool]:
     """Whether a reservation's pod is in the pods index already (no need to ask the API about it)."""
     return lambda reservation: pod_indexed(pods_by_pool, reservation.pool_key, reservation.worker)
 
@@ -207,7 +194,7 @@ async def reconcile_pool(
         run.load_window, run.counters = decided.load_window, decided.counters
         if await apply(decided, services, book, run=run, pool=pool, body=body, now=now):
             outcome.result = "error"
-        await settle_reservations(services, book, now, indexed=_in_index(pods_by_pool))
+        await settle_reservations(services, book, now, indexed=in_index(pods_by_pool))
         return decided
 
 
@@ -476,230 +463,3 @@ def budget_status_wire(
         generation=generation,
     )
     return budget_status(ledger, [validity]).model_dump(mode="json", by_alias=True)
-
-
-# ---- a ModelHost's pass ---------------------------------------------------------------------------------
-
-
-def plan_host_pass(
-    services: Services,
-    book: Bookkeeping,
-    host: HostView,
-    *,
-    pods_by_pool: PodsByPool,
-    pools_by_key: PoolsByKey,
-    budgets: BudgetsByName,
-    now: datetime,
-) -> HostPlan:
-    """Observe the host pods (indexed and charged in the ledger under ``host.charge_key``, as a pool's
-    workers are; their ``/stats`` from the scraper's cache, refreshed in the background), plan, and
-    reserve the host pods to create: synchronous, as ``decide`` is, so that no pool or host plans in
-    between."""
-    listed = list(pods_by_pool.get(host.charge_key, ()))
-    stats = services.scraper.refresh(listed, on_change=lambda: book.poke(host.charge_key))
-    # Observed as pods (their /stats is a host's, not a worker's); other passes reuse this observation.
-    book.observed[host.charge_key] = [
-        services.observations.observe(pod, None, now, fresh=True) for pod in listed
-    ]
-    workers = observe(services, book, pods_by_pool, own=None, now=now)
-    ledger = book.ledger(workers, budget_limit(budgets, services.config.budget_name))
-    hosted = hosted_pools(host, pools_by_key)
-    views = observe_hosts(host.spec, listed, stats, hosted)
-    planned = plan_host(host, book.observed[host.charge_key], views, ledger)
-    charge = host_charge(host.spec)
-    for index in planned.create:
-        book.reservations.reserve(host.namespace, host.charge_key[1], host_pod_name(host, index), charge, now)
-    return planned
-
-
-def hosted_pools(host: HostView, pools_by_key: PoolsByKey) -> dict[str, HostedPool]:
-    """The shared pools on ``host``, by the name their model has there (``host_model_name``)."""
-    return {
-        host_model_name(pool.name): HostedPool(pool.name, pool.declared, pool.priority)
-        for key, indexed in pools_by_key.items()
-        if key[0] == host.namespace
-        for pool in list(indexed)[:1]
-        if pool.host == host.name
-    }
-
-
-async def reconcile_host(
-    services: Services,
-    book: Bookkeeping,
-    *,
-    run: HostRun,
-    body: Mapping[str, Any],
-    pods_by_pool: PodsByPool,
-    pools_by_key: PoolsByKey,
-    budgets: BudgetsByName,
-) -> HostPlan | None:
-    """One pass of a ModelHost (None: its spec does not parse; the CRD should have refused it)."""
-    try:
-        host = HostView.from_body(body)
-    except ValueError:
-        logger.warning("ModelHost %s/%s: invalid spec", *run.key, exc_info=True)
-        return None
-    refused = host_violations(host.spec, services.config.policy)
-    if refused:
-        # No host pod runs an image the operator does not allow (the chart's admission policy refuses
-        # the ModelHost at kubectl apply; this covers an operator without it, or a narrowed policy).
-        host = replace(host, spec=host.spec.model_copy(update={"replicas": 0}))
-        if run.forbidden != policy_message(refused):
-            run.forbidden = policy_message(refused)
-            tell(services, body, Event("Warning", POLICY_VIOLATION, run.forbidden[:1000]))
-    now = datetime.now(UTC)
-    planned = plan_host_pass(
-        services, book, host, pods_by_pool=pods_by_pool, pools_by_key=pools_by_key, budgets=budgets, now=now
-    )
-    await apply_host(planned, services, book, run=run, host=host, body=body, now=now)
-    await place_models(
-        services, book, run=run, host=host, body=body, pods_by_pool=pods_by_pool, pools_by_key=pools_by_key
-    )
-    await settle_reservations(services, book, now, indexed=_in_index(pods_by_pool))
-    return planned
-
-
-def shared_pools(
-    host: HostView, pools_by_key: PoolsByKey, counts: Mapping[PoolKey, SharedCount] | None = None
-) -> list[SharedPool]:
-    """The shared pools on ``host`` as its placing needs them: each one's count and retries as its own pass
-    last decided them (``counts``), else the count its status records, else ``spec.replicas`` (at most
-    the host pods)."""
-    pools = []
-    for key, indexed in pools_by_key.items():
-        for pool in list(indexed)[:1]:
-            if key[0] != host.namespace or pool.host != host.name:
-                continue
-            count = (counts or {}).get(key)
-            recorded = min(pool.target if pool.target is not None else pool.replicas, host.spec.replicas)
-            pools.append(
-                SharedPool(
-                    pool.name,
-                    count.target if count is not None else recorded,
-                    pool.load or "{}",
-                    pool.declared,
-                    pool.priority,
-                    pool.deleting,
-                    retry=count.retry if count is not None else frozenset(),
-                )
-            )
-    return pools
-
-
-#: How long a load that ended is held in flight while the host pod's /stats does not list the model yet.
-LANDED_S = 60.0
-
-
-def plan_placing_pass(
-    services: Services, run: HostRun, host: HostView, listed: list[Mapping[str, Any]], pools: list[SharedPool]
-) -> tuple[Placing, dict[str, str]]:
-    """The host pods' placing over their cached ``/stats`` and the annotation each should carry."""
-    stats = services.scraper.cached(listed)
-    hosted = {p.name: HostedPool(p.name, p.declared, p.priority) for p in pools}
-    views = observe_hosts(host.spec, listed, stats, hosted)
-    clock = time.monotonic()
-    run.backoff = {slot: until for slot, until in run.backoff.items() if until > clock}
-    # A load that ended is in flight for the pass until a scrape lists it (the cache is as old as the last
-    # pass that asked; LANDED_S bounds the wait for a host pod that lost the model meanwhile).
-    listed_now = {(pod, str(m)) for pod, doc in stats.items() for m in ((doc or {}).get("models") or {})}
-    run.landed = {s: at for s, at in run.landed.items() if clock - at < LANDED_S and s not in listed_now}
-    wanted = {p.name: json.loads(p.load) for p in pools}
-    stale = {
-        (pod, model)
-        for (pod, model), (source, task) in reported_models(listed, stats).items()
-        if model in wanted and (wanted[model].get("source"), wanted[model].get("task")) != (source, task)
-    }
-    placing = plan_placing(
-        host.namespace,
-        views,
-        pools,
-        loading=set(run.loading) | set(run.landed),
-        loaded=run.loaded,
-        stale=stale,
-        backoff=set(run.backoff),
-        now=time.time(),
-    )
-    # A host pod a call has just changed has its /stats being refetched (StatsScraper.invalidate): the cache
-    # predates the call: no call now (it would repeat it); the answer pokes the pass (an interval at most).
-    if placing.calls and any(services.scraper.pending(p) for p in listed):
-        placing = replace(placing, calls=())
-    # Only pods whose /stats is known: an unknown one keeps its annotation.
-    known = [v for v in views if stats.get(v.name) is not None]
-    return placing, models_annotations(known)
-
-
-async def place_models(
-    services: Services,
-    book: Bookkeeping,
-    *,
-    run: HostRun,
-    host: HostView,
-    body: Mapping[str, Any],
-    pods_by_pool: PodsByPool,
-    pools_by_key: PoolsByKey,
-) -> Placing:
-    """Load, unload and sleep the shared pools' models on the host pods, and annotate each host pod with
-    its models (``planner.placing``, ``effects.placing``); the shared pools on the host are poked when
-    anything changed (their status lists the host pods holding them)."""
-    listed = list(pods_by_pool.get(host.charge_key, ()))
-    placing, wanted = plan_placing_pass(
-        services, run, host, listed, shared_pools(host, pools_by_key, book.shared)
-    )
-    urls = {
-        str((p.get("metadata") or {}).get("name")): url.removesuffix(STATS_PATH)
-        for p in listed
-        if (url := stats_url(p, services.config.server_probe_port)) is not None
-    }
-    await apply_placing(
-        placing,
-        services,
-        run=run,
-        body=body,
-        urls=urls,
-        key=book.control_keys.get(host.key),
-        poke=lambda: book.poke(host.charge_key),
-        pools={
-            pool.name: pool.reference()
-            for key, indexed in pools_by_key.items()
-            if key[0] == host.namespace
-            for pool in list(indexed)[:1]
-            if pool.host == host.name
-        },
-        pods={str((p.get("metadata") or {}).get("name")): p for p in listed},
-    )
-    current = {
-        str((p.get("metadata") or {}).get("name")): ((p.get("metadata") or {}).get("annotations") or {}).get(
-            ANNOTATION_MODELS
-        )
-        for p in listed
-    }
-    if any(current.get(pod) != value for pod, value in wanted.items()) or placing.calls:
-        book.poke_host(host.key)
-    await write_annotations(services, run, host.namespace, wanted, listed)
-    return placing
-
-
-async def unload_deleted_pool(
-    services: Services, book: Bookkeeping, *, pool: PoolKey, host: str, pods_by_pool: PodsByPool
-) -> list[str]:
-    """A shared pool is being deleted (its finalizer holds it): unload its model from every host pod whose
-    ``/stats`` lists it. Returns why some host refused (the caller retries); the ModelHost's daemon is
-    poked to rewrite the host pods' annotations."""
-    namespace, name = pool
-    host_key = (namespace, host)
-    listed = list(pods_by_pool.get(host_charge_key(*host_key), ()))
-    stats = services.scraper.cached(listed)
-    model = host_model_name(name)
-    holding = {r.pod for r in hosted_replicas(model, 0, listed, stats)}
-    urls = {
-        pod_name: url.removesuffix(STATS_PATH)
-        for p in listed
-        if (pod_name := str((p.get("metadata") or {}).get("name"))) in holding
-        and (url := stats_url(p, services.config.server_probe_port)) is not None
-    }
-    key = book.control_keys.get(host_key) or await read_control_key(services, namespace, host)
-    if not urls or key is None:
-        return []
-    refused = await unload_everywhere(services, key=key, model=model, urls=urls)
-    book.poke(host_charge_key(*host_key))
-    return refused

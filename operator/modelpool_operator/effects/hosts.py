@@ -3,7 +3,7 @@ key, kept when it exists), the host pods to delete and to create (their reservat
 do: ``effects.apply``), the host pods' NetworkPolicy (``effects.apply.ensure_host_network_policy``), the
 status, and a Warning Event while the budget holds host pods back.
 
-Nothing here decides: ``reconcile.reconcile_host`` planned the pass and recorded the reservations.
+Nothing here decides: ``reconcile_host.reconcile_host`` planned the pass and recorded the reservations.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ PACKAGE = "modelpool_operator"
 ROOT = Path(__file__).resolve().parents[3] / "operator" / PACKAGE
 LAYERS = ("observe", "planner", "effects")
 # The modules that join the layers: no layer imports them.
-WIRING = {f"{PACKAGE}.{name}" for name in ("handlers", "reconcile", "main")}
+WIRING = {f"{PACKAGE}.{name}" for name in ("handlers", "reconcile", "reconcile_host", "main")}
 # What one process holds (its connections, its bookkeeping): the effects use it, observing and planning never.
 PROCESS = (f"{PACKAGE}.services", f"{PACKAGE}.bookkeeping")
 

@@ -536,7 +536,7 @@ def _host(replicas: int, **spec: Any) -> dict[str, Any]:
 async def test_a_host_pass_makes_its_key_once_and_its_pods_within_the_budget(state: Operator) -> None:
     from modelpool_operator.bookkeeping import HostRun
     from modelpool_operator.host import host_charge_key
-    from modelpool_operator.reconcile import reconcile_host
+    from modelpool_operator.reconcile_host import reconcile_host
 
     run, body = HostRun(key=("ns", "gpus")), _host(3)
     budgets = {"default": [{"memory": "5Gi"}]}
@@ -567,7 +567,7 @@ async def test_a_host_pass_fences_its_host_pods_with_a_network_policy_once(state
     """Refused once (a 403): the host pods are made all the same with a Warning Event, the next pass applies
     the policy, and later passes send it no more (each operator start applies the settings again)."""
     from modelpool_operator.bookkeeping import HostRun
-    from modelpool_operator.reconcile import reconcile_host
+    from modelpool_operator.reconcile_host import reconcile_host
 
     state.use(
         config=OperatorConfig(
@@ -592,7 +592,8 @@ async def test_a_host_pass_fences_its_host_pods_with_a_network_policy_once(state
 
 async def test_a_host_with_a_forbidden_image_gets_no_pod_and_one_warning() -> None:
     from modelpool_operator.bookkeeping import HostRun
-    from modelpool_operator.reconcile import POLICY_VIOLATION, reconcile_host
+    from modelpool_operator.reconcile import POLICY_VIOLATION
+    from modelpool_operator.reconcile_host import reconcile_host
 
     operator = recording_operator(OperatorConfig(allowed_images=("ghcr.io/modelpool/",)))
     try:
@@ -614,7 +615,7 @@ async def test_a_host_with_a_forbidden_image_gets_no_pod_and_one_warning() -> No
         await operator.services.scraper.aclose()
 
 
-# ---- placing shared pools' models on host pods (reconcile.place_models, shared_pass) ---------------------
+# ---- placing shared pools' models on host pods (reconcile_host.place_models, reconcile.shared_pass) ---
 
 
 class RecordingControl:
@@ -694,7 +695,7 @@ def _shared(name: str) -> dict[str, Any]:
 async def test_a_host_pass_loads_a_shared_pool_and_annotates_the_host_pod(state: Operator) -> None:
     from modelpool_operator.bookkeeping import HostRun
     from modelpool_operator.host import HostView, host_charge_key
-    from modelpool_operator.reconcile import place_models
+    from modelpool_operator.reconcile_host import place_models
 
     control = RecordingControl()
     scraper = CachedStats({"gpus-0": {"models": {}}})
@@ -771,7 +772,7 @@ async def test_after_a_restart_a_model_of_another_source_is_unloaded(state: Oper
     task in /stats) against the pool's settings tells it."""
     from modelpool_operator.bookkeeping import HostRun
     from modelpool_operator.host import HostView, host_charge_key
-    from modelpool_operator.reconcile import place_models
+    from modelpool_operator.reconcile_host import place_models
 
     control = RecordingControl()
     doc = {"state": "Ready", "model": {"name": "emb", "task": "text-embedding", "source": "/models/old"}}
@@ -855,7 +856,7 @@ async def test_a_control_call_that_fails_is_told_on_the_pool_as_well_as_the_mode
     from modelpool_operator.bookkeeping import HostRun
     from modelpool_operator.host import HostView, host_charge_key
     from modelpool_operator.planner.shared_scale import SharedCount
-    from modelpool_operator.reconcile import place_models
+    from modelpool_operator.reconcile_host import place_models
 
     state.use(
         host_control=FailingControl(), scraper=CachedStats({"gpus-0": {"models": {"emb": {"state": "Idle"}}}})

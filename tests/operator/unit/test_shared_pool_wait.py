@@ -132,7 +132,7 @@ def test_a_hosts_stats_are_its_residents_under_their_pools() -> None:
 def test_the_hosted_pools_are_the_shared_pools_of_that_modelhost_by_model_name() -> None:
     from modelpool_operator.host import HostView
     from modelpool_operator.pool import OtherPool
-    from modelpool_operator.reconcile import hosted_pools
+    from modelpool_operator.reconcile_host import hosted_pools
 
     def other(name: str, host: str | None, ns: str = "ns") -> OtherPool:
         return OtherPool(ns, name, priority=1, min_replicas=0, host=host, declared=GI)

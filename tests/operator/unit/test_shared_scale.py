@@ -1,7 +1,7 @@
 """A shared pool's count and retries (``planner.shared_scale``, pure) over its replicas' figures on the host
 pods (``observe.hosts.hosted_workers``), what the ModelHost's pass does with them (``planner.placing``:
 the count, a failed model's retry elsewhere), what its status says (``planner.shared.shared_status``), and
-the count handed from the pool's pass to its ModelHost's (``reconcile.shared_pools``)."""
+the count handed from the pool's pass to its ModelHost's (``reconcile_host.shared_pools``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from modelpool_operator.planner.shared_scale import (
     scale_shared,
 )
 from modelpool_operator.pool import OtherPool, PoolView
-from modelpool_operator.reconcile import shared_pools
+from modelpool_operator.reconcile_host import shared_pools
 
 GI = 2**30
 NS = "ns"
