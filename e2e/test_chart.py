@@ -3,6 +3,7 @@ strict values schema. No cluster needed; e2e/test_install.py installs it on one.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 from pathlib import Path
@@ -143,6 +144,41 @@ def test_rbac_follows_the_scope_and_peering(helm: list[str]) -> None:
             if r[0] == "kopf.dev"
         }
         assert not kopf, f"peering disabled, yet {kopf}"
+
+
+def test_the_operator_reads_no_secret_and_mounts_its_control_seed(helm: list[str]) -> None:
+    """The shared hosts' control keys are derived from a seed Secret the chart makes and mounts into the
+    operator's pod only: the operator may create Secrets (each ModelHost's key) but read none."""
+    for args in ([], ["--set", "scope.clusterWide=false"]):
+        docs = render(helm, *args)
+        everything = _rules(one(docs, "ClusterRole", OPERATOR)) | _rules(
+            one(docs, "ClusterRole", f"{OPERATOR}-cluster")
+        )
+        assert {r for r in everything if r[1] == "secrets"} == {("", "secrets", "create")}
+        assert not [
+            role
+            for role in by_kind(docs, "Role")
+            if role["metadata"]["name"].startswith(f"{OPERATOR}-control")
+        ]
+    docs = render(helm)
+    seed = one(docs, "Secret", f"{OPERATOR}-control-seed")
+    assert seed["metadata"]["namespace"] == "mp-system"
+    assert len(base64.b64decode(seed["data"]["seed"])) == 48
+    c = container(docs)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["MODELPOOL_OPERATOR_CONTROL_SEED_FILE"] == "/etc/modelpool/control-seed/seed"
+    assert {"name": "control-seed", "mountPath": "/etc/modelpool/control-seed", "readOnly": True} in c[
+        "volumeMounts"
+    ]
+    pod = one(docs, "Deployment", OPERATOR)["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "control-seed"]
+    assert volume["secret"]["secretName"] == f"{OPERATOR}-control-seed"
+    mounting = [
+        d["metadata"]["name"]
+        for d in by_kind(docs, "Deployment")
+        if f"{OPERATOR}-control-seed" in json.dumps(d["spec"]["template"]["spec"].get("volumes", []))
+    ]
+    assert mounting == [OPERATOR], "the seed is mounted into the operator's pod only"
 
 
 def test_namespace_scope(helm: list[str]) -> None:

@@ -22,6 +22,9 @@ SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 
 # Settings the chart sets through the command line (scope, peering, liveness), not through `config`.
 SET_BY_ARGS = {"namespaces", "peering_name", "standalone", "liveness_port", "metrics_port"}
+# Settings the chart sets from its own objects, not from `config`: the control seed's file (its Secret
+# mounted into the operator's pod; e2e/test_chart.py checks it).
+SET_BY_CHART = {"control_seed_file"}
 # Settings the chart derives from `networkPolicy` (the release namespace, the operator's and the gateway's pod
 # labels, the callers), not from `config`; e2e/test_chart.py checks what it sets.
 SET_BY_NETWORK_POLICY = {
@@ -66,7 +69,7 @@ def test_every_operator_setting_is_a_chart_value_with_the_operator_default() -> 
             # A list value (YAML) stands for a tuple field (the environment's comma-separated list).
             default = list(default) if isinstance(default := fields[name].default, tuple) else default
             assert value == default, f"config.{key}: {value!r} != {default!r}"
-    covered = {_snake(k) for k in config} | SET_BY_ARGS | SET_BY_NETWORK_POLICY
+    covered = {_snake(k) for k in config} | SET_BY_ARGS | SET_BY_NETWORK_POLICY | SET_BY_CHART
     assert set(fields) == covered, f"settings without a chart value: {sorted(set(fields) - covered)}"
 
 

@@ -71,6 +71,23 @@ TEST_ENV = {
 }
 
 
+def control_seed_file(cluster: Cluster) -> Path:
+    """The cluster's operator control seed (beside its kubeconfig), made once."""
+    path = cluster.kubeconfig.parent / "operator-control-seed"
+    if not path.exists():
+        # Written aside, then linked in: a concurrent test never sees a half-written seed, and one wins.
+        draft = path.with_name(f"{path.name}.{uuid.uuid4().hex}")
+        draft.write_text(secrets.token_urlsafe(36))
+        draft.chmod(0o600)
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return path
+
+
 class OperatorProcess:
     """One ``modelpool-operator`` process; ``stop()`` sends SIGTERM and returns the exit code."""
 
@@ -97,6 +114,9 @@ class OperatorProcess:
         # The workers' probe port: a free one unless the test names it, as tests pick their serving port
         # (a fixed port could still be held on a recycled pod address by a worker of an earlier test).
         full_env.setdefault("MODELPOOL_OPERATOR_SERVER_PROBE_PORT", str(free_port()))
+        # The control keys' seed, as the chart mounts one: the same file for every operator of this cluster,
+        # so that a restarted one derives the keys its hosts hold.
+        full_env.setdefault("MODELPOOL_OPERATOR_CONTROL_SEED_FILE", str(control_seed_file(cluster)))
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
             args, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True

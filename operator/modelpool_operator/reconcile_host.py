@@ -24,7 +24,7 @@ from modelpool_operator.effects.apply import settle_reservations, tell
 from modelpool_operator.effects.hosts import apply_host
 from modelpool_operator.effects.placing import (
     apply_placing,
-    read_control_key,
+    derived_control_key,
     unload_everywhere,
     write_annotations,
 )
@@ -276,7 +276,7 @@ async def unload_deleted_pool(
         if (pod_name := str((p.get("metadata") or {}).get("name"))) in holding
         and (url := stats_url(p, services.config.server_probe_port)) is not None
     }
-    key = book.control_keys.get(host_key) or await read_control_key(services, namespace, host)
+    key = book.control_keys.get(host_key) or derived_control_key(services, namespace, host, listed)
     if not urls or key is None:
         return []
     refused = await unload_everywhere(services, key=key, model=model, urls=urls)

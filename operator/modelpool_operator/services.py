@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from modelpool_operator.control_keys import load_seed
 from modelpool_operator.effects.events import EventSink, KopfEventSink
 from modelpool_operator.effects.host_control import HostControl, HttpHostControl
 from modelpool_operator.effects.kube import KubeApi, connect
@@ -39,6 +40,8 @@ class Services:
     metrics: OperatorMetrics
     # Shared hosts' control API (load, unload, sleep, wake a model on a host pod).
     host_control: HostControl
+    # The seed each ModelHost's control key is derived from (``control_keys.derive_control_key``).
+    control_seed: bytes
 
     async def aclose(self) -> None:
         """Stop serving metrics, close the scraper's, the hosts' and the API's connections."""
@@ -73,6 +76,7 @@ async def start_services(config: OperatorConfig) -> Services:
         events=KopfEventSink(),
         metrics=metrics,
         host_control=HttpHostControl(),
+        control_seed=load_seed(config.control_seed_file),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -222,6 +223,14 @@ class OperatorConfig(BaseSettings):
         ge=0,
         le=65535,
         description="Port of the Prometheus GET /metrics endpoint (0 disables it).",
+    )
+    control_seed_file: Path | None = Field(
+        default=None,
+        description=(
+            "A file holding the seed of the shared hosts' control keys (each ModelHost's key is "
+            "HMAC-SHA256(seed, namespace/name/uid)); the chart mounts its Secret <release>-control-seed. "
+            "Unset: a random seed per start (the keys do not survive a restart)."
+        ),
     )
     # An integer: the API server parses ``timeoutSeconds`` as one ("300.0" is a 400 Bad Request).
     watch_server_timeout_seconds: int = Field(

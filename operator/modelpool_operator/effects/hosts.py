@@ -1,7 +1,8 @@
-"""Applying a ModelHost's pass (``planner.hosts.HostPlan``): its control key Secret (made once, a random
-key, kept when it exists), the host pods to delete and to create (their reservations end as a worker's
-do: ``effects.apply``), the host pods' NetworkPolicy (``effects.apply.ensure_host_network_policy``), the
-status, and a Warning Event while the budget holds host pods back.
+"""Applying a ModelHost's pass (``planner.hosts.HostPlan``): its control key Secret (made once, its key
+derived from the operator's seed, ``control_keys``; never read back), the host pods to delete and to
+create (their reservations end as a worker's do: ``effects.apply``), the host pods' NetworkPolicy
+(``effects.apply.ensure_host_network_policy``), the status, and a Warning Event while the budget holds
+host pods back.
 
 Nothing here decides: ``reconcile_host.reconcile_host`` planned the pass and recorded the reservations.
 """
@@ -9,15 +10,15 @@ Nothing here decides: ``reconcile_host.reconcile_host`` planned the pass and rec
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun
+from modelpool_operator.control_keys import derive_control_key
 from modelpool_operator.effects.apply import ApiFailure, _attempt, _create, ensure_host_network_policy
 from modelpool_operator.effects.kube import describe_error, merge_patch
-from modelpool_operator.effects.resources import CONTROL_KEY_ITEM, build_control_key_secret, build_host_pod
+from modelpool_operator.effects.resources import build_control_key_secret, build_host_pod
 from modelpool_operator.host import HostView, host_pod_name
 from modelpool_operator.planner import Event
 from modelpool_operator.planner.hosts import HostPlan
@@ -28,26 +29,23 @@ from modelpool_operator.services import Services, pod_settings
 async def ensure_control_key(
     services: Services, run: HostRun, host: HostView, keys: dict[PoolKey, str] | None = None
 ) -> ApiFailure | None:
-    """The host's control key Secret, created once with a fresh random key (an existing one is kept: the
-    running host pods read it, and its key is read once). The key is kept in ``keys`` (the bookkeeping's
-    ``control_keys``) for the control calls; a key that cannot be had leaves none there."""
+    """The host's control key Secret, created once with the key derived from the operator's seed
+    (``control_keys.derive_control_key``; an existing Secret is kept: an earlier process derived the same
+    key). The key is kept in ``keys`` (the bookkeeping's ``control_keys``) for the control calls. No Secret
+    is ever read: the operator is granted only ``create`` on Secrets."""
     if run.secret_ready:
         return None
-    key = secrets.token_urlsafe(32)
+    key = derive_control_key(services.control_seed, host.namespace, host.name, host.uid)
     secret = build_control_key_secret(host, key)
-    name = secret["metadata"]["name"]
     try:
-        made = await services.kube.create_secret(host.namespace, secret)
-        if not made:  # an earlier operator process made it: its key is the one the host pods hold
-            key = await services.kube.read_secret_key(host.namespace, name, CONTROL_KEY_ITEM) or ""
+        await services.kube.create_secret(host.namespace, secret)
     except Exception as exc:
-        return ApiFailure("SecretFailed", f"Secret {name}: {describe_error(exc)}"[:1000])
+        return ApiFailure(
+            "SecretFailed", f"Secret {secret['metadata']['name']}: {describe_error(exc)}"[:1000]
+        )
     run.secret_ready = True
     if keys is not None:
-        if key:
-            keys[host.key] = key
-        else:
-            keys.pop(host.key, None)
+        keys[host.key] = key
     return None
 
 

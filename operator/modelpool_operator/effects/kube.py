@@ -10,7 +10,6 @@ already took. Everything else raises ``ApiException`` for the caller's retry log
 from __future__ import annotations
 
 import asyncio
-import base64
 import inspect
 import json
 import logging
@@ -88,7 +87,6 @@ class KubeApi(Protocol):
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool: ...
     async def patch_host_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
     async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> bool: ...
-    async def read_secret_key(self, namespace: str, name: str, item: str) -> str | None: ...
     async def close(self) -> None: ...
 
 
@@ -223,22 +221,6 @@ class Kube:
             self._core.create_namespaced_secret(namespace, dict(body), _request_timeout=self._timeout),
             unless=EXISTS,
         )
-
-    async def read_secret_key(self, namespace: str, name: str, item: str) -> str | None:
-        """One item of a Secret, decoded (a ModelHost's control key, made by an earlier operator process);
-        None when the Secret or the item is absent."""
-        try:
-            secret = await self._core.read_namespaced_secret(name, namespace, _request_timeout=self._timeout)
-        except ApiException as exc:
-            if exc.status == GONE:
-                return None
-            self._report("read_secret", exc.status)
-            raise
-        except Exception:
-            self._report("read_secret", None)
-            raise
-        encoded = (secret.data or {}).get(item)
-        return base64.b64decode(encoded).decode() if encoded else None
 
     # ---- services --------------------------------------------------------------------------------
 

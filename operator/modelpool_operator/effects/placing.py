@@ -19,12 +19,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from modelpool_contract.api import MODELHOST_KIND
 from modelpool_contract.placements import ANNOTATION_MODELS
 from modelpool_operator.bookkeeping import HostRun, PoolRun
+from modelpool_operator.control_keys import derive_control_key
 from modelpool_operator.effects.apply import _attempt
 from modelpool_operator.effects.host_control import ControlError
-from modelpool_operator.effects.kube import describe_error, merge_patch
-from modelpool_operator.effects.resources import CONTROL_KEY_ITEM, control_key_secret_name
+from modelpool_operator.effects.kube import merge_patch
 from modelpool_operator.planner import Event
 from modelpool_operator.planner.placing import Control, Placing
 from modelpool_operator.planner.status import coalesce
@@ -54,7 +55,7 @@ async def apply_placing(
     if not placing.calls:
         return
     if key is None:
-        why = "no control call is made: the ModelHost's control key Secret could not be read"
+        why = "no control call is made: the ModelHost's control key Secret could not be made"
         if run.no_control != why:
             run.no_control = why
             services.events.post(body, Event("Warning", "NoControlKey", why))
@@ -244,10 +245,14 @@ async def unload_everywhere(
     return refused
 
 
-async def read_control_key(services: Services, namespace: str, host: str) -> str | None:
-    """A ModelHost's control key from its Secret (None: absent or unreadable)."""
-    try:
-        return await services.kube.read_secret_key(namespace, control_key_secret_name(host), CONTROL_KEY_ITEM)
-    except Exception as exc:
-        logger.warning("the control key of ModelHost %s/%s: %s", namespace, host, describe_error(exc))
-        return None
+def derived_control_key(
+    services: Services, namespace: str, host: str, pods: Iterable[Mapping[str, Any]]
+) -> str | None:
+    """A ModelHost's control key derived anew (``control_keys.derive_control_key``) from the uid its host
+    pods' owner reference names (a restarted operator whose host daemon has not run yet); None without an
+    owned host pod. No Secret is read."""
+    for pod in pods:
+        for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
+            if owner.get("kind") == MODELHOST_KIND and owner.get("name") == host and owner.get("uid"):
+                return derive_control_key(services.control_seed, namespace, host, str(owner["uid"]))
+    return None

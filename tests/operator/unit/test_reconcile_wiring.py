@@ -31,6 +31,8 @@ from modelpool_operator.services import Services, lifecycle_settings, make_scrap
 from modelpool_operator.settings import OperatorConfig
 
 GI = 2**30
+# The operator's control seed (the ModelHosts' control keys are derived from it).
+SEED = b"wiring-test-control-seed-0123456789"
 
 
 def api_error(status: int, message: str) -> ApiException:
@@ -110,12 +112,11 @@ class RecordingKube:
         return True
 
     async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> bool:
+        """As the API server: a Secret that exists is kept (False); none is ever read back."""
+        if any(s["metadata"]["name"] == body["metadata"]["name"] for s in self.secrets):
+            return False
         self.secrets.append(dict(body))
         return True
-
-    async def read_secret_key(self, namespace: str, name: str, item: str) -> str | None:
-        found = [s for s in self.secrets if s["metadata"]["name"] == name]
-        return found[-1]["stringData"][item] if found else None
 
     async def close(self) -> None:
         return None
@@ -188,6 +189,7 @@ def recording_operator(config: OperatorConfig) -> Operator:
         events=RecordingEvents(),
         metrics=OperatorMetrics(),
         host_control=HttpHostControl(),
+        control_seed=SEED,
     )
     return Operator(services, Bookkeeping())
 
@@ -623,6 +625,7 @@ class RecordingControl:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str]] = []
+        self.keys: list[str] = []  # the key each unload carried
 
     async def index(self, url: str, key: str) -> list[dict[str, Any]]:
         return []
@@ -633,6 +636,7 @@ class RecordingControl:
 
     async def unload(self, url: str, key: str, model: str) -> None:
         self.calls.append(("unload", url, model))
+        self.keys.append(key)
 
     async def sleep(self, url: str, key: str, model: str) -> dict[str, Any]:
         self.calls.append(("sleep", url, model))
@@ -900,3 +904,52 @@ def test_a_pools_control_failures_of_one_pass_are_one_event_per_reason(state: Op
         ),
         ("emb", Event("Warning", "SleepFailed", "host pod gpus-0: sleep failed: 507: b")),
     ]
+
+
+async def test_a_restarted_operator_derives_the_same_control_key_without_reading_the_secret(
+    state: Operator,
+) -> None:
+    """The key in the Secret is the one derived from the seed; a second process (fresh bookkeeping, the
+    Secret already there: its create answers 409) holds the same key without any Secret read (the fake,
+    like ``KubeApi``, has no way to read one)."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.control_keys import derive_control_key
+    from modelpool_operator.effects.hosts import ensure_control_key
+    from modelpool_operator.host import HostView
+
+    host = HostView.from_body(_host(1))
+    expected = derive_control_key(SEED, "ns", "gpus", "uid-gpus")
+    assert (
+        await ensure_control_key(state.services, HostRun(key=host.key), host, state.book.control_keys) is None
+    )
+    assert state.kube.secrets[0]["stringData"] == {"key": expected}
+    restarted = Bookkeeping()
+    assert (
+        await ensure_control_key(state.services, HostRun(key=host.key), host, restarted.control_keys) is None
+    )
+    assert restarted.control_keys == {("ns", "gpus"): expected} and len(state.kube.secrets) == 1
+    assert not hasattr(state.kube, "read_secret_key")
+
+
+async def test_a_deleted_pool_is_unloaded_with_the_key_derived_from_its_host_pods_owner(
+    state: Operator,
+) -> None:
+    """A restarted operator whose host daemon has not run yet: the key comes from the seed and the uid the
+    host pods' owner reference names."""
+    from modelpool_operator.control_keys import derive_control_key
+    from modelpool_operator.host import host_charge_key
+    from modelpool_operator.reconcile_host import unload_deleted_pool
+
+    control = RecordingControl()
+    state.use(host_control=control, scraper=CachedStats({"gpus-0": {"models": {"emb": {"state": "Idle"}}}}))
+    pod = _host_pod({"emb": "Idle"})
+    pod["metadata"]["ownerReferences"] = [{"kind": "ModelHost", "name": "gpus", "uid": "uid-gpus"}]
+    refused = await unload_deleted_pool(
+        state.services,
+        state.book,
+        pool=("ns", "emb"),
+        host="gpus",
+        pods_by_pool={host_charge_key("ns", "gpus"): [pod]},
+    )
+    assert refused == [] and [c[0] for c in control.calls] == ["unload"]
+    assert control.keys == [derive_control_key(SEED, "ns", "gpus", "uid-gpus")]

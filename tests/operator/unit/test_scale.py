@@ -375,6 +375,7 @@ def test_an_idle_pool_passes_at_the_resync_interval_and_refreshes_its_stats_in_b
             events=None,  # type: ignore[arg-type]
             metrics=OperatorMetrics(),
             host_control=None,  # type: ignore[arg-type]
+            control_seed=b"0" * 32,
         )
         setter: FlagSetter[object] = FlagSetter()
         pods = {("ns", "p"): [{"metadata": {"name": "w", "uid": "w"}, "status": {"phase": "Pending"}}]}
