@@ -51,7 +51,7 @@ def shared_ns(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     apply(crds, {**budget_manifest("20Gi"), "metadata": {"name": BUDGET}})
     log = tmp_path_factory.mktemp("shared") / "operator.log"
-    process = OperatorProcess(crds, (namespace,), log, MODELPOOL_OPERATOR_BUDGET_NAME=BUDGET)
+    OPERATOR[namespace] = OperatorProcess(crds, (namespace,), log, MODELPOOL_OPERATOR_BUDGET_NAME=BUDGET)
     try:
         yield namespace
     finally:
@@ -59,11 +59,25 @@ def shared_ns(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             "delete", "modelpools,modelhosts", "--all", "-n", namespace, "--timeout=30s", check=False
         )
         crds.kubectl("delete", "modelbudget", BUDGET, "--ignore-not-found", "--wait=false")
-        stop_all([process], show_logs=True, what="operator")
+        stop_all([OPERATOR.pop(namespace)], show_logs=True, what="operator")
         crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 BUDGET = f"shared-{uuid.uuid4().hex[:6]}"
+# The operator watching each module namespace (``restart_operator`` replaces it).
+OPERATOR: dict[str, OperatorProcess] = {}
+
+
+def restart_operator(crds: Cluster, namespace: str) -> None:
+    """Stop the namespace's operator (exit 0) and start another (same settings, same log, same seed file:
+    testkit's OperatorProcess passes the cluster's, as the chart mounts one)."""
+    old = OPERATOR[namespace]
+    assert old.stop() == 0, old.log_tail()
+    OPERATOR[namespace] = OperatorProcess(
+        crds, (namespace,), old.log_path, MODELPOOL_OPERATOR_BUDGET_NAME=BUDGET
+    )
+
+
 KWOK = {
     "nodeSelector": {"type": "kwok"},
     "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
@@ -183,7 +197,7 @@ def test_a_shared_pool_is_placed_served_put_to_sleep_woken_and_unloaded(
     real gateway routes the openai client's embeddings to it; the host puts it to sleep once idle (1 s)
     and a request wakes it and is answered; with minReplicas 0 the operator unloads it once idle twice
     that (the pool scaled to zero), and the gateway's held request gets it placed again and answered;
-    deleting the pool unloads it first."""
+    deleting the pool, by a restarted operator, unloads it first."""
     pool = {
         "apiVersion": "modelpool.dev/v1alpha1",
         "kind": "ModelPool",
@@ -242,6 +256,10 @@ def test_a_shared_pool_is_placed_served_put_to_sleep_woken_and_unloaded(
         assert "IdleUnload" in told and "WokenByDemand" in told
     finally:
         stop_all([gateway], show_logs=True, what="gateway")
+    # A restarted operator (nothing remembered, no Secret it may read) still controls the host: the
+    # finalizer's unload below carries the key it derives again from the seed (a wrong one: 401, the
+    # finalizer holds and the delete times out).
+    restart_operator(crds, shared_ns)
     # The finalizer unloads the model before the pool goes (kubectl waits for that).
     crds.kubectl("delete", "modelpool", "minilm", "-n", shared_ns, "--timeout=60s")
     wait_for(lambda: "minilm" not in on_host(), timeout=30, message="the annotation without the pool")
