@@ -88,6 +88,21 @@ def test_request_outcomes_name_the_fault_behind_a_connection_error() -> None:
     assert request_outcome(refused, log) == (f"connection error ({sched.GATEWAY_KILL})", None)
 
 
+def test_a_body_cut_while_a_worker_is_killed_names_the_worker_kill() -> None:
+    """A worker SIGKILLed after the gateway relayed its headers cuts the body (seen in a short soak)."""
+    log = FaultLog()
+    error = "RemoteProtocolError: peer closed connection without sending complete message body"
+    cut = Sent("rude-0", "p", 100.0, 30.0, end=100.1, error=error)
+    assert request_outcome(cut, log)[1] is not None
+    refused = Sent("rude-0", "p", 100.0, 30.0, end=100.1, error="ConnectError: refused")
+    window = log.open(sched.WORKER_KILL, "p-0")
+    window.start = 99.9
+    log.close(window)
+    window.end = 100.0
+    assert request_outcome(cut, log) == (f"connection error ({sched.WORKER_KILL})", None)
+    assert request_outcome(refused, log)[1] is not None  # only a cut body is the killed worker's
+
+
 def test_converged_names_short_pools_orphans_and_stuck_deletions() -> None:
     pool = {
         "metadata": {"name": "p"},

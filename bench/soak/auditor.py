@@ -41,7 +41,7 @@ from typing import Any
 
 from bench.soak.clients import Sent
 from bench.soak.faults import FaultLog
-from bench.soak.schedule import GATEWAY_KILL
+from bench.soak.schedule import GATEWAY_KILL, WORKER_KILL
 from modelpool_contract.labels import (
     ANNOTATION_EVICTED_IN_STATE,
     ANNOTATION_EVICTING,
@@ -143,6 +143,11 @@ def request_outcome(sent: Sent, faults: FaultLog) -> tuple[str, str | None]:
     named = faults.active(sent.start - CONNECTION_SLACK_S, sent.end + CONNECTION_SLACK_S, (GATEWAY_KILL,))
     if named:
         return f"connection error ({GATEWAY_KILL})", None
+    # A worker killed after the gateway relayed its answer's headers cuts the body: nothing is left to send
+    # a status with, so the client sees the connection close (the gateway counts it as a relay error).
+    cut = "without sending complete message body" in sent.error
+    if cut and faults.active(sent.start - CONNECTION_SLACK_S, sent.end + CONNECTION_SLACK_S, (WORKER_KILL,)):
+        return f"connection error ({WORKER_KILL})", None
     return (
         "connection error (no fault)",
         f"{sent.client} -> {sent.pool}: {sent.error} with no gateway fault active",
