@@ -351,18 +351,23 @@ def build_worker_pod(pool: PoolView, worker_name: str, settings: PodSettings | N
     }
 
 
-def owner_reference(pool: PoolView) -> dict[str, Any] | None:
-    """The controller owner reference to the ModelPool (None when its uid is unknown)."""
-    if not pool.uid:
+def _controller_reference(kind: str, name: str, uid: str | None) -> dict[str, Any] | None:
+    """The controller owner reference to one of our resources (None when its uid is unknown)."""
+    if not uid:
         return None
     return {
         "apiVersion": API_VERSION,
-        "kind": MODELPOOL_KIND,
-        "name": pool.name,
-        "uid": pool.uid,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def owner_reference(pool: PoolView) -> dict[str, Any] | None:
+    """The controller owner reference to the ModelPool (None when its uid is unknown)."""
+    return _controller_reference(MODELPOOL_KIND, pool.name, pool.uid)
 
 
 #: ``spec.clusterIP`` of a headless Service.
@@ -431,16 +436,7 @@ def control_key_secret_name(host: HostView | str) -> str:
 
 def host_owner_reference(host: HostView) -> dict[str, Any] | None:
     """The controller owner reference to the ModelHost (None when its uid is unknown)."""
-    if not host.uid:
-        return None
-    return {
-        "apiVersion": API_VERSION,
-        "kind": MODELHOST_KIND,
-        "name": host.name,
-        "uid": host.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    return _controller_reference(MODELHOST_KIND, host.name, host.uid)
 
 
 def _host_metadata(host: HostView, name: str, labels: dict[str, str]) -> dict[str, Any]:
