@@ -177,7 +177,16 @@ def api_request_counts(kubeconfig: Path) -> tuple[float, float]:
     return request_counts(kubectl(kubeconfig, "get", "--raw", "/metrics"))
 
 
-def pods_ready(kubeconfig: Path, expected: int) -> bool:
+def progress(what: str, done: int, total: int, pid: int | None = None) -> None:
+    """One line on stderr per poll: a run at 1,000 pools lasts half an hour; this is how it is watched."""
+    rss = f", operator RSS {psutil.Process(pid).memory_info().rss / 2**20:.0f} MiB" if pid else ""
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"{time.strftime('%H:%M:%S')} {what}: {done}/{total}{rss}, load {load}", file=sys.stderr, flush=True
+    )
+
+
+def pods_ready(kubeconfig: Path, expected: int, pid: int | None = None) -> bool:
     out = kubectl(
         kubeconfig,
         "get",
@@ -189,10 +198,12 @@ def pods_ready(kubeconfig: Path, expected: int) -> bool:
         "-o",
         "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
     )
-    return sum(1 for line in out.splitlines() if line.strip() == "True") >= expected
+    ready = sum(1 for line in out.splitlines() if line.strip() == "True")
+    progress("pods Ready", ready, expected, pid)
+    return ready >= expected
 
 
-def pools_converged(kubeconfig: Path, pools: int, workers: int) -> bool:
+def pools_converged(kubeconfig: Path, pools: int, workers: int, pid: int | None = None) -> bool:
     data = json.loads(kubectl(kubeconfig, "get", "modelpools", "-n", NAMESPACE, "-o", "json"))
     done = 0
     for pool in data["items"]:
@@ -203,6 +214,7 @@ def pools_converged(kubeconfig: Path, pools: int, workers: int) -> bool:
             and sum(1 for w in listed if w["state"] == "Ready") == workers
         ):
             done += 1
+    progress("pools converged", done, pools, pid)
     return done == pools
 
 
@@ -292,12 +304,19 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
                     stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": chunk}),
                 )
             expected = pools * workers
-            # Listing every pod costs the API server (and this machine) more the more there are.
+            # Listing every pod costs the API server (and this machine) more the more there are: at 10,000
+            # pods (50 MB of JSON a list) the pods are counted every 15 s, the pools every 5 s.
             poll = 2 if expected <= 3000 else 5
-            wait(lambda: pods_ready(kubeconfig, expected), 1800, "all worker pods Ready", interval=poll)
+            pods_poll = 2 if expected <= 3000 else 15
+            wait(
+                lambda: pods_ready(kubeconfig, expected, operator.pid),
+                1800,
+                "all worker pods Ready",
+                interval=pods_poll,
+            )
             pods_ready_at = time.monotonic()
             wait(
-                lambda: pools_converged(kubeconfig, pools, workers),
+                lambda: pools_converged(kubeconfig, pools, workers, operator.pid),
                 900,
                 "every pool converged",
                 interval=poll,

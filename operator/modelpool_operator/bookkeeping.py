@@ -11,7 +11,11 @@ bookkeeping holds only what the per-pool daemons of one process must share:
   the budget (``waits_for_budget``) are woken when memory may have been freed (``poke_waiting``), and so is
   the ModelBudget's status writer (``budget_wakeup``);
 * each pool's workers as its daemon last observed them (``observed``: other pools' passes read these) and
-  their sums for the ledger (``charges``).
+  their sums for the ledger (``charges``);
+* the pass slots (``PassGate``): at most ``MAX_PASSES_IN_FLIGHT`` pools' passes at once, so a thousand pools
+  woken together (a scale-up, a restart) queue for a slot holding nothing, instead of a thousand passes in
+  flight each holding what it observed while they wait for the API and for the event loop;
+* the one task asking the API about due reservations (``settle_task``, ``effects.apply.settle_soon``).
 
 The process's connections and services are apart, immutable, in ``services``.
 """
@@ -19,7 +23,8 @@ The process's connections and services are apart, immutable, in ``services``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -31,6 +36,45 @@ from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import CounterSample, Create, LoadSample
 from modelpool_operator.planner.shared_scale import SharedCount
 from modelpool_operator.pool import PoolKey
+
+#: Pool passes in flight at once. A pass is observe + decide (synchronous, milliseconds), then its API
+#: requests (a round trip or more each): at 1,000 pools every pool was woken at once and ~1,000 passes
+#: were in flight, each holding its observation of every pool (141,000 ``ObservedWorker``s alive for
+#: 10,000 pods) while the requests queued behind the client's connections and the pods watch starved.
+MAX_PASSES_IN_FLIGHT = 32
+
+
+class PassGate:
+    """At most ``limit`` passes at once (FIFO: a pool waits its turn). A pool's daemon takes a slot for its
+    whole pass (``slot``), and clears its wake-up once it has the slot: the pokes that came while it waited
+    are answered by the pass about to read the indices, so a pool poked many times while queued gets one
+    pass, never two queued (each daemon runs one pass at a time)."""
+
+    def __init__(self, limit: int = MAX_PASSES_IN_FLIGHT) -> None:
+        self.limit = limit
+        self._slots = asyncio.Semaphore(limit)
+        self.in_flight = 0
+        self.waiting = 0
+        # The most passes seen in flight at once (for tests and the memory summary).
+        self.peak = 0
+
+    @asynccontextmanager
+    async def slot(self, wakeup: asyncio.Event | None = None) -> AsyncIterator[None]:
+        """Hold one of the slots for a pass; ``wakeup`` (the pool's) is cleared once the slot is held."""
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            if wakeup is not None:
+                wakeup.clear()
+            yield
+        finally:
+            self.in_flight -= 1
+            self._slots.release()
 
 
 @dataclass
@@ -52,6 +96,10 @@ class Bookkeeping:
     control_keys: dict[PoolKey, str] = field(default_factory=dict)
     # Each shared pool's count and retries as its pass last decided them (its ModelHost's pass places by it).
     shared: dict[PoolKey, SharedCount] = field(default_factory=dict)
+    # The pools' passes in flight (``PassGate``).
+    passes: PassGate = field(default_factory=PassGate)
+    # The one task asking the API about due reservations (``effects.apply.settle_soon``), while it runs.
+    settle_task: asyncio.Task[None] | None = None
 
     # ---- the ledger -------------------------------------------------------------------------------------
 

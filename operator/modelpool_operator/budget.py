@@ -27,7 +27,7 @@ let every pool grow without bound.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -224,6 +224,10 @@ def budget_status(ledger: Ledger, conditions: Iterable[Condition] = ()) -> Model
     )
 
 
+def _check_time(reservation: Reservation) -> datetime:
+    return reservation.check_after or reservation.created  # only answered ones (with a check time) are due
+
+
 class ReservationBook:
     """The operator's in-memory set of reservations (the only budget state that is not derived).
 
@@ -317,22 +321,41 @@ class ReservationBook:
         """Every reservation held, by pool (a copy: later changes to the book do not show in it)."""
         return dict(self._by_pool)
 
-    def due(self, now: datetime, check_s: float) -> tuple[Reservation, ...]:
+    def due(
+        self,
+        now: datetime,
+        check_s: float,
+        *,
+        limit: int | None = None,
+        known: Callable[[Reservation], bool] | None = None,
+    ) -> tuple[Reservation, ...]:
         """The answered reservations whose pod is still unobserved at their check time: to be asked about.
         Each is handed out once per ``check_s`` (its next check is set now, so passes running at the same
-        time do not ask twice)."""
+        time do not ask twice). At most ``limit`` are handed out, the longest due first; the others stay
+        due for the next call. One whose pod is ``known`` to exist (the pods index shows it: it ends at its
+        pool's next pass) is not handed out and counts for no ``limit``; its next check is set all the
+        same."""
         if self._next_check is None or self._next_check > now:
             return ()
-        due = tuple(r for r in self._items.values() if r.check_after is not None and r.check_after <= now)
+        due = [r for r in self._items.values() if r.check_after is not None and r.check_after <= now]
         later = now + timedelta(seconds=check_s)
-        self._next_check = None
-        for reservation in due:
+        asked: list[Reservation] = []
+        for reservation in sorted(due, key=_check_time):
+            if limit is not None and len(asked) >= limit:
+                break
+            if known is None or not known(reservation):
+                asked.append(reservation)
             self._put(replace(reservation, check_after=later))
+        self._next_check = None
         for reservation in self._items.values():
             check = reservation.check_after
             if check is not None and (self._next_check is None or check < self._next_check):
                 self._next_check = check
-        return due
+        return tuple(asked)
+
+    def due_by(self, now: datetime) -> bool:
+        """Whether a check may be due at ``now`` (cheap: ``due`` says which)."""
+        return self._next_check is not None and self._next_check <= now
 
     def absent(self, reservation: Reservation) -> None:
         """The API said ``reservation``'s pod does not exist (asked after its create's answer): forget it,

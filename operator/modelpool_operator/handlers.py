@@ -118,6 +118,9 @@ async def cleanup(*, memo: Any, **_: Any) -> None:
     trimmer: asyncio.Task[None] | None = getattr(memo, "heap_trimmer", None)
     if trimmer is not None:
         trimmer.cancel()
+    settling = _book(memo).settle_task
+    if settling is not None:
+        settling.cancel()
     services: Services | None = getattr(memo, "services", None)  # None: the startup failed
     if services is not None:
         await services.aclose()
@@ -299,17 +302,20 @@ async def pool_daemon(
         while not stopped:
             delay = services.config.resync_interval_seconds
             try:
-                plan = await reconcile_pool(
-                    services,
-                    book,
-                    run=run,
-                    body=body,
-                    pods_by_pool=pods,
-                    pools_by_key=pools,
-                    budgets=budgets,
-                    demand=demand,
-                    hosts=hosts,
-                )
+                # One of the process's pass slots (``PassGate``): the pokes that come while the pool waits
+                # for it are answered by this pass (the slot clears the wake-up), never by a second one.
+                async with book.passes.slot(wakeup):
+                    plan = await reconcile_pool(
+                        services,
+                        book,
+                        run=run,
+                        body=body,
+                        pods_by_pool=pods,
+                        pools_by_key=pools,
+                        budgets=budgets,
+                        demand=demand,
+                        hosts=hosts,
+                    )
                 book.uses_host(run.key, body.get("spec", {}).get("host"))
                 if plan is not None and plan.requeue_after is not None:
                     delay = min(delay, max(plan.requeue_after, 0.2))
@@ -331,7 +337,6 @@ async def pool_daemon(
             if woken:
                 # Coalesce a burst of pod events (a scale-up readies many pods at once) into one pass.
                 await asyncio.sleep(_COALESCE_S)
-                wakeup.clear()
     finally:
         book.forget(run.key)
         services.metrics.pool_gone(run.key)

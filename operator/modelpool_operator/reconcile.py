@@ -31,7 +31,7 @@ from modelpool_contract.demand import Demand
 from modelpool_contract.placements import host_model_name
 from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
 from modelpool_operator.budget import BUDGET_VALID, BudgetLimit, Reservation, budget_status, budget_validity
-from modelpool_operator.effects.apply import Refusal, apply, refuse, settle_reservations, tell
+from modelpool_operator.effects.apply import Refusal, apply, refuse, settle_soon, tell
 from modelpool_operator.effects.placing import (
     delete_workers,
     write_pool_status,
@@ -192,9 +192,11 @@ async def reconcile_pool(
             counters=run.counters,
         )
         run.load_window, run.counters = decided.load_window, decided.counters
+        # Not held while the requests are in flight: every pool's observed workers, per pass.
+        del workers
         if await apply(decided, services, book, run=run, pool=pool, body=body, now=now):
             outcome.result = "error"
-        await settle_reservations(services, book, now, indexed=in_index(pods_by_pool))
+        settle_soon(services, book, indexed=in_index(pods_by_pool))
         return decided
 
 

@@ -8,8 +8,8 @@ so, in a fixed order, through the process's services (the API client, the Event 
   otherwise (``budget``).
 * ``refuse``: a pass that touches no worker (the spec is invalid, or the operator's policy forbids it):
   its status patch and its Warning Event.
-* ``settle_reservations``: the reservations still unobserved at their check time end when their pod is
-  known absent.
+* ``settle_reservations`` (``settle_soon``: in one task of the process's, never in a pass): the
+  reservations still unobserved at their check time end when their pod is known absent.
 * ``write_budget_status``, ``tell``: the ModelBudget's status, and an Event outside a pass (a pass that
   raised).
 
@@ -213,32 +213,68 @@ async def _ensure_policy(
     return failure
 
 
+#: Due reservations asked about per settle, and how many questions are in flight at once: a lagging pods
+#: watch at 1,000 pools left thousands of reservations due at once, and each pass asked about its share.
+SETTLE_BATCH = 100
+SETTLE_CONCURRENCY = 4
+
+
+def settle_soon(services: Services, book: Bookkeeping, *, indexed: Callable[[Reservation], bool]) -> None:
+    """Start the process's one settle task (``settle_reservations``) unless it runs: a pass never waits for
+    those questions (nor holds its pass slot meanwhile), and however many passes end at once, the API is
+    asked about each due reservation once, ``SETTLE_CONCURRENCY`` at a time."""
+    running = book.settle_task
+    if running is not None and not running.done():
+        return
+    now = datetime.now(UTC)
+    if not book.reservations.due_by(now):
+        return
+    book.settle_task = asyncio.get_running_loop().create_task(
+        _settle_logged(services, book, now, indexed), name="reservation checks"
+    )
+
+
+async def _settle_logged(
+    services: Services, book: Bookkeeping, now: datetime, indexed: Callable[[Reservation], bool]
+) -> None:
+    try:
+        await settle_reservations(services, book, now, indexed=indexed)
+    except Exception:  # a bug, not an API failure (those keep the reservation): the next pass starts anew
+        logger.exception("checking the due reservations failed")
+
+
 async def settle_reservations(
     services: Services,
     book: Bookkeeping,
     now: datetime,
     *,
     indexed: Callable[[Reservation], bool] = lambda _: False,
+    limit: int = SETTLE_BATCH,
 ) -> None:
     """Ask the API about the reservations whose pod is still unobserved at their check time (any pool's:
-    a deleted pool's too); a pod known absent ends its reservation, anything else keeps it (``budget``).
-    One the pods index already shows (``indexed``) is not asked about: its pod exists, and the reservation
-    ends at its pool's next pass, which charges the pod itself (at 1,000 pools passes come late, and these
-    questions were a fifth of the operator's time)."""
-    kube = services.kube
-    for reservation in book.reservations.due(now, services.config.reservation_ttl_seconds):
-        if indexed(reservation):
-            continue
+    a deleted pool's too), at most ``limit`` of them (the rest stay due); a pod known absent ends its
+    reservation, anything else keeps it (``budget``). One the pods index already shows (``indexed``) is not
+    asked about: its pod exists, and the reservation ends at its pool's next pass, which charges the pod
+    itself (at 1,000 pools passes come late, and these questions were a fifth of the operator's time)."""
+    due = book.reservations.due(now, services.config.reservation_ttl_seconds, limit=limit, known=indexed)
+    slots = asyncio.Semaphore(SETTLE_CONCURRENCY)
+    await asyncio.gather(*(_settle_one(services, book, reservation, slots) for reservation in due))
+
+
+async def _settle_one(
+    services: Services, book: Bookkeeping, reservation: Reservation, slots: asyncio.Semaphore
+) -> None:
+    async with slots:
         try:
-            exists = await kube.pod_exists(reservation.namespace, reservation.worker)
+            exists = await services.kube.pod_exists(reservation.namespace, reservation.worker)
         except Exception as exc:  # unknown: keep the memory reserved, ask again later
             logger.warning("reservation of %s/%s kept: %s", *reservation.key, describe_error(exc))
-            continue
-        if not exists:
-            logger.info("reservation of %s/%s ended: the pod does not exist", *reservation.key)
-            book.reservations.absent(reservation)
-            book.budget_wakeup.set()
-            book.poke(reservation.pool_key)
+            return
+    if not exists:
+        logger.info("reservation of %s/%s ended: the pod does not exist", *reservation.key)
+        book.reservations.absent(reservation)
+        book.budget_wakeup.set()
+        book.poke(reservation.pool_key)
 
 
 def _note_budget(book: Bookkeeping, run: PoolRun, status: ModelPoolStatus) -> None:

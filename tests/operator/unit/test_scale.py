@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 
 import kopf
 import pytest
@@ -399,3 +400,173 @@ def test_an_idle_pool_passes_at_the_resync_interval_and_refreshes_its_stats_in_b
     assert idle_passes <= 3, idle_passes  # at 0, 0.6, 1.2 s (30 with a pass every stats interval)
     assert woken_passes >= 1
     assert refreshes >= 15  # the stats every 0.05 s in between
+
+
+def services_for(config: object, kube: object = None, scraper: object = None) -> object:
+    """The process's services with only what a test looks at (the others unused: None)."""
+    from modelpool_operator.metrics import OperatorMetrics
+    from modelpool_operator.observe.observation import ObservationCache
+    from modelpool_operator.services import Services, lifecycle_settings
+
+    return Services(
+        config=config,  # type: ignore[arg-type]
+        kube=kube,  # type: ignore[arg-type]
+        scraper=scraper,  # type: ignore[arg-type]
+        observations=ObservationCache(lifecycle_settings(config)),  # type: ignore[arg-type]
+        events=None,  # type: ignore[arg-type]
+        metrics=OperatorMetrics(),
+        host_control=None,  # type: ignore[arg-type]
+        control_seed=b"0" * 32,
+    )
+
+
+def test_at_most_k_passes_run_at_once_and_a_pool_poked_while_queued_gets_one_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # At 1,000 pools every pool was woken at once: ~1,000 passes in flight, each holding its observation of
+    # every pool while its requests queued (141,000 ObservedWorkers alive for 10,000 pods).
+    from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
+
+    from modelpool_operator.bookkeeping import PassGate
+    from modelpool_operator.settings import OperatorConfig
+
+    active, peak = 0, 0
+    passes: dict[PoolKey, int] = {}
+    hold = asyncio.Event()  # set: passes are let through at once; clear: they wait for it
+
+    async def one_pass(*args: object, run: object, **kwargs: object) -> None:
+        nonlocal active, peak
+        key = run.key  # type: ignore[attr-defined]
+        passes[key] = passes.get(key, 0) + 1
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.02)
+        await hold.wait()
+        active -= 1
+
+    monkeypatch.setattr(operator_handlers, "reconcile_pool", one_pass)
+
+    async def until(condition: Callable[[], bool], what: str) -> None:
+        for _ in range(1000):  # 10 s at most
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"not reached: {what}")
+
+    async def run_daemons() -> None:
+        config = OperatorConfig(stats_interval_seconds=60, resync_interval_seconds=60)
+        memo = operator_handlers.make_memo(config)
+        memo.book.passes = PassGate(2)
+        scraper = StatsScraper(interval=60, timeout=1, concurrency=1, backoff_cap=1, default_port=8000)
+        memo.services = services_for(config, scraper=scraper)
+        setter: FlagSetter[object] = FlagSetter()
+        keys = [("ns", f"p{i}") for i in range(6)]
+        hold.set()
+        daemons = [
+            asyncio.create_task(
+                operator_handlers.pool_daemon(
+                    namespace=ns, name=name, body={}, memo=memo, logger=logging.getLogger("t"),
+                    stopped=AsyncFlagWaiter(setter), pods_by_pool={}, pools_by_key={},  # type: ignore[arg-type]
+                    budgets_by_name={}, demand_by_pool={}, hosts_by_key={},  # type: ignore[arg-type]
+                )
+            )
+            for ns, name in keys
+        ]  # fmt: skip
+        await until(lambda: len(passes) == 6 and active == 0, "every pool's first pass")
+        assert peak == 2  # six pools started together, two passes at a time
+
+        hold.clear()  # p0 and p1 take both slots and keep them
+        memo.book.poke(keys[0])
+        memo.book.poke(keys[1])
+        await until(lambda: active == 2, "two passes holding the slots")
+        for _ in range(5):  # p2 is poked again and again while it waits for a slot
+            memo.book.poke(keys[2])
+            await asyncio.sleep(0.1)
+        assert memo.book.passes.waiting == 1 and passes[keys[2]] == 1
+        hold.set()
+        await until(lambda: passes[keys[2]] == 2 and active == 0, "p2's pass")
+        await asyncio.sleep(0.5)  # longer than the coalescing: a second queued pass would have run
+        assert passes == {keys[0]: 2, keys[1]: 2, keys[2]: 2, keys[3]: 1, keys[4]: 1, keys[5]: 1}
+        assert peak == 2
+        setter.set()
+        await asyncio.wait_for(asyncio.gather(*daemons), 5)
+        await scraper.aclose()
+
+    asyncio.run(run_daemons())
+
+
+class CheckingKube:
+    """``pod_exists`` that counts the questions and those in flight at once; every pod is absent."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.active = 0
+        self.peak = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def pod_exists(self, namespace: str, name: str) -> bool:
+        self.asked.append(name)
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        await self.gate.wait()
+        await asyncio.sleep(0)
+        self.active -= 1
+        return False
+
+
+def due_book(book: ReservationBook, count: int, now: datetime, check_s: float = 60) -> None:
+    for i in range(count):
+        book.reserve("ns", f"p{i % 50}", f"w{i}", GI, now)
+        book.answered("ns", f"w{i}", now, check_s)
+
+
+def test_due_reservations_are_asked_about_in_bounded_batches_the_indexed_ones_never() -> None:
+    # At 1,000 pools the pods watch lagged: thousands of reservations went due at once, and every pass asked
+    # the API about its share of them, one after the other, with its pass (and what it held) in flight.
+    from modelpool_operator.bookkeeping import Bookkeeping
+    from modelpool_operator.effects.apply import SETTLE_BATCH, SETTLE_CONCURRENCY, settle_reservations
+    from modelpool_operator.settings import OperatorConfig
+
+    async def settle() -> None:
+        kube, book = CheckingKube(), Bookkeeping()
+        services = services_for(OperatorConfig(reservation_ttl_seconds=60), kube=kube)
+        start = datetime.now(UTC)
+        due_book(book.reservations, 500, start)
+        later = start + timedelta(seconds=61)
+        watched = {f"w{i}" for i in range(0, 500, 2)}  # the index shows every other pod
+        await settle_reservations(services, book, later, indexed=lambda r: r.worker in watched)  # type: ignore[arg-type]
+        assert len(kube.asked) == SETTLE_BATCH and not watched & set(kube.asked)
+        assert kube.peak <= SETTLE_CONCURRENCY
+        await settle_reservations(services, book, later, indexed=lambda r: r.worker in watched)  # type: ignore[arg-type]
+        assert len(kube.asked) == 2 * SETTLE_BATCH and len(set(kube.asked)) == 2 * SETTLE_BATCH
+        await settle_reservations(services, book, later, indexed=lambda r: r.worker in watched)  # type: ignore[arg-type]
+        assert len(kube.asked) == 250  # every unwatched one asked once; the watched ones never
+        assert (
+            len(book.reservations) == 250
+        )  # the absent ones ended; the watched ones stay (their pass ends them)
+
+    asyncio.run(settle())
+
+
+def test_passes_ending_together_start_one_settle_task_and_never_wait_for_it() -> None:
+    from modelpool_operator.bookkeeping import Bookkeeping
+    from modelpool_operator.effects.apply import SETTLE_CONCURRENCY, settle_soon
+    from modelpool_operator.settings import OperatorConfig
+
+    async def settle() -> None:
+        kube, book = CheckingKube(), Bookkeeping()
+        services = services_for(OperatorConfig(reservation_ttl_seconds=0.01), kube=kube)
+        due_book(book.reservations, 10, datetime.now(UTC) - timedelta(seconds=1), check_s=0)
+        kube.gate.clear()  # the API does not answer yet
+        for _ in range(20):  # twenty passes end: none waits, one task asks
+            settle_soon(services, book, indexed=lambda _: False)  # type: ignore[arg-type]
+        task = book.settle_task
+        assert task is not None
+        await asyncio.sleep(0.05)
+        assert len(kube.asked) == SETTLE_CONCURRENCY and not task.done()  # the rest wait their turn
+        kube.gate.set()
+        await asyncio.wait_for(task, 5)
+        assert len(book.reservations) == 0 and len(kube.asked) == 10
+
+    asyncio.run(settle())
