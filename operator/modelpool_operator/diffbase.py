@@ -7,6 +7,10 @@ whole body: a worker pod's ``managedFields`` and status included. At 150 pools a
 put a fifth of its CPU there (``AnnotationsDiffBaseStorage.build``). ``LeanDiffBaseStorage`` builds the
 same essence (``tests/operator/unit/test_scale.py`` compares it with Kopf's) from the parts it keeps only,
 copied through JSON (watch bodies are JSON), which is several times faster than ``deepcopy``.
+
+A worker pod's essence is empty: the operator has no change-detecting handler on pods (only an index and
+an event handler, which read the body itself), so Kopf compares nothing of them, and a copy of each pod's
+spec at each of its watch events (ten thousand pods at 1,000 pools, several events each) bought nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ class LeanDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     """Kopf's annotations diff-base storage, with an essence built from what it keeps only."""
 
     def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> Any:
+        if body.get("kind") == "Pod":  # no change-detecting handler reads a pod's essence (module doc)
+            return {}
         fields = list(extra_fields or ())
         if fields:  # a handler watches a field (of the status, maybe): Kopf's own way, exactly
             return super().build(body=body, extra_fields=fields)

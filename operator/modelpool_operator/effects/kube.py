@@ -123,12 +123,14 @@ class Kube:
     async def close(self) -> None:
         await self._api.close()
 
-    async def _took_effect(self, operation: str, request: Awaitable[Any], *, unless: int = 0) -> bool:
+    async def _took_effect(
+        self, operation: str, request: Awaitable[Any], *, unless: int = 0, unread: bool = False
+    ) -> bool:
         """Await one API request: True when it took effect, False when the API answers ``unless`` (404:
         already gone, 409: already exists; an earlier pass did it); any other error is reported to the
-        error hook and raised."""
+        error hook and raised. ``unread``: sent with ``_preload_content=False`` (``_drop_answer``)."""
         try:
-            await self._limited(request)
+            await self._limited(request, unread=unread)
         except ApiException as exc:
             if exc.status == unless:
                 return False
@@ -150,7 +152,7 @@ class Kube:
             self._report(operation, None)
             raise
 
-    async def _limited(self, request: Awaitable[Any]) -> Any:
+    async def _limited(self, request: Awaitable[Any], *, unread: bool = False) -> Any:
         """Start ``request`` (a coroutine of the generated client, not started yet) once one of the client's
         connections is free, within the request timeout (as aiohttp's own wait for a connection was).
 
@@ -166,9 +168,28 @@ class Kube:
                 request.close()  # never started: nothing to undo, and no "never awaited" warning
             raise
         try:
-            return await request
+            answer = await request
+            if unread:  # its connection is held until its answer is read
+                await self._drop_answer(answer)
+                return None
+            return answer
         finally:
             self._slots.release()
+
+    @staticmethod
+    async def _drop_answer(response: Any) -> None:
+        """The answer of a request sent with ``_preload_content=False``, read as bytes and dropped (a non-2xx
+        one raised as the client raises it, the API server's Status as its body), never turned into the
+        client's models: at 1,000 pools the created, patched and deleted pods' answers made into ``V1Pod``s
+        were 8 % of the operator's time during a scale-up."""
+        try:
+            body = await response.read()
+        finally:
+            response.release()
+        if not 200 <= response.status <= 299:
+            error = ApiException(status=response.status, reason=response.reason)
+            error.body = body.decode("utf-8", "replace")
+            raise error
 
     def _report(self, operation: str, code: int | None) -> None:
         if self._on_error is not None:
@@ -180,8 +201,11 @@ class Kube:
         """Create a pod; False when a pod of that name already exists (an earlier pass made it)."""
         return await self._took_effect(
             "create_pod",
-            self._core.create_namespaced_pod(namespace, dict(body), _request_timeout=self._timeout),
+            self._core.create_namespaced_pod(
+                namespace, dict(body), _preload_content=False, _request_timeout=self._timeout
+            ),
             unless=EXISTS,
+            unread=True,
         )
 
     async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
@@ -189,9 +213,15 @@ class Kube:
         return await self._took_effect(
             "patch_pod",
             self._core.patch_namespaced_pod(
-                name, namespace, dict(patch), _content_type=MERGE_PATCH, _request_timeout=self._timeout
+                name,
+                namespace,
+                dict(patch),
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=self._timeout,
             ),
             unless=GONE,
+            unread=True,
         )
 
     async def delete_pod(self, namespace: str, name: str, grace_period_seconds: int | None = None) -> bool:
@@ -199,8 +229,11 @@ class Kube:
         options = client.V1DeleteOptions(grace_period_seconds=grace_period_seconds)
         return await self._took_effect(
             "delete_pod",
-            self._core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=self._timeout),
+            self._core.delete_namespaced_pod(
+                name, namespace, body=options, _preload_content=False, _request_timeout=self._timeout
+            ),
             unless=GONE,
+            unread=True,
         )
 
     async def pod_exists(self, namespace: str, name: str) -> bool:
