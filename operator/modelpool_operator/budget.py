@@ -172,15 +172,20 @@ def ledger_from_charges(
     book: ReservationBook,
     *,
     invalid: str | None = None,
+    sums: tuple[int, Mapping[PoolKey, int]] | None = None,
 ) -> Ledger:
     """``build_ledger`` from each pool's ``PoolCharge`` (the sums a pool's workers had when last observed):
-    O(pools), not O(workers) nor O(reservations). Drops from ``book`` the reservations whose pod is
-    observed (a pod is indexed under its own pool, the pool its reservation names)."""
+    O(pools), not O(workers) nor O(reservations); ``sums``: their total and non-zero shares, when kept
+    already (``ChargeCache``). Drops from ``book`` the reservations whose pod is observed (a pod is indexed
+    under its own pool, the pool its reservation names)."""
     book.prune_charges(charges)
-    shares = {key: charge.used for key, charge in charges.items() if charge.used}
+    if sums is None:
+        shares = {key: charge.used for key, charge in charges.items() if charge.used}
+        sums = (sum(shares.values()), shares)
+    used, shares = sums[0], dict(sums[1])
     return Ledger(
         total=total,
-        used=sum(shares.values()),
+        used=used,
         reserved=book.reserved,
         shares=shares,
         by_pool=book.by_pool(),

@@ -183,19 +183,27 @@ def observe_all(
     event triggers at once. Pods of pools no daemon here observes (e.g. a pool being deleted) are observed
     directly, through the cache, with the stats ``cached_stats`` knows for them.
     """
-    result: dict[PoolKey, list[ObservedWorker]] = {}
-    for key, store in pods_by_pool.items():
-        if key != own and key in observed:
-            result[key] = observed[key]
-            continue
-        pods = list(store)
+    # The other daemons' observations are copied whole and the pools to observe found with set operations
+    # (C loops: a Python loop over a thousand pools per pass was a tenth of the operator's time at 1,000
+    # pools); then the indexed pools without an observation, and the own, are observed.
+    indexed = set(pods_by_pool)
+    result = dict(observed)
+    for gone in result.keys() - indexed:
+        del result[gone]
+    fresh = indexed - result.keys()
+    if own is not None and own in indexed:
+        fresh.add(own)
+    for key in fresh:
+        pods = list(pods_by_pool.get(key, ()))
         stats = own_stats if key == own else cached_stats(pods)
         result[key] = [
             cache.observe(pod, stats.get(pod["metadata"]["name"]), now, fresh=key == own) for pod in pods
         ]
     if own is not None:
+        if own not in indexed:
+            result.pop(own, None)
         observed[own] = result.get(own, [])
-    if len(cache) > 2 * sum(len(ws) for ws in result.values()) + 100:
+    if len(cache) > 2 * sum(map(len, result.values())) + 100:
         cache.prune(w.uid or w.name for ws in result.values() for w in ws)
     return result
 
@@ -227,25 +235,49 @@ def invalid_budget_message(name: str, exc: ValueError) -> str:
 
 @dataclass
 class ChargeCache:
-    """Each pool's ``PoolCharge``, summed again only when its list of observed workers is a new one.
+    """Each pool's ``PoolCharge``, summed again only when its list of observed workers is a new one, and
+    their total and per-pool shares kept as they change.
 
     ``observe_all`` hands out the very list a pool's daemon last observed until that daemon observes the
     pool again, so with a thousand pools a pass sums its own pool's workers and reuses every other pool's
-    sums (the cache holds each list it summed: its identity cannot be reused while it is cached)."""
+    sums (the cache holds each list it summed: its identity cannot be reused while it is cached). The
+    total and the shares are updated per pool that changed, not rebuilt per pass: at 1,000 pools the
+    ledger's sums over every pool were a tenth of the operator's time during a scale-up."""
 
     _entries: dict[PoolKey, tuple[list[ObservedWorker], PoolCharge]] = field(default_factory=dict)
+    # Each cached pool's charge (the same as in ``_entries``), their total and the non-zero ones.
+    _charges: dict[PoolKey, PoolCharge] = field(default_factory=dict)
+    used: int = 0
+    shares: dict[PoolKey, int] = field(default_factory=dict)
 
-    def charges(self, workers: Mapping[PoolKey, list[ObservedWorker]]) -> dict[PoolKey, PoolCharge]:
-        result: dict[PoolKey, PoolCharge] = {}
+    def charges(self, workers: Mapping[PoolKey, list[ObservedWorker]]) -> Mapping[PoolKey, PoolCharge]:
+        """Each pool of ``workers``' charge (a view kept up to date: read it before the next call); the pools
+        of earlier calls that ``workers`` no longer holds are forgotten."""
+        entries = self._entries
         for key, listed in workers.items():
-            cached = self._entries.get(key)
+            cached = entries.get(key)
             if cached is None or cached[0] is not listed:
-                cached = self._entries[key] = (listed, PoolCharge.of(listed))
-            result[key] = cached[1]
-        if len(self._entries) > len(workers) + 100:  # pools gone: forget their lists
-            for key in [k for k in self._entries if k not in workers]:
-                del self._entries[key]
-        return result
+                self._set(key, listed)
+        if len(entries) > len(workers):  # every key of ``workers`` is cached now: the others are gone
+            for key in [k for k in entries if k not in workers]:
+                self._drop(key)
+        return self._charges
+
+    def _set(self, key: PoolKey, listed: list[ObservedWorker]) -> None:
+        self._drop(key)
+        charge = PoolCharge.of(listed)
+        self._entries[key] = (listed, charge)
+        self._charges[key] = charge
+        self.used += charge.used
+        if charge.used:
+            self.shares[key] = charge.used
+
+    def _drop(self, key: PoolKey) -> None:
+        cached = self._entries.pop(key, None)
+        if cached is not None:
+            del self._charges[key]
+            self.used -= cached[1].used
+            self.shares.pop(key, None)
 
 
 def current_ledger(
@@ -257,8 +289,11 @@ def current_ledger(
 ) -> Ledger:
     """The ledger over every observed worker plus the live reservations (dropping from the book those whose
     pod is observed); ``charges`` keeps each pool's sums from one ledger to the next."""
-    summed = (charges if charges is not None else ChargeCache()).charges(workers)
-    return ledger_from_charges(limit.total, summed, reservations, invalid=limit.invalid)
+    cache = charges if charges is not None else ChargeCache()
+    summed = cache.charges(workers)
+    return ledger_from_charges(
+        limit.total, summed, reservations, invalid=limit.invalid, sums=(cache.used, cache.shares)
+    )
 
 
 class LazyOthers(Sequence[OtherPool]):
