@@ -42,6 +42,11 @@ from modelpool_operator.pool import PoolKey
 #: were in flight, each holding its observation of every pool (141,000 ``ObservedWorker``s alive for
 #: 10,000 pods) while the requests queued behind the client's connections and the pods watch starved.
 MAX_PASSES_IN_FLIGHT = 32
+#: Resync passes (a pool's pass at ``RESYNC_INTERVAL_SECONDS`` with nothing asking for one) a second, for
+#: the whole process: the resync is the level-based safety net, events drive the work. At 1,000 pools a
+#: resync every 10 s was 100 passes a second, and the pods watch (Kopf's events, on the same event loop)
+#: fell minutes behind: the pools of the pods it had not shown yet could not converge.
+RESYNCS_PER_SECOND = 10.0
 
 
 class PassGate:
@@ -50,13 +55,24 @@ class PassGate:
     are answered by the pass about to read the indices, so a pool poked many times while queued gets one
     pass, never two queued (each daemon runs one pass at a time)."""
 
-    def __init__(self, limit: int = MAX_PASSES_IN_FLIGHT) -> None:
+    def __init__(
+        self, limit: int = MAX_PASSES_IN_FLIGHT, resyncs_per_second: float = RESYNCS_PER_SECOND
+    ) -> None:
         self.limit = limit
         self._slots = asyncio.Semaphore(limit)
+        self._resync_spacing = 1.0 / resyncs_per_second
+        self._next_resync = 0.0
         self.in_flight = 0
         self.waiting = 0
         # The most passes seen in flight at once (for tests and the memory summary).
         self.peak = 0
+
+    def resync_wait(self, now: float) -> float:
+        """Seconds a resync pass due at ``now`` (monotonic) waits for its turn: the turns are handed out
+        ``1 / resyncs_per_second`` apart, first come first served (the turn is taken now)."""
+        turn = max(now, self._next_resync)
+        self._next_resync = turn + self._resync_spacing
+        return turn - now
 
     @asynccontextmanager
     async def slot(self, wakeup: asyncio.Event | None = None) -> AsyncIterator[None]:

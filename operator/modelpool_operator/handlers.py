@@ -17,6 +17,7 @@ once the startup handler has built them (before any watch starts); the handlers 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -102,10 +103,36 @@ def _services(memo: Any) -> Services:
 # ---- process lifecycle -------------------------------------------------------------------------------
 
 
+class QuietWatchHandlers(logging.Filter):
+    """Drops Kopf's "Handler 'pod_changed' succeeded." (and the other index and watch-event handlers'): one
+    log line per watch event, formatted and written at INFO, tens of thousands in a 1,000-pool scale-up, that
+    say nothing (the handlers only index and poke). A failure is still logged, and every other handler's
+    and daemon's lines are kept."""
+
+    QUIET = frozenset(
+        f"Handler '{name}' succeeded."
+        for name in ("pod_changed", "pool_changed", "demand_changed", "host_changed", "budget_changed")
+    ) | frozenset(
+        f"Indexer '{name}' succeeded."
+        for name in ("pods_by_pool", "pools_by_key", "budgets_by_name", "hosts_by_key", "demand_by_pool")
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and record.msg in self.QUIET)
+
+
+def quiet_watch_handlers() -> None:
+    """Install ``QuietWatchHandlers`` on Kopf's per-object logger (once)."""
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, QuietWatchHandlers) for f in objects.filters):
+        objects.addFilter(QuietWatchHandlers())
+
+
 @kopf.on.startup()
 async def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Logger, **_: Any) -> None:
     config = _config(memo)
     apply_to_kopf(config, settings)
+    quiet_watch_handlers()
     # Watch only the demand Leases (a cluster's nodes renew a Lease each every few seconds).
     settings.watching.label_selectors[LEASE_GROUP, LEASE_PLURAL] = DEMAND_SELECTOR
     memo.services = await start_services(config)
@@ -301,6 +328,7 @@ async def pool_daemon(
     try:
         while not stopped:
             delay = services.config.resync_interval_seconds
+            resync = True  # the pass after this one comes at the resync (nothing in the plan asks sooner)
             try:
                 # One of the process's pass slots (``PassGate``): the pokes that come while the pool waits
                 # for it are answered by this pass (the slot clears the wake-up), never by a second one.
@@ -317,8 +345,8 @@ async def pool_daemon(
                         hosts=hosts,
                     )
                 book.uses_host(run.key, body.get("spec", {}).get("host"))
-                if plan is not None and plan.requeue_after is not None:
-                    delay = min(delay, max(plan.requeue_after, 0.2))
+                if plan is not None and plan.requeue_after is not None and plan.requeue_after < delay:
+                    delay, resync = max(plan.requeue_after, 0.2), False
                 last_error = None
             except asyncio.CancelledError:
                 raise
@@ -332,8 +360,14 @@ async def pool_daemon(
                 else:  # info: Kopf posts the object logger's warnings as Events too
                     logger.info("reconciliation failed again (%s); retrying", message)
                 last_error = message
-                delay = _ERROR_DELAY_S
+                delay, resync = _ERROR_DELAY_S, False
             woken = await idle_until_pass(services, book, run.key, pods, seconds=delay, stopped=stopped)
+            if not woken and resync:  # a resync waits its turn (``PassGate.resync_wait``); an event does not
+                turn = book.passes.resync_wait(asyncio.get_running_loop().time())
+                if turn > 0:
+                    woken = await idle_until_pass(
+                        services, book, run.key, pods, seconds=turn, stopped=stopped
+                    )
             if woken:
                 # Coalesce a burst of pod events (a scale-up readies many pods at once) into one pass.
                 await asyncio.sleep(_COALESCE_S)

@@ -602,3 +602,81 @@ def test_passes_ending_together_start_one_settle_task_and_never_wait_for_it() ->
         assert len(book.reservations) == 0 and len(kube.asked) == 10
 
     asyncio.run(settle())
+
+
+def test_resync_passes_of_many_idle_pools_are_spread_over_the_process_wide_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # At 1,000 pools a resync every 10 s was 100 passes a second on the event loop that also runs Kopf's
+    # watches: the pods watch fell minutes behind. Resyncs take turns (20 a second here); an event does not.
+    from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
+
+    from modelpool_operator.bookkeeping import PassGate
+    from modelpool_operator.settings import OperatorConfig
+
+    passes: dict[PoolKey, int] = {}
+
+    async def one_pass(*args: object, run: object, **kwargs: object) -> None:
+        key = run.key  # type: ignore[attr-defined]
+        passes[key] = passes.get(key, 0) + 1
+
+    monkeypatch.setattr(operator_handlers, "reconcile_pool", one_pass)
+
+    async def run_daemons() -> tuple[int, int]:
+        config = OperatorConfig(stats_interval_seconds=60, resync_interval_seconds=0.05)
+        memo = operator_handlers.make_memo(config)
+        memo.book.passes = PassGate(32, resyncs_per_second=20)
+        scraper = StatsScraper(interval=60, timeout=1, concurrency=1, backoff_cap=1, default_port=8000)
+        memo.services = services_for(config, scraper=scraper)
+        setter: FlagSetter[object] = FlagSetter()
+        daemons = [
+            asyncio.create_task(
+                operator_handlers.pool_daemon(
+                    namespace="ns", name=f"p{i}", body={}, memo=memo, logger=logging.getLogger("t"),
+                    stopped=AsyncFlagWaiter(setter), pods_by_pool={}, pools_by_key={},  # type: ignore[arg-type]
+                    budgets_by_name={}, demand_by_pool={}, hosts_by_key={},  # type: ignore[arg-type]
+                )
+            )
+            for i in range(20)
+        ]  # fmt: skip
+        await asyncio.sleep(1.0)
+        resyncs = sum(passes.values())
+        memo.book.poke(("ns", "p7"))  # an event: its pass comes at once (after the coalescing), no turn
+        before = passes[("ns", "p7")]
+        for _ in range(100):
+            if passes[("ns", "p7")] > before:
+                break
+            await asyncio.sleep(0.01)
+        woken = passes[("ns", "p7")] - before
+        setter.set()
+        await asyncio.wait_for(asyncio.gather(*daemons), 5)
+        await scraper.aclose()
+        return resyncs, woken
+
+    resyncs, woken = asyncio.run(run_daemons())
+    # 20 first passes, then at most 20 resyncs a second (without turns: 20 pools x 20 a second = 400).
+    assert 20 <= resyncs <= 20 + 20 * 1.0 + 5, resyncs
+    assert woken == 1
+
+
+def test_resync_turns_are_handed_out_apart() -> None:
+    from modelpool_operator.bookkeeping import PassGate
+
+    gate = PassGate(resyncs_per_second=10)
+    assert [round(gate.resync_wait(100.0), 3) for _ in range(4)] == [0.0, 0.1, 0.2, 0.3]
+    assert gate.resync_wait(200.0) == 0.0  # long after: its turn is now
+
+
+def test_the_index_and_watch_handlers_successes_are_not_logged() -> None:
+    # One INFO line per watch event ("Handler 'pod_changed' succeeded."), formatted and written: tens of
+    # thousands in a 1,000-pool scale-up, saying nothing.
+    operator_handlers.quiet_watch_handlers()
+    objects = logging.getLogger("kopf.objects")
+
+    def record(level: int, msg: str) -> logging.LogRecord:
+        return objects.makeRecord("kopf.objects", level, __file__, 1, msg, None, None)
+
+    assert not objects.filter(record(logging.INFO, "Handler 'pod_changed' succeeded."))
+    assert not objects.filter(record(logging.INFO, "Indexer 'pods_by_pool' succeeded."))
+    assert objects.filter(record(logging.INFO, "Handler 'shared_pool_deleted' succeeded."))
+    assert objects.filter(record(logging.ERROR, "Handler 'pod_changed' failed with an exception."))
