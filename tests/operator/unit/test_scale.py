@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 
 import kopf
@@ -680,3 +680,47 @@ def test_the_index_and_watch_handlers_successes_are_not_logged() -> None:
     assert not objects.filter(record(logging.INFO, "Indexer 'pods_by_pool' succeeded."))
     assert objects.filter(record(logging.INFO, "Handler 'shared_pool_deleted' succeeded."))
     assert objects.filter(record(logging.ERROR, "Handler 'pod_changed' failed with an exception."))
+
+
+class CountedIndex(Mapping[PoolKey, list[dict[str, object]]]):
+    """A pods index (as Kopf's: a Mapping) that counts the pools read out of it."""
+
+    def __init__(self, items: dict[PoolKey, list[dict[str, object]]]) -> None:
+        self.items_ = items
+        self.reads = 0
+
+    def __getitem__(self, key: PoolKey) -> list[dict[str, object]]:
+        self.reads += 1
+        return self.items_[key]
+
+    def __iter__(self) -> Iterator[PoolKey]:
+        return iter(self.items_)
+
+    def __len__(self) -> int:
+        return len(self.items_)
+
+
+def test_a_pass_reads_only_its_own_pool_out_of_the_pods_index() -> None:
+    # Every pass looked up every pool of the index (a Python loop over a thousand per pass, a tenth of the
+    # operator at 1,000 pools); the other daemons' observations are taken whole instead.
+    from modelpool_operator.observe.observation import ObservationCache, observe_all
+    from modelpool_operator.observe.worker_state import LifecycleSettings
+
+    def pod(pool: int, i: int) -> dict[str, object]:
+        meta = {"name": f"p{pool}-{i}", "namespace": "ns", "uid": f"u{pool}-{i}", "resourceVersion": "1"}
+        return {"metadata": meta, "status": {"phase": "Pending"}}
+
+    index = CountedIndex({("ns", f"p{p}"): [pod(p, i) for i in range(3)] for p in range(200)})
+    observed: dict[PoolKey, list[ObservedWorker]] = {}
+    cache, now = ObservationCache(LifecycleSettings()), datetime.now(UTC)
+    for key in list(index.items_):  # every pool's daemon has passed once
+        observe_all(
+            cache, index, observed=observed, cached_stats=lambda _: {}, own=key, own_stats={}, now=now
+        )
+    index.reads = 0
+    workers = observe_all(
+        cache, index, observed=observed, cached_stats=lambda _: {}, own=("ns", "p5"), own_stats={}, now=now
+    )
+    assert index.reads <= 2, index.reads  # the own pool (200 before)
+    assert len(workers) == 200 and all(len(ws) == 3 for ws in workers.values())
+    assert workers[("ns", "p6")] is observed[("ns", "p6")]
