@@ -53,8 +53,14 @@ def worker_rss(view: WorkerView) -> dict[str, int]:
     return {row_name(row): rss_bytes(pid) for row, pid in view.pids()}
 
 
-def gpu_memory() -> tuple[int, int]:
-    """(allocated, reserved) bytes on the current CUDA device; (0, 0) when torch/CUDA is not in use.
+def _on(device: str | None) -> str | None:
+    """The device torch's memory calls are asked about: ``cuda:<i>`` as named, else the current one."""
+    return device if device is not None and device.startswith("cuda:") else None
+
+
+def gpu_memory(device: str | None = None) -> tuple[int, int]:
+    """(allocated, reserved) bytes on ``device`` when it is ``cuda:<i>`` (a model on GPU i of a shared
+    host), else on the current CUDA device; (0, 0) when torch/CUDA is not in use.
 
     Never imports torch itself: until the model's load has imported it there is nothing to report."""
     torch = sys.modules.get("torch")
@@ -63,14 +69,15 @@ def gpu_memory() -> tuple[int, int]:
     try:
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return 0, 0
-        return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
+        on = _on(device)
+        return int(torch.cuda.memory_allocated(on)), int(torch.cuda.memory_reserved(on))
     except Exception:  # a broken device must not break /metrics
         return 0, 0
 
 
-def gpu_peak_reserved() -> int | None:
-    """The most bytes the CUDA caching allocator has reserved on the current device since the process
-    started (``torch.cuda.max_memory_reserved``): what the worker needed at its worst, e.g. during a
+def gpu_peak_reserved(device: str | None = None) -> int | None:
+    """The most bytes the CUDA caching allocator has reserved on ``device`` (as ``gpu_memory``) since the
+    process started (``torch.cuda.max_memory_reserved``): what the worker needed at its worst, e.g. during a
     large batch. None when torch/CUDA is not in use (a CPU worker has no accelerator memory to report)."""
     torch = sys.modules.get("torch")
     if torch is None:
@@ -78,7 +85,7 @@ def gpu_peak_reserved() -> int | None:
     try:
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return None
-        return int(torch.cuda.max_memory_reserved())
+        return int(torch.cuda.max_memory_reserved(_on(device)))
     except Exception:  # a broken device must not break /stats
         return None
 

@@ -198,10 +198,11 @@ class InferenceProcess:
         while True:
             self._publish_load()
             self._publish_sleep()
-            allocated, reserved = gpu_memory()
+            # The model's own device (cuda:<i> on a host of several GPUs): this thread's current one is 0.
+            allocated, reserved = gpu_memory(self.worker.device)
             self.view.set(Field.GPU_ALLOCATED, allocated)
             self.view.set(Field.GPU_RESERVED, reserved)
-            peak = gpu_peak_reserved()
+            peak = gpu_peak_reserved(self.worker.device)
             self.view.set(Field.GPU_PEAK_RESERVED, float("nan") if peak is None else peak)
             await asyncio.sleep(PUBLISH_EVERY_S)
 

@@ -199,9 +199,9 @@ def test_the_load_settings_are_the_pools_model_and_what_a_host_accepts() -> None
     assert settings["source"] == "hf://sentence-transformers/all-MiniLM-L6-v2"
     assert settings["memory"] == GI and settings["idle_after"] == 2
     body = json.dumps({"parameters": {"config": json.dumps(settings)}}).encode()
-    parsed, memory = parse_load_body(body)
+    parsed, memory, device = parse_load_body(body)
     config = slot_config(HostConfig(device_memory="4Gi"), "emb", parsed, 0)  # type: ignore[arg-type]
-    assert memory == GI and config.task == "text-embedding" and config.idle_after == 2
+    assert memory == GI and config.task == "text-embedding" and config.idle_after == 2 and device is None
 
 
 def test_a_host_pod_whose_stats_are_unknown_takes_no_model() -> None:
