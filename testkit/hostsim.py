@@ -14,7 +14,10 @@ its declared bytes on the device (the host's charge: ``max(declared, measured)``
 ``--model-overhead``, which the operator writes from ``ModelHost.spec.modelOverhead`` or the contract's
 default: ``model_overhead``; ``/stats`` ``host.devices[]`` reports ``overhead``, ``model_overhead`` and
 ``free`` as the real host does), and reports ``measured_factor`` x declared as ``gpu_reserved_bytes`` while
-awake, nothing while asleep (the weights left the device), as a GPU host does.
+awake, nothing while asleep (the weights left the device), as a GPU host does.  A host pod of
+``--gpus N`` has N devices of ``--device-memory`` each (``SimHost.devices``): a load goes on the device its
+body names (the operator's choice; else the roomiest, as the real host), makes room there only, and
+``/stats`` reports each device and each model's device.
 
 The auditor (``Audit``) is told every transition under the host's lock, with the host's models as they
 are then, and records a violation when a device's awake charges exceed its capacity, the parked weights
@@ -64,6 +67,7 @@ class SimModel:
     busy: bool = False
     overhead: int = 0  # its process's charge on the device, awake or asleep (the host's --model-overhead)
     state_machine: StateMachine = field(default_factory=StateMachine)
+    device: int = 0  # the index of the host's device it lives on
 
     @property
     def state(self) -> State:
@@ -74,7 +78,7 @@ class SimModel:
         and its process's overhead awake or asleep."""
         charged = max(self.declared, self.measured)
         return host_plan.SlotFacts(
-            self.name, self.state, 0, charged, charged, self.last_used, self.busy, self.overhead
+            self.name, self.state, self.device, charged, charged, self.last_used, self.busy, self.overhead
         )
 
     def stats(self) -> dict[str, Any]:
@@ -89,7 +93,7 @@ class SimModel:
             memory=StatsMemory(gpu_reserved_bytes=self.measured if awake else 0),
             model=StatsModel(name=self.name, task=self.task, source=self.source),
             time=time.time(),
-        ).wire()
+        ).wire() | {"device": self.device}
 
 
 @dataclass(frozen=True)
@@ -154,15 +158,18 @@ class Audit:
             self.violations.append(f"{time.strftime('%H:%M:%S')} {pod}: {what}")
 
     def check(self, host: SimHost, what: str) -> None:
-        """After a transition on ``host`` (its lock held): the device and the host RAM within capacity."""
+        """After a transition on ``host`` (its lock held): each device and the host RAM within capacity."""
         facts = [m.facts() for m in host.models.values()]
-        # The awake weights and every loaded model's process overhead (host_plan.device_free's ledger).
-        used = host.device_memory - host_plan.device_free(0, host.device_memory, facts)
         parked = host_plan.host_used(facts)
         with self.lock:
             self.transitions += 1
-        if used > host.device_memory:
-            self.violation(host.pod, f"device over-committed after {what}: {used} > {host.device_memory}")
+        for device in range(host.devices):
+            # The awake weights and every loaded model's process overhead (host_plan.device_free's ledger).
+            used = host.device_memory - host_plan.device_free(device, host.device_memory, facts)
+            if used > host.device_memory:
+                self.violation(
+                    host.pod, f"device {device} over-committed after {what}: {used} > {host.device_memory}"
+                )
         if parked > host.host_memory:
             self.violation(
                 host.pod, f"host memory over-committed after {what}: {parked} > {host.host_memory}"
@@ -257,8 +264,10 @@ class SimHost:
         load_s: float = 1.0,
         measured_factor: float = 1.0,
         overhead: int = 0,
+        devices: int = 1,
     ) -> None:
         self.pod, self.device_memory, self.host_memory = pod, device_memory, host_memory
+        self.devices = devices  # each of device_memory (the host pod's --gpus; 1: a CPU or one-GPU host)
         self.overhead = overhead  # each model's process on the device, awake or asleep (--model-overhead)
         self.config = SimConfig(key)
         self.audit, self.load_s, self.measured_factor = audit, load_s, measured_factor
@@ -274,14 +283,16 @@ class SimHost:
         model.state_machine.to(state, why)
         self.audit.check(self, f"{model.name} -> {state.value}")
 
-    def _make_room(self, need: int, keep: SimModel | None) -> None:
-        chosen = host_plan.make_room(need, 0, self.device_memory, self.host_memory, self._facts(keep))
+    def _make_room(self, need: int, keep: SimModel | None, device: int = 0) -> None:
+        chosen = host_plan.make_room(need, device, self.device_memory, self.host_memory, self._facts(keep))
         if chosen is None:
-            used = self.device_memory - host_plan.device_free(0, self.device_memory, self._facts(keep))
-            self.audit.violation(self.pod, f"a load or wake of {need} bytes refused: {used} in use")
+            used = self.device_memory - host_plan.device_free(device, self.device_memory, self._facts(keep))
+            self.audit.violation(
+                self.pod, f"a load or wake of {need} bytes refused on device {device}: {used} in use"
+            )
             raise NoRoom(
-                f"{need} bytes do not fit on the device ({self.device_memory} bytes, {used} in use) even "
-                "with every idle model asleep"
+                f"{need} bytes do not fit on device {device} ({self.device_memory} bytes, {used} in use) "
+                "even with every idle model asleep"
             )
         if chosen:
             with self.audit.lock:
@@ -291,12 +302,13 @@ class SimHost:
 
     def load(self, name: str, body: bytes) -> SimModel:
         self.audit.call("load")
-        settings, declared = parse_load_body(body)
+        settings, declared, device = parse_load_body(body, self.devices)
         with self.lock:
             if name in self.models:
                 raise Conflict(f"model {name!r} is loaded already")
+            device = self._device(device)
             # Its process holds the overhead on the device from its start, asleep or awake (the host's rule).
-            self._make_room(declared + self.overhead, keep=None)
+            self._make_room(declared + self.overhead, keep=None, device=device)
             model = SimModel(
                 name,
                 declared,
@@ -304,6 +316,7 @@ class SimHost:
                 str(settings.get("model") or ""),
                 str(settings.get("task") or ""),
                 overhead=self.overhead,
+                device=device,
             )
             self.models[name] = model
             self._to(model, State.LOADING, "loading")
@@ -354,10 +367,16 @@ class SimHost:
             model = self.slot_of(name)
             if model.state is State.SLEEPING:
                 # ``keep`` leaves it out of the ledger: its overhead, held asleep too, is asked back.
-                self._make_room(model.facts().device_bytes + model.overhead, keep=model)
+                self._make_room(model.facts().device_bytes + model.overhead, keep=model, device=model.device)
                 self._to(model, State.WAKING, "asked to wake")
                 self._to(model, State.READY, "")
         return model
+
+    def _device(self, named: int | None) -> int:
+        """The device a load goes on: the one its body names, else the roomiest (as the real host)."""
+        if named is not None:
+            return named
+        return host_plan.roomiest_device(self.devices, self.device_memory, self._facts())
 
     def touch(self, name: str, at: float | None = None) -> None:
         """A request served (the model's last use), as traffic would leave it."""
@@ -374,7 +393,7 @@ class SimHost:
     def index(self) -> list[dict[str, Any]]:
         with self.lock:
             return [
-                {"name": m.name, "state": m.state.value, "reason": m.state_machine.reason, "device": 0,
+                {"name": m.name, "state": m.state.value, "reason": m.state_machine.reason, "device": m.device,
                  "bytes": m.facts().device_bytes, "pid": 0}
                 for m in self.models.values()
             ]  # fmt: skip
@@ -382,18 +401,22 @@ class SimHost:
     def stats(self) -> dict[str, Any]:
         with self.lock:
             facts = self._facts()
-            device = {  # as HostSupervisor.stats
-                "index": 0, "device": "cuda:0", "capacity": self.device_memory,
-                "awake": host_plan.device_used(0, facts), "asleep": host_plan.host_used(facts),
-                "overhead": host_plan.device_overhead(0, facts), "model_overhead": self.overhead,
-                "free": host_plan.device_free(0, self.device_memory, facts),
-            }  # fmt: skip
+            devices = [  # as HostSupervisor.stats
+                host_plan.device_report(i, f"cuda:{i}", self.device_memory, self.overhead, facts)
+                for i in range(self.devices)
+            ]
             models = {m.name: m.stats() for m in self.models.values()}
-        return {"host": {"failed": None, "devices": [device]}, "models": models}
+        return {"host": {"failed": None, "devices": devices}, "models": models}
 
     def states(self) -> dict[str, str]:
         with self.lock:
             return {m.name: m.state.value for m in self.models.values()}
+
+
+def gpus(args: list[str]) -> int:
+    """The devices of a host pod, read as the host reads its flags: ``--gpus`` (the operator writes the
+    ModelHost's ``gpusPerHost`` there), else one (a CPU host, or the one GPU)."""
+    return int(args[args.index("--gpus") + 1]) if "--gpus" in args else 1
 
 
 def model_overhead(args: list[str]) -> int:
@@ -480,6 +503,7 @@ class HostSim:
             load_s=self.load_s,
             measured_factor=self.measured_factor,
             overhead=model_overhead(args),
+            devices=gpus(args),
         )
         # The real probe-port server, over the simulated host (it calls only what SimHost answers).
         server = HostControlServer((ip, self.probe_port), cast(HostSupervisor, sim))
@@ -536,23 +560,27 @@ class HostSim:
                 with sim.lock:
                     if pool in sim.models:
                         continue
-                    facts = sim._facts()
-                    free = host_plan.device_free(0, sim.device_memory, facts)
-                    host_free = sim.host_memory - host_plan.host_used(facts)
-                    need = declared + sim.overhead  # its weights and its process's overhead
-                    for f in sorted(facts, key=lambda f: (self.audit.priority_of(f.name), f.last_used)):
-                        if free >= need:
-                            break
-                        sleepable = f.state in SLEEPABLE and not f.busy
-                        if (
-                            sleepable
-                            and self.audit.priority_of(f.name) <= priority
-                            and f.host_bytes <= host_free
-                        ):
-                            free, host_free = free + f.device_bytes, host_free - f.host_bytes
-                    if free >= need:
-                        wrong.append(f"{pool} ({declared} bytes, priority {priority}) fits on {pod}")
+                    fits = [d for d in range(sim.devices) if self._room_for(sim, d, declared, priority)]
+                if fits:
+                    where = f"{pod} device {fits[0]}"
+                    wrong.append(f"{pool} ({declared} bytes, priority {priority}) fits on {where}")
         return wrong
 
+    def _room_for(self, sim: SimHost, device: int, declared: int, priority: int) -> bool:
+        """Whether ``device`` of ``sim`` (its lock held) has room for a model of ``declared`` bytes once its
+        idle models of no higher priority are asleep, their weights parked in the host RAM."""
+        facts = sim._facts()
+        free = host_plan.device_free(device, sim.device_memory, facts)
+        host_free = sim.host_memory - host_plan.host_used(facts)
+        need = declared + sim.overhead  # its weights and its process's overhead
+        here = (f for f in facts if f.device == device)
+        for f in sorted(here, key=lambda f: (self.audit.priority_of(f.name), f.last_used)):
+            if free >= need:
+                break
+            sleepable = f.state in SLEEPABLE and not f.busy
+            if sleepable and self.audit.priority_of(f.name) <= priority and f.host_bytes <= host_free:
+                free, host_free = free + f.device_bytes, host_free - f.host_bytes
+        return free >= need
 
-__all__ = ["Audit", "Eviction", "HostSim", "SimHost", "SimModel", "model_overhead"]
+
+__all__ = ["Audit", "Eviction", "HostSim", "SimHost", "SimModel", "gpus", "model_overhead"]

@@ -1,7 +1,8 @@
 """The simulated shared host (``testkit.hostsim``) answers as the real one, through the real probe-port
 handler: the control key is checked, a load the device cannot hold even with every idle model asleep is
 refused with 507 and counted as a violation, the host sleeps idle models itself to make room (counted),
-``/stats`` is the host's document, and an unload of a Loading model is a violation."""
+``/stats`` is the host's document, and an unload of a Loading model is a violation; a host of two devices
+(``--gpus 2``) loads each model on the device its body names and makes room on that device only."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from model_server.supervisor.host import HostSupervisor
 from model_server.supervisor.host_control import HostControlServer
 from modelpool_contract.placements import default_model_overhead
-from testkit.hostsim import Audit, SimHost, model_overhead
+from testkit.hostsim import Audit, SimHost, gpus, model_overhead
 from testkit.kubectl import wait_for
 
 GI = 1 << 30
@@ -34,8 +35,9 @@ def host() -> Iterator[tuple[SimHost, str]]:
         server.server_close()
 
 
-def load(url: str, name: str, gib: int, key: str = "k") -> httpx.Response:
-    config = json.dumps({"source": f"/models/{name}", "task": "text-embedding", "memory": gib * GI})
+def load(url: str, name: str, gib: int, key: str = "k", device: int | None = None) -> httpx.Response:
+    settings = {"source": f"/models/{name}", "task": "text-embedding", "memory": gib * GI}
+    config = json.dumps(settings if device is None else {**settings, "device": device})
     body = {"parameters": {"config": config}}
     return httpx.post(
         f"{url}/v2/repository/models/{name}/load", json=body, headers={"Authorization": f"Bearer {key}"}
@@ -59,7 +61,7 @@ def test_the_simulated_host_answers_as_the_real_one(host: tuple[SimHost, str]) -
     assert sim.audit.violations == []
     # 5 GiB never fits a 4 GiB device: refused as the real host refuses it, and a violation.
     refused = load(url, "d", 5)
-    assert refused.status_code == 507 and "do not fit on the device" in refused.json()["error"]
+    assert refused.status_code == 507 and "do not fit on device 0" in refused.json()["error"]
     assert len(sim.audit.violations) == 1
 
 
@@ -105,3 +107,47 @@ def test_a_host_pods_overhead_is_read_as_the_host_reads_its_flags() -> None:
     assert model_overhead(["--device", "auto", "--model-overhead", "123"]) == 123
     assert model_overhead(["--device", "cpu"]) == default_model_overhead(gpu=False)
     assert model_overhead(["--device", "auto"]) == default_model_overhead(gpu=True)
+
+
+def test_a_host_of_two_devices_loads_each_model_on_its_device_and_makes_room_there_only() -> None:
+    sim = SimHost("h-0", device_memory=4 * GI, host_memory=8 * GI, key="k", audit=Audit(), load_s=0.01,
+                  devices=gpus(["--gpus", "2"]))  # fmt: skip
+    server = HostControlServer(("127.0.0.1", 0), cast(HostSupervisor, sim))
+    server.serve_in_thread()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for name, device in (("a", 0), ("b", 0), ("c", 1)):
+            assert load(url, name, 2, device=device).status_code == 200
+        # No device index 2 on a host of two: a 400 naming the field, nothing loaded.
+        refused = load(url, "x", 1, device=2)
+        assert refused.status_code == 400 and "parameters.config.device" in refused.json()["error"]
+        # Device 1 has room for d: nothing on device 0 sleeps, though a (idle, the least recently used) could.
+        sim.touch("b")
+        assert load(url, "d", 2, device=1).status_code == 200
+        assert sim.states() == {"a": "Ready", "b": "Ready", "c": "Ready", "d": "Ready"}
+        # Device 0 is full: e there sleeps a, its least recently used idle model, and not c or d.
+        assert load(url, "e", 1, device=0).status_code == 200
+        assert sim.states() == {"a": "Sleeping", "b": "Ready", "c": "Ready", "d": "Ready", "e": "Ready"}
+        # A load that names no device goes to the roomiest: device 0 (3 GiB free; device 1 has none).
+        assert load(url, "f", 1).status_code == 200 and sim.models["f"].device == 0
+        stats = httpx.get(f"{url}/stats").json()
+        devices = stats["host"]["devices"]
+        assert [(d["index"], d["awake"], d["free"]) for d in devices] == [(0, 4 * GI, 0), (1, 4 * GI, 0)]
+        assert devices[0]["asleep"] == 2 * GI and devices[1]["models"] == ["c", "d"]
+        assert {name: doc["device"] for name, doc in stats["models"].items()} == {
+            "a": 0,
+            "b": 0,
+            "c": 1,
+            "d": 1,
+            "e": 0,
+            "f": 0,
+        }
+        assert sim.audit.violations == [] and sim.audit.transitions > 0
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_host_pods_devices_are_read_as_the_host_reads_its_flags() -> None:
+    assert gpus(["--device", "auto", "--gpus", "4"]) == 4
+    assert gpus(["--device", "cpu"]) == 1 and gpus(["--device", "auto"]) == 1
