@@ -26,6 +26,7 @@ from pydantic_settings import SettingsConfigDict
 
 from model_server import host_plan
 from model_server.config import ServerConfig, ServingConfig
+from modelpool_contract.api import MODELHOST_MAX_GPUS_PER_HOST
 from modelpool_contract.placements import (
     DEFAULT_CPU_MODEL_OVERHEAD,
     DEFAULT_GPU_MODEL_OVERHEAD,
@@ -66,7 +67,7 @@ class HostConfig(ServingConfig):
     gpus: int | None = Field(
         default=None,
         ge=1,
-        le=64,
+        le=MODELHOST_MAX_GPUS_PER_HOST,
         description="The GPUs the host serves, models on GPU i run on cuda:i (unset: the GPUs it sees, "
         "CUDA_VISIBLE_DEVICES or /dev/nvidia*; with --device cpu or cuda:N: one)",
     )

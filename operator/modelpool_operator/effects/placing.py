@@ -69,6 +69,7 @@ async def apply_placing(
             continue
         if call.action == "load":
             slot = (call.pod, call.pool)
+            run.devices[slot] = call.device
             run.loading[slot] = asyncio.create_task(
                 _load(
                     services,
@@ -124,7 +125,8 @@ async def _call(
     logger.info("host pod %s: %s %s (%s)", call.pod, call.action, call.pool, call.why)
     try:
         if call.action == "load":
-            await control.load(url, key, call.pool, _settings(call.load))
+            # The device is the operator's choice (its ledger's), not one of the pool's settings.
+            await control.load(url, key, call.pool, {**_settings(call.load), "device": call.device})
             run.loaded[(call.pod, call.pool)] = call.load or ""
             run.landed[(call.pod, call.pool)] = time.monotonic()
         elif call.action == "unload":

@@ -2,9 +2,12 @@
 ledger's ``Host`` values (pure: slim pods and the parsed ModelHost spec in, plain values out).
 
 A host pod accepts models while it runs, is Ready and is not being deleted; its models are those its
-``/stats`` reports (``{"host": {...}, "models": {<name>: <WorkerStats>}}``), each the resident of the
-shared pool of the ModelHost whose model has that name there (``placements.host_model_name``:
-``HostedPool``), else of a pool named after it.
+``/stats`` reports (``{"host": {"devices": [...]}, "models": {<name>: <WorkerStats and its "device">}}``),
+each the resident of the shared pool of the ModelHost whose model has that name there
+(``placements.host_model_name``: ``HostedPool``), else of a pool named after it, on the device index its
+document names (0 when it names none: a host of one device). A host pod's devices are those its
+``/stats`` lists (the ``--gpus`` its pod was made with), else the ModelHost's ``gpusPerHost`` (one on a
+CPU host), each of ``deviceMemory``.
 """
 
 from __future__ import annotations
@@ -41,11 +44,20 @@ def _count(doc: Mapping[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def host_devices(stats: Mapping[str, Any] | None, configured: int) -> int:
+    """How many devices a host pod has: as many as its ``/stats`` lists (``host.devices``), else
+    ``configured`` (the ModelHost's)."""
+    host = (stats or {}).get("host")
+    listed = host.get("devices") if isinstance(host, Mapping) else None
+    return len(listed) if isinstance(listed, list) and listed else configured
+
+
 def host_residents(
     namespace: str, stats: Mapping[str, Any] | None, pools: Mapping[str, HostedPool]
 ) -> tuple[Resident, ...]:
-    """The models a host's ``/stats`` reports, as the ledger's residents (``pools``: by model name); a
-    model in an unknown state or an unreadable document is left out (unknown stats never fail anything)."""
+    """The models a host's ``/stats`` reports, as the ledger's residents (``pools``: by model name), each
+    on the device its document names (0 when none); a model in an unknown state or an unreadable document
+    is left out (unknown stats never fail anything)."""
     models = (stats or {}).get("models")
     if not isinstance(models, Mapping):
         return ()
@@ -63,7 +75,7 @@ def host_residents(
             Resident(
                 pool=(namespace, pool.name),
                 state=doc["state"],
-                device=0,  # a host serves one device (model_server/host_config.py)
+                device=_count(doc, "device") or 0,
                 declared=pool.declared,
                 measured=reading if reading and doc["state"] not in ("Sleeping", "Waking") else None,
                 priority=pool.priority,
@@ -92,20 +104,21 @@ def observe_hosts(
     models its ``/stats`` reports (``stats``: by pod name); a pod accepts models only while ready and,
     when ``stats`` is given, once its ``/stats`` is known (until then what it holds is unknown, and a
     host the operator cannot reach cannot be given a model either)."""
-    capacities = (spec.device_memory_bytes,) * spec.devices
     hosts = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         name = str(meta.get("name") or "")
+        report = (stats or {}).get(name)
+        residents = host_residents(str(meta.get("namespace") or ""), report, pools or {})
+        # A model on a device the host does not list (an odd report) still counts, on a device of its own.
+        devices = max([host_devices(report, spec.devices), *(r.device + 1 for r in residents)])
         hosts.append(
             Host(
                 name=name,
-                capacities=capacities,
+                capacities=(spec.device_memory_bytes,) * devices,
                 host_memory=spec.host_memory_bytes,
                 overhead=spec.model_overhead_bytes,
-                residents=host_residents(
-                    str(meta.get("namespace") or ""), (stats or {}).get(name), pools or {}
-                ),
+                residents=residents,
                 accepting=host_pod_ready(pod) and (stats is None or stats.get(name) is not None),
             )
         )

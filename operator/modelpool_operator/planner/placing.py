@@ -17,13 +17,13 @@ pass decides:
    unload a model of no lower priority is not made (that pool would be placed again, unloading this one
    in turn): among equals, room is made by sleeping only.
 
-A model whose load is in flight (``loading``) is a Pending resident charged its declared size, and is
-neither placed again nor unloaded; a (host pod, pool) in ``backoff`` (a control call there failed
-recently) is not tried again yet. A Failed model stays where it failed, so its pool's status shows why,
-until its pool's backoff is over (``SharedPool.retry``: unloaded, then placed again), its settings change
-or its pool goes; meanwhile the pool is placed on other host pods (a failed model is not one of its
-replicas). A pool's ``replicas`` is its count as its own pass decided it (``planner.shared_scale``:
-autoscaling, demand, idleness).
+A model whose load is in flight (``loading``) is a Pending resident charged its declared size on the device
+its load named (``devices``), and is neither placed again nor unloaded; a (host pod, pool) in ``backoff``
+(a control call there failed recently) is not tried again yet. A Failed model stays where it failed, so
+its pool's status shows why, until its pool's backoff is over (``SharedPool.retry``: unloaded, then placed
+again), its settings change or its pool goes; meanwhile the pool is placed on other host pods (a failed
+model is not one of its replicas). A pool's ``replicas`` is its count as its own pass decided it
+(``planner.shared_scale``: autoscaling, demand, idleness).
 """
 
 from __future__ import annotations
@@ -68,14 +68,15 @@ class SharedPool:
 
 @dataclass(frozen=True)
 class Control:
-    """One control call on a host pod: load (with ``load``, the settings' JSON), unload or sleep ``pool``'s
-    model; ``why`` says so in the log and the Events."""
+    """One control call on a host pod: load (with ``load``, the settings' JSON, on device index ``device``
+    of the host pod), unload or sleep ``pool``'s model; ``why`` says so in the log and the Events."""
 
     action: Action
     pod: str
     pool: str
     why: str
     load: str | None = None
+    device: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,15 +118,26 @@ class _View:
     def place(self, placement: Placement, request: PlacementRequest, load: str, now: float) -> None:
         self._room(placement.room, f"making room for {request.pool[1]}")
         self.hosts[placement.host] = admit(self.hosts[placement.host], placement, request, now=now)
-        self.calls.append(Control("load", placement.host, request.pool[1], "placed", load))
+        self.calls.append(Control("load", placement.host, request.pool[1], "placed", load, placement.device))
 
 
 def _with_loading(
-    host: Host, namespace: str, loading: Iterable[Slot], pools: Mapping[str, SharedPool]
+    host: Host,
+    namespace: str,
+    loading: Iterable[Slot],
+    pools: Mapping[str, SharedPool],
+    devices: Mapping[Slot, int],
 ) -> Host:
-    """``host`` with the loads in flight there that its ``/stats`` does not show yet, as Pending residents."""
+    """``host`` with the loads in flight there that its ``/stats`` does not show yet, as Pending residents
+    on the device each load named (0 when unknown)."""
     added = [
-        Resident(pool=(namespace, pool), state="Pending", device=0, declared=p.declared, priority=p.priority)
+        Resident(
+            pool=(namespace, pool),
+            state="Pending",
+            device=min(devices.get((pod, pool), 0), len(host.capacities) - 1),
+            declared=p.declared,
+            priority=p.priority,
+        )
         for pod, pool in loading
         if pod == host.name and (p := pools.get(pool)) is not None and not _listed(host, pool)
     ]
@@ -154,13 +166,15 @@ def plan_placing(
     stale: Iterable[Slot] = (),
     backoff: Iterable[Slot] = (),
     now: float = 0.0,
+    devices: Mapping[Slot, int] | None = None,
 ) -> Placing:
     """The control calls of one ModelHost pass (see the module doc). ``loaded``: the settings each model
     was loaded with by this process; ``stale``: models whose host reports another source or task than
-    their pool's (loaded by an earlier process, or by hand)."""
+    their pool's (loaded by an earlier process, or by hand); ``devices``: the device each load in flight
+    named."""
     by_name = {p.name: p for p in pools}
     loading, blocked, loaded, stale = set(loading), set(backoff), loaded or {}, set(stale)
-    view = _View(_with_loading(h, namespace, loading, by_name) for h in hosts)
+    view = _View(_with_loading(h, namespace, loading, by_name, devices or {}) for h in hosts)
     # 1. pools gone or being deleted, settings changed
     for pod, host in sorted(view.hosts.items()):
         for resident in sorted(host.residents, key=lambda r: r.pool):

@@ -33,8 +33,8 @@ def host(name: str, *residents: Resident, capacity: int = 4 * GI, ram: int = 8 *
     return Host(name=name, capacities=(capacity,), host_memory=ram, residents=residents)
 
 
-def model(pool: str, state: str = "Ready", size: int = GI, **fields: object) -> Resident:
-    return Resident(pool=(NS, pool), state=state, device=0, declared=size, **fields)  # type: ignore[arg-type]
+def model(pool: str, state: str = "Ready", size: int = GI, device: int = 0, **fields: object) -> Resident:
+    return Resident(pool=(NS, pool), state=state, device=device, declared=size, **fields)  # type: ignore[arg-type]
 
 
 def pool(name: str, replicas: int = 1, size: int = GI, **fields: object) -> SharedPool:
@@ -53,6 +53,24 @@ def test_a_pool_is_loaded_on_as_many_host_pods_as_its_replicas_the_tightest_fit_
     assert sorted(both) == [("load", "h-0", "emb"), ("load", "h-1", "emb")]
     load = plan_placing(NS, [roomy], [pool("emb")]).calls[0]
     assert load == Control("load", "h-0", "emb", "placed", '{"source": "/models/emb"}')
+
+
+def test_a_host_pod_of_two_devices_takes_loads_on_both_each_call_naming_its_device() -> None:
+    two = Host(name="h-0", capacities=(4 * GI, 4 * GI), host_memory=0)
+    placing = plan_placing(NS, [two], [pool("a", size=3 * GI), pool("b", size=3 * GI)])
+    assert [(c.action, c.pool, c.device) for c in placing.calls] == [("load", "a", 0), ("load", "b", 1)]
+    # Neither device holds a third 3 GiB model (and nothing may sleep: no host RAM): not placed.
+    placing = plan_placing(NS, [two], [pool(n, size=3 * GI) for n in "abc"])
+    assert [c.device for c in placing.calls] == [0, 1] and placing.unplaced["c"].reason == "NoRoom"
+    # A load in flight is charged on the device it named: the next model goes on the other one.
+    on_one = plan_placing(NS, [two], [pool("a", size=3 * GI), pool("b", size=3 * GI)],
+                          loading={("h-0", "a")}, devices={("h-0", "a"): 1})  # fmt: skip
+    assert [(c.pool, c.device) for c in on_one.calls] == [("b", 0)]
+    # A model the host reports on device 1 is charged there.
+    held = Host(name="h-0", capacities=(4 * GI, 4 * GI), residents=(model("a", size=3 * GI, device=1),))
+    assert [
+        (c.pool, c.device) for c in plan_placing(NS, [held], [pool("a"), pool("b", size=3 * GI)]).calls
+    ] == [("b", 0)]
 
 
 def test_a_load_in_flight_or_a_host_in_backoff_is_not_tried_again() -> None:
@@ -242,15 +260,17 @@ def _scene(draw: st.DrawFn) -> tuple[list[Host], list[SharedPool]]:
     overhead = draw(st.sampled_from([0, GI // 2]))  # each model's process, awake or asleep
     for h in range(draw(st.integers(1, 3))):
         capacity, ram = 6 * GI, draw(st.sampled_from([0, 4 * GI, 8 * GI]))
+        capacities = (capacity,) * draw(st.integers(1, 2))  # a host pod of one GPU or two
         residents: list[Resident] = []
         for name in draw(st.lists(st.sampled_from([*names, "orphan"]), unique=True, max_size=4)):
             size = next((p.declared for p in pools if p.name == name), GI)
             state = draw(st.sampled_from(_STATES))
-            resident = model(name, state, size, last_used=float(draw(st.integers(0, 9))))
-            candidate = Host(f"h-{h}", (capacity,), ram, (*residents, resident), overhead=overhead)
+            device = draw(st.integers(0, len(capacities) - 1))
+            resident = model(name, state, size, device, last_used=float(draw(st.integers(0, 9))))
+            candidate = Host(f"h-{h}", capacities, ram, (*residents, resident), overhead=overhead)
             if not over_committed(candidate):  # a host's own ledger never over-commits what it reports
                 residents.append(resident)
-        hosts.append(Host(f"h-{h}", (capacity,), ram, tuple(residents), overhead=overhead))
+        hosts.append(Host(f"h-{h}", capacities, ram, tuple(residents), overhead=overhead))
     return hosts, pools
 
 
@@ -267,7 +287,9 @@ def _applied(hosts: list[Host], placing: Placing, pools: list[SharedPool]) -> di
             h = apply_room(h, Room(h.name, 0, sleep=(key,)))
         else:
             assert not any(r.pool == key for r in h.residents), "loaded where it is already listed"
-            h = h.with_residents((*h.residents, model(call.pool, "Pending", declared[call.pool])))
+            h = h.with_residents(
+                (*h.residents, model(call.pool, "Pending", declared[call.pool], call.device))
+            )
         by_name[call.pod] = h
     return by_name
 
@@ -280,14 +302,18 @@ def test_a_placing_pass_never_over_commits_and_never_exceeds_replicas(
     hosts, pools = scene
     # A load in flight where the host lists nothing of that pool yet: charged as Pending from the start.
     loading: set[tuple[str, str]] = set()
+    devices: dict[tuple[str, str], int] = {}
     for h in (h for h in hosts if not h.residents):
-        room = h.capacities[0]
-        for p in (p for p in pools if p.replicas == 2 and p.declared + h.overhead <= room):
-            loading.add((h.name, p.name))  # loads decided by earlier passes: they fit the device
-            room -= p.declared + h.overhead
-    placing = plan_placing(NS, hosts, pools, loading=loading)
+        rooms = list(h.capacities)
+        for p in (p for p in pools if p.replicas == 2):
+            device = next((d for d, room in enumerate(rooms) if p.declared + h.overhead <= room), None)
+            if device is not None:  # loads decided by earlier passes: they fit the device they named
+                loading.add((h.name, p.name))
+                devices[(h.name, p.name)] = device
+                rooms[device] -= p.declared + h.overhead
+    placing = plan_placing(NS, hosts, pools, loading=loading, devices=devices)
     by_name = {p.name: p for p in pools}
-    hosts = [_with_loading(h, NS, loading, by_name) for h in hosts]
+    hosts = [_with_loading(h, NS, loading, by_name, devices) for h in hosts]
     after = _applied(hosts, placing, pools)
     assert not [o for h in after.values() for o in over_committed(h)]
     for p in pools:

@@ -626,12 +626,14 @@ class RecordingControl:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str]] = []
         self.keys: list[str] = []  # the key each unload carried
+        self.configs: list[Mapping[str, Any]] = []  # the settings each load carried
 
     async def index(self, url: str, key: str) -> list[dict[str, Any]]:
         return []
 
     async def load(self, url: str, key: str, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
         self.calls.append(("load", url, model))
+        self.configs.append(config)
         return {"name": model, "state": "Ready"}
 
     async def unload(self, url: str, key: str, model: str) -> None:
@@ -723,6 +725,10 @@ async def test_a_host_pass_loads_a_shared_pool_and_annotates_the_host_pod(state:
     await place()
     port = state.services.config.server_probe_port
     assert control.calls == [("load", f"http://127.0.0.9:{port}", "emb")]
+    # The load names the device the ledger chose (the pool's settings do not: a change of device is no
+    # change of settings), and the pass keeps it while the load is in flight or landed.
+    assert control.configs[0]["device"] == 0 and "device" not in run.loaded[("gpus-0", "emb")]
+    assert run.devices == {("gpus-0", "emb"): 0}
     assert run.loaded == {("gpus-0", "emb"): run.loaded[("gpus-0", "emb")]} and run.loading == {}
     assert scraper.invalidated == ["gpus-0"]  # its /stats predates the load: refetched at the next pass
     # The annotation follows the host's /stats, written only when it differs from the pod's.
