@@ -87,7 +87,7 @@ def host(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hos
     server = start_server(
         "--shared-host", "--probe-port", str(probe), "--device-memory", f"{1040 * MI}", "--http-workers", "1",
         "--api-key-file", str(key_file), "--max-models", "4", "--sleep-idle",
-        "--model-overhead", f"{10 * MI}",
+        "--model-overhead", f"{10 * MI}", "--gpus", "1",  # one device, whatever GPUs the machine has
         "--request-body-timeout-seconds", "1", wait="live", timeout=60,
     )  # fmt: skip
     host = Host(server, probe)

@@ -82,7 +82,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     probe = free_port()
     server = start_server(
         "--shared-host", "--probe-port", str(probe), "--device-memory", f"{100 * MI}", "--http-workers", "1",
-        "--max-models", str(len(NAMES)), "--wake-timeout", str(WAKE_TIMEOUT_S),
+        "--max-models", str(len(NAMES)), "--wake-timeout", str(WAKE_TIMEOUT_S), "--gpus", "1",  # one device
         "--model-overhead", "0",  # room for one model's declared 100 MiB: its process is charged nothing
         env={"HANDLER_RUN_GATE": str(gate)}, wait="live", timeout=60,
     )  # fmt: skip
