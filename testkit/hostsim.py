@@ -192,6 +192,7 @@ class Audit:
             (m.name, self.priority_of(m.name), m.last_used)
             for m in host.models.values()
             if m is not model
+            and m.device == model.device  # room is made on one device: the others' models are no candidates
             and m.state in SLEEPABLE
             and not m.busy
             and now - m.state_machine.since >= FRESH_S

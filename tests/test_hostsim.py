@@ -151,3 +151,24 @@ def test_a_host_of_two_devices_loads_each_model_on_its_device_and_makes_room_the
 def test_a_host_pods_devices_are_read_as_the_host_reads_its_flags() -> None:
     assert gpus(["--device", "auto", "--gpus", "4"]) == 4
     assert gpus(["--device", "cpu"]) == 1 and gpus(["--device", "auto"]) == 1
+
+
+def test_an_eviction_on_one_device_has_only_that_devices_idle_models_as_candidates() -> None:
+    """Room is made on one device: an older idle model on the other device was no better victim."""
+    from model_server.state_machine import LocalStore, State, StateMachine
+    from testkit.hostsim import SimModel
+
+    def idle(name: str, device: int, used: float) -> SimModel:
+        store = LocalStore()
+        store.write(State.READY, 0.0, "")  # Ready for long: a candidate the operator saw idle
+        return SimModel(name, GI, GI, f"/models/{name}", "text-embedding", last_used=used,
+                        state_machine=StateMachine(store=store), device=device)  # fmt: skip
+
+    for other_device, wrong in ((0, 0), (1, 1)):
+        sim = SimHost("h-0", device_memory=4 * GI, host_memory=8 * GI, key="k", audit=Audit(), devices=2)
+        older, victim = idle("older", other_device, used=1.0), idle("victim", 1, used=2.0)
+        sim.models = {"older": older, "victim": victim}
+        sim.audit.evicted(sim, "sleep", victim)
+        sim.audit.loaded("h-0", "newcomer")
+        # The same device: the older model came first (a wrong victim); the other device: no candidate.
+        assert len(sim.audit.wrong_evictions()) == wrong, (other_device, sim.audit.evictions)
