@@ -48,3 +48,13 @@ def test_a_change_of_a_models_state_on_a_shared_host_is_news_for_its_modelhost()
     assert _news(stats("Ready", 0)) != _news(stats("Sleeping", 0))
     assert _news(stats("Ready", 0)) != _news({"host": {"devices": []}, "models": {}})
     assert _news(stats("Ready", 0)) == _news(stats("Ready", 0))
+
+
+def test_a_models_state_since_is_read_for_its_idle_age() -> None:
+    """The ledger's idle age (``Resident.idle_since``: a model just loaded, woken or used is not put to
+    sleep for another) needs when the model entered its state, from its ``state_since``."""
+    doc = {"state": "Ready", "state_since": 120.5, "last_request_time": 100.0}
+    [resident] = host_residents("ns", {"models": {"emb": doc}}, {})
+    assert (resident.since, resident.idle_since) == (120.5, 120.5)
+    [idle] = host_residents("ns", {"models": {"emb": {**doc, "state": "Idle"}}}, {})
+    assert idle.idle_since == 100.0  # turned Idle after a quiet spell: idle since its last request
