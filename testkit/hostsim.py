@@ -14,7 +14,11 @@ its declared bytes on the device (the host's charge: ``max(declared, measured)``
 ``--model-overhead``, which the operator writes from ``ModelHost.spec.modelOverhead`` or the contract's
 default: ``model_overhead``; ``/stats`` ``host.devices[]`` reports ``overhead``, ``model_overhead`` and
 ``free`` as the real host does), and reports ``measured_factor`` x declared as ``gpu_reserved_bytes`` while
-awake, nothing while asleep (the weights left the device), as a GPU host does.
+awake, nothing while asleep (the weights left the device), as a GPU host does.  As a host pod started
+with ``--sleep-idle`` (a ModelHost with ``hostMemory``), a model turns Idle after its pool's
+``idleTimeoutSeconds`` (the load's ``idle_after``) without a request and then sleeps, unless the host
+RAM is short (``host_plan.sleep_refusal``; asked again after ``RETRY_SLEEP_S``): ``SimHost.idle_tick``,
+called at every poll of ``HostSim``.
 
 The auditor (``Audit``) is told every transition under the host's lock, with the host's models as they
 are then, and records a violation when a device's awake charges exceed its capacity, the parked weights
@@ -39,8 +43,9 @@ from model_server import host_plan
 from model_server.errors import ModelNotFound, SleepRefused
 from model_server.host_config import parse_load_body
 from model_server.state_machine import SLEEPABLE, State, StateMachine
-from model_server.supervisor.host import Conflict, HostSupervisor, NoRoom
+from model_server.supervisor.host import RETRY_SLEEP_S, Conflict, HostSupervisor, NoRoom
 from model_server.supervisor.host_control import HostControlServer
+from modelpool_contract.flags import IDLE_AFTER_S
 from modelpool_contract.placements import LABEL_HOST, default_model_overhead
 from modelpool_contract.stats import StatsMemory, StatsModel, WorkerStats
 
@@ -63,6 +68,8 @@ class SimModel:
     last_used: float = 0.0
     busy: bool = False
     overhead: int = 0  # its process's charge on the device, awake or asleep (the host's --model-overhead)
+    idle_after: float = IDLE_AFTER_S  # Ready -> Idle after this quiet (its load's idle_after)
+    retry_sleep_at: float = 0.0  # --sleep-idle: not asked to sleep again before this after a refusal
     state_machine: StateMachine = field(default_factory=StateMachine)
 
     @property
@@ -257,8 +264,10 @@ class SimHost:
         load_s: float = 1.0,
         measured_factor: float = 1.0,
         overhead: int = 0,
+        sleep_idle: bool = False,
     ) -> None:
         self.pod, self.device_memory, self.host_memory = pod, device_memory, host_memory
+        self.sleep_idle = sleep_idle  # --sleep-idle: an Idle model sleeps (idle_tick)
         self.overhead = overhead  # each model's process on the device, awake or asleep (--model-overhead)
         self.config = SimConfig(key)
         self.audit, self.load_s, self.measured_factor = audit, load_s, measured_factor
@@ -304,6 +313,7 @@ class SimHost:
                 str(settings.get("model") or ""),
                 str(settings.get("task") or ""),
                 overhead=self.overhead,
+                idle_after=float(settings.get("idle_after") or IDLE_AFTER_S),
             )
             self.models[name] = model
             self._to(model, State.LOADING, "loading")
@@ -364,6 +374,33 @@ class SimHost:
         with self.lock:
             if (model := self.models.get(name)) is not None:
                 model.last_used = at if at is not None else time.time()
+                self._served(model)
+
+    def _served(self, model: SimModel) -> None:
+        """An Idle model that served a request is Ready again (Idle -> Processing -> Ready, as the
+        dataplane moves it), its idle time counted afresh."""
+        if model.state is State.IDLE:
+            self._to(model, State.PROCESSING, "")
+            self._to(model, State.READY, "")
+
+    def idle_tick(self, now: float | None = None) -> list[str]:
+        """The host's idle rule at ``now``: a Ready model quiet for its ``idle_after`` turns Idle (the
+        dataplane's ``watch_idle``: ``turns_idle``); with ``--sleep-idle`` an Idle one then sleeps unless
+        ``host_plan.sleep_refusal`` says why not (asked again after ``RETRY_SLEEP_S``), as
+        ``HostSupervisor._sleep_idle`` does. The host's own sleeps are no evictions. Returns those slept."""
+        now = time.time() if now is None else now
+        slept = []
+        with self.lock:
+            for model in list(self.models.values()):
+                if model.state is State.READY and turns_idle(model, now):
+                    self._to(model, State.IDLE, "idle")
+                if model.state is State.IDLE and self.sleep_idle and now >= model.retry_sleep_at:
+                    if host_plan.sleep_refusal(model.facts(), self.host_memory, self._facts()):
+                        model.retry_sleep_at = now + RETRY_SLEEP_S
+                        continue
+                    self._to(model, State.SLEEPING, "idle")
+                    slept.append(model.name)
+        return slept
 
     def slot_of(self, name: str) -> SimModel:
         model = self.models.get(name)
@@ -404,6 +441,13 @@ def model_overhead(args: list[str]) -> int:
         return int(args[args.index("--model-overhead") + 1])
     device = args[args.index("--device") + 1] if "--device" in args else "auto"
     return default_model_overhead(gpu=device != "cpu")
+
+
+def turns_idle(model: SimModel, now: float) -> bool:
+    """Ready -> Idle (``engine.dataplane.watch_idle``): nothing in hand and quiet for ``idle_after``, the
+    quiet counted from the later of its last request and its entering Ready."""
+    quiet = min(now - model.last_used, now - model.state_machine.since)
+    return model.state is State.READY and not model.busy and quiet >= model.idle_after
 
 
 class HostSim:
@@ -449,6 +493,7 @@ class HostSim:
             try:
                 pods = self._kubectl("get", "pods", "-n", self.namespace, "-l", LABEL_HOST)["items"]
                 self.sync(pods)
+                self.idle_tick()
             except Exception as exc:  # a slow API server: the next poll tries again
                 self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
 
@@ -480,6 +525,7 @@ class HostSim:
             load_s=self.load_s,
             measured_factor=self.measured_factor,
             overhead=model_overhead(args),
+            sleep_idle="--sleep-idle" in args,
         )
         # The real probe-port server, over the simulated host (it calls only what SimHost answers).
         server = HostControlServer((ip, self.probe_port), cast(HostSupervisor, sim))
@@ -505,6 +551,11 @@ class HostSim:
     def touch(self, model: str) -> None:
         for sim in list(self.hosts.values()):
             sim.touch(model)
+
+    def idle_tick(self) -> None:
+        """Each host's idle rule (``SimHost.idle_tick``)."""
+        for sim in list(self.hosts.values()):
+            sim.idle_tick()
 
     def converged(self, wanted: Mapping[str, tuple[int, int, int]], quiet_s: float = 3.0) -> bool:
         """Settled: no control call for ``quiet_s``, no model loading, no model of a pool not in
@@ -555,4 +606,4 @@ class HostSim:
         return wrong
 
 
-__all__ = ["Audit", "Eviction", "HostSim", "SimHost", "SimModel", "model_overhead"]
+__all__ = ["Audit", "Eviction", "HostSim", "SimHost", "SimModel", "model_overhead", "turns_idle"]

@@ -1,22 +1,25 @@
 """The simulated shared host (``testkit.hostsim``) answers as the real one, through the real probe-port
 handler: the control key is checked, a load the device cannot hold even with every idle model asleep is
 refused with 507 and counted as a violation, the host sleeps idle models itself to make room (counted),
-``/stats`` is the host's document, and an unload of a Loading model is a violation."""
+``/stats`` is the host's document, an unload of a Loading model is a violation, and an idle model sleeps
+after its idle timeout."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import cast
 
 import httpx
 import pytest
 
+from model_server.state_machine import State
 from model_server.supervisor.host import HostSupervisor
 from model_server.supervisor.host_control import HostControlServer
 from modelpool_contract.placements import default_model_overhead
-from testkit.hostsim import Audit, SimHost, model_overhead
+from testkit.hostsim import Audit, SimHost, SimModel, model_overhead
 from testkit.kubectl import wait_for
 
 GI = 1 << 30
@@ -34,8 +37,9 @@ def host() -> Iterator[tuple[SimHost, str]]:
         server.server_close()
 
 
-def load(url: str, name: str, gib: int, key: str = "k") -> httpx.Response:
-    config = json.dumps({"source": f"/models/{name}", "task": "text-embedding", "memory": gib * GI})
+def load(url: str, name: str, gib: int, key: str = "k", idle_after: float | None = None) -> httpx.Response:
+    settings = {"source": f"/models/{name}", "task": "text-embedding", "memory": gib * GI}
+    config = json.dumps(settings if idle_after is None else {**settings, "idle_after": idle_after})
     body = {"parameters": {"config": config}}
     return httpx.post(
         f"{url}/v2/repository/models/{name}/load", json=body, headers={"Authorization": f"Bearer {key}"}
@@ -105,3 +109,37 @@ def test_a_host_pods_overhead_is_read_as_the_host_reads_its_flags() -> None:
     assert model_overhead(["--device", "auto", "--model-overhead", "123"]) == 123
     assert model_overhead(["--device", "cpu"]) == default_model_overhead(gpu=False)
     assert model_overhead(["--device", "auto"]) == default_model_overhead(gpu=True)
+
+
+def test_the_simulated_host_sleeps_idle_models_as_a_sleep_idle_host_does() -> None:
+    """As ``modelpool-server --shared-host --sleep-idle``: a model quiet for its ``idle_after`` (its pool's
+    idleTimeoutSeconds) turns Idle, then sleeps unless host RAM is short (then it is asked again after
+    RETRY_SLEEP_S); a request makes an Idle model Ready again. (Before: the simulated hosts kept every
+    model awake for ever.)"""
+    sim = SimHost("h-0", device_memory=8 * GI, host_memory=3 * GI, key="k", audit=Audit(), load_s=0.01,
+                  sleep_idle=True)  # fmt: skip
+    server = HostControlServer(("127.0.0.1", 0), cast(HostSupervisor, sim))
+    server.serve_in_thread()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert load(url, "a", 2, idle_after=30).status_code == 200
+        assert load(url, "b", 2, idle_after=60).status_code == 200
+        now = time.time()
+        assert sim.idle_tick(now + 10) == [] and sim.states() == {"a": "Ready", "b": "Ready"}
+        sim.touch("b", at=now + 20)
+        assert sim.idle_tick(now + 31) == ["a"] and sim.states() == {"a": "Sleeping", "b": "Ready"}
+        # b: quiet for 60 s after its request at +20; 3 GiB of RAM hold a's 2 GiB, not b's 2 more.
+        assert sim.idle_tick(now + 79) == [] and sim.states()["b"] == "Ready"
+        assert sim.idle_tick(now + 81) == [] and sim.states()["b"] == "Idle"
+        sim.touch("b", at=now + 82)  # a request: Idle -> Processing -> Ready
+        assert sim.states()["b"] == "Ready"
+        assert sim.audit.violations == [] and sim.audit.evictions == []  # the host's own sleeps
+    finally:
+        server.shutdown()
+        server.server_close()
+    quiet = SimHost("h-1", device_memory=8 * GI, host_memory=8 * GI, key="k", audit=Audit())
+    model = SimModel("m", GI, GI, "/models/m", "text-embedding", idle_after=5)
+    model.state_machine.to(State.LOADING)
+    model.state_machine.to(State.READY)
+    quiet.models["m"] = model
+    assert quiet.idle_tick(time.time() + 6) == [] and quiet.states() == {"m": "Idle"}  # no --sleep-idle
