@@ -25,7 +25,11 @@ are then, and records a violation when a device's awake charges exceed its capac
 exceed the host RAM, a load is refused for room (the operator's ledger sent more than the device holds:
 the real host answers 507), or a Loading/Processing/Waking model is unloaded or asked to sleep.  It keeps
 every eviction (a model slept or unloaded while its pool still wants it) with the victim's and the next
-newcomer's priority and last use, so a bench can check that priority, then LRU, chose the victim.
+newcomer's priority and last use, so a bench can check the operator's rule (``Eviction.wrong``): a sleep
+may pass over priority (any idle model may sleep for a newcomer) but takes the lowest priority, then the
+least recently used, of the idle models the host RAM could park; an unload is only ever of a lower
+priority than the newcomer's.  ``HostSim.wrongly_short`` names the pools left short while a host could
+have made their room by that rule.
 """
 
 from __future__ import annotations
@@ -49,8 +53,9 @@ from modelpool_contract.flags import IDLE_AFTER_S
 from modelpool_contract.placements import LABEL_HOST, default_model_overhead
 from modelpool_contract.stats import StatsMemory, StatsModel, WorkerStats
 
-#: A model Ready for less than this may still be loading in the operator's view (its /stats is as old as
-#: a scrape interval, and its pass waits for the resync): not a candidate it passed over.
+#: A model Ready, or used, for less than this may still be loading or busy in the operator's view (its
+#: /stats is as old as a scrape interval, and its pass waits for the resync), or too lately used to be put
+#: to sleep (the operator's ``placement.decide.MIN_IDLE_S``, 10 s): not a candidate it passed over.
 FRESH_S = 15.0
 #: Never unloaded nor slept by the operator (the ledger's PROTECTED_STATES, the host's rule).
 PROTECTED = frozenset({State.LOADING, State.PROCESSING, State.WAKING})
@@ -115,10 +120,16 @@ class Eviction:
     newcomer_priority: int | None = None
 
     def wrong(self, also_evicted: frozenset[str] = frozenset()) -> str:
-        """Why this victim was the wrong one ('' when priority, then LRU, chose it); ``also_evicted``: the
-        other victims of the same room (made for the same newcomer), which are no better candidates."""
-        if self.newcomer_priority is not None and self.victim_priority > self.newcomer_priority:
-            return f"{self.victim} (priority {self.victim_priority}) made room for {self.newcomer} (lower)"
+        """Why this victim was the wrong one ('' when the rule chose it: only a lower priority than the
+        newcomer's is unloaded; a sleep, of any priority, takes the lowest priority then the least recently
+        used); ``also_evicted``: the other victims of the same room (made for the same newcomer), which are
+        no better candidates."""
+        lower = self.newcomer_priority is None or self.victim_priority < self.newcomer_priority
+        if self.action == "unload" and not lower:
+            return (
+                f"{self.victim} (priority {self.victim_priority}) unloaded for {self.newcomer} (priority "
+                f"{self.newcomer_priority}): only a lower priority is unloaded"
+            )
         better = [
             name
             for name, priority, used in self.candidates
@@ -185,16 +196,20 @@ class Audit:
         declared = self.declared_of(model.name) if self.declared_of is not None else None
         if action == "unload" and declared is not None and declared != model.declared:
             return
-        # The other candidates: idle models the operator could have seen idle (its /stats is one scrape
-        # old: a model Ready for less than ``FRESH_S`` was still loading in its view).
+        # The other candidates: idle models the operator could have seen idle for long enough (its /stats
+        # is one scrape old: a model Ready or used for less than ``FRESH_S`` was not a candidate in its
+        # view) and that the host RAM could park.
         now = time.time()
+        facts = host._facts()
+        ram_free = host.host_memory - host_plan.host_used(facts)
         candidates = tuple(
             (m.name, self.priority_of(m.name), m.last_used)
             for m in host.models.values()
             if m is not model
             and m.state in SLEEPABLE
             and not m.busy
-            and now - m.state_machine.since >= FRESH_S
+            and now - idle_since(m) >= FRESH_S
+            and m.facts().host_bytes <= ram_free
         )
         with self.lock:
             self.evictions.append(
@@ -443,6 +458,14 @@ def model_overhead(args: list[str]) -> int:
     return default_model_overhead(gpu=device != "cpu")
 
 
+def idle_since(model: SimModel) -> float:
+    """Since when the model has had nothing to do, as the operator's ledger counts it
+    (``placement.ledger.Resident.idle_since``): its last request, or its entering Ready if later."""
+    if model.state is State.IDLE:
+        return model.last_used
+    return max(model.last_used, model.state_machine.since)
+
+
 def turns_idle(model: SimModel, now: float) -> bool:
     """Ready -> Idle (``engine.dataplane.watch_idle``): nothing in hand and quiet for ``idle_after``, the
     quiet counted from the later of its last request and its entering Ready."""
@@ -578,32 +601,41 @@ class HostSim:
         }
 
     def wrongly_short(self, wanted: Mapping[str, tuple[int, int, int]]) -> list[str]:
-        """The short pools for which some host pod not holding them has room once its idle models of no
-        higher priority are asleep (the operator should have made it), and its host RAM parks them."""
+        """The short pools for which some host pod not holding them has room by the operator's rule: its
+        idle models of any priority asleep where its host RAM parks them (the lowest priority, then the
+        least recently used, first), those of a lower priority that it cannot park unloaded, and then its
+        sleeping models of a lower priority unloaded for their processes' overhead."""
         wrong = []
         for pool in self.short(wanted):
             _, declared, priority = wanted[pool]
             for pod, sim in list(self.hosts.items()):
                 with sim.lock:
-                    if pool in sim.models:
-                        continue
-                    facts = sim._facts()
-                    free = host_plan.device_free(0, sim.device_memory, facts)
-                    host_free = sim.host_memory - host_plan.host_used(facts)
-                    need = declared + sim.overhead  # its weights and its process's overhead
-                    for f in sorted(facts, key=lambda f: (self.audit.priority_of(f.name), f.last_used)):
-                        if free >= need:
-                            break
-                        sleepable = f.state in SLEEPABLE and not f.busy
-                        if (
-                            sleepable
-                            and self.audit.priority_of(f.name) <= priority
-                            and f.host_bytes <= host_free
-                        ):
-                            free, host_free = free + f.device_bytes, host_free - f.host_bytes
-                    if free >= need:
+                    if pool not in sim.models and self._room_for(sim, declared + sim.overhead, priority):
                         wrong.append(f"{pool} ({declared} bytes, priority {priority}) fits on {pod}")
         return wrong
+
+    def _room_for(self, sim: SimHost, need: int, priority: int) -> bool:
+        """``need`` bytes (a model's weights and its process's overhead) fit on ``sim``'s device once room is
+        made for a newcomer of ``priority`` (its lock held)."""
+        facts = sim._facts()
+        free = host_plan.device_free(0, sim.device_memory, facts)
+        host_free = sim.host_memory - host_plan.host_used(facts)
+        rank = {f.name: (self.audit.priority_of(f.name), f.last_used, f.name) for f in facts}
+        for f in sorted(
+            (f for f in facts if f.state in SLEEPABLE and not f.busy), key=lambda f: rank[f.name]
+        ):
+            if free >= need:
+                return True
+            if f.host_bytes <= host_free:
+                free, host_free = free + f.device_bytes, host_free - f.host_bytes
+            elif rank[f.name][0] < priority:
+                free += f.device_bytes + f.overhead
+        for f in sorted((f for f in facts if f.state is State.SLEEPING), key=lambda f: rank[f.name]):
+            if free >= need:
+                return True
+            if rank[f.name][0] < priority:
+                free += f.overhead
+        return free >= need
 
 
 __all__ = ["Audit", "Eviction", "HostSim", "SimHost", "SimModel", "model_overhead", "turns_idle"]

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import cast
 
 import httpx
@@ -19,7 +20,7 @@ from model_server.state_machine import State
 from model_server.supervisor.host import HostSupervisor
 from model_server.supervisor.host_control import HostControlServer
 from modelpool_contract.placements import default_model_overhead
-from testkit.hostsim import Audit, SimHost, SimModel, model_overhead
+from testkit.hostsim import Audit, Eviction, HostSim, SimHost, SimModel, model_overhead
 from testkit.kubectl import wait_for
 
 GI = 1 << 30
@@ -143,3 +144,38 @@ def test_the_simulated_host_sleeps_idle_models_as_a_sleep_idle_host_does() -> No
     model.state_machine.to(State.READY)
     quiet.models["m"] = model
     assert quiet.idle_tick(time.time() + 6) == [] and quiet.states() == {"m": "Idle"}  # no --sleep-idle
+
+
+def test_the_auditor_checks_the_priority_rule_a_sleep_may_pass_over_priority_an_unload_may_not() -> None:
+    """Sleeping is cheap, unloading costs a cold start: a sleep of a higher priority's idle model for a
+    newcomer is right when it came first (lowest priority, then least recently used, among those the RAM
+    parks); an unload of a priority no lower than the newcomer's is wrong. (Before: any eviction of a
+    higher priority was wrong, and an unload of an equal was not.)"""
+    sleep_vip = Eviction(0, "h-0", "sleep", "vip", 3, 5.0, (("other", 3, 9.0),), "low", 0)
+    assert sleep_vip.wrong() == ""
+    assert (
+        "came before it" in Eviction(0, "h-0", "sleep", "vip", 3, 5.0, (("low2", 0, 9.0),), "low", 0).wrong()
+    )
+    assert "only a lower priority" in Eviction(0, "h-0", "unload", "eq", 1, 5.0, (), "new", 1).wrong()
+    assert Eviction(0, "h-0", "unload", "low", 0, 5.0, (), "new", 1).wrong() == ""
+
+
+def test_a_pool_short_while_idle_models_of_any_priority_could_sleep_is_wrongly_short(tmp_path: Path) -> None:
+    priority = {"vip": 3, "low": 0, "eq": 1, "new": 1}
+    sim = HostSim(tmp_path / "kubeconfig", "ns", 0, audit=Audit(lambda m: priority.get(m, 0)))
+    host = SimHost("h-0", device_memory=4 * GI, host_memory=2 * GI, key=None, audit=sim.audit, load_s=0)
+    sim.hosts["h-0"] = host
+    for name, gib in (("vip", 2), ("eq", 2)):
+        model = SimModel(name, gib * GI, gib * GI, f"/models/{name}", "text-embedding")
+        model.state_machine.to(State.LOADING)
+        model.state_machine.to(State.READY)
+        host.models[name] = model
+    wanted = {"vip": (1, 2 * GI, 3), "eq": (1, 2 * GI, 1), "new": (1, 2 * GI, 1)}
+    # vip (priority 3) is idle and the RAM parks it: "new" (priority 1) was left short wrongly.
+    assert sim.wrongly_short(wanted) == [f"new ({2 * GI} bytes, priority 1) fits on h-0"]
+    # vip busy: eq (an equal) sleeps instead, parked in the 2 GiB of RAM.
+    host.models["vip"].busy = True
+    assert sim.wrongly_short(wanted) != []
+    host.host_memory = 0  # no RAM: eq (an equal) may not be unloaded: the pool is rightly short
+    assert sim.wrongly_short(wanted) == []
+    assert sim.wrongly_short({**wanted, "new": (1, 2 * GI, 2)}) != []  # a higher one: eq is unloaded
