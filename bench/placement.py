@@ -7,8 +7,10 @@ shared host (``testkit.hostsim``: the real control handler and host decisions, l
 the real operator and API server; then churn (pools deleted and created, replicas and priorities
 changed, traffic on some models). The auditor checks every transition on every host: no device or host
 RAM over its capacity, no load refused for room, no Loading/Waking model slept or unloaded, no pool
-loaded on more host pods than its replicas (a thrash); every eviction is checked against priority, then
-LRU, and every pool left short against the room its priority could have made.
+loaded on more host pods than its replicas (a thrash); every eviction is checked against the priority rule
+(a sleep, of any priority, takes the lowest priority then the least recently used idle model; an unload
+only a lower priority than the newcomer's), and every pool left short against the room that rule could
+have made (sleeping idle models of any priority).
 
 Reports the violations (must be 0), the time until the placements settle (create, then churn), the
 control calls and evictions, the operator's RSS and the load average; into ``.bench/placement.json``
