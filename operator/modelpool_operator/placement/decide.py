@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from modelpool_contract.quantity import format_quantity
@@ -92,6 +92,53 @@ def _may_sleep(resident: Resident, idle_before: float) -> bool:
     return resident.sleepable and resident.idle_since <= idle_before
 
 
+@dataclass
+class _Making:
+    """A room being made on ``device`` for a newcomer of ``priority``: what it sleeps and unloads so far,
+    the bytes that frees on the device, and the host RAM left. ``sleepers``: the sleeping models it may
+    unload (of a lower priority only), in ``eviction_order``."""
+
+    host: Host
+    device: int
+    priority: int
+    ram_free: int
+    sleepers: list[Resident]
+    sleep: list[ModelKey] = field(default_factory=list)
+    unload: list[ModelKey] = field(default_factory=list)
+    freed: int = 0
+
+    def drop(self, resident: Resident) -> None:
+        """Unload ``resident``: its weights (if awake) and its process leave its device, its parked
+        weights the host RAM."""
+        self.unload.append(resident.pool)
+        self.ram_free += resident.host_charge
+        if resident.device == self.device:
+            self.freed += resident.device_charge + self.host.overhead
+
+    def park(self, resident: Resident) -> None:
+        """Put an idle ``resident`` to sleep if the host RAM holds it, after unloading the sleepers that
+        come before it when that makes the RAM; else unload it if its priority is lower; else pass it
+        over."""
+        size = resident.parked_bytes
+        if size > self.ram_free:
+            older = [
+                s
+                for s in self.sleepers
+                if s.pool not in self.unload and eviction_order(s) < eviction_order(resident)
+            ]
+            if self.ram_free + sum(s.host_charge for s in older) >= size:
+                for s in older:
+                    if size <= self.ram_free:
+                        break
+                    self.drop(s)
+        if size <= self.ram_free:
+            self.sleep.append(resident.pool)
+            self.ram_free -= size
+            self.freed += resident.device_charge
+        elif resident.priority < self.priority:
+            self.drop(resident)
+
+
 def _make_room_on(
     host: Host,
     device: int,
@@ -105,63 +152,28 @@ def _make_room_on(
     shortfall = need - led.devices[device].free
     if shortfall <= 0:
         return Room(host.name, device)
-    ram_free = led.host_free
+    others = [r for r in host.residents if r.pool not in exclude]
     # Only a lower priority is ever unloaded (a sleeping model anywhere on the host frees RAM).
     sleepers = sorted(
-        (
-            r
-            for r in host.residents
-            if r.state == "Sleeping" and r.priority < priority and r.pool not in exclude
-        ),
-        key=eviction_order,
+        (r for r in others if r.state == "Sleeping" and r.priority < priority), key=eviction_order
     )
-    candidates = sorted(
-        (
-            r
-            for r in host.residents
-            if r.device == device and r.pool not in exclude and _may_sleep(r, idle_before)
-        ),
-        key=eviction_order,
-    )
-    sleep: list[ModelKey] = []
-    unload: list[ModelKey] = []
-    freed = 0
-
-    def drop(resident: Resident) -> int:
-        """Unload ``resident``: what it gives back on ``device`` (its weights if awake, its process)."""
-        unload.append(resident.pool)
-        return resident.device_charge + host.overhead if resident.device == device else 0
-
-    for resident in candidates:
-        if freed >= shortfall:
+    making = _Making(host, device, priority, led.host_free, sleepers)
+    for resident in sorted(
+        (r for r in others if r.device == device and _may_sleep(r, idle_before)), key=eviction_order
+    ):
+        if making.freed >= shortfall:
             break
-        size = resident.parked_bytes
-        if size > ram_free:
-            older = [
-                s for s in sleepers if s.pool not in unload and eviction_order(s) < eviction_order(resident)
-            ]
-            if ram_free + sum(s.host_charge for s in older) >= size:
-                for s in older:
-                    if size <= ram_free:
-                        break
-                    freed += drop(s)
-                    ram_free += s.host_charge
-        if size <= ram_free:
-            sleep.append(resident.pool)
-            ram_free -= size
-            freed += resident.device_charge
-        elif resident.priority < priority:
-            freed += drop(resident)
+        making.park(resident)
     # A sleeping model still holds its process's overhead on the device (a CUDA context): when sleeping
     # the idle ones is not enough, unloading sleeping ones gives that back.
     for resident in sleepers:
-        if freed >= shortfall:
+        if making.freed >= shortfall:
             break
-        if resident.device == device and resident.pool not in unload:
-            freed += drop(resident)
-    if freed < shortfall:
+        if resident.device == device and resident.pool not in making.unload:
+            making.drop(resident)
+    if making.freed < shortfall:
         return None
-    return Room(host.name, device, sleep=tuple(sleep), unload=tuple(unload))
+    return Room(host.name, device, sleep=tuple(making.sleep), unload=tuple(making.unload))
 
 
 def _park(host: Host, resident: Resident) -> Room:
