@@ -334,3 +334,27 @@ def test_a_placing_pass_never_over_commits_and_never_exceeds_replicas(
         if call.why.startswith("making room for ") and call.action == "unload":
             newcomer = by_name[call.why.removeprefix("making room for ")]
             assert r.priority < newcomer.priority, (call, r)
+
+
+def test_successive_passes_place_every_pool_once_and_never_undo_a_placement() -> None:
+    """No ping-pong: pools of mixed priorities over two hosts whose devices hold a third of them awake,
+    passes every 5 s, each pass's calls applied as the host would (a load Ready at once): every pool is
+    loaded exactly once and nothing is unloaded; models sleep only once idle for MIN_IDLE_S."""
+    hosts = {h: host(h, capacity=8 * GI, ram=64 * GI) for h in ("h-0", "h-1")}
+    pools = [pool(f"p{i:02d}", size=2 * GI, priority=i % 4) for i in range(12)]
+    loads: dict[str, int] = {}
+    for now in range(0, 100, 5):
+        placing = plan_placing(NS, list(hosts.values()), pools, now=float(now))
+        for c in placing.calls:
+            h, key = hosts[c.pod], (NS, c.pool)
+            assert c.action != "unload", c
+            if c.action == "sleep":
+                slept = h.resident(key)
+                assert slept is not None and now - slept.idle_since >= 10, (now, slept)
+                hosts[c.pod] = apply_room(h, Room(c.pod, 0, sleep=(key,)))
+            else:
+                loads[c.pool] = loads.get(c.pool, 0) + 1
+                ready = model(c.pool, "Ready", 2 * GI, priority=int(c.pool[1:]) % 4, since=float(now))
+                hosts[c.pod] = h.with_residents((*h.residents, ready))
+    assert loads == {p.name: 1 for p in pools}
+    assert not plan_placing(NS, list(hosts.values()), pools, now=200.0).calls
