@@ -225,10 +225,11 @@ def table(r: Result) -> str:
         f"simulated hosts loading in {r.load_s:g} s; then churn: {r.churn}; {r.machine}, load average "
         f"{r.load_average}):",
         "",
-        "| violations (0) | wrong evictions (0) | pools short that had room (0) | create -> settled "
-        "| churn -> settled | transitions audited | control calls | evictions | operator RSS |",
-        "|---|---|---|---|---|---|---|---|---|",
-        f"| {r.violations} | {len(r.wrong_evictions)} | {len(r.wrongly_short)} "
+        "| violations (0) | wrong evictions (0) | pools short that had room (0) | pools short "
+        "| create -> settled | churn -> settled | transitions audited | control calls | evictions "
+        "| operator RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| {r.violations} | {len(r.wrong_evictions)} | {len(r.wrongly_short)} | {r.short_pools} "
         f"| {r.create_to_settled_s:.1f} s | {r.churn_to_settled_s:.1f} s | {r.transitions} | {calls} "
         f"| {r.evictions} | {r.operator_rss_mib:.0f} MiB |",
     ])  # fmt: skip
