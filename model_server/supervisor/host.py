@@ -27,10 +27,13 @@ model woken for a request counts as busy until that request is admitted (never p
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
+import os
 import queue
 import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +45,7 @@ from model_server import host_plan, process_setup, worker_stats
 from model_server.config import ServerConfig
 from model_server.errors import ModelNotFound, ServerError, SleepRefused
 from model_server.host_config import HostConfig, parse_load_body, slot_config
+from model_server.metrics import MULTIPROC_ENV, WorkerGauges, render_host
 from model_server.state_machine import SERVING, State, StateMachine
 from model_server.supervisor.supervisor import STOP_SIGNALS, Child, describe_exit
 from model_server.worker_view import INFERENCE_ROW, SPAWN, Column, Field, WorkerView
@@ -146,10 +150,14 @@ class HostSupervisor:
         self.failed = ""  # the host's failure, once it has failed
         self._signals: list[int] = []
         self._main_work: queue.Queue[tuple[Callable[[], None], threading.Event]] = queue.Queue()
+        # Every process keeps its counters here (each series labelled with its model); /metrics adds
+        # them up.  Under TMPDIR: the pod's tmp volume, the root filesystem being read-only.
+        self.metrics_dir = tempfile.mkdtemp(prefix="modelpool-metrics-")
 
     # ---- start ----------------------------------------------------------------------------------------
 
     def start(self, listeners: list[socket.socket]) -> None:
+        os.environ[MULTIPROC_ENV] = self.metrics_dir  # inherited by every process the host starts
         for index, listener in enumerate(listeners):
             mine, theirs = SPAWN.Pipe(duplex=True)  # a unix socket: socket ends can be handed over it
             process = SPAWN.Process(
@@ -232,6 +240,7 @@ class HostSupervisor:
         process = SPAWN.Process(
             target=process_setup.start,
             args=("model_server.engine.inference_process", slot.config, slot.view, ends, control_r),
+            kwargs={"metrics_model": slot.config.served_name if slot.config else None},
             name=f"inference-{slot.name}",
         )
         process.start()
@@ -256,6 +265,8 @@ class HostSupervisor:
             for http in self.http:
                 http.tell(("unload", slot.index))
             slot.config, slot.child, slot.memory, slot.overhead = None, None, 0, 0
+        if child is not None and child.process.pid is not None:
+            forget_process_metrics(self.metrics_dir, child.process.pid)
 
     def sleep(self, name: str) -> Slot:
         with self.lock:
@@ -327,6 +338,16 @@ class HostSupervisor:
                 for s in self.slots
                 if s.config is not None
             ]
+
+    def metrics(self) -> bytes:
+        """``/metrics``: every process's counters, each model's gauges (labelled ``model``), the devices."""
+        with self.lock:
+            gauges = [
+                WorkerGauges(s.view, s.state_machine, model=s.config.served_name)
+                for s in self.slots
+                if s.config is not None
+            ]
+        return render_host(gauges, self.stats()["host"]["devices"], self.metrics_dir)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
@@ -512,6 +533,14 @@ class HostSupervisor:
                 child.process.kill()
                 child.process.join(KILL_TIMEOUT_S)
         return code
+
+
+def forget_process_metrics(directory: str, pid: int) -> None:
+    """Drop the metric files of an unloaded model's ended process: its series leave ``/metrics`` (its
+    requests' counters stay in the HTTP processes' files), and files of ended processes do not pile up."""
+    for path in glob.glob(os.path.join(directory, f"*_{pid}.db")):
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:

@@ -414,6 +414,7 @@ async def host_daemon(
         for load in run.loading.values():  # a load in flight: the host finishes it, its next pass sees it
             load.cancel()
         book.forget(charge_key)
+        services.metrics.host_gone(*run.key)
         book.poke_waiting()  # its pods' memory is (about to be) free
 
 

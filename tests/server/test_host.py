@@ -28,6 +28,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from modelpool_contract.exits import EXIT_DEVICE_FAILED
+from testkit import prom
 from testkit.environment import free_port
 from tests.server.conftest import ServerProcess, start_server
 
@@ -126,6 +127,35 @@ def test_requests_reach_their_model_by_name_with_the_real_clients(host: Host) ->
     assert (device["overhead"], device["free"]) == (30 * MI, 310 * MI), device
     assert host.call("echo", "load", {"source": "/x", "task": "text-embedding"}).status_code == 409
     assert "task" in host.call("new", "load", {"source": "/x", "task": "nope"}).json()["error"]
+
+
+def test_metrics_count_each_model_apart_and_show_the_device(host: Host) -> None:
+    """The probe port's /metrics: every process's counters, each series labelled with its model (two
+    models counted by one HTTP process never mix), each model's gauges, and the device's ledger."""
+
+    def scrape() -> dict[str, float]:
+        text = httpx.get(host.control + "/metrics", timeout=10).text
+        names = ("modelpool_requests_total", "modelpool_batch_size_count")
+        return {
+            f"{name}/{model}": prom.total(text, name, model=model)
+            for name in names
+            for model in ("echo", "minilm")
+        } | {
+            "capacity": prom.value(text, "modelpool_host_device_memory_bytes", device="0", kind="capacity"),
+            "echo serving": prom.total(
+                text, "modelpool_worker_state", lambda s: s["state"] in ("Ready", "Idle"), model="echo"
+            ),
+        }
+
+    before = scrape()
+    for text in ("one", "two"):
+        embed(host, "echo", text)
+    after = scrape()
+    assert after["modelpool_requests_total/echo"] - before["modelpool_requests_total/echo"] == 2
+    assert after["modelpool_batch_size_count/echo"] - before["modelpool_batch_size_count/echo"] == 2
+    assert after["modelpool_requests_total/minilm"] == before["modelpool_requests_total/minilm"] > 0
+    assert after["modelpool_batch_size_count/minilm"] == before["modelpool_batch_size_count/minilm"] > 0
+    assert after["capacity"] == 1040 * MI and after["echo serving"] == 1
 
 
 def test_an_openai_body_that_never_arrives_is_408_and_the_connection_closed(host: Host) -> None:

@@ -138,11 +138,13 @@ async def _call(
         else:
             await control.sleep(url, key, call.pool)
     except ControlError as exc:
+        services.metrics.placement_call(call.action, ok=False)
         run.backoff[(call.pod, call.pool)] = time.monotonic() + BACKOFF_S
         reason = {"load": "LoadFailed", "unload": "UnloadFailed", "sleep": "SleepFailed"}[call.action]
         message = f"{call.action} of pool {call.pool} on host pod {call.pod} failed: {exc}"[:1000]
         services.events.post(body, Event("Warning", reason, message))
         return Event("Warning", reason, f"host pod {call.pod}: {call.action} failed: {exc}"[:1000])
+    services.metrics.placement_call(call.action, ok=True)
     run.backoff.pop((call.pod, call.pool), None)
     if pod is not None:
         services.scraper.invalidate(pod)
