@@ -638,4 +638,13 @@ class HostSim:
         return free >= need
 
 
-__all__ = ["Audit", "Eviction", "HostSim", "SimHost", "SimModel", "model_overhead", "turns_idle"]
+__all__ = [
+    "Audit",
+    "Eviction",
+    "HostSim",
+    "SimHost",
+    "SimModel",
+    "idle_since",
+    "model_overhead",
+    "turns_idle",
+]
