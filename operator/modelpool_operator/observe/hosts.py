@@ -67,7 +67,7 @@ def host_residents(
             continue
         pool = pools.get(str(name), HostedPool(str(name)))
         memory = doc.get("memory") if isinstance(doc.get("memory"), Mapping) else {}
-        last = doc.get("last_request_time")
+        last, since = doc.get("last_request_time"), doc.get("state_since")
         # 0 GPU bytes is no measurement (a CPU host; a sleeping model, whose weights left the device):
         # charged its declared size then, as the host itself charges it (model_server.host_plan).
         reading = _count(memory or {}, "gpu_reserved_bytes")
@@ -81,6 +81,7 @@ def host_residents(
                 priority=pool.priority,
                 last_used=float(last) if isinstance(last, int | float) else 0.0,
                 busy=bool(_count(doc, "queue_depth") or _count(doc, "in_flight")),
+                since=float(since) if isinstance(since, int | float) else 0.0,
             )
         )
     return tuple(residents)

@@ -13,9 +13,11 @@ pass decides:
 3. pool by pool (the highest priority first, then by name): a pool held by more host pods than its
    ``replicas`` is unloaded from the surplus ones (sleeping first, then the least recently used); one held
    by fewer is placed (``placement.place``) on more, each placement's room made first (its sleeps and
-   unloads), until it has its replicas or ``place`` says why not (``unplaced``). A room that would
-   unload a model of no lower priority is not made (that pool would be placed again, unloading this one
-   in turn): among equals, room is made by sleeping only.
+   unloads), until it has its replicas or ``place`` says why not (``unplaced``). Room is made by
+   sleeping idle models of any priority (idle for ``MIN_IDLE_S`` at least: one just used, loaded or
+   woken stays awake) and by unloading only models of a lower priority (``placement.decide``): a pool
+   never loses its model to a pool of no higher priority, which would be placed again and unload the
+   other in turn.
 
 A model whose load is in flight (``loading``) is a Pending resident charged its declared size on the device
 its load named (``devices``), and is neither placed again nor unloaded; a (host pod, pool) in ``backoff``
@@ -28,12 +30,14 @@ model is not one of its replicas). A pool's ``replicas`` is its count as its own
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from modelpool_contract.placements import models_annotation
 from modelpool_operator.placement.decide import (
+    MIN_IDLE_S,
     Placement,
     PlacementRequest,
     Room,
@@ -165,13 +169,14 @@ def plan_placing(
     loaded: Mapping[Slot, str] | None = None,
     stale: Iterable[Slot] = (),
     backoff: Iterable[Slot] = (),
-    now: float = 0.0,
+    now: float | None = None,
     devices: Mapping[Slot, int] | None = None,
 ) -> Placing:
     """The control calls of one ModelHost pass (see the module doc). ``loaded``: the settings each model
     was loaded with by this process; ``stale``: models whose host reports another source or task than
-    their pool's (loaded by an earlier process, or by hand); ``devices``: the device each load in flight
-    named."""
+    their pool's (loaded by an earlier process, or by hand); ``now`` (Unix seconds; None: no clock) puts
+    to sleep only models idle for ``MIN_IDLE_S``; ``devices``: the device each load in flight named."""
+    idle_before = math.inf if now is None else now - MIN_IDLE_S
     by_name = {p.name: p for p in pools}
     loading, blocked, loaded, stale = set(loading), set(backoff), loaded or {}, set(stale)
     view = _View(_with_loading(h, namespace, loading, by_name, devices or {}) for h in hosts)
@@ -215,31 +220,17 @@ def plan_placing(
                 for pod, h in sorted(view.hosts.items())
                 if not _listed(h, pool.name) and (pod, pool.name) not in blocked | view.unloaded
             ]
-            decided = place(request, open_hosts) if open_hosts else _nowhere(view.hosts.values(), pool.name)
-            if isinstance(decided, Placement):
-                decided = _no_displacing(view.hosts[decided.host], decided, request)
+            decided = (
+                place(request, open_hosts, idle_before=idle_before)
+                if open_hosts
+                else _nowhere(view.hosts.values(), pool.name)
+            )
             if isinstance(decided, Unplaced):
                 unplaced[pool.name] = decided
                 break
-            view.place(decided, request, pool.load, now)
+            view.place(decided, request, pool.load, 0.0 if now is None else now)
     ordered = sorted(view.calls, key=lambda c: c.action == "load")  # stable: every sleep/unload first
     return Placing(calls=tuple(ordered), unplaced=unplaced)
-
-
-def _no_displacing(host: Host, placement: Placement, request: PlacementRequest) -> Placement | Unplaced:
-    """``placement``, unless its room unloads a model of a pool of no lower priority than the newcomer's:
-    that pool would be short of its replicas and placed again, unloading this one in turn (a host without
-    RAM to park them cannot hold both). Sleeping makes room among equals; unloading only for a higher
-    priority."""
-    unloaded = [r for key in placement.room.unload if (r := host.resident(key)) is not None]
-    equals = sorted(r.pool[1] for r in unloaded if r.priority >= request.priority)
-    if not equals:
-        return placement
-    return Unplaced(
-        "NoRoom",
-        f"making room on {placement.host} would unload {', '.join(equals)} (no lower priority, and the "
-        "host's memory for sleeping models cannot park it)",
-    )
 
 
 def _nowhere(hosts: Iterable[Host], pool: str) -> Unplaced:

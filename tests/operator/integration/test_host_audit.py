@@ -2,9 +2,11 @@
 (``testkit.hostsim``: KWOK host pods answered on their pod IPs as ``modelpool-server --shared-host`` does)
 with the real operator and API server; the auditor checks every transition on the hosts: no device or
 host RAM over-committed, no load refused for room, no Loading/Waking model slept or unloaded, every
-eviction chosen by priority then LRU; the placements converge, and again after churn. A host pod of two
-GPUs (``gpusPerHost: 2``) takes models on both devices, never over-committing either (the auditor checks
-each), and the ModelHost's status shows both devices' ledgers.
+eviction by the priority rule (a sleep takes the lowest priority, then the least recently used, of any
+priority; an unload only a lower priority than the newcomer's), no pool left short while room could be
+made for it; the placements converge, and again after churn. A host pod of two GPUs (``gpusPerHost: 2``)
+takes models on both devices, never over-committing either (the auditor checks each), and the
+ModelHost's status shows both devices' ledgers.
 (``python -m bench.placement`` is the large version: 100 pools over 8 hosts.)"""
 
 from __future__ import annotations
@@ -100,9 +102,7 @@ def test_shared_pools_over_simulated_hosts_never_over_commit_and_converge(
     # Traffic on a few, then churn: a pool goes, one comes, one wants both hosts.
     for name in ("p01", "p04"):
         sim.touch(name)
-    # Deleted: its unload is its pool's own, no eviction (else a load that the room it left lets in within
-    # seconds, of a lower priority, was counted a wrong eviction: a flake of this test, seen at load 18).
-    REPLICAS["p11"] = 0
+    REPLICAS["p11"] = 0  # its unload is its deletion's, no eviction
     crds.kubectl("delete", "modelpool", "p11", "-n", namespace, "--wait=false")
     apply(crds, shared_pool("p12", 3, 2), namespace)
     PRIORITY.update(p12=2, p00=2)

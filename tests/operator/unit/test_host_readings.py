@@ -77,3 +77,13 @@ def test_each_model_is_charged_on_the_device_its_host_reports_and_a_pod_has_the_
     odd = {"host": {"devices": [{"index": 0}]}, "models": {"a": report["models"]["a"]}}
     [h] = observe_hosts(spec, [pod("h-0")], {"h-0": odd})
     assert h.capacities == (8 * GI,) * 3 and ledger(h).devices[2].awake == 3 * GI
+
+
+def test_a_models_state_since_is_read_for_its_idle_age() -> None:
+    """The ledger's idle age (``Resident.idle_since``: a model just loaded, woken or used is not put to
+    sleep for another) needs when the model entered its state, from its ``state_since``."""
+    doc = {"state": "Ready", "state_since": 120.5, "last_request_time": 100.0}
+    [resident] = host_residents("ns", {"models": {"emb": doc}}, {})
+    assert (resident.since, resident.idle_since) == (120.5, 120.5)
+    [idle] = host_residents("ns", {"models": {"emb": {**doc, "state": "Idle"}}}, {})
+    assert idle.idle_since == 100.0  # turned Idle after a quiet spell: idle since its last request
