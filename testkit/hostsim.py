@@ -563,7 +563,7 @@ class HostSim:
                         continue
                     fits = [d for d in range(sim.devices) if self._room_for(sim, d, declared, priority)]
                 if fits:
-                    where = f"{pod} device {fits[0]}"
+                    where = pod if sim.devices == 1 else f"{pod} device {fits[0]}"
                     wrong.append(f"{pool} ({declared} bytes, priority {priority}) fits on {where}")
         return wrong
 
