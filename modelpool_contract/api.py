@@ -809,6 +809,13 @@ class WorkerStatus(_Model):
             "replica is named after it. Unset for a dedicated worker."
         ),
     )
+    device: int | None = Field(
+        default=None,
+        description=(
+            "A shared pool's replica: the index of the host pod's device its model lives on (GPU i is cuda:i "
+            "in the host pod). Unset for a dedicated worker and while unknown."
+        ),
+    )
 
 
 class MemoryStatus(_Model):

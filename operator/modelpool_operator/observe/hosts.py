@@ -139,6 +139,7 @@ class HostedReplica:
     last_request_time: str | None = None
     # Since when the model is in its state there (the host's ``state_since``): a new failure has a new one.
     since: str | None = None
+    device: int | None = None  # the index of the host pod's device it lives on, as the host reports it
 
 
 def hosted_replicas(
@@ -170,6 +171,7 @@ def hosted_replicas(
                 queue_depth=_count(doc, "queue_depth"),
                 last_request_time=rfc3339(parse_time(last)) if last else None,
                 since=rfc3339(parse_time(since)) if since else None,
+                device=_count(doc, "device"),
             )
         )
     return sorted(replicas, key=lambda r: r.pod)

@@ -151,3 +151,16 @@ def test_a_host_pod_of_two_gpus_places_models_on_both_without_over_committing_ei
     wait_for(lambda: len(status_devices()) == 2, timeout=30, interval=0.5, message="status per device")
     for device in status_devices():
         assert device["capacityBytes"] == 3 * GI and 0 <= device["freeBytes"] <= 3 * GI, device
+
+    def pool_devices() -> dict[str, list[int | None]]:
+        out = crds.kubectl("get", "modelpools", "-n", namespace, "-o", "json").stdout
+        return {
+            pool["metadata"]["name"]: [
+                w.get("device") for w in (pool.get("status") or {}).get("workers") or []
+            ]
+            for pool in json.loads(out)["items"]
+        }
+
+    # Each pool's status names the device of its replica.
+    wanted = {name: [device] for name, device in devices.items()}
+    wait_for(lambda: pool_devices() == wanted, timeout=30, interval=0.5, message="workers[].device")

@@ -77,6 +77,12 @@ def test_each_model_is_charged_on_the_device_its_host_reports_and_a_pod_has_the_
     odd = {"host": {"devices": [{"index": 0}]}, "models": {"a": report["models"]["a"]}}
     [h] = observe_hosts(spec, [pod("h-0")], {"h-0": odd})
     assert h.capacities == (8 * GI,) * 3 and ledger(h).devices[2].awake == 3 * GI
+    # A shared pool's replicas say which device of their host pod holds the model (its status shows it).
+    from modelpool_operator.observe.hosts import hosted_replicas
+
+    [a] = hosted_replicas("a", GI, [pod("h-0")], {"h-0": report})
+    [b] = hosted_replicas("b", GI, [pod("h-0")], {"h-0": report})
+    assert (a.pod, a.device, b.device) == ("h-0", 2, None)
 
 
 def test_a_models_state_since_is_read_for_its_idle_age() -> None:

@@ -207,14 +207,17 @@ def view(replicas: int = 2) -> PoolView:
 
 def test_a_shared_pools_status_lists_its_host_pods_with_the_models_state() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    replicas = [HostedReplica("cpu-1", "Sleeping", GI, node="n1"), HostedReplica("cpu-0", "Ready", GI)]
+    replicas = [
+        HostedReplica("cpu-1", "Sleeping", GI, node="n1", device=1),
+        HostedReplica("cpu-0", "Ready", GI),  # a host that names no device: none shown
+    ]
     status = shared_status(view(), replicas, None, now)
     assert status["phase"] == "Ready" and status["readyText"] == "2/2" and status["observedGeneration"] == 3
     # kubectl get's Desired and Declared columns; the memory is charged to the ModelHost's pods.
     assert status["targetReplicas"] == 2 and status["memory"]["declared"] == "1Gi"
-    assert [(w["name"], w["host"], w["state"]) for w in status["workers"]] == [
-        ("cpu-0", "cpu-0", "Ready"),
-        ("cpu-1", "cpu-1", "Sleeping"),
+    assert [(w["name"], w["host"], w["state"], w.get("device")) for w in status["workers"]] == [
+        ("cpu-0", "cpu-0", "Ready", None),
+        ("cpu-1", "cpu-1", "Sleeping", 1),
     ]
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Placed"]["status"] == "True" and "cpu-0, cpu-1" in conditions["Placed"]["message"]
