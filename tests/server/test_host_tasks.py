@@ -11,7 +11,6 @@ overhead per model, so three models fit awake and the fourth's load must make ro
 from __future__ import annotations
 
 import base64
-import json
 import os
 import signal
 import time
@@ -20,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from testkit.environment import free_port
+from testkit.server import HostControl
 from tests.server.conftest import start_server
 from tests.server.tiny_fixtures import image_bytes, tiny_image_embedding, tiny_text_generation, tiny_vision
 
@@ -36,26 +35,15 @@ MI = 1 << 20
 WAIT_S = 60.0
 
 
-class Host:
+class Host(HostControl):
     """The host's control API and an ``openai`` client on its serving port."""
 
     def __init__(self, url: str, probe_port: int) -> None:
-        self.control = f"http://127.0.0.1:{probe_port}"
+        super().__init__(f"http://127.0.0.1:{probe_port}")
         self.client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=WAIT_S)
 
-    def call(self, name: str, action: str, config: dict[str, Any] | None = None) -> httpx.Response:
-        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
-        return httpx.post(f"{self.control}/v2/repository/models/{name}/{action}", json=body, timeout=120)
-
-    def index(self) -> dict[str, dict[str, Any]]:
-        entries = httpx.post(f"{self.control}/v2/repository/index", timeout=10).json()
-        return {e["name"]: e for e in entries}
-
-    def states(self) -> dict[str, str]:
-        return {name: str(entry["state"]) for name, entry in self.index().items()}
-
     def free(self) -> int:
-        return int(httpx.get(self.control + "/stats", timeout=10).json()["host"]["devices"][0]["free"])
+        return int(self.stats()["host"]["devices"][0]["free"])
 
 
 def ask(host: Host, name: str) -> None:
