@@ -152,6 +152,9 @@ class HostRun:
     annotated: dict[str, tuple[str, Any]] = field(default_factory=dict)
     # Why no control call can be made (the key is unreadable), as last told.
     no_control: str | None = None
+    # The last placing's ``retry_in``: the daemon's next pass comes no later (a model turning old
+    # enough to sleep for a pool left short).
+    retry_in: float | None = None
 
 
 @dataclass

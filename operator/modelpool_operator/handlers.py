@@ -402,6 +402,8 @@ async def host_daemon(
                     budgets=budgets,
                 )
                 delay = services.config.resync_interval_seconds
+                if run.retry_in is not None:  # a model may make room sooner than a resync
+                    delay = min(delay, max(run.retry_in, _COALESCE_S))
             except asyncio.CancelledError:
                 raise
             except Exception:  # one bad pass must not kill the daemon; retry shortly

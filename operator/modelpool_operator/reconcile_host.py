@@ -257,6 +257,7 @@ async def place_models(
     if any(current.get(pod) != value for pod, value in wanted.items()) or placing.calls:
         book.poke_host(host.key)
     await write_annotations(services, run, host.namespace, wanted, listed)
+    run.retry_in = placing.retry_in
     return placing
 
 

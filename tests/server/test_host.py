@@ -10,7 +10,6 @@ ends the host).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -30,6 +29,7 @@ from tritonclient.utils import InferenceServerException
 from modelpool_contract.exits import EXIT_DEVICE_FAILED
 from testkit import prom
 from testkit.environment import free_port
+from testkit.server import HostControl
 from tests.server.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
@@ -41,23 +41,15 @@ KEY = "serving-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-class Host:
+class Host(HostControl):
     """The host process and its control API."""
 
     def __init__(self, server: ServerProcess, probe_port: int) -> None:
+        super().__init__(f"http://127.0.0.1:{probe_port}")
         self.server = server
-        self.control = f"http://127.0.0.1:{probe_port}"
-
-    def call(self, name: str, action: str, config: dict[str, Any] | None = None) -> httpx.Response:
-        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
-        return httpx.post(f"{self.control}/v2/repository/models/{name}/{action}", json=body, timeout=120)
-
-    def index(self) -> dict[str, dict[str, Any]]:
-        entries = httpx.post(f"{self.control}/v2/repository/index", timeout=10).json()
-        return {e["name"]: e for e in entries}
 
     def state(self, name: str) -> str:
-        return str(self.index()[name]["state"])
+        return self.states()[name]
 
     def triton(self) -> triton.InferenceServerClient:
         return triton.InferenceServerClient(self.server.url.removeprefix("http://"))
@@ -119,7 +111,7 @@ def test_requests_reach_their_model_by_name_with_the_real_clients(host: Host) ->
     assert client.embeddings.create(model="echo", input="abc").data[0].embedding == [3.0, 1.0]
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="nobody", input="abc")
-    stats = httpx.get(host.control + "/stats", timeout=10).json()
+    stats = host.stats()
     assert set(stats["models"]) == {"minilm", "echo", "victim"}
     device = stats["host"]["devices"][0]
     assert device["awake"] == 700 * MI  # declared, until measured on a GPU
@@ -186,7 +178,7 @@ def test_a_sleeping_model_is_woken_by_a_request_and_answers_the_same(host: Host)
     before = embed(host, "minilm", "A man is riding a horse.")
     slept = host.call("minilm", "sleep")
     assert slept.status_code == 200 and slept.json()["state"] == "Sleeping", slept.text
-    stats = httpx.get(host.control + "/stats", timeout=10).json()
+    stats = host.stats()
     assert stats["models"]["minilm"]["state"] == "Sleeping"
     device = stats["host"]["devices"][0]
     assert device["awake"] == 400 * MI  # a sleeping model is charged host memory

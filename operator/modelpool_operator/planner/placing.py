@@ -90,6 +90,9 @@ class Placing:
 
     calls: tuple[Control, ...] = ()
     unplaced: Mapping[str, Unplaced] = field(default_factory=dict)
+    # Seconds until an idle model that is too fresh to sleep now (``MIN_IDLE_S``) may make room for an
+    # unplaced pool: the pass runs again then, not a resync later. None: nothing to wait for.
+    retry_in: float | None = None
 
     def loads(self) -> tuple[Control, ...]:
         return tuple(c for c in self.calls if c.action == "load")
@@ -230,7 +233,19 @@ def plan_placing(
                 break
             view.place(decided, request, pool.load, 0.0 if now is None else now)
     ordered = sorted(view.calls, key=lambda c: c.action == "load")  # stable: every sleep/unload first
-    return Placing(calls=tuple(ordered), unplaced=unplaced)
+    retry_in = _fresh_idle_in(view.hosts.values(), now) if unplaced and now is not None else None
+    return Placing(calls=tuple(ordered), unplaced=unplaced, retry_in=retry_in)
+
+
+def _fresh_idle_in(hosts: Iterable[Host], now: float) -> float | None:
+    """Seconds until the first sleepable model idle for less than ``MIN_IDLE_S`` may be slept (None: none)."""
+    waits = [
+        r.idle_since + MIN_IDLE_S - now
+        for h in hosts
+        for r in h.residents
+        if r.sleepable and r.idle_since + MIN_IDLE_S > now
+    ]
+    return min(waits, default=None)
 
 
 def _nowhere(hosts: Iterable[Host], pool: str) -> Unplaced:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -139,6 +140,8 @@ def test_idle_models_of_a_higher_priority_sleep_for_lower_ones_but_not_when_used
     ]
     soon = plan_placing(NS, hosts[1:], pools, now=100.0)
     assert soon.calls == () and soon.unplaced["low"].reason == "NoRoom"
+    # The pass comes again when vip-1 has been idle MIN_IDLE_S (used at 95: at 105), not a resync later.
+    assert soon.retry_in == pytest.approx(5.0) and placing.retry_in is None
 
 
 def test_without_host_ram_room_is_unloaded_only_for_a_higher_priority() -> None:
