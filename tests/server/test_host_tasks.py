@@ -82,7 +82,8 @@ def host(
     probe = free_port()
     server = start_server(
         "--shared-host", "--probe-port", str(probe), "--device-memory", f"{1000 * MI}", "--http-workers", "1",
-        "--max-models", "4", "--model-overhead", f"{10 * MI}", wait="live", timeout=60,
+        "--max-models", "4", "--model-overhead", f"{10 * MI}", "--gpus", "1",  # one device
+        wait="live", timeout=60,
     )  # fmt: skip
     loads = {
         "minilm": {"source": str(minilm), "task": "text-embedding", "memory": f"{300 * MI}"},
