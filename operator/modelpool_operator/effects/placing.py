@@ -125,8 +125,7 @@ async def _call(
     logger.info("host pod %s: %s %s (%s)", call.pod, call.action, call.pool, call.why)
     try:
         if call.action == "load":
-            # The device is the operator's choice (its ledger's), not one of the pool's settings.
-            await control.load(url, key, call.pool, {**_settings(call.load), "device": call.device})
+            await control.load(url, key, call.pool, load_settings(call, body))
             run.loaded[(call.pod, call.pool)] = call.load or ""
             run.landed[(call.pod, call.pool)] = time.monotonic()
         elif call.action == "unload":
@@ -176,6 +175,17 @@ async def _load(
     finally:
         run.loading.pop((call.pod, call.pool), None)
         poke()
+
+
+def load_settings(call: Control, host: Mapping[str, Any]) -> dict[str, Any]:
+    """The load's config: the pool's settings and, on a host pod of several GPUs, the device the ledger
+    chose (the operator's choice, not one of the pool's settings). A host pod of one device is not told:
+    one running an image from before several devices refuses a ``device`` it does not know (400), and the
+    operator's upgrade does not roll the host pods."""
+    settings = _settings(call.load)
+    if int((host.get("spec") or {}).get("gpusPerHost") or 0) > 1:
+        settings["device"] = call.device
+    return settings
 
 
 def _settings(load: str | None) -> dict[str, Any]:
