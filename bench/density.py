@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,7 +57,7 @@ from model_server.cpu_budget import THREADS_ENV
 from modelpool_contract.quantity import parse_quantity
 from testkit import tiny_models
 from testkit.environment import ROOT
-from testkit.server import ServerProcess, launch
+from testkit.server import HostControl, ServerProcess, launch
 
 MARKERS = ("<!-- bench:density:start -->", "<!-- bench:density:end -->")
 MI = 1 << 20
@@ -171,20 +171,19 @@ def gpu_used_bytes() -> int | None:
 # ---- the host --------------------------------------------------------------------------------------------
 
 
-class Host:
+class Host(HostControl):
     """The host process, its control API (probe port) and one keep-alive client on its serving port."""
 
     def __init__(self, server: ServerProcess, png: bytes) -> None:
         assert server.probe_url is not None
+        super().__init__(server.probe_url, timeout=TIMEOUT_S)
         self.server = server
-        self.control = server.probe_url
         self.client = httpx.Client(base_url=server.url, timeout=TIMEOUT_S)
         self.png = png
 
-    def call(self, name: str, action: str, config: dict[str, Any] | None = None) -> httpx.Response:
-        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
-        url = f"{self.control}/v2/repository/models/{name}/{action}"
-        answer = httpx.post(url, json=body, timeout=TIMEOUT_S)
+    def call(self, name: str, action: str, config: Mapping[str, Any] | None = None) -> httpx.Response:
+        """The control call, which must succeed (a bench has nothing to judge after a refused one)."""
+        answer = super().call(name, action, config)
         if answer.status_code != 200:
             raise RuntimeError(f"{action} {name}: {answer.status_code} {answer.text}")
         return answer
@@ -194,14 +193,6 @@ class Host:
         started = time.perf_counter()
         self.call(name, action, config)
         return time.perf_counter() - started
-
-    def index(self) -> dict[str, dict[str, Any]]:
-        entries = httpx.post(f"{self.control}/v2/repository/index", timeout=30).json()
-        return {e["name"]: e for e in entries}
-
-    def stats(self) -> dict[str, Any]:
-        doc: dict[str, Any] = httpx.get(f"{self.control}/stats", timeout=30).json()
-        return doc
 
     def ask(self, model: Model) -> float:
         """Seconds from the request to its answer (a sleeping model is woken by it)."""
@@ -226,9 +217,6 @@ class Host:
 
         with ThreadPoolExecutor(len(models)) as pool:
             return list(pool.map(one, models))
-
-    def states(self) -> dict[str, str]:
-        return {name: str(entry["state"]) for name, entry in self.index().items()}
 
 
 def load_config(model: Model, memory: int, dtype: str) -> dict[str, Any]:

@@ -7,8 +7,10 @@ shared host (``testkit.hostsim``: the real control handler and host decisions, l
 the real operator and API server; then churn (pools deleted and created, replicas and priorities
 changed, traffic on some models). The auditor checks every transition on every host: no device or host
 RAM over its capacity, no load refused for room, no Loading/Waking model slept or unloaded, no pool
-loaded on more host pods than its replicas (a thrash); every eviction is checked against priority, then
-LRU, and every pool left short against the room its priority could have made.
+loaded on more host pods than its replicas (a thrash); every eviction is checked against the priority rule
+(a sleep, of any priority, takes the lowest priority then the least recently used idle model; an unload
+only a lower priority than the newcomer's), and every pool left short against the room that rule could
+have made (sleeping idle models of any priority).
 
 Reports the violations (must be 0), the time until the placements settle (create, then churn), the
 control calls and evictions, the operator's RSS and the load average; into ``.bench/placement.json``
@@ -223,10 +225,11 @@ def table(r: Result) -> str:
         f"simulated hosts loading in {r.load_s:g} s; then churn: {r.churn}; {r.machine}, load average "
         f"{r.load_average}):",
         "",
-        "| violations (0) | wrong evictions (0) | pools short that had room (0) | create -> settled "
-        "| churn -> settled | transitions audited | control calls | evictions | operator RSS |",
-        "|---|---|---|---|---|---|---|---|---|",
-        f"| {r.violations} | {len(r.wrong_evictions)} | {len(r.wrongly_short)} "
+        "| violations (0) | wrong evictions (0) | pools short that had room (0) | pools short "
+        "| create -> settled | churn -> settled | transitions audited | control calls | evictions "
+        "| operator RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| {r.violations} | {len(r.wrong_evictions)} | {len(r.wrongly_short)} | {r.short_pools} "
         f"| {r.create_to_settled_s:.1f} s | {r.churn_to_settled_s:.1f} s | {r.transitions} | {calls} "
         f"| {r.evictions} | {r.operator_rss_mib:.0f} MiB |",
     ])  # fmt: skip

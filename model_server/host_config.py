@@ -5,20 +5,28 @@ The host's flags are its own settings class, loaded by the project's one loader 
 (``MODELPOOL_*`` variables, flags win), on the same base (``config.ServingConfig``: listen address and
 port, device, queue capacity, request limits and timeouts, failure reason file, log level, API key), so
 that each of those is defined once; ``slot_config`` turns a load's settings (``{"source", "task",
-"memory", ...}``, the ServerArgs-like document of ``POST /v2/repository/models/{name}/load``) into the
-model's ``ServerConfig``, with the host's device, queue capacity and timeouts.
+"memory", "device", ...}``, the ServerArgs-like document of ``POST /v2/repository/models/{name}/load``)
+into the model's ``ServerConfig``, with its device's ``--device`` (``host_plan.device_names``) and the
+host's queue capacity and timeouts.
+
+A host has ``--gpus`` devices (unset: the GPUs it sees, ``host_plan.visible_gpus``; a CPU host has one,
+the CPU), each with ``--device-memory`` for its ledger; a load's ``device`` is the index the operator
+chose (``LoadBody.device``; absent: the host picks the one with the most free room).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from model_server import host_plan
 from model_server.config import ServerConfig, ServingConfig
+from modelpool_contract.api import MODELHOST_MAX_GPUS_PER_HOST
 from modelpool_contract.placements import (
     DEFAULT_CPU_MODEL_OVERHEAD,
     DEFAULT_GPU_MODEL_OVERHEAD,
@@ -55,7 +63,14 @@ class HostConfig(ServingConfig):
     probe_port: int = Field(default=8001, ge=0, le=65535, description="Health, /stats and the control API")
     http_workers: int = Field(default=1, ge=1, le=64, description="HTTP processes (route by model name)")
     max_models: int = Field(default=8, ge=1, le=256, description="Models the host may hold at once")
-    device_memory: int = Field(description="The device's memory the ledger may hand out (bytes or 8Gi)")
+    device_memory: int = Field(description="Each device's memory the ledger may hand out (bytes or 8Gi)")
+    gpus: int | None = Field(
+        default=None,
+        ge=1,
+        le=MODELHOST_MAX_GPUS_PER_HOST,
+        description="The GPUs the host serves, models on GPU i run on cuda:i (unset: the GPUs it sees, "
+        "CUDA_VISIBLE_DEVICES or /dev/nvidia*; with --device cpu or cuda:N: one)",
+    )
     host_memory: int | None = Field(default=None, description="Host memory for sleeping models' weights")
     model_overhead: int | None = Field(
         default=None,
@@ -82,6 +97,33 @@ class HostConfig(ServingConfig):
     @classmethod
     def _quantity(cls, value: Any) -> Any:
         return None if value is None else parse_quantity(value)
+
+    @model_validator(mode="after")
+    def _gpus_need_a_gpu_device(self) -> HostConfig:
+        if (self.gpus or 1) > 1 and (self.device == "cpu" or self.device.startswith("cuda:")):
+            raise ValueError(
+                f"--gpus {self.gpus} needs --device auto or cuda (the models of GPU i run on cuda:i); "
+                f"--device {self.device} is one device"
+            )
+        return self
+
+    def device_names(
+        self, environ: dict[str, str] | None = None, dev: list[str] | None = None
+    ) -> tuple[str, ...]:
+        """Each device's ``--device`` for its models, by index (``host_plan.device_names``): ``--gpus``
+        devices, else the GPUs visible (``environ``/``dev``: ``os.environ`` and ``/dev`` unless given)."""
+        if self.device == "cpu" or self.device.startswith("cuda:"):
+            return (self.device,)
+        count = self.gpus
+        if count is None:
+            environ = dict(os.environ) if environ is None else environ
+            if dev is None:
+                try:
+                    dev = os.listdir("/dev")
+                except OSError:
+                    dev = []
+            count = host_plan.visible_gpus(environ.get("CUDA_VISIBLE_DEVICES"), dev)
+        return host_plan.device_names(self.device, max(count, 1))
 
     @property
     def overhead(self) -> int:
@@ -112,8 +154,18 @@ class LoadError(ValueError):
     """A load body that is not a valid model configuration (the message names the field)."""
 
 
-def parse_load_body(body: bytes) -> tuple[dict[str, Any], int]:
-    """The load settings and the declared memory (bytes) of ``{"parameters": {"config": "<json>"}}``."""
+class LoadBody(NamedTuple):
+    """A load's settings (``ServerConfig`` fields), its declared memory (bytes) and its device index
+    (None: it names none)."""
+
+    settings: dict[str, Any]
+    memory: int
+    device: int | None = None
+
+
+def parse_load_body(body: bytes, devices: int = 1) -> LoadBody:
+    """The load settings, the declared memory (bytes) and the device index of ``{"parameters": {"config":
+    "<json>"}}`` on a host of ``devices`` devices (an index it does not have is refused, naming it)."""
     try:
         document = json.loads(body or b"{}")
         config = document.get("parameters", {}).get("config", "{}")
@@ -122,21 +174,28 @@ def parse_load_body(body: bytes) -> tuple[dict[str, Any], int]:
         raise LoadError(f"parameters.config must be a JSON object: {exc}") from None
     if not isinstance(settings, dict):
         raise LoadError("parameters.config must be a JSON object")
-    unknown = sorted(set(settings) - set(LOAD_FIELDS) - {"memory"})
+    unknown = sorted(set(settings) - set(LOAD_FIELDS) - {"memory", "device"})
     if unknown:
         raise LoadError(f"parameters.config: unknown field(s) {', '.join(unknown)}")
     try:
         memory = parse_quantity(settings.get("memory", 0))
     except ValueError as exc:
         raise LoadError(f"parameters.config.memory: {exc}") from None
-    return {LOAD_FIELDS[key]: value for key, value in settings.items() if key != "memory"}, memory
+    device = settings.get("device")
+    if device is not None and (refusal := host_plan.device_refusal(device, devices)):
+        raise LoadError(f"parameters.config.device: {refusal}")
+    fields = {LOAD_FIELDS[key]: value for key, value in settings.items() if key not in ("memory", "device")}
+    return LoadBody(fields, memory, device)
 
 
-def slot_config(host: HostConfig, name: str, settings: dict[str, Any], index: int) -> ServerConfig:
-    """The model's ``ServerConfig`` on this host (``LoadError`` naming the field when invalid)."""
+def slot_config(
+    host: HostConfig, name: str, settings: dict[str, Any], index: int, device: str | None = None
+) -> ServerConfig:
+    """The model's ``ServerConfig`` on this host, on ``device`` (its device's ``--device``; None: the
+    host's own) (``LoadError`` naming the field when invalid)."""
     fixed = {
         "name": name,
-        "device": host.device,
+        "device": device or host.device,
         "queue_capacity": host.queue_capacity,
         "request_timeout": host.request_timeout,
         "max_request_bytes": host.max_request_bytes,
@@ -156,6 +215,7 @@ def slot_config(host: HostConfig, name: str, settings: dict[str, Any], index: in
 __all__ = [
     "HOST_COMMAND_LINE",
     "HostConfig",
+    "LoadBody",
     "LoadError",
     "load_host_config",
     "parse_load_body",

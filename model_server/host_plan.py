@@ -12,13 +12,21 @@ call these with what they read from the models' shared views; no I/O, no process
   that is not enough (or host memory cannot take their weights).
 * ``sleep_refusal``: why a model may not sleep now ('' when it may): not Ready/Idle, work in hand, or
   host memory short (the operator then unloads the least recently used sleeping model).
+* ``visible_gpus``/``device_names``: the host's devices (``--gpus N``, else the GPUs the pod sees; a CPU
+  host has one, the CPU) and the ``--device`` each one's models run with: ``cuda:<i>`` for index ``i`` of
+  a host of several GPUs, the host's own ``--device`` for a host of one (unchanged: ``auto``, ``cpu``).
+* ``device_refusal``/``roomiest_device``: whether a load may go on the device index its body names (the
+  operator's choice), and the one a load that names none goes to (the most free, the lowest index first).
+* ``device_report``: one device's entry of ``/stats`` ``host.devices[]``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from model_server.state_machine import SLEEPABLE, State
 from modelpool_contract.states import CHARGED_STATES, DEVICE_CHARGED_STATES
@@ -102,6 +110,67 @@ def sleep_refusal(slot: SlotFacts, host_capacity: int | None, slots: Iterable[Sl
     return ""
 
 
+def visible_gpus(cuda_visible_devices: str | None, dev_entries: Iterable[str]) -> int:
+    """The GPUs this process sees: those ``CUDA_VISIBLE_DEVICES`` lists when it is set, else the NVIDIA
+    device files (``/dev/nvidia<N>``: in a container, the device plugin mounts only the GPUs the pod was
+    given). 0: none."""
+    if cuda_visible_devices is not None:
+        listed = [d.strip() for d in cuda_visible_devices.split(",")]
+        # CUDA stops at the first entry that is not a device ("-1", "" or "none": no GPU at all).
+        count = 0
+        for entry in listed:
+            if not entry or entry.startswith("-") or entry.lower() in ("none", "void"):
+                break
+            count += 1
+        return count
+    return sum(1 for name in dev_entries if re.fullmatch(r"nvidia\d+", name))
+
+
+def device_names(device: str, count: int) -> tuple[str, ...]:
+    """The ``--device`` of the models on each of the host's devices, by index: a host of one device (a CPU
+    host, one GPU, ``--device cuda:N``) runs every model with its own ``--device``; one of ``count`` > 1
+    GPUs runs the models of index ``i`` on ``cuda:<i>`` (the ``i``-th GPU the pod sees, in CUDA's order)."""
+    if count <= 1 or device == "cpu" or device.startswith("cuda:"):
+        return (device,)
+    return tuple(f"cuda:{i}" for i in range(count))
+
+
+def device_refusal(index: object, count: int) -> str:
+    """Why a load may not go on device ``index`` of a host of ``count`` devices ('' when it may)."""
+    if isinstance(index, bool) or not isinstance(index, int):
+        return f"must be a device index (an integer), not {index!r}"
+    if not 0 <= index < count:
+        have = "device 0" if count == 1 else f"devices 0-{count - 1}"
+        return f"device {index} is not one of this host's ({have})"
+    return ""
+
+
+def roomiest_device(count: int, capacity: int, slots: Sequence[SlotFacts]) -> int:
+    """The device with the most free memory by the ledger (the lowest index among equals): where a load
+    that names no device goes."""
+    return max(range(count), key=lambda i: (device_free(i, capacity, slots), -i))
+
+
+def device_report(
+    index: int, name: str, capacity: int, model_overhead: int, slots: Sequence[SlotFacts]
+) -> dict[str, Any]:
+    """Device ``index``'s entry of the host's ``/stats`` ``host.devices[]`` (bytes): its capacity, what its
+    awake models are charged, what its sleeping models park in host memory, what its models' processes
+    hold, and what is free."""
+    here = [s for s in slots if s.device == index]
+    return {
+        "index": index,
+        "device": name,
+        "capacity": capacity,
+        "awake": device_used(index, here),
+        "asleep": host_used(here),
+        "overhead": device_overhead(index, here),
+        "model_overhead": model_overhead,
+        "free": device_free(index, capacity, here),
+        "models": sorted(s.name for s in here if s.name),
+    }
+
+
 def model_of(path: str, body: bytes | None) -> str | None:
     """The model a request names: ``/v2/models/{name}/...`` or an OpenAI body's ``model`` (None: none)."""
     if path.startswith(V2_MODELS):
@@ -120,10 +189,15 @@ def model_of(path: str, body: bytes | None) -> str | None:
 __all__ = [
     "SlotFacts",
     "device_free",
+    "device_names",
     "device_overhead",
+    "device_refusal",
+    "device_report",
     "device_used",
     "host_used",
     "make_room",
     "model_of",
+    "roomiest_device",
     "sleep_refusal",
+    "visible_gpus",
 ]

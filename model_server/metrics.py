@@ -17,13 +17,18 @@ dropped before compute: timeout, disconnected), ``resident_memory_bytes{process}
 http-N).  Text generation on the continuous-batching engine: ``time_to_first_token_seconds``,
 ``inter_token_latency_seconds``, ``generated_tokens_total`` (its rate is tokens per second),
 ``kv_cache_tokens``, ``kv_cache_reserved_tokens`` and ``generating`` (requests running).
+
+A shared host (``render_host``, its probe port) exposes the same series for every model it holds, each
+labelled ``model="<name>"``, and ``host_device_memory_bytes{device,kind}`` (capacity, awake, asleep,
+overhead, free: its ledger, as in its ``/stats``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -53,8 +58,14 @@ def worker_rss(view: WorkerView) -> dict[str, int]:
     return {row_name(row): rss_bytes(pid) for row, pid in view.pids()}
 
 
-def gpu_memory() -> tuple[int, int]:
-    """(allocated, reserved) bytes on the current CUDA device; (0, 0) when torch/CUDA is not in use.
+def _on(device: str | None) -> str | None:
+    """The device torch's memory calls are asked about: ``cuda:<i>`` as named, else the current one."""
+    return device if device is not None and device.startswith("cuda:") else None
+
+
+def gpu_memory(device: str | None = None) -> tuple[int, int]:
+    """(allocated, reserved) bytes on ``device`` when it is ``cuda:<i>`` (a model on GPU i of a shared
+    host), else on the current CUDA device; (0, 0) when torch/CUDA is not in use.
 
     Never imports torch itself: until the model's load has imported it there is nothing to report."""
     torch = sys.modules.get("torch")
@@ -63,14 +74,15 @@ def gpu_memory() -> tuple[int, int]:
     try:
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return 0, 0
-        return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
+        on = _on(device)
+        return int(torch.cuda.memory_allocated(on)), int(torch.cuda.memory_reserved(on))
     except Exception:  # a broken device must not break /metrics
         return 0, 0
 
 
-def gpu_peak_reserved() -> int | None:
-    """The most bytes the CUDA caching allocator has reserved on the current device since the process
-    started (``torch.cuda.max_memory_reserved``): what the worker needed at its worst, e.g. during a
+def gpu_peak_reserved(device: str | None = None) -> int | None:
+    """The most bytes the CUDA caching allocator has reserved on ``device`` (as ``gpu_memory``) since the
+    process started (``torch.cuda.max_memory_reserved``): what the worker needed at its worst, e.g. during a
     large batch. None when torch/CUDA is not in use (a CPU worker has no accelerator memory to report)."""
     torch = sys.modules.get("torch")
     if torch is None:
@@ -78,111 +90,190 @@ def gpu_peak_reserved() -> int | None:
     try:
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return None
-        return int(torch.cuda.max_memory_reserved())
+        return int(torch.cuda.max_memory_reserved(_on(device)))
     except Exception:  # a broken device must not break /stats
         return None
 
 
-class WorkerGauges(Collector):
-    """The gauges, read from the shared view at scrape time."""
+GaugeRow = tuple[str, str, tuple[tuple[str, str], ...], float]
 
-    def __init__(self, view: WorkerView, state_machine: StateMachine) -> None:
+
+class WorkerGauges(Collector):
+    """The gauges, read from the shared view at scrape time (``model``: the label a shared host's model's
+    series carry; None for a dedicated worker's, which carry none)."""
+
+    def __init__(self, view: WorkerView, state_machine: StateMachine, model: str | None = None) -> None:
         self.view = view
         self.state_machine = state_machine
+        self.model = model
 
     def collect(self) -> Iterator[Metric]:
+        return iter(gauge_families(self.rows()))
+
+    def rows(self) -> Iterator[GaugeRow]:
+        """Every gauge sample: (name, help, labels, value)."""
+        own = (("model", self.model),) if self.model is not None else ()
         view = self.view
-        yield _gauge("modelpool_queue_depth", "Requests waiting in the queue", view.door.taken)
-        yield _gauge("modelpool_queue_capacity", "Queue capacity (requests)", view.door.capacity)
-        yield _gauge("modelpool_in_flight", "Requests being computed", view.get(Field.IN_FLIGHT))
-        state = GaugeMetricFamily("modelpool_worker_state", "1 for the current state", labels=["state"])
+
+        def row(name: str, documentation: str, value: float | None, **labels: str) -> GaugeRow:
+            return name, documentation, own + tuple(labels.items()), 0.0 if value is None else value
+
+        yield row("modelpool_queue_depth", "Requests waiting in the queue", view.door.taken)
+        yield row("modelpool_queue_capacity", "Queue capacity (requests)", view.door.capacity)
+        yield row("modelpool_in_flight", "Requests being computed", view.get(Field.IN_FLIGHT))
         current = self.state_machine.state
         for each in State:
-            state.add_metric([each.value], 1.0 if each is current else 0.0)
-        yield state
-        yield _gauge(
+            yield row(
+                "modelpool_worker_state", "1 for the current state", float(each is current), state=each.value
+            )
+        yield row(
             "modelpool_model_load_seconds", "Time the model load took", view.optional(Field.LOAD_SECONDS)
         )
-        yield _gauge(
+        yield row(
             "modelpool_model_warmup_seconds",
             "Time the warm-up input took",
             view.optional(Field.WARMUP_SECONDS),
         )
-        gpu = GaugeMetricFamily("modelpool_gpu_memory_bytes", "CUDA memory", labels=["kind"])
-        gpu.add_metric(["allocated"], view.get(Field.GPU_ALLOCATED))
-        gpu.add_metric(["reserved"], view.get(Field.GPU_RESERVED))
-        gpu.add_metric(["peak_reserved"], view.optional(Field.GPU_PEAK_RESERVED) or 0.0)
-        yield gpu
-        yield _gauge(
+        gpu = "modelpool_gpu_memory_bytes", "CUDA memory"
+        yield row(*gpu, view.get(Field.GPU_ALLOCATED), kind="allocated")
+        yield row(*gpu, view.get(Field.GPU_RESERVED), kind="reserved")
+        yield row(*gpu, view.optional(Field.GPU_PEAK_RESERVED), kind="peak_reserved")
+        yield row(
             "modelpool_kv_cache_tokens",
             "The generation engine's KV cache (tokens)",
             view.optional(Field.KV_CACHE_TOKENS),
         )
-        yield _gauge(
+        yield row(
             "modelpool_kv_cache_reserved_tokens",
             "KV-cache tokens the running generations reserve",
             view.optional(Field.KV_CACHE_RESERVED),
         )
-        yield _gauge(
+        yield row(
             "modelpool_generating", "Generations running on the engine", view.optional(Field.GENERATING)
         )
-        rss = GaugeMetricFamily(
-            "modelpool_resident_memory_bytes", "Resident memory of each process", labels=["process"]
-        )
         for name, resident in worker_rss(view).items():
-            rss.add_metric([name], resident)
-        yield rss
+            yield row(
+                "modelpool_resident_memory_bytes", "Resident memory of each process", resident, process=name
+            )
 
 
-def _gauge(name: str, documentation: str, value: float | None) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, value=0.0 if value is None else value)
+def gauge_families(rows: Iterable[GaugeRow]) -> list[GaugeMetricFamily]:
+    """Rows grouped into one family per name (the rows of a name share their label names)."""
+    families: dict[str, GaugeMetricFamily] = {}
+    for name, documentation, labels, value in rows:
+        family = families.get(name)
+        if family is None:
+            family = families[name] = GaugeMetricFamily(name, documentation, labels=[k for k, _ in labels])
+        family.add_metric([v for _, v in labels], value)
+    return list(families.values())
+
+
+M = TypeVar("M", Counter, Histogram)
+M_co = TypeVar("M_co", covariant=True)
+
+
+class Labelled(Protocol[M_co]):
+    """A metric with labels, as its users see it: ``labels(reason=...)`` gives the child they count on."""
+
+    def labels(self, **labels: str) -> M_co: ...
+
+
+class _ForModel(Generic[M]):
+    """A labelled metric whose ``model`` label is fixed: one model's counts in a shared host's process."""
+
+    def __init__(self, metric: M, model: str) -> None:
+        self.metric: M = metric
+        self.model = model
+
+    def labels(self, **labels: str) -> M:
+        child: M = self.metric.labels(model=self.model, **labels)
+        return child
 
 
 class Metrics:
-    """This process's counters and histograms, and the rendering of the whole worker's metrics."""
+    """This process's counters and histograms, and the rendering of the whole worker's metrics.
 
-    def __init__(self) -> None:
+    ``model``: on a shared host (its HTTP processes count for several models in one process, each with a
+    ``Metrics`` of its own) every series carries ``model="<name>"``, so the models' counts never mix in the
+    host's multiprocess files; a dedicated worker's carry no such label."""
+
+    def __init__(self, model: str | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "modelpool_requests", "HTTP requests by route and status code", ["route", "code"], registry=r
+        own = ["model"] if model is not None else []
+
+        def labelled(metric: M) -> Labelled[M]:
+            return metric if model is None else _ForModel(metric, model)
+
+        def plain(metric: M) -> M:
+            if model is None:
+                return metric
+            child: M = metric.labels(model=model)
+            return child
+
+        self.requests = labelled(
+            Counter(
+                "modelpool_requests",
+                "HTTP requests by route and status code",
+                [*own, "route", "code"],
+                registry=r,
+            )
         )
-        self.rejected = Counter(
-            "modelpool_rejected", "Requests not computed, by reason", ["reason"], registry=r
+        self.rejected = labelled(
+            Counter("modelpool_rejected", "Requests not computed, by reason", [*own, "reason"], registry=r)
         )
-        self.dropped = Counter(
-            "modelpool_dropped", "Admitted requests dropped before compute, by reason", ["reason"], registry=r
+        self.dropped = labelled(
+            Counter(
+                "modelpool_dropped",
+                "Admitted requests dropped before compute, by reason",
+                [*own, "reason"],
+                registry=r,
+            )
         )
-        self.latency = Histogram(
-            "modelpool_request_latency_seconds",
-            "Request latency",
-            ["route"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.latency = labelled(
+            Histogram(
+                "modelpool_request_latency_seconds",
+                "Request latency",
+                [*own, "route"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
         )
-        self.compute = Histogram(
-            "modelpool_compute_seconds",
-            "Time a batch spends on the inference thread (tokenize + forward + post-processing)",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.compute = plain(
+            Histogram(
+                "modelpool_compute_seconds",
+                "Time a batch spends on the inference thread (tokenize + forward + post-processing)",
+                own,
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
         )
-        self.batch_size = Histogram(
-            "modelpool_batch_size", "Items per forward pass", buckets=_BATCH_BUCKETS, registry=r
+        self.batch_size = plain(
+            Histogram(
+                "modelpool_batch_size", "Items per forward pass", own, buckets=_BATCH_BUCKETS, registry=r
+            )
         )
-        self.first_token = Histogram(
-            "modelpool_time_to_first_token_seconds",
-            "From a generation's arrival in the inference process (its queue included) to its first token",
-            buckets=_TOKEN_BUCKETS,
-            registry=r,
+        self.first_token = plain(
+            Histogram(
+                "modelpool_time_to_first_token_seconds",
+                "From a generation's arrival in the inference process (its queue included) to its first "
+                "token",
+                own,
+                buckets=_TOKEN_BUCKETS,
+                registry=r,
+            )
         )
-        self.inter_token = Histogram(
-            "modelpool_inter_token_latency_seconds",
-            "Between two tokens of one generation",
-            buckets=_TOKEN_BUCKETS,
-            registry=r,
+        self.inter_token = plain(
+            Histogram(
+                "modelpool_inter_token_latency_seconds",
+                "Between two tokens of one generation",
+                own,
+                buckets=_TOKEN_BUCKETS,
+                registry=r,
+            )
         )
-        self.generated_tokens = Counter(
-            "modelpool_generated_tokens", "Tokens generated on the engine", registry=r
+        self.generated_tokens = plain(
+            Counter("modelpool_generated_tokens", "Tokens generated on the engine", own, registry=r)
         )
 
     def render(self, gauges: WorkerGauges) -> bytes:
@@ -203,6 +294,47 @@ def render_worker(gauges: WorkerGauges, directory: str | None, own: CollectorReg
     return generate_latest(registry)
 
 
+#: A shared host's device gauges: ``modelpool_host_device_memory_bytes{device,kind}``, one per kind.
+HOST_DEVICE_KINDS = ("capacity", "awake", "asleep", "overhead", "free")
+
+
+def device_rows(devices: Iterable[Mapping[str, Any]]) -> list[GaugeRow]:
+    """A shared host's devices (its ``/stats`` ``host.devices``) as gauge rows, per device and kind."""
+    return [
+        (
+            "modelpool_host_device_memory_bytes",
+            "A shared host's device memory as its ledger counts it",
+            (("device", str(device.get("index", 0))), ("kind", kind)),
+            float(device.get(kind) or 0),
+        )
+        for device in devices
+        for kind in HOST_DEVICE_KINDS
+    ]
+
+
+def render_host(
+    models: Iterable[WorkerGauges], devices: Iterable[Mapping[str, Any]], directory: str
+) -> bytes:
+    """A shared host's exposition (its probe port): every process's counters and histograms (the host's
+    multiprocess files: each series labelled with its model), each model's gauges (``model`` label) and
+    the devices' memory."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    rows = [row for gauges in models for row in gauges.rows()] + device_rows(devices)
+    registry.register(_Families(gauge_families(rows)))
+    return generate_latest(registry)
+
+
+class _Families(Collector):
+    """Families made already, as a collector."""
+
+    def __init__(self, families: list[GaugeMetricFamily]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
 class _Own(Collector):
     """This process's registry as one collector (a worker built in one process)."""
 
@@ -213,4 +345,13 @@ class _Own(Collector):
         return iter(self.registry.collect())
 
 
-__all__ = ["Metrics", "WorkerGauges", "gpu_memory", "render_worker", "rss_bytes", "worker_rss"]
+__all__ = [
+    "Metrics",
+    "WorkerGauges",
+    "device_rows",
+    "gpu_memory",
+    "render_host",
+    "render_worker",
+    "rss_bytes",
+    "worker_rss",
+]

@@ -809,6 +809,13 @@ class WorkerStatus(_Model):
             "replica is named after it. Unset for a dedicated worker."
         ),
     )
+    device: int | None = Field(
+        default=None,
+        description=(
+            "A shared pool's replica: the index of the host pod's device its model lives on (GPU i is cuda:i "
+            "in the host pod). Unset for a dedicated worker and while unknown."
+        ),
+    )
 
 
 class MemoryStatus(_Model):
@@ -1044,6 +1051,10 @@ class HostResourcesSpec(_Model):
         return _check_quantity(value, "spec.resources.cpu")
 
 
+#: The most GPUs a host pod may own (``ModelHost.spec.gpusPerHost``; the host's ``--gpus``): a node's.
+MODELHOST_MAX_GPUS_PER_HOST = 16
+
+
 class ModelHostSpec(_Model):
     """Shared host pods: each owns its GPUs (nvidia.com/gpu) and serves several shared pools' models."""
 
@@ -1056,10 +1067,11 @@ class ModelHostSpec(_Model):
     gpus_per_host: int = Field(
         default=0,
         ge=0,
-        le=16,
+        le=MODELHOST_MAX_GPUS_PER_HOST,
         description=(
-            "nvidia.com/gpu per host pod; each GPU is one device of the ledger. 0: a CPU host, whose one "
-            "device is the CPU with deviceMemory of RAM for awake models."
+            "nvidia.com/gpu per host pod; each GPU is one device of the ledger, with deviceMemory of its own "
+            "(the host pod's GPU i, cuda:i in its container; each model lives on one). 0: a CPU host, whose "
+            "one device is the CPU with deviceMemory of RAM for awake models."
         ),
     )
     device_memory: Quantity | None = Field(
@@ -1170,14 +1182,6 @@ MSG_HOST_NAME_LENGTH = (
     f"metadata.name must be at most {MODELHOST_NAME_MAX_LENGTH} characters: the host pods carry it in the "
     f"label modelpool.dev/pool={HOST_POOL_PREFIX}<name>, and a label value has at most "
     f"{LABEL_VALUE_MAX_LENGTH} characters"
-)
-
-#: A host pod serves one device (model_server/host_config.py): a ModelHost of more GPUs per pod would hold
-#: GPUs that no model can use, so the API server refuses it until the host serves several.
-MODELHOST_MAX_GPUS_PER_HOST = 1
-MSG_HOST_GPUS = (
-    f"spec.gpusPerHost must be at most {MODELHOST_MAX_GPUS_PER_HOST}: a host pod serves one GPU in this "
-    "version; for more GPUs run more host pods (spec.replicas)"
 )
 
 #: A model's state on a host: a worker's states, Sleeping (weights parked in host RAM) and Waking among them.

@@ -14,14 +14,25 @@ its declared bytes on the device (the host's charge: ``max(declared, measured)``
 ``--model-overhead``, which the operator writes from ``ModelHost.spec.modelOverhead`` or the contract's
 default: ``model_overhead``; ``/stats`` ``host.devices[]`` reports ``overhead``, ``model_overhead`` and
 ``free`` as the real host does), and reports ``measured_factor`` x declared as ``gpu_reserved_bytes`` while
-awake, nothing while asleep (the weights left the device), as a GPU host does.
+awake, nothing while asleep (the weights left the device), as a GPU host does.  A host pod of
+``--gpus N`` has N devices of ``--device-memory`` each (``SimHost.devices``): a load goes on the device its
+body names (the operator's choice; else the roomiest, as the real host), makes room there only, and
+``/stats`` reports each device and each model's device.  As a host pod started
+with ``--sleep-idle`` (a ModelHost with ``hostMemory``), a model turns Idle after its pool's
+``idleTimeoutSeconds`` (the load's ``idle_after``) without a request and then sleeps, unless the host
+RAM is short (``host_plan.sleep_refusal``; asked again after ``RETRY_SLEEP_S``): ``SimHost.idle_tick``,
+called at every poll of ``HostSim``.
 
 The auditor (``Audit``) is told every transition under the host's lock, with the host's models as they
 are then, and records a violation when a device's awake charges exceed its capacity, the parked weights
 exceed the host RAM, a load is refused for room (the operator's ledger sent more than the device holds:
 the real host answers 507), or a Loading/Processing/Waking model is unloaded or asked to sleep.  It keeps
 every eviction (a model slept or unloaded while its pool still wants it) with the victim's and the next
-newcomer's priority and last use, so a bench can check that priority, then LRU, chose the victim.
+newcomer's priority and last use, so a bench can check the operator's rule (``Eviction.wrong``): a sleep
+may pass over priority (any idle model may sleep for a newcomer) but takes the lowest priority, then the
+least recently used, of the idle models the host RAM could park; an unload is only ever of a lower
+priority than the newcomer's.  ``HostSim.wrongly_short`` names the pools left short while a host could
+have made their room by that rule.
 """
 
 from __future__ import annotations
@@ -39,13 +50,15 @@ from model_server import host_plan
 from model_server.errors import ModelNotFound, SleepRefused
 from model_server.host_config import parse_load_body
 from model_server.state_machine import SLEEPABLE, State, StateMachine
-from model_server.supervisor.host import Conflict, HostSupervisor, NoRoom
+from model_server.supervisor.host import RETRY_SLEEP_S, Conflict, HostSupervisor, NoRoom
 from model_server.supervisor.host_control import HostControlServer
+from modelpool_contract.flags import IDLE_AFTER_S
 from modelpool_contract.placements import LABEL_HOST, default_model_overhead
 from modelpool_contract.stats import StatsMemory, StatsModel, WorkerStats
 
-#: A model Ready for less than this may still be loading in the operator's view (its /stats is as old as
-#: a scrape interval, and its pass waits for the resync): not a candidate it passed over.
+#: A model Ready, or used, for less than this may still be loading or busy in the operator's view (its
+#: /stats is as old as a scrape interval, and its pass waits for the resync), or too lately used to be put
+#: to sleep (the operator's ``placement.decide.MIN_IDLE_S``, 10 s): not a candidate it passed over.
 FRESH_S = 15.0
 #: Never unloaded nor slept by the operator (the ledger's PROTECTED_STATES, the host's rule).
 PROTECTED = frozenset({State.LOADING, State.PROCESSING, State.WAKING})
@@ -63,7 +76,10 @@ class SimModel:
     last_used: float = 0.0
     busy: bool = False
     overhead: int = 0  # its process's charge on the device, awake or asleep (the host's --model-overhead)
+    idle_after: float = IDLE_AFTER_S  # Ready -> Idle after this quiet (its load's idle_after)
+    retry_sleep_at: float = 0.0  # --sleep-idle: not asked to sleep again before this after a refusal
     state_machine: StateMachine = field(default_factory=StateMachine)
+    device: int = 0  # the index of the host's device it lives on
 
     @property
     def state(self) -> State:
@@ -74,7 +90,7 @@ class SimModel:
         and its process's overhead awake or asleep."""
         charged = max(self.declared, self.measured)
         return host_plan.SlotFacts(
-            self.name, self.state, 0, charged, charged, self.last_used, self.busy, self.overhead
+            self.name, self.state, self.device, charged, charged, self.last_used, self.busy, self.overhead
         )
 
     def stats(self) -> dict[str, Any]:
@@ -89,7 +105,7 @@ class SimModel:
             memory=StatsMemory(gpu_reserved_bytes=self.measured if awake else 0),
             model=StatsModel(name=self.name, task=self.task, source=self.source),
             time=time.time(),
-        ).wire()
+        ).wire() | {"device": self.device}
 
 
 @dataclass(frozen=True)
@@ -108,10 +124,16 @@ class Eviction:
     newcomer_priority: int | None = None
 
     def wrong(self, also_evicted: frozenset[str] = frozenset()) -> str:
-        """Why this victim was the wrong one ('' when priority, then LRU, chose it); ``also_evicted``: the
-        other victims of the same room (made for the same newcomer), which are no better candidates."""
-        if self.newcomer_priority is not None and self.victim_priority > self.newcomer_priority:
-            return f"{self.victim} (priority {self.victim_priority}) made room for {self.newcomer} (lower)"
+        """Why this victim was the wrong one ('' when the rule chose it: only a lower priority than the
+        newcomer's is unloaded; a sleep, of any priority, takes the lowest priority then the least recently
+        used); ``also_evicted``: the other victims of the same room (made for the same newcomer), which are
+        no better candidates."""
+        lower = self.newcomer_priority is None or self.victim_priority < self.newcomer_priority
+        if self.action == "unload" and not lower:
+            return (
+                f"{self.victim} (priority {self.victim_priority}) unloaded for {self.newcomer} (priority "
+                f"{self.newcomer_priority}): only a lower priority is unloaded"
+            )
         better = [
             name
             for name, priority, used in self.candidates
@@ -154,15 +176,18 @@ class Audit:
             self.violations.append(f"{time.strftime('%H:%M:%S')} {pod}: {what}")
 
     def check(self, host: SimHost, what: str) -> None:
-        """After a transition on ``host`` (its lock held): the device and the host RAM within capacity."""
+        """After a transition on ``host`` (its lock held): each device and the host RAM within capacity."""
         facts = [m.facts() for m in host.models.values()]
-        # The awake weights and every loaded model's process overhead (host_plan.device_free's ledger).
-        used = host.device_memory - host_plan.device_free(0, host.device_memory, facts)
         parked = host_plan.host_used(facts)
         with self.lock:
             self.transitions += 1
-        if used > host.device_memory:
-            self.violation(host.pod, f"device over-committed after {what}: {used} > {host.device_memory}")
+        for device in range(host.devices):
+            # The awake weights and every loaded model's process overhead (host_plan.device_free's ledger).
+            used = host.device_memory - host_plan.device_free(device, host.device_memory, facts)
+            if used > host.device_memory:
+                self.violation(
+                    host.pod, f"device {device} over-committed after {what}: {used} > {host.device_memory}"
+                )
         if parked > host.host_memory:
             self.violation(
                 host.pod, f"host memory over-committed after {what}: {parked} > {host.host_memory}"
@@ -178,16 +203,21 @@ class Audit:
         declared = self.declared_of(model.name) if self.declared_of is not None else None
         if action == "unload" and declared is not None and declared != model.declared:
             return
-        # The other candidates: idle models the operator could have seen idle (its /stats is one scrape
-        # old: a model Ready for less than ``FRESH_S`` was still loading in its view).
+        # The other candidates: idle models the operator could have seen idle for long enough (its /stats
+        # is one scrape old: a model Ready or used for less than ``FRESH_S`` was not a candidate in its
+        # view) and that the host RAM could park.
         now = time.time()
+        facts = host._facts()
+        ram_free = host.host_memory - host_plan.host_used(facts)
         candidates = tuple(
             (m.name, self.priority_of(m.name), m.last_used)
             for m in host.models.values()
             if m is not model
+            and m.device == model.device  # room is made on one device: the others' models are no candidates
             and m.state in SLEEPABLE
             and not m.busy
-            and now - m.state_machine.since >= FRESH_S
+            and now - idle_since(m) >= FRESH_S
+            and m.facts().host_bytes <= ram_free
         )
         with self.lock:
             self.evictions.append(
@@ -257,8 +287,12 @@ class SimHost:
         load_s: float = 1.0,
         measured_factor: float = 1.0,
         overhead: int = 0,
+        devices: int = 1,
+        sleep_idle: bool = False,
     ) -> None:
         self.pod, self.device_memory, self.host_memory = pod, device_memory, host_memory
+        self.devices = devices  # each of device_memory (the host pod's --gpus; 1: a CPU or one-GPU host)
+        self.sleep_idle = sleep_idle  # --sleep-idle: an Idle model sleeps (idle_tick)
         self.overhead = overhead  # each model's process on the device, awake or asleep (--model-overhead)
         self.config = SimConfig(key)
         self.audit, self.load_s, self.measured_factor = audit, load_s, measured_factor
@@ -274,14 +308,16 @@ class SimHost:
         model.state_machine.to(state, why)
         self.audit.check(self, f"{model.name} -> {state.value}")
 
-    def _make_room(self, need: int, keep: SimModel | None) -> None:
-        chosen = host_plan.make_room(need, 0, self.device_memory, self.host_memory, self._facts(keep))
+    def _make_room(self, need: int, keep: SimModel | None, device: int = 0) -> None:
+        chosen = host_plan.make_room(need, device, self.device_memory, self.host_memory, self._facts(keep))
         if chosen is None:
-            used = self.device_memory - host_plan.device_free(0, self.device_memory, self._facts(keep))
-            self.audit.violation(self.pod, f"a load or wake of {need} bytes refused: {used} in use")
+            used = self.device_memory - host_plan.device_free(device, self.device_memory, self._facts(keep))
+            self.audit.violation(
+                self.pod, f"a load or wake of {need} bytes refused on device {device}: {used} in use"
+            )
             raise NoRoom(
-                f"{need} bytes do not fit on the device ({self.device_memory} bytes, {used} in use) even "
-                "with every idle model asleep"
+                f"{need} bytes do not fit on device {device} ({self.device_memory} bytes, {used} in use) "
+                "even with every idle model asleep"
             )
         if chosen:
             with self.audit.lock:
@@ -291,12 +327,13 @@ class SimHost:
 
     def load(self, name: str, body: bytes) -> SimModel:
         self.audit.call("load")
-        settings, declared = parse_load_body(body)
+        settings, declared, device = parse_load_body(body, self.devices)
         with self.lock:
             if name in self.models:
                 raise Conflict(f"model {name!r} is loaded already")
+            device = self._device(device)
             # Its process holds the overhead on the device from its start, asleep or awake (the host's rule).
-            self._make_room(declared + self.overhead, keep=None)
+            self._make_room(declared + self.overhead, keep=None, device=device)
             model = SimModel(
                 name,
                 declared,
@@ -304,6 +341,8 @@ class SimHost:
                 str(settings.get("model") or ""),
                 str(settings.get("task") or ""),
                 overhead=self.overhead,
+                device=device,
+                idle_after=float(settings.get("idle_after") or IDLE_AFTER_S),
             )
             self.models[name] = model
             self._to(model, State.LOADING, "loading")
@@ -354,16 +393,49 @@ class SimHost:
             model = self.slot_of(name)
             if model.state is State.SLEEPING:
                 # ``keep`` leaves it out of the ledger: its overhead, held asleep too, is asked back.
-                self._make_room(model.facts().device_bytes + model.overhead, keep=model)
+                self._make_room(model.facts().device_bytes + model.overhead, keep=model, device=model.device)
                 self._to(model, State.WAKING, "asked to wake")
                 self._to(model, State.READY, "")
         return model
+
+    def _device(self, named: int | None) -> int:
+        """The device a load goes on: the one its body names, else the roomiest (as the real host)."""
+        if named is not None:
+            return named
+        return host_plan.roomiest_device(self.devices, self.device_memory, self._facts())
 
     def touch(self, name: str, at: float | None = None) -> None:
         """A request served (the model's last use), as traffic would leave it."""
         with self.lock:
             if (model := self.models.get(name)) is not None:
                 model.last_used = at if at is not None else time.time()
+                self._served(model)
+
+    def _served(self, model: SimModel) -> None:
+        """An Idle model that served a request is Ready again (Idle -> Processing -> Ready, as the
+        dataplane moves it), its idle time counted afresh."""
+        if model.state is State.IDLE:
+            self._to(model, State.PROCESSING, "")
+            self._to(model, State.READY, "")
+
+    def idle_tick(self, now: float | None = None) -> list[str]:
+        """The host's idle rule at ``now``: a Ready model quiet for its ``idle_after`` turns Idle (the
+        dataplane's ``watch_idle``: ``turns_idle``); with ``--sleep-idle`` an Idle one then sleeps unless
+        ``host_plan.sleep_refusal`` says why not (asked again after ``RETRY_SLEEP_S``), as
+        ``HostSupervisor._sleep_idle`` does. The host's own sleeps are no evictions. Returns those slept."""
+        now = time.time() if now is None else now
+        slept = []
+        with self.lock:
+            for model in list(self.models.values()):
+                if model.state is State.READY and turns_idle(model, now):
+                    self._to(model, State.IDLE, "idle")
+                if model.state is State.IDLE and self.sleep_idle and now >= model.retry_sleep_at:
+                    if host_plan.sleep_refusal(model.facts(), self.host_memory, self._facts()):
+                        model.retry_sleep_at = now + RETRY_SLEEP_S
+                        continue
+                    self._to(model, State.SLEEPING, "idle")
+                    slept.append(model.name)
+        return slept
 
     def slot_of(self, name: str) -> SimModel:
         model = self.models.get(name)
@@ -374,7 +446,7 @@ class SimHost:
     def index(self) -> list[dict[str, Any]]:
         with self.lock:
             return [
-                {"name": m.name, "state": m.state.value, "reason": m.state_machine.reason, "device": 0,
+                {"name": m.name, "state": m.state.value, "reason": m.state_machine.reason, "device": m.device,
                  "bytes": m.facts().device_bytes, "pid": 0}
                 for m in self.models.values()
             ]  # fmt: skip
@@ -382,18 +454,22 @@ class SimHost:
     def stats(self) -> dict[str, Any]:
         with self.lock:
             facts = self._facts()
-            device = {  # as HostSupervisor.stats
-                "index": 0, "device": "cuda:0", "capacity": self.device_memory,
-                "awake": host_plan.device_used(0, facts), "asleep": host_plan.host_used(facts),
-                "overhead": host_plan.device_overhead(0, facts), "model_overhead": self.overhead,
-                "free": host_plan.device_free(0, self.device_memory, facts),
-            }  # fmt: skip
+            devices = [  # as HostSupervisor.stats
+                host_plan.device_report(i, f"cuda:{i}", self.device_memory, self.overhead, facts)
+                for i in range(self.devices)
+            ]
             models = {m.name: m.stats() for m in self.models.values()}
-        return {"host": {"failed": None, "devices": [device]}, "models": models}
+        return {"host": {"failed": None, "devices": devices}, "models": models}
 
     def states(self) -> dict[str, str]:
         with self.lock:
             return {m.name: m.state.value for m in self.models.values()}
+
+
+def gpus(args: list[str]) -> int:
+    """The devices of a host pod, read as the host reads its flags: ``--gpus`` (the operator writes the
+    ModelHost's ``gpusPerHost`` there), else one (a CPU host, or the one GPU)."""
+    return int(args[args.index("--gpus") + 1]) if "--gpus" in args else 1
 
 
 def model_overhead(args: list[str]) -> int:
@@ -404,6 +480,21 @@ def model_overhead(args: list[str]) -> int:
         return int(args[args.index("--model-overhead") + 1])
     device = args[args.index("--device") + 1] if "--device" in args else "auto"
     return default_model_overhead(gpu=device != "cpu")
+
+
+def idle_since(model: SimModel) -> float:
+    """Since when the model has had nothing to do, as the operator's ledger counts it
+    (``placement.ledger.Resident.idle_since``): its last request, or its entering Ready if later."""
+    if model.state is State.IDLE:
+        return model.last_used
+    return max(model.last_used, model.state_machine.since)
+
+
+def turns_idle(model: SimModel, now: float) -> bool:
+    """Ready -> Idle (``engine.dataplane.watch_idle``): nothing in hand and quiet for ``idle_after``, the
+    quiet counted from the later of its last request and its entering Ready."""
+    quiet = min(now - model.last_used, now - model.state_machine.since)
+    return model.state is State.READY and not model.busy and quiet >= model.idle_after
 
 
 class HostSim:
@@ -449,6 +540,7 @@ class HostSim:
             try:
                 pods = self._kubectl("get", "pods", "-n", self.namespace, "-l", LABEL_HOST)["items"]
                 self.sync(pods)
+                self.idle_tick()
             except Exception as exc:  # a slow API server: the next poll tries again
                 self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
 
@@ -480,6 +572,8 @@ class HostSim:
             load_s=self.load_s,
             measured_factor=self.measured_factor,
             overhead=model_overhead(args),
+            devices=gpus(args),
+            sleep_idle="--sleep-idle" in args,
         )
         # The real probe-port server, over the simulated host (it calls only what SimHost answers).
         server = HostControlServer((ip, self.probe_port), cast(HostSupervisor, sim))
@@ -506,6 +600,11 @@ class HostSim:
         for sim in list(self.hosts.values()):
             sim.touch(model)
 
+    def idle_tick(self) -> None:
+        """Each host's idle rule (``SimHost.idle_tick``)."""
+        for sim in list(self.hosts.values()):
+            sim.idle_tick()
+
     def converged(self, wanted: Mapping[str, tuple[int, int, int]], quiet_s: float = 3.0) -> bool:
         """Settled: no control call for ``quiet_s``, no model loading, no model of a pool not in
         ``wanted`` (pool -> (replicas, declared bytes, priority)), no pool on more host pods than its
@@ -527,8 +626,10 @@ class HostSim:
         }
 
     def wrongly_short(self, wanted: Mapping[str, tuple[int, int, int]]) -> list[str]:
-        """The short pools for which some host pod not holding them has room once its idle models of no
-        higher priority are asleep (the operator should have made it), and its host RAM parks them."""
+        """The short pools for which some host pod not holding them has room by the operator's rule: its
+        idle models of any priority asleep where its host RAM parks them (the lowest priority, then the
+        least recently used, first), those of a lower priority that it cannot park unloaded, and then its
+        sleeping models of a lower priority unloaded for their processes' overhead."""
         wrong = []
         for pool in self.short(wanted):
             _, declared, priority = wanted[pool]
@@ -536,23 +637,44 @@ class HostSim:
                 with sim.lock:
                     if pool in sim.models:
                         continue
-                    facts = sim._facts()
-                    free = host_plan.device_free(0, sim.device_memory, facts)
-                    host_free = sim.host_memory - host_plan.host_used(facts)
                     need = declared + sim.overhead  # its weights and its process's overhead
-                    for f in sorted(facts, key=lambda f: (self.audit.priority_of(f.name), f.last_used)):
-                        if free >= need:
-                            break
-                        sleepable = f.state in SLEEPABLE and not f.busy
-                        if (
-                            sleepable
-                            and self.audit.priority_of(f.name) <= priority
-                            and f.host_bytes <= host_free
-                        ):
-                            free, host_free = free + f.device_bytes, host_free - f.host_bytes
-                    if free >= need:
-                        wrong.append(f"{pool} ({declared} bytes, priority {priority}) fits on {pod}")
+                    fits = [d for d in range(sim.devices) if self._room_for(sim, d, need, priority)]
+                if fits:
+                    where = pod if sim.devices == 1 else f"{pod} device {fits[0]}"
+                    wrong.append(f"{pool} ({declared} bytes, priority {priority}) fits on {where}")
         return wrong
 
+    def _room_for(self, sim: SimHost, device: int, need: int, priority: int) -> bool:
+        """``need`` bytes (a model's weights and its process's overhead) fit on ``device`` of ``sim`` once
+        room is made there for a newcomer of ``priority`` (its lock held)."""
+        facts = sim._facts()
+        free = host_plan.device_free(device, sim.device_memory, facts)
+        host_free = sim.host_memory - host_plan.host_used(facts)
+        here = [f for f in facts if f.device == device]  # room is made on one device
+        rank = {f.name: (self.audit.priority_of(f.name), f.last_used, f.name) for f in here}
+        for f in sorted((f for f in here if f.state in SLEEPABLE and not f.busy), key=lambda f: rank[f.name]):
+            if free >= need:
+                return True
+            if f.host_bytes <= host_free:
+                free, host_free = free + f.device_bytes, host_free - f.host_bytes
+            elif rank[f.name][0] < priority:
+                free += f.device_bytes + f.overhead
+        for f in sorted((f for f in here if f.state is State.SLEEPING), key=lambda f: rank[f.name]):
+            if free >= need:
+                return True
+            if rank[f.name][0] < priority:
+                free += f.overhead
+        return free >= need
 
-__all__ = ["Audit", "Eviction", "HostSim", "SimHost", "SimModel", "model_overhead"]
+
+__all__ = [
+    "Audit",
+    "Eviction",
+    "HostSim",
+    "SimHost",
+    "SimModel",
+    "gpus",
+    "idle_since",
+    "model_overhead",
+    "turns_idle",
+]

@@ -6,11 +6,13 @@ revision's to compare with in one run), its output in a log file, and returns a 
 ``ServerProcess.wait(path)`` waits, bounded, until a route answers 200 and fails with the log if the
 process exits first; ``stop()`` sends SIGTERM, waits, and kills as a last resort.  The server tests'
 ``start_server`` (tests/server/conftest.py) and the benchmarks' ``minilm_server`` (bench/server_process.py)
-are this with their own flags and environment.
+are this with their own flags and environment.  ``HostControl`` is a shared host's control API (its probe
+port), as the host tests and ``bench.density`` call it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -172,4 +174,31 @@ def launch(
     )
 
 
-__all__ = ["ServerProcess", "launch"]
+class HostControl:
+    """A shared host's control API on its probe port (``--shared-host``): a model's load, unload, sleep
+    and wake, the index of its models and ``/stats``."""
+
+    def __init__(self, control: str, timeout: float = 120.0) -> None:
+        self.control = control.rstrip("/")
+        self.timeout = timeout
+
+    def call(self, name: str, action: str, config: Mapping[str, Any] | None = None) -> httpx.Response:
+        """POST ``/v2/repository/models/{name}/{action}`` (``config``: a load's settings); the answer."""
+        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
+        url = f"{self.control}/v2/repository/models/{name}/{action}"
+        return httpx.post(url, json=body, timeout=self.timeout)
+
+    def index(self) -> dict[str, dict[str, Any]]:
+        """Each loaded model's entry (state, reason, device, bytes, pid) by name."""
+        entries = httpx.post(f"{self.control}/v2/repository/index", timeout=30).json()
+        return {e["name"]: e for e in entries}
+
+    def states(self) -> dict[str, str]:
+        return {name: str(entry["state"]) for name, entry in self.index().items()}
+
+    def stats(self) -> dict[str, Any]:
+        doc: dict[str, Any] = httpx.get(f"{self.control}/stats", timeout=30).json()
+        return doc
+
+
+__all__ = ["HostControl", "ServerProcess", "launch"]

@@ -11,6 +11,7 @@ from bench.soak.auditor import (
     converged,
     eviction_begins,
     eviction_fault,
+    lost_events,
     request_outcome,
 )
 from bench.soak.clients import Sent
@@ -204,3 +205,14 @@ def test_the_auditor_fails_an_eviction_recorded_in_processing_or_unrecorded() ->
         ("eviction", "pod c MODIFIED"),
     ]
     assert auditor.noted == {"evictions judged, recorded state Ready": 1}
+
+
+def test_an_event_the_api_server_refused_is_counted_lost() -> None:
+    """The 30-minute soak's operator log held 31 of these (an Event message over 1024 bytes)."""
+    log = (
+        "[2026-11-27 19:09:12,532] kopf._core.engines.p [WARNING ] Failed to post an event. Ignoring and "
+        'continuing. Code: 422. Message: Event "kopf-event-gbbch" is invalid\n'
+        "[2026-11-27 19:09:12,600] kopf.objects [INFO    ] Handler 'pool_changed' succeeded.\n"
+    )
+    assert len(lost_events(log)) == 1
+    assert lost_events("[x] kopf.objects [INFO    ] Handler 'pool_changed' succeeded.") == []

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from bench.soak import schedule as sched
-from bench.soak.auditor import Auditor, converged, rss_grew
+from bench.soak.auditor import Auditor, converged, lost_events, rss_grew
 from bench.soak.clients import Clients
 from bench.soak.faults import FaultLog, apply_fault
 from bench.soak.report import SoakResult, table, write_readme
@@ -136,6 +136,7 @@ def _soak(rig: Rig, faults: list[sched.Fault], minutes: float, command: str) -> 
             auditor.violate("request", f"{sent.client} -> {sent.pool}: still in flight at the end", "the end")
         rss.stop()
         _judge_rss(auditor, rss)
+        _judge_events(auditor, rig.workdir / "operator.log")
     finally:
         rig.stop()
         print(auditor.stop())
@@ -177,6 +178,15 @@ def _judge_rss(auditor: Auditor, rss: RssSampler) -> None:
     for role, (first, last, *_) in rss.summary().items():
         if rss_grew(first, last):
             auditor.violate("rss", f"{role} RSS {first / 2**20:.0f} -> {last / 2**20:.0f} MiB", "the end")
+
+
+def _judge_events(auditor: Auditor, log: Path) -> None:
+    """Nothing lost: an Event the API server refused (Kopf logs it and drops it) is a violation."""
+    lost = lost_events(log.read_text(errors="replace")) if log.exists() else []
+    if lost:
+        auditor.violate(
+            "event", f"{len(lost)} Event(s) refused by the API server, the first: {lost[0][:300]}", "log"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

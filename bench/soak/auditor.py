@@ -188,6 +188,15 @@ def rss_grew(start: int, end: int) -> bool:
 
 
 # ---- the watches --------------------------------------------------------------------------------------
+#: What Kopf logs when the API server refused one of the operator's Events (it is dropped, not retried).
+LOST_EVENT = "Failed to post an event"
+
+
+def lost_events(log: str) -> list[str]:
+    """The operator log's lines telling of an Event the API server refused: each is one Event lost."""
+    return [line for line in log.splitlines() if LOST_EVENT in line]
+
+
 def object_watch(kubeconfig: Path, auditor: Auditor, plural: str) -> ListWatch:
     """List, then watch, a modelpool.dev resource (``plural``), every object to the auditor (a fresh list
     after any failure, so a control-plane restart loses nothing)."""

@@ -103,10 +103,16 @@ class Endpoint:
 class InferenceProcess:
     """The model, its queue and the channels to the HTTP processes."""
 
-    def __init__(self, config: ServerConfig, view: WorkerView, threads: ThreadPlan | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        view: WorkerView,
+        threads: ThreadPlan | None = None,
+        metrics_model: str | None = None,
+    ) -> None:
         self.config = config
         self.view = view
-        self.metrics = Metrics()
+        self.metrics = Metrics(model=metrics_model)  # a shared host's model: its counters carry its name
         self.state_machine = StateMachine(on_change=self._on_state, store=view.state_store())
         self.threads = threads or ThreadPlan(None, "default")
         self.worker = Worker(
@@ -198,10 +204,11 @@ class InferenceProcess:
         while True:
             self._publish_load()
             self._publish_sleep()
-            allocated, reserved = gpu_memory()
+            # The model's own device (cuda:<i> on a host of several GPUs): this thread's current one is 0.
+            allocated, reserved = gpu_memory(self.worker.device)
             self.view.set(Field.GPU_ALLOCATED, allocated)
             self.view.set(Field.GPU_RESERVED, reserved)
-            peak = gpu_peak_reserved()
+            peak = gpu_peak_reserved(self.worker.device)
             self.view.set(Field.GPU_PEAK_RESERVED, float("nan") if peak is None else peak)
             await asyncio.sleep(PUBLISH_EVERY_S)
 
@@ -304,13 +311,21 @@ def run_loop(main: Coroutine[Any, Any, int]) -> int:
     return uvloop.run(main)
 
 
-def main(config: ServerConfig, view: WorkerView, sockets: list[socket.socket], control: Connection) -> None:
-    """The process's entry point (the supervisor's spawn target)."""
+def main(
+    config: ServerConfig,
+    view: WorkerView,
+    sockets: list[socket.socket],
+    control: Connection,
+    metrics_model: str | None = None,
+) -> None:
+    """The process's entry point (the supervisor's spawn target; a shared host's names the model its
+    metrics are labelled with)."""
     from model_server.main import exit_now
 
     set_up("inference", config.log_level)
     threads = size_threads(config.intra_op_threads, config.cpu_share_millicores)  # before torch's import
-    exit_now(run_loop(InferenceProcess(config, view, threads).serve(sockets, control)))
+    process = InferenceProcess(config, view, threads, metrics_model=metrics_model)
+    exit_now(run_loop(process.serve(sockets, control)))
 
 
 __all__ = ["Endpoint", "InferenceProcess", "drain_timed_out", "main"]

@@ -26,6 +26,7 @@ import contextlib
 import gc
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -91,6 +92,22 @@ def resolve_device(device: str) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cuda_index(device: str) -> int | None:
+    """Pure: the GPU index ``device`` names (``cuda:1`` -> 1), None for ``cpu``, ``cuda`` and ``auto``."""
+    match = re.fullmatch(r"cuda:(\d+)", device)
+    return int(match.group(1)) if match else None
+
+
+def use_device(device: str) -> None:
+    """Make ``cuda:<i>`` the current CUDA device of the calling thread (a model on GPU i of a host of
+    several): what a library puts on plain ``cuda`` and the CUDA context go there, not to GPU 0."""
+    index = cuda_index(device)
+    if index is not None:
+        import torch
+
+        torch.cuda.set_device(index)
 
 
 class Worker:
@@ -178,6 +195,7 @@ class Worker:
         self.task_cls = cls
         self.load_progress = 0.2
         self.device = resolve_device(self.config.device)
+        use_device(self.device)
         task = cls()
         task.load(
             LoadOptions(

@@ -64,7 +64,7 @@ class HostRouter:
     # ---- models come and go ---------------------------------------------------------------------------
 
     async def load(self, slot: int, config: ServerConfig, sock: socket.socket) -> None:
-        server = ModelServer(config, self.views[slot], self.index)
+        server = ModelServer(config, self.views[slot], self.index, metrics_model=config.served_name)
         await ipc.connect(sock, server.inference.channel())
         self.models[config.served_name] = (slot, server, build_app(server))
         view = self.views[slot]

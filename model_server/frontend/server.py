@@ -22,11 +22,18 @@ from model_server.worker_view import WorkerView, http_row
 class ModelServer:
     """One HTTP process's view of the worker."""
 
-    def __init__(self, config: ServerConfig, view: WorkerView | None = None, index: int = 0) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        view: WorkerView | None = None,
+        index: int = 0,
+        metrics_model: str | None = None,
+    ) -> None:
+        """``metrics_model``: the ``model`` label of its counters (a shared host's model; see ``Metrics``)."""
         self.config = config
         self.view = view if view is not None else WorkerView(config.queue_capacity, http_processes=1)
         self.state_machine = StateMachine(store=self.view.state_store())
-        self.metrics = Metrics()
+        self.metrics = Metrics(model=metrics_model)
         self.gauges = WorkerGauges(self.view, self.state_machine)
         self.inference = InferenceClient(config, self.view, self.state_machine, self.metrics, http_row(index))
 

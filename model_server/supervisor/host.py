@@ -17,9 +17,12 @@ process's exit 4) fails the host: every model Failed, exit 4.  An HTTP process t
 
 The control API (``host_control``, on the probe port) calls ``load``, ``unload``, ``sleep`` and ``wake``
 from its threads; a request for a sleeping model (an HTTP process sets ``Field.WAKE_WANTED`` in its slot)
-is woken by the watch loop.  Before a load or a wake, the least recently used idle models of the device
-are put to sleep when its ledger (``--device-memory``; each loaded model is charged its weights while awake
-and its process's ``--model-overhead`` awake or asleep) is short (``host_plan.make_room``); a request's
+is woken by the watch loop.  A host has one device or several (``--gpus``: a ledger each, of
+``--device-memory``); a load goes on the device its body names (the operator's choice; else the one with
+the most room), and its inference process runs there (``cuda:<i>``).  Before a load or a wake, the least
+recently used idle models of THAT device are put to sleep when its ledger (each loaded model is charged its
+weights while awake and its process's ``--model-overhead`` awake or asleep) is short
+(``host_plan.make_room``); a request's
 wake that finds no room (those models have work in hand) is tried again while the request waits, and a
 model woken for a request counts as busy until that request is admitted (never put back to sleep first).
 """
@@ -27,10 +30,13 @@ model woken for a request counts as busy until that request is admitted (never p
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
+import os
 import queue
 import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +48,7 @@ from model_server import host_plan, process_setup, worker_stats
 from model_server.config import ServerConfig
 from model_server.errors import ModelNotFound, ServerError, SleepRefused
 from model_server.host_config import HostConfig, parse_load_body, slot_config
+from model_server.metrics import MULTIPROC_ENV, WorkerGauges, render_host
 from model_server.state_machine import SERVING, State, StateMachine
 from model_server.supervisor.supervisor import STOP_SIGNALS, Child, describe_exit
 from model_server.worker_view import INFERENCE_ROW, SPAWN, Column, Field, WorkerView
@@ -90,6 +97,7 @@ class Slot:
     view: WorkerView
     config: ServerConfig | None = None
     memory: int = 0  # the declared bytes (charged until the model's own measure is known)
+    device: int = 0  # the index of the host's device it lives on
     overhead: int = 0  # its process's charge on the device, awake or asleep (--model-overhead)
     child: Child | None = None
     leaving: bool = False  # an unload is under way: its process's exit is expected
@@ -118,7 +126,7 @@ class Slot:
         return host_plan.SlotFacts(
             name=self.name or "",
             state=self.state_machine.state,
-            device=0,
+            device=self.device,
             device_bytes=max(self.memory, measured),
             host_bytes=parked or max(self.memory, measured),
             last_used=max(last_request, view.get(Field.WAKE_WANTED), self.woken_for),
@@ -137,6 +145,8 @@ class HostSupervisor:
 
     def __init__(self, config: HostConfig) -> None:
         self.config = config
+        # Each device's ``--device`` for its models, by index (one on a CPU host or a one-GPU host).
+        self.devices = config.device_names()
         self.slots = [
             Slot(i, WorkerView(config.queue_capacity, config.http_processes))
             for i in range(config.max_models)
@@ -146,10 +156,14 @@ class HostSupervisor:
         self.failed = ""  # the host's failure, once it has failed
         self._signals: list[int] = []
         self._main_work: queue.Queue[tuple[Callable[[], None], threading.Event]] = queue.Queue()
+        # Every process keeps its counters here (each series labelled with its model); /metrics adds
+        # them up.  Under TMPDIR: the pod's tmp volume, the root filesystem being read-only.
+        self.metrics_dir = tempfile.mkdtemp(prefix="modelpool-metrics-")
 
     # ---- start ----------------------------------------------------------------------------------------
 
     def start(self, listeners: list[socket.socket]) -> None:
+        os.environ[MULTIPROC_ENV] = self.metrics_dir  # inherited by every process the host starts
         for index, listener in enumerate(listeners):
             mine, theirs = SPAWN.Pipe(duplex=True)  # a unix socket: socket ends can be handed over it
             process = SPAWN.Process(
@@ -173,19 +187,23 @@ class HostSupervisor:
         return slot
 
     def load(self, name: str, body: bytes) -> Slot:
-        """Load a model into a free slot (after making room on the device); wait until it serves or fails."""
-        settings, memory = parse_load_body(body)
+        """Load a model into a free slot on its device (after making room there); wait until it serves or
+        fails."""
+        settings, memory, device = parse_load_body(body, len(self.devices))
         with self.lock:
             if any(s.name == name for s in self.slots):
                 raise Conflict(f"model {name!r} is loaded already")
             slot = next((s for s in self.slots if s.config is None), None)
             if slot is None:
                 raise Conflict(f"the host holds {self.config.max_models} models (--max-models)")
-            config = slot_config(self.config, name, settings, slot.index)
+            if device is None:
+                loaded = [s.facts() for s in self.slots if s.config is not None]
+                device = host_plan.roomiest_device(len(self.devices), self.config.device_memory, loaded)
+            config = slot_config(self.config, name, settings, slot.index, self.devices[device])
             # Its process will hold the overhead on the device from its start, asleep or awake.
-            self._make_room(memory + self.config.overhead, keep=None)
+            self._make_room(memory + self.config.overhead, device, keep=None)
             slot.view.reset()
-            slot.config, slot.memory, slot.leaving = config, memory, False
+            slot.config, slot.memory, slot.leaving, slot.device = config, memory, False, device
             slot.overhead = self.config.overhead
             slot.woken_for = slot.on_its_way_until = 0.0
             self._in_main_thread(lambda: self._start_slot(slot))
@@ -232,6 +250,7 @@ class HostSupervisor:
         process = SPAWN.Process(
             target=process_setup.start,
             args=("model_server.engine.inference_process", slot.config, slot.view, ends, control_r),
+            kwargs={"metrics_model": slot.config.served_name if slot.config else None},
             name=f"inference-{slot.name}",
         )
         process.start()
@@ -256,6 +275,8 @@ class HostSupervisor:
             for http in self.http:
                 http.tell(("unload", slot.index))
             slot.config, slot.child, slot.memory, slot.overhead = None, None, 0, 0
+        if child is not None and child.process.pid is not None:
+            forget_process_metrics(self.metrics_dir, child.process.pid)
 
     def sleep(self, name: str) -> Slot:
         with self.lock:
@@ -292,20 +313,21 @@ class HostSupervisor:
         if slot.state_machine.state is not State.SLEEPING:
             return
         # ``keep`` leaves the model out of the ledger: its overhead, which it holds asleep too, is asked back.
-        self._make_room(slot.facts().device_bytes + slot.overhead, keep=slot)
+        self._make_room(slot.facts().device_bytes + slot.overhead, slot.device, keep=slot)
         assert slot.child is not None
         slot.child.tell("wake")
         _wait_until(lambda: slot.state_machine.state in SERVING | {State.FAILED}, SLEEP_WAIT_S)
 
-    def _make_room(self, need: int, keep: Slot | None) -> None:
-        """Put the least recently used idle models of the device to sleep until ``need`` bytes fit."""
+    def _make_room(self, need: int, device: int, keep: Slot | None) -> None:
+        """Put the least recently used idle models of ``device`` to sleep until ``need`` bytes fit there."""
         facts = [s.facts() for s in self.slots if s.config is not None and s is not keep]
-        chosen = host_plan.make_room(need, 0, self.config.device_memory, self.config.host_memory, facts)
+        chosen = host_plan.make_room(need, device, self.config.device_memory, self.config.host_memory, facts)
         if chosen is None:
             raise NoRoom(
-                f"{need} bytes do not fit on the device ({self.config.device_memory} bytes, "
-                f"{host_plan.device_used(0, facts)} in use awake, {host_plan.device_overhead(0, facts)} held "
-                "by the models' processes) even with every idle model asleep"
+                f"{need} bytes do not fit on device {device} ({self.config.device_memory} bytes, "
+                f"{host_plan.device_used(device, facts)} in use awake, "
+                f"{host_plan.device_overhead(device, facts)} held by the models' processes) even with every "
+                "idle model there asleep"
             )
         for name in chosen:
             log.info("making room: %s goes to sleep", name)
@@ -320,7 +342,7 @@ class HostSupervisor:
                     "name": s.name,
                     "state": s.state_machine.state.value,
                     "reason": s.state_machine.reason,
-                    "device": 0,
+                    "device": s.device,
                     "bytes": s.facts().device_bytes,
                     "pid": int(s.view.get_row(INFERENCE_ROW, Column.PID)),
                 }
@@ -328,26 +350,31 @@ class HostSupervisor:
                 if s.config is not None
             ]
 
+    def metrics(self) -> bytes:
+        """``/metrics``: every process's counters, each model's gauges (labelled ``model``), the devices."""
+        with self.lock:
+            gauges = [
+                WorkerGauges(s.view, s.state_machine, model=s.config.served_name)
+                for s in self.slots
+                if s.config is not None
+            ]
+        return render_host(gauges, self.stats()["host"]["devices"], self.metrics_dir)
+
     def stats(self) -> dict[str, Any]:
         with self.lock:
             loaded = [s for s in self.slots if s.config is not None]
             facts = [s.facts() for s in loaded]
-            device = {
-                "index": 0,
-                "device": self.config.device,
-                "capacity": self.config.device_memory,
-                "awake": host_plan.device_used(0, facts),
-                "asleep": host_plan.host_used(facts),
-                "overhead": host_plan.device_overhead(0, facts),
-                "model_overhead": self.config.overhead,
-                "free": host_plan.device_free(0, self.config.device_memory, facts),
-            }
+            devices = [
+                host_plan.device_report(i, name, self.config.device_memory, self.config.overhead, facts)
+                for i, name in enumerate(self.devices)
+            ]
+            # Each model's document is a worker's /stats, and the index of the device it lives on.
             models = {
-                s.name: worker_stats.stats(s.config, s.view, s.state_machine)
+                s.name: {**worker_stats.stats(s.config, s.view, s.state_machine), "device": s.device}
                 for s in loaded
                 if s.config is not None and s.name is not None
             }
-        return {"host": {"failed": self.failed or None, "devices": [device]}, "models": models}
+        return {"host": {"failed": self.failed or None, "devices": devices}, "models": models}
 
     # ---- watch ----------------------------------------------------------------------------------------
 
@@ -512,6 +539,14 @@ class HostSupervisor:
                 child.process.kill()
                 child.process.join(KILL_TIMEOUT_S)
         return code
+
+
+def forget_process_metrics(directory: str, pid: int) -> None:
+    """Drop the metric files of an unloaded model's ended process: its series leave ``/metrics`` (its
+    requests' counters stay in the HTTP processes' files), and files of ended processes do not pile up."""
+    for path in glob.glob(os.path.join(directory, f"*_{pid}.db")):
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:

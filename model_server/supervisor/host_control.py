@@ -3,16 +3,18 @@
     GET  /v2/health/live, /v2/health/ready      200 while the host has not failed (ready: its HTTP
                                                 processes are up)
     GET  /stats                                 {"host": {"devices": [...]}, "models": {name: WorkerStats}}
+    GET  /metrics                               Prometheus text: every model's series (label ``model``)
+                                                and the devices' memory
     POST /v2/repository/index                   [{"name", "state", "reason", "device", "bytes"}]
     POST /v2/repository/models/{name}/load      {"parameters": {"config": "<json: source, task, memory>"}}
     POST /v2/repository/models/{name}/unload
     POST /v2/repository/models/{name}/sleep     (extension) park its weights, return its device memory
     POST /v2/repository/models/{name}/wake      (extension) bring them back (making room first)
 
-With ``--control-key-file``, every POST must carry ``Authorization: Bearer <key>`` (else 401); health and
-``/stats`` stay open, as on a dedicated worker's probe port.  Errors are ``{"error": "..."}`` with the
-status of the ``ServerError`` (400 a bad load body, 404 an unknown model, 409 loaded already or a refused
-sleep, 507 no room on the device).  A stdlib
+With ``--control-key-file``, every POST must carry ``Authorization: Bearer <key>`` (else 401); health,
+``/stats`` and ``/metrics`` stay open, as on a dedicated worker's probe port.  Errors are
+``{"error": "..."}`` with the status of the ``ServerError`` (400 a bad load body, 404 an unknown model,
+409 loaded already or a refused sleep, 507 no room on the device).  A stdlib
 ``ThreadingHTTPServer`` in a thread of the host's supervisor (which imports no web stack); each call
 runs on its own thread, and the supervisor's lock orders them.
 """
@@ -23,15 +25,18 @@ import hmac
 import json
 import logging
 import re
+import shutil
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST
+
 from model_server.errors import InvalidInput, ServerError
 from model_server.host_config import HostConfig, LoadError
 from model_server.supervisor.host import HostSupervisor
-from modelpool_contract.stats import LIVE_PATH, READY_PATH, STATS_PATH
+from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
 
 log = logging.getLogger("modelpool.host")
 
@@ -97,12 +102,16 @@ class _Handler(BaseHTTPRequestHandler):
             status, document = 401, {"error": "the control API needs its key (Authorization: Bearer)"}
         elif length > MAX_CONTROL_BODY:
             status, document = 413, {"error": "control body too large"}
+        elif method == "GET" and self.path.split("?", 1)[0] == METRICS_PATH:
+            return self._send(200, self.server.host.metrics(), CONTENT_TYPE_LATEST)
         else:
             body = self.rfile.read(length) if length else b""
             status, document = control(self.server.host, method, self.path.split("?", 1)[0], body)
-        payload = json.dumps(document).encode()
+        self._send(status, json.dumps(document).encode(), "application/json")
+
+    def _send(self, status: int, payload: bytes, content_type: str) -> None:
         self.send_response(status, HTTPStatus(status).phrase)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
@@ -165,6 +174,7 @@ def run_host(config: HostConfig) -> int:
         control_server.server_close()
         for slot in host.slots:
             slot.view.unlink()
+        shutil.rmtree(host.metrics_dir, ignore_errors=True)
 
 
 __all__ = ["INDEX_PATH", "HostControlServer", "authorized", "control", "run_host"]

@@ -199,6 +199,9 @@ class HostRun:
     # The loads in flight, by (host pod, pool): each a task of its own (a load lasts until the model
     # serves); the pass after one ends sees its outcome in the host's /stats.
     loading: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
+    # The device index each load in flight (or landed) named, by (host pod, pool): its Pending charge goes
+    # there until the host's /stats lists the model on it.
+    devices: dict[tuple[str, str], int] = field(default_factory=dict)
     # The load settings each model was last loaded with, by (host pod, pool): a pool whose settings
     # changed is unloaded, then loaded again (after a restart only a change of the source or task is
     # seen, in what the host reports).
@@ -213,6 +216,9 @@ class HostRun:
     annotated: dict[str, tuple[str, Any]] = field(default_factory=dict)
     # Why no control call can be made (the key is unreadable), as last told.
     no_control: str | None = None
+    # The last placing's ``retry_in``: the daemon's next pass comes no later (a model turning old
+    # enough to sleep for a pool left short).
+    retry_in: float | None = None
 
 
 @dataclass

@@ -26,7 +26,6 @@ from modelpool_contract.api import (
     MODELBUDGET_KIND,
     MODELBUDGET_PLURAL,
     MODELHOST_KIND,
-    MODELHOST_MAX_GPUS_PER_HOST,
     MODELHOST_NAME_MAX_LENGTH,
     MODELHOST_PLURAL,
     MODELPOOL_KIND,
@@ -35,7 +34,6 @@ from modelpool_contract.api import (
     MSG_CACHE_PATH,
     MSG_DEVICE_MEMORY_POSITIVE,
     MSG_DEVICE_MEMORY_REQUIRED,
-    MSG_HOST_GPUS,
     MSG_HOST_NAME_LENGTH,
     MSG_KV_CACHE_TARGET,
     MSG_MIN_LE_REPLICAS,
@@ -432,15 +430,6 @@ HOST_NAME_RULE = {
     "message": MSG_HOST_NAME_LENGTH,
 }
 
-#: A host pod serves one device (``MODELHOST_MAX_GPUS_PER_HOST``): more GPUs per pod would sit unused.
-HOST_GPUS_RULE = {
-    "rule": (
-        "!has(self.spec) || !has(self.spec.gpusPerHost) || "
-        f"self.spec.gpusPerHost <= {MODELHOST_MAX_GPUS_PER_HOST}"
-    ),
-    "message": MSG_HOST_GPUS,
-}
-
 
 def modelhost_crd() -> dict[str, Any]:
     """The ModelHost CRD (namespaced)."""
@@ -509,7 +498,7 @@ def modelhost_crd() -> dict[str, Any]:
             },
         ],
         scale=True,
-        rules=[HOST_NAME_RULE, HOST_GPUS_RULE],
+        rules=[HOST_NAME_RULE],
     )
 
 

@@ -441,6 +441,8 @@ async def host_daemon(
                     budgets=budgets,
                 )
                 delay = services.config.resync_interval_seconds
+                if run.retry_in is not None:  # a model may make room sooner than a resync
+                    delay = min(delay, max(run.retry_in, _COALESCE_S))
             except asyncio.CancelledError:
                 raise
             except Exception:  # one bad pass must not kill the daemon; retry shortly
@@ -453,6 +455,7 @@ async def host_daemon(
         for load in run.loading.values():  # a load in flight: the host finishes it, its next pass sees it
             load.cancel()
         book.forget(charge_key)
+        services.metrics.host_gone(*run.key)
         book.poke_waiting()  # its pods' memory is (about to be) free
 
 

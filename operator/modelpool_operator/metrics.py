@@ -12,9 +12,14 @@ Names (all prefixed ``modelpool_operator_``; docs/operator.md has example querie
   ``worker_failures_total{reason}`` (OOMKilled, LoadFailed, ...; an unknown reason counts as Other).
 * ``api_errors_total{operation,code}``: the operator's own API requests that failed (code: the HTTP
   status, or ``error`` when no answer came).
+* ``host_memory_bytes{namespace,modelhost,pod,device,kind}`` (capacity, awake, asleep, overhead, free): each
+  shared host pod's devices as the ModelHost's last status counted them (a host pod gone, its series too),
+  and ``host_models{namespace,modelhost,state}``: the models on a ModelHost's pods by state.
+* ``placement_calls_total{action,result}`` (load, sleep, unload; ok, failed): control calls on host pods.
 * ``process_*``: prometheus-client's process collector (CPU, resident memory, open files).
 
-Cardinality is bounded: no label names a worker; ``pool`` grows with the pools, each adding eight series.
+Cardinality is bounded: no label names a worker; ``pool`` grows with the pools, each adding a series per
+state; ``pod`` names only host pods (five series per device).
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
-from modelpool_contract.api import ModelPoolStatus
+from modelpool_contract.api import ModelHostStatus, ModelPoolStatus
 from modelpool_contract.states import WORKER_STATES
 from modelpool_operator.observe.worker_state import FAILURE_REASONS
 from modelpool_operator.pool import PoolKey
 
 PREFIX = "modelpool_operator"
+HOST_MEMORY_KINDS = ("capacity", "awake", "asleep", "overhead", "free")
 # A pass takes milliseconds when nothing changes, up to seconds when many workers are created.
 _PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -77,6 +83,26 @@ class OperatorMetrics:
             ["operation", "code"],
             registry=r,
         )
+        self.host_memory = Gauge(
+            f"{PREFIX}_host_memory_bytes",
+            "Each shared host pod's device memory as the ModelHost's ledger counts it",
+            ["namespace", "modelhost", "pod", "device", "kind"],
+            registry=r,
+        )
+        self.host_models = Gauge(
+            f"{PREFIX}_host_models",
+            "Models on a ModelHost's pods by state",
+            ["namespace", "modelhost", "state"],
+            registry=r,
+        )
+        self.placement_calls = Counter(
+            f"{PREFIX}_placement_calls",
+            "Control calls on shared host pods, by action and result",
+            ["action", "result"],
+            registry=r,
+        )
+        # The host_memory series each ModelHost last set, so a host pod or device gone loses its series.
+        self._host_series: dict[tuple[str, str], set[HostSeries]] = {}
         self._server: object | None = None
 
     def serve(self, port: int) -> None:
@@ -127,6 +153,34 @@ class OperatorMetrics:
             with suppress(KeyError):
                 self.workers.remove(key[0], key[1], state)
 
+    def host_written(self, namespace: str, name: str, status: ModelHostStatus) -> None:
+        """A ModelHost pass wrote ``status``: its host pods' device memory and its models by state."""
+        values = host_memory_series(namespace, name, status)
+        for gone in self._host_series.get((namespace, name), set()) - values.keys():
+            with suppress(KeyError):
+                self.host_memory.remove(*gone)
+        for labels, amount in values.items():
+            self.host_memory.labels(*labels).set(amount)
+        self._host_series[(namespace, name)] = set(values)
+        counts = dict.fromkeys(WORKER_STATES, 0)
+        for pod in status.hosts:
+            for model in pod.models:
+                counts[model.state] += 1
+        for state, count in counts.items():
+            self.host_models.labels(namespace=namespace, modelhost=name, state=state).set(count)
+
+    def host_gone(self, namespace: str, name: str) -> None:
+        """The ModelHost's daemon stopped: drop its series."""
+        for labels in self._host_series.pop((namespace, name), set()):
+            with suppress(KeyError):
+                self.host_memory.remove(*labels)
+        for state in WORKER_STATES:
+            with suppress(KeyError):
+                self.host_models.remove(namespace, name, state)
+
+    def placement_call(self, action: str, ok: bool) -> None:
+        self.placement_calls.labels(action=action, result="ok" if ok else "failed").inc()
+
     def evicted(self, reason: str) -> None:
         self.evictions.labels(reason=reason).inc()
 
@@ -138,3 +192,16 @@ class OperatorMetrics:
 
     def api_error(self, operation: str, code: int | None) -> None:
         self.api_errors.labels(operation=operation, code=str(code) if code else "error").inc()
+
+
+HostSeries = tuple[str, str, str, str, str]
+
+
+def host_memory_series(namespace: str, name: str, status: ModelHostStatus) -> dict[HostSeries, int]:
+    """The ``host_memory_bytes`` series of a ModelHost's status: labels -> bytes, per pod, device, kind."""
+    return {
+        (namespace, name, pod.name, str(device.index), kind): getattr(device, f"{kind}_bytes")
+        for pod in status.hosts
+        for device in pod.devices
+        for kind in HOST_MEMORY_KINDS
+    }

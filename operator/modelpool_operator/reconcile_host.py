@@ -182,6 +182,7 @@ def plan_placing_pass(
     # pass that asked; LANDED_S bounds the wait for a host pod that lost the model meanwhile).
     listed_now = {(pod, str(m)) for pod, doc in stats.items() for m in ((doc or {}).get("models") or {})}
     run.landed = {s: at for s, at in run.landed.items() if clock - at < LANDED_S and s not in listed_now}
+    run.devices = {s: d for s, d in run.devices.items() if s in run.loading or s in run.landed}
     wanted = {p.name: json.loads(p.load) for p in pools}
     stale = {
         (pod, model)
@@ -197,6 +198,7 @@ def plan_placing_pass(
         stale=stale,
         backoff=set(run.backoff),
         now=time.time(),
+        devices=run.devices,
     )
     # A host pod a call has just changed has its /stats being refetched (StatsScraper.invalidate): the cache
     # predates the call: no call now (it would repeat it); the answer pokes the pass (an interval at most).
@@ -255,6 +257,7 @@ async def place_models(
     if any(current.get(pod) != value for pod, value in wanted.items()) or placing.calls:
         book.poke_host(host.key)
     await write_annotations(services, run, host.namespace, wanted, listed)
+    run.retry_in = placing.retry_in
     return placing
 
 

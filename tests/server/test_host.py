@@ -10,7 +10,6 @@ ends the host).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -28,7 +27,9 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from modelpool_contract.exits import EXIT_DEVICE_FAILED
+from testkit import prom
 from testkit.environment import free_port
+from testkit.server import HostControl
 from tests.server.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
@@ -40,23 +41,15 @@ KEY = "serving-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-class Host:
+class Host(HostControl):
     """The host process and its control API."""
 
     def __init__(self, server: ServerProcess, probe_port: int) -> None:
+        super().__init__(f"http://127.0.0.1:{probe_port}")
         self.server = server
-        self.control = f"http://127.0.0.1:{probe_port}"
-
-    def call(self, name: str, action: str, config: dict[str, Any] | None = None) -> httpx.Response:
-        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
-        return httpx.post(f"{self.control}/v2/repository/models/{name}/{action}", json=body, timeout=120)
-
-    def index(self) -> dict[str, dict[str, Any]]:
-        entries = httpx.post(f"{self.control}/v2/repository/index", timeout=10).json()
-        return {e["name"]: e for e in entries}
 
     def state(self, name: str) -> str:
-        return str(self.index()[name]["state"])
+        return self.states()[name]
 
     def triton(self) -> triton.InferenceServerClient:
         return triton.InferenceServerClient(self.server.url.removeprefix("http://"))
@@ -87,7 +80,7 @@ def host(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hos
     server = start_server(
         "--shared-host", "--probe-port", str(probe), "--device-memory", f"{1040 * MI}", "--http-workers", "1",
         "--api-key-file", str(key_file), "--max-models", "4", "--sleep-idle",
-        "--model-overhead", f"{10 * MI}",
+        "--model-overhead", f"{10 * MI}", "--gpus", "1",  # one device, whatever GPUs the machine has
         "--request-body-timeout-seconds", "1", wait="live", timeout=60,
     )  # fmt: skip
     host = Host(server, probe)
@@ -118,7 +111,7 @@ def test_requests_reach_their_model_by_name_with_the_real_clients(host: Host) ->
     assert client.embeddings.create(model="echo", input="abc").data[0].embedding == [3.0, 1.0]
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="nobody", input="abc")
-    stats = httpx.get(host.control + "/stats", timeout=10).json()
+    stats = host.stats()
     assert set(stats["models"]) == {"minilm", "echo", "victim"}
     device = stats["host"]["devices"][0]
     assert device["awake"] == 700 * MI  # declared, until measured on a GPU
@@ -126,6 +119,35 @@ def test_requests_reach_their_model_by_name_with_the_real_clients(host: Host) ->
     assert (device["overhead"], device["free"]) == (30 * MI, 310 * MI), device
     assert host.call("echo", "load", {"source": "/x", "task": "text-embedding"}).status_code == 409
     assert "task" in host.call("new", "load", {"source": "/x", "task": "nope"}).json()["error"]
+
+
+def test_metrics_count_each_model_apart_and_show_the_device(host: Host) -> None:
+    """The probe port's /metrics: every process's counters, each series labelled with its model (two
+    models counted by one HTTP process never mix), each model's gauges, and the device's ledger."""
+
+    def scrape() -> dict[str, float]:
+        text = httpx.get(host.control + "/metrics", timeout=10).text
+        names = ("modelpool_requests_total", "modelpool_batch_size_count")
+        return {
+            f"{name}/{model}": prom.total(text, name, model=model)
+            for name in names
+            for model in ("echo", "minilm")
+        } | {
+            "capacity": prom.value(text, "modelpool_host_device_memory_bytes", device="0", kind="capacity"),
+            "echo serving": prom.total(
+                text, "modelpool_worker_state", lambda s: s["state"] in ("Ready", "Idle"), model="echo"
+            ),
+        }
+
+    before = scrape()
+    for text in ("one", "two"):
+        embed(host, "echo", text)
+    after = scrape()
+    assert after["modelpool_requests_total/echo"] - before["modelpool_requests_total/echo"] == 2
+    assert after["modelpool_batch_size_count/echo"] - before["modelpool_batch_size_count/echo"] == 2
+    assert after["modelpool_requests_total/minilm"] == before["modelpool_requests_total/minilm"] > 0
+    assert after["modelpool_batch_size_count/minilm"] == before["modelpool_batch_size_count/minilm"] > 0
+    assert after["capacity"] == 1040 * MI and after["echo serving"] == 1
 
 
 def test_an_openai_body_that_never_arrives_is_408_and_the_connection_closed(host: Host) -> None:
@@ -156,7 +178,7 @@ def test_a_sleeping_model_is_woken_by_a_request_and_answers_the_same(host: Host)
     before = embed(host, "minilm", "A man is riding a horse.")
     slept = host.call("minilm", "sleep")
     assert slept.status_code == 200 and slept.json()["state"] == "Sleeping", slept.text
-    stats = httpx.get(host.control + "/stats", timeout=10).json()
+    stats = host.stats()
     assert stats["models"]["minilm"]["state"] == "Sleeping"
     device = stats["host"]["devices"][0]
     assert device["awake"] == 400 * MI  # a sleeping model is charged host memory

@@ -1,5 +1,6 @@
 """A shared host's control API over real HTTP, without models: the key guard (``--control-key-file``),
-bad load bodies (400 naming the field), unknown models (404); health and ``/stats`` stay open."""
+bad load bodies (400 naming the field, a device index the host lacks among them), unknown models (404);
+health and ``/stats`` stay open. A host of two devices: its ledgers, index and ``/stats`` per device."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import httpx
 import pytest
 
 from model_server.config import ConfigError
-from model_server.host_config import HostConfig, load_host_config
-from model_server.supervisor.host import HostSupervisor
+from model_server.host_config import HostConfig, load_host_config, slot_config
+from model_server.state_machine import State
+from model_server.supervisor.host import HostSupervisor, NoRoom
 from model_server.supervisor.host_control import HostControlServer, authorized
 from modelpool_contract.placements import default_model_overhead
 
@@ -22,7 +24,8 @@ KEY = "s3cret-control-key"
 def control(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     key_file = tmp_path_factory.mktemp("key") / "key"
     key_file.write_text(KEY + "\n")
-    config = HostConfig(device_memory="1Gi", max_models=1, control_key_file=key_file)  # type: ignore[arg-type]
+    # One device whatever GPUs the machine has (--gpus 1).
+    config = HostConfig(device_memory="1Gi", max_models=1, gpus=1, control_key_file=key_file)  # type: ignore[arg-type]
     server = HostControlServer(("127.0.0.1", 0), HostSupervisor(config))
     server.serve_in_thread()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -58,6 +61,10 @@ def test_the_control_api_needs_its_key_and_health_and_stats_do_not(control: str)
         ({"task": "text-embedding"}, "parameters.config.source"),
         ({"source": "/x", "task": "text-embedding", "colour": "red"}, "colour"),
         ({"source": "/x", "task": "text-embedding", "memory": "lots"}, "parameters.config.memory"),
+        (
+            {"source": "/x", "task": "text-embedding", "device": 1},
+            "parameters.config.device: device 1 is not",
+        ),
         ([1, 2], "parameters.config must be a JSON object"),
     ],
 )
@@ -96,3 +103,27 @@ def test_a_bad_host_flag_is_refused_naming_it(argv: list[str], flag: str) -> Non
 def test_the_host_reads_quantities() -> None:
     config = load_host_config(["--shared-host", "--device-memory", "40Gi", "--host-memory", "1e9"])
     assert (config.device_memory, config.host_memory) == (40 << 30, 10**9)
+
+
+def test_a_host_of_two_devices_keeps_a_ledger_each_and_makes_room_on_the_one_named() -> None:
+    config = HostConfig(device_memory="4Gi", gpus=2, max_models=2, model_overhead=0)  # type: ignore[arg-type]
+    host = HostSupervisor(config)
+    assert host.devices == ("cuda:0", "cuda:1")
+    # A model working on device 1 (a slot as a load leaves it, without its process).
+    slot = host.slots[0]
+    slot.config = slot_config(config, "a", {"model": "/x", "task": "text-embedding"}, 0, host.devices[1])
+    slot.device, slot.memory = 1, 3 << 30
+    for state in (State.LOADING, State.READY, State.PROCESSING):
+        slot.state_machine.to(state)
+    assert slot.config.device == "cuda:1"
+    assert [(e["name"], e["device"]) for e in host.index()] == [("a", 1)]
+    devices = host.stats()["host"]["devices"]
+    assert [(d["device"], d["awake"], d["free"]) for d in devices] == [
+        ("cuda:0", 0, 4 << 30),
+        ("cuda:1", 3 << 30, 1 << 30),
+    ]
+    # 2 GiB: no room on device 1 (its one model works), room on device 0 without sleeping anything.
+    with pytest.raises(NoRoom, match="device 1"):
+        host._make_room(2 << 30, 1, keep=None)
+    host._make_room(2 << 30, 0, keep=None)
+    assert slot.state_machine.state is State.PROCESSING

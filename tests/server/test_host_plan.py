@@ -1,24 +1,33 @@
 """A shared host's pure decisions (``model_server/host_plan.py``): routing by model name, the device
-ledger, which idle models sleep to make room, when a sleep is refused."""
+ledger, which idle models sleep to make room, when a sleep is refused; a host of several devices: how many
+it has and what each one's models run on, a load's device index, the roomiest device, ``/stats``' report."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_server.host_config import HostConfig
+from model_server.config import ConfigError
+from model_server.engine.worker import cuda_index
+from model_server.host_config import HostConfig, LoadError, load_host_config, parse_load_body, slot_config
 from model_server.host_plan import (
     SlotFacts,
     device_free,
+    device_names,
     device_overhead,
+    device_refusal,
+    device_report,
     device_used,
     host_used,
     make_room,
     model_of,
+    roomiest_device,
     sleep_refusal,
+    visible_gpus,
 )
 from model_server.state_machine import SLEEPABLE, State
 from modelpool_contract.placements import default_model_overhead
@@ -132,20 +141,105 @@ SLOTS = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(SLOTS, st.integers(0, 20), st.integers(0, 40), st.none() | st.integers(0, 40))
+@given(SLOTS, st.integers(0, 20), st.integers(0, 40), st.none() | st.integers(0, 40), st.integers(0, 1))
 def test_made_room_fits_never_takes_working_models_and_respects_host_memory(
-    slots: list[SlotFacts], need: int, capacity: int, host: int | None
+    slots: list[SlotFacts], need: int, capacity: int, host: int | None, device: int
 ) -> None:
-    chosen = make_room(need, 0, capacity, host, slots)
+    chosen = make_room(need, device, capacity, host, slots)
     if chosen is None:
         return
     by_name = {s.name: s for s in slots}
     picked = [by_name[name] for name in chosen]
-    assert all(s.device == 0 and s.state in SLEEPABLE and not s.busy for s in picked)
+    assert all(s.device == device and s.state in SLEEPABLE and not s.busy for s in picked)
     after = [replace(s, state=State.SLEEPING) if s.name in chosen else s for s in slots]
     # Never over-committed, the processes' overhead included (a sleep leaves it on the device).
-    assert device_used(0, after) + device_overhead(0, after) + need <= capacity
-    assert device_overhead(0, after) == device_overhead(0, slots)
+    assert device_used(device, after) + device_overhead(device, after) + need <= capacity
+    assert device_overhead(device, after) == device_overhead(device, slots)
+    other = 1 - device  # the other device's ledger is untouched
+    assert device_free(other, capacity, after) == device_free(other, capacity, slots)
     if host is not None and chosen:
         assert host_used(after) <= max(host, host_used(slots))
     assert [s.last_used for s in picked] == sorted(s.last_used for s in picked)  # least recently used first
+
+
+def test_the_gpus_a_host_sees_are_cuda_visible_devices_else_the_nvidia_device_files() -> None:
+    dev = ["null", "nvidia0", "nvidia3", "nvidiactl", "nvidia-uvm", "nvidia-caps"]
+    assert visible_gpus(None, dev) == 2  # the device plugin mounted two GPUs
+    assert visible_gpus(None, ["null", "zero"]) == 0
+    assert visible_gpus("1,0,3", dev) == 3 and visible_gpus("GPU-8d3e,GPU-1a2b", []) == 2
+    assert visible_gpus("", dev) == 0 and visible_gpus("-1", dev) == 0
+    assert visible_gpus("0,-1,2", dev) == 1  # CUDA stops at the first invalid entry
+
+
+def test_a_host_of_several_gpus_runs_the_models_of_gpu_i_on_cuda_i_and_one_device_is_unchanged() -> None:
+    assert device_names("auto", 2) == ("cuda:0", "cuda:1")
+    assert device_names("cuda", 3) == ("cuda:0", "cuda:1", "cuda:2")
+    for device in ("auto", "cuda", "cpu", "cuda:3"):
+        assert device_names(device, 1) == (device,)  # one device: the models run with the host's --device
+    assert device_names("cpu", 4) == ("cpu",) and device_names("cuda:1", 4) == ("cuda:1",)
+    assert (cuda_index("cuda:1"), cuda_index("cuda:12")) == (1, 12)
+    assert cuda_index("cuda") is cuda_index("cpu") is cuda_index("auto") is None
+
+
+def test_the_hosts_devices_are_its_gpus_flag_else_those_visible_and_a_cpu_host_has_one() -> None:
+    def names(*argv: str, env: dict[str, str] | None = None, dev: list[str] | None = None) -> tuple[str, ...]:
+        config = load_host_config(["--shared-host", "--device-memory", "8Gi", *argv])
+        return config.device_names(env or {}, dev or [])
+
+    assert names("--gpus", "2") == ("cuda:0", "cuda:1")
+    assert names(dev=["nvidia0", "nvidia1"]) == ("cuda:0", "cuda:1")  # auto: the GPUs visible
+    assert names(env={"CUDA_VISIBLE_DEVICES": "3"}, dev=["nvidia0", "nvidia1"]) == ("auto",)
+    assert names() == ("auto",)  # no GPU visible: one device, as before
+    assert names("--device", "cpu") == ("cpu",) and names("--device", "cuda:1") == ("cuda:1",)
+    for argv in (["--device", "cpu", "--gpus", "2"], ["--device", "cuda:0", "--gpus", "2"], ["--gpus", "0"]):
+        with pytest.raises(ConfigError, match="--gpus"):
+            load_host_config(["--shared-host", "--device-memory", "8Gi", *argv])
+
+
+def test_a_load_names_its_device_index_and_one_the_host_does_not_have_is_refused() -> None:
+    def body(**config: object) -> bytes:
+        settings = {"source": "/m", "task": "text-embedding", **config}
+        return json.dumps({"parameters": {"config": json.dumps(settings)}}).encode()
+
+    assert parse_load_body(body(device=1), 2).device == 1
+    settings, memory, device = parse_load_body(body(memory="1Gi"))
+    assert (memory, device) == (GB, None) and "device" not in settings
+    assert device_refusal(0, 1) == "" and device_refusal(3, 4) == ""
+    for bad, devices, said in [
+        (1, 1, "device 1 is not one of this host's (device 0)"),
+        (2, 2, "device 2 is not one of this host's (devices 0-1)"),
+        (-1, 2, "not one of this host's"),
+        ("0", 2, "must be a device index"),
+        (True, 2, "must be a device index"),
+    ]:
+        assert said in device_refusal(bad, devices)
+        with pytest.raises(LoadError, match=r"parameters\.config\.device"):
+            parse_load_body(body(device=bad), devices)
+    host = HostConfig(device_memory="8Gi", gpus=2)  # type: ignore[arg-type]
+    assert slot_config(host, "m", settings, 0, "cuda:1").device == "cuda:1"
+    assert slot_config(host, "m", settings, 0).device == "auto"
+
+
+def test_a_load_that_names_no_device_goes_to_the_roomiest() -> None:
+    slots = [slot("a", State.READY, gb=3), slot("b", State.SLEEPING, gb=4, device=1)]
+    assert roomiest_device(1, 8 * GB, []) == 0
+    assert roomiest_device(2, 8 * GB, []) == 0  # equals: the lowest index
+    assert roomiest_device(2, 8 * GB, slots) == 1  # b sleeps: device 1 is all free
+    assert roomiest_device(3, 8 * GB, [*slots, slot("c", device=1)]) == 2
+
+
+def test_each_device_reports_its_own_ledger() -> None:
+    over = {"overhead": GB // 4}
+    slots = [
+        slot("a", State.READY, gb=2, **over),
+        slot("b", State.SLEEPING, gb=3, **over),
+        slot("c", State.IDLE, gb=1, device=1, **over),
+    ]
+    zero = device_report(0, "cuda:0", 8 * GB, GB // 4, slots)
+    one = device_report(1, "cuda:1", 8 * GB, GB // 4, slots)
+    assert zero == {
+        "index": 0, "device": "cuda:0", "capacity": 8 * GB, "awake": 2 * GB, "asleep": 3 * GB,
+        "overhead": GB // 2, "model_overhead": GB // 4, "free": 8 * GB - 2 * GB - GB // 2,
+        "models": ["a", "b"],
+    }  # fmt: skip
+    assert (one["awake"], one["asleep"], one["overhead"], one["models"]) == (GB, 0, GB // 4, ["c"])

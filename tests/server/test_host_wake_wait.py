@@ -14,17 +14,16 @@ models waits for a gate file (``HANDLER_RUN_GATE``), which the tests open or clo
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
 from testkit.environment import free_port
+from testkit.server import HostControl
 from tests.server.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
@@ -37,15 +36,11 @@ WAIT_S = 30.0
 NAMES = ("a", "b", "c")
 
 
-@dataclass
-class Host:
-    server: ServerProcess
-    control: str
-    gate: Path
-
-    def states(self) -> dict[str, str]:
-        entries = httpx.post(self.control + "/v2/repository/index", timeout=10).json()
-        return {e["name"]: e["state"] for e in entries}
+class Host(HostControl):
+    def __init__(self, server: ServerProcess, control: str, gate: Path) -> None:
+        super().__init__(control, timeout=60)
+        self.server = server
+        self.gate = gate
 
     def ask_in_thread(self, name: str, answers: dict[str, tuple[int, float]]) -> threading.Thread:
         """Ask ``name`` for an embedding in a thread; its status and seconds land in ``answers``."""
@@ -82,16 +77,15 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     probe = free_port()
     server = start_server(
         "--shared-host", "--probe-port", str(probe), "--device-memory", f"{100 * MI}", "--http-workers", "1",
-        "--max-models", str(len(NAMES)), "--wake-timeout", str(WAKE_TIMEOUT_S),
+        "--max-models", str(len(NAMES)), "--wake-timeout", str(WAKE_TIMEOUT_S), "--gpus", "1",  # one device
         "--model-overhead", "0",  # room for one model's declared 100 MiB: its process is charged nothing
         env={"HANDLER_RUN_GATE": str(gate)}, wait="live", timeout=60,
     )  # fmt: skip
     host = Host(server, f"http://127.0.0.1:{probe}", gate)
     try:
         config = {"source": str(folder), "task": "text-embedding", "handler": ECHO, "memory": f"{100 * MI}"}
-        body = {"parameters": {"config": json.dumps({**config, "skip_warmup": True})}}
         for name in NAMES:  # each load puts the one before to sleep: the device holds one
-            loaded = httpx.post(f"{host.control}/v2/repository/models/{name}/load", json=body, timeout=60)
+            loaded = host.call(name, "load", {**config, "skip_warmup": True})
             assert loaded.status_code == 200, loaded.text
         assert host.states() == {"a": "Sleeping", "b": "Sleeping", "c": "Ready"}
         yield host

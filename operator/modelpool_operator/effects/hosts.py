@@ -84,6 +84,7 @@ async def apply_host(
     if patch:
         await kube.patch_host_status(host.namespace, host.name, patch)
     run.last_status_wire = wire
+    services.metrics.host_written(host.namespace, host.name, plan.status)
     if plan.short and plan.short != run.short:
         services.events.post(
             body,

@@ -69,6 +69,7 @@ async def apply_placing(
             continue
         if call.action == "load":
             slot = (call.pod, call.pool)
+            run.devices[slot] = call.device
             run.loading[slot] = asyncio.create_task(
                 _load(
                     services,
@@ -124,7 +125,7 @@ async def _call(
     logger.info("host pod %s: %s %s (%s)", call.pod, call.action, call.pool, call.why)
     try:
         if call.action == "load":
-            await control.load(url, key, call.pool, _settings(call.load))
+            await control.load(url, key, call.pool, load_settings(call, body))
             run.loaded[(call.pod, call.pool)] = call.load or ""
             run.landed[(call.pod, call.pool)] = time.monotonic()
         elif call.action == "unload":
@@ -138,11 +139,13 @@ async def _call(
         else:
             await control.sleep(url, key, call.pool)
     except ControlError as exc:
+        services.metrics.placement_call(call.action, ok=False)
         run.backoff[(call.pod, call.pool)] = time.monotonic() + BACKOFF_S
         reason = {"load": "LoadFailed", "unload": "UnloadFailed", "sleep": "SleepFailed"}[call.action]
         message = f"{call.action} of pool {call.pool} on host pod {call.pod} failed: {exc}"[:1000]
         services.events.post(body, Event("Warning", reason, message))
         return Event("Warning", reason, f"host pod {call.pod}: {call.action} failed: {exc}"[:1000])
+    services.metrics.placement_call(call.action, ok=True)
     run.backoff.pop((call.pod, call.pool), None)
     if pod is not None:
         services.scraper.invalidate(pod)
@@ -172,6 +175,17 @@ async def _load(
     finally:
         run.loading.pop((call.pod, call.pool), None)
         poke()
+
+
+def load_settings(call: Control, host: Mapping[str, Any]) -> dict[str, Any]:
+    """The load's config: the pool's settings and, on a host pod of several GPUs, the device the ledger
+    chose (the operator's choice, not one of the pool's settings). A host pod of one device is not told:
+    one running an image from before several devices refuses a ``device`` it does not know (400), and the
+    operator's upgrade does not roll the host pods."""
+    settings = _settings(call.load)
+    if int((host.get("spec") or {}).get("gpusPerHost") or 0) > 1:
+        settings["device"] = call.device
+    return settings
 
 
 def _settings(load: str | None) -> dict[str, Any]:

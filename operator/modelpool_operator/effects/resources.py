@@ -469,9 +469,10 @@ def build_control_key_secret(host: HostView, key: str) -> dict[str, Any]:
 
 def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
     """``modelpool-server --shared-host`` and the flags a host understands (model_server/host_config.py):
-    its ports, its device (cpu on a CPU host; the GPU the pod is given otherwise), the device memory its
-    ledger hands out and what it charges each model's process there, the host RAM for sleeping models
-    (and then ``--sleep-idle``), the control key."""
+    its ports, its devices (cpu on a CPU host; else the ``gpusPerHost`` GPUs the pod is given, ``--gpus``:
+    the models of GPU i run on cuda:i), the device memory its ledger hands out on each and what it charges
+    each model's process there, the host RAM for sleeping models (and then ``--sleep-idle``), the control
+    key."""
     args = [
         "--shared-host",
         "--port",
@@ -489,6 +490,9 @@ def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
         "--control-key-file",
         CONTROL_KEY_FILE,
     ]
+    if spec.gpus_per_host > 0:
+        # As many devices as the pod is given GPUs (the device plugin's: the container sees just those).
+        args += ["--gpus", str(spec.gpus_per_host)]
     if spec.host_memory_bytes:
         # With RAM to park them in, a model that turns Idle (its pool's idleTimeoutSeconds) sleeps: its
         # device memory goes back to the others, and its next request wakes it on the host.

@@ -2,9 +2,12 @@
 ledger's ``Host`` values (pure: slim pods and the parsed ModelHost spec in, plain values out).
 
 A host pod accepts models while it runs, is Ready and is not being deleted; its models are those its
-``/stats`` reports (``{"host": {...}, "models": {<name>: <WorkerStats>}}``), each the resident of the
-shared pool of the ModelHost whose model has that name there (``placements.host_model_name``:
-``HostedPool``), else of a pool named after it.
+``/stats`` reports (``{"host": {"devices": [...]}, "models": {<name>: <WorkerStats and its "device">}}``),
+each the resident of the shared pool of the ModelHost whose model has that name there
+(``placements.host_model_name``: ``HostedPool``), else of a pool named after it, on the device index its
+document names (0 when it names none: a host of one device). A host pod's devices are those its
+``/stats`` lists (the ``--gpus`` its pod was made with), else the ModelHost's ``gpusPerHost`` (one on a
+CPU host), each of ``deviceMemory``.
 """
 
 from __future__ import annotations
@@ -41,11 +44,20 @@ def _count(doc: Mapping[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def host_devices(stats: Mapping[str, Any] | None, configured: int) -> int:
+    """How many devices a host pod has: as many as its ``/stats`` lists (``host.devices``), else
+    ``configured`` (the ModelHost's)."""
+    host = (stats or {}).get("host")
+    listed = host.get("devices") if isinstance(host, Mapping) else None
+    return len(listed) if isinstance(listed, list) and listed else configured
+
+
 def host_residents(
     namespace: str, stats: Mapping[str, Any] | None, pools: Mapping[str, HostedPool]
 ) -> tuple[Resident, ...]:
-    """The models a host's ``/stats`` reports, as the ledger's residents (``pools``: by model name); a
-    model in an unknown state or an unreadable document is left out (unknown stats never fail anything)."""
+    """The models a host's ``/stats`` reports, as the ledger's residents (``pools``: by model name), each
+    on the device its document names (0 when none); a model in an unknown state or an unreadable document
+    is left out (unknown stats never fail anything)."""
     models = (stats or {}).get("models")
     if not isinstance(models, Mapping):
         return ()
@@ -55,7 +67,7 @@ def host_residents(
             continue
         pool = pools.get(str(name), HostedPool(str(name)))
         memory = doc.get("memory") if isinstance(doc.get("memory"), Mapping) else {}
-        last = doc.get("last_request_time")
+        last, since = doc.get("last_request_time"), doc.get("state_since")
         # 0 GPU bytes is no measurement (a CPU host; a sleeping model, whose weights left the device):
         # charged its declared size then, as the host itself charges it (model_server.host_plan).
         reading = _count(memory or {}, "gpu_reserved_bytes")
@@ -63,12 +75,13 @@ def host_residents(
             Resident(
                 pool=(namespace, pool.name),
                 state=doc["state"],
-                device=0,  # a host serves one device (model_server/host_config.py)
+                device=_count(doc, "device") or 0,
                 declared=pool.declared,
                 measured=reading if reading and doc["state"] not in ("Sleeping", "Waking") else None,
                 priority=pool.priority,
                 last_used=float(last) if isinstance(last, int | float) else 0.0,
                 busy=bool(_count(doc, "queue_depth") or _count(doc, "in_flight")),
+                since=float(since) if isinstance(since, int | float) else 0.0,
             )
         )
     return tuple(residents)
@@ -92,20 +105,21 @@ def observe_hosts(
     models its ``/stats`` reports (``stats``: by pod name); a pod accepts models only while ready and,
     when ``stats`` is given, once its ``/stats`` is known (until then what it holds is unknown, and a
     host the operator cannot reach cannot be given a model either)."""
-    capacities = (spec.device_memory_bytes,) * spec.devices
     hosts = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         name = str(meta.get("name") or "")
+        report = (stats or {}).get(name)
+        residents = host_residents(str(meta.get("namespace") or ""), report, pools or {})
+        # A model on a device the host does not list (an odd report) still counts, on a device of its own.
+        devices = max([host_devices(report, spec.devices), *(r.device + 1 for r in residents)])
         hosts.append(
             Host(
                 name=name,
-                capacities=capacities,
+                capacities=(spec.device_memory_bytes,) * devices,
                 host_memory=spec.host_memory_bytes,
                 overhead=spec.model_overhead_bytes,
-                residents=host_residents(
-                    str(meta.get("namespace") or ""), (stats or {}).get(name), pools or {}
-                ),
+                residents=residents,
                 accepting=host_pod_ready(pod) and (stats is None or stats.get(name) is not None),
             )
         )
@@ -125,6 +139,7 @@ class HostedReplica:
     last_request_time: str | None = None
     # Since when the model is in its state there (the host's ``state_since``): a new failure has a new one.
     since: str | None = None
+    device: int | None = None  # the index of the host pod's device it lives on, as the host reports it
 
 
 def hosted_replicas(
@@ -156,6 +171,7 @@ def hosted_replicas(
                 queue_depth=_count(doc, "queue_depth"),
                 last_request_time=rfc3339(parse_time(last)) if last else None,
                 since=rfc3339(parse_time(since)) if since else None,
+                device=_count(doc, "device"),
             )
         )
     return sorted(replicas, key=lambda r: r.pod)

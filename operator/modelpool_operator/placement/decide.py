@@ -3,19 +3,31 @@ models are unloaded when host RAM runs short, and on which host and device a new
 
 Pure: hosts (``ledger.Host``) in, decisions out. A decision never over-commits a device or the host RAM
 by the ledger: what it wakes or places fits after the sleeps and unloads it names, which are the first
-things to apply. Who makes room: idle models (Ready or Idle, nothing queued or in flight) of a priority no
-higher than the newcomer's, the lowest priority first, then the least recently used; never a Loading,
-Processing or Waking model; when that is not enough, sleeping models of the same rank are unloaded (each
-still holds its process's overhead on the device). A model that must make room sleeps (its weights to
-host RAM) when the RAM holds it, after unloading sleeping models that come before it in the same order;
-else it is unloaded itself. Every choice breaks ties by name, so the same hosts give the same decision
-whatever their order.
+things to apply.
+
+Who makes room for a newcomer (a new replica, or a model waking). Sleeping is cheap and reversible (the
+weights stay in host RAM; a wake takes a second or less) while unloading costs a cold start, so:
+
+* an idle model (Ready or Idle, nothing queued or in flight, idle since before ``idle_before``: the
+  planner passes ``now - MIN_IDLE_S``) of ANY priority may be put to sleep, the lowest priority first, then
+  the least recently used (``eviction_order``); never a Loading, Processing or Waking model;
+* only a model of a LOWER priority than the newcomer's is ever unloaded: a sleeping one, for the host RAM
+  to park a model that must sleep (one that comes before that model in ``eviction_order``) or, when
+  sleeping is not enough, for its process's overhead on the device (a CUDA context stays while a model
+  sleeps); an idle one that the host RAM cannot park;
+* an idle model of no lower priority that the host RAM cannot park is passed over.
+
+So a pool never loses its model to a pool of no higher priority (which would be placed again, unloading
+the other in turn: a ping-pong), while idle devices are shared by every priority. Every choice breaks ties
+by name, so the same hosts give the same decision whatever their order.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Final
 
 from modelpool_contract.quantity import format_quantity
 from modelpool_operator.placement.ledger import (
@@ -25,6 +37,10 @@ from modelpool_operator.placement.ledger import (
     eviction_order,
     ledger,
 )
+
+#: A model that served a request, loaded or woke less than this ago is not put to sleep for another: it is
+#: likely to be asked again (a model woken for a request and slept at once would wake again: a thrash).
+MIN_IDLE_S: Final = 10.0
 
 
 @dataclass(frozen=True)
@@ -72,79 +88,132 @@ class Unplaced:
 # ---- making room --------------------------------------------------------------------------------------
 
 
+def _may_sleep(resident: Resident, idle_before: float) -> bool:
+    return resident.sleepable and resident.idle_since <= idle_before
+
+
+@dataclass
+class _Making:
+    """A room being made on ``device`` for a newcomer of ``priority``: what it sleeps and unloads so far,
+    the bytes that frees on the device, and the host RAM left. ``sleepers``: the sleeping models it may
+    unload (of a lower priority only), in ``eviction_order``."""
+
+    host: Host
+    device: int
+    priority: int
+    ram_free: int
+    sleepers: list[Resident]
+    sleep: list[ModelKey] = field(default_factory=list)
+    unload: list[ModelKey] = field(default_factory=list)
+    freed: int = 0
+
+    def drop(self, resident: Resident) -> None:
+        """Unload ``resident``: its weights (if awake) and its process leave its device, its parked
+        weights the host RAM."""
+        self.unload.append(resident.pool)
+        self.ram_free += resident.host_charge
+        if resident.device == self.device:
+            self.freed += resident.device_charge + self.host.overhead
+
+    def park(self, resident: Resident) -> None:
+        """Put an idle ``resident`` to sleep if the host RAM holds it, after unloading the sleepers that
+        come before it when that makes the RAM; else unload it if its priority is lower; else pass it
+        over."""
+        size = resident.parked_bytes
+        if size > self.ram_free:
+            older = [
+                s
+                for s in self.sleepers
+                if s.pool not in self.unload and eviction_order(s) < eviction_order(resident)
+            ]
+            if self.ram_free + sum(s.host_charge for s in older) >= size:
+                for s in older:
+                    if size <= self.ram_free:
+                        break
+                    self.drop(s)
+        if size <= self.ram_free:
+            self.sleep.append(resident.pool)
+            self.ram_free -= size
+            self.freed += resident.device_charge
+        elif resident.priority < self.priority:
+            self.drop(resident)
+
+
 def _make_room_on(
-    host: Host, device: int, need: int, priority: int, exclude: frozenset[ModelKey]
+    host: Host,
+    device: int,
+    need: int,
+    priority: int,
+    exclude: frozenset[ModelKey],
+    *,
+    idle_before: float = math.inf,
 ) -> Room | None:
     led = ledger(host)
     shortfall = need - led.devices[device].free
     if shortfall <= 0:
         return Room(host.name, device)
-    eligible = [
-        r for r in host.residents if r.device == device and r.priority <= priority and r.pool not in exclude
-    ]
-    chosen: list[Resident] = []
-    freed = 0
-    for resident in sorted((r for r in eligible if r.sleepable), key=eviction_order):
-        if freed >= shortfall:
+    others = [r for r in host.residents if r.pool not in exclude]
+    # Only a lower priority is ever unloaded (a sleeping model anywhere on the host frees RAM).
+    sleepers = sorted(
+        (r for r in others if r.state == "Sleeping" and r.priority < priority), key=eviction_order
+    )
+    making = _Making(host, device, priority, led.host_free, sleepers)
+    for resident in sorted(
+        (r for r in others if r.device == device and _may_sleep(r, idle_before)), key=eviction_order
+    ):
+        if making.freed >= shortfall:
             break
-        chosen.append(resident)
-        freed += resident.device_charge
+        making.park(resident)
     # A sleeping model still holds its process's overhead on the device (a CUDA context): when sleeping
     # the idle ones is not enough, unloading sleeping ones gives that back.
-    dropped: list[Resident] = []
-    if host.overhead > 0:
-        for resident in sorted((r for r in eligible if r.state == "Sleeping"), key=eviction_order):
-            if freed >= shortfall:
-                break
-            dropped.append(resident)
-            freed += host.overhead
-    if freed < shortfall:
+    for resident in sleepers:
+        if making.freed >= shortfall:
+            break
+        if resident.device == device and resident.pool not in making.unload:
+            making.drop(resident)
+    if making.freed < shortfall:
         return None
-    gone = frozenset(r.pool for r in dropped)
-    sleep, unload = _park(host, chosen, led.host_free + sum(r.host_charge for r in dropped), exclude | gone)
-    return Room(host.name, device, sleep=sleep, unload=(*(r.pool for r in dropped), *unload))
+    return Room(host.name, device, sleep=tuple(making.sleep), unload=tuple(making.unload))
 
 
-def _park(
-    host: Host, chosen: Sequence[Resident], ram_free: int, exclude: frozenset[ModelKey] = frozenset()
-) -> tuple[tuple[ModelKey, ...], tuple[ModelKey, ...]]:
-    """Put ``chosen`` (awake, leaving their device) to sleep where the host RAM holds them: each after
-    unloading the sleeping models (not ``exclude``: the one waking) that come before it in
-    ``eviction_order``, else unloaded itself."""
-    sleepers = sorted(
-        (r for r in host.residents if r.state == "Sleeping" and r.pool not in exclude), key=eviction_order
-    )
-    sleep: list[ModelKey] = []
+def _park(host: Host, resident: Resident) -> Room:
+    """Put ``resident`` (awake, idle) to sleep where the host RAM holds it, after unloading the sleeping
+    models that come before it in ``eviction_order``; else unload it."""
+    ram_free = ledger(host).host_free
+    size = resident.parked_bytes
     unload: list[ModelKey] = []
-    for resident in chosen:
-        size = resident.parked_bytes
-        if size > ram_free:
-            older = [
-                s for s in sleepers if s.pool not in unload and eviction_order(s) < eviction_order(resident)
-            ]
-            if ram_free + sum(s.host_charge for s in older) >= size:
-                for s in older:
-                    if size <= ram_free:
-                        break
-                    unload.append(s.pool)
-                    ram_free += s.host_charge
-        if size <= ram_free:
-            sleep.append(resident.pool)
-            ram_free -= size
+    if size > ram_free:
+        older = [
+            s
+            for s in sorted((r for r in host.residents if r.state == "Sleeping"), key=eviction_order)
+            if eviction_order(s) < eviction_order(resident)
+        ]
+        if ram_free + sum(s.host_charge for s in older) >= size:
+            for s in older:
+                if size <= ram_free:
+                    break
+                unload.append(s.pool)
+                ram_free += s.host_charge
         else:
-            unload.append(resident.pool)
-    return tuple(sleep), tuple(unload)
+            return Room(host.name, resident.device, unload=(resident.pool,))
+    return Room(host.name, resident.device, sleep=(resident.pool,), unload=tuple(unload))
 
 
 def make_room(
-    host: Host, device: int, need: int, *, priority: int, exclude: Iterable[ModelKey] = ()
+    host: Host,
+    device: int,
+    need: int,
+    *,
+    priority: int,
+    exclude: Iterable[ModelKey] = (),
+    idle_before: float = math.inf,
 ) -> Room | None:
-    """What to sleep (and unload) on ``device`` so that ``need`` more bytes fit awake there, choosing among
-    idle models of priority at most ``priority`` (not ``exclude``), then unloading sleeping ones (their
-    processes' overhead); None when they cannot free enough. For a new model, ``need`` is its size plus
-    ``host.overhead``; ``need`` 0 brings a device that measurements over-committed back within its
-    capacity."""
-    return _make_room_on(host, device, need, priority, frozenset(exclude))
+    """What to sleep (and unload) on ``device`` so that ``need`` more bytes fit awake there for a newcomer
+    of ``priority`` (see the module doc: idle models of any priority, idle since before ``idle_before``,
+    sleep; only lower priorities are unloaded), not touching ``exclude``; None when that cannot free
+    enough. For a new model, ``need`` is its size plus ``host.overhead``; ``need`` 0 brings a device that
+    measurements over-committed back within its capacity."""
+    return _make_room_on(host, device, need, priority, frozenset(exclude), idle_before=idle_before)
 
 
 def unload_candidates(host: Host, need: int = 0) -> tuple[ModelKey, ...] | None:
@@ -178,18 +247,19 @@ def sleep(host: Host, pool: ModelKey) -> Room | None:
     resident = host.resident(pool)
     if resident is None or not resident.sleepable:
         return None
-    asleep, unload = _park(host, [resident], ledger(host).host_free)
-    return Room(host.name, resident.device, sleep=asleep, unload=unload)
+    return _park(host, resident)
 
 
 # ---- placing ------------------------------------------------------------------------------------------
 
 
-def place(request: PlacementRequest, hosts: Sequence[Host]) -> Placement | Unplaced:
+def place(
+    request: PlacementRequest, hosts: Sequence[Host], *, idle_before: float = math.inf
+) -> Placement | Unplaced:
     """A host and device for a new replica of a shared pool, among ``hosts`` (its ModelHost's pods) that
     accept models and do not already hold the pool: a device with the room awake (the tightest fit, so
-    large rooms stay whole), else one where sleeping idle models makes it (the fewest unloads, then the
-    fewest sleeps, then the tightest fit), else why not."""
+    large rooms stay whole), else one where making room does it (``make_room``: the fewest unloads, then
+    the lowest priority put to sleep, then the fewest sleeps, then the tightest fit), else why not."""
     open_hosts = sorted((h for h in hosts if h.accepting), key=lambda h: h.name)
     if not open_hosts:
         return Unplaced("NoHost", "no host pod accepts models (none exists, or none is ready)")
@@ -210,16 +280,16 @@ def place(request: PlacementRequest, hosts: Sequence[Host]) -> Placement | Unpla
     if awake:
         _, name, index = min(awake)
         return Placement(name, index, Room(name, index))
-    made: list[tuple[tuple[int, int, int, str, int], Room]] = []
+    made: list[tuple[tuple[int, float, int, int, str, int], Room]] = []
     for h in free_hosts:
         for d in ledger(h).devices:
-            room = _make_room_on(h, d.index, _need(h, request), request.priority, frozenset())
+            room = _make_room_on(
+                h, d.index, _need(h, request), request.priority, frozenset(), idle_before=idle_before
+            )
             if room is not None:
-                freed = sum(_charge(h, key) for key in room.sleep) + sum(
-                    _charge(h, key) + h.overhead for key in room.unload
-                )
-                key = (len(room.unload), len(room.sleep), d.free + freed - _need(h, request), h.name, d.index)
-                made.append((key, room))
+                slept = max((_priority(h, key) for key in room.sleep), default=-math.inf)
+                left = ledger(apply_room(h, room)).devices[d.index].free - _need(h, request)
+                made.append(((len(room.unload), slept, len(room.sleep), left, h.name, d.index), room))
     if made:
         _, room = min(made, key=lambda item: item[0])
         return Placement(room.host, room.device, room)
@@ -246,9 +316,9 @@ def _larger_than_device(request: PlacementRequest, hosts: Sequence[Host]) -> str
     )
 
 
-def _charge(host: Host, pool: ModelKey) -> int:
+def _priority(host: Host, pool: ModelKey) -> int:
     resident = host.resident(pool)
-    return 0 if resident is None else resident.device_charge
+    return 0 if resident is None else resident.priority
 
 
 def _no_room(request: PlacementRequest, hosts: Sequence[Host]) -> str:
@@ -258,9 +328,9 @@ def _no_room(request: PlacementRequest, hosts: Sequence[Host]) -> str:
     free, name, index = best
     need = max(_need(h, request) for h in hosts)
     return (
-        f"no device has {format_quantity(need)} free, nor can make it by sleeping idle models of "
-        f"priority <= {request.priority}: the most free is {format_quantity(max(free, 0))} on {name} "
-        f"device {index}"
+        f"no device has {format_quantity(need)} free, nor can make it by sleeping idle models or unloading "
+        f"ones of priority < {request.priority}: the most free is {format_quantity(max(free, 0))} on "
+        f"{name} device {index}"
     )
 
 

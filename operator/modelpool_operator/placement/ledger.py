@@ -65,6 +65,7 @@ class Resident:
     priority: int = 0  # the pool's spec.priority
     last_used: float = 0.0  # when it last served a request (Unix seconds)
     busy: bool = False  # requests queued or in flight
+    since: float = 0.0  # when it entered its state (Unix seconds; 0: unknown)
 
     @property
     def awake_bytes(self) -> int:
@@ -91,6 +92,12 @@ class Resident:
     @property
     def sleepable(self) -> bool:
         return self.state in SLEEPABLE_STATES and not self.busy
+
+    @property
+    def idle_since(self) -> float:
+        """Since when it has had nothing to do: its last request, or when it turned Ready if later (loaded,
+        woken, or done with a request). An Idle model turned Idle after a quiet spell: its last request."""
+        return self.last_used if self.state == "Idle" else max(self.last_used, self.since)
 
     @property
     def present(self) -> bool:

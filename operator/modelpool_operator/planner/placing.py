@@ -13,27 +13,31 @@ pass decides:
 3. pool by pool (the highest priority first, then by name): a pool held by more host pods than its
    ``replicas`` is unloaded from the surplus ones (sleeping first, then the least recently used); one held
    by fewer is placed (``placement.place``) on more, each placement's room made first (its sleeps and
-   unloads), until it has its replicas or ``place`` says why not (``unplaced``). A room that would
-   unload a model of no lower priority is not made (that pool would be placed again, unloading this one
-   in turn): among equals, room is made by sleeping only.
+   unloads), until it has its replicas or ``place`` says why not (``unplaced``). Room is made by
+   sleeping idle models of any priority (idle for ``MIN_IDLE_S`` at least: one just used, loaded or
+   woken stays awake) and by unloading only models of a lower priority (``placement.decide``): a pool
+   never loses its model to a pool of no higher priority, which would be placed again and unload the
+   other in turn.
 
-A model whose load is in flight (``loading``) is a Pending resident charged its declared size, and is
-neither placed again nor unloaded; a (host pod, pool) in ``backoff`` (a control call there failed
-recently) is not tried again yet. A Failed model stays where it failed, so its pool's status shows why,
-until its pool's backoff is over (``SharedPool.retry``: unloaded, then placed again), its settings change
-or its pool goes; meanwhile the pool is placed on other host pods (a failed model is not one of its
-replicas). A pool's ``replicas`` is its count as its own pass decided it (``planner.shared_scale``:
-autoscaling, demand, idleness).
+A model whose load is in flight (``loading``) is a Pending resident charged its declared size on the device
+its load named (``devices``), and is neither placed again nor unloaded; a (host pod, pool) in ``backoff``
+(a control call there failed recently) is not tried again yet. A Failed model stays where it failed, so
+its pool's status shows why, until its pool's backoff is over (``SharedPool.retry``: unloaded, then placed
+again), its settings change or its pool goes; meanwhile the pool is placed on other host pods (a failed
+model is not one of its replicas). A pool's ``replicas`` is its count as its own pass decided it
+(``planner.shared_scale``: autoscaling, demand, idleness).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from modelpool_contract.placements import models_annotation
 from modelpool_operator.placement.decide import (
+    MIN_IDLE_S,
     Placement,
     PlacementRequest,
     Room,
@@ -68,14 +72,15 @@ class SharedPool:
 
 @dataclass(frozen=True)
 class Control:
-    """One control call on a host pod: load (with ``load``, the settings' JSON), unload or sleep ``pool``'s
-    model; ``why`` says so in the log and the Events."""
+    """One control call on a host pod: load (with ``load``, the settings' JSON, on device index ``device``
+    of the host pod), unload or sleep ``pool``'s model; ``why`` says so in the log and the Events."""
 
     action: Action
     pod: str
     pool: str
     why: str
     load: str | None = None
+    device: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,9 @@ class Placing:
 
     calls: tuple[Control, ...] = ()
     unplaced: Mapping[str, Unplaced] = field(default_factory=dict)
+    # Seconds until an idle model that is too fresh to sleep now (``MIN_IDLE_S``) may make room for an
+    # unplaced pool: the pass runs again then, not a resync later. None: nothing to wait for.
+    retry_in: float | None = None
 
     def loads(self) -> tuple[Control, ...]:
         return tuple(c for c in self.calls if c.action == "load")
@@ -117,15 +125,26 @@ class _View:
     def place(self, placement: Placement, request: PlacementRequest, load: str, now: float) -> None:
         self._room(placement.room, f"making room for {request.pool[1]}")
         self.hosts[placement.host] = admit(self.hosts[placement.host], placement, request, now=now)
-        self.calls.append(Control("load", placement.host, request.pool[1], "placed", load))
+        self.calls.append(Control("load", placement.host, request.pool[1], "placed", load, placement.device))
 
 
 def _with_loading(
-    host: Host, namespace: str, loading: Iterable[Slot], pools: Mapping[str, SharedPool]
+    host: Host,
+    namespace: str,
+    loading: Iterable[Slot],
+    pools: Mapping[str, SharedPool],
+    devices: Mapping[Slot, int],
 ) -> Host:
-    """``host`` with the loads in flight there that its ``/stats`` does not show yet, as Pending residents."""
+    """``host`` with the loads in flight there that its ``/stats`` does not show yet, as Pending residents
+    on the device each load named (0 when unknown)."""
     added = [
-        Resident(pool=(namespace, pool), state="Pending", device=0, declared=p.declared, priority=p.priority)
+        Resident(
+            pool=(namespace, pool),
+            state="Pending",
+            device=min(devices.get((pod, pool), 0), len(host.capacities) - 1),
+            declared=p.declared,
+            priority=p.priority,
+        )
         for pod, pool in loading
         if pod == host.name and (p := pools.get(pool)) is not None and not _listed(host, pool)
     ]
@@ -153,14 +172,17 @@ def plan_placing(
     loaded: Mapping[Slot, str] | None = None,
     stale: Iterable[Slot] = (),
     backoff: Iterable[Slot] = (),
-    now: float = 0.0,
+    now: float | None = None,
+    devices: Mapping[Slot, int] | None = None,
 ) -> Placing:
     """The control calls of one ModelHost pass (see the module doc). ``loaded``: the settings each model
     was loaded with by this process; ``stale``: models whose host reports another source or task than
-    their pool's (loaded by an earlier process, or by hand)."""
+    their pool's (loaded by an earlier process, or by hand); ``now`` (Unix seconds; None: no clock) puts
+    to sleep only models idle for ``MIN_IDLE_S``; ``devices``: the device each load in flight named."""
+    idle_before = math.inf if now is None else now - MIN_IDLE_S
     by_name = {p.name: p for p in pools}
     loading, blocked, loaded, stale = set(loading), set(backoff), loaded or {}, set(stale)
-    view = _View(_with_loading(h, namespace, loading, by_name) for h in hosts)
+    view = _View(_with_loading(h, namespace, loading, by_name, devices or {}) for h in hosts)
     # 1. pools gone or being deleted, settings changed
     for pod, host in sorted(view.hosts.items()):
         for resident in sorted(host.residents, key=lambda r: r.pool):
@@ -201,31 +223,29 @@ def plan_placing(
                 for pod, h in sorted(view.hosts.items())
                 if not _listed(h, pool.name) and (pod, pool.name) not in blocked | view.unloaded
             ]
-            decided = place(request, open_hosts) if open_hosts else _nowhere(view.hosts.values(), pool.name)
-            if isinstance(decided, Placement):
-                decided = _no_displacing(view.hosts[decided.host], decided, request)
+            decided = (
+                place(request, open_hosts, idle_before=idle_before)
+                if open_hosts
+                else _nowhere(view.hosts.values(), pool.name)
+            )
             if isinstance(decided, Unplaced):
                 unplaced[pool.name] = decided
                 break
-            view.place(decided, request, pool.load, now)
+            view.place(decided, request, pool.load, 0.0 if now is None else now)
     ordered = sorted(view.calls, key=lambda c: c.action == "load")  # stable: every sleep/unload first
-    return Placing(calls=tuple(ordered), unplaced=unplaced)
+    retry_in = _fresh_idle_in(view.hosts.values(), now) if unplaced and now is not None else None
+    return Placing(calls=tuple(ordered), unplaced=unplaced, retry_in=retry_in)
 
 
-def _no_displacing(host: Host, placement: Placement, request: PlacementRequest) -> Placement | Unplaced:
-    """``placement``, unless its room unloads a model of a pool of no lower priority than the newcomer's:
-    that pool would be short of its replicas and placed again, unloading this one in turn (a host without
-    RAM to park them cannot hold both). Sleeping makes room among equals; unloading only for a higher
-    priority."""
-    unloaded = [r for key in placement.room.unload if (r := host.resident(key)) is not None]
-    equals = sorted(r.pool[1] for r in unloaded if r.priority >= request.priority)
-    if not equals:
-        return placement
-    return Unplaced(
-        "NoRoom",
-        f"making room on {placement.host} would unload {', '.join(equals)} (no lower priority, and the "
-        "host's memory for sleeping models cannot park it)",
-    )
+def _fresh_idle_in(hosts: Iterable[Host], now: float) -> float | None:
+    """Seconds until the first sleepable model idle for less than ``MIN_IDLE_S`` may be slept (None: none)."""
+    waits = [
+        r.idle_since + MIN_IDLE_S - now
+        for h in hosts
+        for r in h.residents
+        if r.sleepable and r.idle_since + MIN_IDLE_S > now
+    ]
+    return min(waits, default=None)
 
 
 def _nowhere(hosts: Iterable[Host], pool: str) -> Unplaced:

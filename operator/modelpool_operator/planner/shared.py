@@ -182,6 +182,7 @@ def shared_status(
             last_request_time=r.last_request_time,
             reason=r.reason,
             host=r.pod,
+            device=r.device,
             since=r.since,
         )
         for r in sorted(replicas, key=lambda r: r.pod)

@@ -75,6 +75,14 @@ def budget(crds: Cluster) -> Iterator[Callable[[str], None]]:
 
     yield set_budget
     crds.kubectl("delete", "modelbudget", "default", "--ignore-not-found", "--wait=false")
+    # The operator (set up after this fixture) has stopped by now, so nobody removes its budget daemon's
+    # finalizer: drop it and see the budget gone, or the next test's apply lands on an object being
+    # deleted, which its operator then lets go (no budget, no budget daemon, no budget metrics).
+    crds.kubectl(
+        "patch", "modelbudget", "default", "--type", "merge", "-p", '{"metadata":{"finalizers":null}}',
+        check=False,
+    )  # fmt: skip
+    crds.kubectl("wait", "--for=delete", "modelbudget/default", "--timeout=30s", check=False)
 
 
 @pytest.fixture

@@ -2,11 +2,16 @@
 (``testkit.hostsim``: KWOK host pods answered on their pod IPs as ``modelpool-server --shared-host`` does)
 with the real operator and API server; the auditor checks every transition on the hosts: no device or
 host RAM over-committed, no load refused for room, no Loading/Waking model slept or unloaded, every
-eviction chosen by priority then LRU; the placements converge, and again after churn.
+eviction by the priority rule (a sleep takes the lowest priority, then the least recently used, of any
+priority; an unload only a lower priority than the newcomer's), no pool left short while room could be
+made for it; the placements converge, and again after churn. A host pod of two GPUs (``gpusPerHost: 2``)
+takes models on both devices, never over-committing either (the auditor checks each), and the
+ModelHost's status shows both devices' ledgers.
 (``python -m bench.placement`` is the large version: 100 pools over 8 hosts.)"""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,6 +102,7 @@ def test_shared_pools_over_simulated_hosts_never_over_commit_and_converge(
     # Traffic on a few, then churn: a pool goes, one comes, one wants both hosts.
     for name in ("p01", "p04"):
         sim.touch(name)
+    REPLICAS["p11"] = 0  # its unload is its deletion's, no eviction
     crds.kubectl("delete", "modelpool", "p11", "-n", namespace, "--wait=false")
     apply(crds, shared_pool("p12", 3, 2), namespace)
     PRIORITY.update(p12=2, p00=2)
@@ -111,3 +117,50 @@ def test_shared_pools_over_simulated_hosts_never_over_commit_and_converge(
     assert audit.wrong_evictions() == [], "\n".join(map(str, audit.evictions))
     assert audit.transitions > 0 and audit.calls.get("load", 0) >= 8
     assert sim.errors == [] or len(sim.errors) < 3, sim.errors
+
+
+def test_a_host_pod_of_two_gpus_places_models_on_both_without_over_committing_either(
+    crds: Cluster, audited: tuple[str, HostSim]
+) -> None:
+    """Five 1 Gi pools on one host pod of two 3 Gi GPUs: each model takes 1.5 Gi with its process's
+    overhead (512 MiB), so a device holds two awake; the fifth makes room by sleeping idle ones on the
+    device it goes to. With every model on device 0 (a one-device ledger), the third load would be refused.
+    (Its own operator and audit: the simulated hosts' ``wrongly_short`` knows no ModelHost apart.)"""
+    namespace, sim = audited
+    host = {"replicas": 1, "gpusPerHost": 2, "deviceMemory": "3Gi", "hostMemory": "4Gi", **KWOK}
+    apply(crds, {"apiVersion": "modelpool.dev/v1alpha1", "kind": "ModelHost", "metadata": {"name": "gpus"},
+                 "spec": host}, namespace)  # fmt: skip
+    pools = [f"d{i}" for i in range(5)]
+    for name in pools:
+        apply(crds, shared_pool(name, 1, 0), namespace)
+    converge(sim, {name: (1, GI, 0) for name in pools}, timeout=60)
+    [pod] = sim.hosts.values()
+    assert pod.devices == 2
+    with pod.lock:
+        devices = {name: model.device for name, model in pod.models.items()}
+    assert sorted(devices) == pools and set(devices.values()) == {0, 1}, devices
+    assert sim.audit.violations == [], "\n".join(sim.audit.violations)
+
+    def status_devices() -> list[dict[str, Any]]:
+        out = crds.kubectl("get", "modelhost", "gpus", "-n", namespace, "-o", "json").stdout
+        hosts = json.loads(out).get("status", {}).get("hosts") or [{}]
+        models = {m["pool"]: m.get("device") for m in hosts[0].get("models") or []}
+        return list(hosts[0].get("devices") or []) if models == devices else []
+
+    # The ModelHost's status: each device's ledger, each model on the device its host reports.
+    wait_for(lambda: len(status_devices()) == 2, timeout=30, interval=0.5, message="status per device")
+    for device in status_devices():
+        assert device["capacityBytes"] == 3 * GI and 0 <= device["freeBytes"] <= 3 * GI, device
+
+    def pool_devices() -> dict[str, list[int | None]]:
+        out = crds.kubectl("get", "modelpools", "-n", namespace, "-o", "json").stdout
+        return {
+            pool["metadata"]["name"]: [
+                w.get("device") for w in (pool.get("status") or {}).get("workers") or []
+            ]
+            for pool in json.loads(out)["items"]
+        }
+
+    # Each pool's status names the device of its replica.
+    wanted = {name: [device] for name, device in devices.items()}
+    wait_for(lambda: pool_devices() == wanted, timeout=30, interval=0.5, message="workers[].device")

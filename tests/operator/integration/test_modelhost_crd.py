@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from modelpool_contract.api import (
+    MODELHOST_MAX_GPUS_PER_HOST,
     MODELHOST_NAME_MAX_LENGTH,
     MSG_DEVICE_MEMORY_POSITIVE,
     MSG_DEVICE_MEMORY_REQUIRED,
-    MSG_HOST_GPUS,
     MSG_HOST_NAME_LENGTH,
     SHARED_POOL_RULES,
     parse_pool_spec,
@@ -77,9 +77,11 @@ REFUSED: list[tuple[str, dict[str, Any], list[str]]] = [
         ["spec.deviceMemory", MSG_DEVICE_MEMORY_POSITIVE],
     ),
     ("not a quantity", host("h", deviceMemory="lots"), ["spec.deviceMemory"]),
-    ("too many GPUs", host("h", deviceMemory="8Gi", gpusPerHost=17), ["spec.gpusPerHost"]),
-    # A host pod serves one device: a second GPU would sit unused.
-    ("two GPUs", host("h", deviceMemory="8Gi", gpusPerHost=2), [MSG_HOST_GPUS]),
+    (
+        "too many GPUs",
+        host("h", deviceMemory="8Gi", gpusPerHost=MODELHOST_MAX_GPUS_PER_HOST + 1),
+        ["spec.gpusPerHost"],
+    ),
     ("negative hostMemory", host("h", deviceMemory="8Gi", hostMemory="-1Gi"), ["spec.hostMemory"]),
     ("negative modelOverhead", host("h", deviceMemory="8Gi", modelOverhead="-1Mi"), ["spec.modelOverhead"]),
     (
@@ -144,7 +146,7 @@ def test_good_hosts_and_shared_pools_are_accepted_and_the_columns_show_memory(
     assert code == 0, output
 
     gpus = host(
-        "gpus", replicas=2, gpusPerHost=1, deviceMemory="80Gi", hostMemory="64Gi", modelOverhead="500Mi",
+        "gpus", replicas=2, gpusPerHost=2, deviceMemory="80Gi", hostMemory="64Gi", modelOverhead="500Mi",
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}], resources={"cpu": "8"},
     )  # fmt: skip
     hosts_crd.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(gpus))
@@ -171,7 +173,7 @@ def test_good_hosts_and_shared_pools_are_accepted_and_the_columns_show_memory(
         "FREE",
         "AGE",
     ]
-    assert table[1].split()[:8] == ["gpus", "2/2", "1", "5", "90Gi", "30Gi", "2500Mi", "227556Mi"]
+    assert table[1].split()[:8] == ["gpus", "2/2", "2", "5", "90Gi", "30Gi", "2500Mi", "227556Mi"]
     wide = hosts_crd.kubectl("get", "mh", "gpus", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert wide[0].split()[-3:] == ["DEVICE-MEMORY", "HOST-MEMORY", "MODEL-OVERHEAD"]
     assert wide[1].split()[-3:] == ["80Gi", "64Gi", "500Mi"]

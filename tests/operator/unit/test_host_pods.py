@@ -59,6 +59,7 @@ def test_a_gpu_host_pod_owns_its_gpus_and_runs_the_shared_host_with_its_control_
     assert args[0] == "--shared-host"
     assert (flag(args, "--port"), flag(args, "--probe-port")) == ("9000", "9001")
     assert flag(args, "--device") == "auto" and flag(args, "--device-memory") == str(8 * GI)
+    assert flag(args, "--gpus") == "2"  # two devices of --device-memory each: models on cuda:0 or cuda:1
     assert flag(args, "--host-memory") == str(64 * GI)
     assert flag(args, "--model-overhead") == str(512 * 2**20)  # the GPU default: a CUDA context per model
     assert flag(args, "--control-key-file") == CONTROL_KEY_FILE
@@ -80,7 +81,7 @@ def test_a_cpu_host_pod_asks_for_the_ram_its_models_use_and_park() -> None:
     host = view(gpusPerHost=0, deviceMemory="4Gi", hostMemory="2Gi")
     pod = build_host_pod(host, 0)
     [container] = pod["spec"]["containers"]
-    assert flag(container["args"], "--device") == "cpu"
+    assert flag(container["args"], "--device") == "cpu" and flag(container["args"], "--gpus") is None
     assert container["resources"]["requests"] == {"memory": str(6 * GI)}
     assert container["resources"]["limits"] == {"memory": str(6 * GI)}
     assert pod["metadata"]["annotations"][ANNOTATION_MEMORY] == str(6 * GI)

@@ -48,3 +48,48 @@ def test_a_change_of_a_models_state_on_a_shared_host_is_news_for_its_modelhost()
     assert _news(stats("Ready", 0)) != _news(stats("Sleeping", 0))
     assert _news(stats("Ready", 0)) != _news({"host": {"devices": []}, "models": {}})
     assert _news(stats("Ready", 0)) == _news(stats("Ready", 0))
+
+
+def test_each_model_is_charged_on_the_device_its_host_reports_and_a_pod_has_the_devices_it_lists() -> None:
+    """A host pod of several GPUs reports each model's device (``models.<name>.device``) and each device
+    (``host.devices``): the ledger charges each model there, not on device 0."""
+    from modelpool_contract.api import parse_host_spec
+    from modelpool_operator.observe.hosts import host_devices, observe_hosts
+    from tests.operator.unit.test_shared_pool_wait import pod
+
+    report = {
+        "host": {"devices": [{"index": 0}, {"index": 1}, {"index": 2}]},
+        "models": {
+            "a": {"state": "Ready", "device": 2, "memory": {"gpu_reserved_bytes": 3 * GI}},
+            "b": {"state": "Idle", "memory": {"gpu_reserved_bytes": GI}},  # names none: device 0
+            "c": {"state": "Ready", "device": "one", "memory": {"gpu_reserved_bytes": GI}},  # unreadable: 0
+        },
+    }
+    residents = {r.pool[1]: r.device for r in host_residents("ns", report, {})}
+    assert residents == {"a": 2, "b": 0, "c": 0}
+    assert host_devices(report, 2) == 3 and host_devices({"host": {"devices": []}}, 2) == 2
+    assert host_devices(None, 1) == 1
+    spec = parse_host_spec({"gpusPerHost": 2, "deviceMemory": "8Gi", "modelOverhead": 0})
+    [h] = observe_hosts(spec, [pod("h-0")], {"h-0": report})
+    assert h.capacities == (8 * GI,) * 3
+    assert [d.awake for d in ledger(h).devices] == [2 * GI, 0, 3 * GI]
+    # A model on a device the report does not list still counts (on a device of its own), never fails.
+    odd = {"host": {"devices": [{"index": 0}]}, "models": {"a": report["models"]["a"]}}
+    [h] = observe_hosts(spec, [pod("h-0")], {"h-0": odd})
+    assert h.capacities == (8 * GI,) * 3 and ledger(h).devices[2].awake == 3 * GI
+    # A shared pool's replicas say which device of their host pod holds the model (its status shows it).
+    from modelpool_operator.observe.hosts import hosted_replicas
+
+    [a] = hosted_replicas("a", GI, [pod("h-0")], {"h-0": report})
+    [b] = hosted_replicas("b", GI, [pod("h-0")], {"h-0": report})
+    assert (a.pod, a.device, b.device) == ("h-0", 2, None)
+
+
+def test_a_models_state_since_is_read_for_its_idle_age() -> None:
+    """The ledger's idle age (``Resident.idle_since``: a model just loaded, woken or used is not put to
+    sleep for another) needs when the model entered its state, from its ``state_since``."""
+    doc = {"state": "Ready", "state_since": 120.5, "last_request_time": 100.0}
+    [resident] = host_residents("ns", {"models": {"emb": doc}}, {})
+    assert (resident.since, resident.idle_since) == (120.5, 120.5)
+    [idle] = host_residents("ns", {"models": {"emb": {**doc, "state": "Idle"}}}, {})
+    assert idle.idle_since == 100.0  # turned Idle after a quiet spell: idle since its last request

@@ -10,7 +10,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from modelpool_contract.api import ModelPoolStatus, WorkerStatus
+from modelpool_contract.api import (
+    HostDeviceStatus,
+    HostModelStatus,
+    HostPodStatus,
+    ModelHostStatus,
+    ModelPoolStatus,
+    WorkerStatus,
+)
 from modelpool_operator.metrics import OperatorMetrics
 
 
@@ -91,3 +98,64 @@ def test_the_endpoint_serves_the_registry() -> None:
     [sample] = [s for s in families["modelpool_operator_evictions"].samples if s.name.endswith("_total")]
     assert sample.labels == {"reason": "ScaleDown"} and sample.value == 1
     assert "process_resident_memory_bytes" in {s.name for f in families.values() for s in f.samples}
+
+
+def host_pod(name: str, *models: str, free: int = 2**30) -> HostPodStatus:
+    device = HostDeviceStatus(
+        index=0,
+        capacity="4Gi",
+        capacity_bytes=4 * 2**30,
+        awake="3Gi",
+        awake_bytes=3 * 2**30 - free,
+        asleep="0",
+        asleep_bytes=0,
+        free="1Gi",
+        free_bytes=free,
+    )
+    return HostPodStatus(
+        name=name,
+        state="Ready",
+        devices=[device],
+        models=[
+            HostModelStatus(namespace="team", pool=f"p{i}", state=state, memory="1Gi", memory_bytes=2**30)  # type: ignore[arg-type]
+            for i, state in enumerate(models)
+        ],
+    )
+
+
+def test_host_memory_per_pod_and_device_follows_the_status_and_goes_with_the_host() -> None:
+    metrics = OperatorMetrics()
+    both = ModelHostStatus(hosts=[host_pod("gpu-0", "Ready", "Sleeping"), host_pod("gpu-1", "Ready")])
+    metrics.host_written("team", "gpu", both)
+    labels = {"namespace": "team", "modelhost": "gpu", "device": "0"}
+    assert value(metrics, "modelpool_operator_host_memory_bytes", pod="gpu-1", kind="free", **labels) == 2**30
+    assert (
+        value(metrics, "modelpool_operator_host_models", namespace="team", modelhost="gpu", state="Ready")
+        == 2
+    )
+    # The next status has one host pod left, with less free: the other's series go, this one's follow.
+    metrics.host_written("team", "gpu", ModelHostStatus(hosts=[host_pod("gpu-0", "Sleeping", free=0)]))
+    assert value(metrics, "modelpool_operator_host_memory_bytes", pod="gpu-1", kind="free", **labels) is None
+    assert value(metrics, "modelpool_operator_host_memory_bytes", pod="gpu-0", kind="free", **labels) == 0
+    assert (
+        value(metrics, "modelpool_operator_host_models", namespace="team", modelhost="gpu", state="Ready")
+        == 0
+    )
+    metrics.host_gone("team", "gpu")
+    assert (
+        value(metrics, "modelpool_operator_host_memory_bytes", pod="gpu-0", kind="capacity", **labels) is None
+    )
+    assert (
+        value(metrics, "modelpool_operator_host_models", namespace="team", modelhost="gpu", state="Ready")
+        is None
+    )
+
+
+def test_placement_calls_by_action_and_result() -> None:
+    metrics = OperatorMetrics()
+    metrics.placement_call("load", ok=True)
+    metrics.placement_call("load", ok=False)
+    metrics.placement_call("sleep", ok=True)
+    assert value(metrics, "modelpool_operator_placement_calls_total", action="load", result="ok") == 1
+    assert value(metrics, "modelpool_operator_placement_calls_total", action="load", result="failed") == 1
+    assert value(metrics, "modelpool_operator_placement_calls_total", action="sleep", result="ok") == 1

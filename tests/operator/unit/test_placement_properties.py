@@ -10,6 +10,9 @@ Invariants, checked at every step:
   over-committed at all;
 * a Loading, Processing, Waking (or Pending, Evicting, busy) model is never chosen to sleep or unload;
   only sleeping or idle models are unloaded;
+* priority: room for a newcomer (a placement, a wake) puts idle models of any priority to sleep, but
+  only those idle since before the decision's ``idle_before``; it unloads only models of a lower
+  priority than the newcomer's;
 * the ModelBudget admits host pods as workers, each charged at least what its devices hand out, so the
   models on them stay within the budget (a test of its own below);
 * placements are deterministic: the same hosts in another order give the same decision; and a replica
@@ -56,17 +59,24 @@ SIZES = st.sampled_from([1, 2, 5, 10, 15, 20, 30, 50, 90])  # GiB; 90 fits no de
 PRIORITIES = st.integers(-2, 2)
 
 
-def check_room(before: Host, room: Room) -> None:
-    """What a room names may be slept or unloaded: idle models, or (unloads) sleeping ones."""
+def check_room(
+    before: Host, room: Room, priority: int | None = None, idle_before: float = float("inf")
+) -> None:
+    """What a room names may be slept or unloaded: idle models, or (unloads) sleeping ones; for a newcomer
+    of ``priority``, only models idle since before ``idle_before`` sleep and only lower priorities go."""
     named = [*room.sleep, *room.unload]
     assert len(named) == len(set(named)), room
     for key in room.sleep:
         resident = before.resident(key)
         assert resident is not None and resident.state in IDLE and not resident.busy, (key, resident)
+        if priority is not None:
+            assert max(resident.last_used, resident.since) <= idle_before or resident.state == "Idle"
     for key in room.unload:
         resident = before.resident(key)
         assert resident is not None, key
         assert resident.state == "Sleeping" or (resident.state in IDLE and not resident.busy), (key, resident)
+        if priority is not None:
+            assert resident.priority < priority, (key, resident, priority)
 
 
 def check_decision(before: Host, after: Host, target: int | None, need: int = 0) -> None:
@@ -140,12 +150,14 @@ class SharedHosts(RuleBasedStateMachine):
 
     # ---- rules ----
 
-    @rule(pool=st.sampled_from(POOLS), gib=SIZES, priority=PRIORITIES)
-    def place_replica(self, pool: ModelKey, gib: int, priority: int) -> None:
+    @rule(pool=st.sampled_from(POOLS), gib=SIZES, priority=PRIORITIES, recent=st.sampled_from([0, 0, 3, 8]))
+    def place_replica(self, pool: ModelKey, gib: int, priority: int, recent: int = 0) -> None:
         request = PlacementRequest(pool, gib * GI, priority)
         hosts = list(self.hosts.values())
-        decision = place(request, hosts)
-        assert place(request, hosts[::-1]) == decision  # deterministic, whatever the order
+        # Only models idle for ``recent`` ticks may sleep (the planner's MIN_IDLE_S).
+        idle_before = self.clock - recent
+        decision = place(request, hosts, idle_before=idle_before)
+        assert place(request, hosts[::-1], idle_before=idle_before) == decision  # whatever the order
         if isinstance(decision, Unplaced):
             event(f"unplaced: {decision.reason}")
             if decision.reason == "NoRoom":
@@ -155,13 +167,15 @@ class SharedHosts(RuleBasedStateMachine):
                     need = request.memory + h.overhead  # a new model brings its process
                     for d in ledger(h).devices:
                         assert d.free < need
-                        assert make_room(h, d.index, need, priority=priority) is None
+                        assert make_room(h, d.index, need, priority=priority, idle_before=idle_before) is None
             return
         assert isinstance(decision, Placement)
         event("placed awake" if decision.room.empty else "placed after making room")
         before = self.hosts[decision.host]
         assert not before.holds(pool)
-        check_room(before, decision.room)
+        check_room(before, decision.room, priority, idle_before)
+        if any((r := before.resident(k)) is not None and r.priority > priority for k in decision.room.sleep):
+            event("slept a higher priority")
         after = admit(before, decision, request, now=self.tick())
         check_decision(before, after, decision.device)
         self.hosts[decision.host] = after
@@ -172,7 +186,7 @@ class SharedHosts(RuleBasedStateMachine):
         if loading:
             host, r = data.draw(st.sampled_from(loading))
             state = "Loading" if r.state == "Pending" else ("Idle" if idle else "Ready")
-            self.set_resident(host, r, replace(r, state=state))
+            self.set_resident(host, r, replace(r, state=state, since=self.tick()))
 
     @rule(data=st.data(), busy=st.booleans())
     def serve(self, data: st.DataObject, busy: bool) -> None:
@@ -180,7 +194,8 @@ class SharedHosts(RuleBasedStateMachine):
         if serving:
             host, r = data.draw(st.sampled_from(serving))
             state = "Idle" if r.state == "Processing" else "Processing"
-            served = replace(r, state=state, busy=busy and state != "Idle", last_used=self.tick())
+            now = self.tick()
+            served = replace(r, state=state, busy=busy and state != "Idle", last_used=now, since=now)
             self.set_resident(host, r, served)
 
     @rule(data=st.data(), percent=st.integers(25, 200))
@@ -215,6 +230,7 @@ class SharedHosts(RuleBasedStateMachine):
             room = wake(self.hosts[host], r.pool)
             event("woken" if room is not None else "could not wake")
             if room is not None:
+                check_room(self.hosts[host], room, r.priority)
                 after = self.decide(host, room, r.device, need=r.awake_bytes)
                 waking = after.resident(r.pool)
                 assert waking is not None and waking.state == "Sleeping"  # never its own unload
@@ -227,7 +243,7 @@ class SharedHosts(RuleBasedStateMachine):
         waking = self.residents("Waking")
         if waking:
             host, r = data.draw(st.sampled_from(waking))
-            self.set_resident(host, r, replace(r, state="Ready"))
+            self.set_resident(host, r, replace(r, state="Ready", since=self.tick()))
 
     @rule(data=st.data(), gib=st.integers(0, 40))
     def host_ram_short(self, data: st.DataObject, gib: int) -> None:

@@ -626,12 +626,14 @@ class RecordingControl:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str]] = []
         self.keys: list[str] = []  # the key each unload carried
+        self.configs: list[Mapping[str, Any]] = []  # the settings each load carried
 
     async def index(self, url: str, key: str) -> list[dict[str, Any]]:
         return []
 
     async def load(self, url: str, key: str, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
         self.calls.append(("load", url, model))
+        self.configs.append(config)
         return {"name": model, "state": "Ready"}
 
     async def unload(self, url: str, key: str, model: str) -> None:
@@ -696,6 +698,22 @@ def _shared(name: str) -> dict[str, Any]:
     return body
 
 
+def test_a_load_names_the_device_only_on_a_host_pod_of_several_gpus() -> None:
+    from modelpool_operator.effects.placing import load_settings
+    from modelpool_operator.planner.placing import Control
+
+    call = Control(
+        "load", "gpus-0", "emb", "placed", json.dumps({"source": "/m", "task": "text-embedding"}), 1
+    )
+    assert load_settings(call, {"spec": {"gpusPerHost": 2}}) == {
+        "source": "/m",
+        "task": "text-embedding",
+        "device": 1,
+    }
+    assert "device" not in load_settings(call, {"spec": {"gpusPerHost": 1}})
+    assert "device" not in load_settings(call, {"spec": {"gpusPerHost": 0}})
+
+
 async def test_a_host_pass_loads_a_shared_pool_and_annotates_the_host_pod(state: Operator) -> None:
     from modelpool_operator.bookkeeping import HostRun
     from modelpool_operator.host import HostView, host_charge_key
@@ -723,6 +741,10 @@ async def test_a_host_pass_loads_a_shared_pool_and_annotates_the_host_pod(state:
     await place()
     port = state.services.config.server_probe_port
     assert control.calls == [("load", f"http://127.0.0.9:{port}", "emb")]
+    # A host pod of one GPU is not told the device (an older host image refuses the field); the pass
+    # keeps the ledger's choice while the load is in flight or landed.
+    assert "device" not in control.configs[0] and "device" not in run.loaded[("gpus-0", "emb")]
+    assert run.devices == {("gpus-0", "emb"): 0}
     assert run.loaded == {("gpus-0", "emb"): run.loaded[("gpus-0", "emb")]} and run.loading == {}
     assert scraper.invalidated == ["gpus-0"]  # its /stats predates the load: refetched at the next pass
     # The annotation follows the host's /stats, written only when it differs from the pod's.
