@@ -82,8 +82,9 @@ class OperatorConfig(BaseSettings):
         default=10.0,
         gt=0,
         description=(
-            "Each pool is re-reconciled at least this often even without events (level-based safety net); "
-            "pod changes wake it at once."
+            "Each pool is re-reconciled this often even without events (level-based safety net); pod "
+            "changes wake it at once. The pools' resyncs take turns, 10 a second for the process: with more "
+            "than 10 x this many pools each comes less often."
         ),
     )
     reservation_ttl_seconds: float = Field(
