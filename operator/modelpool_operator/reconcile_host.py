@@ -20,7 +20,7 @@ from typing import Any
 from modelpool_contract.placements import ANNOTATION_MODELS, host_model_name
 from modelpool_contract.stats import STATS_PATH
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun
-from modelpool_operator.effects.apply import settle_reservations, tell
+from modelpool_operator.effects.apply import settle_soon, tell
 from modelpool_operator.effects.hosts import apply_host
 from modelpool_operator.effects.placing import (
     apply_placing,
@@ -134,7 +134,7 @@ async def reconcile_host(
     await place_models(
         services, book, run=run, host=host, body=body, pods_by_pool=pods_by_pool, pools_by_key=pools_by_key
     )
-    await settle_reservations(services, book, now, indexed=in_index(pods_by_pool))
+    settle_soon(services, book, indexed=in_index(pods_by_pool))
     return planned
 
 
