@@ -358,16 +358,13 @@ class HostSupervisor:
                 for s in self.slots
                 if s.config is not None
             ]
-        return render_host(gauges, self.stats()["host"]["devices"], self.metrics_dir)
+            devices = self._device_reports()
+        return render_host(gauges, devices, self.metrics_dir)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
             loaded = [s for s in self.slots if s.config is not None]
-            facts = [s.facts() for s in loaded]
-            devices = [
-                host_plan.device_report(i, name, self.config.device_memory, self.config.overhead, facts)
-                for i, name in enumerate(self.devices)
-            ]
+            devices = self._device_reports()
             # Each model's document is a worker's /stats, and the index of the device it lives on.
             models = {
                 s.name: {**worker_stats.stats(s.config, s.view, s.state_machine), "device": s.device}
@@ -375,6 +372,14 @@ class HostSupervisor:
                 if s.config is not None and s.name is not None
             }
         return {"host": {"failed": self.failed or None, "devices": devices}, "models": models}
+
+    def _device_reports(self) -> list[dict[str, Any]]:
+        """Each device's ledger (``/stats`` ``host.devices``); the caller holds the lock."""
+        facts = [s.facts() for s in self.slots if s.config is not None]
+        return [
+            host_plan.device_report(i, name, self.config.device_memory, self.config.overhead, facts)
+            for i, name in enumerate(self.devices)
+        ]
 
     # ---- watch ----------------------------------------------------------------------------------------
 
