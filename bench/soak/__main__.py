@@ -28,7 +28,7 @@ from bench.soak.report import SoakResult, table, write_readme
 from bench.soak.rig import KWOK_NODE_LEASE_SECONDS, Plan, Rig
 from bench.soak.rss import RssSampler
 from testkit.cluster import Cluster, start_cluster, stop_cluster
-from testkit.kubectl import WaitTimeoutError, wait_for
+from testkit.kubectl import WaitTimeoutError, is_ready, wait_for
 
 CONVERGE_S = 120.0
 SETTLE_S = 300.0  # the first convergence: MiniLM workers load on a busy machine
@@ -106,8 +106,11 @@ def _soak(rig: Rig, faults: list[sched.Fault], minutes: float, command: str) -> 
     auditor.watch(rig.cluster.kubeconfig)
     rig.install()
     try:
-        wait_for(lambda: not converged(rig.pools(), rig.worker_pods()), timeout=SETTLE_S, interval=1,
-                 message="the pools converged before the faults")  # fmt: skip
+        # Converged, and every worker pod Ready as its own condition says: the pools' status can show a
+        # worker serving a probe period before its pod turns Ready, and the faults pick Ready pods (a first
+        # worker-kill at 0.1 s once found none and was counted as a fault with nothing to act on).
+        wait_for(lambda: not converged(rig.pools(), pods := rig.worker_pods()) and all(map(is_ready, pods)),
+                 timeout=SETTLE_S, interval=1, message="the pools converged before the faults")  # fmt: skip
         # Traffic goes to the pools with a server behind them; KWOK pools have none (their workers are
         # simulated), they exercise the control plane.
         pools = sorted(
