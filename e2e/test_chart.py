@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e.helpers import CHART, CHART_CRDS, by_kind, load_all, one, require_binary, run
 from modelpool_contract.labels import PROBE_PORT_NAME
+from modelpool_contract.version import VERSION
 
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 OPERATOR = "mp-modelpool-operator"
@@ -86,7 +88,7 @@ def test_default_render_cluster_scope(helm: list[str]) -> None:
     pod = one(docs, "Deployment", OPERATOR)["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert c["image"] == "ghcr.io/modelpool/modelpool-operator:0.1.0"
+    assert c["image"] == f"ghcr.io/modelpool/modelpool-operator:{VERSION}"
 
     peering = one(docs, "ClusterKopfPeering")
     assert peering["metadata"]["name"] == "modelpool-operator"
@@ -449,7 +451,7 @@ def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str])
     docs = render(helm)
     c = container(docs, GATEWAY)
     assert c["command"] == ["modelpool-gateway"]
-    assert c["image"] == "ghcr.io/modelpool/modelpool-operator:0.1.0", (
+    assert c["image"] == f"ghcr.io/modelpool/modelpool-operator:{VERSION}", (
         "the gateway runs from the operator image"
     )
     assert c["args"] == ["--port=8080"], "cluster scope: every namespace, no --namespace"
@@ -670,3 +672,16 @@ def test_the_uninstall_hook_stops_the_operator_and_unfinalizes_its_pools_with_it
 
 def _wildcard(role: dict[str, Any]) -> bool:
     return any(verb == "*" or res == "*" for _, res, verb in _rules(role))
+
+
+# ---- the release's one version ----
+
+
+def test_the_chart_version_and_app_version_are_the_release_version() -> None:
+    """Helm reads only Chart.yaml: its version and appVersion (the default image tag) must be the release's,
+    written once in modelpool_contract/version.py (pyproject's dynamic version reads the same constant)."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (chart["version"], chart["appVersion"]) == (VERSION, VERSION), (
+        f"charts/modelpool-operator/Chart.yaml says version {chart['version']!r}, appVersion "
+        f"{chart['appVersion']!r}; the release is {VERSION!r} (modelpool_contract/version.py)"
+    )

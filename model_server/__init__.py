@@ -1,3 +1,5 @@
 """modelpool-server: one model behind a bounded queue (KServe v2 + OpenAI-compatible HTTP APIs)."""
 
-__version__ = "0.1.0"
+from modelpool_contract.version import VERSION as __version__
+
+__all__ = ["__version__"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Final, Literal
 
 from modelpool_contract.tasks import TaskName
+from modelpool_contract.version import VERSION
 
 #: The weights' dtype (``auto``: float16 on a GPU, float32 on a CPU).
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
@@ -19,7 +20,7 @@ Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 #: The console script the worker container runs.
 SERVER_COMMAND: Final = "modelpool-server"
 #: The worker image when a pool names none.
-DEFAULT_SERVER_IMAGE: Final = "ghcr.io/modelpool/modelpool-server:0.1.0"
+DEFAULT_SERVER_IMAGE: Final = f"ghcr.io/modelpool/modelpool-server:{VERSION}"
 #: The port worker pods listen on (the operator passes it; the server's own default suits a laptop).
 WORKER_PORT: Final = 8000
 #: The port a worker's supervisor answers probes, ``/stats`` and ``/metrics`` on, apart from the traffic

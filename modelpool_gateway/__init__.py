@@ -6,4 +6,6 @@ records that demand on the pool, and never queues without a bound.  No torch, no
 neither ``model_server`` nor ``modelpool_operator``.
 """
 
-__version__ = "0.1.0"
+from modelpool_contract.version import VERSION as __version__
+
+__all__ = ["__version__"]
