@@ -1,5 +1,5 @@
 """modelpool-server: one model behind a bounded queue (KServe v2 + OpenAI-compatible HTTP APIs)."""
 
-from modelpool_contract.version import VERSION as __version__
+from modelpool_contract.version import VERSION
 
-__all__ = ["__version__"]
+__version__ = VERSION

@@ -6,6 +6,6 @@ records that demand on the pool, and never queues without a bound.  No torch, no
 neither ``model_server`` nor ``modelpool_operator``.
 """
 
-from modelpool_contract.version import VERSION as __version__
+from modelpool_contract.version import VERSION
 
-__all__ = ["__version__"]
+__version__ = VERSION
