@@ -81,6 +81,9 @@ BENCH_NODE_OCTET = 80
 BENCH_NODES_MAX = 20
 # Pods per bench node (a /16 each holds 65,534 addresses); 20 nodes hold 20,000 pods.
 BENCH_NODE_PODS = 1000
+# CPUs per bench node: every worker requests one by the operator's default (DEFAULT_WORKER_CPU), so a node
+# full of pods must have a CPU for each, and some to spare (the scheduler, not the CPUs, is measured here).
+BENCH_NODE_CPU = str(2 * BENCH_NODE_PODS)
 
 
 def nodes_needed(pods: int) -> int:
@@ -95,6 +98,7 @@ def extra_nodes(count: int) -> str:
         raise ValueError(f"at most {BENCH_NODES_MAX} bench nodes (their pod CIDRs are 127.80-99.0.0/16)")
     nodes = []
     pods = str(BENCH_NODE_PODS)
+    cpu = BENCH_NODE_CPU
     for i in range(count):
         nodes.append(
             {
@@ -107,8 +111,8 @@ def extra_nodes(count: int) -> str:
                 },
                 "spec": {"podCIDR": _cidr(i), "podCIDRs": [_cidr(i)]},  # 127.80.0.0/16 up
                 "status": {
-                    "allocatable": {"cpu": "640", "memory": "5Ti", "nvidia.com/gpu": "8", "pods": pods},
-                    "capacity": {"cpu": "640", "memory": "5Ti", "nvidia.com/gpu": "8", "pods": pods},
+                    "allocatable": {"cpu": cpu, "memory": "5Ti", "nvidia.com/gpu": "8", "pods": pods},
+                    "capacity": {"cpu": cpu, "memory": "5Ti", "nvidia.com/gpu": "8", "pods": pods},
                 },
             }
         )

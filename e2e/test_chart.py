@@ -13,8 +13,11 @@ import pytest
 import yaml
 
 from e2e.helpers import CHART, CHART_CRDS, by_kind, load_all, one, require_binary, run
+from modelpool_contract.flags import DEFAULT_WORKER_CPU
 from modelpool_contract.labels import PROBE_PORT_NAME
 from modelpool_contract.version import VERSION
+from modelpool_operator.services import pod_settings
+from modelpool_operator.settings import OperatorConfig
 
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 OPERATOR = "mp-modelpool-operator"
@@ -107,6 +110,23 @@ def test_default_render_cluster_scope(helm: list[str]) -> None:
     assert [(b["metadata"]["name"], b["metadata"]["namespace"]) for b in lasting] == [
         (f"{GATEWAY}-keys", "mp-system")
     ]
+
+
+def _operator_env(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in container(docs)["env"]}
+
+
+def test_the_default_worker_cpu_reaches_the_operator(helm: list[str]) -> None:
+    variable = "MODELPOOL_OPERATOR_DEFAULT_WORKER_CPU"
+    # The chart's value by default: each worker without resources.cpu requests one CPU.
+    assert _operator_env(render(helm))[variable] == DEFAULT_WORKER_CPU
+    for value, default_cpu in (("500m", "500m"), ("2", "2"), ("0", None)):
+        rendered = _operator_env(render(helm, "--set", f"config.defaultWorkerCpu={value}"))[variable]
+        assert rendered == value
+        # What the operator makes of the rendered variable: the request its pod builder gives.
+        assert pod_settings(OperatorConfig(default_worker_cpu=rendered)).default_cpu == default_cpu
+    # Empty: no variable, so the operator's own default applies.
+    assert variable not in _operator_env(render(helm, "--set-string", "config.defaultWorkerCpu="))
 
 
 def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
@@ -372,6 +392,8 @@ def test_network_policy_is_made_by_the_operator_and_names_the_operator_and_the_g
             ["--set-json", 'networkPolicy.from=[{"podSelector": {"matchLabel": {"a": "b"}}}]'],
             "additional properties 'matchLabel' not allowed",
         ),
+        (["--set", "config.defaultWorkerCpu=one"], "at '/config/defaultWorkerCpu'"),
+        (["--set", "config.defaultWorkerCpu=-1"], "at '/config/defaultWorkerCpu'"),
         (["--set", "config.modelCacheType=nfs"], "at '/config/modelCacheType'"),
         (["--set", "config.modelCacheType=pvc"], "at '/config/modelCacheClaimName'"),
         (["--set", "config.modelCacheType=hostPath"], "at '/config/modelCacheHostPath'"),

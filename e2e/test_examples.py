@@ -75,3 +75,18 @@ def test_pvc_examples_load_from_where_their_claim_is_mounted() -> None:
         root = container["args"][container["args"].index("--pvc-root") + 1]
         # The directory the server will read lies inside the mounted claim.
         assert source.model_path(root).startswith(mount["mountPath"] + "/"), doc["metadata"]["name"]
+
+
+def test_every_dedicated_pool_and_host_asks_for_its_cpu() -> None:
+    # Not the operator's default: an example says what its workers need (issue 29: workers sharing a node
+    # without a CPU request each size their threads to every core of it).
+    docs = [d for p in EXAMPLE_FILES for d in _documents(p)]
+    pools = [d for d in docs if d["kind"] == MODELPOOL_KIND and not parse_pool_spec(d["spec"]).host]
+    hosts = [d for d in docs if d["kind"] == MODELHOST_KIND]
+    assert pools and hosts
+    for doc in pools:
+        assert parse_pool_spec(doc["spec"]).resources.cpu is not None, doc["metadata"]["name"]
+        (container,) = build_worker_pod(PoolView.from_body(doc), "w")["spec"]["containers"]
+        assert container["resources"]["requests"]["cpu"] == str(doc["spec"]["resources"]["cpu"])
+    for doc in hosts:
+        assert parse_host_spec(doc["spec"]).resources.cpu is not None, doc["metadata"]["name"]

@@ -213,7 +213,8 @@ class ResourcesSpec(_Model):
     cpu: Quantity | None = Field(
         default=None,
         description=(
-            "CPU request per worker (a quantity such as 2 or 500m); unset: none. The operator passes it to "
+            "CPU request per worker (a quantity such as 2 or 500m; no limit); unset: the operator's "
+            "default_worker_cpu (1 CPU unless configured; 0 there: none). The operator passes it to "
             "the server (the downward API), which sizes the model's CPU threads to it where no CPU limit "
             "caps the pod: workers that share a node then do not each run one thread per core."
         ),
@@ -225,7 +226,7 @@ class ResourcesSpec(_Model):
         description=(
             "The model's CPU threads per worker (torch's intra-op and inter-op pools and the tokenizer's): "
             "the server's --intra-op-threads. Unset: sized from the container's CPU limit, else from "
-            "resources.cpu (rounded down, at least 1), else torch's default (one per core)."
+            "the CPU request (rounded down, at least 1), else torch's default (one per core)."
         ),
     )
 
@@ -1040,8 +1041,9 @@ class HostResourcesSpec(_Model):
     cpu: Quantity | None = Field(
         default=None,
         description=(
-            "CPU request per host pod (a quantity such as 8 or 500m); unset: none. The host's models share "
-            "it: the server sizes each model's CPU threads within it."
+            "CPU request per host pod (a quantity such as 8 or 500m; no limit); unset: the operator's "
+            "default_worker_cpu (1 CPU unless configured; 0 there: none). The host's models share it: the "
+            "server sizes each model's CPU threads within it."
         ),
     )
 

@@ -48,6 +48,11 @@ DRAIN_TIMEOUT_S: Final = 30
 #: (its settings read ``MODELPOOL_<FLAG>``).  Where no CPU limit caps the pod, the server sizes the model's
 #: and the tokenizer's threads to it, so that workers sharing a node do not each run a pool per core.
 CPU_SHARE_ENV: Final = "MODELPOOL_CPU_SHARE_MILLICORES"
+#: The CPU request of a worker pod whose pool sets no ``spec.resources.cpu`` (and of a ModelHost's pods that
+#: set none): the operator's ``default_worker_cpu`` and the chart's ``config.defaultWorkerCpu``.  Without
+#: any request each worker sizes its threads to every core of the node: two MiniLM workers sharing a node
+#: so served 0.40x one worker alone, and 1.37x with one CPU requested each (issue 29).
+DEFAULT_WORKER_CPU: Final = "1"
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,7 @@ def pod_settings(config: OperatorConfig) -> PodSettings:
         port=config.server_port,
         probe_port=config.server_probe_port,
         model_cache=config.model_cache,
+        default_cpu=config.worker_cpu,
     )
 
 

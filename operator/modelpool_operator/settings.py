@@ -17,8 +17,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from modelpool_contract.api import CacheType, ModelCacheSpec
-from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, WORKER_PORT, WORKER_PROBE_PORT
+from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, DEFAULT_WORKER_CPU, WORKER_PORT, WORKER_PROBE_PORT
 from modelpool_contract.labels import LABEL_POOL, PREFIX
+from modelpool_contract.quantity import QuantityError, quantity_value
 from modelpool_operator.effects.network_peers import NetworkPolicyPeer
 from modelpool_operator.policy import Policy, check_host_path_prefix, check_image_entry
 
@@ -101,6 +102,15 @@ class OperatorConfig(BaseSettings):
     server_image: str = Field(
         default=DEFAULT_SERVER_IMAGE,
         description="Worker image when a pool's spec.image is empty.",
+    )
+    default_worker_cpu: str = Field(
+        default=DEFAULT_WORKER_CPU,
+        description=(
+            "CPU request of the workers of pools that set no spec.resources.cpu, and of ModelHost pods that "
+            "set none (a quantity such as 1 or 500m; a request, no limit, as resources.cpu is): the server "
+            "sizes the model's CPU threads to it, so that workers sharing a node do not each run one "
+            "thread per core of it. 0 or empty: no default request."
+        ),
     )
     budget_name: str = Field(
         default="default", description="The ModelBudget (cluster-scoped) the operator uses."
@@ -273,6 +283,17 @@ class OperatorConfig(BaseSettings):
     def _image_entries(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(check_image_entry(entry) for entry in value)
 
+    @field_validator("default_worker_cpu")
+    @classmethod
+    def _cpu_is_quantity(cls, value: str) -> str:
+        value = value.strip()
+        if value:
+            try:
+                quantity_value(value)
+            except QuantityError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
     @field_validator("posting_level")
     @classmethod
     def _known_level(cls, value: str) -> str:
@@ -329,6 +350,12 @@ class OperatorConfig(BaseSettings):
             raise ValueError("; ".join(_cache_error(e) for e in exc.errors())) from None
 
     @property
+    def worker_cpu(self) -> str | None:
+        """The default CPU request of worker and host pods (None: none; ``default_worker_cpu`` 0 or
+        empty)."""
+        return worker_cpu_default(self.default_worker_cpu)
+
+    @property
     def policy(self) -> Policy:
         """What pool authors may ask for (``modelpool_operator.policy``)."""
         return Policy(
@@ -364,6 +391,13 @@ def _cache_error(error: Any) -> str:
     for field, name in _CACHE_FIELD.items():
         message = message.replace(field, _CACHE_SETTING[name])
     return message
+
+
+def worker_cpu_default(value: str) -> str | None:
+    """Pure: a ``default_worker_cpu`` setting as the pod builder takes it: the quantity, or None for 0
+    and empty (no request; a zero request would also make the server's CPU share say nothing)."""
+    value = value.strip()
+    return value if value and quantity_value(value) > 0 else None
 
 
 def peering_priority(configured: int | None, rng: random.Random) -> int:

@@ -20,11 +20,13 @@ from modelpool_contract.api import (
     ModelCacheSpec,
     ModelHostSpec,
     ModelPoolSpec,
+    Quantity,
 )
 from modelpool_contract.exits import termination_grace_period_s
 from modelpool_contract.flags import (
     CPU_SHARE_ENV,
     DEFAULT_SERVER_IMAGE,
+    DEFAULT_WORKER_CPU,
     DRAIN_TIMEOUT_S,
     IDLE_AFTER_S,
     SERVER_COMMAND,
@@ -86,6 +88,18 @@ class PodSettings:
     image_pull_policy: str = "IfNotPresent"
     # The model cache of pools that set no spec.model.cache (None: an emptyDir per worker).
     model_cache: ModelCacheSpec | None = None
+    # The CPU request of worker and host pods whose spec sets no resources.cpu (None: none). Without one
+    # each worker sizes its threads to every core of the node, and workers sharing it stall each other.
+    default_cpu: str | None = DEFAULT_WORKER_CPU
+
+
+def cpu_request(explicit: Quantity | None, default: str | None) -> str | None:
+    """Pure: a worker's or host pod's CPU request: its spec's ``resources.cpu``, else the operator's
+    default (None: no request).  A request only, never a limit (KServe's default resources set both), as
+    ``resources.cpu`` is: the request already sizes the server's threads (``model_server.cpu_budget``, from
+    the downward API), so a limit would add no protection from neighbours, only CFS throttling of a
+    worker's lockstep pools and HTTP processes whenever they burst onto idle cores."""
+    return str(explicit) if explicit is not None else default
 
 
 def _model_source(spec: ModelPoolSpec) -> str:
@@ -174,17 +188,17 @@ def _env_var(var: EnvVar) -> dict[str, Any]:
     return {"name": var.name, "value": var.value or ""}
 
 
-def _container_resources(spec: ModelPoolSpec) -> dict[str, Any]:
+def _container_resources(spec: ModelPoolSpec, cpu: str | None) -> dict[str, Any]:
     """Requests and limits: the container's RAM (``resources.hostMemory`` or its default, which is not
-    what the worker is charged on GPU pools), GPUs, CPU."""
+    what the worker is charged on GPU pools), GPUs, the CPU request ``cpu`` (``cpu_request``)."""
     ram_request, ram_limit = spec.resources.container_memory()
     requests: dict[str, Any] = {"memory": str(ram_request)}
     limits: dict[str, Any] = {} if ram_limit is None else {"memory": str(ram_limit)}
     if spec.resources.gpus > 0:
         limits["nvidia.com/gpu"] = str(spec.resources.gpus)
         requests["nvidia.com/gpu"] = str(spec.resources.gpus)
-    if spec.resources.cpu is not None:
-        requests["cpu"] = str(spec.resources.cpu)
+    if cpu is not None:
+        requests["cpu"] = cpu
     return {"limits": limits, "requests": requests}
 
 
@@ -203,7 +217,8 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
     for name, value in (*SCRATCH_ENV, ("PYTHONUNBUFFERED", "1")):
         if name not in env_names:
             env.append({"name": name, "value": value})
-    if spec.resources.cpu is not None and CPU_SHARE_ENV not in env_names:
+    cpu = cpu_request(spec.resources.cpu, settings.default_cpu)
+    if cpu is not None and CPU_SHARE_ENV not in env_names:
         env.append(cpu_share_env())
     return {
         "name": SERVER_CONTAINER,
@@ -216,7 +231,7 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
             {"name": HTTP_PORT_NAME, "containerPort": settings.port, "protocol": "TCP"},
             {"name": PROBE_PORT_NAME, "containerPort": settings.probe_port, "protocol": "TCP"},
         ],
-        "resources": _container_resources(spec),
+        "resources": _container_resources(spec, cpu),
         # Loading a big model takes minutes: liveness/readiness only start once startup succeeded.
         "startupProbe": {
             "httpGet": _http_get(LIVE_PATH),
@@ -500,9 +515,10 @@ def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
     return args
 
 
-def _host_resources(spec: ModelHostSpec) -> dict[str, Any]:
+def _host_resources(spec: ModelHostSpec, cpu: str | None) -> dict[str, Any]:
     """nvidia.com/gpu = gpusPerHost; on a CPU host the RAM its models use (deviceMemory, awake) and park
-    (hostMemory, asleep) as its memory request and limit; CPU as the ModelHost asks."""
+    (hostMemory, asleep) as its memory request and limit; the CPU request ``cpu`` (``cpu_request``: the
+    ModelHost's, else the operator's default), which its models share."""
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
     if spec.gpus_per_host > 0:
@@ -514,8 +530,8 @@ def _host_resources(spec: ModelHostSpec) -> dict[str, Any]:
     else:
         ram = spec.device_memory_bytes + spec.host_memory_bytes
         requests["memory"] = limits["memory"] = str(ram)
-    if spec.resources.cpu is not None:
-        requests["cpu"] = str(spec.resources.cpu)
+    if cpu is not None:
+        requests["cpu"] = cpu
     return {"requests": requests, "limits": limits}
 
 
@@ -529,7 +545,8 @@ def build_host_pod(host: HostView, index: int, settings: PodSettings | None = No
     metadata = _host_metadata(host, name, _host_pod_labels(host))
     metadata["annotations"] = {ANNOTATION_MEMORY: str(host_charge(spec))}
     env = [{"name": k, "value": v} for k, v in (*SCRATCH_ENV, ("PYTHONUNBUFFERED", "1"))]
-    if spec.resources.cpu is not None:
+    cpu = cpu_request(spec.resources.cpu, settings.default_cpu)
+    if cpu is not None:
         env.append(cpu_share_env())
     container = {
         "name": SERVER_CONTAINER,
@@ -542,7 +559,7 @@ def build_host_pod(host: HostView, index: int, settings: PodSettings | None = No
             {"name": HTTP_PORT_NAME, "containerPort": settings.port, "protocol": "TCP"},
             {"name": PROBE_PORT_NAME, "containerPort": settings.probe_port, "protocol": "TCP"},
         ],
-        "resources": _host_resources(spec),
+        "resources": _host_resources(spec, cpu),
         "readinessProbe": {"httpGet": _http_get(READY_PATH), "periodSeconds": 2, "timeoutSeconds": 2},
         "livenessProbe": {
             "httpGet": _http_get(LIVE_PATH),

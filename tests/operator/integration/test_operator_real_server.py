@@ -7,11 +7,13 @@ when a higher-priority pool needs the budget. Each test loads one MiniLM server 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
 import pytest
 
+from modelpool_contract.flags import DEFAULT_WORKER_CPU
 from testkit.cluster import Cluster
 from testkit.environment import free_port
 from testkit.kubectl import apply, wait_for
@@ -81,6 +83,13 @@ def test_real_worker_loads_serves_goes_idle_and_is_evicted_to_min_replicas(
         assert response.status_code == 200, response.text
         vectors = [item["embedding"] for item in response.json()["data"]]
         assert len(vectors) == 2 and len(vectors[0]) == 384
+        # No resources.cpu: the operator's default request, passed as the worker's CPU share, sized the
+        # model's threads (issue 29), where torch's default runs one per core of the node.
+        assert pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] == DEFAULT_WORKER_CPU
+        threads = httpx.get(f"http://{ip}:{port}/stats", timeout=10).json()["threads"]
+        share = float(DEFAULT_WORKER_CPU)
+        expected = ("share", share) if share < len(os.sched_getaffinity(0)) else ("default", None)
+        assert (threads["sized_from"], threads["cpus"]) == expected, threads
         wait_for(
             lambda: any(
                 w.get("lastRequestTime") for s in recorder.statuses("minilm") for w in s.get("workers") or []

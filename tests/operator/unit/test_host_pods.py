@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from modelpool_contract.api import parse_host_spec
+from modelpool_contract.flags import CPU_SHARE_ENV, DEFAULT_WORKER_CPU
 from modelpool_contract.labels import ANNOTATION_MEMORY
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_operator.budget import Ledger
@@ -79,7 +80,7 @@ def test_a_gpu_host_pod_owns_its_gpus_and_runs_the_shared_host_with_its_control_
 
 def test_a_cpu_host_pod_asks_for_the_ram_its_models_use_and_park() -> None:
     host = view(gpusPerHost=0, deviceMemory="4Gi", hostMemory="2Gi")
-    pod = build_host_pod(host, 0)
+    pod = build_host_pod(host, 0, PodSettings(default_cpu=None))
     [container] = pod["spec"]["containers"]
     assert flag(container["args"], "--device") == "cpu" and flag(container["args"], "--gpus") is None
     assert container["resources"]["requests"] == {"memory": str(6 * GI)}
@@ -90,6 +91,34 @@ def test_a_cpu_host_pod_asks_for_the_ram_its_models_use_and_park() -> None:
     # Idle models sleep only where there is RAM to park them in.
     assert "--sleep-idle" in container["args"]
     assert "--sleep-idle" not in no_sleep["spec"]["containers"][0]["args"]
+
+
+def _cpu_and_share(pod: dict[str, Any]) -> tuple[str | None, str | None, list[str]]:
+    """The host container's CPU request and limit, and the names of its CPU share variables."""
+    [container] = pod["spec"]["containers"]
+    share = [e["name"] for e in container["env"] if e["name"] == CPU_SHARE_ENV]
+    resources = container["resources"]
+    return resources["requests"].get("cpu"), resources["limits"].get("cpu"), share
+
+
+def test_a_host_pod_without_resources_cpu_gets_the_default_request_its_models_share() -> None:
+    for gpus in (0, 1):
+        host = view(gpusPerHost=gpus, deviceMemory="4Gi")
+        assert _cpu_and_share(build_host_pod(host, 0)) == (DEFAULT_WORKER_CPU, None, [CPU_SHARE_ENV])
+        assert _cpu_and_share(build_host_pod(host, 0, PodSettings(default_cpu="3"))) == (
+            "3",
+            None,
+            [CPU_SHARE_ENV],
+        )
+        assert _cpu_and_share(build_host_pod(host, 0, PodSettings(default_cpu=None))) == (None, None, [])
+    # The ModelHost's own resources.cpu wins, with the default on or off.
+    host = view(resources={"cpu": "8"})
+    for default in ("3", None):
+        assert _cpu_and_share(build_host_pod(host, 0, PodSettings(default_cpu=default))) == (
+            "8",
+            None,
+            [CPU_SHARE_ENV],
+        )
 
 
 def test_the_control_key_secret_is_owned_by_the_modelhost() -> None:

@@ -16,6 +16,7 @@ import kopf
 import pytest
 from aiohttp import web
 
+from modelpool_contract.flags import DEFAULT_WORKER_CPU
 from modelpool_operator.effects.kube import merge_patch
 from modelpool_operator.main import build_parser, config_from_args
 from modelpool_operator.observe.stats import StatsScraper, stats_url
@@ -75,6 +76,21 @@ def test_the_default_model_cache_comes_from_the_environment(monkeypatch: pytest.
         OperatorConfig()
     monkeypatch.setenv("MODELPOOL_OPERATOR_MODEL_CACHE_CLAIM_NAME", "Not A Name")
     with pytest.raises(ValueError, match="model_cache_claim_name: String should match pattern"):
+        OperatorConfig()
+
+
+def test_the_default_worker_cpu_is_a_setting_a_flag_and_off_at_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert OperatorConfig().default_worker_cpu == DEFAULT_WORKER_CPU
+    assert pod_settings(OperatorConfig()).default_cpu == DEFAULT_WORKER_CPU
+    monkeypatch.setenv("MODELPOOL_OPERATOR_DEFAULT_WORKER_CPU", "500m")
+    assert pod_settings(OperatorConfig()).default_cpu == "500m"
+    flag = config_from_args(build_parser().parse_args(["--default-worker-cpu", "2"]))
+    assert pod_settings(flag).default_cpu == "2"  # the flag wins over the variable
+    for off in ("0", "0m", "", " "):
+        monkeypatch.setenv("MODELPOOL_OPERATOR_DEFAULT_WORKER_CPU", off)
+        assert pod_settings(OperatorConfig()).default_cpu is None, off
+    monkeypatch.setenv("MODELPOOL_OPERATOR_DEFAULT_WORKER_CPU", "one")
+    with pytest.raises(ValueError, match=r"(?s)default_worker_cpu.*invalid quantity 'one'"):
         OperatorConfig()
 
 

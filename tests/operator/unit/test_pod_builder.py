@@ -10,7 +10,7 @@ from op_pods import at
 
 from modelpool_contract.api import ModelCacheSpec, parse_pool_spec
 from modelpool_contract.exits import termination_grace_period_s, worst_case_shutdown_s
-from modelpool_contract.flags import CPU_SHARE_ENV
+from modelpool_contract.flags import CPU_SHARE_ENV, DEFAULT_WORKER_CPU
 from modelpool_contract.labels import (
     ANNOTATION_MEMORY,
     LABEL_POOL,
@@ -386,7 +386,51 @@ def test_the_worker_gets_its_cpu_share_and_a_pools_threads() -> None:
     ref = {"containerName": SERVER_CONTAINER, "resource": "requests.cpu", "divisor": "1m"}
     assert share == [{"name": CPU_SHARE_ENV, "valueFrom": {"resourceFieldRef": ref}}]
     assert "--intra-op-threads" not in c["args"]
-    resources = {"memory": "2Gi", "cpuThreads": 3}  # no CPU request: no share to pass
-    (c,) = build_worker_pod(view(pool(resources=resources)), "w")["spec"]["containers"]
+    resources = {"memory": "2Gi", "cpuThreads": 3}  # no CPU request (default off): no share to pass
+    off = PodSettings(default_cpu=None)
+    (c,) = build_worker_pod(view(pool(resources=resources)), "w", off)["spec"]["containers"]
     assert not any(e["name"] == CPU_SHARE_ENV for e in c["env"])
     assert c["args"][c["args"].index("--intra-op-threads") + 1] == "3"
+
+
+def _cpu_of(pod: dict[str, Any]) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+    """The server container's CPU request and limit, and its CPU share variables."""
+    (c,) = pod["spec"]["containers"]
+    share = [e for e in c["env"] if e["name"] == CPU_SHARE_ENV]
+    return c["resources"]["requests"].get("cpu"), c["resources"]["limits"].get("cpu"), share
+
+
+SHARE_FROM_REQUEST = {
+    "name": CPU_SHARE_ENV,
+    "valueFrom": {
+        "resourceFieldRef": {"containerName": SERVER_CONTAINER, "resource": "requests.cpu", "divisor": "1m"}
+    },
+}
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_a_worker_without_resources_cpu_gets_the_default_request_and_its_share(gpus: int) -> None:
+    no_cpu = pool(resources={"memory": "2Gi", "gpus": gpus})
+    # The built-in default (the contract's, which the operator's setting and the chart's value default to).
+    assert _cpu_of(build_worker_pod(view(no_cpu), "w")) == (DEFAULT_WORKER_CPU, None, [SHARE_FROM_REQUEST])
+    # A configured default: a request only, never a limit; the server sizes its threads from the share.
+    pod = build_worker_pod(view(no_cpu), "w", PodSettings(default_cpu="1500m"))
+    assert _cpu_of(pod) == ("1500m", None, [SHARE_FROM_REQUEST])
+
+
+def test_an_explicit_resources_cpu_wins_over_the_default() -> None:
+    pod = build_worker_pod(view(pool()), "w", PodSettings(default_cpu="4"))  # resources.cpu: 500m
+    assert _cpu_of(pod) == ("500m", None, [SHARE_FROM_REQUEST])
+    pod = build_worker_pod(view(pool()), "w", PodSettings(default_cpu=None))
+    assert _cpu_of(pod) == ("500m", None, [SHARE_FROM_REQUEST])
+
+
+def test_the_default_turned_off_leaves_a_pool_without_resources_cpu_unrequested() -> None:
+    no_cpu = pool(resources={"memory": "2Gi"})
+    assert _cpu_of(build_worker_pod(view(no_cpu), "w", PodSettings(default_cpu=None))) == (None, None, [])
+
+
+def test_a_pools_own_cpu_share_variable_is_kept() -> None:
+    env = [{"name": CPU_SHARE_ENV, "value": "3000"}]
+    no_cpu = pool(resources={"memory": "2Gi"}, podTemplate={"env": env})
+    assert _cpu_of(build_worker_pod(view(no_cpu), "w")) == (DEFAULT_WORKER_CPU, None, env)
