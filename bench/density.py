@@ -508,7 +508,8 @@ def _first_answer_rows(f: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def table(res: dict[str, Any]) -> str:
-    """The block of docs/benchmarks.md: the run's command and machine, then a row (or a few) per measure in ``res``."""
+    """The block of docs/benchmarks.md: the run's command and machine, then a row (or a few) per
+    measure in ``res``."""
     env = res["environment"]
     device = env["device"]
     rows: list[tuple[str, ...]] = []

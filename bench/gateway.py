@@ -531,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--wake-only",
         action="store_true",
-        help="only the wake row; merged into the last .bench/gateway.json for docs/benchmarks.md when there is one",
+        help="only the wake row; merged into the last .bench/gateway.json for docs/benchmarks.md when there "
+        "is one",
     )
     parser.add_argument(
         "--no-docs", "--no-readme", action="store_true", help="do not update docs/benchmarks.md"

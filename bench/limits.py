@@ -15,8 +15,8 @@ is printed beside every figure, since the machine may be shared):
   (d) a flood of a MiniLM worker: 10x its queue capacity in clients that resend at once, its goodput
       (200s per second) against the normal rate at 64 clients just before, and its refusals per second.
 
-Writes ``.bench/limits.json`` and the table into docs/benchmarks.md between ``<!-- bench:limits:start -->`` and
-``<!-- bench:limits:end -->`` (``--no-docs`` to skip).
+Writes ``.bench/limits.json`` and the table into docs/benchmarks.md between
+``<!-- bench:limits:start -->`` and ``<!-- bench:limits:end -->`` (``--no-docs`` to skip).
 """
 
 from __future__ import annotations

@@ -365,7 +365,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--quick", action="store_true", help="short durations (a smoke run)")
     parser.add_argument(
-        "--flood-only", action="store_true", help="only (d), the flood, printed (docs/benchmarks.md is not touched)"
+        "--flood-only",
+        action="store_true",
+        help="only (d), the flood, printed (docs/benchmarks.md is not touched)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "server.json")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
