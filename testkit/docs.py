@@ -15,7 +15,8 @@ What is checked, each against its one definition in the code:
 * **Chart values** (``value_problems``): every value in values.yaml has its comment and a row in
   docs/values.md (generated: ``render_values``); every value path the install docs, the README, the NOTES
   and the comments name (``gateway.hold.maxPerPool``, ``--set budget.memory=...``, a ``config.*`` table's
-  names) exists in values.yaml.
+  names) exists in values.yaml; install.md's value tables give values.yaml's default where they give a
+  plain one, and the operator's variable for each ``config.*`` value.
 * **Metrics** (``metric_problems``): every ``modelpool_*`` metric a document names is one a component
   exports (their registries and the server's gauge rows), and each component's document names every
   metric it exports.
@@ -197,7 +198,7 @@ def default_problems(
         if not header or "default" not in header:
             continue
         at = header.index("default")
-        env_at = header.index("environment") if "environment" in header else None
+        env_at = next((header.index(h) for h in ("environment", "env") if h in header), None)
         for number, row in rows:
             name = row_field(row[0])
             if name is None or name not in fields or len(row) <= at:
@@ -449,11 +450,58 @@ def named_value_paths(path: Path, data: Mapping[str, Any]) -> list[tuple[int, st
     return found
 
 
+def _value_at(path: str, data: Mapping[str, Any]) -> object:
+    node: Any = data
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+def value_default_problems(data: Mapping[str, Any]) -> list[Stale]:
+    """install.md's value tables: a row naming one value whose ``default`` cell is a plain value must have
+    values.yaml's default; the ``config.*`` table's ``env`` cell must name the operator's variable."""
+    from modelpool_operator.settings import OperatorConfig
+
+    install = DOCS / "install.md"
+    lines = numbered(install)
+    config_lines = {n for n, _ in section(lines, "### Operator settings (`config.*`)")}
+    problems: list[Stale] = []
+    for header, rows in tables(lines):
+        if not header or header[0] != "value" or "default" not in header:
+            continue
+        at = header.index("default")
+        for number, row in rows:
+            names = re.findall(r"`([A-Za-z0-9.]+)`", row[0])
+            if len(names) != 1 or len(row) <= at:
+                continue
+            path = f"config.{names[0]}" if number in config_lines else names[0]
+            documented = _literal(row[at])
+            if documented is None or not value_exists(path, data):
+                continue
+            actual = _value_at(path, data)
+            if not isinstance(actual, dict | list) and not _same(documented, actual):
+                problems.append(
+                    Stale(install, number, f"{path}: documented default {row[at]}, values.yaml {actual!r}")
+                )
+
+    def field(first_cell: str) -> str | None:
+        names = re.findall(r"`([A-Za-z0-9]+)`", first_cell)
+        snake = re.sub(r"(?<!^)(?=[A-Z])", "_", names[0]).lower() if len(names) == 1 else None
+        return snake if snake in OperatorConfig.model_fields else None
+
+    settings = section(lines, "### Operator settings (`config.*`)")
+    problems += [
+        p for p in default_problems(install, settings, OperatorConfig, field) if "variable" in p.what
+    ]
+    return problems
+
+
 def value_problems() -> list[Stale]:
     """values.yaml against docs/values.md and against the value paths the documents name."""
     values = chart_values()
     data: dict[str, Any] = yaml.safe_load(VALUES_YAML.read_text())
     problems = [Stale(VALUES_YAML, v.line, f"{v.path} has no comment") for v in values if not v.comment]
+    problems += value_default_problems(data)
     if not VALUES_DOC.exists() or VALUES_DOC.read_text() != render_values(values):
         problems.append(Stale(VALUES_DOC, 1, "out of date with values.yaml: python -m testkit.docs --write"))
     for path in VALUE_DOCS:
