@@ -24,8 +24,11 @@ What is checked, each against its one definition in the code:
   CRD of crds/ (or is a Kubernetes object's, listed in ``NOT_CRD_PATHS``), and the YAML example of each
   kind in docs/operator-api.md has every field of that kind's spec and no other.
 
+* **Links** (``link_problems``): every relative link of README.md and docs/ reaches a file, and a heading
+  of it where it names one.
+
 Not a document's prose: docs/benchmarks.md is a record of runs (its commands are those of their day) and
-is not checked.
+is not checked (but for its links).
 """
 
 from __future__ import annotations
@@ -695,12 +698,52 @@ def crd_problems() -> list[Stale]:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Links
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors of a Markdown file's headings (not of ``#`` lines inside code blocks)."""
+    out: set[str] = set()
+    fenced = False
+    for _, line in numbered(path):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (match := re.match(r"^#+ (.*)", line)):
+            out.add(slug(match.group(1)))
+    return out
+
+
+def link_problems() -> list[Stale]:
+    """Relative links of README.md and docs/ (docs/benchmarks.md and values.md included) to a file that
+    does not exist, or to a heading the file does not have."""
+    problems: list[Stale] = []
+    for path in (ROOT / "README.md", *sorted(DOCS.glob("*.md"))):
+        for number, line in numbered(path):
+            for target in re.findall(r"\]\(([^)\s]+)\)", line):
+                if re.match(r"[a-z]+:", target):
+                    continue
+                file, _, anchor = target.partition("#")
+                linked = path.parent / file if file else path
+                if not linked.exists():
+                    problems.append(Stale(path, number, f"link to {target}: no such file"))
+                elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                    problems.append(Stale(path, number, f"link to {target}: no such heading"))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------
 
 CHECKS: dict[str, Callable[[], list[Stale]]] = {
     "flags": flag_problems,
     "values": value_problems,
     "metrics": metric_problems,
     "crd fields": crd_problems,
+    "links": link_problems,
 }
 
 

@@ -1,5 +1,6 @@
 """The documents stay in step with the code (``testkit.docs``): the programs' flags, the chart's values
-(docs/values.md generated from values.yaml), the Prometheus metric names and the CRD fields they name.
+(docs/values.md generated from values.yaml), the Prometheus metric names and the CRD fields they name, and
+their links.
 A failure lists each stale line as ``path:line: what``; ``python -m testkit.docs`` prints the same and
 ``python -m testkit.docs --write`` regenerates docs/values.md."""
 
@@ -86,6 +87,14 @@ def test_crd_paths_are_looked_up_in_the_schemas() -> None:
     assert docs.schema_has(pool, "status.workers[].queueDepth")
     assert not docs.schema_has(pool, "spec.queue.size")
     assert "queue.maxBatchSize" in docs.spec_fields(pool["properties"]["spec"])
+
+
+def test_anchors_are_githubs_and_skip_code_blocks(tmp_path: Path) -> None:
+    path = tmp_path / "doc.md"
+    path.write_text(
+        "# The gateway (`gateway.*`)\n\n```sh\n# not a heading\n```\n## Metrics (`GET /metrics`)\n"
+    )
+    assert docs.anchors(path) == {"the-gateway-gateway", "metrics-get-metrics"}
 
 
 def test_a_stale_line_names_its_file_and_line() -> None:
