@@ -24,6 +24,8 @@ What is checked, each against its one definition in the code:
   CRD of crds/ (or is a Kubernetes object's, listed in ``NOT_CRD_PATHS``), and the YAML example of each
   kind in docs/operator-api.md has every field of that kind's spec and no other.
 
+* **/stats** (``stats_problems``): docs/server.md's example of the document parses as the contract's
+  ``WorkerStats``, names none of its fields that it lacks, and the section names every field.
 * **Links** (``link_problems``): every relative link of README.md and docs/ reaches a file, and a heading
   of it where it names one.
 
@@ -34,14 +36,16 @@ is not checked (but for its links).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, TypeGuard, get_args
 
 import yaml
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings
 
 from modelpool_contract.settings import CommandLine, build_parser, env_name, flag_name
@@ -698,6 +702,55 @@ def crd_problems() -> list[Stale]:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The /stats document
+
+
+def _is_model(annotation: object) -> TypeGuard[type[BaseModel]]:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def stats_problems() -> list[Stale]:
+    """docs/server.md's ``/stats`` example parses as the contract's ``WorkerStats`` and names no field it
+    lacks, and the section names every field of it."""
+    from modelpool_contract.stats import WorkerStats
+
+    doc = DOCS / "server.md"
+    lines = section(numbered(doc), "### `/stats`")
+    if not lines:
+        return [Stale(doc, 1, "no `/stats` section")]
+    text = "\n".join(line for _, line in lines)
+    match = re.search(r"```json\n(.*?)```", text, flags=re.S)
+    if match is None:
+        return [Stale(doc, lines[0][0], "the `/stats` section has no JSON example")]
+    at = lines[0][0] + text[: match.start()].count("\n") + 1
+    example = json.loads(match.group(1))
+    problems: list[Stale] = []
+    try:
+        WorkerStats.model_validate(example)
+    except ValidationError as exc:
+        problems.append(Stale(doc, at, f"the /stats example is not a WorkerStats: {exc.errors()[0]['msg']}"))
+
+    def unknown(document: dict[str, Any], model: type[BaseModel], prefix: str) -> Iterator[str]:
+        for key, value in document.items():
+            info = model.model_fields.get(key)
+            if info is None:
+                yield prefix + key
+                continue
+            # ``StatsMemory | None``: the model among the annotation's arguments.
+            nested = [a for a in (info.annotation, *get_args(info.annotation)) if _is_model(a)]
+            if isinstance(value, dict) and nested:
+                yield from unknown(value, nested[0], f"{prefix}{key}.")
+
+    problems += [Stale(doc, at, f"/stats has no field {k}") for k in unknown(example, WorkerStats, "")]
+    problems += [
+        Stale(doc, at, f"/stats field {name} is not documented")
+        for name in WorkerStats.model_fields
+        if not re.search(rf'"{name}"|`{name}`', text)
+    ]
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Links
 
 
@@ -743,6 +796,7 @@ CHECKS: dict[str, Callable[[], list[Stale]]] = {
     "values": value_problems,
     "metrics": metric_problems,
     "crd fields": crd_problems,
+    "/stats": stats_problems,
     "links": link_problems,
 }
 
