@@ -1,6 +1,6 @@
 """The documents stay in step with the code (``testkit.docs``): the programs' flags, the chart's values
-(docs/values.md generated from values.yaml), the Prometheus metric names and the CRD fields they name, and
-their links.
+(docs/values.md generated from values.yaml), the Prometheus metric names and the CRD fields they name, the
+/stats document's fields, and their links.
 A failure lists each stale line as ``path:line: what``; ``python -m testkit.docs`` prints the same and
 ``python -m testkit.docs --write`` regenerates docs/values.md."""
 
