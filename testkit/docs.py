@@ -26,6 +26,8 @@ What is checked, each against its one definition in the code:
 
 * **/stats** (``stats_problems``): docs/server.md's example of the document parses as the contract's
   ``WorkerStats``, names none of its fields that it lacks, and the section names every field.
+* **References** (``reference_problems``): every repository path the documents name exists, and every
+  dotted name of a project module resolves.
 * **Links** (``link_problems``): every relative link of README.md and docs/ reaches a file, and a heading
   of it where it names one.
 
@@ -751,6 +753,62 @@ def stats_problems() -> list[Stale]:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# References to the code
+
+
+PATH_TOKEN = re.compile(
+    r"(?<![\w./-])((?:tests|e2e|bench|hack|testkit|model_server|modelpool_gateway|modelpool_contract|operator"
+    r"|charts|crds|examples|docs)/[\w./*-]*\w)"
+)
+DOTTED_TOKEN = re.compile(
+    r"\b((?:modelpool_contract|modelpool_operator|model_server|modelpool_gateway|testkit)(?:\.[A-Za-z_]\w*)+)"
+)
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``a.b.c`` is a module, or an attribute of the longest module it starts with."""
+    import importlib
+
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:end]))
+        except ImportError:
+            continue
+        for name in parts[end:]:
+            if not hasattr(found, name):
+                return False
+            found = getattr(found, name)
+        return True
+    return False
+
+
+def _matches(base: Path, pattern: str) -> bool:
+    """Whether ``pattern`` (a path, or a glob such as ``tests/server/test_task_*.py``) names something."""
+    return any(base.glob(pattern)) if "*" in pattern else (base / pattern).exists()
+
+
+def reference_problems() -> list[Stale]:
+    """Every repository path the documents name exists (operator/ paths may leave out ``operator/``), and
+    every dotted name of a project module (``modelpool_contract.exits.worst_case_shutdown_s``) resolves."""
+    problems: list[Stale] = []
+    checked: dict[str, bool] = {}
+    for path in (*HAND_WRITTEN, *CHART_TEXT, *EXAMPLES):
+        for number, line in numbered(path):
+            for token in PATH_TOKEN.findall(line):
+                if not any(_matches(base, token) for base in (ROOT, ROOT / "operator")):
+                    problems.append(Stale(path, number, f"{token}: no such file or folder"))
+            for token in DOTTED_TOKEN.findall(line):
+                if token.endswith((".py", ".md")):
+                    continue
+                if token not in checked:
+                    checked[token] = resolves(token)
+                if not checked[token]:
+                    problems.append(Stale(path, number, f"{token}: no such module or name"))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Links
 
 
@@ -797,6 +855,7 @@ CHECKS: dict[str, Callable[[], list[Stale]]] = {
     "metrics": metric_problems,
     "crd fields": crd_problems,
     "/stats": stats_problems,
+    "references": reference_problems,
     "links": link_problems,
 }
 
