@@ -97,6 +97,14 @@ def test_anchors_are_githubs_and_skip_code_blocks(tmp_path: Path) -> None:
     assert docs.anchors(path) == {"the-gateway-gateway", "metrics-get-metrics"}
 
 
+def test_references_resolve_to_files_globs_and_names() -> None:
+    assert docs.resolves("modelpool_contract.exits.worst_case_shutdown_s")
+    assert not docs.resolves("modelpool_contract.exits.worst_case_shutdown")
+    assert docs._matches(docs.ROOT, "tests/server/test_task_*.py")
+    assert docs._matches(docs.ROOT / "operator", "modelpool_operator/settings.py")
+    assert not docs._matches(docs.ROOT, "tests/server/test_nothing_*.py")
+
+
 def test_a_stale_line_names_its_file_and_line() -> None:
     assert str(Stale(docs.ROOT / "docs" / "x.md", 7, "flag --y does not exist")) == (
         "docs/x.md:7: flag --y does not exist"
