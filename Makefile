@@ -65,7 +65,7 @@ bench: venv testbin ## server vs direct model, overload, health-during-load, wor
 
 .PHONY: soak
 soak: venv testbin ## 30 min of faults under load, audited at every event (python -m bench.soak; SOAK_ARGS=)
-	$(PY) -m bench.soak --readme $(SOAK_ARGS)
+	$(PY) -m bench.soak --docs $(SOAK_ARGS)
 
 .PHONY: e2e-kind
 e2e-kind: venv testbin ## the e2e suite on a kind cluster (needs a Docker engine)

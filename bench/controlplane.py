@@ -11,7 +11,7 @@ console script, all namespaces), creates the pools at once, and measures:
   broken out).
 
 Targets (docs/design.md, "Testing and speed targets"): converge <= 60 s, RSS <= 300 MiB. Results go to
-``.bench/controlplane.json`` and to the README between ``<!-- bench:controlplane:start -->`` and
+``.bench/controlplane.json`` and to docs/benchmarks.md between ``<!-- bench:controlplane:start -->`` and
 ``<!-- bench:controlplane:end -->``.
 """
 
@@ -248,8 +248,8 @@ def curve_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-def write_readme(result: Result, out: Path) -> None:
-    """The README's cost curve from every size measured so far (each run writes its own JSON)."""
+def write_docs(result: Result, out: Path) -> None:
+    """docs/benchmarks.md's cost curve from every size measured so far (each run writes its own JSON)."""
     results = [json.loads(f.read_text()) for f in sorted(out.glob("controlplane-*.json"))]
     r = result
     table = "\n".join(
@@ -379,7 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pools", type=int, default=100)
     parser.add_argument("--workers", type=int, default=10)
     parser.add_argument("--window", type=float, default=60.0, help="steady-state window (s)")
-    parser.add_argument("--no-readme", action="store_true", help="do not update README.md")
+    parser.add_argument(
+        "--no-docs", "--no-readme", action="store_true", help="do not update docs/benchmarks.md"
+    )
     parser.add_argument(
         "--gateway", action="store_true", help="also measure gateways watching 10 pools and every pool"
     )
@@ -401,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(exist_ok=True)
     (out / "controlplane.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
     (out / f"controlplane-{result.pools}.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
-    if not args.no_readme:
-        write_readme(result, out)
+    if not args.no_docs:
+        write_docs(result, out)
     print(json.dumps(asdict(result), indent=2))
     ok = result.converge_after_pods_ready_s <= 120 and result.operator_rss_mib <= 500
     print("targets met" if ok else "targets MISSED (converge <= 120 s, RSS <= 500 MiB)")

@@ -5,7 +5,7 @@
 rounded down: ``model_server/cpu_budget.py``) and one with ``--intra-op-threads`` set to torch's default
 here (one thread per core, what the server ran before it read the quota), in alternating rounds.  Each
 round: 32-sentence and 1-sentence v2 JSON requests at concurrency 64, and the cgroup's throttled periods
-while the 32-sentence load ran.  Medians into the README (``--no-readme`` to skip) and ``--out``.  Needs
+while the 32-sentence load ran.  Medians into docs/benchmarks.md (``--no-docs`` to skip) and ``--out``.  Needs
 root and a writable cgroup hierarchy; says so and exits 0 where there is none.
 """
 
@@ -74,7 +74,7 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def table(res: dict[str, Any]) -> str:
-    """The README block."""
+    """The block of docs/benchmarks.md."""
     q, d = res["medians"]["quota"], res["medians"]["torch_default"]
     rows = [
         ("the model's CPU threads", f"{q['cpu_threads']:.0f}", f"{d['cpu_threads']:.0f}", ""),
@@ -105,7 +105,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=16.0, help="seconds of the 32-sentence load")
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "cpu_quota.json")
-    parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument(
+        "--no-docs", "--no-readme", action="store_true", help="do not update docs/benchmarks.md"
+    )
     args = parser.parse_args()
     model = packaged_minilm()
     if model is None:
@@ -124,7 +126,7 @@ def main() -> None:
     args.out.write_text(json.dumps(res, indent=2))
     text = table(res)
     print("\n" + text)
-    if not args.no_readme:
+    if not args.no_docs:
         report.replace_block(text, *MARKERS)
 
 

@@ -20,8 +20,8 @@ run, the load average beside each figure:
       fresh dedicated ``modelpool-server`` process to its first answer.
 
 ``--device cuda`` is the GPU run (``hack/gpu-check.sh``).  Writes ``.bench/density.json`` (after each
-measure: a run cut short keeps what it measured) and the table into README.md between
-``<!-- bench:density:start -->`` and ``<!-- bench:density:end -->`` (``--no-readme`` to skip,
+measure: a run cut short keeps what it measured) and the table into docs/benchmarks.md between
+``<!-- bench:density:start -->`` and ``<!-- bench:density:end -->`` (``--no-docs`` to skip,
 ``--markdown PATH`` to write it there too; ``--short``: 6 models, 5 cycles, 1 round).
 """
 
@@ -508,7 +508,8 @@ def _first_answer_rows(f: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def table(res: dict[str, Any]) -> str:
-    """The README block: the run's command and machine, then a row (or a few) per measure in ``res``."""
+    """The block of docs/benchmarks.md: the run's command and machine, then a row (or a few) per
+    measure in ``res``."""
     env = res["environment"]
     device = env["device"]
     rows: list[tuple[str, ...]] = []
@@ -623,7 +624,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--random-weights", action="store_true", help="MiniLM's shape, random weights")
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "density.json")
     parser.add_argument("--markdown", type=Path, help="write the table to this file too")
-    parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument(
+        "--no-docs", "--no-readme", action="store_true", help="do not update docs/benchmarks.md"
+    )
     args = parser.parse_args(argv)
     if args.short:
         for key, value in SHORT.items():
@@ -644,7 +647,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\n" + text)
     if args.markdown:
         args.markdown.write_text(text + "\n")
-    if not args.no_readme:
+    if not args.no_docs:
         report.replace_block(text, *MARKERS)
 
 

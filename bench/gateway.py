@@ -23,7 +23,7 @@ hits both alike, and reports the median of the rounds:
 
 The clients are ``testkit.load``'s raw HTTP/1.1 keep-alive connections (in this process), so the
 client's own cost stays small.  Every pod address is checked to be loopback (``hack/loopback_guard``).
-Results go to ``.bench/gateway.json`` and to the README between ``<!-- bench:gateway:start -->`` and
+Results go to ``.bench/gateway.json`` and to docs/benchmarks.md between ``<!-- bench:gateway:start -->`` and
 ``<!-- bench:gateway:end -->``.
 """
 
@@ -531,9 +531,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--wake-only",
         action="store_true",
-        help="only the wake row; merged into the last .bench/gateway.json for the README when there is one",
+        help="only the wake row; merged into the last .bench/gateway.json for docs/benchmarks.md when there "
+        "is one",
     )
-    parser.add_argument("--no-readme", action="store_true", help="do not update README.md")
+    parser.add_argument(
+        "--no-docs", "--no-readme", action="store_true", help="do not update docs/benchmarks.md"
+    )
     args = parser.parse_args(argv)
     with guarded_cluster("bench-gw", "gateway, operator and cluster logs") as cluster:
         results = run(cluster.kubeconfig, cluster.workdir, args)
@@ -544,13 +547,13 @@ def main(argv: list[str] | None = None) -> int:
         previous = json.loads(saved.read_text()) if saved.exists() else {}
         if "latency" not in previous:
             print(wake_row(results["wake"]))
-            print("(no earlier full run in .bench/gateway.json: README.md left as it is)")
+            print("(no earlier full run in .bench/gateway.json: docs/benchmarks.md left as it is)")
             return 0
         results = previous | results
     saved.write_text(json.dumps(results, indent=2) + "\n")
     text = table(results)
     print(text)
-    if not args.no_readme:
+    if not args.no_docs:
         replace_block(text, START_MARK, END_MARK)
     return 0
 

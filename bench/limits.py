@@ -15,8 +15,8 @@ is printed beside every figure, since the machine may be shared):
   (d) a flood of a MiniLM worker: 10x its queue capacity in clients that resend at once, its goodput
       (200s per second) against the normal rate at 64 clients just before, and its refusals per second.
 
-Writes ``.bench/limits.json`` and the table into README.md between ``<!-- bench:limits:start -->`` and
-``<!-- bench:limits:end -->`` (``--no-readme`` to skip).
+Writes ``.bench/limits.json`` and the table into docs/benchmarks.md between
+``<!-- bench:limits:start -->`` and ``<!-- bench:limits:end -->`` (``--no-docs`` to skip).
 """
 
 from __future__ import annotations
@@ -358,7 +358,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[tuple[str, ...]]]] = {
 
 
 def table(res: dict[str, Any]) -> str:
-    """The README block: a row (or three) per measure in ``res``."""
+    """The block of docs/benchmarks.md: a row (or three) per measure in ``res``."""
     rows = [row for key, rows_of in ROWS.items() if key in res for row in rows_of(res[key])]
     notes = []
     if "colocation" in res:
@@ -417,7 +417,7 @@ def main() -> None:
     parser.add_argument(
         "--baseline", metavar="REV",
         help="run (b) and (c) on this git revision's tree and this one, interleaved in --rounds rounds, "
-        "instead (no README)",
+        "instead (docs/benchmarks.md untouched)",
     )  # fmt: skip
     parser.add_argument(
         "--favoured", action="store_true",
@@ -425,7 +425,9 @@ def main() -> None:
         "measure the server, not its neighbours' preemption (bench.cgroups.favoured)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "limits.json")
-    parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument(
+        "--no-docs", "--no-readme", action="store_true", help="do not update docs/benchmarks.md"
+    )
     args = parser.parse_args()
     unknown = set(args.only) - set(ROWS)
     if unknown:
@@ -438,7 +440,7 @@ def main() -> None:
 
 
 def measure(args: argparse.Namespace, model: Path) -> None:
-    """Run the measures asked for; print, write ``--out`` and the README block."""
+    """Run the measures asked for; print, write ``--out`` and the block of docs/benchmarks.md."""
     runs: dict[str, Callable[[], dict[str, Any]]] = {
         "colocation": lambda: bench_colocation(model, args),
         "tail": lambda: bench_tail(model, args),
@@ -459,7 +461,7 @@ def measure(args: argparse.Namespace, model: Path) -> None:
     args.out.write_text(json.dumps(res, indent=2))
     text = table(res)
     print("\n" + text)
-    if not args.no_readme:
+    if not args.no_docs:
         report.replace_block(text, *MARKERS)
 
 

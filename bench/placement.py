@@ -14,7 +14,7 @@ have made (sleeping idle models of any priority).
 
 Reports the violations (must be 0), the time until the placements settle (create, then churn), the
 control calls and evictions, the operator's RSS and the load average; into ``.bench/placement.json``
-and the README between ``<!-- bench:placement:start -->`` and ``<!-- bench:placement:end -->``.
+and docs/benchmarks.md between ``<!-- bench:placement:start -->`` and ``<!-- bench:placement:end -->``.
 """
 
 from __future__ import annotations
@@ -243,14 +243,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-gib", type=int, default=96)
     parser.add_argument("--load-s", type=float, default=1.0, help="a simulated load's duration")
     parser.add_argument("--timeout", type=float, default=600.0, help="the wait for the placements to settle")
-    parser.add_argument("--no-readme", action="store_true", help="do not update README.md")
+    parser.add_argument(
+        "--no-docs", "--no-readme", action="store_true", help="do not update docs/benchmarks.md"
+    )
     args = parser.parse_args(argv)
     with guarded_cluster("placement", "operator log and cluster logs") as cluster:
         result = run(args, cluster.kubeconfig, cluster.workdir / "operator.log")
     out = ROOT / ".bench"
     out.mkdir(exist_ok=True)
     (out / "placement.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
-    if not args.no_readme:
+    if not args.no_docs:
         replace_block(table(result), START_MARK, END_MARK)
     print(json.dumps(asdict(result), indent=2))
     ok = result.violations == 0 and not result.wrong_evictions and not result.wrongly_short

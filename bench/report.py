@@ -1,4 +1,5 @@
-"""The benchmarks' reports: the server tables, and the README block between a benchmark's markers."""
+"""The benchmarks' reports: the server tables, and the block of docs/benchmarks.md between a benchmark's
+markers (the front page, README.md, carries no measurements)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 from bench.references import DIRECT_BATCHES
 from testkit.environment import ROOT
 
-README = ROOT / "README.md"
+#: Where every benchmark writes its table, between its markers.
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 
 
 def load_average() -> str:
@@ -18,14 +20,14 @@ def load_average() -> str:
 
 
 def server_markers(device: str) -> tuple[str, str]:
-    """The README markers of the server table: one CPU table, one GPU table."""
+    """The markers of the server table: one CPU table, one GPU table."""
     name = "server" if device == "cpu" else "server-gpu"
     return f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
 
 
-def replace_block(text: str, start: str, end: str, readme: Path = README) -> None:
-    """Put ``text`` between the ``start`` and ``end`` markers of ``readme`` (appended when missing)."""
-    content = readme.read_text() if readme.exists() else ""
+def replace_block(text: str, start: str, end: str, doc: Path = BENCHMARKS) -> None:
+    """Put ``text`` between the ``start`` and ``end`` markers of ``doc`` (appended when missing)."""
+    content = doc.read_text() if doc.exists() else ""
     block = f"{start}\n{text}\n{end}"
     if start in content and end in content:
         head, rest = content.split(start, 1)
@@ -33,7 +35,7 @@ def replace_block(text: str, start: str, end: str, readme: Path = README) -> Non
         content = head + block + tail
     else:
         content = content.rstrip("\n") + "\n\n" + block + "\n"
-    readme.write_text(content)
+    doc.write_text(content)
 
 
 def server_table(results: dict[str, Any]) -> str:

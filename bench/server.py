@@ -14,8 +14,8 @@ Measures, in one run (see docs/server.md for how to read it):
   (f) the first request after Ready, with the warm-up input and without it (``--skip-warmup``);
   (g) 1-sentence requests at concurrency 64, ``--http-workers 1`` against the default (or 2 where the
       default is 1), with the echo handler (no model: the HTTP side alone) and with MiniLM.
-Prints a table, writes raw results to ``.bench/server.json`` and the table into README.md between
-``<!-- bench:server:start -->`` and ``<!-- bench:server:end -->`` (``--no-readme`` to skip; ``--markdown``
+Prints a table, writes raw results to ``.bench/server.json`` and the table into docs/benchmarks.md between
+``<!-- bench:server:start -->`` and ``<!-- bench:server:end -->`` (``--no-docs`` to skip; ``--markdown``
 writes it to a file too).
 
 Runs on a CUDA machine without network: ``--device cuda --dtype float16 --random-weights`` builds an
@@ -365,11 +365,15 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--quick", action="store_true", help="short durations (a smoke run)")
     parser.add_argument(
-        "--flood-only", action="store_true", help="only (d), the flood, printed (the README is not touched)"
+        "--flood-only",
+        action="store_true",
+        help="only (d), the flood, printed (docs/benchmarks.md is not touched)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "server.json")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
-    parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument(
+        "--no-docs", "--no-readme", action="store_true", help="do not update docs/benchmarks.md"
+    )
     parser.add_argument("--server-batch", type=int, default=None, help="server --max-batch-size")
     parser.add_argument("--queue-capacity", type=int, default=64)
     parser.add_argument("--batch-delay-ms", type=float, default=2.0)
@@ -454,7 +458,7 @@ def main() -> None:
     print("\n" + text)
     if args.markdown:
         args.markdown.write_text(text + "\n")
-    if not args.no_readme:
+    if not args.no_docs:
         report.replace_block(text, *report.server_markers(args.device))
 
 

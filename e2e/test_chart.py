@@ -596,8 +596,14 @@ def _notes(helm: list[str], workdir: Path, *args: str) -> str:
 
 def test_the_notes_say_how_to_create_a_key_or_what_auth_none_means(helm: list[str], tmp_path: Path) -> None:
     keys = _notes(helm, tmp_path)
-    assert "kubectl -n mp-system create secret generic team-a-key" in keys
-    assert "label secret team-a-key modelpool.dev/gateway-key=true" in keys
+    # The key grants the namespace the first pool goes to (a key for another one makes the first curl 404).
+    assert "kubectl apply -n default -f examples/text-embedding.yaml" in keys
+    assert "kubectl -n mp-system create secret generic default-key" in keys
+    assert '--from-literal=key="$KEY" --from-literal=namespaces=default' in keys
+    assert "label secret default-key modelpool.dev/gateway-key=true" in keys
+    scoped = _notes(helm, tmp_path, "--set", "scope.clusterWide=false", "--set", "scope.namespaces={ml,b}")
+    assert "kubectl apply -n ml -f examples/text-embedding.yaml" in scoped
+    assert "--from-literal=namespaces=ml" in scoped
     assert 'curl -s localhost:8080/v1/models -H "Authorization: Bearer $KEY"' in keys
     assert "api_key=KEY" in keys and "Tenants may also issue keys" not in keys
     tenants = _notes(

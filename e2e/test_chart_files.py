@@ -15,6 +15,7 @@ from e2e.helpers import CHART, CHART_CRDS, CRDS, ROOT
 from modelpool_gateway.config import GatewaySettings
 from modelpool_operator.policy import CLEAN_IMAGE_PATTERN, CLEAN_PATH_PATTERN
 from modelpool_operator.settings import OperatorConfig
+from testkit.docs import FREE_FORM
 
 VALUES_TEXT = (CHART / "values.yaml").read_text()
 VALUES: dict[str, Any] = yaml.safe_load(VALUES_TEXT)
@@ -135,10 +136,6 @@ def test_schema_is_strict_and_covers_every_value() -> None:
         "gateway",
     } <= set(closed)
     assert _schema_keys(SCHEMA["properties"]["config"]) == set(VALUES["config"])
-
-
-# Maps whose content is a Kubernetes object (documented as a whole by the comment on the map).
-FREE_FORM = {"resources", "podSecurityContext", "securityContext", "probe"}
 
 
 def test_every_value_is_commented() -> None:

@@ -82,12 +82,12 @@ for name in $STEPS; do
       step bench.server "$BUDGET_S" "$OUT/bench.log" \
         python3 -m bench.server --device cuda --dtype float16 --random-weights \
           --duration 4 --flood-seconds 10 --latency-samples 100 --concurrency 1 64 \
-          --no-readme --out "$OUT/server-gpu.json" --markdown "$OUT/server-gpu.md" || status=$?
+          --no-docs --out "$OUT/server-gpu.json" --markdown "$OUT/server-gpu.md" || status=$?
       ;;
     density)
       step bench.density "$DENSITY_BUDGET_S" "$OUT/density-gpu.txt" \
         python3 -m bench.density --device cuda --dtype float16 --random-weights --models 24 --awake 4 \
-          --cycles 20 --rounds 2 --no-readme --out "$OUT/density-gpu.json" --markdown "$OUT/density-gpu.md" \
+          --cycles 20 --rounds 2 --no-docs --out "$OUT/density-gpu.json" --markdown "$OUT/density-gpu.md" \
         || status=$?
       ;;
     *) echo "unknown step $name (generation, server, density)"; status=2 ;;

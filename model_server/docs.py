@@ -1,4 +1,4 @@
-"""Generate the v2 tensor contract table of README.md and docs/server.md from the task classes.
+"""Generate the v2 tensor contract table of docs/server.md from the task classes.
 
 ``python -m model_server.docs --write`` rewrites the block between the markers; a test fails when the
 checked-in table is out of date.  Importing the task modules is cheap (torch is only imported on load).
@@ -14,7 +14,7 @@ from model_server.tasks import REGISTRY, import_class
 
 START, END = "<!-- tensors:start -->", "<!-- tensors:end -->"
 _ROOT = Path(__file__).resolve().parents[1]
-DOCS = (_ROOT / "README.md", _ROOT / "docs" / "server.md")
+DOCS = (_ROOT / "docs" / "server.md",)
 
 
 def tensor_table() -> str:

@@ -27,4 +27,6 @@ Modules:
   layouts (the server tests, the generation benchmark; ``python -m testkit.tiny_models``).
 * ``processnode``: the process node, a kubelet-like agent running pods as local processes
   (``python -m testkit.processnode``; ``hack/cluster.sh`` starts it).
+* ``docs``: the documents checked against the code (flags, chart values, metric names, CRD fields) and the
+  generated docs/values.md (``python -m testkit.docs [--write]``; ``tests/test_docs_drift.py``).
 """

@@ -1,5 +1,5 @@
 """bench.density's pure parts: the models of a run and the request each gets, the counts of awake and
-asleep models, the quantiles, nvidia-smi's rows, and the README table of a run (CPU and CUDA)."""
+asleep models, the quantiles, nvidia-smi's rows, and the docs/benchmarks.md table of a run (CPU and CUDA)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_nvidia_smi_rows_are_split_and_trimmed() -> None:
 
 
 def test_short_mode_and_the_dtype_by_device() -> None:
-    short = parse_args(["--short", "--no-readme"])
+    short = parse_args(["--short", "--no-docs"])
     assert (short.models, short.cycles, short.rounds, short.dtype, short.memory) == (
         6,
         5,

@@ -1,4 +1,4 @@
-"""bench.limits' pure parts: the wrk script and the parsing of its counts, the README table of the
+"""bench.limits' pure parts: the wrk script and the parsing of its counts, the docs/benchmarks.md table of the
 measures run, the before/after lines of ``--baseline``."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ start the operator and the gateway, wait until every pool has converged, start t
 sampler, apply the seeded faults (``schedule``) one after the other at their offsets, then wait (at most
 ``CONVERGE_S``) until every pool has converged again with no orphan pod and no pool stuck deleting, stop
 the clients (every request in flight ends within its deadline) and judge.  The table is printed and, with
-``--readme``, written into the README; the exit status is 1 when any invariant was violated.
+``--docs``, written into docs/benchmarks.md; the exit status is 1 when any invariant was violated.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from bench.soak import schedule as sched
 from bench.soak.auditor import Auditor, converged, lost_events, rss_grew
 from bench.soak.clients import Clients
 from bench.soak.faults import FaultLog, apply_fault
-from bench.soak.report import SoakResult, table, write_readme
+from bench.soak.report import SoakResult, table, write_docs
 from bench.soak.rig import KWOK_NODE_LEASE_SECONDS, Plan, Rig
 from bench.soak.rss import RssSampler
 from testkit.cluster import Cluster, start_cluster, stop_cluster
@@ -200,15 +200,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="the fault schedule's seed (default 1)")
     parser.add_argument("--spacing", type=float, default=8.0, help="seconds between faults (default 8)")
     parser.add_argument(
-        "--readme", action="store_true", help="write the table into the README's soak section"
+        "--docs",
+        "--readme",
+        action="store_true",
+        help="write the table into the soak section of docs/benchmarks.md",
     )
     args = parser.parse_args(argv)
     command = f"python -m bench.soak --minutes {args.minutes:g} --seed {args.seed}"
     result = run(args.minutes, args.seed, plan=DEFAULT_PLAN, spacing=args.spacing, command=command)
     text = table(result)
     print(text)
-    if args.readme:
-        write_readme(result)
+    if args.docs:
+        write_docs(result)
     return 0 if result.ok else 1
 
 

@@ -1,5 +1,5 @@
 """The soak's table (Markdown): faults by kind, requests by outcome, invariant violations with the event
-that showed each, time to converge, RSS; printed, and written into the README between
+that showed each, time to converge, RSS; printed, and written into docs/benchmarks.md between
 ``<!-- bench:soak:start -->`` and ``<!-- bench:soak:end -->`` (``bench.report.replace_block``)."""
 
 from __future__ import annotations
@@ -70,5 +70,6 @@ def table(r: SoakResult) -> str:
     return "\n".join(lines)
 
 
-def write_readme(r: SoakResult) -> None:
+def write_docs(r: SoakResult) -> None:
+    """The table into docs/benchmarks.md, between the soak markers."""
     replace_block(table(r), START_MARK, END_MARK)

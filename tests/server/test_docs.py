@@ -1,4 +1,4 @@
-"""The v2 tensor tables (README.md, docs/server.md) are generated from the task classes; fail when stale."""
+"""The v2 tensor table (docs/server.md) is generated from the task classes; fail when stale."""
 
 from __future__ import annotations
 
