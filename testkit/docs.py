@@ -189,6 +189,8 @@ def _same(documented: object, default: object) -> bool:
     if isinstance(documented, bool) or isinstance(default, bool):
         return documented == default
     if isinstance(documented, float):
+        if isinstance(default, str):  # a quantity setting written as a number ("1" CPU is documented 1)
+            return re.fullmatch(r"-?\d+(\.\d+)?", default) is not None and float(default) == documented
         return isinstance(default, int | float) and float(default) == documented
     return isinstance(default, str | PurePath) and str(default) == documented
 
