@@ -60,7 +60,22 @@ _SOURCE_RE = re.compile(SOURCE_PATTERN)
 # segments, such as "minilm", "all-MiniLM-L6-v2" or "sentence-transformers/all-MiniLM-L6-v2".
 SERVED_NAME_SEGMENT = r"[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9])?"
 SERVED_NAME_PATTERN = rf"^{SERVED_NAME_SEGMENT}(/{SERVED_NAME_SEGMENT})?$"
+#: An alias of this shape reads as ``namespace/name`` (a DNS-1123 label, then an object name): the gateway
+#: resolves ``namespace/name`` before any alias, and a pool may take an alias of this shape only under its
+#: own namespace (``alias_claims_namespace``), so no pool can answer to another namespace's pool name.
+NAMESPACED_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+_NAMESPACED_NAME_RE = re.compile(NAMESPACED_NAME_PATTERN)
 DEFAULT_ACTIVATION_TIMEOUT_SECONDS = 120
+
+
+def alias_claims_namespace(alias: str | None, namespace: str) -> str | None:
+    """The other namespace ``alias`` would speak for (``team-b`` for ``team-b/llama`` on a pool of
+    ``team-a``), or None when the alias is not shaped like ``namespace/name`` or names the pool's own."""
+    if not alias or _NAMESPACED_NAME_RE.match(alias) is None:
+        return None
+    claimed = alias.split("/", 1)[0]
+    return None if claimed == namespace else claimed
+
 
 # A Kubernetes quantity: an integer (never negative: the CRD's int-or-string schema carries the bound, since
 # its quantity pattern only constrains the string form) or a quantity string.

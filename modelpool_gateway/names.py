@@ -2,9 +2,14 @@
 
 A client names a pool, in this order of precedence:
 
-1. its ``spec.servedModelName`` (an alias such as ``sentence-transformers/all-MiniLM-L6-v2``);
-2. ``namespace/name``;
+1. ``namespace/name``, exactly;
+2. its ``spec.servedModelName`` (an alias such as ``sentence-transformers/all-MiniLM-L6-v2``);
 3. its name alone.
+
+``namespace/name`` comes first so that no alias can take another pool's full name, and an alias shaped like
+another namespace's ``namespace/name`` (``team-b/llama`` on a pool of ``team-a``) is not indexed at all: the
+admission policy and the operator refuse such a pool (``alias_claims_namespace``), and one created before
+them still cannot receive the prompts meant for team-b, even while team-b has no pool of that name.
 
 A name that several watched namespaces answer to at the same step is ambiguous: the client is told to
 write ``namespace/name``.  ``NameIndex`` is rebuilt whenever a pool is added, changed or deleted, so a
@@ -16,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from modelpool_contract.api import alias_claims_namespace
 from modelpool_gateway.state import Key, Pool
 
 # The KServe v2 path segments after a model name (``/v2/models/{name}/...``) the workers serve.
@@ -59,7 +65,11 @@ class NameIndex:
     def build(cls, pools: Iterable[Pool]) -> NameIndex:
         listed = list(pools)
         return cls(
-            aliases=_group((p.served_model_name, p.key) for p in listed if p.served_model_name),
+            aliases=_group(
+                (p.served_model_name, p.key)
+                for p in listed
+                if p.served_model_name and alias_claims_namespace(p.served_model_name, p.namespace) is None
+            ),
             names=_group((p.name, p.key) for p in listed),
             keys=frozenset(p.key for p in listed),
         )
@@ -68,12 +78,10 @@ class NameIndex:
         """The pool ``model`` names (see the module docstring for the order)."""
         if not model:
             return Unresolved("the request names no model")
-        for table in (self.aliases, None, self.names):
-            if table is None:
-                namespace, slash, name = model.partition("/")
-                if slash and (namespace, name) in self.keys:
-                    return Resolved((namespace, name))
-                continue
+        namespace, slash, name = model.partition("/")
+        if slash and (namespace, name) in self.keys:
+            return Resolved((namespace, name))
+        for table in (self.aliases, self.names):
             found = table.get(model, ())
             if len(found) == 1:
                 return Resolved(found[0])

@@ -23,6 +23,9 @@ The rules:
   ``.`` or ``..`` path segment is refused. No entry (the default): any image.
 * ``spec.podTemplate.serviceAccountName``, when set: one of the allowed names. No entry (the default):
   any. Unset, the workers run as the namespace's ``default`` service account, which is always allowed.
+* ``spec.servedModelName``, when shaped like ``namespace/name`` (``NAMESPACED_NAME_PATTERN``), must start
+  with the pool's own namespace: an alias ``team-b/llama`` on a pool of ``team-a`` would receive the prompts
+  of callers who mean team-b's pool (a key granting both, or ``--auth none``). Not an allowlist: always on.
 
 A ModelHost's ``spec.image`` obeys the same image rule (``host_violations``): its host pods are created
 with the same right; a ModelHost that breaks it gets no host pod.
@@ -37,7 +40,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from modelpool_contract.api import ModelHostSpec, ModelPoolSpec
+from modelpool_contract.api import ModelHostSpec, ModelPoolSpec, alias_claims_namespace
 
 # One path segment that is neither empty, "." nor "..": starting with a character other than "." and
 # "/", or a dot then such a character, or two dots then anything but "/".
@@ -52,6 +55,7 @@ _CLEAN_IMAGE = re.compile(CLEAN_IMAGE_PATTERN)
 FIELD_HOST_PATH = "spec.model.cache.path"
 FIELD_IMAGE = "spec.image"
 FIELD_SERVICE_ACCOUNT = "spec.podTemplate.serviceAccountName"
+FIELD_SERVED_NAME = "spec.servedModelName"
 
 
 @dataclass(frozen=True)
@@ -104,8 +108,9 @@ def allowed_text(entries: Sequence[str]) -> str:
     return ", ".join(entries) if entries else "none"
 
 
-def violations(spec: ModelPoolSpec, policy: Policy) -> list[Violation]:
-    """Every field of ``spec`` the policy refuses, in field order (empty: the spec is allowed)."""
+def violations(spec: ModelPoolSpec, policy: Policy, namespace: str) -> list[Violation]:
+    """Every field of ``spec`` (a pool of ``namespace``) the policy refuses, in field order (empty: the
+    spec is allowed)."""
     found: list[Violation] = []
     cache = spec.model.cache
     if cache is not None and cache.type == "hostPath" and cache.path is not None:
@@ -119,6 +124,8 @@ def violations(spec: ModelPoolSpec, policy: Policy) -> list[Violation]:
     account = spec.pod_template.service_account_name
     if account and policy.service_accounts and account not in policy.service_accounts:
         found.append(Violation(FIELD_SERVICE_ACCOUNT, msg_service_account(account, policy.service_accounts)))
+    if spec.served_model_name and alias_claims_namespace(spec.served_model_name, namespace) is not None:
+        found.append(Violation(FIELD_SERVED_NAME, msg_served_name(spec.served_model_name, namespace)))
     return found
 
 
@@ -150,6 +157,13 @@ def msg_service_account(name: str, names: Sequence[str]) -> str:
     return (
         f"{FIELD_SERVICE_ACCOUNT}: {name} is not a service account the operator allows "
         f"(allowed: {allowed_text(names)})"
+    )
+
+
+def msg_served_name(alias: str, namespace: str) -> str:
+    return (
+        f"{FIELD_SERVED_NAME}: {alias} reads as a pool of another namespace; an alias of the form "
+        f"namespace/name must start with this pool's namespace ({namespace}/)"
     )
 
 

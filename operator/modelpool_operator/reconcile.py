@@ -161,7 +161,7 @@ async def reconcile_pool(
             if refusal is not None:
                 await refuse(services, run, body, refusal)
             return None
-        refused = violations(pool.spec, services.config.policy)
+        refused = violations(pool.spec, services.config.policy, pool.namespace)
         if refused:
             outcome.result = "forbidden"
             refusal = policy_refusal(run, pool, body, refused)

@@ -28,7 +28,7 @@ from typing import Any
 from modelpool_contract.api import Condition, ModelPoolStatus
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun
 from modelpool_operator.budget import Reservation
-from modelpool_operator.effects.kube import describe_error, merge_patch, refused
+from modelpool_operator.effects.kube import NameTakenError, describe_error, merge_patch, refused
 from modelpool_operator.effects.network_policy import (
     PolicySettings,
     build_host_network_policy,
@@ -42,6 +42,10 @@ from modelpool_operator.pool import PoolView
 from modelpool_operator.services import Services, pod_settings, policy_settings
 
 logger = logging.getLogger(__name__)
+
+#: The reason (ApiError condition, Warning Event) when an object of the name the operator would make is
+#: someone else's: it is left as it is (``NameTakenError``), never patched.
+NAME_TAKEN = "NameTaken"
 
 #: The pool condition that reports the API requests of the last pass that failed.
 API_ERROR = "ApiError"
@@ -60,6 +64,8 @@ async def _attempt(reason: str, what: str, request: Awaitable[object]) -> ApiFai
     """Await one effect of the pass; its failure as an ``ApiFailure`` (never raised: the pass goes on)."""
     try:
         await request
+    except NameTakenError as exc:  # not an API failure: our name is someone else's object
+        return ApiFailure(NAME_TAKEN, str(exc)[:1000])
     except Exception as exc:  # whatever failed, the other effects and the status still happen
         return ApiFailure(reason, f"{what}: {describe_error(exc)}"[:1000])
     return None

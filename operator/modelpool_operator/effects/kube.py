@@ -25,10 +25,50 @@ from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELHOST_PLURAL, 
 logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 # The generated client's connections when its configuration names none (its own default).
 _DEFAULT_CONNECTIONS = 100
 
 GONE, EXISTS = 404, 409
+
+#: What the API server answers a JSON patch whose ``test`` operation failed (and any other invalid patch).
+UNPROCESSABLE = 422
+
+
+class NameTakenError(Exception):
+    """An object of the name the operator would make exists and is not controlled by its owner (a pool or a
+    ModelHost): the operator leaves it as it is and says so (a condition and an Event), never takes it
+    over."""
+
+
+def owned_patch(body: Mapping[str, Any], fields: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Pure: a JSON patch (RFC 6902) that first tests that the object's first owner reference is ``body``'s
+    own (its controller's uid), then sets ``fields`` (JSON pointers -> values).  Applied atomically: an
+    object someone else made under our name fails the test and is left untouched, with no ``get`` right
+    needed to find out."""
+    owners = body["metadata"].get("ownerReferences") or []
+    if not owners:
+        name = body["metadata"]["name"]
+        raise ValueError(f"{name}: no owner reference to check the existing object against")
+    test = {"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": owners[0]["uid"]}
+    return [test, *({"op": "add", "path": path, "value": value} for path, value in fields.items())]
+
+
+def failed_test(exc: ApiException) -> bool:
+    """Pure: the API server's answer to a JSON patch whose ``test`` failed: 422 Invalid with no causes (an
+    invalid value in the patch itself is also 422 Invalid, but names its fields in ``details.causes``)."""
+    if exc.status != UNPROCESSABLE:
+        return False
+    try:
+        status = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        return False
+    return (
+        isinstance(status, dict)
+        and status.get("reason") == "Invalid"
+        and not ((status.get("details") or {}).get("causes"))
+    )
+
 
 #: Told about every failed request: (operation, HTTP status or None when no answer came).
 ErrorHook = Callable[[str, int | None], None]
@@ -258,7 +298,9 @@ class Kube:
     # ---- services --------------------------------------------------------------------------------
 
     async def ensure_service(self, namespace: str, body: Mapping[str, Any]) -> None:
-        """Create the pool's Service, or bring an existing one's labels, selector and ports up to date.
+        """Create the pool's Service, or bring an existing one's labels, selector and ports up to date, only
+        if it is the pool's (``owned_patch``: an object of that name made by anyone else raises
+        ``NameTakenError`` and is left as it is).
 
         ``spec.clusterIP`` is left out of the update: it is immutable, and a Service made before the pools'
         Services were headless keeps the virtual IP it has (docs/operator.md)."""
@@ -266,35 +308,50 @@ class Kube:
         create = self._core.create_namespaced_service(namespace, dict(body), _request_timeout=self._timeout)
         if await self._took_effect("create_service", create, unless=EXISTS):
             return
-        spec = {key: value for key, value in (body.get("spec") or {}).items() if key != "clusterIP"}
-        patch = {"metadata": {"labels": body["metadata"].get("labels", {})}, "spec": spec}
-        await self._took_effect(
+        fields = {"/metadata/labels": body["metadata"].get("labels", {})}
+        fields |= {f"/spec/{k}": v for k, v in (body.get("spec") or {}).items() if k != "clusterIP"}
+        await self._patch_owned(
             "patch_service",
-            self._core.patch_namespaced_service(
-                name, namespace, patch, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+            f"Service {namespace}/{name}",
+            lambda patch: self._core.patch_namespaced_service(
+                name, namespace, patch, _content_type=JSON_PATCH, _request_timeout=self._timeout
             ),
+            owned_patch(body, fields),
         )
+
+    async def _patch_owned(
+        self, operation: str, what: str, send: Callable[[list[dict[str, Any]]], Awaitable[Any]], patch: Any
+    ) -> None:
+        """Send an ``owned_patch``; its failed owner test is ``NameTakenError``, not an API failure."""
+        try:
+            await self._took_effect(operation, send(patch))
+        except ApiException as exc:
+            if not failed_test(exc):
+                raise
+            raise NameTakenError(
+                f"{what} exists and is not controlled by this resource (another owner, or none): the "
+                "operator leaves it as it is; delete or rename it, or rename this resource"
+            ) from exc
 
     # ---- network policies ------------------------------------------------------------------------
 
     async def ensure_network_policy(self, namespace: str, body: Mapping[str, Any]) -> None:
-        """Create the pool's NetworkPolicy, or bring an existing one's labels, owner and rules up to date
-        (a merge patch replaces the ingress list whole)."""
+        """Create the pool's (or host's) NetworkPolicy, or bring an existing one's labels and rules up to
+        date, only if it is ours (``owned_patch``; else ``NameTakenError``)."""
         name = body["metadata"]["name"]
         create = self._networking.create_namespaced_network_policy(
             namespace, dict(body), _request_timeout=self._timeout
         )
         if await self._took_effect("create_network_policy", create, unless=EXISTS):
             return
-        metadata = {
-            key: body["metadata"][key] for key in ("labels", "ownerReferences") if key in body["metadata"]
-        }
-        patch = {"metadata": metadata, "spec": body.get("spec", {})}
-        await self._took_effect(
+        fields = {"/metadata/labels": body["metadata"].get("labels", {}), "/spec": body.get("spec", {})}
+        await self._patch_owned(
             "patch_network_policy",
-            self._networking.patch_namespaced_network_policy(
-                name, namespace, patch, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+            f"NetworkPolicy {namespace}/{name}",
+            lambda patch: self._networking.patch_namespaced_network_policy(
+                name, namespace, patch, _content_type=JSON_PATCH, _request_timeout=self._timeout
             ),
+            owned_patch(body, fields),
         )
 
     # ---- custom resources ------------------------------------------------------------------------

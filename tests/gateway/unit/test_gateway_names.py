@@ -1,4 +1,4 @@
-"""Name resolution: alias, then namespace/name, then pool name; ambiguity; the v2 path split."""
+"""Name resolution: namespace/name, then alias, then pool name; no squatting; ambiguity; the v2 path split."""
 
 from __future__ import annotations
 
@@ -22,6 +22,34 @@ def test_namespace_slash_name_resolves_exactly() -> None:
     assert INDEX.resolve("team-a/bge") == Resolved(("team-a", "bge"))
     assert INDEX.resolve("team-b/bge") == Resolved(("team-b", "bge"))
     assert isinstance(INDEX.resolve("team-c/bge"), Unresolved)
+
+
+def test_namespace_slash_name_wins_over_an_alias_of_the_same_spelling() -> None:
+    # A pool of team-a (created before the admission policy) calls itself team-b/llama: team-b's pool keeps
+    # its full name, and the squatting alias is not indexed, so it takes nothing while team-b/llama is
+    # absent either (the prompts meant for team-b never reach team-a).
+    squatter = Pool("team-a", "spy", served_model_name="team-b/llama")
+    index = NameIndex.build([*POOLS, squatter])
+    assert index.resolve("team-b/llama") == Resolved(("team-b", "llama"))
+    alone = NameIndex.build([squatter])
+    assert isinstance(alone.resolve("team-b/llama"), Unresolved)
+    assert alone.resolve("team-a/spy") == Resolved(("team-a", "spy"))
+    assert alone.public_name(squatter) == "spy"
+    # Its own namespace is fine, and so is an alias that is not shaped like namespace/name.
+    own = Pool("team-a", "chat", served_model_name="team-a/llama-3")
+    hf = Pool("team-a", "minilm2", served_model_name="meta-llama/Llama-3.1-8B")
+    index = NameIndex.build([own, hf])
+    assert index.resolve("team-a/llama-3") == Resolved(("team-a", "chat"))
+    assert index.resolve("meta-llama/Llama-3.1-8B") == Resolved(("team-a", "minilm2"))
+
+
+def test_two_pools_claiming_one_alias_are_an_ambiguity_never_a_pick() -> None:
+    index = NameIndex.build(
+        [Pool("team-a", "x", served_model_name="llama"), Pool("team-b", "y", served_model_name="llama")]
+    )
+    result = index.resolve("llama")
+    assert isinstance(result, Unresolved) and result.ambiguous
+    assert "team-a/x" in result.message and "team-b/y" in result.message
 
 
 def test_an_alias_wins_over_a_pool_name() -> None:

@@ -23,6 +23,7 @@ from modelpool_operator.policy import (
     Policy,
     msg_host_path,
     msg_image,
+    msg_served_name,
     msg_service_account,
     msg_unclean_path,
     violations,
@@ -143,6 +144,8 @@ def test_the_api_server_refuses_a_pool_beyond_the_allowlists_naming_the_field(
             _pool("account", service_account="cluster-admin"),
             msg_service_account("cluster-admin", ACCOUNTS),
         ),
+        # An alias that reads as another namespace's pool (namespace/name): always refused.
+        "squat": (_pool("squat", servedModelName="team-b/llama"), msg_served_name("team-b/llama", namespace)),
         # A ModelHost's image obeys the same rule (its host pods run it).
         "host-image": (
             {
@@ -204,6 +207,11 @@ EDGE_CASES = [
     {"service_account": "model-runner"},
     {"service_account": "default"},
     {"service_account": "model-runner-2"},
+    {"servedModelName": "team-b/llama"},
+    {"servedModelName": "llama"},
+    {"servedModelName": "meta-llama/Llama-3.1-8B"},
+    {"servedModelName": "a.b/c"},
+    {"servedModelName": "x/y.z"},
 ]
 
 
@@ -213,7 +221,7 @@ def test_the_admission_policy_and_the_operator_agree_on_edge_cases(
     policy = Policy(host_paths=HOST_PATHS, images=IMAGES, service_accounts=ACCOUNTS)
     for index, case in enumerate(EDGE_CASES):
         manifest = _pool(f"edge-{index}", **case)
-        expected = violations(parse_pool_spec(manifest["spec"]), policy)
+        expected = violations(parse_pool_spec(manifest["spec"]), policy, admission_policy)
         code, output = _create(crds, admission_policy, manifest, "--dry-run=server", f"--as={USER}")
         if expected:
             assert code != 0 and expected[0].message in output, f"{case}: {output}"

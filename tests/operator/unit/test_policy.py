@@ -21,6 +21,7 @@ from modelpool_operator.bookkeeping import PoolRun
 from modelpool_operator.policy import (
     FIELD_HOST_PATH,
     FIELD_IMAGE,
+    FIELD_SERVED_NAME,
     FIELD_SERVICE_ACCOUNT,
     Policy,
     Violation,
@@ -29,6 +30,7 @@ from modelpool_operator.policy import (
     is_clean_path,
     msg_host_path,
     msg_image,
+    msg_served_name,
     msg_service_account,
     msg_unclean_path,
     violations,
@@ -154,6 +156,7 @@ def _host_cache(path: str) -> dict[str, Any]:
     return {"source": "hf://org/m", "task": "text-embedding", "cache": {"type": "hostPath", "path": path}}
 
 
+NS = "team-a"
 OPEN = Policy()
 STRICT = Policy(
     host_paths=("/var/cache/modelpool",), images=("ghcr.io/modelpool/",), service_accounts=("model-runner",)
@@ -161,8 +164,26 @@ STRICT = Policy(
 
 
 def test_a_plain_pool_is_allowed_by_every_policy() -> None:
-    assert violations(_spec(), OPEN) == []
-    assert violations(_spec(), STRICT) == []
+    assert violations(_spec(), OPEN, NS) == []
+    assert violations(_spec(), STRICT, NS) == []
+
+
+@pytest.mark.parametrize(
+    ("alias", "refused"),
+    [
+        ("team-b/llama", True),  # another namespace's pool name: refused under every policy
+        ("kube-system/x.y", True),
+        ("team-a/llama", False),  # its own namespace
+        ("meta-llama/Llama-3.1-8B", False),  # not an object name (uppercase): an alias, not a namespace/name
+        ("sentence-transformers/all-MiniLM-L6-v2", False),
+        ("llama", False),
+        ("a" * 64 + "/x", False),  # no namespace is 64 characters long
+    ],
+)
+def test_an_alias_may_read_as_namespace_name_only_in_its_own_namespace(alias: str, refused: bool) -> None:
+    expected = [Violation(FIELD_SERVED_NAME, msg_served_name(alias, NS))] if refused else []
+    assert violations(_spec(servedModelName=alias), OPEN, NS) == expected
+    assert violations(_spec(servedModelName=alias), STRICT, NS) == expected
 
 
 def test_the_default_policy_refuses_host_paths_only() -> None:
@@ -171,25 +192,27 @@ def test_the_default_policy_refuses_host_paths_only() -> None:
         image="anything.io/x:1",
         podTemplate={"serviceAccountName": "whoever"},
     )
-    assert violations(spec, OPEN) == [Violation(FIELD_HOST_PATH, msg_host_path("/var/cache/modelpool", ()))]
-    assert "(allowed: none)" in violations(spec, OPEN)[0].message
+    assert violations(spec, OPEN, NS) == [
+        Violation(FIELD_HOST_PATH, msg_host_path("/var/cache/modelpool", ()))
+    ]
+    assert "(allowed: none)" in violations(spec, OPEN, NS)[0].message
 
 
 def test_each_forbidden_field_is_named() -> None:
     spec = _spec(
         model=_host_cache("/"), image="docker.io/evil:1", podTemplate={"serviceAccountName": "cluster-admin"}
     )
-    assert violations(spec, STRICT) == [
+    assert violations(spec, STRICT, NS) == [
         Violation(FIELD_HOST_PATH, msg_host_path("/", STRICT.host_paths)),
         Violation(FIELD_IMAGE, msg_image("docker.io/evil:1", STRICT.images)),
         Violation(FIELD_SERVICE_ACCOUNT, msg_service_account("cluster-admin", STRICT.service_accounts)),
     ]
-    assert all(v.message.startswith(v.field + ": ") for v in violations(spec, STRICT))
+    assert all(v.message.startswith(v.field + ": ") for v in violations(spec, STRICT, NS))
 
 
 def test_an_unclean_path_says_so_even_under_an_allowed_prefix() -> None:
     spec = _spec(model=_host_cache("/var/cache/modelpool/../../../etc"))
-    assert violations(spec, STRICT) == [
+    assert violations(spec, STRICT, NS) == [
         Violation(FIELD_HOST_PATH, msg_unclean_path("/var/cache/modelpool/../../../etc"))
     ]
 
@@ -200,15 +223,15 @@ def test_allowed_values_pass() -> None:
         image="ghcr.io/modelpool/modelpool-server:0.2",
         podTemplate={"serviceAccountName": "model-runner"},
     )
-    assert violations(spec, STRICT) == []
+    assert violations(spec, STRICT, NS) == []
 
 
 def test_a_pvc_cache_and_an_unset_image_or_account_are_not_checked() -> None:
     spec = _spec(
         model={"source": "hf://org/m", "task": "text-embedding", "cache": {"type": "pvc", "claimName": "c"}}
     )
-    assert violations(spec, STRICT) == []
-    assert violations(_spec(image=""), STRICT) == []
+    assert violations(spec, STRICT, NS) == []
+    assert violations(_spec(image=""), STRICT, NS) == []
 
 
 # ---- the settings -------------------------------------------------------------------------------------
