@@ -48,6 +48,12 @@ from testkit.processnode.volumes import (
 
 JSON = dict[str, Any]
 
+
+def api(objects: dict[str, JSON]) -> Any:
+    """A getter over fixed API objects (what Kube.get answers: the object, or None for 404)."""
+    return objects.get
+
+
 STORE = [
     {
         "id": "aaa111" * 10 + "aaaa",
@@ -322,7 +328,7 @@ def test_mount_table_allows_nested_binds_in_image_mode() -> None:
 
 
 # -- projected, configMap and downward API volumes -----------------------------------------------------------
-POD = {
+POD: JSON = {
     "metadata": {
         "name": "op-0",
         "namespace": "ns",
@@ -401,7 +407,7 @@ def test_projected_files_of_the_kube_api_access_volume() -> None:
     assert files == [("token", b"tok", None), ("ca.crt", b"PEM", None), ("namespace", b"ns", None)]
     assert minted[0][:2] == ("ns", "modelpool-operator")
     with pytest.raises(VolumeError, match=r"kube-root-ca\.crt"):
-        projected_files("v", kube_api_access(), POD, "ns", get={}.get, mint=mint)
+        projected_files("v", kube_api_access(), POD, "ns", get=api({}), mint=mint)
     secret_src = {
         "projected": {
             "sources": [
