@@ -29,6 +29,7 @@ import tritonclient.http as triton
 import yaml
 
 from e2e.helpers import CHART, eventually, require_binary, run
+from modelpool_contract import LABEL_POOL
 from testkit.cluster import Cluster, minilm_package
 from testkit.imagenode import (
     TOLERATIONS,
@@ -195,7 +196,7 @@ def test_operator_gateway_and_worker_run_from_their_images_and_serve_minilm(
         return got if (got.get("status") or {}).get("readyReplicas") == 1 else None
 
     eventually(ready, timeout=SERVE_TIMEOUT_S, interval=2, what="pool minilm with one Ready worker")
-    [worker] = install.pods("modelpool.dev/pool=minilm")
+    [worker] = install.pods(f"{LABEL_POOL}=minilm")
     check_in_image(install, worker, images["server"])
 
     url = (

@@ -11,6 +11,12 @@ its own loopback address 127.<a>.<y>.<z>; its processes see it as POD_IP and in 
 so every pod can listen on the same port.  Container output goes to <log-dir>/<namespace>/<pod>/<c>.log;
 volumes live under <pods-dir>/<pod uid>/ (volumes.py).  Like a kubelet it outlives a restart of the
 control plane: every API call is retried with a bounded back-off while its processes keep running.
+
+Image mode (``--run-images``, off by default): a pod whose images are all in the local containers/storage
+store runs from them with runc (``images.py``, ``oci.py``; docs/cluster.md "Image mode"); any other pod
+runs as host processes as above.  The session's process-node-0 never uses it (the tests run pods from
+the checkout there); ``testkit.imagenode`` starts a second node in image mode for the tests that need
+images, and ``hack/cluster.sh`` takes PROCESSNODE_RUN_IMAGES=1 (``make demo`` with the images built).
 """
 
 from __future__ import annotations
