@@ -173,7 +173,13 @@ class ImageNode:
             if done.returncode != 0 or not done.stdout.strip():
                 return False
             renew = datetime.fromisoformat(done.stdout.strip().replace("Z", "+00:00"))
-            return renew.timestamp() >= since - 1
+            if renew.timestamp() < since - 1:
+                return False  # a lease of an earlier agent
+            ready = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+            return (
+                self.cluster.kubectl("get", "node", self.name, "-o", ready, check=False).stdout.strip()
+                == "True"
+            )
 
         wait_for(renewed, timeout=90, interval=0.5, message=f"image node {self.name} up (log {self.log})")
 

@@ -200,7 +200,7 @@ def resolve_user(image_user: str, pod: JSON, container: JSON, passwd: str = "", 
     extra = [int(g) for g in pod_sc.get("supplementalGroups") or []]
     if pod_sc.get("fsGroup") is not None:
         extra.insert(0, int(pod_sc["fsGroup"]))
-    additional = tuple(dict.fromkeys(g for g in extra if g != gid))
+    additional = tuple(dict.fromkeys(extra))  # the primary group too, as container runtimes list it
     return User(uid=uid, gid=gid, additional_gids=additional, home=home or "/")
 
 

@@ -97,7 +97,9 @@ def volume_source(
         claim = str(volume["persistentVolumeClaim"]["claimName"])
         return claim_source(name, namespace, claim, get)
     if "secret" in volume:
-        return secret_source(name, namespace, volume["secret"], pod_dir, get)
+        # Image mode (mint): the container's user may not be root; its fsGroup reads the files.
+        group = fs_group(pod or {}) if mint is not None else None
+        return secret_source(name, namespace, volume["secret"], pod_dir, get, group=group)
     if mint is not None and ("configMap" in volume or "downwardAPI" in volume or "projected" in volume):
         files = projected_files(name, volume, pod or {}, namespace, get=get, mint=mint)
         mode = int(
@@ -112,9 +114,12 @@ def volume_source(
     return None
 
 
-def secret_source(volume: str, namespace: str, source: JSON, pod_dir: Path, get: Getter) -> HostSource:
+def secret_source(
+    volume: str, namespace: str, source: JSON, pod_dir: Path, get: Getter, *, group: int | None = None
+) -> HostSource:
     """A Secret's keys (``items``: those, at their paths; else every key) written as files into a directory
-    of the pod's, read-only (``defaultMode``), as the kubelet projects them."""
+    of the pod's, read-only (``defaultMode``), as the kubelet projects them; with ``group`` (the pod's
+    fsGroup) owned by that group and group-readable."""
     name = str(source["secretName"])
     secret = get(f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}")
     if secret is None:
@@ -132,7 +137,11 @@ def secret_source(volume: str, namespace: str, source: JSON, pod_dir: Path, get:
         target = directory / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(base64.b64decode(data[key]))
-        target.chmod(int(item.get("mode") or source.get("defaultMode") or 0o644) | 0o400)
+        mode = int(item.get("mode") or source.get("defaultMode") or 0o644) | 0o400
+        if group is not None:
+            os.chown(target, -1, group)
+            mode |= 0o040
+        target.chmod(mode)
     return HostSource(directory, "Directory")
 
 

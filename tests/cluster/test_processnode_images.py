@@ -169,7 +169,7 @@ def test_a_pod_runs_from_its_image_with_its_volumes_user_and_identity(  # noqa: 
     assert status is not None
     term = status["state"]["terminated"]
     assert term["exitCode"] == 0, term
-    assert status["containerID"].startswith("runc://")
+    assert term["containerID"].startswith("runc://")
     seen = json.loads(term["message"])
     assert (seen["uid"], seen["gid"]) == (10001, 10001)
     assert 10001 in seen["groups"]
@@ -200,12 +200,12 @@ def test_a_running_container_is_in_its_image_root_and_stops_with_its_pod(
         "image": image,
         # No command: the image's entrypoint `python3 -c` with this program; a writable root.
         "args": [
-            "import http.server, os; open('/written-here', 'w').write('x'); "
+            "import http.server, os; open('/tmp/written-here', 'w').write('x'); "
             "http.server.HTTPServer((os.environ['POD_IP'], 8080), http.server.SimpleHTTPRequestHandler)"
             ".serve_forever()"
         ],
         "ports": [{"containerPort": 8080, "name": "http"}],
-        "readinessProbe": {"exec": {"command": ["test", "-f", "/written-here"]}, "periodSeconds": 1},
+        "readinessProbe": {"exec": {"command": ["test", "-f", "/tmp/written-here"]}, "periodSeconds": 1},
         "livenessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 2},
     }
     apply(cluster, pod_manifest("server", node, [server], terminationGracePeriodSeconds=5), namespace)
@@ -217,9 +217,11 @@ def test_a_running_container_is_in_its_image_root_and_stops_with_its_pod(
     assert store is not None
     assert root_lower_dir(pid) == str(store.rootfs)
     assert process_uid(pid) == (4321, 4321)  # the image's USER
-    assert Path(f"/proc/{pid}/root/written-here").exists()  # writable root: in the overlay's upper dir
-    assert not (store.rootfs / "written-here").exists()
-    answer = httpx.get(f"http://{pod['status']['podIP']}:8080/etc/hostname", timeout=5)
+    assert Path(f"/proc/{pid}/root/tmp/written-here").exists()  # writable root: in the overlay's upper dir
+    assert not (store.rootfs / "tmp" / "written-here").exists()
+    answer = httpx.get(
+        f"http://{pod['status']['podIP']}:8080/", timeout=5
+    )  # its working directory (/srv), listed
     assert answer.status_code == 200
     cid = status["containerID"].removeprefix("runc://")
     cluster.kubectl("delete", "pod", "server", "-n", namespace, "--wait=true", "--timeout=60s")
@@ -243,12 +245,14 @@ def test_an_agent_that_died_leaves_no_container(
     node.start()
     wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=30, message="stale container deleted")
 
-    def restarted(p: JSON) -> bool:
-        cs = container_status(p, "sleep") or {}
-        return is_ready(p) and int(cs.get("restartCount", 0)) >= 1
+    def rerun() -> int | None:
+        pod = get_json(cluster, "pod", "sleeper", "-n", namespace)
+        status = container_status(pod, "sleep") or {}
+        if not is_ready(pod) or "containerID" not in status:
+            return None
+        new = container_pid(node, status["containerID"])
+        return new if new != pid else None
 
-    pod = wait_pod(cluster, namespace, "sleeper", restarted)
-    new = container_status(pod, "sleep")
-    assert new is not None
-    assert container_pid(node, new["containerID"]) != pid
+    # The pod runs again, in a new container (the same id: its pod's uid and its name).
+    assert wait_for(rerun, timeout=60, message="sleeper running again") != pid
     cluster.kubectl("delete", "pod", "sleeper", "-n", namespace, "--wait=true", "--timeout=60s")

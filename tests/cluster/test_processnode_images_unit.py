@@ -167,7 +167,7 @@ def test_resolve_user_security_context_wins_container_over_pod() -> None:
             }
         }
     }
-    assert resolve_user("", pod, {}, PASSWD, GROUP) == User(10001, 10001, (50,), "/home/modelpool")
+    assert resolve_user("", pod, {}, PASSWD, GROUP) == User(10001, 10001, (10001, 50), "/home/modelpool")
     container = {"securityContext": {"runAsUser": 7, "runAsGroup": 8}}
     assert resolve_user("10001", pod, container, PASSWD, GROUP) == User(7, 8, (10001, 50), "/")
     with pytest.raises(SpecError, match="runAsNonRoot"):
