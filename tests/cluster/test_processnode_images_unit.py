@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from testkit.processnode.agent import parse_args
 from testkit.processnode.container import hosts_file, image_binds
 from testkit.processnode.images import (
     DEFAULT_PATH,
@@ -456,3 +457,11 @@ def test_projected_volumes_are_written_only_in_image_mode(tmp_path: Path) -> Non
     info = (access / "token").stat()
     assert info.st_gid == FS_GROUP and info.st_mode & 0o777 == 0o644 | 0o040  # fsGroup owns it
     assert volume_source({"name": "c", "configMap": {"name": "x"}}, "ns", tmp_path, get) is None
+
+
+def test_image_mode_is_off_unless_asked() -> None:
+    default = parse_args(["--kubeconfig", "k"])
+    assert default.run_images is False
+    on = parse_args(["--kubeconfig", "k", "--run-images", "--image-store", "/srv/store"])
+    assert on.run_images is True and on.image_store == "/srv/store"
+    assert parse_args(["--kubeconfig", "k", "--run-images"]).image_store == "/var/lib/containers/storage"
