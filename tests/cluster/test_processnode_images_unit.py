@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from testkit.imagenode import project_images, require_images
 from testkit.processnode.agent import parse_args
 from testkit.processnode.container import hosts_file, image_binds
 from testkit.processnode.images import (
@@ -465,3 +466,9 @@ def test_image_mode_is_off_unless_asked() -> None:
     on = parse_args(["--kubeconfig", "k", "--run-images", "--image-store", "/srv/store"])
     assert on.run_images is True and on.image_store == "/srv/store"
     assert parse_args(["--kubeconfig", "k", "--run-images"]).image_store == "/var/lib/containers/storage"
+
+
+def test_an_absent_image_fails_the_test_with_run_make_images() -> None:
+    with pytest.raises(pytest.fail.Exception, match="run make images"):
+        require_images(["ghcr.io/modelpool/never-built:0.0.0"])
+    assert project_images()["operator"].startswith("ghcr.io/modelpool/modelpool-operator:")
