@@ -3,6 +3,12 @@
 A ContainerRunner is driven by its pod's worker thread (`tick`), never by two threads, so its record
 needs no lock.  Each run is its own process group (start_new_session), so SIGTERM/SIGKILL reach every
 process the container started.
+
+Image mode (``PodContext.pod_images`` set by the worker): the run is ``runc run`` of a bundle built by
+``_prepare_image`` (``oci.py``): the image's root under an overlay, its entrypoint/cmd under the
+container's command/args, its env under the pod's, its user, the volumes bound at their mountPaths.
+Signals go through ``runc kill`` and exec probes through ``runc exec``; the status's container id is
+``runc://<id>``.
 """
 
 from __future__ import annotations
