@@ -125,7 +125,7 @@ class ImageNode:
         self.name = name
         self.workdir = cluster.processnode_log_dir.parent / name
         self.log = self.workdir / "agent.log"
-        self.runc = Runc(state_root(name))
+        self.runc = Runc(state_root(name, (self.workdir / "pods").resolve()))
         self.octet = ip_octet
         self.proc: subprocess.Popen[bytes] | None = None
 

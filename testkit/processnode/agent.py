@@ -108,7 +108,7 @@ class Agent:
         self.runc: Runc | None = None
         if args.run_images:
             self.images = ImageStore(root=Path(args.image_store))
-            self.runc = Runc(state_root(self.node_name), binary=shutil.which("runc") or "runc")
+            self.runc = Runc(state_root(self.node_name, self.pods_dir), binary=shutil.which("runc") or "runc")
 
     def remove_stale_containers(self) -> None:
         """Containers left under this node's runc root by an agent that died: delete them (their pods'

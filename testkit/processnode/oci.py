@@ -24,6 +24,7 @@ and exits with the container's status; each node's containers live under a ``--r
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -68,9 +69,12 @@ class Bind:
     read_only: bool = False
 
 
-def state_root(node_name: str) -> Path:
-    """Pure: runc's ``--root`` for one node's containers."""
-    return RUNC_STATE_ROOT / node_name / "runc"
+def state_root(node_name: str, pods_dir: Path) -> Path:
+    """Pure: runc's ``--root`` for one node's containers: by the node's name and its pods directory, so
+    the agents of two clusters on one machine (concurrent test sessions, each with its own
+    process-node-images) never see, nor delete, each other's containers."""
+    digest = hashlib.sha256(str(pods_dir).encode()).hexdigest()[:12]
+    return RUNC_STATE_ROOT / f"{node_name}-{digest}" / "runc"
 
 
 def container_id(pod_uid: str, container: str) -> str:

@@ -278,7 +278,11 @@ def test_runc_argv_ids_and_names() -> None:
         "cat",
         "/ready",
     ]
-    assert state_root("process-node-1") == Path("/run/processnode/process-node-1/runc")
+    root = state_root("process-node-1", Path("/a/pods"))
+    assert root.parent.parent == Path("/run/processnode") and root.name == "runc"
+    assert root.parent.name.startswith("process-node-1-")
+    assert state_root("process-node-1", Path("/b/pods")) != root  # another cluster's agent: another root
+    assert state_root("process-node-1", Path("/a/pods")) == root
     assert container_id("0f-uid", "server/x y") == "0f-uid-server-x-y"
     assert hostname_of("a" * 70) == "a" * 63
     assert hostname_of("pod-.") == "pod"
