@@ -22,6 +22,7 @@ images, and ``hack/cluster.sh`` takes PROCESSNODE_RUN_IMAGES=1 (``make demo`` wi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import os
@@ -407,5 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     syncer.start()
     agent.stop.wait()
     agent.shutdown()
+    if agent.runc is not None:
+        # Every container has stopped: leave no empty state directory per cluster in /run behind.
+        with contextlib.suppress(OSError):
+            agent.runc.root.rmdir()
+            agent.runc.root.parent.rmdir()
     log.info("stopped")
     return 0
