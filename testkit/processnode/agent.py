@@ -11,14 +11,22 @@ its own loopback address 127.<a>.<y>.<z>; its processes see it as POD_IP and in 
 so every pod can listen on the same port.  Container output goes to <log-dir>/<namespace>/<pod>/<c>.log;
 volumes live under <pods-dir>/<pod uid>/ (volumes.py).  Like a kubelet it outlives a restart of the
 control plane: every API call is retried with a bounded back-off while its processes keep running.
+
+Image mode (``--run-images``, off by default): a pod whose images are all in the local containers/storage
+store runs from them with runc (``images.py``, ``oci.py``; docs/cluster.md "Image mode"); any other pod
+runs as host processes as above.  The session's process-node-0 never uses it (the tests run pods from
+the checkout there); ``testkit.imagenode`` starts a second node in image mode for the tests that need
+images, and ``hack/cluster.sh`` takes PROCESSNODE_RUN_IMAGES=1 (``make demo`` with the images built).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -26,19 +34,23 @@ import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from testkit.processnode.container import PodContext
+from testkit.processnode.images import STORAGE_ROOT, ImageStore
 from testkit.processnode.kubeapi import ClusterGuard, Kube, KubeError, pod_path
 from testkit.processnode.node import NodeAgent, parse_taint
+from testkit.processnode.oci import Runc, state_root, usable
 from testkit.processnode.pod import PodWorker, Retry
 from testkit.processnode.podspec import SpecError
-from testkit.processnode.volumes import remove_pod_dir
+from testkit.processnode.volumes import VolumeError, remove_pod_dir
 
 JSON = dict[str, Any]
 log = logging.getLogger("processnode")
 
 # Passed from the agent's own environment to every process (the rest of the environment is the pod's).
+# Passed to containers run from images too: facts of this machine (no model hub to reach).
+OFFLINE = ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"]
 INHERITED = ["HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"]
 HOST_IP = "127.0.0.1"
 RESYNC_SECONDS = 30
@@ -93,6 +105,43 @@ class Agent:
         self._lock = threading.Lock()
         self.stop = threading.Event()
         self.base_env = self._base_env()
+        self.images: ImageStore | None = None
+        self.runc: Runc | None = None
+        if args.run_images:
+            self.images = ImageStore(root=Path(args.image_store))
+            self.runc = Runc(state_root(self.node_name, self.pods_dir), binary=shutil.which("runc") or "runc")
+
+    def remove_stale_containers(self) -> None:
+        """Containers left under this node's runc root by an agent that died: delete them (their pods'
+        workers start them anew), so none outlives the agent that owned it."""
+        if self.runc is not None:
+            for cid in self.runc.delete_all():
+                log.info("deleted container %s, left by an earlier agent", cid)
+
+    def _image_base_env(self, pod_ip: str) -> dict[str, str]:
+        """What every container run from an image gets besides its image's and its pod's variables: the
+        pod address (POD_IP and each --bind-env), the in-cluster API (KUBERNETES_SERVICE_HOST/PORT: the
+        API server's own loopback address, as the `kubernetes` Service's ClusterIP is not routable
+        here) and the offline flags of this machine (no model hub to reach)."""
+        api = urlsplit(self.kube.server)
+        env = {k: os.environ[k] for k in [*OFFLINE, *self.args.inherit_env] if k in os.environ}
+        env["KUBERNETES_SERVICE_HOST"] = api.hostname or HOST_IP
+        env["KUBERNETES_SERVICE_PORT"] = str(api.port or 443)
+        env["KUBERNETES_SERVICE_PORT_HTTPS"] = env["KUBERNETES_SERVICE_PORT"]
+        env["POD_IP"] = pod_ip
+        for name in self.args.bind_env:
+            env[name] = pod_ip
+        return env
+
+    def mint(self, namespace: str, account: str, spec: JSON) -> str:
+        """A ServiceAccount token from the TokenRequest API (a projected serviceAccountToken source)."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+        path = f"/api/v1/namespaces/{quote(namespace)}/serviceaccounts/{quote(account)}/token"
+        try:
+            answer = self.kube.request("POST", path, body=body)
+        except KubeError as err:
+            raise VolumeError("kube-api-access", f"TokenRequest for {namespace}/{account}: {err}") from err
+        return str((answer.get("status") or {}).get("token") or "")
 
     def _base_env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in [*INHERITED, *self.args.inherit_env] if k in os.environ}
@@ -140,6 +189,10 @@ class Agent:
             pod_dir=self.pods_dir / str(meta["uid"]),
             get=self.kube.get,
             node_name=self.node_name,
+            images=self.images,
+            runc=self.runc,
+            mint=self.mint if self.images is not None else None,
+            image_base_env=self._image_base_env(pod_ip),
         )
 
     def _worker_done(self, worker: PodWorker) -> None:
@@ -283,6 +336,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--exit-after-api-loss", type=float, default=120.0, help="stop when the API is gone this long (s)"
     )
+    p.add_argument(
+        "--run-images",
+        action="store_true",
+        help="run a pod whose images are all in the local store from those images, with runc (image mode)",
+    )
+    p.add_argument(
+        "--image-store", default=str(STORAGE_ROOT), help="containers/storage root (vfs) of --run-images"
+    )
     p.add_argument("--verbose", "-v", action="store_true")
     args = p.parse_args(argv)
     args.bind_env = args.bind_env or ["MODELPOOL_HOST"]
@@ -311,7 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         "nvidia.com/gpu": args.gpus,
         "ephemeral-storage": "100Gi",
     }
+    if args.run_images and (why := usable()):
+        log.error("--run-images: %s", why)
+        return 1
     agent = Agent(args)
+    agent.remove_stale_containers()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping", signum)
@@ -343,5 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     syncer.start()
     agent.stop.wait()
     agent.shutdown()
+    if agent.runc is not None:
+        # Every container has stopped: leave no empty state directory per cluster in /run behind.
+        with contextlib.suppress(OSError):
+            agent.runc.root.rmdir()
+            agent.runc.root.parent.rmdir()
     log.info("stopped")
     return 0

@@ -3,6 +3,12 @@
 A ContainerRunner is driven by its pod's worker thread (`tick`), never by two threads, so its record
 needs no lock.  Each run is its own process group (start_new_session), so SIGTERM/SIGKILL reach every
 process the container started.
+
+Image mode (``PodContext.pod_images`` set by the worker): the run is ``runc run`` of a bundle built by
+``_prepare_image`` (``oci.py``): the image's root under an overlay, its entrypoint/cmd under the
+container's command/args, its env under the pod's, its user, the volumes bound at their mountPaths.
+Signals go through ``runc kill`` and exec probes through ``runc exec``; the status's container id is
+``runc://<id>``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from testkit.processnode.images import Image, ImageStore, container_argv, image_env, resolve_user
+from testkit.processnode.oci import Bind, Overlay, Runc, container_id, hostname_of, oci_config
 from testkit.processnode.podspec import (
     Lookup,
     SpecError,
@@ -36,8 +44,10 @@ from testkit.processnode.rootfs import can_enforce, wrapper_argv
 from testkit.processnode.volumes import (
     ContainerView,
     Getter,
+    Minter,
     materialize,
     mount_table,
+    normalize_path,
     read_only_root,
     with_tmpdir,
     writable_paths,
@@ -48,6 +58,14 @@ log = logging.getLogger("processnode.container")
 
 FALLBACK_LINES = 80  # FallbackToLogsOnError: the kubelet keeps the last 80 lines / 2048 bytes
 FALLBACK_BYTES = 2048
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # the Kubernetes default
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -69,6 +87,15 @@ class PodContext:
     node_name: str = ""
     # Volume name -> host path, filled in by the pod's worker once every volume is set up.
     volume_dirs: dict[str, Path] = field(default_factory=dict)
+    # Image mode (the agent's --run-images): the store, runc, the TokenRequest client and the variables
+    # every container from an image gets (POD_IP, the bind variables, KUBERNETES_SERVICE_HOST/PORT).
+    images: ImageStore | None = None
+    runc: Runc | None = None
+    mint: Minter | None = None
+    image_base_env: Mapping[str, str] = field(default_factory=dict)
+    # Container name -> its image, set by the worker when every container's image is in the store (the
+    # pod then runs from its images); empty: the pod's containers run as host processes.
+    pod_images: dict[str, Image] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,6 +106,35 @@ class Launch:
     env: dict[str, str]
     cwd: Path
     view: ContainerView
+    # Image mode: runc's bundle (config.json and the overlay root) and the container's runc id.
+    bundle: Path | None = None
+    cid: str = ""
+
+
+def image_binds(
+    container: JSON, table: Mapping[str, Path], termination_log: Path, hosts: Path | None
+) -> list[Bind]:
+    """Pure: the bind mounts of a container run from its image: each volume mount at its mountPath
+    (read-only when the mount says so), the termination-log file at terminationMessagePath and the
+    pod's /etc/hosts (when the container mounts nothing there)."""
+    read_only = {
+        normalize_path(str(m["mountPath"])) for m in container.get("volumeMounts") or [] if m.get("readOnly")
+    }
+    binds = [Bind(host, mount, mount in read_only) for mount, host in table.items()]
+    message_path = normalize_path(str(container.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH))
+    binds.append(Bind(termination_log, message_path))
+    if hosts is not None and "/etc/hosts" not in table:
+        binds.append(Bind(hosts, "/etc/hosts", read_only=True))
+    return binds
+
+
+def hosts_file(pod_ip: str, hostname: str) -> str:
+    """Pure: the pod's /etc/hosts, as the kubelet writes it (loopback names and the pod's own name)."""
+    return (
+        "# Kubernetes-managed hosts file (the process node).\n"
+        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+        f"{pod_ip}\t{hostname}\n"
+    )
 
 
 class ContainerRunner:
@@ -93,6 +149,7 @@ class ContainerRunner:
         self._log_offset = 0
         self._env: dict[str, str] = {}
         self._view: ContainerView | None = None
+        self._launch: Launch | None = None
         self._started_mono = 0.0
         self._next_start = 0.0
         self._failures = 0
@@ -154,10 +211,64 @@ class ContainerRunner:
             self._exited(self.proc.returncode or -9, self._clock(), True)
 
     # -- transitions -----------------------------------------------------------------------------------------
+    @property
+    def image(self) -> Image | None:
+        """The image this container runs from (image mode), or None (a host process)."""
+        return self.ctx.pod_images.get(self.record.name)
+
+    def _prepare_image(self, image: Image) -> Launch:
+        """Image mode: the next run's runc bundle: the image's entrypoint/cmd under the container's
+        command/args, the image's env under the pod's, its user, the volumes bound at their mountPaths."""
+        ctx = self.ctx
+        assert ctx.runc is not None
+        meta = ctx.pod.get("metadata") or {}
+        base = {**image_env(image.config), **ctx.image_base_env}
+        message_path = str(self.spec.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH)
+        for name in ctx.termination_log_envs:
+            base[name] = message_path
+        env = build_env(ctx.pod, self.spec, base, pod_ip=ctx.pod_ip, host_ip=ctx.host_ip, lookup=ctx.lookup)
+        argv = container_argv(image.config, self.spec, env)
+        table = mount_table(self.spec, ctx.volume_dirs, env, nested=True)
+        etc = image.rootfs / "etc"
+        user = resolve_user(
+            image.config.user, ctx.pod, self.spec, _read(etc / "passwd"), _read(etc / "group")
+        )
+        env.setdefault("HOME", user.home)
+        hostname = hostname_of(str(meta.get("name") or "pod"))
+        env.setdefault("HOSTNAME", hostname)
+        hosts = ctx.pod_dir / "etc-hosts"
+        bundle = ctx.pod_dir / "containers" / self.record.name
+        cwd = str(self.spec.get("workingDir") or image.config.working_dir or "/")
+        try:
+            hosts.parent.mkdir(parents=True, exist_ok=True)
+            hosts.write_text(hosts_file(ctx.pod_ip, hostname))
+            self.termination_log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.termination_log_path.write_bytes(b"")
+            self.termination_log_path.chmod(0o666)  # the container's user writes it
+            config = oci_config(
+                rootfs=bundle / "rootfs",
+                read_only=read_only_root(self.spec),
+                user=user,
+                argv=argv,
+                env=env,
+                cwd=cwd,
+                hostname=hostname,
+                binds=image_binds(self.spec, table, self.termination_log_path, hosts),
+            )
+            Overlay(bundle, image.rootfs).mount()
+            ctx.runc.write_bundle(bundle, config)
+        except (OSError, ValueError) as err:
+            raise SpecError("CreateContainerError", f"cannot create the container: {err}") from err
+        cid = container_id(str(meta.get("uid") or ""), self.record.name)
+        view = ContainerView(bundle / "rootfs", table)
+        return Launch(ctx.runc.run_argv(bundle, cid), env, ctx.pod_dir, view, bundle, cid)
+
     def _prepare(self) -> Launch:
         """argv, environment and working directory of the next run (raises SpecError).  `$(VAR)` is
         expanded with the container's own paths; the mount rule then maps each value to the host."""
         ctx = self.ctx
+        if self.image is not None:
+            return self._prepare_image(self.image)
         base = dict(ctx.base_env)
         for name in ctx.termination_log_envs:
             base[name] = str(self.termination_log_path)
@@ -177,6 +288,8 @@ class ContainerRunner:
     def _command(self, launch: Launch) -> list[str]:
         """The process to start: the container's argv, through ``rootfs`` when its root is read-only.
         Raises OSError (a StartError) for an executable that cannot be found, as Popen would."""
+        if launch.bundle is not None:
+            return launch.argv  # runc run: the image's root is read-only by its config
         if not read_only_root(self.spec):
             return launch.argv
         if not can_enforce():
@@ -214,8 +327,10 @@ class ContainerRunner:
         argv, env, cwd = launch.argv, launch.env, launch.cwd
         self._env = env
         self._view = launch.view
+        self._launch = launch
         ctx.log_dir.mkdir(parents=True, exist_ok=True)
-        self.termination_log_path.write_bytes(b"")
+        if launch.bundle is None:
+            self.termination_log_path.write_bytes(b"")
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - owned until the process exits
         self._log_offset = self._log.tell()
         if self._launched:
@@ -225,7 +340,8 @@ class ContainerRunner:
         try:
             self.proc = subprocess.Popen(
                 self._command(launch),
-                env=env,
+                # runc itself runs in the agent's environment; the container's is in its config.json.
+                env=env if launch.bundle is None else dict(os.environ),
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
@@ -246,7 +362,7 @@ class ContainerRunner:
         rec = self.record
         rec.state = "running"
         rec.started_at = started
-        rec.container_id = f"process://{self.proc.pid}"
+        rec.container_id = f"runc://{launch.cid}" if launch.cid else f"process://{self.proc.pid}"
         rec.ever_ran = True
         rec.waiting_message = ""
         self._startup = self._probe_state("startupProbe", now)
@@ -259,7 +375,12 @@ class ContainerRunner:
         spec = self.spec.get(which)
         if not spec:
             return None
-        if "exec" in spec and self._view is not None:
+        launch = self._launch
+        if "exec" in spec and launch is not None and launch.cid and self.ctx.runc is not None:
+            # An exec probe from an image runs in the container: `runc exec`, as its user, in its env.
+            command = self.ctx.runc.exec_argv(launch.cid, [str(a) for a in spec["exec"].get("command") or []])
+            spec = {**spec, "exec": {**spec["exec"], "command": command}}
+        elif "exec" in spec and self._view is not None:
             # An exec probe runs in the container too: its paths follow the same mount rule.
             command = [self._view.rewrite(str(a)) for a in spec["exec"].get("command") or []]
             spec = {**spec, "exec": {**spec["exec"], "command": command}}
@@ -291,7 +412,8 @@ class ContainerRunner:
             rec.ready = self._readiness.passed
 
     def _run(self, probe: ProbeState) -> bool:
-        return run_probe(probe.spec, self.spec, self.ctx.pod_ip, self._env, probe.timeout)
+        env = self._env if self._launch is None or not self._launch.cid else dict(os.environ)
+        return run_probe(probe.spec, self.spec, self.ctx.pod_ip, env, probe.timeout)
 
     def _kill_for_probe(self, which: str, probe: ProbeState) -> None:
         log.info("container %s failed its %s probe: restarting", self.record.name, which)
@@ -306,6 +428,11 @@ class ContainerRunner:
         # Anything left in the container's process group goes with it, as with a container's cgroup.
         self._signal(signal.SIGKILL)
         self.proc = None
+        launch = self._launch
+        if launch is not None and launch.bundle is not None and self.ctx.runc is not None:
+            # runc run removes its container when the init exits; make sure, then free the overlay root.
+            self.ctx.runc.delete(launch.cid)
+            Overlay(launch.bundle, launch.bundle).unmount()
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -318,7 +445,7 @@ class ContainerRunner:
             message,
             started,
             datetime.now(UTC),
-            f"process://{pid}",
+            f"runc://{launch.cid}" if launch is not None and launch.cid else f"process://{pid}",
         )
         log.info("container %s exited with %d", self.record.name, code)
         self._finish(term, now, stopping, now - self._started_mono)
@@ -367,6 +494,13 @@ class ContainerRunner:
 
     def _signal(self, sig: signal.Signals) -> None:
         if self.proc is None:
+            return
+        launch = self._launch
+        # runc's container is in a session and pid namespace of its own: signal its init through runc
+        # (SIGKILL to pid 1 ends every process of the container).  When runc finds no container (not
+        # created yet, or gone), the signal goes to runc's own process group (runc forwards SIGTERM).
+        runc = self.ctx.runc
+        if launch is not None and launch.cid and runc is not None and runc.kill(launch.cid, sig.name):
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)

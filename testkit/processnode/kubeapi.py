@@ -54,6 +54,7 @@ class Kube:
         config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)  # type: ignore[no-untyped-call]
         # Each pod worker thread may hold a connection (status patches) while the watch holds another.
         cfg.connection_pool_maxsize = pool_size
+        self.server: str = str(cfg.host)  # https://HOST:PORT: what image-mode pods get as the in-cluster API
         self._api = client.ApiClient(cfg)
         self._lock = threading.Lock()
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from testkit.processnode.container import ContainerRunner, PodContext
 from testkit.processnode.kubeapi import STRATEGIC_MERGE, Kube, KubeError, pod_event, pod_path
-from testkit.processnode.podspec import backoff_delay, grace_seconds
+from testkit.processnode.podspec import SpecError, backoff_delay, grace_seconds
 from testkit.processnode.podstatus import ConditionClock, pod_status, rfc3339
 from testkit.processnode.volumes import VolumeError, pod_volume_dirs, remove_pod_dir
 
@@ -152,7 +152,13 @@ class PodWorker(threading.Thread):
         if not self._mount_retry.due(now):
             return
         try:
-            self.ctx.volume_dirs = pod_volume_dirs(pod, self.ctx.pod_dir, self.ctx.get)
+            self._resolve_images(pod)
+            mint = self.ctx.mint if self.ctx.pod_images else None
+            self.ctx.volume_dirs = pod_volume_dirs(pod, self.ctx.pod_dir, self.ctx.get, mint)
+        except SpecError as err:  # an image the store cannot describe: retried, as an image pull is
+            self._mount_retry.failed(now)
+            self._event("Failed", err.message)
+            return
         except VolumeError as err:
             self._mount_retry.failed(now)
             self._event("FailedMount", str(err))
@@ -163,6 +169,33 @@ class PodWorker(threading.Thread):
             return
         self._mount_retry.succeeded()
         self._mounted = True
+
+    def _resolve_images(self, pod: JSON) -> None:
+        """Image mode: the pod runs from its images when the store holds every container's image;
+        otherwise (or with image mode off) its containers run as host processes, as before."""
+        store = self.ctx.images
+        if store is None or self.ctx.pod_images:
+            return
+        images = {}
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            image = store.lookup(str(container.get("image") or ""))
+            if image is None:
+                log.info(
+                    "pod %s/%s: image %r is not in %s: running it as host processes",
+                    self.namespace,
+                    self.pod_name,
+                    container.get("image"),
+                    store.root,
+                )
+                return
+            images[str(container["name"])] = image
+        self.ctx.pod_images = images
+        log.info(
+            "pod %s/%s: running from its images %s",
+            self.namespace,
+            self.pod_name,
+            sorted({i.name for i in images.values()}),
+        )
 
     def _event(self, reason: str, message: str) -> None:
         """Record a Warning event about this pod (once per distinct message, like the kubelet's dedup)."""

@@ -21,7 +21,14 @@ Sources (`pod_volume_dirs`): emptyDir (a fresh directory), hostPath (the host pa
 checks and the *OrCreate creation the kubelet does), persistentVolumeClaim (PVC -> its bound PV ->
 `spec.hostPath.path` or `spec.local.path`; an unbound claim is an error the worker retries, as the
 kubelet keeps such a pod in ContainerCreating), secret (its keys written as files, `secret_source`).
-Other volume types are not mounted.
+For pods run from their images (image mode, `oci.py`) also configMap, downwardAPI and projected volumes
+(`projected_files`: secret, configMap, downwardAPI and serviceAccountToken sources, the token minted by
+a TokenRequest bound to the pod), so the admission-injected kube-api-access volume gives the container
+its ServiceAccount's token, the cluster's CA (the kube-root-ca.crt ConfigMap) and its namespace; with
+an fsGroup their files belong to that group.  An emptyDir is world-writable, as the kubelet makes it.
+Host-mode pods do not get these three types (their processes use the agent's KUBECONFIG as before).
+Other volume types are not mounted.  In image mode the mount table below is bound into the container
+at each mountPath (real bind mounts); the symlink root and the rewrite rule are host mode's.
 
 `readOnly` and `readOnlyRootFilesystem`: a container without a read-only root has the agent's own
 permissions everywhere.  One with `securityContext.readOnlyRootFilesystem` runs in a mount namespace of
@@ -42,7 +49,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from testkit.processnode.podspec import SpecError, expand
+from testkit.processnode.oci import unmount_under
+from testkit.processnode.podspec import SpecError, expand, field_ref, resource_field
 
 JSON = dict[str, Any]
 # GET an API path -> the object, or None when it does not exist (KubeError on any other failure).
@@ -69,11 +77,19 @@ class HostSource:
     check: str  # a hostPath `type` ("" = no check); an emptyDir is "DirectoryOrCreate"
 
 
-def volume_source(volume: JSON, namespace: str, pod_dir: Path, get: Getter) -> HostSource | None:
+def volume_source(
+    volume: JSON,
+    namespace: str,
+    pod_dir: Path,
+    get: Getter,
+    *,
+    pod: JSON | None = None,
+    mint: Minter | None = None,
+) -> HostSource | None:
     """The host source of one pod volume, or None for a type the process node does not mount."""
     name = str(volume["name"])
     if "emptyDir" in volume:
-        return HostSource(pod_dir / "volumes" / name, "DirectoryOrCreate")
+        return HostSource(pod_dir / "volumes" / name, "EmptyDir")
     if "hostPath" in volume:
         host = volume["hostPath"]
         return HostSource(Path(str(host["path"])), str(host.get("type") or ""))
@@ -81,13 +97,29 @@ def volume_source(volume: JSON, namespace: str, pod_dir: Path, get: Getter) -> H
         claim = str(volume["persistentVolumeClaim"]["claimName"])
         return claim_source(name, namespace, claim, get)
     if "secret" in volume:
-        return secret_source(name, namespace, volume["secret"], pod_dir, get)
+        # Image mode (mint): the container's user may not be root; its fsGroup reads the files.
+        group = fs_group(pod or {}) if mint is not None else None
+        return secret_source(name, namespace, volume["secret"], pod_dir, get, group=group)
+    if mint is not None and ("configMap" in volume or "downwardAPI" in volume or "projected" in volume):
+        files = projected_files(name, volume, pod or {}, namespace, get=get, mint=mint)
+        mode = int(
+            (volume.get("projected") or volume.get("configMap") or volume.get("downwardAPI") or {}).get(
+                "defaultMode"
+            )
+            or 0o644
+        )
+        return HostSource(
+            write_files(name, pod_dir / "volumes" / name, files, mode, fs_group(pod or {})), "Directory"
+        )
     return None
 
 
-def secret_source(volume: str, namespace: str, source: JSON, pod_dir: Path, get: Getter) -> HostSource:
+def secret_source(
+    volume: str, namespace: str, source: JSON, pod_dir: Path, get: Getter, *, group: int | None = None
+) -> HostSource:
     """A Secret's keys (``items``: those, at their paths; else every key) written as files into a directory
-    of the pod's, read-only (``defaultMode``), as the kubelet projects them."""
+    of the pod's, read-only (``defaultMode``), as the kubelet projects them; with ``group`` (the pod's
+    fsGroup) owned by that group and group-readable."""
     name = str(source["secretName"])
     secret = get(f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}")
     if secret is None:
@@ -105,8 +137,149 @@ def secret_source(volume: str, namespace: str, source: JSON, pod_dir: Path, get:
         target = directory / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(base64.b64decode(data[key]))
-        target.chmod(int(item.get("mode") or source.get("defaultMode") or 0o644) | 0o400)
+        mode = int(item.get("mode") or source.get("defaultMode") or 0o644) | 0o400
+        if group is not None:
+            os.chown(target, -1, group)
+            mode |= 0o040
+        target.chmod(mode)
     return HostSource(directory, "Directory")
+
+
+# One file of a projected volume: (path in the volume, content, mode or None for the volume's default).
+ProjectedFile = tuple[str, bytes, "int | None"]
+# TokenRequest: (namespace, service account, TokenRequest spec) -> the token (raises VolumeError).
+Minter = Callable[[str, str, JSON], str]
+
+
+def _items(volume: str, what: str, data: Mapping[str, bytes], source: JSON) -> list[ProjectedFile]:
+    """A Secret's or ConfigMap's keys as files: ``items`` (those keys, at their paths) or every key."""
+    items = source.get("items") or [{"key": key, "path": key} for key in sorted(data)]
+    out: list[ProjectedFile] = []
+    for item in items:
+        key = str(item["key"])
+        if key not in data:
+            if source.get("optional"):
+                continue
+            raise VolumeError(volume, f"{what} has no key {key!r}")
+        out.append((str(item["path"]), data[key], item.get("mode")))
+    return out
+
+
+def downward_value(pod: JSON, item: JSON) -> bytes:
+    """Pure: one downward API file's content (a pod field, or a container's resource)."""
+    if "fieldRef" in item:
+        path = str(item["fieldRef"].get("fieldPath", ""))
+        meta = pod.get("metadata") or {}
+        if path in ("metadata.labels", "metadata.annotations"):
+            values = meta.get(path.split(".")[1]) or {}
+            return "\n".join(f'{k}="{v}"' for k, v in sorted(values.items())).encode()
+        return field_ref(pod, path, "", "").encode()
+    if "resourceFieldRef" in item:
+        ref = item["resourceFieldRef"]
+        name = str(ref.get("containerName") or "")
+        containers = (pod.get("spec") or {}).get("containers") or []
+        container = next(
+            (c for c in containers if c.get("name") == name), containers[0] if containers else {}
+        )
+        group, _, resource = str(ref.get("resource", "")).partition(".")
+        raw = str(((container.get("resources") or {}).get(group) or {}).get(resource, "0"))
+        return resource_field(raw, str(ref.get("divisor") or "1")).encode()
+    raise SpecError("CreateContainerConfigError", f"downward API item {item.get('path')!r} has no source")
+
+
+def projected_files(
+    volume: str, spec: JSON, pod: JSON, namespace: str, *, get: Getter, mint: Minter
+) -> list[ProjectedFile]:
+    """The files of a configMap, downwardAPI or projected volume (secret, configMap, downwardAPI and
+    serviceAccountToken sources), as the kubelet writes them.  Raises VolumeError (the pod waits)."""
+    if "configMap" in spec:
+        sources = [{"configMap": spec["configMap"]}]
+    elif "downwardAPI" in spec:
+        sources = [{"downwardAPI": spec["downwardAPI"]}]
+    else:
+        sources = list((spec.get("projected") or {}).get("sources") or [])
+    files: list[ProjectedFile] = []
+    for source in sources:
+        if "configMap" in source or "secret" in source:
+            kind = "configMap" if "configMap" in source else "secret"
+            ref = source[kind]
+            name = str(ref.get("name") or ref.get("secretName") or "")
+            plural = "configmaps" if kind == "configMap" else "secrets"
+            obj = get(f"/api/v1/namespaces/{quote(namespace)}/{plural}/{quote(name)}")
+            if obj is None:
+                if ref.get("optional"):
+                    continue
+                raise VolumeError(volume, f'{kind.lower()} "{name}" not found')
+            data: dict[str, bytes]
+            if kind == "secret":
+                data = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+            else:
+                data = {k: str(v).encode() for k, v in (obj.get("data") or {}).items()}
+                data.update({k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()})
+            files += _items(volume, f'{kind.lower()} "{name}"', data, ref)
+        elif "downwardAPI" in source:
+            for item in source["downwardAPI"].get("items") or []:
+                try:
+                    files.append((str(item["path"]), downward_value(pod, item), item.get("mode")))
+                except SpecError as err:
+                    raise VolumeError(volume, err.message) from err
+        elif "serviceAccountToken" in source:
+            token = source["serviceAccountToken"]
+            account = str((pod.get("spec") or {}).get("serviceAccountName") or "default")
+            request = token_request(pod, token)
+            files.append(
+                (str(token.get("path") or "token"), mint(namespace, account, request).encode(), None)
+            )
+        else:
+            raise VolumeError(
+                volume, f"projected source {sorted(source)} is not supported by the process node"
+            )
+    return files
+
+
+def token_request(pod: JSON, token: JSON) -> JSON:
+    """Pure: the TokenRequest spec of a projected serviceAccountToken, bound to the pod as the kubelet
+    binds it (the token dies with the pod)."""
+    meta = pod.get("metadata") or {}
+    spec: JSON = {
+        "expirationSeconds": int(token.get("expirationSeconds") or 3600),
+        "boundObjectRef": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+        },
+    }
+    if token.get("audience"):
+        spec["audiences"] = [str(token["audience"])]
+    return spec
+
+
+def fs_group(pod: JSON) -> int | None:
+    """Pure: the pod's fsGroup: the group that owns its volumes' files (None: none set)."""
+    value = ((pod.get("spec") or {}).get("securityContext") or {}).get("fsGroup")
+    return None if value is None else int(value)
+
+
+def write_files(
+    volume: str, directory: Path, files: list[ProjectedFile], mode: int, group: int | None
+) -> Path:
+    """Write a projected volume's files (replacing what an earlier start wrote); with an fsGroup they are
+    owned by that group and group-readable, as the kubelet makes them.  Returns the directory."""
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(mode=0o755, parents=True)
+    for rel, content, item_mode in files:
+        if posixpath.isabs(rel) or ".." in rel.split("/"):
+            raise VolumeError(volume, f"item path {rel!r} must be relative within the volume")
+        target = directory / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        file_mode = int(item_mode if item_mode is not None else mode)
+        if group is not None:
+            os.chown(target, -1, group)
+            file_mode |= 0o040
+        target.chmod(file_mode)
+    return directory
 
 
 def claim_source(volume: str, namespace: str, claim: str, get: Getter) -> HostSource:
@@ -144,6 +317,11 @@ _KINDS = {
 def prepare(volume: str, source: HostSource) -> Path:
     """The kubelet's hostPath type check (creating a *OrCreate path); returns the directory to mount."""
     path, check = source.path, source.check
+    if check == "EmptyDir":
+        # World-writable, as the kubelet makes an emptyDir: the container may run as any user.
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o777)
+        return path
     if check == "DirectoryOrCreate":
         path.mkdir(mode=0o755, parents=True, exist_ok=True)
     elif check == "FileOrCreate" and not path.exists():
@@ -165,32 +343,37 @@ def prepare(volume: str, source: HostSource) -> Path:
     return path
 
 
-def pod_volume_dirs(pod: JSON, pod_dir: Path, get: Getter) -> dict[str, Path]:
-    """Every mountable volume of the pod, set up: volume name -> host path.  Raises VolumeError."""
+def pod_volume_dirs(pod: JSON, pod_dir: Path, get: Getter, mint: Minter | None = None) -> dict[str, Path]:
+    """Every mountable volume of the pod, set up: volume name -> host path.  Raises VolumeError.  With
+    ``mint`` (image mode) configMap, downwardAPI and projected volumes too."""
     namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
     dirs: dict[str, Path] = {}
     for volume in (pod.get("spec") or {}).get("volumes") or []:
-        source = volume_source(volume, namespace, pod_dir, get)
+        source = volume_source(volume, namespace, pod_dir, get, pod=pod, mint=mint)
         if source is not None:
             dirs[str(volume["name"])] = prepare(str(volume["name"]), source)
     return dirs
 
 
 def remove_pod_dir(pod_dir: Path) -> None:
-    """Delete a pod's emptyDirs and mount links.  rmtree unlinks symlinks without following them, so a
-    hostPath or PV directory behind a link is never touched."""
+    """Delete a pod's emptyDirs and mount links (after detaching its containers' overlay roots).  rmtree
+    unlinks symlinks without following them, so a hostPath or PV directory behind a link is never touched."""
+    unmount_under(pod_dir)
     shutil.rmtree(pod_dir, ignore_errors=True)
 
 
 # -- mounts: what one container sees ----------------------------------------------------------------------
-def _normalize(path: str) -> str:
+def normalize_path(path: str) -> str:
     """An absolute, normalized path (normpath alone keeps a leading `//`, which POSIX allows)."""
     return posixpath.normpath("/" + path.lstrip("/"))
 
 
-def mount_table(container: JSON, volume_dirs: Mapping[str, Path], env: Mapping[str, str]) -> dict[str, Path]:
+def mount_table(
+    container: JSON, volume_dirs: Mapping[str, Path], env: Mapping[str, str], *, nested: bool = False
+) -> dict[str, Path]:
     """Pure: the container's mountPath -> host path (with subPath / subPathExpr), for mounted volumes.
-    Raises SpecError for what a process cannot be given (nested mounts, a subPath leaving its volume)."""
+    Raises SpecError for what a process cannot be given (a subPath leaving its volume; nested mounts,
+    unless ``nested``: bind mounts in image mode nest as in any container)."""
     table: dict[str, Path] = {}
     for mount in container.get("volumeMounts") or []:
         host = volume_dirs.get(str(mount["name"]))
@@ -205,8 +388,8 @@ def mount_table(container: JSON, volume_dirs: Mapping[str, Path], env: Mapping[s
                     "CreateContainerConfigError", f"subPath {sub!r} must be a relative path within its volume"
                 )
             host = host / sub
-        table[_normalize(str(mount["mountPath"]))] = host
-    for path in table:
+        table[normalize_path(str(mount["mountPath"]))] = host
+    for path in [] if nested else table:
         for other in table:
             if other.startswith(path.rstrip("/") + "/"):
                 raise SpecError(
@@ -231,7 +414,7 @@ def with_tmpdir(env: Mapping[str, str], base: Mapping[str, str], table: Mapping[
 def writable_paths(container: JSON, table: Mapping[str, Path]) -> list[Path]:
     """Pure: the host paths of the container's mounts (``mount_table``) that are not ``readOnly``."""
     read_only = {
-        _normalize(str(m["mountPath"])) for m in container.get("volumeMounts") or [] if m.get("readOnly")
+        normalize_path(str(m["mountPath"])) for m in container.get("volumeMounts") or [] if m.get("readOnly")
     }
     return [host for mount, host in table.items() if mount not in read_only]
 
@@ -252,7 +435,7 @@ class ContainerView:
         """The host path behind container path `path`, or None when no mount covers it."""
         if not path.startswith("/"):
             return None
-        norm = _normalize(path)
+        norm = normalize_path(path)
         if norm == "/":
             return None
         for mount, host in self.mounts.items():

