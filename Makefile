@@ -14,7 +14,7 @@ help: ## list the targets
 .PHONY: venv
 venv: $(VENV)/.installed ## the Python environment (uv; torch, transformers, kopf, test clients)
 
-$(VENV)/.installed: pyproject.toml hack/venv.sh
+$(VENV)/.installed: pyproject.toml uv.lock hack/venv.sh
 	bash hack/venv.sh $(VENV)
 	@touch $@
 
