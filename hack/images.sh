@@ -14,7 +14,8 @@
 # into it (the Dockerfile, the lock, the sources, the base image, the build args), so a warm `make test`
 # pays nothing.
 #
-# Usage: hack/images.sh [base|operator|server|all]...   (default: all; the operator first, it is small)
+# Usage: hack/images.sh [base|operator|server|all|smoke]...   (default: all; the operator first: it is small)
+#        smoke: run the built images' checks (uid 10001, the console scripts, torch only in the server)
 # Env:   TORCH_INDEX_URL  empty (default): the locked PyPI torch (the CUDA build, it runs on CPU too);
 #                         https://download.pytorch.org/whl/cpu for the CPU-only variant (needs that host).
 #        IMAGES_FORCE=1   rebuild even when the inputs are unchanged.
@@ -87,11 +88,12 @@ build_base() {
 }
 
 # What goes into the images: the hash of every input file (what .dockerignore lets into the context),
-# the base image's ID and the build arguments.
+# the base image's ID and the build arguments (this script's own text is not: editing how it builds does
+# not change what it builds; IMAGES_FORCE=1 rebuilds).
 inputs_hash() {
   local target=$1
   {
-    find Dockerfile .dockerignore uv.lock pyproject.toml README.md hack/images.sh \
+    find Dockerfile .dockerignore uv.lock pyproject.toml README.md \
       operator model_server modelpool_contract modelpool_gateway \
       -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*/.mypy_cache/*' ! -path '*.egg-info/*' \
       -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
@@ -133,6 +135,27 @@ build_target() {
   bh rmi --prune >/dev/null 2>&1 || true
 }
 
+# What a pod relies on, checked in the built images: the uid, the console scripts on PATH, torch only in
+# the server image.  (Each `buildah from` copies the image under vfs: ~25 s for the server.)
+smoke() {
+  local op srv
+  op=$REGISTRY/modelpool-operator:$(version)
+  srv=$REGISTRY/modelpool-server:$(version)
+  SMOKE_CTR=$(bh from --pull=never "$op")
+  trap '[ -z "${SMOKE_CTR:-}" ] || bh rm "$SMOKE_CTR" >/dev/null' EXIT
+  run() { bh run --isolation chroot "$SMOKE_CTR" -- "$@"; }
+  [ "$(run id -u)" = 10001 ] || { echo "smoke: $op does not run as 10001" >&2; return 1; }
+  run modelpool-operator --help >/dev/null
+  run modelpool-gateway --help >/dev/null
+  if run python -c 'import torch' 2>/dev/null; then echo "smoke: torch in $op" >&2 && return 1; fi
+  bh rm "$SMOKE_CTR" >/dev/null
+  SMOKE_CTR=$(bh from --pull=never "$srv")
+  [ "$(run id -u)" = 10001 ] || { echo "smoke: $srv does not run as 10001" >&2; return 1; }
+  run modelpool-server --help >/dev/null
+  run python -c 'import torch, transformers, model_server'
+  log "smoke checks passed ($op, $srv)"
+}
+
 main() {
   local targets=("$@")
   ((${#targets[@]})) || targets=(all)
@@ -143,7 +166,8 @@ main() {
       base) ;;
       operator | server) build_target "$t" ;;
       all) build_target operator && build_target server ;;
-      *) echo "usage: $0 [base|operator|server|all]..." >&2 && exit 2 ;;
+      smoke) smoke ;;
+      *) echo "usage: $0 [base|operator|server|all|smoke]..." >&2 && exit 2 ;;
     esac
   done
 }
