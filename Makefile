@@ -1,5 +1,5 @@
 # modelpool — developer entry points.  The target names are a contract (see README):
-#   test, demo, bench, soak, testbin, cluster-up, cluster-down, e2e-kind, crds, lint, venv
+#   test, demo, bench, soak, testbin, cluster-up, cluster-down, e2e-kind, crds, lint, venv, images, lowest
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -14,9 +14,17 @@ help: ## list the targets
 .PHONY: venv
 venv: $(VENV)/.installed ## the Python environment (uv; torch, transformers, kopf, test clients)
 
-$(VENV)/.installed: pyproject.toml hack/venv.sh
+$(VENV)/.installed: pyproject.toml uv.lock hack/venv.sh
 	bash hack/venv.sh $(VENV)
 	@touch $@
+
+.PHONY: images
+images: ## build the operator and server images with buildah (no daemon; skipped when their inputs are unchanged)
+	bash hack/images.sh
+
+.PHONY: lowest
+lowest: ## the control plane's unit tests at the lowest dependency versions pyproject.toml allows
+	bash hack/lowest.sh
 
 .PHONY: testbin
 testbin: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, kwokctl, helm into bin/
