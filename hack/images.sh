@@ -46,7 +46,7 @@ ensure_tools() {
   fi
 }
 
-version() { sed -n 's/^version *= *"\([^"]*\)".*/\1/p' pyproject.toml | head -1; }
+version() { bash hack/version.sh; }
 
 # The Debian mirror this machine's apt uses (deb822 .sources or one-line lists), else Debian's CDN.
 debian_mirror() {
