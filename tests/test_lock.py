@@ -35,8 +35,13 @@ def test_the_lock_agrees_with_pyproject() -> None:
     assert result.returncode == 0, f"uv.lock is stale: run `uv lock`\n{result.stderr}"
 
 
-def test_the_lock_records_the_project_version() -> None:
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+def test_the_version_is_written_once() -> None:
+    """pyproject.toml's version is dynamic (read from modelpool_contract/version.py), so neither it nor the
+    lock holds a copy to bump: uv.lock records the project as dynamic."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    attr = project["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert attr == "modelpool_contract.version.VERSION"
     lock = tomllib.loads((ROOT / "uv.lock").read_text())
     (own,) = [p for p in lock["package"] if p["name"] == "modelpool"]
-    assert own["version"] == version
+    assert "version" not in own
