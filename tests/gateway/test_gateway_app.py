@@ -101,7 +101,7 @@ class Harness:
             access=access,
             fallback=build_routes(self.registry, self.metrics, [], access),
         )
-        self.registry.set_pool(Pool(NS, "pool", served_model_name="org/alias", activation_timeout_s=1))
+        self.registry.set_pool(Pool(NS, "pool", served_model_name="Org/alias", activation_timeout_s=1))
         # A gate the tests wait on: set when a request enters the hold.
         self.entered = asyncio.Event()
         enter = self.holds.enter
@@ -171,13 +171,13 @@ async def test_an_alias_and_namespace_name_reach_the_worker_under_the_pools_name
     gw: Harness, echo: ServerProcess
 ) -> None:
     gw.worker("w0", echo.port)
-    for model in ("pool", "org/alias", "ns/pool"):
+    for model in ("pool", "Org/alias", "ns/pool"):
         response = await gw.embed(model)
         assert response.status_code == 200, response.text
         assert response.json()["model"] == "pool" and response.headers["x-modelpool-worker"] == "w0"
     async with gw.client() as c:
         body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hey"]}]}
-        response = await c.post("/v2/models/org/alias/infer", json=body)
+        response = await c.post("/v2/models/Org/alias/infer", json=body)
         assert response.status_code == 200 and response.json()["model_name"] == "pool"
 
 
@@ -299,11 +299,11 @@ async def test_a_shared_pool_reaches_its_host_under_the_models_name_there(gw: Ha
         await writer.drain()
         writer.close()
 
-    gw.registry.set_pool(Pool(NS, "shared", served_model_name="team/m", host="gpu", activation_timeout_s=1))
+    gw.registry.set_pool(Pool(NS, "shared", served_model_name="Team/m", host="gpu", activation_timeout_s=1))
     async with raw_server(record) as port, gw.client() as c:
         models = {"shared": "Sleeping", "pool": "Ready"}
         gw.registry.set_host_pod(HostPod(NS, "gpu-0", "gpu", "127.0.0.1", port, True, False, models))
-        for name in ("shared", f"{NS}/shared", "team/m"):
+        for name in ("shared", f"{NS}/shared", "Team/m"):
             answer = await c.post("/v1/embeddings", json={"model": name, "input": ["x"]})
             assert answer.status_code == 200 and answer.headers["x-modelpool-worker"] == "gpu-0"
         answer = await c.post("/v2/models/shared/infer", json={"inputs": []})
@@ -344,8 +344,8 @@ async def test_without_a_valid_key_every_route_but_health_and_metrics_is_401(gw:
 async def test_a_pool_the_key_does_not_grant_is_the_same_404_as_none_and_never_held(gw: Harness) -> None:
     async with gw.client(OTHER_KEY) as other, gw.client(KEY) as own:
         assert (await other.get("/v1/models")).json()["data"] == []
-        assert [m["id"] for m in (await own.get("/v1/models")).json()["data"]] == ["org/alias"]
-        for model in ("pool", "ns/pool", "org/alias"):
+        assert [m["id"] for m in (await own.get("/v1/models")).json()["data"]] == ["Org/alias"]
+        for model in ("pool", "ns/pool", "Org/alias"):
             hidden = await other.post("/v1/embeddings", json={"model": model, "input": ["x"]})
             missing = await other.post("/v1/embeddings", json={"model": model + "x", "input": ["x"]})
             assert hidden.status_code == missing.status_code == 404
@@ -363,7 +363,7 @@ async def test_a_pool_the_key_does_not_grant_is_the_same_404_as_none_and_never_h
     # Another namespace's pool of the same name does not make the granted name ambiguous.
     gw.registry.set_pool(Pool("other", "pool"))
     async with gw.client(KEY) as own:
-        assert [m["id"] for m in (await own.get("/v1/models")).json()["data"]] == ["org/alias"]
+        assert [m["id"] for m in (await own.get("/v1/models")).json()["data"]] == ["Org/alias"]
         assert (await own.get("/v1/models/pool")).json()["modelpool"]["namespace"] == NS
 
 
@@ -381,7 +381,7 @@ async def test_a_key_revoked_stops_at_once_and_auth_none_lets_everyone_in(gw: Ha
         writer.close()
 
     async with raw_server(record) as port, open_gateway.client("the-pools-own-worker-key") as c:
-        assert [m["id"] for m in (await c.get("/v1/models")).json()["data"]] == ["org/alias"]
+        assert [m["id"] for m in (await c.get("/v1/models")).json()["data"]] == ["Org/alias"]
         open_gateway.worker("w0", port)
         assert (await c.post("/v1/embeddings", json={"model": "pool", "input": ["x"]})).status_code == 200
     # Without keys of its own the gateway passes the header on (a pool's own worker key, spec.auth).

@@ -2,7 +2,7 @@
 ``openai`` and ``tritonclient`` clients unmodified, and a draining worker's 503 retried elsewhere.
 
 One namespace, one operator and one gateway serve the whole module: pools ``alpha`` (two echo workers,
-alias ``org/alpha-model``), ``beta`` (one echo worker) and ``gen`` (one streaming echo generator).  The
+alias ``Org/alpha-model``), ``beta`` (one echo worker) and ``gen`` (one streaming echo generator).  The
 workers are real ``modelpool-server`` processes on the process node.
 """
 
@@ -83,7 +83,7 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     try:
         wait_for(lambda: crds.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
                  timeout=30, message="default ServiceAccount")  # fmt: skip
-        apply(crds, echo_pool("alpha", replicas=2, served_model_name="org/alpha-model"), namespace)
+        apply(crds, echo_pool("alpha", replicas=2, served_model_name="Org/alpha-model"), namespace)
         apply(crds, echo_pool("beta"), namespace)
         apply(
             crds,
@@ -113,12 +113,12 @@ def _embed(setup: Setup, model: str) -> httpx.Response:
 def test_routes_by_model_name_alias_and_namespace_and_lists_every_pool(setup: Setup) -> None:
     models = setup.gateway.models()
     assert set(models) == {"alpha", "beta", "gen"}
-    assert models["alpha"]["id"] == "org/alpha-model" and models["beta"]["id"] == "beta"
+    assert models["alpha"]["id"] == "Org/alpha-model" and models["beta"]["id"] == "beta"
     assert models["alpha"]["object"] == "model" and models["alpha"]["modelpool"]["servingWorkers"] == 2
     assert models["gen"]["modelpool"]["task"] == "text-generation"
 
     alpha, beta = setup.pods("alpha"), setup.pods("beta")
-    for name in ("alpha", "org/alpha-model", f"{setup.namespace}/alpha"):
+    for name in ("alpha", "Org/alpha-model", f"{setup.namespace}/alpha"):
         response = _embed(setup, name)
         assert response.status_code == 200, response.text
         assert response.headers["x-modelpool-worker"] in alpha, name
@@ -128,7 +128,7 @@ def test_routes_by_model_name_alias_and_namespace_and_lists_every_pool(setup: Se
 
     # KServe v2, by name, alias and namespace/name in the URL.
     body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hey"]}]}
-    for name in ("alpha", "org/alpha-model", f"{setup.namespace}/alpha"):
+    for name in ("alpha", "Org/alpha-model", f"{setup.namespace}/alpha"):
         response = httpx.post(
             f"{setup.gateway.url}/v2/models/{name}/infer",
             json=body,
@@ -139,7 +139,7 @@ def test_routes_by_model_name_alias_and_namespace_and_lists_every_pool(setup: Se
         assert response.headers["x-modelpool-worker"] in alpha
         assert response.json()["outputs"][0]["data"] == [3.0, 1.0]
     meta = httpx.get(
-        f"{setup.gateway.url}/v2/models/org/alpha-model", headers=setup.gateway.headers, timeout=10
+        f"{setup.gateway.url}/v2/models/Org/alpha-model", headers=setup.gateway.headers, timeout=10
     ).json()
     assert meta["name"] == "alpha" and meta["inputs"][0]["name"] == "text"
 
@@ -198,7 +198,7 @@ def test_two_workers_share_200_concurrent_requests(setup: Setup) -> None:
 
 def test_the_openai_client_unmodified_embeddings_and_streaming_chat(setup: Setup) -> None:
     client = openai.OpenAI(base_url=setup.gateway.url + "/v1", api_key=setup.gateway.key, max_retries=0)
-    embeddings = client.embeddings.create(model="org/alpha-model", input=["a kubernetes operator", "serves"])
+    embeddings = client.embeddings.create(model="Org/alpha-model", input=["a kubernetes operator", "serves"])
     assert [d.embedding for d in embeddings.data] == [[21.0, 2.0], [6.0, 2.0]]
 
     words = "one two three four five six seven eight"
@@ -223,11 +223,11 @@ def test_tritonclient_unmodified_binary_on_and_off(setup: Setup, binary: bool) -
     assert client.is_server_live() and client.is_server_ready()
     # tritonclient sends the key as a header of each call.
     headers = setup.gateway.headers
-    assert client.is_model_ready("org/alpha-model", headers=headers)
+    assert client.is_model_ready("Org/alpha-model", headers=headers)
     text = triton.InferInput("text", [3], "BYTES")
     text.set_data_from_numpy(np.array([b"a", b"bb", "caf\u00e9".encode()], dtype=object), binary_data=binary)
     out = client.infer(
-        "org/alpha-model",
+        "Org/alpha-model",
         [text],
         outputs=[triton.InferRequestedOutput("embedding", binary_data=binary)],
         headers=headers,

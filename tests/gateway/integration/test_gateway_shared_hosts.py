@@ -32,7 +32,7 @@ from tests.gateway.integration.gwharness import GatewayProcess
 pytestmark = pytest.mark.cluster
 
 HOST = "gpu"
-SERVED = "team/minilm"
+SERVED = "Team/minilm"
 # The hold bound of the test's pools: a held request is answered within it.
 ACTIVATION_S = 2
 WAIT_S = 20
