@@ -10,12 +10,14 @@ as raw ASGI, which keeps the added latency small; every other route goes to the 
 ``routes``.  Before any of it, ``access`` checks the request's API key (401 without a valid one) and
 every model name is resolved among the pools the key grants only (``modelpool_gateway.access``).
 Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes`` per body, read within
-``request_body_timeout_seconds`` (408 after), ``max_held_per_pool`` held per pool for at most its
-activation timeout (none for a pool that can never get a worker: 503 at once), each worker tried at most
-once per request, and one retry after a draining (503) or unreachable worker.  A worker's answer that
-breaks off after its headers went to the client is counted (``relay_errors_total``), logged on one line,
-and ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by closing the
-connection (the server cannot end it short of its length), never an exception out of the app.
+``request_body_timeout_seconds`` (408 after), an OpenAI body parsed only within ``max_json_items`` items and
+``max_json_depth`` levels (``jsoncost``: 413/400 before the parse; KServe v2 bodies are not parsed here),
+``max_held_per_pool`` held per pool for at most its activation timeout (none for a pool that can never get a
+worker: 503 at once), each worker tried at most once per request, and one retry after a draining (503) or
+unreachable worker. A worker's answer that breaks off after its headers went to the client is counted
+(``relay_errors_total``), logged on one line, and ended: a streamed (chunked) answer is closed, one with a
+Content-Length is cut by closing the connection (the server cannot end it short of its length), never an
+exception out of the app.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from modelpool_gateway.config import GatewaySettings
 from modelpool_gateway.demand import DemandRecorder
 from modelpool_gateway.errors import Send, send_error
 from modelpool_gateway.hold import Baton, Holds, hold_budget, hold_reason, hopeless
+from modelpool_gateway.jsoncost import TOO_MANY_ITEMS, json_refusal
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.names import Resolution, Resolved, Unresolved, split_v2_path
 from modelpool_gateway.picker import Candidate, pick
@@ -219,8 +222,20 @@ class Gateway:
             if not message.get("more_body"):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    def _check_cost(self, body: bytes) -> None:
+        """Refuse a body whose parse would cost more than its bounds allow, before parsing it."""
+        items, depth = self.settings.max_json_items, self.settings.max_json_depth
+        refusal = json_refusal(body, max_items=items, max_depth=depth)
+        if refusal is None:
+            return
+        self.metrics.of(self.metrics.refused, "", refusal).inc()
+        if refusal == TOO_MANY_ITEMS:
+            raise RequestError(413, "too_large", f"the request body has more than {items} JSON items")
+        raise RequestError(400, "invalid_input", f"the request body nests JSON deeper than {depth} levels")
+
     async def _openai_call(self, scope: MutableMapping[str, Any], receive: Receive) -> Call:
         body = await self._body(scope, receive)
+        self._check_cost(body)
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:

@@ -66,6 +66,20 @@ class GatewaySettings(BaseSettings):
     max_request_bytes: int = Field(
         default=16 * MIB, ge=1024, description="Larger request bodies are refused with 413"
     )
+    max_json_items: int = Field(
+        default=100_000,
+        ge=1,
+        le=10_000_000,
+        description="An OpenAI request body with more JSON structural tokens (',', ':', '[', '{' outside "
+        "strings, about one parsed object each) is refused with 413 before it is parsed (OpenAI's "
+        "largest request, 2048 embedding inputs, has about 2050)",
+    )
+    max_json_depth: int = Field(
+        default=64,
+        ge=1,
+        le=1000,
+        description="An OpenAI request body nested deeper than this is refused with 400 before it is parsed",
+    )
     request_body_timeout_seconds: float = Field(
         default=REQUEST_BODY_TIMEOUT_S,
         gt=0,

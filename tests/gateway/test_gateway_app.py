@@ -167,6 +167,21 @@ async def test_bad_requests_get_4xx_in_the_protocols_shape(gw: Harness, echo: Se
     big.upstream.close()
 
 
+async def test_json_over_its_item_or_depth_bound_is_refused_before_it_is_parsed(gw: Harness) -> None:
+    # No worker: a body within the bounds would be held; these never get that far.
+    flat = b"[" + b"{}," * 99_999 + b"{}]"  # 300 KB that would parse into 100000 dicts
+    deep = b'{"model": "pool", "input": ' + b"[" * 65 + b"]" * 65 + b"}"
+    async with gw.client() as c:
+        response = await c.post("/v1/embeddings", content=flat)
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["type"] == "too_large"
+        assert "more than 100000 JSON items" in response.json()["error"]["message"]
+        response = await c.post("/v1/chat/completions", content=deep)
+        assert response.status_code == 400, response.text
+        assert "deeper than 64 levels" in response.json()["error"]["message"]
+    assert gw.refused("too_many_items") == 1 and gw.refused("too_deep") == 1
+
+
 async def test_an_alias_and_namespace_name_reach_the_worker_under_the_pools_name(
     gw: Harness, echo: ServerProcess
 ) -> None:
