@@ -476,7 +476,9 @@ def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str])
     assert c["image"] == f"ghcr.io/modelpool/modelpool-operator:{VERSION}", (
         "the gateway runs from the operator image"
     )
-    assert c["args"] == ["--port=8080"], "cluster scope: every namespace, no --namespace"
+    assert c["args"] == ["--port=8080", "--metrics-port=8081"], (
+        "cluster scope: every namespace, no --namespace"
+    )
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["MODELPOOL_GATEWAY_MAX_HELD_PER_POOL"] == "100"
     assert env["MODELPOOL_GATEWAY_DEMAND_INTERVAL_SECONDS"] == "5"
@@ -500,6 +502,37 @@ def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str])
     assert service["spec"]["selector"] == selector
     assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
     assert one(docs, "ServiceAccount", GATEWAY)
+
+
+def test_the_gateways_metrics_are_on_a_port_of_their_own_never_behind_its_service(helm: list[str]) -> None:
+    docs = render(helm)
+    c = container(docs, GATEWAY)
+    assert c["ports"] == [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"},  # first: what the install test calls
+        {"name": "metrics", "containerPort": 8081, "protocol": "TCP"},
+    ]
+    assert "--metrics-port=8081" in c["args"]
+    # The clients' Service exposes the clients' port only; no monitor unless asked for.
+    assert [p["targetPort"] for p in one(docs, "Service", GATEWAY)["spec"]["ports"]] == ["http"]
+    assert not by_kind(docs, "PodMonitor")
+
+    docs = render(
+        helm,
+        "--set", "gateway.metrics.port=9300",
+        "--set", "gateway.metrics.podMonitor.enabled=true",
+        "--set", "gateway.metrics.podMonitor.labels.release=prometheus",
+    )  # fmt: skip
+    assert "--metrics-port=9300" in container(docs, GATEWAY)["args"]
+    monitor = one(docs, "PodMonitor")
+    assert monitor["metadata"]["name"] == GATEWAY and monitor["metadata"]["labels"]["release"] == "prometheus"
+    pod_labels = one(docs, "Deployment", GATEWAY)["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["mp-system"]}
+    assert monitor["spec"]["podMetricsEndpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
+    operator = one(docs, "Deployment", OPERATOR)["spec"]["template"]["metadata"]["labels"]
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= operator.items()
 
 
 def test_the_gateways_rbac_is_read_pools_and_pods_and_write_demand_leases_only(helm: list[str]) -> None:

@@ -8,8 +8,9 @@ carries its ``Grant`` in the ASGI scope (``GRANT_SCOPE_KEY``), and every name it
 found, exactly like a pool that does not exist (same 404, same message), and never held, woken or listed;
 nor can another tenant's pool make a granted name ambiguous.
 
-Open without a key: the gateway's own health, readiness and metrics (``OPEN_PATHS``), which the kubelet
-and Prometheus call without one; they carry no model data (the metrics name pools, never keys).
+Open without a key: the gateway's own health and readiness (``OPEN_PATHS``), which the kubelet calls
+without one; they carry no model data.  ``/metrics`` is open too, to answer 404 to anyone: the metrics,
+which name every tenant's pools, are on a port of their own (``Metrics.serve``), not the clients'.
 With ``--auth none`` every request gets ``EVERYTHING``.
 
 With keys, the ``Authorization`` header stops here (``upstream_headers``): a worker runs its pool owner's

@@ -43,7 +43,7 @@ from modelpool_gateway.errors import Send, send_error
 from modelpool_gateway.hold import Baton, Holds, hold_budget, hold_reason, hopeless
 from modelpool_gateway.jsoncost import TOO_MANY_ITEMS, json_refusal
 from modelpool_gateway.metrics import Metrics
-from modelpool_gateway.names import Resolution, Resolved, Unresolved, split_v2_path
+from modelpool_gateway.names import Unresolved, split_v2_path
 from modelpool_gateway.picker import Candidate, pick
 from modelpool_gateway.proxy import Outbound, Receive, Upstream, forward_headers, relay, watch_disconnect
 from modelpool_gateway.state import Key, Worker
@@ -247,7 +247,7 @@ class Gateway:
             )
         resolved = self.access.index(grant_of(scope)).resolve(model)
         if isinstance(resolved, Unresolved):
-            raise self._not_found(resolved, self.registry.index.resolve(model))
+            raise self._not_found(resolved)
         key = resolved.key
         upstream = self._model_name(key)
         if model != upstream:  # an alias or namespace/name: a worker knows its pool's name only
@@ -261,7 +261,7 @@ class Gateway:
         rest = scope["path"][len(V2_MODELS) :]
         resolved, suffix = split_v2_path(self.access.index(grant_of(scope)), rest)
         if isinstance(resolved, Unresolved):
-            raise self._not_found(resolved, split_v2_path(self.registry.index, rest)[0])
+            raise self._not_found(resolved)
         body = await self._body(scope, receive)
         name = self._model_name(resolved.key)
         path = V2_MODELS + quote(name, safe="") + ("/" + quote(suffix) if suffix else "")
@@ -276,11 +276,11 @@ class Gateway:
         pool = self.registry.pool(key)
         return pool.model_name if pool is not None else key[1]
 
-    def _not_found(self, resolved: Unresolved, unscoped: Resolution) -> RequestError:
-        """The 404 for a name the caller's grant does not resolve: the same whether the pool is not
-        granted or does not exist (only the metrics tell them apart)."""
-        if isinstance(unscoped, Resolved):
-            self.metrics.of(self.metrics.refused, "", "not_granted").inc()
+    def _not_found(self, resolved: Unresolved) -> RequestError:
+        """The 404 for a name the caller's grant does not resolve: the same answer and the same count
+        (``not_found``) whether the pool is not granted or does not exist, so neither tells a key holder
+        that a guessed name is another tenant's pool."""
+        self.metrics.of(self.metrics.refused, "", "not_found").inc()
         return RequestError(404, "model_not_found", resolved.message)
 
     # ---- holding and forwarding ----

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from modelpool_contract.flags import REQUEST_BODY_TIMEOUT_S
@@ -30,7 +30,14 @@ class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MODELPOOL_GATEWAY_", extra="forbid", frozen=True)
 
     host: str = Field(default="0.0.0.0", description="Listen address")
-    port: int = Field(default=8080, ge=1, le=65535, description="Listen port")
+    port: int = Field(default=8080, ge=1, le=65535, description="Listen port (the clients')")
+    metrics_port: int = Field(
+        default=8081,
+        ge=0,
+        le=65535,
+        description="Port of GET /metrics, on the listen address and apart from the clients' port (which "
+        "answers 404 there); 0: no metrics endpoint",
+    )
     namespaces: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Namespaces whose pools it routes to (--namespace once per namespace; the variable "
@@ -142,6 +149,13 @@ class GatewaySettings(BaseSettings):
         description="Also read key Secrets in each namespace of --namespace, each granting pools of its "
         "own namespace only (needs --namespace: Secrets are never read cluster-wide)",
     )
+
+    @model_validator(mode="after")
+    def _ports_apart(self) -> GatewaySettings:
+        # The metrics name every tenant's pools: they are never served where the clients call.
+        if self.metrics_port == self.port:
+            raise ValueError(f"--metrics-port must differ from --port ({self.port})")
+        return self
 
     @field_validator("namespaces", mode="before")
     @classmethod

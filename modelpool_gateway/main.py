@@ -196,10 +196,13 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
         ),
         holds,
     )
+    if settings.metrics_port:
+        metrics.serve(settings.host, settings.metrics_port)
     log.info(
-        "modelpool-gateway listening on %s:%d, watching %s; API keys %s",
+        "modelpool-gateway listening on %s:%d (metrics on %s), watching %s; API keys %s",
         settings.host,
         settings.port,
+        settings.metrics_port or "no port",
         ", ".join(settings.namespaces) or "every namespace",
         f"from Secrets in {', '.join(key_scopes)}" if store is not None else "not checked (--auth none)",
     )
@@ -211,6 +214,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
         await asyncio.gather(*tasks, return_exceptions=True)
         await demand.close()
         upstream.close()
+        metrics.close()
         await api.close()
     return 0
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 
 from modelpool_contract.demand import ANNOTATION_REFUSED
 from modelpool_contract.gateway_keys import KEY_FIELD, NAMESPACES_FIELD
@@ -348,7 +349,7 @@ async def test_without_a_valid_key_every_route_but_health_and_metrics_is_401(gw:
                 assert response.headers["www-authenticate"] == "Bearer"
                 error = response.json()["error"]
                 assert (error["type"] == "unauthorized") if openai else isinstance(error, str), error
-            for path in ("/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"):
+            for path in ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"):
                 assert (await c.get(path)).status_code == 200, path
         assert gw.refused(reason) == 7
     assert not gw.entered.is_set(), "an unauthenticated request was held"
@@ -374,12 +375,41 @@ async def test_a_pool_the_key_does_not_grant_is_the_same_404_as_none_and_never_h
         for path in ("/v2/models/pool", "/v2/models/pool/ready", "/v1/models/pool"):
             assert (await other.get(path)).status_code == 404, path
     assert not gw.entered.is_set(), "a request for a pool the key does not grant was held"
-    assert gw.refused("not_granted") == 7
     # Another namespace's pool of the same name does not make the granted name ambiguous.
     gw.registry.set_pool(Pool("other", "pool"))
     async with gw.client(KEY) as own:
         assert [m["id"] for m in (await own.get("/v1/models")).json()["data"]] == ["org/alias"]
         assert (await own.get("/v1/models/pool")).json()["modelpool"]["namespace"] == NS
+
+
+async def test_the_client_port_answers_404_for_metrics_with_a_key_or_without(gw: Harness) -> None:
+    gw.metrics.of(gw.metrics.serving_workers, "ns/pool").set(1)  # a series naming a pool exists
+    for key in (KEY, OTHER_KEY, None):
+        async with gw.client(key) as c:
+            response = await c.get("/metrics")
+            assert response.status_code == 404, (key, response.text)
+            assert "ns/pool" not in response.text and "modelpool_gateway" not in response.text
+
+
+async def test_a_pool_the_key_does_not_grant_is_counted_as_a_missing_one(gw: Harness) -> None:
+    """The refusal counters cannot tell a key holder (or whoever reads them) that a guessed name is
+    another tenant's pool: both are ``not_found``, one each."""
+
+    async def refusals(model: str) -> float:
+        before = gw.refused("not_found")
+        async with gw.client(OTHER_KEY) as other:
+            assert (
+                await other.post("/v1/embeddings", json={"model": model, "input": ["x"]})
+            ).status_code == 404
+            assert (await other.post(f"/v2/models/{model}/infer", json={"inputs": []})).status_code == 404
+            assert (await other.get(f"/v1/models/{model}")).status_code == 404
+        return gw.refused("not_found") - before
+
+    assert await refusals("pool") == await refusals("no-such-pool") == 3
+    counted = [
+        line for line in generate_latest(gw.metrics.registry).decode().splitlines() if "reason=" in line
+    ]
+    assert counted and not [line for line in counted if "not_found" not in line], counted
 
 
 async def test_a_key_revoked_stops_at_once_and_auth_none_lets_everyone_in(gw: Harness) -> None:

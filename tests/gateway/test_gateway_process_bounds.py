@@ -1,14 +1,15 @@
-"""The real ``modelpool-gateway`` process given a hostile JSON body: 16 MiB of ``[{},{},...]`` (5.6
-million dicts, about 380 MiB of Python objects if parsed) is answered 413 while the process's peak
-memory grows by a fraction of that, and the gateway answers the next request.  No API server is needed
-for this: the gateway runs with ``--auth none`` and a kubeconfig naming a closed loopback port (its
-watches fail and retry; the request path answers on), and the body is refused before any pool is looked
-up."""
+"""The real ``modelpool-gateway`` process and its bounds: 16 MiB of ``[{},{},...]`` (5.6 million dicts,
+about 380 MiB of Python objects if parsed) is answered 413 while the process's peak memory grows by a
+fraction of that, and the gateway answers the next request; its metrics are served on their own port,
+and the clients' port answers 404 for them.  No API server is needed for this: the gateway runs with
+``--auth none`` and a kubeconfig naming a closed loopback port (its watches fail and retry; the request
+path answers on), and what is tested happens before any pool is looked up."""
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -30,6 +31,13 @@ current-context: nowhere
 """
 
 
+@dataclass(frozen=True)
+class Gateway:
+    url: str
+    metrics_url: str
+    proc: psutil.Process
+
+
 def peak_rss(pid: int) -> int:
     """The process's highest RSS so far (``VmHWM``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -39,14 +47,15 @@ def peak_rss(pid: int) -> int:
 
 
 @pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[tuple[str, psutil.Process]]:
+def gateway(tmp_path: Path) -> Iterator[Gateway]:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(KUBECONFIG % free_port())
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log = (tmp_path / "gateway.log").open("wb")
     command = [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig)]
+    command += ["--auth", "none", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(
-        [*command, "--auth", "none", "--host", "127.0.0.1", "--port", str(port)],
+        [*command, "--metrics-port", str(metrics_port)],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -58,7 +67,7 @@ def gateway(tmp_path: Path) -> Iterator[tuple[str, psutil.Process]]:
 
     try:
         wait_for(live, timeout=60, message="the gateway answering /healthz")
-        yield url, psutil.Process(proc.pid)
+        yield Gateway(url, f"http://127.0.0.1:{metrics_port}/metrics", psutil.Process(proc.pid))
     finally:
         proc.terminate()
         proc.wait(30)
@@ -66,9 +75,9 @@ def gateway(tmp_path: Path) -> Iterator[tuple[str, psutil.Process]]:
 
 
 def test_16_mib_of_empty_dicts_is_refused_with_413_and_bounded_memory(
-    gateway: tuple[str, psutil.Process],
+    gateway: Gateway,
 ) -> None:
-    url, proc = gateway
+    url, proc = gateway.url, gateway.proc
     body = b"[" + b"{}," * (16 * MIB // 3 - 1) + b"{}]"
     assert len(body) <= 16 * MIB  # within --max-request-bytes: only the item bound refuses it
     # A small request first, so the peak below is the big one's (buffers, imports, the first parse).
@@ -85,3 +94,14 @@ def test_16_mib_of_empty_dicts_is_refused_with_413_and_bounded_memory(
         assert grown < 80 * MIB, f"the peak RSS grew by {grown / MIB:.0f} MiB"
         again = client.post(url + "/v1/embeddings", json={"model": "none", "input": ["x"]})
         assert again.status_code == 404, again.text
+        metrics = httpx.get(gateway.metrics_url, timeout=5).text
+        assert 'modelpool_gateway_refused_total{pool="",reason="too_many_items"} 1.0' in metrics
+
+
+def test_the_metrics_are_on_their_own_port_and_the_clients_port_answers_404(gateway: Gateway) -> None:
+    metrics = httpx.get(gateway.metrics_url, timeout=5)
+    assert metrics.status_code == 200 and "modelpool_gateway_requests_total" in metrics.text
+    for path in ("/metrics", "/metrics/"):
+        response = httpx.get(gateway.url + path, timeout=5)
+        assert response.status_code == 404, response.text
+        assert "modelpool_gateway" not in response.text
