@@ -116,6 +116,21 @@ class GatewaySettings(BaseSettings):
         description="A client's idle keep-alive connection is closed after this (long, as proxies do: a "
         "busy client that reuses a connection seconds later must not race its closing)",
     )
+    header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="A request's line and headers must arrive within this of its first byte (of the "
+        "connection's opening for its first request; an idle new connection is closed after it), else 408 "
+        "and the connection is closed",
+    )
+    max_connections: int = Field(
+        default=4096,
+        ge=1,
+        le=1_000_000,
+        description="Client connections open at once; one more is answered 503 (Retry-After: 1) and "
+        "closed before a byte of it is parsed",
+    )
     watch_timeout_seconds: int = Field(
         default=300, ge=1, le=3600, description="Server-side timeout of each watch request, then renewed"
     )

@@ -20,11 +20,11 @@ from types import FrameType
 import uvicorn
 from kubernetes_asyncio import client, config
 
-from modelpool_contract.http_limits import BoundedHeadersProtocol
 from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.config import ConfigError, GatewaySettings, load_settings
+from modelpool_gateway.connections import gateway_protocol
 from modelpool_gateway.demand import DemandRecorder, LeaseClient
 from modelpool_gateway.hold import Holds
 from modelpool_gateway.keys import KeyStore, key_namespaces, key_watch
@@ -192,7 +192,9 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
             timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
             timeout_keep_alive=settings.client_keepalive_seconds,
             lifespan="off",
-            http=BoundedHeadersProtocol,  # 431 for a header block over its bound (uvicorn has none)
+            # 431 for a header block over its bound, 408 for headers too slow, 503 for a connection past the
+            # cap (uvicorn has none of these: modelpool_gateway.connections).
+            http=gateway_protocol(settings.header_timeout_seconds, settings.max_connections),
         ),
         holds,
     )
