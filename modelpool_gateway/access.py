@@ -25,14 +25,22 @@ from typing import Any, Literal
 
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.errors import Send, send_error
-from modelpool_gateway.keys import EVERYTHING, Grant, KeyStore, bearer_token
+from modelpool_gateway.keys import EVERYTHING, Grant, KeyStore, bearer_token, token_digest
 from modelpool_gateway.names import NameIndex
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"})
 GRANT_SCOPE_KEY = "modelpool.grant"
+# Who is calling (the key's digest; absent with --auth none): what the held requests are counted per.
+CALLER_SCOPE_KEY = "modelpool.caller"
 NOTHING = Grant()
 # Scoped indexes kept at most (one per distinct grant in use); all are dropped when the pools change.
 _INDEX_CACHE_LIMIT = 1024
+
+
+def caller_of(scope: MutableMapping[str, Any]) -> bytes | None:
+    """The caller ``Access.check`` recorded (its key's digest); None with ``--auth none``."""
+    caller: bytes | None = scope.get(CALLER_SCOPE_KEY)
+    return caller
 
 
 def grant_of(scope: MutableMapping[str, Any]) -> Grant:
@@ -70,6 +78,9 @@ class Access:
         grant = self.authenticate(scope["headers"])
         if isinstance(grant, Grant):
             scope[GRANT_SCOPE_KEY] = grant
+            if self.mode == "keys":
+                token = bearer_token(next((v for k, v in scope["headers"] if k == b"authorization"), None))
+                scope[CALLER_SCOPE_KEY] = token_digest(token) if token is not None else None
             return None
         what = "missing API key" if grant == "missing_key" else "invalid API key"
         await send_error(

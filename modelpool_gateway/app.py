@@ -12,12 +12,12 @@ every model name is resolved among the pools the key grants only (``modelpool_ga
 Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes`` per body, read within
 ``request_body_timeout_seconds`` (408 after), an OpenAI body parsed only within ``max_json_items`` items and
 ``max_json_depth`` levels (``jsoncost``: 413/400 before the parse; KServe v2 bodies are not parsed here),
-``max_held_per_pool`` held per pool for at most its activation timeout (none for a pool that can never get a
-worker: 503 at once), each worker tried at most once per request, and one retry after a draining (503) or
-unreachable worker. A worker's answer that breaks off after its headers went to the client is counted
-(``relay_errors_total``), logged on one line, and ended: a streamed (chunked) answer is closed, one with a
-Content-Length is cut by closing the connection (the server cannot end it short of its length), never an
-exception out of the app.
+``max_held_per_pool`` held per pool and ``max_held_per_key`` per API key, for at most its activation timeout
+within ``max_hold_seconds`` (none for a pool that can never get a worker: 503 at once), each worker tried at
+most once per request, and one retry after a draining (503) or unreachable worker. A worker's answer that
+breaks off after its headers went to the client is counted (``relay_errors_total``), logged on one line, and
+ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by closing the connection (the
+server cannot end it short of its length), never an exception out of the app.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 import orjson
 
-from modelpool_gateway.access import Access, grant_of
+from modelpool_gateway.access import Access, caller_of, grant_of
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamBroken, UpstreamTimeout
 from modelpool_gateway.config import GatewaySettings
@@ -81,6 +81,7 @@ class Call:
     openai: bool
     out: Outbound
     client_timeout_s: float | None
+    caller: bytes | None = None  # the API key's digest (``access.caller_of``): held requests count per key
 
     @property
     def label(self) -> str:
@@ -143,6 +144,8 @@ class Gateway:
         # This gateway's requests in flight to each worker (the picker's load), and in the gateway at all.
         self.loads: dict[Key, int] = {}
         self.in_flight = 0
+        # Requests held now per caller (API key digest): at most ``max_held_per_key`` each.
+        self.held_by_caller: dict[bytes, int] = {}
         self._turn = 0
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
@@ -255,7 +258,7 @@ class Gateway:
             body = orjson.dumps(doc)
         headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], scope["path"], headers, body)
-        return Call(key, True, out, _client_timeout(scope["headers"]))
+        return Call(key, True, out, _client_timeout(scope["headers"]), caller_of(scope))
 
     async def _v2_call(self, scope: MutableMapping[str, Any], receive: Receive) -> Call:
         rest = scope["path"][len(V2_MODELS) :]
@@ -269,7 +272,7 @@ class Gateway:
             path += "?" + scope["query_string"].decode("latin-1")
         headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], path, headers, body)
-        return Call(resolved.key, False, out, _client_timeout(scope["headers"]))
+        return Call(resolved.key, False, out, _client_timeout(scope["headers"]), caller_of(scope))
 
     def _model_name(self, key: Key) -> str:
         """The name the upstream knows the model by: the pool's (a worker), or the model's on a host."""
@@ -316,7 +319,8 @@ class Gateway:
                     return await send_error(send, call.openai, 503, never.kind, never.message)
                 if may_hold:
                     if deadline is None:
-                        budget = hold_budget(pool.activation_timeout_s, call.client_timeout_s)
+                        most = min(pool.activation_timeout_s, self.settings.max_hold_seconds)
+                        budget = hold_budget(most, call.client_timeout_s)
                         deadline = loop.time() + budget
                     held = await self._hold(call, deadline, send, receive)
                     if isinstance(held, int):
@@ -331,7 +335,34 @@ class Gateway:
             # The worker that released this request went away at once: hold again, same deadline.
 
     async def _hold(self, call: Call, deadline: float, send: Send, receive: Receive) -> Baton | int:
-        """Wait for a serving worker; a baton when released, else the status already answered."""
+        """Wait for a serving worker (at most ``max_held_per_key`` held per caller); a baton when
+        released, else the status already answered."""
+        caller = call.caller
+        if caller is None:
+            return await self._held(call, deadline, send, receive)
+        held = self.held_by_caller.get(caller, 0)
+        if held >= self.settings.max_held_per_key:
+            self.metrics.of(self.metrics.refused, call.label, "key_hold_full").inc()
+            message = f"this API key already has {held} requests held, waiting for workers"
+            return await send_error(
+                send,
+                call.openai,
+                429,
+                "overloaded",
+                message,
+                retry_after=self.settings.hold_retry_after_seconds,
+            )
+        self.held_by_caller[caller] = held + 1
+        try:
+            return await self._held(call, deadline, send, receive)
+        finally:
+            left = self.held_by_caller[caller] - 1
+            if left:
+                self.held_by_caller[caller] = left
+            else:
+                del self.held_by_caller[caller]
+
+    async def _held(self, call: Call, deadline: float, send: Send, receive: Receive) -> Baton | int:
         loop = asyncio.get_running_loop()
         waiter = self.holds.enter(call.key)
         if waiter is None:

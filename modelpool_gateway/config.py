@@ -54,6 +54,20 @@ class GatewaySettings(BaseSettings):
         le=100_000,
         description="Requests held at most per pool while it has no serving worker; one more gets 429",
     )
+    max_held_per_key: int = Field(
+        default=50,
+        ge=1,
+        le=100_000,
+        description="Requests held at most per API key, over all pools (with --auth keys); one more gets "
+        "429, so one key cannot take a pool's whole hold (--max-held-per-pool) or the gateway's",
+    )
+    max_hold_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=3600,
+        description="A request is held at most this long, whatever its pool's activationTimeoutSeconds "
+        "(then 503 with the reason and Retry-After)",
+    )
     hold_retry_after_seconds: int = Field(
         default=5, ge=1, le=3600, description="Retry-After of a 429 for a full hold and of a hold's 503"
     )

@@ -71,7 +71,8 @@ class Metrics:
         )
         self.refused = Counter(
             "modelpool_gateway_refused_total",
-            "Requests the gateway refused itself, by reason (hold_full, gateway_full, too_large, "
+            "Requests the gateway refused itself, by reason (hold_full, key_hold_full: one API key's "
+            "held requests at their bound, gateway_full, too_large, "
             "too_many_items, too_deep: the body's JSON over its bounds, counted before parsing; "
             "body_timeout: answered 408, the body did not arrive in time; scaled_to_zero, invalid_spec: "
             "answered 503 at once for a pool that cannot get a worker; "

@@ -39,6 +39,7 @@ NS = "ns"
 ADMIN = "gateway-admin"
 KEY = "key-of-namespace-ns-0123456789"
 OTHER_KEY = "key-of-namespace-other-0123456789"
+SECOND_KEY = "second-key-of-namespace-ns-0123456789"
 
 
 def key_secret(name: str, key: str, **fields: str) -> dict[str, Any]:
@@ -275,6 +276,46 @@ async def test_a_refusal_for_a_full_hold_is_reported_with_the_demand() -> None:
         written = sum(int(w["metadata"]["annotations"][ANNOTATION_REFUSED]) for w in small.lease_writes)
         assert written + small.demand.refused_pending(key) == 1
         assert (await held).status_code == 503  # the pool's activation timeout is 1 s
+    await small.demand.close()
+    small.upstream.close()
+
+
+async def test_one_key_holds_at_most_its_share_and_another_key_is_still_held() -> None:
+    small = Harness(max_held_per_key=2, max_held_per_pool=10)
+    small.keys.set_secret(key_secret("ns-second", SECOND_KEY, **{NAMESPACES_FIELD: NS}))
+    body = {"model": "pool", "input": ["x"]}
+    async with small.client() as c, small.client(SECOND_KEY) as second:
+        held = [asyncio.ensure_future(c.post("/v1/embeddings", json=body)) for _ in range(2)]
+        while small.holds.held((NS, "pool")) < 2:  # both entered the hold
+            await asyncio.wait_for(small.entered.wait(), 10)
+            small.entered.clear()
+        refused = await c.post("/v1/embeddings", json=body)
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["retry-after"] == str(small.settings.hold_retry_after_seconds)
+        assert "this API key already has 2 requests held" in refused.json()["error"]["message"]
+        assert small.metrics.refused.labels(f"{NS}/pool", "key_hold_full")._value.get() == 1
+        # Another key's request for the same pool is held as usual.
+        other = asyncio.ensure_future(second.post("/v1/embeddings", json=body))
+        while small.holds.held((NS, "pool")) < 3:
+            await asyncio.wait_for(small.entered.wait(), 10)
+            small.entered.clear()
+        for response in await asyncio.gather(*held, other):  # the pool's activation timeout is 1 s
+            assert response.status_code == 503, response.text
+    assert small.app.held_by_caller == {}, "every held request was counted out"
+    await small.demand.close()
+    small.upstream.close()
+
+
+async def test_a_hold_ends_at_the_gateways_bound_whatever_the_pools_activation_timeout() -> None:
+    small = Harness(max_hold_seconds=0.5)
+    small.registry.set_pool(Pool(NS, "pool", served_model_name="org/alias", activation_timeout_s=3600))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    response = await small.embed()
+    took = loop.time() - started
+    assert response.status_code == 503 and response.headers["retry-after"] == "5", response.text
+    assert "held 0.5 s" in response.json()["error"]["message"]
+    assert took < 3, f"held {took:.1f} s"
     await small.demand.close()
     small.upstream.close()
 
