@@ -23,6 +23,7 @@ from modelpool_contract.gateway_keys import KEY_FIELD, NAMESPACES_FIELD
 from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
+from modelpool_gateway.client import MAX_UPSTREAM_HEADER_BYTES, MAX_UPSTREAM_HEADERS
 from modelpool_gateway.config import GatewaySettings
 from modelpool_gateway.demand import Answer, DemandRecorder, LeaseClient
 from modelpool_gateway.hold import Holds
@@ -208,6 +209,27 @@ async def test_every_worker_refusing_gives_429_with_the_smallest_retry_after(gw:
     assert response.status_code == 429
     assert response.headers["retry-after"] == "3"
     assert "every serving worker of pool ns/pool is full" in response.json()["error"]["message"]
+
+
+async def test_a_workers_headers_past_their_bound_are_cut_off_not_relayed(gw: Harness) -> None:
+    many = {f"x_h{i}": "v" for i in range(MAX_UPSTREAM_HEADERS + 10)}
+    fine = {f"x_h{i}": "v" for i in range(MAX_UPSTREAM_HEADERS - 10)}
+    cases = [
+        (many, 502),  # too many headers
+        ({"x_big": "v" * (MAX_UPSTREAM_HEADER_BYTES + 1)}, 502),  # one header too large
+        (fine, 200),  # within both bounds: relayed as it is
+    ]
+    for headers, expected in cases:
+        async with raw_server(answering(200, **headers)) as port:
+            gw.worker("w0", port)
+            response = await gw.embed()
+        assert response.status_code == expected, response.text[:200]
+        if expected == 502:
+            assert response.json()["error"]["type"] == "bad_gateway"
+            assert "headers exceed" in response.json()["error"]["message"]
+            assert not [h for h in response.headers if h.startswith("x-")]
+        else:
+            assert response.headers["x-h0"] == "v"
 
 
 async def test_a_draining_worker_is_retried_once_elsewhere(gw: Harness, echo: ServerProcess) -> None:
