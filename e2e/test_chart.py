@@ -408,6 +408,9 @@ def test_network_policy_is_made_by_the_operator_and_names_the_operator_and_the_g
         (["--set", "admissionPolicy.enable=true"], "additional properties 'enable' not allowed"),
         (["--set", "gateway.replicas=2"], "additional properties 'replicas' not allowed"),
         (["--set", "gateway.hold.maxPerPool=-1"], "at '/gateway/hold/maxPerPool'"),
+        (["--set", "gateway.hold.maxSeconds=7200"], "at '/gateway/hold/maxSeconds'"),
+        (["--set", "gateway.maxConnections=0"], "at '/gateway/maxConnections'"),
+        (["--set", "gateway.metrics.port=0"], "at '/gateway/metrics/port'"),
         (["--set", "gateway.service.type=Ingress"], "at '/gateway/service/type'"),
         (["--set", "gateway.namespaces={Team_A}"], "at '/gateway/namespaces/0'"),
         (["--set", "gateway.logLevel=loud"], "at '/gateway/logLevel'"),
@@ -482,6 +485,10 @@ def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str])
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["MODELPOOL_GATEWAY_MAX_HELD_PER_POOL"] == "100"
     assert env["MODELPOOL_GATEWAY_DEMAND_INTERVAL_SECONDS"] == "5"
+    assert env["MODELPOOL_GATEWAY_MAX_HELD_PER_KEY"] == "50"
+    assert env["MODELPOOL_GATEWAY_MAX_HOLD_SECONDS"] == "300"
+    assert env["MODELPOOL_GATEWAY_MAX_CONNECTIONS"] == "4096"
+    assert env["MODELPOOL_GATEWAY_HEADER_TIMEOUT_SECONDS"] == "10"
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert c["securityContext"].items() >= RESTRICTED_CONTAINER.items()
