@@ -91,8 +91,12 @@ class GatewayProtocol(BoundedHeadersProtocol):
         self._header_timer = None
         if self.transport.is_closing():
             return
-        busy = self.cycle is not None and not self.cycle.response_complete
-        if self._header_bytes and not busy:  # a request began: say why it ends
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined request's headers are late while the one before is answered: that answer is
+            # not cut; the deadline runs once more.
+            self._arm_header_timer()
+            return
+        if self._header_bytes:  # a request began: say why it ends
             self.transport.write(_SLOW_RESPONSE)
         self.transport.close()
 
