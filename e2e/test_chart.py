@@ -652,6 +652,9 @@ def test_the_notes_say_how_to_create_a_key_or_what_auth_none_means(helm: list[st
     assert "Tenants may also issue keys" in tenants
     none = _notes(helm, tmp_path, "--set", "gateway.auth.mode=none")
     assert "checks no key" in none and "Authorization" not in none and "create secret" not in none
+    # The gateway's metrics: on their own port, to be kept from clients.
+    assert "curl -s localhost:8081/metrics | grep ^modelpool_gateway_requests_total" in keys
+    assert "admit only Prometheus to that port" in keys
 
 
 def test_the_gateway_can_be_left_out(helm: list[str]) -> None:
