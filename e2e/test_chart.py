@@ -408,6 +408,9 @@ def test_network_policy_is_made_by_the_operator_and_names_the_operator_and_the_g
         (["--set", "admissionPolicy.enable=true"], "additional properties 'enable' not allowed"),
         (["--set", "gateway.replicas=2"], "additional properties 'replicas' not allowed"),
         (["--set", "gateway.hold.maxPerPool=-1"], "at '/gateway/hold/maxPerPool'"),
+        (["--set", "gateway.hold.maxSeconds=7200"], "at '/gateway/hold/maxSeconds'"),
+        (["--set", "gateway.maxConnections=0"], "at '/gateway/maxConnections'"),
+        (["--set", "gateway.metrics.port=0"], "at '/gateway/metrics/port'"),
         (["--set", "gateway.service.type=Ingress"], "at '/gateway/service/type'"),
         (["--set", "gateway.namespaces={Team_A}"], "at '/gateway/namespaces/0'"),
         (["--set", "gateway.logLevel=loud"], "at '/gateway/logLevel'"),
@@ -476,10 +479,16 @@ def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str])
     assert c["image"] == f"ghcr.io/modelpool/modelpool-operator:{VERSION}", (
         "the gateway runs from the operator image"
     )
-    assert c["args"] == ["--port=8080"], "cluster scope: every namespace, no --namespace"
+    assert c["args"] == ["--port=8080", "--metrics-port=8081"], (
+        "cluster scope: every namespace, no --namespace"
+    )
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["MODELPOOL_GATEWAY_MAX_HELD_PER_POOL"] == "100"
     assert env["MODELPOOL_GATEWAY_DEMAND_INTERVAL_SECONDS"] == "5"
+    assert env["MODELPOOL_GATEWAY_MAX_HELD_PER_KEY"] == "50"
+    assert env["MODELPOOL_GATEWAY_MAX_HOLD_SECONDS"] == "300"
+    assert env["MODELPOOL_GATEWAY_MAX_CONNECTIONS"] == "4096"
+    assert env["MODELPOOL_GATEWAY_HEADER_TIMEOUT_SECONDS"] == "10"
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert c["securityContext"].items() >= RESTRICTED_CONTAINER.items()
@@ -500,6 +509,37 @@ def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str])
     assert service["spec"]["selector"] == selector
     assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
     assert one(docs, "ServiceAccount", GATEWAY)
+
+
+def test_the_gateways_metrics_are_on_a_port_of_their_own_never_behind_its_service(helm: list[str]) -> None:
+    docs = render(helm)
+    c = container(docs, GATEWAY)
+    assert c["ports"] == [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"},  # first: what the install test calls
+        {"name": "metrics", "containerPort": 8081, "protocol": "TCP"},
+    ]
+    assert "--metrics-port=8081" in c["args"]
+    # The clients' Service exposes the clients' port only; no monitor unless asked for.
+    assert [p["targetPort"] for p in one(docs, "Service", GATEWAY)["spec"]["ports"]] == ["http"]
+    assert not by_kind(docs, "PodMonitor")
+
+    docs = render(
+        helm,
+        "--set", "gateway.metrics.port=9300",
+        "--set", "gateway.metrics.podMonitor.enabled=true",
+        "--set", "gateway.metrics.podMonitor.labels.release=prometheus",
+    )  # fmt: skip
+    assert "--metrics-port=9300" in container(docs, GATEWAY)["args"]
+    monitor = one(docs, "PodMonitor")
+    assert monitor["metadata"]["name"] == GATEWAY and monitor["metadata"]["labels"]["release"] == "prometheus"
+    pod_labels = one(docs, "Deployment", GATEWAY)["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["mp-system"]}
+    assert monitor["spec"]["podMetricsEndpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
+    operator = one(docs, "Deployment", OPERATOR)["spec"]["template"]["metadata"]["labels"]
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= operator.items()
 
 
 def test_the_gateways_rbac_is_read_pools_and_pods_and_write_demand_leases_only(helm: list[str]) -> None:
@@ -612,6 +652,9 @@ def test_the_notes_say_how_to_create_a_key_or_what_auth_none_means(helm: list[st
     assert "Tenants may also issue keys" in tenants
     none = _notes(helm, tmp_path, "--set", "gateway.auth.mode=none")
     assert "checks no key" in none and "Authorization" not in none and "create secret" not in none
+    # The gateway's metrics: on their own port, to be kept from clients.
+    assert "curl -s localhost:8081/metrics | grep ^modelpool_gateway_requests_total" in keys
+    assert "admit only Prometheus to that port" in keys
 
 
 def test_the_gateway_can_be_left_out(helm: list[str]) -> None:

@@ -139,6 +139,8 @@ def release(
             "replicaCount": 1,
             # Pods there share the machine's ports: the gateway listens on its own loopback pod address.
             "port": 19000 + secrets.randbelow(1000),
+            # Its metrics port, on the same address: not the default 8081, which a tool may hold.
+            "metrics": {"port": 20000 + secrets.randbelow(1000)},
             "extraEnv": [
                 {"name": "MODELPOOL_GATEWAY_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
             ],

@@ -257,6 +257,9 @@ GATEWAY_POD=$(kubectl -n "$OPERATOR_NS" get pods -l app.kubernetes.io/component=
 GATEWAY_IP=$(kubectl -n "$OPERATOR_NS" get pod "$GATEWAY_POD" -o jsonpath='{.status.podIP}')
 GATEWAY_PORT=$(kubectl -n "$OPERATOR_NS" get pod "$GATEWAY_POD" -o jsonpath='{.spec.containers[0].ports[0].containerPort}')
 GATEWAY="http://$GATEWAY_IP:$GATEWAY_PORT"
+# The gateway's metrics are on a port of their own (the container port "metrics"), never the clients'.
+GATEWAY_METRICS_PORT=$(kubectl -n "$OPERATOR_NS" get pod "$GATEWAY_POD" -o jsonpath='{.spec.containers[0].ports[1].containerPort}')
+GATEWAY_METRICS="http://$GATEWAY_IP:$GATEWAY_METRICS_PORT/metrics"
 # The chart's gateway Service has no endpoints here (an EndpointSlice may not hold loopback addresses), so
 # the demo calls the gateway pod, as it calls workers, at its pod address.
 info "modelpool-gateway $GATEWAY_POD at $GATEWAY (its pod address)"
@@ -411,8 +414,8 @@ array = result.as_numpy(output_name)
 print(f"    tritonclient.http (binary tensors): {output_name} {array.dtype} {list(array.shape)}")
 assert np.allclose(array, vectors, atol=1e-4), "v2 and OpenAI routes disagree"
 PYTHON
-printf '%s$ curl -s %s/metrics | grep -E "^modelpool_gateway_(requests|refused)_total"%s\n' "$BOLD" "$GATEWAY" "$OFF"
-curl -sS --max-time 5 "$GATEWAY/metrics" | grep -E '^modelpool_gateway_(requests|refused)_total' | sed 's/^/    /'
+printf '%s$ curl -s %s | grep -E "^modelpool_gateway_(requests|refused)_total"%s\n' "$BOLD" "$GATEWAY_METRICS" "$OFF"
+curl -sS --max-time 5 "$GATEWAY_METRICS" | grep -E '^modelpool_gateway_(requests|refused)_total' | sed 's/^/    /'
 
 # ---- 6. load through the gateway scales 'echo' up to maxReplicas and back down -----------------------------
 banner "12 clients through the gateway: 'echo' scales 1 -> 3 workers, and back to 1 when the load stops"

@@ -8,8 +8,9 @@ carries its ``Grant`` in the ASGI scope (``GRANT_SCOPE_KEY``), and every name it
 found, exactly like a pool that does not exist (same 404, same message), and never held, woken or listed;
 nor can another tenant's pool make a granted name ambiguous.
 
-Open without a key: the gateway's own health, readiness and metrics (``OPEN_PATHS``), which the kubelet
-and Prometheus call without one; they carry no model data (the metrics name pools, never keys).
+Open without a key: the gateway's own health and readiness (``OPEN_PATHS``), which the kubelet calls
+without one; they carry no model data.  ``/metrics`` is open too, to answer 404 to anyone: the metrics,
+which name every tenant's pools, are on a port of their own (``Metrics.serve``), not the clients'.
 With ``--auth none`` every request gets ``EVERYTHING``.
 
 With keys, the ``Authorization`` header stops here (``upstream_headers``): a worker runs its pool owner's
@@ -24,14 +25,22 @@ from typing import Any, Literal
 
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.errors import Send, send_error
-from modelpool_gateway.keys import EVERYTHING, Grant, KeyStore, bearer_token
+from modelpool_gateway.keys import EVERYTHING, Grant, KeyStore, bearer_token, token_digest
 from modelpool_gateway.names import NameIndex
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"})
 GRANT_SCOPE_KEY = "modelpool.grant"
+# Who is calling (the key's digest; absent with --auth none): what the held requests are counted per.
+CALLER_SCOPE_KEY = "modelpool.caller"
 NOTHING = Grant()
 # Scoped indexes kept at most (one per distinct grant in use); all are dropped when the pools change.
 _INDEX_CACHE_LIMIT = 1024
+
+
+def caller_of(scope: MutableMapping[str, Any]) -> bytes | None:
+    """The caller ``Access.check`` recorded (its key's digest); None with ``--auth none``."""
+    caller: bytes | None = scope.get(CALLER_SCOPE_KEY)
+    return caller
 
 
 def grant_of(scope: MutableMapping[str, Any]) -> Grant:
@@ -69,6 +78,9 @@ class Access:
         grant = self.authenticate(scope["headers"])
         if isinstance(grant, Grant):
             scope[GRANT_SCOPE_KEY] = grant
+            if self.mode == "keys":
+                token = bearer_token(next((v for k, v in scope["headers"] if k == b"authorization"), None))
+                scope[CALLER_SCOPE_KEY] = token_digest(token) if token is not None else None
             return None
         what = "missing API key" if grant == "missing_key" else "invalid API key"
         await send_error(

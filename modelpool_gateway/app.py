@@ -10,12 +10,14 @@ as raw ASGI, which keeps the added latency small; every other route goes to the 
 ``routes``.  Before any of it, ``access`` checks the request's API key (401 without a valid one) and
 every model name is resolved among the pools the key grants only (``modelpool_gateway.access``).
 Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes`` per body, read within
-``request_body_timeout_seconds`` (408 after), ``max_held_per_pool`` held per pool for at most its
-activation timeout (none for a pool that can never get a worker: 503 at once), each worker tried at most
-once per request, and one retry after a draining (503) or unreachable worker.  A worker's answer that
-breaks off after its headers went to the client is counted (``relay_errors_total``), logged on one line,
-and ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by closing the
-connection (the server cannot end it short of its length), never an exception out of the app.
+``request_body_timeout_seconds`` (408 after), an OpenAI body parsed only within ``max_json_items`` items and
+``max_json_depth`` levels (``jsoncost``: 413/400 before the parse; KServe v2 bodies are not parsed here),
+``max_held_per_pool`` held per pool and ``max_held_per_key`` per API key, for at most its activation timeout
+within ``max_hold_seconds`` (none for a pool that can never get a worker: 503 at once), each worker tried at
+most once per request, and one retry after a draining (503) or unreachable worker. A worker's answer that
+breaks off after its headers went to the client is counted (``relay_errors_total``), logged on one line, and
+ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by closing the connection (the
+server cannot end it short of its length), never an exception out of the app.
 """
 
 from __future__ import annotations
@@ -32,15 +34,16 @@ from urllib.parse import quote
 
 import orjson
 
-from modelpool_gateway.access import Access, grant_of
+from modelpool_gateway.access import Access, caller_of, grant_of
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamBroken, UpstreamTimeout
 from modelpool_gateway.config import GatewaySettings
 from modelpool_gateway.demand import DemandRecorder
 from modelpool_gateway.errors import Send, send_error
 from modelpool_gateway.hold import Baton, Holds, hold_budget, hold_reason, hopeless
+from modelpool_gateway.jsoncost import TOO_MANY_ITEMS, json_refusal
 from modelpool_gateway.metrics import Metrics
-from modelpool_gateway.names import Resolution, Resolved, Unresolved, split_v2_path
+from modelpool_gateway.names import Unresolved, split_v2_path
 from modelpool_gateway.picker import Candidate, pick
 from modelpool_gateway.proxy import Outbound, Receive, Upstream, forward_headers, relay, watch_disconnect
 from modelpool_gateway.state import Key, Worker
@@ -78,6 +81,7 @@ class Call:
     openai: bool
     out: Outbound
     client_timeout_s: float | None
+    caller: bytes | None = None  # the API key's digest (``access.caller_of``): held requests count per key
 
     @property
     def label(self) -> str:
@@ -140,6 +144,8 @@ class Gateway:
         # This gateway's requests in flight to each worker (the picker's load), and in the gateway at all.
         self.loads: dict[Key, int] = {}
         self.in_flight = 0
+        # Requests held now per caller (API key digest): at most ``max_held_per_key`` each.
+        self.held_by_caller: dict[bytes, int] = {}
         self._turn = 0
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
@@ -219,8 +225,20 @@ class Gateway:
             if not message.get("more_body"):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    def _check_cost(self, body: bytes) -> None:
+        """Refuse a body whose parse would cost more than its bounds allow, before parsing it."""
+        items, depth = self.settings.max_json_items, self.settings.max_json_depth
+        refusal = json_refusal(body, max_items=items, max_depth=depth)
+        if refusal is None:
+            return
+        self.metrics.of(self.metrics.refused, "", refusal).inc()
+        if refusal == TOO_MANY_ITEMS:
+            raise RequestError(413, "too_large", f"the request body has more than {items} JSON items")
+        raise RequestError(400, "invalid_input", f"the request body nests JSON deeper than {depth} levels")
+
     async def _openai_call(self, scope: MutableMapping[str, Any], receive: Receive) -> Call:
         body = await self._body(scope, receive)
+        self._check_cost(body)
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -232,7 +250,7 @@ class Gateway:
             )
         resolved = self.access.index(grant_of(scope)).resolve(model)
         if isinstance(resolved, Unresolved):
-            raise self._not_found(resolved, self.registry.index.resolve(model))
+            raise self._not_found(resolved)
         key = resolved.key
         upstream = self._model_name(key)
         if model != upstream:  # an alias or namespace/name: a worker knows its pool's name only
@@ -240,13 +258,13 @@ class Gateway:
             body = orjson.dumps(doc)
         headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], scope["path"], headers, body)
-        return Call(key, True, out, _client_timeout(scope["headers"]))
+        return Call(key, True, out, _client_timeout(scope["headers"]), caller_of(scope))
 
     async def _v2_call(self, scope: MutableMapping[str, Any], receive: Receive) -> Call:
         rest = scope["path"][len(V2_MODELS) :]
         resolved, suffix = split_v2_path(self.access.index(grant_of(scope)), rest)
         if isinstance(resolved, Unresolved):
-            raise self._not_found(resolved, split_v2_path(self.registry.index, rest)[0])
+            raise self._not_found(resolved)
         body = await self._body(scope, receive)
         name = self._model_name(resolved.key)
         path = V2_MODELS + quote(name, safe="") + ("/" + quote(suffix) if suffix else "")
@@ -254,18 +272,18 @@ class Gateway:
             path += "?" + scope["query_string"].decode("latin-1")
         headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], path, headers, body)
-        return Call(resolved.key, False, out, _client_timeout(scope["headers"]))
+        return Call(resolved.key, False, out, _client_timeout(scope["headers"]), caller_of(scope))
 
     def _model_name(self, key: Key) -> str:
         """The name the upstream knows the model by: the pool's (a worker), or the model's on a host."""
         pool = self.registry.pool(key)
         return pool.model_name if pool is not None else key[1]
 
-    def _not_found(self, resolved: Unresolved, unscoped: Resolution) -> RequestError:
-        """The 404 for a name the caller's grant does not resolve: the same whether the pool is not
-        granted or does not exist (only the metrics tell them apart)."""
-        if isinstance(unscoped, Resolved):
-            self.metrics.of(self.metrics.refused, "", "not_granted").inc()
+    def _not_found(self, resolved: Unresolved) -> RequestError:
+        """The 404 for a name the caller's grant does not resolve: the same answer and the same count
+        (``not_found``) whether the pool is not granted or does not exist, so neither tells a key holder
+        that a guessed name is another tenant's pool."""
+        self.metrics.of(self.metrics.refused, "", "not_found").inc()
         return RequestError(404, "model_not_found", resolved.message)
 
     # ---- holding and forwarding ----
@@ -301,7 +319,8 @@ class Gateway:
                     return await send_error(send, call.openai, 503, never.kind, never.message)
                 if may_hold:
                     if deadline is None:
-                        budget = hold_budget(pool.activation_timeout_s, call.client_timeout_s)
+                        most = min(pool.activation_timeout_s, self.settings.max_hold_seconds)
+                        budget = hold_budget(most, call.client_timeout_s)
                         deadline = loop.time() + budget
                     held = await self._hold(call, deadline, send, receive)
                     if isinstance(held, int):
@@ -316,7 +335,34 @@ class Gateway:
             # The worker that released this request went away at once: hold again, same deadline.
 
     async def _hold(self, call: Call, deadline: float, send: Send, receive: Receive) -> Baton | int:
-        """Wait for a serving worker; a baton when released, else the status already answered."""
+        """Wait for a serving worker (at most ``max_held_per_key`` held per caller); a baton when
+        released, else the status already answered."""
+        caller = call.caller
+        if caller is None:
+            return await self._held(call, deadline, send, receive)
+        held = self.held_by_caller.get(caller, 0)
+        if held >= self.settings.max_held_per_key:
+            self.metrics.of(self.metrics.refused, call.label, "key_hold_full").inc()
+            message = f"this API key already has {held} requests held, waiting for workers"
+            return await send_error(
+                send,
+                call.openai,
+                429,
+                "overloaded",
+                message,
+                retry_after=self.settings.hold_retry_after_seconds,
+            )
+        self.held_by_caller[caller] = held + 1
+        try:
+            return await self._held(call, deadline, send, receive)
+        finally:
+            left = self.held_by_caller[caller] - 1
+            if left:
+                self.held_by_caller[caller] = left
+            else:
+                del self.held_by_caller[caller]
+
+    async def _held(self, call: Call, deadline: float, send: Send, receive: Receive) -> Baton | int:
         loop = asyncio.get_running_loop()
         waiter = self.holds.enter(call.key)
         if waiter is None:

@@ -23,6 +23,8 @@ from typing import Any, cast
 
 import httptools
 
+from modelpool_contract.http_limits import MAX_HEADER_BYTES
+
 Headers = list[tuple[bytes, bytes]]
 # Reading from a worker pauses while this many answer bytes wait for the client, and resumes below LOW.
 HIGH_WATER = 1024 * 1024
@@ -31,6 +33,11 @@ LOW_WATER = 256 * 1024
 MAX_IDLE_PER_HOST = 256
 # Closed and expired idle connections are swept out once per this many released answers.
 SWEEP_EVERY = 1024
+# A worker's status line and headers: at most this many bytes (the bound the gateway's and the workers'
+# own request headers have) and this many headers; more breaks the answer off (502) before it is relayed,
+# so a worker (running its pool owner's code) cannot make the gateway keep or pass on unbounded headers.
+MAX_UPSTREAM_HEADER_BYTES = MAX_HEADER_BYTES
+MAX_UPSTREAM_HEADERS = 128
 
 
 class Unreachable(Exception):  # noqa: N818 - names what happened
@@ -51,6 +58,13 @@ class Abandoned(Exception):  # noqa: N818
     so a worker that still queues the request drops it before computing it."""
 
 
+def _headers_too_large() -> UpstreamBroken:
+    return UpstreamBroken(
+        f"the worker's answer headers exceed {MAX_UPSTREAM_HEADERS} headers or {MAX_UPSTREAM_HEADER_BYTES} "
+        "bytes"
+    )
+
+
 class _Connection(asyncio.Protocol):
     """One TCP connection to a worker and the parser of the answer currently on it."""
 
@@ -64,6 +78,8 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.status: int | None = None
         self.headers: Headers = []
+        self.header_bytes = 0  # received while the headers are incomplete
+        self.parsed_header_bytes = 0
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
         self.complete = False
@@ -85,10 +101,16 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
+        if self.status is None:
+            self.header_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self.error = UpstreamBroken(f"the worker's answer is not valid HTTP: {exc}")
+            self.error = self.error or UpstreamBroken(f"the worker's answer is not valid HTTP: {exc}")
+            self.close()
+        # Still no end of the headers past the bound: a header block that never ends is cut off here.
+        if self.status is None and self.header_bytes > MAX_UPSTREAM_HEADER_BYTES and self.error is None:
+            self.error = _headers_too_large()
             self.close()
         self._wake()
 
@@ -104,6 +126,10 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
+        self.parsed_header_bytes += len(name) + len(value) + 4
+        if len(self.headers) > MAX_UPSTREAM_HEADERS or self.parsed_header_bytes > MAX_UPSTREAM_HEADER_BYTES:
+            self.error = _headers_too_large()
+            raise self.error  # httptools stops parsing; ``data_received`` closes the connection
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()

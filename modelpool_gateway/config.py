@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from modelpool_contract.flags import REQUEST_BODY_TIMEOUT_S
@@ -30,7 +30,14 @@ class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MODELPOOL_GATEWAY_", extra="forbid", frozen=True)
 
     host: str = Field(default="0.0.0.0", description="Listen address")
-    port: int = Field(default=8080, ge=1, le=65535, description="Listen port")
+    port: int = Field(default=8080, ge=1, le=65535, description="Listen port (the clients')")
+    metrics_port: int = Field(
+        default=8081,
+        ge=0,
+        le=65535,
+        description="Port of GET /metrics, on the listen address and apart from the clients' port (which "
+        "answers 404 there); 0: no metrics endpoint",
+    )
     namespaces: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Namespaces whose pools it routes to (--namespace once per namespace; the variable "
@@ -46,6 +53,20 @@ class GatewaySettings(BaseSettings):
         ge=0,
         le=100_000,
         description="Requests held at most per pool while it has no serving worker; one more gets 429",
+    )
+    max_held_per_key: int = Field(
+        default=50,
+        ge=1,
+        le=100_000,
+        description="Requests held at most per API key, over all pools (with --auth keys); one more gets "
+        "429, so one key cannot take a pool's whole hold (--max-held-per-pool) or the gateway's",
+    )
+    max_hold_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=3600,
+        description="A request is held at most this long, whatever its pool's activationTimeoutSeconds "
+        "(then 503 with the reason and Retry-After)",
     )
     hold_retry_after_seconds: int = Field(
         default=5, ge=1, le=3600, description="Retry-After of a 429 for a full hold and of a hold's 503"
@@ -65,6 +86,20 @@ class GatewaySettings(BaseSettings):
     )
     max_request_bytes: int = Field(
         default=16 * MIB, ge=1024, description="Larger request bodies are refused with 413"
+    )
+    max_json_items: int = Field(
+        default=100_000,
+        ge=1,
+        le=10_000_000,
+        description="An OpenAI request body with more JSON structural tokens (',', ':', '[', '{' outside "
+        "strings, about one parsed object each) is refused with 413 before it is parsed (OpenAI's "
+        "largest request, 2048 embedding inputs, has about 2050)",
+    )
+    max_json_depth: int = Field(
+        default=64,
+        ge=1,
+        le=1000,
+        description="An OpenAI request body nested deeper than this is refused with 400 before it is parsed",
     )
     request_body_timeout_seconds: float = Field(
         default=REQUEST_BODY_TIMEOUT_S,
@@ -94,6 +129,21 @@ class GatewaySettings(BaseSettings):
         le=3600,
         description="A client's idle keep-alive connection is closed after this (long, as proxies do: a "
         "busy client that reuses a connection seconds later must not race its closing)",
+    )
+    header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="A request's line and headers must arrive within this of its first byte (of the "
+        "connection's opening for its first request; an idle new connection is closed after it), else 408 "
+        "and the connection is closed",
+    )
+    max_connections: int = Field(
+        default=4096,
+        ge=1,
+        le=1_000_000,
+        description="Client connections open at once; one more is answered 503 (Retry-After: 1) and "
+        "closed before a byte of it is parsed",
     )
     watch_timeout_seconds: int = Field(
         default=300, ge=1, le=3600, description="Server-side timeout of each watch request, then renewed"
@@ -128,6 +178,13 @@ class GatewaySettings(BaseSettings):
         description="Also read key Secrets in each namespace of --namespace, each granting pools of its "
         "own namespace only (needs --namespace: Secrets are never read cluster-wide)",
     )
+
+    @model_validator(mode="after")
+    def _ports_apart(self) -> GatewaySettings:
+        # The metrics name every tenant's pools: they are never served where the clients call.
+        if self.metrics_port == self.port:
+            raise ValueError(f"--metrics-port must differ from --port ({self.port})")
+        return self
 
     @field_validator("namespaces", mode="before")
     @classmethod

@@ -20,11 +20,11 @@ from types import FrameType
 import uvicorn
 from kubernetes_asyncio import client, config
 
-from modelpool_contract.http_limits import BoundedHeadersProtocol
 from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.config import ConfigError, GatewaySettings, load_settings
+from modelpool_gateway.connections import gateway_protocol
 from modelpool_gateway.demand import DemandRecorder, LeaseClient
 from modelpool_gateway.hold import Holds
 from modelpool_gateway.keys import KeyStore, key_namespaces, key_watch
@@ -192,14 +192,19 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
             timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
             timeout_keep_alive=settings.client_keepalive_seconds,
             lifespan="off",
-            http=BoundedHeadersProtocol,  # 431 for a header block over its bound (uvicorn has none)
+            # 431 for a header block over its bound, 408 for headers too slow, 503 for a connection past the
+            # cap (uvicorn has none of these: modelpool_gateway.connections).
+            http=gateway_protocol(settings.header_timeout_seconds, settings.max_connections),
         ),
         holds,
     )
+    if settings.metrics_port:
+        metrics.serve(settings.host, settings.metrics_port)
     log.info(
-        "modelpool-gateway listening on %s:%d, watching %s; API keys %s",
+        "modelpool-gateway listening on %s:%d (metrics on %s), watching %s; API keys %s",
         settings.host,
         settings.port,
+        settings.metrics_port or "no port",
         ", ".join(settings.namespaces) or "every namespace",
         f"from Secrets in {', '.join(key_scopes)}" if store is not None else "not checked (--auth none)",
     )
@@ -211,6 +216,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
         await asyncio.gather(*tasks, return_exceptions=True)
         await demand.close()
         upstream.close()
+        metrics.close()
         await api.close()
     return 0
 

@@ -1,4 +1,7 @@
-"""The gateway's Prometheus metrics (``GET /metrics``), on a registry of its own.
+"""The gateway's Prometheus metrics (``GET /metrics`` on ``--metrics-port``), on a registry of its own.
+
+Served on a port of their own (prometheus-client's server, in a thread, as the operator's), never on the
+clients' port: they name every tenant's pools, which a client (whose key grants only some) must not list.
 
 The ``pool`` label is always ``namespace/name`` of a known pool (or empty for a request that named no
 known pool, or was refused for its key): never text from the request, so a client cannot grow the label
@@ -9,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics import MetricWrapperBase
 
 # Upstream and hold times span sub-millisecond echo answers to minutes of model loading.
@@ -24,6 +27,7 @@ class Metrics:
         # Labelled children, looked up once: ``labels()`` takes a lock and validates on every call, a
         # cost the request path pays several times per request otherwise.
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._server: object | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -67,11 +71,14 @@ class Metrics:
         )
         self.refused = Counter(
             "modelpool_gateway_refused_total",
-            "Requests the gateway refused itself, by reason (hold_full, gateway_full, too_large; "
+            "Requests the gateway refused itself, by reason (hold_full, key_hold_full: one API key's "
+            "held requests at their bound, gateway_full, too_large, "
+            "too_many_items, too_deep: the body's JSON over its bounds, counted before parsing; "
             "body_timeout: answered 408, the body did not arrive in time; scaled_to_zero, invalid_spec: "
             "answered 503 at once for a pool that cannot get a worker; "
-            "missing_key, invalid_key: answered 401; not_granted: answered 404 for a pool the key does "
-            "not grant). Never by key: an auth refusal's pool label is empty.",
+            "missing_key, invalid_key: answered 401; not_found: answered 404 for a model the key does not "
+            "reach, whether it exists or not, so the count does not tell). Never by key: an auth refusal's "
+            "pool label is empty.",
             ["pool", "reason"],
             registry=r,
         )
@@ -100,6 +107,17 @@ class Metrics:
             ["pool"],
             registry=r,
         )
+
+    def serve(self, host: str, port: int) -> None:
+        """Serve ``GET /metrics`` on ``host:port`` in a background thread."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+
+    def close(self) -> None:
+        shutdown = getattr(self._server, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        self._server = None
 
     def of(self, metric: MetricWrapperBase, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached."""

@@ -1,4 +1,4 @@
-"""The gateway's own routes (Starlette): model listing, health, readiness, metrics, v2 server metadata.
+"""The gateway's own routes (Starlette): model listing, health, readiness, v2 server metadata.
 
 ``GET /v1/models`` lists every pool the caller's key grants that the gateway can route to (pools at zero
 included: a request for one is held while a worker starts), each under the shortest name that resolves to
@@ -8,7 +8,8 @@ key Secrets' included) has listed its objects (before that, every model would lo
 watch is stale (failing for longer than ``watch_stale_seconds``: the API server is unreachable, so what the
 gateway routes on may be out of date).  Unready takes the replica out of its Service; requests that still
 arrive are routed on the state it last saw.
-Unknown paths get a 404 in the protocol's own shape.
+Unknown paths get a 404 in the protocol's own shape; ``/metrics`` among them: the metrics are served on a
+port of their own (``Metrics.serve``), never to the clients.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from collections.abc import Collection
 from typing import Any
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -92,9 +92,8 @@ def build_routes(
         index = access.index(grant_of(request.scope))
         resolved = index.resolve(model)
         pool = registry.pool(resolved.key) if isinstance(resolved, Resolved) else None
-        if pool is None:
-            if isinstance(registry.index.resolve(model), Resolved):  # there, but not for this key
-                metrics.of(metrics.refused, "", "not_granted").inc()
+        if pool is None:  # counted alike whether it exists or not (``Gateway._not_found``)
+            metrics.of(metrics.refused, "", "not_found").inc()
             message = getattr(resolved, "message", f"model {model!r} is not served here")
             return Response(
                 error_body(True, 404, "model_not_found", message), 404, media_type="application/json"
@@ -117,9 +116,6 @@ def build_routes(
             {"name": "modelpool-gateway", "version": __version__, "extensions": ["binary_tensor_data"]}
         )
 
-    async def metrics_endpoint(request: Request) -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         openai = request.url.path.startswith("/v1/")
@@ -134,7 +130,6 @@ def build_routes(
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v2", server_metadata, methods=["GET"]),
         Route("/v2/health/live", healthz, methods=["GET"]),
         Route("/v2/health/ready", v2_ready, methods=["GET"]),

@@ -352,6 +352,9 @@ class GatewayProcess(OperatorProcess):
             flags = (*flags, "--keys-namespace", self.keys_namespace)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # The metrics have a port of their own (never the clients').
+        self.metrics_port = free_port()
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.log_path = log_path
         self.namespaces = list(namespaces)
         # The cluster's admin kubeconfig unless a test runs the gateway as someone else (a ServiceAccount).
@@ -359,7 +362,8 @@ class GatewayProcess(OperatorProcess):
         args = [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig)]
         for namespace in self.namespaces:
             args += ["--namespace", namespace]
-        args += ["--host", "127.0.0.1", "--port", str(self.port), *flags]
+        args += ["--host", "127.0.0.1", "--port", str(self.port), "--metrics-port", str(self.metrics_port)]
+        args += flags
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
             args,
@@ -418,7 +422,7 @@ class GatewayProcess(OperatorProcess):
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of a metric's samples whose labels include ``labels``."""
-        return prom.total(httpx.get(self.url + "/metrics", timeout=5).text, name, None, **labels)
+        return prom.total(httpx.get(self.metrics_url, timeout=5).text, name, None, **labels)
 
 
 def worker_pids(cluster: Cluster, namespace: str, pool: str) -> dict[str, int]:

@@ -16,12 +16,14 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 
 from modelpool_contract.demand import ANNOTATION_REFUSED
 from modelpool_contract.gateway_keys import KEY_FIELD, NAMESPACES_FIELD
 from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
+from modelpool_gateway.client import MAX_UPSTREAM_HEADER_BYTES, MAX_UPSTREAM_HEADERS
 from modelpool_gateway.config import GatewaySettings
 from modelpool_gateway.demand import Answer, DemandRecorder, LeaseClient
 from modelpool_gateway.hold import Holds
@@ -38,6 +40,7 @@ NS = "ns"
 ADMIN = "gateway-admin"
 KEY = "key-of-namespace-ns-0123456789"
 OTHER_KEY = "key-of-namespace-other-0123456789"
+SECOND_KEY = "second-key-of-namespace-ns-0123456789"
 
 
 def key_secret(name: str, key: str, **fields: str) -> dict[str, Any]:
@@ -167,6 +170,21 @@ async def test_bad_requests_get_4xx_in_the_protocols_shape(gw: Harness, echo: Se
     big.upstream.close()
 
 
+async def test_json_over_its_item_or_depth_bound_is_refused_before_it_is_parsed(gw: Harness) -> None:
+    # No worker: a body within the bounds would be held; these never get that far.
+    flat = b"[" + b"{}," * 99_999 + b"{}]"  # 300 KB that would parse into 100000 dicts
+    deep = b'{"model": "pool", "input": ' + b"[" * 65 + b"]" * 65 + b"}"
+    async with gw.client() as c:
+        response = await c.post("/v1/embeddings", content=flat)
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["type"] == "too_large"
+        assert "more than 100000 JSON items" in response.json()["error"]["message"]
+        response = await c.post("/v1/chat/completions", content=deep)
+        assert response.status_code == 400, response.text
+        assert "deeper than 64 levels" in response.json()["error"]["message"]
+    assert gw.refused("too_many_items") == 1 and gw.refused("too_deep") == 1
+
+
 async def test_an_alias_and_namespace_name_reach_the_worker_under_the_pools_name(
     gw: Harness, echo: ServerProcess
 ) -> None:
@@ -191,6 +209,27 @@ async def test_every_worker_refusing_gives_429_with_the_smallest_retry_after(gw:
     assert response.status_code == 429
     assert response.headers["retry-after"] == "3"
     assert "every serving worker of pool ns/pool is full" in response.json()["error"]["message"]
+
+
+async def test_a_workers_headers_past_their_bound_are_cut_off_not_relayed(gw: Harness) -> None:
+    many = {f"x_h{i}": "v" for i in range(MAX_UPSTREAM_HEADERS + 10)}
+    fine = {f"x_h{i}": "v" for i in range(MAX_UPSTREAM_HEADERS - 10)}
+    cases = [
+        (many, 502),  # too many headers
+        ({"x_big": "v" * (MAX_UPSTREAM_HEADER_BYTES + 1)}, 502),  # one header too large
+        (fine, 200),  # within both bounds: relayed as it is
+    ]
+    for headers, expected in cases:
+        async with raw_server(answering(200, **headers)) as port:
+            gw.worker("w0", port)
+            response = await gw.embed()
+        assert response.status_code == expected, response.text[:200]
+        if expected == 502:
+            assert response.json()["error"]["type"] == "bad_gateway"
+            assert "headers exceed" in response.json()["error"]["message"]
+            assert not [h for h in response.headers if h.startswith("x-")]
+        else:
+            assert response.headers["x-h0"] == "v"
 
 
 async def test_a_draining_worker_is_retried_once_elsewhere(gw: Harness, echo: ServerProcess) -> None:
@@ -259,6 +298,46 @@ async def test_a_refusal_for_a_full_hold_is_reported_with_the_demand() -> None:
         written = sum(int(w["metadata"]["annotations"][ANNOTATION_REFUSED]) for w in small.lease_writes)
         assert written + small.demand.refused_pending(key) == 1
         assert (await held).status_code == 503  # the pool's activation timeout is 1 s
+    await small.demand.close()
+    small.upstream.close()
+
+
+async def test_one_key_holds_at_most_its_share_and_another_key_is_still_held() -> None:
+    small = Harness(max_held_per_key=2, max_held_per_pool=10)
+    small.keys.set_secret(key_secret("ns-second", SECOND_KEY, **{NAMESPACES_FIELD: NS}))
+    body = {"model": "pool", "input": ["x"]}
+    async with small.client() as c, small.client(SECOND_KEY) as second:
+        held = [asyncio.ensure_future(c.post("/v1/embeddings", json=body)) for _ in range(2)]
+        while small.holds.held((NS, "pool")) < 2:  # both entered the hold
+            await asyncio.wait_for(small.entered.wait(), 10)
+            small.entered.clear()
+        refused = await c.post("/v1/embeddings", json=body)
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["retry-after"] == str(small.settings.hold_retry_after_seconds)
+        assert "this API key already has 2 requests held" in refused.json()["error"]["message"]
+        assert small.metrics.refused.labels(f"{NS}/pool", "key_hold_full")._value.get() == 1
+        # Another key's request for the same pool is held as usual.
+        other = asyncio.ensure_future(second.post("/v1/embeddings", json=body))
+        while small.holds.held((NS, "pool")) < 3:
+            await asyncio.wait_for(small.entered.wait(), 10)
+            small.entered.clear()
+        for response in await asyncio.gather(*held, other):  # the pool's activation timeout is 1 s
+            assert response.status_code == 503, response.text
+    assert small.app.held_by_caller == {}, "every held request was counted out"
+    await small.demand.close()
+    small.upstream.close()
+
+
+async def test_a_hold_ends_at_the_gateways_bound_whatever_the_pools_activation_timeout() -> None:
+    small = Harness(max_hold_seconds=0.5)
+    small.registry.set_pool(Pool(NS, "pool", served_model_name="org/alias", activation_timeout_s=3600))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    response = await small.embed()
+    took = loop.time() - started
+    assert response.status_code == 503 and response.headers["retry-after"] == "5", response.text
+    assert "held 0.5 s" in response.json()["error"]["message"]
+    assert took < 3, f"held {took:.1f} s"
     await small.demand.close()
     small.upstream.close()
 
@@ -333,7 +412,7 @@ async def test_without_a_valid_key_every_route_but_health_and_metrics_is_401(gw:
                 assert response.headers["www-authenticate"] == "Bearer"
                 error = response.json()["error"]
                 assert (error["type"] == "unauthorized") if openai else isinstance(error, str), error
-            for path in ("/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"):
+            for path in ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"):
                 assert (await c.get(path)).status_code == 200, path
         assert gw.refused(reason) == 7
     assert not gw.entered.is_set(), "an unauthenticated request was held"
@@ -359,12 +438,41 @@ async def test_a_pool_the_key_does_not_grant_is_the_same_404_as_none_and_never_h
         for path in ("/v2/models/pool", "/v2/models/pool/ready", "/v1/models/pool"):
             assert (await other.get(path)).status_code == 404, path
     assert not gw.entered.is_set(), "a request for a pool the key does not grant was held"
-    assert gw.refused("not_granted") == 7
     # Another namespace's pool of the same name does not make the granted name ambiguous.
     gw.registry.set_pool(Pool("other", "pool"))
     async with gw.client(KEY) as own:
         assert [m["id"] for m in (await own.get("/v1/models")).json()["data"]] == ["Org/alias"]
         assert (await own.get("/v1/models/pool")).json()["modelpool"]["namespace"] == NS
+
+
+async def test_the_client_port_answers_404_for_metrics_with_a_key_or_without(gw: Harness) -> None:
+    gw.metrics.of(gw.metrics.serving_workers, "ns/pool").set(1)  # a series naming a pool exists
+    for key in (KEY, OTHER_KEY, None):
+        async with gw.client(key) as c:
+            response = await c.get("/metrics")
+            assert response.status_code == 404, (key, response.text)
+            assert "ns/pool" not in response.text and "modelpool_gateway" not in response.text
+
+
+async def test_a_pool_the_key_does_not_grant_is_counted_as_a_missing_one(gw: Harness) -> None:
+    """The refusal counters cannot tell a key holder (or whoever reads them) that a guessed name is
+    another tenant's pool: both are ``not_found``, one each."""
+
+    async def refusals(model: str) -> float:
+        before = gw.refused("not_found")
+        async with gw.client(OTHER_KEY) as other:
+            assert (
+                await other.post("/v1/embeddings", json={"model": model, "input": ["x"]})
+            ).status_code == 404
+            assert (await other.post(f"/v2/models/{model}/infer", json={"inputs": []})).status_code == 404
+            assert (await other.get(f"/v1/models/{model}")).status_code == 404
+        return gw.refused("not_found") - before
+
+    assert await refusals("pool") == await refusals("no-such-pool") == 3
+    counted = [
+        line for line in generate_latest(gw.metrics.registry).decode().splitlines() if "reason=" in line
+    ]
+    assert counted and not [line for line in counted if "not_found" not in line], counted
 
 
 async def test_a_key_revoked_stops_at_once_and_auth_none_lets_everyone_in(gw: Harness) -> None:

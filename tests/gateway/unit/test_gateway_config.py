@@ -11,6 +11,8 @@ def test_defaults() -> None:
     settings = load_settings([])
     assert (settings.port, settings.namespaces, settings.max_held_per_pool) == (8080, [], 100)
     assert settings.demand_interval_seconds == 5
+    assert (settings.metrics_port, settings.max_json_items, settings.max_json_depth) == (8081, 100_000, 64)
+    assert (settings.header_timeout_seconds, settings.max_connections) == (10, 4096)
 
 
 def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,6 +31,10 @@ def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--max-held-per-pool", "-1"], "--max-held-per-pool"),
         (["--demand-interval-seconds", "0"], "--demand-interval-seconds"),
         (["--log-level", "loud"], "--log-level"),
+        (["--metrics-port", "8080"], "--metrics-port must differ from --port"),
+        (["--max-json-items", "0"], "--max-json-items"),
+        (["--header-timeout-seconds", "0"], "--header-timeout-seconds"),
+        (["--max-connections", "0"], "--max-connections"),
         (["--bogus"], "unrecognized arguments"),
     ],
 )
