@@ -34,6 +34,7 @@ from modelpool_operator.budget import (
     ReservationBook,
     ledger_from_charges,
 )
+from modelpool_operator.observe.ownership import slim_owner
 from modelpool_operator.observe.worker_state import LifecycleSettings, ObservedWorker, observe_worker
 from modelpool_operator.pool import OtherPool, PoolKey
 
@@ -87,7 +88,11 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
             for c in status.get("containerStatuses") or []
         ]
     slim = {
-        "metadata": {key: meta[key] for key in _POD_METADATA if key in meta},
+        "metadata": {
+            **{key: meta[key] for key in _POD_METADATA if key in meta},
+            # The controller reference (the ledger counts only owned pods: ``ownership``).
+            **({"ownerReferences": owners} if (owners := slim_owner(meta)) else {}),
+        },
         "spec": {
             "nodeName": spec.get("nodeName"),
             "containers": [

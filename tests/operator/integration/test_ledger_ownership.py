@@ -1,0 +1,94 @@
+"""The ModelBudget's ledger counts only what the operator made (issue 30), on the local real control plane
+with the real operator (KWOK nodes for the workers).
+
+* A Pending pod labelled ``modelpool.dev/pool: ghost`` with a huge ``modelpool.dev/memory-bytes``, and one
+  labelled as the real pool's worker, neither owned by a pool: the real pool is admitted (never
+  BudgetExceeded), the budget's used memory is the real workers' only, and the operator never deletes
+  the foreign pods (they are not its own).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from testkit.cluster import Cluster
+from testkit.kubectl import apply, get_json, wait_for
+from tests.operator.integration.opharness import (
+    GI,
+    BudgetedOperator,
+    condition,
+    pool_manifest,
+    states,
+    wait_status,
+)
+
+pytestmark = pytest.mark.cluster
+
+HUGE = str(2**60)  # 1 EiB: far beyond any budget
+
+
+def foreign_pod(name: str, pool: str) -> dict[str, Any]:
+    """A pod anyone with ``create pods`` may make: labelled and annotated like a worker, owned by nothing,
+    kept Pending (no node has its label), restricted-level compliant."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"modelpool.dev/pool": pool},
+            "annotations": {"modelpool.dev/memory-bytes": HUGE},
+        },
+        "spec": {
+            "nodeSelector": {"modelpool.test/no-such-node": "true"},
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "registry.invalid/ghost:1",
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+
+
+def test_a_ghost_pod_with_a_huge_annotation_is_never_charged(
+    cluster: Cluster, namespace: str, budgeted_operator: BudgetedOperator
+) -> None:
+    apply(cluster, foreign_pod("ghost", "ghost"), namespace)
+    apply(cluster, foreign_pod("squatter", "emb"), namespace)  # the real pool's label, no owner
+    _, operator = budgeted_operator("8Gi")
+    apply(cluster, pool_manifest("emb", replicas=2, memory="1Gi"), namespace)
+
+    status = wait_status(
+        cluster,
+        namespace,
+        "emb",
+        lambda s: states(s) == ["Ready", "Ready"],
+        timeout=90,
+        message="both real workers admitted and Ready",
+    )
+    assert condition(status, "BudgetExceeded").get("status") != "True", status
+    assert status["memory"]["chargedBytes"] == 2 * GI
+    budget = wait_for(
+        lambda: (
+            (s := get_json(cluster, "modelbudget", "default").get("status") or {}).get("usedBytes") == 2 * GI
+            and s
+        ),
+        timeout=30,
+        interval=0.5,
+        message="the budget's used memory is the real workers' only",
+    )
+    assert {p["name"]: p["memoryBytes"] for p in budget["pools"]} == {"emb": 2 * GI}
+    # Ignored, not touched: both foreign pods are still there, and the operator said so once each.
+    for name in ("ghost", "squatter"):
+        assert not get_json(cluster, "pod", name, "-n", namespace)["metadata"].get("deletionTimestamp")
+    log = operator.log_tail(10**7)
+    assert log.count(f"ignoring pod {namespace}/ghost") == 1, log[-4000:]
+    assert log.count(f"ignoring pod {namespace}/squatter") == 1, log[-4000:]
