@@ -43,7 +43,7 @@ from modelpool_operator.effects import kube as kube_api
 from modelpool_operator.effects.apply import tell, write_budget_status
 from modelpool_operator.host import host_charge_key
 from modelpool_operator.observe.observation import PodsByPool, slim_pod
-from modelpool_operator.observe.ownership import OwnedPods, claimed_key
+from modelpool_operator.observe.ownership import OwnedPods, OwnerRecord, claimed_key, host_record, pool_record
 from modelpool_operator.planner import Event
 from modelpool_operator.pool import OtherPool, PoolKey
 from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
@@ -67,7 +67,7 @@ PoolsIndex = kopf.Index[PoolKey, OtherPool]
 BudgetsIndex = kopf.Index[str, dict[str, Any]]
 DemandIndex = kopf.Index[PoolKey, Demand]
 HostsIndex = kopf.Index[PoolKey, dict[str, Any]]
-UidsIndex = kopf.Index[PoolKey, str]
+OwnersIndex = kopf.Index[PoolKey, OwnerRecord]
 _T = TypeVar("_T")
 
 
@@ -180,15 +180,22 @@ async def pods_by_pool(
 
 
 @kopf.index(*_POOLS)
-async def pool_uids(*, namespace: str | None, name: str, uid: str | None, **_: Any) -> dict[PoolKey, str]:
-    """Each ModelPool's uid (every pool, its spec valid or not): its pods' owner references must carry it."""
-    return {(namespace or "", name): uid} if uid else {}
+async def pool_owners(
+    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[PoolKey, OwnerRecord]:
+    """Each ModelPool's uid and charges (every pool, its spec valid or not: ``ownership.pool_record``): its
+    pods' owner references must carry that uid, and they are charged from it."""
+    record = pool_record(body)
+    return {(namespace or "", name): record} if record is not None else {}
 
 
 @kopf.index(*_HOSTS)
-async def host_uids(*, namespace: str | None, name: str, uid: str | None, **_: Any) -> dict[PoolKey, str]:
-    """Each ModelHost's uid, under the key its host pods are indexed by (``host_charge_key``)."""
-    return {host_charge_key(namespace or "", name): uid} if uid else {}
+async def host_owners(
+    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[PoolKey, OwnerRecord]:
+    """Each ModelHost's record, under the key its host pods are indexed by (``host_charge_key``)."""
+    record = host_record(body)
+    return {host_charge_key(namespace or "", name): record} if record is not None else {}
 
 
 def _foreign(memo: Any, meta: Mapping[str, Any]) -> None:
@@ -205,18 +212,20 @@ def _foreign(memo: Any, meta: Mapping[str, Any]) -> None:
             services.metrics.foreign_pods.inc()
 
 
-def _owned(memo: Any, pods: PodsIndex | None, pools: UidsIndex | None, hosts: UidsIndex | None) -> OwnedPods:
+def _owned(
+    memo: Any, pods: PodsIndex | None, pools: OwnersIndex | None, hosts: OwnersIndex | None
+) -> OwnedPods:
     """The pods index as every daemon reads it: each pool's (or ModelHost's) pods it owns by uid."""
-    pool_index, host_index = _index(pools, "pool_uids"), _index(hosts, "host_uids")
+    pool_index, host_index = _index(pools, "pool_owners"), _index(hosts, "host_owners")
 
-    def uid_of(key: PoolKey) -> str | None:
+    def record_of(key: PoolKey) -> OwnerRecord | None:
         for store in (pool_index.get(key), host_index.get(key)):
-            for uid in store or ():
-                return uid
+            for record in store or ():
+                return record
         return None
 
     return OwnedPods(
-        _index(pods, "pods_by_pool"), uid_of, lambda pod: _foreign(memo, pod.get("metadata") or {})
+        _index(pods, "pods_by_pool"), record_of, lambda pod: _foreign(memo, pod.get("metadata") or {})
     )
 
 
@@ -337,14 +346,14 @@ async def shared_pool_deleted(
     spec: kopf.Spec,
     memo: Any,
     pods_by_pool: PodsIndex | None = None,
-    pool_uids: UidsIndex | None = None,
-    host_uids: UidsIndex | None = None,
+    pool_owners: OwnersIndex | None = None,
+    host_owners: OwnersIndex | None = None,
     **_: Any,
 ) -> None:
     """The operator's finalizer holds a deleted shared pool until its model is unloaded from every host pod
     that answers (retried; after ``retries`` the pool goes anyway, and its ModelHost's pass unloads what
     is left, its pool being gone)."""
-    pods = _owned(memo, pods_by_pool, pool_uids, host_uids)
+    pods = _owned(memo, pods_by_pool, pool_owners, host_owners)
     refused = await unload_deleted_pool(
         _services(memo),
         _book(memo),
@@ -373,11 +382,11 @@ async def pool_daemon(
     budgets_by_name: BudgetsIndex | None = None,
     demand_by_pool: DemandIndex | None = None,
     hosts_by_key: HostsIndex | None = None,
-    pool_uids: UidsIndex | None = None,
-    host_uids: UidsIndex | None = None,
+    pool_owners: OwnersIndex | None = None,
+    host_owners: OwnersIndex | None = None,
     **_: Any,
 ) -> None:
-    pods = _owned(memo, pods_by_pool, pool_uids, host_uids)
+    pods = _owned(memo, pods_by_pool, pool_owners, host_owners)
     pools = _index(pools_by_key, "pools_by_key")
     budgets = _index(budgets_by_name, "budgets_by_name")
     demand = _index(demand_by_pool, "demand_by_pool")
@@ -479,12 +488,12 @@ async def host_daemon(
     pods_by_pool: PodsIndex | None = None,
     pools_by_key: PoolsIndex | None = None,
     budgets_by_name: BudgetsIndex | None = None,
-    pool_uids: UidsIndex | None = None,
-    host_uids: UidsIndex | None = None,
+    pool_owners: OwnersIndex | None = None,
+    host_owners: OwnersIndex | None = None,
     **_: Any,
 ) -> None:
     """Keeps the ModelHost's host pods (``reconcile_host``), woken by its and its pods' events."""
-    pods = _owned(memo, pods_by_pool, pool_uids, host_uids)
+    pods = _owned(memo, pods_by_pool, pool_owners, host_owners)
     pools = _index(pools_by_key, "pools_by_key")
     budgets = _index(budgets_by_name, "budgets_by_name")
     services, book = _services(memo), _book(memo)
@@ -538,11 +547,11 @@ async def budget_daemon(
     stopped: kopf.DaemonStopped,
     pods_by_pool: PodsIndex | None = None,
     budgets_by_name: BudgetsIndex | None = None,
-    pool_uids: UidsIndex | None = None,
-    host_uids: UidsIndex | None = None,
+    pool_owners: OwnersIndex | None = None,
+    host_owners: OwnersIndex | None = None,
     **_: Any,
 ) -> None:
-    pods = _owned(memo, pods_by_pool, pool_uids, host_uids)
+    pods = _owned(memo, pods_by_pool, pool_owners, host_owners)
     budgets = _index(budgets_by_name, "budgets_by_name")
     services, book = _services(memo), _book(memo)
     written: dict[str, Any] | None = None

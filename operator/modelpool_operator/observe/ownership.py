@@ -24,43 +24,21 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelpool_contract.api import MODELHOST_KIND, MODELPOOL_KIND
-from modelpool_contract.labels import GROUP
-from modelpool_operator.host import host_pool_label
+from modelpool_contract.api import (
+    parse_host_spec,
+    parse_pool_spec,
+    parse_pool_status,
+)
+from modelpool_contract.quantity import QuantityError, parse_quantity
+from modelpool_operator.budget import worker_charge
+from modelpool_operator.owners import controller_owner, owner_pool_label
+from modelpool_operator.placement.charge import host_charge
 from modelpool_operator.pool import PoolKey
 
 # The owner reference fields the pods index keeps (the controller reference only).
 OWNER_FIELDS = ("apiVersion", "kind", "name", "uid")
 # ``ForeignPods`` forgets what it reported past this many pods (a flood must not grow the operator).
 _REPORTED_MAX = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class Owner:
-    """A pod's controller owner reference to one of our kinds."""
-
-    kind: str
-    name: str
-    uid: str
-
-
-def controller_owner(meta: Mapping[str, Any]) -> Owner | None:
-    """The pod's controller owner reference when it is a ``modelpool.dev`` ModelPool or ModelHost with a
-    name and a uid; None otherwise (no owner, another controller, another group, a partial reference)."""
-    for ref in meta.get("ownerReferences") or ():
-        if not isinstance(ref, Mapping) or ref.get("controller") is not True:
-            continue
-        group = str(ref.get("apiVersion") or "").partition("/")[0]
-        kind, name, uid = ref.get("kind"), ref.get("name"), ref.get("uid")
-        if group != GROUP or kind not in (MODELPOOL_KIND, MODELHOST_KIND) or not name or not uid:
-            return None
-        return Owner(kind=str(kind), name=str(name), uid=str(uid))
-    return None
-
-
-def owner_pool_label(owner: Owner) -> str:
-    """The ``modelpool.dev/pool`` value the pods of ``owner`` carry (``host.host_pool_label`` for a host)."""
-    return host_pool_label(owner.name) if owner.kind == MODELHOST_KIND else owner.name
 
 
 def claimed_key(namespace: str, meta: Mapping[str, Any], pool_label: str) -> PoolKey | None:
@@ -90,13 +68,55 @@ def owned_by(pod: Mapping[str, Any], key: PoolKey, uid: str | None) -> bool:
     return owner is not None and owner.uid == uid and owner_pool_label(owner) == key[1]
 
 
-UidOf = Callable[[PoolKey], str | None]
+@dataclass(frozen=True, slots=True)
+class OwnerRecord:
+    """What the ledger takes from a pool (or ModelHost) object, never from its pods: its uid, what each of
+    its pods is declared by its spec now (None: the spec does not parse), and what the operator last
+    charged each worker (its status, which only the operator writes: ``budget.worker_charge``)."""
+
+    uid: str
+    declared: int | None = None
+    recorded: Mapping[str, int] = field(default_factory=dict)
+
+
+def pool_record(body: Mapping[str, Any]) -> OwnerRecord | None:
+    """A ModelPool's record (pure): its uid, ``spec.resources.memory`` and ``status.workers[].memory``."""
+    uid = (body.get("metadata") or {}).get("uid")
+    if not uid:
+        return None
+    try:
+        declared: int | None = parse_pool_spec(body.get("spec") or {}).resources.memory_bytes
+    except ValueError:
+        declared = None
+    recorded: dict[str, int] = {}
+    for worker in parse_pool_status(body.get("status")).workers:
+        try:
+            recorded[worker.name] = parse_quantity(worker.memory)
+        except QuantityError:
+            continue
+    return OwnerRecord(uid=str(uid), declared=declared, recorded=recorded)
+
+
+def host_record(body: Mapping[str, Any]) -> OwnerRecord | None:
+    """A ModelHost's record (pure): its uid and what each host pod is charged (``host_charge``)."""
+    uid = (body.get("metadata") or {}).get("uid")
+    if not uid:
+        return None
+    try:
+        declared: int | None = host_charge(parse_host_spec(body.get("spec") or {}))
+    except ValueError:
+        declared = None
+    return OwnerRecord(uid=str(uid), declared=declared)
+
+
+RecordOf = Callable[[PoolKey], OwnerRecord | None]
 OnForeign = Callable[[Mapping[str, Any]], None]
 
 
 class OwnedPods(Mapping[PoolKey, list[Mapping[str, Any]]]):
     """The pods index as every daemon reads it: each key's pods that ``owned_by`` the pool (or ModelHost)
-    of that key, whose uid ``uid_of`` tells (None: no such pool now, so none of its pods counts).
+    of that key, whose record ``record_of`` tells (None: no such pool now, so none of its pods counts);
+    ``charge`` is what such a pod is charged, from that record (``budget.worker_charge``).
 
     The keys are the index's keys of a known pool (a set operation over the index, O(pools)); ``get``
     filters one key's pods (O(its pods)), which its readers iterate anyway. A pod dropped here is passed
@@ -105,12 +125,24 @@ class OwnedPods(Mapping[PoolKey, list[Mapping[str, Any]]]):
     def __init__(
         self,
         pods: Mapping[PoolKey, Iterable[Mapping[str, Any]]],
-        uid_of: UidOf,
+        record_of: RecordOf,
         on_foreign: OnForeign | None = None,
     ) -> None:
         self._pods = pods
-        self._uid_of = uid_of
+        self._record_of = record_of
         self._on_foreign = on_foreign
+
+    def _uid_of(self, key: PoolKey) -> str | None:
+        record = self._record_of(key)
+        return record.uid if record is not None else None
+
+    def charge(self, key: PoolKey, name: str) -> int | None:
+        """What the pod ``name`` of ``key`` is charged by its owner's record (None: the record says
+        nothing, its spec does not parse and no charge is recorded: the pod's container then)."""
+        record = self._record_of(key)
+        if record is None:
+            return None
+        return worker_charge(record.declared, record.recorded.get(name))
 
     def __getitem__(self, key: PoolKey) -> list[Mapping[str, Any]]:
         indexed = self._pods[key]
@@ -133,6 +165,15 @@ class OwnedPods(Mapping[PoolKey, list[Mapping[str, Any]]]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._pods and bool(self._uid_of(key))  # type: ignore[arg-type]
+
+
+WorkerCharges = Callable[[PoolKey, str], int | None]
+
+
+def worker_charges(pods: Mapping[PoolKey, Iterable[Mapping[str, Any]]]) -> WorkerCharges | None:
+    """Where each worker's charge comes from: its owner's record when ``pods`` is the ``OwnedPods`` view
+    (the operator's); None for a bare index (the pods' own containers: tests of the ledger alone)."""
+    return pods.charge if isinstance(pods, OwnedPods) else None
 
 
 @dataclass

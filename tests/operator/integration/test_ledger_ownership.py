@@ -5,6 +5,9 @@ with the real operator (KWOK nodes for the workers).
   labelled as the real pool's worker, neither owned by a pool: the real pool is admitted (never
   BudgetExceeded), the budget's used memory is the real workers' only, and the operator never deletes
   the foreign pods (they are not its own).
+* A worker's own ``modelpool.dev/memory-bytes`` patched to ``0`` (as anyone who may patch the pod can):
+  the pool's charge and the budget's used memory stay what the pool declares, and no worker beyond the
+  budget is admitted.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from testkit.cluster import Cluster
 from testkit.kubectl import apply, get_json, wait_for
 from tests.operator.integration.opharness import (
     GI,
+    POOLS,
     BudgetedOperator,
     condition,
+    get_pool,
     pool_manifest,
     states,
     wait_status,
+    worker_pods,
 )
 
 pytestmark = pytest.mark.cluster
@@ -92,3 +98,39 @@ def test_a_ghost_pod_with_a_huge_annotation_is_never_charged(
     log = operator.log_tail(10**7)
     assert log.count(f"ignoring pod {namespace}/ghost") == 1, log[-4000:]
     assert log.count(f"ignoring pod {namespace}/squatter") == 1, log[-4000:]
+
+
+def test_a_worker_annotation_patched_to_zero_does_not_lower_the_charge(
+    cluster: Cluster, namespace: str, budgeted_operator: BudgetedOperator
+) -> None:
+    budgeted_operator("2Gi")
+    apply(cluster, pool_manifest("emb", replicas=3, memory="1Gi"), namespace)
+    wait_status(
+        cluster,
+        namespace,
+        "emb",
+        lambda s: states(s) == ["Ready", "Ready"] and condition(s, "BudgetExceeded").get("status") == "True",
+        timeout=90,
+        message="two workers fill the 2Gi budget, the third waits",
+    )
+    victim = worker_pods(cluster, namespace, "emb")[0]["metadata"]["name"]
+    cluster.kubectl(
+        "annotate", "pod", victim, "-n", namespace, "--overwrite", "modelpool.dev/memory-bytes=0"
+    )  # fmt: skip
+    # A spec change after the patch: the pass that answers it (observedGeneration) has seen the patch.
+    generation = int(get_pool(cluster, namespace, "emb")["metadata"]["generation"])
+    cluster.kubectl(
+        "patch", POOLS, "emb", "-n", namespace, "--type=merge", "-p", '{"spec":{"maxReplicas":11}}'
+    )
+    status = wait_status(
+        cluster,
+        namespace,
+        "emb",
+        lambda s: (s.get("observedGeneration") or 0) > generation,
+        timeout=60,
+        message="a pass after the annotation was patched",
+    )
+    assert status["memory"]["chargedBytes"] == 2 * GI, status["memory"]
+    assert condition(status, "BudgetExceeded").get("status") == "True"
+    assert len(worker_pods(cluster, namespace, "emb")) == 2, "a worker admitted beyond the budget"
+    assert get_json(cluster, "modelbudget", "default")["status"]["usedBytes"] == 2 * GI

@@ -1,6 +1,8 @@
 """Only the pods the operator made count (``observe.ownership``, issue 30): the pods index takes a pod only
 when its controller owner is the pool (or ModelHost) its label names, and every daemon's view keeps only
-the pods whose owner uid is that pool's now. Foreign pods are reported once each."""
+the pods whose owner uid is that pool's now. Foreign pods are reported once each. A counted pod is
+charged from its owner (``budget.worker_charge``): the larger of the spec now and the operator's recorded
+charge, never the pod's annotation."""
 
 from __future__ import annotations
 
@@ -9,17 +11,23 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from modelpool_contract.api import API_VERSION, MODELHOST_KIND, MODELPOOL_KIND
+from modelpool_contract.api import API_VERSION, MODELHOST_KIND, MODELPOOL_KIND, parse_host_spec
+from modelpool_operator.budget import worker_charge
 from modelpool_operator.host import host_charge_key, host_pool_label
 from modelpool_operator.observe.observation import observe_all, slim_pod
 from modelpool_operator.observe.ownership import (
     ForeignPods,
     OwnedPods,
-    Owner,
+    OwnerRecord,
     claimed_key,
-    controller_owner,
+    host_record,
     owned_by,
+    pool_record,
+    worker_charges,
 )
+from modelpool_operator.observe.worker_state import observe_worker
+from modelpool_operator.owners import Owner, controller_owner
+from modelpool_operator.placement.charge import host_charge
 
 
 def ref(kind: str = MODELPOOL_KIND, name: str = "p", uid: str = "uid-p", **extra: Any) -> dict[str, Any]:
@@ -73,7 +81,9 @@ def test_the_view_keeps_only_pods_owned_by_the_pool_of_that_uid_now() -> None:
     mine, forged, stale = pod("w1", ref()), pod("w2", ref(uid="made-up")), pod("w3", ref(uid="old-p"))
     index = {("ns", "p"): [mine, forged, stale], ("ns", "gone"): [pod("g", ref(name="gone"), pool="gone")]}
     dropped: list[str] = []
-    view = OwnedPods(index, {("ns", "p"): "uid-p"}.get, lambda p: dropped.append(p["metadata"]["name"]))
+    view = OwnedPods(
+        index, {("ns", "p"): OwnerRecord("uid-p")}.get, lambda p: dropped.append(p["metadata"]["name"])
+    )
     assert view.get(("ns", "p")) == [mine]
     assert dropped == ["w2", "w3"]
     # a pool that does not exist (now) has no pods: its key is not in the view
@@ -89,7 +99,7 @@ def test_observe_all_over_the_view_never_sees_a_foreign_pod() -> None:
     from modelpool_operator.observe.worker_state import LifecycleSettings
 
     index = {("ns", "p"): [pod("w1", ref()), pod("w2", ref(uid="made-up"))]}
-    view = OwnedPods(index, {("ns", "p"): "uid-p"}.get)
+    view = OwnedPods(index, {("ns", "p"): OwnerRecord("uid-p")}.get)
     workers = observe_all(
         ObservationCache(LifecycleSettings()),
         view,
@@ -127,6 +137,93 @@ def test_a_counted_pod_is_always_owned_by_the_pool_of_its_key(
         return
     assert controller and kind in (MODELPOOL_KIND, MODELHOST_KIND)
     assert label == (host_pool_label(owner) if kind == MODELHOST_KIND else owner)
-    counted = OwnedPods({key: [slim_pod(body)]}, {key: known}.get).get(key)
+    counted = OwnedPods({key: [slim_pod(body)]}, {key: OwnerRecord(known)}.get).get(key)
     assert (counted == [slim_pod(body)]) == (uid == known)
     assert owned_by(body, key, known) == (uid == known)
+
+
+# ---- what a counted pod is charged: its owner's word, never the pod's ---------------------------------
+
+GI = 2**30
+
+
+def pool_body(memory: str = "2Gi", workers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
+        "spec": {
+            "model": {"source": "/models/tiny", "task": "text-embedding"},
+            "resources": {"memory": memory},
+        },
+        "status": {"workers": workers or []},
+    }
+
+
+def test_the_charge_is_the_larger_of_the_declaration_and_the_recorded_charge() -> None:
+    assert worker_charge(2 * GI, None) == 2 * GI
+    assert worker_charge(2 * GI, 3 * GI) == 3 * GI  # made from an older, larger spec: kept
+    assert worker_charge(2 * GI, 1 * GI) == 2 * GI  # a recorded charge never lowers the declaration
+    assert worker_charge(None, 1 * GI) == 1 * GI  # the spec does not parse now: what was charged
+    assert worker_charge(None, None) is None  # nothing known: the container's (``requested_memory``)
+
+
+@given(declared=st.none() | st.integers(0, 2**50), recorded=st.none() | st.integers(0, 2**50))
+def test_the_charge_is_never_below_what_the_owner_declares(
+    declared: int | None, recorded: int | None
+) -> None:
+    charge = worker_charge(declared, recorded)
+    for known in (declared, recorded):
+        assert charge is not None if known is not None else True
+        assert known is None or (charge is not None and charge >= known)
+    assert charge in (declared, recorded)
+
+
+def test_a_pools_record_reads_its_spec_and_its_status_never_its_pods() -> None:
+    record = pool_record(pool_body("2Gi", [{"name": "w1", "state": "Ready", "memory": "4Gi"}]))
+    assert record == OwnerRecord("uid-p", declared=2 * GI, recorded={"w1": 4 * GI})
+    broken = pool_body()
+    broken["spec"]["resources"]["memory"] = "lots"
+    assert pool_record(broken) == OwnerRecord("uid-p", declared=None)
+    assert pool_record({"metadata": {"name": "p"}}) is None  # no uid: owns nothing
+
+
+def test_a_host_record_is_its_host_charge() -> None:
+    body = {
+        "metadata": {"name": "h", "namespace": "ns", "uid": "uid-h"},
+        "spec": {"replicas": 1, "gpusPerHost": 2, "deviceMemory": "3Gi"},
+    }
+    record = host_record(body)
+    assert record is not None and record.uid == "uid-h"
+    assert record.declared == host_charge(parse_host_spec(body["spec"])) > 0
+
+
+def test_an_owned_pod_is_charged_from_its_pool_whatever_its_annotation_says() -> None:
+    # The annotation patched to 0 (or to 1 EiB) changes nothing: the pool's spec and status decide.
+    workers = [{"name": "old", "state": "Ready", "memory": "4Gi"}]
+    record = pool_record(pool_body("2Gi", workers))
+    index: dict[tuple[str, str], list[dict[str, Any]]] = {("ns", "p"): []}
+    for name, note in (("old", "0"), ("new", str(2**60))):
+        body = pod(name, ref())
+        body["metadata"]["annotations"] = {"modelpool.dev/memory-bytes": note}
+        body["status"] = {"phase": "Pending"}
+        index[("ns", "p")].append(slim_pod(body))
+    view = OwnedPods(index, {("ns", "p"): record}.get)
+    from datetime import UTC, datetime
+
+    from modelpool_operator.observe.observation import ObservationCache
+    from modelpool_operator.observe.worker_state import LifecycleSettings
+
+    workers_seen = observe_all(
+        ObservationCache(LifecycleSettings()),
+        view,
+        observed={},
+        cached_stats=lambda pods: {},
+        own=("ns", "p"),
+        own_stats={},
+        now=datetime(2026, 1, 1, tzinfo=UTC),
+        charges=worker_charges(view),
+    )
+    charged = {w.name: w.memory for w in workers_seen[("ns", "p")]}
+    assert charged == {"old": 4 * GI, "new": 2 * GI}
+    # Without an owner's word (a bare index), the container's memory: never the annotation.
+    bare = observe_worker(index[("ns", "p")][1], None, datetime(2026, 1, 1, tzinfo=UTC))
+    assert bare.requested_memory == 0
