@@ -13,6 +13,9 @@ checks, each at the one place every reader goes through:
   the pool (or ModelHost) of that name now, so a made-up reference to a real name, or a pod left from an
   earlier pool of the same name, is not counted either.
 
+A counted pod is charged from its owner's object (``OwnerRecord``: the spec now and the charges the
+operator recorded in the status; ``budget.worker_charge``), never from anything on the pod.
+
 A foreign pod is ignored, never deleted by the operator (it is not the operator's to delete; the
 garbage collector removes a pod whose owner uid does not exist), and reported once per pod
 (``ForeignPods``: a log line and ``modelpool_operator_foreign_pods_total``).
