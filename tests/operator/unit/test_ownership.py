@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -227,3 +228,35 @@ def test_an_owned_pod_is_charged_from_its_pool_whatever_its_annotation_says() ->
     # Without an owner's word (a bare index), the container's memory: never the annotation.
     bare = observe_worker(index[("ns", "p")][1], None, datetime(2026, 1, 1, tzinfo=UTC))
     assert bare.requested_memory == 0
+
+
+async def test_the_pods_index_takes_owned_pods_and_reports_a_foreign_one_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The Kopf index handler itself: a foreign pod is left out (so nothing reads it), logged and counted
+    once however many watch events it has; an owned pod is indexed under its pool, slimmed."""
+    from types import SimpleNamespace
+
+    from modelpool_operator import handlers
+    from modelpool_operator.metrics import OperatorMetrics
+    from modelpool_operator.settings import OperatorConfig
+
+    memo = handlers.make_memo(OperatorConfig())
+    metrics = OperatorMetrics()
+    memo.services = SimpleNamespace(metrics=metrics)
+    ghost = pod("ghost", pool="ghost")
+    for _ in range(3):
+        indexed = await handlers.pods_by_pool(
+            namespace="ns", labels=ghost["metadata"]["labels"], meta=ghost["metadata"], body=ghost, memo=memo
+        )
+        assert indexed == {}
+    assert metrics.registry.get_sample_value("modelpool_operator_foreign_pods_total") == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignoring pod ns/ghost: labelled modelpool.dev/pool but not owned by its pool or ModelHost"
+        " (not counted)"
+    ]
+    owned = pod("w", ref())
+    indexed = await handlers.pods_by_pool(
+        namespace="ns", labels=owned["metadata"]["labels"], meta=owned["metadata"], body=owned, memo=memo
+    )
+    assert indexed == {("ns", "p"): slim_pod(owned)}
