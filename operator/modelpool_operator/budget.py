@@ -23,6 +23,22 @@ The budget itself (``BudgetLimit``): the named ModelBudget's size; no limit when
 when it exists but cannot be read (a quantity the CRD's pattern lets through but the parser refuses,
 e.g. ``1e41``; an old CRD without the schema), nothing is admitted until it is fixed: failing open would
 let every pool grow without bound.
+
+What a worker is charged (``worker_charge``; issue 30): only pods the operator made count at all
+(``observe.ownership``: a controller owner reference to the pool, or ModelHost, by uid), and each is
+charged from its owner, never from anything on the pod a user may write (its ``modelpool.dev/memory-bytes``
+annotation is a note for people and tools, ignored by the ledger):
+
+* a pool's worker: the larger of the pool's ``spec.resources.memory`` now and the charge the operator last
+  recorded for that worker in the pool's status (``status.workers[].memory``, written only by the
+  operator through the status subresource). A rollout that lowers the memory so never under-charges the
+  workers made from the older spec: they keep the larger charge until they are gone;
+* a host pod: its ModelHost's ``host_charge`` now;
+* only when the owner's spec does not parse and nothing is recorded, the pod's server container's memory
+  limit (or request), which the pod cannot change without the resize subresource.
+
+The memory a server measures (``status.workers[].acceleratorMemory``) is reported, never charged: it can
+neither lower a charge below the declaration nor raise one.
 """
 
 from __future__ import annotations
@@ -38,6 +54,13 @@ from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.pool import PoolKey
 
 WorkerKey = tuple[str, str]  # (namespace, pod name)
+
+
+def worker_charge(declared: int | None, recorded: int | None) -> int | None:
+    """A worker's charge (module doc): the larger of its owner's declaration now and the charge recorded
+    for it in its owner's status; None when neither is known (the caller falls back to the container)."""
+    known = [value for value in (declared, recorded) if value is not None]
+    return max(known) if known else None
 
 
 @dataclass(frozen=True)

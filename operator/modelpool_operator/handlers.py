@@ -42,7 +42,8 @@ from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun, wait_f
 from modelpool_operator.effects import kube as kube_api
 from modelpool_operator.effects.apply import tell, write_budget_status
 from modelpool_operator.host import host_charge_key
-from modelpool_operator.observe.observation import slim_pod
+from modelpool_operator.observe.observation import PodsByPool, slim_pod
+from modelpool_operator.observe.ownership import OwnedPods, OwnerRecord, claimed_key, host_record, pool_record
 from modelpool_operator.planner import Event
 from modelpool_operator.pool import OtherPool, PoolKey
 from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
@@ -66,6 +67,7 @@ PoolsIndex = kopf.Index[PoolKey, OtherPool]
 BudgetsIndex = kopf.Index[str, dict[str, Any]]
 DemandIndex = kopf.Index[PoolKey, Demand]
 HostsIndex = kopf.Index[PoolKey, dict[str, Any]]
+OwnersIndex = kopf.Index[PoolKey, OwnerRecord]
 _T = TypeVar("_T")
 
 
@@ -167,9 +169,64 @@ async def probe_pools(*, memo: Any, **_: Any) -> int:
 
 @kopf.index("pods", labels={LABEL_POOL: kopf.PRESENT})
 async def pods_by_pool(
-    *, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+    *, namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, body: kopf.Body, memo: Any, **_: Any
 ) -> dict[PoolKey, dict[str, Any]]:
-    return {(namespace or "", labels[LABEL_POOL]): slim_pod(body)}
+    """Only pods whose controller owner is the pool (or ModelHost) their label names (``ownership``)."""
+    key = claimed_key(namespace or "", meta, labels[LABEL_POOL])
+    if key is None:
+        _foreign(memo, meta)
+        return {}
+    return {key: slim_pod(body)}
+
+
+@kopf.index(*_POOLS)
+async def pool_owners(
+    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[PoolKey, OwnerRecord]:
+    """Each ModelPool's uid and charges (every pool, its spec valid or not: ``ownership.pool_record``): its
+    pods' owner references must carry that uid, and they are charged from it."""
+    record = pool_record(body)
+    return {(namespace or "", name): record} if record is not None else {}
+
+
+@kopf.index(*_HOSTS)
+async def host_owners(
+    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[PoolKey, OwnerRecord]:
+    """Each ModelHost's record, under the key its host pods are indexed by (``host_charge_key``)."""
+    record = host_record(body)
+    return {host_charge_key(namespace or "", name): record} if record is not None else {}
+
+
+def _foreign(memo: Any, meta: Mapping[str, Any]) -> None:
+    """A pod labelled as ours that the operator did not make: logged once, counted, never touched."""
+    services: Services | None = getattr(memo, "services", None)
+    if _book(memo).foreign.first_sight(meta):
+        logging.getLogger(__name__).warning(
+            "ignoring pod %s/%s: labelled %s but not owned by its pool or ModelHost (not counted)",
+            meta.get("namespace"),
+            meta.get("name"),
+            LABEL_POOL,
+        )
+        if services is not None:
+            services.metrics.foreign_pods.inc()
+
+
+def _owned(
+    memo: Any, pods: PodsIndex | None, pools: OwnersIndex | None, hosts: OwnersIndex | None
+) -> OwnedPods:
+    """The pods index as every daemon reads it: each pool's (or ModelHost's) pods it owns by uid."""
+    pool_index, host_index = _index(pools, "pool_owners"), _index(hosts, "host_owners")
+
+    def record_of(key: PoolKey) -> OwnerRecord | None:
+        for store in (pool_index.get(key), host_index.get(key)):
+            for record in store or ():
+                return record
+        return None
+
+    return OwnedPods(
+        _index(pods, "pods_by_pool"), record_of, lambda pod: _foreign(memo, pod.get("metadata") or {})
+    )
 
 
 @kopf.index(*_POOLS)
@@ -212,10 +269,19 @@ async def demand_by_pool(*, namespace: str | None, body: kopf.Body, **_: Any) ->
 
 @kopf.on.event("pods", labels={LABEL_POOL: kopf.PRESENT})
 async def pod_changed(
-    *, type: str, namespace: str | None, labels: kopf.Labels, status: kopf.Status, memo: Any, **_: Any
+    *,
+    type: str,
+    namespace: str | None,
+    labels: kopf.Labels,
+    meta: kopf.Meta,
+    status: kopf.Status,
+    memo: Any,
+    **_: Any,
 ) -> None:
     book = _book(memo)
     pool = labels.get(LABEL_POOL)
+    if pool is None or claimed_key(namespace or "", meta, pool) is None:
+        return  # a foreign pod wakes nothing (``pods_by_pool`` reports it)
     if pool:
         book.poke((namespace or "", pool))  # a host pod's: its ModelHost's daemon (``host_charge_key``)
     host = labels.get(LABEL_HOST)
@@ -280,12 +346,14 @@ async def shared_pool_deleted(
     spec: kopf.Spec,
     memo: Any,
     pods_by_pool: PodsIndex | None = None,
+    pool_owners: OwnersIndex | None = None,
+    host_owners: OwnersIndex | None = None,
     **_: Any,
 ) -> None:
     """The operator's finalizer holds a deleted shared pool until its model is unloaded from every host pod
     that answers (retried; after ``retries`` the pool goes anyway, and its ModelHost's pass unloads what
     is left, its pool being gone)."""
-    pods = _index(pods_by_pool, "pods_by_pool")
+    pods = _owned(memo, pods_by_pool, pool_owners, host_owners)
     refused = await unload_deleted_pool(
         _services(memo),
         _book(memo),
@@ -314,9 +382,11 @@ async def pool_daemon(
     budgets_by_name: BudgetsIndex | None = None,
     demand_by_pool: DemandIndex | None = None,
     hosts_by_key: HostsIndex | None = None,
+    pool_owners: OwnersIndex | None = None,
+    host_owners: OwnersIndex | None = None,
     **_: Any,
 ) -> None:
-    pods = _index(pods_by_pool, "pods_by_pool")
+    pods = _owned(memo, pods_by_pool, pool_owners, host_owners)
     pools = _index(pools_by_key, "pools_by_key")
     budgets = _index(budgets_by_name, "budgets_by_name")
     demand = _index(demand_by_pool, "demand_by_pool")
@@ -380,7 +450,7 @@ async def idle_until_pass(
     services: Services,
     book: Bookkeeping,
     key: PoolKey,
-    pods: PodsIndex,
+    pods: PodsByPool,
     *,
     seconds: float,
     stopped: kopf.DaemonStopped,
@@ -418,10 +488,12 @@ async def host_daemon(
     pods_by_pool: PodsIndex | None = None,
     pools_by_key: PoolsIndex | None = None,
     budgets_by_name: BudgetsIndex | None = None,
+    pool_owners: OwnersIndex | None = None,
+    host_owners: OwnersIndex | None = None,
     **_: Any,
 ) -> None:
     """Keeps the ModelHost's host pods (``reconcile_host``), woken by its and its pods' events."""
-    pods = _index(pods_by_pool, "pods_by_pool")
+    pods = _owned(memo, pods_by_pool, pool_owners, host_owners)
     pools = _index(pools_by_key, "pools_by_key")
     budgets = _index(budgets_by_name, "budgets_by_name")
     services, book = _services(memo), _book(memo)
@@ -475,9 +547,11 @@ async def budget_daemon(
     stopped: kopf.DaemonStopped,
     pods_by_pool: PodsIndex | None = None,
     budgets_by_name: BudgetsIndex | None = None,
+    pool_owners: OwnersIndex | None = None,
+    host_owners: OwnersIndex | None = None,
     **_: Any,
 ) -> None:
-    pods = _index(pods_by_pool, "pods_by_pool")
+    pods = _owned(memo, pods_by_pool, pool_owners, host_owners)
     budgets = _index(budgets_by_name, "budgets_by_name")
     services, book = _services(memo), _book(memo)
     written: dict[str, Any] | None = None

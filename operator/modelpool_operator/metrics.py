@@ -16,6 +16,8 @@ Names (all prefixed ``modelpool_operator_``; docs/operator.md has example querie
   shared host pod's devices as the ModelHost's last status counted them (a host pod gone, its series too),
   and ``host_models{namespace,modelhost,state}``: the models on a ModelHost's pods by state.
 * ``placement_calls_total{action,result}`` (load, sleep, unload; ok, failed): control calls on host pods.
+* ``foreign_pods_total``: pods labelled ``modelpool.dev/pool`` that no pool or ModelHost owns (by
+  controller owner reference and uid): never counted in the ledger nor touched, each counted once.
 * ``process_*``: prometheus-client's process collector (CPU, resident memory, open files).
 
 Cardinality is bounded: no label names a worker; ``pool`` grows with the pools, each adding a series per
@@ -99,6 +101,11 @@ class OperatorMetrics:
             f"{PREFIX}_placement_calls",
             "Control calls on shared host pods, by action and result",
             ["action", "result"],
+            registry=r,
+        )
+        self.foreign_pods = Counter(
+            f"{PREFIX}_foreign_pods",
+            "Pods labelled modelpool.dev/pool that no pool or ModelHost owns: ignored, counted once each",
             registry=r,
         )
         # The host_memory series each ModelHost last set, so a host pod or device gone loses its series.

@@ -52,6 +52,7 @@ from modelpool_operator.observe.observation import (
     other_pools,
     pod_indexed,
 )
+from modelpool_operator.observe.ownership import worker_charges
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import CounterSample, Event, LoadSample, Plan, PlannerSettings, plan
 from modelpool_operator.planner.shared import (
@@ -105,6 +106,7 @@ def observe(
         own=own,
         own_stats=own_stats,
         now=now,
+        charges=worker_charges(pods_by_pool),
     )
 
 

@@ -39,6 +39,7 @@ from modelpool_operator.observe.observation import (
     PodsByPool,
     budget_limit,
 )
+from modelpool_operator.observe.ownership import owned_by
 from modelpool_operator.observe.stats import stats_url
 from modelpool_operator.placement.charge import host_charge
 from modelpool_operator.planner import Event
@@ -77,15 +78,16 @@ def plan_host_pass(
     listed = list(pods_by_pool.get(host.charge_key, ()))
     stats = services.scraper.refresh(listed, on_change=lambda: book.poke(host.charge_key))
     # Observed as pods (their /stats is a host's, not a worker's); other passes reuse this observation.
+    # Charged from the ModelHost's spec, never from the pod (``budget.worker_charge``).
+    charge = host_charge(host.spec)
     book.observed[host.charge_key] = [
-        services.observations.observe(pod, None, now, fresh=True) for pod in listed
+        services.observations.observe(pod, None, now, fresh=True, charge=charge) for pod in listed
     ]
     workers = observe(services, book, pods_by_pool, own=None, now=now)
     ledger = book.ledger(workers, budget_limit(budgets, services.config.budget_name))
     hosted = hosted_pools(host, pools_by_key)
     views = observe_hosts(host.spec, listed, stats, hosted)
     planned = plan_host(host, book.observed[host.charge_key], views, ledger)
-    charge = host_charge(host.spec)
     for index in planned.create:
         book.reservations.reserve(host.namespace, host.charge_key[1], host_pod_name(host, index), charge, now)
     return planned
@@ -221,8 +223,9 @@ async def place_models(
 ) -> Placing:
     """Load, unload and sleep the shared pools' models on the host pods, and annotate each host pod with
     its models (``planner.placing``, ``effects.placing``); the shared pools on the host are poked when
-    anything changed (their status lists the host pods holding them)."""
-    listed = list(pods_by_pool.get(host.charge_key, ()))
+    anything changed (their status lists the host pods holding them). Only host pods the ModelHost owns
+    by uid are called (and so sent its control key): a pod merely labelled as one is not (``ownership``)."""
+    listed = [p for p in pods_by_pool.get(host.charge_key, ()) if owned_by(p, host.charge_key, host.uid)]
     placing, wanted = plan_placing_pass(
         services, run, host, listed, shared_pools(host, pools_by_key, book.shared)
     )

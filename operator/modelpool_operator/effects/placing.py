@@ -26,6 +26,7 @@ from modelpool_operator.control_keys import derive_control_key
 from modelpool_operator.effects.apply import _attempt
 from modelpool_operator.effects.host_control import ControlError
 from modelpool_operator.effects.kube import merge_patch
+from modelpool_operator.owners import controller_owner
 from modelpool_operator.planner import Event
 from modelpool_operator.planner.placing import Control, Placing
 from modelpool_operator.planner.status import coalesce
@@ -263,10 +264,11 @@ def derived_control_key(
     services: Services, namespace: str, host: str, pods: Iterable[Mapping[str, Any]]
 ) -> str | None:
     """A ModelHost's control key derived anew (``control_keys.derive_control_key``) from the uid its host
-    pods' owner reference names (a restarted operator whose host daemon has not run yet); None without an
-    owned host pod. No Secret is read."""
+    pods' controller owner reference names (a restarted operator whose host daemon has not run yet); None
+    without an owned host pod. No Secret is read. ``pods`` come from the ``OwnedPods`` view: that uid is
+    the ModelHost's own, never one a pod made up."""
     for pod in pods:
-        for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
-            if owner.get("kind") == MODELHOST_KIND and owner.get("name") == host and owner.get("uid"):
-                return derive_control_key(services.control_seed, namespace, host, str(owner["uid"]))
+        owner = controller_owner(pod.get("metadata") or {})
+        if owner is not None and owner.kind == MODELHOST_KIND and owner.name == host:
+            return derive_control_key(services.control_seed, namespace, host, owner.uid)
     return None

@@ -34,6 +34,7 @@ from modelpool_operator.budget import (
     ReservationBook,
     ledger_from_charges,
 )
+from modelpool_operator.observe.ownership import WorkerCharges, slim_owner
 from modelpool_operator.observe.worker_state import LifecycleSettings, ObservedWorker, observe_worker
 from modelpool_operator.pool import OtherPool, PoolKey
 
@@ -87,7 +88,11 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
             for c in status.get("containerStatuses") or []
         ]
     slim = {
-        "metadata": {key: meta[key] for key in _POD_METADATA if key in meta},
+        "metadata": {
+            **{key: meta[key] for key in _POD_METADATA if key in meta},
+            # The controller reference (the ledger counts only owned pods: ``ownership``).
+            **({"ownerReferences": owners} if (owners := slim_owner(meta)) else {}),
+        },
         "spec": {
             "nodeName": spec.get("nodeName"),
             "containers": [
@@ -131,12 +136,18 @@ class ObservationCache:
     stats are unchanged and the entry is young), so observing other pools' pods costs O(changes)."""
 
     settings: LifecycleSettings
-    _cache: dict[str, tuple[Any, int, float, ObservedWorker]] = field(default_factory=dict)
+    _cache: dict[str, tuple[Any, int, float, int | None, ObservedWorker]] = field(default_factory=dict)
 
     def observe(
-        self, pod: Mapping[str, Any], stats: Mapping[str, Any] | None, now: datetime, fresh: bool
+        self,
+        pod: Mapping[str, Any],
+        stats: Mapping[str, Any] | None,
+        now: datetime,
+        fresh: bool,
+        charge: int | None = None,
     ) -> ObservedWorker:
-        """The worker behind ``pod``; ``fresh`` skips the cache (the own pool: observed every pass)."""
+        """The worker behind ``pod``, charged ``charge`` (``observe_worker``); ``fresh`` skips the cache (the
+        own pool: observed every pass)."""
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid") or meta.get("name"))
         version = meta.get("resourceVersion")
@@ -148,10 +159,11 @@ class ObservationCache:
             and cached[0] == version
             and cached[1] == id(stats)
             and mono - cached[2] < _OBSERVATION_TTL_S
+            and cached[3] == charge
         ):
-            return cached[3]
-        worker = observe_worker(pod, stats, now, self.settings)
-        self._cache[uid] = (version, id(stats), mono, worker)
+            return cached[4]
+        worker = observe_worker(pod, stats, now, self.settings, charge)
+        self._cache[uid] = (version, id(stats), mono, charge, worker)
         return worker
 
     def __len__(self) -> int:
@@ -172,6 +184,7 @@ def observe_all(
     own: PoolKey | None,
     own_stats: StatsByName,
     now: datetime,
+    charges: WorkerCharges | None = None,
 ) -> dict[PoolKey, list[ObservedWorker]]:
     """Every indexed worker, by pool: the own pool's observed now, with ``own_stats``; every other pool's as
     its own daemon last observed them (``observed``, which this updates for the own pool), so a pass costs
@@ -181,7 +194,8 @@ def observe_all(
     they have not observed yet is still covered by its reservation (reservations are only dropped for
     observed pods), and a pod gone since is still charged until its pool's next pass, which its deletion
     event triggers at once. Pods of pools no daemon here observes (e.g. a pool being deleted) are observed
-    directly, through the cache, with the stats ``cached_stats`` knows for them.
+    directly, through the cache, with the stats ``cached_stats`` knows for them. Each worker is charged
+    what ``charges`` says (its owner's record: ``budget.worker_charge``), else its container's memory.
     """
     # The other daemons' observations are copied whole and the pools to observe found with set operations
     # (C loops: a Python loop over a thousand pools per pass was a tenth of the operator's time at 1,000
@@ -197,7 +211,14 @@ def observe_all(
         pods = list(pods_by_pool.get(key, ()))
         stats = own_stats if key == own else cached_stats(pods)
         result[key] = [
-            cache.observe(pod, stats.get(pod["metadata"]["name"]), now, fresh=key == own) for pod in pods
+            cache.observe(
+                pod,
+                stats.get(name := pod["metadata"]["name"]),
+                now,
+                fresh=key == own,
+                charge=charges(key, name) if charges is not None else None,
+            )
+            for pod in pods
         ]
     if own is not None:
         if own not in indexed:

@@ -33,7 +33,6 @@ from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_INFERENCE_WEDGED
 from modelpool_contract.labels import (
     ANNOTATION_EVICTING,
     ANNOTATION_EVICTING_SINCE,
-    ANNOTATION_MEMORY,
     LABEL_POOL,
     LABEL_SERVING,
     LABEL_TEMPLATE_HASH,
@@ -247,15 +246,9 @@ def _server_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def requested_memory(pod: Mapping[str, Any]) -> int:
-    """Bytes the worker is charged while it holds memory: the builder's annotation, else the server
-    container's memory limit (or request)."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    raw = annotations.get(ANNOTATION_MEMORY)
-    if raw is not None:
-        try:
-            return parse_quantity(str(raw))
-        except QuantityError:
-            pass
+    """Bytes a worker is charged when its owner tells nothing (``budget.worker_charge``): the server
+    container's memory limit (or request). Never the ``modelpool.dev/memory-bytes`` annotation: anyone who
+    may patch the pod may write that."""
     containers = (pod.get("spec") or {}).get("containers") or []
     chosen = next((c for c in containers if c.get("name") == SERVER_CONTAINER), None)
     if chosen is None and containers:
@@ -526,18 +519,21 @@ def observe_worker(
     stats: Mapping[str, Any] | None,
     now: datetime,
     settings: LifecycleSettings | None = None,
+    charge: int | None = None,
 ) -> ObservedWorker:
     """The worker behind ``pod`` as of ``now``.
 
     ``pod`` is the Pod as a plain dict (API JSON, camelCase); ``stats`` the worker's last ``/stats`` JSON,
-    or None when unknown (never scraped, unreachable, KWOK).  Pure: no I/O, no clock.
+    or None when unknown (never scraped, unreachable, KWOK); ``charge`` the bytes its owner says it is
+    charged while it holds memory (``budget.worker_charge``; None: its container's, ``requested_memory``).
+    Pure: no I/O, no clock.
     """
     facts = _PodFacts.of(pod)
     report = WorkerStats.parse(stats)
     verdict = _decide(facts, report, now, settings or LifecycleSettings())
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
-    requested = requested_memory(pod)
+    requested = charge if charge is not None else requested_memory(pod)
     reserved, peak = _accelerator_memory(pod, report)
     downloaded, download_total = _download(verdict.state, report)
     return ObservedWorker(

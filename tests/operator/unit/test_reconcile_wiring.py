@@ -538,13 +538,16 @@ def _host(replicas: int, **spec: Any) -> dict[str, Any]:
 async def test_a_host_pass_makes_its_key_once_and_its_pods_within_the_budget(state: Operator) -> None:
     from modelpool_operator.bookkeeping import HostRun
     from modelpool_operator.host import host_charge_key
+    from modelpool_operator.observe.ownership import OwnedPods, host_record
     from modelpool_operator.reconcile_host import reconcile_host
 
     run, body = HostRun(key=("ns", "gpus")), _host(3)
     budgets = {"default": [{"memory": "5Gi"}]}
     pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    # As the operator reads the index: its host pods, charged from the ModelHost's spec (``ownership``).
+    view = OwnedPods(pods, {host_charge_key("ns", "gpus"): host_record(body)}.get)
     await reconcile_host(
-        state.services, state.book, run=run, body=body, pods_by_pool=pods, pools_by_key={}, budgets=budgets
+        state.services, state.book, run=run, body=body, pods_by_pool=view, pools_by_key={}, budgets=budgets
     )
     # Two host pods of 2Gi fit the 5Gi budget; the third waits, told once.
     assert sorted(p["metadata"]["name"] for p in state.kube.created) == ["gpus-0", "gpus-1"]
@@ -553,14 +556,14 @@ async def test_a_host_pass_makes_its_key_once_and_its_pods_within_the_budget(sta
     assert [e.reason for _, e in state.events.posted] == ["BudgetExceeded"]
     # The next pass, before the pods are observed: their reservations hold the budget; no second key.
     await reconcile_host(
-        state.services, state.book, run=run, body=body, pods_by_pool=pods, pools_by_key={}, budgets=budgets
+        state.services, state.book, run=run, body=body, pods_by_pool=view, pools_by_key={}, budgets=budgets
     )
     assert len(state.kube.created) == 2 and len(state.kube.secrets) == 1
     assert [e.reason for _, e in state.events.posted] == ["BudgetExceeded"]
     # Observed: charged as workers, the reservations over; still no room for the third.
     pods[host_charge_key("ns", "gpus")] = [_running(p) for p in state.kube.created]
     await reconcile_host(
-        state.services, state.book, run=run, body=body, pods_by_pool=pods, pools_by_key={}, budgets=budgets
+        state.services, state.book, run=run, body=body, pods_by_pool=view, pools_by_key={}, budgets=budgets
     )
     assert len(state.kube.created) == 2 and state.book.reservations.reserved == 0
 
@@ -768,6 +771,48 @@ async def test_a_host_pass_loads_a_shared_pool_and_annotates_the_host_pod(state:
     assert len(control.calls) == 2
 
 
+async def test_a_pod_merely_labelled_as_a_host_pod_is_never_sent_the_control_key(state: Operator) -> None:
+    """Issue 30: a pod with the host pod's label but not owned by the ModelHost's uid (none, or a made-up
+    one) gets no control call, so never the ModelHost's key; the owned host pod does."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.host import HostView, host_charge_key
+    from modelpool_operator.reconcile_host import place_models
+
+    control = RecordingControl()
+    state.use(host_control=control, scraper=CachedStats({"gpus-0": {"models": {}}, "fake": {"models": {}}}))
+    host, body, run = HostView.from_body(_host(1)), _host(1), HostRun(key=("ns", "gpus"))
+    state.book.control_keys[("ns", "gpus")] = "k"
+    pools = _index({("ns", "emb"): _shared("emb")})
+    for owners in ([], [{**_host_pod()["metadata"]["ownerReferences"][0], "uid": "made-up"}]):
+        fake = _host_pod()
+        fake["metadata"] = {**fake["metadata"], "name": "fake", "uid": "u-fake", "ownerReferences": owners}
+        fake["status"] = {**fake["status"], "podIP": "127.0.0.10"}
+        await place_models(
+            state.services,
+            state.book,
+            run=run,
+            host=host,
+            body=body,
+            pods_by_pool={host_charge_key("ns", "gpus"): [fake]},
+            pools_by_key=pools,
+        )
+        await asyncio.gather(*run.loading.values())
+        assert control.calls == []
+    await place_models(
+        state.services,
+        state.book,
+        run=run,
+        host=host,
+        body=body,
+        pods_by_pool={host_charge_key("ns", "gpus"): [_host_pod()]},
+        pools_by_key=pools,
+    )
+    await asyncio.gather(*run.loading.values())
+    assert [call[:2] for call in control.calls] == [
+        ("load", f"http://127.0.0.9:{state.services.config.server_probe_port}")
+    ]
+
+
 async def test_a_pool_switched_to_a_host_loses_its_dedicated_workers(state: Operator) -> None:
     deleted: list[str] = []
 
@@ -965,7 +1010,15 @@ async def test_a_deleted_pool_is_unloaded_with_the_key_derived_from_its_host_pod
     control = RecordingControl()
     state.use(host_control=control, scraper=CachedStats({"gpus-0": {"models": {"emb": {"state": "Idle"}}}}))
     pod = _host_pod({"emb": "Idle"})
-    pod["metadata"]["ownerReferences"] = [{"kind": "ModelHost", "name": "gpus", "uid": "uid-gpus"}]
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "modelpool.dev/v1alpha1",
+            "kind": "ModelHost",
+            "name": "gpus",
+            "uid": "uid-gpus",
+            "controller": True,
+        }
+    ]
     refused = await unload_deleted_pool(
         state.services,
         state.book,

@@ -379,6 +379,7 @@ def test_an_idle_pool_passes_at_the_resync_interval_and_refreshes_its_stats_in_b
 
     from modelpool_operator.metrics import OperatorMetrics
     from modelpool_operator.observe.observation import ObservationCache
+    from modelpool_operator.observe.ownership import OwnerRecord
     from modelpool_operator.services import Services, lifecycle_settings
     from modelpool_operator.settings import OperatorConfig
 
@@ -411,12 +412,21 @@ def test_an_idle_pool_passes_at_the_resync_interval_and_refreshes_its_stats_in_b
             control_seed=b"0" * 32,
         )
         setter: FlagSetter[object] = FlagSetter()
-        pods = {("ns", "p"): [{"metadata": {"name": "w", "uid": "w"}, "status": {"phase": "Pending"}}]}
+        owner = {
+            "apiVersion": "modelpool.dev/v1alpha1",
+            "kind": "ModelPool",
+            "name": "p",
+            "uid": "u",
+            "controller": True,
+        }
+        meta = {"name": "w", "uid": "w", "ownerReferences": [owner]}
+        pods = {("ns", "p"): [{"metadata": meta, "status": {"phase": "Pending"}}]}
         daemon = asyncio.create_task(
             operator_handlers.pool_daemon(
                 namespace="ns", name="p", body={}, memo=memo, logger=logging.getLogger("t"),
                 stopped=AsyncFlagWaiter(setter), pods_by_pool=pods, pools_by_key={},  # type: ignore[arg-type]
                 budgets_by_name={}, demand_by_pool={}, hosts_by_key={},  # type: ignore[arg-type]
+                pool_owners={("ns", "p"): [OwnerRecord("u")]}, host_owners={},  # type: ignore[arg-type]
             )
         )  # fmt: skip
         await asyncio.sleep(1.5)
@@ -500,6 +510,7 @@ def test_at_most_k_passes_run_at_once_and_a_pool_poked_while_queued_gets_one_pas
                     namespace=ns, name=name, body={}, memo=memo, logger=logging.getLogger("t"),
                     stopped=AsyncFlagWaiter(setter), pods_by_pool={}, pools_by_key={},  # type: ignore[arg-type]
                     budgets_by_name={}, demand_by_pool={}, hosts_by_key={},  # type: ignore[arg-type]
+                    pool_owners={}, host_owners={},  # type: ignore[arg-type]
                 )
             )
             for ns, name in keys
@@ -635,6 +646,7 @@ def test_resync_passes_of_many_idle_pools_are_spread_over_the_process_wide_rate(
                     namespace="ns", name=f"p{i}", body={}, memo=memo, logger=logging.getLogger("t"),
                     stopped=AsyncFlagWaiter(setter), pods_by_pool={}, pools_by_key={},  # type: ignore[arg-type]
                     budgets_by_name={}, demand_by_pool={}, hosts_by_key={},  # type: ignore[arg-type]
+                    pool_owners={}, host_owners={},  # type: ignore[arg-type]
                 )
             )
             for i in range(20)
