@@ -128,8 +128,16 @@ build_target() {
   [ ! -f /etc/ssl/certs/ca-certificates.crt ] \
     || args+=(--volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
   start=$(date +%s)
-  log "building $image"
-  bh "${args[@]}" . >&2
+  # buildah's step-by-step output (thousands of lines per image) goes to a log of its own; its tail is
+  # shown when the build fails.
+  local build_log="$PWD/build/images-$target.log"
+  mkdir -p "$(dirname "$build_log")"
+  log "building $image (log: $build_log)"
+  if ! bh "${args[@]}" . >"$build_log" 2>&1; then
+    tail -n 60 "$build_log" >&2
+    log "building $image failed; the whole log: $build_log"
+    return 1
+  fi
   log "$image built in $(($(date +%s) - start)) s"
   # The stage images buildah kept for the multi-stage build (untagged) cost disk under vfs.
   bh rmi --prune >/dev/null 2>&1 || true
