@@ -32,7 +32,7 @@ from typing import Any
 from modelpool_contract.api import ModelPoolStatus
 from modelpool_operator.budget import BudgetLimit, Ledger, ReservationBook
 from modelpool_operator.observe.observation import ChargeCache, current_ledger
-from modelpool_operator.observe.ownership import ForeignPods
+from modelpool_operator.observe.ownership import ForeignPods, Tombstones
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import CounterSample, Create, LoadSample
 from modelpool_operator.planner.shared_scale import SharedCount
@@ -117,6 +117,8 @@ class Bookkeeping:
     passes: PassGate = field(default_factory=PassGate)
     # The foreign pods already reported (``observe.ownership``: never counted, reported once each).
     foreign: ForeignPods = field(default_factory=ForeignPods)
+    # Deleted pools' and ModelHosts' records while their pods terminate (``observe.ownership``: charged).
+    tombstones: Tombstones = field(default_factory=Tombstones)
     # The one task asking the API about due reservations (``effects.apply.settle_soon``), while it runs.
     settle_task: asyncio.Task[None] | None = None
 

@@ -225,7 +225,10 @@ def _owned(
         return None
 
     return OwnedPods(
-        _index(pods, "pods_by_pool"), record_of, lambda pod: _foreign(memo, pod.get("metadata") or {})
+        _index(pods, "pods_by_pool"),
+        record_of,
+        lambda pod: _foreign(memo, pod.get("metadata") or {}),
+        _book(memo).tombstones,
     )
 
 
@@ -305,8 +308,17 @@ def _spec_mark(meta: Mapping[str, Any]) -> tuple[Any, ...]:
 
 @kopf.on.event(*_POOLS)
 async def pool_changed(
-    *, type: str | None, namespace: str | None, name: str, meta: kopf.Meta, memo: Any, **_: Any
+    *,
+    type: str | None,
+    namespace: str | None,
+    name: str,
+    meta: kopf.Meta,
+    body: kopf.Body,
+    memo: Any,
+    **_: Any,
 ) -> None:
+    if type == "DELETED":  # its pods stay charged while they terminate (``ownership.Tombstones``)
+        _book(memo).tombstones.bury((namespace or "", name), pool_record(body))
     # ``memo`` is this pool's own (Kopf copies the operator's memo per object): what it last saw of the pool.
     seen: tuple[Any, ...] | None = getattr(memo, "pool_spec_mark", None)
     memo.pool_spec_mark = _spec_mark(meta)
@@ -323,9 +335,13 @@ async def demand_changed(*, namespace: str | None, body: kopf.Body, memo: Any, *
 
 
 @kopf.on.event(*_HOSTS)
-async def host_changed(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+async def host_changed(
+    *, type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
+) -> None:
     """A ModelHost came, went or changed: its daemon and the shared pools on it look at once."""
     book = _book(memo)
+    if type == "DELETED":  # its host pods stay charged while they terminate
+        book.tombstones.bury(host_charge_key(namespace or "", name), host_record(body))
     book.poke(host_charge_key(namespace or "", name))
     book.poke_host((namespace or "", name))
 

@@ -16,6 +16,14 @@ checks, each at the one place every reader goes through:
 A counted pod is charged from its owner's object (``OwnerRecord``: the spec now and the charges the
 operator recorded in the status; ``budget.worker_charge``), never from anything on the pod.
 
+A deleted pool's (or ModelHost's) pods still hold their memory while they terminate (their grace period,
+a finalizer, a node that does not answer): ``Tombstones`` keeps the deleted owner's record, taken from its
+last object on the watch's DELETED event, for as long as a pod it owned by uid is indexed, so those pods
+stay charged until they are gone, and a new pool is never admitted into memory that is not free yet. The
+tombstones live in the operator's memory: a restart while a deleted pool's pods terminate forgets them
+(they are then uncharged for the rest of their grace period). A pod orphaned on purpose (``kubectl delete
+--cascade=orphan``) loses its owner reference and is foreign from then on: the administrator's act.
+
 A foreign pod is ignored, never deleted by the operator (it is not the operator's to delete; the
 garbage collector removes a pod whose owner uid does not exist), and reported once per pod
 (``ForeignPods``: a log line and ``modelpool_operator_foreign_pods_total``).
@@ -42,6 +50,9 @@ from modelpool_operator.pool import PoolKey
 OWNER_FIELDS = ("apiVersion", "kind", "name", "uid")
 # ``ForeignPods`` forgets what it reported past this many pods (a flood must not grow the operator).
 _REPORTED_MAX = 10_000
+# ``Tombstones`` keeps at most this many deleted owners (the oldest forgotten first): deletions are made by
+# pool authors, so their number must not grow the operator either.
+_TOMBSTONES_MAX = 10_000
 
 
 def claimed_key(namespace: str, meta: Mapping[str, Any], pool_label: str) -> PoolKey | None:
@@ -113,6 +124,47 @@ def host_record(body: Mapping[str, Any]) -> OwnerRecord | None:
 
 
 RecordOf = Callable[[PoolKey], OwnerRecord | None]
+
+
+@dataclass
+class Tombstones:
+    """The records of deleted pools and ModelHosts whose pods may still be terminating, by key.
+
+    ``bury`` keeps a deleted owner's record (from its last object: the watch's DELETED event); ``get``
+    gives it to ``OwnedPods``, which counts the pods still owned by its uid and calls ``settle`` with
+    the pods it kept: once none is the deleted owner's, the tombstone goes. At most ``_TOMBSTONES_MAX``
+    are kept, the oldest forgotten first."""
+
+    _records: dict[PoolKey, OwnerRecord] = field(default_factory=dict)
+
+    def bury(self, key: PoolKey, record: OwnerRecord | None) -> None:
+        if record is None:
+            return
+        self._records.pop(key, None)
+        while len(self._records) >= _TOMBSTONES_MAX:
+            del self._records[next(iter(self._records))]
+        self._records[key] = record
+
+    def get(self, key: PoolKey) -> OwnerRecord | None:
+        return self._records.get(key)
+
+    def settle(self, key: PoolKey, kept: Iterable[Mapping[str, Any]]) -> None:
+        """Forget ``key``'s tombstone once none of ``kept`` (its counted pods) is the deleted owner's."""
+        record = self._records.get(key)
+        if record is not None and not any(owned_by(pod, key, record.uid) for pod in kept):
+            del self._records[key]
+
+    def prune(self, indexed: Iterable[PoolKey]) -> None:
+        """Forget the tombstones of keys with no pod indexed at all (their pods are gone)."""
+        if self._records:
+            alive = set(indexed)
+            for key in [key for key in self._records if key not in alive]:
+                del self._records[key]
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+
 OnForeign = Callable[[Mapping[str, Any]], None]
 
 
@@ -130,44 +182,53 @@ class OwnedPods(Mapping[PoolKey, list[Mapping[str, Any]]]):
         pods: Mapping[PoolKey, Iterable[Mapping[str, Any]]],
         record_of: RecordOf,
         on_foreign: OnForeign | None = None,
+        tombstones: Tombstones | None = None,
     ) -> None:
         self._pods = pods
         self._record_of = record_of
         self._on_foreign = on_foreign
+        self._tombstones = tombstones if tombstones is not None else Tombstones()
 
-    def _uid_of(self, key: PoolKey) -> str | None:
-        record = self._record_of(key)
-        return record.uid if record is not None else None
+    def _records(self, key: PoolKey) -> list[OwnerRecord]:
+        """The owner records whose pods count under ``key``: the pool (or ModelHost) of that name now, and
+        a deleted one of that name whose pods are still terminating."""
+        return [r for r in (self._record_of(key), self._tombstones.get(key)) if r is not None]
 
     def charge(self, key: PoolKey, name: str) -> int | None:
         """What the pod ``name`` of ``key`` is charged by its owner's record (None: the record says
-        nothing, its spec does not parse and no charge is recorded: the pod's container then)."""
-        record = self._record_of(key)
-        if record is None:
-            return None
-        return worker_charge(record.declared, record.recorded.get(name))
+        nothing, its spec does not parse and no charge is recorded: the pod's container then). With a
+        live and a deleted owner of one name, the larger of their charges: never below either."""
+        charges = [worker_charge(r.declared, r.recorded.get(name)) for r in self._records(key)]
+        known = [charge for charge in charges if charge is not None]
+        return max(known) if known else None
 
     def __getitem__(self, key: PoolKey) -> list[Mapping[str, Any]]:
-        indexed = self._pods[key]
-        uid = self._uid_of(key)
-        if not uid:  # no such pool now: none of its pods counts (the garbage collector removes them)
+        indexed = self._pods.get(key)
+        if indexed is None:
+            self._tombstones.settle(key, ())
+            raise KeyError(key)
+        uids = {record.uid for record in self._records(key)}
+        if not uids:  # no such pool now: none of its pods counts (the garbage collector removes them)
             raise KeyError(key)
         kept: list[Mapping[str, Any]] = []
         for pod in indexed:
-            if owned_by(pod, key, uid):
+            if any(owned_by(pod, key, uid) for uid in uids):
                 kept.append(pod)
             elif self._on_foreign is not None:
                 self._on_foreign(pod)
+        self._tombstones.settle(key, kept)
         return kept
 
     def __iter__(self) -> Iterator[PoolKey]:
-        return (key for key in list(self._pods) if self._uid_of(key))
+        keys = list(self._pods)
+        self._tombstones.prune(keys)
+        return (key for key in keys if self._records(key))
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._pods and bool(self._uid_of(key))  # type: ignore[arg-type]
+        return key in self._pods and bool(self._records(key))  # type: ignore[arg-type]
 
 
 WorkerCharges = Callable[[PoolKey, str], int | None]

@@ -8,10 +8,14 @@ with the real operator (KWOK nodes for the workers).
 * A worker's own ``modelpool.dev/memory-bytes`` patched to ``0`` (as anyone who may patch the pod can):
   the pool's charge and the budget's used memory stay what the pool declares, and no worker beyond the
   budget is admitted.
+* A deleted pool's workers, held Terminating (a finalizer of the test's own stands for a long grace
+  period), still hold their memory: a new pool waits (BudgetExceeded) until they are gone, then is
+  admitted.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -134,3 +138,58 @@ def test_a_worker_annotation_patched_to_zero_does_not_lower_the_charge(
     assert condition(status, "BudgetExceeded").get("status") == "True"
     assert len(worker_pods(cluster, namespace, "emb")) == 2, "a worker admitted beyond the budget"
     assert get_json(cluster, "modelbudget", "default")["status"]["usedBytes"] == 2 * GI
+
+
+HOLD = "modelpool.test/hold"  # a finalizer of the test's own: the pod stays Terminating while it is there
+
+
+def test_a_deleted_pools_terminating_workers_stay_charged_until_gone(
+    cluster: Cluster, namespace: str, budgeted_operator: BudgetedOperator
+) -> None:
+    budgeted_operator("2Gi")
+    apply(cluster, pool_manifest("old", replicas=2, memory="1Gi"), namespace)
+    wait_status(
+        cluster, namespace, "old", lambda s: states(s) == ["Ready", "Ready"], timeout=90, message="old Ready"
+    )
+    held = [p["metadata"]["name"] for p in worker_pods(cluster, namespace, "old")]
+    for name in held:
+        hold = json.dumps({"metadata": {"finalizers": [HOLD]}})
+        cluster.kubectl("patch", "pod", name, "-n", namespace, "--type=merge", "-p", hold)
+    cluster.kubectl("delete", POOLS, "old", "-n", namespace, "--wait=true", "--timeout=60s")
+    wait_for(
+        lambda: all(p["metadata"].get("deletionTimestamp") for p in worker_pods(cluster, namespace, "old")),
+        timeout=60,
+        interval=0.5,
+        message="the deleted pool's workers Terminating (held by the test's finalizer)",
+    )
+    apply(cluster, pool_manifest("new", replicas=1, memory="1Gi"), namespace)
+    wait_status(
+        cluster,
+        namespace,
+        "new",
+        lambda s: condition(s, "BudgetExceeded").get("status") == "True",
+        timeout=60,
+        message="the new pool waits: the old workers still hold the 2Gi",
+    )
+    assert not worker_pods(cluster, namespace, "new"), "a worker admitted into memory not yet free"
+    assert get_json(cluster, "modelbudget", "default")["status"]["usedBytes"] == 2 * GI
+    for name in held:
+        cluster.kubectl(
+            "patch",
+            "pod",
+            name,
+            "-n",
+            namespace,
+            "--type=json",
+            "-p",
+            '[{"op":"remove","path":"/metadata/finalizers"}]',
+        )
+    status = wait_status(
+        cluster,
+        namespace,
+        "new",
+        lambda s: states(s) == ["Ready"],
+        timeout=90,
+        message="new admitted once they are gone",
+    )
+    assert condition(status, "BudgetExceeded").get("status") != "True", status

@@ -20,6 +20,7 @@ from modelpool_operator.observe.ownership import (
     ForeignPods,
     OwnedPods,
     OwnerRecord,
+    Tombstones,
     claimed_key,
     host_record,
     owned_by,
@@ -111,6 +112,54 @@ def test_observe_all_over_the_view_never_sees_a_foreign_pod() -> None:
         now=datetime(2026, 1, 1, tzinfo=UTC),
     )
     assert [w.name for w in workers[("ns", "p")]] == ["w1"]
+
+
+def test_a_deleted_pools_terminating_pods_stay_charged_until_they_are_gone() -> None:
+    # The pool was deleted (its watch's DELETED event buried its record): its pods, still terminating,
+    # are counted and charged from that record; a forged reference to the dead uid is not its tombstone's
+    # business only if it does not carry that uid, and the tombstone goes with the last of its pods.
+    dead = OwnerRecord("uid-old", declared=2 * GI, recorded={"w1": 3 * GI})
+    tombstones = Tombstones()
+    tombstones.bury(("ns", "p"), dead)
+    w1, w2, forged = pod("w1", ref(uid="uid-old")), pod("w2", ref(uid="uid-old")), pod("x", ref(uid="nope"))
+    index: dict[tuple[str, str], list[dict[str, Any]]] = {("ns", "p"): [w1, w2, forged]}
+    view = OwnedPods(index, {}.get, None, tombstones)
+    assert set(view) == {("ns", "p")} and view.get(("ns", "p")) == [w1, w2]
+    assert (view.charge(("ns", "p"), "w1"), view.charge(("ns", "p"), "w2")) == (3 * GI, 2 * GI)
+    # A new pool of the same name meanwhile: its pods and the old ones both count, each never below
+    # either record's charge.
+    new = pod("n1", ref(uid="uid-new"))
+    index[("ns", "p")].append(new)
+    view = OwnedPods(index, {("ns", "p"): OwnerRecord("uid-new", declared=GI)}.get, None, tombstones)
+    assert view.get(("ns", "p")) == [w1, w2, new]
+    assert view.charge(("ns", "p"), "n1") == 2 * GI
+    # The old pods gone: the tombstone goes with them, and the new pool's pods are charged its own way.
+    index[("ns", "p")] = [new]
+    assert view.get(("ns", "p")) == [new] and len(tombstones) == 0
+    assert view.charge(("ns", "p"), "n1") == GI
+
+
+def test_a_tombstone_goes_when_its_key_has_no_pod_left() -> None:
+    tombstones = Tombstones()
+    tombstones.bury(("ns", "gone"), OwnerRecord("uid-gone", declared=GI))
+    tombstones.bury(("ns", "none"), None)  # a deleted object without a uid: nothing to keep
+    view = OwnedPods(
+        {("ns", "p"): [pod("w", ref())]}, {("ns", "p"): OwnerRecord("uid-p")}.get, None, tombstones
+    )
+    assert len(tombstones) == 1
+    assert set(view) == {("ns", "p")} and len(tombstones) == 0
+    tombstones.bury(("ns", "gone"), OwnerRecord("uid-gone", declared=GI))
+    assert view.get(("ns", "gone")) is None and len(tombstones) == 0
+
+
+def test_tombstones_are_bounded() -> None:
+    from modelpool_operator.observe import ownership
+
+    tombstones = Tombstones()
+    for i in range(ownership._TOMBSTONES_MAX + 5):
+        tombstones.bury(("ns", f"p{i}"), OwnerRecord(f"uid-{i}"))
+    assert len(tombstones) == ownership._TOMBSTONES_MAX
+    assert tombstones.get(("ns", "p0")) is None and tombstones.get(("ns", "p5")) is not None
 
 
 def test_a_foreign_pod_is_reported_once() -> None:
