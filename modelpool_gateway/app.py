@@ -342,16 +342,8 @@ class Gateway:
             return await self._held(call, deadline, send, receive)
         held = self.held_by_caller.get(caller, 0)
         if held >= self.settings.max_held_per_key:
-            self.metrics.of(self.metrics.refused, call.label, "key_hold_full").inc()
             message = f"this API key already has {held} requests held, waiting for workers"
-            return await send_error(
-                send,
-                call.openai,
-                429,
-                "overloaded",
-                message,
-                retry_after=self.settings.hold_retry_after_seconds,
-            )
+            return await self._refuse_hold(call, "key_hold_full", message, send)
         self.held_by_caller[caller] = held + 1
         try:
             return await self._held(call, deadline, send, receive)
@@ -362,24 +354,23 @@ class Gateway:
             else:
                 del self.held_by_caller[caller]
 
+    async def _refuse_hold(self, call: Call, reason: str, message: str, send: Send) -> int:
+        """A request that may not be held (a bound of the hold is reached): counted by ``reason``, 429."""
+        self.metrics.of(self.metrics.refused, call.label, reason).inc()
+        return await send_error(
+            send, call.openai, 429, "overloaded", message, retry_after=self.settings.hold_retry_after_seconds
+        )
+
     async def _held(self, call: Call, deadline: float, send: Send, receive: Receive) -> Baton | int:
         loop = asyncio.get_running_loop()
         waiter = self.holds.enter(call.key)
         if waiter is None:
-            self.metrics.of(self.metrics.refused, call.label, "hold_full").inc()
             self.demand.refused(call.key)  # reported with the demand: the operator counts it as load
             message = (
                 f"pool {call.label} has no serving worker and already holds "
                 f"{self.holds.max_per_pool} requests waiting for one"
             )
-            return await send_error(
-                send,
-                call.openai,
-                429,
-                "overloaded",
-                message,
-                retry_after=self.settings.hold_retry_after_seconds,
-            )
+            return await self._refuse_hold(call, "hold_full", message, send)
         started, outcome = loop.time(), "timeout"
         self.metrics.of(self.metrics.held, call.label).inc()
         gone = asyncio.ensure_future(watch_disconnect(receive))
