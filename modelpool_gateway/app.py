@@ -9,7 +9,8 @@ the model's name on the host (``placements.host_model_name``) and are otherwise 
 as raw ASGI, which keeps the added latency small; every other route goes to the Starlette app of
 ``routes``.  Before any of it, ``access`` checks the request's API key (401 without a valid one) and
 every model name is resolved among the pools the key grants only (``modelpool_gateway.access``).
-Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes`` per body, read within
+Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes`` per body and
+``max_body_bytes_in_flight`` for all bodies together (``bodies``: 429 past it), each read within
 ``request_body_timeout_seconds`` (408 after), an OpenAI body parsed only within ``max_json_items`` items and
 ``max_json_depth`` levels (``jsoncost``: 413/400 before the parse; KServe v2 bodies are not parsed here),
 ``max_held_per_pool`` held per pool and ``max_held_per_key`` per API key, for at most its activation timeout
@@ -35,6 +36,7 @@ from urllib.parse import quote
 import orjson
 
 from modelpool_gateway.access import Access, caller_of, grant_of
+from modelpool_gateway.bodies import BodyBytes, Ticket
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamBroken, UpstreamTimeout
 from modelpool_gateway.config import GatewaySettings
@@ -64,13 +66,20 @@ _KEPT_BODY_LIMIT = 64 * 1024
 class RequestError(Exception):
     """The request cannot be routed as sent: ``status``, error type and message for the client."""
 
-    def __init__(self, status: int, kind: str, message: str) -> None:
+    def __init__(
+        self, status: int, kind: str, message: str, *, retry_after: int | None = None, close: bool = False
+    ) -> None:
         super().__init__(message)
-        self.status, self.kind = status, kind
+        self.status, self.kind, self.retry_after = status, kind, retry_after
+        # Refused before its body was read whole: the rest of it may still come, so the connection closes.
+        self.close = close
 
 
 class BodyTimeoutError(RequestError):
-    """The body did not arrive in time: the rest of it may still come, so the connection is closed."""
+    """The body did not arrive in time (the connection is closed)."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(status, kind, message, close=True)
 
 
 @dataclass(frozen=True)
@@ -144,6 +153,7 @@ class Gateway:
         # This gateway's requests in flight to each worker (the picker's load), and in the gateway at all.
         self.loads: dict[Key, int] = {}
         self.in_flight = 0
+        self.bodies = BodyBytes(settings.max_body_bytes_in_flight)
         # Requests held now per caller (API key digest): at most ``max_held_per_key`` each.
         self.held_by_caller: dict[bytes, int] = {}
         self._turn = 0
@@ -179,39 +189,45 @@ class Gateway:
             self.metrics.of(self.metrics.requests, label, str(code)).inc()
             return
         self.in_flight += 1
+        ticket = Ticket()
         try:
             try:
-                call = await (self._openai_call if openai else self._v2_call)(scope, receive)
+                call = await (self._openai_call if openai else self._v2_call)(scope, receive, ticket)
             except RequestError as exc:
-                close = [(b"connection", b"close")] if isinstance(exc, BodyTimeoutError) else None
-                code = await send_error(send, openai, exc.status, exc.kind, str(exc), headers=close)
+                close = [(b"connection", b"close")] if exc.close else None
+                code = await send_error(
+                    send, openai, exc.status, exc.kind, str(exc), retry_after=exc.retry_after, headers=close
+                )
             else:
                 label = call.label
                 code = await self._route(call, send, receive, scope["method"] == "POST")
         finally:
             self.in_flight -= 1
+            self.bodies.give_back(ticket)
         self.metrics.of(self.metrics.requests, label, str(code)).inc()
 
     # ---- reading and resolving ----
 
-    async def _body(self, scope: MutableMapping[str, Any], receive: Receive) -> bytes:
+    async def _body(self, scope: MutableMapping[str, Any], receive: Receive, ticket: Ticket) -> bytes:
         limit = self.settings.max_request_bytes
         for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > limit:
-                self.metrics.of(self.metrics.refused, "", "too_large").inc()
-                raise RequestError(413, "too_large", f"the request body exceeds {limit} bytes")
+            if name == b"content-length" and value.isdigit():
+                if int(value) > limit:
+                    self.metrics.of(self.metrics.refused, "", "too_large").inc()
+                    raise RequestError(413, "too_large", f"the request body exceeds {limit} bytes")
+                self._take(ticket, int(value))
         # One deadline for the whole body: a client sending a byte at a time holds an in-flight slot too.
         seconds = self.settings.request_body_timeout_seconds
         try:
             async with asyncio.timeout(seconds):
-                return await self._read_body(receive, limit)
+                return await self._read_body(receive, limit, ticket)
         except TimeoutError:
             self.metrics.of(self.metrics.refused, "", "body_timeout").inc()
             raise BodyTimeoutError(
                 408, "timeout", f"the request body did not arrive within {seconds:g} s"
             ) from None
 
-    async def _read_body(self, receive: Receive, limit: int) -> bytes:
+    async def _read_body(self, receive: Receive, limit: int, ticket: Ticket) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -221,9 +237,17 @@ class Gateway:
             if size > limit:
                 self.metrics.of(self.metrics.refused, "", "too_large").inc()
                 raise RequestError(413, "too_large", f"the request body exceeds {limit} bytes")
+            if size > ticket.taken:  # no Content-Length (or more than it said): taken as it comes
+                self._take(ticket, size - ticket.taken)
             chunks.append(chunk)
             if not message.get("more_body"):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _take(self, ticket: Ticket, size: int) -> None:
+        if not self.bodies.take(ticket, size):
+            self.metrics.of(self.metrics.refused, "", "bodies_full").inc()
+            message = "the gateway holds too many request bodies at once; retry shortly"
+            raise RequestError(429, "overloaded", message, retry_after=1, close=True)
 
     def _check_cost(self, body: bytes) -> None:
         """Refuse a body whose parse would cost more than its bounds allow, before parsing it."""
@@ -236,8 +260,8 @@ class Gateway:
             raise RequestError(413, "too_large", f"the request body has more than {items} JSON items")
         raise RequestError(400, "invalid_input", f"the request body nests JSON deeper than {depth} levels")
 
-    async def _openai_call(self, scope: MutableMapping[str, Any], receive: Receive) -> Call:
-        body = await self._body(scope, receive)
+    async def _openai_call(self, scope: MutableMapping[str, Any], receive: Receive, ticket: Ticket) -> Call:
+        body = await self._body(scope, receive, ticket)
         self._check_cost(body)
         try:
             doc = orjson.loads(body)
@@ -260,12 +284,12 @@ class Gateway:
         out = Outbound(scope["method"], scope["path"], headers, body)
         return Call(key, True, out, _client_timeout(scope["headers"]), caller_of(scope))
 
-    async def _v2_call(self, scope: MutableMapping[str, Any], receive: Receive) -> Call:
+    async def _v2_call(self, scope: MutableMapping[str, Any], receive: Receive, ticket: Ticket) -> Call:
         rest = scope["path"][len(V2_MODELS) :]
         resolved, suffix = split_v2_path(self.access.index(grant_of(scope)), rest)
         if isinstance(resolved, Unresolved):
             raise self._not_found(resolved)
-        body = await self._body(scope, receive)
+        body = await self._body(scope, receive, ticket)
         name = self._model_name(resolved.key)
         path = V2_MODELS + quote(name, safe="") + ("/" + quote(suffix) if suffix else "")
         if scope.get("query_string"):

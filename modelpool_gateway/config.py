@@ -87,6 +87,13 @@ class GatewaySettings(BaseSettings):
     max_request_bytes: int = Field(
         default=16 * MIB, ge=1024, description="Larger request bodies are refused with 413"
     )
+    max_body_bytes_in_flight: int = Field(
+        default=128 * MIB,
+        ge=1024,
+        description="The request bodies inside the gateway together hold at most this many bytes (a "
+        "declared Content-Length is taken whole before the body is read); a request that would pass it "
+        "gets 429 with Retry-After at once. Keep it well under the gateway's memory limit",
+    )
     max_json_items: int = Field(
         default=100_000,
         ge=1,

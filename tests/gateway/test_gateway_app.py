@@ -15,6 +15,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from prometheus_client import generate_latest
 
@@ -280,6 +281,34 @@ async def test_the_gateway_refuses_beyond_its_own_in_flight_bound(echo: ServerPr
         assert "too many requests in flight" in refused.json()["error"]["message"]
         expired = await held  # the pool's activation timeout is 1 s
         assert expired.status_code == 503
+    await small.demand.close()
+    small.upstream.close()
+
+
+async def test_the_bodies_in_the_gateway_together_are_bounded(echo: ServerProcess) -> None:
+    """Each body within ``max_request_bytes``, and their sum within ``max_body_bytes_in_flight``: a held
+    request keeps its body; one more whose declared length would pass the sum is refused at once (429,
+    the connection closed), one that fits is held, and every byte is given back when they end."""
+    body = orjson.dumps({"model": "pool", "input": ["hello"] * 150})  # about 1.3 KB
+    small = Harness(max_body_bytes_in_flight=2 * len(body) + 10, max_held_per_pool=10)
+    async with small.client() as c:
+        json_type = {"content-type": "application/json"}
+        held = asyncio.ensure_future(c.post("/v1/embeddings", content=body, headers=json_type))
+        await asyncio.wait_for(small.entered.wait(), 10)
+        assert small.app.bodies.used == len(body)
+        refused = await c.post("/v1/embeddings", content=body + b" " * 1000)
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["retry-after"] == "1" and refused.headers["connection"] == "close"
+        assert "too many request bodies" in refused.json()["error"]["message"]
+        assert small.refused("bodies_full") == 1
+        assert small.app.bodies.used == len(body), "the refused request took nothing"
+        small.entered.clear()
+        second = asyncio.ensure_future(c.post("/v1/embeddings", content=body, headers=json_type))
+        await asyncio.wait_for(small.entered.wait(), 10)
+        small.worker("w0", echo.port)
+        answers = await asyncio.gather(held, second)
+        assert [r.status_code for r in answers] == [200, 200], answers[0].text
+    assert small.app.bodies.used == 0, "every body was given back"
     await small.demand.close()
     small.upstream.close()
 
