@@ -14,6 +14,7 @@ import yaml
 
 from e2e.helpers import CHART, CHART_CRDS, by_kind, load_all, one, require_binary, run
 from modelpool_contract.flags import DEFAULT_WORKER_CPU
+from modelpool_contract.gateway_keys import default_keys_namespace
 from modelpool_contract.labels import PROBE_PORT_NAME
 from modelpool_contract.version import VERSION
 from modelpool_operator.services import pod_settings
@@ -599,7 +600,8 @@ def test_the_gateway_requires_api_keys_by_default_read_in_a_keys_namespace_only(
     docs = render(helm)
     env = {e["name"]: e["value"] for e in container(docs, GATEWAY)["env"]}
     assert env["MODELPOOL_GATEWAY_AUTH"] == "keys"
-    assert env["MODELPOOL_GATEWAY_KEYS_NAMESPACE"] == "mp-system-keys"
+    # The chart's default is the contract's (the gateway's own default when run outside the chart).
+    assert env["MODELPOOL_GATEWAY_KEYS_NAMESPACE"] == default_keys_namespace("mp-system") == "mp-system-keys"
     assert env["MODELPOOL_GATEWAY_OWN_NAMESPACE"] == "mp-system"
     assert env["MODELPOOL_GATEWAY_TENANT_KEYS"] == "false"
     # List and watch the Secrets of the keys namespace: no get, no write, nowhere else, nothing cluster-wide.
