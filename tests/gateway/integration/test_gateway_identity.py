@@ -33,7 +33,7 @@ from modelpool_contract.gateway_keys import default_keys_namespace
 from testkit.cluster import Cluster
 from testkit.kubectl import apply, wait_for
 from tests.gateway.integration.conftest import StartGateway
-from tests.gateway.integration.gwharness import bearer, create_key
+from tests.gateway.integration.gwharness import GatewayProcess, bearer, create_key
 from tests.operator.integration.opharness import pool_manifest
 from tests.rbacaudit import apply_docs, delete_docs, render_chart, token_kubeconfig
 
@@ -224,7 +224,18 @@ def _ids(url: str, key: str) -> list[str]:
     return [m["id"] for m in response.json()["data"]]
 
 
-def test_admin_keys_live_apart_from_the_release_namespaces_secrets_and_its_pools_are_never_routed(
+def _run_gateway(release: Release, start_gateway: StartGateway, tmp_path: Path) -> GatewayProcess:
+    """The real gateway as the release's ServiceAccount (its token), with the chart's args and env."""
+    container = release.container()
+    env = {e["name"]: e["value"] for e in container["env"]}
+    flags = [a for a in container["args"] if not a.startswith(("--port", "--metrics-port"))]
+    kubeconfig = token_kubeconfig(
+        release.cluster, release.namespace, release.gateway, tmp_path / "gateway.kubeconfig"
+    )
+    return start_gateway([], *flags, kubeconfig=kubeconfig, env=env)
+
+
+def test_admin_keys_live_apart_from_the_release_namespaces_secrets(
     chart_gateway: Callable[[Doc], Release],
     pool_namespace: str,
     start_gateway: StartGateway,
@@ -232,8 +243,7 @@ def test_admin_keys_live_apart_from_the_release_namespaces_secrets_and_its_pools
 ) -> None:
     """The chart's defaults (every namespace routed): the gateway cannot list the release namespace's
     Secrets nor read the control seed; a key Secret in the keys namespace (<release namespace>-keys)
-    grants every namespace through the real gateway, run as the ServiceAccount with the chart's settings;
-    a pool in the release namespace is never routed (logged once)."""
+    grants every namespace through the real gateway, run as the ServiceAccount with the chart's settings."""
     release = chart_gateway({})
     cluster = release.cluster
     keys = default_keys_namespace(release.namespace)
@@ -245,29 +255,43 @@ def test_admin_keys_live_apart_from_the_release_namespaces_secrets_and_its_pools
     assert code != 0 and "forbidden" in out.lower(), out
     assert release.can_i("list", "secrets", "-n", keys) and release.can_i("watch", "secrets", "-n", keys)
 
-    container = release.container()
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["MODELPOOL_GATEWAY_KEYS_NAMESPACE"] == keys
-    flags = [a for a in container["args"] if not a.startswith(("--port", "--metrics-port"))]
-    kubeconfig = token_kubeconfig(cluster, release.namespace, release.gateway, tmp_path / "gw.kubeconfig")
-    key = create_key(cluster, keys, "admin", namespaces="*")
+    key = create_key(cluster, keys, "admin", namespaces=pool_namespace)
+    apply(cluster, pool_manifest("served", replicas=0), pool_namespace)
+    gateway = _run_gateway(release, start_gateway, tmp_path)
+    wait_for(lambda: "served" in _ids(gateway.url, key), timeout=30, message="the key of the keys namespace")
+    assert (
+        httpx.get(gateway.url + "/v1/models", headers=bearer("not-a-key-0123456789"), timeout=5).status_code
+        == 401
+    )
+
+
+def test_pools_of_the_release_namespace_are_never_routed_even_routing_every_namespace(
+    chart_gateway: Callable[[Doc], Release],
+    pool_namespace: str,
+    start_gateway: StartGateway,
+    tmp_path: Path,
+) -> None:
+    """The namespace the operator and the gateway run in holds their Secrets: a pool there (which anyone
+    who may create pools there could make) is never routed, though the gateway watches every namespace and
+    a key grants every namespace; the first one skipped is logged, once."""
+    release = chart_gateway({})
+    cluster = release.cluster
+    key = create_key(cluster, default_keys_namespace(release.namespace), "admin", namespaces="*")
     apply(cluster, pool_manifest("served", replicas=0), pool_namespace)
     apply(cluster, pool_manifest("seed-reader", replicas=0), release.namespace)
-    gateway = start_gateway([], *flags, kubeconfig=kubeconfig, env=env)
-    wait_for(lambda: "served" in _ids(gateway.url, key), timeout=30, message="the key of the keys namespace")
-    wait_for(
-        lambda: "never routed" in gateway.log_path.read_text(),
-        timeout=30,
-        message="the release namespace's pool skipped, and logged",
-    )
+    gateway = _run_gateway(release, start_gateway, tmp_path)
+    wait_for(lambda: "served" in _ids(gateway.url, key), timeout=30, message="the routed namespace's pool")
     assert "seed-reader" not in _ids(gateway.url, key)
     body = {"model": f"{release.namespace}/seed-reader", "input": ["x"]}
     answer = httpx.post(gateway.url + "/v1/embeddings", json=body, headers=bearer(key), timeout=10)
     assert answer.status_code == 404, answer.text
+    # One made while it runs (a watch event, not the list), then one it routes: by then both were seen.
     apply(cluster, pool_manifest("seed-reader-2", replicas=0), release.namespace)
-    wait_for(lambda: "seed-reader-2" not in _ids(gateway.url, key), timeout=5, message="still not routed")
+    apply(cluster, pool_manifest("served-2", replicas=0), pool_namespace)
+    wait_for(lambda: "served-2" in _ids(gateway.url, key), timeout=30, message="the second routed pool")
+    assert not {"seed-reader", "seed-reader-2"} & set(_ids(gateway.url, key))
     log = gateway.log_path.read_text()
-    assert log.count("never routed") == 1, log
+    assert log.count("never routed") == 1 and f"{release.namespace}/seed-reader" in log, log
 
 
 def test_in_namespace_scope_the_gateway_reads_pods_only_where_it_routes(
