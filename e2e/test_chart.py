@@ -14,6 +14,7 @@ import yaml
 
 from e2e.helpers import CHART, CHART_CRDS, by_kind, load_all, one, require_binary, run
 from modelpool_contract.flags import DEFAULT_WORKER_CPU
+from modelpool_contract.gateway_keys import default_keys_namespace
 from modelpool_contract.labels import PROBE_PORT_NAME
 from modelpool_contract.version import VERSION
 from modelpool_operator.services import pod_settings
@@ -103,12 +104,12 @@ def test_default_render_cluster_scope(helm: list[str]) -> None:
         {"kind": "ServiceAccount", "name": "mp-modelpool-operator", "namespace": "mp-system"}
     ]
     # The one namespaced binding (besides the uninstall hook's, test_the_uninstall_hook_...): the gateway's,
-    # to read its API key Secrets in its own namespace.
+    # to read its API key Secrets in the keys namespace (never the release namespace's Secrets).
     lasting = [
         b for b in by_kind(docs, "RoleBinding") if "helm.sh/hook" not in b["metadata"].get("annotations", {})
     ]
     assert [(b["metadata"]["name"], b["metadata"]["namespace"]) for b in lasting] == [
-        (f"{GATEWAY}-keys", "mp-system")
+        (f"{GATEWAY}-keys", "mp-system-keys")
     ]
 
 
@@ -560,11 +561,15 @@ def test_the_gateways_rbac_is_read_pools_and_pods_and_write_demand_leases_only(h
 
 
 def test_the_gateway_follows_the_operators_scope_or_its_own_namespaces(helm: list[str]) -> None:
-    docs = render(helm, "--set", "scope.clusterWide=false", "--set", "scope.namespaces={team-a,team-b}")
+    docs = render(
+        helm, "--set", "scope.clusterWide=false", "--set", "scope.namespaces={team-a,team-b,mp-system}"
+    )
     assert [a for a in container(docs, GATEWAY)["args"] if a.startswith("--namespace=")] == [
         "--namespace=team-a",
         "--namespace=team-b",
+        "--namespace=mp-system",  # skipped by the gateway itself: its own namespace is never routed
     ]
+    # Pools, pods and Leases bound in the routed namespaces only: never the release namespace.
     bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] == GATEWAY]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert not [b for b in by_kind(docs, "ClusterRoleBinding") if b["metadata"]["name"] == GATEWAY]
@@ -589,22 +594,62 @@ def _key_roles(docs: list[dict[str, Any]]) -> dict[str, set[tuple[str, str, str]
     return roles
 
 
-def test_the_gateway_requires_api_keys_by_default_read_in_its_own_namespace_only(helm: list[str]) -> None:
+def test_the_gateway_requires_api_keys_by_default_read_in_a_keys_namespace_only(helm: list[str]) -> None:
+    """Admin keys live in a namespace of their own (<release namespace>-keys), never with the release
+    namespace's Secrets (the control seed, Helm's releases); the chart creates it, kept on uninstall."""
     docs = render(helm)
     env = {e["name"]: e["value"] for e in container(docs, GATEWAY)["env"]}
     assert env["MODELPOOL_GATEWAY_AUTH"] == "keys"
-    assert env["MODELPOOL_GATEWAY_KEYS_NAMESPACE"] == "mp-system"
+    # The chart's default is the contract's (the gateway's own default when run outside the chart).
+    assert env["MODELPOOL_GATEWAY_KEYS_NAMESPACE"] == default_keys_namespace("mp-system") == "mp-system-keys"
+    assert env["MODELPOOL_GATEWAY_OWN_NAMESPACE"] == "mp-system"
     assert env["MODELPOOL_GATEWAY_TENANT_KEYS"] == "false"
-    # List and watch the Secrets of its namespace: no get, no write, nowhere else, nothing cluster-wide.
-    assert _key_roles(docs) == {"mp-system": {("", "secrets", "list"), ("", "secrets", "watch")}}
+    # List and watch the Secrets of the keys namespace: no get, no write, nowhere else, nothing cluster-wide.
+    assert _key_roles(docs) == {"mp-system-keys": {("", "secrets", "list"), ("", "secrets", "watch")}}
     assert not [r for r in by_kind(docs, "ClusterRole") if ("", "secrets", "list") in _rules(r)]
+    made = one(docs, "Namespace", "mp-system-keys")
+    assert made["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert made["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+    docs = render(
+        helm, "--set", "gateway.auth.keysNamespace=vault", "--set", "gateway.auth.createKeysNamespace=false"
+    )
+    env = {e["name"]: e["value"] for e in container(docs, GATEWAY)["env"]}
+    assert env["MODELPOOL_GATEWAY_KEYS_NAMESPACE"] == "vault" and list(_key_roles(docs)) == ["vault"]
+    assert not by_kind(docs, "Namespace"), "the admin creates it"
+    refused = template(helm, "--set", "gateway.auth.keysNamespace=mp-system", check=False)
+    assert refused.returncode != 0 and "is the release namespace" in refused.stderr, refused.stderr
+
+
+def test_the_gateway_may_write_only_demand_leases(helm: list[str]) -> None:
+    """Its RBAC cannot name the Leases it may write: a ValidatingAdmissionPolicy on its ServiceAccount
+    does (tests/gateway/integration/test_gateway_identity.py runs it on the API server)."""
+    name = f"{GATEWAY}-leases"
+    policy = one(render(helm), "ValidatingAdmissionPolicy", name)
+    assert policy["spec"]["matchConditions"] == [
+        {
+            "name": "the-gateway",
+            "expression": f"request.userInfo.username == 'system:serviceaccount:mp-system:{GATEWAY}'",
+        }
+    ]
+    expressions = [v["expression"] for v in policy["spec"]["validations"]]
+    assert "request.namespace != 'mp-system'" in expressions
+    assert one(render(helm), "ValidatingAdmissionPolicyBinding", name)["spec"]["policyName"] == name
+    scoped = render(helm, "--set", "scope.clusterWide=false", "--set", "scope.namespaces={a,mp-system,b}")
+    expressions = [
+        v["expression"] for v in one(scoped, "ValidatingAdmissionPolicy", name)["spec"]["validations"]
+    ]
+    assert "request.namespace in ['a','b']" in expressions
+    off = render(helm, "--set", "admissionPolicy.enabled=false")
+    assert not [p for p in by_kind(off, "ValidatingAdmissionPolicy") if p["metadata"]["name"] == name]
 
 
 def test_tenant_keys_add_a_role_per_routed_namespace_and_are_never_cluster_wide(helm: list[str]) -> None:
     docs = render(
         helm, "--set", "gateway.namespaces={team-a,mp-system}", "--set", "gateway.auth.tenantKeys=true"
     )
-    assert sorted(_key_roles(docs)) == ["mp-system", "team-a"]
+    # Never the release namespace's Secrets, though it is in the list (its pools are never routed).
+    assert sorted(_key_roles(docs)) == ["mp-system-keys", "team-a"]
     env = {e["name"]: e["value"] for e in container(docs, GATEWAY)["env"]}
     assert env["MODELPOOL_GATEWAY_TENANT_KEYS"] == "true"
     refused = template(helm, "--set", "gateway.auth.tenantKeys=true", check=False)
@@ -614,8 +659,8 @@ def test_tenant_keys_add_a_role_per_routed_namespace_and_are_never_cluster_wide(
 def test_auth_none_is_explicit_and_reads_no_secret(helm: list[str]) -> None:
     docs = render(helm, "--set", "gateway.auth.mode=none")
     env = {e["name"]: e["value"] for e in container(docs, GATEWAY)["env"]}
-    assert env["MODELPOOL_GATEWAY_AUTH"] == "none"
-    assert _key_roles(docs) == {}
+    assert env["MODELPOOL_GATEWAY_AUTH"] == "none" and "MODELPOOL_GATEWAY_KEYS_NAMESPACE" not in env
+    assert _key_roles(docs) == {} and not by_kind(docs, "Namespace")
 
 
 def _notes(helm: list[str], workdir: Path, *args: str) -> str:
@@ -638,7 +683,7 @@ def test_the_notes_say_how_to_create_a_key_or_what_auth_none_means(helm: list[st
     keys = _notes(helm, tmp_path)
     # The key grants the namespace the first pool goes to (a key for another one makes the first curl 404).
     assert "kubectl apply -n default -f examples/text-embedding.yaml" in keys
-    assert "kubectl -n mp-system create secret generic default-key" in keys
+    assert "kubectl -n mp-system-keys create secret generic default-key" in keys
     assert '--from-literal=key="$KEY" --from-literal=namespaces=default' in keys
     assert "label secret default-key modelpool.dev/gateway-key=true" in keys
     scoped = _notes(helm, tmp_path, "--set", "scope.clusterWide=false", "--set", "scope.namespaces={ml,b}")

@@ -33,6 +33,7 @@ import yaml
 
 from e2e.helpers import eventually, require_binary, run
 from modelpool_contract import LABEL_POOL
+from modelpool_contract.gateway_keys import default_keys_namespace
 from modelpool_contract.version import VERSION
 from testkit.cluster import Cluster, minilm_package
 from testkit.environment import ROOT
@@ -173,7 +174,9 @@ def install(
                 "120s",
                 check=False,
             )
-            inst.k("delete", "namespace", inst.namespace, "--wait=false", check=False)
+            # The keys namespace the chart made is kept by uninstall (resource-policy keep).
+            for namespace in (inst.namespace, default_keys_namespace(inst.namespace)):
+                inst.k("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def check_in_image(install: Install, pod: Any, image: str) -> None:
@@ -225,8 +228,13 @@ def test_operator_gateway_and_worker_run_from_their_images_and_serve_minilm(
         f"http://{gateway['status']['podIP']}:{gateway['spec']['containers'][0]['ports'][0]['containerPort']}"
     )
     key = secrets.token_hex(24)
-    install.k("create", "secret", "generic", "img-key", "-n", install.namespace, f"--from-literal=key={key}")
-    install.k("label", "secret", "img-key", "-n", install.namespace, "modelpool.dev/gateway-key=true")
+    # In the keys namespace (never the release namespace's Secrets), granting the pool's namespace.
+    keys = default_keys_namespace(install.namespace)
+    install.k(
+        "create", "secret", "generic", "img-key", "-n", keys, f"--from-literal=key={key}",
+        f"--from-literal=namespaces={install.namespace}",
+    )  # fmt: skip
+    install.k("label", "secret", "img-key", "-n", keys, "modelpool.dev/gateway-key=true")
     headers = {"Authorization": f"Bearer {key}"}
 
     def listed() -> bool:

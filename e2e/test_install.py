@@ -25,6 +25,7 @@ import yaml
 
 from e2e.helpers import CHART, EXAMPLES, eventually, require_binary, run
 from modelpool_contract.demand import demand_from_lease, demand_lease_name
+from modelpool_contract.gateway_keys import default_keys_namespace
 from testkit import prom
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -176,7 +177,8 @@ def remove_everything(rel: Release) -> None:
     if rel.k("get", "modelbudget", rel.budget, "-o", "name", check=False).returncode == 0:
         rel.k("patch", "modelbudget", rel.budget, *unfinalize, check=False)
         rel.k("delete", "modelbudget", rel.budget, "--ignore-not-found", "--wait=false", check=False)
-    for namespace in namespaces:
+    # The keys namespace the chart created is kept by uninstall (resource-policy keep): deleted here.
+    for namespace in (*namespaces, default_keys_namespace(rel.namespace)):
         rel.k("delete", "namespace", namespace, "--wait=false", "--ignore-not-found", check=False)
 
 
@@ -383,10 +385,10 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
     account = f"system:serviceaccount:{release.namespace}:{gateway}"
     # Exactly the verbs the gateway uses (tests/gateway/integration/test_gateway_rbac.py reads them from the
     # API server's audit log).
+    # In a namespace it routes to (never the release namespace, whose pools it never serves).
     allowed = [("list", "modelpools"), ("watch", "modelpools"), ("list", "pods"), ("watch", "pods"),
                ("get", "leases.coordination.k8s.io"), ("create", "leases.coordination.k8s.io"),
-               ("update", "leases.coordination.k8s.io"),
-               ("list", "secrets"), ("watch", "secrets")]  # fmt: skip
+               ("update", "leases.coordination.k8s.io")]  # fmt: skip
     # Nothing that writes a pool (its image, its env: the operator would roll them out to every worker).
     denied = [("patch", "modelpools"), ("update", "modelpools"), ("create", "modelpools"),
               ("create", "pods"), ("delete", "modelpools"), ("patch", "pods"), ("get", "secrets"),
@@ -394,33 +396,45 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
               ("delete", "leases.coordination.k8s.io"), ("patch", "leases.coordination.k8s.io")]  # fmt: skip
     for verb, resource in allowed + denied:
         answer = release.k(
-            "auth", "can-i", verb, *resource.split(), "-n", release.namespace, "--as", account, check=False
-        )
+            "auth", "can-i", verb, *resource.split(), "-n", release.other_namespace, "--as", account,
+            check=False,
+        )  # fmt: skip
         expected = "yes" if (verb, resource) in allowed else "no"
         assert answer.stdout.strip() == expected, f"{verb} {resource}: {answer.stdout.strip()}"
-    # Its API key Secrets are read in its own namespace only.
-    elsewhere = release.k("auth", "can-i", "list", "secrets", "-n", "default", "--as", account, check=False)
-    assert elsewhere.stdout.strip() == "no"
+    # Its API key Secrets are read in the keys namespace only: never the release namespace's Secrets (the
+    # control seed, Helm's releases), nor its pods.
+    keys_namespace = default_keys_namespace(release.namespace)
+    for verb, where, expected in (("list", keys_namespace, "yes"), ("watch", keys_namespace, "yes"),
+                                  ("list", release.namespace, "no"), ("list", "default", "no")):  # fmt: skip
+        answer = release.k("auth", "can-i", verb, "secrets", "-n", where, "--as", account, check=False)
+        assert answer.stdout.strip() == expected, f"{verb} secrets in {where}: {answer.stdout.strip()}"
+    answer = release.k("auth", "can-i", "list", "pods", "-n", release.namespace, "--as", account, check=False)
+    assert answer.stdout.strip() == "no"
 
     if release.external:
         return  # the traffic below goes to the gateway pod's loopback address on the process node
     # At zero with autoscaling off: the operator starts no worker for it, whatever the demand.
-    zero = pool_manifest("gw-zero", release.namespace, replicas=0, activationTimeoutSeconds=60)
+    # In the other namespace: pools of the release namespace are never routed.
+    zero = pool_manifest("gw-zero", release.other_namespace, replicas=0, activationTimeoutSeconds=60)
     zero["spec"]["autoscaling"] = {"enabled": False}
     # Woken by demand, but its worker never fits the release's budget (100Gi): held, and the demand recorded.
     wake = pool_manifest(
-        "gw-wake", release.namespace, replicas=0, minReplicas=0, maxReplicas=1, activationTimeoutSeconds=1
-    )
+        "gw-wake", release.other_namespace, replicas=0, minReplicas=0, maxReplicas=1,
+        activationTimeoutSeconds=1,
+    )  # fmt: skip
     wake["spec"]["autoscaling"] = {"enabled": True}
     wake["spec"]["resources"] = {"memory": "200Gi"}
     for pool in (zero, wake):
         release.k("apply", "-f", "-", stdin=json.dumps(pool))
     [pod] = release.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/component=gateway")["items"]
     url = f"http://{pod['status']['podIP']}:{pod['spec']['containers'][0]['ports'][0]['containerPort']}"
-    # An API key as the NOTES say: a labelled Secret in the gateway's namespace (granting that namespace).
+    # An API key as the NOTES say: a labelled Secret in the keys namespace, granting the pools' namespace.
     key = secrets.token_hex(24)
-    release.k("create", "secret", "generic", "gw-key", "-n", release.namespace, f"--from-literal=key={key}")
-    release.k("label", "secret", "gw-key", "-n", release.namespace, "modelpool.dev/gateway-key=true")
+    release.k(
+        "create", "secret", "generic", "gw-key", "-n", keys_namespace, f"--from-literal=key={key}",
+        f"--from-literal=namespaces={release.other_namespace}",
+    )  # fmt: skip
+    release.k("label", "secret", "gw-key", "-n", keys_namespace, "modelpool.dev/gateway-key=true")
     headers = {"Authorization": f"Bearer {key}"}
     assert httpx.get(url + "/v1/models", timeout=5).status_code == 401
 
@@ -442,9 +456,11 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
         url + "/v1/embeddings", json={"model": "nope", "input": ["x"]}, headers=headers, timeout=30
     )
     assert unknown.status_code == 404
-    lease = release.get("leases.coordination.k8s.io", demand_lease_name("gw-wake"), "-n", release.namespace)
+    lease = release.get(
+        "leases.coordination.k8s.io", demand_lease_name("gw-wake"), "-n", release.other_namespace
+    )
     assert demand_from_lease(lease) is not None, "the gateway recorded the demand in the pool's Lease"
-    pool = release.get("modelpools", "gw-wake", "-n", release.namespace)
+    pool = release.get("modelpools", "gw-wake", "-n", release.other_namespace)
     assert lease["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
 
 

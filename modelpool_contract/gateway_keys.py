@@ -42,3 +42,14 @@ ALL_NAMESPACES: Final = "*"
 #: Shorter keys are refused (a guessable key is no key): 16 characters, e.g. ``openssl rand -hex 16``
 #: gives 32.
 MIN_KEY_LENGTH: Final = 16
+
+#: The admin keys' namespace is by default the release namespace with this suffix (the chart's
+#: ``gateway.auth.keysNamespace``, empty, and the gateway's ``--keys-namespace``, unset, agree): a namespace
+#: of its own, so the gateway's right to list Secrets there never reaches the release namespace's (the
+#: operator's control seed, Helm's release Secrets).
+KEYS_NAMESPACE_SUFFIX: Final = "-keys"
+
+
+def default_keys_namespace(release_namespace: str) -> str:
+    """The admin keys' namespace of a gateway running in ``release_namespace``: ``<namespace>-keys``."""
+    return release_namespace + KEYS_NAMESPACE_SUFFIX

@@ -7,10 +7,15 @@ moment a worker becomes serving.  A relist (``replace_*``) replaces one watch's 
 was deleted while a watch was down disappears too.  A shared pool's (``spec.host``) routable workers are
 the host pods ``picker.shared_candidates`` names, each as a ``Worker`` of the pool; a host pod's change
 calls the subscribers with every pool it held or holds.
+
+Nothing of the gateway's own namespace (the release namespace, where the operator and the gateway run and
+their Secrets live) enters it: a pool there is never routed, whatever the watches send (a cluster-wide
+watch sends every namespace); the first one skipped is logged, once.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
@@ -18,6 +23,8 @@ from datetime import datetime
 from modelpool_gateway.names import NameIndex
 from modelpool_gateway.picker import shared_candidates
 from modelpool_gateway.state import HostPod, Key, Pool, Worker
+
+log = logging.getLogger("modelpool.gateway.registry")
 
 Listener = Callable[[Key], None]
 
@@ -29,7 +36,10 @@ def _in_scope(key: Key, namespace: str | None) -> bool:
 class Registry:
     """Pools by (namespace, name), workers by (namespace, pod), routable workers by pool."""
 
-    def __init__(self) -> None:
+    def __init__(self, own_namespace: str | None = None) -> None:
+        # The namespace whose pools, workers and host pods are never taken in (module docstring).
+        self.own_namespace = own_namespace
+        self._skip_logged = False
         self.pools: dict[Key, Pool] = {}
         self.workers: dict[Key, Worker] = {}
         self.index = NameIndex.build(())
@@ -40,6 +50,23 @@ class Registry:
         self._listeners: list[Listener] = []
         # Watch scopes that have completed their first list (readiness).
         self.synced: set[str] = set()
+
+    def _own(self, namespace: str) -> bool:
+        """Whether ``namespace`` is the gateway's own (never routed); logs the first pool skipped."""
+        return namespace == self.own_namespace
+
+    def _skip_pool(self, pool: Pool) -> bool:
+        if not self._own(pool.key[0]):
+            return False
+        if not self._skip_logged:
+            self._skip_logged = True
+            log.warning(
+                "ModelPool %s/%s skipped: pools of the gateway's own namespace %s are never routed (it holds "
+                "the operator's and the gateway's Secrets); create pools in another namespace (logged once)",
+                *pool.key,
+                pool.key[0],
+            )
+        return True
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -81,6 +108,8 @@ class Registry:
     # ---- pools ----
 
     def set_pool(self, pool: Pool) -> None:
+        if self._skip_pool(pool):
+            return
         if self._put_pool(pool):
             self.index = NameIndex.build(self.pools.values())
         self._notify(pool.key)
@@ -109,7 +138,7 @@ class Registry:
     def replace_pools(self, namespace: str | None, pools: Iterable[Pool]) -> None:
         """A fresh list of every pool in ``namespace`` (None: all namespaces); the name index is rebuilt
         once for the whole list (not once per pool: a thousand pools would cost a million entries)."""
-        fresh = {p.key: p for p in pools}
+        fresh = {p.key: p for p in pools if not self._skip_pool(p)}
         gone = [k for k in self.pools if _in_scope(k, namespace) and k not in fresh]
         for key in gone:
             del self.pools[key]
@@ -122,6 +151,8 @@ class Registry:
     # ---- workers ----
 
     def set_worker(self, worker: Worker) -> None:
+        if self._own(worker.namespace):
+            return
         old = self.workers.get(worker.key)
         self.workers[worker.key] = worker
         if old is not None and old.pool_key != worker.pool_key:
@@ -157,6 +188,8 @@ class Registry:
     # ---- shared hosts' pods ----
 
     def set_host_pod(self, pod: HostPod) -> None:
+        if self._own(pod.namespace):
+            return
         old = self.host_pods.get(pod.key)
         if old == pod:
             return

@@ -175,10 +175,17 @@ class GatewaySettings(BaseSettings):
         "<key>' from a key Secret (label modelpool.dev/gateway-key=true) and reaches only the pools that "
         "key grants; none: no check at all, every caller reaches every pool (choose it on purpose)",
     )
+    own_namespace: str | None = Field(
+        default=None,
+        description="The namespace the gateway runs in (the release namespace, the operator's too): its "
+        "pools are never routed, even when every namespace is; unset: the pod's namespace (from its "
+        "service account), none outside a pod",
+    )
     keys_namespace: str | None = Field(
         default=None,
-        description="The gateway's own (admin) namespace, whose key Secrets may grant any namespace; "
-        "unset: the pod's namespace (from its service account), required outside a pod",
+        description="The admin keys' namespace, whose key Secrets may grant any namespace: a namespace of "
+        "their own, apart from the release namespace's Secrets; unset: <own namespace>-keys (required "
+        "outside a pod without --own-namespace)",
     )
     tenant_keys: bool = Field(
         default=False,

@@ -4,7 +4,10 @@ A key Secret (``modelpool_contract.gateway_keys``) is turned into a ``Grant`` by
 namespaces whose every pool it grants and single pools.  The rule that keeps tenants apart: a Secret
 outside the gateway's own (admin) namespace grants pools of its own namespace only; one that names
 anything else is refused whole (a warning names the Secret, never the key).  Only Secrets in the admin
-namespace may grant other namespaces, or every namespace (``*``).
+namespace may grant other namespaces, or every namespace (``*``).  The admin namespace is one of its own
+(``--keys-namespace``, by default ``<release namespace>-keys``: ``gateway_keys.default_keys_namespace``),
+never the release namespace, whose other Secrets (the operator's control seed, Helm's releases) the
+gateway must not be able to list.
 
 The store keeps no key, only its SHA-256 digest: a request's bearer token is hashed and looked up by
 digest, so neither a log, a heap dump nor the lookup's timing shows a key (the dictionary is searched by
@@ -226,7 +229,7 @@ def key_namespaces(admin_namespace: str | None, tenant_keys: bool, routed: list[
     every Secret there (RBAC cannot select by label), so tenant namespaces are read only when asked for,
     and never all of them (cluster-wide Secret reading for a process that faces every client)."""
     if not admin_namespace:
-        return "--keys-namespace is needed outside a pod (or --auth none, on purpose)"
+        return "--keys-namespace is needed outside a pod without --own-namespace (or --auth none, on purpose)"
     if not tenant_keys:
         return [admin_namespace]
     if not routed:

@@ -20,6 +20,7 @@ from types import FrameType
 import uvicorn
 from kubernetes_asyncio import client, config
 
+from modelpool_contract.gateway_keys import default_keys_namespace
 from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
@@ -49,15 +50,22 @@ SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/toke
 SERVICE_ACCOUNT_NAMESPACE = SERVICE_ACCOUNT_TOKEN.with_name("namespace")
 
 
-def _key_store(settings: GatewaySettings, in_cluster: bool) -> tuple[KeyStore | None, list[str]] | str:
+def own_namespace(settings: GatewaySettings, in_cluster: bool) -> str | None:
+    """The namespace the gateway runs in: --own-namespace, else the pod's (its service account's)."""
+    if settings.own_namespace is None and in_cluster and SERVICE_ACCOUNT_NAMESPACE.exists():
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
+    return settings.own_namespace
+
+
+def key_store(settings: GatewaySettings, own: str | None) -> tuple[KeyStore | None, list[str]] | str:
     """The key store and the namespaces to read key Secrets from (none with --auth none); or an error."""
     if settings.auth == "none":
         log.warning("--auth none: no API key is checked, every caller reaches every pool")
         return None, []
-    own = settings.keys_namespace
-    if own is None and in_cluster and SERVICE_ACCOUNT_NAMESPACE.exists():
-        own = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
-    scopes = key_namespaces(own, settings.tenant_keys, settings.namespaces)
+    admin = settings.keys_namespace or (default_keys_namespace(own) if own else None)
+    # Tenant keys are read where pools are routed: never in the gateway's own namespace.
+    routed = [ns for ns in settings.namespaces if ns != own]
+    scopes = key_namespaces(admin, settings.tenant_keys, routed)
     return scopes if isinstance(scopes, str) else (KeyStore(scopes[0]), scopes)
 
 
@@ -96,9 +104,25 @@ def replica_identity() -> str:
     return f"{socket.gethostname()}_{os.getpid()}"
 
 
-def _watches(settings: GatewaySettings, registry: Registry, api: client.ApiClient) -> list[WatchSpec]:
+def watch_scopes(namespaces: list[str], own: str | None) -> list[str | None]:
+    """The namespaces to watch (None: every namespace, the registry skipping ``own``).  The gateway's own
+    namespace is never routed, so a list naming only it leaves nothing to watch: the gateway then routes
+    no pool (a warning says why) rather than failing, so that a release scoped to its own namespace alone
+    still installs."""
+    if not namespaces:
+        return [None]
+    if own in namespaces:
+        log.warning(
+            "--namespace %s skipped: pools of the gateway's own namespace are never routed%s",
+            own,
+            "" if set(namespaces) - {own} else "; no other namespace is named, so no pool is routed",
+        )
+    scopes: list[str | None] = [ns for ns in dict.fromkeys(namespaces) if ns != own]
+    return scopes
+
+
+def _watches(scopes: list[str | None], registry: Registry, api: client.ApiClient) -> list[WatchSpec]:
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    scopes: list[str | None] = list(dict.fromkeys(settings.namespaces)) or [None]
     specs: list[WatchSpec] = []
     for namespace in scopes:
         specs += [
@@ -111,7 +135,9 @@ def _watches(settings: GatewaySettings, registry: Registry, api: client.ApiClien
 
 async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     """Run the gateway until SIGTERM/SIGINT; the exit code."""
-    keys = _key_store(settings, in_cluster)
+    own = own_namespace(settings, in_cluster)
+    keys = key_store(settings, own)
+    scopes = watch_scopes(settings.namespaces, own)
     if isinstance(keys, str):
         log.error("%s", keys)
         return EXIT_CONFIG
@@ -121,7 +147,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     except Exception as exc:
         log.error("cannot load the API server's configuration: %s", exc)
         return EXIT_KUBE
-    registry, metrics = Registry(), Metrics()
+    registry, metrics = Registry(own), Metrics()
     holds = Holds(settings.max_held_per_pool, registry.has_routable)
     demand = DemandRecorder(
         LeaseClient(client.CoordinationV1Api(api)),
@@ -143,7 +169,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
             holds.changed(key)
 
     registry.subscribe(changed)
-    specs = _watches(settings, registry, api)
+    specs = _watches(scopes, registry, api)
     specs += [key_watch(store, client.CoreV1Api(api), ns) for ns in key_scopes if store is not None]
     access = Access(settings.auth, store, registry)
     upstream = Upstream(settings)
@@ -201,11 +227,12 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     if settings.metrics_port:
         metrics.serve(settings.host, settings.metrics_port)
     log.info(
-        "modelpool-gateway listening on %s:%d (metrics on %s), watching %s; API keys %s",
+        "modelpool-gateway listening on %s:%d (metrics on %s), watching %s (never routing %s); API keys %s",
         settings.host,
         settings.port,
         settings.metrics_port or "no port",
-        ", ".join(settings.namespaces) or "every namespace",
+        ", ".join(s or "every namespace" for s in scopes) or "no namespace",
+        own or "none: no own namespace",
         f"from Secrets in {', '.join(key_scopes)}" if store is not None else "not checked (--auth none)",
     )
     try:

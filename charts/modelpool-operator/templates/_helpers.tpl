@@ -133,3 +133,18 @@ the operator's scope. */}}
 {{- include "modelpool-operator.watchNamespaces" . }}
 {{- end }}
 {{- end }}
+
+{{/* The namespace of the gateway's admin keys: gateway.auth.keysNamespace, else <release namespace>-keys
+(modelpool_contract.gateway_keys.default_keys_namespace). Never the release namespace: the gateway lists every
+Secret of the namespace its keys live in (RBAC cannot select by label), and the release namespace holds the
+operator's control seed and Helm's release Secrets. */}}
+{{- define "modelpool-operator.gatewayKeysNamespace" -}}
+{{- $ns := default (printf "%s-keys" .Release.Namespace) .Values.gateway.auth.keysNamespace }}
+{{- if eq $ns .Release.Namespace }}
+{{- fail (printf "gateway.auth.keysNamespace: %s is the release namespace, whose Secrets (the operator's control seed, Helm's releases) the gateway must not list; name a namespace of their own (empty: %s-keys)" $ns .Release.Namespace) }}
+{{- end }}
+{{- if gt (len $ns) 63 }}
+{{- fail (printf "gateway.auth.keysNamespace: %s is longer than a namespace name's 63 characters; set gateway.auth.keysNamespace" $ns) }}
+{{- end }}
+{{- $ns }}
+{{- end }}

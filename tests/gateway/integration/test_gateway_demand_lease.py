@@ -52,24 +52,30 @@ class GatewayIdentity:
 
 @pytest.fixture
 def identity(crds: Cluster, namespace: str, tmp_path: Path) -> Iterator[GatewayIdentity]:
+    """The chart's gateway identity for a release in a namespace of its own, routing ``namespace`` (the
+    gateway is bound nowhere in its release namespace: pools are never served from it)."""
     release = f"gw-{secrets.token_hex(3)}"
+    home = f"{namespace}-rel"
+    crds.kubectl("create", "namespace", home)
     values = {"scope": {"clusterWide": False, "namespaces": [namespace]}}
     account = f"{release}-modelpool-operator-gateway"
     docs = [
         d
-        for d in render_chart(crds, release, values, tmp_path, namespace)
+        for d in render_chart(crds, release, values, tmp_path, home)
         if d["kind"] in IDENTITY_KINDS and d["metadata"]["name"] == account
     ]
     assert {d["kind"] for d in docs} == IDENTITY_KINDS, "the chart's gateway identity"
+    assert [d["metadata"]["namespace"] for d in docs if d["kind"] == "RoleBinding"] == [namespace]
     for doc in docs:
-        apply(crds, doc, namespace if doc["kind"] != "ClusterRole" else None)
+        apply(crds, doc)
     try:
         yield GatewayIdentity(
-            account=f"system:serviceaccount:{namespace}:{account}",
-            kubeconfig=token_kubeconfig(crds, namespace, account, tmp_path / "gateway.kubeconfig"),
+            account=f"system:serviceaccount:{home}:{account}",
+            kubeconfig=token_kubeconfig(crds, home, account, tmp_path / "gateway.kubeconfig"),
         )
     finally:
         crds.kubectl("delete", "clusterrole", account, "--ignore-not-found", "--wait=false")
+        crds.kubectl("delete", "namespace", home, "--wait=false", check=False)
 
 
 @pytest.fixture

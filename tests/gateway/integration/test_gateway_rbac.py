@@ -13,8 +13,9 @@ an extra one. Secrets being every Secret of a namespace to RBAC, the namespaces 
 exactly those the chart grants.
 
 Both key settings are run: the default (the gateway routes to every namespace through a ClusterRoleBinding;
-key Secrets in the release namespace only) and ``gateway.auth.tenantKeys`` (routed namespaces bound with
-RoleBindings; key Secrets also read there, one of them a tenant's key).
+key Secrets in the keys namespace only, ``<release namespace>-keys``, never the release namespace's) and
+``gateway.auth.tenantKeys`` (routed namespaces bound with RoleBindings; key Secrets also read there, one of
+them a tenant's key). The chart's Lease policy is applied too: the real gateway's demand Leases pass it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
+from modelpool_contract.gateway_keys import default_keys_namespace
 from testkit.cluster import Cluster
 from testkit.kubectl import apply, wait_for
 from tests.gateway.integration.conftest import StartGateway
@@ -49,10 +51,21 @@ from tests.rbacaudit import (
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+# Its Lease policy too (gateway-leasepolicy.yaml): the real gateway's demand Leases must pass it.
+IDENTITY_KINDS = {
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 LEASE_UPDATE = ("coordination.k8s.io", "leases", "update")
 # The demand Lease is written once an interval while a request is held: short, so the update comes soon.
 DEMAND_INTERVAL_S = 1
+# The chart's default keys namespace for the audited release namespace (created here, as an admin would).
+KEYS_NAMESPACE = default_keys_namespace(AUDITED_NAMESPACE)
 
 
 @dataclass
@@ -65,7 +78,7 @@ class AuditedGateway:
     docs: list[dict[str, Any]]
     identity: list[dict[str, Any]]
     kubeconfig: Path
-    secrets: list[str] = field(default_factory=list)  # key Secrets made for it in AUDITED_NAMESPACE
+    secrets: list[tuple[str, str]] = field(default_factory=list)  # (namespace, name) of its key Secrets
 
     @property
     def username(self) -> str:
@@ -88,7 +101,7 @@ class AuditedGateway:
         return [a for a in self._container()["args"] if not a.startswith("--port")]
 
     def env(self) -> dict[str, str]:
-        """The Deployment's environment (the keys namespace is the release namespace: AUDITED_NAMESPACE)."""
+        """The Deployment's environment (its own namespace AUDITED_NAMESPACE, its keys KEYS_NAMESPACE)."""
         return {e["name"]: e["value"] for e in self._container()["env"]}
 
     def key_namespaces(self) -> set[str]:
@@ -106,6 +119,7 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Callable[[dict[str, Any]]
     fresh release; everything (and its key Secrets) is deleted again at teardown (after the gateways stopped:
     tests request this fixture before ``start_gateway``)."""
     require_audit_log(crds)
+    crds.kubectl("create", "namespace", KEYS_NAMESPACE, check=False)
     made: list[AuditedGateway] = []
 
     def make(values: dict[str, Any]) -> AuditedGateway:
@@ -129,10 +143,8 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Callable[[dict[str, Any]]
 
     yield make
     for release in made:
-        for secret in release.secrets:
-            crds.kubectl(
-                "delete", "secret", secret, "-n", AUDITED_NAMESPACE, "--ignore-not-found", "--wait=false"
-            )
+        for where, secret in release.secrets:
+            crds.kubectl("delete", "secret", secret, "-n", where, "--ignore-not-found", "--wait=false")
         delete_docs(crds, release.identity)
 
 
@@ -147,13 +159,13 @@ def _exercise(
     key Secret of ``key_namespace`` added and deleted, and a request held for a pool at zero (the demand
     Lease read, created and updated), answered when the pool is deleted."""
     admin = f"{release.name}-admin"
-    release.secrets.append(admin)
-    admin_key = create_key(crds, AUDITED_NAMESPACE, admin, namespaces="*")
+    release.secrets.append((KEYS_NAMESPACE, admin))
+    admin_key = create_key(crds, KEYS_NAMESPACE, admin, namespaces="*")
     gateway = start_gateway([], *release.flags(), kubeconfig=release.kubeconfig, env=release.env())
     assert gateway.keys_namespace is None, "the chart's keys namespace, not the harness's"
 
     added = f"{release.name}-added"
-    release.secrets.append(added)
+    release.secrets.append((key_namespace, added))
     key = create_key(crds, key_namespace, added)
     wait_for(lambda: _models(gateway, key).status_code == 200, timeout=30, message="the added key works")
     crds.kubectl("delete", "secret", added, "-n", key_namespace)
@@ -193,11 +205,11 @@ def test_default_gateway_rbac_is_exactly_what_the_gateway_uses(
     audited: Callable[[dict[str, Any]], AuditedGateway],
     start_gateway: StartGateway,
 ) -> None:
-    """The chart's defaults: every namespace routed (a ClusterRoleBinding), key Secrets of the release
-    namespace only."""
+    """The chart's defaults: every namespace routed (a ClusterRoleBinding), key Secrets of the keys
+    namespace only (never the release namespace's)."""
     release = audited({"gateway": {"demandIntervalSeconds": DEMAND_INTERVAL_S}})
-    assert release.key_namespaces() == {AUDITED_NAMESPACE}
-    _exercise(crds, namespace, start_gateway, release, AUDITED_NAMESPACE)
+    assert release.key_namespaces() == {KEYS_NAMESPACE}
+    _exercise(crds, namespace, start_gateway, release, KEYS_NAMESPACE)
     _compare(release)
 
 
@@ -215,10 +227,10 @@ def test_tenant_keys_gateway_rbac_is_exactly_what_the_gateway_uses(
             "gateway": {"demandIntervalSeconds": DEMAND_INTERVAL_S, "auth": {"tenantKeys": True}},
         }
     )
-    assert release.key_namespaces() == {AUDITED_NAMESPACE, namespace}
+    assert release.key_namespaces() == {KEYS_NAMESPACE, namespace}
     _exercise(crds, namespace, start_gateway, release, namespace)
     _compare(release)
-    # Routed to that namespace only: nothing read elsewhere (but key Secrets in the release namespace).
+    # Routed to that namespace only: nothing read elsewhere (but key Secrets in the keys namespace).
     elsewhere = {
         e["objectRef"].get("namespace") for e in release.requests() if e["objectRef"]["resource"] != "secrets"
     }

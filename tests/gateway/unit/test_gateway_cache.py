@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
+
+import pytest
 
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.names import Resolved
-from modelpool_gateway.state import Key, Pool, Worker
+from modelpool_gateway.state import HostPod, Key, Pool, Worker
 
 POOL: Key = ("ns", "minilm")
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -71,3 +74,23 @@ def test_a_relist_replaces_only_its_scope() -> None:
     assert set(registry.pools) == {("a", "p3"), ("b", "p2")}
     assert not registry.has_routable(("a", "p1"))
     assert registry.has_routable(("b", "p2"))
+
+
+def test_nothing_of_the_gateways_own_namespace_enters_the_registry(caplog: pytest.LogCaptureFixture) -> None:
+    """Pools are never served from the release namespace (issue 30): its pools, workers and host pods are
+    skipped however they arrive (a cluster-wide list or event), and the first pool skipped is logged once."""
+    registry = Registry(own_namespace="mp-system")
+    seen: list[Key] = []
+    registry.subscribe(seen.append)
+    with caplog.at_level(logging.WARNING, logger="modelpool.gateway.registry"):
+        registry.replace_pools(None, [Pool("mp-system", "seed-reader"), Pool("ns", "minilm")])
+        registry.set_pool(Pool("mp-system", "another"))
+        registry.set_worker(worker("w0", namespace="mp-system", pool="seed-reader"))
+        registry.set_host_pod(
+            HostPod("mp-system", "h0", "host", "10.0.0.2", 8000, True, False, {"seed-reader": "Ready"})
+        )
+    assert set(registry.pools) == {POOL}
+    assert registry.index.resolve("seed-reader") != Resolved(("mp-system", "seed-reader"))
+    assert not registry.workers and not registry.host_pods and ("mp-system", "seed-reader") not in seen
+    skipped = [r.getMessage() for r in caplog.records if "never routed" in r.getMessage()]
+    assert len(skipped) == 1 and "mp-system/seed-reader" in skipped[0], skipped

@@ -13,7 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from modelpool_contract.gateway_keys import KEY_FIELD, NAMESPACES_FIELD, POOLS_FIELD
+from modelpool_contract.gateway_keys import (
+    KEY_FIELD,
+    NAMESPACES_FIELD,
+    POOLS_FIELD,
+    default_keys_namespace,
+)
 from modelpool_gateway.config import GatewaySettings
 from modelpool_gateway.keys import (
     EVERYTHING,
@@ -23,6 +28,7 @@ from modelpool_gateway.keys import (
     key_namespaces,
     parse_grant,
 )
+from modelpool_gateway.main import key_store, watch_scopes
 from testkit.environment import ROOT
 
 ADMIN = "gateway"
@@ -154,3 +160,26 @@ def test_the_gateway_will_not_start_with_keys_it_cannot_read() -> None:
             timeout=60,
         )
         assert done.returncode == 2 and message in done.stderr, (done.returncode, done.stderr)
+
+
+def _store(settings: GatewaySettings, own: str) -> tuple[str, list[str]]:
+    found = key_store(settings, own)
+    assert not isinstance(found, str) and found[0] is not None, found
+    return found[0].admin_namespace, found[1]
+
+
+def test_admin_keys_live_in_a_namespace_of_their_own_and_tenant_keys_never_in_the_gateways() -> None:
+    """The admin keys' namespace is --keys-namespace, else <own namespace>-keys (the chart's default too):
+    never the release namespace, whose other Secrets hold the control seed and Helm's releases."""
+    own = "mp-system"
+    assert _store(GatewaySettings(), own) == ("mp-system-keys", ["mp-system-keys"])
+    assert default_keys_namespace(own) == "mp-system-keys"
+    assert _store(GatewaySettings(keys_namespace="vault"), own) == ("vault", ["vault"])
+    tenants = GatewaySettings(keys_namespace="vault", tenant_keys=True, namespaces=["mp-system", "team-a"])
+    assert _store(tenants, own) == ("vault", ["vault", "team-a"])
+
+
+def test_the_gateways_own_namespace_is_never_watched() -> None:
+    assert watch_scopes([], "mp-system") == [None]  # every namespace; the registry skips its own
+    assert watch_scopes(["mp-system", "team-a", "team-a"], "mp-system") == ["team-a"]
+    assert watch_scopes(["mp-system"], "mp-system") == []  # nothing to route (and a warning says so)
