@@ -63,7 +63,8 @@ class Install:
     cluster: Cluster
     node: ImageNode
     name: str
-    namespace: str
+    namespace: str  # the release's (the operator and gateway: never a pool's)
+    pools: str  # where the pools are
     budget: str
     helm: Path
     env: dict[str, str]
@@ -77,8 +78,8 @@ class Install:
     def h(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return run([self.helm, *args], env=self.env, check=check, timeout=INSTALL_TIMEOUT_S + 30)
 
-    def pods(self, selector: str) -> list[Any]:
-        items: list[Any] = self.get("pods", "-n", self.namespace, "-l", selector)["items"]
+    def pods(self, selector: str, namespace: str | None = None) -> list[Any]:
+        items: list[Any] = self.get("pods", "-n", namespace or self.namespace, "-l", selector)["items"]
         return items
 
 
@@ -117,13 +118,23 @@ def install(
         v: str(home / v.lower()) for v in ("HELM_CONFIG_HOME", "HELM_CACHE_HOME", "HELM_DATA_HOME")
     }
     with image_node(cluster) as node:
-        inst = Install(cluster, node, f"mpimg-{suffix}", f"mp-img-{suffix}", f"img-{suffix}", helm, env)
-        inst.k("create", "namespace", inst.namespace)
+        inst = Install(
+            cluster,
+            node,
+            f"mpimg-{suffix}",
+            f"mp-img-{suffix}",
+            f"mp-img-pools-{suffix}",
+            f"img-{suffix}",
+            helm,
+            env,
+        )
+        for namespace in (inst.namespace, inst.pools):
+            inst.k("create", "namespace", namespace)
         on_node = {"nodeSelector": node.selector, "tolerations": TOLERATIONS}
         repository, _, tag = images["operator"].rpartition(":")
         values: dict[str, Any] = {
             "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-            "scope": {"clusterWide": False, "namespaces": [inst.namespace]},
+            "scope": {"clusterWide": False, "namespaces": [inst.pools]},
             "peering": {"name": f"mp-{suffix}"},
             # Pods on a process node share the machine's ports: ports of this release's own.
             "liveness": {"port": 18000 + secrets.randbelow(1000)},
@@ -162,7 +173,7 @@ def install(
             )  # fmt: skip
             yield inst
         finally:
-            inst.k("delete", "modelpools", "--all", "-n", inst.namespace, "--timeout=60s", check=False)
+            inst.k("delete", "modelpools", "--all", "-n", inst.pools, "--timeout=60s", check=False)
             inst.k("delete", "modelbudget", inst.budget, "--ignore-not-found", "--timeout=30s", check=False)
             inst.h(
                 "uninstall",
@@ -175,7 +186,7 @@ def install(
                 check=False,
             )
             # The keys namespace the chart made is kept by uninstall (resource-policy keep).
-            for namespace in (inst.namespace, default_keys_namespace(inst.namespace)):
+            for namespace in (inst.pools, inst.namespace, default_keys_namespace(inst.namespace)):
                 inst.k("delete", "namespace", namespace, "--wait=false", check=False)
 
 
@@ -202,11 +213,11 @@ def test_operator_gateway_and_worker_run_from_their_images_and_serve_minilm(
 
     # The weights from the package, through a claim bound to a hostPath PV (what a cluster's storage is).
     weights = minilm_package()
-    persistent_volumes.append(bind_host_path(install.cluster, install.namespace, "minilm-weights", weights))
+    persistent_volumes.append(bind_host_path(install.cluster, install.pools, "minilm-weights", weights))
     pool = {
         "apiVersion": "modelpool.dev/v1alpha1",
         "kind": "ModelPool",
-        "metadata": {"name": "minilm", "namespace": install.namespace},
+        "metadata": {"name": "minilm", "namespace": install.pools},
         "spec": {
             "model": {"source": "pvc://minilm-weights/model", "task": "text-embedding"},
             "replicas": 1,
@@ -217,11 +228,11 @@ def test_operator_gateway_and_worker_run_from_their_images_and_serve_minilm(
     install.k("apply", "-f", "-", stdin=json.dumps(pool))
 
     def ready() -> Any:
-        got = install.get("modelpools", "minilm", "-n", install.namespace)
+        got = install.get("modelpools", "minilm", "-n", install.pools)
         return got if (got.get("status") or {}).get("readyReplicas") == 1 else None
 
     eventually(ready, timeout=SERVE_TIMEOUT_S, interval=2, what="pool minilm with one Ready worker")
-    [worker] = install.pods(f"{LABEL_POOL}=minilm")
+    [worker] = install.pods(f"{LABEL_POOL}=minilm", install.pools)
     check_in_image(install, worker, images["server"])
 
     url = (
@@ -232,7 +243,7 @@ def test_operator_gateway_and_worker_run_from_their_images_and_serve_minilm(
     keys = default_keys_namespace(install.namespace)
     install.k(
         "create", "secret", "generic", "img-key", "-n", keys, f"--from-literal=key={key}",
-        f"--from-literal=namespaces={install.namespace}",
+        f"--from-literal=namespaces={install.pools}",
     )  # fmt: skip
     install.k("label", "secret", "img-key", "-n", keys, "modelpool.dev/gateway-key=true")
     headers = {"Authorization": f"Bearer {key}"}
