@@ -193,7 +193,7 @@ def test_a_pod_not_of_the_operators_shape_is_refused(fence: Fence) -> None:
     root_volume = [*worker["spec"]["volumes"], {"name": "root", "hostPath": {"path": "/"}}]
     owner = "metadata.ownerReferences.0"
     refused = [
-        (f"{server}.securityContext.privileged", True, "never privileged"),
+        (f"{server}.securityContext", {"privileged": True, "runAsNonRoot": True}, "never privileged"),
         (f"{server}.securityContext.allowPrivilegeEscalation", True, "allowPrivilegeEscalation false"),
         (f"{server}.securityContext.capabilities", {"add": ["SYS_ADMIN"]}, "add no capabilities"),
         ("spec.securityContext.runAsUser", 0, "run as non-root"),
@@ -203,13 +203,15 @@ def test_a_pod_not_of_the_operators_shape_is_refused(fence: Fence) -> None:
         ("spec.hostPID", True, "hostPID"),
         (f"{server}.ports.0.hostPort", 80, "no hostPort"),
         ("spec.nodeName", "kwok-gpu-0", "nodeName"),
-        ("metadata.ownerReferences", GONE, "only objects a ModelPool or ModelHost controls"),
         (f"{owner}.kind", "ReplicaSet", "only objects a ModelPool or ModelHost controls"),
         (f"{owner}.apiVersion", "example.com/v1", "only objects a ModelPool or ModelHost controls"),
     ]
     for path, value, message in refused:
-        code, out = fence.create(_set(worker, path, value))
+        # (No blockOwnerDeletion: a reference to a kind of no resource is refused before the policy.)
+        code, out = fence.create(_set(_set(worker, path, value), f"{owner}.blockOwnerDeletion", False))
         assert code != 0 and message in out, (path, out)
+    code, out = fence.create(_set(worker, "metadata.ownerReferences", GONE))
+    assert code != 0 and "only objects a ModelPool or ModelHost controls" in out, out
     # Labelled as another pool's worker.
     code, out = fence.create(_relabel(worker, "other"))
     assert code != 0 and "modelpool.dev/pool=emb" in out, out
@@ -275,7 +277,9 @@ def test_the_operator_changes_and_deletes_only_what_it_owns(fence: Fence) -> Non
                                      "annotations": {"modelpool.dev/evicting": "ScaleDown"}}})  # fmt: skip
     code, out = fence.run(fence.operator, "patch", "pod", name, "-n", namespace, "--type=merge", "-p", evict)
     assert code == 0, out
-    disown = json.dumps([{"op": "remove", "path": "/metadata/ownerReferences"}])
+    disown = json.dumps(
+        [{"op": "replace", "path": "/metadata/ownerReferences/0/uid", "value": str(uuid.uuid4())}]
+    )
     code, out = fence.run(fence.operator, "patch", "pod", name, "-n", namespace, "--type=json", "-p", disown)
     assert code != 0 and "never changes owner references" in out, out
     plain = _set(
