@@ -1,5 +1,5 @@
 """The shared hosts' control keys (``control_keys``): derived from the operator's seed, one per ModelHost
-object, and the operator never reads a Secret (its RBAC grants only ``create`` on them)."""
+object, and the operator never reads a Secret (its RBAC grants only ``create`` and ``patch`` on them)."""
 
 from __future__ import annotations
 
