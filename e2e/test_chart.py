@@ -171,13 +171,17 @@ def test_rbac_follows_the_scope_and_peering(helm: list[str]) -> None:
 
 def test_the_operator_reads_no_secret_and_mounts_its_control_seed(helm: list[str]) -> None:
     """The shared hosts' control keys are derived from a seed Secret the chart makes and mounts into the
-    operator's pod only: the operator may create Secrets (each ModelHost's key) but read none."""
+    operator's pod only: the operator may create and patch Secrets (each ModelHost's key; the patch tests
+    the ModelHost owns it, and the operator policy admits only control key Secrets) but read none."""
     for args in ([], ["--set", "scope.clusterWide=false"]):
         docs = render(helm, *args)
         everything = _rules(one(docs, "ClusterRole", OPERATOR)) | _rules(
             one(docs, "ClusterRole", f"{OPERATOR}-cluster")
         )
-        assert {r for r in everything if r[1] == "secrets"} == {("", "secrets", "create")}
+        assert {r for r in everything if r[1] == "secrets"} == {
+            ("", "secrets", "create"),
+            ("", "secrets", "patch"),
+        }
         assert not [
             role
             for role in by_kind(docs, "Role")
@@ -468,6 +472,45 @@ def test_the_admission_policy_binds_the_watched_namespaces_or_is_left_out(helm: 
     docs = render(helm, "--set", "admissionPolicy.enabled=false")
     assert not by_kind(docs, "ValidatingAdmissionPolicy")
     assert not by_kind(docs, "ValidatingAdmissionPolicyBinding")
+
+
+def test_the_operators_writes_policy_matches_its_service_account_in_every_namespace(helm: list[str]) -> None:
+    """templates/operatorpolicy.yaml: the operator's ServiceAccount alone, pods/Services/NetworkPolicies/
+    Secrets, bound everywhere (whatever the scope), the allowed host paths with the operator's own cache."""
+    name = f"{OPERATOR}-writes"
+    for args in ([], ["--set", "scope.clusterWide=false", "--set", "scope.namespaces={a,b}"]):
+        docs = render(helm, *args)
+        policy = one(docs, "ValidatingAdmissionPolicy", name)
+        [match] = policy["spec"]["matchConditions"]
+        assert (
+            match["expression"]
+            == f"request.userInfo.username == 'system:serviceaccount:mp-system:{OPERATOR}'"
+        )
+        resources = {
+            r for rule in policy["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]
+        }
+        assert resources == {"pods", "services", "secrets", "networkpolicies"}
+        assert {v["reason"] for v in policy["spec"]["validations"]} == {"Forbidden"}
+        binding = one(docs, "ValidatingAdmissionPolicyBinding", name)
+        assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+    docs = render(
+        helm,
+        "--set", "config.allowedHostPaths={/data}",
+        "--set", "config.modelCacheType=hostPath",
+        "--set", "config.modelCacheHostPath=/var/cache/modelpool",
+    )  # fmt: skip
+    variables = {
+        v["name"]: v["expression"] for v in one(docs, "ValidatingAdmissionPolicy", name)["spec"]["variables"]
+    }
+    assert variables["hostPaths"] == '["/data","/var/cache/modelpool"]'
+    assert variables["hostPathsText"] == '"/data, /var/cache/modelpool"'
+    docs = render(
+        helm, "--set", "config.modelCacheHostPath=/var/cache/modelpool"
+    )  # type none: not a host path
+    variables = {
+        v["name"]: v["expression"] for v in one(docs, "ValidatingAdmissionPolicy", name)["spec"]["variables"]
+    }
+    assert variables["hostPaths"] == "[]" and variables["hostPathsText"] == '"none"'
 
 
 # ---- the gateway ----

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelpool_contract.api import ModelPoolStatus
 from modelpool_operator.budget import BudgetLimit, Ledger, ReservationBook
@@ -37,6 +37,9 @@ from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import CounterSample, Create, LoadSample
 from modelpool_operator.planner.shared_scale import SharedCount
 from modelpool_operator.pool import PoolKey
+
+if TYPE_CHECKING:  # effects.apply imports this module
+    from modelpool_operator.effects.apply import ApiFailure
 
 #: Pool passes in flight at once. A pass is observe + decide (synchronous, milliseconds), then its API
 #: requests (a round trip or more each): at 1,000 pools every pool was woken at once and ~1,000 passes
@@ -48,6 +51,8 @@ MAX_PASSES_IN_FLIGHT = 32
 #: resync every 10 s was 100 passes a second, and the pods watch (Kopf's events, on the same event loop)
 #: fell minutes behind: the pools of the pods it had not shown yet could not converge.
 RESYNCS_PER_SECOND = 10.0
+#: Worker names a pool remembers as someone else's (``PoolRun.taken_names``) before it forgets them all.
+TAKEN_NAMES_MAX = 64
 
 
 class PassGate:
@@ -193,8 +198,15 @@ class HostRun:
 
     key: PoolKey  # (namespace, name) of the ModelHost
     last_status_wire: dict[str, Any] | None = None
-    # Its control key Secret exists (made, or found, by this process).
+    # Its control key Secret holds the ModelHost's key (made, or brought to it, by this process).
     secret_ready: bool = False
+    # The Secret's last failure (NameTaken: someone else's Secret has its name), how many in a row, and
+    # when (monotonic) it is tried again: until then no request, and no host pod is created.
+    secret_failure: ApiFailure | None = None
+    secret_failures: int = 0
+    secret_retry_at: float = 0.0
+    # The failures of the last pass (reason, message): each told as an Event when it is new.
+    api_failures: set[tuple[str, str]] = field(default_factory=set)
     # Its host pods' NetworkPolicy is in place (made or brought up to date by this process).
     network_policy_ready: bool = False
     # The policy refusal last told (its host pods are deleted, none is made, until the image is allowed).
@@ -248,6 +260,10 @@ class PoolRun:
     # The autoscaler's load samples and the serving workers' counters, handed from one plan to the next.
     load_window: tuple[LoadSample, ...] = ()
     counters: Mapping[str, CounterSample] = field(default_factory=dict)
+    # Worker names a create found held by someone else's pod (``effects.kube.create_pod``'s NameTakenError):
+    # the planner gives them to no worker. Forgotten past ``TAKEN_NAMES_MAX`` (a name freed meanwhile may
+    # then be tried again; one still taken is found again).
+    taken_names: set[str] = field(default_factory=set)
 
 
 async def wait_for_wakeup(event: asyncio.Event, seconds: float, stop: Awaitable[Any] | None = None) -> bool:

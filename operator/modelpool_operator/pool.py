@@ -39,13 +39,26 @@ PoolKey = tuple[str, str]  # (namespace, pool name)
 _TEMPLATE_FIELDS = ("model", "resources", "queue", "idle_timeout_seconds", "image", "pod_template", "auth")
 
 
+#: The longest pool name a worker name carries whole; a longer one is cut and made unique again.
+_WORKER_PREFIX_MAX = 45
+
+
 def worker_name(pool_name: str, template_hash: str, index: int) -> str:
     """A deterministic worker name: ``<pool>-<hash5>-<index>`` (≤ 63 chars, so it fits a label value).
 
+    A pool name longer than 45 characters is cut to 39 and followed by 5 hex of its own hash: two pools
+    whose names begin alike still name their workers apart (they once shared every worker name, and the
+    second one's creates met the first one's pods).
+
     Deterministic names make a create idempotent: an operator restarted in the middle of a scale-up gets
-    409 AlreadyExists instead of a duplicate worker.
+    409 AlreadyExists instead of a duplicate worker (``effects.kube.create_pod`` checks that the pod is the
+    pool's own).
     """
-    return f"{pool_name[:45].rstrip('-')}-{template_hash[:5]}-{index}"
+    prefix = pool_name
+    if len(pool_name) > _WORKER_PREFIX_MAX:
+        digest = hashlib.sha256(pool_name.encode()).hexdigest()[:5]
+        prefix = f"{pool_name[: _WORKER_PREFIX_MAX - 6].rstrip('-')}-{digest}"
+    return f"{prefix.rstrip('-')}-{template_hash[:5]}-{index}"
 
 
 def template_hash(spec: ModelPoolSpec) -> str:

@@ -121,6 +121,7 @@ def decide(
     now: datetime,
     load_window: tuple[LoadSample, ...] = (),
     counters: Mapping[str, CounterSample] | None = None,
+    taken: frozenset[str] = frozenset(),
 ) -> Plan:
     """Plan the pool over what was observed, and reserve the planned creations: synchronous on purpose
     (see the module doc). It reads only its arguments and writes only the bookkeeping's ledger state (the
@@ -134,6 +135,7 @@ def decide(
         settings=settings,
         load_window=load_window,
         counters=counters,
+        taken=taken,
     )
     book.reserve(pool.key, decided.create, now)
     return decided
@@ -192,6 +194,7 @@ async def reconcile_pool(
             now=now,
             load_window=run.load_window,
             counters=run.counters,
+            taken=frozenset(run.taken_names),
         )
         run.load_window, run.counters = decided.load_window, decided.counters
         # Not held while the requests are in flight: every pool's observed workers, per pass.

@@ -136,6 +136,9 @@ async def reconcile_host(
     await place_models(
         services, book, run=run, host=host, body=body, pods_by_pool=pods_by_pool, pools_by_key=pools_by_key
     )
+    if run.secret_failure is not None:  # the control key Secret's next try: the next pass comes no later
+        wait = max(run.secret_retry_at - time.monotonic(), 0.0)
+        run.retry_in = wait if run.retry_in is None else min(run.retry_in, wait)
     settle_soon(services, book, indexed=in_index(pods_by_pool))
     return planned
 

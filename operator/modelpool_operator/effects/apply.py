@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from modelpool_contract.api import Condition, ModelPoolStatus
-from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun
+from modelpool_operator.bookkeeping import TAKEN_NAMES_MAX, Bookkeeping, HostRun, PoolRun
 from modelpool_operator.budget import Reservation
 from modelpool_operator.effects.kube import NameTakenError, describe_error, merge_patch, refused
 from modelpool_operator.effects.network_policy import (
@@ -102,7 +102,9 @@ async def apply(
         )
     # Creations run concurrently (a pool scaling to 10 should not take 10 round trips), and before the
     # Service and the NetworkPolicy: neither may keep a worker from starting.
-    failures += await asyncio.gather(*(create_worker(services, book, pool, c.name) for c in plan.create))
+    failures += await asyncio.gather(
+        *(create_worker(services, book, pool, c.name, run.taken_names) for c in plan.create)
+    )
     failures.append(await ensure_service(services, run, pool))
     failures.append(await ensure_network_policy(services, run, pool))
     failed = [f for f in failures if f is not None]
@@ -133,24 +135,31 @@ async def start_eviction(
         book.poke((evict.namespace, evict.pool))  # its daemon deletes it after the drain grace
 
 
-def with_api_condition(
-    status: ModelPoolStatus, pool: PoolView, failed: list[ApiFailure], now: datetime
-) -> ModelPoolStatus:
-    """The planned status with the ApiError condition: True with the failed requests' messages (the API
-    server's own), False when every request of the pass succeeded."""
+def api_condition(
+    previous: Iterable[Condition], failed: list[ApiFailure], now: datetime, generation: int
+) -> Condition:
+    """The ApiError condition of a pool or a ModelHost: True with the failed requests' messages (the API
+    server's own; the first one's reason), False when every request of the pass succeeded."""
     if failed:
         reason, message = failed[0].reason, "; ".join(f.message for f in failed)[:2000]
     else:
         reason, message = "RequestsSucceeded", "every API request of the last pass succeeded"
-    api_error = condition(
-        pool.status.conditions,
+    return condition(
+        previous,
         API_ERROR,
         status="True" if failed else "False",
         reason=reason,
         message=message,
         now=now,
-        generation=pool.generation,
+        generation=generation,
     )
+
+
+def with_api_condition(
+    status: ModelPoolStatus, pool: PoolView, failed: list[ApiFailure], now: datetime
+) -> ModelPoolStatus:
+    """The planned status with the ApiError condition (``api_condition``)."""
+    api_error = api_condition(pool.status.conditions, failed, now, pool.generation)
     kept: list[Condition] = [c for c in status.conditions if c.type != API_ERROR]
     return status.model_copy(update={"conditions": [*kept, api_error]})
 
@@ -296,17 +305,22 @@ def _note_budget(book: Bookkeeping, run: PoolRun, status: ModelPoolStatus) -> No
 
 
 async def create_worker(
-    services: Services, book: Bookkeeping, pool: PoolView, name: str
+    services: Services, book: Bookkeeping, pool: PoolView, name: str, taken: set[str] | None = None
 ) -> ApiFailure | None:
-    """Create one worker pod. Its reservation ends at once only when the API refused the create (4xx);
-    made, already there, or an unknown outcome (a timeout, a 5xx: the pod may exist), it stays until the
-    pod is observed or known absent (``settle_reservations``)."""
+    """Create one worker pod. Its reservation ends at once only when the API refused the create (4xx) or
+    the name is someone else's pod (NameTaken: the name joins ``taken``, so the next pass makes the worker
+    under another); made, already the pool's, or an unknown outcome (a timeout, a 5xx: the pod may
+    exist), it stays until the pod is observed or known absent (``settle_reservations``)."""
     pod = build_worker_pod(pool, name, pod_settings(services.config))
     failure = await _attempt(
         "CreateFailed", f"worker {name}", _create(services, book, pool.namespace, name, pod)
     )
     if failure is not None:
         book.budget_wakeup.set()
+        if failure.reason == NAME_TAKEN and taken is not None:
+            if len(taken) >= TAKEN_NAMES_MAX:
+                taken.clear()
+            taken.add(name)
     return failure
 
 
@@ -317,7 +331,7 @@ async def _create(
     try:
         await services.kube.create_pod(namespace, pod)
     except Exception as exc:
-        if refused(exc):
+        if refused(exc) or isinstance(exc, NameTakenError):  # no pod of ours is coming
             reservations.release(namespace, name)
         else:
             reservations.answered(namespace, name, datetime.now(UTC), check_s)

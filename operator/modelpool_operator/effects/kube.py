@@ -1,15 +1,19 @@
 """Thin async Kubernetes API calls (kubernetes_asyncio): pods, services, network policies, pool and budget
 status.
 
-No decisions are made here: each function is one API request, with the few error codes that mean
-"already done" (404 on delete, 409 on create) turned into ordinary outcomes, because the operator is
-level-based and may well repeat an action that a previous pass (or a previous operator process)
-already took. Everything else raises ``ApiException`` for the caller's retry logic.
+No decisions are made here: each function is one API request (two when a create meets an object of its
+name), with the few error codes that mean "already done" (404 on delete, 409 on create) turned into
+ordinary outcomes, because the operator is level-based and may well repeat an action that a previous pass
+(or a previous operator process) already took. A 409 is "already done" only for an object its owner
+controls (checked by uid: a list by name for a pod, a JSON patch's ``test`` for the rest); an object of
+our name that is anyone else's raises ``NameTakenError``. Everything else raises ``ApiException`` for the
+caller's retry logic.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import json
 import logging
@@ -52,6 +56,12 @@ def owned_patch(body: Mapping[str, Any], fields: Mapping[str, Any]) -> list[dict
         raise ValueError(f"{name}: no owner reference to check the existing object against")
     test = {"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": owners[0]["uid"]}
     return [test, *({"op": "add", "path": path, "value": value} for path, value in fields.items())]
+
+
+def _first_owner_uid(body: Mapping[str, Any]) -> str | None:
+    """The uid of the first owner reference of an object the operator builds (its controller's), if any."""
+    owners = body["metadata"].get("ownerReferences") or []
+    return str(owners[0]["uid"]) if owners and owners[0].get("uid") else None
 
 
 def failed_test(exc: ApiException) -> bool:
@@ -126,7 +136,7 @@ class KubeApi(Protocol):
     async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool: ...
     async def patch_host_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
-    async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> bool: ...
+    async def ensure_control_key_secret(self, namespace: str, body: Mapping[str, Any]) -> bool: ...
     async def close(self) -> None: ...
 
 
@@ -238,8 +248,12 @@ class Kube:
     # ---- pods ------------------------------------------------------------------------------------
 
     async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> bool:
-        """Create a pod; False when a pod of that name already exists (an earlier pass made it)."""
-        return await self._took_effect(
+        """Create a pod; False when a pod of that name already exists and is this one's owner's (an earlier
+        pass, or an earlier process, made it). A pod of that name that is anyone else's (another owner, or
+        none: a squatter, another pool whose worker names came out the same) raises ``NameTakenError``: a
+        409 is not "made", so the caller neither counts that pod nor waits for it."""
+        name = body["metadata"]["name"]
+        made = await self._took_effect(
             "create_pod",
             self._core.create_namespaced_pod(
                 namespace, dict(body), _preload_content=False, _request_timeout=self._timeout
@@ -247,6 +261,32 @@ class Kube:
             unless=EXISTS,
             unread=True,
         )
+        if made:
+            return True
+        owner = _first_owner_uid(body)
+        if owner is None:  # nothing to check it against (a body built without its owner's uid)
+            return False
+        found = await self._pod_owners(namespace, name)
+        if found is not None and owner not in found:
+            raise NameTakenError(
+                f"pod {namespace}/{name} exists and is not controlled by this resource (another owner, or "
+                "none): the operator leaves it as it is"
+            )
+        return False  # ours, or gone meanwhile (its reservation ends once it is known absent)
+
+    async def _pod_owners(self, namespace: str, name: str) -> set[str] | None:
+        """The uids of the pod ``name``'s controller owner references (None: no such pod now). A list by
+        name: ``list`` is what the operator's RBAC grants on pods (no ``get``)."""
+        listed = await self._answer(
+            "list_pods",
+            self._core.list_namespaced_pod(
+                namespace, field_selector=f"metadata.name={name}", _request_timeout=self._timeout
+            ),
+        )
+        if not listed.items:
+            return None
+        refs = listed.items[0].metadata.owner_references or []
+        return {str(ref.uid) for ref in refs if ref.controller}
 
     async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
         """Merge-patch a pod's metadata (``None`` values delete keys); False when the pod is gone."""
@@ -287,13 +327,34 @@ class Kube:
         )
         return bool(listed.items)
 
-    async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> bool:
-        """Create a Secret (a ModelHost's control key); False when it exists already (its key is kept)."""
-        return await self._took_effect(
-            "create_secret",
-            self._core.create_namespaced_secret(namespace, dict(body), _request_timeout=self._timeout),
-            unless=EXISTS,
+    async def ensure_control_key_secret(self, namespace: str, body: Mapping[str, Any]) -> bool:
+        """Create a ModelHost's control key Secret; when one of its name exists, write our key into it only
+        if it is the ModelHost's (``owned_patch``: its first owner reference carries the ModelHost's uid).
+        True when it was created, False when an existing one was brought to our key. A Secret of that name
+        that is anyone else's raises ``NameTakenError`` and is left as it is: its key (one its maker knows)
+        never reaches a host pod.
+
+        Never a read: the patch's ``test`` answers "whose is it" atomically, in the request that writes the
+        key, so a Secret made by someone else with a copied owner reference ends up holding the operator's
+        key, not theirs. ``patch`` on Secrets is the one right this needs; the chart's operator policy
+        (templates/operatorpolicy.yaml) lets the operator patch only control key Secrets a ModelHost
+        owns."""
+        name = body["metadata"]["name"]
+        create = self._core.create_namespaced_secret(namespace, dict(body), _request_timeout=self._timeout)
+        if await self._took_effect("create_secret", create, unless=EXISTS):
+            return True
+        plain = body.get("stringData") or {}
+        data = {k: base64.b64encode(str(v).encode()).decode() for k, v in plain.items()}
+        fields = {"/metadata/labels": body["metadata"].get("labels", {}), "/data": data}
+        await self._patch_owned(
+            "patch_secret",
+            f"Secret {namespace}/{name}",
+            lambda patch: self._core.patch_namespaced_secret(
+                name, namespace, patch, _content_type=JSON_PATCH, _request_timeout=self._timeout
+            ),
+            owned_patch(body, fields),
         )
+        return False
 
     # ---- services --------------------------------------------------------------------------------
 

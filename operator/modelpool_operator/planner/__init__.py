@@ -109,13 +109,22 @@ def plan(
     settings: PlannerSettings | None = None,
     load_window: Sequence[LoadSample] = (),
     counters: Mapping[str, CounterSample] | None = None,
+    taken: frozenset[str] = frozenset(),
 ) -> Plan:
     """Decide one pass for ``pool``.  ``workers`` are this pool's observed workers; ``ledger`` covers every
     pool (this one included) and carries the live reservations; ``others`` are the other pools;
     ``load_window`` and ``counters`` are the previous plan's (empty at first: the windows and the
-    refusal rates are re-learned)."""
+    refusal rates are re-learned); ``taken``: worker names someone else's pod holds (never planned)."""
     draft = Draft(
-        pool, list(workers), ledger, now, others, settings or PlannerSettings(), load_window, counters or {}
+        pool,
+        list(workers),
+        ledger,
+        now,
+        others,
+        settings or PlannerSettings(),
+        load_window,
+        counters or {},
+        taken,
     )
     for phase in PHASES:
         phase(draft)

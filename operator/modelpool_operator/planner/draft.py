@@ -213,6 +213,9 @@ class Draft:
     settings: PlannerSettings = field(default_factory=PlannerSettings)
     load_window: Sequence[LoadSample] = ()
     counters: Mapping[str, CounterSample] = field(default_factory=dict)
+    # Worker names an object of someone else's holds (a create met it: ``effects.kube.create_pod``): never
+    # given to a new worker, so the pool makes its workers under other names.
+    taken: frozenset[str] = frozenset()
     # Reservations of this pool whose pods are not observed yet: creations in flight, counted as Pending.
     in_flight: list[Reservation] = field(init=False)
     target: int = field(init=False, default=0)
@@ -239,7 +242,7 @@ class Draft:
         self.active = [w for w in self.workers if w.active]
         self.current = [w for w in self.active if w.template_hash == pool.template_hash]
         self.outdated = [w for w in self.active if w.template_hash != pool.template_hash]
-        self.used_names = {w.name for w in self.workers} | {r.worker for r in self.in_flight}
+        self.used_names = {w.name for w in self.workers} | {r.worker for r in self.in_flight} | self.taken
         self.scaling.window = tuple(self.load_window)
 
     def before(self, name: str) -> WorkerStatus | None:
@@ -262,7 +265,8 @@ class Draft:
         (self.current if worker in self.current else self.outdated).remove(worker)
 
     def next_name(self) -> str:
-        """The first free deterministic worker name of the current template."""
+        """The first free deterministic worker name of the current template (one held by someone else's pod,
+        ``taken``, is not free)."""
         index = 0
         while True:
             candidate = worker_name(self.pool.name, self.pool.template_hash, index)

@@ -5,18 +5,33 @@ On the real API server the operator's patch of it carries an ownership test (``e
 that fails: the Service keeps its selector and ports, the pool reports ApiError/NameTaken with a message the
 user can act on, and its workers still start. Once the other Service is gone, the operator makes its own and
 the condition clears; a restarted operator then patches its own Service (the test passes) without a word.
+
+A 409 is "made" only for an object its owner controls:
+
+* a pod holding a worker's name (someone else's, owned by nothing): the pool reports NameTaken and makes
+  its worker under the next name, leaving the pod alone; two pools whose long names begin alike name their
+  workers apart (they once shared every worker name and the second never got a worker);
+* a ``<host>-control-key`` Secret someone else made, with a key they know: the ModelHost reports
+  ApiError/NameTaken and a Warning Event, no host pod is made (it would mount that key), and once the
+  Secret is gone the operator's own comes, then the host pod; one carrying a copy of the ModelHost's owner
+  reference ends up holding the operator's derived key, not the planted one.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from modelpool_operator.control_keys import derive_control_key
 from modelpool_operator.effects.apply import API_ERROR, NAME_TAKEN
+from modelpool_operator.pool import PoolView, worker_name
 from testkit.cluster import Cluster
-from testkit.kubectl import apply, get_json, wait_for
+from testkit.kubectl import apply, get_json, wait_established, wait_for
+from testkit.services import control_seed_file
 from tests.operator.integration.opharness import (
     StartOperator,
     condition,
@@ -24,6 +39,7 @@ from tests.operator.integration.opharness import (
     reasons,
     states,
     wait_status,
+    worker_pods,
 )
 
 pytestmark = pytest.mark.cluster
@@ -117,3 +133,179 @@ def test_a_service_of_the_pools_name_made_by_someone_else_is_left_alone_and_repo
         timeout=30,
         message="no API error after the patch",
     )
+
+
+def _pending_pod(name: str) -> dict[str, Any]:
+    """Someone else's pod (no owner, no label), kept Pending: no node has its label."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"team": "billing"}},
+        "spec": {
+            "nodeSelector": {"modelpool.test/no-such-node": "true"},
+            "containers": [{"name": "c", "image": "registry.invalid/billing:1"}],
+        },
+    }
+
+
+def _first_worker(manifest: dict[str, Any], index: int = 0) -> str:
+    pool = PoolView.from_body(manifest)
+    return worker_name(pool.name, pool.template_hash, index)
+
+
+def test_a_pod_holding_a_workers_name_is_reported_and_the_worker_made_under_another(
+    crds: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    cluster = crds
+    manifest = pool_manifest("squat")
+    taken = _first_worker(manifest)
+    apply(cluster, _pending_pod(taken), namespace)
+    start_operator(namespace)
+    apply(cluster, manifest, namespace)
+
+    status = wait_status(
+        cluster, namespace, "squat", lambda s: states(s) == ["Ready"], timeout=90, message="one worker Ready"
+    )
+    assert [w["name"] for w in status["workers"]] == [_first_worker(manifest, 1)]
+    wait_for(
+        lambda: any(
+            reason == NAME_TAKEN and f"pod {namespace}/{taken} exists" in message
+            for reason, message in reasons(cluster, namespace, "squat")
+        ),
+        timeout=30,
+        message="the NameTaken Warning Event",
+    )
+    other = get_json(cluster, "pod", taken, "-n", namespace)
+    assert not other["metadata"].get("ownerReferences") and other["metadata"]["labels"] == {"team": "billing"}
+
+
+def test_pools_whose_long_names_begin_alike_each_get_their_workers(
+    crds: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    cluster = crds
+    first, second = "a" * 45 + "-first", "a" * 45 + "-second"
+    start_operator(namespace)
+    for name in (first, second):
+        apply(cluster, pool_manifest(name), namespace)
+    for name in (first, second):
+        wait_status(
+            cluster, namespace, name, lambda s: states(s) == ["Ready"], timeout=90, message=f"{name} Ready"
+        )
+    pods = {
+        p["metadata"]["name"]: p for name in (first, second) for p in worker_pods(cluster, namespace, name)
+    }
+    owners = {p["metadata"]["ownerReferences"][0]["name"] for p in pods.values()}
+    assert len(pods) == 2 and owners == {first, second}
+
+
+GPU_HOST: dict[str, Any] = {
+    "apiVersion": "modelpool.dev/v1alpha1",
+    "kind": "ModelHost",
+    "metadata": {"name": "gpus"},
+    "spec": {
+        "replicas": 1,
+        "gpusPerHost": 1,
+        "deviceMemory": "8Gi",
+        "nodeSelector": {"type": "kwok"},
+        "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+}
+PLANTED = "a-key-the-squatter-knows"
+
+
+@pytest.fixture
+def hosts_deleted(crds: Cluster, namespace: str, start_operator: StartOperator) -> Iterator[None]:
+    """The ModelHost CRD established; at teardown the ModelHosts are deleted while the test's operator
+    still runs (set up after ``start_operator``, torn down before it), so it removes its finalizers."""
+    wait_established(crds, "modelhosts.modelpool.dev")
+    yield
+    crds.kubectl("delete", "modelhosts", "--all", "-n", namespace, "--timeout=30s", check=False)
+
+
+def _secret_key(cluster: Cluster, namespace: str) -> str:
+    secret = get_json(cluster, "secret", "gpus-control-key", "-n", namespace)
+    return base64.b64decode(secret["data"]["key"]).decode()
+
+
+def _host_pods(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(cluster, "pods", "-n", namespace, "-l", "modelpool.dev/host=gpus")[
+        "items"
+    ]
+    return items
+
+
+def _host_condition(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    return condition(get_json(cluster, "modelhost", "gpus", "-n", namespace).get("status") or {}, API_ERROR)
+
+
+@pytest.mark.usefixtures("hosts_deleted")
+def test_a_control_key_secret_someone_else_made_never_reaches_a_host_pod(
+    crds: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    cluster = crds
+    squatter = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "gpus-control-key"},
+        "stringData": {"key": PLANTED},
+    }
+    apply(cluster, squatter, namespace)
+    start_operator(namespace)
+    apply(cluster, GPU_HOST, namespace)
+
+    wait_for(
+        lambda: _host_condition(cluster, namespace).get("reason") == NAME_TAKEN,
+        timeout=60,
+        message="ApiError/NameTaken on the ModelHost",
+    )
+    message = _host_condition(cluster, namespace)["message"]
+    assert f"Secret {namespace}/gpus-control-key exists and is not controlled by this resource" in message
+    assert _host_pods(cluster, namespace) == [], "a host pod mounts the planted key"
+    assert _secret_key(cluster, namespace) == PLANTED, "the other Secret was rewritten"
+    wait_for(
+        lambda: any(reason == NAME_TAKEN for reason, _ in reasons(cluster, namespace, "gpus")),
+        timeout=30,
+        message="the NameTaken Warning Event on the ModelHost",
+    )
+    # Tried again with backoff: still no host pod while the Secret is someone else's.
+    assert _host_pods(cluster, namespace) == []
+
+    # The other Secret goes: the operator's own comes (owned, the derived key), then the host pod.
+    cluster.kubectl("delete", "secret", "gpus-control-key", "-n", namespace)
+    wait_for(lambda: len(_host_pods(cluster, namespace)) == 1, timeout=90, message="the host pod")
+    secret = get_json(cluster, "secret", "gpus-control-key", "-n", namespace)
+    uid = get_json(cluster, "modelhost", "gpus", "-n", namespace)["metadata"]["uid"]
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == uid
+    seed = control_seed_file(cluster).read_bytes().strip()
+    assert _secret_key(cluster, namespace) == derive_control_key(seed, namespace, "gpus", uid)
+    wait_for(
+        lambda: _host_condition(cluster, namespace).get("status") == "False",
+        timeout=60,
+        message="ApiError False once the name is the ModelHost's",
+    )
+
+
+@pytest.mark.usefixtures("hosts_deleted")
+def test_a_planted_control_key_with_a_copied_owner_reference_is_replaced_by_the_derived_key(
+    crds: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    """Anyone who may read the ModelHost (its uid) and create Secrets can claim it as the owner: the
+    operator's patch passes its ownership test and writes the derived key over the planted one."""
+    cluster = crds
+    apply(cluster, GPU_HOST, namespace)  # no operator yet: nothing makes the Secret
+    uid = get_json(cluster, "modelhost", "gpus", "-n", namespace)["metadata"]["uid"]
+    owner = {"apiVersion": "modelpool.dev/v1alpha1", "kind": "ModelHost", "name": "gpus", "uid": uid,
+             "controller": True}  # fmt: skip
+    planted = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "gpus-control-key", "ownerReferences": [owner]},
+        "stringData": {"key": PLANTED, "other": "x"},
+    }
+    apply(cluster, planted, namespace)
+    start_operator(namespace)
+    seed = control_seed_file(cluster).read_bytes().strip()
+    derived = derive_control_key(seed, namespace, "gpus", uid)
+    wait_for(lambda: _secret_key(cluster, namespace) == derived, timeout=60, message="the derived key")
+    assert set(get_json(cluster, "secret", "gpus-control-key", "-n", namespace)["data"]) == {"key"}
+    wait_for(lambda: len(_host_pods(cluster, namespace)) == 1, timeout=90, message="the host pod")

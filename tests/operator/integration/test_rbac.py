@@ -11,6 +11,11 @@ verb no request used is an extra one. Both scopes are run: namespace scope with 
 scope with a ClusterKopfPeering. The pieces shared with the gateway's test (test_gateway_rbac.py) are in
 tests/rbacaudit.py.
 
+The operator runs under the chart's policy on its own writes (templates/operatorpolicy.yaml, enforced
+before it starts): everything it makes, patches and deletes here (workers, a host pod, the control key
+Secret created and, after the restart, patched; the Service and the NetworkPolicy created and patched, an
+eviction, a deletion) is admitted, or the test fails naming the refused request.
+
 One grant is never a request: ``update`` on ``modelpools/finalizers``, which the
 OwnerReferencesPermissionEnforcement admission plugin (enabled on the local control plane) checks when a
 worker pod is created with ``blockOwnerDeletion``; without it the pod creations would be refused (403),
@@ -56,6 +61,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 # The kinds of the chart that make up the operator's identity and peering.
 IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "RoleBinding"}
+# The chart's policy on the operator's own writes (the policy and its binding, "<fullname>-writes").
+POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+OWN_WRITES_POLICY = "templates/operatorpolicy.yaml"
 PEERING_KINDS = {"KopfPeering", "ClusterKopfPeering"}
 # Granted, but checked by admission rather than requested (see the module docstring).
 NOT_A_REQUEST = frozenset(
@@ -121,6 +129,10 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Any]:
         for crd in crd_docs:  # Kopf's peering CRDs (the other tests may have installed them already)
             crds.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd))
         wanted = [d for d in docs if d["kind"] in IDENTITY_KINDS | PEERING_KINDS]
+        wanted += [d for d in docs if d["kind"] in POLICY_KINDS and d["metadata"]["name"].endswith("-writes")]
+        assert len(wanted) > 2 and {d["kind"] for d in wanted} >= POLICY_KINDS, (
+            f"{OWN_WRITES_POLICY} rendered"
+        )
         apply_docs(crds, wanted)
         release = AuditedRelease(
             cluster=crds,
@@ -150,7 +162,35 @@ def _budget(name: str, memory: str) -> dict[str, Any]:
 
 
 def _compare(release: AuditedRelease) -> None:
+    denied = [
+        f"{e['verb']} {e['objectRef'].get('resource')} {e['objectRef'].get('name')}: "
+        f"{(e.get('responseStatus') or {}).get('message')}"
+        for e in release.requests()
+        if "ValidatingAdmissionPolicy" in str((e.get("responseStatus") or {}).get("message"))
+    ]
+    assert not denied, f"the policy on the operator's writes refused the operator's own requests: {denied}"
     assert_exactly_used("the operator", release.requests(), release.granted(), NOT_A_REQUEST)
+
+
+def _wait_for_the_policy(crds: Cluster, namespace: str, release: AuditedRelease) -> None:
+    """Until the API server enforces the policy on the operator's writes: a pod the operator never makes
+    (no owner) is refused to its ServiceAccount. Asked by impersonation (``--as``), so the audit log
+    (which records the ServiceAccount's own requests) does not count the probe."""
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "probe"},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/probe:1"}]},
+    }
+
+    def refused() -> bool:
+        done = crds.kubectl(
+            "create", "-n", namespace, "-f", "-", "--dry-run=server", f"--as={release.username}",
+            input=json.dumps(probe), check=False,
+        )  # fmt: skip
+        return done.returncode != 0 and "ModelPool or ModelHost controls" in done.stderr
+
+    wait_for(refused, timeout=60, interval=0.5, message="the policy on the operator's writes is enforced")
 
 
 # A ModelHost whose one host pod lands on a KWOK GPU node (nothing runs in it).
@@ -185,6 +225,7 @@ def _exercise(
     pool and the budget deleted while the operator runs (Kopf removes its finalizers)."""
     env = {"MODELPOOL_OPERATOR_BUDGET_NAME": release.budget, **release.operator_env()}
     assert env["MODELPOOL_OPERATOR_NETWORK_POLICY_ENABLED"] == "true", "the chart's default"
+    _wait_for_the_policy(crds, namespace, release)
     apply(crds, _budget(release.budget, "100Gi"))
     operator = start_operator(*scope, peering=peering, kubeconfig=release.kubeconfig, **env)
     try:
@@ -216,11 +257,15 @@ def _exercise(
         operator = start_operator(*scope, peering=peering, kubeconfig=release.kubeconfig, **env)
         wait_for(
             lambda: (
-                {("", "services", "patch"), ("networking.k8s.io", "networkpolicies", "patch")}
+                {
+                    ("", "services", "patch"),
+                    ("networking.k8s.io", "networkpolicies", "patch"),
+                    ("", "secrets", "patch"),
+                }
                 <= release.used()
             ),
             timeout=90,
-            message="the restarted operator brought the Service and the NetworkPolicy up to date",
+            message="the restarted operator brought the Service, NetworkPolicy and control key up to date",
         )
     finally:
         # While the operator runs, so that it removes its finalizers.

@@ -348,6 +348,14 @@ def test_worker_names_fit_a_label_value(name: str) -> None:
     assert len(out) <= 63 and out.endswith("-abcde-123") and "--" not in out
 
 
+def test_long_pool_names_that_begin_alike_name_their_workers_apart() -> None:
+    """Cut to fit, two names sharing their first 45 characters once gave both pools the same workers."""
+    first, second = "a" * 45 + "-first", "a" * 45 + "-second"
+    assert worker_name(first, "abcdef", 0) != worker_name(second, "abcdef", 0)
+    assert worker_name("short", "abcdef", 0) == "short-abcde-0"  # names that fit are as they were
+    assert worker_name("b" * 45, "abcdef", 0) == "b" * 45 + "-abcde-0"
+
+
 def test_eviction_patch_stops_routing_and_records_the_observed_state() -> None:
     """The state the operator observed when it decided travels in the same patch as the mark, so an audit
     never sees an eviction without it (bench/soak/auditor.py judges it)."""

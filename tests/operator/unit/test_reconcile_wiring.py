@@ -21,11 +21,11 @@ from modelpool_contract.demand import Demand
 from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
 from modelpool_operator.effects.apply import settle_reservations, start_eviction
 from modelpool_operator.effects.host_control import HttpHostControl
-from modelpool_operator.effects.kube import ApiException
+from modelpool_operator.effects.kube import ApiException, NameTakenError
 from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import ObservationCache, pod_indexed, slim_pod
 from modelpool_operator.planner import Event, Evict
-from modelpool_operator.pool import OtherPool
+from modelpool_operator.pool import OtherPool, PoolView, worker_name
 from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
 from modelpool_operator.services import Services, lifecycle_settings, make_scraper
 from modelpool_operator.settings import OperatorConfig
@@ -65,9 +65,13 @@ class RecordingKube:
         self.existing: set[str] = set()  # pods that exist (created ones join)
         self.asked: list[str] = []
         self.pod_patches: list[tuple[str, dict[str, Any]]] = []
+        self.foreign: set[str] = set()  # names of pods and Secrets that exist and are someone else's
+        self.secret_tries = 0
 
     async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> bool:
         await asyncio.sleep(0.01)
+        if body["metadata"]["name"] in self.foreign:
+            raise NameTakenError(f"pod {namespace}/{body['metadata']['name']} is someone else's")
         if self.fail_creates is not None:
             if self.made_anyway:
                 self.existing.add(body["metadata"]["name"])
@@ -111,8 +115,12 @@ class RecordingKube:
         self.host_status_patches.append(dict(status))
         return True
 
-    async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> bool:
-        """As the API server: a Secret that exists is kept (False); none is ever read back."""
+    async def ensure_control_key_secret(self, namespace: str, body: Mapping[str, Any]) -> bool:
+        """As the API server with the Secret the operator's own: one that exists is kept (False); none is
+        ever read back. One named in ``foreign`` is someone else's (NameTakenError)."""
+        self.secret_tries += 1
+        if body["metadata"]["name"] in self.foreign:
+            raise NameTakenError(f"Secret {namespace}/{body['metadata']['name']} is someone else's")
         if any(s["metadata"]["name"] == body["metadata"]["name"] for s in self.secrets):
             return False
         self.secrets.append(dict(body))
@@ -283,6 +291,37 @@ async def test_a_refused_create_releases_its_reservation_and_reports_the_api_mes
     assert all(e.message.startswith("worker a-") and e.message.endswith(f": 403 {quota}") for e in failed)
     api = _conditions(kube.status_patches[0])["ApiError"]
     assert (api["status"], api["reason"]) == ("True", "CreateFailed") and quota in api["message"]
+
+
+async def test_a_worker_name_held_by_someone_elses_pod_is_reported_and_another_name_is_used(
+    state: Operator,
+) -> None:
+    """A create meets a pod of the name that is not the pool's: not counted as made (its reservation ends),
+    NameTaken told, and the next pass makes the worker under the next free name."""
+    body = _pool("a", 1)
+    run = PoolRun(key=("ns", "a"))
+    first = worker_name("a", PoolView.from_body(body).template_hash, 0)
+    state.kube.foreign.add(first)
+
+    async def pool_pass() -> None:
+        await reconcile_pool(
+            state.services,
+            state.book,
+            run=run,
+            body=body,
+            pods_by_pool={},
+            pools_by_key=_index({("ns", "a"): body}),
+            budgets={"default": [{"memory": "8Gi"}]},
+        )
+
+    await pool_pass()
+    assert state.kube.created == [] and len(state.book.reservations) == 0
+    api = _conditions(state.kube.status_patches[0])["ApiError"]
+    assert (api["status"], api["reason"]) == ("True", "NameTaken")
+    assert [e.reason for _, e in state.events.posted if e.type == "Warning"] == ["NameTaken"]
+    await pool_pass()
+    [made] = state.kube.created
+    assert made["metadata"]["name"] == worker_name("a", PoolView.from_body(body).template_hash, 1)
 
 
 async def test_a_create_without_an_answer_keeps_its_memory_until_the_pod_is_known_absent(
@@ -566,6 +605,47 @@ async def test_a_host_pass_makes_its_key_once_and_its_pods_within_the_budget(sta
         state.services, state.book, run=run, body=body, pods_by_pool=view, pools_by_key={}, budgets=budgets
     )
     assert len(state.kube.created) == 2 and state.book.reservations.reserved == 0
+
+
+async def test_a_control_key_secret_of_someone_elses_gets_no_host_pod_and_is_retried_with_backoff(
+    state: Operator,
+) -> None:
+    """The Secret's name is someone else's Secret: no host pod (it would mount their key), the key is not
+    kept for control calls, ApiError/NameTaken on the ModelHost, one Warning; the Secret is not asked
+    again before its delay, and once the name is free the host pods come."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.reconcile_host import reconcile_host
+
+    state.kube.foreign.add("gpus-control-key")
+    run, body = HostRun(key=("ns", "gpus")), _host(2)
+
+    async def host_pass() -> None:
+        await reconcile_host(
+            state.services, state.book, run=run, body=body, pods_by_pool={}, pools_by_key={}, budgets={}
+        )
+
+    await host_pass()
+    await host_pass()
+    assert state.kube.created == [] and state.book.reservations.reserved == 0
+    assert ("ns", "gpus") not in state.book.control_keys
+    assert state.kube.secret_tries == 1, "asked again within its backoff"
+    api = _conditions(state.kube.host_status_patches[0])["ApiError"]
+    assert (api["status"], api["reason"]) == ("True", "NameTaken")
+    assert [e.reason for _, e in state.events.posted] == ["NameTaken"]
+    assert run.retry_in is not None and 0 < run.retry_in <= state.services.config.backoff_base_seconds
+    # The delay passes with the name still taken: asked again, the next delay doubles.
+    run.secret_retry_at = 0.0
+    await host_pass()
+    assert state.kube.secret_tries == 2 and run.secret_failures == 2 and state.kube.created == []
+    assert run.retry_in is not None and run.retry_in > state.services.config.backoff_base_seconds
+    # The other Secret is gone: ours is made, then the host pods; the condition clears.
+    state.kube.foreign.clear()
+    run.secret_retry_at = 0.0
+    await host_pass()
+    assert sorted(p["metadata"]["name"] for p in state.kube.created) == ["gpus-0", "gpus-1"]
+    assert ("ns", "gpus") in state.book.control_keys
+    assert _conditions(state.kube.host_status_patches[-1])["ApiError"]["status"] == "False"
+    assert [e.reason for _, e in state.events.posted] == ["NameTaken"]
 
 
 async def test_a_host_pass_fences_its_host_pods_with_a_network_policy_once(state: Operator) -> None:
