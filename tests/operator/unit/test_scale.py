@@ -283,8 +283,9 @@ def test_a_pools_own_status_write_does_not_wake_it_again_a_spec_change_does() ->
 
     async def event(kind: str | None, generation: int, **meta: object) -> bool:
         woken.clear()
+        meta = {"generation": generation, **meta}
         await operator_handlers.pool_changed(
-            type=kind, namespace="ns", name="p", meta={"generation": generation, **meta}, memo=pool_memo
+            type=kind, namespace="ns", name="p", meta=meta, body={"metadata": meta}, memo=pool_memo
         )
         return woken.is_set()
 
