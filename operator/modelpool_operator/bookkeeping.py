@@ -31,6 +31,7 @@ from typing import Any
 
 from modelpool_contract.api import ModelPoolStatus
 from modelpool_operator.budget import BudgetLimit, Ledger, ReservationBook
+from modelpool_operator.observe.claims import BusyClaim
 from modelpool_operator.observe.observation import ChargeCache, current_ledger
 from modelpool_operator.observe.ownership import ForeignPods
 from modelpool_operator.observe.worker_state import ObservedWorker
@@ -246,6 +247,9 @@ class PoolRun:
     # The autoscaler's load samples and the serving workers' counters, handed from one plan to the next.
     load_window: tuple[LoadSample, ...] = ()
     counters: Mapping[str, CounterSample] = field(default_factory=dict)
+    # Since when each worker has claimed to be busy, pass after pass (``observe.claims``; re-learned from
+    # the last status after a restart).
+    claims: Mapping[str, BusyClaim] = field(default_factory=dict)
 
 
 async def wait_for_wakeup(event: asyncio.Event, seconds: float, stop: Awaitable[Any] | None = None) -> bool:
