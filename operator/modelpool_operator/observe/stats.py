@@ -7,8 +7,8 @@ One ``StatsScraper`` is shared by the whole operator, and a worker is not truste
 * **Time**: each request has one deadline for the whole exchange (connect, headers and every byte of the
   body), not only per read: a worker that trickles a byte a second is cut at the deadline.
 * **Concurrency**: a semaphore bounds the requests in flight across all pools, and each pool (the
-  pods' ``namespace`` and ``modelpool.dev/pool`` label) has at most ``_PER_POOL_CONCURRENCY`` of them, so a
-  pool whose many workers are slow fills its own slots, never the whole operator's.
+  pods' ``namespace`` and ``modelpool.dev/pool`` label) has at most ``_PER_POOL_CONCURRENCY`` of them (and
+  at most half), so a pool whose many workers are slow fills its own slots, never the whole operator's.
 
 Each answer dropped for its size, its deadline or its shape is logged (once per run of failures) and
 counted (``on_unreadable``: the operator's ``stats_unreadable_total{reason}``).  A worker whose stats
@@ -45,7 +45,7 @@ _SWEEP_EVERY_SECONDS = 60.0
 #: workers those refusals took a sixth of the operator's CPU. Any change of the pod (a new resourceVersion:
 #: started, ready, restarted) retries it at once, so a real server is reached as soon as it runs.
 _REFUSED_BACKOFF_CAP_SECONDS = 300.0
-#: At most this many ``/stats`` requests of one pool in flight at once (and never more than the
+#: At most this many ``/stats`` requests of one pool in flight at once (and never more than half the
 #: operator-wide bound): a pool of a thousand workers that each answer at the deadline holds this many of
 #: the operator's slots, and every other pool's scrape goes on beside it.
 _PER_POOL_CONCURRENCY = 8
@@ -197,7 +197,8 @@ class StatsScraper:
         self._backoff_cap = backoff_cap
         self._default_port = default_port
         self._semaphore = asyncio.Semaphore(concurrency)
-        self._per_pool = max(1, min(per_pool, concurrency))
+        # A pool never holds more than half the operator's slots (one of them when there are two).
+        self._per_pool = max(1, min(per_pool, concurrency // 2))
         # Each pool's semaphore, with the fetches holding or awaiting it (dropped when none does).
         self._groups: dict[GroupKey, tuple[asyncio.Semaphore, list[int]]] = {}
         self._on_unreadable = on_unreadable
