@@ -224,3 +224,20 @@ def test_a_host_pods_answer_may_hold_one_document_per_model() -> None:
     host["metadata"]["labels"][LABEL_HOST] = "h"
     assert stats_size_bound(worker) == STATS_MAX_BYTES
     assert stats_size_bound(host) == HOST_STATS_MAX_BYTES
+
+
+async def test_with_two_slots_a_slow_pool_holds_one(metrics: OperatorMetrics) -> None:
+    """The smallest operator-wide bound that can share: a pool holds at most half the slots."""
+    scraper = _scraper(metrics, timeout=1.0, concurrency=2)
+    async with _Server(_trickle) as slow, _Server(_good) as good:
+        scraper.refresh([_pod(f"slow-{i}", "slow", slow.port) for i in range(2)])
+        await asyncio.sleep(0.1)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        result = await asyncio.wait_for(scraper.scrape([_pod("good-0", "good", good.port)]), 10)
+        took = loop.time() - started
+        held = slow.requests
+        await scraper.aclose()
+    assert result == {"good-0": {"state": "Idle", "queue_depth": 0}}
+    assert took < 0.5, took
+    assert held == 1
