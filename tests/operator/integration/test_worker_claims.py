@@ -154,24 +154,49 @@ def test_a_trickling_or_flooding_pool_costs_only_its_own_scrape(
     slow_ips = running_ips(cluster, namespace, "slow", 2)
     (good_ip,) = running_ips(cluster, namespace, "good", 1)
     stop = threading.Event()
-    idle = WorkerStats(state="Idle", state_since=time.time() - 60, queue_depth=3, in_flight=0)
+    depth = [0]  # the good worker's queue depth, changed once the slow pool's scrapes are under way
+    asked = {ip: 0 for ip in slow_ips}
+
+    def good_stats() -> dict[str, Any]:
+        return WorkerStats(
+            state="Idle", state_since=time.time() - 60, queue_depth=depth[0], in_flight=0
+        ).wire()
+
+    def counted(ip: str, answer: Answer) -> Answer:
+        def count(handler: BaseHTTPRequestHandler) -> None:
+            asked[ip] += 1
+            answer(handler)
+
+        return count
+
     before = rss_bytes(operator.proc.pid)
     with ExitStack() as stack:
         stack.callback(stop.set)
-        stack.enter_context(stats_at(slow_ips[0], probe_port, trickle(stop)))
-        stack.enter_context(stats_at(slow_ips[1], probe_port, flood(stop)))
-        stack.enter_context(stats_at(good_ip, probe_port, json_answer(idle.wire)))
+        stack.enter_context(stats_at(slow_ips[0], probe_port, counted(slow_ips[0], trickle(stop))))
+        stack.enter_context(stats_at(slow_ips[1], probe_port, counted(slow_ips[1], flood(stop))))
+        stack.enter_context(stats_at(good_ip, probe_port, json_answer(good_stats)))
+        wait_status(
+            cluster,
+            namespace,
+            "good",
+            lambda s: [w.get("queueDepth") for w in s.get("workers") or []] == [0],
+            timeout=60,
+            message="the good pool's worker scraped (queueDepth 0)",
+        )
+        # Both slow workers asked: unbounded, their two answers would now hold both slots for ever.
+        wait_for(lambda: all(asked.values()) or None, timeout=60, message="both slow workers scraped")
+        depth[0] = 3
         status = wait_status(
             cluster,
             namespace,
             "good",
             lambda s: [w.get("queueDepth") for w in s.get("workers") or []] == [3],
-            timeout=60,
-            message="the good pool's worker scraped (queueDepth 3)",
+            timeout=30,
+            message="the good pool's worker scraped again beside the slow pool (queueDepth 3)",
         )
         assert status["workers"][0]["state"] == "Idle"
-        # Keep the slow pool's workers trickling and flooding for a while: the operator lives, its memory
-        # stays bounded, and the slow pool's workers stay unknown (never failed for it).
+        # The slow pool's workers keep trickling and flooding: the operator lives, its memory stays
+        # bounded, and they are observed with unknown stats (never failed for it).
         slow = wait_status(
             cluster,
             namespace,
@@ -183,6 +208,8 @@ def test_a_trickling_or_flooding_pool_costs_only_its_own_scrape(
             message="the slow pool's workers observed with unknown stats",
         )
         assert {w["state"] for w in slow["workers"]} <= {"Ready", "Loading"}
+        # Each answer cut at its deadline or bound, and the worker asked again after its backoff.
+        wait_for(lambda: min(asked.values()) >= 2 or None, timeout=30, message="the slow workers asked again")
         assert operator.alive()
         grown = rss_bytes(operator.proc.pid) - before
         assert grown < 64 * 1024 * 1024, f"the operator grew {grown} bytes"
