@@ -23,6 +23,13 @@ LIVE_PATH: Final = "/v2/health/live"
 READY_PATH: Final = "/v2/health/ready"
 #: The worker's Prometheus metrics, on its probe port (and, behind the API key, its serving port).
 METRICS_PATH: Final = "/metrics"
+#: The most bytes of one worker's ``/stats`` answer the operator reads (a document is about 1.3 KiB; a
+#: long ``load_error`` adds a few): a longer answer is discarded unread as unknown stats, so a worker
+#: cannot make the operator hold or parse much on its behalf.
+STATS_MAX_BYTES: Final = 64 * 1024
+#: The same for a shared host pod's answer, one document per model it holds (``--max-models``, at most
+#: 256): 4 KiB per model.
+HOST_STATS_MAX_BYTES: Final = 1024 * 1024
 #: Bumped when a field changes meaning; fields are only ever added.
 STATS_VERSION: Final = 1
 #: What the model's threads were sized from (``/stats`` ``threads.sized_from``): torch's own default (one

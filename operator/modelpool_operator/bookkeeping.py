@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from modelpool_contract.api import ModelPoolStatus
 from modelpool_operator.budget import BudgetLimit, Ledger, ReservationBook
+from modelpool_operator.observe.claims import BusyClaim
 from modelpool_operator.observe.observation import ChargeCache, current_ledger
 from modelpool_operator.observe.ownership import ForeignPods, Tombstones
 from modelpool_operator.observe.worker_state import ObservedWorker
@@ -264,6 +265,9 @@ class PoolRun:
     # the planner gives them to no worker. Forgotten past ``TAKEN_NAMES_MAX`` (a name freed meanwhile may
     # then be tried again; one still taken is found again).
     taken_names: set[str] = field(default_factory=set)
+    # Since when each worker has claimed to be busy, pass after pass (``observe.claims``; re-learned from
+    # the last status after a restart).
+    claims: Mapping[str, BusyClaim] = field(default_factory=dict)
 
 
 async def wait_for_wakeup(event: asyncio.Event, seconds: float, stop: Awaitable[Any] | None = None) -> bool:

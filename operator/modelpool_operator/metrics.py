@@ -18,6 +18,8 @@ Names (all prefixed ``modelpool_operator_``; docs/operator.md has example querie
 * ``placement_calls_total{action,result}`` (load, sleep, unload; ok, failed): control calls on host pods.
 * ``foreign_pods_total``: pods labelled ``modelpool.dev/pool`` that no pool or ModelHost owns (by
   controller owner reference and uid): never counted in the ledger nor touched, each counted once.
+* ``stats_unreadable_total{reason}`` (too_large, deadline, invalid): workers' ``/stats`` answers dropped
+  unread: over the size bound, not whole by the deadline, or not a JSON object (the stats are unknown).
 * ``process_*``: prometheus-client's process collector (CPU, resident memory, open files).
 
 Cardinality is bounded: no label names a worker; ``pool`` grows with the pools, each adding a series per
@@ -106,6 +108,12 @@ class OperatorMetrics:
         self.foreign_pods = Counter(
             f"{PREFIX}_foreign_pods",
             "Pods labelled modelpool.dev/pool that no pool or ModelHost owns: ignored, counted once each",
+            registry=r,
+        )
+        self.stats_unreadable = Counter(
+            f"{PREFIX}_stats_unreadable",
+            "Workers' /stats answers dropped: over the size bound, past the deadline, or not a JSON object",
+            ["reason"],
             registry=r,
         )
         # The host_memory series each ModelHost last set, so a host pod or device gone loses its series.

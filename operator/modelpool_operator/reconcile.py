@@ -37,6 +37,7 @@ from modelpool_operator.effects.placing import (
     write_pool_status,
 )
 from modelpool_operator.host import host_charge_key
+from modelpool_operator.observe.claims import believe
 from modelpool_operator.observe.hosts import (
     HostedPool,
     hosted_replicas,
@@ -108,6 +109,24 @@ def observe(
         now=now,
         charges=worker_charges(pods_by_pool),
     )
+
+
+def believe_own(
+    book: Bookkeeping,
+    run: PoolRun,
+    workers: dict[PoolKey, list[ObservedWorker]],
+    pool: PoolView,
+    now: datetime,
+) -> None:
+    """The own pool's workers as the operator believes them (``observe.claims``: load counted at most the
+    queue's capacity, a busy claim believed for a bounded time), for this plan and for the other pools'
+    (``book.observed``: their preemption reads it); the busy claims kept for the next pass."""
+    if pool.key not in workers:
+        return
+    believed, run.claims = believe(
+        workers[pool.key], spec=pool.spec, claims=run.claims, previous=pool.status.workers, now=now
+    )
+    workers[pool.key] = book.observed[pool.key] = believed
 
 
 def decide(
@@ -184,6 +203,7 @@ async def reconcile_pool(
         # From observing to the reservations ``decide`` records nothing is awaited (see the module doc).
         now = datetime.now(UTC)
         workers = observe(services, book, pods_by_pool, own=pool.key, now=now)
+        believe_own(book, run, workers, pool, now)
         decided = decide(
             pool,
             workers,

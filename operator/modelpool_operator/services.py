@@ -51,13 +51,17 @@ class Services:
         await self.kube.close()
 
 
-def make_scraper(config: OperatorConfig) -> StatsScraper:
+def make_scraper(config: OperatorConfig, metrics: OperatorMetrics | None = None) -> StatsScraper:
+    """The ``/stats`` scraper; the answers it drops are counted in ``metrics`` when given."""
     return StatsScraper(
         interval=config.stats_interval_seconds,
         timeout=config.stats_timeout_seconds,
         concurrency=config.stats_concurrency,
         backoff_cap=config.stats_unreachable_backoff_cap_seconds,
         default_port=config.server_port,
+        on_unreadable=(lambda reason: metrics.stats_unreadable.labels(reason=reason).inc())
+        if metrics is not None
+        else None,
     )
 
 
@@ -71,7 +75,7 @@ async def start_services(config: OperatorConfig) -> Services:
     return Services(
         config=config,
         kube=kube,
-        scraper=make_scraper(config),
+        scraper=make_scraper(config, metrics),
         observations=ObservationCache(lifecycle_settings(config)),
         events=KopfEventSink(),
         metrics=metrics,

@@ -49,7 +49,9 @@ class OperatorConfig(BaseSettings):
         default=5.0, gt=0, description="How often each worker's GET /stats is scraped."
     )
     stats_timeout_seconds: float = Field(
-        default=2.0, gt=0, description="Timeout of one /stats request (connect + read)."
+        default=2.0,
+        gt=0,
+        description="Deadline of one /stats request: connect, headers and the whole answer.",
     )
     stats_concurrency: int = Field(
         default=64, ge=1, description="At most this many /stats requests in flight at once, operator-wide."

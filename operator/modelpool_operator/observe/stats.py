@@ -1,15 +1,27 @@
 """Scraping the workers' ``GET /stats`` JSON, concurrently, bounded, and never fatally.
 
-One ``StatsScraper`` is shared by the whole operator: a semaphore bounds the requests in flight across
-all pools, each request has a timeout, and a worker whose stats cannot be fetched simply has *unknown*
-stats (``None``). That is deliberate: whether a server process is alive is the kubelet's call (liveness
-probe), and pods on KWOK nodes have no server behind their IP at all. Unreachable workers are retried
-with a doubling delay (capped) so that a thousand silent pods do not cost a thousand timeouts per pass.
+One ``StatsScraper`` is shared by the whole operator, and a worker is not trusted to answer well:
+
+* **Size**: an answer is read raw (no content decoding) up to ``STATS_MAX_BYTES`` (a host pod's:
+  ``HOST_STATS_MAX_BYTES``); one that declares or sends more is dropped unread as unknown stats.
+* **Time**: each request has one deadline for the whole exchange (connect, headers and every byte of the
+  body), not only per read: a worker that trickles a byte a second is cut at the deadline.
+* **Concurrency**: a semaphore bounds the requests in flight across all pools, and each pool (the
+  pods' ``namespace`` and ``modelpool.dev/pool`` label) has at most ``_PER_POOL_CONCURRENCY`` of them (and
+  at most half), so a pool whose many workers are slow fills its own slots, never the whole operator's.
+
+Each answer dropped for its size, its deadline or its shape is logged (once per run of failures) and
+counted (``on_unreadable``: the operator's ``stats_unreadable_total{reason}``).  A worker whose stats
+cannot be fetched simply has *unknown* stats (``None``). That is deliberate: whether a server process is
+alive is the kubelet's call (liveness probe), and pods on KWOK nodes have no server behind their IP at
+all. Unreachable workers are retried with a doubling delay (capped) so that a thousand silent pods do
+not cost a thousand timeouts per pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -18,8 +30,9 @@ from typing import Any
 
 import httpx
 
-from modelpool_contract.labels import HTTP_PORT_NAME, PROBE_PORT_NAME
-from modelpool_contract.stats import STATS_PATH
+from modelpool_contract.labels import HTTP_PORT_NAME, LABEL_POOL, PROBE_PORT_NAME
+from modelpool_contract.placements import LABEL_HOST
+from modelpool_contract.stats import HOST_STATS_MAX_BYTES, STATS_MAX_BYTES, STATS_PATH
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +45,22 @@ _SWEEP_EVERY_SECONDS = 60.0
 #: workers those refusals took a sixth of the operator's CPU. Any change of the pod (a new resourceVersion:
 #: started, ready, restarted) retries it at once, so a real server is reached as soon as it runs.
 _REFUSED_BACKOFF_CAP_SECONDS = 300.0
+#: At most this many ``/stats`` requests of one pool in flight at once (and never more than half the
+#: operator-wide bound): a pool of a thousand workers that each answer at the deadline holds this many of
+#: the operator's slots, and every other pool's scrape goes on beside it.
+_PER_POOL_CONCURRENCY = 8
+#: Why an answer was dropped (the ``reason`` label of ``stats_unreadable_total``): a bounded set.
+UNREADABLE_REASONS = ("too_large", "deadline", "invalid")
+
+GroupKey = tuple[str, str]
+
+
+class UnreadableStatsError(Exception):
+    """An answer the scraper refuses to read: over its size bound, or not a JSON object."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -54,6 +83,46 @@ class _Entry:
 def _uid(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     return str(meta.get("uid") or meta.get("name", ""))
+
+
+def _group(pod: Mapping[str, Any]) -> GroupKey:
+    """The pool whose concurrency the pod's scrape counts against: its namespace and pool label (a host
+    pod's label names its ModelHost's charge key, so a ModelHost is a group of its own)."""
+    meta = pod.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str((meta.get("labels") or {}).get(LABEL_POOL) or ""))
+
+
+def stats_size_bound(pod: Mapping[str, Any]) -> int:
+    """The most bytes of the pod's ``/stats`` answer read: a host pod's document holds one per model."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return HOST_STATS_MAX_BYTES if LABEL_HOST in labels else STATS_MAX_BYTES
+
+
+async def read_bounded(client: httpx.AsyncClient, url: str, max_bytes: int) -> Any:
+    """GET ``url`` and parse its JSON body, reading at most ``max_bytes`` of it: a declared
+    ``Content-Length`` over the bound is refused before the body is read, a body that runs past it is cut
+    off after the chunk that crossed it (a chunk is at most one socket read, 64 KiB), and an encoded body
+    (gzip...) is refused: its decoded size is not bounded by what arrives.  No deadline here: the caller
+    bounds the whole exchange."""
+    headers = {"Accept-Encoding": "identity"}
+    async with client.stream("GET", url, headers=headers) as response:
+        response.raise_for_status()
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise UnreadableStatsError("invalid", f"the /stats answer is encoded ({encoding})")
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > max_bytes:
+            raise UnreadableStatsError("too_large", f"the /stats answer declares {declared} bytes")
+        body = bytearray()
+        # Identity only (refused above otherwise), so these are the bytes as they arrive, undecoded.
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > max_bytes:
+                raise UnreadableStatsError("too_large", f"the /stats answer runs past {max_bytes} bytes")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise UnreadableStatsError("invalid", f"the /stats answer is not JSON ({exc})") from None
 
 
 # The /stats fields whose change is worth a reconciliation pass (not counters such as requests_total);
@@ -120,12 +189,21 @@ class StatsScraper:
         backoff_cap: float,
         default_port: int,
         client: httpx.AsyncClient | None = None,
+        per_pool: int = _PER_POOL_CONCURRENCY,
+        on_unreadable: Callable[[str], None] | None = None,
     ) -> None:
         self._interval = interval
+        self._timeout = timeout
         self._backoff_cap = backoff_cap
         self._default_port = default_port
         self._semaphore = asyncio.Semaphore(concurrency)
-        # No proxies from the environment: worker pod IPs are always reached directly.
+        # A pool never holds more than half the operator's slots (one of them when there are two).
+        self._per_pool = max(1, min(per_pool, concurrency // 2))
+        # Each pool's semaphore, with the fetches holding or awaiting it (dropped when none does).
+        self._groups: dict[GroupKey, tuple[asyncio.Semaphore, list[int]]] = {}
+        self._on_unreadable = on_unreadable
+        # No proxies from the environment: worker pod IPs are always reached directly.  The client's own
+        # timeout bounds each read; ``_fetch_once`` bounds the whole exchange.
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False)
         self._entries: dict[str, _Entry] = {}
         self._next_sweep = 0.0
@@ -158,7 +236,9 @@ class StatsScraper:
                 continue
             fresh = entry.stats is not None and now - entry.fetched_at < self._interval
             if not fresh and now >= entry.next_attempt and (entry.task is None or entry.task.done()):
-                entry.task = asyncio.create_task(self._fetch(entry, url, on_change))
+                entry.task = asyncio.create_task(
+                    self._fetch(entry, url, on_change, _group(pod), stats_size_bound(pod))
+                )
         self._forget_stale(now)
         return {name: entry.stats for name, entry in wanted}
 
@@ -204,33 +284,45 @@ class StatsScraper:
             results[str((pod.get("metadata") or {}).get("name", ""))] = entry.stats if entry else None
         return results
 
-    async def _fetch(self, entry: _Entry, url: str, on_change: Callable[[], None] | None) -> None:
+    async def _fetch(
+        self,
+        entry: _Entry,
+        url: str,
+        on_change: Callable[[], None] | None,
+        group: GroupKey,
+        max_bytes: int,
+    ) -> None:
+        semaphore, users = self._groups.setdefault(group, (asyncio.Semaphore(self._per_pool), [0]))
+        users[0] += 1
         try:
-            await self._fetch_once(entry, url, on_change)
+            # The pool's own slot first: a pool's waiting fetches never queue on the operator's slots.
+            async with semaphore, self._semaphore:
+                await self._fetch_once(entry, url, on_change, max_bytes)
         finally:
+            users[0] -= 1
+            if not users[0]:
+                self._groups.pop(group, None)
             # A finished task is not kept (with its coroutine, context and anyio's state for it): for
             # 10,000 pods, most of them backing off, that was 10,000 dead tasks held for minutes.
             entry.task = None
 
-    async def _fetch_once(self, entry: _Entry, url: str, on_change: Callable[[], None] | None) -> None:
+    async def _fetch_once(
+        self, entry: _Entry, url: str, on_change: Callable[[], None] | None, max_bytes: int
+    ) -> None:
         before = _news(entry.stats)
         started = time.monotonic()
-        async with self._semaphore:
-            try:
-                response = await self._client.get(url)
-                response.raise_for_status()
-                body = response.json()
-                if not isinstance(body, dict):
-                    raise ValueError("the /stats body is not a JSON object")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # every failure means "unknown", never a failed worker
-                entry.stats = None
-                entry.failures += 1
-                delay = self._backoff(entry.failures, refused=isinstance(exc, httpx.ConnectError))
-                entry.next_attempt = time.monotonic() + delay
-                logger.debug("stats of %s unavailable (%s); next try in %.1fs", url, exc, delay)
-                body = None
+        try:
+            # One deadline for the whole exchange: httpx's read timeout is per chunk, so a worker sending
+            # a byte a second would otherwise hold the slot (and grow the body) for as long as it likes.
+            async with asyncio.timeout(self._timeout):
+                body = await read_bounded(self._client, url, max_bytes)
+            if not isinstance(body, dict):
+                raise UnreadableStatsError("invalid", "the /stats body is not a JSON object")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every failure means "unknown", never a failed worker
+            self._failed(entry, url, exc)
+            body = None
         marked = entry.invalidated is not None
         if body is not None:
             entry.stats = body
@@ -242,6 +334,29 @@ class StatsScraper:
         # leaves it marked and stale, so that pass refetches.
         if on_change is not None and (marked or _news(entry.stats) != before):
             on_change()
+
+    def _failed(self, entry: _Entry, url: str, exc: Exception) -> None:
+        """The stats are unknown, the pod backs off; an answer refused for its size, deadline or shape is
+        counted and logged (a warning for the first of a run of failures)."""
+        entry.stats = None
+        entry.failures += 1
+        delay = self._backoff(entry.failures, refused=isinstance(exc, httpx.ConnectError))
+        entry.next_attempt = time.monotonic() + delay
+        reason = (
+            exc.reason
+            if isinstance(exc, UnreadableStatsError)
+            else "deadline"
+            if isinstance(exc, TimeoutError | httpx.TimeoutException)
+            else None
+        )
+        if reason is None:
+            logger.debug("stats of %s unavailable (%s); next try in %.1fs", url, exc, delay)
+            return
+        if self._on_unreadable is not None:
+            self._on_unreadable(reason)
+        detail = str(exc) if reason != "deadline" else f"no whole answer within {self._timeout:g}s"
+        level = logging.WARNING if entry.failures == 1 else logging.DEBUG
+        logger.log(level, "stats of %s dropped (%s); next try in %.1fs", url, detail, delay)
 
     def _backoff(self, failures: int, *, refused: bool) -> float:
         """The wait after ``failures`` failed fetches in a row: doubling up to the configured cap; for a

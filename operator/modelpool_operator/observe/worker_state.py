@@ -146,6 +146,9 @@ class ObservedWorker:
     generations_running: int | None = None
     kv_cache_reserved: int | None = None
     kv_cache_tokens: int | None = None
+    # Its claim of work (Processing, requests in flight or queued) has outlasted what the operator believes
+    # (``observe.claims``): counted as Idle, and its figures no longer keep it from eviction.
+    claim_expired: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -169,8 +172,11 @@ class ObservedWorker:
 
     @property
     def evictable(self) -> bool:
-        """May be chosen for eviction: never Loading or Processing (their work would be lost)."""
-        return self.state in EVICTABLE_STATES and not (self.in_flight or 0) and not (self.queue_depth or 0)
+        """May be chosen for eviction: never Loading or Processing (their work would be lost), nor with
+        requests in flight or queued, unless that claim is no longer believed (``observe.claims``)."""
+        if self.state not in EVICTABLE_STATES:
+            return False
+        return self.claim_expired or (not (self.in_flight or 0) and not (self.queue_depth or 0))
 
     @property
     def kv_cache_use(self) -> float | None:

@@ -13,6 +13,7 @@ from modelpool_contract.quantity import humanize_bytes
 from modelpool_contract.states import STARTING_STATES
 from modelpool_contract.times import parse_time
 from modelpool_operator.budget import Ledger, admits
+from modelpool_operator.observe.claims import REASON_NOT_BELIEVED
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner.draft import (
     EVICT_IDLE,
@@ -74,7 +75,8 @@ def preemption_candidates(
 
 
 def tell_transitions(draft: Draft) -> None:
-    """Phase 1: an Event for each transition worth one (Ready, Failed, Unschedulable, gone)."""
+    """Phase 1: an Event for each transition worth one (Ready, Failed, Unschedulable, gone, a claim of
+    work no longer believed)."""
     for w in draft.workers:
         before = draft.before(w.name)
         if w.state == "Pending" and w.reason == "Unschedulable":
@@ -83,6 +85,10 @@ def tell_transitions(draft: Draft) -> None:
             if before is not None and before.reason != "Unschedulable":
                 message = f"worker {w.name} cannot be scheduled: {w.message}"
                 draft.events.append(Event("Warning", "Unschedulable", message))
+            continue
+        if w.reason == REASON_NOT_BELIEVED and (before is None or before.reason != REASON_NOT_BELIEVED):
+            # Told by the reason: the state may have been Idle already (requests claimed in flight).
+            draft.events.append(Event("Warning", REASON_NOT_BELIEVED, f"worker {w.name}: {w.message}"))
             continue
         if before is not None and before.state == w.state:
             continue
