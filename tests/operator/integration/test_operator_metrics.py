@@ -75,7 +75,7 @@ def test_the_operator_exports_passes_workers_budget_evictions_failures_and_api_e
     )
 
     # A worker killed for its memory (KWOK's chaos stage) is one failure, counted once.
-    oom = pool_manifest("oom", replicas=1, memory="1Gi", labels={"modelpool.dev/chaos": "oom"})
+    oom = pool_manifest("oom", replicas=1, memory="1Gi", labels={"kwok.modelpool.test/chaos": "oom"})
     apply(cluster, oom, namespace)
     until(
         port,
