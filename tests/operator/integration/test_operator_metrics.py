@@ -40,7 +40,12 @@ def test_the_operator_exports_passes_workers_budget_evictions_failures_and_api_e
     cluster: Cluster, namespace: str, budgeted_operator: BudgetedOperator
 ) -> None:
     port = free_port()
-    budgeted_operator("64Gi", MODELPOOL_OPERATOR_METRICS_PORT=str(port))
+    # The missing PriorityClass below is allowed by the operator's policy: the API server refuses the pod.
+    budgeted_operator(
+        "64Gi",
+        MODELPOOL_OPERATOR_METRICS_PORT=str(port),
+        MODELPOOL_OPERATOR_ALLOWED_PRIORITY_CLASSES="no-such-priority-class",
+    )
     ns = {"namespace": namespace}
 
     apply(cluster, pool_manifest("serving", replicas=2, memory="4Gi"), namespace)
