@@ -115,6 +115,9 @@ def release(
         "metrics": {"port": rel.metrics_port},
         "config": {
             "budgetName": rel.budget,
+            # The KWOK nodes the test pools select and tolerate (the operator's policy allows no others).
+            "allowedNodeSelectorKeys": ["type"],
+            "allowedTolerationKeys": ["kwok.x-k8s.io/node"],
             "statsIntervalSeconds": 1,
             "resyncIntervalSeconds": 2,
             "backoffBaseSeconds": 1,
