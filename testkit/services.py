@@ -76,8 +76,8 @@ TEST_ENV = {
     # No metrics endpoint unless a test asks for one (a fixed port would collide between operators).
     "MODELPOOL_OPERATOR_METRICS_PORT": "0",
     # What the test pools ask for beyond the operator's defaults (modelpool_operator.policy): the KWOK and
-    # process nodes' labels and taints, the image node's name, and KWOK's chaos stages' label and
-    # annotations (hack/kwok/stages/chaos.yaml).
+    # process nodes' labels and taints, the image node's name, KWOK's chaos stages' label and annotations
+    # (hack/kwok/stages/chaos.yaml), and the test handlers' env.
     "MODELPOOL_OPERATOR_ALLOWED_NODE_SELECTOR_KEYS": ",".join(
         (*DEFAULT_NODE_SELECTOR_KEYS, "type", *PROCESS_NODE_SELECTOR, "kubernetes.io/hostname")
     ),
@@ -85,8 +85,14 @@ TEST_ENV = {
         (*DEFAULT_TOLERATION_KEYS, "kwok.x-k8s.io/node", *(t["key"] for t in IMAGE_NODE_TOLERATIONS))
     ),
     "MODELPOOL_OPERATOR_ALLOWED_LABEL_DOMAINS": CHAOS_DOMAIN,
+    # The test handlers (``echo_pool``): the server imports them from the checkout.
+    "MODELPOOL_OPERATOR_ALLOWED_ENV_NAMES": "MODELPOOL_HANDLER,PYTHONPATH",
     "MODELPOOL_OPERATOR_ALLOWED_ANNOTATION_DOMAINS": CHAOS_DOMAIN,
 }
+
+
+#: The operator's policy settings of ``TEST_ENV``, for the benches that start their own operator.
+POLICY_ENV = {key: value for key, value in TEST_ENV.items() if key.startswith("MODELPOOL_OPERATOR_ALLOWED_")}
 
 
 def control_seed_file(cluster: Cluster) -> Path:

@@ -43,7 +43,9 @@ The rules (an allowlist left empty allows nothing unless said otherwise):
   Multus networks and mesh opt-outs are refused unless the administrator allows their domain.
 * ``spec.podTemplate.env``: no name the server or its libraries read (``modelpool_contract.reserved``:
   ``MODELPOOL_*`` such as ``MODELPOOL_TRUST_REMOTE_CODE``, ``LD_*``, the Python start-up and the Hugging
-  Face cache variables): the pool's own fields say what the server does. Not an allowlist: always on.
+  Face cache variables): the pool's own fields say what the server does. ``Policy.env_names`` lists the
+  reserved names allowed anyway, exactly as written (none by default; a development cluster that runs
+  test handlers allows ``MODELPOOL_HANDLER`` and ``PYTHONPATH``).
 * ``spec.servedModelName``, when shaped like ``namespace/name`` (``NAMESPACED_NAME_PATTERN``), must start
   with the pool's own namespace: an alias ``team-b/llama`` on a pool of ``team-a`` would receive the prompts
   of callers who mean team-b's pool (a key granting both, or ``--auth none``). Not an allowlist: always on.
@@ -122,6 +124,7 @@ class Policy:
     node_selector_keys: tuple[str, ...] = DEFAULT_NODE_SELECTOR_KEYS
     label_domains: tuple[str, ...] = ()
     annotation_domains: tuple[str, ...] = ()
+    env_names: tuple[str, ...] = ()
     operator_namespace: str = ""
 
 
@@ -222,9 +225,9 @@ def violations(spec: ModelPoolSpec, policy: Policy, namespace: str) -> list[Viol
         key = _first_refused_key(keys, partial(key_allowed, domains=domains))
         if key is not None:
             found.append(Violation(field, msg_metadata_key(field, key, domains)))
-    reserved = [e.name for e in template.env if env_name_reserved(e.name)]
+    reserved = [e.name for e in template.env if env_name_reserved(e.name) and e.name not in policy.env_names]
     if reserved:
-        found.append(Violation(FIELD_ENV, msg_env(reserved[0])))
+        found.append(Violation(FIELD_ENV, msg_env(reserved[0], policy.env_names)))
     if spec.served_model_name and alias_claims_namespace(spec.served_model_name, namespace) is not None:
         found.append(Violation(FIELD_SERVED_NAME, msg_served_name(spec.served_model_name, namespace)))
     return found
@@ -334,10 +337,11 @@ def msg_metadata_key(field: str, key: str, domains: Sequence[str]) -> str:
     )
 
 
-def msg_env(name: str) -> str:
+def msg_env(name: str, names: Sequence[str]) -> str:
     return (
         f"{FIELD_ENV}: {name} is reserved: the server or its libraries read it (MODELPOOL_*, LD_*, the "
-        "Python start-up and Hugging Face cache variables); the pool's own fields say what the server does"
+        "Python start-up and Hugging Face cache variables); the pool's own fields say what the server does "
+        f"(allowed anyway: {allowed_text(names)})"
     )
 
 

@@ -245,6 +245,15 @@ class OperatorConfig(BaseSettings):
             "comma-separated in the environment. Empty: keys without a prefix only."
         ),
     )
+    allowed_env_names: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Reserved names a pool's spec.podTemplate.env may set anyway, exactly as written (the server's "
+            "MODELPOOL_* flags, LD_*, PYTHONPATH, the Hugging Face cache variables are refused otherwise: "
+            "MODELPOOL_TRUST_REMOTE_CODE would bypass spec.model.trustRemoteCode); comma-separated in the "
+            "environment. Empty: none."
+        ),
+    )
     own_namespace: str = Field(
         default="",
         description=(
@@ -325,6 +334,7 @@ class OperatorConfig(BaseSettings):
         "allowed_node_selector_keys",
         "allowed_label_domains",
         "allowed_annotation_domains",
+        "allowed_env_names",
         mode="before",
     )
     @classmethod
@@ -434,6 +444,7 @@ class OperatorConfig(BaseSettings):
             node_selector_keys=self.allowed_node_selector_keys,
             label_domains=self.allowed_label_domains,
             annotation_domains=self.allowed_annotation_domains,
+            env_names=self.allowed_env_names,
             operator_namespace=self.own_namespace,
         )
 

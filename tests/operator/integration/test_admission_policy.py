@@ -92,6 +92,7 @@ TOLERATION_KEYS = ("nvidia.com/gpu", "kwok.x-k8s.io/node", "modelpool.dev/proces
 NODE_KEYS = (*DEFAULT_NODE_SELECTOR_KEYS, "type")
 LABEL_DOMAINS = ("example.com",)
 ANNOTATION_DOMAINS = ("prometheus.io",)
+ENV_NAMES = ("MODELPOOL_HANDLER",)
 # The same lists as the chart's config values (helm --set-json) and as the operator's environment.
 VALUES = {
     "allowedHostPaths": HOST_PATHS,
@@ -102,6 +103,7 @@ VALUES = {
     "allowedNodeSelectorKeys": NODE_KEYS,
     "allowedLabelDomains": LABEL_DOMAINS,
     "allowedAnnotationDomains": ANNOTATION_DOMAINS,
+    "allowedEnvNames": ENV_NAMES,
 }
 OPERATOR_ENV = {
     "MODELPOOL_OPERATOR_" + "_".join(_w.upper() for _w in _split(key)): ",".join(value)
@@ -324,15 +326,15 @@ def test_the_api_server_refuses_a_pool_beyond_the_allowlists_naming_the_field(
                     {"name": "MODELPOOL_TRUST_REMOTE_CODE", "value": "true"},
                 ],
             ),
-            msg_env("MODELPOOL_TRUST_REMOTE_CODE"),
+            msg_env("MODELPOOL_TRUST_REMOTE_CODE", ENV_NAMES),
         ),
         "handler": (
             _pool("handler", env=[{"name": "modelpool_handler", "value": "x:Y"}]),
-            msg_env("modelpool_handler"),
+            msg_env("modelpool_handler", ENV_NAMES),
         ),
         "preload": (
             _pool("preload", env=[{"name": "LD_PRELOAD", "value": "/cache/x.so"}]),
-            msg_env("LD_PRELOAD"),
+            msg_env("LD_PRELOAD", ENV_NAMES),
         ),
         "host-taints": (
             _host("host-taints", tolerations=[{"operator": "Exists"}]),
@@ -425,6 +427,13 @@ EDGE_CASES: list[dict[str, Any]] = [
     {"env": [{"name": "Modelpool_Handler", "value": "x"}]},
     {"env": [{"name": "pythonpath", "value": "/cache"}, {"name": "HF_HOME", "value": "/tmp"}]},
     {"env": [{"name": "LD_LIBRARY_PATH", "value": "/cache"}]},
+    {"env": [{"name": "MODELPOOL_HANDLER", "value": "x:Y"}]},
+    {
+        "env": [
+            {"name": "MODELPOOL_HANDLER", "value": "x:Y"},
+            {"name": "MODELPOOL_TRUST_REMOTE_CODE", "value": "1"},
+        ]
+    },
     {"cache_path": "/var/cache/modelpool/NS"},
     {"cache_path": "/var/cache/modelpool/x/NS"},
     {"cache_path": "/var/cache/modelpool/NS-x"},
@@ -443,6 +452,7 @@ def test_the_admission_policy_and_the_operator_agree_on_edge_cases(
         node_selector_keys=NODE_KEYS,
         label_domains=LABEL_DOMAINS,
         annotation_domains=ANNOTATION_DOMAINS,
+        env_names=ENV_NAMES,
     )
     for index, written in enumerate(EDGE_CASES):
         # "NS" in a cache path: the test's namespace.
@@ -535,7 +545,7 @@ def test_an_update_is_refused_only_for_what_it_brings(bound: Bound, crds: Cluste
         annotations={"sidecar.istio.io/inject": "false"},
         tolerations=[{"operator": "Exists"}],
         node_selector={"kubernetes.io/hostname": "n"},
-        env=[{"name": "MODELPOOL_HANDLER", "value": "x:Y"}],
+        env=[{"name": "MODELPOOL_TRUST_REMOTE_CODE", "value": "true"}],
         priority="system-node-critical",
     )
     # The policy's binding out of the way while the old pool is made, then back.
@@ -573,8 +583,13 @@ def test_an_update_is_refused_only_for_what_it_brings(bound: Bound, crds: Cluste
             msg_toleration(FIELD_TOLERATIONS, "node-role.kubernetes.io/control-plane", TOLERATION_KEYS),
         ),
         (
-            {"env": [{"name": "MODELPOOL_HANDLER", "value": "x:Y"}, {"name": "LD_AUDIT", "value": "x"}]},
-            msg_env("LD_AUDIT"),
+            {
+                "env": [
+                    {"name": "MODELPOOL_TRUST_REMOTE_CODE", "value": "true"},
+                    {"name": "LD_AUDIT", "value": "x"},
+                ]
+            },
+            msg_env("LD_AUDIT", ENV_NAMES),
         ),
         (
             {"priorityClassName": "system-cluster-critical"},

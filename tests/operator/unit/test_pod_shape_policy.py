@@ -169,7 +169,22 @@ def test_node_selector_keys_of_hardware_and_place_pass_and_roles_and_names_do_no
 )
 def test_an_env_name_the_server_reads_is_refused(name: str) -> None:
     spec = _spec(env=[{"name": "HF_TOKEN", "value": "x"}, {"name": name, "value": "1"}])
-    assert violations(spec, DEFAULT, NS) == [Violation(FIELD_ENV, msg_env(name))]
+    assert violations(spec, DEFAULT, NS) == [Violation(FIELD_ENV, msg_env(name, ()))]
+
+
+def test_an_administrator_may_allow_a_reserved_env_name_exactly() -> None:
+    policy = Policy(env_names=("MODELPOOL_HANDLER", "PYTHONPATH"))
+    allowed = [
+        {"name": "MODELPOOL_HANDLER", "value": "tests.h:Echo"},
+        {"name": "PYTHONPATH", "value": "/src"},
+    ]
+    assert violations(_spec(env=allowed), policy, NS) == []
+    # Another spelling, or another reserved name, is still refused.
+    spec = _spec(env=[*allowed, {"name": "modelpool_handler", "value": "x"}])
+    assert violations(spec, policy, NS) == [
+        Violation(FIELD_ENV, msg_env("modelpool_handler", policy.env_names))
+    ]
+    assert "(allowed anyway: MODELPOOL_HANDLER, PYTHONPATH)" in msg_env("x", policy.env_names)
 
 
 @pytest.mark.parametrize(
