@@ -15,7 +15,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -105,6 +105,18 @@ VALUES = {
     "allowedAnnotationDomains": ANNOTATION_DOMAINS,
     "allowedEnvNames": ENV_NAMES,
 }
+# The same lists as the operator's policy.
+POLICY = Policy(
+    host_paths=HOST_PATHS,
+    images=IMAGES,
+    service_accounts=ACCOUNTS,
+    priority_classes=PRIORITIES,
+    toleration_keys=TOLERATION_KEYS,
+    node_selector_keys=NODE_KEYS,
+    label_domains=LABEL_DOMAINS,
+    annotation_domains=ANNOTATION_DOMAINS,
+    env_names=ENV_NAMES,
+)
 OPERATOR_ENV = {
     "MODELPOOL_OPERATOR_" + "_".join(_w.upper() for _w in _split(key)): ",".join(value)
     for key, value in VALUES.items()
@@ -443,17 +455,7 @@ EDGE_CASES: list[dict[str, Any]] = [
 def test_the_admission_policy_and_the_operator_agree_on_edge_cases(
     admission_policy: str, crds: Cluster
 ) -> None:
-    policy = Policy(
-        host_paths=HOST_PATHS,
-        images=IMAGES,
-        service_accounts=ACCOUNTS,
-        priority_classes=PRIORITIES,
-        toleration_keys=TOLERATION_KEYS,
-        node_selector_keys=NODE_KEYS,
-        label_domains=LABEL_DOMAINS,
-        annotation_domains=ANNOTATION_DOMAINS,
-        env_names=ENV_NAMES,
-    )
+    policy = POLICY
     for index, written in enumerate(EDGE_CASES):
         # "NS" in a cache path: the test's namespace.
         case = {k: v.replace("NS", admission_policy) if k == "cache_path" else v for k, v in written.items()}
@@ -524,7 +526,7 @@ def test_no_pool_or_host_is_served_from_the_release_namespace(bound: Bound, crds
     for manifest in (_pool("in-release"), _host("in-release")):
         code, output = _create(crds, bound.release_namespace, manifest, f"--as={USER}")
         assert code != 0 and message in output, output
-    policy = Policy(operator_namespace=bound.release_namespace)
+    policy = replace(POLICY, operator_namespace=bound.release_namespace)
     assert [
         v.message for v in violations(parse_pool_spec(_pool("p")["spec"]), policy, bound.release_namespace)
     ] == [message]
