@@ -480,6 +480,14 @@ def test_the_operator_refuses_a_forbidden_pool_where_no_admission_policy_applies
     watcher, _ = budgeted_operator("8Gi", **OPERATOR_ENV)
     apply(crds, _pool("forbidden", image="docker.io/evil/miner:1"), namespace)
     apply(crds, _pool("control"), namespace)  # an allowed pool beside it, as the positive control
+    # The pod-shaping fields (issue 30, item 4): the ledger's label, every taint, the server's own env.
+    shaped = _pool(
+        "shaped",
+        labels={"modelpool.dev/pool": "ghost"},
+        tolerations=[{"operator": "Exists"}],
+        env=[{"name": "MODELPOOL_TRUST_REMOTE_CODE", "value": "true"}],
+    )
+    apply(crds, shaped, namespace)
 
     status = wait_status(
         crds,
@@ -500,6 +508,22 @@ def test_the_operator_refuses_a_forbidden_pool_where_no_admission_policy_applies
     )
     wait_for(lambda: worker_pods(crds, namespace, "control"), timeout=60, message="the control pool's worker")
     assert worker_pods(crds, namespace, "forbidden") == []
+    shaped_status = wait_status(
+        crds,
+        namespace,
+        "shaped",
+        lambda s: condition(s, POLICY_VIOLATION).get("status") == "True",
+        timeout=60,
+        message="the shaped pool's PolicyViolation condition",
+    )
+    text = condition(shaped_status, POLICY_VIOLATION)["message"]
+    for message in (
+        msg_toleration(FIELD_TOLERATIONS, "*", TOLERATION_KEYS),
+        msg_metadata_key(FIELD_LABELS, "modelpool.dev/pool", LABEL_DOMAINS),
+        msg_env("MODELPOOL_TRUST_REMOTE_CODE", ENV_NAMES),
+    ):
+        assert message in text, text
+    assert worker_pods(crds, namespace, "shaped") == []
 
     # Allowed again: the operator takes the pool up and the condition goes.
     allowed_at = time.monotonic()
@@ -517,6 +541,7 @@ def test_the_operator_refuses_a_forbidden_pool_where_no_admission_policy_applies
     # The watcher saw every pod change: none of the forbidden pool's before the patch allowed it.
     before = [name for at, _, name, _ in watcher.history if name.startswith("forbidden-") and at < allowed_at]
     assert before == [], before
+    assert not [name for _, _, name, _ in watcher.history if name.startswith("shaped-")]
 
 
 def test_no_pool_or_host_is_served_from_the_release_namespace(bound: Bound, crds: Cluster) -> None:
