@@ -4,8 +4,8 @@ actionable messages, printer columns, and the chart's own operator reconciling a
 
 Locally the operator Deployment is scheduled onto the process node, which runs `modelpool-operator` as a
 local process against the API server; the pool's workers land on the KWOK fake GPU nodes. The release is
-namespace-scoped to this module's namespace and uses its own ModelBudget, so it never acts on what other
-tests create in the same cluster.
+installed in a namespace of its own (no pool is served from it), namespace-scoped to this module's two pool
+namespaces, and uses its own ModelBudget, so it never acts on what other tests create in the same cluster.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import yaml
 
 from e2e.helpers import CHART, EXAMPLES, eventually, require_binary, run
 from modelpool_contract.demand import demand_from_lease, demand_lease_name
+from modelpool_contract.reserved import DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_TOLERATION_KEYS
 from testkit import prom
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -48,6 +49,9 @@ class Release:
     metrics_port: int = 0
     # A second namespace in the operator's scope (pools in two namespaces for the uninstall test).
     other_namespace: str = ""
+    # The release's own namespace (the operator, the gateway, their Secrets): no pool is served from it, so
+    # the pools live in ``namespace`` and ``other_namespace``.
+    system_namespace: str = ""
 
     def env(self) -> dict[str, str]:
         # helm's config/cache/data in a temporary folder, never the user's.
@@ -104,9 +108,10 @@ def release(
         helm_home=tmp_path_factory.mktemp("helm-home"),
         metrics_port=19000 + secrets.randbelow(1000),
         other_namespace=f"mp-e2e-{suffix}-b",
+        system_namespace=f"mp-e2e-{suffix}-sys",
     )
-    rel.k("create", "namespace", rel.namespace)
-    rel.k("create", "namespace", rel.other_namespace)
+    for namespace in (rel.namespace, rel.other_namespace, rel.system_namespace):
+        rel.k("create", "namespace", namespace)
     values: dict[str, Any] = {
         "scope": {"clusterWide": False, "namespaces": [rel.namespace, rel.other_namespace]},
         "peering": {"name": f"mp-{suffix}"},
@@ -116,8 +121,8 @@ def release(
         "config": {
             "budgetName": rel.budget,
             # The KWOK nodes the test pools select and tolerate (the operator's policy allows no others).
-            "allowedNodeSelectorKeys": ["type"],
-            "allowedTolerationKeys": ["kwok.x-k8s.io/node"],
+            "allowedNodeSelectorKeys": [*DEFAULT_NODE_SELECTOR_KEYS, "type"],
+            "allowedTolerationKeys": [*DEFAULT_TOLERATION_KEYS, "kwok.x-k8s.io/node"],
             "statsIntervalSeconds": 1,
             "resyncIntervalSeconds": 2,
             "backoffBaseSeconds": 1,
@@ -153,7 +158,7 @@ def release(
     try:
         rel.h(
             "install", rel.name, str(CHART),
-            "--namespace", rel.namespace,
+            "--namespace", rel.system_namespace,
             "--values", str(values_file),
             # CRDs applied by other tests in this cluster become the release's (and stay: keep).
             "--take-ownership",
@@ -171,7 +176,9 @@ def remove_everything(rel: Release) -> None:
     for namespace in namespaces:
         rel.k("delete", "modelpools", "--all", "-n", namespace, "--timeout=30s", check=False)
     rel.k("delete", "modelbudget", rel.budget, "--ignore-not-found", "--timeout=30s", check=False)
-    rel.h("uninstall", rel.name, "--namespace", rel.namespace, "--wait", "--timeout", "60s", check=False)
+    rel.h(
+        "uninstall", rel.name, "--namespace", rel.system_namespace, "--wait", "--timeout", "60s", check=False
+    )
     unfinalize = ["--type", "merge", "-p", '{"metadata": {"finalizers": null}}']
     for namespace in namespaces:
         for pool in rel.k("get", "modelpools", "-n", namespace, "-o", "name", check=False).stdout.split():
@@ -179,19 +186,21 @@ def remove_everything(rel: Release) -> None:
     if rel.k("get", "modelbudget", rel.budget, "-o", "name", check=False).returncode == 0:
         rel.k("patch", "modelbudget", rel.budget, *unfinalize, check=False)
         rel.k("delete", "modelbudget", rel.budget, "--ignore-not-found", "--wait=false", check=False)
-    for namespace in namespaces:
+    for namespace in (*namespaces, rel.system_namespace):
         rel.k("delete", "namespace", namespace, "--wait=false", "--ignore-not-found", check=False)
 
 
 def test_operator_runs(release: Release) -> None:
     deployment = release.get(
         "deployment",
-        "-n", release.namespace,
+        "-n", release.system_namespace,
         "-l", f"app.kubernetes.io/instance={release.name},app.kubernetes.io/component=operator",
     )  # fmt: skip
     [item] = deployment["items"]
     assert item["status"].get("readyReplicas") == 1
-    pods = release.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/component=operator")["items"]
+    pods = release.get("pods", "-n", release.system_namespace, "-l", "app.kubernetes.io/component=operator")[
+        "items"
+    ]
     assert len(pods) == 1
     if not release.external:
         assert pods[0]["spec"]["nodeName"].startswith("process-node")
@@ -257,12 +266,15 @@ def test_examples_are_accepted_by_the_api_server(release: Release, example: Path
 
 def test_schema_typo_fails_the_install_before_touching_the_cluster(release: Release) -> None:
     result = release.h(
-        "install", f"{release.name}-typo", str(CHART), "--namespace", release.namespace,
+        "install", f"{release.name}-typo", str(CHART), "--namespace", release.system_namespace,
         "--set", "scope.clusterwide=false", check=False,
     )  # fmt: skip
     assert result.returncode != 0
     assert "additional properties 'clusterwide' not allowed" in result.stderr.replace('"', "'")
-    assert release.h("status", f"{release.name}-typo", "-n", release.namespace, check=False).returncode != 0
+    assert (
+        release.h("status", f"{release.name}-typo", "-n", release.system_namespace, check=False).returncode
+        != 0
+    )
 
 
 def test_operator_reconciles_a_kwok_pool_to_ready_with_budget_accounting(release: Release) -> None:
@@ -369,21 +381,22 @@ def test_the_chart_s_operator_gives_each_pool_a_network_policy_naming_its_own_po
     [operator] = probes["from"]
     assert serving["from"][0] == operator and len(serving["from"]) == 2
     gateway = serving["from"][1]
-    ns = {"matchLabels": {"kubernetes.io/metadata.name": release.namespace}}
+    # The operator's and the gateway's pods: in the release's own namespace, where no pool is.
+    ns = {"matchLabels": {"kubernetes.io/metadata.name": release.system_namespace}}
     assert operator["namespaceSelector"] == gateway["namespaceSelector"] == ns
     for peer, component in ((operator, "operator"), (gateway, "gateway")):
         selector = ",".join(f"{k}={v}" for k, v in peer["podSelector"]["matchLabels"].items())
-        pods = release.get("pods", "-n", release.namespace, "-l", selector)["items"]
+        pods = release.get("pods", "-n", release.system_namespace, "-l", selector)["items"]
         assert pods and {p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods} == {component}
 
 
 def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Release) -> None:
     gateway = f"{release.name}-modelpool-operator-gateway"
-    deployment = release.get("deployment", gateway, "-n", release.namespace)
+    deployment = release.get("deployment", gateway, "-n", release.system_namespace)
     assert deployment["status"].get("readyReplicas") == deployment["spec"]["replicas"]
-    assert gateway in release.h("get", "notes", release.name, "-n", release.namespace).stdout
+    assert gateway in release.h("get", "notes", release.name, "-n", release.system_namespace).stdout
 
-    account = f"system:serviceaccount:{release.namespace}:{gateway}"
+    account = f"system:serviceaccount:{release.system_namespace}:{gateway}"
     # Exactly the verbs the gateway uses (tests/gateway/integration/test_gateway_rbac.py reads them from the
     # API server's audit log).
     allowed = [("list", "modelpools"), ("watch", "modelpools"), ("list", "pods"), ("watch", "pods"),
@@ -396,8 +409,10 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
               ("get", "pods"), ("patch", "modelpools --subresource=status"), ("list", "modelbudgets"),
               ("delete", "leases.coordination.k8s.io"), ("patch", "leases.coordination.k8s.io")]  # fmt: skip
     for verb, resource in allowed + denied:
+        # Its key Secrets in its own namespace; the pools, their pods and Leases where the pools are.
+        where = release.system_namespace if resource == "secrets" else release.namespace
         answer = release.k(
-            "auth", "can-i", verb, *resource.split(), "-n", release.namespace, "--as", account, check=False
+            "auth", "can-i", verb, *resource.split(), "-n", where, "--as", account, check=False
         )
         expected = "yes" if (verb, resource) in allowed else "no"
         assert answer.stdout.strip() == expected, f"{verb} {resource}: {answer.stdout.strip()}"
@@ -418,12 +433,17 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
     wake["spec"]["resources"] = {"memory": "200Gi"}
     for pool in (zero, wake):
         release.k("apply", "-f", "-", stdin=json.dumps(pool))
-    [pod] = release.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/component=gateway")["items"]
+    [pod] = release.get("pods", "-n", release.system_namespace, "-l", "app.kubernetes.io/component=gateway")[
+        "items"
+    ]
     url = f"http://{pod['status']['podIP']}:{pod['spec']['containers'][0]['ports'][0]['containerPort']}"
-    # An API key as the NOTES say: a labelled Secret in the gateway's namespace (granting that namespace).
+    # An API key as the NOTES say: a labelled Secret in the gateway's namespace, granting the pools' one.
     key = secrets.token_hex(24)
-    release.k("create", "secret", "generic", "gw-key", "-n", release.namespace, f"--from-literal=key={key}")
-    release.k("label", "secret", "gw-key", "-n", release.namespace, "modelpool.dev/gateway-key=true")
+    release.k(
+        "create", "secret", "generic", "gw-key", "-n", release.system_namespace,
+        f"--from-literal=key={key}", f"--from-literal=namespaces={release.namespace}",
+    )  # fmt: skip
+    release.k("label", "secret", "gw-key", "-n", release.system_namespace, "modelpool.dev/gateway-key=true")
     headers = {"Authorization": f"Bearer {key}"}
     assert httpx.get(url + "/v1/models", timeout=5).status_code == 401
 
@@ -464,13 +484,17 @@ def test_uninstall_leaves_no_finalizer_behind_and_keeps_the_crds(release: Releas
         return all(p["metadata"].get("finalizers") for p in pools)
 
     eventually(finalized, timeout=60, what="the operator's finalizer on both pools")
-    release.h("uninstall", release.name, "--namespace", release.namespace, "--wait", "--timeout", "180s")
+    release.h(
+        "uninstall", release.name, "--namespace", release.system_namespace, "--wait", "--timeout", "180s"
+    )
     assert release.k("get", "crd", "modelpools.modelpool.dev").returncode == 0
-    left = release.k("get", "deployments", "-n", release.namespace, "-o", "name").stdout.strip()
+    left = release.k("get", "deployments", "-n", release.system_namespace, "-o", "name").stdout.strip()
     assert not left, f"the operator Deployment outlived uninstall: {left}"
     for namespace in namespaces:  # the pools are kept (like the CRDs), without the operator's finalizer
         assert not release.get("modelpools", "left-behind", "-n", namespace)["metadata"].get("finalizers")
-    hooks = release.k("get", "jobs,serviceaccounts,roles", "-n", release.namespace, "-o", "name").stdout
+    hooks = release.k(
+        "get", "jobs,serviceaccounts,roles", "-n", release.system_namespace, "-o", "name"
+    ).stdout
     assert "cleanup" not in hooks, f"the hook's objects outlived it: {hooks}"
 
     for namespace in namespaces:
