@@ -66,6 +66,9 @@ class Install:
     budget: str
     helm: Path
     env: dict[str, str]
+    # The release's own namespace (the operator, the gateway, their Secrets); the pool is in ``namespace``
+    # (no pool is served from the operator's namespace).
+    system_namespace: str = ""
 
     def k(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return self.cluster.kubectl(*args, check=check, input=stdin)
@@ -76,8 +79,9 @@ class Install:
     def h(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return run([self.helm, *args], env=self.env, check=check, timeout=INSTALL_TIMEOUT_S + 30)
 
-    def pods(self, selector: str) -> list[Any]:
-        items: list[Any] = self.get("pods", "-n", self.namespace, "-l", selector)["items"]
+    def pods(self, selector: str, namespace: str | None = None) -> list[Any]:
+        """Pods of the release's namespace (or of ``namespace``) matching ``selector``."""
+        items: list[Any] = self.get("pods", "-n", namespace or self.system_namespace, "-l", selector)["items"]
         return items
 
 
@@ -116,8 +120,12 @@ def install(
         v: str(home / v.lower()) for v in ("HELM_CONFIG_HOME", "HELM_CACHE_HOME", "HELM_DATA_HOME")
     }
     with image_node(cluster) as node:
-        inst = Install(cluster, node, f"mpimg-{suffix}", f"mp-img-{suffix}", f"img-{suffix}", helm, env)
+        inst = Install(
+            cluster, node, f"mpimg-{suffix}", f"mp-img-{suffix}", f"img-{suffix}", helm, env,
+            system_namespace=f"mp-img-{suffix}-sys",
+        )  # fmt: skip
         inst.k("create", "namespace", inst.namespace)
+        inst.k("create", "namespace", inst.system_namespace)
         on_node = {"nodeSelector": node.selector, "tolerations": TOLERATIONS}
         repository, _, tag = images["operator"].rpartition(":")
         values: dict[str, Any] = {
@@ -157,7 +165,7 @@ def install(
         try:
             inst.h(
                 "install", inst.name, str(RELEASED_CHART),
-                "--namespace", inst.namespace,
+                "--namespace", inst.system_namespace,
                 "--values", str(values_file),
                 "--take-ownership",
                 "--wait", "--timeout", f"{INSTALL_TIMEOUT_S}s",
@@ -170,13 +178,14 @@ def install(
                 "uninstall",
                 inst.name,
                 "--namespace",
-                inst.namespace,
+                inst.system_namespace,
                 "--wait",
                 "--timeout",
                 "120s",
                 check=False,
             )
-            inst.k("delete", "namespace", inst.namespace, "--wait=false", check=False)
+            for namespace in (inst.namespace, inst.system_namespace):
+                inst.k("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def check_in_image(install: Install, pod: Any, image: str) -> None:
@@ -221,15 +230,19 @@ def test_operator_gateway_and_worker_run_from_their_images_and_serve_minilm(
         return got if (got.get("status") or {}).get("readyReplicas") == 1 else None
 
     eventually(ready, timeout=SERVE_TIMEOUT_S, interval=2, what="pool minilm with one Ready worker")
-    [worker] = install.pods(f"{LABEL_POOL}=minilm")
+    [worker] = install.pods(f"{LABEL_POOL}=minilm", install.namespace)
     check_in_image(install, worker, images["server"])
 
     url = (
         f"http://{gateway['status']['podIP']}:{gateway['spec']['containers'][0]['ports'][0]['containerPort']}"
     )
     key = secrets.token_hex(24)
-    install.k("create", "secret", "generic", "img-key", "-n", install.namespace, f"--from-literal=key={key}")
-    install.k("label", "secret", "img-key", "-n", install.namespace, "modelpool.dev/gateway-key=true")
+    # In the gateway's namespace, granting the pool's.
+    install.k(
+        "create", "secret", "generic", "img-key", "-n", install.system_namespace,
+        f"--from-literal=key={key}", f"--from-literal=namespaces={install.namespace}",
+    )  # fmt: skip
+    install.k("label", "secret", "img-key", "-n", install.system_namespace, "modelpool.dev/gateway-key=true")
     headers = {"Authorization": f"Bearer {key}"}
 
     def listed() -> bool:
