@@ -38,6 +38,7 @@ from testkit import prom
 from testkit.cluster import guarded_cluster
 from testkit.environment import BIN, ROOT, free_port
 from testkit.kubectl import kubectl
+from testkit.services import POLICY_ENV
 
 START_MARK = "<!-- bench:controlplane:start -->"
 END_MARK = "<!-- bench:controlplane:end -->"
@@ -283,6 +284,7 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
     # The echo worker of ``--gateway`` runs on the process node: a port nothing else on the machine uses.
     worker_port = free_port()
     env["MODELPOOL_OPERATOR_SERVER_PORT"] = str(worker_port)
+    env.update(POLICY_ENV)  # the test nodes and handlers, beyond the default allowlists
     gateways = None
     with log.open("wb") as out:
         operator = subprocess.Popen(

@@ -58,6 +58,7 @@ from testkit.corpus import corpus
 from testkit.environment import ROOT, free_port
 from testkit.kubectl import kubectl
 from testkit.load import Connection, closed_loop, raw_request, v2_body
+from testkit.services import POLICY_ENV
 
 START_MARK = "<!-- bench:gateway:start -->"
 END_MARK = "<!-- bench:gateway:end -->"
@@ -165,6 +166,7 @@ def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes
     worker_port = free_port()
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), MODELPOOL_OPERATOR_SERVER_PORT=str(worker_port))
     env["MODELPOOL_OPERATOR_STATS_INTERVAL_SECONDS"] = "5"
+    env.update(POLICY_ENV)  # the test nodes and handlers, beyond the default allowlists
     procs.append(
         subprocess.Popen(
             [str(ROOT / ".venv" / "bin" / "modelpool-operator"), "--namespace", NAMESPACE, "--standalone",

@@ -39,7 +39,7 @@ from testkit.cluster import guarded_cluster
 from testkit.environment import ROOT, free_port
 from testkit.hostsim import Audit, HostSim
 from testkit.kubectl import kubectl
-from testkit.services import shared_pool_manifest
+from testkit.services import POLICY_ENV, shared_pool_manifest
 
 START_MARK = "<!-- bench:placement:start -->"
 END_MARK = "<!-- bench:placement:end -->"
@@ -133,6 +133,7 @@ def run(args: argparse.Namespace, kubeconfig: Path, log: Path) -> Result:
         KUBECONFIG=str(kubeconfig),
         MODELPOOL_OPERATOR_SERVER_PROBE_PORT=str(port),
         MODELPOOL_OPERATOR_BUDGET_NAME=budget,
+        **POLICY_ENV,  # the KWOK nodes, beyond the default allowlists
     )
     sim = HostSim(kubeconfig, namespace, port, audit=audit, load_s=args.load_s)
     with log.open("wb") as out:

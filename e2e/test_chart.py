@@ -194,6 +194,8 @@ def test_the_operator_reads_no_secret_and_mounts_its_control_seed(helm: list[str
     c = container(docs)
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["MODELPOOL_OPERATOR_CONTROL_SEED_FILE"] == "/etc/modelpool/control-seed/seed"
+    # No pool is served from the operator's own namespace (modelpool_operator.policy).
+    assert env["MODELPOOL_OPERATOR_OWN_NAMESPACE"] == "mp-system"
     assert {"name": "control-seed", "mountPath": "/etc/modelpool/control-seed", "readOnly": True} in c[
         "volumeMounts"
     ]

@@ -24,8 +24,9 @@ SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 # Settings the chart sets through the command line (scope, peering, liveness), not through `config`.
 SET_BY_ARGS = {"namespaces", "peering_name", "standalone", "liveness_port", "metrics_port"}
 # Settings the chart sets from its own objects, not from `config`: the control seed's file (its Secret
-# mounted into the operator's pod; e2e/test_chart.py checks it).
-SET_BY_CHART = {"control_seed_file"}
+# mounted into the operator's pod) and the operator's own namespace (the release's); e2e/test_chart.py checks
+# both.
+SET_BY_CHART = {"control_seed_file", "own_namespace"}
 # Settings the chart derives from `networkPolicy` (the release namespace, the operator's and the gateway's pod
 # labels, the callers), not from `config`; e2e/test_chart.py checks what it sets.
 SET_BY_NETWORK_POLICY = {

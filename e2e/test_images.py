@@ -142,6 +142,9 @@ def install(
             "config": {
                 "budgetName": inst.budget,
                 "serverImage": images["server"],
+                # The image node's pods: its name and taints (the operator's policy allows no others).
+                "allowedNodeSelectorKeys": list(node.selector),
+                "allowedTolerationKeys": [t["key"] for t in TOLERATIONS],
                 "statsIntervalSeconds": 1,
                 "resyncIntervalSeconds": 2,
                 "backoffBaseSeconds": 1,

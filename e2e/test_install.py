@@ -4,8 +4,8 @@ actionable messages, printer columns, and the chart's own operator reconciling a
 
 Locally the operator Deployment is scheduled onto the process node, which runs `modelpool-operator` as a
 local process against the API server; the pool's workers land on the KWOK fake GPU nodes. The release is
-namespace-scoped to this module's namespace and uses its own ModelBudget, so it never acts on what other
-tests create in the same cluster.
+installed in a namespace of its own (no pool is served from it), namespace-scoped to this module's two pool
+namespaces, and uses its own ModelBudget, so it never acts on what other tests create in the same cluster.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import yaml
 from e2e.helpers import CHART, EXAMPLES, eventually, require_binary, run
 from modelpool_contract.demand import demand_from_lease, demand_lease_name
 from modelpool_contract.gateway_keys import default_keys_namespace
+from modelpool_contract.reserved import DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_TOLERATION_KEYS
 from testkit import prom
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -49,6 +50,9 @@ class Release:
     metrics_port: int = 0
     # A second namespace in the operator's scope (pools in two namespaces for the uninstall test).
     other_namespace: str = ""
+    # The release's own namespace (the operator, the gateway, their Secrets): no pool is served from it, so
+    # the pools live in ``namespace`` and ``other_namespace``.
+    system_namespace: str = ""
 
     def env(self) -> dict[str, str]:
         # helm's config/cache/data in a temporary folder, never the user's.
@@ -105,9 +109,10 @@ def release(
         helm_home=tmp_path_factory.mktemp("helm-home"),
         metrics_port=19000 + secrets.randbelow(1000),
         other_namespace=f"mp-e2e-{suffix}-b",
+        system_namespace=f"mp-e2e-{suffix}-sys",
     )
-    rel.k("create", "namespace", rel.namespace)
-    rel.k("create", "namespace", rel.other_namespace)
+    for namespace in (rel.namespace, rel.other_namespace, rel.system_namespace):
+        rel.k("create", "namespace", namespace)
     values: dict[str, Any] = {
         "scope": {"clusterWide": False, "namespaces": [rel.namespace, rel.other_namespace]},
         "peering": {"name": f"mp-{suffix}"},
@@ -116,6 +121,9 @@ def release(
         "metrics": {"port": rel.metrics_port},
         "config": {
             "budgetName": rel.budget,
+            # The KWOK nodes the test pools select and tolerate (the operator's policy allows no others).
+            "allowedNodeSelectorKeys": [*DEFAULT_NODE_SELECTOR_KEYS, "type"],
+            "allowedTolerationKeys": [*DEFAULT_TOLERATION_KEYS, "kwok.x-k8s.io/node"],
             "statsIntervalSeconds": 1,
             "resyncIntervalSeconds": 2,
             "backoffBaseSeconds": 1,
@@ -151,7 +159,7 @@ def release(
     try:
         rel.h(
             "install", rel.name, str(CHART),
-            "--namespace", rel.namespace,
+            "--namespace", rel.system_namespace,
             "--values", str(values_file),
             # CRDs applied by other tests in this cluster become the release's (and stay: keep).
             "--take-ownership",
@@ -169,7 +177,9 @@ def remove_everything(rel: Release) -> None:
     for namespace in namespaces:
         rel.k("delete", "modelpools", "--all", "-n", namespace, "--timeout=30s", check=False)
     rel.k("delete", "modelbudget", rel.budget, "--ignore-not-found", "--timeout=30s", check=False)
-    rel.h("uninstall", rel.name, "--namespace", rel.namespace, "--wait", "--timeout", "60s", check=False)
+    rel.h(
+        "uninstall", rel.name, "--namespace", rel.system_namespace, "--wait", "--timeout", "60s", check=False
+    )
     unfinalize = ["--type", "merge", "-p", '{"metadata": {"finalizers": null}}']
     for namespace in namespaces:
         for pool in rel.k("get", "modelpools", "-n", namespace, "-o", "name", check=False).stdout.split():
@@ -178,19 +188,21 @@ def remove_everything(rel: Release) -> None:
         rel.k("patch", "modelbudget", rel.budget, *unfinalize, check=False)
         rel.k("delete", "modelbudget", rel.budget, "--ignore-not-found", "--wait=false", check=False)
     # The keys namespace the chart created is kept by uninstall (resource-policy keep): deleted here.
-    for namespace in (*namespaces, default_keys_namespace(rel.namespace)):
+    for namespace in (*namespaces, rel.system_namespace, default_keys_namespace(rel.system_namespace)):
         rel.k("delete", "namespace", namespace, "--wait=false", "--ignore-not-found", check=False)
 
 
 def test_operator_runs(release: Release) -> None:
     deployment = release.get(
         "deployment",
-        "-n", release.namespace,
+        "-n", release.system_namespace,
         "-l", f"app.kubernetes.io/instance={release.name},app.kubernetes.io/component=operator",
     )  # fmt: skip
     [item] = deployment["items"]
     assert item["status"].get("readyReplicas") == 1
-    pods = release.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/component=operator")["items"]
+    pods = release.get("pods", "-n", release.system_namespace, "-l", "app.kubernetes.io/component=operator")[
+        "items"
+    ]
     assert len(pods) == 1
     if not release.external:
         assert pods[0]["spec"]["nodeName"].startswith("process-node")
@@ -256,12 +268,15 @@ def test_examples_are_accepted_by_the_api_server(release: Release, example: Path
 
 def test_schema_typo_fails_the_install_before_touching_the_cluster(release: Release) -> None:
     result = release.h(
-        "install", f"{release.name}-typo", str(CHART), "--namespace", release.namespace,
+        "install", f"{release.name}-typo", str(CHART), "--namespace", release.system_namespace,
         "--set", "scope.clusterwide=false", check=False,
     )  # fmt: skip
     assert result.returncode != 0
     assert "additional properties 'clusterwide' not allowed" in result.stderr.replace('"', "'")
-    assert release.h("status", f"{release.name}-typo", "-n", release.namespace, check=False).returncode != 0
+    assert (
+        release.h("status", f"{release.name}-typo", "-n", release.system_namespace, check=False).returncode
+        != 0
+    )
 
 
 def test_operator_reconciles_a_kwok_pool_to_ready_with_budget_accounting(release: Release) -> None:
@@ -368,24 +383,24 @@ def test_the_chart_s_operator_gives_each_pool_a_network_policy_naming_its_own_po
     [operator] = probes["from"]
     assert serving["from"][0] == operator and len(serving["from"]) == 2
     gateway = serving["from"][1]
-    ns = {"matchLabels": {"kubernetes.io/metadata.name": release.namespace}}
+    # The operator's and the gateway's pods: in the release's own namespace, where no pool is.
+    ns = {"matchLabels": {"kubernetes.io/metadata.name": release.system_namespace}}
     assert operator["namespaceSelector"] == gateway["namespaceSelector"] == ns
     for peer, component in ((operator, "operator"), (gateway, "gateway")):
         selector = ",".join(f"{k}={v}" for k, v in peer["podSelector"]["matchLabels"].items())
-        pods = release.get("pods", "-n", release.namespace, "-l", selector)["items"]
+        pods = release.get("pods", "-n", release.system_namespace, "-l", selector)["items"]
         assert pods and {p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods} == {component}
 
 
 def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Release) -> None:
     gateway = f"{release.name}-modelpool-operator-gateway"
-    deployment = release.get("deployment", gateway, "-n", release.namespace)
+    deployment = release.get("deployment", gateway, "-n", release.system_namespace)
     assert deployment["status"].get("readyReplicas") == deployment["spec"]["replicas"]
-    assert gateway in release.h("get", "notes", release.name, "-n", release.namespace).stdout
+    assert gateway in release.h("get", "notes", release.name, "-n", release.system_namespace).stdout
 
-    account = f"system:serviceaccount:{release.namespace}:{gateway}"
+    account = f"system:serviceaccount:{release.system_namespace}:{gateway}"
     # Exactly the verbs the gateway uses (tests/gateway/integration/test_gateway_rbac.py reads them from the
     # API server's audit log).
-    # In a namespace it routes to (never the release namespace, whose pools it never serves).
     allowed = [("list", "modelpools"), ("watch", "modelpools"), ("list", "pods"), ("watch", "pods"),
                ("get", "leases.coordination.k8s.io"), ("create", "leases.coordination.k8s.io"),
                ("update", "leases.coordination.k8s.io")]  # fmt: skip
@@ -394,45 +409,51 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
               ("create", "pods"), ("delete", "modelpools"), ("patch", "pods"), ("get", "secrets"),
               ("get", "pods"), ("patch", "modelpools --subresource=status"), ("list", "modelbudgets"),
               ("delete", "leases.coordination.k8s.io"), ("patch", "leases.coordination.k8s.io")]  # fmt: skip
-    for verb, resource in allowed + denied:
+    for verb, resource in allowed + denied:  # where the pools are
         answer = release.k(
-            "auth", "can-i", verb, *resource.split(), "-n", release.other_namespace, "--as", account,
-            check=False,
-        )  # fmt: skip
+            "auth", "can-i", verb, *resource.split(), "-n", release.namespace, "--as", account, check=False
+        )
         expected = "yes" if (verb, resource) in allowed else "no"
         assert answer.stdout.strip() == expected, f"{verb} {resource}: {answer.stdout.strip()}"
     # Its API key Secrets are read in the keys namespace only: never the release namespace's Secrets (the
     # control seed, Helm's releases), nor its pods.
-    keys_namespace = default_keys_namespace(release.namespace)
-    for verb, where, expected in (("list", keys_namespace, "yes"), ("watch", keys_namespace, "yes"),
-                                  ("list", release.namespace, "no"), ("list", "default", "no")):  # fmt: skip
+    keys_namespace = default_keys_namespace(release.system_namespace)
+    secret_reads = [
+        ("list", keys_namespace, "yes"),
+        ("watch", keys_namespace, "yes"),
+        ("list", release.system_namespace, "no"),
+        ("list", "default", "no"),
+    ]
+    for verb, where, expected in secret_reads:
         answer = release.k("auth", "can-i", verb, "secrets", "-n", where, "--as", account, check=False)
         assert answer.stdout.strip() == expected, f"{verb} secrets in {where}: {answer.stdout.strip()}"
-    answer = release.k("auth", "can-i", "list", "pods", "-n", release.namespace, "--as", account, check=False)
+    answer = release.k(
+        "auth", "can-i", "list", "pods", "-n", release.system_namespace, "--as", account, check=False
+    )
     assert answer.stdout.strip() == "no"
 
     if release.external:
         return  # the traffic below goes to the gateway pod's loopback address on the process node
     # At zero with autoscaling off: the operator starts no worker for it, whatever the demand.
-    # In the other namespace: pools of the release namespace are never routed.
-    zero = pool_manifest("gw-zero", release.other_namespace, replicas=0, activationTimeoutSeconds=60)
+    zero = pool_manifest("gw-zero", release.namespace, replicas=0, activationTimeoutSeconds=60)
     zero["spec"]["autoscaling"] = {"enabled": False}
     # Woken by demand, but its worker never fits the release's budget (100Gi): held, and the demand recorded.
     wake = pool_manifest(
-        "gw-wake", release.other_namespace, replicas=0, minReplicas=0, maxReplicas=1,
-        activationTimeoutSeconds=1,
-    )  # fmt: skip
+        "gw-wake", release.namespace, replicas=0, minReplicas=0, maxReplicas=1, activationTimeoutSeconds=1
+    )
     wake["spec"]["autoscaling"] = {"enabled": True}
     wake["spec"]["resources"] = {"memory": "200Gi"}
     for pool in (zero, wake):
         release.k("apply", "-f", "-", stdin=json.dumps(pool))
-    [pod] = release.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/component=gateway")["items"]
+    [pod] = release.get("pods", "-n", release.system_namespace, "-l", "app.kubernetes.io/component=gateway")[
+        "items"
+    ]
     url = f"http://{pod['status']['podIP']}:{pod['spec']['containers'][0]['ports'][0]['containerPort']}"
     # An API key as the NOTES say: a labelled Secret in the keys namespace, granting the pools' namespace.
     key = secrets.token_hex(24)
     release.k(
-        "create", "secret", "generic", "gw-key", "-n", keys_namespace, f"--from-literal=key={key}",
-        f"--from-literal=namespaces={release.other_namespace}",
+        "create", "secret", "generic", "gw-key", "-n", keys_namespace,
+        f"--from-literal=key={key}", f"--from-literal=namespaces={release.namespace}",
     )  # fmt: skip
     release.k("label", "secret", "gw-key", "-n", keys_namespace, "modelpool.dev/gateway-key=true")
     headers = {"Authorization": f"Bearer {key}"}
@@ -456,11 +477,9 @@ def test_the_gateway_runs_with_least_privilege_and_routes_by_model(release: Rele
         url + "/v1/embeddings", json={"model": "nope", "input": ["x"]}, headers=headers, timeout=30
     )
     assert unknown.status_code == 404
-    lease = release.get(
-        "leases.coordination.k8s.io", demand_lease_name("gw-wake"), "-n", release.other_namespace
-    )
+    lease = release.get("leases.coordination.k8s.io", demand_lease_name("gw-wake"), "-n", release.namespace)
     assert demand_from_lease(lease) is not None, "the gateway recorded the demand in the pool's Lease"
-    pool = release.get("modelpools", "gw-wake", "-n", release.other_namespace)
+    pool = release.get("modelpools", "gw-wake", "-n", release.namespace)
     assert lease["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
 
 
@@ -477,13 +496,17 @@ def test_uninstall_leaves_no_finalizer_behind_and_keeps_the_crds(release: Releas
         return all(p["metadata"].get("finalizers") for p in pools)
 
     eventually(finalized, timeout=60, what="the operator's finalizer on both pools")
-    release.h("uninstall", release.name, "--namespace", release.namespace, "--wait", "--timeout", "180s")
+    release.h(
+        "uninstall", release.name, "--namespace", release.system_namespace, "--wait", "--timeout", "180s"
+    )
     assert release.k("get", "crd", "modelpools.modelpool.dev").returncode == 0
-    left = release.k("get", "deployments", "-n", release.namespace, "-o", "name").stdout.strip()
+    left = release.k("get", "deployments", "-n", release.system_namespace, "-o", "name").stdout.strip()
     assert not left, f"the operator Deployment outlived uninstall: {left}"
     for namespace in namespaces:  # the pools are kept (like the CRDs), without the operator's finalizer
         assert not release.get("modelpools", "left-behind", "-n", namespace)["metadata"].get("finalizers")
-    hooks = release.k("get", "jobs,serviceaccounts,roles", "-n", release.namespace, "-o", "name").stdout
+    hooks = release.k(
+        "get", "jobs,serviceaccounts,roles", "-n", release.system_namespace, "-o", "name"
+    ).stdout
     assert "cleanup" not in hooks, f"the hook's objects outlived it: {hooks}"
 
     for namespace in namespaces:

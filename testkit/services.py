@@ -41,9 +41,11 @@ from modelpool_contract.gateway_keys import (
     NAMESPACES_FIELD,
     POOLS_FIELD,
 )
+from modelpool_contract.reserved import DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_TOLERATION_KEYS
 from testkit import prom
 from testkit.cluster import Cluster, minilm_package
 from testkit.environment import ROOT, free_port
+from testkit.imagenode import TOLERATIONS as IMAGE_NODE_TOLERATIONS
 from testkit.kubectl import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, apply, get_json, wait_for
 
 GROUP_VERSION = "modelpool.dev/v1alpha1"
@@ -57,6 +59,11 @@ ECHO = "tests.server.handlers:EchoEmbedding"
 GENERATION = "tests.server.handlers:EchoGeneration"
 
 
+#: The domain of the KWOK chaos stages' label and annotations (hack/kwok/stages/chaos.yaml): not the project's
+#: own (modelpool.dev is reserved: no pool may set it on its workers).
+CHAOS_DOMAIN = "kwok.modelpool.test"
+CHAOS_LABEL = f"{CHAOS_DOMAIN}/chaos"
+
 # Short intervals for tests; the defaults (docs/operator.md) are for real clusters.
 TEST_ENV = {
     "MODELPOOL_OPERATOR_STATS_INTERVAL_SECONDS": "1",
@@ -68,7 +75,24 @@ TEST_ENV = {
     "MODELPOOL_OPERATOR_POSTING_LEVEL": "WARNING",
     # No metrics endpoint unless a test asks for one (a fixed port would collide between operators).
     "MODELPOOL_OPERATOR_METRICS_PORT": "0",
+    # What the test pools ask for beyond the operator's defaults (modelpool_operator.policy): the KWOK and
+    # process nodes' labels and taints, the image node's name, KWOK's chaos stages' label and annotations
+    # (hack/kwok/stages/chaos.yaml), and the test handlers' env.
+    "MODELPOOL_OPERATOR_ALLOWED_NODE_SELECTOR_KEYS": ",".join(
+        (*DEFAULT_NODE_SELECTOR_KEYS, "type", *PROCESS_NODE_SELECTOR, "kubernetes.io/hostname")
+    ),
+    "MODELPOOL_OPERATOR_ALLOWED_TOLERATION_KEYS": ",".join(
+        (*DEFAULT_TOLERATION_KEYS, "kwok.x-k8s.io/node", *(t["key"] for t in IMAGE_NODE_TOLERATIONS))
+    ),
+    "MODELPOOL_OPERATOR_ALLOWED_LABEL_DOMAINS": CHAOS_DOMAIN,
+    # The test handlers (``echo_pool``): the server imports them from the checkout.
+    "MODELPOOL_OPERATOR_ALLOWED_ENV_NAMES": "MODELPOOL_HANDLER,PYTHONPATH",
+    "MODELPOOL_OPERATOR_ALLOWED_ANNOTATION_DOMAINS": CHAOS_DOMAIN,
 }
+
+
+#: The operator's policy settings of ``TEST_ENV``, for the benches that start their own operator.
+POLICY_ENV = {key: value for key, value in TEST_ENV.items() if key.startswith("MODELPOOL_OPERATOR_ALLOWED_")}
 
 
 def control_seed_file(cluster: Cluster) -> Path:

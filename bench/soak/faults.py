@@ -24,7 +24,7 @@ from modelpool_contract.labels import LABEL_POOL
 from testkit.kubectl import apply, is_ready
 from testkit.services import POOLS, OperatorProcess, worker_pids
 
-CHAOS_LABEL = "modelpool.dev/chaos"
+CHAOS_LABEL = "kwok.modelpool.test/chaos"
 CHAOS = {s.KWOK_OOM: "oom", s.KWOK_CRASH: "crash", s.KWOK_LOAD_FAILED: "load-failed"}
 CHURN_PREFIX = "churn-"
 

@@ -120,7 +120,7 @@ async def reconcile_host(
     except ValueError:
         logger.warning("ModelHost %s/%s: invalid spec", *run.key, exc_info=True)
         return None
-    refused = host_violations(host.spec, services.config.policy)
+    refused = host_violations(host.spec, services.config.policy, host.namespace)
     if refused:
         # No host pod runs an image the operator does not allow (the chart's admission policy refuses
         # the ModelHost at kubectl apply; this covers an operator without it, or a narrowed policy).

@@ -20,8 +20,15 @@ from modelpool_contract.api import CacheType, ModelCacheSpec
 from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, DEFAULT_WORKER_CPU, WORKER_PORT, WORKER_PROBE_PORT
 from modelpool_contract.labels import LABEL_POOL, PREFIX
 from modelpool_contract.quantity import QuantityError, quantity_value
+from modelpool_contract.reserved import DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_TOLERATION_KEYS
 from modelpool_operator.effects.network_peers import NetworkPolicyPeer
-from modelpool_operator.policy import Policy, check_host_path_prefix, check_image_entry
+from modelpool_operator.policy import (
+    Policy,
+    check_host_path_prefix,
+    check_image_entry,
+    check_key_domain,
+    image_repository,
+)
 
 # Defaults of the knobs that the pure decisions also take as settings (``PlannerSettings``,
 # ``LifecycleSettings``), so that both read the same numbers.
@@ -190,16 +197,70 @@ class OperatorConfig(BaseSettings):
     allowed_images: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),
         description=(
-            "Images a pool's spec.image may name: a prefix ending in '/' (ghcr.io/modelpool/) or one "
-            "repository at any tag or digest (ghcr.io/modelpool/modelpool-server); comma-separated in the "
-            "environment. Empty: any image."
+            "Images a pool's or a ModelHost's spec.image may name: a prefix ending in '/' "
+            "(ghcr.io/modelpool/) or one repository at any tag or digest "
+            "(ghcr.io/modelpool/modelpool-server); comma-separated in the environment. Empty: the "
+            "repository of server_image only (the operator's own server image, at any tag)."
         ),
     )
     allowed_service_accounts: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),
         description=(
             "Service accounts a pool's spec.podTemplate.serviceAccountName may name; comma-separated in "
-            "the environment. Empty: any."
+            "the environment. Empty: none (a pool that names none runs as its namespace's default one)."
+        ),
+    )
+    allowed_priority_classes: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "PriorityClasses a pool's spec.podTemplate.priorityClassName may name; comma-separated in the "
+            "environment. Empty: none (system-node-critical would preempt other tenants' pods)."
+        ),
+    )
+    allowed_toleration_keys: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=DEFAULT_TOLERATION_KEYS,
+        description=(
+            "Taint keys a pool's (or a ModelHost's) tolerations may name; * allows a toleration without a "
+            "key, which tolerates every taint; comma-separated in the environment."
+        ),
+    )
+    allowed_node_selector_keys: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=DEFAULT_NODE_SELECTOR_KEYS,
+        description=(
+            "Node label keys a pool's (or a ModelHost's) nodeSelector may name: hardware and place by "
+            "default, never a node's role or name; comma-separated in the environment."
+        ),
+    )
+    allowed_label_domains: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Domains (and their subdomains) of the keys a pool's spec.podTemplate.labels may use beside "
+            "keys without a prefix; never modelpool.dev, kubernetes.io, k8s.io; comma-separated in the "
+            "environment. Empty: keys without a prefix only."
+        ),
+    )
+    allowed_annotation_domains: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Domains (and their subdomains) of the keys a pool's spec.podTemplate.annotations may use beside "
+            "keys without a prefix (e.g. prometheus.io); never modelpool.dev, kubernetes.io, k8s.io; "
+            "comma-separated in the environment. Empty: keys without a prefix only."
+        ),
+    )
+    allowed_env_names: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "Reserved names a pool's spec.podTemplate.env may set anyway, exactly as written (the server's "
+            "MODELPOOL_* flags, LD_*, PYTHONPATH, the Hugging Face cache variables are refused otherwise: "
+            "MODELPOOL_TRUST_REMOTE_CODE would bypass spec.model.trustRemoteCode); comma-separated in the "
+            "environment. Empty: none."
+        ),
+    )
+    own_namespace: str = Field(
+        default="",
+        description=(
+            "The namespace the operator (and the gateway) run in, the chart's release namespace: a pool or "
+            "ModelHost there is refused. Empty: not checked."
         ),
     )
 
@@ -266,7 +327,17 @@ class OperatorConfig(BaseSettings):
     log_format: str = Field(default="json", description="'json' (structured) or 'plain'.")
 
     @field_validator(
-        "namespaces", "allowed_host_paths", "allowed_images", "allowed_service_accounts", mode="before"
+        "namespaces",
+        "allowed_host_paths",
+        "allowed_images",
+        "allowed_service_accounts",
+        "allowed_priority_classes",
+        "allowed_toleration_keys",
+        "allowed_node_selector_keys",
+        "allowed_label_domains",
+        "allowed_annotation_domains",
+        "allowed_env_names",
+        mode="before",
     )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
@@ -284,6 +355,11 @@ class OperatorConfig(BaseSettings):
     @classmethod
     def _image_entries(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(check_image_entry(entry) for entry in value)
+
+    @field_validator("allowed_label_domains", "allowed_annotation_domains")
+    @classmethod
+    def _key_domains(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(check_key_domain(entry) for entry in value)
 
     @field_validator("default_worker_cpu")
     @classmethod
@@ -362,8 +438,16 @@ class OperatorConfig(BaseSettings):
         """What pool authors may ask for (``modelpool_operator.policy``)."""
         return Policy(
             host_paths=self.allowed_host_paths,
-            images=self.allowed_images,
+            # Empty: the operator's own server image (its repository, at any tag), never any image.
+            images=self.allowed_images or (image_repository(self.server_image),),
             service_accounts=self.allowed_service_accounts,
+            priority_classes=self.allowed_priority_classes,
+            toleration_keys=self.allowed_toleration_keys,
+            node_selector_keys=self.allowed_node_selector_keys,
+            label_domains=self.allowed_label_domains,
+            annotation_domains=self.allowed_annotation_domains,
+            env_names=self.allowed_env_names,
+            operator_namespace=self.own_namespace,
         )
 
     @property

@@ -156,7 +156,7 @@ def test_chaos_label_ends_the_container(
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": chaos, "labels": {"modelpool.dev/chaos": chaos}},
+        "metadata": {"name": chaos, "labels": {"kwok.modelpool.test/chaos": chaos}},
         "spec": {
             "nodeSelector": {"type": "kwok"},
             "restartPolicy": "Never",
@@ -181,8 +181,8 @@ def test_chaos_load_failed_carries_the_message(cluster: Cluster, namespace: str)
         "kind": "Pod",
         "metadata": {
             "name": "lf",
-            "labels": {"modelpool.dev/chaos": "load-failed"},
-            "annotations": {"modelpool.dev/chaos-message": "no such model: /models/x"},
+            "labels": {"kwok.modelpool.test/chaos": "load-failed"},
+            "annotations": {"kwok.modelpool.test/chaos-message": "no such model: /models/x"},
         },
         "spec": {
             "nodeSelector": {"type": "kwok"},

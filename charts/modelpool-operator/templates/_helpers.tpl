@@ -46,6 +46,15 @@ app.kubernetes.io/part-of: modelpool
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* The repository of the workers' default image (config.serverImage, else the operator's built-in
+ghcr.io/modelpool/modelpool-server:<version>: modelpool_contract.flags.DEFAULT_SERVER_IMAGE) without its tag
+or digest, as policy.image_repository cuts it: the images a pool may name when config.allowedImages is
+empty. */}}
+{{- define "modelpool-operator.serverImageRepository" -}}
+{{- $image := .Values.config.serverImage | default "ghcr.io/modelpool/modelpool-server" }}
+{{- regexReplaceAll ":[^:/]*$" (regexReplaceAll "@.*$" $image "") "" }}
+{{- end }}
+
 {{/* The namespaces a namespace-scoped operator watches: scope.namespaces, or the release namespace. */}}
 {{- define "modelpool-operator.watchNamespaces" -}}
 {{- if .Values.scope.namespaces }}

@@ -114,8 +114,8 @@ def test_load_failure_is_reported_released_and_replaced_with_backoff(
     pool = pool_manifest(
         "broken",
         memory="3Gi",
-        labels={"modelpool.dev/chaos": "load-failed"},
-        annotations={"modelpool.dev/chaos-message": message},
+        labels={"kwok.modelpool.test/chaos": "load-failed"},
+        annotations={"kwok.modelpool.test/chaos-message": message},
     )
     apply(cluster, pool, namespace)
     first_uid = set(
@@ -164,7 +164,7 @@ def test_oom_killed_worker_is_failed_with_reason(
     cluster: Cluster, namespace: str, start_operator: StartOperator
 ) -> None:
     start_operator(namespace)
-    apply(cluster, pool_manifest("oom", memory="1Gi", labels={"modelpool.dev/chaos": "oom"}), namespace)
+    apply(cluster, pool_manifest("oom", memory="1Gi", labels={"kwok.modelpool.test/chaos": "oom"}), namespace)
     status = wait_status(
         cluster,
         namespace,

@@ -40,7 +40,12 @@ def test_the_operator_exports_passes_workers_budget_evictions_failures_and_api_e
     cluster: Cluster, namespace: str, budgeted_operator: BudgetedOperator
 ) -> None:
     port = free_port()
-    budgeted_operator("64Gi", MODELPOOL_OPERATOR_METRICS_PORT=str(port))
+    # The missing PriorityClass below is allowed by the operator's policy: the API server refuses the pod.
+    budgeted_operator(
+        "64Gi",
+        MODELPOOL_OPERATOR_METRICS_PORT=str(port),
+        MODELPOOL_OPERATOR_ALLOWED_PRIORITY_CLASSES="no-such-priority-class",
+    )
     ns = {"namespace": namespace}
 
     apply(cluster, pool_manifest("serving", replicas=2, memory="4Gi"), namespace)
@@ -75,7 +80,7 @@ def test_the_operator_exports_passes_workers_budget_evictions_failures_and_api_e
     )
 
     # A worker killed for its memory (KWOK's chaos stage) is one failure, counted once.
-    oom = pool_manifest("oom", replicas=1, memory="1Gi", labels={"modelpool.dev/chaos": "oom"})
+    oom = pool_manifest("oom", replicas=1, memory="1Gi", labels={"kwok.modelpool.test/chaos": "oom"})
     apply(cluster, oom, namespace)
     until(
         port,

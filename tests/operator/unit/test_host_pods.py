@@ -21,7 +21,18 @@ from modelpool_operator.host import HostView, host_charge_key, host_template_has
 from modelpool_operator.observe.hosts import observe_hosts
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner.hosts import plan_host
-from modelpool_operator.policy import FIELD_IMAGE, Policy, host_violations
+from modelpool_operator.policy import (
+    FIELD_HOST_NODE_SELECTOR,
+    FIELD_HOST_TOLERATIONS,
+    FIELD_IMAGE,
+    FIELD_NAMESPACE,
+    Policy,
+    Violation,
+    host_violations,
+    msg_node_selector,
+    msg_operator_namespace,
+    msg_toleration,
+)
 
 GI = 1024**3
 
@@ -231,7 +242,30 @@ def test_the_status_lists_each_host_pod_with_its_devices_and_the_totals() -> Non
 
 def test_a_host_image_beyond_the_allowlist_is_a_violation() -> None:
     policy = Policy(images=("ghcr.io/modelpool/",))
-    assert host_violations(view(image="ghcr.io/modelpool/server:2").spec, policy) == []
-    assert host_violations(view().spec, policy) == []  # the operator's default image
-    [violation] = host_violations(view(image="evil.io/miner").spec, policy)
+    assert host_violations(view(image="ghcr.io/modelpool/server:2").spec, policy, "ns") == []
+    assert host_violations(view().spec, policy, "ns") == []  # the operator's default image
+    [violation] = host_violations(view(image="evil.io/miner").spec, policy, "ns")
     assert violation.field == FIELD_IMAGE and "evil.io/miner" in violation.message
+
+
+def test_host_placement_and_namespace_obey_the_pools_rules() -> None:
+    policy = Policy(operator_namespace="mp-system")
+    gpu = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    allowed = view(nodeSelector={"nvidia.com/gpu.product": "H100"}, tolerations=gpu)
+    assert host_violations(allowed.spec, policy, "ns") == []
+    # A node's role, and a toleration without a key (every taint: the control plane's too).
+    placed = view(
+        nodeSelector={"node-role.kubernetes.io/control-plane": ""}, tolerations=[{"operator": "Exists"}]
+    )
+    assert host_violations(placed.spec, policy, "mp-system") == [
+        Violation(FIELD_NAMESPACE, msg_operator_namespace("mp-system")),
+        Violation(
+            FIELD_HOST_TOLERATIONS, msg_toleration(FIELD_HOST_TOLERATIONS, "*", policy.toleration_keys)
+        ),
+        Violation(
+            FIELD_HOST_NODE_SELECTOR,
+            msg_node_selector(
+                FIELD_HOST_NODE_SELECTOR, "node-role.kubernetes.io/control-plane", policy.node_selector_keys
+            ),
+        ),
+    ]

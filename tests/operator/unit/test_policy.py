@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from test_reconcile_wiring import Operator, recording_operator
 
 from modelpool_contract.api import parse_pool_spec
+from modelpool_contract.flags import DEFAULT_SERVER_IMAGE
 from modelpool_operator.bookkeeping import PoolRun
 from modelpool_operator.policy import (
     FIELD_HOST_PATH,
@@ -27,6 +28,7 @@ from modelpool_operator.policy import (
     Violation,
     host_path_allowed,
     image_allowed,
+    image_repository,
     is_clean_path,
     msg_host_path,
     msg_image,
@@ -132,8 +134,23 @@ def test_image_examples(image: str, allowed: bool) -> None:
 
 
 @given(st.text(alphabet=string.ascii_lowercase + "./:@", max_size=20))
-def test_no_image_entry_means_any_image(image: str) -> None:
-    assert image_allowed(image, [])
+def test_no_image_entry_means_no_image(image: str) -> None:
+    assert not image_allowed(image, [])
+
+
+@pytest.mark.parametrize(
+    ("image", "repository"),
+    [
+        ("ghcr.io/modelpool/modelpool-server:0.1.0", "ghcr.io/modelpool/modelpool-server"),
+        ("ghcr.io/modelpool/modelpool-server", "ghcr.io/modelpool/modelpool-server"),
+        ("ghcr.io/modelpool/modelpool-server@sha256:ab", "ghcr.io/modelpool/modelpool-server"),
+        ("ghcr.io/modelpool/modelpool-server:1@sha256:ab", "ghcr.io/modelpool/modelpool-server"),
+        ("registry.local:5000/server", "registry.local:5000/server"),
+        ("registry.local:5000/server:2", "registry.local:5000/server"),
+    ],
+)
+def test_the_repository_of_an_image_drops_its_tag_and_digest(image: str, repository: str) -> None:
+    assert image_repository(image) == repository
 
 
 @given(st.text(alphabet="ab./:@", max_size=16), st.text(alphabet="ab.:@", min_size=1, max_size=6))
@@ -186,16 +203,18 @@ def test_an_alias_may_read_as_namespace_name_only_in_its_own_namespace(alias: st
     assert violations(_spec(servedModelName=alias), STRICT, NS) == expected
 
 
-def test_the_default_policy_refuses_host_paths_only() -> None:
+def test_the_empty_policy_allows_no_host_path_image_or_service_account() -> None:
     spec = _spec(
         model=_host_cache("/var/cache/modelpool"),
         image="anything.io/x:1",
         podTemplate={"serviceAccountName": "whoever"},
     )
     assert violations(spec, OPEN, NS) == [
-        Violation(FIELD_HOST_PATH, msg_host_path("/var/cache/modelpool", ()))
+        Violation(FIELD_HOST_PATH, msg_host_path("/var/cache/modelpool", ())),
+        Violation(FIELD_IMAGE, msg_image("anything.io/x:1", ())),
+        Violation(FIELD_SERVICE_ACCOUNT, msg_service_account("whoever", ())),
     ]
-    assert "(allowed: none)" in violations(spec, OPEN, NS)[0].message
+    assert all("(allowed: none)" in v.message for v in violations(spec, OPEN, NS))
 
 
 def test_each_forbidden_field_is_named() -> None:
@@ -241,15 +260,37 @@ def test_the_allowlists_come_comma_separated_from_the_environment(monkeypatch: p
     monkeypatch.setenv("MODELPOOL_OPERATOR_ALLOWED_HOST_PATHS", "/data, /srv/models")
     monkeypatch.setenv("MODELPOOL_OPERATOR_ALLOWED_IMAGES", "ghcr.io/modelpool/,registry.local/team/server")
     monkeypatch.setenv("MODELPOOL_OPERATOR_ALLOWED_SERVICE_ACCOUNTS", "a,b")
+    monkeypatch.setenv("MODELPOOL_OPERATOR_ALLOWED_PRIORITY_CLASSES", "batch-low")
+    monkeypatch.setenv("MODELPOOL_OPERATOR_ALLOWED_TOLERATION_KEYS", "nvidia.com/gpu,*")
+    monkeypatch.setenv("MODELPOOL_OPERATOR_ALLOWED_NODE_SELECTOR_KEYS", "kubernetes.io/arch,pool")
+    monkeypatch.setenv("MODELPOOL_OPERATOR_ALLOWED_LABEL_DOMAINS", "example.com")
+    monkeypatch.setenv("MODELPOOL_OPERATOR_ALLOWED_ANNOTATION_DOMAINS", "prometheus.io,sidecar.istio.io")
+    monkeypatch.setenv("MODELPOOL_OPERATOR_OWN_NAMESPACE", "mp-system")
     assert OperatorConfig().policy == Policy(
         host_paths=("/data", "/srv/models"),
         images=("ghcr.io/modelpool/", "registry.local/team/server"),
         service_accounts=("a", "b"),
+        priority_classes=("batch-low",),
+        toleration_keys=("nvidia.com/gpu", "*"),
+        node_selector_keys=("kubernetes.io/arch", "pool"),
+        label_domains=("example.com",),
+        annotation_domains=("prometheus.io", "sidecar.istio.io"),
+        operator_namespace="mp-system",
     )
 
 
-def test_the_default_allowlists_refuse_host_paths_and_leave_the_rest_open() -> None:
-    assert OperatorConfig().policy == Policy()
+def test_the_default_allowlists_allow_the_operators_own_image_and_gpu_placement_only() -> None:
+    policy = OperatorConfig().policy
+    assert policy == Policy(images=("ghcr.io/modelpool/modelpool-server",))
+    assert image_allowed(DEFAULT_SERVER_IMAGE, policy.images)
+    assert image_allowed("ghcr.io/modelpool/modelpool-server@sha256:ab", policy.images)
+    assert not image_allowed("docker.io/evil/miner:1", policy.images)
+    assert policy.toleration_keys == ("nvidia.com/gpu",)
+    assert "node-role.kubernetes.io/control-plane" not in policy.node_selector_keys
+    assert "kubernetes.io/hostname" not in policy.node_selector_keys
+    # A server image of the administrator's own: its repository is the one allowed.
+    config = OperatorConfig(server_image="registry.local:5000/team/server:2")
+    assert config.policy.images == ("registry.local:5000/team/server",)
 
 
 @pytest.mark.parametrize(
@@ -261,6 +302,11 @@ def test_the_default_allowlists_refuse_host_paths_and_leave_the_rest_open() -> N
         ("ALLOWED_HOST_PATHS", "/a//b"),
         ("ALLOWED_IMAGES", "ghcr.io"),
         ("ALLOWED_IMAGES", "/ghcr.io/x"),
+        ("ALLOWED_LABEL_DOMAINS", "modelpool.dev"),
+        ("ALLOWED_LABEL_DOMAINS", "x.kubernetes.io"),
+        ("ALLOWED_ANNOTATION_DOMAINS", "k8s.io"),
+        ("ALLOWED_ANNOTATION_DOMAINS", "Example.com"),
+        ("ALLOWED_ANNOTATION_DOMAINS", "example.com/"),
     ],
 )
 def test_a_malformed_allowlist_entry_is_refused(
