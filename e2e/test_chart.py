@@ -145,7 +145,11 @@ def test_rbac_follows_the_scope_and_peering(helm: list[str]) -> None:
     server); here: what each switch adds or removes, and no wildcard anywhere."""
     for args, peering, namespaces in [
         ([], ("kopf.dev", "clusterkopfpeerings", "patch"), False),
-        (["--set", "scope.clusterWide=false"], ("kopf.dev", "kopfpeerings", "patch"), True),
+        (
+            ["--set", "scope.clusterWide=false", "--set", "scope.namespaces={a}"],
+            ("kopf.dev", "kopfpeerings", "patch"),
+            True,
+        ),
     ]:
         docs = render(helm, *args)
         namespaced = _rules(one(docs, "ClusterRole", "mp-modelpool-operator"))
@@ -173,7 +177,7 @@ def test_the_operator_reads_no_secret_and_mounts_its_control_seed(helm: list[str
     """The shared hosts' control keys are derived from a seed Secret the chart makes and mounts into the
     operator's pod only: the operator may create and patch Secrets (each ModelHost's key; the patch tests
     the ModelHost owns it, and the operator policy admits only control key Secrets) but read none."""
-    for args in ([], ["--set", "scope.clusterWide=false"]):
+    for args in ([], ["--set", "scope.clusterWide=false", "--set", "scope.namespaces={a}"]):
         docs = render(helm, *args)
         everything = _rules(one(docs, "ClusterRole", OPERATOR)) | _rules(
             one(docs, "ClusterRole", f"{OPERATOR}-cluster")
@@ -227,9 +231,12 @@ def test_namespace_scope(helm: list[str]) -> None:
     # Kopf's namespace observer resolves the watched namespaces (only outside cluster scope).
     assert ("", "namespaces", "watch") in cluster_rules
 
-    # No namespaces listed: the release namespace.
-    docs = render(helm, "--set", "scope.clusterWide=false")
-    assert "--namespace=mp-system" in container(docs)["args"]
+    # No namespaces listed, or the release namespace among them: refused at render (pools are never served
+    # from the release namespace, so such an install would serve nothing there).
+    for listed in ([], ["--set", "scope.namespaces={a,mp-system}"]):
+        refused = template(helm, "--set", "scope.clusterWide=false", *listed, check=False)
+        assert refused.returncode != 0, listed
+        assert "scope.namespaces" in refused.stderr and "mp-system" in refused.stderr, refused.stderr
 
 
 def test_switches(helm: list[str]) -> None:
@@ -606,18 +613,23 @@ def test_the_gateways_rbac_is_read_pools_and_pods_and_write_demand_leases_only(h
 
 
 def test_the_gateway_follows_the_operators_scope_or_its_own_namespaces(helm: list[str]) -> None:
-    docs = render(
-        helm, "--set", "scope.clusterWide=false", "--set", "scope.namespaces={team-a,team-b,mp-system}"
-    )
+    docs = render(helm, "--set", "scope.clusterWide=false", "--set", "scope.namespaces={team-a,team-b}")
     assert [a for a in container(docs, GATEWAY)["args"] if a.startswith("--namespace=")] == [
         "--namespace=team-a",
         "--namespace=team-b",
-        "--namespace=mp-system",  # skipped by the gateway itself: its own namespace is never routed
     ]
-    # Pools, pods and Leases bound in the routed namespaces only: never the release namespace.
     bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] == GATEWAY]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert not [b for b in by_kind(docs, "ClusterRoleBinding") if b["metadata"]["name"] == GATEWAY]
+    # The gateway's own list may name the release namespace (the operator's may not): the gateway skips it
+    # itself, and its pools, pods and Leases are bound only in the others.
+    docs = render(helm, "--set", "gateway.namespaces={team-a,mp-system}")
+    assert [a for a in container(docs, GATEWAY)["args"] if a.startswith("--namespace=")] == [
+        "--namespace=team-a",
+        "--namespace=mp-system",
+    ]
+    bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] == GATEWAY]
+    assert [b["metadata"]["namespace"] for b in bindings] == ["team-a"]
 
     docs = render(helm, "--set", "gateway.namespaces={serving}")
     assert [a for a in container(docs, GATEWAY)["args"] if a.startswith("--namespace=")] == [
@@ -680,7 +692,7 @@ def test_the_gateway_may_write_only_demand_leases(helm: list[str]) -> None:
     expressions = [v["expression"] for v in policy["spec"]["validations"]]
     assert "request.namespace != 'mp-system'" in expressions
     assert one(render(helm), "ValidatingAdmissionPolicyBinding", name)["spec"]["policyName"] == name
-    scoped = render(helm, "--set", "scope.clusterWide=false", "--set", "scope.namespaces={a,mp-system,b}")
+    scoped = render(helm, "--set", "gateway.namespaces={a,mp-system,b}")
     expressions = [
         v["expression"] for v in one(scoped, "ValidatingAdmissionPolicy", name)["spec"]["validations"]
     ]

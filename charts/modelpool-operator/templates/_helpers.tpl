@@ -56,12 +56,17 @@ empty. */}}
 {{- end }}
 
 {{/* The namespaces a namespace-scoped operator watches: scope.namespaces, or the release namespace. */}}
+{{/* The namespaces the operator watches outside cluster scope: scope.namespaces, which must be listed.
+Pools are never served from the release namespace (the operator refuses them, the gateway never routes
+them), so it is no default: an empty list would be an install that serves nothing. */}}
 {{- define "modelpool-operator.watchNamespaces" -}}
-{{- if .Values.scope.namespaces }}
-{{- join "," .Values.scope.namespaces }}
-{{- else }}
-{{- .Release.Namespace }}
+{{- if not .Values.scope.namespaces }}
+{{- fail (printf "scope.namespaces: list the namespaces whose pools the operator serves (scope.clusterWide=false); never %s, the release namespace, where pools are refused" .Release.Namespace) }}
 {{- end }}
+{{- if has .Release.Namespace .Values.scope.namespaces }}
+{{- fail (printf "scope.namespaces: %s is the release namespace, where pools are refused (the operator's and gateway's own); list the namespaces of the pools" .Release.Namespace) }}
+{{- end }}
+{{- join "," .Values.scope.namespaces }}
 {{- end }}
 
 {{/* config.<camelCase> -> MODELPOOL_OPERATOR_<SNAKE_CASE> env vars (empty strings and lists are left out, so

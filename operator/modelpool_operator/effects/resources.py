@@ -142,21 +142,32 @@ def _http_get(path: str) -> dict[str, Any]:
     return {"path": path, "port": PROBE_PORT_NAME}
 
 
-def _cache_volume(spec: ModelPoolSpec, settings: PodSettings) -> dict[str, Any]:
+def _cache_volume(spec: ModelPoolSpec, settings: PodSettings, namespace: str) -> dict[str, Any]:
     """The ``cache`` volume (HF_HOME): shared as the pool or the operator says for hf:// sources, else an
-    emptyDir (the root filesystem may be read-only, and libraries still want a writable HF_HOME)."""
-    cache = spec.model.cache or settings.model_cache
+    emptyDir (the root filesystem may be read-only, and libraries still want a writable HF_HOME).
+
+    The operator's own hostPath default is shared per namespace, never across: its workers mount
+    ``<path>/<namespace>`` (every namespace's workers run as uid 10001, so one directory for all would let
+    one namespace plant weights or code another loads). A pool's own hostPath already ends in its
+    namespace (``policy``)."""
+    own = spec.model.cache
+    cache = own or settings.model_cache
     if cache is None or cache.type == "none" or not spec.model.source.startswith("hf://"):
         return {"name": "cache", "emptyDir": {}}
     if cache.type == "pvc":
         return {"name": "cache", "persistentVolumeClaim": {"claimName": cache.claim_name}}
-    return {"name": "cache", "hostPath": {"path": cache.path, "type": "DirectoryOrCreate"}}
+    path = cache.path or ""  # a hostPath cache always has one (``ModelCacheSpec``)
+    if own is None and namespace:
+        path = f"{path.rstrip('/')}/{namespace}"
+    return {"name": "cache", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
 
 
-def _volumes(spec: ModelPoolSpec, settings: PodSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(
+    spec: ModelPoolSpec, settings: PodSettings, namespace: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     # The root filesystem is read-only: tmp and home are where the server and its libraries write.
     volumes: list[dict[str, Any]] = [
-        _cache_volume(spec, settings),
+        _cache_volume(spec, settings, namespace),
         {"name": "tmp", "emptyDir": {}},
         {"name": "home", "emptyDir": {}},
     ]
@@ -280,9 +291,9 @@ def _pod_security_context() -> dict[str, Any]:
     }
 
 
-def _pod_spec(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> dict[str, Any]:
+def _pod_spec(spec: ModelPoolSpec, pool_name: str, settings: PodSettings, namespace: str) -> dict[str, Any]:
     """The worker pod's spec: the container, its volumes, and the pool's scheduling settings."""
-    volumes, mounts = _volumes(spec, settings)
+    volumes, mounts = _volumes(spec, settings, namespace)
     container = _container(spec, pool_name, settings)
     container["volumeMounts"] = mounts
     pod_spec: dict[str, Any] = {
@@ -362,7 +373,7 @@ def build_worker_pod(pool: PoolView, worker_name: str, settings: PodSettings | N
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": metadata,
-        "spec": _pod_spec(pool.spec, pool.name, settings),
+        "spec": _pod_spec(pool.spec, pool.name, settings, pool.namespace),
     }
 
 

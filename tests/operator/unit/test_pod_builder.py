@@ -288,6 +288,13 @@ HF = {"source": "hf://org/m", "task": "text-embedding"}
             ModelCacheSpec(type="pvc", claim_name="shared"),
             {"persistentVolumeClaim": {"claimName": "shared"}},
         ),
+        # The operator's hostPath default: one directory per namespace, never one for all (uid 10001 is
+        # every namespace's).
+        (
+            HF,
+            ModelCacheSpec(type="hostPath", path="/var/cache/models/"),
+            {"hostPath": {"path": "/var/cache/models/team", "type": "DirectoryOrCreate"}},
+        ),
         (
             {**HF, "cache": {"type": "none"}},
             ModelCacheSpec(type="pvc", claim_name="shared"),
