@@ -212,6 +212,13 @@ def test_the_operator_reads_no_secret_and_mounts_its_control_seed(helm: list[str
         if f"{OPERATOR}-control-seed" in json.dumps(d["spec"]["template"]["spec"].get("volumes", []))
     ]
     assert mounting == [OPERATOR], "the seed is mounted into the operator's pod only"
+    # Under GitOps a Secret of the admin's own: the chart renders no seed (a render cannot look one up, so
+    # its own would change at every render and lock the operator out of the running host pods).
+    gitops = render(helm, "--set", "controlSeed.existingSecret=modelpool-control-seed")
+    assert not [d for d in by_kind(gitops, "Secret") if "control-seed" in d["metadata"]["name"]]
+    pod = one(gitops, "Deployment", OPERATOR)["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "control-seed"]
+    assert volume["secret"]["secretName"] == "modelpool-control-seed"
 
 
 def test_namespace_scope(helm: list[str]) -> None:
