@@ -865,3 +865,22 @@ def test_the_chart_version_and_app_version_are_the_release_version() -> None:
         f"charts/modelpool-operator/Chart.yaml says version {chart['version']!r}, appVersion "
         f"{chart['appVersion']!r}; the release is {VERSION!r} (modelpool_contract/version.py)"
     )
+
+
+def test_the_gateway_replicas_spread_over_nodes_and_a_drain_takes_one_at_a_time(helm: list[str]) -> None:
+    docs = render(helm)
+    pdb = one(docs, "PodDisruptionBudget", GATEWAY)
+    pod = one(docs, "Deployment", GATEWAY)["spec"]["template"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    [spread] = pod["spec"]["topologySpreadConstraints"]
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"  # soft: a one-node cluster still runs both
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["labelSelector"]["matchLabels"] == pdb["spec"]["selector"]["matchLabels"]
+    # One replica: a PDB would block every drain, so none; switched off: none, and no spread.
+    for args in (["--set", "gateway.replicaCount=1"], ["--set", "gateway.podDisruptionBudget.enabled=false"]):
+        assert not [
+            d for d in by_kind(render(helm, *args), "PodDisruptionBudget") if d["metadata"]["name"] == GATEWAY
+        ]
+    off = render(helm, "--set", "gateway.topologySpread.enabled=false")
+    assert "topologySpreadConstraints" not in one(off, "Deployment", GATEWAY)["spec"]["template"]["spec"]
