@@ -24,6 +24,8 @@ What is checked, each against its one definition in the code:
   CRD of crds/ (or is a Kubernetes object's, listed in ``NOT_CRD_PATHS``), and the YAML example of each
   kind in docs/operator-api.md has every field of that kind's spec and no other.
 
+* **API versions** (``version_problems``): docs/versioning.md's table gives each CRD's served and storage
+  versions and scope as crds/ has them.
 * **/stats** (``stats_problems``): docs/server.md's example of the document parses as the contract's
   ``WorkerStats``, names none of its fields that it lacks, and the section names every field.
 * **References** (``reference_problems``): every repository path the documents name exists, and every
@@ -605,6 +607,7 @@ NOT_CRD_PATHS = frozenset(
         "spec.renewTime",
         "status.hostIP",
         "status.podIP",
+        "status.storedVersions",
     }
 )
 CRD_PATH = re.compile(r"(?<![\w.])((?:spec|status)(?:\.[A-Za-z][A-Za-z0-9]*(?:\[\])?)+)")
@@ -702,6 +705,35 @@ def crd_problems() -> list[Stale]:
             for f in sorted(shown)
             if not schema_has(spec, f)
         ]
+    return problems
+
+
+def version_problems() -> list[Stale]:
+    """docs/versioning.md's table (kind | served | storage | scope) against each CRD of crds/."""
+    doc = DOCS / "versioning.md"
+    real: dict[str, tuple[str, str, str]] = {}
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        versions = crd["spec"]["versions"]
+        served = ", ".join(v["name"] for v in versions if v.get("served"))
+        storage = ", ".join(v["name"] for v in versions if v.get("storage"))
+        real[crd["spec"]["names"]["kind"]] = (served, storage, crd["spec"]["scope"])
+    documented: dict[str, tuple[int, tuple[str, ...]]] = {}
+    for header, rows in tables(numbered(doc)):
+        if header[:2] == ["kind", "served"]:
+            for number, row in rows:
+                documented[row[0].strip("`")] = (number, tuple(row[1:4]))
+    problems = [
+        Stale(doc, 1, f"{kind} is not in the versions table")
+        for kind in sorted(real.keys() - documented.keys())
+    ]
+    for kind, (number, cells) in sorted(documented.items()):
+        if kind not in real:
+            problems.append(Stale(doc, number, f"{kind} is the kind of no CRD in crds/"))
+        elif cells != real[kind]:
+            problems.append(
+                Stale(doc, number, f"{kind}: served, storage, scope are {real[kind]}, not {cells}")
+            )
     return problems
 
 
@@ -856,6 +888,7 @@ CHECKS: dict[str, Callable[[], list[Stale]]] = {
     "values": value_problems,
     "metrics": metric_problems,
     "crd fields": crd_problems,
+    "api versions": version_problems,
     "/stats": stats_problems,
     "references": reference_problems,
     "links": link_problems,
