@@ -5,12 +5,15 @@ it likes. Two of its claims weigh on other pools and on the budget, so they are 
 
 * **Busy** (state Processing, or requests in flight or queued): a busy worker is never chosen for
   eviction. The claim is believed for at most the pool's ``spec.queue.requestTimeoutSeconds`` plus
-  ``PROCESSING_GRACE_S`` of continuous busyness, as the operator measured it (never the worker's own
-  ``state_since``, unless that is older): no request of the pool may run longer, so past that bound the
-  worker counts as Idle for eviction (state Idle, reason ``ProcessingNotBelieved``, ``since`` when the
-  claim began). It still serves, and its eviction drains it like any other. A continuously busy honest
-  worker is counted the same way: it is then the last one an idle-first choice takes (its last request is
-  recent), and the drain lets its requests finish.
+  ``PROCESSING_GRACE_S`` **without progress**, as the operator measured it (never the worker's own
+  ``state_since``, unless that is older): no request of the pool may run longer, so a worker busy that
+  long without finishing one is wedged (or lying), and counts as Idle for eviction (state Idle, reason
+  ``ProcessingNotBelieved``, ``since`` when the claim began). It still serves, and its eviction drains it
+  like any other. Progress is its ``requests_total`` (the requests it admitted) growing between two
+  passes: a worker whose queue moves takes new requests, and each starts the clock again, so an honest
+  worker busy for hours under steady traffic stays Processing and unevictable; one whose queue is stuck
+  full admits none. A worker without the counter (an older server) is bounded from its first claim. (A
+  wedged forward pass is the server's own to detect: it fails the worker.)
 * **Load** (queued and in-flight requests): each is counted at most the pool's ``spec.queue.capacity``
   (a worker refuses the request past its queue's capacity, and what it computes came through that
   queue), so a made-up queue depth moves its own pool's autoscaler no further than that many requests
@@ -42,10 +45,12 @@ REASON_NOT_BELIEVED: Final = "ProcessingNotBelieved"
 
 @dataclass(frozen=True)
 class BusyClaim:
-    """Since when the worker (this pod: ``uid``) has claimed to be busy at every pass."""
+    """Since when the worker (this pod: ``uid``) has claimed to be busy at every pass without progress, and
+    its ``requests_total`` then (None: it reports none)."""
 
     uid: str | None
     since: datetime
+    requests: int | None = None
 
 
 def claim_bound_s(spec: ModelPoolSpec) -> float:
@@ -66,19 +71,31 @@ def claims_busy(worker: ObservedWorker) -> bool:
     return worker.state in SERVING_STATES and working
 
 
+def progressed(worker: ObservedWorker, recorded: BusyClaim) -> bool:
+    """Whether the worker took requests since the recorded pass (its ``requests_total`` grew)."""
+    now, then = worker.requests_total, recorded.requests
+    return now is not None and then is not None and now > then
+
+
 def busy_since(
     worker: ObservedWorker, recorded: BusyClaim | None, entry: WorkerStatus | None, now: datetime
 ) -> datetime:
-    """Since when the busy ``worker`` has claimed to be: the record of earlier passes (same pod), else the
-    last status's (a Processing entry's ``since``, or one already not believed: after a restart), else
-    now; the worker's own ``since`` when it is older (a worker may only shorten its benefit of doubt)."""
-    start = now
+    """Since when the busy ``worker`` has claimed to be without progress: the record of earlier passes
+    (same pod; now when it progressed since). At first sight (a new pod, or after a restart): the last
+    status's ``since`` when it was already not believed, else now; for a worker that reports no
+    ``requests_total`` (no progress to judge by) also a Processing entry's ``since`` and its own, when
+    older (a worker may only shorten its benefit of doubt). A worker that reports progress is not judged
+    by how long it has been Processing: under steady traffic that is hours, and says nothing."""
     if recorded is not None and recorded.uid == worker.uid:
-        start = recorded.since
-    elif entry is not None and (entry.state == "Processing" or entry.reason == REASON_NOT_BELIEVED):
+        return now if progressed(worker, recorded) else recorded.since
+    start = now
+    if entry is not None and entry.reason == REASON_NOT_BELIEVED:
         start = min(start, parse_time(entry.since) or now)
-    if worker.state == "Processing" and worker.since is not None:
-        start = min(start, worker.since)
+    if worker.requests_total is None:
+        if entry is not None and entry.state == "Processing":
+            start = min(start, parse_time(entry.since) or now)
+        if worker.state == "Processing" and worker.since is not None:
+            start = min(start, worker.since)
     return start
 
 
@@ -111,7 +128,7 @@ def believe(
         worker = bounded_load(observed, spec.queue.capacity)
         if claims_busy(worker):
             since = busy_since(worker, claims.get(worker.name), entries.get(worker.name), now)
-            record[worker.name] = BusyClaim(worker.uid, since)
+            record[worker.name] = BusyClaim(worker.uid, since, worker.requests_total)
             if not claim_believed(since, now, bound):
                 worker = not_believed(worker, since, now, bound)
         believed.append(worker)

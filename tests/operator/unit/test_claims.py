@@ -69,6 +69,37 @@ def test_a_worker_that_always_reports_processing_counts_as_idle_past_the_bound()
     assert "requestTimeoutSeconds" in (past[0].message or "")
 
 
+def _busy(t: float, done: int) -> ObservedWorker:
+    """An honest worker under steady traffic: Processing since long before, ``done`` requests finished."""
+    return replace(w("p-0", "Processing", since=-3600, in_flight=4, queue=2), requests_total=done)
+
+
+def test_a_busy_worker_that_finishes_requests_stays_believed_however_long() -> None:
+    # Busy for ten bounds on end, finishing requests between passes: Processing, never evictable, and
+    # its hour-old state_since (steady traffic) is no reason to doubt it, at first sight or later.
+    times = [0, 20, 40, 60, 80, 100, 200, 400, 600]
+    seen = _passes([(t, _busy(t, done=int(t))) for t in times])
+    assert all(x.state == "Processing" and not x.evictable and not x.claim_expired for x in seen)
+
+
+def test_a_busy_worker_that_stops_finishing_requests_is_bounded_from_its_last_progress() -> None:
+    # Wedged at 100 s: its counter stops; believed until 100 + BOUND, not a moment after.
+    times = [0, 50, 100, 130, 100 + BOUND, 100 + BOUND + 1, 100 + BOUND + 30]
+    seen = _passes([(t, _busy(t, done=int(min(t, 100)))) for t in times])
+    expired = [x.claim_expired for x in seen]
+    assert expired == [False, False, False, False, False, True, True]
+    assert seen[-1].state == "Idle" and seen[-1].since == at(100)
+
+
+def test_after_a_restart_a_worker_that_reports_progress_gets_a_fresh_bound() -> None:
+    # The status says Processing since an hour ago (steady traffic): no Warning, no eviction at the first
+    # pass after a restart; one already not believed keeps its since.
+    entry = WorkerStatus(name="p-0", state="Processing", since=rfc3339(at(-3600)))
+    assert not _passes([(0, _busy(0, done=7))], previous=[entry])[0].claim_expired
+    wedged = WorkerStatus(name="p-0", state="Idle", since=rfc3339(at(-3600)), reason=REASON_NOT_BELIEVED)
+    assert _passes([(0, _busy(0, done=7))], previous=[wedged])[0].claim_expired
+
+
 def test_requests_claimed_in_flight_on_an_idle_worker_are_bounded_too() -> None:
     seen = _passes([(t, w("p-0", "Idle", in_flight=3, queue=2)) for t in (0, 30, 61)])
     assert [x.evictable for x in seen] == [False, False, True]
