@@ -130,13 +130,18 @@ class Share:
         return f"held={self.held or 0},refused={self.refused or 0},at={micro_time(self.at)}"
 
 
-def live_shares(shares: Iterable[Share], now: datetime, duration_s: int | None) -> list[Share]:
-    """The shares that count at ``now``: each replica's latest, if within ``duration_s`` of its write."""
+def latest_shares(shares: Iterable[Share]) -> list[Share]:
+    """Each replica's latest share (an older gateway's pair and that replica's entry may both be there)."""
     latest: dict[str, Share] = {}
     for share in shares:
         if share.replica not in latest or latest[share.replica].at < share.at:
             latest[share.replica] = share
-    return [s for s in latest.values() if s.live(now, duration_s)]
+    return list(latest.values())
+
+
+def live_shares(shares: Iterable[Share], now: datetime, duration_s: int | None) -> list[Share]:
+    """The shares that count at ``now``: each replica's latest, if within ``duration_s`` of its write."""
+    return [s for s in latest_shares(shares) if s.live(now, duration_s)]
 
 
 def _total(counts: Iterable[int | None]) -> int | None:
@@ -185,14 +190,14 @@ class Demand:
 
     @property
     def held(self) -> int | None:
-        """Every recorded share's held count, live or not (for messages and tests; decisions use
+        """Each replica's latest held count, live or not, summed (for messages and tests; decisions use
         ``held_at``)."""
-        return _total(s.held for s in self.shares)
+        return _total(s.held for s in latest_shares(self.shares))
 
     @property
     def refused(self) -> int | None:
-        """Every recorded share's refused count, live or not."""
-        return _total(s.refused for s in self.shares)
+        """Each replica's latest refused count, live or not, summed."""
+        return _total(s.refused for s in latest_shares(self.shares))
 
 
 def _count(value: Any) -> int | None:

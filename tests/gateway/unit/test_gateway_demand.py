@@ -216,6 +216,7 @@ def test_an_older_gateways_lease_reads_as_its_writers_share_and_becomes_that_rep
     again["spec"].update(holderIdentity="gw-old", renewTime=micro_time(T0 + timedelta(seconds=4)))
     demand = read_demand(again)
     assert demand is not None and demand.held_at(T0 + timedelta(seconds=4)) == 4
+    assert len(demand.shares) == 3 and demand.held == 4  # its entry and its newer pair: the newer counts
     # A stale pair is dropped, not carried over.
     stale = renew(old, moment=T0 + timedelta(seconds=7), holder="gw-new", duration_s=6, held=3)
     assert set(stale["metadata"]["annotations"]) == {share_annotation("gw-new")}
