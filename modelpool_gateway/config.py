@@ -75,8 +75,8 @@ class GatewaySettings(BaseSettings):
         default=5.0,
         gt=0,
         le=3600,
-        description="While requests are held for a pool, its demand Lease is refreshed once per "
-        "interval (all gateway replicas together)",
+        description="While requests are held for a pool, each gateway replica holding them refreshes "
+        "its share of the pool's demand Lease once per interval (a share stands for two intervals)",
     )
     max_in_flight: int = Field(
         default=4096,

@@ -1,29 +1,27 @@
 """Recording demand for a pool that holds requests and has no serving worker (the operator acts on it).
 
 The gateway renews the pool's demand Lease (``modelpool_contract.demand``: one ``coordination.k8s.io/v1``
-Lease per pool, in its namespace, ``spec.renewTime`` the demand instant with microseconds,
-``spec.holderIdentity`` this replica, the annotation ``modelpool.dev/held`` the requests this replica
-holds for the pool at that moment, the annotation ``modelpool.dev/refused`` the requests it refused for
-the pool (429) because the hold was full, since its own previous write), as soon as a request is held and
-again every ``interval`` while requests stay held.  A refusal happens only while the hold is full, so a
-write comes within an interval and carries it; a refused count is taken off only once a write that
-carried it succeeded.  It needs get, create and update on leases, nothing on the ModelPool.  The held count
-rides on the demand writes (no write of its own): the operator counts it as load while the Lease is
-fresh (``leaseDurationSeconds``, two intervals: a replica holding requests renews within 1.2), and with
-several replicas it is the latest writer's count, a lower bound of all they hold.  The refused count
-counts as load too (those requests reached no worker, so no worker's ``/stats`` counts them).
+Lease per pool, in its namespace, ``spec.renewTime`` the latest demand instant with microseconds,
+``spec.holderIdentity`` the last writer, and one annotation per replica, ``modelpool.dev/demand.<replica>``:
+the requests this replica holds for the pool, the requests it refused for the pool (429) because the hold
+was full since its own previous write, and the moment), as soon as a request is held and again every
+``interval`` while requests stay held.  A refusal happens only while the hold is full, so a write comes
+within an interval and carries it; a refused count is taken off only once a write that carried it
+succeeded.  It needs get, create and update on leases, nothing on the ModelPool.  The counts ride on the
+demand writes (no write of their own): the operator sums the replicas' shares that are live (written within
+``leaseDurationSeconds``, two intervals: a replica holding requests renews its share every interval plus
+a read), so it sees every request held across the replicas, and a replica's share drops out within the
+lease duration once its holds end (it stops writing; the next writer prunes it).  The refused counts are
+summed too and count as load (those requests reached no worker, so no worker's ``/stats`` counts them).
 
-Each round reads the Lease first (a GET), then decides with ``next_write_at`` (pure): not before
-``interval`` after this gateway's own last write, and not before ``interval * (1 + jitter)`` after the
-last write any gateway made (the Lease's ``renewTime`` as just read).  The jitter (up to ``JITTER``) is
-drawn again after each of this gateway's writes, so of several replicas holding requests for the same pool
-the one with the smallest jitter refreshes the demand and the others, reading its write first, do not come
-due: about one write per interval whatever the number of replicas, and one GET per replica and interval.
-Reading before deciding (rather than watching Leases) costs nothing while no request is held, needs no
-list/watch permission, and the update needs the read's resourceVersion anyway: two replicas that decide
-at once race on it, and the loser's 409 (a create that finds the Lease created, an update whose
-resourceVersion is stale) makes it read again, see the winner's fresh write, and not write.  Writes run in
-one background task per pool, never in a request's path.
+Each round reads the Lease first (a GET), then decides with ``next_write_at`` (pure): at once when this
+replica has not written yet, else an interval after its own last write, whatever the others wrote: one
+write per interval per replica that holds requests, one GET before each, nothing while none is held.
+Reading before writing (rather than watching Leases) needs no list/watch permission, and the update needs
+the read's resourceVersion anyway: two replicas that write at once race on it, and the loser's 409 (a
+create that finds the Lease created, an update whose resourceVersion is stale) makes it read again at once
+and re-apply its own share on the winner's write (``renew`` keeps the other replicas' shares).  Writes run
+in one background task per pool, never in a request's path.
 
 A pool's task leaves ``_tasks`` itself, in the same step of the event loop in which it last found no
 request held (``_refresh``'s ``finally``): a request held after that step starts a new task, one held
@@ -37,7 +35,6 @@ import asyncio
 import json
 import logging
 import math
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -57,8 +54,6 @@ from modelpool_gateway.state import Key, Pool
 
 log = logging.getLogger("modelpool.gateway.demand")
 
-# Up to this fraction of the interval longer before another replica's write counts as old.
-JITTER = 0.2
 REQUEST_TIMEOUT_S = 10
 # Conflicts in a row after which a round waits an interval instead of reading again at once.
 MAX_CONFLICTS = 3
@@ -67,17 +62,10 @@ JSON = dict[str, Any]
 Outcome = Literal["written", "conflict", "error"]
 
 
-def next_write_at(
-    written_by_us: datetime | None,
-    seen_on_lease: datetime | None,
-    interval: timedelta,
-    jitter: float = 0.0,
-) -> datetime | None:
-    """When this gateway should (re)write the demand; None: at once (no write is known)."""
-    due = [t + interval for t in (written_by_us,) if t is not None]
-    # A future timestamp (another node's clock ahead) counts as fresh until it is interval old.
-    due += [t + interval * (1 + jitter) for t in (seen_on_lease,) if t is not None]
-    return max(due) if due else None
+def next_write_at(written_by_us: datetime | None, interval: timedelta) -> datetime | None:
+    """When this replica should (re)write its share of the demand; None: at once (it has not written).
+    Another replica's write postpones nothing: its share is its own, and the operator sums them."""
+    return None if written_by_us is None else written_by_us + interval
 
 
 @dataclass(frozen=True)
@@ -144,10 +132,10 @@ class DemandRecorder:
         self._holder = holder
         self._seen = seen  # told the demand time each read finds (for held requests' messages)
         self._clock = clock
-        # Two intervals: a replica that holds requests renews within ``interval * (1 + JITTER)`` plus a read,
-        # so the record (and the held count the operator counts as load) stays fresh while any is held.
+        # Two intervals: a replica that holds requests renews its share every interval plus a read, so the
+        # share (which the operator counts as load) stays live while any is held, and drops out within two
+        # intervals of its holds ending.
         self._duration_s = max(1, math.ceil(2 * interval_s))
-        self._jitter: dict[Key, float] = {}
         self._written: dict[Key, datetime] = {}
         self._conflicts: dict[Key, int] = {}
         self._tasks: dict[Key, asyncio.Task[None]] = {}
@@ -201,8 +189,7 @@ class DemandRecorder:
         seen = demand_from_lease(lease) if lease is not None else None
         if seen is not None:
             self._seen(key, seen)
-        jitter = self._jitter.setdefault(key, random.uniform(0, JITTER))
-        due = next_write_at(self._written.get(key), seen, self._interval, jitter)
+        due = next_write_at(self._written.get(key), self._interval)
         if due is not None and now < due:
             return min((due - now).total_seconds(), self._interval.total_seconds())
         outcome = await self.attempt(pool, lease, now)
@@ -211,11 +198,10 @@ class DemandRecorder:
         if outcome == "conflict":
             self._conflicts[key] = self._conflicts.get(key, 0) + 1
             if self._conflicts[key] < MAX_CONFLICTS:
-                return 0.0  # another replica wrote first: read again at once, and find it fresh
-            self._written[key] = now  # never fresh when read again: not a race, give it an interval
+                return 0.0  # another replica wrote first: read again at once, and add ours to its write
+            self._written[key] = now  # conflicts each time: not a race, give it an interval
             self._failed(key, "write", f"{MAX_CONFLICTS} conflicts in a row")
         self._conflicts.pop(key, None)
-        self._jitter[key] = random.uniform(0, JITTER)
         return self._interval.total_seconds()
 
     async def _read(self, key: Key) -> JSON | Literal[False] | None:
@@ -303,6 +289,5 @@ class DemandRecorder:
     def forget(self, key: Key) -> None:
         """The pool was deleted."""
         self._written.pop(key, None)
-        self._jitter.pop(key, None)
         self._conflicts.pop(key, None)
         self._refused.pop(key, None)

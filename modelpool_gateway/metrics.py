@@ -91,7 +91,7 @@ class Metrics:
         )
         self.demand_writes = Counter(
             "modelpool_gateway_demand_writes_total",
-            "Demand annotations written on pools, by result (ok, error).",
+            "Writes of this replica's share of a pool's demand Lease, by result (ok, error).",
             ["pool", "result"],
             registry=r,
         )

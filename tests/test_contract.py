@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, get_args
 
@@ -24,7 +24,7 @@ from model_server.frontend.server import ModelServer
 from model_server.state_machine import SERVING, State
 from model_server.tasks import REGISTRY
 from modelpool_contract.api import API_VERSION, MODELPOOL_KIND, ModelSpec, WorkerStatus
-from modelpool_contract.demand import LABEL_DEMAND, Demand, demand_lease, renew
+from modelpool_contract.demand import LABEL_DEMAND, Demand, Share, demand_lease, renew, replica_id
 from modelpool_contract.exits import EXIT_LOAD_FAILED
 from modelpool_contract.flags import ServerArgs
 from modelpool_contract.labels import LABEL_POOL
@@ -184,8 +184,8 @@ def test_the_labels_the_pod_builder_writes_are_the_ones_observation_reads() -> N
 
 def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
     """A gateway creates, then renews, the pool's demand Lease (``modelpool_contract.demand``); the operator's
-    index of demand Leases and its view of the pool carry its renewTime, to the microsecond, and the
-    requests the writer held and refused (hold full)."""
+    index of demand Leases and its view of the pool carry its renewTime, to the microsecond, and each
+    gateway replica's share: the requests it held and refused (hold full), summed while live."""
     from modelpool_operator.handlers import demand_by_pool
     from modelpool_operator.reconcile import latest_demand
 
@@ -205,14 +205,19 @@ def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
     assert lease["metadata"]["labels"] == {LABEL_POOL: "emb", LABEL_DEMAND: "true"}
     owner = lease["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"], owner.get("blockOwnerDeletion")) == ("ModelPool", "u-1", None)
-    assert asyncio.run(demand_by_pool(namespace="ns", body=lease)) == {("ns", "emb"): Demand(first, 4, 6, 9)}
+    share = Share(replica_id("gw-a"), first, 4, 9)
+    assert asyncio.run(demand_by_pool(namespace="ns", body=lease)) == {
+        ("ns", "emb"): Demand(first, 6, (share,))
+    }
     renewed = renew(lease, moment=later, holder="gw-b", duration_s=6, held=2, refused=1)
     assert renewed["metadata"]["ownerReferences"] == lease["metadata"]["ownerReferences"]
     assert renewed["spec"]["holderIdentity"] == "gw-b"
     index = {("ns", "emb"): [asyncio.run(demand_by_pool(namespace="ns", body=renewed))[("ns", "emb")]]}
     pool = PoolView.from_body(_pool_body(), demand=latest_demand(index, ("ns", "emb")))
-    assert pool.demanded_at == later and pool.demand is not None and pool.demand.held_at(later) == 2
-    assert pool.demand.refused_at(later) == 1
+    assert pool.demanded_at == later and pool.demand is not None and pool.demand.held_at(later) == 2 + 4
+    assert pool.demand.refused_at(later) == 1 + 9  # both replicas' shares are live
+    late = first + timedelta(seconds=6.5)  # gw-a's share (duration 6 s) no longer counts
+    assert (pool.demand.held_at(late), pool.demand.refused_at(late)) == (2, 1)
     assert latest_demand(index, ("ns", "other")) is None
     # A Lease without the demand label is not one (the index leaves it out).
     del lease["metadata"]["labels"][LABEL_DEMAND]

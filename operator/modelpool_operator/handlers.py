@@ -261,8 +261,9 @@ async def hosts_by_key(
 
 @kopf.index(*_LEASES, labels=_DEMAND)
 async def demand_by_pool(*, namespace: str | None, body: kopf.Body, **_: Any) -> dict[PoolKey, Demand]:
-    """The demand a gateway last recorded for each pool: its demand Lease's renewTime, the requests held
-    then (``modelpool.dev/held``) and the Lease's duration."""
+    """The demand the gateways recorded for each pool: its demand Lease's renewTime, the Lease's duration
+    and each gateway replica's share (``modelpool.dev/demand.<replica>``: held and refused counts, and when
+    it wrote); the planner sums the live shares (``Demand.held_at``, ``Demand.refused_at``)."""
     pool, demand = demand_pool(body), read_demand(body)
     return {} if pool is None or demand is None else {(namespace or "", pool): demand}
 

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from prometheus_client import generate_latest
 
-from modelpool_contract.demand import ANNOTATION_REFUSED
+from modelpool_contract.demand import read_demand
 from modelpool_contract.gateway_keys import KEY_FIELD, NAMESPACES_FIELD
 from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
@@ -315,7 +315,7 @@ async def test_the_bodies_in_the_gateway_together_are_bounded(echo: ServerProces
 
 async def test_a_refusal_for_a_full_hold_is_reported_with_the_demand() -> None:
     """Follow-up of issue 19: the gateway's own 429 (hold full) counts as load for the autoscaler, like a
-    worker's: the demand writes report it (``modelpool.dev/refused``), once."""
+    worker's: the demand writes report it (the replica's share, ``modelpool.dev/demand.<replica>``), once."""
     small = Harness(max_held_per_pool=1)
     async with small.client() as c:
         held = asyncio.ensure_future(c.post("/v1/embeddings", json={"model": "pool", "input": ["x"]}))
@@ -324,7 +324,7 @@ async def test_a_refusal_for_a_full_hold_is_reported_with_the_demand() -> None:
         assert refused.status_code == 429 and "already holds 1 requests" in refused.json()["error"]["message"]
         key = (NS, "pool")
         # Reported by a write that already happened, or pending for the next one: exactly once.
-        written = sum(int(w["metadata"]["annotations"][ANNOTATION_REFUSED]) for w in small.lease_writes)
+        written = sum((d.refused or 0) for w in small.lease_writes if (d := read_demand(w)) is not None)
         assert written + small.demand.refused_pending(key) == 1
         assert (await held).status_code == 503  # the pool's activation timeout is 1 s
     await small.demand.close()

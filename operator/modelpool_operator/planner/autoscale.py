@@ -14,14 +14,15 @@ each serving worker's share is ``worker_load``, the target one worker carries ``
   start a new baseline).  A refused request would have spent in the worker about as long as an admitted
   one, so by Little's law it adds the worker's load times refused per admitted request over the interval;
 * plus, with metric ``requests`` and while the pool has no serving worker at all, the requests the
-  gateway holds for it (the held count on its demand Lease, while that is fresh: ``Demand.held_at``;
+  gateway replicas hold for it (their held counts on its demand Lease, each while live, summed:
+  ``Demand.held_at``;
   their size in tokens is unknown, so the other metrics leave them to the wake from zero).  The gateway
   holds requests only for a pool without a routable worker, so once one serves they are on their way to
   it and its ``/stats`` counts them; counting both would count them twice;
-* plus, with metric ``requests``, the requests the gateway refused (429) because its hold for the pool
-  was full, in the window before its last demand write (the refused count on the demand Lease, while
-  fresh: ``Demand.refused_at``), whether or not a worker serves: they reached no worker, so no ``/stats``
-  counts them, and each is a request that would have waited had there been room.
+* plus, with metric ``requests``, the requests the gateway replicas refused (429) because their hold for
+  the pool was full, each in the window before its last demand write (the refused counts on the demand
+  Lease, each while live, summed: ``Demand.refused_at``), whether or not a worker serves: they reached
+  no worker, so no ``/stats`` counts them, and each is a request that would have waited had there been room.
 
 Unknown load (no serving worker reports and nothing is held or refused at the gateway: a pool at zero,
 workers still loading, KWOK nodes) never changes the count.

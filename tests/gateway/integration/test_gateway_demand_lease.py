@@ -5,7 +5,8 @@ answers ``kubectl auth can-i`` for it and the real ``DemandRecorder`` runs with 
 pool's Lease with an ownerReference (the local control plane enables the OwnerReferencesPermissionEnforcement
 admission plugin: without ``blockOwnerDeletion`` no permission on the pool is needed), renews it, and the
 garbage collector deletes it with the pool.  Two recorders that decide at once race on the Lease: the
-loser's 409 (on create, then on update) makes it read again, and there is one Lease, written once a round.
+loser's 409 (on create, then on update) makes it read again and re-apply its own share on the winner's
+write, and there is one Lease with both replicas' shares (the reader sums them).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from modelpool_contract.demand import (
     LEASE_PLURAL,
     demand_from_lease,
     demand_lease_name,
+    read_demand,
+    replica_id,
 )
 from modelpool_gateway.demand import DemandRecorder, LeaseClient
 from modelpool_gateway.metrics import Metrics
@@ -159,26 +162,37 @@ async def test_the_recorder_creates_and_renews_the_lease_owned_by_the_pool_as_th
     wait_for(lambda: not _leases(crds, namespace), timeout=60, message="the Lease went with its pool")
 
 
-async def test_a_409_race_between_two_recorders_ends_in_one_lease(
+async def test_a_409_race_between_two_recorders_ends_in_one_lease_with_both_shares(
     crds: Cluster, namespace: str, api: client.ApiClient
 ) -> None:
     pool, _ = _pool(crds, namespace, "raced")
-    a, b = _recorder(api, pool, "gw-a", [True]), _recorder(api, pool, "gw-b", [True])
+    a, b = _recorder(api, pool, "gw-a", [True]), _recorder(api, pool, "gw-b", [True, True])
     now = datetime.now(UTC)
 
     # Both read "no Lease" and create: the second create finds it created (409).
     assert await a.attempt(pool, None, now) == "written"
     assert await b.attempt(pool, None, now + timedelta(milliseconds=5)) == "conflict"
-    # b reads again at once, finds a's demand fresh, and waits instead of writing.
-    wait = await b.round(pool.key)
-    assert wait is not None and wait > 0
+    # b reads again at once and adds its own share to a's Lease (a's write postpones nothing of b's).
+    assert await b.round(pool.key) == 5
     [lease] = _leases(crds, namespace)
-    assert (demand_from_lease(lease), lease["spec"]["holderIdentity"]) == (now, "gw-a")
+    demand = read_demand(lease)
+    assert demand is not None and demand.held_at(datetime.now(UTC)) == 1 + 2
+    assert {s.replica for s in demand.shares} == {replica_id("gw-a"), replica_id("gw-b")}
 
-    # Both read the same version and update it: the second update's resourceVersion is stale (409).
-    later = now + timedelta(seconds=6)
+    # Both read the same version and update it: the second update's resourceVersion is stale (409), and
+    # a's write is not overwritten by b's stale copy of the Lease.
+    later = datetime.now(UTC)
     assert await a.attempt(pool, lease, later) == "written"
     assert await b.attempt(pool, lease, later + timedelta(milliseconds=5)) == "conflict"
-    [lease] = _leases(crds, namespace)
-    assert (demand_from_lease(lease), lease["spec"]["holderIdentity"]) == (later, "gw-a")
-    assert json.dumps(lease).count("gw-b") == 0
+    [raced] = _leases(crds, namespace)
+    assert (demand_from_lease(raced), raced["spec"]["holderIdentity"]) == (later, "gw-a")
+    # b's round re-applies its share on a's write: one Lease, both replicas' latest shares.
+    b.forget(pool.key)  # due at once (as after its conflict in a round)
+    assert await b.round(pool.key) == 5
+    [final] = _leases(crds, namespace)
+    demand = read_demand(final)
+    assert demand is not None and final["spec"]["holderIdentity"] == "gw-b"
+    assert sorted((s.replica, s.held) for s in demand.shares) == sorted(
+        [(replica_id("gw-a"), 1), (replica_id("gw-b"), 2)]
+    )
+    assert {s.at for s in demand.shares if s.replica == replica_id("gw-a")} == {later}

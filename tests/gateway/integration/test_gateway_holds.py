@@ -1,7 +1,7 @@
 """Requests for a pool with no serving worker: held (bounded in number and time), released in arrival
 order when a worker is Ready, answered 429 when the hold is full and 503 with the reason when it expires;
-the demand is recorded in the pool's demand Lease (never on the pool), about once per interval however many
-gateways hold requests.
+the demand is recorded in the pool's demand Lease (never on the pool), each gateway replica's share once per
+interval while it holds requests, and the Lease shows the sum of the replicas' live shares.
 
 Waking a pool from zero is the operator's side of the demand contract and is not tested here: the pools
 below either cannot start (a budget too small; or they wake on demand but live in the "quiet" namespace,
@@ -11,23 +11,29 @@ can never get a worker (replicas 0, autoscaling off) is not held at all: 503 at 
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import shutil
+import socket
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from modelpool_contract.demand import demand_from_lease, demand_lease_name
+from modelpool_contract.demand import (
+    SHARE_PREFIX,
+    demand_from_lease,
+    demand_lease_name,
+    read_demand,
+    share_annotation,
+)
 from testkit.cluster import Cluster
 from testkit.environment import free_port
 from testkit.kubectl import apply, get_json, wait_for
@@ -276,11 +282,11 @@ def test_a_full_budget_answers_503_budget_exceeded_without_the_budgets_figures(
 
 
 class LeaseWatch:
-    """Every demand the pool's Lease records (its renewTime), from a watch in a thread (not by sampling),
-    from before the Lease exists."""
+    """Every write the pool's Lease records (its renewTime and writer), from a watch in a thread (not by
+    sampling), from before the Lease exists."""
 
     def __init__(self, cluster: Cluster, namespace: str, pool: str) -> None:
-        self.values: list[datetime] = []
+        self.values: list[tuple[datetime, str]] = []
         self._watch = ListWatch(
             cluster.kubeconfig, "CoordinationV1Api", "list_namespaced_lease", namespace,
             field_selector=f"metadata.name={demand_lease_name(pool)}",
@@ -296,67 +302,90 @@ class LeaseWatch:
 
     def _seen(self, _kind: str, lease: dict[str, Any]) -> None:
         value = demand_from_lease(lease)
-        if value and (not self.values or self.values[-1] != value):
-            self.values.append(value)
+        if value and (not self.values or self.values[-1][0] != value):
+            self.values.append((value, str(lease["spec"].get("holderIdentity"))))
 
 
-def test_two_gateways_record_demand_about_once_per_interval_between_them(setup: Setup) -> None:
+def _holder(gateway: GatewayProcess) -> str:
+    """A gateway process's holderIdentity (``modelpool_gateway.main.replica_identity``: host name, pid)."""
+    return f"{socket.gethostname()}_{gateway.proc.pid}"
+
+
+def test_two_gateways_each_record_their_share_and_the_lease_shows_the_sum(setup: Setup) -> None:
+    """Issue 31: two gateway processes hold requests for one pool at zero (3 and 2): the demand Lease, as
+    the operator reads it (``read_demand``, the index's reader), shows 5 held, not the last writer's count;
+    each replica writes its own share about once per interval (1 s), no more; when the second's holds end,
+    its share stops counting within the lease duration (2 s) and the first's next write prunes it."""
     second = GatewayProcess(
         setup.cluster,
         [setup.namespace, setup.quiet],
         setup.logs / "gateway-2.log",
-        "--demand-interval-seconds", "1",
+        "--max-held-per-pool", "3", "--demand-interval-seconds", "1",
     )  # fmt: skip
     setup.extra.append(second)
     second.wait_ready()
-    apply(setup.cluster, waking_pool("wanted", activation_timeout_seconds=60), setup.quiet)
-    for gateway in (setup.gateway, second):
-        wait_for(lambda g=gateway: "wanted" in g.models(), timeout=30, message="pool wanted known")
+    first = setup.gateway
+    apply(setup.cluster, waking_pool("summed", activation_timeout_seconds=60), setup.quiet)
+    for gateway in (first, second):
+        wait_for(lambda g=gateway: "summed" in g.models(), timeout=30, message="pool summed known")
 
-    watcher = LeaseWatch(setup.cluster, setup.quiet, "wanted").start()
-    window = 6.0
+    def lease() -> dict[str, Any]:
+        return get_json(setup.cluster, LEASES, demand_lease_name("summed"), "-n", setup.quiet)
 
-    async def hold_everywhere() -> None:
-        async with httpx.AsyncClient(timeout=30) as client:
-            body = {"model": "wanted", "input": ["x"]}
-            headers = {"x-request-timeout": str(window)}
-            await asyncio.gather(
-                *(
-                    client.post(g.url + "/v1/embeddings", json=body, headers={**g.headers, **headers})
-                    for g in (setup.gateway, second)
-                    for _ in range(2)
-                )
-            )
+    def held_now() -> int | None:
+        demand = read_demand(lease())
+        return demand.held_at(datetime.now(UTC)) if demand is not None else None
 
+    def shares() -> list[str]:
+        return sorted(a for a in lease()["metadata"].get("annotations") or {} if a.startswith(SHARE_PREFIX))
+
+    watcher = LeaseWatch(setup.cluster, setup.quiet, "summed").start()
+    long, short = Background(), Background()
     try:
-        asyncio.run(hold_everywhere())
-        lease = get_json(setup.cluster, LEASES, demand_lease_name("wanted"), "-n", setup.quiet)
-        final = demand_from_lease(lease)
-        wait_for(lambda: watcher.values[-1:] == [final], timeout=10, message="the watch saw the last write")
+        for i in range(3):  # held on the first gateway for 14 s, on the second for 5 s
+            long.send(i, lambda: _post(first, "summed", timeout_header=14))
+        for i in range(2):
+            short.send(i, lambda: _post(second, "summed", timeout_header=5))
+        wait_for(lambda: setup.held("summed", first, setup.quiet) == 3, timeout=10, message="three held")
+        wait_for(lambda: setup.held("summed", second, setup.quiet) == 2, timeout=10, message="two held")
+        wait_for(lambda: held_now() == 5, timeout=5, message="the Lease shows both replicas' shares: 5 held")
+        assert shares() == sorted(share_annotation(_holder(g)) for g in (first, second))
+
+        # The second's holds end (its clients give up): its share stops counting within the lease duration.
+        assert [r.status_code for r in short.join(30).values()] == [503, 503]
+        ended = time.monotonic()
+        assert setup.held("summed", second, setup.quiet) == 0
+        wait_for(lambda: held_now() == 3, timeout=2 + 1.5, message="the second replica's share expired")
+        assert time.monotonic() - ended <= 2 + 1.5
+        wait_for(
+            lambda: shares() == [share_annotation(_holder(first))],
+            timeout=5,
+            message="the first replica's next write pruned the second's share",
+        )
+        assert held_now() == 3
+        assert [r.status_code for r in long.join(30).values()] == [503] * 3
+        final = demand_from_lease(lease())
+        wait_for(lambda: watcher.values[-1][0] == final, timeout=10, message="the watch saw the last write")
     finally:
         watcher.stop()
-    changes = watcher.values
-    # Four requests held on two gateways for 6 s: the demand was refreshed in rounds about an interval
-    # (1-1.2 s) apart, one write a round (a gateway reads the Lease before it writes, and of two that
-    # decide at once the second's write fails on the first's resourceVersion: 409, read again, fresh),
-    # not once per request.
-    rounds: list[list[datetime]] = []
-    for at in changes:
-        if rounds and (at - rounds[-1][0]).total_seconds() < 0.25:
-            rounds[-1].append(at)
-        else:
-            rounds.append([at])
-    assert 3 <= len(rounds) <= window / 1 + 1, watcher.values
-    assert all(len(r) == 1 for r in rounds), watcher.values
-    starts = [r[0] for r in rounds]
-    assert all((b - a).total_seconds() >= 0.9 for a, b in itertools.pairwise(starts)), watcher.values
+    # One write per interval per replica while it holds requests, never one per request: the gaps between
+    # one replica's own writes are an interval or more (another's write postpones none of them).
+    by_holder: dict[str, list[datetime]] = {}
+    for at, holder in watcher.values:
+        by_holder.setdefault(holder, []).append(at)
+    assert set(by_holder) == {_holder(first), _holder(second)}, watcher.values
+    for holder, times in by_holder.items():
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+        assert all(gap >= 0.9 for gap in gaps), (holder, gaps)
+    assert 3 <= len(by_holder[_holder(second)]) <= 5 + 1, watcher.values
+    assert 10 <= len(by_holder[_holder(first)]) <= 14 + 1, watcher.values
     # Every write the gateways counted is one of the changes seen (renewTime has microseconds).
     writes = [
-        g.metric("modelpool_gateway_demand_writes_total", pool=f"{setup.quiet}/wanted", result="ok")
-        for g in (setup.gateway, second)
+        g.metric("modelpool_gateway_demand_writes_total", pool=f"{setup.quiet}/summed", result="ok")
+        for g in (first, second)
     ]
-    assert sum(writes) == len(changes), (writes, watcher.values)
+    assert sum(writes) == len(watcher.values), (writes, watcher.values)
     assert not any(
-        g.metric("modelpool_gateway_demand_writes_total", pool=f"{setup.quiet}/wanted", result="error")
-        for g in (setup.gateway, second)
+        g.metric("modelpool_gateway_demand_writes_total", pool=f"{setup.quiet}/summed", result="error")
+        for g in (first, second)
     )

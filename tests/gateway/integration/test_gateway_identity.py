@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from modelpool_contract.api import API_VERSION, MODELPOOL_KIND
-from modelpool_contract.demand import demand_lease, demand_lease_name
+from modelpool_contract.demand import demand_lease, demand_lease_name, read_demand, renew
 from modelpool_contract.gateway_keys import default_keys_namespace
 from testkit.cluster import Cluster
 from testkit.kubectl import apply, wait_for
@@ -207,15 +207,21 @@ def test_the_gateway_may_write_only_the_pools_demand_leases(
     code, out = create(_demand("emb"), release.namespace)
     assert code != 0 and "never served from the release namespace" in out, out
 
-    # Its job: a pool's demand Lease created and renewed.
+    # Its job: a pool's demand Lease created by one replica and renewed by another, which adds its own
+    # share (issue 31: one annotation per replica on the same Lease, so the policy's shape is unchanged).
     code, out = create(_demand("emb"))
     assert code == 0, out
     lease = json.loads(
         cluster.kubectl("get", "lease", demand_lease_name("emb"), "-n", ns, "-o", "json").stdout
     )
-    lease["spec"]["renewTime"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    lease = renew(lease, moment=datetime.now(UTC), holder="gateway_2", duration_s=15, held=2)
     code, out = release.as_gateway("replace", "-n", ns, "-f", "-", manifest=lease)
     assert code == 0, out
+    renewed = json.loads(
+        cluster.kubectl("get", "lease", demand_lease_name("emb"), "-n", ns, "-o", "json").stdout
+    )
+    demand = read_demand(renewed)
+    assert demand is not None and demand.held_at(datetime.now(UTC)) == 1 + 2
 
 
 def _ids(url: str, key: str) -> list[str]:

@@ -455,13 +455,13 @@ def test_requests_held_at_the_gateway_count_while_no_worker_serves() -> None:
     at once; the count is stale after the Lease's duration, and once a worker serves its /stats counts."""
     spec = auto_spec()
     loading = [w("p-a", "Loading")]
-    fresh = Demand(at(995), held=35, duration_s=10)
+    fresh = Demand.one(at(995), 10, held=35)
     draft = run_until(autoscale, replace(view(spec, scaled(1)), demand=fresh), loading)
     autoscale(draft)
     assert draft.target == 4 and draft.scaling.held == 35
     [event] = draft.events
     assert event.reason == "ScaledUp" and "35 held at the gateway" in event.message
-    stale = Demand(at(989), held=35, duration_s=10)
+    stale = Demand.one(at(989), 10, held=35)
     serving = [busy("p-a", 3)]
     for pool, workers in ((replace(view(spec, scaled(1)), demand=stale), loading), (draft.pool, serving)):
         again = run_until(autoscale, pool, workers)
@@ -474,13 +474,13 @@ def test_requests_refused_at_the_gateway_count_as_load_while_fresh() -> None:
     (they reached no worker, so they count beside the serving worker's own load); stale, they do not."""
     spec = auto_spec()
     serving = [busy("p-a", 3)]
-    fresh = Demand(at(995), held=0, duration_s=10, refused=40)
+    fresh = Demand.one(at(995), 10, held=0, refused=40)
     draft = run_until(autoscale, replace(view(spec, scaled(1)), demand=fresh), serving)
     autoscale(draft)
     assert draft.target == 5 and draft.scaling.observed_load == 43  # (3 + 40) / 10 per worker
     [event] = draft.events
     assert event.reason == "ScaledUp" and "40 refused at the gateway (hold full)" in event.message
-    stale = replace(fresh, at=at(989))
+    stale = Demand.one(at(989), 10, held=0, refused=40)
     again = run_until(autoscale, replace(view(spec, scaled(1)), demand=stale), serving)
     autoscale(again)
     assert again.target == 1 and again.scaling.observed_load == 3
@@ -497,7 +497,7 @@ def test_gateway_refusals_alone_make_the_load_known() -> None:
 def test_a_pool_woken_with_many_requests_held_gets_the_workers_they_ask_for_at_once() -> None:
     spec = auto_spec(minReplicas=0, replicas=0)
     zero = scaled(0, scaled_to_zero_at=rfc3339_ms(at(900)))
-    pool = replace(view(spec, zero), demand=Demand(at(999), held=25, duration_s=10))
+    pool = replace(view(spec, zero), demand=Demand.one(at(999), 10, held=25))
     out = plan(pool, [], ledger_for(100 * GI), now=NOW)
     assert [e.reason for e in out.events if e.reason in ("WokenByDemand", "ScaledUp")] == [
         "WokenByDemand",

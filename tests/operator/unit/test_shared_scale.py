@@ -93,7 +93,7 @@ def test_a_shared_pool_at_zero_is_placed_for_fresh_gateway_demand() -> None:
     }
     stale = scale_shared(pool(zero, replicas=1), [], host_pods=2, now=NOW)
     assert stale.count.target == 0 and stale.events == ()
-    demand = Demand(at=NOW - timedelta(seconds=1), held=1, duration_s=30)
+    demand = Demand.one(NOW - timedelta(seconds=1), 30, held=1)
     woken = scale_shared(pool(zero, demand, replicas=1), [], host_pods=2, now=NOW)
     assert woken.count.target == 1 and [e.reason for e in woken.events] == ["WokenByDemand"]
     assert woken.autoscaling.woken_by_demand_at is not None
@@ -115,7 +115,7 @@ def test_an_idle_replica_sleeps_on_its_host_then_is_unloaded_after_twice_the_idl
     used = scale_shared(pool(demand=demand, **spec), workers, host_pods=1, now=NOW + timedelta(seconds=60))
     assert used.count.target == 1
     # Requests held at the gateway (a fresh held count): the model that was just placed for them stays.
-    held = Demand(at=NOW - timedelta(seconds=200), held=1, duration_s=300)
+    held = Demand.one(NOW - timedelta(seconds=200), 300, held=1)
     waited = scale_shared(pool(demand=held, **spec), workers, host_pods=1, now=NOW + timedelta(seconds=60))
     assert waited.count.target == 1 and waited.requeue_after == 100
 
