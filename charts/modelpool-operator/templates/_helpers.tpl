@@ -58,13 +58,11 @@ empty. */}}
 {{/* The namespaces a namespace-scoped operator watches: scope.namespaces, or the release namespace. */}}
 {{/* The namespaces the operator watches outside cluster scope: scope.namespaces, which must be listed.
 Pools are never served from the release namespace (the operator refuses them, the gateway never routes
-them), so it is no default: an empty list would be an install that serves nothing. */}}
+them), so it is no default: an empty list would be an install that serves nothing. (Listing the release
+namespace among others is harmless, its pools are refused, and the NOTES say so.) */}}
 {{- define "modelpool-operator.watchNamespaces" -}}
 {{- if not .Values.scope.namespaces }}
-{{- fail (printf "scope.namespaces: list the namespaces whose pools the operator serves (scope.clusterWide=false); never %s, the release namespace, where pools are refused" .Release.Namespace) }}
-{{- end }}
-{{- if has .Release.Namespace .Values.scope.namespaces }}
-{{- fail (printf "scope.namespaces: %s is the release namespace, where pools are refused (the operator's and gateway's own); list the namespaces of the pools" .Release.Namespace) }}
+{{- fail (printf "scope.namespaces: list the namespaces whose pools the operator serves (scope.clusterWide=false); not %s, the release namespace, where pools are refused" .Release.Namespace) }}
 {{- end }}
 {{- join "," .Values.scope.namespaces }}
 {{- end }}

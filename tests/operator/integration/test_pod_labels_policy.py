@@ -73,6 +73,7 @@ def pod_labels_policy(cluster: Cluster, namespace: str) -> Iterator[tuple[str, s
         "template", release, str(CHART), "--namespace", namespace,
         "--show-only", "templates/podlabelspolicy.yaml",
         "--set", "scope.clusterWide=false",
+        "--set", f"scope.namespaces={{{namespace}}}",
         "--set", f"serviceAccount.name={OPERATOR_SA}",
     ).stdout  # fmt: skip
     apply(cluster, rendered)
