@@ -15,6 +15,7 @@ import pytest
 from op_planner import cond, ledger_for, make_spec, view, w
 from op_pods import GI, at
 
+from modelpool_contract.api import parse_host_spec
 from modelpool_contract.settings import ConfigError
 from modelpool_operator.budget import (
     BUDGET_INVALID,
@@ -79,8 +80,6 @@ def test_a_missing_budget_under_refuse_names_the_budget_and_the_way_out() -> Non
 def test_a_missing_budget_under_refuse_admits_nothing_not_even_a_host_pod() -> None:
     ledger = missing_ledger()
     assert not admits(ledger, 1) and ledger.free == 0
-    from modelpool_contract.api import parse_host_spec
-
     gpu = parse_host_spec({"gpusPerHost": 1, "deviceMemory": "80Gi"})
     assert hosts_admitted(ledger, host_charge(gpu), wanted=3) == 0
 
