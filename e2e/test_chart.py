@@ -97,7 +97,11 @@ def test_default_render_cluster_scope(helm: list[str]) -> None:
     peering = one(docs, "ClusterKopfPeering")
     assert peering["metadata"]["name"] == "modelpool-operator"
     assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
-    assert not by_kind(docs, "ModelBudget"), "no budget unless budget.create"
+    assert not by_kind(docs, "ModelBudget"), "the chart never templates the budget (the operator creates it)"
+    assert env["MODELPOOL_OPERATOR_MISSING_BUDGET"] == "refuse", "no budget: nothing admitted, by default"
+    assert "MODELPOOL_OPERATOR_BUDGET_CREATE" not in env
+    cluster_role = one(docs, "ClusterRole", f"{OPERATOR}-cluster")
+    assert ("modelpool.dev", "modelbudgets", "create") not in _rules(cluster_role), "create only to create"
 
     binding = one(docs, "ClusterRoleBinding", "mp-modelpool-operator")
     assert binding["subjects"] == [
@@ -274,9 +278,14 @@ def test_switches(helm: list[str]) -> None:
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["MODELPOOL_OPERATOR_SERVER_IMAGE"] == "registry.local/server:1"
     assert env["MODELPOOL_OPERATOR_BUDGET_NAME"] == "gpus"
-    budget = one(docs, "ModelBudget")
-    assert budget["metadata"]["name"] == "gpus"
-    assert budget["spec"] == {"memory": "640Gi"}
+    # budget.create: the operator creates the budget when it is missing (never a chart resource or hook, so
+    # an upgrade never deletes or recreates it: docs/install.md).
+    assert not by_kind(docs, "ModelBudget")
+    assert env["MODELPOOL_OPERATOR_BUDGET_CREATE"] == "true"
+    assert env["MODELPOOL_OPERATOR_BUDGET_MEMORY"] == "640Gi"
+    cluster_role = one(docs, "ClusterRole", f"{OPERATOR}-cluster")
+    budget_verbs = {v for g, r, v in _rules(cluster_role) if r == "modelbudgets"}
+    assert budget_verbs == {"list", "watch", "patch", "create"}, "create, and never update or delete"
     pod = one(docs, "Deployment", OPERATOR)["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "system"}
     assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
@@ -441,6 +450,7 @@ def test_network_policy_is_made_by_the_operator_and_names_the_operator_and_the_g
         (["--set", "gateway.auth.mode=open"], "at '/gateway/auth/mode'"),
         (["--set", "gateway.auth=none"], "at '/gateway/auth'"),
         (["--set", "gateway.auth.tenantKeys=yes"], "at '/gateway/auth/tenantKeys'"),
+        (["--set", "budget.missing=sometimes"], "at '/budget/missing'"),
     ],
 )
 def test_schema_rejects_bad_values(helm: list[str], args: list[str], message: str) -> None:

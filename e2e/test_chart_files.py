@@ -27,6 +27,9 @@ SET_BY_ARGS = {"namespaces", "peering_name", "standalone", "liveness_port", "met
 # mounted into the operator's pod) and the operator's own namespace (the release's); e2e/test_chart.py checks
 # both.
 SET_BY_CHART = {"control_seed_file", "own_namespace"}
+# Settings the chart sets from `budget` (create, memory, missing): the budget's values live together there;
+# e2e/test_chart.py checks them.
+SET_BY_BUDGET = {"budget_create", "budget_memory", "missing_budget"}
 # Settings the chart derives from `networkPolicy` (the release namespace, the operator's and the gateway's pod
 # labels, the callers), not from `config`; e2e/test_chart.py checks what it sets.
 SET_BY_NETWORK_POLICY = {
@@ -71,7 +74,7 @@ def test_every_operator_setting_is_a_chart_value_with_the_operator_default() -> 
             # A list value (YAML) stands for a tuple field (the environment's comma-separated list).
             default = list(default) if isinstance(default := fields[name].default, tuple) else default
             assert value == default, f"config.{key}: {value!r} != {default!r}"
-    covered = {_snake(k) for k in config} | SET_BY_ARGS | SET_BY_NETWORK_POLICY | SET_BY_CHART
+    covered = {_snake(k) for k in config} | SET_BY_ARGS | SET_BY_NETWORK_POLICY | SET_BY_CHART | SET_BY_BUDGET
     assert set(fields) == covered, f"settings without a chart value: {sorted(set(fields) - covered)}"
 
 

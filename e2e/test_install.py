@@ -91,10 +91,10 @@ def pool_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def release(
+def new_release(
     e2e_kubeconfig: Path, e2e_external: bool, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Release]:
+) -> Release:
+    """A fresh release's names (its own namespaces and ModelBudget), the namespaces created."""
     helm = require_binary("helm")
     kubectl = require_binary("kubectl")
     suffix = secrets.token_hex(3)
@@ -113,6 +113,14 @@ def release(
     )
     for namespace in (rel.namespace, rel.other_namespace, rel.system_namespace):
         rel.k("create", "namespace", namespace)
+    return rel
+
+
+def chart_values(rel: Release) -> dict[str, Any]:
+    """The values the e2e releases are installed with: namespace-scoped to the release's two pool
+    namespaces, its own budget (created by the operator: budget.create), short intervals, and locally the
+    operator and the gateway on the process node."""
+    suffix = rel.name.removeprefix("mpe2e-")
     values: dict[str, Any] = {
         "scope": {"clusterWide": False, "namespaces": [rel.namespace, rel.other_namespace]},
         "peering": {"name": f"mp-{suffix}"},
@@ -154,17 +162,30 @@ def release(
                 {"name": "MODELPOOL_GATEWAY_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
             ],
         }
-    values_file = tmp_path_factory.mktemp("values") / "values.yaml"
+    return values
+
+
+def helm_apply(rel: Release, command: str, values: dict[str, Any], folder: Path) -> None:
+    """``helm install`` or ``helm upgrade`` the chart from the tree with ``values`` and wait for it."""
+    values_file = folder / f"values-{secrets.token_hex(3)}.yaml"
     values_file.write_text(yaml.safe_dump(values))
+    rel.h(
+        command, rel.name, str(CHART),
+        "--namespace", rel.system_namespace,
+        "--values", str(values_file),
+        # CRDs applied by other tests in this cluster become the release's (and stay: keep).
+        "--take-ownership",
+        "--wait", "--timeout", f"{INSTALL_TIMEOUT_S}s",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def release(
+    e2e_kubeconfig: Path, e2e_external: bool, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release]:
+    rel = new_release(e2e_kubeconfig, e2e_external, tmp_path_factory)
     try:
-        rel.h(
-            "install", rel.name, str(CHART),
-            "--namespace", rel.system_namespace,
-            "--values", str(values_file),
-            # CRDs applied by other tests in this cluster become the release's (and stay: keep).
-            "--take-ownership",
-            "--wait", "--timeout", f"{INSTALL_TIMEOUT_S}s",
-        )  # fmt: skip
+        helm_apply(rel, "install", chart_values(rel), tmp_path_factory.mktemp("values"))
         yield rel
     finally:
         remove_everything(rel)
@@ -206,8 +227,18 @@ def test_operator_runs(release: Release) -> None:
     assert len(pods) == 1
     if not release.external:
         assert pods[0]["spec"]["nodeName"].startswith("process-node")
-    budget = release.get("modelbudget", release.budget)
+    # Created by the operator at its startup (budget.create), not by the chart: no helm annotation.
+    budget = eventually(
+        lambda: (
+            release.get("modelbudget", release.budget)
+            if release.k("get", "modelbudget", release.budget, check=False).returncode == 0
+            else None
+        ),
+        timeout=60,
+        what=f"ModelBudget {release.budget} created by the operator",
+    )
     assert budget["spec"]["memory"] == "100Gi"
+    assert not any(k.startswith("helm.sh/") for k in (budget["metadata"].get("annotations") or {}))
 
 
 def test_crds_installed_and_kept_on_uninstall_policy(release: Release) -> None:

@@ -251,6 +251,9 @@ run helm upgrade --install "$RELEASE" charts/modelpool-operator \
   --wait --timeout "${TIMEOUT}s"
 run kubectl -n "$OPERATOR_NS" get deployment,pods -o wide
 run kubectl get crds -l app.kubernetes.io/part-of=modelpool
+# The operator creates the budget at its startup (budget.create), a moment after the Deployment is up.
+wait_for "the operator to create the ModelBudget" \
+  kubectl wait --for=create modelbudget/default --timeout=2s
 run kubectl get modelbudgets
 
 # ---- 3. a ModelPool at zero, woken by a request through the gateway ----------------------------------------

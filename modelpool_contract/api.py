@@ -1005,6 +1005,11 @@ class ModelPoolStatus(_Model):
 # ---- ModelBudget --------------------------------------------------------------------------------------
 
 
+#: What an operator does while its ModelBudget does not exist (its ``missing_budget`` setting, the chart's
+#: ``config.missingBudget``): admit every worker, or refuse them all until the budget exists.
+MissingBudget = Literal["admit", "refuse"]
+
+
 class ModelBudgetSpec(_Model):
     """The cluster's memory for model workers."""
 
@@ -1368,6 +1373,7 @@ __all__ = [
     "KeySelector",
     "MeasuredMemory",
     "MemoryStatus",
+    "MissingBudget",
     "ModelBudgetSpec",
     "ModelBudgetStatus",
     "ModelCacheSpec",

@@ -19,10 +19,13 @@ pools planning one after the other therefore see each other's reservations and c
 The wiring must compute the ledger, plan, and ``reserve`` the planned creations without an ``await`` in
 between (asyncio makes that block atomic), then create the pods.
 
-The budget itself (``BudgetLimit``): the named ModelBudget's size; no limit when it does not exist; and
-when it exists but cannot be read (a quantity the CRD's pattern lets through but the parser refuses,
-e.g. ``1e41``; an old CRD without the schema), nothing is admitted until it is fixed: failing open would
-let every pool grow without bound.
+The budget itself (``BudgetLimit``): the named ModelBudget's size; when it exists but cannot be read (a
+quantity the CRD's pattern lets through but the parser refuses, e.g. ``1e41``; an old CRD without the
+schema), nothing is admitted until it is fixed (``BudgetInvalid``): failing open would let every pool grow
+without bound. When it does not exist, the operator's ``missing_budget`` setting decides
+(``missing_budget_limit``): ``refuse`` (the chart's default) admits nothing until it exists
+(``BudgetMissing``: an upgrade or a deletion never opens the budget), ``admit`` admits everything (still
+accounted).
 
 What a worker is charged (``worker_charge``; issue 30): only pods the operator made count at all
 (``observe.ownership``: a controller owner reference to the pool, or ModelHost, by uid), and each is
@@ -48,12 +51,17 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
 
-from modelpool_contract.api import Condition, ModelBudgetStatus, PoolShare
+from modelpool_contract.api import Condition, MissingBudget, ModelBudgetStatus, PoolShare
 from modelpool_contract.quantity import format_quantity
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.pool import PoolKey
 
 WorkerKey = tuple[str, str]  # (namespace, pod name)
+
+#: The BudgetExceeded condition's reason (and the Warning Event's) while nothing is admitted because the
+#: ModelBudget is invalid, or missing under ``missing_budget=refuse``.
+BUDGET_INVALID = "BudgetInvalid"
+BUDGET_MISSING = "BudgetMissing"
 
 
 def worker_charge(declared: int | None, recorded: int | None) -> int | None:
@@ -90,18 +98,35 @@ class Reservation:
 @dataclass(frozen=True)
 class BudgetLimit:
     """What the operator's ModelBudget allows: ``total`` bytes (None: no ModelBudget, no limit), or, when
-    it exists but does not parse, ``invalid`` says why and nothing is admitted."""
+    nothing is admitted (it does not parse; or it is missing and the operator refuses without one),
+    ``invalid`` says why and ``reason`` names the case (``BUDGET_INVALID`` or ``BUDGET_MISSING``)."""
 
     total: int | None = None
     invalid: str | None = None
+    reason: str = BUDGET_INVALID
+
+
+def missing_budget_limit(name: str, missing: MissingBudget) -> BudgetLimit:
+    """What a ModelBudget ``name`` that does not exist allows (pure): everything under ``admit``; nothing
+    under ``refuse``, with a message that names the budget and how to end the wait."""
+    if missing == "admit":
+        return BudgetLimit()
+    return BudgetLimit(
+        invalid=(
+            f"ModelBudget {name} does not exist (the operator's missing_budget setting is refuse): create it "
+            f"(kubectl apply a ModelBudget named {name}, or the chart's budget.create)"
+        ),
+        reason=BUDGET_MISSING,
+    )
 
 
 @dataclass(frozen=True)
 class Ledger:
     """Memory in use (``used``: observed workers), promised (``reserved``) and available (``total``).
 
-    ``total`` None means no ModelBudget exists: everything is admitted (and still accounted), unless
-    ``invalid`` is set: the ModelBudget exists but is invalid, and nothing is admitted.
+    ``total`` None means no limit: everything is admitted (and still accounted), unless ``invalid`` is
+    set: nothing is admitted, for the ``closed_reason`` (the ModelBudget is invalid, or missing and the
+    operator refuses without one).
     """
 
     total: int | None
@@ -111,6 +136,7 @@ class Ledger:
     # The live reservations by pool.
     by_pool: Mapping[PoolKey, Mapping[WorkerKey, Reservation]] = field(default_factory=dict)
     invalid: str | None = None
+    closed_reason: str = BUDGET_INVALID
 
     @property
     def reservations(self) -> tuple[Reservation, ...]:
@@ -147,6 +173,7 @@ def build_ledger(
     reservations: Iterable[Reservation] = (),
     *,
     invalid: str | None = None,
+    closed_reason: str = BUDGET_INVALID,
 ) -> Ledger:
     """The ledger from every pool's observed workers and the live reservations.
 
@@ -164,7 +191,13 @@ def build_ledger(
     live = tuple(r for r in reservations if r.key not in observed)
     reserved = sum(r.memory for r in live)
     return Ledger(
-        total=total, used=used, reserved=reserved, shares=shares, by_pool=_by_pool(live), invalid=invalid
+        total=total,
+        used=used,
+        reserved=reserved,
+        shares=shares,
+        by_pool=_by_pool(live),
+        invalid=invalid,
+        closed_reason=closed_reason,
     )
 
 
@@ -195,6 +228,7 @@ def ledger_from_charges(
     book: ReservationBook,
     *,
     invalid: str | None = None,
+    closed_reason: str = BUDGET_INVALID,
     sums: tuple[int, Mapping[PoolKey, int]] | None = None,
 ) -> Ledger:
     """``build_ledger`` from each pool's ``PoolCharge`` (the sums a pool's workers had when last observed):
@@ -213,6 +247,7 @@ def ledger_from_charges(
         shares=shares,
         by_pool=book.by_pool(),
         invalid=invalid,
+        closed_reason=closed_reason,
     )
 
 

@@ -41,6 +41,7 @@ from modelpool_operator import heap
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun, wait_for_wakeup
 from modelpool_operator.effects import kube as kube_api
 from modelpool_operator.effects.apply import tell, write_budget_status
+from modelpool_operator.effects.budget_object import create_budget_until_done
 from modelpool_operator.host import host_charge_key
 from modelpool_operator.observe.observation import PodsByPool, slim_pod
 from modelpool_operator.observe.ownership import OwnedPods, OwnerRecord, claimed_key, host_record, pool_record
@@ -55,6 +56,8 @@ from modelpool_operator.settings import OperatorConfig, apply_to_kopf
 _ERROR_DELAY_S = 5.0
 # After a wake-up, wait this long for more events before the pass.
 _COALESCE_S = 0.3
+# The startup waits this long for the ModelBudget's create (budget_create) before the watches start.
+_BUDGET_CREATE_WAIT_S = 10.0
 _POOLS = (GROUP, VERSION, MODELPOOL_PLURAL)
 _BUDGETS = (GROUP, VERSION, MODELBUDGET_PLURAL)
 _HOSTS = (GROUP, VERSION, MODELHOST_PLURAL)
@@ -139,6 +142,15 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Lo
     settings.watching.label_selectors[LEASE_GROUP, LEASE_PLURAL] = DEMAND_SELECTOR
     memo.services = await start_services(config)
     memo.heap_trimmer = asyncio.create_task(heap.trim_every(), name="heap trimmer")
+    if config.budget_create:
+        # Create only (effects.budget_object): an existing budget is the user's and is left alone. Waited
+        # for a moment, so that a fresh install's pools find it at their first pass; retried meanwhile.
+        creating = asyncio.create_task(
+            create_budget_until_done(memo.services.kube, config.budget_name, config.budget_memory.strip()),
+            name="budget create",
+        )
+        memo.budget_creator = creating
+        await asyncio.wait({creating}, timeout=_BUDGET_CREATE_WAIT_S)
     logger.info("modelpool-operator started: %s", config.model_dump_json())
 
 
@@ -147,6 +159,9 @@ async def cleanup(*, memo: Any, **_: Any) -> None:
     trimmer: asyncio.Task[None] | None = getattr(memo, "heap_trimmer", None)
     if trimmer is not None:
         trimmer.cancel()
+    creator: asyncio.Task[bool] | None = getattr(memo, "budget_creator", None)
+    if creator is not None:
+        creator.cancel()
     settling = _book(memo).settle_task
     if settling is not None:
         settling.cancel()

@@ -208,7 +208,7 @@ async def reconcile_pool(
             pool,
             workers,
             book=book,
-            limit=budget_limit(budgets, services.config.budget_name),
+            limit=budget_limit(budgets, services.config.budget_name, missing=services.config.missing_budget),
             pools_by_key=pools_by_key,
             settings=planner_settings(services.config),
             now=now,
@@ -476,7 +476,9 @@ def budget_status_wire(
     budget's metrics follow it."""
     now = datetime.now(UTC)
     workers = observe(services, book, pods_by_pool, own=None, now=now)
-    ledger = book.ledger(workers, budget_limit(budgets, services.config.budget_name))
+    ledger = book.ledger(
+        workers, budget_limit(budgets, services.config.budget_name, missing=services.config.missing_budget)
+    )
     services.metrics.budget_written(ledger.total, ledger.used, ledger.reserved)
     valid, reason, message = budget_validity(ledger)
     before = parse_pool_status({"conditions": (previous or {}).get("conditions") or []}).conditions

@@ -84,7 +84,9 @@ def plan_host_pass(
         services.observations.observe(pod, None, now, fresh=True, charge=charge) for pod in listed
     ]
     workers = observe(services, book, pods_by_pool, own=None, now=now)
-    ledger = book.ledger(workers, budget_limit(budgets, services.config.budget_name))
+    ledger = book.ledger(
+        workers, budget_limit(budgets, services.config.budget_name, missing=services.config.missing_budget)
+    )
     hosted = hosted_pools(host, pools_by_key)
     views = observe_hosts(host.spec, listed, stats, hosted)
     planned = plan_host(host, book.observed[host.charge_key], views, ledger)

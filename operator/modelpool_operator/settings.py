@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from modelpool_contract.api import CacheType, ModelCacheSpec
+from modelpool_contract.api import CacheType, MissingBudget, ModelCacheSpec, parse_budget_spec
 from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, DEFAULT_WORKER_CPU, WORKER_PORT, WORKER_PROBE_PORT
 from modelpool_contract.labels import LABEL_POOL, PREFIX
 from modelpool_contract.quantity import QuantityError, quantity_value
@@ -123,6 +123,26 @@ class OperatorConfig(BaseSettings):
     )
     budget_name: str = Field(
         default="default", description="The ModelBudget (cluster-scoped) the operator uses."
+    )
+    missing_budget: MissingBudget = Field(
+        default="admit",
+        description=(
+            "While the ModelBudget budget_name does not exist: refuse (no worker or host pod is created; "
+            "each pool that wants one shows BudgetExceeded with reason BudgetMissing, naming the budget) or "
+            "admit (everything, still accounted). The chart sets refuse unless told otherwise."
+        ),
+    )
+    budget_create: bool = Field(
+        default=False,
+        description=(
+            "At startup, create the ModelBudget budget_name with budget_memory when it does not exist. "
+            "Create only: an existing one (a 409) is left as it is, so changes made with kubectl survive "
+            "restarts and upgrades."
+        ),
+    )
+    budget_memory: str = Field(
+        default="",
+        description="budget_create: the memory of the ModelBudget created (a quantity such as 640Gi).",
     )
     backoff_base_seconds: float = Field(
         default=DEFAULT_BACKOFF_BASE_S,
@@ -390,6 +410,23 @@ class OperatorConfig(BaseSettings):
     @model_validator(mode="after")
     def _cache_is_complete(self) -> OperatorConfig:
         self.model_cache  # noqa: B018 - raises when the type's claim or path is missing
+        return self
+
+    @model_validator(mode="after")
+    def _budget_to_create_is_sized(self) -> OperatorConfig:
+        if not self.budget_create:
+            return self
+        if not self.budget_memory.strip():
+            raise ValueError("budget_create needs budget_memory (the ModelBudget's memory, e.g. 640Gi)")
+        try:
+            parse_budget_spec({"memory": self.budget_memory.strip()})
+        except ValidationError as exc:
+            reason = (
+                str(exc.errors()[0].get("msg", exc))
+                .removeprefix("Value error, ")
+                .removeprefix("spec.memory: ")
+            )
+            raise ValueError(f"budget_memory: {reason}") from None
         return self
 
     @model_validator(mode="after")

@@ -131,7 +131,8 @@ async def apply_host(
             Event(
                 "Warning",
                 "BudgetExceeded",
-                f"{plan.short} host pod(s) wait for the ModelBudget (each is charged its whole devices)",
+                f"{plan.short} host pod(s) wait for the ModelBudget (each is charged its whole devices)"
+                + (f": {plan.closed}" if plan.closed else ""),
             ),
         )
     run.short = plan.short

@@ -135,6 +135,7 @@ class KubeApi(Protocol):
     async def ensure_network_policy(self, namespace: str, body: Mapping[str, Any]) -> None: ...
     async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool: ...
+    async def create_budget(self, body: Mapping[str, Any]) -> bool: ...
     async def patch_host_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
     async def ensure_control_key_secret(self, namespace: str, body: Mapping[str, Any]) -> bool: ...
     async def close(self) -> None: ...
@@ -428,6 +429,17 @@ class Kube:
         """Merge-patch the (cluster-scoped) ModelBudget's status; False when it does not exist."""
         patch = self._custom.patch_cluster_custom_object_status
         return await self._patch_status("patch_budget_status", patch, MODELBUDGET_PLURAL, name, status=status)
+
+    async def create_budget(self, body: Mapping[str, Any]) -> bool:
+        """Create the (cluster-scoped) ModelBudget ``body``; False when one of its name exists (a 409: it is
+        the user's from then on and is never read, patched nor replaced here)."""
+        return await self._took_effect(
+            "create_budget",
+            self._custom.create_cluster_custom_object(
+                GROUP, VERSION, MODELBUDGET_PLURAL, dict(body), _request_timeout=self._timeout
+            ),
+            unless=EXISTS,
+        )
 
     async def patch_host_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
         """Merge-patch a ModelHost's status subresource; False when it is gone."""

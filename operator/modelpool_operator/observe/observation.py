@@ -26,13 +26,14 @@ from typing import Any, overload
 
 from pydantic import ValidationError
 
-from modelpool_contract.api import parse_budget_spec
+from modelpool_contract.api import MissingBudget, parse_budget_spec
 from modelpool_operator.budget import (
     BudgetLimit,
     Ledger,
     PoolCharge,
     ReservationBook,
     ledger_from_charges,
+    missing_budget_limit,
 )
 from modelpool_operator.observe.ownership import WorkerCharges, slim_owner
 from modelpool_operator.observe.worker_state import LifecycleSettings, ObservedWorker, observe_worker
@@ -229,15 +230,19 @@ def observe_all(
     return result
 
 
-def budget_limit(budgets: Mapping[str, Iterable[Mapping[str, Any]]], name: str) -> BudgetLimit:
-    """What the ModelBudget ``name`` allows: no limit when it does not exist (docs/operator-api.md); its
-    size; or, when its spec does not parse, why (and then nothing is admitted: ``budget`` module doc)."""
+def budget_limit(
+    budgets: Mapping[str, Iterable[Mapping[str, Any]]], name: str, *, missing: MissingBudget
+) -> BudgetLimit:
+    """What the ModelBudget ``name`` allows: its size; when its spec does not parse, why (and then nothing
+    is admitted: ``budget`` module doc); when it does not exist, what ``missing`` (the operator's
+    ``missing_budget`` setting) says: no limit, or nothing admitted until it exists
+    (``budget.missing_budget_limit``; docs/operator-api.md)."""
     for spec in budgets.get(name, ()):
         try:
             return BudgetLimit(total=parse_budget_spec(spec).memory_bytes)
         except ValueError as exc:
             return BudgetLimit(invalid=invalid_budget_message(name, exc))
-    return BudgetLimit()
+    return missing_budget_limit(name, missing)
 
 
 def invalid_budget_message(name: str, exc: ValueError) -> str:
@@ -313,7 +318,12 @@ def current_ledger(
     cache = charges if charges is not None else ChargeCache()
     summed = cache.charges(workers)
     return ledger_from_charges(
-        limit.total, summed, reservations, invalid=limit.invalid, sums=(cache.used, cache.shares)
+        limit.total,
+        summed,
+        reservations,
+        invalid=limit.invalid,
+        closed_reason=limit.reason,
+        sums=(cache.used, cache.shares),
     )
 
 

@@ -163,9 +163,11 @@ class Admission:
     blocked: bool = False
     # Blocked, but memory is on its way (draining or preempted workers): the pool only has to wait.
     waiting_for_memory: bool = False
-    # Blocked because the ModelBudget exists but is invalid: nothing is admitted (nor preempted, nor
-    # rolled over to make room) until it is fixed.
+    # Blocked because the ModelBudget is invalid, or missing under missing_budget=refuse: nothing is
+    # admitted (nor preempted, nor rolled over to make room) until it is fixed; ``closed_reason`` says which
+    # (``budget.BUDGET_INVALID`` or ``BUDGET_MISSING``).
     budget_invalid: bool = False
+    closed_reason: str = ""
     # Bytes the pool wants but could not get (its status.memory.waitingBytes).
     waiting_bytes: int = 0
     message: str = ""

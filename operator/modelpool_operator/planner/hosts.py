@@ -37,12 +37,14 @@ _ENDED = frozenset({"Failed", "Dead"})
 @dataclass(frozen=True)
 class HostPlan:
     """What one pass of a ModelHost does: create these indices' pods, delete these pods, write the status;
-    ``short``: host pods the budget did not admit (waiting for memory)."""
+    ``short``: host pods the budget did not admit (waiting for memory); ``closed``: why the budget admits
+    nothing at all (invalid, or missing under missing_budget=refuse), when that is why."""
 
     create: tuple[int, ...]
     delete: tuple[str, ...]
     status: ModelHostStatus
     short: int = 0
+    closed: str = ""
 
 
 def _index(host: HostView, pod: str) -> int | None:
@@ -99,5 +101,9 @@ def plan_host(
     ]
     status = host_status(observed, desired=replicas, selector=f"{LABEL_HOST}={host.name}")
     return HostPlan(
-        create=tuple(missing[:admitted]), delete=tuple(delete), status=status, short=len(missing) - admitted
+        create=tuple(missing[:admitted]),
+        delete=tuple(delete),
+        status=status,
+        short=len(missing) - admitted,
+        closed=(ledger.invalid or "") if admitted < len(missing) else "",
     )

@@ -291,6 +291,7 @@ def _block(draft: Draft, view: Ledger, yielded: int, missing: int) -> None:
     admission.waiting_bytes = missing * memory
     if view.invalid is not None:  # fail closed: no number to compare with, nothing to preempt for
         admission.budget_invalid = True
+        admission.closed_reason = view.closed_reason
         admission.message = f"{view.invalid}; no worker is admitted until it is fixed"
         return
     total = view.total or 0

@@ -23,6 +23,7 @@ from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.quantity import format_quantity
 from modelpool_contract.states import ACTIVE_STATES, SERVING_STATES, STARTING_STATES, WorkerState
 from modelpool_contract.times import rfc3339
+from modelpool_operator.budget import BUDGET_INVALID, BUDGET_MISSING
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner.autoscale import last_scale_time, scaled_to_zero_at, woken_by_demand_at
 from modelpool_operator.planner.draft import EVICT_ROLLOVER, Delete, Draft, Event, Plan
@@ -34,8 +35,9 @@ from modelpool_operator.planner.memory import (
     tell_memory_over_charge,
 )
 
-#: The BudgetExceeded condition's reason (and the Warning Event's) while the ModelBudget is invalid.
-BUDGET_INVALID = "BudgetInvalid"
+#: The BudgetExceeded condition's reasons (and the Warning Events') while nothing is admitted: the
+#: ModelBudget is invalid, or missing under missing_budget=refuse (defined with the ledger, in ``budget``).
+CLOSED_REASONS = frozenset({BUDGET_INVALID, BUDGET_MISSING})
 
 
 def condition(
@@ -149,7 +151,7 @@ def _conditions(draft: Draft, ready: int, loading: int) -> list[Condition]:
         )
     budget_reason = "WithinBudget"
     if admission.budget_invalid:
-        budget_reason = BUDGET_INVALID
+        budget_reason = admission.closed_reason or BUDGET_INVALID
     elif admission.blocked:
         budget_reason = "WaitingForMemory" if admission.waiting_for_memory else "InsufficientMemory"
     degraded_reason, degraded_message = _degraded(draft)
@@ -174,7 +176,7 @@ def _conditions(draft: Draft, ready: int, loading: int) -> list[Condition]:
     budget_message = admission.message or "workers fit the budget"
     if draft.ledger.invalid is not None and not admission.blocked:
         # Nothing wanted now, but nothing would be admitted either: say so before it matters.
-        budget_reason = BUDGET_INVALID
+        budget_reason = draft.ledger.closed_reason
         budget_message = f"{draft.ledger.invalid}; no new worker is admitted until it is fixed"
     return [
         cond("Ready", ready >= target and not at_zero, ready_reason, ready_message),
@@ -247,11 +249,12 @@ def _memory_condition(draft: Draft, workers: list[WorkerStatus]) -> Condition:
 def _closing_events(draft: Draft) -> None:
     """Events about this pass's own decisions: the budget turning, creations, own evictions."""
     blocked, invalid = draft.admission.blocked, draft.admission.budget_invalid
+    reason = draft.admission.closed_reason or BUDGET_INVALID
     before = next((c for c in draft.pool.status.conditions if c.type == "BudgetExceeded"), None)
     was_blocked = before is not None and before.status == "True"
-    was_invalid = was_blocked and before is not None and before.reason == BUDGET_INVALID
-    if invalid and not was_invalid:
-        draft.events.append(Event("Warning", BUDGET_INVALID, draft.admission.message))
+    was_invalid = was_blocked and before is not None and before.reason in CLOSED_REASONS
+    if invalid and not (was_invalid and before is not None and before.reason == reason):
+        draft.events.append(Event("Warning", reason, draft.admission.message))
     elif blocked and not invalid and (not was_blocked or was_invalid):
         draft.events.append(Event("Warning", "BudgetExceeded", draft.admission.message))
     elif not blocked and was_blocked and draft.creates:

@@ -3,7 +3,8 @@
 The verbs the operator uses are not listed by hand: the real operator runs as a ServiceAccount of the
 namespace ``modelpool-audit`` bound to the chart's own rules (rendered by the real helm), does everything
 it does with the chart's settings (a pool created, scaled up and down with an eviction, the operator
-restarted so the pool's Service and NetworkPolicy are brought up to date, the pool and the ModelBudget
+restarted so the pool's Service and NetworkPolicy are brought up to date, the ModelBudget created by the
+operator itself (budget.create: a create at each start, 409 once it exists), the pool and the ModelBudget
 deleted, Events posted, Kopf's peering), and the API
 server's audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says which
 (API group, resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted
@@ -36,7 +37,6 @@ import pytest
 from testkit.cluster import Cluster
 from testkit.kubectl import apply, get_json, wait_for
 from tests.operator.integration.opharness import (
-    GROUP_VERSION,
     POOLS,
     StartOperator,
     pool_manifest,
@@ -95,13 +95,19 @@ class AuditedRelease:
 
     def operator_env(self) -> dict[str, str]:
         """The settings the chart gives the operator besides ``config`` (whom the pools' NetworkPolicies
-        admit), as its Deployment sets them."""
+        admit; the budget it creates when missing, and what it does meanwhile), as its Deployment sets
+        them."""
         [deployment] = [
             d for d in self.docs if d["kind"] == "Deployment" and "gateway" not in d["metadata"]["name"]
         ]
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         prefix = "MODELPOOL_OPERATOR_NETWORK_POLICY_"
-        return {e["name"]: e["value"] for e in container["env"] if e["name"].startswith(prefix)}
+        budget = {f"MODELPOOL_OPERATOR_{n}" for n in ("BUDGET_CREATE", "BUDGET_MEMORY", "MISSING_BUDGET")}
+        return {
+            e["name"]: e["value"]
+            for e in container["env"]
+            if e["name"].startswith(prefix) or e["name"] in budget
+        }
 
     def requests(self) -> list[dict[str, Any]]:
         """Every audited request this ServiceAccount made that names a resource."""
@@ -124,7 +130,9 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Any]:
         # The operator's identity only: the gateway and the uninstall hook have ServiceAccounts and rules
         # of their own.
         only_operator = {"gateway": {"enabled": False}, "uninstallCleanup": {"enabled": False}}
-        docs = render_chart(crds, name, {**values, **only_operator}, tmp_path)
+        # The operator creates its budget (budget.create): its `create` is granted, and used.
+        budget = {"budget": {"create": True, "memory": "100Gi"}}
+        docs = render_chart(crds, name, {**values, **only_operator, **budget}, tmp_path)
         crd_docs = [d for d in docs if d["kind"] == "CustomResourceDefinition" and "kopf.dev" in str(d)]
         for crd in crd_docs:  # Kopf's peering CRDs (the other tests may have installed them already)
             crds.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd))
@@ -150,15 +158,6 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Any]:
     yield make
     for release in releases:
         delete_docs(crds, release.applied)
-
-
-def _budget(name: str, memory: str) -> dict[str, Any]:
-    return {
-        "apiVersion": GROUP_VERSION,
-        "kind": "ModelBudget",
-        "metadata": {"name": name},
-        "spec": {"memory": memory},
-    }
 
 
 def _compare(release: AuditedRelease) -> None:
@@ -222,13 +221,22 @@ def _exercise(
     workers (pods, the Service, the NetworkPolicy, status, Events, the budget's status,
     Kopf's finalizers and peering), a scale-down (an eviction patch, then a deletion), a restart (the
     existing Service and NetworkPolicy patched), and the
-    pool and the budget deleted while the operator runs (Kopf removes its finalizers)."""
-    env = {"MODELPOOL_OPERATOR_BUDGET_NAME": release.budget, **release.operator_env()}
+    pool and the budget deleted while the operator runs (Kopf removes its finalizers). The budget is the
+    operator's to create (budget.create): made at its first start, found existing (409) at its restart."""
+    env = {**release.operator_env(), "MODELPOOL_OPERATOR_BUDGET_NAME": release.budget}
     assert env["MODELPOOL_OPERATOR_NETWORK_POLICY_ENABLED"] == "true", "the chart's default"
+    assert env["MODELPOOL_OPERATOR_MISSING_BUDGET"] == "refuse", "the chart's default"
     _wait_for_the_policy(crds, namespace, release)
-    apply(crds, _budget(release.budget, "100Gi"))
     operator = start_operator(*scope, peering=peering, kubeconfig=release.kubeconfig, **env)
     try:
+        wait_for(
+            lambda: (
+                '"100Gi"'
+                in crds.kubectl("get", "modelbudget", release.budget, "-o", "json", check=False).stdout
+            ),
+            timeout=60,
+            message="the operator created its budget",
+        )
         apply(crds, pool_manifest("audited", replicas=2, max_replicas=4), namespace)
         # A ModelHost: its daemon makes the control key Secret and a host pod, and writes its status.
         apply(crds, KWOK_HOST, namespace)

@@ -152,14 +152,17 @@ def test_memory_a_pod_may_hold_is_never_dropped_and_absent_pods_free_it(
 
 
 def test_budget_limit_none_total_or_invalid() -> None:
-    assert budget_limit({}, "default") == BudgetLimit()  # no ModelBudget: no limit (documented)
-    assert budget_limit({"default": [{"memory": "8Gi"}]}, "default") == BudgetLimit(total=8 * GI)
+    # No ModelBudget and missing_budget=admit: no limit (test_missing_budget.py has the refuse side).
+    assert budget_limit({}, "default", missing="admit") == BudgetLimit()
+    assert budget_limit({"default": [{"memory": "8Gi"}]}, "default", missing="refuse") == BudgetLimit(
+        total=8 * GI
+    )
     # Through the CRD's pattern, refused by the parser: fail closed, saying why.
-    limit = budget_limit({"default": [{"memory": "1e41"}]}, "default")
+    limit = budget_limit({"default": [{"memory": "1e41"}]}, "default", missing="admit")
     assert limit.total is None and limit.invalid is not None
     assert limit.invalid.startswith("ModelBudget default is invalid: spec.memory: invalid quantity")
     assert "too large" in limit.invalid
-    missing = budget_limit({"default": [{}]}, "default").invalid
+    missing = budget_limit({"default": [{}]}, "default", missing="admit").invalid
     assert missing == "ModelBudget default is invalid: spec.memory: Field required"
 
 

@@ -111,6 +111,9 @@ class RecordingKube:
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool:
         return True
 
+    async def create_budget(self, body: Mapping[str, Any]) -> bool:
+        return True
+
     async def patch_host_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
         self.host_status_patches.append(dict(status))
         return True
