@@ -385,16 +385,34 @@ def _spec_wire(record: LeaseRecord) -> dict[str, Any]:
     return spec
 
 
+async def serve_standby_liveness(port: int, elector: LeaderElector) -> Callable[[], Awaitable[None]]:
+    """``GET /healthz`` on ``port`` while standing by (the kubelet's liveness probe would otherwise kill a
+    standby, whose Kopf, which serves the endpoint, has not started): 200 and who leads. Returns the
+    coroutine function that stops it (before Kopf serves the same port)."""
+    from aiohttp import web
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"standby": elector.identity, "leader": elector.holder()})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "0.0.0.0", port).start()
+    return runner.cleanup
+
+
 async def lead(
     elector: LeaderElector,
     work: Callable[[], Awaitable[None]],
     *,
     on_leading: Callable[[bool], None] = lambda leading: None,
+    liveness_port: int = 0,
 ) -> int:
     """Stand by until ``elector`` holds its Lease, then run ``work`` (the operator) while renewing; a
     SIGTERM or SIGINT while standing by ends the wait (exit 0). ``work`` handles the signals itself once it
     runs (Kopf does); when it returns, the Lease is released. Losing the Lease exits the process
-    (``lost``). Returns the exit code."""
+    (``lost``). ``liveness_port``: answer the liveness probe while standing by. Returns the exit code."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -404,7 +422,13 @@ async def lead(
         "leader election: %s is a candidate for lease %s/%s", elector.identity, elector.namespace,
         elector.name,
     )  # fmt: skip
-    if not await elector.acquire(stop):
+    stop_liveness = await serve_standby_liveness(liveness_port, elector) if liveness_port else None
+    try:
+        acquired = await elector.acquire(stop)
+    finally:
+        if stop_liveness is not None:
+            await stop_liveness()
+    if not acquired:
         logger.info("leader election: stopped while standing by")
         return 0
     on_leading(True)

@@ -170,7 +170,12 @@ def run_elected(
                 timing=timing,
                 fence=fence,
             )
-            return await lead(elector, lambda: kopf.operator(**operator_args), on_leading=metrics.leading)
+            return await lead(
+                elector,
+                lambda: kopf.operator(**operator_args),
+                on_leading=metrics.leading,
+                liveness_port=config.liveness_port,
+            )
         finally:
             await client.close()
 

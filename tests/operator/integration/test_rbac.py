@@ -4,11 +4,12 @@ The verbs the operator uses are not listed by hand: the real operator runs as a 
 namespace ``modelpool-audit`` bound to the chart's own rules (rendered by the real helm), does everything
 it does with the chart's settings (a pool created, scaled up and down with an eviction, the operator
 restarted so the pool's Service and NetworkPolicy are brought up to date, the pool and the ModelBudget
-deleted, Events posted, Kopf's peering), and the API
+deleted, Events posted, the leader election Lease, Kopf's peering), and the API
 server's audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says which
 (API group, resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted
-verb no request used is an extra one. Both scopes are run: namespace scope with a KopfPeering, cluster
-scope with a ClusterKopfPeering. The pieces shared with the gateway's test (test_gateway_rbac.py) are in
+verb no request used is an extra one. Both scopes are run: namespace scope with the chart's defaults
+(leader election on a Lease in the release namespace, no Kopf peering), cluster scope with the deprecated
+ClusterKopfPeering on too. The pieces shared with the gateway's test (test_gateway_rbac.py) are in
 tests/rbacaudit.py.
 
 The operator runs under the chart's policy on its own writes (templates/operatorpolicy.yaml, enforced
@@ -60,7 +61,7 @@ from tests.rbacaudit import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 # The kinds of the chart that make up the operator's identity and peering.
-IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "RoleBinding"}
+IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 # The chart's policy on the operator's own writes (the policy and its binding, "<fullname>-writes").
 POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 OWN_WRITES_POLICY = "templates/operatorpolicy.yaml"
@@ -95,13 +96,13 @@ class AuditedRelease:
 
     def operator_env(self) -> dict[str, str]:
         """The settings the chart gives the operator besides ``config`` (whom the pools' NetworkPolicies
-        admit), as its Deployment sets them."""
+        admit, its leader election Lease), as its Deployment sets them."""
         [deployment] = [
             d for d in self.docs if d["kind"] == "Deployment" and "gateway" not in d["metadata"]["name"]
         ]
         [container] = deployment["spec"]["template"]["spec"]["containers"]
-        prefix = "MODELPOOL_OPERATOR_NETWORK_POLICY_"
-        return {e["name"]: e["value"] for e in container["env"] if e["name"].startswith(prefix)}
+        prefixes = ("MODELPOOL_OPERATOR_NETWORK_POLICY_", "MODELPOOL_OPERATOR_LEADER_ELECTION")
+        return {e["name"]: e["value"] for e in container["env"] if e["name"].startswith(prefixes)}
 
     def requests(self) -> list[dict[str, Any]]:
         """Every audited request this ServiceAccount made that names a resource."""
@@ -215,7 +216,7 @@ def _exercise(
     release: AuditedRelease,
     *,
     scope: list[str],
-    peering: str,
+    peering: str | None,
 ) -> None:
     """Everything the operator does, run as the audited ServiceAccount with the chart's settings: a budget,
     a ModelHost with one KWOK host pod (its Secret, pod, status, finalizer), and a pool of two KWOK
@@ -277,20 +278,30 @@ def _exercise(
 def test_namespace_scope_rbac_is_exactly_what_the_operator_uses(
     crds: Cluster, namespace: str, audited: Any, start_operator: StartOperator
 ) -> None:
-    peering = f"mp-audit-{secrets.token_hex(3)}"
-    release: AuditedRelease = audited(
-        {"scope": {"clusterWide": False, "namespaces": [namespace]}, "peering": {"name": peering}}
-    )
-    _exercise(crds, namespace, start_operator, release, scope=[namespace], peering=peering)
+    """The chart's defaults but the scope: leader election on its Lease, no Kopf peering."""
+    release: AuditedRelease = audited({"scope": {"clusterWide": False, "namespaces": [namespace]}})
+    _exercise(crds, namespace, start_operator, release, scope=[namespace], peering=None)
     _compare(release)
     assert ("", "namespaces", "list") in release.used(), "Kopf resolves the watched namespaces"
+    # The Lease: created at the first start, renewed, released at the stop, taken again at the restart.
+    lease = {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
+    assert lease <= release.used()
+    names = {
+        e["objectRef"].get("name")
+        for e in release.requests()
+        if e["objectRef"]["resource"] == "leases" and e["verb"] in ("get", "update")
+    }
+    assert names == {f"{release.name}-modelpool-operator"}, names
 
 
 def test_cluster_scope_rbac_is_exactly_what_the_operator_uses(
     crds: Cluster, namespace: str, audited: Any, start_operator: StartOperator
 ) -> None:
-    """Cluster scope: the operator acts on every namespace (this test's pool is the only one it is given)."""
+    """Cluster scope: the operator acts on every namespace (this test's pool is the only one it is given);
+    with the deprecated Kopf peering on too (its ClusterKopfPeering), besides the leader election."""
     peering = f"mp-audit-{secrets.token_hex(3)}"
-    release: AuditedRelease = audited({"scope": {"clusterWide": True}, "peering": {"name": peering}})
+    release: AuditedRelease = audited(
+        {"scope": {"clusterWide": True}, "peering": {"enabled": True, "name": peering}}
+    )
     _exercise(crds, namespace, start_operator, release, scope=[], peering=peering)
     _compare(release)

@@ -286,3 +286,37 @@ async def test_failed_renewals_fence_the_leader(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(renewing, 5)
     assert exits and "renew deadline" in exits[0]
+
+
+async def test_a_standby_answers_its_liveness_probe_and_stops_on_sigterm() -> None:
+    """While another replica leads, ``lead`` stands by: /healthz answers 200 (Kopf, which serves it, has not
+    started: the kubelet would kill the standby otherwise), nothing runs, and SIGTERM ends it with 0."""
+    import os
+    import signal
+
+    import httpx
+
+    from modelpool_operator.leader import lead
+    from testkit.environment import free_port
+
+    api, now = FakeLeases(), [0.0]
+    assert await _elector(api, "a", now).try_acquire_or_renew()
+    standby = _elector(api, "b", now)
+    port, ran, leading = free_port(), [], []
+
+    async def work() -> None:
+        ran.append(True)
+
+    task = asyncio.create_task(lead(standby, work, on_leading=leading.append, liveness_port=port))
+    async with httpx.AsyncClient() as client:
+        for _ in range(100):
+            try:
+                answer = await client.get(f"http://127.0.0.1:{port}/healthz")
+                break
+            except httpx.ConnectError:
+                await asyncio.sleep(0.05)
+    assert answer.status_code == 200 and answer.json() == {"standby": "b", "leader": "a"}
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert await asyncio.wait_for(task, 10) == 0
+    assert not ran and leading == [False]
+    assert api.writes == ["create a"]
