@@ -911,6 +911,16 @@ def test_leader_election_two_replicas_rolling_and_a_disruption_budget(helm: list
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["name"] == OPERATOR
 
+    # create cannot be narrowed by name in RBAC: the chart's policy admits only this Lease's create.
+    policy = one(docs, "ValidatingAdmissionPolicy", f"{OPERATOR}-lease")
+    [check] = policy["spec"]["validations"]
+    assert check["expression"] == (
+        f"request.namespace == 'mp-system' && object.metadata.name == '{OPERATOR}'"
+    )
+    assert one(docs, "ValidatingAdmissionPolicyBinding", f"{OPERATOR}-lease")["spec"]["policyName"] == (
+        f"{OPERATOR}-lease"
+    )
+
     pdb = one(docs, "PodDisruptionBudget", OPERATOR)
     assert pdb["spec"]["minAvailable"] == 1
     labels = deployment["spec"]["template"]["metadata"]["labels"]

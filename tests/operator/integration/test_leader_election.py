@@ -45,7 +45,15 @@ from tests.operator.integration.opharness import (
     pool_manifest,
     worker_pods,
 )
-from tests.rbacaudit import AUDITED_NAMESPACE, audited_requests, require_audit_log, token_kubeconfig
+from tests.rbacaudit import (
+    AUDITED_NAMESPACE,
+    apply_docs,
+    audited_requests,
+    delete_docs,
+    render_chart,
+    require_audit_log,
+    token_kubeconfig,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -281,3 +289,48 @@ def test_a_paused_leader_is_replaced_and_exits_on_resume_without_a_request(elect
     assert _writes(cluster, leader, after=margin) == []
     assert election.holder() == standby.name
     json.dumps(election.lease_spec())  # the Lease as the API server keeps it (printed on failure)
+
+
+def test_the_operator_may_create_only_its_own_lease(crds: Cluster, tmp_path: Path) -> None:
+    """RBAC cannot narrow ``create`` by name, so the chart's Role lets the operator create any Lease of the
+    release namespace; the chart's policy ``<release>-modelpool-operator-lease`` admits only its election
+    Lease (asked with ``kubectl --as`` the operator's ServiceAccount, with the chart's rendered RBAC)."""
+    require_audit_log(crds)  # the release namespace (modelpool-audit) exists
+    release = f"le-{secrets.token_hex(3)}"
+    docs = render_chart(crds, release, {"gateway": {"enabled": False}}, tmp_path)
+    kinds = {"ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy"}
+    kinds |= {"ValidatingAdmissionPolicyBinding"}
+    wanted = [
+        d
+        for d in docs
+        if d["kind"] in kinds
+        and (d["kind"] == "ServiceAccount" or d["metadata"]["name"].endswith(("-leader-election", "-lease")))
+    ]
+    assert {d["kind"] for d in wanted} == kinds, sorted(d["metadata"]["name"] for d in wanted)
+    apply_docs(crds, wanted)
+    operator = f"system:serviceaccount:{AUDITED_NAMESPACE}:{release}-modelpool-operator"
+    own = f"{release}-modelpool-operator"
+
+    def create(name: str) -> Any:
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name}}
+        return crds.kubectl(
+            "create", "-n", AUDITED_NAMESPACE, "-f", "-", "--dry-run=server", f"--as={operator}",
+            input=json.dumps(lease), check=False,
+        )  # fmt: skip
+
+    try:
+        refused = wait_for(
+            lambda: (r := create("kube-scheduler")).returncode != 0 and "creates only its leader" in r.stderr,
+            timeout=60,
+            interval=0.5,
+            message="the lease policy is enforced",
+        )
+        assert refused
+        assert create(own).returncode == 0, create(own).stderr
+        # Elsewhere RBAC refuses already (the Role is the release namespace's).
+        can = crds.kubectl(
+            "auth", "can-i", "create", "leases", "-n", "default", f"--as={operator}", check=False
+        )
+        assert can.stdout.strip() == "no", can.stdout
+    finally:
+        delete_docs(crds, wanted)

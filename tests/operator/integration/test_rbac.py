@@ -62,7 +62,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 # The kinds of the chart that make up the operator's identity and peering.
 IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
-# The chart's policy on the operator's own writes (the policy and its binding, "<fullname>-writes").
+# The chart's policies on the operator's own writes (each a policy and its binding: "<fullname>-writes",
+# "<fullname>-lease").
 POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 OWN_WRITES_POLICY = "templates/operatorpolicy.yaml"
 PEERING_KINDS = {"KopfPeering", "ClusterKopfPeering"}
@@ -130,7 +131,9 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Any]:
         for crd in crd_docs:  # Kopf's peering CRDs (the other tests may have installed them already)
             crds.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd))
         wanted = [d for d in docs if d["kind"] in IDENTITY_KINDS | PEERING_KINDS]
-        wanted += [d for d in docs if d["kind"] in POLICY_KINDS and d["metadata"]["name"].endswith("-writes")]
+        # The policies on its writes, its leader election Lease's included ("-lease").
+        policies = ("-writes", "-lease")
+        wanted += [d for d in docs if d["kind"] in POLICY_KINDS and d["metadata"]["name"].endswith(policies)]
         assert len(wanted) > 2 and {d["kind"] for d in wanted} >= POLICY_KINDS, (
             f"{OWN_WRITES_POLICY} rendered"
         )
