@@ -254,7 +254,6 @@ class LeaderElector:
         self.fence = fence
         self._clock = clock
         self._observed: Observation | None = None
-        self._resource_version: str | None = None
         self._body: Any = None
 
     async def try_acquire_or_renew(self) -> bool:
