@@ -210,6 +210,17 @@ def test_operator_runs(release: Release) -> None:
         assert pods[0]["spec"]["nodeName"].startswith("process-node")
     budget = release.get("modelbudget", release.budget)
     assert budget["spec"]["memory"] == "100Gi"
+    # Elected through the chart's Lease (its Role, its admission policy), under its pod's name.
+    name = pods[0]["metadata"]["name"]
+    lease = release.get("lease", f"{release.name}-modelpool-operator", "-n", release.system_namespace)
+    assert lease["spec"]["holderIdentity"] == name
+    eventually(
+        lambda: (
+            (release.get("modelbudget", release.budget).get("status") or {}).get("activeOperator") == name
+        ),
+        timeout=60,
+        what="the budget's status.activeOperator names the operator's pod",
+    )
 
 
 def test_crds_installed_and_kept_on_uninstall_policy(release: Release) -> None:
