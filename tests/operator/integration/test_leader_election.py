@@ -13,7 +13,7 @@ the kubelet of the KWOK GPU nodes.
   printed), and the new leader acts (scales the pool up).
 * A leader paused (SIGSTOP) past its renew deadline is replaced; resumed (SIGCONT), it exits 9 without a
   single request after its pause: no write after losing the lease.
-* SIGTERM on the leader releases the Lease: the standby takes it at its next try.
+* SIGTERM on the leader releases the Lease: a standby takes it at its next try (measured and printed).
 """
 
 from __future__ import annotations
@@ -253,11 +253,24 @@ def test_only_the_leader_acts_and_a_killed_leader_is_replaced_within_the_lease_d
     wait_for(lambda: _active_operator(cluster) == standby.name, timeout=30, message="activeOperator: new")
     wait_for(lambda: standby.leader_metric() == 1.0, timeout=10, message="the new leader's metric")
 
-    # SIGTERM: the leader releases the Lease on its way out (exit 0, checked by the fixture too).
-    cluster.kubectl("delete", POOLS, "led", "-n", namespace, "--timeout=60s")
+    # SIGTERM (a rolling update, a drain): the leader releases the Lease on its way out (exit 0), and a
+    # third replica standing by takes it at its next try, not after the lease duration.
+    third = election.start(standby.name.removesuffix("-b") + "-c")
+    wait_for(
+        lambda: f"{standby.name} is the leader; {third.name} stands by" in third.process.log_tail(10**7),
+        timeout=30,
+        message="the third replica stands by",
+    )
+    stopped_at = time.monotonic()
     assert standby.process.stop() == 0
-    spec = election.lease_spec()
-    assert not spec.get("holderIdentity") and spec["leaseDurationSeconds"] == 1, spec
+    assert f"{standby.name} released lease" in standby.process.log_tail(10**7)
+    took = election.wait_holder(third.name, timeout=LEASE_S)
+    handover = time.monotonic() - stopped_at
+    print(f"handover after SIGTERM of the leader: {handover:.1f} s (its stop included; retry {RETRY_S:g} s)")
+    assert took <= RETRY_S + 2.0, f"the released lease was taken after {took:.1f} s"
+    assert election.lease_spec()["leaseTransitions"] == 2
+    # The third replica acts: the pool's deletion completes (its finalizer is the operator's to remove).
+    cluster.kubectl("delete", POOLS, "led", "-n", namespace, "--timeout=60s")
 
 
 def test_a_paused_leader_is_replaced_and_exits_on_resume_without_a_request(election: Election) -> None:
