@@ -54,7 +54,8 @@ def test_lint_strict(helm: list[str]) -> None:
     assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
     for values in (
         "scope.clusterWide=false,scope.namespaces={a,b}",
-        "peering.enabled=false,crds.enabled=false",
+        "peering.enabled=true,crds.enabled=false",
+        "replicaCount=1,leaderElection.enabled=false,podDisruptionBudget.enabled=false",
         "budget.create=true,budget.memory=1Ti",
         "config.modelCacheType=hostPath,config.modelCacheHostPath=/var/cache/modelpool",
         "gateway.enabled=false",
@@ -73,7 +74,8 @@ def test_default_render_cluster_scope(helm: list[str]) -> None:
         for doc in load_all(Path(path).read_text())
     }
     assert expected_crds, "the chart has no CRD files: run hack/sync-chart-crds.sh"
-    assert set(crds) == expected_crds | {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    # Kopf's peering CRDs only with peering.enabled (off: leader election replaces it).
+    assert set(crds) == expected_crds
     for name, crd in crds.items():
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep", name
         assert crd["metadata"]["labels"]["app.kubernetes.io/part-of"] == "modelpool", name
@@ -81,7 +83,7 @@ def test_default_render_cluster_scope(helm: list[str]) -> None:
     c = container(docs)
     assert c["command"] == ["modelpool-operator"]
     assert "--all-namespaces" in c["args"]
-    assert "--peering=modelpool-operator" in c["args"]
+    assert "--standalone" in c["args"]
     assert "--liveness=8080" in c["args"]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     env = {e["name"]: e.get("value") for e in c["env"]}
@@ -94,9 +96,7 @@ def test_default_render_cluster_scope(helm: list[str]) -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert c["image"] == f"ghcr.io/modelpool/modelpool-operator:{VERSION}"
 
-    peering = one(docs, "ClusterKopfPeering")
-    assert peering["metadata"]["name"] == "modelpool-operator"
-    assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
+    assert not by_kind(docs, "ClusterKopfPeering") and not by_kind(docs, "KopfPeering")
     assert not by_kind(docs, "ModelBudget"), "the chart never templates the budget (the operator creates it)"
     assert env["MODELPOOL_OPERATOR_MISSING_BUDGET"] == "refuse", "no budget: nothing admitted, by default"
     assert "MODELPOOL_OPERATOR_BUDGET_CREATE" not in env
@@ -107,13 +107,15 @@ def test_default_render_cluster_scope(helm: list[str]) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "mp-modelpool-operator", "namespace": "mp-system"}
     ]
-    # The one namespaced binding (besides the uninstall hook's, test_the_uninstall_hook_...): the gateway's,
-    # to read its API key Secrets in the keys namespace (never the release namespace's Secrets).
+    # The namespaced bindings (besides the uninstall hook's, test_the_uninstall_hook_...): the gateway's,
+    # to read its API key Secrets in the keys namespace (never the release namespace's Secrets), and the
+    # operator's leader election Lease in the release namespace.
     lasting = [
         b for b in by_kind(docs, "RoleBinding") if "helm.sh/hook" not in b["metadata"].get("annotations", {})
     ]
-    assert [(b["metadata"]["name"], b["metadata"]["namespace"]) for b in lasting] == [
-        (f"{GATEWAY}-keys", "mp-system-keys")
+    assert sorted((b["metadata"]["name"], b["metadata"]["namespace"]) for b in lasting) == [
+        (f"{GATEWAY}-keys", "mp-system-keys"),
+        (f"{OPERATOR}-leader-election", "mp-system"),
     ]
 
 
@@ -155,7 +157,7 @@ def test_rbac_follows_the_scope_and_peering(helm: list[str]) -> None:
             True,
         ),
     ]:
-        docs = render(helm, *args)
+        docs = render(helm, *args, "--set", "peering.enabled=true")
         namespaced = _rules(one(docs, "ClusterRole", "mp-modelpool-operator"))
         cluster = _rules(one(docs, "ClusterRole", "mp-modelpool-operator-cluster"))
         everything = namespaced | cluster
@@ -235,9 +237,14 @@ def test_namespace_scope(helm: list[str], tmp_path: Path) -> None:
     assert not [
         b for b in by_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"] == "mp-modelpool-operator"
     ]
-    peerings = by_kind(docs, "KopfPeering")
+    assert not by_kind(docs, "KopfPeering") and not by_kind(docs, "ClusterKopfPeering")
+    peered = render(
+        helm, "--set", "scope.clusterWide=false", "--set", "scope.namespaces={team-a,team-b}",
+        "--set", "peering.enabled=true",
+    )  # fmt: skip
+    peerings = by_kind(peered, "KopfPeering")
     assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
-    assert not by_kind(docs, "ClusterKopfPeering")
+    assert not by_kind(peered, "ClusterKopfPeering")
     cluster_rules = _rules(one(docs, "ClusterRole", "mp-modelpool-operator-cluster"))
     # Kopf's namespace observer resolves the watched namespaces (only outside cluster scope).
     assert ("", "namespaces", "watch") in cluster_rules
@@ -409,7 +416,9 @@ def test_network_policy_is_made_by_the_operator_and_names_the_operator_and_the_g
         (["--set", "crds.enable=false"], "additional properties 'enable' not allowed"),
         (["--set", "budget.memory=lots"], "at '/budget/memory'"),
         (["--set", "config.logFormat=xml"], "at '/config/logFormat'"),
-        (["--set", "replicaCount=3"], "at '/replicaCount'"),
+        (["--set", "replicaCount=-1"], "at '/replicaCount'"),
+        (["--set", "leaderElection.leaseDurationSeconds=0"], "at '/leaderElection/leaseDurationSeconds'"),
+        (["--set", "updateStrategy.type=Sometimes"], "at '/updateStrategy/type'"),
         (["--set", "liveness.port=0"], "at '/liveness/port'"),
         (["--set", "image.pullPolicy=Sometimes"], "at '/image/pullPolicy'"),
         (["--set", "metrics.port=0"], "at '/metrics/port'"),
@@ -897,3 +906,78 @@ def test_the_gateway_replicas_spread_over_nodes_and_a_drain_takes_one_at_a_time(
         ]
     off = render(helm, "--set", "gateway.topologySpread.enabled=false")
     assert "topologySpreadConstraints" not in one(off, "Deployment", GATEWAY)["spec"]["template"]["spec"]
+
+
+def test_leader_election_two_replicas_rolling_and_a_disruption_budget(helm: list[str]) -> None:
+    """Two replicas by default, one acting: the Lease's settings reach the operator, the Role grants get and
+    update on that one Lease only (create cannot be limited by name), the Deployment rolls one new replica in
+    before an old one goes, and a PodDisruptionBudget keeps one replica through a drain."""
+    docs = render(helm)
+    deployment = one(docs, "Deployment", OPERATOR)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    c = container(docs)
+    env = _operator_env(docs)
+    assert env["MODELPOOL_OPERATOR_LEADER_ELECTION"] == "true"
+    assert env["MODELPOOL_OPERATOR_LEADER_ELECTION_LEASE_NAME"] == OPERATOR
+    assert env["MODELPOOL_OPERATOR_LEADER_ELECTION_NAMESPACE"] == "mp-system"
+    assert [
+        env[f"MODELPOOL_OPERATOR_LEADER_ELECTION_{k}_SECONDS"]
+        for k in ("LEASE_DURATION", "RENEW_DEADLINE", "RETRY_PERIOD")
+    ] == ["15", "10", "2"]
+    [pod_name] = [e for e in c["env"] if e["name"] == "POD_NAME"]
+    assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # What the operator makes of the rendered settings.
+    rendered = {k: v for k, v in env.items() if k.startswith("MODELPOOL_OPERATOR_LEADER_ELECTION")}
+    config = OperatorConfig(**{k.removeprefix("MODELPOOL_OPERATOR_").lower(): v for k, v in rendered.items()})
+    assert config.leader_election and config.lease_namespace == "mp-system"
+
+    role = one(docs, "Role", f"{OPERATOR}-leader-election")
+    assert role["metadata"]["namespace"] == "mp-system"
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [OPERATOR],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    ]
+    binding = one(docs, "RoleBinding", f"{OPERATOR}-leader-election")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == OPERATOR
+
+    # create cannot be narrowed by name in RBAC: the chart's policy admits only this Lease's create.
+    policy = one(docs, "ValidatingAdmissionPolicy", f"{OPERATOR}-lease")
+    [check] = policy["spec"]["validations"]
+    assert check["expression"] == (
+        f"request.namespace == 'mp-system' && object.metadata.name == '{OPERATOR}'"
+    )
+    assert one(docs, "ValidatingAdmissionPolicyBinding", f"{OPERATOR}-lease")["spec"]["policyName"] == (
+        f"{OPERATOR}-lease"
+    )
+
+    pdb = one(docs, "PodDisruptionBudget", OPERATOR)
+    assert pdb["spec"]["minAvailable"] == 1
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+
+    named = render(helm, "--set", "leaderElection.leaseName=ops-lease")
+    assert one(named, "Role", f"{OPERATOR}-leader-election")["rules"][0]["resourceNames"] == ["ops-lease"]
+    single = render(helm, "--set", "replicaCount=1", "--set", "leaderElection.enabled=false")
+    assert not by_kind(single, "PodDisruptionBudget")
+    assert not [r for r in by_kind(single, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert _operator_env(single)["MODELPOOL_OPERATOR_LEADER_ELECTION"] == "false"
+    assert not by_kind(render(helm, "--set", "replicaCount=1"), "PodDisruptionBudget")
+    # Refused at render: durations that cannot fence a leader, standbys nothing keeps from acting.
+    for args, message in (
+        (["leaderElection.renewDeadlineSeconds=15"], "renewDeadlineSeconds must be shorter than"),
+        (["leaderElection.retryPeriodSeconds=10"], "retryPeriodSeconds must be shorter than"),
+        (["leaderElection.enabled=false"], "replicaCount > 1 needs leaderElection.enabled"),
+    ):
+        refused = template(helm, *(x for a in args for x in ("--set", a)), check=False)
+        assert refused.returncode != 0 and message in refused.stderr, (args, refused.stderr)

@@ -40,6 +40,15 @@ SET_BY_NETWORK_POLICY = {
     "network_policy_from",
     "network_policy_metrics_from",
 }
+# Settings the chart derives from `leaderElection` (and the release namespace); e2e/test_chart.py checks them.
+SET_BY_LEADER_ELECTION = {
+    "leader_election",
+    "leader_election_lease_name",
+    "leader_election_namespace",
+    "leader_election_lease_duration_seconds",
+    "leader_election_renew_deadline_seconds",
+    "leader_election_retry_period_seconds",
+}
 # Chart values left empty so the operator's own default applies (the template sets no variable for them).
 EMPTY_MEANS_DEFAULT = {"server_image", "peering_priority"}
 
@@ -75,6 +84,7 @@ def test_every_operator_setting_is_a_chart_value_with_the_operator_default() -> 
             default = list(default) if isinstance(default := fields[name].default, tuple) else default
             assert value == default, f"config.{key}: {value!r} != {default!r}"
     covered = {_snake(k) for k in config} | SET_BY_ARGS | SET_BY_NETWORK_POLICY | SET_BY_CHART | SET_BY_BUDGET
+    covered |= SET_BY_LEADER_ELECTION
     assert set(fields) == covered, f"settings without a chart value: {sorted(set(fields) - covered)}"
 
 

@@ -135,7 +135,8 @@ def install(
         values: dict[str, Any] = {
             "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
             "scope": {"clusterWide": False, "namespaces": [inst.pools]},
-            "peering": {"name": f"mp-{suffix}"},
+            # One replica (elected all the same): pods on the image node share the machine's ports.
+            "replicaCount": 1,
             # Pods on a process node share the machine's ports: ports of this release's own.
             "liveness": {"port": 18000 + secrets.randbelow(1000)},
             "metrics": {"port": 20000 + secrets.randbelow(1000)},

@@ -120,10 +120,11 @@ def chart_values(rel: Release) -> dict[str, Any]:
     """The values the e2e releases are installed with: namespace-scoped to the release's two pool
     namespaces, its own budget (created by the operator: budget.create), short intervals, and locally the
     operator and the gateway on the process node."""
-    suffix = rel.name.removeprefix("mpe2e-")
     values: dict[str, Any] = {
         "scope": {"clusterWide": False, "namespaces": [rel.namespace, rel.other_namespace]},
-        "peering": {"name": f"mp-{suffix}"},
+        # One replica (the process node runs it as a local process: two would share its ports), elected
+        # all the same: the chart's leader election Lease and its Role are exercised.
+        "replicaCount": 1,
         "liveness": {"port": 18000 + secrets.randbelow(1000)},
         # The process node runs the operator as a local process: its metrics port is this machine's.
         "metrics": {"port": rel.metrics_port},
@@ -239,10 +240,21 @@ def test_operator_runs(release: Release) -> None:
     )
     assert budget["spec"]["memory"] == "100Gi"
     assert not any(k.startswith("helm.sh/") for k in (budget["metadata"].get("annotations") or {}))
+    # Elected through the chart's Lease (its Role, its admission policy), under its pod's name.
+    name = pods[0]["metadata"]["name"]
+    lease = release.get("lease", f"{release.name}-modelpool-operator", "-n", release.system_namespace)
+    assert lease["spec"]["holderIdentity"] == name
+    eventually(
+        lambda: (
+            (release.get("modelbudget", release.budget).get("status") or {}).get("activeOperator") == name
+        ),
+        timeout=60,
+        what="the budget's status.activeOperator names the operator's pod",
+    )
 
 
 def test_crds_installed_and_kept_on_uninstall_policy(release: Release) -> None:
-    for name in ("modelpools.modelpool.dev", "modelbudgets.modelpool.dev", "kopfpeerings.kopf.dev"):
+    for name in ("modelpools.modelpool.dev", "modelbudgets.modelpool.dev"):
         crd = release.get("crd", name)
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
         established = [c for c in crd["status"]["conditions"] if c["type"] == "Established"]

@@ -1050,6 +1050,13 @@ class ModelBudgetStatus(_Model):
         default_factory=list,
         description="Valid: whether the operator can read the spec (False: no worker is admitted, and why).",
     )
+    active_operator: str | None = Field(
+        default=None,
+        description=(
+            "The operator replica that acts and wrote this status (its pod's name; with leader election, the "
+            "holder of the operator's Lease). Written when it changes."
+        ),
+    )
 
 
 # ---- ModelHost ----------------------------------------------------------------------------------------

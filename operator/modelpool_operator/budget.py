@@ -271,8 +271,11 @@ def budget_validity(ledger: Ledger) -> tuple[bool, str, str]:
     return True, "SpecValid", f"workers are admitted within {total}"
 
 
-def budget_status(ledger: Ledger, conditions: Iterable[Condition] = ()) -> ModelBudgetStatus:
-    """The ModelBudget status for this ledger (pools sorted by namespace/name), with ``conditions``."""
+def budget_status(
+    ledger: Ledger, conditions: Iterable[Condition] = (), active_operator: str | None = None
+) -> ModelBudgetStatus:
+    """The ModelBudget status for this ledger (pools sorted by namespace/name), with ``conditions`` and the
+    replica that writes it (``active_operator``)."""
     pools = [
         PoolShare(namespace=ns, name=name, memory=format_quantity(mem), memory_bytes=mem)
         for (ns, name), mem in sorted(ledger.shares.items())
@@ -284,6 +287,7 @@ def budget_status(ledger: Ledger, conditions: Iterable[Condition] = ()) -> Model
         reserved_bytes=ledger.reserved,
         pools=pools,
         conditions=list(conditions),
+        active_operator=active_operator or None,
     )
 
 

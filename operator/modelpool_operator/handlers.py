@@ -43,6 +43,7 @@ from modelpool_operator.effects import kube as kube_api
 from modelpool_operator.effects.apply import tell, write_budget_status
 from modelpool_operator.effects.budget_object import create_budget_until_done
 from modelpool_operator.host import host_charge_key
+from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import PodsByPool, slim_pod
 from modelpool_operator.observe.ownership import OwnedPods, OwnerRecord, claimed_key, host_record, pool_record
 from modelpool_operator.planner import Event
@@ -82,11 +83,14 @@ def _index(value: _T | None, name: str) -> _T:
     return value
 
 
-def make_memo(config: OperatorConfig) -> kopf.Memo:
+def make_memo(
+    config: OperatorConfig, metrics: OperatorMetrics | None = None, identity: str = ""
+) -> kopf.Memo:
     """The memo every handler shares (Kopf copies it shallowly per object, after the startup handlers ran:
     the services and the bookkeeping are shared): the configuration and the bookkeeping now, the services
-    once ``startup`` has built them."""
-    return kopf.Memo(config=config, book=Bookkeeping())
+    once ``startup`` has built them; ``metrics``, when the process serves them already (from before the
+    leader election), and this replica's ``identity``."""
+    return kopf.Memo(config=config, book=Bookkeeping(), metrics=metrics, identity=identity)
 
 
 def _config(memo: Any) -> OperatorConfig:
@@ -140,7 +144,8 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Lo
     quiet_watch_handlers()
     # Watch only the demand Leases (a cluster's nodes renew a Lease each every few seconds).
     settings.watching.label_selectors[LEASE_GROUP, LEASE_PLURAL] = DEMAND_SELECTOR
-    memo.services = await start_services(config)
+    memo.services = await start_services(config, memo.get("metrics"), memo.get("identity") or "")
+    memo.services.metrics.leader.set(1)  # this process acts (elected, or without an election)
     memo.heap_trimmer = asyncio.create_task(heap.trim_every(), name="heap trimmer")
     if config.budget_create:
         # Create only (effects.budget_object): an existing budget is the user's and is left alone. Waited

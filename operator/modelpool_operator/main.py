@@ -4,7 +4,9 @@ Loaded by the project's one settings loader (``modelpool_contract.settings``): e
 ``settings.OperatorConfig`` is a ``MODELPOOL_OPERATOR_*`` environment variable and a flag ``--x-y`` (a flag
 wins); scope, peering, liveness and metrics keep their own flag names (``-n/--namespace``,
 ``-A/--all-namespaces``, ``--peering``, ``--standalone``, ``--liveness``, ``--metrics``), and ``-v`` is
-verbosity. Invalid settings: one line on stderr and exit 2.  ``modelpool-operator cleanup ...`` is the
+verbosity. Invalid settings: one line on stderr and exit 2. With ``leader_election`` on, Kopf's operator
+starts only once this replica holds the leader election Lease (``modelpool_operator.leader``); a leader that
+loses it exits 9 (``leader.EXIT_LOST_LEASE``).  ``modelpool-operator cleanup ...`` is the
 chart's uninstall hook instead (``modelpool_operator.cleanup``). Kopf handles SIGINT/SIGTERM: the
 watches stop, the per-pool daemons are cancelled, and the process exits 0.
 """
@@ -12,13 +14,18 @@ watches stop, the per-pool daemons are cancelled, and the process exits 0.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from modelpool_contract import settings as settings_loader
 from modelpool_contract.settings import CommandLine, Flag
 from modelpool_operator.settings import OperatorConfig
+
+if TYPE_CHECKING:
+    from modelpool_operator.metrics import OperatorMetrics
 
 
 def _verbose(parser: argparse.ArgumentParser) -> None:
@@ -111,21 +118,74 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Importing the handlers module registers them on Kopf's default registry.
     from modelpool_operator.handlers import make_memo
+    from modelpool_operator.leader import default_identity
+    from modelpool_operator.metrics import OperatorMetrics
 
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.FULL,
         log_refkey="object",
     )
-    kopf.run(
+    # Served from the start: a standby reports modelpool_operator_leader 0 before its operator runs.
+    metrics = OperatorMetrics()
+    if config.metrics_port:
+        metrics.serve(config.metrics_port)
+    identity = default_identity()
+    operator_args: dict[str, Any] = dict(
         clusterwide=config.clusterwide,
         namespaces=list(config.namespaces),
         liveness_endpoint=config.liveness_endpoint,
         peering_name=config.peering_name,
         standalone=True if config.standalone else None,
-        memo=make_memo(config),
+        memo=make_memo(config, metrics, identity),
     )
-    return 0
+    if not config.leader_election:
+        kopf.run(**operator_args)
+        return 0
+    return run_elected(config, identity, metrics, operator_args)
+
+
+def run_elected(
+    config: OperatorConfig, identity: str, metrics: OperatorMetrics, operator_args: dict[str, Any]
+) -> int:
+    """Kopf's operator, started only once this replica holds the leader election Lease, on an event loop
+    that exits the process when the Lease is not renewed in time (``modelpool_operator.leader``)."""
+    import kopf
+    from kubernetes_asyncio.client import CoordinationV1Api
+
+    from modelpool_operator.effects.kube import api_client
+    from modelpool_operator.leader import Fence, FencedEventLoop, LeaderElector, lead
+
+    timing = config.lease_timing
+    fence = Fence(timing.renew_deadline)
+
+    async def elected() -> int:
+        client = await api_client()
+        try:
+            elector = LeaderElector(
+                CoordinationV1Api(client),
+                name=config.leader_election_lease_name,
+                namespace=config.lease_namespace,
+                identity=identity,
+                timing=timing,
+                fence=fence,
+            )
+            return await lead(
+                elector,
+                lambda: kopf.operator(**operator_args),
+                on_leading=metrics.leading,
+                liveness_port=config.liveness_port,
+            )
+        finally:
+            await client.close()
+
+    def new_loop() -> asyncio.AbstractEventLoop:
+        loop = FencedEventLoop()
+        loop.fence = fence
+        return loop
+
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(elected())
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ Names (all prefixed ``modelpool_operator_``; docs/operator.md has example querie
   controller owner reference and uid): never counted in the ledger nor touched, each counted once.
 * ``stats_unreadable_total{reason}`` (too_large, deadline, invalid): workers' ``/stats`` answers dropped
   unread: over the size bound, not whole by the deadline, or not a JSON object (the stats are unknown).
+* ``leader``: 1 on the replica that acts (it holds the leader election Lease, or runs without an
+  election), 0 on a standby (``modelpool_operator.leader``).
 * ``process_*``: prometheus-client's process collector (CPU, resident memory, open files).
 
 Cardinality is bounded: no label names a worker; ``pool`` grows with the pools, each adding a series per
@@ -116,6 +118,12 @@ class OperatorMetrics:
             ["reason"],
             registry=r,
         )
+        self.leader = Gauge(
+            f"{PREFIX}_leader",
+            "1 while this replica acts (holds the leader election Lease, or runs without an election), "
+            "0 while it stands by",
+            registry=r,
+        )
         # The host_memory series each ModelHost last set, so a host pod or device gone loses its series.
         self._host_series: dict[tuple[str, str], set[HostSeries]] = {}
         self._server: object | None = None
@@ -198,6 +206,9 @@ class OperatorMetrics:
 
     def evicted(self, reason: str) -> None:
         self.evictions.labels(reason=reason).inc()
+
+    def leading(self, leading: bool) -> None:
+        self.leader.set(1 if leading else 0)
 
     def budget_written(self, total: int | None, used: int, reserved: int) -> None:
         if total is not None:

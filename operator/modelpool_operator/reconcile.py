@@ -491,4 +491,8 @@ def budget_status_wire(
         now=now,
         generation=generation,
     )
-    return budget_status(ledger, [validity]).model_dump(mode="json", by_alias=True)
+    status = budget_status(ledger, [validity], services.identity)
+    # Without an identity no activeOperator key at all (a null would be patched at every write).
+    return status.model_dump(
+        mode="json", by_alias=True, exclude={"active_operator"} if not services.identity else None
+    )

@@ -42,6 +42,8 @@ class Services:
     host_control: HostControl
     # The seed each ModelHost's control key is derived from (``control_keys.derive_control_key``).
     control_seed: bytes
+    # This replica's name (the pod's; ``leader.default_identity``): the ModelBudget's status.activeOperator.
+    identity: str = ""
 
     async def aclose(self) -> None:
         """Stop serving metrics, close the scraper's, the hosts' and the API's connections."""
@@ -65,12 +67,16 @@ def make_scraper(config: OperatorConfig, metrics: OperatorMetrics | None = None)
     )
 
 
-async def start_services(config: OperatorConfig) -> Services:
-    """The services of an operator process: metrics served (when a port is set), the API connected (its
-    failed requests counted in the metrics), the scraper and the observation cache made."""
-    metrics = OperatorMetrics()
-    if config.metrics_port:
-        metrics.serve(config.metrics_port)
+async def start_services(
+    config: OperatorConfig, metrics: OperatorMetrics | None = None, identity: str = ""
+) -> Services:
+    """The services of an operator process: metrics served (when a port is set; ``metrics``: already made
+    and served, before the leader election), the API connected (its failed requests counted in the
+    metrics), the scraper and the observation cache made."""
+    if metrics is None:
+        metrics = OperatorMetrics()
+        if config.metrics_port:
+            metrics.serve(config.metrics_port)
     kube = await connect(config.request_timeout_seconds, metrics.api_error)
     return Services(
         config=config,
@@ -81,6 +87,7 @@ async def start_services(config: OperatorConfig) -> Services:
         metrics=metrics,
         host_control=HttpHostControl(),
         control_seed=load_seed(config.control_seed_file),
+        identity=identity,
     )
 
 

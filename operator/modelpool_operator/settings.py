@@ -22,6 +22,7 @@ from modelpool_contract.labels import LABEL_POOL, PREFIX
 from modelpool_contract.quantity import QuantityError, quantity_value
 from modelpool_contract.reserved import DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_TOLERATION_KEYS
 from modelpool_operator.effects.network_peers import NetworkPolicyPeer
+from modelpool_operator.leader import Timing, check_timing
 from modelpool_operator.policy import (
     Policy,
     check_host_path_prefix,
@@ -309,6 +310,43 @@ class OperatorConfig(BaseSettings):
             "dies without saying so blocks the others for at most this long."
         ),
     )
+    leader_election: bool = Field(
+        default=False,
+        description=(
+            "Act only while holding the coordination.k8s.io Lease leader_election_lease_name (client-go's "
+            "leader election: one acting replica, fenced; modelpool_operator.leader). The chart turns it on; "
+            "off: the process acts at once (tests, development)."
+        ),
+    )
+    leader_election_lease_name: str = Field(
+        default="modelpool-operator", min_length=1, description="The leader election Lease's name."
+    )
+    leader_election_namespace: str = Field(
+        default="",
+        description="The leader election Lease's namespace. Empty: own_namespace (the release namespace).",
+    )
+    leader_election_lease_duration_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description=(
+            "How long a standby waits after it last saw the Lease change before it takes it over (a killed "
+            "leader that did not release it blocks the standbys this long)."
+        ),
+    )
+    leader_election_renew_deadline_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "A leader that has not renewed the Lease for this long stops acting: it exits (non-zero) so that "
+            "it restarts as a candidate. Shorter than the lease duration."
+        ),
+    )
+    leader_election_retry_period_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often the leader renews the Lease and a standby tries to take it. Shorter than the "
+        "renew deadline.",
+    )
     liveness_port: int = Field(
         default=8080, ge=0, le=65535, description="Port of the /healthz liveness endpoint (0 disables it)."
     )
@@ -449,6 +487,34 @@ class OperatorConfig(BaseSettings):
                 "(where the operator's pods run and their labels)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _election_can_fence(self) -> OperatorConfig:
+        problem = check_timing(
+            self.leader_election_lease_duration_seconds,
+            self.leader_election_renew_deadline_seconds,
+            self.leader_election_retry_period_seconds,
+        )
+        if problem:
+            raise ValueError(problem)
+        if self.leader_election and not self.lease_namespace:
+            raise ValueError(
+                "leader_election needs leader_election_namespace or own_namespace (where the Lease lives)"
+            )
+        return self
+
+    @property
+    def lease_namespace(self) -> str:
+        """The leader election Lease's namespace."""
+        return self.leader_election_namespace or self.own_namespace
+
+    @property
+    def lease_timing(self) -> Timing:
+        return Timing(
+            lease_duration=self.leader_election_lease_duration_seconds,
+            renew_deadline=self.leader_election_renew_deadline_seconds,
+            retry_period=self.leader_election_retry_period_seconds,
+        )
 
     @property
     def model_cache(self) -> ModelCacheSpec | None:

@@ -160,3 +160,23 @@ operator's control seed and Helm's release Secrets. */}}
 {{- end }}
 {{- $ns }}
 {{- end }}
+
+{{/*
+The leader election Lease's name (leaderElection.leaseName, else the full name); fails on settings that
+cannot fence a leader or on standbys that nothing keeps from acting.
+*/}}
+{{- define "modelpool-operator.leaseName" -}}
+{{- $le := .Values.leaderElection }}
+{{- if and (gt (int .Values.replicaCount) 1) (not $le.enabled) (not .Values.peering.enabled) }}
+{{- fail "replicaCount > 1 needs leaderElection.enabled: several replicas would all act on the budget at once" }}
+{{- end }}
+{{- if $le.enabled }}
+{{- if not (lt (float64 $le.renewDeadlineSeconds) (float64 $le.leaseDurationSeconds)) }}
+{{- fail "leaderElection.renewDeadlineSeconds must be shorter than leaderElection.leaseDurationSeconds (a leader stops acting before its Lease can be taken)" }}
+{{- end }}
+{{- if not (lt (float64 $le.retryPeriodSeconds) (float64 $le.renewDeadlineSeconds)) }}
+{{- fail "leaderElection.retryPeriodSeconds must be shorter than leaderElection.renewDeadlineSeconds" }}
+{{- end }}
+{{- end }}
+{{- $le.leaseName | default (include "modelpool-operator.fullname" .) }}
+{{- end }}

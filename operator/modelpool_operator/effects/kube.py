@@ -141,15 +141,19 @@ class KubeApi(Protocol):
     async def close(self) -> None: ...
 
 
-async def connect(request_timeout: float, on_error: ErrorHook | None = None) -> Kube:
-    """An API connection from the in-cluster service account, or else ``$KUBECONFIG`` / ~/.kube/config."""
+async def api_client() -> client.ApiClient:
+    """An API client from the in-cluster service account, or else ``$KUBECONFIG`` / ~/.kube/config."""
     configuration = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         await config.load_kube_config(client_configuration=configuration)
-    api_client = client.ApiClient(configuration)
-    return Kube(api_client, request_timeout, on_error)
+    return client.ApiClient(configuration)
+
+
+async def connect(request_timeout: float, on_error: ErrorHook | None = None) -> Kube:
+    """An API connection (``api_client``) for the operator's own requests."""
+    return Kube(await api_client(), request_timeout, on_error)
 
 
 class Kube:

@@ -185,6 +185,9 @@ def peering_crds(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Clu
             str(ROOT / "charts" / "modelpool-operator"),
             "--show-only",
             "templates/peering-crds.yaml",
+            # Off by default since leader election (kept one release): rendered when asked for.
+            "--set",
+            "peering.enabled=true",
         ],
         env=env,
         capture_output=True,

@@ -5,11 +5,12 @@ namespace ``modelpool-audit`` bound to the chart's own rules (rendered by the re
 it does with the chart's settings (a pool created, scaled up and down with an eviction, the operator
 restarted so the pool's Service and NetworkPolicy are brought up to date, the ModelBudget created by the
 operator itself (budget.create: a create at each start, 409 once it exists), the pool and the ModelBudget
-deleted, Events posted, Kopf's peering), and the API
+deleted, Events posted, the leader election Lease, Kopf's peering), and the API
 server's audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says which
 (API group, resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted
-verb no request used is an extra one. Both scopes are run: namespace scope with a KopfPeering, cluster
-scope with a ClusterKopfPeering. The pieces shared with the gateway's test (test_gateway_rbac.py) are in
+verb no request used is an extra one. Both scopes are run: namespace scope with the chart's defaults
+(leader election on a Lease in the release namespace, no Kopf peering), cluster scope with the deprecated
+ClusterKopfPeering on too. The pieces shared with the gateway's test (test_gateway_rbac.py) are in
 tests/rbacaudit.py.
 
 The operator runs under the chart's policy on its own writes (templates/operatorpolicy.yaml, enforced
@@ -60,8 +61,9 @@ from tests.rbacaudit import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 # The kinds of the chart that make up the operator's identity and peering.
-IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "RoleBinding"}
-# The chart's policy on the operator's own writes (the policy and its binding, "<fullname>-writes").
+IDENTITY_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+# The chart's policies on the operator's own writes (each a policy and its binding: "<fullname>-writes",
+# "<fullname>-lease").
 POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 OWN_WRITES_POLICY = "templates/operatorpolicy.yaml"
 PEERING_KINDS = {"KopfPeering", "ClusterKopfPeering"}
@@ -95,18 +97,18 @@ class AuditedRelease:
 
     def operator_env(self) -> dict[str, str]:
         """The settings the chart gives the operator besides ``config`` (whom the pools' NetworkPolicies
-        admit; the budget it creates when missing, and what it does meanwhile), as its Deployment sets
-        them."""
+        admit; the budget it creates when missing, and what it does meanwhile; its leader election Lease), as
+        its Deployment sets them."""
         [deployment] = [
             d for d in self.docs if d["kind"] == "Deployment" and "gateway" not in d["metadata"]["name"]
         ]
         [container] = deployment["spec"]["template"]["spec"]["containers"]
-        prefix = "MODELPOOL_OPERATOR_NETWORK_POLICY_"
+        prefixes = ("MODELPOOL_OPERATOR_NETWORK_POLICY_", "MODELPOOL_OPERATOR_LEADER_ELECTION")
         budget = {f"MODELPOOL_OPERATOR_{n}" for n in ("BUDGET_CREATE", "BUDGET_MEMORY", "MISSING_BUDGET")}
         return {
             e["name"]: e["value"]
             for e in container["env"]
-            if e["name"].startswith(prefix) or e["name"] in budget
+            if e["name"].startswith(prefixes) or e["name"] in budget
         }
 
     def requests(self) -> list[dict[str, Any]]:
@@ -137,7 +139,9 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Any]:
         for crd in crd_docs:  # Kopf's peering CRDs (the other tests may have installed them already)
             crds.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd))
         wanted = [d for d in docs if d["kind"] in IDENTITY_KINDS | PEERING_KINDS]
-        wanted += [d for d in docs if d["kind"] in POLICY_KINDS and d["metadata"]["name"].endswith("-writes")]
+        # The policies on its writes, its leader election Lease's included ("-lease").
+        policies = ("-writes", "-lease")
+        wanted += [d for d in docs if d["kind"] in POLICY_KINDS and d["metadata"]["name"].endswith(policies)]
         assert len(wanted) > 2 and {d["kind"] for d in wanted} >= POLICY_KINDS, (
             f"{OWN_WRITES_POLICY} rendered"
         )
@@ -214,7 +218,7 @@ def _exercise(
     release: AuditedRelease,
     *,
     scope: list[str],
-    peering: str,
+    peering: str | None,
 ) -> None:
     """Everything the operator does, run as the audited ServiceAccount with the chart's settings: a budget,
     a ModelHost with one KWOK host pod (its Secret, pod, status, finalizer), and a pool of two KWOK
@@ -285,20 +289,30 @@ def _exercise(
 def test_namespace_scope_rbac_is_exactly_what_the_operator_uses(
     crds: Cluster, namespace: str, audited: Any, start_operator: StartOperator
 ) -> None:
-    peering = f"mp-audit-{secrets.token_hex(3)}"
-    release: AuditedRelease = audited(
-        {"scope": {"clusterWide": False, "namespaces": [namespace]}, "peering": {"name": peering}}
-    )
-    _exercise(crds, namespace, start_operator, release, scope=[namespace], peering=peering)
+    """The chart's defaults but the scope: leader election on its Lease, no Kopf peering."""
+    release: AuditedRelease = audited({"scope": {"clusterWide": False, "namespaces": [namespace]}})
+    _exercise(crds, namespace, start_operator, release, scope=[namespace], peering=None)
     _compare(release)
     assert ("", "namespaces", "list") in release.used(), "Kopf resolves the watched namespaces"
+    # The Lease: created at the first start, renewed, released at the stop, taken again at the restart.
+    lease = {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
+    assert lease <= release.used()
+    names = {
+        e["objectRef"].get("name")
+        for e in release.requests()
+        if e["objectRef"]["resource"] == "leases" and e["verb"] in ("get", "update")
+    }
+    assert names == {f"{release.name}-modelpool-operator"}, names
 
 
 def test_cluster_scope_rbac_is_exactly_what_the_operator_uses(
     crds: Cluster, namespace: str, audited: Any, start_operator: StartOperator
 ) -> None:
-    """Cluster scope: the operator acts on every namespace (this test's pool is the only one it is given)."""
+    """Cluster scope: the operator acts on every namespace (this test's pool is the only one it is given);
+    with the deprecated Kopf peering on too (its ClusterKopfPeering), besides the leader election."""
     peering = f"mp-audit-{secrets.token_hex(3)}"
-    release: AuditedRelease = audited({"scope": {"clusterWide": True}, "peering": {"name": peering}})
+    release: AuditedRelease = audited(
+        {"scope": {"clusterWide": True}, "peering": {"enabled": True, "name": peering}}
+    )
     _exercise(crds, namespace, start_operator, release, scope=[], peering=peering)
     _compare(release)
