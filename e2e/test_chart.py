@@ -927,7 +927,7 @@ def test_leader_election_two_replicas_rolling_and_a_disruption_budget(helm: list
     assert [
         env[f"MODELPOOL_OPERATOR_LEADER_ELECTION_{k}_SECONDS"]
         for k in ("LEASE_DURATION", "RENEW_DEADLINE", "RETRY_PERIOD")
-    ] == ["15", "10", "2"]
+    ] == ["12", "8", "2"]
     [pod_name] = [e for e in c["env"] if e["name"] == "POD_NAME"]
     assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     # What the operator makes of the rendered settings.

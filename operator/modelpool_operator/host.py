@@ -54,6 +54,14 @@ class HostView:
     spec: ModelHostSpec
     uid: str | None = None
     generation: int = 0
+    # The hash its pods are labelled with: the spec's (``host_template_hash``) unless given; the pass
+    # replaces it with the rendered pod's (``effects.resources.host_pod_template_hash``: the operator's
+    # settings too).
+    template_hash: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.template_hash:
+            object.__setattr__(self, "template_hash", host_template_hash(self.spec))
 
     @property
     def key(self) -> PoolKey:

@@ -36,6 +36,7 @@ from modelpool_operator.effects.placing import (
     delete_workers,
     write_pool_status,
 )
+from modelpool_operator.effects.resources import worker_template_hash
 from modelpool_operator.host import host_charge_key
 from modelpool_operator.observe.claims import believe
 from modelpool_operator.observe.hosts import (
@@ -67,7 +68,7 @@ from modelpool_operator.planner.shared_scale import SharedScale, scale_shared
 from modelpool_operator.planner.status import coalesce, condition
 from modelpool_operator.policy import Violation, violations
 from modelpool_operator.pool import OtherPool, PoolKey, PoolView
-from modelpool_operator.services import Services, planner_settings
+from modelpool_operator.services import Services, planner_settings, pod_settings
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +185,8 @@ async def reconcile_pool(
             if refusal is not None:
                 await refuse(services, run, body, refusal)
             return None
+        # The workers' hash covers what this operator adds (a new default image or flag rolls them).
+        pool = replace(pool, template_hash=worker_template_hash(pool, pod_settings(services.config)))
         refused = violations(pool.spec, services.config.policy, pool.namespace)
         if refused:
             outcome.result = "forbidden"

@@ -28,6 +28,7 @@ from modelpool_operator.effects.placing import (
     unload_everywhere,
     write_annotations,
 )
+from modelpool_operator.effects.resources import host_pod_template_hash
 from modelpool_operator.host import HostView, host_charge_key, host_pod_name
 from modelpool_operator.observe.hosts import (
     HostedPool,
@@ -56,7 +57,7 @@ from modelpool_operator.reconcile import (
     observe,
     policy_message,
 )
-from modelpool_operator.services import Services
+from modelpool_operator.services import Services, pod_settings
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,8 @@ async def reconcile_host(
     except ValueError:
         logger.warning("ModelHost %s/%s: invalid spec", *run.key, exc_info=True)
         return None
+    # Its pods' hash covers what this operator adds to them (a new default image or flag rolls them).
+    host = replace(host, template_hash=host_pod_template_hash(host, pod_settings(services.config)))
     refused = host_violations(host.spec, services.config.policy, host.namespace)
     if refused:
         # No host pod runs an image the operator does not allow (the chart's admission policy refuses

@@ -22,7 +22,13 @@ from modelpool_contract.labels import LABEL_POOL, PREFIX
 from modelpool_contract.quantity import QuantityError, quantity_value
 from modelpool_contract.reserved import DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_TOLERATION_KEYS
 from modelpool_operator.effects.network_peers import NetworkPolicyPeer
-from modelpool_operator.leader import Timing, check_timing
+from modelpool_operator.leader import (
+    DEFAULT_LEASE_DURATION_S,
+    DEFAULT_RENEW_DEADLINE_S,
+    DEFAULT_RETRY_PERIOD_S,
+    Timing,
+    check_timing,
+)
 from modelpool_operator.policy import (
     Policy,
     check_host_path_prefix,
@@ -326,7 +332,7 @@ class OperatorConfig(BaseSettings):
         description="The leader election Lease's namespace. Empty: own_namespace (the release namespace).",
     )
     leader_election_lease_duration_seconds: float = Field(
-        default=15.0,
+        default=DEFAULT_LEASE_DURATION_S,
         gt=0,
         description=(
             "How long a standby waits after it last saw the Lease change before it takes it over (a killed "
@@ -334,7 +340,7 @@ class OperatorConfig(BaseSettings):
         ),
     )
     leader_election_renew_deadline_seconds: float = Field(
-        default=10.0,
+        default=DEFAULT_RENEW_DEADLINE_S,
         gt=0,
         description=(
             "A leader that has not renewed the Lease for this long stops acting: it exits (non-zero) so that "
@@ -342,7 +348,7 @@ class OperatorConfig(BaseSettings):
         ),
     )
     leader_election_retry_period_seconds: float = Field(
-        default=2.0,
+        default=DEFAULT_RETRY_PERIOD_S,
         gt=0,
         description="How often the leader renews the Lease and a standby tries to take it. Shorter than the "
         "renew deadline.",

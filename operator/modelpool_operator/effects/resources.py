@@ -8,6 +8,9 @@ the same spec always builds the same pod.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -62,7 +65,7 @@ from modelpool_contract.stats import LIVE_PATH, READY_PATH
 from modelpool_contract.times import rfc3339
 from modelpool_operator.host import HostView, host_pod_name, host_pool_label, host_template_hash
 from modelpool_operator.placement.charge import host_charge
-from modelpool_operator.pool import PoolView
+from modelpool_operator.pool import PoolView, template_hash
 
 MANAGED_BY = "modelpool-operator"
 # Where a pool's API key (spec.auth.apiKeySecret) is mounted, and the file the server reads it from.
@@ -348,6 +351,22 @@ def _owned_metadata(pool: PoolView, name: str, labels: dict[str, str]) -> dict[s
     return metadata
 
 
+def rendered_hash(spec_hash: str, pod_spec: Mapping[str, Any]) -> str:
+    """Pure: the template hash of a pod as the operator renders it: its spec's own hash (the fields that
+    shape it) and the pod spec built from it and the operator's settings. So whatever the operator adds
+    (the server image it defaults to, the flags and env it passes, probes, volumes, a new version's
+    rendering) is covered too: a pod built otherwise than this operator would build it now is outdated and
+    rolled, one at a time within the budget, as a spec change is."""
+    payload = json.dumps({"spec": spec_hash, "pod": pod_spec}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()[:10]
+
+
+def worker_template_hash(pool: PoolView, settings: PodSettings) -> str:
+    """The template hash of ``pool``'s workers under ``settings`` (``rendered_hash`` of the worker pod spec;
+    the pool's labels and annotations are in its spec hash)."""
+    return rendered_hash(template_hash(pool.spec), _pod_spec(pool.spec, pool.name, settings, pool.namespace))
+
+
 def build_worker_pod(pool: PoolView, worker_name: str, settings: PodSettings | None = None) -> dict[str, Any]:
     """The worker Pod ``worker_name`` of ``pool`` (built from its spec and template hash), as an API dict.
 
@@ -479,7 +498,7 @@ def host_labels(host: HostView) -> dict[str, str]:
 
 
 def _host_pod_labels(host: HostView) -> dict[str, str]:
-    return {**host_labels(host), LABEL_TEMPLATE_HASH: host_template_hash(host.spec)}
+    return {**host_labels(host), LABEL_TEMPLATE_HASH: host.template_hash}
 
 
 def build_control_key_secret(host: HostView, key: str) -> dict[str, Any]:
@@ -551,10 +570,20 @@ def build_host_pod(host: HostView, index: int, settings: PodSettings | None = No
     mounted, labelled ``modelpool.dev/host=<name>``, charged its whole devices (``ANNOTATION_MEMORY``:
     ``placement.host_charge``), owned by the ModelHost."""
     settings = settings or PodSettings()
-    spec = host.spec
     name = host_pod_name(host, index)
     metadata = _host_metadata(host, name, _host_pod_labels(host))
-    metadata["annotations"] = {ANNOTATION_MEMORY: str(host_charge(spec))}
+    metadata["annotations"] = {ANNOTATION_MEMORY: str(host_charge(host.spec))}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": _host_pod_spec(host, settings)}
+
+
+def host_pod_template_hash(host: HostView, settings: PodSettings) -> str:
+    """The template hash of ``host``'s pods under ``settings`` (``rendered_hash`` of the host pod spec)."""
+    return rendered_hash(host_template_hash(host.spec), _host_pod_spec(host, settings))
+
+
+def _host_pod_spec(host: HostView, settings: PodSettings) -> dict[str, Any]:
+    """A host pod's spec (the same for every index): the server container, its volumes, scheduling."""
+    spec = host.spec
     env = [{"name": k, "value": v} for k, v in (*SCRATCH_ENV, ("PYTHONUNBUFFERED", "1"))]
     cpu = cpu_request(spec.resources.cpu, settings.default_cpu)
     if cpu is not None:
@@ -612,4 +641,4 @@ def build_host_pod(host: HostView, index: int, settings: PodSettings | None = No
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         pod_spec["tolerations"] = [t.wire() for t in spec.tolerations]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    return pod_spec

@@ -24,7 +24,7 @@ from modelpool_contract.api import ModelHostStatus
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_contract.states import SERVING_STATES
 from modelpool_operator.budget import Ledger
-from modelpool_operator.host import HostView, host_template_hash
+from modelpool_operator.host import HostView
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.placement.charge import host_charge, hosts_admitted
 from modelpool_operator.placement.ledger import Host
@@ -84,7 +84,7 @@ def plan_host(
     budget's ``ledger`` (which already counts the existing host pods, and reserves those created but not
     observed yet)."""
     replicas = host.spec.replicas
-    current = host_template_hash(host.spec)
+    current = host.template_hash
     delete = sorted(
         {w.name for w in pods if not w.deleting and _doomed(host, w, current)}
         | set(_rolled(host, pods, current))

@@ -33,7 +33,12 @@ import httpx
 import pytest
 
 from modelpool_contract.times import parse_time
-from modelpool_operator.leader import EXIT_LOST_LEASE
+from modelpool_operator.leader import (
+    DEFAULT_LEASE_DURATION_S,
+    DEFAULT_RENEW_DEADLINE_S,
+    DEFAULT_RETRY_PERIOD_S,
+    EXIT_LOST_LEASE,
+)
 from testkit.cluster import Cluster
 from testkit.environment import free_port
 from testkit.kubectl import apply, get_json, wait_for
@@ -58,7 +63,8 @@ from tests.rbacaudit import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 # client-go's (and controller-runtime's) defaults, as the chart sets them: the real failover is measured.
-LEASE_S, RENEW_S, RETRY_S = 15.0, 10.0, 2.0
+# The operator's defaults (the chart's too): the test measures what a user gets.
+LEASE_S, RENEW_S, RETRY_S = DEFAULT_LEASE_DURATION_S, DEFAULT_RENEW_DEADLINE_S, DEFAULT_RETRY_PERIOD_S
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 # A process's start on a busy machine (imports), and the slack of the polls that measure a takeover.
 START_S = 120.0

@@ -28,8 +28,12 @@ import pytest
 
 from modelpool_operator.control_keys import derive_control_key
 from modelpool_operator.effects.apply import API_ERROR, NAME_TAKEN
+from modelpool_operator.effects.resources import worker_template_hash
 from modelpool_operator.pool import PoolView, worker_name
+from modelpool_operator.services import pod_settings
+from modelpool_operator.settings import OperatorConfig
 from testkit.cluster import Cluster
+from testkit.environment import free_port
 from testkit.kubectl import apply, get_json, wait_established, wait_for
 from testkit.services import control_seed_file
 from tests.operator.integration.opharness import (
@@ -148,9 +152,12 @@ def _pending_pod(name: str) -> dict[str, Any]:
     }
 
 
-def _first_worker(manifest: dict[str, Any], index: int = 0) -> str:
-    pool = PoolView.from_body(manifest)
-    return worker_name(pool.name, pool.template_hash, index)
+def _worker(manifest: dict[str, Any], namespace: str, probe_port: int, index: int = 0) -> str:
+    """The name the operator gives the pool's ``index``-th worker (its hash covers the operator's settings:
+    the test names the one that differs between operators, the workers' probe port)."""
+    pool = PoolView.from_body({**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}})
+    settings = pod_settings(OperatorConfig(server_probe_port=probe_port))
+    return worker_name(pool.name, worker_template_hash(pool, settings), index)
 
 
 def test_a_pod_holding_a_workers_name_is_reported_and_the_worker_made_under_another(
@@ -158,15 +165,16 @@ def test_a_pod_holding_a_workers_name_is_reported_and_the_worker_made_under_anot
 ) -> None:
     cluster = crds
     manifest = pool_manifest("squat")
-    taken = _first_worker(manifest)
+    port = free_port()
+    taken = _worker(manifest, namespace, port)
     apply(cluster, _pending_pod(taken), namespace)
-    start_operator(namespace)
+    start_operator(namespace, MODELPOOL_OPERATOR_SERVER_PROBE_PORT=str(port))
     apply(cluster, manifest, namespace)
 
     status = wait_status(
         cluster, namespace, "squat", lambda s: states(s) == ["Ready"], timeout=90, message="one worker Ready"
     )
-    assert [w["name"] for w in status["workers"]] == [_first_worker(manifest, 1)]
+    assert [w["name"] for w in status["workers"]] == [_worker(manifest, namespace, port, 1)]
     wait_for(
         lambda: any(
             reason == NAME_TAKEN and f"pod {namespace}/{taken} exists" in message

@@ -17,6 +17,7 @@ import pytest
 
 from modelpool_contract.times import parse_time
 from testkit.cluster import Cluster
+from testkit.environment import free_port
 from testkit.kubectl import apply, get_json, wait_for
 from tests.operator.integration.opharness import (
     GI,
@@ -263,6 +264,49 @@ def test_spec_change_rolls_workers_over_keeping_them_ready(
     pod = worker_pods(cluster, namespace, "roll")[0]
     args = pod["spec"]["containers"][0]["args"]
     assert args[args.index("--queue-capacity") + 1] == "7"
+
+
+def test_a_new_default_server_image_rolls_the_workers_one_at_a_time_within_the_budget(
+    cluster: Cluster, namespace: str, start_operator: StartOperator, budgeted_operator: BudgetedOperator
+) -> None:
+    """Issue 31 item 4: the template hash covers what the operator adds (here the server image it defaults
+    to), so an operator upgraded to a new image rolls every pool to it, one worker at a time, keeping the
+    ready count, under a budget with room for one surge worker only."""
+    old, new = (f"ghcr.io/modelpool/modelpool-server:{tag}" for tag in ("1.0.0", "1.1.0"))
+    # Both operators pass the workers the same probe port: only the image they default to differs.
+    port = str(free_port())
+    env = {"MODELPOOL_OPERATOR_SERVER_PROBE_PORT": port}
+    watcher, first = budgeted_operator("3Gi", MODELPOOL_OPERATOR_SERVER_IMAGE=old, **env)
+    try:
+        apply(cluster, pool_manifest("img", replicas=2, min_replicas=1, memory="1Gi"), namespace)
+        wait_status(
+            cluster,
+            namespace,
+            "img",
+            lambda s: states(s) == ["Ready", "Ready"],
+            timeout=60,
+            message="2 ready",
+        )
+        assert first.stop() == 0
+        watcher.arm_ready_floor("img", 2)
+        start_operator(namespace, MODELPOOL_OPERATOR_SERVER_IMAGE=new, **env)
+
+        def images() -> list[str]:
+            live = [
+                p
+                for p in worker_pods(cluster, namespace, "img")
+                if not p["metadata"].get("deletionTimestamp")
+            ]
+            return sorted(p["spec"]["containers"][0]["image"] for p in live)
+
+        wait_for(
+            lambda: images() == [new, new], timeout=90, interval=0.5, message="both workers on the new image"
+        )
+    finally:
+        watcher.stop()
+    assert watcher.min_ready_after["img"] >= 2, "the roll dropped below the ready count"
+    assert watcher.max_pods["img"] <= 3, "more than one surge worker at once"
+    assert watcher.max_memory <= 3 * GI, f"over the budget: {watcher.max_memory / GI:.1f} GiB at once"
 
 
 def test_pool_deletion_cascades_to_pods_and_service(

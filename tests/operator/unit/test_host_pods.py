@@ -4,6 +4,7 @@ allowlist over its spec (``policy.host_violations``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from modelpool_contract.api import parse_host_spec
@@ -16,6 +17,7 @@ from modelpool_operator.effects.resources import (
     PodSettings,
     build_control_key_secret,
     build_host_pod,
+    host_pod_template_hash,
 )
 from modelpool_operator.host import HostView, host_charge_key, host_template_hash
 from modelpool_operator.observe.hosts import observe_hosts
@@ -269,3 +271,19 @@ def test_host_placement_and_namespace_obey_the_pools_rules() -> None:
             ),
         ),
     ]
+
+
+def test_a_host_pods_hash_covers_the_operators_default_image_and_flags_but_not_replicas() -> None:
+    """Issue 31 item 4, for host pods: a new default server image or port rolls them; replicas do not."""
+    settings = PodSettings(default_image="img:1")
+    current = host_pod_template_hash(view(), settings)
+    assert host_pod_template_hash(view(replicas=5), settings) == current
+    assert host_pod_template_hash(view(), replace(settings, default_image="img:2")) != current
+    assert host_pod_template_hash(view(), replace(settings, port=settings.port + 1)) != current
+    assert host_pod_template_hash(view(image="mine:1"), settings) == host_pod_template_hash(
+        view(image="mine:1"), replace(settings, default_image="img:2")
+    )
+    rendered = replace(view(), template_hash=current)
+    assert (
+        build_host_pod(rendered, 0, settings)["metadata"]["labels"]["modelpool.dev/template-hash"] == current
+    )

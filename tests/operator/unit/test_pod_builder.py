@@ -26,6 +26,7 @@ from modelpool_operator.effects.resources import (
     build_worker_pod,
     eviction_patch,
     server_args,
+    worker_template_hash,
 )
 from modelpool_operator.pool import PoolView, template_hash, worker_name
 
@@ -449,3 +450,28 @@ def test_a_pools_own_cpu_share_variable_is_kept() -> None:
     env = [{"name": CPU_SHARE_ENV, "value": "3000"}]
     no_cpu = pool(resources={"memory": "2Gi"}, podTemplate={"env": env})
     assert _cpu_of(build_worker_pod(view(no_cpu), "w")) == (DEFAULT_WORKER_CPU, None, env)
+
+
+def test_the_template_hash_covers_what_the_operator_adds_and_nothing_that_does_not_shape_a_pod() -> None:
+    """Issue 31 item 4: a new default server image, flag (the drain timeout, the ports) or default CPU of the
+    operator changes the hash, so its workers roll; scaling fields and a rebuilt operator with the same
+    settings do not (a restart rolls nothing)."""
+    settings = PodSettings(default_image="img:1")
+    current = worker_template_hash(PoolView.from_body(pool()), settings)
+    assert current == worker_template_hash(PoolView.from_body(pool()), PodSettings(default_image="img:1"))
+    rescaled = pool(replicas=5, minReplicas=1, maxReplicas=9, priority=3)
+    assert worker_template_hash(PoolView.from_body(rescaled), settings) == current
+    changed = (
+        replace(settings, default_image="img:2"),
+        replace(settings, drain_timeout_s=settings.drain_timeout_s + 1),
+        replace(settings, probe_port=settings.probe_port + 1),
+        replace(settings, default_cpu="3"),
+    )
+    hashes = {worker_template_hash(PoolView.from_body(pool(resources={"memory": "2Gi"})), s) for s in changed}
+    assert len(hashes) == len(changed)
+    assert worker_template_hash(PoolView.from_body(pool(queue={"capacity": 8})), settings) != current
+    # A pool that names its own image is not rolled by a new default image.
+    own = PoolView.from_body(pool(image="mine:1"))
+    assert worker_template_hash(own, settings) == worker_template_hash(
+        own, replace(settings, default_image="x")
+    )

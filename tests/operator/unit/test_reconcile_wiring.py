@@ -22,12 +22,13 @@ from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
 from modelpool_operator.effects.apply import settle_reservations, start_eviction
 from modelpool_operator.effects.host_control import HttpHostControl
 from modelpool_operator.effects.kube import ApiException, NameTakenError
+from modelpool_operator.effects.resources import worker_template_hash
 from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import ObservationCache, pod_indexed, slim_pod
 from modelpool_operator.planner import Event, Evict
 from modelpool_operator.pool import OtherPool, PoolView, worker_name
 from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
-from modelpool_operator.services import Services, lifecycle_settings, make_scraper
+from modelpool_operator.services import Services, lifecycle_settings, make_scraper, pod_settings
 from modelpool_operator.settings import OperatorConfig
 
 GI = 2**30
@@ -303,7 +304,8 @@ async def test_a_worker_name_held_by_someone_elses_pod_is_reported_and_another_n
     NameTaken told, and the next pass makes the worker under the next free name."""
     body = _pool("a", 1)
     run = PoolRun(key=("ns", "a"))
-    first = worker_name("a", PoolView.from_body(body).template_hash, 0)
+    rendered = worker_template_hash(PoolView.from_body(body), pod_settings(state.services.config))
+    first = worker_name("a", rendered, 0)
     state.kube.foreign.add(first)
 
     async def pool_pass() -> None:
@@ -324,7 +326,7 @@ async def test_a_worker_name_held_by_someone_elses_pod_is_reported_and_another_n
     assert [e.reason for _, e in state.events.posted if e.type == "Warning"] == ["NameTaken"]
     await pool_pass()
     [made] = state.kube.created
-    assert made["metadata"]["name"] == worker_name("a", PoolView.from_body(body).template_hash, 1)
+    assert made["metadata"]["name"] == worker_name("a", rendered, 1)
 
 
 async def test_a_create_without_an_answer_keeps_its_memory_until_the_pod_is_known_absent(
