@@ -1259,7 +1259,11 @@ class HostModelStatus(_Model):
     )
     memory_bytes: int = Field(default=0, description="The same in bytes.")
     measured: bool = Field(
-        default=False, description="Whether the charge is the server's measurement (else the declared size)."
+        default=False,
+        description=(
+            "Whether the charge is a figure the host reported: asleep, its parked bytes; awake, a "
+            "measurement above the declared size (else the declared size, which is a floor)."
+        ),
     )
     last_request_time: str | None = Field(
         default=None, description="When it last received a request (RFC 3339): the least recent sleeps first."

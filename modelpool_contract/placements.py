@@ -18,6 +18,7 @@ says.  The states are the worker states (Sleeping and Waking, a host's own, amon
 ``host_model_name`` is the name a pool's model has on a host: the operator loads it under that name, the
 gateway sends it in requests (the OpenAI body's ``model``, the name in a v2 URL).
 
+``device_charge`` is what each model on a host is charged on its device while awake, in both ledgers.
 ``default_model_overhead`` is what each model on a host costs beyond its weights when the ModelHost
 (``spec.modelOverhead``) and the host (``--model-overhead``) say nothing: both ledgers, the host's and the
 operator's, charge it on the model's device for as long as the model is there, awake or asleep.
@@ -50,6 +51,19 @@ def default_model_overhead(*, gpu: bool) -> int:
     """Bytes each model on a host is charged on its device beyond its weights, awake or asleep, when
     nothing says otherwise: a CUDA context on a GPU host, the process's RAM on a CPU host."""
     return parse_quantity(DEFAULT_GPU_MODEL_OVERHEAD if gpu else DEFAULT_CPU_MODEL_OVERHEAD)
+
+
+def device_charge(declared: int, measured: int | None) -> int:
+    """What a model on a shared host is charged on its device while awake: the larger of its declared
+    size (its pool's ``resources.memory``) and what its process measured (None or 0: no measurement yet).
+
+    The one rule both ledgers import, the host's (``model_server.supervisor.host``, which refuses a load
+    it has no room for) and the operator's (``modelpool_operator.placement.ledger``, which decides where
+    a model goes): were the operator to credit a measurement below the declaration, it would see room the
+    host does not give, and place a model the host then refuses. The declaration stays a floor, as a
+    dedicated worker is charged its declaration in the ModelBudget; a measurement above it is charged, so
+    an under-declared model cannot over-commit a device."""
+    return max(declared, measured or 0)
 
 
 _STATES: Final[frozenset[str]] = frozenset(get_args(WorkerState))

@@ -53,7 +53,7 @@ from model_server.state_machine import SLEEPABLE, State, StateMachine
 from model_server.supervisor.host import RETRY_SLEEP_S, Conflict, HostSupervisor, NoRoom
 from model_server.supervisor.host_control import HostControlServer
 from modelpool_contract.flags import IDLE_AFTER_S
-from modelpool_contract.placements import LABEL_HOST, default_model_overhead
+from modelpool_contract.placements import LABEL_HOST, default_model_overhead, device_charge
 from modelpool_contract.stats import StatsMemory, StatsModel, WorkerStats
 
 #: A model Ready, or used, for less than this may still be loading or busy in the operator's view (its
@@ -88,7 +88,7 @@ class SimModel:
     def facts(self) -> host_plan.SlotFacts:
         """As ``HostSupervisor.Slot.facts``: charged the larger of declared and measured, parked the same,
         and its process's overhead awake or asleep."""
-        charged = max(self.declared, self.measured)
+        charged = device_charge(self.declared, self.measured)
         return host_plan.SlotFacts(
             self.name, self.state, self.device, charged, charged, self.last_used, self.busy, self.overhead
         )

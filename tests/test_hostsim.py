@@ -21,6 +21,8 @@ from model_server.state_machine import State
 from model_server.supervisor.host import HostSupervisor
 from model_server.supervisor.host_control import HostControlServer
 from modelpool_contract.placements import default_model_overhead
+from modelpool_operator.observe.hosts import HostedPool, host_residents
+from modelpool_operator.placement.ledger import Host, fits, ledger
 from testkit.hostsim import Audit, Eviction, HostSim, SimHost, SimModel, gpus, model_overhead
 from testkit.kubectl import wait_for
 
@@ -257,3 +259,32 @@ def test_an_eviction_on_one_device_has_only_that_devices_idle_models_as_candidat
         sim.audit.loaded("h-0", "newcomer")
         # The same device: the older model came first (a wrong victim); the other device: no candidate.
         assert len(sim.audit.wrong_evictions()) == wrong, (other_device, sim.audit.evictions)
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.5])
+def test_the_operator_and_the_host_see_the_same_room_when_a_model_measures_below_or_above_its_declaration(
+    factor: float,
+) -> None:
+    """One charge rule (``device_charge``) in both ledgers: with each model measuring half (or 1.5x) its
+    declaration, the operator's ledger, built from the host's own ``/stats``, finds on each device the
+    room the host reports; a model the operator finds room for, the host loads."""
+    sim = SimHost("h-0", device_memory=8 * GI, host_memory=0, key="k", audit=Audit(), load_s=0.01,
+                  overhead=GI // 4, measured_factor=factor)  # fmt: skip
+    server = HostControlServer(("127.0.0.1", 0), cast(HostSupervisor, sim))
+    server.serve_in_thread()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    pools = {name: HostedPool(name, declared=2 * GI) for name in ("a", "b", "c")}
+    try:
+        for name in ("a", "b"):
+            assert load(url, name, 2).status_code == 200
+        wait_for(lambda: set(sim.states().values()) == {"Ready"}, timeout=10, message="both loaded")
+        stats = httpx.get(f"{url}/stats").json()
+        seen = Host("h-0", (8 * GI,), overhead=GI // 4, residents=host_residents("ns", stats, pools))
+        assert ledger(seen).devices[0].free == stats["host"]["devices"][0]["free"]
+        # Each charged max(2 GiB, measured) + 1/4 GiB: the operator's fit is the host's.
+        room = fits(seen, 0, 2 * GI + GI // 4)
+        assert room == (factor <= 1)
+        assert (load(url, "c", 2).status_code == 200) == room
+    finally:
+        server.shutdown()
+        server.server_close()

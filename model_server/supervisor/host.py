@@ -60,6 +60,7 @@ from modelpool_contract.exits import (
     KILL_TIMEOUT_S,
     STOP_TIMEOUT_S,
 )
+from modelpool_contract.placements import device_charge
 
 log = logging.getLogger("modelpool.host")
 
@@ -127,8 +128,8 @@ class Slot:
             name=self.name or "",
             state=self.state_machine.state,
             device=self.device,
-            device_bytes=max(self.memory, measured),
-            host_bytes=parked or max(self.memory, measured),
+            device_bytes=device_charge(self.memory, measured),
+            host_bytes=parked or device_charge(self.memory, measured),
             last_used=max(last_request, view.get(Field.WAKE_WANTED), self.woken_for),
             busy=bool(view.door.taken or view.get(Field.IN_FLIGHT)) or self._request_on_its_way(last_request),
             overhead=self.overhead,

@@ -4,11 +4,10 @@ Plain values in, plain values out (no Kopf, no I/O). A host pod has devices (its
 on a CPU host), each with the capacity ``ModelHost.spec.deviceMemory``, and ``hostMemory`` of RAM for
 sleeping models' weights. Each model on it (a ``Resident``: one replica of a shared pool) is charged:
 
-* awake (Pending, Loading, Ready, Processing, Idle, Waking, Evicting): on its device, the accelerator
-  memory its server measured, else its declared size (``spec.resources.memory``). While the model loads
-  (Pending, Loading) a measurement is partial, so it is charged the larger of the two; once loaded (and
-  while it sleeps and wakes: its measurement was taken awake), the measurement replaces the declaration
-  either way;
+* awake (Pending, Loading, Ready, Processing, Idle, Waking, Evicting): on its device, the larger of its
+  declared size (``spec.resources.memory``) and the accelerator memory its server measured
+  (``modelpool_contract.placements.device_charge``: the host charges it by the same rule, so the two
+  ledgers agree on every device's room);
 * asleep (Sleeping): nothing on its device; its parked weights in host RAM (measured when the host
   reported them, else what it held awake). A Waking model still holds its RAM copy until it is awake;
 * Failed or Dead: nothing.
@@ -30,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from modelpool_contract.api import HostModelState
+from modelpool_contract.placements import device_charge
 
 #: A model's state on a host: the worker states, plus Sleeping (weights parked in host RAM, device memory
 #: returned) and Waking (weights on their way back); the contract's one definition.
@@ -38,8 +38,6 @@ ModelState = HostModelState
 AWAKE_STATES: Final[frozenset[ModelState]] = frozenset(
     {"Pending", "Loading", "Ready", "Processing", "Idle", "Waking", "Evicting"}
 )
-#: Not loaded yet: a measurement is partial, so the declared size still bounds the charge from below.
-LOADING_STATES: Final[frozenset[ModelState]] = frozenset({"Pending", "Loading"})
 #: May be put to sleep to make room (when nothing is queued or in flight): never Loading, Processing or
 #: Waking, whose work would be lost.
 SLEEPABLE_STATES: Final[frozenset[ModelState]] = frozenset({"Ready", "Idle"})
@@ -69,12 +67,8 @@ class Resident:
 
     @property
     def awake_bytes(self) -> int:
-        """What it holds (or will hold) on its device while awake."""
-        if self.measured is None:
-            return self.declared
-        if self.state in LOADING_STATES:
-            return max(self.declared, self.measured)
-        return self.measured
+        """What it is charged on its device while awake (the host's rule: ``device_charge``)."""
+        return device_charge(self.declared, self.measured)
 
     @property
     def parked_bytes(self) -> int:

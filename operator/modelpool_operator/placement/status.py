@@ -33,6 +33,14 @@ def signed_quantity(num_bytes: int) -> str:
     return "-" + format_quantity(-num_bytes) if num_bytes < 0 else format_quantity(num_bytes)
 
 
+def _measured(resident: Resident) -> bool:
+    """Whether its charge is a figure its host reported (parked bytes asleep; awake, a measurement above
+    its declaration, which is charged otherwise: ``device_charge``)."""
+    if resident.state == "Sleeping":
+        return resident.parked is not None
+    return resident.measured is not None and resident.measured > resident.declared
+
+
 def _model(resident: Resident) -> HostModelStatus:
     charge = resident.host_charge if resident.state == "Sleeping" else resident.device_charge
     last = resident.last_used
@@ -43,7 +51,7 @@ def _model(resident: Resident) -> HostModelStatus:
         device=resident.device,
         memory=format_quantity(charge),
         memory_bytes=charge,
-        measured=(resident.parked if resident.state == "Sleeping" else resident.measured) is not None,
+        measured=_measured(resident),
         last_request_time=datetime.fromtimestamp(last, UTC).isoformat().replace("+00:00", "Z")
         if last
         else None,

@@ -143,7 +143,7 @@ def _config(*argv: str) -> Any:
 def test_settings_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     config = _config()
     assert config.leader_election is False
-    assert config.lease_timing == Timing(15, 10, 2)
+    assert config.lease_timing == Timing(12, 8, 2)
     monkeypatch.setenv("MODELPOOL_OPERATOR_LEADER_ELECTION", "true")
     with pytest.raises(ConfigError, match="leader_election_namespace or own_namespace"):
         _config()

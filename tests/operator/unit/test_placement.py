@@ -81,16 +81,18 @@ def test_awake_models_charge_their_device_sleeping_ones_host_ram_failed_ones_not
     assert fits(h, 0, 30 * GI) and not fits(h, 0, 30 * GI + 1)
 
 
-def test_a_measurement_replaces_the_declared_size_once_loaded() -> None:
+def test_a_model_is_charged_the_larger_of_its_declaration_and_its_measurement_as_on_its_host() -> None:
+    """One rule in both ledgers (``device_charge``): crediting a measurement below the declaration would
+    show room the host does not give (it charges the larger), and its load would be refused."""
     loaded = model("a", "Ready", gib=10, measured=6 * GI)
-    assert loaded.device_charge == 6 * GI  # smaller than declared: the measurement
+    assert loaded.device_charge == 10 * GI  # smaller than declared: the declaration
     assert replace(loaded, measured=14 * GI).device_charge == 14 * GI  # larger: the measurement
-    # Loading: a measurement is partial, so the larger of the two; Waking: the measurement taken awake.
-    assert replace(loaded, state="Waking").device_charge == 6 * GI
-    assert replace(loaded, state="Loading").device_charge == 10 * GI
-    assert replace(loaded, state="Loading", measured=12 * GI).device_charge == 12 * GI
+    for state in ("Loading", "Waking", "Idle", "Processing"):
+        assert replace(loaded, state=state).device_charge == 10 * GI
+        assert replace(loaded, state=state, measured=12 * GI).device_charge == 12 * GI
+    assert replace(loaded, measured=None).device_charge == 10 * GI
     # Asleep: its parked bytes as the host reports them, else what it held awake.
-    assert replace(loaded, state="Sleeping").host_charge == 6 * GI
+    assert replace(loaded, state="Sleeping").host_charge == 10 * GI
     assert replace(loaded, state="Sleeping", parked=5 * GI).host_charge == 5 * GI
 
 
@@ -386,21 +388,21 @@ def test_the_host_status_shows_each_device_and_the_totals_the_columns_print() ->
     assert [p.name for p in status.hosts] == ["h-0", "h-1", "h-2"]
     first = status.hosts[0]
     assert [(d.awake, d.asleep, d.free) for d in first.devices] == [
-        ("6Gi", "8Gi", "34Gi"),
+        ("10Gi", "8Gi", "30Gi"),
         ("0", "0", "40Gi"),
     ]
     assert first.host_memory_free == "32Gi" and first.node == "gpu-1"
     a, b, c = first.models
     assert (a.state, a.memory, a.measured, a.last_request_time) == (
         "Ready",
-        "6Gi",
-        True,
+        "10Gi",
+        False,  # measured 6Gi, below its 10Gi declaration: charged the declaration
         "2027-01-15T08:00:00Z",
     )
     assert (b.state, b.memory, b.measured) == ("Sleeping", "8Gi", False) and c.memory == "0"
     assert status.hosts[1].devices[0].free == "-5Gi"
     # Totals over the host pods that count (not the failed one): what AWAKE / ASLEEP / FREE print.
-    assert (status.memory.awake, status.memory.asleep, status.memory.free) == ("51Gi", "8Gi", "69Gi")
+    assert (status.memory.awake, status.memory.asleep, status.memory.free) == ("55Gi", "8Gi", "65Gi")
     assert ModelHostStatus.model_validate(status.wire()) == status
 
 
