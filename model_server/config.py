@@ -64,6 +64,13 @@ class ServingConfig(BaseSettings):
         description="Requests that may wait (on a shared host: in each model's own queue)",
     )
     request_timeout: float = Field(default=REQUEST_TIMEOUT_S, gt=0, le=86_400, description="Max deadline (s)")
+    wedge_grace: float = Field(
+        default=WEDGE_GRACE_S,
+        gt=0,
+        le=86_400,
+        description="A forward pass running longer than --request-timeout + this is wedged: a worker fails "
+        "(liveness too) and exits 7; on a shared host, that model fails alone",
+    )
     device: Literal["auto", "cpu", "cuda"] | str = Field(
         default="auto", description="auto|cpu|cuda[:N] (on a shared host: the device every model lives on)"
     )
@@ -135,13 +142,6 @@ class ServerConfig(ServingConfig):
     max_batch_delay_ms: float = Field(default=BATCH_DELAY_MS, ge=0, le=10_000, description="Batch fill wait")
     idle_after: float = Field(default=IDLE_AFTER_S, gt=0, description="Ready -> Idle after this many seconds")
     drain_timeout: float = Field(default=DRAIN_TIMEOUT_S, ge=0, description="SIGTERM: drain for this long")
-    wedge_grace: float = Field(
-        default=WEDGE_GRACE_S,
-        gt=0,
-        le=86_400,
-        description="A forward pass running longer than --request-timeout + this is wedged: the worker "
-        "fails (liveness too) and exits 7",
-    )
     dtype: Dtype = Field(default="auto", description="Weights")
     max_request_items: int = Field(default=2048, ge=1, description="More items in one request -> 413")
     handler: str | None = Field(default=None, description="module:Class implementing the Task interface")

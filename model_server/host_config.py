@@ -198,6 +198,7 @@ def slot_config(
         "device": device or host.device,
         "queue_capacity": host.queue_capacity,
         "request_timeout": host.request_timeout,
+        "wedge_grace": host.wedge_grace,
         "max_request_bytes": host.max_request_bytes,
         "http_workers": host.http_workers,
         "log_level": host.log_level,

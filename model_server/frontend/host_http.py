@@ -38,6 +38,7 @@ from model_server.host_config import HostConfig
 from model_server.process_setup import set_up
 from model_server.state_machine import SERVING, State
 from model_server.worker_view import BEAT_PERIOD_S, Column, Field, WorkerView, http_row
+from modelpool_contract.http_limits import BoundedHeadersProtocol
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
 
 log = logging.getLogger("modelpool.http")
@@ -257,6 +258,8 @@ def main(
             proxy_headers=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             lifespan="off",
+            # The header bound (431), as a dedicated worker's HTTP processes have it.
+            http=BoundedHeadersProtocol,
         ),
         router,
         control,

@@ -400,6 +400,7 @@ class HostSupervisor:
             code = self._reap()
             if code is not None:
                 return code
+            self._fail_wedged(time.monotonic())
             self._wake_wanted()
             if self.config.sleep_idle:
                 self._sleep_idle()
@@ -430,6 +431,32 @@ class HostSupervisor:
             log.error("model %s failed: %s", slot.name, reason)
             slot.state_machine.try_to(State.FAILED, reason)
         return None
+
+    def _fail_wedged(self, now: float) -> None:
+        """A model whose forward pass is wedged (``worker_stats.inference_wedged``, a dedicated worker's
+        rule) fails alone: Failed with the reason, its process killed, so its device memory comes back and
+        the others serve on (a dedicated worker fails whole: it has nothing else to serve)."""
+        for slot in self._running():
+            if slot.state_machine.state in (State.FAILED, State.DEAD) or slot.config is None:
+                continue
+            wedged = worker_stats.inference_wedged(slot.config, slot.view, now)
+            if wedged and slot.child is not None:
+                log.error("model %s failed: %s", slot.name, wedged)
+                slot.state_machine.try_to(State.FAILED, wedged)
+                slot.child.process.kill()
+
+    def stalled_http(self, now: float, bound: float) -> list[int]:
+        """The HTTP processes (indexes) whose event loop has not ticked for ``bound`` seconds: each ticks
+        into the view of every model it serves (``host_http.HostRouter.beat``)."""
+        return sorted({i for slot in self._running() for i in slot.view.stalled_http(now, bound)})
+
+    def _running(self) -> list[Slot]:
+        """The slots whose model's process runs and is not being unloaded."""
+        return [
+            s
+            for s in self.slots
+            if s.config is not None and s.child is not None and not s.child.done and not s.leaving
+        ]
 
     def _wake_wanted(self) -> None:
         """A request waits for a sleeping model: wake it (in a thread: making room may take a while)."""

@@ -14,9 +14,10 @@
 With ``--control-key-file``, every POST must carry ``Authorization: Bearer <key>`` (else 401); health,
 ``/stats`` and ``/metrics`` stay open, as on a dedicated worker's probe port.  Errors are
 ``{"error": "..."}`` with the status of the ``ServerError`` (400 a bad load body, 404 an unknown model,
-409 loaded already or a refused sleep, 507 no room on the device).  A stdlib
-``ThreadingHTTPServer`` in a thread of the host's supervisor (which imports no web stack); each call
-runs on its own thread, and the supervisor's lock orders them.
+409 loaded already or a refused sleep, 507 no room on the device).  Liveness fails while an HTTP process
+is stalled, as a dedicated worker's.  A stdlib server in a thread of the host's supervisor (``local_http``,
+as a dedicated worker's probe port: keep-alive, no Nagle, IPv6); each call runs on its own thread, and the
+supervisor's lock orders them.
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ import json
 import logging
 import re
 import shutil
-import threading
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -36,6 +35,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from model_server.errors import InvalidInput, ServerError
 from model_server.host_config import HostConfig, LoadError
 from model_server.supervisor.host import HostSupervisor
+from model_server.supervisor.local_http import LocalHandler, LocalHTTPServer
+from model_server.supervisor.probe_server import STALL_AFTER_S
 from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
 
 log = logging.getLogger("modelpool.host")
@@ -53,7 +54,7 @@ def _model_document(host: HostSupervisor, name: str) -> dict[str, Any]:
 def control(host: HostSupervisor, method: str, path: str, body: bytes) -> tuple[int, Any]:
     """The status and JSON body of one probe-port call."""
     if method == "GET" and path == LIVE_PATH:
-        return (503 if host.failed else 200), {"live": not host.failed}
+        return host_liveness(host, time.monotonic())
     if method == "GET" and path == READY_PATH:
         up = not host.failed and all(c.process.exitcode is None for c in host.http)
         return (200 if up else 503), {"ready": up}
@@ -84,6 +85,20 @@ def control(host: HostSupervisor, method: str, path: str, body: bytes) -> tuple[
     return 200, _model_document(host, name)
 
 
+def host_liveness(host: HostSupervisor, now: float) -> tuple[int, dict[str, Any]]:
+    """``GET /v2/health/live``: 503 once the host has failed, or while one of its HTTP processes has not
+    run its event loop for ``STALL_AFTER_S`` (a wedged HTTP process fails liveness, as on a dedicated
+    worker; a model's wedged forward pass fails that model alone: ``HostSupervisor``)."""
+    stalled = host.stalled_http(now, STALL_AFTER_S)
+    reason = host.failed or (
+        f"HTTP process {stalled[0]} has not run its event loop for {STALL_AFTER_S:.0f} s" if stalled else ""
+    )
+    body: dict[str, Any] = {"live": not reason}
+    if reason:
+        body["reason"] = reason
+    return (503 if reason else 200), body
+
+
 def authorized(header: str | None, key: str | None) -> bool:
     """Pure: does ``header`` (``Authorization``) carry ``key`` (None: no key needed)?  Constant time."""
     if key is None:
@@ -92,8 +107,7 @@ def authorized(header: str | None, key: str | None) -> bool:
     return hmac.compare_digest(token.strip().encode(), key.encode()) & (scheme.lower() == "bearer")
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(LocalHandler):
     server: HostControlServer
 
     def _answer(self, method: str) -> None:
@@ -103,41 +117,26 @@ class _Handler(BaseHTTPRequestHandler):
         elif length > MAX_CONTROL_BODY:
             status, document = 413, {"error": "control body too large"}
         elif method == "GET" and self.path.split("?", 1)[0] == METRICS_PATH:
-            return self._send(200, self.server.host.metrics(), CONTENT_TYPE_LATEST)
+            return self.send_body(200, self.server.host.metrics(), CONTENT_TYPE_LATEST)
         else:
             body = self.rfile.read(length) if length else b""
             status, document = control(self.server.host, method, self.path.split("?", 1)[0], body)
-        self._send(status, json.dumps(document).encode(), "application/json")
+        self.send_body(status, json.dumps(document).encode(), "application/json")
 
-    def _send(self, status: int, payload: bytes, content_type: str) -> None:
-        self.send_response(status, HTTPStatus(status).phrase)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib handler's name
         self._answer("GET")
 
-    def do_POST(self) -> None:
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib handler's name
         self._answer("POST")
 
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the probes come every few seconds."""
 
-
-class HostControlServer(ThreadingHTTPServer):
-    daemon_threads = True
+class HostControlServer(LocalHTTPServer):
+    thread_name = "host-control"
 
     def __init__(self, address: tuple[str, int], host: HostSupervisor) -> None:
         super().__init__(address, _Handler)
         self.host = host
         self.key = host.config.control_key
-
-    def serve_in_thread(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name="host-control", daemon=True)
-        thread.start()
-        return thread
 
 
 def run_host(config: HostConfig) -> int:
@@ -177,4 +176,4 @@ def run_host(config: HostConfig) -> int:
         shutil.rmtree(host.metrics_dir, ignore_errors=True)
 
 
-__all__ = ["INDEX_PATH", "HostControlServer", "authorized", "control", "run_host"]
+__all__ = ["INDEX_PATH", "HostControlServer", "authorized", "control", "host_liveness", "run_host"]

@@ -18,18 +18,14 @@ A wedged HTTP process must still fail liveness, as it would on the serving port:
 ticks a heartbeat into the shared view, and liveness fails while one that accepts connections has not
 ticked for ``STALL_AFTER_S``; so must a wedged forward pass (``worker_stats.inference_wedged``).
 
-A small stdlib ``ThreadingHTTPServer`` in a thread of the supervisor: four GET routes, keep-alive; the
-supervisor imports no web stack.
+A small stdlib server in a thread of the supervisor (``local_http``: keep-alive, no Nagle, IPv6): four GET
+routes; the supervisor imports no web stack.
 """
 
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -38,6 +34,7 @@ from model_server import worker_stats
 from model_server.config import ServerConfig
 from model_server.metrics import WorkerGauges, render_worker
 from model_server.state_machine import StateMachine
+from model_server.supervisor.local_http import LocalHandler, LocalHTTPServer
 from model_server.worker_view import WorkerView
 from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
 
@@ -67,10 +64,8 @@ def answer(
     return 404, {"error": f"no route {path!r} on the probe port ({routes})"}
 
 
-class ProbeServer(ThreadingHTTPServer):
+class ProbeServer(LocalHTTPServer):
     """The probe port's server; ``serve_in_thread`` runs it until ``shutdown``."""
-
-    daemon_threads = True
 
     def __init__(
         self,
@@ -80,8 +75,6 @@ class ProbeServer(ThreadingHTTPServer):
         state_machine: StateMachine,
         metrics_dir: str | None = None,
     ) -> None:
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
         self.config = config
         self.view = view
@@ -93,35 +86,18 @@ class ProbeServer(ThreadingHTTPServer):
         """``/metrics``: the worker's exposition (``metrics_dir``: the processes' multiprocess files)."""
         return render_worker(self.gauges, self.metrics_dir)
 
-    def serve_in_thread(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name="probe-port", daemon=True)
-        thread.start()
-        return thread
 
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as a scraper's connection pool expects
-    # The head and the body go out in two writes: with Nagle's algorithm the second waits for the
-    # client's delayed ACK of the first (40 ms measured on /stats).
-    disable_nagle_algorithm = True
+class _Handler(LocalHandler):
     server: ProbeServer
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib handler's name
         server = self.server
         path = self.path.split("?", 1)[0]
         if path == METRICS_PATH:
-            status, data, content_type = 200, server.metrics(), CONTENT_TYPE_LATEST
-        else:
-            status, body = answer(path, server.config, server.view, server.state_machine, time.monotonic())
-            data, content_type = json.dumps(body, separators=(",", ":")).encode(), "application/json"
-        self.send_response(HTTPStatus(status))
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """No access log (a probe every two seconds)."""
+            self.send_body(200, server.metrics(), CONTENT_TYPE_LATEST)
+            return
+        status, body = answer(path, server.config, server.view, server.state_machine, time.monotonic())
+        self.send_body(status, json.dumps(body, separators=(",", ":")).encode(), "application/json")
 
 
 __all__ = ["STALL_AFTER_S", "ProbeServer", "answer"]

@@ -537,6 +537,17 @@ def mutants(case: Case, seed: int, count: int = MUTANTS) -> list[Case]:
 # ---- raw sockets --------------------------------------------------------------------------------------
 
 
+# Header blocks over the bound (modelpool_contract.http_limits): one long header, many short ones, and a
+# long URL.  Before the bound, uvicorn's httptools parser accepted each (and buffered it all).
+HUGE_HEADERS = [
+    b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n",
+    b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n"
+    + b"".join(b"X-%05d: v\r\n" % i for i in range(8000))
+    + b"\r\n",
+    b"GET /v2/health/ready?" + b"q" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+]
+
+
 def raw_exchange(port: int, request: bytes, timeout: float = 10.0) -> tuple[int | None, bytes]:
     """Send raw bytes, read one answer: (status, body), or (None, b"") when the server closed the
     connection without answering (what a parser does with bytes that are not HTTP at all)."""

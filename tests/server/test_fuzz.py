@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from tests.server.conftest import ServerProcess, start_server
 from tests.server.fuzzcases import (
     FUZZ_SETTINGS,
+    HUGE_HEADERS,
     MODEL,
     MUTANTS,
     Case,
@@ -157,17 +158,6 @@ RAW_CASES = [
     b"zz\r\nabc\r\n0\r\n\r\n",
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(256)),  # a TLS ClientHello
     b"GARBAGE\r\n\r\n",
-]
-
-
-# Header blocks over the bound (modelpool_contract.http_limits): one long header, many short ones, and a
-# long URL.  Before the bound, uvicorn's httptools parser accepted each (and buffered it all).
-HUGE_HEADERS = [
-    b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n",
-    b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n"
-    + b"".join(b"X-%05d: v\r\n" % i for i in range(8000))
-    + b"\r\n",
-    b"GET /v2/health/ready?" + b"q" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
 ]
 
 

@@ -31,6 +31,7 @@ from testkit import prom
 from testkit.environment import free_port
 from testkit.server import HostControl
 from tests.server.conftest import ServerProcess, start_server
+from tests.server.fuzzcases import HUGE_HEADERS, raw_exchange
 
 pytestmark = pytest.mark.slow
 
@@ -205,6 +206,14 @@ def test_a_load_makes_room_by_sleeping_the_least_recently_used_idle_models(
     too_big = {"source": str(tmp_path), "task": "text-embedding", "handler": ECHO, "memory": f"{2000 * MI}"}
     assert host.call("huge", "load", too_big).status_code == 507
     assert host.call("victim", "wake").json()["state"] == "Ready"
+
+
+def test_a_header_block_over_the_bound_is_refused_431_on_the_hosts_serving_port(host: Host) -> None:
+    """The header bound of a dedicated worker's HTTP processes (``test_fuzz.py``), on a host's too."""
+    for request in HUGE_HEADERS:
+        status, body = raw_exchange(host.server.port, request)
+        assert status == 431 and b"too large" in body, (request[:100], status, body)
+    assert embed(host, "minilm", "still serving").shape == (384,)
 
 
 def test_a_crashed_model_fails_alone_and_the_others_serve_on(host: Host, tmp_path: Path) -> None:
