@@ -6,8 +6,9 @@ The host's flags are its own settings class, loaded by the project's one loader 
 port, device, queue capacity, request limits and timeouts, failure reason file, log level, API key), so
 that each of those is defined once; ``slot_config`` turns a load's settings (``{"source", "task",
 "memory", "device", ...}``, the ServerArgs-like document of ``POST /v2/repository/models/{name}/load``)
-into the model's ``ServerConfig``, with its device's ``--device`` (``host_plan.device_names``) and the
-host's queue capacity and timeouts.
+into the model's ``ServerConfig``, with its device's ``--device`` (``host_plan.device_names``), its pool's
+queue capacity and request timeout (``queue_capacity``, ``request_timeout``; else the host's flags) and the
+host's other limits.
 
 A host has ``--gpus`` devices (unset: the GPUs it sees, ``host_plan.visible_gpus``; a CPU host has one,
 the CPU), each with ``--device-memory`` for its ledger; a load's ``device`` is the index the operator
@@ -27,6 +28,7 @@ from pydantic_settings import SettingsConfigDict
 from model_server import host_plan
 from model_server.config import ServerConfig, ServingConfig
 from modelpool_contract.api import MODELHOST_MAX_GPUS_PER_HOST
+from modelpool_contract.flags import MAX_QUEUE_CAPACITY
 from modelpool_contract.placements import (
     DEFAULT_CPU_MODEL_OVERHEAD,
     DEFAULT_GPU_MODEL_OVERHEAD,
@@ -48,6 +50,9 @@ LOAD_FIELDS = {
     "kv_cache_tokens": "kv_cache_tokens",
     "trust_remote_code": "trust_remote_code",
     "skip_warmup": "skip_warmup",
+    # The pool's queue (``spec.queue``): each model's own door and deadline (default: the host's flags).
+    "queue_capacity": "queue_capacity",
+    "request_timeout": "request_timeout",
 }
 
 
@@ -196,14 +201,17 @@ def slot_config(
     fixed = {
         "name": name,
         "device": device or host.device,
-        "queue_capacity": host.queue_capacity,
-        "request_timeout": host.request_timeout,
+        "queue_capacity": settings.get("queue_capacity", host.queue_capacity),
+        "request_timeout": settings.get("request_timeout", host.request_timeout),
         "wedge_grace": host.wedge_grace,
         "max_request_bytes": host.max_request_bytes,
         "http_workers": host.http_workers,
         "log_level": host.log_level,
         "termination_log": host.termination_log.with_name(f"{host.termination_log.name}.{index}"),
     }
+    most = max(host.queue_capacity, MAX_QUEUE_CAPACITY)  # the size of each model's door on this host
+    if isinstance(fixed["queue_capacity"], int) and fixed["queue_capacity"] > most:
+        raise LoadError(f"parameters.config.queue_capacity: at most {most} on this host")
     try:
         return ServerConfig(**{**settings, **fixed})
     except ValidationError as exc:

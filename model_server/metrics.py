@@ -119,7 +119,7 @@ class WorkerGauges(Collector):
             return name, documentation, own + tuple(labels.items()), 0.0 if value is None else value
 
         yield row("modelpool_queue_depth", "Requests waiting in the queue", view.door.taken)
-        yield row("modelpool_queue_capacity", "Queue capacity (requests)", view.door.capacity)
+        yield row("modelpool_queue_capacity", "Queue capacity (requests)", view.door.size)
         yield row("modelpool_in_flight", "Requests being computed", view.get(Field.IN_FLIGHT))
         current = self.state_machine.state
         for each in State:

@@ -151,15 +151,37 @@ class SharedStateStore:
 
 
 class Door:
-    """The worker's one queue capacity: a counting semaphore of ``capacity`` slots."""
+    """The worker's one queue capacity: a counting semaphore of ``capacity`` slots, of which at most
+    ``size`` may be taken (a shared host's slot is made with the most any model may ask for, and each
+    load sets its model's own, ``limit``; a dedicated worker's door is its capacity)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.semaphore = SPAWN.BoundedSemaphore(capacity)
+        # Shared with every process, as the semaphore is (handed over when they are spawned).
+        self._size = SPAWN.RawValue("q", capacity)
+
+    @property
+    def size(self) -> int:
+        """How many requests may be in the door at once."""
+        return int(self._size.value)
+
+    def limit(self, size: int) -> None:
+        """Admit at most ``size`` (1..capacity) from now on: a shared host's slot before its model starts."""
+        if not 1 <= size <= self.capacity:
+            raise ValueError(f"a door of {self.capacity} cannot admit {size}")
+        self._size.value = size
 
     def take(self) -> bool:
-        """Take a slot if one is free (never waits)."""
-        return self.semaphore.acquire(False)
+        """Take a slot if one is free (never waits). Past ``size`` it is given back at once: a take is
+        kept only when, with it, at most ``size`` are taken, so racing takes never admit more (at worst
+        both refuse when one would have fit)."""
+        if not self.semaphore.acquire(False):
+            return False
+        if self.taken > self.size:
+            self.semaphore.release()
+            return False
+        return True
 
     def give_back(self, count: int = 1) -> None:
         for _ in range(count):
@@ -172,7 +194,7 @@ class Door:
 
     @property
     def full(self) -> bool:
-        return self.semaphore.get_value() == 0
+        return self.taken >= self.size
 
 
 class WorkerView:
@@ -197,6 +219,7 @@ class WorkerView:
         _initial_figures(self.numbers)
         # A process that died with requests in its queue never gave their slots back.
         self.door.give_back(self.door.taken)
+        self.door.limit(self.door.capacity)
 
     def unlink(self) -> None:
         """Remove the semaphores' names (the supervisor, once every process is gone; the exit, which skips

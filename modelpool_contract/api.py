@@ -22,6 +22,7 @@ from pydantic.alias_generators import to_camel
 from modelpool_contract.flags import (
     BATCH_DELAY_MS,
     MAX_BATCH_SIZE,
+    MAX_QUEUE_CAPACITY,
     QUEUE_CAPACITY,
     REQUEST_TIMEOUT_S,
     Dtype,
@@ -287,7 +288,7 @@ class QueueSpec(_Model):
     capacity: int = Field(
         default=QUEUE_CAPACITY,
         ge=1,
-        le=100_000,
+        le=MAX_QUEUE_CAPACITY,
         description="Requests that may wait per worker; one more is answered 429 with Retry-After.",
     )
     max_batch_size: int = Field(

@@ -32,6 +32,9 @@ TERMINATION_LOG: Final = "/dev/termination-log"
 # Defaults of the flags below, shared by ``ServerArgs``, the server's own flags and a ModelPool's
 # ``spec.queue``.
 QUEUE_CAPACITY: Final = 100
+#: The most a pool's queue may hold (``spec.queue.capacity``); a shared host makes each model's door this big,
+#: and each load sets its pool's own.
+MAX_QUEUE_CAPACITY: Final = 100_000
 MAX_BATCH_SIZE: Final = 32
 BATCH_DELAY_MS: Final = 5
 REQUEST_TIMEOUT_S: Final = 30

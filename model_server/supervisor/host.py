@@ -60,6 +60,7 @@ from modelpool_contract.exits import (
     KILL_TIMEOUT_S,
     STOP_TIMEOUT_S,
 )
+from modelpool_contract.flags import MAX_QUEUE_CAPACITY
 from modelpool_contract.placements import device_charge
 
 log = logging.getLogger("modelpool.host")
@@ -149,7 +150,8 @@ class HostSupervisor:
         # Each device's ``--device`` for its models, by index (one on a CPU host or a one-GPU host).
         self.devices = config.device_names()
         self.slots = [
-            Slot(i, WorkerView(config.queue_capacity, config.http_processes))
+            # Each model's door as big as any pool may ask (its load sets its own: ``Door.limit``).
+            Slot(i, WorkerView(max(config.queue_capacity, MAX_QUEUE_CAPACITY), config.http_processes))
             for i in range(config.max_models)
         ]
         self.http: list[Child] = []
@@ -204,6 +206,7 @@ class HostSupervisor:
             # Its process will hold the overhead on the device from its start, asleep or awake.
             self._make_room(memory + self.config.overhead, device, keep=None)
             slot.view.reset()
+            slot.view.door.limit(config.queue_capacity)
             slot.config, slot.memory, slot.leaving, slot.device = config, memory, False, device
             slot.overhead = self.config.overhead
             slot.woken_for = slot.on_its_way_until = 0.0

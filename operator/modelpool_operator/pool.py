@@ -190,9 +190,10 @@ class OtherPool:
 
 def host_load_settings(spec: ModelPoolSpec) -> dict[str, Any]:
     """A shared pool's model as a host loads it (the control API's load config, ``model_server/host_config``
-    ``LOAD_FIELDS`` and ``memory``): its source, task, dtype, batching, its Idle threshold (after which a
-    host that sleeps idle models parks it) and its declared memory. The queue capacity, device and timeouts
-    are the host's."""
+    ``LOAD_FIELDS`` and ``memory``): its source, task, dtype, batching, its queue (capacity and request
+    timeout), its Idle threshold (after which a host that sleeps idle models parks it) and its declared
+    memory. The device is the operator's choice (``device``, added per call); the other limits are the
+    host's."""
     source = spec.model.source
     if spec.model.revision and source.startswith("hf://"):
         source = source.split("@", 1)[0] + "@" + spec.model.revision
@@ -202,6 +203,9 @@ def host_load_settings(spec: ModelPoolSpec) -> dict[str, Any]:
         "dtype": spec.model.dtype,
         "max_batch_size": spec.queue.max_batch_size,
         "max_batch_delay_ms": spec.queue.max_batch_delay_ms,
+        # The pool's own queue on the host (its door and its deadline), as a dedicated worker has them.
+        "queue_capacity": spec.queue.capacity,
+        "request_timeout": spec.queue.request_timeout_seconds,
         "idle_after": spec.idle_timeout_seconds or IDLE_AFTER_S,
         "memory": spec.resources.memory_bytes,
     }

@@ -216,6 +216,22 @@ def test_a_header_block_over_the_bound_is_refused_431_on_the_hosts_serving_port(
     assert embed(host, "minilm", "still serving").shape == (384,)
 
 
+def test_a_models_queue_is_its_pools_own(host: Host, tmp_path: Path) -> None:
+    """A load's ``queue_capacity`` and ``request_timeout`` (a shared pool's ``spec.queue``) are its model's:
+    its door, ``/stats`` and ``/metrics`` say 3 while the other models keep the host's 100."""
+    own = {"source": str(tmp_path), "task": "text-embedding", "handler": ECHO, "memory": f"{50 * MI}",
+           "queue_capacity": 3, "request_timeout": 9}  # fmt: skip
+    assert host.call("queued", "load", own).status_code == 200
+    try:
+        models = host.stats()["models"]
+        assert models["queued"]["queue_capacity"] == 3 and models["echo"]["queue_capacity"] == 100
+        metrics = httpx.get(f"{host.control}/metrics", timeout=30).text
+        assert prom.value(metrics, "modelpool_queue_capacity", model="queued") == 3.0
+        assert list(embed(host, "queued", "hello")) == [5.0, 1.0]
+    finally:
+        assert host.call("queued", "unload").status_code == 200
+
+
 def test_a_crashed_model_fails_alone_and_the_others_serve_on(host: Host, tmp_path: Path) -> None:
     os.kill(host.index()["victim"]["pid"], signal.SIGKILL)
     until(lambda: host.state("victim") == "Failed", "victim Failed")

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from model_server.config import ConfigError
-from model_server.host_config import HostConfig, load_host_config, slot_config
+from model_server.host_config import HostConfig, LoadError, load_host_config, parse_load_body, slot_config
 from model_server.state_machine import State
 from model_server.supervisor.host import HostSupervisor, NoRoom
 from model_server.supervisor.host_control import HostControlServer, authorized
@@ -127,3 +127,19 @@ def test_a_host_of_two_devices_keeps_a_ledger_each_and_makes_room_on_the_one_nam
         host._make_room(2 << 30, 1, keep=None)
     host._make_room(2 << 30, 0, keep=None)
     assert slot.state_machine.state is State.PROCESSING
+
+
+def test_a_load_brings_its_pools_queue_to_its_model_and_the_host_bounds_it() -> None:
+    """A shared pool's ``spec.queue`` reaches its model (it was silently the host's): its capacity is the
+    model's door, its request timeout the model's deadline; beyond a door's size the load is refused."""
+    config = HostConfig(device_memory="1Gi", max_models=1, gpus=1, queue_capacity=100)  # type: ignore[arg-type]
+    own = slot_config(config, "a", {"model": "/x", "task": "text-embedding", "queue_capacity": 7,
+                                    "request_timeout": 12.5}, 0)  # fmt: skip
+    assert (own.queue_capacity, own.request_timeout) == (7, 12.5)
+    default = slot_config(config, "a", {"model": "/x", "task": "text-embedding"}, 0)
+    assert (default.queue_capacity, default.request_timeout) == (100, config.request_timeout)
+    with pytest.raises(LoadError, match=r"parameters\.config\.queue_capacity: at most 100000"):
+        slot_config(config, "a", {"model": "/x", "task": "text-embedding", "queue_capacity": 100_001}, 0)
+    body = json.dumps({"parameters": {"config": json.dumps({"source": "/x", "task": "text-embedding",
+                                                            "queue_capacity": 3})}}).encode()  # fmt: skip
+    assert parse_load_body(body).settings["queue_capacity"] == 3

@@ -52,6 +52,31 @@ def test_the_door_never_admits_more_than_its_capacity_across_processes() -> None
     assert door.taken == 4 and not door.full
 
 
+def test_a_limited_door_admits_its_size_across_processes_and_a_reset_opens_it_whole() -> None:
+    """A shared host's slot: a door as big as any pool may ask, limited by each load to its pool's
+    ``queue.capacity``; racing takes past the limit give their slot back."""
+    door = Door(capacity=50)
+    door.limit(5)
+    start, taken = SPAWN.Event(), SPAWN.Value("i", 0)
+    burst = [SPAWN.Process(target=_grab, args=(door, start, 50, taken)) for _ in range(4)]
+    for p in burst:
+        p.start()
+    start.set()
+    for p in burst:
+        p.join(60)
+    assert [p.exitcode for p in burst] == [0] * 4
+    assert taken.value == 5 and door.taken == 5 and door.full and door.size == 5
+    door.give_back(1)
+    assert not door.full and door.take() and not door.take()
+    with pytest.raises(ValueError, match="cannot admit 51"):
+        door.limit(51)
+    view = WorkerView(50, http_processes=1)
+    view.door.limit(2)
+    assert view.door.take() and view.door.take() and not view.door.take()
+    view.reset()  # the slot takes another model: every slot back, the whole capacity
+    assert view.door.taken == 0 and view.door.size == 50
+
+
 def test_frames_carry_arrays_out_of_band_and_survive_any_split() -> None:
     big = np.arange(300_000, dtype=np.float32)
     messages = [

@@ -243,6 +243,7 @@ def test_a_shared_pool_short_of_host_pods_says_why_and_loading_is_loading() -> N
 
 def test_the_load_settings_are_the_pools_model_and_what_a_host_accepts() -> None:
     from model_server.host_config import HostConfig, parse_load_body, slot_config
+    from modelpool_contract.api import QueueSpec
 
     settings = host_load_settings(view().spec)
     assert settings["source"] == "hf://sentence-transformers/all-MiniLM-L6-v2"
@@ -251,6 +252,11 @@ def test_the_load_settings_are_the_pools_model_and_what_a_host_accepts() -> None
     parsed, memory, device = parse_load_body(body)
     config = slot_config(HostConfig(device_memory="4Gi"), "emb", parsed, 0)  # type: ignore[arg-type]
     assert memory == GI and config.task == "text-embedding" and config.idle_after == 2 and device is None
+    # The pool's queue reaches its model (it was silently the host's): its door and its deadline.
+    spec = view().spec.model_copy(update={"queue": QueueSpec(capacity=7, request_timeout_seconds=12.5)})
+    queued = json.dumps({"parameters": {"config": json.dumps(host_load_settings(spec))}}).encode()
+    own = slot_config(HostConfig(device_memory="4Gi"), "emb", parse_load_body(queued).settings, 0)  # type: ignore[arg-type]
+    assert (own.queue_capacity, own.request_timeout) == (7, 12.5)
 
 
 def test_a_host_pod_whose_stats_are_unknown_takes_no_model() -> None:
