@@ -1,5 +1,5 @@
 """The ``GET /stats`` document: what a worker reports about itself, emitted by the server, read by the
-operator.
+operator; and a shared host's (``HostStats``: its devices' ledgers and one ``WorkerStats`` per model).
 
 One model serves both sides.  The server fills it from its own state (every value well-typed); the
 operator parses whatever comes back over the network with ``WorkerStats.parse``, which never raises:
@@ -165,4 +165,78 @@ class WorkerStats(_Document):
 
     def wire(self) -> dict[str, Any]:
         """The JSON object the server answers (every field, nulls included)."""
+        return self.model_dump(mode="json")
+
+
+def _non_negative(value: Any) -> Any:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+Index = Annotated[int | None, BeforeValidator(_non_negative)]
+
+
+class HostModelStats(WorkerStats):
+    """One model's document on a shared host: a worker's ``/stats``, and the index of the device it lives
+    on (None: unreadable or unnamed, a host of one device)."""
+
+    device: Index = None
+
+
+class HostDeviceStats(_Document):
+    """One device's ledger (bytes): its capacity, what its awake models are charged, what its sleeping
+    models park in host memory, what its models' processes hold (each ``model_overhead``) and what is
+    free (negative when measurements grew past it), and the models on it."""
+
+    index: Count = None
+    device: Text = None
+    capacity: Count = None
+    awake: Count = None
+    asleep: Count = None
+    overhead: Count = None
+    model_overhead: Count = None
+    free: Count = None
+    models: Annotated[list[str], BeforeValidator(lambda v: _listed(v, str))] = []
+
+
+def _listed(value: Any, kind: Any) -> list[Any]:
+    """The entries of a JSON list that are of ``kind`` (anything else: none)."""
+    return [entry for entry in value if isinstance(entry, kind)] if isinstance(value, list) else []
+
+
+class HostReport(_Document):
+    """The host's own part: its failure (None while it serves) and its devices (an entry that is not a
+    JSON object is dropped)."""
+
+    failed: Text = None
+    devices: Annotated[list[HostDeviceStats], BeforeValidator(lambda v: _listed(v, Mapping | BaseModel))] = []
+
+
+def _documents(value: Any) -> Any:
+    # A model entry that is not a JSON object is dropped (the others still count).
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(name): doc for name, doc in value.items() if isinstance(doc, Mapping | BaseModel)}
+
+
+class HostStats(_Document):
+    """A shared host pod's ``GET /stats``: ``{"host": {"failed", "devices": [...]}, "models": {name: ...}}``.
+
+    The one definition both sides use: the host builds it (``model_server.supervisor.host``), the
+    operator parses what comes back with ``parse``, which never raises (as ``WorkerStats.parse``)."""
+
+    host: Annotated[HostReport, _Lenient] = HostReport()
+    models: Annotated[dict[str, HostModelStats], BeforeValidator(_documents)] = {}
+
+    @classmethod
+    def parse(cls, body: Any) -> HostStats | None:
+        """The document as the operator sees it: None when ``body`` is not a JSON object at all."""
+        if not isinstance(body, Mapping):
+            return None
+        doc = dict(body)
+        if not isinstance(doc.get("host"), Mapping):
+            doc.pop("host", None)
+        return cls.model_validate(doc)
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON object the host answers."""
         return self.model_dump(mode="json")

@@ -54,7 +54,14 @@ from model_server.supervisor.host import RETRY_SLEEP_S, Conflict, HostSupervisor
 from model_server.supervisor.host_control import HostControlServer
 from modelpool_contract.flags import IDLE_AFTER_S
 from modelpool_contract.placements import LABEL_HOST, default_model_overhead, device_charge
-from modelpool_contract.stats import StatsMemory, StatsModel, WorkerStats
+from modelpool_contract.stats import (
+    HostDeviceStats,
+    HostModelStats,
+    HostReport,
+    HostStats,
+    StatsMemory,
+    StatsModel,
+)
 
 #: A model Ready, or used, for less than this may still be loading or busy in the operator's view (its
 #: /stats is as old as a scrape interval, and its pass waits for the resync), or too lately used to be put
@@ -93,9 +100,9 @@ class SimModel:
             self.name, self.state, self.device, charged, charged, self.last_used, self.busy, self.overhead
         )
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> HostModelStats:
         awake = self.state.value not in ("Sleeping", "Dead", "Failed")
-        return WorkerStats(
+        return HostModelStats(
             state=self.state.value,
             state_since=self.state_machine.since,
             reason=self.state_machine.reason or None,
@@ -105,7 +112,8 @@ class SimModel:
             memory=StatsMemory(gpu_reserved_bytes=self.measured if awake else 0),
             model=StatsModel(name=self.name, task=self.task, source=self.source),
             time=time.time(),
-        ).wire() | {"device": self.device}
+            device=self.device,
+        )
 
 
 @dataclass(frozen=True)
@@ -459,7 +467,9 @@ class SimHost:
                 for i in range(self.devices)
             ]
             models = {m.name: m.stats() for m in self.models.values()}
-        return {"host": {"failed": None, "devices": devices}, "models": models}
+        return HostStats(
+            host=HostReport(devices=[HostDeviceStats(**d) for d in devices]), models=models
+        ).wire()
 
     def states(self) -> dict[str, str]:
         with self.lock:

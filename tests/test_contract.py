@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from model_server.config import ServerConfig, load_config
 from model_server.engine.download import DownloadProgress
@@ -30,7 +32,7 @@ from modelpool_contract.flags import ServerArgs
 from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.mounts import PVC_MOUNT_ROOT, PvcSource, PvcSourceError, parse_pvc_source
 from modelpool_contract.states import SERVING_STATES, WORKER_STATES
-from modelpool_contract.stats import WorkerStats
+from modelpool_contract.stats import HostStats, WorkerStats
 from modelpool_contract.tasks import TASK_NAMES, TaskName
 from modelpool_gateway.state import pool_from_object
 from modelpool_operator.effects.resources import PodSettings, build_worker_pod, server_args
@@ -101,6 +103,41 @@ def test_the_stats_document_the_server_emits_is_what_the_operator_parses() -> No
 def test_an_odd_stats_document_is_unknown_never_an_error(body: Any) -> None:
     parsed = WorkerStats.parse(body)
     assert parsed is None or (parsed.state, parsed.queue_depth, parsed.memory) == (None, None, None)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(
+    body=_JSON
+    | st.fixed_dictionaries(
+        {},
+        optional={
+            "host": _JSON | st.fixed_dictionaries({}, optional={"devices": _JSON, "failed": _JSON}),
+            "models": st.dictionaries(st.text(max_size=4), _JSON, max_size=3),
+        },
+    )
+)
+def test_an_odd_host_stats_document_is_read_as_far_as_it_goes_never_an_error(body: Any) -> None:
+    """A shared host's ``/stats`` (``HostStats.parse``, the operator's one reader of it) never raises: what
+    cannot be read is unknown or left out."""
+    parsed = HostStats.parse(body)
+    assert parsed is None or all(isinstance(name, str) for name in parsed.models)
+
+
+def test_the_host_stats_document_the_host_emits_is_what_the_operator_parses() -> None:
+    from model_server.host_config import HostConfig
+    from model_server.supervisor.host import HostSupervisor
+
+    host = HostSupervisor(HostConfig(device_memory="1Gi", max_models=1, gpus=1))  # type: ignore[arg-type]
+    document = host.stats()
+    parsed = HostStats.parse(document)
+    assert parsed is not None and parsed.wire() == document
+    assert [d.capacity for d in parsed.host.devices] == [1 << 30] and parsed.models == {}
 
 
 def test_the_flags_the_operator_passes_are_server_flags_with_the_same_defaults() -> None:

@@ -21,6 +21,7 @@ from model_server.state_machine import State
 from model_server.supervisor.host import HostSupervisor
 from model_server.supervisor.host_control import HostControlServer
 from modelpool_contract.placements import default_model_overhead
+from modelpool_contract.stats import HostStats
 from modelpool_operator.observe.hosts import HostedPool, host_residents
 from modelpool_operator.placement.ledger import Host, fits, ledger
 from testkit.hostsim import Audit, Eviction, HostSim, SimHost, SimModel, gpus, model_overhead
@@ -279,7 +280,9 @@ def test_the_operator_and_the_host_see_the_same_room_when_a_model_measures_below
             assert load(url, name, 2).status_code == 200
         wait_for(lambda: set(sim.states().values()) == {"Ready"}, timeout=10, message="both loaded")
         stats = httpx.get(f"{url}/stats").json()
-        seen = Host("h-0", (8 * GI,), overhead=GI // 4, residents=host_residents("ns", stats, pools))
+        seen = Host(
+            "h-0", (8 * GI,), overhead=GI // 4, residents=host_residents("ns", HostStats.parse(stats), pools)
+        )
         assert ledger(seen).devices[0].free == stats["host"]["devices"][0]["free"]
         # Each charged max(2 GiB, measured) + 1/4 GiB: the operator's fit is the host's.
         room = fits(seen, 0, 2 * GI + GI // 4)

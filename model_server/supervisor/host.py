@@ -62,6 +62,7 @@ from modelpool_contract.exits import (
 )
 from modelpool_contract.flags import MAX_QUEUE_CAPACITY
 from modelpool_contract.placements import device_charge
+from modelpool_contract.stats import HostDeviceStats, HostModelStats, HostReport, HostStats
 
 log = logging.getLogger("modelpool.host")
 
@@ -371,11 +372,14 @@ class HostSupervisor:
             devices = self._device_reports()
             # Each model's document is a worker's /stats, and the index of the device it lives on.
             models = {
-                s.name: {**worker_stats.stats(s.config, s.view, s.state_machine), "device": s.device}
+                s.name: HostModelStats(
+                    **worker_stats.stats(s.config, s.view, s.state_machine), device=s.device
+                )
                 for s in loaded
                 if s.config is not None and s.name is not None
             }
-        return {"host": {"failed": self.failed or None, "devices": devices}, "models": models}
+        report = HostReport(failed=self.failed or None, devices=[HostDeviceStats(**d) for d in devices])
+        return HostStats(host=report, models=models).wire()
 
     def _device_reports(self) -> list[dict[str, Any]]:
         """Each device's ledger (``/stats`` ``host.devices``); the caller holds the lock."""

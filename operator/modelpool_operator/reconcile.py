@@ -41,6 +41,7 @@ from modelpool_operator.host import host_charge_key
 from modelpool_operator.observe.claims import believe
 from modelpool_operator.observe.hosts import (
     HostedPool,
+    host_reports,
     hosted_replicas,
     hosted_workers,
     observe_hosts,
@@ -270,7 +271,7 @@ async def shared_pass(
         return None
     host_key = host_charge_key(*key)
     listed = list(pods_by_pool.get(host_key, ()))
-    stats = services.scraper.refresh(listed, on_change=lambda: _news(book, pool.key, host_key))
+    stats = host_reports(services.scraper.refresh(listed, on_change=lambda: _news(book, pool.key, host_key)))
     model = host_model_name(pool.name)
     replicas = hosted_replicas(model, pool.spec.resources.memory_bytes, listed, stats)
     previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})

@@ -32,6 +32,7 @@ from modelpool_operator.effects.resources import host_pod_template_hash
 from modelpool_operator.host import HostView, host_charge_key, host_pod_name
 from modelpool_operator.observe.hosts import (
     HostedPool,
+    host_reports,
     hosted_replicas,
     observe_hosts,
     reported_models,
@@ -77,7 +78,7 @@ def plan_host_pass(
     reserve the host pods to create: synchronous, as ``decide`` is, so that no pool or host plans in
     between."""
     listed = list(pods_by_pool.get(host.charge_key, ()))
-    stats = services.scraper.refresh(listed, on_change=lambda: book.poke(host.charge_key))
+    stats = host_reports(services.scraper.refresh(listed, on_change=lambda: book.poke(host.charge_key)))
     # Observed as pods (their /stats is a host's, not a worker's); other passes reuse this observation.
     # Charged from the ModelHost's spec, never from the pod (``budget.worker_charge``).
     charge = host_charge(host.spec)
@@ -183,14 +184,14 @@ def plan_placing_pass(
     services: Services, run: HostRun, host: HostView, listed: list[Mapping[str, Any]], pools: list[SharedPool]
 ) -> tuple[Placing, dict[str, str]]:
     """The host pods' placing over their cached ``/stats`` and the annotation each should carry."""
-    stats = services.scraper.cached(listed)
+    stats = host_reports(services.scraper.cached(listed))
     hosted = {p.name: HostedPool(p.name, p.declared, p.priority) for p in pools}
     views = observe_hosts(host.spec, listed, stats, hosted)
     clock = time.monotonic()
     run.backoff = {slot: until for slot, until in run.backoff.items() if until > clock}
     # A load that ended is in flight for the pass until a scrape lists it (the cache is as old as the last
     # pass that asked; LANDED_S bounds the wait for a host pod that lost the model meanwhile).
-    listed_now = {(pod, str(m)) for pod, doc in stats.items() for m in ((doc or {}).get("models") or {})}
+    listed_now = {(pod, m) for pod, report in stats.items() for m in (report.models if report else {})}
     run.landed = {s: at for s, at in run.landed.items() if clock - at < LANDED_S and s not in listed_now}
     run.devices = {s: d for s, d in run.devices.items() if s in run.loading or s in run.landed}
     wanted = {p.name: json.loads(p.load) for p in pools}
@@ -281,7 +282,7 @@ async def unload_deleted_pool(
     namespace, name = pool
     host_key = (namespace, host)
     listed = list(pods_by_pool.get(host_charge_key(*host_key), ()))
-    stats = services.scraper.cached(listed)
+    stats = host_reports(services.scraper.cached(listed))
     model = host_model_name(name)
     holding = {r.pod for r in hosted_replicas(model, 0, listed, stats)}
     urls = {

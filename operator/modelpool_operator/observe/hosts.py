@@ -2,7 +2,8 @@
 ledger's ``Host`` values (pure: slim pods and the parsed ModelHost spec in, plain values out).
 
 A host pod accepts models while it runs, is Ready and is not being deleted; its models are those its
-``/stats`` reports (``{"host": {"devices": [...]}, "models": {<name>: <WorkerStats and its "device">}}``),
+``/stats`` reports (``modelpool_contract.stats.HostStats``, parsed once a pass by ``host_reports``: never
+an error, an unreadable field is unknown),
 each the resident of the shared pool of the ModelHost whose model has that name there
 (``placements.host_model_name``: ``HostedPool``), else of a pool named after it, on the device index its
 document names (0 when it names none: a host of one device). A host pod's devices are those its
@@ -14,16 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeGuard, get_args
+from typing import Any
 
-from modelpool_contract.api import HostModelState, ModelHostSpec
+from modelpool_contract.api import ModelHostSpec
 from modelpool_contract.states import WorkerState
-from modelpool_contract.stats import WorkerStats
+from modelpool_contract.stats import HostModelStats, HostStats
 from modelpool_contract.times import parse_time, rfc3339
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.placement.ledger import Host, Resident
 
-_STATES = frozenset(get_args(HostModelState))
+#: Each host pod's ``/stats`` by pod name, parsed (None: unknown).
+HostReports = Mapping[str, HostStats | None]
 
 
 @dataclass(frozen=True)
@@ -35,53 +37,51 @@ class HostedPool:
     priority: int = 0
 
 
-def _state(value: object) -> TypeGuard[HostModelState]:
-    return isinstance(value, str) and value in _STATES
+def host_reports(stats: Mapping[str, Mapping[str, Any] | None]) -> dict[str, HostStats | None]:
+    """The host pods' ``/stats`` as the scraper holds them (JSON objects by pod name), parsed once."""
+    return {name: HostStats.parse(doc) for name, doc in stats.items()}
 
 
-def _count(doc: Mapping[str, Any], key: str) -> int | None:
-    value = doc.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+def _models(report: HostStats | None) -> dict[str, HostModelStats]:
+    """The models a report lists in a known state."""
+    return {name: doc for name, doc in (report.models if report else {}).items() if doc.state is not None}
 
 
-def host_devices(stats: Mapping[str, Any] | None, configured: int) -> int:
+def host_devices(report: HostStats | None, configured: int) -> int:
     """How many devices a host pod has: as many as its ``/stats`` lists (``host.devices``), else
     ``configured`` (the ModelHost's)."""
-    host = (stats or {}).get("host")
-    listed = host.get("devices") if isinstance(host, Mapping) else None
-    return len(listed) if isinstance(listed, list) and listed else configured
+    listed = report.host.devices if report is not None else []
+    return len(listed) if listed else configured
+
+
+def _reserved(doc: HostModelStats) -> int | None:
+    return doc.memory.gpu_reserved_bytes if doc.memory is not None else None
 
 
 def host_residents(
-    namespace: str, stats: Mapping[str, Any] | None, pools: Mapping[str, HostedPool]
+    namespace: str, report: HostStats | None, pools: Mapping[str, HostedPool]
 ) -> tuple[Resident, ...]:
     """The models a host's ``/stats`` reports, as the ledger's residents (``pools``: by model name), each
-    on the device its document names (0 when none); a model in an unknown state or an unreadable document
-    is left out (unknown stats never fail anything)."""
-    models = (stats or {}).get("models")
-    if not isinstance(models, Mapping):
-        return ()
+    on the device its document names (0 when none); a model in an unknown state is left out (unknown
+    stats never fail anything)."""
     residents = []
-    for name, doc in sorted(models.items()):
-        if not isinstance(doc, Mapping) or not _state(doc.get("state")):
-            continue
-        pool = pools.get(str(name), HostedPool(str(name)))
-        memory = doc.get("memory") if isinstance(doc.get("memory"), Mapping) else {}
-        last, since = doc.get("last_request_time"), doc.get("state_since")
+    for name, doc in sorted(_models(report).items()):
+        assert doc.state is not None  # _models keeps known states only
+        pool = pools.get(name, HostedPool(name))
         # 0 GPU bytes is no measurement (a CPU host; a sleeping model, whose weights left the device):
         # charged its declared size then, as the host itself charges it (model_server.host_plan).
-        reading = _count(memory or {}, "gpu_reserved_bytes")
+        reading = _reserved(doc)
         residents.append(
             Resident(
                 pool=(namespace, pool.name),
-                state=doc["state"],
-                device=_count(doc, "device") or 0,
+                state=doc.state,
+                device=doc.device or 0,
                 declared=pool.declared,
-                measured=reading if reading and doc["state"] not in ("Sleeping", "Waking") else None,
+                measured=reading if reading and doc.state not in ("Sleeping", "Waking") else None,
                 priority=pool.priority,
-                last_used=float(last) if isinstance(last, int | float) else 0.0,
-                busy=bool(_count(doc, "queue_depth") or _count(doc, "in_flight")),
-                since=float(since) if isinstance(since, int | float) else 0.0,
+                last_used=doc.last_request_time or 0.0,
+                busy=bool(doc.queue_depth or doc.in_flight),
+                since=doc.state_since or 0.0,
             )
         )
     return tuple(residents)
@@ -98,7 +98,7 @@ def host_pod_ready(pod: Mapping[str, Any]) -> bool:
 def observe_hosts(
     spec: ModelHostSpec,
     pods: Iterable[Mapping[str, Any]],
-    stats: Mapping[str, Mapping[str, Any] | None] | None = None,
+    stats: HostReports | None = None,
     pools: Mapping[str, HostedPool] | None = None,
 ) -> list[Host]:
     """The ledger's view of each host pod (sorted by name): the ModelHost's devices and host RAM, the
@@ -143,45 +143,38 @@ class HostedReplica:
 
 
 def hosted_replicas(
-    model: str,
-    declared: int,
-    pods: Iterable[Mapping[str, Any]],
-    stats: Mapping[str, Mapping[str, Any] | None],
+    model: str, declared: int, pods: Iterable[Mapping[str, Any]], stats: HostReports
 ) -> list[HostedReplica]:
     """The host pods whose ``/stats`` reports the model ``model`` (a pool's ``host_model_name``), with its
     state there; its memory is what the host measured on the device, else ``declared``."""
     replicas = []
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        name = str(meta.get("name") or "")
-        models = (stats.get(name) or {}).get("models")
-        doc = models.get(model) if isinstance(models, Mapping) else None
-        if not isinstance(doc, Mapping) or not _state(doc.get("state")):
+        name = str((pod.get("metadata") or {}).get("name") or "")
+        doc = _models(stats.get(name)).get(model)
+        if doc is None or doc.state is None:
             continue
-        memory = doc.get("memory") if isinstance(doc.get("memory"), Mapping) else {}
-        last, since = doc.get("last_request_time"), doc.get("state_since")
-        reason = doc.get("reason")
         replicas.append(
             HostedReplica(
                 pod=name,
-                state=doc["state"],
-                memory=_count(memory or {}, "gpu_reserved_bytes") or declared,
+                state=doc.state,
+                memory=_reserved(doc) or declared,
                 node=(pod.get("spec") or {}).get("nodeName"),
-                reason=str(reason)[:1000] if reason else None,
-                queue_depth=_count(doc, "queue_depth"),
-                last_request_time=rfc3339(parse_time(last)) if last else None,
-                since=rfc3339(parse_time(since)) if since else None,
-                device=_count(doc, "device"),
+                reason=doc.reason[:1000] if doc.reason else None,
+                queue_depth=doc.queue_depth,
+                last_request_time=_rfc3339(doc.last_request_time),
+                since=_rfc3339(doc.state_since),
+                device=doc.device,
             )
         )
     return sorted(replicas, key=lambda r: r.pod)
 
 
+def _rfc3339(unix: float | None) -> str | None:
+    return rfc3339(parse_time(unix)) if unix else None
+
+
 def hosted_workers(
-    namespace: str,
-    pool: str,
-    replicas: Iterable[HostedReplica],
-    stats: Mapping[str, Mapping[str, Any] | None],
+    namespace: str, pool: str, replicas: Iterable[HostedReplica], stats: HostReports
 ) -> list[ObservedWorker]:
     """A shared pool's replicas (``hosted_replicas``) as the planner's workers, for its autoscaler and its
     failure backoff: each named after its host pod, with the model's own figures from that host's
@@ -189,8 +182,8 @@ def hosted_workers(
     own, and a count that went back starts a new baseline, as a restarted worker's does)."""
     workers = []
     for replica in replicas:
-        models = (stats.get(replica.pod) or {}).get("models")
-        report = WorkerStats.parse(models.get(pool) if isinstance(models, Mapping) else None)
+        report = stats.get(replica.pod)
+        doc = report.models.get(pool) if report is not None else None
         workers.append(
             ObservedWorker(
                 name=replica.pod,
@@ -201,30 +194,30 @@ def hosted_workers(
                 message=replica.reason,
                 since=parse_time(replica.since),
                 node=replica.node,
-                queue_depth=report.queue_depth if report else None,
-                in_flight=report.in_flight if report else None,
-                last_request_time=parse_time(report.last_request_time) if report else None,
-                stats_known=report is not None,
+                queue_depth=doc.queue_depth if doc else None,
+                in_flight=doc.in_flight if doc else None,
+                last_request_time=parse_time(doc.last_request_time) if doc else None,
+                stats_known=doc is not None,
                 uid=f"{replica.pod}/{pool}",
-                requests_total=report.requests_total if report else None,
-                rejected_total=report.rejected_total if report else None,
-                stats_time=report.time if report else None,
+                requests_total=doc.requests_total if doc else None,
+                rejected_total=doc.rejected_total if doc else None,
+                stats_time=doc.time if doc else None,
             )
         )
     return workers
 
 
 def reported_models(
-    pods: Iterable[Mapping[str, Any]], stats: Mapping[str, Mapping[str, Any] | None]
+    pods: Iterable[Mapping[str, Any]], stats: HostReports
 ) -> dict[tuple[str, str], tuple[str, str]]:
     """What each host pod reports of each model it holds: ``(pod, model) -> (source, task)`` (its
     ``/stats`` ``models.<name>.model``; models that report none are left out)."""
     reported = {}
     for pod in pods:
         name = str((pod.get("metadata") or {}).get("name") or "")
-        models = (stats.get(name) or {}).get("models")
-        for model, doc in models.items() if isinstance(models, Mapping) else ():
-            said = doc.get("model") if isinstance(doc, Mapping) else None
-            if isinstance(said, Mapping) and said.get("source") and said.get("task"):
-                reported[(name, str(model))] = (str(said["source"]), str(said["task"]))
+        report = stats.get(name)
+        for model, doc in (report.models if report else {}).items():
+            said = doc.model
+            if said is not None and said.source and said.task:
+                reported[(name, model)] = (said.source, said.task)
     return reported

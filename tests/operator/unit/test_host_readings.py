@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from modelpool_operator.observe.hosts import HostedPool, host_residents
+from modelpool_contract.stats import HostStats
+from modelpool_operator.observe.hosts import HostedPool, host_reports, host_residents
 from modelpool_operator.placement.ledger import Host, ledger
 
 GI = 1 << 30
@@ -23,7 +24,9 @@ def stats(state: str, reserved: int) -> dict[str, Any]:
 
 
 def charges(state: str, reserved: int) -> tuple[int, int]:
-    residents = host_residents("ns", stats(state, reserved), {"emb": HostedPool("emb", 2 * GI)})
+    residents = host_residents(
+        "ns", HostStats.parse(stats(state, reserved)), {"emb": HostedPool("emb", 2 * GI)}
+    )
     led = ledger(Host("h-0", (8 * GI,), 16 * GI, residents))
     return led.devices[0].awake, led.parked
 
@@ -65,23 +68,24 @@ def test_each_model_is_charged_on_the_device_its_host_reports_and_a_pod_has_the_
             "c": {"state": "Ready", "device": "one", "memory": {"gpu_reserved_bytes": GI}},  # unreadable: 0
         },
     }
-    residents = {r.pool[1]: r.device for r in host_residents("ns", report, {})}
+    residents = {r.pool[1]: r.device for r in host_residents("ns", HostStats.parse(report), {})}
     assert residents == {"a": 2, "b": 0, "c": 0}
-    assert host_devices(report, 2) == 3 and host_devices({"host": {"devices": []}}, 2) == 2
+    assert host_devices(HostStats.parse(report), 2) == 3
+    assert host_devices(HostStats.parse({"host": {"devices": []}}), 2) == 2
     assert host_devices(None, 1) == 1
     spec = parse_host_spec({"gpusPerHost": 2, "deviceMemory": "8Gi", "modelOverhead": 0})
-    [h] = observe_hosts(spec, [pod("h-0")], {"h-0": report})
+    [h] = observe_hosts(spec, [pod("h-0")], host_reports({"h-0": report}))
     assert h.capacities == (8 * GI,) * 3
     assert [d.awake for d in ledger(h).devices] == [2 * GI, 0, 3 * GI]
     # A model on a device the report does not list still counts (on a device of its own), never fails.
     odd = {"host": {"devices": [{"index": 0}]}, "models": {"a": report["models"]["a"]}}
-    [h] = observe_hosts(spec, [pod("h-0")], {"h-0": odd})
+    [h] = observe_hosts(spec, [pod("h-0")], host_reports({"h-0": odd}))
     assert h.capacities == (8 * GI,) * 3 and ledger(h).devices[2].awake == 3 * GI
     # A shared pool's replicas say which device of their host pod holds the model (its status shows it).
     from modelpool_operator.observe.hosts import hosted_replicas
 
-    [a] = hosted_replicas("a", GI, [pod("h-0")], {"h-0": report})
-    [b] = hosted_replicas("b", GI, [pod("h-0")], {"h-0": report})
+    [a] = hosted_replicas("a", GI, [pod("h-0")], host_reports({"h-0": report}))
+    [b] = hosted_replicas("b", GI, [pod("h-0")], host_reports({"h-0": report}))
     assert (a.pod, a.device, b.device) == ("h-0", 2, None)
 
 
@@ -89,7 +93,7 @@ def test_a_models_state_since_is_read_for_its_idle_age() -> None:
     """The ledger's idle age (``Resident.idle_since``: a model just loaded, woken or used is not put to
     sleep for another) needs when the model entered its state, from its ``state_since``."""
     doc = {"state": "Ready", "state_since": 120.5, "last_request_time": 100.0}
-    [resident] = host_residents("ns", {"models": {"emb": doc}}, {})
+    [resident] = host_residents("ns", HostStats.parse({"models": {"emb": doc}}), {})
     assert (resident.since, resident.idle_since) == (120.5, 120.5)
-    [idle] = host_residents("ns", {"models": {"emb": {**doc, "state": "Idle"}}}, {})
+    [idle] = host_residents("ns", HostStats.parse({"models": {"emb": {**doc, "state": "Idle"}}}), {})
     assert idle.idle_since == 100.0  # turned Idle after a quiet spell: idle since its last request

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modelpool_contract.placements import read_models
-from modelpool_operator.observe.hosts import HostedReplica
+from modelpool_operator.observe.hosts import HostedReplica, host_reports
 from modelpool_operator.placement.decide import Room, apply_room
 from modelpool_operator.placement.ledger import Host, Resident, over_committed
 from modelpool_operator.planner.placing import (
@@ -268,7 +268,9 @@ def test_a_host_pod_whose_stats_are_unknown_takes_no_model() -> None:
     from tests.operator.unit.test_shared_pool_wait import pod as host_pod
 
     spec = parse_host_spec(HOST)
-    unknown, known = observe_hosts(spec, [host_pod("h-0"), host_pod("h-1")], {"h-0": None, "h-1": {}})
+    unknown, known = observe_hosts(
+        spec, [host_pod("h-0"), host_pod("h-1")], host_reports({"h-0": None, "h-1": {}})
+    )
     assert (unknown.accepting, known.accepting) == (False, True)
     assert calls(unknown, pools=[pool("emb")]) == []
     assert observe_hosts(spec, [host_pod("h-0")])[0].accepting  # no stats asked for: readiness alone

@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from modelpool_contract.api import parse_host_spec, parse_pool_spec
+from modelpool_contract.stats import HostStats
 from modelpool_operator.bookkeeping import PoolRun
-from modelpool_operator.observe.hosts import host_pod_ready, observe_hosts
+from modelpool_operator.observe.hosts import host_pod_ready, host_reports, observe_hosts
 from modelpool_operator.planner.shared import (
     HOST_INVALID,
     HOST_NOT_FOUND,
@@ -115,7 +116,7 @@ def test_a_hosts_stats_are_its_residents_under_their_pools() -> None:
         },
     }
     pools = {"minilm": HostedPool("emb", declared=2 * GI, priority=3)}
-    gpt, minilm = host_residents("ns", stats, pools)
+    gpt, minilm = host_residents("ns", HostStats.parse(stats), pools)
     assert (minilm.pool, minilm.state, minilm.declared, minilm.measured) == (
         ("ns", "emb"),
         "Ready",
@@ -124,8 +125,9 @@ def test_a_hosts_stats_are_its_residents_under_their_pools() -> None:
     )
     assert (minilm.priority, minilm.last_used, minilm.busy) == (3, 5.0, False)
     assert (gpt.pool, gpt.state, gpt.busy, gpt.measured) == (("ns", "gpt"), "Sleeping", True, None)
-    assert host_residents("ns", None, pools) == () and host_residents("ns", {"models": []}, pools) == ()
-    [host] = observe_hosts(parse_host_spec(HOST), [pod("h-0")], {"h-0": stats}, pools)
+    assert host_residents("ns", None, pools) == ()
+    assert host_residents("ns", HostStats.parse({"models": []}), pools) == ()
+    [host] = observe_hosts(parse_host_spec(HOST), [pod("h-0")], host_reports({"h-0": stats}), pools)
     assert [r.pool for r in host.residents] == [("ns", "gpt"), ("ns", "emb")]
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from modelpool_contract.demand import Demand
 from modelpool_contract.times import rfc3339
 from modelpool_operator.host import HostView
-from modelpool_operator.observe.hosts import HostedReplica, hosted_replicas, hosted_workers
+from modelpool_operator.observe.hosts import HostedReplica, host_reports, hosted_replicas, hosted_workers
 from modelpool_operator.placement.ledger import Host, Resident
 from modelpool_operator.planner.placing import SharedPool, plan_placing
 from modelpool_operator.planner.shared import shared_status
@@ -60,8 +60,9 @@ def observed(docs: dict[str, dict[str, Any]]) -> tuple[list[HostedReplica], list
     """The replicas and the workers of pool emb over host pods whose /stats hold ``docs`` (by pod)."""
     pods = [host_pod(name) for name in docs]
     stats = {name: {"models": {"emb": doc}} for name, doc in docs.items()}
-    replicas = hosted_replicas("emb", GI, pods, stats)
-    return replicas, hosted_workers(NS, "emb", replicas, stats)
+    reports = host_reports(stats)
+    replicas = hosted_replicas("emb", GI, pods, reports)
+    return replicas, hosted_workers(NS, "emb", replicas, reports)
 
 
 def test_a_replicas_figures_are_the_models_own_on_its_host() -> None:
