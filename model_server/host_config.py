@@ -29,6 +29,7 @@ from model_server import host_plan
 from model_server.config import ServerConfig, ServingConfig
 from modelpool_contract.api import MODELHOST_MAX_GPUS_PER_HOST
 from modelpool_contract.flags import MAX_QUEUE_CAPACITY
+from modelpool_contract.host_control import LoadConfig
 from modelpool_contract.placements import (
     DEFAULT_CPU_MODEL_OVERHEAD,
     DEFAULT_GPU_MODEL_OVERHEAD,
@@ -36,24 +37,6 @@ from modelpool_contract.placements import (
 )
 from modelpool_contract.quantity import parse_quantity
 from modelpool_contract.settings import CommandLine, load
-
-#: The load settings a model may have on a host (the rest are the host's): the wire name -> the field.
-LOAD_FIELDS = {
-    "source": "model",
-    "task": "task",
-    "handler": "handler",
-    "dtype": "dtype",
-    "max_batch_size": "max_batch_size",
-    "max_batch_delay_ms": "max_batch_delay_ms",
-    "idle_after": "idle_after",
-    "generation_engine": "generation_engine",
-    "kv_cache_tokens": "kv_cache_tokens",
-    "trust_remote_code": "trust_remote_code",
-    "skip_warmup": "skip_warmup",
-    # The pool's queue (``spec.queue``): each model's own door and deadline (default: the host's flags).
-    "queue_capacity": "queue_capacity",
-    "request_timeout": "request_timeout",
-}
 
 
 class HostConfig(ServingConfig):
@@ -169,8 +152,9 @@ class LoadBody(NamedTuple):
 
 
 def parse_load_body(body: bytes, devices: int = 1) -> LoadBody:
-    """The load settings, the declared memory (bytes) and the device index of ``{"parameters": {"config":
-    "<json>"}}`` on a host of ``devices`` devices (an index it does not have is refused, naming it)."""
+    """The load settings (``modelpool_contract.host_control.LoadConfig``, under the server's names), the
+    declared memory (bytes) and the device index of ``{"parameters": {"config": "<json>"}}`` on a host of
+    ``devices`` devices (an index it does not have is refused, naming it)."""
     try:
         document = json.loads(body or b"{}")
         config = document.get("parameters", {}).get("config", "{}")
@@ -179,18 +163,25 @@ def parse_load_body(body: bytes, devices: int = 1) -> LoadBody:
         raise LoadError(f"parameters.config must be a JSON object: {exc}") from None
     if not isinstance(settings, dict):
         raise LoadError("parameters.config must be a JSON object")
-    unknown = sorted(set(settings) - set(LOAD_FIELDS) - {"memory", "device"})
-    if unknown:
-        raise LoadError(f"parameters.config: unknown field(s) {', '.join(unknown)}")
     try:
-        memory = parse_quantity(settings.get("memory", 0))
+        load = LoadConfig.model_validate(settings)
+    except ValidationError as exc:
+        raise LoadError(_load_refusal(exc)) from None
+    try:
+        memory = parse_quantity(load.memory)
     except ValueError as exc:
         raise LoadError(f"parameters.config.memory: {exc}") from None
-    device = settings.get("device")
-    if device is not None and (refusal := host_plan.device_refusal(device, devices)):
+    if load.device is not None and (refusal := host_plan.device_refusal(load.device, devices)):
         raise LoadError(f"parameters.config.device: {refusal}")
-    fields = {LOAD_FIELDS[key]: value for key, value in settings.items() if key not in ("memory", "device")}
-    return LoadBody(fields, memory, device)
+    return LoadBody(load.server_settings(), memory, load.device)
+
+
+def _load_refusal(exc: ValidationError) -> str:
+    unknown = sorted(str(e["loc"][0]) for e in exc.errors() if e["type"] == "extra_forbidden")
+    if unknown:
+        return f"parameters.config: unknown field(s) {', '.join(unknown)}"
+    error = exc.errors()[0]
+    return f"parameters.config.{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
 
 
 def slot_config(
@@ -217,7 +208,7 @@ def slot_config(
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
-        wire = {v: k for k, v in LOAD_FIELDS.items()}.get(where, where)
+        wire = LoadConfig.wire_name(where)
         raise LoadError(f"parameters.config.{wire}: {error['msg']}") from None
 
 

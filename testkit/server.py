@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from modelpool_contract.host_control import INDEX_PATH, ModelAction, model_action_path
 from testkit import prom
 from testkit.environment import ROOT, child_env, free_port
 
@@ -182,15 +183,15 @@ class HostControl:
         self.control = control.rstrip("/")
         self.timeout = timeout
 
-    def call(self, name: str, action: str, config: Mapping[str, Any] | None = None) -> httpx.Response:
+    def call(self, name: str, action: ModelAction, config: Mapping[str, Any] | None = None) -> httpx.Response:
         """POST ``/v2/repository/models/{name}/{action}`` (``config``: a load's settings); the answer."""
         body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
-        url = f"{self.control}/v2/repository/models/{name}/{action}"
+        url = f"{self.control}{model_action_path(name, action)}"
         return httpx.post(url, json=body, timeout=self.timeout)
 
     def index(self) -> dict[str, dict[str, Any]]:
         """Each loaded model's entry (state, reason, device, bytes, pid) by name."""
-        entries = httpx.post(f"{self.control}/v2/repository/index", timeout=30).json()
+        entries = httpx.post(f"{self.control}{INDEX_PATH}", timeout=30).json()
         return {e["name"]: e for e in entries}
 
     def states(self) -> dict[str, str]:

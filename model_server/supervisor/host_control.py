@@ -25,7 +25,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import re
 import shutil
 import time
 from typing import Any
@@ -37,12 +36,11 @@ from model_server.host_config import HostConfig, LoadError
 from model_server.supervisor.host import HostSupervisor
 from model_server.supervisor.local_http import LocalHandler, LocalHTTPServer
 from model_server.supervisor.probe_server import STALL_AFTER_S
+from modelpool_contract.host_control import INDEX_PATH, parse_model_action
 from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
 
 log = logging.getLogger("modelpool.host")
 
-INDEX_PATH = "/v2/repository/index"
-_MODEL_ACTION = re.compile(r"^/v2/repository/models/([^/]+)/(load|unload|sleep|wake)$")
 MAX_CONTROL_BODY = 1 << 20
 
 
@@ -62,10 +60,10 @@ def control(host: HostSupervisor, method: str, path: str, body: bytes) -> tuple[
         return 200, host.stats()
     if method == "POST" and path == INDEX_PATH:
         return 200, host.index()
-    match = _MODEL_ACTION.match(path)
-    if method != "POST" or match is None:
+    named = parse_model_action(path)
+    if method != "POST" or named is None:
         return 404, {"error": f"no route {method} {path}"}
-    name, action = match.groups()
+    name, action = named
     try:
         if action == "load":
             slot = host.load(name, body)
@@ -176,4 +174,4 @@ def run_host(config: HostConfig) -> int:
         shutil.rmtree(host.metrics_dir, ignore_errors=True)
 
 
-__all__ = ["INDEX_PATH", "HostControlServer", "authorized", "control", "host_liveness", "run_host"]
+__all__ = ["HostControlServer", "authorized", "control", "host_liveness", "run_host"]

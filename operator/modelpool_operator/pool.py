@@ -29,6 +29,7 @@ from modelpool_contract.api import (
 )
 from modelpool_contract.demand import Demand
 from modelpool_contract.flags import IDLE_AFTER_S
+from modelpool_contract.host_control import LoadConfig
 from modelpool_contract.times import parse_time
 from modelpool_operator.observe.worker_state import ObservedWorker
 
@@ -189,26 +190,24 @@ class OtherPool:
 
 
 def host_load_settings(spec: ModelPoolSpec) -> dict[str, Any]:
-    """A shared pool's model as a host loads it (the control API's load config, ``model_server/host_config``
-    ``LOAD_FIELDS`` and ``memory``): its source, task, dtype, batching, its queue (capacity and request
-    timeout), its Idle threshold (after which a host that sleeps idle models parks it) and its declared
-    memory. The device is the operator's choice (``device``, added per call); the other limits are the
-    host's."""
+    """A shared pool's model as a host loads it (``modelpool_contract.host_control.LoadConfig``, as JSON
+    fields): its source, task, dtype, batching, its queue (capacity and request timeout), its Idle
+    threshold (after which a host that sleeps idle models parks it) and its declared memory. The device is
+    the operator's choice (``device``, added per call); the other limits are the host's."""
     source = spec.model.source
     if spec.model.revision and source.startswith("hf://"):
         source = source.split("@", 1)[0] + "@" + spec.model.revision
-    settings: dict[str, Any] = {
-        "source": source,
-        "task": spec.model.task,
-        "dtype": spec.model.dtype,
-        "max_batch_size": spec.queue.max_batch_size,
-        "max_batch_delay_ms": spec.queue.max_batch_delay_ms,
+    config = LoadConfig(
+        source=source,
+        task=spec.model.task,
+        dtype=spec.model.dtype,
+        max_batch_size=spec.queue.max_batch_size,
+        max_batch_delay_ms=spec.queue.max_batch_delay_ms,
+        idle_after=spec.idle_timeout_seconds or IDLE_AFTER_S,
         # The pool's own queue on the host (its door and its deadline), as a dedicated worker has them.
-        "queue_capacity": spec.queue.capacity,
-        "request_timeout": spec.queue.request_timeout_seconds,
-        "idle_after": spec.idle_timeout_seconds or IDLE_AFTER_S,
-        "memory": spec.resources.memory_bytes,
-    }
-    if spec.model.trust_remote_code:
-        settings["trust_remote_code"] = True
-    return settings
+        queue_capacity=spec.queue.capacity,
+        request_timeout=spec.queue.request_timeout_seconds,
+        memory=spec.resources.memory_bytes,
+        trust_remote_code=True if spec.model.trust_remote_code else None,
+    )
+    return config.model_dump(exclude_none=True)

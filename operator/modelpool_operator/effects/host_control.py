@@ -11,11 +11,12 @@ A failed call raises ``ControlError`` with the host's own message (``{"error": .
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 import httpx
+
+from modelpool_contract.host_control import INDEX_PATH, LoadConfig, ModelAction, load_body, model_action_path
 
 #: Waiting for a connection to a host pod (it is a pod IP on the cluster network, or unreachable).
 CONNECT_TIMEOUT_S = 3.0
@@ -23,7 +24,6 @@ CONNECT_TIMEOUT_S = 3.0
 LOAD_TIMEOUT_S = 630.0
 #: An unload drains the model's admitted requests; a sleep or wake moves its weights (host: 60 s each).
 ACTION_TIMEOUT_S = 120.0
-INDEX_PATH = "/v2/repository/index"
 
 
 class ControlError(Exception):
@@ -44,11 +44,6 @@ class HostControl(Protocol):
     async def sleep(self, url: str, key: str, model: str) -> dict[str, Any]: ...
     async def wake(self, url: str, key: str, model: str) -> dict[str, Any]: ...
     async def aclose(self) -> None: ...
-
-
-def load_body(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The load call's body: Triton's repository shape, the model's settings as a JSON string."""
-    return {"parameters": {"config": json.dumps(dict(config), sort_keys=True)}}
 
 
 class HttpHostControl:
@@ -80,12 +75,13 @@ class HttpHostControl:
         listed = await self._post(f"{url}{INDEX_PATH}", key, None, ACTION_TIMEOUT_S)
         return [m for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
 
-    async def _model(self, url: str, key: str, model: str, action: str, body: Any = None) -> Any:
+    async def _model(self, url: str, key: str, model: str, action: ModelAction, body: Any = None) -> Any:
         wait = LOAD_TIMEOUT_S if action == "load" else ACTION_TIMEOUT_S
-        return await self._post(f"{url}/v2/repository/models/{model}/{action}", key, body, wait)
+        return await self._post(f"{url}{model_action_path(model, action)}", key, body, wait)
 
     async def load(self, url: str, key: str, model: str, config: Mapping[str, Any]) -> dict[str, Any]:
-        answer = await self._model(url, key, model, "load", load_body(config))
+        body = load_body(LoadConfig.model_validate(dict(config)))
+        answer = await self._model(url, key, model, "load", body)
         return answer if isinstance(answer, dict) else {}
 
     async def unload(self, url: str, key: str, model: str) -> None:
