@@ -57,7 +57,7 @@ from model_server.cpu_budget import THREADS_ENV
 from modelpool_contract.quantity import parse_quantity
 from testkit import tiny_models
 from testkit.environment import ROOT
-from testkit.server import HostControl, ServerProcess, launch
+from testkit.server import HostControlClient, ServerProcess, launch
 
 MARKERS = ("<!-- bench:density:start -->", "<!-- bench:density:end -->")
 MI = 1 << 20
@@ -171,7 +171,7 @@ def gpu_used_bytes() -> int | None:
 # ---- the host --------------------------------------------------------------------------------------------
 
 
-class Host(HostControl):
+class Host(HostControlClient):
     """The host process, its control API (probe port) and one keep-alive client on its serving port."""
 
     def __init__(self, server: ServerProcess, png: bytes) -> None:

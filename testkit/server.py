@@ -6,8 +6,8 @@ revision's to compare with in one run), its output in a log file, and returns a 
 ``ServerProcess.wait(path)`` waits, bounded, until a route answers 200 and fails with the log if the
 process exits first; ``stop()`` sends SIGTERM, waits, and kills as a last resort.  The server tests'
 ``start_server`` (tests/server/conftest.py) and the benchmarks' ``minilm_server`` (bench/server_process.py)
-are this with their own flags and environment.  ``HostControl`` is a shared host's control API (its probe
-port), as the host tests and ``bench.density`` call it.
+are this with their own flags and environment.  ``HostControlClient`` calls a shared host's control API
+(its probe port), as the host tests and ``bench.density`` do.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def launch(
     )
 
 
-class HostControl:
+class HostControlClient:
     """A shared host's control API on its probe port (``--shared-host``): a model's load, unload, sleep
     and wake, the index of its models and ``/stats``."""
 
@@ -202,4 +202,4 @@ class HostControl:
         return doc
 
 
-__all__ = ["HostControl", "ServerProcess", "launch"]
+__all__ = ["HostControlClient", "ServerProcess", "launch"]

@@ -29,7 +29,7 @@ from tritonclient.utils import InferenceServerException
 from modelpool_contract.exits import EXIT_DEVICE_FAILED
 from testkit import prom
 from testkit.environment import free_port
-from testkit.server import HostControl
+from testkit.server import HostControlClient
 from tests.server.conftest import ServerProcess, start_server
 from tests.server.fuzzcases import HUGE_HEADERS, raw_exchange
 
@@ -42,7 +42,7 @@ KEY = "serving-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-class Host(HostControl):
+class Host(HostControlClient):
     """The host process and its control API."""
 
     def __init__(self, server: ServerProcess, probe_port: int) -> None:

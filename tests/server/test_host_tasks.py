@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from testkit.environment import free_port
-from testkit.server import HostControl
+from testkit.server import HostControlClient
 from tests.server.conftest import start_server
 from tests.server.tiny_fixtures import image_bytes, tiny_image_embedding, tiny_text_generation, tiny_vision
 
@@ -35,7 +35,7 @@ MI = 1 << 20
 WAIT_S = 60.0
 
 
-class Host(HostControl):
+class Host(HostControlClient):
     """The host's control API and an ``openai`` client on its serving port."""
 
     def __init__(self, url: str, probe_port: int) -> None:

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from testkit.environment import free_port
-from testkit.server import HostControl
+from testkit.server import HostControlClient
 from tests.server.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ WAIT_S = 30.0
 NAMES = ("a", "b", "c")
 
 
-class Host(HostControl):
+class Host(HostControlClient):
     def __init__(self, server: ServerProcess, control: str, gate: Path) -> None:
         super().__init__(control, timeout=60)
         self.server = server
