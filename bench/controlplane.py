@@ -26,13 +26,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from bench.kwok import kwok_pool, wait
 from bench.report import replace_block
 from testkit import prom
 from testkit.cluster import guarded_cluster
@@ -63,17 +63,6 @@ class Result:
     machine: str
     # ``--gateway``: two gateways side by side (``bench.gateway_scale.GatewayScale``), else None.
     gateway: dict[str, Any] | None = None
-
-
-def wait(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 1.0) -> float:
-    """Seconds until ``predicate`` holds; raises after ``timeout``."""
-    start = time.monotonic()
-    while True:
-        if predicate():
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise TimeoutError(f"{what}: not reached within {timeout:.0f}s")
-        time.sleep(interval)
 
 
 # The benchmark's extra KWOK nodes hand out pod IPs from 127.80.0.0/16 up (loopback: the operator scrapes
@@ -122,28 +111,6 @@ def extra_nodes(count: int) -> str:
 
 def _cidr(node: int) -> str:
     return f"127.{BENCH_NODE_OCTET + node}.0.0/16"
-
-
-def kwok_pool(name: str, namespace: str, workers: int) -> dict[str, Any]:
-    """A pool of ``workers`` workers on the KWOK nodes (pods with no process behind them)."""
-    return {
-        "apiVersion": "modelpool.dev/v1alpha1",
-        "kind": "ModelPool",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {"source": "/models/bench", "task": "text-embedding"},
-            "replicas": workers,
-            "minReplicas": 0,
-            "maxReplicas": max(workers, 10),
-            # GPUs are not requested: 1000 workers would need 1000 fake GPUs; placement is not what
-            # this benchmark measures.
-            "resources": {"memory": "1Gi", "gpus": 0},
-            "podTemplate": {
-                "nodeSelector": {"type": "kwok"},
-                "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
-            },
-        },
-    }
 
 
 def pools_manifest(pools: int, workers: int) -> str:

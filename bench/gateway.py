@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.controlplane import wait
+from bench.kwok import wait
 from bench.minilm import packaged_minilm
 from bench.report import replace_block
 from bench.wake import Wake, wake

@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from bench.controlplane import kwok_pool, wait
 from bench.gateway import ECHO_HANDLER, pool
+from bench.kwok import kwok_pool, wait
 from modelpool_contract.labels import LABEL_POOL
 from testkit.cluster import reused_cluster
 from testkit.corpus import corpus

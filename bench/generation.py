@@ -135,7 +135,7 @@ def serial(task: Any, work: list[Any], firsts: list[float] | None = None) -> flo
 
 async def batched(engine: Any, work: list[Any], firsts: list[float] | None = None) -> float:
     """Generated tokens per second, every request submitted to the engine at once, each streamed."""
-    from model_server.engine.dataplane import Unit
+    from model_server.engine.unit import Unit
 
     loop = asyncio.get_running_loop()
     outcomes: list[asyncio.Future[Any]] = [loop.create_future() for _ in work]

@@ -119,3 +119,29 @@ class FatalDeviceError(ServerError):
 
     status = 500
     reason = "device_error"
+
+
+# Substrings of CUDA errors after which the context is unusable (the process must be restarted).
+_FATAL_MARKERS = (
+    "illegal memory access",
+    "device-side assert",
+    "unspecified launch failure",
+    "cuda error: misaligned address",
+    "an illegal instruction was encountered",
+    "cublas_status_execution_failed",
+    "uncorrectable ecc error",
+    "cuda driver error",
+)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Pure: is this a (recoverable) device out-of-memory error?"""
+    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+
+
+def is_fatal_device_error(exc: BaseException) -> bool:
+    """Pure: does this error leave the device unusable?"""
+    if isinstance(exc, FatalDeviceError):
+        return True
+    text = str(exc).lower()
+    return any(marker in text for marker in _FATAL_MARKERS)

@@ -14,16 +14,8 @@ import sys
 from collections.abc import Sequence
 
 from model_server.config import COMMAND_LINE, ServerConfig
+from model_server.process_setup import exit_now
 from modelpool_contract.settings import load_or_exit
-
-
-def exit_now(code: int) -> None:
-    """Exit now, even if the inference thread is still inside a load or a forward pass (it cannot be
-    interrupted, and the interpreter would otherwise join it at exit)."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

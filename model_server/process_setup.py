@@ -10,6 +10,8 @@
 * A name that ``ps``/``top`` show (``PR_SET_NAME``: ``mp-inference``, ``mp-http-0``, ...).
 * Its CPU priority (the HTTP processes run a little below the model: see ``http_process``).
 * Logging, with the process's name on every line.
+
+And what each does last: ``exit_now`` (the supervisor too).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 from typing import Any
 
 from model_server.libc import libc_function
@@ -59,4 +62,13 @@ def set_up(name: str, log_level: str, nice: int = 0) -> None:
     )
 
 
-__all__ = ["set_up"]
+def exit_now(code: int) -> None:
+    """Exit now, even if the inference thread is still inside a load or a forward pass (it cannot be
+    interrupted, and the interpreter would otherwise join it at exit)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+__all__ = ["exit_now", "set_up"]

@@ -13,14 +13,24 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from testkit.environment import BIN
 
-if TYPE_CHECKING:
-    from testkit.cluster import Cluster
-
 T = TypeVar("T")
+
+
+class Cluster(Protocol):
+    """What these helpers need of a cluster (``testkit.cluster.Cluster`` is one): its kubectl, and where
+    the process node writes its containers' output."""
+
+    @property
+    def processnode_log_dir(self) -> Path: ...
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]: ...
+
 
 # The process node is tainted so that only pods meant for it land there: they select it and tolerate.
 PROCESS_NODE_SELECTOR = {"modelpool.dev/process-node": "true"}

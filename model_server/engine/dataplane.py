@@ -27,56 +27,20 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from functools import partial
-from typing import Any
 
 from model_server.config import ServerConfig
 from model_server.engine.sweep import Sweep, sweep_capacity
+from model_server.engine.unit import Outcome, Piece, Unit
 from model_server.engine.worker import Worker
 from model_server.errors import FatalDeviceError, InvalidInput, ModelNotReady, Overloaded, ServerError
 from model_server.metrics import Metrics
 from model_server.state_machine import State, StateMachine
-from model_server.tasks.base import Emitter
 from model_server.worker_view import INFERENCE_ROW, Column, Field, WorkerView
 from modelpool_contract.exits import EXIT_DEVICE_FAILED
 
 log = logging.getLogger("modelpool.dataplane")
-
-Outcome = list[Any] | ServerError
-Piece = tuple["Unit", int]
-
-
-@dataclass(eq=False)
-class Unit:
-    """One admitted request in the inference process: its items (and their length hints), its deadline
-    (monotonic) and how to answer it (once)."""
-
-    items: list[Any]
-    deadline: float
-    reply: Callable[[Outcome], None]
-    lengths: Sequence[int] = ()
-    emit: Emitter | None = None
-    abandoned: str | None = None  # why the client's side gave up ("timeout", "disconnected")
-    on_abandon: Callable[[], None] | None = None  # told when it gives up (the engine stops generating)
-    answered: bool = False
-    results: list[Any] = field(default_factory=list)
-    remaining: int = 0
-    # When it reached this process (time.monotonic()), before the queue: time to first token counts from here.
-    arrived: float = field(default_factory=time.monotonic)
-
-    def answer(self, outcome: Outcome) -> None:
-        if not self.answered:
-            self.answered = True
-            self.reply(outcome)
-
-    def gone(self) -> bool:
-        """Does nobody wait for this request any more (its client left, or its deadline passed)?"""
-        return self.abandoned is not None or time.monotonic() >= self.deadline
-
-    def hints(self) -> Sequence[int]:
-        return self.lengths if len(self.lengths) == len(self.items) else [0] * len(self.items)
 
 
 class DataPlane:

@@ -52,14 +52,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from model_server.errors import InferenceError, InvalidInput, Overloaded, ServerError
+from model_server.errors import InferenceError, InvalidInput, Overloaded, ServerError, is_fatal_device_error
 from model_server.tasks.base import Emitter, GenerationItem, GenerationParams, GenerationResult
 from model_server.tasks.generation import Detokenizer, StopText, check_context, eos_ids
 from model_server.tasks.params import check_generation_params
 from model_server.worker_view import BATCHING, SERIAL, Field, WorkerView
 
 if TYPE_CHECKING:
-    from model_server.engine.dataplane import Unit
+    from model_server.engine.unit import Unit
     from model_server.metrics import Metrics
 
 log = logging.getLogger("modelpool.generation")
@@ -528,7 +528,6 @@ class BatchingEngine:
         worker on a fatal device error)."""
         if self._closing.is_set() or self._manager.is_running():
             return
-        from model_server.engine.worker import is_fatal_device_error
 
         error = self._manager.background_thread_status.fatal_error
         reason = f"the generation loop stopped: {type(error).__name__}: {error}"

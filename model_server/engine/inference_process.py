@@ -37,13 +37,14 @@ from typing import Any
 from model_server import ipc
 from model_server.config import ServerConfig
 from model_server.cpu_budget import ThreadPlan, size_threads
-from model_server.engine.dataplane import DataPlane, Outcome, Unit
+from model_server.engine.dataplane import DataPlane
 from model_server.engine.download import DownloadProgress
 from model_server.engine.generation_engine import engine_name
+from model_server.engine.unit import Outcome, Unit
 from model_server.engine.worker import Worker
 from model_server.errors import SleepRefused
 from model_server.metrics import Metrics, gpu_memory, gpu_peak_reserved
-from model_server.process_setup import set_up
+from model_server.process_setup import exit_now, set_up
 from model_server.state_machine import State, StateMachine
 from model_server.worker_view import ENGINE_CODES, Field, WorkerView
 from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_LOAD_FAILED, INFERENCE_FLUSH_S
@@ -320,8 +321,6 @@ def main(
 ) -> None:
     """The process's entry point (the supervisor's spawn target; a shared host's names the model its
     metrics are labelled with)."""
-    from model_server.main import exit_now
-
     set_up("inference", config.log_level)
     threads = size_threads(config.intra_op_threads, config.cpu_share_millicores)  # before torch's import
     process = InferenceProcess(config, view, threads, metrics_model=metrics_model)

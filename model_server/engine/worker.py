@@ -41,7 +41,15 @@ from model_server.engine.download import DownloadProgress
 from model_server.engine.generation_engine import BatchingEngine, attach
 from model_server.engine.heap import HeapTrimmer
 from model_server.engine.preload import preload_torch_libraries
-from model_server.errors import FatalDeviceError, InferenceError, InvalidInput, ServerError, SleepRefused
+from model_server.errors import (
+    FatalDeviceError,
+    InferenceError,
+    InvalidInput,
+    ServerError,
+    SleepRefused,
+    is_fatal_device_error,
+    is_oom,
+)
 from model_server.state_machine import State, StateMachine
 from model_server.tasks import task_class
 from model_server.tasks.base import Emitter, LoadOptions, Task
@@ -55,34 +63,9 @@ LOAD_SWITCH_INTERVAL_S = 0.0005
 # A worker with no unit running for this long trims its heap once (see model_server/engine/heap.py).
 IDLE_TRIM_AFTER_S = 1.0
 
-# Substrings of CUDA errors after which the context is unusable (the process must be restarted).
-_FATAL_MARKERS = (
-    "illegal memory access",
-    "device-side assert",
-    "unspecified launch failure",
-    "cuda error: misaligned address",
-    "an illegal instruction was encountered",
-    "cublas_status_execution_failed",
-    "uncorrectable ecc error",
-    "cuda driver error",
-)
-
 
 class WarmupError(RuntimeError):
     """The task's warm-up input failed after the load: the model cannot serve (a load failure)."""
-
-
-def is_oom(exc: BaseException) -> bool:
-    """Pure: is this a (recoverable) device out-of-memory error?"""
-    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
-
-
-def is_fatal_device_error(exc: BaseException) -> bool:
-    """Pure: does this error leave the device unusable?"""
-    if isinstance(exc, FatalDeviceError):
-        return True
-    text = str(exc).lower()
-    return any(marker in text for marker in _FATAL_MARKERS)
 
 
 def resolve_device(device: str) -> str:

@@ -35,7 +35,7 @@ from model_server.frontend.endpoints.auth import ApiKeyMiddleware
 from model_server.frontend.http_process import GRACEFUL_SHUTDOWN_S, HTTP_NICE
 from model_server.frontend.server import ModelServer
 from model_server.host_config import HostConfig
-from model_server.process_setup import set_up
+from model_server.process_setup import exit_now, set_up
 from model_server.state_machine import SERVING, State
 from model_server.worker_view import BEAT_PERIOD_S, Column, Field, WorkerView, http_row
 from modelpool_contract.http_limits import BoundedHeadersProtocol
@@ -243,8 +243,6 @@ def main(
     control: Connection,
 ) -> None:
     """The process's entry point (the host supervisor's spawn target)."""
-    from model_server.main import exit_now
-
     set_up(f"http-{index}", config.log_level, nice=HTTP_NICE)
     router = HostRouter(config, views, index)
     app: Any = router

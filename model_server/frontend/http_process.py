@@ -23,7 +23,7 @@ from model_server.config import ServerConfig
 from model_server.frontend.endpoints import build_app
 from model_server.frontend.endpoints.refusal import protocol_for
 from model_server.frontend.server import ModelServer
-from model_server.process_setup import set_up
+from model_server.process_setup import exit_now, set_up
 from model_server.worker_view import BEAT_PERIOD_S, Column, WorkerView
 
 log = logging.getLogger("modelpool.http")
@@ -94,8 +94,6 @@ def main(
     control: Connection,
 ) -> None:
     """The process's entry point (the supervisor's spawn target)."""
-    from model_server.main import exit_now
-
     set_up(f"http-{index}", config.log_level, nice=HTTP_NICE)
     server = ModelServer(config, view, index)
     http = HTTPServer(

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from model_server.config import ServerConfig
-from model_server.engine.dataplane import Unit
 from model_server.engine.generation_engine import (
     GREEDY_TEMPERATURE,
     PAGE_TOKENS,
@@ -32,6 +31,7 @@ from model_server.engine.generation_engine import (
     refusal,
     sampling,
 )
+from model_server.engine.unit import Unit
 from model_server.errors import InvalidInput, Overloaded, ServerError
 from model_server.metrics import Metrics
 from model_server.tasks.base import GenerationItem, GenerationParams, GenerationResult

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from model_server import ipc
 from model_server.config import ServerConfig
 from model_server.cpu_budget import default_http_workers
-from model_server.engine.dataplane import DataPlane, Unit
+from model_server.engine.dataplane import DataPlane
 from model_server.engine.sweep import SWEEP_BATCHES, Sweep, sweep_capacity
+from model_server.engine.unit import Unit
 from model_server.engine.worker import Worker
 from model_server.errors import Overloaded, ServerError
 from model_server.metrics import Metrics

@@ -17,8 +17,7 @@ from model_server.config import ServerConfig
 from model_server.engine import worker as worker_module
 from model_server.engine.heap import HeapTrimmer, due
 from model_server.engine.sources import SourceError, parse_source, resolve
-from model_server.engine.worker import is_fatal_device_error, is_oom
-from model_server.errors import InvalidInput
+from model_server.errors import InvalidInput, is_fatal_device_error, is_oom
 from model_server.frontend import kserve_codec
 from model_server.frontend.inference_client import retry_after_seconds
 from model_server.metrics import gpu_memory, gpu_peak_reserved
