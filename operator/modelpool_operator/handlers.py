@@ -48,7 +48,8 @@ from modelpool_operator.observe.observation import PodsByPool, slim_pod
 from modelpool_operator.observe.ownership import OwnedPods, OwnerRecord, claimed_key, host_record, pool_record
 from modelpool_operator.planner import Event
 from modelpool_operator.pool import OtherPool, PoolKey
-from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
+from modelpool_operator.reconcile import reconcile_pool
+from modelpool_operator.reconcile_budget import budget_status_wire
 from modelpool_operator.reconcile_host import reconcile_host, unload_deleted_pool
 from modelpool_operator.services import Services, start_services
 from modelpool_operator.settings import OperatorConfig, apply_to_kopf

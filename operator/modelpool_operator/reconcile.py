@@ -1,6 +1,7 @@
 """One reconciliation pass of one ModelPool: observe (``observe``), plan (``decide``: pure but for the
 reservations it records), then apply (``effects.apply``); or, for a spec that is invalid or forbidden, the
-refusal (``effects.apply.refuse``). This module decides; it makes no API request and posts no Event itself.
+refusal (``refusals``, written by ``effects.apply.refuse``); a shared pool's pass is ``reconcile_shared``'s.
+This module decides; it makes no API request and posts no Event itself.
 
 The order matters for the budget. Everything between reading the pod index and recording the planned
 creations as reservations is synchronous (``observe`` and ``decide``: no ``await``), so on the operator's
@@ -19,33 +20,18 @@ autoscaler's recent samples, re-learned after a restart).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
-
-from modelpool_contract.api import Condition, autoscaling_enabled, parse_host_spec, parse_pool_status
 from modelpool_contract.demand import Demand
-from modelpool_contract.placements import host_model_name
 from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
-from modelpool_operator.budget import BUDGET_VALID, BudgetLimit, Reservation, budget_status, budget_validity
-from modelpool_operator.effects.apply import Refusal, apply, refuse, settle_soon, tell
-from modelpool_operator.effects.placing import (
-    delete_workers,
-    write_pool_status,
-)
+from modelpool_operator.budget import BudgetLimit, Reservation
+from modelpool_operator.effects.apply import apply, refuse, settle_soon
 from modelpool_operator.effects.resources import worker_template_hash
-from modelpool_operator.host import host_charge_key
+from modelpool_operator.indices import BudgetsByName, DemandByPool, HostsByKey, PoolsByKey
 from modelpool_operator.observe.claims import believe
-from modelpool_operator.observe.hosts import (
-    HostedPool,
-    host_reports,
-    hosted_replicas,
-    hosted_workers,
-    observe_hosts,
-)
 from modelpool_operator.observe.observation import (
     LazyOthers,
     PodsByPool,
@@ -57,27 +43,14 @@ from modelpool_operator.observe.observation import (
 )
 from modelpool_operator.observe.ownership import worker_charges
 from modelpool_operator.observe.worker_state import ObservedWorker
-from modelpool_operator.planner import CounterSample, Event, LoadSample, Plan, PlannerSettings, plan
-from modelpool_operator.planner.shared import (
-    HostWait,
-    host_wait,
-    host_wait_event,
-    host_wait_status,
-    shared_status,
-)
-from modelpool_operator.planner.shared_scale import SharedScale, scale_shared
-from modelpool_operator.planner.status import coalesce, condition
-from modelpool_operator.policy import Violation, violations
-from modelpool_operator.pool import OtherPool, PoolKey, PoolView
+from modelpool_operator.planner import CounterSample, LoadSample, Plan, PlannerSettings, plan
+from modelpool_operator.policy import violations
+from modelpool_operator.pool import PoolKey, PoolView
+from modelpool_operator.reconcile_shared import shared_pass
+from modelpool_operator.refusals import invalid_spec_refusal, policy_refusal
 from modelpool_operator.services import Services, planner_settings, pod_settings
 
 logger = logging.getLogger(__name__)
-
-PoolsByKey = Mapping[PoolKey, Iterable[OtherPool]]
-BudgetsByName = Mapping[str, Iterable[Mapping[str, Any]]]
-DemandByPool = Mapping[PoolKey, Iterable[Demand]]
-#: The ModelHosts' specs (raw), by (namespace, ModelHost name).
-HostsByKey = Mapping[PoolKey, Iterable[Mapping[str, Any]]]
 
 
 def in_index(pods_by_pool: PodsByPool) -> Callable[[Reservation], bool]:
@@ -227,276 +200,3 @@ async def reconcile_pool(
             outcome.result = "error"
         settle_soon(services, book, indexed=in_index(pods_by_pool))
         return decided
-
-
-def shared_wait(pool: PoolView, hosts: HostsByKey, pods_by_pool: PodsByPool) -> HostWait:
-    """Why the shared pool waits: its ModelHost (from the hosts index) and that host's pods."""
-    key = (pool.namespace, pool.spec.host or "")
-    specs = list(hosts.get(key, ()))
-    if not specs:
-        return host_wait(pool, host_found=False, host_error=None, hosts=[])
-    try:
-        spec = parse_host_spec(dict(specs[0]))
-    except ValidationError as exc:
-        return host_wait(pool, host_found=True, host_error=invalid_spec_message(exc), hosts=[])
-    pods = pods_by_pool.get(host_charge_key(*key), ())
-    return host_wait(pool, host_found=True, host_error=None, hosts=observe_hosts(spec, pods))
-
-
-async def shared_pass(
-    services: Services,
-    book: Bookkeeping,
-    *,
-    run: PoolRun,
-    pool: PoolView,
-    body: Mapping[str, Any],
-    hosts: HostsByKey,
-    pods_by_pool: PodsByPool,
-) -> float | None:
-    """A shared pool's pass: its dedicated workers (a pool switched to ``spec.host``) deleted; its count and
-    retries decided (``planner.shared_scale``, over its replicas' figures on the host pods and its demand)
-    and handed to its ModelHost's pass (``Bookkeeping.shared``), which places it; its status: the host pods
-    holding its model, or why none does. Returns when to look again (None: at the resync)."""
-    await delete_workers(services, pool.namespace, list(pods_by_pool.get(pool.key, ())))
-    key = (pool.namespace, pool.spec.host or "")
-    if not list(hosts.get(key, ())):
-        book.shared.pop(pool.key, None)
-        await _tell_wait(services, run, pool, body, shared_wait(pool, hosts, pods_by_pool))
-        return None
-    try:
-        spec = parse_host_spec(dict(next(iter(hosts[key]))))
-    except ValidationError:
-        book.shared.pop(pool.key, None)
-        await _tell_wait(services, run, pool, body, shared_wait(pool, hosts, pods_by_pool))
-        return None
-    host_key = host_charge_key(*key)
-    listed = list(pods_by_pool.get(host_key, ()))
-    stats = host_reports(services.scraper.refresh(listed, on_change=lambda: _news(book, pool.key, host_key)))
-    model = host_model_name(pool.name)
-    replicas = hosted_replicas(model, pool.spec.resources.memory_bytes, listed, stats)
-    previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
-    pool = replace(pool, status=parse_pool_status(previous))
-    now = datetime.now(UTC)
-    workers = hosted_workers(pool.namespace, model, replicas, stats)
-    scale = decide_shared(services, book, run, pool, workers, host_pods=spec.replicas, now=now)
-    wait = None
-    if len([r for r in replicas if r.state not in ("Failed", "Dead")]) < scale.target:
-        hosted = {model: HostedPool(pool.name, pool.spec.resources.memory_bytes)}
-        wait = host_wait(
-            pool, host_found=True, host_error=None, hosts=observe_hosts(spec, listed, stats, hosted)
-        )
-    status = shared_status(pool, replicas, wait, now, scale)
-    for event in coalesce(scale.events):
-        tell(services, body, event)
-    told = (pool.generation, wait.reason, wait.message) if wait is not None else None
-    if wait is not None and run.host_wait != told:
-        tell(services, body, host_wait_event(wait))
-    run.host_wait = told
-    await write_pool_status(services, run, previous, status)
-    return shared_requeue(services, pool, scale)
-
-
-def decide_shared(
-    services: Services,
-    book: Bookkeeping,
-    run: PoolRun,
-    pool: PoolView,
-    workers: list[ObservedWorker],
-    *,
-    host_pods: int,
-    now: datetime,
-) -> SharedScale:
-    """A shared pool's count and retries (``planner.shared_scale``), handed to its ModelHost's pass
-    (``Bookkeeping.shared``; the ModelHost's daemon is poked when they change); the autoscaler's window and
-    counters kept for the next pass."""
-    scale = scale_shared(
-        pool,
-        workers,
-        host_pods=host_pods,
-        now=now,
-        settings=planner_settings(services.config),
-        load_window=run.load_window,
-        counters=run.counters,
-    )
-    run.load_window, run.counters = scale.load_window, scale.counters
-    if book.shared.get(pool.key) != scale.count:
-        book.shared[pool.key] = scale.count
-        book.poke(host_charge_key(pool.namespace, pool.spec.host or ""))
-    return scale
-
-
-def _news(book: Bookkeeping, pool: PoolKey, host: PoolKey) -> None:
-    """News in a host pod's ``/stats``: its shared pool looks again (its load), and so does its ModelHost
-    (its placing)."""
-    book.poke(pool)
-    book.poke(host)
-
-
-def shared_requeue(services: Services, pool: PoolView, scale: SharedScale) -> float | None:
-    """When a shared pool looks again: what its decisions ask (a countdown, a backoff, an idle replica),
-    and, while it autoscales under load, every stats interval, as a dedicated pool's busy workers' scrapes
-    wake it (its load is on its host pods, scraped by its passes; an idle one looks at the resync, and the
-    news its scrape brings wakes it)."""
-    planned = scale.requeue_after
-    if autoscaling_enabled(pool.spec) and scale.autoscaling.observed_load:
-        interval = services.config.stats_interval_seconds
-        return interval if planned is None else min(planned, interval)
-    return planned
-
-
-async def _tell_wait(
-    services: Services, run: PoolRun, pool: PoolView, body: Mapping[str, Any], wait: HostWait
-) -> None:
-    refusal = host_wait_refusal(run, pool, body, wait)
-    if refusal is not None:
-        await refuse(services, run, body, refusal)
-
-
-def host_wait_refusal(
-    run: PoolRun, pool: PoolView, body: Mapping[str, Any], wait: HostWait
-) -> Refusal | None:
-    """The status and Event of a shared pool that waits for placement, when the reason is new for this
-    generation (None: told already; the pool's loop looks again at its host's next change)."""
-    told = (pool.generation, wait.reason, wait.message)
-    if run.host_wait == told:
-        return None
-    run.host_wait = told
-    status = host_wait_status(pool, wait, datetime.now(UTC))
-    written = {**(body.get("status") or {}), **status}
-    return Refusal(status=status, event=host_wait_event(wait), written=written)
-
-
-def invalid_spec_refusal(run: PoolRun, body: Mapping[str, Any], exc: Exception) -> Refusal | None:
-    """An unparseable spec: a Warning Event, phase Failed and condition Ready False (reason InvalidSpec,
-    naming the field), once per generation (None: told already); no workers are touched."""
-    generation = int((body.get("metadata") or {}).get("generation") or 0)
-    if run.invalid_generation == generation:
-        return None
-    run.invalid_generation = generation
-    previous = parse_pool_status(body.get("status")).conditions
-    return Refusal(
-        status=invalid_spec_status(previous, generation, invalid_spec_message(exc), datetime.now(UTC)),
-        event=Event("Warning", INVALID_SPEC, f"invalid spec: {exc}"[:1000]),
-    )
-
-
-#: The Event and condition reason of a spec the operator cannot parse.
-INVALID_SPEC = "InvalidSpec"
-
-
-def invalid_spec_message(exc: Exception) -> str:
-    """Why a spec does not parse, in one line: each pydantic error's field and reason (the CRD is looser
-    than the model in places, e.g. it admits ``resources.memory: 0``)."""
-    errors = exc.errors() if isinstance(exc, ValidationError) else []
-    reasons = []
-    for error in errors:
-        where = ".".join(str(part) for part in error.get("loc", ()))
-        reason = str(error.get("msg", "")).removeprefix("Value error, ")
-        if reason.startswith("spec.") or not where:
-            reasons.append(reason)
-        else:  # the model's own messages name the field already ("resources.memory must be ...")
-            reasons.append(f"spec.{reason}" if reason.startswith(where) else f"spec.{where}: {reason}")
-    return ("invalid spec: " + "; ".join(reasons or [str(exc)]))[:1000]
-
-
-def invalid_spec_status(
-    previous: Iterable[Condition], generation: int, message: str, now: datetime
-) -> dict[str, Any]:
-    """The status patch of a pool whose spec does not parse: phase Failed and condition Ready False with
-    reason InvalidSpec and the message (other conditions are replaced: they described a spec that is
-    gone)."""
-    ready = condition(
-        previous,
-        "Ready",
-        status="False",
-        reason=INVALID_SPEC,
-        message=message,
-        now=now,
-        generation=generation,
-    )
-    return {
-        "phase": "Failed",
-        "observedGeneration": generation,
-        "conditions": [ready.model_dump(mode="json", by_alias=True, exclude_none=True)],
-    }
-
-
-#: The condition type and Event reason of a pool the operator's policy refuses.
-POLICY_VIOLATION = "PolicyViolation"
-
-
-def policy_refusal(
-    run: PoolRun, pool: PoolView, body: Mapping[str, Any], refused: list[Violation]
-) -> Refusal | None:
-    """A spec the operator's policy refuses: condition PolicyViolation (naming each field), phase Failed
-    and a Warning Event, once per generation (None: told already); no worker is created, deleted or
-    evicted. Workers that already exist (an allowed spec before, or the policy narrowed since) are left as
-    they are."""
-    message = policy_message(refused)
-    if run.forbidden == (pool.generation, message):
-        return None
-    run.forbidden = (pool.generation, message)
-    status = policy_status(pool, message, datetime.now(UTC))
-    # What the status is then, so that the pass after the spec is allowed again removes the condition even
-    # before the watch shows this write.
-    written = {**(body.get("status") or {}), **status}
-    return Refusal(status=status, event=Event("Warning", POLICY_VIOLATION, message[:1000]), written=written)
-
-
-def policy_message(refused: list[Violation]) -> str:
-    """The refusal in one message: every field's reason, then what the operator does about it."""
-    reasons = "; ".join(v.message for v in refused)
-    return f"{reasons}; no worker is created or changed until the spec is allowed"
-
-
-def policy_status(pool: PoolView, message: str, now: datetime) -> dict[str, Any]:
-    """The status patch of a refused pool: phase Failed and the PolicyViolation condition, the pool's
-    other conditions kept (they describe its existing workers, which are left alone)."""
-    kept = [c for c in pool.status.conditions if c.type != POLICY_VIOLATION]
-    violation = condition(
-        pool.status.conditions,
-        POLICY_VIOLATION,
-        status="True",
-        reason="Forbidden",
-        message=message,
-        now=now,
-        generation=pool.generation,
-    )
-    conditions = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in [*kept, violation]]
-    return {"phase": "Failed", "observedGeneration": pool.generation, "conditions": conditions}
-
-
-def budget_status_wire(
-    services: Services,
-    book: Bookkeeping,
-    pods_by_pool: PodsByPool,
-    budgets: BudgetsByName,
-    *,
-    previous: Mapping[str, Any] | None = None,
-    generation: int = 0,
-) -> dict[str, Any]:
-    """The ModelBudget status (wire form) as of now, derived from every indexed worker, with its Valid
-    condition (``previous``: the status as last written, for the condition's transition time); the
-    budget's metrics follow it."""
-    now = datetime.now(UTC)
-    workers = observe(services, book, pods_by_pool, own=None, now=now)
-    ledger = book.ledger(
-        workers, budget_limit(budgets, services.config.budget_name, missing=services.config.missing_budget)
-    )
-    services.metrics.budget_written(ledger.total, ledger.used, ledger.reserved)
-    valid, reason, message = budget_validity(ledger)
-    before = parse_pool_status({"conditions": (previous or {}).get("conditions") or []}).conditions
-    validity = condition(
-        before,
-        BUDGET_VALID,
-        status="True" if valid else "False",
-        reason=reason,
-        message=message,
-        now=now,
-        generation=generation,
-    )
-    status = budget_status(ledger, [validity], services.identity)
-    # Without an identity no activeOperator key at all (a null would be patched at every write).
-    return status.model_dump(
-        mode="json", by_alias=True, exclude={"active_operator"} if not services.identity else None
-    )

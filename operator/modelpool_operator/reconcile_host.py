@@ -30,6 +30,7 @@ from modelpool_operator.effects.placing import (
 )
 from modelpool_operator.effects.resources import host_pod_template_hash
 from modelpool_operator.host import HostView, host_charge_key, host_pod_name
+from modelpool_operator.indices import BudgetsByName, PoolsByKey
 from modelpool_operator.observe.hosts import (
     HostedPool,
     host_reports,
@@ -50,14 +51,8 @@ from modelpool_operator.planner.placing import Placing, SharedPool, models_annot
 from modelpool_operator.planner.shared_scale import SharedCount
 from modelpool_operator.policy import host_violations
 from modelpool_operator.pool import PoolKey
-from modelpool_operator.reconcile import (
-    POLICY_VIOLATION,
-    BudgetsByName,
-    PoolsByKey,
-    in_index,
-    observe,
-    policy_message,
-)
+from modelpool_operator.reconcile import in_index, observe
+from modelpool_operator.refusals import POLICY_VIOLATION, policy_message
 from modelpool_operator.services import Services, pod_settings
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 Failed replicas are due for another try. The dedicated pools' decisions, over the host pods' per-model
 figures.
 
-A shared pool's own pass (``reconcile.shared_pass``) runs ``scale_shared`` over its replicas as workers
+A shared pool's own pass (``reconcile_shared.shared_pass``) runs ``scale_shared`` over its replicas as workers
 (``observe.hosts.hosted_workers``: each host pod holding the model, with the model's own ``/stats`` there);
 the ModelHost's pass places ``SharedCount.target`` replicas and unloads the failed ones in
 ``SharedCount.retry`` (``planner.placing``). The phases are the dedicated pools' own, on a ``Draft`` of the

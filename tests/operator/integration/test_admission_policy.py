@@ -51,7 +51,7 @@ from modelpool_operator.policy import (
     msg_unclean_path,
     violations,
 )
-from modelpool_operator.reconcile import POLICY_VIOLATION
+from modelpool_operator.refusals import POLICY_VIOLATION
 from testkit.cluster import Cluster
 from testkit.environment import ROOT
 from testkit.kubectl import apply, wait_for

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from modelpool_contract.api import parse_pool_spec
-from modelpool_operator.reconcile import INVALID_SPEC, invalid_spec_message, invalid_spec_status
+from modelpool_operator.refusals import INVALID_SPEC, invalid_spec_message, invalid_spec_status
 
 NOW = datetime(2026, 11, 27, 10, 0, tzinfo=UTC)
 

@@ -37,7 +37,8 @@ from modelpool_operator.policy import (
     msg_unclean_path,
     violations,
 )
-from modelpool_operator.reconcile import POLICY_VIOLATION, reconcile_pool
+from modelpool_operator.reconcile import reconcile_pool
+from modelpool_operator.refusals import POLICY_VIOLATION
 from modelpool_operator.settings import OperatorConfig
 
 # ---- the path rule ------------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import ObservationCache, pod_indexed, slim_pod
 from modelpool_operator.planner import Event, Evict
 from modelpool_operator.pool import OtherPool, PoolView, worker_name
-from modelpool_operator.reconcile import budget_status_wire, reconcile_pool
+from modelpool_operator.reconcile import reconcile_pool
+from modelpool_operator.reconcile_budget import budget_status_wire
 from modelpool_operator.services import Services, lifecycle_settings, make_scraper, pod_settings
 from modelpool_operator.settings import OperatorConfig
 
@@ -682,8 +683,8 @@ async def test_a_host_pass_fences_its_host_pods_with_a_network_policy_once(state
 
 async def test_a_host_with_a_forbidden_image_gets_no_pod_and_one_warning() -> None:
     from modelpool_operator.bookkeeping import HostRun
-    from modelpool_operator.reconcile import POLICY_VIOLATION
     from modelpool_operator.reconcile_host import reconcile_host
+    from modelpool_operator.refusals import POLICY_VIOLATION
 
     operator = recording_operator(OperatorConfig(allowed_images=("ghcr.io/modelpool/",)))
     try:

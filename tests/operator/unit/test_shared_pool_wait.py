@@ -1,6 +1,6 @@
 """A shared pool (spec.host) while the operator does not place it: no dedicated worker, and a status that
 says it waits for placement on its host, and why (``planner.shared``, ``observe.hosts``,
-``reconcile.shared_wait``/``host_wait_refusal``)."""
+``reconcile_shared.shared_wait``/``refusals.host_wait_refusal``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from modelpool_operator.planner.shared import (
     host_wait_status,
 )
 from modelpool_operator.pool import PoolView
-from modelpool_operator.reconcile import host_wait_refusal, shared_wait
+from modelpool_operator.reconcile_shared import shared_wait
+from modelpool_operator.refusals import host_wait_refusal
 
 NOW = datetime(2026, 11, 27, 14, 0, tzinfo=UTC)
 GI = 1024**3
