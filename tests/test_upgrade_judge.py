@@ -16,8 +16,10 @@ from bench.upgrade.release import KEYS_NAMESPACE, POOLS_NAMESPACE, Ports, values
 
 T0 = datetime(2026, 12, 6, 9, 0, 0, tzinfo=UTC)
 LEASE = "mp-upgrade-leader"
-A = "system:serviceaccount:modelpool-audit:op-a"
-B = "system:serviceaccount:modelpool-audit:op-b"
+SA = "system:serviceaccount:modelpool-audit:mp-upgrade-modelpool-operator"
+# Two replicas of one ServiceAccount, each with a token of its own.
+A = f"{SA}#JTI=aaaa"
+B = f"{SA}#JTI=bbbb"
 
 
 def sent(**fields: Any) -> Sent:
@@ -44,7 +46,7 @@ def test_request_outcomes() -> None:
 
 def event(user: str, verb: str, resource: str, name: str, at: datetime, *, code: int = 200) -> dict[str, Any]:
     return {
-        "user": {"username": user},
+        "user": {"username": SA, "extra": {judge.CREDENTIAL_ID: [user.split("#")[1]]}},
         "verb": verb,
         "objectRef": {"resource": resource, "name": name, "namespace": "ns"},
         "requestReceivedTimestamp": at.isoformat().replace("+00:00", "Z"),
@@ -56,12 +58,18 @@ def s(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def test_takeover_and_first_act_from_the_audit_log() -> None:
+def test_the_caller_is_the_user_and_its_token() -> None:
+    assert judge.caller(event(A, "get", "pods", "p", s(0))) == A
+    assert judge.caller({"user": {"username": "admin"}}) == "admin#"
+
+
+def test_takeover_first_act_and_refusals_from_the_audit_log() -> None:
     events = [
         event(A, "create", "leases", LEASE, s(0), code=201),
         event(A, "create", "pods", "w-1", s(1), code=201),
         event(B, "get", "leases", LEASE, s(12)),
         event(B, "update", "leases", LEASE, s(15), code=409),  # a lost race is no take-over
+        event(B, "create", "pods", "w-0", s(15.5), code=403),  # refused: no act
         event(B, "update", "leases", "other-lease", s(16)),  # another Lease is an act, not the election
         event(B, "update", "leases", LEASE, s(27)),
         event(B, "create", "pods", "w-2", s(28), code=201),
@@ -71,6 +79,8 @@ def test_takeover_and_first_act_from_the_audit_log() -> None:
     assert judge.acquired_at(events, B, LEASE, killed) == s(27)
     assert judge.first_act(events, B, LEASE, killed) == s(16)
     assert judge.acquired_at(events, B, LEASE, s(30)) is None
+    assert judge.refused(events, B) == ["create pods ns/w-0"]
+    assert judge.refused(events, A) == []
 
 
 def test_writes_while_not_the_leader() -> None:

@@ -27,6 +27,7 @@ lost request is a violation (``bench.upgrade.judge``).
 from __future__ import annotations
 
 import argparse
+import base64
 import itertools
 import json
 import os
@@ -70,7 +71,9 @@ LOAD_S = 15.0
 # The chart's leader election defaults (client-go's): a killed leader's Lease is taken after its duration.
 LEASE_S, RETRY_S = 15.0, 2.0
 TAKEOVER_SLACK_S = 2.5
-LEASE = "mp-upgrade-leader"
+#: The chart's operator: its ServiceAccount and its leader election Lease (the chart's Role allows no other).
+OPERATOR_SA = f"{rel.RELEASE}-modelpool-operator"
+LEASE = OPERATOR_SA
 DRAINED = "echo-drained"
 DRAIN_TIMEOUT_S = 180
 
@@ -235,36 +238,33 @@ def wait_rolled(run: Run, upgraded_at: datetime) -> tuple[float | None, list[str
 # ---- the leader kill -----------------------------------------------------------------------------------
 @dataclass
 class Replica:
-    name: str
+    name: str  # its identity (POD_NAME), the Lease's holderIdentity
     process: OperatorProcess
-
-    @property
-    def username(self) -> str:
-        return f"system:serviceaccount:{rel.SYSTEM_NAMESPACE}:{self.name}"
+    caller: str  # its ServiceAccount and token in the audit log (``judge.caller``)
 
 
-def token_kubeconfig(cluster: Cluster, account: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as ServiceAccount ``modelpool-audit/account`` (audited)."""
+def token_kubeconfig(cluster: Cluster, account: str, path: Path) -> tuple[Path, str]:
+    """A kubeconfig that authenticates as ServiceAccount ``modelpool-audit/account`` (audited) with a token
+    of its own, and that token's ``judge.caller`` in the audit log."""
     token = cluster.kubectl(
         "create", "token", account, "-n", rel.SYSTEM_NAMESPACE, "--duration", "1h"
     ).stdout.strip()
+    payload = token.split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     doc = yaml.safe_load(cluster.kubeconfig.read_text())
     context = next(c for c in doc["contexts"] if c["name"] == doc["current-context"])
     context["context"]["user"] = account
     doc["contexts"] = [context]
     doc["users"] = [{"name": account, "user": {"token": token}}]
     path.write_text(yaml.safe_dump(doc))
-    return path
+    return path, f"system:serviceaccount:{rel.SYSTEM_NAMESPACE}:{account}#JTI={claims['jti']}"
 
 
 def start_replica(run: Run, name: str) -> Replica:
+    """A replica of this tree's operator as the chart's operator would run it: its ServiceAccount (the
+    chart's RBAC and admission policies apply), its leader election Lease, a token of its own."""
     c = run.cluster
-    c.kubectl("create", "serviceaccount", name, "-n", rel.SYSTEM_NAMESPACE)
-    c.kubectl(
-        "create", "clusterrolebinding", name, "--clusterrole=cluster-admin",
-        f"--serviceaccount={rel.SYSTEM_NAMESPACE}:{name}",
-    )  # fmt: skip
-    kubeconfig = token_kubeconfig(c, name, run.workdir / f"{name}.kubeconfig")
+    kubeconfig, caller = token_kubeconfig(c, OPERATOR_SA, run.workdir / f"{name}.kubeconfig")
     env = {
         "POD_NAME": name,
         "MODELPOOL_OPERATOR_LEADER_ELECTION": "true",
@@ -286,7 +286,7 @@ def start_replica(run: Run, name: str) -> Replica:
     )
     if not process.alive():
         raise RuntimeError(f"{name} exited at start:\n{process.log_tail()}")
-    return Replica(name, process)
+    return Replica(name, process, caller)
 
 
 def holder(cluster: Cluster) -> str:
@@ -349,8 +349,7 @@ def audit_events(cluster: Cluster) -> list[dict[str, Any]]:
 
 def leader_kill(run: Run, result: UpgradeResult) -> list[Replica]:
     c = run.cluster
-    deployment = f"{rel.RELEASE}-modelpool-operator"
-    c.kubectl("scale", "deployment", deployment, "-n", rel.SYSTEM_NAMESPACE, "--replicas=0")
+    c.kubectl("scale", "deployment", OPERATOR_SA, "-n", rel.SYSTEM_NAMESPACE, "--replicas=0")
     selector = "app.kubernetes.io/component=operator"
     wait_for(
         lambda: not get_json(c, "pods", "-n", rel.SYSTEM_NAMESPACE, "-l", selector)["items"],
@@ -390,23 +389,25 @@ def leader_kill(run: Run, result: UpgradeResult) -> list[Replica]:
     if holder(c) != standby.name:
         run.auditor.violate("takeover", f"the Lease is {holder(c)!r}'s at the end", "leader kill")
     ended = datetime.now(UTC)
-    leader_from = judge.acquired_at(events, leader.username, LEASE, began)
-    standby_from = judge.acquired_at(events, standby.username, LEASE, killed)
-    act = judge.first_act(events, standby.username, LEASE, killed)
+    leader_from = judge.acquired_at(events, leader.caller, LEASE, began)
+    standby_from = judge.acquired_at(events, standby.caller, LEASE, killed)
+    act = judge.first_act(events, standby.caller, LEASE, killed)
     result.scale_edits = scaler.edits
     result.takeover_s = None if standby_from is None else (standby_from - killed).total_seconds()
     result.first_act_s = None if act is None else (act - killed).total_seconds()
     held = {
-        leader.username: [(leader_from, killed)] if leader_from else [],
-        standby.username: [(standby_from, ended)] if standby_from else [],
+        leader.caller: [(leader_from, killed)] if leader_from else [],
+        standby.caller: [(standby_from, ended)] if standby_from else [],
     }
     for replica in (leader, standby):
-        user = replica.username
+        user = replica.caller
         result.writes[replica.name] = sum(
-            1 for e in events if e["user"]["username"] == user and e.get("verb") in judge.WRITES
+            1 for e in events if judge.caller(e) == user and e.get("verb") in judge.WRITES
         )
         for write in judge.writes_while_not_leader(events, user, LEASE, held[user]):
             run.auditor.violate("write while not leader", f"{replica.name}: {write}", "audit log")
+        for request in judge.refused(events, user):
+            run.auditor.violate("refused (403)", f"{replica.name}: {request}", "audit log")
     if result.takeover_s is not None and result.takeover_s > LEASE_S + RETRY_S + TAKEOVER_SLACK_S:
         run.auditor.violate("takeover", f"took {result.takeover_s:.1f} s", "leader kill")
     if act is None:
@@ -507,10 +508,6 @@ def run_check(command: str) -> UpgradeResult:
             endpoints.stop()
             for replica in replicas:
                 replica.process.stop()
-            for replica in replicas:
-                cluster.kubectl(
-                    "delete", "clusterrolebinding", replica.name, "--ignore-not-found", check=False
-                )
             auditor.stop()
         result.requests = tally.snapshot()
         result.violations = list(auditor.violations)

@@ -75,34 +75,53 @@ def _ok(event: Event) -> bool:
     return isinstance(code, int) and 200 <= code < 300
 
 
+CREDENTIAL_ID = "authentication.kubernetes.io/credential-id"
+
+
+def caller(event: Event) -> str:
+    """Who made an audited request: the user and the credential (a ServiceAccount token's ``JTI=<id>``), so
+    that two replicas running as one ServiceAccount, each with a token of its own, are told apart."""
+    user = event.get("user") or {}
+    credential = ",".join((user.get("extra") or {}).get(CREDENTIAL_ID) or [])
+    return f"{user.get('username', '')}#{credential}"
+
+
 def is_lease_write(event: Event, lease: str) -> bool:
     ref = event.get("objectRef") or {}
     return event.get("verb") in WRITES and ref.get("resource") == "leases" and ref.get("name") == lease
 
 
-def acquired_at(events: Iterable[Event], username: str, lease: str, after: datetime) -> datetime | None:
-    """When ``username`` first wrote the election Lease successfully after ``after`` (its take-over: a
-    standby writes the Lease only to take it), or None."""
+def acquired_at(events: Iterable[Event], who: str, lease: str, after: datetime) -> datetime | None:
+    """When ``who`` (a ``caller``) first wrote the election Lease successfully after ``after`` (its
+    take-over: a standby writes the Lease only to take it), or None."""
     times = [
         _when(e)
         for e in events
-        if e["user"]["username"] == username and is_lease_write(e, lease) and _ok(e) and _when(e) > after
+        if caller(e) == who and is_lease_write(e, lease) and _ok(e) and _when(e) > after
     ]
     return min(times) if times else None
 
 
-def first_act(events: Iterable[Event], username: str, lease: str, after: datetime) -> datetime | None:
-    """When ``username`` first wrote anything other than the election Lease after ``after`` (its first
-    act as the leader), or None."""
+def first_act(events: Iterable[Event], who: str, lease: str, after: datetime) -> datetime | None:
+    """When ``who`` (a ``caller``) first wrote anything other than the election Lease, successfully, after
+    ``after`` (its first act as the leader), or None."""
     times = [
         _when(e)
         for e in events
-        if e["user"]["username"] == username
+        if caller(e) == who
         and e.get("verb") in WRITES
         and not is_lease_write(e, lease)
+        and _ok(e)
         and _when(e) > after
     ]
     return min(times) if times else None
+
+
+def refused(events: Iterable[Event], who: str) -> list[str]:
+    """``who``'s requests the API server refused (403: RBAC or an admission policy)."""
+    return [
+        describe(e) for e in events if caller(e) == who and (e.get("responseStatus") or {}).get("code") == 403
+    ]
 
 
 def describe(event: Event) -> str:
@@ -112,13 +131,13 @@ def describe(event: Event) -> str:
 
 
 def writes_while_not_leader(
-    events: Iterable[Event], username: str, lease: str, held: list[tuple[datetime, datetime]]
+    events: Iterable[Event], who: str, lease: str, held: list[tuple[datetime, datetime]]
 ) -> list[str]:
-    """``username``'s writes (the election Lease's excepted: that is how leadership is taken and kept)
-    outside every interval in ``held`` (when it held the Lease), as 'at verb resource ns/name'."""
+    """``who``'s (a ``caller``) writes (the election Lease's excepted: that is how leadership is taken and
+    kept) outside every interval in ``held`` (when it held the Lease), as 'at verb resource ns/name'."""
     out = []
     for e in events:
-        if e["user"]["username"] != username or e.get("verb") not in WRITES or is_lease_write(e, lease):
+        if caller(e) != who or e.get("verb") not in WRITES or is_lease_write(e, lease):
             continue
         at = _when(e)
         if not any(start <= at <= end for start, end in held):
