@@ -404,9 +404,13 @@ def leader_kill(run: Run, result: UpgradeResult) -> list[Replica]:
         result.writes[replica.name] = sum(
             1 for e in events if judge.caller(e) == user and e.get("verb") in judge.WRITES
         )
-        for write in judge.writes_while_not_leader(events, user, LEASE, held[user]):
+        outside = judge.writes_while_not_leader(events, user, LEASE, held[user])
+        refused = judge.refused(events, user)
+        result.writes_not_leader += len(outside)
+        result.refused += len(refused)
+        for write in outside:
             run.auditor.violate("write while not leader", f"{replica.name}: {write}", "audit log")
-        for request in judge.refused(events, user):
+        for request in refused:
             run.auditor.violate("refused (403)", f"{replica.name}: {request}", "audit log")
     if result.takeover_s is not None and result.takeover_s > LEASE_S + RETRY_S + TAKEOVER_SLACK_S:
         run.auditor.violate("takeover", f"took {result.takeover_s:.1f} s", "leader kill")

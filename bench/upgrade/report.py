@@ -28,6 +28,8 @@ class UpgradeResult:
     first_act_s: float | None = None
     scale_edits: int = 0
     writes: dict[str, int] = field(default_factory=dict)
+    writes_not_leader: int = 0
+    refused: int = 0
     upgrade_requests: dict[str, int] = field(default_factory=dict)
     leader_requests: dict[str, int] = field(default_factory=dict)
     drain_requests: dict[str, int] = field(default_factory=dict)
@@ -78,6 +80,8 @@ def table(r: UpgradeResult) -> str:
         f"| `kubectl drain` of the node with a pool's 2 workers | {_s(r.drain_s)} |",
         f"| that pool without a Ready worker during the drain (must be 0) | {_s(r.drain_gap_s)} |",
         *(f"| writes by {name} (audit log) | {n} |" for name, n in sorted(r.writes.items())),
+        f"| writes by a replica while it did not hold the Lease (must be 0) | {r.writes_not_leader} |",
+        f"| requests of the replicas refused, 403 (must be 0) | {r.refused} |",
         f"| events audited (pods / ModelPools / ModelBudget) | {r.events.get('pod', 0)} / "
         f"{r.events.get('modelpools', 0)} / {r.events.get('modelbudgets', 0)} |",
         *(f"| noted (not a violation): {what} | {n} |" for what, n in r.noted.items()),
