@@ -12,7 +12,7 @@ from typing import Any
 from bench.soak.clients import Sent
 from bench.upgrade import judge
 from bench.upgrade.drain import ready_workers, serving_gaps
-from bench.upgrade.release import KEYS_NAMESPACE, POOLS_NAMESPACE, Ports, values
+from bench.upgrade.release import KEYS_NAMESPACE, POOLS_NAMESPACE, Ports, gateway_endpoints, values
 
 T0 = datetime(2026, 12, 6, 9, 0, 0, tzinfo=UTC)
 LEASE = "mp-upgrade-leader"
@@ -175,3 +175,14 @@ def worker(pool: str, ready: bool, deleting: bool = False) -> dict[str, Any]:
 def test_ready_workers_leaves_out_terminating_and_other_pools() -> None:
     pods = [worker("p", True), worker("p", True, deleting=True), worker("p", False), worker("q", True)]
     assert ready_workers(pods, "p") == 1
+
+
+def test_gateway_endpoints_are_the_ready_pods_not_terminating() -> None:
+    def gw(ip: str, ready: bool, deleting: bool = False) -> dict[str, Any]:
+        pod = worker("gw", ready, deleting)
+        pod["status"]["podIP"] = ip
+        return pod
+
+    pods = [gw("127.1.1.1", True), gw("127.1.1.2", False), gw("127.1.1.3", True, deleting=True)]
+    pods.append(worker("gw", True))  # no address yet
+    assert gateway_endpoints(pods, 8080) == ["http://127.1.1.1:8080"]

@@ -14,11 +14,15 @@ controller-manager from bin/, the process node, the audit log of hack/audit-poli
    then ``helm upgrade`` to this tree's chart and code; then every worker must run the new release's
    server (made by the new operator, the new default server image) within ``ROLL_S``.
 2. **Leader kill.** The chart's operator scaled to 0 and two replicas of this tree's operator started with
-   leader election on one Lease, each as a ServiceAccount of the audited namespace, so the audit log tells
-   who wrote what. Under the same clients, a pool scaled up and down every few seconds, the leader is
+   leader election on the chart's Lease, both as the chart's operator ServiceAccount (its RBAC and
+   admission policies), each with a token of its own, so the audit log tells which replica wrote what
+   (``judge.caller``). Under the same clients, a pool scaled up and down every few seconds, the leader is
    SIGKILLed; measured: the standby's take-over (its first Lease write) and its first act (its first
    other write), from the audit log; violations: any write by a replica outside the time it held the
-   Lease, a take-over slower than ``leaseDuration + retryPeriod`` plus the polls' slack.
+   Lease, a refused request, a take-over slower than ``leaseDuration + retryPeriod`` plus the polls' slack.
+3. **Drain.** A second process node, a pool whose two workers both run there, ``kubectl drain`` of it
+   under the same clients (``bench.upgrade.drain``): every moment the pool has no Ready worker is a
+   violation.
 
 Requests: sent = answered + retryable (429/503 with Retry-After) + hung up + not connected + lost; any
 lost request is a violation (``bench.upgrade.judge``).
@@ -104,7 +108,7 @@ class UpgradeAuditor(Auditor):
 class Endpoints:
     """The gateway Service's endpoints as a client would reach them: refreshed every ``interval`` s."""
 
-    cluster: Cluster
+    pods: dr.PodLister
     port: int
     interval: float = 0.3
     urls: list[str] = field(default_factory=list)
@@ -113,7 +117,7 @@ class Endpoints:
     _thread: threading.Thread | None = None
 
     def start(self) -> Endpoints:
-        self.urls = rel.gateway_endpoints(self.cluster, self.port)
+        self.urls = rel.gateway_endpoints(self.pods(), self.port)
         self._thread = threading.Thread(target=self._run, daemon=True, name="endpoints")
         self._thread.start()
         return self
@@ -121,7 +125,7 @@ class Endpoints:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self.urls = rel.gateway_endpoints(self.cluster, self.port)
+                self.urls = rel.gateway_endpoints(self.pods(), self.port)
             except Exception:  # an API server hiccup: keep the last list, as kube-proxy does
                 continue
 
@@ -486,7 +490,8 @@ def run_check(command: str) -> UpgradeResult:
         run = Run(cluster, workdir, _ports(), auditor)
         result.install_s = install_previous(run, old_tree)
         auditor.watch(cluster.kubeconfig)
-        endpoints = Endpoints(cluster, run.ports.gateway).start()
+        gateway_pods = dr.PodLister(cluster.kubeconfig, rel.SYSTEM_NAMESPACE, rel.GATEWAY_LABEL)
+        endpoints = Endpoints(gateway_pods, run.ports.gateway).start()
         tally = Tally(auditor)
         pools = list(POOL_NAMES)
         clients = Clients(endpoints.target, lambda: list(pools), bearer(run.key), tally, polite=2, rude=1)

@@ -61,16 +61,17 @@ def ready_workers(pods: Iterable[dict[str, Any]], pool: str) -> int:
 class PodLister:
     """Lists a namespace's pods through the Python client (one connection, no kubectl process per call)."""
 
-    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, selector: str = "") -> None:
         from kubernetes import client, config
 
         api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         self._core = client.CoreV1Api(api)
         self._namespace = namespace
+        self._selector = selector
 
     def __call__(self) -> list[dict[str, Any]]:
         response = self._core.list_namespaced_pod(
-            self._namespace, _preload_content=False, _request_timeout=10
+            self._namespace, label_selector=self._selector, _preload_content=False, _request_timeout=10
         )
         items: list[dict[str, Any]] = json.loads(response.data).get("items") or []  # type: ignore[attr-defined]
         return items

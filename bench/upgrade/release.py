@@ -11,7 +11,7 @@ workers (real ``modelpool-server`` processes with the echo handler) run this tre
 releases: the process node has no image to tell the two servers apart, so "the new server" is judged as a
 cluster would show it: every worker made by the new operator, with the new release's server image.
 
-``values`` is pure (unit-tested); the rest runs helm and kubectl.
+``values`` and ``gateway_endpoints`` are pure (unit-tested); the rest runs git and helm.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import yaml
 from modelpool_contract.reserved import DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_TOLERATION_KEYS
 from testkit.cluster import Cluster
 from testkit.environment import ROOT
-from testkit.kubectl import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, get_json, is_ready
+from testkit.kubectl import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, is_ready
 
 #: The previous release: "CHANGELOG: what 0.2.0 holds, as built".
 PREVIOUS_COMMIT = "4adeea3"
@@ -150,9 +150,8 @@ def helm(cluster: Cluster, verb: str, tree: Path, chart_values: dict[str, Any], 
     return time.monotonic() - started
 
 
-def gateway_endpoints(cluster: Cluster, port: int) -> list[str]:
-    """What the gateway Service's endpoints are now: the Ready, not terminating gateway pods' addresses."""
-    pods = get_json(cluster, "pods", "-n", SYSTEM_NAMESPACE, "-l", GATEWAY_LABEL)["items"]
+def gateway_endpoints(pods: list[dict[str, Any]], port: int) -> list[str]:
+    """What the gateway Service's endpoints are, from its pods: the Ready, not terminating ones' addresses."""
     return [
         f"http://{p['status']['podIP']}:{port}"
         for p in pods
