@@ -1,5 +1,5 @@
 # modelpool — developer entry points.  The target names are a contract (see README):
-#   test, demo, bench, soak, testbin, cluster-up, cluster-down, e2e-kind, crds, lint, venv, images, lowest,
+#   test, demo, bench, soak, upgrade-check, testbin, cluster-up, cluster-down, e2e-kind, crds, lint, venv, images, lowest,
 #   release
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -81,6 +81,10 @@ bench: venv testbin ## server vs direct model, overload, health-during-load, wor
 .PHONY: soak
 soak: venv testbin ## 30 min of faults under load, audited at every event (python -m bench.soak; SOAK_ARGS=)
 	$(PY) -m bench.soak --docs $(SOAK_ARGS)
+
+.PHONY: upgrade-check
+upgrade-check: venv testbin ## 0.2.0 helm-upgraded to this tree under traffic, then the leader SIGKILLed, audited (python -m bench.upgrade)
+	$(PY) -m bench.upgrade --docs $(UPGRADE_ARGS)
 
 .PHONY: e2e-kind
 e2e-kind: venv testbin ## the e2e suite on a kind cluster (needs a Docker engine)
