@@ -74,7 +74,7 @@ def table(r: UpgradeResult) -> str:
         f"| `helm install` of 0.2.0 (`--wait`) | {_s(r.install_s)} |",
         f"| `helm upgrade` to this tree (`--wait`) | {_s(r.upgrade_s)} |",
         f"| every worker on the new release, converged (bound 120 s) | {_s(r.roll_s, 'NOT ROLLED')} |",
-        f"| leader SIGKILL -> the standby holds the Lease (bound 19.5 s) | {_s(r.takeover_s)} |",
+        f"| leader SIGKILL -> the standby holds the Lease (bound 15 s) | {_s(r.takeover_s)} |",
         f"| leader SIGKILL -> the new leader's first other write | {_s(r.first_act_s)} |",
         f"| pool scale edits during the kill | {r.scale_edits} |",
         f"| `kubectl drain` of the node with a pool's 2 workers | {_s(r.drain_s)} |",
