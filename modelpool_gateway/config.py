@@ -168,6 +168,13 @@ class GatewaySettings(BaseSettings):
     shutdown_grace_seconds: float = Field(
         default=25.0, ge=0, le=3600, description="On SIGTERM, requests in flight get this long to finish"
     )
+    shutdown_delay_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=300,
+        description="On SIGTERM, keep serving this long first, not ready and closing each connection "
+        "after its answer, so a Service stops sending here before the port closes (the chart: 5)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
     auth: Literal["keys", "none"] = Field(
         default="keys",

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -27,6 +28,7 @@ from modelpool_gateway.cache import Registry
 from modelpool_gateway.config import ConfigError, GatewaySettings, load_settings
 from modelpool_gateway.connections import gateway_protocol
 from modelpool_gateway.demand import DemandRecorder, LeaseClient
+from modelpool_gateway.draining import CloseWhenDraining, Draining
 from modelpool_gateway.hold import Holds
 from modelpool_gateway.keys import KeyStore, key_namespaces, key_watch
 from modelpool_gateway.metrics import Metrics
@@ -84,14 +86,24 @@ class _Server(uvicorn.Server):
     """uvicorn, answering held requests before it waits for the ones in flight, and exiting 0 on SIGTERM
     (uvicorn itself re-raises the signal after its shutdown, which ends the process with -15)."""
 
-    def __init__(self, cfg: uvicorn.Config, holds: Holds) -> None:
+    def __init__(self, cfg: uvicorn.Config, holds: Holds, draining: Draining) -> None:
         super().__init__(cfg)
         self._holds = holds
+        self._draining = draining
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:  # a second Ctrl-C: stop now
             self.force_exit = True
+        if self._draining.begin():  # keep serving through the delay (``draining``), then shut down
+            log.info("%s: not ready; shutting down in %g s", signal.Signals(sig).name, self._draining.delay_s)
+            return
         self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        # uvicorn's main loop ticks every 0.1 s: the delay ends on the first tick past it.
+        if self._draining.over(time.monotonic()):
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._holds.abandon()
@@ -174,6 +186,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     access = Access(settings.auth, store, registry)
     upstream = Upstream(settings)
     health = WatchHealth()
+    draining = Draining(settings.shutdown_delay_seconds)
     app = Gateway(
         settings=settings,
         registry=registry,
@@ -189,6 +202,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
             access,
             health=health,
             stale_s=settings.watch_stale_seconds,
+            draining=draining,
         ),
     )
     tasks = [
@@ -206,7 +220,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     ]
     server = _Server(
         uvicorn.Config(
-            app,
+            CloseWhenDraining(app, draining),
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level,
@@ -223,6 +237,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
             http=gateway_protocol(settings.header_timeout_seconds, settings.max_connections),
         ),
         holds,
+        draining,
     )
     if settings.metrics_port:
         metrics.serve(settings.host, settings.metrics_port)

@@ -28,6 +28,7 @@ from starlette.routing import Route
 from modelpool_gateway import __version__
 from modelpool_gateway.access import Access, grant_of
 from modelpool_gateway.cache import Registry
+from modelpool_gateway.draining import Draining
 from modelpool_gateway.errors import error_body
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.names import NameIndex, Resolved
@@ -74,12 +75,16 @@ def build_routes(
     *,
     health: WatchHealth | None = None,
     stale_s: float = 30.0,
+    draining: Draining | None = None,
 ) -> Starlette:
     """The Starlette app for every route ``Gateway`` does not proxy."""
     health = health if health is not None else WatchHealth()
 
     def ready() -> dict[str, Any]:
-        return readiness(watches, registry.synced, health, time.monotonic(), stale_s)
+        doc = readiness(watches, registry.synced, health, time.monotonic(), stale_s)
+        if draining is not None and draining.active:  # its endpoints must go before it stops
+            doc = {**doc, "ready": False, "reason": "shutting down"}
+        return doc
 
     async def list_models(request: Request) -> Response:
         grant = grant_of(request.scope)

@@ -278,3 +278,36 @@ def test_a_draining_workers_503_is_retried_on_the_other_worker(setup: Setup) -> 
         "modelpool_gateway_upstream_attempts_total", pool=f"{setup.namespace}/drain", outcome="unreachable"
     )
     assert retried >= 1, "some requests went to the draining worker first"
+
+
+def test_a_gateway_told_to_stop_keeps_serving_its_delay_not_ready_and_closing_connections(
+    setup: Setup, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``--shutdown-delay-seconds`` (the chart's 5): after SIGTERM the replica still answers, its
+    readiness fails (its endpoints go) and each answer closes its connection (kept-alive clients move to
+    another replica); once the delay has passed it exits 0."""
+    logs = tmp_path_factory.mktemp("gateway-delay")
+    gateway = GatewayProcess(
+        setup.cluster, [setup.namespace], logs / "gateway.log", "--shutdown-delay-seconds", "3"
+    )
+    try:
+        gateway.wait_ready()
+        gateway.wait_serving("beta", 1)
+        body = {"model": "beta", "input": ["hi"]}
+        with httpx.Client(base_url=gateway.url, headers=gateway.headers, timeout=10) as client:
+            assert client.post("/v1/embeddings", json=body).headers.get("connection") != "close"
+            gateway.proc.send_signal(signal.SIGTERM)
+            wait_for(
+                lambda: httpx.get(gateway.url + "/readyz", timeout=2).status_code == 503,
+                timeout=5,
+                interval=0.1,
+                message="readiness fails at the SIGTERM",
+            )
+            assert httpx.get(gateway.url + "/readyz", timeout=2).json()["reason"] == "shutting down"
+            answer = client.post("/v1/embeddings", json=body)  # still served, on a kept-alive connection
+            assert answer.status_code == 200 and answer.headers["connection"] == "close"
+            assert gateway.alive()
+        assert gateway.proc.wait(timeout=30) == 0
+    finally:
+        if gateway.alive():
+            gateway.kill()
