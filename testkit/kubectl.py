@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from testkit.environment import BIN
+from testkit.waiting import WaitTimeoutError, wait_for
 
 T = TypeVar("T")
 
@@ -79,35 +79,6 @@ def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, timeout: flo
     """``kubectl ARGS`` against ``kubeconfig``, its stdout (a non-zero exit raises KubectlError): the form
     the benchmarks and hack scripts use, which hold a kubeconfig rather than a ``Cluster``."""
     return run_tool(kubeconfig, "kubectl", args, input=stdin, timeout=timeout).stdout
-
-
-class WaitTimeoutError(AssertionError):
-    """A condition did not become true before its deadline."""
-
-
-def wait_for(
-    predicate: Callable[[], T | None],
-    timeout: float,
-    interval: float = 0.2,
-    message: str = "condition not met",
-) -> T:
-    """Call `predicate` until it returns something truthy (returned) or `timeout` seconds pass (raises
-    WaitTimeoutError naming `message` and the last value).  Exceptions from the predicate count as "not yet"
-    and are reported if the deadline passes."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            value = predicate()
-        except Exception as err:  # not yet: e.g. the object does not exist yet
-            last = err
-        else:
-            if value:
-                return value
-            last = value
-        if time.monotonic() >= deadline:
-            raise WaitTimeoutError(f"{message} (after {timeout:g}s; last value: {last!r})")
-        time.sleep(interval)
 
 
 def get_json(cluster: Cluster, *args: str) -> dict[str, Any]:
@@ -215,3 +186,26 @@ def bind_host_path(
     apply(cluster, host_path_pv(pv, path, storage_class, claim, namespace, access_mode=access_mode))
     wait_for(lambda: claim_bound(cluster, namespace, claim), timeout=60, message=f"PVC {claim} bound")
     return pv
+
+
+__all__ = [
+    "PROCESS_NODE_SELECTOR",
+    "PROCESS_NODE_TOLERATION",
+    "Cluster",
+    "KubectlError",
+    "WaitTimeoutError",
+    "apply",
+    "bind_host_path",
+    "claim_bound",
+    "claim_manifest",
+    "container_status",
+    "get_json",
+    "host_path_pv",
+    "is_ready",
+    "kubectl",
+    "pod_log",
+    "process_node_pod",
+    "run_tool",
+    "wait_established",
+    "wait_for",
+]

@@ -39,6 +39,7 @@ from model_server.tasks.generation import watching_cancel
 from model_server.tasks.text_generation import TextGenerationTask
 from model_server.worker_stats import inference_wedged
 from model_server.worker_view import Field, WorkerView
+from testkit.waiting import wait_for_async
 from tests.server.tiny_fixtures import load_task, tiny_llama_generation, torch_threads
 
 __all__ = ["tiny_llama_generation"]  # the session fixture, re-exported for pytest
@@ -189,10 +190,7 @@ def greedy_generate(task: TextGenerationTask, prompt: str, max_tokens: int) -> s
 
 
 async def until(condition: Callable[[], bool], shown: Callable[[], object] = lambda: None) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"condition not met in time: {shown()}"
-        await asyncio.sleep(0.01)
+    await wait_for_async(condition, WAIT_S, 0.01, lambda: f"condition not met in time: {shown()}")
 
 
 @pytest.mark.asyncio(loop_scope="module")

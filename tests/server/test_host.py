@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +29,7 @@ from modelpool_contract.exits import EXIT_DEVICE_FAILED
 from testkit import prom
 from testkit.environment import free_port
 from testkit.server import HostControlClient
+from testkit.waiting import wait_for
 from tests.server.conftest import ServerProcess, start_server
 from tests.server.fuzzcases import HUGE_HEADERS, raw_exchange
 
@@ -57,10 +57,7 @@ class Host(HostControlClient):
 
 
 def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {WAIT_S:g} s: {what}"
-        time.sleep(0.05)
+    wait_for(condition, WAIT_S, 0.05, what)
 
 
 def embed(host: Host, model: str, text: str) -> np.ndarray[Any, Any]:

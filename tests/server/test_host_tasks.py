@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 
 from testkit.environment import free_port
 from testkit.server import HostControlClient
+from testkit.waiting import wait_for
 from tests.server.conftest import start_server
 from tests.server.tiny_fixtures import image_bytes, tiny_image_embedding, tiny_text_generation, tiny_vision
 
@@ -69,10 +69,7 @@ def ask(host: Host, name: str) -> None:
 
 
 def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {WAIT_S:g} s: {what}"
-        time.sleep(0.05)
+    wait_for(condition, WAIT_S, 0.05, what)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ import pytest
 
 from testkit.environment import free_port
 from testkit.server import HostControlClient
+from testkit.waiting import wait_for
 from tests.server.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
@@ -57,10 +58,7 @@ class Host(HostControlClient):
 
 
 def _until(condition: Callable[[], bool], what: str, log: Callable[[], str]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {WAIT_S:g} s: {what}; host log:\n{log()[-3000:]}"
-        time.sleep(0.02)
+    wait_for(condition, WAIT_S, 0.02, lambda: f"{what}; host log:\n{log()[-3000:]}")
 
 
 def _answered(answers: dict[str, tuple[int, float]], names: list[str]) -> None:

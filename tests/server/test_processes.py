@@ -22,6 +22,7 @@ import httpx
 import psutil
 import pytest
 
+from testkit.waiting import wait_for_async
 from tests.server.conftest import ServerFactory, ServerProcess
 from tests.server.conftest import metric as _metric
 from tests.server.conftest import stats as _stats
@@ -40,12 +41,7 @@ def worker_processes(server: ServerProcess) -> dict[str, psutil.Process]:
 
 async def until(check: Callable[[], bool], what: str | Callable[[], str]) -> None:
     """Wait (bounded) until ``check()`` is true."""
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what if isinstance(what, str) else what()}")
+    await wait_for_async(check, DEADLINE, message=what)
 
 
 def _owners(https: dict[str, psutil.Process], connections: list[Connection]) -> str:

@@ -9,7 +9,6 @@ sleep returned is checked too); awake again, the outputs equal those before the 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from model_server.errors import SleepRefused
 from model_server.state_machine import State, StateMachine
 from model_server.tasks.base import GenerationItem, GenerationParams, TextItem
 from model_server.worker_view import SPAWN, Field, WorkerView
+from testkit.waiting import wait_for_async
 from tests.server.tiny_fixtures import TEST_DEVICE, tiny_llama_generation, torch_threads
 
 __all__ = ["tiny_llama_generation"]  # the session fixture, re-exported for pytest
@@ -162,10 +162,7 @@ WAIT_S = 30.0
 
 
 async def _until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {WAIT_S:g} s: {what}"
-        await asyncio.sleep(0.02)
+    await wait_for_async(condition, WAIT_S, message=what)
 
 
 async def test_the_inference_process_sleeps_and_wakes_when_its_supervisor_says_so(
