@@ -214,6 +214,8 @@ class HostRun:
     forbidden: str | None = None
     # The budget's shortfall last told (host pods not admitted), so the Event is not repeated every pass.
     short: int = 0
+    # The generation whose invalid spec was last told (its Warning Event), so it is told once.
+    invalid_generation: int | None = None
     # The loads in flight, by (host pod, pool): each a task of its own (a load lasts until the model
     # serves); the pass after one ends sees its outcome in the host's /stats.
     loading: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)

@@ -52,7 +52,7 @@ from modelpool_operator.planner.shared_scale import SharedCount
 from modelpool_operator.policy import host_violations
 from modelpool_operator.pool import PoolKey
 from modelpool_operator.reconcile import in_index, observe
-from modelpool_operator.refusals import POLICY_VIOLATION, policy_message
+from modelpool_operator.refusals import INVALID_SPEC, POLICY_VIOLATION, invalid_spec_message, policy_message
 from modelpool_operator.services import Services, pod_settings
 
 logger = logging.getLogger(__name__)
@@ -113,11 +113,16 @@ async def reconcile_host(
     pools_by_key: PoolsByKey,
     budgets: BudgetsByName,
 ) -> HostPlan | None:
-    """One pass of a ModelHost (None: its spec does not parse; the CRD should have refused it)."""
+    """One pass of a ModelHost (None: its spec does not parse; the CRD should have refused it: a Warning
+    Event says why, once per generation, and nothing is touched)."""
     try:
         host = HostView.from_body(body)
-    except ValueError:
-        logger.warning("ModelHost %s/%s: invalid spec", *run.key, exc_info=True)
+    except ValueError as exc:
+        generation = int((body.get("metadata") or {}).get("generation") or 0)
+        if run.invalid_generation != generation:
+            run.invalid_generation = generation
+            logger.warning("ModelHost %s/%s: %s", *run.key, invalid_spec_message(exc))
+            tell(services, body, Event("Warning", INVALID_SPEC, invalid_spec_message(exc)))
         return None
     # Its pods' hash covers what this operator adds to them (a new default image or flag rolls them).
     host = replace(host, template_hash=host_pod_template_hash(host, pod_settings(services.config)))

@@ -1114,3 +1114,25 @@ async def test_a_deleted_pool_is_unloaded_with_the_key_derived_from_its_host_pod
     )
     assert refused == [] and [c[0] for c in control.calls] == ["unload"]
     assert control.keys == [derive_control_key(SEED, "ns", "gpus", "uid-gpus")]
+
+
+async def test_an_invalid_modelhost_is_told_once_per_generation_and_touched_not(state: Operator) -> None:
+    """A ModelHost the CRD let through but the operator's model refuses: a Warning Event naming the field,
+    once per generation (it was a log line only), and no pod, Secret or status written."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.reconcile_host import reconcile_host
+
+    run, body = HostRun(key=("ns", "gpus")), _host(1, deviceMemory="0")
+    for _ in range(2):
+        planned = await reconcile_host(
+            state.services, state.book, run=run, body=body, pods_by_pool={}, pools_by_key={}, budgets={}
+        )
+        assert planned is None
+    [(_, event)] = state.events.posted
+    assert (event.type, event.reason) == ("Warning", "InvalidSpec") and "deviceMemory" in event.message
+    assert state.kube.created == [] and state.kube.secrets == [] and state.kube.host_status_patches == []
+    body["metadata"]["generation"] = 2
+    await reconcile_host(
+        state.services, state.book, run=run, body=body, pods_by_pool={}, pools_by_key={}, budgets={}
+    )
+    assert len(state.events.posted) == 2
