@@ -514,7 +514,8 @@ def test_the_admission_policy_binds_the_watched_namespaces_or_is_left_out(helm: 
 
 def test_the_operators_writes_policy_matches_its_service_account_in_every_namespace(helm: list[str]) -> None:
     """templates/operatorpolicy.yaml: the operator's ServiceAccount alone, pods/Services/NetworkPolicies/
-    PodDisruptionBudgets/Secrets, bound everywhere (whatever the scope), the allowed host paths with the operator's own cache."""
+    PodDisruptionBudgets/Secrets, bound everywhere (whatever the scope), the allowed host paths with the
+    operator's own cache."""
     name = f"{OPERATOR}-writes"
     for args in ([], ["--set", "scope.clusterWide=false", "--set", "scope.namespaces={a,b}"]):
         docs = render(helm, *args)

@@ -6,7 +6,8 @@ operator builds.
 The ServiceAccount (impersonated with ``kubectl --as``) is given the operator's rights on those kinds in
 the test's namespace, and ``create`` on pods in ``kube-system``; so every refusal below is the policy's. The
 objects it is allowed are built by the operator's own builders (``effects.resources``,
-``effects.network_policy``, ``effects.disruption_budget``) for a real ModelPool and ModelHost: what the operator makes passes.
+``effects.network_policy``, ``effects.disruption_budget``) for a real ModelPool and ModelHost: what the
+operator makes passes.
 """
 
 from __future__ import annotations
