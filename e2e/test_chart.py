@@ -514,7 +514,8 @@ def test_the_admission_policy_binds_the_watched_namespaces_or_is_left_out(helm: 
 
 def test_the_operators_writes_policy_matches_its_service_account_in_every_namespace(helm: list[str]) -> None:
     """templates/operatorpolicy.yaml: the operator's ServiceAccount alone, pods/Services/NetworkPolicies/
-    Secrets, bound everywhere (whatever the scope), the allowed host paths with the operator's own cache."""
+    PodDisruptionBudgets/Secrets, bound everywhere (whatever the scope), the allowed host paths with the
+    operator's own cache."""
     name = f"{OPERATOR}-writes"
     for args in ([], ["--set", "scope.clusterWide=false", "--set", "scope.namespaces={a,b}"]):
         docs = render(helm, *args)
@@ -527,7 +528,7 @@ def test_the_operators_writes_policy_matches_its_service_account_in_every_namesp
         resources = {
             r for rule in policy["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]
         }
-        assert resources == {"pods", "services", "secrets", "networkpolicies"}
+        assert resources == {"pods", "services", "secrets", "networkpolicies", "poddisruptionbudgets"}
         assert {v["reason"] for v in policy["spec"]["validations"]} == {"Forbidden"}
         binding = one(docs, "ValidatingAdmissionPolicyBinding", name)
         assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}

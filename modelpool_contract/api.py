@@ -327,6 +327,205 @@ class Toleration(_Model):
     )
 
 
+# ---- scheduling: affinity, topology spread, disruption ---------------------------------------------------
+
+#: The most entries of each scheduling list a spec may hold (terms, expressions, constraints): bounded, so
+#: the CRD's and the admission policy's CEL stay within the API server's cost budget and a pod spec stays
+#: small; far above what placing a pool needs.
+SCHEDULING_LIST_MAX = 8
+#: The most values one selector expression may list.
+SELECTOR_VALUES_MAX = 64
+#: A label key's longest form (a 253-character DNS prefix, '/', a 63-character name).
+LABEL_KEY_MAX = 317
+
+#: The CRD's and the operator's refusal of a pod affinity term reaching beyond the pool's namespace.
+MSG_AFFINITY_NAMESPACES = (
+    "podAffinityTerm: namespaces and namespaceSelector are not supported: a pool's pod affinity and "
+    "anti-affinity select pods of its own namespace only (a term reaching other namespaces would place "
+    "or keep away another tenant's pods)"
+)
+
+
+class LabelSelectorRequirement(_Model):
+    """One expression of a label selector (meta/v1 LabelSelectorRequirement)."""
+
+    key: str = Field(min_length=1, max_length=LABEL_KEY_MAX, description="The label key.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="How the key is matched.")
+    values: list[str] | None = Field(
+        default=None, max_length=SELECTOR_VALUES_MAX, description="The values (In, NotIn)."
+    )
+
+
+class LabelSelector(_Model):
+    """A label selector over pods of the pool's own namespace (meta/v1 LabelSelector)."""
+
+    match_labels: dict[str, str] | None = Field(default=None, description="Labels a pod must carry.")
+    match_expressions: list[LabelSelectorRequirement] | None = Field(
+        default=None, max_length=SCHEDULING_LIST_MAX, description="Expressions a pod's labels must meet."
+    )
+
+
+class NodeSelectorRequirement(_Model):
+    """One expression over a node's labels (core/v1 NodeSelectorRequirement)."""
+
+    key: str = Field(
+        min_length=1,
+        max_length=LABEL_KEY_MAX,
+        description="The node label key: one the operator allows (config.allowedNodeSelectorKeys).",
+    )
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"] = Field(
+        description="How the key is matched."
+    )
+    values: list[str] | None = Field(
+        default=None, max_length=SELECTOR_VALUES_MAX, description="The values (In, NotIn, Gt, Lt)."
+    )
+
+
+class NodeSelectorTerm(_Model):
+    """Node label expressions, all of which a node must meet (core/v1 NodeSelectorTerm; matchFields, which
+    names nodes, is not supported)."""
+
+    match_expressions: list[NodeSelectorRequirement] | None = Field(
+        default=None, max_length=SCHEDULING_LIST_MAX, description="Expressions over the node's labels."
+    )
+
+
+class NodeSelector(_Model):
+    """Terms of which a node must meet at least one."""
+
+    node_selector_terms: list[NodeSelectorTerm] = Field(
+        min_length=1, max_length=SCHEDULING_LIST_MAX, description="The terms (ORed)."
+    )
+
+
+class PreferredSchedulingTerm(_Model):
+    """A weighted node preference."""
+
+    weight: int = Field(ge=1, le=100, description="Weight (1-100) added to a node that meets the term.")
+    preference: NodeSelectorTerm = Field(description="The node label expressions.")
+
+
+class NodeAffinity(_Model):
+    """Which nodes the pods may (required) or would rather (preferred) run on, by node labels."""
+
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = Field(
+        default=None, description="Nodes the pods must run on."
+    )
+    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] | None = Field(
+        default=None, max_length=SCHEDULING_LIST_MAX, description="Nodes the pods would rather run on."
+    )
+
+
+class PodAffinityTerm(_Model):
+    """Pods of the pool's own namespace, and the topology (node, zone) to be near them in or away from."""
+
+    model_config = _cel("!has(self.namespaces) && !has(self.namespaceSelector)", MSG_AFFINITY_NAMESPACES)
+
+    label_selector: LabelSelector | None = Field(
+        default=None, description="The pods, in the pool's own namespace (unset: none)."
+    )
+    topology_key: str = Field(
+        min_length=1,
+        max_length=LABEL_KEY_MAX,
+        description="The node label whose value makes one domain (kubernetes.io/hostname: a node).",
+    )
+    namespaces: list[str] | None = Field(
+        default=None, max_length=SCHEDULING_LIST_MAX, description="Not supported: refused when set."
+    )
+    namespace_selector: LabelSelector | None = Field(
+        default=None, description="Not supported: refused when set."
+    )
+
+    @model_validator(mode="after")
+    def _own_namespace(self) -> PodAffinityTerm:
+        if self.namespaces is not None or self.namespace_selector is not None:
+            raise ValueError(MSG_AFFINITY_NAMESPACES)
+        return self
+
+
+class WeightedPodAffinityTerm(_Model):
+    """A weighted pod (anti-)affinity preference."""
+
+    weight: int = Field(ge=1, le=100, description="Weight (1-100) added to a node that meets the term.")
+    pod_affinity_term: PodAffinityTerm = Field(description="The pods and the topology.")
+
+
+class PodAffinity(_Model):
+    """Pod affinity or anti-affinity: terms the scheduler must (required) or would rather (preferred) meet."""
+
+    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] | None = Field(
+        default=None, max_length=SCHEDULING_LIST_MAX, description="Terms every placement must meet."
+    )
+    preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] | None = Field(
+        default=None, max_length=SCHEDULING_LIST_MAX, description="Terms a placement would rather meet."
+    )
+
+
+class Affinity(_Model):
+    """Scheduling affinity (core/v1 Affinity): node affinity within the operator's node label keys, pod
+    (anti-)affinity within the pool's own namespace."""
+
+    node_affinity: NodeAffinity | None = Field(
+        default=None,
+        description="By node labels; every key must be one the operator allows (as nodeSelector's).",
+    )
+    pod_affinity: PodAffinity | None = Field(default=None, description="Near pods of the own namespace.")
+    pod_anti_affinity: PodAffinity | None = Field(
+        default=None, description="Away from pods of the own namespace."
+    )
+
+
+class TopologySpreadConstraint(_Model):
+    """How the pods spread over a topology (core/v1 TopologySpreadConstraint; its selector counts pods of
+    the pool's own namespace, as the API's always does)."""
+
+    max_skew: int = Field(ge=1, le=1000, description="The most the pod count may differ between domains.")
+    topology_key: str = Field(
+        min_length=1,
+        max_length=LABEL_KEY_MAX,
+        description="The node label whose value makes one domain (kubernetes.io/hostname: a node).",
+    )
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        description="DoNotSchedule (a hard rule) or ScheduleAnyway (a preference)."
+    )
+    label_selector: LabelSelector | None = Field(
+        default=None, description="The pods counted (e.g. modelpool.dev/pool: <pool>, the pool's workers)."
+    )
+    min_domains: int | None = Field(
+        default=None, ge=1, le=1000, description="Fewest domains to count (DoNotSchedule only)."
+    )
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = Field(
+        default=None, description="Whether the pods' node affinity limits the domains counted."
+    )
+    node_taints_policy: Literal["Honor", "Ignore"] | None = Field(
+        default=None, description="Whether node taints limit the domains counted."
+    )
+
+
+#: A pool's or ModelHost's default ``disruption.maxUnavailable``.
+DEFAULT_MAX_UNAVAILABLE = 1
+
+
+class DisruptionSpec(_Model):
+    """How many of the pods may be down at once for voluntary disruptions: a node drain's evictions (the
+    PodDisruptionBudget the operator makes) and the operator's own roll-over when the budget leaves no room
+    for a surge."""
+
+    max_unavailable: int = Field(
+        default=DEFAULT_MAX_UNAVAILABLE,
+        ge=0,
+        le=1000,
+        description=(
+            "Serving pods that may be down at once. A drain evicts a serving pod only while at least the "
+            "target count minus this many serve (the PodDisruptionBudget modelpool-<name>); a roll-over "
+            "that cannot surge replaces pods one by one, never below the serving count before it minus "
+            "this many. 0: a drain never evicts a serving pod (it waits until the count is lowered or this "
+            "raised) and a roll-over waits for room for a new pod first. Pods not ready (Pending, Loading) "
+            "are always evictable: they serve nothing."
+        ),
+    )
+
+
 class SecretKey(_Model):
     """One key of a Secret (or ConfigMap) in the pool's namespace."""
 
@@ -416,6 +615,22 @@ class PodTemplate(_Model):
     )
     runtime_class_name: str | None = Field(
         default=None, description="The RuntimeClass of worker pods (e.g. nvidia)."
+    )
+    affinity: Affinity | None = Field(
+        default=None,
+        description=(
+            "Node affinity (its keys within the operator's allowed node label keys, as nodeSelector's) and "
+            "pod (anti-)affinity over pods of the pool's own namespace."
+        ),
+    )
+    topology_spread_constraints: list[TopologySpreadConstraint] | None = Field(
+        default=None,
+        max_length=SCHEDULING_LIST_MAX,
+        description=(
+            "How workers spread over nodes or zones. Unset: one soft spread over nodes (maxSkew 1, "
+            "kubernetes.io/hostname, ScheduleAnyway, over the pool's workers), so that one node's drain or "
+            "failure takes as few of them as the nodes allow; [] for none."
+        ),
     )
 
 
@@ -597,6 +812,13 @@ class ModelPoolSpec(_Model):
             "ModelHost: set there, refused here."
         ),
     )
+    disruption: DisruptionSpec = Field(
+        default_factory=DisruptionSpec,
+        description=(
+            "Voluntary disruptions: how many serving workers a node drain or a roll-over without room for "
+            "a surge may take down at once (the operator makes a PodDisruptionBudget per pool)."
+        ),
+    )
     activation_timeout_seconds: int = Field(
         default=DEFAULT_ACTIVATION_TIMEOUT_SECONDS,
         ge=1,
@@ -676,6 +898,13 @@ SHARED_POOL_RULES: tuple[tuple[str, str, str], ...] = (
         "pods (set nodeSelector and tolerations on the ModelHost), or remove spec.host",
     ),
     (
+        "disruption",
+        "!has(self.disruption) || !has(self.disruption.maxUnavailable) || "
+        f"self.disruption.maxUnavailable == {DEFAULT_MAX_UNAVAILABLE}",
+        "spec.disruption is the ModelHost's on a shared pool (spec.host): the host pods' disruption budget "
+        "is set on the ModelHost, or remove spec.host",
+    ),
+    (
         "auth",
         "!has(self.auth)",
         "spec.auth is not supported on a shared pool (spec.host): the host's pods serve several models "
@@ -710,6 +939,7 @@ def shared_pool_refusals(spec: ModelPoolSpec) -> list[str]:
     written = {
         "image": spec.image is not None,
         "podTemplate": spec.pod_template != PodTemplate(),
+        "disruption": spec.disruption != DisruptionSpec(),
         "auth": spec.auth is not None,
         "resources.gpus": spec.resources.gpus != 0,
         "resources.hostMemory": spec.resources.host_memory is not None,
@@ -958,6 +1188,18 @@ class PoolGeneration(_Model):
     )
 
 
+class RolloutStatus(_Model):
+    """A roll-over in progress (workers of an older template hash remain)."""
+
+    ready_before: int = Field(
+        description=(
+            "Serving workers when the roll-over began: without room in the budget for a surge it never "
+            "brings the pool below this count (or the target, when lower) minus "
+            "spec.disruption.maxUnavailable."
+        ),
+    )
+
+
 class ModelPoolStatus(_Model):
     """What the operator observed and decided; written only by the operator."""
 
@@ -1000,6 +1242,9 @@ class ModelPoolStatus(_Model):
             "Text-generation pools: running generations, tokens in flight and mean KV-cache use over the "
             "serving workers (unset for other tasks and while no serving worker reports them)."
         ),
+    )
+    rollout: RolloutStatus | None = Field(
+        default=None, description="The roll-over in progress, if any (unset: every worker is current)."
     )
 
 
@@ -1140,6 +1385,28 @@ class ModelHostSpec(_Model):
         default_factory=list, description="Taints host pods tolerate (e.g. nvidia.com/gpu)."
     )
     resources: HostResourcesSpec = Field(default_factory=HostResourcesSpec, description="CPU per host pod.")
+    affinity: Affinity | None = Field(
+        default=None,
+        description=(
+            "Node affinity (its keys within the operator's allowed node label keys, as nodeSelector's) and "
+            "pod (anti-)affinity over pods of the ModelHost's own namespace."
+        ),
+    )
+    topology_spread_constraints: list[TopologySpreadConstraint] | None = Field(
+        default=None,
+        max_length=SCHEDULING_LIST_MAX,
+        description=(
+            "How host pods spread over nodes or zones. Unset: one soft spread over nodes (maxSkew 1, "
+            "kubernetes.io/hostname, ScheduleAnyway, over the host's pods); [] for none."
+        ),
+    )
+    disruption: DisruptionSpec = Field(
+        default_factory=DisruptionSpec,
+        description=(
+            "Voluntary disruptions: how many ready host pods a node drain may evict at once (the operator "
+            "makes a PodDisruptionBudget per ModelHost)."
+        ),
+    )
 
     @field_validator("device_memory")
     @classmethod
@@ -1351,6 +1618,7 @@ __all__ = [
     "API_VERSION",
     "DEFAULT_ACTIVATION_TIMEOUT_SECONDS",
     "DEFAULT_GPU_HOST_MEMORY",
+    "DEFAULT_MAX_UNAVAILABLE",
     "GROUP",
     "MODELBUDGET_KIND",
     "MODELBUDGET_PLURAL",
@@ -1358,6 +1626,7 @@ __all__ = [
     "MODELHOST_PLURAL",
     "MODELPOOL_KIND",
     "MODELPOOL_PLURAL",
+    "MSG_AFFINITY_NAMESPACES",
     "MSG_DEVICE_MEMORY_POSITIVE",
     "MSG_DEVICE_MEMORY_REQUIRED",
     "MSG_KV_CACHE_TARGET",
@@ -1365,15 +1634,18 @@ __all__ = [
     "MSG_TARGET_LE_CAPACITY",
     "MSG_TOKENS_TARGET",
     "QUANTITY_PATTERN",
+    "SCHEDULING_LIST_MAX",
     "SERVED_NAME_PATTERN",
     "SHARED_POOL_RULES",
     "VERSION",
+    "Affinity",
     "AuthSpec",
     "AutoscalingMetric",
     "AutoscalingSpec",
     "AutoscalingStatus",
     "BackoffStatus",
     "Condition",
+    "DisruptionSpec",
     "EnvVar",
     "EnvVarSource",
     "HostDeviceStatus",
@@ -1383,6 +1655,8 @@ __all__ = [
     "HostPodStatus",
     "HostResourcesSpec",
     "KeySelector",
+    "LabelSelector",
+    "LabelSelectorRequirement",
     "MeasuredMemory",
     "MemoryStatus",
     "MissingBudget",
@@ -1394,13 +1668,23 @@ __all__ = [
     "ModelPoolSpec",
     "ModelPoolStatus",
     "ModelSpec",
+    "NodeAffinity",
+    "NodeSelector",
+    "NodeSelectorRequirement",
+    "NodeSelectorTerm",
+    "PodAffinity",
+    "PodAffinityTerm",
     "PodTemplate",
     "PoolGeneration",
     "PoolShare",
+    "PreferredSchedulingTerm",
     "QueueSpec",
     "ResourcesSpec",
+    "RolloutStatus",
     "SecretKey",
     "Toleration",
+    "TopologySpreadConstraint",
+    "WeightedPodAffinityTerm",
     "WorkerGeneration",
     "WorkerStatus",
     "autoscaling_enabled",

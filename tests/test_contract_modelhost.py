@@ -76,6 +76,8 @@ def test_a_host_spec_reads_its_sizes_and_refuses_with_the_crds_words() -> None:
     [
         ("image", {"image": "ghcr.io/x/y:1"}),
         ("podTemplate", {"podTemplate": {"labels": {"a": "b"}}}),
+        ("podTemplate", {"podTemplate": {"topologySpreadConstraints": []}}),
+        ("disruption", {"disruption": {"maxUnavailable": 2}}),
         ("auth", {"auth": {"apiKeySecret": {"name": "k", "key": "k"}}}),
         ("resources.gpus", {"resources": {"memory": "2Gi", "gpus": 1}}),
         ("resources.hostMemory", {"resources": {"memory": "2Gi", "hostMemory": "4Gi"}}),

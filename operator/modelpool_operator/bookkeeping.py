@@ -210,6 +210,8 @@ class HostRun:
     api_failures: set[tuple[str, str]] = field(default_factory=set)
     # Its host pods' NetworkPolicy is in place (made or brought up to date by this process).
     network_policy_ready: bool = False
+    # The PodDisruptionBudget this process last wrote (None: none yet, or the last write failed).
+    disruption_budget: dict[str, Any] | None = None
     # The policy refusal last told (its host pods are deleted, none is made, until the image is allowed).
     forbidden: str | None = None
     # The budget's shortfall last told (host pods not admitted), so the Event is not repeated every pass.
@@ -251,6 +253,9 @@ class PoolRun:
     service_ready: bool = False
     # The pool's NetworkPolicy is in place (made or brought up to date by this process).
     network_policy_ready: bool = False
+    # The PodDisruptionBudget this process last wrote (None: none yet, or the last write failed): written
+    # again only when the pool's target or spec.disruption changes what it says.
+    disruption_budget: dict[str, Any] | None = None
     charged: int = 0
     # The API failures of the last pass (reason, message): each is told as an Event and logged when it is
     # new, not at every pass while it lasts.

@@ -33,10 +33,12 @@ def host_charge_key(namespace: str, name: str) -> PoolKey:
 
 
 def host_template_hash(spec: ModelHostSpec) -> str:
-    """A short, stable hash of what shapes a host pod: the spec but ``replicas`` (unset fields left out, so
-    a new optional field does not roll every host pod on an upgrade). A host pod of another hash is
-    replaced."""
-    shaping = spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"replicas"})
+    """A short, stable hash of what shapes a host pod: the spec but ``replicas`` and ``disruption`` (the
+    PodDisruptionBudget's, not the pod's; unset fields left out, so a new optional field does not roll every
+    host pod on an upgrade). A host pod of another hash is replaced."""
+    shaping = spec.model_dump(
+        mode="json", by_alias=True, exclude_none=True, exclude={"replicas", "disruption"}
+    )
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:10]
 
 

@@ -36,6 +36,12 @@ The rules (an allowlist left empty allows nothing unless said otherwise):
   tolerates every taint and is shown and allowed as ``*``. Default: ``nvidia.com/gpu`` (settings).
 * ``spec.podTemplate.nodeSelector``: each key must be allowed. Default: well-known labels of hardware and
   place (settings), never a node role or a node's name.
+* ``spec.podTemplate.affinity.nodeAffinity``: each expression's key, required or preferred, must be one
+  of the same node label keys (it places pods on nodes as a nodeSelector does; any operator, ``NotIn``
+  too). Pod affinity and anti-affinity select pods of the pool's own namespace only: the API itself
+  refuses ``namespaces`` and ``namespaceSelector`` in a term (``api.PodAffinityTerm``, always on), and a
+  topology spread counts pods of the own namespace by the Kubernetes API's own rule; their
+  ``topologyKey`` (which groups nodes, never picks one) is not checked.
 * ``spec.podTemplate.labels`` and ``annotations``: a key without a prefix (``team``) is the author's own;
   a key with one must be of an allowed domain (``Policy.label_domains``, ``annotation_domains``: the domain
   or a subdomain of it), and is never of a reserved domain (``modelpool_contract.reserved``:
@@ -53,8 +59,9 @@ The rules (an allowlist left empty allows nothing unless said otherwise):
 Where a map or a list has several refused keys, the message names one: the smallest key of a map, the
 first refused entry of a list (the chart's CEL picks the same).
 
-A ModelHost obeys the namespace, image, tolerations and nodeSelector rules (``host_violations``): its host
-pods are created with the same right; a ModelHost that breaks them gets no host pod.
+A ModelHost obeys the namespace, image, tolerations, nodeSelector and node affinity rules
+(``host_violations``): its host pods are created with the same right; a ModelHost that breaks them gets
+no host pod.
 
 The operator's own defaults (its ``server_image``, its default model cache) are the administrator's
 choice and are not checked.
@@ -67,7 +74,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from modelpool_contract.api import ModelHostSpec, ModelPoolSpec, Toleration, alias_claims_namespace
+from modelpool_contract.api import (
+    Affinity,
+    ModelHostSpec,
+    ModelPoolSpec,
+    Toleration,
+    alias_claims_namespace,
+)
 from modelpool_contract.reserved import (
     DEFAULT_NODE_SELECTOR_KEYS,
     DEFAULT_TOLERATION_KEYS,
@@ -98,6 +111,7 @@ FIELD_SERVICE_ACCOUNT = "spec.podTemplate.serviceAccountName"
 FIELD_PRIORITY_CLASS = "spec.podTemplate.priorityClassName"
 FIELD_TOLERATIONS = "spec.podTemplate.tolerations"
 FIELD_NODE_SELECTOR = "spec.podTemplate.nodeSelector"
+FIELD_NODE_AFFINITY = "spec.podTemplate.affinity.nodeAffinity"
 FIELD_LABELS = "spec.podTemplate.labels"
 FIELD_ANNOTATIONS = "spec.podTemplate.annotations"
 FIELD_ENV = "spec.podTemplate.env"
@@ -105,6 +119,7 @@ FIELD_SERVED_NAME = "spec.servedModelName"
 # A ModelHost's own fields of the same meaning.
 FIELD_HOST_TOLERATIONS = "spec.tolerations"
 FIELD_HOST_NODE_SELECTOR = "spec.nodeSelector"
+FIELD_HOST_NODE_AFFINITY = "spec.affinity.nodeAffinity"
 
 #: How a toleration without a key (it tolerates every taint) is written in the allowlist and the messages.
 ANY_TAINT = "*"
@@ -218,6 +233,7 @@ def violations(spec: ModelPoolSpec, policy: Policy, namespace: str) -> list[Viol
     found += _placement_violations(
         template.tolerations, template.node_selector, policy, FIELD_TOLERATIONS, FIELD_NODE_SELECTOR
     )
+    found += _node_affinity_violations(template.affinity, policy, FIELD_NODE_AFFINITY)
     for field, keys, domains in (
         (FIELD_LABELS, template.labels, policy.label_domains),
         (FIELD_ANNOTATIONS, template.annotations, policy.annotation_domains),
@@ -243,7 +259,27 @@ def host_violations(spec: ModelHostSpec, policy: Policy, namespace: str) -> list
     found += _placement_violations(
         spec.tolerations, spec.node_selector, policy, FIELD_HOST_TOLERATIONS, FIELD_HOST_NODE_SELECTOR
     )
+    found += _node_affinity_violations(spec.affinity, policy, FIELD_HOST_NODE_AFFINITY)
     return found
+
+
+def node_affinity_keys(affinity: Affinity | None) -> list[str]:
+    """The node label keys a node affinity names, in order: the required terms' expressions, then the
+    preferred terms' (the chart's CEL walks them in the same order)."""
+    node = affinity.node_affinity if affinity is not None else None
+    if node is None:
+        return []
+    required = node.required_during_scheduling_ignored_during_execution
+    terms = list(required.node_selector_terms) if required is not None else []
+    terms += [p.preference for p in node.preferred_during_scheduling_ignored_during_execution or []]
+    return [e.key for term in terms for e in term.match_expressions or []]
+
+
+def _node_affinity_violations(affinity: Affinity | None, policy: Policy, field: str) -> list[Violation]:
+    refused = [k for k in node_affinity_keys(affinity) if k not in policy.node_selector_keys]
+    if not refused:
+        return []
+    return [Violation(field, msg_node_selector(field, refused[0], policy.node_selector_keys))]
 
 
 def _namespace_violations(policy: Policy, namespace: str) -> list[Violation]:

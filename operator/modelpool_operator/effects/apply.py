@@ -1,9 +1,10 @@
 """The one place a reconciliation pass's effects are applied: ``apply`` takes the plan of a pass and makes it
 so, in a fixed order, through the process's services (the API client, the Event sink, the metrics).
 
-* ``apply``: a planned pass: evictions, deletions, creations (concurrently), then the headless Service and
-  the NetworkPolicy (neither may keep a worker from starting), the status (with the ApiError condition:
-  the failed requests in the API server's own words), the Events; a failed request never ends the pass.
+* ``apply``: a planned pass: evictions, deletions, creations (concurrently), then the headless Service,
+  the NetworkPolicy and the PodDisruptionBudget (none may keep a worker from starting), the status (with
+  the ApiError condition: the failed requests in the API server's own words), the Events; a failed
+  request never ends the pass.
   The creations' reservations end here when the API refuses them (4xx) and get their check time
   otherwise (``budget``).
 * ``refuse``: a pass that touches no worker (the spec is invalid, or the operator's policy forbids it):
@@ -28,6 +29,7 @@ from typing import Any
 from modelpool_contract.api import Condition, ModelPoolStatus
 from modelpool_operator.bookkeeping import TAKEN_NAMES_MAX, Bookkeeping, HostRun, PoolRun
 from modelpool_operator.budget import Reservation
+from modelpool_operator.effects.disruption_budget import build_host_budget, build_pool_budget
 from modelpool_operator.effects.kube import NameTakenError, describe_error, merge_patch, refused
 from modelpool_operator.effects.network_policy import (
     PolicySettings,
@@ -81,9 +83,10 @@ async def apply(
     body: Mapping[str, Any],
     now: datetime,
 ) -> list[ApiFailure]:
-    """Make the pool's ``plan`` so: evictions, deletions, creations, the Service and the NetworkPolicy, the
-    status (with the ApiError condition), the Events; then the bookkeeping (whether the pool waits for
-    budget, who to wake). Returns the API requests that failed (the pass goes on past each)."""
+    """Make the pool's ``plan`` so: evictions, deletions, creations, the Service, the NetworkPolicy and the
+    PodDisruptionBudget, the status (with the ApiError condition), the Events; then the bookkeeping
+    (whether the pool waits for budget, who to wake). Returns the API requests that failed (the pass goes
+    on past each)."""
     kube = services.kube
     if plan.create:
         book.budget_wakeup.set()
@@ -107,6 +110,7 @@ async def apply(
     )
     failures.append(await ensure_service(services, run, pool))
     failures.append(await ensure_network_policy(services, run, pool))
+    failures.append(await ensure_disruption_budget(services, run, pool, plan.status.target_replicas or 0))
     failed = [f for f in failures if f is not None]
     status = with_api_condition(plan.status, pool, failed, now)
 
@@ -225,6 +229,37 @@ async def _ensure_policy(
         services.kube.ensure_network_policy(namespace, build(settings)),
     )
     run.network_policy_ready = failure is None
+    return failure
+
+
+async def ensure_disruption_budget(
+    services: Services, run: PoolRun, pool: PoolView, target: int
+) -> ApiFailure | None:
+    """Create or update the pool's PodDisruptionBudget (``build_pool_budget``: its minAvailable follows the
+    ``target``) once per process and again whenever what it would write changes; a failure never holds up
+    the workers: it is returned for the status and retried at the next pass."""
+    return await _ensure_budget(services, run, pool.namespace, build_pool_budget(pool, target))
+
+
+async def ensure_host_disruption_budget(
+    services: Services, run: HostRun, host: HostView
+) -> ApiFailure | None:
+    """The same for a ModelHost's host pods (``build_host_budget``)."""
+    return await _ensure_budget(services, run, host.namespace, build_host_budget(host))
+
+
+async def _ensure_budget(
+    services: Services, run: PoolRun | HostRun, namespace: str, body: dict[str, Any]
+) -> ApiFailure | None:
+    if run.disruption_budget == body:
+        return None
+    name = body["metadata"]["name"]
+    failure = await _attempt(
+        "DisruptionBudgetFailed",
+        f"PodDisruptionBudget {name} could not be applied",
+        services.kube.ensure_disruption_budget(namespace, body),
+    )
+    run.disruption_budget = body if failure is None else None
     return failure
 
 

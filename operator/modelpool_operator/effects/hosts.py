@@ -1,7 +1,8 @@
 """Applying a ModelHost's pass (``planner.hosts.HostPlan``): its control key Secret (made once, its key
 derived from the operator's seed, ``control_keys``; never read back), the host pods to delete and to
 create (their reservations end as a worker's do: ``effects.apply``), the host pods' NetworkPolicy
-(``effects.apply.ensure_host_network_policy``), the status (with the ApiError condition, as a pool's), and
+(``effects.apply.ensure_host_network_policy``) and PodDisruptionBudget
+(``effects.apply.ensure_host_disruption_budget``), the status (with the ApiError condition, as a pool's), and
 Warning Events: the budget holding host pods back, and each failed request when it is new.
 
 A Secret of the control key's name that is not the ModelHost's (someone made it first, with a key they
@@ -29,6 +30,7 @@ from modelpool_operator.effects.apply import (
     _attempt,
     _create,
     api_condition,
+    ensure_host_disruption_budget,
     ensure_host_network_policy,
 )
 from modelpool_operator.effects.kube import NameTakenError, describe_error, merge_patch
@@ -114,6 +116,7 @@ async def apply_host(
     )
     # After the creations, as a pool's: the policy never holds up a host pod.
     failures.append(await ensure_host_network_policy(services, run, host))
+    failures.append(await ensure_host_disruption_budget(services, run, host))
     if plan.create or plan.delete:
         book.budget_wakeup.set()
     failed = [f for f in failures if f is not None]

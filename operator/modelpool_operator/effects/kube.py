@@ -1,5 +1,5 @@
-"""Thin async Kubernetes API calls (kubernetes_asyncio): pods, services, network policies, pool and budget
-status.
+"""Thin async Kubernetes API calls (kubernetes_asyncio): pods, services, network policies, disruption
+budgets, pool and budget status.
 
 No decisions are made here: each function is one API request (two when a create meets an object of its
 name), with the few error codes that mean "already done" (404 on delete, 409 on create) turned into
@@ -133,6 +133,7 @@ class KubeApi(Protocol):
     async def pod_exists(self, namespace: str, name: str) -> bool: ...
     async def ensure_service(self, namespace: str, body: Mapping[str, Any]) -> None: ...
     async def ensure_network_policy(self, namespace: str, body: Mapping[str, Any]) -> None: ...
+    async def ensure_disruption_budget(self, namespace: str, body: Mapping[str, Any]) -> None: ...
     async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool: ...
     async def create_budget(self, body: Mapping[str, Any]) -> bool: ...
@@ -169,6 +170,7 @@ class Kube:
         self._core: Any = client.CoreV1Api(api_client)
         self._custom: Any = client.CustomObjectsApi(api_client)
         self._networking: Any = client.NetworkingV1Api(api_client)
+        self._policy: Any = client.PolicyV1Api(api_client)
         self._timeout = request_timeout
         # As many requests at once as the client has connections (``_limited``).
         self._slots = asyncio.Semaphore(
@@ -415,6 +417,28 @@ class Kube:
             "patch_network_policy",
             f"NetworkPolicy {namespace}/{name}",
             lambda patch: self._networking.patch_namespaced_network_policy(
+                name, namespace, patch, _content_type=JSON_PATCH, _request_timeout=self._timeout
+            ),
+            owned_patch(body, fields),
+        )
+
+    # ---- disruption budgets ----------------------------------------------------------------------
+
+    async def ensure_disruption_budget(self, namespace: str, body: Mapping[str, Any]) -> None:
+        """Create the pool's (or host's) PodDisruptionBudget, or bring an existing one's labels and spec up to
+        date (its minAvailable follows the pool's target), only if it is ours (``owned_patch``; else
+        ``NameTakenError``)."""
+        name = body["metadata"]["name"]
+        create = self._policy.create_namespaced_pod_disruption_budget(
+            namespace, dict(body), _request_timeout=self._timeout
+        )
+        if await self._took_effect("create_pod_disruption_budget", create, unless=EXISTS):
+            return
+        fields = {"/metadata/labels": body["metadata"].get("labels", {}), "/spec": body.get("spec", {})}
+        await self._patch_owned(
+            "patch_pod_disruption_budget",
+            f"PodDisruptionBudget {namespace}/{name}",
+            lambda patch: self._policy.patch_namespaced_pod_disruption_budget(
                 name, namespace, patch, _content_type=JSON_PATCH, _request_timeout=self._timeout
             ),
             owned_patch(body, fields),

@@ -63,6 +63,7 @@ from modelpool_contract.mounts import (
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
 from modelpool_contract.times import rfc3339
+from modelpool_operator.effects.scheduling import scheduling_fields
 from modelpool_operator.host import HostView, host_pod_name, host_pool_label, host_template_hash
 from modelpool_operator.placement.charge import host_charge
 from modelpool_operator.pool import PoolView, template_hash
@@ -327,6 +328,10 @@ def _pod_spec(spec: ModelPoolSpec, pool_name: str, settings: PodSettings, namesp
         pod_spec["runtimeClassName"] = template.runtime_class_name
     if template.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in template.image_pull_secrets]
+    # Spread over nodes by default: a drain or a node's failure takes as few of the pool's workers as it can.
+    pod_spec |= scheduling_fields(
+        template.affinity, template.topology_spread_constraints, {LABEL_POOL: pool_name}
+    )
     return pod_spec
 
 
@@ -641,4 +646,7 @@ def _host_pod_spec(host: HostView, settings: PodSettings) -> dict[str, Any]:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         pod_spec["tolerations"] = [t.wire() for t in spec.tolerations]
+    pod_spec |= scheduling_fields(
+        spec.affinity, spec.topology_spread_constraints, {LABEL_POOL: host_pool_label(host.name)}
+    )
     return pod_spec

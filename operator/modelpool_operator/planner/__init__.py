@@ -41,8 +41,10 @@ docs/design.md, "The planner"); each phase is a function of the draft (``planner
    their minReplicas) are evicted, lowest priority first, then least recently used; else condition
    BudgetExceeded with the numbers.
 9. ``roll_over``: on a template-hash change, an old worker is evicted only while the ready count stays at
-   or above the target (or at ``minReplicas`` when the budget leaves no room for a surge).  It runs after
-   ``admit`` because whether an old worker may go depends on the replacements admitted in this pass.
+   or above the target; when the budget leaves no room for a surge, one by one within
+   ``spec.disruption.maxUnavailable``, never below the serving count when the roll-over began
+   (``status.rollout``) minus that (with 0: it waits).  It runs after ``admit`` because whether an old
+   worker may go depends on the replacements admitted in this pass.
 10. ``conclude``: the status (workers, phase, conditions, backoff, autoscaling), the closing Events, the
     requeue delay.
 """

@@ -236,6 +236,10 @@ class Draft:
     backoff: Backoff = field(init=False, default_factory=Backoff)
     admission: Admission = field(init=False, default_factory=Admission)
     scaling: Scaling = field(init=False, default_factory=Scaling)
+    # The serving count when the roll-over in progress began (None: no roll-over), for status.rollout.
+    ready_before_roll: int | None = field(init=False, default=None)
+    # Why the roll-over cannot retire an outdated worker this pass (empty: it can, or none is left).
+    roll_wait: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         pool = self.pool

@@ -350,18 +350,53 @@ def admit(draft: Draft) -> None:
 
 
 def roll_over(draft: Draft) -> None:
-    """Phase 9: evict outdated workers (least recently used first) while the ready count stays at the
-    target, or at minReplicas when the budget leaves no room for a surge."""
+    """Phase 9: evict outdated workers (least recently used first).
+
+    With room for a surge (or memory on its way) an outdated worker goes only while the ready count stays at
+    the target: the new ones come first. Stuck on the budget (no surge fits, nothing draining), they give
+    way one by one within the pool's disruption budget: at most ``spec.disruption.maxUnavailable`` of them
+    on their way out at once, and the ready count never below the count when the roll-over began (kept in
+    ``status.rollout``; the target when that is lower) minus ``maxUnavailable``. With ``maxUnavailable`` 0
+    the roll-over waits for room, and the status says why. Not while the budget is invalid: nothing would
+    be admitted in their place."""
+    if not draft.outdated:
+        return
+    spec, admission = draft.pool.spec, draft.admission
     ready_total = sum(1 for w in draft.active if w.serving_state)
-    admission = draft.admission
-    # Stuck on the numbers: old workers give way down to minReplicas so that new ones fit. Not while the
-    # budget is invalid: nothing would be admitted in their place.
+    last = draft.pool.status.rollout
+    before = last.ready_before if last is not None else ready_total
+    draft.ready_before_roll = before
     stuck = admission.blocked and not admission.waiting_for_memory and not admission.budget_invalid
-    floor = draft.pool.spec.min_replicas if stuck else draft.target
+    room = len(draft.outdated)  # outdated workers this pass may retire
+    floor = draft.target
+    if stuck:
+        max_unavailable = spec.disruption.max_unavailable
+        floor = max(0, min(before, draft.target) - max_unavailable)
+        going = sum(1 for w in draft.workers if w.state == "Evicting" and w.evicting_reason == EVICT_ROLLOVER)
+        room = max(0, max_unavailable - going)
+    retired = 0
     for w in sorted((w for w in draft.outdated if w.evictable), key=_lru_key):
         replacing = (
             bool(draft.current or draft.creates or draft.in_flight) or len(draft.active) > draft.target
         )
-        if ready_total - 1 >= floor and (replacing or stuck):
+        if retired < room and ready_total - 1 >= floor and (replacing or stuck):
             draft.remove(w, EVICT_ROLLOVER)
             ready_total -= 1
+            retired += 1
+    if stuck and not retired:
+        draft.roll_wait = roll_wait_message(spec.disruption.max_unavailable, ready_total, floor, before)
+
+
+def roll_wait_message(max_unavailable: int, ready: int, floor: int, before: int) -> str:
+    """Why a roll-over stuck on the budget retires no outdated worker this pass (Progressing's message)."""
+    if max_unavailable == 0:
+        return (
+            f"the roll-over waits for room: the budget has none for a new worker beside the {ready} serving, "
+            "and spec.disruption.maxUnavailable 0 lets none of them go first; free memory in the ModelBudget "
+            "or raise maxUnavailable"
+        )
+    return (
+        f"the roll-over replaces workers one by one without room for a surge: {ready} serving, at least "
+        f"{floor} must ({before} when it began, spec.disruption.maxUnavailable {max_unavailable}); waiting "
+        "for a replacement to serve"
+    )

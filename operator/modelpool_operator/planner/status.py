@@ -16,6 +16,7 @@ from modelpool_contract.api import (
     ModelPoolStatus,
     PoolGeneration,
     PoolPhase,
+    RolloutStatus,
     WorkerStatus,
     autoscaling_enabled,
 )
@@ -38,6 +39,10 @@ from modelpool_operator.planner.memory import (
 #: The BudgetExceeded condition's reasons (and the Warning Events') while nothing is admitted: the
 #: ModelBudget is invalid, or missing under missing_budget=refuse (defined with the ledger, in ``budget``).
 CLOSED_REASONS = frozenset({BUDGET_INVALID, BUDGET_MISSING})
+
+#: The Progressing condition's reason while a roll-over stuck on the budget retires no worker (its message
+#: says why: ``phases.roll_wait_message``).
+ROLL_OVER_WAITING = "RollOverWaiting"
 
 
 def condition(
@@ -149,6 +154,8 @@ def _conditions(draft: Draft, ready: int, loading: int) -> list[Condition]:
             f"{len(draft.creates)} creating, {len(draft.evicts)} evicting, {len(draft.deletes)} deleting, "
             f"{loading} loading"
         )
+    if draft.roll_wait:
+        progress_reason, progress_message = ROLL_OVER_WAITING, draft.roll_wait
     budget_reason = "WithinBudget"
     if admission.budget_invalid:
         budget_reason = admission.closed_reason or BUDGET_INVALID
@@ -340,6 +347,9 @@ def conclude(draft: Draft) -> Plan:
         selector=f"{LABEL_POOL}={pool.name}",
         autoscaling=autoscaling_status(draft),
         generation=generation_summary(draft.workers),
+        rollout=None
+        if draft.ready_before_roll is None
+        else RolloutStatus(ready_before=draft.ready_before_roll),
     )
     positive = [r for r in draft.requeue if r > 0]
     return Plan(

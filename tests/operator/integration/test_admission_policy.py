@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from modelpool_contract.api import parse_pool_spec
+from modelpool_contract.api import MSG_AFFINITY_NAMESPACES, parse_pool_spec
 from modelpool_contract.flags import DEFAULT_SERVER_IMAGE
 from modelpool_contract.reserved import (
     DEFAULT_NODE_SELECTOR_KEYS,
@@ -30,9 +30,11 @@ from modelpool_contract.reserved import (
     RESERVED_KEY_DOMAINS,
 )
 from modelpool_operator.policy import (
+    FIELD_HOST_NODE_AFFINITY,
     FIELD_HOST_NODE_SELECTOR,
     FIELD_HOST_TOLERATIONS,
     FIELD_LABELS,
+    FIELD_NODE_AFFINITY,
     FIELD_NODE_SELECTOR,
     FIELD_TOLERATIONS,
     Policy,
@@ -132,7 +134,27 @@ _TEMPLATE = {
     "labels": "labels",
     "annotations": "annotations",
     "env": "env",
+    "affinity": "affinity",
+    "spread": "topologySpreadConstraints",
 }
+
+
+def _nodes(required: list[list[str]], preferred: list[list[str]] | None = None) -> dict[str, Any]:
+    """A node affinity over the keys given: one term per list, required then preferred."""
+
+    def term(keys: list[str]) -> dict[str, Any]:
+        return {"matchExpressions": [{"key": k, "operator": "Exists"} for k in keys]}
+
+    node: dict[str, Any] = {}
+    if required:
+        node["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [term(t) for t in required]
+        }
+    if preferred:
+        node["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {"weight": 1, "preference": term(t)} for t in preferred
+        ]
+    return {"nodeAffinity": node}
 
 
 def _pool(name: str, *, cache_path: str | None = None, **spec: Any) -> dict[str, Any]:
@@ -356,11 +378,28 @@ def test_the_api_server_refuses_a_pool_beyond_the_allowlists_naming_the_field(
             _host("host-nodes", nodeSelector={"kubernetes.io/hostname": "node-1"}),
             msg_node_selector(FIELD_HOST_NODE_SELECTOR, "kubernetes.io/hostname", NODE_KEYS),
         ),
+        # Issue 31: node affinity places pods as a nodeSelector does; a preference as surely.
+        "node-affinity": (
+            _pool("node-affinity", affinity=_nodes([], [["kubernetes.io/hostname"]])),
+            msg_node_selector(FIELD_NODE_AFFINITY, "kubernetes.io/hostname", NODE_KEYS),
+        ),
+        "host-affinity": (
+            _host("host-affinity", affinity=_nodes([["node-role.kubernetes.io/control-plane"]])),
+            msg_node_selector(FIELD_HOST_NODE_AFFINITY, "node-role.kubernetes.io/control-plane", NODE_KEYS),
+        ),
     }
     for name, (manifest, message) in refused.items():
         code, output = _create(crds, namespace, manifest, f"--as={USER}")
         assert code != 0, f"{name}: created\n{output}"
         assert "ValidatingAdmissionPolicy" in output and message in output, f"{name}: {output}"
+    # Pod affinity beyond the pool's namespace: the CRD itself refuses it, to anyone.
+    elsewhere = {"topologyKey": "kubernetes.io/hostname", "namespaceSelector": {}}
+    for kind in ("podAffinity", "podAntiAffinity"):
+        manifest = _pool(
+            "elsewhere", affinity={kind: {"requiredDuringSchedulingIgnoredDuringExecution": [elsewhere]}}
+        )
+        code, output = _create(crds, namespace, manifest)
+        assert code != 0 and MSG_AFFINITY_NAMESPACES in output, output
 
     allowed = _pool(
         "allowed",
@@ -449,6 +488,31 @@ EDGE_CASES: list[dict[str, Any]] = [
     {"cache_path": "/var/cache/modelpool/NS"},
     {"cache_path": "/var/cache/modelpool/x/NS"},
     {"cache_path": "/var/cache/modelpool/NS-x"},
+    # Issue 31: node affinity keys, the first refused one in term order (required, then preferred).
+    {"affinity": _nodes([["kubernetes.io/arch"]], [["topology.kubernetes.io/zone"]])},
+    {"affinity": _nodes([["kubernetes.io/arch", "zz"], ["aa"]])},
+    {"affinity": _nodes([["kubernetes.io/arch"]], [["kubernetes.io/hostname"], ["aa"]])},
+    {"affinity": _nodes([], [["kubernetes.io/os"], ["node-role.kubernetes.io/control-plane"]])},
+    {
+        "affinity": {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}]}}
+        }
+    },
+    {
+        "affinity": {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"team": "a"}}}
+                ]
+            }
+        }
+    },
+    {
+        "spread": [
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule"}
+        ]
+    },
+    {"spread": []},
 ]
 
 
@@ -574,6 +638,7 @@ def test_an_update_is_refused_only_for_what_it_brings(bound: Bound, crds: Cluste
         node_selector={"kubernetes.io/hostname": "n"},
         env=[{"name": "MODELPOOL_TRUST_REMOTE_CODE", "value": "true"}],
         priority="system-node-critical",
+        affinity=_nodes([["kubernetes.io/hostname"]]),
     )
     # The policy's binding out of the way while the old pool is made, then back.
     crds.kubectl("delete", "validatingadmissionpolicybinding", binding["metadata"]["name"])
@@ -621,6 +686,10 @@ def test_an_update_is_refused_only_for_what_it_brings(bound: Bound, crds: Cluste
         (
             {"priorityClassName": "system-cluster-critical"},
             msg_priority_class("system-cluster-critical", PRIORITIES),
+        ),
+        (
+            {"affinity": _nodes([["kubernetes.io/hostname"]], [["zz"]])},
+            msg_node_selector(FIELD_NODE_AFFINITY, "zz", NODE_KEYS),
         ),
     ]
     for template, message in news:

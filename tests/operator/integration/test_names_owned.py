@@ -1,10 +1,11 @@
 """A name collision is a condition on the pool, never a takeover (issue 30, "names cannot be squatted").
 
-Someone made a Service named like the pool before the pool existed (another team's, with its own selector).
-On the real API server the operator's patch of it carries an ownership test (``effects.kube.owned_patch``)
-that fails: the Service keeps its selector and ports, the pool reports ApiError/NameTaken with a message the
-user can act on, and its workers still start. Once the other Service is gone, the operator makes its own and
-the condition clears; a restarted operator then patches its own Service (the test passes) without a word.
+Someone made a Service (or a PodDisruptionBudget) named like the pool before the pool existed (another
+team's, with its own selector). On the real API server the operator's patch of it carries an ownership
+test (``effects.kube.owned_patch``) that fails: the Service keeps its selector and ports, the pool reports
+ApiError/NameTaken with a message the user can act on, and its workers still start. Once the other Service
+is gone, the operator makes its own and the condition clears; a restarted operator then patches its own
+Service (the test passes) without a word.
 
 A 409 is "made" only for an object its owner controls:
 
@@ -317,3 +318,34 @@ def test_a_planted_control_key_with_a_copied_owner_reference_is_replaced_by_the_
     wait_for(lambda: _secret_key(cluster, namespace) == derived, timeout=60, message="the derived key")
     assert set(get_json(cluster, "secret", "gpus-control-key", "-n", namespace)["data"]) == {"key"}
     wait_for(lambda: len(_host_pods(cluster, namespace)) == 1, timeout=90, message="the host pod")
+
+
+def test_a_disruption_budget_of_the_pools_name_made_by_someone_else_is_left_alone(
+    crds: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    """Another team's PodDisruptionBudget named ``modelpool-<pool>``: never rewritten to the pool's selector
+    (that would take over, or release, the other team's pods); the pool says so and its workers serve."""
+    theirs = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "modelpool-squat", "labels": {"team": "billing"}},
+        "spec": {"minAvailable": 5, "selector": {"matchLabels": OTHER_SELECTOR}},
+    }
+    apply(crds, theirs, namespace)
+    start_operator(namespace)
+    apply(crds, pool_manifest("squat"), namespace)
+    status = wait_status(
+        crds,
+        namespace,
+        "squat",
+        lambda s: condition(s, API_ERROR).get("reason") == NAME_TAKEN and states(s) == ["Ready"],
+        timeout=90,
+        message="the NameTaken condition, with the worker serving beside it",
+    )
+    message = condition(status, API_ERROR)["message"]
+    assert f"PodDisruptionBudget {namespace}/modelpool-squat exists and is not controlled" in message, message
+    budget = get_json(crds, "pdb", "modelpool-squat", "-n", namespace)
+    assert (
+        budget["spec"]["selector"] == {"matchLabels": OTHER_SELECTOR} and budget["spec"]["minAvailable"] == 5
+    )
+    assert not budget["metadata"].get("ownerReferences")

@@ -1,11 +1,13 @@
 """The chart's fence around the operator's own writes (issue 30, "every identity down to its job"), on the
 real API server: ``templates/operatorpolicy.yaml``, rendered with ``helm template``, admits the operator's
-ServiceAccount's pod, Service, NetworkPolicy and Secret writes only in the shape the operator builds.
+ServiceAccount's pod, Service, NetworkPolicy, PodDisruptionBudget and Secret writes only in the shape the
+operator builds.
 
 The ServiceAccount (impersonated with ``kubectl --as``) is given the operator's rights on those kinds in
 the test's namespace, and ``create`` on pods in ``kube-system``; so every refusal below is the policy's. The
 objects it is allowed are built by the operator's own builders (``effects.resources``,
-``effects.network_policy``) for a real ModelPool and ModelHost: what the operator makes passes.
+``effects.network_policy``, ``effects.disruption_budget``) for a real ModelPool and ModelHost: what the
+operator makes passes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from modelpool_operator.effects.disruption_budget import build_host_budget, build_pool_budget
 from modelpool_operator.effects.network_policy import (
     PolicySettings,
     build_host_network_policy,
@@ -100,6 +103,7 @@ def _rights(cluster: Cluster, namespace: str) -> None:
         ("pods", "create,get,list,patch,delete"),
         ("services", "create,patch,get"),
         ("networkpolicies.networking.k8s.io", "create,patch"),
+        ("poddisruptionbudgets.policy", "create,patch"),
         ("secrets", "create,patch,get"),
         # blockOwnerDeletion on an owner reference: admission asks for update on the owner's finalizers.
         ("modelpools.modelpool.dev/finalizers", "update"),
@@ -181,6 +185,8 @@ def test_what_the_operator_builds_is_admitted(fence: Fence) -> None:
         "pool NetworkPolicy": build_network_policy(fence.pool, POLICY_SETTINGS),
         "host NetworkPolicy": build_host_network_policy(fence.host, POLICY_SETTINGS),
         "control key Secret": build_control_key_secret(fence.host, "k" * 64),
+        "pool PodDisruptionBudget": build_pool_budget(fence.pool, 2),
+        "host PodDisruptionBudget": build_host_budget(fence.host),
     }
     for what, manifest in made.items():
         code, out = fence.create(manifest)
@@ -237,6 +243,8 @@ def _relabel(pod: dict[str, Any], pool: str) -> dict[str, Any]:
 
 def test_services_policies_and_secrets_not_of_the_operators_shape_are_refused(fence: Fence) -> None:
     service = build_service(fence.pool, PodSettings())
+    budget = build_pool_budget(fence.pool, 2)
+    host_budget = build_host_budget(fence.host)
     policy = build_network_policy(fence.pool, POLICY_SETTINGS)
     secret = build_control_key_secret(fence.host, "k" * 64)
     pools_owner = service["metadata"]["ownerReferences"]
@@ -250,6 +258,15 @@ def test_services_policies_and_secrets_not_of_the_operators_shape_are_refused(fe
         (_set(secret, "metadata.name", "gateway-keys"), "control key"),
         (_set(secret, "metadata.ownerReferences", GONE), "only objects a ModelPool or ModelHost controls"),
         (_set(secret, "metadata.ownerReferences", pools_owner), "control key"),
+        # A PodDisruptionBudget over someone else's pods, or one that would hold up pods that are not ready.
+        (
+            _set(budget, "spec.selector", {"matchLabels": {"app": "billing"}}),
+            "selects modelpool.dev/pool=emb",
+        ),
+        (_set(budget, "metadata.name", "billing"), "is modelpool-emb"),
+        (_set(budget, "spec.unhealthyPodEvictionPolicy", "IfHealthyBudget"), "unhealthyPodEvictionPolicy"),
+        (_set(host_budget, "spec.selector.matchLabels", {"modelpool.dev/pool": "emb"}), "host_gpus"),
+        (_set(budget, "metadata.ownerReferences", GONE), "only objects a ModelPool or ModelHost controls"),
     ]
     for manifest, message in refused:
         code, out = fence.create(manifest)

@@ -3,11 +3,11 @@
 The verbs the operator uses are not listed by hand: the real operator runs as a ServiceAccount of the
 namespace ``modelpool-audit`` bound to the chart's own rules (rendered by the real helm), does everything
 it does with the chart's settings (a pool created, scaled up and down with an eviction, the operator
-restarted so the pool's Service and NetworkPolicy are brought up to date, the ModelBudget created by the
-operator itself (budget.create: a create at each start, 409 once it exists), the pool and the ModelBudget
-deleted, Events posted, the leader election Lease, Kopf's peering), and the API
-server's audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says which
-(API group, resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted
+restarted so the pool's Service, NetworkPolicy and PodDisruptionBudget are brought up to date, the
+ModelBudget created by the operator itself (budget.create: a create at each start, 409 once it exists),
+the pool and the ModelBudget deleted, Events posted, the leader election Lease, Kopf's peering), and the
+API server's audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says
+which (API group, resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted
 verb no request used is an extra one. Both scopes are run: namespace scope with the chart's defaults
 (leader election on a Lease in the release namespace, no Kopf peering), cluster scope with the deprecated
 ClusterKopfPeering on too. The pieces shared with the gateway's test (test_gateway_rbac.py) are in
@@ -15,8 +15,9 @@ tests/rbacaudit.py.
 
 The operator runs under the chart's policy on its own writes (templates/operatorpolicy.yaml, enforced
 before it starts): everything it makes, patches and deletes here (workers, a host pod, the control key
-Secret created and, after the restart, patched; the Service and the NetworkPolicy created and patched, an
-eviction, a deletion) is admitted, or the test fails naming the refused request.
+Secret created and, after the restart, patched; the Service, the NetworkPolicy and the pool's and the
+ModelHost's PodDisruptionBudgets created and patched, an eviction, a deletion) is admitted, or the test
+fails naming the refused request.
 
 One grant is never a request: ``update`` on ``modelpools/finalizers``, which the
 OwnerReferencesPermissionEnforcement admission plugin (enabled on the local control plane) checks when a
@@ -272,12 +273,16 @@ def _exercise(
                 {
                     ("", "services", "patch"),
                     ("networking.k8s.io", "networkpolicies", "patch"),
+                    ("policy", "poddisruptionbudgets", "patch"),
                     ("", "secrets", "patch"),
                 }
                 <= release.used()
             ),
             timeout=90,
-            message="the restarted operator brought the Service, NetworkPolicy and control key up to date",
+            message=(
+                "the restarted operator brought the Service, NetworkPolicy, PodDisruptionBudget and control "
+                "key up to date"
+            ),
         )
     finally:
         # While the operator runs, so that it removes its finalizers.

@@ -345,7 +345,7 @@ def test_rollover_with_fewer_replicas_retires_surplus_outdated_workers_first() -
     assert len(nxt.create) == 1 and not nxt.evict
 
 
-def test_rollover_without_room_for_a_surge_goes_down_to_min_replicas() -> None:
+def test_rollover_without_room_for_a_surge_retires_one_within_max_unavailable() -> None:
     spec = make_spec(replicas=1, minReplicas=0)
     old = [w("p-old", template_hash="h0")]
     out = plan(view(spec), old, ledger_for(2 * GI, old), now=NOW)

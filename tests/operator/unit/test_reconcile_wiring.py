@@ -60,6 +60,7 @@ class RecordingKube:
         self.secrets: list[dict[str, Any]] = []
         self.policies: list[dict[str, Any]] = []
         self.services: list[dict[str, Any]] = []
+        self.budgets: list[dict[str, Any]] = []  # PodDisruptionBudgets, as sent
         self.fail_creates = fail_creates  # every create raises this (after taking effect if "made" is set)
         self.made_anyway = False  # a create that fails without an answer still made its pod
         self.fail_services: BaseException | None = None
@@ -105,6 +106,10 @@ class RecordingKube:
             self.fail_policies -= 1
             raise ApiException(status=403, reason="Forbidden")
         self.policies.append(dict(body))
+
+    async def ensure_disruption_budget(self, namespace: str, body: Mapping[str, Any]) -> None:
+        await asyncio.sleep(0)
+        self.budgets.append(dict(body))
 
     async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
         self.status_patches.append(dict(status))
@@ -519,6 +524,46 @@ async def test_a_network_policy_that_fails_never_holds_up_the_workers(state: Ope
     await one_pass()
     await one_pass()
     assert [p["metadata"]["name"] for p in kube.policies] == ["modelpool-p"]
+
+
+async def test_a_pools_disruption_budget_follows_its_target_and_is_sent_only_when_it_changes(
+    state: Operator,
+) -> None:
+    """The PodDisruptionBudget's minAvailable is the target less spec.disruption.maxUnavailable: written at
+    the first pass, again when the target moves, not at every pass."""
+    kube = state.kube
+    assert isinstance(kube, RecordingKube)
+    run, budgets = PoolRun(key=("ns", "p")), {"default": [{"memory": "8Gi"}]}
+
+    async def one_pass(body: dict[str, Any]) -> None:
+        pods = {("ns", "p"): [_running(pod) for pod in kube.created]}
+        index = _index({("ns", "p"): body})
+        await reconcile_pool(
+            state.services,
+            state.book,
+            run=run,
+            body=body,
+            pods_by_pool=pods,
+            pools_by_key=index,
+            budgets=budgets,
+        )
+
+    await one_pass(_pool("p", 1))
+    await one_pass(_pool("p", 1))
+    assert [(b["metadata"]["name"], b["spec"]["minAvailable"]) for b in kube.budgets] == [("modelpool-p", 0)]
+    (budget,) = kube.budgets
+    assert budget["spec"]["selector"] == {
+        "matchLabels": {"modelpool.dev/pool": "p", "modelpool.dev/serving": "true"}
+    }
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert budget["metadata"]["ownerReferences"][0]["uid"] == "uid-p"
+    await one_pass(_pool("p", 3))
+    await one_pass(_pool("p", 3))
+    assert [b["spec"]["minAvailable"] for b in kube.budgets] == [0, 2]
+    strict = _pool("p", 3)
+    strict["spec"]["disruption"] = {"maxUnavailable": 0}
+    await one_pass(strict)
+    assert [b["spec"]["minAvailable"] for b in kube.budgets] == [0, 2, 3]
 
 
 async def test_the_budget_status_says_why_an_invalid_budget_admits_nothing(state: Operator) -> None:
