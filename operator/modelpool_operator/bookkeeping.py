@@ -27,10 +27,11 @@ from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from modelpool_contract.api import ModelPoolStatus
 from modelpool_operator.budget import BudgetLimit, Ledger, ReservationBook
+from modelpool_operator.effects.attempts import ApiFailure
 from modelpool_operator.observe.claims import BusyClaim
 from modelpool_operator.observe.observation import ChargeCache, current_ledger
 from modelpool_operator.observe.ownership import ForeignPods, Tombstones
@@ -38,9 +39,6 @@ from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import CounterSample, Create, LoadSample
 from modelpool_operator.planner.shared_scale import SharedCount
 from modelpool_operator.pool import PoolKey
-
-if TYPE_CHECKING:  # effects.apply imports this module
-    from modelpool_operator.effects.apply import ApiFailure
 
 #: Pool passes in flight at once. A pass is observe + decide (synchronous, milliseconds), then its API
 #: requests (a round trip or more each): at 1,000 pools every pool was woken at once and ~1,000 passes

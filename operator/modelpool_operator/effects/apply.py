@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -29,6 +29,7 @@ from typing import Any
 from modelpool_contract.api import Condition, ModelPoolStatus
 from modelpool_operator.bookkeeping import TAKEN_NAMES_MAX, Bookkeeping, HostRun, PoolRun
 from modelpool_operator.budget import Reservation
+from modelpool_operator.effects.attempts import NAME_TAKEN, ApiFailure, attempt
 from modelpool_operator.effects.disruption_budget import build_host_budget, build_pool_budget
 from modelpool_operator.effects.kube import NameTakenError, describe_error, merge_patch, refused
 from modelpool_operator.effects.network_policy import (
@@ -45,32 +46,8 @@ from modelpool_operator.services import Services, pod_settings, policy_settings
 
 logger = logging.getLogger(__name__)
 
-#: The reason (ApiError condition, Warning Event) when an object of the name the operator would make is
-#: someone else's: it is left as it is (``NameTakenError``), never patched.
-NAME_TAKEN = "NameTaken"
-
 #: The pool condition that reports the API requests of the last pass that failed.
 API_ERROR = "ApiError"
-
-
-@dataclass(frozen=True)
-class ApiFailure:
-    """One API request of a pass that failed: ``reason`` names what failed (the condition's reason and the
-    Event's), ``message`` says which object and the API server's own words."""
-
-    reason: str
-    message: str
-
-
-async def _attempt(reason: str, what: str, request: Awaitable[object]) -> ApiFailure | None:
-    """Await one effect of the pass; its failure as an ``ApiFailure`` (never raised: the pass goes on)."""
-    try:
-        await request
-    except NameTakenError as exc:  # not an API failure: our name is someone else's object
-        return ApiFailure(NAME_TAKEN, str(exc)[:1000])
-    except Exception as exc:  # whatever failed, the other effects and the status still happen
-        return ApiFailure(reason, f"{what}: {describe_error(exc)}"[:1000])
-    return None
 
 
 async def apply(
@@ -93,13 +70,13 @@ async def apply(
     failures: list[ApiFailure | None] = []
     for evict in plan.evict:
         failures.append(
-            await _attempt(
+            await attempt(
                 "EvictFailed", f"worker {evict.name}", start_eviction(services, book, run, evict, now)
             )
         )
     for delete in plan.delete:
         failures.append(
-            await _attempt(
+            await attempt(
                 "DeleteFailed", f"worker {delete.name}", kube.delete_pod(pool.namespace, delete.name)
             )
         )
@@ -186,7 +163,7 @@ async def ensure_service(services: Services, run: PoolRun, pool: PoolView) -> Ap
     if run.service_ready:
         return None
     service = build_service(pool, pod_settings(services.config))
-    failure = await _attempt(
+    failure = await attempt(
         "ServiceFailed", f"Service {pool.name}", services.kube.ensure_service(pool.namespace, service)
     )
     run.service_ready = failure is None
@@ -223,7 +200,7 @@ async def _ensure_policy(
     settings = policy_settings(services.config)
     if settings is None or run.network_policy_ready:
         return None
-    failure = await _attempt(
+    failure = await attempt(
         "NetworkPolicyFailed",
         f"{whose} NetworkPolicy could not be applied",
         services.kube.ensure_network_policy(namespace, build(settings)),
@@ -254,7 +231,7 @@ async def _ensure_budget(
     if run.disruption_budget == body:
         return None
     name = body["metadata"]["name"]
-    failure = await _attempt(
+    failure = await attempt(
         "DisruptionBudgetFailed",
         f"PodDisruptionBudget {name} could not be applied",
         services.kube.ensure_disruption_budget(namespace, body),
@@ -347,8 +324,8 @@ async def create_worker(
     under another); made, already the pool's, or an unknown outcome (a timeout, a 5xx: the pod may
     exist), it stays until the pod is observed or known absent (``settle_reservations``)."""
     pod = build_worker_pod(pool, name, pod_settings(services.config))
-    failure = await _attempt(
-        "CreateFailed", f"worker {name}", _create(services, book, pool.namespace, name, pod)
+    failure = await attempt(
+        "CreateFailed", f"worker {name}", create_reserved(services, book, pool.namespace, name, pod)
     )
     if failure is not None:
         book.budget_wakeup.set()
@@ -359,7 +336,7 @@ async def create_worker(
     return failure
 
 
-async def _create(
+async def create_reserved(
     services: Services, book: Bookkeeping, namespace: str, name: str, pod: Mapping[str, Any]
 ) -> None:
     reservations, check_s = book.reservations, services.config.reservation_ttl_seconds

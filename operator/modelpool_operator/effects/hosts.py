@@ -25,14 +25,12 @@ from modelpool_contract.api import Condition, ModelHostStatus
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun
 from modelpool_operator.control_keys import derive_control_key
 from modelpool_operator.effects.apply import (
-    NAME_TAKEN,
-    ApiFailure,
-    _attempt,
-    _create,
     api_condition,
+    create_reserved,
     ensure_host_disruption_budget,
     ensure_host_network_policy,
 )
+from modelpool_operator.effects.attempts import NAME_TAKEN, ApiFailure, attempt
 from modelpool_operator.effects.kube import NameTakenError, describe_error, merge_patch
 from modelpool_operator.effects.resources import build_control_key_secret, build_host_pod
 from modelpool_operator.host import HostView, host_pod_name
@@ -100,7 +98,7 @@ async def apply_host(
     failures: list[ApiFailure | None] = [key_failure]
     for name in plan.delete:
         failures.append(
-            await _attempt("DeleteFailed", f"host pod {name}", kube.delete_pod(host.namespace, name))
+            await attempt("DeleteFailed", f"host pod {name}", kube.delete_pod(host.namespace, name))
         )
     settings = pod_settings(services.config)
     creates = [(host_pod_name(host, i), build_host_pod(host, i, settings)) for i in plan.create]
@@ -110,7 +108,9 @@ async def apply_host(
         creates = []
     failures += await asyncio.gather(
         *(
-            _attempt("CreateFailed", f"host pod {name}", _create(services, book, host.namespace, name, pod))
+            attempt(
+                "CreateFailed", f"host pod {name}", create_reserved(services, book, host.namespace, name, pod)
+            )
             for name, pod in creates
         )
     )

@@ -23,7 +23,7 @@ from modelpool_contract.api import MODELHOST_KIND
 from modelpool_contract.placements import ANNOTATION_MODELS
 from modelpool_operator.bookkeeping import HostRun, PoolRun
 from modelpool_operator.control_keys import derive_control_key
-from modelpool_operator.effects.apply import _attempt
+from modelpool_operator.effects.attempts import attempt
 from modelpool_operator.effects.host_control import ControlError
 from modelpool_operator.effects.kube import merge_patch
 from modelpool_operator.owners import controller_owner
@@ -210,7 +210,7 @@ async def write_annotations(
         if run.annotated.get(uid) == (value, version):
             continue
         patch = {"metadata": {"annotations": {ANNOTATION_MODELS: value}}}
-        failure = await _attempt(
+        failure = await attempt(
             "PatchFailed", f"host pod {name}", services.kube.patch_pod(namespace, name, patch)
         )
         if failure is None:
@@ -229,7 +229,7 @@ async def delete_workers(services: Services, namespace: str, pods: list[Mapping[
         if meta.get("deletionTimestamp"):
             continue
         name = str(meta.get("name") or "")
-        failure = await _attempt("DeleteFailed", f"worker {name}", services.kube.delete_pod(namespace, name))
+        failure = await attempt("DeleteFailed", f"worker {name}", services.kube.delete_pod(namespace, name))
         if failure is not None:
             logger.warning("%s", failure.message)
 

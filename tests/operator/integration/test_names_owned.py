@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 
 from modelpool_operator.control_keys import derive_control_key
-from modelpool_operator.effects.apply import API_ERROR, NAME_TAKEN
+from modelpool_operator.effects.apply import API_ERROR
+from modelpool_operator.effects.attempts import NAME_TAKEN
 from modelpool_operator.effects.resources import worker_template_hash
 from modelpool_operator.pool import PoolView, worker_name
 from modelpool_operator.services import pod_settings
