@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from testkit.cluster import Cluster
-from testkit.environment import ROOT
+from testkit.environment import ROOT, free_port
 from testkit.kubectl import apply, wait_established, wait_for
 from testkit.services import stop_all
 from tests.operator.integration.opharness import (
@@ -38,10 +38,15 @@ def start_operator(crds: Cluster, tmp_path: Path, request: pytest.FixtureRequest
     whole cluster); every process is stopped (SIGTERM) at teardown and must exit 0; its log is printed when
     the test failed."""
     started: list[OperatorProcess] = []
+    # One workers' probe port for every operator of the test: it is part of the pod the operator renders
+    # (its template hash), so operators that differed in it would each roll the other's workers, as an
+    # upgrade that changes the port does.
+    probe_port = str(free_port())
 
     def start(
         *namespaces: str, peering: str | None = None, kubeconfig: Path | None = None, **env: str
     ) -> OperatorProcess:
+        env.setdefault("MODELPOOL_OPERATOR_SERVER_PROBE_PORT", probe_port)
         log = tmp_path / f"operator-{len(started)}.log"
         process = OperatorProcess(crds, namespaces, log, peering=peering, kubeconfig=kubeconfig, **env)
         started.append(process)

@@ -24,7 +24,7 @@ import secrets
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,9 @@ class Election:
     lease: str
     tmp: Path
     replicas: list[Replica]
+    # The replicas render the same workers (the probe port is part of the pod, hence of its template hash),
+    # as a Deployment's replicas do: a new leader adopts the workers, it does not roll them.
+    probe_port: int = field(default_factory=free_port)
 
     def start(self, name: str) -> Replica:
         self.cluster.kubectl("create", "serviceaccount", name, "-n", AUDITED_NAMESPACE)
@@ -112,6 +115,7 @@ class Election:
             "MODELPOOL_OPERATOR_LEADER_ELECTION_LEASE_NAME": self.lease,
             "MODELPOOL_OPERATOR_LEADER_ELECTION_NAMESPACE": self.namespace,
             "MODELPOOL_OPERATOR_METRICS_PORT": str(port),
+            "MODELPOOL_OPERATOR_SERVER_PROBE_PORT": str(self.probe_port),
         }
         process = OperatorProcess(
             self.cluster, [self.namespace], self.tmp / f"{name}.log", kubeconfig=kubeconfig, **env

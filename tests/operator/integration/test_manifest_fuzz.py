@@ -114,7 +114,12 @@ def from_schema(node: dict[str, Any], depth: int = 0) -> st.SearchStrategy[Any]:
     if kind == "boolean":
         return st.booleans()
     if kind == "array":
-        return st.lists(from_schema(node["items"], depth + 1), max_size=min(node.get("maxItems", 3), 3))
+        low = node.get("minItems", 0)
+        return st.lists(
+            from_schema(node["items"], depth + 1),
+            min_size=low,
+            max_size=max(low, min(node.get("maxItems", 3), 3)),
+        )
     if kind == "object" and "properties" in node:
         props = node["properties"]
         required = set(node.get("required", []))
@@ -173,6 +178,7 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
             owner = spec.get(parent) if parent else spec
             if isinstance(owner, dict):
                 owner.pop(leaf, None)
+    _own_namespace_only((spec.get("podTemplate") or {}).get("affinity"))
     for entry in (spec.get("podTemplate") or {}).get("env") or []:
         if "value" in entry and "valueFrom" in entry:
             del entry["valueFrom"]
@@ -181,6 +187,19 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
             source.pop("configMapKeyRef", None)
             source.setdefault("secretKeyRef", {"name": "s", "key": "k"})
     return spec
+
+
+def _own_namespace_only(value: Any) -> None:
+    """A pod (anti-)affinity term selects pods of the pool's own namespace (a CEL rule refuses
+    ``namespaces`` and ``namespaceSelector``): drop them wherever the generator put them."""
+    if isinstance(value, dict):
+        value.pop("namespaces", None)
+        value.pop("namespaceSelector", None)
+        for child in value.values():
+            _own_namespace_only(child)
+    elif isinstance(value, list):
+        for child in value:
+            _own_namespace_only(child)
 
 
 # ---- one field broken ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.placements import LABEL_HOST, read_models
 from modelpool_operator.effects.resources import CONTROL_KEY_FILE
 from testkit.cluster import Cluster
+from testkit.environment import free_port
 from testkit.kubectl import (
     PROCESS_NODE_SELECTOR,
     PROCESS_NODE_TOLERATION,
@@ -51,7 +52,7 @@ def shared_ns(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     apply(crds, {**budget_manifest("20Gi"), "metadata": {"name": BUDGET}})
     log = tmp_path_factory.mktemp("shared") / "operator.log"
-    OPERATOR[namespace] = OperatorProcess(crds, (namespace,), log, MODELPOOL_OPERATOR_BUDGET_NAME=BUDGET)
+    OPERATOR[namespace] = OperatorProcess(crds, (namespace,), log, **OPERATOR_ENV)
     try:
         yield namespace
     finally:
@@ -64,8 +65,14 @@ def shared_ns(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 BUDGET = f"shared-{uuid.uuid4().hex[:6]}"
-# The operator watching each module namespace (``restart_operator`` replaces it).
+# The operator watching each module namespace (``restart_operator`` replaces it), and its settings: the
+# same for a restarted one (the workers' probe port is part of the host pods it renders: another would
+# roll them).
 OPERATOR: dict[str, OperatorProcess] = {}
+OPERATOR_ENV = {
+    "MODELPOOL_OPERATOR_BUDGET_NAME": BUDGET,
+    "MODELPOOL_OPERATOR_SERVER_PROBE_PORT": str(free_port()),
+}
 
 
 def restart_operator(crds: Cluster, namespace: str) -> None:
@@ -73,9 +80,7 @@ def restart_operator(crds: Cluster, namespace: str) -> None:
     testkit's OperatorProcess passes the cluster's, as the chart mounts one)."""
     old = OPERATOR[namespace]
     assert old.stop() == 0, old.log_tail()
-    OPERATOR[namespace] = OperatorProcess(
-        crds, (namespace,), old.log_path, MODELPOOL_OPERATOR_BUDGET_NAME=BUDGET
-    )
+    OPERATOR[namespace] = OperatorProcess(crds, (namespace,), old.log_path, **OPERATOR_ENV)
 
 
 KWOK = {
