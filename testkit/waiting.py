@@ -22,6 +22,20 @@ class WaitTimeoutError(AssertionError):
     """A condition did not become true before its deadline."""
 
 
+def _poll(predicate: Callable[[], T | None]) -> tuple[T | None, object]:
+    """One look: the predicate's truthy value (else None) and what to report if the deadline passes.
+    Exceptions from the predicate count as "not yet" (e.g. the object does not exist yet)."""
+    try:
+        value = predicate()
+    except Exception as err:
+        return None, err
+    return (value, value) if value else (None, value)
+
+
+def _timed_out(message: Message, timeout: float, last: object) -> WaitTimeoutError:
+    return WaitTimeoutError(f"{_said(message)} (after {timeout:g}s; last value: {last!r})")
+
+
 def wait_for(
     predicate: Callable[[], T | None],
     timeout: float,
@@ -32,18 +46,12 @@ def wait_for(
     ``WaitTimeoutError`` naming ``message`` and the last value). Exceptions from the predicate count as "not
     yet" and are reported if the deadline passes."""
     deadline = time.monotonic() + timeout
-    last: object = None
     while True:
-        try:
-            value = predicate()
-        except Exception as err:  # not yet: e.g. the object does not exist yet
-            last = err
-        else:
-            if value:
-                return value
-            last = value
+        value, last = _poll(predicate)
+        if value:
+            return value
         if time.monotonic() >= deadline:
-            raise WaitTimeoutError(f"{_said(message)} (after {timeout:g}s; last value: {last!r})")
+            raise _timed_out(message, timeout, last)
         time.sleep(interval)
 
 
@@ -55,18 +63,12 @@ async def wait_for_async(
 ) -> T:
     """``wait_for`` in a coroutine (``within``: its timeout): the event loop runs between the checks."""
     deadline = time.monotonic() + within
-    last: object = None
     while True:
-        try:
-            value = predicate()
-        except Exception as err:
-            last = err
-        else:
-            if value:
-                return value
-            last = value
+        value, last = _poll(predicate)
+        if value:
+            return value
         if time.monotonic() >= deadline:
-            raise WaitTimeoutError(f"{_said(message)} (after {within:g}s; last value: {last!r})")
+            raise _timed_out(message, within, last)
         await asyncio.sleep(interval)
 
 

@@ -31,6 +31,7 @@ from modelpool_operator.effects.resources import (
     MANAGED_BY,
     host_labels,
     host_owner_reference,
+    owned_metadata,
     owner_reference,
 )
 from modelpool_operator.host import HostView, host_pool_label
@@ -60,27 +61,17 @@ def _budget(metadata: dict[str, Any], selector: dict[str, str], minimum: int) ->
 
 def build_pool_budget(pool: PoolView, target: int) -> dict[str, Any]:
     """The PodDisruptionBudget of ``pool``'s serving workers while it aims for ``target`` of them."""
-    metadata: dict[str, Any] = {
-        "name": policy_name(pool.name),
-        "labels": {LABEL_POOL: pool.name, LABEL_MANAGED_BY: MANAGED_BY},
-    }
-    if pool.namespace:
-        metadata["namespace"] = pool.namespace
-    owner = owner_reference(pool)
-    if owner is not None:
-        metadata["ownerReferences"] = [owner]
+    labels = {LABEL_POOL: pool.name, LABEL_MANAGED_BY: MANAGED_BY}
+    metadata = owned_metadata(policy_name(pool.name), pool.namespace, labels, owner_reference(pool))
     selector = {LABEL_POOL: pool.name, LABEL_SERVING: "true"}
     return _budget(metadata, selector, min_available(target, pool.spec.disruption.max_unavailable))
 
 
 def build_host_budget(host: HostView) -> dict[str, Any]:
     """The PodDisruptionBudget of ``host``'s host pods (its ``spec.replicas`` is their count)."""
-    metadata: dict[str, Any] = {"name": host_policy_name(host.name), "labels": host_labels(host)}
-    if host.namespace:
-        metadata["namespace"] = host.namespace
-    owner = host_owner_reference(host)
-    if owner is not None:
-        metadata["ownerReferences"] = [owner]
+    metadata = owned_metadata(
+        host_policy_name(host.name), host.namespace, host_labels(host), host_owner_reference(host)
+    )
     spec = host.spec
     selector = {LABEL_POOL: host_pool_label(host.name)}
     return _budget(metadata, selector, min_available(spec.replicas, spec.disruption.max_unavailable))

@@ -32,6 +32,7 @@ from modelpool_operator.effects.resources import (
     MANAGED_BY,
     host_labels,
     host_owner_reference,
+    owned_metadata,
     owner_reference,
 )
 from modelpool_operator.host import HostView, host_pool_label
@@ -107,26 +108,16 @@ def build_network_policy(pool: PoolView, settings: PolicySettings) -> dict[str, 
     """The NetworkPolicy of ``pool``'s workers, as an API dict (owned by the pool when its uid is known)."""
     operator = _pods_in(settings.namespace, settings.operator_labels)
     probes = [operator, *(peer.wire() for peer in settings.metrics_callers)]
-    metadata: dict[str, Any] = {
-        "name": policy_name(pool.name),
-        "labels": {LABEL_POOL: pool.name, LABEL_MANAGED_BY: MANAGED_BY},
-    }
-    if pool.namespace:
-        metadata["namespace"] = pool.namespace
-    owner = owner_reference(pool)
-    if owner is not None:
-        metadata["ownerReferences"] = [owner]
+    labels = {LABEL_POOL: pool.name, LABEL_MANAGED_BY: MANAGED_BY}
+    metadata = owned_metadata(policy_name(pool.name), pool.namespace, labels, owner_reference(pool))
     return _policy(metadata, {LABEL_POOL: pool.name}, probes, _serving(settings))
 
 
 def build_host_network_policy(host: HostView, settings: PolicySettings) -> dict[str, Any]:
     """The NetworkPolicy of ``host``'s host pods (owned by the ModelHost when its uid is known): the
     serving port as a pool's, the probe port (the control API) the operator alone."""
-    metadata: dict[str, Any] = {"name": host_policy_name(host.name), "labels": host_labels(host)}
-    if host.namespace:
-        metadata["namespace"] = host.namespace
-    owner = host_owner_reference(host)
-    if owner is not None:
-        metadata["ownerReferences"] = [owner]
+    metadata = owned_metadata(
+        host_policy_name(host.name), host.namespace, host_labels(host), host_owner_reference(host)
+    )
     operator = _pods_in(settings.namespace, settings.operator_labels)
     return _policy(metadata, {LABEL_POOL: host_pool_label(host.name)}, [operator], _serving(settings))

@@ -345,15 +345,22 @@ def _security_context() -> dict[str, Any]:
     }
 
 
-def _owned_metadata(pool: PoolView, name: str, labels: dict[str, str]) -> dict[str, Any]:
-    """Metadata of an object the pool owns (its namespace; the owner reference when the uid is known)."""
+def owned_metadata(
+    name: str, namespace: str, labels: dict[str, str], owner: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Metadata of an object one of ours owns: its namespace when known, the controller owner reference
+    when its uid is (the pool's or ModelHost's: ``owner_reference``, ``host_owner_reference``)."""
     metadata: dict[str, Any] = {"name": name, "labels": labels}
-    if pool.namespace:
-        metadata["namespace"] = pool.namespace
-    owner = owner_reference(pool)
+    if namespace:
+        metadata["namespace"] = namespace
     if owner is not None:
         metadata["ownerReferences"] = [owner]
     return metadata
+
+
+def _owned_metadata(pool: PoolView, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """Metadata of an object the pool owns."""
+    return owned_metadata(name, pool.namespace, labels, owner_reference(pool))
 
 
 def rendered_hash(spec_hash: str, pod_spec: Mapping[str, Any]) -> str:
