@@ -1,6 +1,6 @@
 """Our controller owner reference on a pod (``Owner``, ``controller_owner``): who made it, by kind, name and
 uid. Read by the ledger (``observe.ownership``: only owned pods count) and by the control-key derivation
-(``effects.placing``): one reading of the reference for both.
+(``effects.host_models``): one reading of the reference for both.
 """
 
 from __future__ import annotations

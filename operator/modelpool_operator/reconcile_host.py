@@ -1,18 +1,20 @@
-"""One pass of one ModelHost: its host pods kept (``planner.hosts`` → ``effects.hosts``), then its shared
-pools' models placed on them (``planner.placing`` → ``effects.placing``), and a deleted shared pool's model
-unloaded before the pool goes. The shared pools' own passes (``reconcile``) decide how many host pods should
-hold each model; this pass decides where, in one place per ModelHost, so no two pools race on one host.
+"""One pass of one ModelHost, in three steps: observe its host pods once (``observe_host``: their pods,
+their ``/stats``, the budget's ledger, the shared pools on it, this process's calls in flight), decide the
+whole pass (``planner.host_pass.plan_host_pass``, pure: the host pods to make and delete, and the shared
+pools' models to load, unload and put to sleep on them), then apply it (``effects.hosts``,
+``effects.host_models``); and a deleted shared pool's model unloaded before the pool goes. The shared
+pools' own passes (``reconcile_shared``) decide how many host pods should hold each model; this pass
+decides where, in one place per ModelHost, so no two pools race on one host.
 
-As in ``reconcile``, everything between reading the indices and recording the reservations is synchronous
-(``plan_host_pass``): no pool or host plans in between, so the budget is never over-admitted.
+As in ``reconcile``, everything between reading the indices and recording the reservations is synchronous:
+no pool or host plans in between, so the budget is never over-admitted.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -21,33 +23,31 @@ from modelpool_contract.placements import ANNOTATION_MODELS, host_model_name
 from modelpool_contract.stats import STATS_PATH
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun
 from modelpool_operator.effects.apply import settle_soon, tell
-from modelpool_operator.effects.hosts import apply_host
-from modelpool_operator.effects.placing import (
-    apply_placing,
+from modelpool_operator.effects.host_models import (
+    apply_model_calls,
     derived_control_key,
     unload_everywhere,
     write_annotations,
 )
+from modelpool_operator.effects.hosts import apply_host
 from modelpool_operator.effects.resources import host_pod_template_hash
 from modelpool_operator.host import HostView, host_charge_key, host_pod_name
 from modelpool_operator.indices import BudgetsByName, PoolsByKey
 from modelpool_operator.observe.hosts import (
     HostedPool,
+    HostReports,
     host_reports,
     hosted_replicas,
     observe_hosts,
     reported_models,
 )
-from modelpool_operator.observe.observation import (
-    PodsByPool,
-    budget_limit,
-)
+from modelpool_operator.observe.observation import PodsByPool, budget_limit
 from modelpool_operator.observe.ownership import owned_by
 from modelpool_operator.observe.stats import stats_url
 from modelpool_operator.placement.charge import host_charge
 from modelpool_operator.planner import Event
-from modelpool_operator.planner.hosts import HostPlan, plan_host
-from modelpool_operator.planner.placing import Placing, SharedPool, models_annotations, plan_placing
+from modelpool_operator.planner.host_models import SharedPool
+from modelpool_operator.planner.host_pass import HostObservation, HostPassPlan, plan_host_pass
 from modelpool_operator.planner.shared_scale import SharedCount
 from modelpool_operator.policy import host_violations
 from modelpool_operator.pool import PoolKey
@@ -57,21 +57,26 @@ from modelpool_operator.services import Services, pod_settings
 
 logger = logging.getLogger(__name__)
 
+#: How long a load that ended is held in flight while the host pod's /stats does not list the model yet.
+LANDED_S = 60.0
 
-def plan_host_pass(
+
+def observe_host(
     services: Services,
     book: Bookkeeping,
+    run: HostRun,
     host: HostView,
     *,
     pods_by_pool: PodsByPool,
     pools_by_key: PoolsByKey,
     budgets: BudgetsByName,
+    owned: list[Mapping[str, Any]],
     now: datetime,
-) -> HostPlan:
-    """Observe the host pods (indexed and charged in the ledger under ``host.charge_key``, as a pool's
-    workers are; their ``/stats`` from the scraper's cache, refreshed in the background), plan, and
-    reserve the host pods to create: synchronous, as ``decide`` is, so that no pool or host plans in
-    between."""
+) -> HostObservation:
+    """The pass's one observation: the host pods (indexed and charged in the ledger under
+    ``host.charge_key``, as a pool's workers are; their ``/stats`` from the scraper's cache, refreshed in
+    the background; ``owned``: those the ModelHost owns by uid), the budget's ledger, the shared pools on
+    the host and this process's calls (the loads and backoffs that ended are forgotten here)."""
     listed = list(pods_by_pool.get(host.charge_key, ()))
     stats = host_reports(services.scraper.refresh(listed, on_change=lambda: book.poke(host.charge_key)))
     # Observed as pods (their /stats is a host's, not a worker's); other passes reuse this observation.
@@ -81,26 +86,52 @@ def plan_host_pass(
         services.observations.observe(pod, None, now, fresh=True, charge=charge) for pod in listed
     ]
     workers = observe(services, book, pods_by_pool, own=None, now=now)
-    ledger = book.ledger(
-        workers, budget_limit(budgets, services.config.budget_name, missing=services.config.missing_budget)
+    limit = budget_limit(budgets, services.config.budget_name, missing=services.config.missing_budget)
+    pools = shared_pools(host, pools_by_key, book.shared)
+    forget_ended(run, stats)
+    return HostObservation(
+        host=host,
+        pods=book.observed[host.charge_key],
+        hosts=observe_hosts(host.spec, listed, stats, hosted_pools(pools)),
+        ledger=book.ledger(workers, limit),
+        pools=pools,
+        owned=frozenset(pod_name(p) for p in owned),
+        known=frozenset(name for name, report in stats.items() if report is not None),
+        annotations={pod_name(p): (_meta(p).get("annotations") or {}).get(ANNOTATION_MODELS) for p in owned},
+        reported=reported_models(owned, stats),
+        loading=frozenset(run.loading) | frozenset(run.landed),
+        devices=dict(run.devices),
+        loaded=dict(run.loaded),
+        backoff=frozenset(run.backoff),
+        now=time.time(),
+        # A host pod a call has just changed has its /stats being refetched (StatsScraper.invalidate).
+        refetching=any(services.scraper.pending(p) for p in owned),
     )
-    hosted = hosted_pools(host, pools_by_key)
-    views = observe_hosts(host.spec, listed, stats, hosted)
-    planned = plan_host(host, book.observed[host.charge_key], views, ledger)
-    for index in planned.create:
-        book.reservations.reserve(host.namespace, host.charge_key[1], host_pod_name(host, index), charge, now)
-    return planned
 
 
-def hosted_pools(host: HostView, pools_by_key: PoolsByKey) -> dict[str, HostedPool]:
-    """The shared pools on ``host``, by the name their model has there (``host_model_name``)."""
-    return {
-        host_model_name(pool.name): HostedPool(pool.name, pool.declared, pool.priority)
-        for key, indexed in pools_by_key.items()
-        if key[0] == host.namespace
-        for pool in list(indexed)[:1]
-        if pool.host == host.name
-    }
+def forget_ended(run: HostRun, stats: HostReports) -> None:
+    """Forget the backoffs that ran out, and the loads that ended once a scrape lists their model (the
+    cache is as old as the last pass that asked; ``LANDED_S`` bounds the wait for a host pod that lost
+    the model meanwhile)."""
+    clock = time.monotonic()
+    run.backoff = {slot: until for slot, until in run.backoff.items() if until > clock}
+    listed_now = {(pod, m) for pod, report in stats.items() for m in (report.models if report else {})}
+    run.landed = {s: at for s, at in run.landed.items() if clock - at < LANDED_S and s not in listed_now}
+    run.devices = {s: d for s, d in run.devices.items() if s in run.loading or s in run.landed}
+
+
+def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return pod.get("metadata") or {}
+
+
+def pod_name(pod: Mapping[str, Any]) -> str:
+    return str(_meta(pod).get("name"))
+
+
+def owned_pods(host: HostView, pods_by_pool: PodsByPool) -> list[Mapping[str, Any]]:
+    """The host pods the ModelHost owns by uid: only they are called (and so sent its control key), a pod
+    merely labelled as one is not (``ownership``)."""
+    return [p for p in pods_by_pool.get(host.charge_key, ()) if owned_by(p, host.charge_key, host.uid)]
 
 
 async def reconcile_host(
@@ -112,7 +143,7 @@ async def reconcile_host(
     pods_by_pool: PodsByPool,
     pools_by_key: PoolsByKey,
     budgets: BudgetsByName,
-) -> HostPlan | None:
+) -> HostPassPlan | None:
     """One pass of a ModelHost (None: its spec does not parse; the CRD should have refused it: a Warning
     Event says why, once per generation, and nothing is touched)."""
     try:
@@ -135,12 +166,28 @@ async def reconcile_host(
             run.forbidden = policy_message(refused)
             tell(services, body, Event("Warning", POLICY_VIOLATION, run.forbidden[:1000]))
     now = datetime.now(UTC)
-    planned = plan_host_pass(
-        services, book, host, pods_by_pool=pods_by_pool, pools_by_key=pools_by_key, budgets=budgets, now=now
+    owned = owned_pods(host, pods_by_pool)
+    observed = observe_host(
+        services,
+        book,
+        run,
+        host,
+        pods_by_pool=pods_by_pool,
+        pools_by_key=pools_by_key,
+        budgets=budgets,
+        owned=owned,
+        now=now,
     )
-    await apply_host(planned, services, book, run=run, host=host, body=body, now=now)
-    await place_models(
-        services, book, run=run, host=host, body=body, pods_by_pool=pods_by_pool, pools_by_key=pools_by_key
+    # Synchronous from the observation to the reservations, as a pool's ``decide``: no pool or host plans
+    # in between, so the budget is never over-admitted.
+    planned = plan_host_pass(observed)
+    for index in planned.pods.create:
+        book.reservations.reserve(
+            host.namespace, host.charge_key[1], host_pod_name(host, index), host_charge(host.spec), now
+        )
+    await apply_host(planned.pods, services, book, run=run, host=host, body=body, now=now)
+    await apply_models(
+        planned, services, book, run=run, host=host, body=body, pods=owned, pools_by_key=pools_by_key
     )
     if run.secret_failure is not None:  # the control key Secret's next try: the next pass comes no later
         wait = max(run.secret_retry_at - time.monotonic(), 0.0)
@@ -152,7 +199,7 @@ async def reconcile_host(
 def shared_pools(
     host: HostView, pools_by_key: PoolsByKey, counts: Mapping[PoolKey, SharedCount] | None = None
 ) -> list[SharedPool]:
-    """The shared pools on ``host`` as its placing needs them: each one's count and retries as its own pass
+    """The shared pools on ``host`` as its pass needs them: each one's count and retries as its own pass
     last decided them (``counts``), else the count its status records, else ``spec.replicas`` (at most
     the host pods)."""
     pools = []
@@ -176,75 +223,32 @@ def shared_pools(
     return pools
 
 
-#: How long a load that ended is held in flight while the host pod's /stats does not list the model yet.
-LANDED_S = 60.0
+def hosted_pools(pools: Iterable[SharedPool]) -> dict[str, HostedPool]:
+    """The shared pools on a ModelHost as its ledger needs them, by the name their model has on its host
+    pods (``host_model_name``)."""
+    return {host_model_name(p.name): HostedPool(p.name, p.declared, p.priority) for p in pools}
 
 
-def plan_placing_pass(
-    services: Services, run: HostRun, host: HostView, listed: list[Mapping[str, Any]], pools: list[SharedPool]
-) -> tuple[Placing, dict[str, str]]:
-    """The host pods' placing over their cached ``/stats`` and the annotation each should carry."""
-    stats = host_reports(services.scraper.cached(listed))
-    hosted = {p.name: HostedPool(p.name, p.declared, p.priority) for p in pools}
-    views = observe_hosts(host.spec, listed, stats, hosted)
-    clock = time.monotonic()
-    run.backoff = {slot: until for slot, until in run.backoff.items() if until > clock}
-    # A load that ended is in flight for the pass until a scrape lists it (the cache is as old as the last
-    # pass that asked; LANDED_S bounds the wait for a host pod that lost the model meanwhile).
-    listed_now = {(pod, m) for pod, report in stats.items() for m in (report.models if report else {})}
-    run.landed = {s: at for s, at in run.landed.items() if clock - at < LANDED_S and s not in listed_now}
-    run.devices = {s: d for s, d in run.devices.items() if s in run.loading or s in run.landed}
-    wanted = {p.name: json.loads(p.load) for p in pools}
-    stale = {
-        (pod, model)
-        for (pod, model), (source, task) in reported_models(listed, stats).items()
-        if model in wanted and (wanted[model].get("source"), wanted[model].get("task")) != (source, task)
-    }
-    placing = plan_placing(
-        host.namespace,
-        views,
-        pools,
-        loading=set(run.loading) | set(run.landed),
-        loaded=run.loaded,
-        stale=stale,
-        backoff=set(run.backoff),
-        now=time.time(),
-        devices=run.devices,
-    )
-    # A host pod a call has just changed has its /stats being refetched (StatsScraper.invalidate): the cache
-    # predates the call: no call now (it would repeat it); the answer pokes the pass (an interval at most).
-    if placing.calls and any(services.scraper.pending(p) for p in listed):
-        placing = replace(placing, calls=())
-    # Only pods whose /stats is known: an unknown one keeps its annotation.
-    known = [v for v in views if stats.get(v.name) is not None]
-    return placing, models_annotations(known)
-
-
-async def place_models(
+async def apply_models(
+    planned: HostPassPlan,
     services: Services,
     book: Bookkeeping,
     *,
     run: HostRun,
     host: HostView,
     body: Mapping[str, Any],
-    pods_by_pool: PodsByPool,
+    pods: list[Mapping[str, Any]],
     pools_by_key: PoolsByKey,
-) -> Placing:
-    """Load, unload and sleep the shared pools' models on the host pods, and annotate each host pod with
-    its models (``planner.placing``, ``effects.placing``); the shared pools on the host are poked when
-    anything changed (their status lists the host pods holding them). Only host pods the ModelHost owns
-    by uid are called (and so sent its control key): a pod merely labelled as one is not (``ownership``)."""
-    listed = [p for p in pods_by_pool.get(host.charge_key, ()) if owned_by(p, host.charge_key, host.uid)]
-    placing, wanted = plan_placing_pass(
-        services, run, host, listed, shared_pools(host, pools_by_key, book.shared)
-    )
+) -> None:
+    """Make the pass's control calls on the host pods it owns (``pods``) and write their annotations
+    (``effects.host_models``); the shared pools on the host are poked when anything changed."""
     urls = {
-        str((p.get("metadata") or {}).get("name")): url.removesuffix(STATS_PATH)
-        for p in listed
+        pod_name(p): url.removesuffix(STATS_PATH)
+        for p in pods
         if (url := stats_url(p, services.config.server_probe_port)) is not None
     }
-    await apply_placing(
-        placing,
+    await apply_model_calls(
+        planned.models,
         services,
         run=run,
         body=body,
@@ -258,19 +262,12 @@ async def place_models(
             for pool in list(indexed)[:1]
             if pool.host == host.name
         },
-        pods={str((p.get("metadata") or {}).get("name")): p for p in listed},
+        pods={pod_name(p): p for p in pods},
     )
-    current = {
-        str((p.get("metadata") or {}).get("name")): ((p.get("metadata") or {}).get("annotations") or {}).get(
-            ANNOTATION_MODELS
-        )
-        for p in listed
-    }
-    if any(current.get(pod) != value for pod, value in wanted.items()) or placing.calls:
+    if planned.news:
         book.poke_host(host.key)
-    await write_annotations(services, run, host.namespace, wanted, listed)
-    run.retry_in = placing.retry_in
-    return placing
+    await write_annotations(services, run, host.namespace, planned.annotations, pods)
+    run.retry_in = planned.models.retry_in
 
 
 async def unload_deleted_pool(

@@ -15,7 +15,7 @@ from modelpool_contract.api import autoscaling_enabled, parse_host_spec, parse_p
 from modelpool_contract.placements import host_model_name
 from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
 from modelpool_operator.effects.apply import refuse, tell
-from modelpool_operator.effects.placing import delete_workers, write_pool_status
+from modelpool_operator.effects.shared_pool import delete_workers, write_pool_status
 from modelpool_operator.host import host_charge_key
 from modelpool_operator.indices import HostsByKey
 from modelpool_operator.observe.hosts import (

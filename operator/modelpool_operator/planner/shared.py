@@ -1,5 +1,5 @@
 """A shared pool's pass (``spec.host``), pure: it never gets dedicated workers (they would own GPUs the
-ModelHost owns); its ModelHost's pass places its model on host pods (``planner.placing``), and its status
+ModelHost owns); its ModelHost's pass places its model on host pods (``planner.host_models``), and its status
 lists the host pods holding it with the model's state there (``shared_status``), or says why it has none.
 
 Why none, in order: the ModelHost does not exist (``HostNotFound``) or its spec does not parse

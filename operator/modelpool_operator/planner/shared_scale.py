@@ -5,8 +5,8 @@ figures.
 A shared pool's own pass (``reconcile_shared.shared_pass``) runs ``scale_shared`` over its replicas as workers
 (``observe.hosts.hosted_workers``: each host pod holding the model, with the model's own ``/stats`` there);
 the ModelHost's pass places ``SharedCount.target`` replicas and unloads the failed ones in
-``SharedCount.retry`` (``planner.placing``). The phases are the dedicated pools' own, on a ``Draft`` of the
-replicas:
+``SharedCount.retry`` (``planner.host_models``). The phases are the dedicated pools' own, on a ``Draft`` of
+the replicas:
 
 * ``set_target``: ``spec.replicas``, reset when it changes, within ``[minReplicas, replicas]``
   (``[minReplicas, maxReplicas]`` while autoscaling);

@@ -751,7 +751,7 @@ async def test_a_host_with_a_forbidden_image_gets_no_pod_and_one_warning() -> No
         await operator.services.scraper.aclose()
 
 
-# ---- placing shared pools' models on host pods (reconcile_host.place_models, reconcile.shared_pass) ---
+# ---- the shared pools' models on host pods (reconcile_host: observe_host, plan_host_pass, apply_models) ---
 
 
 class RecordingControl:
@@ -832,9 +832,42 @@ def _shared(name: str) -> dict[str, Any]:
     return body
 
 
+async def place_models(
+    services: Services,
+    book: Bookkeeping,
+    *,
+    run: Any,
+    host: Any,
+    body: Mapping[str, Any],
+    pods_by_pool: Mapping[tuple[str, str], list[dict[str, Any]]],
+    pools_by_key: Any,
+) -> None:
+    """The models half of a ModelHost pass: observed, decided (``plan_host_pass``) and applied
+    (``apply_models``), its host pods left as they are."""
+    from modelpool_operator.planner.host_pass import plan_host_pass
+    from modelpool_operator.reconcile_host import apply_models, observe_host, owned_pods
+
+    owned = owned_pods(host, pods_by_pool)
+    observed = observe_host(
+        services,
+        book,
+        run,
+        host,
+        pods_by_pool=pods_by_pool,
+        pools_by_key=pools_by_key,
+        budgets={},
+        owned=owned,
+        now=datetime.now(UTC),
+    )
+    planned = plan_host_pass(observed)
+    await apply_models(
+        planned, services, book, run=run, host=host, body=body, pods=owned, pools_by_key=pools_by_key
+    )
+
+
 def test_a_load_names_the_device_only_on_a_host_pod_of_several_gpus() -> None:
-    from modelpool_operator.effects.placing import load_settings
-    from modelpool_operator.planner.placing import Control
+    from modelpool_operator.effects.host_models import load_settings
+    from modelpool_operator.planner.host_models import Control
 
     call = Control(
         "load", "gpus-0", "emb", "placed", json.dumps({"source": "/m", "task": "text-embedding"}), 1
@@ -851,7 +884,6 @@ def test_a_load_names_the_device_only_on_a_host_pod_of_several_gpus() -> None:
 async def test_a_host_pass_loads_a_shared_pool_and_annotates_the_host_pod(state: Operator) -> None:
     from modelpool_operator.bookkeeping import HostRun
     from modelpool_operator.host import HostView, host_charge_key
-    from modelpool_operator.reconcile_host import place_models
 
     control = RecordingControl()
     scraper = CachedStats({"gpus-0": {"models": {}}})
@@ -907,7 +939,6 @@ async def test_a_pod_merely_labelled_as_a_host_pod_is_never_sent_the_control_key
     one) gets no control call, so never the ModelHost's key; the owned host pod does."""
     from modelpool_operator.bookkeeping import HostRun
     from modelpool_operator.host import HostView, host_charge_key
-    from modelpool_operator.reconcile_host import place_models
 
     control = RecordingControl()
     state.use(host_control=control, scraper=CachedStats({"gpus-0": {"models": {}}, "fake": {"models": {}}}))
@@ -944,6 +975,42 @@ async def test_a_pod_merely_labelled_as_a_host_pod_is_never_sent_the_control_key
     ]
 
 
+async def test_a_host_pass_places_no_model_on_a_host_pod_it_deletes(state: Operator) -> None:
+    """The ModelHost scaled down to one host pod: gpus-1 is deleted in this pass, so the pool's model is not
+    loaded there (it was: the placing did not know the pass deleted the pod, and the load went with it).
+    gpus-0's /stats is unknown, so no host pod can take the model now."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.host import host_charge_key
+    from modelpool_operator.reconcile_host import reconcile_host
+
+    deleted: list[str] = []
+
+    async def delete_pod(namespace: str, name: str, grace_period_seconds: int | None = None) -> bool:
+        deleted.append(name)
+        return True
+
+    control = RecordingControl()
+    state.use(host_control=control, scraper=CachedStats({"gpus-1": {"models": {}}}))
+    state.kube.delete_pod = delete_pod  # type: ignore[method-assign]
+    state.book.control_keys[("ns", "gpus")] = "k"
+    extra = _host_pod()
+    extra["metadata"] = {**extra["metadata"], "name": "gpus-1", "uid": "u-gpus-1"}
+    extra["status"] = {**extra["status"], "podIP": "127.0.0.11"}
+    run = HostRun(key=("ns", "gpus"))
+    planned = await reconcile_host(
+        state.services,
+        state.book,
+        run=run,
+        body=_host(1),
+        pods_by_pool={host_charge_key("ns", "gpus"): [_host_pod(), extra]},
+        pools_by_key=_index({("ns", "emb"): _shared("emb")}),
+        budgets={},
+    )
+    await asyncio.gather(*run.loading.values())
+    assert "gpus-1" in deleted and control.calls == []
+    assert planned is not None and planned.models.unplaced["emb"].reason == "NoHost"
+
+
 async def test_a_pool_switched_to_a_host_loses_its_dedicated_workers(state: Operator) -> None:
     deleted: list[str] = []
 
@@ -974,7 +1041,6 @@ async def test_after_a_restart_a_model_of_another_source_is_unloaded(state: Oper
     task in /stats) against the pool's settings tells it."""
     from modelpool_operator.bookkeeping import HostRun
     from modelpool_operator.host import HostView, host_charge_key
-    from modelpool_operator.reconcile_host import place_models
 
     control = RecordingControl()
     doc = {"state": "Ready", "model": {"name": "emb", "task": "text-embedding", "source": "/models/old"}}
@@ -994,7 +1060,7 @@ async def test_after_a_restart_a_model_of_another_source_is_unloaded(state: Oper
     assert len(control.calls) == 1
 
 
-# ---- a shared pool's count, retries and failures (shared_pass, place_models) ----------------------------
+# ---- a shared pool's count, retries and failures (shared_pass, place_models) ------------------------------
 
 
 async def test_a_shared_pools_pass_hands_its_count_to_its_modelhost_and_writes_it(state: Operator) -> None:
@@ -1058,7 +1124,6 @@ async def test_a_control_call_that_fails_is_told_on_the_pool_as_well_as_the_mode
     from modelpool_operator.bookkeeping import HostRun
     from modelpool_operator.host import HostView, host_charge_key
     from modelpool_operator.planner.shared_scale import SharedCount
-    from modelpool_operator.reconcile_host import place_models
 
     state.use(
         host_control=FailingControl(), scraper=CachedStats({"gpus-0": {"models": {"emb": {"state": "Idle"}}}})
@@ -1082,7 +1147,7 @@ async def test_a_control_call_that_fails_is_told_on_the_pool_as_well_as_the_mode
 
 
 def test_a_pools_control_failures_of_one_pass_are_one_event_per_reason(state: Operator) -> None:
-    from modelpool_operator.effects.placing import tell_pools
+    from modelpool_operator.effects.host_models import tell_pools
 
     failed = [
         ("emb", Event("Warning", "UnloadFailed", "host pod gpus-0: unload failed: 500: a")),

@@ -135,7 +135,7 @@ def test_a_hosts_stats_are_its_residents_under_their_pools() -> None:
 def test_the_hosted_pools_are_the_shared_pools_of_that_modelhost_by_model_name() -> None:
     from modelpool_operator.host import HostView
     from modelpool_operator.pool import OtherPool
-    from modelpool_operator.reconcile_host import hosted_pools
+    from modelpool_operator.reconcile_host import hosted_pools, shared_pools
 
     def other(name: str, host: str | None, ns: str = "ns") -> OtherPool:
         return OtherPool(ns, name, priority=1, min_replicas=0, host=host, declared=GI)
@@ -147,5 +147,5 @@ def test_the_hosted_pools_are_the_shared_pools_of_that_modelhost_by_model_name()
         ("x", "d"): [other("d", "gpus", ns="x")],
     }
     host = HostView(namespace="ns", name="gpus", spec=parse_host_spec(HOST))
-    hosted = hosted_pools(host, index)
+    hosted = hosted_pools(shared_pools(host, index))
     assert list(hosted) == ["a"] and hosted["a"].name == "a" and hosted["a"].declared == GI

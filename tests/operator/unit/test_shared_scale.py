@@ -1,5 +1,5 @@
 """A shared pool's count and retries (``planner.shared_scale``, pure) over its replicas' figures on the host
-pods (``observe.hosts.hosted_workers``), what the ModelHost's pass does with them (``planner.placing``:
+pods (``observe.hosts.hosted_workers``), what the ModelHost's pass does with them (``planner.host_models``:
 the count, a failed model's retry elsewhere), what its status says (``planner.shared.shared_status``), and
 the count handed from the pool's pass to its ModelHost's (``reconcile_host.shared_pools``)."""
 
@@ -13,7 +13,7 @@ from modelpool_contract.times import rfc3339
 from modelpool_operator.host import HostView
 from modelpool_operator.observe.hosts import HostedReplica, host_reports, hosted_replicas, hosted_workers
 from modelpool_operator.placement.ledger import Host, Resident
-from modelpool_operator.planner.placing import SharedPool, plan_placing
+from modelpool_operator.planner.host_models import SharedPool, plan_models
 from modelpool_operator.planner.shared import shared_status
 from modelpool_operator.planner.shared_scale import (
     FAILING_EVERYWHERE,
@@ -157,17 +157,17 @@ def test_the_modelhosts_pass_places_a_failed_model_elsewhere_and_retries_it_afte
     retry = SharedPool("emb", 1, load, GI, retry=frozenset({"gpus-0"}))
     hosts = [Host("gpus-0", (4 * GI,), 8 * GI, (failed,)), Host("gpus-1", (4 * GI,), 8 * GI)]
     # A failed model is no replica: the pool goes elsewhere at once; the failure stays until its retry.
-    assert [(c.action, c.pod) for c in plan_placing(NS, hosts, [waiting]).calls] == [("load", "gpus-1")]
+    assert [(c.action, c.pod) for c in plan_models(NS, hosts, [waiting]).calls] == [("load", "gpus-1")]
     placed = [hosts[0], Host("gpus-1", (4 * GI,), 8 * GI, (serving,))]
-    assert plan_placing(NS, placed, [waiting]).calls == ()
-    assert [(c.action, c.pod) for c in plan_placing(NS, placed, [retry]).calls] == [("unload", "gpus-0")]
+    assert plan_models(NS, placed, [waiting]).calls == ()
+    assert [(c.action, c.pod) for c in plan_models(NS, placed, [retry]).calls] == [("unload", "gpus-0")]
     # Alone on its host: unloaded when due, loaded again by the next pass (not in the same one).
-    alone = plan_placing(NS, hosts[:1], [retry]).calls
+    alone = plan_models(NS, hosts[:1], [retry]).calls
     assert [(c.action, c.pod, c.why) for c in alone] == [
         ("unload", "gpus-0", "it failed and its pool's backoff is over: tried again")
     ]
     empty = Host("gpus-0", (4 * GI,), 8 * GI)
-    assert [(c.action, c.pod) for c in plan_placing(NS, [empty], [retry]).calls] == [("load", "gpus-0")]
+    assert [(c.action, c.pod) for c in plan_models(NS, [empty], [retry]).calls] == [("load", "gpus-0")]
 
 
 def test_the_modelhosts_pass_takes_each_pools_count_from_its_pass_else_its_status() -> None:

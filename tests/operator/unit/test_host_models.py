@@ -1,4 +1,4 @@
-"""A ModelHost pass's placing (``planner.placing``, pure): which models are loaded, put to sleep and
+"""A ModelHost pass's placing (``planner.host_models``, pure): which models are loaded, put to sleep and
 unloaded on its host pods, in which order, and the annotation each host pod carries; and a shared pool's
 status over the host pods holding its model (``planner.shared.shared_status``)."""
 
@@ -15,13 +15,13 @@ from modelpool_contract.placements import read_models
 from modelpool_operator.observe.hosts import HostedReplica, host_reports
 from modelpool_operator.placement.decide import Room, apply_room
 from modelpool_operator.placement.ledger import Host, Resident, over_committed
-from modelpool_operator.planner.placing import (
+from modelpool_operator.planner.host_models import (
     Control,
-    Placing,
+    ModelCalls,
     SharedPool,
     _with_loading,
     models_annotations,
-    plan_placing,
+    plan_models,
 )
 from modelpool_operator.planner.shared import HostWait, shared_status
 from modelpool_operator.pool import PoolView, host_load_settings
@@ -43,7 +43,7 @@ def pool(name: str, replicas: int = 1, size: int = GI, **fields: object) -> Shar
 
 
 def calls(*hosts: Host, pools: list[SharedPool], **kwargs: object) -> list[tuple[str, str, str]]:
-    placing = plan_placing(NS, hosts, pools, **kwargs)  # type: ignore[arg-type]
+    placing = plan_models(NS, hosts, pools, **kwargs)  # type: ignore[arg-type]
     return [(c.action, c.pod, c.pool) for c in placing.calls]
 
 
@@ -52,25 +52,25 @@ def test_a_pool_is_loaded_on_as_many_host_pods_as_its_replicas_the_tightest_fit_
     assert calls(roomy, tight, pools=[pool("emb", replicas=1), pool("other")]) == [("load", "h-1", "emb")]
     both = calls(roomy, tight, pools=[pool("emb", replicas=2), pool("other")])
     assert sorted(both) == [("load", "h-0", "emb"), ("load", "h-1", "emb")]
-    load = plan_placing(NS, [roomy], [pool("emb")]).calls[0]
+    load = plan_models(NS, [roomy], [pool("emb")]).calls[0]
     assert load == Control("load", "h-0", "emb", "placed", '{"source": "/models/emb"}')
 
 
 def test_a_host_pod_of_two_devices_takes_loads_on_both_each_call_naming_its_device() -> None:
     two = Host(name="h-0", capacities=(4 * GI, 4 * GI), host_memory=0)
-    placing = plan_placing(NS, [two], [pool("a", size=3 * GI), pool("b", size=3 * GI)])
+    placing = plan_models(NS, [two], [pool("a", size=3 * GI), pool("b", size=3 * GI)])
     assert [(c.action, c.pool, c.device) for c in placing.calls] == [("load", "a", 0), ("load", "b", 1)]
     # Neither device holds a third 3 GiB model (and nothing may sleep: no host RAM): not placed.
-    placing = plan_placing(NS, [two], [pool(n, size=3 * GI) for n in "abc"])
+    placing = plan_models(NS, [two], [pool(n, size=3 * GI) for n in "abc"])
     assert [c.device for c in placing.calls] == [0, 1] and placing.unplaced["c"].reason == "NoRoom"
     # A load in flight is charged on the device it named: the next model goes on the other one.
-    on_one = plan_placing(NS, [two], [pool("a", size=3 * GI), pool("b", size=3 * GI)],
+    on_one = plan_models(NS, [two], [pool("a", size=3 * GI), pool("b", size=3 * GI)],
                           loading={("h-0", "a")}, devices={("h-0", "a"): 1})  # fmt: skip
     assert [(c.pool, c.device) for c in on_one.calls] == [("b", 0)]
     # A model the host reports on device 1 is charged there.
     held = Host(name="h-0", capacities=(4 * GI, 4 * GI), residents=(model("a", size=3 * GI, device=1),))
     assert [
-        (c.pool, c.device) for c in plan_placing(NS, [held], [pool("a"), pool("b", size=3 * GI)]).calls
+        (c.pool, c.device) for c in plan_models(NS, [held], [pool("a"), pool("b", size=3 * GI)]).calls
     ] == [("b", 0)]
 
 
@@ -109,11 +109,11 @@ def test_fewer_replicas_unload_the_sleeping_then_the_least_used_first() -> None:
 
 def test_room_is_made_by_sleeping_an_idle_model_of_lower_priority_before_the_load() -> None:
     full = host("h-0", model("old", "Idle", size=3 * GI, priority=0, last_used=1.0))
-    placing = plan_placing(NS, [full], [pool("old", size=3 * GI), pool("new", size=2 * GI, priority=5)])
+    placing = plan_models(NS, [full], [pool("old", size=3 * GI), pool("new", size=2 * GI, priority=5)])
     assert [(c.action, c.pool) for c in placing.calls] == [("sleep", "old"), ("load", "new")]
     # A busy one makes no room: the pool says why.
     busy = host("h-0", model("old", "Processing", size=3 * GI))
-    placing = plan_placing(NS, [busy], [pool("old", size=3 * GI), pool("new", size=2 * GI)])
+    placing = plan_models(NS, [busy], [pool("old", size=3 * GI), pool("new", size=2 * GI)])
     assert placing.calls == () and placing.unplaced["new"].reason == "NoRoom"
 
 
@@ -127,18 +127,18 @@ def test_idle_models_of_a_higher_priority_sleep_for_lower_ones_but_not_when_used
     ]
     pools = [pool("vip-0", size=4 * GI, priority=3), pool("vip-1", size=4 * GI, priority=3)]
     pools += [pool("low", size=2 * GI), pool("lower", size=2 * GI, priority=-1)]
-    placing = plan_placing(NS, hosts, pools, now=100.0)
+    placing = plan_models(NS, hosts, pools, now=100.0)
     assert [(c.action, c.pod, c.pool) for c in placing.calls] == [
         ("sleep", "h-0", "vip-0"),
         ("load", "h-0", "low"),
         ("load", "h-0", "lower"),
     ]
-    later = plan_placing(NS, hosts, pools[:3], now=106.0)
+    later = plan_models(NS, hosts, pools[:3], now=106.0)
     assert [(c.action, c.pod, c.pool) for c in later.calls] == [
         ("sleep", "h-0", "vip-0"),
         ("load", "h-0", "low"),
     ]
-    soon = plan_placing(NS, hosts[1:], pools, now=100.0)
+    soon = plan_models(NS, hosts[1:], pools, now=100.0)
     assert soon.calls == () and soon.unplaced["low"].reason == "NoRoom"
     # The pass comes again when vip-1 has been idle MIN_IDLE_S (used at 95: at 105), not a resync later.
     assert soon.retry_in == pytest.approx(5.0) and placing.retry_in is None
@@ -148,14 +148,14 @@ def test_without_host_ram_room_is_unloaded_only_for_a_higher_priority() -> None:
     """Two pools of one priority on a host without RAM to park them: the newcomer waits (else each would
     unload the other at every pass); a higher-priority one unloads the idle model."""
     full = host("h-0", model("old", "Idle", size=3 * GI), ram=0)
-    placing = plan_placing(NS, [full], [pool("old", size=3 * GI), pool("new", size=2 * GI)])
+    placing = plan_models(NS, [full], [pool("old", size=3 * GI), pool("new", size=2 * GI)])
     assert placing.calls == () and placing.unplaced["new"].reason == "NoRoom"
-    urgent = plan_placing(NS, [full], [pool("old", size=3 * GI), pool("new", size=2 * GI, priority=1)])
+    urgent = plan_models(NS, [full], [pool("old", size=3 * GI), pool("new", size=2 * GI, priority=1)])
     assert [(c.action, c.pool) for c in urgent.calls] == [("unload", "old"), ("load", "new")]
 
 
 def test_a_failed_model_stays_and_its_pool_is_not_loaded_there_again() -> None:
-    placing = plan_placing(NS, [host("h-0", model("emb", "Failed"))], [pool("emb")])
+    placing = plan_models(NS, [host("h-0", model("emb", "Failed"))], [pool("emb")])
     assert placing.calls == () and placing.unplaced["emb"].reason == "EveryHostHoldsIt"
 
 
@@ -174,7 +174,7 @@ def test_one_pass_never_over_commits_a_device() -> None:
     fits each device."""
     hosts = [host("h-0", capacity=3 * GI), host("h-1", capacity=3 * GI)]
     pools = [pool(f"p{i}", replicas=2, size=GI) for i in range(5)]
-    placing = plan_placing(NS, hosts, pools)
+    placing = plan_models(NS, hosts, pools)
     placed: dict[str, list[Resident]] = {"h-0": [], "h-1": []}
     for call in placing.loads():
         placed[call.pod].append(model(call.pool, "Pending"))
@@ -315,7 +315,7 @@ def _scene(draw: st.DrawFn) -> tuple[list[Host], list[SharedPool]]:
     return hosts, pools
 
 
-def _applied(hosts: list[Host], placing: Placing, pools: list[SharedPool]) -> dict[str, Host]:
+def _applied(hosts: list[Host], placing: ModelCalls, pools: list[SharedPool]) -> dict[str, Host]:
     """The hosts once every call is done, in order (a load: the model Pending at its declared size)."""
     by_name, declared = {h.name: h for h in hosts}, {p.name: p.declared for p in pools}
     for call in placing.calls:
@@ -352,7 +352,7 @@ def test_a_placing_pass_never_over_commits_and_never_exceeds_replicas(
                 loading.add((h.name, p.name))
                 devices[(h.name, p.name)] = device
                 rooms[device] -= p.declared + h.overhead
-    placing = plan_placing(NS, hosts, pools, loading=loading, devices=devices)
+    placing = plan_models(NS, hosts, pools, loading=loading, devices=devices)
     by_name = {p.name: p for p in pools}
     hosts = [_with_loading(h, NS, loading, by_name, devices) for h in hosts]
     after = _applied(hosts, placing, pools)
@@ -385,7 +385,7 @@ def test_successive_passes_place_every_pool_once_and_never_undo_a_placement() ->
     pools = [pool(f"p{i:02d}", size=2 * GI, priority=i % 4) for i in range(12)]
     loads: dict[str, int] = {}
     for now in range(0, 100, 5):
-        placing = plan_placing(NS, list(hosts.values()), pools, now=float(now))
+        placing = plan_models(NS, list(hosts.values()), pools, now=float(now))
         for c in placing.calls:
             h, key = hosts[c.pod], (NS, c.pool)
             assert c.action != "unload", c
@@ -398,4 +398,4 @@ def test_successive_passes_place_every_pool_once_and_never_undo_a_placement() ->
                 ready = model(c.pool, "Ready", 2 * GI, priority=int(c.pool[1:]) % 4, since=float(now))
                 hosts[c.pod] = h.with_residents((*h.residents, ready))
     assert loads == {p.name: 1 for p in pools}
-    assert not plan_placing(NS, list(hosts.values()), pools, now=200.0).calls
+    assert not plan_models(NS, list(hosts.values()), pools, now=200.0).calls

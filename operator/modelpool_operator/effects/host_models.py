@@ -1,6 +1,7 @@
-"""Applying a ModelHost pass's placing (``planner.placing.Placing``): the control calls on its host pods
-(``services.host_control``, with the ModelHost's control key) and the ``modelpool.dev/models``
-annotation of each host pod, written when it changed (a merge patch of the pod's metadata).
+"""Applying a ModelHost pass's decision on its host pods' models (``planner.host_models.ModelCalls``): the
+control calls on its host pods (``services.host_control``, with the ModelHost's control key) and the
+``modelpool.dev/models`` annotation of each host pod, written when it changed (a merge patch of the pod's
+metadata); a deleted shared pool's model unloaded everywhere (``unload_everywhere``).
 
 Sleeps and unloads are awaited in order (each is a few seconds at most); a load lasts until the model
 serves, so each runs as a task of its own (``HostRun.loading``), and the ModelHost's daemon is poked when
@@ -21,14 +22,13 @@ from typing import Any
 
 from modelpool_contract.api import MODELHOST_KIND
 from modelpool_contract.placements import ANNOTATION_MODELS
-from modelpool_operator.bookkeeping import HostRun, PoolRun
+from modelpool_operator.bookkeeping import HostRun
 from modelpool_operator.control_keys import derive_control_key
 from modelpool_operator.effects.attempts import attempt
 from modelpool_operator.effects.host_control import ControlError
-from modelpool_operator.effects.kube import merge_patch
 from modelpool_operator.owners import controller_owner
 from modelpool_operator.planner import Event
-from modelpool_operator.planner.placing import Control, Placing
+from modelpool_operator.planner.host_models import Control, ModelCalls
 from modelpool_operator.planner.status import coalesce
 from modelpool_operator.services import Services
 
@@ -38,8 +38,8 @@ logger = logging.getLogger(__name__)
 BACKOFF_S = 15.0
 
 
-async def apply_placing(
-    placing: Placing,
+async def apply_model_calls(
+    placing: ModelCalls,
     services: Services,
     *,
     run: HostRun,
@@ -219,29 +219,6 @@ async def write_annotations(
             logger.warning("%s", failure.message)
     alive = {str((p.get("metadata") or {}).get("uid")) for p in pods}
     run.annotated = {uid: written for uid, written in run.annotated.items() if uid in alive}
-
-
-async def delete_workers(services: Services, namespace: str, pods: list[Mapping[str, Any]]) -> None:
-    """Delete a shared pool's dedicated workers (it was switched to ``spec.host``: its model lives on host
-    pods now, and the workers' memory returns to the budget)."""
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        if meta.get("deletionTimestamp"):
-            continue
-        name = str(meta.get("name") or "")
-        failure = await attempt("DeleteFailed", f"worker {name}", services.kube.delete_pod(namespace, name))
-        if failure is not None:
-            logger.warning("%s", failure.message)
-
-
-async def write_pool_status(
-    services: Services, run: PoolRun, previous: Mapping[str, Any], status: Mapping[str, Any]
-) -> None:
-    """Bring a shared pool's status from ``previous`` (as last written) to ``status`` (nothing when equal)."""
-    patch = merge_patch(previous, status)
-    if patch:
-        await services.kube.patch_pool_status(run.key[0], run.key[1], patch)
-    run.last_status, run.last_status_wire = None, {**previous, **status}
 
 
 async def unload_everywhere(

@@ -1,5 +1,6 @@
-"""A ModelHost's placing (pure): which shared pools' models to load, unload and put to sleep on its host
-pods, as the control calls that do it, and the ``modelpool.dev/models`` annotation of each host pod.
+"""The models on a ModelHost's pods (pure): which shared pools' models to load, unload and put to sleep on
+its host pods, as the control calls that do it (``plan_models``), and the ``modelpool.dev/models``
+annotation of each host pod. Where a new replica goes is ``placement.place``'s decision, over the ledger.
 
 Over the host pods as the ledger sees them (``placement.ledger.Host``: their models from ``/stats``) and
 the shared pools on the ModelHost (``SharedPool``), in this order, each step on the view the previous ones
@@ -84,7 +85,7 @@ class Control:
 
 
 @dataclass(frozen=True)
-class Placing:
+class ModelCalls:
     """A ModelHost pass's control calls (in order: every sleep and unload before any load), and the
     pools that could not be placed now, with ``place``'s reason."""
 
@@ -163,7 +164,7 @@ def _surplus_order(resident: Resident) -> tuple[bool, bool, bool, float, ModelKe
     return (resident.state != "Sleeping", not loading, resident.busy, resident.last_used, resident.pool)
 
 
-def plan_placing(
+def plan_models(
     namespace: str,
     hosts: Sequence[Host],
     pools: Sequence[SharedPool],
@@ -174,7 +175,7 @@ def plan_placing(
     backoff: Iterable[Slot] = (),
     now: float | None = None,
     devices: Mapping[Slot, int] | None = None,
-) -> Placing:
+) -> ModelCalls:
     """The control calls of one ModelHost pass (see the module doc). ``loaded``: the settings each model
     was loaded with by this process; ``stale``: models whose host reports another source or task than
     their pool's (loaded by an earlier process, or by hand); ``now`` (Unix seconds; None: no clock) puts
@@ -234,7 +235,7 @@ def plan_placing(
             view.place(decided, request, pool.load, 0.0 if now is None else now)
     ordered = sorted(view.calls, key=lambda c: c.action == "load")  # stable: every sleep/unload first
     retry_in = _fresh_idle_in(view.hosts.values(), now) if unplaced and now is not None else None
-    return Placing(calls=tuple(ordered), unplaced=unplaced, retry_in=retry_in)
+    return ModelCalls(calls=tuple(ordered), unplaced=unplaced, retry_in=retry_in)
 
 
 def _fresh_idle_in(hosts: Iterable[Host], now: float) -> float | None:
