@@ -12,9 +12,9 @@ bookkeeping holds only what the per-pool daemons of one process must share:
   the ModelBudget's status writer (``budget_wakeup``);
 * each pool's workers as its daemon last observed them (``observed``: other pools' passes read these) and
   their sums for the ledger (``charges``);
-* the pass slots (``PassGate``): at most ``MAX_PASSES_IN_FLIGHT`` pools' passes at once, so a thousand pools
-  woken together (a scale-up, a restart) queue for a slot holding nothing, instead of a thousand passes in
-  flight each holding what it observed while they wait for the API and for the event loop;
+* the pass slots (``PassGate``): at most ``MAX_PASSES_IN_FLIGHT`` passes (pools' and ModelHosts') at once,
+  so a thousand pools woken together (a scale-up, a restart) queue for a slot holding nothing, instead of a
+  thousand passes in flight each holding what it observed while they wait for the API and for the event loop;
 * the one task asking the API about due reservations (``settle_task``, ``effects.apply.settle_soon``).
 
 The process's connections and services are apart, immutable, in ``services``.

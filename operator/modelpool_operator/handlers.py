@@ -459,15 +459,7 @@ async def pool_daemon(
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # one bad pass must not kill the pool's daemon; retry shortly
-                # The API server's own message (not the client's "(500)\nReason: ..."); the traceback and
-                # the Event once per distinct error, not every few seconds while it lasts.
-                message = kube_api.describe_error(exc)[:1000]
-                if message != last_error:
-                    logger.exception("reconciliation failed; retrying in %.0fs", _ERROR_DELAY_S)
-                    tell(services, body, Event("Warning", "ReconcileError", message))
-                else:  # info: Kopf posts the object logger's warnings as Events too
-                    logger.info("reconciliation failed again (%s); retrying", message)
-                last_error = message
+                last_error = tell_pass_error(services, body, logger, exc, last_error)
                 delay, resync = _ERROR_DELAY_S, False
             woken = await idle_until_pass(services, book, run.key, pods, seconds=delay, stopped=stopped)
             if not woken and resync:  # a resync waits its turn (``PassGate.resync_wait``); an event does not
@@ -482,6 +474,21 @@ async def pool_daemon(
     finally:
         book.forget(run.key)
         services.metrics.pool_gone(run.key)
+
+
+def tell_pass_error(
+    services: Services, body: Mapping[str, Any], logger: kopf.Logger, exc: Exception, last: str | None
+) -> str:
+    """A failed pass of a pool's or a ModelHost's daemon: the API server's own message (not the client's
+    "(500)\nReason: ..."), with the traceback and a Warning Event ``ReconcileError`` once per distinct
+    error, not every few seconds while it lasts (``last``: the previous failed pass's). Returns it."""
+    message = kube_api.describe_error(exc)[:1000]
+    if message != last:
+        logger.exception("reconciliation failed; retrying in %.0fs", _ERROR_DELAY_S)
+        tell(services, body, Event("Warning", "ReconcileError", message))
+    else:  # info: Kopf posts the object logger's warnings as Events too
+        logger.info("reconciliation failed again (%s); retrying", message)
+    return message
 
 
 async def idle_until_pass(
@@ -530,7 +537,8 @@ async def host_daemon(
     host_owners: OwnersIndex | None = None,
     **_: Any,
 ) -> None:
-    """Keeps the ModelHost's host pods (``reconcile_host``), woken by its and its pods' events."""
+    """Keeps the ModelHost's host pods (``reconcile_host``), woken by its and its pods' events; each pass in
+    one of the process's pass slots, and a failed one told as a pool's is (``tell_pass_error``)."""
     pods = _owned(memo, pods_by_pool, pool_owners, host_owners)
     pools = _index(pools_by_key, "pools_by_key")
     budgets = _index(budgets_by_name, "budgets_by_name")
@@ -538,29 +546,33 @@ async def host_daemon(
     run = HostRun(key=(namespace or "", name))
     charge_key = host_charge_key(*run.key)
     wakeup = book.wakeup(charge_key)
+    last_error: str | None = None  # the last failed pass's error, until a pass succeeds
     try:
         while not stopped:
             try:
-                await reconcile_host(
-                    services,
-                    book,
-                    run=run,
-                    body=body,
-                    pods_by_pool=pods,
-                    pools_by_key=pools,
-                    budgets=budgets,
-                )
+                # A slot as a pool's pass takes (``PassGate``): it clears the wake-up, so the pokes that
+                # come while the ModelHost waits for it are answered by this pass.
+                async with book.passes.slot(wakeup):
+                    await reconcile_host(
+                        services,
+                        book,
+                        run=run,
+                        body=body,
+                        pods_by_pool=pods,
+                        pools_by_key=pools,
+                        budgets=budgets,
+                    )
                 delay = services.config.resync_interval_seconds
                 if run.retry_in is not None:  # a model may make room sooner than a resync
                     delay = min(delay, max(run.retry_in, _COALESCE_S))
+                last_error = None
             except asyncio.CancelledError:
                 raise
-            except Exception:  # one bad pass must not kill the daemon; retry shortly
-                logger.exception("ModelHost pass failed; retrying in %.0fs", _ERROR_DELAY_S)
+            except Exception as exc:  # one bad pass must not kill the daemon; retry shortly
+                last_error = tell_pass_error(services, body, logger, exc, last_error)
                 delay = _ERROR_DELAY_S
             if await wait_for_wakeup(wakeup, delay, stopped.wait()):
                 await asyncio.sleep(_COALESCE_S)
-                wakeup.clear()
     finally:
         for load in run.loading.values():  # a load in flight: the host finishes it, its next pass sees it
             load.cancel()
