@@ -14,7 +14,7 @@ from modelpool_contract.api import Condition, parse_pool_status
 from modelpool_operator.bookkeeping import PoolRun
 from modelpool_operator.effects.apply import Refusal
 from modelpool_operator.planner import Event
-from modelpool_operator.planner.shared import HostWait, host_wait_event, host_wait_status
+from modelpool_operator.planner.shared import HostWait, host_wait_event, host_wait_status, shared_wire
 from modelpool_operator.planner.status import condition
 from modelpool_operator.policy import Violation
 from modelpool_operator.pool import PoolView
@@ -129,6 +129,6 @@ def host_wait_refusal(
     if run.host_wait == told:
         return None
     run.host_wait = told
-    status = host_wait_status(pool, wait, datetime.now(UTC))
+    status = shared_wire(host_wait_status(pool, wait, datetime.now(UTC)), patch=True)
     written = {**(body.get("status") or {}), **status}
     return Refusal(status=status, event=host_wait_event(wait), written=written)

@@ -7,9 +7,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from modelpool_contract.api import ModelPoolStatus
 from modelpool_operator.bookkeeping import PoolRun
 from modelpool_operator.effects.attempts import attempt
 from modelpool_operator.effects.kube import merge_patch
+from modelpool_operator.planner.shared import shared_wire
 from modelpool_operator.services import Services
 
 logger = logging.getLogger(__name__)
@@ -29,10 +31,12 @@ async def delete_workers(services: Services, namespace: str, pods: list[Mapping[
 
 
 async def write_pool_status(
-    services: Services, run: PoolRun, previous: Mapping[str, Any], status: Mapping[str, Any]
+    services: Services, run: PoolRun, previous: Mapping[str, Any], status: ModelPoolStatus
 ) -> None:
-    """Bring a shared pool's status from ``previous`` (as last written) to ``status`` (nothing when equal)."""
-    patch = merge_patch(previous, status)
+    """Bring a shared pool's status from ``previous`` (as last written) to ``status`` (nothing when equal).
+    The merge patch removes what ``status`` does not set, so the status is then its wire form exactly."""
+    wire = shared_wire(status)
+    patch = merge_patch(previous, wire)
     if patch:
         await services.kube.patch_pool_status(run.key[0], run.key[1], patch)
-    run.last_status, run.last_status_wire = None, {**previous, **status}
+    run.last_status, run.last_status_wire = None, wire

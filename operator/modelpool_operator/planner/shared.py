@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from modelpool_contract.api import WorkerStatus, autoscaling_enabled
+from modelpool_contract.api import (
+    AutoscalingStatus,
+    BackoffStatus,
+    MemoryStatus,
+    ModelPoolStatus,
+    PoolPhase,
+    WorkerStatus,
+    autoscaling_enabled,
+)
 from modelpool_contract.quantity import format_quantity
 from modelpool_operator.observe.hosts import HostedReplica
 from modelpool_operator.placement.decide import PlacementRequest, Unplaced, place
@@ -57,10 +65,10 @@ def host_wait(pool: PoolView, *, host_found: bool, host_error: str | None, hosts
     )
 
 
-def host_wait_status(pool: PoolView, wait: HostWait, now: datetime) -> dict[str, Any]:
-    """The status patch (wire form) of a waiting shared pool: phase Pending, no replica, the condition
-    Placed False and Ready False with the reason; other conditions kept (the ApiError of an earlier pass,
-    ...)."""
+def host_wait_status(pool: PoolView, wait: HostWait, now: datetime) -> ModelPoolStatus:
+    """The status of a waiting shared pool, as a patch (``shared_wire(..., patch=True)``: the fields it
+    sets): phase Pending, no replica, the condition Placed False and Ready False with the reason; other
+    conditions kept (the ApiError of an earlier pass, ...)."""
     kinds = {PLACED, "Ready"}
     kept = [c for c in pool.status.conditions if c.type not in kinds]
     made = [
@@ -75,16 +83,20 @@ def host_wait_status(pool: PoolView, wait: HostWait, now: datetime) -> dict[str,
         )
         for kind in (PLACED, "Ready")
     ]
-    conditions = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in [*kept, *made]]
-    desired = pool.spec.replicas
-    return {
-        "phase": "Pending",
-        "observedGeneration": pool.generation,
-        "replicas": 0,
-        "readyReplicas": 0,
-        "readyText": f"0/{desired}",
-        "conditions": conditions,
-    }
+    return ModelPoolStatus(
+        phase="Pending",
+        observed_generation=pool.generation,
+        replicas=0,
+        ready_replicas=0,
+        ready_text=f"0/{pool.spec.replicas}",
+        conditions=[*kept, *made],
+    )
+
+
+def shared_wire(status: ModelPoolStatus, *, patch: bool = False) -> dict[str, Any]:
+    """A shared pool's status on the wire: every field but the unset ones (None), as a ModelHost's is;
+    ``patch``: only the fields its builder set (``host_wait_status``: the others are left as they are)."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=patch)
 
 
 def host_wait_event(wait: HostWait) -> Event:
@@ -99,7 +111,7 @@ SERVING: frozenset[str] = frozenset({"Ready", "Processing", "Idle", "Sleeping", 
 _LOADING: frozenset[str] = frozenset({"Pending", "Loading"})
 
 
-def _phase(desired: int, ready: int, replicas: Sequence[HostedReplica]) -> str:
+def _phase(desired: int, ready: int, replicas: Sequence[HostedReplica]) -> PoolPhase:
     if ready and ready >= desired:
         return "Ready"
     if ready:
@@ -127,8 +139,8 @@ def shared_status(
     wait: HostWait | None,
     now: datetime,
     scale: SharedScale | None = None,
-) -> dict[str, Any]:
-    """The status patch (wire form) of a shared pool whose ModelHost exists: its replicas on host pods
+) -> ModelPoolStatus:
+    """The status of a shared pool whose ModelHost exists (``shared_wire``): its replicas on host pods
     (``workers``, each named after its host pod), the phase as for dedicated workers, the condition Placed
     (True once as many host pods hold the model as its target asks; else False with ``wait``'s reason)
     and Ready (True while a replica serves; else why: failed, with the retry, loading, or at zero).
@@ -187,21 +199,19 @@ def shared_status(
         )
         for r in sorted(replicas, key=lambda r: r.pod)
     ]
-    extra = scale.status_fields(pool.spec.replicas) if scale is not None else {"targetReplicas": desired}
-    return {
-        **extra,
-        "phase": _phase(desired, ready, replicas),
-        "observedGeneration": pool.generation,
-        "replicas": len(present),
-        "readyReplicas": ready,
-        "readyText": f"{ready}/{desired}",
+    return ModelPoolStatus(
+        phase=_phase(desired, ready, replicas),
+        observed_generation=pool.generation,
+        replicas=len(present),
+        ready_replicas=ready,
+        target_replicas=desired,
+        spec_replicas=pool.spec.replicas if scale is not None else None,
+        ready_text=f"{ready}/{desired}",
+        workers=workers,
         # The budget charges the host pods (the ModelHost), not the pool: what each replica is charged on
         # its host's device until measured is its declared size.
-        "memory": {
-            "charged": "0",
-            "chargedBytes": 0,
-            "declared": format_quantity(pool.spec.resources.memory_bytes),
-        },
-        "workers": [w.model_dump(mode="json", by_alias=True, exclude_none=True) for w in workers],
-        "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in [*kept, *made]],
-    }
+        memory=MemoryStatus(declared=format_quantity(pool.spec.resources.memory_bytes)),
+        conditions=[*kept, *made],
+        backoff=scale.backoff if scale is not None else BackoffStatus(),
+        autoscaling=scale.autoscaling if scale is not None else AutoscalingStatus(),
+    )

@@ -71,8 +71,9 @@ class SharedCount:
 
 @dataclass(frozen=True)
 class SharedScale:
-    """One shared pool pass's decisions: the count, the status fields they write (``status_fields``), the
-    Events, when to look again, and the autoscaler's window and counters for the next pass."""
+    """One shared pool pass's decisions: the count, the status fields they write (``target``,
+    ``autoscaling``, ``backoff``: ``planner.shared.shared_status``), the Events, when to look again, and the
+    autoscaler's window and counters for the next pass."""
 
     count: SharedCount
     target: int
@@ -86,15 +87,6 @@ class SharedScale:
     failing_everywhere: str | None = None
     # Seconds until the next retry of a failed replica (0: none waits).
     retry_in: float = 0.0
-
-    def status_fields(self, spec_replicas: int) -> dict[str, object]:
-        """The status fields besides the replicas and conditions (wire form)."""
-        return {
-            "targetReplicas": self.target,
-            "specReplicas": spec_replicas,
-            "autoscaling": self.autoscaling.model_dump(mode="json", by_alias=True, exclude_none=True),
-            "backoff": self.backoff.model_dump(mode="json", by_alias=True, exclude_none=True),
-        }
 
 
 def _new_failure(draft: Draft, worker: ObservedWorker) -> bool:

@@ -23,7 +23,7 @@ from modelpool_operator.planner.host_models import (
     models_annotations,
     plan_models,
 )
-from modelpool_operator.planner.shared import HostWait, shared_status
+from modelpool_operator.planner.shared import HostWait, shared_status, shared_wire
 from modelpool_operator.pool import PoolView, host_load_settings
 
 GI = 2**30
@@ -214,7 +214,7 @@ def test_a_shared_pools_status_lists_its_host_pods_with_the_models_state() -> No
         HostedReplica("cpu-1", "Sleeping", GI, node="n1", device=1),
         HostedReplica("cpu-0", "Ready", GI),  # a host that names no device: none shown
     ]
-    status = shared_status(view(), replicas, None, now)
+    status = shared_wire(shared_status(view(), replicas, None, now))
     assert status["phase"] == "Ready" and status["readyText"] == "2/2" and status["observedGeneration"] == 3
     # kubectl get's Desired and Declared columns; the memory is charged to the ModelHost's pods.
     assert status["targetReplicas"] == 2 and status["memory"]["declared"] == "1Gi"
@@ -230,15 +230,17 @@ def test_a_shared_pools_status_lists_its_host_pods_with_the_models_state() -> No
 def test_a_shared_pool_short_of_host_pods_says_why_and_loading_is_loading() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     wait = HostWait("NoRoom", "no device has 1Gi free")
-    status = shared_status(view(), [HostedReplica("cpu-0", "Loading", GI)], wait, now)
+    status = shared_wire(shared_status(view(), [HostedReplica("cpu-0", "Loading", GI)], wait, now))
     assert status["phase"] == "Loading" and status["replicas"] == 1 and status["readyReplicas"] == 0
     conditions = {c["type"]: c for c in status["conditions"]}
     assert (conditions["Placed"]["status"], conditions["Placed"]["reason"]) == ("False", "NoRoom")
     assert conditions["Ready"]["reason"] == "Loading"
-    failed = shared_status(view(1), [HostedReplica("cpu-0", "Failed", GI, reason="OOM")], wait, now)
+    failed = shared_wire(
+        shared_status(view(1), [HostedReplica("cpu-0", "Failed", GI, reason="OOM")], wait, now)
+    )
     assert failed["phase"] == "Failed" and failed["workers"][0]["memory"] == "0"
     assert "OOM" in {c["type"]: c for c in failed["conditions"]}["Ready"]["message"]
-    assert shared_status(view(2), [], wait, now)["phase"] == "Pending"
+    assert shared_status(view(2), [], wait, now).phase == "Pending"
 
 
 def test_the_load_settings_are_the_pools_model_and_what_a_host_accepts() -> None:

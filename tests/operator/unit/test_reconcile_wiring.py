@@ -1107,6 +1107,31 @@ async def test_a_shared_pools_pass_hands_its_count_to_its_modelhost_and_writes_i
     assert quiet is not None and quiet.requeue_after is not None and quiet.requeue_after > 500
 
 
+async def test_a_pool_switched_to_a_host_drops_its_dedicated_status_fields_once(state: Operator) -> None:
+    """Its status from its dedicated days (a selector, a roll-over) is removed by its first shared pass, and
+    not again at every pass after (what was written was remembered as the old status with the new on top)."""
+    from modelpool_operator.host import host_charge_key
+
+    state.use(scraper=CachedStats({"gpus-0": {"models": {"emb": {"state": "Idle", "time": 1.0}}}}))
+    body = _shared("emb")
+    body["status"] = {"selector": "modelpool.dev/pool=emb", "rollout": {"outdated": 1}, "phase": "Ready"}
+    run = PoolRun(key=("ns", "emb"))
+    for _ in range(3):
+        await reconcile_pool(
+            state.services,
+            state.book,
+            run=run,
+            body=body,
+            pods_by_pool={host_charge_key("ns", "gpus"): [_host_pod({"emb": "Idle"})]},
+            pools_by_key={},
+            budgets={},
+            hosts={("ns", "gpus"): [_host(1)["spec"]]},
+        )
+    first, *later = state.kube.status_patches
+    assert (first["selector"], first["rollout"]) == (None, None) and first["workers"][0]["host"] == "gpus-0"
+    assert later == []
+
+
 class FailingControl(RecordingControl):
     """Every unload and sleep is refused by the host."""
 

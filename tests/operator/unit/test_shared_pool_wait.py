@@ -18,6 +18,7 @@ from modelpool_operator.planner.shared import (
     PLACEMENT_PENDING,
     host_wait_event,
     host_wait_status,
+    shared_wire,
 )
 from modelpool_operator.pool import PoolView
 from modelpool_operator.reconcile_shared import shared_wait
@@ -83,7 +84,7 @@ def test_each_reason_names_the_host_and_why() -> None:
 def test_the_status_is_pending_with_no_replica_and_the_reason() -> None:
     pool = shared()
     wait = shared_wait(pool, {}, {})
-    status = host_wait_status(pool, wait, NOW)
+    status = shared_wire(host_wait_status(pool, wait, NOW), patch=True)
     assert (status["phase"], status["replicas"], status["readyReplicas"]) == ("Pending", 0, 0)
     assert status["readyText"] == "0/1" and status["observedGeneration"] == 2
     by_type = {c["type"]: c for c in status["conditions"]}

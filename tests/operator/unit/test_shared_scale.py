@@ -14,7 +14,7 @@ from modelpool_operator.host import HostView
 from modelpool_operator.observe.hosts import HostedReplica, host_reports, hosted_replicas, hosted_workers
 from modelpool_operator.placement.ledger import Host, Resident
 from modelpool_operator.planner.host_models import SharedPool, plan_models
-from modelpool_operator.planner.shared import shared_status
+from modelpool_operator.planner.shared import shared_status, shared_wire
 from modelpool_operator.planner.shared_scale import (
     FAILING_EVERYWHERE,
     SharedCount,
@@ -79,7 +79,7 @@ def test_load_on_the_host_pods_scales_a_shared_pool_up_within_its_host_pods() ->
     assert scale.target == 4 and scale.count == SharedCount(3)
     assert [e.reason for e in scale.events] == ["ScaledUp"]
     assert scale.autoscaling.desired_replicas == 4 and scale.autoscaling.observed_load == 40
-    fields = scale.status_fields(1)
+    fields = _status_after(scale, [], NOW)
     assert fields["targetReplicas"] == 4 and fields["specReplicas"] == 1
     # Autoscaling off (maxReplicas = minReplicas): spec.replicas is the count, whatever the load.
     fixed = scale_shared(pool(replicas=2, minReplicas=2, maxReplicas=2), workers, host_pods=3, now=NOW)
@@ -122,7 +122,7 @@ def test_an_idle_replica_sleeps_on_its_host_then_is_unloaded_after_twice_the_idl
 
 
 def _status_after(scale: SharedScale, replicas: list[HostedReplica], now: datetime) -> dict[str, Any]:
-    return shared_status(pool(replicas=1), replicas, None, now, scale)
+    return shared_wire(shared_status(pool(replicas=1), replicas, None, now, scale))
 
 
 def test_a_failed_model_backs_off_then_is_retried_and_a_new_failure_counts_again() -> None:
