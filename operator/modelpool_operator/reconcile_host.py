@@ -23,12 +23,7 @@ from modelpool_contract.placements import ANNOTATION_MODELS, host_model_name
 from modelpool_contract.stats import STATS_PATH
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun
 from modelpool_operator.effects.apply import settle_soon, tell
-from modelpool_operator.effects.host_models import (
-    apply_model_calls,
-    derived_control_key,
-    unload_everywhere,
-    write_annotations,
-)
+from modelpool_operator.effects.host_models import apply_models, derived_control_key, unload_everywhere
 from modelpool_operator.effects.hosts import apply_host
 from modelpool_operator.effects.resources import host_pod_template_hash
 from modelpool_operator.host import HostView, host_charge_key, host_pod_name
@@ -39,6 +34,7 @@ from modelpool_operator.observe.hosts import (
     host_reports,
     hosted_replicas,
     observe_hosts,
+    pod_name,
     reported_models,
 )
 from modelpool_operator.observe.observation import PodsByPool, budget_limit
@@ -97,7 +93,10 @@ def observe_host(
         pools=pools,
         owned=frozenset(pod_name(p) for p in owned),
         known=frozenset(name for name, report in stats.items() if report is not None),
-        annotations={pod_name(p): (_meta(p).get("annotations") or {}).get(ANNOTATION_MODELS) for p in owned},
+        annotations={
+            pod_name(p): ((p.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_MODELS)
+            for p in owned
+        },
         reported=reported_models(owned, stats),
         loading=frozenset(run.loading) | frozenset(run.landed),
         devices=dict(run.devices),
@@ -118,14 +117,6 @@ def forget_ended(run: HostRun, stats: HostReports) -> None:
     listed_now = {(pod, m) for pod, report in stats.items() for m in (report.models if report else {})}
     run.landed = {s: at for s, at in run.landed.items() if clock - at < LANDED_S and s not in listed_now}
     run.devices = {s: d for s, d in run.devices.items() if s in run.loading or s in run.landed}
-
-
-def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    return pod.get("metadata") or {}
-
-
-def pod_name(pod: Mapping[str, Any]) -> str:
-    return str(_meta(pod).get("name"))
 
 
 def owned_pods(host: HostView, pods_by_pool: PodsByPool) -> list[Mapping[str, Any]]:
@@ -186,8 +177,22 @@ async def reconcile_host(
             host.namespace, host.charge_key[1], host_pod_name(host, index), host_charge(host.spec), now
         )
     await apply_host(planned.pods, services, book, run=run, host=host, body=body, now=now)
+    references = {
+        pool.name: pool.reference()
+        for key, indexed in pools_by_key.items()
+        for pool in list(indexed)[:1]
+        if key[0] == host.namespace and pool.host == host.name
+    }
     await apply_models(
-        planned, services, book, run=run, host=host, body=body, pods=owned, pools_by_key=pools_by_key
+        planned,
+        services,
+        book,
+        run=run,
+        host=host,
+        body=body,
+        pods=owned,
+        urls=control_urls(services, owned),
+        pools=references,
     )
     if run.secret_failure is not None:  # the control key Secret's next try: the next pass comes no later
         wait = max(run.secret_retry_at - time.monotonic(), 0.0)
@@ -229,45 +234,12 @@ def hosted_pools(pools: Iterable[SharedPool]) -> dict[str, HostedPool]:
     return {host_model_name(p.name): HostedPool(p.name, p.declared, p.priority) for p in pools}
 
 
-async def apply_models(
-    planned: HostPassPlan,
-    services: Services,
-    book: Bookkeeping,
-    *,
-    run: HostRun,
-    host: HostView,
-    body: Mapping[str, Any],
-    pods: list[Mapping[str, Any]],
-    pools_by_key: PoolsByKey,
-) -> None:
-    """Make the pass's control calls on the host pods it owns (``pods``) and write their annotations
-    (``effects.host_models``); the shared pools on the host are poked when anything changed."""
-    urls = {
-        pod_name(p): url.removesuffix(STATS_PATH)
-        for p in pods
-        if (url := stats_url(p, services.config.server_probe_port)) is not None
+def control_urls(services: Services, pods: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Each host pod's control API base, by name (its probe port's: where its ``/stats`` is too)."""
+    port = services.config.server_probe_port
+    return {
+        pod_name(p): url.removesuffix(STATS_PATH) for p in pods if (url := stats_url(p, port)) is not None
     }
-    await apply_model_calls(
-        planned.models,
-        services,
-        run=run,
-        body=body,
-        urls=urls,
-        key=book.control_keys.get(host.key),
-        poke=lambda: book.poke(host.charge_key),
-        pools={
-            pool.name: pool.reference()
-            for key, indexed in pools_by_key.items()
-            if key[0] == host.namespace
-            for pool in list(indexed)[:1]
-            if pool.host == host.name
-        },
-        pods={pod_name(p): p for p in pods},
-    )
-    if planned.news:
-        book.poke_host(host.key)
-    await write_annotations(services, run, host.namespace, planned.annotations, pods)
-    run.retry_in = planned.models.retry_in
 
 
 async def unload_deleted_pool(
@@ -282,12 +254,7 @@ async def unload_deleted_pool(
     stats = host_reports(services.scraper.cached(listed))
     model = host_model_name(name)
     holding = {r.pod for r in hosted_replicas(model, 0, listed, stats)}
-    urls = {
-        pod_name: url.removesuffix(STATS_PATH)
-        for p in listed
-        if (pod_name := str((p.get("metadata") or {}).get("name"))) in holding
-        and (url := stats_url(p, services.config.server_probe_port)) is not None
-    }
+    urls = control_urls(services, (p for p in listed if pod_name(p) in holding))
     key = book.control_keys.get(host_key) or derived_control_key(services, namespace, host, listed)
     if not urls or key is None:
         return []

@@ -22,13 +22,15 @@ from typing import Any
 
 from modelpool_contract.api import MODELHOST_KIND
 from modelpool_contract.placements import ANNOTATION_MODELS
-from modelpool_operator.bookkeeping import HostRun
+from modelpool_operator.bookkeeping import Bookkeeping, HostRun
 from modelpool_operator.control_keys import derive_control_key
 from modelpool_operator.effects.attempts import attempt
 from modelpool_operator.effects.host_control import ControlError
+from modelpool_operator.host import HostView
 from modelpool_operator.owners import controller_owner
 from modelpool_operator.planner import Event
 from modelpool_operator.planner.host_models import Control, ModelCalls
+from modelpool_operator.planner.host_pass import HostPassPlan
 from modelpool_operator.planner.status import coalesce
 from modelpool_operator.services import Services
 
@@ -38,21 +40,45 @@ logger = logging.getLogger(__name__)
 BACKOFF_S = 15.0
 
 
-async def apply_model_calls(
-    placing: ModelCalls,
+async def apply_models(
+    planned: HostPassPlan,
     services: Services,
+    book: Bookkeeping,
     *,
     run: HostRun,
+    host: HostView,
     body: Mapping[str, Any],
+    pods: list[Mapping[str, Any]],
     urls: Mapping[str, str],
-    key: str | None,
-    poke: Callable[[], None],
-    pools: Mapping[str, Mapping[str, Any]] | None = None,
-    pods: Mapping[str, Mapping[str, Any]] | None = None,
+    pools: Mapping[str, Mapping[str, Any]],
 ) -> None:
-    """Make the calls of ``placing`` on the host pods (``urls``: each pod's control API base; ``pools``:
-    each shared pool's object, where its model's failures are told too; ``pods``: the host pods by name,
-    whose cached ``/stats`` each call that changed one marks stale, ``StatsScraper.invalidate``)."""
+    """Make a ModelHost pass's control calls on the host pods it owns (``pods``; ``urls``: each one's
+    control API base; ``pools``: the shared pools' objects by name, where their models' failures are told
+    too) and write their annotations; the shared pools on the host are poked when anything changed (their
+    status lists the host pods holding them). A call that changed a host pod marks its cached ``/stats``
+    stale (``StatsScraper.invalidate``)."""
+    await _make_calls(
+        planned.models, services, book, run=run, host=host, body=body, pods=pods, urls=urls, pools=pools
+    )
+    if planned.news:
+        book.poke_host(host.key)
+    await write_annotations(services, run, host.namespace, planned.annotations, pods)
+    run.retry_in = planned.models.retry_in
+
+
+async def _make_calls(
+    placing: ModelCalls,
+    services: Services,
+    book: Bookkeeping,
+    *,
+    run: HostRun,
+    host: HostView,
+    body: Mapping[str, Any],
+    pods: list[Mapping[str, Any]],
+    urls: Mapping[str, str],
+    pools: Mapping[str, Mapping[str, Any]],
+) -> None:
+    key = book.control_keys.get(host.key)
     if not placing.calls:
         return
     if key is None:
@@ -62,7 +88,7 @@ async def apply_model_calls(
             services.events.post(body, Event("Warning", "NoControlKey", why))
         return
     run.no_control = None
-    pools, pods = pools or {}, pods or {}
+    by_name = {str((p.get("metadata") or {}).get("name")): p for p in pods}
     failed: list[tuple[str, Event]] = []
     for call in placing.calls:
         url = urls.get(call.pod)
@@ -79,19 +105,19 @@ async def apply_model_calls(
                     url=url,
                     key=key,
                     call=call,
-                    poke=poke,
+                    poke=lambda: book.poke(host.charge_key),
                     pool=pools.get(call.pool),
-                    pod=pods.get(call.pod),
+                    pod=by_name.get(call.pod),
                 )
             )
             continue
         failure = await _call(
-            services, run=run, body=body, url=url, key=key, call=call, pod=pods.get(call.pod)
+            services, run=run, body=body, url=url, key=key, call=call, pod=by_name.get(call.pod)
         )
         if failure is not None:
             failed.append((call.pool, failure))
     tell_pools(services, pools, failed)
-    poke()
+    book.poke(host.charge_key)
 
 
 def tell_pools(

@@ -37,6 +37,10 @@ class HostedPool:
     priority: int = 0
 
 
+def pod_name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name") or "")
+
+
 def host_reports(stats: Mapping[str, Mapping[str, Any] | None]) -> dict[str, HostStats | None]:
     """The host pods' ``/stats`` as the scraper holds them (JSON objects by pod name), parsed once."""
     return {name: HostStats.parse(doc) for name, doc in stats.items()}
@@ -149,7 +153,7 @@ def hosted_replicas(
     state there; its memory is what the host measured on the device, else ``declared``."""
     replicas = []
     for pod in pods:
-        name = str((pod.get("metadata") or {}).get("name") or "")
+        name = pod_name(pod)
         doc = _models(stats.get(name)).get(model)
         if doc is None or doc.state is None:
             continue
@@ -214,7 +218,7 @@ def reported_models(
     ``/stats`` ``models.<name>.model``; models that report none are left out)."""
     reported = {}
     for pod in pods:
-        name = str((pod.get("metadata") or {}).get("name") or "")
+        name = pod_name(pod)
         report = stats.get(name)
         for model, doc in (report.models if report else {}).items():
             said = doc.model

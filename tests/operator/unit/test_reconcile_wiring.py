@@ -844,10 +844,12 @@ async def place_models(
 ) -> None:
     """The models half of a ModelHost pass: observed, decided (``plan_host_pass``) and applied
     (``apply_models``), its host pods left as they are."""
+    from modelpool_operator.effects.host_models import apply_models
     from modelpool_operator.planner.host_pass import plan_host_pass
-    from modelpool_operator.reconcile_host import apply_models, observe_host, owned_pods
+    from modelpool_operator.reconcile_host import control_urls, observe_host, owned_pods
 
     owned = owned_pods(host, pods_by_pool)
+    now = datetime.now(UTC)
     observed = observe_host(
         services,
         book,
@@ -857,11 +859,13 @@ async def place_models(
         pools_by_key=pools_by_key,
         budgets={},
         owned=owned,
-        now=datetime.now(UTC),
+        now=now,
     )
+    pools = {pool.name: pool.reference() for indexed in pools_by_key.values() for pool in indexed}
     planned = plan_host_pass(observed)
+    urls = control_urls(services, owned)
     await apply_models(
-        planned, services, book, run=run, host=host, body=body, pods=owned, pools_by_key=pools_by_key
+        planned, services, book, run=run, host=host, body=body, pods=owned, urls=urls, pools=pools
     )
 
 
