@@ -346,24 +346,12 @@ class Kube:
         key, not theirs. ``patch`` on Secrets is the one right this needs; the chart's operator policy
         (templates/operatorpolicy.yaml) lets the operator patch only control key Secrets a ModelHost
         owns."""
-        name = body["metadata"]["name"]
-        create = self._core.create_namespaced_secret(namespace, dict(body), _request_timeout=self._timeout)
-        if await self._took_effect("create_secret", create, unless=EXISTS):
-            return True
         plain = body.get("stringData") or {}
         data = {k: base64.b64encode(str(v).encode()).decode() for k, v in plain.items()}
         fields = {"/metadata/labels": body["metadata"].get("labels", {}), "/data": data}
-        await self._patch_owned(
-            "patch_secret",
-            f"Secret {namespace}/{name}",
-            lambda patch: self._core.patch_namespaced_secret(
-                name, namespace, patch, _content_type=JSON_PATCH, _request_timeout=self._timeout
-            ),
-            owned_patch(body, fields),
-        )
-        return False
+        return await self._ensure_owned(self._core, "secret", namespace, body, fields, kind="Secret")
 
-    # ---- services --------------------------------------------------------------------------------
+    # ---- services, network policies, disruption budgets --------------------------------------------
 
     async def ensure_service(self, namespace: str, body: Mapping[str, Any]) -> None:
         """Create the pool's Service, or bring an existing one's labels, selector and ports up to date, only
@@ -372,77 +360,54 @@ class Kube:
 
         ``spec.clusterIP`` is left out of the update: it is immutable, and a Service made before the pools'
         Services were headless keeps the virtual IP it has (docs/operator.md)."""
-        name = body["metadata"]["name"]
-        create = self._core.create_namespaced_service(namespace, dict(body), _request_timeout=self._timeout)
-        if await self._took_effect("create_service", create, unless=EXISTS):
-            return
         fields = {"/metadata/labels": body["metadata"].get("labels", {})}
         fields |= {f"/spec/{k}": v for k, v in (body.get("spec") or {}).items() if k != "clusterIP"}
-        await self._patch_owned(
-            "patch_service",
-            f"Service {namespace}/{name}",
-            lambda patch: self._core.patch_namespaced_service(
-                name, namespace, patch, _content_type=JSON_PATCH, _request_timeout=self._timeout
-            ),
-            owned_patch(body, fields),
-        )
-
-    async def _patch_owned(
-        self, operation: str, what: str, send: Callable[[list[dict[str, Any]]], Awaitable[Any]], patch: Any
-    ) -> None:
-        """Send an ``owned_patch``; its failed owner test is ``NameTakenError``, not an API failure."""
-        try:
-            await self._took_effect(operation, send(patch))
-        except ApiException as exc:
-            if not failed_test(exc):
-                raise
-            raise NameTakenError(
-                f"{what} exists and is not controlled by this resource (another owner, or none): the "
-                "operator leaves it as it is; delete or rename it, or rename this resource"
-            ) from exc
-
-    # ---- network policies ------------------------------------------------------------------------
+        await self._ensure_owned(self._core, "service", namespace, body, fields, kind="Service")
 
     async def ensure_network_policy(self, namespace: str, body: Mapping[str, Any]) -> None:
         """Create the pool's (or host's) NetworkPolicy, or bring an existing one's labels and rules up to
         date, only if it is ours (``owned_patch``; else ``NameTakenError``)."""
-        name = body["metadata"]["name"]
-        create = self._networking.create_namespaced_network_policy(
-            namespace, dict(body), _request_timeout=self._timeout
+        fields = _labels_and_spec(body)
+        await self._ensure_owned(
+            self._networking, "network_policy", namespace, body, fields, kind="NetworkPolicy"
         )
-        if await self._took_effect("create_network_policy", create, unless=EXISTS):
-            return
-        fields = {"/metadata/labels": body["metadata"].get("labels", {}), "/spec": body.get("spec", {})}
-        await self._patch_owned(
-            "patch_network_policy",
-            f"NetworkPolicy {namespace}/{name}",
-            lambda patch: self._networking.patch_namespaced_network_policy(
-                name, namespace, patch, _content_type=JSON_PATCH, _request_timeout=self._timeout
-            ),
-            owned_patch(body, fields),
-        )
-
-    # ---- disruption budgets ----------------------------------------------------------------------
 
     async def ensure_disruption_budget(self, namespace: str, body: Mapping[str, Any]) -> None:
         """Create the pool's (or host's) PodDisruptionBudget, or bring an existing one's labels and spec up to
         date (its minAvailable follows the pool's target), only if it is ours (``owned_patch``; else
         ``NameTakenError``)."""
+        fields = _labels_and_spec(body)
+        kind = "PodDisruptionBudget"
+        await self._ensure_owned(self._policy, "pod_disruption_budget", namespace, body, fields, kind=kind)
+
+    async def _ensure_owned(
+        self, api: Any, resource: str, namespace: str, body: Mapping[str, Any], fields: Any, *, kind: str
+    ) -> bool:
+        """Create ``body`` (``api.create_namespaced_<resource>``); when an object of its name exists, bring
+        ``fields`` (JSON-patch paths to values) up to date by an ``owned_patch``, whose failed owner test
+        (the object is anyone else's) is ``NameTakenError``, not an API failure. True when created."""
         name = body["metadata"]["name"]
-        create = self._policy.create_namespaced_pod_disruption_budget(
-            namespace, dict(body), _request_timeout=self._timeout
-        )
-        if await self._took_effect("create_pod_disruption_budget", create, unless=EXISTS):
-            return
-        fields = {"/metadata/labels": body["metadata"].get("labels", {}), "/spec": body.get("spec", {})}
-        await self._patch_owned(
-            "patch_pod_disruption_budget",
-            f"PodDisruptionBudget {namespace}/{name}",
-            lambda patch: self._policy.patch_namespaced_pod_disruption_budget(
-                name, namespace, patch, _content_type=JSON_PATCH, _request_timeout=self._timeout
-            ),
+        create = getattr(api, f"create_namespaced_{resource}")
+        made = create(namespace, dict(body), _request_timeout=self._timeout)
+        if await self._took_effect(f"create_{resource}", made, unless=EXISTS):
+            return True
+        patch = getattr(api, f"patch_namespaced_{resource}")(
+            name,
+            namespace,
             owned_patch(body, fields),
+            _content_type=JSON_PATCH,
+            _request_timeout=self._timeout,
         )
+        try:
+            await self._took_effect(f"patch_{resource}", patch)
+        except ApiException as exc:
+            if not failed_test(exc):
+                raise
+            raise NameTakenError(
+                f"{kind} {namespace}/{name} exists and is not controlled by this resource (another owner, or "
+                "none): the operator leaves it as it is; delete or rename it, or rename this resource"
+            ) from exc
+        return False
 
     # ---- custom resources ------------------------------------------------------------------------
 
@@ -490,6 +455,11 @@ class Kube:
             ),
             unless=GONE,
         )
+
+
+def _labels_and_spec(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What an update of an owned object brings up to date: its labels and its whole spec."""
+    return {"/metadata/labels": body["metadata"].get("labels", {}), "/spec": body.get("spec", {})}
 
 
 __all__ = ["ApiException", "Kube", "connect", "describe_error", "merge_patch", "refused"]
