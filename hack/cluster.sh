@@ -57,10 +57,19 @@ need_binaries() {
 }
 
 kwokctl() { "$bin/kwokctl" --name "$name" "$@"; }
+# kwokctl picks free ports for a cluster's components when it creates or starts it and binds them a moment
+# later: two clusters brought up at once (make test's two workers) could pick the same one, and the second
+# kwok controller then never starts (its nodes stay NotReady). One at a time on this machine.
+one_at_a_time() { ( flock 9 && "$@" ) 9>"${TMPDIR:-/tmp}/modelpool-kwokctl.lock"; }
 kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
 processnode_running() {
-  [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+  # The pid is this cluster's agent only while its command line names this cluster's pods directory: once
+  # the agent is gone its pid is reused (pid_max is 32768 here), and a stop would signal a stranger.
+  local pid
+  [ -f "$pidfile" ] || return 1
+  pid=$(cat "$pidfile")
+  kill -0 "$pid" 2>/dev/null && tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qxF -- "$dir/pods"
 }
 
 stop_processnode() {
@@ -111,13 +120,13 @@ up() {
   since=$(date -u +%Y-%m-%dT%H:%M:%S)
   if [ -d "$KWOK_WORKDIR/clusters/$name" ]; then
     echo "cluster: $name already exists in $KWOK_WORKDIR; starting it"
-    kwokctl start cluster >"$logs/kwokctl.log" 2>&1 || { cat "$logs/kwokctl.log" >&2; exit 1; }
+    one_at_a_time kwokctl start cluster >"$logs/kwokctl.log" 2>&1 || { cat "$logs/kwokctl.log" >&2; exit 1; }
   else
     echo "cluster: creating $name (kwokctl binary runtime, binaries from $bin)"
     # The binary runtime would let KWOK manage every node; it must leave the process node to its agent.
     # One scheduler and one controller-manager, without leader election: on a loaded machine a lease renewal
     # that misses its deadline made both exit for good mid-benchmark (pods left Pending, none scheduled).
-    if ! kwokctl create cluster \
+    if ! one_at_a_time kwokctl create cluster \
       --runtime binary \
       --kubeconfig "" \
       --etcd-binary "$bin/etcd" \

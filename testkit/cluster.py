@@ -190,6 +190,15 @@ def require_prerequisites() -> None:
         missing("no .venv (run: make venv)")
 
 
+def pod_octet(shift: int = 0) -> int:
+    """The second octet of a session's pod addresses (127.<octet>.x.y), ``shift`` apart for a second process
+    node of the same session: pytest-xdist's workers (gw0, gw1, ...) by their index, three apart, so they
+    never share a range; any other session by its pid, so concurrent sessions rarely do."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    base = 3 * int(worker[2:]) if worker[2:].isdigit() else os.getpid()
+    return 100 + (base + shift) % 150
+
+
 def start_cluster(workdir: Path, name: str, ip_octet: int | None = None) -> Cluster:
     """`hack/cluster.sh up` in `workdir` (a cluster of that name there is started again, not created)."""
     env = dict(
@@ -198,7 +207,7 @@ def start_cluster(workdir: Path, name: str, ip_octet: int | None = None) -> Clus
         CLUSTER_NAME=name,
         BIN_DIR=str(BIN),
         # A distinct pod address range per session, so concurrent sessions never share an address.
-        PROCESSNODE_IP_OCTET=str(100 + os.getpid() % 150 if ip_octet is None else ip_octet),
+        PROCESSNODE_IP_OCTET=str(pod_octet() if ip_octet is None else ip_octet),
     )
     code = _cluster_sh("up", env, workdir, timeout=300)
     if code != 0:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from modelpool_contract.version import VERSION
-from testkit.cluster import Cluster
+from testkit.cluster import Cluster, pod_octet
 from testkit.environment import ROOT
 from testkit.kubectl import wait_for
 from testkit.processnode.images import ImageStore
@@ -200,7 +200,7 @@ class ImageNode:
 @contextmanager
 def image_node(cluster: Cluster, name: str = IMAGE_NODE, ip_octet: int | None = None) -> Iterator[ImageNode]:
     """A process node in image mode for the duration of the block (its pods are stopped with it)."""
-    node = ImageNode(cluster, name, ip_octet if ip_octet is not None else 100 + (os.getpid() + 75) % 150)
+    node = ImageNode(cluster, name, ip_octet if ip_octet is not None else pod_octet(75))
     try:
         node.start()
         yield node

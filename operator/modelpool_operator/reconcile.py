@@ -92,6 +92,8 @@ def believe_own(
     workers: dict[PoolKey, list[ObservedWorker]],
     pool: PoolView,
     now: datetime,
+    *,
+    grace_s: float,
 ) -> None:
     """The own pool's workers as the operator believes them (``observe.claims``: load counted at most the
     queue's capacity, a busy claim believed for a bounded time), for this plan and for the other pools'
@@ -99,7 +101,12 @@ def believe_own(
     if pool.key not in workers:
         return
     believed, run.claims = believe(
-        workers[pool.key], spec=pool.spec, claims=run.claims, previous=pool.status.workers, now=now
+        workers[pool.key],
+        spec=pool.spec,
+        claims=run.claims,
+        previous=pool.status.workers,
+        now=now,
+        grace_s=grace_s,
     )
     workers[pool.key] = book.observed[pool.key] = believed
 
@@ -180,7 +187,7 @@ async def reconcile_pool(
         # From observing to the reservations ``decide`` records nothing is awaited (see the module doc).
         now = datetime.now(UTC)
         workers = observe(services, book, pods_by_pool, own=pool.key, now=now)
-        believe_own(book, run, workers, pool, now)
+        believe_own(book, run, workers, pool, now, grace_s=services.config.processing_grace_seconds)
         decided = decide(
             pool,
             workers,

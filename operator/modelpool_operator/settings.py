@@ -62,6 +62,15 @@ class OperatorConfig(BaseSettings):
     stats_interval_seconds: float = Field(
         default=5.0, gt=0, description="How often each worker's GET /stats is scraped."
     )
+    processing_grace_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "How long past a pool's spec.queue.requestTimeoutSeconds a worker's claim to be busy "
+            "(Processing, or requests in flight or queued) is believed without progress; then it counts as "
+            "Idle for eviction (ProcessingNotBelieved). A few scrape intervals and the server's answer time."
+        ),
+    )
     stats_timeout_seconds: float = Field(
         default=2.0,
         gt=0,

@@ -502,5 +502,10 @@ class ContainerRunner:
         runc = self.ctx.runc
         if launch is not None and launch.cid and runc is not None and runc.kill(launch.cid, sig.name):
             return
+        # Its process group, unless its leader is reaped and its pid is a live process's again: a group's
+        # id is never reused while any member lives, so a live process of that pid means the group is
+        # empty and the pid another's (pid_max is 32768: under load it comes round in minutes).
+        if self.proc.poll() is not None and Path(f"/proc/{self.proc.pid}").exists():
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)

@@ -12,7 +12,6 @@ same agent.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -25,7 +24,14 @@ from typing import Any
 
 import pytest
 
-from testkit.cluster import CLUSTER_SH_LOG, Cluster, require_prerequisites, start_cluster, stop_cluster
+from testkit.cluster import (
+    CLUSTER_SH_LOG,
+    Cluster,
+    pod_octet,
+    require_prerequisites,
+    start_cluster,
+    stop_cluster,
+)
 from testkit.kubectl import apply, get_json, process_node_pod, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -60,7 +66,7 @@ def own(request: pytest.FixtureRequest) -> Iterator[OwnCluster]:
     require_prerequisites()
     workdir = Path(tempfile.mkdtemp(prefix="modelpool-restart-"))
     name = f"mp-restart-{uuid.uuid4().hex[:6]}"
-    octet = 100 + (os.getpid() + 75) % 150  # not the session cluster's pod address range
+    octet = pod_octet(75)  # not the session cluster's pod address range
     failed_before = request.session.testsfailed
     try:
         cluster = start_cluster(workdir, name, ip_octet=octet)

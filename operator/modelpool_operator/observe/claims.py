@@ -53,9 +53,10 @@ class BusyClaim:
     requests: int | None = None
 
 
-def claim_bound_s(spec: ModelPoolSpec) -> float:
-    """Seconds a busy claim is believed: the pool's request timeout plus ``PROCESSING_GRACE_S``."""
-    return float(spec.queue.request_timeout_seconds) + PROCESSING_GRACE_S
+def claim_bound_s(spec: ModelPoolSpec, grace_s: float = PROCESSING_GRACE_S) -> float:
+    """Seconds a busy claim is believed: the pool's request timeout plus the grace (the operator's
+    ``processingGraceSeconds``, ``PROCESSING_GRACE_S`` by default)."""
+    return float(spec.queue.request_timeout_seconds) + grace_s
 
 
 def claim_believed(since: datetime, now: datetime, bound_s: float) -> bool:
@@ -117,10 +118,11 @@ def believe(
     claims: Mapping[str, BusyClaim],
     previous: Sequence[WorkerStatus],
     now: datetime,
+    grace_s: float = PROCESSING_GRACE_S,
 ) -> tuple[list[ObservedWorker], dict[str, BusyClaim]]:
     """The pool's ``workers`` as the operator believes them (module doc), and the busy claims to carry to
     the next pass."""
-    bound = claim_bound_s(spec)
+    bound = claim_bound_s(spec, grace_s)
     entries = {entry.name: entry for entry in previous}
     believed: list[ObservedWorker] = []
     record: dict[str, BusyClaim] = {}
@@ -130,17 +132,23 @@ def believe(
             since = busy_since(worker, claims.get(worker.name), entries.get(worker.name), now)
             record[worker.name] = BusyClaim(worker.uid, since, worker.requests_total)
             if not claim_believed(since, now, bound):
-                worker = not_believed(worker, since, now, bound)
+                worker = not_believed(worker, since, now, bound, grace_s)
         believed.append(worker)
     return believed, record
 
 
-def not_believed(worker: ObservedWorker, since: datetime, now: datetime, bound_s: float) -> ObservedWorker:
+def not_believed(
+    worker: ObservedWorker,
+    since: datetime,
+    now: datetime,
+    bound_s: float,
+    grace_s: float = PROCESSING_GRACE_S,
+) -> ObservedWorker:
     """The worker counted as Idle for eviction, with the reason (its figures kept for the load)."""
     busy_for = (now - since).total_seconds()
     message = (
         f"the worker has reported work (Processing, or requests in flight or queued) for {busy_for:.0f}s, "
-        f"longer than any request may take (spec.queue.requestTimeoutSeconds plus {PROCESSING_GRACE_S:g}s: "
+        f"longer than any request may take (spec.queue.requestTimeoutSeconds plus {grace_s:g}s: "
         f"{bound_s:g}s): counted as Idle, so it may be evicted (it drains first)"
     )
     return replace(

@@ -225,9 +225,13 @@ def test_a_worker_that_always_reports_processing_is_preempted_past_its_bound(
 ) -> None:
     probe_port = free_port()
     budget("4Gi")
-    start_operator(namespace, MODELPOOL_OPERATOR_SERVER_PROBE_PORT=str(probe_port))
+    start_operator(
+        namespace,
+        MODELPOOL_OPERATOR_SERVER_PROBE_PORT=str(probe_port),
+        MODELPOOL_OPERATOR_PROCESSING_GRACE_SECONDS="4",
+    )
     low = pool_manifest("low", replicas=1, memory="4Gi", priority=0)
-    low["spec"]["queue"]["requestTimeoutSeconds"] = 1  # believed for 1 s plus the 30 s grace
+    low["spec"]["queue"]["requestTimeoutSeconds"] = 1  # believed for 1 s plus the 4 s grace
     apply(cluster, low, namespace)
     (ip,) = running_ips(cluster, namespace, "low", 1)
 
@@ -252,7 +256,7 @@ def test_a_worker_that_always_reports_processing_is_preempted_past_its_bound(
             timeout=90,
             message="the ProcessingNotBelieved Event",
         )
-        assert told[0]["type"] == "Warning" and "requestTimeoutSeconds" in told[0]["message"]
+        assert told[0]["type"] == "Warning" and "requestTimeoutSeconds plus 4s" in told[0]["message"]
         (victim,) = wait_for(
             lambda: [
                 p
