@@ -16,7 +16,8 @@ supervisor's ``metrics_dir`` holds) and the gauges read from the shared view.
 
 A wedged HTTP process must still fail liveness, as it would on the serving port: each one's event loop
 ticks a heartbeat into the shared view, and liveness fails while one that accepts connections has not
-ticked for ``STALL_AFTER_S``; so must a wedged forward pass (``worker_stats.inference_wedged``).
+ticked for ``STALL_AFTER_S`` (``stall``, the rule a shared host's liveness uses too); so must a wedged
+forward pass (``worker_stats.inference_wedged``).
 
 A small stdlib server in a thread of the supervisor (``local_http``: keep-alive, no Nagle, IPv6): four GET
 routes; the supervisor imports no web stack.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -44,17 +46,21 @@ from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_
 STALL_AFTER_S = 15.0
 
 
+def stall(views: Iterable[WorkerView], now: float) -> str:
+    """Why an HTTP process counts as stalled ('' while none does): one that accepts connections and has
+    not ticked into any of ``views`` for ``STALL_AFTER_S``."""
+    stalled = sorted({i for view in views for i in view.stalled_http(now, STALL_AFTER_S)})
+    if not stalled:
+        return ""
+    return f"HTTP process {stalled[0]} has not run its event loop for {STALL_AFTER_S:.0f} s"
+
+
 def answer(
     path: str, config: ServerConfig, view: WorkerView, state_machine: StateMachine, now: float
 ) -> tuple[int, dict[str, Any]]:
     """The status and JSON body of ``GET path`` (``now``: ``time.monotonic()``)."""
     if path == LIVE_PATH:
-        stalled = view.stalled_http(now, STALL_AFTER_S)
-        wedged = (
-            f"HTTP process {stalled[0]} has not run its event loop for {STALL_AFTER_S:.0f} s"
-            if stalled
-            else worker_stats.inference_wedged(config, view, now)
-        )
+        wedged = stall([view], now) or worker_stats.inference_wedged(config, view, now)
         return worker_stats.liveness(state_machine, wedged)
     if path == READY_PATH:
         return worker_stats.readiness(state_machine, view)
@@ -100,4 +106,4 @@ class _Handler(LocalHandler):
         self.send_body(status, json.dumps(body, separators=(",", ":")).encode(), "application/json")
 
 
-__all__ = ["STALL_AFTER_S", "ProbeServer", "answer"]
+__all__ = ["STALL_AFTER_S", "ProbeServer", "answer", "stall"]

@@ -19,11 +19,13 @@ import pytest
 from model_server.config import ServerConfig
 from model_server.host_config import HostConfig
 from model_server.state_machine import State, StateMachine
-from model_server.supervisor.host import HostSupervisor, Slot
+from model_server.supervisor.host import HostSupervisor
 from model_server.supervisor.host_control import HostControlServer, host_liveness
 from model_server.supervisor.local_http import LocalHandler, LocalHTTPServer
 from model_server.supervisor.probe_server import STALL_AFTER_S, ProbeServer, answer
-from model_server.supervisor.supervisor import Child
+from model_server.supervisor.runtime import Child
+from model_server.supervisor.slot import Slot
+from model_server.supervisor.supervisor import Supervisor
 from model_server.worker_view import SPAWN, Column, Field, WorkerView, http_row
 
 LIVE = "/v2/health/live"
@@ -145,3 +147,20 @@ def test_a_wedged_forward_pass_on_a_host_fails_that_model_alone_and_kills_its_pr
         for process in (wedged_process, fine_process):
             process.kill()
             process.join(10)
+
+
+def _fake_child(name: str) -> Child:
+    return Child(name, cast(BaseProcess, object()), cast(Connection, None))
+
+
+def test_both_shapes_stop_their_model_processes_before_their_http_processes() -> None:
+    """The runtime stops ``children()`` in order: a model's process drains and ends before the HTTP
+    processes that answer for it (the host once stopped its HTTP processes first)."""
+    worker = Supervisor(_config())
+    worker.slot.child, worker.http = _fake_child("inference"), [_fake_child("http-0")]
+    host = _host()
+    _running(host, 1, cast(BaseProcess, object()))
+    host.http = [_fake_child("http-0")]
+    for shape in (worker, host):
+        assert [c.name for c in shape.children()][-1] == "http-0", shape
+        assert shape.children()[0].name.startswith("inference")
