@@ -26,18 +26,16 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-import uvicorn
-
 from model_server import host_plan, ipc
 from model_server.config import ServerConfig
 from model_server.frontend.endpoints import build_app
 from model_server.frontend.endpoints.auth import ApiKeyMiddleware
-from model_server.frontend.http_process import GRACEFUL_SHUTDOWN_S, HTTP_NICE
+from model_server.frontend.http_process import HTTP_NICE, ControlledServer, import_task
 from model_server.frontend.server import ModelServer
 from model_server.host_config import HostConfig
-from model_server.process_setup import exit_now, set_up
+from model_server.process_setup import set_up
 from model_server.state_machine import SERVING, State
-from model_server.worker_view import BEAT_PERIOD_S, Column, Field, WorkerView, http_row
+from model_server.worker_view import Column, Field, WorkerView, http_row
 from modelpool_contract.http_limits import BoundedHeadersProtocol
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
 
@@ -72,7 +70,7 @@ class HostRouter:
         view.put(http_row(self.index), Column.PID, float(os.getpid()))
         view.put(http_row(self.index), Column.BEAT, time.monotonic())
         view.put(http_row(self.index), Column.UP, 1.0)
-        asyncio.get_running_loop().run_in_executor(None, _import_task, server)
+        asyncio.get_running_loop().run_in_executor(None, import_task, server)
 
     def unload(self, slot: int) -> None:
         for name, (index, server, _) in list(self.models.items()):
@@ -83,8 +81,7 @@ class HostRouter:
                 if channel is not None and channel._transport is not None:
                     channel._transport.close()
 
-    def beat(self) -> None:
-        now = time.monotonic()
+    def beat(self, now: float) -> None:
         for slot, _, _ in self.models.values():
             self.views[slot].put(http_row(self.index), Column.BEAT, now)
 
@@ -141,13 +138,6 @@ class HostRouter:
         return life.state in SERVING
 
 
-def _import_task(server: ModelServer) -> None:
-    try:
-        server.inference.import_task()
-    except Exception as exc:  # the inference process fails the load and reports why
-        log.debug("cannot import the task: %s", exc)
-
-
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
     """The whole body (None: over ``limit``)."""
     chunks: list[bytes] = []
@@ -199,35 +189,18 @@ def receive_socket(control: Connection) -> socket.socket:
     return socket.socket(fileno=fds[0])
 
 
-class HostHTTPServer(uvicorn.Server):
-    """uvicorn for the router; the supervisor's control messages load and unload models here."""
+class HostHTTPServer(ControlledServer):
+    """The router's server; the supervisor's control messages load and unload models here."""
 
-    def __init__(self, config: uvicorn.Config, router: HostRouter, control: Connection):
-        super().__init__(config)
+    def __init__(self, app: Any, router: HostRouter, control: Connection):
+        super().__init__(app, router.config, BoundedHeadersProtocol, control)
         self.router = router
-        self._control = control
 
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        """Signals are the supervisor's to act on."""
+    def beat(self, now: float) -> None:
+        self.router.beat(now)
 
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        asyncio.get_running_loop().add_reader(self._control.fileno(), self._on_control)
-        await super().startup(sockets)
-        self._beat()
-
-    def _beat(self) -> None:
-        self.router.beat()
-        asyncio.get_running_loop().call_later(BEAT_PERIOD_S, self._beat)
-
-    def _on_control(self) -> None:
-        try:
-            message = self._control.recv()
-        except (EOFError, OSError):
-            message = "stop"
-        if message == "stop":
-            asyncio.get_running_loop().remove_reader(self._control.fileno())
-            self.should_exit = True
-        elif isinstance(message, tuple) and message[0] == "load":
+    def on_message(self, message: object) -> None:
+        if isinstance(message, tuple) and message[0] == "load":
             sock = receive_socket(self._control)  # sent right after the message
             asyncio.get_running_loop().create_task(self.router.load(message[1], message[2], sock))
         elif isinstance(message, tuple) and message[0] == "unload":
@@ -248,22 +221,7 @@ def main(
     app: Any = router
     if config.api_key is not None:  # outermost, before any model is chosen (as on a dedicated worker)
         app = ApiKeyMiddleware(router, config.api_key, on_reject=lambda reason: None)
-    http = HostHTTPServer(
-        uvicorn.Config(
-            app,
-            log_level=config.log_level,
-            access_log=False,
-            proxy_headers=False,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-            lifespan="off",
-            # The header bound (431), as a dedicated worker's HTTP processes have it.
-            http=BoundedHeadersProtocol,
-        ),
-        router,
-        control,
-    )
-    http.run(sockets=[listener])
-    exit_now(0)
+    HostHTTPServer(app, router, control).serve_on(listener)
 
 
 __all__ = ["HostHTTPServer", "HostRouter", "main"]

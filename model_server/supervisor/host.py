@@ -6,22 +6,20 @@ and learn on their control pipe (a unix socket) which model a slot holds: ``("lo
 followed by the HTTP end of a fresh socket pair to the model's process
 (``multiprocessing.reduction.send_handle``), and ``("unload", index)``.
 
-Isolation: an exception in one model's forward pass fails only that batch (its own process's data
-plane); a model whose process dies (a crash, an OOM kill) turns that model Failed, the others serve on
-(its channels end with it: what waits is answered 503); a fatal device error (the inference
-process's exit 4) fails the host: every model Failed, exit 4.  An HTTP process that dies fails the host
-(exit 5), as in a dedicated worker.
+Isolation: an exception in one model's forward pass fails only that batch; a model whose process dies (a
+crash, an OOM kill) or whose forward pass is wedged turns that model Failed, the others serve on (its
+channels end with it: what waits is answered 503); a fatal device error (the inference process's exit
+4) fails the host: every model Failed, exit 4.  An HTTP process that dies fails the host (exit 5).
 
-The control API (``host_control``, on the probe port) calls ``load``, ``unload``, ``sleep`` and ``wake``
-from its threads; a request for a sleeping model (an HTTP process sets ``Field.WAKE_WANTED`` in its slot)
-is woken by the watch loop.  A host has one device or several (``--gpus``: a ledger each, of
-``--device-memory``); a load goes on the device its body names (the operator's choice; else the one with
-the most room), and its inference process runs there (``cuda:<i>``).  Before a load or a wake, the least
-recently used idle models of THAT device are put to sleep when its ledger (each loaded model is charged its
-weights while awake and its process's ``--model-overhead`` awake or asleep) is short
-(``host_plan.make_room``); a request's
-wake that finds no room (those models have work in hand) is tried again while the request waits, and a
-model woken for a request counts as busy until that request is admitted (never put back to sleep first).
+The control API calls ``load``, ``unload``, ``sleep`` and ``wake`` from its threads; a request for a
+sleeping model (an HTTP process sets ``Field.WAKE_WANTED`` in its slot) is woken by the watch loop.  A
+host has one device or several (``--gpus``: a ledger each, of ``--device-memory``); a load goes on the
+device its body names (the operator's choice; else the one with the most room), and its inference
+process runs there (``cuda:<i>``).  Before a load or a wake, the least recently used idle models of THAT
+device are put to sleep when its ledger (each loaded model is charged its weights while awake and its
+process's ``--model-overhead`` awake or asleep) is short (``host_plan.make_room``); a request's wake that
+finds no room (those models have work in hand) is tried again while the request waits, and a model woken
+for a request counts as busy until that request is admitted (never put back to sleep first).
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ from model_server.metrics import WorkerGauges, render_host
 from model_server.state_machine import SERVING, State
 from model_server.supervisor.host_control import HostControlServer
 from model_server.supervisor.probe_server import stall
-from model_server.supervisor.runtime import Child, Runtime, describe_exit
+from model_server.supervisor.runtime import Child, Runtime
 from model_server.supervisor.slot import Slot
 from model_server.worker_view import INFERENCE_ROW, Column, Field, WorkerView
 from modelpool_contract.exits import (
@@ -102,8 +100,6 @@ class HostSupervisor:
         self.lock = threading.RLock()  # the control API's threads and the watch loop
         self.failed = ""  # the host's failure, once it has failed
         self.runtime = Runtime(self)
-        # Every process's counters (each series labelled with its model) are here; /metrics adds them up.
-        self.metrics_dir = self.runtime.metrics_dir
 
     # ---- the runtime's shape --------------------------------------------------------------------------
 
@@ -162,28 +158,27 @@ class HostSupervisor:
     def _start_slot(self, slot: Slot) -> None:
         """Connect the HTTP processes to the model's new process; one that cannot start is that model's
         failure, not the host's."""
-        pairs = [socket.socketpair() for _ in self.http]
+        ends: list[socket.socket] = []
         try:
-            for child, (http_end, _) in zip(self.http, pairs, strict=True):
+            ends = slot.start(self.runtime, len(self.http), labelled=True)
+            for child, http_end in zip(self.http, ends, strict=True):
                 child.tell(("load", slot.index, slot.config))
                 reduction.send_handle(child.control, http_end.fileno(), child.process.pid or 0)
-            slot.start(self.runtime, [end for _, end in pairs], labelled=True)
         except Exception as exc:
             log.exception("cannot start the process of %s", slot.name)
             slot.state_machine.try_to(State.FAILED, f"cannot start its process: {type(exc).__name__}: {exc}")
+            if slot.child is not None:  # not connected to the HTTP processes: no use
+                slot.child.process.kill()
         finally:
-            for pair in pairs:  # the processes hold their own copies now
-                for sock in pair:
-                    sock.close()
+            for sock in ends:  # the HTTP processes hold their own copies now
+                sock.close()
 
     def unload(self, name: str) -> None:
         """Drain the model (its admitted requests are answered) and free its slot."""
         with self.lock:
             slot = self.slot_of(name)
-            slot.leaving = True
-            child = slot.child
+            child = slot.drain()
         if child is not None and child.process.exitcode is None:
-            child.tell("drain")
             assert slot.config is not None
             child.process.join(slot.config.drain_timeout + DRAIN_GRACE_S)
             if child.process.exitcode is None:
@@ -194,7 +189,7 @@ class HostSupervisor:
                 http.tell(("unload", slot.index))
             slot.free()
         if child is not None and child.process.pid is not None:
-            forget_process_metrics(self.metrics_dir, child.process.pid)
+            forget_process_metrics(self.runtime.metrics_dir, child.process.pid)
 
     def sleep(self, name: str) -> Slot:
         with self.lock:
@@ -277,7 +272,7 @@ class HostSupervisor:
                 if s.config is not None
             ]
             devices = self._device_reports()
-        return render_host(gauges, devices, self.metrics_dir)
+        return render_host(gauges, devices, self.runtime.metrics_dir)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
@@ -316,10 +311,7 @@ class HostSupervisor:
         """Act on processes that exited unasked: the host's exit code when the host must end."""
         for child in self.http:
             if child.exited():
-                died = describe_exit(child.process.exitcode or 0)
-                return self.runtime.fail(
-                    EXIT_PROCESS_DIED, f"the {child.name} process (pid {child.process.pid}) died: {died}"
-                )
+                return self.runtime.fail(EXIT_PROCESS_DIED, child.died())
         # Without the lock: a control call may hold it for a whole sleep or wake, and a crash must be
         # acted on at once (``leaving`` is set before an unload asks the process to end).
         for slot in self.slots:
@@ -330,7 +322,7 @@ class HostSupervisor:
             if exitcode == EXIT_DEVICE_FAILED:
                 reason = slot.state_machine.reason or "fatal device error"
                 return self.runtime.fail(EXIT_DEVICE_FAILED, reason)
-            reason = f"the {process.name} process (pid {process.process.pid}) died: {describe_exit(exitcode)}"
+            reason = process.died()
             if exitcode == EXIT_LOAD_FAILED:
                 reason = slot.state_machine.reason or reason
             log.error("model %s failed: %s", slot.name, reason)
@@ -429,9 +421,8 @@ class HostSupervisor:
 
     def _drain_all(self) -> int:
         for slot in self.slots:
-            if slot.child is not None and slot.child.process.exitcode is None:
-                slot.leaving = True
-                slot.child.tell("drain")
+            if slot.config is not None:
+                slot.drain()
         deadline = time.monotonic() + max(
             [s.config.drain_timeout for s in self.slots if s.config is not None], default=0.0
         )

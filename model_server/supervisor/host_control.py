@@ -15,9 +15,9 @@ With ``--control-key-file``, every POST must carry ``Authorization: Bearer <key>
 ``/stats`` and ``/metrics`` stay open, as on a dedicated worker's probe port.  Errors are
 ``{"error": "..."}`` with the status of the ``ServerError`` (400 a bad load body, 404 an unknown model,
 409 loaded already or a refused sleep, 507 no room on the device).  Liveness fails while an HTTP process
-is stalled, as a dedicated worker's.  A stdlib server in a thread of the host's supervisor (``local_http``,
-as a dedicated worker's probe port: keep-alive, no Nagle, IPv6); each call runs on its own thread, and the
-supervisor's lock orders them.
+is stalled, as a dedicated worker's.  A stdlib server in a thread of the host's supervisor
+(``probe_server.LocalHTTPServer``, as a dedicated worker's probe port: keep-alive, no Nagle, IPv6); each
+call runs on its own thread, and the supervisor's lock orders them.
 """
 
 from __future__ import annotations
@@ -31,17 +31,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from model_server.errors import InvalidInput, ServerError
 from model_server.host_config import HostConfig, LoadError
-from model_server.state_machine import StateMachine
-from model_server.supervisor.local_http import LocalHandler, LocalHTTPServer
+from model_server.supervisor.probe_server import LocalHandler, LocalHTTPServer
 from model_server.supervisor.runtime import Child
+from model_server.supervisor.slot import Slot
 from modelpool_contract.host_control import INDEX_PATH, parse_model_action
 from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
 
 MAX_CONTROL_BODY = 1 << 20
-
-
-class LoadedModel(Protocol):
-    state_machine: StateMachine
 
 
 class Host(Protocol):
@@ -59,7 +55,7 @@ class Host(Protocol):
     def index(self) -> list[dict[str, Any]]: ...
     def stats(self) -> dict[str, Any]: ...
     def metrics(self) -> bytes: ...
-    def load(self, name: str, body: bytes) -> LoadedModel: ...
+    def load(self, name: str, body: bytes) -> Slot: ...
     def unload(self, name: str) -> None: ...
     def sleep(self, name: str) -> object: ...
     def wake(self, name: str) -> object: ...

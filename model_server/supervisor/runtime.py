@@ -1,4 +1,4 @@
-"""The server's process tree, built once for both shapes: a dedicated worker (``supervisor.Dedicated``: one
+"""The server's process tree, built once for both shapes: a dedicated worker (``supervisor.Supervisor``: one
 slot, loaded at start) and a shared host (``host.HostSupervisor``: N slots loaded by control calls).
 
 ``run`` binds the serving sockets (one per HTTP process, all on the same port with ``SO_REUSEPORT``, so
@@ -45,7 +45,7 @@ from model_server.config import ServerConfig
 from model_server.errors import ServerError
 from model_server.host_config import HostConfig
 from model_server.metrics import MULTIPROC_ENV
-from model_server.supervisor.local_http import LocalHTTPServer
+from model_server.supervisor.probe_server import LocalHTTPServer
 from model_server.worker_view import SPAWN, WorkerView
 from modelpool_contract.exits import KILL_TIMEOUT_S, STOP_TIMEOUT_S
 
@@ -65,6 +65,11 @@ def describe_exit(exitcode: int) -> str:
         except ValueError:
             return f"killed by signal {-exitcode}"
     return f"exit code {exitcode}"
+
+
+def died(name: str, pid: int | None, exitcode: int | None) -> str:
+    """Pure: the reason a process that exited unasked gives the server."""
+    return f"the {name} process (pid {pid}) died: {describe_exit(exitcode or 0)}"
 
 
 def bind_listeners(host: str, port: int, count: int) -> list[socket.socket]:
@@ -101,6 +106,9 @@ class Child:
         with contextlib.suppress(OSError):
             self.control.send(message)
 
+    def died(self) -> str:
+        return died(self.name, self.process.pid, self.process.exitcode)
+
     def exited(self) -> bool:
         """Whether it has exited since last asked (each exit is seen once)."""
         if self.done or self.process.exitcode is None:
@@ -110,38 +118,26 @@ class Child:
 
 
 class Shape(Protocol):
-    """What differs between a dedicated worker and a shared host; the runtime does the rest."""
+    """What differs between a dedicated worker and a shared host; the runtime does the rest.
+
+    ``views``: every slot's view, unlinked at the end; ``children``: the processes, the models' first
+    (they stop first); ``probe_server``: the probe port's server, bound (None: none); ``start``: start the
+    children, one HTTP process per listener; ``timeout``: how long the watch loop may sleep;
+    ``on_signal`` (SIGTERM or SIGINT) and ``tick`` (the loop's turn: exits, wedged passes, deadlines):
+    the exit code once the server has ended; ``mark_failed``: every model Failed, the reason to log."""
+
+    runtime: Runtime
 
     @property
     def config(self) -> ServerConfig | HostConfig: ...
-
-    runtime: Runtime
-    http: list[Child]
-
-    def views(self) -> list[WorkerView]:
-        """Every slot's view (loaded or not): unlinked when the server ends."""
-
-    def children(self) -> list[Child]:
-        """The processes running or to be reaped: the models' first (they stop first), then the HTTP ones."""
-
-    def probe_server(self) -> LocalHTTPServer | None:
-        """The probe port's server, bound (None: no probe port)."""
-
-    def start(self, listeners: list[socket.socket]) -> None:
-        """Start the children: one HTTP process per listener (and, dedicated, the model's process)."""
-
-    def timeout(self) -> float:
-        """How long the watch loop may sleep before its next ``tick``."""
-
-    def on_signal(self, name: str) -> int | None:
-        """SIGTERM or SIGINT came; the exit code when the server has ended."""
-
-    def tick(self, now: float) -> int | None:
-        """The watch loop's turn (children that exited, wedged passes, deadlines); the exit code when the
-        server has ended."""
-
-    def mark_failed(self, reason: str) -> str:
-        """Fail the server (every model Failed); the reason for the termination log."""
+    def views(self) -> list[WorkerView]: ...
+    def children(self) -> list[Child]: ...
+    def probe_server(self) -> LocalHTTPServer | None: ...
+    def start(self, listeners: list[socket.socket]) -> None: ...
+    def timeout(self) -> float: ...
+    def on_signal(self, name: str) -> int | None: ...
+    def tick(self, now: float) -> int | None: ...
+    def mark_failed(self, reason: str) -> str: ...
 
 
 class Runtime:
@@ -292,4 +288,4 @@ def run(shape: Shape) -> int:
         shutil.rmtree(shape.runtime.metrics_dir, ignore_errors=True)
 
 
-__all__ = ["Child", "Runtime", "Shape", "bind_listeners", "describe_exit", "run"]
+__all__ = ["Child", "Runtime", "Shape", "bind_listeners", "describe_exit", "died", "run"]

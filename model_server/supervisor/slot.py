@@ -75,14 +75,30 @@ class Slot:
     def free(self) -> None:
         self.config, self.child, self.memory, self.overhead = None, None, 0, 0
 
-    def start(self, runtime: Runtime, ends: list[socket.socket], *, labelled: bool) -> None:
-        """Start the model's inference process on ``ends`` (one socket per HTTP process); ``labelled``: a
-        host's, whose process is named after the model and whose metrics carry its name."""
+    def start(self, runtime: Runtime, http_processes: int, *, labelled: bool) -> list[socket.socket]:
+        """Start the model's inference process with a socket pair to each HTTP process; the HTTP ends, for
+        the caller to hand over and close.  ``labelled``: a host's, its process and metrics named after
+        the model."""
         assert self.config is not None
-        name = f"inference-{self.name}" if labelled else "inference"
-        model = self.name if labelled else None
-        self.child = runtime.spawn(name, INFERENCE_MODULE, self.config, self.view, ends, metrics_model=model)
-        self.view.put(INFERENCE_ROW, Column.PID, self.child.process.pid or 0)
+        pairs = [socket.socketpair() for _ in range(http_processes)]
+        name, model = (f"inference-{self.name}", self.name) if labelled else ("inference", None)
+        try:
+            ends = [end for _, end in pairs]
+            self.child = runtime.spawn(
+                name, INFERENCE_MODULE, self.config, self.view, ends, metrics_model=model
+            )
+            self.view.put(INFERENCE_ROW, Column.PID, self.child.process.pid or 0)
+        finally:
+            for _, end in pairs:  # the process holds its own copies now
+                end.close()
+        return [http_end for http_end, _ in pairs]
+
+    def drain(self) -> Child | None:
+        """``drain`` to its process (Evicting: its admitted requests are answered, then it exits)."""
+        self.leaving = True
+        if self.child is not None and self.child.process.exitcode is None:
+            self.child.tell("drain")
+        return self.child
 
     def wedged(self, now: float) -> str:
         """Why its forward pass counts as wedged ('' while it does not, or once the model has ended)."""

@@ -1,25 +1,20 @@
 """A dedicated worker (what ``modelpool-server`` runs): the runtime (``runtime``) with one slot
-(``slot.Slot``), its model loaded at start.
-
-It starts the model's inference process and ``--http-workers`` HTTP processes, each with a socket pair to
-the inference process, and decides how the worker ends:
+(``slot.Slot``), its model loaded at start: its inference process and ``--http-workers`` HTTP processes,
+a socket pair between each.  How the worker ends:
 
 * SIGTERM or SIGINT: ``drain`` to the inference process (Evicting: readiness fails, new requests get
-  503, everything admitted is computed and answered, bounded by ``--drain-timeout``); once it has
-  exited, ``stop`` to the HTTP processes (their answers in progress finish); exit 0, or
-  ``EXIT_DRAIN_TIMED_OUT`` when the drain ran out of time (the reason, with the number of requests
-  abandoned, in the termination log).  A second signal stops every process at once.  The longest this
-  can take is ``modelpool_contract.exits.worst_case_shutdown_s``, which the pod's grace period covers.
-* A process that exits unasked: the worker is Failed at once (liveness and readiness fail in every HTTP
-  process still up), the reason goes to the termination log, the others are stopped, and the supervisor
-  exits with the inference process's code (3 load failure, 4 fatal device error) or
-  ``EXIT_PROCESS_DIED``.
-* A wedged forward pass (``Slot.wedged``, checked every ``WATCH_PERIOD_S``): the worker is Failed with
-  that reason, its processes are stopped and it exits ``EXIT_INFERENCE_WEDGED``: it has nothing else to
-  serve.
+  503, everything admitted is answered, bounded by ``--drain-timeout``); once it has exited, ``stop`` to
+  the HTTP processes; exit 0, or ``EXIT_DRAIN_TIMED_OUT`` when the drain ran out of time (the reason, with
+  the number of requests abandoned, in the termination log).  A second signal kills every process at
+  once.  The longest this can take is ``modelpool_contract.exits.worst_case_shutdown_s``, which the pod's
+  grace period covers.
+* A process that exits unasked: the worker fails (``Runtime.fail``) with the inference process's code (3
+  load failure, 4 fatal device error) or ``EXIT_PROCESS_DIED``.
+* A wedged forward pass (``Slot.wedged``, checked every ``WATCH_PERIOD_S``): the worker fails with
+  ``EXIT_INFERENCE_WEDGED``, having nothing else to serve.
 
-With ``--probe-port`` it answers health, readiness, ``/stats`` and ``/metrics`` on that port itself,
-from a thread (``probe_server``: apart from the traffic, at the supervisor's normal CPU priority).
+With ``--probe-port`` it answers health, readiness, ``/stats`` and ``/metrics`` on that port itself
+(``probe_server``: apart from the traffic, at the supervisor's normal CPU priority).
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ import time
 from model_server.config import ServerConfig
 from model_server.state_machine import State
 from model_server.supervisor.probe_server import ProbeServer
-from model_server.supervisor.runtime import Child, Runtime, describe_exit
+from model_server.supervisor.runtime import Child, Runtime, describe_exit, died
 from model_server.supervisor.slot import Slot
 from model_server.worker_view import SUPERVISOR_ROW, Column, Field, WorkerView, http_row
 from modelpool_contract.exits import (
@@ -65,7 +60,7 @@ def verdict(name: str, pid: int, exitcode: int, reason: str, draining: bool) -> 
             return exitcode, reason or "drain timed out"
         if exitcode in (EXIT_LOAD_FAILED, EXIT_DEVICE_FAILED):
             return exitcode, reason or f"the inference process exited with {exitcode}"
-    return EXIT_PROCESS_DIED, f"the {name} process (pid {pid}) died: {describe_exit(exitcode)}"
+    return EXIT_PROCESS_DIED, died(name, pid, exitcode)
 
 
 class Supervisor:
@@ -93,16 +88,15 @@ class Supervisor:
 
     def start(self, listeners: list[socket.socket]) -> None:
         """The inference process, then one HTTP process per listener, a socket pair between each."""
-        pairs = [socket.socketpair() for _ in listeners]
-        self.slot.start(self.runtime, [p[1] for p in pairs], labelled=False)
-        for index, (listener, (http_end, _)) in enumerate(zip(listeners, pairs, strict=True)):
+        ends = self.slot.start(self.runtime, len(listeners), labelled=False)
+        for index, (listener, http_end) in enumerate(zip(listeners, ends, strict=True)):
             child = self.runtime.spawn(
                 f"http-{index}", HTTP_MODULE, self.config, self.view, index=index, listener=listener,
                 sock=http_end,
             )  # fmt: skip
             self.view.put(http_row(index), Column.PID, child.process.pid or 0)
             self.http.append(child)
-        for sock in (s for pair in pairs for s in pair):  # the children hold their own copies now
+        for sock in ends:  # the HTTP processes hold their own copies now
             sock.close()
         self.view.put(SUPERVISOR_ROW, Column.PID, os.getpid())
 
@@ -117,8 +111,7 @@ class Supervisor:
             return self.runtime.kill_all(0)
         log.info("%s: draining", name)
         self._drain_deadline = time.monotonic() + self.config.drain_timeout + DRAIN_GRACE_S
-        assert self.slot.child is not None
-        self.slot.child.tell("drain")
+        self.slot.drain()
         return None
 
     def tick(self, now: float) -> int | None:
