@@ -22,14 +22,16 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from multiprocessing.connection import Connection
 from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from model_server import host_plan, ipc
 from model_server.config import ServerConfig
 from model_server.frontend.endpoints import build_app
 from model_server.frontend.endpoints.auth import ApiKeyMiddleware
+from model_server.frontend.endpoints.limits import read_bounded, replay
 from model_server.frontend.http_process import HTTP_NICE, ControlledServer, import_task
 from model_server.frontend.server import ModelServer
 from model_server.host_config import HostConfig
@@ -41,10 +43,6 @@ from modelpool_contract.stats import LIVE_PATH, READY_PATH
 
 log = logging.getLogger("modelpool.http")
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # How often a request waiting for a wake looks at the model's state.
 WAKE_POLL_S = 0.01
 # How long the socket handed over after a load message may take to arrive.
@@ -101,11 +99,13 @@ class HostRouter:
         if name is None and path.startswith("/v1/") and scope["method"] == "POST":
             try:  # bounded, as a dedicated worker's LimitsMiddleware reads it: a slow body never holds on
                 async with asyncio.timeout(self.config.request_body_timeout_seconds):
-                    body = await _read_body(receive, self.config.max_request_bytes)
+                    body, _, connected = await read_bounded(receive, self.config.max_request_bytes)
             except TimeoutError:
                 bound = f"{self.config.request_body_timeout_seconds:g} s (--request-body-timeout-seconds)"
                 error = f"the request body did not arrive within {bound}"
                 return await _json(send, 408, {"error": error}, close=True)
+            if not connected:
+                return  # the client went away mid-body: nobody to answer
             if body is None:
                 return await _json(send, 413, {"error": "request body too large"})
             name = host_plan.model_of(path, body)
@@ -117,7 +117,7 @@ class HostRouter:
             return await _json(
                 send, 503, {"error": f"model {name!r} is asleep and did not wake in time"}, retry_after=1
             )
-        await app(scope, _replay(body, receive) if body is not None else receive, send)
+        await app(scope, replay(body, receive) if body is not None else receive, send)
 
     async def _awake(self, slot: int, server: ModelServer) -> bool:
         """A sleeping (or waking) model: ask the host to wake it and wait, bounded, until it serves."""
@@ -136,35 +136,6 @@ class HostRouter:
                 view.set(Field.WAKE_WANTED, time.time())
             await asyncio.sleep(WAKE_POLL_S)
         return life.state in SERVING
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole body (None: over ``limit``)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, then: Receive) -> Receive:
-    """The body read already, once; then the connection's own messages (a disconnect)."""
-    sent = False
-
-    async def receive() -> MutableMapping[str, Any]:
-        nonlocal sent
-        if sent:
-            return await then()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
 
 
 async def _json(

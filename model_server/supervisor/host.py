@@ -166,9 +166,7 @@ class HostSupervisor:
                 reduction.send_handle(child.control, http_end.fileno(), child.process.pid or 0)
         except Exception as exc:
             log.exception("cannot start the process of %s", slot.name)
-            slot.state_machine.try_to(State.FAILED, f"cannot start its process: {type(exc).__name__}: {exc}")
-            if slot.child is not None:  # not connected to the HTTP processes: no use
-                slot.child.process.kill()
+            slot.fail(f"cannot start its process: {type(exc).__name__}: {exc}")  # not connected: no use
         finally:
             for sock in ends:  # the HTTP processes hold their own copies now
                 sock.close()
@@ -325,8 +323,7 @@ class HostSupervisor:
             reason = process.died()
             if exitcode == EXIT_LOAD_FAILED:
                 reason = slot.state_machine.reason or reason
-            log.error("model %s failed: %s", slot.name, reason)
-            slot.state_machine.try_to(State.FAILED, reason)
+            slot.fail(reason)  # its process has exited already
         return None
 
     def _fail_wedged(self, now: float) -> None:
@@ -335,10 +332,8 @@ class HostSupervisor:
         the others serve on (a dedicated worker fails whole: it has nothing else to serve)."""
         for slot in self._running():
             wedged = slot.wedged(now)
-            if wedged and slot.child is not None:
-                log.error("model %s failed: %s", slot.name, wedged)
-                slot.state_machine.try_to(State.FAILED, wedged)
-                slot.child.process.kill()
+            if wedged:
+                slot.fail(wedged)
 
     def stall(self, now: float) -> str:
         """Why an HTTP process counts as stalled ('' while none does): each ticks into the view of every

@@ -16,6 +16,7 @@ model's process and serves on.
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from model_server.state_machine import State, StateMachine
 from model_server.supervisor.runtime import Child, Runtime
 from model_server.worker_view import INFERENCE_ROW, Column, Field, WorkerView
 from modelpool_contract.placements import device_charge
+
+log = logging.getLogger("modelpool.supervisor")
 
 INFERENCE_MODULE = "model_server.engine.inference_process"
 
@@ -99,6 +102,13 @@ class Slot:
         if self.child is not None and self.child.process.exitcode is None:
             self.child.tell("drain")
         return self.child
+
+    def fail(self, reason: str) -> None:
+        """Failed with ``reason``, its process (if any) killed: its memory comes back."""
+        log.error("model %s failed: %s", self.name, reason)
+        self.state_machine.try_to(State.FAILED, reason)
+        if self.child is not None:
+            self.child.process.kill()
 
     def wedged(self, now: float) -> str:
         """Why its forward pass counts as wedged ('' while it does not, or once the model has ended)."""
