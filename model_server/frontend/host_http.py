@@ -27,12 +27,12 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from model_server import host_plan, ipc
+from model_server import host_plan
 from model_server.config import ServerConfig
 from model_server.frontend.endpoints import build_app
 from model_server.frontend.endpoints.auth import ApiKeyMiddleware
 from model_server.frontend.endpoints.limits import read_bounded, replay
-from model_server.frontend.http_process import HTTP_NICE, ControlledServer, import_task
+from model_server.frontend.http_process import HTTP_NICE, ControlledServer, connect
 from model_server.frontend.server import ModelServer
 from model_server.host_config import HostConfig
 from model_server.process_setup import set_up
@@ -62,13 +62,12 @@ class HostRouter:
 
     async def load(self, slot: int, config: ServerConfig, sock: socket.socket) -> None:
         server = ModelServer(config, self.views[slot], self.index, metrics_model=config.served_name)
-        await ipc.connect(sock, server.inference.channel())
+        await connect(server, sock)
         self.models[config.served_name] = (slot, server, build_app(server))
         view = self.views[slot]
         view.put(http_row(self.index), Column.PID, float(os.getpid()))
         view.put(http_row(self.index), Column.BEAT, time.monotonic())
         view.put(http_row(self.index), Column.UP, 1.0)
-        asyncio.get_running_loop().run_in_executor(None, import_task, server)
 
     def unload(self, slot: int) -> None:
         for name, (index, server, _) in list(self.models.items()):

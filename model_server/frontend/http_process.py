@@ -99,8 +99,13 @@ class ControlledServer(uvicorn.Server):
         exit_now(0)
 
 
-def import_task(server: ModelServer) -> None:
-    """Import the task's module (a handler's too) off the event loop, ahead of the first request."""
+async def connect(server: ModelServer, sock: socket.socket) -> None:
+    """To the model's inference process; its task's module imported off the loop, before any request."""
+    await ipc.connect(sock, server.inference.channel())
+    asyncio.get_running_loop().run_in_executor(None, _import_task, server)
+
+
+def _import_task(server: ModelServer) -> None:
     try:
         server.inference.import_task()
     except Exception as exc:  # the inference process fails the load and reports why
@@ -117,8 +122,7 @@ class HTTPServer(ControlledServer):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         server = self.model_server
-        await ipc.connect(self._sock, server.inference.channel())
-        asyncio.get_running_loop().run_in_executor(None, import_task, server)
+        await connect(server, self._sock)
         await super().startup(sockets)
         server.view.put(server.inference.row, Column.UP, 1.0)
 
@@ -141,4 +145,4 @@ def main(
     HTTPServer(ModelServer(config, view, index), sock, control).serve_on(listener)
 
 
-__all__ = ["ControlledServer", "HTTPServer", "import_task", "main"]
+__all__ = ["ControlledServer", "HTTPServer", "connect", "main"]

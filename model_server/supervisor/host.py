@@ -330,7 +330,7 @@ class HostSupervisor:
         """A model whose forward pass is wedged (``worker_stats.inference_wedged``, a dedicated worker's
         rule) fails alone: Failed with the reason, its process killed, so its device memory comes back and
         the others serve on (a dedicated worker fails whole: it has nothing else to serve)."""
-        for slot in self._running():
+        for slot in (s for s in self.slots if s.running):
             wedged = slot.wedged(now)
             if wedged:
                 slot.fail(wedged)
@@ -338,10 +338,7 @@ class HostSupervisor:
     def stall(self, now: float) -> str:
         """Why an HTTP process counts as stalled ('' while none does): each ticks into the view of every
         model it serves (``host_http.HostRouter.beat``), so the running models' views tell."""
-        return stall([s.view for s in self._running()], now)
-
-    def _running(self) -> list[Slot]:
-        return [s for s in self.slots if s.running]
+        return stall([s.view for s in self.slots if s.running], now)
 
     def _wake_wanted(self) -> None:
         """A request waits for a sleeping model: wake it (in a thread: making room may take a while)."""

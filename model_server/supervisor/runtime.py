@@ -17,9 +17,8 @@ termination log and stops every child; ``stop_all`` tells each child ``stop`` (t
 then the HTTP processes, whose answers in progress finish), waits ``STOP_TIMEOUT_S`` for all of them
 together, and ``kill_all`` kills what is left, waiting ``KILL_TIMEOUT_S`` for all of them together (one
 deadline, not one per child: ``modelpool_contract.exits.worst_case_shutdown_s`` holds for any number).
-
-It imports neither torch nor the web stack nor the model's code (``process_setup.start`` imports each
-process's module in that process).
+``process_setup.start`` imports each child's module in that child: the supervisor imports neither torch
+nor the web stack nor the model's code.
 """
 
 from __future__ import annotations

@@ -7,11 +7,10 @@ the model, its queue, its one inference thread) and what the host's ledger charg
 made when the server starts: shared memory and semaphores can only be handed to a process when it is
 spawned, so every HTTP process gets every slot's view at its start.
 
-The wedge check is the slot's: a forward pass running past ``--request-timeout`` + ``--wedge-grace`` (the
-inference process publishes when its current batch started; ``worker_stats.inference_wedged``) makes
-the model Failed, so its memory is released (the operator never evicts a Processing model, and charges a
-Failed one nothing).  What follows is the shape's: a dedicated worker fails whole, a host kills that
-model's process and serves on.
+The wedge check is the slot's: a forward pass running past ``--request-timeout`` + ``--wedge-grace``
+(``worker_stats.inference_wedged``) makes the model Failed, so its memory is released (the operator
+never evicts a Processing model).  A dedicated worker then fails whole, a host kills that model's
+process and serves on.
 """
 
 from __future__ import annotations
