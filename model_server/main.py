@@ -1,9 +1,10 @@
-"""``modelpool-server``: parse the config (exit 2 when invalid), then run the worker's supervisor.
+"""``modelpool-server``: parse the config (exit 2 when invalid), then run the server's process tree.
 
-The supervisor (``supervisor.py``) listens, then starts the inference process (which imports torch and
-loads the model) and the HTTP processes (which never do), so ``/v2/health/live`` answers from the first
-moment.  SIGTERM -> Evicting and drain (exit 0); a load failure exits 3, a fatal device error 4, a
-process of the worker dying 5 (``modelpool_contract.exits``).
+One path for both shapes: a dedicated worker (``supervisor.Supervisor``: one model, loaded at start) or,
+with ``--shared-host``, a shared host (``host.HostSupervisor``: several models, loaded through the control
+API); ``runtime.run`` listens, then starts the processes, so ``/v2/health/live`` answers from the first
+moment.  SIGTERM -> Evicting and drain (exit 0); a load failure exits 3, a fatal device error 4, a process
+of the worker dying 5 (``modelpool_contract.exits``).
 """
 
 from __future__ import annotations
@@ -14,36 +15,28 @@ import sys
 from collections.abc import Sequence
 
 from model_server.config import COMMAND_LINE, ServerConfig
+from model_server.host_config import HOST_COMMAND_LINE, HostConfig
 from model_server.process_setup import exit_now
 from modelpool_contract.settings import load_or_exit
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if "--shared-host" in args or os.environ.get("MODELPOOL_SHARED_HOST", "").lower() in ("1", "true"):
-        _main_host(args)
-    config, _ = load_or_exit(ServerConfig, argv, COMMAND_LINE)  # exit 2, one line, when invalid
+    shared = "--shared-host" in args or os.environ.get("MODELPOOL_SHARED_HOST", "").lower() in ("1", "true")
+    config: ServerConfig | HostConfig  # exit 2, one line, when invalid
+    if shared:
+        config, _ = load_or_exit(HostConfig, args, HOST_COMMAND_LINE)
+    else:
+        config, _ = load_or_exit(ServerConfig, args, COMMAND_LINE)
     logging.basicConfig(
         level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s [supervisor] %(name)s %(message)s",
+        format=f"%(asctime)s %(levelname)s [{'host' if shared else 'supervisor'}] %(name)s %(message)s",
     )
     # Imported here, after the config is valid: a bad flag exits 2 without paying for the rest.
-    from model_server.supervisor import supervisor
+    from model_server.supervisor import host, runtime, supervisor
 
-    exit_now(supervisor.run(config))
-
-
-def _main_host(argv: list[str]) -> None:
-    """``--shared-host``: several models, loaded through the control API (``supervisor/host.py``)."""
-    from model_server.host_config import HOST_COMMAND_LINE, HostConfig
-
-    config, _ = load_or_exit(HostConfig, argv, HOST_COMMAND_LINE)
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s [host] %(name)s %(message)s"
-    )
-    from model_server.supervisor import host_control
-
-    exit_now(host_control.run_host(config))
+    shape = host.HostSupervisor(config) if isinstance(config, HostConfig) else supervisor.Supervisor(config)
+    exit_now(runtime.run(shape))
 
 
 if __name__ == "__main__":

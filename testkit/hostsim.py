@@ -451,6 +451,10 @@ class SimHost:
             raise ModelNotFound(f"model {name!r} is not loaded on this host")
         return model
 
+    def stall(self, now: float) -> str:
+        """No HTTP processes, so none stalls (``HostSupervisor.stall``)."""
+        return ""
+
     def index(self) -> list[dict[str, Any]]:
         with self.lock:
             return [

@@ -22,31 +22,27 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from model_server import host_plan, ipc
+from model_server import host_plan
 from model_server.config import ServerConfig
 from model_server.frontend.endpoints import build_app
 from model_server.frontend.endpoints.auth import ApiKeyMiddleware
-from model_server.frontend.http_process import GRACEFUL_SHUTDOWN_S, HTTP_NICE
+from model_server.frontend.endpoints.limits import read_bounded, replay
+from model_server.frontend.http_process import HTTP_NICE, ControlledServer, connect
 from model_server.frontend.server import ModelServer
 from model_server.host_config import HostConfig
-from model_server.process_setup import exit_now, set_up
+from model_server.process_setup import set_up
 from model_server.state_machine import SERVING, State
-from model_server.worker_view import BEAT_PERIOD_S, Column, Field, WorkerView, http_row
+from model_server.worker_view import Column, Field, WorkerView, http_row
 from modelpool_contract.http_limits import BoundedHeadersProtocol
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
 
 log = logging.getLogger("modelpool.http")
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # How often a request waiting for a wake looks at the model's state.
 WAKE_POLL_S = 0.01
 # How long the socket handed over after a load message may take to arrive.
@@ -66,13 +62,12 @@ class HostRouter:
 
     async def load(self, slot: int, config: ServerConfig, sock: socket.socket) -> None:
         server = ModelServer(config, self.views[slot], self.index, metrics_model=config.served_name)
-        await ipc.connect(sock, server.inference.channel())
+        await connect(server, sock)
         self.models[config.served_name] = (slot, server, build_app(server))
         view = self.views[slot]
         view.put(http_row(self.index), Column.PID, float(os.getpid()))
         view.put(http_row(self.index), Column.BEAT, time.monotonic())
         view.put(http_row(self.index), Column.UP, 1.0)
-        asyncio.get_running_loop().run_in_executor(None, _import_task, server)
 
     def unload(self, slot: int) -> None:
         for name, (index, server, _) in list(self.models.items()):
@@ -83,8 +78,7 @@ class HostRouter:
                 if channel is not None and channel._transport is not None:
                     channel._transport.close()
 
-    def beat(self) -> None:
-        now = time.monotonic()
+    def beat(self, now: float) -> None:
         for slot, _, _ in self.models.values():
             self.views[slot].put(http_row(self.index), Column.BEAT, now)
 
@@ -104,11 +98,13 @@ class HostRouter:
         if name is None and path.startswith("/v1/") and scope["method"] == "POST":
             try:  # bounded, as a dedicated worker's LimitsMiddleware reads it: a slow body never holds on
                 async with asyncio.timeout(self.config.request_body_timeout_seconds):
-                    body = await _read_body(receive, self.config.max_request_bytes)
+                    body, _, connected = await read_bounded(receive, self.config.max_request_bytes)
             except TimeoutError:
                 bound = f"{self.config.request_body_timeout_seconds:g} s (--request-body-timeout-seconds)"
                 error = f"the request body did not arrive within {bound}"
                 return await _json(send, 408, {"error": error}, close=True)
+            if not connected:
+                return  # the client went away mid-body: nobody to answer
             if body is None:
                 return await _json(send, 413, {"error": "request body too large"})
             name = host_plan.model_of(path, body)
@@ -120,7 +116,7 @@ class HostRouter:
             return await _json(
                 send, 503, {"error": f"model {name!r} is asleep and did not wake in time"}, retry_after=1
             )
-        await app(scope, _replay(body, receive) if body is not None else receive, send)
+        await app(scope, replay(body, receive) if body is not None else receive, send)
 
     async def _awake(self, slot: int, server: ModelServer) -> bool:
         """A sleeping (or waking) model: ask the host to wake it and wait, bounded, until it serves."""
@@ -139,42 +135,6 @@ class HostRouter:
                 view.set(Field.WAKE_WANTED, time.time())
             await asyncio.sleep(WAKE_POLL_S)
         return life.state in SERVING
-
-
-def _import_task(server: ModelServer) -> None:
-    try:
-        server.inference.import_task()
-    except Exception as exc:  # the inference process fails the load and reports why
-        log.debug("cannot import the task: %s", exc)
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole body (None: over ``limit``)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, then: Receive) -> Receive:
-    """The body read already, once; then the connection's own messages (a disconnect)."""
-    sent = False
-
-    async def receive() -> MutableMapping[str, Any]:
-        nonlocal sent
-        if sent:
-            return await then()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
 
 
 async def _json(
@@ -199,35 +159,18 @@ def receive_socket(control: Connection) -> socket.socket:
     return socket.socket(fileno=fds[0])
 
 
-class HostHTTPServer(uvicorn.Server):
-    """uvicorn for the router; the supervisor's control messages load and unload models here."""
+class HostHTTPServer(ControlledServer):
+    """The router's server; the supervisor's control messages load and unload models here."""
 
-    def __init__(self, config: uvicorn.Config, router: HostRouter, control: Connection):
-        super().__init__(config)
+    def __init__(self, app: Any, router: HostRouter, control: Connection):
+        super().__init__(app, router.config, BoundedHeadersProtocol, control)
         self.router = router
-        self._control = control
 
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        """Signals are the supervisor's to act on."""
+    def beat(self, now: float) -> None:
+        self.router.beat(now)
 
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        asyncio.get_running_loop().add_reader(self._control.fileno(), self._on_control)
-        await super().startup(sockets)
-        self._beat()
-
-    def _beat(self) -> None:
-        self.router.beat()
-        asyncio.get_running_loop().call_later(BEAT_PERIOD_S, self._beat)
-
-    def _on_control(self) -> None:
-        try:
-            message = self._control.recv()
-        except (EOFError, OSError):
-            message = "stop"
-        if message == "stop":
-            asyncio.get_running_loop().remove_reader(self._control.fileno())
-            self.should_exit = True
-        elif isinstance(message, tuple) and message[0] == "load":
+    def on_message(self, message: object) -> None:
+        if isinstance(message, tuple) and message[0] == "load":
             sock = receive_socket(self._control)  # sent right after the message
             asyncio.get_running_loop().create_task(self.router.load(message[1], message[2], sock))
         elif isinstance(message, tuple) and message[0] == "unload":
@@ -248,22 +191,7 @@ def main(
     app: Any = router
     if config.api_key is not None:  # outermost, before any model is chosen (as on a dedicated worker)
         app = ApiKeyMiddleware(router, config.api_key, on_reject=lambda reason: None)
-    http = HostHTTPServer(
-        uvicorn.Config(
-            app,
-            log_level=config.log_level,
-            access_log=False,
-            proxy_headers=False,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-            lifespan="off",
-            # The header bound (431), as a dedicated worker's HTTP processes have it.
-            http=BoundedHeadersProtocol,
-        ),
-        router,
-        control,
-    )
-    http.run(sockets=[listener])
-    exit_now(0)
+    HostHTTPServer(app, router, control).serve_on(listener)
 
 
 __all__ = ["HostHTTPServer", "HostRouter", "main"]

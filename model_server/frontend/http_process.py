@@ -15,11 +15,12 @@ import socket
 import time
 from multiprocessing.connection import Connection
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
 from model_server import ipc
-from model_server.config import ServerConfig
+from model_server.config import ServerConfig, ServingConfig
 from model_server.frontend.endpoints import build_app
 from model_server.frontend.endpoints.refusal import protocol_for
 from model_server.frontend.server import ModelServer
@@ -39,40 +40,44 @@ GRACEFUL_SHUTDOWN_S = 5
 HTTP_NICE = 10
 
 
-class HTTPServer(uvicorn.Server):
-    """uvicorn, connected to the inference process once listening, stopped by the supervisor."""
+class ControlledServer(uvicorn.Server):
+    """The uvicorn set-up of both shapes' HTTP processes: signals left to the supervisor (a pod's deletion
+    signals the whole process group), stopped by it (``stop`` on the control pipe, or the pipe closing:
+    uvicorn's graceful shutdown lets the answers in progress finish), the header bound, and an event loop
+    that ticks its heartbeat (``beat``: the probe port's liveness fails when it stops)."""
 
-    def __init__(self, config: uvicorn.Config, server: ModelServer, sock: socket.socket, control: Connection):
-        super().__init__(config)
-        self.model_server = server
-        self._sock = sock
+    def __init__(
+        self, app: Any, config: ServingConfig, protocol: type[asyncio.Protocol], control: Connection
+    ) -> None:
+        super().__init__(
+            uvicorn.Config(
+                app,
+                log_level=config.log_level,
+                access_log=False,
+                # No access log, so X-Forwarded-* would never be read: skip that per-request middleware.
+                proxy_headers=False,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                lifespan="off",
+                http=protocol,  # httptools with the 64 KiB header bound (431)
+            )
+        )
         self._control = control
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """Signals are the supervisor's to act on (a pod's deletion signals the whole process group)."""
+        """Signals are the supervisor's to act on."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        loop = asyncio.get_running_loop()
-        await ipc.connect(self._sock, self.model_server.inference.channel())
-        loop.add_reader(self._control.fileno(), self._on_control)
-        # The task's module (a handler's too) is imported off the event loop, ahead of the first request.
-        loop.run_in_executor(None, self._import_task)
+        asyncio.get_running_loop().add_reader(self._control.fileno(), self._on_control)
         await super().startup(sockets)
-        server = self.model_server
         self._beat()
-        server.view.put(server.inference.row, Column.UP, 1.0)
 
     def _beat(self) -> None:
-        """The event loop's heartbeat (the probe port's liveness fails when it stops)."""
-        server = self.model_server
-        server.view.put(server.inference.row, Column.BEAT, time.monotonic())
+        self.beat(time.monotonic())
         asyncio.get_running_loop().call_later(BEAT_PERIOD_S, self._beat)
 
-    def _import_task(self) -> None:
-        try:
-            self.model_server.inference.import_task()
-        except Exception as exc:  # the inference process fails the load and reports why
-            log.debug("cannot import the task: %s", exc)
+    def beat(self, now: float) -> None:
+        """Tick the heartbeat into the views this process serves."""
+        raise NotImplementedError
 
     def _on_control(self) -> None:
         try:
@@ -82,6 +87,48 @@ class HTTPServer(uvicorn.Server):
         if message == "stop":
             asyncio.get_running_loop().remove_reader(self._control.fileno())
             self.should_exit = True
+        else:
+            self.on_message(message)
+
+    def on_message(self, message: object) -> None:
+        """A control message other than ``stop`` (a host's loads and unloads)."""
+
+    def serve_on(self, listener: socket.socket) -> None:
+        """Serve until stopped, then end the process."""
+        self.run(sockets=[listener])
+        exit_now(0)
+
+
+async def connect(server: ModelServer, sock: socket.socket) -> None:
+    """To the model's inference process; its task's module imported off the loop, before any request."""
+    await ipc.connect(sock, server.inference.channel())
+    asyncio.get_running_loop().run_in_executor(None, _import_task, server)
+
+
+def _import_task(server: ModelServer) -> None:
+    try:
+        server.inference.import_task()
+    except Exception as exc:  # the inference process fails the load and reports why
+        log.debug("cannot import the task: %s", exc)
+
+
+class HTTPServer(ControlledServer):
+    """A dedicated worker's: connected to the inference process once listening."""
+
+    def __init__(self, server: ModelServer, sock: socket.socket, control: Connection):
+        super().__init__(build_app(server), server.config, protocol_for(server), control)
+        self.model_server = server
+        self._sock = sock
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        server = self.model_server
+        await connect(server, self._sock)
+        await super().startup(sockets)
+        server.view.put(server.inference.row, Column.UP, 1.0)
+
+    def beat(self, now: float) -> None:
+        server = self.model_server
+        server.view.put(server.inference.row, Column.BEAT, now)
 
 
 def main(
@@ -95,25 +142,7 @@ def main(
 ) -> None:
     """The process's entry point (the supervisor's spawn target)."""
     set_up(f"http-{index}", config.log_level, nice=HTTP_NICE)
-    server = ModelServer(config, view, index)
-    http = HTTPServer(
-        uvicorn.Config(
-            build_app(server),
-            log_level=config.log_level,
-            access_log=False,
-            # No access log, so X-Forwarded-* would never be read: skip that per-request middleware.
-            proxy_headers=False,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-            lifespan="off",
-            # httptools, answering a full worker's inference requests at their headers (``refusal``).
-            http=protocol_for(server),
-        ),
-        server,
-        sock,
-        control,
-    )
-    http.run(sockets=[listener])
-    exit_now(0)
+    HTTPServer(ModelServer(config, view, index), sock, control).serve_on(listener)
 
 
-__all__ = ["HTTPServer", "main"]
+__all__ = ["ControlledServer", "HTTPServer", "connect", "main"]

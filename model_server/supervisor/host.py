@@ -1,30 +1,25 @@
-"""A shared host's supervisor (``modelpool-server --shared-host``): several models, one **slot** each.
+"""A shared host (``modelpool-server --shared-host``): the runtime (``runtime``) with ``--max-models``
+slots (``slot.Slot``), each loaded and unloaded by the control API (``host_control``, on the probe port).
 
-A slot is what a dedicated worker is, for one model: its own shared view (``WorkerView``: the state, the
-door of its bounded queue, its figures and ``/stats``), its own inference process (the unchanged
-``engine/inference_process``: the model, its queue, its one inference thread) and, for each load, a
-fresh socket pair to each of the host's HTTP processes.  The slots' views are made when the host starts
-(``--max-models``): shared memory and semaphores can only be handed to a process when it is spawned, so
-the HTTP processes get every slot's view at their start, and learn on their control pipe (a unix
-socket) which model a slot holds: ``("load", index, config)`` followed by the HTTP end of the load's
-socket pair (``multiprocessing.reduction.send_handle``), and ``("unload", index)``.
+A slot's view is made when the host starts, so the HTTP processes get every slot's view at their start
+and learn on their control pipe (a unix socket) which model a slot holds: ``("load", index, config)``
+followed by the HTTP end of a fresh socket pair to the model's process
+(``multiprocessing.reduction.send_handle``), and ``("unload", index)``.
 
-Isolation: an exception in one model's forward pass fails only that batch (its own process's data
-plane); a model whose process dies (a crash, an OOM kill) turns that model Failed, the others serve on
-(its channels end with it: what waits is answered 503); a fatal device error (the inference
-process's exit 4) fails the host: every model Failed, exit 4.  An HTTP process that dies fails the host
-(exit 5), as in a dedicated worker.
+Isolation: an exception in one model's forward pass fails only that batch; a model whose process dies (a
+crash, an OOM kill) or whose forward pass is wedged turns that model Failed, the others serve on (its
+channels end with it: what waits is answered 503); a fatal device error (the inference process's exit
+4) fails the host: every model Failed, exit 4.  An HTTP process that dies fails the host (exit 5).
 
-The control API (``host_control``, on the probe port) calls ``load``, ``unload``, ``sleep`` and ``wake``
-from its threads; a request for a sleeping model (an HTTP process sets ``Field.WAKE_WANTED`` in its slot)
-is woken by the watch loop.  A host has one device or several (``--gpus``: a ledger each, of
-``--device-memory``); a load goes on the device its body names (the operator's choice; else the one with
-the most room), and its inference process runs there (``cuda:<i>``).  Before a load or a wake, the least
-recently used idle models of THAT device are put to sleep when its ledger (each loaded model is charged its
-weights while awake and its process's ``--model-overhead`` awake or asleep) is short
-(``host_plan.make_room``); a request's
-wake that finds no room (those models have work in hand) is tried again while the request waits, and a
-model woken for a request counts as busy until that request is admitted (never put back to sleep first).
+The control API calls ``load``, ``unload``, ``sleep`` and ``wake`` from its threads; a request for a
+sleeping model (an HTTP process sets ``Field.WAKE_WANTED`` in its slot) is woken by the watch loop.  A
+host has one device or several (``--gpus``: a ledger each, of ``--device-memory``); a load goes on the
+device its body names (the operator's choice; else the one with the most room), and its inference
+process runs there (``cuda:<i>``).  Before a load or a wake, the least recently used idle models of THAT
+device are put to sleep when its ledger (each loaded model is charged its weights while awake and its
+process's ``--model-overhead`` awake or asleep) is short (``host_plan.make_room``); a request's wake that
+finds no room (those models have work in hand) is tried again while the request waits, and a model woken
+for a request counts as busy until that request is admitted (never put back to sleep first).
 """
 
 from __future__ import annotations
@@ -33,39 +28,36 @@ import contextlib
 import glob
 import logging
 import os
-import queue
-import signal
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing import reduction
 from typing import Any
 
-from model_server import host_plan, process_setup, worker_stats
-from model_server.config import ServerConfig
+from model_server import host_plan
 from model_server.errors import ModelNotFound, ServerError, SleepRefused
 from model_server.host_config import HostConfig, parse_load_body, slot_config
-from model_server.metrics import MULTIPROC_ENV, WorkerGauges, render_host
-from model_server.state_machine import SERVING, State, StateMachine
-from model_server.supervisor.supervisor import STOP_SIGNALS, Child, describe_exit
-from model_server.worker_view import INFERENCE_ROW, SPAWN, Column, Field, WorkerView
+from model_server.metrics import WorkerGauges, render_host
+from model_server.state_machine import SERVING, State
+from model_server.supervisor.host_control import HostControlServer
+from model_server.supervisor.probe_server import stall
+from model_server.supervisor.runtime import Child, Runtime
+from model_server.supervisor.slot import Slot
+from model_server.worker_view import INFERENCE_ROW, Column, Field, WorkerView
 from modelpool_contract.exits import (
     DRAIN_GRACE_S,
     EXIT_DEVICE_FAILED,
     EXIT_LOAD_FAILED,
     EXIT_PROCESS_DIED,
     KILL_TIMEOUT_S,
-    STOP_TIMEOUT_S,
 )
 from modelpool_contract.flags import MAX_QUEUE_CAPACITY
-from modelpool_contract.placements import device_charge
 from modelpool_contract.stats import HostDeviceStats, HostModelStats, HostReport, HostStats
 
 log = logging.getLogger("modelpool.host")
 
+HTTP_MODULE = "model_server.frontend.host_http"
 # The watch loop's period: how soon a request's wish to wake a sleeping model is acted on.
 HOST_WATCH_S = 0.05
 # How long a control call waits for a model to reach the state it asked for (a load: its whole load).
@@ -92,59 +84,8 @@ class NoRoom(ServerError):  # noqa: N818 - KServe-style names
     reason = "no_room"
 
 
-@dataclass
-class Slot:
-    """One model's place on the host."""
-
-    index: int
-    view: WorkerView
-    config: ServerConfig | None = None
-    memory: int = 0  # the declared bytes (charged until the model's own measure is known)
-    device: int = 0  # the index of the host's device it lives on
-    overhead: int = 0  # its process's charge on the device, awake or asleep (--model-overhead)
-    child: Child | None = None
-    leaving: bool = False  # an unload is under way: its process's exit is expected
-    acting: bool = False  # a sleep or a wake of the watch loop's own is under way
-    retry_sleep_at: float = 0.0  # --sleep-idle: not before this (time.monotonic()) after a refusal
-    retry_wake_at: float = 0.0  # a request's wake that found no room: not again before this
-    no_room_for: float = 0.0  # the request (its WAKE_WANTED) whose wake found no room, logged once
-    # The latest request a wake was for (its WAKE_WANTED, Unix time), and until when (time.time()) that
-    # request may still be on its way to the model: until it is admitted, the model counts as busy.
-    woken_for: float = 0.0
-    on_its_way_until: float = 0.0
-    state_machine: StateMachine = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.state_machine = StateMachine(store=self.view.state_store())
-
-    @property
-    def name(self) -> str | None:
-        return self.config.served_name if self.config is not None else None
-
-    def facts(self) -> host_plan.SlotFacts:
-        view = self.view
-        last_request = view.latest(Column.LAST_REQUEST)
-        measured = int(view.get(Field.GPU_RESERVED))
-        parked = int(view.get(Field.PARKED_BYTES))
-        return host_plan.SlotFacts(
-            name=self.name or "",
-            state=self.state_machine.state,
-            device=self.device,
-            device_bytes=device_charge(self.memory, measured),
-            host_bytes=parked or device_charge(self.memory, measured),
-            last_used=max(last_request, view.get(Field.WAKE_WANTED), self.woken_for),
-            busy=bool(view.door.taken or view.get(Field.IN_FLIGHT)) or self._request_on_its_way(last_request),
-            overhead=self.overhead,
-        )
-
-    def _request_on_its_way(self, last_request: float) -> bool:
-        """Woken for a request that has not been admitted yet (it waits for the HTTP process to see the
-        model awake): putting the model back to sleep now would leave that request waiting in vain."""
-        return last_request < self.woken_for and time.time() < self.on_its_way_until
-
-
 class HostSupervisor:
-    """Starts the HTTP processes and the models' inference processes, watches them, decides the exit."""
+    """The shared shape: N slots and the control calls (the runtime starts and ends the processes)."""
 
     def __init__(self, config: HostConfig) -> None:
         self.config = config
@@ -158,29 +99,32 @@ class HostSupervisor:
         self.http: list[Child] = []
         self.lock = threading.RLock()  # the control API's threads and the watch loop
         self.failed = ""  # the host's failure, once it has failed
-        self._signals: list[int] = []
-        self._main_work: queue.Queue[tuple[Callable[[], None], threading.Event]] = queue.Queue()
-        # Every process keeps its counters here (each series labelled with its model); /metrics adds
-        # them up.  Under TMPDIR: the pod's tmp volume, the root filesystem being read-only.
-        self.metrics_dir = tempfile.mkdtemp(prefix="modelpool-metrics-")
+        self.runtime = Runtime(self)
 
-    # ---- start ----------------------------------------------------------------------------------------
+    # ---- the runtime's shape --------------------------------------------------------------------------
+
+    def views(self) -> list[WorkerView]:
+        return [s.view for s in self.slots]
+
+    def children(self) -> list[Child]:
+        """The models' processes first: they stop before the HTTP processes that answer for them."""
+        return [*(s.child for s in self.slots if s.child is not None), *self.http]
+
+    def probe_server(self) -> HostControlServer:
+        return HostControlServer((self.config.host, self.config.probe_port), self)
 
     def start(self, listeners: list[socket.socket]) -> None:
-        os.environ[MULTIPROC_ENV] = self.metrics_dir  # inherited by every process the host starts
+        """The HTTP processes, with every slot's view; a unix socket each, so that socket ends to a
+        model's process can be handed over it at its load."""
+        views = [s.view for s in self.slots]
         for index, listener in enumerate(listeners):
-            mine, theirs = SPAWN.Pipe(duplex=True)  # a unix socket: socket ends can be handed over it
-            process = SPAWN.Process(
-                target=process_setup.start,
-                args=("model_server.frontend.host_http", self.config, [s.view for s in self.slots]),
-                kwargs={"index": index, "listener": listener, "control": theirs},
-                name=f"http-{index}",
+            child = self.runtime.spawn(
+                f"http-{index}", HTTP_MODULE, self.config, views, duplex=True, index=index, listener=listener
             )
-            process.start()
-            self.http.append(Child(f"http-{index}", process, mine))
-            theirs.close()
-        for sock in listeners:
-            sock.close()
+            self.http.append(child)
+
+    def timeout(self) -> float:
+        return HOST_WATCH_S
 
     # ---- the control API's operations -----------------------------------------------------------------
 
@@ -206,71 +150,33 @@ class HostSupervisor:
             config = slot_config(self.config, name, settings, slot.index, self.devices[device])
             # Its process will hold the overhead on the device from its start, asleep or awake.
             self._make_room(memory + self.config.overhead, device, keep=None)
-            slot.view.reset()
-            slot.view.door.limit(config.queue_capacity)
-            slot.config, slot.memory, slot.leaving, slot.device = config, memory, False, device
-            slot.overhead = self.config.overhead
-            slot.woken_for = slot.on_its_way_until = 0.0
-            self._in_main_thread(lambda: self._start_slot(slot))
+            slot.load(config, memory, device, self.config.overhead)
+            self.runtime.in_main_thread(lambda: self._start_slot(slot))
         _wait_until(lambda: slot.state_machine.state not in (State.PENDING, State.LOADING), LOAD_WAIT_S)
         return slot
-
-    def _in_main_thread(self, work: Callable[[], None]) -> None:
-        """Run ``work`` on the watch loop's thread and wait for it.  A process started from another
-        thread would be killed when that thread ends (its parent-death signal follows the thread)."""
-        done = threading.Event()
-        self._main_work.put((work, done))
-        with contextlib.suppress(OSError, AttributeError):
-            self._wakeup[1].send(b"\0")
-        if not done.wait(LOAD_WAIT_S):
-            raise ServerError("the host's main loop did not start the model's process")
-
-    def _run_main_work(self) -> None:
-        while not self._main_work.empty():
-            work, done = self._main_work.get_nowait()
-            try:
-                work()
-            finally:
-                done.set()
 
     def _start_slot(self, slot: Slot) -> None:
         """Connect the HTTP processes to the model's new process; one that cannot start is that model's
         failure, not the host's."""
-        pairs = [socket.socketpair() for _ in self.http]
+        ends: list[socket.socket] = []
         try:
-            for child, (http_end, _) in zip(self.http, pairs, strict=True):
+            ends = slot.start(self.runtime, len(self.http), labelled=True)
+            for child, http_end in zip(self.http, ends, strict=True):
                 child.tell(("load", slot.index, slot.config))
                 reduction.send_handle(child.control, http_end.fileno(), child.process.pid or 0)
-            self._spawn_inference(slot, [end for _, end in pairs])
         except Exception as exc:
             log.exception("cannot start the process of %s", slot.name)
-            slot.state_machine.try_to(State.FAILED, f"cannot start its process: {type(exc).__name__}: {exc}")
+            slot.fail(f"cannot start its process: {type(exc).__name__}: {exc}")  # not connected: no use
         finally:
-            for pair in pairs:  # the processes hold their own copies now
-                for sock in pair:
-                    sock.close()
-
-    def _spawn_inference(self, slot: Slot, ends: list[socket.socket]) -> None:
-        control_r, control_w = SPAWN.Pipe(duplex=False)
-        process = SPAWN.Process(
-            target=process_setup.start,
-            args=("model_server.engine.inference_process", slot.config, slot.view, ends, control_r),
-            kwargs={"metrics_model": slot.config.served_name if slot.config else None},
-            name=f"inference-{slot.name}",
-        )
-        process.start()
-        slot.view.put(INFERENCE_ROW, Column.PID, process.pid or 0)
-        slot.child = Child(f"inference-{slot.name}", process, control_w)
-        control_r.close()
+            for sock in ends:  # the HTTP processes hold their own copies now
+                sock.close()
 
     def unload(self, name: str) -> None:
         """Drain the model (its admitted requests are answered) and free its slot."""
         with self.lock:
             slot = self.slot_of(name)
-            slot.leaving = True
-            child = slot.child
+            child = slot.drain()
         if child is not None and child.process.exitcode is None:
-            child.tell("drain")
             assert slot.config is not None
             child.process.join(slot.config.drain_timeout + DRAIN_GRACE_S)
             if child.process.exitcode is None:
@@ -279,9 +185,9 @@ class HostSupervisor:
         with self.lock:
             for http in self.http:
                 http.tell(("unload", slot.index))
-            slot.config, slot.child, slot.memory, slot.overhead = None, None, 0, 0
+            slot.free()
         if child is not None and child.process.pid is not None:
-            forget_process_metrics(self.metrics_dir, child.process.pid)
+            forget_process_metrics(self.runtime.metrics_dir, child.process.pid)
 
     def sleep(self, name: str) -> Slot:
         with self.lock:
@@ -364,20 +270,14 @@ class HostSupervisor:
                 if s.config is not None
             ]
             devices = self._device_reports()
-        return render_host(gauges, devices, self.metrics_dir)
+        return render_host(gauges, devices, self.runtime.metrics_dir)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
             loaded = [s for s in self.slots if s.config is not None]
             devices = self._device_reports()
             # Each model's document is a worker's /stats, and the index of the device it lives on.
-            models = {
-                s.name: HostModelStats(
-                    **worker_stats.stats(s.config, s.view, s.state_machine), device=s.device
-                )
-                for s in loaded
-                if s.config is not None and s.name is not None
-            }
+            models = {s.name: HostModelStats(**s.stats(), device=s.device) for s in loaded if s.name}
         report = HostReport(failed=self.failed or None, devices=[HostDeviceStats(**d) for d in devices])
         return HostStats(host=report, models=models).wire()
 
@@ -391,79 +291,54 @@ class HostSupervisor:
 
     # ---- watch ----------------------------------------------------------------------------------------
 
-    def watch(self) -> int:
-        wakeup = self._catch_signals()
-        while True:
-            sentinels = [c.process.sentinel for c in self._children() if not c.done]
-            from multiprocessing.connection import wait
+    def on_signal(self, name: str) -> int:
+        log.info("%s: draining every model", name)
+        return self._drain_all()
 
-            wait([wakeup, *sentinels], HOST_WATCH_S)
-            with contextlib.suppress(BlockingIOError):
-                wakeup.recv(4096)
-            if self._signals:
-                log.info("%s: draining every model", signal.Signals(self._signals.pop(0)).name)
-                return self._drain_all()
-            self._run_main_work()
-            code = self._reap()
-            if code is not None:
-                return code
-            self._fail_wedged(time.monotonic())
-            self._wake_wanted()
-            if self.config.sleep_idle:
-                self._sleep_idle()
-
-    def _children(self) -> list[Child]:
-        return [*self.http, *(s.child for s in self.slots if s.child is not None)]
+    def tick(self, now: float) -> int | None:
+        code = self._reap()
+        if code is not None:
+            return code
+        self._fail_wedged(now)
+        self._wake_wanted()
+        if self.config.sleep_idle:
+            self._sleep_idle()
+        return None
 
     def _reap(self) -> int | None:
         """Act on processes that exited unasked: the host's exit code when the host must end."""
         for child in self.http:
-            if not child.done and child.process.exitcode is not None:
-                child.done = True
-                reason = f"the {child.name} process (pid {child.process.pid}) died: "
-                return self._fail(EXIT_PROCESS_DIED, reason + describe_exit(child.process.exitcode))
+            if child.exited():
+                return self.runtime.fail(EXIT_PROCESS_DIED, child.died())
         # Without the lock: a control call may hold it for a whole sleep or wake, and a crash must be
         # acted on at once (``leaving`` is set before an unload asks the process to end).
         for slot in self.slots:
             process = slot.child
-            if process is None or process.done or process.process.exitcode is None or slot.leaving:
+            if process is None or slot.leaving or not process.exited():
                 continue
-            process.done = True
-            exitcode = process.process.exitcode
+            exitcode = process.process.exitcode or 0
             if exitcode == EXIT_DEVICE_FAILED:
-                return self._fail(EXIT_DEVICE_FAILED, slot.state_machine.reason or "fatal device error")
-            reason = f"the {process.name} process (pid {process.process.pid}) died: {describe_exit(exitcode)}"
+                reason = slot.state_machine.reason or "fatal device error"
+                return self.runtime.fail(EXIT_DEVICE_FAILED, reason)
+            reason = process.died()
             if exitcode == EXIT_LOAD_FAILED:
                 reason = slot.state_machine.reason or reason
-            log.error("model %s failed: %s", slot.name, reason)
-            slot.state_machine.try_to(State.FAILED, reason)
+            slot.fail(reason)  # its process has exited already
         return None
 
     def _fail_wedged(self, now: float) -> None:
         """A model whose forward pass is wedged (``worker_stats.inference_wedged``, a dedicated worker's
         rule) fails alone: Failed with the reason, its process killed, so its device memory comes back and
         the others serve on (a dedicated worker fails whole: it has nothing else to serve)."""
-        for slot in self._running():
-            if slot.state_machine.state in (State.FAILED, State.DEAD) or slot.config is None:
-                continue
-            wedged = worker_stats.inference_wedged(slot.config, slot.view, now)
-            if wedged and slot.child is not None:
-                log.error("model %s failed: %s", slot.name, wedged)
-                slot.state_machine.try_to(State.FAILED, wedged)
-                slot.child.process.kill()
+        for slot in (s for s in self.slots if s.running):
+            wedged = slot.wedged(now)
+            if wedged:
+                slot.fail(wedged)
 
-    def stalled_http(self, now: float, bound: float) -> list[int]:
-        """The HTTP processes (indexes) whose event loop has not ticked for ``bound`` seconds: each ticks
-        into the view of every model it serves (``host_http.HostRouter.beat``)."""
-        return sorted({i for slot in self._running() for i in slot.view.stalled_http(now, bound)})
-
-    def _running(self) -> list[Slot]:
-        """The slots whose model's process runs and is not being unloaded."""
-        return [
-            s
-            for s in self.slots
-            if s.config is not None and s.child is not None and not s.child.done and not s.leaving
-        ]
+    def stall(self, now: float) -> str:
+        """Why an HTTP process counts as stalled ('' while none does): each ticks into the view of every
+        model it serves (``host_http.HostRouter.beat``), so the running models' views tell."""
+        return stall([s.view for s in self.slots if s.running], now)
 
     def _wake_wanted(self) -> None:
         """A request waits for a sleeping model: wake it (in a thread: making room may take a while)."""
@@ -526,59 +401,27 @@ class HostSupervisor:
 
         threading.Thread(target=run, name=f"host-{slot.name}", daemon=True).start()
 
-    def _catch_signals(self) -> socket.socket:
-        wakeup_r, wakeup_w = socket.socketpair()
-        wakeup_r.setblocking(False)
-        wakeup_w.setblocking(False)
-        self._wakeup = (wakeup_r, wakeup_w)
-        signal.set_wakeup_fd(wakeup_w.fileno())
-        for stop in STOP_SIGNALS:
-            signal.signal(stop, lambda sig, frame: self._signals.append(sig))
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-        return wakeup_r
-
     # ---- how it ends ----------------------------------------------------------------------------------
 
-    def _fail(self, code: int, reason: str) -> int:
-        """The host has failed: every model Failed with the reason, the termination log, all stopped."""
-        log.error("host failed: %s", reason)
+    def mark_failed(self, reason: str) -> str:
+        """The host has failed: every model Failed with the reason."""
         self.failed = reason
         for slot in self.slots:
             if slot.config is not None:
                 slot.state_machine.try_to(State.FAILED, f"the host failed: {reason}")
-        try:
-            self.config.termination_log.write_text(reason[:4000] + "\n")
-        except OSError as exc:
-            log.warning("cannot write termination log %s: %s", self.config.termination_log, exc)
-        return self._stop_all(code)
+        return reason
 
     def _drain_all(self) -> int:
         for slot in self.slots:
-            if slot.child is not None and slot.child.process.exitcode is None:
-                slot.leaving = True
-                slot.child.tell("drain")
+            if slot.config is not None:
+                slot.drain()
         deadline = time.monotonic() + max(
             [s.config.drain_timeout for s in self.slots if s.config is not None], default=0.0
         )
         for slot in self.slots:
             if slot.child is not None:
                 slot.child.process.join(max(0.0, deadline + DRAIN_GRACE_S - time.monotonic()))
-        return self._stop_all(0)
-
-    def _stop_all(self, code: int) -> int:
-        children = self._children()
-        for child in children:
-            if child.process.exitcode is None:
-                child.tell("stop")
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for child in children:
-            child.process.join(max(0.0, deadline - time.monotonic()))
-        for child in children:
-            if child.process.exitcode is None:
-                log.warning("killing the %s process", child.name)
-                child.process.kill()
-                child.process.join(KILL_TIMEOUT_S)
-        return code
+        return self.runtime.stop_all(0)
 
 
 def forget_process_metrics(directory: str, pid: int) -> None:

@@ -15,41 +15,58 @@ With ``--control-key-file``, every POST must carry ``Authorization: Bearer <key>
 ``/stats`` and ``/metrics`` stay open, as on a dedicated worker's probe port.  Errors are
 ``{"error": "..."}`` with the status of the ``ServerError`` (400 a bad load body, 404 an unknown model,
 409 loaded already or a refused sleep, 507 no room on the device).  Liveness fails while an HTTP process
-is stalled, as a dedicated worker's.  A stdlib server in a thread of the host's supervisor (``local_http``,
-as a dedicated worker's probe port: keep-alive, no Nagle, IPv6); each call runs on its own thread, and the
-supervisor's lock orders them.
+is stalled, as a dedicated worker's.  A stdlib server in a thread of the host's supervisor
+(``probe_server.LocalHTTPServer``, as a dedicated worker's probe port: keep-alive, no Nagle, IPv6); each
+call runs on its own thread, and the supervisor's lock orders them.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-import logging
-import shutil
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from model_server.errors import InvalidInput, ServerError
 from model_server.host_config import HostConfig, LoadError
-from model_server.supervisor.host import HostSupervisor
-from model_server.supervisor.local_http import LocalHandler, LocalHTTPServer
-from model_server.supervisor.probe_server import STALL_AFTER_S
+from model_server.supervisor.probe_server import LocalHandler, LocalHTTPServer
+from model_server.supervisor.runtime import Child
+from model_server.supervisor.slot import Slot
 from modelpool_contract.host_control import INDEX_PATH, parse_model_action
 from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
-
-log = logging.getLogger("modelpool.host")
 
 MAX_CONTROL_BODY = 1 << 20
 
 
-def _model_document(host: HostSupervisor, name: str) -> dict[str, Any]:
+class Host(Protocol):
+    """What the control API calls: ``host.HostSupervisor`` (and ``testkit.hostsim.SimHost``)."""
+
+    @property
+    def config(self) -> HostConfig: ...
+
+    @property
+    def failed(self) -> str: ...
+
+    http: list[Child]
+
+    def stall(self, now: float) -> str: ...
+    def index(self) -> list[dict[str, Any]]: ...
+    def stats(self) -> dict[str, Any]: ...
+    def metrics(self) -> bytes: ...
+    def load(self, name: str, body: bytes) -> Slot: ...
+    def unload(self, name: str) -> None: ...
+    def sleep(self, name: str) -> object: ...
+    def wake(self, name: str) -> object: ...
+
+
+def _model_document(host: Host, name: str) -> dict[str, Any]:
     entry = next((e for e in host.index() if e["name"] == name), None)
     return entry or {"name": name, "state": None}
 
 
-def control(host: HostSupervisor, method: str, path: str, body: bytes) -> tuple[int, Any]:
+def control(host: Host, method: str, path: str, body: bytes) -> tuple[int, Any]:
     """The status and JSON body of one probe-port call."""
     if method == "GET" and path == LIVE_PATH:
         return host_liveness(host, time.monotonic())
@@ -83,14 +100,11 @@ def control(host: HostSupervisor, method: str, path: str, body: bytes) -> tuple[
     return 200, _model_document(host, name)
 
 
-def host_liveness(host: HostSupervisor, now: float) -> tuple[int, dict[str, Any]]:
+def host_liveness(host: Host, now: float) -> tuple[int, dict[str, Any]]:
     """``GET /v2/health/live``: 503 once the host has failed, or while one of its HTTP processes has not
-    run its event loop for ``STALL_AFTER_S`` (a wedged HTTP process fails liveness, as on a dedicated
-    worker; a model's wedged forward pass fails that model alone: ``HostSupervisor``)."""
-    stalled = host.stalled_http(now, STALL_AFTER_S)
-    reason = host.failed or (
-        f"HTTP process {stalled[0]} has not run its event loop for {STALL_AFTER_S:.0f} s" if stalled else ""
-    )
+    run its event loop for a while (``probe_server.stall``, a dedicated worker's rule; a model's wedged
+    forward pass fails that model alone: ``HostSupervisor``)."""
+    reason = host.failed or host.stall(now)
     body: dict[str, Any] = {"live": not reason}
     if reason:
         body["reason"] = reason
@@ -131,47 +145,10 @@ class _Handler(LocalHandler):
 class HostControlServer(LocalHTTPServer):
     thread_name = "host-control"
 
-    def __init__(self, address: tuple[str, int], host: HostSupervisor) -> None:
+    def __init__(self, address: tuple[str, int], host: Host) -> None:
         super().__init__(address, _Handler)
         self.host = host
         self.key = host.config.control_key
 
 
-def run_host(config: HostConfig) -> int:
-    """Listen, start the host's HTTP processes and its control API; the exit code once the host ends."""
-    import signal
-
-    from model_server.supervisor.supervisor import STOP_SIGNALS, bind_listeners
-
-    try:
-        listeners = bind_listeners(config.host, config.port, config.http_processes)
-    except OSError as exc:
-        log.error("cannot listen on %s:%s: %s", config.host, config.port, exc)
-        return 1
-    host = HostSupervisor(config)
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # as a dedicated worker (supervisor.run)
-    try:
-        control_server = HostControlServer((config.host, config.probe_port), host)
-    except OSError as exc:
-        log.error("cannot listen on the probe port %s:%s: %s", config.host, config.probe_port, exc)
-        for sock in listeners:
-            sock.close()
-        return 1
-    control_server.serve_in_thread()
-    port = listeners[0].getsockname()[1]
-    host.start(listeners)
-    log.info(
-        "shared host listening on %s:%s (%d HTTP processes), control API on %s",
-        config.host, port, config.http_processes, control_server.server_address[1],
-    )  # fmt: skip
-    try:
-        return host.watch()
-    finally:
-        control_server.shutdown()
-        control_server.server_close()
-        for slot in host.slots:
-            slot.view.unlink()
-        shutil.rmtree(host.metrics_dir, ignore_errors=True)
-
-
-__all__ = ["HostControlServer", "authorized", "control", "host_liveness", "run_host"]
+__all__ = ["Host", "HostControlServer", "authorized", "control", "host_liveness"]

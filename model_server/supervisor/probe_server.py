@@ -1,5 +1,5 @@
-"""The probe port: health, readiness, ``/stats`` and ``/metrics`` answered by the supervisor, apart from
-the traffic.
+"""The probe port of both shapes: health, readiness, ``/stats`` and ``/metrics`` answered by the
+supervisor, apart from the traffic (a shared host's adds its control API there: ``host_control``).
 
 The HTTP processes run at a lower CPU priority than the model (``http_process.HTTP_NICE``), so that a
 flood of clients cannot take the model's cores; the price is that anything they answer waits behind the
@@ -16,16 +16,26 @@ supervisor's ``metrics_dir`` holds) and the gauges read from the shared view.
 
 A wedged HTTP process must still fail liveness, as it would on the serving port: each one's event loop
 ticks a heartbeat into the shared view, and liveness fails while one that accepts connections has not
-ticked for ``STALL_AFTER_S``; so must a wedged forward pass (``worker_stats.inference_wedged``).
+ticked for ``STALL_AFTER_S`` (``stall``, the rule a shared host's liveness uses too); so must a wedged
+forward pass (``worker_stats.inference_wedged``).
 
-A small stdlib server in a thread of the supervisor (``local_http``: keep-alive, no Nagle, IPv6): four GET
-routes; the supervisor imports no web stack.
+A small stdlib server in a thread of the supervisor (the supervisor imports no web stack), defined once
+for both shapes (``LocalHTTPServer``, ``LocalHandler``), as each lost a guard when they were two copies:
+an IPv6 listener when the address is one (``--host ::``), as the serving port has; keep-alive (HTTP/1.1),
+as a scraper's connection pool expects; no Nagle (the head and the body go out in two writes, and with
+Nagle's algorithm the second waits for the client's delayed ACK of the first: 40 ms measured on
+``/stats``); no access log (a probe every two seconds).
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
+from collections.abc import Iterable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -34,7 +44,6 @@ from model_server import worker_stats
 from model_server.config import ServerConfig
 from model_server.metrics import WorkerGauges, render_worker
 from model_server.state_machine import StateMachine
-from model_server.supervisor.local_http import LocalHandler, LocalHTTPServer
 from model_server.worker_view import WorkerView
 from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
 
@@ -44,17 +53,56 @@ from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_
 STALL_AFTER_S = 15.0
 
 
+class LocalHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server on ``address`` (IPv6 when the host is an IPv6 address) that
+    ``serve_in_thread`` runs until ``shutdown``."""
+
+    daemon_threads = True
+    thread_name = "probe-port"
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, handler)
+
+    def serve_in_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name=self.thread_name, daemon=True)
+        thread.start()
+        return thread
+
+
+class LocalHandler(BaseHTTPRequestHandler):
+    """Keep-alive, no Nagle, no access log; ``send_body`` answers."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def send_body(self, status: int, payload: bytes, content_type: str) -> None:
+        self.send_response(HTTPStatus(status))
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log: the probes come every few seconds."""
+
+
+def stall(views: Iterable[WorkerView], now: float) -> str:
+    """Why an HTTP process counts as stalled ('' while none does): one that accepts connections and has
+    not ticked into any of ``views`` for ``STALL_AFTER_S``."""
+    stalled = sorted({i for view in views for i in view.stalled_http(now, STALL_AFTER_S)})
+    if not stalled:
+        return ""
+    return f"HTTP process {stalled[0]} has not run its event loop for {STALL_AFTER_S:.0f} s"
+
+
 def answer(
     path: str, config: ServerConfig, view: WorkerView, state_machine: StateMachine, now: float
 ) -> tuple[int, dict[str, Any]]:
     """The status and JSON body of ``GET path`` (``now``: ``time.monotonic()``)."""
     if path == LIVE_PATH:
-        stalled = view.stalled_http(now, STALL_AFTER_S)
-        wedged = (
-            f"HTTP process {stalled[0]} has not run its event loop for {STALL_AFTER_S:.0f} s"
-            if stalled
-            else worker_stats.inference_wedged(config, view, now)
-        )
+        wedged = stall([view], now) or worker_stats.inference_wedged(config, view, now)
         return worker_stats.liveness(state_machine, wedged)
     if path == READY_PATH:
         return worker_stats.readiness(state_machine, view)
@@ -90,7 +138,7 @@ class ProbeServer(LocalHTTPServer):
 class _Handler(LocalHandler):
     server: ProbeServer
 
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib handler's name
+    def do_GET(self) -> None:
         server = self.server
         path = self.path.split("?", 1)[0]
         if path == METRICS_PATH:
@@ -100,4 +148,4 @@ class _Handler(LocalHandler):
         self.send_body(status, json.dumps(body, separators=(",", ":")).encode(), "application/json")
 
 
-__all__ = ["STALL_AFTER_S", "ProbeServer", "answer"]
+__all__ = ["STALL_AFTER_S", "LocalHTTPServer", "LocalHandler", "ProbeServer", "answer", "stall"]

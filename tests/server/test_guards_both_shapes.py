@@ -7,6 +7,7 @@ host's serving port; ``test_fuzz.py`` on a dedicated worker's)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -17,16 +18,28 @@ import httpx
 import pytest
 
 from model_server.config import ServerConfig
+from model_server.frontend.host_http import HostHTTPServer, HostRouter
+from model_server.frontend.http_process import ControlledServer, HTTPServer
+from model_server.frontend.server import ModelServer
 from model_server.host_config import HostConfig
 from model_server.state_machine import State, StateMachine
-from model_server.supervisor.host import HostSupervisor, Slot
+from model_server.supervisor.host import HostSupervisor
 from model_server.supervisor.host_control import HostControlServer, host_liveness
-from model_server.supervisor.local_http import LocalHandler, LocalHTTPServer
-from model_server.supervisor.probe_server import STALL_AFTER_S, ProbeServer, answer
-from model_server.supervisor.supervisor import Child
+from model_server.supervisor.probe_server import (
+    STALL_AFTER_S,
+    LocalHandler,
+    LocalHTTPServer,
+    ProbeServer,
+    answer,
+)
+from model_server.supervisor.runtime import Child
+from model_server.supervisor.slot import Slot
+from model_server.supervisor.supervisor import Supervisor
 from model_server.worker_view import SPAWN, Column, Field, WorkerView, http_row
+from modelpool_contract.http_limits import BoundedHeadersProtocol
 
 LIVE = "/v2/health/live"
+NO_PIPE = cast(Connection, None)  # the servers are built, not run
 
 
 def _config(**fields: object) -> ServerConfig:
@@ -145,3 +158,35 @@ def test_a_wedged_forward_pass_on_a_host_fails_that_model_alone_and_kills_its_pr
         for process in (wedged_process, fine_process):
             process.kill()
             process.join(10)
+
+
+def _fake_child(name: str) -> Child:
+    return Child(name, cast(BaseProcess, object()), cast(Connection, None))
+
+
+def test_both_shapes_stop_their_model_processes_before_their_http_processes() -> None:
+    """The runtime stops ``children()`` in order: a model's process drains and ends before the HTTP
+    processes that answer for it (the host once stopped its HTTP processes first)."""
+    worker = Supervisor(_config())
+    worker.slot.child, worker.http = _fake_child("inference"), [_fake_child("http-0")]
+    host = _host()
+    _running(host, 1, cast(BaseProcess, object()))
+    host.http = [_fake_child("http-0")]
+    for shape in (worker, host):
+        assert [c.name for c in shape.children()][-1] == "http-0", shape
+        assert shape.children()[0].name.startswith("inference")
+
+
+def test_both_shapes_http_processes_share_one_uvicorn_set_up_with_the_header_bound(
+    worker_view: WorkerView,
+) -> None:
+    """Both shapes' HTTP processes are one ``ControlledServer`` (signals left to the supervisor, stopped on
+    the control pipe, a heartbeat), each with the 64 KiB header bound (431)."""
+    dedicated = HTTPServer(ModelServer(_config(), worker_view, 0), cast(socket.socket, None), NO_PIPE)
+    config = HostConfig(device_memory="1Gi", max_models=1, gpus=1)  # type: ignore[arg-type]
+    router = HostRouter(config, [worker_view], 0)
+    shared = HostHTTPServer(router, router, NO_PIPE)
+    for server in (dedicated, shared):
+        assert isinstance(server, ControlledServer)
+        assert issubclass(server.config.http, BoundedHeadersProtocol)  # type: ignore[arg-type]
+        assert server.config.access_log is False and server.config.lifespan == "off"

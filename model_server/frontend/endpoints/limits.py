@@ -29,6 +29,38 @@ _INFERENCE = {"v2_infer", "embeddings", "completions", "chat_completions", "imag
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 
 
+async def read_bounded(receive: Receive, limit: int) -> tuple[bytes | None, int, bool]:
+    """The whole body (None once over ``limit``), the bytes read, and whether the client is still
+    connected; a shared host's router reads an OpenAI body with it too (``host_http``)."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(parts), size, False
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None, size, True
+        if not message.get("more_body", False):
+            return (b"".join((*parts, chunk)) if parts else chunk), size, True
+        parts.append(chunk)
+
+
+def replay(body: bytes, then: Receive) -> Receive:
+    """The body read already, once; then the connection's own messages (a disconnect)."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return await then()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
 def route_label(path: str) -> str:
     """Low-cardinality route label for metrics."""
     if path.startswith("/v2/models/") and path.endswith("/infer"):
@@ -105,16 +137,7 @@ class LimitsMiddleware:
                 if body is None:
                     await self._too_large(scope, receive, send_wrapper, path, size)
                     return
-                replayed = False
-
-                async def replay() -> Message:
-                    nonlocal replayed
-                    if not replayed:
-                        replayed = True
-                        return {"type": "http.request", "body": body, "more_body": False}
-                    return await receive()
-
-                await self._dispatch(scope, replay, send_wrapper, route)
+                await self._dispatch(scope, replay(body, receive), send_wrapper, route)
             else:
                 await self._dispatch(scope, receive, send_wrapper, route)
         finally:
@@ -139,28 +162,12 @@ class LimitsMiddleware:
         await response(scope, receive, send)
 
     async def _read_within_deadline(self, receive: Receive) -> tuple[bytes | None, int, bool] | None:
-        """``_read_bounded`` within ``--request-body-timeout-seconds``; None when the body was late."""
+        """``read_bounded`` within ``--request-body-timeout-seconds``; None when the body was late."""
         try:
             async with asyncio.timeout(self.body_timeout):
-                return await self._read_bounded(receive)
+                return await read_bounded(receive, self.limit)
         except TimeoutError:
             return None
-
-    async def _read_bounded(self, receive: Receive) -> tuple[bytes | None, int, bool]:
-        """(body, or None once over the limit; bytes read; whether the client is still connected)."""
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return b"".join(parts), size, False
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                return None, size, True
-            if not message.get("more_body", False):
-                return (b"".join((*parts, chunk)) if parts else chunk), size, True
-            parts.append(chunk)
 
     async def _body_timeout(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         """408, counted as a rejection (``body_timeout``); the connection is closed after it (the rest of
