@@ -47,7 +47,7 @@ from modelpool_gateway.jsoncost import TOO_MANY_ITEMS, json_refusal
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.names import Unresolved, split_v2_path
 from modelpool_gateway.picker import Candidate, pick
-from modelpool_gateway.prefix import key_hash, pick_prefix, prefix_key
+from modelpool_gateway.prefix import key_hash, pick_prefix, prefix_key, ring_walk
 from modelpool_gateway.proxy import Outbound, Receive, Upstream, forward_headers, relay, watch_disconnect
 from modelpool_gateway.state import Key, Worker
 
@@ -459,6 +459,10 @@ class Gateway:
         if prefix is not None:
             factor = self.settings.prefix_load_factor
             chosen = pick_prefix(candidates, prefix, tried, load_factor=factor)
+            if chosen is not None:
+                home = next(ring_walk([c.key for c in candidates], prefix), None)
+                placement = "home" if chosen == home else "spilled"
+                self.metrics.of(self.metrics.prefix_routed, f"{key[0]}/{key[1]}", placement).inc()
         else:
             self._turn += 1
             chosen = pick(candidates, tried, self._turn)

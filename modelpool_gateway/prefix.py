@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -37,8 +37,10 @@ from modelpool_gateway.state import Key
 #: worker's share falls as 1/sqrt(VNODES)), few enough that a ring of 100 workers builds in milliseconds.
 VNODES = 64
 
-# The ring is rebuilt when the pool's workers change; requests between changes reuse it.
-_RING_CACHE = 256
+# The ring is rebuilt when the pool's workers change; requests between changes reuse it. A ring of n
+# workers is 64n hashes and references (about 50 KiB at 10 workers); past this many pools' rings the
+# least recently used is rebuilt on its next request (640 hashes at 10 workers: well under a millisecond).
+_RING_CACHE = 64
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -54,26 +56,38 @@ def key_hash(prefix: str) -> int:
 
 
 @lru_cache(maxsize=_RING_CACHE)
-def _ring(workers: tuple[Key, ...], vnodes: int) -> tuple[tuple[int, ...], tuple[Key, ...]]:
+def _ring(workers: tuple[Key, ...], vnodes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ring's points in order, and the index in ``workers`` of each point's worker."""
     points = sorted(
-        (_hash(f"{ns}/{name}#{i}".encode()), (ns, name)) for ns, name in workers for i in range(vnodes)
+        (_hash(f"{ns}/{name}#{i}".encode()), index)
+        for index, (ns, name) in enumerate(workers)
+        for i in range(vnodes)
     )
-    return tuple(p for p, _ in points), tuple(k for _, k in points)
+    return tuple(p for p, _ in points), tuple(w for _, w in points)
+
+
+def ring_walk(workers: Collection[Key], position: int, vnodes: int = VNODES) -> Iterator[Key]:
+    """Every worker once, in the order met walking the ring clockwise from ``position`` (lazily: a pick
+    stops at the first worker under the bound)."""
+    ordered = tuple(sorted(set(workers)))
+    if not ordered:
+        return
+    hashes, owners = _ring(ordered, vnodes)
+    start = bisect.bisect_left(hashes, position)
+    seen: set[int] = set()
+    count = len(hashes)
+    for step in range(count):
+        owner = owners[(start + step) % count]
+        if owner not in seen:
+            seen.add(owner)
+            yield ordered[owner]
+            if len(seen) == len(ordered):
+                return
 
 
 def ring_order(workers: Collection[Key], position: int, vnodes: int = VNODES) -> list[Key]:
-    """Every worker once, in the order met walking the ring clockwise from ``position``."""
-    if not workers:
-        return []
-    hashes, owners = _ring(tuple(sorted(set(workers))), vnodes)
-    start = bisect.bisect_left(hashes, position)
-    seen: dict[Key, None] = {}
-    count = len(hashes)
-    for step in range(count):
-        seen.setdefault(owners[(start + step) % count], None)
-        if len(seen) == len(workers):
-            break
-    return list(seen)
+    """``ring_walk`` as a list."""
+    return list(ring_walk(workers, position, vnodes))
 
 
 def load_bound(total: int, workers: int, load_factor: float) -> int:
@@ -95,12 +109,11 @@ def pick_prefix(
     if not open_:
         return None
     bound = load_bound(sum(open_.values()), len(open_), load_factor)
-    order = ring_order(open_.keys(), position, vnodes)
-    for key in order:
+    for key in ring_walk(open_.keys(), position, vnodes):
         if open_[key] + 1 <= bound:
             return key
     # Unreachable for load_factor >= 1 (the least loaded is under the bound); the least loaded then.
-    return min(order, key=lambda k: open_[k])
+    return min(sorted(open_), key=lambda k: open_[k])
 
 
 def _text(content: Any) -> str:

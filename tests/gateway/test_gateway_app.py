@@ -707,6 +707,7 @@ async def test_a_shared_system_prompt_keeps_one_worker_and_distinct_prompts_spre
     assert len(distinct) == 3  # either way: 30 prompts over 3 workers
     if routing == "prefix":
         assert len(set(shared)) == 1 and len(set(completions)) == 1, (shared, completions)
+        assert gw.metrics.prefix_routed.labels(f"{NS}/gen", "home")._value.get() == 12 + 6 + 30
     else:
         assert len(set(shared)) == 3, shared
 
@@ -724,3 +725,5 @@ async def test_a_hot_prefix_spills_over_within_the_load_bound(gw: Harness) -> No
         answers = await asyncio.gather(*sent)
     assert [a.status_code for a in answers] == [200] * 12
     assert len(loads) >= 2 and loads[-1] <= math.ceil(1.25 * 12 / 3), loads
+    placed = {p: gw.metrics.prefix_routed.labels(f"{NS}/gen", p)._value.get() for p in ("home", "spilled")}
+    assert placed["home"] == loads[-1] and placed["spilled"] == 12 - loads[-1], (placed, loads)
