@@ -4,6 +4,10 @@ A shared pool's (``spec.host``) workers are the host pods that hold its model (`
 awake first, else sleeping, the least loaded by this gateway's requests to each pod); its requests carry
 the model's name on the host (``placements.host_model_name``) and are otherwise the same.
 
+A text-generation pool's chats and completions go to the worker their prefix hashes to while its load
+allows (``prefix``: consistent hashing with bounded load; ``--generation-routing least-loaded`` turns it
+off); every other request to the least loaded worker (``picker.pick``).
+
 ``Gateway`` is the outermost ASGI app.  The inference routes (``POST /v1/embeddings``, ``/v1/completions``,
 ``/v1/chat/completions``, ``/v1/images/generations`` and everything under ``/v2/models/``) are handled here
 as raw ASGI, which keeps the added latency small; every other route goes to the Starlette app of
