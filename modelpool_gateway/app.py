@@ -4,6 +4,10 @@ A shared pool's (``spec.host``) workers are the host pods that hold its model (`
 awake first, else sleeping, the least loaded by this gateway's requests to each pod); its requests carry
 the model's name on the host (``placements.host_model_name``) and are otherwise the same.
 
+A text-generation pool's chats and completions go to the worker their prefix hashes to while its load
+allows (``prefix``: consistent hashing with bounded load; ``--generation-routing least-loaded`` turns it
+off); every other request to the least loaded worker (``picker.pick``).
+
 ``Gateway`` is the outermost ASGI app.  The inference routes (``POST /v1/embeddings``, ``/v1/completions``,
 ``/v1/chat/completions``, ``/v1/images/generations`` and everything under ``/v2/models/``) are handled here
 as raw ASGI, which keeps the added latency small; every other route goes to the Starlette app of
@@ -47,6 +51,7 @@ from modelpool_gateway.jsoncost import TOO_MANY_ITEMS, json_refusal
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.names import Unresolved, split_v2_path
 from modelpool_gateway.picker import Candidate, pick
+from modelpool_gateway.prefix import key_hash, pick_prefix, prefix_key, ring_walk
 from modelpool_gateway.proxy import Outbound, Receive, Upstream, forward_headers, relay, watch_disconnect
 from modelpool_gateway.state import Key, Worker
 
@@ -91,6 +96,8 @@ class Call:
     out: Outbound
     client_timeout_s: float | None
     caller: bytes | None = None  # the API key's digest (``access.caller_of``): held requests count per key
+    # A generation request's prefix key's ring position (``prefix``); None: the least loaded worker.
+    prefix: int | None = None
 
     @property
     def label(self) -> str:
@@ -282,7 +289,18 @@ class Gateway:
             body = orjson.dumps(doc)
         headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], scope["path"], headers, body)
-        return Call(key, True, out, _client_timeout(scope["headers"]), caller_of(scope))
+        prefix = self._prefix(key, scope["path"], doc)
+        return Call(key, True, out, _client_timeout(scope["headers"]), caller_of(scope), prefix)
+
+    def _prefix(self, key: Key, path: str, doc: Any) -> int | None:
+        """The ring position a text-generation pool's request is routed by (``prefix``), else None."""
+        if self.settings.generation_routing != "prefix":
+            return None
+        pool = self.registry.pool(key)
+        if pool is None or pool.task != "text-generation":
+            return None
+        found = prefix_key(path, doc, self.settings.prefix_chars)
+        return key_hash(found) if found is not None else None
 
     async def _v2_call(self, scope: MutableMapping[str, Any], receive: Receive, ticket: Ticket) -> Call:
         rest = scope["path"][len(V2_MODELS) :]
@@ -437,13 +455,21 @@ class Gateway:
             send, call.openai, 503, "shutting_down", "the gateway is shutting down", retry_after=1
         )
 
-    def _choose(self, key: Key, tried: set[Key]) -> Worker | None:
+    def _choose(self, key: Key, tried: set[Key], prefix: int | None = None) -> Worker | None:
         workers = self.registry.routable(key)
         pool = self.registry.pool(key)
         depths = pool.queue_depths if pool is not None else {}
         candidates = [Candidate(w.key, self.loads.get(w.key, 0), depths.get(w.name)) for w in workers]
-        self._turn += 1
-        chosen = pick(candidates, tried, self._turn)
+        if prefix is not None:
+            factor = self.settings.prefix_load_factor
+            chosen = pick_prefix(candidates, prefix, tried, load_factor=factor)
+            if chosen is not None:
+                home = next(ring_walk([c.key for c in candidates], prefix), None)
+                placement = "home" if chosen == home else "spilled"
+                self.metrics.of(self.metrics.prefix_routed, f"{key[0]}/{key[1]}", placement).inc()
+        else:
+            self._turn += 1
+            chosen = pick(candidates, tried, self._turn)
         return next((w for w in workers if w.key == chosen), None)
 
     async def _forward(self, call: Call, send: Send, receive: Receive, baton: Baton | None) -> int | None:
@@ -454,7 +480,7 @@ class Gateway:
         # Done when the client leaves: its request is abandoned at the worker, its answer not relayed.
         gone = asyncio.ensure_future(watch_disconnect(receive))
         try:
-            while (worker := self._choose(call.key, tried)) is not None:
+            while (worker := self._choose(call.key, tried, call.prefix)) is not None:
                 tried.add(worker.key)
                 self.loads[worker.key] = self.loads.get(worker.key, 0) + 1
                 self.metrics.of(self.metrics.in_flight, call.label).inc()

@@ -200,6 +200,27 @@ class GatewaySettings(BaseSettings):
         "own namespace only (needs --namespace: Secrets are never read cluster-wide)",
     )
 
+    generation_routing: Literal["prefix", "least-loaded"] = Field(
+        default="prefix",
+        description="prefix: a text-generation pool's chat and completion requests that share a prefix go "
+        "to the same worker while its load allows (consistent hashing with bounded load), so its caches "
+        "serve them; least-loaded: the least loaded worker, as for every other pool",
+    )
+    prefix_chars: int = Field(
+        default=256,
+        ge=1,
+        le=100_000,
+        description="The prefix routed on: this many leading characters of a chat's messages (with their "
+        "roles) or of a completion's prompt",
+    )
+    prefix_load_factor: float = Field(
+        default=1.25,
+        ge=1.0,
+        le=100.0,
+        description="A worker is passed over for a prefix while it would hold more than this times the "
+        "pool's mean requests in flight (rounded up); 1: strict balance, larger: more cache hits",
+    )
+
     @model_validator(mode="after")
     def _ports_apart(self) -> GatewaySettings:
         # The metrics name every tenant's pools: they are never served where the clients call.

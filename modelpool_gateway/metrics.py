@@ -89,6 +89,13 @@ class Metrics:
             ["pool", "reason"],
             registry=r,
         )
+        self.prefix_routed = Counter(
+            "modelpool_gateway_prefix_routed_total",
+            "Text-generation requests placed by their prefix, by placement (home: the worker the prefix "
+            "hashes to; spilled: a later one on the ring, the home being over the load bound or tried).",
+            ["pool", "placement"],
+            registry=r,
+        )
         self.demand_writes = Counter(
             "modelpool_gateway_demand_writes_total",
             "Writes of this replica's share of a pool's demand Lease, by result (ok, error).",

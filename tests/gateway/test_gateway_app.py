@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
@@ -33,6 +34,7 @@ from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.proxy import Upstream
 from modelpool_gateway.routes import build_routes
 from modelpool_gateway.state import HostPod, Pool, Worker
+from testkit.waiting import wait_for_async
 from tests.gateway.rawserver import answering, raw_server, read_request
 from tests.server.conftest import ServerProcess, start_server
 
@@ -632,3 +634,96 @@ async def test_a_pool_that_can_never_wake_is_answered_503_at_once(gw: Harness) -
     assert error["type"] == "scaled_to_zero" and "scale it up" in error["message"]
     assert not gw.entered.is_set()
     assert gw.metrics.refused.labels(f"{NS}/zero", "scaled_to_zero")._value.get() == 1
+
+
+# ---- prefix-aware routing (text-generation pools) ----
+
+SYSTEM_PROMPT = "You are the support assistant of a Kubernetes platform; answer in one sentence. " * 5
+
+
+def _gated(gate: asyncio.Event) -> Any:
+    """A worker that answers 200 to each request once ``gate`` is set (so requests stay in flight)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await read_request(reader)
+                await gate.wait()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    return handle
+
+
+async def _generation_workers(gw: Harness, stack: AsyncExitStack, gate: asyncio.Event, n: int = 3) -> None:
+    gw.registry.set_pool(Pool(NS, "gen", task="text-generation", activation_timeout_s=1))
+    for i in range(n):
+        port = await stack.enter_async_context(raw_server(_gated(gate)))
+        gw.registry.set_worker(Worker(NS, f"gen-{i}", "gen", "127.0.0.1", port, True, True, False))
+
+
+def _chat(question: str, system: str = SYSTEM_PROMPT) -> dict[str, Any]:
+    return {
+        "model": "gen",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+    }
+
+
+@pytest.mark.parametrize("routing", ["prefix", "least-loaded"])
+async def test_a_shared_system_prompt_keeps_one_worker_and_distinct_prompts_spread(routing: str) -> None:
+    """One after another, chats under one long system prompt all reach one worker (least-loaded would
+    rotate them over the three); chats under distinct system prompts reach every worker."""
+    gw = Harness(generation_routing=routing)
+    gate = asyncio.Event()
+    gate.set()
+    try:
+        async with AsyncExitStack() as stack, gw.client() as c:
+            await _generation_workers(gw, stack, gate)
+            shared = [
+                (await c.post("/v1/chat/completions", json=_chat(f"question {i}"))).headers[
+                    "x-modelpool-worker"
+                ]
+                for i in range(12)
+            ]
+            completions = [
+                (
+                    await c.post("/v1/completions", json={"model": "gen", "prompt": SYSTEM_PROMPT + str(i)})
+                ).headers["x-modelpool-worker"]
+                for i in range(6)
+            ]
+            distinct = {
+                (await c.post("/v1/chat/completions", json=_chat("hi", f"system prompt {i}"))).headers[
+                    "x-modelpool-worker"
+                ]
+                for i in range(30)
+            }
+    finally:
+        await gw.demand.close()
+        gw.upstream.close()
+    assert len(distinct) == 3  # either way: 30 prompts over 3 workers
+    if routing == "prefix":
+        assert len(set(shared)) == 1 and len(set(completions)) == 1, (shared, completions)
+        assert gw.metrics.prefix_routed.labels(f"{NS}/gen", "home")._value.get() == 12 + 6 + 30
+    else:
+        assert len(set(shared)) == 3, shared
+
+
+async def test_a_hot_prefix_spills_over_within_the_load_bound(gw: Harness) -> None:
+    """Twelve chats under one system prompt at once: the prefix's worker takes them up to the bound
+    (ceil(1.25 * in flight / 3)), the next ones go on round the ring; none passes the bound."""
+    gate = asyncio.Event()
+    async with AsyncExitStack() as stack, gw.client() as c:
+        await _generation_workers(gw, stack, gate)
+        sent = [asyncio.ensure_future(c.post("/v1/chat/completions", json=_chat(f"q{i}"))) for i in range(12)]
+        await wait_for_async(lambda: sum(gw.app.loads.values()) == 12, within=10, message="12 in flight")
+        loads = sorted(gw.app.loads.values())
+        gate.set()
+        answers = await asyncio.gather(*sent)
+    assert [a.status_code for a in answers] == [200] * 12
+    assert len(loads) >= 2 and loads[-1] <= math.ceil(1.25 * 12 / 3), loads
+    placed = {p: gw.metrics.prefix_routed.labels(f"{NS}/gen", p)._value.get() for p in ("home", "spilled")}
+    assert placed["home"] == loads[-1] and placed["spilled"] == 12 - loads[-1], (placed, loads)

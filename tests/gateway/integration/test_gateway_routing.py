@@ -2,7 +2,7 @@
 ``openai`` and ``tritonclient`` clients unmodified, and a draining worker's 503 retried elsewhere.
 
 One namespace, one operator and one gateway serve the whole module: pools ``alpha`` (two echo workers,
-alias ``Org/alpha-model``), ``beta`` (one echo worker) and ``gen`` (one streaming echo generator).  The
+alias ``Org/alpha-model``), ``beta`` (one echo worker) and ``gen`` (two streaming echo generators).  The
 workers are real ``modelpool-server`` processes on the process node.
 """
 
@@ -87,11 +87,17 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         apply(crds, echo_pool("beta"), namespace)
         apply(
             crds,
-            echo_pool("gen", handler=GENERATION, task="text-generation", env={"HANDLER_RUN_SECONDS": "0.05"}),
+            echo_pool(
+                "gen",
+                replicas=2,
+                handler=GENERATION,
+                task="text-generation",
+                env={"HANDLER_RUN_SECONDS": "0.05"},
+            ),
             namespace,
         )
         gateway.wait_ready()
-        for pool, workers in (("alpha", 2), ("beta", 1), ("gen", 1)):
+        for pool, workers in (("alpha", 2), ("beta", 1), ("gen", 2)):
             gateway.wait_serving(pool, workers)
         yield Setup(crds, namespace, gateway, worker_port)
     finally:
@@ -215,6 +221,37 @@ def test_the_openai_client_unmodified_embeddings_and_streaming_chat(setup: Setup
 
     completion = client.completions.create(model="gen", prompt="alpha beta gamma", max_tokens=2)
     assert completion.choices[0].text == "alpha beta"
+
+
+def test_chats_under_one_system_prompt_reach_one_generation_worker_and_distinct_ones_spread(
+    setup: Setup,
+) -> None:
+    """Prefix-aware routing (the gateway's default for text-generation pools): one after another, chats
+    under one long system prompt all reach one of the two workers (least-loaded would alternate them);
+    chats under distinct system prompts reach both."""
+    system = "You are the platform team's assistant; answer in one short sentence. " * 5
+
+    def worker(system_prompt: str, question: str) -> str:
+        answer = httpx.post(
+            setup.gateway.url + "/v1/chat/completions",
+            json={
+                "model": "gen",
+                "max_tokens": 1,
+                "messages": [
+                    {"role": "system", "content": system_prompt},
+                    {"role": "user", "content": question},
+                ],
+            },
+            headers=setup.gateway.headers,
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        return answer.headers["x-modelpool-worker"]
+
+    shared = [worker(system, f"question {i}") for i in range(8)]
+    assert len(set(shared)) == 1, shared
+    distinct = {worker(f"system prompt number {i}", "hi") for i in range(16)}
+    assert distinct == set(setup.pods("gen")), distinct
 
 
 @pytest.mark.parametrize("binary", [True, False])

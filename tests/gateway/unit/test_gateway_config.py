@@ -13,6 +13,11 @@ def test_defaults() -> None:
     assert settings.demand_interval_seconds == 5
     assert (settings.metrics_port, settings.max_json_items, settings.max_json_depth) == (8081, 100_000, 64)
     assert (settings.header_timeout_seconds, settings.max_connections) == (10, 4096)
+    assert (settings.generation_routing, settings.prefix_chars, settings.prefix_load_factor) == (
+        "prefix",
+        256,
+        1.25,
+    )
 
 
 def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -22,6 +27,9 @@ def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.namespaces == ["team-a", "team-b"]
     assert (settings.port, settings.max_held_per_pool) == (9000, 7)
     assert load_settings(["--namespace", "x", "--namespace", "y"]).namespaces == ["x", "y"]
+    monkeypatch.setenv("MODELPOOL_GATEWAY_GENERATION_ROUTING", "least-loaded")
+    assert load_settings([]).generation_routing == "least-loaded"
+    assert load_settings(["--generation-routing", "prefix"]).generation_routing == "prefix"
 
 
 @pytest.mark.parametrize(
@@ -35,6 +43,9 @@ def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--max-json-items", "0"], "--max-json-items"),
         (["--header-timeout-seconds", "0"], "--header-timeout-seconds"),
         (["--max-connections", "0"], "--max-connections"),
+        (["--generation-routing", "random"], "--generation-routing"),
+        (["--prefix-load-factor", "0.5"], "--prefix-load-factor"),
+        (["--prefix-chars", "0"], "--prefix-chars"),
         (["--bogus"], "unrecognized arguments"),
     ],
 )
