@@ -272,15 +272,22 @@ def flood_only(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    """A figure of a row, or "-" when the run measured none (nothing completed in its window)."""
+    return "-" if value is None else format(value, spec)
+
+
 def _print_row(key: str, res: dict[str, Any]) -> None:
     ratios = res["ratios"]
     vs_st = (
-        f"  vs ST {ratios['st']:.2f} (per request {ratios['st_per_request']:.2f})" if "st" in ratios else ""
+        f"  vs ST {_fmt(ratios['st'], '.2f')} (per request {_fmt(ratios['st_per_request'], '.2f')})"
+        if "st" in ratios
+        else ""
     )
     print(
-        f"  server {key:>16}: {res['sentences_per_s']:9.1f} sentences/s"
-        f"  p50 {res['p50_ms']:.2f} ms  batch {res['mean_batch'] or 0:.1f}"
-        f"  vs direct@{res['reference']['direct_batch']} {ratios['direct']:.2f}{vs_st}"
+        f"  server {key:>16}: {_fmt(res['sentences_per_s'], '9.1f')} sentences/s"
+        f"  p50 {_fmt(res['p50_ms'], '.2f')} ms  batch {res['mean_batch'] or 0:.1f}"
+        f"  vs direct@{res['reference']['direct_batch']} {_fmt(ratios['direct'], '.2f')}{vs_st}"
         f"  errors {res['errors']}", flush=True,
     )  # fmt: skip
 
