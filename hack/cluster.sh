@@ -59,8 +59,10 @@ need_binaries() {
 kwokctl() { "$bin/kwokctl" --name "$name" "$@"; }
 # kwokctl picks free ports for a cluster's components when it creates or starts it and binds them a moment
 # later: two clusters brought up at once (make test's two workers) could pick the same one, and the second
-# kwok controller then never starts (its nodes stay NotReady). One at a time on this machine.
-one_at_a_time() { ( flock 9 && "$@" ) 9>"${TMPDIR:-/tmp}/modelpool-kwokctl.lock"; }
+# kwok controller then never starts (its nodes stay NotReady). One at a time on this machine. The command
+# runs without the lock's descriptor (9>&-): the components it leaves running would inherit it, and with
+# it the lock, for as long as the cluster lives.
+one_at_a_time() { ( flock 9 && "$@" 9>&- ) 9>"${TMPDIR:-/tmp}/modelpool-kwokctl.lock"; }
 kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
 processnode_running() {
