@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -45,11 +45,17 @@ def echo() -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def gen() -> Iterator[ServerProcess]:
+def emit_gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A streamed generation of ``gen`` holds after its first piece until this file exists."""
+    return tmp_path_factory.mktemp("gen") / "emit-gate"
+
+
+@pytest.fixture(scope="module")
+def gen(emit_gate: Path) -> Iterator[ServerProcess]:
     proc = start_server(
         "--model", "/", "--task", "text-generation", "--name", "gen",
         "--handler", "tests.server.handlers:EchoGeneration", wait="ready",
-        env={"HANDLER_RUN_SECONDS": "0.05"},
+        env={"HANDLER_EMIT_GATE": str(emit_gate)},
     )  # fmt: skip
     yield proc
     proc.stop()
@@ -86,7 +92,7 @@ async def test_a_get_without_body_and_an_error_status(echo: ServerProcess) -> No
     client.close()
 
 
-async def test_a_streamed_answer_arrives_in_pieces(gen: ServerProcess) -> None:
+async def test_a_streamed_answer_arrives_in_pieces(gen: ServerProcess, emit_gate: Path) -> None:
     client = _client()
     body = json.dumps(
         {"model": "gen", "messages": [{"role": "user", "content": "one two three four five"}], "stream": True}
@@ -95,16 +101,22 @@ async def test_a_streamed_answer_arrives_in_pieces(gen: ServerProcess) -> None:
         "127.0.0.1", gen.port, request_head("POST", "/v1/chat/completions", JSON), body
     )
     assert resp.status == 200 and resp.content_length is None
-    arrivals: list[tuple[float, bytes]] = []
-    last = False
+    # The worker holds the generation after its first word (the chat template's, then the prompt's): the
+    # client hands over the role piece and that word while the rest of the body does not exist yet (a client
+    # that buffered to the end would wait here until its read timeout).
+    before = b""
+    while before.count(b"data: ") < 2:
+        chunk, last = await resp.read_chunk()
+        assert not last, "the body ended while the generation was held"
+        before += chunk
+    assert b"[DONE]" not in before and b"five" not in before
+    await asyncio.to_thread(emit_gate.touch)
+    after, last = b"", False
     while not last:
         chunk, last = await resp.read_chunk()
-        arrivals.append((time.monotonic(), chunk))
-    text = b"".join(c for _, c in arrivals)
-    assert text.count(b"data: ") >= 5 and text.rstrip().endswith(b"data: [DONE]")
-    # Each word is generated 50 ms after the previous one: the pieces did not arrive at once.
-    pieces = [t for t, c in arrivals if c]
-    assert len(pieces) >= 4 and pieces[-1] - pieces[0] >= 0.15
+        after += chunk
+    assert after.count(b"data: ") >= 4 and after.rstrip().endswith(b"data: [DONE]")
+    assert [w for w in (b"one", b"two", b"three", b"four", b"five") if w not in before + after] == []
     client.close()
 
 
