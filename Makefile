@@ -1,6 +1,6 @@
 # modelpool — developer entry points.  The target names are a contract (see README):
 #   test, demo, bench, soak, upgrade-check, testbin, cluster-up, cluster-down, e2e-kind, crds, lint, venv, images, lowest,
-#   release
+#   release, tools
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -18,6 +18,10 @@ venv: $(VENV)/.installed ## the Python environment (uv; torch, transformers, kop
 $(VENV)/.installed: pyproject.toml uv.lock hack/venv.sh
 	bash hack/venv.sh $(VENV)
 	@touch $@
+
+.PHONY: tools
+tools: ## the Debian tools the images and tests use (buildah, runc, debootstrap, promtool), when missing
+	bash hack/tools.sh
 
 .PHONY: images
 images: ## build the operator and server images with buildah (no daemon; skipped when their inputs are unchanged)
@@ -63,7 +67,7 @@ PYTEST_ARGS ?= -n 2 --dist loadfile --durations=20
 .PHONY: test
 # The images and the release are tested too (the pods of e2e/test_images.py run from them; e2e/test_release.py
 # checks dist/): both are skipped in seconds when their inputs are unchanged.
-test: venv testbin lint images release ## lint, then every test (unit + integration on the local control plane, the images, the release)
+test: venv testbin tools lint images release ## lint, then every test (unit + integration on the local control plane, the images, the release)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: demo

@@ -334,7 +334,14 @@ def test_metrics_endpoint_service_and_monitors(helm: list[str]) -> None:
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert monitor["spec"]["endpoints"] == [
-        {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+        # honorLabels: the series' own namespace label (the pool's) wins over the target's.
+        {
+            "port": "metrics",
+            "path": "/metrics",
+            "honorLabels": True,
+            "interval": "30s",
+            "scrapeTimeout": "10s",
+        }
     ]
     workers = one(docs, "PodMonitor")
     assert workers["spec"]["selector"] == {

@@ -17,6 +17,7 @@ absent it FAILS with "run make release" (`make test` and CI build it first).
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 from collections.abc import Iterator
@@ -34,7 +35,9 @@ import yaml
 from e2e.helpers import eventually, require_binary, run
 from modelpool_contract import LABEL_POOL
 from modelpool_contract.gateway_keys import default_keys_namespace
+from modelpool_contract.labels import PROBE_PORT_NAME
 from modelpool_contract.version import VERSION
+from testkit import dashboards
 from testkit.cluster import Cluster, minilm_package
 from testkit.environment import ROOT
 from testkit.imagenode import (
@@ -50,8 +53,19 @@ from testkit.imagenode import (
 )
 from testkit.kubectl import bind_host_path
 from testkit.processnode.images import ImageStore
+from testkit.prometheus import prometheus
+from testkit.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+ALERTS = ROOT / "charts" / "modelpool-operator" / "files" / "alerts.yaml"
+# Series the alerts read that exist only once something went wrong (a failed API request, a failed watch).
+ON_ERROR_ONLY = {"modelpool_operator_api_errors_total", "modelpool_gateway_watch_restarts_total"}
+# What must be quiet on a healthy release (the error-rate alerts depend on what this run met on the way).
+QUIET_WHEN_HEALTHY = {
+    "ModelPoolNotServing", "ModelPoolDegraded", "ModelPoolBudgetExceeded", "ModelBudgetNearlyFull",
+    "ModelPoolOperatorDown", "ModelPoolOperatorNotLeading", "ModelPoolWorkerWedged",
+}  # fmt: skip
 
 INSTALL_TIMEOUT_S = 300
 SERVE_TIMEOUT_S = 420  # the worker imports torch and transformers from the image's root, then loads MiniLM
@@ -274,3 +288,55 @@ def test_operator_gateway_and_worker_run_from_their_images_and_serve_minilm(
     embedding = out.as_numpy("embedding")
     assert embedding is not None and embedding.shape == (1, 384)
     assert np.allclose(embedding[0], vectors[0], atol=1e-4)
+
+
+def _port(pod: Any, name: str) -> str:
+    """``podIP:port`` of the pod's container port called ``name``."""
+    ports = [p for c in pod["spec"]["containers"] for p in c.get("ports", []) if p.get("name") == name]
+    assert ports, f"{pod['metadata']['name']} has no port {name}"
+    return f"{pod['status']['podIP']}:{ports[0]['containerPort']}"
+
+
+def test_a_real_prometheus_scrapes_the_release_evaluates_every_alert_and_fills_the_dashboards(
+    install: Install, tmp_path: Path
+) -> None:
+    """What the chart's monitors point at, scraped by a real Prometheus with the chart's alerts loaded: every
+    target up, every series the alerts read there (but those only an error makes), every rule evaluated
+    without an error, no alert of a healthy release pending or firing, and every dashboard panel that needs
+    only a serving pool filled (after the traffic of the test before: embeddings over both protocols)."""
+    [operator] = install.pods("app.kubernetes.io/component=operator")
+    [gateway] = install.pods("app.kubernetes.io/component=gateway")
+    workers = install.pods(LABEL_POOL, install.pools)
+    assert workers, "the pool of the test before serves"
+    targets = [_port(operator, "metrics"), _port(gateway, "metrics"), _port(workers[0], PROBE_PORT_NAME)]
+    # A request the gateway answers (a 401: no key), so its requests_total has a series.
+    httpx.get(f"http://{_port(gateway, 'http')}/v1/models", timeout=10)
+    rules = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+    read = {n for r in rules for n in re.findall(r"\bmodelpool_[a-z_]+", r["expr"])}
+    with prometheus(targets, [ALERTS], tmp_path / "prometheus") as prom:
+
+        def all_up() -> bool:
+            health = prom.targets_up()
+            return len(health) == len(targets) and set(health.values()) == {"up"}
+
+        def all_evaluated() -> list[dict[str, Any]] | None:
+            seen = prom.rules()
+            done = len(seen) == len(rules) and all(r["lastEvaluation"].startswith("2") for r in seen)
+            return seen if done else None
+
+        wait_for(all_up, timeout=60, message=lambda: f"every target up: {prom.targets_up()}")
+        for name in sorted(read - ON_ERROR_ONLY):
+            wait_for(lambda: prom.query(name), timeout=30, message=f"series {name} scraped")  # noqa: B023
+        evaluated = wait_for(all_evaluated, timeout=30, message="every rule evaluated")
+        # A panel that needs only a serving pool shows series; the others' queries are valid PromQL
+        # (a bad one fails prom.query with Prometheus's parse error).
+        for dashboard in dashboards.DASHBOARDS:
+            for panel in dashboard.panels:
+                for query in panel.queries:
+                    prom.query(query.expr)
+                    if not panel.needs:
+                        where = f"{dashboard.title} / {panel.title}: {query.expr}"
+                        wait_for(lambda: prom.query(query.expr), timeout=30, message=where)  # noqa: B023
+    assert {r["name"]: r["health"] for r in evaluated} == {r["name"]: "ok" for r in evaluated}, evaluated
+    awake = {r["name"]: r["state"] for r in evaluated if r["name"] in QUIET_WHEN_HEALTHY}
+    assert awake == dict.fromkeys(QUIET_WHEN_HEALTHY, "inactive"), "alerts a healthy release woke"

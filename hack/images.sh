@@ -33,18 +33,8 @@ TORCH_INDEX_URL=${TORCH_INDEX_URL:-}
 
 log() { echo "== images: $*" >&2; }
 
-# The tools come from Debian (CI runs as root on a fresh machine).
-ensure_tools() {
-  local missing=()
-  command -v buildah >/dev/null || missing+=(buildah)
-  command -v runc >/dev/null || missing+=(runc)
-  command -v debootstrap >/dev/null || missing+=(debootstrap)
-  if ((${#missing[@]})); then
-    log "installing ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  fi
-}
+# The tools come from Debian (hack/tools.sh; CI runs as root on a fresh machine).
+ensure_tools() { bash hack/tools.sh; }
 
 version() { bash hack/version.sh; }
 

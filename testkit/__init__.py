@@ -18,6 +18,9 @@ Modules:
   threaded closed loop through the gateway or to workers.
 * ``corpus``: the deterministic sentences the load sends.
 * ``prom``: Prometheus text exposition read with prometheus_client's parser.
+* ``prometheus``: a real Prometheus server on loopback scraping given targets and evaluating rule files.
+* ``dashboards``: the Grafana dashboards the chart ships, defined once (``python -m testkit.dashboards
+  [--write]``; ``e2e/test_monitoring.py``).
 * ``layout``: what a module imports, read from its source (the layout tests).
 * ``services``: the operator and the gateway as real processes (``OperatorProcess``, ``GatewayProcess``),
   gateway keys, pool and budget manifests, a pool's pods and their process-node processes.

@@ -7,6 +7,9 @@ Names (all prefixed ``modelpool_operator_``; docs/operator.md has example querie
   ``reconcile_duration_seconds``: the pool passes and how long each took.
 * ``workers{namespace,pool,state}``: each pool's workers by state, as its last pass wrote them to status
   (every state is exported, zeros included; a deleted pool's series are removed).
+* ``pool_target_replicas{namespace,pool}`` and ``pool_condition{namespace,pool,condition}`` (1 while the
+  condition is True, else 0; every condition type is exported): the rest of what the last pass wrote,
+  what the chart's alerts need to tell a pool that should serve from one at zero on purpose.
 * ``budget_bytes{kind}`` (total, used, reserved): the ModelBudget as the operator last wrote its status.
 * ``evictions_total{reason}`` (IdleTimeout, Preempted, RollOver, ScaleDown) and
   ``worker_failures_total{reason}`` (OOMKilled, LoadFailed, ...; an unknown reason counts as Other).
@@ -35,17 +38,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
-from modelpool_contract.api import ModelHostStatus, ModelPoolStatus
+from modelpool_contract.api import ConditionType, ModelHostStatus, ModelPoolStatus
 from modelpool_contract.states import WORKER_STATES
 from modelpool_operator.observe.worker_state import FAILURE_REASONS
 from modelpool_operator.pool import PoolKey
 
 PREFIX = "modelpool_operator"
 HOST_MEMORY_KINDS = ("capacity", "awake", "asleep", "overhead", "free")
+POOL_CONDITIONS: tuple[str, ...] = get_args(ConditionType)
 # A pass takes milliseconds when nothing changes, up to seconds when many workers are created.
 _PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -73,6 +78,18 @@ class OperatorMetrics:
         )
         self.workers = Gauge(
             f"{PREFIX}_workers", "Workers by state per pool", ["namespace", "pool", "state"], registry=r
+        )
+        self.target = Gauge(
+            f"{PREFIX}_pool_target_replicas",
+            "Each pool's status.targetReplicas",
+            ["namespace", "pool"],
+            registry=r,
+        )
+        self.conditions = Gauge(
+            f"{PREFIX}_pool_condition",
+            "1 while a pool's condition is True, else 0",
+            ["namespace", "pool", "condition"],
+            registry=r,
         )
         self.budget = Gauge(
             f"{PREFIX}_budget_bytes", "The ModelBudget: total, used, reserved", ["kind"], registry=r
@@ -125,6 +142,10 @@ class OperatorMetrics:
             registry=r,
         )
         # The host_memory series each ModelHost last set, so a host pod or device gone loses its series.
+        # Every failure reason from 0: Prometheus's increase() counts no rise in a series' first sample, so
+        # a reason's first failure would never fire an alert (files/alerts.yaml) if its series began at 1.
+        for reason in (*sorted(FAILURE_REASONS), "Other"):
+            self.failures.labels(reason=reason)
         self._host_series: dict[tuple[str, str], set[HostSeries]] = {}
         self._server: object | None = None
 
@@ -164,6 +185,10 @@ class OperatorMetrics:
             counts[worker.state] += 1
         for state, count in counts.items():
             self.workers.labels(namespace=key[0], pool=key[1], state=state).set(count)
+        self.target.labels(namespace=key[0], pool=key[1]).set(status.target_replicas or 0)
+        true = {c.type for c in status.conditions if c.status == "True"}
+        for condition in POOL_CONDITIONS:
+            self.conditions.labels(namespace=key[0], pool=key[1], condition=condition).set(condition in true)
         failed_before = {w.name for w in previous.workers if w.state == "Failed"}
         for worker in status.workers:
             if worker.state == "Failed" and worker.name not in failed_before:
@@ -175,6 +200,11 @@ class OperatorMetrics:
         for state in WORKER_STATES:
             with suppress(KeyError):
                 self.workers.remove(key[0], key[1], state)
+        with suppress(KeyError):
+            self.target.remove(key[0], key[1])
+        for condition in POOL_CONDITIONS:
+            with suppress(KeyError):
+                self.conditions.remove(key[0], key[1], condition)
 
     def host_written(self, namespace: str, name: str, status: ModelHostStatus) -> None:
         """A ModelHost pass wrote ``status``: its host pods' device memory and its models by state."""

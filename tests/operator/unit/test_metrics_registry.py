@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from modelpool_contract.api import (
+    Condition,
     HostDeviceStatus,
     HostModelStatus,
     HostPodStatus,
@@ -63,6 +64,33 @@ def test_workers_by_state_and_each_failure_once_with_a_bounded_reason() -> None:
     assert value(metrics, "modelpool_operator_worker_failures_total", reason="SomethingNew") is None
     metrics.pool_gone(key)
     assert value(metrics, "modelpool_operator_workers", state="Idle", **labels) is None
+
+
+def test_a_pools_target_and_conditions_follow_its_status_and_go_with_it() -> None:
+    metrics = OperatorMetrics()
+    # Each failure reason starts at 0, so the first one is a rise an alert's increase() sees.
+    assert value(metrics, "modelpool_operator_worker_failures_total", reason="InferenceWedged") == 0
+    key = ("team", "emb")
+    labels = {"namespace": "team", "pool": "emb"}
+    written = ModelPoolStatus(
+        target_replicas=2,
+        conditions=[
+            Condition(type="Ready", status="False", reason="Loading"),
+            Condition(type="BudgetExceeded", status="True", reason="BudgetExceeded"),
+        ],
+    )
+    metrics.pool_written(key, ModelPoolStatus(), written)
+    assert value(metrics, "modelpool_operator_pool_target_replicas", **labels) == 2
+    assert value(metrics, "modelpool_operator_pool_condition", condition="BudgetExceeded", **labels) == 1
+    assert value(metrics, "modelpool_operator_pool_condition", condition="Ready", **labels) == 0
+    # A condition the status does not carry is exported as 0, so an alert never waits on a missing series.
+    assert value(metrics, "modelpool_operator_pool_condition", condition="Degraded", **labels) == 0
+    metrics.pool_written(key, written, ModelPoolStatus(target_replicas=0))
+    assert value(metrics, "modelpool_operator_pool_target_replicas", **labels) == 0
+    assert value(metrics, "modelpool_operator_pool_condition", condition="BudgetExceeded", **labels) == 0
+    metrics.pool_gone(key)
+    assert value(metrics, "modelpool_operator_pool_target_replicas", **labels) is None
+    assert value(metrics, "modelpool_operator_pool_condition", condition="Ready", **labels) is None
 
 
 def test_evictions_budget_and_api_errors() -> None:
