@@ -32,6 +32,8 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v2/health/live", "/
 GRANT_SCOPE_KEY = "modelpool.grant"
 # Who is calling (the key's digest; absent with --auth none): what the held requests are counted per.
 CALLER_SCOPE_KEY = "modelpool.caller"
+# The key's name (its Secret's namespace/name): what the usage metrics are labelled by; absent: no key.
+KEY_NAME_SCOPE_KEY = "modelpool.key_name"
 NOTHING = Grant()
 # Scoped indexes kept at most (one per distinct grant in use); all are dropped when the pools change.
 _INDEX_CACHE_LIMIT = 1024
@@ -41,6 +43,13 @@ def caller_of(scope: MutableMapping[str, Any]) -> bytes | None:
     """The caller ``Access.check`` recorded (its key's digest); None with ``--auth none``."""
     caller: bytes | None = scope.get(CALLER_SCOPE_KEY)
     return caller
+
+
+def key_name_of(scope: MutableMapping[str, Any]) -> str:
+    """The name of the key ``Access.check`` accepted (``KeyStore.name_of``); empty with ``--auth none``,
+    for a refused key and on the open paths."""
+    name: str = scope.get(KEY_NAME_SCOPE_KEY, "")
+    return name
 
 
 def grant_of(scope: MutableMapping[str, Any]) -> Grant:
@@ -78,9 +87,10 @@ class Access:
         grant = self.authenticate(scope["headers"])
         if isinstance(grant, Grant):
             scope[GRANT_SCOPE_KEY] = grant
-            if self.mode == "keys":
+            if self.mode == "keys" and self.keys is not None:
                 token = bearer_token(next((v for k, v in scope["headers"] if k == b"authorization"), None))
                 scope[CALLER_SCOPE_KEY] = token_digest(token) if token is not None else None
+                scope[KEY_NAME_SCOPE_KEY] = self.keys.name_of(token) if token is not None else ""
             return None
         what = "missing API key" if grant == "missing_key" else "invalid API key"
         await send_error(

@@ -39,7 +39,7 @@ from urllib.parse import quote
 
 import orjson
 
-from modelpool_gateway.access import Access, caller_of, grant_of
+from modelpool_gateway.access import Access, caller_of, grant_of, key_name_of
 from modelpool_gateway.bodies import BodyBytes, Ticket
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamBroken, UpstreamTimeout
@@ -54,6 +54,7 @@ from modelpool_gateway.picker import Candidate, pick
 from modelpool_gateway.prefix import key_hash, pick_prefix, prefix_key, ring_walk
 from modelpool_gateway.proxy import Outbound, Receive, Upstream, forward_headers, relay, watch_disconnect
 from modelpool_gateway.state import Key, Worker
+from modelpool_gateway.usage import ItemKind, Usage, UsageScanner, items
 
 log = logging.getLogger("modelpool.gateway")
 
@@ -98,6 +99,8 @@ class Call:
     caller: bytes | None = None  # the API key's digest (``access.caller_of``): held requests count per key
     # A generation request's prefix key's ring position (``prefix``); None: the least loaded worker.
     prefix: int | None = None
+    key_name: str = ""  # the key's Secret (``access.key_name_of``): what the usage metrics count per
+    items: tuple[ItemKind, int] | None = None  # what it asks to compute (``usage.items``)
 
     @property
     def label(self) -> str:
@@ -193,7 +196,7 @@ class Gateway:
             code = await send_error(
                 send, openai, 429, "overloaded", "the gateway has too many requests in flight", retry_after=1
             )
-            self.metrics.of(self.metrics.requests, label, str(code)).inc()
+            self._answered(scope, label, code)
             return
         self.in_flight += 1
         ticket = Ticket()
@@ -211,7 +214,20 @@ class Gateway:
         finally:
             self.in_flight -= 1
             self.bodies.give_back(ticket)
+        self._answered(scope, label, code)
+
+    def _answered(self, scope: MutableMapping[str, Any], label: str, code: int) -> None:
         self.metrics.of(self.metrics.requests, label, str(code)).inc()
+        self.metrics.of(self.metrics.key_requests, key_name_of(scope), label, str(code)).inc()
+
+    def _used(self, call: Call, used: Usage) -> None:
+        """What an answered (200) request used, on its key's usage metrics."""
+        if call.items is not None:
+            item, count = call.items
+            self.metrics.of(self.metrics.key_items, call.key_name, call.label, item).inc(count)
+        for kind, tokens in (("prompt", used.prompt_tokens), ("completion", used.completion_tokens)):
+            if tokens:
+                self.metrics.of(self.metrics.key_tokens, call.key_name, call.label, kind).inc(tokens)
 
     # ---- reading and resolving ----
 
@@ -290,7 +306,9 @@ class Gateway:
         headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], scope["path"], headers, body)
         prefix = self._prefix(key, scope["path"], doc)
-        return Call(key, True, out, _client_timeout(scope["headers"]), caller_of(scope), prefix)
+        asks = items(scope["path"], doc)
+        timeout = _client_timeout(scope["headers"])
+        return Call(key, True, out, timeout, caller_of(scope), prefix, key_name_of(scope), asks)
 
     def _prefix(self, key: Key, path: str, doc: Any) -> int | None:
         """The ring position a text-generation pool's request is routed by (``prefix``), else None."""
@@ -314,7 +332,8 @@ class Gateway:
             path += "?" + scope["query_string"].decode("latin-1")
         headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], path, headers, body)
-        return Call(resolved.key, False, out, _client_timeout(scope["headers"]), caller_of(scope))
+        timeout = _client_timeout(scope["headers"])
+        return Call(resolved.key, False, out, timeout, caller_of(scope), key_name=key_name_of(scope))
 
     def _model_name(self, key: Key) -> str:
         """The name the upstream knows the model by: the pool's (a worker), or the model's on a host."""
@@ -557,10 +576,14 @@ class Gateway:
             self.metrics.of(self.metrics.upstream_attempts, call.label, "draining_503").inc()
             return await self._kept(resp, call)
         self.metrics.of(self.metrics.upstream_attempts, call.label, "ok").inc()
+        scanner = UsageScanner() if call.openai and resp.status == 200 else None
         try:
-            await relay(resp, worker, send, gone)
+            whole = await relay(resp, worker, send, gone, scanner)
         except (UpstreamBroken, UpstreamTimeout) as exc:
             await self._broke_off(call, worker, resp, send, exc)
+            return resp.status
+        if scanner is not None and whole:  # a client gone mid-answer: no usage object came
+            self._used(call, scanner.usage())
         return resp.status
 
     async def _broke_off(

@@ -174,6 +174,12 @@ class KeyStore:
             out = out.union(more)
         return out
 
+    def name_of(self, token: bytes) -> str:
+        """The key's name in the usage metrics: ``namespace/name`` of its Secret (the first, sorted, when
+        several Secrets hold the same key); empty for a token no Secret holds. Never the key itself."""
+        found = self._grants.get(token_digest(token))
+        return "/".join(min(found)) if found else ""
+
     def set_secret(self, obj: Mapping[str, Any]) -> None:
         ref = _ref(obj)
         parsed = key_from_secret(obj, self.admin_namespace)

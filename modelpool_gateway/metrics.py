@@ -5,7 +5,9 @@ clients' port: they name every tenant's pools, which a client (whose key grants 
 
 The ``pool`` label is always ``namespace/name`` of a known pool (or empty for a request that named no
 known pool, or was refused for its key): never text from the request, so a client cannot grow the label
-set.  No metric is labelled by API key or caller.
+set.  The usage metrics (``key_*``) are labelled by the key's name, ``namespace/name`` of the key Secret
+that holds it (empty without a key: ``--auth none``, or a request refused for its key), never by the key:
+the names are the admins' Secrets, so their number is bounded by what they create.
 """
 
 from __future__ import annotations
@@ -112,6 +114,25 @@ class Metrics:
             "modelpool_gateway_serving_workers",
             "Workers the gateway routes to, per pool.",
             ["pool"],
+            registry=r,
+        )
+        self.key_requests = Counter(
+            "modelpool_gateway_key_requests_total",
+            "Requests answered, by key (its Secret's namespace/name), pool and HTTP status code.",
+            ["key", "pool", "code"],
+            registry=r,
+        )
+        self.key_tokens = Counter(
+            "modelpool_gateway_key_tokens_total",
+            "Tokens the answers of a key's requests reported using (their OpenAI usage), by kind (prompt, "
+            "completion).",
+            ["key", "pool", "kind"],
+            registry=r,
+        )
+        self.key_items = Counter(
+            "modelpool_gateway_key_items_total",
+            "What a key's answered requests asked to be computed, by kind (embeddings: inputs; images).",
+            ["key", "pool", "kind"],
             registry=r,
         )
 

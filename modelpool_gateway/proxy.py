@@ -18,6 +18,7 @@ from modelpool_gateway.client import Client, Headers, Response, request_head
 from modelpool_gateway.config import GatewaySettings
 from modelpool_gateway.errors import Send
 from modelpool_gateway.state import Worker
+from modelpool_gateway.usage import UsageScanner
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
@@ -97,31 +98,41 @@ async def watch_disconnect(receive: Receive) -> None:
         pass
 
 
-async def relay(resp: Response, worker: Worker, send: Send, gone: asyncio.Future[None]) -> None:
-    """Send the worker's answer to the client as it arrives.  A streamed answer (no Content-Length) stops
-    when the client leaves (``gone``), which closes the worker's connection."""
+async def relay(
+    resp: Response,
+    worker: Worker,
+    send: Send,
+    gone: asyncio.Future[None],
+    scanner: UsageScanner | None = None,
+) -> bool:
+    """Send the worker's answer to the client as it arrives (each chunk shown to ``scanner`` too: what the
+    answer says it used); True when it was sent whole.  A streamed answer (no Content-Length) stops when
+    the client leaves (``gone``), which closes the worker's connection."""
     await send(
         {"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, worker)}
     )
     if resp.content_length is not None:
-        await _copy(resp, send)
-        return
-    copier = asyncio.ensure_future(_copy(resp, send))
+        await _copy(resp, send, scanner)
+        return True
+    copier = asyncio.ensure_future(_copy(resp, send, scanner))
     await asyncio.wait({gone, copier}, return_when=asyncio.FIRST_COMPLETED)
     if not copier.done():  # the client left: stop reading, drop the worker's connection
         copier.cancel()
         resp.close()
         with contextlib.suppress(asyncio.CancelledError):
             await copier
-        return
+        return False
     copier.result()  # re-raise a failure of the upstream read
+    return True
 
 
-async def _copy(resp: Response, send: Send) -> None:
+async def _copy(resp: Response, send: Send, scanner: UsageScanner | None) -> None:
     try:
         last = False
         while not last:
             chunk, last = await resp.read_chunk()
+            if scanner is not None:
+                scanner.feed(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": not last})
     finally:
         resp.close()  # a no-op once the answer was read completely (released)

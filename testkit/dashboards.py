@@ -121,7 +121,7 @@ GATEWAY = Dashboard(
     "modelpool-gateway",
     "modelpool / Gateway",
     "Requests through modelpool-gateway per pool: answers by status, latency to the workers, held and "
-    "in-flight requests, refusals and the workers it routes to.",
+    "in-flight requests, the workers it routes to, each API key's requests and tokens, refusals.",
     (
         Panel(
             "Answers per second by pool and status",
@@ -151,6 +151,15 @@ GATEWAY = Dashboard(
                 "{{pool}} {{outcome}}",
             ),
             unit="reqps",
+        ),
+        Panel(
+            "Requests per second by API key",
+            _q("sum by (key, code) (rate(modelpool_gateway_key_requests_total[5m]))", "{{key}} {{code}}"),
+            unit="reqps",
+        ),
+        Panel(
+            "Tokens per second by API key",
+            _q("sum by (key, kind) (rate(modelpool_gateway_key_tokens_total[5m]))", "{{key}} {{kind}}"),
         ),
         Panel(
             "Refused by the gateway, by reason",

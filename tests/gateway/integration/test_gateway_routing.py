@@ -225,6 +225,49 @@ def test_the_openai_client_unmodified_embeddings_and_streaming_chat(setup: Setup
     assert completion.choices[0].text == "alpha beta"
 
 
+def test_each_keys_usage_is_counted_from_what_the_answers_report(setup: Setup) -> None:
+    """Per key (its Secret's name, never the key), per pool: requests by status, embeddings inputs, and the
+    prompt and completion tokens the answers' usage reports, streamed or not."""
+    gateway = setup.gateway
+    assert gateway.key is not None and gateway.keys_namespace is not None
+    key = {"key": f"{gateway.keys_namespace}/all-pools"}
+    alpha, gen = f"{setup.namespace}/alpha", f"{setup.namespace}/gen"
+
+    def counted() -> dict[str, float]:
+        def m(name: str, **labels: str) -> float:
+            return gateway.metric(f"modelpool_gateway_key_{name}_total", **key, **labels)
+
+        return {
+            "alpha 200": m("requests", pool=alpha, code="200"),
+            "alpha 404": m("requests", code="404"),
+            "inputs": m("items", pool=alpha, kind="embeddings"),
+            "prompt": m("tokens", pool=gen, kind="prompt"),
+            "completion": m("tokens", pool=gen, kind="completion"),
+        }
+
+    before = counted()
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=gateway.key, max_retries=0, timeout=60)
+    client.embeddings.create(model="alpha", input=["one", "two", "three"])
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="no-such-pool", input=["x"])
+    chat = client.chat.completions.create(model="gen", messages=[{"role": "user", "content": "a b c d"}])
+    assert chat.usage is not None
+    stream = client.chat.completions.create(
+        model="gen", messages=[{"role": "user", "content": "e f"}], stream=True
+    )
+    streamed = [c.usage for c in stream if c.usage is not None]
+    assert len(streamed) == 1
+    want_prompt = chat.usage.prompt_tokens + streamed[0].prompt_tokens
+    want_completion = chat.usage.completion_tokens + streamed[0].completion_tokens
+    assert want_prompt > 0 and want_completion > 0
+    after = counted()
+    assert {k: after[k] - before[k] for k in after} == {
+        "alpha 200": 1, "alpha 404": 1, "inputs": 3, "prompt": want_prompt, "completion": want_completion,
+    }  # fmt: skip
+    # The key itself is nowhere in the metrics.
+    assert gateway.key not in httpx.get(gateway.metrics_url, timeout=5).text
+
+
 def test_chats_under_one_system_prompt_reach_one_generation_worker_and_distinct_ones_spread(
     setup: Setup,
 ) -> None:
