@@ -846,10 +846,9 @@ async def place_models(
     (``apply_models``), its host pods left as they are."""
     from modelpool_operator.effects.host_models import apply_models
     from modelpool_operator.planner.host_pass import plan_host_pass
-    from modelpool_operator.reconcile_host import control_urls, observe_host, owned_pods
+    from modelpool_operator.reconcile_host import models_of, observe_host, owned_pods
 
     owned = owned_pods(host, pods_by_pool)
-    now = datetime.now(UTC)
     observed = observe_host(
         services,
         book,
@@ -859,13 +858,11 @@ async def place_models(
         pools_by_key=pools_by_key,
         budgets={},
         owned=owned,
-        now=now,
+        now=datetime.now(UTC),
     )
-    pools = {pool.name: pool.reference() for indexed in pools_by_key.values() for pool in indexed}
-    planned = plan_host_pass(observed)
-    urls = control_urls(services, owned)
     await apply_models(
-        planned, services, book, run=run, host=host, body=body, pods=owned, urls=urls, pools=pools
+        plan_host_pass(observed),
+        models_of(services, book, run, host, body=body, pools_by_key=pools_by_key, owned=owned),
     )
 
 
