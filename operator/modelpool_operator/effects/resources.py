@@ -497,11 +497,9 @@ def host_owner_reference(host: HostView) -> dict[str, Any] | None:
 
 
 def _host_metadata(host: HostView, name: str, labels: dict[str, str]) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": host.namespace, "labels": labels}
-    owner = host_owner_reference(host)
-    if owner is not None:
-        metadata["ownerReferences"] = [owner]
-    return metadata
+    """Metadata of an object the ModelHost owns: built as a pool's are (``owned_metadata``), so a ModelHost
+    read without a namespace gives no ``namespace: ""`` (the object's namespace is then the request's)."""
+    return owned_metadata(name, host.namespace, labels, host_owner_reference(host))
 
 
 def host_labels(host: HostView) -> dict[str, str]:
