@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -51,7 +51,7 @@ from modelpool_operator.planner.host_models import SharedPool
 from modelpool_operator.planner.host_pass import HostObservation, HostPassPlan, plan_host_pass
 from modelpool_operator.planner.shared_scale import SharedCount
 from modelpool_operator.policy import host_violations
-from modelpool_operator.pool import PoolKey
+from modelpool_operator.pool import OtherPool, PoolKey
 from modelpool_operator.reconcile import in_index, observe
 from modelpool_operator.refusals import INVALID_SPEC, POLICY_VIOLATION, invalid_spec_message, policy_message
 from modelpool_operator.services import Services, pod_settings
@@ -204,12 +204,7 @@ def models_of(
 ) -> HostModels:
     """What the pass's models effects act on (``effects.host_models``): the host pods it owns, their
     control API bases and the shared pools on the host (their objects, where failures are told)."""
-    references = {
-        pool.name: pool.reference()
-        for key, indexed in pools_by_key.items()
-        for pool in list(indexed)[:1]
-        if key[0] == host.namespace and pool.host == host.name
-    }
+    references = {pool.name: pool.reference() for _, pool in pools_on(host, pools_by_key)}
     urls = control_urls(services, owned)
     return HostModels(services, book, run, host, body, pods=owned, urls=urls, pools=references)
 
@@ -221,24 +216,29 @@ def shared_pools(
     last decided them (``counts``), else the count its status records, else ``spec.replicas`` (at most
     the host pods)."""
     pools = []
+    for key, pool in pools_on(host, pools_by_key):
+        count = (counts or {}).get(key)
+        recorded = min(pool.target if pool.target is not None else pool.replicas, host.spec.replicas)
+        pools.append(
+            SharedPool(
+                pool.name,
+                count.target if count is not None else recorded,
+                pool.load or "{}",
+                pool.declared,
+                pool.priority,
+                pool.deleting,
+                retry=count.retry if count is not None else frozenset(),
+            )
+        )
+    return pools
+
+
+def pools_on(host: HostView, pools_by_key: PoolsByKey) -> Iterator[tuple[PoolKey, OtherPool]]:
+    """The shared pools on ``host`` (its namespace's, their ``spec.host`` naming it), as indexed."""
     for key, indexed in pools_by_key.items():
         for pool in list(indexed)[:1]:
-            if key[0] != host.namespace or pool.host != host.name:
-                continue
-            count = (counts or {}).get(key)
-            recorded = min(pool.target if pool.target is not None else pool.replicas, host.spec.replicas)
-            pools.append(
-                SharedPool(
-                    pool.name,
-                    count.target if count is not None else recorded,
-                    pool.load or "{}",
-                    pool.declared,
-                    pool.priority,
-                    pool.deleting,
-                    retry=count.retry if count is not None else frozenset(),
-                )
-            )
-    return pools
+            if key[0] == host.namespace and pool.host == host.name:
+                yield key, pool
 
 
 def hosted_pools(pools: Iterable[SharedPool]) -> dict[str, HostedPool]:
