@@ -429,7 +429,7 @@ def leader_kill(run: Run, result: UpgradeResult) -> list[Replica]:
 def drain_phase(run: Run, result: UpgradeResult, pool_names: list[str], tally: Tally) -> None:
     """A pool whose workers all run on a second process node, and that node drained under traffic."""
     c = run.cluster
-    node = dr.ProcessNode(c, run.workdir)
+    node = dr.process_node(c, run.workdir)
     node.start()
     pods = dr.PodLister(c.kubeconfig, rel.POOLS_NAMESPACE)
     try:
@@ -471,6 +471,7 @@ def drain_phase(run: Run, result: UpgradeResult, pool_names: list[str], tally: T
             )
     finally:
         node.stop()
+        c.kubectl("delete", "node", dr.NODE, "--wait=false", check=False)
 
 
 # ---- the run -------------------------------------------------------------------------------------------
