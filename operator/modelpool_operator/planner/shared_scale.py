@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from modelpool_contract.api import AutoscalingStatus, BackoffStatus
 from modelpool_contract.states import SERVING_STATES
@@ -47,7 +47,7 @@ from modelpool_operator.budget import Ledger
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner.autoscale import autoscale, wake_on_demand
 from modelpool_operator.planner.draft import CounterSample, Draft, Event, LoadSample, PlannerSettings
-from modelpool_operator.planner.phases import backoff_delay, idle_for, restore_backoff, set_target
+from modelpool_operator.planner.phases import extend_backoff, idle_for, restore_backoff, set_target
 from modelpool_operator.planner.status import (
     autoscaling_status,
     backoff_status,
@@ -109,12 +109,7 @@ def count_failures(draft: Draft) -> frozenset[str]:
     draft.failed = [w for w in draft.workers if w.state == "Failed"]
     new = [w for w in draft.failed if _new_failure(draft, w)]
     if new:
-        backoff.failures += len(new)
-        delay = backoff_delay(backoff.failures, draft.settings.backoff_base_s, draft.settings.backoff_cap_s)
-        backoff.next_attempt = draft.now + timedelta(seconds=delay)
-        newest = new[-1]
-        backoff.last_worker, backoff.last_reason = newest.name, newest.reason or "Failed"
-        backoff.last_message = newest.message
+        delay = extend_backoff(draft, new, "Failed")
         said = "; ".join(f"host pod {w.name}: {w.message or 'the model failed'}" for w in new)
         message = f"the model failed ({said}); unloading and loading it again after {delay:.0f}s"
         draft.events.append(Event("Warning", "BackOff", f"{message} (failure {backoff.failures})"[:1000]))
