@@ -122,12 +122,7 @@ def main() -> None:
             print(f"bench.cpu_quota: skipped, no cgroup with a CPU quota can be made here ({exc})")
             return
         res = measure(model, group, args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=2))
-    text = table(res)
-    print("\n" + text)
-    if not args.no_docs:
-        report.replace_block(text, *MARKERS)
+    report.publish(res, table(res), args.out, MARKERS, docs=not args.no_docs)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ import psutil
 
 from bench.kwok import wait
 from bench.minilm import packaged_minilm
-from bench.report import replace_block
+from bench.report import publish
 from bench.wake import Wake, wake
 from modelpool_contract.demand import demand_from_lease, demand_lease_name
 from modelpool_contract.labels import LABEL_POOL
@@ -542,9 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with guarded_cluster("bench-gw", "gateway, operator and cluster logs") as cluster:
         results = run(cluster.kubeconfig, cluster.workdir, args)
-    out = ROOT / ".bench"
-    out.mkdir(exist_ok=True)
-    saved = out / "gateway.json"
+    saved = ROOT / ".bench" / "gateway.json"
     if args.wake_only:
         previous = json.loads(saved.read_text()) if saved.exists() else {}
         if "latency" not in previous:
@@ -552,11 +550,7 @@ def main(argv: list[str] | None = None) -> int:
             print("(no earlier full run in .bench/gateway.json: docs/benchmarks.md left as it is)")
             return 0
         results = previous | results
-    saved.write_text(json.dumps(results, indent=2) + "\n")
-    text = table(results)
-    print(text)
-    if not args.no_docs:
-        replace_block(text, START_MARK, END_MARK)
+    publish(results, table(results), saved, (START_MARK, END_MARK), docs=not args.no_docs)
     return 0
 
 

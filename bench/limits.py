@@ -458,11 +458,7 @@ def measure(args: argparse.Namespace, model: Path) -> None:
         if key in args.only:
             res[key] = {**run(), "favoured": args.favoured}
             print(f"  {key}: {json.dumps(res[key])}", flush=True)
-    args.out.write_text(json.dumps(res, indent=2))
-    text = table(res)
-    print("\n" + text)
-    if not args.no_docs:
-        report.replace_block(text, *MARKERS)
+    report.publish(res, table(res), args.out, MARKERS, docs=not args.no_docs)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ import httpx
 import uvicorn
 
 from bench.generation import SHAPES, build_model
-from bench.report import replace_block
+from bench.report import publish
 from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
@@ -299,13 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
     }
-    out = ROOT / ".bench" / "prefix_routing.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2))
-    text = table(doc)
-    print(text)
-    if not args.no_docs:
-        replace_block(text, START_MARK, END_MARK)
+    saved = ROOT / ".bench" / "prefix_routing.json"
+    publish(doc, table(doc), saved, (START_MARK, END_MARK), docs=not args.no_docs)
     return 0
 
 

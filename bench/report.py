@@ -3,7 +3,9 @@ markers (the front page, README.md, carries no measurements)."""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,24 @@ def server_markers(device: str) -> tuple[str, str]:
     """The markers of the server table: one CPU table, one GPU table."""
     name = "server" if device == "cpu" else "server-gpu"
     return f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+
+
+def publish(
+    results: Mapping[str, Any],
+    text: str,
+    saved: Path,
+    markers: tuple[str, str],
+    *,
+    docs: bool = True,
+    doc: Path = BENCHMARKS,
+) -> None:
+    """A benchmark's end: its ``results`` saved as JSON at ``saved``, its table (``text``) printed and, unless
+    not ``docs`` (``--no-docs``), put in ``doc`` between its ``markers``."""
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(results, indent=2) + "\n")
+    print("\n" + text)
+    if docs:
+        replace_block(text, *markers, doc)
 
 
 def replace_block(text: str, start: str, end: str, doc: Path = BENCHMARKS) -> None:

@@ -16,19 +16,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from modelpool_contract.version import VERSION
 from testkit.cluster import Cluster, pod_octet
-from testkit.environment import ROOT
-from testkit.kubectl import wait_for
+from testkit.nodeagent import NodeAgent
 from testkit.processnode.images import ImageStore
 from testkit.processnode.oci import Runc, state_root
 
@@ -114,87 +110,17 @@ TOLERATIONS = [
 ]
 
 
-class ImageNode:
+class ImageNode(NodeAgent):
     """A process node agent in image mode, started and stopped by a test (``image_node``)."""
 
     def __init__(self, cluster: Cluster, name: str, ip_octet: int) -> None:
-        self.cluster = cluster
-        self.name = name
-        self.workdir = cluster.processnode_log_dir.parent / name
-        self.log = self.workdir / "agent.log"
+        taints = [arg for taint in TAINTS for arg in ("--taint", taint)]
+        super().__init__(cluster, name, ip_octet, args=("--run-images", *taints))
         self.runc = Runc(state_root(name, (self.workdir / "pods").resolve()))
-        self.octet = ip_octet
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def selector(self) -> dict[str, str]:
         return {"kubernetes.io/hostname": self.name}
-
-    def argv(self) -> list[str]:
-        w = self.workdir
-        return [
-            sys.executable,
-            "-m",
-            "testkit.processnode",
-            *("--kubeconfig", str(self.cluster.kubeconfig), "--node-name", self.name, "--run-images"),
-            *("--log-dir", str(w / "logs"), "--pods-dir", str(w / "pods"), "--ip-octet", str(self.octet)),
-            *("--backoff-initial", "1", "--backoff-max", "30"),
-            *(arg for taint in TAINTS for arg in ("--taint", taint)),
-        ]
-
-    def start(self) -> None:
-        """Start the agent and wait until its node is Ready."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        since = time.time()
-        with self.log.open("ab") as out:
-            proc = subprocess.Popen(
-                self.argv(),
-                cwd=ROOT,
-                env=dict(os.environ, HF_HUB_OFFLINE="1"),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.proc = proc
-
-        def renewed() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"image node agent exited {proc.returncode}:\n{self.log.read_text()[-3000:]}"
-                )
-            jsonpath = "jsonpath={.spec.renewTime}"
-            done = self.cluster.kubectl(
-                "get", "lease", "-n", "kube-node-lease", self.name, "-o", jsonpath, check=False
-            )
-            if done.returncode != 0 or not done.stdout.strip():
-                return False
-            renew = datetime.fromisoformat(done.stdout.strip().replace("Z", "+00:00"))
-            if renew.timestamp() < since - 1:
-                return False  # a lease of an earlier agent
-            ready = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
-            return (
-                self.cluster.kubectl("get", "node", self.name, "-o", ready, check=False).stdout.strip()
-                == "True"
-            )
-
-        wait_for(renewed, timeout=90, interval=0.5, message=f"image node {self.name} up (log {self.log})")
-
-    def stop(self) -> None:
-        """SIGTERM: the agent stops its containers and leaves."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def kill(self) -> None:
-        """SIGKILL: the agent dies without stopping anything (its containers keep running)."""
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
 
 
 @contextmanager

@@ -4,8 +4,9 @@ tests/gateway/integration/test_gateway_rbac.py).
 
 The chart is rendered by the real helm; its identity's documents are applied; a kubeconfig authenticates
 with the ServiceAccount's token; the API server's audit log (hack/audit-policy.yaml records exactly the
-ServiceAccounts of ``AUDITED_NAMESPACE``) says which (API group, resource, verb) it requested and which of
-those were refused (403). ``assert_exactly_used`` compares that with the rules granted.
+ServiceAccounts of ``AUDITED_NAMESPACE``; both read by ``testkit.auditlog``) says which (API group, resource,
+verb) it requested and which of those were refused (403). ``assert_exactly_used`` compares that with the
+rules granted.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from testkit.auditlog import audit_events
 from testkit.cluster import Cluster, missing
 from testkit.environment import ROOT
 from testkit.kubectl import apply
@@ -60,19 +62,6 @@ def delete_docs(cluster: Cluster, docs: list[Doc]) -> None:
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=listed)
 
 
-def token_kubeconfig(cluster: Cluster, namespace: str, account: str, path: Path) -> Path:
-    """A kubeconfig for the cluster's API server that authenticates with ServiceAccount
-    ``namespace/account``'s token."""
-    token = cluster.kubectl("create", "token", account, "-n", namespace, "--duration", "1h").stdout.strip()
-    doc = yaml.safe_load(cluster.kubeconfig.read_text())
-    context = next(c for c in doc["contexts"] if c["name"] == doc["current-context"])
-    context["context"]["user"] = account
-    doc["contexts"] = [context]
-    doc["users"] = [{"name": account, "user": {"token": token}}]
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 def granted(docs: list[Doc]) -> set[Rule]:
     """Every (group, resource, verb) the ClusterRoles and Roles of ``docs`` grant."""
     return {
@@ -95,10 +84,7 @@ def rule_of(event: dict[str, Any]) -> Rule:
 
 def audited_requests(cluster: Cluster, username: str) -> list[dict[str, Any]]:
     """Every audited request ``username`` made that names a resource."""
-    log = cluster.audit_log
-    assert log is not None
-    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    return [e for e in events if e["user"]["username"] == username and e.get("objectRef")]
+    return [e for e in audit_events(cluster) if e["user"]["username"] == username]
 
 
 def is_refused(event: dict[str, Any]) -> bool:

@@ -4,10 +4,13 @@ instead of appending a second one."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
-from bench.report import BENCHMARKS, replace_block, server_markers
+import pytest
+
+from bench.report import BENCHMARKS, publish, replace_block, server_markers
 from testkit.environment import ROOT
 
 
@@ -40,3 +43,18 @@ def test_replace_block_replaces_between_the_markers_and_appends_when_missing(tmp
     assert doc.read_text() == "# B\n\nbefore\n<!-- b:start -->\nnew\n<!-- b:end -->\nafter\n"
     replace_block("other", "<!-- c:start -->", "<!-- c:end -->", doc)
     assert doc.read_text().endswith("after\n\n<!-- c:start -->\nother\n<!-- c:end -->\n")
+
+
+def test_publish_saves_the_results_prints_the_table_and_fills_its_block(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc, saved, markers = (
+        tmp_path / "benchmarks.md",
+        tmp_path / "out" / "b.json",
+        ("<!-- b:start -->", "<!-- b:end -->"),
+    )
+    publish({"rate": 1.5}, "| table |", saved, markers, docs=False, doc=doc)
+    assert json.loads(saved.read_text()) == {"rate": 1.5} and "| table |" in capsys.readouterr().out
+    assert not doc.exists()  # --no-docs
+    publish({"rate": 2.0}, "| new |", saved, markers, doc=doc)
+    assert doc.read_text().endswith("<!-- b:start -->\n| new |\n<!-- b:end -->\n")

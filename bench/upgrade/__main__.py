@@ -49,8 +49,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.soak.auditor import Auditor, converged
 from bench.soak.clients import Clients, Sent
 from bench.soak.faults import FaultLog
@@ -61,6 +59,8 @@ from bench.upgrade.report import UpgradeResult, table, write_docs
 from modelpool_contract.flags import DEFAULT_SERVER_IMAGE
 from modelpool_contract.labels import LABEL_POOL
 from modelpool_operator.leader import DEFAULT_LEASE_DURATION_S, DEFAULT_RETRY_PERIOD_S
+from testkit.auditlog import audit_events, service_account_token
+from testkit.auditlog import token_kubeconfig as account_kubeconfig
 from testkit.cluster import Cluster, start_cluster, stop_cluster
 from testkit.environment import ROOT, free_port
 from testkit.kubectl import apply, get_json, wait_for
@@ -252,17 +252,10 @@ class Replica:
 def token_kubeconfig(cluster: Cluster, account: str, path: Path) -> tuple[Path, str]:
     """A kubeconfig that authenticates as ServiceAccount ``modelpool-audit/account`` (audited) with a token
     of its own, and that token's ``judge.caller`` in the audit log."""
-    token = cluster.kubectl(
-        "create", "token", account, "-n", rel.SYSTEM_NAMESPACE, "--duration", "1h"
-    ).stdout.strip()
+    token = service_account_token(cluster, rel.SYSTEM_NAMESPACE, account)
     payload = token.split(".")[1]
     claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    doc = yaml.safe_load(cluster.kubeconfig.read_text())
-    context = next(c for c in doc["contexts"] if c["name"] == doc["current-context"])
-    context["context"]["user"] = account
-    doc["contexts"] = [context]
-    doc["users"] = [{"name": account, "user": {"token": token}}]
-    path.write_text(yaml.safe_dump(doc))
+    path = account_kubeconfig(cluster, rel.SYSTEM_NAMESPACE, account, path, token)
     return path, f"system:serviceaccount:{rel.SYSTEM_NAMESPACE}:{account}#JTI={claims['jti']}"
 
 
@@ -345,14 +338,6 @@ class Scaler:
         )
 
 
-def audit_events(cluster: Cluster) -> list[dict[str, Any]]:
-    log = cluster.audit_log
-    if log is None or not log.exists():
-        raise RuntimeError("the cluster has no audit log (hack/cluster.sh sets hack/audit-policy.yaml)")
-    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    return [e for e in events if e.get("objectRef")]
-
-
 def leader_kill(run: Run, result: UpgradeResult) -> list[Replica]:
     c = run.cluster
     c.kubectl("scale", "deployment", OPERATOR_SA, "-n", rel.SYSTEM_NAMESPACE, "--replicas=0")
@@ -429,7 +414,7 @@ def leader_kill(run: Run, result: UpgradeResult) -> list[Replica]:
 def drain_phase(run: Run, result: UpgradeResult, pool_names: list[str], tally: Tally) -> None:
     """A pool whose workers all run on a second process node, and that node drained under traffic."""
     c = run.cluster
-    node = dr.ProcessNode(c, run.workdir)
+    node = dr.process_node(c, run.workdir)
     node.start()
     pods = dr.PodLister(c.kubeconfig, rel.POOLS_NAMESPACE)
     try:
@@ -471,6 +456,7 @@ def drain_phase(run: Run, result: UpgradeResult, pool_names: list[str], tally: T
             )
     finally:
         node.stop()
+        c.kubectl("delete", "node", dr.NODE, "--wait=false", check=False)
 
 
 # ---- the run -------------------------------------------------------------------------------------------

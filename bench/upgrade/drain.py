@@ -10,9 +10,6 @@ only when the operator's replacements (on another node) are Ready.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -21,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from modelpool_contract.labels import LABEL_POOL
-from testkit.cluster import Cluster
+from testkit.cluster import Cluster, pod_octet
 from testkit.environment import ROOT
-from testkit.kubectl import is_ready, wait_for
+from testkit.kubectl import is_ready
+from testkit.nodeagent import NodeAgent
 
 NODE = "process-node-drain"
 
@@ -77,54 +75,11 @@ class PodLister:
         return items
 
 
-@dataclass
-class ProcessNode:
-    """A second process node agent (process mode), started and stopped by the check."""
-
-    cluster: Cluster
-    workdir: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        octet = 100 + (os.getpid() + 75) % 150  # not the session node's (100 + pid % 150)
-        w = self.workdir / NODE
-        w.mkdir(parents=True, exist_ok=True)
-        argv = [
-            sys.executable, "-m", "testkit.processnode",
-            "--kubeconfig", str(self.cluster.kubeconfig), "--node-name", NODE,
-            "--extra-path", str(ROOT / ".venv" / "bin"), "--log-dir", str(w / "logs"),
-            "--pods-dir", str(w / "pods"), "--ip-octet", str(octet),
-            "--backoff-initial", "1", "--backoff-max", "30",
-        ]  # fmt: skip
-        with (w / "agent.log").open("ab") as out:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=ROOT,
-                env=dict(os.environ, HF_HUB_OFFLINE="1"),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        ready = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
-        wait_for(
-            lambda: (
-                self.cluster.kubectl("get", "node", NODE, "-o", ready, check=False).stdout.strip() == "True"
-            ),
-            timeout=90,
-            interval=0.5,
-            message=f"node {NODE} Ready",
-        )
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.cluster.kubectl("delete", "node", NODE, "--wait=false", check=False)
+def process_node(cluster: Cluster, workdir: Path) -> NodeAgent:
+    """The second process node (process mode: its pods run from the checkout, as process-node-0's), its
+    logs and pods under ``workdir``; its pods' addresses apart from the session node's."""
+    args = ("--extra-path", str(ROOT / ".venv" / "bin"))
+    return NodeAgent(cluster, NODE, pod_octet(75), args=args, workdir=workdir / NODE)
 
 
 @dataclass

@@ -21,16 +21,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELHOST_PLURAL, MODELPOOL_PLURAL, VERSION
 from modelpool_contract.labels import PREFIX
-from modelpool_operator.effects.kube import describe_error
+from modelpool_operator.effects.kube import api_client, describe_error
 
 log = logging.getLogger("modelpool.operator.cleanup")
 
@@ -150,18 +149,8 @@ async def unfinalize_budget(api: client.ApiClient, name: str) -> bool:
     )
 
 
-async def _connect() -> client.ApiClient:
-    """As the operator connects (``kube.connect``): the pod's service account, else ``$KUBECONFIG``."""
-    configuration = client.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        await config.load_kube_config(client_configuration=configuration)
-    return client.ApiClient(configuration)
-
-
 async def run(args: argparse.Namespace) -> None:
-    api = await _connect()
+    api = await api_client()  # as the operator connects: its service account, else $KUBECONFIG
     try:
         try:
             async with asyncio.timeout(args.timeout):

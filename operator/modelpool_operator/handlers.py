@@ -39,14 +39,13 @@ from modelpool_contract.labels import LABEL_POOL
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_operator import heap
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun, wait_for_wakeup
-from modelpool_operator.effects import kube as kube_api
-from modelpool_operator.effects.apply import tell, write_budget_status
+from modelpool_operator.daemon_loop import COALESCE_S, idle_on, run_passes
+from modelpool_operator.effects.apply import write_budget_status
 from modelpool_operator.effects.budget_object import create_budget_until_done
 from modelpool_operator.host import host_charge_key
 from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import PodsByPool, slim_pod
 from modelpool_operator.observe.ownership import OwnedPods, OwnerRecord, claimed_key, host_record, pool_record
-from modelpool_operator.planner import Event
 from modelpool_operator.pool import OtherPool, PoolKey
 from modelpool_operator.reconcile import reconcile_pool
 from modelpool_operator.reconcile_budget import budget_status_wire
@@ -54,10 +53,6 @@ from modelpool_operator.reconcile_host import reconcile_host, unload_deleted_poo
 from modelpool_operator.services import Services, start_services
 from modelpool_operator.settings import OperatorConfig, apply_to_kopf
 
-# A failing pass is retried after this long (plus the next event), not in a tight loop.
-_ERROR_DELAY_S = 5.0
-# After a wake-up, wait this long for more events before the pass.
-_COALESCE_S = 0.3
 # The startup waits this long for the ModelBudget's create (budget_create) before the watches start.
 _BUDGET_CREATE_WAIT_S = 10.0
 _POOLS = (GROUP, VERSION, MODELPOOL_PLURAL)
@@ -424,6 +419,8 @@ async def pool_daemon(
     host_owners: OwnersIndex | None = None,
     **_: Any,
 ) -> None:
+    """Keeps the pool (``reconcile_pool``), woken by its and its pods' events (``daemon_loop``); between
+    passes its workers' stats are refreshed (``idle_until_pass``)."""
     pods = _owned(memo, pods_by_pool, pool_owners, host_owners)
     pools = _index(pools_by_key, "pools_by_key")
     budgets = _index(budgets_by_name, "budgets_by_name")
@@ -431,64 +428,41 @@ async def pool_daemon(
     hosts = _index(hosts_by_key, "hosts_by_key")
     services, book = _services(memo), _book(memo)
     run = PoolRun(key=(namespace or "", name))
-    wakeup = book.wakeup(run.key)
-    last_error: str | None = None  # the last failed pass's error, until a pass succeeds
+
+    async def one_pass() -> float | None:
+        plan = await reconcile_pool(
+            services,
+            book,
+            run=run,
+            body=body,
+            pods_by_pool=pods,
+            pools_by_key=pools,
+            budgets=budgets,
+            demand=demand,
+            hosts=hosts,
+        )
+        book.uses_host(run.key, body.get("spec", {}).get("host"))
+        if plan is None or plan.requeue_after is None:
+            return None
+        return max(plan.requeue_after, 0.2)
+
+    async def idle(seconds: float) -> bool:
+        return await idle_until_pass(services, book, run.key, pods, seconds=seconds, stopped=stopped)
+
     try:
-        while not stopped:
-            delay = services.config.resync_interval_seconds
-            resync = True  # the pass after this one comes at the resync (nothing in the plan asks sooner)
-            try:
-                # One of the process's pass slots (``PassGate``): the pokes that come while the pool waits
-                # for it are answered by this pass (the slot clears the wake-up), never by a second one.
-                async with book.passes.slot(wakeup):
-                    plan = await reconcile_pool(
-                        services,
-                        book,
-                        run=run,
-                        body=body,
-                        pods_by_pool=pods,
-                        pools_by_key=pools,
-                        budgets=budgets,
-                        demand=demand,
-                        hosts=hosts,
-                    )
-                book.uses_host(run.key, body.get("spec", {}).get("host"))
-                if plan is not None and plan.requeue_after is not None and plan.requeue_after < delay:
-                    delay, resync = max(plan.requeue_after, 0.2), False
-                last_error = None
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # one bad pass must not kill the pool's daemon; retry shortly
-                last_error = tell_pass_error(services, body, logger, exc, last_error)
-                delay, resync = _ERROR_DELAY_S, False
-            woken = await idle_until_pass(services, book, run.key, pods, seconds=delay, stopped=stopped)
-            if not woken and resync:  # a resync waits its turn (``PassGate.resync_wait``); an event does not
-                turn = book.passes.resync_wait(asyncio.get_running_loop().time())
-                if turn > 0:
-                    woken = await idle_until_pass(
-                        services, book, run.key, pods, seconds=turn, stopped=stopped
-                    )
-            if woken:
-                # Coalesce a burst of pod events (a scale-up readies many pods at once) into one pass.
-                await asyncio.sleep(_COALESCE_S)
+        await run_passes(
+            services,
+            book,
+            one_pass=one_pass,
+            idle=idle,
+            wakeup=book.wakeup(run.key),
+            body=body,
+            logger=logger,
+            stopped=stopped,
+        )
     finally:
         book.forget(run.key)
         services.metrics.pool_gone(run.key)
-
-
-def tell_pass_error(
-    services: Services, body: Mapping[str, Any], logger: kopf.Logger, exc: Exception, last: str | None
-) -> str:
-    """A failed pass of a pool's or a ModelHost's daemon: the API server's own message (not the client's
-    "(500)\nReason: ..."), with the traceback and a Warning Event ``ReconcileError`` once per distinct
-    error, not every few seconds while it lasts (``last``: the previous failed pass's). Returns it."""
-    message = kube_api.describe_error(exc)[:1000]
-    if message != last:
-        logger.exception("reconciliation failed; retrying in %.0fs", _ERROR_DELAY_S)
-        tell(services, body, Event("Warning", "ReconcileError", message))
-    else:  # info: Kopf posts the object logger's warnings as Events too
-        logger.info("reconciliation failed again (%s); retrying", message)
-    return message
 
 
 async def idle_until_pass(
@@ -537,8 +511,9 @@ async def host_daemon(
     host_owners: OwnersIndex | None = None,
     **_: Any,
 ) -> None:
-    """Keeps the ModelHost's host pods (``reconcile_host``), woken by its and its pods' events; each pass in
-    one of the process's pass slots, and a failed one told as a pool's is (``tell_pass_error``)."""
+    """Keeps the ModelHost's host pods (``reconcile_host``), woken by its and its pods' events, in the loop a
+    pool's daemon runs (``daemon_loop``: each pass in one of the process's pass slots, a failed one told
+    once per distinct error); the next pass comes sooner when a model may make room (``run.retry_in``)."""
     pods = _owned(memo, pods_by_pool, pool_owners, host_owners)
     pools = _index(pools_by_key, "pools_by_key")
     budgets = _index(budgets_by_name, "budgets_by_name")
@@ -546,33 +521,25 @@ async def host_daemon(
     run = HostRun(key=(namespace or "", name))
     charge_key = host_charge_key(*run.key)
     wakeup = book.wakeup(charge_key)
-    last_error: str | None = None  # the last failed pass's error, until a pass succeeds
+
+    async def one_pass() -> float | None:
+        await reconcile_host(
+            services, book, run=run, body=body, pods_by_pool=pods, pools_by_key=pools, budgets=budgets
+        )
+        # A model may make room sooner than a resync.
+        return None if run.retry_in is None else max(run.retry_in, COALESCE_S)
+
     try:
-        while not stopped:
-            try:
-                # A slot as a pool's pass takes (``PassGate``): it clears the wake-up, so the pokes that
-                # come while the ModelHost waits for it are answered by this pass.
-                async with book.passes.slot(wakeup):
-                    await reconcile_host(
-                        services,
-                        book,
-                        run=run,
-                        body=body,
-                        pods_by_pool=pods,
-                        pools_by_key=pools,
-                        budgets=budgets,
-                    )
-                delay = services.config.resync_interval_seconds
-                if run.retry_in is not None:  # a model may make room sooner than a resync
-                    delay = min(delay, max(run.retry_in, _COALESCE_S))
-                last_error = None
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # one bad pass must not kill the daemon; retry shortly
-                last_error = tell_pass_error(services, body, logger, exc, last_error)
-                delay = _ERROR_DELAY_S
-            if await wait_for_wakeup(wakeup, delay, stopped.wait()):
-                await asyncio.sleep(_COALESCE_S)
+        await run_passes(
+            services,
+            book,
+            one_pass=one_pass,
+            idle=idle_on(wakeup, stopped),
+            wakeup=wakeup,
+            body=body,
+            logger=logger,
+            stopped=stopped,
+        )
     finally:
         for load in run.loading.values():  # a load in flight: the host finishes it, its next pass sees it
             load.cancel()

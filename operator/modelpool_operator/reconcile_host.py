@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +23,12 @@ from modelpool_contract.placements import ANNOTATION_MODELS, host_model_name
 from modelpool_contract.stats import STATS_PATH
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun
 from modelpool_operator.effects.apply import settle_soon, tell
-from modelpool_operator.effects.host_models import apply_models, derived_control_key, unload_everywhere
+from modelpool_operator.effects.host_models import (
+    HostModels,
+    apply_models,
+    derived_control_key,
+    unload_everywhere,
+)
 from modelpool_operator.effects.hosts import apply_host
 from modelpool_operator.effects.resources import host_pod_template_hash
 from modelpool_operator.host import HostView, host_charge_key, host_pod_name
@@ -46,7 +51,7 @@ from modelpool_operator.planner.host_models import SharedPool
 from modelpool_operator.planner.host_pass import HostObservation, HostPassPlan, plan_host_pass
 from modelpool_operator.planner.shared_scale import SharedCount
 from modelpool_operator.policy import host_violations
-from modelpool_operator.pool import PoolKey
+from modelpool_operator.pool import OtherPool, PoolKey
 from modelpool_operator.reconcile import in_index, observe
 from modelpool_operator.refusals import INVALID_SPEC, POLICY_VIOLATION, invalid_spec_message, policy_message
 from modelpool_operator.services import Services, pod_settings
@@ -177,28 +182,31 @@ async def reconcile_host(
             host.namespace, host.charge_key[1], host_pod_name(host, index), host_charge(host.spec), now
         )
     await apply_host(planned.pods, services, book, run=run, host=host, body=body, now=now)
-    references = {
-        pool.name: pool.reference()
-        for key, indexed in pools_by_key.items()
-        for pool in list(indexed)[:1]
-        if key[0] == host.namespace and pool.host == host.name
-    }
     await apply_models(
-        planned,
-        services,
-        book,
-        run=run,
-        host=host,
-        body=body,
-        pods=owned,
-        urls=control_urls(services, owned),
-        pools=references,
+        planned, models_of(services, book, run, host, body=body, pools_by_key=pools_by_key, owned=owned)
     )
     if run.secret_failure is not None:  # the control key Secret's next try: the next pass comes no later
         wait = max(run.secret_retry_at - time.monotonic(), 0.0)
         run.retry_in = wait if run.retry_in is None else min(run.retry_in, wait)
     settle_soon(services, book, indexed=in_index(pods_by_pool))
     return planned
+
+
+def models_of(
+    services: Services,
+    book: Bookkeeping,
+    run: HostRun,
+    host: HostView,
+    *,
+    body: Mapping[str, Any],
+    pools_by_key: PoolsByKey,
+    owned: list[Mapping[str, Any]],
+) -> HostModels:
+    """What the pass's models effects act on (``effects.host_models``): the host pods it owns, their
+    control API bases and the shared pools on the host (their objects, where failures are told)."""
+    references = {pool.name: pool.reference() for _, pool in pools_on(host, pools_by_key)}
+    urls = control_urls(services, owned)
+    return HostModels(services, book, run, host, body, pods=owned, urls=urls, pools=references)
 
 
 def shared_pools(
@@ -208,24 +216,29 @@ def shared_pools(
     last decided them (``counts``), else the count its status records, else ``spec.replicas`` (at most
     the host pods)."""
     pools = []
+    for key, pool in pools_on(host, pools_by_key):
+        count = (counts or {}).get(key)
+        recorded = min(pool.target if pool.target is not None else pool.replicas, host.spec.replicas)
+        pools.append(
+            SharedPool(
+                pool.name,
+                count.target if count is not None else recorded,
+                pool.load or "{}",
+                pool.declared,
+                pool.priority,
+                pool.deleting,
+                retry=count.retry if count is not None else frozenset(),
+            )
+        )
+    return pools
+
+
+def pools_on(host: HostView, pools_by_key: PoolsByKey) -> Iterator[tuple[PoolKey, OtherPool]]:
+    """The shared pools on ``host`` (its namespace's, their ``spec.host`` naming it), as indexed."""
     for key, indexed in pools_by_key.items():
         for pool in list(indexed)[:1]:
-            if key[0] != host.namespace or pool.host != host.name:
-                continue
-            count = (counts or {}).get(key)
-            recorded = min(pool.target if pool.target is not None else pool.replicas, host.spec.replicas)
-            pools.append(
-                SharedPool(
-                    pool.name,
-                    count.target if count is not None else recorded,
-                    pool.load or "{}",
-                    pool.declared,
-                    pool.priority,
-                    pool.deleting,
-                    retry=count.retry if count is not None else frozenset(),
-                )
-            )
-    return pools
+            if key[0] == host.namespace and pool.host == host.name:
+                yield key, pool
 
 
 def hosted_pools(pools: Iterable[SharedPool]) -> dict[str, HostedPool]:

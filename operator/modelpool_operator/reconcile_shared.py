@@ -65,13 +65,9 @@ async def shared_pass(
     holding its model, or why none does. Returns when to look again (None: at the resync)."""
     await delete_workers(services, pool.namespace, list(pods_by_pool.get(pool.key, ())))
     key = (pool.namespace, pool.spec.host or "")
-    if not list(hosts.get(key, ())):
-        book.shared.pop(pool.key, None)
-        await _tell_wait(services, run, pool, body, shared_wait(pool, hosts, pods_by_pool))
-        return None
     try:
-        spec = parse_host_spec(dict(next(iter(hosts[key]))))
-    except ValidationError:
+        spec = parse_host_spec(dict(next(iter(hosts.get(key, ())))))
+    except (StopIteration, ValidationError):  # no such ModelHost, or its spec does not parse
         book.shared.pop(pool.key, None)
         await _tell_wait(services, run, pool, body, shared_wait(pool, hosts, pods_by_pool))
         return None

@@ -17,7 +17,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from modelpool_contract.api import MODELHOST_KIND
@@ -40,84 +41,68 @@ logger = logging.getLogger(__name__)
 BACKOFF_S = 15.0
 
 
-async def apply_models(
-    planned: HostPassPlan,
-    services: Services,
-    book: Bookkeeping,
-    *,
-    run: HostRun,
-    host: HostView,
-    body: Mapping[str, Any],
-    pods: list[Mapping[str, Any]],
-    urls: Mapping[str, str],
-    pools: Mapping[str, Mapping[str, Any]],
-) -> None:
-    """Make a ModelHost pass's control calls on the host pods it owns (``pods``; ``urls``: each one's
-    control API base; ``pools``: the shared pools' objects by name, where their models' failures are told
-    too) and write their annotations; the shared pools on the host are poked when anything changed (their
-    status lists the host pods holding them). A call that changed a host pod marks its cached ``/stats``
-    stale (``StatsScraper.invalidate``)."""
-    await _make_calls(
-        planned.models, services, book, run=run, host=host, body=body, pods=pods, urls=urls, pools=pools
-    )
+@dataclass(frozen=True)
+class HostModels:
+    """What a ModelHost pass's models effects act on, built once per pass (``reconcile_host.models_of``)."""
+
+    services: Services
+    book: Bookkeeping
+    run: HostRun
+    host: HostView
+    # The ModelHost object (where its calls' failures are told).
+    body: Mapping[str, Any]
+    # The host pods it owns (only they are called: ``reconcile_host.owned_pods``).
+    pods: list[Mapping[str, Any]]
+    # Each owned host pod's control API base, by name.
+    urls: Mapping[str, str]
+    # The shared pools' objects on the host, by name (where their models' failures are told too).
+    pools: Mapping[str, Mapping[str, Any]]
+
+    def pod(self, name: str) -> Mapping[str, Any] | None:
+        """The owned host pod called ``name``."""
+        return next((p for p in self.pods if (p.get("metadata") or {}).get("name") == name), None)
+
+
+async def apply_models(planned: HostPassPlan, models: HostModels) -> None:
+    """Make a ModelHost pass's control calls on the host pods it owns and write their annotations; the
+    shared pools on the host are poked when anything changed (their status lists the host pods holding
+    them). A call that changed a host pod marks its cached ``/stats`` stale (``StatsScraper.invalidate``)."""
+    await _make_calls(models, planned.models)
     if planned.news:
-        book.poke_host(host.key)
-    await write_annotations(services, run, host.namespace, planned.annotations, pods)
-    run.retry_in = planned.models.retry_in
+        models.book.poke_host(models.host.key)
+    await write_annotations(
+        models.services, models.run, models.host.namespace, planned.annotations, models.pods
+    )
+    models.run.retry_in = planned.models.retry_in
 
 
-async def _make_calls(
-    placing: ModelCalls,
-    services: Services,
-    book: Bookkeeping,
-    *,
-    run: HostRun,
-    host: HostView,
-    body: Mapping[str, Any],
-    pods: list[Mapping[str, Any]],
-    urls: Mapping[str, str],
-    pools: Mapping[str, Mapping[str, Any]],
-) -> None:
-    key = book.control_keys.get(host.key)
+async def _make_calls(models: HostModels, placing: ModelCalls) -> None:
+    services, run, book = models.services, models.run, models.book
+    key = book.control_keys.get(models.host.key)
     if not placing.calls:
         return
     if key is None:
         why = "no control call is made: the ModelHost's control key Secret could not be made"
         if run.no_control != why:
             run.no_control = why
-            services.events.post(body, Event("Warning", "NoControlKey", why))
+            services.events.post(models.body, Event("Warning", "NoControlKey", why))
         return
     run.no_control = None
-    by_name = {str((p.get("metadata") or {}).get("name")): p for p in pods}
     failed: list[tuple[str, Event]] = []
     for call in placing.calls:
-        url = urls.get(call.pod)
+        url = models.urls.get(call.pod)
         if url is None:
             continue
         if call.action == "load":
             slot = (call.pod, call.pool)
             run.devices[slot] = call.device
-            run.loading[slot] = asyncio.create_task(
-                _load(
-                    services,
-                    run=run,
-                    body=body,
-                    url=url,
-                    key=key,
-                    call=call,
-                    poke=lambda: book.poke(host.charge_key),
-                    pool=pools.get(call.pool),
-                    pod=by_name.get(call.pod),
-                )
-            )
+            run.loading[slot] = asyncio.create_task(_load(models, call, url=url, key=key))
             continue
-        failure = await _call(
-            services, run=run, body=body, url=url, key=key, call=call, pod=by_name.get(call.pod)
-        )
+        failure = await _call(models, call, url=url, key=key)
         if failure is not None:
             failed.append((call.pool, failure))
-    tell_pools(services, pools, failed)
-    book.poke(host.charge_key)
+    tell_pools(services, models.pools, failed)
+    book.poke(models.host.charge_key)
 
 
 def tell_pools(
@@ -135,19 +120,11 @@ def tell_pools(
                 services.events.post(body, event)
 
 
-async def _call(
-    services: Services,
-    *,
-    run: HostRun,
-    body: Mapping[str, Any],
-    url: str,
-    key: str,
-    call: Control,
-    pod: Mapping[str, Any] | None = None,
-) -> Event | None:
+async def _call(models: HostModels, call: Control, *, url: str, key: str) -> Event | None:
     """Make one control call; a failure is told on the ModelHost and returned (None: it succeeded).  One
     that changed the host pod (or found the model gone) marks its cached ``/stats`` stale: the next pass
     refetches it at once and runs again when it comes (not a resync later, repeating the call)."""
+    services, run, body = models.services, models.run, models.body
     control = services.host_control
     logger.info("host pod %s: %s %s (%s)", call.pod, call.action, call.pool, call.why)
     try:
@@ -174,34 +151,27 @@ async def _call(
         return Event("Warning", reason, f"host pod {call.pod}: {call.action} failed: {exc}"[:1000])
     services.metrics.placement_call(call.action, ok=True)
     run.backoff.pop((call.pod, call.pool), None)
+    pod = models.pod(call.pod)
     if pod is not None:
         services.scraper.invalidate(pod)
     return None
 
 
-async def _load(
-    services: Services,
-    *,
-    run: HostRun,
-    body: Mapping[str, Any],
-    url: str,
-    key: str,
-    call: Control,
-    poke: Callable[[], None],
-    pool: Mapping[str, Any] | None = None,
-    pod: Mapping[str, Any] | None = None,
-) -> None:
+async def _load(models: HostModels, call: Control, *, url: str, key: str) -> None:
+    """One load, a task of its own: told on the ModelHost when it serves, on the pool when it failed; the
+    ModelHost's daemon is poked when it ends (its next pass sees the model in the host's ``/stats``)."""
     try:
-        failure = await _call(services, run=run, body=body, url=url, key=key, call=call, pod=pod)
+        failure = await _call(models, call, url=url, key=key)
+        pool = models.pools.get(call.pool)
         if failure is None:
-            services.events.post(
-                body, Event("Normal", "Loaded", f"pool {call.pool} loaded on host pod {call.pod}")
+            models.services.events.post(
+                models.body, Event("Normal", "Loaded", f"pool {call.pool} loaded on host pod {call.pod}")
             )
         elif pool is not None:
-            services.events.post(pool, failure)
+            models.services.events.post(pool, failure)
     finally:
-        run.loading.pop((call.pod, call.pool), None)
-        poke()
+        models.run.loading.pop((call.pod, call.pool), None)
+        models.book.poke(models.host.charge_key)
 
 
 def load_settings(call: Control, host: Mapping[str, Any]) -> dict[str, Any]:

@@ -187,23 +187,23 @@ class Kube:
         already gone, 409: already exists; an earlier pass did it); any other error is reported to the
         error hook and raised. ``unread``: sent with ``_preload_content=False`` (``_drop_answer``)."""
         try:
-            await self._limited(request, unread=unread)
+            await self._answer(operation, request, unless=unless, unread=unread)
         except ApiException as exc:
             if exc.status == unless:
                 return False
-            self._report(operation, exc.status)
-            raise
-        except Exception:
-            self._report(operation, None)
             raise
         return True
 
-    async def _answer(self, operation: str, request: Awaitable[Any]) -> Any:
-        """Await one reading request and return its answer; a failure is reported and raised."""
+    async def _answer(
+        self, operation: str, request: Awaitable[Any], *, unless: int | None = None, unread: bool = False
+    ) -> Any:
+        """Await one request and return its answer; a failure is reported (an answer ``unless`` is not: the
+        caller expects it) and raised."""
         try:
-            return await self._limited(request)
+            return await self._limited(request, unread=unread)
         except ApiException as exc:
-            self._report(operation, exc.status)
+            if exc.status != unless:
+                self._report(operation, exc.status)
             raise
         except Exception:
             self._report(operation, None)

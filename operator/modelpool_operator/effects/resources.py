@@ -235,33 +235,56 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
     cpu = cpu_request(spec.resources.cpu, settings.default_cpu)
     if cpu is not None and CPU_SHARE_ENV not in env_names:
         env.append(cpu_share_env())
+    # Every 2 s (a cheap answer from shared memory): the model loaded -> routable delay is at most one
+    # period, and a draining or failed worker leaves the endpoints within three.
+    readiness = {
+        "httpGet": _http_get(READY_PATH),
+        "periodSeconds": 2,
+        "failureThreshold": 3,
+        "timeoutSeconds": 2,
+    }
+    container = _server_container(
+        settings,
+        image=spec.image,
+        args=server_args(pool_name, spec, settings),
+        env=env,
+        resources=_container_resources(spec, cpu),
+        readiness=readiness,
+    )
+    # Loading a big model takes minutes: liveness/readiness only start once startup succeeded.
+    container["startupProbe"] = {
+        "httpGet": _http_get(LIVE_PATH),
+        "periodSeconds": settings.startup_period_s,
+        "failureThreshold": settings.startup_failure_threshold,
+        "timeoutSeconds": 5,
+    }
+    return container
+
+
+def _server_container(
+    settings: PodSettings,
+    *,
+    image: str | None,
+    args: list[str],
+    env: list[dict[str, Any]],
+    resources: dict[str, Any],
+    readiness: dict[str, Any],
+) -> dict[str, Any]:
+    """The server container of a worker or host pod (``image``: the spec's, else the operator's default): its
+    ports, probes, termination log and security."""
     return {
         "name": SERVER_CONTAINER,
-        "image": spec.image or settings.default_image,
+        "image": image or settings.default_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": [SERVER_COMMAND],
-        "args": server_args(pool_name, spec, settings),
+        "args": args,
         "env": env,
         "ports": [
             {"name": HTTP_PORT_NAME, "containerPort": settings.port, "protocol": "TCP"},
             {"name": PROBE_PORT_NAME, "containerPort": settings.probe_port, "protocol": "TCP"},
         ],
-        "resources": _container_resources(spec, cpu),
-        # Loading a big model takes minutes: liveness/readiness only start once startup succeeded.
-        "startupProbe": {
-            "httpGet": _http_get(LIVE_PATH),
-            "periodSeconds": settings.startup_period_s,
-            "failureThreshold": settings.startup_failure_threshold,
-            "timeoutSeconds": 5,
-        },
-        # Every 2 s (a cheap answer from shared memory): the model loaded -> routable delay is at most
-        # one period, and a draining or failed worker leaves the endpoints within three.
-        "readinessProbe": {
-            "httpGet": _http_get(READY_PATH),
-            "periodSeconds": 2,
-            "failureThreshold": 3,
-            "timeoutSeconds": 2,
-        },
+        "resources": resources,
+        "readinessProbe": readiness,
         "livenessProbe": {
             "httpGet": _http_get(LIVE_PATH),
             "periodSeconds": 10,
@@ -271,15 +294,7 @@ def _container(spec: ModelPoolSpec, pool_name: str, settings: PodSettings) -> di
         # The server writes a load failure's reason here; the operator shows it as the worker's message.
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            # The server runs user-supplied code (trust_remote_code, any image): nothing it writes outlives
-            # the pod or lands outside the volumes (SCRATCH_ENV points every cache at them).
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _security_context(),
     }
 
 
@@ -336,9 +351,12 @@ def _pod_spec(spec: ModelPoolSpec, pool_name: str, settings: PodSettings, namesp
 
 
 def _security_context() -> dict[str, Any]:
+    """The server container's security context, on worker and host pods alike."""
     return {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
+        # The server runs user-supplied code (trust_remote_code, any image): nothing it writes outlives the
+        # pod or lands outside the volumes (SCRATCH_ENV points every cache at them).
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
         "seccompProfile": {"type": "RuntimeDefault"},
@@ -497,11 +515,9 @@ def host_owner_reference(host: HostView) -> dict[str, Any] | None:
 
 
 def _host_metadata(host: HostView, name: str, labels: dict[str, str]) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": host.namespace, "labels": labels}
-    owner = host_owner_reference(host)
-    if owner is not None:
-        metadata["ownerReferences"] = [owner]
-    return metadata
+    """Metadata of an object the ModelHost owns: built as a pool's are (``owned_metadata``), so a ModelHost
+    read without a namespace gives no ``namespace: ""`` (the object's namespace is then the request's)."""
+    return owned_metadata(name, host.namespace, labels, host_owner_reference(host))
 
 
 def host_labels(host: HostView) -> dict[str, str]:
@@ -600,35 +616,20 @@ def _host_pod_spec(host: HostView, settings: PodSettings) -> dict[str, Any]:
     cpu = cpu_request(spec.resources.cpu, settings.default_cpu)
     if cpu is not None:
         env.append(cpu_share_env())
-    container = {
-        "name": SERVER_CONTAINER,
-        "image": spec.image or settings.default_image,
-        "imagePullPolicy": settings.image_pull_policy,
-        "command": [SERVER_COMMAND],
-        "args": host_server_args(spec, settings),
-        "env": env,
-        "ports": [
-            {"name": HTTP_PORT_NAME, "containerPort": settings.port, "protocol": "TCP"},
-            {"name": PROBE_PORT_NAME, "containerPort": settings.probe_port, "protocol": "TCP"},
-        ],
-        "resources": _host_resources(spec, cpu),
-        "readinessProbe": {"httpGet": _http_get(READY_PATH), "periodSeconds": 2, "timeoutSeconds": 2},
-        "livenessProbe": {
-            "httpGet": _http_get(LIVE_PATH),
-            "periodSeconds": 10,
-            "failureThreshold": 3,
-            "timeoutSeconds": 5,
-        },
-        "terminationMessagePath": TERMINATION_LOG,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": _security_context(),
-        "volumeMounts": [
-            {"name": "tmp", "mountPath": TMP_PATH},
-            {"name": "home", "mountPath": HOME_PATH},
-            {"name": "cache", "mountPath": CACHE_MOUNT_PATH},
-            {"name": "control-key", "mountPath": CONTROL_KEY_DIR, "readOnly": True},
-        ],
-    }
+    container = _server_container(
+        settings,
+        image=spec.image,
+        args=host_server_args(spec, settings),
+        env=env,
+        resources=_host_resources(spec, cpu),
+        readiness={"httpGet": _http_get(READY_PATH), "periodSeconds": 2, "timeoutSeconds": 2},
+    )
+    container["volumeMounts"] = [
+        {"name": "tmp", "mountPath": TMP_PATH},
+        {"name": "home", "mountPath": HOME_PATH},
+        {"name": "cache", "mountPath": CACHE_MOUNT_PATH},
+        {"name": "control-key", "mountPath": CONTROL_KEY_DIR, "readOnly": True},
+    ]
     secret = {
         "secretName": control_key_secret_name(host),
         "items": [{"key": CONTROL_KEY_ITEM, "path": CONTROL_KEY_ITEM}],

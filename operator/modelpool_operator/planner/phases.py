@@ -138,6 +138,19 @@ def restore_backoff(draft: Draft) -> Backoff:
     return draft.backoff
 
 
+def extend_backoff(draft: Draft, new: Sequence[ObservedWorker], reason: str | None = None) -> float:
+    """Count the ``new`` failures once in the draft's backoff: the next attempt after the exponential delay
+    (returned), the newest one's name, reason (else ``reason``) and message recorded."""
+    backoff = draft.backoff
+    backoff.failures += len(new)
+    delay = backoff_delay(backoff.failures, draft.settings.backoff_base_s, draft.settings.backoff_cap_s)
+    backoff.next_attempt = draft.now + timedelta(seconds=delay)
+    newest = new[-1]
+    backoff.last_worker, backoff.last_reason = newest.name, newest.reason or reason
+    backoff.last_message = newest.message
+    return delay
+
+
 def handle_failures(draft: Draft) -> None:
     """Phase 5: count new failures once, start or extend the backoff, and delete failed pods once their
     replacement is due."""
@@ -145,15 +158,7 @@ def handle_failures(draft: Draft) -> None:
     draft.failed = [w for w in draft.workers if w.state == "Failed"]
     new_failures = [w for w in draft.failed if draft.state_before(w.name) != "Failed"]
     if new_failures:
-        backoff.failures += len(new_failures)
-        delay = backoff_delay(backoff.failures, draft.settings.backoff_base_s, draft.settings.backoff_cap_s)
-        backoff.next_attempt = draft.now + timedelta(seconds=delay)
-        newest = new_failures[-1]
-        backoff.last_worker, backoff.last_reason, backoff.last_message = (
-            newest.name,
-            newest.reason,
-            newest.message,
-        )
+        delay = extend_backoff(draft, new_failures)
         names = ", ".join(w.name for w in new_failures)
         message = f"replacing failed worker(s) {names} after {delay:.0f}s (failure {backoff.failures})"
         draft.events.append(Event("Warning", "BackOff", message))

@@ -38,17 +38,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from modelpool_contract.api import AutoscalingStatus, BackoffStatus
 from modelpool_contract.states import SERVING_STATES
-from modelpool_contract.times import parse_time, rfc3339
+from modelpool_contract.times import parse_time
 from modelpool_operator.budget import Ledger
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner.autoscale import autoscale, wake_on_demand
 from modelpool_operator.planner.draft import CounterSample, Draft, Event, LoadSample, PlannerSettings
-from modelpool_operator.planner.phases import backoff_delay, idle_for, restore_backoff, set_target
-from modelpool_operator.planner.status import autoscaling_status, settle_backoff
+from modelpool_operator.planner.phases import extend_backoff, idle_for, restore_backoff, set_target
+from modelpool_operator.planner.status import (
+    autoscaling_status,
+    backoff_status,
+    requeue_after,
+    settle_backoff,
+)
 from modelpool_operator.pool import PoolView
 
 #: The reason of the Ready condition of a shared pool whose model failed as often in a row as its
@@ -104,12 +109,7 @@ def count_failures(draft: Draft) -> frozenset[str]:
     draft.failed = [w for w in draft.workers if w.state == "Failed"]
     new = [w for w in draft.failed if _new_failure(draft, w)]
     if new:
-        backoff.failures += len(new)
-        delay = backoff_delay(backoff.failures, draft.settings.backoff_base_s, draft.settings.backoff_cap_s)
-        backoff.next_attempt = draft.now + timedelta(seconds=delay)
-        newest = new[-1]
-        backoff.last_worker, backoff.last_reason = newest.name, newest.reason or "Failed"
-        backoff.last_message = newest.message
+        delay = extend_backoff(draft, new, "Failed")
         said = "; ".join(f"host pod {w.name}: {w.message or 'the model failed'}" for w in new)
         message = f"the model failed ({said}); unloading and loading it again after {delay:.0f}s"
         draft.events.append(Event("Warning", "BackOff", f"{message} (failure {backoff.failures})"[:1000]))
@@ -191,23 +191,15 @@ def scale_shared(
     retry = count_failures(draft)
     unload_idle(draft)
     settle_backoff(draft, sum(1 for w in draft.workers if w.state in SERVING_STATES))
-    backoff = draft.backoff
-    positive = [r for r in draft.requeue if r > 0]
-    next_attempt = backoff.next_attempt
+    next_attempt = draft.backoff.next_attempt
     waiting = (next_attempt - now).total_seconds() if draft.failed and next_attempt is not None else 0.0
     return SharedScale(
         count=SharedCount(min(draft.target, max(host_pods, 0)), retry),
         target=draft.target,
         autoscaling=autoscaling_status(draft),
-        backoff=BackoffStatus(
-            failures=backoff.failures,
-            next_attempt_after=rfc3339(backoff.next_attempt),
-            last_worker=backoff.last_worker,
-            last_reason=backoff.last_reason,
-            last_message=backoff.last_message,
-        ),
+        backoff=backoff_status(draft),
         events=tuple(draft.events),
-        requeue_after=min(positive) if positive else None,
+        requeue_after=requeue_after(draft),
         load_window=draft.scaling.window,
         counters=draft.scaling.counters,
         failing_everywhere=_failing_everywhere(draft, host_pods),

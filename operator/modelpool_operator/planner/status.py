@@ -319,7 +319,7 @@ def conclude(draft: Draft) -> Plan:
     conditions = [*_conditions(draft, ready, loading), _memory_condition(draft, workers)]
     _closing_events(draft)
     tell_memory_over_charge(draft, workers)
-    pool, backoff, target = draft.pool, draft.backoff, draft.target
+    pool, target = draft.pool, draft.target
     charged = sum(w.memory for w in draft.workers)
     status = ModelPoolStatus(
         phase=_pool_phase(draft, states),
@@ -337,13 +337,7 @@ def conclude(draft: Draft) -> Plan:
         ),
         conditions=conditions,
         observed_generation=pool.generation,
-        backoff=BackoffStatus(
-            failures=backoff.failures,
-            next_attempt_after=rfc3339(backoff.next_attempt),
-            last_worker=backoff.last_worker,
-            last_reason=backoff.last_reason,
-            last_message=backoff.last_message,
-        ),
+        backoff=backoff_status(draft),
         selector=f"{LABEL_POOL}={pool.name}",
         autoscaling=autoscaling_status(draft),
         generation=generation_summary(draft.workers),
@@ -351,7 +345,6 @@ def conclude(draft: Draft) -> Plan:
         if draft.ready_before_roll is None
         else RolloutStatus(ready_before=draft.ready_before_roll),
     )
-    positive = [r for r in draft.requeue if r > 0]
     return Plan(
         template_hash=pool.template_hash,
         create=tuple(draft.creates),
@@ -359,10 +352,28 @@ def conclude(draft: Draft) -> Plan:
         evict=tuple(draft.evicts),
         status=status,
         events=tuple(coalesce(draft.events)),  # one Normal Event per reason and pass
-        requeue_after=min(positive) if positive else None,
+        requeue_after=requeue_after(draft),
         load_window=draft.scaling.window,
         counters=draft.scaling.counters,
     )
+
+
+def backoff_status(draft: Draft) -> BackoffStatus:
+    """``status.backoff``: the failures counted and when the next attempt may come."""
+    backoff = draft.backoff
+    return BackoffStatus(
+        failures=backoff.failures,
+        next_attempt_after=rfc3339(backoff.next_attempt),
+        last_worker=backoff.last_worker,
+        last_reason=backoff.last_reason,
+        last_message=backoff.last_message,
+    )
+
+
+def requeue_after(draft: Draft) -> float | None:
+    """The soonest positive delay a phase asked for (None: nothing asks for a pass sooner than a resync)."""
+    positive = [r for r in draft.requeue if r > 0]
+    return min(positive) if positive else None
 
 
 def _unique_deletes(deletes: Iterable[Delete]) -> list[Delete]:

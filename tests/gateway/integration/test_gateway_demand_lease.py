@@ -33,10 +33,11 @@ from modelpool_contract.demand import (
 from modelpool_gateway.demand import DemandRecorder, LeaseClient
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.state import Pool, pool_from_object
+from testkit.auditlog import token_kubeconfig
 from testkit.cluster import Cluster
 from testkit.kubectl import apply, get_json, wait_for
 from tests.operator.integration.opharness import POOLS, pool_manifest
-from tests.rbacaudit import render_chart, token_kubeconfig
+from tests.rbacaudit import render_chart
 
 pytestmark = [pytest.mark.cluster]
 

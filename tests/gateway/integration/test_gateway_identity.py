@@ -30,12 +30,13 @@ import pytest
 from modelpool_contract.api import API_VERSION, MODELPOOL_KIND
 from modelpool_contract.demand import demand_lease, demand_lease_name, read_demand, renew
 from modelpool_contract.gateway_keys import default_keys_namespace
+from testkit.auditlog import token_kubeconfig
 from testkit.cluster import Cluster
 from testkit.kubectl import apply, wait_for
 from tests.gateway.integration.conftest import StartGateway
 from tests.gateway.integration.gwharness import GatewayProcess, bearer, create_key
 from tests.operator.integration.opharness import pool_manifest
-from tests.rbacaudit import apply_docs, delete_docs, render_chart, token_kubeconfig
+from tests.rbacaudit import apply_docs, delete_docs, render_chart
 
 pytestmark = pytest.mark.cluster
 

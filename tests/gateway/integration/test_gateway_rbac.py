@@ -31,6 +31,7 @@ import httpx
 import pytest
 
 from modelpool_contract.gateway_keys import default_keys_namespace
+from testkit.auditlog import token_kubeconfig
 from testkit.cluster import Cluster
 from testkit.kubectl import apply, wait_for
 from tests.gateway.integration.conftest import StartGateway
@@ -46,7 +47,6 @@ from tests.rbacaudit import (
     render_chart,
     require_audit_log,
     rule_of,
-    token_kubeconfig,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -39,6 +39,7 @@ from modelpool_operator.leader import (
     DEFAULT_RETRY_PERIOD_S,
     EXIT_LOST_LEASE,
 )
+from testkit.auditlog import token_kubeconfig
 from testkit.cluster import Cluster
 from testkit.environment import free_port
 from testkit.kubectl import apply, get_json, wait_for
@@ -57,7 +58,6 @@ from tests.rbacaudit import (
     delete_docs,
     render_chart,
     require_audit_log,
-    token_kubeconfig,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

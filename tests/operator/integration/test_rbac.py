@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from testkit.auditlog import token_kubeconfig
 from testkit.cluster import Cluster
 from testkit.kubectl import apply, get_json, wait_for
 from tests.operator.integration.opharness import (
@@ -56,7 +57,6 @@ from tests.rbacaudit import (
     render_chart,
     require_audit_log,
     rule_of,
-    token_kubeconfig,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -1,6 +1,7 @@
 """A ModelHost's daemon (``handlers.host_daemon``) runs its passes as a pool's daemon does: each in one of
 the process's pass slots (``PassGate``, ``MAX_PASSES_IN_FLIGHT``), and a failed pass told as a Warning
-Event ``ReconcileError`` once per distinct error (``handlers.tell_pass_error``; it was a log line only)."""
+Event ``ReconcileError`` once per distinct error (``daemon_loop.tell_pass_error``; it was a log line only):
+both run ``daemon_loop.run_passes``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
 
+from modelpool_operator import daemon_loop
 from modelpool_operator import handlers as operator_handlers
 from modelpool_operator.bookkeeping import PassGate
 from modelpool_operator.metrics import OperatorMetrics
@@ -61,7 +63,7 @@ async def test_a_modelhost_pass_waits_for_a_pass_slot_and_tells_each_new_error_o
 
     monkeypatch.setattr(operator_handlers, "reconcile_pool", pool_pass)
     monkeypatch.setattr(operator_handlers, "reconcile_host", host_pass)
-    monkeypatch.setattr(operator_handlers, "_ERROR_DELAY_S", 0.02)
+    monkeypatch.setattr(daemon_loop, "ERROR_DELAY_S", 0.02)
     stop: FlagSetter[object] = FlagSetter()
     common: dict[str, Any] = dict(
         namespace="ns", memo=memo, logger=logging.getLogger("t"), stopped=AsyncFlagWaiter(stop),

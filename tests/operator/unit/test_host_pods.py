@@ -141,6 +141,17 @@ def test_the_control_key_secret_is_owned_by_the_modelhost() -> None:
     assert secret["metadata"]["ownerReferences"][0]["kind"] == "ModelHost"
 
 
+def test_the_modelhosts_objects_carry_its_namespace_and_never_an_empty_one() -> None:
+    """Built as a pool's objects are (``owned_metadata``): a ModelHost read without a namespace (a body
+    from a file, before the API server fills it in) gives its pod and Secret no ``namespace: ""``."""
+    bare = HostView.from_body({"metadata": {"name": "gpus", "uid": "u-1"}, "spec": {"deviceMemory": "8Gi"}})
+    for built in (build_host_pod(bare, 0), build_control_key_secret(bare, "k3y")):
+        assert "namespace" not in built["metadata"]
+        assert built["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    for built in (build_host_pod(view(), 0), build_control_key_secret(view(), "k3y")):
+        assert built["metadata"]["namespace"] == "ns"
+
+
 CURRENT = host_template_hash(view().spec)
 
 

@@ -29,7 +29,7 @@ from modelpool_operator.effects.budget_object import budget_body, create_budget_
 from modelpool_operator.effects.kube import ApiException
 from modelpool_operator.main import build_parser, config_from_args
 from modelpool_operator.observe.observation import budget_limit
-from modelpool_operator.placement import host_charge, hosts_admitted
+from modelpool_operator.placement.charge import host_charge, hosts_admitted
 from modelpool_operator.planner import plan
 from modelpool_operator.settings import OperatorConfig
 

@@ -8,28 +8,22 @@ import pytest
 
 from modelpool_contract.api import ModelHostStatus, parse_host_spec
 from modelpool_operator.budget import build_ledger
-from modelpool_operator.placement import (
-    Host,
-    ObservedHost,
+from modelpool_operator.placement.charge import host_charge, hosts_admitted
+from modelpool_operator.placement.decide import (
     Placement,
     PlacementRequest,
-    Resident,
     Room,
     Unplaced,
     admit,
     apply_room,
-    fits,
-    host_charge,
-    host_status,
-    hosts_admitted,
-    ledger,
     make_room,
-    over_committed,
     place,
     sleep,
     unload_candidates,
     wake,
 )
+from modelpool_operator.placement.ledger import Host, Resident, fits, ledger, over_committed
+from modelpool_operator.placement.status import ObservedHost, host_status
 
 GI = 2**30
 

@@ -29,26 +29,21 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from modelpool_contract.api import parse_host_spec
 from modelpool_operator.budget import Ledger
-from modelpool_operator.placement import (
-    Host,
-    ModelKey,
+from modelpool_operator.placement.charge import host_charge, hosts_admitted
+from modelpool_operator.placement.decide import (
     Placement,
     PlacementRequest,
-    Resident,
     Room,
     Unplaced,
     admit,
     apply_room,
-    host_charge,
-    hosts_admitted,
-    ledger,
     make_room,
-    over_committed,
     place,
     sleep,
     unload_candidates,
     wake,
 )
+from modelpool_operator.placement.ledger import Host, ModelKey, Resident, ledger, over_committed
 
 GI = 2**30
 POOLS = [("ns", f"m{i}") for i in range(12)]

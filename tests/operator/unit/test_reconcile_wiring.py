@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -25,7 +25,7 @@ from modelpool_operator.effects.kube import ApiException, NameTakenError
 from modelpool_operator.effects.resources import worker_template_hash
 from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import ObservationCache, pod_indexed, slim_pod
-from modelpool_operator.planner import Event, Evict
+from modelpool_operator.planner import Event, Evict, Plan
 from modelpool_operator.pool import OtherPool, PoolView, worker_name
 from modelpool_operator.reconcile import reconcile_pool
 from modelpool_operator.reconcile_budget import budget_status_wire
@@ -219,39 +219,56 @@ async def state() -> AsyncIterator[Operator]:
     await operator.services.scraper.aclose()
 
 
+# A budget with room for every pool of these tests.
+ROOMY: dict[str, Any] = {"default": [{"memory": "8Gi"}]}
+
+
+@dataclass
+class OnePool:
+    """One pool's passes as its daemon runs them (one ``PoolRun`` from pass to pass): ``reconcile_pool``
+    over ``body``, the pools index (``index``; else the pool alone) and the budgets index (``budgets``)."""
+
+    state: Operator
+    body: dict[str, Any]
+    budgets: Mapping[str, Any] = field(default_factory=lambda: ROOMY)
+    index: Mapping[tuple[str, str], list[OtherPool]] | None = None
+
+    def __post_init__(self) -> None:
+        self.run = PoolRun(key=(self.body["metadata"]["namespace"], self.body["metadata"]["name"]))
+
+    async def reconcile(
+        self, pods: Mapping[tuple[str, str], list[dict[str, Any]]] | None = None, **more: Any
+    ) -> Plan | None:
+        """One pass over ``pods`` (the pods index; none by default); ``more``: the demand or hosts index."""
+        return await reconcile_pool(
+            self.state.services,
+            self.state.book,
+            run=self.run,
+            body=self.body,
+            pods_by_pool={} if pods is None else pods,
+            pools_by_key=_index({self.run.key: self.body}) if self.index is None else self.index,
+            budgets=self.budgets,
+            **more,
+        )
+
+    async def over_created(self, **more: Any) -> Plan | None:
+        """One pass over the workers created so far, each observed running."""
+        created = {self.run.key: [_running(pod) for pod in self.state.kube.created]}
+        return await self.reconcile(created, **more)
+
+
 async def test_concurrent_pools_never_over_admit(state: Operator) -> None:
     pools = {("ns", n): _pool(n, 3) for n in ("a", "b", "c")}
     index = _index(pools)
     budgets = {"default": [{"memory": "4Gi"}]}
-    runs = [PoolRun(key=key) for key in pools]
+    passes = [OnePool(state, body, budgets, index) for body in pools.values()]
 
     async def one_by_one(pods: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
         """A pass of each pool in turn, as their daemons would run them."""
-        for run in runs:
-            await reconcile_pool(
-                state.services,
-                state.book,
-                run=run,
-                body=pools[run.key],
-                pods_by_pool=pods,
-                pools_by_key=index,
-                budgets=budgets,
-            )
+        for pool in passes:
+            await pool.reconcile(pods)
 
-    await asyncio.gather(
-        *(
-            reconcile_pool(
-                state.services,
-                state.book,
-                run=run,
-                body=pools[run.key],
-                pods_by_pool={},
-                pools_by_key=index,
-                budgets=budgets,
-            )
-            for run in runs
-        )
-    )
+    await asyncio.gather(*(pool.reconcile() for pool in passes))
     kube = state.kube
     assert isinstance(kube, RecordingKube)
     assert len(kube.created) == 4  # 4 x 1Gi fit into 4Gi; the other 5 wanted workers wait
@@ -280,18 +297,9 @@ async def test_a_refused_create_releases_its_reservation_and_reports_the_api_mes
 ) -> None:
     quota = "pods is forbidden: exceeded quota: q, requested: pods=1, used: pods=0, limited: pods=0"
     state.use(kube=RecordingKube(fail_creates=api_error(403, quota)))
-    body = _pool("a", 2)
-    run = PoolRun(key=("ns", "a"))
+    pool = OnePool(state, _pool("a", 2))
     for _ in range(2):  # the pass never raises; the same failure is told once
-        await reconcile_pool(
-            state.services,
-            state.book,
-            run=run,
-            body=body,
-            pods_by_pool={},
-            pools_by_key=_index({("ns", "a"): body}),
-            budgets={"default": [{"memory": "8Gi"}]},
-        )
+        await pool.reconcile()
     assert len(state.book.reservations) == 0
     kube, events = state.kube, state.events
     assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
@@ -308,29 +316,16 @@ async def test_a_worker_name_held_by_someone_elses_pod_is_reported_and_another_n
 ) -> None:
     """A create meets a pod of the name that is not the pool's: not counted as made (its reservation ends),
     NameTaken told, and the next pass makes the worker under the next free name."""
-    body = _pool("a", 1)
-    run = PoolRun(key=("ns", "a"))
-    rendered = worker_template_hash(PoolView.from_body(body), pod_settings(state.services.config))
+    pool = OnePool(state, _pool("a", 1))
+    rendered = worker_template_hash(PoolView.from_body(pool.body), pod_settings(state.services.config))
     first = worker_name("a", rendered, 0)
     state.kube.foreign.add(first)
-
-    async def pool_pass() -> None:
-        await reconcile_pool(
-            state.services,
-            state.book,
-            run=run,
-            body=body,
-            pods_by_pool={},
-            pools_by_key=_index({("ns", "a"): body}),
-            budgets={"default": [{"memory": "8Gi"}]},
-        )
-
-    await pool_pass()
+    await pool.reconcile()
     assert state.kube.created == [] and len(state.book.reservations) == 0
     api = _conditions(state.kube.status_patches[0])["ApiError"]
     assert (api["status"], api["reason"]) == ("True", "NameTaken")
     assert [e.reason for _, e in state.events.posted if e.type == "Warning"] == ["NameTaken"]
-    await pool_pass()
+    await pool.reconcile()
     [made] = state.kube.created
     assert made["metadata"]["name"] == worker_name("a", rendered, 1)
 
@@ -342,27 +337,10 @@ async def test_a_create_without_an_answer_keeps_its_memory_until_the_pod_is_know
     until the pod is observed or, asked after the check interval, known absent."""
     kube = RecordingKube(fail_creates=TimeoutError())
     state.use(kube=kube)
-    body = _pool("a", 1)
-    run, index, budgets = (
-        PoolRun(key=("ns", "a")),
-        _index({("ns", "a"): body}),
-        {"default": [{"memory": "8Gi"}]},
-    )
-
-    async def one_pass() -> None:
-        await reconcile_pool(
-            state.services,
-            state.book,
-            run=run,
-            body=body,
-            pods_by_pool={},
-            pools_by_key=index,
-            budgets=budgets,
-        )
-
-    await one_pass()
+    pool = OnePool(state, _pool("a", 1))
+    await pool.reconcile()
     (held,) = state.book.reservations.all()
-    await one_pass()  # in flight: not created again, not released
+    await pool.reconcile()  # in flight: not created again, not released
     assert state.book.reservations.all() == (held,) and not kube.asked
     # The check interval passed and the API says the pod does not exist: its memory is free again.
     await settle_reservations(state.services, state.book, datetime.now(UTC) + timedelta(hours=1))
@@ -370,7 +348,7 @@ async def test_a_create_without_an_answer_keeps_its_memory_until_the_pod_is_know
 
     # The same, but the create had made the pod: asked, it exists, so the reservation stays.
     kube.made_anyway = True
-    await one_pass()
+    await pool.reconcile()
     await settle_reservations(state.services, state.book, datetime.now(UTC) + timedelta(hours=1))
     assert kube.asked == [held.worker, held.worker] and len(state.book.reservations) == 1
 
@@ -381,12 +359,7 @@ async def test_a_due_reservation_whose_pod_the_index_shows_is_not_asked_about(st
     one API request each."""
     kube = RecordingKube()
     state.use(kube=kube)
-    body = _pool("a", 1)
-    run, index = PoolRun(key=("ns", "a")), _index({("ns", "a"): body})
-    budgets = {"default": [{"memory": "8Gi"}]}
-    await reconcile_pool(
-        state.services, state.book, run=run, body=body, pods_by_pool={}, pools_by_key=index, budgets=budgets
-    )
+    await OnePool(state, _pool("a", 1)).reconcile()
     (held,) = state.book.reservations.all()
     watched = {("ns", "a"): [{"metadata": {"name": held.worker, "namespace": "ns"}}]}
     later = datetime.now(UTC) + timedelta(hours=1)
@@ -407,25 +380,8 @@ async def test_a_service_that_cannot_be_created_never_keeps_workers_from_startin
     kube, events = state.kube, state.events
     assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
     kube.fail_services = api_error(403, QUOTA)
-    body = _pool("a", 2)
-    run, index, budgets = (
-        PoolRun(key=("ns", "a")),
-        _index({("ns", "a"): body}),
-        {"default": [{"memory": "8Gi"}]},
-    )
-
-    async def one_pass() -> None:
-        pods = {("ns", "a"): [_running(pod) for pod in kube.created]}
-        await reconcile_pool(
-            state.services,
-            state.book,
-            run=run,
-            body=body,
-            pods_by_pool=pods,
-            pools_by_key=index,
-            budgets=budgets,
-        )
-
+    pool = OnePool(state, _pool("a", 2))
+    one_pass, run = pool.over_created, pool.run
     await one_pass()
     assert len(kube.created) == 2 and not kube.services
     api = _conditions(kube.status_patches[-1])["ApiError"]
@@ -446,40 +402,16 @@ async def test_a_service_that_cannot_be_created_never_keeps_workers_from_startin
 async def test_demand_on_a_pool_at_zero_creates_its_worker_in_the_same_pass_once(
     state: Operator,
 ) -> None:
-    body = _pool("z", 0)
+    pool = OnePool(state, _pool("z", 0))
     # The demand index, as the operator builds it from the pool's demand Lease.
     demand = {("ns", "z"): [Demand(datetime.now(UTC))]}
-    run, index, budgets = (
-        PoolRun(key=("ns", "z")),
-        _index({("ns", "z"): body}),
-        {"default": [{"memory": "8Gi"}]},
-    )
-    await reconcile_pool(
-        state.services,
-        state.book,
-        run=run,
-        body=body,
-        pods_by_pool={},
-        pools_by_key=index,
-        budgets=budgets,
-        demand=demand,
-    )
+    await pool.reconcile(demand=demand)
     kube, events = state.kube, state.events
     assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
     assert len(kube.created) == 1
     assert [e.reason for _, e in events.posted] == ["WokenByDemand", "CreatingWorker"]
     # The gateway keeps writing the same demand while its request waits: the worker is not made twice.
-    pods = {("ns", "z"): [_running(kube.created[0])]}
-    await reconcile_pool(
-        state.services,
-        state.book,
-        run=run,
-        body=body,
-        pods_by_pool=pods,
-        pools_by_key=index,
-        budgets=budgets,
-        demand=demand,
-    )
+    await pool.over_created(demand=demand)
     assert len(kube.created) == 1
     assert [e.reason for _, e in events.posted].count("WokenByDemand") == 1
 
@@ -497,25 +429,7 @@ async def test_a_network_policy_that_fails_never_holds_up_the_workers(state: Ope
     kube, events = state.kube, state.events
     assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
     kube.fail_policies = 2
-    body = _pool("p", 1)
-    run, index, budgets = (
-        PoolRun(key=("ns", "p")),
-        _index({("ns", "p"): body}),
-        {"default": [{"memory": "8Gi"}]},
-    )
-
-    async def one_pass() -> None:
-        pods = {("ns", "p"): [_running(pod) for pod in kube.created]}
-        await reconcile_pool(
-            state.services,
-            state.book,
-            run=run,
-            body=body,
-            pods_by_pool=pods,
-            pools_by_key=index,
-            budgets=budgets,
-        )
-
+    one_pass = OnePool(state, _pool("p", 1)).over_created
     await one_pass()
     assert len(kube.created) == 1 and not kube.policies
     await one_pass()
@@ -531,22 +445,11 @@ async def test_a_pools_disruption_budget_follows_its_target_and_is_sent_only_whe
 ) -> None:
     """The PodDisruptionBudget's minAvailable is the target less spec.disruption.maxUnavailable: written at
     the first pass, again when the target moves, not at every pass."""
-    kube = state.kube
-    assert isinstance(kube, RecordingKube)
-    run, budgets = PoolRun(key=("ns", "p")), {"default": [{"memory": "8Gi"}]}
+    kube, pool = state.kube, OnePool(state, _pool("p", 1))
 
     async def one_pass(body: dict[str, Any]) -> None:
-        pods = {("ns", "p"): [_running(pod) for pod in kube.created]}
-        index = _index({("ns", "p"): body})
-        await reconcile_pool(
-            state.services,
-            state.book,
-            run=run,
-            body=body,
-            pods_by_pool=pods,
-            pools_by_key=index,
-            budgets=budgets,
-        )
+        pool.body = body  # the pool as the watch shows it now
+        await pool.over_created()
 
     await one_pass(_pool("p", 1))
     await one_pass(_pool("p", 1))
@@ -846,10 +749,9 @@ async def place_models(
     (``apply_models``), its host pods left as they are."""
     from modelpool_operator.effects.host_models import apply_models
     from modelpool_operator.planner.host_pass import plan_host_pass
-    from modelpool_operator.reconcile_host import control_urls, observe_host, owned_pods
+    from modelpool_operator.reconcile_host import models_of, observe_host, owned_pods
 
     owned = owned_pods(host, pods_by_pool)
-    now = datetime.now(UTC)
     observed = observe_host(
         services,
         book,
@@ -859,13 +761,11 @@ async def place_models(
         pools_by_key=pools_by_key,
         budgets={},
         owned=owned,
-        now=now,
+        now=datetime.now(UTC),
     )
-    pools = {pool.name: pool.reference() for indexed in pools_by_key.values() for pool in indexed}
-    planned = plan_host_pass(observed)
-    urls = control_urls(services, owned)
     await apply_models(
-        planned, services, book, run=run, host=host, body=body, pods=owned, urls=urls, pools=pools
+        plan_host_pass(observed),
+        models_of(services, book, run, host, body=body, pools_by_key=pools_by_key, owned=owned),
     )
 
 
@@ -1025,16 +925,8 @@ async def test_a_pool_switched_to_a_host_loses_its_dedicated_workers(state: Oper
     state.kube.delete_pod = delete_pod  # type: ignore[method-assign]
     body = _shared("emb")
     worker = _running({"metadata": {"name": "emb-abcde-0", "namespace": "ns"}, "spec": {}})
-    await reconcile_pool(
-        state.services,
-        state.book,
-        run=PoolRun(key=("ns", "emb")),
-        body=body,
-        pods_by_pool={("ns", "emb"): [worker]},
-        pools_by_key={},
-        budgets={},
-        hosts={("ns", "gpus"): [_host(1)["spec"]]},
-    )
+    hosts = {("ns", "gpus"): [_host(1)["spec"]]}
+    await OnePool(state, body, budgets={}).reconcile({("ns", "emb"): [worker]}, hosts=hosts)
     assert deleted == ["emb-abcde-0"]
     [patch] = state.kube.status_patches
     assert patch["phase"] == "Pending" and patch["conditions"][0]["reason"] == "NoHost"
@@ -1077,18 +969,9 @@ async def test_a_shared_pools_pass_hands_its_count_to_its_modelhost_and_writes_i
     state.use(scraper=CachedStats({"gpus-0": {"models": {"emb": doc}}}))
     host_key = host_charge_key("ns", "gpus")
     woken = state.book.wakeup(host_key)
-    body = _shared("emb")
-    body["spec"]["maxReplicas"] = 5
-    plan = await reconcile_pool(
-        state.services,
-        state.book,
-        run=PoolRun(key=("ns", "emb")),
-        body=body,
-        pods_by_pool={host_key: [_host_pod({"emb": "Processing"})]},
-        pools_by_key={},
-        budgets={},
-        hosts={("ns", "gpus"): [_host(3)["spec"]]},
-    )
+    pool, hosts = OnePool(state, _shared("emb"), budgets={}), {("ns", "gpus"): [_host(3)["spec"]]}
+    pool.body["spec"]["maxReplicas"] = 5
+    plan = await pool.reconcile({host_key: [_host_pod({"emb": "Processing"})]}, hosts=hosts)
     assert plan is not None and plan.requeue_after == state.services.config.stats_interval_seconds
     assert state.book.shared[("ns", "emb")].target == 3 and woken.is_set()
     [patch] = state.kube.status_patches
@@ -1097,15 +980,9 @@ async def test_a_shared_pools_pass_hands_its_count_to_its_modelhost_and_writes_i
     assert [e.reason for name, e in state.events.posted if name == "emb"] == ["ScaledUp", "EveryHostHoldsIt"]
     idle = {"state": "Idle", "in_flight": 0, "queue_depth": 0, "time": 2.0}
     state.use(scraper=CachedStats({"gpus-0": {"models": {"emb": idle}}}))
-    quiet = await reconcile_pool(
-        state.services,
-        state.book,
-        run=PoolRun(key=("ns", "emb")),
-        body=body,
-        pods_by_pool={host_key: [_host_pod({"emb": "Idle"})]},
-        pools_by_key={},
-        budgets={},
-        hosts={("ns", "gpus"): [_host(3)["spec"]]},
+    # A fresh run (no load window carried over from the burst).
+    quiet = await OnePool(state, pool.body, budgets={}).reconcile(
+        {host_key: [_host_pod({"emb": "Idle"})]}, hosts=hosts
     )
     # Idle: only its idle unload (twice the default idleTimeoutSeconds, 300 s) asks for a pass.
     assert quiet is not None and quiet.requeue_after is not None and quiet.requeue_after > 500
@@ -1117,20 +994,11 @@ async def test_a_pool_switched_to_a_host_drops_its_dedicated_status_fields_once(
     from modelpool_operator.host import host_charge_key
 
     state.use(scraper=CachedStats({"gpus-0": {"models": {"emb": {"state": "Idle", "time": 1.0}}}}))
-    body = _shared("emb")
-    body["status"] = {"selector": "modelpool.dev/pool=emb", "rollout": {"outdated": 1}, "phase": "Ready"}
-    run = PoolRun(key=("ns", "emb"))
+    pool = OnePool(state, _shared("emb"), budgets={})
+    pool.body["status"] = {"selector": "modelpool.dev/pool=emb", "rollout": {"outdated": 1}, "phase": "Ready"}
+    pods = {host_charge_key("ns", "gpus"): [_host_pod({"emb": "Idle"})]}
     for _ in range(3):
-        await reconcile_pool(
-            state.services,
-            state.book,
-            run=run,
-            body=body,
-            pods_by_pool={host_charge_key("ns", "gpus"): [_host_pod({"emb": "Idle"})]},
-            pools_by_key={},
-            budgets={},
-            hosts={("ns", "gpus"): [_host(1)["spec"]]},
-        )
+        await pool.reconcile(pods, hosts={("ns", "gpus"): [_host(1)["spec"]]})
     first, *later = state.kube.status_patches
     assert (first["selector"], first["rollout"]) == (None, None) and first["workers"][0]["host"] == "gpus-0"
     assert later == []
