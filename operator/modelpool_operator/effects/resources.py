@@ -60,6 +60,7 @@ from modelpool_contract.mounts import (
     TMP_PATH,
     parse_pvc_source,
 )
+from modelpool_contract.picker import engine_labels
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
 from modelpool_contract.times import rfc3339
@@ -387,6 +388,9 @@ def build_worker_pod(pool: PoolView, worker_name: str, settings: PodSettings | N
     settings = settings or PodSettings()
     template = pool.spec.pod_template
     labels = {
+        # The endpoint picker's engine type (a text-generation worker exports its vLLM names); before the
+        # template's labels, so a pool that maps its own names (the picker's engineConfigs) can say so.
+        **engine_labels(pool.spec.model.task),
         **template.labels,
         LABEL_POOL: pool.name,
         LABEL_WORKER: worker_name,
