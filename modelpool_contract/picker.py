@@ -43,6 +43,13 @@ LORA_RUNNING: Final = "running_lora_adapters"
 LORA_WAITING: Final = "waiting_lora_adapters"
 LORA_MAX: Final = "max_lora"
 
+#: The InferencePool API (gateway-api-inference-extension, v1): the object the operator makes per pool on
+#: request (``spec.inferencePool``), its resource for the chart's RBAC and the tests.
+INFERENCE_GROUP: Final = "inference.networking.k8s.io"
+INFERENCE_VERSION: Final = "v1"
+INFERENCE_POOL_KIND: Final = "InferencePool"
+INFERENCE_POOL_PLURAL: Final = "inferencepools"
+
 #: The tasks whose workers speak the protocol: the picker is for generative language models.
 PICKER_TASKS: Final[frozenset[TaskName]] = frozenset({"text-generation"})
 
@@ -66,6 +73,10 @@ __all__ = [
     "CACHE_NUM_BLOCKS",
     "ENGINE_TYPE",
     "ENGINE_TYPE_LABEL",
+    "INFERENCE_GROUP",
+    "INFERENCE_POOL_KIND",
+    "INFERENCE_POOL_PLURAL",
+    "INFERENCE_VERSION",
     "KV_USAGE",
     "LEGACY_ENGINE_TYPE_LABEL",
     "LORA_INFO",

@@ -435,6 +435,12 @@ def owner_reference(pool: PoolView) -> dict[str, Any] | None:
 HEADLESS = "None"
 
 
+def serving_selector(pool_name: str) -> dict[str, str]:
+    """The workers of ``pool_name`` that serve: the pool's Service selects them, and its InferencePool
+    (an eviction drops the serving label first, so a draining worker leaves both)."""
+    return {LABEL_POOL: pool_name, LABEL_SERVING: "true"}
+
+
 def build_service(pool: PoolView, settings: PodSettings | None = None) -> dict[str, Any]:
     """The pool's headless Service: its DNS name resolves to the ready workers that still carry the
     serving label.
@@ -451,7 +457,7 @@ def build_service(pool: PoolView, settings: PodSettings | None = None) -> dict[s
         "spec": {
             "type": "ClusterIP",
             "clusterIP": HEADLESS,
-            "selector": {LABEL_POOL: pool.name, LABEL_SERVING: "true"},
+            "selector": serving_selector(pool.name),
             "ports": [
                 {
                     "name": HTTP_PORT_NAME,
