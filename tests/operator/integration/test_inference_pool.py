@@ -17,24 +17,23 @@ from typing import Any
 
 import pytest
 
-from modelpool_contract.picker import INFERENCE_GROUP, INFERENCE_POOL_PLURAL
 from testkit.cluster import Cluster
-from testkit.environment import ROOT
-from testkit.kubectl import apply, get_json, wait_established, wait_for
+from testkit.kubectl import apply, get_json, wait_for
 from tests.operator.integration.opharness import (
+    INFERENCE_POOL_CRD_NAME,
     POOLS,
     StartOperator,
     condition,
+    install_inference_pool_crd,
     pool_manifest,
     pool_status,
     reasons,
+    remove_inference_pool_crd,
 )
 
 pytestmark = pytest.mark.cluster
 
-CRD = ROOT / "tests" / "operator" / "integration" / "testdata" / "inferencepools-v1.6.0.yaml"
-CRD_NAME = f"{INFERENCE_POOL_PLURAL}.{INFERENCE_GROUP}"
-RESOURCE = CRD_NAME
+RESOURCE = INFERENCE_POOL_CRD_NAME
 PICKER = {"app": "llm-epp"}
 OPERATOR = {"app.kubernetes.io/name": "modelpool-operator", "app.kubernetes.io/instance": "mp"}
 
@@ -68,29 +67,13 @@ def _inference_pool(cluster: Cluster, namespace: str, name: str) -> dict[str, An
     return json.loads(found.stdout) if found.returncode == 0 else None
 
 
-def _crd_absent(cluster: Cluster) -> bool:
-    return cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode != 0
-
-
-def _install_crd(cluster: Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    wait_established(cluster, CRD_NAME)
-    # Established is the CRD's word; the API server serves the resource once discovery has it.
-    wait_for(
-        lambda: cluster.kubectl("get", RESOURCE, "-A", check=False).returncode == 0,
-        timeout=60,
-        message="the InferencePool API served",
-    )
-
-
 @pytest.fixture
 def without_crd(cluster: Cluster) -> Iterator[Cluster]:
     """No InferencePool CRD at the start (a cluster reused from another run may have it); removed again
     after the test, so the cluster is left as other test files expect it."""
-    cluster.kubectl("delete", "crd", CRD_NAME, "--ignore-not-found", "--timeout=60s")
-    wait_for(lambda: _crd_absent(cluster), timeout=60, message="the InferencePool CRD gone")
+    remove_inference_pool_crd(cluster)
     yield cluster
-    cluster.kubectl("delete", "crd", CRD_NAME, "--ignore-not-found", "--timeout=60s", check=False)
+    cluster.kubectl("delete", "crd", RESOURCE, "--ignore-not-found", "--timeout=60s", check=False)
 
 
 def _serving_pods(cluster: Cluster, namespace: str, selector: dict[str, str]) -> list[str]:
@@ -119,7 +102,7 @@ def test_without_the_crd_the_pool_is_told_and_its_inference_pool_follows_the_ins
     assert len(get_json(cluster, "pods", "-n", namespace, "-l", "modelpool.dev/pool=llm")["items"]) == 1
     assert operator.alive()
 
-    _install_crd(cluster)
+    install_inference_pool_crd(cluster)
     made = wait_for(
         lambda: _inference_pool(cluster, namespace, "llm"),
         timeout=60,
@@ -137,7 +120,7 @@ def test_a_pools_inference_pool_selects_its_serving_workers_follows_its_spec_and
     without_crd: Cluster, namespace: str, start_operator: StartOperator
 ) -> None:
     cluster = without_crd
-    _install_crd(cluster)
+    install_inference_pool_crd(cluster)
     start_operator(namespace, **_settings())
     apply(cluster, _llm_pool("llm", 2, _asked()), namespace)
     made = wait_for(
