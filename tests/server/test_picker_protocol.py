@@ -3,7 +3,8 @@
 Units: ``metrics.picker_rows`` (pure) and the gauges over a real shared view.  Process: a real server with
 the streaming echo generation handler (``tests.server.handlers:EchoGeneration``, imported by that name),
 scraped on its probe port while streams are held after their first piece: the waiting and running counts
-move with the load and come back to 0, and ``/v1/models`` lists the model.
+move with the load and come back to 0, and ``/v1/models`` lists the model; and a tiny Llama on the
+continuous-batching engine, whose KV share follows a running generation.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from model_server.metrics import WorkerGauges, picker_rows, render_worker
 from model_server.state_machine import StateMachine
 from model_server.worker_view import PAGE_TOKENS, Field, WorkerView
 from modelpool_contract import picker
-from testkit import prom
+from testkit import prom, tiny_models
 from testkit.server import ServerProcess, launch
 from testkit.waiting import wait_for
 
@@ -150,3 +151,46 @@ def test_v1_models_lists_the_served_model(held: tuple[ServerProcess, Path]) -> N
     proc, _ = held
     models = httpx.get(proc.url + "/v1/models", timeout=5).json()
     assert [m["id"] for m in models["data"]] == ["gen"]
+
+
+# The continuous-batching engine's KV cache, as the picker sees it: a tiny Llama generating.
+CONTEXT = 1024
+KV_TOKENS = 4 * CONTEXT
+MAX_TOKENS = 400
+
+
+@pytest.fixture
+def llama(tmp_path: Path) -> Iterator[ServerProcess]:
+    model = tiny_models.build_llama_generation(tmp_path / "llama", context=CONTEXT)
+    args = ["--model", str(model), "--task", "text-generation", "--device", "cpu", "--name", "tiny"]
+    proc = launch([*args, "--kv-cache-tokens", str(KV_TOKENS)], probe=True)
+    try:
+        proc.wait("/v2/health/ready", timeout=180)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.mark.slow
+def test_the_kv_share_moves_with_a_generation(llama: ServerProcess) -> None:
+    """While a long generation runs its reservation shows as a share of the cache, then goes back to 0;
+    the cache's geometry is the engine's pages."""
+    idle = _scrape(llama)
+    assert prom.sample(idle, picker.KV_USAGE) == 0
+    info = {picker.CACHE_BLOCK_SIZE: str(PAGE_TOKENS), picker.CACHE_NUM_BLOCKS: str(KV_TOKENS // PAGE_TOKENS)}
+    assert prom.sample(idle, picker.CACHE_INFO, **info) == 1
+    body = {"model": "tiny", "prompt": "the first stream", "max_tokens": MAX_TOKENS, "temperature": 0}
+    with httpx.stream("POST", llama.url + "/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))  # generating
+        found = _scrape(llama)
+        share = prom.sample(found, picker.KV_USAGE)
+        # The reservation: prompt plus max_tokens in whole pages, over the cache's tokens.
+        assert (
+            share is not None
+            and MAX_TOKENS / KV_TOKENS <= share <= (MAX_TOKENS + 2 * PAGE_TOKENS) / KV_TOKENS
+        )
+        assert prom.sample(found, picker.RUNNING) == 1
+        for _ in lines:
+            pass
+    wait_for(lambda: prom.sample(_scrape(llama), picker.KV_USAGE) == 0, timeout=30, message="the share freed")
