@@ -672,6 +672,7 @@ def engine_name(task: Any, engine: BatchingEngine | None) -> str | None:
 __all__ = [
     "BATCHING",
     "ENGINE_CHOICES",
+    "PAGE_TOKENS",
     "SERIAL",
     "BatchingEngine",
     "admission_error",
