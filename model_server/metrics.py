@@ -18,6 +18,12 @@ http-N).  Text generation on the continuous-batching engine: ``time_to_first_tok
 ``inter_token_latency_seconds``, ``generated_tokens_total`` (its rate is tokens per second),
 ``kv_cache_tokens``, ``kv_cache_reserved_tokens`` and ``generating`` (requests running).
 
+A text-generation worker (``WorkerGauges(picker=True)``) also exports the endpoint picker's protocol
+(``picker_rows``: the vLLM engine's names in ``modelpool_contract.picker``): ``vllm:num_requests_waiting``
+(the queue depth), ``vllm:num_requests_running`` (in flight), ``vllm:kv_cache_usage_perc`` (the reserved
+share of the KV cache, 0..1), ``vllm:cache_config_info{block_size,num_gpu_blocks}`` and
+``vllm:lora_requests_info{running_lora_adapters,waiting_lora_adapters,max_lora}`` (no adapters yet).
+
 A shared host (``render_host``, its probe port) exposes the same series for every model it holds, each
 labelled ``model="<name>"``, and ``host_device_memory_bytes{device,kind}`` (capacity, awake, asleep,
 overhead, free: its ledger, as in its ``/stats``).
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -36,7 +43,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from model_server.state_machine import State, StateMachine
-from model_server.worker_view import Field, WorkerView, row_name
+from model_server.worker_view import PAGE_TOKENS, Field, WorkerView, row_name
+from modelpool_contract import picker
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -98,14 +106,39 @@ def gpu_peak_reserved(device: str | None = None) -> int | None:
 GaugeRow = tuple[str, str, tuple[tuple[str, str], ...], float]
 
 
+def picker_rows(
+    waiting: float, running: float, kv_tokens: float | None, kv_reserved: float | None, now: float
+) -> list[GaugeRow]:
+    """The endpoint picker's gauges (pure): the queue and in-flight counts, the KV cache in use as a
+    0..1 share (0 while the cache is unknown: no continuous-batching engine yet), the cache's geometry in
+    pages of ``PAGE_TOKENS`` (the picker's blocks) and the LoRA info, whose value is the time of the
+    sample, as vLLM's is (the picker keeps the newest series)."""
+    total = kv_tokens or 0.0
+    usage = min(1.0, max(0.0, (kv_reserved or 0.0) / total)) if total > 0 else 0.0
+    blocks = int(total) // PAGE_TOKENS
+    cache = ((picker.CACHE_BLOCK_SIZE, str(PAGE_TOKENS)), (picker.CACHE_NUM_BLOCKS, str(blocks)))
+    lora = ((picker.LORA_RUNNING, ""), (picker.LORA_WAITING, ""), (picker.LORA_MAX, "0"))
+    return [
+        (picker.WAITING, "Requests waiting in the queue (the endpoint picker's name)", (), float(waiting)),
+        (picker.RUNNING, "Requests being computed (the endpoint picker's name)", (), float(running)),
+        (picker.KV_USAGE, "KV-cache share the running generations reserve, 0..1", (), usage),
+        (picker.CACHE_INFO, "The KV cache's pages (block_size tokens each)", cache, 1.0),
+        (picker.LORA_INFO, "LoRA adapters running and waiting (none yet)", lora, now),
+    ]
+
+
 class WorkerGauges(Collector):
     """The gauges, read from the shared view at scrape time (``model``: the label a shared host's model's
-    series carry; None for a dedicated worker's, which carry none)."""
+    series carry; None for a dedicated worker's, which carry none; ``picker``: also the endpoint picker's
+    names, for a dedicated text-generation worker)."""
 
-    def __init__(self, view: WorkerView, state_machine: StateMachine, model: str | None = None) -> None:
+    def __init__(
+        self, view: WorkerView, state_machine: StateMachine, model: str | None = None, *, picker: bool = False
+    ) -> None:
         self.view = view
         self.state_machine = state_machine
         self.model = model
+        self.picker = picker
 
     def collect(self) -> Iterator[Metric]:
         return iter(gauge_families(self.rows()))
@@ -154,6 +187,14 @@ class WorkerGauges(Collector):
         for name, resident in worker_rss(view).items():
             yield row(
                 "modelpool_resident_memory_bytes", "Resident memory of each process", resident, process=name
+            )
+        if self.picker:
+            yield from picker_rows(
+                view.door.taken,
+                view.get(Field.IN_FLIGHT),
+                view.optional(Field.KV_CACHE_TOKENS),
+                view.optional(Field.KV_CACHE_RESERVED),
+                time.time(),
             )
 
 
@@ -350,6 +391,7 @@ __all__ = [
     "WorkerGauges",
     "device_rows",
     "gpu_memory",
+    "picker_rows",
     "render_host",
     "render_worker",
     "rss_bytes",

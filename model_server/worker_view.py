@@ -97,6 +97,10 @@ BATCHING = "continuous-batching"
 SERIAL = "serial"
 ENGINE_CODES = {SERIAL: 1.0, BATCHING: 2.0}
 ENGINE_NAMES = {code: name for name, code in ENGINE_CODES.items()}
+# Tokens per KV-cache page of the continuous-batching engine (a request holds whole pages, so admission
+# rounds its need up to pages); here because the probe port reports the cache in pages too
+# (``metrics.picker_rows``: the endpoint picker's ``block_size``).
+PAGE_TOKENS = 32
 # How often an HTTP process's event loop ticks its heartbeat (``frontend.http_process``); the probe
 # server (``supervisor.probe_server``) judges a loop wedged after its STALL_AFTER_S without a tick.
 BEAT_PERIOD_S = 1.0
@@ -333,6 +337,7 @@ __all__ = [
     "ENGINE_CODES",
     "ENGINE_NAMES",
     "INFERENCE_ROW",
+    "PAGE_TOKENS",
     "SERIAL",
     "SPAWN",
     "SUPERVISOR_ROW",

@@ -28,6 +28,7 @@ from modelpool_contract.flags import (
     Dtype,
 )
 from modelpool_contract.labels import GROUP
+from modelpool_contract.picker import speaks_picker
 from modelpool_contract.placements import (
     DEFAULT_CPU_MODEL_OVERHEAD,
     DEFAULT_GPU_MODEL_OVERHEAD,
@@ -738,6 +739,49 @@ class AuthSpec(_Model):
     )
 
 
+#: The endpoint picker's gRPC port (its ext_proc service) as its Service exposes it: the port llm-d-router's
+#: and gateway-api-inference-extension's charts give it.
+DEFAULT_PICKER_PORT = 9002
+PickerFailureMode = Literal["FailOpen", "FailClose"]
+
+
+class InferencePoolSpec(_Model):
+    """The InferencePool (Gateway API Inference Extension, ``inference.networking.k8s.io/v1``) the operator
+    makes for the pool: its serving workers as an endpoint picker's endpoints."""
+
+    endpoint_picker: str = Field(
+        min_length=1,
+        max_length=253,
+        description=(
+            "The endpoint picker's Service in the pool's namespace (the InferencePool's endpointPickerRef): "
+            "an llm-d-router or gateway-api-inference-extension EPP the installer runs."
+        ),
+    )
+    endpoint_picker_port: int = Field(
+        default=DEFAULT_PICKER_PORT, ge=1, le=65535, description="That Service's port (its gRPC ext_proc)."
+    )
+    failure_mode: PickerFailureMode = Field(
+        default="FailClose",
+        description=(
+            "What the gateway does while the picker does not answer: FailClose refuses the request, "
+            "FailOpen sends it to a worker of its own choosing."
+        ),
+    )
+    picker_pod_labels: dict[str, str] = Field(
+        min_length=1,
+        description=(
+            "The picker's pod labels: the pool's NetworkPolicy admits those pods on the workers' probe "
+            "port (the metrics they scrape) and serving port (/v1/models)."
+        ),
+    )
+    picker_namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="The picker pods' namespace; unset: the pool's.",
+    )
+
+
 class ModelPoolSpec(_Model):
     """The desired pool: a model, a task, how many workers and what each one needs."""
 
@@ -819,6 +863,15 @@ class ModelPoolSpec(_Model):
             "a surge may take down at once (the operator makes a PodDisruptionBudget per pool)."
         ),
     )
+    inference_pool: InferencePoolSpec | None = Field(
+        default=None,
+        description=(
+            "An InferencePool (inference.networking.k8s.io/v1, named as the pool, owned by it) selecting "
+            "the pool's serving workers, for an endpoint picker behind a Gateway API gateway; a worker being "
+            "drained leaves it, as it leaves the pool's Service. Text-generation pools only (the workers "
+            "export the picker's metrics); the InferencePool CRD must be installed."
+        ),
+    )
     activation_timeout_seconds: int = Field(
         default=DEFAULT_ACTIVATION_TIMEOUT_SECONDS,
         ge=1,
@@ -842,6 +895,8 @@ class ModelPoolSpec(_Model):
         policy = self.autoscaling
         if written and policy.metric == "requests" and policy.target_per_worker > self.queue.capacity:
             raise ValueError(MSG_TARGET_LE_CAPACITY)
+        if self.inference_pool is not None and not speaks_picker(self.model.task):
+            raise ValueError(MSG_INFERENCE_POOL_TASK)
         if self.host is not None:
             refused = shared_pool_refusals(self)
             if refused:
@@ -854,6 +909,10 @@ MSG_REPLICAS_LE_MAX = "spec.replicas must be less than or equal to spec.maxRepli
 MSG_TARGET_LE_CAPACITY = (
     "spec.autoscaling.targetPerWorker must be less than or equal to spec.queue.capacity (a worker holds at "
     "most spec.queue.capacity queued requests)"
+)
+MSG_INFERENCE_POOL_TASK = (
+    "spec.inferencePool needs spec.model.task text-generation: the endpoint picker reads the metrics only "
+    "text-generation workers export"
 )
 MSG_STABLE_GE_UP_WINDOW = (
     "spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds"
@@ -911,6 +970,12 @@ SHARED_POOL_RULES: tuple[tuple[str, str, str], ...] = (
         "behind one door; remove spec.auth, or remove spec.host for dedicated workers",
     ),
     (
+        "inferencePool",
+        "!has(self.inferencePool)",
+        "spec.inferencePool is not supported on a shared pool (spec.host): an InferencePool selects pods, "
+        "and a host pod serves several models; remove spec.inferencePool, or remove spec.host",
+    ),
+    (
         "resources.gpus",
         "!has(self.resources.gpus) || self.resources.gpus == 0",
         "spec.resources.gpus must be 0 or unset on a shared pool (spec.host): the ModelHost's gpusPerHost "
@@ -941,6 +1006,7 @@ def shared_pool_refusals(spec: ModelPoolSpec) -> list[str]:
         "podTemplate": spec.pod_template != PodTemplate(),
         "disruption": spec.disruption != DisruptionSpec(),
         "auth": spec.auth is not None,
+        "inferencePool": spec.inference_pool is not None,
         "resources.gpus": spec.resources.gpus != 0,
         "resources.hostMemory": spec.resources.host_memory is not None,
         "resources.cpu": spec.resources.cpu is not None,

@@ -56,7 +56,7 @@ from model_server.errors import InferenceError, InvalidInput, Overloaded, Server
 from model_server.tasks.base import Emitter, GenerationItem, GenerationParams, GenerationResult
 from model_server.tasks.generation import Detokenizer, StopText, check_context, eos_ids
 from model_server.tasks.params import check_generation_params
-from model_server.worker_view import BATCHING, SERIAL, Field, WorkerView
+from model_server.worker_view import BATCHING, PAGE_TOKENS, SERIAL, Field, WorkerView
 
 if TYPE_CHECKING:
     from model_server.engine.unit import Unit
@@ -67,8 +67,6 @@ log = logging.getLogger("modelpool.generation")
 EngineChoice = Literal["auto", "batching", "serial"]
 ENGINE_CHOICES: tuple[EngineChoice, ...] = ("auto", "batching", "serial")
 
-# Tokens per KV-cache page: a request holds whole pages, so admission rounds its need up to pages.
-PAGE_TOKENS = 32
 # Tokens one iteration may process (prefill chunks beyond this are split over iterations).
 MAX_BATCH_TOKENS = 1024
 # Greedy through a sampling manager: this temperature and a top_p of 0 keep only the most likely token.
@@ -674,6 +672,7 @@ def engine_name(task: Any, engine: BatchingEngine | None) -> str | None:
 __all__ = [
     "BATCHING",
     "ENGINE_CHOICES",
+    "PAGE_TOKENS",
     "SERIAL",
     "BatchingEngine",
     "admission_error",

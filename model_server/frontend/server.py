@@ -17,6 +17,7 @@ from model_server.frontend.inference_client import InferenceClient
 from model_server.metrics import Metrics, WorkerGauges
 from model_server.state_machine import StateMachine
 from model_server.worker_view import WorkerView, http_row
+from modelpool_contract.picker import speaks_picker
 
 
 class ModelServer:
@@ -34,7 +35,10 @@ class ModelServer:
         self.view = view if view is not None else WorkerView(config.queue_capacity, http_processes=1)
         self.state_machine = StateMachine(store=self.view.state_store())
         self.metrics = Metrics(model=metrics_model)
-        self.gauges = WorkerGauges(self.view, self.state_machine)
+        # The endpoint picker's names on a dedicated text-generation worker (a shared host's models are no
+        # picker's endpoints: it scrapes pods, and a host pod holds many models).
+        picker = metrics_model is None and speaks_picker(config.task)
+        self.gauges = WorkerGauges(self.view, self.state_machine, picker=picker)
         self.inference = InferenceClient(config, self.view, self.state_machine, self.metrics, http_row(index))
 
     @property

@@ -45,6 +45,7 @@ from model_server.config import ServerConfig
 from model_server.metrics import WorkerGauges, render_worker
 from model_server.state_machine import StateMachine
 from model_server.worker_view import WorkerView
+from modelpool_contract.picker import speaks_picker
 from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
 
 # How long without a heartbeat tick (one each ``worker_view.BEAT_PERIOD_S``) makes an HTTP process
@@ -128,7 +129,8 @@ class ProbeServer(LocalHTTPServer):
         self.view = view
         self.state_machine = state_machine
         self.metrics_dir = metrics_dir
-        self.gauges = WorkerGauges(view, state_machine)
+        # A text-generation worker's probe port is where the endpoint picker scrapes its protocol.
+        self.gauges = WorkerGauges(view, state_machine, picker=speaks_picker(config.task))
 
     def metrics(self) -> bytes:
         """``/metrics``: the worker's exposition (``metrics_dir``: the processes' multiprocess files)."""

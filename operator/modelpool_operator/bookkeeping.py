@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from modelpool_contract.api import ModelPoolStatus
 from modelpool_operator.budget import BudgetLimit, Ledger, ReservationBook
@@ -206,8 +206,8 @@ class HostRun:
     secret_retry_at: float = 0.0
     # The failures of the last pass (reason, message): each told as an Event when it is new.
     api_failures: set[tuple[str, str]] = field(default_factory=set)
-    # Its host pods' NetworkPolicy is in place (made or brought up to date by this process).
-    network_policy_ready: bool = False
+    # The NetworkPolicy this process last wrote for its host pods (None: none yet, or the write failed).
+    network_policy: dict[str, Any] | None = None
     # The PodDisruptionBudget this process last wrote (None: none yet, or the last write failed).
     disruption_budget: dict[str, Any] | None = None
     # The policy refusal last told (its host pods are deleted, none is made, until the image is allowed).
@@ -249,8 +249,12 @@ class PoolRun:
     last_status: ModelPoolStatus | None = None
     last_status_wire: dict[str, Any] | None = None
     service_ready: bool = False
-    # The pool's NetworkPolicy is in place (made or brought up to date by this process).
-    network_policy_ready: bool = False
+    # The NetworkPolicy this process last wrote (None: none yet, or the last write failed): written again
+    # when what it says changes (spec.inferencePool admits the picker).
+    network_policy: dict[str, Any] | None = None
+    # The InferencePool this process last wrote, or False once it has removed the pool's (spec.inferencePool
+    # unset); None: neither yet, or the last request failed (tried again at the next pass).
+    inference_pool: dict[str, Any] | Literal[False] | None = None
     # The PodDisruptionBudget this process last wrote (None: none yet, or the last write failed): written
     # again only when the pool's target or spec.disruption changes what it says.
     disruption_budget: dict[str, Any] | None = None

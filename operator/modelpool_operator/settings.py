@@ -221,6 +221,17 @@ class OperatorConfig(BaseSettings):
         ),
     )
 
+    # --- InferencePools (effects/inference_pool.py; issue 33) -------------------------------------------
+    inference_pools_enabled: bool = Field(
+        default=False,
+        description=(
+            "Make an InferencePool (inference.networking.k8s.io/v1) for each pool with spec.inferencePool, "
+            "and remove it when the field is removed. Off: the operator never reads or writes "
+            "InferencePools, and such a pool is told so (ApiError, InferencePoolsDisabled). The chart "
+            "turns it on with inferencePool.enabled, which grants the RBAC it needs."
+        ),
+    )
+
     # --- what pool authors may ask for (modelpool_operator.policy; the chart's admission policy) --------
     allowed_host_paths: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),

@@ -13,6 +13,7 @@ import yaml
 from modelpool_contract.api import (
     MSG_DEVICE_MEMORY_POSITIVE,
     MSG_DEVICE_MEMORY_REQUIRED,
+    MSG_INFERENCE_POOL_TASK,
     MSG_MIN_LE_REPLICAS,
     MSG_REPLICAS_LE_MAX,
     MSG_TARGET_LE_CAPACITY,
@@ -89,9 +90,11 @@ def test_modelpool_validation_rules() -> None:
     spec = root["properties"]["spec"]
     messages = [v["message"] for v in spec["x-kubernetes-validations"]]
     shared = [message for _, _, message in SHARED_POOL_RULES]
-    assert messages == [MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX, MSG_TARGET_LE_CAPACITY, *shared]
+    own = [MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX, MSG_TARGET_LE_CAPACITY, MSG_INFERENCE_POOL_TASK]
+    assert messages == [*own, *shared]
     # Each shared-pool rule applies only with spec.host and names its own field.
-    for rule, (field, _, _) in zip(spec["x-kubernetes-validations"][3:], SHARED_POOL_RULES, strict=True):
+    rules = spec["x-kubernetes-validations"][len(own) :]
+    for rule, (field, _, _) in zip(rules, SHARED_POOL_RULES, strict=True):
         assert rule["rule"].startswith("!has(self.host) || ") and rule["fieldPath"] == f".{field}"
     model = spec["properties"]["model"]["properties"]
     assert model["task"]["enum"] == list(TASK_NAMES)

@@ -86,6 +86,10 @@ the operator's own default applies; a list is comma-separated). */}}
 {{/* The operator's settings for the NetworkPolicy it gives each pool (networkPolicy.*): whom it admits, named
 by pod labels in the release namespace, and the callers listed in the values, as JSON. */}}
 {{- define "modelpool-operator.networkPolicyEnv" -}}
+{{- if .Values.inferencePool.enabled }}
+- name: MODELPOOL_OPERATOR_INFERENCE_POOLS_ENABLED
+  value: "true"
+{{- end }}
 {{- if .Values.networkPolicy.enabled }}
 - name: MODELPOOL_OPERATOR_NETWORK_POLICY_ENABLED
   value: "true"

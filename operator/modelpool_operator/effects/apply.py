@@ -31,6 +31,7 @@ from modelpool_operator.bookkeeping import TAKEN_NAMES_MAX, Bookkeeping, HostRun
 from modelpool_operator.budget import Reservation
 from modelpool_operator.effects.attempts import NAME_TAKEN, ApiFailure, attempt
 from modelpool_operator.effects.disruption_budget import build_host_budget, build_pool_budget
+from modelpool_operator.effects.inference_pool import build_inference_pool
 from modelpool_operator.effects.kube import NameTakenError, describe_error, merge_patch, refused
 from modelpool_operator.effects.network_policy import (
     PolicySettings,
@@ -48,6 +49,14 @@ logger = logging.getLogger(__name__)
 
 #: The pool condition that reports the API requests of the last pass that failed.
 API_ERROR = "ApiError"
+#: A pool asks for an InferencePool from an operator that does not make them (no request is made).
+INFERENCE_POOLS_DISABLED = ApiFailure(
+    "InferencePoolsDisabled",
+    "spec.inferencePool: this operator does not make InferencePools (its setting inference_pools_enabled, "
+    "the chart's inferencePool.enabled, is off)",
+)
+#: The reason of a failed InferencePool request (the API missing is ``attempts.INFERENCE_POOL_UNAVAILABLE``).
+INFERENCE_POOL_FAILED = "InferencePoolFailed"
 
 
 async def apply(
@@ -88,6 +97,7 @@ async def apply(
     failures.append(await ensure_service(services, run, pool))
     failures.append(await ensure_network_policy(services, run, pool))
     failures.append(await ensure_disruption_budget(services, run, pool, plan.status.target_replicas or 0))
+    failures.append(await ensure_inference_pool(services, run, pool))
     failed = [f for f in failures if f is not None]
     status = with_api_condition(plan.status, pool, failed, now)
 
@@ -171,7 +181,8 @@ async def ensure_service(services: Services, run: PoolRun, pool: PoolView) -> Ap
 
 
 async def ensure_network_policy(services: Services, run: PoolRun, pool: PoolView) -> ApiFailure | None:
-    """Create or update the pool's NetworkPolicy once per process (each start applies the current settings).
+    """Create or update the pool's NetworkPolicy once per process (each start applies the current settings)
+    and again when what it says changes (``spec.inferencePool`` admits the picker).
     A failure never holds up the workers: it is returned for the status and retried at the next pass."""
     return await _ensure_policy(
         services, run, pool.namespace, "the workers'", lambda settings: build_network_policy(pool, settings)
@@ -198,14 +209,49 @@ async def _ensure_policy(
     build: Callable[[PolicySettings], dict[str, Any]],
 ) -> ApiFailure | None:
     settings = policy_settings(services.config)
-    if settings is None or run.network_policy_ready:
+    if settings is None:
+        return None
+    body = build(settings)
+    if run.network_policy == body:
         return None
     failure = await attempt(
         "NetworkPolicyFailed",
         f"{whose} NetworkPolicy could not be applied",
-        services.kube.ensure_network_policy(namespace, build(settings)),
+        services.kube.ensure_network_policy(namespace, body),
     )
-    run.network_policy_ready = failure is None
+    run.network_policy = body if failure is None else None
+    return failure
+
+
+async def ensure_inference_pool(services: Services, run: PoolRun, pool: PoolView) -> ApiFailure | None:
+    """The pool's InferencePool as ``spec.inferencePool`` asks (with ``inference_pools_enabled``; without
+    it no request, and a pool that asks is told ``INFERENCE_POOLS_DISABLED``): made or brought up to date
+    when it is set (again only when what it says changes), removed once per process when it is not (one the
+    pool owns; nothing to do where the InferencePool API is not installed). A failure, the API missing
+    included (``InferencePoolUnavailable``: the CRD is not installed), never holds up the workers: it is
+    returned for the status's ApiError condition and a Warning Event, and tried again at the next pass."""
+    spec = pool.spec.inference_pool
+    if not services.config.inference_pools_enabled:
+        return None if spec is None else INFERENCE_POOLS_DISABLED
+    if spec is None:
+        if run.inference_pool is False:
+            return None
+        failure = await attempt(
+            INFERENCE_POOL_FAILED,
+            f"InferencePool {pool.name} could not be removed",
+            services.kube.delete_inference_pool(pool.namespace, pool.name, pool.uid),
+        )
+        run.inference_pool = False if failure is None else None
+        return failure
+    body = build_inference_pool(pool, spec, pod_settings(services.config).port)
+    if run.inference_pool == body:
+        return None
+    failure = await attempt(
+        INFERENCE_POOL_FAILED,
+        f"InferencePool {pool.name} could not be applied",
+        services.kube.ensure_inference_pool(pool.namespace, body),
+    )
+    run.inference_pool = body if failure is None else None
     return failure
 
 

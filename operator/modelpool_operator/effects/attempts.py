@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from modelpool_operator.effects.kube import NameTakenError, describe_error
+from modelpool_operator.effects.kube import InferencePoolUnavailableError, NameTakenError, describe_error
 
 #: The reason (ApiError condition, Warning Event) when an object of the name the operator would make is
 #: someone else's: it is left as it is (``NameTakenError``), never patched.
 NAME_TAKEN = "NameTaken"
+#: The reason when a pool asks for an InferencePool and the cluster has no InferencePool API.
+INFERENCE_POOL_UNAVAILABLE = "InferencePoolUnavailable"
 
 
 @dataclass(frozen=True)
@@ -29,9 +31,11 @@ async def attempt(reason: str, what: str, request: Awaitable[object]) -> ApiFail
         await request
     except NameTakenError as exc:  # not an API failure: our name is someone else's object
         return ApiFailure(NAME_TAKEN, str(exc)[:1000])
+    except InferencePoolUnavailableError as exc:  # not the request's fault: the cluster lacks the API
+        return ApiFailure(INFERENCE_POOL_UNAVAILABLE, f"{what}: {exc}"[:1000])
     except Exception as exc:  # whatever failed, the other effects and the status still happen
         return ApiFailure(reason, f"{what}: {describe_error(exc)}"[:1000])
     return None
 
 
-__all__ = ["NAME_TAKEN", "ApiFailure", "attempt"]
+__all__ = ["INFERENCE_POOL_UNAVAILABLE", "NAME_TAKEN", "ApiFailure", "attempt"]

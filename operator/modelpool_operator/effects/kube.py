@@ -25,6 +25,12 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELHOST_PLURAL, MODELPOOL_PLURAL, VERSION
+from modelpool_contract.picker import (
+    INFERENCE_GROUP,
+    INFERENCE_POOL_KIND,
+    INFERENCE_POOL_PLURAL,
+    INFERENCE_VERSION,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +49,17 @@ class NameTakenError(Exception):
     """An object of the name the operator would make exists and is not controlled by its owner (a pool or a
     ModelHost): the operator leaves it as it is and says so (a condition and an Event), never takes it
     over."""
+
+
+#: Why a pool's InferencePool cannot be made where the API server does not serve the InferencePool API.
+INFERENCE_POOL_MISSING = (
+    f"the API server has no {INFERENCE_POOL_KIND} API ({INFERENCE_GROUP}/{INFERENCE_VERSION}): install the "
+    "Gateway API Inference Extension's CRDs (its manifests/ or config/crd/), or remove spec.inferencePool"
+)
+
+
+class InferencePoolUnavailableError(Exception):
+    """The InferencePool API is not installed (the CRD is missing): a pool asking for one is told so."""
 
 
 def owned_patch(body: Mapping[str, Any], fields: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -134,6 +151,8 @@ class KubeApi(Protocol):
     async def ensure_service(self, namespace: str, body: Mapping[str, Any]) -> None: ...
     async def ensure_network_policy(self, namespace: str, body: Mapping[str, Any]) -> None: ...
     async def ensure_disruption_budget(self, namespace: str, body: Mapping[str, Any]) -> None: ...
+    async def ensure_inference_pool(self, namespace: str, body: Mapping[str, Any]) -> None: ...
+    async def delete_inference_pool(self, namespace: str, name: str, owner_uid: str | None) -> bool: ...
     async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool: ...
     async def create_budget(self, body: Mapping[str, Any]) -> bool: ...
@@ -380,6 +399,60 @@ class Kube:
         kind = "PodDisruptionBudget"
         await self._ensure_owned(self._policy, "pod_disruption_budget", namespace, body, fields, kind=kind)
 
+    async def ensure_inference_pool(self, namespace: str, body: Mapping[str, Any]) -> None:
+        """Create the pool's InferencePool, or bring an existing one's labels and spec up to date, only if it
+        is the pool's (``owned_patch``; else ``NameTakenError``). ``InferencePoolUnavailableError`` where
+        the API server has no InferencePool API (a 404 to the create: the CRD is not installed)."""
+        fields = _labels_and_spec(body)
+        pools = _InferencePools(self._custom)
+        try:
+            await self._ensure_owned(
+                pools, "inference_pool", namespace, body, fields, kind=INFERENCE_POOL_KIND
+            )
+        except ApiException as exc:
+            if exc.status == GONE:
+                raise InferencePoolUnavailableError(INFERENCE_POOL_MISSING) from exc
+            raise
+
+    async def delete_inference_pool(self, namespace: str, name: str, owner_uid: str | None) -> bool:
+        """Delete the InferencePool ``name`` if its controller is the pool ``owner_uid`` (a list by name,
+        then a delete whose precondition is the uid listed, so an object made anew in between is not
+        touched); True when one was deleted. Nothing to do where the API is not installed (404) or the
+        object is gone or someone else's."""
+        try:
+            listed = await self._answer(
+                "list_inference_pools",
+                self._custom.list_namespaced_custom_object(
+                    INFERENCE_GROUP,
+                    INFERENCE_VERSION,
+                    namespace,
+                    INFERENCE_POOL_PLURAL,
+                    field_selector=f"metadata.name={name}",
+                    _request_timeout=self._timeout,
+                ),
+            )
+        except ApiException as exc:
+            if exc.status == GONE:
+                return False
+            raise
+        ours = [item for item in listed.get("items", []) if owner_uid and _controller_uid(item) == owner_uid]
+        if not ours:
+            return False
+        options = {"preconditions": {"uid": ours[0]["metadata"]["uid"]}}
+        return await self._took_effect(
+            "delete_inference_pool",
+            self._custom.delete_namespaced_custom_object(
+                INFERENCE_GROUP,
+                INFERENCE_VERSION,
+                namespace,
+                INFERENCE_POOL_PLURAL,
+                name,
+                body=options,
+                _request_timeout=self._timeout,
+            ),
+            unless=GONE,
+        )
+
     async def _ensure_owned(
         self, api: Any, resource: str, namespace: str, body: Mapping[str, Any], fields: Any, *, kind: str
     ) -> bool:
@@ -457,9 +530,42 @@ class Kube:
         )
 
 
+class _InferencePools:
+    """The InferencePool custom resource in the shape ``Kube._ensure_owned`` calls (``create_namespaced_X``,
+    ``patch_namespaced_X``), over the generated client's custom-object calls."""
+
+    def __init__(self, custom: Any) -> None:
+        self._custom = custom
+
+    def create_namespaced_inference_pool(self, namespace: str, body: Any, **options: Any) -> Any:
+        where = (INFERENCE_GROUP, INFERENCE_VERSION, namespace, INFERENCE_POOL_PLURAL)
+        return self._custom.create_namespaced_custom_object(*where, body, **options)
+
+    def patch_namespaced_inference_pool(self, name: str, namespace: str, body: Any, **options: Any) -> Any:
+        where = (INFERENCE_GROUP, INFERENCE_VERSION, namespace, INFERENCE_POOL_PLURAL)
+        return self._custom.patch_namespaced_custom_object(*where, name, body, **options)
+
+
+def _controller_uid(item: Mapping[str, Any]) -> str | None:
+    """The uid of an object's controller owner reference, if it has one."""
+    for owner in item.get("metadata", {}).get("ownerReferences") or []:
+        if owner.get("controller"):
+            return str(owner.get("uid"))
+    return None
+
+
 def _labels_and_spec(body: Mapping[str, Any]) -> dict[str, Any]:
     """What an update of an owned object brings up to date: its labels and its whole spec."""
     return {"/metadata/labels": body["metadata"].get("labels", {}), "/spec": body.get("spec", {})}
 
 
-__all__ = ["ApiException", "Kube", "connect", "describe_error", "merge_patch", "refused"]
+__all__ = [
+    "INFERENCE_POOL_MISSING",
+    "ApiException",
+    "InferencePoolUnavailableError",
+    "Kube",
+    "connect",
+    "describe_error",
+    "merge_patch",
+    "refused",
+]

@@ -10,6 +10,8 @@ nothing else, so every other caller is refused by a CNI that enforces NetworkPol
 * the probe port (``probes``: health, ``/stats``, ``/metrics``): the operator's pods and the metrics
   scrapers the installer names. The kubelet's probes are not subject to NetworkPolicy.
 
+A pool with ``spec.inferencePool`` admits its endpoint picker's pods on both ports too (``picker_peers``).
+
 One per ModelHost too (``modelhost-<host>``: no pool's policy has that prefix), owned by the ModelHost and
 selecting its host pods (``modelpool.dev/pool=host_<host>``): the serving port admits whom a pool's admits;
 the probe port carries the host's control API (load, unload, sleep, wake), so it admits the operator's pods
@@ -104,13 +106,23 @@ def _policy(
     }
 
 
+def picker_peers(pool: PoolView) -> list[dict[str, Any]]:
+    """The endpoint picker's pods of a pool with ``spec.inferencePool`` (in its namespace, else the pool's):
+    they scrape the workers' metrics on the probe port and poll ``/v1/models`` on the serving port."""
+    spec = pool.spec.inference_pool
+    if spec is None:
+        return []
+    return [_pods_in(spec.picker_namespace or pool.namespace, spec.picker_pod_labels)]
+
+
 def build_network_policy(pool: PoolView, settings: PolicySettings) -> dict[str, Any]:
     """The NetworkPolicy of ``pool``'s workers, as an API dict (owned by the pool when its uid is known)."""
     operator = _pods_in(settings.namespace, settings.operator_labels)
-    probes = [operator, *(peer.wire() for peer in settings.metrics_callers)]
+    picker = picker_peers(pool)
+    probes = [operator, *(peer.wire() for peer in settings.metrics_callers), *picker]
     labels = {LABEL_POOL: pool.name, LABEL_MANAGED_BY: MANAGED_BY}
     metadata = owned_metadata(policy_name(pool.name), pool.namespace, labels, owner_reference(pool))
-    return _policy(metadata, {LABEL_POOL: pool.name}, probes, _serving(settings))
+    return _policy(metadata, {LABEL_POOL: pool.name}, probes, _serving(settings) + picker)
 
 
 def build_host_network_policy(host: HostView, settings: PolicySettings) -> dict[str, Any]:

@@ -60,6 +60,7 @@ from modelpool_contract.mounts import (
     TMP_PATH,
     parse_pvc_source,
 )
+from modelpool_contract.picker import engine_labels
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
 from modelpool_contract.times import rfc3339
@@ -405,6 +406,9 @@ def build_worker_pod(pool: PoolView, worker_name: str, settings: PodSettings | N
     settings = settings or PodSettings()
     template = pool.spec.pod_template
     labels = {
+        # The endpoint picker's engine type (a text-generation worker exports its vLLM names); before the
+        # template's labels, so a pool that maps its own names (the picker's engineConfigs) can say so.
+        **engine_labels(pool.spec.model.task),
         **template.labels,
         LABEL_POOL: pool.name,
         LABEL_WORKER: worker_name,
@@ -449,6 +453,12 @@ def owner_reference(pool: PoolView) -> dict[str, Any] | None:
 HEADLESS = "None"
 
 
+def serving_selector(pool_name: str) -> dict[str, str]:
+    """The workers of ``pool_name`` that serve: the pool's Service selects them, and its InferencePool
+    (an eviction drops the serving label first, so a draining worker leaves both)."""
+    return {LABEL_POOL: pool_name, LABEL_SERVING: "true"}
+
+
 def build_service(pool: PoolView, settings: PodSettings | None = None) -> dict[str, Any]:
     """The pool's headless Service: its DNS name resolves to the ready workers that still carry the
     serving label.
@@ -465,7 +475,7 @@ def build_service(pool: PoolView, settings: PodSettings | None = None) -> dict[s
         "spec": {
             "type": "ClusterIP",
             "clusterIP": HEADLESS,
-            "selector": {LABEL_POOL: pool.name, LABEL_SERVING: "true"},
+            "selector": serving_selector(pool.name),
             "ports": [
                 {
                     "name": HTTP_PORT_NAME,

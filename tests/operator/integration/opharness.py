@@ -18,8 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelpool_contract.picker import INFERENCE_GROUP, INFERENCE_POOL_PLURAL
 from testkit.cluster import Cluster
-from testkit.kubectl import get_json, wait_for
+from testkit.environment import ROOT
+from testkit.kubectl import get_json, wait_established, wait_for
 from testkit.services import (  # the processes and manifests the soak and the demo share (re-exported)
     GI,
     GROUP_VERSION,
@@ -43,6 +45,33 @@ StartOperator = Callable[..., "OperatorProcess"]
 WatchPods = Callable[[], "PodWatcher"]
 # ``budgeted_operator(memory, **env)``: the budget set, a pod watcher, then the operator.
 BudgetedOperator = Callable[..., tuple["PodWatcher", "OperatorProcess"]]
+
+
+#: The Gateway API Inference Extension's InferencePool CRD (v1), vendored for the tests (testdata/).
+INFERENCE_POOL_CRD = ROOT / "tests" / "operator" / "integration" / "testdata" / "inferencepools-v1.6.0.yaml"
+INFERENCE_POOL_CRD_NAME = f"{INFERENCE_POOL_PLURAL}.{INFERENCE_GROUP}"
+
+
+def install_inference_pool_crd(cluster: Cluster) -> None:
+    """Install the InferencePool CRD and wait until the API server serves the resource."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(INFERENCE_POOL_CRD))
+    wait_established(cluster, INFERENCE_POOL_CRD_NAME)
+    # Established is the CRD's word; the API server serves the resource once discovery has it.
+    wait_for(
+        lambda: cluster.kubectl("get", INFERENCE_POOL_CRD_NAME, "-A", check=False).returncode == 0,
+        timeout=60,
+        message="the InferencePool API served",
+    )
+
+
+def remove_inference_pool_crd(cluster: Cluster) -> None:
+    """Delete the InferencePool CRD (if there) and wait until it is gone."""
+    cluster.kubectl("delete", "crd", INFERENCE_POOL_CRD_NAME, "--ignore-not-found", "--timeout=60s")
+    wait_for(
+        lambda: cluster.kubectl("get", "crd", INFERENCE_POOL_CRD_NAME, check=False).returncode != 0,
+        timeout=60,
+        message="the InferencePool CRD gone",
+    )
 
 
 def get_pool(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:

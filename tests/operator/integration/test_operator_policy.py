@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
+from modelpool_contract.api import InferencePoolSpec
 from modelpool_operator.effects.disruption_budget import build_host_budget, build_pool_budget
+from modelpool_operator.effects.inference_pool import build_inference_pool
 from modelpool_operator.effects.network_policy import (
     PolicySettings,
     build_host_network_policy,
@@ -39,7 +41,12 @@ from modelpool_operator.pool import PoolView, worker_name
 from testkit.cluster import Cluster
 from testkit.environment import ROOT
 from testkit.kubectl import apply, get_json, wait_for
-from tests.operator.integration.opharness import pool_manifest
+from tests.operator.integration.opharness import (
+    INFERENCE_POOL_CRD_NAME,
+    install_inference_pool_crd,
+    pool_manifest,
+    remove_inference_pool_crd,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -271,6 +278,34 @@ def test_services_policies_and_secrets_not_of_the_operators_shape_are_refused(fe
     for manifest, message in refused:
         code, out = fence.create(manifest)
         assert code != 0 and message in out, (manifest, out)
+
+
+def test_an_inference_pool_is_admitted_only_in_the_operators_shape(fence: Fence) -> None:
+    """The pool's InferencePool (issue 33) as the operator builds it passes; one over other pods, one that
+    would route to draining workers (no serving label) or one under another name is refused."""
+    cluster, namespace = fence.cluster, fence.namespace
+    install_inference_pool_crd(cluster)
+    try:
+        cluster.kubectl("create", "role", "op-ip", "-n", namespace, "--verb=create",
+                        f"--resource={INFERENCE_POOL_CRD_NAME}")  # fmt: skip
+        cluster.kubectl("create", "rolebinding", "op-ip", "-n", namespace, "--role=op-ip",
+                        f"--serviceaccount={namespace}:{OPERATOR_SA}")  # fmt: skip
+        spec = InferencePoolSpec.model_validate({"endpointPicker": "epp", "pickerPodLabels": {"app": "epp"}})
+        made = build_inference_pool(fence.pool, spec, PodSettings().port)
+        wait_for(
+            lambda: fence.create(made)[0] == 0, timeout=30, interval=0.5, message="the InferencePool admitted"
+        )
+        draining = {"matchLabels": {"modelpool.dev/pool": "emb"}}
+        refused = [
+            _set(made, "spec.selector", draining),
+            _set(made, "spec.selector", {"matchLabels": {"app": "billing", "modelpool.dev/serving": "true"}}),
+            _set(made, "metadata.name", "billing"),
+        ]
+        for manifest in refused:
+            code, out = fence.create(manifest)
+            assert code != 0 and "an InferencePool of the modelpool operator" in out, (manifest, out)
+    finally:
+        remove_inference_pool_crd(cluster)
 
 
 def test_the_operator_changes_and_deletes_only_what_it_owns(fence: Fence) -> None:

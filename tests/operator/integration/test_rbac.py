@@ -1,17 +1,17 @@
 """The chart's RBAC grants exactly what the operator uses: no verb more, none missing.
 
 The verbs the operator uses are not listed by hand: the real operator runs as a ServiceAccount of the
-namespace ``modelpool-audit`` bound to the chart's own rules (rendered by the real helm), does everything
-it does with the chart's settings (a pool created, scaled up and down with an eviction, the operator
-restarted so the pool's Service, NetworkPolicy and PodDisruptionBudget are brought up to date, the
-ModelBudget created by the operator itself (budget.create: a create at each start, 409 once it exists),
-the pool and the ModelBudget deleted, Events posted, the leader election Lease, Kopf's peering), and the
-API server's audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says
-which (API group, resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted
-verb no request used is an extra one. Both scopes are run: namespace scope with the chart's defaults
-(leader election on a Lease in the release namespace, no Kopf peering), cluster scope with the deprecated
-ClusterKopfPeering on too. The pieces shared with the gateway's test (test_gateway_rbac.py) are in
-tests/rbacaudit.py.
+namespace ``modelpool-audit`` bound to the chart's own rules (rendered by the real helm), does everything it
+does with the chart's settings (a pool created, scaled up and down with an eviction, the operator restarted
+so the pool's Service, NetworkPolicy and PodDisruptionBudget are brought up to date, the ModelBudget created
+by the operator itself (budget.create: a create at each start, 409 once it exists), a text-generation pool's
+InferencePool made, patched and removed (inferencePool.enabled, the InferencePool CRD installed), the pool
+and the ModelBudget deleted, Events posted, the leader election Lease, Kopf's peering), and the API server's
+audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says which (API group,
+resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted verb no request
+used is an extra one. Both scopes are run: namespace scope with the chart's defaults (leader election on a
+Lease in the release namespace, no Kopf peering), cluster scope with the deprecated ClusterKopfPeering on
+too. The pieces shared with the gateway's test (test_gateway_rbac.py) are in tests/rbacaudit.py.
 
 The operator runs under the chart's policy on its own writes (templates/operatorpolicy.yaml, enforced
 before it starts): everything it makes, patches and deletes here (workers, a host pod, the control key
@@ -36,13 +36,16 @@ from typing import Any
 
 import pytest
 
+from modelpool_contract.picker import INFERENCE_GROUP, INFERENCE_POOL_PLURAL
 from testkit.auditlog import token_kubeconfig
 from testkit.cluster import Cluster
 from testkit.kubectl import apply, get_json, wait_for
 from tests.operator.integration.opharness import (
     POOLS,
     StartOperator,
+    install_inference_pool_crd,
     pool_manifest,
+    remove_inference_pool_crd,
     wait_status,
     worker_pods,
 )
@@ -104,7 +107,11 @@ class AuditedRelease:
             d for d in self.docs if d["kind"] == "Deployment" and "gateway" not in d["metadata"]["name"]
         ]
         [container] = deployment["spec"]["template"]["spec"]["containers"]
-        prefixes = ("MODELPOOL_OPERATOR_NETWORK_POLICY_", "MODELPOOL_OPERATOR_LEADER_ELECTION")
+        prefixes = (
+            "MODELPOOL_OPERATOR_NETWORK_POLICY_",
+            "MODELPOOL_OPERATOR_LEADER_ELECTION",
+            "MODELPOOL_OPERATOR_INFERENCE_POOLS_",
+        )
         budget = {f"MODELPOOL_OPERATOR_{n}" for n in ("BUDGET_CREATE", "BUDGET_MEMORY", "MISSING_BUDGET")}
         return {
             e["name"]: e["value"]
@@ -126,6 +133,7 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Any]:
     objects for a fresh release; everything is deleted again at teardown (after the operators stopped:
     tests request this fixture before ``start_operator``)."""
     require_audit_log(crds)
+    install_inference_pool_crd(crds)
     releases: list[AuditedRelease] = []
 
     def make(values: dict[str, Any]) -> AuditedRelease:
@@ -135,7 +143,9 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Any]:
         only_operator = {"gateway": {"enabled": False}, "uninstallCleanup": {"enabled": False}}
         # The operator creates its budget (budget.create): its `create` is granted, and used.
         budget = {"budget": {"create": True, "memory": "100Gi"}}
-        docs = render_chart(crds, name, {**values, **only_operator, **budget}, tmp_path)
+        # It makes and removes a pool's InferencePool (inferencePool.enabled; the CRD installed below).
+        inference = {"inferencePool": {"enabled": True}}
+        docs = render_chart(crds, name, {**values, **only_operator, **budget, **inference}, tmp_path)
         crd_docs = [d for d in docs if d["kind"] == "CustomResourceDefinition" and "kopf.dev" in str(d)]
         for crd in crd_docs:  # Kopf's peering CRDs (the other tests may have installed them already)
             crds.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd))
@@ -163,6 +173,7 @@ def audited(crds: Cluster, tmp_path: Path) -> Iterator[Any]:
     yield make
     for release in releases:
         delete_docs(crds, release.applied)
+    remove_inference_pool_crd(crds)
 
 
 def _compare(release: AuditedRelease) -> None:
@@ -224,7 +235,8 @@ def _exercise(
     """Everything the operator does, run as the audited ServiceAccount with the chart's settings: a budget,
     a ModelHost with one KWOK host pod (its Secret, pod, status, finalizer), and a pool of two KWOK
     workers (pods, the Service, the NetworkPolicy, status, Events, the budget's status,
-    Kopf's finalizers and peering), a scale-down (an eviction patch, then a deletion), a restart (the
+    Kopf's finalizers and peering), a text-generation pool's InferencePool (made, patched after the restart,
+    removed with its field), a scale-down (an eviction patch, then a deletion), a restart (the
     existing Service and NetworkPolicy patched), and the
     pool and the budget deleted while the operator runs (Kopf removes its finalizers). The budget is the
     operator's to create (budget.create): made at its first start, found existing (409) at its restart."""
@@ -243,6 +255,11 @@ def _exercise(
             message="the operator created its budget",
         )
         apply(crds, pool_manifest("audited", replicas=2, max_replicas=4), namespace)
+        # A text-generation pool with spec.inferencePool: its InferencePool made, patched after the restart,
+        # removed (a list by name, a delete) with the field.
+        llm = pool_manifest("llm", task="text-generation")
+        llm["spec"]["inferencePool"] = {"endpointPicker": "epp", "pickerPodLabels": {"app": "epp"}}
+        apply(crds, llm, namespace)
         # A ModelHost: its daemon makes the control key Secret and a host pod, and writes its status.
         apply(crds, KWOK_HOST, namespace)
         wait_status(
@@ -275,18 +292,28 @@ def _exercise(
                     ("networking.k8s.io", "networkpolicies", "patch"),
                     ("policy", "poddisruptionbudgets", "patch"),
                     ("", "secrets", "patch"),
+                    (INFERENCE_GROUP, INFERENCE_POOL_PLURAL, "patch"),
                 }
                 <= release.used()
             ),
             timeout=90,
             message=(
-                "the restarted operator brought the Service, NetworkPolicy, PodDisruptionBudget and control "
-                "key up to date"
+                "the restarted operator brought the Service, NetworkPolicy, PodDisruptionBudget, control "
+                "key and InferencePool up to date"
             ),
+        )
+        removal = ["--type", "json", "-p", '[{"op": "remove", "path": "/spec/inferencePool"}]']
+        crds.kubectl("patch", POOLS, "llm", "-n", namespace, *removal)
+        wait_for(
+            lambda: (INFERENCE_GROUP, INFERENCE_POOL_PLURAL, "delete") in release.used(),
+            timeout=90,
+            message="the InferencePool removed with the field",
         )
     finally:
         # While the operator runs, so that it removes its finalizers.
-        crds.kubectl("delete", POOLS, "audited", "-n", namespace, "--ignore-not-found", "--timeout=60s")
+        crds.kubectl(
+            "delete", POOLS, "audited", "llm", "-n", namespace, "--ignore-not-found", "--timeout=60s"
+        )
         crds.kubectl("delete", "modelhost", "audited", "-n", namespace, "--ignore-not-found", "--timeout=60s")
         crds.kubectl("delete", "modelbudget", release.budget, "--ignore-not-found", "--timeout=60s")
 
@@ -294,7 +321,8 @@ def _exercise(
 def test_namespace_scope_rbac_is_exactly_what_the_operator_uses(
     crds: Cluster, namespace: str, audited: Any, start_operator: StartOperator
 ) -> None:
-    """The chart's defaults but the scope: leader election on its Lease, no Kopf peering."""
+    """The chart's defaults but the scope (and inferencePool.enabled, as in every run here): leader election
+    on its Lease, no Kopf peering."""
     release: AuditedRelease = audited({"scope": {"clusterWide": False, "namespaces": [namespace]}})
     _exercise(crds, namespace, start_operator, release, scope=[namespace], peering=None)
     _compare(release)

@@ -20,6 +20,7 @@ from modelpool_contract.labels import (
     SERVER_CONTAINER,
 )
 from modelpool_contract.mounts import HOME_PATH, SCRATCH_ENV, TMP_PATH
+from modelpool_contract.picker import ENGINE_TYPE, ENGINE_TYPE_LABEL, LEGACY_ENGINE_TYPE_LABEL
 from modelpool_operator.effects.resources import (
     PodSettings,
     build_service,
@@ -348,6 +349,18 @@ def test_template_hash_ignores_scaling_fields() -> None:
     assert base != spec_hash(pool(image="other:2"))
     assert base != spec_hash(pool(queue={"capacity": 8}))
     assert len(base) == 10
+
+
+def test_a_text_generation_worker_carries_the_pickers_engine_type() -> None:
+    """The endpoint picker reads the vLLM names from pods labelled with that engine (issue 33); a worker of
+    another task carries no such label, and a pool's own label of that key wins (its engineConfigs)."""
+    model = {"source": "/models/llm", "task": "text-generation"}
+    labels = build_worker_pod(view(pool(model=model)), "emb-abcde-0")["metadata"]["labels"]
+    assert labels[ENGINE_TYPE_LABEL] == ENGINE_TYPE and labels[LEGACY_ENGINE_TYPE_LABEL] == ENGINE_TYPE
+    assert ENGINE_TYPE_LABEL not in build_worker_pod(view(pool()), "emb-abcde-0")["metadata"]["labels"]
+    own = {"labels": {ENGINE_TYPE_LABEL: "ours"}}
+    labelled = build_worker_pod(view(pool(model=model, podTemplate=own)), "emb-abcde-0")
+    assert labelled["metadata"]["labels"][ENGINE_TYPE_LABEL] == "ours"
 
 
 @pytest.mark.parametrize("name", ["p", "a" * 80, "pool-with-dashes-"])

@@ -61,6 +61,8 @@ class RecordingKube:
         self.policies: list[dict[str, Any]] = []
         self.services: list[dict[str, Any]] = []
         self.budgets: list[dict[str, Any]] = []  # PodDisruptionBudgets, as sent
+        self.inference_pools: list[dict[str, Any]] = []  # InferencePools, as sent
+        self.inference_pools_deleted: list[str] = []
         self.fail_creates = fail_creates  # every create raises this (after taking effect if "made" is set)
         self.made_anyway = False  # a create that fails without an answer still made its pod
         self.fail_services: BaseException | None = None
@@ -110,6 +112,14 @@ class RecordingKube:
     async def ensure_disruption_budget(self, namespace: str, body: Mapping[str, Any]) -> None:
         await asyncio.sleep(0)
         self.budgets.append(dict(body))
+
+    async def ensure_inference_pool(self, namespace: str, body: Mapping[str, Any]) -> None:
+        await asyncio.sleep(0)
+        self.inference_pools.append(dict(body))
+
+    async def delete_inference_pool(self, namespace: str, name: str, owner_uid: str | None) -> bool:
+        self.inference_pools_deleted.append(name)
+        return False
 
     async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
         self.status_patches.append(dict(status))
@@ -467,6 +477,75 @@ async def test_a_pools_disruption_budget_follows_its_target_and_is_sent_only_whe
     strict["spec"]["disruption"] = {"maxUnavailable": 0}
     await one_pass(strict)
     assert [b["spec"]["minAvailable"] for b in kube.budgets] == [0, 2, 3]
+
+
+def _llm_pool(inference_pool: dict[str, Any] | None) -> dict[str, Any]:
+    body = _pool("p", 1)
+    body["spec"]["model"]["task"] = "text-generation"
+    if inference_pool is not None:
+        body["spec"]["inferencePool"] = inference_pool
+    return body
+
+
+async def test_a_pools_inference_pool_follows_its_spec_and_is_sent_only_when_it_changes(
+    state: Operator,
+) -> None:
+    """spec.inferencePool (issue 33): nothing asked of the API while the operator may not make
+    InferencePools (the pool is told InferencePoolsDisabled); once it may, the InferencePool is written at
+    the first pass, again when the spec changes it, and removed once when the field goes, and the
+    NetworkPolicy admits the picker while the field is set."""
+    kube, events = state.kube, state.events
+    run, budgets = PoolRun(key=("ns", "p")), {"default": [{"memory": "8Gi"}]}
+
+    async def one_pass(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        pods = {("ns", "p"): [_running(pod) for pod in kube.created]}
+        await reconcile_pool(
+            state.services,
+            state.book,
+            run=run,
+            body=body,
+            pods_by_pool=pods,
+            pools_by_key=_index({("ns", "p"): body}),
+            budgets=budgets,
+        )
+        return _conditions(kube.status_patches[-1]) if kube.status_patches else {}
+
+    asked = _llm_pool({"endpointPicker": "epp", "pickerPodLabels": {"app": "epp"}})
+    conditions = await one_pass(asked)
+    assert not kube.inference_pools and not kube.inference_pools_deleted
+    assert conditions["ApiError"]["reason"] == "InferencePoolsDisabled"
+    assert [e.reason for _, e in events.posted if e.type == "Warning"] == ["InferencePoolsDisabled"]
+
+    state.use(
+        config=OperatorConfig(
+            inference_pools_enabled=True,
+            network_policy_enabled=True,
+            network_policy_namespace="mp-system",
+            network_policy_operator_labels={"app.kubernetes.io/name": "modelpool-operator"},
+        )
+    )
+    await one_pass(asked)
+    await one_pass(asked)
+    (made,) = kube.inference_pools
+    assert made["spec"]["selector"] == {
+        "matchLabels": {"modelpool.dev/pool": "p", "modelpool.dev/serving": "true"}
+    }
+    assert made["spec"]["endpointPickerRef"]["name"] == "epp"
+    picker = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ns"}}}
+    picker["podSelector"] = {"matchLabels": {"app": "epp"}}
+    assert all(picker in rule["from"] for rule in kube.policies[-1]["spec"]["ingress"])
+    moved = _llm_pool(
+        {"endpointPicker": "epp", "endpointPickerPort": 9003, "pickerPodLabels": {"app": "epp"}}
+    )
+    await one_pass(moved)
+    assert [p["spec"]["endpointPickerRef"]["port"] for p in kube.inference_pools] == [
+        {"number": 9002},
+        {"number": 9003},
+    ]
+    await one_pass(_llm_pool(None))
+    await one_pass(_llm_pool(None))
+    assert kube.inference_pools_deleted == ["p"] and len(kube.inference_pools) == 2
+    assert not any(picker in rule["from"] for rule in kube.policies[-1]["spec"]["ingress"])
 
 
 async def test_the_budget_status_says_why_an_invalid_budget_admits_nothing(state: Operator) -> None:
