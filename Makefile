@@ -36,7 +36,7 @@ lowest: ## the control plane's unit tests at the lowest dependency versions pypr
 	bash hack/lowest.sh
 
 .PHONY: testbin
-testbin: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, kwokctl, helm into bin/
+testbin: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, kwokctl, helm, the endpoint picker into bin/
 	bash hack/testbin.sh
 
 .PHONY: cluster-up

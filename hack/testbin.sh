@@ -5,6 +5,7 @@
 #   etcd                                                          (hack/testbin/etcd: go.etcd.io/etcd/server/v3)
 #   kwok kwokctl                                                  (hack/testbin/kwok: sigs.k8s.io/kwok)
 #   helm                                                          (hack/testbin/helm: helm.sh/helm/v3)
+#   epp-<version> extproc-client      the Inference Extension's endpoint picker and our ext_proc client (hack/epp.sh)
 # Each upstream gets its own wrapper Go module so their Kubernetes library versions never clash.
 # Idempotent: a binary that exists and reports the pinned version is kept; the Go module and build caches
 # make a rebuild after `rm -rf bin` a matter of linking.  Nothing is downloaded but Go modules.
@@ -74,6 +75,10 @@ if [ ${#kwok_cmds[@]} -gt 0 ]; then
 fi
 
 has_version helm version --short "$HELM_VERSION" || build helm "$helm_ldflags" helm.sh/helm/v3/cmd/helm
+
+# The endpoint picker of tests/operator/integration/test_endpoint_picker.py: here, not in the test, so a cold
+# build (about 6 minutes on 2 busy cores) is never paid inside `make test`'s time.
+EPP_DIR="$bin" bash "$root/hack/epp.sh" >/dev/null
 
 # Every binary must now report its pinned version; say so, or fail loudly.
 status=0
