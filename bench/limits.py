@@ -42,8 +42,9 @@ from bench import report
 from bench.cgroups import favoured
 from bench.minilm import packaged_minilm
 from bench.report import load_average
-from bench.server_process import ECHO_HANDLER, ServerProcess, minilm_server
+from bench.server_process import ServerProcess, minilm_server
 from model_server.cpu_budget import THREADS_ENV, visible_cpus
+from testkit.echo_models import ECHO
 from testkit.environment import ROOT
 from testkit.load import INFER_PATH, collect_clients, run_clients, start_clients, v2_body
 
@@ -210,7 +211,7 @@ def bench_refusals(args: argparse.Namespace, root: Path = ROOT) -> dict[str, Any
     """(c) a full worker, its model idle: 64 clients resending at once at its one HTTP process."""
     gate = Path(tempfile.mkdtemp(prefix="bench-limits-")) / "gate"
     server = minilm_server(
-        Path("/"), "cpu", "float32", "--handler", ECHO_HANDLER, "--queue-capacity", "1",
+        Path("/"), "cpu", "float32", "--handler", ECHO, "--queue-capacity", "1",
         "--http-workers", "1", "--skip-warmup", "--request-timeout", "600",
         env={"HANDLER_RUN_GATE": str(gate)}, root=root,
     )  # fmt: skip

@@ -44,6 +44,7 @@ from modelpool_contract.gateway_keys import (
 from modelpool_contract.reserved import DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_TOLERATION_KEYS
 from testkit import prom
 from testkit.cluster import Cluster, minilm_package
+from testkit.echo_models import ECHO
 from testkit.environment import ROOT, free_port
 from testkit.imagenode import TOLERATIONS as IMAGE_NODE_TOLERATIONS
 from testkit.kubectl import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, apply, get_json, wait_for
@@ -54,9 +55,6 @@ POOLS = "modelpools.modelpool.dev"
 GI = 2**30
 # The process node's label: pods that select it run as real local processes (docs/cluster.md).
 PROCESS_NODE = PROCESS_NODE_SELECTOR
-# The test handlers of tests/server/handlers.py (named, never imported: testkit imports nothing of tests/).
-ECHO = "tests.server.handlers:EchoEmbedding"
-GENERATION = "tests.server.handlers:EchoGeneration"
 
 
 #: The domain of the KWOK chaos stages' label and annotations (hack/kwok/stages/chaos.yaml): not the project's

@@ -34,6 +34,7 @@ from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.proxy import Upstream
 from modelpool_gateway.routes import build_routes
 from modelpool_gateway.state import HostPod, Pool, Worker
+from testkit.echo_models import ECHO
 from testkit.waiting import wait_for_async
 from tests.gateway.rawserver import answering, raw_server, read_request
 from tests.server.conftest import ServerProcess, start_server
@@ -56,7 +57,7 @@ def key_secret(name: str, key: str, **fields: str) -> dict[str, Any]:
 def echo() -> Iterator[ServerProcess]:
     proc = start_server(
         "--model", "/", "--task", "text-embedding", "--name", "pool",
-        "--handler", "tests.server.handlers:EchoEmbedding", wait="ready",
+        "--handler", ECHO, wait="ready",
     )  # fmt: skip
     yield proc
     proc.stop()

@@ -22,6 +22,7 @@ from modelpool_gateway.client import (
     UpstreamTimeout,
     request_head,
 )
+from testkit.echo_models import ECHO, GENERATION
 from tests.gateway.rawserver import raw_server, read_request
 from tests.server.conftest import ServerProcess, start_server
 
@@ -37,7 +38,7 @@ JSON = [(b"content-type", b"application/json")]
 def echo() -> Iterator[ServerProcess]:
     proc = start_server(
         "--model", "/", "--task", "text-embedding", "--name", "echo",
-        "--handler", "tests.server.handlers:EchoEmbedding", wait="ready",
+        "--handler", ECHO, wait="ready",
         env={"HANDLER_RUN_SECONDS": "0"},
     )  # fmt: skip
     yield proc
@@ -48,7 +49,7 @@ def echo() -> Iterator[ServerProcess]:
 def gen() -> Iterator[ServerProcess]:
     proc = start_server(
         "--model", "/", "--task", "text-generation", "--name", "gen",
-        "--handler", "tests.server.handlers:EchoGeneration", wait="ready",
+        "--handler", GENERATION, wait="ready",
         env={"HANDLER_RUN_SECONDS": "0.05"},
     )  # fmt: skip
     yield proc

@@ -1,7 +1,7 @@
 """Run ``modelpool-server`` as a real process (uvicorn on a free port) for the server tests.
 
 ``start_server(*args, env=..., wait=...)`` starts ``python -m model_server ARGS --port <free>`` with the
-repository root on ``PYTHONPATH`` (so ``--handler tests.server.handlers:Class`` imports), waits (with a
+repository root on ``PYTHONPATH`` (so ``--handler testkit.echo_models:Class`` imports), waits (with a
 deadline) until ``/v2/health/live`` (or ``/v2/health/ready``) answers, and returns a ``ServerProcess``
 whose ``stop()`` sends SIGTERM, waits, and kills as a last resort.  The ``server`` fixture is a factory
 that stops every process it started at teardown, so no test leaks a server.

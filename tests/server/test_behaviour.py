@@ -17,13 +17,12 @@ from typing import Any
 import httpx
 import pytest
 
+from testkit.echo_models import ECHO, FailingLoad, handler_name
 from tests.server.conftest import ServerFactory, ServerProcess, start_server
 from tests.server.conftest import metric as _metric
 from tests.server.conftest import stats as _stats
 
 pytestmark = pytest.mark.slow
-
-ECHO = "tests.server.handlers:EchoEmbedding"
 
 
 def _embed(url: str, texts: list[str], **headers: str) -> httpx.Response:
@@ -282,7 +281,7 @@ def test_health_and_stats_answer_during_a_slow_cpu_heavy_load(server: ServerFact
 
 def test_load_failure_exits_3_with_termination_message(server: ServerFactory) -> None:
     proc = server(
-        "--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:FailingLoad",
+        "--model", "/", "--task", "text-embedding", "--handler", handler_name(FailingLoad),
         "--device", "cpu", wait="none",
     )  # fmt: skip
     assert proc.wait_exit(60) == 3

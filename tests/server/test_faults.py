@@ -17,10 +17,11 @@ import pytest
 
 from model_server.supervisor.supervisor import WATCH_PERIOD_S
 from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_INFERENCE_WEDGED
+from testkit.echo_models import ECHO, FailsAfterAdmission, handler_name
 from testkit.environment import free_port
 from tests.server.conftest import ServerFactory, ServerProcess
 from tests.server.conftest import stats as _stats
-from tests.server.test_processes import DEADLINE, ECHO, until
+from tests.server.test_processes import DEADLINE, until
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +72,7 @@ def test_requests_that_fail_after_admission_give_their_slot_back(server: ServerF
     """A length hint that raises and an item that cannot be pickled fail in the HTTP process after the
     door's slot was taken: 1,000 of them leave the capacity whole and the worker serving."""
     proc = server(
-        "--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:FailsAfterAdmission",
+        "--model", "/", "--task", "text-embedding", "--handler", handler_name(FailsAfterAdmission),
         "--device", "cpu", "--name", "echo", "--http-workers", "2", "--queue-capacity", "4",
         wait="ready",
     )  # fmt: skip

@@ -27,6 +27,7 @@ from tritonclient.utils import InferenceServerException
 
 from modelpool_contract.exits import EXIT_DEVICE_FAILED
 from testkit import prom
+from testkit.echo_models import ECHO
 from testkit.environment import free_port
 from testkit.server import HostControlClient
 from testkit.waiting import wait_for
@@ -36,7 +37,6 @@ from tests.server.fuzzcases import HUGE_HEADERS, raw_exchange
 pytestmark = pytest.mark.slow
 
 MI = 1 << 20
-ECHO = "tests.server.handlers:EchoEmbedding"
 WAIT_S = 60.0
 KEY = "serving-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from testkit.echo_models import ECHO
 from testkit.environment import free_port
 from testkit.server import HostControlClient
 from testkit.waiting import wait_for
@@ -30,7 +31,6 @@ from tests.server.conftest import ServerProcess, start_server
 pytestmark = pytest.mark.slow
 
 MI = 1 << 20
-ECHO = "tests.server.handlers:EchoEmbedding"
 WAKE_TIMEOUT_S = 10.0
 ANSWERED_WITHIN_S = WAKE_TIMEOUT_S / 2
 WAIT_S = 30.0

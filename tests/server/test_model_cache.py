@@ -21,6 +21,7 @@ from model_server.engine.download import (
     ignore_patterns,
     wanted_files,
 )
+from testkit.echo_models import ECHO
 from testkit.kubectl import wait_for
 from tests.hub import HELD_AFTER, LocalHub
 from tests.server.conftest import ServerFactory, ServerProcess
@@ -109,9 +110,7 @@ def test_two_servers_sharing_a_cache_fetch_each_file_once(
 
 
 def test_local_sources_report_no_download(server: ServerFactory) -> None:
-    proc = server(
-        "--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:EchoEmbedding"
-    )
+    proc = server("--model", "/", "--task", "text-embedding", "--handler", ECHO)
     assert _stats(proc)["download"] is None
 
 

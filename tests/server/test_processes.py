@@ -22,6 +22,7 @@ import httpx
 import psutil
 import pytest
 
+from testkit.echo_models import ECHO, GENERATION, WarmEcho, handler_name
 from testkit.waiting import wait_for_async
 from tests.server.conftest import ServerFactory, ServerProcess
 from tests.server.conftest import metric as _metric
@@ -29,7 +30,6 @@ from tests.server.conftest import stats as _stats
 
 pytestmark = pytest.mark.slow
 
-ECHO = "tests.server.handlers:EchoEmbedding"
 DEADLINE = 30.0  # bound on every wait below (the events come in milliseconds)
 
 
@@ -269,7 +269,7 @@ def test_no_request_waits_past_its_deadline(server: ServerFactory, tmp_path: Pat
 def test_streaming_crosses_the_process_boundary_piece_by_piece(server: ServerFactory, tmp_path: Path) -> None:
     gate = tmp_path / "emit-gate"
     proc = server(
-        "--model", "/", "--task", "text-generation", "--handler", "tests.server.handlers:EchoGeneration",
+        "--model", "/", "--task", "text-generation", "--handler", GENERATION,
         "--device", "cpu", "--name", "gen", env={"HANDLER_EMIT_GATE": str(gate)}, wait="ready",
     )  # fmt: skip
     body = {"prompt": "alpha beta gamma", "max_tokens": 10, "stream": True}
@@ -291,7 +291,7 @@ def test_streaming_crosses_the_process_boundary_piece_by_piece(server: ServerFac
 def test_warm_up_runs_before_ready_and_is_reported(server: ServerFactory, tmp_path: Path) -> None:
     record = tmp_path / "record.txt"
     warm = server(
-        "--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:WarmEcho",
+        "--model", "/", "--task", "text-embedding", "--handler", handler_name(WarmEcho),
         "--device", "cpu", env={"HANDLER_RECORD": str(record)}, wait="ready",
     )  # fmt: skip
     assert _computed(record) == ["warm-up"]
@@ -299,7 +299,7 @@ def test_warm_up_runs_before_ready_and_is_reported(server: ServerFactory, tmp_pa
     assert _metric(warm, "modelpool_model_warmup_seconds") == _stats(warm)["warmup_seconds"]
     record.unlink()
     cold = server(
-        "--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:WarmEcho",
+        "--model", "/", "--task", "text-embedding", "--handler", handler_name(WarmEcho),
         "--device", "cpu", "--skip-warmup", env={"HANDLER_RECORD": str(record)}, wait="ready",
     )  # fmt: skip
     assert not record.exists()

@@ -1,7 +1,10 @@
-"""``--handler`` test classes: real ``Task`` implementations with controllable behaviour.
+"""The echo models: ``--handler`` test classes, real ``Task`` implementations with controllable behaviour
+and no weights (the server, host and gateway tests, the operator's and gateway's process-node pools, the
+benchmarks and the demo start them).
 
-The server process imports these as ``tests.server.handlers:Class`` (the repository root is on its
-PYTHONPATH).  Behaviour knobs come from the environment so one class serves many tests:
+The server process imports these as ``testkit.echo_models:Class`` (the repository root is on its
+PYTHONPATH; ``handler_name`` spells that, ``ECHO`` and ``GENERATION`` are the two most started).
+Behaviour knobs come from the environment so one class serves many tests:
 
 * ``HANDLER_LOAD_SECONDS``: the load spins the CPU (pure Python, holding the GIL as a real load would)
   for this long;
@@ -185,3 +188,12 @@ class FailsAfterAdmission(EchoEmbedding):
     ) -> list[TextItem]:
         items = super().decode_v2(inputs, parameters)
         return [_Unpicklable(i.text) if i.text == "unpicklable" else i for i in items]
+
+
+def handler_name(task: type[Task[Any, Any]]) -> str:
+    """The ``--handler`` value (``module:Class``) by which the server imports ``task`` in its processes."""
+    return f"{task.__module__}:{task.__qualname__}"
+
+
+ECHO = handler_name(EchoEmbedding)
+GENERATION = handler_name(EchoGeneration)
