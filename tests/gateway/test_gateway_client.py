@@ -23,8 +23,8 @@ from modelpool_gateway.client import (
     request_head,
 )
 from testkit.echo_models import ECHO, GENERATION
+from testkit.server import ServerProcess, start_server
 from tests.gateway.rawserver import raw_server, read_request
-from tests.server.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
 

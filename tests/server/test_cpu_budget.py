@@ -23,7 +23,7 @@ from model_server.cpu_budget import (
     size_intra_op_threads,
     visible_cpus,
 )
-from tests.server.conftest import ServerFactory, stats
+from tests.server.conftest import ServerFactory
 
 V1_SELF = "12:cpu,cpuacct:/kubepods/pod1/c1\n11:memory:/kubepods/pod1/c1\n0::/\n"
 V2_SELF = "0::/kubepods.slice/pod1/c1\n"
@@ -115,6 +115,6 @@ def test_a_cpu_limit_caps_the_models_threads(
     )  # fmt: skip
     members = one_cpu_cgroup.members()
     assert srv.proc.pid in members and len(members) >= 3  # the supervisor, the inference and HTTP processes
-    assert stats(srv)["cpu_threads"] == 1  # torch's default here would be one per core
+    assert srv.stats()["cpu_threads"] == 1  # torch's default here would be one per core
     r = httpx.post(srv.url + "/v1/embeddings", json={"input": ["a limited worker still serves"]}, timeout=60)
     assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384

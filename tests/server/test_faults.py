@@ -19,8 +19,8 @@ from model_server.supervisor.supervisor import WATCH_PERIOD_S
 from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_INFERENCE_WEDGED
 from testkit.echo_models import ECHO, FailsAfterAdmission, handler_name
 from testkit.environment import free_port
-from tests.server.conftest import ServerFactory, ServerProcess
-from tests.server.conftest import stats as _stats
+from testkit.server import ServerProcess
+from tests.server.conftest import ServerFactory
 from tests.server.test_processes import DEADLINE, until
 
 pytestmark = pytest.mark.slow
@@ -83,12 +83,12 @@ def test_requests_that_fail_after_admission_give_their_slot_back(server: ServerF
             assert hint.status_code == 500, hint.text
             pickled = client.post("/v2/models/echo/infer", json=unpicklable)
             assert pickled.status_code == 500, pickled.text
-        stats = _stats(proc)
+        stats = proc.stats()
         assert (stats["queue_depth"], stats["in_flight"], stats["state"]) == (0, 0, "Ready"), stats
         ok = client.post("/v1/embeddings", json={"input": ["fine", "also fine"]})
         assert ok.status_code == 200, ok.text
         assert [d["embedding"] for d in ok.json()["data"]] == [[4.0, 2.0], [9.0, 2.0]]
-    asyncio.run(until(lambda: _stats(proc)["state"] == "Ready" and _stats(proc)["queue_depth"] == 0, "Ready"))
+    asyncio.run(until(lambda: proc.stats()["state"] == "Ready" and proc.stats()["queue_depth"] == 0, "Ready"))
 
 
 def test_a_drain_that_times_out_exits_non_zero_with_the_reason(server: ServerFactory, tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_a_drain_that_times_out_exits_non_zero_with_the_reason(server: ServerFac
     async def go() -> int:
         async with httpx.AsyncClient(base_url=proc.url, timeout=DEADLINE) as client:
             held = asyncio.create_task(client.post("/v1/embeddings", json={"input": "held"}))
-            await until(lambda: _stats(proc)["in_flight"] == 1, "the forward pass to start")
+            await until(lambda: proc.stats()["in_flight"] == 1, "the forward pass to start")
             proc.terminate()
             return (await held).status_code
 

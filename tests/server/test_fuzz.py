@@ -26,7 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testkit.echo_models import ECHO
-from tests.server.conftest import ServerProcess, start_server
+from testkit.server import ServerProcess, start_server
 from tests.server.fuzzcases import (
     FUZZ_SETTINGS,
     HUGE_HEADERS,

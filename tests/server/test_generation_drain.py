@@ -15,7 +15,8 @@ import openai
 import pytest
 
 from testkit import tiny_models
-from tests.server.conftest import ServerFactory, ServerProcess
+from testkit.server import ServerProcess
+from tests.server.conftest import ServerFactory
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 import tritonclient.http as triton
 
 from testkit.echo_models import GENERATION
-from tests.server.conftest import ServerProcess, start_server
+from testkit.server import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
 
