@@ -184,6 +184,8 @@ def launch(
 
 
 WaitFor = Literal["live", "ready", "none"]
+#: ``start_server`` as the server tests' fixtures hand it out (each process stopped at teardown).
+ServerFactory = Callable[..., ServerProcess]
 # The tests' servers keep to one thread a model (the tests share two cores), unless the shell says otherwise.
 TEST_THREADS = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -286,6 +288,7 @@ class SharedHost(HostControlClient):
 __all__ = [
     "TEST_THREADS",
     "HostControlClient",
+    "ServerFactory",
     "ServerProcess",
     "SharedHost",
     "WaitFor",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +20,8 @@ import httpx
 import pytest
 
 from testkit.echo_models import ECHO, FailingLoad, handler_name
-from testkit.server import ServerProcess, start_server
-from tests.server.conftest import ServerFactory
+from testkit.environment import ROOT
+from testkit.server import ServerFactory, ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -276,6 +278,22 @@ def test_health_and_stats_answer_during_a_slow_cpu_heavy_load(server: ServerFact
         assert client.post(proc.url + "/v1/embeddings", json={"input": "x"}).status_code == 200
     # Generous bound: the test machine is shared; `make bench` reports the real numbers.
     assert statistics.median(latencies) < 0.1, sorted(latencies)
+
+
+def test_console_script_exits_2_with_one_line() -> None:
+    script = Path(sys.executable).parent / "modelpool-server"
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "model_server"]
+    proc = subprocess.run(
+        [*cmd, "--model", "/m", "--task", "text-embedding", "--max-batch-delay-ms", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--max-batch-delay-ms" in lines[0], proc.stderr
 
 
 def test_load_failure_exits_3_with_termination_message(server: ServerFactory) -> None:

@@ -17,8 +17,7 @@ from model_server.frontend.endpoints.auth import authorized
 from modelpool_contract.exits import EXIT_CONFIG
 from testkit.echo_models import ECHO as ECHO_MODEL
 from testkit.environment import free_port
-from testkit.server import ServerProcess, start_server
-from tests.server.conftest import ServerFactory
+from testkit.server import ServerFactory, ServerProcess, start_server
 
 KEY = "mp-test-7f3c9a"
 ECHO = ["--model", "/", "--task", "text-embedding", "--handler", ECHO_MODEL]

@@ -23,9 +23,8 @@ import psutil
 import pytest
 
 from testkit.echo_models import ECHO, GENERATION, WarmEcho, handler_name
-from testkit.server import ServerProcess
+from testkit.server import ServerFactory, ServerProcess
 from testkit.waiting import wait_for_async
-from tests.server.conftest import ServerFactory
 
 pytestmark = pytest.mark.slow
 

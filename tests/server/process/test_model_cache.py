@@ -23,9 +23,8 @@ from model_server.engine.download import (
 )
 from testkit.echo_models import ECHO
 from testkit.kubectl import wait_for
-from testkit.server import ServerProcess
+from testkit.server import ServerFactory, ServerProcess
 from tests.hub import HELD_AFTER, LocalHub
-from tests.server.conftest import ServerFactory
 
 REPO = "sentence-transformers/all-MiniLM-L6-v2"
 WEIGHTS = "model.safetensors"

@@ -15,8 +15,7 @@ import openai
 import pytest
 
 from testkit import tiny_models
-from testkit.server import ServerProcess
-from tests.server.conftest import ServerFactory
+from testkit.server import ServerFactory, ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -19,11 +19,12 @@ from model_server.supervisor.supervisor import WATCH_PERIOD_S
 from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_INFERENCE_WEDGED
 from testkit.echo_models import ECHO, FailsAfterAdmission, handler_name
 from testkit.environment import free_port
-from testkit.server import ServerProcess
-from tests.server.conftest import ServerFactory
-from tests.server.test_processes import DEADLINE, until
+from testkit.server import ServerFactory, ServerProcess
+from testkit.waiting import wait_for, wait_for_async
 
 pytestmark = pytest.mark.slow
+
+DEADLINE = 30.0  # bound on every wait below (the events come in milliseconds)
 
 
 def _held(server: ServerFactory, tmp_path: Path, *flags: str) -> tuple[ServerProcess, httpx.Client]:
@@ -55,7 +56,7 @@ def test_a_wedged_forward_pass_fails_the_worker_within_its_bound(
             started = time.monotonic()
             # The client is answered at its deadline; the forward pass goes on, stuck.
             assert (await client.post("/v1/embeddings", json={"input": "stuck"})).status_code == 504
-            await until(dead, "liveness to fail")
+            await wait_for_async(dead, DEADLINE, message="liveness to fail")
             return time.monotonic() - started
 
     failed_after = asyncio.run(go())
@@ -88,7 +89,9 @@ def test_requests_that_fail_after_admission_give_their_slot_back(server: ServerF
         ok = client.post("/v1/embeddings", json={"input": ["fine", "also fine"]})
         assert ok.status_code == 200, ok.text
         assert [d["embedding"] for d in ok.json()["data"]] == [[4.0, 2.0], [9.0, 2.0]]
-    asyncio.run(until(lambda: proc.stats()["state"] == "Ready" and proc.stats()["queue_depth"] == 0, "Ready"))
+    wait_for(
+        lambda: proc.stats()["state"] == "Ready" and not proc.stats()["queue_depth"], DEADLINE, 0.02, "Ready"
+    )
 
 
 def test_a_drain_that_times_out_exits_non_zero_with_the_reason(server: ServerFactory, tmp_path: Path) -> None:
@@ -97,7 +100,9 @@ def test_a_drain_that_times_out_exits_non_zero_with_the_reason(server: ServerFac
     async def go() -> int:
         async with httpx.AsyncClient(base_url=proc.url, timeout=DEADLINE) as client:
             held = asyncio.create_task(client.post("/v1/embeddings", json={"input": "held"}))
-            await until(lambda: proc.stats()["in_flight"] == 1, "the forward pass to start")
+            await wait_for_async(
+                lambda: proc.stats()["in_flight"] == 1, DEADLINE, message="the forward pass to start"
+            )
             proc.terminate()
             return (await held).status_code
 

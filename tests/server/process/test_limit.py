@@ -26,7 +26,7 @@ from model_server.cpu_budget import (
 from model_server.frontend.endpoints.refusal import refusable_route, refusal_bytes
 from modelpool_contract.flags import CPU_SHARE_ENV
 from testkit.echo_models import ECHO
-from tests.server.conftest import ServerFactory
+from testkit.server import ServerFactory
 
 DEADLINE_S = 30.0
 
