@@ -33,6 +33,7 @@ import httpx
 from modelpool_contract.host_control import INDEX_PATH, ModelAction, model_action_path
 from testkit import prom
 from testkit.environment import ROOT, child_env, free_port
+from testkit.waiting import wait_for
 
 
 @dataclass
@@ -63,20 +64,21 @@ class ServerProcess:
         """Wait (bounded: ``timeout``, else ``wait_timeout``) until ``path`` answers 200; AssertionError with
         the log if the process exits first or the time runs out."""
         timeout = self.wait_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"server exited with {self.proc.returncode} before {path} answered; "
-                    f"log:\n{self.log()[-4000:]}"
-                )
-            try:
-                if self.client.get(self.url + path, timeout=2.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(interval)
-        raise AssertionError(f"{path} did not answer within {timeout}s; log:\n{self.log()[-4000:]}")
+
+        def answered_or_exited() -> bool:  # a connection refused (still starting) counts as "not yet"
+            return (
+                self.proc.poll() is not None
+                or self.client.get(self.url + path, timeout=2.0).status_code == 200
+            )
+
+        wait_for(
+            answered_or_exited, timeout, interval, lambda: f"{path} answering 200; log:\n{self.log()[-4000:]}"
+        )
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"server exited with {self.proc.returncode} before {path} answered; "
+                f"log:\n{self.log()[-4000:]}"
+            )
 
     def wait_exit(self, timeout: float = 30.0) -> int:
         """Wait (bounded) for the process to exit; return its exit code."""
@@ -118,12 +120,12 @@ class ServerProcess:
 
     def settle(self, timeout: float = 120) -> None:
         """Wait until the server has nothing queued or in flight (a run's leftovers are not the next's)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def idle() -> bool:
             doc = self.stats()
-            if not doc["queue_depth"] and not doc["in_flight"]:
-                return
-            time.sleep(0.1)
+            return not doc["queue_depth"] and not doc["in_flight"]
+
+        wait_for(idle, timeout, 0.1, "the server idle (nothing queued or in flight)")
 
     def mean_batch(self) -> tuple[float, float]:
         """(sum, count) of the batch-size histogram ``modelpool_batch_size``."""

@@ -245,6 +245,18 @@ def shared_pool_manifest(
     }
 
 
+#: Where a ModelHost's pods land on the KWOK GPU nodes (nothing runs in them): its spec's placement.
+KWOK_GPU_PLACEMENT: dict[str, Any] = {
+    "nodeSelector": {"type": "kwok"},
+    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+}
+
+
+def host_manifest(name: str, **spec: Any) -> dict[str, Any]:
+    """A ModelHost named ``name`` with ``spec`` as given."""
+    return {"apiVersion": GROUP_VERSION, "kind": "ModelHost", "metadata": {"name": name}, "spec": spec}
+
+
 def echo_pool(
     name: str,
     *,

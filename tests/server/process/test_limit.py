@@ -27,6 +27,7 @@ from model_server.frontend.endpoints.refusal import refusable_route, refusal_byt
 from modelpool_contract.flags import CPU_SHARE_ENV
 from testkit.echo_models import ECHO
 from testkit.server import ServerFactory
+from testkit.waiting import wait_for
 
 DEADLINE_S = 30.0
 
@@ -116,15 +117,16 @@ def test_a_full_worker_refuses_before_the_body_and_stats_show_its_threads(
     held = [
         threading.Thread(target=httpx.post, args=(srv.url + "/v1/embeddings",), kwargs=hold) for _ in "ab"
     ]
+
+    def filled_up(column: str) -> None:
+        wait_for(lambda: srv.stats()[column] >= 1, DEADLINE_S, 0.02, f"the worker filled ({column})")
+
     try:
         # In turn: the first in the forward pass before the second comes (together, the second could find
         # the first's slot still taken, get a 429, and leave the worker never full).
-        deadline = time.monotonic() + DEADLINE_S
         for thread, filled in zip(held, ("in_flight", "queue_depth"), strict=True):
             thread.start()
-            while srv.stats()[filled] < 1:
-                assert time.monotonic() < deadline, f"the worker never filled ({filled})"
-                time.sleep(0.02)
+            filled_up(filled)
         with socket.create_connection(("127.0.0.1", srv.port), timeout=DEADLINE_S) as sock:
             body = json.dumps({"input": "x" * 100_000}).encode()
             # Only the headers: the answer must come without a byte of the body.
