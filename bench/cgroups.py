@@ -1,6 +1,6 @@
 """A cgroup with a CPU quota, as a pod's ``limits.cpu`` makes one, for a process started inside it
-(``bench.cpu_quota`` and ``tests/server/test_cpu_budget.py``); a favoured cgroup, whose members win the
-cores from the rest of a shared machine (``bench.limits --favoured``).  Needs root and a writable cgroup
+(``bench.cpu_quota`` and ``tests/server/process/test_cpu_quota.py``); a favoured cgroup, whose members win
+the cores from the rest of a shared machine (``bench.limits --favoured``).  Needs root and a writable cgroup
 hierarchy: cgroup v2 with the ``cpu`` controller, else v1's ``cpu`` controller."""
 
 from __future__ import annotations

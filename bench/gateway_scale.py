@@ -24,11 +24,12 @@ from typing import Any
 
 import httpx
 
-from bench.gateway import ECHO_HANDLER, pool
+from bench.gateway import pool
 from bench.kwok import kwok_pool, wait
 from modelpool_contract.labels import LABEL_POOL
 from testkit.cluster import reused_cluster
 from testkit.corpus import corpus
+from testkit.echo_models import ECHO
 from testkit.environment import ROOT
 from testkit.kubectl import kubectl
 from testkit.load import Connection, raw_request, v2_body
@@ -57,7 +58,7 @@ class GatewayScale:
 
 def small_pools(namespace: str) -> list[dict[str, Any]]:
     """The echo pool on the process node and ``SMALL_POOLS - 1`` one-worker KWOK pools."""
-    echo = pool("echo", "/", {"MODELPOOL_HANDLER": ECHO_HANDLER, "PYTHONPATH": str(ROOT)}, "1Gi", 32)
+    echo = pool("echo", "/", {"MODELPOOL_HANDLER": ECHO, "PYTHONPATH": str(ROOT)}, "1Gi", 32)
     echo["metadata"]["namespace"] = namespace
     kwok = [kwok_pool(f"small-{i}", namespace, 1) for i in range(SMALL_POOLS - 1)]
     return [echo, *kwok]

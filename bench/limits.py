@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,10 +41,12 @@ from bench import report
 from bench.cgroups import favoured
 from bench.minilm import packaged_minilm
 from bench.report import load_average
-from bench.server_process import ECHO_HANDLER, ServerProcess, minilm_server
+from bench.server_process import ServerProcess, minilm_server
 from model_server.cpu_budget import THREADS_ENV, visible_cpus
+from testkit.echo_models import ECHO
 from testkit.environment import ROOT
 from testkit.load import INFER_PATH, collect_clients, run_clients, start_clients, v2_body
+from testkit.waiting import wait_for
 
 MARKERS = ("<!-- bench:limits:start -->", "<!-- bench:limits:end -->")
 TOTAL_CONCURRENCY = 64
@@ -210,7 +211,7 @@ def bench_refusals(args: argparse.Namespace, root: Path = ROOT) -> dict[str, Any
     """(c) a full worker, its model idle: 64 clients resending at once at its one HTTP process."""
     gate = Path(tempfile.mkdtemp(prefix="bench-limits-")) / "gate"
     server = minilm_server(
-        Path("/"), "cpu", "float32", "--handler", ECHO_HANDLER, "--queue-capacity", "1",
+        Path("/"), "cpu", "float32", "--handler", ECHO, "--queue-capacity", "1",
         "--http-workers", "1", "--skip-warmup", "--request-timeout", "600",
         env={"HANDLER_RUN_GATE": str(gate)}, root=root,
     )  # fmt: skip
@@ -220,15 +221,17 @@ def bench_refusals(args: argparse.Namespace, root: Path = ROOT) -> dict[str, Any
         server.wait("/v2/health/ready")
         # One in the forward pass (held by the gate), then one in the queue: full.  In turn: together, the
         # second could find the first's slot still taken and be refused.
-        deadline = time.monotonic() + DEADLINE_S
+
+        def filled_up(column: str) -> None:
+            wait_for(lambda: server.stats()[column] >= 1, DEADLINE_S, 0.05, f"the worker filled ({column})")
+
         for filled in ("in_flight", "queue_depth"):
             body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hold"]}]}
             url = server.url + INFER_PATH
             thread = threading.Thread(target=httpx.post, args=(url,), kwargs={"json": body, "timeout": 600})
             thread.start()
             holders.append(thread)
-            while server.stats()[filled] < 1 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            filled_up(filled)
         (http,) = [p for p in psutil.Process(server.proc.pid).children() if p.name() == "mp-http-0"]
         before, refused_before = _cpu_seconds(http), server.stats()["rejected_total"]
         load = load_average()

@@ -44,9 +44,10 @@ from bench.minilm import packaged_minilm, random_weights_model
 from bench.probes import HealthProbe
 from bench.references import Encode, bench_direct, direct_encoder, load_sentence_transformer, paired_reference
 from bench.rss import RssSampler, rss_levels
-from bench.server_process import ECHO_HANDLER, ServerProcess, minilm_server
+from bench.server_process import ServerProcess, minilm_server
 from model_server.config import available_cpus, default_http_workers
 from testkit.corpus import corpus
+from testkit.echo_models import ECHO
 from testkit.environment import ROOT
 from testkit.load import INFER_PATH, collect_clients, percentile, run_clients, start_clients, v2_body
 
@@ -340,7 +341,7 @@ def bench_http_workers(model: Path, args: argparse.Namespace, default: int) -> d
         for workers in counts_in_turn:
             flags = _server_flags(args, "--http-workers", str(workers))
             if kind == "echo":
-                server = minilm_server(Path("/"), "cpu", "float32", "--handler", ECHO_HANDLER, *flags)
+                server = minilm_server(Path("/"), "cpu", "float32", "--handler", ECHO, *flags)
             else:
                 server = minilm_server(model, args.device, args.dtype, *flags)
             try:

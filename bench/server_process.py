@@ -9,9 +9,6 @@ from pathlib import Path
 from testkit.environment import ROOT
 from testkit.server import ServerProcess, launch
 
-# The server's cheapest model: a real Task that echoes lengths (tests/server/handlers.py).
-ECHO_HANDLER = "tests.server.handlers:EchoEmbedding"
-
 
 def minilm_server(
     model: Path,
@@ -35,4 +32,4 @@ def minilm_server(
     return launch(args, env=env, probe=True, preexec=preexec, root=root, wait_timeout=600)
 
 
-__all__ = ["ECHO_HANDLER", "ServerProcess", "minilm_server"]
+__all__ = ["ServerProcess", "minilm_server"]

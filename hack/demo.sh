@@ -341,7 +341,7 @@ run kubectl -n "$NS" get events --field-selector reason=WokenByDemand,involvedOb
 run kubectl -n "$NS" get modelpools minilm
 
 # ---- 4. a pool that scales with its load -------------------------------------------------------------------
-# The echo test handler (tests/server/handlers.py, 0.2 s per request, one request per batch) starts in a
+# The echo test handler (testkit/echo_models.py, 0.2 s per request, one request per batch) starts in a
 # few seconds, where each MiniLM worker would load torch and the weights: the scaling shows, not the loading.
 banner "ModelPool 'echo' autoscaled between 1 and 3 workers (echo handler: 0.2 s a request, 2 per worker)"
 show_and_apply <<YAML
@@ -374,7 +374,7 @@ spec:
       - key: modelpool.dev/process-node
         operator: Exists
     env:
-      - {name: MODELPOOL_HANDLER, value: "tests.server.handlers:EchoEmbedding"}
+      - {name: MODELPOOL_HANDLER, value: "testkit.echo_models:EchoEmbedding"}
       - {name: HANDLER_RUN_SECONDS, value: "0.2"}
       - {name: PYTHONPATH, value: "$ECHO_PYTHONPATH"}
 YAML

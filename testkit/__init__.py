@@ -26,6 +26,8 @@ Modules:
   gateway keys, pool and budget manifests, a pool's pods and their process-node processes.
 * ``server``: ``modelpool-server`` as a child process (``ServerProcess``, ``launch``): the server tests'
   ``start_server`` and the benchmarks' ``minilm_server`` are built on it.
+* ``echo_models``: the echo models, ``Task`` classes without weights whose load and forward pass the
+  environment slows, gates or fails (the server imports them by ``--handler``: ``ECHO``, ``GENERATION``).
 * ``tiny_models``: random tiny models of every task built from configs, offline, in the real folder
   layouts (the server tests, the generation benchmark; ``python -m testkit.tiny_models``).
 * ``processnode``: the process node, a kubelet-like agent running pods as local processes

@@ -818,7 +818,7 @@ def resolves(dotted: str) -> bool:
 
 
 def _matches(base: Path, pattern: str) -> bool:
-    """Whether ``pattern`` (a path, or a glob such as ``tests/server/test_task_*.py``) names something."""
+    """Whether ``pattern`` (a path, or a glob such as ``tests/server/unit/test_task_*.py``) names a file."""
     return any(base.glob(pattern)) if "*" in pattern else (base / pattern).exists()
 
 

@@ -4,10 +4,14 @@
 port too, as in a pod, where the operator reads ``/stats``) from a source tree (this repository, or another
 revision's to compare with in one run), its output in a log file, and returns a ``ServerProcess`` at once;
 ``ServerProcess.wait(path)`` waits, bounded, until a route answers 200 and fails with the log if the
-process exits first; ``stop()`` sends SIGTERM, waits, and kills as a last resort.  The server tests'
-``start_server`` (tests/server/conftest.py) and the benchmarks' ``minilm_server`` (bench/server_process.py)
-are this with their own flags and environment.  ``HostControlClient`` calls a shared host's control API
-(its probe port), as the host tests and ``bench.density`` do.
+process exits first; ``stop()`` sends SIGTERM, waits, and kills as a last resort.  The benchmarks'
+``minilm_server`` (bench/server_process.py) is this with their own flags and environment.
+
+The tests start both shapes of server through two functions: ``start_server`` (a dedicated worker, or any
+flags: one thread a model unless the shell says otherwise, since the tests share two cores; waits until
+live or ready) and ``start_host`` (a shared host on one device, its control API on a probe port; what a
+host bench passes the same flags to ``launch`` with is ``host_flags``).  ``SharedHost`` is a running host:
+its process and its control API (``HostControlClient``, which ``bench.density`` calls too).
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from modelpool_contract.host_control import INDEX_PATH, ModelAction, model_action_path
 from testkit import prom
 from testkit.environment import ROOT, child_env, free_port
+from testkit.waiting import wait_for
 
 
 @dataclass
@@ -59,20 +64,21 @@ class ServerProcess:
         """Wait (bounded: ``timeout``, else ``wait_timeout``) until ``path`` answers 200; AssertionError with
         the log if the process exits first or the time runs out."""
         timeout = self.wait_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"server exited with {self.proc.returncode} before {path} answered; "
-                    f"log:\n{self.log()[-4000:]}"
-                )
-            try:
-                if self.client.get(self.url + path, timeout=2.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(interval)
-        raise AssertionError(f"{path} did not answer within {timeout}s; log:\n{self.log()[-4000:]}")
+
+        def answered_or_exited() -> bool:  # a connection refused (still starting) counts as "not yet"
+            return (
+                self.proc.poll() is not None
+                or self.client.get(self.url + path, timeout=2.0).status_code == 200
+            )
+
+        wait_for(
+            answered_or_exited, timeout, interval, lambda: f"{path} answering 200; log:\n{self.log()[-4000:]}"
+        )
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"server exited with {self.proc.returncode} before {path} answered; "
+                f"log:\n{self.log()[-4000:]}"
+            )
 
     def wait_exit(self, timeout: float = 30.0) -> int:
         """Wait (bounded) for the process to exit; return its exit code."""
@@ -114,17 +120,21 @@ class ServerProcess:
 
     def settle(self, timeout: float = 120) -> None:
         """Wait until the server has nothing queued or in flight (a run's leftovers are not the next's)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def idle() -> bool:
             doc = self.stats()
-            if not doc["queue_depth"] and not doc["in_flight"]:
-                return
-            time.sleep(0.1)
+            return not doc["queue_depth"] and not doc["in_flight"]
+
+        wait_for(idle, timeout, 0.1, "the server idle (nothing queued or in flight)")
 
     def mean_batch(self) -> tuple[float, float]:
         """(sum, count) of the batch-size histogram ``modelpool_batch_size``."""
         text = self.client.get(self._reads + "/metrics").text
         return prom.value(text, "modelpool_batch_size_sum"), prom.value(text, "modelpool_batch_size_count")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of the server's ``/metrics`` (0 when absent)."""
+        return prom.value(self.client.get(self._reads + "/metrics").text, name, **labels)
 
 
 def launch(
@@ -175,6 +185,65 @@ def launch(
     )
 
 
+WaitFor = Literal["live", "ready", "none"]
+#: ``start_server`` as the server tests' fixtures hand it out (each process stopped at teardown).
+ServerFactory = Callable[..., ServerProcess]
+# The tests' servers keep to one thread a model (the tests share two cores), unless the shell says otherwise.
+TEST_THREADS = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def start_server(
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    wait: WaitFor = "live",
+    timeout: float = 120.0,
+    host: str = "127.0.0.1",
+    probe: bool = False,
+    preexec: Callable[[], None] | None = None,
+) -> ServerProcess:
+    """Start ``modelpool-server ARGS`` on a free port (a probe port too with ``probe``) and wait (bounded)
+    for it to answer: ``wait="live"`` returns once ``/v2/health/live`` is 200, ``"ready"`` once
+    ``/v2/health/ready`` is 200 (model loaded), ``"none"`` at once.  If the process exits first,
+    AssertionError with its log.  ``preexec`` runs in the child before the server (to join a cgroup, say)."""
+    defaults = {name: value for name, value in TEST_THREADS.items() if name not in os.environ}
+    server = launch(args, env={**defaults, **(env or {})}, host=host, probe=probe, preexec=preexec)
+    if wait == "none":
+        return server
+    try:
+        server.wait(
+            "/v2/health/live" if wait == "live" else "/v2/health/ready", timeout=timeout, interval=0.05
+        )
+    except AssertionError:
+        server.stop()
+        raise
+    return server
+
+
+def host_flags(device_memory: int, max_models: int, model_overhead: int = 0) -> list[str]:
+    """A shared host's flags: a device ledger of ``device_memory`` bytes holding at most ``max_models``
+    models, ``model_overhead`` bytes charged for each model's process, one HTTP process."""
+    return [
+        "--shared-host", "--device-memory", str(device_memory), "--max-models", str(max_models),
+        "--model-overhead", str(model_overhead), "--http-workers", "1",
+    ]  # fmt: skip
+
+
+def start_host(
+    *flags: str,
+    device_memory: int,
+    max_models: int,
+    model_overhead: int = 0,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> ServerProcess:
+    """``start_server`` of a shared host (``host_flags`` and ``flags``) on one device, whatever GPUs the
+    machine has, with its control API on a probe port; returned once live (no model loaded)."""
+    return start_server(
+        *host_flags(device_memory, max_models, model_overhead), "--gpus", "1", *flags,
+        env=env, probe=True, wait="live", timeout=timeout,
+    )  # fmt: skip
+
+
 class HostControlClient:
     """A shared host's control API on its probe port (``--shared-host``): a model's load, unload, sleep
     and wake, the index of its models and ``/stats``."""
@@ -202,4 +271,31 @@ class HostControlClient:
         return doc
 
 
-__all__ = ["HostControlClient", "ServerProcess", "launch"]
+class SharedHost(HostControlClient):
+    """A running shared host: its process (``server``, whose URL is the serving port) and its control API
+    (the probe port ``launch`` gave it)."""
+
+    def __init__(self, server: ServerProcess, timeout: float = 120.0) -> None:
+        assert server.probe_url is not None, "a shared host's control API is on its probe port"
+        super().__init__(server.probe_url, timeout=timeout)
+        self.server = server
+
+    def state(self, name: str) -> str:
+        return self.states()[name]
+
+    def stop(self) -> int | None:
+        return self.server.stop()
+
+
+__all__ = [
+    "TEST_THREADS",
+    "HostControlClient",
+    "ServerFactory",
+    "ServerProcess",
+    "SharedHost",
+    "WaitFor",
+    "host_flags",
+    "launch",
+    "start_host",
+    "start_server",
+]

@@ -44,6 +44,7 @@ from modelpool_contract.gateway_keys import (
 from modelpool_contract.reserved import DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_TOLERATION_KEYS
 from testkit import prom
 from testkit.cluster import Cluster, minilm_package
+from testkit.echo_models import ECHO
 from testkit.environment import ROOT, free_port
 from testkit.imagenode import TOLERATIONS as IMAGE_NODE_TOLERATIONS
 from testkit.kubectl import PROCESS_NODE_SELECTOR, PROCESS_NODE_TOLERATION, apply, get_json, wait_for
@@ -54,9 +55,6 @@ POOLS = "modelpools.modelpool.dev"
 GI = 2**30
 # The process node's label: pods that select it run as real local processes (docs/cluster.md).
 PROCESS_NODE = PROCESS_NODE_SELECTOR
-# The test handlers of tests/server/handlers.py (named, never imported: testkit imports nothing of tests/).
-ECHO = "tests.server.handlers:EchoEmbedding"
-GENERATION = "tests.server.handlers:EchoGeneration"
 
 
 #: The domain of the KWOK chaos stages' label and annotations (hack/kwok/stages/chaos.yaml): not the project's
@@ -245,6 +243,18 @@ def shared_pool_manifest(
             "host": host,
         },
     }
+
+
+#: Where a ModelHost's pods land on the KWOK GPU nodes (nothing runs in them): its spec's placement.
+KWOK_GPU_PLACEMENT: dict[str, Any] = {
+    "nodeSelector": {"type": "kwok"},
+    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+}
+
+
+def host_manifest(name: str, **spec: Any) -> dict[str, Any]:
+    """A ModelHost named ``name`` with ``spec`` as given."""
+    return {"apiVersion": GROUP_VERSION, "kind": "ModelHost", "metadata": {"name": name}, "spec": spec}
 
 
 def echo_pool(

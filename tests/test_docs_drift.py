@@ -13,6 +13,7 @@ import yaml
 
 from testkit import docs
 from testkit.docs import CHECKS, Stale
+from testkit.environment import ROOT
 
 
 @pytest.mark.parametrize("check", sorted(CHECKS))
@@ -100,12 +101,12 @@ def test_anchors_are_githubs_and_skip_code_blocks(tmp_path: Path) -> None:
 def test_references_resolve_to_files_globs_and_names() -> None:
     assert docs.resolves("modelpool_contract.exits.worst_case_shutdown_s")
     assert not docs.resolves("modelpool_contract.exits.worst_case_shutdown")
-    assert docs._matches(docs.ROOT, "tests/server/test_task_*.py")
-    assert docs._matches(docs.ROOT / "operator", "modelpool_operator/settings.py")
-    assert not docs._matches(docs.ROOT, "tests/server/test_nothing_*.py")
+    assert docs._matches(ROOT, "tests/server/unit/test_task_*.py")
+    assert docs._matches(ROOT / "operator", "modelpool_operator/settings.py")
+    assert not docs._matches(ROOT, "tests/server/unit/test_nothing_*.py")
 
 
 def test_a_stale_line_names_its_file_and_line() -> None:
-    assert str(Stale(docs.ROOT / "docs" / "x.md", 7, "flag --y does not exist")) == (
+    assert str(Stale(ROOT / "docs" / "x.md", 7, "flag --y does not exist")) == (
         "docs/x.md:7: flag --y does not exist"
     )

@@ -1,6 +1,6 @@
 """The project's import layout (issue 32): no import cycles between the project's modules, no private
 name imported across modules, and no process of a worker importing the server's entry point. (Which
-process's folder may import which: ``tests/server/test_layout.py``.)"""
+process's folder may import which: ``tests/server/unit/test_layout.py``.)"""
 
 from __future__ import annotations
 

@@ -6,5 +6,5 @@ door and hands each request to the inference process over its channel (``inferen
 streams the pieces back (``token_stream``).  It never imports the model nor ``model_server.engine``:
 what it shares with the inference process (the wire messages, the shared view, the config, the
 errors, the task definitions it validates against) lives at the top of ``model_server``
-(tests/server/test_layout.py).
+(tests/server/unit/test_layout.py).
 """

@@ -34,9 +34,10 @@ from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.proxy import Upstream
 from modelpool_gateway.routes import build_routes
 from modelpool_gateway.state import HostPod, Pool, Worker
+from testkit.echo_models import ECHO
+from testkit.server import ServerProcess, start_server
 from testkit.waiting import wait_for_async
 from tests.gateway.rawserver import answering, raw_server, read_request
-from tests.server.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
 NS = "ns"
@@ -56,7 +57,7 @@ def key_secret(name: str, key: str, **fields: str) -> dict[str, Any]:
 def echo() -> Iterator[ServerProcess]:
     proc = start_server(
         "--model", "/", "--task", "text-embedding", "--name", "pool",
-        "--handler", "tests.server.handlers:EchoEmbedding", wait="ready",
+        "--handler", ECHO, wait="ready",
     )  # fmt: skip
     yield proc
     proc.stop()
@@ -223,7 +224,7 @@ async def test_a_workers_headers_past_their_bound_are_cut_off_not_relayed(gw: Ha
         (fine, 200),  # within both bounds: relayed as it is
     ]
     for headers, expected in cases:
-        async with raw_server(answering(200, **headers)) as port:
+        async with raw_server(answering(200, b"{}", **headers)) as port:
             gw.worker("w0", port)
             response = await gw.embed()
         assert response.status_code == expected, response.text[:200]

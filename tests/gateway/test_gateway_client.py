@@ -22,8 +22,9 @@ from modelpool_gateway.client import (
     UpstreamTimeout,
     request_head,
 )
+from testkit.echo_models import ECHO, GENERATION
+from testkit.server import ServerProcess, start_server
 from tests.gateway.rawserver import raw_server, read_request
-from tests.server.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,7 @@ JSON = [(b"content-type", b"application/json")]
 def echo() -> Iterator[ServerProcess]:
     proc = start_server(
         "--model", "/", "--task", "text-embedding", "--name", "echo",
-        "--handler", "tests.server.handlers:EchoEmbedding", wait="ready",
+        "--handler", ECHO, wait="ready",
         env={"HANDLER_RUN_SECONDS": "0"},
     )  # fmt: skip
     yield proc
@@ -54,7 +55,7 @@ def emit_gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def gen(emit_gate: Path) -> Iterator[ServerProcess]:
     proc = start_server(
         "--model", "/", "--task", "text-generation", "--name", "gen",
-        "--handler", "tests.server.handlers:EchoGeneration", wait="ready",
+        "--handler", GENERATION, wait="ready",
         env={"HANDLER_EMIT_GATE": str(emit_gate)},
     )  # fmt: skip
     yield proc

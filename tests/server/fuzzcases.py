@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 MODEL = "echo"
-# The echo handler's failure triggers (tests/server/handlers.py): never sent by the fuzzer.
+# The echo handler's failure triggers (testkit/echo_models.py): never sent by the fuzzer.
 TRIGGERS = frozenset({"boom", "fatal", "oom", "bad", "nohint", "unpicklable"})
 DTYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16",
           "FP32", "FP64", "BYTES"]  # fmt: skip

@@ -10,15 +10,14 @@
   (``Authorization: Bearer``) for the test's requests.
 * ``create_key``: a key Secret (label ``modelpool.dev/gateway-key``), as an administrator creates one.
 * ``echo_pool``: a ModelPool whose workers run on the process node as real ``modelpool-server`` processes
-  with a test handler (``tests/server/handlers.py``): echo embeddings or echo generation, fast to load;
+  with a test handler (``testkit/echo_models.py``): echo embeddings or echo generation, fast to load;
   autoscaling off unless asked for.
 """
 
 from __future__ import annotations
 
+from testkit.echo_models import ECHO, GENERATION
 from testkit.services import (  # shared with the soak, the demo and the operator tests (re-exported)
-    ECHO,
-    GENERATION,
     GatewayProcess,
     bearer,
     create_key,

@@ -57,6 +57,7 @@ from modelpool_operator.refusals import POLICY_VIOLATION
 from testkit.cluster import Cluster
 from testkit.environment import ROOT
 from testkit.kubectl import apply, wait_for
+from testkit.services import host_manifest
 from tests.operator.integration.opharness import (
     POOLS,
     BudgetedOperator,
@@ -175,12 +176,8 @@ def _pool(name: str, *, cache_path: str | None = None, **spec: Any) -> dict[str,
 
 
 def _host(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "modelpool.dev/v1alpha1",
-        "kind": "ModelHost",
-        "metadata": {"name": name},
-        "spec": {"replicas": 0, "deviceMemory": "1Gi", **spec},
-    }
+    """A ModelHost with no host pod (``spec`` added to its own)."""
+    return host_manifest(name, **{"replicas": 0, "deviceMemory": "1Gi", **spec})
 
 
 def _render(cluster: Cluster, release_namespace: str, *args: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from testkit.cluster import Cluster
-from testkit.kubectl import apply, get_json, wait_for
+from testkit.kubectl import apply, get_json, is_ready, wait_for
 from tests.operator.integration.opharness import (
     GI,
     BudgetedOperator,
@@ -54,14 +54,9 @@ def drain_nodes(crds: Cluster, namespace: str) -> Iterator[tuple[str, list[str]]
     names = [f"{label}-a", f"{label}-b"]
     for name in names:
         apply(crds, _node(name, label))
+    # A node's Ready condition is a pod's shape: testkit's ``is_ready`` reads both.
     wait_for(
-        lambda: all(
-            any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in (get_json(crds, "node", n).get("status") or {}).get("conditions") or []
-            )
-            for n in names
-        ),
+        lambda: all(is_ready(get_json(crds, "node", n)) for n in names),
         timeout=60,
         message="the test's KWOK nodes Ready",
     )
@@ -73,6 +68,18 @@ def drain_nodes(crds: Cluster, namespace: str) -> Iterator[tuple[str, list[str]]
 def _budget_status(crds: Cluster, namespace: str, name: str) -> dict[str, Any]:
     done = crds.kubectl("get", "pdb", name, "-n", namespace, "-o", "json", check=False)
     return (json.loads(done.stdout).get("status") or {}) if done.returncode == 0 else {}
+
+
+def _all_ready(crds: Cluster, namespace: str, timeout: float, message: str) -> None:
+    """Wait until every one of the pool's ``REPLICAS`` workers is ready, as its status says."""
+    wait_status(
+        crds,
+        namespace,
+        "drained",
+        lambda s: s.get("readyReplicas") == REPLICAS,
+        timeout=timeout,
+        message=message,
+    )
 
 
 def test_a_drain_evicts_a_pools_workers_one_at_a_time_and_serving_never_drops_below_the_budget(
@@ -91,14 +98,7 @@ def test_a_drain_evicts_a_pools_workers_one_at_a_time_and_serving_never_drops_be
     )
     manifest["spec"]["disruption"] = {"maxUnavailable": MAX_UNAVAILABLE}
     apply(crds, manifest, namespace)
-    wait_status(
-        crds,
-        namespace,
-        "drained",
-        lambda s: s.get("readyReplicas") == REPLICAS,
-        timeout=60,
-        message="4 ready",
-    )
+    _all_ready(crds, namespace, 60, "4 ready")
     # The operator's budget, as the disruption controller sees it: one of the four may go.
     wait_for(
         lambda: (
@@ -128,14 +128,7 @@ def test_a_drain_evicts_a_pools_workers_one_at_a_time_and_serving_never_drops_be
     assert watcher.min_ready_after["drained"] >= REPLICAS - MAX_UNAVAILABLE, f"{output}\n{trace}"
     deleted = [name for _, kind, name, _ in watcher.history if kind == "DELETED"]
     assert sorted(deleted) == sorted(evicted), trace
-    wait_status(
-        crds,
-        namespace,
-        "drained",
-        lambda s: s.get("readyReplicas") == REPLICAS,
-        timeout=30,
-        message="4 ready again",
-    )
+    _all_ready(crds, namespace, 30, "4 ready again")
     after = worker_pods(crds, namespace, "drained")
     assert all(p["spec"].get("nodeName") != node for p in after), "a worker on the cordoned node"
     watcher.stop()

@@ -6,7 +6,7 @@ loaded worker: the idle one while the other has a queue, the other way round onc
 
 The workers are real ``modelpool-server`` processes on the process node (their pod IPs are loopback
 addresses the EPP reaches), with the streaming echo generation handler
-(``tests.server.handlers:EchoGeneration``, named as the server imports it), whose streams wait after their
+(``testkit.echo_models:EchoGeneration``, named as the server imports it), whose streams wait after their
 first piece until the test's gate file exists: a worker holds one running and the rest queued.
 """
 

@@ -23,16 +23,19 @@ from testkit.cluster import Cluster
 from testkit.environment import free_port
 from testkit.hostsim import Audit, HostSim
 from testkit.kubectl import apply, wait_established, wait_for
-from testkit.services import OperatorProcess, budget_manifest, shared_pool_manifest, stop_all
+from testkit.services import (
+    KWOK_GPU_PLACEMENT,
+    OperatorProcess,
+    budget_manifest,
+    host_manifest,
+    shared_pool_manifest,
+    stop_all,
+)
 
 pytestmark = pytest.mark.cluster
 
 GI = 1 << 30
 
-KWOK = {
-    "nodeSelector": {"type": "kwok"},
-    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-}
 #: 12 pools (declared 1-3 Gi, priorities 0-2) over 2 hosts of 11 Gi of device (each loaded model's process
 #: holds the GPU default overhead, 512 MiB, awake or asleep: about 8 Gi left for awake weights with six
 #: models on a host), 16 Gi parked: about a third of them fit awake, the rest sleep (so room is made over
@@ -92,9 +95,8 @@ def test_shared_pools_over_simulated_hosts_never_over_commit_and_converge(
     crds: Cluster, audited: tuple[str, HostSim]
 ) -> None:
     namespace, sim = audited
-    host = {"replicas": 2, "gpusPerHost": 1, "deviceMemory": "11Gi", "hostMemory": "16Gi", **KWOK}
-    apply(crds, {"apiVersion": "modelpool.dev/v1alpha1", "kind": "ModelHost", "metadata": {"name": "gpus"},
-                 "spec": host}, namespace)  # fmt: skip
+    host = {"replicas": 2, "gpusPerHost": 1, "deviceMemory": "11Gi", "hostMemory": "16Gi"}
+    apply(crds, host_manifest("gpus", **host, **KWOK_GPU_PLACEMENT), namespace)
     for name, (gib, priority) in POOLS.items():
         apply(crds, shared_pool(name, gib, priority), namespace)
     wanted = {name: (1, gib * GI, priority) for name, (gib, priority) in POOLS.items()}
@@ -127,9 +129,8 @@ def test_a_host_pod_of_two_gpus_places_models_on_both_without_over_committing_ei
     device it goes to. With every model on device 0 (a one-device ledger), the third load would be refused.
     (Its own operator and audit: the simulated hosts' ``wrongly_short`` knows no ModelHost apart.)"""
     namespace, sim = audited
-    host = {"replicas": 1, "gpusPerHost": 2, "deviceMemory": "3Gi", "hostMemory": "4Gi", **KWOK}
-    apply(crds, {"apiVersion": "modelpool.dev/v1alpha1", "kind": "ModelHost", "metadata": {"name": "gpus"},
-                 "spec": host}, namespace)  # fmt: skip
+    host = {"replicas": 1, "gpusPerHost": 2, "deviceMemory": "3Gi", "hostMemory": "4Gi"}
+    apply(crds, host_manifest("gpus", **host, **KWOK_GPU_PLACEMENT), namespace)
     pools = [f"d{i}" for i in range(5)]
     for name in pools:
         apply(crds, shared_pool(name, 1, 0), namespace)

@@ -21,6 +21,7 @@ from modelpool_contract.api import (
 )
 from testkit.cluster import Cluster
 from testkit.kubectl import wait_established
+from testkit.services import host_manifest
 
 pytestmark = pytest.mark.cluster
 
@@ -30,15 +31,6 @@ def hosts_crd(crds: Cluster) -> Cluster:
     """The CRDs of crds/ (applied by ``crds``), the ModelHost's established too."""
     wait_established(crds, "modelhosts.modelpool.dev")
     return crds
-
-
-def host(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "modelpool.dev/v1alpha1",
-        "kind": "ModelHost",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
 
 
 def shared_pool(name: str, **overrides: Any) -> dict[str, Any]:
@@ -70,29 +62,33 @@ SHARED = {field: message for field, _, message in SHARED_POOL_RULES}
 
 
 REFUSED: list[tuple[str, dict[str, Any], list[str]]] = [
-    ("no deviceMemory", host("h", gpusPerHost=1), ["spec.deviceMemory", MSG_DEVICE_MEMORY_REQUIRED]),
+    ("no deviceMemory", host_manifest("h", gpusPerHost=1), ["spec.deviceMemory", MSG_DEVICE_MEMORY_REQUIRED]),
     (
         "deviceMemory 0",
-        host("h", gpusPerHost=1, deviceMemory="0"),
+        host_manifest("h", gpusPerHost=1, deviceMemory="0"),
         ["spec.deviceMemory", MSG_DEVICE_MEMORY_POSITIVE],
     ),
-    ("not a quantity", host("h", deviceMemory="lots"), ["spec.deviceMemory"]),
+    ("not a quantity", host_manifest("h", deviceMemory="lots"), ["spec.deviceMemory"]),
     (
         "too many GPUs",
-        host("h", deviceMemory="8Gi", gpusPerHost=MODELHOST_MAX_GPUS_PER_HOST + 1),
+        host_manifest("h", deviceMemory="8Gi", gpusPerHost=MODELHOST_MAX_GPUS_PER_HOST + 1),
         ["spec.gpusPerHost"],
     ),
-    ("negative hostMemory", host("h", deviceMemory="8Gi", hostMemory="-1Gi"), ["spec.hostMemory"]),
-    ("negative modelOverhead", host("h", deviceMemory="8Gi", modelOverhead="-1Mi"), ["spec.modelOverhead"]),
+    ("negative hostMemory", host_manifest("h", deviceMemory="8Gi", hostMemory="-1Gi"), ["spec.hostMemory"]),
+    (
+        "negative modelOverhead",
+        host_manifest("h", deviceMemory="8Gi", modelOverhead="-1Mi"),
+        ["spec.modelOverhead"],
+    ),
     (
         "negative integer modelOverhead",
-        host("h", deviceMemory="8Gi", modelOverhead=-1),
+        host_manifest("h", deviceMemory="8Gi", modelOverhead=-1),
         ["spec.modelOverhead"],
     ),
     # Its host pods carry the name in the label modelpool.dev/pool=host_<name>: 63 characters at most.
     (
         "name too long",
-        host("h" * (MODELHOST_NAME_MAX_LENGTH + 1), deviceMemory="8Gi"),
+        host_manifest("h" * (MODELHOST_NAME_MAX_LENGTH + 1), deviceMemory="8Gi"),
         [MSG_HOST_NAME_LENGTH],
     ),
     ("not a name", shared_pool("p", host="Not_A_Name"), ["spec.host"]),
@@ -123,11 +119,11 @@ def test_good_hosts_and_shared_pools_are_accepted_and_the_columns_show_memory(
     hosts_crd: Cluster, namespace: str
 ) -> None:
     # A CPU host with its defaults; a dedicated pool is untouched by the shared-pool rules.
-    code, output = dry_run(hosts_crd, namespace, host("cpu", deviceMemory="16Gi"))
+    code, output = dry_run(hosts_crd, namespace, host_manifest("cpu", deviceMemory="16Gi"))
     assert code == 0, output
     spec = json.loads(output)["spec"]
     assert spec["replicas"] == 1 and spec["gpusPerHost"] == 0
-    longest = host("h" * MODELHOST_NAME_MAX_LENGTH, deviceMemory="16Gi")
+    longest = host_manifest("h" * MODELHOST_NAME_MAX_LENGTH, deviceMemory="16Gi")
     code, output = dry_run(hosts_crd, namespace, longest)
     assert code == 0, output
     dedicated = shared_pool("dedicated", image="ghcr.io/x/y:1")
@@ -145,7 +141,7 @@ def test_good_hosts_and_shared_pools_are_accepted_and_the_columns_show_memory(
     code, output = dry_run(hosts_crd, namespace, written)
     assert code == 0, output
 
-    gpus = host(
+    gpus = host_manifest(
         "gpus", replicas=2, gpusPerHost=2, deviceMemory="80Gi", hostMemory="64Gi", modelOverhead="500Mi",
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}], resources={"cpu": "8"},
     )  # fmt: skip

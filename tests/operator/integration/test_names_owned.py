@@ -37,7 +37,7 @@ from modelpool_operator.settings import OperatorConfig
 from testkit.cluster import Cluster
 from testkit.environment import free_port
 from testkit.kubectl import apply, get_json, wait_established, wait_for
-from testkit.services import control_seed_file
+from testkit.services import KWOK_GPU_PLACEMENT, control_seed_file, host_manifest
 from tests.operator.integration.opharness import (
     StartOperator,
     condition,
@@ -51,15 +51,60 @@ from tests.operator.integration.opharness import (
 pytestmark = pytest.mark.cluster
 
 OTHER_SELECTOR = {"app": "billing"}
+THEIRS = {"team": "billing"}  # the label on the other team's objects
+
+
+def _theirs(api_version: str, kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Another team's object (labelled theirs, owned by nothing) that takes a name the operator would use."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": name, "labels": THEIRS},
+        "spec": spec,
+    }
 
 
 def _squatter(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "labels": {"team": "billing"}},
-        "spec": {"selector": OTHER_SELECTOR, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
-    }
+    ports = [{"name": "http", "port": 80, "targetPort": 8080}]
+    return _theirs("v1", "Service", name, {"selector": OTHER_SELECTOR, "ports": ports})
+
+
+def _name_taken_beside_a_serving_worker(cluster: Cluster, namespace: str, pool: str, taken: str) -> None:
+    """Wait until the pool reports ApiError/NameTaken with its worker Ready beside it; its message names
+    ``taken`` (``Kind namespace/name``) as the object it does not control."""
+    status = wait_status(
+        cluster,
+        namespace,
+        pool,
+        lambda s: condition(s, API_ERROR).get("reason") == NAME_TAKEN and states(s) == ["Ready"],
+        timeout=90,
+        message="the NameTaken condition, with the worker serving beside it",
+    )
+    message = condition(status, API_ERROR)["message"]
+    assert f"{taken} exists and is not controlled by this resource" in message, message
+
+
+def _no_api_error(cluster: Cluster, namespace: str, pool: str, timeout: float, message: str) -> None:
+    wait_status(
+        cluster,
+        namespace,
+        pool,
+        lambda s: condition(s, API_ERROR).get("status") == "False",
+        timeout=timeout,
+        message=message,
+    )
+
+
+def _name_taken_event(cluster: Cluster, namespace: str, name: str, mentions: str = "") -> None:
+    """Wait for a NameTaken Warning Event about ``name`` (whose message has ``mentions`` in it)."""
+    wait_for(
+        lambda: any(
+            reason == NAME_TAKEN and mentions in message
+            for reason, message in reasons(cluster, namespace, name)
+        ),
+        timeout=30,
+        message=f"the NameTaken Warning Event about {name}",
+    )
 
 
 def test_a_service_of_the_pools_name_made_by_someone_else_is_left_alone_and_reported(
@@ -70,26 +115,13 @@ def test_a_service_of_the_pools_name_made_by_someone_else_is_left_alone_and_repo
     operator = start_operator(namespace)
     apply(cluster, pool_manifest("taken"), namespace)
 
-    status = wait_status(
-        cluster,
-        namespace,
-        "taken",
-        lambda s: condition(s, API_ERROR).get("reason") == NAME_TAKEN and states(s) == ["Ready"],
-        timeout=90,
-        message="the NameTaken condition, with the worker serving beside it",
-    )
-    message = condition(status, API_ERROR)["message"]
-    assert f"Service {namespace}/taken exists and is not controlled by this resource" in message, message
+    _name_taken_beside_a_serving_worker(cluster, namespace, "taken", f"Service {namespace}/taken")
     service = get_json(cluster, "service", "taken", "-n", namespace)
     assert service["spec"]["selector"] == OTHER_SELECTOR, "the other team's Service was rewritten"
     assert [p["port"] for p in service["spec"]["ports"]] == [80]
-    assert service["metadata"]["labels"] == {"team": "billing"}
+    assert service["metadata"]["labels"] == THEIRS
     assert not service["metadata"].get("ownerReferences")
-    wait_for(
-        lambda: any(reason == NAME_TAKEN for reason, _ in reasons(cluster, namespace, "taken")),
-        timeout=30,
-        message="the NameTaken Warning Event",
-    )
+    _name_taken_event(cluster, namespace, "taken")
 
     # The other Service goes: the pool's own is made at a later pass, and the condition clears.
     cluster.kubectl("delete", "service", "taken", "-n", namespace)
@@ -101,14 +133,7 @@ def test_a_service_of_the_pools_name_made_by_someone_else_is_left_alone_and_repo
         timeout=60,
         message="the pool's own Service",
     )
-    wait_status(
-        cluster,
-        namespace,
-        "taken",
-        lambda s: condition(s, API_ERROR).get("status") == "False",
-        timeout=60,
-        message="ApiError False once the name is free",
-    )
+    _no_api_error(cluster, namespace, "taken", 60, "ApiError False once the name is free")
 
     # A new operator process patches the Service it owns: the ownership test passes.
     assert operator.stop() == 0
@@ -131,27 +156,15 @@ def test_a_service_of_the_pools_name_made_by_someone_else_is_left_alone_and_repo
         timeout=60,
         message="the operator's patch of its own Service (labels brought back)",
     )
-    status = wait_status(
-        cluster,
-        namespace,
-        "taken",
-        lambda s: condition(s, API_ERROR).get("status") == "False",
-        timeout=30,
-        message="no API error after the patch",
-    )
+    _no_api_error(cluster, namespace, "taken", 30, "no API error after the patch")
 
 
 def _pending_pod(name: str) -> dict[str, Any]:
     """Someone else's pod (no owner, no label), kept Pending: no node has its label."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"team": "billing"}},
-        "spec": {
-            "nodeSelector": {"modelpool.test/no-such-node": "true"},
-            "containers": [{"name": "c", "image": "registry.invalid/billing:1"}],
-        },
-    }
+    containers = [{"name": "c", "image": "registry.invalid/billing:1"}]
+    return _theirs(
+        "v1", "Pod", name, {"nodeSelector": {"modelpool.test/no-such-node": "true"}, "containers": containers}
+    )
 
 
 def _worker(manifest: dict[str, Any], namespace: str, probe_port: int, index: int = 0) -> str:
@@ -177,16 +190,9 @@ def test_a_pod_holding_a_workers_name_is_reported_and_the_worker_made_under_anot
         cluster, namespace, "squat", lambda s: states(s) == ["Ready"], timeout=90, message="one worker Ready"
     )
     assert [w["name"] for w in status["workers"]] == [_worker(manifest, namespace, port, 1)]
-    wait_for(
-        lambda: any(
-            reason == NAME_TAKEN and f"pod {namespace}/{taken} exists" in message
-            for reason, message in reasons(cluster, namespace, "squat")
-        ),
-        timeout=30,
-        message="the NameTaken Warning Event",
-    )
+    _name_taken_event(cluster, namespace, "squat", mentions=f"pod {namespace}/{taken} exists")
     other = get_json(cluster, "pod", taken, "-n", namespace)
-    assert not other["metadata"].get("ownerReferences") and other["metadata"]["labels"] == {"team": "billing"}
+    assert not other["metadata"].get("ownerReferences") and other["metadata"]["labels"] == THEIRS
 
 
 def test_pools_whose_long_names_begin_alike_each_get_their_workers(
@@ -208,18 +214,7 @@ def test_pools_whose_long_names_begin_alike_each_get_their_workers(
     assert len(pods) == 2 and owners == {first, second}
 
 
-GPU_HOST: dict[str, Any] = {
-    "apiVersion": "modelpool.dev/v1alpha1",
-    "kind": "ModelHost",
-    "metadata": {"name": "gpus"},
-    "spec": {
-        "replicas": 1,
-        "gpusPerHost": 1,
-        "deviceMemory": "8Gi",
-        "nodeSelector": {"type": "kwok"},
-        "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-    },
-}
+GPU_HOST = host_manifest("gpus", replicas=1, gpusPerHost=1, deviceMemory="8Gi", **KWOK_GPU_PLACEMENT)
 PLANTED = "a-key-the-squatter-knows"
 
 
@@ -272,11 +267,7 @@ def test_a_control_key_secret_someone_else_made_never_reaches_a_host_pod(
     assert f"Secret {namespace}/gpus-control-key exists and is not controlled by this resource" in message
     assert _host_pods(cluster, namespace) == [], "a host pod mounts the planted key"
     assert _secret_key(cluster, namespace) == PLANTED, "the other Secret was rewritten"
-    wait_for(
-        lambda: any(reason == NAME_TAKEN for reason, _ in reasons(cluster, namespace, "gpus")),
-        timeout=30,
-        message="the NameTaken Warning Event on the ModelHost",
-    )
+    _name_taken_event(cluster, namespace, "gpus")
     # Tried again with backoff: still no host pod while the Secret is someone else's.
     assert _host_pods(cluster, namespace) == []
 
@@ -326,25 +317,13 @@ def test_a_disruption_budget_of_the_pools_name_made_by_someone_else_is_left_alon
 ) -> None:
     """Another team's PodDisruptionBudget named ``modelpool-<pool>``: never rewritten to the pool's selector
     (that would take over, or release, the other team's pods); the pool says so and its workers serve."""
-    theirs = {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": "modelpool-squat", "labels": {"team": "billing"}},
-        "spec": {"minAvailable": 5, "selector": {"matchLabels": OTHER_SELECTOR}},
-    }
-    apply(crds, theirs, namespace)
+    spec = {"minAvailable": 5, "selector": {"matchLabels": OTHER_SELECTOR}}
+    apply(crds, _theirs("policy/v1", "PodDisruptionBudget", "modelpool-squat", spec), namespace)
     start_operator(namespace)
     apply(crds, pool_manifest("squat"), namespace)
-    status = wait_status(
-        crds,
-        namespace,
-        "squat",
-        lambda s: condition(s, API_ERROR).get("reason") == NAME_TAKEN and states(s) == ["Ready"],
-        timeout=90,
-        message="the NameTaken condition, with the worker serving beside it",
+    _name_taken_beside_a_serving_worker(
+        crds, namespace, "squat", f"PodDisruptionBudget {namespace}/modelpool-squat"
     )
-    message = condition(status, API_ERROR)["message"]
-    assert f"PodDisruptionBudget {namespace}/modelpool-squat exists and is not controlled" in message, message
     budget = get_json(crds, "pdb", "modelpool-squat", "-n", namespace)
     assert (
         budget["spec"]["selector"] == {"matchLabels": OTHER_SELECTOR} and budget["spec"]["minAvailable"] == 5

@@ -15,6 +15,7 @@ import pytest
 
 from testkit.cluster import Cluster
 from testkit.kubectl import apply, get_json, wait_for
+from testkit.services import host_manifest
 from tests.operator.integration.opharness import (
     POOLS,
     StartOperator,
@@ -61,13 +62,7 @@ def _release_pods(labels: dict[str, str]) -> dict[str, Any]:
 
 def _modelhost(name: str) -> dict[str, Any]:
     """A ModelHost with no host pod: its policy is made all the same."""
-    spec = {"replicas": 0, "deviceMemory": "1Gi"}
-    return {
-        "apiVersion": "modelpool.dev/v1alpha1",
-        "kind": "ModelHost",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    return host_manifest(name, replicas=0, deviceMemory="1Gi")
 
 
 def test_a_pool_gets_its_network_policy_updated_on_restart_and_deleted_with_it(

@@ -1,7 +1,7 @@
 """Autoscaling and waking from zero with real ``modelpool-server`` workers on the process node
 (docs/operator.md, "Autoscaling").
 
-The workers run the echo embedding handler of ``tests/server/handlers.py`` with a slow forward pass and
+The workers run the echo embedding handler of ``testkit/echo_models.py`` with a slow forward pass and
 batches of one, so a few concurrent clients build up in-flight and queued requests, which the workers
 report in ``/stats``.  The load goes straight to the workers' pod IPs (the way the pool's Service
 routes); the demand a gateway would record is written the way a gateway writes it, as the pool's demand

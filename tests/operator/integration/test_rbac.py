@@ -40,6 +40,7 @@ from modelpool_contract.picker import INFERENCE_GROUP, INFERENCE_POOL_PLURAL
 from testkit.auditlog import token_kubeconfig
 from testkit.cluster import Cluster
 from testkit.kubectl import apply, get_json, wait_for
+from testkit.services import KWOK_GPU_PLACEMENT, host_manifest
 from tests.operator.integration.opharness import (
     POOLS,
     StartOperator,
@@ -209,18 +210,7 @@ def _wait_for_the_policy(crds: Cluster, namespace: str, release: AuditedRelease)
 
 
 # A ModelHost whose one host pod lands on a KWOK GPU node (nothing runs in it).
-KWOK_HOST = {
-    "apiVersion": "modelpool.dev/v1alpha1",
-    "kind": "ModelHost",
-    "metadata": {"name": "audited"},
-    "spec": {
-        "replicas": 1,
-        "gpusPerHost": 1,
-        "deviceMemory": "8Gi",
-        "nodeSelector": {"type": "kwok"},
-        "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-    },
-}
+KWOK_HOST = host_manifest("audited", replicas=1, gpusPerHost=1, deviceMemory="8Gi", **KWOK_GPU_PLACEMENT)
 
 
 def _exercise(

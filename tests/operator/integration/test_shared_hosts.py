@@ -30,7 +30,15 @@ from testkit.kubectl import (
     wait_established,
     wait_for,
 )
-from testkit.services import GatewayProcess, OperatorProcess, budget_manifest, minilm_source, stop_all
+from testkit.services import (
+    KWOK_GPU_PLACEMENT,
+    GatewayProcess,
+    OperatorProcess,
+    budget_manifest,
+    host_manifest,
+    minilm_source,
+    stop_all,
+)
 from tests.operator.integration.opharness import GI, condition, reasons, wait_status
 
 pytestmark = pytest.mark.cluster
@@ -83,12 +91,6 @@ def restart_operator(crds: Cluster, namespace: str) -> None:
     OPERATOR[namespace] = OperatorProcess(crds, (namespace,), old.log_path, **OPERATOR_ENV)
 
 
-KWOK = {
-    "nodeSelector": {"type": "kwok"},
-    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-}
-
-
 def shared_pool(name: str, host: str, memory: str = "2Gi") -> dict[str, Any]:
     return {
         "apiVersion": "modelpool.dev/v1alpha1",
@@ -99,15 +101,6 @@ def shared_pool(name: str, host: str, memory: str = "2Gi") -> dict[str, Any]:
             "resources": {"memory": memory},
             "host": host,
         },
-    }
-
-
-def model_host(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "modelpool.dev/v1alpha1",
-        "kind": "ModelHost",
-        "metadata": {"name": name},
-        "spec": spec,
     }
 
 
@@ -125,7 +118,7 @@ def test_a_shared_pool_waits_for_its_host_with_the_reason_and_gets_no_worker(
     assert status["phase"] == "Pending" and status["replicas"] == 0
     assert "waiting for placement on ModelHost gpus" in condition(status, "Placed")["message"]
     assert condition(status, "Ready")["status"] == "False"
-    apply(crds, model_host("gpus", replicas=0, gpusPerHost=1, deviceMemory="8Gi"), shared_ns)
+    apply(crds, host_manifest("gpus", replicas=0, gpusPerHost=1, deviceMemory="8Gi"), shared_ns)
     wait_status(crds, shared_ns, "emb", placed("NoHost"), timeout=30, message="the pool waits: no host pod")
     # One Event per reason (the events' order as listed is not their order in time).
     told = [reason for reason, _ in reasons(crds, shared_ns, "emb")]
@@ -139,7 +132,9 @@ def test_a_modelhost_gets_its_host_pods_within_the_budget_and_a_status(crds: Clu
     apply(crds, shared_pool("emb2", "kwok"), shared_ns)
     apply(
         crds,
-        model_host("kwok", replicas=3, gpusPerHost=1, deviceMemory="8Gi", hostMemory="16Gi", **KWOK),
+        host_manifest(
+            "kwok", replicas=3, gpusPerHost=1, deviceMemory="8Gi", hostMemory="16Gi", **KWOK_GPU_PLACEMENT
+        ),
         shared_ns,
     )
 
@@ -179,7 +174,7 @@ def test_a_modelhost_gets_its_host_pods_within_the_budget_and_a_status(crds: Clu
 
 def test_a_cpu_host_pod_is_a_real_shared_host_on_the_process_node(crds: Cluster, shared_ns: str) -> None:
     placement = {"nodeSelector": PROCESS_NODE_SELECTOR, "tolerations": [PROCESS_NODE_TOLERATION]}
-    host = model_host("cpu", replicas=1, gpusPerHost=0, deviceMemory="1Gi", hostMemory="1Gi", **placement)
+    host = host_manifest("cpu", replicas=1, gpusPerHost=0, deviceMemory="1Gi", hostMemory="1Gi", **placement)
     apply(crds, host, shared_ns)
 
     def status() -> dict[str, Any]:

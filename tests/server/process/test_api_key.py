@@ -15,11 +15,12 @@ import tritonclient.http as triton
 
 from model_server.frontend.endpoints.auth import authorized
 from modelpool_contract.exits import EXIT_CONFIG
+from testkit.echo_models import ECHO as ECHO_MODEL
 from testkit.environment import free_port
-from tests.server.conftest import ServerFactory, ServerProcess, start_server
+from testkit.server import ServerFactory, ServerProcess, start_server
 
 KEY = "mp-test-7f3c9a"
-ECHO = ["--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:EchoEmbedding"]
+ECHO = ["--model", "/", "--task", "text-embedding", "--handler", ECHO_MODEL]
 
 
 PROBE_PORT = free_port()

@@ -29,6 +29,7 @@ from model_server.supervisor.probe_server import STALL_AFTER_S, answer
 from model_server.supervisor.supervisor import describe_exit, verdict
 from model_server.tasks.base import Embedding, TextItem
 from model_server.worker_view import SPAWN, Column, Door, WorkerView, http_row
+from testkit.echo_models import ECHO
 
 
 def _grab(door: Door, start: Any, tries: int, taken: Any) -> None:
@@ -174,7 +175,7 @@ async def test_batches_group_items_of_similar_length_across_requests(
     record = tmp_path / "record.txt"
     monkeypatch.setenv("HANDLER_RECORD", str(record))
     config = ServerConfig(
-        model=str(tmp_path), task="text-embedding", handler="tests.server.handlers:EchoEmbedding",
+        model=str(tmp_path), task="text-embedding", handler=ECHO,
         max_batch_size=4, max_batch_delay_ms=0,
     )  # fmt: skip
     view = WorkerView(capacity=8, http_processes=1)

@@ -1,17 +1,12 @@
-"""Configuration: flags, MODELPOOL_* environment, precedence, and exit code 2 with a one-line reason."""
+"""Configuration: flags, MODELPOOL_* environment, precedence, and a one-line reason for a bad setting (the
+console script's exit code 2: ``tests/server/process/test_behaviour.py``)."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from model_server.config import ConfigError, ServerConfig, ServingConfig, _parser, load_config
 from model_server.host_config import HostConfig, load_host_config
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_flags_and_defaults() -> None:
@@ -69,20 +64,3 @@ def test_a_shared_host_and_a_worker_define_their_common_settings_once() -> None:
         assert repr(ServerConfig.model_fields[name]) == repr(ServingConfig.model_fields[name])
     with pytest.raises(ConfigError, match="--port"):
         load_host_config(["--shared-host", "--device-memory", "1Gi", "--port", "0"])
-
-
-@pytest.mark.slow
-def test_console_script_exits_2_with_one_line() -> None:
-    script = Path(sys.executable).parent / "modelpool-server"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "model_server"]
-    proc = subprocess.run(
-        [*cmd, "--model", "/m", "--task", "text-embedding", "--max-batch-delay-ms", "-1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        check=False,
-    )
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--max-batch-delay-ms" in lines[0], proc.stderr

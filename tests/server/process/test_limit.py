@@ -25,9 +25,10 @@ from model_server.cpu_budget import (
 )
 from model_server.frontend.endpoints.refusal import refusable_route, refusal_bytes
 from modelpool_contract.flags import CPU_SHARE_ENV
-from tests.server.conftest import ServerFactory, metric, stats
+from testkit.echo_models import ECHO
+from testkit.server import ServerFactory
+from testkit.waiting import wait_for
 
-ECHO = "tests.server.handlers:EchoEmbedding"
 DEADLINE_S = 30.0
 
 
@@ -116,15 +117,16 @@ def test_a_full_worker_refuses_before_the_body_and_stats_show_its_threads(
     held = [
         threading.Thread(target=httpx.post, args=(srv.url + "/v1/embeddings",), kwargs=hold) for _ in "ab"
     ]
+
+    def filled_up(column: str) -> None:
+        wait_for(lambda: srv.stats()[column] >= 1, DEADLINE_S, 0.02, f"the worker filled ({column})")
+
     try:
         # In turn: the first in the forward pass before the second comes (together, the second could find
         # the first's slot still taken, get a 429, and leave the worker never full).
-        deadline = time.monotonic() + DEADLINE_S
         for thread, filled in zip(held, ("in_flight", "queue_depth"), strict=True):
             thread.start()
-            while stats(srv)[filled] < 1:
-                assert time.monotonic() < deadline, f"the worker never filled ({filled})"
-                time.sleep(0.02)
+            filled_up(filled)
         with socket.create_connection(("127.0.0.1", srv.port), timeout=DEADLINE_S) as sock:
             body = json.dumps({"input": "x" * 100_000}).encode()
             # Only the headers: the answer must come without a byte of the body.
@@ -138,8 +140,8 @@ def test_a_full_worker_refuses_before_the_body_and_stats_show_its_threads(
             # The body that follows is dropped, and the connection serves the next request.
             sock.sendall(body + b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n")
             assert _read_answer(sock)[0] == 200
-        assert metric(srv, "modelpool_rejected_total", reason="overloaded") >= 1
-        doc = stats(srv)
+        assert srv.metric("modelpool_rejected_total", reason="overloaded") >= 1
+        doc = srv.stats()
         assert doc["rejected_total"] >= 1
         threads = doc["threads"]
         assert (threads["sized_from"], threads["cpus"], threads["tokenizer"]) == ("share", 0.5, 1), threads
@@ -184,8 +186,8 @@ def test_a_body_slower_than_its_deadline_gets_408_and_leaves_the_capacity_whole(
     finally:
         for sock in socks:
             sock.close()
-    assert metric(srv, "modelpool_rejected_total", reason="body_timeout") == 3
-    doc = stats(srv)
+    assert srv.metric("modelpool_rejected_total", reason="body_timeout") == 3
+    doc = srv.stats()
     assert (doc["queue_depth"], doc["in_flight"], doc["state"]) == (0, 0, "Ready"), doc
     with httpx.Client(base_url=srv.url, timeout=DEADLINE_S) as client:
         answers = [client.post("/v1/embeddings", json={"input": ["fine"]}) for _ in range(3)]

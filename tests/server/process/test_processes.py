@@ -22,14 +22,12 @@ import httpx
 import psutil
 import pytest
 
+from testkit.echo_models import ECHO, GENERATION, WarmEcho, handler_name
+from testkit.server import ServerFactory, ServerProcess
 from testkit.waiting import wait_for_async
-from tests.server.conftest import ServerFactory, ServerProcess
-from tests.server.conftest import metric as _metric
-from tests.server.conftest import stats as _stats
 
 pytestmark = pytest.mark.slow
 
-ECHO = "tests.server.handlers:EchoEmbedding"
 DEADLINE = 30.0  # bound on every wait below (the events come in milliseconds)
 
 
@@ -146,15 +144,15 @@ async def _burst(
     ]
 
     def settled() -> bool:
-        stats = _stats(server)
+        stats = server.stats()
         refused = sum(t.done() for t in tasks)
-        return refused + stats["queue_depth"] + stats["in_flight"] == len(tasks)
+        return bool(refused + stats["queue_depth"] + stats["in_flight"] == len(tasks))
 
     await until(settled, "every request of the burst to be admitted or refused")
     refused = [t.result() for t in tasks if t.done()]
     assert all(status == 429 for status, _ in refused), refused
     admitted = len(tasks) - len(refused)
-    stats = _stats(server)
+    stats = server.stats()
     # One request may be in the forward pass; the queue never holds more than the capacity.
     assert stats["queue_depth"] <= capacity and stats["in_flight"] <= 1, stats
     assert capacity <= admitted <= capacity + 1, (admitted, stats)
@@ -163,7 +161,7 @@ async def _burst(
     assert sum(status == 200 for status, _ in answers) == admitted
     computed = [t for t in _computed(record) if t.startswith(tag + "-")]
     assert len(computed) == admitted, computed
-    await until(lambda: _stats(server)["in_flight"] == 0 and _stats(server)["queue_depth"] == 0, "idle")
+    await until(lambda: server.stats()["in_flight"] == 0 and server.stats()["queue_depth"] == 0, "idle")
     close_gate(gate)
     return admitted
 
@@ -182,7 +180,7 @@ def test_one_capacity_across_http_processes_under_concurrent_bursts(
             refused += len(connections) - await _burst(proc, connections, gate, record, round_)
         for c in connections:
             await c.close()
-        assert _stats(proc)["rejected_total"] == refused
+        assert proc.stats()["rejected_total"] == refused
 
     asyncio.run(go())
 
@@ -201,7 +199,7 @@ def test_sigterm_drains_work_held_in_every_process(server: ServerFactory, tmp_pa
         ]
         # All four admitted: one in the forward pass, three in the inference process's queue, and each
         # waited for by the HTTP process that took it.
-        await until(lambda: _stats(proc)["queue_depth"] + _stats(proc)["in_flight"] == 4, "all admitted")
+        await until(lambda: proc.stats()["queue_depth"] + proc.stats()["in_flight"] == 4, "all admitted")
         proc.terminate()
         await until(lambda: httpx.get(proc.url + "/v2/health/ready").status_code == 503, "Evicting")
         async with httpx.AsyncClient(timeout=DEADLINE) as client:
@@ -226,7 +224,7 @@ def test_a_dead_process_ends_the_worker_with_the_reason(
         connections = await spread(proc, per_process=1)
         survivor = next(c for c in connections if c.owner == "mp-http-0")
         waiting = asyncio.create_task(survivor.post("/v1/embeddings", {"input": "waiting"}))
-        await until(lambda: _stats(proc)["in_flight"] == 1, "the request in the forward pass")
+        await until(lambda: proc.stats()["in_flight"] == 1, "the request in the forward pass")
         worker_processes(proc)[victim].send_signal(signal.SIGKILL)
         status, body = await waiting  # answered, not left hanging
         assert status == 503, body
@@ -243,7 +241,7 @@ def test_no_request_waits_past_its_deadline(server: ServerFactory, tmp_path: Pat
     async def go() -> None:
         connections = await spread(proc, per_process=3)
         busy = asyncio.create_task(connections[0].post("/v1/embeddings", {"input": "occupy"}))
-        await until(lambda: _stats(proc)["in_flight"] == 1, "the forward pass to start")
+        await until(lambda: proc.stats()["in_flight"] == 1, "the forward pass to start")
 
         async def late(i: int, conn: Connection) -> float:
             started = time.monotonic()
@@ -259,17 +257,17 @@ def test_no_request_waits_past_its_deadline(server: ServerFactory, tmp_path: Pat
         assert not busy.done()
         open_gate(gate)
         assert (await busy)[0] == 200
-        await until(lambda: _stats(proc)["queue_depth"] == 0, "the queue to empty")
+        await until(lambda: proc.stats()["queue_depth"] == 0, "the queue to empty")
 
     asyncio.run(go())
     assert not [t for t in _computed(record) if t.startswith("late-")]
-    assert _metric(proc, "modelpool_dropped_total", reason="timeout") == 4
+    assert proc.metric("modelpool_dropped_total", reason="timeout") == 4
 
 
 def test_streaming_crosses_the_process_boundary_piece_by_piece(server: ServerFactory, tmp_path: Path) -> None:
     gate = tmp_path / "emit-gate"
     proc = server(
-        "--model", "/", "--task", "text-generation", "--handler", "tests.server.handlers:EchoGeneration",
+        "--model", "/", "--task", "text-generation", "--handler", GENERATION,
         "--device", "cpu", "--name", "gen", env={"HANDLER_EMIT_GATE": str(gate)}, wait="ready",
     )  # fmt: skip
     body = {"prompt": "alpha beta gamma", "max_tokens": 10, "stream": True}
@@ -291,19 +289,19 @@ def test_streaming_crosses_the_process_boundary_piece_by_piece(server: ServerFac
 def test_warm_up_runs_before_ready_and_is_reported(server: ServerFactory, tmp_path: Path) -> None:
     record = tmp_path / "record.txt"
     warm = server(
-        "--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:WarmEcho",
+        "--model", "/", "--task", "text-embedding", "--handler", handler_name(WarmEcho),
         "--device", "cpu", env={"HANDLER_RECORD": str(record)}, wait="ready",
     )  # fmt: skip
     assert _computed(record) == ["warm-up"]
-    assert _stats(warm)["warmup_seconds"] is not None
-    assert _metric(warm, "modelpool_model_warmup_seconds") == _stats(warm)["warmup_seconds"]
+    assert warm.stats()["warmup_seconds"] is not None
+    assert warm.metric("modelpool_model_warmup_seconds") == warm.stats()["warmup_seconds"]
     record.unlink()
     cold = server(
-        "--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:WarmEcho",
+        "--model", "/", "--task", "text-embedding", "--handler", handler_name(WarmEcho),
         "--device", "cpu", "--skip-warmup", env={"HANDLER_RECORD": str(record)}, wait="ready",
     )  # fmt: skip
     assert not record.exists()
-    assert _stats(cold)["warmup_seconds"] is None
+    assert cold.stats()["warmup_seconds"] is None
 
 
 def test_the_probe_port_answers_while_the_http_processes_cannot(
@@ -318,7 +316,7 @@ def test_the_probe_port_answers_while_the_http_processes_cannot(
     probes = httpx.Client(base_url=f"http://127.0.0.1:{probe_port}", timeout=5)
     assert probes.get("/v2/health/ready").json() == {"ready": True, "state": "Ready"}
     same = ("state", "queue_capacity", "requests_total", "model")
-    served, probed = _stats(proc), probes.get("/stats").json()
+    served, probed = proc.stats(), probes.get("/stats").json()
     assert {k: served[k] for k in same} == {k: probed[k] for k in same}
     assert probes.get("/v1/embeddings").status_code == 404  # the traffic stays on the serving port
     # /metrics too, with the HTTP processes' counters (their multiprocess files) and the shared gauges.

@@ -12,7 +12,8 @@ import openai
 import pytest
 import tritonclient.http as triton
 
-from tests.server.conftest import ServerProcess, start_server
+from testkit.echo_models import GENERATION
+from testkit.server import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def gen() -> Iterator[ServerProcess]:
     proc = start_server(
-        "--model", "/", "--task", "text-generation", "--handler", "tests.server.handlers:EchoGeneration",
+        "--model", "/", "--task", "text-generation", "--handler", GENERATION,
         "--device", "cpu", "--name", "gen", wait="ready",
     )  # fmt: skip
     yield proc

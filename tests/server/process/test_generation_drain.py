@@ -4,18 +4,17 @@ process exits 0 (issue 20: "SIGTERM drains running generations")."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from testkit import tiny_models
-from tests.server.conftest import ServerFactory, ServerProcess
+from testkit.server import ServerFactory, ServerProcess
+from testkit.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -28,17 +27,14 @@ CONTEXT = 1024
 DEADLINE = 60.0
 
 
-def _generation(server: ServerProcess) -> dict[str, Any]:
-    figures: dict[str, Any] = httpx.get(server.url + "/stats", timeout=5).json()["generation"]
-    return figures
-
-
 def _until_running(server: ServerProcess, count: int) -> dict[str, Any]:
-    deadline = time.monotonic() + DEADLINE
-    while (figures := _generation(server))["running"] != count:
-        assert time.monotonic() < deadline, f"never {count} running: {figures}"
-        time.sleep(0.01)
-    return figures
+    """The generation engine's figures once ``count`` sequences are running."""
+
+    def running() -> dict[str, Any] | None:
+        figures: dict[str, Any] = server.stats()["generation"]
+        return figures if figures["running"] == count else None
+
+    return wait_for(running, DEADLINE, 0.01, f"{count} running")
 
 
 def _text(first: openai.types.Completion, rest: Iterator[openai.types.Completion]) -> tuple[str, str | None]:
@@ -55,7 +51,7 @@ def test_sigterm_drains_running_generations(server: ServerFactory, tmp_path: Pat
         "--kv-cache-tokens", str(4 * CONTEXT), wait="ready",
     )  # fmt: skip
     client = openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0, timeout=DEADLINE)
-    assert _generation(proc)["engine"] == "continuous-batching"
+    assert proc.stats()["generation"]["engine"] == "continuous-batching"
     greedy: dict[str, Any] = {"model": "tiny", "max_tokens": MAX_TOKENS, "temperature": 0}
     # The whole text each prompt gets (greedy: the same however the batch is made up), both at once.
     with ThreadPoolExecutor(len(PROMPTS)) as pool:

@@ -22,25 +22,24 @@ from pathlib import Path
 import httpx
 import pytest
 
-from testkit.environment import free_port
-from testkit.server import HostControlClient
+from testkit.echo_models import ECHO
+from testkit.server import ServerProcess, SharedHost, start_host
 from testkit.waiting import wait_for
-from tests.server.conftest import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
 
 MI = 1 << 20
-ECHO = "tests.server.handlers:EchoEmbedding"
 WAKE_TIMEOUT_S = 10.0
 ANSWERED_WITHIN_S = WAKE_TIMEOUT_S / 2
 WAIT_S = 30.0
 NAMES = ("a", "b", "c")
 
 
-class Host(HostControlClient):
-    def __init__(self, server: ServerProcess, control: str, gate: Path) -> None:
-        super().__init__(control, timeout=60)
-        self.server = server
+class Host(SharedHost):
+    """The host, its control API and the gate file its echo models' forward passes wait for."""
+
+    def __init__(self, server: ServerProcess, gate: Path) -> None:
+        super().__init__(server, timeout=60)
         self.gate = gate
 
     def ask_in_thread(self, name: str, answers: dict[str, tuple[int, float]]) -> threading.Thread:
@@ -72,14 +71,12 @@ def _answered(answers: dict[str, tuple[int, float]], names: list[str]) -> None:
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     folder = tmp_path_factory.mktemp("host")
     gate = folder / "gate"
-    probe = free_port()
-    server = start_server(
-        "--shared-host", "--probe-port", str(probe), "--device-memory", f"{100 * MI}", "--http-workers", "1",
-        "--max-models", str(len(NAMES)), "--wake-timeout", str(WAKE_TIMEOUT_S), "--gpus", "1",  # one device
-        "--model-overhead", "0",  # room for one model's declared 100 MiB: its process is charged nothing
-        env={"HANDLER_RUN_GATE": str(gate)}, wait="live", timeout=60,
+    # Room for one model's declared 100 MiB: its process is charged nothing (the default model overhead 0).
+    server = start_host(
+        "--wake-timeout", str(WAKE_TIMEOUT_S),
+        device_memory=100 * MI, max_models=len(NAMES), env={"HANDLER_RUN_GATE": str(gate)},
     )  # fmt: skip
-    host = Host(server, f"http://127.0.0.1:{probe}", gate)
+    host = Host(server, gate)
     try:
         config = {"source": str(folder), "task": "text-embedding", "handler": ECHO, "memory": f"{100 * MI}"}
         for name in NAMES:  # each load puts the one before to sleep: the device holds one
@@ -89,7 +86,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         yield host
     finally:
         gate.touch()
-        server.stop()
+        host.stop()
 
 
 def test_two_requests_for_sleeping_models_at_once_are_both_answered(host: Host) -> None:

@@ -21,9 +21,10 @@ from model_server.engine.download import (
     ignore_patterns,
     wanted_files,
 )
+from testkit.echo_models import ECHO
 from testkit.kubectl import wait_for
+from testkit.server import ServerFactory, ServerProcess
 from tests.hub import HELD_AFTER, LocalHub
-from tests.server.conftest import ServerFactory, ServerProcess
 
 REPO = "sentence-transformers/all-MiniLM-L6-v2"
 WEIGHTS = "model.safetensors"
@@ -70,7 +71,7 @@ def test_two_servers_sharing_a_cache_fetch_each_file_once(
         # (in the shared cache, whichever of them writes it).
         if hub.count("HEAD", f"/{WEIGHTS}") < 2:
             return None
-        stats = [_stats(first), _stats(second)]
+        stats = [first.stats(), second.stats()]
         partial = all(
             s["state"] == "Loading" and others < s["download"]["downloaded_bytes"] < total for s in stats
         )
@@ -88,18 +89,18 @@ def test_two_servers_sharing_a_cache_fetch_each_file_once(
     hub.release()
 
     for proc in (first, second):
-        wait_for(lambda p=proc: _stats(p)["state"] == "Ready", 180, message="server Ready")  # type: ignore[misc]
+        wait_for(lambda p=proc: p.stats()["state"] == "Ready", 180, message="server Ready")  # type: ignore[misc]
     assert hub.bodies() == {name: 1 for name in hub.files(REPO)}, hub.requests
     assert all(
-        _stats(p)["download"] == {"downloaded_bytes": total, "total_bytes": total} for p in (first, second)
+        p.stats()["download"] == {"downloaded_bytes": total, "total_bytes": total} for p in (first, second)
     )
     assert _embed(first) == _embed(second)
 
     fetched, two = dict(hub.requests), hub.summary()
     third = _start(server, hub, tmp_path)
-    wait_for(lambda: _stats(third)["state"] == "Ready", 180, message="third server Ready")
+    wait_for(lambda: third.stats()["state"] == "Ready", 180, message="third server Ready")
     assert hub.bodies() == {name: 1 for name in hub.files(REPO)}
-    assert _stats(third)["download"] == {"downloaded_bytes": total, "total_bytes": total}
+    assert third.stats()["download"] == {"downloaded_bytes": total, "total_bytes": total}
     later = {key: n - fetched.get(key, 0) for key, n in hub.requests.items() if n != fetched.get(key, 0)}
     # Only the metadata: the model's info (file list) and the revision's commit.
     assert all(method == "GET" and path.startswith("/api/models/") for method, path in later), later
@@ -109,10 +110,8 @@ def test_two_servers_sharing_a_cache_fetch_each_file_once(
 
 
 def test_local_sources_report_no_download(server: ServerFactory) -> None:
-    proc = server(
-        "--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:EchoEmbedding"
-    )
-    assert _stats(proc)["download"] is None
+    proc = server("--model", "/", "--task", "text-embedding", "--handler", ECHO)
+    assert proc.stats()["download"] is None
 
 
 def test_download_helpers(tmp_path: Path) -> None:

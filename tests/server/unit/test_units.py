@@ -24,6 +24,7 @@ from model_server.metrics import gpu_memory, gpu_peak_reserved
 from model_server.state_machine import StateMachine
 from model_server.tasks.base import TextItem
 from model_server.tasks.text_embedding import micro_batches, read_pooling
+from testkit.echo_models import ECHO
 
 
 def _bytes_blob(items: list[bytes]) -> bytes:
@@ -245,7 +246,7 @@ async def test_an_idle_worker_trims_its_heap_once_after_a_quiet_second(
     quiet = 0.5
     monkeypatch.setattr(worker_module, "IDLE_TRIM_AFTER_S", quiet)
     config = ServerConfig(
-        model=str(tmp_path), task="text-embedding", handler="tests.server.handlers:EchoEmbedding",
+        model=str(tmp_path), task="text-embedding", handler=ECHO,
         termination_log=tmp_path / "termination-log",
     )  # fmt: skip
     worker = worker_module.Worker(config, StateMachine(), lambda code, reason: None)

@@ -2,7 +2,7 @@
 bytes, answered without a 5xx, with a reason in every 4xx, by a process that stays alive, ready and
 bounded in memory.
 
-One server (the echo embedding handler, ``tests/server/handlers.py``: no model weights, so nearly every
+One server (the echo embedding handler, ``testkit/echo_models.py``: no model weights, so nearly every
 case costs only the HTTP path) serves the whole module over one keep-alive connection.  Hypothesis builds
 the bodies from strategies of their own (``tests/server/fuzzcases.py``, shared with the gateway's fuzz
 test) and runs derandomized, so CI sees the same cases every time.  Route groups: the OpenAI routes
@@ -25,7 +25,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.server.conftest import ServerProcess, start_server
+from testkit.echo_models import ECHO
+from testkit.server import ServerProcess, start_server
 from tests.server.fuzzcases import (
     FUZZ_SETTINGS,
     HUGE_HEADERS,
@@ -54,7 +55,7 @@ RSS_GROWTH_LIMIT = 48 * 2**20
 @pytest.fixture(scope="module")
 def fuzz_server() -> Iterator[ServerProcess]:
     proc = start_server(
-        "--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:EchoEmbedding",
+        "--model", "/", "--task", "text-embedding", "--handler", ECHO,
         "--device", "cpu", "--name", MODEL, "--max-request-bytes", "65536", "--max-batch-delay-ms", "0",
         "--skip-warmup", wait="ready",
     )  # fmt: skip

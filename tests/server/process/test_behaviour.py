@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,13 +19,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import ServerFactory, ServerProcess, start_server
-from tests.server.conftest import metric as _metric
-from tests.server.conftest import stats as _stats
+from testkit.echo_models import ECHO, FailingLoad, handler_name
+from testkit.environment import ROOT
+from testkit.server import ServerFactory, ServerProcess, start_server
+from testkit.waiting import wait_for
 
 pytestmark = pytest.mark.slow
-
-ECHO = "tests.server.handlers:EchoEmbedding"
 
 
 def _embed(url: str, texts: list[str], **headers: str) -> httpx.Response:
@@ -37,12 +38,12 @@ def _v2(name: str, datatype: str, shape: list[int], data: list[Any]) -> bytes:
 
 
 def _wait_state(server: ServerProcess, state: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _stats(server)["state"] == state:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"state {state} not reached; stats: {_stats(server)}")
+    wait_for(
+        lambda: server.stats()["state"] == state,
+        timeout,
+        0.05,
+        lambda: f"state {state}; stats: {server.stats()}",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_happy_path_and_stats(echo: ServerProcess) -> None:
     r = _embed(echo.url, ["abc", "hello"])
     assert r.status_code == 200, r.text
     assert [d["embedding"][0] for d in r.json()["data"]] == [3.0, 5.0]
-    stats = _stats(echo)
+    stats = echo.stats()
     for key in ("state", "state_since", "queue_depth", "queue_capacity", "in_flight", "last_request_time",
                 "requests_total", "rejected_total", "errors_total", "load_error", "load_progress", "memory",
                 "model"):  # fmt: skip
@@ -76,7 +77,7 @@ def test_happy_path_and_stats(echo: ServerProcess) -> None:
     assert stats["version"] == 1 and stats["queue_capacity"] == 4
     assert stats["model"] == {"name": "echo", "task": "text-embedding", "source": "/"}
     assert stats["memory"]["rss_bytes"] > 0
-    assert _metric(echo, "modelpool_queue_capacity") == 4
+    assert echo.metric("modelpool_queue_capacity") == 4
 
 
 def test_overload_burst_gets_429_with_retry_after_and_no_5xx(echo: ServerProcess) -> None:
@@ -96,7 +97,7 @@ def test_overload_burst_gets_429_with_retry_after_and_no_5xx(echo: ServerProcess
         assert int(r.headers["Retry-After"]) >= 1
         assert r.json()["error"]["type"] == "overloaded"
     assert time.monotonic() - started < 30
-    assert _metric(echo, "modelpool_rejected_total", reason="overloaded") >= len(rejected)
+    assert echo.metric("modelpool_rejected_total", reason="overloaded") >= len(rejected)
 
 
 def test_deadline_header_gives_504_and_request_is_dropped(echo: ServerProcess, record_file: Path) -> None:
@@ -115,9 +116,9 @@ def test_deadline_header_gives_504_and_request_is_dropped(echo: ServerProcess, r
     assert busy.status_code == 200
     assert late.status_code == 504, late.text
     assert late.json()["error"]["type"] == "timeout"
-    time.sleep(0.5)
-    assert "too-late-header" not in record_file.read_text()
+    # One queue, in order: once a later request is answered, the timed-out one was computed or dropped.
     assert _embed(echo.url, ["after"]).status_code == 200
+    assert "too-late-header" not in record_file.read_text()
 
 
 def test_v2_timeout_parameter_gives_504(echo: ServerProcess) -> None:
@@ -150,11 +151,18 @@ def test_disconnected_client_is_dropped_before_compute(echo: ServerProcess, reco
                 )
             assert (await busy).status_code == 200
 
-    before = _metric(echo, "modelpool_dropped_total", reason="disconnected")
+    before = echo.metric("modelpool_dropped_total", reason="disconnected")
     asyncio.run(go())
-    time.sleep(0.8)
+    wait_for(
+        lambda: echo.metric("modelpool_dropped_total", reason="disconnected") == before + 1,
+        10,
+        0.05,
+        "the disconnected request counted as dropped",
+    )
+    # One queue, in order: once a later request is answered, the dropped one was not computed after all.
+    assert _embed(echo.url, ["after-gone"]).status_code == 200
     assert "gone-client" not in record_file.read_text()
-    assert _metric(echo, "modelpool_dropped_total", reason="disconnected") == before + 1
+    assert echo.metric("modelpool_dropped_total", reason="disconnected") == before + 1
 
 
 def test_failing_forward_pass_fails_only_that_request(echo: ServerProcess) -> None:
@@ -162,7 +170,7 @@ def test_failing_forward_pass_fails_only_that_request(echo: ServerProcess) -> No
     assert r.status_code == 500
     assert "forward pass exploded" in r.json()["error"]["message"]
     assert _embed(echo.url, ["fine"]).status_code == 200
-    assert _stats(echo)["errors_total"] >= 1
+    assert echo.stats()["errors_total"] >= 1
 
 
 def test_oom_splits_the_batch_and_retries_halves(echo: ServerProcess) -> None:
@@ -248,7 +256,7 @@ def test_ready_goes_idle_then_processing_again(echo: ServerProcess) -> None:
     _wait_state(echo, "Idle", timeout=15)
     assert httpx.get(echo.url + "/v2/health/ready", timeout=5).status_code == 200
     assert _embed(echo.url, ["wake"]).status_code == 200
-    assert _stats(echo)["state"] in ("Ready", "Processing")
+    assert echo.stats()["state"] in ("Ready", "Processing")
 
 
 def test_health_and_stats_answer_during_a_slow_cpu_heavy_load(server: ServerFactory, tmp_path: Path) -> None:
@@ -280,9 +288,25 @@ def test_health_and_stats_answer_during_a_slow_cpu_heavy_load(server: ServerFact
     assert statistics.median(latencies) < 0.1, sorted(latencies)
 
 
+def test_console_script_exits_2_with_one_line() -> None:
+    script = Path(sys.executable).parent / "modelpool-server"
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "model_server"]
+    proc = subprocess.run(
+        [*cmd, "--model", "/m", "--task", "text-embedding", "--max-batch-delay-ms", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--max-batch-delay-ms" in lines[0], proc.stderr
+
+
 def test_load_failure_exits_3_with_termination_message(server: ServerFactory) -> None:
     proc = server(
-        "--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:FailingLoad",
+        "--model", "/", "--task", "text-embedding", "--handler", handler_name(FailingLoad),
         "--device", "cpu", wait="none",
     )  # fmt: skip
     assert proc.wait_exit(60) == 3
@@ -343,7 +367,7 @@ def test_sigterm_while_loading_exits_0_promptly(server: ServerFactory) -> None:
         "--model", "/", "--task", "text-embedding", "--handler", ECHO, "--device", "cpu",
         env={"HANDLER_LOAD_SECONDS": "60"},
     )  # fmt: skip
-    assert _stats(proc)["state"] == "Loading"
+    assert proc.stats()["state"] == "Loading"
     started = time.monotonic()
     proc.terminate()
     assert proc.wait_exit(30) == 0
@@ -360,7 +384,7 @@ def test_infer_fast_path_answers_like_the_fastapi_route(
     # /v2/models/echo/infer is served by the outermost middleware's fast path; the /versions/1 form
     # goes through FastAPI's routing and exception handlers. Both must answer the same way.
     doc = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}
-    rejected_before = _stats(echo)["rejected_total"]
+    rejected_before = echo.stats()["rejected_total"]
     answers = [
         httpx.post(echo.url + path, json=doc, timeout=30)
         for path in ("/v2/models/echo/infer", "/v2/models/echo/versions/1/infer")
@@ -368,6 +392,6 @@ def test_infer_fast_path_answers_like_the_fastapi_route(
     assert [a.status_code for a in answers] == [status, status], [a.text for a in answers]
     assert answers[0].json() == answers[1].json()
     if status == 400:  # refused requests are counted as rejections on both paths
-        assert _stats(echo)["rejected_total"] == rejected_before + 2
+        assert echo.stats()["rejected_total"] == rejected_before + 2
     unknown = httpx.post(echo.url + "/v2/models/nope/infer", json=doc, timeout=30)
     assert unknown.status_code == 404 and "nope" in unknown.json()["error"]

@@ -17,7 +17,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.server.conftest import ServerProcess, start_server
+from testkit.server import ServerProcess, start_server
 from tests.server.tiny_fixtures import (
     gradient_png,
     image_bytes,

@@ -17,12 +17,14 @@ import pytest
 
 from model_server.supervisor.supervisor import WATCH_PERIOD_S
 from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_INFERENCE_WEDGED
+from testkit.echo_models import ECHO, FailsAfterAdmission, handler_name
 from testkit.environment import free_port
-from tests.server.conftest import ServerFactory, ServerProcess
-from tests.server.conftest import stats as _stats
-from tests.server.test_processes import DEADLINE, ECHO, until
+from testkit.server import ServerFactory, ServerProcess
+from testkit.waiting import wait_for, wait_for_async
 
 pytestmark = pytest.mark.slow
+
+DEADLINE = 30.0  # bound on every wait below (the events come in milliseconds)
 
 
 def _held(server: ServerFactory, tmp_path: Path, *flags: str) -> tuple[ServerProcess, httpx.Client]:
@@ -54,7 +56,7 @@ def test_a_wedged_forward_pass_fails_the_worker_within_its_bound(
             started = time.monotonic()
             # The client is answered at its deadline; the forward pass goes on, stuck.
             assert (await client.post("/v1/embeddings", json={"input": "stuck"})).status_code == 504
-            await until(dead, "liveness to fail")
+            await wait_for_async(dead, DEADLINE, message="liveness to fail")
             return time.monotonic() - started
 
     failed_after = asyncio.run(go())
@@ -71,7 +73,7 @@ def test_requests_that_fail_after_admission_give_their_slot_back(server: ServerF
     """A length hint that raises and an item that cannot be pickled fail in the HTTP process after the
     door's slot was taken: 1,000 of them leave the capacity whole and the worker serving."""
     proc = server(
-        "--model", "/", "--task", "text-embedding", "--handler", "tests.server.handlers:FailsAfterAdmission",
+        "--model", "/", "--task", "text-embedding", "--handler", handler_name(FailsAfterAdmission),
         "--device", "cpu", "--name", "echo", "--http-workers", "2", "--queue-capacity", "4",
         wait="ready",
     )  # fmt: skip
@@ -82,12 +84,14 @@ def test_requests_that_fail_after_admission_give_their_slot_back(server: ServerF
             assert hint.status_code == 500, hint.text
             pickled = client.post("/v2/models/echo/infer", json=unpicklable)
             assert pickled.status_code == 500, pickled.text
-        stats = _stats(proc)
+        stats = proc.stats()
         assert (stats["queue_depth"], stats["in_flight"], stats["state"]) == (0, 0, "Ready"), stats
         ok = client.post("/v1/embeddings", json={"input": ["fine", "also fine"]})
         assert ok.status_code == 200, ok.text
         assert [d["embedding"] for d in ok.json()["data"]] == [[4.0, 2.0], [9.0, 2.0]]
-    asyncio.run(until(lambda: _stats(proc)["state"] == "Ready" and _stats(proc)["queue_depth"] == 0, "Ready"))
+    wait_for(
+        lambda: proc.stats()["state"] == "Ready" and not proc.stats()["queue_depth"], DEADLINE, 0.02, "Ready"
+    )
 
 
 def test_a_drain_that_times_out_exits_non_zero_with_the_reason(server: ServerFactory, tmp_path: Path) -> None:
@@ -96,7 +100,9 @@ def test_a_drain_that_times_out_exits_non_zero_with_the_reason(server: ServerFac
     async def go() -> int:
         async with httpx.AsyncClient(base_url=proc.url, timeout=DEADLINE) as client:
             held = asyncio.create_task(client.post("/v1/embeddings", json={"input": "held"}))
-            await until(lambda: _stats(proc)["in_flight"] == 1, "the forward pass to start")
+            await wait_for_async(
+                lambda: proc.stats()["in_flight"] == 1, DEADLINE, message="the forward pass to start"
+            )
             proc.terminate()
             return (await held).status_code
 

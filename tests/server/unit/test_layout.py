@@ -12,9 +12,10 @@ import importlib.util
 import re
 from pathlib import Path
 
+from testkit.environment import ROOT as REPOSITORY
 from testkit.layout import imports_of
 
-ROOT = Path(__file__).resolve().parents[2] / "model_server"
+ROOT = REPOSITORY / "model_server"
 SIDES = ("frontend", "engine", "supervisor")
 
 

@@ -21,10 +21,8 @@ from typing import Any
 import openai
 import pytest
 
-from testkit.environment import free_port
-from testkit.server import HostControlClient
+from testkit.server import ServerProcess, SharedHost, start_host
 from testkit.waiting import wait_for
-from tests.server.conftest import start_server
 from tests.server.tiny_fixtures import image_bytes, tiny_image_embedding, tiny_text_generation, tiny_vision
 
 __all__ = ["tiny_image_embedding", "tiny_text_generation", "tiny_vision"]  # fixtures used by name
@@ -35,12 +33,14 @@ MI = 1 << 20
 WAIT_S = 60.0
 
 
-class Host(HostControlClient):
-    """The host's control API and an ``openai`` client on its serving port."""
+class Host(SharedHost):
+    """The host, its control API and an ``openai`` client on its serving port."""
 
-    def __init__(self, url: str, probe_port: int) -> None:
-        super().__init__(f"http://127.0.0.1:{probe_port}")
-        self.client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=WAIT_S)
+    def __init__(self, server: ServerProcess) -> None:
+        super().__init__(server)
+        self.client = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=WAIT_S
+        )
 
     def free(self) -> int:
         return int(self.stats()["host"]["devices"][0]["free"])
@@ -76,12 +76,7 @@ def until(condition: Callable[[], bool], what: str) -> None:
 def host(
     minilm: Path, tiny_text_generation: Path, tiny_image_embedding: Path, tiny_vision: Path
 ) -> Iterator[tuple[Host, dict[str, dict[str, Any]]]]:
-    probe = free_port()
-    server = start_server(
-        "--shared-host", "--probe-port", str(probe), "--device-memory", f"{1000 * MI}", "--http-workers", "1",
-        "--max-models", "4", "--model-overhead", f"{10 * MI}", "--gpus", "1",  # one device
-        wait="live", timeout=60,
-    )  # fmt: skip
+    host = Host(start_host(device_memory=1000 * MI, max_models=4, model_overhead=10 * MI))
     loads = {
         "minilm": {"source": str(minilm), "task": "text-embedding", "memory": f"{300 * MI}"},
         "gen": {"source": str(tiny_text_generation), "task": "text-generation", "memory": f"{300 * MI}"},
@@ -89,9 +84,9 @@ def host(
         "vision": {"source": str(tiny_vision), "task": "vision", "memory": f"{300 * MI}"},
     }
     try:
-        yield Host(server.url, probe), loads
+        yield host, loads
     finally:
-        server.stop()
+        host.stop()
 
 
 def test_four_tasks_share_one_host_sleep_wake_make_room_unload_and_fail_alone(

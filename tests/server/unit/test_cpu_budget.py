@@ -1,18 +1,11 @@
 """The worker's CPU budget (``model_server/cpu_budget.py``): the cgroup quota read from files laid out as
-the kernel lays them out, the decisions as pure functions, and one real server started inside a real
-cgroup with a 1-CPU quota on this multi-core machine, whose model must run one CPU thread, not torch's
-default of one per core."""
+the kernel lays them out, and the decisions as pure functions (a real server in a real 1-CPU cgroup:
+``tests/server/process/test_cpu_quota.py``)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-import pytest
-
-from bench.cgroups import CpuCgroup, cpu_cgroup
 from model_server.config import load_config
 from model_server.cpu_budget import (
     THREADS_ENV,
@@ -21,9 +14,7 @@ from model_server.cpu_budget import (
     intra_op_threads,
     quota_cpus,
     size_intra_op_threads,
-    visible_cpus,
 )
-from tests.server.conftest import ServerFactory, stats
 
 V1_SELF = "12:cpu,cpuacct:/kubepods/pod1/c1\n11:memory:/kubepods/pod1/c1\n0::/\n"
 V2_SELF = "0::/kubepods.slice/pod1/c1\n"
@@ -87,34 +78,3 @@ def test_intra_op_threads_flag() -> None:
     base = ["--model", "/m", "--task", "text-embedding"]
     assert load_config([*base, "--intra-op-threads", "4"]).intra_op_threads == 4
     assert load_config(base).intra_op_threads is None
-
-
-# ---- a real cgroup ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def one_cpu_cgroup() -> Iterator[CpuCgroup]:
-    if visible_cpus() < 2:
-        pytest.skip("needs at least 2 CPUs, so that a 1-CPU quota differs from the CPU count")
-    with contextlib.ExitStack() as stack:
-        try:
-            group = stack.enter_context(cpu_cgroup(1.0))
-        except OSError as exc:
-            pytest.skip(f"cannot make a cgroup with a CPU quota here: {exc}")
-        yield group
-
-
-@pytest.mark.slow
-def test_a_cpu_limit_caps_the_models_threads(
-    one_cpu_cgroup: CpuCgroup, minilm: Path, server: ServerFactory
-) -> None:
-    # The cgroup comes first: fixtures are torn down in reverse, so the server stops before it goes.
-    srv = server(
-        "--model", str(minilm), "--task", "text-embedding", "--name", "minilm", "--device", "cpu",
-        env={THREADS_ENV: ""}, wait="ready", timeout=300, preexec=one_cpu_cgroup.join,
-    )  # fmt: skip
-    members = one_cpu_cgroup.members()
-    assert srv.proc.pid in members and len(members) >= 3  # the supervisor, the inference and HTTP processes
-    assert stats(srv)["cpu_threads"] == 1  # torch's default here would be one per core
-    r = httpx.post(srv.url + "/v1/embeddings", json={"input": ["a limited worker still serves"]}, timeout=60)
-    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384

@@ -13,7 +13,7 @@ import openai
 import pytest
 import tritonclient.http as triton
 
-from tests.server.conftest import ServerProcess, start_server
+from testkit.server import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -134,6 +134,6 @@ def test_batching_under_concurrency_gives_same_vectors(minilm_server: ServerProc
 
 
 def test_stats_reports_the_models_cpu_threads(minilm_server: ServerProcess) -> None:
-    # The test servers run with OMP_NUM_THREADS=1 (tests/server/conftest.py): a pod's own setting is kept.
+    # The test servers run with OMP_NUM_THREADS=1 (testkit.server.TEST_THREADS): a pod's own setting is kept.
     doc = httpx.get(minilm_server.url + "/stats", timeout=5).json()
     assert doc["cpu_threads"] == 1

@@ -27,30 +27,21 @@ from tritonclient.utils import InferenceServerException
 
 from modelpool_contract.exits import EXIT_DEVICE_FAILED
 from testkit import prom
-from testkit.environment import free_port
-from testkit.server import HostControlClient
+from testkit.echo_models import ECHO
+from testkit.server import SharedHost, start_host
 from testkit.waiting import wait_for
-from tests.server.conftest import ServerProcess, start_server
 from tests.server.fuzzcases import HUGE_HEADERS, raw_exchange
 
 pytestmark = pytest.mark.slow
 
 MI = 1 << 20
-ECHO = "tests.server.handlers:EchoEmbedding"
 WAIT_S = 60.0
 KEY = "serving-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-class Host(HostControlClient):
-    """The host process and its control API."""
-
-    def __init__(self, server: ServerProcess, probe_port: int) -> None:
-        super().__init__(f"http://127.0.0.1:{probe_port}")
-        self.server = server
-
-    def state(self, name: str) -> str:
-        return self.states()[name]
+class Host(SharedHost):
+    """The host process, its control API and the Triton client on its serving port."""
 
     def triton(self) -> triton.InferenceServerClient:
         return triton.InferenceServerClient(self.server.url.removeprefix("http://"))
@@ -67,21 +58,20 @@ def embed(host: Host, model: str, text: str) -> np.ndarray[Any, Any]:
     result = client.infer(model, [data], headers=AUTH)
     vector = result.as_numpy("embedding")
     assert vector is not None
-    return vector[0]
+    first: np.ndarray[Any, Any] = vector[0]
+    return first
 
 
 @pytest.fixture(scope="module")
 def host(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
-    probe = free_port()
     key_file = tmp_path_factory.mktemp("key") / "api-key"
     key_file.write_text(KEY)
-    server = start_server(
-        "--shared-host", "--probe-port", str(probe), "--device-memory", f"{1040 * MI}", "--http-workers", "1",
-        "--api-key-file", str(key_file), "--max-models", "4", "--sleep-idle",
-        "--model-overhead", f"{10 * MI}", "--gpus", "1",  # one device, whatever GPUs the machine has
-        "--request-body-timeout-seconds", "1", wait="live", timeout=60,
+    host = Host(
+        start_host(
+            "--api-key-file", str(key_file), "--sleep-idle", "--request-body-timeout-seconds", "1",
+            device_memory=1040 * MI, max_models=4, model_overhead=10 * MI,
+        )
     )  # fmt: skip
-    host = Host(server, probe)
     echo = str(tmp_path_factory.mktemp("echo"))
     loads = {
         "minilm": {"source": str(minilm), "task": "text-embedding", "memory": f"{300 * MI}"},
@@ -95,7 +85,7 @@ def host(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hos
             assert answer.status_code == 200 and answer.json()["state"] == "Ready", (name, answer.text)
         yield host
     finally:
-        server.stop()
+        host.stop()
 
 
 def test_requests_reach_their_model_by_name_with_the_real_clients(host: Host) -> None:

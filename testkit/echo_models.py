@@ -1,7 +1,10 @@
-"""``--handler`` test classes: real ``Task`` implementations with controllable behaviour.
+"""The echo models: ``--handler`` test classes, real ``Task`` implementations with controllable behaviour
+and no weights (the server, host and gateway tests, the operator's and gateway's process-node pools, the
+benchmarks and the demo start them).
 
-The server process imports these as ``tests.server.handlers:Class`` (the repository root is on its
-PYTHONPATH).  Behaviour knobs come from the environment so one class serves many tests:
+The server process imports these as ``testkit.echo_models:Class`` (the repository root is on its
+PYTHONPATH; ``handler_name`` spells that, ``ECHO`` and ``GENERATION`` are the two most started).
+Behaviour knobs come from the environment so one class serves many tests:
 
 * ``HANDLER_LOAD_SECONDS``: the load spins the CPU (pure Python, holding the GIL as a real load would)
   for this long;
@@ -22,6 +25,7 @@ error), ``oom`` (CUDA out of memory whenever the unit holds more than one item),
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -44,16 +48,18 @@ from model_server.tasks.base import (
     decode_text,
     require_tensor,
 )
+from testkit.waiting import WaitTimeoutError, wait_for
 
 TEXT = TensorSpec("text", "BYTES", (-1,))
 EMBEDDING = TensorSpec("embedding", "FP32", (-1, 2))
 
 
 def _wait_for(gate: str | None) -> None:
-    """Sleep (not spin: the worker's other threads keep the CPU) until ``gate`` exists, at most 120 s."""
-    end = time.monotonic() + 120.0
-    while gate and not os.path.exists(gate) and time.monotonic() < end:
-        time.sleep(0.01)
+    """Sleep (not spin: the worker's other threads keep the CPU) until ``gate`` exists, at most 120 s; then
+    go on all the same (a test that never opens its gate fails on its own bound, not inside the model)."""
+    if gate:
+        with contextlib.suppress(WaitTimeoutError):
+            wait_for(lambda: os.path.exists(gate), 120.0, 0.01, f"gate {gate}")
 
 
 def _spin(seconds: float, gate: str | None = None) -> None:
@@ -185,3 +191,12 @@ class FailsAfterAdmission(EchoEmbedding):
     ) -> list[TextItem]:
         items = super().decode_v2(inputs, parameters)
         return [_Unpicklable(i.text) if i.text == "unpicklable" else i for i in items]
+
+
+def handler_name(task: type[Task[Any, Any]]) -> str:
+    """The ``--handler`` value (``module:Class``) by which the server imports ``task`` in its processes."""
+    return f"{task.__module__}:{task.__qualname__}"
+
+
+ECHO = handler_name(EchoEmbedding)
+GENERATION = handler_name(EchoGeneration)
