@@ -146,6 +146,17 @@ def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     }
 
 
+def test_inference_pools_are_off_until_asked_and_then_granted_and_told(helm: list[str]) -> None:
+    variable = "MODELPOOL_OPERATOR_INFERENCE_POOLS_ENABLED"
+    docs = render(helm)
+    assert variable not in _operator_env(docs)
+    assert not {r for role in by_kind(docs, "ClusterRole") for r in _rules(role) if r[1] == "inferencepools"}
+    docs = render(helm, "--set", "inferencePool.enabled=true")
+    assert _operator_env(docs)[variable] == "true"
+    granted = {r for role in by_kind(docs, "ClusterRole") for r in _rules(role) if r[1] == "inferencepools"}
+    assert {verb for _, _, verb in granted} == {"create", "patch", "list", "delete"}
+
+
 def test_rbac_follows_the_scope_and_peering(helm: list[str]) -> None:
     """The verbs themselves are checked against the operator's real requests (test_rbac.py, on the API
     server); here: what each switch adds or removes, and no wildcard anywhere."""
@@ -521,8 +532,8 @@ def test_the_admission_policy_binds_the_watched_namespaces_or_is_left_out(helm: 
 
 def test_the_operators_writes_policy_matches_its_service_account_in_every_namespace(helm: list[str]) -> None:
     """templates/operatorpolicy.yaml: the operator's ServiceAccount alone, pods/Services/NetworkPolicies/
-    PodDisruptionBudgets/Secrets, bound everywhere (whatever the scope), the allowed host paths with the
-    operator's own cache."""
+    PodDisruptionBudgets/Secrets/InferencePools, bound everywhere (whatever the scope), the allowed host
+    paths with the operator's own cache."""
     name = f"{OPERATOR}-writes"
     for args in ([], ["--set", "scope.clusterWide=false", "--set", "scope.namespaces={a,b}"]):
         docs = render(helm, *args)
@@ -535,7 +546,9 @@ def test_the_operators_writes_policy_matches_its_service_account_in_every_namesp
         resources = {
             r for rule in policy["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]
         }
-        assert resources == {"pods", "services", "secrets", "networkpolicies", "poddisruptionbudgets"}
+        assert resources == {
+            "pods", "services", "secrets", "networkpolicies", "poddisruptionbudgets", "inferencepools"
+        }  # fmt: skip
         assert {v["reason"] for v in policy["spec"]["validations"]} == {"Forbidden"}
         binding = one(docs, "ValidatingAdmissionPolicyBinding", name)
         assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}

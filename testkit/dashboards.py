@@ -134,11 +134,13 @@ GATEWAY = Dashboard(
             unit="s",
         ),
         Panel(
-            "In flight and held, per pool",
-            (
-                Query("sum by (pool) (modelpool_gateway_in_flight_requests)", "{{pool}} in flight"),
-                Query("sum by (pool) (modelpool_gateway_held_requests)", "{{pool}} held"),
-            ),
+            "In flight at workers, per pool",
+            _q("sum by (pool) (modelpool_gateway_in_flight_requests)", "{{pool}}"),
+        ),
+        Panel(
+            "Held while a pool wakes, per pool",
+            _q("sum by (pool) (modelpool_gateway_held_requests)", "{{pool}}"),
+            needs="event",
         ),
         Panel(
             "Workers routed to, per pool",

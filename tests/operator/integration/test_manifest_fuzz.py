@@ -128,7 +128,9 @@ def from_schema(node: dict[str, Any], depth: int = 0) -> st.SearchStrategy[Any]:
             optional={k: from_schema(v, depth + 1) for k, v in props.items() if k not in required},
         )
     if kind == "object" and isinstance(node.get("additionalProperties"), dict):
-        return st.dictionaries(free_text.filter(bool), from_schema(node["additionalProperties"]), max_size=2)
+        low = node.get("minProperties", 0)
+        values = from_schema(node["additionalProperties"])
+        return st.dictionaries(free_text.filter(bool), values, min_size=low, max_size=max(low, 2))
     return st.just({})
 
 
@@ -171,6 +173,9 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
         cache.setdefault(
             "claimName" if cache["type"] == "pvc" else "path", "c" if cache["type"] == "pvc" else "/c"
         )
+    if "inferencePool" in spec:
+        # The endpoint picker reads what only text-generation workers export (CEL on spec.inferencePool).
+        spec["model"]["task"] = "text-generation"
     if "host" in spec:
         # A shared pool leaves the pod to its ModelHost: the CEL rules on spec refuse these fields.
         for field, _, _ in SHARED_POOL_RULES:
