@@ -229,8 +229,9 @@ class Gateway:
 
     async def _admitted(self, call: Call, send: Send, receive: Receive, may_hold: bool) -> int:
         """Route the request if its key's limits admit it, else 429 with the key's own Retry-After."""
-        if call.caller is None or not call.limits.any:
+        if call.caller is None:  # --auth none: no key, no limits
             return await self._route(call, send, receive, may_hold)
+        # A key without limits passes at once (and any windows it had before its limits went are dropped).
         refusal = self.limiter.admit(call.caller, call.limits, time.monotonic_ns())
         if refusal is None:
             return await self._route(call, send, receive, may_hold)
