@@ -597,6 +597,13 @@ def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str])
     assert c["securityContext"].items() >= RESTRICTED_CONTAINER.items()
     deployment = one(docs, "Deployment", GATEWAY)
     assert deployment["spec"]["replicas"] == 2
+    # Each replica enforces its share of every key's limits: the replicas it is one of.
+    assert env["MODELPOOL_GATEWAY_REPLICAS"] == "2"
+    three = {
+        e["name"]: e["value"]
+        for e in container(render(helm, "--set", "gateway.replicaCount=3"), GATEWAY)["env"]
+    }
+    assert three["MODELPOOL_GATEWAY_REPLICAS"] == "3"
     # A read-only root: Python's tempfile writes to a /tmp emptyDir.
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]

@@ -10,6 +10,8 @@ one definition.  A key Secret::
       key: <the bearer token, at least MIN_KEY_LENGTH characters, no whitespace>
       namespaces: team-a,team-b   # optional: every pool of these namespaces ("*": every namespace)
       pools: team-c/bert,gpt      # optional: these pools ("name" alone: in the Secret's own namespace)
+      requestsPerMinute: "600"    # optional: at most this many requests in any 60 s (429 past it)
+      tokensPerMinute: "100000"   # optional: admitted while the last 60 s used fewer tokens (429 past it)
 
 Without ``namespaces`` and ``pools`` a key grants the pools of its Secret's own namespace; with only
 ``pools``, exactly those pools.  Grants beyond the Secret's own namespace are honoured only for Secrets in
@@ -36,6 +38,16 @@ NAMESPACES_FIELD: Final = "namespaces"
 #: Secret data key: comma-separated pools the key grants, ``namespace/name`` or a name in the Secret's
 #: own namespace.
 POOLS_FIELD: Final = "pools"
+#: Secret data key: the most requests the key may send in any ``LIMIT_WINDOW_SECONDS`` (a positive
+#: integer; absent: no limit).
+REQUESTS_PER_MINUTE_FIELD: Final = "requestsPerMinute"
+#: Secret data key: the key's requests are admitted while the tokens its answers reported using in the last
+#: ``LIMIT_WINDOW_SECONDS`` are under this (a positive integer; absent: no limit).
+TOKENS_PER_MINUTE_FIELD: Final = "tokensPerMinute"
+#: The window both limits are counted over.
+LIMIT_WINDOW_SECONDS: Final = 60
+#: The largest limit a key Secret may set (larger is refused as a typo rather than taken as "unlimited").
+MAX_PER_MINUTE: Final = 10**12
 #: In ``namespaces``: every namespace the gateway routes to (only in the gateway's own namespace).
 ALL_NAMESPACES: Final = "*"
 

@@ -3,10 +3,11 @@
 ``Access.check`` runs before anything else in the gateway (``Gateway.__call__``): a request outside
 ``OPEN_PATHS`` without a key the store holds is answered 401 (``WWW-Authenticate: Bearer``) in its
 protocol's error shape, having read no body, resolved no name and held nothing.  A request with a key
-carries its ``Grant`` in the ASGI scope (``GRANT_SCOPE_KEY``), and every name it sends is resolved in
-``Access.index(grant)``: a name index of the granted pools only, so a pool the key does not grant is not
-found, exactly like a pool that does not exist (same 404, same message), and never held, woken or listed;
-nor can another tenant's pool make a granted name ambiguous.
+carries its ``Grant`` in the ASGI scope (``GRANT_SCOPE_KEY``), with its digest, name and limits per minute
+(``limits``: the app admits it or answers 429 once the model is resolved), and every name it sends is
+resolved in ``Access.index(grant)``: a name index of the granted pools only, so a pool the key does not
+grant is not found, exactly like a pool that does not exist (same 404, same message), and never held,
+woken or listed; nor can another tenant's pool make a granted name ambiguous.
 
 Open without a key: the gateway's own health and readiness (``OPEN_PATHS``), which the kubelet calls
 without one; they carry no model data.  ``/metrics`` is open too, to answer 404 to anyone: the metrics,
@@ -26,6 +27,7 @@ from typing import Any, Literal
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.errors import Send, send_error
 from modelpool_gateway.keys import EVERYTHING, Grant, KeyStore, bearer_token, token_digest
+from modelpool_gateway.limits import NO_LIMITS, Limits
 from modelpool_gateway.names import NameIndex
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"})
@@ -34,6 +36,8 @@ GRANT_SCOPE_KEY = "modelpool.grant"
 CALLER_SCOPE_KEY = "modelpool.caller"
 # The key's name (its Secret's namespace/name): what the usage metrics are labelled by; absent: no key.
 KEY_NAME_SCOPE_KEY = "modelpool.key_name"
+# The key's limits per minute (``limits``); absent: none (``--auth none``).
+LIMITS_SCOPE_KEY = "modelpool.limits"
 NOTHING = Grant()
 # Scoped indexes kept at most (one per distinct grant in use); all are dropped when the pools change.
 _INDEX_CACHE_LIMIT = 1024
@@ -50,6 +54,12 @@ def key_name_of(scope: MutableMapping[str, Any]) -> str:
     for a refused key and on the open paths."""
     name: str = scope.get(KEY_NAME_SCOPE_KEY, "")
     return name
+
+
+def limits_of(scope: MutableMapping[str, Any]) -> Limits:
+    """The limits of the key ``Access.check`` accepted; none with ``--auth none``."""
+    limits: Limits = scope.get(LIMITS_SCOPE_KEY, NO_LIMITS)
+    return limits
 
 
 def grant_of(scope: MutableMapping[str, Any]) -> Grant:
@@ -72,27 +82,34 @@ class Access:
 
     def authenticate(self, headers: list[tuple[bytes, bytes]]) -> Grant | str:
         """The request's grant, or the refusal's reason (``missing_key``, ``invalid_key``)."""
+        found = self._lookup(headers)
+        return found if isinstance(found, str) else found[0]
+
+    def _lookup(self, headers: list[tuple[bytes, bytes]]) -> tuple[Grant, bytes | None] | str:
+        """The request's grant and its key's digest (None with ``--auth none``), or the refusal's reason."""
         if self.mode == "none" or self.keys is None:
-            return EVERYTHING
+            return EVERYTHING, None
         header = next((v for k, v in headers if k == b"authorization"), None)
         token = bearer_token(header)
         if token is None:
             return "missing_key" if header is None else "invalid_key"
-        return self.keys.grant(token) or "invalid_key"
+        digest = token_digest(token)
+        grant = self.keys.grant_of(digest)
+        return (grant, digest) if grant is not None else "invalid_key"
 
     async def check(self, scope: MutableMapping[str, Any], send: Send) -> str | None:
         """Put the grant in ``scope``; or answer 401 and return the reason."""
         if scope["path"] in OPEN_PATHS:
             return None
-        grant = self.authenticate(scope["headers"])
-        if isinstance(grant, Grant):
-            scope[GRANT_SCOPE_KEY] = grant
-            if self.mode == "keys" and self.keys is not None:
-                token = bearer_token(next((v for k, v in scope["headers"] if k == b"authorization"), None))
-                scope[CALLER_SCOPE_KEY] = token_digest(token) if token is not None else None
-                scope[KEY_NAME_SCOPE_KEY] = self.keys.name_of(token) if token is not None else ""
+        found = self._lookup(scope["headers"])
+        if not isinstance(found, str):
+            scope[GRANT_SCOPE_KEY], digest = found
+            if digest is not None and self.keys is not None:
+                scope[CALLER_SCOPE_KEY] = digest
+                scope[KEY_NAME_SCOPE_KEY] = self.keys.name_of_digest(digest)
+                scope[LIMITS_SCOPE_KEY] = self.keys.limits_of(digest)
             return None
-        what = "missing API key" if grant == "missing_key" else "invalid API key"
+        what = "missing API key" if found == "missing_key" else "invalid API key"
         await send_error(
             send,
             scope["path"].startswith("/v1/"),
@@ -101,7 +118,7 @@ class Access:
             f"{what}: send the header 'Authorization: Bearer <key>'",
             headers=[(b"www-authenticate", b"Bearer")],
         )
-        return grant
+        return found
 
     def upstream_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """The request's headers as they may go to a worker (see the module docstring)."""

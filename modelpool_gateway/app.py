@@ -12,7 +12,9 @@ off); every other request to the least loaded worker (``picker.pick``).
 ``/v1/chat/completions``, ``/v1/images/generations`` and everything under ``/v2/models/``) are handled here
 as raw ASGI, which keeps the added latency small; every other route goes to the Starlette app of
 ``routes``.  Before any of it, ``access`` checks the request's API key (401 without a valid one) and
-every model name is resolved among the pools the key grants only (``modelpool_gateway.access``).
+every model name is resolved among the pools the key grants only (``modelpool_gateway.access``); once
+resolved, a request of a key with limits per minute is admitted by its key's windows or answered 429 with
+the key's own Retry-After (``limits``), and its answer's tokens are charged to the key when it has ended.
 Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes`` per body and
 ``max_body_bytes_in_flight`` for all bodies together (``bodies``: 429 past it), each read within
 ``request_body_timeout_seconds`` (408 after), an OpenAI body parsed only within ``max_json_items`` items and
@@ -39,7 +41,7 @@ from urllib.parse import quote
 
 import orjson
 
-from modelpool_gateway.access import Access, caller_of, grant_of, key_name_of
+from modelpool_gateway.access import Access, caller_of, grant_of, key_name_of, limits_of
 from modelpool_gateway.bodies import BodyBytes, Ticket
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamBroken, UpstreamTimeout
@@ -48,6 +50,7 @@ from modelpool_gateway.demand import DemandRecorder
 from modelpool_gateway.errors import Send, send_error
 from modelpool_gateway.hold import Baton, Holds, hold_budget, hold_reason, hopeless
 from modelpool_gateway.jsoncost import TOO_MANY_ITEMS, json_refusal
+from modelpool_gateway.limits import NO_LIMITS, Limiter, Limits
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.names import Unresolved, split_v2_path
 from modelpool_gateway.picker import Candidate, pick
@@ -101,6 +104,7 @@ class Call:
     prefix: int | None = None
     key_name: str = ""  # the key's Secret (``access.key_name_of``): what the usage metrics count per
     items: tuple[ItemKind, int] | None = None  # what it asks to compute (``usage.items``)
+    limits: Limits = NO_LIMITS  # its key's limits per minute (``access.limits_of``)
 
     @property
     def label(self) -> str:
@@ -151,6 +155,7 @@ class Gateway:
         metrics: Metrics,
         access: Access,
         fallback: Any,
+        limiter: Limiter | None = None,
     ) -> None:
         self.settings = settings
         self.access = access
@@ -160,6 +165,8 @@ class Gateway:
         self.upstream = upstream
         self.metrics = metrics
         self.fallback = fallback
+        # The keys' windows (``limits``); the key store forgets a key's windows with its last Secret.
+        self.limiter = limiter or Limiter(settings.replicas)
         # This gateway's requests in flight to each worker (the picker's load), and in the gateway at all.
         self.loads: dict[Key, int] = {}
         self.in_flight = 0
@@ -210,7 +217,7 @@ class Gateway:
                 )
             else:
                 label = call.label
-                code = await self._route(call, send, receive, scope["method"] == "POST")
+                code = await self._admitted(call, send, receive, scope["method"] == "POST")
         finally:
             self.in_flight -= 1
             self.bodies.give_back(ticket)
@@ -220,8 +227,28 @@ class Gateway:
         self.metrics.of(self.metrics.requests, label, str(code)).inc()
         self.metrics.of(self.metrics.key_requests, key_name_of(scope), label, str(code)).inc()
 
+    async def _admitted(self, call: Call, send: Send, receive: Receive, may_hold: bool) -> int:
+        """Route the request if its key's limits admit it, else 429 with the key's own Retry-After."""
+        if call.caller is None:  # --auth none: no key, no limits
+            return await self._route(call, send, receive, may_hold)
+        # A key without limits passes at once (and any windows it had before its limits went are dropped).
+        refusal = self.limiter.admit(call.caller, call.limits, time.monotonic_ns())
+        if refusal is None:
+            return await self._route(call, send, receive, may_hold)
+        self.metrics.of(self.metrics.refused, call.label, refusal.reason).inc()
+        message = f"this API key is over its limit of {refusal.limit} {refusal.unit} per minute"
+        if refusal.share != refusal.limit:
+            message += f" ({refusal.share} on each of {self.limiter.replicas} gateway replicas)"
+        message += f"; retry after {refusal.retry_after} s"
+        return await send_error(
+            send, call.openai, 429, "rate_limit_exceeded", message, retry_after=refusal.retry_after
+        )
+
     def _used(self, call: Call, used: Usage) -> None:
-        """What an answered (200) request used, on its key's usage metrics."""
+        """What an answered (200) request used, on its key's usage metrics and its token window."""
+        if call.caller is not None:
+            tokens = used.prompt_tokens + used.completion_tokens
+            self.limiter.charge_tokens(call.caller, call.limits, tokens, time.monotonic_ns())
         if call.items is not None:
             item, count = call.items
             self.metrics.of(self.metrics.key_items, call.key_name, call.label, item).inc(count)
@@ -308,7 +335,8 @@ class Gateway:
         prefix = self._prefix(key, scope["path"], doc)
         asks = items(scope["path"], doc)
         timeout = _client_timeout(scope["headers"])
-        return Call(key, True, out, timeout, caller_of(scope), prefix, key_name_of(scope), asks)
+        caller, name = caller_of(scope), key_name_of(scope)
+        return Call(key, True, out, timeout, caller, prefix, name, asks, limits_of(scope))
 
     def _prefix(self, key: Key, path: str, doc: Any) -> int | None:
         """The ring position a text-generation pool's request is routed by (``prefix``), else None."""
@@ -333,7 +361,15 @@ class Gateway:
         headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], path, headers, body)
         timeout = _client_timeout(scope["headers"])
-        return Call(resolved.key, False, out, timeout, caller_of(scope), key_name=key_name_of(scope))
+        return Call(
+            resolved.key,
+            False,
+            out,
+            timeout,
+            caller_of(scope),
+            key_name=key_name_of(scope),
+            limits=limits_of(scope),
+        )
 
     def _model_name(self, key: Key) -> str:
         """The name the upstream knows the model by: the pool's (a worker), or the model's on a host."""

@@ -200,6 +200,15 @@ class GatewaySettings(BaseSettings):
         "own namespace only (needs --namespace: Secrets are never read cluster-wide)",
     )
 
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=10_000,
+        description="Gateway replicas behind one Service (the chart: gateway.replicaCount): each enforces "
+        "limit / replicas (at least 1) of every key's requestsPerMinute and tokensPerMinute, so the "
+        "replicas together allow about the key's limit (less with uneven load)",
+    )
+
     generation_routing: Literal["prefix", "least-loaded"] = Field(
         default="prefix",
         description="prefix: a text-generation pool's chat and completion requests that share a prefix go "

@@ -9,6 +9,11 @@ namespace may grant other namespaces, or every namespace (``*``).  The admin nam
 never the release namespace, whose other Secrets (the operator's control seed, Helm's releases) the
 gateway must not be able to list.
 
+A key Secret may also limit its key: ``requestsPerMinute`` and ``tokensPerMinute`` (``parse_limits``:
+positive integers; anything else refuses the Secret whole, logged like the other fields), enforced by
+``limits.Limiter``. A key held by several Secrets gets the strictest of their limits
+(``Limits.strictest``), so a Secret without limits never lifts another's.
+
 The store keeps no key, only its SHA-256 digest: a request's bearer token is hashed and looked up by
 digest, so neither a log, a heap dump nor the lookup's timing shows a key (the dictionary is searched by
 a digest an attacker cannot steer).  Several Secrets may carry the same key: it grants the union of
@@ -21,7 +26,7 @@ import base64
 import binascii
 import hashlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -32,10 +37,14 @@ from modelpool_contract.gateway_keys import (
     ALL_NAMESPACES,
     KEY_FIELD,
     KEY_SELECTOR,
+    MAX_PER_MINUTE,
     MIN_KEY_LENGTH,
     NAMESPACES_FIELD,
     POOLS_FIELD,
+    REQUESTS_PER_MINUTE_FIELD,
+    TOKENS_PER_MINUTE_FIELD,
 )
+from modelpool_gateway.limits import NO_LIMITS, Limits
 from modelpool_gateway.state import Key
 from modelpool_gateway.watch import WatchSpec
 
@@ -104,6 +113,23 @@ def parse_grant(
     return Grant(frozenset(listed), frozenset(keys))
 
 
+def _limit(name: str, text: str | None) -> int | None:
+    if text is None or text == "":
+        return None
+    if not text.isdecimal() or not 0 < int(text) <= MAX_PER_MINUTE:
+        raise ValueError(f"{name}: {text[:40]!r} is not a whole number from 1 to {MAX_PER_MINUTE}")
+    return int(text)
+
+
+def parse_limits(requests: str | None, tokens: str | None) -> Limits | str:
+    """The limits of a key Secret's ``requestsPerMinute``/``tokensPerMinute`` fields (absent or empty: no
+    limit), or why they are refused."""
+    try:
+        return Limits(_limit(REQUESTS_PER_MINUTE_FIELD, requests), _limit(TOKENS_PER_MINUTE_FIELD, tokens))
+    except ValueError as exc:
+        return str(exc)
+
+
 def token_digest(token: bytes) -> bytes:
     """What the store keeps of a key and looks a bearer token up by."""
     return hashlib.sha256(token).digest()
@@ -126,12 +152,15 @@ def _field(data: Mapping[str, Any], name: str) -> str | None:
         raise ValueError(f"{name}: not base64-encoded UTF-8") from None
 
 
-def key_from_secret(obj: Mapping[str, Any], admin_namespace: str) -> tuple[bytes, Grant] | str:
-    """A key Secret's (digest of its key, grant), or why it is refused."""
+_FIELDS = (KEY_FIELD, NAMESPACES_FIELD, POOLS_FIELD, REQUESTS_PER_MINUTE_FIELD, TOKENS_PER_MINUTE_FIELD)
+
+
+def key_from_secret(obj: Mapping[str, Any], admin_namespace: str) -> tuple[bytes, Grant, Limits] | str:
+    """A key Secret's (digest of its key, grant, limits), or why it is refused."""
     meta = obj.get("metadata") or {}
     data = obj.get("data") or {}
     try:
-        key, namespaces, pools = (_field(data, f) for f in (KEY_FIELD, NAMESPACES_FIELD, POOLS_FIELD))
+        key, namespaces, pools, requests, tokens = (_field(data, f) for f in _FIELDS)
     except ValueError as exc:
         return str(exc)
     if not key:
@@ -141,7 +170,10 @@ def key_from_secret(obj: Mapping[str, Any], admin_namespace: str) -> tuple[bytes
     grant = parse_grant(str(meta.get("namespace") or ""), admin_namespace, namespaces, pools)
     if isinstance(grant, str):
         return grant
-    return token_digest(key.encode()), grant
+    limits = parse_limits(requests, tokens)
+    if isinstance(limits, str):
+        return limits
+    return token_digest(key.encode()), grant, limits
 
 
 # ---- the store ----------------------------------------------------------------------------------------
@@ -153,58 +185,92 @@ def _ref(obj: Mapping[str, Any]) -> Key:
 
 
 class KeyStore:
-    """Digests of the keys of every valid key Secret watched, each with its Secret's grant."""
+    """Digests of the keys of every valid key Secret watched, each with its Secret's grant and limits.
 
-    def __init__(self, admin_namespace: str) -> None:
+    ``on_gone`` is called with a digest no Secret holds any more (deleted, refused, or its key changed),
+    once the change is whole: a Secret updated with the same key, or a relist that lists it again, is
+    no change of key (its limits' windows are kept)."""
+
+    def __init__(self, admin_namespace: str, on_gone: Callable[[bytes], None] | None = None) -> None:
         self.admin_namespace = admin_namespace
+        self.on_gone = on_gone
         self._secrets: dict[Key, bytes] = {}
-        self._grants: dict[bytes, dict[Key, Grant]] = {}
+        self._entries: dict[bytes, dict[Key, tuple[Grant, Limits]]] = {}
 
     def __len__(self) -> int:
         return len(self._secrets)
 
     def grant(self, token: bytes) -> Grant | None:
         """What ``token`` grants; None for a token no Secret holds."""
-        found = self._grants.get(token_digest(token))
+        return self.grant_of(token_digest(token))
+
+    def grant_of(self, digest: bytes) -> Grant | None:
+        found = self._entries.get(digest)
         if not found:
             return None
         grants = iter(found.values())
-        out = next(grants)
-        for more in grants:
+        out = next(grants)[0]
+        for more, _ in grants:
             out = out.union(more)
+        return out
+
+    def limits_of(self, digest: bytes) -> Limits:
+        """The strictest limits of the Secrets holding the key with this digest (none: no limits)."""
+        out = NO_LIMITS
+        for _, limits in self._entries.get(digest, {}).values():
+            out = out.strictest(limits)
         return out
 
     def name_of(self, token: bytes) -> str:
         """The key's name in the usage metrics: ``namespace/name`` of its Secret (the first, sorted, when
         several Secrets hold the same key); empty for a token no Secret holds. Never the key itself."""
-        found = self._grants.get(token_digest(token))
+        return self.name_of_digest(token_digest(token))
+
+    def name_of_digest(self, digest: bytes) -> str:
+        found = self._entries.get(digest)
         return "/".join(min(found)) if found else ""
 
     def set_secret(self, obj: Mapping[str, Any]) -> None:
         ref = _ref(obj)
-        parsed = key_from_secret(obj, self.admin_namespace)
-        self.delete_secret(ref)
-        if isinstance(parsed, str):
-            log.warning("key Secret %s/%s refused: %s", *ref, parsed)
-            return
-        digest, grant = parsed
-        self._secrets[ref] = digest
-        self._grants.setdefault(digest, {})[ref] = grant
+        self._gone({self._add(ref, obj)})
 
     def delete_secret(self, ref: Key) -> None:
-        digest = self._secrets.pop(ref, None)
-        if digest is not None:
-            grants = self._grants[digest]
-            del grants[ref]
-            if not grants:
-                del self._grants[digest]
+        self._gone({self._remove(ref)})
 
     def replace(self, namespace: str, objs: Iterable[Mapping[str, Any]]) -> None:
         """A fresh list of the key Secrets of ``namespace``."""
-        for ref in [r for r in self._secrets if r[0] == namespace]:
-            self.delete_secret(ref)
+        before = {self._remove(ref) for ref in [r for r in self._secrets if r[0] == namespace]}
         for obj in objs:
-            self.set_secret(obj)
+            before.add(self._add(_ref(obj), obj))
+        self._gone(before)
+
+    def _add(self, ref: Key, obj: Mapping[str, Any]) -> bytes | None:
+        """Take in (or refuse) the Secret ``ref``; the digest it held before, if any."""
+        parsed = key_from_secret(obj, self.admin_namespace)
+        before = self._remove(ref)
+        if isinstance(parsed, str):
+            log.warning("key Secret %s/%s refused: %s", *ref, parsed)
+            return before
+        digest, grant, limits = parsed
+        self._secrets[ref] = digest
+        self._entries.setdefault(digest, {})[ref] = (grant, limits)
+        return before
+
+    def _remove(self, ref: Key) -> bytes | None:
+        digest = self._secrets.pop(ref, None)
+        if digest is not None:
+            entries = self._entries[digest]
+            del entries[ref]
+            if not entries:
+                del self._entries[digest]
+        return digest
+
+    def _gone(self, digests: set[bytes | None]) -> None:
+        if self.on_gone is None:
+            return
+        for digest in digests:
+            if digest is not None and digest not in self._entries:
+                self.on_gone(digest)
 
 
 # ---- the watch ----------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from modelpool_gateway.demand import DemandRecorder, LeaseClient
 from modelpool_gateway.draining import CloseWhenDraining, Draining
 from modelpool_gateway.hold import Holds
 from modelpool_gateway.keys import KeyStore, key_namespaces, key_watch
+from modelpool_gateway.limits import Limiter
 from modelpool_gateway.metrics import Metrics
 from modelpool_gateway.proxy import Upstream
 from modelpool_gateway.routes import build_routes
@@ -184,6 +185,9 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     specs = _watches(scopes, registry, api)
     specs += [key_watch(store, client.CoreV1Api(api), ns) for ns in key_scopes if store is not None]
     access = Access(settings.auth, store, registry)
+    limiter = Limiter(settings.replicas)
+    if store is not None:  # a key's windows go with its last Secret
+        store.on_gone = limiter.forget
     upstream = Upstream(settings)
     health = WatchHealth()
     draining = Draining(settings.shutdown_delay_seconds)
@@ -195,6 +199,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
         upstream=upstream,
         metrics=metrics,
         access=access,
+        limiter=limiter,
         fallback=build_routes(
             registry,
             metrics,

@@ -78,9 +78,10 @@ class Metrics:
             "too_many_items, too_deep: the body's JSON over its bounds, counted before parsing; "
             "body_timeout: answered 408, the body did not arrive in time; scaled_to_zero, invalid_spec: "
             "answered 503 at once for a pool that cannot get a worker; "
-            "missing_key, invalid_key: answered 401; not_found: answered 404 for a model the key does not "
-            "reach, whether it exists or not, so the count does not tell). Never by key: an auth refusal's "
-            "pool label is empty.",
+            "key_rate_limited, key_token_limited: answered 429, the key over its requestsPerMinute or "
+            "tokensPerMinute; missing_key, invalid_key: answered 401; not_found: answered 404 for a model "
+            "the key does not reach, whether it exists or not, so the count does not tell). Never by key: "
+            "an auth refusal's pool label is empty.",
             ["pool", "reason"],
             registry=r,
         )

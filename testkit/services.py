@@ -40,6 +40,8 @@ from modelpool_contract.gateway_keys import (
     LABEL_GATEWAY_KEY,
     NAMESPACES_FIELD,
     POOLS_FIELD,
+    REQUESTS_PER_MINUTE_FIELD,
+    TOKENS_PER_MINUTE_FIELD,
 )
 from modelpool_contract.reserved import DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_TOLERATION_KEYS
 from testkit import prom
@@ -332,14 +334,19 @@ def create_key(
     key: str | None = None,
     namespaces: str | None = None,
     pools: str | None = None,
+    requests_per_minute: int | None = None,
+    tokens_per_minute: int | None = None,
 ) -> str:
     """Create (or replace) key Secret ``namespace/name``; returns its key."""
     key = key or secrets.token_urlsafe(24)
     data = {KEY_FIELD: key}
-    if namespaces is not None:
-        data[NAMESPACES_FIELD] = namespaces
-    if pools is not None:
-        data[POOLS_FIELD] = pools
+    given = {
+        NAMESPACES_FIELD: namespaces,
+        POOLS_FIELD: pools,
+        REQUESTS_PER_MINUTE_FIELD: requests_per_minute,
+        TOKENS_PER_MINUTE_FIELD: tokens_per_minute,
+    }
+    data.update({field: str(value) for field, value in given.items() if value is not None})
     manifest = {
         "apiVersion": "v1",
         "kind": "Secret",

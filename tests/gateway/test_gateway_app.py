@@ -21,7 +21,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from modelpool_contract.demand import read_demand
-from modelpool_contract.gateway_keys import KEY_FIELD, NAMESPACES_FIELD
+from modelpool_contract.gateway_keys import (
+    KEY_FIELD,
+    NAMESPACES_FIELD,
+    REQUESTS_PER_MINUTE_FIELD,
+    TOKENS_PER_MINUTE_FIELD,
+)
 from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
@@ -45,6 +50,7 @@ ADMIN = "gateway-admin"
 KEY = "key-of-namespace-ns-0123456789"
 OTHER_KEY = "key-of-namespace-other-0123456789"
 SECOND_KEY = "second-key-of-namespace-ns-0123456789"
+LIMITED_KEY = "limited-key-of-namespace-ns-0123456789"
 
 
 def key_secret(name: str, key: str, **fields: str) -> dict[str, Any]:
@@ -528,6 +534,57 @@ async def test_a_key_revoked_stops_at_once_and_auth_none_lets_everyone_in(gw: Ha
     assert b"authorization: bearer the-pools-own-worker-key" in seen[0].lower()
     await open_gateway.demand.close()
     open_gateway.upstream.close()
+
+
+async def _limited_calls(gw: Harness, fields: dict[str, str], texts: list[str]) -> list[httpx.Response]:
+    """Embeddings of ``texts`` (one request each) with a key limited by ``fields``, then one v2 call."""
+    gw.keys.set_secret(key_secret("limited", LIMITED_KEY, **{NAMESPACES_FIELD: NS, **fields}))
+    async with gw.client(LIMITED_KEY) as c:
+        out = [await c.post("/v1/embeddings", json={"model": "pool", "input": [t]}) for t in texts]
+        out.append(await c.post("/v2/models/pool/infer", json={"inputs": []}))
+    return out
+
+
+def _key_metric(gw: Harness, code: str) -> float:
+    return float(gw.metrics.key_requests.labels(f"{ADMIN}/limited", f"{NS}/pool", code)._value.get())
+
+
+async def test_a_key_over_its_requests_per_minute_gets_429_with_its_own_retry_after(
+    gw: Harness, echo: ServerProcess
+) -> None:
+    gw.worker("w0", echo.port)
+    *answers, over, v2 = await _limited_calls(gw, {REQUESTS_PER_MINUTE_FIELD: "2"}, ["a", "b", "c"])
+    assert [a.status_code for a in answers] == [200, 200]
+    assert over.status_code == 429 and 1 <= int(over.headers["retry-after"]) <= 60
+    error = over.json()["error"]
+    assert error["type"] == "rate_limit_exceeded" and "limit of 2 requests per minute" in error["message"]
+    assert v2.status_code == 429 and isinstance(v2.json()["error"], str)  # KServe's shape
+    assert (await gw.embed()).status_code == 200  # another key of the same pool: unaffected
+    refused = gw.metrics.refused.labels(f"{NS}/pool", "key_rate_limited")._value.get()
+    assert refused == 2 and _key_metric(gw, "429") == 2 and _key_metric(gw, "200") == 2
+
+
+async def test_a_key_over_its_tokens_per_minute_is_refused_once_its_answers_used_them(
+    gw: Harness, echo: ServerProcess
+) -> None:
+    """The echo worker reports each text's length as its prompt tokens: 8 + 8 reach a limit of 10 only
+    after the second answer (a request is admitted while under the limit, then charged)."""
+    gw.worker("w0", echo.port)
+    calls = await _limited_calls(gw, {TOKENS_PER_MINUTE_FIELD: "10"}, ["8 tokens", "8 tokens", "x"])
+    assert [c.status_code for c in calls] == [200, 200, 429, 429]
+    assert "limit of 10 tokens per minute" in calls[2].json()["error"]["message"]
+    assert 1 <= int(calls[2].headers["retry-after"]) <= 60
+    assert gw.metrics.refused.labels(f"{NS}/pool", "key_token_limited")._value.get() == 2
+
+
+async def test_each_replica_enforces_its_share_of_a_keys_limit(echo: ServerProcess) -> None:
+    replica = Harness(replicas=2)
+    replica.worker("w0", echo.port)
+    calls = await _limited_calls(replica, {REQUESTS_PER_MINUTE_FIELD: "5"}, ["a", "b", "c"])
+    assert [c.status_code for c in calls] == [200, 200, 429, 429]
+    assert "(2 on each of 2 gateway replicas)" in calls[2].json()["error"]["message"]
+    await replica.demand.close()
+    replica.upstream.close()
 
 
 async def test_a_body_slower_than_its_deadline_gets_408_and_frees_its_slot() -> None:

@@ -13,6 +13,7 @@ def test_defaults() -> None:
     assert settings.demand_interval_seconds == 5
     assert (settings.metrics_port, settings.max_json_items, settings.max_json_depth) == (8081, 100_000, 64)
     assert (settings.header_timeout_seconds, settings.max_connections) == (10, 4096)
+    assert settings.replicas == 1  # one replica: each key's whole limit
     assert (settings.generation_routing, settings.prefix_chars, settings.prefix_load_factor) == (
         "prefix",
         256,
@@ -30,6 +31,8 @@ def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODELPOOL_GATEWAY_GENERATION_ROUTING", "least-loaded")
     assert load_settings([]).generation_routing == "least-loaded"
     assert load_settings(["--generation-routing", "prefix"]).generation_routing == "prefix"
+    monkeypatch.setenv("MODELPOOL_GATEWAY_REPLICAS", "3")  # the chart's gateway.replicaCount
+    assert load_settings([]).replicas == 3 and load_settings(["--replicas", "2"]).replicas == 2
 
 
 @pytest.mark.parametrize(
@@ -46,6 +49,7 @@ def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--generation-routing", "random"], "--generation-routing"),
         (["--prefix-load-factor", "0.5"], "--prefix-load-factor"),
         (["--prefix-chars", "0"], "--prefix-chars"),
+        (["--replicas", "0"], "--replicas"),
         (["--bogus"], "unrecognized arguments"),
     ],
 )

@@ -15,8 +15,11 @@ from pydantic import ValidationError
 
 from modelpool_contract.gateway_keys import (
     KEY_FIELD,
+    MAX_PER_MINUTE,
     NAMESPACES_FIELD,
     POOLS_FIELD,
+    REQUESTS_PER_MINUTE_FIELD,
+    TOKENS_PER_MINUTE_FIELD,
     default_keys_namespace,
 )
 from modelpool_gateway.config import GatewaySettings
@@ -27,7 +30,10 @@ from modelpool_gateway.keys import (
     bearer_token,
     key_namespaces,
     parse_grant,
+    parse_limits,
+    token_digest,
 )
+from modelpool_gateway.limits import Limits
 from modelpool_gateway.main import key_store, watch_scopes
 from testkit.environment import ROOT
 
@@ -118,6 +124,55 @@ def test_invalid_key_secrets_are_refused() -> None:
     assert store.grant(KEY.encode()) is not None
     store.set_secret(secret(ADMIN, "k", **{KEY_FIELD: KEY, NAMESPACES_FIELD: "a", POOLS_FIELD: "/"}))
     assert store.grant(KEY.encode()) is None
+
+
+def test_limits_are_positive_whole_numbers_or_absent() -> None:
+    assert parse_limits(None, None) == Limits() and parse_limits("", "") == Limits()
+    assert parse_limits("600", "100000") == Limits(600, 100000)
+    assert parse_limits(str(MAX_PER_MINUTE), None) == Limits(MAX_PER_MINUTE, None)
+    for bad in ("0", "-1", "1.5", "1e3", "ten", str(MAX_PER_MINUTE + 1), "²"):
+        for requests, tokens in ((bad, None), (None, bad)):
+            refused = parse_limits(requests, tokens)
+            field = REQUESTS_PER_MINUTE_FIELD if requests else TOKENS_PER_MINUTE_FIELD
+            assert isinstance(refused, str) and refused.startswith(field), (bad, refused)
+
+
+def test_a_secret_with_an_invalid_limit_is_refused_whole_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    store = KeyStore(ADMIN)
+    store.set_secret(secret(ADMIN, "k", **{KEY_FIELD: KEY, REQUESTS_PER_MINUTE_FIELD: "many"}))
+    assert store.grant(KEY.encode()) is None
+    assert f"key Secret {ADMIN}/k refused: requestsPerMinute" in caplog.text and KEY not in caplog.text
+    store.set_secret(secret(ADMIN, "k", **{KEY_FIELD: KEY, TOKENS_PER_MINUTE_FIELD: " 500\n"}))
+    assert store.limits_of(token_digest(KEY.encode())) == Limits(None, 500)
+
+
+def test_a_key_in_several_secrets_gets_the_strictest_limits() -> None:
+    store, digest = KeyStore(ADMIN), token_digest(KEY.encode())
+    store.set_secret(secret(ADMIN, "admin", **{KEY_FIELD: KEY, REQUESTS_PER_MINUTE_FIELD: "10"}))
+    store.set_secret(secret(ADMIN, "more", **{KEY_FIELD: KEY, TOKENS_PER_MINUTE_FIELD: "99"}))
+    store.set_secret(secret(ADMIN, "loose", **{KEY_FIELD: KEY}))  # no limits: lifts none
+    assert store.limits_of(digest) == Limits(10, 99)
+    store.delete_secret((ADMIN, "admin"))
+    assert store.limits_of(digest) == Limits(None, 99)
+    assert store.limits_of(token_digest(b"no-such-key-at-all")) == Limits()
+
+
+def test_a_keys_windows_go_only_when_no_secret_holds_it_any_more() -> None:
+    gone: list[bytes] = []
+    store = KeyStore(ADMIN, on_gone=gone.append)
+    digest = token_digest(KEY.encode())
+    one = secret(ADMIN, "one", **{KEY_FIELD: KEY, REQUESTS_PER_MINUTE_FIELD: "5"})
+    store.set_secret(one)
+    store.set_secret(secret(ADMIN, "one", **{KEY_FIELD: KEY, REQUESTS_PER_MINUTE_FIELD: "9"}))
+    store.replace(ADMIN, [one])  # a relist listing it again
+    store.set_secret(secret(ADMIN, "two", **{KEY_FIELD: KEY}))
+    store.delete_secret((ADMIN, "one"))
+    assert gone == []  # changed, relisted, or still held by another Secret: its windows stay
+    store.set_secret(secret(ADMIN, "two", **{KEY_FIELD: KEY + "-rotated"}))
+    assert gone == [digest]  # its last Secret now holds another key
+    store.set_secret(secret(ADMIN, "two", **{KEY_FIELD: KEY + "-rotated", REQUESTS_PER_MINUTE_FIELD: "x"}))
+    store.replace(ADMIN, [])
+    assert gone == [digest, token_digest((KEY + "-rotated").encode())]
 
 
 def test_the_bearer_token_is_read_from_the_authorization_header() -> None:
