@@ -125,6 +125,8 @@ class Bookkeeping:
     tombstones: Tombstones = field(default_factory=Tombstones)
     # The one task asking the API about due reservations (``effects.apply.settle_soon``), while it runs.
     settle_task: asyncio.Task[None] | None = None
+    # The kinds of owned object each running daemon's pool or ModelHost lost since its last pass (``owned``).
+    _lost: dict[PoolKey, set[str]] = field(default_factory=dict)
 
     # ---- the ledger -------------------------------------------------------------------------------------
 
@@ -178,6 +180,18 @@ class Bookkeeping:
             if on == host:
                 self.poke(key)
 
+    def lose(self, key: PoolKey, kind: str) -> None:
+        """An object of ``kind`` the pool (or ModelHost) of ``key`` owns was deleted: its daemon's next pass,
+        asked for now, makes it again (``take_lost``). Only a daemon of this process's is told: a deleted
+        pool's objects go with it, and nothing is remembered for them."""
+        if key in self._wakeups:
+            self._lost.setdefault(key, set()).add(kind)
+            self.poke(key)
+
+    def take_lost(self, key: PoolKey) -> set[str]:
+        """The kinds the pool (or ModelHost) of ``key`` lost since the last call (``lose``)."""
+        return self._lost.pop(key, set())
+
     def pools(self) -> int:
         """How many pool daemons this process runs."""
         return len(self._wakeups)
@@ -189,6 +203,7 @@ class Bookkeeping:
         self._on_host.pop(key, None)
         self.observed.pop(key, None)
         self.shared.pop(key, None)
+        self._lost.pop(key, None)
 
 
 @dataclass
@@ -258,6 +273,9 @@ class PoolRun:
     # The PodDisruptionBudget this process last wrote (None: none yet, or the last write failed): written
     # again only when the pool's target or spec.disruption changes what it says.
     disruption_budget: dict[str, Any] | None = None
+    # A shared pool removed what it made as a dedicated one (``shared_pool.remove_dedicated_objects``);
+    # reset by a dedicated pass, so a pool switched back and forth removes them again.
+    dedicated_removed: bool = False
     charged: int = 0
     # The API failures of the last pass (reason, message): each is told as an Event and logged when it is
     # new, not at every pass while it lasts.

@@ -35,17 +35,25 @@ from modelpool_contract.demand import (
     demand_pool,
     read_demand,
 )
-from modelpool_contract.labels import LABEL_POOL
+from modelpool_contract.labels import LABEL_MANAGED_BY, LABEL_POOL
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_operator import heap
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun, wait_for_wakeup
 from modelpool_operator.daemon_loop import COALESCE_S, idle_on, run_passes
 from modelpool_operator.effects.apply import write_budget_status
 from modelpool_operator.effects.budget_object import create_budget_until_done
+from modelpool_operator.effects.resources import MANAGED_BY
 from modelpool_operator.host import host_charge_key
 from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import PodsByPool, slim_pod
 from modelpool_operator.observe.ownership import OwnedPods, OwnerRecord, claimed_key, host_record, pool_record
+from modelpool_operator.owned import (
+    OWNED_SELECTOR,
+    OwnedResource,
+    forget_owned,
+    lost_owner,
+    owned_resources,
+)
 from modelpool_operator.pool import OtherPool, PoolKey
 from modelpool_operator.reconcile import reconcile_pool
 from modelpool_operator.reconcile_budget import budget_status_wire
@@ -108,18 +116,30 @@ def _services(memo: Any) -> Services:
 # ---- process lifecycle -------------------------------------------------------------------------------
 
 
+def _owned_id(owned: OwnedResource) -> str:
+    """The id of ``owned_changed`` on one kind of owned object (``watch_owned``)."""
+    return f"owned_{owned.plural}"
+
+
 class QuietWatchHandlers(logging.Filter):
     """Drops Kopf's "Handler 'pod_changed' succeeded." (and the other index and watch-event handlers'): one
     log line per watch event, formatted and written at INFO, tens of thousands in a 1,000-pool scale-up, that
     say nothing (the handlers only index and poke). A failure is still logged, and every other handler's
-    and daemon's lines are kept."""
+    and daemon's lines are kept. The same for ``owned_changed`` on each kind it watches."""
 
-    QUIET = frozenset(
-        f"Handler '{name}' succeeded."
-        for name in ("pod_changed", "pool_changed", "demand_changed", "host_changed", "budget_changed")
-    ) | frozenset(
-        f"Indexer '{name}' succeeded."
-        for name in ("pods_by_pool", "pools_by_key", "budgets_by_name", "hosts_by_key", "demand_by_pool")
+    QUIET = (
+        frozenset(
+            f"Handler '{name}' succeeded."
+            for name in ("pod_changed", "pool_changed", "demand_changed", "host_changed", "budget_changed")
+        )
+        | frozenset(
+            f"Indexer '{name}' succeeded."
+            for name in ("pods_by_pool", "pools_by_key", "budgets_by_name", "hosts_by_key", "demand_by_pool")
+        )
+        | frozenset(
+            f"Handler '{_owned_id(owned)}' succeeded."
+            for owned in owned_resources(network_policies=True, inference_pools=True)
+        )
     )
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -140,6 +160,9 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, logger: kopf.Lo
     quiet_watch_handlers()
     # Watch only the demand Leases (a cluster's nodes renew a Lease each every few seconds).
     settings.watching.label_selectors[LEASE_GROUP, LEASE_PLURAL] = DEMAND_SELECTOR
+    # Watch only the objects the operator owns (``owned``: the cluster's other Services stay unsent).
+    for owned in _owned_kinds(config):
+        settings.watching.label_selectors[owned.group, owned.version, owned.plural] = OWNED_SELECTOR
     memo.services = await start_services(config, memo.get("metrics"), memo.get("identity") or "")
     memo.services.metrics.leader.set(1)  # this process acts (elected, or without an election)
     memo.heap_trimmer = asyncio.create_task(heap.trim_every(), name="heap trimmer")
@@ -368,6 +391,46 @@ async def budget_changed(*, memo: Any, **_: Any) -> None:
     _book(memo).poke_waiting()
 
 
+# ---- the objects the pools own: one deleted is made again --------------------------------------------
+
+
+def _owned_kinds(config: OperatorConfig) -> tuple[OwnedResource, ...]:
+    return owned_resources(
+        network_policies=config.network_policy_enabled, inference_pools=config.inference_pools_enabled
+    )
+
+
+def watch_owned(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:
+    """Register ``owned_changed`` on the kinds of object the operator makes under ``config`` (``owned``):
+    registered by ``main`` before Kopf starts, as which kinds depends on the configuration (RBAC grants the
+    watch of a NetworkPolicy or an InferencePool only where the operator makes them)."""
+    for owned in _owned_kinds(config):
+        kopf.on.event(
+            owned.group,
+            owned.version,
+            owned.plural,
+            id=_owned_id(owned),
+            labels={LABEL_MANAGED_BY: MANAGED_BY},
+            registry=registry,
+        )(owned_changed)
+
+
+async def owned_changed(
+    *,
+    type: str | None,
+    namespace: str | None,
+    meta: kopf.Meta,
+    labels: kopf.Labels,
+    body: kopf.Body,
+    memo: Any,
+    **_: Any,
+) -> None:
+    """One of the pools' (or ModelHosts') objects deleted: its owner makes it again (``owned``)."""
+    key = lost_owner(type, namespace or "", meta, labels)
+    if key is not None:
+        _book(memo).lose(key, str(body.get("kind", "")))
+
+
 # ---- a shared pool's deletion: its model leaves the host pods before the pool goes -------------------
 
 
@@ -430,6 +493,7 @@ async def pool_daemon(
     run = PoolRun(key=(namespace or "", name))
 
     async def one_pass() -> float | None:
+        forget_owned(run, book.take_lost(run.key))
         plan = await reconcile_pool(
             services,
             book,
@@ -523,6 +587,7 @@ async def host_daemon(
     wakeup = book.wakeup(charge_key)
 
     async def one_pass() -> float | None:
+        forget_owned(run, book.take_lost(charge_key))
         await reconcile_host(
             services, book, run=run, body=body, pods_by_pool=pods, pools_by_key=pools, budgets=budgets
         )

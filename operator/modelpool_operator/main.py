@@ -117,10 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import kopf
 
     # Importing the handlers module registers them on Kopf's default registry.
-    from modelpool_operator.handlers import make_memo
+    from modelpool_operator.handlers import make_memo, watch_owned
     from modelpool_operator.leader import default_identity
     from modelpool_operator.metrics import OperatorMetrics
 
+    watch_owned(config)  # the kinds of owned object this configuration makes
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.FULL,

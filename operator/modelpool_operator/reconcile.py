@@ -181,6 +181,7 @@ async def reconcile_pool(
                 services, book, run=run, pool=pool, body=body, hosts=hosts or {}, pods_by_pool=pods_by_pool
             )
             return None if requeue is None else Plan(template_hash=pool.template_hash, requeue_after=requeue)
+        run.dedicated_removed = False  # a switch to spec.host removes its Service, PDB and policy again
         if run.last_status is not None:
             # We are the only writer of status; our last write is newer than what the watch may show yet.
             pool = replace(pool, status=run.last_status)

@@ -15,7 +15,11 @@ from modelpool_contract.api import autoscaling_enabled, parse_host_spec, parse_p
 from modelpool_contract.placements import host_model_name
 from modelpool_operator.bookkeeping import Bookkeeping, PoolRun
 from modelpool_operator.effects.apply import refuse, tell
-from modelpool_operator.effects.shared_pool import delete_workers, write_pool_status
+from modelpool_operator.effects.shared_pool import (
+    delete_workers,
+    remove_dedicated_objects,
+    write_pool_status,
+)
 from modelpool_operator.host import host_charge_key
 from modelpool_operator.indices import HostsByKey
 from modelpool_operator.observe.hosts import (
@@ -59,11 +63,13 @@ async def shared_pass(
     hosts: HostsByKey,
     pods_by_pool: PodsByPool,
 ) -> float | None:
-    """A shared pool's pass: its dedicated workers (a pool switched to ``spec.host``) deleted; its count and
+    """A shared pool's pass: its dedicated workers (a pool switched to ``spec.host``) deleted, and the
+    objects made for them (``remove_dedicated_objects``); its count and
     retries decided (``planner.shared_scale``, over its replicas' figures on the host pods and its demand)
     and handed to its ModelHost's pass (``Bookkeeping.shared``), which places it; its status: the host pods
     holding its model, or why none does. Returns when to look again (None: at the resync)."""
     await delete_workers(services, pool.namespace, list(pods_by_pool.get(pool.key, ())))
+    await remove_dedicated_objects(services, run, pool)
     key = (pool.namespace, pool.spec.host or "")
     try:
         spec = parse_host_spec(dict(next(iter(hosts.get(key, ())))))

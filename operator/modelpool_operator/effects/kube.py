@@ -153,6 +153,7 @@ class KubeApi(Protocol):
     async def ensure_disruption_budget(self, namespace: str, body: Mapping[str, Any]) -> None: ...
     async def ensure_inference_pool(self, namespace: str, body: Mapping[str, Any]) -> None: ...
     async def delete_inference_pool(self, namespace: str, name: str, owner_uid: str | None) -> bool: ...
+    async def delete_owned(self, namespace: str, kind: str, name: str, owner_uid: str) -> bool: ...
     async def patch_pool_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
     async def patch_budget_status(self, name: str, status: Mapping[str, Any]) -> bool: ...
     async def create_budget(self, body: Mapping[str, Any]) -> bool: ...
@@ -453,6 +454,36 @@ class Kube:
             unless=GONE,
         )
 
+    async def delete_owned(self, namespace: str, kind: str, name: str, owner_uid: str) -> bool:
+        """Delete the ``kind`` (a Service, NetworkPolicy or PodDisruptionBudget: ``OWNED_APIS``) ``name`` if
+        its controller is ``owner_uid``, as ``delete_inference_pool`` does (a list by name, then a delete
+        whose precondition is the uid listed); True when one was deleted, False when none of the owner's
+        exists (gone, or someone else's)."""
+        attribute, resource = OWNED_APIS[kind]
+        api = getattr(self, attribute)
+        listed = await self._answer(
+            f"list_{resource}",
+            getattr(api, f"list_namespaced_{resource}")(
+                namespace, field_selector=f"metadata.name={name}", _request_timeout=self._timeout
+            ),
+        )
+        ours = [
+            item.metadata.uid
+            for item in listed.items
+            if any(ref.controller and ref.uid == owner_uid for ref in item.metadata.owner_references or [])
+        ]
+        if not owner_uid or not ours:
+            return False
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=ours[0]))
+        return await self._took_effect(
+            f"delete_{resource}",
+            getattr(api, f"delete_namespaced_{resource}")(
+                name, namespace, body=options, _preload_content=False, _request_timeout=self._timeout
+            ),
+            unless=GONE,
+            unread=True,
+        )
+
     async def _ensure_owned(
         self, api: Any, resource: str, namespace: str, body: Mapping[str, Any], fields: Any, *, kind: str
     ) -> bool:
@@ -530,6 +561,15 @@ class Kube:
         )
 
 
+#: The owned kinds ``Kube.delete_owned`` removes: the client attribute of their API, and their resource as
+#: the generated client names its methods.
+OWNED_APIS: dict[str, tuple[str, str]] = {
+    "Service": ("_core", "service"),
+    "NetworkPolicy": ("_networking", "network_policy"),
+    "PodDisruptionBudget": ("_policy", "pod_disruption_budget"),
+}
+
+
 class _InferencePools:
     """The InferencePool custom resource in the shape ``Kube._ensure_owned`` calls (``create_namespaced_X``,
     ``patch_namespaced_X``), over the generated client's custom-object calls."""
@@ -561,6 +601,7 @@ def _labels_and_spec(body: Mapping[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "INFERENCE_POOL_MISSING",
+    "OWNED_APIS",
     "ApiException",
     "InferencePoolUnavailableError",
     "Kube",

@@ -47,6 +47,11 @@ WatchPods = Callable[[], "PodWatcher"]
 BudgetedOperator = Callable[..., tuple["PodWatcher", "OperatorProcess"]]
 
 
+#: What a merge patch of a ``pool_manifest`` pool's spec removes, with ``host`` set, to switch it to a
+#: ModelHost: a shared pool has no pod template and no GPUs of its own (the CRD refuses both).
+TO_SHARED: dict[str, Any] = {"podTemplate": None, "resources": {"gpus": None}}
+
+
 #: The Gateway API Inference Extension's InferencePool CRD (v1), vendored for the tests (testdata/).
 INFERENCE_POOL_CRD = ROOT / "tests" / "operator" / "integration" / "testdata" / "inferencepools-v1.6.0.yaml"
 INFERENCE_POOL_CRD_NAME = f"{INFERENCE_POOL_PLURAL}.{INFERENCE_GROUP}"

@@ -1,10 +1,10 @@
 """spec.inferencePool on the real API server (issue 33): the InferencePool CRD of the Gateway API Inference
 Extension (v1.6.0, vendored in testdata/) installed, the operator makes a pool's InferencePool with the exact
-shape, selecting the pool's serving workers only (the Service's selector), brings it up to date when the
-spec changes, removes it when the field is removed, and the garbage collector of the real
-kube-controller-manager deletes it with its pool; the pool's NetworkPolicy admits the picker. Without the
-CRD the pool is told so (ApiError, InferencePoolUnavailable, a Warning Event), its workers are made all the
-same, and the InferencePool follows once the CRD is installed.
+shape, selecting the pool's serving workers only (the Service's selector), brings it up to date when the spec
+changes, makes it again when someone deletes it, removes it when the field is removed, and the garbage
+collector of the real kube-controller-manager deletes it with its pool; the pool's NetworkPolicy admits the
+picker. Without the CRD the pool is told so (ApiError, InferencePoolUnavailable, a Warning Event), its
+workers are made all the same, and the InferencePool follows once the CRD is installed.
 
 The workers are KWOK pods (no process behind them): what is checked is what the API server accepted.
 """
@@ -188,6 +188,16 @@ def test_a_pools_inference_pool_selects_its_serving_workers_follows_its_spec_and
 
     wait_for(lambda: (r := ref()) and r["port"] == {"number": 9003} and r["failureMode"] == "FailOpen",
              timeout=60, message="the picker's port and failure mode brought up to date")  # fmt: skip
+    # Deleted by someone, it is made again as the pool says (the operator watches what it owns).
+    uid = (_inference_pool(cluster, namespace, "llm") or {})["metadata"]["uid"]
+    cluster.kubectl("delete", RESOURCE, "llm", "-n", namespace, "--timeout=60s")
+    wait_for(
+        lambda: (p := _inference_pool(cluster, namespace, "llm")) and p["metadata"]["uid"] != uid,
+        timeout=20,
+        interval=0.2,
+        message="the deleted InferencePool made again",
+    )
+    assert (ref() or {}).get("port") == {"number": 9003}
     cluster.kubectl("patch", POOLS, "llm", "-n", namespace, "--type=json", "-p",
                     '[{"op":"remove","path":"/spec/inferencePool"}]')  # fmt: skip
     wait_for(

@@ -1,6 +1,9 @@
 """The pool's NetworkPolicy on the real API server: the operator makes it with the exact shape, brings it up
 to date when it starts with other settings, and the garbage collector of the real kube-controller-manager
-deletes it with its pool; a ModelHost's too, owned by it. Without the setting no policy is made.
+deletes it with its pool; a ModelHost's too, owned by it. Without the setting no policy is made. A pool's
+NetworkPolicy, PodDisruptionBudget or Service, or a ModelHost's NetworkPolicy or PodDisruptionBudget,
+deleted by someone is made again by the running operator (it watches what it owns); a pool switched to
+``spec.host`` loses its Service, NetworkPolicy and PodDisruptionBudget.
 
 No CNI runs here, so nothing enforces the policies: what is checked is the object the API server accepted
 (its validation of named ports, peers and selectors included), not that traffic is refused.
@@ -18,6 +21,7 @@ from testkit.kubectl import apply, get_json, wait_for
 from testkit.services import host_manifest
 from tests.operator.integration.opharness import (
     POOLS,
+    TO_SHARED,
     StartOperator,
     pool_manifest,
     states,
@@ -146,6 +150,68 @@ def test_a_pool_gets_its_network_policy_updated_on_restart_and_deleted_with_it(
         },
     ]
     cluster.kubectl("delete", "modelhosts", "fenced-gpus", "-n", namespace, "--timeout=60s")
+
+
+#: How soon a deleted object is back: a watch event and one pass (a resync would take far longer).
+REMADE_S = 20
+
+
+def _uid(cluster: Cluster, namespace: str, kind: str, name: str) -> str | None:
+    found = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "jsonpath={.metadata.uid}", check=False)
+    return found.stdout.strip() or None if found.returncode == 0 else None
+
+
+def _delete_and_wait_remade(cluster: Cluster, namespace: str, kind: str, name: str) -> None:
+    """Delete the object ``kind``/``name`` and wait until the operator has made it again (a new uid)."""
+    old = wait_for(lambda: _uid(cluster, namespace, kind, name), timeout=60, message=f"{kind} {name} made")
+    cluster.kubectl("delete", kind, name, "-n", namespace, "--timeout=60s")
+    wait_for(
+        lambda: _uid(cluster, namespace, kind, name) not in (None, old),
+        timeout=REMADE_S,
+        interval=0.2,
+        message=f"{kind} {name} made again after its deletion",
+    )
+
+
+def test_a_deleted_policy_budget_or_service_is_made_again(
+    cluster: Cluster, namespace: str, start_operator: StartOperator
+) -> None:
+    """Each object a pool or a ModelHost owns, deleted while the operator runs, is back within REMADE_S:
+    the operator watches them (as controller-runtime's Owns()), not only writes them once per process."""
+    start_operator(namespace, **_settings(APPS))
+    apply(cluster, pool_manifest("kept", replicas=1), namespace)
+    apply(cluster, _modelhost("kept-gpus"), namespace)
+    for kind, name in [
+        ("networkpolicy", "modelpool-kept"),
+        ("poddisruptionbudget", "modelpool-kept"),
+        ("service", "kept"),
+        ("networkpolicy", "modelhost-kept-gpus"),
+        ("poddisruptionbudget", "modelhost-kept-gpus"),
+    ]:
+        _delete_and_wait_remade(cluster, namespace, kind, name)
+    # Made again as before: the pool's policy still selects its workers and admits its callers.
+    policy = _policy(cluster, namespace, "modelpool-kept")
+    assert policy is not None
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"modelpool.dev/pool": "kept"}}
+    assert policy["spec"]["ingress"][1]["from"][2:] == [APPS]
+    # Switched to the ModelHost (spec.host), the pool has no worker of its own: what selected them goes.
+    shared = ["--type", "merge", "-p", json.dumps({"spec": TO_SHARED | {"host": "kept-gpus"}})]
+    cluster.kubectl("patch", POOLS, "kept", "-n", namespace, *shared)
+    dedicated = [
+        ("networkpolicy", "modelpool-kept"),
+        ("poddisruptionbudget", "modelpool-kept"),
+        ("service", "kept"),
+    ]
+    wait_for(
+        lambda: all(_uid(cluster, namespace, kind, name) is None for kind, name in dedicated),
+        timeout=REMADE_S,
+        interval=0.2,
+        message="a shared pool's Service, NetworkPolicy and PodDisruptionBudget deleted",
+    )
+    # The ModelHost's own are kept.
+    assert _policy(cluster, namespace, "modelhost-kept-gpus") is not None
+    cluster.kubectl("delete", "modelhosts", "kept-gpus", "-n", namespace, "--timeout=60s")
+    cluster.kubectl("delete", POOLS, "kept", "-n", namespace, "--timeout=60s")
 
 
 def test_without_the_setting_no_policy_is_made(

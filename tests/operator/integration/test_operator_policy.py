@@ -108,9 +108,9 @@ def _rights(cluster: Cluster, namespace: str) -> None:
     ServiceAccount and for alice, in ``namespace``."""
     rules = [
         ("pods", "create,get,list,patch,delete"),
-        ("services", "create,patch,get"),
-        ("networkpolicies.networking.k8s.io", "create,patch"),
-        ("poddisruptionbudgets.policy", "create,patch"),
+        ("services", "create,patch,get,delete"),
+        ("networkpolicies.networking.k8s.io", "create,patch,delete"),
+        ("poddisruptionbudgets.policy", "create,patch,delete"),
         ("secrets", "create,patch,get"),
         # blockOwnerDeletion on an owner reference: admission asks for update on the owner's finalizers.
         ("modelpools.modelpool.dev/finalizers", "update"),
@@ -343,3 +343,24 @@ def test_the_operator_changes_and_deletes_only_what_it_owns(fence: Fence) -> Non
     assert code != 0 and "only objects a ModelPool or ModelHost controls" in out, out
     code, out = fence.run(fence.operator, "delete", "pod", name, "-n", namespace, "--wait=false")
     assert code == 0, out
+
+
+def test_the_operator_deletes_only_its_own_service_policy_and_budget(fence: Fence) -> None:
+    """A pool turned shared loses its Service, NetworkPolicy and PodDisruptionBudget: the policy admits the
+    operator's delete of each its pool controls, and refuses it on the same object made by someone else."""
+    made = {
+        "service": build_service(fence.pool, PodSettings()),
+        "networkpolicy": build_network_policy(fence.pool, POLICY_SETTINGS),
+        "poddisruptionbudget": build_pool_budget(fence.pool, 2),
+    }
+    for kind, manifest in made.items():
+        name = manifest["metadata"]["name"]
+        theirs = _set(_set(manifest, "metadata.name", f"alices-{kind}"), "metadata.ownerReferences", GONE)
+        code, out = fence.run(USER, "create", "-n", fence.namespace, "-f", "-", manifest=theirs)
+        assert code == 0, (kind, out)
+        code, out = fence.run(fence.operator, "delete", kind, f"alices-{kind}", "-n", fence.namespace)
+        assert code != 0 and "only objects a ModelPool or ModelHost controls" in out, (kind, out)
+        code, out = fence.create(manifest, dry=False)
+        assert code == 0, (kind, out)
+        code, out = fence.run(fence.operator, "delete", kind, name, "-n", fence.namespace)
+        assert code == 0, (kind, out)

@@ -3,15 +3,17 @@
 The verbs the operator uses are not listed by hand: the real operator runs as a ServiceAccount of the
 namespace ``modelpool-audit`` bound to the chart's own rules (rendered by the real helm), does everything it
 does with the chart's settings (a pool created, scaled up and down with an eviction, the operator restarted
-so the pool's Service, NetworkPolicy and PodDisruptionBudget are brought up to date, the ModelBudget created
-by the operator itself (budget.create: a create at each start, 409 once it exists), a text-generation pool's
-InferencePool made, patched and removed (inferencePool.enabled, the InferencePool CRD installed), the pool
-and the ModelBudget deleted, Events posted, the leader election Lease, Kopf's peering), and the API server's
-audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says which (API group,
-resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted verb no request
-used is an extra one. Both scopes are run: namespace scope with the chart's defaults (leader election on a
-Lease in the release namespace, no Kopf peering), cluster scope with the deprecated ClusterKopfPeering on
-too. The pieces shared with the gateway's test (test_gateway_rbac.py) are in tests/rbacaudit.py.
+so the pool's Service, NetworkPolicy and PodDisruptionBudget are brought up to date, then the pool turned
+shared so they are deleted; the operator watches them throughout, to make a deleted one again), the
+ModelBudget created by the operator itself (budget.create: a create at each start, 409 once it exists), a
+text-generation pool's InferencePool made, patched and removed (inferencePool.enabled, the InferencePool CRD
+installed), the pool and the ModelBudget deleted, Events posted, the leader election Lease, Kopf's peering),
+and the API server's audit log (hack/audit-policy.yaml records exactly that namespace's ServiceAccounts) says
+which (API group, resource, verb) it requested. A request the rules refuse (403) is a missing verb; a granted
+verb no request used is an extra one. Both scopes are run: namespace scope with the chart's defaults (leader
+election on a Lease in the release namespace, no Kopf peering), cluster scope with the deprecated
+ClusterKopfPeering on too. The pieces shared with the gateway's test (test_gateway_rbac.py) are in
+tests/rbacaudit.py.
 
 The operator runs under the chart's policy on its own writes (templates/operatorpolicy.yaml, enforced
 before it starts): everything it makes, patches and deletes here (workers, a host pod, the control key
@@ -43,6 +45,7 @@ from testkit.kubectl import apply, get_json, wait_for
 from testkit.services import KWOK_GPU_PLACEMENT, host_manifest
 from tests.operator.integration.opharness import (
     POOLS,
+    TO_SHARED,
     StartOperator,
     install_inference_pool_crd,
     pool_manifest,
@@ -227,7 +230,8 @@ def _exercise(
     workers (pods, the Service, the NetworkPolicy, status, Events, the budget's status,
     Kopf's finalizers and peering), a text-generation pool's InferencePool (made, patched after the restart,
     removed with its field), a scale-down (an eviction patch, then a deletion), a restart (the
-    existing Service and NetworkPolicy patched), and the
+    existing Service and NetworkPolicy patched), the pool turned shared (its Service, NetworkPolicy and
+    PodDisruptionBudget deleted; the owned objects' watches list and watch throughout), and the
     pool and the budget deleted while the operator runs (Kopf removes its finalizers). The budget is the
     operator's to create (budget.create): made at its first start, found existing (409) at its restart."""
     env = {**release.operator_env(), "MODELPOOL_OPERATOR_BUDGET_NAME": release.budget}
@@ -299,6 +303,16 @@ def _exercise(
             timeout=90,
             message="the InferencePool removed with the field",
         )
+        # The pool turned shared (spec.host): its Service, NetworkPolicy and PodDisruptionBudget removed
+        # (a list by name each, a delete with its uid as precondition).
+        shared = ["--type", "merge", "-p", json.dumps({"spec": TO_SHARED | {"host": "audited"}})]
+        crds.kubectl("patch", POOLS, "audited", "-n", namespace, *shared)
+        removed = {
+            ("", "services", "delete"),
+            ("networking.k8s.io", "networkpolicies", "delete"),
+            ("policy", "poddisruptionbudgets", "delete"),
+        }
+        wait_for(lambda: removed <= release.used(), timeout=90, message="a shared pool's objects removed")
     finally:
         # While the operator runs, so that it removes its finalizers.
         crds.kubectl(

@@ -63,6 +63,7 @@ class RecordingKube:
         self.budgets: list[dict[str, Any]] = []  # PodDisruptionBudgets, as sent
         self.inference_pools: list[dict[str, Any]] = []  # InferencePools, as sent
         self.inference_pools_deleted: list[str] = []
+        self.owned_deleted: list[tuple[str, str, str]] = []  # (kind, name, owner uid)
         self.fail_creates = fail_creates  # every create raises this (after taking effect if "made" is set)
         self.made_anyway = False  # a create that fails without an answer still made its pod
         self.fail_services: BaseException | None = None
@@ -129,6 +130,10 @@ class RecordingKube:
         return True
 
     async def create_budget(self, body: Mapping[str, Any]) -> bool:
+        return True
+
+    async def delete_owned(self, namespace: str, kind: str, name: str, owner_uid: str) -> bool:
+        self.owned_deleted.append((kind, name, owner_uid))
         return True
 
     async def patch_host_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
@@ -1009,6 +1014,28 @@ async def test_a_pool_switched_to_a_host_loses_its_dedicated_workers(state: Oper
     assert deleted == ["emb-abcde-0"]
     [patch] = state.kube.status_patches
     assert patch["phase"] == "Pending" and patch["conditions"][0]["reason"] == "NoHost"
+
+
+async def test_a_pool_switched_to_a_host_removes_its_service_and_budget_once(state: Operator) -> None:
+    """A shared pool keeps none of what its dedicated workers had (``dedicated_objects``): its Service and
+    PodDisruptionBudget are removed (its own only: by its uid) at its first shared pass, not at every pass;
+    switched back to dedicated, both are made again, and a second switch removes them again."""
+    body = _pool("emb", 1)
+    one = OnePool(state, body)
+    await one.reconcile()
+    assert [s["metadata"]["name"] for s in state.kube.services] == ["emb"]
+    hosts = {("ns", "gpus"): [_host(1)["spec"]]}
+    body["spec"]["host"] = "gpus"
+    await one.reconcile(hosts=hosts)
+    await one.reconcile(hosts=hosts)
+    removed = [("Service", "emb", "uid-emb"), ("PodDisruptionBudget", "modelpool-emb", "uid-emb")]
+    assert state.kube.owned_deleted == removed
+    del body["spec"]["host"]
+    await one.reconcile()
+    assert len(state.kube.services) == 2 and len(state.kube.budgets) == 2
+    body["spec"]["host"] = "gpus"
+    await one.reconcile(hosts=hosts)
+    assert state.kube.owned_deleted == removed + removed
 
 
 async def test_after_a_restart_a_model_of_another_source_is_unloaded(state: Operator) -> None:
