@@ -154,7 +154,7 @@ def test_inference_pools_are_off_until_asked_and_then_granted_and_told(helm: lis
     docs = render(helm, "--set", "inferencePool.enabled=true")
     assert _operator_env(docs)[variable] == "true"
     granted = {r for role in by_kind(docs, "ClusterRole") for r in _rules(role) if r[1] == "inferencepools"}
-    assert {verb for _, _, verb in granted} == {"create", "patch", "list", "delete"}
+    assert {verb for _, _, verb in granted} == {"create", "patch", "list", "watch", "delete"}
 
 
 def test_rbac_follows_the_scope_and_peering(helm: list[str]) -> None:

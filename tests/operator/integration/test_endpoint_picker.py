@@ -26,9 +26,10 @@ import pytest
 
 from testkit import prom
 from testkit.cluster import Cluster
+from testkit.echo_models import GENERATION
 from testkit.environment import ROOT, free_port
 from testkit.kubectl import apply, get_json, wait_for
-from testkit.services import GENERATION, echo_pool
+from testkit.services import echo_pool
 from tests.operator.integration.opharness import (
     INFERENCE_POOL_CRD_NAME,
     StartOperator,
