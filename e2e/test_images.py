@@ -17,7 +17,6 @@ absent it FAILS with "run make release" (`make test` and CI build it first).
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import subprocess
 from collections.abc import Iterator
@@ -53,12 +52,11 @@ from testkit.imagenode import (
 )
 from testkit.kubectl import bind_host_path
 from testkit.processnode.images import ImageStore
-from testkit.prometheus import prometheus
+from testkit.prometheus import CHART_ALERTS, prometheus, rules_in, series_read
 from testkit.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-ALERTS = ROOT / "charts" / "modelpool-operator" / "files" / "alerts.yaml"
 # Series the alerts read that exist only once something went wrong (a failed API request, a failed watch).
 ON_ERROR_ONLY = {"modelpool_operator_api_errors_total", "modelpool_gateway_watch_restarts_total"}
 # What must be quiet on a healthy release (the error-rate alerts depend on what this run met on the way).
@@ -311,9 +309,9 @@ def test_a_real_prometheus_scrapes_the_release_evaluates_every_alert_and_fills_t
     targets = [_port(operator, "metrics"), _port(gateway, "metrics"), _port(workers[0], PROBE_PORT_NAME)]
     # A request the gateway answers (a 401: no key), so its requests_total has a series.
     httpx.get(f"http://{_port(gateway, 'http')}/v1/models", timeout=10)
-    rules = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
-    read = {n for r in rules for n in re.findall(r"\bmodelpool_[a-z_]+", r["expr"])}
-    with prometheus(targets, [ALERTS], tmp_path / "prometheus") as prom:
+    rules = rules_in(CHART_ALERTS)
+    read = {n for r in rules for n in series_read(r["expr"])}
+    with prometheus(targets, [CHART_ALERTS], tmp_path / "prometheus") as prom:
 
         def all_up() -> bool:
             health = prom.targets_up()

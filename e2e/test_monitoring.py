@@ -7,7 +7,6 @@ images."""
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,13 +15,14 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from e2e.helpers import CHART, require_binary, run
+from e2e.helpers import CHART, by_kind, load_all, require_binary, run
 from modelpool_gateway.metrics import Metrics as GatewayMetrics
 from modelpool_operator.metrics import OperatorMetrics
 from testkit import dashboards
 from testkit.cluster import missing
+from testkit.prometheus import CHART_ALERTS as ALERTS
+from testkit.prometheus import rules_in, series_read
 
-ALERTS = CHART / "files" / "alerts.yaml"
 ALERT_TESTS = Path(__file__).parent / "alerts_test.yaml"
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 
@@ -37,8 +37,14 @@ def promtool() -> str:
 
 
 def _rules() -> list[dict[str, Any]]:
-    groups = yaml.safe_load(ALERTS.read_text())["groups"]
-    return [rule for group in groups for rule in group["rules"]]
+    return rules_in(ALERTS)
+
+
+def _render(*values: str) -> list[dict[str, Any]]:
+    """The chart as ``helm template`` renders it with ``values`` (``key=value``, each a --set)."""
+    sets = [arg for value in values for arg in ("--set", value)]
+    helm = str(require_binary("helm"))
+    return load_all(run([helm, "template", "mp", str(CHART), "--namespace", "mp-system", *sets]).stdout)
 
 
 def test_the_rules_are_valid_for_prometheus(promtool: str) -> None:
@@ -70,18 +76,15 @@ def _exported(registry: CollectorRegistry) -> set[str]:
 
 def test_the_alerts_read_only_series_the_operator_and_the_gateway_export() -> None:
     exported = _exported(OperatorMetrics().registry) | _exported(GatewayMetrics().registry)
-    read = {name for rule in _rules() for name in re.findall(r"\bmodelpool_[a-z_]+", rule["expr"])}
+    read = {name for rule in _rules() for name in series_read(rule["expr"])}
     assert read, "the alerts read modelpool's series"
     assert read - exported == set(), "series no program exports (a renamed metric?)"
 
 
 def test_the_chart_ships_the_rules_unchanged_when_asked() -> None:
-    helm = str(require_binary("helm"))
-    base = [helm, "template", "mp", str(CHART), "--namespace", "mp-system"]
-    assert "PrometheusRule" not in run(base).stdout, "off by default"
-    rendered = run([*base, "--set", "metrics.prometheusRule.enabled=true",
-                    "--set", "metrics.prometheusRule.labels.release=prom"]).stdout  # fmt: skip
-    [rule] = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "PrometheusRule"]
+    assert not by_kind(_render(), "PrometheusRule"), "off by default"
+    rendered = _render("metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=prom")
+    [rule] = by_kind(rendered, "PrometheusRule")
     assert rule["metadata"]["namespace"] == "mp-system"
     assert rule["metadata"]["labels"]["release"] == "prom"
     assert rule["spec"] == yaml.safe_load(ALERTS.read_text())
@@ -94,7 +97,12 @@ def test_the_dashboard_files_are_what_testkit_dashboards_makes() -> None:
 def test_the_dashboards_read_only_series_the_operator_and_the_gateway_export() -> None:
     exported = _exported(OperatorMetrics().registry) | _exported(GatewayMetrics().registry)
     exprs = [q.expr for d in dashboards.DASHBOARDS for p in d.panels for q in p.queries]
-    read = {n for e in exprs for n in re.findall(r"\bmodelpool_(?:operator|gateway)_[a-z_]+", e)}
+    read = {
+        n
+        for e in exprs
+        for n in series_read(e)
+        if n.startswith(("modelpool_operator_", "modelpool_gateway_"))
+    }
     assert read and read - exported == set()
     for dashboard in dashboards.DASHBOARDS:
         titles = [p.title for p in dashboard.panels]
@@ -102,12 +110,12 @@ def test_the_dashboards_read_only_series_the_operator_and_the_gateway_export() -
 
 
 def test_the_chart_ships_each_dashboard_as_a_configmap_for_the_sidecar_when_asked() -> None:
-    helm = str(require_binary("helm"))
-    base = [helm, "template", "mp", str(CHART), "--namespace", "mp-system"]
-    assert "grafana_dashboard" not in run(base).stdout, "off by default"
-    rendered = run([*base, "--set", "dashboards.enabled=true",
-                    "--set", "dashboards.annotations.grafana_folder=modelpool"]).stdout  # fmt: skip
-    maps = [d for d in yaml.safe_load_all(rendered) if d and d["metadata"]["labels"].get("grafana_dashboard")]
+    def sidecar_maps(*values: str) -> list[dict[str, Any]]:
+        docs = by_kind(_render(*values), "ConfigMap")
+        return [d for d in docs if d["metadata"]["labels"].get("grafana_dashboard")]
+
+    assert sidecar_maps() == [], "off by default"
+    maps = sidecar_maps("dashboards.enabled=true", "dashboards.annotations.grafana_folder=modelpool")
     assert {m["metadata"]["name"] for m in maps} == {
         f"mp-modelpool-operator-dashboard-{d.uid.removeprefix('modelpool-')}" for d in dashboards.DASHBOARDS
     }

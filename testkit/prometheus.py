@@ -5,6 +5,7 @@ Grafana and Alertmanager would."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -18,10 +19,24 @@ import httpx
 import yaml
 
 from testkit.cluster import missing
+from testkit.environment import ROOT
 from testkit.loopback import is_loopback
 from testkit.waiting import wait_for
 
 START_TIMEOUT_S = 30
+#: The chart's alerts, a Prometheus rule file (the PrometheusRule's one definition).
+CHART_ALERTS = ROOT / "charts" / "modelpool-operator" / "files" / "alerts.yaml"
+_SERIES = re.compile(r"\bmodelpool_[a-z_]+")
+
+
+def rules_in(path: Path) -> list[dict[str, Any]]:
+    """Every rule of a Prometheus rule file, its groups flattened."""
+    return [rule for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]
+
+
+def series_read(expr: str) -> set[str]:
+    """The modelpool series a PromQL expression reads."""
+    return set(_SERIES.findall(expr))
 
 
 @dataclass(frozen=True)
