@@ -221,12 +221,9 @@ class KeyStore:
             out = out.strictest(limits)
         return out
 
-    def name_of(self, token: bytes) -> str:
-        """The key's name in the usage metrics: ``namespace/name`` of its Secret (the first, sorted, when
-        several Secrets hold the same key); empty for a token no Secret holds. Never the key itself."""
-        return self.name_of_digest(token_digest(token))
-
     def name_of_digest(self, digest: bytes) -> str:
+        """The key's name in the usage metrics: ``namespace/name`` of its Secret (the first, sorted, when
+        several Secrets hold the same key); empty for a digest no Secret holds. Never the key itself."""
         found = self._entries.get(digest)
         return "/".join(min(found)) if found else ""
 
