@@ -50,8 +50,8 @@ def caller_of(scope: MutableMapping[str, Any]) -> bytes | None:
 
 
 def key_name_of(scope: MutableMapping[str, Any]) -> str:
-    """The name of the key ``Access.check`` accepted (``KeyStore.name_of_digest``); empty with ``--auth none``,
-    for a refused key and on the open paths."""
+    """The name of the key ``Access.check`` accepted (``KeyStore.name_of_digest``); empty with
+    ``--auth none``, for a refused key and on the open paths."""
     name: str = scope.get(KEY_NAME_SCOPE_KEY, "")
     return name
 
