@@ -36,6 +36,7 @@ from modelpool_contract.demand import (
     read_demand,
 )
 from modelpool_contract.labels import LABEL_MANAGED_BY, LABEL_POOL
+from modelpool_contract.messages import fit_message
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_operator import heap
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun, wait_for_wakeup
@@ -458,7 +459,7 @@ async def shared_pool_deleted(
         pods_by_pool=pods,
     )
     if refused:
-        raise kopf.TemporaryError("; ".join(refused)[:1000], delay=2.0)
+        raise kopf.TemporaryError(fit_message("; ".join(refused)), delay=2.0)
 
 
 # ---- the per-pool daemon --------------------------------------------------------------------------------

@@ -132,7 +132,7 @@ def api_condition(
     """The ApiError condition of a pool or a ModelHost: True with the failed requests' messages (the API
     server's own; the first one's reason), False when every request of the pass succeeded."""
     if failed:
-        reason, message = failed[0].reason, "; ".join(f.message for f in failed)[:2000]
+        reason, message = failed[0].reason, "; ".join(f.message for f in failed)
     else:
         reason, message = "RequestsSucceeded", "every API request of the last pass succeeded"
     return condition(
