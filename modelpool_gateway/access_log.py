@@ -5,7 +5,8 @@ Each line names who called (``key``: the key's Secret as ``namespace/name``, nev
 ``status`` answered (499: the client left first), the ``latency_ms`` from the request's arrival to the
 app's return, the answer's ``prompt_tokens`` and ``completion_tokens`` when its usage object gave them,
 method and path; the request id and trace id come with every line logged while serving
-(``modelpool_contract.logs``).  The health and readiness probes are logged only when they fail.
+(``modelpool_contract.logs``).  The health and readiness probes get no line: the kubelet calls them all
+the time, and the gateway logs why it is not ready where that happens.
 
 The app tells what it learnt while serving into the request's ``Served`` note (``served()``: a context
 variable, set by ``access_middleware`` for the request's task, so ``Gateway`` needs no scope to reach it);
@@ -26,7 +27,7 @@ from modelpool_gateway.usage import Usage
 
 log = logging.getLogger("modelpool.gateway.access")
 
-#: Answered 200 on these, a line would say nothing but that the kubelet asked.
+#: A line for these would say nothing but that the kubelet asked.
 PROBES = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
 # nginx's code for a request whose client left before it was answered.
 CLIENT_CLOSED = 499
@@ -53,9 +54,9 @@ def served() -> Served:
     return _SERVED.get() or Served()
 
 
-def logged(path: str, status: int) -> bool:
-    """Whether a request gets an access line: everything but a probe answered 200."""
-    return not (path in PROBES and status == 200)
+def logged(path: str) -> bool:
+    """Whether a request gets an access line: everything but the probes."""
+    return path not in PROBES
 
 
 def access_fields(
@@ -86,7 +87,7 @@ def message(fields: dict[str, Any]) -> str:
 def _done(scope: MutableMapping[str, Any], status: int, seconds: float) -> None:
     note = _SERVED.get() or Served()
     path: str = scope["path"]
-    if not logged(path, note.status or status) or not log.isEnabledFor(logging.INFO):
+    if not logged(path) or not log.isEnabledFor(logging.INFO):
         return
     fields = access_fields(scope["method"], path, status, seconds, key=key_name_of(scope), note=note)
     log.info(message(fields), extra={"fields": fields})

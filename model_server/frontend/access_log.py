@@ -4,7 +4,8 @@ Each line has the method, path, ``status`` (0: the client left before an answer 
 ``latency_ms``; the request id and trace id come with it and with every other line logged while the
 request is served (``modelpool_contract.request_ids``: the gateway's ``x-request-id``, forwarded here,
 or one made here for a client calling the worker directly).  The ops routes (health, readiness,
-``/metrics``, ``/stats``) are logged only when they do not answer 200.
+``/metrics``, ``/stats``) get no line: pollers call them all the time, and the worker logs its state
+changes where they happen.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ QUIET_PATHS = frozenset({LIVE_PATH, READY_PATH, METRICS_PATH, STATS_PATH})
 
 
 def access_fields(method: str, path: str, status: int, seconds: float) -> dict[str, Any] | None:
-    """The fields of a request's line; None for an ops route answered 200 (pure)."""
-    if path in QUIET_PATHS and status == 200:
+    """The fields of a request's line; None for an ops route (pure)."""
+    if path in QUIET_PATHS:
         return None
     return {"method": method, "path": path, "status": status, "latency_ms": round(seconds * 1000, 3)}
 
