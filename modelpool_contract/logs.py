@@ -28,9 +28,11 @@ import functools
 import json
 import logging
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from types import TracebackType
 from typing import Any, Final, Literal, TextIO
 
 LogFormat = Literal["json", "plain"]
@@ -226,7 +228,9 @@ def set_up(
     stream: TextIO | None = None,
 ) -> logging.Handler:
     """The root logger writing ``fmt`` lines to ``stream`` (stderr) at ``level`` and above; other
-    handlers on the root logger are removed (a library's ``basicConfig`` would double every line)."""
+    handlers on the root logger are removed (a library's ``basicConfig`` would double every line).
+    Warnings and uncaught exceptions (the main thread's and other threads') are logged too, rather than
+    printed."""
     handler = _Handler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter(fmt, process, renamed))
     root = logging.getLogger()
@@ -234,7 +238,27 @@ def set_up(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper() if isinstance(level, str) else level)
+    # What Python itself would print to stderr goes through the format too, one event per line.
+    logging.captureWarnings(True)
+    sys.excepthook = _log_uncaught
+    threading.excepthook = _log_uncaught_in_thread
     return handler
+
+
+def _log_uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    logging.getLogger("modelpool").critical("uncaught %s", kind.__name__, exc_info=(kind, exc, tb))
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_value is None or isinstance(args.exc_value, SystemExit):
+        return
+    thread = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("modelpool").error(
+        "uncaught %s in thread %s",
+        args.exc_type.__name__,
+        thread,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+    )
 
 
 __all__ = [

@@ -10,6 +10,9 @@ import asyncio
 import io
 import json
 import logging
+import sys
+import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,9 +27,10 @@ TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 
 @pytest.fixture
 def stream() -> Iterator[io.StringIO]:
-    """The root logger writing JSON into a buffer; the previous handlers and level restored after."""
+    """The root logger writing JSON into a buffer; the previous handlers, level and hooks restored after."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    hooks = sys.excepthook, threading.excepthook
     out = io.StringIO()
     logs.set_up("json", "debug", "test", stream=out)
     yield out
@@ -35,6 +39,8 @@ def stream() -> Iterator[io.StringIO]:
     for handler in handlers:
         root.addHandler(handler)
     root.setLevel(level)
+    logging.captureWarnings(False)
+    sys.excepthook, threading.excepthook = hooks
 
 
 def lines(out: io.StringIO) -> list[dict[str, Any]]:
@@ -71,6 +77,21 @@ def test_an_exception_is_a_field_of_its_line(stream: io.StringIO) -> None:
     assert line["message"] == "failed"
     assert line["exception"].startswith("Traceback (most recent call last):")
     assert line["exception"].endswith("ValueError: bad ünicode")
+
+
+def test_warnings_and_a_threads_uncaught_exception_are_lines_too(stream: io.StringIO) -> None:
+    warnings.warn("deprecated thing", DeprecationWarning, stacklevel=1)
+
+    def fail() -> None:
+        raise RuntimeError("in a thread")
+
+    thread = threading.Thread(target=fail, name="failing")
+    thread.start()
+    thread.join()
+    warned, failed = lines(stream)
+    assert warned["logger"] == "py.warnings" and "deprecated thing" in warned["message"]
+    assert failed["message"] == "uncaught RuntimeError in thread failing"
+    assert failed["exception"].endswith("RuntimeError: in a thread")
 
 
 def test_fields_and_renamed_attributes_are_top_level(stream: io.StringIO) -> None:
