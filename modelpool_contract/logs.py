@@ -27,10 +27,11 @@ import contextvars
 import functools
 import json
 import logging
+import os
+import re
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Final, Literal, TextIO
@@ -49,12 +50,13 @@ MAX_REQUEST_ID: Final = 128
 
 _REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("modelpool_request_id", default=None)
 _TRACE_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("modelpool_trace_id", default=None)
-_HEX = frozenset("0123456789abcdef")
-_NO_TRACE = "0" * 32
+_TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-.*)?", re.DOTALL)
+_NO_TRACE, _NO_PARENT = b"0" * 32, b"0" * 16
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """32 random hex digits (a version-4 UUID's randomness, without building one)."""
+    return os.urandom(16).hex()
 
 
 def request_id_of(given: bytes | None) -> str:
@@ -66,18 +68,18 @@ def request_id_of(given: bytes | None) -> str:
 
 
 def traceparent_trace_id(given: bytes | None) -> str | None:
-    """The trace-id field of a W3C ``traceparent`` (``00-<32 hex>-<16 hex>-<2 hex>``); None when absent or
-    malformed, or when it is all zeros or its version is ``ff`` (both invalid by the specification)."""
+    """The trace-id field of a W3C ``traceparent`` (``00-<32 hex>-<16 hex>-<2 hex>``, lower case; a later
+    version may add fields after a dash); None when absent or malformed, or when the trace id or the parent
+    id is all zeros or the version is ``ff`` (all invalid by the specification)."""
     if not given:
         return None
-    parts = given.decode("latin-1").strip().split("-")
-    if len(parts) < 4 or [len(p) for p in parts[:4]] != [2, 32, 16, 2] or parts[0] == "ff":
+    found = _TRACEPARENT.fullmatch(given.strip())
+    if found is None:
         return None
-    if not all(set(p) <= _HEX for p in parts[:4]) or parts[1] == _NO_TRACE or parts[2] == "0" * 16:
+    version, trace_id, parent_id, extra = found.groups()
+    if version == b"ff" or (version == b"00" and extra) or trace_id == _NO_TRACE or parent_id == _NO_PARENT:
         return None
-    if parts[0] == "00" and len(parts) != 4:  # version 00 has exactly four fields
-        return None
-    return parts[1]
+    return trace_id.decode("ascii")
 
 
 def bind(request_id: str | None, trace_id: str | None) -> Callable[[], None]:
