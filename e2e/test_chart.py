@@ -881,6 +881,7 @@ def test_the_uninstall_hook_stops_the_operator_and_unfinalizes_its_pools_with_it
             "app.kubernetes.io/component=operator",
             "--budget=gpu",
             "--timeout=120",
+            "--log-format=json",
         ]
         assert operator_pod["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
         # Exactly the requests cleanup.py makes.
