@@ -79,6 +79,7 @@ class Endpoint:
                 partial(self._reply, rid),
                 lengths=message.lengths,
                 emit=emit,
+                ids=message.ids,
             )
             self._units[rid] = unit
             self.dataplane.submit(unit)

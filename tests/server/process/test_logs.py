@@ -1,9 +1,13 @@
 """A worker's logs as a process writes them: with ``--log-format plain`` every process of the worker
 (supervisor, inference, HTTP) writes text lines, and the access line of a request carries the id and trace
-id it came with; the answer carries the id back.  (The default, JSON, from the gateway to the worker:
+id it came with; the answer carries the id back.  With the default, JSON, a request whose forward pass
+fails has its ids on the inference process's line about it too.  (JSON from the gateway to the worker:
 ``tests/gateway/integration/test_gateway_logs.py``.)"""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import httpx
 
@@ -34,3 +38,24 @@ def test_the_plain_setting_gives_plain_lines_with_the_requests_ids(server: Serve
     lines = proc.log().splitlines()
     assert not any(line.startswith("{") for line in lines)
     assert any(" [supervisor] " in line for line in lines) and any(" [inference] " in line for line in lines)
+
+
+def test_a_failed_forward_pass_is_logged_with_its_requests_ids(server: ServerFactory) -> None:
+    args = ["--model", "/", "--task", "text-embedding", "--handler", ECHO, "--name", "emb"]
+    proc = server(*args, "--http-workers", "1", wait="ready")
+    headers = {**HEADERS, "x-request-id": "boom-7"}
+    response = httpx.post(
+        proc.url + "/v1/embeddings", json={"model": "emb", "input": ["boom"]}, headers=headers, timeout=30
+    )
+    assert response.status_code == 500, response.text
+
+    def failed() -> list[dict[str, Any]]:
+        lines = [json.loads(line) for line in proc.log().splitlines()]
+        return [
+            line for line in lines if line["process"] == "inference" and line.get("request_id") == "boom-7"
+        ]
+
+    wait_for(failed, timeout=10, interval=0.05, message="the inference process's line")
+    [line] = failed()
+    assert line["level"] == "warning" and line["trace_id"] == TRACE_ID
+    assert line["request_ids"] == ["boom-7"] and "forward pass exploded" in line["message"]
