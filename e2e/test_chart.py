@@ -846,14 +846,16 @@ def test_the_uninstall_hook_stops_the_operator_and_unfinalizes_its_pools_with_it
     helm: list[str],
 ) -> None:
     cleanup = f"{OPERATOR}-cleanup"
-    for args, scope_args, pool_bindings in [
+    # The chart's values, the hook's scope arguments, and the (kind, namespace) of its pools' bindings.
+    scopes: list[tuple[list[str], list[str], list[tuple[str, str | None]]]] = [
         ([], ["--all-namespaces"], [("ClusterRoleBinding", None)]),
         (
             ["--set", "scope.clusterWide=false", "--set", "scope.namespaces={team-a,team-b}"],
             ["--namespace=team-a", "--namespace=team-b"],
             [("RoleBinding", "team-a"), ("RoleBinding", "team-b")],
         ),
-    ]:
+    ]
+    for args, scope_args, pool_bindings in scopes:
         docs = render(helm, *args, "--set", "nodeSelector.pool=ops", "--set", "config.budgetName=gpu")
         hooks = [d for d in _hooks(docs) if d["metadata"]["name"].startswith(cleanup)]
         for hook in hooks:

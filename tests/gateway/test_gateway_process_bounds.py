@@ -186,11 +186,11 @@ def test_connections_past_the_cap_are_refused_503_and_honest_ones_served_again(
     hogs = [connect(gateway) for _ in range(3)]  # connections that send nothing fill the cap
     try:
         # Wait until the gateway has taken them all (its accept queue is served in turn).
-        refused = wait_for(
-            lambda: (r := httpx.get(gateway.url + "/healthz", timeout=5)).status_code == 503 and r,
-            timeout=5,
-            message="a connection past the cap refused",
-        )
+        def refused_503() -> httpx.Response | None:
+            answer = httpx.get(gateway.url + "/healthz", timeout=5)
+            return answer if answer.status_code == 503 else None
+
+        refused = wait_for(refused_503, timeout=5, message="a connection past the cap refused")
         assert refused.headers["retry-after"] == "1" and refused.headers["connection"] == "close"
         # The hogs are cut off by the header deadline: honest requests are served again, no one's help
         # needed.

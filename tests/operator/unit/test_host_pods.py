@@ -11,6 +11,7 @@ from modelpool_contract.api import parse_host_spec
 from modelpool_contract.flags import CPU_SHARE_ENV, DEFAULT_WORKER_CPU
 from modelpool_contract.labels import ANNOTATION_MEMORY
 from modelpool_contract.placements import LABEL_HOST
+from modelpool_contract.states import WorkerState
 from modelpool_operator.budget import Ledger
 from modelpool_operator.effects.resources import (
     CONTROL_KEY_FILE,
@@ -165,7 +166,12 @@ CURRENT = host_template_hash(view().spec)
 
 
 def pod(
-    name: str, state: str = "Ready", *, ready: bool = True, template: str = CURRENT, deleting: bool = False
+    name: str,
+    state: WorkerState = "Ready",
+    *,
+    ready: bool = True,
+    template: str = CURRENT,
+    deleting: bool = False,
 ) -> tuple[ObservedWorker, dict[str, Any]]:
     worker = ObservedWorker(
         template_hash=template,
@@ -173,7 +179,7 @@ def pod(
         namespace="ns",
         pool=host_charge_key("ns", "gpus")[1],
         state=state,
-        memory=8 * GI,  # type: ignore[arg-type]
+        memory=8 * GI,
         deleting=deleting,
     )
     body = {

@@ -13,7 +13,6 @@ from typing import Any, cast
 
 import kopf
 import pytest
-from op_planner import make_spec, view
 
 from modelpool_contract.api import InferencePoolSpec, ModelHostSpec
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun
@@ -36,6 +35,7 @@ from modelpool_operator.owned import (
     owned_resources,
     owner_of,
 )
+from tests.operator.unit.op_planner import make_spec, view
 
 POOL = replace(view(make_spec()), uid="uid-p")
 HOST = HostView("ns", "gpus", ModelHostSpec.model_validate({"deviceMemory": "8Gi"}), uid="uid-h")

@@ -6,7 +6,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from op_pods import at
 
 from modelpool_contract.api import ModelCacheSpec, parse_pool_spec
 from modelpool_contract.exits import termination_grace_period_s, worst_case_shutdown_s
@@ -30,6 +29,7 @@ from modelpool_operator.effects.resources import (
     worker_template_hash,
 )
 from modelpool_operator.pool import PoolView, template_hash, worker_name
+from tests.operator.unit.op_pods import at
 
 
 def pool(**spec_overrides: Any) -> dict[str, Any]:
