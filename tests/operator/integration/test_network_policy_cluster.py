@@ -218,7 +218,7 @@ def test_a_deleted_or_edited_policy_budget_or_service_is_made_again(
         ("poddisruptionbudget", "modelhost-kept-gpus"),
     ]:
         _delete_and_wait_remade(cluster, namespace, kind, name)
-    for kind, name, edit in [
+    edits: list[tuple[str, str, dict[str, Any]]] = [
         # The policy would select no worker, the Service resolve to none, the budget block every drain.
         ("networkpolicy", "modelpool-kept", {"op": "replace", "path": "/spec/podSelector", "value": {}}),
         ("service", "kept", {"op": "replace", "path": "/spec/selector", "value": {"app": "else"}}),
@@ -228,7 +228,8 @@ def test_a_deleted_or_edited_policy_budget_or_service_is_made_again(
             {"op": "replace", "path": "/spec/minAvailable", "value": 5},
         ),
         ("networkpolicy", "modelhost-kept-gpus", {"op": "remove", "path": "/spec/ingress/1"}),
-    ]:
+    ]
+    for kind, name, edit in edits:
         _edit_and_wait_restored(cluster, namespace, kind, name, edit)
     # Made again as before: the pool's policy still selects its workers and admits its callers.
     policy = _policy(cluster, namespace, "modelpool-kept")
