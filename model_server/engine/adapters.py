@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -195,7 +196,9 @@ class AdapterBank:
         config = PeftConfig.from_pretrained(str(path))
         config.inference_mode = True
         weights = strip_saved_prefix(load_peft_weights(str(path), device=str(self._model.device)))
-        with self._model_lock:
+        with self._model_lock, warnings.catch_warnings():
+            # peft warns that a model holding one adapter gets another: holding several is the point.
+            warnings.filterwarnings("ignore", message="Already found a `peft_config`")
             inject_adapter_in_model(config, self._model, adapter_name=name)
             result = set_peft_model_state_dict(self._model, weights, adapter_name=name)
             self._settle_layers()

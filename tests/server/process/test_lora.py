@@ -63,7 +63,8 @@ def reference(folders: dict[str, Path], adapter: str | None) -> list[int]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folders["base"])
-    model: Any = AutoModelForCausalLM.from_pretrained(folders["base"]).eval()
+    loaded: Any = AutoModelForCausalLM.from_pretrained(folders["base"])
+    model: Any = loaded.eval()
     if adapter is not None:
         peft_model: Any = PeftModel.from_pretrained(model, folders[adapter])
         model = peft_model.eval()
