@@ -275,13 +275,15 @@ class AdapterBank:
 
 def attach_adapters(task: Any, config: ServerConfig) -> AdapterBank | None:
     """The bank of a loaded text-generation task's ``--adapter``s, set as ``task.adapters`` (None: none
-    declared); nothing is loaded until a request names one."""
+    declared, or a ``--handler`` task, which reads ``GenerationItem.adapter`` itself); nothing is loaded
+    until a request names one."""
     if not config.adapters:
         return None
     from model_server.tasks.text_generation import TextGenerationTask
 
     if not isinstance(task, TextGenerationTask):
-        raise RuntimeError("--adapter needs --task text-generation")
+        log.info("adapters: a --handler task gets each request's adapter name and applies it itself")
+        return None
     resolve = functools.partial(sources.resolve, hf_home=config.hf_home, pvc_root=config.pvc_root)
     bank = AdapterBank(task._model, config.adapters, config.max_adapters, resolve)
     task.adapters = bank
