@@ -1088,6 +1088,7 @@ def shared_pool_refusals(spec: ModelPoolSpec) -> list[str]:
         "disruption": spec.disruption != DisruptionSpec(),
         "auth": spec.auth is not None,
         "inferencePool": spec.inference_pool is not None,
+        "adapters": bool(spec.adapters),
         "resources.gpus": spec.resources.gpus != 0,
         "resources.hostMemory": spec.resources.host_memory is not None,
         "resources.cpu": spec.resources.cpu is not None,
