@@ -52,7 +52,7 @@ from modelpool_gateway.hold import Baton, Holds, hold_budget, hold_reason, hopel
 from modelpool_gateway.jsoncost import TOO_MANY_ITEMS, json_refusal
 from modelpool_gateway.limits import NO_LIMITS, Limiter, Limits
 from modelpool_gateway.metrics import Metrics
-from modelpool_gateway.names import Unresolved, split_v2_path
+from modelpool_gateway.names import Resolved, Unresolved, split_v2_path
 from modelpool_gateway.picker import Candidate, pick, pick_adapter
 from modelpool_gateway.prefix import key_hash, pick_prefix, prefix_key, ring_walk
 from modelpool_gateway.proxy import Outbound, Receive, Upstream, forward_headers, relay, watch_disconnect
@@ -354,6 +354,11 @@ class Gateway:
     async def _v2_call(self, scope: MutableMapping[str, Any], receive: Receive, ticket: Ticket) -> Call:
         rest = scope["path"][len(V2_MODELS) :]
         resolved, suffix = split_v2_path(self.access.index(grant_of(scope)), rest)
+        if isinstance(resolved, Resolved) and resolved.adapter is not None:
+            # The workers apply adapters on the OpenAI routes only: v2 would answer with the base model.
+            resolved = Unresolved(
+                f"model {resolved.adapter!r} is a LoRA adapter: use /v1/completions or chat"
+            )
         if isinstance(resolved, Unresolved):
             raise self._not_found(resolved)
         body = await self._body(scope, receive, ticket)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -95,6 +96,10 @@ def test_v1_models_lists_each_adapter_with_its_parent(setup: Setup) -> None:
     assert listed == {"llm": None, "sql": "llm", "poem": "llm", "other": None, "chat": "other"}
 
 
-def test_an_adapter_no_pool_declares_is_404(setup: Setup) -> None:
+def test_an_adapter_no_pool_declares_is_404_and_v2_serves_no_adapter(setup: Setup) -> None:
     with pytest.raises(openai.NotFoundError):
         setup.client().completions.create(model="sql-v2", prompt="x", max_tokens=2)
+    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}
+    url = f"{setup.gateway.url}/v2/models/sql/infer"
+    response = httpx.post(url, json=body, headers=setup.gateway.headers, timeout=30)
+    assert response.status_code == 404 and "LoRA adapter" in response.json()["error"]

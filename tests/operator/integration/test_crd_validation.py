@@ -143,6 +143,10 @@ def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[
         ),
         ({"model": _llm(), "adapters": [_adapter("a b")]}, ["spec.adapters[0].name"]),
         ({"model": _llm(), "maxLoadedAdapters": 0}, ["spec.maxLoadedAdapters"]),
+        (
+            {"model": _llm(), "host": "gpus", "adapters": [_adapter("a")]},
+            ["spec.adapters is not supported on a shared pool"],
+        ),
     ],
 )
 def test_bad_manifests_are_refused_naming_the_field(
