@@ -27,7 +27,9 @@ from tests.hub import LocalHub
 pytestmark = pytest.mark.slow
 
 CONTEXT = 1024
-MAX_TOKENS = 48
+# Long enough that the three streams overlap for certain: none of the answers ends early (no end of sequence
+# within it, checked below), and each takes many iterations.
+MAX_TOKENS = 128
 PROMPT = "Once upon a time there was a tiny model"
 ADAPTERS = {"sql": 1, "poem": 2, "tale": 3}  # name -> the seed of its random weights
 
@@ -128,6 +130,7 @@ def test_two_adapters_and_the_base_in_one_batch_each_get_their_own_answer(
         model: reference(folders, adapter)
         for model, adapter in (("tiny", None), ("sql", "sql"), ("poem", "poem"))
     }
+    assert {len(ids) for ids in expected.values()} == {MAX_TOKENS}
     texts = {model: decoded(folders, ids) for model, ids in expected.items()}
     assert len(set(texts.values())) == 3  # the adapters change the answer
     alone = {model: complete(server, model) for model in expected}
