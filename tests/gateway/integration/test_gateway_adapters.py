@@ -6,7 +6,7 @@ One namespace, one operator and one gateway: pool ``llm`` (two streaming echo ge
 and ``poem``) and pool ``other`` (one, adapter ``chat``).  The echo generator answers ``[<adapter>]`` before
 the prompt's words when a request names one (``testkit.echo_models.EchoGeneration``): what the worker
 received and applied.  The real model applying adapters: tests/server/process/test_lora.py; the routing
-preference for workers holding an adapter: tests/gateway/unit/test_gateway_adapters.py.
+preference for workers holding an adapter: tests/gateway/unit/test_gateway_adapter_choice.py.
 """
 
 from __future__ import annotations
