@@ -31,6 +31,7 @@ from modelpool_contract.flags import (
     TERMINATION_LOG,
     Dtype,
 )
+from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.mounts import PVC_MOUNT_ROOT
 from modelpool_contract.settings import CommandLine, ConfigError, Flag, build_parser, flag_name, load
 from modelpool_contract.tasks import TASK_NAMES, TaskName
@@ -88,6 +89,11 @@ class ServingConfig(BaseSettings):
         default=None, description="File holding the API key clients must send (Authorization: Bearer)"
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
+    log_format: LogFormat = Field(
+        default=DEFAULT_LOG_FORMAT,
+        description="json: one JSON object per line, with the request id and trace id of the request it "
+        "was logged for; plain: text lines (every process of the worker)",
+    )
 
     #: The fields naming a key file, each read once when the configuration is validated.
     _key_files: ClassVar[tuple[str, ...]] = ("api_key_file",)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Final, Literal
 
+from modelpool_contract.logs import LogFormat
 from modelpool_contract.tasks import TaskName
 from modelpool_contract.version import VERSION
 
@@ -91,6 +92,9 @@ class ServerArgs:
     api_key_file: str | None = None
     #: The model's CPU threads (``--intra-op-threads``), only for pools with ``spec.resources.cpuThreads``.
     intra_op_threads: int | None = None
+    #: The worker's log format (``--log-format``, ``modelpool_contract.logs``), only when it is not the
+    #: server's default (json): so the default adds no flag, and an upgrade rolls no worker for it.
+    log_format: LogFormat | None = None
     #: The pool's LoRA adapters, ``NAME=SOURCE`` each (``--adapter``, repeated), only for pools with
     #: ``spec.adapters``; and how many a worker keeps loaded (``--max-adapters``).
     adapter: tuple[str, ...] | None = None

@@ -42,6 +42,7 @@ from urllib.parse import quote
 import orjson
 
 from modelpool_gateway.access import Access, caller_of, grant_of, key_name_of, limits_of
+from modelpool_gateway.access_log import served
 from modelpool_gateway.bodies import BodyBytes, Ticket
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamBroken, UpstreamTimeout
@@ -225,6 +226,7 @@ class Gateway:
         self._answered(scope, label, code)
 
     def _answered(self, scope: MutableMapping[str, Any], label: str, code: int) -> None:
+        served().answered(label, code)  # for the access line (``access_log``)
         self.metrics.of(self.metrics.requests, label, str(code)).inc()
         self.metrics.of(self.metrics.key_requests, key_name_of(scope), label, str(code)).inc()
 
@@ -246,7 +248,9 @@ class Gateway:
         )
 
     def _used(self, call: Call, used: Usage) -> None:
-        """What an answered (200) request used, on its key's usage metrics and its token window."""
+        """What an answered (200) request used, on its key's usage metrics, its token window and the
+        access line."""
+        served().usage = used
         if call.caller is not None:
             tokens = used.prompt_tokens + used.completion_tokens
             self.limiter.charge_tokens(call.caller, call.limits, tokens, time.monotonic_ns())
@@ -323,6 +327,7 @@ class Gateway:
             raise RequestError(
                 400, "invalid_input", "the request body needs a 'model' (GET /v1/models lists them)"
             )
+        served().model = model
         resolved = self.access.index(grant_of(scope)).resolve(model)
         if isinstance(resolved, Unresolved):
             raise self._not_found(resolved)
@@ -363,6 +368,7 @@ class Gateway:
             raise self._not_found(resolved)
         body = await self._body(scope, receive, ticket)
         name = self._model_name(resolved.key)
+        served().model = name
         path = V2_MODELS + quote(name, safe="") + ("/" + quote(suffix) if suffix else "")
         if scope.get("query_string"):
             path += "?" + scope["query_string"].decode("latin-1")
