@@ -93,6 +93,13 @@ HOST_NAME_PATTERN = CLAIM_NAME_PATTERN
 CacheType = Literal["none", "pvc", "hostPath"]
 #: What the autoscaler counts the load in (``spec.autoscaling.metric``).
 AutoscalingMetric = Literal["requests", "tokens", "kvCache"]
+#: What computes a pool's model (``spec.engine``; the server's ``--engine``): ``transformers``, our own
+#: inference process (every task), or ``vllm``, vLLM's OpenAI server run by our supervisor as a child on
+#: a loopback port (text generation only; docs/design.md, "The vLLM engine").
+Engine = Literal["transformers", "vllm"]
+DEFAULT_ENGINE: Engine = "transformers"
+#: The tasks each engine serves (the transformers engine: every task).
+VLLM_TASKS: frozenset[TaskName] = frozenset({"text-generation"})
 
 
 class _Model(BaseModel):
@@ -872,6 +879,14 @@ class ModelPoolSpec(_Model):
             "export the picker's metrics); the InferencePool CRD must be installed."
         ),
     )
+    engine: Engine = Field(
+        default=DEFAULT_ENGINE,
+        description=(
+            "What computes the model: transformers (the server's own inference process, every task) or "
+            "vllm (vLLM's OpenAI server inside the worker, behind the same bounded queue, deadlines and "
+            "drain; text-generation only, the OpenAI routes only; the image must carry vLLM)."
+        ),
+    )
     activation_timeout_seconds: int = Field(
         default=DEFAULT_ACTIVATION_TIMEOUT_SECONDS,
         ge=1,
@@ -897,6 +912,8 @@ class ModelPoolSpec(_Model):
             raise ValueError(MSG_TARGET_LE_CAPACITY)
         if self.inference_pool is not None and not speaks_picker(self.model.task):
             raise ValueError(MSG_INFERENCE_POOL_TASK)
+        if self.engine == "vllm" and self.model.task not in VLLM_TASKS:
+            raise ValueError(MSG_ENGINE_TASK)
         if self.host is not None:
             refused = shared_pool_refusals(self)
             if refused:
@@ -913,6 +930,10 @@ MSG_TARGET_LE_CAPACITY = (
 MSG_INFERENCE_POOL_TASK = (
     "spec.inferencePool needs spec.model.task text-generation: the endpoint picker reads the metrics only "
     "text-generation workers export"
+)
+MSG_ENGINE_TASK = (
+    "spec.engine vllm needs spec.model.task text-generation: vLLM serves the OpenAI completion and chat "
+    "routes only; remove spec.engine (the transformers engine serves every task)"
 )
 MSG_STABLE_GE_UP_WINDOW = (
     "spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds"
@@ -976,6 +997,12 @@ SHARED_POOL_RULES: tuple[tuple[str, str, str], ...] = (
         "and a host pod serves several models; remove spec.inferencePool, or remove spec.host",
     ),
     (
+        "engine",
+        f"!has(self.engine) || self.engine == '{DEFAULT_ENGINE}'",
+        "spec.engine vllm is not supported on a shared pool (spec.host): a host pod runs its models on the "
+        "transformers engine; remove spec.engine, or remove spec.host for dedicated workers",
+    ),
+    (
         "resources.gpus",
         "!has(self.resources.gpus) || self.resources.gpus == 0",
         "spec.resources.gpus must be 0 or unset on a shared pool (spec.host): the ModelHost's gpusPerHost "
@@ -1007,6 +1034,7 @@ def shared_pool_refusals(spec: ModelPoolSpec) -> list[str]:
         "disruption": spec.disruption != DisruptionSpec(),
         "auth": spec.auth is not None,
         "inferencePool": spec.inference_pool is not None,
+        "engine": spec.engine != DEFAULT_ENGINE,
         "resources.gpus": spec.resources.gpus != 0,
         "resources.hostMemory": spec.resources.host_memory is not None,
         "resources.cpu": spec.resources.cpu is not None,
@@ -1683,6 +1711,7 @@ def source_is_supported(source: str) -> bool:
 __all__ = [
     "API_VERSION",
     "DEFAULT_ACTIVATION_TIMEOUT_SECONDS",
+    "DEFAULT_ENGINE",
     "DEFAULT_GPU_HOST_MEMORY",
     "DEFAULT_MAX_UNAVAILABLE",
     "GROUP",
@@ -1703,10 +1732,12 @@ __all__ = [
     "SCHEDULING_LIST_MAX",
     "SERVED_NAME_PATTERN",
     "SHARED_POOL_RULES",
+    "VLLM_TASKS",
     "VERSION",
     "Affinity",
     "AuthSpec",
     "AutoscalingMetric",
+    "Engine",
     "AutoscalingSpec",
     "AutoscalingStatus",
     "BackoffStatus",

@@ -85,6 +85,9 @@ class ServerArgs:
     api_key_file: str | None = None
     #: The model's CPU threads (``--intra-op-threads``), only for pools with ``spec.resources.cpuThreads``.
     intra_op_threads: int | None = None
+    #: What computes the model (``--engine``), only for pools with ``spec.engine`` other than the default:
+    #: the pods of every other pool keep their command line (and their template hash).
+    engine: str | None = None
 
     def argv(self) -> list[str]:
         """``--flag value`` for every field, in field order; a boolean flag only when true, an optional

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from modelpool_contract.api import (
+    DEFAULT_ENGINE,
     GROUP,
     MODELBUDGET_KIND,
     MODELBUDGET_PLURAL,
@@ -34,6 +35,7 @@ from modelpool_contract.api import (
     MSG_CACHE_PATH,
     MSG_DEVICE_MEMORY_POSITIVE,
     MSG_DEVICE_MEMORY_REQUIRED,
+    MSG_ENGINE_TASK,
     MSG_HOST_NAME_LENGTH,
     MSG_INFERENCE_POOL_TASK,
     MSG_KV_CACHE_TARGET,
@@ -45,6 +47,7 @@ from modelpool_contract.api import (
     QUANTITY_PATTERN,
     SHARED_POOL_RULES,
     VERSION,
+    VLLM_TASKS,
     AutoscalingSpec,
     ModelBudgetSpec,
     ModelBudgetStatus,
@@ -213,6 +216,14 @@ def _pool_spec_schema() -> dict[str, Any]:
             ),
             "message": MSG_INFERENCE_POOL_TASK,
             "fieldPath": ".inferencePool",
+        },
+        {
+            "rule": (
+                f"!has(self.engine) || self.engine == '{DEFAULT_ENGINE}' || "
+                + " || ".join(f"self.model.task == '{task}'" for task in sorted(VLLM_TASKS))
+            ),
+            "message": MSG_ENGINE_TASK,
+            "fieldPath": ".engine",
         },
     ]
     spec["properties"]["autoscaling"]["x-kubernetes-validations"] = [

@@ -13,6 +13,7 @@ import yaml
 from modelpool_contract.api import (
     MSG_DEVICE_MEMORY_POSITIVE,
     MSG_DEVICE_MEMORY_REQUIRED,
+    MSG_ENGINE_TASK,
     MSG_INFERENCE_POOL_TASK,
     MSG_MIN_LE_REPLICAS,
     MSG_REPLICAS_LE_MAX,
@@ -90,7 +91,13 @@ def test_modelpool_validation_rules() -> None:
     spec = root["properties"]["spec"]
     messages = [v["message"] for v in spec["x-kubernetes-validations"]]
     shared = [message for _, _, message in SHARED_POOL_RULES]
-    own = [MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX, MSG_TARGET_LE_CAPACITY, MSG_INFERENCE_POOL_TASK]
+    own = [
+        MSG_MIN_LE_REPLICAS,
+        MSG_REPLICAS_LE_MAX,
+        MSG_TARGET_LE_CAPACITY,
+        MSG_INFERENCE_POOL_TASK,
+        MSG_ENGINE_TASK,
+    ]
     assert messages == [*own, *shared]
     # Each shared-pool rule applies only with spec.host and names its own field.
     rules = spec["x-kubernetes-validations"][len(own) :]

@@ -17,6 +17,7 @@ from typing import Any
 
 from modelpool_contract.api import (
     API_VERSION,
+    DEFAULT_ENGINE,
     MODELHOST_KIND,
     MODELPOOL_KIND,
     EnvVar,
@@ -138,6 +139,7 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         pvc_root=PVC_MOUNT_ROOT if parse_pvc_source(spec.model.source) else None,
         api_key_file=API_KEY_FILE if spec.auth is not None and spec.auth.api_key_secret is not None else None,
         intra_op_threads=spec.resources.cpu_threads,
+        engine=spec.engine if spec.engine != DEFAULT_ENGINE else None,
     ).argv()
 
 
