@@ -62,8 +62,13 @@ def rss_bytes(pid: int | str = "self") -> int:
 
 
 def worker_rss(view: WorkerView) -> dict[str, int]:
-    """Resident memory of each process of the worker, by name."""
-    return {row_name(row): rss_bytes(pid) for row, pid in view.pids()}
+    """Resident memory of each process of the worker, by name (``vllm``: vLLM's processes together, as
+    the vLLM engine's inference process measures them)."""
+    resident = {row_name(row): rss_bytes(pid) for row, pid in view.pids()}
+    engine = int(view.get(Field.ENGINE_RSS))
+    if engine:
+        resident["vllm"] = engine
+    return resident
 
 
 def _on(device: str | None) -> str | None:
@@ -189,8 +194,9 @@ class WorkerGauges(Collector):
                 "modelpool_resident_memory_bytes", "Resident memory of each process", resident, process=name
             )
         if self.picker:
+            queued = view.optional(Field.QUEUED)
             yield from picker_rows(
-                view.door.taken,
+                view.door.taken if queued is None else queued,
                 view.get(Field.IN_FLIGHT),
                 view.optional(Field.KV_CACHE_TOKENS),
                 view.optional(Field.KV_CACHE_RESERVED),

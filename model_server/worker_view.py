@@ -74,6 +74,9 @@ class Field(enum.IntEnum):
     WAKE_WANTED = (
         enum.auto()
     )  # a shared host: Unix time a request asked this sleeping model to wake (0: none)
+    UPSTREAM_PORT = enum.auto()  # --engine vllm: the loopback port vLLM's server listens on (0: none yet)
+    ENGINE_RSS = enum.auto()  # --engine vllm: resident bytes of vLLM's processes (0: none)
+    QUEUED = enum.auto()  # --engine vllm: admitted requests not computing yet; NaN: the door's count is
 
 
 class Column(enum.IntEnum):
@@ -95,7 +98,8 @@ _STATES = tuple(State)
 # task generates nothing); here, beside the view, because the frontend and the supervisor read them too.
 BATCHING = "continuous-batching"
 SERIAL = "serial"
-ENGINE_CODES = {SERIAL: 1.0, BATCHING: 2.0}
+VLLM = "vllm"  # --engine vllm: vLLM's own continuous batching, in its own process
+ENGINE_CODES = {SERIAL: 1.0, BATCHING: 2.0, VLLM: 3.0}
 ENGINE_NAMES = {code: name for name, code in ENGINE_CODES.items()}
 # Tokens per KV-cache page of the continuous-batching engine (a request holds whole pages, so admission
 # rounds its need up to pages); here because the probe port reports the cache in pages too
@@ -318,6 +322,7 @@ def _initial_figures(numbers: Any) -> None:
         Field.THREAD_CPUS,
         Field.SLEEP_FREED_BYTES,
         Field.WAKE_SECONDS,
+        Field.QUEUED,
     ):
         numbers[unknown] = float("nan")
 
@@ -341,6 +346,7 @@ __all__ = [
     "SERIAL",
     "SPAWN",
     "SUPERVISOR_ROW",
+    "VLLM",
     "Column",
     "Door",
     "Field",
