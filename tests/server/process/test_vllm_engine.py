@@ -27,7 +27,8 @@ from testkit.server import ServerProcess, start_server
 from testkit.vllm import vllm_args, vllm_env
 from testkit.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+# The first test's budget covers the module's server start (READY_S) as well.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 CONTEXT = 2048
 # A generation that lasts seconds on the CPU (~5 ms a token on the tiny model): long enough to look at.
