@@ -84,6 +84,8 @@ def vllm_command(config: ServerConfig, model_dir: Path, port: int) -> list[str]:
     name (the relayed bodies name it), then ``--vllm-args``."""
     command = [str(config.vllm_python), "-m", VLLM_MODULE, "--model", str(model_dir)]
     command += ["--served-model-name", config.served_name, "--host", LOOPBACK, "--port", str(port)]
+    # Its access log would log our every scrape of /health and /metrics (four a second).
+    command.append("--disable-uvicorn-access-log")
     if config.dtype != "auto":
         command += ["--dtype", config.dtype]
     if config.trust_remote_code:

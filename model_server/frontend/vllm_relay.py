@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
@@ -39,6 +40,8 @@ from model_server.frontend.server import ModelServer
 from model_server.worker_view import Column, Field
 
 T = TypeVar("T")
+# httpx logs every request it sends at INFO: one line per relayed request would double the worker's log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 LOOPBACK = "127.0.0.1"
 # How long vLLM gets to accept a connection (it is on this machine: anything longer means it is gone).
 CONNECT_TIMEOUT_S = 5.0

@@ -145,13 +145,17 @@ def test_deadline_is_a_504(vllm_server: Started) -> None:
 def test_sigterm_drains_the_running_stream(vllm_server: Started) -> None:
     proc = vllm_server.proc
     _state(proc, "Ready", "Idle")
-    stream = _client(proc).completions.create(prompt="drain me", max_tokens=300, stream=True, **GREEDY)
+    stream = _client(proc).completions.create(
+        prompt="drain me", max_tokens=300, stream=True, stream_options={"include_usage": True}, **GREEDY
+    )
     chunks = [next(iter(stream))]
     proc.proc.send_signal(signal.SIGTERM)
     _state(proc, "Evicting", "Dead")
     chunks += list(stream)
-    assert chunks[-1].choices[0].finish_reason == "length"
-    assert sum(len(c.choices[0].text) > 0 for c in chunks if c.choices) > 100
+    # The whole generation came: every token, and its end.
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    usage = [c.usage for c in chunks if c.usage is not None]
+    assert usage and usage[-1].completion_tokens == 300, usage
     assert proc.wait_exit(WAIT_S) == 0, proc.log()[-3000:]
 
 
