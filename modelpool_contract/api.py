@@ -1078,8 +1078,8 @@ class WorkerGeneration(_Model):
 
     engine: str = Field(
         description=(
-            "continuous-batching (requests join and leave the running batch at token boundaries) or serial "
-            "(one generate at a time: no KV-cache figures)."
+            "continuous-batching (requests join and leave the running batch at token boundaries), serial "
+            "(one generate at a time: no KV-cache figures) or vllm (spec.engine vllm: vLLM's own figures)."
         )
     )
     running: int | None = Field(default=None, description="Generations running now.")
