@@ -47,6 +47,7 @@ LOOPBACK = "127.0.0.1"
 CONNECT_TIMEOUT_S = 5.0
 RELAYED = ("/v1/completions", "/v1/chat/completions")
 _JSON = {"content-type": "application/json"}
+SSE_END = b"data: [DONE]"
 
 
 class Upstream:
@@ -225,6 +226,8 @@ async def _events(response: httpx.Response, hold: Hold, deadline: float) -> Asyn
             except httpx.HTTPError as exc:
                 yield sse(stream_error(ModelNotReady(f"vLLM's stream broke: {type(exc).__name__}")))
                 return
+            if chunk.rstrip().endswith(SSE_END):
+                hold.release()  # the answer is complete: its slot is free before the client reads the end
             yield chunk
     finally:
         hold.release()  # first: the awaits below may be cancelled again (the client has left)

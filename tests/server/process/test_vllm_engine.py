@@ -76,6 +76,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
 
 
 def _client(proc: ServerProcess) -> openai.OpenAI:
+    proc.settle(WAIT_S)  # the queue holds one request: the last test's is out of it
     return openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0, timeout=WAIT_S)
 
 
@@ -134,6 +135,7 @@ def test_processing_429_and_cancel_aborts_in_vllm(vllm_server: Started) -> None:
 
 def test_deadline_is_a_504(vllm_server: Started) -> None:
     proc = vllm_server.proc
+    proc.settle(WAIT_S)
     body = {"model": "tiny", "prompt": "slow", "max_tokens": LONG, "ignore_eos": True}
     answer = httpx.post(
         proc.url + "/v1/completions", json=body, headers={"x-request-timeout": "0.5"}, timeout=WAIT_S
