@@ -63,8 +63,9 @@ POLL_S = 0.25
 HTTP_TIMEOUT_S = 2.0
 # The last lines of vLLM's output kept for the reason of its failure.
 TAIL_LINES = 12
-# After SIGTERM to vLLM's process group, how long before SIGKILL (it stops in < 4 s on a CPU).
-STOP_WAIT_S = 8.0
+# After SIGTERM to vLLM's process group, how long before SIGKILL (it stops in < 4 s on a CPU); twice this
+# stays within the supervisor's STOP_TIMEOUT_S, so vLLM is gone before the supervisor kills this process.
+STOP_WAIT_S = 4.0
 _PR_SET_PDEATHSIG = 1
 
 
