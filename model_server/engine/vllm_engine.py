@@ -62,7 +62,7 @@ LOOPBACK = "127.0.0.1"
 POLL_S = 0.25
 HTTP_TIMEOUT_S = 2.0
 # The last lines of vLLM's output kept for the reason of its failure.
-TAIL_LINES = 12
+TAIL_LINES = 30
 # After SIGTERM to vLLM's process group, how long before SIGKILL (it stops in < 4 s on a CPU); twice this
 # stays within the supervisor's STOP_TIMEOUT_S, so vLLM is gone before the supervisor kills this process.
 STOP_WAIT_S = 4.0
@@ -144,11 +144,28 @@ def next_state(state: State, busy: bool, quiet_s: float, idle_after: float) -> S
 
 
 def failure_reason(exitcode: int, tail: list[str], loading: bool) -> str:
-    """Pure: why the worker failed when vLLM exited unasked: the exit, then its last lines of output."""
+    """Pure: why the worker failed when vLLM exited unasked: the exit, then its last lines of output that
+    say something (a traceback's frames left out: the error they end in is what a reader needs)."""
     how = f"killed by signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
     when = "while loading" if loading else "while serving"
-    lines = " | ".join(line.strip() for line in tail if line.strip())
+    lines = " | ".join(telling_lines(tail))
     return f"vLLM exited {when} ({how}): {lines or 'no output'}"[:2000]
+
+
+def telling_lines(lines: list[str]) -> list[str]:
+    """Pure: ``lines`` stripped, without blanks, traceback headers, frames (``File "..."`` and the source
+    line after it) and the carets under them."""
+    kept: list[str] = []
+    frame = False
+    for line in lines:
+        text = line.strip()
+        if frame or not text or text.startswith("Traceback (") or set(text) <= set("^~ "):
+            frame = False
+            continue
+        frame = text.startswith('File "')
+        if not frame:
+            kept.append(text)
+    return kept
 
 
 def free_port() -> int:
@@ -434,6 +451,7 @@ __all__ = [
     "main",
     "next_state",
     "parse_metrics",
+    "telling_lines",
     "vllm_command",
     "vllm_environment",
 ]

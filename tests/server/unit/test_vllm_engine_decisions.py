@@ -91,8 +91,20 @@ def test_the_state_follows_the_work(state: State, busy: bool, quiet: float, expe
 
 
 def test_a_failure_names_the_exit_and_vllms_last_lines() -> None:
-    reason = failure_reason(1, ["Traceback\n", "  \n", "ValueError: no such model\n"], loading=True)
-    assert reason == "vLLM exited while loading (exit code 1): Traceback | ValueError: no such model"
+    tail = [
+        "Traceback (most recent call last):\n",
+        '  File "/v/arg_utils.py", line 1955, in create_model_config\n',
+        "    return ModelConfig(\n",
+        "           ^^^^^^^^^^^^\n",
+        "\n",
+        "ValueError: 1 validation error for ModelConfig\n",
+        "  Value error, model type `x` is not recognised\n",
+    ]
+    reason = failure_reason(1, tail, loading=True)
+    assert reason == (
+        "vLLM exited while loading (exit code 1): ValueError: 1 validation error for ModelConfig"
+        " | Value error, model type `x` is not recognised"
+    )
     assert (
         failure_reason(-9, [], loading=False) == "vLLM exited while serving (killed by signal 9): no output"
     )
