@@ -208,8 +208,24 @@ def _in_child() -> None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+# vLLM's guard: a small process that kills vLLM's whole group once this process is gone without stopping
+# it (SIGKILLed: a second signal to the supervisor).  The parent-death signal reaches vLLM's API server
+# only; its engine core, a child of that, would live on holding the model's memory.
+GUARD = (
+    "import os, sys, time\n"
+    "parent, group = int(sys.argv[1]), int(sys.argv[2])\n"
+    "while os.getppid() == parent:\n"
+    "    time.sleep(0.5)\n"
+    "try:\n"
+    "    os.killpg(group, 9)\n"
+    "except ProcessLookupError:\n"
+    "    pass\n"
+)
+
+
 class VllmProcess:
-    """vLLM's server process: started, its output copied to ours (the last lines kept), stopped."""
+    """vLLM's server process: started (with its guard), its output copied to ours (the last lines kept),
+    stopped."""
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -225,6 +241,8 @@ class VllmProcess:
         )
         assert self.popen.stdout is not None
         threading.Thread(target=self._copy, args=(self.popen.stdout,), daemon=True, name="vllm-out").start()
+        guard = [sys.executable, "-c", GUARD, str(os.getpid()), str(self.popen.pid)]
+        self.guard = subprocess.Popen(guard, stdin=subprocess.DEVNULL)
 
     def _copy(self, out: IO[bytes]) -> None:
         for raw in out:
@@ -250,6 +268,8 @@ class VllmProcess:
                 self.popen.wait(wait_s)
         with contextlib.suppress(ProcessLookupError):  # what is left of its group (an engine core)
             os.killpg(self.popen.pid, signal.SIGKILL)
+        self.guard.kill()
+        self.guard.wait()
 
 
 def _get(port: int, path: str) -> tuple[int, str]:

@@ -7,7 +7,8 @@ one request and ``--idle-after 1``: it is seen Loading, then Idle; a completion 
 generation makes it Processing (vLLM's own running count on the probe port's picker names), the next
 request meets 429 with Retry-After, and closing the stream aborts the generation in vLLM; a deadline
 shorter than the generation is a 504; SIGTERM drains a running stream to its end and exits 0 (last).
-A second server, on a model vLLM cannot load, fails with vLLM's own words.
+A second server, on a model vLLM cannot load, fails with vLLM's own words; a third, killed by a second
+signal while vLLM loads, leaves no process of vLLM's behind.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from testkit import tiny_models
@@ -170,5 +172,46 @@ def test_vllm_failing_to_load_fails_the_worker_with_its_words(tmp_path: Path) ->
         assert proc.wait_exit(READY_S) == 3, proc.log()[-3000:]  # EXIT_LOAD_FAILED: the operator's LoadFailed
         reason = proc.termination_log.read_text()
         assert reason.startswith("vLLM exited while loading") and "no-such-architecture" in reason, reason
+    finally:
+        proc.stop()
+
+
+def _engine_core(proc: ServerProcess) -> list[psutil.Process] | None:
+    """The server's process tree once vLLM's engine core is in it (its API server's child)."""
+    tree = psutil.Process(proc.proc.pid).children(recursive=True)
+    named = [p for p in tree if "EngineCore" in " ".join(_cmdline(p))]
+    return tree if named else None
+
+
+def _alive(tree: list[psutil.Process]) -> list[int]:
+    """The pids of ``tree`` still running (a zombie has ended)."""
+    alive = []
+    for process in tree:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process.pid)
+        except psutil.Error:
+            continue
+    return alive
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_a_second_signal_leaves_no_vllm_process_behind(tmp_path: Path) -> None:
+    model = tiny_models.build_vllm_llama(tmp_path / "llama", context=CONTEXT)
+    proc = _start(model)
+    try:
+        tree = wait_for(lambda: _engine_core(proc), READY_S, 0.1, "vLLM's engine core started")
+        proc.proc.send_signal(signal.SIGTERM)
+        proc.proc.send_signal(signal.SIGTERM)  # the second: every process of the worker killed at once
+        proc.wait_exit(WAIT_S)
+        # The engine core's parent (the API server) died of its parent-death signal; vLLM's guard kills
+        # the rest of its group, the engine core with it.
+        wait_for(lambda: not _alive(tree), WAIT_S, 0.1, lambda: f"no process left: {_alive(tree)}")
     finally:
         proc.stop()
