@@ -31,10 +31,12 @@ import logging
 import math
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -96,8 +98,11 @@ def vllm_command(config: ServerConfig, model_dir: Path, port: int) -> list[str]:
 
 def vllm_environment(environ: Mapping[str, str], config: ServerConfig) -> dict[str, str]:
     """Pure: vLLM's environment: ours without the metrics directory (vLLM's prometheus-client would write
-    its own series into our multiprocess files) and with ``--hf-home`` when given."""
+    its own series into our multiprocess files), with ``--hf-home`` when given, and its sockets between its
+    processes named relative to its working directory (under TMPDIR, whose path may be longer than a
+    unix socket's 107 bytes allow: a pod's on a node that runs pods as processes is)."""
     env = {key: value for key, value in environ.items() if key != MULTIPROC_ENV}
+    env["VLLM_RPC_BASE_PATH"] = "."
     if config.hf_home is not None:
         env["HF_HOME"] = str(config.hf_home)
     return env
@@ -229,9 +234,11 @@ class VllmProcess:
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.workdir = tempfile.mkdtemp(prefix="vllm-")  # its working directory: its sockets are here
         self.popen = subprocess.Popen(
             command,
             env=env,
+            cwd=self.workdir,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -240,7 +247,8 @@ class VllmProcess:
             preexec_fn=_in_child,  # noqa: PLW1509
         )
         assert self.popen.stdout is not None
-        threading.Thread(target=self._copy, args=(self.popen.stdout,), daemon=True, name="vllm-out").start()
+        self._reader = threading.Thread(target=self._copy, args=(self.popen.stdout,), daemon=True, name="out")
+        self._reader.start()
         guard = [sys.executable, "-c", GUARD, str(os.getpid()), str(self.popen.pid)]
         self.guard = subprocess.Popen(guard, stdin=subprocess.DEVNULL)
 
@@ -257,6 +265,11 @@ class VllmProcess:
     def exitcode(self) -> int | None:
         return self.popen.poll()
 
+    def last_lines(self) -> list[str]:
+        """Its last lines of output, once it has exited: what it wrote last may still be in the pipe."""
+        self._reader.join(HTTP_TIMEOUT_S)
+        return list(self.tail)
+
     def stop(self) -> None:
         """SIGTERM to its process group (its engine core too), SIGKILL after ``STOP_WAIT_S``."""
         for sig, wait_s in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, STOP_WAIT_S)):
@@ -270,6 +283,7 @@ class VllmProcess:
             os.killpg(self.popen.pid, signal.SIGKILL)
         self.guard.kill()
         self.guard.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -355,7 +369,7 @@ class VllmEngine:
         exitcode = self.vllm.exitcode()
         if exitcode is not None:
             loading = self.state_machine.state is State.LOADING
-            reason = failure_reason(exitcode, list(self.vllm.tail), loading)
+            reason = failure_reason(exitcode, self.vllm.last_lines(), loading)
             return self._fail(EXIT_LOAD_FAILED if loading else EXIT_DEVICE_FAILED, reason)
         if self.state_machine.state is State.LOADING:
             return self._check_health()

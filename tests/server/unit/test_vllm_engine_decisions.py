@@ -53,7 +53,7 @@ def test_the_command_serves_our_name_on_loopback_then_the_users_arguments() -> N
 def test_the_environment_leaves_our_metrics_directory_out() -> None:
     config = load_config(["--model", "/m", "--task", "text-generation", "--hf-home", "/cache"])
     env = vllm_environment({MULTIPROC_ENV: "/tmp/metrics", "PATH": "/bin"}, config)
-    assert env == {"PATH": "/bin", "HF_HOME": "/cache"}
+    assert env == {"PATH": "/bin", "HF_HOME": "/cache", "VLLM_RPC_BASE_PATH": "."}
 
 
 def test_the_engine_picks_the_models_process_and_only_generates_text() -> None:
