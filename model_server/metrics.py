@@ -14,7 +14,8 @@ too_large, invalid_input...), ``request_latency_seconds{route}``, ``batch_size``
 ``worker_state{state}`` (1 for the current state), ``model_load_seconds``, ``model_warmup_seconds``,
 ``gpu_memory_bytes{kind=allocated|reserved|peak_reserved}``, ``dropped_total{reason}`` (admitted, then
 dropped before compute: timeout, disconnected), ``resident_memory_bytes{process}`` (supervisor, inference,
-http-N).  Text generation on the continuous-batching engine: ``time_to_first_token_seconds``,
+http-N; ``vllm``, vLLM's processes together, with ``--engine vllm``).  Text generation on the
+continuous-batching engine: ``time_to_first_token_seconds``,
 ``inter_token_latency_seconds``, ``generated_tokens_total`` (its rate is tokens per second),
 ``kv_cache_tokens``, ``kv_cache_reserved_tokens`` and ``generating`` (requests running).
 
