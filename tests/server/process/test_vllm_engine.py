@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 CONTEXT = 2048
 # A generation that lasts seconds on the CPU (~5 ms a token on the tiny model): long enough to look at.
 LONG = 1800
+# The stream SIGTERM finds running: seconds of work, so the drain is seen under way.
+DRAINED = 600
 # vLLM's start: ~30 s on an idle machine, minutes on two cores other tests share.
 READY_S = 600.0
 WAIT_S = 60.0
@@ -150,7 +152,7 @@ def test_sigterm_drains_the_running_stream(vllm_server: Started) -> None:
     proc = vllm_server.proc
     _state(proc, "Ready", "Idle")
     stream = _client(proc).completions.create(
-        prompt="drain me", max_tokens=300, stream=True, stream_options={"include_usage": True}, **GREEDY
+        prompt="drain me", max_tokens=DRAINED, stream=True, stream_options={"include_usage": True}, **GREEDY
     )
     chunks = [next(iter(stream))]
     proc.proc.send_signal(signal.SIGTERM)
@@ -159,7 +161,7 @@ def test_sigterm_drains_the_running_stream(vllm_server: Started) -> None:
     # The whole generation came: every token, and its end.
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     usage = [c.usage for c in chunks if c.usage is not None]
-    assert usage and usage[-1].completion_tokens == 300, usage
+    assert usage and usage[-1].completion_tokens == DRAINED, usage
     assert proc.wait_exit(WAIT_S) == 0, proc.log()[-3000:]
 
 
