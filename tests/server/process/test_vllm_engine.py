@@ -32,9 +32,10 @@ from testkit.waiting import wait_for
 # The first test's budget covers the module's server start (READY_S) as well.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-CONTEXT = 2048
-# A generation that lasts seconds on the CPU (~5 ms a token on the tiny model): long enough to look at.
-LONG = 1800
+CONTEXT = 4096
+# A generation that lasts seconds on the CPU (3 to 5 ms a token on the tiny model here): long enough to
+# look at, and to leave before it ends.
+LONG = 4000
 # The stream SIGTERM finds running: seconds of work, so the drain is seen under way.
 DRAINED = 600
 # vLLM's start: ~30 s on an idle machine, minutes on two cores other tests share.
@@ -120,21 +121,37 @@ def test_completion_and_streamed_chat(vllm_server: Started) -> None:
         client.completions.create(prompt="x", max_tokens=1, **{**GREEDY, "model": "other"})
 
 
-def test_processing_429_and_cancel_aborts_in_vllm(vllm_server: Started) -> None:
+def _long_stream(proc: ServerProcess) -> openai.Stream[Any]:
+    """A generation of ``LONG`` tokens, streamed, once its first chunk came (vLLM runs it)."""
+    stream: openai.Stream[Any] = _client(proc).completions.create(
+        prompt="Once upon a time", max_tokens=LONG, stream=True, **GREEDY
+    )
+    assert next(iter(stream)).choices
+    return stream
+
+
+def test_a_full_queue_is_a_429_and_a_client_leaving_aborts_in_vllm(vllm_server: Started) -> None:
     proc = vllm_server.proc
-    client = _client(proc)
-    stream = client.completions.create(prompt="Once upon a time", max_tokens=LONG, stream=True, **GREEDY)
-    assert next(iter(stream)).choices  # admitted, and vLLM generates
-    doc = _state(proc, "Processing")
-    assert doc["queue_depth"] == 1
-    wait_for(lambda: proc.metric("vllm:num_requests_running") == 1, WAIT_S, 0.02, "vLLM running one")
+    aborted = proc.log().count("Aborted request")
+    stream = _long_stream(proc)
     # The queue holds one request: the next is refused at once, with when to come back.
     refused = httpx.post(proc.url + "/v1/completions", json={"model": "tiny", "prompt": "x"}, timeout=WAIT_S)
     assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1, refused.text
     stream.close()  # the client leaves: the upstream connection closes, vLLM aborts the generation
-    wait_for(lambda: "Aborted request" in proc.log(), WAIT_S, 0.05, "vLLM aborting the request")
+    wait_for(lambda: proc.log().count("Aborted request") > aborted, WAIT_S, 0.05, "vLLM aborting it")
     doc = _state(proc, "Ready", "Idle")
     assert doc["queue_depth"] == 0 and doc["in_flight"] == 0
+
+
+def test_processing_while_vllm_runs_the_request(vllm_server: Started) -> None:
+    proc = vllm_server.proc
+    stream = _long_stream(proc)
+    doc = _state(proc, "Processing")
+    assert doc["queue_depth"] == 1
+    # vLLM's own running count, on the probe port under the endpoint picker's name.
+    wait_for(lambda: proc.metric("vllm:num_requests_running") == 1, WAIT_S, 0.02, "vLLM running one")
+    stream.close()
+    _state(proc, "Ready", "Idle")
 
 
 def test_deadline_is_a_504(vllm_server: Started) -> None:
