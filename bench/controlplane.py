@@ -95,6 +95,12 @@ class Result:
     writes_per_min: float | None = None
     direct_writes_per_min: float | None = None
     writes_per_min_by_kind: dict[str, float] = field(default_factory=dict)
+    # The first round's writes from the create until converged (operator) or all Ready (direct), by kind.
+    creation_writes_by_kind: dict[str, float] = field(default_factory=dict)
+    direct_creation_writes_by_kind: dict[str, float] = field(default_factory=dict)
+    # The first round's last pod created, scheduled and Ready, seconds after the create, both ways.
+    operator_phases: dict[str, float] = field(default_factory=dict)
+    direct_phases: dict[str, float] = field(default_factory=dict)
 
 
 # The benchmark's extra KWOK nodes hand out pod IPs from 127.80.0.0/16 up (loopback: the operator scrapes
@@ -199,6 +205,24 @@ def ready_seconds(pods: list[dict[str, Any]], started: datetime) -> list[float]:
     return sorted(times)
 
 
+def phase_seconds(pods: list[dict[str, Any]], started: datetime) -> dict[str, float]:
+    """Pure: when the last pod was created, scheduled and Ready, seconds after ``started`` (cut to its
+    second, as the pods' own timestamps are): where a slower way loses its time."""
+    base = started.replace(microsecond=0)
+    last: dict[str, float] = {}
+    for pod in pods:
+        stamps = {"created": pod["metadata"].get("creationTimestamp")}
+        for condition in (pod.get("status") or {}).get("conditions") or []:
+            if condition.get("status") == "True" and condition.get("type") in ("PodScheduled", "Ready"):
+                phase = "scheduled" if condition["type"] == "PodScheduled" else "ready"
+                stamps[phase] = condition.get("lastTransitionTime")
+        for phase, stamp in stamps.items():
+            at = parse_time(stamp)
+            if at is not None:
+                last[phase] = max(last.get(phase, 0.0), (at - base).total_seconds())
+    return {phase: last[phase] for phase in ("created", "scheduled", "ready") if phase in last}
+
+
 def ratio(operator: list[float], direct: list[float]) -> float | None:
     """Pure: the median of the operator's rounds over the median of the direct ones."""
     if not operator or not direct or statistics.median(direct) <= 0:
@@ -274,10 +298,33 @@ def pods_gone(kubeconfig: Path, namespace: str) -> bool:
     return not left
 
 
+#: A pool of no workers that the operator is ready once it has written its status: the clock of a round
+#: starts then, not after a guess at the operator's start (3 s were not enough under load: its imports
+#: alone took longer, and the pods of the first pools were late for want of an operator).
+CANARY = "canary"
+
+
+def operator_ready(kubeconfig: Path, operator: subprocess.Popen[bytes]) -> None:
+    """Create the ``CANARY`` pool and wait until the operator has written its status."""
+    canary = kwok_pool(CANARY, NAMESPACE, 0)
+    canary["spec"].update(replicas=0, maxReplicas=1)
+    kubectl(kubeconfig, "apply", "-f", "-", stdin=json.dumps(canary))
+
+    def seen() -> bool:
+        if operator.poll() is not None:
+            raise RuntimeError(f"the operator exited {operator.returncode}")
+        pool = json.loads(kubectl(kubeconfig, "get", "modelpools", CANARY, "-n", NAMESPACE, "-o", "json"))
+        return bool((pool.get("status") or {}).get("phase"))
+
+    wait(seen, 300, "the operator wrote the canary pool's status", interval=0.5)
+
+
 def pools_converged(kubeconfig: Path, pools: int, workers: int, pid: int | None = None) -> bool:
     data = json.loads(kubectl(kubeconfig, "get", "modelpools", "-n", NAMESPACE, "-o", "json"))
     done = 0
     for pool in data["items"]:
+        if pool["metadata"]["name"] == CANARY:
+            continue
         status = pool.get("status") or {}
         listed = status.get("workers") or []
         if (
@@ -302,20 +349,43 @@ class Writes:
     by_kind: dict[str, float]
 
 
+def _namespace_writes(
+    events: list[dict[str, Any]], namespace: str, start: datetime, end: datetime
+) -> list[dict[str, Any]] | None:
+    if not any(e["objectRef"].get("namespace") == namespace for e in events):
+        return None
+    return [
+        e
+        for e in unexpected_writes(writes_in(events, start, end))
+        if e["objectRef"].get("namespace") == namespace
+    ]
+
+
 def rest_writes(
     events: list[dict[str, Any]], namespace: str, start: datetime, end: datetime
 ) -> Writes | None:
     """Pure: the writes at rest in ``namespace`` between ``start`` and ``end`` (None when the log never
     recorded that namespace: a cluster started with an older audit policy)."""
-    if not any(e["objectRef"].get("namespace") == namespace for e in events):
+    found = _namespace_writes(events, namespace, start, end)
+    if found is None:
         return None
     seconds = (end - start).total_seconds()
-    found = [
-        e
-        for e in unexpected_writes(writes_in(events, start, end))
-        if e["objectRef"].get("namespace") == namespace
-    ]
     return Writes(round(len(found) * 60 / seconds, 1), writes_per_minute(found, seconds))
+
+
+def write_counts(
+    events: list[dict[str, Any]], namespace: str, start: datetime, end: datetime
+) -> dict[str, float]:
+    """Pure: how many writes of each kind ``namespace`` took between ``start`` and ``end`` (a creation's),
+    Lease renewals apart; empty when the log never recorded that namespace."""
+    found = _namespace_writes(events, namespace, start, end)
+    return writes_per_minute(found, 60.0) if found else {}
+
+
+def logged(kubeconfig: Path) -> list[dict[str, Any]]:
+    """Every event of the cluster's audit log so far (none without one)."""
+    log = audit_log(kubeconfig)
+    return AuditTail(log).read() if log is not None else []
 
 
 def watch_writes(kubeconfig: Path, namespace: str, seconds: float) -> Writes | None:
@@ -427,7 +497,17 @@ def fresh_namespace(kubeconfig: Path, namespace: str) -> None:
     kubectl(kubeconfig, "create", "namespace", namespace)
 
 
-def direct_round(kubeconfig: Path, pools: int, workers: int, window: float) -> tuple[float, Writes | None]:
+@dataclass
+class DirectRound:
+    """What one direct round measured."""
+
+    pods_ready_s: float
+    writes: Writes | None
+    creation: dict[str, float]
+    phases: dict[str, float]
+
+
+def direct_round(kubeconfig: Path, pools: int, workers: int, window: float) -> DirectRound:
     """The baseline: the operator's pods created directly (no operator running); create -> all Ready from
     their conditions, then the writes at rest over ``window``; the pods deleted and waited gone."""
     pods = direct_pods(pools, workers)
@@ -437,11 +517,14 @@ def direct_round(kubeconfig: Path, pools: int, workers: int, window: float) -> t
     wait(
         lambda: pods_ready(kubeconfig, DIRECT_NAMESPACE, len(pods)), 1800, "direct pods Ready", interval=poll
     )
-    ready = ready_seconds(namespace_pods(kubeconfig, DIRECT_NAMESPACE), started)
+    made = namespace_pods(kubeconfig, DIRECT_NAMESPACE)
+    ready = ready_seconds(made, started)
+    creation = write_counts(logged(kubeconfig), DIRECT_NAMESPACE, started, datetime.now(UTC))
+    phases = phase_seconds(made, started)
     writes = watch_writes(kubeconfig, DIRECT_NAMESPACE, window)
     kubectl(kubeconfig, "delete", "pods", "--all", "-n", DIRECT_NAMESPACE, "--wait=false")
     wait(lambda: pods_gone(kubeconfig, DIRECT_NAMESPACE), 900, "direct pods gone", interval=poll)
-    return ready[-1], writes
+    return DirectRound(ready[-1], writes, creation, phases)
 
 
 @dataclass
@@ -457,6 +540,8 @@ class OperatorRound:
     window_s: float
     kinds: dict[str, float]
     writes: Writes | None
+    creation: dict[str, float]
+    phases: dict[str, float]
     gateway: dict[str, Any] | None
 
 
@@ -486,7 +571,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
             start_new_session=True,
         )  # fmt: skip
         try:
-            time.sleep(3)  # the operator's initial listing
+            operator_ready(kubeconfig, operator)
             started = datetime.now(UTC)
             began = time.monotonic()
             # In lists of 100 (kubectl sends one request per object: 1,000 pools took over 300 s here).
@@ -498,7 +583,8 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
                 interval=pods_poll,
             )
             pods_ready_at = time.monotonic()
-            pods_ready_s = ready_seconds(namespace_pods(kubeconfig, NAMESPACE), started)[-1]
+            made = namespace_pods(kubeconfig, NAMESPACE)
+            pods_ready_s, phases = ready_seconds(made, started)[-1], phase_seconds(made, started)
             wait(
                 lambda: pools_converged(kubeconfig, pools, workers, operator.pid),
                 900,
@@ -506,6 +592,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
                 interval=poll,
             )
             converged_at = time.monotonic()
+            creation = write_counts(logged(kubeconfig), NAMESPACE, started, datetime.now(UTC))
 
             time.sleep(20)  # settle: the last status writes and events
             text0 = kubectl(kubeconfig, "get", "--raw", "/metrics")
@@ -547,6 +634,8 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
         window_s=window,
         kinds=kinds,
         writes=writes,
+        creation=creation,
+        phases=phases,
         gateway=gateways,
     )
 
@@ -568,8 +657,7 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
     fresh_namespace(kubeconfig, DIRECT_NAMESPACE)
     first: OperatorRound | None = None
     through: list[float] = []
-    direct: list[float] = []
-    direct_writes: list[Writes | None] = []
+    directs: list[DirectRound] = []
     for number in range(rounds):
         order = ("operator", "direct") if number % 2 == 0 else ("direct", "operator")
         for way in order:
@@ -580,12 +668,12 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
                 first = first or measured
                 through.append(measured.pods_ready_s)
             else:
-                seconds, writes = direct_round(kubeconfig, pools, workers, min(steady_window, 30.0))
-                direct.append(seconds)
-                direct_writes.append(writes)
+                directs.append(direct_round(kubeconfig, pools, workers, min(steady_window, 30.0)))
+            direct = [d.pods_ready_s for d in directs]
             print(f"round {number + 1}: through the operator {through}, direct {direct}", file=sys.stderr)
     assert first is not None
-    rest = first.writes
+    rest, baseline = first.writes, directs[0] if directs else None
+    direct = [d.pods_ready_s for d in directs]
     return Result(
         pools=pools,
         workers_per_pool=workers,
@@ -605,8 +693,12 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
         direct_pods_ready_s=direct,
         ready_ratio=ratio(through, direct),
         writes_per_min=rest.per_min if rest else None,
-        direct_writes_per_min=direct_writes[0].per_min if direct_writes and direct_writes[0] else None,
+        direct_writes_per_min=baseline.writes.per_min if baseline and baseline.writes else None,
         writes_per_min_by_kind=rest.by_kind if rest else {},
+        creation_writes_by_kind=first.creation,
+        direct_creation_writes_by_kind=baseline.creation if baseline else {},
+        operator_phases=first.phases,
+        direct_phases=baseline.phases if baseline else {},
     )
 
 

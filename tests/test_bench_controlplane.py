@@ -16,10 +16,12 @@ from bench.controlplane import (
     direct_pods,
     kept_rows,
     lists_of,
+    phase_seconds,
     pools_manifest,
     ratio,
     ready_seconds,
     rest_writes,
+    write_counts,
 )
 from modelpool_operator.effects.resources import build_worker_pod
 from modelpool_operator.pool import PoolView
@@ -66,6 +68,19 @@ def test_ready_times_come_from_the_pods_own_ready_conditions() -> None:
     assert ready_seconds([pod(0)], T0 + timedelta(seconds=0.6)) == [0.0]
 
 
+def test_phases_are_the_last_pods_creation_scheduling_and_readiness() -> None:
+    pods = [
+        {"metadata": {"creationTimestamp": stamp(1)}, **pod(9)},
+        {"metadata": {"creationTimestamp": stamp(4)}, **pod(None)},
+    ]
+    pods[1]["status"]["conditions"][0]["lastTransitionTime"] = stamp(6)
+    assert phase_seconds(pods, T0 + timedelta(seconds=0.4)) == {
+        "created": 4.0,
+        "scheduled": 6.0,
+        "ready": 9.0,
+    }
+
+
 def test_the_ratio_is_of_the_medians() -> None:
     assert ratio([30, 26, 40], [20, 19, 21]) == 30 / 20
     assert ratio([30], []) is None
@@ -94,6 +109,12 @@ def test_writes_at_rest_are_the_pools_namespaces_lease_renewals_apart() -> None:
     assert found.by_kind == {"create events by kopf": 2.0, "patch modelpools by kopf": 2.0}
     # A log that never recorded the namespace (an older audit policy) says nothing, not "quiet".
     assert rest_writes(events, "elsewhere", T0, T0 + timedelta(seconds=40)) is None
+    # A creation's writes are counted, not rated.
+    assert write_counts(events, NAMESPACE, T0, T0 + timedelta(seconds=40)) == {
+        "create pods by kopf": 1.0,
+        "create events by kopf": 1.0,
+        "patch modelpools by kopf": 1.0,
+    }
 
 
 def test_the_curve_reads_rows_with_and_without_the_baseline() -> None:
