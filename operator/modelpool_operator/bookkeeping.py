@@ -263,6 +263,10 @@ class PoolRun:
     key: PoolKey
     last_status: ModelPoolStatus | None = None
     last_status_wire: dict[str, Any] | None = None
+    # When this process last wrote the status (monotonic), and in how many seconds a change held back
+    # while the pool is being created may be written (``effects.apply.write_status``; None: none held).
+    status_written_at: float | None = None
+    status_due: float | None = None
     service_ready: bool = False
     # The NetworkPolicy this process last wrote (None: none yet, or the last write failed): written again
     # when what it says changes (spec.inferencePool admits the picker).
