@@ -36,7 +36,7 @@ from modelpool_operator.observe.claims import BusyClaim
 from modelpool_operator.observe.observation import ChargeCache, current_ledger
 from modelpool_operator.observe.ownership import ForeignPods, Tombstones
 from modelpool_operator.observe.worker_state import ObservedWorker
-from modelpool_operator.planner import CounterSample, Create, LoadSample
+from modelpool_operator.planner import CounterSample, Create, Event, LoadSample
 from modelpool_operator.planner.shared_scale import SharedCount
 from modelpool_operator.pool import PoolKey
 
@@ -267,6 +267,8 @@ class PoolRun:
     # while the pool is being created may be written (``effects.apply.write_status``; None: none held).
     status_written_at: float | None = None
     status_due: float | None = None
+    # The Normal Events of the passes whose status was held back: posted with the next status write.
+    held_events: list[Event] = field(default_factory=list)
     service_ready: bool = False
     # The NetworkPolicy this process last wrote (None: none yet, or the last write failed): written again
     # when what it says changes (spec.inferencePool admits the picker).

@@ -43,7 +43,7 @@ from modelpool_operator.effects.resources import build_service, build_worker_pod
 from modelpool_operator.host import HostView
 from modelpool_operator.planner import Event, Evict, Plan
 from modelpool_operator.planner.status import condition
-from modelpool_operator.planner.status_pace import creating, status_delay
+from modelpool_operator.planner.status_pace import creating, pace_events, status_delay
 from modelpool_operator.pool import PoolView
 from modelpool_operator.services import Services, pod_settings, policy_settings
 
@@ -110,7 +110,8 @@ async def apply(
     services.metrics.pool_written(run.key, pool.status, status)
     # The planner's next pass starts from this status, written or held back (``write_status``).
     run.last_status = status
-    for event in plan.events:
+    post, run.held_events = pace_events(run.held_events, plan.events, deferred=run.status_due is not None)
+    for event in post:
         services.events.post(body, event)
     _tell_failures(services, run, body, failed)
     _note_budget(book, run, status)

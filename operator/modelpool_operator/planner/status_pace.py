@@ -7,12 +7,18 @@ started, and every other one serving) its workers' progress is coalesced: at mos
 Ready one event at a time costs a few status writes, not one a pass, while the scheduler and the kubelets
 (or KWOK) are busiest. Anything else is written at once: the first status, a worker Loading, failing or
 gone, the pool settled (nothing Pending any more), so no state a user or a test waits for is held back.
+The pass's Normal Events (``WorkerReady``, ...) wait with the status and go with it, one per reason
+(``pace_events``); Warnings are never held.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from modelpool_contract.api import ModelPoolStatus
 from modelpool_contract.states import SERVING_STATES
+from modelpool_operator.planner.draft import Event
+from modelpool_operator.planner.status import coalesce
 
 #: While a pool is being created, its status is written at most this often (seconds).
 CREATING_STATUS_INTERVAL_S = 2.0
@@ -35,3 +41,14 @@ def status_delay(
     if not creating or since_write is None or since_write >= interval:
         return 0.0
     return interval - since_write
+
+
+def pace_events(
+    held: Sequence[Event], new: Sequence[Event], *, deferred: bool
+) -> tuple[list[Event], list[Event]]:
+    """Pure: the Events to post now and those to hold, given the ones ``held`` from earlier passes, this
+    pass's ``new`` ones, and whether its status write was ``deferred``: held, the Normal ones wait for the
+    status; written, everything goes, one Event per Normal reason across the passes (``coalesce``)."""
+    if deferred:
+        return [e for e in new if e.type != "Normal"], [*held, *(e for e in new if e.type == "Normal")]
+    return coalesce([*held, *new]), []
