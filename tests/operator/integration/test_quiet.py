@@ -3,7 +3,8 @@
 The real control plane (hack/cluster.sh), the real operator with leader election on (as the chart runs
 it), three pools of two workers: two on the KWOK nodes (no process behind them: their stats stay unknown)
 and one of real ``modelpool-server`` echo workers on the process node (``/stats`` read every second). Once
-every pool's status shows its workers Ready with nothing in progress (waited for, never slept for), the
+every pool's status shows its workers Ready with nothing in progress and every worker pod is Ready by its
+own condition (waited for, never slept for), the
 API server's audit log (hack/audit-policy.yaml records every write in ``QUIET_NAMESPACE``, by anyone, and
 on the ModelBudget of that name) must show, over a window of ``WINDOW_S``, no write but the renewals of a
 Lease: no status patch, no Event, no pod, no Endpoints or EndpointSlice, by the operator, the controllers,
@@ -88,12 +89,18 @@ def quiet(crds: Cluster) -> Iterator[AuditTail]:
         crds.kubectl("delete", "namespace", QUIET_NAMESPACE, "--wait=false", check=False)
 
 
-def converged(pools: list[dict[str, Any]], expected: int, replicas: int) -> bool:
+def converged(pools: list[dict[str, Any]], pods: list[dict[str, Any]], expected: int, replicas: int) -> bool:
     """Pure: every one of ``expected`` pools has seen its spec and shows ``replicas`` workers, all serving,
-    none of them in progress."""
-    if len(pools) != expected:
+    none of them in progress; and every worker pod is Ready by its own condition (a real worker's
+    ``/stats`` says Ready before its kubelet's readiness probe has passed and been written)."""
+    if len(pools) != expected or len(pods) != expected * replicas:
         return False
-    return all(_settled(pool, replicas) for pool in pools)
+    return all(_settled(pool, replicas) for pool in pools) and all(_ready(pod) for pod in pods)
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def _settled(pool: dict[str, Any], replicas: int) -> bool:
@@ -111,9 +118,9 @@ def _settled(pool: dict[str, Any], replicas: int) -> bool:
     )
 
 
-def _pools(cluster: Cluster) -> list[dict[str, Any]]:
+def _listed(cluster: Cluster, kind: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = json.loads(
-        cluster.kubectl("get", POOLS, "-n", QUIET_NAMESPACE, "-o", "json").stdout
+        cluster.kubectl("get", kind, "-n", QUIET_NAMESPACE, "-o", "json").stdout
     )["items"]
     return items
 
@@ -151,13 +158,15 @@ def test_a_converged_control_plane_writes_nothing_but_leases(
         apply(crds, manifest, QUIET_NAMESPACE)
     try:
         wait_for(
-            lambda: converged(_pools(crds), len(manifests), REPLICAS),
+            lambda: converged(_listed(crds, POOLS), _listed(crds, "pods"), len(manifests), REPLICAS),
             timeout=240,
             interval=0.5,
             message="every pool converged",
         )
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{json.dumps([p.get('status') for p in _pools(crds)])[:6000]}") from None
+        raise AssertionError(
+            f"{exc}\n{json.dumps([p.get('status') for p in _listed(crds, POOLS)])[:6000]}"
+        ) from None
 
     crds.kubectl("create", "configmap", MARK, "-n", QUIET_NAMESPACE)
     opened = wait_for(lambda: _marked(tail, "create"), timeout=30, message="the window's opening in the log")
