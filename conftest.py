@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from testkit.cluster import (
     Cluster,
@@ -38,6 +39,11 @@ from testkit.cluster import (
 )
 from testkit.kubectl import wait_for
 from testkit.loopback import PodIPWatch
+
+# No per-example deadline: what a property test checks is the answer, never its speed (speed is checked by
+# the benchmarks); Hypothesis's default 200 ms failed a pure test on this loaded 2-core machine (287 ms).
+settings.register_profile("modelpool", deadline=None)
+settings.load_profile("modelpool")
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,7 @@ PROMPTS = [
 
 
 # Qwen2.5-0.5B's config.json (the architecture's numbers; the weights here are random).
-QWEN_05B = {
+QWEN_05B: dict[str, Any] = {
     "hidden_size": 896,
     "intermediate_size": 4864,
     "num_hidden_layers": 24,
@@ -157,7 +157,8 @@ async def batched(engine: Any, work: list[Any], firsts: list[float] | None = Non
             raise RuntimeError(f"a request failed: {result}")
     if firsts is not None:
         firsts.extend(clock.seconds(finished))
-    return sum(r[0].completion_tokens for r in results) / elapsed
+    tokens: int = sum(r[0].completion_tokens for r in results)
+    return tokens / elapsed
 
 
 async def measure(task: Any, engine: Any, args: argparse.Namespace) -> dict[str, list[float]]:

@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from bench.probes import HealthProbe
 from bench.references import Encode, bench_direct, direct_encoder, load_sentence_transformer, paired_reference
 from bench.rss import RssSampler, rss_levels
 from bench.server_process import ServerProcess, minilm_server
-from model_server.config import available_cpus, default_http_workers
+from model_server.cpu_budget import available_cpus, default_http_workers
 from testkit.corpus import corpus
 from testkit.echo_models import ECHO
 from testkit.environment import ROOT
@@ -83,7 +84,7 @@ def bench_added_latency(encode: Encode, url: str, n: int) -> dict[str, Any]:
     conn = _connect(url)
     texts = corpus(n, seed=5)
     times: dict[str, list[float]] = {"direct": [], "json": [], "binary": []}
-    calls = {
+    calls: dict[str, Callable[[str], object]] = {
         "direct": lambda text: encode([text]),
         "json": lambda text: _post(conn, *v2_body([text], False)),
         "binary": lambda text: _post(conn, *v2_body([text], True)),
@@ -193,7 +194,7 @@ def bench_throughput(  # noqa: PLR0917 - a bench helper, called positionally
         # Health and /stats are probed during the rows at concurrency 64 (under load, as a kubelet would),
         # on the probe port (what the kubelet and the operator ask) and on the serving port.
         with (
-            HealthProbe(server.probe_url, enabled=conc >= 64) as probe,
+            HealthProbe(probe_url(server), enabled=conc >= 64) as probe,
             HealthProbe(server.url, enabled=conc >= 64) as served,
         ):
             res = run_clients(server.url, size, binary, conc, window, procs, warmup=1.0)
@@ -205,6 +206,12 @@ def bench_throughput(  # noqa: PLR0917 - a bench helper, called positionally
         return res
 
     return paired_reference(encode, st, size=size, duration=duration, run=measure)
+
+
+def probe_url(server: ServerProcess) -> str:
+    """The worker's probe port (``minilm_server`` always gives it one)."""
+    assert server.probe_url is not None, "the server was started without a probe port"
+    return server.probe_url
 
 
 def bench_flood(server: ServerProcess, args: argparse.Namespace) -> dict[str, Any]:
@@ -220,7 +227,7 @@ def bench_flood(server: ServerProcess, args: argparse.Namespace) -> dict[str, An
     conc = 10 * args.queue_capacity
     with (
         RssSampler(server.rss_bytes) as rss,
-        HealthProbe(server.probe_url) as probe,
+        HealthProbe(probe_url(server)) as probe,
         HealthProbe(server.url) as served,
     ):
         polite = start_clients(

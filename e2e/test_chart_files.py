@@ -11,11 +11,12 @@ from typing import Any
 
 import yaml
 
-from e2e.helpers import CHART, CHART_CRDS, CRDS, ROOT
+from e2e.helpers import CHART, CHART_CRDS, CRDS
 from modelpool_gateway.config import GatewaySettings
 from modelpool_operator.policy import CLEAN_IMAGE_PATTERN, CLEAN_PATH_PATTERN
 from modelpool_operator.settings import OperatorConfig
 from testkit.docs import FREE_FORM
+from testkit.environment import ROOT
 
 VALUES_TEXT = (CHART / "values.yaml").read_text()
 VALUES: dict[str, Any] = yaml.safe_load(VALUES_TEXT)

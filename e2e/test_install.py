@@ -377,10 +377,10 @@ def test_operator_reconciles_a_kwok_pool_to_ready_with_budget_accounting(release
     # a generation pool's tokens in flight (none here).
     wide = release.k("get", "modelpools", "-n", release.namespace, "-o", "wide").stdout.splitlines()
     assert wide[0].split()[-3:] == ["DECLARED", "MEASURED", "TOKENS"]
-    row = next(line for line in wide[1:] if line.startswith("kwok-pool"))
+    wide_row = next(line for line in wide[1:] if line.startswith("kwok-pool"))
     declared = wide[0].index("DECLARED")
     # An unset MEASURED (and TOKENS) prints as nothing.
-    assert row[declared:].split() == ["10Gi"]
+    assert wide_row[declared:].split() == ["10Gi"]
 
     # The chart's operator serves its metrics (on this machine: the process node runs it locally).
     def ready_in_metrics() -> bool:

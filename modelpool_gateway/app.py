@@ -42,6 +42,7 @@ from urllib.parse import quote
 import orjson
 
 from modelpool_gateway.access import Access, caller_of, grant_of, key_name_of, limits_of
+from modelpool_gateway.access_log import served
 from modelpool_gateway.bodies import BodyBytes, Ticket
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamBroken, UpstreamTimeout
@@ -52,8 +53,8 @@ from modelpool_gateway.hold import Baton, Holds, hold_budget, hold_reason, hopel
 from modelpool_gateway.jsoncost import TOO_MANY_ITEMS, json_refusal
 from modelpool_gateway.limits import NO_LIMITS, Limiter, Limits
 from modelpool_gateway.metrics import Metrics
-from modelpool_gateway.names import Unresolved, split_v2_path
-from modelpool_gateway.picker import Candidate, pick
+from modelpool_gateway.names import Resolved, Unresolved, split_v2_path
+from modelpool_gateway.picker import Candidate, pick, pick_adapter
 from modelpool_gateway.prefix import key_hash, pick_prefix, prefix_key, ring_walk
 from modelpool_gateway.proxy import Outbound, Receive, Upstream, forward_headers, relay, watch_disconnect
 from modelpool_gateway.state import Key, Worker
@@ -105,6 +106,7 @@ class Call:
     key_name: str = ""  # the key's Secret (``access.key_name_of``): what the usage metrics count per
     items: tuple[ItemKind, int] | None = None  # what it asks to compute (``usage.items``)
     limits: Limits = NO_LIMITS  # its key's limits per minute (``access.limits_of``)
+    adapter: str | None = None  # the LoRA adapter its model names: workers holding it are preferred
 
     @property
     def label(self) -> str:
@@ -224,6 +226,7 @@ class Gateway:
         self._answered(scope, label, code)
 
     def _answered(self, scope: MutableMapping[str, Any], label: str, code: int) -> None:
+        served().answered(label, code)  # for the access line (``access_log``)
         self.metrics.of(self.metrics.requests, label, str(code)).inc()
         self.metrics.of(self.metrics.key_requests, key_name_of(scope), label, str(code)).inc()
 
@@ -245,7 +248,9 @@ class Gateway:
         )
 
     def _used(self, call: Call, used: Usage) -> None:
-        """What an answered (200) request used, on its key's usage metrics and its token window."""
+        """What an answered (200) request used, on its key's usage metrics, its token window and the
+        access line."""
+        served().usage = used
         if call.caller is not None:
             tokens = used.prompt_tokens + used.completion_tokens
             self.limiter.charge_tokens(call.caller, call.limits, tokens, time.monotonic_ns())
@@ -322,21 +327,24 @@ class Gateway:
             raise RequestError(
                 400, "invalid_input", "the request body needs a 'model' (GET /v1/models lists them)"
             )
+        served().model = model
         resolved = self.access.index(grant_of(scope)).resolve(model)
         if isinstance(resolved, Unresolved):
             raise self._not_found(resolved)
         key = resolved.key
-        upstream = self._model_name(key)
-        if model != upstream:  # an alias or namespace/name: a worker knows its pool's name only
+        # A worker knows its pool's name and its adapters' names only.
+        upstream = resolved.adapter or self._model_name(key)
+        if model != upstream:  # an alias or namespace/name
             doc["model"] = upstream
             body = orjson.dumps(doc)
         headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], scope["path"], headers, body)
-        prefix = self._prefix(key, scope["path"], doc)
+        # An adapter's requests go where it is loaded (``picker.pick_adapter``), not by prefix.
+        prefix = None if resolved.adapter else self._prefix(key, scope["path"], doc)
         asks = items(scope["path"], doc)
         timeout = _client_timeout(scope["headers"])
         caller, name = caller_of(scope), key_name_of(scope)
-        return Call(key, True, out, timeout, caller, prefix, name, asks, limits_of(scope))
+        return Call(key, True, out, timeout, caller, prefix, name, asks, limits_of(scope), resolved.adapter)
 
     def _prefix(self, key: Key, path: str, doc: Any) -> int | None:
         """The ring position a text-generation pool's request is routed by (``prefix``), else None."""
@@ -351,10 +359,16 @@ class Gateway:
     async def _v2_call(self, scope: MutableMapping[str, Any], receive: Receive, ticket: Ticket) -> Call:
         rest = scope["path"][len(V2_MODELS) :]
         resolved, suffix = split_v2_path(self.access.index(grant_of(scope)), rest)
+        if isinstance(resolved, Resolved) and resolved.adapter is not None:
+            # The workers apply adapters on the OpenAI routes only: v2 would answer with the base model.
+            resolved = Unresolved(
+                f"model {resolved.adapter!r} is a LoRA adapter: use /v1/completions or chat"
+            )
         if isinstance(resolved, Unresolved):
             raise self._not_found(resolved)
         body = await self._body(scope, receive, ticket)
         name = self._model_name(resolved.key)
+        served().model = name
         path = V2_MODELS + quote(name, safe="") + ("/" + quote(suffix) if suffix else "")
         if scope.get("query_string"):
             path += "?" + scope["query_string"].decode("latin-1")
@@ -510,12 +524,20 @@ class Gateway:
             send, call.openai, 503, "shutting_down", "the gateway is shutting down", retry_after=1
         )
 
-    def _choose(self, key: Key, tried: set[Key], prefix: int | None = None) -> Worker | None:
+    def _choose(
+        self, key: Key, tried: set[Key], prefix: int | None = None, adapter: str | None = None
+    ) -> Worker | None:
         workers = self.registry.routable(key)
         pool = self.registry.pool(key)
         depths = pool.queue_depths if pool is not None else {}
         candidates = [Candidate(w.key, self.loads.get(w.key, 0), depths.get(w.name)) for w in workers]
-        if prefix is not None:
+        if adapter is not None and pool is not None:
+            self._turn += 1
+            holders = pool.holders(adapter)
+            held = [w.key for w in workers if w.name in holders]
+            factor = self.settings.prefix_load_factor
+            chosen = pick_adapter(candidates, held, tried, self._turn, load_factor=factor)
+        elif prefix is not None:
             factor = self.settings.prefix_load_factor
             chosen = pick_prefix(candidates, prefix, tried, load_factor=factor)
             if chosen is not None:
@@ -535,7 +557,7 @@ class Gateway:
         # Done when the client leaves: its request is abandoned at the worker, its answer not relayed.
         gone = asyncio.ensure_future(watch_disconnect(receive))
         try:
-            while (worker := self._choose(call.key, tried, call.prefix)) is not None:
+            while (worker := self._choose(call.key, tried, call.prefix, call.adapter)) is not None:
                 tried.add(worker.key)
                 self.loads[worker.key] = self.loads.get(worker.key, 0) + 1
                 self.metrics.of(self.metrics.in_flight, call.label).inc()

@@ -112,6 +112,8 @@ class WorkerState:
     reason: str | None = None
     message: str | None = None
     load_progress: float | None = None
+    # The LoRA adapters it holds in memory (its /stats, through the pool's status).
+    adapters: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,8 @@ class Pool:
     # A shared pool's ModelHost (spec.host): its model is served by that host's pods that hold it, under
     # ``model_name``; None: dedicated workers.
     host: str | None = None
+    # The pool's LoRA adapters (spec.adapters): names a request's model may take to reach this pool.
+    adapters: tuple[str, ...] = ()
 
     @property
     def model_name(self) -> str:
@@ -153,6 +157,10 @@ class Pool:
     @property
     def key(self) -> Key:
         return (self.namespace, self.name)
+
+    def holders(self, adapter: str) -> frozenset[str]:
+        """The names of the workers that hold ``adapter`` in memory, as the status last said."""
+        return frozenset(w.name for w in self.workers if adapter in w.adapters)
 
 
 def _container_port(spec: Mapping[str, Any]) -> int:
@@ -228,6 +236,7 @@ def _worker_state(entry: WorkerStatus) -> WorkerState:
         reason=entry.reason or None,
         message=entry.message or None,
         load_progress=entry.load_progress,
+        adapters=frozenset(entry.adapters or ()),
     )
 
 
@@ -276,4 +285,5 @@ def pool_from_object(obj: Mapping[str, Any]) -> Pool:
         activation_timeout_s=float(spec.activation_timeout_seconds),
         wakes_on_demand=replica_ceiling(spec) >= 1,
         host=spec.host,
+        adapters=tuple(a.name for a in spec.adapters),
     )

@@ -223,8 +223,8 @@ def test_the_demand_a_gateway_records_is_what_the_operator_reads() -> None:
     """A gateway creates, then renews, the pool's demand Lease (``modelpool_contract.demand``); the operator's
     index of demand Leases and its view of the pool carry its renewTime, to the microsecond, and each
     gateway replica's share: the requests it held and refused (hold full), summed while live."""
-    from modelpool_operator.handlers import demand_by_pool
     from modelpool_operator.reconcile import latest_demand
+    from tests.operator.unit.op_handlers import demand_by_pool
 
     first, later = NOW.replace(microsecond=250_123), NOW.replace(second=5, microsecond=7)
     lease = demand_lease(

@@ -152,7 +152,8 @@ class Rig:
     def start_operator(self) -> OperatorProcess:
         log = self.workdir / "operator.log"
         before = log.read_text(errors="replace").count(STARTED) if log.exists() else 0
-        process = OperatorProcess(self.cluster, [NAMESPACE], log, **self.operator_env)
+        # kubeconfig named (its default): mypy matches **operator_env's values to every parameter left open.
+        process = OperatorProcess(self.cluster, [NAMESPACE], log, kubeconfig=None, **self.operator_env)
         wait_for(
             lambda: not process.alive() or process.log_tail(10**8).count(STARTED) > before,
             timeout=120,

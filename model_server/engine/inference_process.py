@@ -79,6 +79,7 @@ class Endpoint:
                 partial(self._reply, rid),
                 lengths=message.lengths,
                 emit=emit,
+                ids=message.ids,
             )
             self._units[rid] = unit
             self.dataplane.submit(unit)
@@ -321,7 +322,7 @@ def main(
 ) -> None:
     """The process's entry point (the supervisor's spawn target; a shared host's names the model its
     metrics are labelled with)."""
-    set_up("inference", config.log_level)
+    set_up("inference", config)
     threads = size_threads(config.intra_op_threads, config.cpu_share_millicores)  # before torch's import
     process = InferenceProcess(config, view, threads, metrics_model=metrics_model)
     exit_now(run_loop(process.serve(sockets, control)))

@@ -32,6 +32,8 @@ class Unit:
     remaining: int = 0
     # When it reached this process (time.monotonic()), before the queue: time to first token counts from here.
     arrived: float = field(default_factory=time.monotonic)
+    # Its request id and trace id as the HTTP process had them (``ipc.Submit.ids``), for its log lines.
+    ids: tuple[str | None, str | None] = (None, None)
 
     def answer(self, outcome: Outcome) -> None:
         if not self.answered:

@@ -87,7 +87,7 @@ def tell_pass_error(
 
     The traceback goes to this module's logger, not the daemon's ``logger`` (Kopf's per-object one): Kopf
     posts that logger's errors as Events of its own, and this Event is the one the object gets."""
-    message = kube_api.describe_error(exc)[:1000]
+    message = kube_api.describe_error(exc)
     meta = body.get("metadata") or {}
     where = "/".join(str(part) for part in (meta.get("namespace"), meta.get("name")) if part)
     if message != last:

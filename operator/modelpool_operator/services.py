@@ -108,6 +108,7 @@ def pod_settings(config: OperatorConfig) -> PodSettings:
         probe_port=config.server_probe_port,
         model_cache=config.model_cache,
         default_cpu=config.worker_cpu,
+        log_format=config.log_format,
     )
 
 

@@ -135,7 +135,9 @@ def test_kwok_pods_get_loopback_addresses_and_the_session_guard_records_them(
 
     for other in get_json(cluster, "nodes")["items"]:  # every node's pod CIDR, the process node's too
         for cidr in other["spec"].get("podCIDRs") or []:  # all inside 127.0.0.0/8
-            assert ipaddress.ip_network(cidr).subnet_of(ipaddress.ip_network("127.0.0.0/8")), other
+            network = ipaddress.ip_network(cidr)
+            assert isinstance(network, ipaddress.IPv4Network), other
+            assert network.subnet_of(ipaddress.IPv4Network("127.0.0.0/8")), other
 
     guard = cluster.pod_ips
     assert guard is not None, "the session fixture runs the pod IP guard"

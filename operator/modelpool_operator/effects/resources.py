@@ -52,6 +52,7 @@ from modelpool_contract.labels import (
     PROBE_PORT_NAME,
     SERVER_CONTAINER,
 )
+from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.mounts import (
     CACHE_MOUNT_PATH,
     HOME_PATH,
@@ -59,6 +60,7 @@ from modelpool_contract.mounts import (
     SCRATCH_ENV,
     TMP_PATH,
     parse_pvc_source,
+    pvc_mount_path,
 )
 from modelpool_contract.picker import engine_labels
 from modelpool_contract.placements import LABEL_HOST
@@ -96,6 +98,8 @@ class PodSettings:
     # The CPU request of worker and host pods whose spec sets no resources.cpu (None: none). Without one
     # each worker sizes its threads to every core of the node, and workers sharing it stall each other.
     default_cpu: str | None = DEFAULT_WORKER_CPU
+    # The operator's log format, passed on to its workers and host pods (``modelpool_contract.logs``).
+    log_format: LogFormat = DEFAULT_LOG_FORMAT
 
 
 def cpu_request(explicit: Quantity | None, default: str | None) -> str | None:
@@ -135,10 +139,30 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         device="auto",
         dtype=spec.model.dtype,
         trust_remote_code=spec.model.trust_remote_code,
-        pvc_root=PVC_MOUNT_ROOT if parse_pvc_source(spec.model.source) else None,
+        pvc_root=PVC_MOUNT_ROOT if parse_pvc_source(spec.model.source) or adapter_claims(spec) else None,
         api_key_file=API_KEY_FILE if spec.auth is not None and spec.auth.api_key_secret is not None else None,
         intra_op_threads=spec.resources.cpu_threads,
+        log_format=_log_format(settings),
+        adapter=tuple(f"{a.name}={a.source}" for a in spec.adapters) or None,
+        max_adapters=spec.max_loaded_adapters if spec.adapters else None,
     ).argv()
+
+
+def _log_format(settings: PodSettings) -> LogFormat | None:
+    """The workers' ``--log-format`` (the operator's own): none for the server's default."""
+    return None if settings.log_format == DEFAULT_LOG_FORMAT else settings.log_format
+
+
+def adapter_claims(spec: ModelPoolSpec) -> list[str]:
+    """The claims of the pool's ``pvc://`` adapters the model's own claim does not already mount, each once,
+    in the order declared (their volumes are ``adapter-claim-<i>``)."""
+    model = parse_pvc_source(spec.model.source)
+    claims: list[str] = []
+    for adapter in spec.adapters:
+        pvc = parse_pvc_source(adapter.source)
+        if pvc is not None and pvc.claim not in claims and (model is None or pvc.claim != model.claim):
+            claims.append(pvc.claim)
+    return claims
 
 
 def _http_get(path: str) -> dict[str, Any]:
@@ -186,6 +210,11 @@ def _volumes(
         # The server reads pvc://claim/sub/path from <--pvc-root>/claim/sub/path (server_args).
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": pvc.claim, "readOnly": True}})
         mounts.append({"name": "model", "mountPath": pvc.mount_path, "readOnly": True})
+    for i, claim in enumerate(adapter_claims(spec)):
+        # The server reads pvc://claim/path adapters below --pvc-root too.
+        name = f"adapter-claim-{i}"
+        volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": name, "mountPath": pvc_mount_path(claim), "readOnly": True})
     if spec.auth is not None and spec.auth.api_key_secret is not None:
         secret = spec.auth.api_key_secret
         # Only the one key, as a file readable by the server's group (fsGroup) and nobody else.
@@ -580,6 +609,8 @@ def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
         # With RAM to park them in, a model that turns Idle (its pool's idleTimeoutSeconds) sleeps: its
         # device memory goes back to the others, and its next request wakes it on the host.
         args += ["--host-memory", str(spec.host_memory_bytes), "--sleep-idle"]
+    if (log_format := _log_format(settings)) is not None:
+        args += ["--log-format", log_format]
     return args
 
 

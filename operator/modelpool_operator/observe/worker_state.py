@@ -38,6 +38,7 @@ from modelpool_contract.labels import (
     LABEL_TEMPLATE_HASH,
     SERVER_CONTAINER,
 )
+from modelpool_contract.messages import fit_message
 from modelpool_contract.quantity import QuantityError, format_quantity, parse_quantity
 from modelpool_contract.states import (
     ACTIVE_STATES,
@@ -67,7 +68,6 @@ _UNRESPONSIVE_REASONS = {"NodeLost", "NodeNotReady", "Unreachable"}
 _FROM_SERVER: frozenset[WorkerState] = frozenset(
     {"Loading", "Ready", "Processing", "Idle", "Sleeping", "Waking", "Evicting", "Failed"}
 )
-_MESSAGE_LIMIT = 1024
 #: The reasons a Failed worker can carry (``_terminated_failure``, ``_FAILED_WAITING``, the server's own,
 #: the node's): a bounded set, so a metric may be labelled by them.
 FAILURE_REASONS: frozenset[str] = frozenset(
@@ -146,6 +146,8 @@ class ObservedWorker:
     generations_running: int | None = None
     kv_cache_reserved: int | None = None
     kv_cache_tokens: int | None = None
+    # The LoRA adapters it holds in memory (None: it declares none, or unknown).
+    adapters: tuple[str, ...] | None = None
     # Its claim of work (Processing, requests in flight or queued) has outlasted what the operator believes
     # (``observe.claims``): counted as Idle, and its figures no longer keep it from eviction.
     claim_expired: bool = False
@@ -212,6 +214,7 @@ class ObservedWorker:
             template_hash=self.template_hash,
             accelerator_memory=self.measured_memory(),
             generation=self.generation_status(),
+            adapters=list(self.adapters) if self.adapters is not None else None,
         )
 
     def generation_status(self) -> WorkerGeneration | None:
@@ -294,7 +297,7 @@ def _clip(message: Any) -> str | None:
     text = str(message).strip()
     if not text:
         return None
-    return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 1] + "…"
+    return fit_message(text)
 
 
 def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -588,4 +591,5 @@ def _generation(report: WorkerStats | None) -> dict[str, Any]:
         "generations_running": figures.running,
         "kv_cache_reserved": figures.kv_cache_reserved_tokens,
         "kv_cache_tokens": figures.kv_cache_tokens,
+        "adapters": figures.adapters,
     }

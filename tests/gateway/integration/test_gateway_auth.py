@@ -25,8 +25,7 @@ from testkit.environment import free_port
 from testkit.kubectl import apply, get_json, wait_for
 from tests.gateway.integration.conftest import StartGateway
 from tests.gateway.integration.gwharness import GatewayProcess, bearer, create_key, echo_pool
-from tests.operator.integration.conftest import StartOperator
-from tests.operator.integration.opharness import POOLS, worker_pods
+from tests.operator.integration.opharness import POOLS, StartOperator, worker_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -11,6 +11,7 @@ can never get a worker (replicas 0, autoscaling off) is not held at all: 503 at 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import shutil
 import socket
@@ -247,8 +248,12 @@ def test_still_loading_then_released_to_the_worker_in_arrival_order(setup: Setup
     # Three held requests, each sent once the previous one is held; then the model finishes loading.
     held = Background()
     for i in range(3):
-        held.send(i, lambda i=i: _post(setup.gateway, "slow", text=f"request-{i}"))
-        wait_for(lambda i=i: setup.held("slow") == i + 1, timeout=10, message=f"{i + 1} held")
+        held.send(i, functools.partial(_post, setup.gateway, "slow", text=f"request-{i}"))
+
+        def holding(count: int = i + 1) -> bool:
+            return setup.held("slow") == count
+
+        wait_for(holding, timeout=10, message=f"{i + 1} held")
     gate.touch()
     responses = held.join()
     assert {i: r.status_code for i, r in responses.items()} == {0: 200, 1: 200, 2: 200}, [
@@ -327,7 +332,11 @@ def test_two_gateways_each_record_their_share_and_the_lease_shows_the_sum(setup:
     first = setup.gateway
     apply(setup.cluster, waking_pool("summed", activation_timeout_seconds=60), setup.quiet)
     for gateway in (first, second):
-        wait_for(lambda g=gateway: "summed" in g.models(), timeout=30, message="pool summed known")
+
+        def knows_summed(g: GatewayProcess = gateway) -> bool:
+            return "summed" in g.models()
+
+        wait_for(knows_summed, timeout=30, message="pool summed known")
 
     def lease() -> dict[str, Any]:
         return get_json(setup.cluster, LEASES, demand_lease_name("summed"), "-n", setup.quiet)

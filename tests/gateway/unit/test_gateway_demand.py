@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -140,8 +140,9 @@ def _apply(writes: list[Write], duration_s: int) -> dict[str, Any]:
     return lease
 
 
-def _expected(writes: list[Write], now: datetime, duration_s: int, field: int) -> int | None:
-    """The sum of each replica's latest count whose write is within ``duration_s`` of ``now``."""
+def _expected(writes: list[Write], now: datetime, duration_s: int, field: Literal[2, 3]) -> int | None:
+    """The sum of each replica's latest count (``field``: held, or refused) whose write is within
+    ``duration_s`` of ``now``."""
     latest: dict[int, Write] = {}
     for write in sorted(writes, key=lambda w: w[1]):
         latest[write[0]] = write

@@ -52,7 +52,7 @@ def test_what_makes_a_worker_unroutable() -> None:
         {"ip": None},
         {"deleting": True},
     ):
-        worker = worker_from_pod(pod(**kwargs))  # type: ignore[arg-type]
+        worker = worker_from_pod(pod(**kwargs))
         assert worker is not None and not worker.routable, kwargs
 
 

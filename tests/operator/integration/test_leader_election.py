@@ -160,7 +160,7 @@ def _writes(cluster: Cluster, replica: Replica, *, after: datetime | None = None
     for event in audited_requests(cluster, replica.username):
         if event["verb"] not in WRITES:
             continue
-        if after is not None and parse_time(event["requestReceivedTimestamp"]) <= after:
+        if after is not None and _received(event) <= after:
             continue
         ref = event["objectRef"]
         out.append(f"{event['verb']} {ref.get('resource')}/{ref.get('subresource') or ''} {ref.get('name')}")
@@ -175,8 +175,15 @@ def _requests_after(cluster: Cluster, replica: Replica, after: datetime) -> list
     return [
         f"{e['verb']} {e['objectRef'].get('resource')} {e['objectRef'].get('name')}"
         for e in audited_requests(cluster, replica.username)
-        if parse_time(e["requestReceivedTimestamp"]) > after
+        if _received(e) > after
     ]
+
+
+def _received(event: dict[str, Any]) -> datetime:
+    """When the API server received the audited request (its audit log always says)."""
+    received = parse_time(event["requestReceivedTimestamp"])
+    assert received is not None, event
+    return received
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from modelpool_contract.api import SHARED_POOL_RULES, parse_pool_spec
 from testkit.cluster import Cluster
@@ -176,6 +176,7 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
     if "inferencePool" in spec:
         # The endpoint picker reads what only text-generation workers export (CEL on spec.inferencePool).
         spec["model"]["task"] = "text-generation"
+    _distinct_adapters(spec)
     if "host" in spec:
         # A shared pool leaves the pod to its ModelHost: the CEL rules on spec refuse these fields.
         for field, _, _ in SHARED_POOL_RULES:
@@ -192,6 +193,22 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
             source.pop("configMapKeyRef", None)
             source.setdefault("secretKeyRef", {"name": "s", "key": "k"})
     return spec
+
+
+def _distinct_adapters(spec: dict[str, Any]) -> None:
+    """LoRA adapters (CEL on spec.adapters): a text-generation pool's, each name once and none the base
+    model's served name."""
+    adapters = spec.get("adapters")
+    if not adapters:
+        return
+    spec["model"]["task"] = "text-generation"
+    seen = {spec.get("servedModelName")}
+    kept = []
+    for adapter in adapters:
+        if adapter["name"] not in seen:
+            seen.add(adapter["name"])
+            kept.append(adapter)
+    spec["adapters"] = kept
 
 
 def _own_namespace_only(value: Any) -> None:
@@ -307,7 +324,9 @@ def _get(value: Any, path: tuple[Any, ...]) -> Any:
 
 @pytest.fixture(scope="module")
 def api(crds: Cluster) -> k8s.CustomObjectsApi:
-    return k8s.CustomObjectsApi(k8s_config.new_client_from_config(config_file=str(crds.kubeconfig)))
+    # The client leaves its config loaders untyped (testkit.watch ignores its call alike).
+    client = k8s_config.new_client_from_config(config_file=str(crds.kubeconfig))  # type: ignore[no-untyped-call]
+    return k8s.CustomObjectsApi(client)
 
 
 def dry_run(api: k8s.CustomObjectsApi, manifest: dict[str, Any], namespace: str | None) -> str | None:
@@ -439,7 +458,8 @@ def test_accepted_pools_are_reconciled(
         names.append(name)
 
     def statuses() -> dict[str, dict[str, Any]] | None:
-        items = api.list_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools")["items"]
+        listed = api.list_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools")
+        items = cast(dict[str, Any], listed)["items"]  # the client types a custom object's list as object
         got = {p["metadata"]["name"]: p for p in items if (p.get("status") or {}).get("phase")}
         return got if len(got) == len(names) else None
 
@@ -447,7 +467,9 @@ def test_accepted_pools_are_reconciled(
     invalid = {name: pool for name, pool in pools.items() if not parses(parse_pool_spec, pool["spec"])}
     assert invalid, "the sample holds pools the CRD admits and the operator's model refuses"
     for name, pool in invalid.items():
-        ready = next((c for c in pool["status"].get("conditions") or [] if c["type"] == "Ready"), {})
+        ready: dict[str, Any] = next(
+            (c for c in pool["status"].get("conditions") or [] if c["type"] == "Ready"), {}
+        )
         assert ready.get("reason") == "InvalidSpec" and "spec." in ready.get("message", ""), (name, pool)
     log = operator.log_tail(10**8)
     assert "Traceback" not in log, log[-6000:]

@@ -33,7 +33,12 @@ def scrape(port: int) -> Samples:
 
 def until(port: int, check: Callable[[Samples], bool], message: str) -> Samples:
     """Scrape until ``check`` holds (bounded), returning those samples."""
-    return wait_for(lambda: (s := scrape(port)) and check(s) and s, timeout=60, interval=0.5, message=message)
+
+    def checked() -> Samples | None:
+        samples = scrape(port)
+        return samples if samples and check(samples) else None
+
+    return wait_for(checked, timeout=60, interval=0.5, message=message)
 
 
 def test_the_operator_exports_passes_workers_budget_evictions_failures_and_api_errors(

@@ -315,12 +315,12 @@ def test_peered_replicas_only_the_highest_priority_acts_and_the_standby_takes_ov
         processes["op-low"] = peers.start("op-low", MODELPOOL_OPERATOR_PEERING_PRIORITY="10")
 
         def both_announced() -> dict[str, dict[str, Any]] | None:
-            peers = _peers(cluster, namespace)
-            return peers if set(peers) == {"op-high", "op-low"} else None
+            listed = _peers(cluster, namespace)
+            return listed if set(listed) == {"op-high", "op-low"} else None
 
-        peers = wait_for(both_announced, timeout=30, message="both replicas announced in the peering object")
-        assert {k: v["priority"] for k, v in peers.items()} == {"op-high": 20, "op-low": 10}
-        assert {v["lifetime"] for v in peers.values()} == {LIFETIME_S}
+        seen = wait_for(both_announced, timeout=30, message="both replicas announced in the peering object")
+        assert {k: v["priority"] for k, v in seen.items()} == {"op-high": 20, "op-low": 10}
+        assert {v["lifetime"] for v in seen.values()} == {LIFETIME_S}
 
         apply(cluster, pool_manifest("peered", replicas=3), namespace)
         wait_status(
@@ -431,11 +431,11 @@ def test_peered_replicas_with_the_same_settings_elect_one_active_replica(peers: 
         processes["op-2"] = peers.start("op-2")
 
         def both_announced() -> dict[str, dict[str, Any]] | None:
-            peers = _peers(cluster, namespace)
-            return peers if set(peers) == {"op-1", "op-2"} else None
+            listed = _peers(cluster, namespace)
+            return listed if set(listed) == {"op-1", "op-2"} else None
 
-        peers = wait_for(both_announced, timeout=30, message="both replicas announced in the peering object")
-        priorities = {k: int(v["priority"]) for k, v in peers.items()}
+        seen = wait_for(both_announced, timeout=30, message="both replicas announced in the peering object")
+        priorities = {k: int(v["priority"]) for k, v in seen.items()}
         assert priorities["op-1"] != priorities["op-2"], priorities
         active = max(priorities, key=lambda k: priorities[k])
         standby = "op-1" if active == "op-2" else "op-2"

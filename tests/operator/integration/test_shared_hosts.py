@@ -60,7 +60,8 @@ def shared_ns(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     apply(crds, {**budget_manifest("20Gi"), "metadata": {"name": BUDGET}})
     log = tmp_path_factory.mktemp("shared") / "operator.log"
-    OPERATOR[namespace] = OperatorProcess(crds, (namespace,), log, **OPERATOR_ENV)
+    # kubeconfig named (its default): mypy matches the values of **OPERATOR_ENV to every parameter left open.
+    OPERATOR[namespace] = OperatorProcess(crds, (namespace,), log, kubeconfig=None, **OPERATOR_ENV)
     try:
         yield namespace
     finally:
@@ -88,7 +89,7 @@ def restart_operator(crds: Cluster, namespace: str) -> None:
     testkit's OperatorProcess passes the cluster's, as the chart mounts one)."""
     old = OPERATOR[namespace]
     assert old.stop() == 0, old.log_tail()
-    OPERATOR[namespace] = OperatorProcess(crds, (namespace,), old.log_path, **OPERATOR_ENV)
+    OPERATOR[namespace] = OperatorProcess(crds, (namespace,), old.log_path, kubeconfig=None, **OPERATOR_ENV)
 
 
 def shared_pool(name: str, host: str, memory: str = "2Gi") -> dict[str, Any]:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from op_pods import GI, at
-
 from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus
 from modelpool_contract.states import WorkerState
 from modelpool_operator.budget import Ledger, ReservationBook, build_ledger
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import Plan
 from modelpool_operator.pool import PoolView
+from tests.operator.unit.op_pods import GI, at
 
 
 def make_spec(**overrides: Any) -> ModelPoolSpec:

@@ -12,8 +12,6 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from op_planner import cond, ledger_for, make_spec, view, w
-from op_pods import GI, at
 
 from modelpool_contract.api import AutoscalingStatus, ModelPoolSpec, ModelPoolStatus, autoscaling_enabled
 from modelpool_contract.demand import Demand
@@ -40,6 +38,8 @@ from modelpool_operator.planner.autoscale import (
     record,
 )
 from modelpool_operator.pool import OtherPool, PoolView
+from tests.operator.unit.op_planner import cond, ledger_for, make_spec, view, w
+from tests.operator.unit.op_pods import GI, at
 
 NOW = at(1000)
 
@@ -352,7 +352,9 @@ def test_under_a_constant_load_the_count_changes_at_most_once(
     """The cluster does what each plan says at once (new workers serve, surplus ones are gone); passes
     come at random times; the load does not change.  The count moves once, to what the load asks for."""
     spec = auto_spec(minReplicas=1, replicas=start, maxReplicas=8)
-    status, win, now, counts = ModelPoolStatus(), (), at(0), []
+    win: tuple[LoadSample, ...] = ()
+    counts: list[int] = []
+    status, now = ModelPoolStatus(), at(0)
     names = [f"p-{i}" for i in range(start)]
     for gap in gaps:
         now += timedelta(seconds=gap)
@@ -377,8 +379,11 @@ def test_a_fluctuating_load_never_over_admits_and_changes_the_count_once_per_del
     the next; evicted ones are gone a pass later.  Memory held plus reserved never exceeds the budget,
     and two scale-downs are always at least the delay apart."""
     spec = auto_spec(minReplicas=1, replicas=1, maxReplicas=6, autoscaling={"scaleDownDelaySeconds": 30})
-    status, win = ModelPoolStatus(), ()
-    book, serving, starting = ReservationBook(), [], []
+    status = ModelPoolStatus()
+    win: tuple[LoadSample, ...] = ()
+    serving: list[str] = []
+    starting: list[str] = []
+    book = ReservationBook()
     downs: list[datetime] = []
     for step, load in enumerate(loads):
         now = at(5 * step)

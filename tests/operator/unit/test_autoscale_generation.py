@@ -13,10 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from op_planner import ledger_for, view, w
-from op_pods import at
 from pydantic import ValidationError
-from test_autoscale import NOW, auto_spec, run_until, scaled
 
 from modelpool_contract.api import (
     MSG_KV_CACHE_TARGET,
@@ -40,6 +37,9 @@ from modelpool_operator.planner.autoscale import (
     worker_load,
 )
 from modelpool_operator.planner.status import generation_summary
+from tests.operator.unit.op_planner import ledger_for, view, w
+from tests.operator.unit.op_pods import at
+from tests.operator.unit.test_autoscale import NOW, auto_spec, run_until, scaled
 
 CACHE = 2048
 

@@ -12,8 +12,6 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-from op_planner import ledger_for, make_spec, view, w
-from op_pods import at
 
 from modelpool_contract.api import ModelPoolStatus, WorkerStatus
 from modelpool_contract.times import rfc3339
@@ -28,6 +26,8 @@ from modelpool_operator.observe.claims import (
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import plan, preemption_candidates
 from modelpool_operator.pool import OtherPool
+from tests.operator.unit.op_planner import ledger_for, make_spec, view, w
+from tests.operator.unit.op_pods import at
 
 SPEC = make_spec(queue={"requestTimeoutSeconds": 30, "capacity": 10})
 BOUND = 30 + PROCESSING_GRACE_S

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from op_planner import make_spec, view
 from pydantic import ValidationError
 
 from modelpool_contract.api import MSG_AFFINITY_NAMESPACES, ModelHostSpec, parse_pool_spec
@@ -29,6 +28,7 @@ from modelpool_operator.policy import (
     violations,
 )
 from modelpool_operator.pool import template_hash
+from tests.operator.unit.op_planner import make_spec, view
 
 SPREAD = {
     "maxSkew": 1,

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import kopf
 import pytest
 from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
 
@@ -22,6 +23,7 @@ from modelpool_operator.planner import Event
 from modelpool_operator.services import Services, lifecycle_settings
 from modelpool_operator.settings import OperatorConfig
 from testkit.waiting import wait_for_async
+from tests.operator.unit import op_handlers
 
 
 class Told:
@@ -46,7 +48,7 @@ async def test_a_modelhost_pass_waits_for_a_pass_slot_and_tells_each_new_error_o
         kube=None,  # type: ignore[arg-type]
         scraper=None,  # type: ignore[arg-type]
         observations=ObservationCache(lifecycle_settings(config)),
-        events=told,  # type: ignore[arg-type]
+        events=told,
         metrics=OperatorMetrics(),
         host_control=None,  # type: ignore[arg-type]
         control_seed=b"0" * 32,
@@ -64,19 +66,19 @@ async def test_a_modelhost_pass_waits_for_a_pass_slot_and_tells_each_new_error_o
     monkeypatch.setattr(operator_handlers, "reconcile_pool", pool_pass)
     monkeypatch.setattr(operator_handlers, "reconcile_host", host_pass)
     monkeypatch.setattr(daemon_loop, "ERROR_DELAY_S", 0.02)
-    stop: FlagSetter[object] = FlagSetter()
+    stop: FlagSetter[kopf.DaemonStoppingReason] = FlagSetter()
     common: dict[str, Any] = dict(
         namespace="ns", memo=memo, logger=logging.getLogger("t"), stopped=AsyncFlagWaiter(stop),
         pods_by_pool={}, pools_by_key={}, budgets_by_name={}, pool_owners={}, host_owners={},
     )  # fmt: skip
     pool = asyncio.create_task(
-        operator_handlers.pool_daemon(
+        op_handlers.pool_daemon(
             name="p", body={"metadata": {"name": "p"}}, demand_by_pool={}, hosts_by_key={}, **common
         )
     )
     await wait_for_async(lambda: pool_passes[0] == 1, 5, message="the pool's pass holds the one slot")
     host = asyncio.create_task(
-        operator_handlers.host_daemon(name="gpus", body={"metadata": {"name": "gpus"}}, **common)
+        op_handlers.host_daemon(name="gpus", body={"metadata": {"name": "gpus"}}, **common)
     )
     await wait_for_async(lambda: memo.book.passes.waiting == 1, 5, message="the ModelHost waits for a slot")
     assert host_passes[0] == 0

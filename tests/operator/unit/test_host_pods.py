@@ -11,6 +11,7 @@ from modelpool_contract.api import parse_host_spec
 from modelpool_contract.flags import CPU_SHARE_ENV, DEFAULT_WORKER_CPU
 from modelpool_contract.labels import ANNOTATION_MEMORY
 from modelpool_contract.placements import LABEL_HOST
+from modelpool_contract.states import WorkerState
 from modelpool_operator.budget import Ledger
 from modelpool_operator.effects.resources import (
     CONTROL_KEY_FILE,
@@ -91,6 +92,15 @@ def test_a_gpu_host_pod_owns_its_gpus_and_runs_the_shared_host_with_its_control_
     assert spec["automountServiceAccountToken"] is False
 
 
+def test_a_host_pods_log_format_is_the_operators_and_the_default_adds_no_flag() -> None:
+    def args(settings: PodSettings) -> list[str]:
+        container = build_host_pod(view(), 0, settings)["spec"]["containers"][0]
+        return [*container.get("command", []), *container["args"]]
+
+    assert "--log-format" not in args(PodSettings(log_format="json"))
+    assert flag(args(PodSettings(log_format="plain")), "--log-format") == "plain"
+
+
 def test_a_cpu_host_pod_asks_for_the_ram_its_models_use_and_park() -> None:
     host = view(gpusPerHost=0, deviceMemory="4Gi", hostMemory="2Gi")
     pod = build_host_pod(host, 0, PodSettings(default_cpu=None))
@@ -156,7 +166,12 @@ CURRENT = host_template_hash(view().spec)
 
 
 def pod(
-    name: str, state: str = "Ready", *, ready: bool = True, template: str = CURRENT, deleting: bool = False
+    name: str,
+    state: WorkerState = "Ready",
+    *,
+    ready: bool = True,
+    template: str = CURRENT,
+    deleting: bool = False,
 ) -> tuple[ObservedWorker, dict[str, Any]]:
     worker = ObservedWorker(
         template_hash=template,
@@ -164,7 +179,7 @@ def pod(
         namespace="ns",
         pool=host_charge_key("ns", "gpus")[1],
         state=state,
-        memory=8 * GI,  # type: ignore[arg-type]
+        memory=8 * GI,
         deleting=deleting,
     )
     body = {

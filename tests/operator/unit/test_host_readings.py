@@ -60,7 +60,7 @@ def test_each_model_is_charged_on_the_device_its_host_reports_and_a_pod_has_the_
     from modelpool_operator.observe.hosts import host_devices, observe_hosts
     from tests.operator.unit.test_shared_pool_wait import pod
 
-    report = {
+    report: dict[str, Any] = {
         "host": {"devices": [{"index": 0}, {"index": 1}, {"index": 2}]},
         "models": {
             "a": {"state": "Ready", "device": 2, "memory": {"gpu_reserved_bytes": 3 * GI}},

@@ -77,7 +77,7 @@ def test_pod_answers_are_never_made_into_models(monkeypatch: pytest.MonkeyPatch)
             assert await kube.delete_pod("ns", "w") is True
             assert await kube.delete_pod("ns", "gone") is False
             # Every connection was given back (the answers were read to the end).
-            assert kube._slots._value == 100  # type: ignore[attr-defined]
+            assert kube._slots._value == 100
         finally:
             await api.close()
             await runner.cleanup()

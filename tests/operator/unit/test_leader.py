@@ -302,7 +302,9 @@ async def test_a_standby_answers_its_liveness_probe_and_stops_on_sigterm() -> No
     api, now = FakeLeases(), [0.0]
     assert await _elector(api, "a", now).try_acquire_or_renew()
     standby = _elector(api, "b", now)
-    port, ran, leading = free_port(), [], []
+    port = free_port()
+    ran: list[bool] = []
+    leading: list[bool] = []
 
     async def work() -> None:
         ran.append(True)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from op_pods import GI, at
 
-from modelpool_contract.api import WorkerState
+from modelpool_contract.states import WorkerState
 from modelpool_operator.budget import (
     BudgetLimit,
     ReservationBook,
@@ -17,6 +16,7 @@ from modelpool_operator.budget import (
 )
 from modelpool_operator.observe.observation import budget_limit
 from modelpool_operator.observe.worker_state import ObservedWorker
+from tests.operator.unit.op_pods import GI, at
 
 
 def worker(name: str, state: WorkerState = "Ready", pool: str = "p", memory: int = 2 * GI) -> ObservedWorker:

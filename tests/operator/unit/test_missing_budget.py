@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from op_planner import cond, ledger_for, make_spec, view, w
-from op_pods import GI, at
 
 from modelpool_contract.api import parse_host_spec
 from modelpool_contract.settings import ConfigError
@@ -32,6 +30,8 @@ from modelpool_operator.observe.observation import budget_limit
 from modelpool_operator.placement.charge import host_charge, hosts_admitted
 from modelpool_operator.planner import plan
 from modelpool_operator.settings import OperatorConfig
+from tests.operator.unit.op_planner import cond, ledger_for, make_spec, view, w
+from tests.operator.unit.op_pods import GI, at
 
 NOW = at(1000)
 

@@ -30,6 +30,7 @@ from modelpool_operator.observe.ownership import (
 from modelpool_operator.observe.worker_state import observe_worker
 from modelpool_operator.owners import Owner, controller_owner
 from modelpool_operator.placement.charge import host_charge
+from modelpool_operator.pool import PoolKey
 
 
 def ref(kind: str = MODELPOOL_KIND, name: str = "p", uid: str = "uid-p", **extra: Any) -> dict[str, Any]:
@@ -123,7 +124,8 @@ def test_a_deleted_pools_terminating_pods_stay_charged_until_they_are_gone() -> 
     tombstones.bury(("ns", "p"), dead)
     w1, w2, forged = pod("w1", ref(uid="uid-old")), pod("w2", ref(uid="uid-old")), pod("x", ref(uid="nope"))
     index: dict[tuple[str, str], list[dict[str, Any]]] = {("ns", "p"): [w1, w2, forged]}
-    view = OwnedPods(index, {}.get, None, tombstones)
+    no_records: dict[PoolKey, OwnerRecord] = {}
+    view = OwnedPods(index, no_records.get, None, tombstones)
     assert set(view) == {("ns", "p")} and view.get(("ns", "p")) == [w1, w2]
     assert (view.charge(("ns", "p"), "w1"), view.charge(("ns", "p"), "w2")) == (3 * GI, 2 * GI)
     # A new pool of the same name meanwhile: its pods and the old ones both count, each never below
@@ -289,13 +291,14 @@ async def test_the_pods_index_takes_owned_pods_and_reports_a_foreign_one_once(
     from modelpool_operator import handlers
     from modelpool_operator.metrics import OperatorMetrics
     from modelpool_operator.settings import OperatorConfig
+    from tests.operator.unit import op_handlers
 
     memo = handlers.make_memo(OperatorConfig())
     metrics = OperatorMetrics()
     memo.services = SimpleNamespace(metrics=metrics)
     ghost = pod("ghost", pool="ghost")
     for _ in range(3):
-        indexed = await handlers.pods_by_pool(
+        indexed = await op_handlers.pods_by_pool(
             namespace="ns", labels=ghost["metadata"]["labels"], meta=ghost["metadata"], body=ghost, memo=memo
         )
         assert indexed == {}
@@ -305,7 +308,7 @@ async def test_the_pods_index_takes_owned_pods_and_reports_a_foreign_one_once(
         " (not counted)"
     ]
     owned = pod("w", ref())
-    indexed = await handlers.pods_by_pool(
+    indexed = await op_handlers.pods_by_pool(
         namespace="ns", labels=owned["metadata"]["labels"], meta=owned["metadata"], body=owned, memo=memo
     )
     assert indexed == {("ns", "p"): slim_pod(owned)}

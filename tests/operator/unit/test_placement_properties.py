@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from modelpool_contract.api import parse_host_spec
+from modelpool_contract.states import WorkerState
 from modelpool_operator.budget import Ledger
 from modelpool_operator.placement.charge import host_charge, hosts_admitted
 from modelpool_operator.placement.decide import (
@@ -180,7 +181,7 @@ class SharedHosts(RuleBasedStateMachine):
         loading = self.residents("Pending", "Loading")
         if loading:
             host, r = data.draw(st.sampled_from(loading))
-            state = "Loading" if r.state == "Pending" else ("Idle" if idle else "Ready")
+            state: WorkerState = "Loading" if r.state == "Pending" else ("Idle" if idle else "Ready")
             self.set_resident(host, r, replace(r, state=state, since=self.tick()))
 
     @rule(data=st.data(), busy=st.booleans())
@@ -188,7 +189,7 @@ class SharedHosts(RuleBasedStateMachine):
         serving = self.residents("Ready", "Idle", "Processing")
         if serving:
             host, r = data.draw(st.sampled_from(serving))
-            state = "Idle" if r.state == "Processing" else "Processing"
+            state: WorkerState = "Idle" if r.state == "Processing" else "Processing"
             now = self.tick()
             served = replace(r, state=state, busy=busy and state != "Idle", last_used=now, since=now)
             self.set_resident(host, r, served)

@@ -7,10 +7,9 @@ from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from op_planner import cond, ledger_for, make_spec, view, w
-from op_pods import GI, at
 
-from modelpool_contract.api import ModelPoolStatus, WorkerState
+from modelpool_contract.api import ModelPoolStatus
+from modelpool_contract.states import WorkerState
 from modelpool_operator.budget import ReservationBook, admits, build_ledger
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import (
@@ -23,6 +22,8 @@ from modelpool_operator.planner import (
     preemption_candidates,
 )
 from modelpool_operator.pool import OtherPool, worker_name
+from tests.operator.unit.op_planner import cond, ledger_for, make_spec, view, w
+from tests.operator.unit.op_pods import GI, at
 
 NOW = at(1000)
 

@@ -7,13 +7,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from op_planner import make_spec, view, w
-from op_pods import GI, at, pod, stats
 
 from modelpool_contract.api import ModelPoolStatus
 from modelpool_operator.budget import build_ledger
 from modelpool_operator.observe.worker_state import ObservedWorker, observe_worker
 from modelpool_operator.planner import Plan, plan
+from tests.operator.unit.op_planner import make_spec, view, w
+from tests.operator.unit.op_pods import GI, at, pod, stats
 
 NOW = at(100)
 

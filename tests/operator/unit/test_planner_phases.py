@@ -7,9 +7,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from op_planner import ledger_for, make_spec, view, w
-from op_pods import GI, at
-
 from modelpool_contract.api import BackoffStatus, Condition, ModelPoolSpec, ModelPoolStatus, WorkerStatus
 from modelpool_contract.demand import Demand
 from modelpool_contract.times import rfc3339
@@ -35,6 +32,8 @@ from modelpool_operator.planner import (
     tell_transitions,
 )
 from modelpool_operator.pool import OtherPool
+from tests.operator.unit.op_planner import ledger_for, make_spec, view, w
+from tests.operator.unit.op_pods import GI, at
 
 NOW = at(1000)
 Phase = Callable[[Draft], None]

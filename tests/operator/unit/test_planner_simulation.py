@@ -14,13 +14,14 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from op_pods import GI, at
 
-from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus, WorkerState
+from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus
+from modelpool_contract.states import WorkerState
 from modelpool_operator.budget import ReservationBook, build_ledger
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import plan
 from modelpool_operator.pool import OtherPool, PoolView
+from tests.operator.unit.op_pods import GI, at
 
 TOTAL = 9 * GI
 

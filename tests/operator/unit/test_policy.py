@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from test_reconcile_wiring import Operator, recording_operator
 
 from modelpool_contract.api import parse_pool_spec
 from modelpool_contract.flags import DEFAULT_SERVER_IMAGE
@@ -40,6 +39,7 @@ from modelpool_operator.policy import (
 from modelpool_operator.reconcile import reconcile_pool
 from modelpool_operator.refusals import POLICY_VIOLATION
 from modelpool_operator.settings import OperatorConfig
+from tests.operator.unit.test_reconcile_wiring import Operator, recording_operator
 
 # ---- the path rule ------------------------------------------------------------------------------------
 

@@ -41,7 +41,10 @@ SEED = b"wiring-test-control-seed-0123456789"
 def api_error(status: int, message: str) -> ApiException:
     """An ApiException as kubernetes_asyncio raises it: the API server's Status object in the body."""
     error = ApiException(status=status, reason="Forbidden" if status == 403 else "Error")
-    error.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": status})
+    # A str, as Kube._drop_answer raises it (the client's stubs type the body as bytes; both parse alike).
+    error.body = json.dumps(  # type: ignore[assignment]
+        {"kind": "Status", "status": "Failure", "message": message, "code": status}
+    )
     return error
 
 
@@ -1053,7 +1056,10 @@ async def test_after_a_restart_a_model_of_another_source_is_unloaded(state: Oper
     from modelpool_operator.host import HostView, host_charge_key
 
     control = RecordingControl()
-    doc = {"state": "Ready", "model": {"name": "emb", "task": "text-embedding", "source": "/models/old"}}
+    doc: dict[str, Any] = {
+        "state": "Ready",
+        "model": {"name": "emb", "task": "text-embedding", "source": "/models/old"},
+    }
     state.use(host_control=control, scraper=CachedStats({"gpus-0": {"models": {"emb": doc}}}))
     state.book.control_keys[("ns", "gpus")] = "k"
     pods = {host_charge_key("ns", "gpus"): [_host_pod({"emb": "Ready"})]}

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field, replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from op_planner import cond, ledger_for, make_spec, view, w
-from op_pods import GI, at
 
 from modelpool_contract.api import ModelPoolSpec, ModelPoolStatus
 from modelpool_contract.states import SERVING_STATES, STARTING_STATES
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import EVICT_ROLLOVER, Plan, plan
 from modelpool_operator.planner.status import ROLL_OVER_WAITING
+from tests.operator.unit.op_planner import cond, ledger_for, make_spec, view, w
+from tests.operator.unit.op_pods import GI, at
 
 MEMORY = 2 * GI  # each worker's charge (make_spec's resources.memory)
 

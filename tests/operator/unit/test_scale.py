@@ -8,11 +8,10 @@ import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import kopf
 import pytest
-from op_planner import make_spec, view, w
-from op_pods import GI, at
 
 from modelpool_operator import handlers as operator_handlers
 from modelpool_operator.budget import (
@@ -22,12 +21,14 @@ from modelpool_operator.budget import (
     build_ledger,
     ledger_from_charges,
 )
-from modelpool_operator.observe import stats
 from modelpool_operator.observe.observation import ChargeCache, LazyOthers, current_ledger
 from modelpool_operator.observe.stats import StatsScraper
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import plan
 from modelpool_operator.pool import OtherPool, PoolKey
+from tests.operator.unit import op_handlers
+from tests.operator.unit.op_planner import make_spec, view, w
+from tests.operator.unit.op_pods import GI, at
 
 
 def worker(name: str, pool: str, memory: int = GI) -> ObservedWorker:
@@ -155,7 +156,7 @@ def test_the_scraper_looks_for_forgotten_pods_once_a_minute_not_at_every_pass(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [1000.0]
-    monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr("modelpool_operator.observe.stats.time.monotonic", lambda: clock[0])
 
     def pod(name: str) -> dict[str, object]:  # no address yet: nothing is fetched
         return {"metadata": {"name": name, "uid": name}, "status": {"phase": "Pending"}}
@@ -225,6 +226,11 @@ def worker_pod_body() -> dict[str, object]:
     }
 
 
+def kopf_body(raw: Mapping[str, object]) -> kopf.Body:
+    """A test's object as Kopf wraps the body of a watch event (Kopf types what it wraps as its TypedDict)."""
+    return kopf.Body(cast(kopf.RawBody, raw))
+
+
 def pool_like_body() -> dict[str, object]:
     """The worker pod's body as an object of a kind with change-detecting handlers (a pod's essence is {})."""
     return {**worker_pod_body(), "apiVersion": "modelpool.dev/v1alpha1", "kind": "ModelPool"}
@@ -246,7 +252,7 @@ def test_a_pods_essence_is_empty_and_copies_nothing() -> None:
     apply_to_kopf(OperatorConfig(), settings)
     body = worker_pod_body()
     body["spec"] = {"containers": [NoCopy()]}
-    assert settings.persistence.diffbase_storage.build(body=kopf.Body(body)) == {}
+    assert settings.persistence.diffbase_storage.build(body=kopf_body(body)) == {}
 
 
 def test_the_essence_kopf_builds_at_each_watch_event_copies_neither_status_nor_managed_fields() -> None:
@@ -263,28 +269,29 @@ def test_the_essence_kopf_builds_at_each_watch_event_copies_neither_status_nor_m
     storage = settings.persistence.diffbase_storage
     stock = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key="last-handled-configuration")
     for raw in (pool_like_body(), {"apiVersion": "v1", "kind": "ModelPool", "metadata": {"name": "bare"}}):
-        assert storage.build(body=kopf.Body(raw)) == stock.build(body=kopf.Body(raw))
+        assert storage.build(body=kopf_body(raw)) == stock.build(body=kopf_body(raw))
     body = pool_like_body()
-    expected = stock.build(body=kopf.Body(json.loads(json.dumps(body))))
+    expected = stock.build(body=kopf_body(json.loads(json.dumps(body))))
     body["status"] = {"phase": "Running", "huge": NoCopy()}
     body["metadata"]["managedFields"] = [NoCopy()]  # type: ignore[index]
-    assert storage.build(body=kopf.Body(body)) == expected
+    assert storage.build(body=kopf_body(body)) == expected
 
 
 def test_a_pools_own_status_write_does_not_wake_it_again_a_spec_change_does() -> None:
     # Every status patch comes back as a watch event of the pool; each woke the pool for one more pass (the
     # pass reads the status it wrote itself), doubling the passes of a scale-up.
+    from modelpool_operator.bookkeeping import Bookkeeping
     from modelpool_operator.settings import OperatorConfig
 
     memo = operator_handlers.make_memo(OperatorConfig())
-    book = memo.book
+    book: Bookkeeping = memo.book
     pool_memo = kopf.Memo(memo)  # Kopf's per-object copy of the operator's memo
     woken = book.wakeup(("ns", "p"))
 
     async def event(kind: str | None, generation: int, **meta: object) -> bool:
         woken.clear()
         meta = {"generation": generation, **meta}
-        await operator_handlers.pool_changed(
+        await op_handlers.pool_changed(
             type=kind, namespace="ns", name="p", meta=meta, body={"metadata": meta}, memo=pool_memo
         )
         return woken.is_set()
@@ -316,7 +323,7 @@ def test_a_pod_that_refuses_connections_is_asked_rarely_until_it_changes(
     from testkit.environment import free_port
 
     clock = [1000.0]
-    monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr("modelpool_operator.observe.stats.time.monotonic", lambda: clock[0])
     port = free_port()  # nothing listens there: each attempt is refused at once
 
     def pod(version: str) -> dict[str, object]:
@@ -412,7 +419,7 @@ def test_an_idle_pool_passes_at_the_resync_interval_and_refreshes_its_stats_in_b
             host_control=None,  # type: ignore[arg-type]
             control_seed=b"0" * 32,
         )
-        setter: FlagSetter[object] = FlagSetter()
+        setter: FlagSetter[kopf.DaemonStoppingReason] = FlagSetter()
         owner = {
             "apiVersion": "modelpool.dev/v1alpha1",
             "kind": "ModelPool",
@@ -423,11 +430,11 @@ def test_an_idle_pool_passes_at_the_resync_interval_and_refreshes_its_stats_in_b
         meta = {"name": "w", "uid": "w", "ownerReferences": [owner]}
         pods = {("ns", "p"): [{"metadata": meta, "status": {"phase": "Pending"}}]}
         daemon = asyncio.create_task(
-            operator_handlers.pool_daemon(
+            op_handlers.pool_daemon(
                 namespace="ns", name="p", body={}, memo=memo, logger=logging.getLogger("t"),
-                stopped=AsyncFlagWaiter(setter), pods_by_pool=pods, pools_by_key={},  # type: ignore[arg-type]
-                budgets_by_name={}, demand_by_pool={}, hosts_by_key={},  # type: ignore[arg-type]
-                pool_owners={("ns", "p"): [OwnerRecord("u")]}, host_owners={},  # type: ignore[arg-type]
+                stopped=AsyncFlagWaiter(setter), pods_by_pool=pods, pools_by_key={},
+                budgets_by_name={}, demand_by_pool={}, hosts_by_key={},
+                pool_owners={("ns", "p"): [OwnerRecord("u")]}, host_owners={},
             )
         )  # fmt: skip
         await asyncio.sleep(1.5)
@@ -502,16 +509,16 @@ def test_at_most_k_passes_run_at_once_and_a_pool_poked_while_queued_gets_one_pas
         memo.book.passes = PassGate(2)
         scraper = StatsScraper(interval=60, timeout=1, concurrency=1, backoff_cap=1, default_port=8000)
         memo.services = services_for(config, scraper=scraper)
-        setter: FlagSetter[object] = FlagSetter()
+        setter: FlagSetter[kopf.DaemonStoppingReason] = FlagSetter()
         keys = [("ns", f"p{i}") for i in range(6)]
         hold.set()
         daemons = [
             asyncio.create_task(
-                operator_handlers.pool_daemon(
+                op_handlers.pool_daemon(
                     namespace=ns, name=name, body={}, memo=memo, logger=logging.getLogger("t"),
-                    stopped=AsyncFlagWaiter(setter), pods_by_pool={}, pools_by_key={},  # type: ignore[arg-type]
-                    budgets_by_name={}, demand_by_pool={}, hosts_by_key={},  # type: ignore[arg-type]
-                    pool_owners={}, host_owners={},  # type: ignore[arg-type]
+                    stopped=AsyncFlagWaiter(setter), pods_by_pool={}, pools_by_key={},
+                    budgets_by_name={}, demand_by_pool={}, hosts_by_key={},
+                    pool_owners={}, host_owners={},
                 )
             )
             for ns, name in keys
@@ -640,14 +647,14 @@ def test_resync_passes_of_many_idle_pools_are_spread_over_the_process_wide_rate(
         memo.book.passes = PassGate(32, resyncs_per_second=4)
         scraper = StatsScraper(interval=60, timeout=1, concurrency=1, backoff_cap=1, default_port=8000)
         memo.services = services_for(config, scraper=scraper)
-        setter: FlagSetter[object] = FlagSetter()
+        setter: FlagSetter[kopf.DaemonStoppingReason] = FlagSetter()
         daemons = [
             asyncio.create_task(
-                operator_handlers.pool_daemon(
+                op_handlers.pool_daemon(
                     namespace="ns", name=f"p{i}", body={}, memo=memo, logger=logging.getLogger("t"),
-                    stopped=AsyncFlagWaiter(setter), pods_by_pool={}, pools_by_key={},  # type: ignore[arg-type]
-                    budgets_by_name={}, demand_by_pool={}, hosts_by_key={},  # type: ignore[arg-type]
-                    pool_owners={}, host_owners={},  # type: ignore[arg-type]
+                    stopped=AsyncFlagWaiter(setter), pods_by_pool={}, pools_by_key={},
+                    budgets_by_name={}, demand_by_pool={}, hosts_by_key={},
+                    pool_owners={}, host_owners={},
                 )
             )
             for i in range(20)
@@ -689,7 +696,7 @@ def test_the_index_and_watch_handlers_successes_are_not_logged() -> None:
     objects = logging.getLogger("kopf.objects")
 
     def record(level: int, msg: str) -> logging.LogRecord:
-        return objects.makeRecord("kopf.objects", level, __file__, 1, msg, None, None)
+        return objects.makeRecord("kopf.objects", level, __file__, 1, msg, (), None)
 
     assert not objects.filter(record(logging.INFO, "Handler 'pod_changed' succeeded."))
     assert not objects.filter(record(logging.INFO, "Indexer 'pods_by_pool' succeeded."))

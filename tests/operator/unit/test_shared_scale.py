@@ -103,7 +103,7 @@ def test_a_shared_pool_at_zero_is_placed_for_fresh_gateway_demand() -> None:
 def test_an_idle_replica_sleeps_on_its_host_then_is_unloaded_after_twice_the_idle_timeout() -> None:
     last = NOW - timedelta(seconds=150)
     _, workers = observed({"gpus-0": model_doc("Sleeping", last_request_time=last.timestamp())})
-    spec = {"replicas": 1, "idleTimeoutSeconds": 100}
+    spec: dict[str, Any] = {"replicas": 1, "idleTimeoutSeconds": 100}
     waiting = scale_shared(pool(**spec), workers, host_pods=1, now=NOW)
     assert waiting.count.target == 1 and waiting.requeue_after == 50
     later = scale_shared(pool(**spec), workers, host_pods=1, now=NOW + timedelta(seconds=60))

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from op_pods import GI, at, pod, running, stats, terminated, waiting
 
 from modelpool_operator.observe.worker_state import LifecycleSettings, observe_worker
+from tests.operator.unit.op_pods import GI, at, pod, running, stats, terminated, waiting
 
 NOW = at(100)
 

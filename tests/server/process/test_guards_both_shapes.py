@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -65,18 +66,20 @@ def _host_server(address: tuple[str, int], view: WorkerView) -> LocalHTTPServer:
     return HostControlServer(address, _host())
 
 
+MakeServer = Callable[[tuple[str, int], WorkerView], LocalHTTPServer]
 SHAPES = pytest.mark.parametrize("make", [_probe_server, _host_server], ids=["worker", "host"])
 
 
 @SHAPES
 def test_the_probe_port_listens_on_ipv6_keeps_connections_alive_and_sends_without_nagle(
-    make: object, worker_view: WorkerView
+    make: MakeServer, worker_view: WorkerView
 ) -> None:
-    server = cast("type[ProbeServer]", make)(("::1", 0), worker_view)
+    server = make(("::1", 0), worker_view)
     server.serve_in_thread()
     try:
-        assert issubclass(server.RequestHandlerClass, LocalHandler)
-        assert server.RequestHandlerClass.disable_nagle_algorithm  # the head and body in one round trip
+        handler = server.RequestHandlerClass  # typed by socketserver as any callable making a handler
+        assert isinstance(handler, type) and issubclass(handler, LocalHandler)
+        assert handler.disable_nagle_algorithm  # the head and body in one round trip
         with httpx.Client(base_url=f"http://[::1]:{server.server_address[1]}", timeout=5) as client:
             first = client.get(LIVE)
             again = client.get("/stats")

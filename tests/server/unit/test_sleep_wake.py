@@ -25,6 +25,7 @@ from model_server.errors import SleepRefused
 from model_server.state_machine import State, StateMachine
 from model_server.tasks.base import GenerationItem, GenerationParams, TextItem
 from model_server.worker_view import SPAWN, Field, WorkerView
+from modelpool_contract.tasks import TaskName
 from testkit.waiting import wait_for_async
 from tests.server.tiny_fixtures import TEST_DEVICE, tiny_llama_generation, torch_threads
 
@@ -33,10 +34,16 @@ __all__ = ["tiny_llama_generation"]  # the session fixture, re-exported for pyte
 TEXTS = [TextItem("A man is eating food."), TextItem("A man is riding a horse.")]
 
 
-async def _worker(tmp_path: Path, model: Path, task: str, **extra: Any) -> Worker:
+def state_now(machine: StateMachine) -> State:
+    """The machine's state read anew: mypy keeps a property narrowed by an assert across the awaits and the
+    messages that change it."""
+    return machine.state
+
+
+async def _worker(tmp_path: Path, model: Path, task: TaskName, **extra: Any) -> Worker:
     config = ServerConfig(
         model=str(model), task=task, device=TEST_DEVICE, termination_log=tmp_path / "termination-log", **extra
-    )  # type: ignore[arg-type]
+    )
     failures: list[tuple[int, str]] = []
     worker = Worker(config, StateMachine(), lambda code, reason: failures.append((code, reason)))
     assert await worker.load(), worker.load_error
@@ -72,7 +79,7 @@ async def test_minilm_sleeps_holding_no_weights_and_wakes_to_the_same_embeddings
         assert parked.freed >= 0.9 * held, (parked.before, parked.after)
 
     assert await worker.wake("a request") > 0
-    assert worker.state_machine.state is State.READY and not worker.asleep
+    assert state_now(worker.state_machine) is State.READY and not worker.asleep
     assert parking.held_bytes(modules) == held
     if TEST_DEVICE.startswith("cuda"):  # the pinned copies went back too: awake, no host memory held
         import torch
@@ -191,7 +198,7 @@ async def test_the_inference_process_sleeps_and_wakes_when_its_supervisor_says_s
         assert view.door.take()  # a request admitted and on its way: work in hand
         tell.send("sleep")
         await _until(lambda: view.get(Field.SLEEPS_REFUSED) == 1, "the sleep refused")
-        assert life.state is State.READY and not process.worker.asleep
+        assert state_now(life) is State.READY and not process.worker.asleep
         view.door.give_back()
         tell.send("stop")
         assert await asyncio.wait_for(served, 30) == 0
