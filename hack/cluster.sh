@@ -6,6 +6,8 @@
 #          kubeconfig is written to $CLUSTER_DIR/kubeconfig; fake GPU nodes kwok-gpu-0..3 are created
 #          (hack/kwok/nodes.yaml) with KWOK's default stages plus modelpool's chaos stages
 #          (hack/kwok/stages); and one process node (python -m testkit.processnode) runs in the background.
+#          The controller-manager runs without the Endpoints and EndpointSlice controllers, which cannot
+#          work on loopback pod addresses (hack/kwok/controller-manager.yaml says why).
 #          On a cluster that exists (e.g. after `kwokctl stop cluster`) it starts it again; the process
 #          node's agent rides out the restart, or is started anew when it has gone.
 #          The API server records the requests of the `modelpool-audit` namespace's ServiceAccounts
@@ -138,6 +140,7 @@ up() {
       --kwok-controller-binary "$bin/kwok" \
       --config "$root/hack/kwok/stages/default.yaml" \
       --config "$root/hack/kwok/stages/chaos.yaml" \
+      --config "$root/hack/kwok/controller-manager.yaml" \
       --extra-args "kwok-controller=manage-all-nodes=false" \
       --extra-args "kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake" \
       --kube-audit-policy "$root/hack/audit-policy.yaml" \

@@ -37,7 +37,7 @@ from modelpool_operator.observe.drift import fields_digest
 from modelpool_operator.observe.observation import ChargeCache, current_ledger
 from modelpool_operator.observe.ownership import ForeignPods, Tombstones
 from modelpool_operator.observe.worker_state import ObservedWorker
-from modelpool_operator.planner import CounterSample, Create, LoadSample
+from modelpool_operator.planner import CounterSample, Create, Event, LoadSample
 from modelpool_operator.planner.shared_scale import SharedCount
 from modelpool_operator.pool import PoolKey
 
@@ -285,6 +285,12 @@ class PoolRun:
     key: PoolKey
     last_status: ModelPoolStatus | None = None
     last_status_wire: dict[str, Any] | None = None
+    # When this process last wrote the status (monotonic), and in how many seconds a change held back
+    # while the pool is being created may be written (``effects.apply.write_status``; None: none held).
+    status_written_at: float | None = None
+    status_due: float | None = None
+    # The Normal Events of the passes whose status was held back: posted with the next status write.
+    held_events: list[Event] = field(default_factory=list)
     # The Service this process last wrote (None: none yet, the last write failed, or it was removed).
     service: dict[str, Any] | None = None
     # The NetworkPolicy this process last wrote (None: none yet, or the last write failed): written again

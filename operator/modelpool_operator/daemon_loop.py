@@ -11,6 +11,7 @@ to idle until then (a pool refreshes its workers' stats meanwhile).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -21,6 +22,10 @@ from modelpool_operator.effects import kube as kube_api
 from modelpool_operator.effects.apply import tell
 from modelpool_operator.planner import Event
 from modelpool_operator.services import Services
+
+#: The failed passes' tracebacks: not Kopf's per-object logger, whose warnings and errors Kopf also posts
+#: as Events (``posting_level``), a second Event beside the project's own ``ReconcileError`` (issue 36).
+traceback_log = logging.getLogger(__name__)
 
 # A failing pass is retried after this long (plus the next event), not in a tight loop.
 ERROR_DELAY_S = 5.0
@@ -78,10 +83,17 @@ def tell_pass_error(
 ) -> str:
     """A failed pass of a pool's or a ModelHost's daemon: the API server's own message (not the client's
     "(500)\nReason: ..."), with the traceback and a Warning Event ``ReconcileError`` once per distinct
-    error, not every few seconds while it lasts (``last``: the previous failed pass's). Returns it."""
+    error, not every few seconds while it lasts (``last``: the previous failed pass's). Returns it.
+
+    The traceback goes to this module's logger, not the daemon's ``logger`` (Kopf's per-object one): Kopf
+    posts that logger's errors as Events of its own, and this Event is the one the object gets."""
     message = kube_api.describe_error(exc)
+    meta = body.get("metadata") or {}
+    where = "/".join(str(part) for part in (meta.get("namespace"), meta.get("name")) if part)
     if message != last:
-        logger.exception("reconciliation failed; retrying in %.0fs", ERROR_DELAY_S)
+        traceback_log.error(
+            "%s: reconciliation failed; retrying in %.0fs", where, ERROR_DELAY_S, exc_info=exc
+        )
         tell(services, body, Event("Warning", "ReconcileError", message))
     else:  # info: Kopf posts the object logger's warnings as Events too
         logger.info("reconciliation failed again (%s); retrying", message)

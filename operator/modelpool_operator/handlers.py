@@ -513,9 +513,9 @@ async def pool_daemon(
             hosts=hosts,
         )
         book.uses_host(run.key, body.get("spec", {}).get("host"))
-        if plan is None or plan.requeue_after is None:
-            return None
-        return max(plan.requeue_after, 0.2)
+        # A status held back while the pool is being created comes with a pass of its own.
+        wanted = [t for t in (None if plan is None else plan.requeue_after, run.status_due) if t is not None]
+        return max(min(wanted), 0.2) if wanted else None
 
     async def idle(seconds: float) -> bool:
         return await idle_until_pass(services, book, run.key, pods, seconds=seconds, stopped=stopped)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,6 +43,7 @@ from modelpool_operator.effects.resources import build_service, build_worker_pod
 from modelpool_operator.host import HostView
 from modelpool_operator.planner import Event, Evict, Plan
 from modelpool_operator.planner.status import condition
+from modelpool_operator.planner.status_pace import creating, pace_events, status_delay
 from modelpool_operator.pool import PoolView
 from modelpool_operator.services import Services, pod_settings, policy_settings
 
@@ -104,15 +106,40 @@ async def apply(
     wire = status.model_dump(mode="json", by_alias=True)
     previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
     patch = merge_patch(previous, wire)
-    if patch:
-        await kube.patch_pool_status(pool.namespace, pool.name, patch)
+    await write_status(services, run, pool, patch, wire, creating=creating(status))
     services.metrics.pool_written(run.key, pool.status, status)
-    run.last_status, run.last_status_wire = status, wire
-    for event in plan.events:
+    # The planner's next pass starts from this status, written or held back (``write_status``).
+    run.last_status = status
+    post, run.held_events = pace_events(run.held_events, plan.events, deferred=run.status_due is not None)
+    for event in post:
         services.events.post(body, event)
     _tell_failures(services, run, body, failed)
     _note_budget(book, run, status)
     return failed
+
+
+async def write_status(
+    services: Services,
+    run: PoolRun,
+    pool: PoolView,
+    patch: Mapping[str, Any],
+    wire: dict[str, Any],
+    *,
+    creating: bool,
+) -> None:
+    """Write the pool's status ``patch`` now, or hold it back while the pool is being created
+    (``planner.status_pace``): then ``run.status_due`` asks for a pass when it may be written, and the
+    next write's patch, against the last written status (``run.last_status_wire``), carries it."""
+    now = time.monotonic()
+    since = None if run.status_written_at is None else now - run.status_written_at
+    delay = status_delay(changed=bool(patch), creating=creating, since_write=since)
+    run.status_due = delay or None
+    if delay is None:  # unchanged: the status there is this one
+        run.last_status_wire = wire
+    if delay != 0:
+        return
+    await services.kube.patch_pool_status(pool.namespace, pool.name, dict(patch))
+    run.last_status_wire, run.status_written_at = wire, now
 
 
 async def start_eviction(
