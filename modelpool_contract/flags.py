@@ -85,6 +85,10 @@ class ServerArgs:
     api_key_file: str | None = None
     #: The model's CPU threads (``--intra-op-threads``), only for pools with ``spec.resources.cpuThreads``.
     intra_op_threads: int | None = None
+    #: Where the worker sends its traces (``--otlp-endpoint``, an OTLP/HTTP base URL) and the share of
+    #: untraced requests it samples; only passed when the operator has an endpoint (traces on).
+    otlp_endpoint: str | None = None
+    trace_sample_ratio: float | None = None
 
     def argv(self) -> list[str]:
         """``--flag value`` for every field, in field order; a boolean flag only when true, an optional

@@ -96,6 +96,11 @@ class PodSettings:
     # The CPU request of worker and host pods whose spec sets no resources.cpu (None: none). Without one
     # each worker sizes its threads to every core of the node, and workers sharing it stall each other.
     default_cpu: str | None = DEFAULT_WORKER_CPU
+    # Where workers and host pods send their traces (--otlp-endpoint; None: no traces), and the share of
+    # untraced requests they sample. Only passed when set, so pods of an install without traces (and
+    # their template hashes) stay as they were.
+    otlp_endpoint: str | None = None
+    trace_sample_ratio: float = 1.0
 
 
 def cpu_request(explicit: Quantity | None, default: str | None) -> str | None:
@@ -138,6 +143,8 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         pvc_root=PVC_MOUNT_ROOT if parse_pvc_source(spec.model.source) else None,
         api_key_file=API_KEY_FILE if spec.auth is not None and spec.auth.api_key_secret is not None else None,
         intra_op_threads=spec.resources.cpu_threads,
+        otlp_endpoint=settings.otlp_endpoint,
+        trace_sample_ratio=settings.trace_sample_ratio if settings.otlp_endpoint is not None else None,
     ).argv()
 
 
@@ -580,7 +587,15 @@ def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
         # With RAM to park them in, a model that turns Idle (its pool's idleTimeoutSeconds) sleeps: its
         # device memory goes back to the others, and its next request wakes it on the host.
         args += ["--host-memory", str(spec.host_memory_bytes), "--sleep-idle"]
-    return args
+    return args + tracing_flags(settings)  # each model's processes trace with the host's settings
+
+
+def tracing_flags(settings: PodSettings) -> list[str]:
+    """Pure: a host pod's tracing flags, as ``ServerArgs`` renders a worker's (none without an endpoint)."""
+    if settings.otlp_endpoint is None:
+        return []
+    ratio = f"{settings.trace_sample_ratio:g}"
+    return ["--otlp-endpoint", settings.otlp_endpoint, "--trace-sample-ratio", ratio]
 
 
 def _host_resources(spec: ModelHostSpec, cpu: str | None) -> dict[str, Any]:
