@@ -38,6 +38,7 @@ class Received:
     end_ns: int
     error: bool  # status ERROR
     attributes: dict[str, Any] = field(default_factory=dict)
+    resource: dict[str, Any] = field(default_factory=dict)  # its resource's attributes
 
 
 def _value(value: AnyValue) -> Any:
@@ -55,7 +56,8 @@ def decode(body: bytes) -> list[Received]:
     request.ParseFromString(body)
     spans: list[Received] = []
     for resource_spans in request.resource_spans:
-        service = str(_attributes(resource_spans.resource.attributes).get("service.name", ""))
+        resource = _attributes(resource_spans.resource.attributes)
+        service = str(resource.get("service.name", ""))
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 spans.append(
@@ -70,6 +72,7 @@ def decode(body: bytes) -> list[Received]:
                         end_ns=span.end_time_unix_nano,
                         error=span.status.code == 2,
                         attributes=_attributes(span.attributes),
+                        resource=resource,
                     )
                 )
     return spans
