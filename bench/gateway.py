@@ -21,7 +21,7 @@ hits both alike, and reports the median of the rounds:
   round waits until the last recorded demand is older than the gateway's demand interval, so each round's
   request records its own demand at once as after a long quiet spell (``--wake-rounds``, ``--wake-only``).
 * tracing's cost (``--tracing-only``, nothing else is measured then): a second gateway with traces on
-  (``--otlp-endpoint`` to ``testkit.otlp``'s receiver in this process, every request sampled: a server
+  (``--otlp-endpoint`` to an OpenTelemetry Collector, ``testkit.otlp``, every request sampled: a server
   span, the key check, the routing and the relay spans, exported in batches) beside the first, both
   measured as the added-latency row, round by round in alternating order; the workers trace nothing.
   Printed and saved in ``.bench/gateway-tracing.json``; docs/benchmarks.md quotes it by hand.
@@ -64,7 +64,7 @@ from testkit.echo_models import ECHO
 from testkit.environment import ROOT, free_port
 from testkit.kubectl import kubectl
 from testkit.load import Connection, closed_loop, raw_request, v2_body
-from testkit.otlp import OtlpReceiver
+from testkit.otlp import Collector
 from testkit.services import POLICY_ENV
 
 START_MARK = "<!-- bench:gateway:start -->"
@@ -318,7 +318,7 @@ def tracing_cost(
 ) -> dict[str, Any]:
     """The added latency through a gateway with traces off (the stack's) and one with traces on, round by
     round in alternating order (module docstring)."""
-    receiver = OtlpReceiver()
+    receiver = Collector(logs)
     try:
         traced_url = start_gateway(
             stack.kubeconfig, logs / "gateway-traced.log", procs, "--otlp-endpoint", receiver.url

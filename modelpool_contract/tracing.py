@@ -28,6 +28,7 @@ the operator never import it.  The SDK is imported only by ``setup``, when traci
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,8 @@ STATUS = "http.response.status_code"
 METHOD = "http.request.method"
 PATH = "url.path"
 
+#: How long ``shutdown`` waits for the last spans to leave.
+SHUTDOWN_S = 2.0
 _PROPAGATOR = TraceContextTextMapPropagator()
 _NULL: contextlib.nullcontext[None] = contextlib.nullcontext()
 _tracer: trace.Tracer | None = None
@@ -103,12 +106,16 @@ def setup(
     return True
 
 
-def shutdown() -> None:
-    """Export what is left (bounded by the exporter's timeout) and stop; tracing is off after it."""
+def shutdown(timeout_s: float = SHUTDOWN_S) -> None:
+    """Export what is left, for at most ``timeout_s``, and stop; tracing is off after it.  Bounded: an
+    unreachable receiver would hold the exporter in its retries for up to its own 10 s timeout, and a
+    worker's shutdown must stay within its pod's grace period (the process exits right after)."""
     global _tracer, _provider
     provider, _provider, _tracer = _provider, None, None
     if provider is not None:
-        provider.shutdown()
+        flushing = threading.Thread(target=provider.shutdown, name="otel-shutdown", daemon=True)
+        flushing.start()
+        flushing.join(timeout_s)
 
 
 def on() -> bool:

@@ -1,10 +1,10 @@
-"""Traces through the real gateway and real workers, exported over OTLP/HTTP to a receiver on loopback
-(``testkit.otlp``): one trace per request, with the client's trace id, whose spans link up from the
-gateway's server span through its relay span to the worker's server span and the inference process's
-spans; the key's name (never the key), the pool, the model and the status on them.  The operator passes
-its ``WORKER_OTLP_ENDPOINT`` to the workers it creates (as the chart's ``tracing.otlpEndpoint`` does), so
-the workers' traces test that path too.  A second gateway without an endpoint sends nothing and passes the
-client's ``traceparent`` on untouched.
+"""Traces through the real gateway and real workers, exported over OTLP/HTTP to an OpenTelemetry
+Collector on loopback (``bin/otelcol``: ``testkit.otlp``): one trace per request, with the client's trace
+id, whose spans link up from the gateway's server span through its relay span to the worker's server span
+and the inference process's spans; the key's name (never the key), the pool, the model and the status on
+them.  The operator passes its ``WORKER_OTLP_ENDPOINT`` to the workers it creates (as the chart's
+``tracing.otlpEndpoint`` does), so the workers' traces test that path too.  A second gateway without an
+endpoint sends nothing and passes the client's ``traceparent`` on untouched.
 
 One namespace, one operator, two gateways (``traced``, ``plain``) and two pools serve the module: ``alpha``
 (an echo embedding worker) and ``gen`` (a streaming echo generator), real ``modelpool-server`` processes on
@@ -24,7 +24,7 @@ import pytest
 from testkit.cluster import Cluster
 from testkit.environment import free_port
 from testkit.kubectl import apply, wait_for
-from testkit.otlp import OtlpReceiver, Received, by_name
+from testkit.otlp import Collector, Received, by_name
 from tests.gateway.integration.gwharness import GENERATION, GatewayProcess, echo_pool
 from tests.operator.integration.opharness import POOLS, OperatorProcess
 
@@ -40,7 +40,7 @@ class Setup:
     namespace: str
     traced: GatewayProcess
     plain: GatewayProcess
-    receiver: OtlpReceiver
+    collector: Collector
 
 
 @pytest.fixture(scope="module")
@@ -48,20 +48,24 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     namespace = f"gwtr-{uuid.uuid4().hex[:8]}"
     crds.kubectl("create", "namespace", namespace)
     logs = tmp_path_factory.mktemp("gateway-traces")
-    receiver = OtlpReceiver()
-    operator = OperatorProcess(
-        crds,
-        [namespace],
-        logs / "operator.log",
-        MODELPOOL_OPERATOR_SERVER_PORT=str(free_port()),
-        MODELPOOL_OPERATOR_WORKER_OTLP_ENDPOINT=receiver.url,
-    )
+    collector = Collector(logs)
+    try:
+        operator = OperatorProcess(
+            crds,
+            [namespace],
+            logs / "operator.log",
+            MODELPOOL_OPERATOR_SERVER_PORT=str(free_port()),
+            MODELPOOL_OPERATOR_WORKER_OTLP_ENDPOINT=collector.url,
+        )
+    except BaseException:
+        collector.close()
+        raise
     gateways: list[GatewayProcess] = []
     try:
         traced_env = {**FAST_EXPORT, "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=traced"}
         gateways.append(
             GatewayProcess(
-                crds, [namespace], logs / "traced.log", "--otlp-endpoint", receiver.url, env=traced_env
+                crds, [namespace], logs / "traced.log", "--otlp-endpoint", collector.url, env=traced_env
             )
         )
         plain_env = {**FAST_EXPORT, "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=plain"}
@@ -77,11 +81,11 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
             gateway.wait_ready()
             for pool in ("alpha", "gen"):
                 gateway.wait_serving(pool, 1)
-        yield Setup(namespace, gateways[0], gateways[1], receiver)
+        yield Setup(namespace, gateways[0], gateways[1], collector)
     finally:
         crds.kubectl("delete", POOLS, "--all", "-n", namespace, "--timeout=60s", check=False)
         codes = [g.stop() for g in gateways] + [operator.stop()]
-        receiver.close()
+        collector.close()
         crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         assert set(codes) <= {0}, f"exit codes (gateways, operator): {codes}"
 
@@ -96,7 +100,7 @@ def _trace(setup: Setup, trace_id: str, *names: str) -> list[Received]:
     """The trace's spans once every one of ``names`` arrived (each process exports on its own)."""
 
     def arrived() -> list[Received] | None:
-        spans = setup.receiver.spans(trace_id)
+        spans = setup.collector.spans(trace_id)
         return spans if set(names) <= {s.name for s in spans} else None
 
     found = wait_for(arrived, timeout=60, message=lambda: f"spans {names} of {trace_id}")
@@ -223,4 +227,4 @@ def test_without_an_endpoint_the_gateway_sends_nothing_and_passes_the_traceparen
     assert _of(spans, "modelpool-gateway") == []
     # By the time the worker's spans came, the traced gateway's of earlier requests had come too; the
     # untraced one never sent any.
-    assert [s for s in setup.receiver.spans() if s.resource.get("service.instance.id") == "plain"] == []
+    assert [s for s in setup.collector.spans() if s.resource.get("service.instance.id") == "plain"] == []
