@@ -42,6 +42,7 @@ class Received:
     error: bool  # status ERROR
     attributes: dict[str, Any] = field(default_factory=dict)
     resource: dict[str, Any] = field(default_factory=dict)  # its resource's attributes
+    events: tuple[str, ...] = ()  # the names of its events, in order
 
 
 def _value(value: dict[str, Any]) -> Any:
@@ -77,6 +78,7 @@ def decode(line: str) -> list[Received]:
                         error=span.get("status", {}).get("code") == _ERROR,
                         attributes=_attributes(span.get("attributes", [])),
                         resource=resource,
+                        events=tuple(event["name"] for event in span.get("events", [])),
                     )
                 )
     return spans

@@ -294,7 +294,9 @@ class InferenceClient:
         """Wait for a sent request's results (504 after its deadline, ClientGone on disconnect)."""
         if not tracing.on():
             return await self._wait(sent, gone)
-        with tracing.span("modelpool.wait"):
+        with tracing.span("modelpool.wait") as span:
+            if sent.stream is not None:  # a streamed request's first piece and count go on this span
+                sent.stream.traced = span
             return await self._wait(sent, gone)
 
     async def _wait(self, sent: Sent, gone: asyncio.Event | None) -> list[Any]:

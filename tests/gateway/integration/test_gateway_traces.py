@@ -190,6 +190,9 @@ def test_a_streamed_generation_is_one_trace_too(setup: Setup) -> None:
     assert worker_served.parent_id == relay.span_id
     inference = by_name(spans, "modelpool.inference")
     assert inference.parent_id == worker_served.span_id
+    # The worker's wait lasts the stream: its first piece (the time to first token) and the count on it.
+    wait = by_name(spans, "modelpool.wait")
+    assert wait.events == ("modelpool.first_piece",) and wait.attributes["modelpool.pieces"] >= 1
     # The relay span lasts while the stream is relayed: until its last piece, after the inference process
     # answered (1 ms for the inference process's mapping of its monotonic instants onto the epoch).
     assert relay.end_ns >= inference.end_ns - 1_000_000
