@@ -6,6 +6,7 @@ real workers: ``tests/gateway/integration/test_gateway_traces.py``."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from model_server.engine.spans import record_unit
 from model_server.engine.unit import Unit
 from model_server.errors import Overloaded
 from model_server.frontend.endpoints.traced import span_name
+from model_server.host_config import HostConfig, parse_load_body, slot_config
 from modelpool_contract import tracing
 from modelpool_contract.api import ModelPoolSpec
 from modelpool_gateway.app import traced_route
@@ -163,3 +165,15 @@ def test_the_operator_passes_the_endpoint_only_when_set() -> None:
     assert args[args.index("--otlp-endpoint") + 1] == "http://c:4318"
     assert args[args.index("--trace-sample-ratio") + 1] == "0.25"
     assert tracing_flags(on) == ["--otlp-endpoint", "http://c:4318", "--trace-sample-ratio", "0.25"]
+
+
+def test_a_shared_hosts_models_trace_with_the_hosts_settings() -> None:
+    host = HostConfig(device_memory="8Gi", otlp_endpoint="http://c:4318", trace_sample_ratio=0.5)  # type: ignore[arg-type]
+    settings, _, _ = parse_load_body(
+        json.dumps(
+            {"parameters": {"config": json.dumps({"source": "/m", "task": "text-embedding"})}}
+        ).encode()
+    )
+    model = slot_config(host, "m", settings, 0)
+    assert (model.otlp_endpoint, model.trace_sample_ratio) == ("http://c:4318", 0.5)
+    assert slot_config(HostConfig(device_memory="8Gi"), "m", settings, 0).otlp_endpoint is None  # type: ignore[arg-type]
