@@ -25,6 +25,11 @@ most once per request, and one retry after a draining (503) or unreachable worke
 breaks off after its headers went to the client is counted (``relay_errors_total``), logged on one line, and
 ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by closing the connection (the
 server cannot end it short of its length), never an exception out of the app.
+
+With tracing on (``--otlp-endpoint``: ``modelpool_contract.tracing``), each model route's request is a
+server span, child of the client's ``traceparent`` and current while it is served, with spans for the key
+check, the key's limits, the hold, each routing choice and each relay (a client span, whose context goes to
+the worker as the request's ``traceparent``); off, each of these places costs one test of ``tracing.on()``.
 """
 
 from __future__ import annotations
