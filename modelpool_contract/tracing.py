@@ -146,8 +146,10 @@ def server_span(
 def span(
     name: str, attributes: Mapping[str, Any] | None = None, kind: SpanKind = SpanKind.INTERNAL
 ) -> contextlib.AbstractContextManager[Span | None]:
-    """A child of the current span, current for the block; the shared null context when tracing is off."""
-    if _tracer is None:
+    """A child of the current span, current for the block; the shared null context when tracing is off or
+    the current span records nothing (a request sampled out: its children would record nothing either, and
+    what goes on to the next hop is the current span's context, with its decision)."""
+    if _tracer is None or not trace.get_current_span().is_recording():
         return _NULL
     return _tracer.start_as_current_span(name, kind=kind, attributes=dict(attributes or {}))
 

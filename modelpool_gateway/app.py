@@ -35,6 +35,7 @@ the worker as the request's ``traceparent``); off, each of these places costs on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -77,6 +78,8 @@ TIMEOUT_HEADER = b"x-request-timeout"
 CLIENT_CLOSED = 499
 # A span's outcome attribute (admission, limits, hold).
 OUTCOME = "modelpool.outcome"
+# No span (``tracing.span`` when off, or where none is worth its cost).
+_UNTRACED: contextlib.nullcontext[None] = contextlib.nullcontext()
 # The 503 a worker sent, kept to answer with when no other worker can be tried.
 _KEPT_BODY_LIMIT = 64 * 1024
 
@@ -298,7 +301,9 @@ class Gateway:
         if call.caller is None:  # --auth none: no key, no limits
             return await self._route(call, send, receive, may_hold)
         # A key without limits passes at once (and any windows it had before its limits went are dropped).
-        with tracing.span("modelpool.admission.limits") as check:
+        # Its span only for a key with limits (a span costs far more than the check without them).
+        limited = call.limits.any and tracing.on()
+        with tracing.span("modelpool.admission.limits") if limited else _UNTRACED as check:
             refusal = self.limiter.admit(call.caller, call.limits, time.monotonic_ns())
             if check is not None:
                 check.set_attribute(OUTCOME, "admitted" if refusal is None else refusal.reason)

@@ -109,6 +109,8 @@ def test_an_unsampled_client_is_followed_and_nothing_is_recorded(exported: InMem
     headers = [(b"traceparent", f"00-{TRACE}-{CLIENT_SPAN}-00".encode())]
     with tracing.server_span("POST /v1/embeddings", headers, {}):
         assert tracing.traceparent() is None  # the inference process is not asked to record
+        with tracing.span("modelpool.relay") as child:
+            assert child is None  # no child of a span that records nothing
         assert dict(tracing.inject([]))[b"traceparent"].endswith(b"-00")  # the decision goes on
     assert exported.get_finished_spans() == ()
 

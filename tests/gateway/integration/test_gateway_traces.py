@@ -138,6 +138,7 @@ def test_one_trace_from_the_client_through_the_gateway_to_the_inference_process(
         "modelpool.model": "alpha",
         "http.response.status_code": 200,
     }
+    assert "modelpool.admission.limits" not in {s.name for s in gateway}  # a key without limits: no span
     check = by_name(gateway, "modelpool.admission.key")
     assert check.parent_id == served.span_id and check.attributes["modelpool.outcome"] == "admitted"
     route = by_name(gateway, "modelpool.route")
