@@ -32,7 +32,7 @@ release: venv testbin images ## dist/: the wheel and sdist, the packaged chart, 
 	bash hack/release.sh
 
 .PHONY: lowest
-lowest: ## the control plane's unit tests at the lowest dependency versions pyproject.toml allows
+lowest: ## the unit tests (operator, gateway, server, contract) at the lowest dependency versions pyproject.toml allows
 	bash hack/lowest.sh
 
 .PHONY: testbin

@@ -606,6 +606,17 @@ def test_the_operators_writes_policy_matches_its_service_account_in_every_namesp
 # ---- the gateway ----
 
 
+def test_one_log_format_for_the_operator_the_gateway_and_through_the_operator_the_workers(
+    helm: list[str],
+) -> None:
+    for given, expected in (([], "json"), (["--set", "config.logFormat=plain"], "plain")):
+        docs = render(helm, *given)
+        gateway = {e["name"]: e.get("value") for e in container(docs, GATEWAY)["env"]}
+        operator = {e["name"]: e.get("value") for e in container(docs, OPERATOR)["env"]}
+        assert gateway["MODELPOOL_GATEWAY_LOG_FORMAT"] == expected
+        assert operator["MODELPOOL_OPERATOR_LOG_FORMAT"] == expected  # passed on to its workers
+
+
 def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str]) -> None:
     docs = render(helm)
     c = container(docs, GATEWAY)
@@ -901,6 +912,7 @@ def test_the_uninstall_hook_stops_the_operator_and_unfinalizes_its_pools_with_it
             "app.kubernetes.io/component=operator",
             "--budget=gpu",
             "--timeout=120",
+            "--log-format=json",
         ]
         assert operator_pod["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
         # Exactly the requests cleanup.py makes.

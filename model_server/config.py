@@ -29,6 +29,7 @@ from modelpool_contract.flags import (
     TERMINATION_LOG,
     Dtype,
 )
+from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.mounts import PVC_MOUNT_ROOT
 from modelpool_contract.settings import CommandLine, ConfigError, build_parser, flag_name, load
 from modelpool_contract.tasks import TASK_NAMES, TaskName
@@ -98,6 +99,11 @@ class ServingConfig(BaseSettings):
         le=1.0,
         description="With --otlp-endpoint: the share of requests without a traceparent whose traces are "
         "recorded; a request with one (from the gateway) follows its sampled flag",
+    )
+    log_format: LogFormat = Field(
+        default=DEFAULT_LOG_FORMAT,
+        description="json: one JSON object per line, with the request id and trace id of the request it "
+        "was logged for; plain: text lines (every process of the worker)",
     )
 
     #: The fields naming a key file, each read once when the configuration is validated.

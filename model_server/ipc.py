@@ -46,6 +46,8 @@ class Submit(NamedTuple):
     items: Any  # pack()ed
     lengths: list[int]  # the task's length hint per item ([] when the task does not batch)
     streaming: bool  # send the text as it comes (Piece messages) before the Result
+    # The request's id and trace id (``modelpool_contract.logs``), for the inference process's lines about it.
+    ids: tuple[str | None, str | None] = (None, None)
     # The HTTP process's server span as a W3C traceparent (tracing on, the request sampled), the parent of
     # the inference process's spans; None: untraced.
     trace: str | None = None

@@ -9,7 +9,6 @@ of the worker dying 5 (``modelpool_contract.exits``).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from collections.abc import Sequence
 from model_server.config import COMMAND_LINE, ServerConfig
 from model_server.host_config import HOST_COMMAND_LINE, HostConfig
 from model_server.process_setup import exit_now
+from modelpool_contract import logs
 from modelpool_contract.settings import load_or_exit
 
 
@@ -28,10 +28,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         config, _ = load_or_exit(HostConfig, args, HOST_COMMAND_LINE)
     else:
         config, _ = load_or_exit(ServerConfig, args, COMMAND_LINE)
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s [{'host' if shared else 'supervisor'}] %(name)s %(message)s",
-    )
+    logs.set_up(config.log_format, config.log_level, "host" if shared else "supervisor")
     # Imported here, after the config is valid: a bad flag exits 2 without paying for the rest.
     from model_server.supervisor import host, runtime, supervisor
 

@@ -9,7 +9,8 @@
   or the device.
 * A name that ``ps``/``top`` show (``PR_SET_NAME``: ``mp-inference``, ``mp-http-0``, ...).
 * Its CPU priority (the HTTP processes run a little below the model: see ``http_process``).
-* Logging, with the process's name on every line.
+* Logging, with the process's name on every line, in the worker's ``--log-format``
+  (``modelpool_contract.logs``).
 
 And what each does last: ``exit_now`` (the supervisor too).
 """
@@ -23,13 +24,11 @@ import multiprocessing
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from model_server.config import ServingConfig
 from model_server.libc import libc_function
-from modelpool_contract import tracing
-
-if TYPE_CHECKING:
-    from model_server.config import ServingConfig
+from modelpool_contract import logs, tracing
 
 #: The traces' service.name of every process of a worker (the spans' names tell the processes apart).
 SERVICE_NAME = "modelpool-server"
@@ -44,7 +43,7 @@ def start(module: str, *args: Any, **kwargs: Any) -> None:
     importlib.import_module(module).main(*args, **kwargs)
 
 
-def set_up(name: str, log_level: str, nice: int = 0) -> None:
+def set_up(name: str, config: ServingConfig, nice: int = 0) -> None:
     """Called first thing in a child process (``name``: ``inference``, ``http-0``, ...); ``nice`` lowers
     its CPU priority by that much."""
     stop = {signal.SIGTERM, signal.SIGINT}
@@ -62,10 +61,7 @@ def set_up(name: str, log_level: str, nice: int = 0) -> None:
         os._exit(1)
     if nice:
         os.nice(nice)
-    logging.basicConfig(
-        level=log_level.upper(),
-        format=f"%(asctime)s %(levelname)s [{name}] %(name)s %(message)s",
-    )
+    logs.set_up(config.log_format, config.log_level, name)
 
 
 def trace_as(config: ServingConfig) -> None:

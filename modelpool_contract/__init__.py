@@ -20,6 +20,9 @@ standard library and pydantic.
   Kubernetes quantities they validate.
 * ``demand``: the Lease a gateway renews while it holds requests for a pool, which the operator watches
   to wake a pool at zero.
+* ``logs``: the one log format of every program (JSON or plain lines) and the request's ids in every line
+  logged while it is served; ``request_ids``: the ASGI middleware that takes, makes, forwards and answers
+  ``x-request-id`` (standard library only, as ``logs``).
 * ``http_limits``: the bound on a request's header block that both HTTP front doors (the server's and the
   gateway's) enforce, as a uvicorn protocol.  The one module here beyond the standard library and
   pydantic: it imports uvicorn, so this package's ``__init__`` never imports it and the operator never

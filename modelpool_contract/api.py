@@ -28,6 +28,7 @@ from modelpool_contract.flags import (
     Dtype,
 )
 from modelpool_contract.labels import GROUP
+from modelpool_contract.messages import Message
 from modelpool_contract.picker import speaks_picker
 from modelpool_contract.placements import (
     DEFAULT_CPU_MODEL_OVERHEAD,
@@ -1087,7 +1088,7 @@ class WorkerStatus(_Model):
     reason: str | None = Field(
         default=None, description="Why the worker is in this state (e.g. LoadFailed, OOMKilled)."
     )
-    message: str | None = Field(default=None, description="Details, e.g. the termination message.")
+    message: Message | None = Field(default=None, description="Details, e.g. the termination message.")
     load_progress: float | None = Field(
         default=None, description="Load progress between 0 and 1 while Loading, when the server reports it."
     )
@@ -1168,7 +1169,7 @@ class Condition(_Model):
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="A CamelCase reason.")
-    message: str = Field(default="", description="A human-readable explanation.")
+    message: Message = Field(default="", description="A human-readable explanation.")
     last_transition_time: str | None = Field(default=None, description="When status last changed (RFC 3339).")
     observed_generation: int | None = Field(
         default=None, description="The spec generation this condition was computed for."
@@ -1186,7 +1187,7 @@ class BackoffStatus(_Model):
     last_reason: str | None = Field(
         default=None, description="Why it failed (LoadFailed, OOMKilled, ...), kept after its pod is gone."
     )
-    last_message: str | None = Field(default=None, description="Details of the last failure.")
+    last_message: Message | None = Field(default=None, description="Details of the last failure.")
 
 
 class AutoscalingStatus(_Model):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Final, Literal
 
+from modelpool_contract.logs import LogFormat
 from modelpool_contract.tasks import TaskName
 from modelpool_contract.version import VERSION
 
@@ -89,6 +90,9 @@ class ServerArgs:
     #: untraced requests it samples; only passed when the operator has an endpoint (traces on).
     otlp_endpoint: str | None = None
     trace_sample_ratio: float | None = None
+    #: The worker's log format (``--log-format``, ``modelpool_contract.logs``), only when it is not the
+    #: server's default (json): so the default adds no flag, and an upgrade rolls no worker for it.
+    log_format: LogFormat | None = None
 
     def argv(self) -> list[str]:
         """``--flag value`` for every field, in field order; a boolean flag only when true, an optional

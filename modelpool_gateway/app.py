@@ -50,6 +50,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from modelpool_contract import tracing
 from modelpool_gateway.access import Access, caller_of, grant_of, key_name_of, limits_of
+from modelpool_gateway.access_log import served
 from modelpool_gateway.bodies import BodyBytes, Ticket
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamBroken, UpstreamTimeout
@@ -293,6 +294,7 @@ class Gateway:
         self._answered(scope, label, code)
 
     def _answered(self, scope: MutableMapping[str, Any], label: str, code: int) -> None:
+        served().answered(label, code)  # for the access line (``access_log``)
         self.metrics.of(self.metrics.requests, label, str(code)).inc()
         self.metrics.of(self.metrics.key_requests, key_name_of(scope), label, str(code)).inc()
 
@@ -319,7 +321,9 @@ class Gateway:
         )
 
     def _used(self, call: Call, used: Usage) -> None:
-        """What an answered (200) request used, on its key's usage metrics and its token window."""
+        """What an answered (200) request used, on its key's usage metrics, its token window and the
+        access line."""
+        served().usage = used
         if call.caller is not None:
             tokens = used.prompt_tokens + used.completion_tokens
             self.limiter.charge_tokens(call.caller, call.limits, tokens, time.monotonic_ns())
@@ -396,6 +400,7 @@ class Gateway:
             raise RequestError(
                 400, "invalid_input", "the request body needs a 'model' (GET /v1/models lists them)"
             )
+        served().model = model
         resolved = self.access.index(grant_of(scope)).resolve(model)
         if isinstance(resolved, Unresolved):
             raise self._not_found(resolved)
@@ -429,6 +434,7 @@ class Gateway:
             raise self._not_found(resolved)
         body = await self._body(scope, receive, ticket)
         name = self._model_name(resolved.key)
+        served().model = name
         path = V2_MODELS + quote(name, safe="") + ("/" + quote(suffix) if suffix else "")
         if scope.get("query_string"):
             path += "?" + scope["query_string"].decode("latin-1")

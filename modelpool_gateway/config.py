@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from modelpool_contract.flags import REQUEST_BODY_TIMEOUT_S
+from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.settings import CommandLine, ConfigError, Flag, load
 
 # ConfigError is the loader's, re-exported for the program's main.
@@ -176,6 +177,11 @@ class GatewaySettings(BaseSettings):
         "after its answer, so a Service stops sending here before the port closes (the chart: 5)",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
+    log_format: LogFormat = Field(
+        default=DEFAULT_LOG_FORMAT,
+        description="json: one JSON object per line, with the request id and trace id of the request it "
+        "was logged for (the access lines too); plain: text lines (modelpool_contract.logs)",
+    )
     auth: Literal["keys", "none"] = Field(
         default="keys",
         description="keys: every request but health, readiness and metrics needs 'Authorization: Bearer "

@@ -21,9 +21,10 @@ from types import FrameType
 import uvicorn
 from kubernetes_asyncio import client, config
 
-from modelpool_contract import tracing
+from modelpool_contract import logs, tracing
 from modelpool_contract.gateway_keys import default_keys_namespace
 from modelpool_gateway.access import Access
+from modelpool_gateway.access_log import access_middleware
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.config import ConfigError, GatewaySettings, load_settings
@@ -226,10 +227,12 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     ]
     server = _Server(
         uvicorn.Config(
-            CloseWhenDraining(app, draining),
+            # The request ids and our access line (``access_log``) replace uvicorn's access log.
+            access_middleware(CloseWhenDraining(app, draining)),
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level,
+            log_config=None,  # uvicorn's own lines go through the root logger's format (``logs``)
             access_log=False,
             proxy_headers=False,
             # The worker's own Date and Server headers pass through.
@@ -291,9 +294,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"modelpool-gateway: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    logs.set_up(settings.log_format, settings.log_level, "gateway")
     with asyncio.Runner(loop_factory=_loop_factory) as runner:
         in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SERVICE_ACCOUNT_TOKEN.exists()
         code = runner.run(serve(settings, in_cluster))

@@ -123,8 +123,10 @@ class OperatorProcess:
         *,
         peering: str | None = None,
         kubeconfig: Path | None = None,
+        log_format: str = "plain",
         **env: str,
     ) -> None:
+        # ``log_format``: the operator's, and so its workers' (plain reads best in a failed test's tail).
         self.log_path = log_path
         self.namespaces = list(namespaces)
         args = [str(ROOT / ".venv" / "bin" / "modelpool-operator")]
@@ -132,7 +134,7 @@ class OperatorProcess:
             args += ["--namespace", ns]
         # Standalone unless a test runs several replicas that meet in a Kopf peering object.
         args += ["--peering", peering] if peering else ["--standalone"]
-        args += ["--liveness", "0", "--log-format", "plain", "--verbose"]
+        args += ["--liveness", "0", "--log-format", log_format, "--verbose"]
         # The cluster's admin kubeconfig unless a test runs the operator as someone else (a ServiceAccount).
         full_env = {**os.environ, **TEST_ENV, **env, "KUBECONFIG": str(kubeconfig or cluster.kubeconfig)}
         # The workers' probe port: a free one unless the test names it, as tests pick their serving port

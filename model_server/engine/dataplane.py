@@ -39,9 +39,28 @@ from model_server.errors import FatalDeviceError, InvalidInput, ModelNotReady, O
 from model_server.metrics import Metrics
 from model_server.state_machine import State, StateMachine
 from model_server.worker_view import INFERENCE_ROW, Column, Field, WorkerView
+from modelpool_contract import logs
 from modelpool_contract.exits import EXIT_DEVICE_FAILED
 
 log = logging.getLogger("modelpool.dataplane")
+
+
+def _tell_failed(units: Sequence[Unit], exc: ServerError) -> None:
+    """A batch that failed, on one line with its requests' ids (the forward pass's traceback was logged on
+    the inference thread, which knows the items but not whose they are); with one request, its line is that
+    request's (``logs.bind``)."""
+    request_ids = [u.ids[0] for u in units if u.ids[0] is not None]
+    reset = logs.bind(*units[0].ids) if len(units) == 1 else None
+    try:
+        log.warning(
+            "a batch of %d requests failed: %s",
+            len(units),
+            exc,
+            extra={"fields": {"request_ids": request_ids}},
+        )
+    finally:
+        if reset is not None:
+            reset()
 
 
 class DataPlane:
@@ -227,6 +246,7 @@ class DataPlane:
                 for unit in units:
                     await self._execute([p for p in batch if p[0] is unit])
         except ServerError as exc:
+            _tell_failed(units, exc)
             self._fail(units, exc)
         else:
             elapsed = time.monotonic() - started

@@ -41,13 +41,14 @@ started again; a fatal device error fails the worker (exit 4).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -57,12 +58,24 @@ from model_server.tasks.base import Emitter, GenerationItem, GenerationParams, G
 from model_server.tasks.generation import Detokenizer, StopText, check_context, eos_ids
 from model_server.tasks.params import check_generation_params
 from model_server.worker_view import BATCHING, PAGE_TOKENS, SERIAL, Field, WorkerView
+from modelpool_contract import logs
 
 if TYPE_CHECKING:
     from model_server.engine.unit import Unit
     from model_server.metrics import Metrics
 
 log = logging.getLogger("modelpool.generation")
+
+
+@contextlib.contextmanager
+def _about(unit: Unit) -> Iterator[None]:
+    """Lines logged inside carry ``unit``'s request id and trace id (``modelpool_contract.logs``)."""
+    reset = logs.bind(*unit.ids)
+    try:
+        yield
+    finally:
+        reset()
+
 
 EngineChoice = Literal["auto", "batching", "serial"]
 ENGINE_CHOICES: tuple[EngineChoice, ...] = ("auto", "batching", "serial")
@@ -305,7 +318,8 @@ class BatchingEngine:
             done(unit, exc)
             return
         except Exception as exc:  # a tokenizer's or template's bug fails this request alone
-            log.exception("cannot prepare a generation")
+            with _about(unit):
+                log.exception("cannot prepare a generation")
             done(unit, InferenceError(f"the request could not be prepared: {type(exc).__name__}: {exc}"))
             return
         error = admission_error(
@@ -408,7 +422,8 @@ class BatchingEngine:
             try:
                 self._on_output(job, output, now)
             except Exception as exc:  # a decoding bug fails this request alone
-                log.exception("a generation's output failed")
+                with _about(job.unit):
+                    log.exception("a generation's output failed")
                 running = self._units.get(id(job.unit))
                 if running is not None:
                     self._end_unit(running, InferenceError(f"generation failed: {type(exc).__name__}: {exc}"))

@@ -80,6 +80,7 @@ class Endpoint:
                 lengths=message.lengths,
                 emit=emit,
                 trace=message.trace,
+                ids=message.ids,
             )
             self._units[rid] = unit
             self.dataplane.submit(unit)
@@ -322,7 +323,7 @@ def main(
 ) -> None:
     """The process's entry point (the supervisor's spawn target; a shared host's names the model its
     metrics are labelled with)."""
-    set_up("inference", config.log_level)
+    set_up("inference", config)
     trace_as(config)
     threads = size_threads(config.intra_op_threads, config.cpu_share_millicores)  # before torch's import
     process = InferenceProcess(config, view, threads, metrics_model=metrics_model)

@@ -36,6 +36,8 @@ class Unit:
     # was part of: when it began, its items and its requests (``spans.record_unit`` reads them).
     trace: str | None = None
     computed: tuple[float, int, int] | None = None
+    # Its request id and trace id as the HTTP process had them (``ipc.Submit.ids``), for its log lines.
+    ids: tuple[str | None, str | None] = (None, None)
 
     def answer(self, outcome: Outcome) -> None:
         if not self.answered:

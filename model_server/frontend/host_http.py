@@ -186,7 +186,7 @@ def main(
     control: Connection,
 ) -> None:
     """The process's entry point (the host supervisor's spawn target)."""
-    set_up(f"http-{index}", config.log_level, nice=HTTP_NICE)
+    set_up(f"http-{index}", config, nice=HTTP_NICE)
     trace_as(config)  # each model's app (``build_app``) then has its tracing middleware
     router = HostRouter(config, views, index)
     app: Any = router

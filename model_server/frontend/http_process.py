@@ -21,6 +21,7 @@ import uvicorn
 
 from model_server import ipc
 from model_server.config import ServerConfig, ServingConfig
+from model_server.frontend.access_log import with_access_log
 from model_server.frontend.endpoints import build_app
 from model_server.frontend.endpoints.refusal import protocol_for
 from model_server.frontend.server import ModelServer
@@ -51,10 +52,12 @@ class ControlledServer(uvicorn.Server):
     ) -> None:
         super().__init__(
             uvicorn.Config(
-                app,
+                # The request ids and our access line (``access_log``) replace uvicorn's access log.
+                with_access_log(app),
                 log_level=config.log_level,
+                log_config=None,  # uvicorn's own lines go through the process's format (``logs``)
                 access_log=False,
-                # No access log, so X-Forwarded-* would never be read: skip that per-request middleware.
+                # No uvicorn access log, so X-Forwarded-* would never be read: skip that middleware.
                 proxy_headers=False,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
                 lifespan="off",
@@ -141,7 +144,7 @@ def main(
     control: Connection,
 ) -> None:
     """The process's entry point (the supervisor's spawn target)."""
-    set_up(f"http-{index}", config.log_level, nice=HTTP_NICE)
+    set_up(f"http-{index}", config, nice=HTTP_NICE)
     trace_as(config)  # before the app is built: its tracing middleware is there only when on
     HTTPServer(ModelServer(config, view, index), sock, control).serve_on(listener)
 

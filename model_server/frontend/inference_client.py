@@ -43,7 +43,7 @@ from model_server.state_machine import StateMachine
 from model_server.tasks import task_class
 from model_server.tasks.base import Task
 from model_server.worker_view import Column, Field, WorkerView
-from modelpool_contract import tracing
+from modelpool_contract import logs, tracing
 
 log = logging.getLogger("modelpool.inference_client")
 
@@ -259,7 +259,9 @@ class InferenceClient:
         assert self._channel is not None
         try:
             lengths = [task.length_hint(item) for item in items] if task.batchable else []
-            message = ipc.Submit(sent.id, sent.deadline, ipc.pack(list(items)), lengths, streaming, trace)
+            ids = (logs.current_request_id(), logs.current_trace_id())
+            packed = ipc.pack(list(items))
+            message = ipc.Submit(sent.id, sent.deadline, packed, lengths, streaming, ids, trace)
             delivered = self._channel.send(message)
         except ServerError:
             raise

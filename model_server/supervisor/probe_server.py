@@ -30,7 +30,9 @@ Nagle's algorithm the second waits for the client's delayed ACK of the first: 40
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -47,6 +49,8 @@ from model_server.state_machine import StateMachine
 from model_server.worker_view import WorkerView
 from modelpool_contract.picker import speaks_picker
 from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
+
+log = logging.getLogger("modelpool.probes")
 
 # How long without a heartbeat tick (one each ``worker_view.BEAT_PERIOD_S``) makes an HTTP process
 # wedged.  A loop that is merely busy (a flood at a low priority) still ticks within a few seconds; the
@@ -65,6 +69,16 @@ class LocalHTTPServer(ThreadingHTTPServer):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A request that raised, logged in the worker's format (socketserver prints a traceback to stderr,
+        which would break a JSON log's one object per line); a caller that hung up (a probe's timeout, a
+        scraper gone) only at debug level."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            log.debug("probe port: %s hung up: %s", client_address, exc)
+        else:
+            log.warning("probe port: a request from %s failed", client_address, exc_info=True)
 
     def serve_in_thread(self) -> threading.Thread:
         thread = threading.Thread(target=self.serve_forever, name=self.thread_name, daemon=True)

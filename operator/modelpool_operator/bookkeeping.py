@@ -33,6 +33,7 @@ from modelpool_contract.api import ModelPoolStatus
 from modelpool_operator.budget import BudgetLimit, Ledger, ReservationBook
 from modelpool_operator.effects.attempts import ApiFailure
 from modelpool_operator.observe.claims import BusyClaim
+from modelpool_operator.observe.drift import fields_digest
 from modelpool_operator.observe.observation import ChargeCache, current_ledger
 from modelpool_operator.observe.ownership import ForeignPods, Tombstones
 from modelpool_operator.observe.worker_state import ObservedWorker
@@ -125,8 +126,10 @@ class Bookkeeping:
     tombstones: Tombstones = field(default_factory=Tombstones)
     # The one task asking the API about due reservations (``effects.apply.settle_soon``), while it runs.
     settle_task: asyncio.Task[None] | None = None
-    # The kinds of owned object each running daemon's pool or ModelHost lost since its last pass (``owned``).
-    _lost: dict[PoolKey, set[str]] = field(default_factory=dict)
+    # The owned objects each running daemon's pool or ModelHost lost since its last pass, by kind: None when
+    # deleted, else the object as edited (``owned``); and the digest of each one's fields as last seen.
+    _lost: dict[PoolKey, dict[str, Mapping[str, Any] | None]] = field(default_factory=dict)
+    _seen: dict[PoolKey, dict[str, int]] = field(default_factory=dict)
 
     # ---- the ledger -------------------------------------------------------------------------------------
 
@@ -185,12 +188,30 @@ class Bookkeeping:
         asked for now, makes it again (``take_lost``). Only a daemon of this process's is told: a deleted
         pool's objects go with it, and nothing is remembered for them."""
         if key in self._wakeups:
-            self._lost.setdefault(key, set()).add(kind)
+            self._seen.get(key, {}).pop(kind, None)
+            self._lost.setdefault(key, {})[kind] = None
             self.poke(key)
 
-    def take_lost(self, key: PoolKey) -> set[str]:
-        """The kinds the pool (or ModelHost) of ``key`` lost since the last call (``lose``)."""
-        return self._lost.pop(key, set())
+    def saw(self, key: PoolKey, kind: str, live: Mapping[str, Any]) -> None:
+        """An object of ``kind`` the pool (or ModelHost) of ``key`` owns was listed, made or changed. Its
+        daemon is asked for a pass only when the fields the operator writes changed since it was last seen
+        (``observe.drift``: a PodDisruptionBudget's status, written at every pod change, does not ask); the
+        pass compares them with what it wrote (``owned.forget_owned``) and writes them again if edited."""
+        if key not in self._wakeups:
+            return
+        digests = self._seen.setdefault(key, {})
+        digest, before = fields_digest(live), digests.get(kind)
+        digests[kind] = digest
+        if before is not None and before != digest:
+            lost = self._lost.setdefault(key, {})
+            if lost.get(kind, live) is not None:  # a deletion told before stands
+                lost[kind] = live
+            self.poke(key)
+
+    def take_lost(self, key: PoolKey) -> dict[str, Mapping[str, Any] | None]:
+        """What the pool (or ModelHost) of ``key`` lost since the last call, by kind: None when deleted
+        (``lose``), else the object as last seen changed (``saw``)."""
+        return self._lost.pop(key, {})
 
     def pools(self) -> int:
         """How many pool daemons this process runs."""
@@ -204,6 +225,7 @@ class Bookkeeping:
         self.observed.pop(key, None)
         self.shared.pop(key, None)
         self._lost.pop(key, None)
+        self._seen.pop(key, None)
 
 
 @dataclass
@@ -263,7 +285,8 @@ class PoolRun:
     key: PoolKey
     last_status: ModelPoolStatus | None = None
     last_status_wire: dict[str, Any] | None = None
-    service_ready: bool = False
+    # The Service this process last wrote (None: none yet, the last write failed, or it was removed).
+    service: dict[str, Any] | None = None
     # The NetworkPolicy this process last wrote (None: none yet, or the last write failed): written again
     # when what it says changes (spec.inferencePool admits the picker).
     network_policy: dict[str, Any] | None = None

@@ -27,8 +27,10 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from modelpool_contract import logs
 from modelpool_contract.api import GROUP, MODELBUDGET_PLURAL, MODELHOST_PLURAL, MODELPOOL_PLURAL, VERSION
 from modelpool_contract.labels import PREFIX
+from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LOG_FORMATS
 from modelpool_operator.effects.kube import api_client, describe_error
 
 log = logging.getLogger("modelpool.operator.cleanup")
@@ -67,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--selector", required=True, help="label selector of the operator's pods")
     parser.add_argument("--budget", default="", help="the operator's ModelBudget (empty: none)")
     parser.add_argument("--timeout", type=float, default=120.0, help="longest wait for the operator to stop")
+    parser.add_argument(
+        "--log-format", choices=LOG_FORMATS, default=DEFAULT_LOG_FORMAT, help="as the operator"
+    )
     return parser
 
 
@@ -176,7 +181,7 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str]) -> int:
     """The ``cleanup`` subcommand of ``modelpool-operator``; the exit code."""
     args = build_parser().parse_args(argv)  # exits 2 when invalid
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.set_up(args.log_format, logging.INFO, "cleanup")
     try:
         asyncio.run(run(args))
     except (ApiException, TimeoutError, RuntimeError) as exc:

@@ -79,7 +79,7 @@ def tell_pass_error(
     """A failed pass of a pool's or a ModelHost's daemon: the API server's own message (not the client's
     "(500)\nReason: ..."), with the traceback and a Warning Event ``ReconcileError`` once per distinct
     error, not every few seconds while it lasts (``last``: the previous failed pass's). Returns it."""
-    message = kube_api.describe_error(exc)[:1000]
+    message = kube_api.describe_error(exc)
     if message != last:
         logger.exception("reconciliation failed; retrying in %.0fs", ERROR_DELAY_S)
         tell(services, body, Event("Warning", "ReconcileError", message))

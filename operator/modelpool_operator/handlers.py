@@ -36,6 +36,7 @@ from modelpool_contract.demand import (
     read_demand,
 )
 from modelpool_contract.labels import LABEL_MANAGED_BY, LABEL_POOL
+from modelpool_contract.messages import fit_message
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_operator import heap
 from modelpool_operator.bookkeeping import Bookkeeping, HostRun, PoolRun, wait_for_wakeup
@@ -51,8 +52,8 @@ from modelpool_operator.owned import (
     OWNED_SELECTOR,
     OwnedResource,
     forget_owned,
-    lost_owner,
     owned_resources,
+    owner_of,
 )
 from modelpool_operator.pool import OtherPool, PoolKey
 from modelpool_operator.reconcile import reconcile_pool
@@ -425,10 +426,16 @@ async def owned_changed(
     memo: Any,
     **_: Any,
 ) -> None:
-    """One of the pools' (or ModelHosts') objects deleted: its owner makes it again (``owned``)."""
-    key = lost_owner(type, namespace or "", meta, labels)
-    if key is not None:
-        _book(memo).lose(key, str(body.get("kind", "")))
+    """One of the pools' (or ModelHosts') objects deleted or edited: its owner makes it again as it wrote it
+    (``owned``)."""
+    key = owner_of(namespace or "", meta, labels)
+    if key is None:
+        return
+    kind = str(body.get("kind", ""))
+    if type == "DELETED":
+        _book(memo).lose(key, kind)
+    else:
+        _book(memo).saw(key, kind, body)
 
 
 # ---- a shared pool's deletion: its model leaves the host pods before the pool goes -------------------
@@ -458,7 +465,7 @@ async def shared_pool_deleted(
         pods_by_pool=pods,
     )
     if refused:
-        raise kopf.TemporaryError("; ".join(refused)[:1000], delay=2.0)
+        raise kopf.TemporaryError(fit_message("; ".join(refused)), delay=2.0)
 
 
 # ---- the per-pool daemon --------------------------------------------------------------------------------

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from modelpool_contract import logs
 from modelpool_contract import settings as settings_loader
+from modelpool_contract.logs import LogFormat
 from modelpool_contract.settings import CommandLine, Flag
 from modelpool_operator.settings import OperatorConfig
 
@@ -87,6 +90,17 @@ COMMAND_LINE = CommandLine(
 )
 
 
+def set_up_logging(fmt: LogFormat, *, verbose: bool) -> None:
+    """The project's one log format (``modelpool_contract.logs``) in place of Kopf's own set-up: Kopf's
+    object reference (``k8s_ref``) becomes each line's ``object`` field; asyncio's own chatter stays out
+    unless verbose, as ``kopf.configure`` keeps it."""
+    logs.set_up(fmt, "DEBUG" if verbose else "INFO", "operator", renamed={"k8s_ref": "object"})
+    chatter = logging.getLogger("asyncio")
+    chatter.propagate = verbose
+    if not verbose:
+        chatter.handlers[:] = [logging.NullHandler()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     return settings_loader.build_parser(OperatorConfig, COMMAND_LINE)
 
@@ -122,11 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from modelpool_operator.metrics import OperatorMetrics
 
     watch_owned(config)  # the kinds of owned object this configuration makes
-    kopf.configure(
-        verbose=args.verbose,
-        log_format=kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.FULL,
-        log_refkey="object",
-    )
+    set_up_logging(config.log_format, verbose=args.verbose)
     # Served from the start: a standby reports modelpool_operator_leader 0 before its operator runs.
     metrics = OperatorMetrics()
     if config.metrics_port:

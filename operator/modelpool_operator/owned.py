@@ -4,22 +4,23 @@ says changes (``effects.apply``: the run remembers what it wrote), so one delete
 gone until the operator restarts: a deleted NetworkPolicy silently left a pool's workers open. As
 controller-runtime's ``Owns()`` does, the operator watches what it owns (``handlers.watch_owned``): the
 deletion of one of its objects clears its owner's memory of that kind (``Bookkeeping.lose``) and pokes the
-owner, whose next pass makes it again.
+owner, whose next pass makes it again; an edit of what it wrote (its labels and spec) is undone the same
+way (``observe.drift``), where before it stood until the operator next wrote that object.
 
 * ``owned_resources``: the kinds watched, those the operator makes under its configuration only (a
   NetworkPolicy with ``network_policy_enabled``, an InferencePool with ``inference_pools_enabled``; Kopf
   watches the InferencePool API once its CRD exists), so its RBAC holds no watch it does not need.
 * ``OWNED_SELECTOR``: the API server sends only the operator's own objects (its ``managed-by`` label).
-* ``lost_owner``: pure, which owner a watch event's deletion concerns (None: none of ours).
-* ``forget_owned``: a run's memory of the kinds lost, cleared before its pass.
+* ``owner_of``: pure, which owner a watch event concerns (None: none of ours).
+* ``forget_owned``: a run's memory of the objects deleted or edited, cleared before its pass.
 
-Nothing is stored per watched object: the events hold no state, and Kopf keeps no essence of them
-(``diffbase``).
+Per watched object only a digest of its written fields is kept (``Bookkeeping.saw``), so a status write
+(a PodDisruptionBudget's, at every pod change) wakes no pass; Kopf keeps no essence of them (``diffbase``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -27,6 +28,7 @@ from modelpool_contract.labels import LABEL_MANAGED_BY, LABEL_POOL
 from modelpool_contract.picker import INFERENCE_GROUP, INFERENCE_POOL_PLURAL, INFERENCE_VERSION
 from modelpool_operator.bookkeeping import HostRun, PoolRun
 from modelpool_operator.effects.resources import MANAGED_BY
+from modelpool_operator.observe.drift import drifted
 from modelpool_operator.observe.ownership import claimed_key
 from modelpool_operator.pool import PoolKey
 
@@ -64,13 +66,11 @@ def owned_resources(*, network_policies: bool, inference_pools: bool) -> tuple[O
     return tuple(kinds)
 
 
-def lost_owner(
-    event_type: str | None, namespace: str, meta: Mapping[str, Any], labels: Mapping[str, str]
-) -> PoolKey | None:
-    """Pure: the daemon key of the pool (or ModelHost: ``host_charge_key``) that lost the object of this
-    watch event, or None: not a deletion, or not an object of ours (the operator's label, and a controller
-    owner that is the pool or ModelHost its ``modelpool.dev/pool`` label names, as a worker's)."""
-    if event_type != "DELETED" or labels.get(LABEL_MANAGED_BY) != MANAGED_BY:
+def owner_of(namespace: str, meta: Mapping[str, Any], labels: Mapping[str, str]) -> PoolKey | None:
+    """Pure: the daemon key of the pool (or ModelHost: ``host_charge_key``) that owns the object of a watch
+    event, or None: not an object of ours (the operator's label, and a controller owner that is the pool or
+    ModelHost its ``modelpool.dev/pool`` label names, as a worker's)."""
+    if labels.get(LABEL_MANAGED_BY) != MANAGED_BY:
         return None
     pool = labels.get(LABEL_POOL)
     if not pool:
@@ -78,16 +78,24 @@ def lost_owner(
     return claimed_key(namespace, meta, pool)
 
 
-def forget_owned(run: PoolRun | HostRun, kinds: Iterable[str]) -> None:
-    """Clear the run's memory of the lost ``kinds``: its next pass writes them again. An InferencePool the
-    run removed itself (``False``) stays removed: its deletion is the run's own."""
-    for kind in kinds:
-        if kind == NETWORK_POLICY:
+def forget_owned(run: PoolRun | HostRun, lost: Mapping[str, Mapping[str, Any] | None]) -> None:
+    """Clear the run's memory of each kind ``lost`` (``Bookkeeping.take_lost``): deleted (None), or edited
+    (the object as seen: forgotten only where it no longer says what the run wrote, ``drift.drifted``).
+    The next pass writes what is forgotten again. An InferencePool the run removed itself (``False``)
+    stays removed: its deletion is the run's own."""
+    for kind, live in lost.items():
+        if kind == NETWORK_POLICY and _gone(run.network_policy, live):
             run.network_policy = None
-        elif kind == DISRUPTION_BUDGET:
+        elif kind == DISRUPTION_BUDGET and _gone(run.disruption_budget, live):
             run.disruption_budget = None
         elif isinstance(run, PoolRun):
-            if kind == SERVICE:
-                run.service_ready = False
-            elif kind == INFERENCE_POOL and run.inference_pool is not False:
+            if kind == SERVICE and _gone(run.service, live):
+                run.service = None
+            elif (
+                kind == INFERENCE_POOL and run.inference_pool is not False and _gone(run.inference_pool, live)
+            ):
                 run.inference_pool = None
+
+
+def _gone(written: Mapping[str, Any] | None, live: Mapping[str, Any] | None) -> bool:
+    return live is None or written is None or drifted(written, live)

@@ -160,7 +160,7 @@ async def reconcile_host(
         host = replace(host, spec=host.spec.model_copy(update={"replicas": 0}))
         if run.forbidden != policy_message(refused):
             run.forbidden = policy_message(refused)
-            tell(services, body, Event("Warning", POLICY_VIOLATION, run.forbidden[:1000]))
+            tell(services, body, Event("Warning", POLICY_VIOLATION, run.forbidden))
     now = datetime.now(UTC)
     owned = owned_pods(host, pods_by_pool)
     observed = observe_host(

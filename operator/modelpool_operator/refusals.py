@@ -30,7 +30,7 @@ def invalid_spec_refusal(run: PoolRun, body: Mapping[str, Any], exc: Exception) 
     previous = parse_pool_status(body.get("status")).conditions
     return Refusal(
         status=invalid_spec_status(previous, generation, invalid_spec_message(exc), datetime.now(UTC)),
-        event=Event("Warning", INVALID_SPEC, f"invalid spec: {exc}"[:1000]),
+        event=Event("Warning", INVALID_SPEC, f"invalid spec: {exc}"),
     )
 
 
@@ -50,7 +50,7 @@ def invalid_spec_message(exc: Exception) -> str:
             reasons.append(reason)
         else:  # the model's own messages name the field already ("resources.memory must be ...")
             reasons.append(f"spec.{reason}" if reason.startswith(where) else f"spec.{where}: {reason}")
-    return ("invalid spec: " + "; ".join(reasons or [str(exc)]))[:1000]
+    return "invalid spec: " + "; ".join(reasons or [str(exc)])
 
 
 def invalid_spec_status(
@@ -94,7 +94,7 @@ def policy_refusal(
     # What the status is then, so that the pass after the spec is allowed again removes the condition even
     # before the watch shows this write.
     written = {**(body.get("status") or {}), **status}
-    return Refusal(status=status, event=Event("Warning", POLICY_VIOLATION, message[:1000]), written=written)
+    return Refusal(status=status, event=Event("Warning", POLICY_VIOLATION, message), written=written)
 
 
 def policy_message(refused: list[Violation]) -> str:

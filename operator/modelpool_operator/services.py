@@ -110,6 +110,7 @@ def pod_settings(config: OperatorConfig) -> PodSettings:
         default_cpu=config.worker_cpu,
         otlp_endpoint=config.worker_otlp_endpoint,
         trace_sample_ratio=config.worker_trace_sample_ratio,
+        log_format=config.log_format,
     )
 
 

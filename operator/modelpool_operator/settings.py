@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from modelpool_contract.api import CacheType, MissingBudget, ModelCacheSpec, parse_budget_spec
 from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, DEFAULT_WORKER_CPU, WORKER_PORT, WORKER_PROBE_PORT
 from modelpool_contract.labels import LABEL_POOL, PREFIX
+from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.quantity import QuantityError, quantity_value
 from modelpool_contract.reserved import DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_TOLERATION_KEYS
 from modelpool_operator.effects.network_peers import NetworkPolicyPeer
@@ -426,7 +427,11 @@ class OperatorConfig(BaseSettings):
             "Lifecycle transitions are always posted as Events, independently of this."
         ),
     )
-    log_format: str = Field(default="json", description="'json' (structured) or 'plain'.")
+    log_format: LogFormat = Field(
+        default=DEFAULT_LOG_FORMAT,
+        description="'json' (one JSON object per line) or 'plain', for the operator and the workers and "
+        "shared hosts it creates (modelpool_contract.logs).",
+    )
 
     @field_validator(
         "namespaces",
@@ -481,13 +486,6 @@ class OperatorConfig(BaseSettings):
         if not isinstance(logging.getLevelName(level), int):
             raise ValueError(f"unknown log level {value!r}")
         return level
-
-    @field_validator("log_format")
-    @classmethod
-    def _known_format(cls, value: str) -> str:
-        if value not in ("json", "plain"):
-            raise ValueError("log_format must be 'json' or 'plain'")
-        return value
 
     @model_validator(mode="after")
     def _cache_is_complete(self) -> OperatorConfig:

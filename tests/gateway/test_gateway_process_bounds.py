@@ -1,12 +1,15 @@
 """The real ``modelpool-gateway`` process and its bounds: 16 MiB of ``[{},{},...]`` (5.6 million dicts,
 about 380 MiB of Python objects if parsed) is answered 413 while the process's peak memory grows by a
 fraction of that, and the gateway answers the next request; its metrics are served on their own port,
-and the clients' port answers 404 for them.  No API server is needed for this: the gateway runs with
-``--auth none`` and a kubeconfig naming a closed loopback port (its watches fail and retry; the request
-path answers on), and what is tested happens before any pool is looked up."""
+and the clients' port answers 404 for them; its log is one JSON object a line by default, plain text lines
+with ``--log-format plain``, the access lines with the request's id either way.  No API server is needed
+for this: the gateway runs with ``--auth none`` and a kubeconfig naming a closed loopback port (its
+watches fail and retry; the request path answers on), and what is tested happens before any pool is
+looked up."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -40,6 +43,7 @@ class Gateway:
     metrics_url: str
     proc: psutil.Process
     port: int
+    log: Path
 
 
 def peak_rss(pid: int) -> int:
@@ -77,7 +81,8 @@ def start_gateway(tmp_path: Path) -> Iterator[StartGateway]:
             return httpx.get(url + "/healthz", timeout=2).status_code == 200
 
         wait_for(live, timeout=60, message="the gateway answering /healthz")
-        return Gateway(url, f"http://127.0.0.1:{metrics_port}/metrics", psutil.Process(proc.pid), port)
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        return Gateway(url, metrics_url, psutil.Process(proc.pid), port, log_path)
 
     yield start
     for proc, log in started:
@@ -199,3 +204,33 @@ def test_connections_past_the_cap_are_refused_503_and_honest_ones_served_again(
     finally:
         for hog in hogs:
             hog.close()
+
+
+def access_lines(gateway: Gateway, request_id: str) -> list[str]:
+    return [line for line in gateway.log.read_text().splitlines() if request_id in line]
+
+
+def test_the_log_is_json_and_the_access_line_carries_the_request_id(gateway: Gateway) -> None:
+    response = httpx.get(gateway.url + "/v1/models", headers={"x-request-id": "json-1"}, timeout=5)
+    assert response.status_code == 200 and response.headers["x-request-id"] == "json-1"
+    wait_for(lambda: access_lines(gateway, "json-1"), timeout=10, interval=0.05, message="the access line")
+    [line] = access_lines(gateway, "json-1")
+    access = json.loads(line)
+    assert (access["logger"], access["status"], access["path"]) == (
+        "modelpool.gateway.access",
+        200,
+        "/v1/models",
+    )
+    assert access["key"] == ""  # --auth none: no key
+    assert all(json.loads(line) for line in gateway.log.read_text().splitlines())
+
+
+def test_the_plain_setting_gives_plain_lines(start_gateway: StartGateway) -> None:
+    gateway = start_gateway("--log-format", "plain")
+    response = httpx.get(gateway.url + "/v1/models", headers={"x-request-id": "plain-1"}, timeout=5)
+    assert response.headers["x-request-id"] == "plain-1"
+    wait_for(lambda: access_lines(gateway, "plain-1"), timeout=10, interval=0.05, message="the access line")
+    [line] = access_lines(gateway, "plain-1")
+    assert " INFO [gateway] modelpool.gateway.access GET /v1/models 200 " in line
+    assert "request_id=plain-1" in line and "status=200" in line
+    assert not any(line.startswith("{") for line in gateway.log.read_text().splitlines())

@@ -132,7 +132,7 @@ def api_condition(
     """The ApiError condition of a pool or a ModelHost: True with the failed requests' messages (the API
     server's own; the first one's reason), False when every request of the pass succeeded."""
     if failed:
-        reason, message = failed[0].reason, "; ".join(f.message for f in failed)[:2000]
+        reason, message = failed[0].reason, "; ".join(f.message for f in failed)
     else:
         reason, message = "RequestsSucceeded", "every API request of the last pass succeeded"
     return condition(
@@ -168,15 +168,16 @@ def _tell_failures(
 
 
 async def ensure_service(services: Services, run: PoolRun, pool: PoolView) -> ApiFailure | None:
-    """Create (or bring up to date) the pool's headless Service once per process; a failure (a quota, ...)
-    is returned for the status and retried at the next pass."""
-    if run.service_ready:
-        return None
+    """Create (or bring up to date) the pool's headless Service once per process and again whenever what it
+    would write changes (or ``owned`` found it deleted or edited); a failure (a quota, ...) is returned for
+    the status and retried at the next pass."""
     service = build_service(pool, pod_settings(services.config))
+    if run.service == service:
+        return None
     failure = await attempt(
         "ServiceFailed", f"Service {pool.name}", services.kube.ensure_service(pool.namespace, service)
     )
-    run.service_ready = failure is None
+    run.service = service if failure is None else None
     return failure
 
 

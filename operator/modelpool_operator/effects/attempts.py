@@ -30,11 +30,11 @@ async def attempt(reason: str, what: str, request: Awaitable[object]) -> ApiFail
     try:
         await request
     except NameTakenError as exc:  # not an API failure: our name is someone else's object
-        return ApiFailure(NAME_TAKEN, str(exc)[:1000])
+        return ApiFailure(NAME_TAKEN, str(exc))
     except InferencePoolUnavailableError as exc:  # not the request's fault: the cluster lacks the API
-        return ApiFailure(INFERENCE_POOL_UNAVAILABLE, f"{what}: {exc}"[:1000])
+        return ApiFailure(INFERENCE_POOL_UNAVAILABLE, f"{what}: {exc}")
     except Exception as exc:  # whatever failed, the other effects and the status still happen
-        return ApiFailure(reason, f"{what}: {describe_error(exc)}"[:1000])
+        return ApiFailure(reason, f"{what}: {describe_error(exc)}")
     return None
 
 

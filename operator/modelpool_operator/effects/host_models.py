@@ -146,9 +146,9 @@ async def _call(models: HostModels, call: Control, *, url: str, key: str) -> Eve
         services.metrics.placement_call(call.action, ok=False)
         run.backoff[(call.pod, call.pool)] = time.monotonic() + BACKOFF_S
         reason = {"load": "LoadFailed", "unload": "UnloadFailed", "sleep": "SleepFailed"}[call.action]
-        message = f"{call.action} of pool {call.pool} on host pod {call.pod} failed: {exc}"[:1000]
+        message = f"{call.action} of pool {call.pool} on host pod {call.pod} failed: {exc}"
         services.events.post(body, Event("Warning", reason, message))
-        return Event("Warning", reason, f"host pod {call.pod}: {call.action} failed: {exc}"[:1000])
+        return Event("Warning", reason, f"host pod {call.pod}: {call.action} failed: {exc}")
     services.metrics.placement_call(call.action, ok=True)
     run.backoff.pop((call.pod, call.pool), None)
     pod = models.pod(call.pod)

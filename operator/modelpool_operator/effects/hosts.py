@@ -66,10 +66,10 @@ async def ensure_control_key(
     try:
         await services.kube.ensure_control_key_secret(host.namespace, secret)
     except NameTakenError as exc:
-        failure = ApiFailure(NAME_TAKEN, str(exc)[:1000])
+        failure = ApiFailure(NAME_TAKEN, str(exc))
     except Exception as exc:
         what = f"Secret {secret['metadata']['name']}"
-        failure = ApiFailure("SecretFailed", f"{what}: {describe_error(exc)}"[:1000])
+        failure = ApiFailure("SecretFailed", f"{what}: {describe_error(exc)}")
     else:
         run.secret_ready, run.secret_failure, run.secret_failures = True, None, 0
         if keys is not None:

@@ -52,6 +52,7 @@ from modelpool_contract.labels import (
     PROBE_PORT_NAME,
     SERVER_CONTAINER,
 )
+from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.mounts import (
     CACHE_MOUNT_PATH,
     HOME_PATH,
@@ -101,6 +102,8 @@ class PodSettings:
     # their template hashes) stay as they were.
     otlp_endpoint: str | None = None
     trace_sample_ratio: float = 1.0
+    # The operator's log format, passed on to its workers and host pods (``modelpool_contract.logs``).
+    log_format: LogFormat = DEFAULT_LOG_FORMAT
 
 
 def cpu_request(explicit: Quantity | None, default: str | None) -> str | None:
@@ -145,7 +148,13 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         intra_op_threads=spec.resources.cpu_threads,
         otlp_endpoint=settings.otlp_endpoint,
         trace_sample_ratio=settings.trace_sample_ratio if settings.otlp_endpoint is not None else None,
+        log_format=_log_format(settings),
     ).argv()
+
+
+def _log_format(settings: PodSettings) -> LogFormat | None:
+    """The workers' ``--log-format`` (the operator's own): none for the server's default."""
+    return None if settings.log_format == DEFAULT_LOG_FORMAT else settings.log_format
 
 
 def _http_get(path: str) -> dict[str, Any]:
@@ -587,6 +596,8 @@ def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
         # With RAM to park them in, a model that turns Idle (its pool's idleTimeoutSeconds) sleeps: its
         # device memory goes back to the others, and its next request wakes it on the host.
         args += ["--host-memory", str(spec.host_memory_bytes), "--sleep-idle"]
+    if (log_format := _log_format(settings)) is not None:
+        args += ["--log-format", log_format]
     return args + tracing_flags(settings)  # each model's processes trace with the host's settings
 
 

@@ -59,7 +59,7 @@ async def remove_dedicated_objects(services: Services, run: PoolRun, pool: PoolV
         if failure is not None:
             logger.warning("shared pool %s/%s: %s", pool.namespace, pool.name, failure.message)
             failed = True
-    run.service_ready, run.network_policy, run.disruption_budget = False, None, None
+    run.service, run.network_policy, run.disruption_budget = None, None, None
     run.dedicated_removed = not failed
 
 

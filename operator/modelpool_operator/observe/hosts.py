@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelpool_contract.api import ModelHostSpec
+from modelpool_contract.messages import fit_message
 from modelpool_contract.states import WorkerState
 from modelpool_contract.stats import HostModelStats, HostStats
 from modelpool_contract.times import parse_time, rfc3339
@@ -163,7 +164,7 @@ def hosted_replicas(
                 state=doc.state,
                 memory=_reserved(doc) or declared,
                 node=(pod.get("spec") or {}).get("nodeName"),
-                reason=doc.reason[:1000] if doc.reason else None,
+                reason=fit_message(doc.reason) if doc.reason else None,
                 queue_depth=doc.queue_depth,
                 last_request_time=_rfc3339(doc.last_request_time),
                 since=_rfc3339(doc.state_since),

@@ -38,6 +38,7 @@ from modelpool_contract.labels import (
     LABEL_TEMPLATE_HASH,
     SERVER_CONTAINER,
 )
+from modelpool_contract.messages import fit_message
 from modelpool_contract.quantity import QuantityError, format_quantity, parse_quantity
 from modelpool_contract.states import (
     ACTIVE_STATES,
@@ -67,7 +68,6 @@ _UNRESPONSIVE_REASONS = {"NodeLost", "NodeNotReady", "Unreachable"}
 _FROM_SERVER: frozenset[WorkerState] = frozenset(
     {"Loading", "Ready", "Processing", "Idle", "Sleeping", "Waking", "Evicting", "Failed"}
 )
-_MESSAGE_LIMIT = 1024
 #: The reasons a Failed worker can carry (``_terminated_failure``, ``_FAILED_WAITING``, the server's own,
 #: the node's): a bounded set, so a metric may be labelled by them.
 FAILURE_REASONS: frozenset[str] = frozenset(
@@ -294,7 +294,7 @@ def _clip(message: Any) -> str | None:
     text = str(message).strip()
     if not text:
         return None
-    return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 1] + "…"
+    return fit_message(text)
 
 
 def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:

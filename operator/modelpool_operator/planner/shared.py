@@ -55,7 +55,7 @@ def host_wait(pool: PoolView, *, host_found: bool, host_error: str | None, hosts
     if not host_found:
         return HostWait(HOST_NOT_FOUND, f"{prefix}: it does not exist in namespace {pool.namespace}")
     if host_error is not None:
-        return HostWait(HOST_INVALID, f"{prefix}: its spec is invalid: {host_error}"[:1000])
+        return HostWait(HOST_INVALID, f"{prefix}: its spec is invalid: {host_error}")
     request = PlacementRequest(pool.key, pool.spec.resources.memory_bytes, pool.spec.priority)
     decided = place(request, hosts)
     if isinstance(decided, Unplaced):
@@ -101,9 +101,7 @@ def shared_wire(status: ModelPoolStatus, *, patch: bool = False) -> dict[str, An
 
 def host_wait_event(wait: HostWait) -> Event:
     """The Event of a new reason (posted once per reason and generation by the caller)."""
-    return Event(
-        "Normal" if wait.reason == PLACEMENT_PENDING else "Warning", wait.reason, wait.message[:1000]
-    )
+    return Event("Normal" if wait.reason == PLACEMENT_PENDING else "Warning", wait.reason, wait.message)
 
 
 #: A replica that serves requests: a sleeping or waking one too (a request wakes it on the host).
@@ -177,7 +175,7 @@ def shared_status(
             kind,
             status=state,
             reason=reason,
-            message=message[:1000],
+            message=message,
             now=now,
             generation=pool.generation,
         )

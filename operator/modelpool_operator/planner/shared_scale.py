@@ -112,7 +112,7 @@ def count_failures(draft: Draft) -> frozenset[str]:
         delay = extend_backoff(draft, new, "Failed")
         said = "; ".join(f"host pod {w.name}: {w.message or 'the model failed'}" for w in new)
         message = f"the model failed ({said}); unloading and loading it again after {delay:.0f}s"
-        draft.events.append(Event("Warning", "BackOff", f"{message} (failure {backoff.failures})"[:1000]))
+        draft.events.append(Event("Warning", "BackOff", f"{message} (failure {backoff.failures})"))
     if not draft.failed:
         return frozenset()
     if backoff.due(draft.now):

@@ -2,7 +2,8 @@
 to date when it starts with other settings, and the garbage collector of the real kube-controller-manager
 deletes it with its pool; a ModelHost's too, owned by it. Without the setting no policy is made. A pool's
 NetworkPolicy, PodDisruptionBudget or Service, or a ModelHost's NetworkPolicy or PodDisruptionBudget,
-deleted by someone is made again by the running operator (it watches what it owns); a pool switched to
+deleted by someone is made again by the running operator (it watches what it owns), and one edited is
+written back; a pool switched to
 ``spec.host`` loses its Service, NetworkPolicy and PodDisruptionBudget.
 
 No CNI runs here, so nothing enforces the policies: what is checked is the object the API server accepted
@@ -173,11 +174,39 @@ def _delete_and_wait_remade(cluster: Cluster, namespace: str, kind: str, name: s
     )
 
 
-def test_a_deleted_policy_budget_or_service_is_made_again(
+def _at(obj: Any, path: str) -> Any:
+    """The value at ``path`` (a JSON pointer) of ``obj``; None where it is gone."""
+    for part in path.strip("/").split("/"):
+        if obj is None:
+            return None
+        obj = obj[int(part)] if isinstance(obj, list) else obj.get(part)
+    return obj
+
+
+def _edit_and_wait_restored(
+    cluster: Cluster, namespace: str, kind: str, name: str, edit: dict[str, Any]
+) -> None:
+    """Apply the JSON patch operation ``edit`` to ``kind``/``name`` and wait until the operator has written
+    the field back as it was, in the same object (an edit is undone in place, not by a new object)."""
+    before = get_json(cluster, kind, name, "-n", namespace)
+    path = edit["path"]
+    cluster.kubectl("patch", kind, name, "-n", namespace, "--type", "json", "-p", json.dumps([edit]))
+
+    def restored() -> bool:
+        now = get_json(cluster, kind, name, "-n", namespace)
+        return bool(
+            now["metadata"]["uid"] == before["metadata"]["uid"] and _at(now, path) == _at(before, path)
+        )
+
+    wait_for(restored, timeout=REMADE_S, interval=0.2, message=f"{kind} {name} {path} written back")
+
+
+def test_a_deleted_or_edited_policy_budget_or_service_is_made_again(
     cluster: Cluster, namespace: str, start_operator: StartOperator
 ) -> None:
-    """Each object a pool or a ModelHost owns, deleted while the operator runs, is back within REMADE_S:
-    the operator watches them (as controller-runtime's Owns()), not only writes them once per process."""
+    """Each object a pool or a ModelHost owns, deleted while the operator runs, is back within REMADE_S,
+    and so is a field of one edited by someone: the operator watches them (as controller-runtime's
+    Owns()), not only writes them once per process."""
     start_operator(namespace, **_settings(APPS))
     apply(cluster, pool_manifest("kept", replicas=1), namespace)
     apply(cluster, _modelhost("kept-gpus"), namespace)
@@ -189,6 +218,18 @@ def test_a_deleted_policy_budget_or_service_is_made_again(
         ("poddisruptionbudget", "modelhost-kept-gpus"),
     ]:
         _delete_and_wait_remade(cluster, namespace, kind, name)
+    for kind, name, edit in [
+        # The policy would select no worker, the Service resolve to none, the budget block every drain.
+        ("networkpolicy", "modelpool-kept", {"op": "replace", "path": "/spec/podSelector", "value": {}}),
+        ("service", "kept", {"op": "replace", "path": "/spec/selector", "value": {"app": "else"}}),
+        (
+            "poddisruptionbudget",
+            "modelpool-kept",
+            {"op": "replace", "path": "/spec/minAvailable", "value": 5},
+        ),
+        ("networkpolicy", "modelhost-kept-gpus", {"op": "remove", "path": "/spec/ingress/1"}),
+    ]:
+        _edit_and_wait_restored(cluster, namespace, kind, name, edit)
     # Made again as before: the pool's policy still selects its workers and admits its callers.
     policy = _policy(cluster, namespace, "modelpool-kept")
     assert policy is not None

@@ -91,6 +91,15 @@ def test_a_gpu_host_pod_owns_its_gpus_and_runs_the_shared_host_with_its_control_
     assert spec["automountServiceAccountToken"] is False
 
 
+def test_a_host_pods_log_format_is_the_operators_and_the_default_adds_no_flag() -> None:
+    def args(settings: PodSettings) -> list[str]:
+        container = build_host_pod(view(), 0, settings)["spec"]["containers"][0]
+        return [*container.get("command", []), *container["args"]]
+
+    assert "--log-format" not in args(PodSettings(log_format="json"))
+    assert flag(args(PodSettings(log_format="plain")), "--log-format") == "plain"
+
+
 def test_a_cpu_host_pod_asks_for_the_ram_its_models_use_and_park() -> None:
     host = view(gpusPerHost=0, deviceMemory="4Gi", hostMemory="2Gi")
     pod = build_host_pod(host, 0, PodSettings(default_cpu=None))

@@ -156,6 +156,13 @@ def test_server_args_follow_the_spec() -> None:
     assert "--trust-remote-code" not in args
 
 
+def test_the_workers_log_format_is_the_operators_and_the_default_adds_no_flag() -> None:
+    spec = parse_pool_spec(pool()["spec"])
+    assert "--log-format" not in server_args("emb", spec, PodSettings(log_format="json"))
+    args = server_args("emb", spec, PodSettings(log_format="plain"))
+    assert args[args.index("--log-format") + 1] == "plain"
+
+
 def test_cpu_only_pool_has_no_gpu_and_hf_revision() -> None:
     body = pool(
         resources={"memory": "1Gi"},

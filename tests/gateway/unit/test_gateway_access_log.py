@@ -1,0 +1,61 @@
+"""The gateway's access line (``modelpool_gateway.access_log``, pure): its fields from what the app noted,
+the status the app reports over the one sent (499 when nothing was), tokens only where the answer's usage
+gave them, no line for the probes."""
+
+from __future__ import annotations
+
+from modelpool_gateway.access_log import Served, access_fields, logged, message, served
+from modelpool_gateway.usage import Usage
+
+
+def test_an_answered_request_names_key_pool_model_status_latency_and_tokens() -> None:
+    note = Served(model="chat")
+    note.answered("team-a/chat", 200)
+    note.usage = Usage(prompt_tokens=12, completion_tokens=5)
+    fields = access_fields("POST", "/v1/chat/completions", 200, 0.0123456, key="keys/team-a", note=note)
+    assert fields == {
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "status": 200,
+        "latency_ms": 12.346,
+        "key": "keys/team-a",
+        "pool": "team-a/chat",
+        "model": "chat",
+        "prompt_tokens": 12,
+        "completion_tokens": 5,
+    }
+    assert message(fields) == "POST /v1/chat/completions 200 12.346 ms"
+
+
+def test_without_a_usage_object_no_tokens_are_claimed() -> None:
+    note = Served(model="emb")
+    note.answered("ns/emb", 429)
+    fields = access_fields("POST", "/v1/embeddings", 429, 0.001, key="keys/k", note=note)
+    assert "prompt_tokens" not in fields and "completion_tokens" not in fields
+
+
+def test_the_apps_status_wins_and_a_client_that_left_is_499() -> None:
+    left = Served()
+    left.answered("ns/p", 499)  # nothing was sent to the client
+    assert access_fields("POST", "/v1/embeddings", 0, 1.0, key="", note=left)["status"] == 499
+    # Refused before the app noted anything (401 at the key check): the status sent.
+    assert access_fields("POST", "/v1/embeddings", 401, 0.0, key="", note=Served())["status"] == 401
+    # Nothing sent and nothing noted (an error out of the app): still a line, 499.
+    assert access_fields("GET", "/v1/models", 0, 0.0, key="", note=Served())["status"] == 499
+
+
+def test_a_pool_noted_once_is_kept_when_a_later_answer_names_none() -> None:
+    note = Served()
+    note.answered("ns/p", 503)
+    note.answered("", 503)
+    assert note.pool == "ns/p"
+
+
+def test_the_probes_get_no_line() -> None:
+    assert not logged("/healthz") and not logged("/readyz") and not logged("/v2/health/ready")
+    assert logged("/v1/models") and logged("/v2/models/x/infer") and logged("/metrics")
+
+
+def test_outside_a_request_the_note_is_a_throwaway() -> None:
+    served().model = "x"
+    assert served().model == ""
