@@ -48,7 +48,7 @@ from urllib.parse import quote
 import orjson
 from opentelemetry.trace import Span, SpanKind
 
-from modelpool_contract import tracing
+from modelpool_contract import logs, tracing
 from modelpool_gateway.access import Access, caller_of, grant_of, key_name_of, limits_of
 from modelpool_gateway.access_log import served
 from modelpool_gateway.bodies import BodyBytes, Ticket
@@ -251,6 +251,11 @@ class Gateway:
 
         attributes = {tracing.METHOD: scope["method"], tracing.PATH: scope["path"]}
         with tracing.server_span(f"{scope['method']} {route}", scope["headers"], attributes) as span:
+            # The access line is written once this span has ended (``access_log``, outside this app): it
+            # names this trace (a new one when the client sent no traceparent). Not reset here: the request
+            # ids' own reset, after that line, restores what was before the request.
+            if (context := span.get_span_context()).is_valid:
+                logs.bind(logs.current_request_id(), format(context.trace_id, "032x"))
             try:
                 with tracing.span("modelpool.admission.key") as check:
                     refused = await self.access.check(scope, sending)

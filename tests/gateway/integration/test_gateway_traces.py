@@ -13,6 +13,7 @@ the process node.
 
 from __future__ import annotations
 
+import json
 import secrets
 import uuid
 from collections.abc import Iterator
@@ -33,6 +34,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 # Spans leave each process 0.1 s after they end, not the SDK's default 5 s.
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
 SERVER, CLIENT = 2, 3  # OTLP's span kinds
+# The services' names: in each process the server span ends last, so it comes with or after the others of
+# that process; the inference process exports on its own (its last span: modelpool.batch or .generate).
+GATEWAY, WORKER = "modelpool-gateway", "modelpool-server"
 
 
 @dataclass
@@ -97,11 +101,13 @@ def _client() -> tuple[str, str, str]:
 
 
 def _trace(setup: Setup, trace_id: str, *names: str) -> list[Received]:
-    """The trace's spans once every one of ``names`` arrived (each process exports on its own)."""
+    """The trace's spans once every one of ``names`` arrived (each process exports on its own, so a span
+    of one is no sign of another's); a name may be qualified by its service, "modelpool-gateway NAME"."""
 
     def arrived() -> list[Received] | None:
         spans = setup.collector.spans(trace_id)
-        return spans if set(names) <= {s.name for s in spans} else None
+        seen = {s.name for s in spans} | {f"{s.service} {s.name}" for s in spans}
+        return spans if set(names) <= seen else None
 
     found = wait_for(arrived, timeout=60, message=lambda: f"spans {names} of {trace_id}")
     assert found is not None
@@ -122,7 +128,9 @@ def test_one_trace_from_the_client_through_the_gateway_to_the_inference_process(
     )
     assert response.status_code == 200, response.text
     worker_pod = response.headers["x-modelpool-worker"]
-    spans = _trace(setup, trace_id, "modelpool.relay", "modelpool.batch", "modelpool.wait")
+    spans = _trace(
+        setup, trace_id, f"{GATEWAY} POST /v1/embeddings", f"{WORKER} POST /v1/embeddings", "modelpool.batch"
+    )
     gateway, worker = _of(spans, "modelpool-gateway"), _of(spans, "modelpool-server")
     assert {s.resource.get("service.instance.id") for s in gateway} == {"traced"}
 
@@ -183,7 +191,13 @@ def test_a_streamed_generation_is_one_trace_too(setup: Setup) -> None:
     ) as response:
         assert response.status_code == 200
         assert "data: [DONE]" in response.read().decode()
-    spans = _trace(setup, trace_id, "modelpool.relay", "modelpool.inference")
+    spans = _trace(
+        setup,
+        trace_id,
+        f"{GATEWAY} POST /v1/chat/completions",
+        f"{WORKER} POST /v1/chat/completions",
+        "modelpool.inference",
+    )
     served = by_name(_of(spans, "modelpool-gateway"), "POST /v1/chat/completions")
     relay = by_name(spans, "modelpool.relay")
     worker_served = by_name(_of(spans, "modelpool-server"), "POST /v1/chat/completions")
@@ -197,6 +211,37 @@ def test_a_streamed_generation_is_one_trace_too(setup: Setup) -> None:
     # The relay span lasts while the stream is relayed: until its last piece, after the inference process
     # answered (1 ms for the inference process's mapping of its monotonic instants onto the epoch).
     assert relay.end_ns >= inference.end_ns - 1_000_000
+
+
+def test_without_a_traceparent_the_gateway_starts_the_trace_and_its_access_line_names_it(
+    setup: Setup,
+) -> None:
+    request_id = f"traces-{uuid.uuid4().hex}"
+    response = httpx.post(
+        setup.traced.url + "/v1/embeddings",
+        json={"model": "alpha", "input": ["hello"]},
+        headers={**setup.traced.headers, "x-request-id": request_id},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+
+    def access_line() -> dict[str, object] | None:
+        for line in setup.traced.log_path.read_text(errors="replace").splitlines():
+            if request_id in line and line.startswith("{"):
+                doc = json.loads(line)
+                if doc.get("request_id") == request_id and "status" in str(doc):
+                    return dict(doc)
+        return None
+
+    line = wait_for(access_line, timeout=30, message="the gateway's access line of the request")
+    assert line is not None and isinstance(line.get("trace_id"), str)
+    spans = _trace(setup, str(line["trace_id"]), f"{GATEWAY} POST /v1/embeddings", "modelpool.batch")
+    served = by_name(_of(spans, "modelpool-gateway"), "POST /v1/embeddings")
+    assert served.parent_id == ""  # the trace began at the gateway
+    assert (
+        by_name(_of(spans, "modelpool-server"), "POST /v1/embeddings").parent_id
+        == by_name(spans, "modelpool.relay").span_id
+    )
 
 
 def test_a_refused_key_is_traced_and_goes_nowhere(setup: Setup) -> None:
@@ -226,7 +271,7 @@ def test_without_an_endpoint_the_gateway_sends_nothing_and_passes_the_traceparen
     )
     assert response.status_code == 200, response.text
     # The worker (traced) is the client's child directly: the untraced gateway made no span in between.
-    spans = _trace(setup, trace_id, "modelpool.batch")
+    spans = _trace(setup, trace_id, f"{WORKER} POST /v1/embeddings", "modelpool.batch")
     assert by_name(spans, "POST /v1/embeddings").parent_id == client_span
     assert _of(spans, "modelpool-gateway") == []
     # By the time the worker's spans came, the traced gateway's of earlier requests had come too; the
