@@ -10,7 +10,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from model_server.frontend.endpoints.limits import INFERENCE_ROUTES, route_label
 from model_server.frontend.server import ModelServer
-from modelpool_contract import tracing
+from modelpool_contract import logs, tracing
 
 # A request whose client left before any answer started (nginx's convention, as the metrics count it).
 _CLIENT_CLOSED = 499
@@ -44,6 +44,11 @@ class TracingMiddleware:
         attributes = {tracing.METHOD: scope["method"], tracing.PATH: scope["path"], tracing.MODEL: self.model}
         name = span_name(scope["method"], route, scope["path"])
         with tracing.server_span(name, scope["headers"], attributes) as span:
+            # The access line, written after this span ended (``access_log``, around this app), names its
+            # trace: a new one for a request that came without a traceparent. The request ids' own reset,
+            # after that line, restores what was before.
+            if (context := span.get_span_context()).is_valid:
+                logs.bind(logs.current_request_id(), format(context.trace_id, "032x"))
             try:
                 await self.app(scope, receive, sending)
             finally:
