@@ -30,10 +30,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -235,19 +234,6 @@ def record(
     return trace.set_span_in_context(done, parent)
 
 
-@contextlib.contextmanager
-def attached(context: Context | None) -> Iterator[None]:
-    """Make ``context`` current for the block (nothing for None)."""
-    if context is None:
-        yield
-        return
-    token = otel_context.attach(context)
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
-
-
 __all__ = [
     "KEY",
     "METHOD",
@@ -260,7 +246,6 @@ __all__ = [
     "Clock",
     "annotate",
     "answered",
-    "attached",
     "inject",
     "on",
     "parent_of",
