@@ -20,6 +20,11 @@ hits both alike, and reports the median of the rounds:
   (``bench.wake``); the pool goes back to zero by its idle timeout before the next round, and the next
   round waits until the last recorded demand is older than the gateway's demand interval, so each round's
   request records its own demand at once as after a long quiet spell (``--wake-rounds``, ``--wake-only``).
+* tracing's cost (``--tracing-only``, nothing else is measured then): a second gateway with traces on
+  (``--otlp-endpoint`` to an OpenTelemetry Collector, ``testkit.otlp``, every request sampled: a server
+  span, the key check, the routing and the relay spans, exported in batches) beside the first, both
+  measured as the added-latency row, round by round in alternating order; the workers trace nothing.
+  Printed and saved in ``.bench/gateway-tracing.json``; docs/benchmarks.md quotes it by hand.
 
 The clients are ``testkit.load``'s raw HTTP/1.1 keep-alive connections (in this process), so the
 client's own cost stays small.  Every pod address is checked to be loopback (``hack/loopback_guard``).
@@ -59,6 +64,7 @@ from testkit.echo_models import ECHO
 from testkit.environment import ROOT, free_port
 from testkit.kubectl import kubectl
 from testkit.load import Connection, closed_loop, raw_request, v2_body
+from testkit.otlp import Collector
 from testkit.services import POLICY_ENV
 
 START_MARK = "<!-- bench:gateway:start -->"
@@ -191,18 +197,7 @@ def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes
         "-",
         stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}),
     )
-    gateway_port = free_port()
-    # --auth none: the benchmark's clients send no API key (the key check is one SHA-256 and a dict lookup
-    # per request; tests/gateway covers it).
-    procs.append(
-        subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig),
-             "--namespace", NAMESPACE, "--host", "127.0.0.1", "--port", str(gateway_port),
-             "--log-level", "warning", "--auth", "none"],
-            stdout=(logs / "gateway.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{gateway_port}"
+    url = start_gateway(kubeconfig, logs / "gateway.log", procs)
 
     def serving() -> dict[str, str] | None:
         try:
@@ -224,6 +219,22 @@ def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes
 
     wait(ready, 600, "both workers serving through the gateway", interval=1)
     return Stack(url, found, kubeconfig, minilm_env)
+
+
+def start_gateway(kubeconfig: Path, log: Path, procs: list[subprocess.Popen[bytes]], *flags: str) -> str:
+    """A gateway process for the bench's namespace (its URL); ``procs`` gets the process."""
+    port = free_port()
+    # --auth none: the benchmark's clients send no API key (the key check is one SHA-256 and a dict lookup
+    # per request; tests/gateway covers it).
+    procs.append(
+        subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig),
+             "--namespace", NAMESPACE, "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0",
+             "--log-level", "warning", "--auth", "none", *flags],
+            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    )  # fmt: skip
+    return f"http://127.0.0.1:{port}"
 
 
 def stop_stack(kubeconfig: Path, procs: list[subprocess.Popen[bytes]]) -> None:
@@ -299,6 +310,50 @@ def added_latency(stack: Stack, rounds: int, pairs: int) -> dict[str, Any]:
         "gateway_p50_ms": statistics.median(gateway_p50),
         "added_p50_ms": statistics.median(deltas),
         "rounds": deltas,
+    }
+
+
+def tracing_cost(
+    stack: Stack, logs: Path, procs: list[subprocess.Popen[bytes]], rounds: int, pairs: int
+) -> dict[str, Any]:
+    """The added latency through a gateway with traces off (the stack's) and one with traces on, round by
+    round in alternating order (module docstring)."""
+    receiver = Collector(logs)
+    try:
+        traced_url = start_gateway(
+            stack.kubeconfig, logs / "gateway-traced.log", procs, "--otlp-endpoint", receiver.url
+        )
+
+        def serving() -> bool:
+            try:
+                models = httpx.get(traced_url + "/v1/models", timeout=5).json()["data"]
+            except httpx.HTTPError:
+                return False
+            return any(m["modelpool"]["pool"] == "echo" and m["modelpool"]["servingWorkers"] for m in models)
+
+        wait(serving, 120, "the traced gateway serving echo", interval=0.5)
+        traced = Stack(traced_url, stack.workers, stack.kubeconfig, stack.minilm_env)
+        runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+        for r in range(rounds):
+            order = [("off", stack), ("on", traced)]
+            for name, which in order if r % 2 == 0 else order[::-1]:
+                print(f"  tracing {name}:", flush=True)
+                runs[name].append(added_latency(which, 1, pairs))
+        spans = len(receiver.spans())
+    finally:
+        receiver.close()
+    added = {name: statistics.median(r["added_p50_ms"] for r in rs) for name, rs in runs.items()}
+    return {
+        "machine": f"{platform.machine()} ({psutil.cpu_count()} CPUs)",
+        "date": time.strftime("%Y-%m-%d"),
+        "rounds": rounds,
+        "pairs": pairs,
+        "added_p50_ms": added,
+        "direct_p50_ms": {
+            name: statistics.median(r["direct_p50_ms"] for r in rs) for name, rs in runs.items()
+        },
+        "per_round": runs,
+        "spans_received": spans,
     }
 
 
@@ -488,6 +543,9 @@ def run(kubeconfig: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any
     procs: list[subprocess.Popen[bytes]] = []
     try:
         stack = start_stack(kubeconfig, logs, procs)
+        if args.tracing_only:
+            print(f"added latency, traces off and on (echo, c=1, {args.rounds} rounds)", flush=True)
+            return {"tracing": tracing_cost(stack, logs, procs, args.rounds, args.pairs)}
         if args.wake_only:
             print(f"time from zero to the answer (MiniLM, {args.wake_rounds} rounds)", flush=True)
             return {"wake": wake_from_zero(stack, args.wake_rounds)}
@@ -537,12 +595,24 @@ def main(argv: list[str] | None = None) -> int:
         "is one",
     )
     parser.add_argument(
+        "--tracing-only",
+        action="store_true",
+        help="only the added latency with traces off and on (.bench/gateway-tracing.json; docs not touched)",
+    )
+    parser.add_argument(
         "--no-docs", "--no-readme", action="store_true", help="do not update docs/benchmarks.md"
     )
     args = parser.parse_args(argv)
     with guarded_cluster("bench-gw", "gateway, operator and cluster logs") as cluster:
         results = run(cluster.kubeconfig, cluster.workdir, args)
     saved = ROOT / ".bench" / "gateway.json"
+    if args.tracing_only:
+        cost = results["tracing"]
+        (ROOT / ".bench").mkdir(exist_ok=True)
+        (ROOT / ".bench" / "gateway-tracing.json").write_text(json.dumps(cost, indent=2) + "\n")
+        off, on = cost["added_p50_ms"]["off"], cost["added_p50_ms"]["on"]
+        print(f"added p50 (echo, c=1): traces off +{off:.3f} ms, on +{on:.3f} ms ({on - off:+.3f} ms)")
+        return 0
     if args.wake_only:
         previous = json.loads(saved.read_text()) if saved.exists() else {}
         if "latency" not in previous:

@@ -136,6 +136,35 @@ def test_the_default_worker_cpu_reaches_the_operator(helm: list[str]) -> None:
     assert variable not in _operator_env(render(helm, "--set-string", "config.defaultWorkerCpu="))
 
 
+def test_traces_are_off_until_an_endpoint_is_given_then_the_gateway_and_the_workers_get_it(
+    helm: list[str],
+) -> None:
+    def tracing_env(docs: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
+        env = container(docs, name)["env"] if name else container(docs)["env"]
+        return {e["name"]: e.get("value") for e in env if "OTLP" in e["name"] or "TRACE" in e["name"]}
+
+    docs = render(helm)
+    assert tracing_env(docs) == {} and tracing_env(docs, GATEWAY) == {}
+    endpoint = "http://otel-collector.monitoring:4318"
+    docs = render(helm, "--set", f"tracing.otlpEndpoint={endpoint}", "--set-json", "tracing.sampleRatio=0.25")
+    assert tracing_env(docs, GATEWAY) == {
+        "MODELPOOL_GATEWAY_OTLP_ENDPOINT": endpoint,
+        "MODELPOOL_GATEWAY_TRACE_SAMPLE_RATIO": "0.25",
+    }
+    operator = tracing_env(docs)
+    assert operator == {
+        "MODELPOOL_OPERATOR_WORKER_OTLP_ENDPOINT": endpoint,
+        "MODELPOOL_OPERATOR_WORKER_TRACE_SAMPLE_RATIO": "0.25",
+    }
+    # What the operator makes of them: its pod builder's settings, which the workers' flags come from.
+    config = OperatorConfig(
+        worker_otlp_endpoint=operator["MODELPOOL_OPERATOR_WORKER_OTLP_ENDPOINT"],
+        worker_trace_sample_ratio=operator["MODELPOOL_OPERATOR_WORKER_TRACE_SAMPLE_RATIO"],
+    )
+    settings = pod_settings(config)
+    assert (settings.otlp_endpoint, settings.trace_sample_ratio) == (endpoint, 0.25)
+
+
 def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     return {
         (group, resource, verb)
@@ -478,6 +507,8 @@ def test_network_policy_is_made_by_the_operator_and_names_the_operator_and_the_g
         (["--set", "gateway.auth=none"], "at '/gateway/auth'"),
         (["--set", "gateway.auth.tenantKeys=yes"], "at '/gateway/auth/tenantKeys'"),
         (["--set", "budget.missing=sometimes"], "at '/budget/missing'"),
+        (["--set", "tracing.otlpEndpoint=collector:4318"], "at '/tracing/otlpEndpoint'"),
+        (["--set-json", "tracing.sampleRatio=2"], "at '/tracing/sampleRatio'"),
     ],
 )
 def test_schema_rejects_bad_values(helm: list[str], args: list[str], message: str) -> None:

@@ -33,6 +33,8 @@ SET_BY_CHART = {"control_seed_file", "own_namespace"}
 SET_BY_BUDGET = {"budget_create", "budget_memory", "missing_budget"}
 # Set from `inferencePool.enabled` (with the RBAC on InferencePools it grants); e2e/test_chart.py checks it.
 SET_BY_INFERENCE_POOL = {"inference_pools_enabled"}
+# Set from `tracing` (the workers' traces, with the gateway's); e2e/test_chart.py checks them.
+SET_BY_TRACING = {"worker_otlp_endpoint", "worker_trace_sample_ratio"}
 # Settings the chart derives from `networkPolicy` (the release namespace, the operator's and the gateway's pod
 # labels, the callers), not from `config`; e2e/test_chart.py checks what it sets.
 SET_BY_NETWORK_POLICY = {
@@ -87,7 +89,7 @@ def test_every_operator_setting_is_a_chart_value_with_the_operator_default() -> 
             default = list(default) if isinstance(default := fields[name].default, tuple) else default
             assert value == default, f"config.{key}: {value!r} != {default!r}"
     covered = {_snake(k) for k in config} | SET_BY_ARGS | SET_BY_NETWORK_POLICY | SET_BY_CHART | SET_BY_BUDGET
-    covered |= SET_BY_LEADER_ELECTION | SET_BY_INFERENCE_POOL
+    covered |= SET_BY_LEADER_ELECTION | SET_BY_INFERENCE_POOL | SET_BY_TRACING
     assert set(fields) == covered, f"settings without a chart value: {sorted(set(fields) - covered)}"
 
 

@@ -5,6 +5,7 @@
 #   etcd                                                          (hack/testbin/etcd: go.etcd.io/etcd/server/v3)
 #   kwok kwokctl                                                  (hack/testbin/kwok: sigs.k8s.io/kwok)
 #   helm                                                          (hack/testbin/helm: helm.sh/helm/v3)
+#   otelcol   an OpenTelemetry Collector: OTLP receiver + file exporter (hack/testbin/otelcol), the traces tests'
 #   epp-<version> extproc-client      the Inference Extension's endpoint picker and our ext_proc client (hack/epp.sh)
 # Each upstream gets its own wrapper Go module so their Kubernetes library versions never clash.
 # Idempotent: a binary that exists and reports the pinned version is kept; the Go module and build caches
@@ -76,6 +77,9 @@ fi
 
 has_version helm version --short "$HELM_VERSION" || build helm "$helm_ldflags" helm.sh/helm/v3/cmd/helm
 
+# A cold build took 10.5 minutes on 2 cores shared with five other builds (about 380 packages).
+has_version otelcol --version "${OTELCOL_VERSION#v}" || build otelcol "-s -w -X main.version=${OTELCOL_VERSION#v}" .
+
 # The endpoint picker of tests/operator/integration/test_endpoint_picker.py: here, not in the test, so a cold
 # build (about 6 minutes on 2 busy cores) is never paid inside `make test`'s time.
 EPP_DIR="$bin" bash "$root/hack/epp.sh" >/dev/null
@@ -93,5 +97,6 @@ check etcd --version "etcd Version: ${ETCD_VERSION#v}"
 check kwok --version "$KWOK_VERSION"
 check kwokctl --version "$KWOK_VERSION"
 check helm version --short "$HELM_VERSION"
+check otelcol --version "${OTELCOL_VERSION#v}"
 echo "testbin: done in $((SECONDS - total))s ($bin)"
 exit $status

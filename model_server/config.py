@@ -94,6 +94,19 @@ class ServingConfig(BaseSettings):
         default=None, description="File holding the API key clients must send (Authorization: Bearer)"
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
+    otlp_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s]+$",
+        description="Send traces (OpenTelemetry spans of each inference request: admission, queue wait, "
+        "batch and forward pass) to this OTLP/HTTP receiver, posted to <it>/v1/traces; unset: none",
+    )
+    trace_sample_ratio: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="With --otlp-endpoint: the share of requests without a traceparent whose traces are "
+        "recorded; a request with one (from the gateway) follows its sampled flag",
+    )
     log_format: LogFormat = Field(
         default=DEFAULT_LOG_FORMAT,
         description="json: one JSON object per line, with the request id and trace id of the request it "

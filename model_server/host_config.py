@@ -198,6 +198,8 @@ def slot_config(
         "max_request_bytes": host.max_request_bytes,
         "http_workers": host.http_workers,
         "log_level": host.log_level,
+        "otlp_endpoint": host.otlp_endpoint,
+        "trace_sample_ratio": host.trace_sample_ratio,
         "termination_log": host.termination_log.with_name(f"{host.termination_log.name}.{index}"),
     }
     most = max(host.queue_capacity, MAX_QUEUE_CAPACITY)  # the size of each model's door on this host

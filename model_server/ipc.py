@@ -48,6 +48,9 @@ class Submit(NamedTuple):
     streaming: bool  # send the text as it comes (Piece messages) before the Result
     # The request's id and trace id (``modelpool_contract.logs``), for the inference process's lines about it.
     ids: tuple[str | None, str | None] = (None, None)
+    # The HTTP process's server span as a W3C traceparent (tracing on, the request sampled), the parent of
+    # the inference process's spans; None: untraced.
+    trace: str | None = None
 
 
 class Cancel(NamedTuple):

@@ -28,8 +28,10 @@ from typing import Any
 
 from model_server.config import ServingConfig
 from model_server.libc import libc_function
-from modelpool_contract import logs
+from modelpool_contract import logs, tracing
 
+#: The traces' service.name of every process of a worker (the spans' names tell the processes apart).
+SERVICE_NAME = "modelpool-server"
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 
@@ -62,13 +64,20 @@ def set_up(name: str, config: ServingConfig, nice: int = 0) -> None:
     logs.set_up(config.log_format, config.log_level, name)
 
 
+def trace_as(config: ServingConfig) -> None:
+    """Start tracing in this process when the worker's configuration names an OTLP endpoint."""
+    tracing.setup(SERVICE_NAME, config.otlp_endpoint, config.trace_sample_ratio)
+
+
 def exit_now(code: int) -> None:
     """Exit now, even if the inference thread is still inside a load or a forward pass (it cannot be
-    interrupted, and the interpreter would otherwise join it at exit)."""
+    interrupted, and the interpreter would otherwise join it at exit).  The spans not exported yet go
+    first (os._exit runs no atexit hook; nothing happens with tracing off)."""
+    tracing.shutdown()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
-__all__ = ["exit_now", "set_up"]
+__all__ = ["SERVICE_NAME", "exit_now", "set_up", "trace_as"]

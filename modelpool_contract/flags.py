@@ -92,6 +92,10 @@ class ServerArgs:
     api_key_file: str | None = None
     #: The model's CPU threads (``--intra-op-threads``), only for pools with ``spec.resources.cpuThreads``.
     intra_op_threads: int | None = None
+    #: Where the worker sends its traces (``--otlp-endpoint``, an OTLP/HTTP base URL) and the share of
+    #: untraced requests it samples; only passed when the operator has an endpoint (traces on).
+    otlp_endpoint: str | None = None
+    trace_sample_ratio: float | None = None
     #: The worker's log format (``--log-format``, ``modelpool_contract.logs``), only when it is not the
     #: server's default (json): so the default adds no flag, and an upgrade rolls no worker for it.
     log_format: LogFormat | None = None

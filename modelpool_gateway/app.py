@@ -25,11 +25,17 @@ most once per request, and one retry after a draining (503) or unreachable worke
 breaks off after its headers went to the client is counted (``relay_errors_total``), logged on one line, and
 ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by closing the connection (the
 server cannot end it short of its length), never an exception out of the app.
+
+With tracing on (``--otlp-endpoint``: ``modelpool_contract.tracing``), each model route's request is a
+server span, child of the client's ``traceparent`` and current while it is served, with spans for the key
+check, the key's limits, the hold, each routing choice and each relay (a client span, whose context goes to
+the worker as the request's ``traceparent``); off, each of these places costs one test of ``tracing.on()``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -40,7 +46,9 @@ from typing import Any
 from urllib.parse import quote
 
 import orjson
+from opentelemetry.trace import Span, SpanKind
 
+from modelpool_contract import logs, tracing
 from modelpool_gateway.access import Access, caller_of, grant_of, key_name_of, limits_of
 from modelpool_gateway.access_log import served
 from modelpool_gateway.bodies import BodyBytes, Ticket
@@ -69,6 +77,10 @@ V2_MODELS = "/v2/models/"
 TIMEOUT_HEADER = b"x-request-timeout"
 # What the metrics count for a client that left while its request was held (nginx's convention).
 CLIENT_CLOSED = 499
+# A span's outcome attribute (admission, limits, hold).
+OUTCOME = "modelpool.outcome"
+# No span (``tracing.span`` when off, or where none is worth its cost).
+_UNTRACED: contextlib.nullcontext[None] = contextlib.nullcontext()
 # The 503 a worker sent, kept to answer with when no other worker can be tried.
 _KEPT_BODY_LIMIT = 64 * 1024
 
@@ -121,6 +133,27 @@ class _Failure:
     kind: str
     message: str
     response: tuple[list[tuple[bytes, bytes]], bytes] | None = None
+
+
+def traced_route(scope: MutableMapping[str, Any]) -> str | None:
+    """Pure: the route a request's server span is named by (low cardinality: no model name), for the model
+    routes only; None for the rest (health, listings), which are never traced."""
+    path: str = scope["path"]
+    if path in OPENAI_ROUTES:
+        return path
+    if path.startswith(V2_MODELS) and len(path) > len(V2_MODELS):
+        return "/v2/models/{model}" + ("/infer" if path.endswith("/infer") else "")
+    return None
+
+
+def _admission(server: Span, check: Span | None, key: str, refused: str | None) -> None:
+    """The key check's outcome on its span, and the key's name (its Secret, never the key) on both."""
+    if key:
+        server.set_attribute(tracing.KEY, key)
+    if check is not None:
+        check.set_attribute(OUTCOME, "admitted" if refused is None else refused)
+        if key:
+            check.set_attribute(tracing.KEY, key)
 
 
 def _client_timeout(headers: list[tuple[bytes, bytes]]) -> float | None:
@@ -178,23 +211,62 @@ class Gateway:
         self._turn = 0
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            refused = await self.access.check(scope, send)
-            if refused is not None:
-                self.metrics.of(self.metrics.refused, "", refused).inc()
+        if scope["type"] != "http":
+            await self.fallback(scope, receive, send)
+            return
+        if tracing.on() and (route := traced_route(scope)) is not None:
+            await self._traced(scope, receive, send, route)
+            return
+        refused = await self.access.check(scope, send)
+        if refused is not None:
+            self.metrics.of(self.metrics.refused, "", refused).inc()
+            return
+        await self._dispatch(scope, receive, send)
+
+    async def _dispatch(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        if path in OPENAI_ROUTES and scope["method"] == "POST":
+            await self._entry(scope, receive, send, openai=True)
+            return
+        if path.startswith(V2_MODELS) and len(path) > len(V2_MODELS):
+            if scope["method"] not in ("GET", "POST"):  # what the workers serve there
+                message = f"{scope['method']} is not allowed on {path}"
+                await send_error(send, False, 405, "invalid_request", message)
                 return
-            path: str = scope["path"]
-            if path in OPENAI_ROUTES and scope["method"] == "POST":
-                await self._entry(scope, receive, send, openai=True)
-                return
-            if path.startswith(V2_MODELS) and len(path) > len(V2_MODELS):
-                if scope["method"] not in ("GET", "POST"):  # what the workers serve there
-                    message = f"{scope['method']} is not allowed on {path}"
-                    await send_error(send, False, 405, "invalid_request", message)
-                    return
-                await self._entry(scope, receive, send, openai=False)
-                return
+            await self._entry(scope, receive, send, openai=False)
+            return
         await self.fallback(scope, receive, send)
+
+    async def _traced(
+        self, scope: MutableMapping[str, Any], receive: Receive, send: Send, route: str
+    ) -> None:
+        """A model route with tracing on: the server span (child of the client's ``traceparent``), current
+        while the request is served, with the key check as its first child (``modelpool.admission.key``)."""
+        status = CLIENT_CLOSED
+
+        async def sending(message: MutableMapping[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        attributes = {tracing.METHOD: scope["method"], tracing.PATH: scope["path"]}
+        with tracing.server_span(f"{scope['method']} {route}", scope["headers"], attributes) as span:
+            # The access line is written once this span has ended (``access_log``, outside this app): it
+            # names this trace (a new one when the client sent no traceparent). Not reset here: the request
+            # ids' own reset, after that line, restores what was before the request.
+            if (context := span.get_span_context()).is_valid:
+                logs.bind(logs.current_request_id(), format(context.trace_id, "032x"))
+            try:
+                with tracing.span("modelpool.admission.key") as check:
+                    refused = await self.access.check(scope, sending)
+                    _admission(span, check, key_name_of(scope), refused)
+                if refused is not None:
+                    self.metrics.of(self.metrics.refused, "", refused).inc()
+                    return
+                await self._dispatch(scope, receive, sending)
+            finally:
+                tracing.answered(span, status)
 
     async def _entry(
         self, scope: MutableMapping[str, Any], receive: Receive, send: Send, openai: bool
@@ -219,6 +291,8 @@ class Gateway:
                 )
             else:
                 label = call.label
+                if tracing.on():
+                    tracing.annotate({tracing.POOL: label, tracing.MODEL: self._model_name(call.key)})
                 code = await self._admitted(call, send, receive, scope["method"] == "POST")
         finally:
             self.in_flight -= 1
@@ -235,7 +309,12 @@ class Gateway:
         if call.caller is None:  # --auth none: no key, no limits
             return await self._route(call, send, receive, may_hold)
         # A key without limits passes at once (and any windows it had before its limits went are dropped).
-        refusal = self.limiter.admit(call.caller, call.limits, time.monotonic_ns())
+        # Its span only for a key with limits (a span costs far more than the check without them).
+        limited = call.limits.any and tracing.on()
+        with tracing.span("modelpool.admission.limits") if limited else _UNTRACED as check:
+            refusal = self.limiter.admit(call.caller, call.limits, time.monotonic_ns())
+            if check is not None:
+                check.set_attribute(OUTCOME, "admitted" if refusal is None else refusal.reason)
         if refusal is None:
             return await self._route(call, send, receive, may_hold)
         self.metrics.of(self.metrics.refused, call.label, refusal.reason).inc()
@@ -433,7 +512,8 @@ class Gateway:
                         most = min(pool.activation_timeout_s, self.settings.max_hold_seconds)
                         budget = hold_budget(most, call.client_timeout_s)
                         deadline = loop.time() + budget
-                    held = await self._hold(call, deadline, send, receive)
+                    with tracing.span("modelpool.hold", {tracing.POOL: call.label}):
+                        held = await self._hold(call, deadline, send, receive)
                     if isinstance(held, int):
                         return held
                     baton = held
@@ -512,6 +592,8 @@ class Gateway:
                 retry_after=self.settings.hold_retry_after_seconds,
             )
         finally:
+            if tracing.on():  # the hold's span: how it ended (released: a worker serves the pool now)
+                tracing.annotate({OUTCOME: outcome})
             self.holds.leave(call.key, waiter)
             gone.cancel()
             self.metrics.of(self.metrics.held, call.label).dec()
@@ -523,6 +605,18 @@ class Gateway:
         return await send_error(
             send, call.openai, 503, "shutting_down", "the gateway is shutting down", retry_after=1
         )
+
+    def _next_worker(self, call: Call, tried: set[Key]) -> Worker | None:
+        """The next worker to try (``_choose``), in a ``modelpool.route`` span when tracing is on."""
+        if not tracing.on():
+            return self._choose(call.key, tried, call.prefix, call.adapter)
+        with tracing.span("modelpool.route", {tracing.POOL: call.label}) as choice:
+            worker = self._choose(call.key, tried, call.prefix, call.adapter)
+            if choice is not None:
+                choice.set_attributes(
+                    {tracing.WORKER: worker.name if worker else "", "modelpool.tried": len(tried)}
+                )
+            return worker
 
     def _choose(
         self, key: Key, tried: set[Key], prefix: int | None = None, adapter: str | None = None
@@ -543,6 +637,7 @@ class Gateway:
             if chosen is not None:
                 home = next(ring_walk([c.key for c in candidates], prefix), None)
                 placement = "home" if chosen == home else "spilled"
+                tracing.annotate({"modelpool.prefix": placement})
                 self.metrics.of(self.metrics.prefix_routed, f"{key[0]}/{key[1]}", placement).inc()
         else:
             self._turn += 1
@@ -557,7 +652,7 @@ class Gateway:
         # Done when the client leaves: its request is abandoned at the worker, its answer not relayed.
         gone = asyncio.ensure_future(watch_disconnect(receive))
         try:
-            while (worker := self._choose(call.key, tried, call.prefix, call.adapter)) is not None:
+            while (worker := self._next_worker(call, tried)) is not None:
                 tried.add(worker.key)
                 self.loads[worker.key] = self.loads.get(worker.key, 0) + 1
                 self.metrics.of(self.metrics.in_flight, call.label).inc()
@@ -595,6 +690,33 @@ class Gateway:
             del self.loads[key]
 
     async def _attempt(
+        self,
+        call: Call,
+        worker: Worker,
+        send: Send,
+        gone: asyncio.Future[None],
+        *,
+        baton: Baton | None,
+        retried: bool,
+    ) -> int | _Failure | tuple[str, int]:
+        """One try (``_try``); with tracing on, in a client span (``modelpool.relay``) whose context goes to
+        the worker as the request's ``traceparent``."""
+        if not tracing.on():
+            return await self._try(call, worker, send, gone, baton=baton, retried=retried)
+        attributes = {
+            tracing.WORKER: worker.name,
+            "server.address": worker.ip or "",
+            "server.port": worker.port,
+        }
+        with tracing.span("modelpool.relay", attributes, SpanKind.CLIENT) as relay_span:
+            out = call.out
+            call = replace(call, out=Outbound(out.method, out.path, tracing.inject(out.headers), out.body))
+            outcome = await self._try(call, worker, send, gone, baton=baton, retried=retried)
+            status = outcome.status if isinstance(outcome, _Failure) else outcome
+            tracing.answered(relay_span, status if isinstance(status, int) else 429, server=False)
+            return outcome
+
+    async def _try(
         self,
         call: Call,
         worker: Worker,

@@ -236,6 +236,21 @@ class GatewaySettings(BaseSettings):
         "pool's mean requests in flight (rounded up); 1: strict balance, larger: more cache hits",
     )
 
+    otlp_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s]+$",
+        description="Send traces (OpenTelemetry spans of each inference request: admission, hold, routing, "
+        "relay) to this OTLP/HTTP receiver, e.g. http://otel-collector.monitoring:4318 (posted to "
+        "<it>/v1/traces); unset: no traces, at no cost",
+    )
+    trace_sample_ratio: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="With --otlp-endpoint: the share of requests without a traceparent whose traces are "
+        "recorded; a request with one follows its sampled flag",
+    )
+
     @model_validator(mode="after")
     def _ports_apart(self) -> GatewaySettings:
         # The metrics name every tenant's pools: they are never served where the clients call.

@@ -21,7 +21,7 @@ from types import FrameType
 import uvicorn
 from kubernetes_asyncio import client, config
 
-from modelpool_contract import logs
+from modelpool_contract import logs, tracing
 from modelpool_contract.gateway_keys import default_keys_namespace
 from modelpool_gateway.access_log import access_middleware
 from modelpool_gateway.assembly import assemble
@@ -218,9 +218,16 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
         own or "none: no own namespace",
         f"from Secrets in {', '.join(key_scopes)}" if store is not None else "not checked (--auth none)",
     )
+    if tracing.setup("modelpool-gateway", settings.otlp_endpoint, settings.trace_sample_ratio):
+        log.info(
+            "traces to %s (sampling %g of the requests without a traceparent)",
+            tracing.traces_url(settings.otlp_endpoint or ""),
+            settings.trace_sample_ratio,
+        )
     try:
         await server.serve()
     finally:
+        tracing.shutdown()  # what the exporter still holds is sent (bounded by its timeout)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

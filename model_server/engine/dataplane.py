@@ -32,6 +32,7 @@ from functools import partial
 
 from model_server.adapter_mask import adapter_mask
 from model_server.config import ServerConfig
+from model_server.engine.spans import record_unit
 from model_server.engine.sweep import Sweep, sweep_capacity
 from model_server.engine.unit import Outcome, Piece, Unit
 from model_server.engine.worker import Worker
@@ -230,6 +231,8 @@ class DataPlane:
         self.metrics.batch_size.observe(len(items))
         self.publish()
         started = time.monotonic()
+        for unit in units:  # what its spans say (tracing on): one batch of this many items and requests
+            unit.computed = (started, len(items), len(units))
         # Watched by the supervisor: a batch running past --request-timeout + --wedge-grace is wedged.
         self.view.set(Field.BATCH_STARTED, started)
         try:
@@ -270,6 +273,7 @@ class DataPlane:
         self.state_machine.try_to(State.PROCESSING)
         engine.metrics = self.metrics
         engine.view = self.view  # the engine keeps BATCH_STARTED for the supervisor's wedge watch
+        unit.computed = (time.monotonic(), len(unit.items), 0)  # 0: the engine's own batching
         unit.on_abandon = partial(engine.abandon, unit)
         engine.submit(unit, self._engine_done)
         self.publish()
@@ -292,6 +296,8 @@ class DataPlane:
         self._settle()
 
     def _finish(self, unit: Unit, outcome: Outcome) -> None:
+        if unit.trace is not None and not unit.answered:
+            record_unit(unit, outcome)
         unit.answer(outcome)
         self._active.discard(unit)
 

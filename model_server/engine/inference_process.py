@@ -44,7 +44,7 @@ from model_server.engine.unit import Outcome, Unit
 from model_server.engine.worker import Worker
 from model_server.errors import SleepRefused
 from model_server.metrics import Metrics, gpu_memory, gpu_peak_reserved
-from model_server.process_setup import exit_now, set_up
+from model_server.process_setup import exit_now, set_up, trace_as
 from model_server.state_machine import State, StateMachine
 from model_server.worker_view import ENGINE_CODES, Field, WorkerView
 from modelpool_contract.exits import EXIT_DRAIN_TIMED_OUT, EXIT_LOAD_FAILED, INFERENCE_FLUSH_S
@@ -79,6 +79,7 @@ class Endpoint:
                 partial(self._reply, rid),
                 lengths=message.lengths,
                 emit=emit,
+                trace=message.trace,
                 ids=message.ids,
             )
             self._units[rid] = unit
@@ -323,6 +324,7 @@ def main(
     """The process's entry point (the supervisor's spawn target; a shared host's names the model its
     metrics are labelled with)."""
     set_up("inference", config)
+    trace_as(config)
     threads = size_threads(config.intra_op_threads, config.cpu_share_millicores)  # before torch's import
     process = InferenceProcess(config, view, threads, metrics_model=metrics_model)
     exit_now(run_loop(process.serve(sockets, control)))

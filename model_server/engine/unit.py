@@ -32,6 +32,10 @@ class Unit:
     remaining: int = 0
     # When it reached this process (time.monotonic()), before the queue: time to first token counts from here.
     arrived: float = field(default_factory=time.monotonic)
+    # Tracing: the HTTP process's server span (a traceparent; None: untraced), and the compute this unit
+    # was part of: when it began, its items and its requests (``spans.record_unit`` reads them).
+    trace: str | None = None
+    computed: tuple[float, int, int] | None = None
     # Its request id and trace id as the HTTP process had them (``ipc.Submit.ids``), for its log lines.
     ids: tuple[str | None, str | None] = (None, None)
 

@@ -35,7 +35,7 @@ from model_server.frontend.endpoints.limits import read_bounded, replay
 from model_server.frontend.http_process import HTTP_NICE, ControlledServer, connect
 from model_server.frontend.server import ModelServer
 from model_server.host_config import HostConfig
-from model_server.process_setup import set_up
+from model_server.process_setup import set_up, trace_as
 from model_server.state_machine import SERVING, State
 from model_server.worker_view import Column, Field, WorkerView, http_row
 from modelpool_contract.http_limits import BoundedHeadersProtocol
@@ -187,6 +187,7 @@ def main(
 ) -> None:
     """The process's entry point (the host supervisor's spawn target)."""
     set_up(f"http-{index}", config, nice=HTTP_NICE)
+    trace_as(config)  # each model's app (``build_app``) then has its tracing middleware
     router = HostRouter(config, views, index)
     app: Any = router
     if config.api_key is not None:  # outermost, before any model is chosen (as on a dedicated worker)

@@ -25,7 +25,7 @@ from model_server.frontend.access_log import with_access_log
 from model_server.frontend.endpoints import build_app
 from model_server.frontend.endpoints.refusal import protocol_for
 from model_server.frontend.server import ModelServer
-from model_server.process_setup import exit_now, set_up
+from model_server.process_setup import exit_now, set_up, trace_as
 from model_server.worker_view import BEAT_PERIOD_S, Column, WorkerView
 
 log = logging.getLogger("modelpool.http")
@@ -145,6 +145,7 @@ def main(
 ) -> None:
     """The process's entry point (the supervisor's spawn target)."""
     set_up(f"http-{index}", config, nice=HTTP_NICE)
+    trace_as(config)  # before the app is built: its tracing middleware is there only when on
     HTTPServer(ModelServer(config, view, index), sock, control).serve_on(listener)
 
 

@@ -7,6 +7,10 @@ send an admitted request to the inference process and wait for its answer, bound
 deadline (504) or until the client is gone; either way the inference process is told to drop it before
 compute.  The task's class and an unloaded instance of it serve metadata and the v2 codec here; the
 model itself lives only in the inference process.
+
+With tracing on, the admission and the wait are spans (``modelpool.admission``, ``modelpool.wait``: the
+queue and the compute as this process sees them), children of the request's server span, which goes to
+the inference process in ``ipc.Submit.trace`` as the parent of its own spans.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from model_server.state_machine import StateMachine
 from model_server.tasks import task_class
 from model_server.tasks.base import Task
 from model_server.worker_view import Column, Field, WorkerView
-from modelpool_contract import logs
+from modelpool_contract import logs, tracing
 
 log = logging.getLogger("modelpool.inference_client")
 
@@ -213,6 +217,15 @@ class InferenceClient:
 
     def admit(self, items: Sequence[Any], timeout: float | None, stream: TokenStream | None = None) -> Sent:
         """Admit a request and send it, or raise at once (503, 400 empty, 413 too many items, 429 full)."""
+        if not tracing.on():
+            return self._admit(items, timeout, stream, None)
+        parent = tracing.traceparent()  # the server span: the inference process's spans are its children
+        with tracing.span("modelpool.admission", {"modelpool.items": len(items)}):
+            return self._admit(items, timeout, stream, parent)
+
+    def _admit(
+        self, items: Sequence[Any], timeout: float | None, stream: TokenStream | None, trace: str | None
+    ) -> Sent:
         self.check_ready()
         if not items:
             raise InvalidInput("the request holds no items")
@@ -232,21 +245,24 @@ class InferenceClient:
             sent = Sent(
                 next(self._ids), time.monotonic() + budget, asyncio.get_running_loop().create_future(), stream
             )
-            self._send(task, sent, items, stream is not None)
+            self._send(task, sent, items, stream is not None, trace)
             slot.hand_over()  # the inference process gives it back when the request leaves its queue
         self._sent[sent.id] = sent
         self.view.add(self.row, Column.REQUESTS)
         self.view.put(self.row, Column.LAST_REQUEST, time.time())
         return sent
 
-    def _send(self, task: Task[Any, Any], sent: Sent, items: Sequence[Any], streaming: bool) -> None:
+    def _send(
+        self, task: Task[Any, Any], sent: Sent, items: Sequence[Any], streaming: bool, trace: str | None
+    ) -> None:
         """Send an admitted request to the inference process; raises (500) when the task's length hint or
         the pickling of its items fails (the handler's code: a bug, answered, never a dropped connection)."""
         assert self._channel is not None
         try:
             lengths = [task.length_hint(item) for item in items] if task.batchable else []
             ids = (logs.current_request_id(), logs.current_trace_id())
-            message = ipc.Submit(sent.id, sent.deadline, ipc.pack(list(items)), lengths, streaming, ids)
+            packed = ipc.pack(list(items))
+            message = ipc.Submit(sent.id, sent.deadline, packed, lengths, streaming, ids, trace)
             delivered = self._channel.send(message)
         except ServerError:
             raise
@@ -279,6 +295,14 @@ class InferenceClient:
 
     async def wait(self, sent: Sent, gone: asyncio.Event | None = None) -> list[Any]:
         """Wait for a sent request's results (504 after its deadline, ClientGone on disconnect)."""
+        if not tracing.on():
+            return await self._wait(sent, gone)
+        with tracing.span("modelpool.wait") as span:
+            if sent.stream is not None:  # a streamed request's first piece and count go on this span
+                sent.stream.traced = span
+            return await self._wait(sent, gone)
+
+    async def _wait(self, sent: Sent, gone: asyncio.Event | None) -> list[Any]:
         waiters: set[asyncio.Future[Any]] = {sent.future}
         gone_task = asyncio.ensure_future(gone.wait()) if gone is not None else None
         if gone_task is not None:

@@ -10,6 +10,10 @@ An empty piece is no text: it says the model has taken the request (a generation
 the serial path began generating).  The route waits for that, or the first piece, or the answer
 (``accepted``) before it sends the response's headers, so a request refused by the model (400, 429)
 is answered with that status instead of an error event inside a 200 stream.
+
+With tracing on, the request's wait span (``inference_client``) is ``traced``: the first piece of text is
+an event on it (``modelpool.first_piece``: the time to first token, in the trace) and the number of pieces
+an attribute.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+from opentelemetry.trace import Span
 
 
 class TokenStream:
@@ -28,12 +34,19 @@ class TokenStream:
         self._results: asyncio.Future[list[Any]] | None = None
         self._abandon: Callable[[], None] = lambda: None
         self._taken = asyncio.Event()
+        self.traced: Span | None = None  # the wait span, with tracing on (module docstring)
+        self._count = 0
 
     def put(self, text: str) -> None:
         """A new piece of text (on the event loop); an empty one only says the model took the request."""
         self._taken.set()
         if text:
             self._pieces.put_nowait(text)
+            self._count += 1
+            if self.traced is not None:
+                if self._count == 1:
+                    self.traced.add_event("modelpool.first_piece")
+                self.traced.set_attribute("modelpool.pieces", self._count)
 
     async def accepted(self, gone: asyncio.Event) -> None:
         """Wait until the model has taken the request (an empty piece or the first text), its answer has

@@ -108,6 +108,8 @@ def pod_settings(config: OperatorConfig) -> PodSettings:
         probe_port=config.server_probe_port,
         model_cache=config.model_cache,
         default_cpu=config.worker_cpu,
+        otlp_endpoint=config.worker_otlp_endpoint,
+        trace_sample_ratio=config.worker_trace_sample_ratio,
         log_format=config.log_format,
     )
 

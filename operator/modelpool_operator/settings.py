@@ -138,6 +138,24 @@ class OperatorConfig(BaseSettings):
             "thread per core of it. 0 or empty: no default request."
         ),
     )
+    worker_otlp_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s]+$",
+        description=(
+            "An OTLP/HTTP receiver (e.g. http://otel-collector.monitoring:4318) passed to every worker and "
+            "ModelHost pod as --otlp-endpoint: they send the traces of their requests there. Unset: no "
+            "traces (the operator itself sends none)."
+        ),
+    )
+    worker_trace_sample_ratio: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "With worker_otlp_endpoint: the workers' --trace-sample-ratio (the share of requests without "
+            "a traceparent they trace; requests through the gateway follow its decision)."
+        ),
+    )
     budget_name: str = Field(
         default="default", description="The ModelBudget (cluster-scoped) the operator uses."
     )

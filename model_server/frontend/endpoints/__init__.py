@@ -5,7 +5,8 @@ Routes live in ``ops`` (health, metadata, /metrics, /stats), ``kserve_routes`` (
 ``limits.LimitsMiddleware`` (pure ASGI, outermost) refuses a full queue with 429 and bodies over
 ``--max-request-bytes`` with 413 before any route reads them, hands v2 infer straight to its handler
 (the hot path skips FastAPI's stack), and records request count and latency.  With ``--api-key-file``,
-``auth.ApiKeyMiddleware`` wraps it all: a request without the key is refused before anything else.
+``auth.ApiKeyMiddleware`` wraps it all: a request without the key is refused before anything else; with
+tracing on, ``traced.TracingMiddleware`` wraps that (the request's server span).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from model_server.frontend.endpoints import kserve_routes, openai_routes, ops
 from model_server.frontend.endpoints.auth import ApiKeyMiddleware
 from model_server.frontend.endpoints.common import error_response, server_error_response
 from model_server.frontend.endpoints.limits import LimitsMiddleware
+from model_server.frontend.endpoints.traced import TracingMiddleware
 from model_server.frontend.server import ModelServer
+from modelpool_contract import tracing
 
 
 def build_app(server: ModelServer) -> ASGIApp:
@@ -32,12 +35,15 @@ def build_app(server: ModelServer) -> ASGIApp:
 
     Outermost, so that a 429 under overload or a 413 costs the event loop no more than this one
     middleware (FastAPI's own middleware stack, routing and body parsing are skipped).  The API-key
-    check, when configured, goes around even that."""
+    check, when configured, goes around even that, and the server span (tracing on: ``traced``) around
+    everything, so a refusal is traced too."""
     # --engine vllm serves the OpenAI routes only (relayed to vLLM): no KServe v2 infer.
     infer = kserve_routes.infer_handler(server) if server.config.engine != "vllm" else None
     app: ASGIApp = LimitsMiddleware(build_api(server), server, infer)
     key = server.config.api_key
-    return ApiKeyMiddleware(app, key, server.inference.reject) if key is not None else app
+    if key is not None:
+        app = ApiKeyMiddleware(app, key, server.inference.reject)
+    return TracingMiddleware(app, server) if tracing.on() else app
 
 
 def build_api(server: ModelServer) -> FastAPI:

@@ -24,7 +24,9 @@ _OPENAI = {
     "/v1/images/generations",
 }
 # Routes that queue work: a full queue refuses them in the middleware.
-_INFERENCE = {"v2_infer", "embeddings", "completions", "chat_completions", "images_generations"}
+INFERENCE_ROUTES = frozenset(
+    {"v2_infer", "embeddings", "completions", "chat_completions", "images_generations"}
+)
 # Methods whose body the middleware reads (within the deadline and the limit) before any route runs.
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 
@@ -111,7 +113,7 @@ class LimitsMiddleware:
             await send(message)
 
         try:
-            if route in _INFERENCE and scope["method"] == "POST" and self.server.state_machine.serving:
+            if route in INFERENCE_ROUTES and scope["method"] == "POST" and self.server.state_machine.serving:
                 # Fast path: a full queue is answered here, before routing and body parsing, so that
                 # refusing costs the event loop as little as possible under overload.
                 try:

@@ -32,7 +32,7 @@ from model_server.frontend.server import ModelServer
 from model_server.worker_view import Column, Field
 from modelpool_contract.http_limits import BoundedHeadersProtocol
 
-# The inference routes a full worker refuses (``limits._INFERENCE``): the OpenAI ones by exact path.
+# The inference routes a full worker refuses (``limits.INFERENCE_ROUTES``): the OpenAI ones by exact path.
 _OPENAI_ROUTES = {
     b"/v1/embeddings": "embeddings",
     b"/v1/completions": "completions",

@@ -99,6 +99,11 @@ class PodSettings:
     # The CPU request of worker and host pods whose spec sets no resources.cpu (None: none). Without one
     # each worker sizes its threads to every core of the node, and workers sharing it stall each other.
     default_cpu: str | None = DEFAULT_WORKER_CPU
+    # Where workers and host pods send their traces (--otlp-endpoint; None: no traces), and the share of
+    # untraced requests they sample. Only passed when set, so pods of an install without traces (and
+    # their template hashes) stay as they were.
+    otlp_endpoint: str | None = None
+    trace_sample_ratio: float = 1.0
     # The operator's log format, passed on to its workers and host pods (``modelpool_contract.logs``).
     log_format: LogFormat = DEFAULT_LOG_FORMAT
 
@@ -143,6 +148,8 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         pvc_root=PVC_MOUNT_ROOT if parse_pvc_source(spec.model.source) or adapter_claims(spec) else None,
         api_key_file=API_KEY_FILE if spec.auth is not None and spec.auth.api_key_secret is not None else None,
         intra_op_threads=spec.resources.cpu_threads,
+        otlp_endpoint=settings.otlp_endpoint,
+        trace_sample_ratio=settings.trace_sample_ratio if settings.otlp_endpoint is not None else None,
         log_format=_log_format(settings),
         adapter=tuple(f"{a.name}={a.source}" for a in spec.adapters) or None,
         max_adapters=spec.max_loaded_adapters if spec.adapters else None,
@@ -613,7 +620,15 @@ def host_server_args(spec: ModelHostSpec, settings: PodSettings) -> list[str]:
         args += ["--host-memory", str(spec.host_memory_bytes), "--sleep-idle"]
     if (log_format := _log_format(settings)) is not None:
         args += ["--log-format", log_format]
-    return args
+    return args + tracing_flags(settings)  # each model's processes trace with the host's settings
+
+
+def tracing_flags(settings: PodSettings) -> list[str]:
+    """Pure: a host pod's tracing flags, as ``ServerArgs`` renders a worker's (none without an endpoint)."""
+    if settings.otlp_endpoint is None:
+        return []
+    ratio = f"{settings.trace_sample_ratio:g}"
+    return ["--otlp-endpoint", settings.otlp_endpoint, "--trace-sample-ratio", ratio]
 
 
 def _host_resources(spec: ModelHostSpec, cpu: str | None) -> dict[str, Any]:
