@@ -25,7 +25,7 @@ from modelpool_contract import logs
 from modelpool_contract.gateway_keys import default_keys_namespace
 from modelpool_gateway.access import Access
 from modelpool_gateway.access_log import access_middleware
-from modelpool_gateway.app import Gateway
+from modelpool_gateway.app import Gateway, fair_queues
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.config import ConfigError, GatewaySettings, load_settings
 from modelpool_gateway.connections import gateway_protocol
@@ -164,6 +164,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
         return EXIT_KUBE
     registry, metrics = Registry(own), Metrics()
     holds = Holds(settings.max_held_per_pool, registry.has_routable)
+    fair = fair_queues(settings, registry)
     demand = DemandRecorder(
         LeaseClient(client.CoordinationV1Api(api)),
         pools=registry.pool,
@@ -182,6 +183,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
             demand.forget(key)
         else:
             holds.changed(key)
+        fair.changed(key)  # more workers: more slots; none: its waiters go to the hold
 
     registry.subscribe(changed)
     specs = _watches(scopes, registry, api)
@@ -202,6 +204,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
         metrics=metrics,
         access=access,
         limiter=limiter,
+        fair=fair,
         fallback=build_routes(
             registry,
             metrics,
