@@ -7,13 +7,14 @@ no queueing). Once it is reached, a request waits in the pool's fair queue inste
 worker that would answer 429: whoever came first would otherwise take every slot that frees.
 
 **Who goes next.** Each key has a FIFO of its waiting requests and a weight (the key Secret's ``weight``,
-default 1: ``Share``). A freed slot goes to the request with the smallest virtual finish tag
-(start-time fair queuing): a request's tag is ``max(V, the key's last tag) + 1 / weight``, where ``V`` is
-the tag of the request served last. So under backlog each key is served in proportion to its weight
-(within one request), a key that sends less than its share is served as it asks (a flood from another key
-is behind it: its tags are far ahead), and no waiting key starves (its head's tag is fixed, and every
-other key's new tags grow past it). Ties go to the earlier arrival. A key whose FIFO empties forgets its
-tag (memory stays bounded by the waiting requests).
+default 1: ``Share``). A freed slot goes to the request with the smallest virtual start tag (start-time
+fair queuing, Goyal et al. 1996): a request's start is ``max(V, the finish of its key's previous one)``
+and its finish ``start + 1 / weight``, where ``V`` is the start of the request served last. So under
+backlog any two keys' served counts divided by their weights differ by at most ``1/w_i + 1/w_j``, a key
+that sends less than its share is served next (its start is ``V``; a flood's starts are far ahead), and
+no waiting key starves (its head's start is fixed, and every other key's grow past it). Ties go to the
+earlier arrival. A key whose FIFO empties forgets its finish (memory stays bounded by the waiting
+requests).
 
 **Bounds.** At most ``max_per_key`` waiting requests per key and pool and ``max_per_pool`` per pool (one
 more is refused at once: 429 with Retry-After, ``Refusal``); each waits at most until its deadline (the
@@ -98,7 +99,7 @@ class _Entry(Generic[T]):
 
 class FairScheduler(Generic[T]):
     """One pool's waiting requests: a FIFO per key, served by the smallest virtual finish tag (module
-    docstring), bounded per key and in total."""
+    docstring), bounded per key and in total; ``_Entry.tag`` is a request's start tag."""
 
     def __init__(self, max_per_key: int, max_total: int) -> None:
         self.max_per_key = max_per_key
@@ -122,9 +123,9 @@ class FairScheduler(Generic[T]):
             return "key_queue_full"
         if self._total >= self.max_total:
             return "queue_full"
-        tag = max(self._virtual, self._last.get(caller, self._virtual)) + Fraction(1, max(1, weight))
-        self._last[caller] = tag
-        self._queues.setdefault(caller, deque()).append(_Entry(item, tag, next(self._seq)))
+        start = max(self._virtual, self._last.get(caller, self._virtual))
+        self._last[caller] = start + Fraction(1, max(1, weight))  # its finish: the key's next start
+        self._queues.setdefault(caller, deque()).append(_Entry(item, start, next(self._seq)))
         self._total += 1
         return None
 
