@@ -73,7 +73,10 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         wait_for(lambda: crds.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
                  timeout=30, message="default ServiceAccount")  # fmt: skip
         env = {"HANDLER_RUN_GATE": str(gate), "HANDLER_RECORD": str(record)}
-        apply(crds, echo_pool(POOL, env=env, queue_capacity=2, max_batch_size=1), namespace)
+        # Autoscaling off; its target per worker (unused) must fit the small queue all the same.
+        off = {"enabled": False, "targetPerWorker": 1}
+        pool = echo_pool(POOL, env=env, queue_capacity=2, max_batch_size=1, autoscaling=off)
+        apply(crds, pool, namespace)
         gateway.wait_ready()
         gateway.wait_serving(POOL, 1)
         yield Setup(crds, namespace, gateway, gate, record)
