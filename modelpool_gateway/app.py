@@ -20,7 +20,9 @@ Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes``
 ``request_body_timeout_seconds`` (408 after), an OpenAI body parsed only within ``max_json_items`` items and
 ``max_json_depth`` levels (``jsoncost``: 413/400 before the parse; KServe v2 bodies are not parsed here),
 ``max_held_per_pool`` held per pool and ``max_held_per_key`` per API key, for at most its activation timeout
-within ``max_hold_seconds`` (none for a pool that can never get a worker: 503 at once), each worker tried at
+within ``max_hold_seconds`` (none for a pool that can never get a worker: 503 at once), a pool whose
+workers are all at their ``spec.queue.capacity`` shared between keys by weight in its fair queue
+(``fairness``: ``max_queued_per_key`` per key and ``max_queued_per_pool`` per pool, 429 past them), each worker tried at
 most once per request, and one retry after a draining (503) or unreachable worker. A worker's answer that
 breaks off after its headers went to the client is counted (``relay_errors_total``), logged on one line, and
 ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by closing the connection (the
@@ -36,7 +38,7 @@ import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import orjson
@@ -454,10 +456,10 @@ class Gateway:
                     budget = hold_budget(self.settings.max_hold_seconds, call.client_timeout_s)
                     deadline = arrived + budget
                 slot = await self._fair_slot(call, deadline, send, receive, baton)
-                if isinstance(slot, int):
-                    return slot
-                if not slot:  # the pool has no capacity now: route again (held, or gone)
+                if slot == "again":  # the pool has no capacity now: route again (held, or gone)
                     continue
+                if slot != "slot":
+                    return slot
                 try:
                     code = await self._forward(call, send, receive, baton)
                 finally:
@@ -488,11 +490,11 @@ class Gateway:
 
     async def _fair_slot(
         self, call: Call, deadline: float, send: Send, receive: Receive, baton: Baton | None
-    ) -> bool | int:
-        """A slot of the pool (``fairness``): True at once, or after a wait in its fair queue while every
-        worker is full; False: route again without one; else the status already answered."""
+    ) -> Literal["slot", "again"] | int:
+        """A slot of the pool (``fairness``): "slot" at once, or after a wait in its fair queue while every
+        worker is full; "again": route again without one; else the status already answered."""
         if self.fair.try_start(call.key):
-            return True
+            return "slot"
         if baton is not None:  # the next held request need not wait behind this one's queueing
             baton.passed()
         slot = self.fair.enter(call.key, call.caller, call.share)
@@ -514,7 +516,7 @@ class Gateway:
                 return CLIENT_CLOSED
             if slot.future.done():
                 used = slot.future.result()
-                return used
+                return "slot" if used else "again"
             message = (
                 f"every worker of pool {call.label} stayed full for {loop.time() - started:.1f} s "
                 "(waiting in its fair queue)"
