@@ -44,15 +44,12 @@ import uvicorn
 
 from bench.generation import SHAPES, build_model
 from bench.report import publish
-from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
+from modelpool_gateway.assembly import assemble
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.config import GatewaySettings
-from modelpool_gateway.demand import DemandRecorder, LeaseClient
-from modelpool_gateway.hold import Holds
-from modelpool_gateway.metrics import Metrics
+from modelpool_gateway.demand import LeaseClient
 from modelpool_gateway.proxy import WORKER_HEADER, Upstream
-from modelpool_gateway.routes import build_routes
 from modelpool_gateway.state import Pool, Worker
 from testkit.environment import ROOT, free_port
 from testkit.server import ServerProcess, launch
@@ -94,27 +91,12 @@ def gateway_app(mode: str, workers: list[ServerProcess], prefix_chars: int) -> t
     settings = GatewaySettings.model_validate(
         {"auth": "none", "generation_routing": mode, "prefix_chars": prefix_chars, "metrics_port": 0}
     )
-    registry, metrics = Registry(), Metrics()
-    holds = Holds(settings.max_held_per_pool, registry.has_routable)
-    demand = DemandRecorder(  # never writes: the pool always has serving workers, nothing is held
-        LeaseClient(None), pools=registry.pool, held=holds.held, metrics=metrics, interval_s=5, holder="bench"
-    )
-    registry.set_pool(Pool(NS, POOL, task="text-generation"))
+    # The demand writer never writes: the pool always has serving workers, nothing is held.
+    parts = assemble(settings, registry=Registry(), leases=LeaseClient(None), holder="bench")
+    parts.registry.set_pool(Pool(NS, POOL, task="text-generation"))
     for i, w in enumerate(workers):
-        registry.set_worker(Worker(NS, f"{POOL}-{i}", POOL, "127.0.0.1", w.port, True, True, False))
-    access = Access(settings.auth, None, registry)
-    upstream = Upstream(settings)
-    app = Gateway(
-        settings=settings,
-        registry=registry,
-        holds=holds,
-        demand=demand,
-        upstream=upstream,
-        metrics=metrics,
-        access=access,
-        fallback=build_routes(registry, metrics, [], access),
-    )
-    return app, upstream
+        parts.registry.set_worker(Worker(NS, f"{POOL}-{i}", POOL, "127.0.0.1", w.port, True, True, False))
+    return parts.app, parts.upstream
 
 
 @contextlib.asynccontextmanager

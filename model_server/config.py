@@ -12,16 +12,18 @@ import argparse
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from model_server.cpu_budget import available_cpus, default_http_workers
 from modelpool_contract.flags import (
     BATCH_DELAY_MS,
+    DEFAULT_MAX_LOADED_ADAPTERS,
     DRAIN_TIMEOUT_S,
     IDLE_AFTER_S,
+    MAX_ADAPTERS,
     MAX_BATCH_SIZE,
     QUEUE_CAPACITY,
     REQUEST_BODY_TIMEOUT_S,
@@ -31,7 +33,7 @@ from modelpool_contract.flags import (
 )
 from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.mounts import PVC_MOUNT_ROOT
-from modelpool_contract.settings import CommandLine, ConfigError, build_parser, flag_name, load
+from modelpool_contract.settings import CommandLine, ConfigError, Flag, build_parser, flag_name, load
 from modelpool_contract.tasks import TASK_NAMES, TaskName
 
 # ConfigError is the loader's, re-exported for the program's main.
@@ -185,6 +187,37 @@ class ServerConfig(ServingConfig):
         "memory left after the weights, or of the pod's memory limit on a CPU)",
     )
 
+    adapter: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="text-generation: a LoRA adapter NAME=SOURCE (hf://org/name[@rev], pvc://claim/path or "
+        "a local folder) served under its name, the request's model field (repeatable; the variable is "
+        "comma-separated)",
+    )
+    max_adapters: int = Field(
+        default=DEFAULT_MAX_LOADED_ADAPTERS,
+        ge=1,
+        le=MAX_ADAPTERS,
+        description="LoRA adapters kept in memory at once (the least recently used idle one makes room)",
+    )
+
+    @field_validator("adapter", mode="before")
+    @classmethod
+    def _split_adapters(cls, value: Any) -> Any:
+        # The environment (and a single flag) carry "a=hf://x/a,b=hf://x/b".
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("adapter")
+    @classmethod
+    def _adapters(cls, value: list[str]) -> list[str]:
+        names = [parse_adapter(each)[0] for each in value]
+        if len(set(names)) != len(names):
+            raise ValueError("adapter names must be unique")
+        if len(names) > MAX_ADAPTERS:
+            raise ValueError(f"at most {MAX_ADAPTERS} adapters")
+        return value
+
     @field_validator("handler")
     @classmethod
     def _handler(cls, value: str | None) -> str | None:
@@ -208,16 +241,38 @@ class ServerConfig(ServingConfig):
             object.__setattr__(self, "name", tail)
         return self
 
+    @model_validator(mode="after")
+    def _adapters_generate(self) -> ServerConfig:
+        if self.adapter and self.task != "text-generation":
+            raise ValueError("--adapter needs --task text-generation (LoRA adapters of a causal LM)")
+        return self
+
     @property
     def http_processes(self) -> int:
         """``--http-workers``, or the default for the CPUs this process may use."""
         return self.http_workers or default_http_workers(available_cpus())
 
     @property
+    def adapters(self) -> dict[str, str]:
+        """The LoRA adapters, name -> source, in the order given (their bit in the shared view)."""
+        return dict(parse_adapter(each) for each in self.adapter)
+
+    @property
     def served_name(self) -> str:
         """The model name clients use (``--name`` or the source's last segment)."""
         assert self.name is not None
         return self.name
+
+
+def parse_adapter(value: str) -> tuple[str, str]:
+    """Pure: ``NAME=SOURCE`` -> (name, source); a ``ValueError`` saying what is wrong."""
+    name, equals, source = value.partition("=")
+    name, source = name.strip(), source.strip()
+    if not equals or not name or not source:
+        raise ValueError(f"adapter must be NAME=SOURCE, got {value!r}")
+    if "://" in source and not source.startswith(_SOURCE_SCHEMES):
+        raise ValueError(f"adapter {name!r}: unsupported scheme; use a path, file://, hf:// or pvc://")
+    return name, source
 
 
 def _read_key_file(path: Path | None, flag: str) -> SecretStr | None:
@@ -248,6 +303,7 @@ def _read_key(path: Path) -> str:
 #: The server's command line: every field is a flag (``modelpool_contract.settings``).
 COMMAND_LINE = CommandLine(
     prog="modelpool-server",
+    flags={"adapter": [Flag(append=True, metavar="NAME=SOURCE")]},
     description="Serve one model behind a bounded queue (KServe v2 + OpenAI-compatible APIs). "
     "Every flag can also be set as MODELPOOL_<FLAG> (e.g. MODELPOOL_QUEUE_CAPACITY).",
 )

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -42,6 +42,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from model_server.adapter_mask import mask_names
 from model_server.state_machine import State, StateMachine
 from model_server.worker_view import PAGE_TOKENS, Field, WorkerView, row_name
 from modelpool_contract import picker
@@ -107,23 +108,36 @@ GaugeRow = tuple[str, str, tuple[tuple[str, str], ...], float]
 
 
 def picker_rows(
-    waiting: float, running: float, kv_tokens: float | None, kv_reserved: float | None, now: float
+    waiting: float,
+    running: float,
+    kv_tokens: float | None,
+    kv_reserved: float | None,
+    now: float,
+    *,
+    lora_running: Sequence[str] = (),
+    max_lora: int = 0,
 ) -> list[GaugeRow]:
     """The endpoint picker's gauges (pure): the queue and in-flight counts, the KV cache in use as a
     0..1 share (0 while the cache is unknown: no continuous-batching engine yet), the cache's geometry in
-    pages of ``PAGE_TOKENS`` (the picker's blocks) and the LoRA info, whose value is the time of the
-    sample, as vLLM's is (the picker keeps the newest series)."""
+    pages of ``PAGE_TOKENS`` (the picker's blocks) and the LoRA info (the adapters running requests use,
+    comma-separated, and ``--max-adapters``; none waits for an adapter: a request's adapter is loaded when
+    the engine takes it), whose value is the time of the sample, as vLLM's is (the picker keeps the newest
+    series)."""
     total = kv_tokens or 0.0
     usage = min(1.0, max(0.0, (kv_reserved or 0.0) / total)) if total > 0 else 0.0
     blocks = int(total) // PAGE_TOKENS
     cache = ((picker.CACHE_BLOCK_SIZE, str(PAGE_TOKENS)), (picker.CACHE_NUM_BLOCKS, str(blocks)))
-    lora = ((picker.LORA_RUNNING, ""), (picker.LORA_WAITING, ""), (picker.LORA_MAX, "0"))
+    lora = (
+        (picker.LORA_RUNNING, ",".join(lora_running)),
+        (picker.LORA_WAITING, ""),
+        (picker.LORA_MAX, str(max_lora)),
+    )
     return [
         (picker.WAITING, "Requests waiting in the queue (the endpoint picker's name)", (), float(waiting)),
         (picker.RUNNING, "Requests being computed (the endpoint picker's name)", (), float(running)),
         (picker.KV_USAGE, "KV-cache share the running generations reserve, 0..1", (), usage),
         (picker.CACHE_INFO, "The KV cache's pages (block_size tokens each)", cache, 1.0),
-        (picker.LORA_INFO, "LoRA adapters running and waiting (none yet)", lora, now),
+        (picker.LORA_INFO, "LoRA adapters running and waiting", lora, now),
     ]
 
 
@@ -133,12 +147,21 @@ class WorkerGauges(Collector):
     names, for a dedicated text-generation worker)."""
 
     def __init__(
-        self, view: WorkerView, state_machine: StateMachine, model: str | None = None, *, picker: bool = False
+        self,
+        view: WorkerView,
+        state_machine: StateMachine,
+        model: str | None = None,
+        *,
+        picker: bool = False,
+        adapters: Sequence[str] = (),
+        max_adapters: int = 0,
     ) -> None:
         self.view = view
         self.state_machine = state_machine
         self.model = model
         self.picker = picker
+        self.adapters = list(adapters)  # the declared LoRA adapters, in the order of the view's masks
+        self.max_adapters = max_adapters
 
     def collect(self) -> Iterator[Metric]:
         return iter(gauge_families(self.rows()))
@@ -195,6 +218,8 @@ class WorkerGauges(Collector):
                 view.optional(Field.KV_CACHE_TOKENS),
                 view.optional(Field.KV_CACHE_RESERVED),
                 time.time(),
+                lora_running=mask_names(self.adapters, view.get(Field.ADAPTERS_RUNNING)),
+                max_lora=self.max_adapters if self.adapters else 0,
             )
 
 

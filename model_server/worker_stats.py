@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from model_server.adapter_mask import mask_names
 from model_server.config import ServerConfig
 from model_server.metrics import worker_rss
 from model_server.state_machine import StateMachine
@@ -97,13 +98,14 @@ def stats(config: ServerConfig, view: WorkerView, state_machine: StateMachine) -
             gpu_peak_reserved_bytes=_count(view.optional(Field.GPU_PEAK_RESERVED)),
         ),
         model=StatsModel(name=config.served_name, task=config.task, source=config.model),
-        generation=_generation(view),
+        generation=_generation(view, list(config.adapters)),
         time=time.time(),
     ).wire()
 
 
-def _generation(view: WorkerView) -> StatsGeneration | None:
-    """The generation engine's figures (None: not loaded, or a task that generates no text)."""
+def _generation(view: WorkerView, adapters: list[str]) -> StatsGeneration | None:
+    """The generation engine's figures (None: not loaded, or a task that generates no text), and the
+    LoRA adapters in memory (None: none declared)."""
     code = view.optional(Field.GENERATION_ENGINE)
     if code is None:
         return None
@@ -113,6 +115,7 @@ def _generation(view: WorkerView) -> StatsGeneration | None:
         kv_cache_tokens=_count(view.optional(Field.KV_CACHE_TOKENS)),
         kv_cache_reserved_tokens=int(view.get(Field.KV_CACHE_RESERVED)) if batching else None,
         running=int(view.get(Field.GENERATING)) if batching else None,
+        adapters=tuple(mask_names(adapters, view.get(Field.ADAPTERS_LOADED))) if adapters else None,
     )
 
 

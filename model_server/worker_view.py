@@ -74,6 +74,8 @@ class Field(enum.IntEnum):
     WAKE_WANTED = (
         enum.auto()
     )  # a shared host: Unix time a request asked this sleeping model to wake (0: none)
+    ADAPTERS_LOADED = enum.auto()  # LoRA adapters in memory, a bit mask over --adapter's order
+    ADAPTERS_RUNNING = enum.auto()  # LoRA adapters running requests use, the same mask
 
 
 class Column(enum.IntEnum):

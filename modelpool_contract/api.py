@@ -21,6 +21,8 @@ from pydantic.alias_generators import to_camel
 
 from modelpool_contract.flags import (
     BATCH_DELAY_MS,
+    DEFAULT_MAX_LOADED_ADAPTERS,
+    MAX_ADAPTERS,
     MAX_BATCH_SIZE,
     MAX_QUEUE_CAPACITY,
     QUEUE_CAPACITY,
@@ -740,6 +742,58 @@ class AuthSpec(_Model):
     )
 
 
+#: A LoRA adapter's source: a Hugging Face repository or a PersistentVolumeClaim (never a path of the node).
+ADAPTER_SOURCE_PATTERN = r"^(hf://[^/@\s]+/[^@\s]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/|$))"
+MSG_ADAPTER_SOURCE = "spec.adapters[].source must be hf://org/name[@revision] or pvc://claim/sub/path"
+MSG_ADAPTER_UNIQUE = "spec.adapters[].name must be unique within the pool"
+MSG_ADAPTER_SERVED_NAME = (
+    "spec.adapters[].name must differ from spec.servedModelName: that name serves the base model"
+)
+MSG_ADAPTER_POOL_NAME = (
+    "spec.adapters[].name must differ from the pool's name: that name serves the base model"
+)
+MSG_ADAPTER_TASK = "spec.adapters needs spec.model.task text-generation (LoRA adapters of a causal LM)"
+
+
+class AdapterSpec(_Model):
+    """A LoRA adapter of the pool's model, served under its own name (the request's ``model``)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=SERVED_NAME_PATTERN,
+        description=(
+            "The name a request's model field selects the adapter by (through modelpool-gateway and on the "
+            "workers, as vLLM does); unique in the pool, never the pool's name or servedModelName."
+        ),
+    )
+    source: str = Field(
+        min_length=1,
+        max_length=2048,
+        pattern=ADAPTER_SOURCE_PATTERN,
+        description=(
+            "Where the adapter is (a PEFT LoRA folder: adapter_config.json and its weights): "
+            "hf://org/name[@revision] or pvc://claim/sub/path."
+        ),
+    )
+
+
+def adapter_refusal(spec: ModelPoolSpec, pool_name: str | None = None) -> str | None:
+    """Pure: the first rule ``spec.adapters`` breaks (the CRD's CEL rules say the same), None: none."""
+    names = [a.name for a in spec.adapters]
+    if not names:
+        return None
+    if spec.model.task != "text-generation":
+        return MSG_ADAPTER_TASK
+    if len(set(names)) != len(names):
+        return MSG_ADAPTER_UNIQUE
+    if spec.served_model_name is not None and spec.served_model_name in names:
+        return MSG_ADAPTER_SERVED_NAME
+    if pool_name is not None and pool_name in names:
+        return MSG_ADAPTER_POOL_NAME
+    return None
+
+
 #: The endpoint picker's gRPC port (its ext_proc service) as its Service exposes it: the port llm-d-router's
 #: and gateway-api-inference-extension's charts give it.
 DEFAULT_PICKER_PORT = 9002
@@ -873,6 +927,24 @@ class ModelPoolSpec(_Model):
             "export the picker's metrics); the InferencePool CRD must be installed."
         ),
     )
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list,
+        max_length=MAX_ADAPTERS,
+        description=(
+            "LoRA adapters of a text-generation pool's model, each selected by a request's model field "
+            "(its name) and applied per request: requests for different adapters and the base share one "
+            "batch. A worker loads an adapter on its first request and keeps at most maxLoadedAdapters."
+        ),
+    )
+    max_loaded_adapters: int = Field(
+        default=DEFAULT_MAX_LOADED_ADAPTERS,
+        ge=1,
+        le=MAX_ADAPTERS,
+        description=(
+            "Adapters a worker keeps in memory at once; a request for another evicts the least recently "
+            "used one that no running request uses (429 while every loaded one is in use)."
+        ),
+    )
     activation_timeout_seconds: int = Field(
         default=DEFAULT_ACTIVATION_TIMEOUT_SECONDS,
         ge=1,
@@ -898,6 +970,9 @@ class ModelPoolSpec(_Model):
             raise ValueError(MSG_TARGET_LE_CAPACITY)
         if self.inference_pool is not None and not speaks_picker(self.model.task):
             raise ValueError(MSG_INFERENCE_POOL_TASK)
+        adapters = adapter_refusal(self)
+        if adapters is not None:
+            raise ValueError(adapters)
         if self.host is not None:
             refused = shared_pool_refusals(self)
             if refused:
@@ -977,6 +1052,12 @@ SHARED_POOL_RULES: tuple[tuple[str, str, str], ...] = (
         "and a host pod serves several models; remove spec.inferencePool, or remove spec.host",
     ),
     (
+        "adapters",
+        "!has(self.adapters) || size(self.adapters) == 0",
+        "spec.adapters is not supported on a shared pool (spec.host): use dedicated workers for a model "
+        "with LoRA adapters, or remove spec.adapters",
+    ),
+    (
         "resources.gpus",
         "!has(self.resources.gpus) || self.resources.gpus == 0",
         "spec.resources.gpus must be 0 or unset on a shared pool (spec.host): the ModelHost's gpusPerHost "
@@ -1008,6 +1089,7 @@ def shared_pool_refusals(spec: ModelPoolSpec) -> list[str]:
         "disruption": spec.disruption != DisruptionSpec(),
         "auth": spec.auth is not None,
         "inferencePool": spec.inference_pool is not None,
+        "adapters": bool(spec.adapters),
         "resources.gpus": spec.resources.gpus != 0,
         "resources.hostMemory": spec.resources.host_memory is not None,
         "resources.cpu": spec.resources.cpu is not None,
@@ -1114,6 +1196,14 @@ class WorkerStatus(_Model):
         description=(
             "A text-generation worker's engine, running generations, tokens in flight and KV-cache use "
             "(unset for other tasks and while unknown)."
+        ),
+    )
+    adapters: list[str] | None = Field(
+        default=None,
+        description=(
+            "The LoRA adapters (spec.adapters names) the worker holds in memory now, as its /stats says "
+            "(unset: none declared, or unknown); modelpool-gateway sends an adapter's requests to workers "
+            "holding it first."
         ),
     )
     host: str | None = Field(

@@ -47,6 +47,12 @@ REQUEST_BODY_TIMEOUT_S: Final = 30.0
 IDLE_AFTER_S: Final = 300
 #: After SIGTERM, queued and running work may finish for this long.
 DRAIN_TIMEOUT_S: Final = 30
+#: At most this many adapters per pool: a worker reports the loaded ones as a bit mask in one float of its
+#: shared memory (52 exact bits), and the CEL uniqueness rule's cost is quadratic in the count.
+MAX_ADAPTERS = 32
+#: Adapters a worker keeps in memory at once unless ``spec.maxLoadedAdapters`` says otherwise (vLLM's
+#: ``--max-loras`` default is 1; a few rank-8..64 adapters are megabytes beside a model of gigabytes).
+DEFAULT_MAX_LOADED_ADAPTERS = 4
 #: The worker's CPU share in millicores, which the operator sets from the pod's CPU request (the downward
 #: API, ``resourceFieldRef: {resource: requests.cpu, divisor: 1m}``): the server's ``--cpu-share-millicores``
 #: (its settings read ``MODELPOOL_<FLAG>``).  Where no CPU limit caps the pod, the server sizes the model's
@@ -89,6 +95,10 @@ class ServerArgs:
     #: The worker's log format (``--log-format``, ``modelpool_contract.logs``), only when it is not the
     #: server's default (json): so the default adds no flag, and an upgrade rolls no worker for it.
     log_format: LogFormat | None = None
+    #: The pool's LoRA adapters, ``NAME=SOURCE`` each (``--adapter``, repeated), only for pools with
+    #: ``spec.adapters``; and how many a worker keeps loaded (``--max-adapters``).
+    adapter: tuple[str, ...] | None = None
+    max_adapters: int | None = None
 
     def argv(self) -> list[str]:
         """``--flag value`` for every field, in field order; a boolean flag only when true, an optional
@@ -101,6 +111,8 @@ class ServerArgs:
                 continue
             if isinstance(value, bool):
                 args += [flag] if value else []
+            elif isinstance(value, tuple):  # a repeatable flag, once per value
+                args += [part for each in value for part in (flag, _render(each))]
             else:
                 args += [flag, _render(value)]
         return args

@@ -62,6 +62,7 @@ _Lenient = WrapValidator(_unknown_when_invalid)
 Count = Annotated[int | None, _Lenient, BeforeValidator(_no_bool)]
 Number = Annotated[float | None, _Lenient, BeforeValidator(_no_bool)]
 Text = Annotated[str | None, _Lenient]
+Names = Annotated[tuple[str, ...] | None, _Lenient]
 
 
 class _Document(BaseModel):
@@ -108,6 +109,8 @@ class StatsGeneration(_Document):
     kv_cache_tokens: Count = None
     kv_cache_reserved_tokens: Count = None
     running: Count = None
+    #: The LoRA adapters held in memory (names; None: the worker declares none).
+    adapters: Names = None
 
 
 class StatsThreads(_Document):

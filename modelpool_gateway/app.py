@@ -22,11 +22,11 @@ Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes``
 ``max_held_per_pool`` held per pool and ``max_held_per_key`` per API key, for at most its activation timeout
 within ``max_hold_seconds`` (none for a pool that can never get a worker: 503 at once), a pool whose
 workers are all at their ``spec.queue.capacity`` shared between keys by weight in its fair queue
-(``fairness``: ``max_queued_per_key`` per key and ``max_queued_per_pool`` per pool, 429 past them), each worker tried at
-most once per request, and one retry after a draining (503) or unreachable worker. A worker's answer that
-breaks off after its headers went to the client is counted (``relay_errors_total``), logged on one line, and
-ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by closing the connection (the
-server cannot end it short of its length), never an exception out of the app.
+(``fairness``: ``max_queued_per_key`` per key and ``max_queued_per_pool`` per pool, 429 past them),
+each worker tried at most once per request, and one retry after a draining (503) or unreachable worker.
+A worker's answer that breaks off after its headers went to the client is counted (``relay_errors_total``),
+logged on one line, and ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by
+closing the connection (the server cannot end it short of its length), never an exception out of the app.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from modelpool_gateway.hold import Baton, Holds, hold_budget, hold_reason, hopel
 from modelpool_gateway.jsoncost import TOO_MANY_ITEMS, json_refusal
 from modelpool_gateway.limits import NO_LIMITS, Limiter, Limits
 from modelpool_gateway.metrics import Metrics
-from modelpool_gateway.names import Unresolved, split_v2_path
-from modelpool_gateway.picker import Candidate, pick
+from modelpool_gateway.names import Resolved, Unresolved, split_v2_path
+from modelpool_gateway.picker import Candidate, pick, pick_adapter
 from modelpool_gateway.prefix import key_hash, pick_prefix, prefix_key, ring_walk
 from modelpool_gateway.proxy import Outbound, Receive, Upstream, forward_headers, relay, watch_disconnect
 from modelpool_gateway.state import Key, Worker
@@ -109,6 +109,7 @@ class Call:
     key_name: str = ""  # the key's Secret (``access.key_name_of``): what the usage metrics count per
     items: tuple[ItemKind, int] | None = None  # what it asks to compute (``usage.items``)
     limits: Limits = NO_LIMITS  # its key's limits per minute (``access.limits_of``)
+    adapter: str | None = None  # the LoRA adapter its model names: workers holding it are preferred
     share: Share = EQUAL_SHARE  # its key's weight and priority (``access.share_of``)
 
     @property
@@ -347,17 +348,20 @@ class Gateway:
         if isinstance(resolved, Unresolved):
             raise self._not_found(resolved)
         key = resolved.key
-        upstream = self._model_name(key)
-        if model != upstream:  # an alias or namespace/name: a worker knows its pool's name only
+        # A worker knows its pool's name and its adapters' names only.
+        upstream = resolved.adapter or self._model_name(key)
+        if model != upstream:  # an alias or namespace/name
             doc["model"] = upstream
             body = orjson.dumps(doc)
         headers = self.access.upstream_headers(forward_headers(scope["headers"]))
         out = Outbound(scope["method"], scope["path"], headers, body)
-        prefix = self._prefix(key, scope["path"], doc)
+        # An adapter's requests go where it is loaded (``picker.pick_adapter``), not by prefix.
+        prefix = None if resolved.adapter else self._prefix(key, scope["path"], doc)
         asks = items(scope["path"], doc)
         timeout = _client_timeout(scope["headers"])
         caller, name = caller_of(scope), key_name_of(scope)
-        return Call(key, True, out, timeout, caller, prefix, name, asks, limits_of(scope), share_of(scope))
+        limits, share = limits_of(scope), share_of(scope)
+        return Call(key, True, out, timeout, caller, prefix, name, asks, limits, resolved.adapter, share)
 
     def _prefix(self, key: Key, path: str, doc: Any) -> int | None:
         """The ring position a text-generation pool's request is routed by (``prefix``), else None."""
@@ -372,6 +376,11 @@ class Gateway:
     async def _v2_call(self, scope: MutableMapping[str, Any], receive: Receive, ticket: Ticket) -> Call:
         rest = scope["path"][len(V2_MODELS) :]
         resolved, suffix = split_v2_path(self.access.index(grant_of(scope)), rest)
+        if isinstance(resolved, Resolved) and resolved.adapter is not None:
+            # The workers apply adapters on the OpenAI routes only: v2 would answer with the base model.
+            resolved = Unresolved(
+                f"model {resolved.adapter!r} is a LoRA adapter: use /v1/completions or chat"
+            )
         if isinstance(resolved, Unresolved):
             raise self._not_found(resolved)
         body = await self._body(scope, receive, ticket)
@@ -587,12 +596,20 @@ class Gateway:
             send, call.openai, 503, "shutting_down", "the gateway is shutting down", retry_after=1
         )
 
-    def _choose(self, key: Key, tried: set[Key], prefix: int | None = None) -> Worker | None:
+    def _choose(
+        self, key: Key, tried: set[Key], prefix: int | None = None, adapter: str | None = None
+    ) -> Worker | None:
         workers = self.registry.routable(key)
         pool = self.registry.pool(key)
         depths = pool.queue_depths if pool is not None else {}
         candidates = [Candidate(w.key, self.loads.get(w.key, 0), depths.get(w.name)) for w in workers]
-        if prefix is not None:
+        if adapter is not None and pool is not None:
+            self._turn += 1
+            holders = pool.holders(adapter)
+            held = [w.key for w in workers if w.name in holders]
+            factor = self.settings.prefix_load_factor
+            chosen = pick_adapter(candidates, held, tried, self._turn, load_factor=factor)
+        elif prefix is not None:
             factor = self.settings.prefix_load_factor
             chosen = pick_prefix(candidates, prefix, tried, load_factor=factor)
             if chosen is not None:
@@ -612,7 +629,7 @@ class Gateway:
         # Done when the client leaves: its request is abandoned at the worker, its answer not relayed.
         gone = asyncio.ensure_future(watch_disconnect(receive))
         try:
-            while (worker := self._choose(call.key, tried, call.prefix)) is not None:
+            while (worker := self._choose(call.key, tried, call.prefix, call.adapter)) is not None:
                 tried.add(worker.key)
                 self.loads[worker.key] = self.loads.get(worker.key, 0) + 1
                 self.metrics.of(self.metrics.in_flight, call.label).inc()

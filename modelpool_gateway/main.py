@@ -23,21 +23,15 @@ from kubernetes_asyncio import client, config
 
 from modelpool_contract import logs
 from modelpool_contract.gateway_keys import default_keys_namespace
-from modelpool_gateway.access import Access
 from modelpool_gateway.access_log import access_middleware
-from modelpool_gateway.app import Gateway, fair_queues
+from modelpool_gateway.assembly import assemble
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.config import ConfigError, GatewaySettings, load_settings
 from modelpool_gateway.connections import gateway_protocol
-from modelpool_gateway.demand import DemandRecorder, LeaseClient
+from modelpool_gateway.demand import LeaseClient
 from modelpool_gateway.draining import CloseWhenDraining, Draining
 from modelpool_gateway.hold import Holds
 from modelpool_gateway.keys import KeyStore, key_namespaces, key_watch
-from modelpool_gateway.limits import Limiter
-from modelpool_gateway.metrics import Metrics
-from modelpool_gateway.proxy import Upstream
-from modelpool_gateway.routes import build_routes
-from modelpool_gateway.state import Key
 from modelpool_gateway.watch import (
     WatchHealth,
     WatchSpec,
@@ -162,65 +156,27 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     except Exception as exc:
         log.error("cannot load the API server's configuration: %s", exc)
         return EXIT_KUBE
-    registry, metrics = Registry(own), Metrics()
-    holds = Holds(settings.max_held_per_pool, registry.has_routable)
-    fair = fair_queues(settings, registry)
-    demand = DemandRecorder(
-        LeaseClient(client.CoordinationV1Api(api)),
-        pools=registry.pool,
-        held=holds.held,
-        metrics=metrics,
-        interval_s=settings.demand_interval_seconds,
-        holder=replica_identity(),
-        seen=registry.record_demand,
-    )
-
-    def changed(key: Key) -> None:
-        label = f"{key[0]}/{key[1]}"
-        metrics.serving_workers.labels(label).set(len(registry.routable(key)))
-        if registry.pool(key) is None:
-            holds.abandon(key)
-            demand.forget(key)
-        else:
-            holds.changed(key)
-        fair.changed(key)  # more workers: more slots; none: its waiters go to the hold
-
-    registry.subscribe(changed)
+    registry = Registry(own)
     specs = _watches(scopes, registry, api)
     specs += [key_watch(store, client.CoreV1Api(api), ns) for ns in key_scopes if store is not None]
-    access = Access(settings.auth, store, registry)
-    limiter = Limiter(settings.replicas)
-    if store is not None:  # a key's windows go with its last Secret
-        store.on_gone = limiter.forget
-    upstream = Upstream(settings)
     health = WatchHealth()
     draining = Draining(settings.shutdown_delay_seconds)
-    app = Gateway(
-        settings=settings,
+    parts = assemble(
+        settings,
         registry=registry,
-        holds=holds,
-        demand=demand,
-        upstream=upstream,
-        metrics=metrics,
-        access=access,
-        limiter=limiter,
-        fair=fair,
-        fallback=build_routes(
-            registry,
-            metrics,
-            [s.name for s in specs],
-            access,
-            health=health,
-            stale_s=settings.watch_stale_seconds,
-            draining=draining,
-        ),
+        leases=LeaseClient(client.CoordinationV1Api(api)),
+        holder=replica_identity(),
+        keys=store,
+        watches=[s.name for s in specs],
+        health=health,
+        draining=draining,
     )
     tasks = [
         asyncio.create_task(
             run_watch(
                 spec,
                 registry,
-                metrics,
+                parts.metrics,
                 settings.watch_timeout_seconds,
                 settings.watch_backoff_max_seconds,
                 health=health,
@@ -231,7 +187,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     server = _Server(
         uvicorn.Config(
             # The request ids and our access line (``access_log``) replace uvicorn's access log.
-            access_middleware(CloseWhenDraining(app, draining)),
+            access_middleware(CloseWhenDraining(parts.app, draining)),
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level,
@@ -248,11 +204,11 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
             # cap (uvicorn has none of these: modelpool_gateway.connections).
             http=gateway_protocol(settings.header_timeout_seconds, settings.max_connections),
         ),
-        holds,
+        parts.holds,
         draining,
     )
     if settings.metrics_port:
-        metrics.serve(settings.host, settings.metrics_port)
+        parts.metrics.serve(settings.host, settings.metrics_port)
     log.info(
         "modelpool-gateway listening on %s:%d (metrics on %s), watching %s (never routing %s); API keys %s",
         settings.host,
@@ -268,9 +224,9 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await demand.close()
-        upstream.close()
-        metrics.close()
+        await parts.demand.close()
+        parts.upstream.close()
+        parts.metrics.close()
         await api.close()
     return 0
 

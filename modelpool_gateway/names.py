@@ -4,7 +4,9 @@ A client names a pool, in this order of precedence:
 
 1. ``namespace/name``, exactly;
 2. its ``spec.servedModelName`` (an alias such as ``sentence-transformers/all-MiniLM-L6-v2``);
-3. its name alone.
+3. its name alone;
+4. the name of one of its LoRA adapters (``spec.adapters``): the request goes to the pool and keeps the
+   adapter's name as its model, which the worker applies.
 
 ``namespace/name`` comes first so that no alias can take another pool's full name, and an alias shaped like
 another namespace's ``namespace/name`` (``team-b/llama`` on a pool of ``team-a``) is not indexed at all: the
@@ -19,7 +21,7 @@ request costs a dictionary lookup or two.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from modelpool_contract.api import alias_claims_namespace
 from modelpool_gateway.state import Key, Pool
@@ -30,9 +32,10 @@ V2_SUFFIXES = ("", "ready", "infer", "versions", "config", "stats")
 
 @dataclass(frozen=True)
 class Resolved:
-    """The pool a name resolved to."""
+    """The pool a name resolved to, and the LoRA adapter of it the name selects (None: the base model)."""
 
     key: Key
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class NameIndex:
     aliases: Mapping[str, tuple[Key, ...]]
     names: Mapping[str, tuple[Key, ...]]
     keys: frozenset[Key]
+    adapters: Mapping[str, tuple[Key, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, pools: Iterable[Pool]) -> NameIndex:
@@ -72,6 +76,7 @@ class NameIndex:
             ),
             names=_group((p.name, p.key) for p in listed),
             keys=frozenset(p.key for p in listed),
+            adapters=_group((a, p.key) for p in listed for a in p.adapters),
         )
 
     def resolve(self, model: str) -> Resolution:
@@ -81,10 +86,10 @@ class NameIndex:
         namespace, slash, name = model.partition("/")
         if slash and (namespace, name) in self.keys:
             return Resolved((namespace, name))
-        for table in (self.aliases, self.names):
+        for table in (self.aliases, self.names, self.adapters):
             found = table.get(model, ())
             if len(found) == 1:
-                return Resolved(found[0])
+                return Resolved(found[0], model if table is self.adapters else None)
             if found:
                 choices = ", ".join(f"{ns}/{n}" for ns, n in found)
                 return Unresolved(

@@ -14,6 +14,7 @@ loading or waking there, or placed nowhere yet: the request is held like one for
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,12 @@ class Candidate:
     queue_depth: int | None = None
 
 
+def load_bound(total: int, workers: int, load_factor: float) -> int:
+    """The most requests in flight a worker may hold once it takes the next one (Mirrokni et al.'s bounded
+    load: ``total`` in flight over ``workers``), shared by the prefix ring and the adapter preference."""
+    return math.ceil(load_factor * (total + 1) / workers)
+
+
 def pick(candidates: Sequence[Candidate], exclude: Collection[Key] = (), turn: int = 0) -> Key | None:
     """The worker to send the next request to, or None when every candidate is excluded."""
     best: list[Candidate] = []
@@ -50,6 +57,29 @@ def pick(candidates: Sequence[Candidate], exclude: Collection[Key] = (), turn: i
         return None
     best.sort(key=lambda c: c.key)
     return best[turn % len(best)].key
+
+
+def pick_adapter(
+    candidates: Sequence[Candidate],
+    holders: Collection[Key],
+    exclude: Collection[Key] = (),
+    turn: int = 0,
+    *,
+    load_factor: float = 1.25,
+) -> Key | None:
+    """The worker for a request naming a LoRA adapter: the least loaded of those that hold it in memory
+    (``holders``, from the pool's status) while that one stays within the bounded-load share
+    (``prefix.load_bound``: at most ``ceil(load_factor * (total + 1) / n)`` in flight), so an adapter's
+    requests skip a load and the worker stays warm without piling up on it; else the least loaded of all
+    (which loads it)."""
+    held = [c for c in candidates if c.key in holders and c.key not in exclude]
+    chosen = pick(held, exclude, turn)
+    open_ = [c for c in candidates if c.key not in exclude]
+    if chosen is not None:
+        bound = load_bound(sum(c.in_flight for c in open_), len(open_), load_factor)
+        if next(c for c in held if c.key == chosen).in_flight + 1 <= bound:
+            return chosen
+    return pick(candidates, exclude, turn)
 
 
 def shared_candidates(pool: str, host: str, pods: Iterable[HostPod]) -> list[HostPod]:

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from modelpool_gateway.picker import Candidate
+from modelpool_gateway.picker import Candidate, load_bound
 from modelpool_gateway.state import Key
 
 #: Points per worker on the ring: enough for an even split of keys at a few workers (the spread of a
@@ -88,11 +87,6 @@ def ring_walk(workers: Collection[Key], position: int, vnodes: int = VNODES) -> 
 def ring_order(workers: Collection[Key], position: int, vnodes: int = VNODES) -> list[Key]:
     """``ring_walk`` as a list."""
     return list(ring_walk(workers, position, vnodes))
-
-
-def load_bound(total: int, workers: int, load_factor: float) -> int:
-    """The most requests in flight a worker may hold once it takes the next one (Mirrokni et al.)."""
-    return math.ceil(load_factor * (total + 1) / workers)
 
 
 def pick_prefix(

@@ -58,6 +58,18 @@ def _model_entry(registry: Registry, index: NameIndex, pool: Pool) -> dict[str, 
     }
 
 
+def _pool_entries(registry: Registry, index: NameIndex, pool: Pool) -> list[dict[str, Any]]:
+    """A pool's model, then each of its LoRA adapters that resolves to it, with the pool's model as its
+    ``parent`` (vLLM lists adapters so)."""
+    base = _model_entry(registry, index, pool)
+    adapters = [
+        {**base, "id": name, "root": name, "parent": base["id"]}
+        for name in pool.adapters
+        if index.resolve(name) == Resolved(pool.key, name)
+    ]
+    return [base, *adapters]
+
+
 def readiness(
     watches: Collection[str], synced: Collection[str], health: WatchHealth, now: float, stale_s: float
 ) -> dict[str, Any]:
@@ -90,7 +102,8 @@ def build_routes(
         grant = grant_of(request.scope)
         index = access.index(grant)
         pools = sorted((p for p in registry.pools.values() if grant.allows(p.key)), key=lambda p: p.key)
-        return _json({"object": "list", "data": [_model_entry(registry, index, p) for p in pools]})
+        data = [entry for p in pools for entry in _pool_entries(registry, index, p)]
+        return _json({"object": "list", "data": data})
 
     async def get_model(request: Request) -> Response:
         model = request.path_params["model"]
@@ -103,7 +116,9 @@ def build_routes(
             return Response(
                 error_body(True, 404, "model_not_found", message), 404, media_type="application/json"
             )
-        return _json(_model_entry(registry, index, pool))
+        entries = _pool_entries(registry, index, pool)
+        adapter = resolved.adapter if isinstance(resolved, Resolved) else None
+        return _json(next((e for e in entries if e["id"] == adapter), entries[0]))
 
     async def healthz(request: Request) -> Response:
         return _json({"live": True})

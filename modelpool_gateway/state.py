@@ -112,6 +112,8 @@ class WorkerState:
     reason: str | None = None
     message: str | None = None
     load_progress: float | None = None
+    # The LoRA adapters it holds in memory (its /stats, through the pool's status).
+    adapters: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,8 @@ class Pool:
     # Requests each worker takes before it answers 429 (spec.queue.capacity; None: unknown, never queued
     # by the gateway's fair queue, ``fairness``).
     queue_capacity: int | None = None
+    # The pool's LoRA adapters (spec.adapters): names a request's model may take to reach this pool.
+    adapters: tuple[str, ...] = ()
 
     @property
     def model_name(self) -> str:
@@ -156,6 +160,10 @@ class Pool:
     @property
     def key(self) -> Key:
         return (self.namespace, self.name)
+
+    def holders(self, adapter: str) -> frozenset[str]:
+        """The names of the workers that hold ``adapter`` in memory, as the status last said."""
+        return frozenset(w.name for w in self.workers if adapter in w.adapters)
 
 
 def _container_port(spec: Mapping[str, Any]) -> int:
@@ -231,6 +239,7 @@ def _worker_state(entry: WorkerStatus) -> WorkerState:
         reason=entry.reason or None,
         message=entry.message or None,
         load_progress=entry.load_progress,
+        adapters=frozenset(entry.adapters or ()),
     )
 
 
@@ -280,4 +289,5 @@ def pool_from_object(obj: Mapping[str, Any]) -> Pool:
         wakes_on_demand=replica_ceiling(spec) >= 1,
         host=spec.host,
         queue_capacity=spec.queue.capacity,
+        adapters=tuple(a.name for a in spec.adapters),
     )

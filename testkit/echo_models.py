@@ -130,7 +130,8 @@ class FailingLoad(EchoEmbedding):
 
 
 class EchoGeneration(Task[GenerationItem, GenerationResult]):
-    """A streaming text-generation stand-in: 'generates' the prompt's words back, one per emit."""
+    """A streaming text-generation stand-in: 'generates' the prompt's words back, one per emit (after
+    ``[<adapter>]`` when the request named a LoRA adapter of the pool: what the worker applied)."""
 
     name = "text-generation"
     batchable = False
@@ -144,6 +145,8 @@ class EchoGeneration(Task[GenerationItem, GenerationResult]):
         out = []
         for item in items:
             words = item.prompt.split()[: item.params.max_tokens]
+            if item.adapter is not None:
+                words = [f"[{item.adapter}]", *words][: item.params.max_tokens]
             for k, w in enumerate(words):
                 if emit is not None:
                     emit(w + " ")

@@ -94,6 +94,26 @@ def build_llama_generation(out: Path, context: int = 128) -> Path:
     return _save_causal_lm(out, LlamaForCausalLM, config, tokenizer)
 
 
+def build_lora_adapter(base: Path, out: Path, seed: int) -> Path:
+    """A random LoRA adapter (peft, rank 4) of the causal LM saved in ``base``, saved in ``out`` as a
+    PeftModel saves one: weights drawn from ``seed`` and large enough that its greedy tokens differ from the
+    base model's and from another seed's."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj", "down_proj"])
+    peft_model: Any = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, weight in peft_model.named_parameters():
+            if "lora_" in name:  # peft starts B at zero (no change); a random B makes the adapter matter
+                weight.copy_(torch.randn(weight.shape, generator=generator))
+    peft_model.save_pretrained(out)
+    return out
+
+
 def _gpt2_config(tokenizer: Any, **extra: Any) -> Any:
     """A 2-layer GPT-2 of hidden 32 and context 128 for ``tokenizer``, with the fields ``extra`` adds."""
     from transformers import GPT2Config

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Sequence
 from functools import partial
 
+from model_server.adapter_mask import adapter_mask
 from model_server.config import ServerConfig
 from model_server.engine.sweep import Sweep, sweep_capacity
 from model_server.engine.unit import Outcome, Piece, Unit
@@ -320,6 +321,10 @@ class DataPlane:
         if engine is not None:
             view.set(Field.GENERATING, engine.running)
             view.set(Field.KV_CACHE_RESERVED, engine.reserved)
+        adapters = self.worker.adapters
+        if adapters is not None:
+            view.set(Field.ADAPTERS_LOADED, adapters.mask())
+            view.set(Field.ADAPTERS_RUNNING, adapter_mask(adapters.declared, adapters.running))
 
     # ---- idle, drain, failure -----------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from model_server.engine.adapters import BASE, AdapterBank
 from model_server.errors import InferenceError, InvalidInput, Overloaded, ServerError, is_fatal_device_error
 from model_server.tasks.base import Emitter, GenerationItem, GenerationParams, GenerationResult
 from model_server.tasks.generation import Detokenizer, StopText, check_context, eos_ids
@@ -96,6 +97,8 @@ PROBE_TIMEOUT_S = 60.0
 READER_POLL_S = 0.1
 
 Done = Callable[["Unit", "list[GenerationResult] | ServerError | None"], None]
+# An item rendered and tokenized: the item, and its prompt's token ids and their count.
+_Prepared = tuple[GenerationItem, tuple[list[int], int]]
 
 
 # ---- pure decisions ---------------------------------------------------------------------------------
@@ -215,6 +218,7 @@ class GenerativeModel(Protocol):
     _model: Any
     _tokenizer: Any
     _context: int | None
+    adapters: Any
 
     def render(self, item: GenerationItem) -> tuple[str, bool]: ...
 
@@ -232,6 +236,7 @@ class _Job:
     emit: Emitter | None
     text: StopText
     detokenizer: Detokenizer
+    adapter: str | None = None  # its LoRA adapter, pinned in the bank while the manager holds it
     last_token: float | None = None  # when its last token arrived
 
     @property
@@ -276,6 +281,11 @@ class BatchingEngine:
         # Where the supervisor's wedge watch looks (``Field.BATCH_STARTED``); set by the data plane.
         self.view: WorkerView | None = None
         self._last_output = time.monotonic()
+        self._adapters: AdapterBank | None = task.adapters
+        self._adapter_of: dict[str, str] = {}  # request id -> its adapter (read by the manager's thread)
+        self._loading: set[Any] = set()  # units waiting for their adapters to load
+        if self._adapters is not None:
+            self._adapters.batch_names = self._batch_adapters
 
     # ---- figures -----------------------------------------------------------------------------------
 
@@ -322,15 +332,71 @@ class BatchingEngine:
                 log.exception("cannot prepare a generation")
             done(unit, InferenceError(f"the request could not be prepared: {type(exc).__name__}: {exc}"))
             return
-        error = admission_error(
+        error = self._admission(prepared)
+        if error is not None:
+            done(unit, error)
+            return
+        missing = self._pin(prepared)
+        if missing:  # loaded off the event loop, then started (or answered)
+            task = asyncio.ensure_future(self._load_then_start(unit, done, prepared, missing))
+            self._loading.add(task)  # held until done: the loop keeps only weak references to tasks
+            task.add_done_callback(self._loading.discard)
+            return
+        self._start(unit, done, prepared)
+
+    def _admission(self, prepared: list[_Prepared]) -> ServerError | None:
+        return admission_error(
             [(count, item.params.max_tokens) for item, (_, count) in prepared],
             capacity=self.capacity,
             reserved=self.reserved,
             retry_after_s=self._retry_after(),
         )
-        if error is not None:
-            done(unit, error)
+
+    def _pin(self, prepared: list[_Prepared]) -> list[str]:
+        """Pin each item's loaded adapter; the adapters not loaded (each once), which are not pinned."""
+        missing: list[str] = []
+        for item, _ in prepared:
+            name = item.adapter
+            if name is None:
+                continue
+            if self._adapters is None:
+                raise AssertionError("an adapter request reached a model without adapters")
+            if name in missing or not self._adapters.acquire(name):
+                missing.append(name)
+        return missing
+
+    async def _load_then_start(
+        self, unit: Unit, done: Done, prepared: list[_Prepared], missing: list[str]
+    ) -> None:
+        """Load the adapters ``missing`` (each pinned once per item that needs it), then start the unit,
+        unless its client left meanwhile or the cache no longer has room (429)."""
+        assert self._adapters is not None
+        pinned = [n for item, _ in prepared if (n := item.adapter) is not None and n not in missing]
+        try:
+            for name in missing:
+                for item, _ in prepared:
+                    if item.adapter == name:
+                        await self._adapters.ensure_async(name)
+                        pinned.append(name)
+            gone = unit.abandoned is not None or unit.deadline <= time.monotonic()
+            error = None if gone else self._admission(prepared)
+        except ServerError as exc:
+            gone, error = False, exc
+        except Exception as exc:  # an adapter that cannot be read fails this request alone
+            log.exception("cannot load an adapter")
+            gone, error = (
+                False,
+                InferenceError(f"the adapter could not be loaded: {type(exc).__name__}: {exc}"),
+            )
+        if gone or error is not None:
+            for name in pinned:
+                self._adapters.release(name)
+            done(unit, None if gone else error)
             return
+        self._start(unit, done, prepared)
+
+    def _start(self, unit: Unit, done: Done, prepared: list[_Prepared]) -> None:
+        """Add every item of an admitted unit (its adapters pinned) to the manager."""
         running = _Running(unit, done, [], [None] * len(unit.items))
         self._units[id(unit)] = running
         idle = not self._jobs
@@ -341,6 +407,9 @@ class BatchingEngine:
                 unit, index, f"u{self._ids}", pages(count + item.params.max_tokens) * PAGE_TOKENS,
                 item.params.max_tokens, count, emit, StopText(item.params.stop), Detokenizer(self._tokenizer),
             )  # fmt: skip
+            job.adapter = item.adapter
+            if item.adapter is not None:
+                self._adapter_of[job.rid] = item.adapter
             self._jobs[job.rid] = job
             running.jobs.append(job)
             self.reserved += job.reserved
@@ -357,7 +426,19 @@ class BatchingEngine:
         if emit is not None:
             emit("")  # no text: the route may send its headers (the request is admitted)
 
-    def _prepare(self, item: GenerationItem) -> tuple[GenerationItem, tuple[list[int], int]]:
+    def _batch_adapters(self) -> list[str]:
+        """The adapter of each request in the batch being computed (on the manager's thread, before the
+        forward pass: ``AdapterBank`` turns them into one name per token)."""
+        states = self._manager.batch_processor.inputs_and_outputs.requests_in_batch
+        return [self._adapter_of.get(state.state.request_id, BASE) for state in states]
+
+    def _release(self, rid: str) -> None:
+        """The manager no longer holds request ``rid``: its adapter's pin goes."""
+        name = self._adapter_of.pop(rid, None)
+        if name is not None and self._adapters is not None:
+            self._adapters.release(name)
+
+    def _prepare(self, item: GenerationItem) -> _Prepared:
         """Validate, render and tokenize one item (400 for what this engine cannot serve)."""
         check_generation_params(item.params)
         refused = refusal(item.params)
@@ -512,6 +593,7 @@ class BatchingEngine:
             self._loop.call_later(0.005, self._confirm_cancels)
         else:
             self.reserved -= job.reserved
+            self._release(job.rid)
 
     def _confirm_cancels(self) -> None:
         """Release the reservations of cancelled requests the manager no longer holds."""
@@ -528,6 +610,7 @@ class BatchingEngine:
             )
             if not held:
                 self.reserved -= self._cancelling.pop(rid)
+                self._release(rid)
         if self._cancelling:
             self._loop.call_later(0.005, self._confirm_cancels)
 
@@ -547,6 +630,8 @@ class BatchingEngine:
         log.error("%s", reason)
         for running in list(self._units.values()):
             self._end_unit(running, InferenceError(reason))
+        for rid in self._cancelling:
+            self._release(rid)
         self._cancelling.clear()
         self.reserved = 0
         if error is not None and is_fatal_device_error(error):
@@ -640,7 +725,8 @@ def _start(task: Any, device: str, capacity: int, on_fatal: Callable[[str], None
         per_request_processors=True,
         allow_block_sharing=False,  # a finished request's blocks go back to the free pool at once
         use_async_batching=False,  # a cancelled request leaves between two iterations, never during one
-        use_cuda_graph=False if not device.startswith("cuda") else None,
+        # A graph would replay the first batch's adapter assignment (Python hooks do not run in a replay).
+        use_cuda_graph=False if not device.startswith("cuda") or task.adapters is not None else None,
     )
     ids = [int(i) for i in tokenizer("Hello")["input_ids"]] or [0]
     with torch.inference_mode():

@@ -37,6 +37,7 @@ from typing import Any
 from model_server.config import ServerConfig
 from model_server.cpu_budget import ThreadPlan, set_interop_threads
 from model_server.engine import parking, sources
+from model_server.engine.adapters import AdapterBank, attach_adapters
 from model_server.engine.download import DownloadProgress
 from model_server.engine.generation_engine import BatchingEngine, attach
 from model_server.engine.heap import HeapTrimmer
@@ -116,6 +117,7 @@ class Worker:
         self.task_cls: type[Task[Any, Any]] | None = None
         # The continuous-batching engine of a text-generation model that can use it (generation_engine.py).
         self.engine: BatchingEngine | None = None
+        self.adapters: AdapterBank | None = None  # the model's LoRA adapters (--adapter)
         self.load_error: str | None = None
         self.load_progress = 0.0
         self.load_seconds: float | None = None
@@ -188,6 +190,7 @@ class Worker:
                 trust_remote_code=self.config.trust_remote_code,
             )
         )
+        self.adapters = attach_adapters(task, self.config)
         self.load_seconds = time.monotonic() - started
         self.load_progress = 0.9
         if "torch" in sys.modules:  # a handler's model may not use torch at all

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -239,10 +240,30 @@ def image_items(body: ImagesBody) -> list[ImageGenerationItem]:
 # ---- results -> responses ---------------------------------------------------------------------------
 
 
-def models_response(name: str, task: str) -> dict[str, Any]:
-    """``GET /v1/models``: the one served model."""
+def models_response(name: str, task: str, adapters: Sequence[str] = ()) -> dict[str, Any]:
+    """``GET /v1/models``: the served model, and its LoRA adapters, each with its base as ``parent``
+    (vLLM's shape: ``root`` the adapter, ``parent`` the base model's name)."""
     model = {"id": name, "object": "model", "created": 0, "owned_by": "modelpool", "task": task}
-    return {"object": "list", "data": [model]}
+    loras = [
+        {
+            "id": a,
+            "object": "model",
+            "created": 0,
+            "owned_by": "modelpool",
+            "task": task,
+            "root": a,
+            "parent": name,
+        }
+        for a in adapters
+    ]
+    return {"object": "list", "data": [model, *loras]}
+
+
+def with_adapter(items: Sequence[Any], adapter: str | None) -> list[Any]:
+    """The generation items of a request that named LoRA adapter ``adapter`` (None: the base model)."""
+    if adapter is None:
+        return list(items)
+    return [dataclasses.replace(item, adapter=adapter) for item in items]
 
 
 def embeddings_response(body: EmbeddingsBody, results: Sequence[Embedding], name: str) -> dict[str, Any]:

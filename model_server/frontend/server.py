@@ -38,7 +38,13 @@ class ModelServer:
         # The endpoint picker's names on a dedicated text-generation worker (a shared host's models are no
         # picker's endpoints: it scrapes pods, and a host pod holds many models).
         picker = metrics_model is None and speaks_picker(config.task)
-        self.gauges = WorkerGauges(self.view, self.state_machine, picker=picker)
+        self.gauges = WorkerGauges(
+            self.view,
+            self.state_machine,
+            picker=picker,
+            adapters=list(config.adapters),
+            max_adapters=config.max_adapters,
+        )
         self.inference = InferenceClient(config, self.view, self.state_machine, self.metrics, http_row(index))
 
     @property

@@ -144,7 +144,13 @@ class ProbeServer(LocalHTTPServer):
         self.state_machine = state_machine
         self.metrics_dir = metrics_dir
         # A text-generation worker's probe port is where the endpoint picker scrapes its protocol.
-        self.gauges = WorkerGauges(view, state_machine, picker=speaks_picker(config.task))
+        self.gauges = WorkerGauges(
+            view,
+            state_machine,
+            picker=speaks_picker(config.task),
+            adapters=list(config.adapters),
+            max_adapters=config.max_adapters,
+        )
 
     def metrics(self) -> bytes:
         """``/metrics``: the worker's exposition (``metrics_dir``: the processes' multiprocess files)."""

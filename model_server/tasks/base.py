@@ -98,6 +98,8 @@ class GenerationItem:
     # Chat messages, when the request came from /v1/chat/completions; a task with a chat template
     # renders these itself, otherwise the route's plain rendering in ``prompt`` is used.
     messages: tuple[Mapping[str, str], ...] | None = None
+    # The LoRA adapter the request's model field named (``--adapter``); None: the base model.
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)

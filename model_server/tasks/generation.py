@@ -21,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -265,6 +266,12 @@ GenerationItemT = TypeVar("GenerationItemT")
 WARMUP_PARAMS = GenerationParams(max_tokens=2, temperature=0.0)
 
 
+class AdapterChoice(Protocol):
+    """The LoRA adapters of a loaded model (``engine.adapters.AdapterBank``), as the serial path uses them."""
+
+    def applied(self, name: str | None) -> AbstractContextManager[None]: ...
+
+
 class GenerativeTask(Task[GenerationItemT, GenerationResult]):
     """What text-generation and vision share: a model behind ``generate``, its tokenizer and context
     window, one item at a time (not batchable), and the v2 output ``text_output`` BYTES [-1]."""
@@ -277,6 +284,8 @@ class GenerativeTask(Task[GenerationItemT, GenerationResult]):
         self._tokenizer: Any = None
         self._device = "cpu"
         self._context: int | None = None
+        # Set by the worker after the load when the model has LoRA adapters (``--adapter``).
+        self.adapters: AdapterChoice | None = None
 
     def max_input_tokens(self) -> int | None:
         return self._context

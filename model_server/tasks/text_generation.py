@@ -91,7 +91,12 @@ class TextGenerationTask(GenerativeTask[GenerationItem]):
         prompt_tokens = int(encoded["input_ids"].shape[-1])
         check_context(prompt_tokens, item.params.max_tokens, self._context)
         inputs = {k: v.to(self._device) for k, v in encoded.items() if k in ("input_ids", "attention_mask")}
-        return self._generate(inputs, prompt_tokens, item.params, emit)
+        if item.adapter is None:
+            return self._generate(inputs, prompt_tokens, item.params, emit)
+        if self.adapters is None:
+            raise InvalidInput(f"this model has no adapter {item.adapter!r}")
+        with self.adapters.applied(item.adapter):  # loaded on demand, applied to this generate alone
+            return self._generate(inputs, prompt_tokens, item.params, emit)
 
     def warmup_items(self) -> list[GenerationItem]:
         return [GenerationItem(prompt="Hello", params=WARMUP_PARAMS)]

@@ -30,6 +30,11 @@ from modelpool_contract.api import (
     MODELHOST_PLURAL,
     MODELPOOL_KIND,
     MODELPOOL_PLURAL,
+    MSG_ADAPTER_POOL_NAME,
+    MSG_ADAPTER_SERVED_NAME,
+    MSG_ADAPTER_SOURCE,
+    MSG_ADAPTER_TASK,
+    MSG_ADAPTER_UNIQUE,
     MSG_CACHE_CLAIM,
     MSG_CACHE_PATH,
     MSG_DEVICE_MEMORY_POSITIVE,
@@ -240,6 +245,11 @@ def _pool_spec_schema() -> dict[str, Any]:
         {"rule": f"!has(self.host) || ({unset})", "message": message, "fieldPath": f".{field}"}
         for field, unset, message in SHARED_POOL_RULES
     ]
+    spec["x-kubernetes-validations"] += _adapter_rules()
+    adapter_source = spec["properties"]["adapters"]["items"]["properties"]["source"]
+    adapter_source["x-kubernetes-validations"] = [
+        {"rule": f"self.matches({_cel_string(adapter_source.pop('pattern'))})", "message": MSG_ADAPTER_SOURCE}
+    ]
     cache = spec["properties"]["model"]["properties"]["cache"]
     cache["x-kubernetes-validations"] = [
         {"rule": "self.type != 'pvc' || has(self.claimName)", "message": MSG_CACHE_CLAIM},
@@ -258,6 +268,41 @@ def _pool_spec_schema() -> dict[str, Any]:
         }
     ]
     return spec
+
+
+def _adapter_rules() -> list[dict[str, str]]:
+    """``spec.adapters``' cross-field rules (``api.adapter_refusal`` says the same): text-generation only,
+    names unique and none the base model's served name (the pool's own name: ``ADAPTER_POOL_NAME_RULE``)."""
+    return [
+        {
+            "rule": "!has(self.adapters) || size(self.adapters) == 0 || self.model.task == 'text-generation'",
+            "message": MSG_ADAPTER_TASK,
+            "fieldPath": ".adapters",
+        },
+        {
+            "rule": (
+                "!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b, b.name == a.name))"
+            ),
+            "message": MSG_ADAPTER_UNIQUE,
+            "fieldPath": ".adapters",
+        },
+        {
+            "rule": (
+                "!has(self.adapters) || !has(self.servedModelName) || "
+                "self.adapters.all(a, a.name != self.servedModelName)"
+            ),
+            "message": MSG_ADAPTER_SERVED_NAME,
+            "fieldPath": ".adapters",
+        },
+    ]
+
+
+#: An adapter named as its pool would take the base model's name: a root rule, the only place CEL reads
+#: ``metadata.name``.
+ADAPTER_POOL_NAME_RULE = {
+    "rule": "!has(self.spec.adapters) || self.spec.adapters.all(a, a.name != self.metadata.name)",
+    "message": MSG_ADAPTER_POOL_NAME,
+}
 
 
 def _cel_string(text: str) -> str:
@@ -381,6 +426,7 @@ def modelpool_crd() -> dict[str, Any]:
             },
         ],
         scale=True,
+        rules=[ADAPTER_POOL_NAME_RULE],
     )
 
 

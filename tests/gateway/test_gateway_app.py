@@ -27,17 +27,13 @@ from modelpool_contract.gateway_keys import (
     REQUESTS_PER_MINUTE_FIELD,
     TOKENS_PER_MINUTE_FIELD,
 )
-from modelpool_gateway.access import Access
 from modelpool_gateway.app import Gateway
+from modelpool_gateway.assembly import assemble
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.client import MAX_UPSTREAM_HEADER_BYTES, MAX_UPSTREAM_HEADERS
 from modelpool_gateway.config import GatewaySettings
-from modelpool_gateway.demand import Answer, DemandRecorder, LeaseClient
-from modelpool_gateway.hold import Holds
+from modelpool_gateway.demand import Answer, LeaseClient
 from modelpool_gateway.keys import KeyStore
-from modelpool_gateway.metrics import Metrics
-from modelpool_gateway.proxy import Upstream
-from modelpool_gateway.routes import build_routes
 from modelpool_gateway.state import HostPod, Pool, Worker
 from testkit.echo_models import ECHO
 from testkit.server import ServerProcess, start_server
@@ -73,11 +69,6 @@ def echo() -> Iterator[ServerProcess]:
 class Harness:
     def __init__(self, **settings: Any) -> None:
         self.settings = GatewaySettings(**settings)
-        self.registry = Registry()
-        self.metrics = Metrics()
-        self.holds = Holds(self.settings.max_held_per_pool, self.registry.has_routable)
-        self.registry.subscribe(self.holds.changed)
-
         writes: list[dict[str, Any]] = []
         self.lease_writes = writes
 
@@ -92,29 +83,12 @@ class Harness:
                 writes.append(body)  # kept, for what a write reports (the held and refused counts)
                 return Answer(201, body)
 
-        self.demand = DemandRecorder(
-            NoLeases(),
-            pools=self.registry.pool,
-            held=self.holds.held,
-            metrics=self.metrics,
-            interval_s=5,
-            holder="test",
-        )
-        self.upstream = Upstream(self.settings)
         self.keys = KeyStore(ADMIN)
         self.keys.set_secret(key_secret("ns", KEY, **{NAMESPACES_FIELD: NS}))
         self.keys.set_secret(key_secret("other", OTHER_KEY, **{NAMESPACES_FIELD: "other"}))
-        access = Access(self.settings.auth, self.keys, self.registry)
-        self.app = Gateway(
-            settings=self.settings,
-            registry=self.registry,
-            holds=self.holds,
-            demand=self.demand,
-            upstream=self.upstream,
-            metrics=self.metrics,
-            access=access,
-            fallback=build_routes(self.registry, self.metrics, [], access),
-        )
+        parts = assemble(self.settings, registry=Registry(), leases=NoLeases(), holder="test", keys=self.keys)
+        self.registry, self.metrics, self.holds = parts.registry, parts.metrics, parts.holds
+        self.demand, self.upstream, self.app = parts.demand, parts.upstream, parts.app
         self.registry.set_pool(Pool(NS, "pool", served_model_name="Org/alias", activation_timeout_s=1))
         # A gate the tests wait on: set when a request enters the hold.
         self.entered = asyncio.Event()

@@ -11,6 +11,11 @@ from typing import Any
 import yaml
 
 from modelpool_contract.api import (
+    MSG_ADAPTER_POOL_NAME,
+    MSG_ADAPTER_SERVED_NAME,
+    MSG_ADAPTER_SOURCE,
+    MSG_ADAPTER_TASK,
+    MSG_ADAPTER_UNIQUE,
     MSG_DEVICE_MEMORY_POSITIVE,
     MSG_DEVICE_MEMORY_REQUIRED,
     MSG_INFERENCE_POOL_TASK,
@@ -91,11 +96,16 @@ def test_modelpool_validation_rules() -> None:
     messages = [v["message"] for v in spec["x-kubernetes-validations"]]
     shared = [message for _, _, message in SHARED_POOL_RULES]
     own = [MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX, MSG_TARGET_LE_CAPACITY, MSG_INFERENCE_POOL_TASK]
-    assert messages == [*own, *shared]
+    adapters = [MSG_ADAPTER_TASK, MSG_ADAPTER_UNIQUE, MSG_ADAPTER_SERVED_NAME]
+    assert messages == [*own, *shared, *adapters]
     # Each shared-pool rule applies only with spec.host and names its own field.
-    rules = spec["x-kubernetes-validations"][len(own) :]
+    rules = spec["x-kubernetes-validations"][len(own) : len(own) + len(shared)]
     for rule, (field, _, _) in zip(rules, SHARED_POOL_RULES, strict=True):
         assert rule["rule"].startswith("!has(self.host) || ") and rule["fieldPath"] == f".{field}"
+    # The adapter named as its pool: a root rule (only there may CEL read metadata.name).
+    assert [v["message"] for v in root["x-kubernetes-validations"]] == [MSG_ADAPTER_POOL_NAME]
+    adapter = spec["properties"]["adapters"]["items"]["properties"]
+    assert adapter["source"]["x-kubernetes-validations"][0]["message"] == MSG_ADAPTER_SOURCE
     model = spec["properties"]["model"]["properties"]
     assert model["task"]["enum"] == list(TASK_NAMES)
     assert "hf://" in model["source"]["x-kubernetes-validations"][0]["message"]

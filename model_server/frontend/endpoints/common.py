@@ -94,12 +94,16 @@ async def disconnect_watch(request: Request) -> AsyncIterator[asyncio.Event]:
         task.cancel()
 
 
-def check_model(server: ModelServer, name: str | None) -> None:
-    """404 for a model name this server does not serve (None/empty = the served model)."""
-    if name and name != server.config.served_name:
-        raise ModelNotFound(
-            f"model {name!r} is not served here; this server serves {server.config.served_name!r}"
-        )
+def check_model(server: ModelServer, name: str | None, *, adapters: bool = False) -> str | None:
+    """404 for a model name this server does not serve (None/empty = the served model); with ``adapters``
+    (the OpenAI generation routes) the LoRA adapter the name selects (None: the base model)."""
+    if not name or name == server.config.served_name:
+        return None
+    if adapters and name in server.config.adapters:
+        return name
+    raise ModelNotFound(
+        f"model {name!r} is not served here; this server serves {server.config.served_name!r}"
+    )
 
 
 def require_task(server: ModelServer, *tasks: str) -> str:

@@ -38,6 +38,7 @@ from model_server.frontend.openai_codec import (
     models_response,
     sse,
     stream_error,
+    with_adapter,
 )
 from model_server.frontend.server import ModelServer
 from model_server.frontend.token_stream import TokenStream
@@ -51,7 +52,7 @@ def register(app: FastAPI, server: ModelServer) -> None:
 
     @app.get("/v1/models", tags=["openai"])
     async def models() -> Response:
-        return ORJSONResponse(models_response(name, server.config.task))
+        return ORJSONResponse(models_response(name, server.config.task, list(server.config.adapters)))
 
     @app.post("/v1/embeddings", tags=["openai"])
     async def embeddings(body: EmbeddingsBody, request: Request) -> Response:
@@ -62,17 +63,19 @@ def register(app: FastAPI, server: ModelServer) -> None:
 
     @app.post("/v1/completions", tags=["openai"])
     async def completions(body: CompletionsBody, request: Request) -> Response:
-        check_model(server, body.model)
+        adapter = check_model(server, body.model, adapters=True)
         require_task(server, "text-generation")
-        completion = _new_completion("text_completion", name)
-        return await _complete(inference, request, completion_items(body), body.stream, completion)
+        completion = _new_completion("text_completion", adapter or name)
+        items = with_adapter(completion_items(body), adapter)
+        return await _complete(inference, request, items, body.stream, completion)
 
     @app.post("/v1/chat/completions", tags=["openai"])
     async def chat(body: ChatBody, request: Request) -> Response:
-        check_model(server, body.model)
+        adapter = check_model(server, body.model, adapters=True)
         task = require_task(server, "text-generation", "vision")
-        completion = _new_completion("chat", name)
-        return await _complete(inference, request, [chat_item(body, task)], body.stream, completion)
+        completion = _new_completion("chat", adapter or name)
+        items = with_adapter([chat_item(body, task)], adapter)
+        return await _complete(inference, request, items, body.stream, completion)
 
     @app.post("/v1/images/generations", tags=["openai"])
     async def images(body: ImagesBody, request: Request) -> Response:

@@ -60,6 +60,7 @@ from modelpool_contract.mounts import (
     SCRATCH_ENV,
     TMP_PATH,
     parse_pvc_source,
+    pvc_mount_path,
 )
 from modelpool_contract.picker import engine_labels
 from modelpool_contract.placements import LABEL_HOST
@@ -138,16 +139,30 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         device="auto",
         dtype=spec.model.dtype,
         trust_remote_code=spec.model.trust_remote_code,
-        pvc_root=PVC_MOUNT_ROOT if parse_pvc_source(spec.model.source) else None,
+        pvc_root=PVC_MOUNT_ROOT if parse_pvc_source(spec.model.source) or adapter_claims(spec) else None,
         api_key_file=API_KEY_FILE if spec.auth is not None and spec.auth.api_key_secret is not None else None,
         intra_op_threads=spec.resources.cpu_threads,
         log_format=_log_format(settings),
+        adapter=tuple(f"{a.name}={a.source}" for a in spec.adapters) or None,
+        max_adapters=spec.max_loaded_adapters if spec.adapters else None,
     ).argv()
 
 
 def _log_format(settings: PodSettings) -> LogFormat | None:
     """The workers' ``--log-format`` (the operator's own): none for the server's default."""
     return None if settings.log_format == DEFAULT_LOG_FORMAT else settings.log_format
+
+
+def adapter_claims(spec: ModelPoolSpec) -> list[str]:
+    """The claims of the pool's ``pvc://`` adapters the model's own claim does not already mount, each once,
+    in the order declared (their volumes are ``adapter-claim-<i>``)."""
+    model = parse_pvc_source(spec.model.source)
+    claims: list[str] = []
+    for adapter in spec.adapters:
+        pvc = parse_pvc_source(adapter.source)
+        if pvc is not None and pvc.claim not in claims and (model is None or pvc.claim != model.claim):
+            claims.append(pvc.claim)
+    return claims
 
 
 def _http_get(path: str) -> dict[str, Any]:
@@ -195,6 +210,11 @@ def _volumes(
         # The server reads pvc://claim/sub/path from <--pvc-root>/claim/sub/path (server_args).
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": pvc.claim, "readOnly": True}})
         mounts.append({"name": "model", "mountPath": pvc.mount_path, "readOnly": True})
+    for i, claim in enumerate(adapter_claims(spec)):
+        # The server reads pvc://claim/path adapters below --pvc-root too.
+        name = f"adapter-claim-{i}"
+        volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": name, "mountPath": pvc_mount_path(claim), "readOnly": True})
     if spec.auth is not None and spec.auth.api_key_secret is not None:
         secret = spec.auth.api_key_secret
         # Only the one key, as a file readable by the server's group (fsGroup) and nobody else.

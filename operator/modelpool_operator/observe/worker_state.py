@@ -146,6 +146,8 @@ class ObservedWorker:
     generations_running: int | None = None
     kv_cache_reserved: int | None = None
     kv_cache_tokens: int | None = None
+    # The LoRA adapters it holds in memory (None: it declares none, or unknown).
+    adapters: tuple[str, ...] | None = None
     # Its claim of work (Processing, requests in flight or queued) has outlasted what the operator believes
     # (``observe.claims``): counted as Idle, and its figures no longer keep it from eviction.
     claim_expired: bool = False
@@ -212,6 +214,7 @@ class ObservedWorker:
             template_hash=self.template_hash,
             accelerator_memory=self.measured_memory(),
             generation=self.generation_status(),
+            adapters=list(self.adapters) if self.adapters is not None else None,
         )
 
     def generation_status(self) -> WorkerGeneration | None:
@@ -588,4 +591,5 @@ def _generation(report: WorkerStats | None) -> dict[str, Any]:
         "generations_running": figures.running,
         "kv_cache_reserved": figures.kv_cache_reserved_tokens,
         "kv_cache_tokens": figures.kv_cache_tokens,
+        "adapters": figures.adapters,
     }

@@ -116,6 +116,8 @@ class Round:
             count = len(self.sent)
 
             def arrived(n: int = count) -> bool:
+                done = [f.result() for f in self.sent if f.done()]
+                assert not done, [(r.status_code, r.text[:300]) for r in done]  # none may end yet
                 inside = self.setup.metric("modelpool_gateway_in_flight_requests")
                 return inside + self.setup.metric("modelpool_gateway_queued_requests") == n
 

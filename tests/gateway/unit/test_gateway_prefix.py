@@ -10,12 +10,11 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modelpool_gateway.picker import Candidate
+from modelpool_gateway.picker import Candidate, load_bound
 from modelpool_gateway.prefix import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     key_hash,
-    load_bound,
     pick_prefix,
     prefix_key,
     ring_order,

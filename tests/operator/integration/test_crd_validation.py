@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 import yaml
 
-from modelpool_contract.api import MSG_KV_CACHE_TARGET, MSG_TOKENS_TARGET
+from modelpool_contract.api import (
+    MSG_ADAPTER_POOL_NAME,
+    MSG_ADAPTER_SERVED_NAME,
+    MSG_ADAPTER_SOURCE,
+    MSG_ADAPTER_TASK,
+    MSG_ADAPTER_UNIQUE,
+    MSG_KV_CACHE_TARGET,
+    MSG_TOKENS_TARGET,
+)
 from testkit.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -35,6 +43,22 @@ SECRET_KEY = {"name": "hf", "key": "token"}
 
 def _cached(**cache: str) -> dict[str, Any]:
     return {"source": "hf://org/m", "task": "text-embedding", "cache": cache}
+
+
+def _llm() -> dict[str, str]:
+    return {"source": "hf://org/llm", "task": "text-generation"}
+
+
+def _adapter(name: str) -> dict[str, str]:
+    return {"name": name, "source": f"hf://org/{name.replace(' ', '-')}-lora"}
+
+
+def test_a_pool_with_adapters_is_accepted(crds: Cluster, namespace: str) -> None:
+    adapters = [_adapter("sql"), {"name": "chat", "source": "pvc://loras/chat@v2"}]
+    manifest = pool("llm", model=_llm(), servedModelName="org/llm", adapters=adapters)
+    args = ("create", "--dry-run=server", "-o", "json", "-n", namespace, "-f", "-")
+    spec = json.loads(crds.kubectl(*args, input=json.dumps(manifest)).stdout)["spec"]
+    assert [a["name"] for a in spec["adapters"]] == ["sql", "chat"] and spec["maxLoadedAdapters"] == 4
 
 
 def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[int, str]:
@@ -105,6 +129,24 @@ def create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> tuple[
         ({"autoscaling": {"metric": "kvCache", "targetKvCache": 0}}, ["spec.autoscaling.targetKvCache"]),
         ({"autoscaling": {"metric": "kvCache", "targetKvCache": 1.5}}, ["spec.autoscaling.targetKvCache"]),
         ({"activationTimeoutSeconds": 0}, ["spec.activationTimeoutSeconds"]),
+        # LoRA adapters: a causal LM's, each named once, none the base model's name, from hf:// or pvc://.
+        ({"adapters": [_adapter("a")]}, [MSG_ADAPTER_TASK]),
+        ({"model": _llm(), "adapters": [_adapter("a"), _adapter("a")]}, [MSG_ADAPTER_UNIQUE]),
+        (
+            {"model": _llm(), "servedModelName": "llm", "adapters": [_adapter("llm")]},
+            [MSG_ADAPTER_SERVED_NAME],
+        ),
+        ({"model": _llm(), "adapters": [_adapter("bad")]}, [MSG_ADAPTER_POOL_NAME]),
+        (
+            {"model": _llm(), "adapters": [{"name": "a", "source": "/models/lora"}]},
+            ["spec.adapters[0].source", MSG_ADAPTER_SOURCE],
+        ),
+        ({"model": _llm(), "adapters": [_adapter("a b")]}, ["spec.adapters[0].name"]),
+        ({"model": _llm(), "maxLoadedAdapters": 0}, ["spec.maxLoadedAdapters"]),
+        (
+            {"model": _llm(), "host": "gpus", "adapters": [_adapter("a")]},
+            ["spec.adapters is not supported on a shared pool"],
+        ),
     ],
 )
 def test_bad_manifests_are_refused_naming_the_field(

@@ -176,6 +176,7 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
     if "inferencePool" in spec:
         # The endpoint picker reads what only text-generation workers export (CEL on spec.inferencePool).
         spec["model"]["task"] = "text-generation"
+    _distinct_adapters(spec)
     if "host" in spec:
         # A shared pool leaves the pod to its ModelHost: the CEL rules on spec refuse these fields.
         for field, _, _ in SHARED_POOL_RULES:
@@ -192,6 +193,22 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
             source.pop("configMapKeyRef", None)
             source.setdefault("secretKeyRef", {"name": "s", "key": "k"})
     return spec
+
+
+def _distinct_adapters(spec: dict[str, Any]) -> None:
+    """LoRA adapters (CEL on spec.adapters): a text-generation pool's, each name once and none the base
+    model's served name."""
+    adapters = spec.get("adapters")
+    if not adapters:
+        return
+    spec["model"]["task"] = "text-generation"
+    seen = {spec.get("servedModelName")}
+    kept = []
+    for adapter in adapters:
+        if adapter["name"] not in seen:
+            seen.add(adapter["name"])
+            kept.append(adapter)
+    spec["adapters"] = kept
 
 
 def _own_namespace_only(value: Any) -> None:

@@ -266,6 +266,45 @@ def test_pvc_source_mounts_the_claim_where_the_server_is_told_to_look() -> None:
     assert "--pvc-root" not in build_worker_pod(view(pool()), "w")["spec"]["containers"][0]["args"]
 
 
+def test_adapters_are_passed_and_their_claims_mounted_once() -> None:
+    adapters = [
+        {"name": "sql", "source": "hf://org/sql-lora"},
+        {"name": "poem", "source": "pvc://loras/poem"},
+        {"name": "tale", "source": "pvc://loras/tale@x"},
+        {"name": "own", "source": "pvc://models/own-lora"},  # the model's claim, mounted already
+    ]
+    model = {"source": "pvc://models/llm", "task": "text-generation"}
+    pod = build_worker_pod(view(pool(model=model, adapters=adapters, maxLoadedAdapters=2)), "w")
+    (c,) = pod["spec"]["containers"]
+    args = c["args"]
+    flags = [args[i + 1] for i, a in enumerate(args) if a == "--adapter"]
+    assert flags == [
+        "sql=hf://org/sql-lora",
+        "poem=pvc://loras/poem",
+        "tale=pvc://loras/tale@x",
+        "own=pvc://models/own-lora",
+    ]
+    assert args[args.index("--max-adapters") + 1] == "2"
+    claims = [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    ]
+    assert claims == ["models", "loras"]
+    assert {"name": "adapter-claim-0", "mountPath": "/models/loras", "readOnly": True} in c["volumeMounts"]
+    plain = build_worker_pod(view(pool()), "w")["spec"]["containers"][0]["args"]
+    assert "--adapter" not in plain and "--max-adapters" not in plain
+
+
+def test_a_local_model_with_pvc_adapters_gets_the_pvc_root() -> None:
+    adapters = [{"name": "poem", "source": "pvc://loras/poem"}]
+    pod = build_worker_pod(
+        view(pool(model={"source": "/m", "task": "text-generation"}, adapters=adapters)), "w"
+    )
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[args.index("--pvc-root") + 1] == "/models"
+
+
 def _cache(pod: dict[str, Any]) -> dict[str, Any]:
     (c,) = pod["spec"]["containers"]
     assert {"name": "cache", "mountPath": "/cache"} in c["volumeMounts"]
