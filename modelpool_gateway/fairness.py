@@ -2,7 +2,7 @@
 
 **When.** The gateway counts the requests it has in flight to each pool (``FairQueues.running``) and
 knows the pool's capacity: its workers' bounded queue (``spec.queue.capacity``) times its routable workers
-(``Pool.capacity``).  While that is not reached and nobody waits, a request goes on at once (one counter,
+(``pool_capacity``).  While that is not reached and nobody waits, a request goes on at once (one counter,
 no queueing). Once it is reached, a request waits in the pool's fair queue instead of being sent to a
 worker that would answer 429: whoever came first would otherwise take every slot that frees.
 
@@ -17,7 +17,7 @@ earlier arrival. A key whose FIFO empties forgets its finish (memory stays bound
 requests).
 
 **Bounds.** At most ``max_per_key`` waiting requests per key and pool and ``max_per_pool`` per pool (one
-more is refused at once: 429 with Retry-After, ``Refusal``); each waits at most until its deadline (the
+more is refused at once: 429 with Retry-After, ``QueueRefusal``); each waits at most until its deadline (the
 hold's: ``max_hold_seconds`` within the client's ``x-request-timeout``; then 429 ``queue_timeout``). The
 gateway's ``max_in_flight`` bounds all pools together.
 
@@ -25,8 +25,9 @@ gateway's ``max_in_flight`` bounds all pools together.
 higher priority is released first when a worker comes, the lowest is held longest.
 
 **Several gateway replicas** each share out the slots of their own traffic: a replica counts only its own
-requests, so with N replicas a pool's capacity is divided by the Service's spread of connections, and a
-worker full of another replica's requests still answers 429 (passed on as before). Shared pools
+requests against the pool's whole capacity (no shared counter), so with N replicas the workers may fill
+with other replicas' requests first; a worker that is full then answers 429, passed on as before. Keys
+spread over the replicas by the Service get their weights' shares on each. Shared pools
 (``spec.host``: a host pod's capacity is shared by many models) are not queued here.
 """
 
@@ -169,7 +170,8 @@ class FairScheduler(Generic[T]):
 @dataclass(eq=False)
 class Slot:
     """One waiting request: its future is resolved True with a slot of the pool, or False when it should
-    be routed again without one (the pool lost its workers, or the gateway stops)."""
+    be routed again without one (the pool lost its workers, or is gone). On SIGTERM the waiting requests
+    stay: the running ones end within the shutdown grace, and each hands its slot on."""
 
     caller: Caller
     future: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -255,12 +257,6 @@ class FairQueues:
                 found.running += 1
             slot.future.set_result(bool(capacity))
         self._forget_if_idle(pool)
-
-    def abandon(self) -> None:
-        """The gateway stops: every waiter goes on without a slot (and finds no worker)."""
-        for found in self._pools.values():
-            while (slot := found.scheduler.pop()) is not None:
-                slot.future.set_result(False)
 
     def _forget_if_idle(self, pool: Key) -> None:
         found = self._pools.get(pool)
