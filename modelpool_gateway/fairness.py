@@ -67,6 +67,11 @@ class Share:
     def effective_priority(self) -> int:
         return DEFAULT_PRIORITY if self.priority is None else self.priority
 
+    @property
+    def outranks_default(self) -> bool:
+        """A weight or priority above the defaults: only the admin namespace's key Secrets may set one."""
+        return self.effective_weight > DEFAULT_WEIGHT or self.effective_priority > DEFAULT_PRIORITY
+
     def strictest(self, other: Share) -> Share:
         """The lower of each set field: a key held by several Secrets gets the least of their weights and
         priorities, so a tenant's own Secret cannot raise what the admin's set."""

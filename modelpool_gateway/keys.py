@@ -14,7 +14,8 @@ positive integers; anything else refuses the Secret whole, logged like the other
 ``limits.Limiter``. A key held by several Secrets gets the strictest of their limits
 (``Limits.strictest``), so a Secret without limits never lifts another's.  Its ``weight`` (1 to
 ``MAX_WEIGHT``) and ``priority`` (0 to ``MAX_PRIORITY``) are read the same way (``parse_share``; the
-lowest of several Secrets'), for ``fairness`` and ``hold``.
+lowest of several Secrets'), for ``fairness`` and ``hold``; above the defaults (1, 0) only in a Secret of
+the admin namespace: a tenant's own key Secret (``--tenant-keys``) that sets more is refused whole.
 
 The store keeps no key, only its SHA-256 digest: a request's bearer token is hashed and looked up by
 digest, so neither a log, a heap dump nor the lookup's timing shows a key (the dictionary is searched by
@@ -205,6 +206,12 @@ def key_from_secret(obj: Mapping[str, Any], admin_namespace: str) -> tuple[bytes
     share = parse_share(weight, priority)
     if isinstance(share, str):
         return share
+    namespace = str(meta.get("namespace") or "")
+    if namespace != admin_namespace and share.outranks_default:
+        return (
+            f"it sets a {WEIGHT_FIELD} or {PRIORITY_FIELD} above the default, but only a key Secret in the "
+            f"gateway's namespace {admin_namespace} may (a tenant's key would outrank the others)"
+        )
     return token_digest(key.encode()), grant, limits, share
 
 

@@ -177,6 +177,18 @@ def test_the_key_secrets_weight_and_priority_and_the_strictest_of_several() -> N
     store.set_secret(secret("bad", key="b" * 20, weight="many"))  # refused whole
     assert store.grant(b"b" * 20) is None
 
+    def tenants(name: str, **fields: str) -> dict[str, object]:
+        found = secret(name, **fields)
+        found["metadata"] = {"namespace": "team-a", "name": name}
+        return found
+
+    # A tenant's own key Secret (--tenant-keys) may not outrank the others: refused whole; the defaults pass.
+    store.set_secret(tenants("mine", key="t" * 20, weight="5"))
+    store.set_secret(tenants("mine-too", key="u" * 20, priority="1"))
+    assert store.grant(b"t" * 20) is None and store.grant(b"u" * 20) is None
+    store.set_secret(tenants("plain", key="v" * 20, weight="1", priority="0"))
+    assert store.share_of(token_digest(b"v" * 20)) == Share(1, 0)
+
 
 def test_a_request_joins_the_hold_behind_its_priority_and_ahead_of_lower_ones() -> None:
     assert queue_position([], 5) == 0
