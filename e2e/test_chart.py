@@ -632,6 +632,8 @@ def test_the_gateway_is_installed_with_its_service_and_settings(helm: list[str])
     assert env["MODELPOOL_GATEWAY_DEMAND_INTERVAL_SECONDS"] == "5"
     assert env["MODELPOOL_GATEWAY_MAX_HELD_PER_KEY"] == "50"
     assert env["MODELPOOL_GATEWAY_MAX_HOLD_SECONDS"] == "300"
+    assert env["MODELPOOL_GATEWAY_MAX_QUEUED_PER_KEY"] == "20"
+    assert env["MODELPOOL_GATEWAY_MAX_QUEUED_PER_POOL"] == "200"
     assert env["MODELPOOL_GATEWAY_MAX_CONNECTIONS"] == "4096"
     assert env["MODELPOOL_GATEWAY_HEADER_TIMEOUT_SECONDS"] == "10"
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}

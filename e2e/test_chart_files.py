@@ -98,6 +98,8 @@ GATEWAY_SETTINGS = {
     ("port",): "port",
     ("hold", "maxPerPool"): "max_held_per_pool",
     ("hold", "retryAfterSeconds"): "hold_retry_after_seconds",
+    ("fairQueue", "maxPerKey"): "max_queued_per_key",
+    ("fairQueue", "maxPerPool"): "max_queued_per_pool",
     ("demandIntervalSeconds",): "demand_interval_seconds",
     ("maxInFlight",): "max_in_flight",
     ("maxRequestBytes",): "max_request_bytes",

@@ -12,6 +12,8 @@ one definition.  A key Secret::
       pools: team-c/bert,gpt      # optional: these pools ("name" alone: in the Secret's own namespace)
       requestsPerMinute: "600"    # optional: at most this many requests in any 60 s (429 past it)
       tokensPerMinute: "100000"   # optional: admitted while the last 60 s used fewer tokens (429 past it)
+      weight: "2"                 # optional: its share of a full pool, against other keys' (default 1)
+      priority: "10"              # optional: a pool at zero releases higher priorities first (default 0)
 
 Without ``namespaces`` and ``pools`` a key grants the pools of its Secret's own namespace; with only
 ``pools``, exactly those pools.  Grants beyond the Secret's own namespace are honoured only for Secrets in
@@ -44,6 +46,14 @@ REQUESTS_PER_MINUTE_FIELD: Final = "requestsPerMinute"
 #: Secret data key: the key's requests are admitted while the tokens its answers reported using in the last
 #: ``LIMIT_WINDOW_SECONDS`` are under this (a positive integer; absent: no limit).
 TOKENS_PER_MINUTE_FIELD: Final = "tokensPerMinute"
+#: Secret data key: the key's weight in a full pool's fair queue (``modelpool_gateway.fairness``): keys
+#: waiting for the same pool are served in proportion to their weights (a positive integer; absent: 1).
+WEIGHT_FIELD: Final = "weight"
+#: Secret data key: the key's priority in a pool's hold at zero: higher is released first when a worker
+#: comes, the lowest waits longest (an integer from 0 to ``MAX_PRIORITY``; absent: 0).
+PRIORITY_FIELD: Final = "priority"
+MAX_WEIGHT: Final = 1000
+MAX_PRIORITY: Final = 1000
 #: The window both limits are counted over.
 LIMIT_WINDOW_SECONDS: Final = 60
 #: The largest limit a key Secret may set (larger is refused as a typo rather than taken as "unlimited").

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.errors import Send, send_error
+from modelpool_gateway.fairness import EQUAL_SHARE, Share
 from modelpool_gateway.keys import EVERYTHING, Grant, KeyStore, bearer_token, token_digest
 from modelpool_gateway.limits import NO_LIMITS, Limits
 from modelpool_gateway.names import NameIndex
@@ -38,6 +39,8 @@ CALLER_SCOPE_KEY = "modelpool.caller"
 KEY_NAME_SCOPE_KEY = "modelpool.key_name"
 # The key's limits per minute (``limits``); absent: none (``--auth none``).
 LIMITS_SCOPE_KEY = "modelpool.limits"
+# The key's weight and priority (``fairness.Share``); absent: the defaults.
+SHARE_SCOPE_KEY = "modelpool.share"
 NOTHING = Grant()
 # Scoped indexes kept at most (one per distinct grant in use); all are dropped when the pools change.
 _INDEX_CACHE_LIMIT = 1024
@@ -60,6 +63,12 @@ def limits_of(scope: MutableMapping[str, Any]) -> Limits:
     """The limits of the key ``Access.check`` accepted; none with ``--auth none``."""
     limits: Limits = scope.get(LIMITS_SCOPE_KEY, NO_LIMITS)
     return limits
+
+
+def share_of(scope: MutableMapping[str, Any]) -> Share:
+    """The weight and priority of the key ``Access.check`` accepted; the defaults with ``--auth none``."""
+    share: Share = scope.get(SHARE_SCOPE_KEY, EQUAL_SHARE)
+    return share
 
 
 def grant_of(scope: MutableMapping[str, Any]) -> Grant:
@@ -108,6 +117,7 @@ class Access:
                 scope[CALLER_SCOPE_KEY] = digest
                 scope[KEY_NAME_SCOPE_KEY] = self.keys.name_of_digest(digest)
                 scope[LIMITS_SCOPE_KEY] = self.keys.limits_of(digest)
+                scope[SHARE_SCOPE_KEY] = self.keys.share_of(digest)
             return None
         what = "missing API key" if found == "missing_key" else "invalid API key"
         await send_error(

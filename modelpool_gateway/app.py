@@ -20,11 +20,13 @@ Bounds: ``max_in_flight`` requests in the gateway at once, ``max_request_bytes``
 ``request_body_timeout_seconds`` (408 after), an OpenAI body parsed only within ``max_json_items`` items and
 ``max_json_depth`` levels (``jsoncost``: 413/400 before the parse; KServe v2 bodies are not parsed here),
 ``max_held_per_pool`` held per pool and ``max_held_per_key`` per API key, for at most its activation timeout
-within ``max_hold_seconds`` (none for a pool that can never get a worker: 503 at once), each worker tried at
-most once per request, and one retry after a draining (503) or unreachable worker. A worker's answer that
-breaks off after its headers went to the client is counted (``relay_errors_total``), logged on one line, and
-ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by closing the connection (the
-server cannot end it short of its length), never an exception out of the app.
+within ``max_hold_seconds`` (none for a pool that can never get a worker: 503 at once), a pool whose
+workers are all at their ``spec.queue.capacity`` shared between keys by weight in its fair queue
+(``fairness``: ``max_queued_per_key`` per key and ``max_queued_per_pool`` per pool, 429 past them),
+each worker tried at most once per request, and one retry after a draining (503) or unreachable worker.
+A worker's answer that breaks off after its headers went to the client is counted (``relay_errors_total``),
+logged on one line, and ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by
+closing the connection (the server cannot end it short of its length), never an exception out of the app.
 
 With tracing on (``--otlp-endpoint``: ``modelpool_contract.tracing``), each model route's request is a
 server span, child of the client's ``traceparent`` and current while it is served, with spans for the key
@@ -42,14 +44,14 @@ import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import orjson
 from opentelemetry.trace import Span, SpanKind
 
 from modelpool_contract import logs, tracing
-from modelpool_gateway.access import Access, caller_of, grant_of, key_name_of, limits_of
+from modelpool_gateway.access import Access, caller_of, grant_of, key_name_of, limits_of, share_of
 from modelpool_gateway.access_log import served
 from modelpool_gateway.bodies import BodyBytes, Ticket
 from modelpool_gateway.cache import Registry
@@ -57,6 +59,7 @@ from modelpool_gateway.client import Abandoned, Response, Unreachable, UpstreamB
 from modelpool_gateway.config import GatewaySettings
 from modelpool_gateway.demand import DemandRecorder
 from modelpool_gateway.errors import Send, send_error
+from modelpool_gateway.fairness import EQUAL_SHARE, FairQueues, Share, pool_capacity
 from modelpool_gateway.hold import Baton, Holds, hold_budget, hold_reason, hopeless
 from modelpool_gateway.jsoncost import TOO_MANY_ITEMS, json_refusal
 from modelpool_gateway.limits import NO_LIMITS, Limiter, Limits
@@ -119,6 +122,7 @@ class Call:
     items: tuple[ItemKind, int] | None = None  # what it asks to compute (``usage.items``)
     limits: Limits = NO_LIMITS  # its key's limits per minute (``access.limits_of``)
     adapter: str | None = None  # the LoRA adapter its model names: workers holding it are preferred
+    share: Share = EQUAL_SHARE  # its key's weight and priority (``access.share_of``)
 
     @property
     def label(self) -> str:
@@ -176,6 +180,15 @@ def _retry_after(resp: Response) -> int:
         return 1
 
 
+def fair_queues(settings: GatewaySettings, registry: Registry) -> FairQueues:
+    """The fair queues of ``registry``'s pools, within the settings' bounds."""
+    return FairQueues(
+        settings.max_queued_per_key,
+        settings.max_queued_per_pool,
+        lambda key: pool_capacity(registry.pool(key), len(registry.routable(key))),
+    )
+
+
 class Gateway:
     """The ASGI application (see the module docstring)."""
 
@@ -191,6 +204,7 @@ class Gateway:
         access: Access,
         fallback: Any,
         limiter: Limiter | None = None,
+        fair: FairQueues | None = None,
     ) -> None:
         self.settings = settings
         self.access = access
@@ -202,6 +216,8 @@ class Gateway:
         self.fallback = fallback
         # The keys' windows (``limits``); the key store forgets a key's windows with its last Secret.
         self.limiter = limiter or Limiter(settings.replicas)
+        # A full pool's slots shared out by key weight (``fairness``); main calls its ``changed`` too.
+        self.fair = fair or fair_queues(settings, registry)
         # This gateway's requests in flight to each worker (the picker's load), and in the gateway at all.
         self.loads: dict[Key, int] = {}
         self.in_flight = 0
@@ -423,7 +439,8 @@ class Gateway:
         asks = items(scope["path"], doc)
         timeout = _client_timeout(scope["headers"])
         caller, name = caller_of(scope), key_name_of(scope)
-        return Call(key, True, out, timeout, caller, prefix, name, asks, limits_of(scope), resolved.adapter)
+        limits, share = limits_of(scope), share_of(scope)
+        return Call(key, True, out, timeout, caller, prefix, name, asks, limits, resolved.adapter, share)
 
     def _prefix(self, key: Key, path: str, doc: Any) -> int | None:
         """The ring position a text-generation pool's request is routed by (``prefix``), else None."""
@@ -462,6 +479,7 @@ class Gateway:
             caller_of(scope),
             key_name=key_name_of(scope),
             limits=limits_of(scope),
+            share=share_of(scope),
         )
 
     def _model_name(self, key: Key) -> str:
@@ -520,7 +538,21 @@ class Gateway:
                     if call.client_timeout_s is not None:  # the worker gets what is left of the deadline
                         left = max(0.001, call.client_timeout_s - (loop.time() - arrived))
                         call = replace(call, out=call.out.with_header(TIMEOUT_HEADER, b"%.3f" % left))
-            code = await self._forward(call, send, receive, baton)
+            if not may_hold:  # a GET (metadata): not queued by a worker, so not by the fair queue
+                code = await self._forward(call, send, receive, baton)
+            else:
+                if deadline is None:
+                    budget = hold_budget(self.settings.max_hold_seconds, call.client_timeout_s)
+                    deadline = arrived + budget
+                slot = await self._fair_slot(call, deadline, send, receive, baton)
+                if slot == "again":  # the pool has no capacity now: route again (held, or gone)
+                    continue
+                if slot != "slot":
+                    return slot
+                try:
+                    code = await self._forward(call, send, receive, baton)
+                finally:
+                    self.fair.done(call.key)
             if code is not None:
                 return code
             # The worker that released this request went away at once: hold again, same deadline.
@@ -545,6 +577,46 @@ class Gateway:
             else:
                 del self.held_by_caller[caller]
 
+    async def _fair_slot(
+        self, call: Call, deadline: float, send: Send, receive: Receive, baton: Baton | None
+    ) -> Literal["slot", "again"] | int:
+        """A slot of the pool (``fairness``): "slot" at once, or after a wait in its fair queue while every
+        worker is full; "again": route again without one; else the status already answered."""
+        if self.fair.try_start(call.key):
+            return "slot"
+        if baton is not None:  # the next held request need not wait behind this one's queueing
+            baton.passed()
+        slot = self.fair.enter(call.key, call.caller, call.share)
+        if isinstance(slot, str):
+            bound = self.settings.max_queued_per_key if slot == "key_queue_full" else self.fair.max_per_pool
+            whose = "this API key has" if slot == "key_queue_full" else "it has"
+            message = f"every worker of pool {call.label} is full and {whose} {bound} requests waiting"
+            return await self._refuse_hold(call, slot, message, send)
+        loop = asyncio.get_running_loop()
+        started, used = loop.time(), False
+        gone = asyncio.ensure_future(watch_disconnect(receive))
+        self.metrics.of(self.metrics.queued, call.label).inc()
+        try:
+            if (remaining := deadline - loop.time()) > 0:
+                await asyncio.wait(
+                    (slot.future, gone), timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+            if gone.done():
+                return CLIENT_CLOSED
+            if slot.future.done():
+                used = slot.future.result()
+                return "slot" if used else "again"
+            message = (
+                f"every worker of pool {call.label} stayed full for {loop.time() - started:.1f} s "
+                "(waiting in its fair queue)"
+            )
+            return await self._refuse_hold(call, "queue_timeout", message, send)
+        finally:
+            gone.cancel()
+            if not used:
+                self.fair.leave(call.key, slot)
+            self.metrics.of(self.metrics.queued, call.label).dec()
+
     async def _refuse_hold(self, call: Call, reason: str, message: str, send: Send) -> int:
         """A request that may not be held (a bound of the hold is reached): counted by ``reason``, 429."""
         self.metrics.of(self.metrics.refused, call.label, reason).inc()
@@ -554,7 +626,7 @@ class Gateway:
 
     async def _held(self, call: Call, deadline: float, send: Send, receive: Receive) -> Baton | int:
         loop = asyncio.get_running_loop()
-        waiter = self.holds.enter(call.key)
+        waiter = self.holds.enter(call.key, call.share.effective_priority)
         if waiter is None:
             self.demand.refused(call.key)  # reported with the demand: the operator counts it as load
             message = (

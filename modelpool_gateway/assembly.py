@@ -5,7 +5,8 @@ What comes from outside is what differs between them: the pools and workers (``r
 gateway, set by hand in a benchmark), where the demand Leases are written (``leases``), the API keys
 (``keys``: None with ``--auth none``), and the watches' health for ``/readyz``.  Everything else is the
 same objects, connected the same way: a change of a pool's workers updates its serving-workers gauge and
-releases (or, for a pool gone, abandons) the requests held for it.
+releases (or, for a pool gone, abandons) the requests held for it, and its fair queue's slots
+(``fairness``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from modelpool_gateway.access import Access
-from modelpool_gateway.app import Gateway
+from modelpool_gateway.app import Gateway, fair_queues
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.config import GatewaySettings
 from modelpool_gateway.demand import DemandRecorder, LeaseClient
@@ -58,6 +59,7 @@ def assemble(
     watches ``/readyz`` reports."""
     metrics = Metrics()
     holds = Holds(settings.max_held_per_pool, registry.has_routable)
+    fair = fair_queues(settings, registry)
     demand = DemandRecorder(
         leases,
         pools=registry.pool,
@@ -75,6 +77,7 @@ def assemble(
             demand.forget(key)
         else:
             holds.changed(key)
+        fair.changed(key)  # more workers: more slots; none (or gone): its waiters are routed again
 
     registry.subscribe(changed)
     access = Access(settings.auth, keys, registry)
@@ -100,6 +103,7 @@ def assemble(
         metrics=metrics,
         access=access,
         limiter=limiter,
+        fair=fair,
         fallback=routes,
     )
     return Assembly(app, registry, metrics, holds, demand, upstream, access, limiter)

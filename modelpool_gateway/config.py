@@ -62,6 +62,20 @@ class GatewaySettings(BaseSettings):
         description="Requests held at most per API key, over all pools (with --auth keys); one more gets "
         "429, so one key cannot take a pool's whole hold (--max-held-per-pool) or the gateway's",
     )
+    max_queued_per_key: int = Field(
+        default=20,
+        ge=1,
+        le=100_000,
+        description="Requests waiting at most per API key and pool in a full pool's fair queue (every "
+        "worker at its spec.queue.capacity); one more gets 429",
+    )
+    max_queued_per_pool: int = Field(
+        default=200,
+        ge=1,
+        le=1_000_000,
+        description="Requests waiting at most per pool in its fair queue, all keys together; one more "
+        "gets 429. A request waits there at most --max-hold-seconds (within its x-request-timeout)",
+    )
     max_hold_seconds: float = Field(
         default=300.0,
         gt=0,

@@ -3,7 +3,8 @@
 A request for a pool without a serving worker (scaled to zero, or its workers still loading) waits here,
 at most ``max_held_per_pool`` per pool (one more is refused at once) and at most the pool's
 ``activationTimeoutSeconds`` or the client's own deadline, whichever is shorter.  When the pool gets a
-serving worker the held requests are released in arrival order, one at a time: the next goes as soon as
+serving worker the held requests are released by their key's priority (``fairness.Share``: higher first,
+so the lowest is held longest), in arrival order within a priority, one at a time: the next goes as soon as
 the previous one has been written to its worker (or after ``RELEASE_HEAD_START_S``), so they reach the
 workers in the order they arrived without a slow model serialising them; requests that arrive meanwhile
 queue behind them.  A request that times out is told why
@@ -178,6 +179,16 @@ class Waiter:
     future: asyncio.Future[Baton | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    priority: int = 0
+
+
+def queue_position(priorities: Sequence[int], priority: int) -> int:
+    """Where a request of ``priority`` joins a hold whose waiters have ``priorities`` (front first): behind
+    every one of the same or a higher priority, ahead of the lower ones."""
+    position = len(priorities)
+    while position > 0 and priorities[position - 1] < priority:
+        position -= 1
+    return position
 
 
 @dataclass
@@ -206,13 +217,13 @@ class Holds:
         hold = self._pools.get(key)
         return bool(hold and (hold.waiters or hold.releasing))
 
-    def enter(self, key: Key) -> Waiter | None:
-        """Queue a request; None when the pool's hold is full."""
+    def enter(self, key: Key, priority: int = 0) -> Waiter | None:
+        """Queue a request by its key's ``priority``; None when the pool's hold is full."""
         hold = self._pools.setdefault(key, _PoolHold())
         if len(hold.waiters) >= self.max_per_pool:
             return None
-        waiter = Waiter()
-        hold.waiters.append(waiter)
+        waiter = Waiter(priority=priority)
+        hold.waiters.insert(queue_position([w.priority for w in hold.waiters], priority), waiter)
         # The pool may have become routable between the caller's check and now.
         self.changed(key)
         return waiter

@@ -12,7 +12,10 @@ gateway must not be able to list.
 A key Secret may also limit its key: ``requestsPerMinute`` and ``tokensPerMinute`` (``parse_limits``:
 positive integers; anything else refuses the Secret whole, logged like the other fields), enforced by
 ``limits.Limiter``. A key held by several Secrets gets the strictest of their limits
-(``Limits.strictest``), so a Secret without limits never lifts another's.
+(``Limits.strictest``), so a Secret without limits never lifts another's.  Its ``weight`` (1 to
+``MAX_WEIGHT``) and ``priority`` (0 to ``MAX_PRIORITY``) are read the same way (``parse_share``; the
+lowest of several Secrets'), for ``fairness`` and ``hold``; above the defaults (1, 0) only in a Secret of
+the admin namespace: a tenant's own key Secret (``--tenant-keys``) that sets more is refused whole.
 
 The store keeps no key, only its SHA-256 digest: a request's bearer token is hashed and looked up by
 digest, so neither a log, a heap dump nor the lookup's timing shows a key (the dictionary is searched by
@@ -38,12 +41,17 @@ from modelpool_contract.gateway_keys import (
     KEY_FIELD,
     KEY_SELECTOR,
     MAX_PER_MINUTE,
+    MAX_PRIORITY,
+    MAX_WEIGHT,
     MIN_KEY_LENGTH,
     NAMESPACES_FIELD,
     POOLS_FIELD,
+    PRIORITY_FIELD,
     REQUESTS_PER_MINUTE_FIELD,
     TOKENS_PER_MINUTE_FIELD,
+    WEIGHT_FIELD,
 )
+from modelpool_gateway.fairness import EQUAL_SHARE, Share
 from modelpool_gateway.limits import NO_LIMITS, Limits
 from modelpool_gateway.state import Key
 from modelpool_gateway.watch import WatchSpec
@@ -130,6 +138,25 @@ def parse_limits(requests: str | None, tokens: str | None) -> Limits | str:
         return str(exc)
 
 
+def _bounded(name: str, text: str | None, low: int, high: int) -> int | None:
+    if text is None or text == "":
+        return None
+    if not text.isdecimal() or not low <= int(text) <= high:
+        raise ValueError(f"{name}: {text[:40]!r} is not a whole number from {low} to {high}")
+    return int(text)
+
+
+def parse_share(weight: str | None, priority: str | None) -> Share | str:
+    """The fair-queue weight and hold priority of a key Secret's ``weight``/``priority`` fields (absent
+    or empty: the defaults), or why they are refused."""
+    try:
+        return Share(
+            _bounded(WEIGHT_FIELD, weight, 1, MAX_WEIGHT), _bounded(PRIORITY_FIELD, priority, 0, MAX_PRIORITY)
+        )
+    except ValueError as exc:
+        return str(exc)
+
+
 def token_digest(token: bytes) -> bytes:
     """What the store keeps of a key and looks a bearer token up by."""
     return hashlib.sha256(token).digest()
@@ -152,15 +179,18 @@ def _field(data: Mapping[str, Any], name: str) -> str | None:
         raise ValueError(f"{name}: not base64-encoded UTF-8") from None
 
 
-_FIELDS = (KEY_FIELD, NAMESPACES_FIELD, POOLS_FIELD, REQUESTS_PER_MINUTE_FIELD, TOKENS_PER_MINUTE_FIELD)
+_FIELDS = (
+    KEY_FIELD, NAMESPACES_FIELD, POOLS_FIELD, REQUESTS_PER_MINUTE_FIELD, TOKENS_PER_MINUTE_FIELD,
+    WEIGHT_FIELD, PRIORITY_FIELD,
+)  # fmt: skip
 
 
-def key_from_secret(obj: Mapping[str, Any], admin_namespace: str) -> tuple[bytes, Grant, Limits] | str:
-    """A key Secret's (digest of its key, grant, limits), or why it is refused."""
+def key_from_secret(obj: Mapping[str, Any], admin_namespace: str) -> tuple[bytes, Grant, Limits, Share] | str:
+    """A key Secret's (digest of its key, grant, limits, fair share), or why it is refused."""
     meta = obj.get("metadata") or {}
     data = obj.get("data") or {}
     try:
-        key, namespaces, pools, requests, tokens = (_field(data, f) for f in _FIELDS)
+        key, namespaces, pools, requests, tokens, weight, priority = (_field(data, f) for f in _FIELDS)
     except ValueError as exc:
         return str(exc)
     if not key:
@@ -173,7 +203,16 @@ def key_from_secret(obj: Mapping[str, Any], admin_namespace: str) -> tuple[bytes
     limits = parse_limits(requests, tokens)
     if isinstance(limits, str):
         return limits
-    return token_digest(key.encode()), grant, limits
+    share = parse_share(weight, priority)
+    if isinstance(share, str):
+        return share
+    namespace = str(meta.get("namespace") or "")
+    if namespace != admin_namespace and share.outranks_default:
+        return (
+            f"it sets a {WEIGHT_FIELD} or {PRIORITY_FIELD} above the default, but only a key Secret in the "
+            f"gateway's namespace {admin_namespace} may (a tenant's key would outrank the others)"
+        )
+    return token_digest(key.encode()), grant, limits, share
 
 
 # ---- the store ----------------------------------------------------------------------------------------
@@ -196,6 +235,7 @@ class KeyStore:
         self.on_gone = on_gone
         self._secrets: dict[Key, bytes] = {}
         self._entries: dict[bytes, dict[Key, tuple[Grant, Limits]]] = {}
+        self._shares: dict[Key, Share] = {}
 
     def __len__(self) -> int:
         return len(self._secrets)
@@ -219,6 +259,13 @@ class KeyStore:
         out = NO_LIMITS
         for _, limits in self._entries.get(digest, {}).values():
             out = out.strictest(limits)
+        return out
+
+    def share_of(self, digest: bytes) -> Share:
+        """The lowest weight and priority of the Secrets holding the key (none set: the defaults)."""
+        out = EQUAL_SHARE
+        for ref in self._entries.get(digest, {}):
+            out = out.strictest(self._shares.get(ref, EQUAL_SHARE))
         return out
 
     def name_of_digest(self, digest: bytes) -> str:
@@ -248,13 +295,15 @@ class KeyStore:
         if isinstance(parsed, str):
             log.warning("key Secret %s/%s refused: %s", *ref, parsed)
             return before
-        digest, grant, limits = parsed
+        digest, grant, limits, share = parsed
         self._secrets[ref] = digest
+        self._shares[ref] = share
         self._entries.setdefault(digest, {})[ref] = (grant, limits)
         return before
 
     def _remove(self, ref: Key) -> bytes | None:
         digest = self._secrets.pop(ref, None)
+        self._shares.pop(ref, None)
         if digest is not None:
             entries = self._entries[digest]
             del entries[ref]

@@ -65,6 +65,12 @@ class Metrics:
             ["pool"],
             registry=r,
         )
+        self.queued = Gauge(
+            "modelpool_gateway_queued_requests",
+            "Requests waiting now in a full pool's fair queue (every worker at its spec.queue.capacity).",
+            ["pool"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "modelpool_gateway_in_flight_requests",
             "Requests being answered by a worker now.",
@@ -76,7 +82,9 @@ class Metrics:
             "Requests the gateway refused itself, by reason (hold_full, key_hold_full: one API key's "
             "held requests at their bound, gateway_full, too_large, "
             "too_many_items, too_deep: the body's JSON over its bounds, counted before parsing; "
-            "body_timeout: answered 408, the body did not arrive in time; scaled_to_zero, invalid_spec: "
+            "body_timeout: answered 408, the body did not arrive in time; key_queue_full, queue_full, "
+            "queue_timeout: answered 429, a full pool's fair queue at its bound per key or per pool, or "
+            "the wait for a slot over; scaled_to_zero, invalid_spec: "
             "answered 503 at once for a pool that cannot get a worker; "
             "key_rate_limited, key_token_limited: answered 429, the key over its requestsPerMinute or "
             "tokensPerMinute; missing_key, invalid_key: answered 401; not_found: answered 404 for a model "

@@ -145,6 +145,9 @@ class Pool:
     # A shared pool's ModelHost (spec.host): its model is served by that host's pods that hold it, under
     # ``model_name``; None: dedicated workers.
     host: str | None = None
+    # Requests each worker takes before it answers 429 (spec.queue.capacity; None: unknown, never queued
+    # by the gateway's fair queue, ``fairness``).
+    queue_capacity: int | None = None
     # The pool's LoRA adapters (spec.adapters): names a request's model may take to reach this pool.
     adapters: tuple[str, ...] = ()
 
@@ -285,5 +288,6 @@ def pool_from_object(obj: Mapping[str, Any]) -> Pool:
         activation_timeout_s=float(spec.activation_timeout_seconds),
         wakes_on_demand=replica_ceiling(spec) >= 1,
         host=spec.host,
+        queue_capacity=spec.queue.capacity,
         adapters=tuple(a.name for a in spec.adapters),
     )

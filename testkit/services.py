@@ -40,8 +40,10 @@ from modelpool_contract.gateway_keys import (
     LABEL_GATEWAY_KEY,
     NAMESPACES_FIELD,
     POOLS_FIELD,
+    PRIORITY_FIELD,
     REQUESTS_PER_MINUTE_FIELD,
     TOKENS_PER_MINUTE_FIELD,
+    WEIGHT_FIELD,
 )
 from modelpool_contract.reserved import DEFAULT_NODE_SELECTOR_KEYS, DEFAULT_TOLERATION_KEYS
 from testkit import prom
@@ -338,6 +340,8 @@ def create_key(
     pools: str | None = None,
     requests_per_minute: int | None = None,
     tokens_per_minute: int | None = None,
+    weight: int | None = None,
+    priority: int | None = None,
 ) -> str:
     """Create (or replace) key Secret ``namespace/name``; returns its key."""
     key = key or secrets.token_urlsafe(24)
@@ -347,6 +351,8 @@ def create_key(
         POOLS_FIELD: pools,
         REQUESTS_PER_MINUTE_FIELD: requests_per_minute,
         TOKENS_PER_MINUTE_FIELD: tokens_per_minute,
+        WEIGHT_FIELD: weight,
+        PRIORITY_FIELD: priority,
     }
     data.update({field: str(value) for field, value in given.items() if value is not None})
     manifest = {

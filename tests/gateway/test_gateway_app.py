@@ -46,6 +46,7 @@ ADMIN = "gateway-admin"
 KEY = "key-of-namespace-ns-0123456789"
 OTHER_KEY = "key-of-namespace-other-0123456789"
 SECOND_KEY = "second-key-of-namespace-ns-0123456789"
+THIRD_KEY = "third-key-of-namespace-ns-0123456789"
 LIMITED_KEY = "limited-key-of-namespace-ns-0123456789"
 
 
@@ -93,8 +94,8 @@ class Harness:
         self.entered = asyncio.Event()
         enter = self.holds.enter
 
-        def entering(key: Any) -> Any:
-            waiter = enter(key)
+        def entering(key: Any, priority: int = 0) -> Any:
+            waiter = enter(key, priority)
             self.entered.set()
             return waiter
 
@@ -759,3 +760,47 @@ async def test_a_hot_prefix_spills_over_within_the_load_bound(gw: Harness) -> No
     assert len(loads) >= 2 and loads[-1] <= math.ceil(1.25 * 12 / 3), loads
     placed = {p: gw.metrics.prefix_routed.labels(f"{NS}/gen", p)._value.get() for p in ("home", "spilled")}
     assert placed["home"] == loads[-1] and placed["spilled"] == 12 - loads[-1], (placed, loads)
+
+
+async def test_a_full_pool_queues_by_key_within_its_bounds_and_answers_429_past_them() -> None:
+    """Fair shares (``fairness``): a pool of one worker of capacity 1; a second request waits in the fair
+    queue, a key's second waiting one is refused (per key), another key's is queued until the pool's
+    bound, a wait past the client's deadline is refused; then every waiting one is served."""
+    small = Harness(max_queued_per_key=1, max_queued_per_pool=2)
+    small.registry.set_pool(Pool(NS, "pool", queue_capacity=1))
+    small.keys.set_secret(key_secret("ns-second", SECOND_KEY, **{NAMESPACES_FIELD: NS}))
+    small.keys.set_secret(key_secret("ns-third", THIRD_KEY, **{NAMESPACES_FIELD: NS, "weight": "2"}))
+    pool, gate = (NS, "pool"), asyncio.Event()
+    body = {"model": "pool", "input": ["x"]}
+    async with raw_server(_gated(gate)) as port:
+        small.worker("w0", port)
+        async with small.client() as c, small.client(SECOND_KEY) as second, small.client(THIRD_KEY) as third:
+            running = asyncio.ensure_future(c.post("/v1/embeddings", json=body))
+            await wait_for_async(lambda: small.app.fair.running(pool) == 1, 10, message="one running")
+            waiting = [asyncio.ensure_future(c.post("/v1/embeddings", json=body))]
+            await wait_for_async(lambda: small.app.fair.queued(pool) == 1, 10, message="one waiting")
+            refused = await c.post("/v1/embeddings", json=body)
+            assert refused.status_code == 429 and refused.json()["error"]["type"] == "overloaded"
+            assert "this API key has 1 requests waiting" in refused.json()["error"]["message"]
+            assert refused.headers["retry-after"] == str(small.settings.hold_retry_after_seconds)
+            waiting.append(asyncio.ensure_future(second.post("/v1/embeddings", json=body)))
+            await wait_for_async(lambda: small.app.fair.queued(pool) == 2, 10, message="two waiting")
+            full = await third.post("/v2/models/pool/infer", json={"inputs": []})
+            assert full.status_code == 429 and "it has 2 requests waiting" in full.json()["error"]
+            assert small.metrics.refused.labels(f"{NS}/pool", "key_queue_full")._value.get() == 1
+            assert small.metrics.refused.labels(f"{NS}/pool", "queue_full")._value.get() == 1
+            assert small.metrics.queued.labels(f"{NS}/pool")._value.get() == 2
+            gate.set()
+            for response in await asyncio.gather(running, *waiting):
+                assert response.status_code == 200, response.text
+            # Alone again: a request whose deadline passes while the pool stays full is refused.
+            gate.clear()
+            running = asyncio.ensure_future(c.post("/v1/embeddings", json=body))
+            await wait_for_async(lambda: small.app.fair.running(pool) == 1, 10, message="one running")
+            late = await third.post("/v1/embeddings", json=body, headers={"x-request-timeout": "0.2"})
+            assert late.status_code == 429 and "stayed full" in late.json()["error"]["message"]
+            gate.set()
+            assert (await running).status_code == 200
+    assert small.app.fair.running(pool) == 0 and small.app.fair.queued(pool) == 0
+    await small.demand.close()
+    small.upstream.close()

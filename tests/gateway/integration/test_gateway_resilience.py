@@ -77,7 +77,9 @@ def test_ten_times_overload_is_refused_with_429_never_5xx_and_memory_stays_bound
     pool = echo_pool("busy", env={"HANDLER_RUN_SECONDS": "0.05"}, queue_capacity=10)
     pool["spec"]["queue"]["maxBatchSize"] = 1
     apply(crds, pool, namespace)
-    gateway = start_gateway([namespace])
+    # Every client sends with one key: the pool's fair queue (test_gateway_fairness) holds one of its
+    # requests at most, so what is measured is the refusals, as when the workers refused them.
+    gateway = start_gateway([namespace], "--max-queued-per-key", "1")
     gateway.wait_serving("busy", 1)
     warm, _ = asyncio.run(_overload(gateway, 20, 2))  # connections, buffers and metrics warmed up
     assert warm[200] > 0
