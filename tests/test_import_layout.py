@@ -33,3 +33,12 @@ def test_the_checks_find_what_they_look_for() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    """pytest imports a test file outside a package by its basename (the default import mode), so a second
+    file of one name fails collection: "import file mismatch" (CI failed on it twice)."""
+    names: dict[str, list[str]] = {}
+    for path in sorted([*ROOT.glob("tests/**/test_*.py"), *ROOT.glob("e2e/**/test_*.py")]):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}

@@ -169,9 +169,10 @@ def _pending_pod(name: str) -> dict[str, Any]:
 
 def _worker(manifest: dict[str, Any], namespace: str, probe_port: int, index: int = 0) -> str:
     """The name the operator gives the pool's ``index``-th worker (its hash covers the operator's settings:
-    the test names the one that differs between operators, the workers' probe port)."""
+    the test names those that differ between operators, the workers' probe port and the test operator's
+    log format, which its workers are passed)."""
     pool = PoolView.from_body({**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}})
-    settings = pod_settings(OperatorConfig(server_probe_port=probe_port))
+    settings = pod_settings(OperatorConfig(server_probe_port=probe_port, log_format="plain"))
     return worker_name(pool.name, worker_template_hash(pool, settings), index)
 
 

@@ -83,7 +83,8 @@ def test_workers_are_admitted_in_a_restricted_namespace_with_secrets_by_referenc
             "name": "HF_TOKEN",
             "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}},
         } in container["env"]
-        assert container["args"][-2:] == ["--api-key-file", "/etc/modelpool/api-key/api-key"]
+        args = container["args"]
+        assert args[args.index("--api-key-file") + 1] == "/etc/modelpool/api-key/api-key"
     stored = json.dumps(get_pool(cluster, namespace, "locked"))
     assert TOKEN not in stored and API_KEY not in stored
 
