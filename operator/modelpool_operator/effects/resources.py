@@ -17,7 +17,6 @@ from typing import Any
 
 from modelpool_contract.api import (
     API_VERSION,
-    DEFAULT_ENGINE,
     MODELHOST_KIND,
     MODELPOOL_KIND,
     EnvVar,
@@ -153,7 +152,6 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         log_format=_log_format(settings),
         adapter=tuple(f"{a.name}={a.source}" for a in spec.adapters) or None,
         max_adapters=spec.max_loaded_adapters if spec.adapters else None,
-        engine=spec.engine if spec.engine != DEFAULT_ENGINE else None,
     ).argv()
 
 
