@@ -75,6 +75,7 @@ def start(
     for namespace in (NAMESPACE, KEYS_NAMESPACE):
         kubectl(kubeconfig, "create", "namespace", namespace)
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), MODELPOOL_OPERATOR_SERVER_PORT=str(free_port()))
+    env["MODELPOOL_OPERATOR_METRICS_PORT"] = "0"  # no metrics endpoint: a fixed port collides with others'
     env.update(POLICY_ENV)
     procs.append(
         subprocess.Popen(
@@ -86,6 +87,7 @@ def start(
     )  # fmt: skip
     echo_env = {"MODELPOOL_HANDLER": ECHO, "PYTHONPATH": str(ROOT), "HANDLER_RUN_SECONDS": str(args.run_s)}
     manifest = pool(POOL, "/", echo_env, "1Gi", 1)
+    manifest["metadata"]["namespace"] = NAMESPACE  # bench.gateway's pools live in its own namespace
     manifest["spec"]["queue"]["capacity"] = args.capacity
     manifest["spec"]["autoscaling"] = {"enabled": False, "targetPerWorker": 1}
     items = [manifest, key_secret("flood", "f" * 32), key_secret("steady", "s" * 32)]
@@ -97,13 +99,17 @@ def start(
         subprocess.Popen(
             [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig),
              "--namespace", NAMESPACE, "--keys-namespace", KEYS_NAMESPACE, "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "warning"],
+             "--port", str(port), "--metrics-port", "0", "--log-level", "warning"],
             stdout=(logs / "gateway.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
         )
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
 
+    gateway = procs[-1]
+
     def serving() -> bool:
+        if gateway.poll() is not None:
+            raise RuntimeError(f"the gateway exited {gateway.returncode}: see {logs / 'gateway.log'}")
         try:
             response = httpx.get(
                 url + "/v1/models", headers={"Authorization": "Bearer " + "s" * 32}, timeout=5
