@@ -3,13 +3,18 @@ under another key's flood, in one run (``python -m bench.fairness``).
 
 Starts the local control plane, the real operator, one echo pool of one worker (``HANDLER_RUN_SECONDS``
 per request, one request at a time, ``spec.queue.capacity`` small, so the pool is full at once) and the
-gateway with two API keys. Then, in alternating rounds:
+gateway with two API keys. Then, in alternating rounds, key B two ways, each alone and beside key A's
+``--flood`` clients, which resend the moment they are answered (429s included, as a client ignoring
+Retry-After):
 
-* **alone**: key B's ``--steady`` closed-loop clients for ``--window`` seconds: its goodput (200s/s);
-* **flooded**: the same B clients beside key A's ``--flood`` clients, which resend the moment they are
-  answered (429s included, as a client ignoring Retry-After): B's goodput, A's goodput and A's 429s.
+* **within its share**: B sends ``--steady-rate`` requests a second whatever the answers (an open loop;
+  by default 0.3 of what the worker can do, under the half that is B's fair share beside A): its goodput
+  (200s a second) and its median latency. The issue's figure is this goodput flooded over alone (target
+  >= 0.9);
+* **saturating**: B's ``--steady`` closed-loop clients, which alone keep the worker busy: beside A, B can
+  keep at most its fair share of the worker (0.5 with equal weights), so its ratio says how close it
+  comes to that.
 
-The figure is B's flooded goodput over its alone goodput, per round and the median (target >= 0.9).
 Writes ``.bench/fairness.json`` and the table into docs/benchmarks.md between
 ``<!-- bench:fairness:start -->`` and ``<!-- bench:fairness:end -->`` (``--no-docs`` to skip).
 """
@@ -90,7 +95,7 @@ def start(
     manifest["metadata"]["namespace"] = NAMESPACE  # bench.gateway's pools live in its own namespace
     manifest["spec"]["queue"]["capacity"] = args.capacity
     manifest["spec"]["autoscaling"] = {"enabled": False, "targetPerWorker": 1}
-    items = [manifest, key_secret("flood", "f" * 32), key_secret("steady", "s" * 32)]
+    items = [manifest, key_secret("flood", FLOOD_KEY), key_secret("steady", STEADY_KEY)]
     kubectl(
         kubeconfig, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
     )
@@ -112,7 +117,7 @@ def start(
             raise RuntimeError(f"the gateway exited {gateway.returncode}: see {logs / 'gateway.log'}")
         try:
             response = httpx.get(
-                url + "/v1/models", headers={"Authorization": "Bearer " + "s" * 32}, timeout=5
+                url + "/v1/models", headers={"Authorization": "Bearer " + STEADY_KEY}, timeout=5
             )
             return any(m["modelpool"]["servingWorkers"] == 1 for m in response.json()["data"])
         except (httpx.HTTPError, KeyError, ValueError):
@@ -138,41 +143,89 @@ async def clients(url: str, key: str, n: int, until: float, codes: Counter[int])
         await asyncio.gather(*(loop() for _ in range(n)))
 
 
-async def segment(url: str, args: argparse.Namespace, flooded: bool) -> dict[str, float]:
+# Key B's requests outstanding at most in its open loop (beyond it a send waits: B is not a flood).
+MAX_OUTSTANDING = 64
+STEADY_KEY, FLOOD_KEY = "s" * 32, "f" * 32
+
+
+async def paced(  # noqa: PLR0917 - a bench helper, called positionally
+    url: str, key: str, rate: float, until: float, codes: Counter[int], took: list[float]
+) -> None:
+    """``key`` sending ``rate`` requests a second until ``until`` (loop time) whatever the answers (an
+    open loop); every answer is awaited, counted by status, and a 200's seconds kept in ``took``."""
+    loop = asyncio.get_running_loop()
+    headers = {"Authorization": "Bearer " + key}
+    body = {"model": POOL, "input": ["x"]}
+    limits = httpx.Limits(max_connections=MAX_OUTSTANDING, max_keepalive_connections=MAX_OUTSTANDING)
+    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+
+        async def one() -> None:
+            started = loop.time()
+            response = await client.post(url + "/v1/embeddings", json=body, headers=headers)
+            codes[response.status_code] += 1
+            if response.status_code == 200:
+                took.append(loop.time() - started)
+
+        sent: list[asyncio.Task[None]] = []
+        due = loop.time()
+        while due < until:
+            sent.append(asyncio.create_task(one()))
+            due += 1 / rate
+            await asyncio.sleep(max(0.0, due - loop.time()))  # the schedule of an open loop, not a wait
+        await asyncio.gather(*sent)
+
+
+async def segment(url: str, args: argparse.Namespace, flooded: bool, within_share: bool) -> dict[str, float]:
+    """One window of key B (paced ``within_share``, else its closed loop), with A's flood if ``flooded``."""
     loop = asyncio.get_running_loop()
     until = loop.time() + args.window
     steady: Counter[int] = Counter()
     flood: Counter[int] = Counter()
-    work = [clients(url, "s" * 32, args.steady, until, steady)]
+    took: list[float] = []
+    work = [
+        paced(url, STEADY_KEY, args.steady_rate, until, steady, took)
+        if within_share
+        else clients(url, STEADY_KEY, args.steady, until, steady)
+    ]
     if flooded:
-        work.append(clients(url, "f" * 32, args.flood, until, flood))
+        work.append(clients(url, FLOOD_KEY, args.flood, until, flood))
     started = loop.time()
     await asyncio.gather(*work)
-    took = loop.time() - started
+    window = args.window if within_share else loop.time() - started
     return {
-        "steady_per_s": steady[200] / took,
+        "steady_per_s": steady[200] / window,
+        "steady_p50_ms": statistics.median(took) * 1000 if took else 0.0,
         "steady_errors": sum(v for k, v in steady.items() if k != 200),
-        "flood_per_s": flood[200] / took,
+        "flood_per_s": flood[200] / window,
         "flood_429": flood[429],
     }
+
+
+def _pair(url: str, args: argparse.Namespace, within_share: bool) -> dict[str, Any]:
+    alone = asyncio.run(segment(url, args, flooded=False, within_share=within_share))
+    flooded = asyncio.run(segment(url, args, flooded=True, within_share=within_share))
+    ratio = flooded["steady_per_s"] / alone["steady_per_s"] if alone["steady_per_s"] else 0.0
+    return {"alone": alone, "flooded": flooded, "ratio": ratio}
 
 
 def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     for i in range(args.rounds):
-        alone = asyncio.run(segment(url, args, flooded=False))
-        flooded = asyncio.run(segment(url, args, flooded=True))
-        ratio = flooded["steady_per_s"] / alone["steady_per_s"] if alone["steady_per_s"] else 0.0
-        rounds.append({"alone": alone, "flooded": flooded, "ratio": ratio, "load": load_average()})
-        b, a = f"B alone {alone['steady_per_s']:.1f}/s, flooded {flooded['steady_per_s']:.1f}/s", flooded
+        share, saturating = _pair(url, args, True), _pair(url, args, False)
+        rounds.append({"share": share, "saturating": saturating, "load": load_average()})
+        a = share["flooded"]
         print(
-            f"round {i + 1}: {b} ({ratio:.2f}); A {a['flood_per_s']:.1f}/s, {a['flood_429']} 429s", flush=True
-        )
+            f"round {i + 1}: B within its share {share['alone']['steady_per_s']:.1f}/s alone, "
+            f"{a['steady_per_s']:.1f}/s flooded ({share['ratio']:.2f}); saturating "
+            f"{saturating['alone']['steady_per_s']:.1f} -> {saturating['flooded']['steady_per_s']:.1f}/s "
+            f"({saturating['ratio']:.2f}); A {a['flood_per_s']:.1f}/s, {a['flood_429']} 429s", flush=True,
+        )  # fmt: skip
     return {
         "date": time.strftime("%Y-%m-%d"),
         "settings": vars(args),
         "rounds": rounds,
-        "median_ratio": statistics.median(r["ratio"] for r in rounds),
+        "median_ratio": statistics.median(r["share"]["ratio"] for r in rounds),
+        "median_saturating_ratio": statistics.median(r["saturating"]["ratio"] for r in rounds),
     }
 
 
@@ -180,19 +233,25 @@ def table(res: dict[str, Any]) -> str:
     s = res["settings"]
     head = (
         f"{s['rounds']} rounds of {s['window']:g} s, one echo worker ({s['run_s'] * 1000:g} ms a request, "
-        f"one at a time, queue capacity {s['capacity']}); key B {s['steady']} clients, key A {s['flood']} "
-        f"resending at once; {res['date']}. B's goodput under A's flood over alone, median: "
-        f"**{res['median_ratio']:.2f}**\n\n"
+        f"one at a time, queue capacity {s['capacity']}); key A {s['flood']} clients resending at once; "
+        f"{res['date']}. Key B within its share ({s['steady_rate']:g} requests a second, an open loop): "
+        f"goodput under A's flood over alone, median **{res['median_ratio']:.2f}**; key B saturating the "
+        f"worker alone ({s['steady']} closed-loop clients): **{res['median_saturating_ratio']:.2f}** "
+        "(its fair share beside A is 0.5)\n\n"
     )
     rows = [
-        "| round | B alone (/s) | B flooded (/s) | ratio | A flooded (/s) | A's 429s | load |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| round | B within share: alone / flooded (/s) | ratio | B's p50 alone / flooded (ms) "
+        "| B saturating: alone / flooded (/s) | ratio | A flooded (/s) | A's 429s | load |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for i, r in enumerate(res["rounds"], 1):
+        share, sat = r["share"], r["saturating"]
         rows.append(
-            f"| {i} | {r['alone']['steady_per_s']:.1f} | {r['flooded']['steady_per_s']:.1f} "
-            f"| {r['ratio']:.2f} | {r['flooded']['flood_per_s']:.1f} | {r['flooded']['flood_429']} "
-            f"| {r['load']} |"
+            f"| {i} | {share['alone']['steady_per_s']:.1f} / {share['flooded']['steady_per_s']:.1f} "
+            f"| {share['ratio']:.2f} | {share['alone']['steady_p50_ms']:.0f} / "
+            f"{share['flooded']['steady_p50_ms']:.0f} | {sat['alone']['steady_per_s']:.1f} / "
+            f"{sat['flooded']['steady_per_s']:.1f} | {sat['ratio']:.2f} "
+            f"| {share['flooded']['flood_per_s']:.1f} | {share['flooded']['flood_429']} | {r['load']} |"
         )
     return head + "\n".join(rows)
 
@@ -205,8 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood", type=int, default=64, help="key A's clients, resending at once")
     parser.add_argument("--capacity", type=int, default=4, help="the worker's spec.queue.capacity")
     parser.add_argument("--run-s", type=float, default=0.02, help="seconds per request in the worker")
+    parser.add_argument(
+        "--steady-rate", type=float, default=None,
+        help="key B's requests a second within its share (default: 0.3 of the worker's 1 / --run-s)",
+    )  # fmt: skip
     parser.add_argument("--no-docs", action="store_true", help="do not update docs/benchmarks.md")
     args = parser.parse_args(argv)
+    args.steady_rate = args.steady_rate or 0.3 / args.run_s
     procs: list[subprocess.Popen[bytes]] = []
     with guarded_cluster("bench-fair", "gateway, operator and cluster logs") as cluster:
         try:
