@@ -276,6 +276,11 @@ class HostRun:
     # The last placing's ``retry_in``: the daemon's next pass comes no later (a model turning old
     # enough to sleep for a pool left short).
     retry_in: float | None = None
+    # The host pods the last pass saw Ready (``planner.disrupted.budgeted``), and the names held since a
+    # drain evicted one of them (name -> since when): its replacement, of the same name, waits while the
+    # ModelHost's PodDisruptionBudget still records the name (``planner.disrupted.still_listed``).
+    budgeted: frozenset[str] = frozenset()
+    disrupted: dict[str, datetime] = field(default_factory=dict)
 
 
 @dataclass
@@ -321,6 +326,11 @@ class PoolRun:
     # the planner gives them to no worker. Forgotten past ``TAKEN_NAMES_MAX`` (a name freed meanwhile may
     # then be tried again; one still taken is found again).
     taken_names: set[str] = field(default_factory=set)
+    # The workers the last pass saw Ready and serving (``planner.disrupted.budgeted``), and the names held
+    # since a drain evicted one of them (name -> since when; ``planner.disrupted.held_names``): no new
+    # worker takes a held name while the pool's PodDisruptionBudget may still count it as evicted.
+    budgeted: frozenset[str] = frozenset()
+    disrupted: dict[str, datetime] = field(default_factory=dict)
     # Since when each worker has claimed to be busy, pass after pass (``observe.claims``; re-learned from
     # the last status after a restart).
     claims: Mapping[str, BusyClaim] = field(default_factory=dict)

@@ -77,6 +77,7 @@ class RecordingKube:
         self.pod_patches: list[tuple[str, dict[str, Any]]] = []
         self.foreign: set[str] = set()  # names of pods and Secrets that exist and are someone else's
         self.secret_tries = 0
+        self.disrupted: dict[str, datetime] = {}  # a PodDisruptionBudget's status.disruptedPods
 
     async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> bool:
         await asyncio.sleep(0.01)
@@ -93,6 +94,9 @@ class RecordingKube:
     async def pod_exists(self, namespace: str, name: str) -> bool:
         self.asked.append(name)
         return name in self.existing
+
+    async def disrupted_pods(self, namespace: str, name: str) -> dict[str, datetime]:
+        return dict(self.disrupted)
 
     async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
         self.pod_patches.append((name, dict(patch)))
@@ -187,12 +191,16 @@ def _pool(name: str, replicas: int) -> dict[str, Any]:
     }
 
 
-def _running(pod: dict[str, Any]) -> dict[str, Any]:
+def _running(pod: dict[str, Any], *, ready: bool = False) -> dict[str, Any]:
+    """``pod`` running, as the index keeps it; ``ready``: with its Ready condition (a budget counts it)."""
     pod = {**pod, "metadata": {**pod["metadata"], "uid": "u-" + pod["metadata"]["name"]}}
     pod["status"] = {
         "phase": "Running",
         "containerStatuses": [{"name": "server", "ready": True, "state": {"running": {}}}],
     }
+    if ready:
+        condition = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T00:00:00Z"}
+        pod["status"]["conditions"] = [condition]
     return slim_pod(pod)
 
 
@@ -493,6 +501,50 @@ async def test_a_pools_disruption_budget_follows_its_target_and_is_sent_only_whe
     strict["spec"]["disruption"] = {"maxUnavailable": 0}
     await one_pass(strict)
     assert [b["spec"]["minAvailable"] for b in kube.budgets] == [0, 2, 3]
+
+
+async def test_a_worker_a_drain_evicted_is_replaced_under_another_name(state: Operator) -> None:
+    """Its name stays in the pool's PodDisruptionBudget (``status.disruptedPods``) for up to 2 minutes, and
+    a replacement of that name would count for nothing there meanwhile (``planner.disrupted``)."""
+    pool = OnePool(state, _pool("a", 2))
+    rendered = worker_template_hash(PoolView.from_body(pool.body), pod_settings(state.services.config))
+    await pool.reconcile()
+    ready = [_running(p, ready=True) for p in state.kube.created]
+    await pool.reconcile({pool.run.key: ready})  # both seen Ready and serving
+    await pool.reconcile({pool.run.key: ready[1:]})  # the first one gone: a drain evicted it
+    assert [p["metadata"]["name"] for p in state.kube.created[2:]] == [worker_name("a", rendered, 2)]
+
+
+async def test_a_host_pod_a_drain_evicted_is_made_again_once_its_budget_forgets_the_name(
+    state: Operator,
+) -> None:
+    """A host pod keeps its name (``<host>-<index>``): its replacement waits while the ModelHost's budget,
+    read afresh, records the evicted pod's name, and the pass comes back within a second."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.host import host_charge_key
+    from modelpool_operator.observe.ownership import OwnedPods, host_record
+    from modelpool_operator.reconcile_host import HELD_RETRY_S, reconcile_host
+
+    run, body = HostRun(key=("ns", "gpus")), _host(2)
+    pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    view = OwnedPods(pods, {host_charge_key("ns", "gpus"): host_record(body)}.get)
+
+    async def host_pass() -> None:
+        await reconcile_host(
+            state.services, state.book, run=run, body=body, pods_by_pool=view, pools_by_key={}, budgets=ROOMY
+        )
+
+    await host_pass()
+    ready = [_running(p, ready=True) for p in state.kube.created]
+    pods[host_charge_key("ns", "gpus")] = ready
+    await host_pass()  # both seen Ready
+    pods[host_charge_key("ns", "gpus")] = ready[1:]  # gpus-0 evicted and gone
+    state.kube.disrupted = {"gpus-0": datetime.now(UTC)}
+    await host_pass()
+    assert len(state.kube.created) == 2 and run.retry_in is not None and run.retry_in <= HELD_RETRY_S
+    state.kube.disrupted = {}  # the disruption controller saw it go
+    await host_pass()
+    assert [p["metadata"]["name"] for p in state.kube.created[2:]] == ["gpus-0"]
 
 
 def _llm_pool(inference_pool: dict[str, Any] | None) -> dict[str, Any]:
