@@ -199,6 +199,12 @@ class ServerConfig(ServingConfig):
         description="The continuous-batching KV cache in tokens (default: a share of the accelerator "
         "memory left after the weights, or of the pod's memory limit on a CPU)",
     )
+    prefix_sharing: bool = Field(
+        default=True,
+        description="text-generation on continuous batching: keep the cache blocks of computed prompts so a "
+        "request with the same prefix (a shared system prompt) reuses them instead of prefilling them again "
+        "(--no-prefix-sharing: off; always off with adapters)",
+    )
 
     adapter: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -316,7 +322,13 @@ def _read_key(path: Path) -> str:
 #: The server's command line: every field is a flag (``modelpool_contract.settings``).
 COMMAND_LINE = CommandLine(
     prog="modelpool-server",
-    flags={"adapter": [Flag(append=True, metavar="NAME=SOURCE")]},
+    flags={
+        "adapter": [Flag(append=True, metavar="NAME=SOURCE")],
+        "prefix_sharing": [
+            Flag(const=True, group="prefix_sharing"),
+            Flag(names=("--no-prefix-sharing",), const=False, group="prefix_sharing", help="Turn it off"),
+        ],
+    },
     description="Serve one model behind a bounded queue (KServe v2 + OpenAI-compatible APIs). "
     "Every flag can also be set as MODELPOOL_<FLAG> (e.g. MODELPOOL_QUEUE_CAPACITY).",
 )

@@ -16,7 +16,9 @@ too_large, invalid_input...), ``request_latency_seconds{route}``, ``batch_size``
 dropped before compute: timeout, disconnected), ``resident_memory_bytes{process}`` (supervisor, inference,
 http-N).  Text generation on the continuous-batching engine: ``time_to_first_token_seconds``,
 ``inter_token_latency_seconds``, ``generated_tokens_total`` (its rate is tokens per second),
-``kv_cache_tokens``, ``kv_cache_reserved_tokens`` and ``generating`` (requests running).
+``prompt_tokens_total`` and ``prefix_cache_hit_tokens_total`` (of those prompt tokens, the ones read from
+the prefix cache instead of computed: their ratio is the hit rate), ``kv_cache_tokens``,
+``kv_cache_reserved_tokens`` and ``generating`` (requests running).
 
 A text-generation worker (``WorkerGauges(picker=True)``) also exports the endpoint picker's protocol
 (``picker_rows``: the vLLM engine's names in ``modelpool_contract.picker``): ``vllm:num_requests_waiting``
@@ -340,6 +342,22 @@ class Metrics:
         )
         self.generated_tokens = plain(
             Counter("modelpool_generated_tokens", "Tokens generated on the engine", own, registry=r)
+        )
+        self.prompt_tokens = plain(
+            Counter(
+                "modelpool_prompt_tokens",
+                "Prompt tokens of the generations the engine started",
+                own,
+                registry=r,
+            )
+        )
+        self.prefix_hit_tokens = plain(
+            Counter(
+                "modelpool_prefix_cache_hit_tokens",
+                "Prompt tokens the engine took from its prefix cache instead of computing them",
+                own,
+                registry=r,
+            )
         )
 
     def render(self, gauges: WorkerGauges) -> bytes:

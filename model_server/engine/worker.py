@@ -203,6 +203,7 @@ class Worker:
             trust_remote_code=self.config.trust_remote_code,
             kv_tokens=self.config.kv_cache_tokens,
             on_fatal=lambda reason: self.fail(EXIT_DEVICE_FAILED, reason),
+            prefix_sharing=self.config.prefix_sharing,
         )
         # The model, torch and transformers leave about half a million long-lived objects behind. A
         # full garbage collection walks all of them and stops the inference process's event loop (its
@@ -302,6 +303,7 @@ class Worker:
             trust_remote_code=self.config.trust_remote_code,
             kv_tokens=self.config.kv_cache_tokens,
             on_fatal=lambda reason: self.fail(EXIT_DEVICE_FAILED, reason),
+            prefix_sharing=self.config.prefix_sharing,
         )
 
     # ---- failure ------------------------------------------------------------------------------------
