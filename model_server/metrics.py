@@ -175,8 +175,8 @@ class WorkerGauges(Collector):
             return []
         out = []
         for name, documentation, field in (
-            ("modelpool_sleeps", "Sleeps completed: the weights parked in host memory", Field.SLEEPS),
-            ("modelpool_wakes", "Wakes completed: the weights back on the device", Field.WAKES),
+            ("modelpool_sleeps_total", "Sleeps completed: the weights parked in host memory", Field.SLEEPS),
+            ("modelpool_wakes_total", "Wakes completed: the weights back on the device", Field.WAKES),
         ):
             family = CounterMetricFamily(name, documentation, labels=["model"])
             family.add_metric([self.model], self.view.get(field))
