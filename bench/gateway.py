@@ -244,8 +244,8 @@ def start_stack(
 
 
 #: The stack's gateway, and the overhead row's "off" one: --auth none (the benchmark's clients send no API
-#: key; tests/gateway covers the key check), no traces, and the access lines (info) not written.
-OFF_FLAGS = ("--auth", "none", "--log-level", "warning", "--metrics-port", "0")
+#: key; tests/gateway covers the key check), no traces, no access lines.
+OFF_FLAGS = ("--auth", "none", "--log-level", "warning", "--no-access-log", "--metrics-port", "0")
 
 
 def start_gateway(
