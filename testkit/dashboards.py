@@ -9,7 +9,9 @@ query is valid PromQL.
 
 A panel says what its series need (``needs``): nothing beyond a release serving a pool and traffic through
 its gateway, a text-generation pool, a shared host (ModelHost), or an event (an eviction, a refusal): only
-the first kind is required to have series in the end-to-end check.
+the first kind is required to have series in the end-to-end check; the generation and host panels are
+asked of a real Prometheus scraping the worker's, the host's and the operator's metric objects fed as a
+generation and a ModelHost pass feed them (``tests/test_dashboard_series.py``).
 """
 
 from __future__ import annotations
