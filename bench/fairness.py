@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
-import os
-import signal
 import statistics
 import subprocess
 import time
@@ -37,15 +34,15 @@ from typing import Any
 
 import httpx
 
+from bench import standalone
 from bench.gateway import pool
 from bench.kwok import wait
 from bench.report import load_average, publish
-from modelpool_contract.gateway_keys import KEY_FIELD, KEY_LABEL_VALUE, LABEL_GATEWAY_KEY, NAMESPACES_FIELD
+from modelpool_contract.gateway_keys import NAMESPACES_FIELD
 from testkit.cluster import guarded_cluster
 from testkit.echo_models import ECHO
 from testkit.environment import ROOT, free_port
 from testkit.kubectl import kubectl
-from testkit.services import POLICY_ENV
 
 MARKERS = ("<!-- bench:fairness:start -->", "<!-- bench:fairness:end -->")
 NAMESPACE = f"bench-fair-{uuid.uuid4().hex[:6]}"
@@ -54,42 +51,15 @@ POOL = "fair"
 
 
 def key_secret(name: str, key: str) -> dict[str, Any]:
-    data = {KEY_FIELD: key, NAMESPACES_FIELD: NAMESPACE}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": name,
-            "namespace": KEYS_NAMESPACE,
-            "labels": {LABEL_GATEWAY_KEY: KEY_LABEL_VALUE},
-        },
-        "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
-    }
+    return standalone.key_secret(name, KEYS_NAMESPACE, key, **{NAMESPACES_FIELD: NAMESPACE})
 
 
 def start(
     kubeconfig: Path, logs: Path, args: argparse.Namespace, procs: list[subprocess.Popen[bytes]]
 ) -> str:
     """The operator, the pool and the gateway (``procs``: stopped by the caller); the gateway's URL."""
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    wait(
-        lambda: "Established" in kubectl(kubeconfig, "get", "crd", "modelpools.modelpool.dev", "-o",
-                                         "jsonpath={.status.conditions[*].type}"),
-        60, "the ModelPool CRD established",
-    )  # fmt: skip
-    for namespace in (NAMESPACE, KEYS_NAMESPACE):
-        kubectl(kubeconfig, "create", "namespace", namespace)
-    env = dict(os.environ, KUBECONFIG=str(kubeconfig), MODELPOOL_OPERATOR_SERVER_PORT=str(free_port()))
-    env["MODELPOOL_OPERATOR_METRICS_PORT"] = "0"  # no metrics endpoint: a fixed port collides with others'
-    env.update(POLICY_ENV)
-    procs.append(
-        subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "modelpool-operator"), "--namespace", NAMESPACE, "--standalone",
-             "--liveness", "0"],
-            env=env, stdout=(logs / "operator.log").open("wb"), stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    )  # fmt: skip
+    standalone.start_operator(kubeconfig, NAMESPACE, logs / "operator.log", procs)
+    kubectl(kubeconfig, "create", "namespace", KEYS_NAMESPACE)
     echo_env = {"MODELPOOL_HANDLER": ECHO, "PYTHONPATH": str(ROOT), "HANDLER_RUN_SECONDS": str(args.run_s)}
     manifest = pool(POOL, "/", echo_env, "1Gi", 1)
     manifest["metadata"]["namespace"] = NAMESPACE  # bench.gateway's pools live in its own namespace
@@ -286,12 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 NAMESPACE,
                 "--timeout=120s",
             )
-            for proc in reversed(procs):
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            standalone.stop(procs)
     publish(results, table(results), ROOT / ".bench" / "fairness.json", MARKERS, docs=not args.no_docs)
     return 0
 

@@ -5,8 +5,9 @@ server span continuing a client's ``traceparent``, the key check, the routing ch
 its ``traceparent`` injected, and their attributes), timed with ``time.process_time`` over a few thousand
 requests, with a batch processor whose exporter drops the spans (the export itself runs on the exporter's
 thread, off the request path); and, traces off, the tests of ``tracing.on()`` the request path makes
-instead.  A CPU figure, not a latency: ``python -m bench.gateway --tracing-only`` measures the gateway's
-added latency with traces off and on.  Prints one line per case; docs/benchmarks.md quotes it by hand.
+instead.  A CPU figure, not a latency: ``python -m bench.gateway --overhead-only`` measures the gateway's
+added latency with traces (and keys, limits, usage, access lines) off and on.  Prints one line per case;
+docs/benchmarks.md quotes it by hand.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ share of the KV cache, 0..1), ``vllm:cache_config_info{block_size,num_gpu_blocks
 
 A shared host (``render_host``, its probe port) exposes the same series for every model it holds, each
 labelled ``model="<name>"``, and ``host_device_memory_bytes{device,kind}`` (capacity, awake, asleep,
-overhead, free: its ledger, as in its ``/stats``).
+overhead, free: its ledger, as in its ``/stats``), and each model's ``sleeps_total`` and ``wakes_total``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
@@ -166,7 +166,24 @@ class WorkerGauges(Collector):
         self.max_adapters = max_adapters
 
     def collect(self) -> Iterator[Metric]:
-        return iter(gauge_families(self.rows()))
+        yield from gauge_families(self.rows())
+        yield from self.counters()
+
+    def counters(self) -> list[CounterMetricFamily]:
+        """A shared host's model's sleeps and wakes so far (``modelpool_sleeps_total``,
+        ``modelpool_wakes_total``, labelled with its model; counted in the view by its inference process);
+        none for a dedicated worker, which never sleeps."""
+        if self.model is None:
+            return []
+        out = []
+        for name, documentation, field in (
+            ("modelpool_sleeps_total", "Sleeps completed: the weights parked in host memory", Field.SLEEPS),
+            ("modelpool_wakes_total", "Wakes completed: the weights back on the device", Field.WAKES),
+        ):
+            family = CounterMetricFamily(name, documentation, labels=["model"])
+            family.add_metric([self.model], self.view.get(field))
+            out.append(family)
+        return out
 
     def rows(self) -> Iterator[GaugeRow]:
         """Every gauge sample: (name, help, labels, value)."""
@@ -404,15 +421,28 @@ def render_host(
     the devices' memory."""
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    models = list(models)
     rows = [row for gauges in models for row in gauges.rows()] + device_rows(devices)
-    registry.register(_Families(gauge_families(rows)))
+    counters = [family for gauges in models for family in gauges.counters()]
+    registry.register(_Families([*gauge_families(rows), *_merged(counters)]))
     return generate_latest(registry)
+
+
+def _merged(families: Iterable[CounterMetricFamily]) -> list[CounterMetricFamily]:
+    """The models' counter families of one name as one family (a name is exposed once)."""
+    merged: dict[str, CounterMetricFamily] = {}
+    for family in families:
+        found = merged.setdefault(
+            family.name, CounterMetricFamily(family.name, family.documentation, labels=["model"])
+        )
+        found.samples.extend(family.samples)
+    return list(merged.values())
 
 
 class _Families(Collector):
     """Families made already, as a collector."""
 
-    def __init__(self, families: list[GaugeMetricFamily]) -> None:
+    def __init__(self, families: Sequence[Metric]) -> None:
         self.families = families
 
     def collect(self) -> Iterator[Metric]:

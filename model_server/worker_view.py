@@ -76,6 +76,7 @@ class Field(enum.IntEnum):
     )  # a shared host: Unix time a request asked this sleeping model to wake (0: none)
     ADAPTERS_LOADED = enum.auto()  # LoRA adapters in memory, a bit mask over --adapter's order
     ADAPTERS_RUNNING = enum.auto()  # LoRA adapters running requests use, the same mask
+    WAKES = enum.auto()  # wakes completed (the weights back on the device)
 
 
 class Column(enum.IntEnum):

@@ -196,6 +196,12 @@ class GatewaySettings(BaseSettings):
         description="json: one JSON object per line, with the request id and trace id of the request it "
         "was logged for (the access lines too); plain: text lines (modelpool_contract.logs)",
     )
+    access_log: bool = Field(
+        default=True,
+        description="One access line per request (logger modelpool.gateway.access, at info: key, pool, "
+        "model, status, latency, tokens); off (--no-access-log, or false): none, its record, encoding and "
+        "write saved on every request (docs/benchmarks.md, the tenant features' overhead)",
+    )
     auth: Literal["keys", "none"] = Field(
         default="keys",
         description="keys: every request but health, readiness and metrics needs 'Authorization: Bearer "
@@ -286,7 +292,10 @@ COMMAND_LINE = CommandLine(
     prog="modelpool-gateway",
     description="Route OpenAI and KServe v2 requests to ModelPool workers by model name. Every flag "
     "can also be set as MODELPOOL_GATEWAY_<FLAG> (e.g. MODELPOOL_GATEWAY_NAMESPACES=a,b).",
-    flags={"namespaces": [Flag(names=("--namespace",), append=True, metavar="NAMESPACE")]},
+    flags={
+        "namespaces": [Flag(names=("--namespace",), append=True, metavar="NAMESPACE")],
+        "access_log": [Flag(names=("--no-access-log",), const=False)],
+    },
 )
 
 

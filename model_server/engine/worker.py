@@ -134,6 +134,7 @@ class Worker:
         self._sleep_lock = asyncio.Lock()  # one sleep or wake at a time; a unit waits for it
         self.last_sleep: parking.Parked | None = None
         self.last_wake_seconds: float | None = None
+        self.wakes = 0  # wakes completed
 
     # ---- loading ------------------------------------------------------------------------------------
 
@@ -283,6 +284,7 @@ class Worker:
                 self.fail(EXIT_DEVICE_FAILED, f"wake failed: {type(exc).__name__}: {exc}")
                 raise
             self.last_wake_seconds = time.monotonic() - started
+            self.wakes += 1
             return self.last_wake_seconds
 
     async def _back_awake(self, reason: str) -> None:
