@@ -38,7 +38,7 @@ from bench import standalone
 from bench.gateway import pool
 from bench.kwok import wait
 from bench.report import load_average, publish
-from modelpool_contract.gateway_keys import NAMESPACES_FIELD
+from modelpool_contract.gateway_keys import NAMESPACES_FIELD, REQUESTS_PER_MINUTE_FIELD
 from testkit.cluster import guarded_cluster
 from testkit.echo_models import ECHO
 from testkit.environment import ROOT, free_port
@@ -50,8 +50,8 @@ KEYS_NAMESPACE = NAMESPACE + "-keys"
 POOL = "fair"
 
 
-def key_secret(name: str, key: str) -> dict[str, Any]:
-    return standalone.key_secret(name, KEYS_NAMESPACE, key, **{NAMESPACES_FIELD: NAMESPACE})
+def key_secret(name: str, key: str, **fields: str) -> dict[str, Any]:
+    return standalone.key_secret(name, KEYS_NAMESPACE, key, **{NAMESPACES_FIELD: NAMESPACE, **fields})
 
 
 def start(
@@ -65,7 +65,8 @@ def start(
     manifest["metadata"]["namespace"] = NAMESPACE  # bench.gateway's pools live in its own namespace
     manifest["spec"]["queue"]["capacity"] = args.capacity
     manifest["spec"]["autoscaling"] = {"enabled": False, "targetPerWorker": 1}
-    items = [manifest, key_secret("flood", FLOOD_KEY), key_secret("steady", STEADY_KEY)]
+    limited = key_secret("limited", LIMITED_KEY, **{REQUESTS_PER_MINUTE_FIELD: str(args.limit_rpm)})
+    items = [manifest, key_secret("flood", FLOOD_KEY), key_secret("steady", STEADY_KEY), limited]
     kubectl(
         kubeconfig, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
     )
@@ -115,7 +116,57 @@ async def clients(url: str, key: str, n: int, until: float, codes: Counter[int])
 
 # Key B's requests outstanding at most in its open loop (beyond it a send waits: B is not a flood).
 MAX_OUTSTANDING = 64
-STEADY_KEY, FLOOD_KEY = "s" * 32, "f" * 32
+STEADY_KEY, FLOOD_KEY, LIMITED_KEY = "s" * 32, "f" * 32, "l" * 32
+# The limited key's clients, and how long they send: past one 60 s window, so the window is seen to roll.
+LIMITED_CLIENTS, LIMITED_SECONDS, WINDOW_S = 4, 70.0, 60.0
+
+
+async def over_limit(url: str) -> dict[str, Any]:
+    """Key C (``requestsPerMinute``) sending as fast as it is answered for ``LIMITED_SECONDS``: when its
+    requests were admitted, and every 429's ``Retry-After``."""
+    loop = asyncio.get_running_loop()
+    headers = {"Authorization": "Bearer " + LIMITED_KEY}
+    body = {"model": POOL, "input": ["x"]}
+    start = loop.time()
+    until = start + LIMITED_SECONDS
+    admitted: list[float] = []
+    retry_after: list[int] = []
+    other: Counter[int] = Counter()
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def loop_one() -> None:
+            while loop.time() < until:
+                response = await client.post(url + "/v1/embeddings", json=body, headers=headers)
+                if response.status_code == 200:
+                    admitted.append(loop.time() - start)
+                elif response.status_code == 429:
+                    retry_after.append(int(response.headers.get("retry-after", "-1")))
+                else:
+                    other[response.status_code] += 1
+
+        await asyncio.gather(*(loop_one() for _ in range(LIMITED_CLIENTS)))
+    return {"admitted_at": sorted(admitted), "retry_after": retry_after, "other": dict(other)}
+
+
+def limit_figures(run: dict[str, Any], limit: int) -> dict[str, Any]:
+    """Pure: the most requests admitted within any 60 s, the first window's count, the 429s' Retry-After
+    range (``None`` where a 429 came without one)."""
+    times = run["admitted_at"]
+    most, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] <= t - WINDOW_S:
+            j += 1
+        most = max(most, i - j + 1)
+    waits = run["retry_after"]
+    return {
+        "limit": limit,
+        "admitted": len(times),
+        "first_window": sum(1 for t in times if t < WINDOW_S),
+        "most_in_any_window": most,
+        "refused": len(waits),
+        "retry_after_range": (min(waits), max(waits)) if waits and min(waits) >= 1 else None,
+        "other": run["other"],
+    }
 
 
 async def paced(  # noqa: PLR0917 - a bench helper, called positionally
@@ -190,9 +241,12 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
             f"{saturating['alone']['steady_per_s']:.1f} -> {saturating['flooded']['steady_per_s']:.1f}/s "
             f"({saturating['ratio']:.2f}); A {a['flood_per_s']:.1f}/s, {a['flood_429']} 429s", flush=True,
         )  # fmt: skip
+    limits = limit_figures(asyncio.run(over_limit(url)), args.limit_rpm)
+    print(f"limited key: {json.dumps(limits)}", flush=True)
     return {
         "date": time.strftime("%Y-%m-%d"),
         "settings": vars(args),
+        "limits": limits,
         "rounds": rounds,
         "median_ratio": statistics.median(r["share"]["ratio"] for r in rounds),
         "median_saturating_ratio": statistics.median(r["saturating"]["ratio"] for r in rounds),
@@ -223,7 +277,18 @@ def table(res: dict[str, Any]) -> str:
             f"{sat['flooded']['steady_per_s']:.1f} | {sat['ratio']:.2f} "
             f"| {share['flooded']['flood_per_s']:.1f} | {share['flooded']['flood_429']} | {r['load']} |"
         )
-    return head + "\n".join(rows)
+    lim = res["limits"]
+    waits = lim["retry_after_range"]
+    limits = (
+        f"\n\nA key limited to {lim['limit']} requests a minute, {LIMITED_CLIENTS} clients resending at once "
+        f"for {LIMITED_SECONDS:g} s: {lim['first_window']} admitted in the first {WINDOW_S:g} s, "
+        f"{lim['most_in_any_window']} at most within any {WINDOW_S:g} s, {lim['admitted']} in all; "
+        f"{lim['refused']} refused with 429, Retry-After "
+        + (f"{waits[0]}-{waits[1]} s" if waits else "missing or under 1 s on some")
+        + (f"; other answers {lim['other']}" if lim["other"] else "")
+        + "."
+    )
+    return head + "\n".join(rows) + limits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         "--steady-rate", type=float, default=None,
         help="key B's requests a second within its share (default: 0.3 of the worker's 1 / --run-s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--limit-rpm", type=int, default=300, help="key C's requestsPerMinute (the limits figure)"
+    )
     parser.add_argument("--no-docs", action="store_true", help="do not update docs/benchmarks.md")
     args = parser.parse_args(argv)
     args.steady_rate = args.steady_rate or 0.3 / args.run_s
