@@ -14,7 +14,7 @@ and modelpool-server itself (``bench.server_process.minilm_server``, v2 JSON inf
 costs nothing); the same loads go to each: 1 connection x 1 sentence, 8 x 1, 64 x 32 sentences, each a
 warm-up then a measured window, from ``wrk`` (one thread) where it is installed, else
 ``testkit.load``'s clients (one process); the servers take turns load by load, the order rotating each
-round.  Prints the table (requests/s, sentences/s, p50/p99, modelpool's ratio vs each peer), with the
+round, each run followed by a wait until the server has worked off what it left queued (``drain``).  Prints the table (requests/s, sentences/s, p50/p99, modelpool's ratio vs each peer), with the
 load average before and during, writes ``.bench/peers.json`` and the table into docs/benchmarks.md between
 ``<!-- bench:peers:start -->`` and ``<!-- bench:peers:end -->`` (``--no-docs`` to skip).
 
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
 from bench.limits import wrk_counts, wrk_script
@@ -52,6 +53,7 @@ from testkit.corpus import corpus
 from testkit.environment import ROOT, child_env, free_port
 from testkit.load import INFER_PATH, request_body, run_clients
 from testkit.server import ServerProcess
+from testkit.waiting import wait_for
 
 MARKERS = ("<!-- bench:peers:start -->", "<!-- bench:peers:end -->")
 ENVS = ROOT / ".bench" / "peers"
@@ -60,6 +62,8 @@ TORCH = "torch==2.15.0"
 MODEL_NAME = "minilm"
 # The first start of a peer imports torch from a fresh environment (no bytecode yet) and loads the model.
 START_TIMEOUT_S = 600
+# The most a server may take to work off a run's leftovers (64 requests of 32 sentences on a slow machine).
+DRAIN_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,22 @@ def running(servers: Sequence[Server], model: Path) -> Iterator[dict[str, Server
 
 
 # ---- the load --------------------------------------------------------------------------------------------
+def drain(url: str, server: Server, timeout: float = DRAIN_TIMEOUT_S) -> float:
+    """Wait until ``server`` has worked off what a load left behind (the requests of clients that stopped
+    waiting at the end of a run, which a server may still compute): until a one-sentence request sent now,
+    behind them, is answered 200.  So the next run, on this server or another, has the machine to
+    itself.  Returns the seconds it took."""
+    body, headers = request_body(server.shape, ["The backlog is done."], MODEL_NAME)
+    began = time.monotonic()
+
+    def answered() -> bool:
+        reply = httpx.post(url + server.path, content=body, headers=headers, timeout=timeout)
+        return reply.status_code == 200  # a 429 (a full door): not yet
+
+    wait_for(answered, timeout, 0.1, f"{server.label} answering after a run")
+    return time.monotonic() - began
+
+
 def wrk_texts(sentences: int) -> list[str]:
     """Pure: the texts of wrk's one request body (wrk sends the same body every time; the Python
     clients cycle through 256 bodies of the corpus)."""
@@ -229,8 +249,10 @@ def measure_wrk(url: str, server: Server, load: Load, warmup: float, window: flo
     with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="bench-peers-") as script:
         script.write(wrk_script(body))
         script.flush()
-        runs = []
+        runs: list[dict[str, Any]] = []
         for seconds in (warmup, window):
+            if runs:  # wrk closed the warm-up's connections: what they left queued goes first
+                drain(url, server)
             cmd = [
                 "wrk", "-t", "1", "-c", str(load.connections), "-d", f"{max(1.0, seconds):g}s",
                 "--timeout", "30s", "-s", script.name, url + server.path,
@@ -303,6 +325,7 @@ def run_rounds(
                 before = {n: cpu_seconds(p.proc.pid) for n, p in started.items()}
                 began = time.monotonic()
                 res = measure(started[name].url, by_name[name], load, args.warmup, args.window)
+                res["drain_s"] = drain(started[name].url, by_name[name])
                 elapsed = time.monotonic() - began
                 for other in (n for n in started if n != name):
                     idle_cpu[other] += cpu_seconds(started[other].proc.pid) - before[other]

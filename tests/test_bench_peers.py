@@ -1,9 +1,12 @@
 """The peer bench's pure parts (``bench.peers``): each server's request body, when an environment is
-remade, the turns of a round, the summary of a load's rounds, the ratios and the table they make."""
+remade, the turns of a round, the summary of a load's rounds, the ratios and the table they make; and its
+wait for a server's backlog, against a real HTTP server on loopback."""
 
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ from bench.peers import (
     KSERVE,
     LOADS,
     cell,
+    drain,
     infinity_command,
     kserve_command,
     modelpool,
@@ -173,3 +177,31 @@ def test_the_server_under_test_is_compared_with_every_other_and_loads_not_run_ar
     assert lines[2].endswith("| modelpool (onnxruntime) vs modelpool |")
     assert len(lines) == 5 and lines[4].startswith("| 64 connections, 32 sentences |")
     assert lines[4].endswith("| 1.50x |")
+
+
+def test_the_drain_waits_until_a_request_behind_the_backlog_is_answered() -> None:
+    answers = iter([429, 429, 200])  # a full door twice, then the backlog is done
+    seen: list[tuple[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            seen.append((self.path, json.loads(body)))
+            self.send_response(next(answers))
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass  # quiet
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        waited = drain(f"http://127.0.0.1:{server.server_port}", KSERVE, timeout=30)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [path for path, _ in seen] == ["/v1/models/minilm:predict"] * 3
+    assert seen[-1][1] == {"instances": ["The backlog is done."]}
+    assert 0 < waited < 30
