@@ -14,8 +14,9 @@ and modelpool-server itself (``bench.server_process.minilm_server``, v2 JSON inf
 costs nothing); the same loads go to each: 1 connection x 1 sentence, 8 x 1, 64 x 32 sentences, each a
 warm-up then a measured window, from ``wrk`` (one thread) where it is installed, else
 ``testkit.load``'s clients (one process); the servers take turns load by load, the order rotating each
-round, each run followed by a wait until the server has worked off what it left queued (``drain``).  Prints the table (requests/s, sentences/s, p50/p99, modelpool's ratio vs each peer), with the
-load average before and during, writes ``.bench/peers.json`` and the table into docs/benchmarks.md between
+round, each run followed by a wait until the server has worked off what it left queued (``drain``).
+Prints the table (requests/s, sentences/s, p50/p99, modelpool's ratio vs each peer), with the load
+average before and during, writes ``.bench/peers.json`` and the table into docs/benchmarks.md between
 ``<!-- bench:peers:start -->`` and ``<!-- bench:peers:end -->`` (``--no-docs`` to skip).
 
 ``--runtimes torch onnxruntime`` runs modelpool once per encoder runtime (``--runtime``), the last compared
