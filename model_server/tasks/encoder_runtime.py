@@ -79,16 +79,17 @@ def onnx_hidden(model: Any, inputs: tuple[str, ...]) -> Hidden:
     import onnxruntime as ort
     import torch
 
-    folder = Path(tempfile.mkdtemp(prefix="modelpool-onnx-"))
-    path = export(model, inputs, folder / "model.onnx")
-    path = fuse(path, model.config, folder / "fused.onnx")
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # No spinning between passes: the HTTP processes and the tokenizer share these cores.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    # The session reads the whole graph when it is made: the files go with the folder right after.
+    with tempfile.TemporaryDirectory(prefix="modelpool-onnx-") as folder:
+        path = export(model, inputs, Path(folder) / "model.onnx")
+        path = fuse(path, model.config, Path(folder) / "fused.onnx")
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     (output,) = [o.name for o in session.get_outputs()]
     log.info("runtime onnxruntime: %s exported and fused (%d threads)", path.name, torch.get_num_threads())
 
