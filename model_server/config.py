@@ -30,6 +30,7 @@ from modelpool_contract.flags import (
     REQUEST_TIMEOUT_S,
     TERMINATION_LOG,
     Dtype,
+    EncoderRuntime,
 )
 from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.mounts import PVC_MOUNT_ROOT
@@ -191,6 +192,11 @@ class ServerConfig(ServingConfig):
         default="auto",
         description="text-generation: continuous batching where the model allows it (auto), always "
         "(batching: a model it cannot serve fails to load) or one request at a time (serial)",
+    )
+    runtime: EncoderRuntime = Field(
+        default="torch",
+        description="text-embedding: the encoder's forward pass on torch (eager) or onnxruntime (CPUs: the "
+        "model exported at load; the onnx extra; eager torch, with the reason logged, where it cannot serve)",
     )
     kv_cache_tokens: int | None = Field(
         default=None,

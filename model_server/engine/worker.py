@@ -189,6 +189,7 @@ class Worker:
                 device=self.device,
                 dtype=self.config.dtype,
                 trust_remote_code=self.config.trust_remote_code,
+                runtime=self.config.runtime,
             )
         )
         self.adapters = attach_adapters(task, self.config)

@@ -37,6 +37,7 @@ from modelpool_contract.flags import (
     WORKER_PORT,
     WORKER_PROBE_PORT,
     ServerArgs,
+    runtime_setting,
 )
 from modelpool_contract.labels import (
     ANNOTATION_EVICTED_IN_STATE,
@@ -152,6 +153,7 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         log_format=_log_format(settings),
         adapter=tuple(f"{a.name}={a.source}" for a in spec.adapters) or None,
         max_adapters=spec.max_loaded_adapters if spec.adapters else None,
+        runtime=runtime_setting(spec.model.runtime),
     ).argv()
 
 
