@@ -23,7 +23,8 @@ from model_server.frontend.endpoints.traced import span_name
 from model_server.host_config import HostConfig, parse_load_body, slot_config
 from modelpool_contract import tracing
 from modelpool_contract.api import ModelPoolSpec
-from modelpool_gateway.app import traced_route
+from modelpool_gateway.app import admission_attributes, route_attributes, traced_route
+from modelpool_gateway.state import Worker
 from modelpool_operator.effects.resources import PodSettings, server_args, tracing_flags
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -154,6 +155,24 @@ def test_pure_pieces() -> None:
     assert traced_route({"path": "/healthz"}) is None and traced_route({"path": "/v2/models/"}) is None
     assert span_name("POST", "v2_infer", "/v2/models/m/infer") == "POST /v2/models/{model}/infer"
     assert span_name("POST", "embeddings", "/v1/embeddings") == "POST /v1/embeddings"
+
+
+def test_the_gateways_key_check_and_routing_choice_are_attributes() -> None:
+    """What the gateway's server span and relay spans carry instead of spans of their own."""
+    admitted = {"modelpool.admission": "admitted", "modelpool.key": "keys/team"}
+    assert admission_attributes("keys/team", None) == admitted
+    assert admission_attributes("", "missing_key") == {"modelpool.admission": "missing_key"}
+    worker = Worker("ns", "gen-0", "gen", "10.0.0.1", 8000, True, True, False)
+    assert route_attributes("ns/gen", worker, 1, "spilled") == {
+        "modelpool.pool": "ns/gen",
+        "modelpool.worker": "gen-0",
+        "modelpool.tried": 1,
+        "server.address": "10.0.0.1",
+        "server.port": 8000,
+        "modelpool.prefix": "spilled",
+    }
+    none = {"modelpool.pool": "ns/gen", "modelpool.worker": "", "modelpool.tried": 0}
+    assert route_attributes("ns/gen", None, 0, None) == none
 
 
 def test_the_operator_passes_the_endpoint_only_when_set() -> None:
