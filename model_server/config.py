@@ -21,6 +21,7 @@ from model_server.cpu_budget import available_cpus, default_http_workers
 from modelpool_contract.flags import (
     BATCH_DELAY_MS,
     DEFAULT_MAX_LOADED_ADAPTERS,
+    DEFAULT_SAMPLE_RATIO,
     DRAIN_TIMEOUT_S,
     IDLE_AFTER_S,
     MAX_ADAPTERS,
@@ -97,7 +98,7 @@ class ServingConfig(BaseSettings):
         "batch and forward pass) to this OTLP/HTTP receiver, posted to <it>/v1/traces; unset: none",
     )
     trace_sample_ratio: float = Field(
-        default=1.0,
+        default=DEFAULT_SAMPLE_RATIO,
         ge=0.0,
         le=1.0,
         description="With --otlp-endpoint: the share of requests without a traceparent whose traces are "

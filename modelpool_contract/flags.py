@@ -78,6 +78,12 @@ CPU_SHARE_ENV: Final = "MODELPOOL_CPU_SHARE_MILLICORES"
 #: so served 0.40x one worker alone, and 1.37x with one CPU requested each (issue 29).
 DEFAULT_WORKER_CPU: Final = "1"
 
+#: The share of requests without a ``traceparent`` traced when traces are on, unless set: one in ten, so
+#: that turning traces on costs a busy gateway little (a sampled request's spans cost about 115 us of
+#: its CPU, a sampled-out one under 20 us: docs/benchmarks.md); a request that comes with a sampled
+#: ``traceparent`` is traced whatever the ratio, so one request can always be followed end to end.
+DEFAULT_SAMPLE_RATIO = 0.1
+
 
 @dataclass(frozen=True)
 class ServerArgs:

@@ -41,6 +41,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from modelpool_contract.flags import DEFAULT_SAMPLE_RATIO
 from modelpool_contract.version import VERSION
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def traces_url(endpoint: str) -> str:
 def setup(
     service: str,
     endpoint: str | None,
-    sample_ratio: float = 1.0,
+    sample_ratio: float = DEFAULT_SAMPLE_RATIO,
     *,
     processor: SpanProcessor | None = None,
 ) -> bool:

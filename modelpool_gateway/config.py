@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from modelpool_contract.flags import REQUEST_BODY_TIMEOUT_S
+from modelpool_contract.flags import DEFAULT_SAMPLE_RATIO, REQUEST_BODY_TIMEOUT_S
 from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.settings import CommandLine, ConfigError, Flag, load
 
@@ -264,7 +264,7 @@ class GatewaySettings(BaseSettings):
         "<it>/v1/traces); unset: no traces, at no cost",
     )
     trace_sample_ratio: float = Field(
-        default=1.0,
+        default=DEFAULT_SAMPLE_RATIO,
         ge=0.0,
         le=1.0,
         description="With --otlp-endpoint: the share of requests without a traceparent whose traces are "

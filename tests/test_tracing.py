@@ -23,6 +23,7 @@ from model_server.frontend.endpoints.traced import span_name
 from model_server.host_config import HostConfig, parse_load_body, slot_config
 from modelpool_contract import tracing
 from modelpool_contract.api import ModelPoolSpec
+from modelpool_contract.flags import DEFAULT_SAMPLE_RATIO
 from modelpool_gateway.app import admission_attributes, route_attributes, traced_route
 from modelpool_gateway.state import Worker
 from modelpool_operator.effects.resources import PodSettings, server_args, tracing_flags
@@ -35,7 +36,7 @@ CLIENT = f"00-{TRACE}-{CLIENT_SPAN}-01"
 @pytest.fixture
 def exported() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    assert tracing.setup("test", None, processor=SimpleSpanProcessor(exporter))
+    assert tracing.setup("test", None, 1.0, processor=SimpleSpanProcessor(exporter))
     yield exporter
     tracing.shutdown()
 
@@ -198,3 +199,25 @@ def test_a_shared_hosts_models_trace_with_the_hosts_settings() -> None:
     model = slot_config(host, "m", settings, 0)
     assert (model.otlp_endpoint, model.trace_sample_ratio) == ("http://c:4318", 0.5)
     assert slot_config(HostConfig(device_memory="8Gi"), "m", settings, 0).otlp_endpoint is None  # type: ignore[arg-type]
+
+
+def test_at_the_default_ratio_a_sampled_traceparent_is_always_followed() -> None:
+    """Traces on at the default ratio (0.1): a request that comes with a sampled ``traceparent`` is
+    traced whatever the ratio (ParentBased), and 1,000 without one are sampled near one in ten."""
+    exporter = InMemorySpanExporter()
+    assert DEFAULT_SAMPLE_RATIO == 0.1
+    assert tracing.setup("test", None, processor=SimpleSpanProcessor(exporter))
+    try:
+        for _ in range(20):
+            with tracing.server_span("POST x", [(b"traceparent", CLIENT.encode())], {}):
+                pass
+        followed = len(exporter.get_finished_spans())
+        exporter.clear()
+        for _ in range(1000):
+            with tracing.server_span("POST x", [], {}):
+                pass
+        sampled = len(exporter.get_finished_spans())
+    finally:
+        tracing.shutdown()
+    assert followed == 20
+    assert 40 <= sampled <= 180  # trace ids are random: 100 expected, far outside these bounds never

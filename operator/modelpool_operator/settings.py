@@ -17,7 +17,13 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from modelpool_contract.api import CacheType, MissingBudget, ModelCacheSpec, parse_budget_spec
-from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, DEFAULT_WORKER_CPU, WORKER_PORT, WORKER_PROBE_PORT
+from modelpool_contract.flags import (
+    DEFAULT_SAMPLE_RATIO,
+    DEFAULT_SERVER_IMAGE,
+    DEFAULT_WORKER_CPU,
+    WORKER_PORT,
+    WORKER_PROBE_PORT,
+)
 from modelpool_contract.labels import LABEL_POOL, PREFIX
 from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.quantity import QuantityError, quantity_value
@@ -148,7 +154,7 @@ class OperatorConfig(BaseSettings):
         ),
     )
     worker_trace_sample_ratio: float = Field(
-        default=1.0,
+        default=DEFAULT_SAMPLE_RATIO,
         ge=0.0,
         le=1.0,
         description=(

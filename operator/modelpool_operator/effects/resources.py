@@ -28,6 +28,7 @@ from modelpool_contract.api import (
 from modelpool_contract.exits import termination_grace_period_s
 from modelpool_contract.flags import (
     CPU_SHARE_ENV,
+    DEFAULT_SAMPLE_RATIO,
     DEFAULT_SERVER_IMAGE,
     DEFAULT_WORKER_CPU,
     DRAIN_TIMEOUT_S,
@@ -103,7 +104,7 @@ class PodSettings:
     # untraced requests they sample. Only passed when set, so pods of an install without traces (and
     # their template hashes) stay as they were.
     otlp_endpoint: str | None = None
-    trace_sample_ratio: float = 1.0
+    trace_sample_ratio: float = DEFAULT_SAMPLE_RATIO
     # The operator's log format, passed on to its workers and host pods (``modelpool_contract.logs``).
     log_format: LogFormat = DEFAULT_LOG_FORMAT
 

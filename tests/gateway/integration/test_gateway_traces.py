@@ -62,6 +62,7 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
             logs / "operator.log",
             MODELPOOL_OPERATOR_SERVER_PORT=str(free_port()),
             MODELPOOL_OPERATOR_WORKER_OTLP_ENDPOINT=collector.url,
+            MODELPOOL_OPERATOR_WORKER_TRACE_SAMPLE_RATIO="1",  # every request here (the default: 0.1)
         )
     except BaseException:
         collector.close()
@@ -71,7 +72,14 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         traced_env = {**FAST_EXPORT, "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=traced"}
         gateways.append(
             GatewayProcess(
-                crds, [namespace], logs / "traced.log", "--otlp-endpoint", collector.url, env=traced_env
+                crds,
+                [namespace],
+                logs / "traced.log",
+                "--otlp-endpoint",
+                collector.url,
+                "--trace-sample-ratio",
+                "1",
+                env=traced_env,
             )
         )
         plain_env = {**FAST_EXPORT, "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=plain"}
