@@ -294,8 +294,10 @@ class PoolRun:
     # while the pool is being created may be written (``effects.apply.write_status``; None: none held).
     status_written_at: float | None = None
     status_due: float | None = None
-    # The Normal Events of the passes whose status was held back: posted with the next status write.
+    # The Normal Events held back while the status was, or the pool was being created (posted with a later
+    # pass's, ``effects.apply.post_events``), and since when (monotonic; None: none held).
     held_events: list[Event] = field(default_factory=list)
+    events_held_at: float | None = None
     # The Service this process last wrote (None: none yet, the last write failed, or it was removed).
     service: dict[str, Any] | None = None
     # The NetworkPolicy this process last wrote (None: none yet, or the last write failed): written again

@@ -111,6 +111,16 @@ class OperatorConfig(BaseSettings):
     )
 
     # --- reconciliation ----------------------------------------------------------------------------
+    creating_status_interval_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description=(
+            "While a pool only waits for Pending workers to be scheduled and started, its status is written "
+            "at most this often (its first write, a worker loading or failing, and the pool settled are "
+            "written at once): fewer API writes while the scheduler and the kubelets are busiest. 0: every "
+            "change at once."
+        ),
+    )
     resync_interval_seconds: float = Field(
         default=10.0,
         gt=0,

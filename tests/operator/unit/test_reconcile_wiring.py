@@ -26,7 +26,6 @@ from modelpool_operator.effects.resources import worker_template_hash
 from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import ObservationCache, pod_indexed, slim_pod
 from modelpool_operator.planner import Event, Evict, Plan
-from modelpool_operator.planner.status_pace import CREATING_STATUS_INTERVAL_S
 from modelpool_operator.pool import OtherPool, PoolView, worker_name
 from modelpool_operator.reconcile import reconcile_pool
 from modelpool_operator.reconcile_budget import budget_status_wire
@@ -313,13 +312,45 @@ async def test_concurrent_pools_never_over_admit(state: Operator) -> None:
     # pace's interval (``planner.status_pace``), each asking for a pass then; c's is written at once.
     assert len(kube.status_patches) == patches_before + 1
     assert [bool(pool.run.status_due) for pool in passes] == [True, True, False]
+    interval = state.services.config.creating_status_interval_seconds
     for pool in passes:  # the interval passes
-        pool.run.status_written_at = (pool.run.status_written_at or 0.0) - CREATING_STATUS_INTERVAL_S
+        pool.run.status_written_at = (pool.run.status_written_at or 0.0) - interval
     await one_by_one(pods)
     assert len(kube.status_patches) == patches_before + 3
     # Nothing changed since: no further status writes.
     await one_by_one(pods)
     assert len(kube.status_patches) == patches_before + 3
+
+
+async def test_a_creations_worker_ready_events_go_as_one_when_the_pool_settles(state: Operator) -> None:
+    # issue 36: the pass that starts the creation tells its decision at once; the workers' WorkerReady
+    # Events wait while the pool is being created and go as one Event when it settles.
+    pool = OnePool(state, _pool("r", 3))
+    await pool.reconcile()
+    kube, events = state.kube, state.events
+    assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
+    assert [e.reason for _, e in events.posted] == ["CreatingWorker"]
+    pods = [_pending(pod) for pod in kube.created]
+    await pool.reconcile({pool.run.key: pods})
+    for i, pod in enumerate(kube.created):
+        pods[i] = _running(pod, ready=True)
+        started = {"running": {"startedAt": "2026-12-01T00:00:00Z"}}  # a running container (with a time)
+        pods[i]["status"]["containerStatuses"][0]["state"] = started
+        # Past the status pace's interval: every pass writes its status, only the Events are held.
+        pool.run.status_written_at = None
+        await pool.reconcile({pool.run.key: list(pods)})
+        if i < 2:
+            assert pool.run.status_due is None and len(pool.run.held_events) == i + 1
+    names = sorted(pod["metadata"]["name"] for pod in kube.created)
+    assert [e.reason for _, e in events.posted] == ["CreatingWorker", "WorkerReady"]
+    ready = events.posted[-1][1]
+    assert sorted(ready.message.split("; ")) == [f"worker {name} is ready" for name in names]
+    assert pool.run.held_events == [] and pool.run.events_held_at is None
+
+
+def _pending(pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` created and not yet scheduled, as the index keeps it."""
+    return slim_pod({**pod, "metadata": {**pod["metadata"], "uid": "u-" + pod["metadata"]["name"]}})
 
 
 def _conditions(patch: dict[str, Any]) -> dict[str, dict[str, Any]]:
