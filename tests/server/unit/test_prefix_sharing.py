@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,21 @@ async def idle(engine: BatchingEngine, tables: dict[str, int]) -> None:
     )
 
 
+@asynccontextmanager
+async def fresh_engine(
+    task: TextGenerationTask, pages: int, *, sharing: bool = True
+) -> AsyncIterator[BatchingEngine]:
+    """An engine of ``pages`` KV pages (``make_engine``), closed on the way out; a block that ends without
+    an error must leave every table as it was at the start (``idle``)."""
+    engine = make_engine(task, pages, sharing=sharing)
+    try:
+        at_start = engine.tables()
+        yield engine
+        await idle(engine, at_start)
+    finally:
+        engine.close()
+
+
 def test_the_system_prompt_spans_more_than_two_pages(task: TextGenerationTask) -> None:
     for question in QUESTIONS:
         prompt = len(ids(task, SYSTEM + question))
@@ -124,10 +140,8 @@ async def test_one_after_the_other_each_later_request_takes_the_system_prompt_fr
 ) -> None:
     prompts = [SYSTEM + q for q in QUESTIONS]
     expected = [greedy(task, p) for p in prompts]
-    engine = make_engine(task, 64)
-    try:
+    async with fresh_engine(task, 64) as engine:
         assert engine.prefix is not None
-        idle_tables = engine.tables()
         engine.metrics = metrics = Metrics()
         for index, (prompt, want) in enumerate(zip(prompts, expected, strict=True)):
             before = metrics.registry.get_sample_value(HITS) or 0.0
@@ -138,10 +152,8 @@ async def test_one_after_the_other_each_later_request_takes_the_system_prompt_fr
             assert hit >= (2 * PAGE_TOKENS if index else 0)
         prompted = metrics.registry.get_sample_value("modelpool_prompt_tokens_total")
         assert prompted == sum(len(ids(task, p)) for p in prompts)
-        assert engine.prefix.cached_blocks() > 0  # kept for the next request...
-        await idle(engine, idle_tables)  # ...and counted free: nothing reserved, every table idle
-    finally:
-        engine.close()
+        # Kept for the next request, and counted free: fresh_engine finds every table idle at the end.
+        assert engine.prefix.cached_blocks() > 0
 
 
 @pytest.mark.parametrize("sharing", [True, False], ids=["sharing", "no-sharing"])
@@ -151,10 +163,8 @@ async def test_all_at_once_with_sharing_on_and_off_each_request_gets_generates_t
 ) -> None:
     prompts = [SYSTEM + q for q in QUESTIONS] * 2  # each twice: the second copy may share the first's
     expected = [greedy(task, p) for p in prompts]
-    engine = make_engine(task, 64, sharing=sharing)
-    try:
+    async with fresh_engine(task, 64, sharing=sharing) as engine:
         assert (engine.prefix is not None) == sharing
-        idle_tables = engine.tables()
         engine.metrics = metrics = Metrics()
         outcomes = [submit(engine, p) for p in prompts]
         assert [await text(o) for o in outcomes] == expected
@@ -162,9 +172,6 @@ async def test_all_at_once_with_sharing_on_and_off_each_request_gets_generates_t
         assert again == expected[:2]
         hits = metrics.registry.get_sample_value(HITS) or 0.0
         assert (hits >= 2 * 2 * PAGE_TOKENS) if sharing else hits == 0.0
-        await idle(engine, idle_tables)
-    finally:
-        engine.close()
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -185,10 +192,8 @@ async def test_cached_pages_make_room_for_an_admitted_request_at_once_beside_a_r
     )
     assert long_expected.completion_tokens == long_tokens  # no early end of sequence: it runs that long
     expected_new = greedy(task, new, new_tokens)
-    engine = make_engine(task, 8)
-    try:
+    async with fresh_engine(task, 8) as engine:
         assert engine.prefix is not None
-        idle_tables = engine.tables()
         assert await text(submit(engine, first, new_tokens)) == greedy(task, first, new_tokens)
         assert engine.prefix.cached_blocks() == 3
         pieces: list[str] = []
@@ -198,9 +203,6 @@ async def test_cached_pages_make_room_for_an_admitted_request_at_once_beside_a_r
         assert not running.done()  # it started beside the long one, not after it
         assert engine.prefix.evicted_blocks >= 1
         assert await text(running) == long_expected.text
-        await idle(engine, idle_tables)
-    finally:
-        engine.close()
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -215,8 +217,7 @@ async def test_cached_pages_are_evicted_page_by_page_and_the_latest_prefix_stays
     max_tokens = 4 * PAGE_TOKENS - max(sizes)
     assert max_tokens >= 8, sizes
     expected = [greedy(task, p, max_tokens) for p in prompts]
-    engine = make_engine(task, 4)
-    try:
+    async with fresh_engine(task, 4) as engine:
         assert engine.prefix is not None
         idle_tables = engine.tables()
         for prompt, want in zip(prompts, expected, strict=True):
@@ -228,6 +229,3 @@ async def test_cached_pages_are_evicted_page_by_page_and_the_latest_prefix_stays
         hits_before = engine.prefix.hit_tokens
         assert await text(submit(engine, prompts[-1], max_tokens)) == expected[-1]
         assert engine.prefix.hit_tokens - hits_before >= 2 * PAGE_TOKENS
-        await idle(engine, idle_tables)
-    finally:
-        engine.close()
