@@ -29,6 +29,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,10 @@ def start(
     return url
 
 
-async def clients(url: str, key: str, n: int, until: float, codes: Counter[int]) -> None:
-    """``n`` closed-loop clients of ``key`` until ``until`` (loop time); answers counted by status."""
+async def clients(
+    url: str, key: str, n: int, until: float, answered: Callable[[httpx.Response], None]
+) -> None:
+    """``n`` closed-loop clients of ``key`` until ``until`` (loop time); each answer goes to ``answered``."""
     headers = {"Authorization": "Bearer " + key}
     body = {"model": POOL, "input": ["x"]}
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
@@ -107,11 +110,14 @@ async def clients(url: str, key: str, n: int, until: float, codes: Counter[int])
 
         async def loop() -> None:
             while asyncio.get_running_loop().time() < until:
-                codes[
-                    (await client.post(url + "/v1/embeddings", json=body, headers=headers)).status_code
-                ] += 1
+                answered(await client.post(url + "/v1/embeddings", json=body, headers=headers))
 
         await asyncio.gather(*(loop() for _ in range(n)))
+
+
+def counting(codes: Counter[int]) -> Callable[[httpx.Response], None]:
+    """An ``answered`` that counts the answers by status."""
+    return lambda response: codes.update((response.status_code,))
 
 
 # Key B's requests outstanding at most in its open loop (beyond it a send waits: B is not a flood).
@@ -125,26 +131,20 @@ async def over_limit(url: str) -> dict[str, Any]:
     """Key C (``requestsPerMinute``) sending as fast as it is answered for ``LIMITED_SECONDS``: when its
     requests were admitted, and every 429's ``Retry-After``."""
     loop = asyncio.get_running_loop()
-    headers = {"Authorization": "Bearer " + LIMITED_KEY}
-    body = {"model": POOL, "input": ["x"]}
     start = loop.time()
-    until = start + LIMITED_SECONDS
     admitted: list[float] = []
     retry_after: list[int] = []
     other: Counter[int] = Counter()
-    async with httpx.AsyncClient(timeout=120) as client:
 
-        async def loop_one() -> None:
-            while loop.time() < until:
-                response = await client.post(url + "/v1/embeddings", json=body, headers=headers)
-                if response.status_code == 200:
-                    admitted.append(loop.time() - start)
-                elif response.status_code == 429:
-                    retry_after.append(int(response.headers.get("retry-after", "-1")))
-                else:
-                    other[response.status_code] += 1
+    def record(response: httpx.Response) -> None:
+        if response.status_code == 200:
+            admitted.append(loop.time() - start)
+        elif response.status_code == 429:
+            retry_after.append(int(response.headers.get("retry-after", "-1")))
+        else:
+            other[response.status_code] += 1
 
-        await asyncio.gather(*(loop_one() for _ in range(LIMITED_CLIENTS)))
+    await clients(url, LIMITED_KEY, LIMITED_CLIENTS, start + LIMITED_SECONDS, record)
     return {"admitted_at": sorted(admitted), "retry_after": retry_after, "other": dict(other)}
 
 
@@ -206,10 +206,10 @@ async def segment(url: str, args: argparse.Namespace, flooded: bool, within_shar
     work = [
         paced(url, STEADY_KEY, args.steady_rate, until, steady, took)
         if within_share
-        else clients(url, STEADY_KEY, args.steady, until, steady)
+        else clients(url, STEADY_KEY, args.steady, until, counting(steady))
     ]
     if flooded:
-        work.append(clients(url, FLOOD_KEY, args.flood, until, flood))
+        work.append(clients(url, FLOOD_KEY, args.flood, until, counting(flood)))
     started = loop.time()
     await asyncio.gather(*work)
     window = args.window if within_share else loop.time() - started
