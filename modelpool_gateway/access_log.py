@@ -22,7 +22,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from modelpool_contract.request_ids import App, RequestIds
+from modelpool_contract.request_ids import App, with_note
 from modelpool_gateway.access import key_name_of
 from modelpool_gateway.usage import Usage
 
@@ -101,19 +101,7 @@ def _unlogged(scope: MutableMapping[str, Any], status: int, seconds: float) -> N
 def access_middleware(app: App, *, lines: bool = True) -> App:
     """``app`` behind the request ids (``modelpool_contract.request_ids``) and, unless not ``lines``, the
     access line."""
-    ids = RequestIds(app, _done if lines else _unlogged)
-
-    async def with_note(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
-        token = _SERVED.set(Served())
-        try:
-            await ids(scope, receive, send)
-        finally:
-            _SERVED.reset(token)
-
-    return with_note
+    return with_note(app, _done if lines else _unlogged, _SERVED, Served)
 
 
 __all__ = ["PROBES", "Served", "access_fields", "access_middleware", "logged", "message", "served"]

@@ -22,7 +22,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from modelpool_contract.request_ids import App, RequestIds
+from modelpool_contract.request_ids import App, with_note
 from modelpool_contract.stats import LIVE_PATH, METRICS_PATH, READY_PATH, STATS_PATH
 
 log = logging.getLogger("modelpool.access")
@@ -73,19 +73,7 @@ def _done(scope: MutableMapping[str, Any], status: int, seconds: float) -> None:
 
 def with_access_log(app: App) -> App:
     """``app`` behind the request ids and the access line."""
-    ids = RequestIds(app, _done)
-
-    async def noted(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
-        token = _NOTE.set(_Note())
-        try:
-            await ids(scope, receive, send)
-        finally:
-            _NOTE.reset(token)
-
-    return noted
+    return with_note(app, _done, _NOTE, _Note)
 
 
 __all__ = ["QUIET_PATHS", "access_fields", "note_model", "with_access_log"]
