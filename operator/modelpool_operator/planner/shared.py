@@ -25,7 +25,8 @@ from modelpool_contract.api import (
     autoscaling_enabled,
 )
 from modelpool_contract.quantity import format_quantity
-from modelpool_operator.observe.hosts import HostedReplica
+from modelpool_contract.times import rfc3339
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.placement.decide import PlacementRequest, Unplaced, place
 from modelpool_operator.placement.ledger import Host
 from modelpool_operator.planner.draft import Event
@@ -109,7 +110,7 @@ SERVING: frozenset[str] = frozenset({"Ready", "Processing", "Idle", "Sleeping", 
 _LOADING: frozenset[str] = frozenset({"Pending", "Loading"})
 
 
-def _phase(desired: int, ready: int, replicas: Sequence[HostedReplica]) -> PoolPhase:
+def _phase(desired: int, ready: int, replicas: Sequence[ObservedWorker]) -> PoolPhase:
     if ready and ready >= desired:
         return "Ready"
     if ready:
@@ -133,7 +134,7 @@ def _zero_message(pool: PoolView) -> str:
 
 def shared_status(
     pool: PoolView,
-    replicas: Sequence[HostedReplica],
+    replicas: Sequence[ObservedWorker],
     wait: HostWait | None,
     now: datetime,
     scale: SharedScale | None = None,
@@ -144,9 +145,9 @@ def shared_status(
     and Ready (True while a replica serves; else why: failed, with the retry, loading, or at zero).
     ``scale``: the pass's count (``planner.shared_scale``; None: ``spec.replicas``, nothing more)."""
     desired = scale.target if scale is not None else pool.spec.replicas
-    present = sorted((r for r in replicas if r.state not in ("Failed", "Dead")), key=lambda r: r.pod)
+    present = sorted((r for r in replicas if r.state not in ("Failed", "Dead")), key=lambda r: r.name)
     ready = sum(1 for r in replicas if r.state in SERVING)
-    pods = ", ".join(r.pod for r in present)
+    pods = ", ".join(r.name for r in present)
     placed: tuple[Literal["True", "False"], str, str]
     serving: tuple[Literal["True", "False"], str, str]
     if len(present) >= desired:
@@ -162,7 +163,7 @@ def shared_status(
         serving = ("False", FAILING_EVERYWHERE, scale.failing_everywhere)
     elif failed is not None:
         retry = f"; retrying in {scale.retry_in:.0f}s" if scale is not None and scale.retry_in else ""
-        serving = ("False", "Failed", f"host pod {failed.pod}: {failed.reason or 'the model failed'}{retry}")
+        serving = ("False", "Failed", f"host pod {failed.name}: {failed.reason or 'the model failed'}{retry}")
     elif desired == 0 and not present:
         serving = ("False", "ScaledToZero", _zero_message(pool))
     elif present:
@@ -184,18 +185,18 @@ def shared_status(
     kept = [c for c in pool.status.conditions if c.type not in {PLACED, "Ready"}]
     workers = [
         WorkerStatus(
-            name=r.pod,
+            name=r.name,
             state=r.state,
             node=r.node,
             memory=format_quantity(r.memory if r.state not in ("Failed", "Dead") else 0),
             queue_depth=r.queue_depth,
-            last_request_time=r.last_request_time,
+            last_request_time=rfc3339(r.last_request_time),
             reason=r.reason,
-            host=r.pod,
+            host=r.name,
             device=r.device,
-            since=r.since,
+            since=rfc3339(r.since),
         )
-        for r in sorted(replicas, key=lambda r: r.pod)
+        for r in sorted(replicas, key=lambda r: r.name)
     ]
     return ModelPoolStatus(
         phase=_phase(desired, ready, replicas),
