@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from modelpool_contract.api import (
     AutoscalingStatus,
@@ -31,7 +31,7 @@ from modelpool_operator.placement.decide import PlacementRequest, Unplaced, plac
 from modelpool_operator.placement.ledger import Host
 from modelpool_operator.planner.draft import Event
 from modelpool_operator.planner.shared_scale import FAILING_EVERYWHERE, SharedScale
-from modelpool_operator.planner.status import condition
+from modelpool_operator.planner.status import Setting, with_conditions
 from modelpool_operator.pool import PoolView
 
 #: The condition that says whether a shared pool's replicas are placed on its hosts.
@@ -70,27 +70,16 @@ def host_wait_status(pool: PoolView, wait: HostWait, now: datetime) -> ModelPool
     """The status of a waiting shared pool, as a patch (``shared_wire(..., patch=True)``: the fields it
     sets): phase Pending, no replica, the condition Placed False and Ready False with the reason; other
     conditions kept (the ApiError of an earlier pass, ...)."""
-    kinds = {PLACED, "Ready"}
-    kept = [c for c in pool.status.conditions if c.type not in kinds]
-    made = [
-        condition(
-            pool.status.conditions,
-            kind,
-            status="False",
-            reason=wait.reason,
-            message=wait.message,
-            now=now,
-            generation=pool.generation,
-        )
-        for kind in (PLACED, "Ready")
-    ]
+    waiting: Setting = ("False", wait.reason, wait.message)
+    settings = {PLACED: waiting, "Ready": waiting}
+    conditions = with_conditions(pool.status.conditions, settings, now=now, generation=pool.generation)
     return ModelPoolStatus(
         phase="Pending",
         observed_generation=pool.generation,
         replicas=0,
         ready_replicas=0,
         ready_text=f"0/{pool.spec.replicas}",
-        conditions=[*kept, *made],
+        conditions=conditions,
     )
 
 
@@ -148,8 +137,8 @@ def shared_status(
     present = sorted((r for r in replicas if r.state not in ("Failed", "Dead")), key=lambda r: r.name)
     ready = sum(1 for r in replicas if r.state in SERVING)
     pods = ", ".join(r.name for r in present)
-    placed: tuple[Literal["True", "False"], str, str]
-    serving: tuple[Literal["True", "False"], str, str]
+    placed: Setting
+    serving: Setting
     if len(present) >= desired:
         placed = ("True", "Placed", f"on host pods {pods}" if pods else "its target is 0 replicas")
     elif wait is not None:
@@ -170,19 +159,8 @@ def shared_status(
         serving = ("False", "Loading", f"the model is loading on host pods {pods}")
     else:
         serving = ("False", placed[1], placed[2])
-    made = [
-        condition(
-            pool.status.conditions,
-            kind,
-            status=state,
-            reason=reason,
-            message=message,
-            now=now,
-            generation=pool.generation,
-        )
-        for kind, (state, reason, message) in ((PLACED, placed), ("Ready", serving))
-    ]
-    kept = [c for c in pool.status.conditions if c.type not in {PLACED, "Ready"}]
+    settings = {PLACED: placed, "Ready": serving}
+    conditions = with_conditions(pool.status.conditions, settings, now=now, generation=pool.generation)
     workers = [
         WorkerStatus(
             name=r.name,
@@ -210,7 +188,7 @@ def shared_status(
         # The budget charges the host pods (the ModelHost), not the pool: what each replica is charged on
         # its host's device until measured is its declared size.
         memory=MemoryStatus(declared=format_quantity(pool.spec.resources.memory_bytes)),
-        conditions=[*kept, *made],
+        conditions=conditions,
         backoff=scale.backoff if scale is not None else BackoffStatus(),
         autoscaling=scale.autoscaling if scale is not None else AutoscalingStatus(),
     )
