@@ -101,6 +101,10 @@ class Result:
     # The first round's last pod created, scheduled and Ready, seconds after the create, both ways.
     operator_phases: dict[str, float] = field(default_factory=dict)
     direct_phases: dict[str, float] = field(default_factory=dict)
+    # The first round's API requests (reads too, every client) from the create until converged (operator)
+    # or all Ready (direct), by ``resource verb`` (``apiserver_request_total``): what the operator adds.
+    creation_requests_by_kind: dict[str, float] = field(default_factory=dict)
+    direct_creation_requests_by_kind: dict[str, float] = field(default_factory=dict)
 
 
 # The benchmark's extra KWOK nodes hand out pod IPs from 127.80.0.0/16 up (loopback: the operator scrapes
@@ -249,6 +253,11 @@ def requests_by_kind(metrics_text: str) -> dict[str, float]:
         kind = f"{sample.labels.get('resource', '')} {sample.labels.get('verb', '')}"
         counts[kind] = counts.get(kind, 0.0) + sample.value
     return counts
+
+
+def counted(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Pure: how many requests of each kind between two ``requests_by_kind``, busiest first (at least 1)."""
+    return per_minute(before, after, 60.0)
 
 
 def per_minute(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
@@ -505,18 +514,21 @@ class DirectRound:
     writes: Writes | None
     creation: dict[str, float]
     phases: dict[str, float]
+    requests: dict[str, float]
 
 
 def direct_round(kubeconfig: Path, pools: int, workers: int, window: float) -> DirectRound:
     """The baseline: the operator's pods created directly (no operator running); create -> all Ready from
     their conditions, then the writes at rest over ``window``; the pods deleted and waited gone."""
     pods = direct_pods(pools, workers)
+    requests0 = requests_by_kind(kubectl(kubeconfig, "get", "--raw", "/metrics"))
     started = datetime.now(UTC)
     create_all(kubeconfig, pods)
     poll = 2 if len(pods) <= 3000 else 15
     wait(
         lambda: pods_ready(kubeconfig, DIRECT_NAMESPACE, len(pods)), 1800, "direct pods Ready", interval=poll
     )
+    requests = counted(requests0, requests_by_kind(kubectl(kubeconfig, "get", "--raw", "/metrics")))
     made = namespace_pods(kubeconfig, DIRECT_NAMESPACE)
     ready = ready_seconds(made, started)
     creation = write_counts(logged(kubeconfig), DIRECT_NAMESPACE, started, datetime.now(UTC))
@@ -524,7 +536,7 @@ def direct_round(kubeconfig: Path, pools: int, workers: int, window: float) -> D
     writes = watch_writes(kubeconfig, DIRECT_NAMESPACE, window)
     kubectl(kubeconfig, "delete", "pods", "--all", "-n", DIRECT_NAMESPACE, "--wait=false")
     wait(lambda: pods_gone(kubeconfig, DIRECT_NAMESPACE), 900, "direct pods gone", interval=poll)
-    return DirectRound(ready[-1], writes, creation, phases)
+    return DirectRound(ready[-1], writes, creation, phases, requests)
 
 
 @dataclass
@@ -543,6 +555,7 @@ class OperatorRound:
     creation: dict[str, float]
     phases: dict[str, float]
     gateway: dict[str, Any] | None
+    creation_requests: dict[str, float]
 
 
 def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in order)
@@ -572,6 +585,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
         )  # fmt: skip
         try:
             operator_ready(kubeconfig, operator)
+            requests0 = requests_by_kind(kubectl(kubeconfig, "get", "--raw", "/metrics"))
             started = datetime.now(UTC)
             began = time.monotonic()
             # In lists of 100 (kubectl sends one request per object: 1,000 pools took over 300 s here).
@@ -592,6 +606,8 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
                 interval=poll,
             )
             converged_at = time.monotonic()
+            metrics = kubectl(kubeconfig, "get", "--raw", "/metrics")
+            creation_requests = counted(requests0, requests_by_kind(metrics))
             creation = write_counts(logged(kubeconfig), NAMESPACE, started, datetime.now(UTC))
 
             time.sleep(20)  # settle: the last status writes and events
@@ -637,6 +653,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
         creation=creation,
         phases=phases,
         gateway=gateways,
+        creation_requests=creation_requests,
     )
 
 
@@ -699,6 +716,8 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
         direct_creation_writes_by_kind=baseline.creation if baseline else {},
         operator_phases=first.phases,
         direct_phases=baseline.phases if baseline else {},
+        creation_requests_by_kind=first.creation_requests,
+        direct_creation_requests_by_kind=baseline.requests if baseline else {},
     )
 
 
