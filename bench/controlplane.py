@@ -105,6 +105,10 @@ class Result:
     # or all Ready (direct), by ``resource verb`` (``apiserver_request_total``): what the operator adds.
     creation_requests_by_kind: dict[str, float] = field(default_factory=dict)
     direct_creation_requests_by_kind: dict[str, float] = field(default_factory=dict)
+    # The first round's CPU seconds over the same spans, by process (the operator's, and the cluster's own:
+    # kube-apiserver, etcd, kwok, the scheduler, the controller-manager): who competes with KWOK's writes.
+    creation_cpu_s: dict[str, float] = field(default_factory=dict)
+    direct_creation_cpu_s: dict[str, float] = field(default_factory=dict)
 
 
 # The benchmark's extra KWOK nodes hand out pod IPs from 127.80.0.0/16 up (loopback: the operator scrapes
@@ -264,6 +268,29 @@ def per_minute(before: dict[str, float], after: dict[str, float], seconds: float
     """Pure: the rate of each kind between two ``requests_by_kind``, busiest first (at least 1/min)."""
     rates = {k: (v - before.get(k, 0.0)) * 60 / seconds for k, v in after.items()}
     return {k: round(v, 1) for k, v in sorted(rates.items(), key=lambda kv: -kv[1]) if v >= 1}
+
+
+def cpu_seconds(kubeconfig: Path, operator: int | None = None) -> dict[str, float]:
+    """User and system CPU seconds so far of the cluster's processes (those whose command line names the
+    cluster's directory) by name, and of the ``operator``'s process."""
+    where = str(kubeconfig.parent)
+    seconds: dict[str, float] = {}
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.info["pid"] == operator:
+                name = "operator"
+            elif any(where in arg for arg in proc.info["cmdline"] or ()):
+                name = proc.info["name"]
+            else:
+                continue
+            seconds[name] = seconds.get(name, 0.0) + sum(proc.cpu_times()[:2])
+    return seconds
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Pure: the CPU seconds each process spent between two ``cpu_seconds``, busiest first."""
+    spent = {k: round(v - before.get(k, 0.0), 1) for k, v in after.items()}
+    return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
 
 
 def api_request_counts(kubeconfig: Path) -> tuple[float, float]:
@@ -515,6 +542,7 @@ class DirectRound:
     creation: dict[str, float]
     phases: dict[str, float]
     requests: dict[str, float]
+    cpu: dict[str, float]
 
 
 def direct_round(kubeconfig: Path, pools: int, workers: int, window: float) -> DirectRound:
@@ -522,12 +550,14 @@ def direct_round(kubeconfig: Path, pools: int, workers: int, window: float) -> D
     their conditions, then the writes at rest over ``window``; the pods deleted and waited gone."""
     pods = direct_pods(pools, workers)
     requests0 = requests_by_kind(kubectl(kubeconfig, "get", "--raw", "/metrics"))
+    cpu0 = cpu_seconds(kubeconfig)
     started = datetime.now(UTC)
     create_all(kubeconfig, pods)
     poll = 2 if len(pods) <= 3000 else 15
     wait(
         lambda: pods_ready(kubeconfig, DIRECT_NAMESPACE, len(pods)), 1800, "direct pods Ready", interval=poll
     )
+    cpu = cpu_spent(cpu0, cpu_seconds(kubeconfig))
     requests = counted(requests0, requests_by_kind(kubectl(kubeconfig, "get", "--raw", "/metrics")))
     made = namespace_pods(kubeconfig, DIRECT_NAMESPACE)
     ready = ready_seconds(made, started)
@@ -536,7 +566,7 @@ def direct_round(kubeconfig: Path, pools: int, workers: int, window: float) -> D
     writes = watch_writes(kubeconfig, DIRECT_NAMESPACE, window)
     kubectl(kubeconfig, "delete", "pods", "--all", "-n", DIRECT_NAMESPACE, "--wait=false")
     wait(lambda: pods_gone(kubeconfig, DIRECT_NAMESPACE), 900, "direct pods gone", interval=poll)
-    return DirectRound(ready[-1], writes, creation, phases, requests)
+    return DirectRound(ready[-1], writes, creation, phases, requests, cpu)
 
 
 @dataclass
@@ -556,6 +586,7 @@ class OperatorRound:
     phases: dict[str, float]
     gateway: dict[str, Any] | None
     creation_requests: dict[str, float]
+    creation_cpu: dict[str, float]
 
 
 def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in order)
@@ -586,6 +617,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
         try:
             operator_ready(kubeconfig, operator)
             requests0 = requests_by_kind(kubectl(kubeconfig, "get", "--raw", "/metrics"))
+            creation_cpu0 = cpu_seconds(kubeconfig, operator.pid)
             started = datetime.now(UTC)
             began = time.monotonic()
             # In lists of 100 (kubectl sends one request per object: 1,000 pools took over 300 s here).
@@ -606,6 +638,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
                 interval=poll,
             )
             converged_at = time.monotonic()
+            creation_cpu = cpu_spent(creation_cpu0, cpu_seconds(kubeconfig, operator.pid))
             metrics = kubectl(kubeconfig, "get", "--raw", "/metrics")
             creation_requests = counted(requests0, requests_by_kind(metrics))
             creation = write_counts(logged(kubeconfig), NAMESPACE, started, datetime.now(UTC))
@@ -654,6 +687,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
         phases=phases,
         gateway=gateways,
         creation_requests=creation_requests,
+        creation_cpu=creation_cpu,
     )
 
 
@@ -718,6 +752,8 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
         direct_phases=baseline.phases if baseline else {},
         creation_requests_by_kind=first.creation_requests,
         direct_creation_requests_by_kind=baseline.requests if baseline else {},
+        creation_cpu_s=first.creation_cpu,
+        direct_creation_cpu_s=baseline.cpu if baseline else {},
     )
 
 
