@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psutil
 
@@ -589,11 +589,42 @@ class OperatorRound:
     creation_cpu: dict[str, float]
 
 
+def start_operator(env: dict[str, str], out: IO[bytes], profile: Path | None) -> subprocess.Popen[bytes]:
+    """The operator (its console script, all namespaces), or under cProfile writing to ``profile``."""
+    program = [str(ROOT / ".venv" / "bin" / "modelpool-operator")]
+    if profile is not None:
+        program = [str(ROOT / ".venv" / "bin" / "python"), "-m", "cProfile", "-o", str(profile), "-m",
+                   "modelpool_operator"]  # fmt: skip
+    return subprocess.Popen(
+        [*program, "--all-namespaces", "--standalone", "--liveness", "0", "--metrics", "0"],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop_operator(operator: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (Kopf stops, cProfile writes its statistics), killed after 30 s."""
+    operator.send_signal(signal.SIGTERM)
+    try:
+        operator.wait(30)
+    except subprocess.TimeoutExpired:
+        operator.kill()
+
+
 def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in order)
-    kubeconfig: Path, pools: int, workers: int, steady_window: float, log: Path, gateway: bool
+    kubeconfig: Path,
+    pools: int,
+    workers: int,
+    steady_window: float,
+    log: Path,
+    gateway: bool,
+    profile: Path | None = None,
 ) -> OperatorRound:
     """The pools through the operator: created at once, Ready, converged, then the steady state (RSS, CPU,
-    requests, writes at rest); the pools deleted while the operator runs, their pods waited gone."""
+    requests, writes at rest); the pools deleted while the operator runs, their pods waited gone. With
+    ``profile``, the operator runs under cProfile until the steady state ends (another deletes the pools)."""
     env = dict(os.environ, KUBECONFIG=str(kubeconfig))
     # The echo worker of ``--gateway`` runs on the process node: a port nothing else on the machine uses.
     worker_port = free_port()
@@ -606,14 +637,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
     poll = 2 if expected <= 3000 else 5
     pods_poll = 2 if expected <= 3000 else 15
     with log.open("ab") as out:
-        operator = subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "modelpool-operator"), "--all-namespaces", "--standalone",
-             "--liveness", "0", "--metrics", "0"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+        operator = start_operator(env, out, profile)
         try:
             operator_ready(kubeconfig, operator)
             requests0 = requests_by_kind(kubectl(kubeconfig, "get", "--raw", "/metrics"))
@@ -659,6 +683,9 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
 
                 gateways = asdict(gateway_scale.measure(kubeconfig, log.parent, worker_port))
         finally:
+            if profile is not None:  # the profile ends with the steady state; the deletion is another's
+                stop_operator(operator)
+                operator = start_operator(env, out, None)
             # Delete the pools while the operator runs: it removes its finalizer from each, so the
             # namespace can go afterwards.
             with contextlib.suppress(subprocess.TimeoutExpired):  # the operator is stopped regardless
@@ -667,11 +694,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
                      "modelpools.modelpool.dev", "--all", "-n", NAMESPACE, "--timeout=300s"],
                     capture_output=True, timeout=360, check=False,
                 )  # fmt: skip
-            operator.send_signal(signal.SIGTERM)
-            try:
-                operator.wait(30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
+            stop_operator(operator)
     wait(lambda: pods_gone(kubeconfig, NAMESPACE), 900, "the pools' pods gone", interval=pods_poll)
     return OperatorRound(
         pods_ready_s=pods_ready_s,
@@ -699,6 +722,7 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
     log: Path,
     gateway: bool = False,
     rounds: int = 1,
+    profile: Path | None = None,
 ) -> Result:
     """``rounds`` of both ways, the first through the operator first, then alternating."""
     kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
@@ -713,8 +737,15 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
         order = ("operator", "direct") if number % 2 == 0 else ("direct", "operator")
         for way in order:
             if way == "operator":
+                first_round = first is None
                 measured = operator_round(
-                    kubeconfig, pools, workers, steady_window, log, gateway and first is None
+                    kubeconfig,
+                    pools,
+                    workers,
+                    steady_window,
+                    log,
+                    gateway and first_round,
+                    profile if first_round else None,
                 )
                 first = first or measured
                 through.append(measured.pods_ready_s)
@@ -774,6 +805,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gateway", action="store_true", help="also measure gateways watching 10 pools and every pool"
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="run the first round's operator under cProfile until its steady state ends, writing here",
+    )
     args = parser.parse_args(argv)
 
     with guarded_cluster("bench", "operator log and cluster logs") as cluster:
@@ -785,6 +821,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.workdir / "operator.log",
             gateway=args.gateway,
             rounds=args.rounds,
+            profile=args.profile.resolve() if args.profile else None,
         )
         if cluster.reused:  # someone else's cluster: leave it without the benchmark's namespaces
             kubectl(cluster.kubeconfig, "delete", "namespace", NAMESPACE, DIRECT_NAMESPACE, "--wait=false")
