@@ -9,6 +9,13 @@ writes, not one a pass, while the scheduler and the kubelets (or KWOK) are busie
 written at once: the first status, a worker Loading, failing or gone, the pool settled (nothing Pending
 any more), so no state a user or a test waits for is held back.
 
+Within a creation, a change that is only a Pending worker's routine way to its start (``routine``: Scheduling
+becomes Scheduled, a node, ContainerCreating, their messages) waits longer: it goes with the next write
+that says more (a worker serving, the pool settled) or after ``ROUTINE_HOLD_S``. At 100 pools x 10 workers
+the pods waited for the scheduler for up to 18 s after their pools' first status, and each such step was a
+paced write of its own. A reason out of that way (Unschedulable, an image that cannot be pulled) is paced
+as any other progress.
+
 A pass's Normal Events (``WorkerReady``, ...) wait while its status is held, and, once the pass that
 started the creation has told its decision (``ScalingUp``, ``CreatingWorker``), for as long as the pool is
 being created (``hold_events``): the creation's ``WorkerReady`` Events go as one, with the status write
@@ -19,7 +26,8 @@ are never held.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from modelpool_contract.api import ModelPoolStatus
 from modelpool_contract.states import SERVING_STATES
@@ -28,6 +36,11 @@ from modelpool_operator.planner.status import coalesce
 
 #: While a pool is being created, its Normal Events are held at most this long (seconds).
 CREATING_EVENTS_HOLD_S = 60.0
+#: A creating pool's routine Pending details (``routine``) are held at most this long after the last write.
+ROUTINE_HOLD_S = 30.0
+#: The reasons of a Pending worker on its ordinary way to starting (``observe.worker_state``; None: not yet
+#: observed, a creation the pass has just planned).
+ROUTINE_PENDING_REASONS = frozenset({None, "Scheduling", "Scheduled", "ContainerCreating", "PodInitializing"})
 
 
 def creating(status: ModelPoolStatus) -> bool:
@@ -37,16 +50,40 @@ def creating(status: ModelPoolStatus) -> bool:
     return "Pending" in states and all(s == "Pending" or s in SERVING_STATES for s in states)
 
 
+def _headline(wire: Mapping[str, Any]) -> dict[str, Any]:
+    """Pure: a status on the wire with each routinely Pending worker cut to its name and state."""
+    workers = [
+        {"name": w.get("name"), "state": w.get("state")}
+        if w.get("state") == "Pending" and w.get("reason") in ROUTINE_PENDING_REASONS
+        else w
+        for w in wire.get("workers") or []
+    ]
+    return {**wire, "workers": workers}
+
+
+def routine(previous: Mapping[str, Any] | None, wire: Mapping[str, Any]) -> bool:
+    """Pure: ``wire`` differs from the status last written (``previous``, on the wire) only in routinely
+    Pending workers' details (``ROUTINE_PENDING_REASONS``: a reason among them, a node, a message, since)."""
+    return previous is not None and previous != wire and _headline(previous) == _headline(wire)
+
+
 def status_delay(
-    *, changed: bool, creating: bool, since_write: float | None, interval: float
+    *,
+    changed: bool,
+    creating: bool,
+    since_write: float | None,
+    interval: float,
+    routine: bool = False,
 ) -> float | None:
     """Pure: None: nothing to write; 0: write now; else the seconds until the change may be written (a
-    creating pool's status written ``since_write`` seconds ago; None: never by this process)."""
+    creating pool's status written ``since_write`` seconds ago; None: never by this process). A
+    ``routine`` change (``routine``) waits ``ROUTINE_HOLD_S``, unless pacing is off (``interval`` 0)."""
     if not changed:
         return None
-    if not creating or since_write is None or since_write >= interval:
+    if not creating or since_write is None or interval <= 0:
         return 0.0
-    return interval - since_write
+    wait = ROUTINE_HOLD_S if routine else interval
+    return 0.0 if since_write >= wait else wait - since_write
 
 
 def hold_events(
