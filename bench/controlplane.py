@@ -109,6 +109,8 @@ class Result:
     # kube-apiserver, etcd, kwok, the scheduler, the controller-manager): who competes with KWOK's writes.
     creation_cpu_s: dict[str, float] = field(default_factory=dict)
     direct_creation_cpu_s: dict[str, float] = field(default_factory=dict)
+    # ``--operator-nice``: the operator's niceness (0: as the cluster's processes).
+    operator_nice: int = 0
 
 
 # The benchmark's extra KWOK nodes hand out pod IPs from 127.80.0.0/16 up (loopback: the operator scrapes
@@ -589,12 +591,17 @@ class OperatorRound:
     creation_cpu: dict[str, float]
 
 
-def start_operator(env: dict[str, str], out: IO[bytes], profile: Path | None) -> subprocess.Popen[bytes]:
-    """The operator (its console script, all namespaces), or under cProfile writing to ``profile``."""
+def start_operator(
+    env: dict[str, str], out: IO[bytes], profile: Path | None, nice: int = 0
+) -> subprocess.Popen[bytes]:
+    """The operator (its console script, all namespaces), or under cProfile writing to ``profile``; at
+    the niceness ``nice`` (``--operator-nice``)."""
     program = [str(ROOT / ".venv" / "bin" / "modelpool-operator")]
     if profile is not None:
         program = [str(ROOT / ".venv" / "bin" / "python"), "-m", "cProfile", "-o", str(profile), "-m",
                    "modelpool_operator"]  # fmt: skip
+    if nice:
+        program = ["nice", "-n", str(nice), *program]
     return subprocess.Popen(
         [*program, "--all-namespaces", "--standalone", "--liveness", "0", "--metrics", "0"],
         env=env,
@@ -621,6 +628,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
     log: Path,
     gateway: bool,
     profile: Path | None = None,
+    nice: int = 0,
 ) -> OperatorRound:
     """The pools through the operator: created at once, Ready, converged, then the steady state (RSS, CPU,
     requests, writes at rest); the pools deleted while the operator runs, their pods waited gone. With
@@ -637,7 +645,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
     poll = 2 if expected <= 3000 else 5
     pods_poll = 2 if expected <= 3000 else 15
     with log.open("ab") as out:
-        operator = start_operator(env, out, profile)
+        operator = start_operator(env, out, profile, nice)
         try:
             operator_ready(kubeconfig, operator)
             requests0 = requests_by_kind(kubectl(kubeconfig, "get", "--raw", "/metrics"))
@@ -685,7 +693,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
         finally:
             if profile is not None:  # the profile ends with the steady state; the deletion is another's
                 stop_operator(operator)
-                operator = start_operator(env, out, None)
+                operator = start_operator(env, out, None, nice)
             # Delete the pools while the operator runs: it removes its finalizer from each, so the
             # namespace can go afterwards.
             with contextlib.suppress(subprocess.TimeoutExpired):  # the operator is stopped regardless
@@ -723,6 +731,7 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
     gateway: bool = False,
     rounds: int = 1,
     profile: Path | None = None,
+    nice: int = 0,
 ) -> Result:
     """``rounds`` of both ways, the first through the operator first, then alternating."""
     kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
@@ -746,6 +755,7 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
                     log,
                     gateway and first_round,
                     profile if first_round else None,
+                    nice,
                 )
                 first = first or measured
                 through.append(measured.pods_ready_s)
@@ -785,6 +795,7 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
         direct_creation_requests_by_kind=baseline.requests if baseline else {},
         creation_cpu_s=first.creation_cpu,
         direct_creation_cpu_s=baseline.cpu if baseline else {},
+        operator_nice=nice,
     )
 
 
@@ -806,6 +817,13 @@ def main(argv: list[str] | None = None) -> int:
         "--gateway", action="store_true", help="also measure gateways watching 10 pools and every pool"
     )
     parser.add_argument(
+        "--operator-nice",
+        type=int,
+        default=0,
+        help="run the operator at this niceness: on a shared machine the cluster's processes (on a real "
+        "cluster, other machines) then go first, and what is left is the operator's effect on the API",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         help="run the first round's operator under cProfile until its steady state ends, writing here",
@@ -822,6 +840,7 @@ def main(argv: list[str] | None = None) -> int:
             gateway=args.gateway,
             rounds=args.rounds,
             profile=args.profile.resolve() if args.profile else None,
+            nice=args.operator_nice,
         )
         if cluster.reused:  # someone else's cluster: leave it without the benchmark's namespaces
             kubectl(cluster.kubeconfig, "delete", "namespace", NAMESPACE, DIRECT_NAMESPACE, "--wait=false")
