@@ -302,6 +302,8 @@ class PoolRun(Run):
     # while the pool is being created may be written (``effects.apply.write_status``; None: none held).
     status_written_at: float | None = None
     status_due: float | None = None
+    # Since when (monotonic) a change of the status waits unwritten (None: none waits).
+    status_held_at: float | None = None
     # The Normal Events held back while the status was, or the pool was being created (posted with a later
     # pass's, ``effects.apply.post_events``), and since when (monotonic; None: none held).
     held_events: list[Event] = field(default_factory=list)
