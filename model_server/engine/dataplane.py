@@ -369,7 +369,7 @@ class DataPlane:
         while self.busy:
             if time.monotonic() >= deadline:
                 # Admitted in an HTTP process and not here yet: turned away by ``submit`` on arrival.
-                on_their_way = max(0, self.view.door.taken - len(self._queue))
+                on_their_way = self._on_the_way()
                 return self.fail_all("server is shutting down") + on_their_way
             await asyncio.sleep(0.02)
         return 0
