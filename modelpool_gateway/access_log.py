@@ -91,7 +91,9 @@ def _done(scope: MutableMapping[str, Any], status: int, seconds: float) -> None:
     if not logged(path) or not log.isEnabledFor(logging.INFO):
         return
     fields = access_fields(scope["method"], path, status, seconds, key=key_name_of(scope), note=note)
-    log.info(message(fields), extra={"fields": fields})
+    # ``log.info`` less its search of the stack for the caller's file and line, which no format writes.
+    line = message(fields)
+    log.handle(log.makeRecord(log.name, logging.INFO, "", 0, line, (), None, extra={"fields": fields}))
 
 
 def _unlogged(scope: MutableMapping[str, Any], status: int, seconds: float) -> None:
