@@ -445,7 +445,9 @@ def overhead_cost(
         with contextlib.ExitStack() as trees:
             if args.baseline:  # the same two gateways from the baseline's tree, measured in the same rounds
                 tree = trees.enter_context(baseline_tree(args.baseline))
-                for name, given, key in (("off", OFF_FLAGS, None), ("on", flags, OVERHEAD_KEY)):
+                # (flags of its own: the "on" gateway's metrics port is taken)
+                baseline_on = on_flags(receiver.url, chart_sample_ratio())
+                for name, given, key in (("off", OFF_FLAGS, None), ("on", baseline_on, OVERHEAD_KEY)):
                     log = logs / f"gateway-before-{name}.log"
                     stacks[f"before:{name}"] = start_beside(stack, log, procs, given, key=key, root=tree)
             c1: dict[str, list[dict[str, Any]]] = {name: [] for name in stacks}
