@@ -428,6 +428,7 @@ async def test_a_request_sampled_out_makes_no_span_and_passes_its_trace_on_not_s
                     assert exporter.get_finished_spans() == ()
     finally:
         tracing.shutdown()
+        access_log.flush()  # the lines pending (written a moment after each answer)
         access_log.log.removeHandler(handler)
         access_log.log.level = level
     (own, own_trace), (unsampled, _), (sampled, _) = (
