@@ -103,6 +103,9 @@ class ServerArgs:
     #: ``spec.adapters``; and how many a worker keeps loaded (``--max-adapters``).
     adapter: tuple[str, ...] | None = None
     max_adapters: int | None = None
+    #: What computes the model (``--engine``), only for pools with ``spec.engine`` other than the default:
+    #: the pods of every other pool keep their command line (and their template hash).
+    engine: str | None = None
 
     def argv(self) -> list[str]:
         """``--flag value`` for every field, in field order; a boolean flag only when true, an optional
