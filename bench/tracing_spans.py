@@ -1,12 +1,13 @@
 """What the gateway's spans cost per request in CPU, in-process (`python -m bench.tracing_spans`).
 
 The spans a request relayed once makes in the gateway with traces on (``modelpool_contract.tracing``: the
-server span continuing a client's ``traceparent``, the key check, the routing choice and the relay with
-its ``traceparent`` injected, and their attributes), timed with ``time.process_time`` over a few thousand
-requests, with a batch processor whose exporter drops the spans (the export itself runs on the exporter's
-thread, off the request path); and, traces off, the tests of ``tracing.on()`` the request path makes
-instead.  A CPU figure, not a latency: ``python -m bench.gateway --tracing-only`` measures the gateway's
-added latency with traces off and on.  Prints one line per case; docs/benchmarks.md quotes it by hand.
+server span continuing a client's ``traceparent``, with the key check's outcome on it, and the relay with its
+routing choice's attributes and its ``traceparent`` injected), timed with ``time.process_time`` over a few
+thousand requests, with a batch processor whose exporter drops the spans (the export itself runs on the
+exporter's thread, off the request path); and, traces off, the tests of ``tracing.on()`` the request path
+makes instead. A CPU figure, not a latency: ``python -m bench.gateway --overhead-only`` measures the gateway's
+added latency with traces (and keys, limits, usage, access lines) off and on. Prints one line per case;
+docs/benchmarks.md quotes it by hand.
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import SpanKind
 
 from modelpool_contract import tracing
+from modelpool_gateway.app import admission_attributes, route_attributes
+from modelpool_gateway.state import Worker
 
 HEADERS = [
     (b"content-type", b"application/json"),
     (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
 ]
+
+WORKER = Worker("ns", "pool-abcde-0", "pool", "10.0.0.1", 8000, True, True, False)
 
 
 class Dropped(SpanExporter):
@@ -39,15 +44,10 @@ def traced_request(headers: list[tuple[bytes, bytes]] = HEADERS) -> None:
     """The spans of one request relayed once by the gateway (``modelpool_gateway.app``)."""
     attributes = {tracing.METHOD: "POST", tracing.PATH: "/v1/embeddings"}
     with tracing.server_span("POST /v1/embeddings", headers, attributes) as span:
-        with tracing.span("modelpool.admission.key") as check:
-            if check is not None:  # None when the request is sampled out
-                check.set_attributes({"modelpool.outcome": "admitted", tracing.KEY: "keys/team"})
-        tracing.annotate({tracing.POOL: "ns/pool", tracing.MODEL: "pool", tracing.KEY: "keys/team"})
-        with tracing.span("modelpool.route", {tracing.POOL: "ns/pool"}) as route:
-            if route is not None:
-                route.set_attributes({tracing.WORKER: "pool-abcde-0", "modelpool.tried": 0})
-        worker = {tracing.WORKER: "pool-abcde-0", "server.address": "10.0.0.1", "server.port": 8000}
-        with tracing.span("modelpool.relay", worker, SpanKind.CLIENT) as relay:
+        span.set_attributes(admission_attributes("keys/team", None))
+        tracing.annotate({tracing.POOL: "ns/pool", tracing.MODEL: "pool"})
+        routed = route_attributes("ns/pool", WORKER, 0, None)
+        with tracing.span("modelpool.relay", routed, SpanKind.CLIENT) as relay:
             tracing.inject(HEADERS)
             tracing.answered(relay, 200, server=False)
         tracing.answered(span, 200)

@@ -123,11 +123,21 @@ build_target() {
   local build_log="$PWD/build/images-$target.log"
   mkdir -p "$(dirname "$build_log")"
   log "building $image (log: $build_log)"
-  if ! bh "${args[@]}" . >"$build_log" 2>&1; then
+  local attempt
+  for attempt in 1 2 3; do
+    bh "${args[@]}" . >"$build_log" 2>&1 && break
+    # A RUN step re-executes buildah from a sealed memfd copy of itself (containers/storage's unshare.c);
+    # the kernel answers F_ADD_SEALS with EBUSY while the copy's fresh pages still hold transient
+    # references, a race outside this build.  Only that failure is tried again (the finished layers are
+    # cached); any other failure stops here.
+    if [ "$attempt" -lt 3 ] && grep -q 'sealing memfd copy: Device or resource busy' "$build_log"; then
+      log "building $image: buildah's memfd seal was refused (EBUSY), attempt $attempt of 3; again"
+      continue
+    fi
     tail -n 60 "$build_log" >&2
     log "building $image failed; the whole log: $build_log"
     return 1
-  fi
+  done
   log "$image built in $(($(date +%s) - start)) s"
   # The stage images buildah kept for the multi-stage build (untagged) cost disk under vfs.
   bh rmi --prune >/dev/null 2>&1 || true

@@ -5,8 +5,8 @@
 # user's.  It found three in the server's: torch (transformers 5.24 disables itself below 2.6), diffusers
 # (below 0.36 it does not import under transformers 5) and numpy (1.x wrapped an out-of-range INT8).
 #
-# A separate virtualenv (default .venv-lowest) with the base dependencies, the operator, gateway and server
-# extras and the test tools of the dev extra (the same bounds, read from pyproject.toml); about two minutes
+# A separate virtualenv (default .venv-lowest) with the base dependencies, the operator, gateway, server and
+# onnx extras and the test tools of the dev extra (the same bounds, read from pyproject.toml); about two minutes
 # on a fresh machine (torch with its CUDA libraries from PyPI is most of it).  The tests are the ones that
 # need no local control plane: tests/operator/unit, tests/gateway/unit, tests/server/unit, the contract
 # tests and the CRD schema test.
@@ -41,14 +41,15 @@ if missing:
 print("\n".join(found[name] for name in sorted(wanted)))
 EOF
 "$uv" pip compile --quiet --resolution lowest-direct --python-version 3.11 --no-header \
-  --extra operator --extra gateway --extra server pyproject.toml "$work/test-tools.in" -o "$work/lowest.txt"
+  --extra operator --extra gateway --extra server --extra onnx pyproject.toml "$work/test-tools.in" \
+  -o "$work/lowest.txt"
 echo "== lowest: the direct dependencies at their lowest allowed versions:"
 grep -E "^($(
   "$venv/bin/python" -c '
 import re, tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 extras = p["optional-dependencies"]
-reqs = p["dependencies"] + extras["operator"] + extras["gateway"] + extras["server"]
+reqs = p["dependencies"] + extras["operator"] + extras["gateway"] + extras["server"] + extras["onnx"]
 print("|".join(sorted({re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0].lower() for r in reqs})))'
 )|${TEST_TOOLS// /|})==" "$work/lowest.txt" | tr '\n' ' '
 echo

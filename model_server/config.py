@@ -22,6 +22,7 @@ from modelpool_contract.api import DEFAULT_ENGINE, VLLM_TASKS, Engine
 from modelpool_contract.flags import (
     BATCH_DELAY_MS,
     DEFAULT_MAX_LOADED_ADAPTERS,
+    DEFAULT_SAMPLE_RATIO,
     DRAIN_TIMEOUT_S,
     IDLE_AFTER_S,
     MAX_ADAPTERS,
@@ -31,6 +32,7 @@ from modelpool_contract.flags import (
     REQUEST_TIMEOUT_S,
     TERMINATION_LOG,
     Dtype,
+    EncoderRuntime,
 )
 from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.mounts import PVC_MOUNT_ROOT
@@ -101,7 +103,7 @@ class ServingConfig(BaseSettings):
         "batch and forward pass) to this OTLP/HTTP receiver, posted to <it>/v1/traces; unset: none",
     )
     trace_sample_ratio: float = Field(
-        default=1.0,
+        default=DEFAULT_SAMPLE_RATIO,
         ge=0.0,
         le=1.0,
         description="With --otlp-endpoint: the share of requests without a traceparent whose traces are "
@@ -197,12 +199,23 @@ class ServerConfig(ServingConfig):
         description="text-generation: continuous batching where the model allows it (auto), always "
         "(batching: a model it cannot serve fails to load) or one request at a time (serial)",
     )
+    runtime: EncoderRuntime = Field(
+        default="torch",
+        description="text-embedding: the encoder's forward pass on torch (eager) or onnxruntime (CPUs: the "
+        "model exported at load; the onnx extra; eager torch, with the reason logged, where it cannot serve)",
+    )
     kv_cache_tokens: int | None = Field(
         default=None,
         ge=1,
         le=10**8,
         description="The continuous-batching KV cache in tokens (default: a share of the accelerator "
         "memory left after the weights, or of the pod's memory limit on a CPU)",
+    )
+    prefix_sharing: bool = Field(
+        default=True,
+        description="text-generation on continuous batching: keep the cache blocks of computed prompts so a "
+        "request with the same prefix (a shared system prompt) reuses them instead of prefilling them again "
+        "(--no-prefix-sharing: off; always off with adapters)",
     )
 
     adapter: Annotated[list[str], NoDecode] = Field(
@@ -342,7 +355,13 @@ def _read_key(path: Path) -> str:
 #: The server's command line: every field is a flag (``modelpool_contract.settings``).
 COMMAND_LINE = CommandLine(
     prog="modelpool-server",
-    flags={"adapter": [Flag(append=True, metavar="NAME=SOURCE")]},
+    flags={
+        "adapter": [Flag(append=True, metavar="NAME=SOURCE")],
+        "prefix_sharing": [
+            Flag(const=True, group="prefix_sharing"),
+            Flag(names=("--no-prefix-sharing",), const=False, group="prefix_sharing", help="Turn it off"),
+        ],
+    },
     description="Serve one model behind a bounded queue (KServe v2 + OpenAI-compatible APIs). "
     "Every flag can also be set as MODELPOOL_<FLAG> (e.g. MODELPOOL_QUEUE_CAPACITY).",
 )

@@ -17,7 +17,9 @@ dropped before compute: timeout, disconnected), ``resident_memory_bytes{process}
 http-N; ``vllm``, vLLM's processes together, with ``--engine vllm``).  Text generation on the
 continuous-batching engine: ``time_to_first_token_seconds``,
 ``inter_token_latency_seconds``, ``generated_tokens_total`` (its rate is tokens per second),
-``kv_cache_tokens``, ``kv_cache_reserved_tokens`` and ``generating`` (requests running).
+``prompt_tokens_total`` and ``prefix_cache_hit_tokens_total`` (of those prompt tokens, the ones read from
+the prefix cache instead of computed: their ratio is the hit rate), ``kv_cache_tokens``,
+``kv_cache_reserved_tokens`` and ``generating`` (requests running).
 
 A text-generation worker (``WorkerGauges(picker=True)``) also exports the endpoint picker's protocol
 (``picker_rows``: the vLLM engine's names in ``modelpool_contract.picker``): ``vllm:num_requests_waiting``
@@ -27,7 +29,7 @@ share of the KV cache, 0..1), ``vllm:cache_config_info{block_size,num_gpu_blocks
 
 A shared host (``render_host``, its probe port) exposes the same series for every model it holds, each
 labelled ``model="<name>"``, and ``host_device_memory_bytes{device,kind}`` (capacity, awake, asleep,
-overhead, free: its ledger, as in its ``/stats``).
+overhead, free: its ledger, as in its ``/stats``), and each model's ``sleeps_total`` and ``wakes_total``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
@@ -170,7 +172,24 @@ class WorkerGauges(Collector):
         self.max_adapters = max_adapters
 
     def collect(self) -> Iterator[Metric]:
-        return iter(gauge_families(self.rows()))
+        yield from gauge_families(self.rows())
+        yield from self.counters()
+
+    def counters(self) -> list[CounterMetricFamily]:
+        """A shared host's model's sleeps and wakes so far (``modelpool_sleeps_total``,
+        ``modelpool_wakes_total``, labelled with its model; counted in the view by its inference process);
+        none for a dedicated worker, which never sleeps."""
+        if self.model is None:
+            return []
+        out = []
+        for name, documentation, field in (
+            ("modelpool_sleeps_total", "Sleeps completed: the weights parked in host memory", Field.SLEEPS),
+            ("modelpool_wakes_total", "Wakes completed: the weights back on the device", Field.WAKES),
+        ):
+            family = CounterMetricFamily(name, documentation, labels=["model"])
+            family.add_metric([self.model], self.view.get(field))
+            out.append(family)
+        return out
 
     def rows(self) -> Iterator[GaugeRow]:
         """Every gauge sample: (name, help, labels, value)."""
@@ -348,6 +367,22 @@ class Metrics:
         self.generated_tokens = plain(
             Counter("modelpool_generated_tokens", "Tokens generated on the engine", own, registry=r)
         )
+        self.prompt_tokens = plain(
+            Counter(
+                "modelpool_prompt_tokens",
+                "Prompt tokens of the generations the engine started",
+                own,
+                registry=r,
+            )
+        )
+        self.prefix_hit_tokens = plain(
+            Counter(
+                "modelpool_prefix_cache_hit_tokens",
+                "Prompt tokens the engine took from its prefix cache instead of computing them",
+                own,
+                registry=r,
+            )
+        )
 
     def render(self, gauges: WorkerGauges) -> bytes:
         """The text exposition of the worker: every process's counters and histograms, and the gauges."""
@@ -393,15 +428,28 @@ def render_host(
     the devices' memory."""
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    models = list(models)
     rows = [row for gauges in models for row in gauges.rows()] + device_rows(devices)
-    registry.register(_Families(gauge_families(rows)))
+    counters = [family for gauges in models for family in gauges.counters()]
+    registry.register(_Families([*gauge_families(rows), *_merged(counters)]))
     return generate_latest(registry)
+
+
+def _merged(families: Iterable[CounterMetricFamily]) -> list[CounterMetricFamily]:
+    """The models' counter families of one name as one family (a name is exposed once)."""
+    merged: dict[str, CounterMetricFamily] = {}
+    for family in families:
+        found = merged.setdefault(
+            family.name, CounterMetricFamily(family.name, family.documentation, labels=["model"])
+        )
+        found.samples.extend(family.samples)
+    return list(merged.values())
 
 
 class _Families(Collector):
     """Families made already, as a collector."""
 
-    def __init__(self, families: list[GaugeMetricFamily]) -> None:
+    def __init__(self, families: Sequence[Metric]) -> None:
         self.families = families
 
     def collect(self) -> Iterator[Metric]:

@@ -76,6 +76,7 @@ class Field(enum.IntEnum):
     )  # a shared host: Unix time a request asked this sleeping model to wake (0: none)
     ADAPTERS_LOADED = enum.auto()  # LoRA adapters in memory, a bit mask over --adapter's order
     ADAPTERS_RUNNING = enum.auto()  # LoRA adapters running requests use, the same mask
+    WAKES = enum.auto()  # wakes completed (the weights back on the device)
     UPSTREAM_PORT = enum.auto()  # --engine vllm: the loopback port vLLM's server listens on (0: none yet)
     ENGINE_RSS = enum.auto()  # --engine vllm: resident bytes of vLLM's processes (0: none)
     QUEUED = enum.auto()  # --engine vllm: admitted requests not computing yet; NaN: the door's count is

@@ -28,6 +28,7 @@ from modelpool_contract.flags import (
     QUEUE_CAPACITY,
     REQUEST_TIMEOUT_S,
     Dtype,
+    EncoderRuntime,
 )
 from modelpool_contract.labels import GROUP
 from modelpool_contract.messages import Message
@@ -205,6 +206,16 @@ class ModelSpec(_Model):
     trust_remote_code: bool = Field(
         default=False,
         description="Allow the model repository's own Python code to run (off unless you trust the source).",
+    )
+    # Unset rather than "torch" by default: a field with a value would change every pool's template hash.
+    runtime: EncoderRuntime | None = Field(
+        default=None,
+        description=(
+            "What a text-embedding model's forward pass runs on: torch (eager PyTorch, the default) or "
+            "onnxruntime (ONNX Runtime on CPUs, the model exported at load from the same weights; needs the "
+            "server image's onnx extra). Where onnxruntime cannot serve (a GPU, the extra missing, an export "
+            "that fails) the worker serves on torch and logs why. Other tasks always run on torch."
+        ),
     )
     cache: ModelCacheSpec | None = Field(
         default=None,

@@ -9,7 +9,7 @@ the same numbers, defined here once.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 from modelpool_contract.logs import LogFormat
 from modelpool_contract.tasks import TaskName
@@ -17,6 +17,20 @@ from modelpool_contract.version import VERSION
 
 #: The weights' dtype (``auto``: float16 on a GPU, float32 on a CPU).
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+
+#: What an encoder's forward pass runs on (text-embedding): eager torch, or ONNX Runtime on CPUs (the model
+#: exported at load from the same weights; the server falls back to torch, saying why, where it cannot).
+EncoderRuntime = Literal["torch", "onnxruntime"]
+ENCODER_RUNTIMES: Final[tuple[EncoderRuntime, ...]] = get_args(EncoderRuntime)
+DEFAULT_ENCODER_RUNTIME: Final[EncoderRuntime] = "torch"
+
+
+def runtime_setting(runtime: EncoderRuntime | None) -> EncoderRuntime | None:
+    """Pure: the runtime a worker (``--runtime``) or a host's load is told for a pool's
+    ``spec.model.runtime``: none for the default, so that pools without one keep their workers' arguments
+    as they were."""
+    return None if runtime == DEFAULT_ENCODER_RUNTIME else runtime
+
 
 #: The console script the worker container runs.
 SERVER_COMMAND: Final = "modelpool-server"
@@ -64,6 +78,12 @@ CPU_SHARE_ENV: Final = "MODELPOOL_CPU_SHARE_MILLICORES"
 #: so served 0.40x one worker alone, and 1.37x with one CPU requested each (issue 29).
 DEFAULT_WORKER_CPU: Final = "1"
 
+#: The share of requests without a ``traceparent`` traced when traces are on, unless set: one in ten, so
+#: that turning traces on costs a busy gateway little (a sampled request's spans cost about 115 us of
+#: its CPU, a sampled-out one under 20 us: docs/benchmarks.md); a request that comes with a sampled
+#: ``traceparent`` is traced whatever the ratio, so one request can always be followed end to end.
+DEFAULT_SAMPLE_RATIO = 0.1
+
 
 @dataclass(frozen=True)
 class ServerArgs:
@@ -106,6 +126,9 @@ class ServerArgs:
     #: What computes the model (``--engine``), only for pools with ``spec.engine`` other than the default:
     #: the pods of every other pool keep their command line (and their template hash).
     engine: str | None = None
+    #: The encoder's runtime (``--runtime``, a pool's ``spec.model.runtime``), only when it is not the
+    #: default (torch): so the default adds no flag, and an upgrade rolls no worker for it.
+    runtime: EncoderRuntime | None = None
 
     def argv(self) -> list[str]:
         """``--flag value`` for every field, in field order; a boolean flag only when true, an optional

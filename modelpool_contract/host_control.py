@@ -60,6 +60,7 @@ class LoadConfig(BaseModel):
     generation_engine: str | None = None
     kv_cache_tokens: int | None = None
     trust_remote_code: bool | None = None
+    runtime: str | None = None
     skip_warmup: bool | None = None
     queue_capacity: int | None = None
     request_timeout: float | None = None

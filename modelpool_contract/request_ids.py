@@ -16,9 +16,10 @@ No dependency beyond the standard library: an ASGI app is called with plain mapp
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, TypeVar
 
 from modelpool_contract.logs import REQUEST_ID_HEADER, TRACEPARENT_HEADER, bind, request_id_of
 from modelpool_contract.logs import traceparent_trace_id as trace_of
@@ -80,4 +81,26 @@ class RequestIds:
                 reset()
 
 
-__all__ = ["Done", "RequestIds", "header"]
+N = TypeVar("N")
+
+
+def with_note(app: App, done: Done, note: contextvars.ContextVar[N | None], fresh: Callable[[], N]) -> App:
+    """``app`` behind ``RequestIds(app, done)``, with a fresh ``note`` (``fresh()``) current for each HTTP
+    request, for what the app learns while serving it (the model, the key, the tokens) and ``done``'s
+    access line reads; other scope types pass through untouched."""
+    ids = RequestIds(app, done)
+
+    async def noted(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        token = note.set(fresh())
+        try:
+            await ids(scope, receive, send)
+        finally:
+            note.reset(token)
+
+    return noted
+
+
+__all__ = ["Done", "RequestIds", "header", "with_note"]

@@ -10,7 +10,8 @@ the time, and the gateway logs why it is not ready where that happens.
 
 The app tells what it learnt while serving into the request's ``Served`` note (``served()``: a context
 variable, set by ``access_middleware`` for the request's task, so ``Gateway`` needs no scope to reach it);
-``access_fields`` builds a line's fields from it (pure).
+``access_fields`` builds a line's fields from it (pure).  ``--no-access-log`` (the chart's
+``gateway.accessLog: false``) writes none: the request ids stay.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from modelpool_contract.request_ids import App, RequestIds
+from modelpool_contract.request_ids import App, with_note
 from modelpool_gateway.access import key_name_of
 from modelpool_gateway.usage import Usage
 
@@ -93,21 +94,14 @@ def _done(scope: MutableMapping[str, Any], status: int, seconds: float) -> None:
     log.info(message(fields), extra={"fields": fields})
 
 
-def access_middleware(app: App) -> App:
-    """``app`` behind the request ids (``modelpool_contract.request_ids``) and the access line."""
-    ids = RequestIds(app, _done)
+def _unlogged(scope: MutableMapping[str, Any], status: int, seconds: float) -> None:
+    """The access line turned off (``--no-access-log``)."""
 
-    async def with_note(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
-        token = _SERVED.set(Served())
-        try:
-            await ids(scope, receive, send)
-        finally:
-            _SERVED.reset(token)
 
-    return with_note
+def access_middleware(app: App, *, lines: bool = True) -> App:
+    """``app`` behind the request ids (``modelpool_contract.request_ids``) and, unless not ``lines``, the
+    access line."""
+    return with_note(app, _done if lines else _unlogged, _SERVED, Served)
 
 
 __all__ = ["PROBES", "Served", "access_fields", "access_middleware", "logged", "message", "served"]

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from modelpool_contract.flags import REQUEST_BODY_TIMEOUT_S
+from modelpool_contract.flags import DEFAULT_SAMPLE_RATIO, REQUEST_BODY_TIMEOUT_S
 from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.settings import CommandLine, ConfigError, Flag, load
 
@@ -196,6 +196,12 @@ class GatewaySettings(BaseSettings):
         description="json: one JSON object per line, with the request id and trace id of the request it "
         "was logged for (the access lines too); plain: text lines (modelpool_contract.logs)",
     )
+    access_log: bool = Field(
+        default=True,
+        description="One access line per request (logger modelpool.gateway.access, at info: key, pool, "
+        "model, status, latency, tokens); off (--no-access-log, or false): none, its record, encoding and "
+        "write saved on every request (docs/benchmarks.md, the tenant features' overhead)",
+    )
     auth: Literal["keys", "none"] = Field(
         default="keys",
         description="keys: every request but health, readiness and metrics needs 'Authorization: Bearer "
@@ -258,7 +264,7 @@ class GatewaySettings(BaseSettings):
         "<it>/v1/traces); unset: no traces, at no cost",
     )
     trace_sample_ratio: float = Field(
-        default=1.0,
+        default=DEFAULT_SAMPLE_RATIO,
         ge=0.0,
         le=1.0,
         description="With --otlp-endpoint: the share of requests without a traceparent whose traces are "
@@ -286,7 +292,10 @@ COMMAND_LINE = CommandLine(
     prog="modelpool-gateway",
     description="Route OpenAI and KServe v2 requests to ModelPool workers by model name. Every flag "
     "can also be set as MODELPOOL_GATEWAY_<FLAG> (e.g. MODELPOOL_GATEWAY_NAMESPACES=a,b).",
-    flags={"namespaces": [Flag(names=("--namespace",), append=True, metavar="NAMESPACE")]},
+    flags={
+        "namespaces": [Flag(names=("--namespace",), append=True, metavar="NAMESPACE")],
+        "access_log": [Flag(names=("--no-access-log",), const=False)],
+    },
 )
 
 

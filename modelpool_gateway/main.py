@@ -187,7 +187,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     server = _Server(
         uvicorn.Config(
             # The request ids and our access line (``access_log``) replace uvicorn's access log.
-            access_middleware(CloseWhenDraining(parts.app, draining)),
+            access_middleware(CloseWhenDraining(parts.app, draining), lines=settings.access_log),
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level,

@@ -9,7 +9,9 @@ query is valid PromQL.
 
 A panel says what its series need (``needs``): nothing beyond a release serving a pool and traffic through
 its gateway, a text-generation pool, a shared host (ModelHost), or an event (an eviction, a refusal): only
-the first kind is required to have series in the end-to-end check.
+the first kind is required to have series in the end-to-end check; the generation and host panels are
+asked of a real Prometheus scraping the worker's, the host's and the operator's metric objects fed as a
+generation and a ModelHost pass feed them (``tests/test_dashboard_series.py``).
 """
 
 from __future__ import annotations
@@ -256,10 +258,17 @@ WORKERS = Dashboard(
     ),
 )
 
+# A ModelHost's series from the operator, and the device memory of its pods by kind (the ledger's).
+HOST = "namespace, modelhost"
+HOST_LEGEND = "{{namespace}}/{{modelhost}}"
+_HOST_MEMORY = f'sum by ({HOST}) (modelpool_operator_host_memory_bytes{{kind="'
+_END = '"})'
+
 BUDGET = Dashboard(
     "modelpool-budget",
     "modelpool / Budget and shared hosts",
-    "The ModelBudget's memory, and each ModelHost's devices, models and control calls.",
+    "The ModelBudget's memory, and each ModelHost's devices (used against capacity), its models awake and "
+    "asleep, their sleeps and wakes, and the operator's control calls.",
     (
         Panel(
             "ModelBudget: total, used, reserved",
@@ -280,6 +289,42 @@ BUDGET = Dashboard(
             _q(
                 "sum by (namespace, modelhost, state) (modelpool_operator_host_models)",
                 "{{namespace}}/{{modelhost}} {{state}}",
+            ),
+            needs="host",
+        ),
+        Panel(
+            "Shared host device memory used against capacity",
+            (
+                Query(f"{_HOST_MEMORY}capacity{_END} - {_HOST_MEMORY}free{_END}", f"{HOST_LEGEND} used"),
+                Query(f"{_HOST_MEMORY}capacity{_END}", f"{HOST_LEGEND} capacity"),
+            ),
+            unit="bytes",
+            needs="host",
+        ),
+        Panel(
+            "Models awake and asleep, per host",
+            (
+                Query(
+                    f"sum by ({HOST}) (modelpool_operator_host_models{{{SERVING}}})", f"{HOST_LEGEND} awake"
+                ),
+                Query(
+                    f'sum by ({HOST}) (modelpool_operator_host_models{{state=~"Sleeping|Waking"}})',
+                    f"{HOST_LEGEND} asleep",
+                ),
+            ),
+            needs="host",
+        ),
+        Panel(
+            "Sleeps and wakes per hour, per model",
+            (
+                Query(
+                    "sum by (namespace, model) (increase(modelpool_sleeps_total[1h]))",
+                    "{{namespace}}/{{model}} sleeps",
+                ),
+                Query(
+                    "sum by (namespace, model) (increase(modelpool_wakes_total[1h]))",
+                    "{{namespace}}/{{model}} wakes",
+                ),
             ),
             needs="host",
         ),

@@ -59,6 +59,26 @@ def v2_body(texts: list[str], binary: bool) -> tuple[bytes, dict[str, str]]:
     }
 
 
+#: The request shapes the clients send (``client_main``'s ``shape``): KServe v2 JSON and its binary tensor
+#: extension (modelpool, Triton), OpenAI embeddings (modelpool's /v1/embeddings, infinity-emb's /embeddings),
+#: KServe v1 predict (KServe's Python model server).
+SHAPES = ("v2", "v2-binary", "openai", "kserve-v1")
+
+
+def request_body(shape: str, texts: list[str], model: str = "minilm") -> tuple[bytes, dict[str, str]]:
+    """Pure: the body and headers of one request for ``texts`` in ``shape`` (one of ``SHAPES``) to
+    ``model`` (the OpenAI shape names it in the body; the others in the path)."""
+    if shape in {"v2", "v2-binary"}:
+        return v2_body(texts, shape == "v2-binary")
+    if shape == "openai":
+        doc: dict[str, Any] = {"model": model, "input": texts}
+    elif shape == "kserve-v1":
+        doc = {"instances": texts}
+    else:
+        raise ValueError(f"unknown request shape {shape!r}: one of {', '.join(SHAPES)}")
+    return json.dumps(doc).encode(), {"content-type": "application/json"}
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """The ``q``-th percentile of ``values`` (seconds) in milliseconds; None for no values."""
     if not values:
@@ -210,9 +230,13 @@ async def client_main(spec: dict[str, Any]) -> dict[str, Any]:
     url = urllib.parse.urlsplit(spec["url"])
     host, port = url.hostname or "127.0.0.1", url.port or 80
     texts = corpus(2048, seed=spec["seed"])
-    size, binary = spec["size"], spec["binary"]
-    bodies = [v2_body(texts[i : i + size], binary) for i in range(0, 2048 - size, max(1, size))][:256]
-    requests = [raw_request(host, port, INFER_PATH, b, h) for b, h in bodies]
+    size = spec["size"]
+    # The shape and path of another server's API (bench.peers); the v2 infer request by default.
+    shape = spec.get("shape") or ("v2-binary" if spec["binary"] else "v2")
+    path = spec.get("path") or INFER_PATH
+    starts = range(0, 2048 - size, max(1, size))
+    bodies = [request_body(shape, texts[i : i + size]) for i in starts][:256]
+    requests = [raw_request(host, port, path, b, h) for b, h in bodies]
     warmup = float(spec.get("warmup", 0.0))
     tally = await closed_loop(
         host,

@@ -23,7 +23,9 @@ from model_server.frontend.endpoints.traced import span_name
 from model_server.host_config import HostConfig, parse_load_body, slot_config
 from modelpool_contract import tracing
 from modelpool_contract.api import ModelPoolSpec
-from modelpool_gateway.app import traced_route
+from modelpool_contract.flags import DEFAULT_SAMPLE_RATIO
+from modelpool_gateway.app import admission_attributes, route_attributes, traced_route
+from modelpool_gateway.state import Worker
 from modelpool_operator.effects.resources import PodSettings, server_args, tracing_flags
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -34,7 +36,7 @@ CLIENT = f"00-{TRACE}-{CLIENT_SPAN}-01"
 @pytest.fixture
 def exported() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    assert tracing.setup("test", None, processor=SimpleSpanProcessor(exporter))
+    assert tracing.setup("test", None, 1.0, processor=SimpleSpanProcessor(exporter))
     yield exporter
     tracing.shutdown()
 
@@ -156,6 +158,24 @@ def test_pure_pieces() -> None:
     assert span_name("POST", "embeddings", "/v1/embeddings") == "POST /v1/embeddings"
 
 
+def test_the_gateways_key_check_and_routing_choice_are_attributes() -> None:
+    """What the gateway's server span and relay spans carry instead of spans of their own."""
+    admitted = {"modelpool.admission": "admitted", "modelpool.key": "keys/team"}
+    assert admission_attributes("keys/team", None) == admitted
+    assert admission_attributes("", "missing_key") == {"modelpool.admission": "missing_key"}
+    worker = Worker("ns", "gen-0", "gen", "10.0.0.1", 8000, True, True, False)
+    assert route_attributes("ns/gen", worker, 1, "spilled") == {
+        "modelpool.pool": "ns/gen",
+        "modelpool.worker": "gen-0",
+        "modelpool.tried": 1,
+        "server.address": "10.0.0.1",
+        "server.port": 8000,
+        "modelpool.prefix": "spilled",
+    }
+    none = {"modelpool.pool": "ns/gen", "modelpool.worker": "", "modelpool.tried": 0}
+    assert route_attributes("ns/gen", None, 0, None) == none
+
+
 def test_the_operator_passes_the_endpoint_only_when_set() -> None:
     spec = ModelPoolSpec.model_validate(
         {"model": {"source": "/m", "task": "text-embedding"}, "resources": {"memory": "1Gi"}}
@@ -179,3 +199,25 @@ def test_a_shared_hosts_models_trace_with_the_hosts_settings() -> None:
     model = slot_config(host, "m", settings, 0)
     assert (model.otlp_endpoint, model.trace_sample_ratio) == ("http://c:4318", 0.5)
     assert slot_config(HostConfig(device_memory="8Gi"), "m", settings, 0).otlp_endpoint is None  # type: ignore[arg-type]
+
+
+def test_at_the_default_ratio_a_sampled_traceparent_is_always_followed() -> None:
+    """Traces on at the default ratio (0.1): a request that comes with a sampled ``traceparent`` is
+    traced whatever the ratio (ParentBased), and 1,000 without one are sampled near one in ten."""
+    exporter = InMemorySpanExporter()
+    assert DEFAULT_SAMPLE_RATIO == 0.1
+    assert tracing.setup("test", None, processor=SimpleSpanProcessor(exporter))
+    try:
+        for _ in range(20):
+            with tracing.server_span("POST x", [(b"traceparent", CLIENT.encode())], {}):
+                pass
+        followed = len(exporter.get_finished_spans())
+        exporter.clear()
+        for _ in range(1000):
+            with tracing.server_span("POST x", [], {}):
+                pass
+        sampled = len(exporter.get_finished_spans())
+    finally:
+        tracing.shutdown()
+    assert followed == 20
+    assert 40 <= sampled <= 180  # trace ids are random: 100 expected, far outside these bounds never

@@ -24,6 +24,14 @@ Admission in tokens (the manager's sharp edges made impossible): each request re
 400 with the numbers; one that does not fit beside the running ones is 429 with Retry-After.  A cancelled
 request's reservation is released only once the manager has dropped it (its blocks are free then).
 
+Prefix sharing (``--prefix-sharing``, on by default; ``prefix_cache.py``): the manager keeps the full
+blocks of 32 tokens a request computed, hashed by their tokens, and a later request whose prompt starts
+with them takes them instead of prefilling them again (a shared system prompt is computed once).  The
+admission above stays exact: a request's blocks, shared or not, are at most its reservation, and blocks
+kept for reuse that nobody references count as free (evicted, least recently released first, when a
+request needs the room).  Off for a model with LoRA adapters (blocks are hashed on tokens alone, so one
+adapter's prefix would be reused for another).
+
 Per request: ``max_tokens``, ``stop``, ``temperature`` (0 is greedy: the lowest temperature and a
 ``top_p`` of 0 keep only the most likely token, as ``generate``'s greedy search does), ``top_p``.
 Global (the manager's): sampling itself and its random generator, so ``seed`` is refused with 400 by
@@ -54,6 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from model_server.engine.adapters import BASE, AdapterBank
+from model_server.engine.prefix_cache import PrefixCache
 from model_server.errors import InferenceError, InvalidInput, Overloaded, ServerError, is_fatal_device_error
 from model_server.tasks.base import Emitter, GenerationItem, GenerationParams, GenerationResult
 from model_server.tasks.generation import Detokenizer, StopText, check_context, eos_ids
@@ -261,7 +270,14 @@ class BatchingEngine:
 
     name = BATCHING
 
-    def __init__(self, task: GenerativeModel, manager: Any, capacity: int, on_fatal: Callable[[str], None]):
+    def __init__(
+        self,
+        task: GenerativeModel,
+        manager: Any,
+        capacity: int,
+        on_fatal: Callable[[str], None],
+        prefix: PrefixCache | None = None,
+    ):
         self._task = task
         self._tokenizer = task._tokenizer
         self._manager = manager
@@ -284,6 +300,7 @@ class BatchingEngine:
         self._adapters: AdapterBank | None = task.adapters
         self._adapter_of: dict[str, str] = {}  # request id -> its adapter (read by the manager's thread)
         self._loading: set[Any] = set()  # units waiting for their adapters to load
+        self.prefix = prefix  # prefix sharing's hooks on the manager's cache (None: sharing off)
         if self._adapters is not None:
             self._adapters.batch_names = self._batch_adapters
 
@@ -309,6 +326,7 @@ class BatchingEngine:
             "waiting": len(scheduler.waiting_requests) if scheduler else 0,
             "waiting_order": len(scheduler.waiting_requests_order) if scheduler else 0,
             "to_cancel": len(scheduler._requests_to_cancel) if scheduler else 0,
+            # Blocks kept for a prefix count as free (``PrefixCache``): nobody holds them.
             "free_cache_bytes": int(cache.compute_free_capacity(relative=False)) if cache else 0,
             "block_tables": sum(len(a.block_table) for a in cache.cache_allocators.values()) if cache else 0,
             "outputs_queued": self._manager.output_router.output_queue.qsize(),
@@ -434,6 +452,8 @@ class BatchingEngine:
 
     def _release(self, rid: str) -> None:
         """The manager no longer holds request ``rid``: its adapter's pin goes."""
+        if self.prefix is not None:
+            self.prefix.hits.pop(rid, None)
         name = self._adapter_of.pop(rid, None)
         if name is not None and self._adapters is not None:
             self._adapters.release(name)
@@ -551,6 +571,9 @@ class BatchingEngine:
             return
         if job.last_token is None:
             metrics.first_token.observe(now - job.unit.arrived)
+            metrics.prompt_tokens.inc(job.prompt_tokens)
+            if self.prefix is not None:  # the prefill is over: its match is known
+                metrics.prefix_hit_tokens.inc(self.prefix.hits.pop(job.rid, 0))
         else:
             gap = (now - job.last_token) / new
             for _ in range(new):
@@ -677,9 +700,11 @@ def attach(
     trust_remote_code: bool,
     kv_tokens: int | None,
     on_fatal: Callable[[str], None],
+    prefix_sharing: bool = True,
 ) -> BatchingEngine | None:
     """The batching engine for a loaded task when it can serve the model (on the inference thread, after
-    the warm-up), else None (the serial path).  ``choice`` ``batching`` makes a refusal a load failure."""
+    the warm-up), else None (the serial path).  ``choice`` ``batching`` makes a refusal a load failure;
+    ``prefix_sharing`` (``--prefix-sharing``) reuses prompts' cached prefixes, except with adapters."""
     from model_server.tasks.text_generation import TextGenerationTask
 
     if choice == "serial" or not isinstance(task, TextGenerationTask):
@@ -688,7 +713,10 @@ def attach(
     engine = None
     if why is None:
         try:
-            engine = _start(task, device, kv_cache_tokens(task, device, kv_tokens), on_fatal)
+            sharing = prefix_sharing and task.adapters is None
+            if prefix_sharing and not sharing:
+                log.info("generation: prefix sharing off: blocks are hashed on tokens, not on the adapter")
+            engine = _start(task, device, kv_cache_tokens(task, device, kv_tokens), on_fatal, sharing)
         except Exception as exc:  # a family the manager refuses: the serial path serves it
             why = f"{type(exc).__name__}: {exc}"
     if engine is not None:
@@ -699,8 +727,11 @@ def attach(
     return None
 
 
-def _start(task: Any, device: str, capacity: int, on_fatal: Callable[[str], None]) -> BatchingEngine:
-    """Create and start the manager, then probe it: two greedy tokens must equal ``generate``'s."""
+def _start(
+    task: Any, device: str, capacity: int, on_fatal: Callable[[str], None], sharing: bool
+) -> BatchingEngine:
+    """Create and start the manager, then probe it: two greedy tokens must equal ``generate``'s.  With
+    ``sharing``, the cache gets prefix sharing's hooks once the probe has made it."""
     import torch
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -723,7 +754,9 @@ def _start(task: Any, device: str, capacity: int, on_fatal: Callable[[str], None
         num_blocks=pages(capacity),
         max_batch_tokens=MAX_BATCH_TOKENS,
         per_request_processors=True,
-        allow_block_sharing=False,  # a finished request's blocks go back to the free pool at once
+        # On: full blocks are hashed and kept for the next request with the same prefix (PrefixCache).
+        # Off: a finished request's blocks go back to the free pool at once.
+        allow_block_sharing=sharing,
         use_async_batching=False,  # a cancelled request leaves between two iterations, never during one
         # A graph would replay the first batch's adapter assignment (Python hooks do not run in a replay).
         use_cuda_graph=False if not device.startswith("cuda") or task.adapters is not None else None,
@@ -747,8 +780,16 @@ def _start(task: Any, device: str, capacity: int, on_fatal: Callable[[str], None
         except Exception:
             manager.stop(block=True, timeout=5.0, hard_stop=True)
             raise
-    log.info("generation: continuous batching, KV cache %d tokens in pages of %d", capacity, PAGE_TOKENS)
-    return BatchingEngine(task, manager, pages(capacity) * PAGE_TOKENS, on_fatal)
+    # The probe's batch made the cache; the manager keeps that cache across a restart of its loop.
+    cache = manager.batch_processor.cache
+    prefix = PrefixCache.install(cache) if cache.use_prefix_sharing else None
+    log.info(
+        "generation: continuous batching, KV cache %d tokens in pages of %d, prefix sharing %s",
+        capacity,
+        PAGE_TOKENS,
+        "on" if prefix is not None else "off",
+    )
+    return BatchingEngine(task, manager, pages(capacity) * PAGE_TOKENS, on_fatal, prefix)
 
 
 def _probe(manager: Any, ids: list[int], want: list[int]) -> None:

@@ -263,6 +263,7 @@ class InferenceProcess:
             view.set(Field.SLEEP_FREED_BYTES, worker.last_sleep.freed)
         if worker.last_wake_seconds is not None:
             view.set(Field.WAKE_SECONDS, worker.last_wake_seconds)
+        view.set(Field.WAKES, worker.wakes)
 
     def _begin_drain(self) -> None:
         """Evicting (readiness fails, new requests 503), finish what was admitted, Dead, exit 0."""

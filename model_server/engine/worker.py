@@ -134,6 +134,7 @@ class Worker:
         self._sleep_lock = asyncio.Lock()  # one sleep or wake at a time; a unit waits for it
         self.last_sleep: parking.Parked | None = None
         self.last_wake_seconds: float | None = None
+        self.wakes = 0  # wakes completed
 
     # ---- loading ------------------------------------------------------------------------------------
 
@@ -188,6 +189,7 @@ class Worker:
                 device=self.device,
                 dtype=self.config.dtype,
                 trust_remote_code=self.config.trust_remote_code,
+                runtime=self.config.runtime,
             )
         )
         self.adapters = attach_adapters(task, self.config)
@@ -203,6 +205,7 @@ class Worker:
             trust_remote_code=self.config.trust_remote_code,
             kv_tokens=self.config.kv_cache_tokens,
             on_fatal=lambda reason: self.fail(EXIT_DEVICE_FAILED, reason),
+            prefix_sharing=self.config.prefix_sharing,
         )
         # The model, torch and transformers leave about half a million long-lived objects behind. A
         # full garbage collection walks all of them and stops the inference process's event loop (its
@@ -282,6 +285,7 @@ class Worker:
                 self.fail(EXIT_DEVICE_FAILED, f"wake failed: {type(exc).__name__}: {exc}")
                 raise
             self.last_wake_seconds = time.monotonic() - started
+            self.wakes += 1
             return self.last_wake_seconds
 
     async def _back_awake(self, reason: str) -> None:
@@ -302,6 +306,7 @@ class Worker:
             trust_remote_code=self.config.trust_remote_code,
             kv_tokens=self.config.kv_cache_tokens,
             on_fatal=lambda reason: self.fail(EXIT_DEVICE_FAILED, reason),
+            prefix_sharing=self.config.prefix_sharing,
         )
 
     # ---- failure ------------------------------------------------------------------------------------

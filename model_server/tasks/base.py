@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from model_server.errors import InvalidInput
+from modelpool_contract.flags import EncoderRuntime
 from modelpool_contract.tasks import TaskName
 
 # KServe v2 datatypes used by the tasks.
@@ -50,6 +51,8 @@ class LoadOptions:
     device: str  # "cpu" or "cuda" or "cuda:N" (already resolved from "auto" by the worker)
     dtype: str  # "auto" | "float32" | "float16" | "bfloat16"
     trust_remote_code: bool = False
+    #: What an encoder's forward pass runs on (text-embedding; the other tasks run on torch).
+    runtime: EncoderRuntime = "torch"
 
 
 # ---- items (inputs) and results (outputs) per task -------------------------------------------------------

@@ -32,6 +32,7 @@ from model_server.tasks.base import (
     decode_text,
     require_tensor,
 )
+from model_server.tasks.encoder_runtime import Forward, encoder_forward
 
 TEXT = TensorSpec("text", "BYTES", (-1,))
 EMBEDDING = TensorSpec("embedding", "FP32", (-1, -1))
@@ -135,6 +136,7 @@ class TextEmbeddingTask(Task[TextItem, Embedding]):
 
     def __init__(self) -> None:
         self._model: Any = None
+        self.forward: Forward | None = None
         self._tokenizer: Any = None
         self._torch: Any = None
         self._device = "cpu"
@@ -162,6 +164,9 @@ class TextEmbeddingTask(Task[TextItem, Embedding]):
             use_safetensors=any(options.path.glob("*.safetensors")) or None,
         )
         self._model = model.to(options.device).eval()
+        names = getattr(self._tokenizer, "model_input_names", None) or ["input_ids", "attention_mask"]
+        inputs = tuple(n for n in ("input_ids", "attention_mask", "token_type_ids") if n in names)
+        self.forward = encoder_forward(options.runtime, self._model, options.device, inputs)
         limits = [
             st_max,
             getattr(model.config, "max_position_embeddings", None),
@@ -179,7 +184,8 @@ class TextEmbeddingTask(Task[TextItem, Embedding]):
         return len(item.text)
 
     def run(self, items: Sequence[TextItem], emit: Emitter | None = None) -> list[Embedding]:
-        torch = self._torch
+        torch, forward = self._torch, self.forward
+        assert forward is not None, "run before load"
         texts = [item.text for item in items]
         # One tokenizer call for the whole unit (the fast tokenizer parallelises it internally).
         enc = self._tokenizer(texts, truncation=True, max_length=self._max_len, padding=False)
@@ -212,14 +218,11 @@ class TextEmbeddingTask(Task[TextItem, Embedding]):
                     mask[row, :n] = 1
                     if type_ids is not None and types is not None:
                         type_ids[row, :n] = types[i]
-                batch = {
-                    "input_ids": torch.from_numpy(input_ids).to(self._device),
-                    "attention_mask": torch.from_numpy(mask).to(self._device),
-                }
+                batch = {"input_ids": input_ids, "attention_mask": mask}
                 if type_ids is not None:
-                    batch["token_type_ids"] = torch.from_numpy(type_ids).to(self._device)
-                hidden = self._model(**batch).last_hidden_state
-                array = self._pool(hidden, batch["attention_mask"]).float().cpu().numpy()
+                    batch["token_type_ids"] = type_ids
+                hidden = forward.hidden(batch)
+                array = self._pool(hidden, torch.from_numpy(mask).to(hidden.device)).float().cpu().numpy()
                 for row, i in enumerate(group):
                     out[i] = Embedding(array[row], tokens=lengths[i], truncated=i in truncated)
         return [e for e in out if e is not None]

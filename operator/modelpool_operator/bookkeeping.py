@@ -276,6 +276,11 @@ class HostRun:
     # The last placing's ``retry_in``: the daemon's next pass comes no later (a model turning old
     # enough to sleep for a pool left short).
     retry_in: float | None = None
+    # The host pods the last pass saw Ready (``planner.disrupted.budgeted``), and the names held since a
+    # drain evicted one of them (name -> since when): its replacement, of the same name, waits while the
+    # ModelHost's PodDisruptionBudget still records the name (``planner.disrupted.still_listed``).
+    budgeted: frozenset[str] = frozenset()
+    disrupted: dict[str, datetime] = field(default_factory=dict)
 
 
 @dataclass
@@ -289,8 +294,10 @@ class PoolRun:
     # while the pool is being created may be written (``effects.apply.write_status``; None: none held).
     status_written_at: float | None = None
     status_due: float | None = None
-    # The Normal Events of the passes whose status was held back: posted with the next status write.
+    # The Normal Events held back while the status was, or the pool was being created (posted with a later
+    # pass's, ``effects.apply.post_events``), and since when (monotonic; None: none held).
     held_events: list[Event] = field(default_factory=list)
+    events_held_at: float | None = None
     # The Service this process last wrote (None: none yet, the last write failed, or it was removed).
     service: dict[str, Any] | None = None
     # The NetworkPolicy this process last wrote (None: none yet, or the last write failed): written again
@@ -321,6 +328,11 @@ class PoolRun:
     # the planner gives them to no worker. Forgotten past ``TAKEN_NAMES_MAX`` (a name freed meanwhile may
     # then be tried again; one still taken is found again).
     taken_names: set[str] = field(default_factory=set)
+    # The workers the last pass saw Ready and serving (``planner.disrupted.budgeted``), and the names held
+    # since a drain evicted one of them (name -> since when; ``planner.disrupted.held_names``): no new
+    # worker takes a held name while the pool's PodDisruptionBudget may still count it as evicted.
+    budgeted: frozenset[str] = frozenset()
+    disrupted: dict[str, datetime] = field(default_factory=dict)
     # Since when each worker has claimed to be busy, pass after pass (``observe.claims``; re-learned from
     # the last status after a restart).
     claims: Mapping[str, BusyClaim] = field(default_factory=dict)

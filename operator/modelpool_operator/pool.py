@@ -28,7 +28,7 @@ from modelpool_contract.api import (
     parse_pool_status,
 )
 from modelpool_contract.demand import Demand
-from modelpool_contract.flags import IDLE_AFTER_S
+from modelpool_contract.flags import IDLE_AFTER_S, runtime_setting
 from modelpool_contract.host_control import LoadConfig
 from modelpool_contract.times import parse_time
 from modelpool_operator.observe.worker_state import ObservedWorker
@@ -209,5 +209,6 @@ def host_load_settings(spec: ModelPoolSpec) -> dict[str, Any]:
         request_timeout=spec.queue.request_timeout_seconds,
         memory=spec.resources.memory_bytes,
         trust_remote_code=True if spec.model.trust_remote_code else None,
+        runtime=runtime_setting(spec.model.runtime),
     )
     return config.model_dump(exclude_none=True)

@@ -13,8 +13,10 @@ failed API request never ends a pass (``effects.apply``).
 
 Everything read here is rebuilt from the cluster (Kopf's indices of pods, pools and budgets); the only
 in-memory state is the reservation book, the last status this process wrote (we are its one writer,
-so that copy is authoritative even before the watch delivers it back) and each pool's load window (the
-autoscaler's recent samples, re-learned after a restart).
+so that copy is authoritative even before the watch delivers it back), each pool's load window (the
+autoscaler's recent samples, re-learned after a restart) and the worker names a drain's eviction still
+holds in the pool's PodDisruptionBudget (``planner.disrupted``: forgotten at a restart, when a replacement
+may wait for the budget as it did before).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from modelpool_operator.observe.observation import (
 from modelpool_operator.observe.ownership import worker_charges
 from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.planner import CounterSample, LoadSample, Plan, PlannerSettings, plan
+from modelpool_operator.planner.disrupted import budgeted, held_names
 from modelpool_operator.policy import violations
 from modelpool_operator.pool import PoolKey, PoolView
 from modelpool_operator.reconcile_shared import shared_pass
@@ -189,6 +192,8 @@ async def reconcile_pool(
         now = datetime.now(UTC)
         workers = observe(services, book, pods_by_pool, own=pool.key, now=now)
         believe_own(book, run, workers, pool, now, grace_s=services.config.processing_grace_seconds)
+        own = workers.get(pool.key, [])
+        run.disrupted = held_names(run.budgeted, {w.name: w.deleting for w in own}, run.disrupted, now)
         decided = decide(
             pool,
             workers,
@@ -199,11 +204,15 @@ async def reconcile_pool(
             now=now,
             load_window=run.load_window,
             counters=run.counters,
-            taken=frozenset(run.taken_names),
+            # A name a drain's eviction still holds in the pool's budget is no more free than a taken one.
+            taken=frozenset({*run.taken_names, *run.disrupted}),
         )
         run.load_window, run.counters = decided.load_window, decided.counters
+        # What this pass removes leaves the budget's selector first (or never served): not a drain's.
+        removed = {e.name for e in decided.evict} | {d.name for d in decided.delete}
+        run.budgeted = budgeted(own) - removed
         # Not held while the requests are in flight: every pool's observed workers, per pass.
-        del workers
+        del workers, own
         if await apply(decided, services, book, run=run, pool=pool, body=body, now=now):
             outcome.result = "error"
         settle_soon(services, book, indexed=in_index(pods_by_pool))

@@ -4,7 +4,9 @@ whole pass (``planner.host_pass.plan_host_pass``, pure: the host pods to make an
 pools' models to load, unload and put to sleep on them), then apply it (``effects.hosts``,
 ``effects.host_models``); and a deleted shared pool's model unloaded before the pool goes. The shared
 pools' own passes (``reconcile_shared``) decide how many host pods should hold each model; this pass
-decides where, in one place per ModelHost, so no two pools race on one host.
+decides where, in one place per ModelHost, so no two pools race on one host. Before the observation, the
+names of host pods a drain evicted are held while the ModelHost's PodDisruptionBudget still records them
+(``hold_disrupted``, ``planner.disrupted``): a replacement of such a name would count for nothing there.
 
 As in ``reconcile``, everything between reading the indices and recording the reservations is synchronous:
 no pool or host plans in between, so the budget is never over-admitted.
@@ -29,7 +31,7 @@ from modelpool_operator.effects.host_models import (
     derived_control_key,
     unload_everywhere,
 )
-from modelpool_operator.effects.hosts import apply_host
+from modelpool_operator.effects.hosts import apply_host, disrupted_pods
 from modelpool_operator.effects.resources import host_pod_template_hash
 from modelpool_operator.host import HostView, host_charge_key, host_pod_name
 from modelpool_operator.indices import BudgetsByName, PoolsByKey
@@ -47,6 +49,7 @@ from modelpool_operator.observe.ownership import owned_by
 from modelpool_operator.observe.stats import stats_url
 from modelpool_operator.placement.charge import host_charge
 from modelpool_operator.planner import Event
+from modelpool_operator.planner.disrupted import budgeted, held_names, still_listed
 from modelpool_operator.planner.host_models import SharedPool
 from modelpool_operator.planner.host_pass import HostObservation, HostPassPlan, plan_host_pass
 from modelpool_operator.planner.shared_scale import SharedCount
@@ -60,6 +63,9 @@ logger = logging.getLogger(__name__)
 
 #: How long a load that ended is held in flight while the host pod's /stats does not list the model yet.
 LANDED_S = 60.0
+#: While a drained host pod's name is held (``hold_disrupted``), the next pass comes no later than this:
+#: the disruption controller drops the name as soon as it sees the old pod gone (seconds).
+HELD_RETRY_S = 1.0
 
 
 def observe_host(
@@ -107,10 +113,24 @@ def observe_host(
         devices=dict(run.devices),
         loaded=dict(run.loaded),
         backoff=frozenset(run.backoff),
+        held=frozenset(run.disrupted),
         now=time.time(),
         # A host pod a call has just changed has its /stats being refetched (StatsScraper.invalidate).
         refetching=any(services.scraper.pending(p) for p in owned),
     )
+
+
+async def hold_disrupted(
+    services: Services, run: HostRun, host: HostView, listed: Iterable[Mapping[str, Any]], now: datetime
+) -> None:
+    """The host pod names a drain's eviction still holds (``planner.disrupted``): those seen Ready at the
+    last pass and now gone or being deleted, kept only while the ModelHost's PodDisruptionBudget, read now
+    (before the pass's observation: from there to the reservations nothing is awaited), records them. Read
+    only while a name is held (a drain under way); a failed read keeps them held, up to the timeout."""
+    present = {pod_name(p): bool((p.get("metadata") or {}).get("deletionTimestamp")) for p in listed}
+    held = held_names(run.budgeted, present, run.disrupted, now)
+    recorded = await disrupted_pods(services, host) if held else None
+    run.disrupted = held if recorded is None else still_listed(held, recorded, now)
 
 
 def forget_ended(run: HostRun, stats: HostReports) -> None:
@@ -163,6 +183,7 @@ async def reconcile_host(
             tell(services, body, Event("Warning", POLICY_VIOLATION, run.forbidden))
     now = datetime.now(UTC)
     owned = owned_pods(host, pods_by_pool)
+    await hold_disrupted(services, run, host, pods_by_pool.get(host.charge_key, ()), now)
     observed = observe_host(
         services,
         book,
@@ -177,6 +198,8 @@ async def reconcile_host(
     # Synchronous from the observation to the reservations, as a pool's ``decide``: no pool or host plans
     # in between, so the budget is never over-admitted.
     planned = plan_host_pass(observed)
+    # What this pass deletes is not a drain's eviction (``planner.disrupted``).
+    run.budgeted = budgeted(observed.pods, labelled=False) - set(planned.pods.delete)
     for index in planned.pods.create:
         book.reservations.reserve(
             host.namespace, host.charge_key[1], host_pod_name(host, index), host_charge(host.spec), now
@@ -188,6 +211,8 @@ async def reconcile_host(
     if run.secret_failure is not None:  # the control key Secret's next try: the next pass comes no later
         wait = max(run.secret_retry_at - time.monotonic(), 0.0)
         run.retry_in = wait if run.retry_in is None else min(run.retry_in, wait)
+    if run.disrupted:  # a drained host pod's replacement waits for its budget: asked again soon
+        run.retry_in = HELD_RETRY_S if run.retry_in is None else min(run.retry_in, HELD_RETRY_S)
     settle_soon(services, book, indexed=in_index(pods_by_pool))
     return planned
 

@@ -17,7 +17,13 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from modelpool_contract.api import CacheType, MissingBudget, ModelCacheSpec, parse_budget_spec
-from modelpool_contract.flags import DEFAULT_SERVER_IMAGE, DEFAULT_WORKER_CPU, WORKER_PORT, WORKER_PROBE_PORT
+from modelpool_contract.flags import (
+    DEFAULT_SAMPLE_RATIO,
+    DEFAULT_SERVER_IMAGE,
+    DEFAULT_WORKER_CPU,
+    WORKER_PORT,
+    WORKER_PROBE_PORT,
+)
 from modelpool_contract.labels import LABEL_POOL, PREFIX
 from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.quantity import QuantityError, quantity_value
@@ -105,6 +111,16 @@ class OperatorConfig(BaseSettings):
     )
 
     # --- reconciliation ----------------------------------------------------------------------------
+    creating_status_interval_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description=(
+            "While a pool only waits for Pending workers to be scheduled and started, its status is written "
+            "at most this often (its first write, a worker loading or failing, and the pool settled are "
+            "written at once): fewer API writes while the scheduler and the kubelets are busiest. 0: every "
+            "change at once."
+        ),
+    )
     resync_interval_seconds: float = Field(
         default=10.0,
         gt=0,
@@ -148,7 +164,7 @@ class OperatorConfig(BaseSettings):
         ),
     )
     worker_trace_sample_ratio: float = Field(
-        default=1.0,
+        default=DEFAULT_SAMPLE_RATIO,
         ge=0.0,
         le=1.0,
         description=(

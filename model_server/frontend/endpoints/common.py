@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from model_server.errors import InvalidInput, ModelNotFound, ModelNotReady, ServerError, UnsupportedOperation
+from model_server.frontend.access_log import note_model
 from model_server.frontend.server import ModelServer
 
 log = logging.getLogger("modelpool.http")
@@ -96,10 +97,13 @@ async def disconnect_watch(request: Request) -> AsyncIterator[asyncio.Event]:
 
 def check_model(server: ModelServer, name: str | None, *, adapters: bool = False) -> str | None:
     """404 for a model name this server does not serve (None/empty = the served model); with ``adapters``
-    (the OpenAI generation routes) the LoRA adapter the name selects (None: the base model)."""
+    (the OpenAI generation routes) the LoRA adapter the name selects (None: the base model).  The model
+    served goes on the request's access line (``access_log.note_model``)."""
     if not name or name == server.config.served_name:
+        note_model(server.config.served_name)
         return None
     if adapters and name in server.config.adapters:
+        note_model(name)
         return name
     raise ModelNotFound(
         f"model {name!r} is not served here; this server serves {server.config.served_name!r}"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -43,7 +43,7 @@ from modelpool_operator.effects.resources import build_service, build_worker_pod
 from modelpool_operator.host import HostView
 from modelpool_operator.planner import Event, Evict, Plan
 from modelpool_operator.planner.status import condition
-from modelpool_operator.planner.status_pace import creating, pace_events, status_delay
+from modelpool_operator.planner.status_pace import creating, hold_events, pace_events, status_delay
 from modelpool_operator.pool import PoolView
 from modelpool_operator.services import Services, pod_settings, policy_settings
 
@@ -106,13 +106,13 @@ async def apply(
     wire = status.model_dump(mode="json", by_alias=True)
     previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
     patch = merge_patch(previous, wire)
-    await write_status(services, run, pool, patch, wire, creating=creating(status))
+    is_creating = creating(status)
+    await write_status(services, run, pool, patch, wire, creating=is_creating)
     services.metrics.pool_written(run.key, pool.status, status)
+    was_creating = run.last_status is not None and creating(run.last_status)
     # The planner's next pass starts from this status, written or held back (``write_status``).
     run.last_status = status
-    post, run.held_events = pace_events(run.held_events, plan.events, deferred=run.status_due is not None)
-    for event in post:
-        services.events.post(body, event)
+    post_events(services, run, body, plan.events, creating=is_creating, was_creating=was_creating)
     _tell_failures(services, run, body, failed)
     _note_budget(book, run, status)
     return failed
@@ -132,7 +132,8 @@ async def write_status(
     next write's patch, against the last written status (``run.last_status_wire``), carries it."""
     now = time.monotonic()
     since = None if run.status_written_at is None else now - run.status_written_at
-    delay = status_delay(changed=bool(patch), creating=creating, since_write=since)
+    interval = services.config.creating_status_interval_seconds
+    delay = status_delay(changed=bool(patch), creating=creating, since_write=since, interval=interval)
     run.status_due = delay or None
     if delay is None:  # unchanged: the status there is this one
         run.last_status_wire = wire
@@ -140,6 +141,31 @@ async def write_status(
         return
     await services.kube.patch_pool_status(pool.namespace, pool.name, dict(patch))
     run.last_status_wire, run.status_written_at = wire, now
+
+
+def post_events(
+    services: Services,
+    run: PoolRun,
+    body: Mapping[str, Any],
+    events: Sequence[Event],
+    *,
+    creating: bool,
+    was_creating: bool,
+) -> None:
+    """Post the pass's Events, or hold its Normal ones while its status is held or the pool is being
+    created (``planner.status_pace.hold_events``): they go with a later pass's, one per reason."""
+    now = time.monotonic()
+    held_for = None if run.events_held_at is None else now - run.events_held_at
+    hold = hold_events(
+        deferred=run.status_due is not None, creating=creating, was_creating=was_creating, held_for=held_for
+    )
+    post, run.held_events = pace_events(run.held_events, events, hold=hold)
+    if not run.held_events:
+        run.events_held_at = None
+    elif run.events_held_at is None:
+        run.events_held_at = now
+    for event in post:
+        services.events.post(body, event)
 
 
 async def start_eviction(

@@ -3,7 +3,9 @@ derived from the operator's seed, ``control_keys``; never read back), the host p
 create (their reservations end as a worker's do: ``effects.apply``), the host pods' NetworkPolicy
 (``effects.apply.ensure_host_network_policy``) and PodDisruptionBudget
 (``effects.apply.ensure_host_disruption_budget``), the status (with the ApiError condition, as a pool's), and
-Warning Events: the budget holding host pods back, and each failed request when it is new.
+Warning Events: the budget holding host pods back, and each failed request when it is new. And the one
+read of a pass: the ModelHost's PodDisruptionBudget's record of evicted pods (``disrupted_pods``), while a
+drained host pod's name is held (``reconcile_host.hold_disrupted``).
 
 A Secret of the control key's name that is not the ModelHost's (someone made it first, with a key they
 know: ``effects.kube.ensure_control_key_secret``) is NameTaken: no host pod is created while it lasts
@@ -16,6 +18,7 @@ Nothing here decides: ``reconcile_host.reconcile_host`` planned the pass and rec
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -32,6 +35,7 @@ from modelpool_operator.effects.apply import (
 )
 from modelpool_operator.effects.attempts import NAME_TAKEN, ApiFailure, attempt
 from modelpool_operator.effects.kube import NameTakenError, describe_error, merge_patch
+from modelpool_operator.effects.network_policy import host_policy_name
 from modelpool_operator.effects.resources import build_control_key_secret, build_host_pod
 from modelpool_operator.host import HostView, host_pod_name
 from modelpool_operator.planner import Event
@@ -39,6 +43,18 @@ from modelpool_operator.planner.hosts import HostPlan
 from modelpool_operator.planner.phases import backoff_delay
 from modelpool_operator.pool import PoolKey
 from modelpool_operator.services import Services, pod_settings
+
+logger = logging.getLogger(__name__)
+
+
+async def disrupted_pods(services: Services, host: HostView) -> dict[str, datetime] | None:
+    """The ModelHost's PodDisruptionBudget's ``status.disruptedPods`` now (``planner.disrupted``); None when
+    it could not be read (the answer went to the API error hook; the next pass asks again)."""
+    try:
+        return await services.kube.disrupted_pods(host.namespace, host_policy_name(host.name))
+    except Exception as exc:
+        logger.info("ModelHost %s/%s: its PodDisruptionBudget unread: %s", host.namespace, host.name, exc)
+        return None
 
 
 async def ensure_control_key(

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 from typing import Any, Protocol
 
 from kubernetes_asyncio import client, config
@@ -148,6 +149,7 @@ class KubeApi(Protocol):
         self, namespace: str, name: str, grace_period_seconds: int | None = None
     ) -> bool: ...
     async def pod_exists(self, namespace: str, name: str) -> bool: ...
+    async def disrupted_pods(self, namespace: str, name: str) -> dict[str, datetime]: ...
     async def ensure_service(self, namespace: str, body: Mapping[str, Any]) -> None: ...
     async def ensure_network_policy(self, namespace: str, body: Mapping[str, Any]) -> None: ...
     async def ensure_disruption_budget(self, namespace: str, body: Mapping[str, Any]) -> None: ...
@@ -353,6 +355,19 @@ class Kube:
             ),
         )
         return bool(listed.items)
+
+    async def disrupted_pods(self, namespace: str, name: str) -> dict[str, datetime]:
+        """The PodDisruptionBudget ``name``'s ``status.disruptedPods`` now (pod name -> when the Eviction
+        API evicted it; empty when the budget is absent or lists none): a list by name, as the RBAC grants
+        (``planner.disrupted``)."""
+        listed = await self._answer(
+            "list_pod_disruption_budgets",
+            self._policy.list_namespaced_pod_disruption_budget(
+                namespace, field_selector=f"metadata.name={name}", _request_timeout=self._timeout
+            ),
+        )
+        status = listed.items[0].status if listed.items else None
+        return dict(status.disrupted_pods or {}) if status is not None else {}
 
     async def ensure_control_key_secret(self, namespace: str, body: Mapping[str, Any]) -> bool:
         """Create a ModelHost's control key Secret; when one of its name exists, write our key into it only

@@ -29,6 +29,7 @@ from modelpool_contract.api import (
 from modelpool_contract.exits import termination_grace_period_s
 from modelpool_contract.flags import (
     CPU_SHARE_ENV,
+    DEFAULT_SAMPLE_RATIO,
     DEFAULT_SERVER_IMAGE,
     DEFAULT_WORKER_CPU,
     DRAIN_TIMEOUT_S,
@@ -38,6 +39,7 @@ from modelpool_contract.flags import (
     WORKER_PORT,
     WORKER_PROBE_PORT,
     ServerArgs,
+    runtime_setting,
 )
 from modelpool_contract.labels import (
     ANNOTATION_EVICTED_IN_STATE,
@@ -103,7 +105,7 @@ class PodSettings:
     # untraced requests they sample. Only passed when set, so pods of an install without traces (and
     # their template hashes) stay as they were.
     otlp_endpoint: str | None = None
-    trace_sample_ratio: float = 1.0
+    trace_sample_ratio: float = DEFAULT_SAMPLE_RATIO
     # The operator's log format, passed on to its workers and host pods (``modelpool_contract.logs``).
     log_format: LogFormat = DEFAULT_LOG_FORMAT
 
@@ -154,6 +156,7 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         adapter=tuple(f"{a.name}={a.source}" for a in spec.adapters) or None,
         max_adapters=spec.max_loaded_adapters if spec.adapters else None,
         engine=spec.engine if spec.engine != DEFAULT_ENGINE else None,
+        runtime=runtime_setting(spec.model.runtime),
     ).argv()
 
 

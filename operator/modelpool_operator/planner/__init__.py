@@ -116,7 +116,8 @@ def plan(
     """Decide one pass for ``pool``.  ``workers`` are this pool's observed workers; ``ledger`` covers every
     pool (this one included) and carries the live reservations; ``others`` are the other pools;
     ``load_window`` and ``counters`` are the previous plan's (empty at first: the windows and the
-    refusal rates are re-learned); ``taken``: worker names someone else's pod holds (never planned)."""
+    refusal rates are re-learned); ``taken``: worker names someone else's pod, or a drain's eviction,
+    holds (never planned)."""
     draft = Draft(
         pool,
         list(workers),

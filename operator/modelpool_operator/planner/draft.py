@@ -215,8 +215,9 @@ class Draft:
     settings: PlannerSettings = field(default_factory=PlannerSettings)
     load_window: Sequence[LoadSample] = ()
     counters: Mapping[str, CounterSample] = field(default_factory=dict)
-    # Worker names an object of someone else's holds (a create met it: ``effects.kube.create_pod``): never
-    # given to a new worker, so the pool makes its workers under other names.
+    # Worker names an object of someone else's holds (a create met it: ``effects.kube.create_pod``), or a
+    # drain's eviction still holds in the pool's PodDisruptionBudget (``planner.disrupted``): never given to
+    # a new worker, so the pool makes its workers under other names.
     taken: frozenset[str] = frozenset()
     # Reservations of this pool whose pods are not observed yet: creations in flight, counted as Pending.
     in_flight: list[Reservation] = field(init=False)

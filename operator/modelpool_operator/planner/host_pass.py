@@ -56,6 +56,8 @@ class HostObservation:
     loaded: Mapping[Slot, str] = field(default_factory=dict)
     backoff: frozenset[Slot] = frozenset()
     now: float | None = None  # Unix seconds (None: no clock: every idle model may sleep)
+    # Host pod names a drain's eviction still holds in the ModelHost's budget: not made again yet.
+    held: frozenset[str] = frozenset()
     refetching: bool = False  # an owned host pod's ``/stats`` predates a call made on it
 
 
@@ -85,7 +87,7 @@ def stale_models(pools: Sequence[SharedPool], reported: Mapping[Slot, tuple[str,
 def plan_host_pass(observed: HostObservation) -> HostPassPlan:
     """The whole pass of a ModelHost over ``observed`` (see the module doc)."""
     host = observed.host
-    pods = plan_host(host, observed.pods, observed.hosts, observed.ledger)
+    pods = plan_host(host, observed.pods, observed.hosts, observed.ledger, held=observed.held)
     doomed = set(pods.delete)
     views = [
         replace(h, accepting=False) if h.name in doomed else h

@@ -3,8 +3,9 @@
 The ModelHost keeps ``spec.replicas`` host pods named ``<host>-0 .. <host>-<replicas-1>``: a missing one is
 created when the ModelBudget admits its charge (``placement.hosts_admitted``: its whole devices, as a
 dedicated worker is charged), a failed or exited one is deleted (the next pass makes it again, once it is
-gone), one beyond ``replicas`` is deleted. The status (``placement.host_status``) lists each host pod with
-its devices and models, and the memory totals the printer columns show.
+gone), one beyond ``replicas`` is deleted. One a drain evicted is made again once its PodDisruptionBudget
+no longer records its name (``held``, ``planner.disrupted``). The status (``placement.host_status``) lists
+each host pod with its devices and models, and the memory totals the printer columns show.
 
 A host pod of an older spec (its template hash label) is replaced by a roll, like a Deployment's with
 ``maxUnavailable: 1`` (and no surge: a replacement takes the same name, so it comes once the old pod is
@@ -78,11 +79,17 @@ def _rolled(host: HostView, pods: Sequence[ObservedWorker], current: str) -> tup
 
 
 def plan_host(
-    host: HostView, pods: Sequence[ObservedWorker], hosts: Sequence[Host], ledger: Ledger
+    host: HostView,
+    pods: Sequence[ObservedWorker],
+    hosts: Sequence[Host],
+    ledger: Ledger,
+    *,
+    held: frozenset[str] = frozenset(),
 ) -> HostPlan:
     """The pass of ``host`` over its observed pods (``hosts``: their ledgers' view, by pod name) and the
     budget's ``ledger`` (which already counts the existing host pods, and reserves those created but not
-    observed yet)."""
+    observed yet). A missing host pod whose name is ``held`` (a drain evicted it and the ModelHost's
+    PodDisruptionBudget still records the name: ``planner.disrupted``) is not made in this pass."""
     replicas = host.spec.replicas
     current = host.template_hash
     delete = sorted(
@@ -93,6 +100,7 @@ def plan_host(
     # observed yet is reserved under it.
     reserved = ledger.by_pool.get(host.charge_key, {})
     present = {_index(host, w.name) for w in pods} | {_index(host, name) for _, name in reserved}
+    present |= {_index(host, name) for name in held}
     missing = [i for i in range(replicas) if i not in present]
     admitted = hosts_admitted(ledger, host_charge(host.spec), len(missing))
     by_name = {h.name: h for h in hosts}

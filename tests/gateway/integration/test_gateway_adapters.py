@@ -11,7 +11,6 @@ preference for workers holding an adapter: tests/gateway/unit/test_gateway_adapt
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,9 +20,8 @@ import openai
 import pytest
 
 from testkit.cluster import Cluster
-from testkit.kubectl import apply, wait_for
-from tests.gateway.integration.gwharness import GENERATION, GatewayProcess, echo_pool
-from tests.operator.integration.opharness import POOLS, OperatorProcess, worker_pods
+from tests.gateway.integration.gwharness import GENERATION, GatewayProcess, echo_pool, serving_stack
+from tests.operator.integration.opharness import worker_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -49,29 +47,10 @@ def _pool(name: str, replicas: int, adapters: list[str]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    namespace = f"gw-lora-{uuid.uuid4().hex[:8]}"
-    crds.kubectl("create", "namespace", namespace)
     logs = tmp_path_factory.mktemp("gateway-adapters")
-    operator = OperatorProcess(crds, [namespace], logs / "operator.log")
-    try:
-        gateway = GatewayProcess(crds, [namespace], logs / "gateway.log")
-    except BaseException:
-        operator.stop()
-        raise
-    try:
-        wait_for(lambda: crds.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
-                 timeout=30, message="default ServiceAccount")  # fmt: skip
-        apply(crds, _pool("llm", 2, ["sql", "poem"]), namespace)
-        apply(crds, _pool("other", 1, ["chat"]), namespace)
-        gateway.wait_ready()
-        for pool, workers in (("llm", 2), ("other", 1)):
-            gateway.wait_serving(pool, workers)
-        yield Setup(crds, namespace, gateway)
-    finally:
-        crds.kubectl("delete", POOLS, "--all", "-n", namespace, "--timeout=60s", check=False)
-        codes = (gateway.stop(), operator.stop())
-        crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        assert codes == (0, 0), f"exit codes (gateway, operator): {codes}\n{gateway.log_tail()}"
+    pools = [(_pool("llm", 2, ["sql", "poem"]), 2), (_pool("other", 1, ["chat"]), 1)]
+    with serving_stack(crds, "gw-lora", logs, pools) as stack:
+        yield Setup(crds, stack.namespace, stack.gateway)
 
 
 def test_an_adapters_request_reaches_its_pool_and_the_worker_applies_it(setup: Setup) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,10 +22,8 @@ import httpx
 import pytest
 
 from testkit.cluster import Cluster
-from testkit.environment import free_port
-from testkit.kubectl import apply, wait_for
-from tests.gateway.integration.gwharness import GatewayProcess, bearer, create_key, echo_pool
-from tests.operator.integration.opharness import POOLS, OperatorProcess
+from testkit.kubectl import wait_for
+from tests.gateway.integration.gwharness import GatewayProcess, bearer, create_key, echo_pool, serving_stack
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -58,35 +55,19 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     # /dev/shm: a directory the test and the process-node worker both see (test_gateway_holds.host_dir).
     shared = Path(tempfile.mkdtemp(prefix="gw-fair-", dir="/dev/shm"))
     gate, record = shared / "open", shared / "record.txt"
-    namespace = f"gwf-{uuid.uuid4().hex[:8]}"
-    crds.kubectl("create", "namespace", namespace)
     logs = tmp_path_factory.mktemp("gateway-fairness")
-    operator = OperatorProcess(
-        crds, [namespace], logs / "operator.log", MODELPOOL_OPERATOR_SERVER_PORT=str(free_port())
-    )
+    env = {"HANDLER_RUN_GATE": str(gate), "HANDLER_RECORD": str(record)}
+    # Autoscaling off; its target per worker (unused) must fit the small queue all the same.
+    off = {"enabled": False, "targetPerWorker": 1}
+    pool = echo_pool(POOL, env=env, queue_capacity=2, max_batch_size=1, autoscaling=off)
     try:
-        gateway = GatewayProcess(crds, [namespace], logs / "gateway.log", "--max-queued-per-key", "50")
-    except BaseException:
-        operator.stop()
-        raise
-    try:
-        wait_for(lambda: crds.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
-                 timeout=30, message="default ServiceAccount")  # fmt: skip
-        env = {"HANDLER_RUN_GATE": str(gate), "HANDLER_RECORD": str(record)}
-        # Autoscaling off; its target per worker (unused) must fit the small queue all the same.
-        off = {"enabled": False, "targetPerWorker": 1}
-        pool = echo_pool(POOL, env=env, queue_capacity=2, max_batch_size=1, autoscaling=off)
-        apply(crds, pool, namespace)
-        gateway.wait_ready()
-        gateway.wait_serving(POOL, 1)
-        yield Setup(crds, namespace, gateway, gate, record)
+        with serving_stack(crds, "gwf", logs, [(pool, 1)], "--max-queued-per-key", "50") as stack:
+            try:
+                yield Setup(crds, stack.namespace, stack.gateway, gate, record)
+            finally:
+                gate.touch()  # nothing left waiting in the worker before the pool goes
     finally:
-        gate.touch()  # nothing left waiting in the worker
-        crds.kubectl("delete", POOLS, "--all", "-n", namespace, "--timeout=60s", check=False)
-        codes = (gateway.stop(), operator.stop())
-        crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         shutil.rmtree(shared, ignore_errors=True)
-        assert codes == (0, 0), f"exit codes (gateway, operator): {codes}\n{gateway.log_tail()}"
 
 
 def _known(gateway: GatewayProcess, key: str) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -23,9 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testkit.cluster import Cluster
-from testkit.kubectl import apply, wait_for
-from testkit.services import POOLS, OperatorProcess
-from tests.gateway.integration.gwharness import GatewayProcess, echo_pool
+from tests.gateway.integration.gwharness import GatewayProcess, echo_pool, serving_stack
 from tests.server.fuzzcases import (
     FUZZ_SETTINGS,
     MODEL,
@@ -65,32 +62,16 @@ def rss(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    namespace = f"gwfuzz-{uuid.uuid4().hex[:8]}"
-    crds.kubectl("create", "namespace", namespace)
     logs = tmp_path_factory.mktemp("gateway-fuzz")
-    operator = OperatorProcess(crds, [namespace], logs / "operator.log")
-    try:
-        gateway = GatewayProcess(
-            crds, [namespace], logs / "gateway.log", "--request-body-timeout-seconds", str(BODY_TIMEOUT_S)
-        )
-    except BaseException:
-        operator.stop()
-        raise
-    try:
-        wait_for(lambda: crds.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
-                 timeout=30, message="default ServiceAccount")  # fmt: skip
-        apply(crds, echo_pool(MODEL, queue_capacity=1000), namespace)
-        gateway.wait_ready()
-        gateway.wait_serving(MODEL, 1)
-        with httpx.Client(base_url=gateway.url, headers=gateway.headers, timeout=30) as client:
-            for case in WARM_UP:
-                assert case.send(client).status_code < 500
-            yield Setup(gateway, client, rss(gateway.proc.pid))
-    finally:
-        crds.kubectl("delete", POOLS, "--all", "-n", namespace, "--timeout=60s", check=False)
-        codes = (gateway.stop(), operator.stop())
-        crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        assert codes == (0, 0), f"exit codes (gateway, operator): {codes}\n{gateway.log_tail()}"
+    pools = [(echo_pool(MODEL, queue_capacity=1000), 1)]
+    flags = ("--request-body-timeout-seconds", str(BODY_TIMEOUT_S))
+    with (
+        serving_stack(crds, "gwfuzz", logs, pools, *flags) as stack,
+        httpx.Client(base_url=stack.gateway.url, headers=stack.gateway.headers, timeout=30) as client,
+    ):
+        for case in WARM_UP:
+            assert case.send(client).status_code < 500
+        yield Setup(stack.gateway, client, rss(stack.gateway.proc.pid))
 
 
 WARM_UP = [

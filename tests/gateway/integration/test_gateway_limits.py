@@ -8,7 +8,6 @@ Nothing waits for a window to pass: the Retry-After is asserted, not waited for.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +19,8 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from testkit.cluster import Cluster
-from testkit.environment import free_port
-from testkit.kubectl import apply, wait_for
-from tests.gateway.integration.gwharness import GatewayProcess, bearer, create_key, echo_pool
-from tests.operator.integration.opharness import POOLS, OperatorProcess
+from testkit.kubectl import wait_for
+from tests.gateway.integration.gwharness import GatewayProcess, bearer, create_key, echo_pool, serving_stack
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -57,29 +54,9 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    namespace = f"gwl-{uuid.uuid4().hex[:8]}"
-    crds.kubectl("create", "namespace", namespace)
     logs = tmp_path_factory.mktemp("gateway-limits")
-    operator = OperatorProcess(
-        crds, [namespace], logs / "operator.log", MODELPOOL_OPERATOR_SERVER_PORT=str(free_port())
-    )
-    try:
-        gateway = GatewayProcess(crds, [namespace], logs / "gateway.log")
-    except BaseException:
-        operator.stop()
-        raise
-    try:
-        wait_for(lambda: crds.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
-                 timeout=30, message="default ServiceAccount")  # fmt: skip
-        apply(crds, echo_pool("emb"), namespace)
-        gateway.wait_ready()
-        gateway.wait_serving("emb", 1)
-        yield Setup(crds, namespace, gateway, logs)
-    finally:
-        crds.kubectl("delete", POOLS, "--all", "-n", namespace, "--timeout=60s", check=False)
-        codes = (gateway.stop(), operator.stop())
-        crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        assert codes == (0, 0), f"exit codes (gateway, operator): {codes}\n{gateway.log_tail()}"
+    with serving_stack(crds, "gwl", logs, [(echo_pool("emb"), 1)]) as stack:
+        yield Setup(crds, stack.namespace, stack.gateway, logs)
 
 
 def _known(gateway: GatewayProcess, key: str) -> None:

@@ -21,10 +21,9 @@ import httpx
 import pytest
 
 from testkit.cluster import Cluster
-from testkit.environment import free_port
-from testkit.kubectl import apply, wait_for
-from tests.gateway.integration.gwharness import GatewayProcess, bearer, create_key, echo_pool
-from tests.operator.integration.opharness import POOLS, OperatorProcess
+from testkit.kubectl import wait_for
+from tests.gateway.integration.gwharness import GatewayProcess, bearer, create_key, echo_pool, serving_stack
+from tests.operator.integration.opharness import OperatorProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -58,41 +57,19 @@ def lines_of(paths: list[Path], request_id: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    namespace = f"gwlog-{uuid.uuid4().hex[:8]}"
-    crds.kubectl("create", "namespace", namespace)
     logs = tmp_path_factory.mktemp("gateway-logs")
-    operator = OperatorProcess(
-        crds,
-        [namespace],
-        logs / "operator.log",
-        log_format="json",
-        MODELPOOL_OPERATOR_SERVER_PORT=str(free_port()),
-    )
-    try:
-        gateway = GatewayProcess(crds, [namespace], logs / "gateway.log")
-    except BaseException:
-        operator.stop()
-        raise
-    try:
+    pools = [(echo_pool("emb"), 1)]
+    with serving_stack(crds, "gwlog", logs, pools, log_format="json") as stack:
+        gateway, namespace = stack.gateway, stack.namespace
         assert gateway.keys_namespace is not None
         key = create_key(crds, gateway.keys_namespace, "team-logs", namespaces=namespace)
-        wait_for(lambda: crds.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
-                 timeout=30, message="default ServiceAccount")  # fmt: skip
-        apply(crds, echo_pool("emb"), namespace)
-        gateway.wait_ready()
-        gateway.wait_serving("emb", 1)
         wait_for(
             lambda: httpx.get(gateway.url + "/v1/models", headers=bearer(key), timeout=5).status_code == 200,
             timeout=10,
             interval=0.1,
             message="the gateway knows the key",
         )
-        yield Setup(crds, namespace, gateway, operator, f"{gateway.keys_namespace}/team-logs", key)
-    finally:
-        crds.kubectl("delete", POOLS, "--all", "-n", namespace, "--timeout=60s", check=False)
-        codes = (gateway.stop(), operator.stop())
-        crds.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        assert codes == (0, 0), f"exit codes (gateway, operator): {codes}\n{gateway.log_tail()}"
+        yield Setup(crds, namespace, gateway, stack.operator, f"{gateway.keys_namespace}/team-logs", key)
 
 
 def embed(setup: Setup, headers: dict[str, str]) -> httpx.Response:

@@ -1,9 +1,10 @@
-"""Traces through the real gateway and real workers, exported over OTLP/HTTP to an OpenTelemetry
-Collector on loopback (``bin/otelcol``: ``testkit.otlp``): one trace per request, with the client's trace
-id, whose spans link up from the gateway's server span through its relay span to the worker's server span
-and the inference process's spans; the key's name (never the key), the pool, the model and the status on
-them.  The operator passes its ``WORKER_OTLP_ENDPOINT`` to the workers it creates (as the chart's
-``tracing.otlpEndpoint`` does), so the workers' traces test that path too.  A second gateway without an
+"""Traces through the real gateway and real workers, exported over OTLP/HTTP to an OpenTelemetry Collector on
+loopback (``bin/otelcol``: ``testkit.otlp``): one trace per request, with the client's trace id, whose spans
+link up from the gateway's server span through its relay span to the worker's server span and the inference
+process's spans; the key's name (never the key), the pool, the model and the status on them. The gateway makes
+those two spans only: the key check, the key's limits and the routing choice are attributes on them. The
+operator passes its ``WORKER_OTLP_ENDPOINT`` to the workers it creates (as the chart's
+``tracing.otlpEndpoint`` does), so the workers' traces test that path too. A second gateway without an
 endpoint sends nothing and passes the client's ``traceparent`` on untouched.
 
 One namespace, one operator, two gateways (``traced``, ``plain``) and two pools serve the module: ``alpha``
@@ -26,7 +27,7 @@ from testkit.cluster import Cluster
 from testkit.environment import free_port
 from testkit.kubectl import apply, wait_for
 from testkit.otlp import Collector, Received, by_name
-from tests.gateway.integration.gwharness import GENERATION, GatewayProcess, echo_pool
+from tests.gateway.integration.gwharness import GENERATION, GatewayProcess, bearer, create_key, echo_pool
 from tests.operator.integration.opharness import POOLS, OperatorProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -41,6 +42,7 @@ GATEWAY, WORKER = "modelpool-gateway", "modelpool-server"
 
 @dataclass
 class Setup:
+    cluster: Cluster
     namespace: str
     traced: GatewayProcess
     plain: GatewayProcess
@@ -60,6 +62,7 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
             logs / "operator.log",
             MODELPOOL_OPERATOR_SERVER_PORT=str(free_port()),
             MODELPOOL_OPERATOR_WORKER_OTLP_ENDPOINT=collector.url,
+            MODELPOOL_OPERATOR_WORKER_TRACE_SAMPLE_RATIO="1",  # every request here (the default: 0.1)
         )
     except BaseException:
         collector.close()
@@ -69,7 +72,14 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         traced_env = {**FAST_EXPORT, "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=traced"}
         gateways.append(
             GatewayProcess(
-                crds, [namespace], logs / "traced.log", "--otlp-endpoint", collector.url, env=traced_env
+                crds,
+                [namespace],
+                logs / "traced.log",
+                "--otlp-endpoint",
+                collector.url,
+                "--trace-sample-ratio",
+                "1",
+                env=traced_env,
             )
         )
         plain_env = {**FAST_EXPORT, "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=plain"}
@@ -85,7 +95,7 @@ def setup(crds: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
             gateway.wait_ready()
             for pool in ("alpha", "gen"):
                 gateway.wait_serving(pool, 1)
-        yield Setup(namespace, gateways[0], gateways[1], collector)
+        yield Setup(crds, namespace, gateways[0], gateways[1], collector)
     finally:
         crds.kubectl("delete", POOLS, "--all", "-n", namespace, "--timeout=60s", check=False)
         codes = [g.stop() for g in gateways] + [operator.stop()]
@@ -134,29 +144,32 @@ def test_one_trace_from_the_client_through_the_gateway_to_the_inference_process(
     gateway, worker = _of(spans, "modelpool-gateway"), _of(spans, "modelpool-server")
     assert {s.resource.get("service.instance.id") for s in gateway} == {"traced"}
 
-    # The gateway: server span (the client's child) -> key check, route, relay (client span).
+    # The gateway: server span (the client's child, the key check's outcome on it; a key without limits has
+    # no limits outcome) -> relay (client span, its routing choice on it). No other span.
     served = by_name(gateway, "POST /v1/embeddings")
     assert served.kind == SERVER and served.parent_id == client_span and not served.error
     key_name = f"{setup.traced.keys_namespace}/all-pools"
+    pool = f"{setup.namespace}/alpha"
     assert served.attributes == {
         "http.request.method": "POST",
         "url.path": "/v1/embeddings",
+        "modelpool.admission": "admitted",
         "modelpool.key": key_name,
-        "modelpool.pool": f"{setup.namespace}/alpha",
+        "modelpool.pool": pool,
         "modelpool.model": "alpha",
         "http.response.status_code": 200,
     }
-    assert "modelpool.admission.limits" not in {s.name for s in gateway}  # a key without limits: no span
-    check = by_name(gateway, "modelpool.admission.key")
-    assert check.parent_id == served.span_id and check.attributes["modelpool.outcome"] == "admitted"
-    route = by_name(gateway, "modelpool.route")
-    assert route.parent_id == served.span_id and route.attributes["modelpool.worker"] == worker_pod
+    assert sorted(s.name for s in gateway) == ["POST /v1/embeddings", "modelpool.relay"]
     relay = by_name(gateway, "modelpool.relay")
     assert relay.kind == CLIENT and relay.parent_id == served.span_id
-    assert (
-        relay.attributes["modelpool.worker"] == worker_pod
-        and relay.attributes["http.response.status_code"] == 200
-    )
+    address = relay.attributes.pop("server.address")
+    assert address and relay.attributes == {
+        "modelpool.pool": pool,
+        "modelpool.worker": worker_pod,
+        "modelpool.tried": 0,
+        "server.port": relay.attributes["server.port"],
+        "http.response.status_code": 200,
+    }
     assert served.start_ns <= relay.start_ns <= relay.end_ns <= served.end_ns
 
     # The worker: its server span is the relay's child; admission and wait in the HTTP process, the
@@ -203,6 +216,8 @@ def test_a_streamed_generation_is_one_trace_too(setup: Setup) -> None:
     worker_served = by_name(_of(spans, "modelpool-server"), "POST /v1/chat/completions")
     assert served.parent_id == client_span and relay.parent_id == served.span_id
     assert worker_served.parent_id == relay.span_id
+    # Routed by its prefix (the pool's one worker is its home), which the relay span says.
+    assert relay.attributes["modelpool.prefix"] == "home" and relay.attributes["modelpool.tried"] == 0
     inference = by_name(spans, "modelpool.inference")
     assert inference.parent_id == worker_served.span_id
     # The worker's wait lasts the stream: its first piece (the time to first token) and the count on it.
@@ -253,12 +268,45 @@ def test_a_refused_key_is_traced_and_goes_nowhere(setup: Setup) -> None:
         timeout=30,
     )
     assert response.status_code == 401
-    spans = _trace(setup, trace_id, "POST /v1/embeddings", "modelpool.admission.key")
+    spans = _trace(setup, trace_id, "POST /v1/embeddings")
     served = by_name(spans, "POST /v1/embeddings")
     assert served.parent_id == client_span and served.attributes["http.response.status_code"] == 401
     assert "modelpool.key" not in served.attributes
-    assert by_name(spans, "modelpool.admission.key").attributes["modelpool.outcome"] != "admitted"
-    assert {s.name for s in spans} == {"POST /v1/embeddings", "modelpool.admission.key"}
+    assert served.attributes["modelpool.admission"] not in ("", "admitted")
+    assert [s.name for s in spans] == ["POST /v1/embeddings"]
+
+
+def test_a_keys_limits_outcome_is_on_the_server_span(setup: Setup) -> None:
+    """A key with a limit of one request a minute: its first request admitted and relayed, its second
+    refused (429) and relayed nowhere; each one's server span says which."""
+    admin = setup.traced.keys_namespace
+    assert admin is not None
+    key = create_key(setup.cluster, admin, "one-a-minute", namespaces=setup.namespace, requests_per_minute=1)
+
+    def post() -> tuple[str, int]:
+        trace_id, _, traceparent = _client()  # a trace each: a 401 below is a trace of its own
+        headers = {**bearer(key), "traceparent": traceparent}
+        body = {"model": "alpha", "input": ["x"]}
+        return trace_id, httpx.post(
+            setup.traced.url + "/v1/embeddings", json=body, headers=headers
+        ).status_code
+
+    def admitted() -> str | None:  # 401 until the gateway knows the key (its Secret's watch event)
+        trace_id, status = post()
+        return trace_id if status == 200 else None
+
+    first = wait_for(admitted, timeout=10, interval=0.1, message="the gateway admits the new key")
+    second, status = post()
+    assert first is not None and status == 429
+    for trace_id, outcome, names in (
+        (first, "admitted", ["POST /v1/embeddings", "modelpool.relay"]),
+        (second, "key_rate_limited", ["POST /v1/embeddings"]),
+    ):
+        gateway = _of(_trace(setup, trace_id, f"{GATEWAY} POST /v1/embeddings"), GATEWAY)
+        assert sorted(s.name for s in gateway) == names
+        served = by_name(gateway, "POST /v1/embeddings")
+        assert served.attributes["modelpool.limits"] == outcome
+        assert served.attributes["modelpool.admission"] == "admitted"
 
 
 def test_without_an_endpoint_the_gateway_sends_nothing_and_passes_the_traceparent_on(setup: Setup) -> None:

@@ -1,10 +1,24 @@
 """The gateway's access line (``modelpool_gateway.access_log``, pure): its fields from what the app noted,
 the status the app reports over the one sent (499 when nothing was), tokens only where the answer's usage
-gave them, no line for the probes."""
+gave them, no line for the probes; none at all with ``--no-access-log``."""
 
 from __future__ import annotations
 
-from modelpool_gateway.access_log import Served, access_fields, logged, message, served
+import asyncio
+import logging
+from collections.abc import MutableMapping
+from typing import Any
+
+from modelpool_gateway.access_log import (
+    Served,
+    access_fields,
+    access_middleware,
+    log,
+    logged,
+    message,
+    served,
+)
+from modelpool_gateway.config import load_settings
 from modelpool_gateway.usage import Usage
 
 
@@ -59,3 +73,45 @@ def test_the_probes_get_no_line() -> None:
 def test_outside_a_request_the_note_is_a_throwaway() -> None:
     served().model = "x"
     assert served().model == ""
+
+
+def _lines(on: bool) -> list[dict[str, Any]]:
+    """The access lines' fields of one request answered 200 through ``access_middleware(lines=on)``."""
+
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def receive() -> MutableMapping[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    async def ignore(message: MutableMapping[str, Any]) -> None:
+        pass
+
+    async def request() -> None:
+        scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": []}
+        await access_middleware(app, lines=on)(scope, receive, ignore)
+
+    kept: list[dict[str, Any]] = []
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            kept.append(record.__dict__["fields"])
+
+    handler, level = Kept(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        asyncio.run(request())
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    return kept
+
+
+def test_the_line_can_be_turned_off() -> None:
+    [line] = _lines(True)
+    assert (line["path"], line["status"]) == ("/v1/embeddings", 200)
+    assert _lines(False) == []
+    assert load_settings([]).access_log is True
+    assert load_settings(["--no-access-log"]).access_log is False

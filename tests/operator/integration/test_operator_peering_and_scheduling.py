@@ -59,7 +59,11 @@ def test_unplaceable_worker_is_reported_unschedulable_then_converges_once_fixed(
     recorder = StatusRecorder(cluster, namespace).start()
     try:
         start_operator(
-            namespace, MODELPOOL_OPERATOR_UNSCHEDULABLE_TIMEOUT_SECONDS=str(UNSCHEDULABLE_TIMEOUT_S)
+            namespace,
+            MODELPOOL_OPERATOR_UNSCHEDULABLE_TIMEOUT_SECONDS=str(UNSCHEDULABLE_TIMEOUT_S),
+            # Every status change written at once: the test reads the one before the timeout ran out,
+            # which a creation's paced status (5 s, as long as this timeout) may skip.
+            MODELPOOL_OPERATOR_CREATING_STATUS_INTERVAL_SECONDS="0",
         )
         manifest = pool_manifest("big", replicas=1, memory="1Gi")
         manifest["spec"]["resources"]["gpus"] = TOO_MANY_GPUS

@@ -28,7 +28,7 @@ from modelpool_operator.effects.resources import (
     server_args,
     worker_template_hash,
 )
-from modelpool_operator.pool import PoolView, template_hash, worker_name
+from modelpool_operator.pool import PoolView, host_load_settings, template_hash, worker_name
 from tests.operator.unit.op_pods import at
 
 
@@ -178,6 +178,21 @@ def test_the_vllm_engine_is_passed_only_when_asked_for_and_only_for_text_generat
     shared = {"model": generation, "resources": {"memory": "1Gi"}, "host": "h", "engine": "vllm"}
     with pytest.raises(ValueError, match=r"spec\.engine vllm is not supported on a shared pool"):
         parse_pool_spec(shared)
+
+
+@pytest.mark.parametrize(("runtime", "flag"), [(None, None), ("torch", None), ("onnxruntime", "onnxruntime")])
+def test_the_encoder_runtime_is_passed_and_the_default_adds_no_flag(
+    runtime: str | None, flag: str | None
+) -> None:
+    model = {
+        "source": "/models/minilm",
+        "task": "text-embedding",
+        **({"runtime": runtime} if runtime else {}),
+    }
+    spec = parse_pool_spec(pool(model=model)["spec"])
+    args = server_args("emb", spec, PodSettings())
+    assert (args[args.index("--runtime") + 1] if "--runtime" in args else None) == flag
+    assert host_load_settings(spec).get("runtime") == flag
 
 
 def test_cpu_only_pool_has_no_gpu_and_hf_revision() -> None:

@@ -26,7 +26,6 @@ from modelpool_operator.effects.resources import worker_template_hash
 from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import ObservationCache, pod_indexed, slim_pod
 from modelpool_operator.planner import Event, Evict, Plan
-from modelpool_operator.planner.status_pace import CREATING_STATUS_INTERVAL_S
 from modelpool_operator.pool import OtherPool, PoolView, worker_name
 from modelpool_operator.reconcile import reconcile_pool
 from modelpool_operator.reconcile_budget import budget_status_wire
@@ -77,6 +76,7 @@ class RecordingKube:
         self.pod_patches: list[tuple[str, dict[str, Any]]] = []
         self.foreign: set[str] = set()  # names of pods and Secrets that exist and are someone else's
         self.secret_tries = 0
+        self.disrupted: dict[str, datetime] = {}  # a PodDisruptionBudget's status.disruptedPods
 
     async def create_pod(self, namespace: str, body: Mapping[str, Any]) -> bool:
         await asyncio.sleep(0.01)
@@ -93,6 +93,9 @@ class RecordingKube:
     async def pod_exists(self, namespace: str, name: str) -> bool:
         self.asked.append(name)
         return name in self.existing
+
+    async def disrupted_pods(self, namespace: str, name: str) -> dict[str, datetime]:
+        return dict(self.disrupted)
 
     async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
         self.pod_patches.append((name, dict(patch)))
@@ -187,12 +190,16 @@ def _pool(name: str, replicas: int) -> dict[str, Any]:
     }
 
 
-def _running(pod: dict[str, Any]) -> dict[str, Any]:
+def _running(pod: dict[str, Any], *, ready: bool = False) -> dict[str, Any]:
+    """``pod`` running, as the index keeps it; ``ready``: with its Ready condition (a budget counts it)."""
     pod = {**pod, "metadata": {**pod["metadata"], "uid": "u-" + pod["metadata"]["name"]}}
     pod["status"] = {
         "phase": "Running",
         "containerStatuses": [{"name": "server", "ready": True, "state": {"running": {}}}],
     }
+    if ready:
+        condition = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T00:00:00Z"}
+        pod["status"]["conditions"] = [condition]
     return slim_pod(pod)
 
 
@@ -305,13 +312,45 @@ async def test_concurrent_pools_never_over_admit(state: Operator) -> None:
     # pace's interval (``planner.status_pace``), each asking for a pass then; c's is written at once.
     assert len(kube.status_patches) == patches_before + 1
     assert [bool(pool.run.status_due) for pool in passes] == [True, True, False]
+    interval = state.services.config.creating_status_interval_seconds
     for pool in passes:  # the interval passes
-        pool.run.status_written_at = (pool.run.status_written_at or 0.0) - CREATING_STATUS_INTERVAL_S
+        pool.run.status_written_at = (pool.run.status_written_at or 0.0) - interval
     await one_by_one(pods)
     assert len(kube.status_patches) == patches_before + 3
     # Nothing changed since: no further status writes.
     await one_by_one(pods)
     assert len(kube.status_patches) == patches_before + 3
+
+
+async def test_a_creations_worker_ready_events_go_as_one_when_the_pool_settles(state: Operator) -> None:
+    # issue 36: the pass that starts the creation tells its decision at once; the workers' WorkerReady
+    # Events wait while the pool is being created and go as one Event when it settles.
+    pool = OnePool(state, _pool("r", 3))
+    await pool.reconcile()
+    kube, events = state.kube, state.events
+    assert isinstance(kube, RecordingKube) and isinstance(events, RecordingEvents)
+    assert [e.reason for _, e in events.posted] == ["CreatingWorker"]
+    pods = [_pending(pod) for pod in kube.created]
+    await pool.reconcile({pool.run.key: pods})
+    for i, pod in enumerate(kube.created):
+        pods[i] = _running(pod, ready=True)
+        started = {"running": {"startedAt": "2026-12-01T00:00:00Z"}}  # a running container (with a time)
+        pods[i]["status"]["containerStatuses"][0]["state"] = started
+        # Past the status pace's interval: every pass writes its status, only the Events are held.
+        pool.run.status_written_at = None
+        await pool.reconcile({pool.run.key: list(pods)})
+        if i < 2:
+            assert pool.run.status_due is None and len(pool.run.held_events) == i + 1
+    names = sorted(pod["metadata"]["name"] for pod in kube.created)
+    assert [e.reason for _, e in events.posted] == ["CreatingWorker", "WorkerReady"]
+    ready = events.posted[-1][1]
+    assert sorted(ready.message.split("; ")) == [f"worker {name} is ready" for name in names]
+    assert pool.run.held_events == [] and pool.run.events_held_at is None
+
+
+def _pending(pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` created and not yet scheduled, as the index keeps it."""
+    return slim_pod({**pod, "metadata": {**pod["metadata"], "uid": "u-" + pod["metadata"]["name"]}})
 
 
 def _conditions(patch: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -493,6 +532,50 @@ async def test_a_pools_disruption_budget_follows_its_target_and_is_sent_only_whe
     strict["spec"]["disruption"] = {"maxUnavailable": 0}
     await one_pass(strict)
     assert [b["spec"]["minAvailable"] for b in kube.budgets] == [0, 2, 3]
+
+
+async def test_a_worker_a_drain_evicted_is_replaced_under_another_name(state: Operator) -> None:
+    """Its name stays in the pool's PodDisruptionBudget (``status.disruptedPods``) for up to 2 minutes, and
+    a replacement of that name would count for nothing there meanwhile (``planner.disrupted``)."""
+    pool = OnePool(state, _pool("a", 2))
+    rendered = worker_template_hash(PoolView.from_body(pool.body), pod_settings(state.services.config))
+    await pool.reconcile()
+    ready = [_running(p, ready=True) for p in state.kube.created]
+    await pool.reconcile({pool.run.key: ready})  # both seen Ready and serving
+    await pool.reconcile({pool.run.key: ready[1:]})  # the first one gone: a drain evicted it
+    assert [p["metadata"]["name"] for p in state.kube.created[2:]] == [worker_name("a", rendered, 2)]
+
+
+async def test_a_host_pod_a_drain_evicted_is_made_again_once_its_budget_forgets_the_name(
+    state: Operator,
+) -> None:
+    """A host pod keeps its name (``<host>-<index>``): its replacement waits while the ModelHost's budget,
+    read afresh, records the evicted pod's name, and the pass comes back within a second."""
+    from modelpool_operator.bookkeeping import HostRun
+    from modelpool_operator.host import host_charge_key
+    from modelpool_operator.observe.ownership import OwnedPods, host_record
+    from modelpool_operator.reconcile_host import HELD_RETRY_S, reconcile_host
+
+    run, body = HostRun(key=("ns", "gpus")), _host(2)
+    pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    view = OwnedPods(pods, {host_charge_key("ns", "gpus"): host_record(body)}.get)
+
+    async def host_pass() -> None:
+        await reconcile_host(
+            state.services, state.book, run=run, body=body, pods_by_pool=view, pools_by_key={}, budgets=ROOMY
+        )
+
+    await host_pass()
+    ready = [_running(p, ready=True) for p in state.kube.created]
+    pods[host_charge_key("ns", "gpus")] = ready
+    await host_pass()  # both seen Ready
+    pods[host_charge_key("ns", "gpus")] = ready[1:]  # gpus-0 evicted and gone
+    state.kube.disrupted = {"gpus-0": datetime.now(UTC)}
+    await host_pass()
+    assert len(state.kube.created) == 2 and run.retry_in is not None and run.retry_in <= HELD_RETRY_S
+    state.kube.disrupted = {}  # the disruption controller saw it go
+    await host_pass()
+    assert [p["metadata"]["name"] for p in state.kube.created[2:]] == ["gpus-0"]
 
 
 def _llm_pool(inference_pool: dict[str, Any] | None) -> dict[str, Any]:

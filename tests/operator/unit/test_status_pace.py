@@ -1,8 +1,8 @@
 """A pool's status while it is being created (``planner.status_pace``, issue 36): written at once when it
 is the first, when a worker loads, fails or goes, and when the pool settles; while only Pending workers
-are waited for, its progress is written at most every ``CREATING_STATUS_INTERVAL_S``; an unchanged status
-is never written. The Normal Events of a held pass wait for the status and go with it, one per reason;
-Warnings never wait."""
+are waited for, its progress is written at most every ``interval``; an unchanged status is never
+written. The Normal Events of a held pass, and those of a creation after the pass that started it, wait
+(at most ``CREATING_EVENTS_HOLD_S``) and go together, one per reason; Warnings never wait."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from modelpool_contract.api import ModelPoolStatus, WorkerStatus
 from modelpool_contract.states import WorkerState
 from modelpool_operator.planner.draft import Event
 from modelpool_operator.planner.status_pace import (
-    CREATING_STATUS_INTERVAL_S,
+    CREATING_EVENTS_HOLD_S,
     creating,
+    hold_events,
     pace_events,
     status_delay,
 )
@@ -32,21 +33,36 @@ def test_a_pool_is_being_created_while_only_pending_workers_are_waited_for() -> 
 
 
 def test_a_creating_pools_progress_waits_for_the_interval_anything_else_is_written_at_once() -> None:
-    interval = CREATING_STATUS_INTERVAL_S
-    assert status_delay(changed=False, creating=True, since_write=0.1) is None
-    assert status_delay(changed=False, creating=False, since_write=None) is None
-    assert status_delay(changed=True, creating=True, since_write=None) == 0  # the first write
-    assert status_delay(changed=True, creating=True, since_write=0.5) == interval - 0.5
-    assert status_delay(changed=True, creating=True, since_write=interval) == 0
-    assert status_delay(changed=True, creating=False, since_write=0.1) == 0
+    interval = 5.0
+    assert status_delay(changed=False, creating=True, since_write=0.1, interval=interval) is None
+    assert status_delay(changed=False, creating=False, since_write=None, interval=interval) is None
+    assert status_delay(changed=True, creating=True, since_write=None, interval=interval) == 0  # the first
+    assert status_delay(changed=True, creating=True, since_write=0.5, interval=interval) == interval - 0.5
+    assert status_delay(changed=True, creating=True, since_write=interval, interval=interval) == 0
+    assert status_delay(changed=True, creating=False, since_write=0.1, interval=interval) == 0
+    assert status_delay(changed=True, creating=True, since_write=0.1, interval=0) == 0  # pacing off
 
 
 def test_normal_events_wait_with_a_held_status_and_go_with_it_one_per_reason() -> None:
     ready_a = Event("Normal", "WorkerReady", "worker a is ready")
     ready_b = Event("Normal", "WorkerReady", "worker b is ready")
     failed = Event("Warning", "CreateFailed", "worker c: quota")
-    post, held = pace_events([], [ready_a, failed], deferred=True)
+    post, held = pace_events([], [ready_a, failed], hold=True)
     assert post == [failed] and held == [ready_a]
-    post, held = pace_events(held, [ready_b], deferred=False)
+    post, held = pace_events(held, [ready_b], hold=False)
     assert post == [Event("Normal", "WorkerReady", "worker a is ready; worker b is ready")] and held == []
-    assert pace_events([], [], deferred=False) == ([], [])
+    assert pace_events([], [], hold=False) == ([], [])
+
+
+def test_a_creations_normal_events_wait_until_the_pool_settles_after_the_pass_that_started_it() -> None:
+    def hold(
+        *, deferred: bool = False, creating: bool = True, was: bool = True, held_for: float | None = None
+    ) -> bool:
+        return hold_events(deferred=deferred, creating=creating, was_creating=was, held_for=held_for)
+
+    assert hold(deferred=True, creating=False, was=False)  # the status is held: its Events with it
+    assert not hold(was=False)  # the pass that starts the creation tells its decision at once
+    assert hold()  # the creation goes on: its WorkerReady Events wait
+    assert hold(held_for=CREATING_EVENTS_HOLD_S - 1)
+    assert not hold(held_for=CREATING_EVENTS_HOLD_S)  # a pool that stays Pending still tells its progress
+    assert not hold(creating=False)  # settled: everything held goes, one per reason

@@ -176,6 +176,10 @@ def test_a_sleeping_model_is_woken_by_a_request_and_answers_the_same(host: Host)
     assert host.state("minilm") in ("Ready", "Processing")
     assert host.call("minilm", "sleep").status_code == 200
     assert host.call("minilm", "wake").json()["state"] == "Ready"
+    # Both sleeps and both wakes counted on the probe port (the dashboards' sleeps and wakes panel).
+    text = httpx.get(host.control + "/metrics", timeout=10).text
+    for counter in ("modelpool_sleeps_total", "modelpool_wakes_total"):
+        assert prom.value(text, counter, model="minilm") >= 2, text  # --sleep-idle may have added one
 
 
 def test_a_load_makes_room_by_sleeping_the_least_recently_used_idle_models(

@@ -34,7 +34,7 @@ def test_the_plain_setting_gives_plain_lines_with_the_requests_ids(server: Serve
     wait_for(access, timeout=10, interval=0.05, message="the access line")
     [line] = access()
     assert " INFO [http-0] modelpool.access POST /v1/embeddings 200 " in line
-    assert f"trace_id={TRACE_ID}" in line and "status=200" in line
+    assert f"trace_id={TRACE_ID}" in line and "status=200" in line and "model=emb" in line
     lines = proc.log().splitlines()
     assert not any(line.startswith("{") for line in lines)
     assert any(" [supervisor] " in line for line in lines) and any(" [inference] " in line for line in lines)

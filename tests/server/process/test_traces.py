@@ -37,7 +37,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
     try:
         server = start_server(
             "--model", "/", "--task", "text-embedding", "--name", "echo", "--handler", ECHO,
-            "--otlp-endpoint", collector.url,
+            "--otlp-endpoint", collector.url, "--trace-sample-ratio", "1",  # every request (default 0.1)
             env={"OTEL_BSP_SCHEDULE_DELAY": "100"}, wait="ready",
         )  # fmt: skip
     except BaseException:

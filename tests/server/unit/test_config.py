@@ -27,6 +27,17 @@ def test_env_and_flag_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.served_name == "name"
 
 
+def test_prefix_sharing_is_on_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = ["--model", "/m", "--task", "text-generation"]
+    assert load_config(base).prefix_sharing
+    assert not load_config([*base, "--no-prefix-sharing"]).prefix_sharing
+    monkeypatch.setenv("MODELPOOL_PREFIX_SHARING", "false")
+    assert not load_config(base).prefix_sharing
+    assert load_config([*base, "--prefix-sharing"]).prefix_sharing  # the flag wins over the environment
+    with pytest.raises(SystemExit):  # one or the other
+        _parser().parse_args([*base, "--prefix-sharing", "--no-prefix-sharing"])
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
