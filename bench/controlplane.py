@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psutil
 
@@ -101,6 +101,16 @@ class Result:
     # The first round's last pod created, scheduled and Ready, seconds after the create, both ways.
     operator_phases: dict[str, float] = field(default_factory=dict)
     direct_phases: dict[str, float] = field(default_factory=dict)
+    # The first round's API requests (reads too, every client) from the create until converged (operator)
+    # or all Ready (direct), by ``resource verb`` (``apiserver_request_total``): what the operator adds.
+    creation_requests_by_kind: dict[str, float] = field(default_factory=dict)
+    direct_creation_requests_by_kind: dict[str, float] = field(default_factory=dict)
+    # The first round's CPU seconds over the same spans, by process (the operator's, and the cluster's own:
+    # kube-apiserver, etcd, kwok, the scheduler, the controller-manager): who competes with KWOK's writes.
+    creation_cpu_s: dict[str, float] = field(default_factory=dict)
+    direct_creation_cpu_s: dict[str, float] = field(default_factory=dict)
+    # ``--operator-nice``: the operator's niceness (0: as the cluster's processes).
+    operator_nice: int = 0
 
 
 # The benchmark's extra KWOK nodes hand out pod IPs from 127.80.0.0/16 up (loopback: the operator scrapes
@@ -251,10 +261,38 @@ def requests_by_kind(metrics_text: str) -> dict[str, float]:
     return counts
 
 
+def counted(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Pure: how many requests of each kind between two ``requests_by_kind``, busiest first (at least 1)."""
+    return per_minute(before, after, 60.0)
+
+
 def per_minute(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
     """Pure: the rate of each kind between two ``requests_by_kind``, busiest first (at least 1/min)."""
     rates = {k: (v - before.get(k, 0.0)) * 60 / seconds for k, v in after.items()}
     return {k: round(v, 1) for k, v in sorted(rates.items(), key=lambda kv: -kv[1]) if v >= 1}
+
+
+def cpu_seconds(kubeconfig: Path, operator: int | None = None) -> dict[str, float]:
+    """User and system CPU seconds so far of the cluster's processes (those whose command line names the
+    cluster's directory) by name, and of the ``operator``'s process."""
+    where = str(kubeconfig.parent)
+    seconds: dict[str, float] = {}
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.info["pid"] == operator:
+                name = "operator"
+            elif any(where in arg for arg in proc.info["cmdline"] or ()):
+                name = proc.info["name"]
+            else:
+                continue
+            seconds[name] = seconds.get(name, 0.0) + sum(proc.cpu_times()[:2])
+    return seconds
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Pure: the CPU seconds each process spent between two ``cpu_seconds``, busiest first."""
+    spent = {k: round(v - before.get(k, 0.0), 1) for k, v in after.items()}
+    return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
 
 
 def api_request_counts(kubeconfig: Path) -> tuple[float, float]:
@@ -505,18 +543,24 @@ class DirectRound:
     writes: Writes | None
     creation: dict[str, float]
     phases: dict[str, float]
+    requests: dict[str, float]
+    cpu: dict[str, float]
 
 
 def direct_round(kubeconfig: Path, pools: int, workers: int, window: float) -> DirectRound:
     """The baseline: the operator's pods created directly (no operator running); create -> all Ready from
     their conditions, then the writes at rest over ``window``; the pods deleted and waited gone."""
     pods = direct_pods(pools, workers)
+    requests0 = requests_by_kind(kubectl(kubeconfig, "get", "--raw", "/metrics"))
+    cpu0 = cpu_seconds(kubeconfig)
     started = datetime.now(UTC)
     create_all(kubeconfig, pods)
     poll = 2 if len(pods) <= 3000 else 15
     wait(
         lambda: pods_ready(kubeconfig, DIRECT_NAMESPACE, len(pods)), 1800, "direct pods Ready", interval=poll
     )
+    cpu = cpu_spent(cpu0, cpu_seconds(kubeconfig))
+    requests = counted(requests0, requests_by_kind(kubectl(kubeconfig, "get", "--raw", "/metrics")))
     made = namespace_pods(kubeconfig, DIRECT_NAMESPACE)
     ready = ready_seconds(made, started)
     creation = write_counts(logged(kubeconfig), DIRECT_NAMESPACE, started, datetime.now(UTC))
@@ -524,7 +568,7 @@ def direct_round(kubeconfig: Path, pools: int, workers: int, window: float) -> D
     writes = watch_writes(kubeconfig, DIRECT_NAMESPACE, window)
     kubectl(kubeconfig, "delete", "pods", "--all", "-n", DIRECT_NAMESPACE, "--wait=false")
     wait(lambda: pods_gone(kubeconfig, DIRECT_NAMESPACE), 900, "direct pods gone", interval=poll)
-    return DirectRound(ready[-1], writes, creation, phases)
+    return DirectRound(ready[-1], writes, creation, phases, requests, cpu)
 
 
 @dataclass
@@ -543,13 +587,52 @@ class OperatorRound:
     creation: dict[str, float]
     phases: dict[str, float]
     gateway: dict[str, Any] | None
+    creation_requests: dict[str, float]
+    creation_cpu: dict[str, float]
+
+
+def start_operator(
+    env: dict[str, str], out: IO[bytes], profile: Path | None, nice: int = 0
+) -> subprocess.Popen[bytes]:
+    """The operator (its console script, all namespaces), or under cProfile writing to ``profile``; at
+    the niceness ``nice`` (``--operator-nice``)."""
+    program = [str(ROOT / ".venv" / "bin" / "modelpool-operator")]
+    if profile is not None:
+        program = [str(ROOT / ".venv" / "bin" / "python"), "-m", "cProfile", "-o", str(profile), "-m",
+                   "modelpool_operator"]  # fmt: skip
+    if nice:
+        program = ["nice", "-n", str(nice), *program]
+    return subprocess.Popen(
+        [*program, "--all-namespaces", "--standalone", "--liveness", "0", "--metrics", "0"],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop_operator(operator: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (Kopf stops, cProfile writes its statistics), killed after 30 s."""
+    operator.send_signal(signal.SIGTERM)
+    try:
+        operator.wait(30)
+    except subprocess.TimeoutExpired:
+        operator.kill()
 
 
 def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in order)
-    kubeconfig: Path, pools: int, workers: int, steady_window: float, log: Path, gateway: bool
+    kubeconfig: Path,
+    pools: int,
+    workers: int,
+    steady_window: float,
+    log: Path,
+    gateway: bool,
+    profile: Path | None = None,
+    nice: int = 0,
 ) -> OperatorRound:
     """The pools through the operator: created at once, Ready, converged, then the steady state (RSS, CPU,
-    requests, writes at rest); the pools deleted while the operator runs, their pods waited gone."""
+    requests, writes at rest); the pools deleted while the operator runs, their pods waited gone. With
+    ``profile``, the operator runs under cProfile until the steady state ends (another deletes the pools)."""
     env = dict(os.environ, KUBECONFIG=str(kubeconfig))
     # The echo worker of ``--gateway`` runs on the process node: a port nothing else on the machine uses.
     worker_port = free_port()
@@ -562,16 +645,11 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
     poll = 2 if expected <= 3000 else 5
     pods_poll = 2 if expected <= 3000 else 15
     with log.open("ab") as out:
-        operator = subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "modelpool-operator"), "--all-namespaces", "--standalone",
-             "--liveness", "0", "--metrics", "0"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+        operator = start_operator(env, out, profile, nice)
         try:
             operator_ready(kubeconfig, operator)
+            requests0 = requests_by_kind(kubectl(kubeconfig, "get", "--raw", "/metrics"))
+            creation_cpu0 = cpu_seconds(kubeconfig, operator.pid)
             started = datetime.now(UTC)
             began = time.monotonic()
             # In lists of 100 (kubectl sends one request per object: 1,000 pools took over 300 s here).
@@ -592,6 +670,9 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
                 interval=poll,
             )
             converged_at = time.monotonic()
+            creation_cpu = cpu_spent(creation_cpu0, cpu_seconds(kubeconfig, operator.pid))
+            metrics = kubectl(kubeconfig, "get", "--raw", "/metrics")
+            creation_requests = counted(requests0, requests_by_kind(metrics))
             creation = write_counts(logged(kubeconfig), NAMESPACE, started, datetime.now(UTC))
 
             time.sleep(20)  # settle: the last status writes and events
@@ -610,6 +691,9 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
 
                 gateways = asdict(gateway_scale.measure(kubeconfig, log.parent, worker_port))
         finally:
+            if profile is not None:  # the profile ends with the steady state; the deletion is another's
+                stop_operator(operator)
+                operator = start_operator(env, out, None, nice)
             # Delete the pools while the operator runs: it removes its finalizer from each, so the
             # namespace can go afterwards.
             with contextlib.suppress(subprocess.TimeoutExpired):  # the operator is stopped regardless
@@ -618,11 +702,7 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
                      "modelpools.modelpool.dev", "--all", "-n", NAMESPACE, "--timeout=300s"],
                     capture_output=True, timeout=360, check=False,
                 )  # fmt: skip
-            operator.send_signal(signal.SIGTERM)
-            try:
-                operator.wait(30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
+            stop_operator(operator)
     wait(lambda: pods_gone(kubeconfig, NAMESPACE), 900, "the pools' pods gone", interval=pods_poll)
     return OperatorRound(
         pods_ready_s=pods_ready_s,
@@ -637,6 +717,8 @@ def operator_round(  # noqa: PLR0917 (the bench's rounds pass their settings in 
         creation=creation,
         phases=phases,
         gateway=gateways,
+        creation_requests=creation_requests,
+        creation_cpu=creation_cpu,
     )
 
 
@@ -648,6 +730,8 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
     log: Path,
     gateway: bool = False,
     rounds: int = 1,
+    profile: Path | None = None,
+    nice: int = 0,
 ) -> Result:
     """``rounds`` of both ways, the first through the operator first, then alternating."""
     kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
@@ -662,8 +746,16 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
         order = ("operator", "direct") if number % 2 == 0 else ("direct", "operator")
         for way in order:
             if way == "operator":
+                first_round = first is None
                 measured = operator_round(
-                    kubeconfig, pools, workers, steady_window, log, gateway and first is None
+                    kubeconfig,
+                    pools,
+                    workers,
+                    steady_window,
+                    log,
+                    gateway and first_round,
+                    profile if first_round else None,
+                    nice,
                 )
                 first = first or measured
                 through.append(measured.pods_ready_s)
@@ -699,6 +791,11 @@ def run(  # noqa: PLR0917 (the bench's one entry point; main passes its argument
         direct_creation_writes_by_kind=baseline.creation if baseline else {},
         operator_phases=first.phases,
         direct_phases=baseline.phases if baseline else {},
+        creation_requests_by_kind=first.creation_requests,
+        direct_creation_requests_by_kind=baseline.requests if baseline else {},
+        creation_cpu_s=first.creation_cpu,
+        direct_creation_cpu_s=baseline.cpu if baseline else {},
+        operator_nice=nice,
     )
 
 
@@ -719,6 +816,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gateway", action="store_true", help="also measure gateways watching 10 pools and every pool"
     )
+    parser.add_argument(
+        "--operator-nice",
+        type=int,
+        default=0,
+        help="run the operator at this niceness: on a shared machine the cluster's processes (on a real "
+        "cluster, other machines) then go first, and what is left is the operator's effect on the API",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="run the first round's operator under cProfile until its steady state ends, writing here",
+    )
     args = parser.parse_args(argv)
 
     with guarded_cluster("bench", "operator log and cluster logs") as cluster:
@@ -730,6 +839,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster.workdir / "operator.log",
             gateway=args.gateway,
             rounds=args.rounds,
+            profile=args.profile.resolve() if args.profile else None,
+            nice=args.operator_nice,
         )
         if cluster.reused:  # someone else's cluster: leave it without the benchmark's namespaces
             kubectl(cluster.kubeconfig, "delete", "namespace", NAMESPACE, DIRECT_NAMESPACE, "--wait=false")

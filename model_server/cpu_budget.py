@@ -8,16 +8,16 @@ Here the quota is read (cgroup v2 ``cpu.max``, else v1 ``cpu.cfs_quota_us``/``cp
 tightest on the process's cgroup and those above it), and:
 
 * ``default_http_workers``: half the CPUs for the HTTP processes (1 to 4);
-* ``intra_op_threads``: the model's CPU threads, set before torch is imported (``OMP_NUM_THREADS``, which
-  torch, MKL and OpenBLAS all read).  Only when something caps the worker below the node's cores (or the
-  operator of the server asks, ``--intra-op-threads``): otherwise torch's own default stays, which counts
-  physical cores, not hyperthreads.  The model gets every CPU of the budget, not "CPUs minus the HTTP
-  share": measured on 2 CPUs, one thread gave 0.60-0.72x the throughput of two at 64 concurrent
-  32-sentence requests; the HTTP processes run at a lower priority and take what the model leaves.
-* ``plan_threads``: the same decision with the worker's CPU *share* as well: a pod with a CPU request and
-  no limit has no quota to read, yet shares the node with other workers; each sizing its pools to every
-  core, their lockstep pools stall each other (two MiniLM servers on 2 cores: 0.44x the throughput of
-  one with torch's default threads, 1.2x with one thread each).  The operator passes the pod's request
+* ``plan_threads`` (``size_threads`` sets it): the model's CPU threads, set before torch is imported
+  (``OMP_NUM_THREADS``, which torch, MKL and OpenBLAS all read).  Only when something caps the worker
+  below the node's cores (or the operator of the server asks, ``--intra-op-threads``): otherwise torch's
+  own default stays, which counts physical cores, not hyperthreads.  The model gets every CPU of the
+  budget, not "CPUs minus the HTTP share": measured on 2 CPUs, one thread gave 0.60-0.72x the throughput
+  of two at 64 concurrent 32-sentence requests; the HTTP processes run at a lower priority and take what
+  the model leaves.  The worker's CPU *share* caps it too: a pod with a CPU request and no limit has no
+  quota to read, yet shares the node with other workers; each sizing its pools to every core, their
+  lockstep pools stall each other (two MiniLM servers on 2 cores: 0.44x the throughput of one with
+  torch's default threads, 1.2x with one thread each).  The operator passes the pod's request
   (``modelpool_contract.flags.CPU_SHARE_ENV``); a limit, being enforced, wins over it.  The plan covers
   torch's intra-op and inter-op pools and the tokenizer's (``RAYON_NUM_THREADS``).
 """
@@ -115,34 +115,6 @@ def default_http_workers(cpus: float) -> int:
     return min(4, max(1, int(cpus) // 2))
 
 
-def intra_op_threads(requested: int | None, cpus: float, cores: int, env: Mapping[str, str]) -> int | None:
-    """Pure: the model's CPU threads to set, or None to leave the runtime's default.
-
-    ``requested`` (``--intra-op-threads``) wins; then an ``OMP_NUM_THREADS`` the pod already sets; then,
-    when ``cpus`` (the budget) is below the ``cores`` the process can see, the budget rounded down (one
-    thread more than the quota can run gets the whole lockstep group throttled), at least 1."""
-    if requested is not None:
-        return requested
-    if env.get(THREADS_ENV, "").strip():
-        return None
-    if cpus < cores:
-        return max(1, math.floor(cpus))
-    return None
-
-
-def size_intra_op_threads(requested: int | None, env: MutableMapping[str, str] | None = None) -> None:
-    """Set the model's CPU threads in ``env`` (this process's environment) before torch is imported."""
-    env = os.environ if env is None else env
-    cores, cpus = visible_cpus(), available_cpus()
-    threads = intra_op_threads(requested, cpus, cores, env)
-    if threads is not None:
-        env[THREADS_ENV] = str(threads)
-    log.info(
-        "CPU budget %.2f of %d CPUs; the model's CPU threads: %s",
-        cpus, cores, threads if threads is not None else env.get(THREADS_ENV) or "torch's default",
-    )  # fmt: skip
-
-
 @dataclass(frozen=True)
 class ThreadPlan:
     """The model's CPU threads: ``threads`` for torch's intra-op and inter-op pools and the tokenizer's
@@ -226,11 +198,9 @@ __all__ = [
     "cgroup_paths",
     "cgroup_quota",
     "default_http_workers",
-    "intra_op_threads",
     "plan_threads",
     "quota_cpus",
     "set_interop_threads",
-    "size_intra_op_threads",
     "size_threads",
     "thread_env",
     "visible_cpus",

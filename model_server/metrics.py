@@ -397,7 +397,7 @@ def render_worker(gauges: WorkerGauges, directory: str | None, own: CollectorReg
     if directory:
         MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
     elif own is not None:
-        registry.register(_Own(own))
+        registry.register(_Families(list(own.collect())))
     registry.register(gauges)
     return generate_latest(registry)
 
@@ -454,16 +454,6 @@ class _Families(Collector):
 
     def collect(self) -> Iterator[Metric]:
         return iter(self.families)
-
-
-class _Own(Collector):
-    """This process's registry as one collector (a worker built in one process)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.registry.collect())
 
 
 __all__ = [

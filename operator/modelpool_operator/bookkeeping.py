@@ -229,11 +229,34 @@ class Bookkeeping:
 
 
 @dataclass
-class HostRun:
-    """What one ModelHost's daemon carries from pass to pass."""
+class Run:
+    """What a pool's daemon and a ModelHost's carry alike from pass to pass."""
 
-    key: PoolKey  # (namespace, name) of the ModelHost
+    key: PoolKey  # (namespace, name) of the pool or ModelHost
     last_status_wire: dict[str, Any] | None = None
+    # The API failures of the last pass (reason, message): each is told as an Event (and, a pool's,
+    # logged) when it is new, not at every pass while it lasts.
+    api_failures: set[tuple[str, str]] = field(default_factory=set)
+    # The NetworkPolicy this process last wrote (None: none yet, or the last write failed): written again
+    # when what it says changes (spec.inferencePool admits the picker).
+    network_policy: dict[str, Any] | None = None
+    # The PodDisruptionBudget this process last wrote (None: none yet, or the last write failed): written
+    # again only when what it says changes (a pool's target or spec.disruption).
+    disruption_budget: dict[str, Any] | None = None
+    # The generation whose invalid spec was last told, so it is told once.
+    invalid_generation: int | None = None
+    # The workers (host pods) the last pass saw Ready and serving (``planner.disrupted.budgeted``), and the
+    # names held since a drain evicted one of them (name -> since when; ``planner.disrupted.held_names``):
+    # no new worker (host pod) takes a held name while the PodDisruptionBudget may still count it as
+    # evicted (``planner.disrupted.still_listed``).
+    budgeted: frozenset[str] = frozenset()
+    disrupted: dict[str, datetime] = field(default_factory=dict)
+
+
+@dataclass
+class HostRun(Run):
+    """What one ModelHost's daemon carries from pass to pass (besides a ``Run``'s)."""
+
     # Its control key Secret holds the ModelHost's key (made, or brought to it, by this process).
     secret_ready: bool = False
     # The Secret's last failure (NameTaken: someone else's Secret has its name), how many in a row, and
@@ -241,18 +264,10 @@ class HostRun:
     secret_failure: ApiFailure | None = None
     secret_failures: int = 0
     secret_retry_at: float = 0.0
-    # The failures of the last pass (reason, message): each told as an Event when it is new.
-    api_failures: set[tuple[str, str]] = field(default_factory=set)
-    # The NetworkPolicy this process last wrote for its host pods (None: none yet, or the write failed).
-    network_policy: dict[str, Any] | None = None
-    # The PodDisruptionBudget this process last wrote (None: none yet, or the last write failed).
-    disruption_budget: dict[str, Any] | None = None
     # The policy refusal last told (its host pods are deleted, none is made, until the image is allowed).
     forbidden: str | None = None
     # The budget's shortfall last told (host pods not admitted), so the Event is not repeated every pass.
     short: int = 0
-    # The generation whose invalid spec was last told (its Warning Event), so it is told once.
-    invalid_generation: int | None = None
     # The loads in flight, by (host pod, pool): each a task of its own (a load lasts until the model
     # serves); the pass after one ends sees its outcome in the host's /stats.
     loading: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
@@ -276,47 +291,32 @@ class HostRun:
     # The last placing's ``retry_in``: the daemon's next pass comes no later (a model turning old
     # enough to sleep for a pool left short).
     retry_in: float | None = None
-    # The host pods the last pass saw Ready (``planner.disrupted.budgeted``), and the names held since a
-    # drain evicted one of them (name -> since when): its replacement, of the same name, waits while the
-    # ModelHost's PodDisruptionBudget still records the name (``planner.disrupted.still_listed``).
-    budgeted: frozenset[str] = frozenset()
-    disrupted: dict[str, datetime] = field(default_factory=dict)
 
 
 @dataclass
-class PoolRun:
-    """What one pool's daemon carries from pass to pass."""
+class PoolRun(Run):
+    """What one pool's daemon carries from pass to pass (besides a ``Run``'s)."""
 
-    key: PoolKey
     last_status: ModelPoolStatus | None = None
-    last_status_wire: dict[str, Any] | None = None
     # When this process last wrote the status (monotonic), and in how many seconds a change held back
     # while the pool is being created may be written (``effects.apply.write_status``; None: none held).
     status_written_at: float | None = None
     status_due: float | None = None
+    # Since when (monotonic) a change of the status waits unwritten (None: none waits).
+    status_held_at: float | None = None
     # The Normal Events held back while the status was, or the pool was being created (posted with a later
     # pass's, ``effects.apply.post_events``), and since when (monotonic; None: none held).
     held_events: list[Event] = field(default_factory=list)
     events_held_at: float | None = None
     # The Service this process last wrote (None: none yet, the last write failed, or it was removed).
     service: dict[str, Any] | None = None
-    # The NetworkPolicy this process last wrote (None: none yet, or the last write failed): written again
-    # when what it says changes (spec.inferencePool admits the picker).
-    network_policy: dict[str, Any] | None = None
     # The InferencePool this process last wrote, or False once it has removed the pool's (spec.inferencePool
     # unset); None: neither yet, or the last request failed (tried again at the next pass).
     inference_pool: dict[str, Any] | Literal[False] | None = None
-    # The PodDisruptionBudget this process last wrote (None: none yet, or the last write failed): written
-    # again only when the pool's target or spec.disruption changes what it says.
-    disruption_budget: dict[str, Any] | None = None
     # A shared pool removed what it made as a dedicated one (``shared_pool.remove_dedicated_objects``);
     # reset by a dedicated pass, so a pool switched back and forth removes them again.
     dedicated_removed: bool = False
     charged: int = 0
-    # The API failures of the last pass (reason, message): each is told as an Event and logged when it is
-    # new, not at every pass while it lasts.
-    api_failures: set[tuple[str, str]] = field(default_factory=set)
-    invalid_generation: int | None = None
     # The generation (and the refusal) last reported as a policy violation.
     forbidden: tuple[int, str] | None = None
     # A shared pool's last told wait for placement: (generation, reason, message).
@@ -328,11 +328,6 @@ class PoolRun:
     # the planner gives them to no worker. Forgotten past ``TAKEN_NAMES_MAX`` (a name freed meanwhile may
     # then be tried again; one still taken is found again).
     taken_names: set[str] = field(default_factory=set)
-    # The workers the last pass saw Ready and serving (``planner.disrupted.budgeted``), and the names held
-    # since a drain evicted one of them (name -> since when; ``planner.disrupted.held_names``): no new
-    # worker takes a held name while the pool's PodDisruptionBudget may still count it as evicted.
-    budgeted: frozenset[str] = frozenset()
-    disrupted: dict[str, datetime] = field(default_factory=dict)
     # Since when each worker has claimed to be busy, pass after pass (``observe.claims``; re-learned from
     # the last status after a restart).
     claims: Mapping[str, BusyClaim] = field(default_factory=dict)

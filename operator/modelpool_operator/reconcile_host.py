@@ -39,7 +39,7 @@ from modelpool_operator.observe.hosts import (
     HostedPool,
     HostReports,
     host_reports,
-    hosted_replicas,
+    hosted_workers,
     observe_hosts,
     pod_name,
     reported_models,
@@ -291,7 +291,7 @@ async def unload_deleted_pool(
     listed = list(pods_by_pool.get(host_charge_key(*host_key), ()))
     stats = host_reports(services.scraper.cached(listed))
     model = host_model_name(name)
-    holding = {r.pod for r in hosted_replicas(model, 0, listed, stats)}
+    holding = {w.name for w in hosted_workers(namespace, model, 0, listed, stats)}
     urls = control_urls(services, (p for p in listed if pod_name(p) in holding))
     key = book.control_keys.get(host_key) or derived_control_key(services, namespace, host, listed)
     if not urls or key is None:

@@ -25,7 +25,6 @@ from modelpool_operator.indices import HostsByKey
 from modelpool_operator.observe.hosts import (
     HostedPool,
     host_reports,
-    hosted_replicas,
     hosted_workers,
     observe_hosts,
 )
@@ -81,19 +80,18 @@ async def shared_pass(
     listed = list(pods_by_pool.get(host_key, ()))
     stats = host_reports(services.scraper.refresh(listed, on_change=lambda: _news(book, pool.key, host_key)))
     model = host_model_name(pool.name)
-    replicas = hosted_replicas(model, pool.spec.resources.memory_bytes, listed, stats)
+    workers = hosted_workers(pool.namespace, model, pool.spec.resources.memory_bytes, listed, stats)
     previous = run.last_status_wire if run.last_status_wire is not None else dict(body.get("status") or {})
     pool = replace(pool, status=parse_pool_status(previous))
     now = datetime.now(UTC)
-    workers = hosted_workers(pool.namespace, model, replicas, stats)
     scale = decide_shared(services, book, run, pool, workers, host_pods=spec.replicas, now=now)
     wait = None
-    if len([r for r in replicas if r.state not in ("Failed", "Dead")]) < scale.target:
+    if len([w for w in workers if w.state not in ("Failed", "Dead")]) < scale.target:
         hosted = {model: HostedPool(pool.name, pool.spec.resources.memory_bytes)}
         wait = host_wait(
             pool, host_found=True, host_error=None, hosts=observe_hosts(spec, listed, stats, hosted)
         )
-    status = shared_status(pool, replicas, wait, now, scale)
+    status = shared_status(pool, workers, wait, now, scale)
     for event in coalesce(scale.events):
         tell(services, body, event)
     told = (pool.generation, wait.reason, wait.message) if wait is not None else None

@@ -15,7 +15,7 @@ from modelpool_operator.bookkeeping import PoolRun
 from modelpool_operator.effects.apply import Refusal
 from modelpool_operator.planner import Event
 from modelpool_operator.planner.shared import HostWait, host_wait_event, host_wait_status, shared_wire
-from modelpool_operator.planner.status import condition
+from modelpool_operator.planner.status import Setting, condition, with_conditions
 from modelpool_operator.policy import Violation
 from modelpool_operator.pool import PoolView
 
@@ -106,17 +106,11 @@ def policy_message(refused: list[Violation]) -> str:
 def policy_status(pool: PoolView, message: str, now: datetime) -> dict[str, Any]:
     """The status patch of a refused pool: phase Failed and the PolicyViolation condition, the pool's
     other conditions kept (they describe its existing workers, which are left alone)."""
-    kept = [c for c in pool.status.conditions if c.type != POLICY_VIOLATION]
-    violation = condition(
-        pool.status.conditions,
-        POLICY_VIOLATION,
-        status="True",
-        reason="Forbidden",
-        message=message,
-        now=now,
-        generation=pool.generation,
+    forbidden: Setting = ("True", "Forbidden", message)
+    made = with_conditions(
+        pool.status.conditions, {POLICY_VIOLATION: forbidden}, now=now, generation=pool.generation
     )
-    conditions = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in [*kept, violation]]
+    conditions = [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in made]
     return {"phase": "Failed", "observedGeneration": pool.generation, "conditions": conditions}
 
 

@@ -43,7 +43,13 @@ from modelpool_operator.effects.resources import build_service, build_worker_pod
 from modelpool_operator.host import HostView
 from modelpool_operator.planner import Event, Evict, Plan
 from modelpool_operator.planner.status import condition
-from modelpool_operator.planner.status_pace import creating, hold_events, pace_events, status_delay
+from modelpool_operator.planner.status_pace import (
+    creating,
+    hold_events,
+    pace_events,
+    routine,
+    status_delay,
+)
 from modelpool_operator.pool import PoolView
 from modelpool_operator.services import Services, pod_settings, policy_settings
 
@@ -128,16 +134,29 @@ async def write_status(
     creating: bool,
 ) -> None:
     """Write the pool's status ``patch`` now, or hold it back while the pool is being created
-    (``planner.status_pace``): then ``run.status_due`` asks for a pass when it may be written, and the
+    (``planner.status_pace``: gathered for a moment, a routine detail longer): then ``run.status_due``
+    asks for a pass when it may be written (``run.status_held_at``: since when a change waits), and the
     next write's patch, against the last written status (``run.last_status_wire``), carries it."""
     now = time.monotonic()
     since = None if run.status_written_at is None else now - run.status_written_at
+    held = None if run.status_held_at is None else now - run.status_held_at
     interval = services.config.creating_status_interval_seconds
-    delay = status_delay(changed=bool(patch), creating=creating, since_write=since, interval=interval)
+    delay = status_delay(
+        changed=bool(patch),
+        creating=creating,
+        since_write=since,
+        interval=interval,
+        routine=routine(run.last_status_wire, wire),
+        since_change=held,
+    )
     run.status_due = delay or None
     if delay is None:  # unchanged: the status there is this one
         run.last_status_wire = wire
-    if delay != 0:
+    if delay:
+        run.status_held_at = now if run.status_held_at is None else run.status_held_at
+        return
+    run.status_held_at = None
+    if delay is None:
         return
     await services.kube.patch_pool_status(pool.namespace, pool.name, dict(patch))
     run.last_status_wire, run.status_written_at = wire, now

@@ -346,15 +346,9 @@ class Kube:
         )
 
     async def pod_exists(self, namespace: str, name: str) -> bool:
-        """Whether the pod exists now: a list by name (``list`` is what the operator's RBAC grants on pods),
-        so a pod that is absent is an ordinary answer, not an error."""
-        listed = await self._answer(
-            "list_pods",
-            self._core.list_namespaced_pod(
-                namespace, field_selector=f"metadata.name={name}", _request_timeout=self._timeout
-            ),
-        )
-        return bool(listed.items)
+        """Whether the pod exists now (``_pod_owners``' list by name: a pod that is absent is an ordinary
+        answer, not an error)."""
+        return await self._pod_owners(namespace, name) is not None
 
     async def disrupted_pods(self, namespace: str, name: str) -> dict[str, datetime]:
         """The PodDisruptionBudget ``name``'s ``status.disruptedPods`` now (pod name -> when the Eviction

@@ -19,7 +19,6 @@ from typing import Any
 
 from modelpool_contract.api import ModelHostSpec
 from modelpool_contract.messages import fit_message
-from modelpool_contract.states import WorkerState
 from modelpool_contract.stats import HostModelStats, HostStats
 from modelpool_contract.times import parse_time, rfc3339
 from modelpool_operator.observe.worker_state import ObservedWorker
@@ -131,85 +130,50 @@ def observe_hosts(
     return sorted(hosts, key=lambda h: h.name)
 
 
-@dataclass(frozen=True)
-class HostedReplica:
-    """A shared pool's model on one host pod, as the host's ``/stats`` reports it."""
-
-    pod: str
-    state: WorkerState
-    memory: int
-    node: str | None = None
-    reason: str | None = None
-    queue_depth: int | None = None
-    last_request_time: str | None = None
-    # Since when the model is in its state there (the host's ``state_since``): a new failure has a new one.
-    since: str | None = None
-    device: int | None = None  # the index of the host pod's device it lives on, as the host reports it
-
-
-def hosted_replicas(
-    model: str, declared: int, pods: Iterable[Mapping[str, Any]], stats: HostReports
-) -> list[HostedReplica]:
-    """The host pods whose ``/stats`` reports the model ``model`` (a pool's ``host_model_name``), with its
-    state there; its memory is what the host measured on the device, else ``declared``."""
-    replicas = []
+def hosted_workers(
+    namespace: str, model: str, declared: int, pods: Iterable[Mapping[str, Any]], stats: HostReports
+) -> list[ObservedWorker]:
+    """A shared pool's replicas: the host pods whose ``/stats`` reports the model ``model`` (a pool's
+    ``host_model_name``) in a known state, as the planner's workers (sorted by host pod), for its
+    autoscaler, its failure backoff and its status. Each is named after its host pod, with the model's own
+    figures from that host's ``/stats`` (``models.<model>``: its state there, in flight, queued, its
+    counters, its clock; a model's counters are its own, and a count that went back starts a new baseline,
+    as a restarted worker's does); its memory is what the host measured on the device, else ``declared``."""
+    workers = []
     for pod in pods:
         name = pod_name(pod)
         doc = _models(stats.get(name)).get(model)
         if doc is None or doc.state is None:
             continue
-        replicas.append(
-            HostedReplica(
-                pod=name,
+        reason = fit_message(doc.reason) if doc.reason else None
+        workers.append(
+            ObservedWorker(
+                name=name,
+                namespace=namespace,
+                pool=model,
                 state=doc.state,
-                memory=_reserved(doc) or declared,
+                reason=reason,
+                message=reason,
+                # To the second, as the status records it: a new failure is a ``since`` the status has not.
+                since=parse_time(_rfc3339(doc.state_since)),
                 node=(pod.get("spec") or {}).get("nodeName"),
-                reason=fit_message(doc.reason) if doc.reason else None,
+                memory=_reserved(doc) or declared,
                 queue_depth=doc.queue_depth,
-                last_request_time=_rfc3339(doc.last_request_time),
-                since=_rfc3339(doc.state_since),
+                in_flight=doc.in_flight,
+                last_request_time=parse_time(doc.last_request_time),
+                stats_known=True,
+                uid=f"{name}/{model}",
+                requests_total=doc.requests_total,
+                rejected_total=doc.rejected_total,
+                stats_time=doc.time,
                 device=doc.device,
             )
         )
-    return sorted(replicas, key=lambda r: r.pod)
+    return sorted(workers, key=lambda w: w.name)
 
 
 def _rfc3339(unix: float | None) -> str | None:
     return rfc3339(parse_time(unix)) if unix else None
-
-
-def hosted_workers(
-    namespace: str, pool: str, replicas: Iterable[HostedReplica], stats: HostReports
-) -> list[ObservedWorker]:
-    """A shared pool's replicas (``hosted_replicas``) as the planner's workers, for its autoscaler and its
-    failure backoff: each named after its host pod, with the model's own figures from that host's
-    ``/stats`` (``models.<pool>``: in flight, queued, its counters, its clock; a model's counters are its
-    own, and a count that went back starts a new baseline, as a restarted worker's does)."""
-    workers = []
-    for replica in replicas:
-        report = stats.get(replica.pod)
-        doc = report.models.get(pool) if report is not None else None
-        workers.append(
-            ObservedWorker(
-                name=replica.pod,
-                namespace=namespace,
-                pool=pool,
-                state=replica.state,
-                reason=replica.reason,
-                message=replica.reason,
-                since=parse_time(replica.since),
-                node=replica.node,
-                queue_depth=doc.queue_depth if doc else None,
-                in_flight=doc.in_flight if doc else None,
-                last_request_time=parse_time(doc.last_request_time) if doc else None,
-                stats_known=doc is not None,
-                uid=f"{replica.pod}/{pool}",
-                requests_total=doc.requests_total if doc else None,
-                rejected_total=doc.rejected_total if doc else None,
-                stats_time=doc.time if doc else None,
-            )
-        )
-    return workers
 
 
 def reported_models(

@@ -151,6 +151,9 @@ class ObservedWorker:
     # Its claim of work (Processing, requests in flight or queued) has outlasted what the operator believes
     # (``observe.claims``): counted as Idle, and its figures no longer keep it from eviction.
     claim_expired: bool = False
+    # A shared pool's replica (``observe.hosts.hosted_workers``): the index of its host pod's device that
+    # holds the model, as the host reports it.
+    device: int | None = None
 
     @property
     def key(self) -> tuple[str, str]:

@@ -30,19 +30,15 @@ from typing import Final
 
 from modelpool_contract.api import HostModelState
 from modelpool_contract.placements import device_charge
+from modelpool_contract.states import CHARGED_STATES, DEVICE_CHARGED_STATES, DORMANT_STATES, SLEEPABLE_STATES
 
 #: A model's state on a host: the worker states, plus Sleeping (weights parked in host RAM, device memory
 #: returned) and Waking (weights on their way back); the contract's one definition.
 ModelState = HostModelState
-#: Charged on its device.
-AWAKE_STATES: Final[frozenset[ModelState]] = frozenset(
-    {"Pending", "Loading", "Ready", "Processing", "Idle", "Waking", "Evicting"}
-)
-#: May be put to sleep to make room (when nothing is queued or in flight): never Loading, Processing or
-#: Waking, whose work would be lost.
-SLEEPABLE_STATES: Final[frozenset[ModelState]] = frozenset({"Ready", "Idle"})
+#: Charged on its device: every state but Sleeping that holds memory (the host's own rule too).
+AWAKE_STATES: Final = DEVICE_CHARGED_STATES
 #: Holds host RAM.
-PARKED_STATES: Final[frozenset[ModelState]] = frozenset({"Sleeping", "Waking"})
+PARKED_STATES: Final = DORMANT_STATES
 #: Never chosen to sleep or to unload, whatever else holds.
 PROTECTED_STATES: Final[frozenset[ModelState]] = frozenset({"Loading", "Processing", "Waking"})
 
@@ -96,7 +92,7 @@ class Resident:
     @property
     def present(self) -> bool:
         """Holds (or is about to hold) memory on the host: not Failed or Dead."""
-        return self.state in AWAKE_STATES or self.state in PARKED_STATES
+        return self.state in CHARGED_STATES
 
 
 def eviction_order(resident: Resident) -> tuple[int, float, ModelKey]:

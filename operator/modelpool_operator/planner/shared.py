@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from modelpool_contract.api import (
     AutoscalingStatus,
@@ -25,12 +25,13 @@ from modelpool_contract.api import (
     autoscaling_enabled,
 )
 from modelpool_contract.quantity import format_quantity
-from modelpool_operator.observe.hosts import HostedReplica
+from modelpool_contract.times import rfc3339
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.placement.decide import PlacementRequest, Unplaced, place
 from modelpool_operator.placement.ledger import Host
 from modelpool_operator.planner.draft import Event
 from modelpool_operator.planner.shared_scale import FAILING_EVERYWHERE, SharedScale
-from modelpool_operator.planner.status import condition
+from modelpool_operator.planner.status import Setting, with_conditions
 from modelpool_operator.pool import PoolView
 
 #: The condition that says whether a shared pool's replicas are placed on its hosts.
@@ -69,27 +70,16 @@ def host_wait_status(pool: PoolView, wait: HostWait, now: datetime) -> ModelPool
     """The status of a waiting shared pool, as a patch (``shared_wire(..., patch=True)``: the fields it
     sets): phase Pending, no replica, the condition Placed False and Ready False with the reason; other
     conditions kept (the ApiError of an earlier pass, ...)."""
-    kinds = {PLACED, "Ready"}
-    kept = [c for c in pool.status.conditions if c.type not in kinds]
-    made = [
-        condition(
-            pool.status.conditions,
-            kind,
-            status="False",
-            reason=wait.reason,
-            message=wait.message,
-            now=now,
-            generation=pool.generation,
-        )
-        for kind in (PLACED, "Ready")
-    ]
+    waiting: Setting = ("False", wait.reason, wait.message)
+    settings = {PLACED: waiting, "Ready": waiting}
+    conditions = with_conditions(pool.status.conditions, settings, now=now, generation=pool.generation)
     return ModelPoolStatus(
         phase="Pending",
         observed_generation=pool.generation,
         replicas=0,
         ready_replicas=0,
         ready_text=f"0/{pool.spec.replicas}",
-        conditions=[*kept, *made],
+        conditions=conditions,
     )
 
 
@@ -109,7 +99,7 @@ SERVING: frozenset[str] = frozenset({"Ready", "Processing", "Idle", "Sleeping", 
 _LOADING: frozenset[str] = frozenset({"Pending", "Loading"})
 
 
-def _phase(desired: int, ready: int, replicas: Sequence[HostedReplica]) -> PoolPhase:
+def _phase(desired: int, ready: int, replicas: Sequence[ObservedWorker]) -> PoolPhase:
     if ready and ready >= desired:
         return "Ready"
     if ready:
@@ -133,7 +123,7 @@ def _zero_message(pool: PoolView) -> str:
 
 def shared_status(
     pool: PoolView,
-    replicas: Sequence[HostedReplica],
+    replicas: Sequence[ObservedWorker],
     wait: HostWait | None,
     now: datetime,
     scale: SharedScale | None = None,
@@ -144,11 +134,11 @@ def shared_status(
     and Ready (True while a replica serves; else why: failed, with the retry, loading, or at zero).
     ``scale``: the pass's count (``planner.shared_scale``; None: ``spec.replicas``, nothing more)."""
     desired = scale.target if scale is not None else pool.spec.replicas
-    present = sorted((r for r in replicas if r.state not in ("Failed", "Dead")), key=lambda r: r.pod)
+    present = sorted((r for r in replicas if r.state not in ("Failed", "Dead")), key=lambda r: r.name)
     ready = sum(1 for r in replicas if r.state in SERVING)
-    pods = ", ".join(r.pod for r in present)
-    placed: tuple[Literal["True", "False"], str, str]
-    serving: tuple[Literal["True", "False"], str, str]
+    pods = ", ".join(r.name for r in present)
+    placed: Setting
+    serving: Setting
     if len(present) >= desired:
         placed = ("True", "Placed", f"on host pods {pods}" if pods else "its target is 0 replicas")
     elif wait is not None:
@@ -162,40 +152,29 @@ def shared_status(
         serving = ("False", FAILING_EVERYWHERE, scale.failing_everywhere)
     elif failed is not None:
         retry = f"; retrying in {scale.retry_in:.0f}s" if scale is not None and scale.retry_in else ""
-        serving = ("False", "Failed", f"host pod {failed.pod}: {failed.reason or 'the model failed'}{retry}")
+        serving = ("False", "Failed", f"host pod {failed.name}: {failed.reason or 'the model failed'}{retry}")
     elif desired == 0 and not present:
         serving = ("False", "ScaledToZero", _zero_message(pool))
     elif present:
         serving = ("False", "Loading", f"the model is loading on host pods {pods}")
     else:
         serving = ("False", placed[1], placed[2])
-    made = [
-        condition(
-            pool.status.conditions,
-            kind,
-            status=state,
-            reason=reason,
-            message=message,
-            now=now,
-            generation=pool.generation,
-        )
-        for kind, (state, reason, message) in ((PLACED, placed), ("Ready", serving))
-    ]
-    kept = [c for c in pool.status.conditions if c.type not in {PLACED, "Ready"}]
+    settings = {PLACED: placed, "Ready": serving}
+    conditions = with_conditions(pool.status.conditions, settings, now=now, generation=pool.generation)
     workers = [
         WorkerStatus(
-            name=r.pod,
+            name=r.name,
             state=r.state,
             node=r.node,
             memory=format_quantity(r.memory if r.state not in ("Failed", "Dead") else 0),
             queue_depth=r.queue_depth,
-            last_request_time=r.last_request_time,
+            last_request_time=rfc3339(r.last_request_time),
             reason=r.reason,
-            host=r.pod,
+            host=r.name,
             device=r.device,
-            since=r.since,
+            since=rfc3339(r.since),
         )
-        for r in sorted(replicas, key=lambda r: r.pod)
+        for r in sorted(replicas, key=lambda r: r.name)
     ]
     return ModelPoolStatus(
         phase=_phase(desired, ready, replicas),
@@ -209,7 +188,7 @@ def shared_status(
         # The budget charges the host pods (the ModelHost), not the pool: what each replica is charged on
         # its host's device until measured is its declared size.
         memory=MemoryStatus(declared=format_quantity(pool.spec.resources.memory_bytes)),
-        conditions=[*kept, *made],
+        conditions=conditions,
         backoff=scale.backoff if scale is not None else BackoffStatus(),
         autoscaling=scale.autoscaling if scale is not None else AutoscalingStatus(),
     )

@@ -4,7 +4,7 @@ autoscaling, declared against measured memory), the closing Events, and the ``Pl
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from modelpool_contract.api import (
@@ -66,6 +66,22 @@ def condition(
         last_transition_time=rfc3339(now) if changed or before is None else before.last_transition_time,
         observed_generation=generation,
     )
+
+
+#: A condition to set: its status, reason and message.
+Setting = tuple[ConditionStatus, str, str]
+
+
+def with_conditions(
+    previous: Sequence[Condition], settings: Mapping[str, Setting], *, now: datetime, generation: int
+) -> list[Condition]:
+    """``previous`` with each condition of ``settings`` (by type) set (``condition``), after the others,
+    which are kept as they are."""
+    kept = [c for c in previous if c.type not in settings]
+    return kept + [
+        condition(previous, kind, status=state, reason=why, message=text, now=now, generation=generation)
+        for kind, (state, why, text) in settings.items()
+    ]
 
 
 def _worker_statuses(draft: Draft) -> list[WorkerStatus]:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modelpool_contract.placements import read_models
-from modelpool_operator.observe.hosts import HostedReplica, host_reports
+from modelpool_contract.states import WorkerState
+from modelpool_operator.observe.hosts import host_reports
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.placement.decide import Room, apply_room
 from modelpool_operator.placement.ledger import Host, Resident, over_committed
 from modelpool_operator.planner.host_models import (
@@ -208,11 +211,16 @@ def view(replicas: int = 2) -> PoolView:
     )
 
 
+def replica(pod: str, state: WorkerState, memory: int, **seen: Any) -> ObservedWorker:
+    """A shared pool's model on host pod ``pod`` (``observe.hosts.hosted_workers``)."""
+    return ObservedWorker(name=pod, namespace=NS, pool="m", state=state, memory=memory, **seen)
+
+
 def test_a_shared_pools_status_lists_its_host_pods_with_the_models_state() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     replicas = [
-        HostedReplica("cpu-1", "Sleeping", GI, node="n1", device=1),
-        HostedReplica("cpu-0", "Ready", GI),  # a host that names no device: none shown
+        replica("cpu-1", "Sleeping", GI, node="n1", device=1),
+        replica("cpu-0", "Ready", GI),  # a host that names no device: none shown
     ]
     status = shared_wire(shared_status(view(), replicas, None, now))
     assert status["phase"] == "Ready" and status["readyText"] == "2/2" and status["observedGeneration"] == 3
@@ -230,14 +238,12 @@ def test_a_shared_pools_status_lists_its_host_pods_with_the_models_state() -> No
 def test_a_shared_pool_short_of_host_pods_says_why_and_loading_is_loading() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     wait = HostWait("NoRoom", "no device has 1Gi free")
-    status = shared_wire(shared_status(view(), [HostedReplica("cpu-0", "Loading", GI)], wait, now))
+    status = shared_wire(shared_status(view(), [replica("cpu-0", "Loading", GI)], wait, now))
     assert status["phase"] == "Loading" and status["replicas"] == 1 and status["readyReplicas"] == 0
     conditions = {c["type"]: c for c in status["conditions"]}
     assert (conditions["Placed"]["status"], conditions["Placed"]["reason"]) == ("False", "NoRoom")
     assert conditions["Ready"]["reason"] == "Loading"
-    failed = shared_wire(
-        shared_status(view(1), [HostedReplica("cpu-0", "Failed", GI, reason="OOM")], wait, now)
-    )
+    failed = shared_wire(shared_status(view(1), [replica("cpu-0", "Failed", GI, reason="OOM")], wait, now))
     assert failed["phase"] == "Failed" and failed["workers"][0]["memory"] == "0"
     assert "OOM" in {c["type"]: c for c in failed["conditions"]}["Ready"]["message"]
     assert shared_status(view(2), [], wait, now).phase == "Pending"

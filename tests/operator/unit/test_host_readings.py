@@ -82,11 +82,11 @@ def test_each_model_is_charged_on_the_device_its_host_reports_and_a_pod_has_the_
     [h] = observe_hosts(spec, [pod("h-0")], host_reports({"h-0": odd}))
     assert h.capacities == (8 * GI,) * 3 and ledger(h).devices[2].awake == 3 * GI
     # A shared pool's replicas say which device of their host pod holds the model (its status shows it).
-    from modelpool_operator.observe.hosts import hosted_replicas
+    from modelpool_operator.observe.hosts import hosted_workers
 
-    [a] = hosted_replicas("a", GI, [pod("h-0")], host_reports({"h-0": report}))
-    [b] = hosted_replicas("b", GI, [pod("h-0")], host_reports({"h-0": report}))
-    assert (a.pod, a.device, b.device) == ("h-0", 2, None)
+    [a] = hosted_workers("ns", "a", GI, [pod("h-0")], host_reports({"h-0": report}))
+    [b] = hosted_workers("ns", "b", GI, [pod("h-0")], host_reports({"h-0": report}))
+    assert (a.name, a.device, b.device) == ("h-0", 2, None)
 
 
 def test_a_models_state_since_is_read_for_its_idle_age() -> None:

@@ -26,6 +26,7 @@ from modelpool_operator.effects.resources import worker_template_hash
 from modelpool_operator.metrics import OperatorMetrics
 from modelpool_operator.observe.observation import ObservationCache, pod_indexed, slim_pod
 from modelpool_operator.planner import Event, Evict, Plan
+from modelpool_operator.planner.status_pace import GATHER_S, ROUTINE_HOLD_S
 from modelpool_operator.pool import OtherPool, PoolView, worker_name
 from modelpool_operator.reconcile import reconcile_pool
 from modelpool_operator.reconcile_budget import budget_status_wire
@@ -309,12 +310,13 @@ async def test_concurrent_pools_never_over_admit(state: Operator) -> None:
     assert len(state.book.reservations) == 0
     assert len(kube.created) == 4
     # a's and b's workers are Pending: those pools are being created, and their progress waits for the
-    # pace's interval (``planner.status_pace``), each asking for a pass then; c's is written at once.
+    # pace (``planner.status_pace``: the workers appearing are a routine detail, held ROUTINE_HOLD_S after
+    # the last write and GATHER_S after the change), each asking for a pass then; c's is written at once.
     assert len(kube.status_patches) == patches_before + 1
     assert [bool(pool.run.status_due) for pool in passes] == [True, True, False]
-    interval = state.services.config.creating_status_interval_seconds
-    for pool in passes:  # the interval passes
-        pool.run.status_written_at = (pool.run.status_written_at or 0.0) - interval
+    for pool in passes:  # the pace's wait passes
+        pool.run.status_written_at = (pool.run.status_written_at or 0.0) - ROUTINE_HOLD_S
+        pool.run.status_held_at = (pool.run.status_held_at or 0.0) - GATHER_S
     await one_by_one(pods)
     assert len(kube.status_patches) == patches_before + 3
     # Nothing changed since: no further status writes.

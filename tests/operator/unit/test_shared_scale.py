@@ -11,7 +11,8 @@ from typing import Any
 from modelpool_contract.demand import Demand
 from modelpool_contract.times import rfc3339
 from modelpool_operator.host import HostView
-from modelpool_operator.observe.hosts import HostedReplica, host_reports, hosted_replicas, hosted_workers
+from modelpool_operator.observe.hosts import host_reports, hosted_workers
+from modelpool_operator.observe.worker_state import ObservedWorker
 from modelpool_operator.placement.ledger import Host, Resident
 from modelpool_operator.planner.host_models import SharedPool, plan_models
 from modelpool_operator.planner.shared import shared_status, shared_wire
@@ -56,17 +57,15 @@ def model_doc(state: str, **figures: Any) -> dict[str, Any]:
     return {"state": state, "state_since": NOW.timestamp() - 100, "time": NOW.timestamp(), **figures}
 
 
-def observed(docs: dict[str, dict[str, Any]]) -> tuple[list[HostedReplica], list[Any]]:
-    """The replicas and the workers of pool emb over host pods whose /stats hold ``docs`` (by pod)."""
+def observed(docs: dict[str, dict[str, Any]]) -> list[ObservedWorker]:
+    """The replicas, as workers, of pool emb over host pods whose /stats hold ``docs`` (by pod)."""
     pods = [host_pod(name) for name in docs]
     stats = {name: {"models": {"emb": doc}} for name, doc in docs.items()}
-    reports = host_reports(stats)
-    replicas = hosted_replicas("emb", GI, pods, reports)
-    return replicas, hosted_workers(NS, "emb", replicas, reports)
+    return hosted_workers(NS, "emb", GI, pods, host_reports(stats))
 
 
 def test_a_replicas_figures_are_the_models_own_on_its_host() -> None:
-    _, [worker] = observed({"gpus-0": model_doc("Processing", in_flight=3, queue_depth=2, requests_total=9)})
+    [worker] = observed({"gpus-0": model_doc("Processing", in_flight=3, queue_depth=2, requests_total=9)})
     assert (worker.name, worker.pool, worker.state) == ("gpus-0", "emb", "Processing")
     assert (worker.in_flight, worker.queue_depth, worker.requests_total) == (3, 2, 9)
     assert worker.stats_known and worker.since == NOW - timedelta(seconds=100)
@@ -74,7 +73,7 @@ def test_a_replicas_figures_are_the_models_own_on_its_host() -> None:
 
 def test_load_on_the_host_pods_scales_a_shared_pool_up_within_its_host_pods() -> None:
     # Load 40 on one replica (target 10 a replica): a burst asks for 4, maxReplicas is 5, the host has 3.
-    _, workers = observed({"gpus-0": model_doc("Processing", in_flight=8, queue_depth=32)})
+    workers = observed({"gpus-0": model_doc("Processing", in_flight=8, queue_depth=32)})
     scale = scale_shared(pool(replicas=1, maxReplicas=5), workers, host_pods=3, now=NOW)
     assert scale.target == 4 and scale.count == SharedCount(3)
     assert [e.reason for e in scale.events] == ["ScaledUp"]
@@ -102,7 +101,7 @@ def test_a_shared_pool_at_zero_is_placed_for_fresh_gateway_demand() -> None:
 
 def test_an_idle_replica_sleeps_on_its_host_then_is_unloaded_after_twice_the_idle_timeout() -> None:
     last = NOW - timedelta(seconds=150)
-    _, workers = observed({"gpus-0": model_doc("Sleeping", last_request_time=last.timestamp())})
+    workers = observed({"gpus-0": model_doc("Sleeping", last_request_time=last.timestamp())})
     spec: dict[str, Any] = {"replicas": 1, "idleTimeoutSeconds": 100}
     waiting = scale_shared(pool(**spec), workers, host_pods=1, now=NOW)
     assert waiting.count.target == 1 and waiting.requeue_after == 50
@@ -121,16 +120,16 @@ def test_an_idle_replica_sleeps_on_its_host_then_is_unloaded_after_twice_the_idl
     assert waited.count.target == 1 and waited.requeue_after == 100
 
 
-def _status_after(scale: SharedScale, replicas: list[HostedReplica], now: datetime) -> dict[str, Any]:
+def _status_after(scale: SharedScale, replicas: list[ObservedWorker], now: datetime) -> dict[str, Any]:
     return shared_wire(shared_status(pool(replicas=1), replicas, None, now, scale))
 
 
 def test_a_failed_model_backs_off_then_is_retried_and_a_new_failure_counts_again() -> None:
-    replicas, workers = observed({"gpus-0": model_doc("Failed", reason="OOM")})
+    workers = observed({"gpus-0": model_doc("Failed", reason="OOM")})
     first = scale_shared(pool(replicas=1), workers, host_pods=2, now=NOW)
     assert first.count.retry == frozenset()
     assert [e.reason for e in first.events] == ["BackOff"] and first.requeue_after == 5
-    status = _status_after(first, replicas, NOW)
+    status = _status_after(first, workers, NOW)
     assert status["backoff"]["failures"] == 1 and status["workers"][0]["since"]
     ready = {c["type"]: c for c in status["conditions"]}["Ready"]
     assert ready["reason"] == "Failed" and "OOM; retrying in 5s" in ready["message"]
@@ -138,14 +137,14 @@ def test_a_failed_model_backs_off_then_is_retried_and_a_new_failure_counts_again
     due = scale_shared(pool(status, replicas=1), workers, host_pods=2, now=NOW + timedelta(seconds=6))
     assert due.count.retry == frozenset({"gpus-0"}) and due.events == () and due.backoff.failures == 1
     # A new failure (a later failure time) counts again, with a longer delay.
-    again, workers = observed({"gpus-1": {**model_doc("Failed"), "state_since": NOW.timestamp() + 7}})
+    workers = observed({"gpus-1": {**model_doc("Failed"), "state_since": NOW.timestamp() + 7}})
     second = scale_shared(pool(status, replicas=1), workers, host_pods=2, now=NOW + timedelta(seconds=8))
     assert (
         second.backoff.failures == 2 and second.requeue_after == 10 and second.backoff.last_worker == "gpus-1"
     )
     # As many failures in a row as host pods, serving nowhere: the Ready condition says so.
     assert second.failing_everywhere is not None
-    ready = {c["type"]: c for c in _status_after(second, again, NOW)["conditions"]}["Ready"]
+    ready = {c["type"]: c for c in _status_after(second, workers, NOW)["conditions"]}["Ready"]
     assert ready["reason"] == FAILING_EVERYWHERE and "failed 2 times in a row" in ready["message"]
 
 

@@ -44,7 +44,7 @@ def outside_schema(value: Any, node: dict[str, Any], path: str = "status") -> li
 
 def _status() -> ModelPoolStatus:
     """A shared pool of three replicas after a pass: one serving, one loading, one failed (its backoff)."""
-    replicas, workers = observed(
+    workers = observed(
         {
             "gpus-0": model_doc("Processing", in_flight=8, queue_depth=32, device=1),
             "gpus-1": model_doc("Loading"),
@@ -52,7 +52,7 @@ def _status() -> ModelPoolStatus:
         }
     )
     scale = scale_shared(pool(replicas=2, maxReplicas=4), workers, host_pods=3, now=NOW)
-    return shared_status(pool(replicas=2), replicas, HostWait("NoRoom", "no device has 1Gi free"), NOW, scale)
+    return shared_status(pool(replicas=2), workers, HostWait("NoRoom", "no device has 1Gi free"), NOW, scale)
 
 
 def test_a_shared_pools_status_is_within_the_crd_schema_and_reads_back_as_written() -> None:

@@ -9,11 +9,12 @@ from pathlib import Path
 from model_server.config import load_config
 from model_server.cpu_budget import (
     THREADS_ENV,
+    TOKENIZER_THREADS_ENV,
     cgroup_paths,
     cgroup_quota,
-    intra_op_threads,
+    plan_threads,
     quota_cpus,
-    size_intra_op_threads,
+    size_threads,
 )
 
 V1_SELF = "12:cpu,cpuacct:/kubepods/pod1/c1\n11:memory:/kubepods/pod1/c1\n0::/\n"
@@ -60,18 +61,22 @@ def test_cgroup_quota_v1_and_a_container_whose_cgroup_is_the_mount(tmp_path: Pat
     assert cgroup_quota(tmp_path / "nothing", tmp_path / "missing") is None
 
 
-def test_intra_op_threads() -> None:
-    assert intra_op_threads(3, cpus=2.0, cores=64, env={}) == 3  # --intra-op-threads wins
-    assert intra_op_threads(None, cpus=2.0, cores=64, env={THREADS_ENV: "8"}) is None  # the pod's own
-    assert intra_op_threads(None, cpus=2.5, cores=64, env={THREADS_ENV: " "}) == 2  # rounded down
-    assert intra_op_threads(None, cpus=0.5, cores=64, env={}) == 1
-    assert intra_op_threads(None, cpus=64.0, cores=64, env={}) is None  # no cap: torch's default
+def test_threads_under_a_cpu_limit() -> None:
+    def threads(requested: int | None, quota: float | None, env: dict[str, str]) -> int | None:
+        return plan_threads(requested, quota=quota, share=None, cores=64, env=env).threads
+
+    assert threads(3, 2.0, {}) == 3  # --intra-op-threads wins
+    assert threads(None, 2.0, {THREADS_ENV: "8"}) is None  # the pod's own
+    assert threads(None, 2.5, {THREADS_ENV: " "}) == 2  # rounded down
+    assert threads(None, 0.5, {}) == 1
+    assert threads(None, 64.0, {}) is None  # no cap: torch's default
+    assert threads(None, None, {}) is None
 
 
-def test_size_intra_op_threads_sets_the_environment() -> None:
+def test_size_threads_sets_the_environment() -> None:
     env: dict[str, str] = {}
-    size_intra_op_threads(3, env)
-    assert env == {THREADS_ENV: "3"}
+    size_threads(3, None, env)
+    assert env == {THREADS_ENV: "3", TOKENIZER_THREADS_ENV: "3"}
 
 
 def test_intra_op_threads_flag() -> None:
