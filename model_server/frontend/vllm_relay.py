@@ -23,9 +23,9 @@ from typing import TypeVar
 import httpx
 import orjson
 from fastapi import FastAPI
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from model_server.errors import DeadlineExceeded, InvalidInput, ModelNotReady, ServerError
 from model_server.frontend.endpoints.common import (
@@ -37,7 +37,7 @@ from model_server.frontend.endpoints.common import (
 from model_server.frontend.inference_client import ClientGone
 from model_server.frontend.openai_codec import models_response, sse, stream_error
 from model_server.frontend.server import ModelServer
-from model_server.worker_view import Column, Field
+from model_server.worker_view import Column, Door, Field
 
 T = TypeVar("T")
 # httpx logs every request it sends at INFO: one line per relayed request would double the worker's log.
@@ -73,14 +73,14 @@ class Upstream:
 class Hold:
     """A slot of the door, held until the answer is complete; given back once, whoever gets there first."""
 
-    def __init__(self, server: ModelServer) -> None:
-        self.server = server
+    def __init__(self, door: Door) -> None:
+        self.door = door
         self._held = True
 
     def release(self) -> None:
         if self._held:
             self._held = False
-            self.server.view.door.give_back()
+            self.door.give_back()
 
 
 def peek(body: bytes) -> tuple[bool, str | None]:
@@ -109,7 +109,7 @@ def admit(server: ModelServer) -> Hold:
     row = inference.row
     server.view.add(row, Column.REQUESTS)
     server.view.put(row, Column.LAST_REQUEST, time.time())
-    return Hold(server)
+    return Hold(server.view.door)
 
 
 def register(app: FastAPI, server: ModelServer) -> None:
@@ -144,7 +144,7 @@ async def relay(upstream: Upstream, request: Request, path: str) -> Response:
         response = await _within(request, deadline, _send(client, call))
         if streaming and response.status_code == 200:
             streamed = True  # the stream lets the slot go at its end
-            return _stream(response, hold, deadline)
+            return RelayedStream(response, hold, deadline)
         return await _whole(server, request, deadline, response)
     finally:
         if not streamed:
@@ -195,36 +195,77 @@ async def _within(request: Request, deadline: float, work: Awaitable[T]) -> T:
     raise DeadlineExceeded("request deadline passed before the answer was complete")
 
 
-def _stream(response: httpx.Response, hold: Hold, deadline: float) -> StreamingResponse:
-    """vLLM's server-sent events as they come; the slot and the upstream connection let go at the end, at
-    the client's disconnect (the stream cancelled) or at the deadline (an error event, then the end)."""
+class RelayedStream(StreamingResponse):
+    """vLLM's server-sent events as they come, and the client's leaving relayed to vLLM at once.
 
-    async def close() -> None:
-        hold.release()
-        await response.aclose()
+    The moment ASGI's ``http.disconnect`` arrives the relay stops (no chunk after it) and the upstream
+    connection is closed, which is what makes vLLM abort the request; the slot of the door is given back
+    then, at the end of the answer, or at the deadline (an error event, then the end).  The close is done
+    here, on the disconnect, and not by cancelling the relay: a cancellation lands only where the relay
+    waits, and the relay does not wait while it works through events already read (see ``_events``), so a
+    relay behind vLLM would keep the connection, and vLLM the generation, until it caught up."""
 
-    return StreamingResponse(
-        _events(response, hold, deadline),
-        status_code=200,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache"},
-        background=BackgroundTask(close),  # also when the stream was cancelled before its first chunk
-    )
+    def __init__(self, upstream: httpx.Response, hold: Hold, deadline: float) -> None:
+        self.upstream = upstream
+        self.hold = hold
+        self.gone = asyncio.Event()  # the client left: set before anything else is done about it
+        super().__init__(
+            _events(upstream, hold, deadline, self.gone),
+            status_code=200,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The relay beside the disconnect watch, whatever ASGI version the server speaks (Starlette's own
+        ``StreamingResponse`` watches only below 2.4, and then by cancelling the relay)."""
+        relay = asyncio.ensure_future(self.stream_response(send))
+        watch = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        try:
+            await asyncio.wait((relay, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            await self.close()  # vLLM aborts the request now if the answer was not complete
+            relay.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await relay  # its own end: a client gone mid-write (OSError) was seen by the watch too
+
+    async def listen_for_disconnect(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            continue
+        self.gone.set()
+
+    async def close(self) -> None:
+        """The slot back and the upstream connection closed (both once, whoever gets there first)."""
+        self.hold.release()
+        await self.upstream.aclose()
 
 
-async def _events(response: httpx.Response, hold: Hold, deadline: float) -> AsyncIterator[bytes]:
+async def _events(
+    response: httpx.Response, hold: Hold, deadline: float, gone: asyncio.Event
+) -> AsyncIterator[bytes]:
+    """vLLM's chunks until its end, the deadline, or the client leaving (``gone``).
+
+    The chunks of one read from vLLM's connection (64 KiB: some 270 events) come without any wait, so the
+    loop lets the event loop run before it relays each one (``sleep(0)``): the client's disconnect is seen
+    between any two chunks, not only once the relay has caught up with vLLM."""
     chunks = response.aiter_raw()
     try:
         while True:
             try:
-                chunk = await asyncio.wait_for(anext(chunks), max(0.0, deadline - time.monotonic()))
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    chunk = await anext(chunks)
             except StopAsyncIteration:
                 return
             except TimeoutError:
                 yield sse(stream_error(DeadlineExceeded("request deadline passed during the stream")))
                 return
             except httpx.HTTPError as exc:
-                yield sse(stream_error(ModelNotReady(f"vLLM's stream broke: {type(exc).__name__}")))
+                if not gone.is_set():  # a connection closed because the client left is no failure
+                    yield sse(stream_error(ModelNotReady(f"vLLM's stream broke: {type(exc).__name__}")))
+                return
+            await asyncio.sleep(0)
+            if gone.is_set():
                 return
             if chunk.rstrip().endswith(SSE_END):
                 hold.release()  # the answer is complete: its slot is free before the client reads the end
@@ -234,4 +275,4 @@ async def _events(response: httpx.Response, hold: Hold, deadline: float) -> Asyn
         await response.aclose()
 
 
-__all__ = ["RELAYED", "Hold", "Upstream", "admit", "budget_s", "peek", "register", "relay"]
+__all__ = ["RELAYED", "Hold", "RelayedStream", "Upstream", "admit", "budget_s", "peek", "register", "relay"]
