@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import platform
 import pstats
 import shutil
@@ -60,6 +62,7 @@ import psutil
 import yaml
 
 from bench import standalone
+from bench.baseline import baseline_tree
 from bench.kwok import wait
 from bench.minilm import packaged_minilm
 from bench.report import load_average, publish
@@ -253,20 +256,28 @@ def start_gateway(
     log: Path,
     procs: list[subprocess.Popen[bytes]],
     flags: tuple[str, ...] = OFF_FLAGS,
+    *,
     profile: Path | None = None,
+    root: Path = ROOT,
 ) -> str:
     """A gateway process for the bench's namespace with ``flags`` (its URL); ``procs`` gets the process.
-    ``profile``: run it under cProfile, its statistics written there when it exits."""
+    ``profile``: run it under cProfile, its statistics written there when it exits.  ``root``: the source
+    tree it runs (another revision's, ``--baseline``: with this tree's virtualenv, so only our code
+    differs)."""
     port = free_port()
-    program = [str(ROOT / ".venv" / "bin" / "modelpool-gateway")]
+    python = str(ROOT / ".venv" / "bin" / "python")
+    program = [python, "-m", "modelpool_gateway"]
     if profile is not None:
-        program = [str(ROOT / ".venv" / "bin" / "python"), "-m", "cProfile", "-o", str(profile), "-m",
-                   "modelpool_gateway"]  # fmt: skip
+        program = [python, "-m", "cProfile", "-o", str(profile), "-m", "modelpool_gateway"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+    }
     procs.append(
         subprocess.Popen(
             [*program, "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE, "--host", "127.0.0.1",
              "--port", str(port), *flags],
-            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True, cwd=root, env=env,
         )
     )  # fmt: skip
     return f"http://127.0.0.1:{port}"
@@ -374,34 +385,39 @@ def on_flags(otlp_url: str, sample_ratio: float) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def start_on_gateway(stack: Stack, logs: Path, procs: list[subprocess.Popen[bytes]], otlp_url: str,
-                     profile: Path | None) -> Stack:  # fmt: skip
-    """The key Secret and the "on" gateway beside the stack's, serving echo with the key."""
+def create_key(stack: Stack) -> None:
+    """The "on" gateways' key Secret, in a keys namespace of its own."""
     kubectl(stack.kubeconfig, "create", "namespace", KEYS_NAMESPACE)
     fields = {NAMESPACES_FIELD: NAMESPACE, **NEVER_REACHED}
     secret = standalone.key_secret("overhead", KEYS_NAMESPACE, OVERHEAD_KEY, **fields)
     kubectl(stack.kubeconfig, "apply", "-f", "-", stdin=json.dumps(secret))
-    flags = on_flags(otlp_url, chart_sample_ratio())
-    url = start_gateway(stack.kubeconfig, logs / "gateway-on.log", procs, flags, profile)
-    key = {"authorization": f"Bearer {OVERHEAD_KEY}"}
+
+
+def start_beside(stack: Stack, log: Path, procs: list[subprocess.Popen[bytes]], flags: tuple[str, ...], *,
+                 key: str | None, profile: Path | None = None, root: Path = ROOT) -> Stack:  # fmt: skip
+    """A gateway with ``flags`` beside the stack's (of the tree at ``root``), once it serves echo (with
+    ``key`` when it checks keys)."""
+    url = start_gateway(stack.kubeconfig, log, procs, flags, profile=profile, root=root)
+    headers = {"authorization": f"Bearer {key}"} if key else {}
 
     def serving() -> bool:
         try:
-            models = httpx.get(url + "/v1/models", headers=key, timeout=5).json()["data"]
+            models = httpx.get(url + "/v1/models", headers=headers, timeout=5).json()["data"]
         except (httpx.HTTPError, KeyError, ValueError):
             return False
         return any(m["modelpool"]["pool"] == "echo" and m["modelpool"]["servingWorkers"] for m in models)
 
-    wait(serving, 120, "the 'on' gateway serving echo with its key", interval=0.5)
-    return replace(stack, gateway_url=url, key=OVERHEAD_KEY)
+    wait(serving, 120, f"the gateway of {log.stem} serving echo", interval=0.5)
+    return replace(stack, gateway_url=url, key=key)
 
 
 def c64_round(stacks: dict[str, Stack], flip: bool, warmup: float, window: float) -> dict[str, Any]:
-    """One segment each of 64 closed-loop clients direct, through "off" and through "on" (reversed order
-    when ``flip``): each segment's p50 and rate."""
+    """One segment each of 64 closed-loop clients direct and through each gateway of ``stacks`` ("off",
+    "on", and with ``--baseline`` the baseline's "before:off", "before:on"; reversed order when
+    ``flip``): each segment's p50 and rate."""
     off = stacks["off"]
     sides: list[tuple[str, str, str | None]] = [("direct", off.workers["echo"], None)]
-    sides += [("off", off.gateway_url, None), ("on", stacks["on"].gateway_url, stacks["on"].key)]
+    sides += [(name, stack.gateway_url, stack.key) for name, stack in stacks.items()]
     out: dict[str, Any] = {}
     for name, url, key in sides[::-1] if flip else sides:
         off.settle("echo")
@@ -421,18 +437,27 @@ def overhead_cost(
     receiver = Collector(logs)
     loads = [load_average()]
     try:
-        on = start_on_gateway(
-            stack, logs, procs, receiver.url, logs / "gateway-on.prof" if args.profile else None
-        )
+        create_key(stack)
+        flags = on_flags(receiver.url, chart_sample_ratio())
+        profile = logs / "gateway-on.prof" if args.profile else None
+        on = start_beside(stack, logs / "gateway-on.log", procs, flags, key=OVERHEAD_KEY, profile=profile)
         stacks = {"off": stack, "on": on}
-        c1: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
-        c64: list[dict[str, Any]] = []
-        for r in range(args.rounds):
-            for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                print(f"  {name}:", flush=True)
-                c1[name].append(added_latency(stacks[name], 1, args.pairs, echo_embeddings))
-            c64.append(c64_round(stacks, r % 2 == 1, 1.0, args.window))
-            loads.append(load_average())
+        with contextlib.ExitStack() as trees:
+            if args.baseline:  # the same two gateways from the baseline's tree, measured in the same rounds
+                tree = trees.enter_context(baseline_tree(args.baseline))
+                # (flags of its own: the "on" gateway's metrics port is taken)
+                baseline_on = on_flags(receiver.url, chart_sample_ratio())
+                for name, given, key in (("off", OFF_FLAGS, None), ("on", baseline_on, OVERHEAD_KEY)):
+                    log = logs / f"gateway-before-{name}.log"
+                    stacks[f"before:{name}"] = start_beside(stack, log, procs, given, key=key, root=tree)
+            c1: dict[str, list[dict[str, Any]]] = {name: [] for name in stacks}
+            c64: list[dict[str, Any]] = []
+            for r in range(args.rounds):
+                for name in list(stacks) if r % 2 == 0 else list(stacks)[::-1]:
+                    print(f"  {name}:", flush=True)
+                    c1[name].append(added_latency(stacks[name], 1, args.pairs, echo_embeddings))
+                c64.append(c64_round(stacks, r % 2 == 1, 1.0, args.window))
+                loads.append(load_average())
         spans = len(receiver.spans())
     finally:
         receiver.close()
@@ -446,13 +471,20 @@ def overhead_cost(
 def overhead_summary(
     c1: dict[str, list[dict[str, Any]]], c64: list[dict[str, Any]], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Pure: the medians and the on/off ratios of the rounds' figures."""
+    """Pure: the medians and the on/off ratios of the rounds' figures (and with ``--baseline``, in
+    ``before``, the baseline tree's gateways' on/off ratios of the same rounds)."""
     added1 = {name: statistics.median(r["added_p50_ms"] for r in rs) for name, rs in c1.items()}
-    added64 = {
-        name: statistics.median(r[name]["p50_ms"] - r["direct"]["p50_ms"] for r in c64)
-        for name in ("off", "on")
-    }
-    return {
+    added64 = {name: statistics.median(r[name]["p50_ms"] - r["direct"]["p50_ms"] for r in c64) for name in c1}
+
+    def ratio(added: dict[str, float], prefix: str = "") -> float:
+        off = added[prefix + "off"]
+        return added[prefix + "on"] / off if off > 0 else float("nan")
+
+    before = {}
+    if "before:on" in c1:
+        before = {"before": {"rev": getattr(args, "baseline", None), "c1_ratio": ratio(added1, "before:"),
+                             "c64_ratio": ratio(added64, "before:")}}  # fmt: skip
+    return before | {
         "machine": f"{platform.machine()} ({psutil.cpu_count()} CPUs)",
         "date": time.strftime("%Y-%m-%d"),
         "rounds": args.rounds,
@@ -463,13 +495,13 @@ def overhead_summary(
             "direct_p50_ms": {
                 name: statistics.median(r["direct_p50_ms"] for r in rs) for name, rs in c1.items()
             },
-            "ratio": added1["on"] / added1["off"] if added1["off"] > 0 else float("nan"),
+            "ratio": ratio(added1),
             "per_round": c1,
         },
         "c64": {
             "added_p50_ms": added64,
-            "p50_ms": {n: statistics.median(r[n]["p50_ms"] for r in c64) for n in ("direct", "off", "on")},
-            "ratio": added64["on"] / added64["off"] if added64["off"] > 0 else float("nan"),
+            "p50_ms": {n: statistics.median(r[n]["p50_ms"] for r in c64) for n in ("direct", *c1)},
+            "ratio": ratio(added64),
             "per_round": c64,
         },
     }
@@ -688,7 +720,21 @@ def overhead_table(res: dict[str, Any]) -> str:
         f"| concurrency 64 (p50 of 64 clients, {res['window_s']:g} s segments direct, off, on) | "
         f"+{c64['added_p50_ms']['off']:.2f} ms | +{c64['added_p50_ms']['on']:.2f} ms | {c64['ratio']:.2f} | "
         f"<= {OVERHEAD_TARGET:.2f} ({mark(c64['ratio'])}) |",
+        *_before_rows(res),
     ])  # fmt: skip
+
+
+def _before_rows(res: dict[str, Any]) -> list[str]:
+    """With ``--baseline``: the baseline tree's off and on gateways, measured in the same rounds."""
+    if "before" not in res:
+        return []
+    rev, c1, c64 = res["before"]["rev"], res["c1"]["added_p50_ms"], res["c64"]["added_p50_ms"]
+    return [
+        f"| before ({rev}), concurrency 1 | +{c1['before:off']:.3f} ms | +{c1['before:on']:.3f} ms | "
+        f"{res['before']['c1_ratio']:.2f} | |",
+        f"| before ({rev}), concurrency 64 | +{c64['before:off']:.2f} ms | +{c64['before:on']:.2f} ms | "
+        f"{res['before']['c64_ratio']:.2f} | |",
+    ]
 
 
 def show_profile(written: Path, kept: Path) -> None:
@@ -760,6 +806,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the added latency with keys, limits, usage, access lines and traces off and on "
         "(.bench/gateway-overhead.json and its own block of docs/benchmarks.md)",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="with --overhead-only: also the off and on gateways of revision REV's tree (git archive; this "
+        "tree's virtualenv), measured in the same rounds: its on/off ratios as the table's 'before' rows",
     )
     parser.add_argument(
         "--profile",

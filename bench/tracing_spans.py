@@ -4,10 +4,10 @@ The spans a request relayed once makes in the gateway with traces on (``modelpoo
 server span continuing a client's ``traceparent``, with the key check's outcome on it, and the relay with its
 routing choice's attributes and its ``traceparent`` injected), timed with ``time.process_time`` over a few
 thousand requests, with a batch processor whose exporter drops the spans (the export itself runs on the
-exporter's thread, off the request path); and, traces off, the tests of ``tracing.on()`` the request path
-makes instead. A CPU figure, not a latency: ``python -m bench.gateway --overhead-only`` measures the gateway's
-added latency with traces (and keys, limits, usage, access lines) off and on. Prints one line per case;
-docs/benchmarks.md quotes it by hand.
+exporter's thread, off the request path); a request sampled out (``tracing.decide``) makes none; and, traces
+off, the tests of ``tracing.on()`` the request path makes instead. A CPU figure, not a latency:
+``python -m bench.gateway --overhead-only`` measures the gateway's added latency with traces (and keys,
+limits, usage, access lines) off and on. Prints one line per case; docs/benchmarks.md quotes it by hand.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind
 
-from modelpool_contract import tracing
+from modelpool_contract import logs, tracing
 from modelpool_gateway.app import admission_attributes, route_attributes
 from modelpool_gateway.state import Worker
 
@@ -41,9 +41,16 @@ class Dropped(SpanExporter):
 
 
 def traced_request(headers: list[tuple[bytes, bytes]] = HEADERS) -> None:
-    """The spans of one request relayed once by the gateway (``modelpool_gateway.app``)."""
+    """The spans of one request relayed once by the gateway (``modelpool_gateway.app``): sampled first
+    (``tracing.decide``); one sampled out makes no span, only its trace id bound for the logs and its
+    ``traceparent`` in the headers relayed."""
+    decided = tracing.decide(headers)
+    if isinstance(decided, tracing.Unsampled):
+        logs.bind(None, decided.trace_id)()
+        tracing.with_traceparent(headers, decided.traceparent)
+        return
     attributes = {tracing.METHOD: "POST", tracing.PATH: "/v1/embeddings"}
-    with tracing.server_span("POST /v1/embeddings", headers, attributes) as span:
+    with tracing.request_span("POST /v1/embeddings", decided, attributes) as span:
         span.set_attributes(admission_attributes("keys/team", None))
         tracing.annotate({tracing.POOL: "ns/pool", tracing.MODEL: "pool"})
         routed = route_attributes("ns/pool", WORKER, 0, None)
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         on = cpu_us(traced_request, args.requests, args.rounds)
     finally:
         tracing.shutdown()
-    # Sampled out: a ratio of 0 and no traceparent from the client (the spans exist, recording nothing).
+    # Sampled out: a ratio of 0 and no traceparent from the client (no span is made).
     tracing.setup("bench", None, 0.0, processor=BatchSpanProcessor(Dropped()))
     try:
         out = cpu_us(lambda: traced_request(HEADERS[:1]), args.requests, args.rounds)

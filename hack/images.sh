@@ -92,6 +92,21 @@ inputs_hash() {
   } | sha256sum | cut -d' ' -f1
 }
 
+# The free space a target's build needs at its peak, in GiB: df sampled each second through
+# `IMAGES_FORCE=1 hack/images.sh` (2026-12-07): the server's build took 20.8 GB beyond what it started with,
+# the operator's about 1.5 GB.  IMAGES_MIN_FREE_GB overrides it.
+need_free() {
+  local target=$1 need have store=/var/lib/containers/storage
+  case $target in server) need=${IMAGES_MIN_FREE_GB:-22} ;; *) need=${IMAGES_MIN_FREE_GB:-3} ;; esac
+  mkdir -p "$store"
+  have=$(df --output=avail -BG "$store" | tail -1 | tr -dc 0-9)
+  if [ "$have" -lt "$need" ]; then
+    log "building the $target image needs about $need GiB free under $store (vfs copies every layer); $have GiB are"
+    df -h "$store" >&2
+    return 1
+  fi
+}
+
 build_target() {
   local target=$1 image hash current start
   image=$REGISTRY/modelpool-$target:$(version)
@@ -102,6 +117,16 @@ build_target() {
     log "$image is up to date"
     return
   fi
+  # Disk: under vfs a build needs about three times the image at its commit (the container's root, the
+  # layer's blob being staged, the new layer: ~21 GB for the 6.3 GB server image).  The stale image of
+  # this tag is removed first (it would hold another copy through the build), and the space is checked
+  # before minutes of work run into ENOSPC.
+  if image_exists "$image"; then
+    log "removing the stale $image"
+    bh rmi --force "$image" >/dev/null
+  fi
+  bh rmi --prune >/dev/null 2>&1 || true
+  need_free "$target" || return 1
   local args=(bud --isolation chroot --target "$target" --tag "$image"
     --build-arg "BASE_IMAGE=$BASE_IMAGE" --label "$LABEL=$hash" --pull=never)
   [ -z "$TORCH_INDEX_URL" ] || args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
@@ -126,6 +151,9 @@ build_target() {
   local attempt
   for attempt in 1 2 3; do
     bh "${args[@]}" . >"$build_log" 2>&1 && break
+    # A failed build leaves its working containers (a whole root each under vfs): none is kept (this
+    # store's only other containers are the smoke check's, which removes its own).
+    bh rm --all >/dev/null 2>&1 || true
     # A RUN step re-executes buildah from a sealed memfd copy of itself (containers/storage's unshare.c);
     # the kernel answers F_ADD_SEALS with EBUSY while the copy's fresh pages still hold transient
     # references, a race outside this build.  Only that failure is tried again (the finished layers are
@@ -173,7 +201,7 @@ main() {
     case $t in
       base) ;;
       operator | server) build_target "$t" ;;
-      all) build_target operator && build_target server ;;
+      all) build_target operator; build_target server ;;
       smoke) smoke ;;
       *) echo "usage: $0 [base|operator|server|all|smoke]..." >&2 && exit 2 ;;
     esac

@@ -79,8 +79,8 @@ CPU_SHARE_ENV: Final = "MODELPOOL_CPU_SHARE_MILLICORES"
 DEFAULT_WORKER_CPU: Final = "1"
 
 #: The share of requests without a ``traceparent`` traced when traces are on, unless set: one in ten, so
-#: that turning traces on costs a busy gateway little (a sampled request's spans cost about 115 us of
-#: its CPU, a sampled-out one under 20 us: docs/benchmarks.md); a request that comes with a sampled
+#: that turning traces on costs a busy gateway little (a sampled request's spans cost about 100 us of
+#: its CPU, a sampled-out one makes none, about 3 us: docs/benchmarks.md); a request that comes with a sampled
 #: ``traceparent`` is traced whatever the ratio, so one request can always be followed end to end.
 DEFAULT_SAMPLE_RATIO = 0.1
 

@@ -130,8 +130,14 @@ _LEVELS = {
 }
 
 
+@functools.lru_cache(maxsize=2)
+def _second(second: int) -> str:
+    # Formatted once a second: a busy process logs many lines in one (the gateway's access lines).
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
 def _utc(record: logging.LogRecord) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+    return f"{_second(int(record.created))}.{int(record.msecs):03d}Z"
 
 
 def _level(record: logging.LogRecord) -> str:
@@ -190,8 +196,12 @@ class JsonFormatter(_Base):
         traceback = self.traceback(record)
         if traceback is not None:
             doc["exception"] = traceback
-        # default=str: a field's value the encoder does not know (a Path, an enum) is written as its text.
-        return json.dumps(doc, ensure_ascii=True, separators=(",", ":"), default=str)
+        return _ENCODER.encode(doc)
+
+
+# One encoder for every line (``json.dumps`` with options builds one per call); default=str: a field's value
+# the encoder does not know (a Path, an enum) is written as its text.
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), default=str)
 
 
 class PlainFormatter(_Base):

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from modelpool_gateway.cache import Registry
 from modelpool_gateway.errors import Send, send_error
 from modelpool_gateway.fairness import EQUAL_SHARE, Share
-from modelpool_gateway.keys import EVERYTHING, Grant, KeyStore, bearer_token, token_digest
+from modelpool_gateway.keys import EVERYTHING, Grant, KeyEntry, KeyStore, bearer_token, token_digest
 from modelpool_gateway.limits import NO_LIMITS, Limits
 from modelpool_gateway.names import NameIndex
 
@@ -89,35 +89,42 @@ class Access:
         self._indexes: dict[Grant, NameIndex] = {}
         self._built_from: NameIndex | None = None
 
-    def authenticate(self, headers: list[tuple[bytes, bytes]]) -> Grant | str:
-        """The request's grant, or the refusal's reason (``missing_key``, ``invalid_key``)."""
-        found = self._lookup(headers)
-        return found if isinstance(found, str) else found[0]
-
-    def _lookup(self, headers: list[tuple[bytes, bytes]]) -> tuple[Grant, bytes | None] | str:
-        """The request's grant and its key's digest (None with ``--auth none``), or the refusal's reason."""
+    def _lookup(self, headers: list[tuple[bytes, bytes]]) -> tuple[KeyEntry, bytes] | str | None:
+        """The request's key (what it stands for, and its digest); None with ``--auth none``; or the
+        refusal's reason."""
         if self.mode == "none" or self.keys is None:
-            return EVERYTHING, None
-        header = next((v for k, v in headers if k == b"authorization"), None)
+            return None
+        header = None
+        for name, value in headers:
+            if name == b"authorization":
+                header = value
+                break
         token = bearer_token(header)
         if token is None:
             return "missing_key" if header is None else "invalid_key"
         digest = token_digest(token)
-        grant = self.keys.grant_of(digest)
-        return (grant, digest) if grant is not None else "invalid_key"
+        entry = self.keys.entry_of(digest)
+        return (entry, digest) if entry is not None else "invalid_key"
+
+    def authenticate(self, headers: list[tuple[bytes, bytes]]) -> Grant | str:
+        """The request's grant, or the refusal's reason (``missing_key``, ``invalid_key``)."""
+        found = self._lookup(headers)
+        if found is None:
+            return EVERYTHING
+        return found if isinstance(found, str) else found[0].grant
 
     async def check(self, scope: MutableMapping[str, Any], send: Send) -> str | None:
         """Put the grant in ``scope``; or answer 401 and return the reason."""
         if scope["path"] in OPEN_PATHS:
             return None
         found = self._lookup(scope["headers"])
+        if found is None:
+            scope[GRANT_SCOPE_KEY] = EVERYTHING
+            return None
         if not isinstance(found, str):
-            scope[GRANT_SCOPE_KEY], digest = found
-            if digest is not None and self.keys is not None:
-                scope[CALLER_SCOPE_KEY] = digest
-                scope[KEY_NAME_SCOPE_KEY] = self.keys.name_of_digest(digest)
-                scope[LIMITS_SCOPE_KEY] = self.keys.limits_of(digest)
-                scope[SHARE_SCOPE_KEY] = self.keys.share_of(digest)
+            entry, scope[CALLER_SCOPE_KEY] = found
+            scope[GRANT_SCOPE_KEY], scope[KEY_NAME_SCOPE_KEY] = entry.grant, entry.name
+            scope[LIMITS_SCOPE_KEY], scope[SHARE_SCOPE_KEY] = entry.limits, entry.share
             return None
         what = "missing API key" if found == "missing_key" else "invalid API key"
         await send_error(

@@ -10,12 +10,15 @@ the time, and the gateway logs why it is not ready where that happens.
 
 The app tells what it learnt while serving into the request's ``Served`` note (``served()``: a context
 variable, set by ``access_middleware`` for the request's task, so ``Gateway`` needs no scope to reach it);
-``access_fields`` builds a line's fields from it (pure).  ``--no-access-log`` (the chart's
-``gateway.accessLog: false``) writes none: the request ids stay.
+``access_fields`` builds a line's fields from it (pure).  A line is formatted and written ``DEFER_S``
+(2 ms) after its request ended, with the others due then (``_Later``): off the path of the next request
+on the connection.  ``--no-access-log`` (the chart's ``gateway.accessLog: false``) writes none: the
+request ids stay.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 from collections.abc import MutableMapping
@@ -85,13 +88,54 @@ def message(fields: dict[str, Any]) -> str:
     return f"{fields['method']} {fields['path']} {fields['status']} {fields['latency_ms']:g} ms"
 
 
+#: How long after its request's answer an access line is written (``_Later``).
+DEFER_S = 0.002
+
+
+class _Later:
+    """Access lines written ``DEFER_S`` after their requests' answers, together: the record is made when
+    the request ends (its time, status and latency are that moment's), its formatting and write (most of
+    a line's cost) a moment later, in the request's own context (its request and trace ids), so that the
+    client's next request on the connection, which often arrives meanwhile, does not wait behind them.
+    ``flush`` writes what is pending at once (at shutdown)."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[contextvars.Context, logging.LogRecord]] = []
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, record: logging.LogRecord) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not in a server: written now
+            log.handle(record)
+            return
+        self.pending.append((contextvars.copy_context(), record))
+        if self.timer is None:
+            self.timer = loop.call_later(DEFER_S, self.flush)
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        pending, self.pending = self.pending, []
+        for context, record in pending:
+            context.run(log.handle, record)
+
+
+_LATER = _Later()
+#: Write the access lines still pending now (the gateway calls it as it stops).
+flush = _LATER.flush
+
+
 def _done(scope: MutableMapping[str, Any], status: int, seconds: float) -> None:
     note = _SERVED.get() or Served()
     path: str = scope["path"]
     if not logged(path) or not log.isEnabledFor(logging.INFO):
         return
     fields = access_fields(scope["method"], path, status, seconds, key=key_name_of(scope), note=note)
-    log.info(message(fields), extra={"fields": fields})
+    # ``log.info`` less its search of the stack for the caller's file and line, which no format writes.
+    line = message(fields)
+    _LATER.add(log.makeRecord(log.name, logging.INFO, "", 0, line, (), None, extra={"fields": fields}))
 
 
 def _unlogged(scope: MutableMapping[str, Any], status: int, seconds: float) -> None:
@@ -104,4 +148,4 @@ def access_middleware(app: App, *, lines: bool = True) -> App:
     return with_note(app, _done if lines else _unlogged, _SERVED, Served)
 
 
-__all__ = ["PROBES", "Served", "access_fields", "access_middleware", "logged", "message", "served"]
+__all__ = ["PROBES", "Served", "access_fields", "access_middleware", "flush", "logged", "message", "served"]

@@ -28,13 +28,17 @@ A worker's answer that breaks off after its headers went to the client is counte
 logged on one line, and ended: a streamed (chunked) answer is closed, one with a Content-Length is cut by
 closing the connection (the server cannot end it short of its length), never an exception out of the app.
 
-With tracing on (``--otlp-endpoint``: ``modelpool_contract.tracing``), each model route's request is a
-server span, child of the client's ``traceparent`` and current while it is served, with a span for each
+With tracing on (``--otlp-endpoint``: ``modelpool_contract.tracing``), each model route's request is
+first sampled (``tracing.decide``: the client's ``traceparent`` decides, else the ratio).  A sampled one is
+a server span, child of the client's ``traceparent`` and current while it is served, with a span for each
 relay (a client span, whose context goes to the worker as the request's ``traceparent``) and one for a
 hold; the key check, the key's limits and each routing choice are attributes, not spans (a span costs the
 gateway about 50 us of CPU: the server span gets the key check's and the limits' outcomes, each relay span
-its routing choice, the server span a choice that found no worker).  Off, each of these places costs one
-test of ``tracing.on()``.
+its routing choice, the server span a choice that found no worker).  One sampled out (nine in ten at the
+default ratio) makes no span object at all: its trace id goes to its log lines and its hand-made
+``traceparent`` (not sampled) replaces the client's in the headers relayed, and it is served as with
+tracing off.  Whether a request is recorded is decided once (``Call.traced``): off, or sampled out, each
+place that would record costs one test of it.
 """
 
 from __future__ import annotations
@@ -89,6 +93,8 @@ OUTCOME = "modelpool.outcome"
 ADMISSION, LIMITS = "modelpool.admission", "modelpool.limits"
 # A routing choice's attributes: the workers tried before it, a generation pool's prefix placement.
 TRIED, PREFIX = "modelpool.tried", "modelpool.prefix"
+# In the scope of a request whose spans are recorded (``tracing.decide`` sampled it): ``Call.traced``.
+TRACED_SCOPE_KEY = "modelpool.traced"
 # The 503 a worker sent, kept to answer with when no other worker can be tried.
 _KEPT_BODY_LIMIT = 64 * 1024
 
@@ -128,6 +134,7 @@ class Call:
     limits: Limits = NO_LIMITS  # its key's limits per minute (``access.limits_of``)
     adapter: str | None = None  # the LoRA adapter its model names: workers holding it are preferred
     share: Share = EQUAL_SHARE  # its key's weight and priority (``access.share_of``)
+    traced: bool = False  # its spans are recorded (tracing on and the request sampled)
 
     @property
     def label(self) -> str:
@@ -208,6 +215,13 @@ def fair_queues(settings: GatewaySettings, registry: Registry) -> FairQueues:
     )
 
 
+def _sampled_out(scope: MutableMapping[str, Any], unsampled: tracing.Unsampled) -> None:
+    """A model route's request sampled out: no span; its trace id on its log lines (the access line's
+    too) and its own ``traceparent``, not sampled, to the worker (the module docstring)."""
+    logs.bind(logs.current_request_id(), unsampled.trace_id)
+    scope["headers"] = tracing.with_traceparent(scope["headers"], unsampled.traceparent)
+
+
 class Gateway:
     """The ASGI application (see the module docstring)."""
 
@@ -250,8 +264,11 @@ class Gateway:
             await self.fallback(scope, receive, send)
             return
         if tracing.on() and (route := traced_route(scope)) is not None:
-            await self._traced(scope, receive, send, route)
-            return
+            decision = tracing.decide(scope["headers"])
+            if isinstance(decision, tracing.Sampled):
+                await self._traced(scope, receive, send, route, decision)
+                return
+            _sampled_out(scope, decision)
         refused = await self.access.check(scope, send)
         if refused is not None:
             self.metrics.of(self.metrics.refused, "", refused).inc()
@@ -273,11 +290,17 @@ class Gateway:
         await self.fallback(scope, receive, send)
 
     async def _traced(
-        self, scope: MutableMapping[str, Any], receive: Receive, send: Send, route: str
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Receive,
+        send: Send,
+        route: str,
+        sampled: tracing.Sampled,
     ) -> None:
-        """A model route with tracing on: the server span (child of the client's ``traceparent``), current
+        """A model route's sampled request: the server span (child of the client's ``traceparent``), current
         while the request is served, with the key check's outcome on it (``modelpool.admission``)."""
         status = CLIENT_CLOSED
+        scope[TRACED_SCOPE_KEY] = True
 
         async def sending(message: MutableMapping[str, Any]) -> None:
             nonlocal status
@@ -286,7 +309,7 @@ class Gateway:
             await send(message)
 
         attributes = {tracing.METHOD: scope["method"], tracing.PATH: scope["path"]}
-        with tracing.server_span(f"{scope['method']} {route}", scope["headers"], attributes) as span:
+        with tracing.request_span(f"{scope['method']} {route}", sampled, attributes) as span:
             # The access line is written once this span has ended (``access_log``, outside this app): it
             # names this trace (a new one when the client sent no traceparent). Not reset here: the request
             # ids' own reset, after that line, restores what was before the request.
@@ -325,7 +348,7 @@ class Gateway:
                 )
             else:
                 label = call.label
-                if tracing.on():
+                if call.traced:
                     tracing.annotate({tracing.POOL: label, tracing.MODEL: self._model_name(call.key)})
                 code = await self._admitted(call, send, receive, scope["method"] == "POST")
         finally:
@@ -344,7 +367,7 @@ class Gateway:
             return await self._route(call, send, receive, may_hold)
         # A key without limits passes at once (and any windows it had before its limits went are dropped).
         refusal = self.limiter.admit(call.caller, call.limits, time.monotonic_ns())
-        if call.limits.any and tracing.on():  # on the server span, for a key with limits only
+        if call.limits.any and call.traced:  # on the server span, for a key with limits only
             tracing.annotate({LIMITS: "admitted" if refusal is None else refusal.reason})
         if refusal is None:
             return await self._route(call, send, receive, may_hold)
@@ -454,8 +477,10 @@ class Gateway:
         asks = items(scope["path"], doc)
         timeout = _client_timeout(scope["headers"])
         caller, name = caller_of(scope), key_name_of(scope)
-        limits, share = limits_of(scope), share_of(scope)
-        return Call(key, True, out, timeout, caller, prefix, name, asks, limits, resolved.adapter, share)
+        limits, share, traced = limits_of(scope), share_of(scope), TRACED_SCOPE_KEY in scope
+        return Call(
+            key, True, out, timeout, caller, prefix, name, asks, limits, resolved.adapter, share, traced
+        )
 
     def _prefix(self, key: Key, path: str, doc: Any) -> int | None:
         """The ring position a text-generation pool's request is routed by (``prefix``), else None."""
@@ -495,6 +520,7 @@ class Gateway:
             key_name=key_name_of(scope),
             limits=limits_of(scope),
             share=share_of(scope),
+            traced=TRACED_SCOPE_KEY in scope,
         )
 
     def _model_name(self, key: Key) -> str:
@@ -679,7 +705,7 @@ class Gateway:
                 retry_after=self.settings.hold_retry_after_seconds,
             )
         finally:
-            if tracing.on():  # the hold's span: how it ended (released: a worker serves the pool now)
+            if call.traced:  # the hold's span: how it ended (released: a worker serves the pool now)
                 tracing.annotate({OUTCOME: outcome})
             self.holds.leave(call.key, waiter)
             gone.cancel()
@@ -695,9 +721,9 @@ class Gateway:
 
     def _next_worker(self, call: Call, tried: set[Key]) -> tuple[Worker | None, dict[str, Any]]:
         """The next worker to try (``_choose``) and, tracing on, the choice's attributes for its relay span
-        (none when off); a first choice that found no worker puts them on the server span instead."""
+        (none when not traced); a first choice that found no worker puts them on the server span instead."""
         worker, placement = self._choose(call.key, tried, call.prefix, call.adapter)
-        if not tracing.on():
+        if not call.traced:
             return worker, {}
         routed = route_attributes(call.label, worker, len(tried), placement)
         if worker is None and not tried:
@@ -793,7 +819,7 @@ class Gateway:
     ) -> int | _Failure | tuple[str, int]:
         """One try (``_try``); with tracing on, in a client span (``modelpool.relay``) whose context goes to
         the worker as the request's ``traceparent``, with its routing choice's attributes (``routed``)."""
-        if not tracing.on():
+        if not call.traced:
             return await self._try(call, worker, send, gone, baton=baton, retried=retried)
         with tracing.span("modelpool.relay", routed, SpanKind.CLIENT) as relay_span:
             out = call.out

@@ -218,6 +218,18 @@ def key_from_secret(obj: Mapping[str, Any], admin_namespace: str) -> tuple[bytes
 # ---- the store ----------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class KeyEntry:
+    """What one key stands for, from every Secret that holds it: the union of their grants, the key's name
+    (``KeyStore.name_of_digest``), the strictest of their limits and shares.  Merged when a Secret
+    changes, not per request: a request's key check is one dictionary lookup."""
+
+    grant: Grant
+    name: str
+    limits: Limits
+    share: Share
+
+
 def _ref(obj: Mapping[str, Any]) -> Key:
     meta = obj.get("metadata") or {}
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
@@ -236,6 +248,7 @@ class KeyStore:
         self._secrets: dict[Key, bytes] = {}
         self._entries: dict[bytes, dict[Key, tuple[Grant, Limits]]] = {}
         self._shares: dict[Key, Share] = {}
+        self._merged: dict[bytes, KeyEntry] = {}  # per digest, from ``_entries`` and ``_shares``
 
     def __len__(self) -> int:
         return len(self._secrets)
@@ -244,35 +257,45 @@ class KeyStore:
         """What ``token`` grants; None for a token no Secret holds."""
         return self.grant_of(token_digest(token))
 
+    def entry_of(self, digest: bytes) -> KeyEntry | None:
+        """Everything the key with this digest stands for; None for a digest no Secret holds."""
+        return self._merged.get(digest)
+
     def grant_of(self, digest: bytes) -> Grant | None:
-        found = self._entries.get(digest)
-        if not found:
-            return None
-        grants = iter(found.values())
-        out = next(grants)[0]
-        for more, _ in grants:
-            out = out.union(more)
-        return out
+        entry = self._merged.get(digest)
+        return entry.grant if entry is not None else None
 
     def limits_of(self, digest: bytes) -> Limits:
         """The strictest limits of the Secrets holding the key with this digest (none: no limits)."""
-        out = NO_LIMITS
-        for _, limits in self._entries.get(digest, {}).values():
-            out = out.strictest(limits)
-        return out
+        entry = self._merged.get(digest)
+        return entry.limits if entry is not None else NO_LIMITS
 
     def share_of(self, digest: bytes) -> Share:
         """The lowest weight and priority of the Secrets holding the key (none set: the defaults)."""
-        out = EQUAL_SHARE
-        for ref in self._entries.get(digest, {}):
-            out = out.strictest(self._shares.get(ref, EQUAL_SHARE))
-        return out
+        entry = self._merged.get(digest)
+        return entry.share if entry is not None else EQUAL_SHARE
 
     def name_of_digest(self, digest: bytes) -> str:
         """The key's name in the usage metrics: ``namespace/name`` of its Secret (the first, sorted, when
         several Secrets hold the same key); empty for a digest no Secret holds. Never the key itself."""
+        entry = self._merged.get(digest)
+        return entry.name if entry is not None else ""
+
+    def _merge(self, digest: bytes) -> None:
+        """``_merged[digest]`` from the Secrets holding the key now (none: forgotten)."""
         found = self._entries.get(digest)
-        return "/".join(min(found)) if found else ""
+        if not found:
+            self._merged.pop(digest, None)
+            return
+        grants = iter(found.values())
+        grant = next(grants)[0]
+        for more, _ in grants:
+            grant = grant.union(more)
+        limits, share = NO_LIMITS, EQUAL_SHARE
+        for ref, (_, more_limits) in found.items():
+            limits = limits.strictest(more_limits)
+            share = share.strictest(self._shares.get(ref, EQUAL_SHARE))
+        self._merged[digest] = KeyEntry(grant, "/".join(min(found)), limits, share)
 
     def set_secret(self, obj: Mapping[str, Any]) -> None:
         ref = _ref(obj)
@@ -299,6 +322,7 @@ class KeyStore:
         self._secrets[ref] = digest
         self._shares[ref] = share
         self._entries.setdefault(digest, {})[ref] = (grant, limits)
+        self._merge(digest)
         return before
 
     def _remove(self, ref: Key) -> bytes | None:
@@ -309,6 +333,7 @@ class KeyStore:
             del entries[ref]
             if not entries:
                 del self._entries[digest]
+            self._merge(digest)
         return digest
 
     def _gone(self, digests: set[bytes | None]) -> None:

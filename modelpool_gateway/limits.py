@@ -148,6 +148,10 @@ def retry_seconds(wait_ns: int) -> int:
     return max(1, -(-wait_ns // SECOND_NS))
 
 
+# Shares of distinct limits kept at most (``Limiter._share``).
+_SHARES_KEPT = 1024
+
+
 @dataclass
 class _KeyWindows:
     requests: Window
@@ -162,6 +166,8 @@ class Limiter:
             raise ValueError("replicas must be at least 1")
         self.replicas = replicas
         self._keys: dict[bytes, _KeyWindows] = {}
+        # Each key's limits -> this replica's share of them: computed once, not per request.
+        self._shares: dict[Limits, Limits] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -177,22 +183,30 @@ class Limiter:
         if not limits.any:
             self._keys.pop(key, None)  # its limits were taken off: nothing to keep
             return None
-        share = limits.share(self.replicas)
+        share = self._share(limits)
         windows = self._windows(key)
-        checks: list[tuple[Window, int | None, int | None, Reason]] = [
-            (windows.requests, limits.requests_per_minute, share.requests_per_minute, "key_rate_limited"),
-            (windows.tokens, limits.tokens_per_minute, share.tokens_per_minute, "key_token_limited"),
-        ]
         over: list[tuple[int, Reason, int, int]] = []
-        for window, whole, part, reason in checks:
-            if whole is not None and part is not None and (wait := window.wait(part, now)) > 0:
-                over.append((wait, reason, whole, part))
+        requests, tokens = limits.requests_per_minute, limits.tokens_per_minute
+        part = share.requests_per_minute
+        if requests is not None and part is not None and (wait := windows.requests.wait(part, now)) > 0:
+            over.append((wait, "key_rate_limited", requests, part))
+        part = share.tokens_per_minute
+        if tokens is not None and part is not None and (wait := windows.tokens.wait(part, now)) > 0:
+            over.append((wait, "key_token_limited", tokens, part))
         if over:
             wait, reason, whole, part = max(over)
             return Refusal(reason, whole, part, retry_seconds(wait))
         if share.requests_per_minute is not None:
             windows.requests.charge(1, now)
         return None
+
+    def _share(self, limits: Limits) -> Limits:
+        found = self._shares.get(limits)
+        if found is None:
+            if len(self._shares) >= _SHARES_KEPT:  # limits are the admins' Secrets': few, but bounded
+                self._shares.clear()
+            found = self._shares[limits] = limits.share(self.replicas)
+        return found
 
     def charge_tokens(self, key: bytes, limits: Limits, tokens: int, now: int) -> None:
         """The tokens an answer of ``key`` reported using, charged when it ended (only for a token limit)."""

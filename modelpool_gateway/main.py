@@ -23,6 +23,7 @@ from kubernetes_asyncio import client, config
 
 from modelpool_contract import logs, tracing
 from modelpool_contract.gateway_keys import default_keys_namespace
+from modelpool_gateway import access_log
 from modelpool_gateway.access_log import access_middleware
 from modelpool_gateway.assembly import assemble
 from modelpool_gateway.cache import Registry
@@ -227,6 +228,7 @@ async def serve(settings: GatewaySettings, in_cluster: bool = False) -> int:
     try:
         await server.serve()
     finally:
+        access_log.flush()  # the access lines still pending
         tracing.shutdown()  # what the exporter still holds is sent (bounded by its timeout)
         for task in tasks:
             task.cancel()

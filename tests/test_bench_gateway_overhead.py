@@ -73,3 +73,19 @@ def test_on_traces_at_the_charts_default_sample_ratio() -> None:
     given = dict(zip(flags[::2], flags[1::2], strict=True))
     assert given["--trace-sample-ratio"] == f"{chart_sample_ratio():g}"
     assert given["--auth"] == "keys" and given["--log-level"] == "info" and given["--log-format"] == "json"
+
+
+def test_a_baselines_gateways_give_the_before_rows() -> None:
+    """``--baseline``: the baseline tree's off and on gateways, in the same rounds, as "before" rows."""
+    c1 = {"off": [_c1(1.0, 1.5)], "on": [_c1(1.0, 1.52)], "before:off": [_c1(1.0, 1.5)],
+          "before:on": [_c1(1.0, 1.7)]}  # fmt: skip
+    c64 = [_c64(10.0, 14.0, 14.2) | {"before:off": {"p50_ms": 14.0}, "before:on": {"p50_ms": 16.0}}]
+    res = overhead_summary(c1, c64, argparse.Namespace(**vars(ARGS), baseline="main"))
+    assert res["before"] == {"rev": "main", "c1_ratio": 0.7 / 0.5, "c64_ratio": 1.5}
+    assert round(res["c1"]["ratio"], 6) == 1.04
+    res |= {"load_average": ["2.5"], "sample_ratio": 0.1, "spans_received": 4, "access_lines": 10}
+    rows = [line for line in overhead_table(res).splitlines() if line.startswith("| before")]
+    assert rows == [
+        "| before (main), concurrency 1 | +0.500 ms | +0.700 ms | 1.40 | |",
+        "| before (main), concurrency 64 | +4.00 ms | +6.00 ms | 1.50 | |",
+    ]

@@ -15,6 +15,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
 
 from model_server.engine.spans import record_unit
 from model_server.engine.unit import Unit
@@ -24,6 +25,7 @@ from model_server.host_config import HostConfig, parse_load_body, slot_config
 from modelpool_contract import tracing
 from modelpool_contract.api import ModelPoolSpec
 from modelpool_contract.flags import DEFAULT_SAMPLE_RATIO
+from modelpool_contract.logs import traceparent_trace_id
 from modelpool_gateway.app import admission_attributes, route_attributes, traced_route
 from modelpool_gateway.state import Worker
 from modelpool_operator.effects.resources import PodSettings, server_args, tracing_flags
@@ -221,3 +223,45 @@ def test_at_the_default_ratio_a_sampled_traceparent_is_always_followed() -> None
         tracing.shutdown()
     assert followed == 20
     assert 40 <= sampled <= 180  # trace ids are random: 100 expected, far outside these bounds never
+
+
+def test_decide_samples_before_any_span_as_the_sdks_sampler_would() -> None:
+    """``decide`` (the gateway's choice before it makes any span): a sampled client is followed, an unsampled
+    one is followed too (its trace goes on, not sampled, under a span id of ours), and a request without a
+    ``traceparent`` is sampled by the ratio on its new trace id exactly as ``TraceIdRatioBased`` decides;
+    a request sampled out makes no span at all, and one sampled in gets a server span with the very trace
+    id drawn for it."""
+    exporter = InMemorySpanExporter()
+    assert tracing.setup("test", None, 0.5, processor=SimpleSpanProcessor(exporter))
+    try:
+        followed = tracing.decide([(b"traceparent", CLIENT.encode())])
+        assert isinstance(followed, tracing.Sampled) and followed.trace_id is None
+        out = tracing.decide([(b"traceparent", f"00-{TRACE}-{CLIENT_SPAN}-00".encode())])
+        assert isinstance(out, tracing.Unsampled) and out.trace_id == TRACE
+        version, trace_id, span_id, flags = out.traceparent.decode().split("-")
+        assert (version, trace_id, flags) == ("00", TRACE, "00") and span_id not in (CLIENT_SPAN, "0" * 16)
+        ratio, kinds = TraceIdRatioBased(0.5), set()
+        for _ in range(200):
+            decided = tracing.decide([(b"traceparent", b"garbage")] if _ % 2 else [])
+            kinds.add(type(decided))
+            if isinstance(decided, tracing.Unsampled):
+                assert ratio.should_sample(None, int(decided.trace_id, 16), "x").decision == Decision.DROP
+                assert traceparent_trace_id(decided.traceparent) == decided.trace_id
+                continue
+            assert decided.trace_id is not None and decided.parent is None
+            assert ratio.should_sample(None, decided.trace_id, "x").decision == Decision.RECORD_AND_SAMPLE
+            exporter.clear()
+            with tracing.request_span("POST x", decided, {tracing.POOL: "ns/p"}) as span:
+                assert span.is_recording() and tracing.traceparent() is not None
+            (done,) = exporter.get_finished_spans()
+            assert _hex(done)[0] == f"{decided.trace_id:032x}" and done.parent is None
+        assert kinds == {tracing.Sampled, tracing.Unsampled}
+        with tracing.request_span("POST x", followed, {}):
+            pass
+        assert _hex(exporter.get_finished_spans()[-1])[::2] == (TRACE, CLIENT_SPAN)
+    finally:
+        tracing.shutdown()
+    headers = [(b"traceparent", b"theirs"), (b"tracestate", b"k=v"), (b"x", b"y")]
+    assert tracing.with_traceparent(headers, b"ours") == [
+        (b"tracestate", b"k=v"), (b"x", b"y"), (b"traceparent", b"ours")
+    ]  # fmt: skip

@@ -7,8 +7,9 @@ their way between processes too.  One coroutine (``run``) owns the queue: it dro
 deadline passed or whose client went away *before* any compute; for batchable tasks it takes requests
 into a sweep (``sweep.py``: up to a few batches' worth, their items sorted by length) and hands the
 worker batches of up to ``--max-batch-size`` items of similar length, waiting at most
-``--max-batch-delay-ms`` for more when traffic is concurrent (a lone client never pays the delay); it
-answers each request once its last item is computed.  Other tasks run one request at a time, except
+``--max-batch-delay-ms`` for more when traffic is concurrent (a lone client never pays the delay), and
+only until as many requests as the last sweep's are back (``batch_wait.py``); it answers each request
+once its last item is computed.  Other tasks run one request at a time, except
 text generation on the continuous-batching engine (``generation_engine.py``): each request is handed to
 the engine as soon as it leaves the queue, and answered when the engine says it is done.  A unit whose
 client's side gives up stops generating (the engine cancels it; the serial path's generation polls
@@ -32,6 +33,7 @@ from functools import partial
 
 from model_server.adapter_mask import adapter_mask
 from model_server.config import ServerConfig
+from model_server.engine.batch_wait import keep_waiting
 from model_server.engine.spans import record_unit
 from model_server.engine.sweep import Sweep, sweep_capacity
 from model_server.engine.unit import Outcome, Piece, Unit
@@ -87,7 +89,7 @@ class DataPlane:
         self._wakeup = asyncio.Event()
         self._last_activity = time.monotonic()
         self._seconds_per_item = 0.01  # EWMA of service time per item
-        self._concurrent = False  # did the last sweep gather more than one request?
+        self._last_sweep = 0  # the requests the last sweep took (more than one: traffic is concurrent)
 
     # ---- what the HTTP processes send ---------------------------------------------------------------
 
@@ -188,16 +190,16 @@ class DataPlane:
             return
         taken = [head]
         hinted = any(head.hints())
-        await self._gather(taken, sweep_capacity(limit, hinted), limit, wait=self._concurrent)
         # Traffic is concurrent when sweeps gather several requests; only then is it worth waiting
         # --max-batch-delay-ms for more (a lone client would just pay the delay).
-        self._concurrent = len(taken) > 1
+        await self._gather(taken, sweep_capacity(limit, hinted), limit, wait=self._last_sweep > 1)
+        self._last_sweep = len(taken)
         self._active.update(taken)
         self._sweep.start(taken, Unit.hints, limit)
 
     async def _gather(self, taken: list[Unit], capacity: int, limit: int, wait: bool) -> None:
         """Add queued requests to ``taken`` while they fit in ``capacity`` items, waiting (if ``wait``)
-        at most max-batch-delay for more while there is less than one batch."""
+        at most max-batch-delay for more while ``batch_wait.keep_waiting`` says more are coming."""
         n = sum(len(u.items) for u in taken)
         until = time.monotonic() + (self.config.max_batch_delay_ms / 1000.0 if wait else 0.0)
         while True:
@@ -212,11 +214,21 @@ class DataPlane:
                 n += len(head.items)
                 continue
             remaining = until - time.monotonic()
-            if remaining <= 0 or n >= limit:
+            if remaining <= 0 or not keep_waiting(
+                requests=len(taken),
+                items=n,
+                expected=self._last_sweep,
+                on_the_way=self._on_the_way(),
+                limit=limit,
+            ):
                 return
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), remaining)
+
+    def _on_the_way(self) -> int:
+        """Requests admitted by the HTTP processes (their slot taken) that have not reached the queue."""
+        return max(0, self.view.door.taken - len(self._queue))
 
     async def _execute(self, batch: list[Piece]) -> None:
         units = list({id(u): u for u, _ in batch}.values())
@@ -357,7 +369,7 @@ class DataPlane:
         while self.busy:
             if time.monotonic() >= deadline:
                 # Admitted in an HTTP process and not here yet: turned away by ``submit`` on arrival.
-                on_their_way = max(0, self.view.door.taken - len(self._queue))
+                on_their_way = self._on_the_way()
                 return self.fail_all("server is shutting down") + on_their_way
             await asyncio.sleep(0.02)
         return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import math
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -18,8 +19,11 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import generate_latest
 
+from modelpool_contract import logs, tracing
 from modelpool_contract.demand import read_demand
 from modelpool_contract.gateway_keys import (
     KEY_FIELD,
@@ -27,6 +31,8 @@ from modelpool_contract.gateway_keys import (
     REQUESTS_PER_MINUTE_FIELD,
     TOKENS_PER_MINUTE_FIELD,
 )
+from modelpool_gateway import access_log
+from modelpool_gateway.access_log import access_middleware
 from modelpool_gateway.app import Gateway
 from modelpool_gateway.assembly import assemble
 from modelpool_gateway.cache import Registry
@@ -378,6 +384,63 @@ async def test_a_released_request_carries_what_is_left_of_its_deadline(gw: Harne
     assert b"authorization" not in request.lower(), "the gateway's key went on to the worker"
     [left] = [line.split(b":")[1] for line in request.split(b"\r\n") if line.startswith(b"x-request-timeout")]
     assert 5 < float(left) <= 9.9, left
+
+
+async def test_a_request_sampled_out_makes_no_span_and_passes_its_trace_on_not_sampled(gw: Harness) -> None:
+    """Traces on at ratio 0: a request without a ``traceparent`` and one with an unsampled one make no span
+    at all, yet the worker gets a ``traceparent`` of the same trace (not sampled, a span id of the
+    gateway's) and the access line names that trace; a client's sampled one is still traced whole."""
+    seen: list[bytes] = []
+    lines: list[str | None] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(logs.current_trace_id())  # what the formatter writes as the line's trace_id
+
+    def traceparent(request: bytes) -> list[str]:
+        [value] = [line.split(b": ")[1] for line in request.split(b"\r\n") if line.startswith(b"traceparent")]
+        return value.decode().split("-")
+
+    trace, client_span = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    exporter, handler = InMemorySpanExporter(), Kept()
+    assert tracing.setup("test", None, 0.0, processor=SimpleSpanProcessor(exporter))
+    access_log.log.addHandler(handler)
+    level, access_log.log.level = access_log.log.level, logging.INFO
+    app = access_middleware(gw.app)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=30,
+                               headers={"authorization": f"Bearer {KEY}"})  # fmt: skip
+    try:
+        async with raw_server(record) as port, client as c:
+            gw.worker("w0", port)
+            for sent in (None, f"00-{trace}-{client_span}-00", f"00-{trace}-{client_span}-01"):
+                headers = {"traceparent": sent} if sent else {}
+                response = await c.post(
+                    "/v1/embeddings", json={"model": "pool", "input": "x"}, headers=headers
+                )
+                assert response.status_code == 200, response.text
+                if sent is None or sent.endswith("-00"):
+                    assert exporter.get_finished_spans() == ()
+    finally:
+        tracing.shutdown()
+        access_log.flush()  # the lines pending (written a moment after each answer)
+        access_log.log.removeHandler(handler)
+        access_log.log.level = level
+    (own, own_trace), (unsampled, _), (sampled, _) = (
+        (traceparent(r), t) for r, t in zip(seen, lines, strict=True)
+    )
+    assert own[0] == own[3] == "00" and len(own[1]) == 32 and own_trace == own[1]
+    assert unsampled[1] == trace and unsampled[2] != client_span and unsampled[3] == "00"
+    assert lines[1] == trace
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"POST /v1/embeddings", "modelpool.relay"}
+    relay = spans["modelpool.relay"].get_span_context()
+    assert relay is not None and sampled == ["00", trace, f"{relay.span_id:016x}", "01"]
 
 
 async def test_a_shared_pool_reaches_its_host_under_the_models_name_there(gw: Harness) -> None:

@@ -9,10 +9,12 @@ import logging
 from collections.abc import MutableMapping
 from typing import Any
 
+from modelpool_contract import logs
 from modelpool_gateway.access_log import (
     Served,
     access_fields,
     access_middleware,
+    flush,
     log,
     logged,
     message,
@@ -20,6 +22,7 @@ from modelpool_gateway.access_log import (
 )
 from modelpool_gateway.config import load_settings
 from modelpool_gateway.usage import Usage
+from testkit.waiting import wait_for_async
 
 
 def test_an_answered_request_names_key_pool_model_status_latency_and_tokens() -> None:
@@ -91,6 +94,7 @@ def _lines(on: bool) -> list[dict[str, Any]]:
     async def request() -> None:
         scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": []}
         await access_middleware(app, lines=on)(scope, receive, ignore)
+        flush()  # written a moment after the answer (``DEFER_S``): now
 
     kept: list[dict[str, Any]] = []
 
@@ -115,3 +119,36 @@ def test_the_line_can_be_turned_off() -> None:
     assert _lines(False) == []
     assert load_settings([]).access_log is True
     assert load_settings(["--no-access-log"]).access_log is False
+
+
+def test_a_line_is_written_a_moment_later_with_its_requests_ids() -> None:
+    """The line is formatted and written ``DEFER_S`` after the answer, off the next request's path, in
+    the request's own context: the request id (and trace id) every formatter reads from it are still its."""
+    seen: list[tuple[str | None, str]] = []
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append((logs.current_request_id(), record.__dict__["fields"]["path"]))
+
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def request() -> None:
+        scope = {"type": "http", "method": "POST", "path": "/v1/embeddings",
+                 "headers": [(b"x-request-id", b"req-1")]}  # fmt: skip
+        await access_middleware(app)(scope, None, ignore)  # type: ignore[arg-type]
+        assert seen == []  # not yet: after the answer, the timer
+        await wait_for_async(lambda: seen or None, 5)
+
+    async def ignore(message: MutableMapping[str, Any]) -> None:
+        pass
+
+    handler, level = Kept(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        asyncio.run(request())
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert seen == [("req-1", "/v1/embeddings")] and logs.current_request_id() is None

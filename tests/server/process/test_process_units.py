@@ -211,6 +211,66 @@ async def test_batches_group_items_of_similar_length_across_requests(
     assert view.door.taken == 0 and machine.state is State.READY
 
 
+async def test_a_sweep_waits_for_the_last_sweeps_clients_only(tmp_path: Path) -> None:
+    """Closed-loop clients at a long batch delay (10 s): after a sweep of two requests, the next sweep
+    dispatches as soon as two are back (never the whole delay), and waits for a third that an HTTP
+    process has admitted (its slot taken) but not yet sent, so all three share one batch."""
+    config = ServerConfig(
+        model=str(tmp_path), task="text-embedding", handler=ECHO, max_batch_size=32, max_batch_delay_ms=10_000
+    )
+    view = WorkerView(capacity=8, http_processes=1)
+    machine = StateMachine(store=view.state_store())
+    worker = Worker(config, machine, lambda code, reason: None)
+    metrics = Metrics()
+    plane = DataPlane(config, worker, machine, metrics, view)
+    answered: list[int] = []
+    arrived = asyncio.Event()
+
+    def answer(k: int, outcome: list[Any] | ServerError) -> None:
+        assert not isinstance(outcome, ServerError)
+        answered.append(k)
+        arrived.set()
+
+    def send(k: int) -> None:
+        plane.submit(Unit([TextItem("ab")], time.monotonic() + 120, partial(answer, k), [2]))
+
+    async def answers(count: int) -> None:
+        while len(answered) < count:
+            arrived.clear()
+            await asyncio.wait_for(arrived.wait(), 8)  # bounded: a wait of the whole delay fails
+
+    def batches() -> list[float]:
+        samples = {s.name: s.value for m in metrics.batch_size.collect() for s in m.samples}
+        return [samples["modelpool_batch_size_count"], samples["modelpool_batch_size_sum"]]
+
+    try:
+        assert await worker.load()
+        owner = asyncio.create_task(plane.run())
+        for k in (0, 1):  # both queued before the first sweep: one batch of two, no wait
+            assert view.door.take()
+            send(k)
+        await answers(2)
+        assert batches() == [1, 2]
+        for k in (2, 3):  # the two clients come back: dispatched at once, not after 10 s
+            assert view.door.take()
+            send(k)
+        await answers(4)
+        assert batches() == [2, 4]
+        for _ in range(3):  # three admitted; two arrive, the third is still on its way
+            assert view.door.take()
+        send(4)
+        send(5)
+        await asyncio.sleep(0)  # one turn of the loop: the sweep starts, and waits for the one on its way
+        assert batches() == [2, 4]
+        send(6)
+        await answers(7)
+        assert batches() == [3, 7]
+        owner.cancel()
+    finally:
+        worker.close()
+    assert view.door.taken == 0
+
+
 @pytest.mark.parametrize(
     ("name", "code", "draining", "expected"),
     [
