@@ -18,6 +18,7 @@ from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_valid
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from model_server.cpu_budget import available_cpus, default_http_workers
+from modelpool_contract.api import DEFAULT_ENGINE, VLLM_TASKS, Engine
 from modelpool_contract.flags import (
     BATCH_DELAY_MS,
     DEFAULT_MAX_LOADED_ADAPTERS,
@@ -40,6 +41,10 @@ from modelpool_contract.tasks import TASK_NAMES, TaskName
 
 # ConfigError is the loader's, re-exported for the program's main.
 __all__ = ["COMMAND_LINE", "ConfigError", "ServerConfig", "ServingConfig", "load_config"]
+
+# Where the vLLM engine's python is in an image that carries vLLM in an environment of its own (vLLM pins a
+# transformers the server's own does not allow): ``--vllm-python`` / ``MODELPOOL_VLLM_PYTHON``.
+VLLM_PYTHON = "/opt/vllm/bin/python"
 
 # How long a forward pass may run beyond --request-timeout (which bounds what any client of the batch
 # still waits for, a streamed generation's included) before the worker counts it as wedged.
@@ -244,6 +249,21 @@ class ServerConfig(ServingConfig):
             raise ValueError(f"at most {MAX_ADAPTERS} adapters")
         return value
 
+    engine: Engine = Field(
+        default=DEFAULT_ENGINE,
+        description="What computes the model: transformers (this server's inference process) or vllm "
+        "(vLLM's OpenAI server, run as a child on a loopback port; text-generation only)",
+    )
+    vllm_python: Path = Field(
+        default=Path(VLLM_PYTHON),
+        description="--engine vllm: the python of the environment vLLM is installed in",
+    )
+    vllm_args: str = Field(
+        default="",
+        description="--engine vllm: more arguments to vLLM's OpenAI server, shell-quoted in one string "
+        "(e.g. '--max-model-len 4096 --enforce-eager')",
+    )
+
     @field_validator("handler")
     @classmethod
     def _handler(cls, value: str | None) -> str | None:
@@ -259,6 +279,12 @@ class ServerConfig(ServingConfig):
         if "://" in value and not value.startswith(_SOURCE_SCHEMES):
             raise ValueError("unsupported scheme; use a path, file://, hf:// or pvc://")
         return value
+
+    @model_validator(mode="after")
+    def _engine_task(self) -> ServerConfig:
+        if self.engine == "vllm" and self.task not in VLLM_TASKS:
+            raise ValueError(f"--engine vllm serves task text-generation only, not {self.task}")
+        return self
 
     @model_validator(mode="after")
     def _name_default(self) -> ServerConfig:

@@ -97,6 +97,13 @@ HOST_NAME_PATTERN = CLAIM_NAME_PATTERN
 CacheType = Literal["none", "pvc", "hostPath"]
 #: What the autoscaler counts the load in (``spec.autoscaling.metric``).
 AutoscalingMetric = Literal["requests", "tokens", "kvCache"]
+#: What computes a pool's model (``spec.engine``; the server's ``--engine``): ``transformers``, our own
+#: inference process (every task), or ``vllm``, vLLM's OpenAI server run by our supervisor as a child on
+#: a loopback port (text generation only; docs/design.md, "The vLLM engine").
+Engine = Literal["transformers", "vllm"]
+DEFAULT_ENGINE: Engine = "transformers"
+#: The tasks each engine serves (the transformers engine: every task).
+VLLM_TASKS: frozenset[TaskName] = frozenset({"text-generation"})
 
 
 class _Model(BaseModel):
@@ -764,6 +771,10 @@ MSG_ADAPTER_POOL_NAME = (
     "spec.adapters[].name must differ from the pool's name: that name serves the base model"
 )
 MSG_ADAPTER_TASK = "spec.adapters needs spec.model.task text-generation (LoRA adapters of a causal LM)"
+MSG_ADAPTER_ENGINE = (
+    "spec.adapters needs the transformers engine: LoRA adapters are applied by the server's own engine, "
+    "not yet passed to vLLM; remove spec.engine or spec.adapters"
+)
 
 
 class AdapterSpec(_Model):
@@ -796,6 +807,8 @@ def adapter_refusal(spec: ModelPoolSpec, pool_name: str | None = None) -> str | 
         return None
     if spec.model.task != "text-generation":
         return MSG_ADAPTER_TASK
+    if spec.engine != DEFAULT_ENGINE:
+        return MSG_ADAPTER_ENGINE
     if len(set(names)) != len(names):
         return MSG_ADAPTER_UNIQUE
     if spec.served_model_name is not None and spec.served_model_name in names:
@@ -956,6 +969,14 @@ class ModelPoolSpec(_Model):
             "used one that no running request uses (429 while every loaded one is in use)."
         ),
     )
+    engine: Engine = Field(
+        default=DEFAULT_ENGINE,
+        description=(
+            "What computes the model: transformers (the server's own inference process, every task) or "
+            "vllm (vLLM's OpenAI server inside the worker, behind the same bounded queue, deadlines and "
+            "drain; text-generation only, the OpenAI routes only; the image must carry vLLM)."
+        ),
+    )
     activation_timeout_seconds: int = Field(
         default=DEFAULT_ACTIVATION_TIMEOUT_SECONDS,
         ge=1,
@@ -984,6 +1005,8 @@ class ModelPoolSpec(_Model):
         adapters = adapter_refusal(self)
         if adapters is not None:
             raise ValueError(adapters)
+        if self.engine == "vllm" and self.model.task not in VLLM_TASKS:
+            raise ValueError(MSG_ENGINE_TASK)
         if self.host is not None:
             refused = shared_pool_refusals(self)
             if refused:
@@ -1000,6 +1023,10 @@ MSG_TARGET_LE_CAPACITY = (
 MSG_INFERENCE_POOL_TASK = (
     "spec.inferencePool needs spec.model.task text-generation: the endpoint picker reads the metrics only "
     "text-generation workers export"
+)
+MSG_ENGINE_TASK = (
+    "spec.engine vllm needs spec.model.task text-generation: vLLM serves the OpenAI completion and chat "
+    "routes only; remove spec.engine (the transformers engine serves every task)"
 )
 MSG_STABLE_GE_UP_WINDOW = (
     "spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds"
@@ -1069,6 +1096,12 @@ SHARED_POOL_RULES: tuple[tuple[str, str, str], ...] = (
         "with LoRA adapters, or remove spec.adapters",
     ),
     (
+        "engine",
+        f"!has(self.engine) || self.engine == '{DEFAULT_ENGINE}'",
+        "spec.engine vllm is not supported on a shared pool (spec.host): a host pod runs its models on the "
+        "transformers engine; remove spec.engine, or remove spec.host for dedicated workers",
+    ),
+    (
         "resources.gpus",
         "!has(self.resources.gpus) || self.resources.gpus == 0",
         "spec.resources.gpus must be 0 or unset on a shared pool (spec.host): the ModelHost's gpusPerHost "
@@ -1101,6 +1134,7 @@ def shared_pool_refusals(spec: ModelPoolSpec) -> list[str]:
         "auth": spec.auth is not None,
         "inferencePool": spec.inference_pool is not None,
         "adapters": bool(spec.adapters),
+        "engine": spec.engine != DEFAULT_ENGINE,
         "resources.gpus": spec.resources.gpus != 0,
         "resources.hostMemory": spec.resources.host_memory is not None,
         "resources.cpu": spec.resources.cpu is not None,
@@ -1144,8 +1178,8 @@ class WorkerGeneration(_Model):
 
     engine: str = Field(
         description=(
-            "continuous-batching (requests join and leave the running batch at token boundaries) or serial "
-            "(one generate at a time: no KV-cache figures)."
+            "continuous-batching (requests join and leave the running batch at token boundaries), serial "
+            "(one generate at a time: no KV-cache figures) or vllm (spec.engine vllm: vLLM's own figures)."
         )
     )
     running: int | None = Field(default=None, description="Generations running now.")
@@ -1785,6 +1819,7 @@ def source_is_supported(source: str) -> bool:
 __all__ = [
     "API_VERSION",
     "DEFAULT_ACTIVATION_TIMEOUT_SECONDS",
+    "DEFAULT_ENGINE",
     "DEFAULT_GPU_HOST_MEMORY",
     "DEFAULT_MAX_UNAVAILABLE",
     "GROUP",
@@ -1806,6 +1841,7 @@ __all__ = [
     "SERVED_NAME_PATTERN",
     "SHARED_POOL_RULES",
     "VERSION",
+    "VLLM_TASKS",
     "Affinity",
     "AuthSpec",
     "AutoscalingMetric",
@@ -1814,6 +1850,7 @@ __all__ = [
     "BackoffStatus",
     "Condition",
     "DisruptionSpec",
+    "Engine",
     "EnvVar",
     "EnvVarSource",
     "HostDeviceStatus",

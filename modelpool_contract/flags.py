@@ -123,6 +123,9 @@ class ServerArgs:
     #: ``spec.adapters``; and how many a worker keeps loaded (``--max-adapters``).
     adapter: tuple[str, ...] | None = None
     max_adapters: int | None = None
+    #: What computes the model (``--engine``), only for pools with ``spec.engine`` other than the default:
+    #: the pods of every other pool keep their command line (and their template hash).
+    engine: str | None = None
     #: The encoder's runtime (``--runtime``, a pool's ``spec.model.runtime``), only when it is not the
     #: default (torch): so the default adds no flag, and an upgrade rolls no worker for it.
     runtime: EncoderRuntime | None = None

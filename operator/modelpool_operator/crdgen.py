@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from modelpool_contract.api import (
+    DEFAULT_ENGINE,
     GROUP,
     MODELBUDGET_KIND,
     MODELBUDGET_PLURAL,
@@ -30,6 +31,7 @@ from modelpool_contract.api import (
     MODELHOST_PLURAL,
     MODELPOOL_KIND,
     MODELPOOL_PLURAL,
+    MSG_ADAPTER_ENGINE,
     MSG_ADAPTER_POOL_NAME,
     MSG_ADAPTER_SERVED_NAME,
     MSG_ADAPTER_SOURCE,
@@ -39,6 +41,7 @@ from modelpool_contract.api import (
     MSG_CACHE_PATH,
     MSG_DEVICE_MEMORY_POSITIVE,
     MSG_DEVICE_MEMORY_REQUIRED,
+    MSG_ENGINE_TASK,
     MSG_HOST_NAME_LENGTH,
     MSG_INFERENCE_POOL_TASK,
     MSG_KV_CACHE_TARGET,
@@ -50,6 +53,7 @@ from modelpool_contract.api import (
     QUANTITY_PATTERN,
     SHARED_POOL_RULES,
     VERSION,
+    VLLM_TASKS,
     AutoscalingSpec,
     ModelBudgetSpec,
     ModelBudgetStatus,
@@ -219,6 +223,14 @@ def _pool_spec_schema() -> dict[str, Any]:
             "message": MSG_INFERENCE_POOL_TASK,
             "fieldPath": ".inferencePool",
         },
+        {
+            "rule": (
+                f"!has(self.engine) || self.engine == '{DEFAULT_ENGINE}' || "
+                + " || ".join(f"self.model.task == '{task}'" for task in sorted(VLLM_TASKS))
+            ),
+            "message": MSG_ENGINE_TASK,
+            "fieldPath": ".engine",
+        },
     ]
     spec["properties"]["autoscaling"]["x-kubernetes-validations"] = [
         {
@@ -277,6 +289,14 @@ def _adapter_rules() -> list[dict[str, str]]:
         {
             "rule": "!has(self.adapters) || size(self.adapters) == 0 || self.model.task == 'text-generation'",
             "message": MSG_ADAPTER_TASK,
+            "fieldPath": ".adapters",
+        },
+        {
+            "rule": (
+                "!has(self.adapters) || size(self.adapters) == 0 || "
+                f"!has(self.engine) || self.engine == '{DEFAULT_ENGINE}'"
+            ),
+            "message": MSG_ADAPTER_ENGINE,
             "fieldPath": ".adapters",
         },
         {

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from modelpool_contract.api import (
+    MSG_ADAPTER_ENGINE,
     MSG_ADAPTER_POOL_NAME,
     MSG_ADAPTER_SERVED_NAME,
     MSG_ADAPTER_SOURCE,
@@ -18,6 +19,7 @@ from modelpool_contract.api import (
     MSG_ADAPTER_UNIQUE,
     MSG_DEVICE_MEMORY_POSITIVE,
     MSG_DEVICE_MEMORY_REQUIRED,
+    MSG_ENGINE_TASK,
     MSG_INFERENCE_POOL_TASK,
     MSG_MIN_LE_REPLICAS,
     MSG_REPLICAS_LE_MAX,
@@ -95,8 +97,14 @@ def test_modelpool_validation_rules() -> None:
     spec = root["properties"]["spec"]
     messages = [v["message"] for v in spec["x-kubernetes-validations"]]
     shared = [message for _, _, message in SHARED_POOL_RULES]
-    own = [MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX, MSG_TARGET_LE_CAPACITY, MSG_INFERENCE_POOL_TASK]
-    adapters = [MSG_ADAPTER_TASK, MSG_ADAPTER_UNIQUE, MSG_ADAPTER_SERVED_NAME]
+    own = [
+        MSG_MIN_LE_REPLICAS,
+        MSG_REPLICAS_LE_MAX,
+        MSG_TARGET_LE_CAPACITY,
+        MSG_INFERENCE_POOL_TASK,
+        MSG_ENGINE_TASK,
+    ]
+    adapters = [MSG_ADAPTER_TASK, MSG_ADAPTER_ENGINE, MSG_ADAPTER_UNIQUE, MSG_ADAPTER_SERVED_NAME]
     assert messages == [*own, *shared, *adapters]
     # Each shared-pool rule applies only with spec.host and names its own field.
     rules = spec["x-kubernetes-validations"][len(own) : len(own) + len(shared)]

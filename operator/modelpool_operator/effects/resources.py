@@ -17,6 +17,7 @@ from typing import Any
 
 from modelpool_contract.api import (
     API_VERSION,
+    DEFAULT_ENGINE,
     MODELHOST_KIND,
     MODELPOOL_KIND,
     EnvVar,
@@ -154,6 +155,7 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         log_format=_log_format(settings),
         adapter=tuple(f"{a.name}={a.source}" for a in spec.adapters) or None,
         max_adapters=spec.max_loaded_adapters if spec.adapters else None,
+        engine=spec.engine if spec.engine != DEFAULT_ENGINE else None,
         runtime=runtime_setting(spec.model.runtime),
     ).argv()
 

@@ -163,6 +163,23 @@ def test_the_workers_log_format_is_the_operators_and_the_default_adds_no_flag() 
     assert args[args.index("--log-format") + 1] == "plain"
 
 
+def test_the_vllm_engine_is_passed_only_when_asked_for_and_only_for_text_generation() -> None:
+    assert "--engine" not in server_args("emb", parse_pool_spec(pool()["spec"]), PodSettings())
+    generation = {"source": "/models/llama", "task": "text-generation"}
+    spec = parse_pool_spec(pool(model=generation, engine="vllm")["spec"])
+    args = server_args("gen", spec, PodSettings())
+    assert args[args.index("--engine") + 1] == "vllm"
+    # The default is never written: other pools' pods (and their template hashes) stay as they were.
+    assert "--engine" not in server_args(
+        "gen", parse_pool_spec(pool(model=generation)["spec"]), PodSettings()
+    )
+    with pytest.raises(ValueError, match=r"spec\.engine vllm needs spec\.model\.task text-generation"):
+        parse_pool_spec(pool(engine="vllm")["spec"])
+    shared = {"model": generation, "resources": {"memory": "1Gi"}, "host": "h", "engine": "vllm"}
+    with pytest.raises(ValueError, match=r"spec\.engine vllm is not supported on a shared pool"):
+        parse_pool_spec(shared)
+
+
 @pytest.mark.parametrize(("runtime", "flag"), [(None, None), ("torch", None), ("onnxruntime", "onnxruntime")])
 def test_the_encoder_runtime_is_passed_and_the_default_adds_no_flag(
     runtime: str | None, flag: str | None
