@@ -861,6 +861,74 @@ class InferencePoolSpec(_Model):
     )
 
 
+#: vLLM's weight quantization methods a pool may name (``spec.vllm.quantization``; vLLM's ``--quantization``):
+#: the common ones of the vLLM the image carries, so that a typo is refused by the API server.
+VllmQuantization = Literal[
+    "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors", "modelopt", "mxfp4"
+]
+#: The KV cache's data type (``spec.vllm.kvCacheDtype``; vLLM's ``--kv-cache-dtype``); auto: the model's.
+VllmKvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+MSG_VLLM_ENGINE = (
+    "spec.vllm needs spec.engine vllm: its settings are vLLM's own; set spec.engine: vllm, or remove "
+    "spec.vllm"
+)
+
+
+class VllmSpec(_Model):
+    """vLLM's own settings (``spec.engine: vllm``), each an allow-listed flag of its OpenAI server; unset:
+    vLLM's default.  The flags that fix how the worker reaches it (host, port, model, names, keys) stay the
+    server's own (``modelpool_contract.vllm_args``)."""
+
+    max_model_len: int | None = Field(
+        default=None,
+        ge=16,
+        le=16_777_216,
+        description="The context length in tokens, prompt and output (--max-model-len); unset: the model's.",
+    )
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="The most sequences vLLM runs in one batch (--max-num-seqs).",
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        ge=16,
+        le=16_777_216,
+        description="The most tokens vLLM schedules in one step (--max-num-batched-tokens).",
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        ge=0.1,
+        le=0.99,
+        description=(
+            "The share of each GPU's memory vLLM may take for weights, activations and KV cache "
+            "(--gpu-memory-utilization; vLLM's default 0.9)."
+        ),
+    )
+    enable_prefix_caching: bool | None = Field(
+        default=None,
+        description=(
+            "Reuse the KV cache of shared prompt prefixes (--enable-prefix-caching, or "
+            "--no-enable-prefix-caching when false); unset: vLLM's default."
+        ),
+    )
+    quantization: VllmQuantization | None = Field(
+        default=None,
+        description="How the weights are quantized (--quantization); unset: as the model's config says.",
+    )
+    kv_cache_dtype: VllmKvCacheDtype | None = Field(
+        default=None, description="The KV cache's data type (--kv-cache-dtype); auto: the model's."
+    )
+    enforce_eager: bool | None = Field(
+        default=None,
+        description=(
+            "Run the model eagerly: no CUDA graphs or compilation (--enforce-eager); slower steps, less "
+            "memory and a faster start."
+        ),
+    )
+
+
 class ModelPoolSpec(_Model):
     """The desired pool: a model, a task, how many workers and what each one needs."""
 
@@ -977,6 +1045,13 @@ class ModelPoolSpec(_Model):
             "drain; text-generation only, the OpenAI routes only; the image must carry vLLM)."
         ),
     )
+    vllm: VllmSpec | None = Field(
+        default=None,
+        description=(
+            "vLLM's own settings (spec.engine vllm only): context length, batch sizes, GPU memory share, "
+            "prefix caching, quantization, KV cache type, eager mode."
+        ),
+    )
     activation_timeout_seconds: int = Field(
         default=DEFAULT_ACTIVATION_TIMEOUT_SECONDS,
         ge=1,
@@ -1007,6 +1082,8 @@ class ModelPoolSpec(_Model):
             raise ValueError(adapters)
         if self.engine == "vllm" and self.model.task not in VLLM_TASKS:
             raise ValueError(MSG_ENGINE_TASK)
+        if self.vllm is not None and self.engine != "vllm":
+            raise ValueError(MSG_VLLM_ENGINE)
         if self.host is not None:
             refused = shared_pool_refusals(self)
             if refused:
@@ -1836,6 +1913,7 @@ __all__ = [
     "MSG_STABLE_GE_UP_WINDOW",
     "MSG_TARGET_LE_CAPACITY",
     "MSG_TOKENS_TARGET",
+    "MSG_VLLM_ENGINE",
     "QUANTITY_PATTERN",
     "SCHEDULING_LIST_MAX",
     "SERVED_NAME_PATTERN",
@@ -1889,6 +1967,9 @@ __all__ = [
     "SecretKey",
     "Toleration",
     "TopologySpreadConstraint",
+    "VllmKvCacheDtype",
+    "VllmQuantization",
+    "VllmSpec",
     "WeightedPodAffinityTerm",
     "WorkerGeneration",
     "WorkerStatus",

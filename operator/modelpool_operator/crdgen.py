@@ -50,6 +50,7 @@ from modelpool_contract.api import (
     MSG_STABLE_GE_UP_WINDOW,
     MSG_TARGET_LE_CAPACITY,
     MSG_TOKENS_TARGET,
+    MSG_VLLM_ENGINE,
     QUANTITY_PATTERN,
     SHARED_POOL_RULES,
     VERSION,
@@ -230,6 +231,12 @@ def _pool_spec_schema() -> dict[str, Any]:
             ),
             "message": MSG_ENGINE_TASK,
             "fieldPath": ".engine",
+        },
+        {
+            # vLLM's settings mean nothing to the transformers engine: refused rather than ignored.
+            "rule": "!has(self.vllm) || (has(self.engine) && self.engine == 'vllm')",
+            "message": MSG_VLLM_ENGINE,
+            "fieldPath": ".vllm",
         },
     ]
     spec["properties"]["autoscaling"]["x-kubernetes-validations"] = [

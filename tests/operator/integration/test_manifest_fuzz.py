@@ -176,6 +176,9 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
     if "inferencePool" in spec:
         # The endpoint picker reads what only text-generation workers export (CEL on spec.inferencePool).
         spec["model"]["task"] = "text-generation"
+    if "vllm" in spec:
+        # vLLM's settings need its engine (CEL on spec.vllm); dropped below where the engine is.
+        spec["engine"] = "vllm"
     if spec.get("engine") == "vllm":
         # vLLM serves the OpenAI completion and chat routes only (CEL on spec.engine).
         spec["model"]["task"] = "text-generation"
@@ -187,6 +190,8 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
             owner = spec.get(parent) if parent else spec
             if isinstance(owner, dict):
                 owner.pop(leaf, None)
+    if spec.get("engine") != "vllm":
+        spec.pop("vllm", None)
     _own_namespace_only((spec.get("podTemplate") or {}).get("affinity"))
     for entry in (spec.get("podTemplate") or {}).get("env") or []:
         if "value" in entry and "valueFrom" in entry:
