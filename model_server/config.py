@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -38,6 +39,7 @@ from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.mounts import PVC_MOUNT_ROOT
 from modelpool_contract.settings import CommandLine, ConfigError, Flag, build_parser, flag_name, load
 from modelpool_contract.tasks import TASK_NAMES, TaskName
+from modelpool_contract.vllm_args import own_flag_refusal
 
 # ConfigError is the loader's, re-exported for the program's main.
 __all__ = ["COMMAND_LINE", "ConfigError", "ServerConfig", "ServingConfig", "load_config"]
@@ -261,8 +263,22 @@ class ServerConfig(ServingConfig):
     vllm_args: str = Field(
         default="",
         description="--engine vllm: more arguments to vLLM's OpenAI server, shell-quoted in one string "
-        "(e.g. '--max-model-len 4096 --enforce-eager')",
+        "(e.g. '--max-model-len 4096 --enforce-eager'); the flags the server sets itself (--host, --port, "
+        "--model, --served-model-name, --api-key, --dtype, --trust-remote-code...) are refused",
     )
+
+    @field_validator("vllm_args")
+    @classmethod
+    def _vllm_args(cls, value: str) -> str:
+        # The flags the server gives vLLM itself (its loopback address, the model, names, keys) must win.
+        try:
+            args = shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"cannot be split as a shell would: {exc}") from None
+        refused = own_flag_refusal(args)
+        if refused is not None:
+            raise ValueError(refused)
+        return value
 
     @field_validator("handler")
     @classmethod

@@ -20,6 +20,8 @@ from model_server.frontend.vllm_relay import budget_s, peek
 from model_server.metrics import MULTIPROC_ENV
 from model_server.state_machine import State
 from model_server.supervisor.slot import INFERENCE_MODULE, VLLM_MODULE, inference_module
+from modelpool_contract.settings import ConfigError
+from modelpool_contract.vllm_args import OWN_FLAGS
 
 METRICS = """\
 # TYPE vllm:num_requests_running gauge
@@ -48,6 +50,28 @@ def test_the_command_serves_our_name_on_loopback_then_the_users_arguments() -> N
     assert command[command.index("--host") + 1] == "127.0.0.1" and "4321" in command
     assert command[command.index("--dtype") + 1] == "float16"
     assert command[-3:] == ["--max-model-len", "64", "--enforce-eager"]
+
+
+def test_the_flags_the_server_gives_vllm_are_all_its_own() -> None:
+    """Every flag vllm_command writes before --vllm-args is one --vllm-args may not repeat (else the later,
+    the user's, would win)."""
+    config = load_config(
+        ["--model", "/m/x", "--task", "text-generation", "--engine", "vllm", "--dtype", "float16",
+         "--trust-remote-code", "--vllm-args", "--max-model-len 64"]
+    )  # fmt: skip
+    ours = {arg for arg in vllm_command(config, Path("/m/x"), 4321)[:-2] if arg.startswith("--")}
+    assert ours and ours <= OWN_FLAGS
+
+
+@pytest.mark.parametrize(
+    "args", ["--host 0.0.0.0", "--max-model-len 64 --api-key k", "--served_model_name=x"]
+)
+def test_vllm_args_that_set_the_servers_own_flags_stop_it_at_startup(args: str) -> None:
+    base = ["--model", "/m", "--task", "text-generation", "--engine", "vllm"]
+    with pytest.raises(ConfigError, match=r"--vllm-args .*may not set --\S+: the server sets --\S+ itself"):
+        load_config([*base, f"--vllm-args={args}"])
+    with pytest.raises(ConfigError, match=r"--vllm-args .*cannot be split"):
+        load_config([*base, "--vllm-args=--max-model-len '64"])
 
 
 def test_the_environment_leaves_our_metrics_directory_out() -> None:
