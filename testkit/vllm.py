@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from modelpool_contract.api import VllmSpec
+from modelpool_contract.vllm_args import vllm_args_string
 from testkit.environment import ROOT
 
 VLLM_ENV = ROOT / ".vllm-env"
@@ -32,10 +34,18 @@ def vllm_env() -> dict[str, str]:
     return {"MODELPOOL_VLLM_PYTHON": str(vllm_python()), "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB}
 
 
-def vllm_args(context: int) -> str:
-    """``--vllm-args`` for the tiny model: its context, no CUDA graphs or compilation (eager), few
+def vllm_settings(context: int) -> VllmSpec:
+    """A pool's ``spec.vllm`` for the tiny model: its context, no CUDA graphs or compilation (eager), few
     sequences (they are what vLLM's CPU build sizes its buffers by)."""
-    return f"--max-model-len {context} --enforce-eager --max-num-seqs 4"
+    return VllmSpec(max_model_len=context, enforce_eager=True, max_num_seqs=4)
 
 
-__all__ = ["KV_CACHE_GIB", "VLLM_ENV", "vllm_args", "vllm_env", "vllm_python"]
+def vllm_args(context: int) -> str:
+    """``--vllm-args`` for the tiny model, rendered from its ``spec.vllm`` as the operator renders a pool's
+    (``modelpool_contract.vllm_args``): the tests run vLLM with the flags a pool would give it."""
+    rendered = vllm_args_string(vllm_settings(context))
+    assert rendered is not None  # the settings above are never empty
+    return rendered
+
+
+__all__ = ["KV_CACHE_GIB", "VLLM_ENV", "vllm_args", "vllm_env", "vllm_python", "vllm_settings"]
