@@ -14,12 +14,12 @@ from typing import Any
 import openai
 import pytest
 
-from modelpool_contract.api import MSG_ENGINE_TASK
+from modelpool_contract.api import MSG_ENGINE_TASK, MSG_VLLM_ENGINE
 from testkit import tiny_models
 from testkit.cluster import Cluster
 from testkit.environment import free_port
 from testkit.kubectl import apply
-from testkit.vllm import vllm_args, vllm_env
+from testkit.vllm import vllm_args, vllm_env, vllm_settings
 from tests.operator.integration.opharness import (
     PROCESS_NODE,
     StartOperator,
@@ -87,3 +87,31 @@ def test_vllm_for_another_task_is_refused_by_the_api_server(crds: Cluster, names
     manifest = json.dumps(pool)
     done = crds.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=manifest, check=False)
     assert done.returncode != 0 and MSG_ENGINE_TASK in done.stderr, done.stderr
+
+
+def _dry_run(crds: Cluster, namespace: str, pool: dict[str, Any]) -> tuple[bool, str]:
+    done = crds.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(pool), check=False
+    )
+    return done.returncode == 0, done.stderr
+
+
+def test_vllm_settings_are_checked_by_the_api_server(crds: Cluster, namespace: str) -> None:
+    """spec.vllm: accepted on a vllm pool, refused without spec.engine vllm (the model's message) and out
+    of its bounds or enum, by the API server itself."""
+    pool = pool_manifest("gen", task="text-generation")
+    pool["spec"]["vllm"] = vllm_settings(CONTEXT).wire()
+    accepted, why = _dry_run(crds, namespace, pool)
+    assert not accepted and MSG_VLLM_ENGINE in why, why
+    pool["spec"]["engine"] = "vllm"
+    pool["spec"]["vllm"].update(gpuMemoryUtilization=0.5, quantization="awq", kvCacheDtype="fp8")
+    accepted, why = _dry_run(crds, namespace, pool)
+    assert accepted, why
+    for field, value in [("maxNumSeqs", 1025), ("maxModelLen", 8), ("gpuMemoryUtilization", 1.0)]:
+        bad = json.loads(json.dumps(pool))
+        bad["spec"]["vllm"][field] = value
+        accepted, why = _dry_run(crds, namespace, bad)
+        assert not accepted and f"spec.vllm.{field}" in why, why
+    pool["spec"]["vllm"]["quantization"] = "int3"
+    accepted, why = _dry_run(crds, namespace, pool)
+    assert not accepted and "spec.vllm.quantization" in why and "Unsupported value" in why, why
