@@ -42,8 +42,10 @@ def _vllm_pool(model: Path) -> dict[str, Any]:
     )
     spec = pool["spec"]
     spec["engine"] = "vllm"
+    # vLLM's settings as a pool author writes them: the operator passes them as the worker's --vllm-args.
+    spec["vllm"] = vllm_settings(CONTEXT).wire()
     spec["resources"]["gpus"] = 0
-    env = {**vllm_env(), "MODELPOOL_VLLM_ARGS": vllm_args(CONTEXT), "OMP_NUM_THREADS": "1"}
+    env = {**vllm_env(), "OMP_NUM_THREADS": "1"}
     spec["podTemplate"]["env"] = [{"name": k, "value": v} for k, v in env.items()]
     return pool
 
@@ -53,7 +55,7 @@ def test_a_vllm_pool_loads_serves_and_drains(
 ) -> None:
     model = tiny_models.build_vllm_llama(tmp_path / "llama", context=CONTEXT)
     port = free_port()
-    allowed = "MODELPOOL_VLLM_PYTHON,MODELPOOL_VLLM_ARGS,VLLM_CPU_KVCACHE_SPACE,OMP_NUM_THREADS"
+    allowed = "MODELPOOL_VLLM_PYTHON,VLLM_CPU_KVCACHE_SPACE,OMP_NUM_THREADS"
     start_operator(
         namespace, MODELPOOL_OPERATOR_SERVER_PORT=str(port), MODELPOOL_OPERATOR_ALLOWED_ENV_NAMES=allowed
     )
@@ -71,6 +73,7 @@ def test_a_vllm_pool_loads_serves_and_drains(
     (pod,) = worker_pods(cluster, namespace, "llm")
     args = pod["spec"]["containers"][0]["args"]
     assert args[args.index("--engine") + 1] == "vllm"
+    assert f"--vllm-args={vllm_args(CONTEXT)}" in args
     url = f"http://{pod['status']['podIP']}:{port}/v1"
     client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
     completion = client.completions.create(
