@@ -19,10 +19,6 @@ $(VENV)/.installed: pyproject.toml uv.lock hack/venv.sh
 	bash hack/venv.sh $(VENV)
 	@touch $@
 
-.PHONY: vllm-env
-vllm-env: ## .vllm-env/: vLLM's CPU build in its own environment (~6 GB), for spec.engine vllm and its tests
-	bash hack/vllm-env.sh .vllm-env
-
 .PHONY: tools
 tools: ## the Debian tools the images and tests use (buildah, runc, debootstrap, promtool), when missing
 	bash hack/tools.sh
@@ -71,7 +67,7 @@ PYTEST_ARGS ?= -n 2 --dist loadfile --durations=20
 .PHONY: test
 # The images and the release are tested too (the pods of e2e/test_images.py run from them; e2e/test_release.py
 # checks dist/): both are skipped in seconds when their inputs are unchanged.
-test: venv vllm-env testbin tools lint images release ## lint, then every test (unit + integration on the local control plane, the images, the release)
+test: venv testbin tools lint images release ## lint, then every test (unit + integration on the local control plane, the images, the release)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: demo

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -19,7 +18,6 @@ from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_valid
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from model_server.cpu_budget import available_cpus, default_http_workers
-from modelpool_contract.api import DEFAULT_ENGINE, VLLM_TASKS, Engine
 from modelpool_contract.flags import (
     BATCH_DELAY_MS,
     DEFAULT_MAX_LOADED_ADAPTERS,
@@ -39,14 +37,9 @@ from modelpool_contract.logs import DEFAULT_LOG_FORMAT, LogFormat
 from modelpool_contract.mounts import PVC_MOUNT_ROOT
 from modelpool_contract.settings import CommandLine, ConfigError, Flag, build_parser, flag_name, load
 from modelpool_contract.tasks import TASK_NAMES, TaskName
-from modelpool_contract.vllm_args import own_flag_refusal
 
 # ConfigError is the loader's, re-exported for the program's main.
 __all__ = ["COMMAND_LINE", "ConfigError", "ServerConfig", "ServingConfig", "load_config"]
-
-# Where the vLLM engine's python is in an image that carries vLLM in an environment of its own (vLLM pins a
-# transformers the server's own does not allow): ``--vllm-python`` / ``MODELPOOL_VLLM_PYTHON``.
-VLLM_PYTHON = "/opt/vllm/bin/python"
 
 # How long a forward pass may run beyond --request-timeout (which bounds what any client of the batch
 # still waits for, a streamed generation's included) before the worker counts it as wedged.
@@ -251,35 +244,6 @@ class ServerConfig(ServingConfig):
             raise ValueError(f"at most {MAX_ADAPTERS} adapters")
         return value
 
-    engine: Engine = Field(
-        default=DEFAULT_ENGINE,
-        description="What computes the model: transformers (this server's inference process) or vllm "
-        "(vLLM's OpenAI server, run as a child on a loopback port; text-generation only)",
-    )
-    vllm_python: Path = Field(
-        default=Path(VLLM_PYTHON),
-        description="--engine vllm: the python of the environment vLLM is installed in",
-    )
-    vllm_args: str = Field(
-        default="",
-        description="--engine vllm: more arguments to vLLM's OpenAI server, shell-quoted in one string "
-        "(e.g. '--max-model-len 4096 --enforce-eager'); the flags the server sets itself (--host, --port, "
-        "--model, --served-model-name, --api-key, --dtype, --trust-remote-code...) are refused",
-    )
-
-    @field_validator("vllm_args")
-    @classmethod
-    def _vllm_args(cls, value: str) -> str:
-        # The flags the server gives vLLM itself (its loopback address, the model, names, keys) must win.
-        try:
-            args = shlex.split(value)
-        except ValueError as exc:
-            raise ValueError(f"cannot be split as a shell would: {exc}") from None
-        refused = own_flag_refusal(args)
-        if refused is not None:
-            raise ValueError(refused)
-        return value
-
     @field_validator("handler")
     @classmethod
     def _handler(cls, value: str | None) -> str | None:
@@ -295,12 +259,6 @@ class ServerConfig(ServingConfig):
         if "://" in value and not value.startswith(_SOURCE_SCHEMES):
             raise ValueError("unsupported scheme; use a path, file://, hf:// or pvc://")
         return value
-
-    @model_validator(mode="after")
-    def _engine_task(self) -> ServerConfig:
-        if self.engine == "vllm" and self.task not in VLLM_TASKS:
-            raise ValueError(f"--engine vllm serves task text-generation only, not {self.task}")
-        return self
 
     @model_validator(mode="after")
     def _name_default(self) -> ServerConfig:

@@ -14,8 +14,7 @@ too_large, invalid_input...), ``request_latency_seconds{route}``, ``batch_size``
 ``worker_state{state}`` (1 for the current state), ``model_load_seconds``, ``model_warmup_seconds``,
 ``gpu_memory_bytes{kind=allocated|reserved|peak_reserved}``, ``dropped_total{reason}`` (admitted, then
 dropped before compute: timeout, disconnected), ``resident_memory_bytes{process}`` (supervisor, inference,
-http-N; ``vllm``, vLLM's processes together, with ``--engine vllm``).  Text generation on the
-continuous-batching engine: ``time_to_first_token_seconds``,
+http-N).  Text generation on the continuous-batching engine: ``time_to_first_token_seconds``,
 ``inter_token_latency_seconds``, ``generated_tokens_total`` (its rate is tokens per second),
 ``prompt_tokens_total`` and ``prefix_cache_hit_tokens_total`` (of those prompt tokens, the ones read from
 the prefix cache instead of computed: their ratio is the hit rate), ``kv_cache_tokens``,
@@ -66,13 +65,8 @@ def rss_bytes(pid: int | str = "self") -> int:
 
 
 def worker_rss(view: WorkerView) -> dict[str, int]:
-    """Resident memory of each process of the worker, by name (``vllm``: vLLM's processes together, as
-    the vLLM engine's inference process measures them)."""
-    resident = {row_name(row): rss_bytes(pid) for row, pid in view.pids()}
-    engine = int(view.get(Field.ENGINE_RSS))
-    if engine:
-        resident["vllm"] = engine
-    return resident
+    """Resident memory of each process of the worker, by name."""
+    return {row_name(row): rss_bytes(pid) for row, pid in view.pids()}
 
 
 def _on(device: str | None) -> str | None:
@@ -237,9 +231,8 @@ class WorkerGauges(Collector):
                 "modelpool_resident_memory_bytes", "Resident memory of each process", resident, process=name
             )
         if self.picker:
-            queued = view.optional(Field.QUEUED)
             yield from picker_rows(
-                view.door.taken if queued is None else queued,
+                view.door.taken,
                 view.get(Field.IN_FLIGHT),
                 view.optional(Field.KV_CACHE_TOKENS),
                 view.optional(Field.KV_CACHE_RESERVED),

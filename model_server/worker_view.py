@@ -77,9 +77,6 @@ class Field(enum.IntEnum):
     ADAPTERS_LOADED = enum.auto()  # LoRA adapters in memory, a bit mask over --adapter's order
     ADAPTERS_RUNNING = enum.auto()  # LoRA adapters running requests use, the same mask
     WAKES = enum.auto()  # wakes completed (the weights back on the device)
-    UPSTREAM_PORT = enum.auto()  # --engine vllm: the loopback port vLLM's server listens on (0: none yet)
-    ENGINE_RSS = enum.auto()  # --engine vllm: resident bytes of vLLM's processes (0: none)
-    QUEUED = enum.auto()  # --engine vllm: admitted requests not computing yet; NaN: the door's count is
 
 
 class Column(enum.IntEnum):
@@ -101,8 +98,7 @@ _STATES = tuple(State)
 # task generates nothing); here, beside the view, because the frontend and the supervisor read them too.
 BATCHING = "continuous-batching"
 SERIAL = "serial"
-VLLM = "vllm"  # --engine vllm: vLLM's own continuous batching, in its own process
-ENGINE_CODES = {SERIAL: 1.0, BATCHING: 2.0, VLLM: 3.0}
+ENGINE_CODES = {SERIAL: 1.0, BATCHING: 2.0}
 ENGINE_NAMES = {code: name for name, code in ENGINE_CODES.items()}
 # Tokens per KV-cache page of the continuous-batching engine (a request holds whole pages, so admission
 # rounds its need up to pages); here because the probe port reports the cache in pages too
@@ -325,7 +321,6 @@ def _initial_figures(numbers: Any) -> None:
         Field.THREAD_CPUS,
         Field.SLEEP_FREED_BYTES,
         Field.WAKE_SECONDS,
-        Field.QUEUED,
     ):
         numbers[unknown] = float("nan")
 
@@ -349,7 +344,6 @@ __all__ = [
     "SERIAL",
     "SPAWN",
     "SUPERVISOR_ROW",
-    "VLLM",
     "Column",
     "Door",
     "Field",

@@ -97,13 +97,6 @@ HOST_NAME_PATTERN = CLAIM_NAME_PATTERN
 CacheType = Literal["none", "pvc", "hostPath"]
 #: What the autoscaler counts the load in (``spec.autoscaling.metric``).
 AutoscalingMetric = Literal["requests", "tokens", "kvCache"]
-#: What computes a pool's model (``spec.engine``; the server's ``--engine``): ``transformers``, our own
-#: inference process (every task), or ``vllm``, vLLM's OpenAI server run by our supervisor as a child on
-#: a loopback port (text generation only; docs/design.md, "The vLLM engine").
-Engine = Literal["transformers", "vllm"]
-DEFAULT_ENGINE: Engine = "transformers"
-#: The tasks each engine serves (the transformers engine: every task).
-VLLM_TASKS: frozenset[TaskName] = frozenset({"text-generation"})
 
 
 class _Model(BaseModel):
@@ -771,10 +764,6 @@ MSG_ADAPTER_POOL_NAME = (
     "spec.adapters[].name must differ from the pool's name: that name serves the base model"
 )
 MSG_ADAPTER_TASK = "spec.adapters needs spec.model.task text-generation (LoRA adapters of a causal LM)"
-MSG_ADAPTER_ENGINE = (
-    "spec.adapters needs the transformers engine: LoRA adapters are applied by the server's own engine, "
-    "not yet passed to vLLM; remove spec.engine or spec.adapters"
-)
 
 
 class AdapterSpec(_Model):
@@ -807,8 +796,6 @@ def adapter_refusal(spec: ModelPoolSpec, pool_name: str | None = None) -> str | 
         return None
     if spec.model.task != "text-generation":
         return MSG_ADAPTER_TASK
-    if spec.engine != DEFAULT_ENGINE:
-        return MSG_ADAPTER_ENGINE
     if len(set(names)) != len(names):
         return MSG_ADAPTER_UNIQUE
     if spec.served_model_name is not None and spec.served_model_name in names:
@@ -858,74 +845,6 @@ class InferencePoolSpec(_Model):
         min_length=1,
         max_length=63,
         description="The picker pods' namespace; unset: the pool's.",
-    )
-
-
-#: vLLM's weight quantization methods a pool may name (``spec.vllm.quantization``; vLLM's ``--quantization``):
-#: the common ones of the vLLM the image carries, so that a typo is refused by the API server.
-VllmQuantization = Literal[
-    "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors", "modelopt", "mxfp4"
-]
-#: The KV cache's data type (``spec.vllm.kvCacheDtype``; vLLM's ``--kv-cache-dtype``); auto: the model's.
-VllmKvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
-MSG_VLLM_ENGINE = (
-    "spec.vllm needs spec.engine vllm: its settings are vLLM's own; set spec.engine: vllm, or remove "
-    "spec.vllm"
-)
-
-
-class VllmSpec(_Model):
-    """vLLM's own settings (``spec.engine: vllm``), each an allow-listed flag of its OpenAI server; unset:
-    vLLM's default.  The flags that fix how the worker reaches it (host, port, model, names, keys) stay the
-    server's own (``modelpool_contract.vllm_args``)."""
-
-    max_model_len: int | None = Field(
-        default=None,
-        ge=16,
-        le=16_777_216,
-        description="The context length in tokens, prompt and output (--max-model-len); unset: the model's.",
-    )
-    max_num_seqs: int | None = Field(
-        default=None,
-        ge=1,
-        le=1024,
-        description="The most sequences vLLM runs in one batch (--max-num-seqs).",
-    )
-    max_num_batched_tokens: int | None = Field(
-        default=None,
-        ge=16,
-        le=16_777_216,
-        description="The most tokens vLLM schedules in one step (--max-num-batched-tokens).",
-    )
-    gpu_memory_utilization: float | None = Field(
-        default=None,
-        ge=0.1,
-        le=0.99,
-        description=(
-            "The share of each GPU's memory vLLM may take for weights, activations and KV cache "
-            "(--gpu-memory-utilization; vLLM's default 0.9)."
-        ),
-    )
-    enable_prefix_caching: bool | None = Field(
-        default=None,
-        description=(
-            "Reuse the KV cache of shared prompt prefixes (--enable-prefix-caching, or "
-            "--no-enable-prefix-caching when false); unset: vLLM's default."
-        ),
-    )
-    quantization: VllmQuantization | None = Field(
-        default=None,
-        description="How the weights are quantized (--quantization); unset: as the model's config says.",
-    )
-    kv_cache_dtype: VllmKvCacheDtype | None = Field(
-        default=None, description="The KV cache's data type (--kv-cache-dtype); auto: the model's."
-    )
-    enforce_eager: bool | None = Field(
-        default=None,
-        description=(
-            "Run the model eagerly: no CUDA graphs or compilation (--enforce-eager); slower steps, less "
-            "memory and a faster start."
-        ),
     )
 
 
@@ -1037,21 +956,6 @@ class ModelPoolSpec(_Model):
             "used one that no running request uses (429 while every loaded one is in use)."
         ),
     )
-    engine: Engine = Field(
-        default=DEFAULT_ENGINE,
-        description=(
-            "What computes the model: transformers (the server's own inference process, every task) or "
-            "vllm (vLLM's OpenAI server inside the worker, behind the same bounded queue, deadlines and "
-            "drain; text-generation only, the OpenAI routes only; the image must carry vLLM)."
-        ),
-    )
-    vllm: VllmSpec | None = Field(
-        default=None,
-        description=(
-            "vLLM's own settings (spec.engine vllm only): context length, batch sizes, GPU memory share, "
-            "prefix caching, quantization, KV cache type, eager mode."
-        ),
-    )
     activation_timeout_seconds: int = Field(
         default=DEFAULT_ACTIVATION_TIMEOUT_SECONDS,
         ge=1,
@@ -1080,10 +984,6 @@ class ModelPoolSpec(_Model):
         adapters = adapter_refusal(self)
         if adapters is not None:
             raise ValueError(adapters)
-        if self.engine == "vllm" and self.model.task not in VLLM_TASKS:
-            raise ValueError(MSG_ENGINE_TASK)
-        if self.vllm is not None and self.engine != "vllm":
-            raise ValueError(MSG_VLLM_ENGINE)
         if self.host is not None:
             refused = shared_pool_refusals(self)
             if refused:
@@ -1100,10 +1000,6 @@ MSG_TARGET_LE_CAPACITY = (
 MSG_INFERENCE_POOL_TASK = (
     "spec.inferencePool needs spec.model.task text-generation: the endpoint picker reads the metrics only "
     "text-generation workers export"
-)
-MSG_ENGINE_TASK = (
-    "spec.engine vllm needs spec.model.task text-generation: vLLM serves the OpenAI completion and chat "
-    "routes only; remove spec.engine (the transformers engine serves every task)"
 )
 MSG_STABLE_GE_UP_WINDOW = (
     "spec.autoscaling.stableWindowSeconds must be at least spec.autoscaling.scaleUpWindowSeconds"
@@ -1173,12 +1069,6 @@ SHARED_POOL_RULES: tuple[tuple[str, str, str], ...] = (
         "with LoRA adapters, or remove spec.adapters",
     ),
     (
-        "engine",
-        f"!has(self.engine) || self.engine == '{DEFAULT_ENGINE}'",
-        "spec.engine vllm is not supported on a shared pool (spec.host): a host pod runs its models on the "
-        "transformers engine; remove spec.engine, or remove spec.host for dedicated workers",
-    ),
-    (
         "resources.gpus",
         "!has(self.resources.gpus) || self.resources.gpus == 0",
         "spec.resources.gpus must be 0 or unset on a shared pool (spec.host): the ModelHost's gpusPerHost "
@@ -1211,7 +1101,6 @@ def shared_pool_refusals(spec: ModelPoolSpec) -> list[str]:
         "auth": spec.auth is not None,
         "inferencePool": spec.inference_pool is not None,
         "adapters": bool(spec.adapters),
-        "engine": spec.engine != DEFAULT_ENGINE,
         "resources.gpus": spec.resources.gpus != 0,
         "resources.hostMemory": spec.resources.host_memory is not None,
         "resources.cpu": spec.resources.cpu is not None,
@@ -1255,8 +1144,8 @@ class WorkerGeneration(_Model):
 
     engine: str = Field(
         description=(
-            "continuous-batching (requests join and leave the running batch at token boundaries), serial "
-            "(one generate at a time: no KV-cache figures) or vllm (spec.engine vllm: vLLM's own figures)."
+            "continuous-batching (requests join and leave the running batch at token boundaries) or serial "
+            "(one generate at a time: no KV-cache figures)."
         )
     )
     running: int | None = Field(default=None, description="Generations running now.")
@@ -1896,7 +1785,6 @@ def source_is_supported(source: str) -> bool:
 __all__ = [
     "API_VERSION",
     "DEFAULT_ACTIVATION_TIMEOUT_SECONDS",
-    "DEFAULT_ENGINE",
     "DEFAULT_GPU_HOST_MEMORY",
     "DEFAULT_MAX_UNAVAILABLE",
     "GROUP",
@@ -1913,13 +1801,11 @@ __all__ = [
     "MSG_STABLE_GE_UP_WINDOW",
     "MSG_TARGET_LE_CAPACITY",
     "MSG_TOKENS_TARGET",
-    "MSG_VLLM_ENGINE",
     "QUANTITY_PATTERN",
     "SCHEDULING_LIST_MAX",
     "SERVED_NAME_PATTERN",
     "SHARED_POOL_RULES",
     "VERSION",
-    "VLLM_TASKS",
     "Affinity",
     "AuthSpec",
     "AutoscalingMetric",
@@ -1928,7 +1814,6 @@ __all__ = [
     "BackoffStatus",
     "Condition",
     "DisruptionSpec",
-    "Engine",
     "EnvVar",
     "EnvVarSource",
     "HostDeviceStatus",
@@ -1967,9 +1852,6 @@ __all__ = [
     "SecretKey",
     "Toleration",
     "TopologySpreadConstraint",
-    "VllmKvCacheDtype",
-    "VllmQuantization",
-    "VllmSpec",
     "WeightedPodAffinityTerm",
     "WorkerGeneration",
     "WorkerStatus",

@@ -123,12 +123,6 @@ class ServerArgs:
     #: ``spec.adapters``; and how many a worker keeps loaded (``--max-adapters``).
     adapter: tuple[str, ...] | None = None
     max_adapters: int | None = None
-    #: What computes the model (``--engine``), only for pools with ``spec.engine`` other than the default:
-    #: the pods of every other pool keep their command line (and their template hash).
-    engine: str | None = None
-    #: vLLM's own flags (``--vllm-args``, shell-quoted), only for pools with ``spec.vllm``
-    #: (``modelpool_contract.vllm_args``): part of the pod's arguments, so a change of them rolls the workers.
-    vllm_args: str | None = None
     #: The encoder's runtime (``--runtime``, a pool's ``spec.model.runtime``), only when it is not the
     #: default (torch): so the default adds no flag, and an upgrade rolls no worker for it.
     runtime: EncoderRuntime | None = None
@@ -147,14 +141,8 @@ class ServerArgs:
             elif isinstance(value, tuple):  # a repeatable flag, once per value
                 args += [part for each in value for part in (flag, _render(each))]
             else:
-                args += _pair(flag, _render(value))
+                args += [flag, _render(value)]
         return args
-
-
-def _pair(flag: str, value: str) -> list[str]:
-    # A value that starts with a dash (``--vllm-args --enforce-eager``) would read as a flag of its own to
-    # argparse, which then says the flag lacks its value: such a value is attached, ``--flag=value``.
-    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
 
 
 def _render(value: object) -> str:

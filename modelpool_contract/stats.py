@@ -103,8 +103,7 @@ class StatsModel(_Document):
 class StatsGeneration(_Document):
     """A text-generation model's engine: ``continuous-batching`` (requests join and leave the running
     batch at token boundaries; its KV cache in tokens, the tokens the running generations reserve, how
-    many run), ``serial`` (one ``generate`` at a time; no cache figures) or ``vllm`` (``--engine vllm``:
-    the same figures, vLLM's)."""
+    many run) or ``serial`` (one ``generate`` at a time; no cache figures)."""
 
     engine: Text = None
     kv_cache_tokens: Count = None

@@ -114,26 +114,6 @@ def build_lora_adapter(base: Path, out: Path, seed: int) -> Path:
     return out
 
 
-def build_vllm_llama(out: Path, context: int = 128) -> Path:
-    """A 2-layer Llama of hidden 128 and 4 heads (head size 32: vLLM's CPU attention takes 32 to 512 only,
-    so the other tiny models' 16 would not load), ``context`` positions, the tokenizer and chat template
-    of ``build_text_generation``: what ``--engine vllm`` serves in the tests."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = build_tokenizer(model_max_length=context)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=context,
-        **_special_tokens(tokenizer),
-    )
-    return _save_causal_lm(out, LlamaForCausalLM, config, tokenizer)
-
-
 def _gpt2_config(tokenizer: Any, **extra: Any) -> Any:
     """A 2-layer GPT-2 of hidden 32 and context 128 for ``tokenizer``, with the fields ``extra`` adds."""
     from transformers import GPT2Config
@@ -339,7 +319,6 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
     "vision-blip": build_vision_blip,  # the vision task, image-text-to-text flavour
     "text-to-image": build_text_to_image,
     "text-generation-llama": build_llama_generation,  # the text-generation task, a Llama-shaped model
-    "text-generation-vllm": build_vllm_llama,  # the same task on --engine vllm (head size 32)
 }
 
 

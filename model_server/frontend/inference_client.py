@@ -185,8 +185,7 @@ class InferenceClient:
             state = self.state_machine.state
             raise ModelNotReady(f"model {self.config.served_name} is not ready (state {state})")
 
-    def overloaded(self) -> Overloaded:
-        """429 with the Retry-After estimate (the door is full)."""
+    def _overloaded(self) -> Overloaded:
         view = self.view
         return Overloaded(
             f"queue full ({self.config.queue_capacity} requests waiting)",
@@ -198,7 +197,7 @@ class InferenceClient:
     def check_capacity(self) -> None:
         """Raise 429 (with the Retry-After estimate) when the queue is full."""
         if self.view.door.full:
-            raise self.overloaded()
+            raise self._overloaded()
 
     @contextlib.contextmanager
     def _slot(self) -> Iterator[Slot]:
@@ -207,7 +206,7 @@ class InferenceClient:
         worker's capacity for its life and keep it from Ready (a drain would wait for it in vain)."""
         door = self.view.door
         if not door.take():
-            raise self.overloaded()
+            raise self._overloaded()
         slot = Slot()
         try:
             yield slot

@@ -31,13 +31,6 @@ from modelpool_contract.placements import device_charge
 log = logging.getLogger("modelpool.supervisor")
 
 INFERENCE_MODULE = "model_server.engine.inference_process"
-# --engine vllm: vLLM's OpenAI server, run and watched by a process in the inference process's place.
-VLLM_MODULE = "model_server.engine.vllm_engine"
-
-
-def inference_module(config: ServerConfig) -> str:
-    """Pure: the module the model's process runs for ``config``'s engine."""
-    return VLLM_MODULE if config.engine == "vllm" else INFERENCE_MODULE
 
 
 @dataclass
@@ -94,7 +87,7 @@ class Slot:
         try:
             ends = [end for _, end in pairs]
             self.child = runtime.spawn(
-                name, inference_module(self.config), self.config, self.view, ends, metrics_model=model
+                name, INFERENCE_MODULE, self.config, self.view, ends, metrics_model=model
             )
             self.view.put(INFERENCE_ROW, Column.PID, self.child.process.pid or 0)
         finally:
@@ -149,4 +142,4 @@ class Slot:
         return last_request < self.woken_for and time.time() < self.on_its_way_until
 
 
-__all__ = ["INFERENCE_MODULE", "VLLM_MODULE", "Slot", "inference_module"]
+__all__ = ["INFERENCE_MODULE", "Slot"]

@@ -22,7 +22,6 @@ from typing import Any
 import yaml
 
 from modelpool_contract.api import (
-    DEFAULT_ENGINE,
     GROUP,
     MODELBUDGET_KIND,
     MODELBUDGET_PLURAL,
@@ -31,7 +30,6 @@ from modelpool_contract.api import (
     MODELHOST_PLURAL,
     MODELPOOL_KIND,
     MODELPOOL_PLURAL,
-    MSG_ADAPTER_ENGINE,
     MSG_ADAPTER_POOL_NAME,
     MSG_ADAPTER_SERVED_NAME,
     MSG_ADAPTER_SOURCE,
@@ -41,7 +39,6 @@ from modelpool_contract.api import (
     MSG_CACHE_PATH,
     MSG_DEVICE_MEMORY_POSITIVE,
     MSG_DEVICE_MEMORY_REQUIRED,
-    MSG_ENGINE_TASK,
     MSG_HOST_NAME_LENGTH,
     MSG_INFERENCE_POOL_TASK,
     MSG_KV_CACHE_TARGET,
@@ -50,11 +47,9 @@ from modelpool_contract.api import (
     MSG_STABLE_GE_UP_WINDOW,
     MSG_TARGET_LE_CAPACITY,
     MSG_TOKENS_TARGET,
-    MSG_VLLM_ENGINE,
     QUANTITY_PATTERN,
     SHARED_POOL_RULES,
     VERSION,
-    VLLM_TASKS,
     AutoscalingSpec,
     ModelBudgetSpec,
     ModelBudgetStatus,
@@ -224,20 +219,6 @@ def _pool_spec_schema() -> dict[str, Any]:
             "message": MSG_INFERENCE_POOL_TASK,
             "fieldPath": ".inferencePool",
         },
-        {
-            "rule": (
-                f"!has(self.engine) || self.engine == '{DEFAULT_ENGINE}' || "
-                + " || ".join(f"self.model.task == '{task}'" for task in sorted(VLLM_TASKS))
-            ),
-            "message": MSG_ENGINE_TASK,
-            "fieldPath": ".engine",
-        },
-        {
-            # vLLM's settings mean nothing to the transformers engine: refused rather than ignored.
-            "rule": "!has(self.vllm) || (has(self.engine) && self.engine == 'vllm')",
-            "message": MSG_VLLM_ENGINE,
-            "fieldPath": ".vllm",
-        },
     ]
     spec["properties"]["autoscaling"]["x-kubernetes-validations"] = [
         {
@@ -296,14 +277,6 @@ def _adapter_rules() -> list[dict[str, str]]:
         {
             "rule": "!has(self.adapters) || size(self.adapters) == 0 || self.model.task == 'text-generation'",
             "message": MSG_ADAPTER_TASK,
-            "fieldPath": ".adapters",
-        },
-        {
-            "rule": (
-                "!has(self.adapters) || size(self.adapters) == 0 || "
-                f"!has(self.engine) || self.engine == '{DEFAULT_ENGINE}'"
-            ),
-            "message": MSG_ADAPTER_ENGINE,
             "fieldPath": ".adapters",
         },
         {

@@ -11,7 +11,6 @@ from typing import Any
 import yaml
 
 from modelpool_contract.api import (
-    MSG_ADAPTER_ENGINE,
     MSG_ADAPTER_POOL_NAME,
     MSG_ADAPTER_SERVED_NAME,
     MSG_ADAPTER_SOURCE,
@@ -19,12 +18,10 @@ from modelpool_contract.api import (
     MSG_ADAPTER_UNIQUE,
     MSG_DEVICE_MEMORY_POSITIVE,
     MSG_DEVICE_MEMORY_REQUIRED,
-    MSG_ENGINE_TASK,
     MSG_INFERENCE_POOL_TASK,
     MSG_MIN_LE_REPLICAS,
     MSG_REPLICAS_LE_MAX,
     MSG_TARGET_LE_CAPACITY,
-    MSG_VLLM_ENGINE,
     SHARED_POOL_RULES,
 )
 from modelpool_contract.tasks import TASK_NAMES
@@ -98,15 +95,8 @@ def test_modelpool_validation_rules() -> None:
     spec = root["properties"]["spec"]
     messages = [v["message"] for v in spec["x-kubernetes-validations"]]
     shared = [message for _, _, message in SHARED_POOL_RULES]
-    own = [
-        MSG_MIN_LE_REPLICAS,
-        MSG_REPLICAS_LE_MAX,
-        MSG_TARGET_LE_CAPACITY,
-        MSG_INFERENCE_POOL_TASK,
-        MSG_ENGINE_TASK,
-        MSG_VLLM_ENGINE,
-    ]
-    adapters = [MSG_ADAPTER_TASK, MSG_ADAPTER_ENGINE, MSG_ADAPTER_UNIQUE, MSG_ADAPTER_SERVED_NAME]
+    own = [MSG_MIN_LE_REPLICAS, MSG_REPLICAS_LE_MAX, MSG_TARGET_LE_CAPACITY, MSG_INFERENCE_POOL_TASK]
+    adapters = [MSG_ADAPTER_TASK, MSG_ADAPTER_UNIQUE, MSG_ADAPTER_SERVED_NAME]
     assert messages == [*own, *shared, *adapters]
     # Each shared-pool rule applies only with spec.host and names its own field.
     rules = spec["x-kubernetes-validations"][len(own) : len(own) + len(shared)]
@@ -125,28 +115,6 @@ def test_modelpool_validation_rules() -> None:
     queue = spec["properties"]["queue"]["properties"]
     assert set(queue) == {"capacity", "maxBatchSize", "maxBatchDelayMs", "requestTimeoutSeconds"}
     assert queue["requestTimeoutSeconds"]["exclusiveMinimum"] is True
-
-
-def test_vllm_settings_are_bounded_and_enumerated() -> None:
-    """spec.vllm: the API server itself refuses a setting out of range or a method vLLM lacks, and the
-    block without spec.engine vllm (the rule's message is the pydantic model's)."""
-    spec = schema("modelpools.yaml")["properties"]["spec"]
-    vllm = spec["properties"]["vllm"]["properties"]
-    assert set(vllm) == {
-        "maxModelLen",
-        "maxNumSeqs",
-        "maxNumBatchedTokens",
-        "gpuMemoryUtilization",
-        "enablePrefixCaching",
-        "quantization",
-        "kvCacheDtype",
-        "enforceEager",
-    }
-    assert (vllm["maxModelLen"]["minimum"], vllm["maxNumSeqs"]["maximum"]) == (16, 1024)
-    assert (vllm["gpuMemoryUtilization"]["minimum"], vllm["gpuMemoryUtilization"]["maximum"]) == (0.1, 0.99)
-    assert "awq" in vllm["quantization"]["enum"] and "fp8" in vllm["kvCacheDtype"]["enum"]
-    rule = next(v for v in spec["x-kubernetes-validations"] if v["message"] == MSG_VLLM_ENGINE)
-    assert rule["fieldPath"] == ".vllm" and "self.engine == 'vllm'" in rule["rule"]
 
 
 def test_names_columns_and_subresources() -> None:

@@ -20,7 +20,6 @@ from starlette.types import ASGIApp
 
 from model_server import __version__
 from model_server.errors import InvalidInput, ServerError
-from model_server.frontend import vllm_relay
 from model_server.frontend.endpoints import kserve_routes, openai_routes, ops
 from model_server.frontend.endpoints.auth import ApiKeyMiddleware
 from model_server.frontend.endpoints.common import error_response, server_error_response
@@ -37,9 +36,7 @@ def build_app(server: ModelServer) -> ASGIApp:
     middleware (FastAPI's own middleware stack, routing and body parsing are skipped).  The API-key
     check, when configured, goes around even that, and the server span (tracing on: ``traced``) around
     everything, so a refusal is traced too."""
-    # --engine vllm serves the OpenAI routes only (relayed to vLLM): no KServe v2 infer.
-    infer = kserve_routes.infer_handler(server) if server.config.engine != "vllm" else None
-    app: ASGIApp = LimitsMiddleware(build_api(server), server, infer)
+    app: ASGIApp = LimitsMiddleware(build_api(server), server, kserve_routes.infer_handler(server))
     key = server.config.api_key
     if key is not None:
         app = ApiKeyMiddleware(app, key, server.inference.reject)
@@ -80,9 +77,6 @@ def build_api(server: ModelServer) -> FastAPI:
         return server_error_response(server, request.url.path, exc)
 
     ops.register(app, server)
-    if server.config.engine == "vllm":
-        vllm_relay.register(app, server)
-    else:
-        kserve_routes.register(app, server)
-        openai_routes.register(app, server)
+    kserve_routes.register(app, server)
+    openai_routes.register(app, server)
     return app

@@ -17,7 +17,6 @@ from typing import Any
 
 from modelpool_contract.api import (
     API_VERSION,
-    DEFAULT_ENGINE,
     MODELHOST_KIND,
     MODELPOOL_KIND,
     EnvVar,
@@ -69,7 +68,6 @@ from modelpool_contract.picker import engine_labels
 from modelpool_contract.placements import LABEL_HOST
 from modelpool_contract.stats import LIVE_PATH, READY_PATH
 from modelpool_contract.times import rfc3339
-from modelpool_contract.vllm_args import vllm_args_string
 from modelpool_operator.effects.scheduling import scheduling_fields
 from modelpool_operator.host import HostView, host_pod_name, host_pool_label, host_template_hash
 from modelpool_operator.placement.charge import host_charge
@@ -156,8 +154,6 @@ def server_args(pool_name: str, spec: ModelPoolSpec, settings: PodSettings) -> l
         log_format=_log_format(settings),
         adapter=tuple(f"{a.name}={a.source}" for a in spec.adapters) or None,
         max_adapters=spec.max_loaded_adapters if spec.adapters else None,
-        engine=spec.engine if spec.engine != DEFAULT_ENGINE else None,
-        vllm_args=vllm_args_string(spec.vllm),
         runtime=runtime_setting(spec.model.runtime),
     ).argv()
 

@@ -176,12 +176,6 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
     if "inferencePool" in spec:
         # The endpoint picker reads what only text-generation workers export (CEL on spec.inferencePool).
         spec["model"]["task"] = "text-generation"
-    if "vllm" in spec:
-        # vLLM's settings need its engine (CEL on spec.vllm); dropped below where the engine is.
-        spec["engine"] = "vllm"
-    if spec.get("engine") == "vllm":
-        # vLLM serves the OpenAI completion and chat routes only (CEL on spec.engine).
-        spec["model"]["task"] = "text-generation"
     _distinct_adapters(spec)
     if "host" in spec:
         # A shared pool leaves the pod to its ModelHost: the CEL rules on spec refuse these fields.
@@ -190,8 +184,6 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
             owner = spec.get(parent) if parent else spec
             if isinstance(owner, dict):
                 owner.pop(leaf, None)
-    if spec.get("engine") != "vllm":
-        spec.pop("vllm", None)
     _own_namespace_only((spec.get("podTemplate") or {}).get("affinity"))
     for entry in (spec.get("podTemplate") or {}).get("env") or []:
         if "value" in entry and "valueFrom" in entry:
@@ -204,14 +196,12 @@ def repair(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _distinct_adapters(spec: dict[str, Any]) -> None:
-    """LoRA adapters (CEL on spec.adapters): a text-generation pool's on the transformers engine (they are
-    not passed to vLLM: a pool with adapters drops spec.engine), each name once and none the base model's
-    served name."""
+    """LoRA adapters (CEL on spec.adapters): a text-generation pool's, each name once and none the base
+    model's served name."""
     adapters = spec.get("adapters")
     if not adapters:
         return
     spec["model"]["task"] = "text-generation"
-    spec.pop("engine", None)
     seen = {spec.get("servedModelName")}
     kept = []
     for adapter in adapters:

@@ -12,7 +12,6 @@ import pytest
 from pydantic import ValidationError
 
 from modelpool_contract.api import (
-    MSG_ADAPTER_ENGINE,
     MSG_ADAPTER_POOL_NAME,
     MSG_ADAPTER_SERVED_NAME,
     MSG_ADAPTER_TASK,
@@ -51,8 +50,6 @@ def test_adapters_parse_with_their_bound_default() -> None:
     [
         ({"model": {"source": "/m", "task": "text-embedding"}, "adapters": [lora("a")]}, MSG_ADAPTER_TASK),
         ({"adapters": [lora("a"), lora("a")]}, MSG_ADAPTER_UNIQUE),
-        # vLLM's own LoRA is not wired yet: the server's engine applies adapters (the CRD's CEL says so too).
-        ({"engine": "vllm", "adapters": [lora("a")]}, MSG_ADAPTER_ENGINE),
         ({"servedModelName": "llm", "adapters": [lora("llm")]}, MSG_ADAPTER_SERVED_NAME),
         ({"adapters": [lora("a", "/models/lora")]}, "adapters.0.source"),
         ({"adapters": [lora("a", "s3://b/lora")]}, "adapters.0.source"),

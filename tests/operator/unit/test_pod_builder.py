@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from model_server.config import load_config
 from modelpool_contract.api import ModelCacheSpec, parse_pool_spec
 from modelpool_contract.exits import termination_grace_period_s, worst_case_shutdown_s
 from modelpool_contract.flags import CPU_SHARE_ENV, DEFAULT_WORKER_CPU
@@ -162,47 +161,6 @@ def test_the_workers_log_format_is_the_operators_and_the_default_adds_no_flag() 
     assert "--log-format" not in server_args("emb", spec, PodSettings(log_format="json"))
     args = server_args("emb", spec, PodSettings(log_format="plain"))
     assert args[args.index("--log-format") + 1] == "plain"
-
-
-def test_the_vllm_engine_is_passed_only_when_asked_for_and_only_for_text_generation() -> None:
-    assert "--engine" not in server_args("emb", parse_pool_spec(pool()["spec"]), PodSettings())
-    generation = {"source": "/models/llama", "task": "text-generation"}
-    spec = parse_pool_spec(pool(model=generation, engine="vllm")["spec"])
-    args = server_args("gen", spec, PodSettings())
-    assert args[args.index("--engine") + 1] == "vllm"
-    # The default is never written: other pools' pods (and their template hashes) stay as they were.
-    assert "--engine" not in server_args(
-        "gen", parse_pool_spec(pool(model=generation)["spec"]), PodSettings()
-    )
-    with pytest.raises(ValueError, match=r"spec\.engine vllm needs spec\.model\.task text-generation"):
-        parse_pool_spec(pool(engine="vllm")["spec"])
-    shared = {"model": generation, "resources": {"memory": "1Gi"}, "host": "h", "engine": "vllm"}
-    with pytest.raises(ValueError, match=r"spec\.engine vllm is not supported on a shared pool"):
-        parse_pool_spec(shared)
-
-
-def test_vllm_settings_reach_the_worker_as_its_vllm_args_and_roll_the_workers() -> None:
-    """spec.vllm becomes the server's --vllm-args in the pod; a change of it changes the template hash (the
-    workers roll), a pool without it passes no flag (its hash stays as it was)."""
-    generation = {"source": "/models/llama", "task": "text-generation"}
-    settings = PodSettings(default_image="img:1")
-    plain = pool(model=generation, engine="vllm")
-    tuned = pool(model=generation, engine="vllm", vllm={"maxModelLen": 4096, "enablePrefixCaching": False})
-    pod = build_worker_pod(view(tuned), "gen-abcde-0", settings)
-    args = pod["spec"]["containers"][0]["args"]
-    assert "--vllm-args=--max-model-len 4096 --no-enable-prefix-caching" in args
-    # The server reads them back as they were (a value that starts with a dash is attached to its flag).
-    eager = pool(model=generation, engine="vllm", vllm={"enforceEager": True})
-    argv = server_args("gen", parse_pool_spec(eager["spec"]), settings)
-    assert load_config(argv).vllm_args == "--enforce-eager"
-    assert "--vllm-args" not in server_args("gen", parse_pool_spec(plain["spec"]), settings)
-    hashes = {
-        worker_template_hash(PoolView.from_body(body), settings)
-        for body in (plain, tuned, pool(model=generation, engine="vllm", vllm={"maxModelLen": 8192}))
-    }
-    assert len(hashes) == 3
-    with pytest.raises(ValueError, match=r"spec\.vllm needs spec\.engine vllm"):
-        parse_pool_spec(pool(model=generation, vllm={"maxModelLen": 4096})["spec"])
 
 
 @pytest.mark.parametrize(("runtime", "flag"), [(None, None), ("torch", None), ("onnxruntime", "onnxruntime")])

@@ -59,11 +59,8 @@ def started_by(*files: str) -> set[str]:
 
 def test_the_supervisor_starts_the_processes_by_name_and_imports_neither_side() -> None:
     assert crossings("supervisor", {"supervisor"}) == []
-    # Each shape names its HTTP processes' module; the slot both share names the model's (one per engine).
-    assert started_by("slot.py") == {
-        "model_server.engine.inference_process",
-        "model_server.engine.vllm_engine",
-    }
+    # Each shape names its HTTP processes' module; the slot both share names the model's.
+    assert started_by("slot.py") == {"model_server.engine.inference_process"}
     assert started_by("supervisor.py") == {"model_server.frontend.http_process"}
     assert started_by("host.py") == {"model_server.frontend.host_http"}
     started = started_by("slot.py", "supervisor.py", "host.py")
